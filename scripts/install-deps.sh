@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages tokpipe needs, only those missing.
+# Safe to run again: it does nothing when everything is present.
+set -euo pipefail
+
+PKGS=(
+  build-essential pkg-config clang libclang-rt-14-dev
+  libzmq3-dev libmsgpack-dev libopenblas-dev libyaml-dev libsystemd-dev
+  libcjson-dev libcmocka-dev
+  python3 python3-zmq python3-msgpack python3-sentencepiece
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Run every test binary under $BUILD/tests and every tests/*_test.py, then
+# print one closing line "N passed, N failed" (counted in test cases).
+# Tests read ../shared/models in place (TP_MODELS overrides) and find the
+# programs under $BIN.
+set -u
+BUILD=${BUILD:-build}
+BIN=${BIN:-bin}
+export TP_BIN_DIR=$(cd "$BIN" && pwd)
+export TP_MODELS=${TP_MODELS:-$(cd ../shared/models 2>/dev/null && pwd)}
+export TP_BUILD_DIR=$(cd "$BUILD" && pwd)
+PY=/usr/bin/python3   # Debian's python, where python3-zmq/msgpack live
+
+passed=0; failed=0; failed_names=()
+log=$(mktemp); trap 'rm -f "$log"' EXIT
+
+count() {   # $1 = name, $2 = exit code; reads cmocka/unittest summaries in $log
+  local p f
+  p=$(grep -oE '\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+  f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
+  if grep -qE '^Ran [0-9]+ test' "$log"; then
+    local ran; ran=$(grep -oE '^Ran [0-9]+' "$log" | awk '{print $2}')
+    f=$(grep -oE 'FAILED \((failures|errors)=[0-9]+(, (failures|errors)=[0-9]+)?' "$log" \
+        | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
+    p=$((ran - f))
+  fi
+  if [ "$2" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed or aborted early
+  passed=$((passed + p)); failed=$((failed + f))
+  [ "$f" -gt 0 ] && failed_names+=("$1")
+}
+
+for t in "$BUILD"/tests/*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  echo "== $name"
+  "$t" >"$log" 2>&1; rc=$?
+  cat "$log"
+  count "$name" "$rc"
+done
+
+for t in tests/*_test.py; do
+  [ -e "$t" ] || continue
+  echo "== $t"
+  "$PY" -m unittest -v "$t" >"$log" 2>&1; rc=$?
+  cat "$log"
+  count "$t" "$rc"
+done
+
+[ ${#failed_names[@]} -gt 0 ] && echo "failing: ${failed_names[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

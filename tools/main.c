@@ -1,0 +1,43 @@
+/* bin/tokpipe: client and tools, one subcommand per tools/cmd_*.c. */
+#include "tools.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+};
+
+static const struct command commands[] = {
+#define TP_CMD(name) {#name, cmd_##name, cmd_##name##_summary},
+#include "cmds.h"
+#undef TP_CMD
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: tokpipe COMMAND [options]   (tokpipe COMMAND --help for its options)\n\ncommands:\n");
+    for (const struct command *c = commands; c->name; c++)
+        fprintf(out, "  %-10s %s\n", c->name, c->summary);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (const struct command *c = commands; c->name; c++)
+        if (!strcmp(argv[1], c->name))
+            return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "tokpipe: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
