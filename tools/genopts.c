@@ -43,7 +43,7 @@ static int parse_i64(const char *flag, const char *s, long long lo, long long hi
 
 static int parse_i32(const char *flag, const char *s, int32_t *out, tp_err *err)
 {
-    long long v;
+    long long v = 0;
     int rc = parse_i64(flag, s, INT32_MIN, INT32_MAX, &v, err);
     if (rc == 0)
         *out = (int32_t)v;
