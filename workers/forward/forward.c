@@ -9,6 +9,7 @@
 #include "tokpipe/forward.h"
 #include "kernels.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@ struct tp_forward {
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
+    bool avx512;    /* chosen once: every step of this instance uses one path */
     scratch s;
 };
 
@@ -162,6 +164,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->slots = kv_slots;
     f->max_pos = max_pos;
     f->max_tokens = max_batch_tokens;
+    f->avx512 = tp_kernels_have_avx512();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
@@ -279,8 +282,10 @@ static size_t kv_offset(const tp_forward *f, int slot, int layer, int pos)
 }
 
 /* Attention of one token (query q at position pos) over its sequence's
- * cache positions 0..pos; writes dim floats to out. */
-static void attend(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+ * cache positions 0..pos; writes dim floats to out. Each score and output
+ * element has a fixed summation order that depends only on head_size and
+ * pos, never on the batch. */
+static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
 {
     const tp_model_config *c = &f->c;
     int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
@@ -308,6 +313,56 @@ static void attend(tp_forward *f, int layer, int slot, int pos, const float *q, 
                 oh[i] += a * v[i];
         }
     }
+}
+
+__attribute__((target("avx512f"))) static float dot16(const float *a, const float *b, int n)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+__attribute__((target("avx512f"))) static void axpy16(float *y, float a, const float *x, int n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+__attribute__((target("avx512f"))) static void attend_avx512(tp_forward *f, int layer, int slot, int pos,
+                                                             const float *q, float *out)
+{
+    const tp_model_config *c = &f->c;
+    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
+    const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
+    const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
+    float scale = sqrtf((float)hs);
+    float *att = f->s.att;
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qh = q + (size_t)h * hs;
+        size_t hoff = (size_t)(h / kv_mul) * hs;
+        for (int t = 0; t <= pos; t++)
+            att[t] = dot16(qh, kc + (size_t)t * c->kv_dim + hoff, hs) / scale;
+        softmax(att, pos + 1);
+        float *oh = out + (size_t)h * hs;
+        memset(oh, 0, (size_t)hs * sizeof(float));
+        for (int t = 0; t <= pos; t++)
+            axpy16(oh, att[t], vc + (size_t)t * c->kv_dim + hoff, hs);
+    }
+}
+
+static void attend(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+{
+    if (f->avx512)
+        attend_avx512(f, layer, slot, pos, q, out);
+    else
+        attend_scalar(f, layer, slot, pos, q, out);
 }
 
 /* ---- the step ---------------------------------------------------------- */
