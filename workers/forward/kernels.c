@@ -48,11 +48,12 @@ void tp_packed_free(tp_packed *w)
     }
 }
 
-void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
+static void matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int r0,
+                          int r1)
 {
     size_t pstride = (size_t)w->cols * TP_PANEL;
     for (int t = 0; t < n_tok; t++)
-        for (int r = 0; r < w->rows; r++) {
+        for (int r = r0; r < r1; r++) {
             const float *pw = w->p + (size_t)(r / TP_PANEL) * pstride + r % TP_PANEL;
             const float *xt = x + (size_t)t * (size_t)ldx;
             float acc = 0.0f;
@@ -60,6 +61,11 @@ void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, fl
                 acc = fmaf(xt[k], pw[(size_t)k * TP_PANEL], acc);
             y[(size_t)t * (size_t)ldy + r] = acc;
         }
+}
+
+void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
+{
+    matmul_scalar(w, x, ldx, n_tok, y, ldy, 0, w->rows);
 }
 
 /* One block: NP panels x TB tokens, all of K. Inlined with constant NP/TB so
@@ -110,18 +116,23 @@ static const block_fn blocks[NP_MAX + 1][TB_MAX + 1] = {
 
 /* Panel groups outermost: a group (4 x 16 rows x K) stays in L1/L2 while
  * every token block streams past it, so weights come from memory once. */
-static void matmul_avx512(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
+static void matmul_avx512(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
+                          int pg1)
 {
     size_t pstride = (size_t)w->cols * TP_PANEL;
-    for (int pg = 0; pg < w->panels;) {
-        int left = w->panels - pg;
+    for (int pg = pg0; pg < pg1;) {
+        int left = pg1 - pg;
         int np = left >= 4 ? 4 : left >= 2 ? 2 : 1;
         const float *pw = w->p + (size_t)pg * pstride;
         int rows_left = w->rows - pg * TP_PANEL;
-        for (int t0 = 0; t0 < n_tok; t0 += TB_MAX) {
-            int tb = n_tok - t0 < TB_MAX ? n_tok - t0 : TB_MAX;
+        /* Equal-sized token blocks (32 -> 6,6,5,5,5,5, not 6x5+2): small
+         * blocks have too few independent FMA chains to fill the pipes. */
+        int n_blocks = (n_tok + TB_MAX - 1) / TB_MAX;
+        for (int b = 0, t0 = 0; b < n_blocks; b++) {
+            int tb = (n_tok - t0) / (n_blocks - b) + ((n_tok - t0) % (n_blocks - b) ? 1 : 0);
             blocks[np][tb](pw, pstride, x + (size_t)t0 * (size_t)ldx, (size_t)ldx, w->cols,
                            y + (size_t)t0 * (size_t)ldy + (size_t)pg * TP_PANEL, (size_t)ldy, rows_left);
+            t0 += tb;
         }
         pg += np;
     }
@@ -132,10 +143,18 @@ bool tp_kernels_have_avx512(void)
     return __builtin_cpu_supports("avx512f");
 }
 
+void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
+                      int pg1)
+{
+    if (tp_kernels_have_avx512()) {
+        matmul_avx512(w, x, ldx, n_tok, y, ldy, pg0, pg1);
+    } else {
+        int r1 = pg1 * TP_PANEL < w->rows ? pg1 * TP_PANEL : w->rows;
+        matmul_scalar(w, x, ldx, n_tok, y, ldy, pg0 * TP_PANEL, r1);
+    }
+}
+
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    if (tp_kernels_have_avx512())
-        matmul_avx512(w, x, ldx, n_tok, y, ldy);
-    else
-        tp_matmul_scalar(w, x, ldx, n_tok, y, ldy);
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels);
 }

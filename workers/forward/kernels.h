@@ -31,6 +31,12 @@ void tp_packed_free(tp_packed *w);
  * CPU has it (same bits as the scalar path). */
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
 
+/* The same restricted to panels [pg0, pg1) (output rows pg0*16 up to
+ * min(pg1*16, rows)): lets threads split a matmul by rows with bits
+ * identical to the whole call. */
+void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
+                      int pg1);
+
 /* The scalar path, always available (tests compare the two). */
 void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
 
