@@ -258,11 +258,12 @@ static void run_alone(tp_model *m, float *out, int V)
 /* All 8 together in one pool: sequence s joins at step s, its prompt goes
  * in chunks of 3 (non-final chunks skip logits), so most steps mix prefill
  * chunks of some sequences with decode steps of others. */
-static void run_batched(tp_model *m, float *out, int V)
+static void run_batched(tp_model *m, float *out, int V, int threads)
 {
     tp_err e;
     tp_forward *f;
     assert_int_equal(tp_forward_new(m, NSEQ, 64, 64, &f, &e), 0);
+    assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
     int sid[NSEQ], fed[NSEQ] = {0}, done[NSEQ] = {0}, toks[NSEQ];
     float *step_logits = malloc(sizeof(float) * NSEQ * V);
     for (int s = 0; s < NSEQ; s++)
@@ -310,13 +311,17 @@ static void batched_mixed_prefill_and_decode_logits_equal_alone_bitwise(void **s
     size_t n = (size_t)NSEQ * (DECODE + 1) * V;
     float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
     run_alone(m, alone, V);
-    run_batched(m, batched, V);
-    for (int s = 0; s < NSEQ; s++)
-        for (int k = 0; k <= DECODE; k++) {
-            size_t off = ((size_t)s * (DECODE + 1) + k) * V;
-            if (memcmp(alone + off, batched + off, sizeof(float) * V))
-                fail_msg("sequence %d, logits row %d: batched differs from alone", s, k);
-        }
+    for (int threads = 1; threads <= 2; threads++) {
+        memset(batched, 0, sizeof(float) * n);
+        run_batched(m, batched, V, threads);
+        for (int s = 0; s < NSEQ; s++)
+            for (int k = 0; k <= DECODE; k++) {
+                size_t off = ((size_t)s * (DECODE + 1) + k) * V;
+                if (memcmp(alone + off, batched + off, sizeof(float) * V))
+                    fail_msg("%d thread(s): sequence %d, logits row %d: batched differs from alone", threads,
+                             s, k);
+            }
+    }
     free(alone);
     free(batched);
     tp_model_free(m);

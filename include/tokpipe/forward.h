@@ -9,9 +9,10 @@
  * token (the kernel's per-element accumulation order never depends on the
  * batch; see workers/forward/kernels.h).
  *
- * Single-threaded by design (one compute thread per worker process; see
- * research/limits.md on thread pools collapsing on this machine). A
- * tp_forward is not thread-safe; the tp_model it reads may be shared. */
+ * Single-threaded by default (one compute thread per worker process; see
+ * research/limits.md on thread pools collapsing on this machine), with an
+ * opt-in passive second thread. A tp_forward is not thread-safe; the
+ * tp_model it reads may be shared. */
 #ifndef TOKPIPE_FORWARD_H
 #define TOKPIPE_FORWARD_H
 
@@ -65,6 +66,13 @@ int tp_forward_seq_length(const tp_forward *f, int seq_id);
  * item, and no sequence changes. On success each sequence's length becomes
  * pos + n_tokens. */
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err);
+
+/* Use 1 (the default) or 2 compute threads. The second thread sleeps on a
+ * condition variable (no spinning) and takes half the rows of each matmul
+ * of a step with at least 8 tokens; results stay bit-identical to 1 thread.
+ * Worth it only when the process may own both cores. */
+int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err);
+int tp_forward_threads(const tp_forward *f);
 
 int tp_forward_max_positions(const tp_forward *f);
 int tp_forward_max_batch_tokens(const tp_forward *f);

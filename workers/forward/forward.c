@@ -11,12 +11,15 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
+#define THREAD_MIN_TOKENS 8   /* below this a step is memory-bound: one thread */
+#define THREAD_MIN_PANELS 16  /* small matrices are not worth a hand-off */
 #define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
 
 typedef struct packed_layer {
@@ -39,6 +42,22 @@ typedef struct scratch {
     int *tok_pos;  /* [T] */
 } scratch;
 
+/* The optional second compute thread. It sleeps on a condition variable
+ * (never spins: spinning pools collapsed on this machine, limits.md 0.1)
+ * and computes the upper half of a matmul's panels; rows never interact,
+ * so the bits equal a single-threaded call. */
+typedef struct helper {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const tp_packed *w;
+    const float *x;
+    float *y;
+    int ldx, n_tok, ldy, pg0, pg1;
+    unsigned long posted, done;
+    bool quit;
+} helper;
+
 struct tp_forward {
     const tp_model *model;
     tp_model_config c;
@@ -50,8 +69,11 @@ struct tp_forward {
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
     bool avx512;    /* chosen once: every step of this instance uses one path */
+    helper *helper; /* NULL: single-threaded (the default) */
     scratch s;
 };
+
+static void helper_stop(helper *h);
 
 /* ---- setup ------------------------------------------------------------- */
 
@@ -180,6 +202,7 @@ void tp_forward_free(tp_forward *f)
 {
     if (!f)
         return;
+    helper_stop(f->helper);
     if (f->layers)
         for (int l = 0; l < f->c.n_layers; l++) {
             tp_packed_free(&f->layers[l].qkv);
@@ -199,6 +222,95 @@ void tp_forward_free(tp_forward *f)
     free(s->x); free(s->xb); free(s->qkv); free(s->h13); free(s->proj); free(s->att);
     free(s->cls_in); free(s->cls_out); free(s->tok_slot); free(s->tok_pos);
     free(f);
+}
+
+/* ---- optional second thread -------------------------------------------- */
+
+static void *helper_main(void *arg)
+{
+    helper *h = arg;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (h->posted == seen && !h->quit)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->quit)
+            break;
+        seen = h->posted;
+        pthread_mutex_unlock(&h->mu);
+        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1);
+        pthread_mutex_lock(&h->mu);
+        h->done = seen;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+static void helper_stop(helper *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->quit = true;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
+}
+
+int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
+{
+    if (n_threads < 1 || n_threads > 2)
+        return tp_err_set(err, TP_EINVAL, "forward: threads %d outside 1..2", n_threads);
+    if ((n_threads == 2) == (f->helper != NULL))
+        return 0;
+    if (n_threads == 1) {
+        helper_stop(f->helper);
+        f->helper = NULL;
+        return 0;
+    }
+    helper *h = calloc(1, sizeof *h);
+    if (!h)
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for a compute thread");
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    if (pthread_create(&h->thread, NULL, helper_main, h)) {
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
+        free(h);
+        return tp_err_set(err, TP_ENOMEM, "forward: cannot start a compute thread");
+    }
+    f->helper = h;
+    return 0;
+}
+
+int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
+
+/* One matmul of the step: split by panel groups across the two threads when
+ * there is enough work to pay for the hand-off. */
+static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
+{
+    helper *h = f->helper;
+    if (!h || n_tok < THREAD_MIN_TOKENS || w->panels < THREAD_MIN_PANELS) {
+        tp_matmul(w, x, ldx, n_tok, y, ldy);
+        return;
+    }
+    int split = w->panels / 2 / 4 * 4;
+    pthread_mutex_lock(&h->mu);
+    h->w = w; h->x = x; h->ldx = ldx; h->n_tok = n_tok; h->y = y; h->ldy = ldy;
+    h->pg0 = split;
+    h->pg1 = w->panels;
+    unsigned long ticket = ++h->posted;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split);
+    pthread_mutex_lock(&h->mu);
+    while (h->done != ticket)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
 }
 
 /* ---- sequences --------------------------------------------------------- */
@@ -442,7 +554,7 @@ static void attention_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qs = d + 2 * kvd;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
-    tp_matmul(&f->layers[l].qkv, s->xb, c->dim, T, s->qkv, (int)qs);
+    matmul(f, &f->layers[l].qkv, s->xb, c->dim, T, s->qkv, (int)qs);
     /* Store every token's k and v before any attention, so a prefill token
      * sees the earlier tokens of its own chunk. */
     for (int t = 0; t < T; t++) {
@@ -455,7 +567,7 @@ static void attention_block(tp_forward *f, int l, int T)
     }
     for (int t = 0; t < T; t++)
         attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);
-    tp_matmul(&f->layers[l].wo, s->xb, c->dim, T, s->proj, c->dim);
+    matmul(f, &f->layers[l].wo, s->xb, c->dim, T, s->proj, c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
 }
 
@@ -467,7 +579,7 @@ static void ffn_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
-    tp_matmul(&f->layers[l].w13, s->xb, c->dim, T, s->h13, (int)(2 * h));
+    matmul(f, &f->layers[l].w13, s->xb, c->dim, T, s->h13, (int)(2 * h));
     for (int t = 0; t < T; t++) {
         const float *g = s->h13 + t * 2 * h, *u = g + h;
         float *o = s->proj + t * h; /* SwiGLU output, packed [T][hidden] */
@@ -478,7 +590,7 @@ static void ffn_block(tp_forward *f, int l, int T)
         }
     }
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
-    tp_matmul(&f->layers[l].w2, s->proj, c->hidden_dim, T, s->h13, c->dim);
+    matmul(f, &f->layers[l].w2, s->proj, c->hidden_dim, T, s->h13, c->dim);
     add_rows(s->x, s->h13, (size_t)T * d);
 }
 
@@ -500,13 +612,13 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
      * skips; otherwise compute CLS_CHUNK rows at a time into scratch and
      * scatter (same bits: rows never interact in the kernel). */
     if (rows == n_items) {
-        tp_matmul(&f->cls, s->cls_in, f->c.dim, rows, logits, (int)V);
+        matmul(f, &f->cls, s->cls_in, f->c.dim, rows, logits, (int)V);
         return;
     }
     int r = 0;
     for (int i = 0; r < rows;) {
         int n = rows - r < CLS_CHUNK ? rows - r : CLS_CHUNK;
-        tp_matmul(&f->cls, s->cls_in + (size_t)r * d, f->c.dim, n, s->cls_out, (int)V);
+        matmul(f, &f->cls, s->cls_in + (size_t)r * d, f->c.dim, n, s->cls_out, (int)V);
         for (int k = 0; k < n; i++)
             if (!items[i].skip_logits)
                 memcpy(logits + (size_t)i * V, s->cls_out + (size_t)k++ * V, V * sizeof(float));
