@@ -54,6 +54,7 @@ typedef struct helper {
     const float *x;
     float *y;
     int ldx, n_tok, ldy, pg0, pg1;
+    bool avx512;
     unsigned long posted, done;
     bool quit;
 } helper;
@@ -245,7 +246,7 @@ static void *helper_main(void *arg)
             break;
         seen = h->posted;
         pthread_mutex_unlock(&h->mu);
-        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1);
+        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1, h->avx512);
         pthread_mutex_lock(&h->mu);
         h->done = seen;
         pthread_cond_broadcast(&h->cv);
@@ -296,13 +297,15 @@ int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
 
 int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
 
+void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
+
 /* One matmul of the step: split by panel groups across the two threads when
  * there is enough work to pay for the hand-off. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
     helper *h = f->helper;
     if (!h || n_tok < THREAD_MIN_TOKENS || w->panels < THREAD_MIN_PANELS) {
-        tp_matmul(w, x, ldx, n_tok, y, ldy);
+        tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, f->avx512);
         return;
     }
     int split = w->panels / 2 / 4 * 4;
@@ -310,10 +313,11 @@ static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, i
     h->w = w; h->x = x; h->ldx = ldx; h->n_tok = n_tok; h->y = y; h->ldy = ldy;
     h->pg0 = split;
     h->pg1 = w->panels;
+    h->avx512 = f->avx512;
     unsigned long ticket = ++h->posted;
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split);
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split, f->avx512);
     pthread_mutex_lock(&h->mu);
     while (h->done != ticket)
         pthread_cond_wait(&h->cv, &h->mu);
