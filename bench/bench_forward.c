@@ -19,12 +19,25 @@
 #define MAX_POS 160
 #define MAX_BATCH 64
 #define PREFILL_LEN 128
+#define SAMPLES 5 /* each figure is the median of this many timed runs */
 
 static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
 }
 
 static void die(const char *what, const tp_err *e)
@@ -139,13 +152,16 @@ static double naive_decode(const tp_model *m, matvec_fn mv, int steps)
     s.logits = malloc((size_t)c->vocab_size * 4); s.kc = calloc(kv, 4); s.vc = calloc(kv, 4);
     for (int p = 0; p < PROMPT_LEN; p++)
         naive_step(&s, 1 + p, p, mv);
-    double t0 = now();
-    for (int i = 0; i < steps; i++)
-        naive_step(&s, 100 + i, PROMPT_LEN + i, mv);
-    double dt = now() - t0;
+    double tps[SAMPLES];
+    for (int k = 0; k < SAMPLES; k++) { /* every sample decodes the same positions */
+        double t0 = now();
+        for (int i = 0; i < steps; i++)
+            naive_step(&s, 100 + i, PROMPT_LEN + i, mv);
+        tps[k] = steps / (now() - t0);
+    }
     free(s.x); free(s.xb); free(s.xb2); free(s.q); free(s.hb); free(s.hb2); free(s.att);
     free(s.logits); free(s.kc); free(s.vc);
-    return steps / dt;
+    return median(tps, SAMPLES);
 }
 
 /* ---- the batched forward ----------------------------------------------- */
@@ -164,21 +180,23 @@ static double fwd_decode(tp_forward *f, int B, int steps, float *logits)
         if (tp_forward_step(f, &it, 1, NULL, &e))
             die("prefill", &e);
     }
-    double t0 = 0;
-    for (int s = -1; s < steps; s++) { /* step -1 warms up */
-        if (s == 0)
-            t0 = now();
-        for (int b = 0; b < B; b++) {
-            toks[b] = 100 + b + s + 1;
-            items[b] = (tp_fwd_item){sid[b], PROMPT_LEN + s + 1, &toks[b], 1, false};
+    double tps[SAMPLES];
+    for (int k = -1; k < SAMPLES; k++) { /* sample -1 warms up */
+        double t0 = now();
+        for (int s = 0; s < steps; s++) {
+            for (int b = 0; b < B; b++) { /* every sample decodes the same positions */
+                toks[b] = 100 + b + s;
+                items[b] = (tp_fwd_item){sid[b], PROMPT_LEN + s, &toks[b], 1, false};
+            }
+            if (tp_forward_step(f, items, B, logits, &e))
+                die("decode", &e);
         }
-        if (tp_forward_step(f, items, B, logits, &e))
-            die("decode", &e);
+        if (k >= 0)
+            tps[k] = (double)B * steps / (now() - t0);
     }
-    double dt = now() - t0;
     for (int b = 0; b < B; b++)
         tp_forward_seq_close(f, sid[b]);
-    return (double)B * steps / dt;
+    return median(tps, SAMPLES);
 }
 
 static double fwd_prefill(tp_forward *f, int reps, float *logits)
@@ -187,8 +205,8 @@ static double fwd_prefill(tp_forward *f, int reps, float *logits)
     int toks[PREFILL_LEN];
     for (int i = 0; i < PREFILL_LEN; i++)
         toks[i] = (i * 31) % 1000;
-    double best = 0;
-    for (int r = 0; r < reps; r++) {
+    double tps[SAMPLES];
+    for (int r = 0; r < reps && r < SAMPLES; r++) {
         int sid;
         if (tp_forward_seq_open(f, &sid, &e))
             die("seq_open", &e);
@@ -196,11 +214,10 @@ static double fwd_prefill(tp_forward *f, int reps, float *logits)
         double t0 = now();
         if (tp_forward_step(f, &it, 1, logits, &e))
             die("prefill", &e);
-        double tps = PREFILL_LEN / (now() - t0);
-        best = tps > best ? tps : best;
+        tps[r] = PREFILL_LEN / (now() - t0);
         tp_forward_seq_close(f, sid);
     }
-    return best;
+    return median(tps, reps < SAMPLES ? reps : SAMPLES);
 }
 
 static void bench_shape(const char *name, int steps_scale)
@@ -218,8 +235,8 @@ static void bench_shape(const char *name, int steps_scale)
     if (tp_forward_new(m, MAX_BATCH, MAX_POS, PREFILL_LEN > MAX_BATCH ? PREFILL_LEN : MAX_BATCH, &f, &e))
         die("forward_new", &e);
     float *logits = malloc(sizeof(float) * MAX_BATCH * sh.vocab_size);
-    printf("%s (%.1f MB f32 weights), decode at positions %d..%d, 1 thread\n", name, size / 1e6, PROMPT_LEN,
-           PROMPT_LEN + 8 * steps_scale);
+    printf("%s (%.1f MB f32 weights), decode at positions %d..%d, 1 thread, medians of %d samples\n", name,
+           size / 1e6, PROMPT_LEN, PROMPT_LEN + 4 * steps_scale, SAMPLES);
     double naive_blas = naive_decode(m, matvec_blas, 4 * steps_scale);
     double naive_c = naive_decode(m, matvec_c, steps_scale);
     printf("  baseline naive matvec, OpenBLAS sgemv: %8.1f tok/s\n", naive_blas);
@@ -235,7 +252,7 @@ static void bench_shape(const char *name, int steps_scale)
         printf("  tokpipe decode batch %2d:                %8.1f tok/s  (%.2fx batch 1, %.2fx naive sgemv)\n",
                B, tps, tps / b1, tps / naive_blas);
     }
-    double pf = fwd_prefill(f, 3, logits);
+    double pf = fwd_prefill(f, SAMPLES, logits);
     printf("  tokpipe prefill, %d-token chunk:       %8.1f tok/s  (%.2fx naive sgemv)\n", PREFILL_LEN, pf,
            pf / naive_blas);
     /* Opt-in second compute thread (passive wait): the process owns both
@@ -247,7 +264,7 @@ static void bench_shape(const char *name, int steps_scale)
         printf("  tokpipe decode batch %2d, 2 threads:     %8.1f tok/s  (%.2fx batch 1 on 1 thread)\n", Bs[i],
                tps, tps / b1);
     }
-    pf = fwd_prefill(f, 3, logits);
+    pf = fwd_prefill(f, SAMPLES, logits);
     printf("  tokpipe prefill, 2 threads:             %8.1f tok/s\n", pf);
     free(logits);
     tp_forward_free(f);

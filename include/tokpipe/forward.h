@@ -9,6 +9,14 @@
  * token (the kernel's per-element accumulation order never depends on the
  * batch; see workers/forward/kernels.h).
  *
+ * Why not OpenBLAS (measured here, OpenBLAS 0.3.21): sgemm gives a row
+ * different bits depending on how many rows are in the call, and sgemv
+ * differs from sgemm, so a sequence's tokens would depend on its batch
+ * mates. The matmuls use a packed AVX-512 kernel instead (equal to fmaf()
+ * over k in order; scalar fallback without AVX-512), which also streams
+ * weights faster than sgemv at batch 1. OpenBLAS is therefore not on this
+ * path and OPENBLAS_CORETYPE does not matter to it: no setenv/re-exec.
+ *
  * Single-threaded by default (one compute thread per worker process; see
  * research/limits.md on thread pools collapsing on this machine), with an
  * opt-in passive second thread. A tp_forward is not thread-safe; the

@@ -14,8 +14,9 @@
 
 #define TP_PANEL 16 /* rows per packed panel: one 512-bit register */
 
-/* W[rows][cols] repacked as [panel][k][16] (rows padded with zeros) so the
- * kernel streams one contiguous run of 16 weights per k and panel. */
+/* W[rows][cols] repacked in panels of 16 rows (padded with zeros), panels
+ * grouped by 4 (2, 1 at the end) and each group stored [k][group rows], so
+ * the kernel streams one contiguous run of weights. */
 typedef struct tp_packed {
     float *p;
     int rows, cols, panels;
@@ -32,8 +33,9 @@ void tp_packed_free(tp_packed *w);
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
 
 /* The same restricted to panels [pg0, pg1) (output rows pg0*16 up to
- * min(pg1*16, rows)): lets threads split a matmul by rows with bits
- * identical to the whole call. */
+ * min(pg1*16, rows)); pg0 and pg1 must be 0, a multiple of 4 or panels (a
+ * group boundary). Lets threads split a matmul by rows with bits identical
+ * to the whole call. */
 void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
                       int pg1);
 
