@@ -1,0 +1,108 @@
+/* Llama-architecture model weights: llama2.c checkpoints and GGUF v3 (F32).
+ *
+ * A tp_model is the validated, read-only view of one weights file: its
+ * shape (tp_model_config), pointers to every weight tensor (into an mmap of
+ * the file, never copied), the end-of-sequence ids, an identity string and,
+ * for GGUF, the embedded vocabulary. Read-only after load: one model may be
+ * shared by any number of tp_forward instances and threads.
+ *
+ * Every header field, count, string length, tensor offset, size and shape is
+ * checked against the file size with overflow-safe arithmetic; a bad file
+ * gives TP_EFORMAT (or TP_EIO) with a message naming the field. */
+#ifndef TOKPIPE_MODEL_H
+#define TOKPIPE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokpipe/error.h"
+
+typedef struct tp_model tp_model;
+
+typedef enum tp_model_format {
+    TP_MODEL_LLAMA2C = 1, /* karpathy/llama2.c legacy (version 0) checkpoint */
+    TP_MODEL_GGUF = 2,    /* GGUF v3, general.architecture = llama, F32 tensors */
+} tp_model_format;
+
+typedef struct tp_model_config {
+    int dim;          /* model width */
+    int hidden_dim;   /* SwiGLU FFN width */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;   /* < n_heads: grouped-query attention */
+    int vocab_size;
+    int seq_len;      /* maximum context the model was built for */
+    int head_size;    /* dim / n_heads */
+    int kv_dim;       /* head_size * n_kv_heads */
+    float norm_eps;   /* RMSNorm epsilon (1e-5 for llama2.c) */
+    float rope_theta; /* RoPE base (10000 for llama2.c) */
+    bool shared_classifier; /* output weights = token embedding */
+} tp_model_config;
+
+/* Row-major [rows][cols] float weights of one layer, borrowed from the file. */
+typedef struct tp_layer_weights {
+    const float *rms_att; /* [dim] */
+    const float *wq;      /* [dim][dim] */
+    const float *wk;      /* [kv_dim][dim] */
+    const float *wv;      /* [kv_dim][dim] */
+    const float *wo;      /* [dim][dim] */
+    const float *rms_ffn; /* [dim] */
+    const float *w1;      /* [hidden][dim] (gate) */
+    const float *w2;      /* [dim][hidden] (down) */
+    const float *w3;      /* [hidden][dim] (up) */
+} tp_layer_weights;
+
+typedef struct tp_model_weights {
+    const float *token_embedding; /* [vocab][dim] */
+    const tp_layer_weights *layers; /* [n_layers] */
+    const float *rms_final;       /* [dim] */
+    const float *wcls;            /* [vocab][dim]; == token_embedding if shared */
+} tp_model_weights;
+
+/* The vocabulary embedded in a GGUF file (tokenizer.ggml.*). Pieces point
+ * into the file and are not NUL terminated; arrays are owned by the model. */
+typedef struct tp_model_vocab {
+    int n;
+    const char *const *pieces;
+    const size_t *piece_lens;
+    const float *scores;   /* zeros if the file has none */
+    const int32_t *types;  /* SentencePiece token types; 1 (normal) if absent */
+    int bos_id, eos_id, unk_id;
+    const char *model;     /* tokenizer.ggml.model, e.g. "llama" (NUL terminated) */
+} tp_model_vocab;
+
+#define TP_MODEL_MAX_EOS 4
+
+/* Open and mmap path (read-only), detect the format from its first bytes and
+ * validate it. On success *out is owned by the caller (tp_model_free). */
+int tp_model_load(const char *path, tp_model **out, tp_err *err);
+
+/* Same from a caller-owned buffer (which must stay valid and unchanged while
+ * the model lives and be 4-byte aligned). For fuzzing and tests. */
+int tp_model_from_memory(const void *data, size_t size, tp_model **out, tp_err *err);
+
+void tp_model_free(tp_model *m);
+
+tp_model_format tp_model_get_format(const tp_model *m);
+const tp_model_config *tp_model_get_config(const tp_model *m);
+const tp_model_weights *tp_model_get_weights(const tp_model *m);
+
+/* A short string that identifies the weights: format, shape, file size and
+ * a hash of the first and last bytes, e.g.
+ * "llama2c dim=64 hidden=172 layers=5 heads=8 kv_heads=4 vocab=512 seq=512 size=1056540 h=..."
+ * Borrowed; valid while m lives. */
+const char *tp_model_identity(const tp_model *m);
+
+/* The ids that end a generated sequence. For llama2.c TinyStories models
+ * {1 (BOS), 2 (EOS)}: run.c stops when BOS is sampled. For GGUF, its
+ * tokenizer.ggml.bos_token_id and eos_token_id (defaults 1 and 2), without
+ * duplicates. Returns the count (1..TP_MODEL_MAX_EOS); *ids is borrowed. */
+int tp_model_eos_ids(const tp_model *m, const int **ids);
+
+/* The embedded vocabulary: 0 and *out filled for GGUF files that carry
+ * tokenizer.ggml.tokens; TP_ENOTFOUND otherwise (llama2.c checkpoints keep
+ * their tokenizer in a separate file). */
+int tp_model_vocab_get(const tp_model *m, tp_model_vocab *out, tp_err *err);
+
+#endif

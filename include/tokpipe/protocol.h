@@ -1,0 +1,572 @@
+/* tokpipe wire protocol: encode, decode and validate every message (no
+ * sockets here). protocol/PROTOCOL.md is the spec; this header is its C
+ * binding.
+ *
+ * A message is a list of ZeroMQ frames (after any ROUTER identity frames,
+ * and, for events, after the topic frame):
+ *   F0 magic+version, 4 bytes: "JOB1" producer<->broker, "WRK1"
+ *      broker<->worker, "EVT1" events (XPUB)
+ *   F1 command, 1 byte (TP_CMD_*)
+ *   F2 header: one msgpack map with string keys (PROTOCOL.md lists them)
+ *   F3.. payload frames: raw little-endian arrays (int32 token ids, uint32
+ *      slots/positions, uint8 flags, float32 logits), never msgpack arrays.
+ *
+ * Decoding is strict: frame sizes are checked against the hard caps below
+ * before any msgpack parsing, the msgpack structure is pre-scanned so a
+ * declared count can never exceed the bytes present or the object budget
+ * (msgpack-c allocates from declared counts), then types, ranges and counts
+ * are checked per field. Every error names the frame or field.
+ *
+ * Ownership: a decoded tp_msg borrows every string and payload from the
+ * frames it was decoded from (strings are NOT NUL-terminated): keep the
+ * frames alive while reading it, copy what must outlive them. Arrays the
+ * decoder had to build (stop strings, stop ids, triggers) are owned by the
+ * tp_msg and freed by tp_msg_clear. Payload arrays may be unaligned: read
+ * them with tp_raw_i32/u32/f32 or copy them with tp_raw_copy. */
+#ifndef TOKPIPE_PROTOCOL_H
+#define TOKPIPE_PROTOCOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tokpipe/error.h"
+
+/* ---- frames and families ---------------------------------------------- */
+
+#define TP_MAGIC_JOB "JOB1"   /* producer <-> broker frontend (ROUTER) */
+#define TP_MAGIC_WRK "WRK1"   /* broker backend (ROUTER) <-> workers (DEALER) */
+#define TP_MAGIC_EVT "EVT1"   /* events: stop stage PUB -> broker XSUB/XPUB -> SUB */
+#define TP_MAGIC_LEN 4
+
+typedef enum {
+    TP_FAM_JOB = 1,
+    TP_FAM_WRK = 2,
+    TP_FAM_EVT = 3,
+} tp_family;
+
+/* One frame as bytes: borrowed, never owned by the struct. */
+typedef struct tp_frame {
+    const void *data;
+    size_t len;
+} tp_frame;
+
+/* ---- commands (F1) ------------------------------------------------------ */
+
+enum {
+    /* JOB1 */
+    TP_CMD_SUBMIT = 0x01,       /* P->B */
+    TP_CMD_ACK = 0x02,          /* B->P: reply to SUBMIT and CANCEL */
+    TP_CMD_CANCEL = 0x03,       /* P->B */
+    TP_CMD_STATUS = 0x04,       /* P->B */
+    TP_CMD_STATUS_REPLY = 0x05, /* B->P */
+    TP_CMD_STATS = 0x06,        /* P->B */
+    TP_CMD_STATS_REPLY = 0x07,  /* B->P */
+    TP_CMD_ERROR = 0x7F,        /* B->P: malformed request (any family) */
+
+    /* EVT1 */
+    TP_CMD_TOKEN = 0x01,
+    TP_CMD_FINISH = 0x02,
+
+    /* WRK1: control */
+    TP_CMD_READY = 0x01,        /* W->B */
+    TP_CMD_WELCOME = 0x02,      /* B->W */
+    TP_CMD_HEARTBEAT = 0x03,    /* both */
+    TP_CMD_DISCONNECT = 0x04,   /* both */
+    TP_CMD_RESULT = 0x05,       /* W->B: reply to *_OPEN / *_CLOSE */
+    /* WRK1: tokenize stage */
+    TP_CMD_TOKENIZE = 0x10,     /* B->W */
+    TP_CMD_TOKENIZED = 0x11,    /* W->B */
+    /* WRK1: forward stage */
+    TP_CMD_SEQ_OPEN = 0x20,     /* B->W */
+    TP_CMD_SEQ_CLOSE = 0x21,    /* B->W */
+    TP_CMD_STEP = 0x22,         /* B->W */
+    TP_CMD_STEP_RESULT = 0x23,  /* W->B */
+    /* WRK1: sample stage */
+    TP_CMD_SAMPLE_OPEN = 0x30,  /* B->W */
+    TP_CMD_SAMPLE_CLOSE = 0x31, /* B->W */
+    TP_CMD_SAMPLE = 0x32,       /* B->W */
+    TP_CMD_SAMPLED = 0x33,      /* W->B */
+    /* WRK1: stop stage */
+    TP_CMD_STOP_OPEN = 0x40,    /* B->W */
+    TP_CMD_STOP_CLOSE = 0x41,   /* B->W */
+    TP_CMD_STOP_STEP = 0x42,    /* B->W */
+    TP_CMD_VERDICTS = 0x43,     /* W->B */
+};
+
+/* ---- status codes (HTTP-like, in every reply) --------------------------- */
+
+enum {
+    TP_ST_OK = 200,
+    TP_ST_BAD_REQUEST = 400,    /* a field is missing, mistyped or out of range */
+    TP_ST_NOT_FOUND = 404,      /* unknown job id / slot */
+    TP_ST_CONFLICT = 409,       /* job id already in use; cancel of a finished job */
+    TP_ST_TOO_LARGE = 413,      /* a frame, string or count exceeds a cap */
+    TP_ST_OVERLOADED = 429,     /* admission limit reached: retry later */
+    TP_ST_INTERNAL = 500,
+    TP_ST_UNKNOWN_COMMAND = 501,
+    TP_ST_UNAVAILABLE = 503,    /* draining, or no worker for a needed stage */
+    TP_ST_BAD_VERSION = 505,    /* F0 is not this family's magic+version */
+};
+
+/* ---- finish reasons (same numbering as tp_finish_reason in stop.h) ------ */
+
+enum {
+    TP_REASON_NONE = 0,
+    TP_REASON_STOP_STRING = 1,
+    TP_REASON_STOP_TOKEN = 2,
+    TP_REASON_EOS = 3,
+    TP_REASON_LENGTH = 4,
+    TP_REASON_CANCELLED = 5,
+    TP_REASON_ERROR = 6,
+};
+#define TP_REASON_COUNT 7
+
+/* Wire name ("none", "stop_string", ..., "error"); "unknown" otherwise. */
+const char *tp_reason_name(int reason);
+/* Parse a wire name (len bytes); -1 if unknown. */
+int tp_reason_parse(const char *s, size_t len);
+
+/* Job states in STATUS_REPLY. */
+enum {
+    TP_STATE_UNKNOWN = 0,   /* not known (never submitted, or expired) */
+    TP_STATE_QUEUED = 1,    /* accepted, waiting for tokenize / a batch slot */
+    TP_STATE_RUNNING = 2,
+    TP_STATE_FINISHED = 3,  /* result kept for the configured TTL */
+};
+const char *tp_state_name(int state);
+
+/* Stages, as a bit set in READY. */
+enum {
+    TP_STAGE_TOKENIZE = 1u << 0,
+    TP_STAGE_FORWARD = 1u << 1,
+    TP_STAGE_SAMPLE = 1u << 2,
+    TP_STAGE_STOP = 1u << 3,
+};
+/* "tokenize", "forward", "sample", "stop" for one bit; NULL otherwise. */
+const char *tp_stage_name(unsigned stage_bit);
+
+/* ---- hard caps (config limits may be lower, never higher) --------------- */
+
+#define TP_PROTO_MAX_FRAMES 12              /* frames per message after the envelope */
+#define TP_PROTO_MAX_HEADER (4u << 20)      /* bytes of F2 */
+#define TP_PROTO_MAX_OBJECTS 65536          /* msgpack objects in one header */
+#define TP_PROTO_MAX_DEPTH 4                /* nesting of msgpack containers */
+#define TP_PROTO_MAX_PAYLOAD (256u << 20)   /* bytes of one payload frame */
+#define TP_PROTO_MAX_JOB_ID 64              /* bytes; charset [A-Za-z0-9._:-] */
+#define TP_PROTO_MAX_PROMPT (1u << 20)      /* bytes of prompt text */
+#define TP_PROTO_MAX_TEXT (2u << 20)        /* bytes of an event delta / a result text */
+#define TP_PROTO_MAX_IDS (1u << 20)         /* token ids in one frame */
+#define TP_PROTO_MAX_STOP 4096              /* stop strings per job */
+#define TP_PROTO_MAX_STOP_LEN 65535         /* bytes per stop string */
+#define TP_PROTO_MAX_STOP_IDS 4096          /* stop token ids per job */
+#define TP_PROTO_MAX_ITEMS 4096             /* items (sequences) in one step */
+#define TP_PROTO_MAX_VOCAB (1u << 20)
+#define TP_PROTO_MAX_ERROR 1024             /* bytes of an error message */
+#define TP_PROTO_MAX_NAME 64                /* instance / model id / field names */
+#define TP_PROTO_MAX_TRIGGERS 1024          /* entries of stats stop_triggers */
+
+/* ---- payload arrays ----------------------------------------------------- */
+
+/* A raw little-endian array borrowed from a payload frame (or, when
+ * encoding, from the caller). n counts elements, not bytes. */
+typedef struct tp_raw {
+    const void *data;
+    size_t n;
+} tp_raw;
+
+static inline int32_t tp_raw_i32(tp_raw r, size_t i)
+{
+    int32_t v;
+    memcpy(&v, (const char *)r.data + 4 * i, 4);
+    return v;
+}
+static inline uint32_t tp_raw_u32(tp_raw r, size_t i)
+{
+    uint32_t v;
+    memcpy(&v, (const char *)r.data + 4 * i, 4);
+    return v;
+}
+static inline float tp_raw_f32(tp_raw r, size_t i)
+{
+    float v;
+    memcpy(&v, (const char *)r.data + 4 * i, 4);
+    return v;
+}
+static inline uint8_t tp_raw_u8(tp_raw r, size_t i)
+{
+    return ((const uint8_t *)r.data)[i];
+}
+/* Copy r (elem_size bytes per element) into dst, which holds r.n elements. */
+static inline void tp_raw_copy(void *dst, tp_raw r, size_t elem_size)
+{
+    if (r.n)
+        memcpy(dst, r.data, r.n * elem_size);
+}
+
+/* A string borrowed from a header frame: NOT NUL-terminated. */
+typedef struct tp_str {
+    const char *ptr;
+    size_t len;
+} tp_str;
+
+static inline tp_str tp_str_of(const char *s)
+{
+    tp_str t = {s, s ? strlen(s) : 0};
+    return t;
+}
+
+/* Matched stop: a stop string, a token id, or nothing. */
+typedef struct tp_matched {
+    enum { TP_MATCHED_NONE = 0, TP_MATCHED_STR, TP_MATCHED_ID } kind;
+    tp_str str;
+    int32_t id;
+} tp_matched;
+
+/* ---- generation parameters (SUBMIT params, SAMPLE_OPEN, STOP_OPEN) ------ */
+
+/* Bits of tp_params.set: which keys were present (decode) / are to be
+ * written (encode). Absent keys take the broker's configured defaults. */
+enum {
+    TP_P_MAX_TOKENS = 1u << 0,
+    TP_P_MIN_TOKENS = 1u << 1,
+    TP_P_TEMPERATURE = 1u << 2,
+    TP_P_TOP_P = 1u << 3,
+    TP_P_TOP_K = 1u << 4,
+    TP_P_MIN_P = 1u << 5,
+    TP_P_REPETITION_PENALTY = 1u << 6,
+    TP_P_PRESENCE_PENALTY = 1u << 7,
+    TP_P_FREQUENCY_PENALTY = 1u << 8,
+    TP_P_SEED = 1u << 9,
+    TP_P_STOP = 1u << 10,
+    TP_P_STOP_TOKEN_IDS = 1u << 11,
+    TP_P_IGNORE_EOS = 1u << 12,
+    TP_P_INCLUDE_STOP = 1u << 13,
+};
+
+typedef struct tp_params {
+    uint32_t set;                    /* TP_P_* bits */
+    int32_t max_tokens;              /* >= 1 */
+    int32_t min_tokens;              /* >= 0, <= max_tokens when both set */
+    double temperature;              /* >= 0 (0 = greedy) */
+    double top_p;                    /* (0, 1] */
+    int32_t top_k;                   /* >= 0 (0 = off) */
+    double min_p;                    /* [0, 1] */
+    double repetition_penalty;       /* > 0 (1 = off) */
+    double presence_penalty;         /* [-2, 2] */
+    double frequency_penalty;        /* [-2, 2] */
+    uint64_t seed;
+    tp_str *stop;                    /* n_stop non-empty valid UTF-8 strings */
+    size_t n_stop;
+    int32_t *stop_token_ids;         /* >= 0 each (vocabulary range: broker) */
+    size_t n_stop_token_ids;
+    bool ignore_eos;
+    bool include_stop_str_in_output;
+} tp_params;
+
+/* ---- JOB1 messages ------------------------------------------------------ */
+
+typedef struct tp_m_submit {
+    tp_str job_id;        /* empty = broker assigns one (returned in ACK) */
+    tp_str prompt;        /* text prompt; has_prompt false => prompt_ids */
+    bool has_prompt;
+    tp_raw prompt_ids;    /* int32 frame F3, present iff !has_prompt, >= 1 id */
+    tp_params params;
+} tp_m_submit;
+
+typedef struct tp_m_ack {   /* status 200: accepted / cancel done; else rejected */
+    tp_str job_id;
+    tp_str field;         /* the offending field for 400/413, else empty */
+} tp_m_ack;
+
+typedef struct tp_m_jobref {  /* CANCEL, STATUS */
+    tp_str job_id;
+} tp_m_jobref;
+
+typedef struct tp_timings {   /* microseconds */
+    uint64_t queue_us;    /* submit -> first forward step */
+    uint64_t ttft_us;     /* submit -> first accepted token (0: none) */
+    uint64_t total_us;    /* submit -> finish */
+} tp_timings;
+
+typedef struct tp_m_status_reply {
+    tp_str job_id;
+    int state;                 /* TP_STATE_* */
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+    int64_t last_seq;          /* seq of the last event published, -1 none */
+    /* When state == FINISHED: */
+    int reason;                /* TP_REASON_* */
+    tp_matched matched;
+    tp_str text;               /* final text */
+    tp_str job_error;          /* reason error: what went wrong */
+    tp_timings timings;
+    tp_raw tokens;             /* int32 frame F3: completion ids (finished only) */
+} tp_m_status_reply;
+
+typedef struct tp_trigger {    /* how often one stop string / id finished a job */
+    tp_matched key;
+    uint64_t count;
+    bool truncated;            /* key is a prefix of a longer stop string */
+} tp_trigger;
+
+typedef struct tp_m_stats_reply {
+    uint64_t uptime_ms;
+    uint64_t jobs_submitted;       /* SUBMITs seen */
+    uint64_t jobs_rejected;        /* ACK status != 200 */
+    uint64_t jobs_active;          /* queued + running now */
+    uint64_t jobs_finished;
+    uint64_t tokens_generated;     /* completion tokens of finished jobs */
+    uint64_t events_published;
+    uint64_t malformed_front;      /* dropped/ERRORed frontend messages */
+    uint64_t malformed_back;       /* dropped backend messages */
+    uint64_t malformed_events;     /* dropped event messages (XSUB side) */
+    uint64_t workers[4];           /* live workers per stage: tokenize, forward, sample, stop */
+    uint64_t finish[TP_REASON_COUNT]; /* finished jobs per reason */
+    tp_trigger *triggers;          /* per stop string / stop id */
+    size_t n_triggers;
+    uint64_t triggers_other;       /* triggers not tracked by key */
+} tp_m_stats_reply;
+
+/* ---- EVT1 messages (topic frame = job id) ------------------------------- */
+
+typedef struct tp_m_token {
+    tp_str job_id;
+    uint32_t seq;          /* per job: 0, 1, 2, ... over TOKEN and FINISH */
+    uint32_t index;        /* completion tokens accepted before this event */
+    tp_str text;           /* UTF-8 delta, may be empty (held back) */
+    tp_raw ids;            /* int32 frame: accepted token ids */
+} tp_m_token;
+
+typedef struct tp_m_finish {
+    tp_str job_id;
+    uint32_t seq;          /* always the job's last event */
+    int reason;            /* TP_REASON_*, never NONE */
+    tp_matched matched;    /* stop_string: str; stop_token/eos: id */
+    tp_str text;           /* last delta (released hold-back), may be empty */
+    tp_str job_error;      /* reason error: message */
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+    uint64_t text_len;     /* bytes of the final text */
+    tp_timings timings;
+} tp_m_finish;
+
+/* ---- WRK1 messages ------------------------------------------------------ */
+
+typedef struct tp_m_ready {
+    unsigned stages;           /* TP_STAGE_* bits, >= 1 */
+    tp_str instance;           /* e.g. "forward.0" */
+    uint64_t incarnation;      /* random per process start: a new value = new state */
+    uint32_t capacity;         /* sequences/jobs it can hold (forward, stop, sample) */
+    uint32_t heartbeat_ms;
+    tp_str model_id;           /* "" if the stage needs no model */
+    uint32_t vocab_size;
+    int32_t bos_id;            /* -1 unknown */
+    int32_t eos_id;
+    uint32_t seq_len;          /* max positions per sequence (forward) */
+    uint32_t max_batch_tokens; /* tokens per STEP (forward) */
+} tp_m_ready;
+
+typedef struct tp_m_welcome {
+    uint64_t incarnation;      /* broker's */
+    uint32_t heartbeat_ms;
+    uint32_t liveness;         /* missed intervals before a peer is dead */
+    uint32_t worker_no;
+} tp_m_welcome;
+
+typedef struct tp_m_heartbeat {
+    uint64_t progress;         /* steps/tasks completed (stuck detection) */
+    uint32_t inflight;
+} tp_m_heartbeat;
+
+typedef struct tp_m_disconnect {
+    tp_str reason;
+} tp_m_disconnect;
+
+typedef struct tp_m_tokenize {
+    uint32_t slot;
+    tp_str text;
+    bool add_bos;
+} tp_m_tokenize;
+
+typedef struct tp_m_tokenized {
+    uint32_t slot;
+    tp_raw ids;                /* int32 frame, present iff status 200 */
+} tp_m_tokenized;
+
+typedef struct tp_m_slot {     /* SEQ_OPEN, SEQ_CLOSE, SAMPLE_CLOSE */
+    uint32_t slot;
+} tp_m_slot;
+
+/* STEP item flags (u8 column). */
+enum {
+    TP_ITEM_OUTPUT = 1u << 0,  /* produce logits (or a candidate) after the item's last token */
+};
+
+typedef struct tp_m_step {
+    uint64_t step;
+    uint32_t n;                /* items */
+    uint32_t n_tokens;         /* sum of ntok */
+    bool sample;               /* fused: return candidates, not logits */
+    tp_raw slots;              /* u32[n] */
+    tp_raw pos;                /* u32[n] position of the item's first token */
+    tp_raw ntok;               /* u32[n] >= 1 */
+    tp_raw flags;              /* u8[n] TP_ITEM_* */
+    tp_raw tokens;             /* i32[n_tokens], items' tokens concatenated */
+    tp_raw accepted;           /* i32[n] token accepted since the last sample of
+                                * the slot, -1 none (used when sample) */
+} tp_m_step;
+
+typedef struct tp_m_step_result {
+    uint64_t step;
+    uint32_t n;                /* items that asked for output, in STEP order */
+    uint32_t vocab;            /* logits per item (0 when sampled) */
+    bool sampled;
+    tp_raw slots;              /* u32[n] */
+    tp_raw out;                /* f32[n*vocab] logits, or i32[n] candidates */
+} tp_m_step_result;
+
+typedef struct tp_m_sample_open {
+    uint32_t slot;
+    tp_params params;          /* sampling keys + min_tokens */
+    int32_t *ban_ids;          /* never sampled while fewer than min_tokens are
+                                * accepted (EOS + stop ids) */
+    size_t n_ban_ids;
+    tp_raw context;            /* i32 frame: prompt (+ accepted) ids for penalties */
+} tp_m_sample_open;
+
+typedef struct tp_m_sample {
+    uint64_t step;
+    uint32_t n;
+    uint32_t vocab;
+    tp_raw slots;              /* u32[n] */
+    tp_raw index;              /* u32[n] completion tokens accepted so far */
+    tp_raw accepted;           /* i32[n] accepted since the last SAMPLE, -1 none */
+    tp_raw logits;             /* f32[n*vocab] */
+} tp_m_sample;
+
+typedef struct tp_m_sampled {
+    uint64_t step;
+    uint32_t n;
+    tp_raw slots;              /* u32[n] */
+    tp_raw candidates;         /* i32[n] */
+} tp_m_sampled;
+
+typedef struct tp_m_stop_open {
+    uint32_t slot;
+    tp_str job_id;
+    tp_params params;          /* stop keys + min/max_tokens */
+    uint32_t prompt_tokens;
+    int32_t prev_token;        /* last prompt id (BOS leading-space rule), -1 none */
+    uint32_t next_seq;         /* first event seq to publish (0; > 0 on rebuild) */
+    uint64_t t_submit_us;      /* CLOCK_REALTIME of SUBMIT */
+    uint64_t t_start_us;       /* CLOCK_REALTIME of the first forward step */
+    tp_raw replay;             /* i32 frame: accepted ids to re-feed silently */
+} tp_m_stop_open;
+
+typedef struct tp_m_stop_close {
+    uint32_t slot;
+    int finish;                /* NONE: just free; CANCELLED / ERROR: publish FINISH */
+    tp_str job_error;
+} tp_m_stop_close;
+
+typedef struct tp_m_stop_step {
+    uint64_t step;
+    uint32_t n;
+    tp_raw slots;              /* u32[n] */
+    tp_raw candidates;         /* i32[n] */
+} tp_m_stop_step;
+
+typedef struct tp_m_verdicts {
+    uint64_t step;
+    uint32_t n;
+    tp_raw slots;              /* u32[n] */
+    tp_raw accepted;           /* u8[n] 1 = the candidate entered the sequence */
+    tp_raw finish;             /* u8[n] TP_REASON_* (NONE = goes on) */
+} tp_m_verdicts;
+
+/* ---- one message -------------------------------------------------------- */
+
+typedef struct tp_msg {
+    tp_family family;
+    uint8_t cmd;
+    uint64_t req;          /* JOB1: client-chosen, echoed in the reply (0 = none) */
+    uint64_t task;         /* WRK1 stage messages: broker-chosen, echoed in the reply */
+    uint32_t status;       /* replies: TP_ST_*; on decode failure: the status to reply with */
+    tp_str error;          /* replies with status != 200: message naming the field */
+    union {
+        tp_m_submit submit;
+        tp_m_ack ack;
+        tp_m_jobref jobref;
+        tp_m_status_reply status_reply;
+        tp_m_stats_reply stats_reply;
+        tp_m_token token;
+        tp_m_finish finish;
+        tp_m_ready ready;
+        tp_m_welcome welcome;
+        tp_m_heartbeat heartbeat;
+        tp_m_disconnect disconnect;
+        tp_m_tokenize tokenize;
+        tp_m_tokenized tokenized;
+        tp_m_slot slot;
+        tp_m_step step;
+        tp_m_step_result step_result;
+        tp_m_sample_open sample_open;
+        tp_m_sample sample;
+        tp_m_sampled sampled;
+        tp_m_stop_open stop_open;
+        tp_m_stop_close stop_close;
+        tp_m_stop_step stop_step;
+        tp_m_verdicts verdicts;
+    };
+    void *owned_;          /* decoder allocations; freed by tp_msg_clear */
+} tp_msg;
+
+/* Zero m and set family and cmd, ready to fill and encode. */
+void tp_msg_init(tp_msg *m, tp_family family, uint8_t cmd);
+
+/* Free what the decoder allocated in m (NULL ok); m is zeroed. */
+void tp_msg_clear(tp_msg *m);
+
+/* Name of a command in a family ("SUBMIT", ...), "?" if unknown. */
+const char *tp_cmd_name(tp_family family, uint8_t cmd);
+
+/* Decode one message of the given family. frames[0] is F0 (for EVT1:
+ * frames[0] is the topic and frames[1] is F0). On success fills *out (which
+ * borrows from frames, see above; call tp_msg_clear when done) and returns
+ * 0. On failure returns TP_EFORMAT / TP_ERANGE / TP_ENOTFOUND / TP_ENOMEM
+ * with err naming the frame or field, and still fills out->family, cmd,
+ * req/task when they could be read, and out->status with the status a
+ * broker should answer (400, 413, 501, 505). out needs tp_msg_clear either
+ * way. */
+int tp_proto_decode(tp_family family, const tp_frame *frames, size_t n_frames, tp_msg *out,
+                    tp_err *err);
+
+/* An encoded message: frames to send in order (SNDMORE on all but the
+ * last). Frame data points into w's own header buffer and into the payload
+ * arrays of the encoded tp_msg (borrowed: keep them alive until sent). */
+typedef struct tp_wire {
+    size_t n;
+    tp_frame f[TP_PROTO_MAX_FRAMES + 1];
+    uint8_t cmd_byte;
+    char *hdr;             /* owned msgpack bytes */
+    size_t hdr_len;
+} tp_wire;
+
+/* Encode m (validated like a decode would: an invalid message is an error
+ * naming the field, so a peer never receives what we would reject). On
+ * success *w holds the frames; free with tp_wire_free. For EVT1 the first
+ * frame is the topic (= job id). */
+int tp_proto_encode(const tp_msg *m, tp_wire *w, tp_err *err);
+
+void tp_wire_free(tp_wire *w);
+
+/* Check that s (len bytes) is a valid job id: 1..TP_PROTO_MAX_JOB_ID bytes
+ * of [A-Za-z0-9._:-]. */
+bool tp_job_id_valid(const char *s, size_t len);
+
+/* true if the bytes are valid UTF-8 (no surrogates, no overlongs). */
+bool tp_utf8_valid(const char *s, size_t len);
+
+#endif

@@ -1,0 +1,45 @@
+/* Synthetic llama2.c checkpoints and tokenizers of real model shapes, with
+ * seeded random weights, for benchmarks (speed does not depend on weight
+ * values). Used by `tokpipe mkmodel` and bench/bench_forward.c. */
+#ifndef TOKPIPE_SYNTH_H
+#define TOKPIPE_SYNTH_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tokpipe/error.h"
+
+typedef struct tp_synth_shape {
+    int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
+} tp_synth_shape;
+
+/* Parse a shape: "stories15M" (288, 768, 6 layers, 6/6 heads, 32000, 256),
+ * "stories42M" (512, 1376, 8, 8/8, 32000, 1024), "stories110M" (768, 2048,
+ * 12, 12/12, 32000, 1024), "stories260K" (64, 172, 5, 8/4, 512, 512), or
+ * DIMxLAYERS[xHEADS[xKV_HEADS]]: hidden = llama2.c's rule (2/3 of 4*dim,
+ * rounded up to a multiple of 32), heads default to dim/64 (or dim/48 when
+ * 64 does not divide dim, else 1), kv_heads to heads, vocab 32000, seq_len
+ * 1024. Errors name what is wrong. */
+int tp_synth_parse_shape(const char *spec, tp_synth_shape *out, tp_err *err);
+
+/* Bytes of the llama2.c v0 checkpoint for shape s (shared classifier). */
+uint64_t tp_synth_model_bytes(const tp_synth_shape *s);
+
+/* Progress callback: bytes written so far of total. */
+typedef void (*tp_synth_progress)(uint64_t done, uint64_t total, void *ctx);
+
+/* Write a checkpoint of shape s to fp: weights uniform in +-0.5/sqrt(fan
+ * in) from a xorshift generator seeded with seed, RMSNorm weights 1. */
+int tp_synth_write_model(FILE *fp, const tp_synth_shape *s, uint64_t seed, tp_synth_progress progress,
+                         void *ctx, tp_err *err);
+
+/* The same checkpoint in a malloc'ed buffer (caller frees *buf). */
+int tp_synth_build_model(const tp_synth_shape *s, uint64_t seed, void **buf, size_t *size, tp_err *err);
+
+/* A llama2.c tokenizer.bin of vocab_size tokens: <unk>, "\n<s>\n",
+ * "\n</s>\n", the 256 byte tokens <0x00>..<0xFF>, then distinct pieces
+ * (printable characters, then space-led letter strings) with scores
+ * decreasing with id. vocab_size must be at least 259 + 95. */
+int tp_synth_write_tokenizer(FILE *fp, int vocab_size, tp_err *err);
+
+#endif

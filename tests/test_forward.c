@@ -1,0 +1,475 @@
+/* Batched forward: kernel exactness, a tiny model against an independent
+ * double-precision reference, the stories260K greedy reference from
+ * llama2.c's run.c, batch invariance (bitwise) and the KV pool limits. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokpipe/forward.h"
+#include "../workers/forward/kernels.h"
+#include "support/tiny_llama.h"
+
+/* run.c (llama2.c 350e04f) greedy on stories260K.bin + tok512.bin, prompt
+ * "Once upon a time" = 1 403 407 261 378: the 252 ids listed in
+ * ../shared/models/README.md. */
+static const int REF_IDS[252] = {
+    432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292,
+    411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,
+    338, 391, 266, 267, 337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13, 438, 310,
+    439, 419, 357, 336, 432, 313, 438, 310, 432, 278, 316, 439, 419, 298, 414, 267, 265, 282, 295, 433,
+    426, 436, 317, 286, 296, 418, 269, 279, 292, 416, 439, 413, 409, 416, 327, 263, 415, 294, 267, 400,
+    426, 338, 336, 432, 313, 442, 391, 267, 337, 335, 364, 420, 268, 388, 432, 398, 359, 280, 303, 439,
+    413, 272, 417, 264, 312, 426, 436, 13, 438, 310, 286, 296, 418, 269, 279, 292, 416, 439, 413, 409,
+    416, 327, 263, 415, 294, 267, 400, 426, 338, 336, 432, 313, 442, 439, 423, 262, 304, 420, 422, 432,
+    317, 426, 359, 279, 292, 416, 439, 413, 409, 416, 327, 263, 415, 294, 267, 400, 426, 436, 13, 438,
+    310, 279, 292, 416, 439, 413, 391, 267, 281, 421, 427, 311, 357, 432, 384, 358, 336, 432, 313, 442,
+    439, 423, 262, 304, 420, 422, 432, 357, 426, 359, 279, 292, 416, 439, 413, 409, 416, 327, 263, 415,
+    294, 267, 400, 426, 436, 320, 285, 357, 336, 432, 313, 455, 289, 439, 413, 263, 304, 420, 422, 432,
+    317, 426, 410, 448, 411, 280, 303, 281, 421, 427, 364, 426,
+};
+static const int PROMPT[5] = {1, 403, 407, 261, 378};
+
+static tp_model *load_real(const char *name)
+{
+    const char *dir = getenv("TP_MODELS");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "../shared/models", name);
+    tp_model *m = NULL;
+    tp_err e;
+    if (tp_model_load(path, &m, &e))
+        fail_msg("cannot load %s: %s", path, e.msg);
+    return m;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* ---- kernel ------------------------------------------------------------ */
+
+static void fill(float *x, size_t n, unsigned seed)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = (float)((int)(s >> 8) - (1 << 23)) / (float)(1 << 23);
+    }
+}
+
+static void kernel_equals_sequential_fmaf_for_any_token_count(void **state)
+{
+    (void)state;
+    const int shapes[][2] = {{37, 29}, {172, 64}, {64, 8}, {100, 3}};
+    for (size_t s = 0; s < 4; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1], T = 13;
+        float *W = malloc(sizeof(float) * rows * cols), *X = malloc(sizeof(float) * T * cols);
+        float *Y = malloc(sizeof(float) * T * rows), *Y1 = malloc(sizeof(float) * rows);
+        fill(W, (size_t)rows * cols, 1 + s);
+        fill(X, (size_t)T * cols, 7 + s);
+        tp_packed P;
+        assert_int_equal(tp_pack((const float *const *)&W, &rows, 1, cols, &P), 0);
+        for (int n = 1; n <= T; n++) {
+            tp_matmul(&P, X, cols, n, Y, rows);
+            for (int t = 0; t < n; t++)
+                for (int r = 0; r < rows; r++) {
+                    float acc = 0.0f;
+                    for (int k = 0; k < cols; k++)
+                        acc = fmaf(X[t * cols + k], W[r * cols + k], acc);
+                    if (memcmp(&acc, &Y[t * rows + r], 4))
+                        fail_msg("%dx%d, %d tokens: y[%d][%d] = %a, sequential fmaf gives %a", rows, cols,
+                                 n, t, r, Y[t * rows + r], acc);
+                }
+            float *Ys = malloc(sizeof(float) * n * rows);
+            tp_matmul_scalar(&P, X, cols, n, Ys, rows);
+            assert_memory_equal(Ys, Y, sizeof(float) * n * rows); /* portable path, same bits */
+            free(Ys);
+            /* The last token alone gives the same bits as inside the batch. */
+            tp_matmul(&P, X + (n - 1) * cols, cols, 1, Y1, rows);
+            assert_memory_equal(Y1, Y + (n - 1) * rows, sizeof(float) * rows);
+        }
+        tp_packed_free(&P);
+        free(W); free(X); free(Y); free(Y1);
+    }
+}
+
+/* ---- tiny model vs reference ------------------------------------------ */
+
+static void check_close(const float *got, const double *want, int n, double tol, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (fabs(got[i] - want[i]) > tol * (1 + fabs(want[i])))
+            fail_msg("%s: logit %d is %.7g, reference %.7g", what, i, got[i], want[i]);
+}
+
+static void tiny_gqa_model_matches_reference(bool scalar)
+{
+    tiny_shape sh = {16, 40, 2, 4, 2, 23, 12, 1};
+    size_t size;
+    float *ck = tiny_llama_build(&sh, 5, 0.3f, &size);
+    tp_model *m;
+    tp_err e;
+    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    tp_forward *f;
+    assert_int_equal(tp_forward_new(m, 2, 0, 8, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
+    int sid, toks[9] = {1, 5, 22, 0, 7, 7, 13, 2, 9};
+    assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
+    float logits[23];
+    double ref[23];
+    /* prefill 4 tokens, then decode the rest one at a time */
+    tp_fwd_item it = {sid, 0, toks, 4, false};
+    assert_int_equal(tp_forward_step(f, &it, 1, logits, &e), 0);
+    tiny_llama_reference(ck, toks, 4, ref);
+    check_close(logits, ref, 23, 1e-4, "after prefill of 4");
+    for (int p = 4; p < 9; p++) {
+        tp_fwd_item d = {sid, p, &toks[p], 1, false};
+        assert_int_equal(tp_forward_step(f, &d, 1, logits, &e), 0);
+        tiny_llama_reference(ck, toks, p + 1, ref);
+        check_close(logits, ref, 23, 1e-4, "decode step");
+    }
+    tp_forward_free(f);
+    tp_model_free(m);
+    free(ck);
+}
+
+static void tiny_gqa_model_matches_double_reference(void **state)
+{
+    (void)state;
+    tiny_gqa_model_matches_reference(false);
+}
+
+static void scalar_path_matches_double_reference(void **state)
+{
+    (void)state;
+    tiny_gqa_model_matches_reference(true);
+}
+
+/* Hand-checkable: with wo and w2 all zero the residual stream stays the
+ * embedding, so logits[v] = sum_j E[v][j] * g[j] * e[j] / rms(e), g the
+ * final norm weights, e the input token's embedding. */
+static void zero_blocks_give_normalized_embedding_logits(void **state)
+{
+    (void)state;
+    tiny_shape sh = {4, 8, 1, 2, 2, 3, 4, 0};
+    size_t size;
+    float *ck = tiny_llama_build(&sh, 1, 0.5f, &size);
+    float *w = ck + 7;
+    const float E[3][4] = {{1, 2, 3, 4}, {0.5f, -1, 0, 2}, {-3, 1, 1, -1}};
+    memcpy(w, E, sizeof E);
+    size_t d = 4, L = 1, V = 3, kvd = 4;
+    float *wo = w + V * d + L * d + L * d * d + 2 * L * d * kvd;
+    memset(wo, 0, d * d * 4);
+    float *w2 = wo + d * d + L * d + 8 * d;
+    memset(w2, 0, 8 * d * 4);
+    float *g = w2 + 2 * 8 * d;
+    const float G[4] = {1, 0.5f, 2, 1};
+    memcpy(g, G, sizeof G);
+    tp_model *m;
+    tp_err e;
+    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    tp_forward *f;
+    assert_int_equal(tp_forward_new(m, 1, 0, 4, &f, &e), 0);
+    int sid, tok = 1;
+    tp_forward_seq_open(f, &sid, &e);
+    float logits[3];
+    tp_fwd_item it = {sid, 0, &tok, 1, false};
+    assert_int_equal(tp_forward_step(f, &it, 1, logits, &e), 0);
+    /* e = (0.5, -1, 0, 2): mean square 5.25/4, normed n = g*e/sqrt(1.3125+1e-5)
+     * = (0.5, -0.5, 0, 2)/1.14564...; logits = E n */
+    double r = sqrt(5.25 / 4 + 1e-5), n[4] = {0.5 / r, -0.5 / r, 0, 2 / r};
+    for (int v = 0; v < 3; v++) {
+        double want = E[v][0] * n[0] + E[v][1] * n[1] + E[v][2] * n[2] + E[v][3] * n[3];
+        if (fabs(logits[v] - want) > 1e-5)
+            fail_msg("logit %d is %.7g, by hand %.7g", v, logits[v], want);
+    }
+    tp_forward_free(f);
+    tp_model_free(m);
+    free(ck);
+}
+
+/* ---- real model -------------------------------------------------------- */
+
+static void greedy(const char *file, bool scalar)
+{
+    tp_model *m = load_real(file);
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 1, 256, 8, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
+    int sid, V = tp_model_get_config(m)->vocab_size;
+    tp_forward_seq_open(f, &sid, &e);
+    float *logits = malloc(sizeof(float) * V);
+    tp_fwd_item it = {sid, 0, PROMPT, 5, false};
+    assert_int_equal(tp_forward_step(f, &it, 1, logits, &e), 0);
+    for (int i = 0; i < 252; i++) {
+        int tok = argmax(logits, V);
+        if (tok != REF_IDS[i])
+            fail_msg("%s: generated id %d is %d, run.c gives %d", file, i, tok, REF_IDS[i]);
+        if (i == 251)
+            break;
+        tp_fwd_item d = {sid, 5 + i, &tok, 1, false};
+        if (tp_forward_step(f, &d, 1, logits, &e))
+            fail_msg("step %d: %s", i, e.msg);
+    }
+    free(logits);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+static void stories260k_greedy_reproduces_run_c(void **state)
+{
+    (void)state;
+    greedy("stories260K.bin", false);
+}
+
+static void stories260k_scalar_path_greedy_reproduces_run_c(void **state)
+{
+    (void)state;
+    greedy("stories260K.bin", true);
+}
+
+static void stories260k_gguf_greedy_gives_the_same_ids(void **state)
+{
+    (void)state;
+    greedy("stories260K.gguf", false);
+}
+
+/* ---- batch invariance -------------------------------------------------- */
+
+#define NSEQ 8
+#define DECODE 6
+
+static const int PROMPTS[NSEQ][12] = {
+    {1, 403, 407, 261, 378}, {1, 300, 301}, {1, 265, 282, 295, 433, 426, 385, 328, 432, 358},
+    {1}, {1, 13, 438, 310, 439, 419, 357}, {1, 432, 432, 432, 432, 432, 432, 432, 432, 432, 432, 432},
+    {1, 500, 42}, {1, 290, 291, 292, 293, 294},
+};
+static const int PLEN[NSEQ] = {5, 3, 10, 1, 7, 12, 3, 6};
+
+/* logits[s][k]: after prompt (k=0) and after each of DECODE greedy steps. */
+static void run_alone(tp_model *m, float *out, int V, bool scalar)
+{
+    tp_err e;
+    for (int s = 0; s < NSEQ; s++) {
+        tp_forward *f;
+        assert_int_equal(tp_forward_new(m, 1, 64, 16, &f, &e), 0);
+        if (scalar)
+            tp_forward_use_scalar_for_tests(f);
+        int sid;
+        tp_forward_seq_open(f, &sid, &e);
+        float *row = out + (size_t)s * (DECODE + 1) * V;
+        tp_fwd_item it = {sid, 0, PROMPTS[s], PLEN[s], false};
+        assert_int_equal(tp_forward_step(f, &it, 1, row, &e), 0);
+        for (int k = 1; k <= DECODE; k++) {
+            int tok = argmax(row + (size_t)(k - 1) * V, V);
+            tp_fwd_item d = {sid, PLEN[s] + k - 1, &tok, 1, false};
+            assert_int_equal(tp_forward_step(f, &d, 1, row + (size_t)k * V, &e), 0);
+        }
+        tp_forward_free(f);
+    }
+}
+
+/* All 8 together in one pool: sequence s joins at step s, its prompt goes
+ * in chunks of 3 (non-final chunks skip logits), so most steps mix prefill
+ * chunks of some sequences with decode steps of others. */
+static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar)
+{
+    tp_err e;
+    tp_forward *f;
+    assert_int_equal(tp_forward_new(m, NSEQ, 64, 64, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
+    assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+    int sid[NSEQ], fed[NSEQ] = {0}, done[NSEQ] = {0}, toks[NSEQ];
+    float *step_logits = malloc(sizeof(float) * NSEQ * V);
+    for (int s = 0; s < NSEQ; s++)
+        tp_forward_seq_open(f, &sid[s], &e);
+    for (int step = 0; step < 64; step++) {
+        tp_fwd_item items[NSEQ];
+        int owner[NSEQ], n = 0;
+        for (int s = 0; s < NSEQ && s <= step; s++) {
+            if (done[s] > DECODE)
+                continue;
+            tp_fwd_item it = {sid[s], fed[s], NULL, 0, false};
+            if (fed[s] < PLEN[s]) {
+                it.tokens = PROMPTS[s] + fed[s];
+                it.n_tokens = PLEN[s] - fed[s] < 3 ? PLEN[s] - fed[s] : 3;
+                it.skip_logits = fed[s] + it.n_tokens < PLEN[s];
+            } else {
+                toks[s] = argmax(out + ((size_t)s * (DECODE + 1) + done[s] - 1) * V, V);
+                it.tokens = &toks[s];
+                it.n_tokens = 1;
+            }
+            owner[n] = s;
+            items[n++] = it;
+        }
+        if (!n)
+            break;
+        if (tp_forward_step(f, items, n, step_logits, &e))
+            fail_msg("batched step %d: %s", step, e.msg);
+        for (int i = 0; i < n; i++) {
+            int s = owner[i];
+            fed[s] += items[i].n_tokens;
+            if (!items[i].skip_logits)
+                memcpy(out + ((size_t)s * (DECODE + 1) + done[s]++) * V, step_logits + (size_t)i * V,
+                       sizeof(float) * V);
+        }
+    }
+    free(step_logits);
+    tp_forward_free(f);
+}
+
+static void batch_invariance(bool scalar)
+{
+    tp_model *m = load_real("stories260K.bin");
+    int V = tp_model_get_config(m)->vocab_size;
+    size_t n = (size_t)NSEQ * (DECODE + 1) * V;
+    float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
+    run_alone(m, alone, V, scalar);
+    for (int threads = 1; threads <= 2; threads++) {
+        memset(batched, 0, sizeof(float) * n);
+        run_batched(m, batched, V, threads, scalar);
+        for (int s = 0; s < NSEQ; s++)
+            for (int k = 0; k <= DECODE; k++) {
+                size_t off = ((size_t)s * (DECODE + 1) + k) * V;
+                if (memcmp(alone + off, batched + off, sizeof(float) * V))
+                    fail_msg("%s, %d thread(s): sequence %d, logits row %d: batched differs from alone",
+                             scalar ? "scalar" : "avx512", threads, s, k);
+            }
+    }
+    free(alone);
+    free(batched);
+    tp_model_free(m);
+}
+
+static void batched_mixed_prefill_and_decode_logits_equal_alone_bitwise(void **state)
+{
+    (void)state;
+    batch_invariance(false);
+}
+
+static void scalar_path_is_batch_invariant_too(void **state)
+{
+    (void)state;
+    batch_invariance(true);
+}
+
+/* ---- pool and validation ----------------------------------------------- */
+
+static void kv_pool_exhaustion_is_an_error_not_a_crash(void **state)
+{
+    (void)state;
+    tp_model *m = load_real("stories260K.bin");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 2, 8, 16, &f, &e), 0);
+    int a, b, c;
+    assert_int_equal(tp_forward_seq_open(f, &a, &e), 0);
+    assert_int_equal(tp_forward_seq_open(f, &b, &e), 0);
+    assert_int_equal(tp_forward_seq_open(f, &c, &e), TP_EFULL);
+    assert_non_null(strstr(e.msg, "KV pool full"));
+    float logits[2 * 512];
+    int toks[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    tp_fwd_item it[2] = {{a, 0, toks, 5, false}, {b, 0, toks, 9, false}};
+    assert_int_equal(tp_forward_step(f, it, 2, logits, &e), TP_EFULL);
+    assert_non_null(strstr(e.msg, "item 1"));
+    assert_int_equal(tp_forward_seq_length(f, a), 0); /* the failed call changed nothing */
+    it[1].n_tokens = 8;
+    assert_int_equal(tp_forward_step(f, it, 2, logits, &e), 0);
+    assert_int_equal(tp_forward_seq_length(f, b), 8);
+    tp_fwd_item more = {b, 8, toks, 1, false};
+    assert_int_equal(tp_forward_step(f, &more, 1, logits, &e), TP_EFULL);
+    assert_int_equal(tp_forward_seq_close(f, b), 0);
+    assert_int_equal(tp_forward_seq_open(f, &c, &e), 0); /* the slot is reusable */
+    assert_int_equal(tp_forward_seq_length(f, c), 0);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+static void step_rejects_bad_items_naming_them(void **state)
+{
+    (void)state;
+    tp_model *m = load_real("stories260K.bin");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 2, 16, 4, &f, &e), 0);
+    int a, b;
+    tp_forward_seq_open(f, &a, &e);
+    tp_forward_seq_open(f, &b, &e);
+    float logits[2 * 512];
+    int good[3] = {1, 2, 3}, bad[2] = {1, 512};
+    struct { tp_fwd_item it[2]; int n; int code; const char *msg; } cases[] = {
+        {{{a, 0, bad, 2, false}}, 1, TP_EINVAL, "token 1 is 512"},
+        {{{7, 0, good, 1, false}}, 1, TP_ENOTFOUND, "sequence 7 is not open"},
+        {{{a, 0, good, 1, false}, {a, 0, good, 1, false}}, 2, TP_EINVAL, "appears twice"},
+        {{{a, 1, good, 1, false}}, 1, TP_EINVAL, "pos 1 outside 0..0"},
+        {{{a, 0, good, 3, false}, {b, 0, good, 2, false}}, 2, TP_ERANGE, "max_batch_tokens 4"},
+        {{{a, 0, good, 0, false}}, 1, TP_EINVAL, "n_tokens 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = tp_forward_step(f, cases[i].it, cases[i].n, logits, &e);
+        if (rc != cases[i].code || !strstr(e.msg, cases[i].msg))
+            fail_msg("case %zu: got %d '%s', want %d '%s'", i, rc, e.msg, cases[i].code, cases[i].msg);
+    }
+    tp_fwd_item ok = {a, 0, good, 3, false};
+    assert_int_equal(tp_forward_step(f, &ok, 1, NULL, &e), TP_EINVAL); /* logits wanted, no buffer */
+    ok.skip_logits = true;
+    assert_int_equal(tp_forward_step(f, &ok, 1, NULL, &e), 0);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+static void rewinding_a_sequence_recomputes_the_same_logits(void **state)
+{
+    (void)state;
+    tp_model *m = load_real("stories260K.bin");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 1, 16, 8, &f, &e), 0);
+    int a;
+    tp_forward_seq_open(f, &a, &e);
+    float first[512], again[512];
+    tp_fwd_item it = {a, 0, PROMPT, 5, false};
+    assert_int_equal(tp_forward_step(f, &it, 1, first, &e), 0);
+    int other = 300;
+    tp_fwd_item d = {a, 5, &other, 1, false};
+    assert_int_equal(tp_forward_step(f, &d, 1, again, &e), 0);
+    tp_fwd_item retry = {a, 4, &PROMPT[4], 1, false}; /* re-feed the last prompt token */
+    assert_int_equal(tp_forward_step(f, &retry, 1, again, &e), 0);
+    assert_memory_equal(first, again, sizeof first);
+    assert_int_equal(tp_forward_seq_length(f, a), 5);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(kernel_equals_sequential_fmaf_for_any_token_count),
+        cmocka_unit_test(tiny_gqa_model_matches_double_reference),
+        cmocka_unit_test(scalar_path_matches_double_reference),
+        cmocka_unit_test(zero_blocks_give_normalized_embedding_logits),
+        cmocka_unit_test(stories260k_greedy_reproduces_run_c),
+        cmocka_unit_test(stories260k_gguf_greedy_gives_the_same_ids),
+        cmocka_unit_test(stories260k_scalar_path_greedy_reproduces_run_c),
+        cmocka_unit_test(batched_mixed_prefill_and_decode_logits_equal_alone_bitwise),
+        cmocka_unit_test(scalar_path_is_batch_invariant_too),
+        cmocka_unit_test(kv_pool_exhaustion_is_an_error_not_a_crash),
+        cmocka_unit_test(step_rejects_bad_items_naming_them),
+        cmocka_unit_test(rewinding_a_sequence_recomputes_the_same_logits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

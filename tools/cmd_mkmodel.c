@@ -1,0 +1,138 @@
+/* tokpipe mkmodel: write a llama2.c checkpoint of a real model shape with
+ * seeded random weights (and optionally a matching synthetic tokenizer), so
+ * speed can be measured at sizes whose real weights are not available. */
+#include "tools.h"
+#include "tokpipe/synth.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char cmd_mkmodel_summary[] = "write a random-weight llama2.c model of a given shape";
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tokpipe mkmodel --shape SHAPE --seed N --out FILE [--tokenizer-out FILE]\n"
+            "\n"
+            "Writes a llama2.c (version 0) checkpoint with weights uniform in +-0.5/sqrt(fan-in)\n"
+            "drawn from a generator seeded with N (same seed, same bytes), RMSNorm weights 1,\n"
+            "shared classifier. Speed does not depend on the weight values.\n"
+            "\n"
+            "  --shape SHAPE          stories15M   dim 288, hidden 768, 6 layers, 6/6 heads, vocab 32000, seq 256\n"
+            "                         stories42M   dim 512, hidden 1376, 8 layers, 8/8 heads, vocab 32000, seq 1024\n"
+            "                         stories110M  dim 768, hidden 2048, 12 layers, 12/12 heads, vocab 32000, seq 1024\n"
+            "                         stories260K  dim 64, hidden 172, 5 layers, 8/4 heads, vocab 512, seq 512\n"
+            "                         DIMxLAYERS[xHEADS[xKV_HEADS]]  e.g. 1024x16 or 512x8x8x2: hidden is\n"
+            "                         llama2.c's rule (2/3 of 4*DIM rounded up to a multiple of 32), heads\n"
+            "                         default to DIM/64 (DIM/48 if 64 does not divide it), kv heads to\n"
+            "                         heads, vocab 32000, seq 1024\n"
+            "  --vocab N              override the vocabulary size\n"
+            "  --seq-len N            override the maximum sequence length\n"
+            "  --seed N               weight seed (required)\n"
+            "  --out FILE             checkpoint to write (required)\n"
+            "  --tokenizer-out FILE   also write a synthetic llama2.c tokenizer.bin of the vocab size\n"
+            "                         (<unk>, BOS, EOS, 256 byte tokens, then distinct made-up pieces)\n"
+            "  --quiet                no progress on stderr\n");
+}
+
+static void progress(uint64_t done, uint64_t total, void *ctx)
+{
+    int *last = ctx;
+    int pct = (int)(done * 100 / (total ? total : 1));
+    if (pct / 10 != *last / 10 || done == total) {
+        fprintf(stderr, "\rmkmodel: %3d%% of %.1f MB", pct, (double)total / 1e6);
+        if (done == total)
+            fputc('\n', stderr);
+        *last = pct;
+    }
+}
+
+static int parse_int(const char *name, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "tokpipe mkmodel: %s '%s' is not an integer in %lld..%lld\n", name, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int write_file(const char *path, const tp_synth_shape *s, long long seed, bool quiet, bool tokenizer)
+{
+    FILE *fp = fopen(path, "wb");
+    if (!fp) {
+        fprintf(stderr, "tokpipe mkmodel: cannot create %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    tp_err e = {0, ""};
+    int last = -10;
+    int rc = tokenizer ? tp_synth_write_tokenizer(fp, s->vocab_size, &e)
+                       : tp_synth_write_model(fp, s, (uint64_t)seed, quiet ? NULL : progress, &last, &e);
+    if (fclose(fp) && !rc)
+        rc = tp_err_set(&e, -1, "closing the file failed: %s", strerror(errno));
+    if (rc) {
+        fprintf(stderr, "tokpipe mkmodel: %s: %s\n", path, e.msg);
+        unlink(path);
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_mkmodel(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"shape", required_argument, 0, 's'}, {"seed", required_argument, 0, 'S'},
+        {"out", required_argument, 0, 'o'},   {"tokenizer-out", required_argument, 0, 't'},
+        {"vocab", required_argument, 0, 'v'}, {"seq-len", required_argument, 0, 'l'},
+        {"quiet", no_argument, 0, 'q'},       {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *shape = NULL, *out = NULL, *tok_out = NULL;
+    long long seed = -1, vocab = 0, seq = 0;
+    bool quiet = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': shape = optarg; break;
+        case 'o': out = optarg; break;
+        case 't': tok_out = optarg; break;
+        case 'q': quiet = true; break;
+        case 'h': usage(stdout); return 0;
+        case 'S': if (parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2; break;
+        case 'v': if (parse_int("--vocab", optarg, 354, 1 << 22, &vocab)) return 2; break;
+        case 'l': if (parse_int("--seq-len", optarg, 1, 1 << 20, &seq)) return 2; break;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc || !shape || !out || seed < 0) {
+        fprintf(stderr, "tokpipe mkmodel: %s\n", optind < argc ? "unexpected argument"
+                        : "--shape, --seed and --out are required");
+        usage(stderr);
+        return 2;
+    }
+    tp_synth_shape s;
+    tp_err e;
+    if (tp_synth_parse_shape(shape, &s, &e)) {
+        fprintf(stderr, "tokpipe mkmodel: %s\n", e.msg);
+        return 2;
+    }
+    if (vocab)
+        s.vocab_size = (int)vocab;
+    if (seq)
+        s.seq_len = (int)seq;
+    if (write_file(out, &s, seed, quiet, false))
+        return 1;
+    if (tok_out && write_file(tok_out, &s, seed, quiet, true))
+        return 1;
+    return 0;
+}

@@ -1,0 +1,145 @@
+#include "genopts.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void genopts_init(genopts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 256;
+    o->temperature = 1.0f;
+    o->top_p = 1.0f;
+    o->repetition_penalty = 1.0f;
+    o->seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+}
+
+static int parse_float(const char *flag, const char *s, float *out, tp_err *err)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end)
+        return tp_err_set(err, TP_EINVAL, "%s: '%s' is not a number", flag, s);
+    *out = (float)v;
+    return 0;
+}
+
+static int parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out,
+                     tp_err *err)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return tp_err_set(err, TP_EINVAL, "%s: '%s' is not an integer", flag, s);
+    if (v < lo || v > hi)
+        return tp_err_set(err, TP_EINVAL, "%s: %lld is outside [%lld, %lld]", flag, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int parse_i32(const char *flag, const char *s, int32_t *out, tp_err *err)
+{
+    long long v = 0;
+    int rc = parse_i64(flag, s, INT32_MIN, INT32_MAX, &v, err);
+    if (rc == 0)
+        *out = (int32_t)v;
+    return rc;
+}
+
+static int parse_seed(const char *s, uint64_t *out, tp_err *err)
+{
+    char *end;
+    errno = 0;
+    if (*s == '-')
+        return tp_err_set(err, TP_EINVAL, "--seed: '%s' must be a non-negative integer", s);
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end)
+        return tp_err_set(err, TP_EINVAL, "--seed: '%s' is not an integer", s);
+    *out = v;
+    return 0;
+}
+
+int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
+{
+    const char *a = argv[*i];
+    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json"};
+    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json};
+    for (size_t k = 0; k < sizeof bools / sizeof *bools; k++)
+        if (!strcmp(a, bools[k])) {
+            *bool_dst[k] = true;
+            return 1;
+        }
+
+    static const char *const valued[] = {
+        "--prompt", "--max-tokens", "--min-tokens", "--temperature", "--top-p", "--top-k",
+        "--min-p", "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
+        "--seed", "--stop", "--stop-id",
+    };
+    size_t k = 0;
+    while (k < sizeof valued / sizeof *valued && strcmp(a, valued[k]))
+        k++;
+    if (k == sizeof valued / sizeof *valued)
+        return 0;
+    if (*i + 1 >= argc)
+        return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
+    const char *v = argv[++*i];
+    int rc = 0;
+    switch (k) {
+    case 0:
+        if (o->n_prompts == GENOPTS_MAX_PROMPTS)
+            return tp_err_set(err, TP_ERANGE, "--prompt: at most %d prompts", GENOPTS_MAX_PROMPTS);
+        o->prompts[o->n_prompts++] = v;
+        break;
+    case 1: rc = parse_i32(a, v, &o->max_tokens, err); break;
+    case 2: rc = parse_i32(a, v, &o->min_tokens, err); break;
+    case 3: rc = parse_float(a, v, &o->temperature, err); break;
+    case 4: rc = parse_float(a, v, &o->top_p, err); break;
+    case 5: rc = parse_i32(a, v, &o->top_k, err); break;
+    case 6: rc = parse_float(a, v, &o->min_p, err); break;
+    case 7: rc = parse_float(a, v, &o->repetition_penalty, err); break;
+    case 8: rc = parse_float(a, v, &o->presence_penalty, err); break;
+    case 9: rc = parse_float(a, v, &o->frequency_penalty, err); break;
+    case 10:
+        rc = parse_seed(v, &o->seed, err);
+        o->seed_given = true;
+        break;
+    case 11:
+        if (o->n_stops == GENOPTS_MAX_STOPS)
+            return tp_err_set(err, TP_ERANGE, "--stop: at most %d stop strings", GENOPTS_MAX_STOPS);
+        o->stops[o->n_stops++] = v;
+        break;
+    case 12:
+        if (o->n_stop_ids == GENOPTS_MAX_STOPS)
+            return tp_err_set(err, TP_ERANGE, "--stop-id: at most %d stop ids", GENOPTS_MAX_STOPS);
+        rc = parse_i32(a, v, &o->stop_ids[o->n_stop_ids++], err);
+        break;
+    }
+    return rc < 0 ? rc : 1;
+}
+
+void genopts_print_help(FILE *out)
+{
+    fputs("generation options:\n"
+          "  --prompt TEXT            prompt (repeat for several jobs, run as one batch)\n"
+          "  --max-tokens N           most tokens to generate (default 256)\n"
+          "  --min-tokens N           no EOS, stop id or stop string before N tokens (default 0)\n"
+          "  --temperature T          0 = greedy (default 1.0)\n"
+          "  --top-p P                nucleus sampling, in (0,1] (default 1 = off)\n"
+          "  --top-k K                keep the K most likely tokens (default 0 = off)\n"
+          "  --min-p P                drop tokens below P x the top probability (default 0)\n"
+          "  --repetition-penalty R   CTRL-style penalty, 1 = off (default)\n"
+          "  --presence-penalty X     OpenAI-style, in [-2,2] (default 0)\n"
+          "  --frequency-penalty X    OpenAI-style, in [-2,2] (default 0)\n"
+          "  --seed S                 per-job RNG seed (default: from the clock)\n"
+          "  --stop STR               stop string (repeatable)\n"
+          "  --stop-id ID             stop token id (repeatable)\n"
+          "  --ignore-eos             keep generating past EOS\n"
+          "  --include-stop           keep the matched stop string in the text\n"
+          "  --json                   one JSON line per prompt: prompt, text, tokens,\n"
+          "                           finish_reason, prompt_tokens, completion_tokens\n",
+          out);
+}

@@ -1,0 +1,52 @@
+/* Generation flags shared by `tokpipe run` (in-process) and `tokpipe
+ * generate` (through the daemon), so both accept exactly the same options
+ * with the same defaults and the same error messages. */
+#ifndef TOKPIPE_TOOLS_GENOPTS_H
+#define TOKPIPE_TOOLS_GENOPTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tokpipe/error.h"
+
+#define GENOPTS_MAX_PROMPTS 256
+#define GENOPTS_MAX_STOPS 1024
+
+typedef struct genopts {
+    const char *prompts[GENOPTS_MAX_PROMPTS];
+    size_t n_prompts;
+    int32_t max_tokens;
+    int32_t min_tokens;
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    float min_p;
+    float repetition_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    uint64_t seed;
+    bool seed_given;
+    const char *stops[GENOPTS_MAX_STOPS];
+    size_t n_stops;
+    int32_t stop_ids[GENOPTS_MAX_STOPS];
+    size_t n_stop_ids;
+    bool ignore_eos;
+    bool include_stop;
+    bool json;
+} genopts;
+
+/* Defaults: max_tokens 256, temperature 1.0, top_p 1.0, top_k 0 (off),
+ * min_p 0, penalties off, seed from the clock unless --seed is given. */
+void genopts_init(genopts *o);
+
+/* If argv[*i] is a generation flag, consume it (and its value) advancing *i
+ * and return 1; return 0 if it is not one of ours; on a bad value return
+ * TP_EINVAL with err naming the flag. */
+int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err);
+
+/* The option lines for a --help text. */
+void genopts_print_help(FILE *out);
+
+#endif

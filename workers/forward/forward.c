@@ -1,0 +1,709 @@
+/* Batched Llama forward: one packed matmul per weight per step, KV pool.
+ *
+ * The arithmetic follows llama2.c's run.c (RMSNorm, RoPE on interleaved
+ * pairs, grouped-query attention, SwiGLU), per token. Only the matmuls see
+ * the whole batch, and they use the fixed-order kernel of kernels.c: OpenBLAS
+ * sgemm was measured to give a row different bits depending on the number
+ * of rows in the call (and sgemv differs from sgemm), which would make a
+ * sequence's tokens depend on its batch mates. */
+#include "tokpipe/forward.h"
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_BATCH_TOKENS_LIMIT 65536
+#define MAX_SLOTS_LIMIT 65536
+#define THREAD_MIN_TOKENS 8   /* below this a step is memory-bound: one thread */
+#define THREAD_MIN_PANELS 16  /* small matrices are not worth a hand-off */
+#define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
+
+typedef struct packed_layer {
+    tp_packed qkv; /* rows: q (dim), k (kv_dim), v (kv_dim) */
+    tp_packed wo;
+    tp_packed w13; /* rows: w1 (hidden), w3 (hidden) */
+    tp_packed w2;
+} packed_layer;
+
+typedef struct scratch {
+    float *x;      /* [T][dim] residual stream */
+    float *xb;     /* [T][dim] normed input / attention output */
+    float *qkv;    /* [T][dim + 2 kv_dim] */
+    float *h13;    /* [T][2 hidden] */
+    float *proj;   /* [T][max(dim, hidden)] output of wo / w2, and hidden for w2 */
+    float *att;    /* [max_pos] attention scores of one head */
+    float *cls_in; /* [T][dim] final-normed rows that want logits */
+    float *cls_out; /* [CLS_CHUNK][vocab] */
+    int *tok_slot; /* [T] */
+    int *tok_pos;  /* [T] */
+} scratch;
+
+/* The optional second compute thread. It sleeps on a condition variable
+ * (never spins: spinning pools collapsed on this machine, limits.md 0.1)
+ * and computes the upper half of a matmul's panels; rows never interact,
+ * so the bits equal a single-threaded call. */
+typedef struct helper {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const tp_packed *w;
+    const float *x;
+    float *y;
+    int ldx, n_tok, ldy, pg0, pg1;
+    bool avx512;
+    unsigned long posted, done;
+    bool quit;
+} helper;
+
+struct tp_forward {
+    const tp_model *model;
+    tp_model_config c;
+    packed_layer *layers;
+    tp_packed cls;
+    int slots, max_pos, max_tokens;
+    int kv_pos; /* max_pos rounded up to a multiple of 16 (cache stride) */
+    /* keys per KV head in blocks of 16 positions, [slot][layer][kv_head]
+     * [pos / 16][head_size][16]: one vector load gives a head element for 16
+     * positions and a block is one contiguous run; max_pos is rounded up to
+     * a multiple of 16 for this. Values [slot][layer][kv_head][pos]
+     * [head_size]: a head's values over positions are one contiguous run. */
+    float *kcache, *vcache;
+    float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
+    int *seq_len;   /* per slot; -1 = free */
+    int *seen;      /* per slot, step validation marks */
+    bool avx512;    /* chosen once: every step of this instance uses one path */
+    helper *helper; /* NULL: single-threaded (the default) */
+    scratch s;
+};
+
+static void helper_stop(helper *h);
+
+/* ---- setup ------------------------------------------------------------- */
+
+static int pack_layer(const tp_model_config *c, const tp_layer_weights *lw, packed_layer *pl)
+{
+    const float *qkv[3] = {lw->wq, lw->wk, lw->wv};
+    int qkv_rows[3] = {c->dim, c->kv_dim, c->kv_dim};
+    const float *w13[2] = {lw->w1, lw->w3};
+    int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
+    int rc = tp_pack(qkv, qkv_rows, 3, c->dim, &pl->qkv);
+    if (!rc) rc = tp_pack(&lw->wo, &c->dim, 1, c->dim, &pl->wo);
+    if (!rc) rc = tp_pack(w13, w13_rows, 2, c->dim, &pl->w13);
+    if (!rc) rc = tp_pack(&lw->w2, &c->dim, 1, c->hidden_dim, &pl->w2);
+    return rc;
+}
+
+static int pack_weights(tp_forward *f)
+{
+    const tp_model_weights *w = tp_model_get_weights(f->model);
+    f->layers = calloc((size_t)f->c.n_layers, sizeof *f->layers);
+    if (!f->layers)
+        return TP_ENOMEM;
+    for (int l = 0; l < f->c.n_layers; l++)
+        if (pack_layer(&f->c, &w->layers[l], &f->layers[l]))
+            return TP_ENOMEM;
+    return tp_pack(&w->wcls, &f->c.vocab_size, 1, f->c.dim, &f->cls);
+}
+
+/* RoPE tables computed as run.c does per position, once. */
+static int make_rope(tp_forward *f)
+{
+    int hs = f->c.head_size, half = hs / 2;
+    size_t n = (size_t)f->max_pos * (size_t)half;
+    f->rope_cos = malloc(n * sizeof(float));
+    f->rope_sin = malloc(n * sizeof(float));
+    if (!f->rope_cos || !f->rope_sin)
+        return TP_ENOMEM;
+    for (int pos = 0; pos < f->max_pos; pos++)
+        for (int j = 0; j < half; j++) {
+            float freq = 1.0f / powf(f->c.rope_theta, (float)(2 * j) / (float)hs);
+            float val = (float)pos * freq;
+            f->rope_cos[(size_t)pos * half + j] = cosf(val);
+            f->rope_sin[(size_t)pos * half + j] = sinf(val);
+        }
+    return 0;
+}
+
+static int alloc_scratch(tp_forward *f)
+{
+    size_t T = (size_t)f->max_tokens, d = (size_t)f->c.dim, h = (size_t)f->c.hidden_dim;
+    size_t qkv = d + 2 * (size_t)f->c.kv_dim, wide = d > h ? d : h;
+    scratch *s = &f->s;
+    s->x = malloc(T * d * sizeof(float));
+    s->xb = malloc(T * d * sizeof(float));
+    s->qkv = malloc(T * qkv * sizeof(float));
+    s->h13 = malloc(T * 2 * h * sizeof(float));
+    s->proj = malloc(T * wide * sizeof(float));
+    s->att = malloc((size_t)f->max_pos * sizeof(float));
+    s->cls_in = malloc(T * d * sizeof(float));
+    s->cls_out = malloc((size_t)CLS_CHUNK * (size_t)f->c.vocab_size * sizeof(float));
+    s->tok_slot = malloc(T * sizeof(int));
+    s->tok_pos = malloc(T * sizeof(int));
+    bool ok = s->x && s->xb && s->qkv && s->h13 && s->proj && s->att && s->cls_in && s->cls_out && s->tok_slot &&
+              s->tok_pos;
+    return ok ? 0 : TP_ENOMEM;
+}
+
+static int alloc_pool(tp_forward *f, tp_err *err)
+{
+    /* slots, layers, max_pos and kv_dim are each bounded, so this product
+     * cannot overflow 64 bits; calloc still checks it against memory. */
+    uint64_t n = (uint64_t)f->slots * (uint64_t)f->c.n_layers * (uint64_t)f->kv_pos *
+                 (uint64_t)f->c.kv_dim;
+    if (n > SIZE_MAX / sizeof(float))
+        return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu floats is too large",
+                          (unsigned long long)n);
+    /* calloc of this size maps fresh zero pages: untouched slots cost no RAM. */
+    f->kcache = calloc((size_t)n, sizeof(float));
+    f->vcache = calloc((size_t)n, sizeof(float));
+    f->seq_len = malloc((size_t)f->slots * sizeof(int));
+    f->seen = calloc((size_t)f->slots, sizeof(int));
+    if (!f->kcache || !f->vcache || !f->seq_len || !f->seen)
+        return tp_err_set(err, TP_ENOMEM, "forward: cannot allocate a KV pool of %d slots x %d positions "
+                          "(%.1f MB)", f->slots, f->max_pos, 2.0 * (double)n * 4 / 1e6);
+    for (int i = 0; i < f->slots; i++)
+        f->seq_len[i] = -1;
+    return 0;
+}
+
+int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
+                   tp_forward **out, tp_err *err)
+{
+    *out = NULL;
+    const tp_model_config *c = tp_model_get_config(model);
+    if (max_pos == 0)
+        max_pos = c->seq_len;
+    if (kv_slots < 1 || kv_slots > MAX_SLOTS_LIMIT)
+        return tp_err_set(err, TP_EINVAL, "forward: kv_slots %d outside 1..%d", kv_slots, MAX_SLOTS_LIMIT);
+    if (max_pos < 1 || max_pos > c->seq_len)
+        return tp_err_set(err, TP_EINVAL, "forward: max_pos %d outside 1..%d (the model's seq_len)", max_pos,
+                          c->seq_len);
+    if (max_batch_tokens < 1 || max_batch_tokens > MAX_BATCH_TOKENS_LIMIT)
+        return tp_err_set(err, TP_EINVAL, "forward: max_batch_tokens %d outside 1..%d", max_batch_tokens,
+                          MAX_BATCH_TOKENS_LIMIT);
+    tp_forward *f = calloc(1, sizeof *f);
+    if (!f)
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory");
+    f->model = model;
+    f->c = *c;
+    f->slots = kv_slots;
+    f->max_pos = max_pos;
+    f->max_tokens = max_batch_tokens;
+    f->kv_pos = (max_pos + 15) / 16 * 16;
+    f->avx512 = tp_kernels_have_avx512();
+    int rc = alloc_pool(f, err);
+    if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
+        rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
+    if (rc) {
+        tp_forward_free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+void tp_forward_free(tp_forward *f)
+{
+    if (!f)
+        return;
+    helper_stop(f->helper);
+    if (f->layers)
+        for (int l = 0; l < f->c.n_layers; l++) {
+            tp_packed_free(&f->layers[l].qkv);
+            tp_packed_free(&f->layers[l].wo);
+            tp_packed_free(&f->layers[l].w13);
+            tp_packed_free(&f->layers[l].w2);
+        }
+    free(f->layers);
+    tp_packed_free(&f->cls);
+    free(f->kcache);
+    free(f->vcache);
+    free(f->rope_cos);
+    free(f->rope_sin);
+    free(f->seq_len);
+    free(f->seen);
+    scratch *s = &f->s;
+    free(s->x); free(s->xb); free(s->qkv); free(s->h13); free(s->proj); free(s->att);
+    free(s->cls_in); free(s->cls_out); free(s->tok_slot); free(s->tok_pos);
+    free(f);
+}
+
+/* ---- optional second thread -------------------------------------------- */
+
+static void *helper_main(void *arg)
+{
+    helper *h = arg;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (h->posted == seen && !h->quit)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->quit)
+            break;
+        seen = h->posted;
+        pthread_mutex_unlock(&h->mu);
+        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1, h->avx512);
+        pthread_mutex_lock(&h->mu);
+        h->done = seen;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+static void helper_stop(helper *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->quit = true;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
+}
+
+int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
+{
+    if (n_threads < 1 || n_threads > 2)
+        return tp_err_set(err, TP_EINVAL, "forward: threads %d outside 1..2", n_threads);
+    if ((n_threads == 2) == (f->helper != NULL))
+        return 0;
+    if (n_threads == 1) {
+        helper_stop(f->helper);
+        f->helper = NULL;
+        return 0;
+    }
+    helper *h = calloc(1, sizeof *h);
+    if (!h)
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for a compute thread");
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    if (pthread_create(&h->thread, NULL, helper_main, h)) {
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
+        free(h);
+        return tp_err_set(err, TP_ENOMEM, "forward: cannot start a compute thread");
+    }
+    f->helper = h;
+    return 0;
+}
+
+int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
+
+void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
+
+/* One matmul of the step: split by panel groups across the two threads when
+ * there is enough work to pay for the hand-off. */
+static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
+{
+    helper *h = f->helper;
+    if (!h || n_tok < THREAD_MIN_TOKENS || w->panels < THREAD_MIN_PANELS) {
+        tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, f->avx512);
+        return;
+    }
+    int split = w->panels / 2 / 4 * 4;
+    pthread_mutex_lock(&h->mu);
+    h->w = w; h->x = x; h->ldx = ldx; h->n_tok = n_tok; h->y = y; h->ldy = ldy;
+    h->pg0 = split;
+    h->pg1 = w->panels;
+    h->avx512 = f->avx512;
+    unsigned long ticket = ++h->posted;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split, f->avx512);
+    pthread_mutex_lock(&h->mu);
+    while (h->done != ticket)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* ---- sequences --------------------------------------------------------- */
+
+int tp_forward_seq_open(tp_forward *f, int *seq_id, tp_err *err)
+{
+    for (int i = 0; i < f->slots; i++)
+        if (f->seq_len[i] < 0) {
+            f->seq_len[i] = 0;
+            *seq_id = i;
+            return 0;
+        }
+    return tp_err_set(err, TP_EFULL, "forward: KV pool full: all %d sequence slots are in use", f->slots);
+}
+
+int tp_forward_seq_close(tp_forward *f, int seq_id)
+{
+    if (seq_id < 0 || seq_id >= f->slots || f->seq_len[seq_id] < 0)
+        return TP_ENOTFOUND;
+    f->seq_len[seq_id] = -1;
+    return 0;
+}
+
+int tp_forward_seq_length(const tp_forward *f, int seq_id)
+{
+    if (seq_id < 0 || seq_id >= f->slots)
+        return -1;
+    return f->seq_len[seq_id];
+}
+
+int tp_forward_max_positions(const tp_forward *f) { return f->max_pos; }
+int tp_forward_max_batch_tokens(const tp_forward *f) { return f->max_tokens; }
+int tp_forward_kv_slots(const tp_forward *f) { return f->slots; }
+const tp_model *tp_forward_model(const tp_forward *f) { return f->model; }
+
+/* ---- per-token math (run.c) ------------------------------------------- */
+
+static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+{
+    float ss = 0.0f;
+    for (int j = 0; j < n; j++)
+        ss += x[j] * x[j];
+    ss /= (float)n;
+    ss += eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int j = 0; j < n; j++)
+        o[j] = w[j] * (ss * x[j]);
+}
+
+static void softmax(float *x, int n)
+{
+    float max = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > max)
+            max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
+static void rope(const tp_forward *f, float *vec, int n, int pos)
+{
+    int half = f->c.head_size / 2;
+    const float *cs = f->rope_cos + (size_t)pos * half, *sn = f->rope_sin + (size_t)pos * half;
+    for (int i = 0; i < n; i += 2) {
+        int j = (i % f->c.head_size) / 2;
+        float v0 = vec[i], v1 = vec[i + 1];
+        vec[i] = v0 * cs[j] - v1 * sn[j];
+        vec[i + 1] = v0 * sn[j] + v1 * cs[j];
+    }
+}
+
+static size_t kv_offset(const tp_forward *f, int slot, int layer, int pos)
+{
+    return (((size_t)slot * (size_t)f->c.n_layers + (size_t)layer) * (size_t)f->kv_pos + (size_t)pos) *
+           (size_t)f->c.kv_dim;
+}
+
+/* Index of key element i (of kv_dim) at position pos within a layer's block. */
+static size_t key_index(const tp_forward *f, int i, int pos)
+{
+    int hs = f->c.head_size, g = i / hs, j = i % hs;
+    return (size_t)g * hs * (size_t)f->kv_pos + ((size_t)(pos / 16) * hs + (size_t)j) * 16 + (size_t)(pos % 16);
+}
+
+/* Attention of one token (query q at position pos) over its sequence's
+ * cache positions 0..pos; writes dim floats to out. Each score and output
+ * element has a fixed summation order that depends only on head_size and
+ * pos, never on the batch. */
+static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+{
+    const tp_model_config *c = &f->c;
+    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
+    const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
+    const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
+    float scale = sqrtf((float)hs);
+    float *att = f->s.att;
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qh = q + (size_t)h * hs;
+        size_t hoff = (size_t)(h / kv_mul) * hs;
+        for (int t = 0; t <= pos; t++) {
+            float score = 0.0f;
+            for (int i = 0; i < hs; i++)
+                score += qh[i] * kc[key_index(f, (int)hoff + i, t)];
+            att[t] = score / scale;
+        }
+        softmax(att, pos + 1);
+        float *oh = out + (size_t)h * hs;
+        memset(oh, 0, (size_t)hs * sizeof(float));
+        for (int t = 0; t <= pos; t++) {
+            const float *v = vc + hoff * (size_t)f->kv_pos + (size_t)t * hs;
+            float a = att[t];
+            for (int i = 0; i < hs; i++)
+                oh[i] += a * v[i];
+        }
+    }
+}
+
+/* Scores of positions t0..t0+n-1 (n <= 16) for one head: each a sequential
+ * FMA chain over the head's elements, from 0, then divided by scale. */
+__attribute__((target("avx512f"))) static void scores16(float *att, const float *qh, const float *kt, int hs,
+                                                        int t0, int n, float scale)
+{
+    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    __m512 acc = _mm512_setzero_ps();
+    const float *blk = kt + (size_t)(t0 / 16) * hs * 16;
+    for (int i = 0; i < hs; i++)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(qh[i]), _mm512_maskz_loadu_ps(m, blk + (size_t)i * 16), acc);
+    _mm512_mask_storeu_ps(att + t0, m, _mm512_div_ps(acc, _mm512_set1_ps(scale)));
+}
+
+/* Scores of positions 0..n-1, 64 at a time (4 independent FMA chains; the
+ * per-score order is the same as in scores16). */
+__attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *kt, int hs,
+                                                      int n, float scale)
+{
+    int t0 = 0;
+    __m512 sc = _mm512_set1_ps(scale);
+    for (; t0 + 64 <= n; t0 += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < hs; i++) {
+            __m512 q = _mm512_set1_ps(qh[i]);
+            const float *row = kt + (size_t)(t0 / 16) * hs * 16 + (size_t)i * 16;
+            size_t bs = (size_t)hs * 16; /* next block of 16 positions */
+            a0 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row), a0);
+            a1 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + bs), a1);
+            a2 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 2 * bs), a2);
+            a3 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 3 * bs), a3);
+        }
+        _mm512_storeu_ps(att + t0, _mm512_div_ps(a0, sc));
+        _mm512_storeu_ps(att + t0 + 16, _mm512_div_ps(a1, sc));
+        _mm512_storeu_ps(att + t0 + 32, _mm512_div_ps(a2, sc));
+        _mm512_storeu_ps(att + t0 + 48, _mm512_div_ps(a3, sc));
+    }
+    for (; t0 < n; t0 += 16)
+        scores16(att, qh, kt, hs, t0, n - t0, scale);
+}
+
+/* oh[i] = sum over t of att[t] * v_t[i], each element one FMA chain over t
+ * from 0, kept in registers 64 elements at a time. */
+__attribute__((target("avx512f"))) static void weighted_sum(float *oh, const float *att, const float *v0,
+                                                            size_t vstride, int hs, int n)
+{
+    for (int c0 = 0; c0 < hs; c0 += 64) {
+        __mmask16 m[4];
+        for (int j = 0; j < 4; j++) {
+            int left = hs - c0 - 16 * j;
+            m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        }
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int t = 0; t < n; t++) {
+            __m512 a = _mm512_set1_ps(att[t]);
+            const float *v = v0 + (size_t)t * vstride + c0;
+            a0 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[0], v), a0);
+            a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + 16), a1);
+            a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + 32), a2);
+            a3 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[3], v + 48), a3);
+        }
+        _mm512_mask_storeu_ps(oh + c0, m[0], a0);
+        _mm512_mask_storeu_ps(oh + c0 + 16, m[1], a1);
+        _mm512_mask_storeu_ps(oh + c0 + 32, m[2], a2);
+        _mm512_mask_storeu_ps(oh + c0 + 48, m[3], a3);
+    }
+}
+
+__attribute__((target("avx512f"))) static void attend_avx512(tp_forward *f, int layer, int slot, int pos,
+                                                             const float *q, float *out)
+{
+    const tp_model_config *c = &f->c;
+    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
+    const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
+    const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
+    float scale = sqrtf((float)hs);
+    float *att = f->s.att;
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qh = q + (size_t)h * hs;
+        size_t hoff = (size_t)(h / kv_mul) * hs;
+        const float *kt = kc + (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
+        scores(att, qh, kt, hs, pos + 1, scale);
+        softmax(att, pos + 1);
+        weighted_sum(out + (size_t)h * hs, att, vc + hoff * (size_t)f->kv_pos, (size_t)hs, hs, pos + 1);
+    }
+}
+
+static void attend(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+{
+    if (f->avx512)
+        attend_avx512(f, layer, slot, pos, q, out);
+    else
+        attend_scalar(f, layer, slot, pos, q, out);
+}
+
+/* ---- the step ---------------------------------------------------------- */
+
+static int check_item(tp_forward *f, const tp_fwd_item *it, int i, tp_err *err)
+{
+    if (it->seq_id < 0 || it->seq_id >= f->slots || f->seq_len[it->seq_id] < 0)
+        return tp_err_set(err, TP_ENOTFOUND, "forward: item %d: sequence %d is not open", i, it->seq_id);
+    if (f->seen[it->seq_id])
+        return tp_err_set(err, TP_EINVAL, "forward: item %d: sequence %d appears twice in one step", i,
+                          it->seq_id);
+    f->seen[it->seq_id] = 1;
+    if (it->n_tokens < 1 || !it->tokens)
+        return tp_err_set(err, TP_EINVAL, "forward: item %d: n_tokens %d (need >= 1 and a token array)", i,
+                          it->n_tokens);
+    int len = f->seq_len[it->seq_id];
+    if (it->pos < 0 || it->pos > len)
+        return tp_err_set(err, TP_EINVAL, "forward: item %d: pos %d outside 0..%d (sequence %d's length)", i,
+                          it->pos, len, it->seq_id);
+    if (it->n_tokens > f->max_pos - it->pos)
+        return tp_err_set(err, TP_EFULL, "forward: item %d: sequence %d needs %lld positions, its KV slot "
+                          "holds %d", i, it->seq_id, (long long)it->pos + it->n_tokens, f->max_pos);
+    for (int j = 0; j < it->n_tokens; j++)
+        if (it->tokens[j] < 0 || it->tokens[j] >= f->c.vocab_size)
+            return tp_err_set(err, TP_EINVAL, "forward: item %d: token %d is %d, outside 0..%d", i, j,
+                              it->tokens[j], f->c.vocab_size - 1);
+    return 0;
+}
+
+static int check_items(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, int *n_tok,
+                       tp_err *err)
+{
+    if (n_items < 0 || (n_items > 0 && !items))
+        return tp_err_set(err, TP_EINVAL, "forward: bad item list (%d items)", n_items);
+    long long total = 0;
+    int rc = 0;
+    for (int i = 0; i < n_items && !rc; i++) {
+        rc = check_item(f, &items[i], i, err);
+        if (!rc && !items[i].skip_logits && !logits)
+            rc = tp_err_set(err, TP_EINVAL, "forward: item %d wants logits but the logits buffer is NULL", i);
+        total += rc ? 0 : items[i].n_tokens;
+    }
+    for (int i = 0; i < n_items; i++)
+        if (items[i].seq_id >= 0 && items[i].seq_id < f->slots)
+            f->seen[items[i].seq_id] = 0;
+    if (!rc && total > f->max_tokens)
+        rc = tp_err_set(err, TP_ERANGE, "forward: %lld tokens in one step, more than max_batch_tokens %d",
+                        total, f->max_tokens);
+    *n_tok = (int)total;
+    return rc;
+}
+
+static void embed(tp_forward *f, const tp_fwd_item *items, int n_items)
+{
+    const float *emb = tp_model_get_weights(f->model)->token_embedding;
+    size_t d = (size_t)f->c.dim;
+    int t = 0;
+    for (int i = 0; i < n_items; i++)
+        for (int j = 0; j < items[i].n_tokens; j++, t++) {
+            memcpy(f->s.x + (size_t)t * d, emb + (size_t)items[i].tokens[j] * d, d * sizeof(float));
+            f->s.tok_slot[t] = items[i].seq_id;
+            f->s.tok_pos[t] = items[i].pos + j;
+        }
+}
+
+static void add_rows(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+static void attention_block(tp_forward *f, int l, int T)
+{
+    const tp_model_config *c = &f->c;
+    const tp_layer_weights *lw = &tp_model_get_weights(f->model)->layers[l];
+    scratch *s = &f->s;
+    size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qs = d + 2 * kvd;
+    for (int t = 0; t < T; t++)
+        rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
+    matmul(f, &f->layers[l].qkv, s->xb, c->dim, T, s->qkv, (int)qs);
+    /* Store every token's k and v before any attention, so a prefill token
+     * sees the earlier tokens of its own chunk. */
+    for (int t = 0; t < T; t++) {
+        float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
+        rope(f, q, c->dim, s->tok_pos[t]);
+        rope(f, k, c->kv_dim, s->tok_pos[t]);
+        float *kb = f->kcache + kv_offset(f, s->tok_slot[t], l, 0);
+        for (size_t i = 0; i < kvd; i++)
+            kb[key_index(f, (int)i, s->tok_pos[t])] = k[i];
+        float *vb = f->vcache + kv_offset(f, s->tok_slot[t], l, 0);
+        size_t hs = (size_t)c->head_size;
+        for (size_t g = 0; g < (size_t)c->n_kv_heads; g++)
+            memcpy(vb + (g * (size_t)f->kv_pos + (size_t)s->tok_pos[t]) * hs, v + g * hs, hs * sizeof(float));
+    }
+    for (int t = 0; t < T; t++)
+        attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);
+    matmul(f, &f->layers[l].wo, s->xb, c->dim, T, s->proj, c->dim);
+    add_rows(s->x, s->proj, (size_t)T * d);
+}
+
+static void ffn_block(tp_forward *f, int l, int T)
+{
+    const tp_model_config *c = &f->c;
+    const tp_layer_weights *lw = &tp_model_get_weights(f->model)->layers[l];
+    scratch *s = &f->s;
+    size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
+    for (int t = 0; t < T; t++)
+        rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
+    matmul(f, &f->layers[l].w13, s->xb, c->dim, T, s->h13, (int)(2 * h));
+    for (int t = 0; t < T; t++) {
+        const float *g = s->h13 + t * 2 * h, *u = g + h;
+        float *o = s->proj + t * h; /* SwiGLU output, packed [T][hidden] */
+        for (size_t i = 0; i < h; i++) {
+            float val = g[i];
+            val *= 1.0f / (1.0f + expf(-val));
+            o[i] = val * u[i];
+        }
+    }
+    /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
+    matmul(f, &f->layers[l].w2, s->proj, c->hidden_dim, T, s->h13, c->dim);
+    add_rows(s->x, s->h13, (size_t)T * d);
+}
+
+static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits)
+{
+    scratch *s = &f->s;
+    size_t d = (size_t)f->c.dim, V = (size_t)f->c.vocab_size;
+    const float *rms_final = tp_model_get_weights(f->model)->rms_final;
+    int rows = 0, t = 0;
+    for (int i = 0; i < n_items; i++) {
+        t += items[i].n_tokens;
+        if (!items[i].skip_logits)
+            rmsnorm(s->cls_in + (size_t)rows++ * d, s->x + (size_t)(t - 1) * d, rms_final, f->c.dim,
+                    f->c.norm_eps);
+    }
+    if (!rows)
+        return;
+    /* Rows of items that want logits are contiguous in the output when none
+     * skips; otherwise compute CLS_CHUNK rows at a time into scratch and
+     * scatter (same bits: rows never interact in the kernel). */
+    if (rows == n_items) {
+        matmul(f, &f->cls, s->cls_in, f->c.dim, rows, logits, (int)V);
+        return;
+    }
+    int r = 0;
+    for (int i = 0; r < rows;) {
+        int n = rows - r < CLS_CHUNK ? rows - r : CLS_CHUNK;
+        matmul(f, &f->cls, s->cls_in + (size_t)r * d, f->c.dim, n, s->cls_out, (int)V);
+        for (int k = 0; k < n; i++)
+            if (!items[i].skip_logits)
+                memcpy(logits + (size_t)i * V, s->cls_out + (size_t)k++ * V, V * sizeof(float));
+        r += n;
+    }
+}
+
+int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err)
+{
+    int T = 0;
+    int rc = check_items(f, items, n_items, logits, &T, err);
+    if (rc || T == 0)
+        return rc;
+    embed(f, items, n_items);
+    for (int l = 0; l < f->c.n_layers; l++) {
+        attention_block(f, l, T);
+        ffn_block(f, l, T);
+    }
+    classify(f, items, n_items, logits);
+    for (int i = 0; i < n_items; i++)
+        f->seq_len[items[i].seq_id] = items[i].pos + items[i].n_tokens;
+    return 0;
+}

@@ -1,0 +1,52 @@
+/* Private to the forward stage (and its tests): the packed matmul kernel.
+ *
+ * Why not OpenBLAS: its sgemm gives a row different bits depending on how
+ * many rows are in the call, and sgemv differs from sgemm, so a sequence's
+ * logits would depend on the batch it ran in (measured; see forward.c). This
+ * kernel computes every output element as one sequential chain of FMAs over
+ * k = 0..K-1 starting from 0, whatever the number of tokens, so results are
+ * bit-identical for any batch composition, and it equals fmaf() in a loop. */
+#ifndef TOKPIPE_FORWARD_KERNELS_H
+#define TOKPIPE_FORWARD_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define TP_PANEL 16 /* rows per packed panel: one 512-bit register */
+
+/* W[rows][cols] repacked in panels of 16 rows (padded with zeros), panels
+ * grouped by 4 (2, 1 at the end) and each group stored [k][group rows], so
+ * the kernel streams one contiguous run of weights. */
+typedef struct tp_packed {
+    float *p;
+    int rows, cols, panels;
+} tp_packed;
+
+/* Pack n_parts row-major matrices stacked vertically (same cols). Returns 0
+ * or TP_ENOMEM; out->p is freed with tp_packed_free. */
+int tp_pack(const float *const *parts, const int *part_rows, int n_parts, int cols, tp_packed *out);
+void tp_packed_free(tp_packed *w);
+
+/* y[t*ldy + r] = sum_k x[t*ldx + k] * W[r][k] for t < n_tok, r < rows, each
+ * as fmaf(x, w, acc) over k in order from acc = 0. Uses AVX-512 when the
+ * CPU has it (same bits as the scalar path). */
+void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
+
+/* The same restricted to panels [pg0, pg1) (output rows pg0*16 up to
+ * min(pg1*16, rows)); pg0 and pg1 must be 0, a multiple of 4 or panels (a
+ * group boundary). Lets threads split a matmul by rows with bits identical
+ * to the whole call. */
+void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
+                      int pg1, bool avx512);
+
+/* The scalar path, always available (tests compare the two). */
+void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
+
+bool tp_kernels_have_avx512(void);
+
+/* Tests only: make a tp_forward use the portable scalar paths (what a CPU
+ * without AVX-512 runs) from now on. Defined in forward.c. */
+struct tp_forward;
+void tp_forward_use_scalar_for_tests(struct tp_forward *f);
+
+#endif

@@ -1,0 +1,519 @@
+/* Model loading: llama2.c checkpoints and GGUF v3 Llama files, mmap'ed. */
+#include "tokpipe/model.h"
+#include "tokpipe/gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Shape limits: far above any model this project runs, low enough that every
+ * size computed from them fits in 64 bits without overflow checks. */
+#define MAX_DIM (1 << 16)
+#define MAX_HIDDEN (1 << 18)
+#define MAX_LAYERS 1024
+#define MAX_VOCAB (1 << 22)
+#define MAX_SEQ (1 << 20)
+#define LLAMA2C_HEADER_BYTES 28
+#define LLAMA2C_V1_MAGIC 0x616b3432u /* "ak42": newer llama2.c export versions */
+#define HASH_BYTES 4096
+
+struct tp_model {
+    tp_model_format format;
+    tp_model_config cfg;
+    tp_model_weights w;
+    tp_layer_weights *layers;
+    void *map;
+    size_t map_size;
+    const uint8_t *data;
+    size_t size;
+    int eos[TP_MODEL_MAX_EOS];
+    int n_eos;
+    char identity[256];
+    /* GGUF vocabulary (NULL pieces when absent) */
+    tp_gguf *gguf;
+    tp_model_vocab vocab;
+    const char **pieces;
+    size_t *piece_lens;
+    float *scores;
+    int32_t *types;
+    char tok_model[32];
+};
+
+static int check_range(const char *field, long long v, long long lo, long long hi, tp_err *err)
+{
+    if (v < lo || v > hi)
+        return tp_err_set(err, TP_EFORMAT, "model header: %s = %lld is outside %lld..%lld", field, v, lo,
+                          hi);
+    return 0;
+}
+
+/* Shared shape rules for both formats. */
+static int validate_config(tp_model_config *c, tp_err *err)
+{
+    int rc = check_range("dim", c->dim, 1, MAX_DIM, err);
+    if (!rc) rc = check_range("hidden_dim", c->hidden_dim, 1, MAX_HIDDEN, err);
+    if (!rc) rc = check_range("n_layers", c->n_layers, 1, MAX_LAYERS, err);
+    if (!rc) rc = check_range("n_heads", c->n_heads, 1, c->dim, err);
+    if (!rc) rc = check_range("n_kv_heads", c->n_kv_heads, 1, c->n_heads, err);
+    if (!rc) rc = check_range("vocab_size", c->vocab_size, 1, MAX_VOCAB, err);
+    if (!rc) rc = check_range("seq_len", c->seq_len, 1, MAX_SEQ, err);
+    if (rc)
+        return rc;
+    if (c->dim % c->n_heads)
+        return tp_err_set(err, TP_EFORMAT, "model header: dim %d is not a multiple of n_heads %d", c->dim,
+                          c->n_heads);
+    if (c->n_heads % c->n_kv_heads)
+        return tp_err_set(err, TP_EFORMAT, "model header: n_heads %d is not a multiple of n_kv_heads %d",
+                          c->n_heads, c->n_kv_heads);
+    c->head_size = c->dim / c->n_heads;
+    if (c->head_size % 2)
+        return tp_err_set(err, TP_EFORMAT, "model header: head size %d is odd (RoPE rotates pairs)",
+                          c->head_size);
+    c->kv_dim = c->head_size * c->n_kv_heads;
+    if (!(c->norm_eps > 0 && c->norm_eps < 1))
+        return tp_err_set(err, TP_EFORMAT, "model header: RMSNorm epsilon %g is outside (0, 1)",
+                          (double)c->norm_eps);
+    if (!(c->rope_theta > 1 && c->rope_theta < 1e12f))
+        return tp_err_set(err, TP_EFORMAT, "model header: RoPE theta %g is outside (1, 1e12)",
+                          (double)c->rope_theta);
+    return 0;
+}
+
+static int alloc_layers(tp_model *m, tp_err *err)
+{
+    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+    if (!m->layers)
+        return tp_err_set(err, TP_ENOMEM, "model: out of memory for %d layers", m->cfg.n_layers);
+    m->w.layers = m->layers;
+    return 0;
+}
+
+/* ---- llama2.c ---------------------------------------------------------- */
+
+static uint64_t llama2c_floats(const tp_model_config *c)
+{
+    uint64_t d = (uint64_t)c->dim, L = (uint64_t)c->n_layers, h = (uint64_t)c->hidden_dim;
+    uint64_t V = (uint64_t)c->vocab_size, kvd = (uint64_t)c->kv_dim;
+    uint64_t n = V * d + L * d + L * d * d + 2 * L * d * kvd + L * d * d + L * d + 3 * L * h * d + d;
+    n += (uint64_t)c->seq_len * (uint64_t)c->head_size; /* legacy freq_cis_real + imag */
+    if (!c->shared_classifier)
+        n += V * d;
+    return n;
+}
+
+static int llama2c_header(tp_model *m, tp_err *err)
+{
+    if (m->size < LLAMA2C_HEADER_BYTES)
+        return tp_err_set(err, TP_EFORMAT, "llama2.c: file is %zu bytes, shorter than the 28-byte header",
+                          m->size);
+    int32_t h[7];
+    memcpy(h, m->data, sizeof h);
+    if ((uint32_t)h[0] == LLAMA2C_V1_MAGIC)
+        return tp_err_set(err, TP_EFORMAT, "llama2.c: versioned export (magic ak42) is not supported; "
+                          "export the legacy version 0 format");
+    tp_model_config *c = &m->cfg;
+    c->dim = h[0];
+    c->hidden_dim = h[1];
+    c->n_layers = h[2];
+    c->n_heads = h[3];
+    c->n_kv_heads = h[4];
+    c->shared_classifier = h[5] > 0;
+    c->vocab_size = h[5] == INT32_MIN ? INT32_MIN : abs(h[5]);
+    c->seq_len = h[6];
+    c->norm_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    return validate_config(c, err);
+}
+
+static int llama2c_open(tp_model *m, tp_err *err)
+{
+    int rc = llama2c_header(m, err);
+    if (rc)
+        return rc;
+    const tp_model_config *c = &m->cfg;
+    uint64_t want = LLAMA2C_HEADER_BYTES + 4 * llama2c_floats(c);
+    if (want != m->size)
+        return tp_err_set(err, TP_EFORMAT,
+                          "llama2.c: file is %zu bytes but its header (dim=%d hidden=%d layers=%d heads=%d "
+                          "kv_heads=%d vocab=%d seq=%d) needs exactly %llu",
+                          m->size, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                          c->shared_classifier ? c->vocab_size : -c->vocab_size, c->seq_len,
+                          (unsigned long long)want);
+    if ((rc = alloc_layers(m, err)))
+        return rc;
+    const float *p = (const float *)(m->data + LLAMA2C_HEADER_BYTES);
+    size_t d = (size_t)c->dim, L = (size_t)c->n_layers, hd = (size_t)c->hidden_dim;
+    size_t kvd = (size_t)c->kv_dim;
+    m->w.token_embedding = p;
+    p += (size_t)c->vocab_size * d;
+    /* The file stores each tensor kind for all layers together. */
+    for (size_t l = 0; l < L; l++) m->layers[l].rms_att = p + l * d;
+    p += L * d;
+    for (size_t l = 0; l < L; l++) m->layers[l].wq = p + l * d * d;
+    p += L * d * d;
+    for (size_t l = 0; l < L; l++) m->layers[l].wk = p + l * d * kvd;
+    p += L * d * kvd;
+    for (size_t l = 0; l < L; l++) m->layers[l].wv = p + l * d * kvd;
+    p += L * d * kvd;
+    for (size_t l = 0; l < L; l++) m->layers[l].wo = p + l * d * d;
+    p += L * d * d;
+    for (size_t l = 0; l < L; l++) m->layers[l].rms_ffn = p + l * d;
+    p += L * d;
+    for (size_t l = 0; l < L; l++) m->layers[l].w1 = p + l * hd * d;
+    p += L * hd * d;
+    for (size_t l = 0; l < L; l++) m->layers[l].w2 = p + l * hd * d;
+    p += L * hd * d;
+    for (size_t l = 0; l < L; l++) m->layers[l].w3 = p + l * hd * d;
+    p += L * hd * d;
+    m->w.rms_final = p;
+    p += d;
+    p += (size_t)c->seq_len * (size_t)c->head_size; /* skip legacy freq_cis arrays */
+    m->w.wcls = c->shared_classifier ? m->w.token_embedding : p;
+    m->eos[0] = 1; /* TinyStories: a sampled BOS starts a new story, run.c stops */
+    m->eos[1] = 2;
+    m->n_eos = 2;
+    if (c->vocab_size <= 2)
+        m->n_eos = c->vocab_size - 1 > 0 ? 1 : 0;
+    return 0;
+}
+
+/* ---- GGUF -------------------------------------------------------------- */
+
+static int gguf_int(const tp_gguf *g, const char *key, int64_t def, bool required, int *out, tp_err *err)
+{
+    int64_t v = def;
+    int rc = tp_gguf_get_int(g, key, &v, err);
+    if (rc == TP_ENOTFOUND && !required) {
+        tp_err_clear(err);
+        rc = 0;
+    }
+    if (rc)
+        return rc;
+    if (v < INT32_MIN || v > INT32_MAX)
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s = %lld does not fit in 32 bits", key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int gguf_float(const tp_gguf *g, const char *key, double def, float *out, tp_err *err)
+{
+    double v = def;
+    int rc = tp_gguf_get_float(g, key, &v, err);
+    if (rc == TP_ENOTFOUND)
+        tp_err_clear(err);
+    else if (rc)
+        return rc;
+    *out = (float)v;
+    return 0;
+}
+
+static int gguf_tensor(const tp_gguf *g, const char *name, int ne0, int ne1, const float **out,
+                       tp_err *err)
+{
+    const tp_gguf_tensor *t = tp_gguf_tensor_find(g, name);
+    if (!t)
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' is missing", name);
+    if (t->type != TP_GGML_F32)
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %u; only F32 (0) is supported",
+                          name, t->type);
+    uint32_t want_dims = ne1 ? 2 : 1;
+    bool ok = t->n_dims == want_dims && t->dims[0] == (uint64_t)ne0 && (!ne1 || t->dims[1] == (uint64_t)ne1);
+    if (!ok)
+        return tp_err_set(err, TP_EFORMAT,
+                          "gguf: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%d, %d]", name,
+                          (unsigned long long)t->dims[0], (unsigned long long)t->dims[1], t->n_dims, ne0,
+                          ne1 ? ne1 : 1);
+    if ((uintptr_t)t->data % 4)
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' data is not 4-byte aligned", name);
+    *out = t->data;
+    return 0;
+}
+
+static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_gguf_str arch;
+    int rc = tp_gguf_get_str(g, "general.architecture", &arch, err);
+    if (rc)
+        return rc;
+    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5))
+        return tp_err_set(err, TP_EFORMAT, "gguf: general.architecture is '%.*s', only 'llama' is supported",
+                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    tp_model_config *c = &m->cfg;
+    rc = gguf_int(g, "llama.embedding_length", 0, true, &c->dim, err);
+    if (!rc) rc = gguf_int(g, "llama.feed_forward_length", 0, true, &c->hidden_dim, err);
+    if (!rc) rc = gguf_int(g, "llama.block_count", 0, true, &c->n_layers, err);
+    if (!rc) rc = gguf_int(g, "llama.attention.head_count", 0, true, &c->n_heads, err);
+    if (!rc) rc = gguf_int(g, "llama.attention.head_count_kv", c->n_heads, false, &c->n_kv_heads, err);
+    if (!rc) rc = gguf_int(g, "llama.context_length", 2048, false, &c->seq_len, err);
+    if (!rc) rc = gguf_float(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, &c->norm_eps, err);
+    if (!rc) rc = gguf_float(g, "llama.rope.freq_base", 10000.0, &c->rope_theta, err);
+    if (rc)
+        return rc;
+    const tp_gguf_tensor *emb = tp_gguf_tensor_find(g, "token_embd.weight");
+    if (!emb || emb->n_dims != 2 || emb->dims[1] > MAX_VOCAB)
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor 'token_embd.weight' is missing or not [dim, vocab]");
+    c->vocab_size = (int)emb->dims[1];
+    c->shared_classifier = tp_gguf_tensor_find(g, "output.weight") == NULL;
+    if ((rc = validate_config(c, err)))
+        return rc;
+    int rope_dims = c->head_size;
+    if ((rc = gguf_int(g, "llama.rope.dimension_count", c->head_size, false, &rope_dims, err)))
+        return rc;
+    if (rope_dims != c->head_size)
+        return tp_err_set(err, TP_EFORMAT, "gguf: llama.rope.dimension_count %d != head size %d "
+                          "(partial RoPE is not supported)", rope_dims, c->head_size);
+    return 0;
+}
+
+static int gguf_layer(const tp_gguf *g, const tp_model_config *c, int l, tp_layer_weights *lw, tp_err *err)
+{
+    char name[64];
+    int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
+    /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
+    struct { const char *suffix; int ne0, ne1; const float **dst; } t[] = {
+        {"attn_norm", d, 0, &lw->rms_att}, {"attn_q", d, d, &lw->wq},
+        {"attn_k", d, kvd, &lw->wk},       {"attn_v", d, kvd, &lw->wv},
+        {"attn_output", d, d, &lw->wo},    {"ffn_norm", d, 0, &lw->rms_ffn},
+        {"ffn_gate", d, h, &lw->w1},       {"ffn_down", h, d, &lw->w2},
+        {"ffn_up", d, h, &lw->w3},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].suffix);
+        int rc = gguf_tensor(g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    const tp_model_config *c = &m->cfg;
+    int rc = alloc_layers(m, err);
+    if (!rc) rc = gguf_tensor(g, "token_embd.weight", c->dim, c->vocab_size, &m->w.token_embedding, err);
+    if (!rc) rc = gguf_tensor(g, "output_norm.weight", c->dim, 0, &m->w.rms_final, err);
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        rc = gguf_layer(g, c, l, &m->layers[l], err);
+    if (rc)
+        return rc;
+    /* llama.cpp's llama2.c converter keeps wq/wk in llama2.c's interleaved
+     * RoPE layout (rope type NORM), so no un-permuting is needed; the test
+     * suite checks the GGUF gives the .bin's tokens. */
+    if (c->shared_classifier)
+        m->w.wcls = m->w.token_embedding;
+    else if ((rc = gguf_tensor(g, "output.weight", c->dim, c->vocab_size, &m->w.wcls, err)))
+        return rc;
+    return 0;
+}
+
+static int gguf_vocab_ids(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_vocab *v = &m->vocab;
+    int rc = gguf_int(g, "tokenizer.ggml.bos_token_id", 1, false, &v->bos_id, err);
+    if (!rc) rc = gguf_int(g, "tokenizer.ggml.eos_token_id", 2, false, &v->eos_id, err);
+    if (!rc) rc = gguf_int(g, "tokenizer.ggml.unknown_token_id", 0, false, &v->unk_id, err);
+    if (rc)
+        return rc;
+    int V = m->cfg.vocab_size;
+    if (v->bos_id < 0 || v->bos_id >= V || v->eos_id < 0 || v->eos_id >= V || v->unk_id < 0 || v->unk_id >= V)
+        return tp_err_set(err, TP_EFORMAT, "gguf: special token ids bos=%d eos=%d unk=%d outside vocab 0..%d",
+                          v->bos_id, v->eos_id, v->unk_id, V - 1);
+    m->eos[0] = v->bos_id;
+    m->n_eos = 1;
+    if (v->eos_id != v->bos_id)
+        m->eos[m->n_eos++] = v->eos_id;
+    return 0;
+}
+
+static int gguf_numbers(const tp_gguf *g, const char *key, uint32_t want_type, int n, void *dst, tp_err *err)
+{
+    uint32_t type;
+    uint64_t count;
+    const uint8_t *raw;
+    int rc = tp_gguf_get_array(g, key, &type, &count, &raw, err);
+    if (rc == TP_ENOTFOUND) {
+        tp_err_clear(err);
+        return 0;
+    }
+    if (rc)
+        return rc;
+    if (type != want_type || count != (uint64_t)n)
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s has %llu elements of type %u, expected %d of type %u",
+                          key, (unsigned long long)count, type, n, want_type);
+    memcpy(dst, raw, (size_t)n * 4);
+    return 0;
+}
+
+static int gguf_vocab(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    int rc = gguf_vocab_ids(m, g, err);
+    if (rc)
+        return rc;
+    tp_gguf_str *toks;
+    uint64_t n;
+    rc = tp_gguf_get_str_array(g, "tokenizer.ggml.tokens", &toks, &n, err);
+    if (rc == TP_ENOTFOUND) {
+        tp_err_clear(err);
+        return 0;
+    }
+    if (rc)
+        return rc;
+    int V = m->cfg.vocab_size;
+    if (n != (uint64_t)V) {
+        free(toks);
+        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.tokens has %llu entries, the model has %d",
+                          (unsigned long long)n, V);
+    }
+    m->pieces = malloc((size_t)V * sizeof *m->pieces);
+    m->piece_lens = malloc((size_t)V * sizeof *m->piece_lens);
+    m->scores = calloc((size_t)V, sizeof *m->scores);
+    m->types = malloc((size_t)V * sizeof *m->types);
+    if (!m->pieces || !m->piece_lens || !m->scores || !m->types) {
+        free(toks);
+        return tp_err_set(err, TP_ENOMEM, "gguf: out of memory for a %d-token vocabulary", V);
+    }
+    for (int i = 0; i < V; i++) {
+        m->pieces[i] = toks[i].ptr;
+        m->piece_lens[i] = (size_t)toks[i].len;
+        m->types[i] = 1;
+    }
+    free(toks);
+    rc = gguf_numbers(g, "tokenizer.ggml.scores", TP_GGUF_F32, V, m->scores, err);
+    if (!rc) rc = gguf_numbers(g, "tokenizer.ggml.token_type", TP_GGUF_I32, V, m->types, err);
+    if (rc)
+        return rc;
+    tp_gguf_str tm = {"", 0};
+    if (tp_gguf_get_str(g, "tokenizer.ggml.model", &tm, NULL) == 0)
+        snprintf(m->tok_model, sizeof m->tok_model, "%.*s", (int)(tm.len > 31 ? 31 : tm.len), tm.ptr);
+    tp_model_vocab *v = &m->vocab;
+    v->n = V;
+    v->pieces = m->pieces;
+    v->piece_lens = m->piece_lens;
+    v->scores = m->scores;
+    v->types = m->types;
+    v->model = m->tok_model;
+    return 0;
+}
+
+static int gguf_open(tp_model *m, tp_err *err)
+{
+    int rc = tp_gguf_parse(m->data, m->size, &m->gguf, err);
+    if (!rc) rc = gguf_config(m, m->gguf, err);
+    if (!rc) rc = gguf_weights(m, m->gguf, err);
+    if (!rc) rc = gguf_vocab(m, m->gguf, err);
+    return rc;
+}
+
+/* ---- common ------------------------------------------------------------ */
+
+static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void make_identity(tp_model *m)
+{
+    size_t n = m->size < HASH_BYTES ? m->size : HASH_BYTES;
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, m->data, n);
+    h = fnv1a(h, m->data + m->size - n, n);
+    const tp_model_config *c = &m->cfg;
+    snprintf(m->identity, sizeof m->identity,
+             "%s dim=%d hidden=%d layers=%d heads=%d kv_heads=%d vocab=%d seq=%d size=%zu h=%016llx",
+             m->format == TP_MODEL_GGUF ? "gguf" : "llama2c", c->dim, c->hidden_dim, c->n_layers,
+             c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len, m->size, (unsigned long long)h);
+}
+
+int tp_model_from_memory(const void *data, size_t size, tp_model **out, tp_err *err)
+{
+    *out = NULL;
+    if ((uintptr_t)data % 4)
+        return tp_err_set(err, TP_EINVAL, "model: buffer is not 4-byte aligned");
+    tp_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return tp_err_set(err, TP_ENOMEM, "model: out of memory");
+    m->data = data;
+    m->size = size;
+    bool gguf = size >= 4 && !memcmp(data, "GGUF", 4);
+    m->format = gguf ? TP_MODEL_GGUF : TP_MODEL_LLAMA2C;
+    int rc = gguf ? gguf_open(m, err) : llama2c_open(m, err);
+    if (rc) {
+        tp_model_free(m);
+        return rc;
+    }
+    make_identity(m);
+    *out = m;
+    return 0;
+}
+
+int tp_model_load(const char *path, tp_model **out, tp_err *err)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return tp_err_set(err, TP_EIO, "model: cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+        close(fd);
+        return tp_err_set(err, TP_EIO, "model: %s is not a non-empty regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        return tp_err_set(err, TP_EIO, "model: cannot mmap %s: %s", path, strerror(errno));
+    int rc = tp_model_from_memory(map, size, out, err);
+    if (rc) {
+        munmap(map, size);
+        if (err) {
+            char msg[TP_ERR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            tp_err_set(err, rc, "%s: %s", path, msg);
+        }
+        return rc;
+    }
+    (*out)->map = map;
+    (*out)->map_size = size;
+    return 0;
+}
+
+void tp_model_free(tp_model *m)
+{
+    if (!m)
+        return;
+    tp_gguf_free(m->gguf);
+    free(m->layers);
+    free(m->pieces);
+    free(m->piece_lens);
+    free(m->scores);
+    free(m->types);
+    if (m->map)
+        munmap(m->map, m->map_size);
+    free(m);
+}
+
+tp_model_format tp_model_get_format(const tp_model *m) { return m->format; }
+const tp_model_config *tp_model_get_config(const tp_model *m) { return &m->cfg; }
+const tp_model_weights *tp_model_get_weights(const tp_model *m) { return &m->w; }
+const char *tp_model_identity(const tp_model *m) { return m->identity; }
+
+int tp_model_eos_ids(const tp_model *m, const int **ids)
+{
+    *ids = m->eos;
+    return m->n_eos;
+}
+
+int tp_model_vocab_get(const tp_model *m, tp_model_vocab *out, tp_err *err)
+{
+    if (!m->pieces)
+        return tp_err_set(err, TP_ENOTFOUND, "model: %s file has no embedded vocabulary",
+                          m->format == TP_MODEL_GGUF ? "this GGUF" : "a llama2.c");
+    *out = m->vocab;
+    return 0;
+}

@@ -1,0 +1,110 @@
+#include "tokpipe/utf8.h"
+
+#include <string.h>
+
+/* Sequence length for a lead byte and the allowed range of the second byte
+ * (Unicode Table 3-7); later bytes are always 80..BF. len 0 = not a lead. */
+static void lead_info(uint8_t c, size_t *len, uint8_t *lo, uint8_t *hi)
+{
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (c < 0x80) *len = 1;
+    else if (c < 0xC2) *len = 0;
+    else if (c < 0xE0) *len = 2;
+    else if (c < 0xF0) {
+        *len = 3;
+        if (c == 0xE0) *lo = 0xA0;
+        if (c == 0xED) *hi = 0x9F;   /* no surrogates */
+    } else if (c < 0xF5) {
+        *len = 4;
+        if (c == 0xF0) *lo = 0x90;
+        if (c == 0xF4) *hi = 0x8F;   /* nothing above U+10FFFF */
+    } else *len = 0;
+}
+
+size_t tp_utf8_seq(const uint8_t *b, size_t n, size_t *subpart, bool *incomplete)
+{
+    size_t len;
+    uint8_t lo, hi;
+    *incomplete = false;
+    *subpart = 1;
+    lead_info(b[0], &len, &lo, &hi);
+    if (len == 0) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if (i >= n) {
+            *incomplete = true;
+            *subpart = i;
+            return 0;
+        }
+        if (b[i] < lo || b[i] > hi) {
+            *subpart = i;
+            return 0;
+        }
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    return len;
+}
+
+bool tp_utf8_valid(const uint8_t *b, size_t n, size_t *bad_at)
+{
+    size_t i = 0, sub;
+    bool inc;
+    while (i < n) {
+        size_t k = b[i] < 0x80 ? 1 : tp_utf8_seq(b + i, n - i, &sub, &inc);
+        if (k == 0) {
+            if (bad_at) *bad_at = i;
+            return false;
+        }
+        i += k;
+    }
+    return true;
+}
+
+size_t tp_utf8_unfinished_tail(const uint8_t *b, size_t n)
+{
+    /* Only the last 3 bytes can hold an unfinished sequence; its lead is the
+     * last non-continuation byte among them. */
+    size_t start = n > 3 ? n - 3 : 0;
+    for (size_t i = n; i > start; i--) {
+        uint8_t c = b[i - 1];
+        if ((c & 0xC0) == 0x80) continue;
+        size_t sub;
+        bool inc;
+        if (tp_utf8_seq(b + i - 1, n - (i - 1), &sub, &inc) == 0 && inc)
+            return n - (i - 1);
+        return 0;
+    }
+    return 0;
+}
+
+size_t tp_utf8_replace(const uint8_t *b, size_t n, char *out)
+{
+    size_t i = 0, o = 0;
+    while (i < n) {
+        uint64_t w;
+        if (i + 8 <= n && (memcpy(&w, b + i, 8), !(w & 0x8080808080808080ull))) {
+            memcpy(out + o, &w, 8);   /* eight ASCII bytes at once */
+            i += 8;
+            o += 8;
+            continue;
+        }
+        if (b[i] < 0x80) {
+            out[o++] = (char)b[i++];
+            continue;
+        }
+        size_t sub;
+        bool inc;
+        size_t k = tp_utf8_seq(b + i, n - i, &sub, &inc);
+        if (k) {
+            memcpy(out + o, b + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i += sub;
+        }
+    }
+    return o;
+}
