@@ -244,8 +244,10 @@ static int publish(tp_stop *s, const uint8_t *nb, size_t n, size_t k, tp_stop_st
         s->pend_len -= k;
     } else {
         /* Nothing held: no copy of what is published. */
-        append_text(s, nb, k);
-        copy_small(s->pend, nb + k, n - k);
+        if (n) {   /* nb may be NULL when n == 0 */
+            append_text(s, nb, k);
+            copy_small(s->pend, nb + k, n - k);
+        }
         s->pend_len = n - k;
     }
     s->text[s->text_len] = '\0';
