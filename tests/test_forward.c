@@ -90,6 +90,10 @@ static void kernel_equals_sequential_fmaf_for_any_token_count(void **state)
                         fail_msg("%dx%d, %d tokens: y[%d][%d] = %a, sequential fmaf gives %a", rows, cols,
                                  n, t, r, Y[t * rows + r], acc);
                 }
+            float *Ys = malloc(sizeof(float) * n * rows);
+            tp_matmul_scalar(&P, X, cols, n, Ys, rows);
+            assert_memory_equal(Ys, Y, sizeof(float) * n * rows); /* portable path, same bits */
+            free(Ys);
             /* The last token alone gives the same bits as inside the batch. */
             tp_matmul(&P, X + (n - 1) * cols, cols, 1, Y1, rows);
             assert_memory_equal(Y1, Y + (n - 1) * rows, sizeof(float) * rows);
@@ -108,9 +112,8 @@ static void check_close(const float *got, const double *want, int n, double tol,
             fail_msg("%s: logit %d is %.7g, reference %.7g", what, i, got[i], want[i]);
 }
 
-static void tiny_gqa_model_matches_double_reference(void **state)
+static void tiny_gqa_model_matches_reference(bool scalar)
 {
-    (void)state;
     tiny_shape sh = {16, 40, 2, 4, 2, 23, 12, 1};
     size_t size;
     float *ck = tiny_llama_build(&sh, 5, 0.3f, &size);
@@ -119,6 +122,8 @@ static void tiny_gqa_model_matches_double_reference(void **state)
     assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
     tp_forward *f;
     assert_int_equal(tp_forward_new(m, 2, 0, 8, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
     int sid, toks[9] = {1, 5, 22, 0, 7, 7, 13, 2, 9};
     assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
     float logits[23];
@@ -137,6 +142,18 @@ static void tiny_gqa_model_matches_double_reference(void **state)
     tp_forward_free(f);
     tp_model_free(m);
     free(ck);
+}
+
+static void tiny_gqa_model_matches_double_reference(void **state)
+{
+    (void)state;
+    tiny_gqa_model_matches_reference(false);
+}
+
+static void scalar_path_matches_double_reference(void **state)
+{
+    (void)state;
+    tiny_gqa_model_matches_reference(true);
 }
 
 /* Hand-checkable: with wo and w2 all zero the residual stream stays the
@@ -184,12 +201,14 @@ static void zero_blocks_give_normalized_embedding_logits(void **state)
 
 /* ---- real model -------------------------------------------------------- */
 
-static void greedy(const char *file)
+static void greedy(const char *file, bool scalar)
 {
     tp_model *m = load_real(file);
     tp_forward *f;
     tp_err e;
     assert_int_equal(tp_forward_new(m, 1, 256, 8, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
     int sid, V = tp_model_get_config(m)->vocab_size;
     tp_forward_seq_open(f, &sid, &e);
     float *logits = malloc(sizeof(float) * V);
@@ -213,13 +232,19 @@ static void greedy(const char *file)
 static void stories260k_greedy_reproduces_run_c(void **state)
 {
     (void)state;
-    greedy("stories260K.bin");
+    greedy("stories260K.bin", false);
+}
+
+static void stories260k_scalar_path_greedy_reproduces_run_c(void **state)
+{
+    (void)state;
+    greedy("stories260K.bin", true);
 }
 
 static void stories260k_gguf_greedy_gives_the_same_ids(void **state)
 {
     (void)state;
-    greedy("stories260K.gguf");
+    greedy("stories260K.gguf", false);
 }
 
 /* ---- batch invariance -------------------------------------------------- */
@@ -235,12 +260,14 @@ static const int PROMPTS[NSEQ][12] = {
 static const int PLEN[NSEQ] = {5, 3, 10, 1, 7, 12, 3, 6};
 
 /* logits[s][k]: after prompt (k=0) and after each of DECODE greedy steps. */
-static void run_alone(tp_model *m, float *out, int V)
+static void run_alone(tp_model *m, float *out, int V, bool scalar)
 {
     tp_err e;
     for (int s = 0; s < NSEQ; s++) {
         tp_forward *f;
         assert_int_equal(tp_forward_new(m, 1, 64, 16, &f, &e), 0);
+        if (scalar)
+            tp_forward_use_scalar_for_tests(f);
         int sid;
         tp_forward_seq_open(f, &sid, &e);
         float *row = out + (size_t)s * (DECODE + 1) * V;
@@ -258,11 +285,13 @@ static void run_alone(tp_model *m, float *out, int V)
 /* All 8 together in one pool: sequence s joins at step s, its prompt goes
  * in chunks of 3 (non-final chunks skip logits), so most steps mix prefill
  * chunks of some sequences with decode steps of others. */
-static void run_batched(tp_model *m, float *out, int V, int threads)
+static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar)
 {
     tp_err e;
     tp_forward *f;
     assert_int_equal(tp_forward_new(m, NSEQ, 64, 64, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
     assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
     int sid[NSEQ], fed[NSEQ] = {0}, done[NSEQ] = {0}, toks[NSEQ];
     float *step_logits = malloc(sizeof(float) * NSEQ * V);
@@ -303,28 +332,39 @@ static void run_batched(tp_model *m, float *out, int V, int threads)
     tp_forward_free(f);
 }
 
-static void batched_mixed_prefill_and_decode_logits_equal_alone_bitwise(void **state)
+static void batch_invariance(bool scalar)
 {
-    (void)state;
     tp_model *m = load_real("stories260K.bin");
     int V = tp_model_get_config(m)->vocab_size;
     size_t n = (size_t)NSEQ * (DECODE + 1) * V;
     float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
-    run_alone(m, alone, V);
+    run_alone(m, alone, V, scalar);
     for (int threads = 1; threads <= 2; threads++) {
         memset(batched, 0, sizeof(float) * n);
-        run_batched(m, batched, V, threads);
+        run_batched(m, batched, V, threads, scalar);
         for (int s = 0; s < NSEQ; s++)
             for (int k = 0; k <= DECODE; k++) {
                 size_t off = ((size_t)s * (DECODE + 1) + k) * V;
                 if (memcmp(alone + off, batched + off, sizeof(float) * V))
-                    fail_msg("%d thread(s): sequence %d, logits row %d: batched differs from alone", threads,
-                             s, k);
+                    fail_msg("%s, %d thread(s): sequence %d, logits row %d: batched differs from alone",
+                             scalar ? "scalar" : "avx512", threads, s, k);
             }
     }
     free(alone);
     free(batched);
     tp_model_free(m);
+}
+
+static void batched_mixed_prefill_and_decode_logits_equal_alone_bitwise(void **state)
+{
+    (void)state;
+    batch_invariance(false);
+}
+
+static void scalar_path_is_batch_invariant_too(void **state)
+{
+    (void)state;
+    batch_invariance(true);
 }
 
 /* ---- pool and validation ----------------------------------------------- */
@@ -420,10 +460,13 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernel_equals_sequential_fmaf_for_any_token_count),
         cmocka_unit_test(tiny_gqa_model_matches_double_reference),
+        cmocka_unit_test(scalar_path_matches_double_reference),
         cmocka_unit_test(zero_blocks_give_normalized_embedding_logits),
         cmocka_unit_test(stories260k_greedy_reproduces_run_c),
         cmocka_unit_test(stories260k_gguf_greedy_gives_the_same_ids),
+        cmocka_unit_test(stories260k_scalar_path_greedy_reproduces_run_c),
         cmocka_unit_test(batched_mixed_prefill_and_decode_logits_equal_alone_bitwise),
+        cmocka_unit_test(scalar_path_is_batch_invariant_too),
         cmocka_unit_test(kv_pool_exhaustion_is_an_error_not_a_crash),
         cmocka_unit_test(step_rejects_bad_items_naming_them),
         cmocka_unit_test(rewinding_a_sequence_recomputes_the_same_logits),

@@ -126,6 +126,7 @@ static void gen_config(struct gen *g)
     c->vocab_size = rnd(8) == 0 ? 6 : 0;
     if (rnd(50) == 0) c->max_stop_strings = 2;
     if (rnd(50) == 0) c->max_stop_len = 3;
+    if (rnd(2)) c->matcher_dense_bytes = 1;   /* only the start state dense: failure links */
 }
 
 static void fail_case(uint64_t seed, const char *what, size_t step)

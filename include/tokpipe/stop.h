@@ -81,6 +81,7 @@ typedef struct tp_stop_config {
     int32_t vocab_size;           /* 0 = don't range-check ids */
     size_t max_stop_strings;      /* 0 = TP_STOP_DEFAULT_MAX_STRINGS (counted before merging duplicates) */
     size_t max_stop_len;          /* 0 = TP_STOP_DEFAULT_MAX_LEN, bytes per string */
+    size_t matcher_dense_bytes;   /* 0 = default; memory budget of the automaton's dense rows */
 } tp_stop_config;
 
 typedef struct tp_stop tp_stop;

@@ -2,8 +2,9 @@
  * over bytes holding every pattern of a job.
  *
  * Feeding bytes costs O(bytes) amortized whatever the number of patterns:
- * the root has a dense 256-entry row, other states keep their few edges
- * sorted in one shared array and fall back along failure links. Each state
+ * the shallow states (where random text keeps the automaton) have dense
+ * rows of full DFA transitions over byte classes, within a memory budget;
+ * deeper states keep their few children and fall back along failure links. Each state
  * also carries what the stop stage asks per byte, precomputed once: the
  * longest pattern ending here (earliest end wins because the caller stops
  * at the first byte where one ends; ties at that byte go to the longest),
@@ -22,16 +23,19 @@
 
 #define TP_STOPMATCH_MAX_LEN 65535   /* bytes per pattern (16-bit depths) */
 #define TP_STOPMATCH_NONE UINT32_MAX
+#define TP_STOPMATCH_DENSE_BYTES (2u << 20)   /* default budget for dense rows */
 
 typedef struct tp_stopmatch tp_stopmatch;
 
 /* Build the automaton for n patterns (pat[i], len[i] bytes; n may be 0).
+ * dense_bytes caps the memory of dense rows (0 = TP_STOPMATCH_DENSE_BYTES;
+ * the start state always gets one).
  * Patterns must be non-empty and at most TP_STOPMATCH_MAX_LEN bytes
  * (TP_EINVAL naming "pattern[i]" otherwise). Equal patterns are merged;
  * distinct patterns are numbered in order of first appearance. The bytes are
  * copied. On success *out is owned by the caller. */
-int tp_stopmatch_new(const char *const *pat, const size_t *len, size_t n, tp_stopmatch **out,
-                     tp_err *err);
+int tp_stopmatch_new(const char *const *pat, const size_t *len, size_t n, size_t dense_bytes,
+                     tp_stopmatch **out, tp_err *err);
 
 void tp_stopmatch_free(tp_stopmatch *m);
 

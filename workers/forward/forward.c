@@ -54,6 +54,7 @@ typedef struct helper {
     const float *x;
     float *y;
     int ldx, n_tok, ldy, pg0, pg1;
+    bool avx512;
     unsigned long posted, done;
     bool quit;
 } helper;
@@ -64,7 +65,13 @@ struct tp_forward {
     packed_layer *layers;
     tp_packed cls;
     int slots, max_pos, max_tokens;
-    float *kcache, *vcache; /* [slot][layer][pos][kv_dim] */
+    int kv_pos; /* max_pos rounded up to a multiple of 16 (cache stride) */
+    /* keys per KV head in blocks of 16 positions, [slot][layer][kv_head]
+     * [pos / 16][head_size][16]: one vector load gives a head element for 16
+     * positions and a block is one contiguous run; max_pos is rounded up to
+     * a multiple of 16 for this. Values [slot][layer][kv_head][pos]
+     * [head_size]: a head's values over positions are one contiguous run. */
+    float *kcache, *vcache;
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
@@ -145,7 +152,7 @@ static int alloc_pool(tp_forward *f, tp_err *err)
 {
     /* slots, layers, max_pos and kv_dim are each bounded, so this product
      * cannot overflow 64 bits; calloc still checks it against memory. */
-    uint64_t n = (uint64_t)f->slots * (uint64_t)f->c.n_layers * (uint64_t)f->max_pos *
+    uint64_t n = (uint64_t)f->slots * (uint64_t)f->c.n_layers * (uint64_t)f->kv_pos *
                  (uint64_t)f->c.kv_dim;
     if (n > SIZE_MAX / sizeof(float))
         return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu floats is too large",
@@ -186,6 +193,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->slots = kv_slots;
     f->max_pos = max_pos;
     f->max_tokens = max_batch_tokens;
+    f->kv_pos = (max_pos + 15) / 16 * 16;
     f->avx512 = tp_kernels_have_avx512();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
@@ -238,7 +246,7 @@ static void *helper_main(void *arg)
             break;
         seen = h->posted;
         pthread_mutex_unlock(&h->mu);
-        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1);
+        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1, h->avx512);
         pthread_mutex_lock(&h->mu);
         h->done = seen;
         pthread_cond_broadcast(&h->cv);
@@ -289,13 +297,15 @@ int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
 
 int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
 
+void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
+
 /* One matmul of the step: split by panel groups across the two threads when
  * there is enough work to pay for the hand-off. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
     helper *h = f->helper;
     if (!h || n_tok < THREAD_MIN_TOKENS || w->panels < THREAD_MIN_PANELS) {
-        tp_matmul(w, x, ldx, n_tok, y, ldy);
+        tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, f->avx512);
         return;
     }
     int split = w->panels / 2 / 4 * 4;
@@ -303,10 +313,11 @@ static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, i
     h->w = w; h->x = x; h->ldx = ldx; h->n_tok = n_tok; h->y = y; h->ldy = ldy;
     h->pg0 = split;
     h->pg1 = w->panels;
+    h->avx512 = f->avx512;
     unsigned long ticket = ++h->posted;
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split);
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split, f->avx512);
     pthread_mutex_lock(&h->mu);
     while (h->done != ticket)
         pthread_cond_wait(&h->cv, &h->mu);
@@ -389,8 +400,15 @@ static void rope(const tp_forward *f, float *vec, int n, int pos)
 
 static size_t kv_offset(const tp_forward *f, int slot, int layer, int pos)
 {
-    return (((size_t)slot * (size_t)f->c.n_layers + (size_t)layer) * (size_t)f->max_pos + (size_t)pos) *
+    return (((size_t)slot * (size_t)f->c.n_layers + (size_t)layer) * (size_t)f->kv_pos + (size_t)pos) *
            (size_t)f->c.kv_dim;
+}
+
+/* Index of key element i (of kv_dim) at position pos within a layer's block. */
+static size_t key_index(const tp_forward *f, int i, int pos)
+{
+    int hs = f->c.head_size, g = i / hs, j = i % hs;
+    return (size_t)g * hs * (size_t)f->kv_pos + ((size_t)(pos / 16) * hs + (size_t)j) * 16 + (size_t)(pos % 16);
 }
 
 /* Attention of one token (query q at position pos) over its sequence's
@@ -409,17 +427,16 @@ static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const flo
         const float *qh = q + (size_t)h * hs;
         size_t hoff = (size_t)(h / kv_mul) * hs;
         for (int t = 0; t <= pos; t++) {
-            const float *k = kc + (size_t)t * c->kv_dim + hoff;
             float score = 0.0f;
             for (int i = 0; i < hs; i++)
-                score += qh[i] * k[i];
+                score += qh[i] * kc[key_index(f, (int)hoff + i, t)];
             att[t] = score / scale;
         }
         softmax(att, pos + 1);
         float *oh = out + (size_t)h * hs;
         memset(oh, 0, (size_t)hs * sizeof(float));
         for (int t = 0; t <= pos; t++) {
-            const float *v = vc + (size_t)t * c->kv_dim + hoff;
+            const float *v = vc + hoff * (size_t)f->kv_pos + (size_t)t * hs;
             float a = att[t];
             for (int i = 0; i < hs; i++)
                 oh[i] += a * v[i];
@@ -427,23 +444,70 @@ static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const flo
     }
 }
 
-__attribute__((target("avx512f"))) static float dot16(const float *a, const float *b, int n)
+/* Scores of positions t0..t0+n-1 (n <= 16) for one head: each a sequential
+ * FMA chain over the head's elements, from 0, then divided by scale. */
+__attribute__((target("avx512f"))) static void scores16(float *att, const float *qh, const float *kt, int hs,
+                                                        int t0, int n, float scale)
 {
+    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
     __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
+    const float *blk = kt + (size_t)(t0 / 16) * hs * 16;
+    for (int i = 0; i < hs; i++)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(qh[i]), _mm512_maskz_loadu_ps(m, blk + (size_t)i * 16), acc);
+    _mm512_mask_storeu_ps(att + t0, m, _mm512_div_ps(acc, _mm512_set1_ps(scale)));
 }
 
-__attribute__((target("avx512f"))) static void axpy16(float *y, float a, const float *x, int n)
+/* Scores of positions 0..n-1, 64 at a time (4 independent FMA chains; the
+ * per-score order is the same as in scores16). */
+__attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *kt, int hs,
+                                                      int n, float scale)
 {
-    __m512 av = _mm512_set1_ps(a);
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
-        _mm512_mask_storeu_ps(y + i, m, r);
+    int t0 = 0;
+    __m512 sc = _mm512_set1_ps(scale);
+    for (; t0 + 64 <= n; t0 += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < hs; i++) {
+            __m512 q = _mm512_set1_ps(qh[i]);
+            const float *row = kt + (size_t)(t0 / 16) * hs * 16 + (size_t)i * 16;
+            size_t bs = (size_t)hs * 16; /* next block of 16 positions */
+            a0 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row), a0);
+            a1 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + bs), a1);
+            a2 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 2 * bs), a2);
+            a3 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 3 * bs), a3);
+        }
+        _mm512_storeu_ps(att + t0, _mm512_div_ps(a0, sc));
+        _mm512_storeu_ps(att + t0 + 16, _mm512_div_ps(a1, sc));
+        _mm512_storeu_ps(att + t0 + 32, _mm512_div_ps(a2, sc));
+        _mm512_storeu_ps(att + t0 + 48, _mm512_div_ps(a3, sc));
+    }
+    for (; t0 < n; t0 += 16)
+        scores16(att, qh, kt, hs, t0, n - t0, scale);
+}
+
+/* oh[i] = sum over t of att[t] * v_t[i], each element one FMA chain over t
+ * from 0, kept in registers 64 elements at a time. */
+__attribute__((target("avx512f"))) static void weighted_sum(float *oh, const float *att, const float *v0,
+                                                            size_t vstride, int hs, int n)
+{
+    for (int c0 = 0; c0 < hs; c0 += 64) {
+        __mmask16 m[4];
+        for (int j = 0; j < 4; j++) {
+            int left = hs - c0 - 16 * j;
+            m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        }
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int t = 0; t < n; t++) {
+            __m512 a = _mm512_set1_ps(att[t]);
+            const float *v = v0 + (size_t)t * vstride + c0;
+            a0 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[0], v), a0);
+            a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + 16), a1);
+            a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + 32), a2);
+            a3 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[3], v + 48), a3);
+        }
+        _mm512_mask_storeu_ps(oh + c0, m[0], a0);
+        _mm512_mask_storeu_ps(oh + c0 + 16, m[1], a1);
+        _mm512_mask_storeu_ps(oh + c0 + 32, m[2], a2);
+        _mm512_mask_storeu_ps(oh + c0 + 48, m[3], a3);
     }
 }
 
@@ -459,13 +523,10 @@ __attribute__((target("avx512f"))) static void attend_avx512(tp_forward *f, int 
     for (int h = 0; h < c->n_heads; h++) {
         const float *qh = q + (size_t)h * hs;
         size_t hoff = (size_t)(h / kv_mul) * hs;
-        for (int t = 0; t <= pos; t++)
-            att[t] = dot16(qh, kc + (size_t)t * c->kv_dim + hoff, hs) / scale;
+        const float *kt = kc + (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
+        scores(att, qh, kt, hs, pos + 1, scale);
         softmax(att, pos + 1);
-        float *oh = out + (size_t)h * hs;
-        memset(oh, 0, (size_t)hs * sizeof(float));
-        for (int t = 0; t <= pos; t++)
-            axpy16(oh, att[t], vc + (size_t)t * c->kv_dim + hoff, hs);
+        weighted_sum(out + (size_t)h * hs, att, vc + hoff * (size_t)f->kv_pos, (size_t)hs, hs, pos + 1);
     }
 }
 
@@ -561,9 +622,13 @@ static void attention_block(tp_forward *f, int l, int T)
         float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
         rope(f, q, c->dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
-        size_t off = kv_offset(f, s->tok_slot[t], l, s->tok_pos[t]);
-        memcpy(f->kcache + off, k, kvd * sizeof(float));
-        memcpy(f->vcache + off, v, kvd * sizeof(float));
+        float *kb = f->kcache + kv_offset(f, s->tok_slot[t], l, 0);
+        for (size_t i = 0; i < kvd; i++)
+            kb[key_index(f, (int)i, s->tok_pos[t])] = k[i];
+        float *vb = f->vcache + kv_offset(f, s->tok_slot[t], l, 0);
+        size_t hs = (size_t)c->head_size;
+        for (size_t g = 0; g < (size_t)c->n_kv_heads; g++)
+            memcpy(vb + (g * (size_t)f->kv_pos + (size_t)s->tok_pos[t]) * hs, v + g * hs, hs * sizeof(float));
     }
     for (int t = 0; t < T; t++)
         attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);

@@ -167,9 +167,9 @@ bool tp_kernels_have_avx512(void)
 }
 
 void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
-                      int pg1)
+                      int pg1, bool avx512)
 {
-    if (tp_kernels_have_avx512()) {
+    if (avx512) {
         matmul_avx512(w, x, ldx, n_tok, y, ldy, pg0, pg1);
     } else {
         int r1 = pg1 * TP_PANEL < w->rows ? pg1 * TP_PANEL : w->rows;
@@ -179,5 +179,5 @@ void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, fl
 
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels);
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, tp_kernels_have_avx512());
 }

@@ -37,11 +37,16 @@ void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y,
  * group boundary). Lets threads split a matmul by rows with bits identical
  * to the whole call. */
 void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
-                      int pg1);
+                      int pg1, bool avx512);
 
 /* The scalar path, always available (tests compare the two). */
 void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
 
 bool tp_kernels_have_avx512(void);
+
+/* Tests only: make a tp_forward use the portable scalar paths (what a CPU
+ * without AVX-512 runs) from now on. Defined in forward.c. */
+struct tp_forward;
+void tp_forward_use_scalar_for_tests(struct tp_forward *f);
 
 #endif

@@ -136,7 +136,7 @@ static int build_matcher(const tp_stop_config *c, tp_stop *s, tp_err *err)
     size_t *lens = malloc((c->n_stop ? c->n_stop : 1) * sizeof *lens);
     if (!lens) return tp_err_set(err, TP_ENOMEM, "stop: out of memory");
     for (size_t i = 0; i < c->n_stop; i++) lens[i] = stop_len_of(c, i);
-    int rc = tp_stopmatch_new(c->stop, lens, c->n_stop, &s->match, err);
+    int rc = tp_stopmatch_new(c->stop, lens, c->n_stop, c->matcher_dense_bytes, &s->match, err);
     free(lens);
     return rc;
 }
@@ -198,23 +198,63 @@ static int reserve(void **buf, size_t *cap, size_t need)
     return 0;
 }
 
-/* Publish the first k pending bytes: decode them into the text, update the
- * hold-back counters and shift the rest down. Cut points are always before a
- * non-continuation byte or at the end of a finished job, so decoding the
- * pieces separately gives the same text as decoding T at once. */
-static int publish(tp_stop *s, size_t k, tp_stop_step *out)
+/* The unpublished text is pend followed by the candidate's bytes nb[0..n).
+ * Publish its first k bytes: decode them into the text, update the
+ * hold-back counters and keep the rest in pend (pend_cap was reserved for
+ * pend_len + n). Cut points are always before a non-continuation byte or
+ * at the end of a finished job, so decoding the pieces separately gives
+ * the same text as decoding T at once. */
+/* Copy n bytes forward, dst <= src allowed to overlap: fixed-size moves
+ * compile to a load and a store, cheaper than a libc call for the few
+ * bytes of a token. */
+static void copy_small(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) memmove(dst + i, src + i, 8);
+    for (; i < n; i++) dst[i] = src[i];
+}
+
+/* Decode k bytes onto the text (capacity reserved); ASCII, the common
+ * case, is copied as is. */
+static void append_text(tp_stop *s, const uint8_t *b, size_t k)
+{
+    uint8_t any = 0;
+    for (size_t i = 0; i < k; i++) any |= b[i];
+    if (any < 0x80) {
+        copy_small((uint8_t *)s->text + s->text_len, b, k);
+        s->text_len += k;
+    } else {
+        s->text_len += tp_utf8_replace(b, k, s->text + s->text_len);
+    }
+}
+
+static int publish(tp_stop *s, const uint8_t *nb, size_t n, size_t k, tp_stop_step *out)
 {
     size_t before = s->text_len;
-    if (reserve((void **)&s->text, &s->text_cap, before + TP_UTF8_REPLACE_MAX(k) + 1))
+    if (before + TP_UTF8_REPLACE_MAX(k) + 1 > s->text_cap &&
+        reserve((void **)&s->text, &s->text_cap, before + TP_UTF8_REPLACE_MAX(k) + 1))
         return TP_ENOMEM;
-    s->text_len += tp_utf8_replace(s->pend, k, s->text + before);
+    if (s->pend_len) {
+        /* Decode in one piece: the held bytes may be the start of a
+         * character the candidate completes. */
+        copy_small(s->pend + s->pend_len, nb, n);
+        s->pend_len += n;
+        append_text(s, s->pend, k);
+        copy_small(s->pend, s->pend + k, s->pend_len - k);
+        s->pend_len -= k;
+    } else {
+        /* Nothing held: no copy of what is published. */
+        if (n) {   /* nb may be NULL when n == 0 */
+            append_text(s, nb, k);
+            copy_small(s->pend, nb + k, n - k);
+        }
+        s->pend_len = n - k;
+    }
     s->text[s->text_len] = '\0';
     size_t released = k < s->held_counted ? k : s->held_counted;
     s->stats.bytes_released += released;
     s->stats.bytes_published += k;
     s->held_counted -= released;
-    memmove(s->pend, s->pend + k, s->pend_len - k);
-    s->pend_len -= k;
     out->chunk = s->text + before;
     out->chunk_len = s->text_len - before;
     return 0;
@@ -249,9 +289,10 @@ static void finish(tp_stop *s, tp_finish_reason r, tp_stop_step *out)
 }
 
 /* Finish other than a stop string: every held byte is released. */
-static int finish_release(tp_stop *s, tp_finish_reason r, tp_stop_step *out)
+static int finish_release(tp_stop *s, const uint8_t *nb, size_t n, tp_finish_reason r,
+                          tp_stop_step *out)
 {
-    int rc = publish(s, s->pend_len, out);
+    int rc = publish(s, nb, n, s->pend_len + n, out);
     if (rc) return rc;
     finish(s, r, out);
     return 0;
@@ -270,9 +311,7 @@ static int fail_nomem(tp_stop *s, tp_stop_step *out)
 
 static void step_init(tp_stop *s, tp_stop_step *out)
 {
-    memset(out, 0, sizeof *out);
-    out->matched_id = -1;
-    out->chunk = s->text + s->text_len;
+    *out = (tp_stop_step){.matched_id = -1, .chunk = s->text + s->text_len};
 }
 
 /* Rules 1 and 2; during min_tokens such a candidate is an ordinary token. */
@@ -288,49 +327,64 @@ static tp_finish_reason token_rule(tp_stop *s, int32_t id)
     return r;
 }
 
-/* Run the new bytes (already appended at pend[from..]) through the
- * automaton. Returns the pend offset just past the earliest stop end that
- * counts, or 0 if none; *pat is that stop. Below min_tokens matches do not
- * count but the automaton still reads every byte. */
-static size_t scan(tp_stop *s, size_t from, uint32_t *pat)
+/* Run the candidate's bytes through the automaton. Returns the offset in
+ * nb just past the earliest stop end that counts, *pat that stop, or
+ * TP_STOPMATCH_NONE. Below min_tokens matches do not count but the
+ * automaton still reads every byte. */
+static size_t scan(tp_stop *s, const uint8_t *nb, size_t n, uint32_t *pat)
 {
-    size_t pos = from;
+    size_t pos = 0;
     bool counts = s->accepted >= s->min_tokens;
-    while (pos < s->pend_len) {
-        pos += tp_stopmatch_find(s->match, &s->state, s->pend + pos, s->pend_len - pos, pat);
+    *pat = TP_STOPMATCH_NONE;
+    while (pos < n) {
+        pos += tp_stopmatch_find(s->match, &s->state, nb + pos, n - pos, pat);
         if (*pat != TP_STOPMATCH_NONE && counts) return pos;
     }
     *pat = TP_STOPMATCH_NONE;
-    return 0;
+    return pos;
 }
 
-static int stop_string(tp_stop *s, size_t end, uint32_t pat, tp_stop_step *out)
+/* end: offset in pend ++ nb just past the stop. */
+static int stop_string(tp_stop *s, const uint8_t *nb, size_t n, size_t end, uint32_t pat,
+                       tp_stop_step *out)
 {
     out->matched_str = tp_stopmatch_pattern(s->match, pat, &out->matched_len);
     /* end - matched_len >= 0: the stop's earlier bytes are a proper stop
      * prefix, so they were held back and are still pending. */
     size_t cut = s->include_stop ? end : end - out->matched_len;
-    s->stats.bytes_dropped += s->pend_len - cut;
-    if (publish(s, cut, out)) return fail_nomem(s, out);
+    s->stats.bytes_dropped += s->pend_len + n - cut;
+    if (publish(s, nb, n, cut, out)) return fail_nomem(s, out);
     s->held_counted = 0;
     s->pend_len = 0;
     finish(s, TP_FINISH_STOP_STRING, out);
     return 0;
 }
 
+/* Unfinished UTF-8 at the end of pend ++ nb (it may start in pend). */
+static size_t unfinished_tail(const tp_stop *s, const uint8_t *nb, size_t n)
+{
+    if (n && nb[n - 1] < 0x80) return 0;
+    uint8_t last[3];
+    size_t k = 0;
+    for (size_t i = s->pend_len + n - (s->pend_len + n < 3 ? s->pend_len + n : 3); k < 3 &&
+         i < s->pend_len + n; i++)
+        last[k++] = i < s->pend_len ? s->pend[i] : nb[i - s->pend_len];
+    return tp_utf8_unfinished_tail(last, k);
+}
+
 /* Accepted: publish all but the held-back tail (a stop prefix, an
  * unfinished UTF-8 sequence), or everything when max_tokens is reached. */
-static int accept(tp_stop *s, tp_stop_step *out)
+static int accept(tp_stop *s, const uint8_t *nb, size_t n, tp_stop_step *out)
 {
     out->accepted = true;
     s->accepted++;
     s->stats.tokens_accepted++;
     if (s->accepted >= s->max_tokens)
-        return finish_release(s, TP_FINISH_LENGTH, out) ? fail_nomem(s, out) : 0;
+        return finish_release(s, nb, n, TP_FINISH_LENGTH, out) ? fail_nomem(s, out) : 0;
     size_t hold = s->include_stop ? 0 : tp_stopmatch_partial(s->match, s->state);
-    size_t u8 = tp_utf8_unfinished_tail(s->pend, s->pend_len);
+    size_t u8 = unfinished_tail(s, nb, n);
     if (u8 > hold) hold = u8;
-    if (publish(s, s->pend_len - hold, out)) return fail_nomem(s, out);
+    if (publish(s, nb, n, s->pend_len + n - hold, out)) return fail_nomem(s, out);
     s->stats.bytes_held += s->pend_len - s->held_counted;
     s->held_counted = s->pend_len;
     return 0;
@@ -345,23 +399,20 @@ int tp_stop_feed(tp_stop *s, int32_t token_id, const uint8_t *bytes, size_t n, t
     tp_finish_reason r = token_rule(s, token_id);
     if (r != TP_FINISH_NONE) {
         out->matched_id = token_id;
-        return finish_release(s, r, out) ? fail_nomem(s, out) : 0;
+        return finish_release(s, NULL, 0, r, out) ? fail_nomem(s, out) : 0;
     }
     if (reserve((void **)&s->pend, &s->pend_cap, s->pend_len + n)) return fail_nomem(s, out);
-    size_t from = s->pend_len;
-    if (n) memcpy(s->pend + from, bytes, n);
-    s->pend_len += n;
     uint32_t pat;
-    size_t end = scan(s, from, &pat);
-    if (pat != TP_STOPMATCH_NONE) return stop_string(s, end, pat, out);
-    return accept(s, out);
+    size_t end = scan(s, bytes, n, &pat);
+    if (pat != TP_STOPMATCH_NONE) return stop_string(s, bytes, n, s->pend_len + end, pat, out);
+    return accept(s, bytes, n, out);
 }
 
 static int finish_now(tp_stop *s, tp_finish_reason r, tp_stop_step *out)
 {
     step_init(s, out);
     if (s->finish != TP_FINISH_NONE) return TP_ESTATE;
-    return finish_release(s, r, out) ? fail_nomem(s, out) : 0;
+    return finish_release(s, NULL, 0, r, out) ? fail_nomem(s, out) : 0;
 }
 
 int tp_stop_cancel(tp_stop *s, tp_stop_step *out)

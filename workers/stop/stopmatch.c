@@ -4,22 +4,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One automaton state. 16 bytes, so 10 000 stops of 32 bytes (~320 000
- * states) take ~5 MB plus 5 bytes per edge. */
-struct node {
-    uint32_t fail;     /* longest proper suffix state */
-    uint32_t edge;     /* first edge in the shared arrays */
-    uint32_t out;      /* 1 + longest pattern ending here, 0 = none */
-    uint16_t n_edge;
-    uint16_t partial;  /* longest suffix that is a proper pattern prefix */
-};
+/* States are numbered in BFS order (by depth). The first n_dense states
+ * get a dense row of full DFA transitions over byte classes, within a
+ * memory budget: random text keeps the automaton in shallow states, so
+ * almost every byte takes one table lookup. Deeper states keep their
+ * children as a consecutive id range (BFS numbers siblings consecutively)
+ * and fall back along failure links until a dense state answers.
+ * A state is handed out as id << shift, its row's offset, so the hot loop
+ * is one add and one load per byte. */
+#define HAS_OUT 0x80000000u       /* flag in a transition: target has an output */
+#define STATE_MASK 0x7FFFFFFFu
 
 struct tp_stopmatch {
-    uint32_t root[256];     /* dense row of the start state (0 = stay) */
-    struct node *node;
+    uint16_t cls[256];      /* byte -> class; 0 = a byte no pattern contains */
+    size_t n_cls;
+    unsigned shift;         /* rows are 1 << shift entries (>= n_cls) */
+    uint32_t *row;          /* n_dense rows of transitions (target << shift | HAS_OUT) */
+    size_t n_dense;
     size_t n_node;
-    uint8_t *label;         /* edges, sorted by label within each state */
-    uint32_t *target;
+    uint32_t *fail;         /* per state: longest proper suffix state */
+    uint32_t *first;        /* per state: id of its first child */
+    uint16_t *n_child;
+    uint8_t *lab;           /* per state: byte of the edge into it */
+    uint32_t *out;          /* per state: 1 + longest pattern ending here, 0 = none */
+    uint16_t *partial;      /* per state: longest suffix that is a proper pattern prefix */
     char *bytes;            /* distinct patterns, concatenated */
     size_t *off, *len;      /* per distinct pattern */
     size_t n_pat;
@@ -27,7 +35,7 @@ struct tp_stopmatch {
     size_t n_in;
 };
 
-/* Scratch used only while building. */
+/* Scratch used only while building; trie ids are DFS preorder. */
 struct build {
     const char *const *pat;
     const size_t *len;
@@ -37,6 +45,9 @@ struct build {
     uint8_t *lab;           /* label of the edge into each node */
     uint32_t *term;         /* 1 + distinct pattern ending exactly here */
     uint32_t *queue;
+    uint32_t *newid;        /* trie id -> state id */
+    uint32_t *bfs;          /* state id -> trie id */
+    uint32_t *n_kid, *kid_at, *kids;   /* children of each trie node, CSR */
 };
 
 static int cmp_pat(const void *a, const void *b, void *ctx)
@@ -132,63 +143,101 @@ static void build_trie(tp_stopmatch *m, struct build *bd)
     }
 }
 
-/* Edge arrays: children of each node, contiguous, in label order. */
-static void build_edges(tp_stopmatch *m, struct build *bd)
+/* Children of each trie node in label order (DFS creates them in order). */
+static void trie_children(size_t n_node, struct build *bd)
 {
-    for (size_t v = 0; v < m->n_node; v++) m->node[v].n_edge = 0;
-    for (size_t v = 1; v < m->n_node; v++) m->node[bd->parent[v]].n_edge++;
+    memset(bd->n_kid, 0, n_node * sizeof *bd->n_kid);
+    for (size_t v = 1; v < n_node; v++) bd->n_kid[bd->parent[v]]++;
     uint32_t pos = 0;
-    for (size_t v = 0; v < m->n_node; v++) {
-        m->node[v].edge = pos;
-        pos += m->node[v].n_edge;
-        m->node[v].n_edge = 0;
+    for (size_t v = 0; v < n_node; v++) {
+        bd->kid_at[v] = pos;
+        pos += bd->n_kid[v];
+        bd->n_kid[v] = 0;
     }
-    for (size_t v = 1; v < m->n_node; v++) {
-        struct node *u = &m->node[bd->parent[v]];
-        uint32_t e = u->edge + u->n_edge++;
-        m->label[e] = bd->lab[v];
-        m->target[e] = (uint32_t)v;
+    for (size_t v = 1; v < n_node; v++) {
+        uint32_t u = bd->parent[v];
+        bd->kids[bd->kid_at[u] + bd->n_kid[u]++] = (uint32_t)v;
     }
-    memset(m->root, 0, sizeof m->root);
-    for (uint32_t e = 0; e < m->node[0].n_edge; e++) m->root[m->label[e]] = m->target[e];
 }
 
-static uint32_t child(const tp_stopmatch *m, uint32_t s, uint8_t c)
+/* Renumber in BFS order: a node's children get consecutive ids. */
+static void renumber(tp_stopmatch *m, struct build *bd)
 {
-    const struct node *n = &m->node[s];
-    const uint8_t *lab = m->label + n->edge;
-    for (uint32_t e = 0; e < n->n_edge; e++)
-        if (lab[e] == c) return m->target[n->edge + e];
+    size_t tail = 1;
+    bd->bfs[0] = 0;
+    bd->newid[0] = 0;
+    for (size_t head = 0; head < m->n_node; head++) {
+        uint32_t o = bd->bfs[head];
+        m->first[head] = (uint32_t)tail;
+        m->n_child[head] = (uint16_t)bd->n_kid[o];
+        m->lab[head] = bd->lab[o];
+        for (uint32_t k = 0; k < bd->n_kid[o]; k++) {
+            uint32_t c = bd->kids[bd->kid_at[o] + k];
+            bd->newid[c] = (uint32_t)tail;
+            bd->bfs[tail++] = c;
+        }
+    }
+}
+
+static uint32_t sparse_child(const tp_stopmatch *m, uint32_t s, uint8_t c)
+{
+    const uint8_t *lab = m->lab + m->first[s];
+    for (uint32_t i = 0; i < m->n_child[s]; i++)
+        if (lab[i] == c) return m->first[s] + i;
     return 0;
 }
 
-/* Failure links, outputs and hold-back lengths in BFS order, so each state's
- * failure state (shallower) is complete before the state itself. */
+/* Goto-or-fail on the trie alone (before the dense rows exist). */
+static uint32_t trie_delta(const tp_stopmatch *m, uint32_t s, uint8_t c)
+{
+    for (;;) {
+        uint32_t t = sparse_child(m, s, c);
+        if (t || s == 0) return t;
+        s = m->fail[s];
+    }
+}
+
+/* Failure links, outputs and hold-back lengths in BFS order, so each
+ * state's failure state (shallower) is complete before the state itself. */
 static void build_links(tp_stopmatch *m, struct build *bd)
 {
-    uint32_t *q = bd->queue;
-    size_t head = 0, tail = 0;
-    m->node[0].fail = 0;
-    m->node[0].out = 0;
-    m->node[0].partial = 0;
-    q[tail++] = 0;
-    while (head < tail) {
-        uint32_t u = q[head++];
-        const struct node *un = &m->node[u];
-        for (uint32_t e = un->edge; e < un->edge + un->n_edge; e++) {
-            uint32_t v = m->target[e], f = 0;
-            if (u != 0) {
-                f = un->fail;
-                uint32_t t;
-                while ((t = f ? child(m, f, m->label[e]) : m->root[m->label[e]]) == 0 && f)
-                    f = m->node[f].fail;
-                f = t;
-            }
-            struct node *vn = &m->node[v];
-            vn->fail = f;
-            vn->out = bd->term[v] ? bd->term[v] : m->node[f].out;
-            vn->partial = vn->n_edge ? bd->depth[v] : m->node[f].partial;
-            q[tail++] = v;
+    m->fail[0] = 0;
+    m->out[0] = 0;
+    m->partial[0] = 0;
+    for (size_t v = 1; v < m->n_node; v++) {
+        uint32_t o = bd->bfs[v], p = bd->newid[bd->parent[o]];
+        uint32_t f = p == 0 ? 0 : trie_delta(m, m->fail[p], m->lab[v]);
+        m->fail[v] = f;
+        m->out[v] = bd->term[o] ? bd->term[o] : m->out[f];
+        m->partial[v] = m->n_child[v] ? bd->depth[o] : m->partial[f];
+    }
+}
+
+static void build_classes(tp_stopmatch *m)
+{
+    bool used[256] = {false};
+    for (size_t v = 1; v < m->n_node; v++) used[m->lab[v]] = true;
+    m->n_cls = 1;
+    for (int c = 0; c < 256; c++) m->cls[c] = used[c] ? (uint16_t)m->n_cls++ : 0;
+}
+
+static uint32_t flagged(const tp_stopmatch *m, uint32_t t)
+{
+    return t << m->shift | (m->out[t] ? HAS_OUT : 0);
+}
+
+/* Dense rows of full transitions; a missing child takes the failure
+ * state's row, which is complete already (smaller id). */
+static void build_rows(tp_stopmatch *m)
+{
+    uint8_t byte_of[257] = {0};
+    for (int c = 0; c < 256; c++) byte_of[m->cls[c]] = (uint8_t)c;
+    for (size_t v = 0; v < m->n_dense; v++) {
+        uint32_t *row = m->row + (v << m->shift), *frow = m->row + ((size_t)m->fail[v] << m->shift);
+        row[0] = v ? frow[0] : 0;
+        for (size_t k = 1; k < m->n_cls; k++) {
+            uint32_t t = sparse_child(m, (uint32_t)v, byte_of[k]);
+            row[k] = t ? flagged(m, t) : (v ? frow[k] : 0);
         }
     }
 }
@@ -204,8 +253,8 @@ static int check_patterns(const char *const *pat, const size_t *len, size_t n, s
             return tp_err_set(err, TP_EINVAL, "pattern[%zu]: %zu bytes, more than %d", i, len[i],
                               TP_STOPMATCH_MAX_LEN);
         *total += len[i];
-        if (*total >= UINT32_MAX)
-            return tp_err_set(err, TP_ERANGE, "patterns: more than 4 GiB in total");
+        if (*total >= STATE_MASK)
+            return tp_err_set(err, TP_ERANGE, "patterns: more than 2 GiB in total");
     }
     return 0;
 }
@@ -218,36 +267,79 @@ static void build_free(struct build *bd)
     free(bd->lab);
     free(bd->term);
     free(bd->queue);
+    free(bd->newid);
+    free(bd->bfs);
+    free(bd->n_kid);
+    free(bd->kid_at);
+    free(bd->kids);
 }
 
 static int build_alloc(tp_stopmatch *m, struct build *bd, size_t max_nodes)
 {
-    size_t n = m->n_in ? m->n_in : 1;
+    size_t n = m->n_in ? m->n_in : 1, u = sizeof(uint32_t);
     bd->order = malloc(n * sizeof *bd->order);
-    bd->parent = malloc(max_nodes * sizeof *bd->parent);
+    bd->parent = malloc(max_nodes * u);
     bd->depth = malloc(max_nodes * sizeof *bd->depth);
     bd->lab = malloc(max_nodes);
-    bd->term = malloc(max_nodes * sizeof *bd->term);
-    bd->queue = malloc(max_nodes * sizeof *bd->queue);
+    bd->term = malloc(max_nodes * u);
+    bd->queue = malloc(max_nodes * u);
+    bd->newid = malloc(max_nodes * u);
+    bd->bfs = malloc(max_nodes * u);
+    bd->n_kid = malloc(max_nodes * u);
+    bd->kid_at = malloc(max_nodes * u);
+    bd->kids = malloc(max_nodes * u);
     m->merged = malloc(n * sizeof *m->merged);
-    m->node = malloc(max_nodes * sizeof *m->node);
-    m->label = malloc(max_nodes);
-    m->target = malloc(max_nodes * sizeof *m->target);
     if (!bd->order || !bd->parent || !bd->depth || !bd->lab || !bd->term || !bd->queue ||
-        !m->merged || !m->node || !m->label || !m->target)
+        !bd->newid || !bd->bfs || !bd->n_kid || !bd->kid_at || !bd->kids || !m->merged)
         return TP_ENOMEM;
     return 0;
 }
 
-/* Give back the over-allocation (max_nodes was the sum of lengths). */
-static void shrink(tp_stopmatch *m)
+/* Per-state arrays, sized once the trie's node count is known. */
+static int state_alloc(tp_stopmatch *m)
 {
-    struct node *n = realloc(m->node, m->n_node * sizeof *n);
-    if (n) m->node = n;
+    size_t n = m->n_node, u = sizeof(uint32_t);
+    m->fail = malloc(n * u);
+    m->first = malloc(n * u);
+    m->n_child = malloc(n * sizeof *m->n_child);
+    m->lab = malloc(n);
+    m->out = malloc(n * u);
+    m->partial = malloc(n * sizeof *m->partial);
+    return m->fail && m->first && m->n_child && m->lab && m->out && m->partial ? 0 : TP_ENOMEM;
 }
 
-int tp_stopmatch_new(const char *const *pat, const size_t *len, size_t n, tp_stopmatch **out,
-                     tp_err *err)
+static int row_alloc(tp_stopmatch *m, size_t budget)
+{
+    m->shift = 0;
+    while (((size_t)1 << m->shift) < m->n_cls) m->shift++;
+    if (((uint64_t)m->n_node << m->shift) > STATE_MASK) return TP_ERANGE;
+    size_t per_row = ((size_t)1 << m->shift) * sizeof *m->row;
+    m->n_dense = (budget ? budget : TP_STOPMATCH_DENSE_BYTES) / per_row;
+    if (m->n_dense < 1) m->n_dense = 1;
+    if (m->n_dense > m->n_node) m->n_dense = m->n_node;
+    m->row = malloc(m->n_dense * per_row);
+    return m->row ? 0 : TP_ENOMEM;
+}
+
+static int build(tp_stopmatch *m, struct build *bd, size_t total, size_t budget)
+{
+    int rc = build_alloc(m, bd, total + 1);
+    if (!rc) rc = collect_patterns(m, bd);
+    if (rc) return rc;
+    build_trie(m, bd);
+    trie_children(m->n_node, bd);
+    if (state_alloc(m)) return TP_ENOMEM;
+    renumber(m, bd);
+    build_links(m, bd);
+    build_classes(m);
+    rc = row_alloc(m, budget);
+    if (rc) return rc;
+    build_rows(m);
+    return 0;
+}
+
+int tp_stopmatch_new(const char *const *pat, const size_t *len, size_t n, size_t dense_bytes,
+                     tp_stopmatch **out, tp_err *err)
 {
     size_t total;
     *out = NULL;
@@ -257,18 +349,14 @@ int tp_stopmatch_new(const char *const *pat, const size_t *len, size_t n, tp_sto
     if (!m) return tp_err_set(err, TP_ENOMEM, "stop matcher: out of memory");
     struct build bd = {.pat = pat, .len = len};
     m->n_in = n;
-    rc = build_alloc(m, &bd, total + 1);
-    if (!rc) rc = collect_patterns(m, &bd);
+    rc = build(m, &bd, total, dense_bytes);
+    build_free(&bd);
     if (rc) {
-        build_free(&bd);
         tp_stopmatch_free(m);
+        if (rc == TP_ERANGE)
+            return tp_err_set(err, rc, "stop matcher: %zu bytes of patterns is too many states", total);
         return tp_err_set(err, TP_ENOMEM, "stop matcher: out of memory for %zu patterns", n);
     }
-    build_trie(m, &bd);
-    build_edges(m, &bd);
-    build_links(m, &bd);
-    build_free(&bd);
-    shrink(m);
     *out = m;
     return 0;
 }
@@ -276,9 +364,13 @@ int tp_stopmatch_new(const char *const *pat, const size_t *len, size_t n, tp_sto
 void tp_stopmatch_free(tp_stopmatch *m)
 {
     if (!m) return;
-    free(m->node);
-    free(m->label);
-    free(m->target);
+    free(m->row);
+    free(m->fail);
+    free(m->first);
+    free(m->n_child);
+    free(m->lab);
+    free(m->out);
+    free(m->partial);
     free(m->bytes);
     free(m->off);
     free(m->len);
@@ -302,27 +394,45 @@ uint32_t tp_stopmatch_merged_index(const tp_stopmatch *m, size_t i)
     return m->merged[i];
 }
 
+/* A state without a dense row: its own children, else its failure state. */
+static uint32_t slow_step(const tp_stopmatch *m, uint32_t scaled, uint8_t c)
+{
+    uint32_t s = scaled >> m->shift;
+    for (;;) {
+        if (s < m->n_dense) return m->row[((size_t)s << m->shift) + m->cls[c]];
+        uint32_t t = sparse_child(m, s, c);
+        if (t) return flagged(m, t);
+        s = m->fail[s];
+    }
+}
+
 size_t tp_stopmatch_find(const tp_stopmatch *m, uint32_t *state, const uint8_t *b, size_t n,
                          uint32_t *pat)
 {
     uint32_t s = *state;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = b[i];
-        for (;;) {
-            if (s == 0) {
-                s = m->root[c];
-                break;
+    const uint32_t *row = m->row;
+    const uint32_t dense = (uint32_t)(m->n_dense << m->shift);
+    if (m->n_dense == m->n_node) {
+        /* Every state dense (small stop sets): one load per byte. */
+        for (size_t i = 0; i < n; i++) {
+            uint32_t t = row[s + m->cls[b[i]]];
+            s = t & STATE_MASK;
+            if (t & HAS_OUT) {
+                *state = s;
+                *pat = m->out[s >> m->shift] - 1;
+                return i + 1;
             }
-            uint32_t t = child(m, s, c);
-            if (t) {
-                s = t;
-                break;
-            }
-            s = m->node[s].fail;
         }
-        if (m->node[s].out) {
+        *state = s;
+        *pat = TP_STOPMATCH_NONE;
+        return n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t t = s < dense ? row[s + m->cls[b[i]]] : slow_step(m, s, b[i]);
+        s = t & STATE_MASK;
+        if (t & HAS_OUT) {
             *state = s;
-            *pat = m->node[s].out - 1;
+            *pat = m->out[s >> m->shift] - 1;
             return i + 1;
         }
     }
@@ -333,7 +443,7 @@ size_t tp_stopmatch_find(const tp_stopmatch *m, uint32_t *state, const uint8_t *
 
 size_t tp_stopmatch_partial(const tp_stopmatch *m, uint32_t state)
 {
-    return m->node[state].partial;
+    return m->partial[state >> m->shift];
 }
 
 size_t tp_stopmatch_states(const tp_stopmatch *m)
@@ -343,8 +453,9 @@ size_t tp_stopmatch_states(const tp_stopmatch *m)
 
 size_t tp_stopmatch_memory(const tp_stopmatch *m)
 {
-    size_t edges = m->n_node - 1, bytes = 0;
+    size_t bytes = 0;
     for (size_t i = 0; i < m->n_pat; i++) bytes += m->len[i];
-    return sizeof *m + m->n_node * sizeof *m->node + edges * (1 + sizeof *m->target) + bytes +
+    size_t per_state = 3 * sizeof(uint32_t) + 2 * sizeof(uint16_t) + 1;
+    return sizeof *m + (m->n_dense << m->shift) * sizeof *m->row + m->n_node * per_state + bytes +
            m->n_pat * 2 * sizeof(size_t) + m->n_in * sizeof *m->merged;
 }

@@ -82,6 +82,13 @@ size_t tp_utf8_replace(const uint8_t *b, size_t n, char *out)
 {
     size_t i = 0, o = 0;
     while (i < n) {
+        uint64_t w;
+        if (i + 8 <= n && (memcpy(&w, b + i, 8), !(w & 0x8080808080808080ull))) {
+            memcpy(out + o, &w, 8);   /* eight ASCII bytes at once */
+            i += 8;
+            o += 8;
+            continue;
+        }
         if (b[i] < 0x80) {
             out[o++] = (char)b[i++];
             continue;

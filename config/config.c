@@ -1,0 +1,555 @@
+/* tokpipe.yaml loader: libyaml document tree walked against one key table. */
+#include "tokpipe/config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+enum kind { K_INT, K_I64, K_DBL, K_STR, K_STRLIST };
+
+/* One leaf key. Ranges are inclusive; doubles use dmin/dmax. */
+struct key {
+    const char *path;
+    enum kind kind;
+    size_t off;
+    int64_t min, max;
+    double dmin, dmax;
+};
+
+#define OFF(f) offsetof(tp_config, f)
+#define KI(p, f, lo, hi) {p, K_INT, OFF(f), lo, hi, 0, 0}
+#define KL(p, f, lo, hi) {p, K_I64, OFF(f), lo, hi, 0, 0}
+#define KD(p, f, lo, hi) {p, K_DBL, OFF(f), 0, 0, lo, hi}
+#define KS(p, f) {p, K_STR, OFF(f), 0, 0, 0, 0}
+
+static const struct key keys[] = {
+    KS("runtime_dir", runtime_dir),
+    KS("endpoints.front", ep_front),
+    KS("endpoints.back", ep_back),
+    KS("endpoints.events", ep_events),
+    KS("endpoints.publish", ep_publish),
+    KS("model.path", model_path),
+    KS("model.tokenizer", tokenizer_path),
+    KS("workers.binary", worker_binary),
+    KI("workers.tokenize", stage_count[TP_SI_TOKENIZE], 0, 64),
+    KI("workers.forward", stage_count[TP_SI_FORWARD], 0, 64),
+    KI("workers.sample", stage_count[TP_SI_SAMPLE], 0, 64),
+    KI("workers.stop", stage_count[TP_SI_STOP], 0, 64),
+    {"workers.fuse", K_STRLIST, OFF(fuse), 0, TP_CONFIG_MAX_GROUPS, 0, 0},
+    KI("workers.forward_threads", forward_threads, 1, 2),
+    KI("workers.respawn_init_ms", respawn_init_ms, 10, 600000),
+    KI("workers.respawn_max_ms", respawn_max_ms, 10, 3600000),
+    KI("batching.max_num_seqs", max_num_seqs, 1, 4096),
+    KI("batching.max_batch_tokens", max_batch_tokens, 1, 65536),
+    KI("batching.prefill_chunk", prefill_chunk, 1, 65536),
+    KI("batching.micro_batches", micro_batches, 1, 8),
+    KI("kv.slots", kv_slots, 1, 4096),
+    KI("kv.max_pos", kv_max_pos, 0, 1 << 20),
+    KI("generation.max_tokens", def_max_tokens, 1, INT32_MAX),
+    KD("generation.temperature", def_temperature, 0, 1e6),
+    KD("generation.top_p", def_top_p, 1e-300, 1),
+    KI("generation.top_k", def_top_k, 0, INT32_MAX),
+    KD("generation.min_p", def_min_p, 0, 1),
+    KD("generation.repetition_penalty", def_repetition_penalty, 1e-300, 1e6),
+    KD("generation.presence_penalty", def_presence_penalty, -2, 2),
+    KD("generation.frequency_penalty", def_frequency_penalty, -2, 2),
+    KI("limits.max_tokens", max_tokens_limit, 1, INT32_MAX),
+    KI("limits.max_concurrent_jobs", max_concurrent_jobs, 1, 1 << 20),
+    KL("limits.finished_ttl_ms", finished_ttl_ms, 0, INT64_C(1) << 40),
+    KL("limits.max_msg_bytes", max_msg_bytes, 4096, INT64_C(1) << 32),
+    KI("limits.max_prompt_bytes", max_prompt_bytes, 1, 1 << 20),
+    KI("limits.max_stop_strings", max_stop_strings, 0, 4096),
+    KI("limits.max_stop_len", max_stop_len, 1, 65535),
+    KI("limits.max_stop_ids", max_stop_ids, 0, 4096),
+    KI("limits.sndhwm", sndhwm, 0, 1 << 24),
+    KI("limits.linger_ms", linger_ms, 0, 600000),
+    KI("heartbeat.interval_ms", heartbeat_ms, 10, 600000),
+    KI("heartbeat.liveness", liveness, 2, 100),
+    KI("heartbeat.reconnect_init_ms", reconnect_init_ms, 1, 600000),
+    KI("heartbeat.reconnect_max_ms", reconnect_max_ms, 1, 3600000),
+    KI("shutdown.drain_timeout_ms", drain_timeout_ms, 0, 3600000),
+};
+#define N_KEYS (sizeof keys / sizeof keys[0])
+
+static const char *const stage_names[TP_SI_COUNT] = {"tokenize", "forward", "sample", "stop"};
+
+const char *tp_config_stage_name(int si)
+{
+    return si >= 0 && si < TP_SI_COUNT ? stage_names[si] : "?";
+}
+
+static int set_str(char **dst, const char *s, tp_err *err)
+{
+    char *c = strdup(s);
+    if (!c)
+        return tp_err_set(err, TP_ENOMEM, "config: out of memory");
+    free(*dst);
+    *dst = c;
+    return 0;
+}
+
+int tp_config_defaults(tp_config *cfg, tp_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    static const struct { size_t off; const char *v; } strs[] = {
+        {OFF(source), "(defaults)"}, {OFF(runtime_dir), ""}, {OFF(ep_front), ""},
+        {OFF(ep_back), ""}, {OFF(ep_events), ""}, {OFF(ep_publish), ""},
+        {OFF(model_path), "../shared/models/stories260K.bin"},
+        {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(worker_binary), ""},
+    };
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        if (set_str((char **)((char *)cfg + strs[i].off), strs[i].v, err)) {
+            tp_config_free(cfg);
+            return TP_ENOMEM;
+        }
+    for (int s = 0; s < TP_SI_COUNT; s++)
+        cfg->stage_count[s] = 1;
+    cfg->forward_threads = 1;
+    cfg->respawn_init_ms = 250;
+    cfg->respawn_max_ms = 30000;
+    cfg->max_num_seqs = 64;
+    cfg->max_batch_tokens = 512;
+    cfg->prefill_chunk = 128;
+    cfg->micro_batches = 2;
+    cfg->kv_slots = 64;
+    cfg->kv_max_pos = 0;
+    cfg->def_max_tokens = 256;
+    cfg->def_temperature = 1.0;
+    cfg->def_top_p = 1.0;
+    cfg->def_top_k = 0;
+    cfg->def_min_p = 0.0;
+    cfg->def_repetition_penalty = 1.0;
+    cfg->max_tokens_limit = 4096;
+    cfg->max_concurrent_jobs = 256;
+    cfg->finished_ttl_ms = 300000;
+    cfg->max_msg_bytes = 64 << 20;
+    cfg->max_prompt_bytes = 1 << 20;
+    cfg->max_stop_strings = 1024;
+    cfg->max_stop_len = 1024;
+    cfg->max_stop_ids = 1024;
+    cfg->sndhwm = 100000;
+    cfg->linger_ms = 1000;
+    cfg->heartbeat_ms = 1000;
+    cfg->liveness = 3;
+    cfg->reconnect_init_ms = 100;
+    cfg->reconnect_max_ms = 8000;
+    cfg->drain_timeout_ms = 10000;
+    return 0;
+}
+
+void tp_config_free(tp_config *cfg)
+{
+    if (!cfg)
+        return;
+    char **strs[] = {&cfg->source, &cfg->runtime_dir, &cfg->ep_front, &cfg->ep_back,
+                     &cfg->ep_events, &cfg->ep_publish, &cfg->model_path, &cfg->tokenizer_path,
+                     &cfg->worker_binary};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        free(*strs[i]);
+    for (size_t i = 0; i < cfg->n_fuse; i++)
+        free(cfg->fuse[i]);
+    free(cfg->fuse);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+/* ---- walking the document ---------------------------------------------- */
+
+struct walk {
+    yaml_document_t *doc;
+    tp_config *cfg;
+    const char *name;
+    tp_err *err;
+};
+
+static int line_of(const yaml_node_t *n)
+{
+    return (int)n->start_mark.line + 1;
+}
+
+static int fail(struct walk *w, const yaml_node_t *n, int code, const char *path, const char *what)
+{
+    return tp_err_set(w->err, code, "%s:%d: %s: %s", w->name, line_of(n), path, what);
+}
+
+static const struct key *find_key(const char *path)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].path, path))
+            return &keys[i];
+    return NULL;
+}
+
+static bool is_section(const char *path)
+{
+    size_t n = strlen(path);
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strncmp(keys[i].path, path, n) && keys[i].path[n] == '.')
+            return true;
+    return false;
+}
+
+static const char *scalar(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+static bool plain_null(const yaml_node_t *n)
+{
+    const char *s = scalar(n);
+    return n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL"));
+}
+
+static int set_int(struct walk *w, const struct key *k, const yaml_node_t *n)
+{
+    const char *s = scalar(n);
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    char msg[160];
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE || !*s || *end || errno) {
+        snprintf(msg, sizeof msg, "'%.60s' is not an integer", s);
+        return fail(w, n, TP_EINVAL, k->path, msg);
+    }
+    if (v < k->min || v > k->max) {
+        snprintf(msg, sizeof msg, "%lld is outside [%lld, %lld]", v, (long long)k->min, (long long)k->max);
+        return fail(w, n, TP_ERANGE, k->path, msg);
+    }
+    if (k->kind == K_INT)
+        *(int *)((char *)w->cfg + k->off) = (int)v;
+    else
+        *(int64_t *)((char *)w->cfg + k->off) = v;
+    return 0;
+}
+
+static int set_dbl(struct walk *w, const struct key *k, const yaml_node_t *n)
+{
+    const char *s = scalar(n);
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    char msg[160];
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE || !*s || *end || errno || !isfinite(v)) {
+        snprintf(msg, sizeof msg, "'%.60s' is not a number", s);
+        return fail(w, n, TP_EINVAL, k->path, msg);
+    }
+    if (v < k->dmin || v > k->dmax) {
+        if (k->dmin > 0 && k->dmin < 1e-200)
+            snprintf(msg, sizeof msg, "%g is outside (0, %g]", v, k->dmax);
+        else
+            snprintf(msg, sizeof msg, "%g is outside [%g, %g]", v, k->dmin, k->dmax);
+        return fail(w, n, TP_ERANGE, k->path, msg);
+    }
+    *(double *)((char *)w->cfg + k->off) = v;
+    return 0;
+}
+
+static int set_strlist(struct walk *w, const struct key *k, const yaml_node_t *n)
+{
+    if (n->type != YAML_SEQUENCE_NODE)
+        return fail(w, n, TP_EINVAL, k->path, "expected a list of strings");
+    size_t cnt = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+    if (cnt > (size_t)k->max)
+        return fail(w, n, TP_ERANGE, k->path, "too many entries");
+    char **list = calloc(cnt ? cnt : 1, sizeof *list);
+    if (!list)
+        return tp_err_set(w->err, TP_ENOMEM, "config: out of memory");
+    for (size_t i = 0; i < cnt; i++) {
+        yaml_node_t *it = yaml_document_get_node(w->doc, n->data.sequence.items.start[i]);
+        if (!it || it->type != YAML_SCALAR_NODE || !(list[i] = strdup(scalar(it)))) {
+            for (size_t j = 0; j < i; j++)
+                free(list[j]);
+            free(list);
+            return it && it->type != YAML_SCALAR_NODE
+                       ? fail(w, it, TP_EINVAL, k->path, "entries must be strings")
+                       : tp_err_set(w->err, TP_ENOMEM, "config: out of memory");
+        }
+    }
+    for (size_t i = 0; i < w->cfg->n_fuse; i++)
+        free(w->cfg->fuse[i]);
+    free(w->cfg->fuse);
+    w->cfg->fuse = list;
+    w->cfg->n_fuse = cnt;
+    return 0;
+}
+
+static int set_leaf(struct walk *w, const struct key *k, const yaml_node_t *n)
+{
+    if (k->kind == K_STRLIST)
+        return set_strlist(w, k, n);
+    if (n->type != YAML_SCALAR_NODE)
+        return fail(w, n, TP_EINVAL, k->path, "expected a single value, not a list or mapping");
+    switch (k->kind) {
+    case K_INT:
+    case K_I64:
+        return set_int(w, k, n);
+    case K_DBL:
+        return set_dbl(w, k, n);
+    default:
+        return set_str((char **)((char *)w->cfg + k->off), plain_null(n) ? "" : scalar(n), w->err);
+    }
+}
+
+static int walk_map(struct walk *w, const yaml_node_t *map, const char *prefix);
+
+static int walk_pair(struct walk *w, const yaml_node_pair_t *p, const char *prefix)
+{
+    yaml_node_t *kn = yaml_document_get_node(w->doc, p->key);
+    yaml_node_t *vn = yaml_document_get_node(w->doc, p->value);
+    if (!kn || !vn || kn->type != YAML_SCALAR_NODE)
+        return tp_err_set(w->err, TP_EINVAL, "%s:%d: keys must be plain strings", w->name,
+                          kn ? line_of(kn) : 0);
+    char path[256];
+    if ((size_t)snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", scalar(kn)) >= sizeof path)
+        return fail(w, kn, TP_EINVAL, prefix, "key too long");
+    const struct key *k = find_key(path);
+    if (k)
+        return set_leaf(w, k, vn);
+    if (is_section(path)) {
+        if (vn->type == YAML_SCALAR_NODE && plain_null(vn))
+            return 0;   /* an empty section keeps its defaults */
+        if (vn->type != YAML_MAPPING_NODE)
+            return fail(w, vn, TP_EINVAL, path, "expected a mapping of keys");
+        return walk_map(w, vn, path);
+    }
+    return fail(w, kn, TP_ENOTFOUND, path, "unknown key");
+}
+
+static int walk_map(struct walk *w, const yaml_node_t *map, const char *prefix)
+{
+    const yaml_node_pair_t *b = map->data.mapping.pairs.start, *e = map->data.mapping.pairs.top;
+    for (const yaml_node_pair_t *p = b; p < e; p++) {
+        /* libyaml keeps duplicate keys; the second one would silently win. */
+        yaml_node_t *kn = yaml_document_get_node(w->doc, p->key);
+        for (const yaml_node_pair_t *q = b; q < p && kn && kn->type == YAML_SCALAR_NODE; q++) {
+            yaml_node_t *qn = yaml_document_get_node(w->doc, q->key);
+            if (qn && qn->type == YAML_SCALAR_NODE && !strcmp(scalar(qn), scalar(kn))) {
+                char path[256];
+                snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", scalar(kn));
+                return fail(w, kn, TP_EINVAL, path, "duplicate key");
+            }
+        }
+        int rc = walk_pair(w, p, prefix);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- cross-field checks -------------------------------------------------- */
+
+static int check_all(tp_config *c, tp_err *err)
+{
+    const char *f = c->source;
+    if (c->respawn_max_ms < c->respawn_init_ms)
+        return tp_err_set(err, TP_ERANGE, "%s: workers.respawn_max_ms (%d) < workers.respawn_init_ms (%d)",
+                          f, c->respawn_max_ms, c->respawn_init_ms);
+    if (c->reconnect_max_ms < c->reconnect_init_ms)
+        return tp_err_set(err, TP_ERANGE,
+                          "%s: heartbeat.reconnect_max_ms (%d) < heartbeat.reconnect_init_ms (%d)", f,
+                          c->reconnect_max_ms, c->reconnect_init_ms);
+    if (c->def_max_tokens > c->max_tokens_limit)
+        return tp_err_set(err, TP_ERANGE, "%s: generation.max_tokens (%d) > limits.max_tokens (%d)", f,
+                          c->def_max_tokens, c->max_tokens_limit);
+    if (c->max_num_seqs > c->kv_slots)
+        return tp_err_set(err, TP_ERANGE, "%s: batching.max_num_seqs (%d) > kv.slots (%d)", f,
+                          c->max_num_seqs, c->kv_slots);
+    if (c->prefill_chunk > c->max_batch_tokens)
+        return tp_err_set(err, TP_ERANGE, "%s: batching.prefill_chunk (%d) > batching.max_batch_tokens (%d)",
+                          f, c->prefill_chunk, c->max_batch_tokens);
+    unsigned seen = 0;
+    for (size_t i = 0; i < c->n_fuse; i++) {
+        unsigned bits;
+        tp_err e;
+        if (tp_config_parse_stages(c->fuse[i], &bits, &e))
+            return tp_err_set(err, TP_EINVAL, "%s: workers.fuse[%zu]: %s", f, i, e.msg);
+        int cnt = -1;
+        for (int s = 0; s < TP_SI_COUNT; s++) {
+            if (!(bits & (1u << s)))
+                continue;
+            if (seen & (1u << s))
+                return tp_err_set(err, TP_EINVAL, "%s: workers.fuse[%zu]: stage %s is in two fuse entries", f,
+                                  i, stage_names[s]);
+            if (cnt >= 0 && c->stage_count[s] != cnt)
+                return tp_err_set(err, TP_EINVAL,
+                                  "%s: workers.fuse[%zu]: fused stages need equal counts (workers.%s)", f, i,
+                                  stage_names[s]);
+            cnt = c->stage_count[s];
+        }
+        seen |= bits;
+    }
+    return 0;
+}
+
+int tp_config_parse_stages(const char *list, unsigned *bits, tp_err *err)
+{
+    *bits = 0;
+    const char *p = list;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        int found = -1;
+        for (int s = 0; s < TP_SI_COUNT; s++)
+            if (strlen(stage_names[s]) == n && !strncmp(p, stage_names[s], n))
+                found = s;
+        if (found < 0)
+            return tp_err_set(err, TP_EINVAL, "unknown stage '%.*s' (tokenize, forward, sample, stop)",
+                              (int)(n > 40 ? 40 : n), p);
+        *bits |= 1u << found;
+        if (!p[n])
+            return 0;
+        p += n + 1;
+    }
+}
+
+int tp_config_groups(const tp_config *cfg, tp_worker_group *out, int cap)
+{
+    int n = 0;
+    unsigned fused = 0;
+    for (size_t i = 0; i < cfg->n_fuse && n < cap; i++) {
+        unsigned bits;
+        if (tp_config_parse_stages(cfg->fuse[i], &bits, NULL))
+            continue;
+        int cnt = 0;
+        for (int s = 0; s < TP_SI_COUNT; s++)
+            if (bits & (1u << s))
+                cnt = cfg->stage_count[s];
+        fused |= bits;
+        if (cnt > 0)
+            out[n++] = (tp_worker_group){bits, cnt};
+    }
+    for (int s = 0; s < TP_SI_COUNT && n < cap; s++)
+        if (!(fused & (1u << s)) && cfg->stage_count[s] > 0)
+            out[n++] = (tp_worker_group){1u << s, cfg->stage_count[s]};
+    return n;
+}
+
+static int resolve_ep(char **ep, const char *dir, const char *name, tp_err *err)
+{
+    if (!**ep) {
+        char buf[512];
+        if ((size_t)snprintf(buf, sizeof buf, "ipc://%s/%s.sock", dir, name) >= sizeof buf)
+            return tp_err_set(err, TP_ERANGE, "runtime_dir is too long");
+        if (set_str(ep, buf, err))
+            return TP_ENOMEM;
+    }
+    /* The kernel's sun_path holds 107 bytes plus the NUL. */
+    if (!strncmp(*ep, "ipc://", 6) && strlen(*ep + 6) > 107)
+        return tp_err_set(err, TP_ERANGE, "endpoints.%s: ipc path longer than 107 bytes: %s", name, *ep);
+    if (strncmp(*ep, "ipc://", 6) && strncmp(*ep, "tcp://", 6))
+        return tp_err_set(err, TP_EINVAL, "endpoints.%s: '%s' is not an ipc:// or tcp:// endpoint", name, *ep);
+    return 0;
+}
+
+int tp_config_resolve(tp_config *cfg, tp_err *err)
+{
+    if (!*cfg->runtime_dir) {
+        const char *rd = getenv("RUNTIME_DIRECTORY");
+        char buf[256];
+        if (rd && *rd) {
+            /* systemd may list several directories separated by ':'. */
+            snprintf(buf, sizeof buf, "%.*s", (int)strcspn(rd, ":"), rd);
+        } else {
+            snprintf(buf, sizeof buf, "/tmp/tokpipe-%u", (unsigned)getuid());
+        }
+        if (set_str(&cfg->runtime_dir, buf, err))
+            return TP_ENOMEM;
+    }
+    int rc;
+    if ((rc = resolve_ep(&cfg->ep_front, cfg->runtime_dir, "front", err)) ||
+        (rc = resolve_ep(&cfg->ep_back, cfg->runtime_dir, "back", err)) ||
+        (rc = resolve_ep(&cfg->ep_events, cfg->runtime_dir, "events", err)) ||
+        (rc = resolve_ep(&cfg->ep_publish, cfg->runtime_dir, "publish", err)))
+        return rc;
+    return 0;
+}
+
+static int parse_doc(yaml_document_t *doc, const char *name, tp_config *cfg, tp_err *err)
+{
+    yaml_node_t *root = yaml_document_get_root_node(doc);
+    if (!root)
+        return 0;   /* an empty file: all defaults */
+    if (root->type == YAML_SCALAR_NODE && plain_null(root))
+        return 0;
+    if (root->type != YAML_MAPPING_NODE)
+        return tp_err_set(err, TP_EINVAL, "%s:%d: the top level must be a mapping of keys", name,
+                          line_of(root));
+    struct walk w = {doc, cfg, name, err};
+    return walk_map(&w, root, "");
+}
+
+int tp_config_parse(const char *yaml, size_t len, const char *name, tp_config *cfg, tp_err *err)
+{
+    int rc = tp_config_defaults(cfg, err);
+    if (rc)
+        return rc;
+    if ((rc = set_str(&cfg->source, name, err)))
+        goto out;
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) {
+        rc = tp_err_set(err, TP_ENOMEM, "config: out of memory");
+        goto out;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = tp_err_set(err, TP_EFORMAT, "%s:%zu: YAML syntax error: %s", name, parser.problem_mark.line + 1,
+                        parser.problem ? parser.problem : "unknown");
+        yaml_parser_delete(&parser);
+        goto out;
+    }
+    rc = parse_doc(&doc, name, cfg, err);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    if (!rc)
+        rc = check_all(cfg, err);
+    if (!rc)
+        rc = tp_config_resolve(cfg, err);
+out:
+    if (rc)
+        tp_config_free(cfg);
+    return rc;
+}
+
+int tp_config_load(const char *path, tp_config *cfg, tp_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return tp_err_set(err, TP_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (16u << 20)) {
+                fclose(fp);
+                free(buf);
+                return tp_err_set(err, TP_ERANGE, "%s: larger than 16 MiB", path);
+            }
+            char *nb = realloc(buf, cap = cap ? 2 * cap : 8192);
+            if (!nb) {
+                fclose(fp);
+                free(buf);
+                return tp_err_set(err, TP_ENOMEM, "config: out of memory");
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + len, 1, cap - len, fp);
+        len += got;
+        if (got == 0)
+            break;
+    }
+    int ioerr = ferror(fp);
+    fclose(fp);
+    if (ioerr) {
+        free(buf);
+        return tp_err_set(err, TP_EIO, "%s: read error", path);
+    }
+    int rc = tp_config_parse(buf, len, path, cfg, err);
+    free(buf);
+    return rc;
+}

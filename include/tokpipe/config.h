@@ -1,0 +1,114 @@
+/* tokpipe.yaml: the deployment's configuration, loaded with libyaml.
+ *
+ * tp_config is a plain value struct (not opaque): every program reads many
+ * fields and none of them changes after loading. The defaults (documented
+ * key by key in config/tokpipe.yaml) come from tp_config_defaults(); a file
+ * overrides any subset. Unknown keys, duplicate keys, wrong types and values
+ * out of range are errors naming the key and the line:
+ *   "config/tokpipe.yaml:12: batching.max_num_seqs: 0 is outside [1, 4096]".
+ *
+ * Ownership: the strings in a tp_config are owned by it; tp_config_free
+ * releases them (and accepts a zeroed or NULL config). */
+#ifndef TOKPIPE_CONFIG_H
+#define TOKPIPE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokpipe/error.h"
+
+#define TP_CONFIG_DEFAULT_PATH "config/tokpipe.yaml"
+#define TP_CONFIG_MAX_GROUPS 8  /* worker process kinds (fused stage sets) */
+
+/* The four pipeline stages, as indexes. */
+enum { TP_SI_TOKENIZE = 0, TP_SI_FORWARD, TP_SI_SAMPLE, TP_SI_STOP, TP_SI_COUNT };
+
+/* One kind of worker process the daemon spawns: a set of stages served by
+ * one process (one stage unless fused), and how many such processes. */
+typedef struct tp_worker_group {
+    unsigned stages;   /* bit (1u << TP_SI_*) per stage */
+    int count;
+} tp_worker_group;
+
+typedef struct tp_config {
+    char *source;            /* file it came from, "(defaults)" otherwise */
+    char *runtime_dir;       /* resolved: never empty after tp_config_resolve */
+
+    /* endpoints: resolved to ipc://<runtime_dir>/<name>.sock when empty */
+    char *ep_front;          /* producers (ROUTER) */
+    char *ep_back;           /* workers (ROUTER) */
+    char *ep_events;         /* subscribers (XPUB) */
+    char *ep_publish;        /* stop workers' PUB -> broker XSUB */
+
+    char *model_path;
+    char *tokenizer_path;
+
+    /* workers */
+    char *worker_binary;     /* "" = tokpipe-worker next to the running program */
+    int stage_count[TP_SI_COUNT];
+    char **fuse;             /* e.g. {"forward,sample"}: stages run in one process */
+    size_t n_fuse;
+    int forward_threads;
+    int respawn_init_ms, respawn_max_ms;
+
+    /* batching and the KV pool (per forward worker) */
+    int max_num_seqs;
+    int max_batch_tokens;
+    int prefill_chunk;
+    int micro_batches;
+    int kv_slots;
+    int kv_max_pos;          /* 0 = the model's seq_len */
+
+    /* generation defaults (used for keys a SUBMIT leaves out) */
+    int32_t def_max_tokens;
+    double def_temperature, def_top_p, def_min_p;
+    int32_t def_top_k;
+    double def_repetition_penalty, def_presence_penalty, def_frequency_penalty;
+
+    /* limits */
+    int32_t max_tokens_limit;
+    int max_concurrent_jobs;
+    int64_t finished_ttl_ms;
+    int64_t max_msg_bytes;
+    int max_prompt_bytes;
+    int max_stop_strings, max_stop_len, max_stop_ids;
+    int sndhwm, linger_ms;
+
+    /* liveness */
+    int heartbeat_ms, liveness;
+    int reconnect_init_ms, reconnect_max_ms;
+    int drain_timeout_ms;
+} tp_config;
+
+/* Fill *cfg with the built-in defaults (no file read; endpoints empty until
+ * tp_config_resolve). Returns TP_ENOMEM or 0. */
+int tp_config_defaults(tp_config *cfg, tp_err *err);
+
+/* Defaults overridden by the YAML file at path, then resolved. On failure
+ * *cfg is freed and zeroed and err names the file, line and key. */
+int tp_config_load(const char *path, tp_config *cfg, tp_err *err);
+
+/* The same from a YAML text in memory (name is used in error messages). */
+int tp_config_parse(const char *yaml, size_t len, const char *name, tp_config *cfg, tp_err *err);
+
+/* Fill empty runtime_dir ($RUNTIME_DIRECTORY, else /tmp/tokpipe-$UID) and
+ * empty endpoints (ipc://<runtime_dir>/{front,back,events,publish}.sock);
+ * checks ipc paths fit the 107-byte socket path limit. Idempotent. */
+int tp_config_resolve(tp_config *cfg, tp_err *err);
+
+/* The worker process kinds to spawn, from stage counts and fuse lists:
+ * each fuse entry is one group (its stages' counts must agree), every other
+ * stage with count > 0 is its own group. Returns the number of groups. */
+int tp_config_groups(const tp_config *cfg, tp_worker_group *out, int cap);
+
+/* Parse a stage list "forward,sample" into bits (1u << TP_SI_*); TP_EINVAL
+ * naming the bad word. */
+int tp_config_parse_stages(const char *list, unsigned *bits, tp_err *err);
+
+/* "tokenize", "forward", "sample", "stop" for an index. */
+const char *tp_config_stage_name(int si);
+
+void tp_config_free(tp_config *cfg);
+
+#endif

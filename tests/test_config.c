@@ -1,0 +1,230 @@
+/* config: tokpipe.yaml loading, defaults, and errors naming key and line. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokpipe/config.h"
+
+static int parse(const char *yaml, tp_config *c, tp_err *e)
+{
+    return tp_config_parse(yaml, strlen(yaml), "t.yaml", c, e);
+}
+
+static void expect_error(const char *yaml, const char *needle1, const char *needle2)
+{
+    tp_config c;
+    tp_err e;
+    tp_err_clear(&e);
+    int rc = parse(yaml, &c, &e);
+    if (rc == 0)
+        fail_msg("expected an error for:\n%s", yaml);
+    if (!strstr(e.msg, needle1) || (needle2 && !strstr(e.msg, needle2)))
+        fail_msg("error '%s' should mention '%s' and '%s'", e.msg, needle1, needle2 ? needle2 : "");
+    assert_null(c.source);   /* freed and zeroed on failure */
+}
+
+/* The shipped file documents the defaults: both must give the same values. */
+static void shipped_yaml_equals_builtin_defaults(void **state)
+{
+    (void)state;
+    tp_config a, b;
+    tp_err e;
+    if (tp_config_load(TP_CONFIG_DEFAULT_PATH, &a, &e))
+        fail_msg("shipped config does not load: %s", e.msg);
+    assert_int_equal(tp_config_defaults(&b, &e), 0);
+    assert_int_equal(tp_config_resolve(&b, &e), 0);
+    const char *sa[] = {a.runtime_dir, a.ep_front, a.ep_back, a.ep_events, a.ep_publish,
+                        a.model_path, a.tokenizer_path, a.worker_binary};
+    const char *sb[] = {b.runtime_dir, b.ep_front, b.ep_back, b.ep_events, b.ep_publish,
+                        b.model_path, b.tokenizer_path, b.worker_binary};
+    for (size_t i = 0; i < sizeof sa / sizeof sa[0]; i++)
+        if (strcmp(sa[i], sb[i]))
+            fail_msg("string field %zu differs: file '%s' vs default '%s'", i, sa[i], sb[i]);
+    assert_int_equal(a.n_fuse, b.n_fuse);
+    tp_config ca = a, cb = b;
+    /* compare every number at once: blank the pointers, which differ */
+    char **pa[] = {&ca.source, &ca.runtime_dir, &ca.ep_front, &ca.ep_back, &ca.ep_events,
+                   &ca.ep_publish, &ca.model_path, &ca.tokenizer_path, &ca.worker_binary};
+    char **pb[] = {&cb.source, &cb.runtime_dir, &cb.ep_front, &cb.ep_back, &cb.ep_events,
+                   &cb.ep_publish, &cb.model_path, &cb.tokenizer_path, &cb.worker_binary};
+    for (size_t i = 0; i < sizeof pa / sizeof pa[0]; i++)
+        *pa[i] = *pb[i] = NULL;
+    ca.fuse = cb.fuse = NULL;
+    if (memcmp(&ca, &cb, sizeof ca))
+        fail_msg("a numeric value in %s differs from the built-in default", TP_CONFIG_DEFAULT_PATH);
+    tp_config_free(&a);
+    tp_config_free(&b);
+}
+
+static void file_overrides_only_the_keys_it_names(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    int rc = parse("batching:\n  max_num_seqs: 8\ngeneration:\n  temperature: 0.5\n"
+                   "model:\n  path: /m.bin\n",
+                   &c, &e);
+    if (rc)
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.max_num_seqs, 8);
+    assert_true(c.def_temperature == 0.5);
+    assert_string_equal(c.model_path, "/m.bin");
+    assert_int_equal(c.max_batch_tokens, 512);   /* untouched default */
+    assert_string_equal(c.tokenizer_path, "../shared/models/tok512.bin");
+    tp_config_free(&c);
+}
+
+static void empty_file_gives_defaults(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    assert_int_equal(parse("", &c, &e), 0);
+    assert_int_equal(c.stage_count[TP_SI_FORWARD], 1);
+    tp_config_free(&c);
+    assert_int_equal(parse("# only a comment\n", &c, &e), 0);
+    tp_config_free(&c);
+}
+
+static void unknown_key_is_named_with_its_line(void **state)
+{
+    (void)state;
+    expect_error("batching:\n  max_num_seqs: 4\n  max_num_seq: 3\n", "t.yaml:3:", "batching.max_num_seq: unknown key");
+    expect_error("bogus: 1\n", "t.yaml:1:", "bogus: unknown key");
+    expect_error("heartbeat:\n  nested:\n    x: 1\n", ":2:", "heartbeat.nested");
+}
+
+static void out_of_range_value_is_named_with_its_line(void **state)
+{
+    (void)state;
+    expect_error("\n\nbatching:\n  max_num_seqs: 0\n", "t.yaml:4:", "batching.max_num_seqs: 0 is outside [1, 4096]");
+    expect_error("generation:\n  top_p: 1.5\n", "t.yaml:2:", "generation.top_p: 1.5 is outside (0, 1]");
+    expect_error("generation:\n  temperature: -1\n", "generation.temperature", "outside");
+    expect_error("heartbeat:\n  liveness: 99999999999999999999\n", "heartbeat.liveness", "not an integer");
+}
+
+static void wrong_types_are_rejected(void **state)
+{
+    (void)state;
+    expect_error("batching:\n  max_num_seqs: lots\n", ":2:", "'lots' is not an integer");
+    expect_error("batching:\n  max_num_seqs: \"8\"\n", "batching.max_num_seqs", "not an integer");
+    expect_error("batching:\n  max_num_seqs: [1]\n", "batching.max_num_seqs", "single value");
+    expect_error("generation:\n  top_p: high\n", "generation.top_p", "not a number");
+    expect_error("batching: 3\n", "batching", "expected a mapping");
+    expect_error("workers:\n  fuse: forward\n", "workers.fuse", "list of strings");
+    expect_error("- a\n- b\n", "t.yaml:1:", "top level must be a mapping");
+}
+
+static void duplicate_key_is_an_error(void **state)
+{
+    (void)state;
+    expect_error("kv:\n  slots: 4\n  slots: 8\n", "t.yaml:3:", "kv.slots: duplicate key");
+}
+
+static void syntax_error_reports_a_line(void **state)
+{
+    (void)state;
+    expect_error("batching:\n  max_num_seqs: 4\n bad: [\n", "t.yaml:", "YAML syntax error");
+}
+
+static void cross_field_limits_are_checked(void **state)
+{
+    (void)state;
+    expect_error("generation:\n  max_tokens: 5000\n", "generation.max_tokens (5000) > limits.max_tokens (4096)", NULL);
+    expect_error("batching:\n  max_num_seqs: 100\n", "batching.max_num_seqs (100) > kv.slots (64)", NULL);
+    expect_error("heartbeat:\n  reconnect_init_ms: 500\n  reconnect_max_ms: 100\n", "heartbeat.reconnect_max_ms", NULL);
+}
+
+static void endpoints_default_to_ipc_under_the_runtime_dir(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    assert_int_equal(parse("runtime_dir: /tmp/rt\nendpoints:\n  front: tcp://127.0.0.1:5555\n", &c, &e), 0);
+    assert_string_equal(c.ep_front, "tcp://127.0.0.1:5555");
+    assert_string_equal(c.ep_back, "ipc:///tmp/rt/back.sock");
+    assert_string_equal(c.ep_events, "ipc:///tmp/rt/events.sock");
+    assert_string_equal(c.ep_publish, "ipc:///tmp/rt/publish.sock");
+    tp_config_free(&c);
+    expect_error("endpoints:\n  back: http://x\n", "endpoints.back", "not an ipc:// or tcp://");
+    char yaml[400];
+    snprintf(yaml, sizeof yaml, "runtime_dir: /tmp/%0120d\n", 7);
+    expect_error(yaml, "endpoints.front", "longer than 107");
+}
+
+static void fuse_entries_become_one_process_kind(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    int rc = parse("workers:\n  forward: 2\n  sample: 2\n  fuse: [\"forward,sample\"]\n", &c, &e);
+    if (rc)
+        fail_msg("%s", e.msg);
+    tp_worker_group g[8];
+    int n = tp_config_groups(&c, g, 8);
+    assert_int_equal(n, 3);
+    assert_int_equal(g[0].stages, (1u << TP_SI_FORWARD) | (1u << TP_SI_SAMPLE));
+    assert_int_equal(g[0].count, 2);
+    assert_int_equal(g[1].stages, 1u << TP_SI_TOKENIZE);
+    assert_int_equal(g[2].stages, 1u << TP_SI_STOP);
+    tp_config_free(&c);
+    assert_int_equal(parse("", &c, &e), 0);
+    assert_int_equal(tp_config_groups(&c, g, 8), 4);   /* default: one process per stage */
+    tp_config_free(&c);
+}
+
+static void bad_fuse_entries_are_rejected(void **state)
+{
+    (void)state;
+    expect_error("workers:\n  forward: 2\n  fuse: [\"forward,sample\"]\n", "workers.fuse[0]", "equal counts");
+    expect_error("workers:\n  fuse: [\"forward,smaple\"]\n", "workers.fuse[0]", "unknown stage 'smaple'");
+    expect_error("workers:\n  fuse: [\"forward,sample\", \"sample,stop\"]\n", "workers.fuse[1]", "two fuse");
+}
+
+static void missing_file_names_the_path(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    assert_int_equal(tp_config_load("/nonexistent/x.yaml", &c, &e), TP_EIO);
+    assert_non_null(strstr(e.msg, "/nonexistent/x.yaml"));
+}
+
+static void parse_stages_reads_lists(void **state)
+{
+    (void)state;
+    unsigned b;
+    tp_err e;
+    assert_int_equal(tp_config_parse_stages("stop", &b, &e), 0);
+    assert_int_equal(b, 1u << TP_SI_STOP);
+    assert_int_equal(tp_config_parse_stages("tokenize,forward,sample,stop", &b, &e), 0);
+    assert_int_equal(b, 15u);
+    assert_int_equal(tp_config_parse_stages("forward,", &b, &e), TP_EINVAL);
+    assert_int_equal(tp_config_parse_stages("", &b, &e), TP_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(shipped_yaml_equals_builtin_defaults),
+        cmocka_unit_test(file_overrides_only_the_keys_it_names),
+        cmocka_unit_test(empty_file_gives_defaults),
+        cmocka_unit_test(unknown_key_is_named_with_its_line),
+        cmocka_unit_test(out_of_range_value_is_named_with_its_line),
+        cmocka_unit_test(wrong_types_are_rejected),
+        cmocka_unit_test(duplicate_key_is_an_error),
+        cmocka_unit_test(syntax_error_reports_a_line),
+        cmocka_unit_test(cross_field_limits_are_checked),
+        cmocka_unit_test(endpoints_default_to_ipc_under_the_runtime_dir),
+        cmocka_unit_test(fuse_entries_become_one_process_kind),
+        cmocka_unit_test(bad_fuse_entries_are_rejected),
+        cmocka_unit_test(missing_file_names_the_path),
+        cmocka_unit_test(parse_stages_reads_lists),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
