@@ -119,11 +119,15 @@ class StopcheckTest(unittest.TestCase):
         tok = os.path.join(MODELS, "tokenizer.bin")
         rc, out = stopcheck(['{"tokens": [9038, 2501, 263, 931, 2], "stop": ["xyz"]}',
                              '{"tokens": [9038, 2501], "prompt_last_id": 263}',
-                             '{"tokens": [32000]}'], "--tokenizer", tok)
+                             '{"tokens": [32000]}',
+                             '{"tokens": [9038, 2, 2501], "stop": ["</s>"], "ignore_eos": true}'],
+                            "--tokenizer", tok)
         self.assertEqual(out[0]["text"], "Once upon a time")
         self.assertEqual(out[0]["finish_reason"], "eos")
         self.assertEqual(out[1]["text"], " Once upon")
         self.assertIn("tokens[0]", out[2]["error"])
+        # a stop string naming a control token becomes a stop id
+        self.assertEqual((out[3]["finish_reason"], out[3]["matched"]), ("stop_token", 2))
         self.assertEqual(rc, 1)
 
     def test_help(self):

@@ -185,6 +185,19 @@ static void detok_and_stop_cut_real_tokens_at_the_byte(void **state)
     tp_tokenizer_free(tok);
 }
 
+/* §B9: "</s>" as a stop string could never match text; it names EOS. */
+static void detok_control_id_finds_tokens_that_render_as_nothing(void **state)
+{
+    (void)state;
+    tp_tokenizer *tok = load("tokenizer.bin");
+    assert_int_equal(tp_detok_control_id(tok, "</s>", 4), tp_tokenizer_eos_id(tok));
+    assert_int_equal(tp_detok_control_id(tok, "<s>", 3), tp_tokenizer_bos_id(tok));
+    assert_int_equal(tp_detok_control_id(tok, "<unk>", 5), tp_tokenizer_unk_id(tok));
+    assert_int_equal(tp_detok_control_id(tok, "Once", 4), -1);
+    assert_int_equal(tp_detok_control_id(tok, "<0x0A>", 6), -1);   /* a byte token has text */
+    tp_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -193,6 +206,7 @@ int main(void)
         cmocka_unit_test(detok_rejects_ids_outside_the_vocabulary),
         cmocka_unit_test(detok_round_trips_the_llama_cpp_test_inputs),
         cmocka_unit_test(detok_and_stop_cut_real_tokens_at_the_byte),
+        cmocka_unit_test(detok_control_id_finds_tokens_that_render_as_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 #include "tokpipe/detok.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct tp_detok {
     const tp_tokenizer *tok;
@@ -48,4 +50,24 @@ int tp_detok_accept(tp_detok *d, int32_t id, tp_err *err)
     int rc = check_id(d, "token", id, err);
     if (!rc) d->prev = id;
     return rc;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+int32_t tp_detok_control_id(const tp_tokenizer *tok, const char *text, size_t len)
+{
+    int vocab = tp_tokenizer_vocab_size(tok);
+    for (int id = 0; id < vocab; id++) {
+        int type = tp_tokenizer_token_type(tok, id);
+        if (type != TP_TOKEN_CONTROL && type != TP_TOKEN_UNKNOWN) continue;
+        size_t n;
+        const char *p = tp_tokenizer_piece(tok, id, &n);
+        while (n && is_space(*p)) p++, n--;
+        while (n && is_space(p[n - 1])) n--;
+        if (n && n == len && !memcmp(p, text, n)) return id;
+    }
+    return -1;
 }

@@ -282,6 +282,28 @@ static int add_chunk(cJSON *chunks, const tp_stop_step *st, tp_err *err)
     return 0;
 }
 
+/* A stop string naming a control token ("</s>") becomes a stop id: as
+ * text it would never match, the token renders as nothing. */
+static int resolve_control_stops(struct sc_case *c, const tp_tokenizer *tok, tp_err *err)
+{
+    size_t kept = 0, n = c->cfg.n_stop;
+    int32_t *ids = realloc(c->stop_ids, (c->cfg.n_stop_ids + n + 1) * sizeof *ids);
+    if (!ids) return tp_err_set(err, TP_ENOMEM, "out of memory");
+    c->stop_ids = ids;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = tp_detok_control_id(tok, c->stop[i], c->stop_len[i]);
+        if (id >= 0) {
+            ids[c->cfg.n_stop_ids++] = id;
+        } else {
+            c->stop[kept] = c->stop[i];
+            c->stop_len[kept++] = c->stop_len[i];
+        }
+    }
+    c->cfg.n_stop = kept;
+    c->cfg.stop_ids = ids;
+    return 0;
+}
+
 /* Tokens mode: the tokenizer supplies the vocabulary, the EOS default and
  * each candidate's bytes. */
 static int setup_tokens(struct sc_case *c, const tp_tokenizer *tok, tp_detok **d, tp_err *err)
@@ -299,8 +321,10 @@ static int setup_tokens(struct sc_case *c, const tp_tokenizer *tok, tp_detok **d
         if (c->id[i] < 0 || c->id[i] >= c->cfg.vocab_size)
             return tp_err_set(err, TP_ERANGE, "tokens[%zu]: id %d outside the vocabulary [0, %d)", i,
                               c->id[i], c->cfg.vocab_size);
+    int rc = resolve_control_stops(c, tok, err);
+    if (rc) return rc;
     int32_t last = c->has_prompt_last ? c->prompt_last : tp_tokenizer_bos_id(tok);
-    int rc = tp_detok_new(tok, last, d, err);
+    rc = tp_detok_new(tok, last, d, err);
     if (rc == TP_ERANGE) tp_err_set(err, rc, "prompt_last_id: id %d outside the vocabulary", last);
     return rc;
 }
