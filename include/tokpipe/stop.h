@@ -133,6 +133,9 @@ tp_finish_reason tp_stop_finish_reason(const tp_stop *s);
 /* Raw bytes currently held back (not yet published). */
 size_t tp_stop_held_bytes(const tp_stop *s);
 
+/* Bytes of memory the job's stop state uses (automaton + buffers). */
+size_t tp_stop_memory(const tp_stop *s);
+
 /* Number of distinct stop strings after merging duplicates, and the i-th
  * (in order of first appearance in the config). Borrowed while s lives. */
 size_t tp_stop_n_strings(const tp_stop *s);
