@@ -116,7 +116,7 @@ asan:
 FUZZ_BUILD := build-fuzz
 FUZZ_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O1 -g \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
-               -Iinclude -I$(BUILD)/gen $(PKG_CFLAGS)
+               -Iinclude -I$(BUILD)/gen $(PKG_CFLAGS) -MMD -MP
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(LIB_SRC))
 FUZZ_BINS := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRC))
 

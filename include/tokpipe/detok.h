@@ -39,4 +39,11 @@ const uint8_t *tp_detok_bytes(const tp_detok *d, int32_t id, size_t *len, tp_err
  * TP_ERANGE if id is outside the vocabulary. */
 int tp_detok_accept(tp_detok *d, int32_t id, tp_err *err);
 
+/* If text (len bytes) names a token that renders as no text — a control
+ * or unknown token such as "</s>", "<s>", "<unk>" — return its id, else -1.
+ * Whitespace around the vocabulary piece is ignored (llama2.c spells BOS
+ * "\n<s>\n"). As a stop string such a text could never match, since the
+ * token adds no bytes (research note §B9): callers turn it into a stop id. */
+int32_t tp_detok_control_id(const tp_tokenizer *tok, const char *text, size_t len);
+
 #endif

@@ -164,7 +164,8 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_ITEMS 4096             /* items (sequences) in one step */
 #define TP_PROTO_MAX_VOCAB (1u << 20)
 #define TP_PROTO_MAX_ERROR 1024             /* bytes of an error message */
-#define TP_PROTO_MAX_NAME 64                /* instance / model id / field names */
+#define TP_PROTO_MAX_NAME 64                /* instance, field paths */
+#define TP_PROTO_MAX_MODEL_ID 256           /* READY model_id */
 #define TP_PROTO_MAX_TRIGGERS 1024          /* entries of stats stop_triggers */
 
 /* ---- payload arrays ----------------------------------------------------- */
@@ -205,7 +206,9 @@ static inline void tp_raw_copy(void *dst, tp_raw r, size_t elem_size)
         memcpy(dst, r.data, r.n * elem_size);
 }
 
-/* A string borrowed from a header frame: NOT NUL-terminated. */
+/* A string borrowed from a header frame: NOT NUL-terminated. An optional
+ * key that is absent decodes to ptr NULL (present and empty: ptr non-NULL,
+ * len 0); when encoding, an optional string key is written iff ptr != NULL. */
 typedef struct tp_str {
     const char *ptr;
     size_t len;
@@ -269,13 +272,12 @@ typedef struct tp_params {
 
 typedef struct tp_m_submit {
     tp_str job_id;        /* empty = broker assigns one (returned in ACK) */
-    tp_str prompt;        /* text prompt; has_prompt false => prompt_ids */
-    bool has_prompt;
-    tp_raw prompt_ids;    /* int32 frame F3, present iff !has_prompt, >= 1 id */
+    tp_str prompt;        /* text prompt; ptr NULL = absent, then prompt_ids */
+    tp_raw prompt_ids;    /* int32 frame F3, present iff prompt is absent, >= 1 id */
     tp_params params;
 } tp_m_submit;
 
-typedef struct tp_m_ack {   /* status 200: accepted / cancel done; else rejected */
+typedef struct tp_m_ack {   /* ACK and ERROR. status 200: accepted / cancel done; else rejected */
     tp_str job_id;
     tp_str field;         /* the offending field for 400/413, else empty */
 } tp_m_ack;
@@ -495,6 +497,7 @@ typedef struct tp_msg {
     uint64_t task;         /* WRK1 stage messages: broker-chosen, echoed in the reply */
     uint32_t status;       /* replies: TP_ST_*; on decode failure: the status to reply with */
     tp_str error;          /* replies with status != 200: message naming the field */
+    tp_str topic;          /* EVT1 decode: the topic frame (= job id); encode: ignored */
     union {
         tp_m_submit submit;
         tp_m_ack ack;
@@ -520,6 +523,7 @@ typedef struct tp_msg {
         tp_m_stop_step stop_step;
         tp_m_verdicts verdicts;
     };
+    char bad_field[TP_PROTO_MAX_NAME + 1]; /* decode failure: the offending field path, or "" */
     void *owned_;          /* decoder allocations; freed by tp_msg_clear */
 } tp_msg;
 
@@ -549,9 +553,7 @@ int tp_proto_decode(tp_family family, const tp_frame *frames, size_t n_frames, t
 typedef struct tp_wire {
     size_t n;
     tp_frame f[TP_PROTO_MAX_FRAMES + 1];
-    uint8_t cmd_byte;
-    char *hdr;             /* owned msgpack bytes */
-    size_t hdr_len;
+    char *buf;             /* owned: the command byte then the msgpack header */
 } tp_wire;
 
 /* Encode m (validated like a decode would: an invalid message is an error
@@ -567,6 +569,6 @@ void tp_wire_free(tp_wire *w);
 bool tp_job_id_valid(const char *s, size_t len);
 
 /* true if the bytes are valid UTF-8 (no surrogates, no overlongs). */
-bool tp_utf8_valid(const char *s, size_t len);
+bool tp_proto_utf8_valid(const char *s, size_t len);
 
 #endif

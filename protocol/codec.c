@@ -1,0 +1,528 @@
+/* The generic codec: walks a message's schema table to decode a msgpack
+ * header into a tp_msg (strict types, ranges, counts) and to encode one. */
+#include "schema.h"
+
+#include <msgpack.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- decoder-owned allocations ---- */
+
+struct alloc {
+    struct alloc *next;
+    max_align_t data[];
+};
+
+static void *msg_alloc(tp_msg *m, size_t size)
+{
+    struct alloc *a = malloc(sizeof *a + (size ? size : 1));
+    if (!a)
+        return NULL;
+    a->next = m->owned_;
+    m->owned_ = a;
+    return a->data;
+}
+
+void tp_msg_init(tp_msg *m, tp_family family, uint8_t cmd)
+{
+    memset(m, 0, sizeof *m);
+    m->family = family;
+    m->cmd = cmd;
+}
+
+void tp_msg_clear(tp_msg *m)
+{
+    if (!m)
+        return;
+    for (struct alloc *a = m->owned_, *next; a; a = next) {
+        next = a->next;
+        free(a);
+    }
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- decode ---- */
+
+typedef struct dctx {
+    tp_msg *m;
+    tp_err *err;
+    bool lenient;
+} dctx;
+
+/* Fail with "path: message", remembering path as the offending field. */
+static int ferr(dctx *c, const char *path, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int ferr(dctx *c, const char *path, int code, const char *fmt, ...)
+{
+    char msg[TP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(c->m->bad_field, sizeof c->m->bad_field, "%s", path);
+    return tp_err_set(c->err, code, "%s: %s", path, msg);
+}
+
+static const char *type_name(msgpack_object_type t)
+{
+    switch (t) {
+    case MSGPACK_OBJECT_NIL: return "nil";
+    case MSGPACK_OBJECT_BOOLEAN: return "bool";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "integer";
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: return "float";
+    case MSGPACK_OBJECT_STR: return "str";
+    case MSGPACK_OBJECT_ARRAY: return "array";
+    case MSGPACK_OBJECT_MAP: return "map";
+    case MSGPACK_OBJECT_BIN: return "bin";
+    case MSGPACK_OBJECT_EXT: return "ext";
+    default: return "?";
+    }
+}
+
+static int want_type(dctx *c, const char *path, const msgpack_object *o, msgpack_object_type t, const char *what)
+{
+    if (o->type != t)
+        return ferr(c, path, TP_EFORMAT, "expected %s, got %s", what, type_name(o->type));
+    return 0;
+}
+
+/* An integer within [lo, hi] (as int64), or any u64 when is_u64. */
+static int get_int(dctx *c, const char *path, const msgpack_object *o, int64_t lo, int64_t hi, bool is_u64,
+                   uint64_t *u_out, int64_t *i_out)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        uint64_t u = o->via.u64;
+        if (is_u64) {
+            *u_out = u;
+            return 0;
+        }
+        if (u > (uint64_t)hi || (lo > 0 && u < (uint64_t)lo))
+            return ferr(c, path, TP_EINVAL, "%llu is outside [%lld, %lld]", (unsigned long long)u, (long long)lo,
+                        (long long)hi);
+        *i_out = (int64_t)u;
+        return 0;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        int64_t v = o->via.i64;
+        if (is_u64 || v < lo || v > hi)
+            return ferr(c, path, TP_EINVAL, "%lld is outside [%lld, %lld]", (long long)v,
+                        (long long)(is_u64 ? 0 : lo), (long long)(is_u64 ? INT64_MAX : hi));
+        *i_out = v;
+        return 0;
+    }
+    return ferr(c, path, TP_EFORMAT, "expected an integer, got %s", type_name(o->type));
+}
+
+static int get_str(dctx *c, const char *path, const msgpack_object *o, size_t max, unsigned flags, tp_str *out)
+{
+    int rc = want_type(c, path, o, MSGPACK_OBJECT_STR, "str");
+    if (rc)
+        return rc;
+    const char *p = o->via.str.size ? o->via.str.ptr : "";
+    size_t n = o->via.str.size;
+    if (n > max)
+        return ferr(c, path, TP_ERANGE, "%zu bytes, at most %zu", n, max);
+    if ((flags & FF_NONEMPTY) && n == 0)
+        return ferr(c, path, TP_EINVAL, "empty string");
+    if ((flags & FF_JOBID) && n > 0 && !tp_job_id_valid(p, n))
+        return ferr(c, path, TP_EINVAL, "not a job id (1-%d bytes of A-Z a-z 0-9 . _ : -)", TP_PROTO_MAX_JOB_ID);
+    if (!(flags & FF_BYTES) && !tp_proto_utf8_valid(p, n))
+        return ferr(c, path, TP_EINVAL, "invalid UTF-8");
+    out->ptr = p;
+    out->len = n;
+    return 0;
+}
+
+static int want_array(dctx *c, const char *path, const msgpack_object *o, size_t max)
+{
+    int rc = want_type(c, path, o, MSGPACK_OBJECT_ARRAY, "array");
+    if (rc)
+        return rc;
+    if (o->via.array.size > max)
+        return ferr(c, path, TP_ERANGE, "%u elements, at most %zu", o->via.array.size, max);
+    return 0;
+}
+
+static int get_matched(dctx *c, const char *path, const msgpack_object *o, tp_matched *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = -1;
+    if (o->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    if (o->type == MSGPACK_OBJECT_STR) {
+        out->kind = TP_MATCHED_STR;
+        return get_str(c, path, o, TP_PROTO_MAX_STOP_LEN, 0, &out->str);
+    }
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER || o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        int64_t v = 0;
+        int rc = get_int(c, path, o, 0, INT32_MAX, false, NULL, &v);
+        out->kind = TP_MATCHED_ID;
+        out->id = (int32_t)v;
+        return rc;
+    }
+    return ferr(c, path, TP_EFORMAT, "expected str, integer or nil, got %s", type_name(o->type));
+}
+
+static int decode_map(dctx *c, const table *t, char *base, const msgpack_object *o, const char *prefix);
+
+#define PATHLEN 160
+
+/* "path[i]", cut to fit (paths only appear in messages). */
+static void elem_path(char *out, size_t cap, const char *path, size_t i)
+{
+    int n = snprintf(out, cap, "%s[%zu]", path, i);
+    if (n < 0 || (size_t)n >= cap)
+        out[cap - 1] = '\0';
+}
+
+/* "prefix.key" (or "key" at the top). */
+static void key_path(char *out, size_t cap, const char *prefix, const char *key)
+{
+    int n = snprintf(out, cap, "%s%s%s", prefix, *prefix ? "." : "", key);
+    if (n < 0 || (size_t)n >= cap)
+        out[cap - 1] = '\0';
+}
+
+static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+{
+    int rc = want_array(c, path, o, f->max);
+    if (rc)
+        return rc;
+    size_t n = o->via.array.size;
+    tp_str *v = msg_alloc(c->m, n * sizeof *v);
+    if (!v)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        char p[PATHLEN];
+        elem_path(p, sizeof p, path, i);
+        if ((rc = get_str(c, p, &o->via.array.ptr[i], f->max_elem, f->flags, &v[i])))
+            return rc;
+    }
+    *(tp_str **)dst = v;
+    *(size_t *)(dst + sizeof(tp_str *)) = n;
+    return 0;
+}
+
+static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+{
+    int rc = want_array(c, path, o, f->max);
+    if (rc)
+        return rc;
+    size_t n = o->via.array.size;
+    int32_t *v = msg_alloc(c->m, n * sizeof *v);
+    if (!v)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        char p[PATHLEN];
+        int64_t x = 0;
+        elem_path(p, sizeof p, path, i);
+        if ((rc = get_int(c, p, &o->via.array.ptr[i], f->ilo, f->ihi, false, NULL, &x)))
+            return rc;
+        v[i] = (int32_t)x;
+    }
+    *(int32_t **)dst = v;
+    *(size_t *)(dst + sizeof(int32_t *)) = n;
+    return 0;
+}
+
+static int decode_stages(dctx *c, char *dst, const msgpack_object *o, const char *path)
+{
+    int rc = want_array(c, path, o, 4);
+    if (rc)
+        return rc;
+    unsigned bits = 0;
+    for (size_t i = 0; i < o->via.array.size; i++) {
+        char p[PATHLEN];
+        tp_str s;
+        elem_path(p, sizeof p, path, i);
+        if ((rc = get_str(c, p, &o->via.array.ptr[i], TP_PROTO_MAX_NAME, 0, &s)))
+            return rc;
+        int bit = tp_stage_parse(s.ptr, s.len);
+        if (bit < 0)
+            return ferr(c, p, TP_EINVAL, "'%.*s' is not one of tokenize, forward, sample, stop", (int)s.len, s.ptr);
+        if (bits & (unsigned)bit)
+            return ferr(c, p, TP_EINVAL, "stage '%.*s' given twice", (int)s.len, s.ptr);
+        bits |= (unsigned)bit;
+    }
+    *(unsigned *)dst = bits;
+    return 0;
+}
+
+static int decode_triggers(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+{
+    int rc = want_array(c, path, o, f->max);
+    if (rc)
+        return rc;
+    size_t n = o->via.array.size;
+    tp_trigger *v = msg_alloc(c->m, n * sizeof *v);
+    if (!v)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        char p[PATHLEN];
+        const msgpack_object *e = &o->via.array.ptr[i];
+        elem_path(p, sizeof p, path, i);
+        if ((rc = want_array(c, p, e, 16)))
+            return rc;
+        if (e->via.array.size < 3)
+            return ferr(c, p, TP_EFORMAT, "expected [matched, count, truncated]");
+        const msgpack_object *x = e->via.array.ptr;
+        if ((rc = get_matched(c, p, &x[0], &v[i].key)) ||
+            (rc = get_int(c, p, &x[1], 0, 0, true, &v[i].count, NULL)) ||
+            (rc = want_type(c, p, &x[2], MSGPACK_OBJECT_BOOLEAN, "bool")))
+            return rc;
+        v[i].truncated = x[2].via.boolean;
+    }
+    *(tp_trigger **)dst = v;
+    *(size_t *)(dst + sizeof(tp_trigger *)) = n;
+    return 0;
+}
+
+static int decode_named(dctx *c, char *dst, const msgpack_object *o, const char *path, bool reason)
+{
+    tp_str s;
+    int rc = get_str(c, path, o, TP_PROTO_MAX_NAME, 0, &s);
+    if (rc)
+        return rc;
+    int v = reason ? tp_reason_parse(s.ptr, s.len) : tp_state_parse(s.ptr, s.len);
+    if (v < 0)
+        return ferr(c, path, TP_EINVAL, "unknown %s '%.*s'", reason ? "finish reason" : "state", (int)s.len, s.ptr);
+    *(int *)dst = v;
+    return 0;
+}
+
+static int decode_f64(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+{
+    double v;
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+        v = o->via.f64;
+    else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        v = (double)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        v = (double)o->via.i64;
+    else
+        return ferr(c, path, TP_EFORMAT, "expected a number, got %s", type_name(o->type));
+    bool open = f->flags & FF_LO_OPEN;
+    if (!(open ? v > f->flo : v >= f->flo) || !(v <= f->fhi))  /* written so NaN fails */
+        return ferr(c, path, TP_EINVAL, "%g is outside %c%g, %g]", v, open ? '(' : '[', f->flo, f->fhi);
+    *(double *)dst = v;
+    return 0;
+}
+
+static int decode_value(dctx *c, const field *f, char *base, const msgpack_object *o, const char *path)
+{
+    char *dst = base + f->off;
+    uint64_t u = 0;
+    int64_t i = 0;
+    int rc;
+    switch (f->type) {
+    case FT_U64:
+        if ((rc = get_int(c, path, o, 0, 0, true, &u, NULL)))
+            return rc;
+        *(uint64_t *)dst = u;
+        return 0;
+    case FT_U32:
+    case FT_I32:
+    case FT_I64:
+        if ((rc = get_int(c, path, o, f->ilo, f->ihi, false, NULL, &i)))
+            return rc;
+        if (f->type == FT_U32)
+            *(uint32_t *)dst = (uint32_t)i;
+        else if (f->type == FT_I32)
+            *(int32_t *)dst = (int32_t)i;
+        else
+            *(int64_t *)dst = i;
+        return 0;
+    case FT_F64: return decode_f64(c, f, dst, o, path);
+    case FT_BOOL:
+        if ((rc = want_type(c, path, o, MSGPACK_OBJECT_BOOLEAN, "bool")))
+            return rc;
+        *(bool *)dst = o->via.boolean;
+        return 0;
+    case FT_STR: return get_str(c, path, o, f->max, f->flags, (tp_str *)dst);
+    case FT_STRS: return decode_strs(c, f, dst, o, path);
+    case FT_I32S: return decode_i32s(c, f, dst, o, path);
+    case FT_MATCHED: return get_matched(c, path, o, (tp_matched *)dst);
+    case FT_REASON: return decode_named(c, dst, o, path, true);
+    case FT_STATE: return decode_named(c, dst, o, path, false);
+    case FT_STAGES: return decode_stages(c, dst, o, path);
+    case FT_MAP: return decode_map(c, f->sub, dst, o, path);
+    case FT_TRIGGERS: return decode_triggers(c, f, dst, o, path);
+    }
+    return ferr(c, path, TP_EINVAL, "internal: unknown field type");
+}
+
+/* A key for an error message: printable ASCII only, shortened. */
+static void show_key(char *out, size_t cap, const char *k, size_t n)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < n && j + 1 < cap && i < 40; i++)
+        out[j++] = (k[i] >= 0x20 && k[i] < 0x7f) ? k[i] : '?';
+    out[j] = '\0';
+}
+
+static int decode_map(dctx *c, const table *t, char *base, const msgpack_object *o, const char *prefix)
+{
+    const char *where = *prefix ? prefix : "header";
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return ferr(c, where, TP_EFORMAT, "expected a map, got %s", type_name(o->type));
+    uint64_t seen = 0;
+    for (uint32_t k = 0; k < o->via.map.size; k++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[k];
+        if (kv->key.type != MSGPACK_OBJECT_STR)
+            return ferr(c, where, TP_EFORMAT, "key #%u is %s, keys must be str", k, type_name(kv->key.type));
+        const char *key = kv->key.via.str.ptr;
+        size_t klen = kv->key.via.str.size;
+        size_t fi = 0;
+        while (t->fields[fi].key && !(strlen(t->fields[fi].key) == klen && !memcmp(t->fields[fi].key, key, klen)))
+            fi++;
+        char path[PATHLEN], shown[48];
+        show_key(shown, sizeof shown, key, klen);
+        key_path(path, sizeof path, prefix, shown);
+        if (!t->fields[fi].key) {
+            if (c->lenient)
+                continue;
+            return ferr(c, path, TP_EINVAL, "unknown key");
+        }
+        if (seen & (1ull << fi))
+            return ferr(c, path, TP_EFORMAT, "key given twice");
+        seen |= 1ull << fi;
+        const field *f = &t->fields[fi];
+        int rc = decode_value(c, f, base, &kv->val, path);
+        if (rc)
+            return rc;
+        if (f->setbit && t->set_off >= 0)
+            *(uint32_t *)(base + t->set_off) |= f->setbit;
+    }
+    for (size_t fi = 0; t->fields[fi].key; fi++)
+        if ((t->fields[fi].flags & FF_REQUIRED) && !(seen & (1ull << fi))) {
+            char path[PATHLEN];
+            key_path(path, sizeof path, prefix, t->fields[fi].key);
+            return ferr(c, path, TP_EFORMAT, "missing key");
+        }
+    return 0;
+}
+
+/* After a failure: read req / task if the header has them, so the error
+ * reply can still be matched to its request. */
+static void salvage_ids(tp_msg *m, const msgpack_object *o)
+{
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return;
+    for (uint32_t k = 0; k < o->via.map.size; k++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[k];
+        if (kv->key.type != MSGPACK_OBJECT_STR || kv->val.type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+            continue;
+        if (kv->key.via.str.size == 3 && !memcmp(kv->key.via.str.ptr, "req", 3))
+            m->req = kv->val.via.u64;
+        if (kv->key.via.str.size == 4 && !memcmp(kv->key.via.str.ptr, "task", 4))
+            m->task = kv->val.via.u64;
+    }
+}
+
+static int decode_header(dctx *c, const mdesc *d, const tp_frame *h)
+{
+    if (h->len > TP_PROTO_MAX_HEADER)
+        return ferr(c, "header", TP_ERANGE, "%zu bytes, at most %u", h->len, TP_PROTO_MAX_HEADER);
+    int rc = mp_prescan(h->data, h->len, c->err);
+    if (rc) {
+        snprintf(c->m->bad_field, sizeof c->m->bad_field, "header");
+        return rc;
+    }
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    msgpack_unpack_return r = msgpack_unpack_next(&u, h->data, h->len, &off);
+    if (r != MSGPACK_UNPACK_SUCCESS || off != h->len) {
+        msgpack_unpacked_destroy(&u);
+        return ferr(c, "header", r == MSGPACK_UNPACK_NOMEM_ERROR ? TP_ENOMEM : TP_EFORMAT, "not valid msgpack");
+    }
+    rc = decode_map(c, d->hdr, (char *)c->m, &u.data, "");
+    if (rc)
+        salvage_ids(c->m, &u.data);
+    msgpack_unpacked_destroy(&u);
+    return rc;
+}
+
+static int decode_payload(dctx *c, const mdesc *d, const tp_frame *f, size_t n)
+{
+    static const char empty[1];
+    size_t k = 0;
+    for (; d->frames[k].name; k++) {
+        const pframe *p = &d->frames[k];
+        if (k >= n) {
+            if (p->optional)
+                continue;
+            return ferr(c, p->name, TP_EFORMAT, "payload frame missing");
+        }
+        if (f[k].len > TP_PROTO_MAX_PAYLOAD)
+            return ferr(c, p->name, TP_ERANGE, "frame of %zu bytes, at most %u", f[k].len, TP_PROTO_MAX_PAYLOAD);
+        if (f[k].len % p->esize)
+            return ferr(c, p->name, TP_EFORMAT, "frame length %zu is not a multiple of %u", f[k].len, p->esize);
+        tp_raw *r = (tp_raw *)((char *)c->m + p->off);
+        r->data = f[k].data ? f[k].data : empty;
+        r->n = f[k].len / p->esize;
+    }
+    if (n > k)
+        return ferr(c, "payload", TP_EFORMAT, "%zu frames after the header, at most %zu", n, k);
+    return 0;
+}
+
+static uint32_t status_for(int rc)
+{
+    switch (rc) {
+    case TP_ERANGE: return TP_ST_TOO_LARGE;
+    case TP_ENOMEM: return TP_ST_INTERNAL;
+    default: return TP_ST_BAD_REQUEST;
+    }
+}
+
+static int decode_frames(dctx *c, tp_family family, const tp_frame *frames, size_t n)
+{
+    tp_msg *m = c->m;
+    size_t at = family == TP_FAM_EVT ? 1 : 0;
+    const char *magic = schema_magic(family);
+    if (!magic)
+        return tp_err_set(c->err, TP_EINVAL, "unknown protocol family %d", (int)family);
+    if (n < at + 1 || frames[at].len != TP_MAGIC_LEN || memcmp(frames[at].data, magic, TP_MAGIC_LEN)) {
+        m->status = TP_ST_BAD_VERSION;
+        return ferr(c, "F0", TP_EFORMAT, "expected magic+version '%s'", magic);
+    }
+    if (n < at + 3)
+        return ferr(c, "frames", TP_EFORMAT, "%zu frames, need at least %zu (magic, command, header)", n, at + 3);
+    if (n > at + 3 + TP_PROTO_MAX_FRAMES)
+        return ferr(c, "frames", TP_ERANGE, "%zu frames, at most %zu", n, at + 3 + (size_t)TP_PROTO_MAX_FRAMES);
+    if (frames[at + 1].len != 1)
+        return ferr(c, "F1", TP_EFORMAT, "command frame of %zu bytes, must be 1", frames[at + 1].len);
+    uint8_t cmd = *(const uint8_t *)frames[at + 1].data;
+    const mdesc *d = schema_find(family, cmd);
+    if (!d) {
+        m->status = TP_ST_UNKNOWN_COMMAND;
+        return ferr(c, "F1", TP_ENOTFOUND, "unknown %s command 0x%02x", magic, cmd);
+    }
+    m->cmd = cmd;
+    c->lenient = d->lenient;
+    if (at) {
+        m->topic.ptr = frames[0].len ? frames[0].data : "";
+        m->topic.len = frames[0].len;
+    }
+    int rc = decode_header(c, d, &frames[at + 2]);
+    if (!rc)
+        rc = decode_payload(c, d, frames + at + 3, n - at - 3);
+    if (!rc && d->check && (rc = d->check(m, c->err)))
+        snprintf(m->bad_field, sizeof m->bad_field, "%.*s", (int)strcspn(c->err->msg, ":"), c->err->msg);
+    return rc;
+}
+
+int tp_proto_decode(tp_family family, const tp_frame *frames, size_t n_frames, tp_msg *out, tp_err *err)
+{
+    tp_err local;
+    memset(out, 0, sizeof *out);
+    out->family = family;
+    dctx c = {out, err ? err : &local, false};
+    int rc = decode_frames(&c, family, frames, n_frames);
+    if (rc && out->status == 0)
+        out->status = status_for(rc);
+    return rc;
+}

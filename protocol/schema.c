@@ -1,0 +1,531 @@
+/* The schema of every message (PROTOCOL.md in table form) and the
+ * cross-field rules no single field can check. */
+#include "schema.h"
+
+#include <float.h>
+#include <stdio.h>
+
+#define M(member) offsetof(tp_msg, member)
+#define P(member) offsetof(tp_params, member)
+#define END {.key = NULL}
+
+#define F_U32(k, o, fl, lo, hi) {.key = k, .type = FT_U32, .off = o, .flags = fl, .ilo = lo, .ihi = hi}
+#define F_U64(k, o, fl) {.key = k, .type = FT_U64, .off = o, .flags = fl}
+#define F_I32(k, o, fl, lo, hi) {.key = k, .type = FT_I32, .off = o, .flags = fl, .ilo = lo, .ihi = hi}
+#define F_I64(k, o, fl, lo, hi) {.key = k, .type = FT_I64, .off = o, .flags = fl, .ilo = lo, .ihi = hi}
+#define F_BOOL(k, o, fl) {.key = k, .type = FT_BOOL, .off = o, .flags = fl}
+#define F_STR(k, o, fl, mx) {.key = k, .type = FT_STR, .off = o, .flags = fl, .max = mx}
+#define F_JOBID(k, o, fl) F_STR(k, o, (fl) | FF_JOBID, TP_PROTO_MAX_JOB_ID)
+
+#define REQ F_U64("req", M(req), 0)
+#define TASK F_U64("task", M(task), FF_REQUIRED)
+#define STATUS F_U32("status", M(status), FF_REQUIRED, 100, 599)
+#define ERROR F_STR("error", M(error), 0, TP_PROTO_MAX_ERROR)
+#define SLOT(o) F_U32("slot", o, FF_REQUIRED, 0, UINT32_MAX)
+#define STEPNO(o) F_U64("step", o, FF_REQUIRED)
+#define COUNT(k, o, lo, hi) F_U32(k, o, FF_REQUIRED, lo, hi)
+
+/* ---- generation parameters ---- */
+
+static const field params_fields[] = {
+    {.key = "max_tokens", .type = FT_I32, .off = P(max_tokens), .ilo = 1, .ihi = INT32_MAX, .setbit = TP_P_MAX_TOKENS},
+    {.key = "min_tokens", .type = FT_I32, .off = P(min_tokens), .ilo = 0, .ihi = INT32_MAX, .setbit = TP_P_MIN_TOKENS},
+    {.key = "temperature", .type = FT_F64, .off = P(temperature), .flo = 0, .fhi = DBL_MAX, .setbit = TP_P_TEMPERATURE},
+    {.key = "top_p", .type = FT_F64, .off = P(top_p), .flags = FF_LO_OPEN, .flo = 0, .fhi = 1, .setbit = TP_P_TOP_P},
+    {.key = "top_k", .type = FT_I32, .off = P(top_k), .ilo = 0, .ihi = INT32_MAX, .setbit = TP_P_TOP_K},
+    {.key = "min_p", .type = FT_F64, .off = P(min_p), .flo = 0, .fhi = 1, .setbit = TP_P_MIN_P},
+    {.key = "repetition_penalty", .type = FT_F64, .off = P(repetition_penalty), .flags = FF_LO_OPEN,
+     .flo = 0, .fhi = DBL_MAX, .setbit = TP_P_REPETITION_PENALTY},
+    {.key = "presence_penalty", .type = FT_F64, .off = P(presence_penalty), .flo = -2, .fhi = 2,
+     .setbit = TP_P_PRESENCE_PENALTY},
+    {.key = "frequency_penalty", .type = FT_F64, .off = P(frequency_penalty), .flo = -2, .fhi = 2,
+     .setbit = TP_P_FREQUENCY_PENALTY},
+    {.key = "seed", .type = FT_U64, .off = P(seed), .setbit = TP_P_SEED},
+    {.key = "stop", .type = FT_STRS, .off = P(stop), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_STOP,
+     .max_elem = TP_PROTO_MAX_STOP_LEN, .setbit = TP_P_STOP},
+    {.key = "stop_token_ids", .type = FT_I32S, .off = P(stop_token_ids), .ilo = 0, .ihi = INT32_MAX,
+     .max = TP_PROTO_MAX_STOP_IDS, .setbit = TP_P_STOP_TOKEN_IDS},
+    {.key = "ignore_eos", .type = FT_BOOL, .off = P(ignore_eos), .setbit = TP_P_IGNORE_EOS},
+    {.key = "include_stop_str_in_output", .type = FT_BOOL, .off = P(include_stop_str_in_output),
+     .setbit = TP_P_INCLUDE_STOP},
+    END,
+};
+static const table params_table = {params_fields, (long)P(set)};
+
+#define PARAMS(o) {.key = "params", .type = FT_MAP, .off = o, .sub = &params_table}
+
+/* ---- JOB1 ---- */
+
+static const field submit_f[] = {
+    REQ, F_JOBID("job_id", M(submit.job_id), 0),
+    F_STR("prompt", M(submit.prompt), 0, TP_PROTO_MAX_PROMPT),
+    PARAMS(M(submit.params)), END,
+};
+static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
+
+static const field ack_f[] = {
+    REQ, STATUS, ERROR, F_JOBID("job_id", M(ack.job_id), FF_REQUIRED),
+    F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME), END,
+};
+static const field error_f[] = {
+    REQ, STATUS, F_STR("error", M(error), FF_REQUIRED, TP_PROTO_MAX_ERROR),
+    F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME), END,
+};
+static const field jobref_f[] = {REQ, F_JOBID("job_id", M(jobref.job_id), FF_REQUIRED | FF_NONEMPTY), END};
+
+#define SR(m) M(status_reply.m)
+static const field status_reply_f[] = {
+    REQ, STATUS, ERROR, F_JOBID("job_id", SR(job_id), FF_REQUIRED),
+    {.key = "state", .type = FT_STATE, .off = SR(state), .flags = FF_REQUIRED},
+    F_U32("prompt_tokens", SR(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("completion_tokens", SR(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    F_I64("last_seq", SR(last_seq), FF_REQUIRED, -1, UINT32_MAX),
+    {.key = "reason", .type = FT_REASON, .off = SR(reason)},
+    {.key = "matched", .type = FT_MATCHED, .off = SR(matched)},
+    F_STR("text", SR(text), 0, TP_PROTO_MAX_TEXT),
+    F_STR("job_error", SR(job_error), 0, TP_PROTO_MAX_ERROR),
+    F_U64("queue_us", SR(timings.queue_us), 0), F_U64("ttft_us", SR(timings.ttft_us), 0),
+    F_U64("total_us", SR(timings.total_us), 0), END,
+};
+static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, {NULL, 0, 0, 0}};
+
+static const field stats_f[] = {REQ, END};
+
+static const field workers_fields[] = {
+    F_U64("tokenize", 0, 0), F_U64("forward", 8, 0), F_U64("sample", 16, 0), F_U64("stop", 24, 0), END,
+};
+static const table workers_table = {workers_fields, -1};
+static const field finish_fields[] = {
+    F_U64("stop_string", 8 * TP_REASON_STOP_STRING, 0), F_U64("stop_token", 8 * TP_REASON_STOP_TOKEN, 0),
+    F_U64("eos", 8 * TP_REASON_EOS, 0), F_U64("length", 8 * TP_REASON_LENGTH, 0),
+    F_U64("cancelled", 8 * TP_REASON_CANCELLED, 0), F_U64("error", 8 * TP_REASON_ERROR, 0), END,
+};
+static const table finish_table = {finish_fields, -1};
+
+#define ST(m) M(stats_reply.m)
+static const field stats_reply_f[] = {
+    REQ, STATUS, ERROR,
+    F_U64("uptime_ms", ST(uptime_ms), 0), F_U64("jobs_submitted", ST(jobs_submitted), 0),
+    F_U64("jobs_rejected", ST(jobs_rejected), 0), F_U64("jobs_active", ST(jobs_active), 0),
+    F_U64("jobs_finished", ST(jobs_finished), 0), F_U64("tokens_generated", ST(tokens_generated), 0),
+    F_U64("events_published", ST(events_published), 0), F_U64("malformed_front", ST(malformed_front), 0),
+    F_U64("malformed_back", ST(malformed_back), 0), F_U64("malformed_events", ST(malformed_events), 0),
+    {.key = "workers", .type = FT_MAP, .off = ST(workers), .flags = FF_REQUIRED, .sub = &workers_table},
+    {.key = "finish", .type = FT_MAP, .off = ST(finish), .flags = FF_REQUIRED, .sub = &finish_table},
+    {.key = "stop_triggers", .type = FT_TRIGGERS, .off = ST(triggers), .flags = FF_REQUIRED,
+     .max = TP_PROTO_MAX_TRIGGERS},
+    F_U64("triggers_other", ST(triggers_other), 0), END,
+};
+
+/* ---- EVT1 ---- */
+
+static const field token_f[] = {
+    F_JOBID("job_id", M(token.job_id), FF_REQUIRED | FF_NONEMPTY),
+    F_U32("seq", M(token.seq), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("index", M(token.index), FF_REQUIRED, 0, UINT32_MAX),
+    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), END,
+};
+static const pframe token_p[] = {{"ids", M(token.ids), 4, 0}, {NULL, 0, 0, 0}};
+
+#define FI(m) M(finish.m)
+static const field finish_f[] = {
+    F_JOBID("job_id", FI(job_id), FF_REQUIRED | FF_NONEMPTY),
+    F_U32("seq", FI(seq), FF_REQUIRED, 0, UINT32_MAX),
+    {.key = "reason", .type = FT_REASON, .off = FI(reason), .flags = FF_REQUIRED},
+    {.key = "matched", .type = FT_MATCHED, .off = FI(matched), .flags = FF_REQUIRED},
+    F_STR("text", FI(text), FF_REQUIRED, TP_PROTO_MAX_TEXT),
+    F_STR("error", FI(job_error), 0, TP_PROTO_MAX_ERROR),
+    F_U32("prompt_tokens", FI(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("completion_tokens", FI(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    F_U64("text_len", FI(text_len), FF_REQUIRED), F_U64("queue_us", FI(timings.queue_us), FF_REQUIRED),
+    F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
+    END,
+};
+
+/* ---- WRK1 control ---- */
+
+#define RD(m) M(ready.m)
+static const field ready_f[] = {
+    {.key = "stages", .type = FT_STAGES, .off = RD(stages), .flags = FF_REQUIRED},
+    F_STR("instance", RD(instance), FF_REQUIRED | FF_NONEMPTY, TP_PROTO_MAX_NAME),
+    F_U64("incarnation", RD(incarnation), FF_REQUIRED),
+    F_U32("capacity", RD(capacity), FF_REQUIRED, 1, UINT32_MAX),
+    F_U32("heartbeat_ms", RD(heartbeat_ms), FF_REQUIRED, 0, UINT32_MAX),
+    F_STR("model_id", RD(model_id), FF_REQUIRED, TP_PROTO_MAX_MODEL_ID),
+    F_U32("vocab_size", RD(vocab_size), FF_REQUIRED, 0, TP_PROTO_MAX_VOCAB),
+    F_I32("bos_id", RD(bos_id), FF_REQUIRED, -1, INT32_MAX),
+    F_I32("eos_id", RD(eos_id), FF_REQUIRED, -1, INT32_MAX),
+    F_U32("seq_len", RD(seq_len), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("max_batch_tokens", RD(max_batch_tokens), FF_REQUIRED, 0, UINT32_MAX), END,
+};
+static const field welcome_f[] = {
+    F_U64("incarnation", M(welcome.incarnation), FF_REQUIRED),
+    F_U32("heartbeat_ms", M(welcome.heartbeat_ms), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("liveness", M(welcome.liveness), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("worker_no", M(welcome.worker_no), FF_REQUIRED, 0, UINT32_MAX), END,
+};
+static const field heartbeat_f[] = {
+    F_U64("progress", M(heartbeat.progress), 0),
+    F_U32("inflight", M(heartbeat.inflight), 0, 0, UINT32_MAX), END,
+};
+static const field disconnect_f[] = {F_STR("reason", M(disconnect.reason), FF_REQUIRED, TP_PROTO_MAX_ERROR), END};
+static const field result_f[] = {TASK, STATUS, ERROR, END};
+
+/* ---- WRK1 stages ---- */
+
+static const field tokenize_f[] = {
+    TASK, SLOT(M(tokenize.slot)), F_STR("text", M(tokenize.text), FF_REQUIRED, TP_PROTO_MAX_PROMPT),
+    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED), END,
+};
+static const field tokenized_f[] = {TASK, STATUS, ERROR, SLOT(M(tokenized.slot)), END};
+static const pframe tokenized_p[] = {{"ids", M(tokenized.ids), 4, 1}, {NULL, 0, 0, 0}};
+
+static const field slot_f[] = {TASK, SLOT(M(slot.slot)), END};
+
+#define SP(m) M(step.m)
+static const field step_f[] = {
+    TASK, STEPNO(SP(step)), COUNT("n", SP(n), 1, TP_PROTO_MAX_ITEMS),
+    COUNT("n_tokens", SP(n_tokens), 1, TP_PROTO_MAX_IDS), F_BOOL("sample", SP(sample), FF_REQUIRED), END,
+};
+static const pframe step_p[] = {
+    {"slots", SP(slots), 4, 0}, {"pos", SP(pos), 4, 0}, {"ntok", SP(ntok), 4, 0},
+    {"flags", SP(flags), 1, 0}, {"tokens", SP(tokens), 4, 0}, {"accepted", SP(accepted), 4, 0},
+    {NULL, 0, 0, 0},
+};
+
+#define SR2(m) M(step_result.m)
+static const field step_result_f[] = {
+    TASK, STATUS, ERROR, STEPNO(SR2(step)), COUNT("n", SR2(n), 0, TP_PROTO_MAX_ITEMS),
+    COUNT("vocab", SR2(vocab), 0, TP_PROTO_MAX_VOCAB), F_BOOL("sampled", SR2(sampled), FF_REQUIRED), END,
+};
+static const pframe step_result_p[] = {{"slots", SR2(slots), 4, 1}, {"out", SR2(out), 4, 1}, {NULL, 0, 0, 0}};
+
+static const field sample_open_f[] = {
+    TASK, SLOT(M(sample_open.slot)), PARAMS(M(sample_open.params)),
+    {.key = "ban_ids", .type = FT_I32S, .off = M(sample_open.ban_ids), .ilo = 0, .ihi = INT32_MAX,
+     .max = TP_PROTO_MAX_STOP_IDS + 16},
+    END,
+};
+static const pframe sample_open_p[] = {{"context", M(sample_open.context), 4, 0}, {NULL, 0, 0, 0}};
+
+static const field sample_f[] = {
+    TASK, STEPNO(M(sample.step)), COUNT("n", M(sample.n), 1, TP_PROTO_MAX_ITEMS),
+    COUNT("vocab", M(sample.vocab), 1, TP_PROTO_MAX_VOCAB), END,
+};
+static const pframe sample_p[] = {
+    {"slots", M(sample.slots), 4, 0}, {"index", M(sample.index), 4, 0},
+    {"accepted", M(sample.accepted), 4, 0}, {"logits", M(sample.logits), 4, 0}, {NULL, 0, 0, 0},
+};
+
+static const field sampled_f[] = {TASK, STATUS, ERROR, STEPNO(M(sampled.step)),
+                                  COUNT("n", M(sampled.n), 0, TP_PROTO_MAX_ITEMS), END};
+static const pframe sampled_p[] = {
+    {"slots", M(sampled.slots), 4, 1}, {"candidates", M(sampled.candidates), 4, 1}, {NULL, 0, 0, 0},
+};
+
+#define SO(m) M(stop_open.m)
+static const field stop_open_f[] = {
+    TASK, SLOT(SO(slot)), F_JOBID("job_id", SO(job_id), FF_REQUIRED | FF_NONEMPTY), PARAMS(SO(params)),
+    F_U32("prompt_tokens", SO(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    F_I32("prev_token", SO(prev_token), FF_REQUIRED, -1, INT32_MAX),
+    F_U32("next_seq", SO(next_seq), FF_REQUIRED, 0, UINT32_MAX),
+    F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED), END,
+};
+static const pframe stop_open_p[] = {{"replay", SO(replay), 4, 0}, {NULL, 0, 0, 0}};
+
+static const field stop_close_f[] = {
+    TASK, SLOT(M(stop_close.slot)),
+    {.key = "finish", .type = FT_REASON, .off = M(stop_close.finish), .flags = FF_REQUIRED},
+    F_STR("error", M(stop_close.job_error), 0, TP_PROTO_MAX_ERROR), END,
+};
+
+static const field stop_step_f[] = {TASK, STEPNO(M(stop_step.step)),
+                                    COUNT("n", M(stop_step.n), 1, TP_PROTO_MAX_ITEMS), END};
+static const pframe stop_step_p[] = {
+    {"slots", M(stop_step.slots), 4, 0}, {"candidates", M(stop_step.candidates), 4, 0}, {NULL, 0, 0, 0},
+};
+
+static const field verdicts_f[] = {TASK, STATUS, ERROR, STEPNO(M(verdicts.step)),
+                                   COUNT("n", M(verdicts.n), 0, TP_PROTO_MAX_ITEMS), END};
+static const pframe verdicts_p[] = {
+    {"slots", M(verdicts.slots), 4, 1}, {"accepted", M(verdicts.accepted), 1, 1},
+    {"finish", M(verdicts.finish), 1, 1}, {NULL, 0, 0, 0},
+};
+
+/* ---- cross-field rules ---- */
+
+static int params_check(const tp_params *p, const char *path, tp_err *err)
+{
+    if ((p->set & TP_P_MIN_TOKENS) && (p->set & TP_P_MAX_TOKENS) && p->min_tokens > p->max_tokens)
+        return tp_err_set(err, TP_EINVAL, "%s.min_tokens: %d is greater than max_tokens %d", path,
+                          (int)p->min_tokens, (int)p->max_tokens);
+    return 0;
+}
+
+static int want_count(tp_raw r, size_t n, const char *what, tp_err *err)
+{
+    if (r.n != n)
+        return tp_err_set(err, TP_EFORMAT, "%s: %zu elements, header says %zu", what, r.n, n);
+    return 0;
+}
+
+static int check_submit(tp_msg *m, tp_err *err)
+{
+    tp_m_submit *s = &m->submit;
+    bool ids = s->prompt_ids.data != NULL;
+    if (s->prompt.ptr && ids)
+        return tp_err_set(err, TP_EFORMAT, "prompt: give either prompt text or a prompt_ids frame, not both");
+    if (!s->prompt.ptr && !ids)
+        return tp_err_set(err, TP_EFORMAT, "prompt: missing (no prompt key and no prompt_ids frame)");
+    if (ids && s->prompt_ids.n < 1)
+        return tp_err_set(err, TP_EINVAL, "prompt_ids: empty frame, need at least one id");
+    if (ids && s->prompt_ids.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "prompt_ids: %zu ids, at most %u", s->prompt_ids.n, TP_PROTO_MAX_IDS);
+    for (size_t i = 0; ids && i < s->prompt_ids.n; i++)
+        if (tp_raw_i32(s->prompt_ids, i) < 0)
+            return tp_err_set(err, TP_EINVAL, "prompt_ids[%zu]: negative id %d", i, (int)tp_raw_i32(s->prompt_ids, i));
+    return params_check(&s->params, "params", err);
+}
+
+static int check_status_reply(tp_msg *m, tp_err *err)
+{
+    tp_m_status_reply *r = &m->status_reply;
+    bool done = r->state == TP_STATE_FINISHED;
+    if (done && r->reason == TP_REASON_NONE)
+        return tp_err_set(err, TP_EFORMAT, "reason: missing for a finished job");
+    if (!done && r->tokens.data)
+        return tp_err_set(err, TP_EFORMAT, "tokens: frame present but the job is not finished");
+    if (done && !r->tokens.data)
+        return tp_err_set(err, TP_EFORMAT, "tokens: frame missing for a finished job");
+    return 0;
+}
+
+static int check_stats_reply(tp_msg *m, tp_err *err)
+{
+    (void)m, (void)err;
+    return 0;
+}
+
+static int check_topic(tp_str job_id, tp_str topic, tp_err *err)
+{
+    if (topic.len != job_id.len || memcmp(topic.ptr, job_id.ptr, job_id.len))
+        return tp_err_set(err, TP_EFORMAT, "topic: frame differs from job_id");
+    return 0;
+}
+
+static int check_finish(tp_msg *m, tp_err *err)
+{
+    if (m->finish.reason == TP_REASON_NONE)
+        return tp_err_set(err, TP_EINVAL, "reason: 'none' is not a finish reason");
+    return 0;
+}
+
+static int check_ready(tp_msg *m, tp_err *err)
+{
+    if (!m->ready.stages)
+        return tp_err_set(err, TP_EINVAL, "stages: empty");
+    return 0;
+}
+
+static int check_tokenized(tp_msg *m, tp_err *err)
+{
+    bool ok = m->status == TP_ST_OK;
+    if (ok != (m->tokenized.ids.data != NULL))
+        return tp_err_set(err, TP_EFORMAT, "ids: frame must be present iff status is 200");
+    if (ok && m->tokenized.ids.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "ids: %zu ids, at most %u", m->tokenized.ids.n, TP_PROTO_MAX_IDS);
+    return 0;
+}
+
+static int check_step(tp_msg *m, tp_err *err)
+{
+    tp_m_step *s = &m->step;
+    int rc;
+    if ((rc = want_count(s->slots, s->n, "slots", err)) || (rc = want_count(s->pos, s->n, "pos", err)) ||
+        (rc = want_count(s->ntok, s->n, "ntok", err)) || (rc = want_count(s->flags, s->n, "flags", err)) ||
+        (rc = want_count(s->tokens, s->n_tokens, "tokens", err)) ||
+        (rc = want_count(s->accepted, s->n, "accepted", err)))
+        return rc;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        uint32_t k = tp_raw_u32(s->ntok, i);
+        if (k < 1)
+            return tp_err_set(err, TP_EINVAL, "ntok[%zu]: an item needs at least one token", i);
+        sum += k;
+    }
+    if (sum != s->n_tokens)
+        return tp_err_set(err, TP_EFORMAT, "ntok: sum %llu differs from n_tokens %u", (unsigned long long)sum,
+                          s->n_tokens);
+    return 0;
+}
+
+/* Replies whose payload frames are present iff status is 200. */
+static int ok_frames(const tp_msg *m, const tp_raw *first, tp_err *err)
+{
+    bool ok = m->status == TP_ST_OK;
+    if (ok != (first->data != NULL))
+        return tp_err_set(err, TP_EFORMAT, "payload: frames must be present iff status is 200");
+    return 0;
+}
+
+static int check_step_result(tp_msg *m, tp_err *err)
+{
+    tp_m_step_result *r = &m->step_result;
+    int rc = ok_frames(m, &r->slots, err);
+    if (rc || m->status != TP_ST_OK)
+        return rc;
+    if (!r->out.data)
+        return tp_err_set(err, TP_EFORMAT, "out: frame missing");
+    if (r->sampled && r->vocab != 0)
+        return tp_err_set(err, TP_EINVAL, "vocab: must be 0 when sampled");
+    if (!r->sampled && r->vocab == 0 && r->n > 0)
+        return tp_err_set(err, TP_EINVAL, "vocab: 0 with logits");
+    if ((rc = want_count(r->slots, r->n, "slots", err)))
+        return rc;
+    return want_count(r->out, r->sampled ? r->n : (size_t)r->n * r->vocab, "out", err);
+}
+
+static int check_sample_open(tp_msg *m, tp_err *err)
+{
+    if (m->sample_open.context.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "context: more than %u ids", TP_PROTO_MAX_IDS);
+    return params_check(&m->sample_open.params, "params", err);
+}
+
+static int check_sample(tp_msg *m, tp_err *err)
+{
+    tp_m_sample *s = &m->sample;
+    int rc;
+    if ((rc = want_count(s->slots, s->n, "slots", err)) || (rc = want_count(s->index, s->n, "index", err)) ||
+        (rc = want_count(s->accepted, s->n, "accepted", err)))
+        return rc;
+    return want_count(s->logits, (size_t)s->n * s->vocab, "logits", err);
+}
+
+static int check_sampled(tp_msg *m, tp_err *err)
+{
+    int rc = ok_frames(m, &m->sampled.slots, err);
+    if (rc || m->status != TP_ST_OK)
+        return rc;
+    if ((rc = want_count(m->sampled.slots, m->sampled.n, "slots", err)))
+        return rc;
+    return want_count(m->sampled.candidates, m->sampled.n, "candidates", err);
+}
+
+static int check_stop_open(tp_msg *m, tp_err *err)
+{
+    if (m->stop_open.replay.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "replay: more than %u ids", TP_PROTO_MAX_IDS);
+    return params_check(&m->stop_open.params, "params", err);
+}
+
+static int check_stop_close(tp_msg *m, tp_err *err)
+{
+    int f = m->stop_close.finish;
+    if (f != TP_REASON_NONE && f != TP_REASON_CANCELLED && f != TP_REASON_ERROR)
+        return tp_err_set(err, TP_EINVAL, "finish: '%s' is not one of none, cancelled, error", tp_reason_name(f));
+    return 0;
+}
+
+static int check_stop_step(tp_msg *m, tp_err *err)
+{
+    int rc = want_count(m->stop_step.slots, m->stop_step.n, "slots", err);
+    return rc ? rc : want_count(m->stop_step.candidates, m->stop_step.n, "candidates", err);
+}
+
+static int check_verdicts(tp_msg *m, tp_err *err)
+{
+    tp_m_verdicts *v = &m->verdicts;
+    int rc = ok_frames(m, &v->slots, err);
+    if (rc || m->status != TP_ST_OK)
+        return rc;
+    if ((rc = want_count(v->slots, v->n, "slots", err)) || (rc = want_count(v->accepted, v->n, "accepted", err)) ||
+        (rc = want_count(v->finish, v->n, "finish", err)))
+        return rc;
+    for (size_t i = 0; i < v->n; i++) {
+        if (tp_raw_u8(v->accepted, i) > 1)
+            return tp_err_set(err, TP_EINVAL, "accepted[%zu]: %u is not 0 or 1", i, tp_raw_u8(v->accepted, i));
+        if (tp_raw_u8(v->finish, i) >= TP_REASON_COUNT)
+            return tp_err_set(err, TP_EINVAL, "finish[%zu]: unknown reason code %u", i, tp_raw_u8(v->finish, i));
+    }
+    return 0;
+}
+
+static int check_token_topic(tp_msg *m, tp_err *err);
+static int check_finish_topic(tp_msg *m, tp_err *err);
+
+/* ---- the registry ---- */
+
+static const table T_submit = {submit_f, -1}, T_ack = {ack_f, -1}, T_error = {error_f, -1},
+                   T_jobref = {jobref_f, -1}, T_status_reply = {status_reply_f, -1}, T_stats = {stats_f, -1},
+                   T_stats_reply = {stats_reply_f, -1}, T_token = {token_f, -1}, T_finish = {finish_f, -1},
+                   T_ready = {ready_f, -1}, T_welcome = {welcome_f, -1}, T_heartbeat = {heartbeat_f, -1},
+                   T_disconnect = {disconnect_f, -1}, T_result = {result_f, -1}, T_tokenize = {tokenize_f, -1},
+                   T_tokenized = {tokenized_f, -1}, T_slot = {slot_f, -1}, T_step = {step_f, -1},
+                   T_step_result = {step_result_f, -1}, T_sample_open = {sample_open_f, -1},
+                   T_sample = {sample_f, -1}, T_sampled = {sampled_f, -1}, T_stop_open = {stop_open_f, -1},
+                   T_stop_close = {stop_close_f, -1}, T_stop_step = {stop_step_f, -1},
+                   T_verdicts = {verdicts_f, -1};
+
+static const pframe no_frames[] = {{NULL, 0, 0, 0}};
+
+static const mdesc descs[] = {
+    {TP_FAM_JOB, TP_CMD_SUBMIT, "SUBMIT", &T_submit, submit_p, 0, check_submit},
+    {TP_FAM_JOB, TP_CMD_ACK, "ACK", &T_ack, no_frames, 1, NULL},
+    {TP_FAM_JOB, TP_CMD_CANCEL, "CANCEL", &T_jobref, no_frames, 0, NULL},
+    {TP_FAM_JOB, TP_CMD_STATUS, "STATUS", &T_jobref, no_frames, 0, NULL},
+    {TP_FAM_JOB, TP_CMD_STATUS_REPLY, "STATUS_REPLY", &T_status_reply, status_reply_p, 1, check_status_reply},
+    {TP_FAM_JOB, TP_CMD_STATS, "STATS", &T_stats, no_frames, 0, NULL},
+    {TP_FAM_JOB, TP_CMD_STATS_REPLY, "STATS_REPLY", &T_stats_reply, no_frames, 1, check_stats_reply},
+    {TP_FAM_JOB, TP_CMD_ERROR, "ERROR", &T_error, no_frames, 1, NULL},
+    {TP_FAM_EVT, TP_CMD_TOKEN, "TOKEN", &T_token, token_p, 1, check_token_topic},
+    {TP_FAM_EVT, TP_CMD_FINISH, "FINISH", &T_finish, no_frames, 1, check_finish_topic},
+    {TP_FAM_WRK, TP_CMD_READY, "READY", &T_ready, no_frames, 0, check_ready},
+    {TP_FAM_WRK, TP_CMD_WELCOME, "WELCOME", &T_welcome, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_HEARTBEAT, "HEARTBEAT", &T_heartbeat, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_DISCONNECT, "DISCONNECT", &T_disconnect, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_RESULT, "RESULT", &T_result, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_TOKENIZE, "TOKENIZE", &T_tokenize, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_TOKENIZED, "TOKENIZED", &T_tokenized, tokenized_p, 0, check_tokenized},
+    {TP_FAM_WRK, TP_CMD_SEQ_OPEN, "SEQ_OPEN", &T_slot, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_SEQ_CLOSE, "SEQ_CLOSE", &T_slot, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_STEP, "STEP", &T_step, step_p, 0, check_step},
+    {TP_FAM_WRK, TP_CMD_STEP_RESULT, "STEP_RESULT", &T_step_result, step_result_p, 0, check_step_result},
+    {TP_FAM_WRK, TP_CMD_SAMPLE_OPEN, "SAMPLE_OPEN", &T_sample_open, sample_open_p, 0, check_sample_open},
+    {TP_FAM_WRK, TP_CMD_SAMPLE_CLOSE, "SAMPLE_CLOSE", &T_slot, no_frames, 0, NULL},
+    {TP_FAM_WRK, TP_CMD_SAMPLE, "SAMPLE", &T_sample, sample_p, 0, check_sample},
+    {TP_FAM_WRK, TP_CMD_SAMPLED, "SAMPLED", &T_sampled, sampled_p, 0, check_sampled},
+    {TP_FAM_WRK, TP_CMD_STOP_OPEN, "STOP_OPEN", &T_stop_open, stop_open_p, 0, check_stop_open},
+    {TP_FAM_WRK, TP_CMD_STOP_CLOSE, "STOP_CLOSE", &T_stop_close, no_frames, 0, check_stop_close},
+    {TP_FAM_WRK, TP_CMD_STOP_STEP, "STOP_STEP", &T_stop_step, stop_step_p, 0, check_stop_step},
+    {TP_FAM_WRK, TP_CMD_VERDICTS, "VERDICTS", &T_verdicts, verdicts_p, 0, check_verdicts},
+};
+
+static int check_token_topic(tp_msg *m, tp_err *err)
+{
+    return check_topic(m->token.job_id, m->topic, err);
+}
+
+static int check_finish_topic(tp_msg *m, tp_err *err)
+{
+    int rc = check_topic(m->finish.job_id, m->topic, err);
+    return rc ? rc : check_finish(m, err);
+}
+
+const mdesc *schema_find(tp_family family, uint8_t cmd)
+{
+    for (size_t i = 0; i < sizeof descs / sizeof *descs; i++)
+        if (descs[i].family == family && descs[i].cmd == cmd)
+            return &descs[i];
+    return NULL;
+}
+
+const char *schema_magic(tp_family family)
+{
+    switch (family) {
+    case TP_FAM_JOB: return TP_MAGIC_JOB;
+    case TP_FAM_WRK: return TP_MAGIC_WRK;
+    case TP_FAM_EVT: return TP_MAGIC_EVT;
+    default: return NULL;
+    }
+}

@@ -1,0 +1,502 @@
+/* tp_tokenizer: loading tokenizer.bin (and rejecting broken ones), per-token
+ * output bytes, and encode against llama2.c's and llama.cpp's reference ids. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokpipe/tokenizer.h"
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static char *model_path(const char *name)
+{
+    const char *dir = getenv("TP_MODELS");
+    if (!dir)
+        dir = "../shared/models";
+    static char buf[4096]; /* test-only; one path in use at a time */
+    snprintf(buf, sizeof buf, "%s/%s", dir, name);
+    return buf;
+}
+
+static uint8_t *slurp(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *d = malloc(n + 1);
+    assert_non_null(d);
+    assert_int_equal(fread(d, 1, n, f), (size_t)n);
+    fclose(f);
+    d[n] = 0;
+    *size = (size_t)n;
+    return d;
+}
+
+static tp_tokenizer *load(const char *name)
+{
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    tp_err_clear(&err);
+    int rc = tp_tokenizer_load(model_path(name), 0, &t, &err);
+    if (rc)
+        fail_msg("loading %s: %s", name, err.msg);
+    return t;
+}
+
+static void assert_bytes(const tp_tokenizer *t, int prev, int id, const char *want)
+{
+    size_t n;
+    const uint8_t *b = tp_tokenizer_token_bytes(t, prev, id, &n);
+    if (n != strlen(want) || (n && memcmp(b, want, n)))
+        fail_msg("token %d after %d gives %zu bytes '%.*s', want '%s'", id, prev, n, (int)n,
+                 (const char *)b, want);
+}
+
+/* Expect load_mem of (d, size) to fail with code, with msg containing what. */
+static void assert_load_fails(const uint8_t *d, size_t size, int vocab, int code,
+                              const char *what)
+{
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    tp_err_clear(&err);
+    int rc = tp_tokenizer_load_mem(d, size, vocab, &t, &err);
+    assert_null(t);
+    if (rc != code)
+        fail_msg("expected code %d, got %d (%s)", code, rc, err.msg);
+    if (!strstr(err.msg, what))
+        fail_msg("error '%s' does not mention '%s'", err.msg, what);
+}
+
+static void encode_ok(const tp_tokenizer *t, const char *text, size_t len, bool bos, int *ids,
+                      size_t cap, size_t *n)
+{
+    tp_err err;
+    tp_err_clear(&err);
+    int rc = tp_tokenizer_encode(t, text, len, bos, ids, cap, n, &err);
+    if (rc)
+        fail_msg("encode '%.*s': %s", (int)len, text, err.msg);
+}
+
+static void assert_ids(const int *got, size_t n, const int *want, size_t nw, const char *what)
+{
+    bool same = n == nw;
+    for (size_t i = 0; same && i < n; i++)
+        same = got[i] == want[i];
+    if (same)
+        return;
+    char g[2048] = "", w[2048] = "";
+    for (size_t i = 0; i < n && strlen(g) < 2000; i++)
+        snprintf(g + strlen(g), sizeof g - strlen(g), " %d", got[i]);
+    for (size_t i = 0; i < nw && strlen(w) < 2000; i++)
+        snprintf(w + strlen(w), sizeof w - strlen(w), " %d", want[i]);
+    fail_msg("%s: got [%s ] want [%s ]", what, g, w);
+}
+
+/* ---- loading ----------------------------------------------------------- */
+
+static void load_tok512_has_llama2c_special_tokens(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tok512.bin");
+    assert_int_equal(tp_tokenizer_vocab_size(t), 512);
+    assert_int_equal(tp_tokenizer_bos_id(t), 1);
+    assert_int_equal(tp_tokenizer_eos_id(t), 2);
+    assert_int_equal(tp_tokenizer_unk_id(t), 0);
+    size_t n;
+    const char *p = tp_tokenizer_piece(t, 1, &n);
+    assert_int_equal(n, 5);
+    assert_memory_equal(p, "\n<s>\n", 5);
+    p = tp_tokenizer_piece(t, 403, &n);
+    assert_int_equal(n, 5);
+    assert_memory_equal(p, " Once", 5);
+    p = tp_tokenizer_piece(t, 13, &n);
+    assert_memory_equal(p, "<0x0A>", 6);
+    assert_int_equal(tp_tokenizer_token_type(t, 13), TP_TOKEN_BYTE);
+    assert_int_equal(tp_tokenizer_token_type(t, 2), TP_TOKEN_CONTROL);
+    assert_int_equal(tp_tokenizer_token_type(t, 403), TP_TOKEN_NORMAL);
+    assert_null(tp_tokenizer_piece(t, 512, &n));
+    assert_int_equal(n, 0);
+    tp_tokenizer_free(t);
+}
+
+static void load_llama2_tokenizer_infers_32000_tokens(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tokenizer.bin");
+    assert_int_equal(tp_tokenizer_vocab_size(t), 32000);
+    tp_tokenizer_free(t);
+    tp_tokenizer *u = NULL;
+    tp_err err;
+    assert_int_equal(tp_tokenizer_load(model_path("tokenizer.bin"), 32000, &u, &err), 0);
+    tp_tokenizer_free(u);
+    tp_tokenizer_free(NULL);
+}
+
+static void load_rejects_truncated_file_naming_the_token(void **state)
+{
+    (void)state;
+    size_t size;
+    uint8_t *d = slurp(model_path("tok512.bin"), &size);
+    assert_load_fails(d, 2, 0, TP_EFORMAT, "too short");
+    assert_load_fails(d, 4 + 5, 0, TP_EFORMAT, "token 0: record at offset 4 truncated");
+    assert_load_fails(d, 4 + 8 + 2, 0, TP_EFORMAT, "token 0: 5-byte piece at offset 12");
+    assert_load_fails(d, size - 1, 0, TP_EFORMAT, "token 511");
+    assert_load_fails(d, size - 1, 512, TP_EFORMAT, "token 511");
+    free(d);
+}
+
+static void load_rejects_bad_lengths(void **state)
+{
+    (void)state;
+    size_t size;
+    uint8_t *d = slurp(model_path("tok512.bin"), &size);
+    int32_t v = -1; /* token 1's length field: after header (4) + token 0 (8+5) + score (4) */
+    memcpy(d + 4 + 13 + 4, &v, 4);
+    assert_load_fails(d, size, 0, TP_EFORMAT, "token 1: length -1 at offset 21");
+    free(d);
+    d = slurp(model_path("tok512.bin"), &size);
+    v = 4; /* "<unk>" (5 bytes) no longer fits */
+    memcpy(d, &v, 4);
+    assert_load_fails(d, size, 0, TP_EFORMAT,
+                      "token 0: length 5 at offset 8 is outside [0, max_token_length 4]");
+    for (int bad = -1; bad <= 0; bad++) {
+        memcpy(d, &bad, 4);
+        assert_load_fails(d, size, 0, TP_EFORMAT, "max_token_length");
+    }
+    v = 1 << 30;
+    memcpy(d, &v, 4);
+    assert_load_fails(d, size, 0, TP_EFORMAT, "max_token_length 1073741824");
+    free(d);
+}
+
+static void load_rejects_vocab_size_that_disagrees_with_file(void **state)
+{
+    (void)state;
+    size_t size;
+    uint8_t *d = slurp(model_path("tok512.bin"), &size);
+    assert_load_fails(d, size, 600, TP_EFORMAT, "token 512");
+    assert_load_fails(d, size, 500, TP_EFORMAT, "trailing bytes");
+    assert_load_fails(d, size, -3, TP_ERANGE, "vocab_size -3");
+    free(d);
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    assert_int_equal(tp_tokenizer_load(model_path("tokenizer.bin"), 512, &t, &err), TP_EFORMAT);
+    assert_non_null(strstr(err.msg, "tokenizer.bin"));
+}
+
+static void load_names_missing_file(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    assert_int_equal(tp_tokenizer_load("/nonexistent/tok.bin", 0, &t, &err), TP_EIO);
+    assert_non_null(strstr(err.msg, "/nonexistent/tok.bin"));
+    assert_null(t);
+}
+
+/* ---- token bytes ------------------------------------------------------- */
+
+static void token_bytes_of_byte_tokens_are_the_raw_byte(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tokenizer.bin");
+    for (int v = 0; v < 256; v++) { /* README: ids 3..258 are <0x00>..<0xFF> */
+        size_t n;
+        const uint8_t *b = tp_tokenizer_token_bytes(t, 5, 3 + v, &n);
+        assert_int_equal(n, 1);
+        assert_int_equal(b[0], v);
+    }
+    assert_bytes(t, 1, 3 + ' ', " "); /* a byte token keeps its space after BOS */
+    tp_tokenizer_free(t);
+}
+
+static void token_bytes_of_control_tokens_are_empty(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tok512.bin");
+    for (int id = 0; id < 3; id++)
+        assert_bytes(t, 5, id, "");
+    tp_tokenizer_free(t);
+}
+
+static void token_bytes_drop_leading_space_only_after_bos(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tok512.bin");
+    assert_bytes(t, 1, 403, "Once");
+    assert_bytes(t, 378, 403, " Once");
+    assert_bytes(t, 2, 403, " Once");
+    assert_bytes(t, 1, 410, "");
+    tp_tokenizer_free(t);
+}
+
+/* ---- from_vocab -------------------------------------------------------- */
+
+static void from_vocab_maps_meta_space_and_follows_types(void **state)
+{
+    (void)state;
+    const char *pieces[] = {"<unk>", "<s>", "</s>", "<0x41>", "\xe2\x96\x81hi",
+                            "a\xe2\x96\x81\xe2\x96\x81", "<0x42>", "\xe2\x96\x81", "h", "i",
+                            "\xe2\x96\x81h"};
+    enum { N = sizeof pieces / sizeof *pieces };
+    size_t lens[N];
+    for (int i = 0; i < N; i++)
+        lens[i] = strlen(pieces[i]);
+    const int32_t types[N] = {2, 3, 3, 6, 1, 1, 1, 1, 1, 1, 1};
+    const float scores[N] = {0, 0, 0, 0, -1, -2, -3, -4, -5, -6, -7};
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    tp_err_clear(&err);
+    assert_int_equal(tp_tokenizer_from_vocab(pieces, lens, scores, types, N, 1, 2, &t, &err), 0);
+    size_t n;
+    const char *p = tp_tokenizer_piece(t, 4, &n);
+    assert_int_equal(n, 3);
+    assert_memory_equal(p, " hi", 3);
+    assert_bytes(t, 1, 4, "hi");
+    assert_bytes(t, 0, 5, "a  ");
+    assert_bytes(t, 0, 3, "A");
+    assert_bytes(t, 0, 6, "<0x42>"); /* typed normal: its text, not a byte */
+    assert_bytes(t, 0, 1, "");
+    int ids[8];
+    encode_ok(t, "hiA", 3, true, ids, 8, &n);
+    assert_ids(ids, n, (int[]){1, 4, 3}, 3, "encode with a GGUF-style vocabulary");
+    tp_tokenizer_free(t);
+}
+
+static void from_vocab_rejects_bad_types_and_ids(void **state)
+{
+    (void)state;
+    const char *pieces[] = {"<unk>", "x", "<0xZZ>"};
+    size_t lens[] = {5, 1, 6};
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    assert_int_equal(tp_tokenizer_from_vocab(pieces, lens, NULL, (int32_t[]){2, 1, 6}, 3, -1, -1,
+                                             &t, &err), TP_EFORMAT);
+    assert_non_null(strstr(err.msg, "token 2 has type byte"));
+    assert_int_equal(tp_tokenizer_from_vocab(pieces, lens, NULL, (int32_t[]){2, 9, 1}, 3, -1, -1,
+                                             &t, &err), TP_EFORMAT);
+    assert_non_null(strstr(err.msg, "token 1 has unknown token type 9"));
+    assert_int_equal(tp_tokenizer_from_vocab(pieces, lens, NULL, NULL, 3, 3, -1, &t, &err),
+                     TP_ERANGE);
+    assert_non_null(strstr(err.msg, "bos id 3"));
+    assert_null(t);
+}
+
+/* ---- encode ------------------------------------------------------------ */
+
+static void encode_once_upon_a_time_like_run_c(void **state)
+{
+    (void)state;
+    int ids[16];
+    size_t n;
+    tp_tokenizer *t = load("tok512.bin");
+    encode_ok(t, "Once upon a time", 16, true, ids, 16, &n);
+    assert_ids(ids, n, (int[]){1, 403, 407, 261, 378}, 5, "tok512.bin");
+    tp_tokenizer_free(t);
+    t = load("tokenizer.bin");
+    encode_ok(t, "Once upon a time", 16, true, ids, 16, &n);
+    assert_ids(ids, n, (int[]){1, 9038, 2501, 263, 931}, 5, "tokenizer.bin");
+    tp_tokenizer_free(t);
+}
+
+static void encode_empty_text_gives_only_bos(void **state)
+{
+    (void)state;
+    int ids[4];
+    size_t n;
+    tp_tokenizer *t = load("tok512.bin");
+    encode_ok(t, "", 0, true, ids, 4, &n);
+    assert_ids(ids, n, (int[]){1}, 1, "empty with BOS");
+    encode_ok(t, "", 0, false, ids, 4, &n);
+    assert_int_equal(n, 0);
+    tp_tokenizer_free(t);
+}
+
+static void encode_falls_back_to_bytes_for_unknown_characters(void **state)
+{
+    (void)state;
+    int ids[16];
+    size_t n;
+    tp_tokenizer *t = load("tok512.bin");
+    /* tok512 has no 'ü' (C3 BC) nor '\n': byte tokens are 3 + byte */
+    encode_ok(t, "\xc3\xbc\n", 3, false, ids, 16, &n);
+    assert_ids(ids, n, (int[]){410, 3 + 0xC3, 3 + 0xBC, 3 + '\n'}, 4, "byte fallback");
+    tp_tokenizer_free(t);
+}
+
+static void encode_reports_too_small_output(void **state)
+{
+    (void)state;
+    int ids[3];
+    size_t n;
+    tp_err err;
+    tp_tokenizer *t = load("tok512.bin");
+    assert_int_equal(tp_tokenizer_encode(t, "Once upon a time", 16, true, ids, 3, &n, &err),
+                     TP_ERANGE);
+    tp_tokenizer_free(t);
+}
+
+/* The inputs are separated by "\n__ggml_vocab_test__\n" lines, the .out has
+ * one line of ids per input (llama.cpp's test-tokenizer-0 format). */
+static void check_llama_cpp_vectors(const tp_tokenizer *t, const char *what)
+{
+    size_t isz, osz;
+    char *inp = (char *)slurp(model_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf.inp"), &isz);
+    char *outp = (char *)slurp(model_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf.out"), &osz);
+    const char *sep = "\n__ggml_vocab_test__\n";
+    char *in = inp, *line = outp;
+    int cases = 0;
+    static int ids[4096];
+    for (char *end; (end = strstr(in, sep)); in = end + strlen(sep), cases++) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        *nl = 0;
+        int want[4096];
+        size_t nw = 0;
+        for (char *p = line, *q; nw < 4096; p = q) {
+            long v = strtol(p, &q, 10);
+            if (q == p)
+                break;
+            want[nw++] = (int)v;
+        }
+        size_t n;
+        encode_ok(t, in, (size_t)(end - in), false, ids, 4096, &n);
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s case %d '%.40s'", what, cases, in);
+        assert_ids(ids, n, want, nw, msg);
+        line = nl + 1;
+    }
+    assert_int_equal(cases, 46);
+    free(inp);
+    free(outp);
+}
+
+static void encode_matches_llama_cpp_spm_vectors(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tokenizer.bin");
+    check_llama_cpp_vectors(t, "tokenizer.bin");
+    tp_tokenizer_free(t);
+}
+
+/* The same vocabulary spelled as GGUF stores it (U+2581, "<s>", typed). */
+static void encode_matches_llama_cpp_vectors_via_gguf_spelling(void **state)
+{
+    (void)state;
+    tp_tokenizer *bin = load("tokenizer.bin");
+    int n = tp_tokenizer_vocab_size(bin);
+    char **pieces = calloc(n, sizeof *pieces);
+    size_t *lens = calloc(n, sizeof *lens);
+    float *scores = calloc(n, sizeof *scores);
+    int32_t *types = calloc(n, sizeof *types);
+    size_t sz;
+    uint8_t *raw = slurp(model_path("tokenizer.bin"), &sz);
+    size_t off = 4;
+    for (int i = 0; i < n; i++) {
+        int32_t len;
+        memcpy(&scores[i], raw + off, 4);
+        memcpy(&len, raw + off + 4, 4);
+        off += 8;
+        pieces[i] = malloc(3 * len + 8);
+        size_t o = 0;
+        for (int k = 0; k < len; k++) {
+            if (raw[off + k] == ' ') {
+                memcpy(pieces[i] + o, "\xe2\x96\x81", 3);
+                o += 3;
+            } else {
+                pieces[i][o++] = (char)raw[off + k];
+            }
+        }
+        off += len;
+        lens[i] = o;
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
+    }
+    strcpy(pieces[1], "<s>");
+    lens[1] = 3;
+    strcpy(pieces[2], "</s>");
+    lens[2] = 4;
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    assert_int_equal(tp_tokenizer_from_vocab((const char *const *)pieces, lens, scores, types,
+                                             n, 1, 2, &t, &err), 0);
+    check_llama_cpp_vectors(t, "gguf spelling");
+    tp_tokenizer_free(t);
+    tp_tokenizer_free(bin);
+    for (int i = 0; i < n; i++)
+        free(pieces[i]);
+    free(pieces);
+    free(lens);
+    free(scores);
+    free(types);
+    free(raw);
+}
+
+/* Decoding the ids of any byte string (after BOS) gives the string back:
+ * every byte is either inside a piece or a byte-fallback token. */
+static void encode_then_token_bytes_round_trips_random_bytes(void **state)
+{
+    (void)state;
+    const char *files[] = {"tok512.bin", "tokenizer.bin"};
+    uint64_t x = 88172645463325252ull;
+    for (int f = 0; f < 2; f++) {
+        tp_tokenizer *t = load(files[f]);
+        for (int iter = 0; iter < 300; iter++) {
+            char text[200];
+            size_t len = (size_t)(iter % 200);
+            for (size_t i = 0; i < len; i++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                /* mostly ASCII letters and spaces, some high bytes */
+                int r = (int)(x % 100);
+                text[i] = r < 70 ? "abcde fghij klmno prst uvw "[x / 100 % 27]
+                                 : (char)(x / 100 % 256);
+            }
+            int ids[512];
+            size_t n;
+            encode_ok(t, text, len, true, ids, 512, &n);
+            char got[1024];
+            size_t glen = 0;
+            for (size_t i = 1; i < n; i++) {
+                size_t bl;
+                const uint8_t *b = tp_tokenizer_token_bytes(t, ids[i - 1], ids[i], &bl);
+                memcpy(got + glen, b, bl);
+                glen += bl;
+            }
+            if (glen != len || memcmp(got, text, len))
+                fail_msg("%s: round trip of %zu bytes gave %zu bytes", files[f], len, glen);
+        }
+        tp_tokenizer_free(t);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(load_tok512_has_llama2c_special_tokens),
+        cmocka_unit_test(load_llama2_tokenizer_infers_32000_tokens),
+        cmocka_unit_test(load_rejects_truncated_file_naming_the_token),
+        cmocka_unit_test(load_rejects_bad_lengths),
+        cmocka_unit_test(load_rejects_vocab_size_that_disagrees_with_file),
+        cmocka_unit_test(load_names_missing_file),
+        cmocka_unit_test(token_bytes_of_byte_tokens_are_the_raw_byte),
+        cmocka_unit_test(token_bytes_of_control_tokens_are_empty),
+        cmocka_unit_test(token_bytes_drop_leading_space_only_after_bos),
+        cmocka_unit_test(from_vocab_maps_meta_space_and_follows_types),
+        cmocka_unit_test(from_vocab_rejects_bad_types_and_ids),
+        cmocka_unit_test(encode_once_upon_a_time_like_run_c),
+        cmocka_unit_test(encode_empty_text_gives_only_bos),
+        cmocka_unit_test(encode_falls_back_to_bytes_for_unknown_characters),
+        cmocka_unit_test(encode_reports_too_small_output),
+        cmocka_unit_test(encode_matches_llama_cpp_spm_vectors),
+        cmocka_unit_test(encode_matches_llama_cpp_vectors_via_gguf_spelling),
+        cmocka_unit_test(encode_then_token_bytes_round_trips_random_bytes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
