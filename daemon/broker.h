@@ -31,7 +31,7 @@ typedef struct bworker {
     size_t ident_len;
     unsigned stages;                /* TP_STAGE_* bits */
     char instance[TP_PROTO_MAX_NAME + 1];
-    char model_id[TP_PROTO_MAX_NAME + 1];
+    char model_id[TP_PROTO_MAX_MODEL_ID + 1];
     uint64_t incarnation;
     uint32_t capacity, vocab, seq_len, max_batch_tokens;
     int32_t bos, eos;

@@ -168,7 +168,7 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
 {
     if (b->draining)
         return bad(v, TP_ST_UNAVAILABLE, "", "the broker is shutting down");
-    if (!check_workers(b, s->has_prompt, v))
+    if (!check_workers(b, (s->prompt.ptr != NULL), v))
         return false;
     if (s->job_id.len && jobs_find(b, s->job_id.ptr, s->job_id.len))
         return bad(v, TP_ST_CONFLICT, "job_id", "job_id: '%.*s' is already in use", (int)s->job_id.len, s->job_id.ptr);
@@ -177,12 +177,12 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
                    b->cfg->max_concurrent_jobs);
     const bworker *model = registry_model(b);
     uint32_t vocab = model ? model->vocab : 0;
-    if (s->has_prompt && s->prompt.len > (size_t)b->cfg->max_prompt_bytes)
+    if ((s->prompt.ptr != NULL) && s->prompt.len > (size_t)b->cfg->max_prompt_bytes)
         return bad(v, TP_ST_TOO_LARGE, "prompt", "prompt: %zu bytes, the limit is %d", s->prompt.len,
                    b->cfg->max_prompt_bytes);
-    if (s->has_prompt && s->prompt.len == 0)
+    if ((s->prompt.ptr != NULL) && s->prompt.len == 0)
         return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: empty");
-    if (!s->has_prompt) {
+    if (!(s->prompt.ptr != NULL)) {
         if (model && model->seq_len && s->prompt_ids.n > model->seq_len)
             return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: %zu tokens, the model's context holds %u",
                        s->prompt_ids.n, model->seq_len);
@@ -219,7 +219,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         w += s->params.stop[i].len;
     }
     memcpy(p->stop_token_ids, s->params.stop_token_ids, s->params.n_stop_token_ids * sizeof *p->stop_token_ids);
-    if (s->has_prompt) {
+    if ((s->prompt.ptr != NULL)) {
         if (!(j->prompt_text = malloc(s->prompt.len + 1)))
             return TP_ENOMEM;
         memcpy(j->prompt_text, s->prompt.ptr, s->prompt.len);
@@ -389,6 +389,7 @@ void front_on_message(broker *b, const tp_frame *frames, size_t n)
         r.req = m.req;
         r.status = m.status ? m.status : TP_ST_BAD_REQUEST;
         r.error = tp_str_of(e.msg[0] ? e.msg : "malformed request");
+        r.ack.field = tp_str_of(m.bad_field[0] ? m.bad_field : NULL);
         reply(b, &to, &r);
         tp_msg_clear(&m);
         return;

@@ -74,8 +74,10 @@ static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
     if (old >= 0)   /* READY again = a restarted worker: its state is gone */
         registry_lose(b, old, "registered again");
     const bworker *ref = registry_model(b);
-    char model[TP_PROTO_MAX_NAME + 1];
-    copy_name(model, r->model_id);
+    char model[TP_PROTO_MAX_MODEL_ID + 1];
+    size_t ml = r->model_id.len > TP_PROTO_MAX_MODEL_ID ? TP_PROTO_MAX_MODEL_ID : r->model_id.len;
+    memcpy(model, r->model_id.ptr, ml);
+    model[ml] = '\0';
     if (ref && model[0] && strcmp(ref->model_id, model)) {
         broker_log(b, "refusing worker %.*s: model '%s' differs from '%s'", (int)r->instance.len, r->instance.ptr,
                    model, ref->model_id);

@@ -430,7 +430,8 @@ static bool build_step(broker *b, int wi)
             uint32_t nt = add_item(c, n, n_tokens, j, budget - n_tokens, b->cfg->prefill_chunk);
             j->phase = P_FORWARD;
             j->step = step;
-            j->acc_for_sampler = -1;
+            if (w->stages & TP_STAGE_SAMPLE)   /* the STEP carries it to the fused sampler */
+                j->acc_for_sampler = -1;
             j->n_fed += nt;
             n_tokens += nt;
             n++;

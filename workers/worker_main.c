@@ -107,8 +107,10 @@ static int load_stages(worker *w, tp_err *err)
             return rc;
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
         return rc;
+    const int *eos;
+    int n_eos = tp_model_eos_ids(w->model, &eos);
     if ((w->stages & (1u << TP_SI_SAMPLE)) &&
-        (rc = tp_sample_stage_new(c->max_concurrent_jobs, mc->vocab_size, &w->sample, err)))
+        (rc = tp_sample_stage_new(c->max_concurrent_jobs, mc->vocab_size, eos, n_eos, &w->sample, err)))
         return rc;
     if ((w->stages & (1u << TP_SI_FORWARD)) &&
         (rc = tp_forward_stage_new(w->model, c->kv_slots, c->kv_max_pos, c->max_batch_tokens, c->forward_threads,
@@ -117,8 +119,6 @@ static int load_stages(worker *w, tp_err *err)
     if (w->forward && w->sample)
         tp_forward_stage_set_sampler(w->forward, w->sample);
     if (w->stages & (1u << TP_SI_STOP)) {
-        const int *eos;
-        int n_eos = tp_model_eos_ids(w->model, &eos);
         tp_stop_stage_limits lim = {c->max_concurrent_jobs, c->max_stop_strings, c->max_stop_len};
         if ((rc = tp_stop_stage_new(w->tok, eos, n_eos, &lim, &w->stop, err)))
             return rc;
@@ -179,8 +179,8 @@ static int send_ready(worker *w)
     r->capacity = w->forward ? (uint32_t)tp_forward_stage_kv_slots(w->forward) : (uint32_t)w->cfg.max_concurrent_jobs;
     r->heartbeat_ms = (uint32_t)w->cfg.heartbeat_ms;
     r->model_id = tp_str_of(tp_model_identity(w->model));
-    if (r->model_id.len > TP_PROTO_MAX_NAME)
-        r->model_id.len = TP_PROTO_MAX_NAME;
+    if (r->model_id.len > TP_PROTO_MAX_MODEL_ID)
+        r->model_id.len = TP_PROTO_MAX_MODEL_ID;
     r->vocab_size = (uint32_t)mc->vocab_size;
     r->bos_id = w->tok ? tp_tokenizer_bos_id(w->tok) : 1;
     r->eos_id = w->tok ? tp_tokenizer_eos_id(w->tok) : 2;

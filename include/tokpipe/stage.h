@@ -37,17 +37,19 @@ void tp_tokenize_stage_free(tp_tokenize_stage *st);
 
 /* ---- sample ------------------------------------------------------------ */
 typedef struct tp_sample_stage tp_sample_stage;
-/* capacity: jobs it can hold; vocab_size of the model. */
-int tp_sample_stage_new(int capacity, int vocab_size, tp_sample_stage **out, tp_err *err);
+/* capacity: jobs it can hold; vocab_size of the model; eos_ids (borrowed,
+ * must outlive the stage) are banned below min_tokens unless ignore_eos. */
+int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_eos, tp_sample_stage **out,
+                        tp_err *err);
 int tp_sample_stage_handle(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io);
-/* Sample the candidate for slot from one row of logits (vocab floats;
- * modified in place). accepted: the token accepted since the slot's last
+/* Sample the candidate for slot from one row of logits (vocab floats, not
+ * modified). accepted: the token accepted since the slot's last
  * sample (-1 none); index: completion tokens accepted so far, or
  * TP_SAMPLE_INDEX_TRACKED to use the count of accepted tokens reported so
  * far (a fused forward stage, whose STEP has no index column). */
 #define TP_SAMPLE_INDEX_TRACKED UINT32_MAX
 int tp_sample_stage_pick(tp_sample_stage *st, uint32_t slot, uint32_t index, int32_t accepted,
-                         float *logits, int32_t *candidate, tp_err *err);
+                         const float *logits, int32_t *candidate, tp_err *err);
 void tp_sample_stage_reset(tp_sample_stage *st);
 void tp_sample_stage_free(tp_sample_stage *st);
 

@@ -230,8 +230,12 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
         float *row = st->logits + (size_t)i * v;
         if (s->sample) {
             int32_t acc = tp_raw_i32(s->accepted, i);
-            if (tp_sample_stage_pick(st->sampler, slot, TP_SAMPLE_INDEX_TRACKED, acc, row, &st->cands[n_out], &e))
-                return step_error(m, io, TP_ST_BAD_REQUEST, e.msg);
+            /* a failed job gets candidate -1 (the stop stage finishes it
+             * with an error); its batch mates go on */
+            if (tp_sample_stage_pick(st->sampler, slot, TP_SAMPLE_INDEX_TRACKED, acc, row, &st->cands[n_out], &e)) {
+                fprintf(stderr, "forward: sample: %s\n", e.msg);
+                st->cands[n_out] = -1;
+            }
         } else if (n_out != i) {
             memmove(st->logits + (size_t)n_out * v, row, v * sizeof *row);
         }
