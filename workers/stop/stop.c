@@ -467,6 +467,12 @@ size_t tp_stop_held_bytes(const tp_stop *s)
     return s->pend_len;
 }
 
+const uint8_t *tp_stop_held(const tp_stop *s, size_t *len)
+{
+    *len = s->pend_len;
+    return s->pend;
+}
+
 size_t tp_stop_memory(const tp_stop *s)
 {
     return sizeof *s + tp_stopmatch_memory(s->match) + s->pend_cap + s->text_cap +
