@@ -89,6 +89,8 @@ static void free_stops(struct stops *st)
 
 /* ---- tokpipe: one tp_stop per job, every token through tp_stop_feed ---- */
 
+static size_t last_memory;
+
 static double run_tokpipe(const struct stops *st, double *build_ms, size_t *published)
 {
     tp_stop_config cfg = {.stop = st->ptr, .stop_len = st->len, .n_stop = st->n,
@@ -110,6 +112,7 @@ static double run_tokpipe(const struct stops *st, double *build_ms, size_t *publ
         exit(1);
     }
     tp_stop_text(s, published);
+    last_memory = tp_stop_memory(s);
     tp_stop_free(s);
     return dt * 1e9 / N_TOKENS;
 }
@@ -160,7 +163,8 @@ int main(void)
     make_tokens();
     printf("stop stage: ns per candidate token over %d non-matching tokens (best of runs)\n",
            N_TOKENS);
-    printf("%8s %12s %14s %9s %10s\n", "stops", "tokpipe", "seed(64 win)", "speedup", "build ms");
+    printf("%8s %12s %14s %9s %10s %10s\n", "stops", "tokpipe", "seed(64 win)", "speedup",
+           "build ms", "memory KB");
     for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
         struct stops st;
         make_stops(&st, counts[c]);
@@ -169,7 +173,8 @@ int main(void)
         double ours = best_of(20, run_tokpipe, &st, &build_ms, &published);
         double seed = seed_best(counts[c] >= 1024 ? 3 : 10, &st, &hits);
         if (hits) fprintf(stderr, "bench_stop: the seed saw %zu matches\n", hits);
-        printf("%8zu %12.1f %14.1f %8.1fx %10.2f\n", counts[c], ours, seed, seed / ours, build_ms);
+        printf("%8zu %12.1f %14.1f %8.1fx %10.2f %10zu\n", counts[c], ours, seed, seed / ours,
+               build_ms, last_memory / 1024);
         free_stops(&st);
     }
     return 0;

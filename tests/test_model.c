@@ -183,6 +183,57 @@ static void llama2c_bad_header_fields_are_named(void **state)
     free(full);
 }
 
+static void encode(tp_tokenizer *t, const char *text, bool bos, int *ids, size_t *n)
+{
+    tp_err e;
+    if (tp_tokenizer_encode(t, text, strlen(text), bos, ids, 64, n, &e))
+        fail_msg("encode '%s': %s", text, e.msg);
+}
+
+static void gguf_embedded_vocab_encodes_like_run_c(void **state)
+{
+    (void)state;
+    tp_model *m = load("stories260K.gguf");
+    tp_tokenizer *t;
+    tp_err e;
+    assert_int_equal(tp_model_tokenizer(m, &t, &e), 0);
+    tp_model_free(m); /* the tokenizer owns copies */
+    int ids[64];
+    size_t n;
+    encode(t, "Once upon a time", true, ids, &n);
+    const int want[] = {1, 403, 407, 261, 378}; /* README: run.c with tok512.bin */
+    assert_int_equal(n, 5);
+    assert_memory_equal(ids, want, sizeof want);
+    tp_tokenizer_free(t);
+    tp_model *b = load("stories260K.bin");
+    assert_int_equal(tp_model_tokenizer(b, &t, &e), TP_ENOTFOUND);
+    tp_model_free(b);
+}
+
+static void vocab_only_gguf_files_give_a_tokenizer(void **state)
+{
+    (void)state;
+    char path[4096];
+    tp_tokenizer *t;
+    tp_err e;
+    model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", path, sizeof path);
+    assert_int_equal(tp_model_load_tokenizer(path, &t, &e), 0);
+    int ids[64];
+    size_t n;
+    encode(t, "Hello world", false, ids, &n);
+    const int want[] = {15043, 3186}; /* the file's own .out test vector */
+    assert_int_equal(n, 2);
+    assert_memory_equal(ids, want, sizeof want);
+    assert_int_equal(tp_tokenizer_vocab_size(t), 32000);
+    tp_tokenizer_free(t);
+    model_file_path("llama.cpp-vocab/ggml-vocab-gpt-2.gguf", path, sizeof path);
+    assert_int_equal(tp_model_load_tokenizer(path, &t, &e), TP_EFORMAT);
+    assert_non_null(strstr(e.msg, "'gpt2'"));
+    model_file_path("stories260K.bin", path, sizeof path);
+    assert_int_equal(tp_model_load_tokenizer(path, &t, &e), TP_EFORMAT);
+    assert_non_null(strstr(e.msg, "not a GGUF file"));
+}
+
 static void missing_file_is_an_io_error_naming_the_path(void **state)
 {
     (void)state;
@@ -201,6 +252,8 @@ int main(void)
         cmocka_unit_test(negative_vocab_means_classifier_after_freq_cis),
         cmocka_unit_test(every_truncation_of_either_file_is_rejected),
         cmocka_unit_test(llama2c_bad_header_fields_are_named),
+        cmocka_unit_test(gguf_embedded_vocab_encodes_like_run_c),
+        cmocka_unit_test(vocab_only_gguf_files_give_a_tokenizer),
         cmocka_unit_test(missing_file_is_an_io_error_naming_the_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

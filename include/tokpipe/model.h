@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "tokpipe/error.h"
+#include "tokpipe/tokenizer.h"
 
 typedef struct tp_model tp_model;
 
@@ -104,5 +105,18 @@ int tp_model_eos_ids(const tp_model *m, const int **ids);
  * tokenizer.ggml.tokens; TP_ENOTFOUND otherwise (llama2.c checkpoints keep
  * their tokenizer in a separate file). */
 int tp_model_vocab_get(const tp_model *m, tp_model_vocab *out, tp_err *err);
+
+/* A tokenizer built from the embedded vocabulary (tp_tokenizer_from_vocab);
+ * *out is owned by the caller and independent of m. TP_ENOTFOUND without
+ * an embedded vocabulary; TP_EFORMAT if tokenizer.ggml.model is not the
+ * SentencePiece "llama" kind. */
+int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err);
+
+/* The same from any GGUF file that embeds a vocabulary, with or without
+ * tensors (e.g. llama.cpp's vocab-only ggml-vocab-*.gguf files). */
+int tp_model_load_tokenizer(const char *path, tp_tokenizer **out, tp_err *err);
+
+/* Same from a caller-owned GGUF image in memory (for fuzzing and tests). */
+int tp_model_tokenizer_from_memory(const void *data, size_t size, tp_tokenizer **out, tp_err *err);
 
 #endif

@@ -319,7 +319,7 @@ static int gguf_vocab_ids(tp_model *m, const tp_gguf *g, tp_err *err)
     if (!rc) rc = gguf_int(g, "tokenizer.ggml.unknown_token_id", 0, false, &v->unk_id, err);
     if (rc)
         return rc;
-    int V = m->cfg.vocab_size;
+    int V = m->cfg.vocab_size ? m->cfg.vocab_size : MAX_VOCAB;
     if (v->bos_id < 0 || v->bos_id >= V || v->eos_id < 0 || v->eos_id >= V || v->unk_id < 0 || v->unk_id >= V)
         return tp_err_set(err, TP_EFORMAT, "gguf: special token ids bos=%d eos=%d unk=%d outside vocab 0..%d",
                           v->bos_id, v->eos_id, v->unk_id, V - 1);
@@ -351,7 +351,7 @@ static int gguf_numbers(const tp_gguf *g, const char *key, uint32_t want_type, i
 
 static int gguf_vocab(tp_model *m, const tp_gguf *g, tp_err *err)
 {
-    int rc = gguf_vocab_ids(m, g, err);
+    int rc = m->cfg.vocab_size ? gguf_vocab_ids(m, g, err) : 0;
     if (rc)
         return rc;
     tp_gguf_str *toks;
@@ -363,6 +363,8 @@ static int gguf_vocab(tp_model *m, const tp_gguf *g, tp_err *err)
     }
     if (rc)
         return rc;
+    if (!m->cfg.vocab_size && n >= 1 && n <= MAX_VOCAB)
+        m->cfg.vocab_size = (int)n; /* vocab-only file: the token list decides */
     int V = m->cfg.vocab_size;
     if (n != (uint64_t)V) {
         free(toks);
@@ -383,6 +385,8 @@ static int gguf_vocab(tp_model *m, const tp_gguf *g, tp_err *err)
         m->types[i] = 1;
     }
     free(toks);
+    if (!m->n_eos && (rc = gguf_vocab_ids(m, g, err))) /* vocab-only: ids checked against n now */
+        return rc;
     rc = gguf_numbers(g, "tokenizer.ggml.scores", TP_GGUF_F32, V, m->scores, err);
     if (!rc) rc = gguf_numbers(g, "tokenizer.ggml.token_type", TP_GGUF_I32, V, m->types, err);
     if (rc)
@@ -452,9 +456,8 @@ int tp_model_from_memory(const void *data, size_t size, tp_model **out, tp_err *
     return 0;
 }
 
-int tp_model_load(const char *path, tp_model **out, tp_err *err)
+static int map_file(const char *path, void **map, size_t *size, tp_err *err)
 {
-    *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return tp_err_set(err, TP_EIO, "model: cannot open %s: %s", path, strerror(errno));
@@ -463,12 +466,23 @@ int tp_model_load(const char *path, tp_model **out, tp_err *err)
         close(fd);
         return tp_err_set(err, TP_EIO, "model: %s is not a non-empty regular file", path);
     }
-    size_t size = (size_t)st.st_size;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    *size = (size_t)st.st_size;
+    *map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (map == MAP_FAILED)
+    if (*map == MAP_FAILED)
         return tp_err_set(err, TP_EIO, "model: cannot mmap %s: %s", path, strerror(errno));
-    int rc = tp_model_from_memory(map, size, out, err);
+    return 0;
+}
+
+int tp_model_load(const char *path, tp_model **out, tp_err *err)
+{
+    *out = NULL;
+    void *map;
+    size_t size;
+    int rc = map_file(path, &map, &size, err);
+    if (rc)
+        return rc;
+    rc = tp_model_from_memory(map, size, out, err);
     if (rc) {
         munmap(map, size);
         if (err) {
@@ -507,6 +521,78 @@ int tp_model_eos_ids(const tp_model *m, const int **ids)
 {
     *ids = m->eos;
     return m->n_eos;
+}
+
+int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err)
+{
+    *out = NULL;
+    tp_model_vocab v;
+    memset(&v, 0, sizeof v);
+    int rc = tp_model_vocab_get(m, &v, err);
+    if (rc)
+        return rc;
+    if (v.model[0] && strcmp(v.model, "llama"))
+        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.model is '%s'; only SentencePiece ('llama') "
+                          "vocabularies are supported", v.model);
+    return tp_tokenizer_from_vocab(v.pieces, v.piece_lens, v.scores, v.types, v.n, v.bos_id, v.eos_id, out,
+                                   err);
+}
+
+/* Vocabulary-only view of a GGUF file: no tensors or shape required. */
+static int vocab_only(tp_model *m, tp_err *err)
+{
+    if (m->size < 4 || memcmp(m->data, "GGUF", 4))
+        return tp_err_set(err, TP_EFORMAT, "not a GGUF file (llama2.c tokenizers are separate "
+                          "tokenizer.bin files)");
+    int rc = tp_gguf_parse(m->data, m->size, &m->gguf, err);
+    if (!rc)
+        rc = gguf_vocab(m, m->gguf, err);
+    if (!rc && !m->pieces)
+        rc = tp_err_set(err, TP_ENOTFOUND, "gguf: no tokenizer.ggml.tokens in this file");
+    return rc;
+}
+
+/* Vocabulary-only model over data; takes ownership of map (may be NULL). */
+static int tokenizer_from(const void *data, size_t size, void *map, tp_tokenizer **out, tp_err *err)
+{
+    tp_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        if (map)
+            munmap(map, size);
+        return tp_err_set(err, TP_ENOMEM, "model: out of memory");
+    }
+    m->data = data;
+    m->size = size;
+    m->map = map;
+    m->map_size = size;
+    m->format = TP_MODEL_GGUF;
+    int rc = vocab_only(m, err);
+    if (!rc)
+        rc = tp_model_tokenizer(m, out, err);
+    tp_model_free(m);
+    return rc;
+}
+
+int tp_model_tokenizer_from_memory(const void *data, size_t size, tp_tokenizer **out, tp_err *err)
+{
+    *out = NULL;
+    return tokenizer_from(data, size, NULL, out, err);
+}
+
+int tp_model_load_tokenizer(const char *path, tp_tokenizer **out, tp_err *err)
+{
+    *out = NULL;
+    void *map;
+    size_t size;
+    int rc = map_file(path, &map, &size, err);
+    if (!rc)
+        rc = tokenizer_from(map, size, map, out, err);
+    if (rc && err) {
+        char msg[TP_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        tp_err_set(err, rc, "%s: %s", path, msg);
+    }
+    return rc;
 }
 
 int tp_model_vocab_get(const tp_model *m, tp_model_vocab *out, tp_err *err)
