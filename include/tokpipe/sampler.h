@@ -14,7 +14,9 @@
  *      then the smallest set whose mass is >= top_p of what is left, then
  *      drop tokens below min_p times the most likely one's probability, and
  *      draw from what remains in proportion to probability.
- * Ties in ranking are broken by lower id, so the kept set is well defined.
+ * Tokens are ranked by penalized logit, ties by lower id, so the kept set is
+ * well defined. Cost per call: O(vocab) expected (top-k by a k-heap, top-p by
+ * llama2.c's cut then quickselect; no full sort).
  *
  * Randomness is counter based: the draw for the n-th generated token is
  * SplitMix64 output n of the stream seeded by `seed`. A job's tokens thus

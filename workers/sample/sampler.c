@@ -10,7 +10,8 @@
 #include <string.h>
 
 struct cand {
-    float w; /* unnormalized probability exp((logit - max) / temperature) */
+    float l; /* logit after penalties; ranks the candidates */
+    float w; /* unnormalized probability exp((l - max) / temperature) */
     int32_t id;
 };
 
@@ -230,10 +231,11 @@ static int argmax(const float *x, int n)
     return best;
 }
 
-/* a ranks before b: more probable, or as probable and a lower id. */
+/* a ranks before b: higher logit (so at least as probable), or the same
+ * logit and a lower id. */
 static bool ranks_before(const struct cand *a, const struct cand *b)
 {
-    return a->w > b->w || (a->w == b->w && a->id < b->id);
+    return a->l > b->l || (a->l == b->l && a->id < b->id);
 }
 
 static void swap(struct cand *a, struct cand *b)
@@ -260,21 +262,6 @@ static size_t partition(struct cand *c, size_t lo, size_t hi)
             swap(&c[i], &c[store++]);
     swap(&c[store], &c[last]);
     return store;
-}
-
-/* Reorder c so that c[0, k) are the k best (in some order). */
-static void select_top_k(struct cand *c, size_t n, size_t k)
-{
-    size_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        size_t m = partition(c, lo, hi);
-        if (m == k || m + 1 == k)
-            return;
-        if (m > k)
-            hi = m;
-        else
-            lo = m + 1;
-    }
 }
 
 static void insertion_sort(struct cand *c, size_t lo, size_t hi)
@@ -311,29 +298,88 @@ static size_t select_top_mass(struct cand *c, size_t n, double target)
     return hi; /* rounding left the target out of reach: keep everything */
 }
 
+static float weight(float l, float max, float inv_t)
+{
+    float d = l - max;
+    /* d == 0 is special-cased so a tiny temperature (inv_t = inf) gives 1,
+     * not NaN. */
+    return d == 0.0f ? 1.0f : expf(d * inv_t);
+}
+
+static void heap_sift_down(struct cand *h, size_t n, size_t i)
+{
+    for (;;) { /* min-heap by rank: the root is the worst kept candidate */
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            return;
+        if (c + 1 < n && ranks_before(&h[c], &h[c + 1]))
+            c++;
+        if (!ranks_before(&h[i], &h[c]))
+            return;
+        swap(&h[i], &h[c]);
+        i = c;
+    }
+}
+
+/* The k best finite logits of work[] into cand[0, k) with a k-heap: one
+ * comparison for most tokens, and exp only for the k kept. */
+static size_t gather_top_k(tp_sampler *s, size_t k, float max, float inv_t)
+{
+    struct cand *h = s->cand;
+    size_t n = 0;
+    for (int i = 0; i < s->vocab; i++) {
+        struct cand c = {s->work[i], 0.0f, i};
+        if (!(c.l > -INFINITY))
+            continue;
+        if (n < k) {
+            h[n++] = c;
+            for (size_t j = n - 1; j > 0 && ranks_before(&h[(j - 1) / 2], &h[j]); j = (j - 1) / 2)
+                swap(&h[j], &h[(j - 1) / 2]);
+        } else if (ranks_before(&c, &h[0])) {
+            h[0] = c;
+            heap_sift_down(h, n, 0);
+        }
+    }
+    size_t kept = 0;
+    for (size_t j = 0; j < n; j++) {
+        h[j].w = weight(h[j].l, max, inv_t);
+        if (h[j].w > 0.0f)
+            h[kept++] = h[j];
+    }
+    return kept;
+}
+
+static size_t gather_all(tp_sampler *s, float max, float inv_t)
+{
+    size_t n = 0;
+    for (int i = 0; i < s->vocab; i++) {
+        float w = weight(s->work[i], max, inv_t);
+        if (w > 0.0f) /* an underflowed weight can never be drawn */
+            s->cand[n++] = (struct cand){s->work[i], w, i};
+    }
+    return n;
+}
+
 /* Step 4 on work[]; returns the number of candidates kept in s->cand. */
 static size_t filter_candidates(tp_sampler *s, float max)
 {
     const tp_sampler_params *p = &s->p;
     float inv_t = 1.0f / p->temperature;
-    size_t n = 0;
-    for (int i = 0; i < s->vocab; i++) {
-        float d = s->work[i] - max;
-        /* d == 0 is special-cased so a tiny temperature (inv_t = inf) gives
-         * 1, not NaN; tokens whose weight underflows to 0 cannot be drawn. */
-        float w = d == 0.0f ? 1.0f : expf(d * inv_t);
-        if (w > 0.0f)
-            s->cand[n++] = (struct cand){w, i};
-    }
-    if (p->top_k > 0 && (size_t)p->top_k < n) {
-        select_top_k(s->cand, n, (size_t)p->top_k);
-        n = (size_t)p->top_k;
-    }
-    if (p->top_p < 1.0f) {
+    size_t n = p->top_k > 0 && p->top_k < s->vocab ? gather_top_k(s, (size_t)p->top_k, max, inv_t)
+                                                    : gather_all(s, max, inv_t);
+    if (p->top_p < 1.0f && n > 1) {
         double total = 0.0;
         for (size_t i = 0; i < n; i++)
             total += s->cand[i].w;
-        n = select_top_mass(s->cand, n, (double)p->top_p * total);
+        /* llama2.c's cut: tokens lighter than (1 - top_p) * total / (n - 1)
+         * weigh less than (1 - top_p) * total together (the heaviest is never
+         * among them), so the top-p set lies among the others. */
+        double cut = (1.0 - (double)p->top_p) * total / (double)(n - 1);
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++)
+            if (s->cand[i].w >= cut)
+                s->cand[kept++] = s->cand[i];
+        n = select_top_mass(s->cand, kept, (double)p->top_p * total);
     }
     if (p->min_p > 0.0f) {
         size_t kept = 0; /* the most likely token has w == 1 */
