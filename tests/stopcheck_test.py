@@ -130,6 +130,15 @@ class StopcheckTest(unittest.TestCase):
         self.assertEqual((out[3]["finish_reason"], out[3]["matched"]), ("stop_token", 2))
         self.assertEqual(rc, 1)
 
+    def test_trace_shows_bytes_and_held_back_prefix(self):
+        rc, out = stopcheck(['{"pieces": ["Hi ", "upo", "n a"], "stop": ["upon a"], "trace": true}'])
+        steps = out[0]["steps"]
+        self.assertEqual([s["bytes"] for s in steps], ["Hi ".encode().hex(), b"upo".hex(), b"n a".hex()])
+        self.assertEqual([s["held"] for s in steps], ["", b"upo".hex(), ""])
+        self.assertEqual([s["accepted"] for s in steps], [True, True, False])
+        self.assertEqual(steps[-1]["finish"], "stop_string")
+        self.assertEqual(out[0]["text"], "Hi ")
+
     def test_help(self):
         p = subprocess.run([BIN, "stopcheck", "--help"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0)

@@ -25,7 +25,11 @@
  * (a) the longest suffix of T that is a proper prefix of a stop string (not
  * with include_stop_str_in_output) and (b) an unfinished UTF-8 sequence at
  * the end. Held bytes are released at every finish except stop_string.
- * Concatenated chunks == final text, always. Chunks are not token-aligned.
+ * Concatenated chunks == final text, always. Chunks are not token-aligned
+ * (publish token ids beside them). T is generated text only: a character
+ * the prompt left unfinished is not completed across the boundary (its
+ * continuation bytes decode as U+FFFD). For a multi-token step (speculative
+ * decoding) feed the tokens in order and drop the rest at the first finish.
  *
  * Cost per candidate is O(bytes of the candidate) amortized, whatever the
  * number of stop strings (one Aho-Corasick automaton over bytes, built once
@@ -130,8 +134,13 @@ int32_t tp_stop_completion_tokens(const tp_stop *s);
 /* TP_FINISH_NONE while running. */
 tp_finish_reason tp_stop_finish_reason(const tp_stop *s);
 
-/* Raw bytes currently held back (not yet published). */
+/* Raw bytes currently held back (not yet published): their count, and the
+ * bytes themselves (borrowed until the next call on s). */
 size_t tp_stop_held_bytes(const tp_stop *s);
+const uint8_t *tp_stop_held(const tp_stop *s, size_t *len);
+
+/* Bytes of memory the job's stop state uses (automaton + buffers). */
+size_t tp_stop_memory(const tp_stop *s);
 
 /* Number of distinct stop strings after merging duplicates, and the i-th
  * (in order of first appearance in the config). Borrowed while s lives. */

@@ -8,7 +8,9 @@
  *             "prompt_last_id", default BOS: the leading-space context);
  *   "stop": [strings], "stop_token_ids": [ints], "eos_token_id": int or
  *   [ints] (default in tokens mode: the tokenizer's EOS), "ignore_eos",
- *   "include_stop_str_in_output": bool, "min_tokens", "max_tokens": int.
+ *   "include_stop_str_in_output": bool, "min_tokens", "max_tokens": int,
+ *   "trace": bool (adds "steps": per candidate its id, bytes (hex),
+ *   accepted, chunk, bytes held back (hex) and finish).
  * In tokens mode a stop string naming a control token ("</s>") is turned
  * into a stop id (tp_detok_control_id). Unknown fields are errors (a misspelt "stops" must not pass silently).
  * Running out of pieces before a finish means the job was cancelled.

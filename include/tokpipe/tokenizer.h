@@ -57,6 +57,9 @@ int tp_tokenizer_eos_id(const tp_tokenizer *tok);
 /* The unknown token's id, or -1 if the vocabulary has none. */
 int tp_tokenizer_unk_id(const tp_tokenizer *tok);
 
+/* The merge score of token id (higher merges first); 0 if out of range. */
+float tp_tokenizer_score(const tp_tokenizer *tok, int id);
+
 /* The type of token id (enum tp_token_type); 0 if id is out of range. */
 int tp_tokenizer_token_type(const tp_tokenizer *tok, int id);
 

@@ -168,7 +168,7 @@ static void publish(struct run *w, size_t step, size_t upto)
 {
     size_t len;
     char *d = oracle_utf8_replace(w->t, upto, &len);
-    if (len < w->pub_len || memcmp(d, w->pub, w->pub_len)) w->r->retracted = true;
+    if (len < w->pub_len || (w->pub_len && memcmp(d, w->pub, w->pub_len))) w->r->retracted = true;
     size_t add = len > w->pub_len ? len - w->pub_len : 0;
     w->r->chunk[step] = malloc(add + 1);
     memcpy(w->r->chunk[step], d + (len - add), add);

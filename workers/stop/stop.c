@@ -198,29 +198,42 @@ static int reserve(void **buf, size_t *cap, size_t need)
     return 0;
 }
 
-/* The unpublished text is pend followed by the candidate's bytes nb[0..n).
- * Publish its first k bytes: decode them into the text, update the
- * hold-back counters and keep the rest in pend (pend_cap was reserved for
- * pend_len + n). Cut points are always before a non-continuation byte or
- * at the end of a finished job, so decoding the pieces separately gives
- * the same text as decoding T at once. */
-/* Copy n bytes forward, dst <= src allowed to overlap: fixed-size moves
- * compile to a load and a store, cheaper than a libc call for the few
- * bytes of a token. */
+/* Copy n bytes, memmove semantics (src and dst may overlap). Tokens are a
+ * few bytes: two possibly overlapping word moves, all loads before the
+ * stores, beat a libc call. */
 static void copy_small(uint8_t *dst, const uint8_t *src, size_t n)
 {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) memmove(dst + i, src + i, 8);
-    for (; i < n; i++) dst[i] = src[i];
+    if (n >= 8) {
+        memmove(dst, src, n);
+    } else if (n >= 4) {
+        uint32_t a, b;
+        memcpy(&a, src, 4);
+        memcpy(&b, src + n - 4, 4);
+        memcpy(dst, &a, 4);
+        memcpy(dst + n - 4, &b, 4);
+    } else if (n >= 2) {
+        uint16_t a, b;
+        memcpy(&a, src, 2);
+        memcpy(&b, src + n - 2, 2);
+        memcpy(dst, &a, 2);
+        memcpy(dst + n - 2, &b, 2);
+    } else if (n) {
+        dst[0] = src[0];
+    }
+}
+
+static bool all_ascii(const uint8_t *b, size_t k)
+{
+    uint8_t any = 0;
+    for (size_t i = 0; i < k; i++) any |= b[i];
+    return any < 0x80;
 }
 
 /* Decode k bytes onto the text (capacity reserved); ASCII, the common
  * case, is copied as is. */
 static void append_text(tp_stop *s, const uint8_t *b, size_t k)
 {
-    uint8_t any = 0;
-    for (size_t i = 0; i < k; i++) any |= b[i];
-    if (any < 0x80) {
+    if (all_ascii(b, k)) {
         copy_small((uint8_t *)s->text + s->text_len, b, k);
         s->text_len += k;
     } else {
@@ -228,6 +241,12 @@ static void append_text(tp_stop *s, const uint8_t *b, size_t k)
     }
 }
 
+/* The unpublished text is pend followed by the candidate's bytes nb[0..n).
+ * Publish its first k bytes: decode them into the text, update the
+ * hold-back counters and keep the rest in pend (pend_cap was reserved for
+ * pend_len + n). Cut points are always before a non-continuation byte or
+ * at the end of a finished job, so decoding the pieces separately gives
+ * the same text as decoding T at once. */
 static int publish(tp_stop *s, const uint8_t *nb, size_t n, size_t k, tp_stop_step *out)
 {
     size_t before = s->text_len;
@@ -446,6 +465,18 @@ tp_finish_reason tp_stop_finish_reason(const tp_stop *s)
 size_t tp_stop_held_bytes(const tp_stop *s)
 {
     return s->pend_len;
+}
+
+const uint8_t *tp_stop_held(const tp_stop *s, size_t *len)
+{
+    *len = s->pend_len;
+    return s->pend;
+}
+
+size_t tp_stop_memory(const tp_stop *s)
+{
+    return sizeof *s + tp_stopmatch_memory(s->match) + s->pend_cap + s->text_cap +
+           (s->n_stop_ids + s->n_eos_ids) * sizeof(int32_t);
 }
 
 size_t tp_stop_n_strings(const tp_stop *s)

@@ -22,7 +22,7 @@ struct sc_case {
     int32_t *id;
     bool tokens_mode;
     int32_t prompt_last;
-    bool has_prompt_last, has_eos;
+    bool has_prompt_last, has_eos, trace;
     const char **stop;
     size_t *stop_len;
     int32_t *stop_ids, *eos_ids;
@@ -187,6 +187,7 @@ static int get_pieces(struct sc_case *c, const cJSON *it, tp_err *err)
 enum field_bit {
     F_PIECES = 1 << 0, F_TOKENS = 1 << 1, F_STOP = 1 << 2, F_STOP_IDS = 1 << 3, F_EOS = 1 << 4,
     F_IGNORE_EOS = 1 << 5, F_MIN = 1 << 6, F_MAX = 1 << 7, F_INCLUDE = 1 << 8, F_PROMPT = 1 << 9,
+    F_TRACE = 1 << 10,
 };
 
 static const struct {
@@ -196,7 +197,7 @@ static const struct {
     {"pieces", F_PIECES}, {"tokens", F_TOKENS}, {"stop", F_STOP},
     {"stop_token_ids", F_STOP_IDS}, {"eos_token_id", F_EOS}, {"ignore_eos", F_IGNORE_EOS},
     {"min_tokens", F_MIN}, {"max_tokens", F_MAX}, {"include_stop_str_in_output", F_INCLUDE},
-    {"prompt_last_id", F_PROMPT},
+    {"prompt_last_id", F_PROMPT}, {"trace", F_TRACE},
 };
 
 static int field_of(const char *name, unsigned *bit)
@@ -223,6 +224,7 @@ static int read_field(struct sc_case *c, unsigned bit, const cJSON *f, tp_err *e
     case F_MIN: return get_int(f, "min_tokens", &g->min_tokens, err);
     case F_MAX: return get_int(f, "max_tokens", &g->max_tokens, err);
     case F_INCLUDE: return get_bool(f, "include_stop_str_in_output", &g->include_stop_str_in_output, err);
+    case F_TRACE: return get_bool(f, "trace", &c->trace, err);
     default: c->has_prompt_last = true; return get_int(f, "prompt_last_id", &c->prompt_last, err);
     }
 }
@@ -329,8 +331,44 @@ static int setup_tokens(struct sc_case *c, const tp_tokenizer *tok, tp_detok **d
     return rc;
 }
 
+/* Hex of n bytes as a new cJSON string (NULL when out of memory). */
+static cJSON *hex_json(const uint8_t *b, size_t n)
+{
+    char *h = malloc(2 * n + 1);
+    if (!h) return NULL;
+    for (size_t i = 0; i < n; i++) snprintf(h + 2 * i, 3, "%02x", b[i]);
+    h[2 * n] = '\0';
+    cJSON *j = cJSON_CreateString(h);
+    free(h);
+    return j;
+}
+
+/* trace: what the stage saw and did for one candidate — its id and bytes,
+ * whether it was accepted, the chunk and the bytes still held back. */
+static int add_trace(cJSON *steps, tp_stop *s, int32_t id, const uint8_t *b, size_t n,
+                     const tp_stop_step *st, tp_err *err)
+{
+    cJSON *o = cJSON_CreateObject();
+    size_t held_len;
+    const uint8_t *held = tp_stop_held(s, &held_len);
+    if (!o || !cJSON_AddItemToArray(steps, o)) {
+        cJSON_Delete(o);
+        return tp_err_set(err, TP_ENOMEM, "out of memory");
+    }
+    cJSON_AddNumberToObject(o, "id", id);
+    cJSON_AddItemToObject(o, "bytes", hex_json(b, n));
+    cJSON_AddBoolToObject(o, "accepted", st->accepted);
+    char *chunk = strndup(st->chunk, st->chunk_len);
+    cJSON_AddStringToObject(o, "chunk", chunk ? chunk : "");
+    free(chunk);
+    cJSON_AddItemToObject(o, "held", hex_json(held, held_len));
+    if (st->finish != TP_FINISH_NONE)
+        cJSON_AddStringToObject(o, "finish", tp_finish_reason_name(st->finish));
+    return 0;
+}
+
 static int feed_one(struct sc_case *c, tp_detok *d, tp_stop *s, size_t i, tp_stop_step *st,
-                    tp_err *err)
+                    cJSON *steps, tp_err *err)
 {
     const uint8_t *b = c->tokens_mode ? NULL : c->bytes[i];
     size_t n = c->tokens_mode ? 0 : c->len[i];
@@ -343,11 +381,12 @@ static int feed_one(struct sc_case *c, tp_detok *d, tp_stop *s, size_t i, tp_sto
     }
     int rc = tp_stop_feed(s, c->id[i], b, n, st);
     if (rc) return tp_err_set(err, rc, "stop: %s", tp_err_name(rc));
+    if (steps && (rc = add_trace(steps, s, c->id[i], b, n, st, err))) return rc;
     if (d && st->accepted) return tp_detok_accept(d, c->id[i], err);
     return 0;
 }
 
-static cJSON *result_json(tp_stop *s, cJSON *chunks, const tp_stop_step *last)
+static cJSON *result_json(tp_stop *s, cJSON *chunks, cJSON *steps, const tp_stop_step *last)
 {
     cJSON *o = cJSON_CreateObject();
     size_t len;
@@ -365,6 +404,7 @@ static cJSON *result_json(tp_stop *s, cJSON *chunks, const tp_stop_step *last)
         cJSON_AddNullToObject(o, "matched");
     }
     cJSON_AddNumberToObject(o, "completion_tokens", tp_stop_completion_tokens(s));
+    if (steps) cJSON_AddItemToObject(o, "steps", steps);
     return o;
 }
 
@@ -373,13 +413,13 @@ static int run_case(struct sc_case *c, const tp_tokenizer *tok, tp_stop_stats *s
 {
     tp_detok *d = NULL;
     tp_stop *s = NULL;
-    cJSON *chunks = cJSON_CreateArray();
-    int rc = chunks ? 0 : tp_err_set(err, TP_ENOMEM, "out of memory");
+    cJSON *chunks = cJSON_CreateArray(), *steps = c->trace ? cJSON_CreateArray() : NULL;
+    int rc = chunks && (steps || !c->trace) ? 0 : tp_err_set(err, TP_ENOMEM, "out of memory");
     if (!rc && c->tokens_mode) rc = setup_tokens(c, tok, &d, err);
     if (!rc) rc = tp_stop_new(&c->cfg, &s, err);
     tp_stop_step st = {.matched_id = -1};
     for (size_t i = 0; !rc && i < c->n && tp_stop_finish_reason(s) == TP_FINISH_NONE; i++) {
-        rc = feed_one(c, d, s, i, &st, err);
+        rc = feed_one(c, d, s, i, &st, steps, err);
         if (!rc) rc = add_chunk(chunks, &st, err);
     }
     if (!rc && tp_stop_finish_reason(s) == TP_FINISH_NONE) {
@@ -387,11 +427,12 @@ static int run_case(struct sc_case *c, const tp_tokenizer *tok, tp_stop_stats *s
         rc = add_chunk(chunks, &st, err);
     }
     if (!rc) {
-        *out = result_json(s, chunks, &st);
-        chunks = NULL;
+        *out = result_json(s, chunks, steps, &st);
+        chunks = steps = NULL;
         if (stats) tp_stop_stats_merge(stats, tp_stop_get_stats(s));
     }
     cJSON_Delete(chunks);
+    cJSON_Delete(steps);
     tp_stop_free(s);
     tp_detok_free(d);
     return rc;

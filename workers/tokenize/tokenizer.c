@@ -412,6 +412,11 @@ int tp_tokenizer_bos_id(const tp_tokenizer *t) { return t->bos; }
 int tp_tokenizer_eos_id(const tp_tokenizer *t) { return t->eos; }
 int tp_tokenizer_unk_id(const tp_tokenizer *t) { return t->unk; }
 
+float tp_tokenizer_score(const tp_tokenizer *t, int id)
+{
+    return id >= 0 && id < t->n ? t->score[id] : 0.0f;
+}
+
 int tp_tokenizer_token_type(const tp_tokenizer *t, int id)
 {
     return id >= 0 && id < t->n ? t->type[id] : 0;

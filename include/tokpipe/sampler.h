@@ -1,0 +1,89 @@
+/* Per-job token sampler: penalties, greedy or temperature sampling with
+ * top-k / top-p / min-p, and a per-job random stream.
+ *
+ * Order of operations on each call (the Hugging Face warper order):
+ *   1. penalties over the last penalty_window tokens of prompt + accepted
+ *      tokens: repetition (CTRL: a positive logit is divided by it, a
+ *      negative one multiplied), then presence (subtract once if the token
+ *      occurs) and frequency (subtract times its count), OpenAI style;
+ *   2. while fewer than min_tokens tokens were accepted, ban_ids get -inf;
+ *      NaN logits are treated as -inf;
+ *   3. temperature 0: argmax, the first maximum wins (llama2.c); the other
+ *      sampling fields are ignored and no random number is used;
+ *   4. otherwise softmax(logits / temperature), keep the top_k most likely,
+ *      then the smallest set whose mass is >= top_p of what is left, then
+ *      drop tokens below min_p times the most likely one's probability, and
+ *      draw from what remains in proportion to probability.
+ * Tokens are ranked by penalized logit, ties by lower id, so the kept set is
+ * well defined. Cost per call: O(vocab) expected (top-k by a k-heap, top-p by
+ * llama2.c's cut then quickselect; no full sort).
+ *
+ * Randomness is counter based: the draw for the n-th generated token is
+ * SplitMix64 output n of the stream seeded by `seed`. A job's tokens thus
+ * depend only on its prompt, parameters, seed and the logits — never on
+ * other jobs or the batch — and a sampler rebuilt from the prompt and the
+ * accepted tokens (tp_sampler_accept) continues exactly where the lost one
+ * would have. */
+#ifndef TOKPIPE_SAMPLER_H
+#define TOKPIPE_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokpipe/error.h"
+
+/* Defaults (tp_sampler_params_default). */
+#define TP_SAMPLER_DEFAULT_TEMPERATURE 1.0f
+#define TP_SAMPLER_DEFAULT_PENALTY_WINDOW 64 /* llama.cpp's repeat_last_n */
+#define TP_SAMPLER_MAX_PENALTY_WINDOW (1 << 20)
+
+typedef struct tp_sampler_params {
+    float temperature;        /* >= 0; 0 = greedy */
+    int top_k;                /* >= 0; 0 = off */
+    float top_p;              /* (0, 1]; 1 = off */
+    float min_p;              /* [0, 1]; 0 = off */
+    float repetition_penalty; /* > 0; 1 = off */
+    float presence_penalty;   /* [-2, 2]; 0 = off */
+    float frequency_penalty;  /* [-2, 2]; 0 = off */
+    int penalty_window;       /* [0, TP_SAMPLER_MAX_PENALTY_WINDOW]; 0 = no penalties */
+    uint64_t seed;
+    int min_tokens;           /* >= 0: ban_ids are never picked before this many accepts */
+    const int32_t *ban_ids;   /* e.g. EOS and stop ids; copied by tp_sampler_new */
+    size_t n_ban;
+} tp_sampler_params;
+
+typedef struct tp_sampler tp_sampler;
+
+/* temperature 1, top_k 0, top_p 1, min_p 0, no penalties, window 64,
+ * seed 0, min_tokens 0, no ban ids. */
+tp_sampler_params tp_sampler_params_default(void);
+
+/* 0 if every field is in range for a vocabulary of vocab_size tokens, else
+ * TP_EINVAL/TP_ERANGE and a message naming the field and value, e.g.
+ * "temperature must be >= 0, got -1". */
+int tp_sampler_params_validate(const tp_sampler_params *p, int vocab_size, tp_err *err);
+
+/* A sampler for one job. p is validated and copied (ban_ids too); the prompt
+ * ids (each in [0, vocab_size)) seed the penalty history. All scratch memory
+ * is allocated here, none per call. *out is owned by the caller. */
+int tp_sampler_new(const tp_sampler_params *p, int vocab_size, const int32_t *prompt_ids,
+                   size_t n_prompt, tp_sampler **out, tp_err *err);
+
+void tp_sampler_free(tp_sampler *s);
+
+/* Pick the next token from logits[vocab_size] (not modified). Does not
+ * change the sampler: calling it again before tp_sampler_accept gives the
+ * same token. TP_ERANGE if no token is possible (every logit -inf/NaN or
+ * banned). Not thread-safe on one sampler; separate samplers are
+ * independent. */
+int tp_sampler_sample(tp_sampler *s, const float *logits, int32_t *token_out, tp_err *err);
+
+/* Record that token was accepted (appended to the job's output): it enters
+ * the penalty window and advances the random stream. TP_ERANGE if token is
+ * outside the vocabulary. */
+int tp_sampler_accept(tp_sampler *s, int32_t token, tp_err *err);
+
+/* Number of tokens accepted so far (prompt not included). */
+size_t tp_sampler_n_accepted(const tp_sampler *s);
+
+#endif

@@ -1,0 +1,385 @@
+/* Producer/subscriber client over ZeroMQ (see client.h). */
+#include "client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "tokpipe/config.h"
+
+#define DEFAULT_TIMEOUT_MS 5000
+
+struct tp_client {
+    void *ctx;
+    void *dealer;
+    void *sub;
+    void *monitor;          /* PAIR receiving the SUB socket's connect events */
+    char *front;
+    char *events;
+    int timeout_ms;
+    uint64_t next_req;
+    uint64_t bad_events;
+    bool events_ready;
+};
+
+void tp_recv_free(tp_recv *r)
+{
+    if (!r)
+        return;
+    tp_msg_clear(&r->m);
+    for (size_t i = 0; i < r->n; i++)
+        free((void *)r->f[i].data);
+    memset(r, 0, sizeof *r);
+}
+
+static int zerr(tp_err *err, const char *what, const char *ep)
+{
+    return tp_err_set(err, TP_EIO, "%s %s: %s", what, ep ? ep : "", zmq_strerror(zmq_errno()));
+}
+
+static int set_int(void *s, int opt, int v)
+{
+    return zmq_setsockopt(s, opt, &v, sizeof v);
+}
+
+static int open_monitor(tp_client *c, tp_err *err)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "inproc://tp-client-mon-%p", (void *)c);
+    if (zmq_socket_monitor(c->sub, addr, ZMQ_EVENT_CONNECTED) != 0)
+        return zerr(err, "monitor", c->events);
+    c->monitor = zmq_socket(c->ctx, ZMQ_PAIR);
+    if (!c->monitor || zmq_connect(c->monitor, addr) != 0)
+        return zerr(err, "monitor", c->events);
+    return 0;
+}
+
+static int open_sockets(tp_client *c, tp_err *err)
+{
+    if (c->front) {
+        c->dealer = zmq_socket(c->ctx, ZMQ_DEALER);
+        if (!c->dealer || set_int(c->dealer, ZMQ_LINGER, 0) || zmq_connect(c->dealer, c->front))
+            return zerr(err, "cannot connect to frontend", c->front);
+    }
+    if (c->events) {
+        c->sub = zmq_socket(c->ctx, ZMQ_SUB);
+        if (!c->sub || set_int(c->sub, ZMQ_LINGER, 0))
+            return zerr(err, "cannot create SUB socket for", c->events);
+        int rc = open_monitor(c, err); /* before connect, so the CONNECTED event is not missed */
+        if (rc)
+            return rc;
+        if (zmq_connect(c->sub, c->events))
+            return zerr(err, "cannot connect to events", c->events);
+    }
+    return 0;
+}
+
+int tp_client_new(const tp_client_opts *o, tp_client **out, tp_err *err)
+{
+    tp_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return tp_err_set(err, TP_ENOMEM, "client: out of memory");
+    c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->ctx = zmq_ctx_new();
+    c->front = o->front ? strdup(o->front) : NULL;
+    c->events = o->events ? strdup(o->events) : NULL;
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
+        seed = (uint64_t)time(NULL) ^ (uint64_t)getpid();
+    c->next_req = (seed >> 16) | 1; /* distinct from other clients' numbers, never 0 */
+    int rc = 0;
+    if (!c->ctx || (o->front && !c->front) || (o->events && !c->events))
+        rc = tp_err_set(err, TP_ENOMEM, "client: out of memory");
+    if (!rc)
+        rc = open_sockets(c, err);
+    if (rc) {
+        tp_client_free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void tp_client_free(tp_client *c)
+{
+    if (!c)
+        return;
+    if (c->sub)
+        zmq_socket_monitor(c->sub, NULL, 0);
+    if (c->monitor)
+        zmq_close(c->monitor);
+    if (c->dealer)
+        zmq_close(c->dealer);
+    if (c->sub)
+        zmq_close(c->sub);
+    if (c->ctx)
+        zmq_ctx_term(c->ctx);
+    free(c->front);
+    free(c->events);
+    free(c);
+}
+
+const char *tp_client_front(const tp_client *c)
+{
+    return c->front ? c->front : "(none)";
+}
+
+const char *tp_client_events(const tp_client *c)
+{
+    return c->events ? c->events : "(none)";
+}
+
+uint64_t tp_client_bad_events(const tp_client *c)
+{
+    return c->bad_events;
+}
+
+int tp_client_send(tp_client *c, tp_msg *m, uint64_t *req_out, tp_err *err)
+{
+    if (!c->dealer)
+        return tp_err_set(err, TP_ESTATE, "client: no frontend endpoint");
+    if (m->req == 0)
+        m->req = c->next_req++;
+    if (req_out)
+        *req_out = m->req;
+    tp_wire w;
+    int rc = tp_proto_encode(m, &w, err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < w.n && !rc; i++)
+        if (zmq_send(c->dealer, w.f[i].data, w.f[i].len, i + 1 < w.n ? ZMQ_SNDMORE : 0) < 0)
+            rc = zerr(err, "send to", c->front);
+    tp_wire_free(&w);
+    return rc;
+}
+
+/* Wait for socket s to be readable; 1 = readable, 0 = timeout, < 0 error. */
+static int wait_readable(void *s, int timeout_ms)
+{
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    for (;;) {
+        int n = zmq_poll(&it, 1, timeout_ms);
+        if (n >= 0)
+            return n > 0;
+        if (zmq_errno() != EINTR)
+            return -1;
+    }
+}
+
+/* Read one whole multipart message into r's frames (heap copies). */
+static int read_frames(void *s, tp_recv *r, tp_err *err, const char *ep)
+{
+    memset(r, 0, sizeof *r);
+    int more = 1;
+    while (more) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, s, 0) < 0) {
+            zmq_msg_close(&part);
+            tp_recv_free(r);
+            return zerr(err, "receive from", ep);
+        }
+        more = zmq_msg_more(&part);
+        if (r->n < sizeof r->f / sizeof *r->f) {
+            size_t len = zmq_msg_size(&part);
+            void *copy = malloc(len ? len : 1);
+            if (!copy) {
+                zmq_msg_close(&part);
+                tp_recv_free(r);
+                return tp_err_set(err, TP_ENOMEM, "client: out of memory");
+            }
+            memcpy(copy, zmq_msg_data(&part), len);
+            r->f[r->n++] = (tp_frame){copy, len};
+        } else {
+            r->n = sizeof r->f / sizeof *r->f; /* too many frames: the decoder rejects it */
+        }
+        zmq_msg_close(&part);
+    }
+    return 0;
+}
+
+int tp_client_recv_reply(tp_client *c, tp_recv *reply, tp_err *err)
+{
+    memset(reply, 0, sizeof *reply);
+    if (!c->dealer)
+        return tp_err_set(err, TP_ESTATE, "client: no frontend endpoint");
+    int ready = wait_readable(c->dealer, c->timeout_ms);
+    if (ready < 0)
+        return zerr(err, "poll", c->front);
+    if (ready == 0)
+        return tp_err_set(err, TP_EIO, "no reply from %s within %d ms: is tokpiped running?", c->front,
+                          c->timeout_ms);
+    int rc = read_frames(c->dealer, reply, err, c->front);
+    if (rc)
+        return rc;
+    tp_err e;
+    if ((rc = tp_proto_decode(TP_FAM_JOB, reply->f, reply->n, &reply->m, &e))) {
+        tp_recv_free(reply);
+        return tp_err_set(err, rc, "malformed reply from %s: %s", c->front, e.msg);
+    }
+    return 0;
+}
+
+int tp_client_call(tp_client *c, tp_msg *m, tp_recv *reply, tp_err *err)
+{
+    uint64_t req;
+    int rc = tp_client_send(c, m, &req, err);
+    while (!rc) {
+        rc = tp_client_recv_reply(c, reply, err);
+        if (rc || reply->m.req == req || (reply->m.cmd == TP_CMD_ERROR && reply->m.req == 0))
+            return rc;
+        tp_recv_free(reply); /* a late reply to an earlier request */
+    }
+    return rc;
+}
+
+int tp_client_subscribe(tp_client *c, const char *prefix, tp_err *err)
+{
+    if (!c->sub)
+        return tp_err_set(err, TP_ESTATE, "client: no events endpoint");
+    if (zmq_setsockopt(c->sub, ZMQ_SUBSCRIBE, prefix, strlen(prefix)))
+        return zerr(err, "subscribe on", c->events);
+    return 0;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int tp_client_wait_events_ready(tp_client *c, tp_err *err)
+{
+    if (!c->sub)
+        return tp_err_set(err, TP_ESTATE, "client: no events endpoint");
+    int64_t deadline = now_ms() + c->timeout_ms;
+    while (!c->events_ready) {
+        int left = (int)(deadline - now_ms());
+        int ready = left > 0 ? wait_readable(c->monitor, left) : 0;
+        if (ready <= 0)
+            return tp_err_set(err, TP_EIO, "cannot connect to the event endpoint %s within %d ms: is tokpiped running?",
+                              c->events, c->timeout_ms);
+        tp_recv ev;
+        int rc = read_frames(c->monitor, &ev, err, "monitor");
+        if (rc)
+            return rc;
+        uint16_t id = 0;
+        if (ev.n >= 1 && ev.f[0].len >= 2)
+            memcpy(&id, ev.f[0].data, 2);
+        c->events_ready = id == ZMQ_EVENT_CONNECTED;
+        tp_recv_free(&ev);
+    }
+    /* Connected: the subscriptions follow the handshake; give the broker a
+     * moment to apply them before the caller submits. */
+    usleep(50 * 1000);
+    return 0;
+}
+
+int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err)
+{
+    memset(ev, 0, sizeof *ev);
+    if (!c->sub)
+        return tp_err_set(err, TP_ESTATE, "client: no events endpoint");
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    for (;;) {
+        int left = deadline < 0 ? -1 : (int)(deadline - now_ms());
+        if (deadline >= 0 && left < 0)
+            left = 0;
+        int ready = wait_readable(c->sub, left);
+        if (ready < 0)
+            return zerr(err, "poll", c->events);
+        if (ready == 0)
+            return 1;
+        int rc = read_frames(c->sub, ev, err, c->events);
+        if (rc)
+            return rc;
+        tp_err e;
+        if (tp_proto_decode(TP_FAM_EVT, ev->f, ev->n, &ev->m, &e) == 0)
+            return 0;
+        c->bad_events++;
+        tp_recv_free(ev);
+    }
+}
+
+static int copy_ep(char *dst, size_t cap, const char *src, const char *what, tp_err *err)
+{
+    if (!src || !*src)
+        return tp_err_set(err, TP_EINVAL, "no %s endpoint", what);
+    if (strlen(src) >= cap)
+        return tp_err_set(err, TP_EINVAL, "%s endpoint too long", what);
+    strcpy(dst, src);
+    return 0;
+}
+
+int tp_endpoints_resolve(const char *config_path, const char *front, const char *events, tp_endpoints *ep,
+                         tp_err *err)
+{
+    tp_config cfg;
+    int rc;
+    memset(ep, 0, sizeof *ep);
+    if (config_path)
+        rc = tp_config_load(config_path, &cfg, err);
+    else if (access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
+        rc = tp_config_load(TP_CONFIG_DEFAULT_PATH, &cfg, err);
+    else if (!(rc = tp_config_defaults(&cfg, err)))
+        rc = tp_config_resolve(&cfg, err);
+    if (rc)
+        return rc;
+    rc = copy_ep(ep->front, sizeof ep->front, front ? front : cfg.ep_front, "front", err);
+    if (!rc)
+        rc = copy_ep(ep->events, sizeof ep->events, events ? events : cfg.ep_events, "events", err);
+    tp_config_free(&cfg);
+    return rc;
+}
+
+void tp_client_job_id(char *out, size_t cap, unsigned i)
+{
+    uint32_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != sizeof r)
+        r = (uint32_t)time(NULL);
+    snprintf(out, cap, "g-%d-%08x-%u", (int)getpid(), r, i);
+}
+
+int tp_client_parse_arg(tp_client_args *a, int argc, char **argv, int *i, tp_err *err)
+{
+    static const char *const flags[] = {"--config", "--front", "--events", "--timeout"};
+    size_t k = 0;
+    while (k < 4 && strcmp(argv[*i], flags[k]))
+        k++;
+    if (k == 4)
+        return 0;
+    if (*i + 1 >= argc)
+        return tp_err_set(err, TP_EINVAL, "%s needs a value", flags[k]);
+    const char *v = argv[++*i];
+    if (k == 0)
+        a->config = v;
+    else if (k == 1)
+        a->front = v;
+    else if (k == 2)
+        a->events = v;
+    else {
+        char *end;
+        errno = 0;
+        long ms = strtol(v, &end, 10);
+        if (errno || end == v || *end || ms < 1 || ms > 3600000)
+            return tp_err_set(err, TP_EINVAL, "--timeout: '%s' is not a number of ms in [1, 3600000]", v);
+        a->timeout_ms = (int)ms;
+    }
+    return 1;
+}
+
+int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client **out, tp_err *err)
+{
+    tp_endpoints ep;
+    int rc = tp_endpoints_resolve(a->config, a->front, a->events, &ep, err);
+    if (rc)
+        return rc;
+    tp_client_opts o = {front ? ep.front : NULL, events ? ep.events : NULL, a->timeout_ms};
+    return tp_client_new(&o, out, err);
+}

@@ -1,0 +1,113 @@
+/* The producer/subscriber side of the wire protocol (PROTOCOL.md), for the
+ * bin/tokpipe client commands: a DEALER to the broker's frontend and a SUB
+ * to its event endpoint, every wait bounded by a timeout.
+ *
+ * Not thread-safe: one tp_client per thread. */
+#ifndef TOKPIPE_TOOLS_CLIENT_H
+#define TOKPIPE_TOOLS_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokpipe/error.h"
+#include "tokpipe/protocol.h"
+
+typedef struct tp_client tp_client;
+
+/* A received message: the decoded tp_msg plus the frames it borrows from
+ * (copied to heap blocks, so payload arrays are aligned). Free with
+ * tp_recv_free. */
+typedef struct tp_recv {
+    tp_msg m;
+    size_t n;
+    tp_frame f[TP_PROTO_MAX_FRAMES + 4];
+} tp_recv;
+
+void tp_recv_free(tp_recv *r);
+
+/* Endpoints of a client: front (required for requests) and events
+ * (required for subscriptions); either may be NULL when unused. */
+typedef struct tp_client_opts {
+    const char *front;
+    const char *events;
+    int timeout_ms;     /* every request / connection wait; <= 0 = 5000 */
+} tp_client_opts;
+
+/* Create the sockets and connect (connection happens in the background;
+ * ZeroMQ retries). *out owned by the caller (tp_client_free). */
+int tp_client_new(const tp_client_opts *o, tp_client **out, tp_err *err);
+
+void tp_client_free(tp_client *c);
+
+/* Send a JOB1 request; m->req is set to a fresh number if 0 (and written
+ * back through *req_out when non-NULL). */
+int tp_client_send(tp_client *c, tp_msg *m, uint64_t *req_out, tp_err *err);
+
+/* Wait up to the timeout for the next reply on the frontend. Replies that
+ * do not decode are an error naming them. On timeout: TP_EIO with a message
+ * naming the endpoint ("no reply from ipc://... within 5000 ms: is tokpiped
+ * running?"). */
+int tp_client_recv_reply(tp_client *c, tp_recv *reply, tp_err *err);
+
+/* send + recv_reply, skipping replies to other requests. */
+int tp_client_call(tp_client *c, tp_msg *m, tp_recv *reply, tp_err *err);
+
+/* Subscribe to events whose topic starts with prefix ("" = all). */
+int tp_client_subscribe(tp_client *c, const char *prefix, tp_err *err);
+
+/* Wait until the SUB socket is connected to the event endpoint (so that a
+ * job submitted afterwards is seen from its first event) or fail after the
+ * timeout naming the endpoint. */
+int tp_client_wait_events_ready(tp_client *c, tp_err *err);
+
+/* Next event within timeout_ms (< 0: forever). Returns 0 with *ev filled,
+ * 1 on timeout, or a negative error. Events that do not decode are counted
+ * (tp_client_bad_events) and skipped. */
+int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err);
+
+uint64_t tp_client_bad_events(const tp_client *c);
+
+/* Endpoint strings as given (for messages). */
+const char *tp_client_front(const tp_client *c);
+const char *tp_client_events(const tp_client *c);
+
+/* Client-side endpoint selection shared by the commands: --config FILE
+ * (default config/tokpipe.yaml if it exists, else built-in defaults), then
+ * --front / --events overrides. The strings are copied into *ep. */
+typedef struct tp_endpoints {
+    char front[512];
+    char events[512];
+} tp_endpoints;
+
+int tp_endpoints_resolve(const char *config_path, const char *front, const char *events, tp_endpoints *ep,
+                         tp_err *err);
+
+/* Options every client command takes: --config FILE, --front EP,
+ * --events EP, --timeout MS. */
+typedef struct tp_client_args {
+    const char *config;
+    const char *front;
+    const char *events;
+    int timeout_ms;
+} tp_client_args;
+
+#define TP_CLIENT_ARGS_HELP                                                                    \
+    "connection options:\n"                                                                   \
+    "  --config FILE   read endpoints from FILE (default config/tokpipe.yaml if present,\n"      \
+    "                  else the built-in defaults: ipc under /tmp/tokpipe-$UID)\n"               \
+    "  --front EP      producer endpoint, overrides the config (e.g. tcp://127.0.0.1:5555)\n"   \
+    "  --events EP     event endpoint, overrides the config\n"                                  \
+    "  --timeout MS    how long to wait for the daemon (default 5000)\n"
+
+/* If argv[*i] is one of the options above, consume it (and its value) and
+ * return 1; 0 if not ours; TP_EINVAL naming the flag on a bad value. */
+int tp_client_parse_arg(tp_client_args *a, int argc, char **argv, int *i, tp_err *err);
+
+/* Resolve the endpoints and open a client with the sockets asked for. */
+int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client **out, tp_err *err);
+
+/* A fresh job id "g-<pid>-<random>-<i>" (fits TP_PROTO_MAX_JOB_ID). */
+void tp_client_job_id(char *out, size_t cap, unsigned i);
+
+#endif

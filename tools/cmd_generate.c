@@ -1,0 +1,347 @@
+/* tokpipe generate: submit jobs to tokpiped, follow their events, print the
+ * text as it streams (one prompt) or one JSON line per prompt (--json, the
+ * same fields as `tokpipe run --json`).
+ *
+ * No event is lost silently: the client subscribes and waits for the event
+ * socket to connect before submitting; a job whose events show a gap in
+ * `seq` (or that goes quiet) is completed from STATUS, whose result is the
+ * authority. Streamed output only ever prints a prefix of the final text. */
+#include "tools.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "genopts.h"
+
+const char cmd_generate_summary[] = "generate through the daemon: submit, stream the text (or --json)";
+
+#define IDLE_POLL_MS 1000  /* no event for this long: ask STATUS */
+
+typedef struct job {
+    char id[TP_PROTO_MAX_JOB_ID + 1];
+    const char *prompt;
+    uint64_t req;
+    bool accepted, done, gap;
+    uint32_t next_seq;
+    char *text;               /* final text (assembled from events or STATUS) */
+    size_t len, cap;
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    size_t printed;           /* bytes of text already written to stdout */
+    int reason;
+    uint32_t prompt_tokens, completion_tokens;
+} job;
+
+typedef struct gen {
+    genopts g;
+    tp_client_args a;
+    job *jobs;
+    size_t n;
+    bool stream;              /* one prompt, not --json: print deltas as they come */
+    tp_client *c;
+    tp_str stops[GENOPTS_MAX_STOPS];   /* params.stop of every SUBMIT */
+} gen;
+
+static const char usage_head[] =
+    "usage: tokpipe generate --prompt TEXT [--prompt TEXT ...] [options]\n"
+    "\n"
+    "Submits one job per --prompt to tokpiped (all at once: they run\n"
+    "concurrently), subscribes to their events and prints the text as it\n"
+    "streams (one prompt), the texts in prompt order (several prompts), or with\n"
+    "--json one line per prompt, in order:\n"
+    "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"prompt_tokens\",\"completion_tokens\"}\n"
+    "exit status: 0 ok, 1 a job was rejected or failed / the daemon is unreachable, 2 bad usage.\n\n";
+
+static int usage(FILE *out, int rc)
+{
+    fputs(usage_head, out);
+    genopts_print_help(out);
+    fputs(TP_CLIENT_ARGS_HELP, out);
+    return rc;
+}
+
+static int append(job *j, const char *s, size_t n)
+{
+    if (j->len + n + 1 > j->cap) {
+        size_t cap = (j->len + n + 1) * 2;
+        char *p = realloc(j->text, cap);
+        if (!p)
+            return -1;
+        j->text = p, j->cap = cap;
+    }
+    memcpy(j->text + j->len, s, n);
+    j->len += n;
+    j->text[j->len] = '\0';
+    return 0;
+}
+
+static int append_ids(job *j, tp_raw ids)
+{
+    if (j->n_ids + ids.n > j->cap_ids) {
+        size_t cap = (j->n_ids + ids.n) * 2 + 16;
+        int32_t *p = realloc(j->ids, cap * sizeof *p);
+        if (!p)
+            return -1;
+        j->ids = p, j->cap_ids = cap;
+    }
+    for (size_t i = 0; i < ids.n; i++)
+        j->ids[j->n_ids++] = tp_raw_i32(ids, i);
+    return 0;
+}
+
+static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
+{
+    memset(p, 0, sizeof *p);
+    p->set = TP_P_MAX_TOKENS | TP_P_MIN_TOKENS | TP_P_TEMPERATURE | TP_P_TOP_P | TP_P_TOP_K | TP_P_MIN_P |
+             TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY | TP_P_SEED |
+             TP_P_IGNORE_EOS | TP_P_INCLUDE_STOP;
+    p->max_tokens = g->max_tokens, p->min_tokens = g->min_tokens, p->temperature = g->temperature;
+    p->top_p = g->top_p, p->top_k = g->top_k, p->min_p = g->min_p;
+    p->repetition_penalty = g->repetition_penalty, p->presence_penalty = g->presence_penalty;
+    p->frequency_penalty = g->frequency_penalty, p->seed = g->seed;
+    p->ignore_eos = g->ignore_eos, p->include_stop_str_in_output = g->include_stop;
+    for (size_t i = 0; i < g->n_stops; i++)
+        stops[i] = tp_str_of(g->stops[i]);
+    if (g->n_stops)
+        p->set |= TP_P_STOP, p->stop = stops, p->n_stop = g->n_stops;
+    if (g->n_stop_ids)
+        p->set |= TP_P_STOP_TOKEN_IDS, p->stop_token_ids = (int32_t *)g->stop_ids, p->n_stop_token_ids = g->n_stop_ids;
+}
+
+/* Send every SUBMIT, then collect the ACKs. */
+static int submit_all(gen *s, tp_err *err)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+        m.submit.job_id = tp_str_of(s->jobs[i].id);
+        m.submit.prompt = tp_str_of(s->jobs[i].prompt);
+        fill_params(&s->g, &m.submit.params, s->stops);
+        int rc = tp_client_send(s->c, &m, &s->jobs[i].req, err);
+        if (rc)
+            return rc;
+    }
+    int failed = 0;
+    for (size_t got = 0; got < s->n; got++) {
+        tp_recv r;
+        int rc = tp_client_recv_reply(s->c, &r, err);
+        if (rc)
+            return rc;
+        for (size_t i = 0; i < s->n; i++) {
+            job *j = &s->jobs[i];
+            if (j->req != r.m.req && !(r.m.req == 0 && r.m.cmd == TP_CMD_ERROR))
+                continue;
+            if (r.m.status == TP_ST_OK && r.m.cmd == TP_CMD_ACK) {
+                j->accepted = true;
+            } else {
+                fprintf(stderr, "tokpipe generate: prompt %zu rejected (%u): %.*s\n", i + 1, r.m.status,
+                        (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
+                failed = 1;
+            }
+            break;
+        }
+        tp_recv_free(&r);
+    }
+    return failed ? tp_err_set(err, TP_EINVAL, "some prompts were rejected") : 0;
+}
+
+static job *find_job(gen *s, tp_str id)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strlen(s->jobs[i].id) == id.len && !memcmp(s->jobs[i].id, id.ptr, id.len))
+            return &s->jobs[i];
+    return NULL;
+}
+
+static void emit(gen *s, job *j, tp_str text)
+{
+    if (append(j, text.ptr, text.len))
+        j->gap = true; /* out of memory: STATUS will supply the text */
+    if (s->stream && !j->gap) {
+        fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
+        fflush(stdout);
+        j->printed = j->len;
+    }
+}
+
+static void on_event(gen *s, const tp_msg *m)
+{
+    tp_str id = m->cmd == TP_CMD_TOKEN ? m->token.job_id : m->finish.job_id;
+    uint32_t seq = m->cmd == TP_CMD_TOKEN ? m->token.seq : m->finish.seq;
+    job *j = find_job(s, id);
+    if (!j || j->done)
+        return;
+    if (seq != j->next_seq)
+        j->gap = true;
+    j->next_seq = seq + 1;
+    if (m->cmd == TP_CMD_TOKEN) {
+        if (append_ids(j, m->token.ids))
+            j->gap = true;
+        emit(s, j, m->token.text);
+        return;
+    }
+    emit(s, j, m->finish.text);
+    j->reason = m->finish.reason;
+    j->prompt_tokens = m->finish.prompt_tokens;
+    j->completion_tokens = m->finish.completion_tokens;
+    j->done = !j->gap;
+}
+
+/* Complete j from STATUS if it finished; 0 ok (done or still running). */
+static int catch_up(gen *s, job *j, tp_err *err)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
+    m.jobref.job_id = tp_str_of(j->id);
+    tp_recv r;
+    int rc = tp_client_call(s->c, &m, &r, err);
+    if (rc)
+        return rc;
+    const tp_m_status_reply *st = &r.m.status_reply;
+    if (r.m.cmd != TP_CMD_STATUS_REPLY || r.m.status != TP_ST_OK) {
+        rc = tp_err_set(err, TP_ENOTFOUND, "job %s: STATUS answered %u %.*s", j->id, r.m.status,
+                        (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
+    } else if (st->state == TP_STATE_FINISHED) {
+        j->len = 0, j->n_ids = 0;
+        if (append(j, st->text.ptr ? st->text.ptr : "", st->text.len) || append_ids(j, st->tokens))
+            rc = tp_err_set(err, TP_ENOMEM, "out of memory");
+        j->reason = st->reason, j->prompt_tokens = st->prompt_tokens;
+        j->completion_tokens = st->completion_tokens, j->done = true;
+        if (s->stream && j->printed <= j->len) {
+            fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
+            j->printed = j->len;
+        }
+    }
+    tp_recv_free(&r);
+    return rc;
+}
+
+static size_t pending(const gen *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++)
+        n += s->jobs[i].accepted && !s->jobs[i].done;
+    return n;
+}
+
+static int follow(gen *s, tp_err *err)
+{
+    while (pending(s)) {
+        tp_recv ev;
+        int rc = tp_client_next_event(s->c, IDLE_POLL_MS, &ev, err);
+        if (rc < 0)
+            return rc;
+        if (rc == 0) {
+            on_event(s, &ev.m);
+            tp_recv_free(&ev);
+        }
+        for (size_t i = 0; i < s->n; i++) {
+            job *j = &s->jobs[i];
+            /* quiet for a poll interval, or finished with a gap: STATUS decides */
+            bool stuck = rc == 1 || (j->gap && j->reason != TP_REASON_NONE);
+            if (j->accepted && !j->done && stuck && (rc = catch_up(s, j, err)) < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static void print_json(const job *j)
+{
+    cJSON *o = cJSON_CreateObject(), *toks = cJSON_CreateArray();
+    cJSON_AddStringToObject(o, "prompt", j->prompt);
+    cJSON_AddStringToObject(o, "text", j->text ? j->text : "");
+    for (size_t i = 0; i < j->n_ids; i++)
+        cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
+    cJSON_AddItemToObject(o, "tokens", toks);
+    cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(j->reason));
+    cJSON_AddNumberToObject(o, "prompt_tokens", j->prompt_tokens);
+    cJSON_AddNumberToObject(o, "completion_tokens", j->completion_tokens);
+    char *s = cJSON_PrintUnformatted(o);
+    if (s)
+        puts(s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+static void print_results(const gen *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        const job *j = &s->jobs[i];
+        if (s->g.json)
+            print_json(j);
+        else if (s->stream)
+            putchar('\n');
+        else
+            printf("%s\n", j->text ? j->text : "");
+    }
+    fflush(stdout);
+}
+
+static int parse(gen *s, int argc, char **argv, tp_err *err)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+        int rc = genopts_parse_one(&s->g, argc, argv, &i, err);
+        if (rc == 0)
+            rc = tp_client_parse_arg(&s->a, argc, argv, &i, err);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            return tp_err_set(err, TP_EINVAL, "unknown argument '%s'", argv[i]);
+    }
+    if (s->g.n_prompts == 0)
+        return tp_err_set(err, TP_EINVAL, "--prompt is required");
+    return 0;
+}
+
+static int run(gen *s, tp_err *err)
+{
+    s->jobs = calloc(s->n, sizeof *s->jobs);
+    if (!s->jobs)
+        return tp_err_set(err, TP_ENOMEM, "out of memory");
+    int rc = tp_client_open(&s->a, true, true, &s->c, err);
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        s->jobs[i].prompt = s->g.prompts[i];
+        tp_client_job_id(s->jobs[i].id, sizeof s->jobs[i].id, (unsigned)i);
+        rc = tp_client_subscribe(s->c, s->jobs[i].id, err);
+    }
+    if (!rc)
+        rc = tp_client_wait_events_ready(s->c, err);
+    if (!rc)
+        rc = submit_all(s, err);
+    if (!rc)
+        rc = follow(s, err);
+    if (!rc)
+        print_results(s);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    gen s;
+    tp_err err = {0};
+    memset(&s, 0, sizeof s);
+    genopts_init(&s.g);
+    int rc = parse(&s, argc, argv, &err);
+    if (rc == 1)
+        return usage(stdout, 0);
+    if (rc < 0) {
+        fprintf(stderr, "tokpipe generate: %s\n", err.msg);
+        return usage(stderr, 2);
+    }
+    s.n = s.g.n_prompts;
+    s.stream = s.n == 1 && !s.g.json;
+    rc = run(&s, &err);
+    if (rc)
+        fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed ? "\n" : "", err.msg);
+    for (size_t i = 0; s.jobs && i < s.n; i++)
+        free(s.jobs[i].text), free(s.jobs[i].ids);
+    free(s.jobs);
+    tp_client_free(s.c);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,85 @@
+/* tokpipe stats: the broker's counters. */
+#include "tools.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "evfmt.h"
+
+const char cmd_stats_summary[] = "print the daemon's counters (jobs, finishes per reason, stop triggers, malformed)";
+
+static const char usage_text[] =
+    "usage: tokpipe stats [--json] [connection options]\n"
+    "\n"
+    "Prints the broker's counters: jobs, tokens, events, malformed messages per\n"
+    "socket, live workers per stage, finished jobs per finish reason and how\n"
+    "often each stop string / stop id finished a job.\n"
+    "  --json   one JSON object instead\n"
+    "exit status: 0 ok, 1 daemon unreachable, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
+
+/* "key: value" lines from the JSON rendering, nested objects as a.b. */
+static void print_human(cJSON *o, const char *prefix)
+{
+    for (cJSON *it = o->child; it; it = it->next) {
+        if (cJSON_IsObject(it)) {
+            char p[128];
+            snprintf(p, sizeof p, "%s%s.", prefix, it->string);
+            print_human(it, p);
+        } else if (cJSON_IsArray(it)) {
+            printf("%s%s:\n", prefix, it->string);
+            for (cJSON *e = it->child; e; e = e->next) {
+                char *m = cJSON_PrintUnformatted(cJSON_GetObjectItem(e, "matched"));
+                printf("  %-24s %.0f%s\n", m ? m : "", cJSON_GetNumberValue(cJSON_GetObjectItem(e, "count")),
+                       cJSON_IsTrue(cJSON_GetObjectItem(e, "truncated")) ? " (truncated)" : "");
+                free(m);
+            }
+        } else {
+            printf("%s%s: %.0f\n", prefix, it->string, cJSON_GetNumberValue(it));
+        }
+    }
+}
+
+int cmd_stats(int argc, char **argv)
+{
+    tp_client_args a = {0};
+    bool json = false;
+    tp_err err = {0};
+    for (int i = 1; i < argc; i++) {
+        int rc = tp_client_parse_arg(&a, argc, argv, &i, &err);
+        if (rc < 0)
+            return fprintf(stderr, "tokpipe stats: %s\n", err.msg), 2;
+        if (rc)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return fputs(usage_text, stdout), 0;
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else
+            return fprintf(stderr, "tokpipe stats: unknown argument '%s'\n%s", argv[i], usage_text), 2;
+    }
+    tp_client *c = NULL;
+    tp_recv r = {0};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
+    int rc = tp_client_open(&a, true, false, &c, &err);
+    if (!rc)
+        rc = tp_client_call(c, &m, &r, &err);
+    if (!rc && (r.m.cmd != TP_CMD_STATS_REPLY || r.m.status != TP_ST_OK))
+        rc = tp_err_set(&err, TP_EIO, "STATS answered %u %.*s", r.m.status, (int)r.m.error.len,
+                        r.m.error.ptr ? r.m.error.ptr : "");
+    if (!rc) {
+        cJSON *j = evfmt_stats(&r.m);
+        if (json) {
+            evfmt_print_line(stdout, j);
+        } else {
+            print_human(j, "");
+            cJSON_Delete(j);
+        }
+    } else {
+        fprintf(stderr, "tokpipe stats: %s\n", err.msg);
+    }
+    tp_recv_free(&r);
+    tp_client_free(c);
+    return rc ? 1 : 0;
+}

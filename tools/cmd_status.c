@@ -1,0 +1,88 @@
+/* tokpipe status JOB: ask tokpiped about one job (kept for finished_ttl_ms
+ * after it finished). */
+#include "tools.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "evfmt.h"
+
+const char cmd_status_summary[] = "show a job's state, or its result once finished";
+
+static const char usage_text[] =
+    "usage: tokpipe status JOB [--json] [connection options]\n"
+    "\n"
+    "Prints the job's state (queued, running, finished), token counts and, once\n"
+    "finished, the finish reason, matched stop, timings and the final text.\n"
+    "  --json   one JSON object instead\n"
+    "exit status: 0 known job, 1 unknown/expired job or daemon unreachable, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
+
+static void print_human(const tp_msg *m)
+{
+    const tp_m_status_reply *s = &m->status_reply;
+    printf("job %.*s: %s\n", (int)s->job_id.len, s->job_id.ptr, tp_state_name(s->state));
+    printf("prompt_tokens %u, completion_tokens %u, last_seq %lld\n", s->prompt_tokens, s->completion_tokens,
+           (long long)s->last_seq);
+    if (s->state != TP_STATE_FINISHED)
+        return;
+    cJSON *j = evfmt_status(m);
+    char *matched = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "matched"));
+    char *text = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "text"));
+    printf("finish_reason %s, matched %s\n", tp_reason_name(s->reason), matched ? matched : "null");
+    printf("queue_us %llu, ttft_us %llu, total_us %llu\n", (unsigned long long)s->timings.queue_us,
+           (unsigned long long)s->timings.ttft_us, (unsigned long long)s->timings.total_us);
+    if (s->job_error.ptr)
+        printf("error: %.*s\n", (int)s->job_error.len, s->job_error.ptr);
+    printf("text: %s\n", text ? text : "");
+    free(matched);
+    free(text);
+    cJSON_Delete(j);
+}
+
+int cmd_status(int argc, char **argv)
+{
+    tp_client_args a = {0};
+    const char *job = NULL;
+    bool json = false;
+    tp_err err = {0};
+    for (int i = 1; i < argc; i++) {
+        int rc = tp_client_parse_arg(&a, argc, argv, &i, &err);
+        if (rc < 0)
+            return fprintf(stderr, "tokpipe status: %s\n", err.msg), 2;
+        if (rc)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return fputs(usage_text, stdout), 0;
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!job && argv[i][0] != '-')
+            job = argv[i];
+        else
+            return fprintf(stderr, "tokpipe status: unknown argument '%s'\n%s", argv[i], usage_text), 2;
+    }
+    if (!job || !tp_job_id_valid(job, strlen(job)))
+        return fprintf(stderr, "tokpipe status: %s\n%s", job ? "not a job id" : "JOB is required", usage_text), 2;
+    tp_client *c = NULL;
+    tp_recv r = {0};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
+    m.jobref.job_id = tp_str_of(job);
+    int rc = tp_client_open(&a, true, false, &c, &err);
+    if (!rc)
+        rc = tp_client_call(c, &m, &r, &err);
+    if (!rc && r.m.cmd == TP_CMD_STATUS_REPLY && r.m.status == TP_ST_OK) {
+        if (json)
+            evfmt_print_line(stdout, evfmt_status(&r.m));
+        else
+            print_human(&r.m);
+    } else if (!rc) {
+        rc = tp_err_set(&err, TP_ENOTFOUND, "job %s: %u %.*s", job, r.m.status, (int)r.m.error.len,
+                        r.m.error.ptr ? r.m.error.ptr : "unknown job");
+    }
+    if (rc)
+        fprintf(stderr, "tokpipe status: %s\n", err.msg);
+    tp_recv_free(&r);
+    tp_client_free(c);
+    return rc ? 1 : 0;
+}

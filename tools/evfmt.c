@@ -1,0 +1,137 @@
+#include "evfmt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+cJSON *evfmt_str(tp_str s)
+{
+    char *buf = malloc(s.len + 1);
+    if (!buf)
+        return cJSON_CreateNull();
+    if (s.len)
+        memcpy(buf, s.ptr, s.len);
+    buf[s.len] = '\0';
+    cJSON *j = cJSON_CreateString(buf);
+    free(buf);
+    return j;
+}
+
+cJSON *evfmt_matched(const tp_matched *m)
+{
+    if (m->kind == TP_MATCHED_STR)
+        return evfmt_str(m->str);
+    if (m->kind == TP_MATCHED_ID)
+        return cJSON_CreateNumber(m->id);
+    return cJSON_CreateNull();
+}
+
+cJSON *evfmt_ids(tp_raw r)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < r.n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(tp_raw_i32(r, i)));
+    return a;
+}
+
+static void add_timings(cJSON *o, const tp_timings *t)
+{
+    cJSON_AddNumberToObject(o, "queue_us", (double)t->queue_us);
+    cJSON_AddNumberToObject(o, "ttft_us", (double)t->ttft_us);
+    cJSON_AddNumberToObject(o, "total_us", (double)t->total_us);
+}
+
+cJSON *evfmt_event(const tp_msg *m)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (m->cmd == TP_CMD_TOKEN) {
+        const tp_m_token *t = &m->token;
+        cJSON_AddStringToObject(o, "event", "token");
+        cJSON_AddItemToObject(o, "job_id", evfmt_str(t->job_id));
+        cJSON_AddNumberToObject(o, "seq", t->seq);
+        cJSON_AddNumberToObject(o, "index", t->index);
+        cJSON_AddItemToObject(o, "ids", evfmt_ids(t->ids));
+        cJSON_AddItemToObject(o, "text", evfmt_str(t->text));
+        return o;
+    }
+    const tp_m_finish *f = &m->finish;
+    cJSON_AddStringToObject(o, "event", "finish");
+    cJSON_AddItemToObject(o, "job_id", evfmt_str(f->job_id));
+    cJSON_AddNumberToObject(o, "seq", f->seq);
+    cJSON_AddStringToObject(o, "reason", tp_reason_name(f->reason));
+    cJSON_AddItemToObject(o, "matched", evfmt_matched(&f->matched));
+    cJSON_AddItemToObject(o, "text", evfmt_str(f->text));
+    cJSON_AddNumberToObject(o, "prompt_tokens", f->prompt_tokens);
+    cJSON_AddNumberToObject(o, "completion_tokens", f->completion_tokens);
+    cJSON_AddNumberToObject(o, "text_len", (double)f->text_len);
+    add_timings(o, &f->timings);
+    if (f->job_error.ptr)
+        cJSON_AddItemToObject(o, "error", evfmt_str(f->job_error));
+    return o;
+}
+
+cJSON *evfmt_status(const tp_msg *m)
+{
+    const tp_m_status_reply *s = &m->status_reply;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "status", m->status);
+    if (m->error.ptr)
+        cJSON_AddItemToObject(o, "error", evfmt_str(m->error));
+    cJSON_AddItemToObject(o, "job_id", evfmt_str(s->job_id));
+    cJSON_AddStringToObject(o, "state", tp_state_name(s->state));
+    cJSON_AddNumberToObject(o, "prompt_tokens", s->prompt_tokens);
+    cJSON_AddNumberToObject(o, "completion_tokens", s->completion_tokens);
+    cJSON_AddNumberToObject(o, "last_seq", (double)s->last_seq);
+    if (s->state != TP_STATE_FINISHED)
+        return o;
+    cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(s->reason));
+    cJSON_AddItemToObject(o, "matched", evfmt_matched(&s->matched));
+    cJSON_AddItemToObject(o, "text", evfmt_str(s->text));
+    cJSON_AddItemToObject(o, "tokens", evfmt_ids(s->tokens));
+    if (s->job_error.ptr)
+        cJSON_AddItemToObject(o, "job_error", evfmt_str(s->job_error));
+    add_timings(o, &s->timings);
+    return o;
+}
+
+cJSON *evfmt_stats(const tp_msg *m)
+{
+    const tp_m_stats_reply *s = &m->stats_reply;
+    cJSON *o = cJSON_CreateObject();
+    const struct {
+        const char *k;
+        uint64_t v;
+    } c[] = {
+        {"uptime_ms", s->uptime_ms}, {"jobs_submitted", s->jobs_submitted}, {"jobs_rejected", s->jobs_rejected},
+        {"jobs_active", s->jobs_active}, {"jobs_finished", s->jobs_finished},
+        {"tokens_generated", s->tokens_generated}, {"events_published", s->events_published},
+        {"malformed_front", s->malformed_front}, {"malformed_back", s->malformed_back},
+        {"malformed_events", s->malformed_events},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+        cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);
+    cJSON *w = cJSON_AddObjectToObject(o, "workers");
+    for (unsigned b = 0; b < 4; b++)
+        cJSON_AddNumberToObject(w, tp_stage_name(1u << b), (double)s->workers[b]);
+    cJSON *f = cJSON_AddObjectToObject(o, "finish");
+    for (int r = 1; r < TP_REASON_COUNT; r++)
+        cJSON_AddNumberToObject(f, tp_reason_name(r), (double)s->finish[r]);
+    cJSON *t = cJSON_AddArrayToObject(o, "stop_triggers");
+    for (size_t i = 0; i < s->n_triggers; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToObject(e, "matched", evfmt_matched(&s->triggers[i].key));
+        cJSON_AddNumberToObject(e, "count", (double)s->triggers[i].count);
+        cJSON_AddBoolToObject(e, "truncated", s->triggers[i].truncated);
+        cJSON_AddItemToArray(t, e);
+    }
+    cJSON_AddNumberToObject(o, "triggers_other", (double)s->triggers_other);
+    return o;
+}
+
+void evfmt_print_line(FILE *out, cJSON *j)
+{
+    char *s = cJSON_PrintUnformatted(j);
+    if (s)
+        fprintf(out, "%s\n", s);
+    free(s);
+    cJSON_Delete(j);
+}

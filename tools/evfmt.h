@@ -1,0 +1,37 @@
+/* JSON and text renderings of protocol messages shared by the client
+ * commands (watch, status, stats). */
+#ifndef TOKPIPE_TOOLS_EVFMT_H
+#define TOKPIPE_TOOLS_EVFMT_H
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+#include "tokpipe/protocol.h"
+
+/* A JSON string of s (bytes copied; a NUL inside ends it, as in C). */
+cJSON *evfmt_str(tp_str s);
+
+/* matched as a JSON string, number or null. */
+cJSON *evfmt_matched(const tp_matched *m);
+
+/* An array of the int32 ids in r. */
+cJSON *evfmt_ids(tp_raw r);
+
+/* A TOKEN or FINISH event as one JSON object:
+ *   {"event":"token","job_id","seq","index","ids":[...],"text"}
+ *   {"event":"finish","job_id","seq","reason","matched","text","prompt_tokens",
+ *    "completion_tokens","text_len","queue_us","ttft_us","total_us"[,"error"]} */
+cJSON *evfmt_event(const tp_msg *m);
+
+/* A STATUS_REPLY as JSON (status, job_id, state, counts; the result when
+ * finished: reason, matched, text, tokens, timings). */
+cJSON *evfmt_status(const tp_msg *m);
+
+/* A STATS_REPLY as JSON (every counter; workers and finish as objects,
+ * stop_triggers as [{"matched", "count", "truncated"}]). */
+cJSON *evfmt_stats(const tp_msg *m);
+
+/* Print j unformatted on one line and free it. */
+void evfmt_print_line(FILE *out, cJSON *j);
+
+#endif
