@@ -198,12 +198,6 @@ static int reserve(void **buf, size_t *cap, size_t need)
     return 0;
 }
 
-/* The unpublished text is pend followed by the candidate's bytes nb[0..n).
- * Publish its first k bytes: decode them into the text, update the
- * hold-back counters and keep the rest in pend (pend_cap was reserved for
- * pend_len + n). Cut points are always before a non-continuation byte or
- * at the end of a finished job, so decoding the pieces separately gives
- * the same text as decoding T at once. */
 /* Copy n bytes, memmove semantics (src and dst may overlap). Tokens are a
  * few bytes: two possibly overlapping word moves, all loads before the
  * stores, beat a libc call. */
@@ -247,6 +241,12 @@ static void append_text(tp_stop *s, const uint8_t *b, size_t k)
     }
 }
 
+/* The unpublished text is pend followed by the candidate's bytes nb[0..n).
+ * Publish its first k bytes: decode them into the text, update the
+ * hold-back counters and keep the rest in pend (pend_cap was reserved for
+ * pend_len + n). Cut points are always before a non-continuation byte or
+ * at the end of a finished job, so decoding the pieces separately gives
+ * the same text as decoding T at once. */
 static int publish(tp_stop *s, const uint8_t *nb, size_t n, size_t k, tp_stop_step *out)
 {
     size_t before = s->text_len;
