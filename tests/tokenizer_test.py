@@ -91,6 +91,26 @@ class TokenizeCommand(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertIn("--tokenizer FILE is required", out.stderr.decode())
 
+    def test_llama_cpp_vectors_match_with_the_vocab_only_gguf(self):
+        base = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
+        with open(base + ".inp", encoding="utf-8") as f:
+            inputs = f.read().split("\n__ggml_vocab_test__\n")[:-1]
+        with open(base + ".out", encoding="utf-8") as f:
+            want = f.read().split("\n")[:-1]
+        self.assertEqual(len(inputs), 46)
+        self.assertEqual(len(want), len(inputs))
+        out = tokpipe(["--tokenizer", base], "".join(escape(t) + "\n" for t in inputs))
+        self.assertEqual(out.returncode, 0, out.stderr.decode())
+        got = out.stdout.decode().split("\n")[:-1]
+        for text, g, w in zip(inputs, got, want):
+            self.assertEqual(g.split(), w.split(), f"text {text!r}")
+
+    def test_non_sentencepiece_gguf_vocab_is_refused_by_name(self):
+        out = tokpipe(["--tokenizer", os.path.join(MODELS, "llama.cpp-vocab",
+                                                   "ggml-vocab-gpt-2.gguf")], "hi\n")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("tokenizer.ggml.model 'gpt2' is not supported", out.stderr.decode())
+
     def test_gguf_file_supplies_its_embedded_vocabulary(self):
         out = tokpipe(["--tokenizer", os.path.join(MODELS, "stories260K.gguf"), "--bos"],
                       "Once upon a time\n")

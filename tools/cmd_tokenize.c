@@ -1,6 +1,6 @@
 /* tokpipe tokenize: text lines -> token ids, or ids -> text with --decode. */
 #include "tools.h"
-#include "tokpipe/model.h"
+#include "tokload.h"
 #include "tokpipe/tokenizer.h"
 
 #include <errno.h>
@@ -26,33 +26,6 @@ static void usage(FILE *out)
             "                    embedded vocabulary\n"
             "  --bos             start each encoded line with the BOS id\n"
             "  --decode          ids -> text\n");
-}
-
-static int load_gguf_vocab(const char *path, tp_tokenizer **tok, tp_err *err)
-{
-    tp_model *m = NULL;
-    int rc = tp_model_load(path, &m, err);
-    tp_model_vocab v;
-    if (!rc)
-        rc = tp_model_vocab_get(m, &v, err);
-    if (!rc)
-        rc = tp_tokenizer_from_vocab(v.pieces, v.piece_lens, v.scores, v.types, v.n, v.bos_id,
-                                     v.eos_id, tok, err);
-    tp_model_free(m);
-    return rc;
-}
-
-static int load_any(const char *path, tp_tokenizer **tok, tp_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tp_err_set(err, TP_EIO, "%s: %s", path, strerror(errno));
-    char magic[4] = {0};
-    size_t got = fread(magic, 1, 4, f);
-    fclose(f);
-    if (got == 4 && !memcmp(magic, "GGUF", 4))
-        return load_gguf_vocab(path, tok, err);
-    return tp_tokenizer_load(path, 0, tok, err);
 }
 
 /* Undo the line escapes in place; returns the new length or -1 with *bad
@@ -201,7 +174,7 @@ int cmd_tokenize(int argc, char **argv)
     tp_tokenizer *tok = NULL;
     tp_err err;
     tp_err_clear(&err);
-    if (load_any(path, &tok, &err)) {
+    if (tools_tokenizer_open(path, &tok, &err)) {
         fprintf(stderr, "tokpipe tokenize: %s\n", err.msg);
         return 1;
     }

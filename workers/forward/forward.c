@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
@@ -72,6 +73,7 @@ struct tp_forward {
      * a multiple of 16 for this. Values [slot][layer][kv_head][pos]
      * [head_size]: a head's values over positions are one contiguous run. */
     float *kcache, *vcache;
+    size_t pool_bytes; /* of each of kcache and vcache */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
@@ -148,6 +150,13 @@ static int alloc_scratch(tp_forward *f)
     return ok ? 0 : TP_ENOMEM;
 }
 
+static float *map_pool(size_t bytes)
+{
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 static int alloc_pool(tp_forward *f, tp_err *err)
 {
     /* slots, layers, max_pos and kv_dim are each bounded, so this product
@@ -157,9 +166,11 @@ static int alloc_pool(tp_forward *f, tp_err *err)
     if (n > SIZE_MAX / sizeof(float))
         return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu floats is too large",
                           (unsigned long long)n);
-    /* calloc of this size maps fresh zero pages: untouched slots cost no RAM. */
-    f->kcache = calloc((size_t)n, sizeof(float));
-    f->vcache = calloc((size_t)n, sizeof(float));
+    /* Anonymous maps: page aligned (a 64-byte key row never straddles into
+     * another page) and lazily zeroed, so untouched slots cost no RAM. */
+    f->pool_bytes = (size_t)n * sizeof(float);
+    f->kcache = map_pool(f->pool_bytes);
+    f->vcache = map_pool(f->pool_bytes);
     f->seq_len = malloc((size_t)f->slots * sizeof(int));
     f->seen = calloc((size_t)f->slots, sizeof(int));
     if (!f->kcache || !f->vcache || !f->seq_len || !f->seen)
@@ -220,8 +231,10 @@ void tp_forward_free(tp_forward *f)
         }
     free(f->layers);
     tp_packed_free(&f->cls);
-    free(f->kcache);
-    free(f->vcache);
+    if (f->kcache)
+        munmap(f->kcache, f->pool_bytes ? f->pool_bytes : 1);
+    if (f->vcache)
+        munmap(f->vcache, f->pool_bytes ? f->pool_bytes : 1);
     free(f->rope_cos);
     free(f->rope_sin);
     free(f->seq_len);
@@ -411,6 +424,16 @@ static size_t key_index(const tp_forward *f, int i, int pos)
     return (size_t)g * hs * (size_t)f->kv_pos + ((size_t)(pos / 16) * hs + (size_t)j) * 16 + (size_t)(pos % 16);
 }
 
+/* Write one position's keys (kv_dim floats) into a layer's key block. */
+static void store_key(const tp_forward *f, float *kb, const float *k, int pos)
+{
+    size_t hs = (size_t)f->c.head_size;
+    float *dst = kb + key_index(f, 0, pos);
+    for (size_t g = 0; g < (size_t)f->c.n_kv_heads; g++, dst += hs * (size_t)f->kv_pos)
+        for (size_t j = 0; j < hs; j++)
+            dst[j * 16] = k[g * hs + j];
+}
+
 /* Attention of one token (query q at position pos) over its sequence's
  * cache positions 0..pos; writes dim floats to out. Each score and output
  * element has a fixed summation order that depends only on head_size and
@@ -444,44 +467,39 @@ static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const flo
     }
 }
 
-/* Scores of positions t0..t0+n-1 (n <= 16) for one head: each a sequential
- * FMA chain over the head's elements, from 0, then divided by scale. */
-__attribute__((target("avx512f"))) static void scores16(float *att, const float *qh, const float *kt, int hs,
-                                                        int t0, int n, float scale)
-{
-    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-    __m512 acc = _mm512_setzero_ps();
-    const float *blk = kt + (size_t)(t0 / 16) * hs * 16;
-    for (int i = 0; i < hs; i++)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(qh[i]), _mm512_maskz_loadu_ps(m, blk + (size_t)i * 16), acc);
-    _mm512_mask_storeu_ps(att + t0, m, _mm512_div_ps(acc, _mm512_set1_ps(scale)));
-}
-
-/* Scores of positions 0..n-1, 64 at a time (4 independent FMA chains; the
- * per-score order is the same as in scores16). */
+/* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
+ * FMA chains, masked at the end): each score is one FMA chain over the
+ * head's elements from 0, then divided by scale. kt is the head's key block
+ * [pos / 16][hs][16]. */
 __attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *kt, int hs,
                                                       int n, float scale)
 {
-    int t0 = 0;
     __m512 sc = _mm512_set1_ps(scale);
-    for (; t0 + 64 <= n; t0 += 64) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < hs; i++) {
-            __m512 q = _mm512_set1_ps(qh[i]);
-            const float *row = kt + (size_t)(t0 / 16) * hs * 16 + (size_t)i * 16;
-            size_t bs = (size_t)hs * 16; /* next block of 16 positions */
-            a0 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row), a0);
-            a1 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + bs), a1);
-            a2 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 2 * bs), a2);
-            a3 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 3 * bs), a3);
+    size_t bs = (size_t)hs * 16; /* floats per block of 16 positions */
+    for (int t0 = 0; t0 < n; t0 += 64) {
+        __mmask16 m[4];
+        for (int j = 0; j < 4; j++) {
+            int left = n - t0 - 16 * j;
+            m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
-        _mm512_storeu_ps(att + t0, _mm512_div_ps(a0, sc));
-        _mm512_storeu_ps(att + t0 + 16, _mm512_div_ps(a1, sc));
-        _mm512_storeu_ps(att + t0 + 32, _mm512_div_ps(a2, sc));
-        _mm512_storeu_ps(att + t0 + 48, _mm512_div_ps(a3, sc));
+        /* Blocks past n point at block 0: a fully masked load must still
+         * name memory that is mapped and touched, or it costs a
+         * fault-suppression assist of hundreds of cycles. */
+        size_t o1 = m[1] ? bs : 0, o2 = m[2] ? 2 * bs : 0, o3 = m[3] ? 3 * bs : 0;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *row = kt + (size_t)(t0 / 16) * bs;
+        for (int i = 0; i < hs; i++, row += 16) {
+            __m512 q = _mm512_set1_ps(qh[i]);
+            a0 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[0], row), a0);
+            a1 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[1], row + o1), a1);
+            a2 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[2], row + o2), a2);
+            a3 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[3], row + o3), a3);
+        }
+        _mm512_mask_storeu_ps(att + t0, m[0], _mm512_div_ps(a0, sc));
+        _mm512_mask_storeu_ps(att + t0 + 16, m[1], _mm512_div_ps(a1, sc));
+        _mm512_mask_storeu_ps(att + t0 + 32, m[2], _mm512_div_ps(a2, sc));
+        _mm512_mask_storeu_ps(att + t0 + 48, m[3], _mm512_div_ps(a3, sc));
     }
-    for (; t0 < n; t0 += 16)
-        scores16(att, qh, kt, hs, t0, n - t0, scale);
 }
 
 /* oh[i] = sum over t of att[t] * v_t[i], each element one FMA chain over t
@@ -495,14 +513,15 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
             int left = hs - c0 - 16 * j;
             m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
+        size_t o1 = m[1] ? 16 : 0, o2 = m[2] ? 32 : 0, o3 = m[3] ? 48 : 0; /* as in scores() */
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int t = 0; t < n; t++) {
             __m512 a = _mm512_set1_ps(att[t]);
             const float *v = v0 + (size_t)t * vstride + c0;
             a0 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[0], v), a0);
-            a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + 16), a1);
-            a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + 32), a2);
-            a3 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[3], v + 48), a3);
+            a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + o1), a1);
+            a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + o2), a2);
+            a3 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[3], v + o3), a3);
         }
         _mm512_mask_storeu_ps(oh + c0, m[0], a0);
         _mm512_mask_storeu_ps(oh + c0 + 16, m[1], a1);
@@ -622,9 +641,7 @@ static void attention_block(tp_forward *f, int l, int T)
         float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
         rope(f, q, c->dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
-        float *kb = f->kcache + kv_offset(f, s->tok_slot[t], l, 0);
-        for (size_t i = 0; i < kvd; i++)
-            kb[key_index(f, (int)i, s->tok_pos[t])] = k[i];
+        store_key(f, f->kcache + kv_offset(f, s->tok_slot[t], l, 0), k, s->tok_pos[t]);
         float *vb = f->vcache + kv_offset(f, s->tok_slot[t], l, 0);
         size_t hs = (size_t)c->head_size;
         for (size_t g = 0; g < (size_t)c->n_kv_heads; g++)

@@ -1,0 +1,281 @@
+/* The broker's sockets and its single poll loop (nginx-style: signal
+ * handlers only set a flag the loop reads). */
+#include "broker.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tokpipe/zwire.h"
+
+void broker_log(const broker *b, const char *fmt, ...)
+{
+    (void)b;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "tokpiped: %s\n", line);
+}
+
+int broker_send_worker(broker *b, int wi, const tp_msg *m)
+{
+    bworker *w = &b->workers[wi];
+    tp_frame id = {w->ident, w->ident_len};
+    tp_err e;
+    int rc = tp_zsend_msg(b->back, &id, 1, m, &e);
+    if (rc) {
+        broker_log(b, "to worker %s: %s", w->instance, e.msg);
+        return rc;
+    }
+    w->last_send = tp_now_ms();
+    return 0;
+}
+
+/* A FINISH the broker publishes itself: for jobs that never reached a stop
+ * worker (cancelled or failed while queued) or whose stop worker is gone. */
+void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
+{
+    if (j->result_ready || j->state == J_FINISHED || j->state == J_FREE)
+        return;
+    uint64_t now = tp_wall_us();
+    tp_msg ev;
+    tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_FINISH);
+    tp_m_finish *f = &ev.finish;
+    f->job_id = tp_str_of(j->id);
+    f->seq = (uint32_t)(j->last_seq + 1);
+    f->reason = reason;
+    f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
+    f->prompt_tokens = j->n_prompt;
+    f->completion_tokens = j->n_out;
+    f->text_len = j->text_len;
+    f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
+    f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
+    tp_err e;
+    tp_wire w;
+    if (tp_proto_encode(&ev, &w, &e) == 0) {
+        tp_zsend(b->xpub, NULL, 0, &w, ZMQ_DONTWAIT);
+        tp_wire_free(&w);
+        b->stats.events_published++;
+    } else {
+        broker_log(b, "FINISH for %s: %s", j->id, e.msg);
+    }
+    jobs_on_event(b, &ev);
+    if (j->state != J_FINISHED)   /* RUNNING jobs end when released */
+        j->result_ready = true;
+}
+
+/* ---- setup -------------------------------------------------------------------- */
+
+static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *rc)
+{
+    void *s = zmq_socket(b->zctx, type);
+    if (!s) {
+        *rc = tp_err_set(err, TP_EIO, "zmq_socket: %s", zmq_strerror(errno));
+        return NULL;
+    }
+    int linger = b->cfg->linger_ms, hwm = b->cfg->sndhwm, one = 1;
+    int64_t maxmsg = b->cfg->max_msg_bytes;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (type != ZMQ_XPUB)
+        zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (type == ZMQ_ROUTER)   /* EHOSTUNREACH instead of a silent drop */
+        zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (!strncmp(ep, "ipc://", 6))
+        unlink(ep + 6);   /* a stale socket file from a crashed run */
+    if (zmq_bind(s, ep)) {
+        *rc = tp_err_set(err, TP_EIO, "bind %s: %s", ep, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&v, sizeof v, 1, f) != 1)
+        v = ((uint64_t)getpid() << 32) ^ tp_now_us();
+    if (f)
+        fclose(f);
+    return v;
+}
+
+int broker_init(broker *b, tp_config *cfg, tp_err *err)
+{
+    b->cfg = cfg;
+    b->t_start_ms = tp_now_ms();
+    b->incarnation = random_u64();
+    int rc = jobs_init(b, err);
+    if (rc)
+        return rc;
+    if (mkdir(cfg->runtime_dir, 0700) && errno != EEXIST)
+        return tp_err_set(err, TP_EIO, "runtime_dir %s: %s", cfg->runtime_dir, strerror(errno));
+    b->zctx = zmq_ctx_new();
+    if (!b->zctx)
+        return tp_err_set(err, TP_EIO, "zmq_ctx_new failed");
+    rc = 0;
+    if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, err, &rc)) ||
+        !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, err, &rc)) ||
+        !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, err, &rc)) ||
+        !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, err, &rc)))
+        return rc;
+    /* The broker keeps every job's result, so it takes all events whatever
+     * the subscribers ask for (their subscriptions are not forwarded). */
+    uint8_t sub_all = 1;
+    zmq_send(b->xsub, &sub_all, 1, 0);
+    return 0;
+}
+
+void broker_free(broker *b)
+{
+    void *socks[] = {b->front, b->back, b->xsub, b->xpub};
+    for (size_t i = 0; i < 4; i++)
+        if (socks[i])
+            zmq_close(socks[i]);
+    if (b->zctx)
+        zmq_ctx_term(b->zctx);
+    const char *eps[] = {b->cfg->ep_front, b->cfg->ep_back, b->cfg->ep_publish, b->cfg->ep_events};
+    for (size_t i = 0; i < 4; i++)
+        if (!strncmp(eps[i], "ipc://", 6))
+            unlink(eps[i] + 6);
+    jobs_free(b);
+    sched_free(b);
+    spawn_free(b);
+}
+
+/* ---- the loop ------------------------------------------------------------------- */
+
+static void on_event(broker *b, tp_zmsg *z)
+{
+    tp_msg m;
+    tp_err e;
+    if (tp_proto_decode(TP_FAM_EVT, z->f, z->n, &m, &e) || z->dropped) {
+        b->stats.malformed_events++;
+        broker_log(b, "dropped a malformed event: %s", z->dropped ? "too many frames" : e.msg);
+        tp_msg_clear(&m);
+        return;
+    }
+    for (size_t i = 0; i < z->n; i++)
+        zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
+                 ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
+    b->stats.events_published++;
+    jobs_on_event(b, &m);
+    tp_msg_clear(&m);
+}
+
+static void drain_socket(broker *b, void *s, int which)
+{
+    /* bounded so one busy socket cannot starve the others */
+    for (int k = 0; k < 256; k++) {
+        tp_zmsg z;
+        if (tp_zmsg_recv(s, &z, ZMQ_DONTWAIT) < 0)
+            return;
+        if (which == 0) {
+            if (z.dropped) {
+                b->stats.malformed_front++;
+            } else {
+                front_on_message(b, z.f, z.n);
+            }
+        } else if (which == 1) {
+            if (z.n >= 1 && !z.dropped)
+                registry_on_message(b, &z.f[0], z.f + 1, z.n - 1);
+            else
+                b->stats.malformed_back++;
+        } else if (which == 2) {
+            on_event(b, &z);
+        }
+        /* which == 3: XPUB subscription notices, read only to keep the queue empty */
+        tp_zmsg_close(&z);
+    }
+}
+
+static void start_drain(broker *b)
+{
+    b->draining = true;
+    b->drain_deadline = tp_now_ms() + b->cfg->drain_timeout_ms;
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    broker_log(b, "draining: %d active jobs, up to %d ms", b->n_active, b->cfg->drain_timeout_ms);
+}
+
+static void drain_tick(broker *b, int64_t now)
+{
+    if (!b->cancelled_all && now >= b->drain_deadline) {
+        b->cancelled_all = true;
+        b->drain_deadline = now + 2000;   /* time for the cancels' FINISH events */
+        for (uint32_t i = 0; i < b->jobs_cap; i++) {
+            bjob *j = &b->jobs[i];
+            if (j->state == J_TOKENIZE || j->state == J_ADMIT || (j->state == J_RUNNING && !j->cancel))
+                sched_cancel_job(b, j);
+        }
+        sched_run(b);
+    }
+    if (b->n_active == 0 || (b->cancelled_all && now >= b->drain_deadline))
+        b->done = true;
+}
+
+static void say_status(broker *b)
+{
+    char st[200];
+    snprintf(st, sizeof st, "STATUS=workers tokenize %d forward %d sample %d stop %d; %d active jobs",
+             registry_count(b, TP_STAGE_TOKENIZE), registry_count(b, TP_STAGE_FORWARD),
+             registry_count(b, TP_STAGE_SAMPLE), registry_count(b, TP_STAGE_STOP), b->n_active);
+    sd_notify(0, st);
+}
+
+int broker_run(broker *b)
+{
+    sd_notify(0, "READY=1\nSTATUS=broker ready, waiting for workers");
+    broker_log(b, "listening: front %s, back %s, events %s, publish %s", b->cfg->ep_front, b->cfg->ep_back,
+               b->cfg->ep_events, b->cfg->ep_publish);
+    int64_t last_tick = 0, last_status = 0;
+    while (!b->done) {
+        if (*b->quit && !b->draining)
+            start_drain(b);
+        zmq_pollitem_t it[4] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
+                                {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(it, 4, 50);
+        if (n < 0 && errno != EINTR)
+            break;
+        for (int i = 0; n > 0 && i < 4; i++)
+            if (it[i].revents & ZMQ_POLLIN)
+                drain_socket(b, it[i].socket, i);
+        int64_t now = tp_now_ms();
+        if (now - last_tick >= 50) {
+            last_tick = now;
+            registry_tick(b, now);
+            jobs_expire(b, now);
+            if (b->spawn)
+                spawn_tick(b, now);
+            if (b->draining)
+                drain_tick(b, now);
+            sched_run(b);
+        }
+        if (now - last_status >= 5000) {
+            last_status = now;
+            say_status(b);
+        }
+    }
+    /* tell every worker, then stop the processes we started */
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live) {
+            tp_msg m;
+            tp_msg_init(&m, TP_FAM_WRK, TP_CMD_DISCONNECT);
+            m.disconnect.reason = tp_str_of("broker shutting down");
+            broker_send_worker(b, i, &m);
+        }
+    if (b->spawn)
+        spawn_stop_all(b, 3000);
+    broker_log(b, "stopped");
+    return 0;
+}

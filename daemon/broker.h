@@ -1,0 +1,206 @@
+/* tokpiped internals: the broker's state shared by the daemon/ sources.
+ *
+ * One thread, one poll loop (broker.c). The broker owns the job table
+ * (jobs.c), the worker registry (registry.c), the schedule (sched.c), the
+ * producer-facing requests (front.c) and the supervisor of spawned worker
+ * processes (spawn.c). Events from stop workers arrive on the XSUB socket,
+ * are recorded into the job table (for STATUS) and forwarded verbatim to
+ * subscribers on the XPUB socket. */
+#ifndef TOKPIPED_BROKER_H
+#define TOKPIPED_BROKER_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tokpipe/config.h"
+#include "tokpipe/error.h"
+#include "tokpipe/protocol.h"
+
+#define B_MAX_WORKERS 256
+#define B_IDENT_MAX 255
+#define B_CLOSING_GRACE_MS 3000   /* wait this long for a FINISH event after the verdict */
+
+/* ---- workers ---------------------------------------------------------------- */
+
+typedef struct bworker {
+    bool live;
+    uint8_t ident[B_IDENT_MAX];
+    size_t ident_len;
+    unsigned stages;                /* TP_STAGE_* bits */
+    char instance[TP_PROTO_MAX_NAME + 1];
+    char model_id[TP_PROTO_MAX_MODEL_ID + 1];
+    uint64_t incarnation;
+    uint32_t capacity, vocab, seq_len, max_batch_tokens;
+    int32_t bos, eos;
+    uint32_t worker_no;
+    int64_t last_recv, last_send;
+    int n_fwd, n_smp, n_stp;        /* jobs pinned per stage */
+    int tok_inflight;
+    int steps_inflight;
+    int malformed;
+} bworker;
+
+/* ---- jobs --------------------------------------------------------------------- */
+
+enum { J_FREE = 0, J_TOKENIZE, J_ADMIT, J_RUNNING, J_CLOSING, J_FINISHED };
+enum { P_READY = 0, P_FORWARD, P_SAMPLE, P_STOP };
+
+typedef struct bjob {
+    int state;
+    char id[TP_PROTO_MAX_JOB_ID + 1];
+    uint32_t slot;                  /* = index in the table */
+    uint64_t seqno;                 /* admission order (FCFS) */
+    /* request: params with owned copies of the stop strings / ids */
+    tp_params params;
+    char *stop_buf;
+    char *prompt_text;
+    size_t prompt_len;
+    int32_t *prompt;
+    uint32_t n_prompt;
+    /* running */
+    int fwd, smp, stp;              /* worker indexes, -1 none */
+    int tok_worker;
+    uint64_t tok_task;
+    uint32_t n_fed;                 /* positions in the KV cache */
+    int32_t pending;                /* accepted token to feed next, -1 none */
+    int32_t acc_for_sampler;        /* accepted since the sampler last saw the slot */
+    int phase;
+    uint64_t step;
+    int32_t cand;
+    bool cancel;
+    int32_t *out;
+    uint32_t n_out, cap_out;
+    int engine_reason;              /* from VERDICTS, before the FINISH event */
+    bool result_ready;              /* the FINISH event was seen */
+    uint64_t open_task[3];          /* SEQ_OPEN, SAMPLE_OPEN, STOP_OPEN task ids */
+    int64_t closing_since;
+    /* times */
+    uint64_t t_submit_wall, t_start_wall;
+    int64_t t_submit_ms;
+    /* result (from events) */
+    int64_t last_seq;
+    char *text;
+    size_t text_len, text_cap;
+    int reason;
+    tp_matched matched;
+    char *matched_buf;
+    char *job_error;
+    tp_timings timings;
+    int64_t done_ms;
+} bjob;
+
+typedef struct bstats {
+    uint64_t jobs_submitted, jobs_rejected, jobs_finished, tokens_generated, events_published;
+    uint64_t malformed_front, malformed_back, malformed_events;
+    uint64_t finish[TP_REASON_COUNT];
+    uint64_t triggers_other;
+    size_t n_triggers;
+    struct btrigger {
+        tp_matched key;
+        char str[49];
+        bool truncated;
+        uint64_t count;
+    } triggers[64];
+} bstats;
+
+/* ---- spawned worker processes ------------------------------------------------- */
+
+typedef struct bchild {
+    unsigned stages;
+    int index;                      /* instance number within its group */
+    pid_t pid;                      /* 0 = not running */
+    int backoff_ms;
+    int64_t respawn_at, started_at;
+} bchild;
+
+/* Column buffers for building stage messages (reused, grown on demand). */
+typedef struct bcols {
+    uint32_t *slots, *pos, *ntok, *index;
+    uint8_t *flags;
+    int32_t *tokens, *acc, *cands;
+    float *logits;
+    size_t cap, tok_cap, logit_cap;
+} bcols;
+
+typedef struct broker {
+    tp_config *cfg;
+    const char *config_path;        /* passed to spawned workers; NULL = none */
+    const char *self_path;          /* argv[0] of tokpiped, to find tokpipe-worker */
+    void *zctx, *front, *back, *xsub, *xpub;
+    uint64_t incarnation;
+    int64_t t_start_ms;
+    volatile sig_atomic_t *quit;    /* set by signals: start draining */
+    bool draining;
+    int64_t drain_deadline;
+    bool cancelled_all;
+    bool done;
+
+    bworker workers[B_MAX_WORKERS];
+    uint32_t next_worker_no;
+
+    bjob *jobs;                     /* table: n_jobs_cap entries, slot = index */
+    uint32_t jobs_cap;
+    uint32_t *hash;                 /* id -> slot+1, open addressing, hash_cap entries */
+    uint32_t hash_cap;
+    int n_active;                   /* TOKENIZE + ADMIT + RUNNING + CLOSING */
+    uint64_t next_seqno, next_task, next_step, next_auto_id;
+
+    bstats stats;
+    bcols cols;
+
+    bchild *children;
+    int n_children;
+    bool spawn;
+} broker;
+
+/* broker.c */
+int broker_init(broker *b, tp_config *cfg, tp_err *err);
+int broker_run(broker *b);
+void broker_free(broker *b);
+void broker_log(const broker *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int broker_send_worker(broker *b, int wi, const tp_msg *m);
+void broker_publish_finish(broker *b, bjob *j, int reason, const char *error);
+
+/* jobs.c */
+int jobs_init(broker *b, tp_err *err);
+void jobs_free(broker *b);
+bjob *jobs_find(broker *b, const char *id, size_t len);
+bjob *jobs_by_slot(broker *b, uint32_t slot);
+bjob *jobs_new(broker *b, const char *id, size_t len);
+void jobs_release(broker *b, bjob *j);
+void jobs_expire(broker *b, int64_t now);
+int jobs_append_text(bjob *j, const char *s, size_t n);
+int jobs_append_out(bjob *j, int32_t id);
+void jobs_on_event(broker *b, const tp_msg *ev);
+void jobs_mark_finished(broker *b, bjob *j);
+
+/* registry.c */
+void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames, size_t n);
+void registry_tick(broker *b, int64_t now);
+void registry_lose(broker *b, int wi, const char *why);
+int registry_find(broker *b, const void *ident, size_t len);
+int registry_count(const broker *b, unsigned stage_bit);
+const bworker *registry_model(const broker *b);
+
+/* sched.c */
+void sched_run(broker *b);
+void sched_on_result(broker *b, int wi, const tp_msg *m);
+void sched_fail_job(broker *b, bjob *j, const char *why);
+void sched_cancel_job(broker *b, bjob *j);
+void sched_start_job(broker *b, bjob *j);
+void sched_worker_lost(broker *b, int wi);
+void sched_free(broker *b);
+
+/* front.c */
+void front_on_message(broker *b, const tp_frame *frames, size_t n);
+
+/* spawn.c */
+int spawn_init(broker *b, tp_err *err);
+void spawn_tick(broker *b, int64_t now);
+void spawn_stop_all(broker *b, int timeout_ms);
+void spawn_free(broker *b);
+
+#endif

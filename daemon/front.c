@@ -1,0 +1,421 @@
+/* Producer requests on the frontend ROUTER: SUBMIT, CANCEL, STATUS, STATS.
+ * Every request gets exactly one reply; a malformed one gets ERROR with the
+ * decoder's status and message and is counted. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "tokpipe/stop.h"
+#include "tokpipe/zwire.h"
+
+typedef struct reply_to {
+    tp_frame env[2];    /* identity (+ the empty delimiter of a REQ peer) */
+    size_t n_env;
+} reply_to;
+
+static void reply(broker *b, const reply_to *to, tp_msg *m)
+{
+    tp_err e;
+    if (tp_zsend_msg(b->front, to->env, to->n_env, m, &e))
+        broker_log(b, "reply %s: %s", tp_cmd_name(TP_FAM_JOB, m->cmd), e.msg);
+}
+
+static void ack(broker *b, const reply_to *to, uint64_t req, uint32_t status, const char *job_id, const char *field,
+                const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static void ack(broker *b, const reply_to *to, uint64_t req, uint32_t status, const char *job_id, const char *field,
+                const char *fmt, ...)
+{
+    char msg[TP_PROTO_MAX_ERROR];
+    msg[0] = '\0';
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+    }
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_ACK);
+    m.req = req;
+    m.status = status;
+    m.error = tp_str_of(msg[0] ? msg : NULL);
+    m.ack.job_id = tp_str_of(job_id);
+    m.ack.field = tp_str_of(field);
+    if (status != TP_ST_OK && m.error.len == 0)
+        m.error = tp_str_of("rejected");
+    reply(b, to, &m);
+}
+
+/* ---- SUBMIT ------------------------------------------------------------------ */
+
+/* Fill keys the producer left out from the configured defaults. */
+static void apply_defaults(const tp_config *c, tp_params *p)
+{
+    if (!(p->set & TP_P_MAX_TOKENS))
+        p->max_tokens = c->def_max_tokens;
+    if (!(p->set & TP_P_MIN_TOKENS))
+        p->min_tokens = 0;
+    if (!(p->set & TP_P_TEMPERATURE))
+        p->temperature = c->def_temperature;
+    if (!(p->set & TP_P_TOP_P))
+        p->top_p = c->def_top_p;
+    if (!(p->set & TP_P_TOP_K))
+        p->top_k = c->def_top_k;
+    if (!(p->set & TP_P_MIN_P))
+        p->min_p = c->def_min_p;
+    if (!(p->set & TP_P_REPETITION_PENALTY))
+        p->repetition_penalty = c->def_repetition_penalty;
+    if (!(p->set & TP_P_PRESENCE_PENALTY))
+        p->presence_penalty = c->def_presence_penalty;
+    if (!(p->set & TP_P_FREQUENCY_PENALTY))
+        p->frequency_penalty = c->def_frequency_penalty;
+    p->set |= TP_P_MAX_TOKENS | TP_P_MIN_TOKENS | TP_P_TEMPERATURE | TP_P_TOP_P | TP_P_TOP_K | TP_P_MIN_P |
+              TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY;
+}
+
+typedef struct verdict {
+    uint32_t status;
+    char field[64];
+    char msg[TP_PROTO_MAX_ERROR];
+} verdict;
+
+static bool bad(verdict *v, uint32_t status, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static bool bad(verdict *v, uint32_t status, const char *field, const char *fmt, ...)
+{
+    v->status = status;
+    snprintf(v->field, sizeof v->field, "%s", field);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->msg, sizeof v->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* The broker's limits and the stop stage's own validation (tp_stop_new
+ * names the field exactly as the stop worker would). */
+static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict *v)
+{
+    const tp_config *c = b->cfg;
+    if (p->max_tokens > c->max_tokens_limit)
+        return bad(v, TP_ST_BAD_REQUEST, "params.max_tokens", "params.max_tokens: %d exceeds the limit %d",
+                   p->max_tokens, c->max_tokens_limit);
+    if (p->min_tokens > p->max_tokens)
+        return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
+                   p->min_tokens, p->max_tokens);
+    if (p->n_stop > (size_t)c->max_stop_strings)
+        return bad(v, TP_ST_TOO_LARGE, "params.stop", "params.stop: %zu strings, the limit is %d", p->n_stop,
+                   c->max_stop_strings);
+    for (size_t i = 0; i < p->n_stop; i++)
+        if (p->stop[i].len > (size_t)c->max_stop_len) {
+            char f[40];
+            snprintf(f, sizeof f, "params.stop[%zu]", i);
+            return bad(v, TP_ST_TOO_LARGE, f, "%s: %zu bytes, the limit is %d", f, p->stop[i].len, c->max_stop_len);
+        }
+    if (p->n_stop_token_ids > (size_t)c->max_stop_ids)
+        return bad(v, TP_ST_TOO_LARGE, "params.stop_token_ids", "params.stop_token_ids: %zu ids, the limit is %d",
+                   p->n_stop_token_ids, c->max_stop_ids);
+    const char **strs = calloc(p->n_stop + 1, sizeof *strs);
+    size_t *lens = calloc(p->n_stop + 1, sizeof *lens);
+    if (!strs || !lens) {
+        free(strs);
+        free(lens);
+        return bad(v, TP_ST_INTERNAL, "", "broker out of memory");
+    }
+    for (size_t i = 0; i < p->n_stop; i++) {
+        strs[i] = p->stop[i].ptr;
+        lens[i] = p->stop[i].len;
+    }
+    tp_stop_config sc = {
+        .stop = strs, .stop_len = lens, .n_stop = p->n_stop,
+        .stop_ids = p->stop_token_ids, .n_stop_ids = p->n_stop_token_ids,
+        .min_tokens = p->min_tokens, .max_tokens = p->max_tokens,
+        .include_stop_str_in_output = p->include_stop_str_in_output, .vocab_size = (int32_t)vocab,
+        .max_stop_strings = (size_t)c->max_stop_strings, .max_stop_len = (size_t)c->max_stop_len,
+    };
+    tp_stop *st = NULL;
+    tp_err e;
+    tp_err_clear(&e);
+    int rc = tp_stop_new(&sc, &st, &e);
+    tp_stop_free(st);
+    free(strs);
+    free(lens);
+    if (rc) {
+        /* tp_stop names fields like "stop_token_ids[0]: ..." */
+        char f[64];
+        snprintf(f, sizeof f, "params.%.*s", (int)strcspn(e.msg, ":"), e.msg);
+        return bad(v, TP_ST_BAD_REQUEST, f, "params.%s", e.msg);
+    }
+    return true;
+}
+
+static bool check_workers(broker *b, bool text, verdict *v)
+{
+    const char *missing = !registry_count(b, TP_STAGE_FORWARD) ? "forward"
+                        : !registry_count(b, TP_STAGE_STOP) ? "stop"
+                        : !registry_count(b, TP_STAGE_SAMPLE) ? "sample"
+                        : text && !registry_count(b, TP_STAGE_TOKENIZE) ? "tokenize"
+                        : NULL;
+    if (missing)
+        return bad(v, TP_ST_UNAVAILABLE, "", "no %s worker is registered yet; retry later", missing);
+    return true;
+}
+
+static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
+{
+    if (b->draining)
+        return bad(v, TP_ST_UNAVAILABLE, "", "the broker is shutting down");
+    if (!check_workers(b, (s->prompt.ptr != NULL), v))
+        return false;
+    if (s->job_id.len && jobs_find(b, s->job_id.ptr, s->job_id.len))
+        return bad(v, TP_ST_CONFLICT, "job_id", "job_id: '%.*s' is already in use", (int)s->job_id.len, s->job_id.ptr);
+    if (b->n_active >= b->cfg->max_concurrent_jobs)
+        return bad(v, TP_ST_OVERLOADED, "", "%d jobs are active, the limit is %d; retry later", b->n_active,
+                   b->cfg->max_concurrent_jobs);
+    const bworker *model = registry_model(b);
+    uint32_t vocab = model ? model->vocab : 0;
+    if ((s->prompt.ptr != NULL) && s->prompt.len > (size_t)b->cfg->max_prompt_bytes)
+        return bad(v, TP_ST_TOO_LARGE, "prompt", "prompt: %zu bytes, the limit is %d", s->prompt.len,
+                   b->cfg->max_prompt_bytes);
+    if ((s->prompt.ptr != NULL) && s->prompt.len == 0)
+        return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: empty");
+    if (!(s->prompt.ptr != NULL)) {
+        if (model && model->seq_len && s->prompt_ids.n > model->seq_len)
+            return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: %zu tokens, the model's context holds %u",
+                       s->prompt_ids.n, model->seq_len);
+        for (size_t i = 0; i < s->prompt_ids.n; i++) {
+            int32_t id = tp_raw_i32(s->prompt_ids, i);
+            if (id < 0 || (uint32_t)id >= vocab)
+                return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt[%zu]: token id %d outside the vocabulary [0, %u)",
+                           i, id, vocab);
+        }
+    }
+    tp_params p = s->params;
+    apply_defaults(b->cfg, &p);
+    return check_params(b, &p, vocab, v);
+}
+
+/* Copy what the job keeps from the request (the frames go away). */
+static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
+{
+    tp_params *p = &j->params;
+    *p = s->params;
+    apply_defaults(c, p);
+    size_t bytes = 0;
+    for (size_t i = 0; i < s->params.n_stop; i++)
+        bytes += s->params.stop[i].len;
+    p->stop = calloc(s->params.n_stop + 1, sizeof *p->stop);
+    j->stop_buf = malloc(bytes + 1);
+    p->stop_token_ids = malloc((s->params.n_stop_token_ids + 1) * sizeof *p->stop_token_ids);
+    if (!p->stop || !j->stop_buf || !p->stop_token_ids)
+        return TP_ENOMEM;
+    char *w = j->stop_buf;
+    for (size_t i = 0; i < s->params.n_stop; i++) {
+        memcpy(w, s->params.stop[i].ptr, s->params.stop[i].len);
+        p->stop[i] = (tp_str){w, s->params.stop[i].len};
+        w += s->params.stop[i].len;
+    }
+    memcpy(p->stop_token_ids, s->params.stop_token_ids, s->params.n_stop_token_ids * sizeof *p->stop_token_ids);
+    if ((s->prompt.ptr != NULL)) {
+        if (!(j->prompt_text = malloc(s->prompt.len + 1)))
+            return TP_ENOMEM;
+        memcpy(j->prompt_text, s->prompt.ptr, s->prompt.len);
+        j->prompt_len = s->prompt.len;
+    } else {
+        if (!(j->prompt = malloc(s->prompt_ids.n * sizeof *j->prompt)))
+            return TP_ENOMEM;
+        tp_raw_copy(j->prompt, s->prompt_ids, 4);
+        j->n_prompt = (uint32_t)s->prompt_ids.n;
+    }
+    return 0;
+}
+
+static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
+{
+    const tp_m_submit *s = &m->submit;
+    b->stats.jobs_submitted++;
+    verdict v = {0};
+    if (!check_submit(b, s, &v)) {
+        b->stats.jobs_rejected++;
+        char id[TP_PROTO_MAX_JOB_ID + 1];
+        snprintf(id, sizeof id, "%.*s", (int)s->job_id.len, s->job_id.ptr);
+        ack(b, to, m->req, v.status, id, v.field, "%s", v.msg);
+        return;
+    }
+    char id[TP_PROTO_MAX_JOB_ID + 1];
+    if (s->job_id.len)
+        snprintf(id, sizeof id, "%.*s", (int)s->job_id.len, s->job_id.ptr);
+    else
+        snprintf(id, sizeof id, "j-%08x-%llu", (unsigned)b->incarnation, (unsigned long long)++b->next_auto_id);
+    bjob *j = jobs_new(b, id, strlen(id));
+    if (!j || copy_request(j, s, b->cfg)) {
+        if (j)
+            jobs_release(b, j);
+        b->stats.jobs_rejected++;
+        ack(b, to, m->req, TP_ST_OVERLOADED, id, "", "the job table is full; retry later");
+        return;
+    }
+    j->t_submit_wall = tp_wall_us();
+    j->t_submit_ms = tp_now_ms();
+    ack(b, to, m->req, TP_ST_OK, id, NULL, NULL);
+    sched_start_job(b, j);
+    sched_run(b);
+}
+
+/* ---- CANCEL / STATUS / STATS --------------------------------------------------- */
+
+static void on_cancel(broker *b, const reply_to *to, const tp_msg *m)
+{
+    const tp_str *id = &m->jobref.job_id;
+    char ids[TP_PROTO_MAX_JOB_ID + 1];
+    snprintf(ids, sizeof ids, "%.*s", (int)id->len, id->ptr);
+    bjob *j = jobs_find(b, id->ptr, id->len);
+    if (!j) {
+        ack(b, to, m->req, TP_ST_NOT_FOUND, ids, "job_id", "job_id: unknown job '%s'", ids);
+        return;
+    }
+    if (j->state == J_FINISHED || j->state == J_CLOSING || j->cancel) {
+        ack(b, to, m->req, TP_ST_CONFLICT, ids, "job_id", "job '%s' already finished", ids);
+        return;
+    }
+    ack(b, to, m->req, TP_ST_OK, ids, NULL, NULL);
+    sched_cancel_job(b, j);
+    sched_run(b);
+}
+
+static int state_of(const bjob *j)
+{
+    switch (j->state) {
+    case J_TOKENIZE:
+    case J_ADMIT:
+        return TP_STATE_QUEUED;
+    case J_FINISHED:
+        return TP_STATE_FINISHED;
+    default:
+        return TP_STATE_RUNNING;
+    }
+}
+
+static void on_status(broker *b, const reply_to *to, const tp_msg *m)
+{
+    const tp_str *id = &m->jobref.job_id;
+    bjob *j = jobs_find(b, id->ptr, id->len);
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_JOB, TP_CMD_STATUS_REPLY);
+    r.req = m->req;
+    tp_m_status_reply *s = &r.status_reply;
+    s->job_id = *id;
+    s->last_seq = -1;
+    if (!j) {
+        r.status = TP_ST_NOT_FOUND;
+        r.error = tp_str_of("unknown job (never submitted, or expired)");
+        s->state = TP_STATE_UNKNOWN;
+        reply(b, to, &r);
+        return;
+    }
+    r.status = TP_ST_OK;
+    s->state = state_of(j);
+    s->prompt_tokens = j->n_prompt;
+    s->completion_tokens = j->n_out;
+    s->last_seq = j->last_seq;
+    if (s->state == TP_STATE_FINISHED) {
+        s->reason = j->reason;
+        s->matched = j->matched;
+        s->text = (tp_str){j->text ? j->text : "", j->text_len};
+        s->job_error = tp_str_of(j->job_error);
+        s->timings = j->timings;
+        s->tokens = (tp_raw){j->out, j->n_out};
+    }
+    reply(b, to, &r);
+}
+
+static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
+{
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_JOB, TP_CMD_STATS_REPLY);
+    r.req = m->req;
+    r.status = TP_ST_OK;
+    tp_m_stats_reply *s = &r.stats_reply;
+    const bstats *st = &b->stats;
+    s->uptime_ms = (uint64_t)(tp_now_ms() - b->t_start_ms);
+    s->jobs_submitted = st->jobs_submitted;
+    s->jobs_rejected = st->jobs_rejected;
+    s->jobs_active = (uint64_t)b->n_active;
+    s->jobs_finished = st->jobs_finished;
+    s->tokens_generated = st->tokens_generated;
+    s->events_published = st->events_published;
+    s->malformed_front = st->malformed_front;
+    s->malformed_back = st->malformed_back;
+    s->malformed_events = st->malformed_events;
+    for (int i = 0; i < 4; i++)
+        s->workers[i] = (uint64_t)registry_count(b, 1u << i);
+    memcpy(s->finish, st->finish, sizeof s->finish);
+    tp_trigger trig[sizeof st->triggers / sizeof st->triggers[0]];
+    for (size_t i = 0; i < st->n_triggers; i++) {
+        trig[i].key = st->triggers[i].key;
+        if (trig[i].key.kind == TP_MATCHED_STR)
+            trig[i].key.str.ptr = st->triggers[i].str;
+        trig[i].count = st->triggers[i].count;
+        trig[i].truncated = st->triggers[i].truncated;
+    }
+    s->triggers = trig;
+    s->n_triggers = st->n_triggers;
+    s->triggers_other = st->triggers_other;
+    reply(b, to, &r);
+}
+
+/* ---- entry -------------------------------------------------------------------- */
+
+void front_on_message(broker *b, const tp_frame *frames, size_t n)
+{
+    if (n < 2)
+        return;   /* an identity alone: nothing to answer */
+    reply_to to = {{frames[0]}, 1};
+    size_t first = 1;
+    if (frames[1].len == 0) {   /* a REQ peer's delimiter, echoed back */
+        to.env[to.n_env++] = frames[1];
+        first = 2;
+    }
+    tp_msg m;
+    tp_err e;
+    tp_err_clear(&e);
+    if (tp_proto_decode(TP_FAM_JOB, frames + first, n - first, &m, &e)) {
+        b->stats.malformed_front++;
+        tp_msg r;
+        tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ERROR);
+        r.req = m.req;
+        r.status = m.status ? m.status : TP_ST_BAD_REQUEST;
+        r.error = tp_str_of(e.msg[0] ? e.msg : "malformed request");
+        r.ack.field = tp_str_of(m.bad_field[0] ? m.bad_field : NULL);
+        reply(b, &to, &r);
+        tp_msg_clear(&m);
+        return;
+    }
+    switch (m.cmd) {
+    case TP_CMD_SUBMIT:
+        on_submit(b, &to, &m);
+        break;
+    case TP_CMD_CANCEL:
+        on_cancel(b, &to, &m);
+        break;
+    case TP_CMD_STATUS:
+        on_status(b, &to, &m);
+        break;
+    case TP_CMD_STATS:
+        on_stats(b, &to, &m);
+        break;
+    default: {
+        b->stats.malformed_front++;
+        tp_msg r;
+        tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ERROR);
+        r.req = m.req;
+        r.status = TP_ST_UNKNOWN_COMMAND;
+        r.error = tp_str_of("not a request a producer may send");
+        reply(b, &to, &r);
+    }
+    }
+    tp_msg_clear(&m);
+}

@@ -1,0 +1,284 @@
+/* Job table: a fixed array (slot = index) plus an id -> slot hash.
+ *
+ * Finished jobs keep their slot until their TTL ends, so a slot number is
+ * not reused while late worker messages about it may still arrive. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "tokpipe/zwire.h"
+
+static uint32_t fnv(const char *s, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
+}
+
+int jobs_init(broker *b, tp_err *err)
+{
+    /* active jobs plus finished ones kept for STATUS */
+    b->jobs_cap = (uint32_t)b->cfg->max_concurrent_jobs * 4 + 64;
+    b->hash_cap = 1;
+    while (b->hash_cap < b->jobs_cap * 2)
+        b->hash_cap <<= 1;
+    b->jobs = calloc(b->jobs_cap, sizeof *b->jobs);
+    b->hash = calloc(b->hash_cap, sizeof *b->hash);
+    if (!b->jobs || !b->hash)
+        return tp_err_set(err, TP_ENOMEM, "job table: out of memory for %u jobs", b->jobs_cap);
+    return 0;
+}
+
+static void job_clear(bjob *j)
+{
+    free(j->params.stop);
+    free(j->params.stop_token_ids);
+    free(j->stop_buf);
+    free(j->prompt_text);
+    free(j->prompt);
+    free(j->out);
+    free(j->text);
+    free(j->matched_buf);
+    free(j->job_error);
+    memset(j, 0, sizeof *j);
+}
+
+void jobs_free(broker *b)
+{
+    for (uint32_t i = 0; b->jobs && i < b->jobs_cap; i++)
+        job_clear(&b->jobs[i]);
+    free(b->jobs);
+    free(b->hash);
+    b->jobs = NULL;
+    b->hash = NULL;
+}
+
+static uint32_t *hash_slot(broker *b, const char *id, size_t len)
+{
+    uint32_t mask = b->hash_cap - 1;
+    for (uint32_t h = fnv(id, len) & mask;; h = (h + 1) & mask) {
+        uint32_t v = b->hash[h];
+        if (!v)
+            return &b->hash[h];
+        const bjob *j = &b->jobs[v - 1];
+        if (strlen(j->id) == len && !memcmp(j->id, id, len))
+            return &b->hash[h];
+    }
+}
+
+bjob *jobs_find(broker *b, const char *id, size_t len)
+{
+    if (len > TP_PROTO_MAX_JOB_ID)
+        return NULL;
+    uint32_t v = *hash_slot(b, id, len);
+    return v ? &b->jobs[v - 1] : NULL;
+}
+
+bjob *jobs_by_slot(broker *b, uint32_t slot)
+{
+    if (slot >= b->jobs_cap || b->jobs[slot].state == J_FREE)
+        return NULL;
+    return &b->jobs[slot];
+}
+
+/* Backward-shift deletion keeps linear probing chains intact. */
+static void hash_remove(broker *b, const char *id)
+{
+    uint32_t mask = b->hash_cap - 1;
+    uint32_t *p = hash_slot(b, id, strlen(id));
+    if (!*p)
+        return;
+    uint32_t i = (uint32_t)(p - b->hash);
+    b->hash[i] = 0;
+    for (uint32_t k = (i + 1) & mask; b->hash[k]; k = (k + 1) & mask) {
+        uint32_t v = b->hash[k];
+        const char *kid = b->jobs[v - 1].id;
+        uint32_t home = fnv(kid, strlen(kid)) & mask;
+        /* move v back to i if its home is not in (i, k] cyclically */
+        bool in_range = i <= k ? (home > i && home <= k) : (home > i || home <= k);
+        if (!in_range) {
+            b->hash[i] = v;
+            b->hash[k] = 0;
+            i = k;
+        }
+    }
+}
+
+/* A free entry; when the table is full, the oldest finished job goes. */
+static bjob *free_entry(broker *b)
+{
+    bjob *oldest = NULL;
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        bjob *j = &b->jobs[i];
+        if (j->state == J_FREE)
+            return j;
+        if (j->state == J_FINISHED && (!oldest || j->done_ms < oldest->done_ms))
+            oldest = j;
+    }
+    if (oldest)
+        jobs_release(b, oldest);
+    return oldest;
+}
+
+bjob *jobs_new(broker *b, const char *id, size_t len)
+{
+    bjob *j = free_entry(b);
+    if (!j)
+        return NULL;
+    uint32_t slot = (uint32_t)(j - b->jobs);
+    memset(j, 0, sizeof *j);
+    memcpy(j->id, id, len);
+    j->id[len] = '\0';
+    j->slot = slot;
+    j->state = J_ADMIT;
+    j->fwd = j->smp = j->stp = j->tok_worker = -1;
+    j->pending = j->acc_for_sampler = -1;
+    j->last_seq = -1;
+    j->seqno = b->next_seqno++;
+    *hash_slot(b, j->id, len) = slot + 1;
+    b->n_active++;
+    return j;
+}
+
+void jobs_release(broker *b, bjob *j)
+{
+    if (j->state == J_FREE)
+        return;
+    if (j->state != J_FINISHED)
+        b->n_active--;
+    hash_remove(b, j->id);
+    job_clear(j);
+}
+
+void jobs_expire(broker *b, int64_t now)
+{
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        bjob *j = &b->jobs[i];
+        if (j->state == J_FINISHED && now - j->done_ms >= b->cfg->finished_ttl_ms)
+            jobs_release(b, j);
+        else if (j->state == J_CLOSING && now - j->closing_since > B_CLOSING_GRACE_MS)
+            /* the FINISH event was lost: publish one so the job ends */
+            broker_publish_finish(b, j, j->engine_reason ? j->engine_reason : TP_REASON_ERROR,
+                                  "finish event lost");
+    }
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need)
+        nc *= 2;
+    void *n = realloc(*p, nc * elem);
+    if (!n)
+        return TP_ENOMEM;
+    *p = n;
+    *cap = nc;
+    return 0;
+}
+
+int jobs_append_text(bjob *j, const char *s, size_t n)
+{
+    if (grow((void **)&j->text, &j->text_cap, j->text_len + n + 1, 1))
+        return TP_ENOMEM;
+    memcpy(j->text + j->text_len, s, n);
+    j->text_len += n;
+    j->text[j->text_len] = '\0';
+    return 0;
+}
+
+int jobs_append_out(bjob *j, int32_t id)
+{
+    size_t cap = j->cap_out;
+    if (grow((void **)&j->out, &cap, (size_t)j->n_out + 1, sizeof *j->out))
+        return TP_ENOMEM;
+    j->cap_out = (uint32_t)cap;
+    j->out[j->n_out++] = id;
+    return 0;
+}
+
+static void count_trigger(bstats *s, const tp_matched *m)
+{
+    if (m->kind == TP_MATCHED_NONE)
+        return;
+    size_t klen = m->kind == TP_MATCHED_STR ? (m->str.len > 48 ? 48 : m->str.len) : 0;
+    for (size_t i = 0; i < s->n_triggers; i++) {
+        struct btrigger *t = &s->triggers[i];
+        if (t->key.kind == m->kind &&
+            (m->kind == TP_MATCHED_ID ? t->key.id == m->id
+                                      : t->key.str.len == klen && !memcmp(t->str, m->str.ptr, klen) &&
+                                            t->truncated == (m->str.len > 48))) {
+            t->count++;
+            return;
+        }
+    }
+    if (s->n_triggers == sizeof s->triggers / sizeof s->triggers[0]) {
+        s->triggers_other++;
+        return;
+    }
+    struct btrigger *t = &s->triggers[s->n_triggers++];
+    memset(t, 0, sizeof *t);
+    t->key.kind = m->kind;
+    t->key.id = m->id;
+    memcpy(t->str, m->kind == TP_MATCHED_STR ? m->str.ptr : "", klen);
+    t->key.str.len = klen;
+    t->truncated = m->kind == TP_MATCHED_STR && m->str.len > 48;
+    t->count = 1;
+}
+
+void jobs_mark_finished(broker *b, bjob *j)
+{
+    if (j->state == J_FINISHED)
+        return;
+    j->state = J_FINISHED;
+    j->done_ms = tp_now_ms();
+    b->n_active--;
+    b->stats.jobs_finished++;
+    b->stats.tokens_generated += j->n_out;
+    if (j->reason > 0 && j->reason < TP_REASON_COUNT)
+        b->stats.finish[j->reason]++;
+    count_trigger(&b->stats, &j->matched);
+    /* the request copies are no longer needed */
+    free(j->prompt_text);
+    j->prompt_text = NULL;
+}
+
+static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
+{
+    jobs_append_text(j, f->text.ptr, f->text.len);
+    j->reason = f->reason;
+    j->timings = f->timings;
+    if (f->matched.kind == TP_MATCHED_STR && (j->matched_buf = malloc(f->matched.str.len + 1))) {
+        memcpy(j->matched_buf, f->matched.str.ptr, f->matched.str.len);
+        j->matched_buf[f->matched.str.len] = '\0';
+        j->matched = (tp_matched){.kind = TP_MATCHED_STR, .str = {j->matched_buf, f->matched.str.len}};
+    } else if (f->matched.kind == TP_MATCHED_ID) {
+        j->matched = f->matched;
+    }
+    if (f->job_error.len && (j->job_error = malloc(f->job_error.len + 1))) {
+        memcpy(j->job_error, f->job_error.ptr, f->job_error.len);
+        j->job_error[f->job_error.len] = '\0';
+    }
+    j->result_ready = true;
+    /* a running job ends when its workers let go of it (sched.c) */
+    if (j->state != J_RUNNING)
+        jobs_mark_finished(b, j);
+}
+
+/* An event on its way to subscribers: keep the job's text and result. */
+void jobs_on_event(broker *b, const tp_msg *ev)
+{
+    const tp_str *id = ev->cmd == TP_CMD_TOKEN ? &ev->token.job_id : &ev->finish.job_id;
+    bjob *j = jobs_find(b, id->ptr, id->len);
+    if (!j || j->state == J_FINISHED || j->result_ready)
+        return;
+    if (ev->cmd == TP_CMD_TOKEN) {
+        j->last_seq = ev->token.seq;
+        jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
+        return;
+    }
+    j->last_seq = ev->finish.seq;
+    record_finish(b, j, &ev->finish);
+}

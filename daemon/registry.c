@@ -1,0 +1,171 @@
+/* Worker registry: READY / WELCOME, heartbeats both ways, expiry, and
+ * dispatch of stage results to the scheduler. Any message from a worker
+ * counts as a heartbeat (MDP); a worker silent for `liveness` intervals is
+ * lost, and so are the jobs pinned to it (sched_worker_lost). */
+#include <stdio.h>
+#include <string.h>
+
+#include "broker.h"
+#include "tokpipe/zwire.h"
+
+#define MAX_MALFORMED 16   /* per worker, then DISCONNECT */
+
+int registry_find(broker *b, const void *ident, size_t len)
+{
+    for (int i = 0; i < B_MAX_WORKERS; i++) {
+        const bworker *w = &b->workers[i];
+        if (w->live && w->ident_len == len && !memcmp(w->ident, ident, len))
+            return i;
+    }
+    return -1;
+}
+
+int registry_count(const broker *b, unsigned stage_bit)
+{
+    int n = 0;
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        n += b->workers[i].live && (b->workers[i].stages & stage_bit);
+    return n;
+}
+
+/* The model every model-bearing worker must share (the first live one). */
+const bworker *registry_model(const broker *b)
+{
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live && b->workers[i].model_id[0] && (b->workers[i].stages & TP_STAGE_FORWARD))
+            return &b->workers[i];
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live && b->workers[i].model_id[0])
+            return &b->workers[i];
+    return NULL;
+}
+
+static void send_raw(broker *b, const tp_frame *ident, uint8_t cmd, const char *reason)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, cmd);
+    m.disconnect.reason = tp_str_of(reason);
+    tp_err e;
+    tp_zsend_msg(b->back, ident, 1, &m, &e);
+}
+
+void registry_lose(broker *b, int wi, const char *why)
+{
+    bworker *w = &b->workers[wi];
+    if (!w->live)
+        return;
+    broker_log(b, "worker %s (%s) lost: %s", w->instance, w->model_id[0] ? "model" : "no model", why);
+    tp_frame id = {w->ident, w->ident_len};
+    send_raw(b, &id, TP_CMD_DISCONNECT, why);
+    sched_worker_lost(b, wi);
+    w->live = false;
+}
+
+static void copy_name(char *dst, tp_str s)
+{
+    size_t n = s.len > TP_PROTO_MAX_NAME ? TP_PROTO_MAX_NAME : s.len;
+    memcpy(dst, s.ptr, n);
+    dst[n] = '\0';
+}
+
+static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
+{
+    int old = registry_find(b, ident->data, ident->len);
+    if (old >= 0)   /* READY again = a restarted worker: its state is gone */
+        registry_lose(b, old, "registered again");
+    const bworker *ref = registry_model(b);
+    char model[TP_PROTO_MAX_MODEL_ID + 1];
+    size_t ml = r->model_id.len > TP_PROTO_MAX_MODEL_ID ? TP_PROTO_MAX_MODEL_ID : r->model_id.len;
+    memcpy(model, r->model_id.ptr, ml);
+    model[ml] = '\0';
+    if (ref && model[0] && strcmp(ref->model_id, model)) {
+        broker_log(b, "refusing worker %.*s: model '%s' differs from '%s'", (int)r->instance.len, r->instance.ptr,
+                   model, ref->model_id);
+        send_raw(b, ident, TP_CMD_DISCONNECT, "model differs from the other workers'");
+        return;
+    }
+    int wi = -1;
+    for (int i = 0; i < B_MAX_WORKERS && wi < 0; i++)
+        if (!b->workers[i].live)
+            wi = i;
+    if (wi < 0 || ident->len > B_IDENT_MAX) {
+        send_raw(b, ident, TP_CMD_DISCONNECT, "broker has no room for more workers");
+        return;
+    }
+    bworker *w = &b->workers[wi];
+    memset(w, 0, sizeof *w);
+    w->live = true;
+    memcpy(w->ident, ident->data, ident->len);
+    w->ident_len = ident->len;
+    w->stages = r->stages;
+    copy_name(w->instance, r->instance);
+    strcpy(w->model_id, model);
+    w->incarnation = r->incarnation;
+    w->capacity = r->capacity ? r->capacity : 1;
+    w->vocab = r->vocab_size;
+    w->seq_len = r->seq_len;
+    w->max_batch_tokens = r->max_batch_tokens;
+    w->bos = r->bos_id;
+    w->eos = r->eos_id;
+    w->worker_no = b->next_worker_no++;
+    w->last_recv = w->last_send = tp_now_ms();
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_WELCOME);
+    m.welcome.incarnation = b->incarnation;
+    m.welcome.heartbeat_ms = (uint32_t)b->cfg->heartbeat_ms;
+    m.welcome.liveness = (uint32_t)b->cfg->liveness;
+    m.welcome.worker_no = w->worker_no;
+    broker_send_worker(b, wi, &m);
+    broker_log(b, "worker %s registered (stages 0x%x, capacity %u)", w->instance, w->stages, w->capacity);
+}
+
+void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames, size_t n)
+{
+    tp_msg m;
+    tp_err e;
+    tp_err_clear(&e);
+    int wi = registry_find(b, ident->data, ident->len);
+    if (wi >= 0)
+        b->workers[wi].last_recv = tp_now_ms();
+    if (tp_proto_decode(TP_FAM_WRK, frames, n, &m, &e)) {
+        b->stats.malformed_back++;
+        broker_log(b, "dropped a malformed worker message: %s", e.msg);
+        if (wi >= 0 && ++b->workers[wi].malformed > MAX_MALFORMED)
+            registry_lose(b, wi, "too many malformed messages");
+        tp_msg_clear(&m);
+        return;
+    }
+    if (m.cmd == TP_CMD_READY) {
+        on_ready(b, ident, &m.ready);
+    } else if (wi < 0) {
+        /* a worker from before a broker restart: make it register again */
+        if (m.cmd != TP_CMD_DISCONNECT)
+            send_raw(b, ident, TP_CMD_DISCONNECT, "unknown worker: send READY");
+    } else if (m.cmd == TP_CMD_DISCONNECT) {
+        sched_worker_lost(b, wi);
+        b->workers[wi].live = false;
+        broker_log(b, "worker %s disconnected", b->workers[wi].instance);
+    } else if (m.cmd != TP_CMD_HEARTBEAT) {
+        sched_on_result(b, wi, &m);
+    }
+    tp_msg_clear(&m);
+}
+
+void registry_tick(broker *b, int64_t now)
+{
+    int64_t dead_after = (int64_t)b->cfg->heartbeat_ms * b->cfg->liveness;
+    for (int i = 0; i < B_MAX_WORKERS; i++) {
+        bworker *w = &b->workers[i];
+        if (!w->live)
+            continue;
+        if (now - w->last_recv > dead_after) {
+            registry_lose(b, i, "heartbeat expired");
+            continue;
+        }
+        if (now - w->last_send >= b->cfg->heartbeat_ms) {
+            tp_msg m;
+            tp_msg_init(&m, TP_FAM_WRK, TP_CMD_HEARTBEAT);
+            broker_send_worker(b, i, &m);
+        }
+    }
+}

@@ -1,0 +1,717 @@
+/* The schedule: tokenize dispatch, admission to a forward/sample/stop
+ * worker set, and the continuously batched decode loop.
+ *
+ * A running job cycles through phases: READY (may join the next step) ->
+ * FORWARD (in a STEP at its forward worker) -> SAMPLE (logits at its sample
+ * worker; skipped when the forward worker samples in process) -> STOP
+ * (candidate at its stop worker) -> READY with the accepted token as the
+ * next input, or finished. Each forward worker keeps up to
+ * batching.micro_batches steps in flight, so it computes one batch while
+ * the others are sampled and stop-checked. A prompt is fed in chunks of
+ * batching.prefill_chunk tokens, one chunk per step, next to the decode
+ * items of running jobs, so a long prompt never stalls them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "tokpipe/zwire.h"
+
+/* ---- scratch for building one message ---------------------------------- */
+
+static int cols_reserve(bcols *c, size_t n, size_t n_tokens, size_t n_logits)
+{
+    if (n > c->cap) {
+        size_t nc = n * 2;
+        void *p[7] = {realloc(c->slots, nc * 4), realloc(c->pos, nc * 4), realloc(c->ntok, nc * 4),
+                      realloc(c->index, nc * 4), realloc(c->flags, nc), realloc(c->acc, nc * 4),
+                      realloc(c->cands, nc * 4)};
+        /* realloc failure leaves the old block valid: keep whichever we got */
+        if (p[0]) c->slots = p[0];
+        if (p[1]) c->pos = p[1];
+        if (p[2]) c->ntok = p[2];
+        if (p[3]) c->index = p[3];
+        if (p[4]) c->flags = p[4];
+        if (p[5]) c->acc = p[5];
+        if (p[6]) c->cands = p[6];
+        for (int i = 0; i < 7; i++)
+            if (!p[i])
+                return TP_ENOMEM;
+        c->cap = nc;
+    }
+    if (n_tokens > c->tok_cap) {
+        int32_t *t = realloc(c->tokens, n_tokens * 2 * sizeof *t);
+        if (!t)
+            return TP_ENOMEM;
+        c->tokens = t;
+        c->tok_cap = n_tokens * 2;
+    }
+    if (n_logits > c->logit_cap) {
+        float *l = realloc(c->logits, n_logits * sizeof *l);
+        if (!l)
+            return TP_ENOMEM;
+        c->logits = l;
+        c->logit_cap = n_logits;
+    }
+    return 0;
+}
+
+void sched_free(broker *b)
+{
+    bcols *c = &b->cols;
+    free(c->slots);
+    free(c->pos);
+    free(c->ntok);
+    free(c->index);
+    free(c->flags);
+    free(c->acc);
+    free(c->cands);
+    free(c->tokens);
+    free(c->logits);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- closing jobs ------------------------------------------------------- */
+
+static uint64_t task_id(broker *b)
+{
+    return ++b->next_task;
+}
+
+static uint64_t send_slot_cmd(broker *b, int wi, uint8_t cmd, uint32_t slot)
+{
+    if (wi < 0 || !b->workers[wi].live)
+        return 0;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, cmd);
+    m.task = task_id(b);
+    m.slot.slot = slot;
+    broker_send_worker(b, wi, &m);
+    return m.task;
+}
+
+static void send_stop_close(broker *b, bjob *j, int finish, const char *error)
+{
+    if (j->stp < 0 || !b->workers[j->stp].live)
+        return;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_STOP_CLOSE);
+    m.task = task_id(b);
+    m.stop_close.slot = j->slot;
+    m.stop_close.finish = finish;
+    m.stop_close.job_error = tp_str_of(error);
+    broker_send_worker(b, j->stp, &m);
+}
+
+/* Let go of the job's workers. finish: NONE (the stop stage already
+ * published FINISH), CANCELLED or ERROR (the stop stage publishes it now);
+ * without a stop worker the broker publishes FINISH itself. */
+static void release_job(broker *b, bjob *j, int finish, const char *error)
+{
+    if (j->fwd >= 0) {
+        send_slot_cmd(b, j->fwd, TP_CMD_SEQ_CLOSE, j->slot);
+        b->workers[j->fwd].n_fwd--;
+    }
+    if (j->smp >= 0) {
+        send_slot_cmd(b, j->smp, TP_CMD_SAMPLE_CLOSE, j->slot);
+        b->workers[j->smp].n_smp--;
+    }
+    bool stop_live = j->stp >= 0 && b->workers[j->stp].live;
+    if (stop_live)
+        send_stop_close(b, j, finish, error);
+    if (j->stp >= 0)
+        b->workers[j->stp].n_stp--;
+    j->fwd = j->smp = j->stp = -1;
+    j->state = J_CLOSING;
+    j->closing_since = tp_now_ms();
+    if (!j->engine_reason)
+        j->engine_reason = finish;
+    if (j->result_ready)
+        jobs_mark_finished(b, j);
+    else if (!stop_live && finish != TP_REASON_NONE)
+        broker_publish_finish(b, j, finish, error);
+}
+
+void sched_fail_job(broker *b, bjob *j, const char *why)
+{
+    if (j->state == J_RUNNING) {
+        release_job(b, j, TP_REASON_ERROR, why);
+        return;
+    }
+    if (j->state == J_TOKENIZE && j->tok_worker >= 0 && b->workers[j->tok_worker].live)
+        b->workers[j->tok_worker].tok_inflight--;
+    if (j->state == J_TOKENIZE || j->state == J_ADMIT)
+        broker_publish_finish(b, j, TP_REASON_ERROR, why);
+}
+
+void sched_cancel_job(broker *b, bjob *j)
+{
+    if (j->state == J_RUNNING) {
+        j->cancel = true;
+        if (j->phase == P_READY)
+            release_job(b, j, TP_REASON_CANCELLED, NULL);
+        return;   /* else when its step comes back */
+    }
+    if (j->state == J_TOKENIZE && j->tok_worker >= 0 && b->workers[j->tok_worker].live)
+        b->workers[j->tok_worker].tok_inflight--;
+    if (j->state == J_TOKENIZE || j->state == J_ADMIT)
+        broker_publish_finish(b, j, TP_REASON_CANCELLED, NULL);
+}
+
+void sched_worker_lost(broker *b, int wi)
+{
+    bworker *w = &b->workers[wi];
+    w->live = false;   /* nothing more is sent to it */
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        bjob *j = &b->jobs[i];
+        if (j->state == J_TOKENIZE && j->tok_worker == wi) {
+            j->tok_worker = -1;   /* tokenizing is idempotent: queue it again */
+            j->tok_task = 0;
+        } else if (j->state == J_RUNNING && (j->fwd == wi || j->smp == wi || j->stp == wi)) {
+            char why[160];
+            snprintf(why, sizeof why, "worker_lost: %s worker %s", j->stp == wi ? "stop" : j->fwd == wi ? "forward" : "sample",
+                     w->instance);
+            release_job(b, j, TP_REASON_ERROR, why);
+        }
+    }
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- tokenize ---------------------------------------------------------------- */
+
+static int pick_worker(broker *b, unsigned stage, int (*load)(const bworker *))
+{
+    int best = -1, best_load = 0;
+    for (int i = 0; i < B_MAX_WORKERS; i++) {
+        const bworker *w = &b->workers[i];
+        if (!w->live || !(w->stages & stage))
+            continue;
+        int l = load(w);
+        if (l >= (int)w->capacity)
+            continue;
+        if (best < 0 || l < best_load) {
+            best = i;
+            best_load = l;
+        }
+    }
+    return best;
+}
+
+static int load_tok(const bworker *w) { return w->tok_inflight; }
+static int load_smp(const bworker *w) { return w->n_smp; }
+static int load_stp(const bworker *w) { return w->n_stp; }
+
+static void dispatch_tokenize(broker *b, bjob *j)
+{
+    int wi = pick_worker(b, TP_STAGE_TOKENIZE, load_tok);
+    if (wi < 0)
+        return;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_TOKENIZE);
+    m.task = j->tok_task = task_id(b);
+    m.tokenize.slot = j->slot;
+    m.tokenize.text = (tp_str){j->prompt_text, j->prompt_len};
+    m.tokenize.add_bos = true;
+    if (broker_send_worker(b, wi, &m) == 0) {
+        j->tok_worker = wi;
+        b->workers[wi].tok_inflight++;
+    }
+}
+
+static void on_tokenized(broker *b, int wi, const tp_msg *m)
+{
+    bjob *j = jobs_by_slot(b, m->tokenized.slot);
+    if (!j || j->state != J_TOKENIZE || j->tok_task != m->task || j->tok_worker != wi)
+        return;   /* late reply for a cancelled or re-queued job */
+    b->workers[wi].tok_inflight--;
+    j->tok_worker = -1;
+    if (m->status != TP_ST_OK) {
+        char why[TP_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "tokenize: %.*s", (int)m->error.len, m->error.ptr);
+        sched_fail_job(b, j, why);
+        return;
+    }
+    const bworker *model = registry_model(b);
+    uint32_t seq_len = model ? model->seq_len : 0;
+    if (m->tokenized.ids.n == 0 || (seq_len && m->tokenized.ids.n > seq_len)) {
+        char why[160];
+        snprintf(why, sizeof why, "prompt: %zu tokens, the model's context holds %u", m->tokenized.ids.n, seq_len);
+        sched_fail_job(b, j, why);
+        return;
+    }
+    j->prompt = malloc(m->tokenized.ids.n * sizeof *j->prompt);
+    if (!j->prompt) {
+        sched_fail_job(b, j, "broker out of memory");
+        return;
+    }
+    tp_raw_copy(j->prompt, m->tokenized.ids, 4);
+    j->n_prompt = (uint32_t)m->tokenized.ids.n;
+    free(j->prompt_text);
+    j->prompt_text = NULL;
+    j->state = J_ADMIT;
+}
+
+/* ---- admission --------------------------------------------------------------- */
+
+static int pick_forward(broker *b)
+{
+    int best = -1, best_load = 0;
+    for (int i = 0; i < B_MAX_WORKERS; i++) {
+        const bworker *w = &b->workers[i];
+        int cap = (int)w->capacity < b->cfg->max_num_seqs ? (int)w->capacity : b->cfg->max_num_seqs;
+        if (!w->live || !(w->stages & TP_STAGE_FORWARD) || w->n_fwd >= cap)
+            continue;
+        if (best < 0 || w->n_fwd < best_load) {
+            best = i;
+            best_load = w->n_fwd;
+        }
+    }
+    return best;
+}
+
+static void send_sample_open(broker *b, bjob *j)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_SAMPLE_OPEN);
+    m.task = task_id(b);
+    m.sample_open.slot = j->slot;
+    m.sample_open.params = j->params;
+    m.sample_open.params.set &= ~(TP_P_STOP);   /* the sampler has no use for them */
+    m.sample_open.params.stop = NULL;
+    m.sample_open.params.n_stop = 0;
+    int32_t ban[TP_PROTO_MAX_STOP_IDS + 1];
+    size_t nb = 0;
+    for (size_t i = 0; i < j->params.n_stop_token_ids && nb < TP_PROTO_MAX_STOP_IDS; i++)
+        ban[nb++] = j->params.stop_token_ids[i];
+    if (!j->params.ignore_eos && b->workers[j->fwd].eos >= 0)
+        ban[nb++] = b->workers[j->fwd].eos;
+    m.sample_open.ban_ids = ban;
+    m.sample_open.n_ban_ids = nb;
+    m.sample_open.context = (tp_raw){j->prompt, j->n_prompt};
+    j->open_task[1] = m.task;
+    broker_send_worker(b, j->smp, &m);
+}
+
+static void send_stop_open(broker *b, bjob *j)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_STOP_OPEN);
+    m.task = task_id(b);
+    tp_m_stop_open *o = &m.stop_open;
+    o->slot = j->slot;
+    o->job_id = tp_str_of(j->id);
+    o->params = j->params;
+    o->prompt_tokens = j->n_prompt;
+    o->prev_token = j->prompt[j->n_prompt - 1];
+    o->next_seq = (uint32_t)(j->last_seq + 1);
+    o->t_submit_us = j->t_submit_wall;
+    o->t_start_us = j->t_start_wall;
+    j->open_task[2] = m.task;
+    broker_send_worker(b, j->stp, &m);
+}
+
+/* Pin j to a forward, sample and stop worker; false if one is missing. */
+static bool admit(broker *b, bjob *j)
+{
+    int f = pick_forward(b);
+    if (f < 0)
+        return false;
+    int s = (b->workers[f].stages & TP_STAGE_SAMPLE) ? f : pick_worker(b, TP_STAGE_SAMPLE, load_smp);
+    int t = pick_worker(b, TP_STAGE_STOP, load_stp);
+    if (s < 0 || t < 0)
+        return false;
+    const bworker *fw = &b->workers[f];
+    /* The job may not run past the forward worker's positions: the last
+     * accepted token is never fed, so prompt + max_tokens - 1 must fit. */
+    if (j->n_prompt > fw->seq_len) {
+        char why[128];
+        snprintf(why, sizeof why, "prompt: %u tokens, the model's context holds %u", j->n_prompt, fw->seq_len);
+        sched_fail_job(b, j, why);
+        return true;
+    }
+    int32_t room = (int32_t)(fw->seq_len - j->n_prompt + 1);
+    if (j->params.max_tokens > room)
+        j->params.max_tokens = room;
+    if (j->params.min_tokens > j->params.max_tokens)
+        j->params.min_tokens = j->params.max_tokens;
+    j->fwd = f;
+    j->smp = s;
+    j->stp = t;
+    b->workers[f].n_fwd++;
+    b->workers[s].n_smp++;
+    b->workers[t].n_stp++;
+    j->state = J_RUNNING;
+    j->phase = P_READY;
+    j->n_fed = 0;
+    j->t_start_wall = tp_wall_us();
+    j->open_task[0] = send_slot_cmd(b, f, TP_CMD_SEQ_OPEN, j->slot);
+    send_sample_open(b, j);
+    send_stop_open(b, j);
+    return true;
+}
+
+void sched_start_job(broker *b, bjob *j)
+{
+    j->state = j->prompt ? J_ADMIT : J_TOKENIZE;
+    if (j->state == J_TOKENIZE)
+        dispatch_tokenize(b, j);
+}
+
+static void admit_waiting(broker *b)
+{
+    for (;;) {
+        bjob *first = NULL;
+        for (uint32_t i = 0; i < b->jobs_cap; i++) {
+            bjob *j = &b->jobs[i];
+            if (j->state == J_TOKENIZE && j->tok_worker < 0)
+                dispatch_tokenize(b, j);
+            if (j->state == J_ADMIT && (!first || j->seqno < first->seqno))
+                first = j;
+        }
+        if (!first || !admit(b, first))
+            return;
+    }
+}
+
+/* ---- steps ------------------------------------------------------------------- */
+
+static int32_t max_items_per_step(broker *b, const bworker *w)
+{
+    int mb = b->cfg->micro_batches;
+    int per = (w->n_fwd + mb - 1) / mb;
+    return per < 1 ? 1 : per;
+}
+
+/* Add j to the step being built; returns the tokens it takes. */
+static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint32_t budget, int chunk)
+{
+    uint32_t nt;
+    c->slots[n] = j->slot;
+    c->pos[n] = j->n_fed;
+    c->acc[n] = j->acc_for_sampler;
+    if (j->n_fed < j->n_prompt) {
+        uint32_t left = j->n_prompt - j->n_fed;
+        nt = left < (uint32_t)chunk ? left : (uint32_t)chunk;
+        if (nt > budget)
+            nt = budget;
+        memcpy(c->tokens + n_tokens, j->prompt + j->n_fed, nt * sizeof(int32_t));
+        c->flags[n] = nt == left ? TP_ITEM_OUTPUT : 0;
+    } else {
+        nt = 1;
+        c->tokens[n_tokens] = j->pending;
+        c->flags[n] = TP_ITEM_OUTPUT;
+    }
+    c->ntok[n] = nt;
+    return nt;
+}
+
+static bool build_step(broker *b, int wi)
+{
+    bworker *w = &b->workers[wi];
+    bcols *c = &b->cols;
+    uint32_t max_items = (uint32_t)max_items_per_step(b, w);
+    uint32_t budget = (uint32_t)b->cfg->max_batch_tokens;
+    if (w->max_batch_tokens && w->max_batch_tokens < budget)
+        budget = w->max_batch_tokens;
+    if (cols_reserve(c, max_items, budget, 0))
+        return false;
+    uint32_t n = 0, n_tokens = 0;
+    uint64_t step = ++b->next_step;
+    /* decode items first (running jobs never wait behind a prompt), then
+     * prompt chunks in admission order */
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < b->jobs_cap && n < max_items && n_tokens < budget; i++) {
+            bjob *j = &b->jobs[i];
+            if (j->state != J_RUNNING || j->fwd != wi || j->phase != P_READY || j->cancel)
+                continue;
+            bool prefill = j->n_fed < j->n_prompt;
+            if (prefill != (pass == 1))
+                continue;
+            uint32_t nt = add_item(c, n, n_tokens, j, budget - n_tokens, b->cfg->prefill_chunk);
+            j->phase = P_FORWARD;
+            j->step = step;
+            if (w->stages & TP_STAGE_SAMPLE)   /* the STEP carries it to the fused sampler */
+                j->acc_for_sampler = -1;
+            j->n_fed += nt;
+            n_tokens += nt;
+            n++;
+        }
+    }
+    if (!n)
+        return false;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_STEP);
+    m.task = task_id(b);
+    tp_m_step *s = &m.step;
+    s->step = step;
+    s->n = n;
+    s->n_tokens = n_tokens;
+    s->sample = (w->stages & TP_STAGE_SAMPLE) != 0;
+    s->slots = (tp_raw){c->slots, n};
+    s->pos = (tp_raw){c->pos, n};
+    s->ntok = (tp_raw){c->ntok, n};
+    s->flags = (tp_raw){c->flags, n};
+    s->tokens = (tp_raw){c->tokens, n_tokens};
+    s->accepted = (tp_raw){c->acc, n};
+    if (broker_send_worker(b, wi, &m)) {
+        registry_lose(b, wi, "STEP could not be sent");
+        return false;
+    }
+    w->steps_inflight++;
+    return true;
+}
+
+static void run_steps(broker *b)
+{
+    for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
+        bworker *w = &b->workers[wi];
+        while (w->live && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
+               build_step(b, wi))
+            ;
+    }
+}
+
+void sched_run(broker *b)
+{
+    admit_waiting(b);
+    run_steps(b);
+}
+
+/* ---- results ------------------------------------------------------------------ */
+
+/* The candidates of a step's output items go to the items' stop workers. */
+static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, const int32_t *cands, uint32_t n)
+{
+    bcols *c = &b->cols;
+    for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
+        if (!b->workers[wi].live || !(b->workers[wi].stages & TP_STAGE_STOP))
+            continue;
+        if (cols_reserve(c, n, 0, 0))
+            return;
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            bjob *j = jobs_by_slot(b, slots[i]);
+            if (!j || j->stp != wi)
+                continue;
+            c->slots[k] = slots[i];
+            c->cands[k++] = cands[i];
+        }
+        if (!k)
+            continue;
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_WRK, TP_CMD_STOP_STEP);
+        m.task = task_id(b);
+        m.stop_step.step = step;
+        m.stop_step.n = k;
+        m.stop_step.slots = (tp_raw){c->slots, k};
+        m.stop_step.candidates = (tp_raw){c->cands, k};
+        broker_send_worker(b, wi, &m);
+    }
+}
+
+/* Jobs of a step at wi in phase `phase` whose slot is listed move on. */
+static bjob *step_job(broker *b, uint32_t slot, uint64_t step, int phase)
+{
+    bjob *j = jobs_by_slot(b, slot);
+    if (!j || j->state != J_RUNNING || j->step != step || j->phase != phase)
+        return NULL;
+    return j;
+}
+
+static void fail_step(broker *b, int wi, uint64_t step, int phase, const tp_msg *m)
+{
+    char why[TP_ERR_MSG_MAX];
+    snprintf(why, sizeof why, "%s from %s: %u %.*s", tp_cmd_name(TP_FAM_WRK, m->cmd), b->workers[wi].instance,
+             m->status, (int)m->error.len, m->error.ptr);
+    broker_log(b, "%s", why);
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        bjob *j = &b->jobs[i];
+        if (j->state == J_RUNNING && j->step == step && j->phase == phase)
+            release_job(b, j, TP_REASON_ERROR, why);
+    }
+}
+
+/* After STEP_RESULT: jobs without output (a prompt chunk that is not the
+ * last) are ready again; the others go to sample or stop. */
+static void release_quiet_items(broker *b, int wi, uint64_t step)
+{
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        bjob *j = &b->jobs[i];
+        if (j->state == J_RUNNING && j->fwd == wi && j->step == step && j->phase == P_FORWARD) {
+            j->phase = P_READY;
+            if (j->cancel)
+                release_job(b, j, TP_REASON_CANCELLED, NULL);
+        }
+    }
+}
+
+static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
+{
+    bcols *c = &b->cols;
+    size_t v = r->vocab;
+    for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
+        if (!b->workers[wi].live || !(b->workers[wi].stages & TP_STAGE_SAMPLE))
+            continue;
+        if (cols_reserve(c, r->n, 0, (size_t)r->n * v))
+            return;
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < r->n; i++) {
+            bjob *j = step_job(b, tp_raw_u32(r->slots, i), step, P_SAMPLE);
+            if (!j || j->smp != wi)
+                continue;
+            c->slots[k] = j->slot;
+            c->index[k] = j->n_out;
+            c->acc[k] = j->acc_for_sampler;
+            j->acc_for_sampler = -1;
+            memcpy(c->logits + (size_t)k * v, (const float *)r->out.data + (size_t)i * v, v * sizeof(float));
+            k++;
+        }
+        if (!k)
+            continue;
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_WRK, TP_CMD_SAMPLE);
+        m.task = task_id(b);
+        m.sample.step = step;
+        m.sample.n = k;
+        m.sample.vocab = (uint32_t)v;
+        m.sample.slots = (tp_raw){c->slots, k};
+        m.sample.index = (tp_raw){c->index, k};
+        m.sample.accepted = (tp_raw){c->acc, k};
+        m.sample.logits = (tp_raw){c->logits, (size_t)k * v};
+        broker_send_worker(b, wi, &m);
+    }
+}
+
+static void on_step_result(broker *b, int wi, const tp_msg *m)
+{
+    const tp_m_step_result *r = &m->step_result;
+    if (b->workers[wi].steps_inflight > 0)
+        b->workers[wi].steps_inflight--;
+    if (m->status != TP_ST_OK) {
+        fail_step(b, wi, r->step, P_FORWARD, m);
+        return;
+    }
+    /* output items move on; then whoever is still in FORWARD had none */
+    uint32_t *slots = malloc((r->n ? r->n : 1) * sizeof *slots);
+    int32_t *cands = malloc((r->n ? r->n : 1) * sizeof *cands);
+    uint32_t k = 0;
+    for (uint32_t i = 0; slots && cands && i < r->n; i++) {
+        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_FORWARD);
+        if (!j || j->fwd != wi)
+            continue;
+        if (r->sampled) {
+            j->phase = P_STOP;
+            j->cand = tp_raw_i32(r->out, i);
+            slots[k] = j->slot;
+            cands[k++] = j->cand;
+        } else {
+            j->phase = P_SAMPLE;
+        }
+    }
+    release_quiet_items(b, wi, r->step);
+    if (r->sampled)
+        send_candidates(b, r->step, slots, cands, k);
+    else
+        send_sample(b, r->step, r);
+    free(slots);
+    free(cands);
+}
+
+static void on_sampled(broker *b, int wi, const tp_msg *m)
+{
+    const tp_m_sampled *r = &m->sampled;
+    if (m->status != TP_ST_OK) {
+        fail_step(b, wi, r->step, P_SAMPLE, m);
+        return;
+    }
+    uint32_t *slots = malloc((r->n ? r->n : 1) * sizeof *slots);
+    int32_t *cands = malloc((r->n ? r->n : 1) * sizeof *cands);
+    uint32_t k = 0;
+    for (uint32_t i = 0; slots && cands && i < r->n; i++) {
+        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_SAMPLE);
+        if (!j || j->smp != wi)
+            continue;
+        j->phase = P_STOP;
+        j->cand = tp_raw_i32(r->candidates, i);
+        slots[k] = j->slot;
+        cands[k++] = j->cand;
+    }
+    send_candidates(b, r->step, slots, cands, k);
+    free(slots);
+    free(cands);
+}
+
+static void on_verdicts(broker *b, int wi, const tp_msg *m)
+{
+    const tp_m_verdicts *r = &m->verdicts;
+    if (m->status != TP_ST_OK) {
+        fail_step(b, wi, r->step, P_STOP, m);
+        return;
+    }
+    for (uint32_t i = 0; i < r->n; i++) {
+        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_STOP);
+        if (!j || j->stp != wi)
+            continue;
+        uint8_t fin = tp_raw_u8(r->finish, i);
+        if (tp_raw_u8(r->accepted, i)) {
+            jobs_append_out(j, j->cand);
+            j->pending = j->acc_for_sampler = j->cand;
+        }
+        j->phase = P_READY;
+        if (fin != TP_REASON_NONE) {
+            j->engine_reason = fin < TP_REASON_COUNT ? fin : TP_REASON_ERROR;
+            release_job(b, j, TP_REASON_NONE, NULL);
+        } else if (j->cancel) {
+            release_job(b, j, TP_REASON_CANCELLED, NULL);
+        }
+    }
+}
+
+/* RESULT of an OPEN (or CLOSE): a refused OPEN fails its job. */
+static void on_open_result(broker *b, int wi, const tp_msg *m)
+{
+    if (m->status == TP_ST_OK)
+        return;
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        bjob *j = &b->jobs[i];
+        if (j->state != J_RUNNING || (j->open_task[0] != m->task && j->open_task[1] != m->task &&
+                                      j->open_task[2] != m->task))
+            continue;
+        char why[TP_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "worker %s refused the job: %u %.*s", b->workers[wi].instance, m->status,
+                 (int)m->error.len, m->error.ptr);
+        broker_log(b, "%s", why);
+        if (j->phase == P_READY)
+            release_job(b, j, TP_REASON_ERROR, why);
+        else
+            j->cancel = true, j->engine_reason = TP_REASON_ERROR;
+        return;
+    }
+}
+
+void sched_on_result(broker *b, int wi, const tp_msg *m)
+{
+    switch (m->cmd) {
+    case TP_CMD_TOKENIZED:
+        on_tokenized(b, wi, m);
+        break;
+    case TP_CMD_STEP_RESULT:
+        on_step_result(b, wi, m);
+        break;
+    case TP_CMD_SAMPLED:
+        on_sampled(b, wi, m);
+        break;
+    case TP_CMD_VERDICTS:
+        on_verdicts(b, wi, m);
+        break;
+    case TP_CMD_RESULT:
+        on_open_result(b, wi, m);
+        break;
+    default:
+        b->stats.malformed_back++;
+        broker_log(b, "worker %s sent %s, which workers do not send", b->workers[wi].instance,
+                   tp_cmd_name(TP_FAM_WRK, m->cmd));
+        return;
+    }
+    sched_run(b);
+}

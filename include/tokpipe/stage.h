@@ -1,0 +1,86 @@
+/* Stage glue: turns WRK1 task messages into calls of the stage libraries
+ * (tokenizer, forward, sampler, stop) and their results into replies.
+ *
+ * The glue knows messages, not sockets: replies go to the broker and events
+ * to subscribers through the tp_stage_io callbacks the worker runtime
+ * (workers/worker_main.c) provides. Each stage keeps per-job state under
+ * the broker's slot number; tp_*_stage_reset drops all of it (the worker
+ * reconnected, so the broker has forgotten those slots).
+ *
+ * A handler returns 0 when it dealt with the message (an error reply for a
+ * bad task is still 0), TP_ENOTFOUND when the command is not one of its
+ * stage's, and another negative code only for a failure of the process
+ * itself (out of memory while replying). */
+#ifndef TOKPIPE_STAGE_H
+#define TOKPIPE_STAGE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tokpipe/error.h"
+#include "tokpipe/model.h"
+#include "tokpipe/protocol.h"
+#include "tokpipe/tokenizer.h"
+
+typedef struct tp_stage_io {
+    int (*reply)(void *ctx, const tp_msg *m);    /* to the broker */
+    int (*publish)(void *ctx, const tp_msg *m);  /* an EVT1 event */
+    void *ctx;
+} tp_stage_io;
+
+/* ---- tokenize ---------------------------------------------------------- */
+typedef struct tp_tokenize_stage tp_tokenize_stage;
+/* tok is borrowed and must outlive the stage. */
+int tp_tokenize_stage_new(const tp_tokenizer *tok, tp_tokenize_stage **out, tp_err *err);
+int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_stage_io *io);
+void tp_tokenize_stage_free(tp_tokenize_stage *st);
+
+/* ---- sample ------------------------------------------------------------ */
+typedef struct tp_sample_stage tp_sample_stage;
+/* capacity: jobs it can hold; vocab_size of the model; eos_ids (borrowed,
+ * must outlive the stage) are banned below min_tokens unless ignore_eos. */
+int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_eos, tp_sample_stage **out,
+                        tp_err *err);
+int tp_sample_stage_handle(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io);
+/* Sample the candidate for slot from one row of logits (vocab floats, not
+ * modified). accepted: the token accepted since the slot's last
+ * sample (-1 none); index: completion tokens accepted so far, or
+ * TP_SAMPLE_INDEX_TRACKED to use the count of accepted tokens reported so
+ * far (a fused forward stage, whose STEP has no index column). */
+#define TP_SAMPLE_INDEX_TRACKED UINT32_MAX
+int tp_sample_stage_pick(tp_sample_stage *st, uint32_t slot, uint32_t index, int32_t accepted,
+                         const float *logits, int32_t *candidate, tp_err *err);
+void tp_sample_stage_reset(tp_sample_stage *st);
+void tp_sample_stage_free(tp_sample_stage *st);
+
+/* ---- forward ----------------------------------------------------------- */
+typedef struct tp_forward_stage tp_forward_stage;
+/* model is borrowed. kv_slots / max_pos / max_batch_tokens as for
+ * tp_forward_new; threads 1 or 2. */
+int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
+                         int threads, tp_forward_stage **out, tp_err *err);
+/* Fuse: STEP messages with sample=true are sampled in process by ss
+ * (borrowed; NULL = not fused, such steps are refused). */
+void tp_forward_stage_set_sampler(tp_forward_stage *st, tp_sample_stage *ss);
+int tp_forward_stage_handle(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io);
+int tp_forward_stage_kv_slots(const tp_forward_stage *st);
+int tp_forward_stage_max_positions(const tp_forward_stage *st);
+int tp_forward_stage_max_batch_tokens(const tp_forward_stage *st);
+void tp_forward_stage_reset(tp_forward_stage *st);
+void tp_forward_stage_free(tp_forward_stage *st);
+
+/* ---- stop -------------------------------------------------------------- */
+typedef struct tp_stop_stage tp_stop_stage;
+typedef struct tp_stop_stage_limits {
+    int capacity;          /* jobs */
+    int max_stop_strings;
+    int max_stop_len;
+} tp_stop_stage_limits;
+/* tok and the eos ids are borrowed (they must outlive the stage). */
+int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, const tp_stop_stage_limits *lim,
+                      tp_stop_stage **out, tp_err *err);
+int tp_stop_stage_handle(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io);
+void tp_stop_stage_reset(tp_stop_stage *st);
+void tp_stop_stage_free(tp_stop_stage *st);
+
+#endif

@@ -1,0 +1,269 @@
+/* Forward stage glue: SEQ_OPEN / SEQ_CLOSE / STEP -> tp_forward calls.
+ *
+ * The broker numbers jobs by slot; tp_forward numbers KV sequences by
+ * seq_id. slot_of[] maps one to the other (linear scan: a step touches at
+ * most kv_slots sequences and kv_slots is small). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokpipe/forward.h"
+#include "tokpipe/stage.h"
+
+struct tp_forward_stage {
+    const tp_model *model;
+    tp_forward *fwd;
+    tp_sample_stage *sampler;   /* fused sample stage, or NULL */
+    int kv_slots, max_pos, max_batch_tokens, threads;
+    int vocab;
+    /* per seq_id: the broker slot using it, valid when used[] */
+    uint32_t *slot_of;
+    bool *used;
+    /* step scratch */
+    tp_fwd_item *items;
+    int *tokens;
+    float *logits;
+    uint32_t *out_slots;
+    int32_t *cands;
+};
+
+static int alloc_scratch(tp_forward_stage *st)
+{
+    size_t n = (size_t)st->kv_slots;
+    st->slot_of = calloc(n, sizeof *st->slot_of);
+    st->used = calloc(n, sizeof *st->used);
+    st->items = calloc(n, sizeof *st->items);
+    st->tokens = calloc((size_t)st->max_batch_tokens, sizeof *st->tokens);
+    st->logits = malloc(n * (size_t)st->vocab * sizeof *st->logits);
+    st->out_slots = calloc(n, sizeof *st->out_slots);
+    st->cands = calloc(n, sizeof *st->cands);
+    return st->slot_of && st->used && st->items && st->tokens && st->logits && st->out_slots && st->cands
+               ? 0
+               : TP_ENOMEM;
+}
+
+static int make_forward(tp_forward_stage *st, tp_err *err)
+{
+    int rc = tp_forward_new(st->model, st->kv_slots, st->max_pos, st->max_batch_tokens, &st->fwd, err);
+    if (!rc && st->threads > 1)
+        rc = tp_forward_set_threads(st->fwd, st->threads, err);
+    return rc;
+}
+
+int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens, int threads,
+                         tp_forward_stage **out, tp_err *err)
+{
+    tp_forward_stage *st = calloc(1, sizeof *st);
+    if (!st)
+        return tp_err_set(err, TP_ENOMEM, "forward stage: out of memory");
+    st->model = model;
+    st->kv_slots = kv_slots;
+    st->max_pos = max_pos;
+    st->max_batch_tokens = max_batch_tokens;
+    st->threads = threads;
+    st->vocab = tp_model_get_config(model)->vocab_size;
+    int rc = make_forward(st, err);
+    if (!rc && alloc_scratch(st))
+        rc = tp_err_set(err, TP_ENOMEM, "forward stage: out of memory for %d sequences", kv_slots);
+    if (rc) {
+        tp_forward_stage_free(st);
+        return rc;
+    }
+    *out = st;
+    return 0;
+}
+
+void tp_forward_stage_free(tp_forward_stage *st)
+{
+    if (!st)
+        return;
+    tp_forward_free(st->fwd);
+    free(st->slot_of);
+    free(st->used);
+    free(st->items);
+    free(st->tokens);
+    free(st->logits);
+    free(st->out_slots);
+    free(st->cands);
+    free(st);
+}
+
+void tp_forward_stage_set_sampler(tp_forward_stage *st, tp_sample_stage *ss)
+{
+    st->sampler = ss;
+}
+
+int tp_forward_stage_kv_slots(const tp_forward_stage *st)
+{
+    return st->kv_slots;
+}
+
+int tp_forward_stage_max_positions(const tp_forward_stage *st)
+{
+    return tp_forward_max_positions(st->fwd);
+}
+
+int tp_forward_stage_max_batch_tokens(const tp_forward_stage *st)
+{
+    return tp_forward_max_batch_tokens(st->fwd);
+}
+
+void tp_forward_stage_reset(tp_forward_stage *st)
+{
+    for (int i = 0; i < st->kv_slots; i++)
+        if (st->used[i]) {
+            tp_forward_seq_close(st->fwd, i);
+            st->used[i] = false;
+        }
+}
+
+static int find_seq(const tp_forward_stage *st, uint32_t slot)
+{
+    for (int i = 0; i < st->kv_slots; i++)
+        if (st->used[i] && st->slot_of[i] == slot)
+            return i;
+    return -1;
+}
+
+static int result(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
+{
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_RESULT);
+    r.task = m->task;
+    r.status = status;
+    r.error = tp_str_of(error);
+    return io->reply(io->ctx, &r);
+}
+
+static int seq_open(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    uint32_t slot = m->slot.slot;
+    int old = find_seq(st, slot);
+    if (old >= 0) {   /* a re-open restarts the sequence */
+        tp_forward_seq_close(st->fwd, old);
+        st->used[old] = false;
+    }
+    int seq;
+    tp_err e;
+    if (tp_forward_seq_open(st->fwd, &seq, &e))
+        return result(m, io, TP_ST_OVERLOADED, e.msg);
+    if (seq < 0 || seq >= st->kv_slots) {   /* tp_forward promises ids < kv_slots */
+        tp_forward_seq_close(st->fwd, seq);
+        return result(m, io, TP_ST_INTERNAL, "forward: sequence id outside the pool");
+    }
+    st->used[seq] = true;
+    st->slot_of[seq] = slot;
+    return result(m, io, TP_ST_OK, NULL);
+}
+
+static int seq_close(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    int seq = find_seq(st, m->slot.slot);
+    if (seq < 0)
+        return result(m, io, TP_ST_NOT_FOUND, "SEQ_CLOSE: unknown slot");
+    tp_forward_seq_close(st->fwd, seq);
+    st->used[seq] = false;
+    return result(m, io, TP_ST_OK, NULL);
+}
+
+static int step_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
+{
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_STEP_RESULT);
+    r.task = m->task;
+    r.status = status;
+    r.error = tp_str_of(error);
+    r.step_result.step = m->step.step;
+    return io->reply(io->ctx, &r);
+}
+
+/* Build the tp_fwd_item list from the STEP columns. */
+static int build_items(tp_forward_stage *st, const tp_m_step *s, char *why, size_t why_len)
+{
+    if (s->n > (uint32_t)st->kv_slots || s->n_tokens > (uint32_t)st->max_batch_tokens) {
+        snprintf(why, why_len, "STEP: %u items / %u tokens exceed the pool (%d) or max_batch_tokens (%d)",
+                 s->n, s->n_tokens, st->kv_slots, st->max_batch_tokens);
+        return -1;
+    }
+    for (size_t i = 0; i < s->n_tokens; i++)
+        st->tokens[i] = tp_raw_i32(s->tokens, i);
+    size_t off = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        uint32_t slot = tp_raw_u32(s->slots, i);
+        int seq = find_seq(st, slot);
+        if (seq < 0) {
+            snprintf(why, why_len, "STEP item %u: slot %u is not open", i, slot);
+            return -1;
+        }
+        uint32_t nt = tp_raw_u32(s->ntok, i);
+        st->items[i] = (tp_fwd_item){
+            .seq_id = seq,
+            .pos = (int)tp_raw_u32(s->pos, i),
+            .tokens = st->tokens + off,
+            .n_tokens = (int)nt,
+            .skip_logits = !(tp_raw_u8(s->flags, i) & TP_ITEM_OUTPUT),
+        };
+        off += nt;
+    }
+    return 0;
+}
+
+static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    const tp_m_step *s = &m->step;
+    char why[256];
+    if (build_items(st, s, why, sizeof why))
+        return step_error(m, io, TP_ST_BAD_REQUEST, why);
+    if (s->sample && !st->sampler)
+        return step_error(m, io, TP_ST_BAD_REQUEST, "STEP: sample requested but this worker has no sample stage");
+    tp_err e;
+    tp_err_clear(&e);
+    if (tp_forward_step(st->fwd, st->items, (int)s->n, st->logits, &e))
+        return step_error(m, io, TP_ST_BAD_REQUEST, e.msg);
+    /* Compact the output rows to the front (row i of item i -> row n_out). */
+    uint32_t n_out = 0;
+    size_t v = (size_t)st->vocab;
+    for (uint32_t i = 0; i < s->n; i++) {
+        if (st->items[i].skip_logits)
+            continue;
+        uint32_t slot = tp_raw_u32(s->slots, i);
+        float *row = st->logits + (size_t)i * v;
+        if (s->sample) {
+            int32_t acc = tp_raw_i32(s->accepted, i);
+            /* a failed job gets candidate -1 (the stop stage finishes it
+             * with an error); its batch mates go on */
+            if (tp_sample_stage_pick(st->sampler, slot, TP_SAMPLE_INDEX_TRACKED, acc, row, &st->cands[n_out], &e)) {
+                fprintf(stderr, "forward: sample: %s\n", e.msg);
+                st->cands[n_out] = -1;
+            }
+        } else if (n_out != i) {
+            memmove(st->logits + (size_t)n_out * v, row, v * sizeof *row);
+        }
+        st->out_slots[n_out++] = slot;
+    }
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_STEP_RESULT);
+    r.task = m->task;
+    r.status = TP_ST_OK;
+    r.step_result.step = s->step;
+    r.step_result.n = n_out;
+    r.step_result.sampled = s->sample;
+    r.step_result.vocab = s->sample ? 0 : (uint32_t)st->vocab;
+    r.step_result.slots = (tp_raw){st->out_slots, n_out};
+    r.step_result.out = s->sample ? (tp_raw){st->cands, n_out} : (tp_raw){st->logits, (size_t)n_out * v};
+    return io->reply(io->ctx, &r);
+}
+
+int tp_forward_stage_handle(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    switch (m->cmd) {
+    case TP_CMD_SEQ_OPEN:
+        return seq_open(st, m, io);
+    case TP_CMD_SEQ_CLOSE:
+        return seq_close(st, m, io);
+    case TP_CMD_STEP:
+        return step(st, m, io);
+    default:
+        return TP_ENOTFOUND;
+    }
+}

@@ -1,0 +1,256 @@
+/* Sample stage glue: SAMPLE_OPEN / SAMPLE / SAMPLE_CLOSE -> tp_sampler.
+ *
+ * The broker tells the stage which candidate was accepted since the slot's
+ * last sample (the `accepted` column); the stage feeds it to the sampler
+ * (penalty window, random stream) before drawing the next candidate. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tokpipe/sampler.h"
+#include "tokpipe/stage.h"
+
+typedef struct sample_job {
+    bool used;
+    uint32_t slot;
+    tp_sampler *s;
+} sample_job;
+
+struct tp_sample_stage {
+    int capacity, vocab;
+    const int *eos;
+    int n_eos;
+    sample_job *jobs;
+    float *row;            /* aligned copy of an unaligned logits row */
+    uint32_t *o_slots;
+    int32_t *o_cands;
+    size_t o_cap;
+};
+
+int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_eos, tp_sample_stage **out,
+                        tp_err *err)
+{
+    tp_sample_stage *st = calloc(1, sizeof *st);
+    if (st) {
+        st->jobs = calloc((size_t)capacity, sizeof *st->jobs);
+        st->row = malloc((size_t)vocab_size * sizeof *st->row);
+    }
+    if (!st || !st->jobs || !st->row) {
+        tp_sample_stage_free(st);
+        return tp_err_set(err, TP_ENOMEM, "sample stage: out of memory");
+    }
+    st->capacity = capacity;
+    st->vocab = vocab_size;
+    st->eos = eos_ids;
+    st->n_eos = n_eos;
+    *out = st;
+    return 0;
+}
+
+void tp_sample_stage_reset(tp_sample_stage *st)
+{
+    for (int i = 0; i < st->capacity; i++)
+        if (st->jobs[i].used) {
+            tp_sampler_free(st->jobs[i].s);
+            memset(&st->jobs[i], 0, sizeof st->jobs[i]);
+        }
+}
+
+void tp_sample_stage_free(tp_sample_stage *st)
+{
+    if (!st)
+        return;
+    if (st->jobs)
+        tp_sample_stage_reset(st);
+    free(st->jobs);
+    free(st->row);
+    free(st->o_slots);
+    free(st->o_cands);
+    free(st);
+}
+
+static sample_job *find_job(tp_sample_stage *st, uint32_t slot)
+{
+    for (int i = 0; i < st->capacity; i++)
+        if (st->jobs[i].used && st->jobs[i].slot == slot)
+            return &st->jobs[i];
+    return NULL;
+}
+
+static int result(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
+{
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_RESULT);
+    r.task = m->task;
+    r.status = status;
+    r.error = tp_str_of(error);
+    return io->reply(io->ctx, &r);
+}
+
+static uint64_t random_seed(void)
+{
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&v, sizeof v, 1, f) != 1)
+        v = (uint64_t)(uintptr_t)&v ^ (uint64_t)clock();
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampler **out, tp_err *e)
+{
+    const tp_params *p = &o->params;
+    tp_sampler_params sp = tp_sampler_params_default();
+    if (p->set & TP_P_TEMPERATURE) sp.temperature = (float)p->temperature;
+    if (p->set & TP_P_TOP_K) sp.top_k = p->top_k;
+    if (p->set & TP_P_TOP_P) sp.top_p = (float)p->top_p;
+    if (p->set & TP_P_MIN_P) sp.min_p = (float)p->min_p;
+    if (p->set & TP_P_REPETITION_PENALTY) sp.repetition_penalty = (float)p->repetition_penalty;
+    if (p->set & TP_P_PRESENCE_PENALTY) sp.presence_penalty = (float)p->presence_penalty;
+    if (p->set & TP_P_FREQUENCY_PENALTY) sp.frequency_penalty = (float)p->frequency_penalty;
+    if (p->set & TP_P_MIN_TOKENS) sp.min_tokens = p->min_tokens;
+    sp.seed = (p->set & TP_P_SEED) ? p->seed : random_seed();
+    /* banned below min_tokens: the broker's list, plus every EOS id of the
+     * model unless EOS is an ordinary token for this job */
+    size_t nb = o->n_ban_ids + (size_t)st->n_eos;
+    int32_t *ban = malloc((nb ? nb : 1) * sizeof *ban);
+    if (!ban)
+        return tp_err_set(e, TP_ENOMEM, "sample: out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < o->n_ban_ids; i++)
+        ban[k++] = o->ban_ids[i];
+    for (int i = 0; !p->ignore_eos && i < st->n_eos; i++)
+        ban[k++] = st->eos[i];
+    sp.ban_ids = ban;
+    sp.n_ban = k;
+    int32_t *ctx = malloc((o->context.n ? o->context.n : 1) * sizeof *ctx);
+    if (!ctx) {
+        free(ban);
+        return tp_err_set(e, TP_ENOMEM, "sample: out of memory");
+    }
+    tp_raw_copy(ctx, o->context, 4);
+    int rc = tp_sampler_new(&sp, st->vocab, ctx, o->context.n, out, e);
+    free(ban);
+    free(ctx);
+    return rc;
+}
+
+static int sample_open(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    const tp_m_sample_open *o = &m->sample_open;
+    sample_job *j = find_job(st, o->slot);
+    if (j) {   /* a re-open replaces the job */
+        tp_sampler_free(j->s);
+        memset(j, 0, sizeof *j);
+    }
+    for (int i = 0; !j && i < st->capacity; i++)
+        if (!st->jobs[i].used)
+            j = &st->jobs[i];
+    if (!j)
+        return result(m, io, TP_ST_OVERLOADED, "sample: no room for another job");
+    tp_err e;
+    tp_err_clear(&e);
+    if (open_sampler(st, o, &j->s, &e))
+        return result(m, io, TP_ST_BAD_REQUEST, e.msg);
+    j->used = true;
+    j->slot = o->slot;
+    return result(m, io, TP_ST_OK, NULL);
+}
+
+static int sample_close(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    sample_job *j = find_job(st, m->slot.slot);
+    if (!j)
+        return result(m, io, TP_ST_NOT_FOUND, "SAMPLE_CLOSE: unknown slot");
+    tp_sampler_free(j->s);
+    memset(j, 0, sizeof *j);
+    return result(m, io, TP_ST_OK, NULL);
+}
+
+int tp_sample_stage_pick(tp_sample_stage *st, uint32_t slot, uint32_t index, int32_t accepted,
+                         const float *logits, int32_t *candidate, tp_err *err)
+{
+    sample_job *j = find_job(st, slot);
+    if (!j)
+        return tp_err_set(err, TP_ENOTFOUND, "sample: slot %u is not open", slot);
+    int rc;
+    if (accepted >= 0 && (rc = tp_sampler_accept(j->s, accepted, err)))
+        return rc;
+    if (index != TP_SAMPLE_INDEX_TRACKED && index != tp_sampler_n_accepted(j->s))
+        return tp_err_set(err, TP_ESTATE, "sample: slot %u: index %u but %zu tokens were accepted", slot, index,
+                          tp_sampler_n_accepted(j->s));
+    return tp_sampler_sample(j->s, logits, candidate, err);
+}
+
+static int grow_out(tp_sample_stage *st, size_t n)
+{
+    if (n <= st->o_cap)
+        return 0;
+    uint32_t *s = realloc(st->o_slots, n * sizeof *s);
+    if (s)
+        st->o_slots = s;
+    int32_t *c = realloc(st->o_cands, n * sizeof *c);
+    if (c)
+        st->o_cands = c;
+    if (!s || !c)
+        return TP_ENOMEM;
+    st->o_cap = n;
+    return 0;
+}
+
+static int sample(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    const tp_m_sample *s = &m->sample;
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_SAMPLED);
+    r.task = m->task;
+    r.sampled.step = s->step;
+    tp_err e;
+    tp_err_clear(&e);
+    if (s->vocab != (uint32_t)st->vocab) {
+        snprintf(e.msg, sizeof e.msg, "SAMPLE: vocab %u, the model has %d", s->vocab, st->vocab);
+        r.status = TP_ST_BAD_REQUEST;
+        r.error = tp_str_of(e.msg);
+        return io->reply(io->ctx, &r);
+    }
+    if (grow_out(st, s->n ? s->n : 1))
+        return TP_ENOMEM;
+    size_t v = (size_t)st->vocab;
+    for (uint32_t i = 0; i < s->n; i++) {
+        const char *src = (const char *)s->logits.data + (size_t)i * v * sizeof(float);
+        const float *row = (const float *)(const void *)src;
+        if ((uintptr_t)src % _Alignof(float)) {
+            memcpy(st->row, src, v * sizeof(float));
+            row = st->row;
+        }
+        st->o_slots[i] = tp_raw_u32(s->slots, i);
+        /* one job's failure must not fail its batch mates: candidate -1
+         * makes the stop stage finish that job with an error */
+        if (tp_sample_stage_pick(st, st->o_slots[i], tp_raw_u32(s->index, i), tp_raw_i32(s->accepted, i), row,
+                                 &st->o_cands[i], &e)) {
+            fprintf(stderr, "sample: %s\n", e.msg);
+            st->o_cands[i] = -1;
+        }
+    }
+    r.status = TP_ST_OK;
+    r.sampled.n = s->n;
+    r.sampled.slots = (tp_raw){st->o_slots, s->n};
+    r.sampled.candidates = (tp_raw){st->o_cands, s->n};
+    return io->reply(io->ctx, &r);
+}
+
+int tp_sample_stage_handle(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    switch (m->cmd) {
+    case TP_CMD_SAMPLE_OPEN:
+        return sample_open(st, m, io);
+    case TP_CMD_SAMPLE_CLOSE:
+        return sample_close(st, m, io);
+    case TP_CMD_SAMPLE:
+        return sample(st, m, io);
+    default:
+        return TP_ENOTFOUND;
+    }
+}

@@ -1,0 +1,334 @@
+/* Stop stage glue: STOP_OPEN / STOP_STEP / STOP_CLOSE -> tp_detok + tp_stop,
+ * publishing each job's TOKEN and FINISH events before the step's VERDICTS
+ * go back to the broker. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokpipe/detok.h"
+#include "tokpipe/stage.h"
+#include "tokpipe/stop.h"
+#include "tokpipe/zwire.h"
+
+typedef struct stop_job {
+    bool used;
+    uint32_t slot;
+    char job_id[TP_PROTO_MAX_JOB_ID + 1];
+    tp_stop *stop;
+    tp_detok *detok;
+    uint32_t seq;             /* next event seq */
+    uint32_t prompt_tokens;
+    uint64_t t_submit_us, t_start_us, t_first_us;
+} stop_job;
+
+struct tp_stop_stage {
+    const tp_tokenizer *tok;
+    const int *eos;
+    int n_eos;
+    tp_stop_stage_limits lim;
+    stop_job *jobs;            /* lim.capacity entries */
+    uint32_t *v_slots;         /* VERDICTS columns */
+    uint8_t *v_acc, *v_fin;
+    size_t v_cap;
+};
+
+int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, const tp_stop_stage_limits *lim,
+                      tp_stop_stage **out, tp_err *err)
+{
+    tp_stop_stage *st = calloc(1, sizeof *st);
+    if (!st || !(st->jobs = calloc((size_t)lim->capacity, sizeof *st->jobs))) {
+        free(st);
+        return tp_err_set(err, TP_ENOMEM, "stop stage: out of memory");
+    }
+    st->tok = tok;
+    st->eos = eos_ids;
+    st->n_eos = n_eos;
+    st->lim = *lim;
+    *out = st;
+    return 0;
+}
+
+static void job_free(stop_job *j)
+{
+    tp_stop_free(j->stop);
+    tp_detok_free(j->detok);
+    memset(j, 0, sizeof *j);
+}
+
+void tp_stop_stage_reset(tp_stop_stage *st)
+{
+    for (int i = 0; i < st->lim.capacity; i++)
+        if (st->jobs[i].used)
+            job_free(&st->jobs[i]);
+}
+
+void tp_stop_stage_free(tp_stop_stage *st)
+{
+    if (!st)
+        return;
+    tp_stop_stage_reset(st);
+    free(st->jobs);
+    free(st->v_slots);
+    free(st->v_acc);
+    free(st->v_fin);
+    free(st);
+}
+
+static stop_job *find_job(tp_stop_stage *st, uint32_t slot)
+{
+    for (int i = 0; i < st->lim.capacity; i++)
+        if (st->jobs[i].used && st->jobs[i].slot == slot)
+            return &st->jobs[i];
+    return NULL;
+}
+
+static int result(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
+{
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_RESULT);
+    r.task = m->task;
+    r.status = status;
+    r.error = tp_str_of(error);
+    return io->reply(io->ctx, &r);
+}
+
+/* ---- events ---------------------------------------------------------------- */
+
+static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const tp_stage_io *io)
+{
+    tp_msg ev;
+    tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_TOKEN);
+    ev.token.job_id = tp_str_of(j->job_id);
+    ev.token.seq = j->seq++;
+    ev.token.index = (uint32_t)tp_stop_completion_tokens(j->stop) - 1;
+    ev.token.text = (tp_str){text, len};
+    ev.token.ids = (tp_raw){&id, 1};
+    return io->publish(io->ctx, &ev);
+}
+
+static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, size_t len, const char *error,
+                          const tp_stage_io *io)
+{
+    tp_msg ev;
+    tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_FINISH);
+    tp_m_finish *f = &ev.finish;
+    f->job_id = tp_str_of(j->job_id);
+    f->seq = j->seq++;
+    f->reason = (int)s->finish;   /* tp_finish_reason and TP_REASON_* share numbers */
+    if (s->matched_str)
+        f->matched = (tp_matched){.kind = TP_MATCHED_STR, .str = {s->matched_str, s->matched_len}};
+    else if (s->matched_id >= 0)
+        f->matched = (tp_matched){.kind = TP_MATCHED_ID, .id = s->matched_id};
+    f->text = (tp_str){text, len};
+    f->job_error = tp_str_of(error);
+    f->prompt_tokens = j->prompt_tokens;
+    f->completion_tokens = (uint32_t)tp_stop_completion_tokens(j->stop);
+    size_t total;
+    tp_stop_text(j->stop, &total);
+    f->text_len = total;
+    uint64_t now = tp_wall_us();
+    f->timings.queue_us = j->t_start_us > j->t_submit_us ? j->t_start_us - j->t_submit_us : 0;
+    f->timings.ttft_us = j->t_first_us > j->t_submit_us ? j->t_first_us - j->t_submit_us : 0;
+    f->timings.total_us = now > j->t_submit_us ? now - j->t_submit_us : 0;
+    return io->publish(io->ctx, &ev);
+}
+
+/* ---- STOP_OPEN --------------------------------------------------------------- */
+
+static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_err *e)
+{
+    const tp_params *p = &o->params;
+    size_t ns = p->n_stop;
+    const char **strs = calloc(ns ? ns : 1, sizeof *strs);
+    size_t *lens = calloc(ns ? ns : 1, sizeof *lens);
+    if (!strs || !lens) {
+        free(strs);
+        free(lens);
+        return tp_err_set(e, TP_ENOMEM, "stop: out of memory");
+    }
+    for (size_t i = 0; i < ns; i++) {
+        strs[i] = p->stop[i].ptr;
+        lens[i] = p->stop[i].len;
+    }
+    tp_stop_config c = {
+        .stop = strs, .stop_len = lens, .n_stop = ns,
+        .stop_ids = p->stop_token_ids, .n_stop_ids = p->n_stop_token_ids,
+        .eos_ids = (const int32_t *)st->eos, .n_eos_ids = (size_t)st->n_eos,
+        .ignore_eos = p->ignore_eos,
+        .min_tokens = (p->set & TP_P_MIN_TOKENS) ? p->min_tokens : 0,
+        .max_tokens = (p->set & TP_P_MAX_TOKENS) ? p->max_tokens : TP_STOP_NO_LIMIT,
+        .include_stop_str_in_output = p->include_stop_str_in_output,
+        .vocab_size = tp_tokenizer_vocab_size(st->tok),
+        .max_stop_strings = (size_t)st->lim.max_stop_strings,
+        .max_stop_len = (size_t)st->lim.max_stop_len,
+    };
+    int rc = tp_stop_new(&c, &j->stop, e);
+    free(strs);
+    free(lens);
+    if (rc)
+        return rc;
+    int32_t prev = o->prev_token >= 0 ? o->prev_token : tp_tokenizer_bos_id(st->tok);
+    if ((rc = tp_detok_new(st->tok, prev, &j->detok, e)))
+        return rc;
+    /* Rebuild after a lost stop worker: replay accepted tokens silently. */
+    for (size_t i = 0; i < o->replay.n; i++) {
+        int32_t id = tp_raw_i32(o->replay, i);
+        size_t n;
+        const uint8_t *b = tp_detok_bytes(j->detok, id, &n, e);
+        tp_stop_step s;
+        if (!b || tp_stop_feed(j->stop, id, b, n, &s))
+            return tp_err_set(e, TP_EINVAL, "replay[%zu]: token %d cannot be replayed", i, id);
+        if (s.accepted && (rc = tp_detok_accept(j->detok, id, e)))
+            return rc;
+    }
+    return 0;
+}
+
+static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    const tp_m_stop_open *o = &m->stop_open;
+    stop_job *j = find_job(st, o->slot);
+    if (j)
+        job_free(j);   /* a re-open replaces the job */
+    for (int i = 0; !j && i < st->lim.capacity; i++)
+        if (!st->jobs[i].used)
+            j = &st->jobs[i];
+    if (!j)
+        return result(m, io, TP_ST_OVERLOADED, "stop: no room for another job");
+    if (o->job_id.len > TP_PROTO_MAX_JOB_ID)
+        return result(m, io, TP_ST_BAD_REQUEST, "job_id: too long");
+    tp_err e;
+    tp_err_clear(&e);
+    if (open_job(st, o, j, &e)) {
+        job_free(j);
+        return result(m, io, TP_ST_BAD_REQUEST, e.msg);
+    }
+    j->used = true;
+    j->slot = o->slot;
+    memcpy(j->job_id, o->job_id.ptr, o->job_id.len);
+    j->job_id[o->job_id.len] = '\0';
+    j->seq = o->next_seq;
+    j->prompt_tokens = o->prompt_tokens;
+    j->t_submit_us = o->t_submit_us;
+    j->t_start_us = o->t_start_us;
+    return result(m, io, TP_ST_OK, NULL);
+}
+
+/* ---- STOP_STEP --------------------------------------------------------------- */
+
+static int grow_verdicts(tp_stop_stage *st, size_t n)
+{
+    if (n <= st->v_cap)
+        return 0;
+    uint32_t *s = realloc(st->v_slots, n * sizeof *s);
+    if (s)
+        st->v_slots = s;
+    uint8_t *a = realloc(st->v_acc, n);
+    if (a)
+        st->v_acc = a;
+    uint8_t *f = realloc(st->v_fin, n);
+    if (f)
+        st->v_fin = f;
+    if (!s || !a || !f)
+        return TP_ENOMEM;
+    st->v_cap = n;
+    return 0;
+}
+
+/* Decide one candidate of job j and publish what it releases. */
+static int feed_one(stop_job *j, int32_t cand, uint8_t *acc, uint8_t *fin, const tp_stage_io *io)
+{
+    tp_err e;
+    size_t n;
+    tp_stop_step s;
+    const uint8_t *b = tp_detok_bytes(j->detok, cand, &n, &e);
+    int rc = b ? tp_stop_feed(j->stop, cand, b, n, &s) : tp_stop_fail(j->stop, &s);
+    if (rc) {
+        *acc = 0;
+        *fin = TP_REASON_ERROR;
+        return 0;
+    }
+    *acc = s.accepted;
+    *fin = (uint8_t)s.finish;
+    if (s.accepted) {
+        tp_detok_accept(j->detok, cand, &e);
+        if (!j->t_first_us)
+            j->t_first_us = tp_wall_us();
+        if ((rc = publish_token(j, cand, s.chunk, s.chunk_len, io)))
+            return rc;
+        if (s.finish != TP_FINISH_NONE)
+            return publish_finish(j, &s, "", 0, NULL, io);
+        return 0;
+    }
+    if (s.finish != TP_FINISH_NONE)
+        return publish_finish(j, &s, s.chunk, s.chunk_len, b ? NULL : e.msg, io);
+    return 0;
+}
+
+static int stop_step(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    const tp_m_stop_step *s = &m->stop_step;
+    if (grow_verdicts(st, s->n ? s->n : 1))
+        return TP_ENOMEM;
+    for (uint32_t i = 0; i < s->n; i++) {
+        uint32_t slot = tp_raw_u32(s->slots, i);
+        st->v_slots[i] = slot;
+        stop_job *j = find_job(st, slot);
+        if (!j || tp_stop_finish_reason(j->stop) != TP_FINISH_NONE) {
+            st->v_acc[i] = 0;
+            st->v_fin[i] = TP_REASON_ERROR;
+            continue;
+        }
+        int rc = feed_one(j, tp_raw_i32(s->candidates, i), &st->v_acc[i], &st->v_fin[i], io);
+        if (rc)
+            return rc;
+    }
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_VERDICTS);
+    r.task = m->task;
+    r.status = TP_ST_OK;
+    r.verdicts.step = s->step;
+    r.verdicts.n = s->n;
+    r.verdicts.slots = (tp_raw){st->v_slots, s->n};
+    r.verdicts.accepted = (tp_raw){st->v_acc, s->n};
+    r.verdicts.finish = (tp_raw){st->v_fin, s->n};
+    return io->reply(io->ctx, &r);
+}
+
+/* ---- STOP_CLOSE -------------------------------------------------------------- */
+
+static int stop_close(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    const tp_m_stop_close *c = &m->stop_close;
+    stop_job *j = find_job(st, c->slot);
+    if (!j)
+        return result(m, io, TP_ST_NOT_FOUND, "STOP_CLOSE: unknown slot");
+    int rc = 0;
+    if ((c->finish == TP_REASON_CANCELLED || c->finish == TP_REASON_ERROR) &&
+        tp_stop_finish_reason(j->stop) == TP_FINISH_NONE) {
+        tp_stop_step s;
+        int frc = c->finish == TP_REASON_CANCELLED ? tp_stop_cancel(j->stop, &s) : tp_stop_fail(j->stop, &s);
+        char err[TP_PROTO_MAX_ERROR + 1];
+        size_t el = c->job_error.len < TP_PROTO_MAX_ERROR ? c->job_error.len : TP_PROTO_MAX_ERROR;
+        memcpy(err, c->job_error.ptr ? c->job_error.ptr : "", el);
+        err[el] = '\0';
+        if (!frc)
+            rc = publish_finish(j, &s, s.chunk, s.chunk_len, c->finish == TP_REASON_ERROR ? err : NULL, io);
+    }
+    job_free(j);
+    return rc ? rc : result(m, io, TP_ST_OK, NULL);
+}
+
+int tp_stop_stage_handle(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
+{
+    switch (m->cmd) {
+    case TP_CMD_STOP_OPEN:
+        return stop_open(st, m, io);
+    case TP_CMD_STOP_STEP:
+        return stop_step(st, m, io);
+    case TP_CMD_STOP_CLOSE:
+        return stop_close(st, m, io);
+    default:
+        return TP_ENOTFOUND;
+    }
+}

@@ -1,0 +1,433 @@
+/* bin/tokpipe-worker: serves one or more pipeline stages for the broker.
+ *
+ * Runtime (Paranoid Pirate / MDP worker): connect a DEALER to the broker's
+ * backend, send READY, wait for WELCOME, then serve tasks; heartbeat when
+ * idle; when the broker is silent for `liveness` intervals or says
+ * DISCONNECT, drop every slot's state, reconnect on a new socket with
+ * exponential backoff and register again. The stop stage's events go out on
+ * a PUB socket connected to the broker's publish endpoint. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tokpipe/config.h"
+#include "tokpipe/model.h"
+#include "tokpipe/stage.h"
+#include "tokpipe/tokenizer.h"
+#include "tokpipe/zwire.h"
+
+typedef struct worker {
+    tp_config cfg;
+    unsigned stages;                 /* 1u << TP_SI_* */
+    char instance[TP_PROTO_MAX_NAME + 1];
+    tp_model *model;
+    tp_tokenizer *tok;
+    tp_tokenize_stage *tokenize;
+    tp_forward_stage *forward;
+    tp_sample_stage *sample;
+    tp_stop_stage *stop;
+    void *zctx, *dealer, *pub;
+    uint64_t incarnation;
+    int heartbeat_ms, liveness;
+    int64_t last_recv, last_send;
+    uint64_t progress;
+    volatile sig_atomic_t *quit;
+} worker;
+
+static volatile sig_atomic_t g_quit;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_quit = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tokpipe-worker --stage tokenize|forward|sample|stop[,...] [--config FILE] [--instance NAME]\n"
+            "\n"
+            "Serve one or more pipeline stages for tokpiped: connect to the broker's backend\n"
+            "endpoint (from the config), register, and process tasks until SIGTERM/SIGINT.\n"
+            "Several stages in one process (e.g. forward,sample) skip a hop.\n"
+            "\n"
+            "  --stage LIST     stages to serve (required)\n"
+            "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
+            "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
+            "  --help           this text\n",
+            TP_CONFIG_DEFAULT_PATH);
+}
+
+/* ---- io callbacks for the stage glue ----------------------------------- */
+
+static int io_reply(void *ctx, const tp_msg *m)
+{
+    worker *w = ctx;
+    tp_err e;
+    int rc = tp_zsend_msg(w->dealer, NULL, 0, m, &e);
+    if (rc)
+        fprintf(stderr, "tokpipe-worker %s: reply %s: %s\n", w->instance, tp_cmd_name(m->family, m->cmd), e.msg);
+    else
+        w->last_send = tp_now_ms();
+    return rc == TP_EIO ? 0 : rc;   /* a lost reply is the broker's timeout to handle */
+}
+
+static int io_publish(void *ctx, const tp_msg *m)
+{
+    worker *w = ctx;
+    tp_err e;
+    tp_wire wire;
+    int rc = tp_proto_encode(m, &wire, &e);
+    if (rc) {
+        fprintf(stderr, "tokpipe-worker %s: event: %s\n", w->instance, e.msg);
+        return 0;
+    }
+    /* PUB never blocks: at the high-water mark it drops, which the
+     * subscriber sees as a seq gap (and the broker's STATUS covers). */
+    tp_zsend(w->pub, NULL, 0, &wire, 0);
+    tp_wire_free(&wire);
+    return 0;
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+static int load_stages(worker *w, tp_err *err)
+{
+    const tp_config *c = &w->cfg;
+    int rc = tp_model_load(c->model_path, &w->model, err);
+    if (rc)
+        return rc;
+    const tp_model_config *mc = tp_model_get_config(w->model);
+    if (w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP)))
+        if ((rc = tp_tokenizer_load(c->tokenizer_path, mc->vocab_size, &w->tok, err)))
+            return rc;
+    if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
+        return rc;
+    const int *eos;
+    int n_eos = tp_model_eos_ids(w->model, &eos);
+    if ((w->stages & (1u << TP_SI_SAMPLE)) &&
+        (rc = tp_sample_stage_new(c->max_concurrent_jobs, mc->vocab_size, eos, n_eos, &w->sample, err)))
+        return rc;
+    if ((w->stages & (1u << TP_SI_FORWARD)) &&
+        (rc = tp_forward_stage_new(w->model, c->kv_slots, c->kv_max_pos, c->max_batch_tokens, c->forward_threads,
+                                   &w->forward, err)))
+        return rc;
+    if (w->forward && w->sample)
+        tp_forward_stage_set_sampler(w->forward, w->sample);
+    if (w->stages & (1u << TP_SI_STOP)) {
+        tp_stop_stage_limits lim = {c->max_concurrent_jobs, c->max_stop_strings, c->max_stop_len};
+        if ((rc = tp_stop_stage_new(w->tok, eos, n_eos, &lim, &w->stop, err)))
+            return rc;
+    }
+    return 0;
+}
+
+static void free_stages(worker *w)
+{
+    tp_tokenize_stage_free(w->tokenize);
+    tp_forward_stage_free(w->forward);
+    tp_sample_stage_free(w->sample);
+    tp_stop_stage_free(w->stop);
+    tp_tokenizer_free(w->tok);
+    tp_model_free(w->model);
+}
+
+static void reset_stages(worker *w)
+{
+    if (w->forward)
+        tp_forward_stage_reset(w->forward);
+    if (w->sample)
+        tp_sample_stage_reset(w->sample);
+    if (w->stop)
+        tp_stop_stage_reset(w->stop);
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&v, sizeof v, 1, f) != 1)
+        v = ((uint64_t)getpid() << 32) ^ tp_now_us();
+    if (f)
+        fclose(f);
+    return v ? v : 1;
+}
+
+static void set_common_opts(worker *w, void *s)
+{
+    int linger = w->cfg.linger_ms, hwm = w->cfg.sndhwm;
+    int64_t maxmsg = w->cfg.max_msg_bytes;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+}
+
+static int send_ready(worker *w)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);
+    tp_m_ready *r = &m.ready;
+    const tp_model_config *mc = tp_model_get_config(w->model);
+    r->stages = w->stages;
+    r->instance = tp_str_of(w->instance);
+    r->incarnation = w->incarnation;
+    r->capacity = w->forward ? (uint32_t)tp_forward_stage_kv_slots(w->forward) : (uint32_t)w->cfg.max_concurrent_jobs;
+    r->heartbeat_ms = (uint32_t)w->cfg.heartbeat_ms;
+    r->model_id = tp_str_of(tp_model_identity(w->model));
+    if (r->model_id.len > TP_PROTO_MAX_MODEL_ID)
+        r->model_id.len = TP_PROTO_MAX_MODEL_ID;
+    r->vocab_size = (uint32_t)mc->vocab_size;
+    r->bos_id = w->tok ? tp_tokenizer_bos_id(w->tok) : 1;
+    r->eos_id = w->tok ? tp_tokenizer_eos_id(w->tok) : 2;
+    r->seq_len = w->forward ? (uint32_t)tp_forward_stage_max_positions(w->forward) : (uint32_t)mc->seq_len;
+    r->max_batch_tokens = w->forward ? (uint32_t)tp_forward_stage_max_batch_tokens(w->forward) : 0;
+    tp_err e;
+    int rc = tp_zsend_msg(w->dealer, NULL, 0, &m, &e);
+    if (rc)
+        fprintf(stderr, "tokpipe-worker %s: READY: %s\n", w->instance, e.msg);
+    w->last_send = tp_now_ms();
+    return rc;
+}
+
+static void send_simple(worker *w, uint8_t cmd, const char *reason)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, cmd);
+    if (cmd == TP_CMD_HEARTBEAT) {
+        m.heartbeat.progress = w->progress;
+    } else {
+        m.disconnect.reason = tp_str_of(reason);
+    }
+    tp_err e;
+    tp_zsend_msg(w->dealer, NULL, 0, &m, &e);
+    w->last_send = tp_now_ms();
+}
+
+/* ---- serving ------------------------------------------------------------- */
+
+enum { SERVE_AGAIN, SERVE_RECONNECT, SERVE_QUIT };
+
+static int dispatch(worker *w, const tp_msg *m)
+{
+    tp_stage_io io = {io_reply, io_publish, w};
+    int rc = TP_ENOTFOUND;
+    if (rc == TP_ENOTFOUND && w->tokenize)
+        rc = tp_tokenize_stage_handle(w->tokenize, m, &io);
+    if (rc == TP_ENOTFOUND && w->forward)
+        rc = tp_forward_stage_handle(w->forward, m, &io);
+    if (rc == TP_ENOTFOUND && w->sample)
+        rc = tp_sample_stage_handle(w->sample, m, &io);
+    if (rc == TP_ENOTFOUND && w->stop)
+        rc = tp_stop_stage_handle(w->stop, m, &io);
+    if (rc == TP_ENOTFOUND)
+        fprintf(stderr, "tokpipe-worker %s: %s is not for a stage served here; ignored\n", w->instance,
+                tp_cmd_name(TP_FAM_WRK, m->cmd));
+    else if (rc == 0)
+        w->progress++;
+    return rc == TP_ENOTFOUND ? 0 : rc;
+}
+
+/* Handle one message from the broker. */
+static int on_message(worker *w, tp_zmsg *z, bool *welcomed)
+{
+    tp_msg m;
+    tp_err e;
+    tp_err_clear(&e);
+    int rc = tp_proto_decode(TP_FAM_WRK, z->f, z->n, &m, &e);
+    int out = SERVE_AGAIN;
+    if (rc) {
+        fprintf(stderr, "tokpipe-worker %s: dropped a malformed message: %s\n", w->instance, e.msg);
+    } else if (m.cmd == TP_CMD_WELCOME) {
+        *welcomed = true;
+        if (m.welcome.heartbeat_ms)
+            w->heartbeat_ms = (int)m.welcome.heartbeat_ms;
+        if (m.welcome.liveness)
+            w->liveness = (int)m.welcome.liveness;
+    } else if (m.cmd == TP_CMD_DISCONNECT) {
+        fprintf(stderr, "tokpipe-worker %s: broker says DISCONNECT (%.*s)\n", w->instance,
+                (int)m.disconnect.reason.len, m.disconnect.reason.ptr);
+        out = SERVE_RECONNECT;
+    } else if (m.cmd == TP_CMD_HEARTBEAT) {
+        /* liveness was refreshed by the receipt itself */
+    } else if (!*welcomed) {
+        fprintf(stderr, "tokpipe-worker %s: %s before WELCOME; ignored\n", w->instance, tp_cmd_name(TP_FAM_WRK, m.cmd));
+    } else if (dispatch(w, &m)) {
+        fprintf(stderr, "tokpipe-worker %s: out of memory handling %s\n", w->instance, tp_cmd_name(TP_FAM_WRK, m.cmd));
+        out = SERVE_QUIT;
+    }
+    tp_msg_clear(&m);
+    return out;
+}
+
+/* One connection: READY, then serve until the broker is lost or we quit. */
+static int serve_connection(worker *w)
+{
+    w->dealer = zmq_socket(w->zctx, ZMQ_DEALER);
+    if (!w->dealer)
+        return SERVE_QUIT;
+    set_common_opts(w, w->dealer);
+    if (zmq_connect(w->dealer, w->cfg.ep_back)) {
+        fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.ep_back, zmq_strerror(errno));
+        zmq_close(w->dealer);
+        w->dealer = NULL;
+        return SERVE_QUIT;
+    }
+    w->incarnation = random_u64();
+    send_ready(w);
+    w->last_recv = tp_now_ms();
+    bool welcomed = false;
+    int out = SERVE_AGAIN;
+    while (out == SERVE_AGAIN && !*w->quit) {
+        int64_t now = tp_now_ms();
+        if (now - w->last_recv > (int64_t)w->heartbeat_ms * w->liveness) {
+            fprintf(stderr, "tokpipe-worker %s: broker silent for %d ms; reconnecting\n", w->instance,
+                    (int)(now - w->last_recv));
+            out = SERVE_RECONNECT;
+            break;
+        }
+        if (welcomed && now - w->last_send >= w->heartbeat_ms)
+            send_simple(w, TP_CMD_HEARTBEAT, NULL);
+        zmq_pollitem_t it = {w->dealer, 0, ZMQ_POLLIN, 0};
+        long wait = w->heartbeat_ms - (long)(tp_now_ms() - w->last_send);
+        if (wait < 1)
+            wait = 1;
+        if (zmq_poll(&it, 1, wait) < 0)
+            continue;   /* EINTR: the loop condition sees the signal */
+        while (out == SERVE_AGAIN && (it.revents & ZMQ_POLLIN)) {
+            tp_zmsg z;
+            if (tp_zmsg_recv(w->dealer, &z, ZMQ_DONTWAIT) < 0)
+                break;
+            w->last_recv = tp_now_ms();
+            out = on_message(w, &z, &welcomed);
+            tp_zmsg_close(&z);
+        }
+    }
+    if (*w->quit && welcomed)
+        send_simple(w, TP_CMD_DISCONNECT, "worker shutting down");
+    zmq_close(w->dealer);
+    w->dealer = NULL;
+    reset_stages(w);
+    return *w->quit ? SERVE_QUIT : out;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int run(worker *w)
+{
+    w->zctx = zmq_ctx_new();
+    w->pub = w->stop ? zmq_socket(w->zctx, ZMQ_PUB) : NULL;
+    if (w->pub) {
+        set_common_opts(w, w->pub);
+        if (zmq_connect(w->pub, w->cfg.ep_publish)) {
+            fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.ep_publish,
+                    zmq_strerror(errno));
+            return 1;
+        }
+    }
+    int backoff = w->cfg.reconnect_init_ms;
+    int rc = 0;
+    for (;;) {
+        int64_t t0 = tp_now_ms();
+        int r = serve_connection(w);
+        if (r == SERVE_QUIT)
+            break;
+        /* a connection that lived a while resets the backoff */
+        if (tp_now_ms() - t0 > 10 * (int64_t)w->heartbeat_ms)
+            backoff = w->cfg.reconnect_init_ms;
+        for (int slept = 0; slept < backoff && !g_quit; slept += 50)
+            sleep_ms(50);
+        if (g_quit)
+            break;
+        backoff = backoff * 2 > w->cfg.reconnect_max_ms ? w->cfg.reconnect_max_ms : backoff * 2;
+    }
+    if (w->pub)
+        zmq_close(w->pub);
+    zmq_ctx_term(w->zctx);
+    return rc;
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+static int parse_args(worker *w, int argc, char **argv, const char **config, const char **stages)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        const char **dst = !strcmp(a, "--config") ? config
+                         : !strcmp(a, "--stage") || !strcmp(a, "--stages") ? stages
+                         : NULL;
+        if (!dst && strcmp(a, "--instance")) {
+            fprintf(stderr, "tokpipe-worker: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tokpipe-worker: %s needs a value\n", a);
+            return 2;
+        }
+        if (dst)
+            *dst = argv[++i];
+        else
+            snprintf(w->instance, sizeof w->instance, "%s", argv[++i]);
+    }
+    if (!*stages) {
+        fprintf(stderr, "tokpipe-worker: --stage is required\n");
+        usage(stderr);
+        return 2;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    static worker w;
+    const char *config = NULL, *stages = NULL;
+    int pr = parse_args(&w, argc, argv, &config, &stages);
+    if (pr >= 0)
+        return pr;
+    tp_err e;
+    tp_err_clear(&e);
+    if (tp_config_parse_stages(stages, &w.stages, &e)) {
+        fprintf(stderr, "tokpipe-worker: --stage: %s\n", e.msg);
+        return 2;
+    }
+    int rc = config || access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0
+                 ? tp_config_load(config ? config : TP_CONFIG_DEFAULT_PATH, &w.cfg, &e)
+                 : tp_config_defaults(&w.cfg, &e) || tp_config_resolve(&w.cfg, &e);
+    if (rc) {
+        fprintf(stderr, "tokpipe-worker: %s\n", e.msg);
+        return 2;
+    }
+    if (!*w.instance)
+        snprintf(w.instance, sizeof w.instance, "%.40s.%d", stages, (int)getpid());
+    w.heartbeat_ms = w.cfg.heartbeat_ms;
+    w.liveness = w.cfg.liveness;
+    w.quit = &g_quit;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    if (load_stages(&w, &e)) {
+        fprintf(stderr, "tokpipe-worker %s: %s\n", w.instance, e.msg);
+        free_stages(&w);
+        tp_config_free(&w.cfg);
+        return 1;
+    }
+    fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s\n", w.instance, stages, w.cfg.ep_back);
+    rc = run(&w);
+    free_stages(&w);
+    tp_config_free(&w.cfg);
+    return rc;
+}
