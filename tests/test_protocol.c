@@ -644,6 +644,7 @@ static void unknown_command_is_501_and_bad_command_frame_is_400(void **state)
     expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "0x55");
     r.f[1] = (tp_frame){"\x06\x06", 2};
     expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_BAD_REQUEST, "F1");
+    raw_free(&r);
     /* An EVT1 command byte is not a WRK1 one. */
     raw_begin(&r, TP_MAGIC_WRK, TP_CMD_TOKENIZE + 0x0e);
     msgpack_pack_map(&r.pk, 0);
