@@ -65,18 +65,19 @@ class Daemon:
 class Producer:
     """DEALER to the frontend: JOB1 requests, one reply each, matched by req."""
 
-    def __init__(self, ctx, endpoint):
+    def __init__(self, ctx, endpoint, diag=lambda: ""):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.linger = 0
         self.sock.connect(endpoint)
         self.req = 0
+        self.diag = diag  # text to show when the daemon does not answer
 
     def send_raw(self, frames):
         self.sock.send_multipart(frames)
 
     def recv(self, timeout_ms=5000):
         if not self.sock.poll(timeout_ms):
-            raise AssertionError("no reply within %d ms" % timeout_ms)
+            raise AssertionError("no reply within %d ms\n%s" % (timeout_ms, self.diag()))
         frames = self.sock.recv_multipart()
         assert frames[0] == b"JOB1", frames[0]
         assert len(frames[1]) == 1
@@ -132,7 +133,7 @@ class ProtocolEndToEnd(unittest.TestCase):
             raise unittest.SkipTest("stories260K.bin not found under TP_MODELS=%s" % MODELS)
         cls.daemon = Daemon()
         cls.ctx = zmq.Context()
-        cls.prod = Producer(cls.ctx, cls.daemon.front)
+        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
         cls.sub = Subscriber(cls.ctx, cls.daemon.events)
         cls.wait_ready()
 
@@ -152,6 +153,8 @@ class ProtocolEndToEnd(unittest.TestCase):
             try:
                 cmd, rep, _ = cls.prod.call(0x06, {}, timeout_ms=500)
             except AssertionError:
+                cls.prod.sock.close()  # drop the unanswered request: a new socket, a clean reply stream
+                cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
                 continue
             w = rep.get("workers", {})
             if cmd == 0x07 and all(w.get(s, 0) >= 1 for s in ("tokenize", "forward", "sample", "stop")):
