@@ -252,6 +252,31 @@ class ProtocolEndToEnd(unittest.TestCase):
         self.assertEqual(line["text"], text)
         self.assertEqual(line["prompt"], PROMPT)
 
+    def test_5_tokpipe_generate_equals_tokpipe_run_token_for_token(self):
+        """Concurrent jobs of different lengths and stop settings through the
+        daemon give exactly the in-process `tokpipe run --json` lines."""
+        model = os.path.join(os.path.abspath(MODELS), "stories260K.bin")
+        tok = os.path.join(os.path.abspath(MODELS), "tok512.bin")
+        prompts = ["Once upon a time", "Lily and Tom", "The dog", "One day"]
+        cases = [
+            ["--temperature", "0", "--max-tokens", "30"],
+            ["--temperature", "1", "--top-p", "0.9", "--seed", "7", "--max-tokens", "25", "--stop", "."],
+            ["--temperature", "0.8", "--top-k", "20", "--seed", "3", "--max-tokens", "40", "--stop-id", "13",
+             "--min-tokens", "5", "--repetition-penalty", "1.2"],
+        ]
+        for extra in cases:
+            args = sum((["--prompt", p] for p in prompts), []) + extra + ["--json"]
+            run = subprocess.run([TOKPIPE, "run", "--model", model, "--tokenizer", tok] + args,
+                                 capture_output=True, timeout=120)
+            if run.returncode != 0:
+                self.skipTest("tokpipe run failed: %s" % run.stderr.decode()[-300:])
+            gen = subprocess.run([TOKPIPE, "generate", "--config", self.daemon.config] + args,
+                                 capture_output=True, timeout=120)
+            self.assertEqual(gen.returncode, 0, gen.stderr.decode())
+            want = [json.loads(l) for l in run.stdout.decode().splitlines()]
+            got = [json.loads(l) for l in gen.stdout.decode().splitlines()]
+            self.assertEqual(got, want, "generate differs from run for %s" % " ".join(extra))
+
 
 if __name__ == "__main__":
     unittest.main()

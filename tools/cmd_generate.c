@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "evfmt.h"
 #include "genopts.h"
 
 const char cmd_generate_summary[] = "generate through the daemon: submit, stream the text (or --json)";
@@ -36,6 +37,7 @@ typedef struct job {
     size_t printed;           /* bytes of text already written to stdout */
     int reason;
     uint32_t prompt_tokens, completion_tokens;
+    cJSON *matched;           /* string, id or null (as in `run --json`) */
 } job;
 
 typedef struct gen {
@@ -56,7 +58,7 @@ static const char usage_head[] =
     "concurrently), subscribes to their events and prints the text as it\n"
     "streams (one prompt), the texts in prompt order (several prompts), or with\n"
     "--json one line per prompt, in order:\n"
-    "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"prompt_tokens\",\"completion_tokens\"}\n"
+    "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"matched\",\"prompt_tokens\",\"completion_tokens\"}\n"
     "exit status: 0 ok, 1 a job was rejected or failed / the daemon is unreachable, 2 bad usage.\n\n";
 
 static int usage(FILE *out, int rc)
@@ -189,6 +191,8 @@ static void on_event(gen *s, const tp_msg *m)
     }
     emit(s, j, m->finish.text);
     j->reason = m->finish.reason;
+    cJSON_Delete(j->matched);
+    j->matched = evfmt_matched(&m->finish.matched);
     j->prompt_tokens = m->finish.prompt_tokens;
     j->completion_tokens = m->finish.completion_tokens;
     j->done = !j->gap;
@@ -213,6 +217,8 @@ static int catch_up(gen *s, job *j, tp_err *err)
         if (append(j, st->text.ptr ? st->text.ptr : "", st->text.len) || append_ids(j, st->tokens))
             rc = tp_err_set(err, TP_ENOMEM, "out of memory");
         j->reason = st->reason, j->prompt_tokens = st->prompt_tokens;
+        cJSON_Delete(j->matched);
+        j->matched = evfmt_matched(&st->matched);
         j->completion_tokens = st->completion_tokens, j->done = true;
         if (s->stream && j->printed <= j->len) {
             fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
@@ -262,6 +268,7 @@ static void print_json(const job *j)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddItemToObject(o, "tokens", toks);
     cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(j->reason));
+    cJSON_AddItemToObject(o, "matched", j->matched ? cJSON_Duplicate(j->matched, 1) : cJSON_CreateNull());
     cJSON_AddNumberToObject(o, "prompt_tokens", j->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", j->completion_tokens);
     char *s = cJSON_PrintUnformatted(o);
@@ -390,7 +397,7 @@ int cmd_generate(int argc, char **argv)
     if (rc && rc != 130)
         fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed ? "\n" : "", err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
-        free(s.jobs[i].text), free(s.jobs[i].ids);
+        free(s.jobs[i].text), free(s.jobs[i].ids), cJSON_Delete(s.jobs[i].matched);
     free(s.jobs);
     tp_client_free(s.c);
     if (s.sigfd >= 0)
