@@ -92,8 +92,10 @@ static int ferr(dctx *c, const pathref *path, int code, const char *fmt, ...)
     va_end(ap);
     render(path, where, sizeof where, &len);
     if (!len)
-        snprintf(where, sizeof where, "header");
-    snprintf(c->m->bad_field, sizeof c->m->bad_field, "%s", where);
+        len = (size_t)snprintf(where, sizeof where, "header");
+    size_t keep = len < sizeof c->m->bad_field ? len : sizeof c->m->bad_field - 1;
+    memcpy(c->m->bad_field, where, keep);
+    c->m->bad_field[keep] = '\0';
     return tp_err_set(c->err, code, "%s: %s", where, msg);
 }
 
@@ -481,6 +483,22 @@ static int decode_payload(dctx *c, const mdesc *d, const tp_frame *f, size_t n)
     return 0;
 }
 
+/* Absent array keys decode to a valid empty array rather than NULL, so a
+ * consumer may memcpy(dst, arr, n * size) without a NULL check (memcpy
+ * from NULL is undefined even for 0 bytes). Never written: n is 0. */
+static const max_align_t empty_array[1];
+
+static void fill_empty_arrays(const table *t, char *base)
+{
+    for (const field *f = t->fields; f->key; f++) {
+        void **arr = (void **)(base + f->off);
+        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS) && !*arr)
+            *arr = (void *)(uintptr_t)empty_array;
+        else if (f->type == FT_MAP)
+            fill_empty_arrays(f->sub, base + f->off);
+    }
+}
+
 static uint32_t status_for(int rc)
 {
     switch (rc) {
@@ -524,6 +542,8 @@ static int decode_frames(dctx *c, tp_family family, const tp_frame *frames, size
         rc = decode_payload(c, d, frames + at + 3, n - at - 3);
     if (!rc && d->check && (rc = d->check(m, c->err)))
         snprintf(m->bad_field, sizeof m->bad_field, "%.*s", (int)strcspn(c->err->msg, ":"), c->err->msg);
+    if (!rc)
+        fill_empty_arrays(d->hdr, (char *)m);
     return rc;
 }
 

@@ -76,7 +76,8 @@ class FakeBroker(threading.Thread):
             job = hdr["job_id"]
             self.jobs[job] = hdr
             self.reply(ident, 0x02, {"req": req, "status": 200, "job_id": job})
-            self.pending.append(job)
+            if hdr.get("prompt") != "hold":  # "hold": accepted, never generates
+                self.pending.append(job)
         elif cmd == 0x04:  # STATUS
             job = hdr["job_id"]
             if job not in self.jobs:
@@ -229,6 +230,25 @@ class ClientCommands(unittest.TestCase):
         self.assertEqual(s["workers"]["forward"], 1)
         self.assertEqual(s["finish"]["stop_string"], 2)
         self.assertEqual(s["stop_triggers"][1], {"matched": 2, "count": 1, "truncated": False})
+
+    def test_interrupted_generate_cancels_its_running_jobs(self):
+        g = subprocess.Popen([TOKPIPE, "generate", "--prompt", "hold", "--prompt", "x", *self.conn],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            end = time.time() + 10
+            while len([1 for c, _, _ in self.broker.requests if c == 0x01]) < 2 and time.time() < end:
+                time.sleep(0.02)
+            time.sleep(0.2)
+            g.send_signal(2)  # SIGINT
+            out, err = g.communicate(timeout=10)
+        finally:
+            if g.poll() is None:
+                g.kill()
+        self.assertEqual(g.returncode, 130, err.decode())
+        self.assertIn("cancelled 1 job", err.decode())
+        held = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01 and h["prompt"] == "hold"]
+        cancels = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x03]
+        self.assertEqual(cancels, held)
 
     def test_unreachable_daemon_is_a_clear_timeout_naming_the_endpoint(self):
         p = self.tokpipe("stats", "--front", "tcp://127.0.0.1:9", "--timeout", "200")

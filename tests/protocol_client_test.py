@@ -65,18 +65,19 @@ class Daemon:
 class Producer:
     """DEALER to the frontend: JOB1 requests, one reply each, matched by req."""
 
-    def __init__(self, ctx, endpoint):
+    def __init__(self, ctx, endpoint, diag=lambda: ""):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.linger = 0
         self.sock.connect(endpoint)
         self.req = 0
+        self.diag = diag  # text to show when the daemon does not answer
 
     def send_raw(self, frames):
         self.sock.send_multipart(frames)
 
     def recv(self, timeout_ms=5000):
         if not self.sock.poll(timeout_ms):
-            raise AssertionError("no reply within %d ms" % timeout_ms)
+            raise AssertionError("no reply within %d ms\n%s" % (timeout_ms, self.diag()))
         frames = self.sock.recv_multipart()
         assert frames[0] == b"JOB1", frames[0]
         assert len(frames[1]) == 1
@@ -132,7 +133,7 @@ class ProtocolEndToEnd(unittest.TestCase):
             raise unittest.SkipTest("stories260K.bin not found under TP_MODELS=%s" % MODELS)
         cls.daemon = Daemon()
         cls.ctx = zmq.Context()
-        cls.prod = Producer(cls.ctx, cls.daemon.front)
+        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
         cls.sub = Subscriber(cls.ctx, cls.daemon.events)
         cls.wait_ready()
 
@@ -152,6 +153,8 @@ class ProtocolEndToEnd(unittest.TestCase):
             try:
                 cmd, rep, _ = cls.prod.call(0x06, {}, timeout_ms=500)
             except AssertionError:
+                cls.prod.sock.close()  # drop the unanswered request: a new socket, a clean reply stream
+                cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
                 continue
             w = rep.get("workers", {})
             if cmd == 0x07 and all(w.get(s, 0) >= 1 for s in ("tokenize", "forward", "sample", "stop")):
@@ -248,6 +251,31 @@ class ProtocolEndToEnd(unittest.TestCase):
         line = json.loads(p.stdout)
         self.assertEqual(line["text"], text)
         self.assertEqual(line["prompt"], PROMPT)
+
+    def test_5_tokpipe_generate_equals_tokpipe_run_token_for_token(self):
+        """Concurrent jobs of different lengths and stop settings through the
+        daemon give exactly the in-process `tokpipe run --json` lines."""
+        model = os.path.join(os.path.abspath(MODELS), "stories260K.bin")
+        tok = os.path.join(os.path.abspath(MODELS), "tok512.bin")
+        prompts = ["Once upon a time", "Lily and Tom", "The dog", "One day"]
+        cases = [
+            ["--temperature", "0", "--max-tokens", "30"],
+            ["--temperature", "1", "--top-p", "0.9", "--seed", "7", "--max-tokens", "25", "--stop", "."],
+            ["--temperature", "0.8", "--top-k", "20", "--seed", "3", "--max-tokens", "40", "--stop-id", "13",
+             "--min-tokens", "5", "--repetition-penalty", "1.2"],
+        ]
+        for extra in cases:
+            args = sum((["--prompt", p] for p in prompts), []) + extra + ["--json"]
+            run = subprocess.run([TOKPIPE, "run", "--model", model, "--tokenizer", tok] + args,
+                                 capture_output=True, timeout=120)
+            if run.returncode != 0:
+                self.skipTest("tokpipe run failed: %s" % run.stderr.decode()[-300:])
+            gen = subprocess.run([TOKPIPE, "generate", "--config", self.daemon.config] + args,
+                                 capture_output=True, timeout=120)
+            self.assertEqual(gen.returncode, 0, gen.stderr.decode())
+            want = [json.loads(l) for l in run.stdout.decode().splitlines()]
+            got = [json.loads(l) for l in gen.stdout.decode().splitlines()]
+            self.assertEqual(got, want, "generate differs from run for %s" % " ".join(extra))
 
 
 if __name__ == "__main__":

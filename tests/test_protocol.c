@@ -182,6 +182,23 @@ static void submit_unset_params_are_not_sent(void **state)
     tp_wire_free(&w);
 }
 
+static void absent_array_keys_decode_to_empty_arrays_not_null(void **state)
+{
+    (void)state;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.prompt = tp_str_of("x");
+    tp_wire w;
+    tp_msg d;
+    round_trip(&m, &w, &d);
+    assert_non_null(d.submit.params.stop);
+    assert_int_equal(d.submit.params.n_stop, 0);
+    assert_non_null(d.submit.params.stop_token_ids);
+    assert_int_equal(d.submit.params.n_stop_token_ids, 0);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+}
+
 static void submit_token_ids_travel_as_raw_little_endian_frame(void **state)
 {
     (void)state;
@@ -1090,6 +1107,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(submit_text_round_trips_every_param),
         cmocka_unit_test(submit_unset_params_are_not_sent),
+        cmocka_unit_test(absent_array_keys_decode_to_empty_arrays_not_null),
         cmocka_unit_test(submit_token_ids_travel_as_raw_little_endian_frame),
         cmocka_unit_test(decoded_strings_borrow_the_frame),
         cmocka_unit_test(ack_cancel_status_and_error_round_trip),
