@@ -111,6 +111,14 @@ int tp_forward_threads(const tp_forward *f);
  * or re-exec). Without it OpenBLAS uses its AVX2 Haswell kernels at about
  * half the speed. make bench measures both kernels in one run.
  *
+ * OpenBLAS is loaded (dlopen of libopenblas.so.0, kept for the life of the
+ * process) at the first opt-in, not linked: its pthread pool starts at load
+ * with signals unblocked and would steal signals from programs that handle
+ * them on a signalfd. So OPENBLAS_CORETYPE may also be set by the process
+ * itself any time before its first opt-in, and the pool's threads inherit
+ * the caller's signal mask (opt in before starting to handle signals, or
+ * with them blocked). TP_ENOTFOUND if the library cannot be loaded.
+ *
  * OpenBLAS's thread count is process-wide: every OpenBLAS step sets it to
  * tp_forward_threads() (1 or 2) first, so a second OpenBLAS user in the
  * process sees that count too. With 2, OpenBLAS's own pthread pool (which
@@ -124,6 +132,10 @@ typedef enum tp_fwd_kernel { TP_FWD_KERNEL_INVARIANT = 0, TP_FWD_KERNEL_OPENBLAS
 
 int tp_forward_set_kernel(tp_forward *f, tp_fwd_kernel k, tp_err *err);
 tp_fwd_kernel tp_forward_kernel(const tp_forward *f);
+
+/* The core OpenBLAS reports (openblas_get_corename, e.g. "SkylakeX" or
+ * "Haswell"), or NULL while this instance never opted in. */
+const char *tp_forward_blas_core(const tp_forward *f);
 
 /* "invariant" or "openblas" (for config files and command lines). */
 const char *tp_fwd_kernel_name(tp_fwd_kernel k);

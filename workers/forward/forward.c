@@ -9,9 +9,9 @@
  * opt-in alternative (tp_forward_set_kernel) for throughput at large
  * batches. */
 #include "tokpipe/forward.h"
+#include "blas.h"
 #include "kernels.h"
 
-#include <cblas.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -82,8 +82,8 @@ struct tp_forward {
     int *seen;      /* per slot, step validation marks */
     bool avx512;    /* chosen once: every step of this instance uses one path */
     tp_fwd_kernel kernel;
-    float *cls_all; /* OpenBLAS kernel only: [cls_rows][vocab] */
-    int cls_rows;
+    tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
+    float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
     helper *helper; /* NULL: single-threaded (the default) */
     scratch s;
 };
@@ -242,6 +242,7 @@ void tp_forward_free(tp_forward *f)
     if (f->vcache)
         munmap(f->vcache, f->pool_bytes ? f->pool_bytes : 1);
     free(f->cls_all);
+    tp_blas_close(&f->blas);
     free(f->rope_cos);
     free(f->rope_sin);
     free(f->seq_len);
@@ -349,10 +350,15 @@ int tp_forward_set_kernel(tp_forward *f, tp_fwd_kernel k, tp_err *err)
     if (k == TP_FWD_KERNEL_OPENBLAS && !f->cls_all) {
         /* rows wanting logits <= items <= min(slots, tokens): one seq once */
         int rows = f->slots < f->max_tokens ? f->slots : f->max_tokens;
-        f->cls_all = malloc((size_t)rows * (size_t)f->c.vocab_size * sizeof(float));
-        if (!f->cls_all)
+        float *buf = malloc((size_t)rows * (size_t)f->c.vocab_size * sizeof(float));
+        if (!buf)
             return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d rows of logits", rows);
-        f->cls_rows = rows;
+        int rc = tp_blas_open(&f->blas, err);
+        if (rc) {
+            free(buf);
+            return rc;
+        }
+        f->cls_all = buf;
     }
     f->kernel = k;
     return 0;
@@ -360,15 +366,20 @@ int tp_forward_set_kernel(tp_forward *f, tp_fwd_kernel k, tp_err *err)
 
 tp_fwd_kernel tp_forward_kernel(const tp_forward *f) { return f->kernel; }
 
+const char *tp_forward_blas_core(const tp_forward *f)
+{
+    return f->blas.lib ? f->blas.get_corename() : NULL;
+}
+
 /* y[t][r] = W[r] . x[t] through OpenBLAS: one call for all n_tok rows. */
-static void blas_matmul(const float *w, int rows, int cols, const float *x, int ldx, int n_tok, float *y,
-                        int ldy)
+static void blas_matmul(const tp_forward *f, const float *w, int rows, int cols, const float *x, int ldx,
+                        int n_tok, float *y, int ldy)
 {
     if (n_tok == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w, cols, x, 1, 0.0f, y, 1);
+        f->blas.sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w, cols, x, 1, 0.0f, y, 1);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, cols, 1.0f, x, ldx, w, cols, 0.0f, y,
-                    ldy);
+        f->blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, cols, 1.0f, x, ldx, w, cols, 0.0f,
+                      y, ldy);
 }
 
 /* One matmul of the step: split by panel groups across the two threads when
@@ -407,7 +418,7 @@ static void group_matmul(tp_forward *f, const tp_packed *pw, const float *const 
         return;
     }
     for (int i = 0, col = 0; i < n_parts; col += rows[i++])
-        blas_matmul(parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
+        blas_matmul(f, parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
 }
 
 /* ---- sequences --------------------------------------------------------- */
@@ -760,7 +771,7 @@ static void classify_blas(tp_forward *f, const tp_fwd_item *items, int n_items, 
     const float *wcls = tp_model_get_weights(f->model)->wcls;
     size_t V = (size_t)f->c.vocab_size;
     float *out = rows == n_items ? logits : f->cls_all;
-    blas_matmul(wcls, f->c.vocab_size, f->c.dim, f->s.cls_in, f->c.dim, rows, out, (int)V);
+    blas_matmul(f, wcls, f->c.vocab_size, f->c.dim, f->s.cls_in, f->c.dim, rows, out, (int)V);
     if (out == logits)
         return;
     for (int i = 0, k = 0; i < n_items; i++)
@@ -811,7 +822,7 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
     if (rc || T == 0)
         return rc;
     if (f->kernel == TP_FWD_KERNEL_OPENBLAS) /* process-wide: set it for this instance every step */
-        openblas_set_num_threads(tp_forward_threads(f));
+        f->blas.set_num_threads(tp_forward_threads(f));
     embed(f, items, n_items);
     for (int l = 0; l < f->c.n_layers; l++) {
         attention_block(f, l, T);
