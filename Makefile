@@ -19,6 +19,13 @@ FUZZ_CC  ?= clang
 PKGS     := libzmq msgpack openblas yaml-0.1 libsystemd libcjson
 SAN      ?= 0
 FUZZ_SECONDS ?= 30
+# Build lines are short ("CC file"); `make V=1` shows the full commands.
+V ?= 0
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
 
 ifeq ($(SAN),1)
 BUILD    ?= build-asan
@@ -72,11 +79,13 @@ all: $(PROGRAMS)
 
 $(BUILD)/obj/%.o: %.c | $(BUILD)/gen/cmds.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(LIB): $(call obj,$(LIB_SRC))
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 # The subcommand table is generated from the tools/cmd_*.c files present, and
 # rewritten only when that list changes so nothing rebuilds needlessly.
@@ -87,23 +96,28 @@ $(BUILD)/gen/cmds.h: FORCE
 
 $(BIN)/tokpiped: $(call obj,$(DAEMON_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BIN)/tokpipe-worker: $(call obj,$(WORKER_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BIN)/tokpipe: $(call obj,$(TOOLS_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(call obj,$(TSUP_SRC) $(DLIB_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(BSUP_SRC) $(DLIB_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 test: $(PROGRAMS) $(TESTS)
 	BUILD=$(BUILD) BIN=$(BIN) scripts/run-tests.sh
@@ -122,7 +136,8 @@ FUZZ_BINS := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRC))
 
 $(FUZZ_BUILD)/obj/%.o: %.c | $(BUILD)/gen/cmds.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  CC      $< (fuzz)")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
 $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)

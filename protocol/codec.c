@@ -50,17 +50,66 @@ typedef struct dctx {
     bool lenient;
 } dctx;
 
+/* Where a value sits ("params.stop[2]"), as a chain of links on the stack:
+ * rendered to text only when an error is reported, never on the good path. */
+typedef struct pathref {
+    const struct pathref *up;
+    const char *key;   /* NULL for an array element */
+    size_t klen;
+    size_t idx;
+} pathref;
+
+/* Append the path to out (printable ASCII only, cut to fit). */
+static void render(const pathref *p, char *out, size_t cap, size_t *len)
+{
+    if (!p)
+        return;
+    render(p->up, out, cap, len);
+    char piece[64];
+    size_t n = 0;
+    if (!p->key) {
+        n = (size_t)snprintf(piece, sizeof piece, "[%zu]", p->idx);
+    } else {
+        if (*len)
+            piece[n++] = '.';
+        for (size_t i = 0; i < p->klen && i < 40; i++)
+            piece[n++] = (p->key[i] >= 0x20 && p->key[i] < 0x7f) ? p->key[i] : '?';
+    }
+    for (size_t i = 0; i < n && *len + 1 < cap; i++)
+        out[(*len)++] = piece[i];
+    out[*len] = '\0';
+}
+
 /* Fail with "path: message", remembering path as the offending field. */
-static int ferr(dctx *c, const char *path, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int ferr(dctx *c, const char *path, int code, const char *fmt, ...)
+static int ferr(dctx *c, const pathref *path, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int ferr(dctx *c, const pathref *path, int code, const char *fmt, ...)
+{
+    char msg[TP_ERR_MSG_MAX], where[160] = "";
+    size_t len = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    render(path, where, sizeof where, &len);
+    if (!len)
+        len = (size_t)snprintf(where, sizeof where, "header");
+    size_t keep = len < sizeof c->m->bad_field ? len : sizeof c->m->bad_field - 1;
+    memcpy(c->m->bad_field, where, keep);
+    c->m->bad_field[keep] = '\0';
+    return tp_err_set(c->err, code, "%s: %s", where, msg);
+}
+
+/* ferr for a place that is not a header key (a frame, "header"). */
+static int ferr_at(dctx *c, const char *name, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int ferr_at(dctx *c, const char *name, int code, const char *fmt, ...)
 {
     char msg[TP_ERR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(c->m->bad_field, sizeof c->m->bad_field, "%s", path);
-    return tp_err_set(c->err, code, "%s: %s", path, msg);
+    snprintf(c->m->bad_field, sizeof c->m->bad_field, "%s", name);
+    return tp_err_set(c->err, code, "%s: %s", name, msg);
 }
 
 static const char *type_name(msgpack_object_type t)
@@ -81,7 +130,7 @@ static const char *type_name(msgpack_object_type t)
     }
 }
 
-static int want_type(dctx *c, const char *path, const msgpack_object *o, msgpack_object_type t, const char *what)
+static int want_type(dctx *c, const pathref *path, const msgpack_object *o, msgpack_object_type t, const char *what)
 {
     if (o->type != t)
         return ferr(c, path, TP_EFORMAT, "expected %s, got %s", what, type_name(o->type));
@@ -89,7 +138,7 @@ static int want_type(dctx *c, const char *path, const msgpack_object *o, msgpack
 }
 
 /* An integer within [lo, hi] (as int64), or any u64 when is_u64. */
-static int get_int(dctx *c, const char *path, const msgpack_object *o, int64_t lo, int64_t hi, bool is_u64,
+static int get_int(dctx *c, const pathref *path, const msgpack_object *o, int64_t lo, int64_t hi, bool is_u64,
                    uint64_t *u_out, int64_t *i_out)
 {
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
@@ -115,7 +164,7 @@ static int get_int(dctx *c, const char *path, const msgpack_object *o, int64_t l
     return ferr(c, path, TP_EFORMAT, "expected an integer, got %s", type_name(o->type));
 }
 
-static int get_str(dctx *c, const char *path, const msgpack_object *o, size_t max, unsigned flags, tp_str *out)
+static int get_str(dctx *c, const pathref *path, const msgpack_object *o, size_t max, unsigned flags, tp_str *out)
 {
     int rc = want_type(c, path, o, MSGPACK_OBJECT_STR, "str");
     if (rc)
@@ -135,7 +184,7 @@ static int get_str(dctx *c, const char *path, const msgpack_object *o, size_t ma
     return 0;
 }
 
-static int want_array(dctx *c, const char *path, const msgpack_object *o, size_t max)
+static int want_array(dctx *c, const pathref *path, const msgpack_object *o, size_t max)
 {
     int rc = want_type(c, path, o, MSGPACK_OBJECT_ARRAY, "array");
     if (rc)
@@ -145,7 +194,7 @@ static int want_array(dctx *c, const char *path, const msgpack_object *o, size_t
     return 0;
 }
 
-static int get_matched(dctx *c, const char *path, const msgpack_object *o, tp_matched *out)
+static int get_matched(dctx *c, const pathref *path, const msgpack_object *o, tp_matched *out)
 {
     memset(out, 0, sizeof *out);
     out->id = -1;
@@ -165,27 +214,10 @@ static int get_matched(dctx *c, const char *path, const msgpack_object *o, tp_ma
     return ferr(c, path, TP_EFORMAT, "expected str, integer or nil, got %s", type_name(o->type));
 }
 
-static int decode_map(dctx *c, const table *t, char *base, const msgpack_object *o, const char *prefix);
+static int decode_map(dctx *c, const table *t, char *base, const msgpack_object *o, const pathref *prefix);
 
-#define PATHLEN 160
 
-/* "path[i]", cut to fit (paths only appear in messages). */
-static void elem_path(char *out, size_t cap, const char *path, size_t i)
-{
-    int n = snprintf(out, cap, "%s[%zu]", path, i);
-    if (n < 0 || (size_t)n >= cap)
-        out[cap - 1] = '\0';
-}
-
-/* "prefix.key" (or "key" at the top). */
-static void key_path(char *out, size_t cap, const char *prefix, const char *key)
-{
-    int n = snprintf(out, cap, "%s%s%s", prefix, *prefix ? "." : "", key);
-    if (n < 0 || (size_t)n >= cap)
-        out[cap - 1] = '\0';
-}
-
-static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, f->max);
     if (rc)
@@ -195,9 +227,8 @@ static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object 
     if (!v)
         return ferr(c, path, TP_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        char p[PATHLEN];
-        elem_path(p, sizeof p, path, i);
-        if ((rc = get_str(c, p, &o->via.array.ptr[i], f->max_elem, f->flags, &v[i])))
+        pathref p = {path, NULL, 0, i};
+        if ((rc = get_str(c, &p, &o->via.array.ptr[i], f->max_elem, f->flags, &v[i])))
             return rc;
     }
     *(tp_str **)dst = v;
@@ -205,7 +236,7 @@ static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object 
     return 0;
 }
 
-static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, f->max);
     if (rc)
@@ -215,10 +246,9 @@ static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object 
     if (!v)
         return ferr(c, path, TP_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        char p[PATHLEN];
+        pathref p = {path, NULL, 0, i};
         int64_t x = 0;
-        elem_path(p, sizeof p, path, i);
-        if ((rc = get_int(c, p, &o->via.array.ptr[i], f->ilo, f->ihi, false, NULL, &x)))
+        if ((rc = get_int(c, &p, &o->via.array.ptr[i], f->ilo, f->ihi, false, NULL, &x)))
             return rc;
         v[i] = (int32_t)x;
     }
@@ -227,30 +257,29 @@ static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object 
     return 0;
 }
 
-static int decode_stages(dctx *c, char *dst, const msgpack_object *o, const char *path)
+static int decode_stages(dctx *c, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, 4);
     if (rc)
         return rc;
     unsigned bits = 0;
     for (size_t i = 0; i < o->via.array.size; i++) {
-        char p[PATHLEN];
+        pathref p = {path, NULL, 0, i};
         tp_str s;
-        elem_path(p, sizeof p, path, i);
-        if ((rc = get_str(c, p, &o->via.array.ptr[i], TP_PROTO_MAX_NAME, 0, &s)))
+        if ((rc = get_str(c, &p, &o->via.array.ptr[i], TP_PROTO_MAX_NAME, 0, &s)))
             return rc;
         int bit = tp_stage_parse(s.ptr, s.len);
         if (bit < 0)
-            return ferr(c, p, TP_EINVAL, "'%.*s' is not one of tokenize, forward, sample, stop", (int)s.len, s.ptr);
+            return ferr(c, &p, TP_EINVAL, "'%.*s' is not one of tokenize, forward, sample, stop", (int)s.len, s.ptr);
         if (bits & (unsigned)bit)
-            return ferr(c, p, TP_EINVAL, "stage '%.*s' given twice", (int)s.len, s.ptr);
+            return ferr(c, &p, TP_EINVAL, "stage '%.*s' given twice", (int)s.len, s.ptr);
         bits |= (unsigned)bit;
     }
     *(unsigned *)dst = bits;
     return 0;
 }
 
-static int decode_triggers(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+static int decode_triggers(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, f->max);
     if (rc)
@@ -260,17 +289,16 @@ static int decode_triggers(dctx *c, const field *f, char *dst, const msgpack_obj
     if (!v)
         return ferr(c, path, TP_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        char p[PATHLEN];
+        pathref p = {path, NULL, 0, i};
         const msgpack_object *e = &o->via.array.ptr[i];
-        elem_path(p, sizeof p, path, i);
-        if ((rc = want_array(c, p, e, 16)))
+        if ((rc = want_array(c, &p, e, 16)))
             return rc;
         if (e->via.array.size < 3)
-            return ferr(c, p, TP_EFORMAT, "expected [matched, count, truncated]");
+            return ferr(c, &p, TP_EFORMAT, "expected [matched, count, truncated]");
         const msgpack_object *x = e->via.array.ptr;
-        if ((rc = get_matched(c, p, &x[0], &v[i].key)) ||
-            (rc = get_int(c, p, &x[1], 0, 0, true, &v[i].count, NULL)) ||
-            (rc = want_type(c, p, &x[2], MSGPACK_OBJECT_BOOLEAN, "bool")))
+        if ((rc = get_matched(c, &p, &x[0], &v[i].key)) ||
+            (rc = get_int(c, &p, &x[1], 0, 0, true, &v[i].count, NULL)) ||
+            (rc = want_type(c, &p, &x[2], MSGPACK_OBJECT_BOOLEAN, "bool")))
             return rc;
         v[i].truncated = x[2].via.boolean;
     }
@@ -279,7 +307,7 @@ static int decode_triggers(dctx *c, const field *f, char *dst, const msgpack_obj
     return 0;
 }
 
-static int decode_named(dctx *c, char *dst, const msgpack_object *o, const char *path, bool reason)
+static int decode_named(dctx *c, char *dst, const msgpack_object *o, const pathref *path, bool reason)
 {
     tp_str s;
     int rc = get_str(c, path, o, TP_PROTO_MAX_NAME, 0, &s);
@@ -292,7 +320,7 @@ static int decode_named(dctx *c, char *dst, const msgpack_object *o, const char 
     return 0;
 }
 
-static int decode_f64(dctx *c, const field *f, char *dst, const msgpack_object *o, const char *path)
+static int decode_f64(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
 {
     double v;
     if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
@@ -310,7 +338,7 @@ static int decode_f64(dctx *c, const field *f, char *dst, const msgpack_object *
     return 0;
 }
 
-static int decode_value(dctx *c, const field *f, char *base, const msgpack_object *o, const char *path)
+static int decode_value(dctx *c, const field *f, char *base, const msgpack_object *o, const pathref *path)
 {
     char *dst = base + f->off;
     uint64_t u = 0;
@@ -353,43 +381,30 @@ static int decode_value(dctx *c, const field *f, char *base, const msgpack_objec
     return ferr(c, path, TP_EINVAL, "internal: unknown field type");
 }
 
-/* A key for an error message: printable ASCII only, shortened. */
-static void show_key(char *out, size_t cap, const char *k, size_t n)
+static int decode_map(dctx *c, const table *t, char *base, const msgpack_object *o, const pathref *prefix)
 {
-    size_t j = 0;
-    for (size_t i = 0; i < n && j + 1 < cap && i < 40; i++)
-        out[j++] = (k[i] >= 0x20 && k[i] < 0x7f) ? k[i] : '?';
-    out[j] = '\0';
-}
-
-static int decode_map(dctx *c, const table *t, char *base, const msgpack_object *o, const char *prefix)
-{
-    const char *where = *prefix ? prefix : "header";
     if (o->type != MSGPACK_OBJECT_MAP)
-        return ferr(c, where, TP_EFORMAT, "expected a map, got %s", type_name(o->type));
+        return ferr(c, prefix, TP_EFORMAT, "expected a map, got %s", type_name(o->type));
     uint64_t seen = 0;
     for (uint32_t k = 0; k < o->via.map.size; k++) {
         const msgpack_object_kv *kv = &o->via.map.ptr[k];
         if (kv->key.type != MSGPACK_OBJECT_STR)
-            return ferr(c, where, TP_EFORMAT, "key #%u is %s, keys must be str", k, type_name(kv->key.type));
-        const char *key = kv->key.via.str.ptr;
-        size_t klen = kv->key.via.str.size;
+            return ferr(c, prefix, TP_EFORMAT, "key #%u is %s, keys must be str", k, type_name(kv->key.type));
+        pathref path = {prefix, kv->key.via.str.ptr, kv->key.via.str.size, 0};
         size_t fi = 0;
-        while (t->fields[fi].key && !(strlen(t->fields[fi].key) == klen && !memcmp(t->fields[fi].key, key, klen)))
+        while (t->fields[fi].key && !(strlen(t->fields[fi].key) == path.klen &&
+                                      !memcmp(t->fields[fi].key, path.key, path.klen)))
             fi++;
-        char path[PATHLEN], shown[48];
-        show_key(shown, sizeof shown, key, klen);
-        key_path(path, sizeof path, prefix, shown);
         if (!t->fields[fi].key) {
             if (c->lenient)
                 continue;
-            return ferr(c, path, TP_EINVAL, "unknown key");
+            return ferr(c, &path, TP_EINVAL, "unknown key");
         }
         if (seen & (1ull << fi))
-            return ferr(c, path, TP_EFORMAT, "key given twice");
+            return ferr(c, &path, TP_EFORMAT, "key given twice");
         seen |= 1ull << fi;
         const field *f = &t->fields[fi];
-        int rc = decode_value(c, f, base, &kv->val, path);
+        int rc = decode_value(c, f, base, &kv->val, &path);
         if (rc)
             return rc;
         if (f->setbit && t->set_off >= 0)
@@ -397,9 +412,8 @@ static int decode_map(dctx *c, const table *t, char *base, const msgpack_object 
     }
     for (size_t fi = 0; t->fields[fi].key; fi++)
         if ((t->fields[fi].flags & FF_REQUIRED) && !(seen & (1ull << fi))) {
-            char path[PATHLEN];
-            key_path(path, sizeof path, prefix, t->fields[fi].key);
-            return ferr(c, path, TP_EFORMAT, "missing key");
+            pathref path = {prefix, t->fields[fi].key, strlen(t->fields[fi].key), 0};
+            return ferr(c, &path, TP_EFORMAT, "missing key");
         }
     return 0;
 }
@@ -424,7 +438,7 @@ static void salvage_ids(tp_msg *m, const msgpack_object *o)
 static int decode_header(dctx *c, const mdesc *d, const tp_frame *h)
 {
     if (h->len > TP_PROTO_MAX_HEADER)
-        return ferr(c, "header", TP_ERANGE, "%zu bytes, at most %u", h->len, TP_PROTO_MAX_HEADER);
+        return ferr_at(c, "header", TP_ERANGE, "%zu bytes, at most %u", h->len, TP_PROTO_MAX_HEADER);
     int rc = mp_prescan(h->data, h->len, c->err);
     if (rc) {
         snprintf(c->m->bad_field, sizeof c->m->bad_field, "header");
@@ -436,9 +450,9 @@ static int decode_header(dctx *c, const mdesc *d, const tp_frame *h)
     msgpack_unpack_return r = msgpack_unpack_next(&u, h->data, h->len, &off);
     if (r != MSGPACK_UNPACK_SUCCESS || off != h->len) {
         msgpack_unpacked_destroy(&u);
-        return ferr(c, "header", r == MSGPACK_UNPACK_NOMEM_ERROR ? TP_ENOMEM : TP_EFORMAT, "not valid msgpack");
+        return ferr_at(c, "header", r == MSGPACK_UNPACK_NOMEM_ERROR ? TP_ENOMEM : TP_EFORMAT, "not valid msgpack");
     }
-    rc = decode_map(c, d->hdr, (char *)c->m, &u.data, "");
+    rc = decode_map(c, d->hdr, (char *)c->m, &u.data, NULL);
     if (rc)
         salvage_ids(c->m, &u.data);
     msgpack_unpacked_destroy(&u);
@@ -454,19 +468,35 @@ static int decode_payload(dctx *c, const mdesc *d, const tp_frame *f, size_t n)
         if (k >= n) {
             if (p->optional)
                 continue;
-            return ferr(c, p->name, TP_EFORMAT, "payload frame missing");
+            return ferr_at(c, p->name, TP_EFORMAT, "payload frame missing");
         }
         if (f[k].len > TP_PROTO_MAX_PAYLOAD)
-            return ferr(c, p->name, TP_ERANGE, "frame of %zu bytes, at most %u", f[k].len, TP_PROTO_MAX_PAYLOAD);
+            return ferr_at(c, p->name, TP_ERANGE, "frame of %zu bytes, at most %u", f[k].len, TP_PROTO_MAX_PAYLOAD);
         if (f[k].len % p->esize)
-            return ferr(c, p->name, TP_EFORMAT, "frame length %zu is not a multiple of %u", f[k].len, p->esize);
+            return ferr_at(c, p->name, TP_EFORMAT, "frame length %zu is not a multiple of %u", f[k].len, p->esize);
         tp_raw *r = (tp_raw *)((char *)c->m + p->off);
         r->data = f[k].data ? f[k].data : empty;
         r->n = f[k].len / p->esize;
     }
     if (n > k)
-        return ferr(c, "payload", TP_EFORMAT, "%zu frames after the header, at most %zu", n, k);
+        return ferr_at(c, "payload", TP_EFORMAT, "%zu frames after the header, at most %zu", n, k);
     return 0;
+}
+
+/* Absent array keys decode to a valid empty array rather than NULL, so a
+ * consumer may memcpy(dst, arr, n * size) without a NULL check (memcpy
+ * from NULL is undefined even for 0 bytes). Never written: n is 0. */
+static const max_align_t empty_array[1];
+
+static void fill_empty_arrays(const table *t, char *base)
+{
+    for (const field *f = t->fields; f->key; f++) {
+        void **arr = (void **)(base + f->off);
+        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS) && !*arr)
+            *arr = (void *)(uintptr_t)empty_array;
+        else if (f->type == FT_MAP)
+            fill_empty_arrays(f->sub, base + f->off);
+    }
 }
 
 static uint32_t status_for(int rc)
@@ -487,19 +517,19 @@ static int decode_frames(dctx *c, tp_family family, const tp_frame *frames, size
         return tp_err_set(c->err, TP_EINVAL, "unknown protocol family %d", (int)family);
     if (n < at + 1 || frames[at].len != TP_MAGIC_LEN || memcmp(frames[at].data, magic, TP_MAGIC_LEN)) {
         m->status = TP_ST_BAD_VERSION;
-        return ferr(c, "F0", TP_EFORMAT, "expected magic+version '%s'", magic);
+        return ferr_at(c, "F0", TP_EFORMAT, "expected magic+version '%s'", magic);
     }
     if (n < at + 3)
-        return ferr(c, "frames", TP_EFORMAT, "%zu frames, need at least %zu (magic, command, header)", n, at + 3);
+        return ferr_at(c, "frames", TP_EFORMAT, "%zu frames, need at least %zu (magic, command, header)", n, at + 3);
     if (n > at + 3 + TP_PROTO_MAX_FRAMES)
-        return ferr(c, "frames", TP_ERANGE, "%zu frames, at most %zu", n, at + 3 + (size_t)TP_PROTO_MAX_FRAMES);
+        return ferr_at(c, "frames", TP_ERANGE, "%zu frames, at most %zu", n, at + 3 + (size_t)TP_PROTO_MAX_FRAMES);
     if (frames[at + 1].len != 1)
-        return ferr(c, "F1", TP_EFORMAT, "command frame of %zu bytes, must be 1", frames[at + 1].len);
+        return ferr_at(c, "F1", TP_EFORMAT, "command frame of %zu bytes, must be 1", frames[at + 1].len);
     uint8_t cmd = *(const uint8_t *)frames[at + 1].data;
     const mdesc *d = schema_find(family, cmd);
     if (!d) {
         m->status = TP_ST_UNKNOWN_COMMAND;
-        return ferr(c, "F1", TP_ENOTFOUND, "unknown %s command 0x%02x", magic, cmd);
+        return ferr_at(c, "F1", TP_ENOTFOUND, "unknown %s command 0x%02x", magic, cmd);
     }
     m->cmd = cmd;
     c->lenient = d->lenient;
@@ -512,6 +542,8 @@ static int decode_frames(dctx *c, tp_family family, const tp_frame *frames, size
         rc = decode_payload(c, d, frames + at + 3, n - at - 3);
     if (!rc && d->check && (rc = d->check(m, c->err)))
         snprintf(m->bad_field, sizeof m->bad_field, "%.*s", (int)strcspn(c->err->msg, ":"), c->err->msg);
+    if (!rc)
+        fill_empty_arrays(d->hdr, (char *)m);
     return rc;
 }
 

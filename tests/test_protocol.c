@@ -182,6 +182,23 @@ static void submit_unset_params_are_not_sent(void **state)
     tp_wire_free(&w);
 }
 
+static void absent_array_keys_decode_to_empty_arrays_not_null(void **state)
+{
+    (void)state;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.prompt = tp_str_of("x");
+    tp_wire w;
+    tp_msg d;
+    round_trip(&m, &w, &d);
+    assert_non_null(d.submit.params.stop);
+    assert_int_equal(d.submit.params.n_stop, 0);
+    assert_non_null(d.submit.params.stop_token_ids);
+    assert_int_equal(d.submit.params.n_stop_token_ids, 0);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+}
+
 static void submit_token_ids_travel_as_raw_little_endian_frame(void **state)
 {
     (void)state;
@@ -644,6 +661,7 @@ static void unknown_command_is_501_and_bad_command_frame_is_400(void **state)
     expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "0x55");
     r.f[1] = (tp_frame){"\x06\x06", 2};
     expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_BAD_REQUEST, "F1");
+    raw_free(&r);
     /* An EVT1 command byte is not a WRK1 one. */
     raw_begin(&r, TP_MAGIC_WRK, TP_CMD_TOKENIZE + 0x0e);
     msgpack_pack_map(&r.pk, 0);
@@ -1089,6 +1107,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(submit_text_round_trips_every_param),
         cmocka_unit_test(submit_unset_params_are_not_sent),
+        cmocka_unit_test(absent_array_keys_decode_to_empty_arrays_not_null),
         cmocka_unit_test(submit_token_ids_travel_as_raw_little_endian_frame),
         cmocka_unit_test(decoded_strings_borrow_the_frame),
         cmocka_unit_test(ack_cancel_status_and_error_round_trip),

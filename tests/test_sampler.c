@@ -210,6 +210,18 @@ static void top_p_keeps_the_smallest_set_reaching_the_mass(void **state)
     assert_frequencies(counts, want, 4, N, "top_p=0.8");
 }
 
+/* Two tied maxima and top_p below 1/n: the set is just the lower id (a cut
+ * taken from llama2.c would otherwise drop every token). */
+static void tiny_top_p_with_tied_maxima_keeps_the_lower_id(void **state)
+{
+    (void)state;
+    tp_sampler_params p = tp_sampler_params_default();
+    p.top_p = 0.05f;
+    int counts[3];
+    histogram(&p, (float[]){2.0f, 2.0f, 0.0f}, 3, 200, counts);
+    assert_int_equal(counts[0], 200);
+}
+
 /* A large vocabulary, so the set is found by partitioning, not by the
  * small-range sort; the oracle finds it by repeated scans. */
 static void top_p_on_a_large_vocabulary_matches_the_sorted_prefix(void **state)
@@ -534,6 +546,7 @@ int main(void)
         cmocka_unit_test(temperature_sharpens_below_one_and_flattens_above),
         cmocka_unit_test(top_k_only_picks_the_k_best),
         cmocka_unit_test(top_p_keeps_the_smallest_set_reaching_the_mass),
+        cmocka_unit_test(tiny_top_p_with_tied_maxima_keeps_the_lower_id),
         cmocka_unit_test(top_p_on_a_large_vocabulary_matches_the_sorted_prefix),
         cmocka_unit_test(min_p_drops_tokens_below_the_threshold),
         cmocka_unit_test(top_k_top_p_and_min_p_combine),

@@ -476,6 +476,135 @@ static void encode_then_token_bytes_round_trips_random_bytes(void **state)
     }
 }
 
+/* ---- oracle: llama2.c's encode() written out plainly ---------------------
+ * Linear-scan lookup over normal pieces, byte fallback to <0xNN>, then
+ * rescan every adjacent pair and merge the best (first on ties). */
+
+static int oracle_lookup(const tp_tokenizer *t, const char *s, size_t n)
+{
+    for (int id = 0; id < tp_tokenizer_vocab_size(t); id++) {
+        size_t len;
+        const char *p = tp_tokenizer_piece(t, id, &len);
+        if (tp_tokenizer_token_type(t, id) == TP_TOKEN_NORMAL && len == n && !memcmp(p, s, n))
+            return id;
+    }
+    return -1;
+}
+
+static int oracle_byte(const tp_tokenizer *t, unsigned char b)
+{
+    char want[8];
+    snprintf(want, sizeof want, "<0x%02X>", b);
+    for (int id = 0; id < tp_tokenizer_vocab_size(t); id++) {
+        size_t len;
+        const char *p = tp_tokenizer_piece(t, id, &len);
+        if (len == 6 && !memcmp(p, want, 6))
+            return id;
+    }
+    return tp_tokenizer_unk_id(t);
+}
+
+static size_t oracle_encode(const tp_tokenizer *t, const char *text, size_t len, int *tok)
+{
+    size_t n = 0;
+    char buf[256];
+    buf[0] = ' ';
+    int sp = oracle_lookup(t, buf, 1);
+    tok[n++] = sp >= 0 ? sp : oracle_byte(t, ' ');
+    for (size_t i = 0; i < len;) {
+        size_t j = i + 1;
+        while (j < len && j - i < 4 && ((unsigned char)text[j] & 0xC0) == 0x80)
+            j++;
+        int id = oracle_lookup(t, text + i, j - i);
+        if (id >= 0)
+            tok[n++] = id;
+        else
+            for (size_t k = i; k < j; k++)
+                tok[n++] = oracle_byte(t, (unsigned char)text[k]);
+        i = j;
+    }
+    for (;;) {
+        float best = -1e10f;
+        int best_id = -1;
+        size_t best_i = 0;
+        for (size_t i = 0; i + 1 < n; i++) {
+            size_t a, b;
+            const char *pa = tp_tokenizer_piece(t, tok[i], &a);
+            const char *pb = tp_tokenizer_piece(t, tok[i + 1], &b);
+            if (a + b > sizeof buf)
+                continue;
+            memcpy(buf, pa, a);
+            memcpy(buf + a, pb, b);
+            int id = oracle_lookup(t, buf, a + b);
+            if (id >= 0 && tp_tokenizer_score(t, id) > best) {
+                best = tp_tokenizer_score(t, id);
+                best_id = id;
+                best_i = i;
+            }
+        }
+        if (best_id < 0)
+            return n;
+        tok[best_i] = best_id;
+        memmove(tok + best_i + 1, tok + best_i + 2, sizeof *tok * (n - best_i - 2));
+        n--;
+    }
+}
+
+static void compare_with_oracle(const tp_tokenizer *t, const char *alphabet, int iters,
+                                uint64_t seed)
+{
+    size_t na = strlen(alphabet);
+    for (int iter = 0; iter < iters; iter++) {
+        char text[64];
+        size_t len = (size_t)(iter % 40);
+        for (size_t i = 0; i < len; i++) {
+            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+            text[i] = alphabet[seed % na];
+        }
+        int got[160], want[160];
+        size_t n;
+        if (len == 0)
+            continue;
+        encode_ok(t, text, len, false, got, 160, &n);
+        size_t nw = oracle_encode(t, text, len, want);
+        char msg[128];
+        snprintf(msg, sizeof msg, "text '%.*s'", (int)len, text);
+        assert_ids(got, n, want, nw, msg);
+    }
+}
+
+static void encode_equals_plain_llama2c_merge_loop_on_tok512(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tok512.bin");
+    compare_with_oracle(t, "abcdehilmnorstuwy  .,'\n\xc3\xa9", 300, 99);
+    tp_tokenizer_free(t);
+}
+
+/* Equal scores everywhere: only the leftmost-first rule decides. */
+static void encode_breaks_score_ties_leftmost_first(void **state)
+{
+    (void)state;
+    const char *pieces[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b", "ab", "ba",
+                            "aba", "bab", "\xe2\x96\x81" "a", "\xe2\x96\x81" "b", "abab"};
+    enum { N = sizeof pieces / sizeof *pieces };
+    size_t lens[N];
+    float scores[N] = {0};
+    for (int i = 0; i < N; i++)
+        lens[i] = strlen(pieces[i]);
+    tp_tokenizer *t = NULL;
+    tp_err err;
+    assert_int_equal(tp_tokenizer_from_vocab(pieces, lens, scores, NULL, N, 1, 2, &t, &err), 0);
+    int ids[16];
+    size_t n;
+    encode_ok(t, "bab", 3, false, ids, 16, &n);
+    /* " ","b","a","b": " b" is the leftmost pair and wins; then " b"+"a"
+     * is not a piece, "ab" is */
+    assert_ids(ids, n, (int[]){11, 6}, 2, "bab");
+    compare_with_oracle(t, "ab ", 400, 7);
+    tp_tokenizer_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -497,6 +626,8 @@ int main(void)
         cmocka_unit_test(encode_matches_llama_cpp_spm_vectors),
         cmocka_unit_test(encode_matches_llama_cpp_vectors_via_gguf_spelling),
         cmocka_unit_test(encode_then_token_bytes_round_trips_random_bytes),
+        cmocka_unit_test(encode_equals_plain_llama2c_merge_loop_on_tok512),
+        cmocka_unit_test(encode_breaks_score_ties_leftmost_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,7 @@ struct tp_client {
     uint64_t next_req;
     uint64_t bad_events;
     bool events_ready;
+    int interrupt_fd;       /* -1 none; readable = stop waiting */
 };
 
 void tp_recv_free(tp_recv *r)
@@ -85,6 +86,7 @@ int tp_client_new(const tp_client_opts *o, tp_client **out, tp_err *err)
     if (!c)
         return tp_err_set(err, TP_ENOMEM, "client: out of memory");
     c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->interrupt_fd = -1;
     c->ctx = zmq_ctx_new();
     c->front = o->front ? strdup(o->front) : NULL;
     c->events = o->events ? strdup(o->events) : NULL;
@@ -158,17 +160,28 @@ int tp_client_send(tp_client *c, tp_msg *m, uint64_t *req_out, tp_err *err)
     return rc;
 }
 
-/* Wait for socket s to be readable; 1 = readable, 0 = timeout, < 0 error. */
-static int wait_readable(void *s, int timeout_ms)
+void tp_client_set_interrupt_fd(tp_client *c, int fd)
 {
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    c->interrupt_fd = fd;
+}
+
+/* Wait for socket s to be readable: 1 readable, 0 timeout, 2 the interrupt
+ * fd is readable, < 0 error. */
+static int wait_readable(const tp_client *c, void *s, int timeout_ms)
+{
+    zmq_pollitem_t it[2] = {{s, 0, ZMQ_POLLIN, 0}, {NULL, c->interrupt_fd, ZMQ_POLLIN, 0}};
     for (;;) {
-        int n = zmq_poll(&it, 1, timeout_ms);
+        int n = zmq_poll(it, c->interrupt_fd >= 0 ? 2 : 1, timeout_ms);
         if (n >= 0)
-            return n > 0;
+            return (it[1].revents & ZMQ_POLLIN) ? 2 : n > 0;
         if (zmq_errno() != EINTR)
             return -1;
     }
+}
+
+static int interrupted(tp_err *err)
+{
+    return tp_err_set(err, TP_ESTATE, "interrupted");
 }
 
 /* Read one whole multipart message into r's frames (heap copies). */
@@ -208,9 +221,11 @@ int tp_client_recv_reply(tp_client *c, tp_recv *reply, tp_err *err)
     memset(reply, 0, sizeof *reply);
     if (!c->dealer)
         return tp_err_set(err, TP_ESTATE, "client: no frontend endpoint");
-    int ready = wait_readable(c->dealer, c->timeout_ms);
+    int ready = wait_readable(c, c->dealer, c->timeout_ms);
     if (ready < 0)
         return zerr(err, "poll", c->front);
+    if (ready == 2)
+        return interrupted(err);
     if (ready == 0)
         return tp_err_set(err, TP_EIO, "no reply from %s within %d ms: is tokpiped running?", c->front,
                           c->timeout_ms);
@@ -261,7 +276,9 @@ int tp_client_wait_events_ready(tp_client *c, tp_err *err)
     int64_t deadline = now_ms() + c->timeout_ms;
     while (!c->events_ready) {
         int left = (int)(deadline - now_ms());
-        int ready = left > 0 ? wait_readable(c->monitor, left) : 0;
+        int ready = left > 0 ? wait_readable(c, c->monitor, left) : 0;
+        if (ready == 2)
+            return interrupted(err);
         if (ready <= 0)
             return tp_err_set(err, TP_EIO, "cannot connect to the event endpoint %s within %d ms: is tokpiped running?",
                               c->events, c->timeout_ms);
@@ -291,9 +308,11 @@ int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err)
         int left = deadline < 0 ? -1 : (int)(deadline - now_ms());
         if (deadline >= 0 && left < 0)
             left = 0;
-        int ready = wait_readable(c->sub, left);
+        int ready = wait_readable(c, c->sub, left);
         if (ready < 0)
             return zerr(err, "poll", c->events);
+        if (ready == 2)
+            return interrupted(err);
         if (ready == 0)
             return 1;
         int rc = read_frames(c->sub, ev, err, c->events);

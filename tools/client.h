@@ -68,6 +68,10 @@ int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err)
 
 uint64_t tp_client_bad_events(const tp_client *c);
 
+/* Also watch fd (e.g. a signalfd for SIGINT): every wait returns TP_ESTATE
+ * "interrupted" as soon as it is readable. -1 = none. */
+void tp_client_set_interrupt_fd(tp_client *c, int fd);
+
 /* Endpoint strings as given (for messages). */
 const char *tp_client_front(const tp_client *c);
 const char *tp_client_events(const tp_client *c);

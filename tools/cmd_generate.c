@@ -9,11 +9,15 @@
 #include "tools.h"
 
 #include <cjson/cJSON.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
 
 #include "client.h"
+#include "evfmt.h"
 #include "genopts.h"
 
 const char cmd_generate_summary[] = "generate through the daemon: submit, stream the text (or --json)";
@@ -33,6 +37,7 @@ typedef struct job {
     size_t printed;           /* bytes of text already written to stdout */
     int reason;
     uint32_t prompt_tokens, completion_tokens;
+    cJSON *matched;           /* string, id or null (as in `run --json`) */
 } job;
 
 typedef struct gen {
@@ -43,6 +48,7 @@ typedef struct gen {
     bool stream;              /* one prompt, not --json: print deltas as they come */
     tp_client *c;
     tp_str stops[GENOPTS_MAX_STOPS];   /* params.stop of every SUBMIT */
+    int sigfd;                /* SIGINT/SIGTERM as a readable fd, -1 none */
 } gen;
 
 static const char usage_head[] =
@@ -52,7 +58,7 @@ static const char usage_head[] =
     "concurrently), subscribes to their events and prints the text as it\n"
     "streams (one prompt), the texts in prompt order (several prompts), or with\n"
     "--json one line per prompt, in order:\n"
-    "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"prompt_tokens\",\"completion_tokens\"}\n"
+    "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"matched\",\"prompt_tokens\",\"completion_tokens\"}\n"
     "exit status: 0 ok, 1 a job was rejected or failed / the daemon is unreachable, 2 bad usage.\n\n";
 
 static int usage(FILE *out, int rc)
@@ -185,6 +191,8 @@ static void on_event(gen *s, const tp_msg *m)
     }
     emit(s, j, m->finish.text);
     j->reason = m->finish.reason;
+    cJSON_Delete(j->matched);
+    j->matched = evfmt_matched(&m->finish.matched);
     j->prompt_tokens = m->finish.prompt_tokens;
     j->completion_tokens = m->finish.completion_tokens;
     j->done = !j->gap;
@@ -209,6 +217,8 @@ static int catch_up(gen *s, job *j, tp_err *err)
         if (append(j, st->text.ptr ? st->text.ptr : "", st->text.len) || append_ids(j, st->tokens))
             rc = tp_err_set(err, TP_ENOMEM, "out of memory");
         j->reason = st->reason, j->prompt_tokens = st->prompt_tokens;
+        cJSON_Delete(j->matched);
+        j->matched = evfmt_matched(&st->matched);
         j->completion_tokens = st->completion_tokens, j->done = true;
         if (s->stream && j->printed <= j->len) {
             fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
@@ -258,6 +268,7 @@ static void print_json(const job *j)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddItemToObject(o, "tokens", toks);
     cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(j->reason));
+    cJSON_AddItemToObject(o, "matched", j->matched ? cJSON_Duplicate(j->matched, 1) : cJSON_CreateNull());
     cJSON_AddNumberToObject(o, "prompt_tokens", j->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", j->completion_tokens);
     char *s = cJSON_PrintUnformatted(o);
@@ -279,6 +290,45 @@ static void print_results(const gen *s)
             printf("%s\n", j->text ? j->text : "");
     }
     fflush(stdout);
+}
+
+/* Ctrl-C: cancel every job still running (all CANCELs first, then the
+ * replies), so the daemon stops spending forward steps on them. */
+static void cancel_all(gen *s)
+{
+    tp_err err;
+    size_t sent = 0;
+    tp_client_set_interrupt_fd(s->c, -1);
+    for (size_t i = 0; i < s->n; i++) {
+        job *j = &s->jobs[i];
+        if (!j->accepted || j->done)
+            continue;
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_CANCEL);
+        m.jobref.job_id = tp_str_of(j->id);
+        sent += tp_client_send(s->c, &m, NULL, &err) == 0;
+    }
+    for (size_t k = 0; k < sent; k++) {
+        tp_recv r;
+        if (tp_client_recv_reply(s->c, &r, &err))
+            break;
+        tp_recv_free(&r);
+    }
+    fprintf(stderr, "%stokpipe generate: interrupted, cancelled %zu job(s)\n", s->stream ? "\n" : "", sent);
+}
+
+/* Deliver SIGINT/SIGTERM through an fd the client polls, so an interrupt
+ * ends a wait cleanly (and lets us cancel the jobs) without a handler. */
+static void catch_signals(gen *s)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    s->sigfd = -1;
+    if (sigprocmask(SIG_BLOCK, &set, NULL) == 0)
+        s->sigfd = signalfd(-1, &set, SFD_CLOEXEC);
+    tp_client_set_interrupt_fd(s->c, s->sigfd);
 }
 
 static int parse(gen *s, int argc, char **argv, tp_err *err)
@@ -305,6 +355,8 @@ static int run(gen *s, tp_err *err)
     if (!s->jobs)
         return tp_err_set(err, TP_ENOMEM, "out of memory");
     int rc = tp_client_open(&s->a, true, true, &s->c, err);
+    if (!rc)
+        catch_signals(s);
     for (size_t i = 0; i < s->n && !rc; i++) {
         s->jobs[i].prompt = s->g.prompts[i];
         tp_client_job_id(s->jobs[i].id, sizeof s->jobs[i].id, (unsigned)i);
@@ -316,6 +368,10 @@ static int run(gen *s, tp_err *err)
         rc = submit_all(s, err);
     if (!rc)
         rc = follow(s, err);
+    if (rc == TP_ESTATE && !strcmp(err->msg, "interrupted")) {
+        cancel_all(s);
+        return 130;
+    }
     if (!rc)
         print_results(s);
     return rc;
@@ -336,12 +392,15 @@ int cmd_generate(int argc, char **argv)
     }
     s.n = s.g.n_prompts;
     s.stream = s.n == 1 && !s.g.json;
+    s.sigfd = -1;
     rc = run(&s, &err);
-    if (rc)
+    if (rc && rc != 130)
         fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed ? "\n" : "", err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
-        free(s.jobs[i].text), free(s.jobs[i].ids);
+        free(s.jobs[i].text), free(s.jobs[i].ids), cJSON_Delete(s.jobs[i].matched);
     free(s.jobs);
     tp_client_free(s.c);
-    return rc ? 1 : 0;
+    if (s.sigfd >= 0)
+        close(s.sigfd);
+    return rc == 130 ? 130 : rc ? 1 : 0;
 }

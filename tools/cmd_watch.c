@@ -104,9 +104,15 @@ static bool is_watched_job(const wopts *o, const tp_msg *m)
     return m->topic.len == strlen(o->job) && !memcmp(m->topic.ptr, o->job, m->topic.len);
 }
 
+static uint32_t event_seq(const tp_msg *m)
+{
+    return m->cmd == TP_CMD_TOKEN ? m->token.seq : m->finish.seq;
+}
+
 static int watch(const wopts *o, tp_client *c, tp_err *err)
 {
     long seen = 0;
+    uint32_t next_seq = 0;   /* one exact job: seq expected next, to report lost events */
     for (;;) {
         tp_recv ev;
         int rc = tp_client_next_event(c, o->idle_ms ? (int)o->idle_ms : -1, &ev, err);
@@ -114,6 +120,10 @@ static int watch(const wopts *o, tp_client *c, tp_err *err)
             return rc < 0 ? rc : 0;
         bool last = false;
         if (is_watched_job(o, &ev.m)) {
+            if (o->job && !o->prefix && event_seq(&ev.m) != next_seq)
+                fprintf(stderr, "tokpipe watch: %s: events lost (got seq %u, expected %u); "
+                        "`tokpipe status %s` has the whole result\n", o->job, event_seq(&ev.m), next_seq, o->job);
+            next_seq = event_seq(&ev.m) + 1;
             if (o->json)
                 evfmt_print_line(stdout, evfmt_event(&ev.m)), fflush(stdout);
             else

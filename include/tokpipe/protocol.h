@@ -21,8 +21,10 @@
  * frames it was decoded from (strings are NOT NUL-terminated): keep the
  * frames alive while reading it, copy what must outlive them. Arrays the
  * decoder had to build (stop strings, stop ids, triggers) are owned by the
- * tp_msg and freed by tp_msg_clear. Payload arrays may be unaligned: read
- * them with tp_raw_i32/u32/f32 or copy them with tp_raw_copy. */
+ * tp_msg and freed by tp_msg_clear; after a successful decode they are never
+ * NULL (an absent key gives a valid empty array, n = 0). Payload arrays may
+ * be unaligned: read them with tp_raw_i32/u32/f32 or copy them with
+ * tp_raw_copy; an absent optional payload frame is data NULL. */
 #ifndef TOKPIPE_PROTOCOL_H
 #define TOKPIPE_PROTOCOL_H
 

@@ -33,7 +33,11 @@
  *
  * Cost per candidate is O(bytes of the candidate) amortized, whatever the
  * number of stop strings (one Aho-Corasick automaton over bytes, built once
- * in tp_stop_new). Not thread-safe per object; one object per job. */
+ * in tp_stop_new). Not thread-safe per object; one object per job.
+ *
+ * Deterministic: the same config and candidates give the same steps. A
+ * replacement worker rebuilds a job's state from the job record by feeding
+ * its accepted tokens again and publishing nothing for them. */
 #ifndef TOKPIPE_STOP_H
 #define TOKPIPE_STOP_H
 

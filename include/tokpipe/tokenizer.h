@@ -16,8 +16,11 @@
 typedef struct tp_tokenizer tp_tokenizer;
 
 /* Load a llama2.c tokenizer.bin. vocab_size is the model's vocabulary size
- * (the file does not store it); pass 0 to infer it from the file length.
- * On success *out is owned by the caller (tp_tokenizer_free). */
+ * (the file does not store it); pass 0 to infer it from the file length; a
+ * file with more or fewer records is an error. As in llama2.c, id 0 is the
+ * unknown token, 1 BOS and 2 EOS (control tokens); "<0xNN>" pieces are byte
+ * tokens; all others normal. On success *out is owned by the caller
+ * (tp_tokenizer_free); errors name the path, token and byte offset. */
 int tp_tokenizer_load(const char *path, int vocab_size, tp_tokenizer **out, tp_err *err);
 
 /* Same as tp_tokenizer_load, from the size bytes of a tokenizer.bin image in

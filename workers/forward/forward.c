@@ -1,12 +1,15 @@
-/* Batched Llama forward: one packed matmul per weight per step, KV pool.
+/* Batched Llama forward: one matmul per weight per step, KV pool.
  *
  * The arithmetic follows llama2.c's run.c (RMSNorm, RoPE on interleaved
  * pairs, grouped-query attention, SwiGLU), per token. Only the matmuls see
- * the whole batch, and they use the fixed-order kernel of kernels.c: OpenBLAS
- * sgemm was measured to give a row different bits depending on the number
- * of rows in the call (and sgemv differs from sgemm), which would make a
- * sequence's tokens depend on its batch mates. */
+ * the whole batch. By default they use the fixed-order kernel of kernels.c:
+ * OpenBLAS sgemm was measured to give a row different bits depending on the
+ * number of rows in the call (and sgemv differs from sgemm), which would
+ * make a sequence's tokens depend on its batch mates. OpenBLAS is the
+ * opt-in alternative (tp_forward_set_kernel) for throughput at large
+ * batches. */
 #include "tokpipe/forward.h"
+#include "blas.h"
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -15,6 +18,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
@@ -72,10 +76,14 @@ struct tp_forward {
      * a multiple of 16 for this. Values [slot][layer][kv_head][pos]
      * [head_size]: a head's values over positions are one contiguous run. */
     float *kcache, *vcache;
+    size_t pool_bytes; /* of each of kcache and vcache */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
     bool avx512;    /* chosen once: every step of this instance uses one path */
+    tp_fwd_kernel kernel;
+    tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
+    float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
     helper *helper; /* NULL: single-threaded (the default) */
     scratch s;
 };
@@ -148,6 +156,13 @@ static int alloc_scratch(tp_forward *f)
     return ok ? 0 : TP_ENOMEM;
 }
 
+static float *map_pool(size_t bytes)
+{
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 static int alloc_pool(tp_forward *f, tp_err *err)
 {
     /* slots, layers, max_pos and kv_dim are each bounded, so this product
@@ -157,9 +172,11 @@ static int alloc_pool(tp_forward *f, tp_err *err)
     if (n > SIZE_MAX / sizeof(float))
         return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu floats is too large",
                           (unsigned long long)n);
-    /* calloc of this size maps fresh zero pages: untouched slots cost no RAM. */
-    f->kcache = calloc((size_t)n, sizeof(float));
-    f->vcache = calloc((size_t)n, sizeof(float));
+    /* Anonymous maps: page aligned (a 64-byte key row never straddles into
+     * another page) and lazily zeroed, so untouched slots cost no RAM. */
+    f->pool_bytes = (size_t)n * sizeof(float);
+    f->kcache = map_pool(f->pool_bytes);
+    f->vcache = map_pool(f->pool_bytes);
     f->seq_len = malloc((size_t)f->slots * sizeof(int));
     f->seen = calloc((size_t)f->slots, sizeof(int));
     if (!f->kcache || !f->vcache || !f->seq_len || !f->seen)
@@ -220,8 +237,12 @@ void tp_forward_free(tp_forward *f)
         }
     free(f->layers);
     tp_packed_free(&f->cls);
-    free(f->kcache);
-    free(f->vcache);
+    if (f->kcache)
+        munmap(f->kcache, f->pool_bytes ? f->pool_bytes : 1);
+    if (f->vcache)
+        munmap(f->vcache, f->pool_bytes ? f->pool_bytes : 1);
+    free(f->cls_all);
+    tp_blas_close(&f->blas);
     free(f->rope_cos);
     free(f->rope_sin);
     free(f->seq_len);
@@ -299,6 +320,68 @@ int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
 
 void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
 
+/* ---- matmul backends --------------------------------------------------- */
+
+const char *tp_fwd_kernel_name(tp_fwd_kernel k)
+{
+    switch (k) {
+    case TP_FWD_KERNEL_INVARIANT: return "invariant";
+    case TP_FWD_KERNEL_OPENBLAS: return "openblas";
+    }
+    return "unknown";
+}
+
+int tp_fwd_kernel_parse(const char *name, tp_fwd_kernel *out, tp_err *err)
+{
+    const tp_fwd_kernel all[] = {TP_FWD_KERNEL_INVARIANT, TP_FWD_KERNEL_OPENBLAS};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(name, tp_fwd_kernel_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return tp_err_set(err, TP_EINVAL, "forward: unknown kernel '%s' (want invariant or openblas)",
+                      name ? name : "(null)");
+}
+
+int tp_forward_set_kernel(tp_forward *f, tp_fwd_kernel k, tp_err *err)
+{
+    if (k != TP_FWD_KERNEL_INVARIANT && k != TP_FWD_KERNEL_OPENBLAS)
+        return tp_err_set(err, TP_EINVAL, "forward: unknown kernel %d (want invariant or openblas)", (int)k);
+    if (k == TP_FWD_KERNEL_OPENBLAS && !f->cls_all) {
+        /* rows wanting logits <= items <= min(slots, tokens): one seq once */
+        int rows = f->slots < f->max_tokens ? f->slots : f->max_tokens;
+        float *buf = malloc((size_t)rows * (size_t)f->c.vocab_size * sizeof(float));
+        if (!buf)
+            return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d rows of logits", rows);
+        int rc = tp_blas_open(&f->blas, err);
+        if (rc) {
+            free(buf);
+            return rc;
+        }
+        f->cls_all = buf;
+    }
+    f->kernel = k;
+    return 0;
+}
+
+tp_fwd_kernel tp_forward_kernel(const tp_forward *f) { return f->kernel; }
+
+const char *tp_forward_blas_core(const tp_forward *f)
+{
+    return f->blas.lib ? f->blas.get_corename() : NULL;
+}
+
+/* y[t][r] = W[r] . x[t] through OpenBLAS: one call for all n_tok rows. */
+static void blas_matmul(const tp_forward *f, const float *w, int rows, int cols, const float *x, int ldx,
+                        int n_tok, float *y, int ldy)
+{
+    if (n_tok == 1)
+        f->blas.sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w, cols, x, 1, 0.0f, y, 1);
+    else
+        f->blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, cols, 1.0f, x, ldx, w, cols, 0.0f,
+                      y, ldy);
+}
+
 /* One matmul of the step: split by panel groups across the two threads when
  * there is enough work to pay for the hand-off. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
@@ -322,6 +405,20 @@ static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, i
     while (h->done != ticket)
         pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
+}
+
+/* A weight group (matrices stacked in one packed tp_packed, sharing cols):
+ * the packed kernel over the whole group, or with OpenBLAS one call per
+ * matrix writing its own columns of y. */
+static void group_matmul(tp_forward *f, const tp_packed *pw, const float *const *parts, const int *rows,
+                         int n_parts, const float *x, int ldx, int n_tok, float *y, int ldy)
+{
+    if (f->kernel != TP_FWD_KERNEL_OPENBLAS) {
+        matmul(f, pw, x, ldx, n_tok, y, ldy);
+        return;
+    }
+    for (int i = 0, col = 0; i < n_parts; col += rows[i++])
+        blas_matmul(f, parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
 }
 
 /* ---- sequences --------------------------------------------------------- */
@@ -411,6 +508,16 @@ static size_t key_index(const tp_forward *f, int i, int pos)
     return (size_t)g * hs * (size_t)f->kv_pos + ((size_t)(pos / 16) * hs + (size_t)j) * 16 + (size_t)(pos % 16);
 }
 
+/* Write one position's keys (kv_dim floats) into a layer's key block. */
+static void store_key(const tp_forward *f, float *kb, const float *k, int pos)
+{
+    size_t hs = (size_t)f->c.head_size;
+    float *dst = kb + key_index(f, 0, pos);
+    for (size_t g = 0; g < (size_t)f->c.n_kv_heads; g++, dst += hs * (size_t)f->kv_pos)
+        for (size_t j = 0; j < hs; j++)
+            dst[j * 16] = k[g * hs + j];
+}
+
 /* Attention of one token (query q at position pos) over its sequence's
  * cache positions 0..pos; writes dim floats to out. Each score and output
  * element has a fixed summation order that depends only on head_size and
@@ -444,44 +551,39 @@ static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const flo
     }
 }
 
-/* Scores of positions t0..t0+n-1 (n <= 16) for one head: each a sequential
- * FMA chain over the head's elements, from 0, then divided by scale. */
-__attribute__((target("avx512f"))) static void scores16(float *att, const float *qh, const float *kt, int hs,
-                                                        int t0, int n, float scale)
-{
-    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-    __m512 acc = _mm512_setzero_ps();
-    const float *blk = kt + (size_t)(t0 / 16) * hs * 16;
-    for (int i = 0; i < hs; i++)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(qh[i]), _mm512_maskz_loadu_ps(m, blk + (size_t)i * 16), acc);
-    _mm512_mask_storeu_ps(att + t0, m, _mm512_div_ps(acc, _mm512_set1_ps(scale)));
-}
-
-/* Scores of positions 0..n-1, 64 at a time (4 independent FMA chains; the
- * per-score order is the same as in scores16). */
+/* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
+ * FMA chains, masked at the end): each score is one FMA chain over the
+ * head's elements from 0, then divided by scale. kt is the head's key block
+ * [pos / 16][hs][16]. */
 __attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *kt, int hs,
                                                       int n, float scale)
 {
-    int t0 = 0;
     __m512 sc = _mm512_set1_ps(scale);
-    for (; t0 + 64 <= n; t0 += 64) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < hs; i++) {
-            __m512 q = _mm512_set1_ps(qh[i]);
-            const float *row = kt + (size_t)(t0 / 16) * hs * 16 + (size_t)i * 16;
-            size_t bs = (size_t)hs * 16; /* next block of 16 positions */
-            a0 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row), a0);
-            a1 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + bs), a1);
-            a2 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 2 * bs), a2);
-            a3 = _mm512_fmadd_ps(q, _mm512_loadu_ps(row + 3 * bs), a3);
+    size_t bs = (size_t)hs * 16; /* floats per block of 16 positions */
+    for (int t0 = 0; t0 < n; t0 += 64) {
+        __mmask16 m[4];
+        for (int j = 0; j < 4; j++) {
+            int left = n - t0 - 16 * j;
+            m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
-        _mm512_storeu_ps(att + t0, _mm512_div_ps(a0, sc));
-        _mm512_storeu_ps(att + t0 + 16, _mm512_div_ps(a1, sc));
-        _mm512_storeu_ps(att + t0 + 32, _mm512_div_ps(a2, sc));
-        _mm512_storeu_ps(att + t0 + 48, _mm512_div_ps(a3, sc));
+        /* Blocks past n point at block 0: a fully masked load must still
+         * name memory that is mapped and touched, or it costs a
+         * fault-suppression assist of hundreds of cycles. */
+        size_t o1 = m[1] ? bs : 0, o2 = m[2] ? 2 * bs : 0, o3 = m[3] ? 3 * bs : 0;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *row = kt + (size_t)(t0 / 16) * bs;
+        for (int i = 0; i < hs; i++, row += 16) {
+            __m512 q = _mm512_set1_ps(qh[i]);
+            a0 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[0], row), a0);
+            a1 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[1], row + o1), a1);
+            a2 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[2], row + o2), a2);
+            a3 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[3], row + o3), a3);
+        }
+        _mm512_mask_storeu_ps(att + t0, m[0], _mm512_div_ps(a0, sc));
+        _mm512_mask_storeu_ps(att + t0 + 16, m[1], _mm512_div_ps(a1, sc));
+        _mm512_mask_storeu_ps(att + t0 + 32, m[2], _mm512_div_ps(a2, sc));
+        _mm512_mask_storeu_ps(att + t0 + 48, m[3], _mm512_div_ps(a3, sc));
     }
-    for (; t0 < n; t0 += 16)
-        scores16(att, qh, kt, hs, t0, n - t0, scale);
 }
 
 /* oh[i] = sum over t of att[t] * v_t[i], each element one FMA chain over t
@@ -495,14 +597,15 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
             int left = hs - c0 - 16 * j;
             m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
+        size_t o1 = m[1] ? 16 : 0, o2 = m[2] ? 32 : 0, o3 = m[3] ? 48 : 0; /* as in scores() */
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int t = 0; t < n; t++) {
             __m512 a = _mm512_set1_ps(att[t]);
             const float *v = v0 + (size_t)t * vstride + c0;
             a0 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[0], v), a0);
-            a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + 16), a1);
-            a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + 32), a2);
-            a3 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[3], v + 48), a3);
+            a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + o1), a1);
+            a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + o2), a2);
+            a3 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[3], v + o3), a3);
         }
         _mm512_mask_storeu_ps(oh + c0, m[0], a0);
         _mm512_mask_storeu_ps(oh + c0 + 16, m[1], a1);
@@ -615,16 +718,16 @@ static void attention_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qs = d + 2 * kvd;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
-    matmul(f, &f->layers[l].qkv, s->xb, c->dim, T, s->qkv, (int)qs);
+    const float *qkv_w[3] = {lw->wq, lw->wk, lw->wv};
+    const int qkv_rows[3] = {c->dim, c->kv_dim, c->kv_dim};
+    group_matmul(f, &f->layers[l].qkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv, (int)qs);
     /* Store every token's k and v before any attention, so a prefill token
      * sees the earlier tokens of its own chunk. */
     for (int t = 0; t < T; t++) {
         float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
         rope(f, q, c->dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
-        float *kb = f->kcache + kv_offset(f, s->tok_slot[t], l, 0);
-        for (size_t i = 0; i < kvd; i++)
-            kb[key_index(f, (int)i, s->tok_pos[t])] = k[i];
+        store_key(f, f->kcache + kv_offset(f, s->tok_slot[t], l, 0), k, s->tok_pos[t]);
         float *vb = f->vcache + kv_offset(f, s->tok_slot[t], l, 0);
         size_t hs = (size_t)c->head_size;
         for (size_t g = 0; g < (size_t)c->n_kv_heads; g++)
@@ -632,7 +735,7 @@ static void attention_block(tp_forward *f, int l, int T)
     }
     for (int t = 0; t < T; t++)
         attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);
-    matmul(f, &f->layers[l].wo, s->xb, c->dim, T, s->proj, c->dim);
+    group_matmul(f, &f->layers[l].wo, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj, c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
 }
 
@@ -644,7 +747,9 @@ static void ffn_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
-    matmul(f, &f->layers[l].w13, s->xb, c->dim, T, s->h13, (int)(2 * h));
+    const float *w13[2] = {lw->w1, lw->w3};
+    const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
+    group_matmul(f, &f->layers[l].w13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13, (int)(2 * h));
     for (int t = 0; t < T; t++) {
         const float *g = s->h13 + t * 2 * h, *u = g + h;
         float *o = s->proj + t * h; /* SwiGLU output, packed [T][hidden] */
@@ -655,8 +760,23 @@ static void ffn_block(tp_forward *f, int l, int T)
         }
     }
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
-    matmul(f, &f->layers[l].w2, s->proj, c->hidden_dim, T, s->h13, c->dim);
+    group_matmul(f, &f->layers[l].w2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13, c->dim);
     add_rows(s->x, s->h13, (size_t)T * d);
+}
+
+/* The classifier as one OpenBLAS call over every row that wants logits,
+ * straight into logits when no item skips them. */
+static void classify_blas(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, int rows)
+{
+    const float *wcls = tp_model_get_weights(f->model)->wcls;
+    size_t V = (size_t)f->c.vocab_size;
+    float *out = rows == n_items ? logits : f->cls_all;
+    blas_matmul(f, wcls, f->c.vocab_size, f->c.dim, f->s.cls_in, f->c.dim, rows, out, (int)V);
+    if (out == logits)
+        return;
+    for (int i = 0, k = 0; i < n_items; i++)
+        if (!items[i].skip_logits)
+            memcpy(logits + (size_t)i * V, f->cls_all + (size_t)k++ * V, V * sizeof(float));
 }
 
 static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits)
@@ -673,6 +793,10 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
     }
     if (!rows)
         return;
+    if (f->kernel == TP_FWD_KERNEL_OPENBLAS) {
+        classify_blas(f, items, n_items, logits, rows);
+        return;
+    }
     /* Rows of items that want logits are contiguous in the output when none
      * skips; otherwise compute CLS_CHUNK rows at a time into scratch and
      * scatter (same bits: rows never interact in the kernel). */
@@ -697,6 +821,8 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
     int rc = check_items(f, items, n_items, logits, &T, err);
     if (rc || T == 0)
         return rc;
+    if (f->kernel == TP_FWD_KERNEL_OPENBLAS) /* process-wide: set it for this instance every step */
+        f->blas.set_num_threads(tp_forward_threads(f));
     embed(f, items, n_items);
     for (int l = 0; l < f->c.n_layers; l++) {
         attention_block(f, l, T);

@@ -372,9 +372,13 @@ static size_t filter_candidates(tp_sampler *s, float max)
         for (size_t i = 0; i < n; i++)
             total += s->cand[i].w;
         /* llama2.c's cut: tokens lighter than (1 - top_p) * total / (n - 1)
-         * weigh less than (1 - top_p) * total together (the heaviest is never
-         * among them), so the top-p set lies among the others. */
+         * weigh less than (1 - top_p) * total together as long as the
+         * heaviest (w = 1) is not among them, so the top-p set lies among the
+         * others. Capping the cut at 1 keeps the heaviest when top_p < 1/n
+         * (llama2.c then keeps nothing). */
         double cut = (1.0 - (double)p->top_p) * total / (double)(n - 1);
+        if (cut > 1.0)
+            cut = 1.0;
         size_t kept = 0;
         for (size_t i = 0; i < n; i++)
             if (s->cand[i].w >= cut)
@@ -403,6 +407,10 @@ int tp_sampler_sample(tp_sampler *s, const float *logits, int32_t *token_out, tp
         return 0;
     }
     size_t n = filter_candidates(s, s->work[best]);
+    if (n == 0) { /* cannot happen: the most likely token always survives */
+        *token_out = best;
+        return 0;
+    }
     double total = 0.0;
     for (size_t i = 0; i < n; i++)
         total += s->cand[i].w;

@@ -238,6 +238,8 @@ static int read_case(struct sc_case *c, const cJSON *root, tp_err *err)
         if (field_of(f->string, &bit))
             return tp_err_set(err, TP_EINVAL, "unknown field '%s'", f->string);
         if (seen & bit) return tp_err_set(err, TP_EINVAL, "%s: given twice", f->string);
+        if ((bit & (F_PIECES | F_TOKENS)) && (seen & (F_PIECES | F_TOKENS)))
+            return tp_err_set(err, TP_EINVAL, "case: needs exactly one of \"pieces\" or \"tokens\"");
         seen |= bit;
         int rc = read_field(c, bit, f, err);
         if (rc) return rc;

@@ -187,30 +187,55 @@ static uint32_t sparse_child(const tp_stopmatch *m, uint32_t s, uint8_t c)
     return 0;
 }
 
-/* Goto-or-fail on the trie alone (before the dense rows exist). */
-static uint32_t trie_delta(const tp_stopmatch *m, uint32_t s, uint8_t c)
+/* Goto-or-fail while building: a dense state answers from its row (filled
+ * already, rows hold scaled ids without flags yet), others scan their
+ * children and fall back along failure links. */
+static uint32_t build_delta(const tp_stopmatch *m, uint32_t s, uint8_t c)
 {
     for (;;) {
+        if (s < m->n_dense) return m->row[((size_t)s << m->shift) + m->cls[c]] >> m->shift;
         uint32_t t = sparse_child(m, s, c);
-        if (t || s == 0) return t;
+        if (t) return t;
         s = m->fail[s];
     }
 }
 
-/* Failure links, outputs and hold-back lengths in BFS order, so each
- * state's failure state (shallower) is complete before the state itself. */
+/* A dense state's row: its failure state's row (complete: smaller id)
+ * overwritten with its own children. */
+static void fill_row(tp_stopmatch *m, uint32_t v)
+{
+    size_t width = (size_t)1 << m->shift;
+    uint32_t *row = m->row + ((size_t)v << m->shift);
+    if (v) memcpy(row, m->row + ((size_t)m->fail[v] << m->shift), width * sizeof *row);
+    else memset(row, 0, width * sizeof *row);
+    for (uint32_t c = m->first[v]; c < m->first[v] + m->n_child[v]; c++)
+        row[m->cls[m->lab[c]]] = c << m->shift;
+}
+
+/* Failure links, outputs, hold-back lengths and dense rows in BFS order,
+ * so each state's failure state (shallower) is complete before it. */
 static void build_links(tp_stopmatch *m, struct build *bd)
 {
     m->fail[0] = 0;
     m->out[0] = 0;
     m->partial[0] = 0;
-    for (size_t v = 1; v < m->n_node; v++) {
+    fill_row(m, 0);
+    for (uint32_t v = 1; v < m->n_node; v++) {
         uint32_t o = bd->bfs[v], p = bd->newid[bd->parent[o]];
-        uint32_t f = p == 0 ? 0 : trie_delta(m, m->fail[p], m->lab[v]);
+        uint32_t f = p == 0 ? 0 : build_delta(m, m->fail[p], m->lab[v]);
         m->fail[v] = f;
         m->out[v] = bd->term[o] ? bd->term[o] : m->out[f];
         m->partial[v] = m->n_child[v] ? bd->depth[o] : m->partial[f];
+        if (v < m->n_dense) fill_row(m, v);
     }
+}
+
+/* Once every output is known: flag transitions into states that have one. */
+static void flag_rows(tp_stopmatch *m)
+{
+    size_t n = m->n_dense << m->shift;
+    for (size_t i = 0; i < n; i++)
+        if (m->out[m->row[i] >> m->shift]) m->row[i] |= HAS_OUT;
 }
 
 static void build_classes(tp_stopmatch *m)
@@ -224,22 +249,6 @@ static void build_classes(tp_stopmatch *m)
 static uint32_t flagged(const tp_stopmatch *m, uint32_t t)
 {
     return t << m->shift | (m->out[t] ? HAS_OUT : 0);
-}
-
-/* Dense rows of full transitions; a missing child takes the failure
- * state's row, which is complete already (smaller id). */
-static void build_rows(tp_stopmatch *m)
-{
-    uint8_t byte_of[257] = {0};
-    for (int c = 0; c < 256; c++) byte_of[m->cls[c]] = (uint8_t)c;
-    for (size_t v = 0; v < m->n_dense; v++) {
-        uint32_t *row = m->row + (v << m->shift), *frow = m->row + ((size_t)m->fail[v] << m->shift);
-        row[0] = v ? frow[0] : 0;
-        for (size_t k = 1; k < m->n_cls; k++) {
-            uint32_t t = sparse_child(m, (uint32_t)v, byte_of[k]);
-            row[k] = t ? flagged(m, t) : (v ? frow[k] : 0);
-        }
-    }
 }
 
 static int check_patterns(const char *const *pat, const size_t *len, size_t n, size_t *total,
@@ -330,11 +339,11 @@ static int build(tp_stopmatch *m, struct build *bd, size_t total, size_t budget)
     trie_children(m->n_node, bd);
     if (state_alloc(m)) return TP_ENOMEM;
     renumber(m, bd);
-    build_links(m, bd);
     build_classes(m);
     rc = row_alloc(m, budget);
     if (rc) return rc;
-    build_rows(m);
+    build_links(m, bd);
+    flag_rows(m);
     return 0;
 }
 

@@ -1,0 +1,282 @@
+"""A producer and a subscriber written from protocol/PROTOCOL.md alone
+(pyzmq + msgpack, no tokpipe code), run end to end against the real daemon:
+$TP_BIN_DIR/tokpiped with a temporary config on the stories260K model.
+
+Skips (with a message) only when the daemon binary is not built yet.
+"""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+
+import msgpack
+import zmq
+
+BIN = os.environ.get("TP_BIN_DIR", "bin")
+MODELS = os.environ.get("TP_MODELS", "../shared/models")
+TOKPIPED = os.path.join(BIN, "tokpiped")
+TOKPIPE = os.path.join(BIN, "tokpipe")
+PROMPT = "Once upon a time"
+MAX_TOKENS = 40
+
+
+def ids_of(frame):
+    assert len(frame) % 4 == 0, "ids frame of %d bytes" % len(frame)
+    return list(struct.unpack("<%di" % (len(frame) // 4), frame))
+
+
+class Daemon:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tp-proto-")
+        self.config = os.path.join(self.dir, "tokpipe.yaml")
+        with open(self.config, "w") as f:
+            f.write("runtime_dir: %s\n" % json.dumps(self.dir))
+            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
+                json.dumps(os.path.join(os.path.abspath(MODELS), "stories260K.bin")),
+                json.dumps(os.path.join(os.path.abspath(MODELS), "tok512.bin"))))
+            f.write("limits:\n  finished_ttl_ms: 60000\n")
+        self.front = "ipc://" + os.path.join(self.dir, "front.sock")
+        self.events = "ipc://" + os.path.join(self.dir, "events.sock")
+        self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
+        self.proc = subprocess.Popen([TOKPIPED, "--config", self.config], stdout=self.log, stderr=self.log)
+
+    def log_text(self):
+        self.log.flush()
+        with open(os.path.join(self.dir, "tokpiped.log"), "rb") as f:
+            return f.read().decode(errors="replace")[-3000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Producer:
+    """DEALER to the frontend: JOB1 requests, one reply each, matched by req."""
+
+    def __init__(self, ctx, endpoint, diag=lambda: ""):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(endpoint)
+        self.req = 0
+        self.diag = diag  # text to show when the daemon does not answer
+
+    def send_raw(self, frames):
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout_ms=5000):
+        if not self.sock.poll(timeout_ms):
+            raise AssertionError("no reply within %d ms\n%s" % (timeout_ms, self.diag()))
+        frames = self.sock.recv_multipart()
+        assert frames[0] == b"JOB1", frames[0]
+        assert len(frames[1]) == 1
+        return frames[1][0], msgpack.unpackb(frames[2]), frames[3:]
+
+    def call(self, cmd, hdr, *payload, timeout_ms=5000):
+        self.req += 1
+        hdr = dict(hdr, req=self.req)
+        self.send_raw([b"JOB1", bytes([cmd]), msgpack.packb(hdr)] + list(payload))
+        cmd, rep, pl = self.recv(timeout_ms)
+        assert rep.get("req") == self.req, (rep, self.req)
+        return cmd, rep, pl
+
+
+class Subscriber:
+    """SUB to the event endpoint, topic = job id."""
+
+    def __init__(self, ctx, endpoint):
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.linger = 0
+        self.sock.connect(endpoint)
+
+    def subscribe(self, job):
+        self.sock.setsockopt(zmq.SUBSCRIBE, job.encode())
+
+    def collect(self, job, timeout_s=60):
+        """Every event of job until its FINISH: (tokens, finish)."""
+        tokens, end = [], time.time() + timeout_s
+        while time.time() < end:
+            if not self.sock.poll(200):
+                continue
+            f = self.sock.recv_multipart()
+            if f[0] != job.encode():
+                continue  # prefix match of another job
+            assert f[1] == b"EVT1", f[1]
+            hdr = msgpack.unpackb(f[3])
+            if f[2] == b"\x01":
+                hdr["ids"] = ids_of(f[4])
+                tokens.append(hdr)
+            elif f[2] == b"\x02":
+                return tokens, hdr
+            else:
+                raise AssertionError("unknown event command %r" % f[2])
+        raise AssertionError("no FINISH for %s within %d s" % (job, timeout_s))
+
+
+class ProtocolEndToEnd(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(TOKPIPED):
+            raise unittest.SkipTest("%s not built yet: the daemon lands with the broker work" % TOKPIPED)
+        if not os.path.exists(os.path.join(MODELS, "stories260K.bin")):
+            raise unittest.SkipTest("stories260K.bin not found under TP_MODELS=%s" % MODELS)
+        cls.daemon = Daemon()
+        cls.ctx = zmq.Context()
+        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
+        cls.sub = Subscriber(cls.ctx, cls.daemon.events)
+        cls.wait_ready()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.prod.sock.close()
+        cls.sub.sock.close()
+        cls.ctx.term()
+        cls.daemon.stop()
+
+    @classmethod
+    def wait_ready(cls):
+        end = time.time() + 60
+        while time.time() < end:
+            if cls.daemon.proc.poll() is not None:
+                raise AssertionError("tokpiped exited: %s" % cls.daemon.log_text())
+            try:
+                cmd, rep, _ = cls.prod.call(0x06, {}, timeout_ms=500)
+            except AssertionError:
+                cls.prod.sock.close()  # drop the unanswered request: a new socket, a clean reply stream
+                cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
+                continue
+            w = rep.get("workers", {})
+            if cmd == 0x07 and all(w.get(s, 0) >= 1 for s in ("tokenize", "forward", "sample", "stop")):
+                return
+            time.sleep(0.1)
+        raise AssertionError("workers never registered: %s" % cls.daemon.log_text())
+
+    def run_job(self, job, params, prompt=PROMPT):
+        self.sub.subscribe(job)
+        time.sleep(0.2)  # let the subscription reach the broker's XPUB
+        cmd, ack, _ = self.prod.call(0x01, {"job_id": job, "prompt": prompt, "params": params})
+        self.assertEqual((cmd, ack["status"]), (0x02, 200), ack)
+        self.assertEqual(ack["job_id"], job)
+        return self.sub.collect(job)
+
+    def check_stream(self, job, tokens, fin):
+        seqs = [t["seq"] for t in tokens] + [fin["seq"]]
+        self.assertEqual(seqs, list(range(len(seqs))), "event seq must be 0,1,2,... with FINISH last")
+        ids = [i for t in tokens for i in t["ids"]]
+        indexes = [t["index"] for t in tokens]
+        self.assertEqual(indexes, [sum(len(t["ids"]) for t in tokens[:k]) for k in range(len(tokens))])
+        text = "".join(t["text"] for t in tokens) + fin["text"]
+        self.assertEqual(fin["completion_tokens"], len(ids))
+        self.assertEqual(fin["text_len"], len(text.encode()))
+        self.assertGreater(fin["prompt_tokens"], 0)
+        self.assertLessEqual(fin["ttft_us"], fin["total_us"])
+        self.assertLessEqual(fin["queue_us"], fin["total_us"])
+        return text, ids
+
+    def test_1_greedy_job_streams_and_status_agrees(self):
+        tokens, fin = self.run_job("py-greedy", {"max_tokens": MAX_TOKENS, "temperature": 0})
+        text, ids = self.check_stream("py-greedy", tokens, fin)
+        self.assertIn(fin["reason"], ("length", "eos"))
+        if fin["reason"] == "length":
+            self.assertEqual(len(ids), MAX_TOKENS)
+        cmd, st, pl = self.prod.call(0x04, {"job_id": "py-greedy"})
+        self.assertEqual((cmd, st["status"], st["state"]), (0x05, 200, "finished"))
+        self.assertEqual(st["text"], text)
+        self.assertEqual(ids_of(pl[0]), ids)
+        self.assertEqual(st["reason"], fin["reason"])
+        type(self).greedy_text = text
+
+    def test_2_stop_string_cuts_the_same_greedy_text(self):
+        text = getattr(type(self), "greedy_text", None)
+        if not text or len(text) < 8:
+            self.skipTest("greedy job did not produce enough text")
+        stop = text[len(text) // 2:len(text) // 2 + 3]
+        tokens, fin = self.run_job("py-stop", {"max_tokens": MAX_TOKENS, "temperature": 0, "stop": [stop]})
+        got, _ = self.check_stream("py-stop", tokens, fin)
+        self.assertEqual(fin["reason"], "stop_string")
+        self.assertEqual(fin["matched"], stop)
+        self.assertEqual(got, text[:text.index(stop)])
+
+    def test_3_malformed_requests_get_error_replies_and_the_daemon_goes_on(self):
+        self.prod.send_raw([b"JOB9", b"\x06", msgpack.packb({})])
+        cmd, rep, _ = self.prod.recv()
+        self.assertEqual((cmd, rep["status"]), (0x7F, 505))
+        self.prod.send_raw([b"JOB1", b"\x66", msgpack.packb({"req": 5})])
+        cmd, rep, _ = self.prod.recv()
+        self.assertEqual((cmd, rep["status"]), (0x7F, 501))
+        self.prod.send_raw([b"JOB1", b"\x01", b"\xdd\x00\x98\x96\x80"])  # array32 of 10^7 in 5 bytes
+        cmd, rep, _ = self.prod.recv()
+        self.assertEqual((cmd, rep["status"]), (0x7F, 400))
+        cmd, rep, _ = self.prod.call(0x01, {"job_id": "py-bad", "prompt": "x", "params": {"top_p": 1.5}})
+        self.assertIn(cmd, (0x7F, 0x02))
+        self.assertEqual(rep["status"], 400)
+        self.assertIn("params.top_p", rep["error"])
+        cmd, rep, _ = self.prod.call(0x01, {"job_id": "py-ids"}, b"\x01\x00\x00")  # not a multiple of 4
+        self.assertEqual(rep["status"], 400)
+        self.assertIn("prompt_ids", rep["error"])
+        cmd, rep, _ = self.prod.call(0x03, {"job_id": "py-never-submitted"})
+        self.assertEqual((cmd, rep["status"]), (0x02, 404))
+        # Still serving: a token-id prompt job runs to completion.
+        self.sub.subscribe("py-after")
+        time.sleep(0.2)
+        cmd, ack, _ = self.prod.call(0x01, {"job_id": "py-after", "params": {"max_tokens": 5, "temperature": 0}},
+                                     struct.pack("<3i", 1, 403, 407))
+        self.assertEqual(ack["status"], 200, ack)
+        tokens, fin = self.sub.collect("py-after")
+        self.check_stream("py-after", tokens, fin)
+        self.assertEqual(fin["prompt_tokens"], 3)
+        cmd, stats, _ = self.prod.call(0x06, {})
+        self.assertEqual(cmd, 0x07)
+        self.assertGreaterEqual(stats["malformed_front"], 3)
+
+    def test_4_tokpipe_generate_matches_the_python_producer(self):
+        text = getattr(type(self), "greedy_text", None)
+        if text is None:
+            self.skipTest("greedy job did not run")
+        p = subprocess.run([TOKPIPE, "generate", "--config", self.daemon.config, "--prompt", PROMPT,
+                            "--max-tokens", str(MAX_TOKENS), "--temperature", "0", "--json"],
+                           capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        line = json.loads(p.stdout)
+        self.assertEqual(line["text"], text)
+        self.assertEqual(line["prompt"], PROMPT)
+
+    def test_5_tokpipe_generate_equals_tokpipe_run_token_for_token(self):
+        """Concurrent jobs of different lengths and stop settings through the
+        daemon give exactly the in-process `tokpipe run --json` lines."""
+        model = os.path.join(os.path.abspath(MODELS), "stories260K.bin")
+        tok = os.path.join(os.path.abspath(MODELS), "tok512.bin")
+        prompts = ["Once upon a time", "Lily and Tom", "The dog", "One day"]
+        cases = [
+            ["--temperature", "0", "--max-tokens", "30"],
+            ["--temperature", "1", "--top-p", "0.9", "--seed", "7", "--max-tokens", "25", "--stop", "."],
+            ["--temperature", "0.8", "--top-k", "20", "--seed", "3", "--max-tokens", "40", "--stop-id", "13",
+             "--min-tokens", "5", "--repetition-penalty", "1.2"],
+        ]
+        for extra in cases:
+            args = sum((["--prompt", p] for p in prompts), []) + extra + ["--json"]
+            run = subprocess.run([TOKPIPE, "run", "--model", model, "--tokenizer", tok] + args,
+                                 capture_output=True, timeout=120)
+            if run.returncode != 0:
+                self.skipTest("tokpipe run failed: %s" % run.stderr.decode()[-300:])
+            gen = subprocess.run([TOKPIPE, "generate", "--config", self.daemon.config] + args,
+                                 capture_output=True, timeout=120)
+            self.assertEqual(gen.returncode, 0, gen.stderr.decode())
+            want = [json.loads(l) for l in run.stdout.decode().splitlines()]
+            got = [json.loads(l) for l in gen.stdout.decode().splitlines()]
+            self.assertEqual(got, want, "generate differs from run for %s" % " ".join(extra))
+
+
+if __name__ == "__main__":
+    unittest.main()

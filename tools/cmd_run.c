@@ -1,0 +1,415 @@
+/* tokpipe run: in-process generation for one or more prompts.
+ *
+ * The same stages the daemon spreads over processes — tokenize, batched
+ * forward, sample, detokenize/stop — called directly in one loop. All
+ * prompts run as one batch: each step advances every unfinished job (prompt
+ * chunks and decode tokens together), so the output of a prompt does not
+ * depend on the others (the forward pass and the samplers are batch
+ * invariant). It is the reference the pipeline's output is compared with. */
+#include "genopts.h"
+#include "tools.h"
+#include "tokpipe/detok.h"
+#include "tokpipe/forward.h"
+#include "tokpipe/model.h"
+#include "tokpipe/sampler.h"
+#include "tokpipe/stop.h"
+#include "tokpipe/tokenizer.h"
+
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char cmd_run_summary[] = "generate in-process (no daemon) for one or more prompts";
+
+/* Tokens one step may carry; prompts longer than this are fed in chunks. */
+#define RUN_STEP_TOKENS 512
+
+typedef struct run_args {
+    const char *model;
+    const char *tokenizer;
+    int threads;
+    tp_fwd_kernel kernel;
+    genopts gen;
+} run_args;
+
+typedef struct run_job {
+    const char *prompt;
+    int32_t *ids;        /* prompt ids, then accepted ids: the sequence */
+    size_t n_prompt;
+    size_t n_ids;
+    size_t n_fed;        /* ids already in the KV cache */
+    int seq;             /* forward sequence, -1 once closed */
+    tp_sampler *sampler;
+    tp_detok *detok;
+    tp_stop *stop;
+    bool done;
+    tp_stop_step last;   /* the finishing step */
+} run_job;
+
+typedef struct run_ctx {
+    tp_model *model;
+    tp_tokenizer *tok;
+    tp_forward *fwd;
+    run_job *jobs;
+    size_t n_jobs;
+    int vocab;
+    bool stream;         /* one prompt, plain text: print chunks as they come */
+} run_ctx;
+
+static void usage(FILE *out)
+{
+    fputs("usage: tokpipe run --model FILE [--tokenizer FILE] --prompt TEXT [--prompt TEXT ...]\n"
+          "                   [generation options]\n\n"
+          "Generates in this process, all prompts as one batch, and prints each\n"
+          "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
+          "line per prompt in the order given.\n\n"
+          "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
+          "  --tokenizer FILE         llama2.c tokenizer.bin (default: the GGUF's own vocabulary)\n"
+          "  --threads N              compute threads, 1 or 2 (default 1)\n"
+          "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
+          "                           (faster at large batches, not batch invariant; see forward.h)\n",
+          out);
+    genopts_print_help(out);
+}
+
+static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
+{
+    memset(a, 0, sizeof *a);
+    a->threads = 1;
+    genopts_init(&a->gen);
+    for (int i = 1; i < argc; i++) {
+        int rc = genopts_parse_one(&a->gen, argc, argv, &i, err);
+        if (rc < 0)
+            return rc;
+        if (rc == 1)
+            continue;
+        const char *f = argv[i];
+        if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
+             !strcmp(f, "--kernel")) && i + 1 >= argc)
+            return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
+        if (!strcmp(f, "--model"))
+            a->model = argv[++i];
+        else if (!strcmp(f, "--tokenizer"))
+            a->tokenizer = argv[++i];
+        else if (!strcmp(f, "--threads"))
+            a->threads = atoi(argv[++i]);
+        else if (!strcmp(f, "--kernel")) {
+            if ((rc = tp_fwd_kernel_parse(argv[++i], &a->kernel, err)))
+                return rc;
+        } else
+            return tp_err_set(err, TP_EINVAL, "unknown option '%s' (see tokpipe run --help)", f);
+    }
+    if (!a->model)
+        return tp_err_set(err, TP_EINVAL, "--model FILE is required");
+    if (a->gen.n_prompts == 0)
+        return tp_err_set(err, TP_EINVAL, "at least one --prompt TEXT is required");
+    return 0;
+}
+
+static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
+{
+    int rc = tp_model_load(a->model, &c->model, err);
+    if (rc)
+        return rc;
+    const tp_model_config *cfg = tp_model_get_config(c->model);
+    c->vocab = cfg->vocab_size;
+    if (a->tokenizer)
+        rc = tp_tokenizer_load(a->tokenizer, c->vocab, &c->tok, err);
+    else if ((rc = tp_model_tokenizer(c->model, &c->tok, err)) == TP_ENOTFOUND)
+        return tp_err_set(err, TP_EINVAL, "%s has no embedded vocabulary: pass --tokenizer FILE",
+                          a->model);
+    if (rc)
+        return rc;
+    if (tp_tokenizer_vocab_size(c->tok) != c->vocab)
+        return tp_err_set(err, TP_EINVAL, "tokenizer has %d tokens but the model's vocabulary is %d",
+                          tp_tokenizer_vocab_size(c->tok), c->vocab);
+    rc = tp_forward_new(c->model, (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
+    if (rc == 0 && a->threads != 1)
+        rc = tp_forward_set_threads(c->fwd, a->threads, err);
+    if (rc == 0 && a->kernel != TP_FWD_KERNEL_INVARIANT)
+        rc = tp_forward_set_kernel(c->fwd, a->kernel, err);
+    return rc;
+}
+
+static void stop_config(const run_ctx *c, const genopts *g, size_t room, const int32_t *eos,
+                        size_t n_eos, tp_stop_config *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->stop = g->stops;
+    sc->n_stop = g->n_stops;
+    sc->stop_ids = g->stop_ids;
+    sc->n_stop_ids = g->n_stop_ids;
+    sc->eos_ids = eos;
+    sc->n_eos_ids = n_eos;
+    sc->ignore_eos = g->ignore_eos;
+    sc->min_tokens = g->min_tokens;
+    /* The context window bounds what can be generated: past it the job ends
+     * as `length`, like a max_tokens that was smaller. */
+    sc->max_tokens = g->max_tokens >= 1 && (size_t)g->max_tokens > room ? (int32_t)room
+                                                                         : g->max_tokens;
+    sc->include_stop_str_in_output = g->include_stop;
+    sc->vocab_size = c->vocab;
+}
+
+static tp_sampler_params sampler_params(const genopts *g, const int32_t *ban, size_t n_ban)
+{
+    tp_sampler_params p = tp_sampler_params_default();
+    p.temperature = g->temperature;
+    p.top_k = g->top_k;
+    p.top_p = g->top_p;
+    p.min_p = g->min_p;
+    p.repetition_penalty = g->repetition_penalty;
+    p.presence_penalty = g->presence_penalty;
+    p.frequency_penalty = g->frequency_penalty;
+    p.seed = g->seed;
+    p.min_tokens = g->min_tokens;
+    p.ban_ids = ban;
+    p.n_ban = n_ban;
+    return p;
+}
+
+/* Tokenize the prompt and build the job's sampler, detokenizer and stop
+ * state; every parameter error names its field. */
+static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g, tp_err *err)
+{
+    int seq_len = tp_model_get_config(c->model)->seq_len;
+    memset(j, 0, sizeof *j);
+    j->prompt = prompt;
+    j->seq = -1;
+    j->ids = malloc(sizeof *j->ids * (size_t)seq_len);
+    if (!j->ids)
+        return tp_err_set(err, TP_ENOMEM, "out of memory for a %d-token sequence", seq_len);
+    int *enc = malloc(sizeof *enc * (size_t)seq_len);
+    if (!enc)
+        return tp_err_set(err, TP_ENOMEM, "out of memory for a %d-token sequence", seq_len);
+    size_t n = 0;
+    int rc = tp_tokenizer_encode(c->tok, prompt, strlen(prompt), true, enc, (size_t)seq_len, &n, err);
+    for (size_t i = 0; i < n; i++)
+        j->ids[i] = enc[i];
+    free(enc);
+    if (rc == TP_ERANGE || (rc == 0 && n >= (size_t)seq_len))
+        return tp_err_set(err, TP_ERANGE, "prompt '%.40s': too long for the model's %d-token context",
+                          prompt, seq_len);
+    if (rc)
+        return rc;
+    j->n_prompt = j->n_ids = n;
+
+    const int *eos_int;
+    int n_eos = tp_model_eos_ids(c->model, &eos_int);
+    int32_t ban[TP_MODEL_MAX_EOS + GENOPTS_MAX_STOPS];
+    size_t n_ban = 0;
+    for (int i = 0; i < n_eos && !g->ignore_eos; i++)
+        ban[n_ban++] = eos_int[i];
+    for (size_t i = 0; i < g->n_stop_ids; i++)
+        ban[n_ban++] = g->stop_ids[i];
+    int32_t eos[TP_MODEL_MAX_EOS];
+    for (int i = 0; i < n_eos; i++)
+        eos[i] = eos_int[i];
+
+    tp_stop_config sc;
+    stop_config(c, g, (size_t)seq_len - n, eos, (size_t)n_eos, &sc);
+    tp_sampler_params sp = sampler_params(g, ban, n_ban);
+    if ((rc = tp_stop_new(&sc, &j->stop, err)) ||
+        (rc = tp_sampler_new(&sp, c->vocab, j->ids, n, &j->sampler, err)) ||
+        (rc = tp_detok_new(c->tok, j->ids[n - 1], &j->detok, err)) ||
+        (rc = tp_forward_seq_open(c->fwd, &j->seq, err)))
+        return rc;
+    return 0;
+}
+
+static void job_free(run_job *j)
+{
+    free(j->ids);
+    tp_sampler_free(j->sampler);
+    tp_detok_free(j->detok);
+    tp_stop_free(j->stop);
+}
+
+static void job_finish(run_ctx *c, run_job *j, const tp_stop_step *st)
+{
+    j->done = true;
+    j->last = *st;
+    tp_forward_seq_close(c->fwd, j->seq);
+    j->seq = -1;
+}
+
+/* One candidate through sample -> detokenize -> stop. */
+static int job_decide(run_ctx *c, run_job *j, const float *logits, tp_err *err)
+{
+    int32_t cand;
+    tp_stop_step st;
+    int rc = tp_sampler_sample(j->sampler, logits, &cand, err);
+    if (rc) {
+        fprintf(stderr, "tokpipe run: prompt '%.40s': %s\n", j->prompt, err->msg);
+        tp_stop_fail(j->stop, &st);
+    } else {
+        size_t n;
+        const uint8_t *b = tp_detok_bytes(j->detok, cand, &n, err);
+        if (!b || (rc = tp_stop_feed(j->stop, cand, b, n, &st)))
+            return b ? rc : err->code;
+        if (st.accepted) {
+            j->ids[j->n_ids++] = cand;
+            if ((rc = tp_sampler_accept(j->sampler, cand, err)) ||
+                (rc = tp_detok_accept(j->detok, cand, err)))
+                return rc;
+        }
+    }
+    if (c->stream && st.chunk_len) {
+        fwrite(st.chunk, 1, st.chunk_len, stdout);
+        fflush(stdout);
+    }
+    if (st.finish != TP_FINISH_NONE)
+        job_finish(c, j, &st);
+    return 0;
+}
+
+/* Build one step: every running job's unfed ids (a decode token, or the
+ * next prompt chunk), within the step's token budget. */
+static int plan_step(run_ctx *c, tp_fwd_item *items, run_job **owner)
+{
+    int n = 0, budget = RUN_STEP_TOKENS;
+    for (size_t i = 0; i < c->n_jobs && budget > 0; i++) {
+        run_job *j = &c->jobs[i];
+        if (j->done)
+            continue;
+        int want = (int)(j->n_ids - j->n_fed);
+        int take = want < budget ? want : budget;
+        items[n] = (tp_fwd_item){.seq_id = j->seq, .pos = (int)j->n_fed,
+                                 .tokens = (const int *)&j->ids[j->n_fed], .n_tokens = take,
+                                 .skip_logits = take < want};
+        owner[n++] = j;
+        budget -= take;
+    }
+    return n;
+}
+
+static int generate(run_ctx *c, tp_err *err)
+{
+    tp_fwd_item *items = calloc(c->n_jobs, sizeof *items);
+    run_job **owner = calloc(c->n_jobs, sizeof *owner);
+    float *logits = malloc(sizeof *logits * c->n_jobs * (size_t)c->vocab);
+    int rc = 0;
+    if (!items || !owner || !logits)
+        rc = tp_err_set(err, TP_ENOMEM, "out of memory for %zu jobs", c->n_jobs);
+    int n;
+    while (rc == 0 && (n = plan_step(c, items, owner)) > 0) {
+        if ((rc = tp_forward_step(c->fwd, items, n, logits, err)))
+            break;
+        for (int i = 0; i < n && rc == 0; i++) {
+            owner[i]->n_fed += (size_t)items[i].n_tokens;
+            if (!items[i].skip_logits)
+                rc = job_decide(c, owner[i], logits + (size_t)i * (size_t)c->vocab, err);
+        }
+    }
+    free(items);
+    free(owner);
+    free(logits);
+    return rc;
+}
+
+static void print_json(const run_job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    size_t len;
+    const char *text = tp_stop_text(j->stop, &len);
+    cJSON_AddStringToObject(o, "prompt", j->prompt);
+    cJSON_AddStringToObject(o, "text", text);
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = j->n_prompt; i < j->n_ids; i++)
+        cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
+    cJSON_AddStringToObject(o, "finish_reason", tp_finish_reason_name(j->last.finish));
+    if (j->last.matched_str) {
+        char *m = strndup(j->last.matched_str, j->last.matched_len);
+        cJSON_AddStringToObject(o, "matched", m ? m : "");
+        free(m);
+    } else if (j->last.matched_id >= 0) {
+        cJSON_AddNumberToObject(o, "matched", j->last.matched_id);
+    } else {
+        cJSON_AddNullToObject(o, "matched");
+    }
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)j->n_prompt);
+    cJSON_AddNumberToObject(o, "completion_tokens", tp_stop_completion_tokens(j->stop));
+    char *s = cJSON_PrintUnformatted(o);
+    if (s)
+        puts(s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+static void print_results(const run_ctx *c, const genopts *g)
+{
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        const run_job *j = &c->jobs[i];
+        if (g->json) {
+            print_json(j);
+        } else if (!c->stream) {
+            size_t len;
+            const char *text = tp_stop_text(j->stop, &len);
+            fwrite(text, 1, len, stdout);
+            fputc('\n', stdout);
+        }
+    }
+    if (c->stream)
+        fputc('\n', stdout);
+    fflush(stdout);
+}
+
+static int run_all(run_ctx *c, const run_args *a, tp_err *err)
+{
+    int rc = load_engine(c, a, err);
+    if (rc)
+        return rc;
+    c->jobs = calloc(a->gen.n_prompts, sizeof *c->jobs);
+    if (!c->jobs)
+        return tp_err_set(err, TP_ENOMEM, "out of memory for %zu jobs", a->gen.n_prompts);
+    for (size_t i = 0; i < a->gen.n_prompts; i++) {
+        c->n_jobs = i + 1; /* counted before init so a half-built job is freed too */
+        if ((rc = job_init(c, &c->jobs[i], a->gen.prompts[i], &a->gen, err)))
+            return rc;
+    }
+    c->stream = c->n_jobs == 1 && !a->gen.json;
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if ((rc = generate(c, err)))
+        return rc;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    print_results(c, &a->gen);
+
+    long tokens = 0;
+    for (size_t i = 0; i < c->n_jobs; i++)
+        tokens += tp_stop_completion_tokens(c->jobs[i].stop);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    fprintf(stderr, "tokpipe run: %zu prompt(s), %ld tokens in %.3f s (%.1f tokens/s)\n",
+            c->n_jobs, tokens, s, s > 0 ? (double)tokens / s : 0.0);
+    return 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+    run_args a;
+    tp_err err;
+    tp_err_clear(&err);
+    if (parse_args(argc, argv, &a, &err)) {
+        fprintf(stderr, "tokpipe run: %s\n", err.msg);
+        return 2;
+    }
+    run_ctx c = {0};
+    int rc = run_all(&c, &a, &err);
+    if (rc)
+        fprintf(stderr, "tokpipe run: %s\n", err.msg);
+    for (size_t i = 0; i < c.n_jobs; i++)
+        job_free(&c.jobs[i]);
+    free(c.jobs);
+    tp_forward_free(c.fwd);
+    tp_tokenizer_free(c.tok);
+    tp_model_free(c.model);
+    return rc ? 1 : 0;
+}
