@@ -182,11 +182,7 @@ static void drain_socket(broker *b, void *s, int which)
         if (tp_zmsg_recv(s, &z, ZMQ_DONTWAIT) < 0)
             return;
         if (which == 0) {
-            if (z.dropped) {
-                b->stats.malformed_front++;
-            } else {
-                front_on_message(b, z.f, z.n);
-            }
+            front_on_message(b, z.f, z.n, z.dropped > 0);
         } else if (which == 1) {
             if (z.n >= 1 && !z.dropped)
                 registry_on_message(b, &z.f[0], z.f + 1, z.n - 1);

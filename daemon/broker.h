@@ -195,7 +195,7 @@ void sched_worker_lost(broker *b, int wi);
 void sched_free(broker *b);
 
 /* front.c */
-void front_on_message(broker *b, const tp_frame *frames, size_t n);
+void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many);
 
 /* spawn.c */
 int spawn_init(broker *b, tp_err *err);

@@ -183,7 +183,7 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
     if ((s->prompt.ptr != NULL) && s->prompt.len == 0)
         return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: empty");
     if (!(s->prompt.ptr != NULL)) {
-        if (model && model->seq_len && s->prompt_ids.n > model->seq_len)
+        if (model && model->seq_len && s->prompt_ids.n >= model->seq_len)
             return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: %zu tokens, the model's context holds %u",
                        s->prompt_ids.n, model->seq_len);
         for (size_t i = 0; i < s->prompt_ids.n; i++) {
@@ -369,7 +369,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
 
 /* ---- entry -------------------------------------------------------------------- */
 
-void front_on_message(broker *b, const tp_frame *frames, size_t n)
+void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many)
 {
     if (n < 2)
         return;   /* an identity alone: nothing to answer */
@@ -379,11 +379,24 @@ void front_on_message(broker *b, const tp_frame *frames, size_t n)
         to.env[to.n_env++] = frames[1];
         first = 2;
     }
+    if (too_many) {
+        b->stats.malformed_front++;
+        tp_msg r;
+        tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ERROR);
+        r.status = TP_ST_TOO_LARGE;
+        r.error = tp_str_of("too many frames in one message");
+        reply(b, &to, &r);
+        return;
+    }
     tp_msg m;
     tp_err e;
     tp_err_clear(&e);
     if (tp_proto_decode(TP_FAM_JOB, frames + first, n - first, &m, &e)) {
         b->stats.malformed_front++;
+        if (m.family == TP_FAM_JOB && m.cmd == TP_CMD_SUBMIT) {   /* a SUBMIT all the same */
+            b->stats.jobs_submitted++;
+            b->stats.jobs_rejected++;
+        }
         tp_msg r;
         tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ERROR);
         r.req = m.req;

@@ -233,7 +233,7 @@ static void on_tokenized(broker *b, int wi, const tp_msg *m)
     }
     const bworker *model = registry_model(b);
     uint32_t seq_len = model ? model->seq_len : 0;
-    if (m->tokenized.ids.n == 0 || (seq_len && m->tokenized.ids.n > seq_len)) {
+    if (m->tokenized.ids.n == 0 || (seq_len && m->tokenized.ids.n >= seq_len)) {
         char why[160];
         snprintf(why, sizeof why, "prompt: %zu tokens, the model's context holds %u", m->tokenized.ids.n, seq_len);
         sched_fail_job(b, j, why);
@@ -321,15 +321,16 @@ static bool admit(broker *b, bjob *j)
     if (s < 0 || t < 0)
         return false;
     const bworker *fw = &b->workers[f];
-    /* The job may not run past the forward worker's positions: the last
-     * accepted token is never fed, so prompt + max_tokens - 1 must fit. */
-    if (j->n_prompt > fw->seq_len) {
+    /* The context window bounds what can be generated: past it the job
+     * ends as `length`, as if max_tokens were smaller (tokpipe run does the
+     * same, so both give the same tokens). */
+    if (j->n_prompt >= fw->seq_len) {
         char why[128];
         snprintf(why, sizeof why, "prompt: %u tokens, the model's context holds %u", j->n_prompt, fw->seq_len);
         sched_fail_job(b, j, why);
         return true;
     }
-    int32_t room = (int32_t)(fw->seq_len - j->n_prompt + 1);
+    int32_t room = (int32_t)(fw->seq_len - j->n_prompt);
     if (j->params.max_tokens > room)
         j->params.max_tokens = room;
     if (j->params.min_tokens > j->params.max_tokens)

@@ -67,6 +67,12 @@ class RunMatchesLlama2c(unittest.TestCase):
                        "--temperature", "0", "--max-tokens", str(len(ids)))
         self.assertEqual(r["tokens"], ids)
 
+    def test_openblas_kernel_gives_the_reference_ids_too(self):
+        _, ids = reference()
+        [r] = run_json("--model", BIN_MODEL, "--tokenizer", TOK, "--prompt", "Once upon a time",
+                       "--temperature", "0", "--max-tokens", str(len(ids)), "--kernel", "openblas")
+        self.assertEqual(r["tokens"], ids)
+
 
 @unittest.skipUnless(os.path.exists(TOKPIPE), "bin/tokpipe not built")
 class RunIsBatchInvariant(unittest.TestCase):
@@ -104,6 +110,12 @@ class RunStopsAndErrors(unittest.TestCase):
                     check=False)
             self.assertNotEqual(p.returncode, 0, f"{flag} {value} accepted")
             self.assertIn(field, p.stderr, f"error for {flag} {value} does not name {field}")
+
+    def test_unknown_kernel_is_rejected_naming_it(self):
+        p = run("--model", BIN_MODEL, "--tokenizer", TOK, "--prompt", "x", "--kernel", "blas",
+                check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("'blas'", p.stderr)
 
     def test_missing_model_file_is_a_clear_error(self):
         p = run("--model", "/nonexistent/model.bin", "--tokenizer", TOK, "--prompt", "x",

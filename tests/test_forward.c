@@ -1,6 +1,7 @@
 /* Batched forward: kernel exactness, a tiny model against an independent
  * double-precision reference, the stories260K greedy reference from
- * llama2.c's run.c, batch invariance (bitwise) and the KV pool limits. */
+ * llama2.c's run.c, batch invariance (bitwise) and the KV pool limits; the
+ * opt-in OpenBLAS kernel against the reference and the invariant kernel. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -112,7 +113,7 @@ static void check_close(const float *got, const double *want, int n, double tol,
             fail_msg("%s: logit %d is %.7g, reference %.7g", what, i, got[i], want[i]);
 }
 
-static void tiny_gqa_model_matches_reference(bool scalar)
+static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
 {
     tiny_shape sh = {16, 40, 2, 4, 2, 23, 12, 1};
     size_t size;
@@ -124,6 +125,7 @@ static void tiny_gqa_model_matches_reference(bool scalar)
     assert_int_equal(tp_forward_new(m, 2, 0, 8, &f, &e), 0);
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
+    assert_int_equal(tp_forward_set_kernel(f, kernel, &e), 0);
     int sid, toks[9] = {1, 5, 22, 0, 7, 7, 13, 2, 9};
     assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
     float logits[23];
@@ -147,13 +149,19 @@ static void tiny_gqa_model_matches_reference(bool scalar)
 static void tiny_gqa_model_matches_double_reference(void **state)
 {
     (void)state;
-    tiny_gqa_model_matches_reference(false);
+    tiny_gqa_model_matches_reference(false, TP_FWD_KERNEL_INVARIANT);
 }
 
 static void scalar_path_matches_double_reference(void **state)
 {
     (void)state;
-    tiny_gqa_model_matches_reference(true);
+    tiny_gqa_model_matches_reference(true, TP_FWD_KERNEL_INVARIANT);
+}
+
+static void openblas_kernel_matches_double_reference(void **state)
+{
+    (void)state;
+    tiny_gqa_model_matches_reference(false, TP_FWD_KERNEL_OPENBLAS);
 }
 
 /* Hand-checkable: with wo and w2 all zero the residual stream stays the
@@ -201,7 +209,7 @@ static void zero_blocks_give_normalized_embedding_logits(void **state)
 
 /* ---- real model -------------------------------------------------------- */
 
-static void greedy(const char *file, bool scalar)
+static void greedy(const char *file, bool scalar, tp_fwd_kernel kernel)
 {
     tp_model *m = load_real(file);
     tp_forward *f;
@@ -209,6 +217,7 @@ static void greedy(const char *file, bool scalar)
     assert_int_equal(tp_forward_new(m, 1, 256, 8, &f, &e), 0);
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
+    assert_int_equal(tp_forward_set_kernel(f, kernel, &e), 0);
     int sid, V = tp_model_get_config(m)->vocab_size;
     tp_forward_seq_open(f, &sid, &e);
     float *logits = malloc(sizeof(float) * V);
@@ -217,7 +226,8 @@ static void greedy(const char *file, bool scalar)
     for (int i = 0; i < 252; i++) {
         int tok = argmax(logits, V);
         if (tok != REF_IDS[i])
-            fail_msg("%s: generated id %d is %d, run.c gives %d", file, i, tok, REF_IDS[i]);
+            fail_msg("%s, %s kernel: generated id %d is %d, run.c gives %d", file, tp_fwd_kernel_name(kernel),
+                     i, tok, REF_IDS[i]);
         if (i == 251)
             break;
         tp_fwd_item d = {sid, 5 + i, &tok, 1, false};
@@ -232,19 +242,25 @@ static void greedy(const char *file, bool scalar)
 static void stories260k_greedy_reproduces_run_c(void **state)
 {
     (void)state;
-    greedy("stories260K.bin", false);
+    greedy("stories260K.bin", false, TP_FWD_KERNEL_INVARIANT);
+}
+
+static void stories260k_openblas_kernel_greedy_reproduces_run_c(void **state)
+{
+    (void)state;
+    greedy("stories260K.bin", false, TP_FWD_KERNEL_OPENBLAS);
 }
 
 static void stories260k_scalar_path_greedy_reproduces_run_c(void **state)
 {
     (void)state;
-    greedy("stories260K.bin", true);
+    greedy("stories260K.bin", true, TP_FWD_KERNEL_INVARIANT);
 }
 
 static void stories260k_gguf_greedy_gives_the_same_ids(void **state)
 {
     (void)state;
-    greedy("stories260K.gguf", false);
+    greedy("stories260K.gguf", false, TP_FWD_KERNEL_INVARIANT);
 }
 
 /* ---- batch invariance -------------------------------------------------- */
@@ -367,6 +383,120 @@ static void scalar_path_is_batch_invariant_too(void **state)
     batch_invariance(true);
 }
 
+/* ---- OpenBLAS kernel vs invariant kernel ------------------------------- */
+
+/* A fixed schedule (tokens never depend on logits, so both kernels see the
+ * same inputs): sequence s joins at step s with a prompt of 1 + 5s mod 7
+ * tokens fed in chunks of 3 (non-final chunks skip logits), then decodes
+ * until it holds len tokens. Steps mix prefill and decode, and the first
+ * and last have a single row. Returns the number of items. */
+static int schedule_step(int step, int n_seq, int len, int V, int *fed, int toks[][16], const int *sid,
+                         tp_fwd_item *items)
+{
+    int n = 0;
+    for (int s = 0; s < n_seq && s <= step; s++) {
+        int plen = 1 + (5 * s) % 7;
+        if (fed[s] >= len)
+            continue;
+        int take = fed[s] < plen ? (plen - fed[s] < 3 ? plen - fed[s] : 3) : 1;
+        for (int j = 0; j < take; j++)
+            toks[s][j] = (7 * s + 13 * (fed[s] + j) + 1) % V;
+        items[n++] = (tp_fwd_item){sid[s], fed[s], toks[s], take, fed[s] + take < plen};
+        fed[s] += take;
+    }
+    return n;
+}
+
+/* Every logits row of the OpenBLAS kernel (1 and 2 threads) within
+ * tol * (1 + |x|) of the invariant kernel's, over the whole schedule. */
+static void kernels_agree(const tp_model *m, int n_seq, int len, double tol)
+{
+    int V = tp_model_get_config(m)->vocab_size;
+    tp_err e;
+    for (int threads = 1; threads <= 2; threads++) {
+        tp_forward *ref, *blas;
+        assert_int_equal(tp_forward_new(m, n_seq, len, 64, &ref, &e), 0);
+        assert_int_equal(tp_forward_new(m, n_seq, len, 64, &blas, &e), 0);
+        assert_int_equal(tp_forward_set_kernel(blas, TP_FWD_KERNEL_OPENBLAS, &e), 0);
+        assert_int_equal(tp_forward_kernel(blas), TP_FWD_KERNEL_OPENBLAS);
+        assert_int_equal(tp_forward_set_threads(blas, threads, &e), 0);
+        int sid[8], fed[8] = {0}, toks[8][16], rows = 0;
+        for (int s = 0; s < n_seq; s++) {
+            tp_forward_seq_open(ref, &sid[s], &e);
+            tp_forward_seq_open(blas, &sid[s], &e);
+        }
+        float *a = malloc(sizeof(float) * n_seq * V), *b = malloc(sizeof(float) * n_seq * V);
+        tp_fwd_item items[8];
+        for (int step = 0, n; (n = schedule_step(step, n_seq, len, V, fed, toks, sid, items)) > 0; step++) {
+            assert_int_equal(tp_forward_step(ref, items, n, a, &e), 0);
+            if (tp_forward_step(blas, items, n, b, &e))
+                fail_msg("openblas step %d: %s", step, e.msg);
+            for (int i = 0; i < n; i++) {
+                rows += !items[i].skip_logits;
+                for (int v = 0; !items[i].skip_logits && v < V; v++) {
+                    float x = a[(size_t)i * V + v], y = b[(size_t)i * V + v];
+                    if (fabs((double)y - x) > tol * (1 + fabs(x)))
+                        fail_msg("%d thread(s), step %d, item %d, logit %d: openblas %.8g, invariant %.8g",
+                                 threads, step, i, v, y, x);
+                }
+            }
+        }
+        int want_rows = 0;
+        for (int s = 0; s < n_seq; s++)
+            want_rows += 1 + len - (1 + (5 * s) % 7); /* last prompt chunk + each decode */
+        assert_int_equal(rows, want_rows);
+        free(a);
+        free(b);
+        tp_forward_free(ref);
+        tp_forward_free(blas);
+    }
+}
+
+static void openblas_kernel_agrees_with_invariant_on_stories260k(void **state)
+{
+    (void)state;
+    tp_model *m = load_real("stories260K.bin");
+    kernels_agree(m, 8, 40, 1e-4);
+    tp_model_free(m);
+}
+
+static void openblas_kernel_agrees_with_invariant_on_tiny_model(void **state)
+{
+    (void)state;
+    tiny_shape sh = {16, 40, 2, 4, 2, 23, 12, 1};
+    size_t size;
+    float *ck = tiny_llama_build(&sh, 9, 0.3f, &size);
+    tp_model *m;
+    tp_err e;
+    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    kernels_agree(m, 4, 12, 1e-4);
+    tp_model_free(m);
+    free(ck);
+}
+
+static void kernel_names_round_trip_and_a_bad_name_is_an_error_naming_it(void **state)
+{
+    (void)state;
+    tp_fwd_kernel k = TP_FWD_KERNEL_OPENBLAS;
+    tp_err e;
+    assert_int_equal(tp_fwd_kernel_parse("invariant", &k, &e), 0);
+    assert_int_equal(k, TP_FWD_KERNEL_INVARIANT);
+    assert_int_equal(tp_fwd_kernel_parse(tp_fwd_kernel_name(TP_FWD_KERNEL_OPENBLAS), &k, &e), 0);
+    assert_int_equal(k, TP_FWD_KERNEL_OPENBLAS);
+    assert_int_equal(tp_fwd_kernel_parse("blas", &k, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "'blas'"));
+    assert_int_equal(k, TP_FWD_KERNEL_OPENBLAS); /* unchanged on error */
+    tp_model *m = load_real("stories260K.bin");
+    tp_forward *f;
+    assert_int_equal(tp_forward_new(m, 1, 8, 4, &f, &e), 0);
+    assert_int_equal(tp_forward_kernel(f), TP_FWD_KERNEL_INVARIANT); /* the default */
+    assert_int_equal(tp_forward_set_kernel(f, (tp_fwd_kernel)7, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "kernel 7"));
+    assert_int_equal(tp_forward_kernel(f), TP_FWD_KERNEL_INVARIANT);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
 /* ---- pool and validation ----------------------------------------------- */
 
 static void kv_pool_exhaustion_is_an_error_not_a_crash(void **state)
@@ -461,12 +591,17 @@ int main(void)
         cmocka_unit_test(kernel_equals_sequential_fmaf_for_any_token_count),
         cmocka_unit_test(tiny_gqa_model_matches_double_reference),
         cmocka_unit_test(scalar_path_matches_double_reference),
+        cmocka_unit_test(openblas_kernel_matches_double_reference),
         cmocka_unit_test(zero_blocks_give_normalized_embedding_logits),
         cmocka_unit_test(stories260k_greedy_reproduces_run_c),
         cmocka_unit_test(stories260k_gguf_greedy_gives_the_same_ids),
         cmocka_unit_test(stories260k_scalar_path_greedy_reproduces_run_c),
+        cmocka_unit_test(stories260k_openblas_kernel_greedy_reproduces_run_c),
         cmocka_unit_test(batched_mixed_prefill_and_decode_logits_equal_alone_bitwise),
         cmocka_unit_test(scalar_path_is_batch_invariant_too),
+        cmocka_unit_test(openblas_kernel_agrees_with_invariant_on_stories260k),
+        cmocka_unit_test(openblas_kernel_agrees_with_invariant_on_tiny_model),
+        cmocka_unit_test(kernel_names_round_trip_and_a_bad_name_is_an_error_naming_it),
         cmocka_unit_test(kv_pool_exhaustion_is_an_error_not_a_crash),
         cmocka_unit_test(step_rejects_bad_items_naming_them),
         cmocka_unit_test(rewinding_a_sequence_recomputes_the_same_logits),

@@ -30,6 +30,7 @@ typedef struct run_args {
     const char *model;
     const char *tokenizer;
     int threads;
+    tp_fwd_kernel kernel;
     genopts gen;
 } run_args;
 
@@ -66,7 +67,9 @@ static void usage(FILE *out)
           "line per prompt in the order given.\n\n"
           "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin (default: the GGUF's own vocabulary)\n"
-          "  --threads N              compute threads, 1 or 2 (default 1)\n",
+          "  --threads N              compute threads, 1 or 2 (default 1)\n"
+          "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
+          "                           (faster at large batches, not batch invariant; see forward.h)\n",
           out);
     genopts_print_help(out);
 }
@@ -83,8 +86,8 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
         if (rc == 1)
             continue;
         const char *f = argv[i];
-        if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads")) &&
-            i + 1 >= argc)
+        if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
+             !strcmp(f, "--kernel")) && i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
             a->model = argv[++i];
@@ -92,7 +95,10 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             a->tokenizer = argv[++i];
         else if (!strcmp(f, "--threads"))
             a->threads = atoi(argv[++i]);
-        else
+        else if (!strcmp(f, "--kernel")) {
+            if ((rc = tp_fwd_kernel_parse(argv[++i], &a->kernel, err)))
+                return rc;
+        } else
             return tp_err_set(err, TP_EINVAL, "unknown option '%s' (see tokpipe run --help)", f);
     }
     if (!a->model)
@@ -122,6 +128,8 @@ static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
     rc = tp_forward_new(c->model, (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
     if (rc == 0 && a->threads != 1)
         rc = tp_forward_set_threads(c->fwd, a->threads, err);
+    if (rc == 0 && a->kernel != TP_FWD_KERNEL_INVARIANT)
+        rc = tp_forward_set_kernel(c->fwd, a->kernel, err);
     return rc;
 }
 

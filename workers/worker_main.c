@@ -55,7 +55,7 @@ static void usage(FILE *out)
             "endpoint (from the config), register, and process tasks until SIGTERM/SIGINT.\n"
             "Several stages in one process (e.g. forward,sample) skip a hop.\n"
             "\n"
-            "  --stage LIST     stages to serve (required)\n"
+            "  --stage LIST     stages to serve, joined by ',' or ':', optional .N suffix (required)\n"
             "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
             "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
             "  --help           this text\n",
@@ -399,7 +399,17 @@ int main(int argc, char **argv)
         return pr;
     tp_err e;
     tp_err_clear(&e);
-    if (tp_config_parse_stages(stages, &w.stages, &e)) {
+    /* systemd instance names cannot hold ',': accept "forward:sample.0"
+     * (':' joins stages, a ".N" suffix numbers instances) */
+    char list[128];
+    snprintf(list, sizeof list, "%s", stages);
+    for (char *p = list; *p; p++)
+        if (*p == ':')
+            *p = ',';
+    char *dot = strrchr(list, '.');
+    if (dot && dot[1] && strspn(dot + 1, "0123456789") == strlen(dot + 1))
+        *dot = '\0';
+    if (tp_config_parse_stages(list, &w.stages, &e)) {
         fprintf(stderr, "tokpipe-worker: --stage: %s\n", e.msg);
         return 2;
     }

@@ -9,13 +9,15 @@
  * token (the kernel's per-element accumulation order never depends on the
  * batch; see workers/forward/kernels.h).
  *
- * Why not OpenBLAS (measured here, OpenBLAS 0.3.21): sgemm gives a row
- * different bits depending on how many rows are in the call, and sgemv
- * differs from sgemm, so a sequence's tokens would depend on its batch
- * mates. The matmuls use a packed AVX-512 kernel instead (equal to fmaf()
- * over k in order; scalar fallback without AVX-512), which also streams
- * weights faster than sgemv at batch 1. OpenBLAS is therefore not on this
- * path and OPENBLAS_CORETYPE does not matter to it: no setenv/re-exec.
+ * Why not OpenBLAS by default (measured here, OpenBLAS 0.3.21): sgemm gives
+ * a row different bits depending on how many rows are in the call, and
+ * sgemv differs from sgemm, so a sequence's tokens would depend on its batch
+ * mates. The default matmuls (TP_FWD_KERNEL_INVARIANT) use a packed AVX-512
+ * kernel instead (equal to fmaf() over k in order; scalar fallback without
+ * AVX-512), which also streams weights faster than sgemv at batch 1, and
+ * OPENBLAS_CORETYPE does not matter to it. OpenBLAS is an explicit opt-in
+ * (tp_forward_set_kernel, TP_FWD_KERNEL_OPENBLAS) that trades batch
+ * invariance for OpenBLAS's sgemm; see there.
  *
  * Single-threaded by default (one compute thread per worker process; see
  * research/limits.md on thread pools collapsing on this machine), with an
@@ -75,12 +77,77 @@ int tp_forward_seq_length(const tp_forward *f, int seq_id);
  * pos + n_tokens. */
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err);
 
-/* Use 1 (the default) or 2 compute threads. The second thread sleeps on a
- * condition variable (no spinning) and takes half the rows of each matmul
- * of a step with at least 8 tokens; results stay bit-identical to 1 thread.
- * Worth it only when the process may own both cores. */
+/* Use 1 (the default) or 2 compute threads. With the invariant kernel the
+ * second thread sleeps on a condition variable (no spinning) and takes half
+ * the rows of each matmul of a step with at least 8 tokens; results stay
+ * bit-identical to 1 thread. With the OpenBLAS kernel it is OpenBLAS's own
+ * thread count instead (see tp_forward_set_kernel). Worth it only when the
+ * process may own both cores. */
 int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err);
 int tp_forward_threads(const tp_forward *f);
+
+/* Matmul backend of the weight matrices (attention, norms, RoPE and SwiGLU
+ * are the same code either way).
+ *
+ * TP_FWD_KERNEL_INVARIANT (the default): the packed kernel above; logits are
+ * bit-identical whatever else is in the step and however a prompt is
+ * chunked.
+ *
+ * TP_FWD_KERNEL_OPENBLAS: each weight matrix of a step (wq, wk, wv, wo, w1,
+ * w3, w2 of every layer, and the classifier) is ONE cblas_sgemm over all
+ * the step's token rows, reading the model's own row-major weights;
+ * cblas_sgemv when the step has exactly one row. What it gives up: batch
+ * invariance. OpenBLAS blocks the sum over k differently for different row
+ * counts (and sgemv differs from sgemm), so a sequence's logits differ in
+ * the last bits with the batch it runs in and with how its prompt is
+ * chunked; where two logits nearly tie, greedy or seeded sampling may then
+ * pick a different token than the same job run alone, and the rest of that
+ * job diverges. Logits stay within float rounding of the invariant kernel.
+ * When it pays: only at large batches, and only with OpenBLAS's AVX-512
+ * kernels, i.e. OPENBLAS_CORETYPE=SkylakeX in the environment before
+ * libopenblas is loaded (it picks its kernels once, at load; without it its
+ * own detection may choose the AVX2 Haswell kernels, about half the sgemm
+ * speed: limits.md section 2). Measured here (make bench, 0.3.21 SkylakeX,
+ * stories15M/110M shapes, paired samples on a shared 2-vCPU machine) it did
+ * not beat the invariant kernel anywhere on 1 thread: 0.35-0.55x at batch
+ * 1 (sgemv) and 8, 0.6x at 32, 0.7-0.8x at 64 and 128 rows and on a
+ * 128-token prefill; on 2 threads 0.7-1.0x at 32-128 rows, with a 128-token
+ * prefill of stories15M up to 1.2x.
+ * sgemm gains least per row below about 32 rows (limits.md section 4) and
+ * keeps gaining up to 256 (section 6b), so it is a choice for batches well
+ * past 64 tokens on both cores, re-measured on the target machine.
+ *
+ * OpenBLAS is loaded (dlopen of libopenblas.so.0, kept for the life of the
+ * process) at the first opt-in, not linked: its pthread pool starts at load
+ * with signals unblocked and would steal signals from programs that handle
+ * them on a signalfd. So OPENBLAS_CORETYPE may also be set by the process
+ * itself any time before its first opt-in, and the pool's threads inherit
+ * the caller's signal mask (opt in before starting to handle signals, or
+ * with them blocked). TP_ENOTFOUND if the library cannot be loaded.
+ *
+ * OpenBLAS's thread count is process-wide: every OpenBLAS step sets it to
+ * tp_forward_threads() (1 or 2) first, so a second OpenBLAS user in the
+ * process sees that count too. With 2, OpenBLAS's own pthread pool (which
+ * spins for a while after each call) does the splitting, not this
+ * library's passive helper thread. The opt-in also allocates a logits
+ * buffer of min(kv_slots, max_batch_tokens) rows of vocab_size floats, so
+ * that the classifier stays one call when some items skip logits.
+ * TP_EINVAL for an unknown value, TP_ENOMEM if that buffer cannot be had
+ * (the kernel is then unchanged). */
+typedef enum tp_fwd_kernel { TP_FWD_KERNEL_INVARIANT = 0, TP_FWD_KERNEL_OPENBLAS = 1 } tp_fwd_kernel;
+
+int tp_forward_set_kernel(tp_forward *f, tp_fwd_kernel k, tp_err *err);
+tp_fwd_kernel tp_forward_kernel(const tp_forward *f);
+
+/* The core OpenBLAS reports (openblas_get_corename, e.g. "SkylakeX" or
+ * "Haswell"), or NULL while this instance never opted in. */
+const char *tp_forward_blas_core(const tp_forward *f);
+
+/* "invariant" or "openblas" (for config files and command lines). */
+const char *tp_fwd_kernel_name(tp_fwd_kernel k);
+
+/* Parse such a name; TP_EINVAL naming the bad value otherwise. */
+int tp_fwd_kernel_parse(const char *name, tp_fwd_kernel *out, tp_err *err);
 
 int tp_forward_max_positions(const tp_forward *f);
 int tp_forward_max_batch_tokens(const tp_forward *f);

@@ -1,12 +1,15 @@
-/* Batched Llama forward: one packed matmul per weight per step, KV pool.
+/* Batched Llama forward: one matmul per weight per step, KV pool.
  *
  * The arithmetic follows llama2.c's run.c (RMSNorm, RoPE on interleaved
  * pairs, grouped-query attention, SwiGLU), per token. Only the matmuls see
- * the whole batch, and they use the fixed-order kernel of kernels.c: OpenBLAS
- * sgemm was measured to give a row different bits depending on the number
- * of rows in the call (and sgemv differs from sgemm), which would make a
- * sequence's tokens depend on its batch mates. */
+ * the whole batch. By default they use the fixed-order kernel of kernels.c:
+ * OpenBLAS sgemm was measured to give a row different bits depending on the
+ * number of rows in the call (and sgemv differs from sgemm), which would
+ * make a sequence's tokens depend on its batch mates. OpenBLAS is the
+ * opt-in alternative (tp_forward_set_kernel) for throughput at large
+ * batches. */
 #include "tokpipe/forward.h"
+#include "blas.h"
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -78,6 +81,9 @@ struct tp_forward {
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
     bool avx512;    /* chosen once: every step of this instance uses one path */
+    tp_fwd_kernel kernel;
+    tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
+    float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
     helper *helper; /* NULL: single-threaded (the default) */
     scratch s;
 };
@@ -235,6 +241,8 @@ void tp_forward_free(tp_forward *f)
         munmap(f->kcache, f->pool_bytes ? f->pool_bytes : 1);
     if (f->vcache)
         munmap(f->vcache, f->pool_bytes ? f->pool_bytes : 1);
+    free(f->cls_all);
+    tp_blas_close(&f->blas);
     free(f->rope_cos);
     free(f->rope_sin);
     free(f->seq_len);
@@ -312,6 +320,68 @@ int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
 
 void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
 
+/* ---- matmul backends --------------------------------------------------- */
+
+const char *tp_fwd_kernel_name(tp_fwd_kernel k)
+{
+    switch (k) {
+    case TP_FWD_KERNEL_INVARIANT: return "invariant";
+    case TP_FWD_KERNEL_OPENBLAS: return "openblas";
+    }
+    return "unknown";
+}
+
+int tp_fwd_kernel_parse(const char *name, tp_fwd_kernel *out, tp_err *err)
+{
+    const tp_fwd_kernel all[] = {TP_FWD_KERNEL_INVARIANT, TP_FWD_KERNEL_OPENBLAS};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(name, tp_fwd_kernel_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return tp_err_set(err, TP_EINVAL, "forward: unknown kernel '%s' (want invariant or openblas)",
+                      name ? name : "(null)");
+}
+
+int tp_forward_set_kernel(tp_forward *f, tp_fwd_kernel k, tp_err *err)
+{
+    if (k != TP_FWD_KERNEL_INVARIANT && k != TP_FWD_KERNEL_OPENBLAS)
+        return tp_err_set(err, TP_EINVAL, "forward: unknown kernel %d (want invariant or openblas)", (int)k);
+    if (k == TP_FWD_KERNEL_OPENBLAS && !f->cls_all) {
+        /* rows wanting logits <= items <= min(slots, tokens): one seq once */
+        int rows = f->slots < f->max_tokens ? f->slots : f->max_tokens;
+        float *buf = malloc((size_t)rows * (size_t)f->c.vocab_size * sizeof(float));
+        if (!buf)
+            return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d rows of logits", rows);
+        int rc = tp_blas_open(&f->blas, err);
+        if (rc) {
+            free(buf);
+            return rc;
+        }
+        f->cls_all = buf;
+    }
+    f->kernel = k;
+    return 0;
+}
+
+tp_fwd_kernel tp_forward_kernel(const tp_forward *f) { return f->kernel; }
+
+const char *tp_forward_blas_core(const tp_forward *f)
+{
+    return f->blas.lib ? f->blas.get_corename() : NULL;
+}
+
+/* y[t][r] = W[r] . x[t] through OpenBLAS: one call for all n_tok rows. */
+static void blas_matmul(const tp_forward *f, const float *w, int rows, int cols, const float *x, int ldx,
+                        int n_tok, float *y, int ldy)
+{
+    if (n_tok == 1)
+        f->blas.sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w, cols, x, 1, 0.0f, y, 1);
+    else
+        f->blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, cols, 1.0f, x, ldx, w, cols, 0.0f,
+                      y, ldy);
+}
+
 /* One matmul of the step: split by panel groups across the two threads when
  * there is enough work to pay for the hand-off. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
@@ -335,6 +405,20 @@ static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, i
     while (h->done != ticket)
         pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
+}
+
+/* A weight group (matrices stacked in one packed tp_packed, sharing cols):
+ * the packed kernel over the whole group, or with OpenBLAS one call per
+ * matrix writing its own columns of y. */
+static void group_matmul(tp_forward *f, const tp_packed *pw, const float *const *parts, const int *rows,
+                         int n_parts, const float *x, int ldx, int n_tok, float *y, int ldy)
+{
+    if (f->kernel != TP_FWD_KERNEL_OPENBLAS) {
+        matmul(f, pw, x, ldx, n_tok, y, ldy);
+        return;
+    }
+    for (int i = 0, col = 0; i < n_parts; col += rows[i++])
+        blas_matmul(f, parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
 }
 
 /* ---- sequences --------------------------------------------------------- */
@@ -634,7 +718,9 @@ static void attention_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qs = d + 2 * kvd;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
-    matmul(f, &f->layers[l].qkv, s->xb, c->dim, T, s->qkv, (int)qs);
+    const float *qkv_w[3] = {lw->wq, lw->wk, lw->wv};
+    const int qkv_rows[3] = {c->dim, c->kv_dim, c->kv_dim};
+    group_matmul(f, &f->layers[l].qkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv, (int)qs);
     /* Store every token's k and v before any attention, so a prefill token
      * sees the earlier tokens of its own chunk. */
     for (int t = 0; t < T; t++) {
@@ -649,7 +735,7 @@ static void attention_block(tp_forward *f, int l, int T)
     }
     for (int t = 0; t < T; t++)
         attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);
-    matmul(f, &f->layers[l].wo, s->xb, c->dim, T, s->proj, c->dim);
+    group_matmul(f, &f->layers[l].wo, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj, c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
 }
 
@@ -661,7 +747,9 @@ static void ffn_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
-    matmul(f, &f->layers[l].w13, s->xb, c->dim, T, s->h13, (int)(2 * h));
+    const float *w13[2] = {lw->w1, lw->w3};
+    const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
+    group_matmul(f, &f->layers[l].w13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13, (int)(2 * h));
     for (int t = 0; t < T; t++) {
         const float *g = s->h13 + t * 2 * h, *u = g + h;
         float *o = s->proj + t * h; /* SwiGLU output, packed [T][hidden] */
@@ -672,8 +760,23 @@ static void ffn_block(tp_forward *f, int l, int T)
         }
     }
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
-    matmul(f, &f->layers[l].w2, s->proj, c->hidden_dim, T, s->h13, c->dim);
+    group_matmul(f, &f->layers[l].w2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13, c->dim);
     add_rows(s->x, s->h13, (size_t)T * d);
+}
+
+/* The classifier as one OpenBLAS call over every row that wants logits,
+ * straight into logits when no item skips them. */
+static void classify_blas(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, int rows)
+{
+    const float *wcls = tp_model_get_weights(f->model)->wcls;
+    size_t V = (size_t)f->c.vocab_size;
+    float *out = rows == n_items ? logits : f->cls_all;
+    blas_matmul(f, wcls, f->c.vocab_size, f->c.dim, f->s.cls_in, f->c.dim, rows, out, (int)V);
+    if (out == logits)
+        return;
+    for (int i = 0, k = 0; i < n_items; i++)
+        if (!items[i].skip_logits)
+            memcpy(logits + (size_t)i * V, f->cls_all + (size_t)k++ * V, V * sizeof(float));
 }
 
 static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits)
@@ -690,6 +793,10 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
     }
     if (!rows)
         return;
+    if (f->kernel == TP_FWD_KERNEL_OPENBLAS) {
+        classify_blas(f, items, n_items, logits, rows);
+        return;
+    }
     /* Rows of items that want logits are contiguous in the output when none
      * skips; otherwise compute CLS_CHUNK rows at a time into scratch and
      * scatter (same bits: rows never interact in the kernel). */
@@ -714,6 +821,8 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
     int rc = check_items(f, items, n_items, logits, &T, err);
     if (rc || T == 0)
         return rc;
+    if (f->kernel == TP_FWD_KERNEL_OPENBLAS) /* process-wide: set it for this instance every step */
+        f->blas.set_num_threads(tp_forward_threads(f));
     embed(f, items, n_items);
     for (int l = 0; l < f->c.n_layers; l++) {
         attention_block(f, l, T);

@@ -1,0 +1,140 @@
+/* Process story: the real tokpiped and real workers (ipc, and tcp loopback
+ * with a fused forward+sample worker) give, token for token, what
+ * `tokpipe run` computes in one process — for greedy and seeded jobs of
+ * different lengths and stop settings running concurrently, joining and
+ * leaving the batch; and the daemon drains and exits 0 on SIGTERM. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/daemon_harness.h"
+
+/* Jobs sent at once, each group by its own `tokpipe generate` process so
+ * they differ in parameters; every group also has several prompts. */
+static const char *const groups[] = {
+    "--prompt 'Once upon a time' --prompt 'The cat sat' --prompt 'Lily and Ben' --temperature 0 --max-tokens 60",
+    "--prompt 'One day, a little bird' --prompt 'Tom had a red ball' --temperature 0.9 --seed 7 --max-tokens 48 "
+    "--stop '.'",
+    "--prompt 'The sun was' --temperature 1.0 --seed 11 --top-k 20 --top-p 0.9 --max-tokens 120 --stop-id 400",
+    "--prompt 'Once upon a time there was a girl. She liked to play. She had a dog. The dog was big and brown. "
+    "They went to the park every day. One day it rained and they stayed home. They played with toys and read "
+    "books. Her mom made cookies.' --temperature 0 --max-tokens 24 --stop ' dog' --include-stop",
+    "--prompt 'A boy' --temperature 0.7 --seed 3 --min-tokens 10 --max-tokens 30 --repetition-penalty 1.2",
+};
+#define N_GROUPS (sizeof groups / sizeof groups[0])
+
+static bool have_run(const harness *h)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "%s/tokpipe run --help >/dev/null 2>&1", h->bin);
+    return harness_sh(cmd, NULL) == 0;
+}
+
+static void compare_lines(const char *what, const char *got, const char *want)
+{
+    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
+    const char *g = got, *w = want;
+    int line = 0;
+    while (*w) {
+        const char *ge = strchr(g, '\n'), *we = strchr(w, '\n');
+        if (!ge || !we)
+            fail_msg("%s: line %d missing\ngenerate:\n%s\nrun:\n%s", what, line, got, want);
+        cJSON *jg = cJSON_ParseWithLength(g, (size_t)(ge - g)), *jw = cJSON_ParseWithLength(w, (size_t)(we - w));
+        if (!jg || !jw)
+            fail_msg("%s: line %d is not JSON:\n%.*s\n%.*s", what, line, (int)(ge - g), g, (int)(we - w), w);
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+            char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(jg, fields[i]));
+            char *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(jw, fields[i]));
+            if (!a || !b || strcmp(a, b))
+                fail_msg("%s: line %d: %s differs\n daemon: %s\n    run: %s", what, line, fields[i], a ? a : "(none)",
+                         b ? b : "(none)");
+            free(a);
+            free(b);
+        }
+        cJSON_Delete(jg);
+        cJSON_Delete(jw);
+        g = ge + 1;
+        w = we + 1;
+        line++;
+    }
+}
+
+static void concurrent_jobs_match_run(bool tcp, const char *extra)
+{
+    harness h;
+    if (harness_start(&h, tcp, extra))
+        fail_msg("daemon did not start (%s)", tcp ? "tcp" : "ipc");
+    if (!have_run(&h)) {
+        harness_stop(&h);
+        skip();
+    }
+    /* all groups at once: their jobs join and leave one running batch */
+    FILE *p[N_GROUPS];
+    for (size_t i = 0; i < N_GROUPS; i++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 20000 %s", h.bin, h.config,
+                 groups[i]);
+        p[i] = popen(cmd, "r");
+        assert_non_null(p[i]);
+    }
+    char *got[N_GROUPS];
+    for (size_t i = 0; i < N_GROUPS; i++) {
+        size_t cap = 1 << 16, len = fread(got[i] = calloc(1, cap), 1, cap - 1, p[i]);
+        got[i][len] = '\0';
+        int st = pclose(p[i]);
+        if (st != 0)
+            fail_msg("generate group %zu failed (status %d): %s", i, st, got[i]);
+    }
+    assert_int_equal(harness_stop(&h), 0);
+    for (size_t i = 0; i < N_GROUPS; i++) {
+        char cmd[4096], *want = NULL;
+        snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json %s",
+                 h.bin, h.models, h.models, groups[i]);
+        strcat(cmd, " 2>/dev/null");
+        int st = harness_sh(cmd, &want);
+        if (st != 0)
+            fail_msg("tokpipe run failed for group %zu: %s", i, want ? want : "");
+        char what[32];
+        snprintf(what, sizeof what, "group %zu", i);
+        compare_lines(what, got[i], want);
+        free(want);
+        free(got[i]);
+    }
+}
+
+static void concurrent_jobs_over_ipc_equal_in_process_run(void **state)
+{
+    (void)state;
+    concurrent_jobs_match_run(false, NULL);
+}
+
+static void concurrent_jobs_over_tcp_with_fused_sampling_equal_in_process_run(void **state)
+{
+    (void)state;
+    concurrent_jobs_match_run(true, "  fuse: [\"forward,sample\"]\n");
+}
+
+static void small_batches_and_chunks_change_nothing(void **state)
+{
+    (void)state;
+    /* one sequence per step, tiny prefill chunks, one micro-batch: the
+     * schedule differs wildly, the tokens must not */
+    concurrent_jobs_match_run(false, "batching:\n  max_num_seqs: 3\n  prefill_chunk: 7\n  micro_batches: 1\n"
+                                     "  max_batch_tokens: 16\nkv:\n  slots: 3\n");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(concurrent_jobs_over_ipc_equal_in_process_run),
+        cmocka_unit_test(concurrent_jobs_over_tcp_with_fused_sampling_equal_in_process_run),
+        cmocka_unit_test(small_batches_and_chunks_change_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

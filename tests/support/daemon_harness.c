@@ -1,0 +1,241 @@
+/* Integration-test harness: a real tokpiped on a private runtime dir. */
+#include "daemon_harness.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0)
+        close(s);
+    return port;
+}
+
+static int write_config(harness *h, bool tcp, const char *extra)
+{
+    FILE *f = fopen(h->config, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "runtime_dir: %s/rt\nmodel:\n  path: %s/stories260K.bin\n  tokenizer: %s/tok512.bin\n", h->dir,
+            h->models, h->models);
+    if (tcp) {
+        snprintf(h->front, sizeof h->front, "tcp://127.0.0.1:%d", free_port());
+        snprintf(h->back, sizeof h->back, "tcp://127.0.0.1:%d", free_port());
+        snprintf(h->events, sizeof h->events, "tcp://127.0.0.1:%d", free_port());
+        snprintf(h->publish, sizeof h->publish, "tcp://127.0.0.1:%d", free_port());
+        fprintf(f, "endpoints:\n  front: %s\n  back: %s\n  events: %s\n  publish: %s\n", h->front, h->back,
+                h->events, h->publish);
+    } else {
+        snprintf(h->front, sizeof h->front, "ipc://%s/rt/front.sock", h->dir);
+        snprintf(h->back, sizeof h->back, "ipc://%s/rt/back.sock", h->dir);
+        snprintf(h->events, sizeof h->events, "ipc://%s/rt/events.sock", h->dir);
+        snprintf(h->publish, sizeof h->publish, "ipc://%s/rt/publish.sock", h->dir);
+    }
+    /* fast failure detection keeps the crash tests short */
+    fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
+    /* last, so extra_yaml may continue the workers section ("  fuse: ...") */
+    fprintf(f, "workers:\n  binary: %s/tokpipe-worker\n", h->bin);
+    if (extra)
+        fputs(extra, f);
+    return fclose(f);
+}
+
+int harness_stats(harness *h, tp_m_stats_reply *s)
+{
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
+    tp_zmsg z;
+    if (harness_call(h, &m, &z, &r))
+        return -1;
+    int ok = r.cmd == TP_CMD_STATS_REPLY;
+    if (ok) {
+        *s = r.stats_reply;
+        s->triggers = NULL;
+        s->n_triggers = 0;
+    }
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+    return ok ? 0 : -1;
+}
+
+int harness_start(harness *h, bool tcp, const char *extra_yaml)
+{
+    memset(h, 0, sizeof *h);
+    const char *models = getenv("TP_MODELS"), *bin = getenv("TP_BIN_DIR");
+    snprintf(h->models, sizeof h->models, "%s", models ? models : "../shared/models");
+    snprintf(h->bin, sizeof h->bin, "%s", bin ? bin : "bin");
+    snprintf(h->dir, sizeof h->dir, "/tmp/tpit-XXXXXX");
+    if (!mkdtemp(h->dir))
+        return -1;
+    snprintf(h->config, sizeof h->config, "%s/tokpipe.yaml", h->dir);
+    if (write_config(h, tcp, extra_yaml))
+        return -1;
+    char log[256];
+    snprintf(log, sizeof log, "%s/tokpiped.log", h->dir);
+    h->pid = fork();
+    if (h->pid == 0) {
+        char exe[600];
+        snprintf(exe, sizeof exe, "%s/tokpiped", h->bin);
+        FILE *lf = freopen(log, "w", stderr);
+        (void)lf;
+        execl(exe, exe, "--config", h->config, (char *)NULL);
+        _exit(127);
+    }
+    h->zctx = zmq_ctx_new();
+    h->dealer = zmq_socket(h->zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(h->dealer, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_connect(h->dealer, h->front);
+    for (int i = 0; i < 200; i++) {
+        tp_m_stats_reply s;
+        if (harness_stats(h, &s) == 0 && s.workers[0] && s.workers[1] && s.workers[2] && s.workers[3])
+            return 0;
+        sleep_ms(50);
+    }
+    fprintf(stderr, "harness: workers did not register; see %s\n", log);
+    return -1;
+}
+
+static void rm_rf(const char *dir)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "harness: could not remove %s\n", dir);
+}
+
+int harness_stop(harness *h)
+{
+    if (h->dealer)
+        zmq_close(h->dealer);
+    if (h->zctx)
+        zmq_ctx_term(h->zctx);
+    h->dealer = h->zctx = NULL;
+    int status = -1;
+    if (h->pid > 0) {
+        kill(h->pid, SIGTERM);
+        for (int i = 0; i < 300; i++) {
+            if (waitpid(h->pid, &status, WNOHANG) == h->pid)
+                break;
+            sleep_ms(50);
+            status = -1;
+        }
+        if (status == -1) {
+            kill(h->pid, SIGKILL);
+            waitpid(h->pid, NULL, 0);
+        }
+    }
+    h->pid = 0;
+    if (getenv("TP_KEEP_LOGS")) {
+        fprintf(stderr, "harness: kept %s\n", h->dir);
+    } else if (h->dir[0]) {
+        rm_rf(h->dir);
+    }
+    return status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int harness_raw_call(harness *h, const tp_frame *frames, size_t n, tp_zmsg *reply, int timeout_ms)
+{
+    for (size_t i = 0; i < n; i++)
+        if (zmq_send(h->dealer, frames[i].len ? frames[i].data : "", frames[i].len, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+            return -1;
+    zmq_pollitem_t it = {h->dealer, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0)
+        return -1;
+    return tp_zmsg_recv(h->dealer, reply, 0);
+}
+
+int harness_call(harness *h, const tp_msg *m, tp_zmsg *z, tp_msg *out)
+{
+    tp_wire w;
+    tp_err e;
+    if (tp_proto_encode(m, &w, &e)) {
+        fprintf(stderr, "harness: encode: %s\n", e.msg);
+        return -1;
+    }
+    int rc = harness_raw_call(h, w.f, w.n, z, 5000);
+    tp_wire_free(&w);
+    if (rc)
+        return -1;
+    if (tp_proto_decode(TP_FAM_JOB, z->f, z->n, out, &e)) {
+        fprintf(stderr, "harness: reply does not decode: %s\n", e.msg);
+        tp_msg_clear(out);
+        tp_zmsg_close(z);
+        return -1;
+    }
+    return 0;
+}
+
+void *harness_subscribe(harness *h, const char *prefix)
+{
+    void *s = zmq_socket(h->zctx, ZMQ_SUB);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_SUBSCRIBE, prefix, strlen(prefix));
+    zmq_connect(s, h->events);
+    sleep_ms(200);   /* let the subscription reach the XPUB */
+    return s;
+}
+
+int harness_sh(const char *cmdline, char **out)
+{
+    FILE *p = popen(cmdline, "r");
+    if (!p)
+        return -1;
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (cap - len < 2) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb)
+                break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf)
+        buf[len] = '\0';
+    int st = pclose(p);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int harness_children(harness *h, pid_t *pids, int cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)h->pid, (int)h->pid);
+    FILE *f = fopen(path, "r");
+    int n = 0, v;
+    while (f && n < cap && fscanf(f, "%d", &v) == 1)
+        pids[n++] = v;
+    if (f)
+        fclose(f);
+    return n;
+}

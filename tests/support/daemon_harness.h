@@ -1,0 +1,58 @@
+/* Integration-test harness: start the real tokpiped (which spawns the real
+ * workers) on a private runtime directory over ipc or tcp loopback, talk to
+ * it as a producer and subscriber, run bin/tokpipe commands, stop it. */
+#ifndef TESTS_DAEMON_HARNESS_H
+#define TESTS_DAEMON_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "tokpipe/protocol.h"
+#include "tokpipe/zwire.h"
+
+typedef struct harness {
+    char dir[128];           /* temp dir: config + runtime dir */
+    char config[192];
+    char front[160], back[160], events[160], publish[160];
+    char models[512];        /* TP_MODELS */
+    char bin[512];           /* TP_BIN_DIR */
+    pid_t pid;
+    void *zctx;
+    void *dealer;            /* producer socket to front */
+} harness;
+
+/* Start tokpiped with the stories260K model. tcp: loopback ports instead
+ * of ipc. extra_yaml is appended to the generated config (may be NULL).
+ * Waits until every stage has a registered worker. 0 or -1 (message on
+ * stderr). */
+int harness_start(harness *h, bool tcp, const char *extra_yaml);
+
+/* SIGTERM the daemon and wait (up to 15 s); returns its exit status, or -1
+ * if it had to be killed. Removes the temp dir. */
+int harness_stop(harness *h);
+
+/* Send one JOB1 request given as raw frames and receive the reply frames.
+ * 0, or -1 on timeout (timeout_ms). */
+int harness_raw_call(harness *h, const tp_frame *frames, size_t n, tp_zmsg *reply, int timeout_ms);
+
+/* Encode and send m, receive and decode the reply into *out (which borrows
+ * from *z: close both when done). 0 or -1. */
+int harness_call(harness *h, const tp_msg *m, tp_zmsg *z, tp_msg *out);
+
+/* A SUB socket on the events endpoint subscribed to prefix, connected
+ * (a short settle wait included). Caller closes it. */
+void *harness_subscribe(harness *h, const char *prefix);
+
+/* Run a shell command line, capture stdout (malloc'd, caller frees) and
+ * return the exit status (-1 if it could not run). */
+int harness_sh(const char *cmdline, char **out);
+
+/* pids of the daemon's worker processes (up to cap). */
+int harness_children(harness *h, pid_t *pids, int cap);
+
+/* Read STATS into *s via a fresh request; 0 or -1. Borrowed strings are
+ * not kept (counters only). */
+int harness_stats(harness *h, tp_m_stats_reply *s);
+
+#endif
