@@ -2,9 +2,12 @@
  * stories15M / stories110M shaped models, against a naive per-sequence
  * matvec forward (llama2.c's run.c structure) measured in the same run.
  *
- * The forward runs on one thread (its default) and then with its opt-in
- * second thread; the baselines run OpenBLAS sgemv with one thread (and
- * llama2.c's plain C matmul loop). */
+ * The forward runs its default batch-invariant kernel and the opt-in
+ * OpenBLAS kernel, sample by sample in turn on the same instance (so both
+ * see the same machine state and the ratio is paired), on one thread (the
+ * default) and then with two. The baselines run OpenBLAS sgemv with one
+ * thread (and llama2.c's plain C matmul loop). OPENBLAS_CORETYPE=SkylakeX
+ * is set (by re-exec) on AVX-512 CPUs unless already set. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,12 +17,16 @@
 
 #include "tokpipe/forward.h"
 #include "tokpipe/synth.h"
+#include "support/blas_env.h"
 
 #define PROMPT_LEN 16
 #define MAX_POS 160
-#define MAX_BATCH 64
+#define MAX_BATCH 128
 #define PREFILL_LEN 128
 #define SAMPLES 5 /* each figure is the median of this many timed runs */
+#define NK 2      /* kernels compared: invariant, openblas */
+
+static const tp_fwd_kernel KERNELS[NK] = {TP_FWD_KERNEL_INVARIANT, TP_FWD_KERNEL_OPENBLAS};
 
 static double now(void)
 {
@@ -166,7 +173,26 @@ static double naive_decode(const tp_model *m, matvec_fn mv, int steps)
 
 /* ---- the batched forward ----------------------------------------------- */
 
-static double fwd_decode(tp_forward *f, int B, int steps, float *logits)
+static void use_kernel(tp_forward *f, tp_fwd_kernel k)
+{
+    tp_err e;
+    if (tp_forward_set_kernel(f, k, &e))
+        die("set_kernel", &e);
+}
+
+/* After an OpenBLAS call on 2 threads its pool thread keeps spinning for
+ * 2^28 TSC ticks (OpenBLAS's THREAD_TIMEOUT; 0.1 s at this machine's 2.6 GHz
+ * TSC) before it sleeps; wait that out so the next sample (the invariant
+ * kernel's own second thread) does not share its vCPU with the spinner. */
+static void settle(const tp_forward *f, tp_fwd_kernel k)
+{
+    if (k == TP_FWD_KERNEL_OPENBLAS && tp_forward_threads(f) == 2)
+        nanosleep(&(struct timespec){0, 150 * 1000 * 1000}, NULL);
+}
+
+/* Decode tok/s of each kernel (tps[k]): B sequences after a prompt, steps
+ * decode steps per sample, the kernels taking turns sample by sample. */
+static void fwd_decode(tp_forward *f, int B, int steps, float *logits, double *tps_out)
 {
     tp_err e;
     int sid[MAX_BATCH], prompt[PROMPT_LEN], toks[MAX_BATCH];
@@ -180,44 +206,61 @@ static double fwd_decode(tp_forward *f, int B, int steps, float *logits)
         if (tp_forward_step(f, &it, 1, NULL, &e))
             die("prefill", &e);
     }
-    double tps[SAMPLES];
-    for (int k = -1; k < SAMPLES; k++) { /* sample -1 warms up */
-        double t0 = now();
-        for (int s = 0; s < steps; s++) {
-            for (int b = 0; b < B; b++) { /* every sample decodes the same positions */
-                toks[b] = 100 + b + s;
-                items[b] = (tp_fwd_item){sid[b], PROMPT_LEN + s, &toks[b], 1, false};
+    double tps[NK][SAMPLES];
+    for (int k = -1; k < SAMPLES; k++) /* sample -1 warms up */
+        for (int ki = 0; ki < NK; ki++) {
+            use_kernel(f, KERNELS[ki]);
+            double t0 = now();
+            for (int s = 0; s < steps; s++) {
+                for (int b = 0; b < B; b++) { /* every sample decodes the same positions */
+                    toks[b] = 100 + b + s;
+                    items[b] = (tp_fwd_item){sid[b], PROMPT_LEN + s, &toks[b], 1, false};
+                }
+                if (tp_forward_step(f, items, B, logits, &e))
+                    die("decode", &e);
             }
-            if (tp_forward_step(f, items, B, logits, &e))
-                die("decode", &e);
+            if (k >= 0)
+                tps[ki][k] = (double)B * steps / (now() - t0);
+            settle(f, KERNELS[ki]);
         }
-        if (k >= 0)
-            tps[k] = (double)B * steps / (now() - t0);
-    }
     for (int b = 0; b < B; b++)
         tp_forward_seq_close(f, sid[b]);
-    return median(tps, SAMPLES);
+    for (int ki = 0; ki < NK; ki++)
+        tps_out[ki] = median(tps[ki], SAMPLES);
 }
 
-static double fwd_prefill(tp_forward *f, int reps, float *logits)
+/* Prefill tok/s of each kernel: one PREFILL_LEN-token chunk per sample,
+ * kernels taking turns. */
+static void fwd_prefill(tp_forward *f, float *logits, double *tps_out)
 {
     tp_err e;
     int toks[PREFILL_LEN];
     for (int i = 0; i < PREFILL_LEN; i++)
         toks[i] = (i * 31) % 1000;
-    double tps[SAMPLES];
-    for (int r = 0; r < reps && r < SAMPLES; r++) {
-        int sid;
-        if (tp_forward_seq_open(f, &sid, &e))
-            die("seq_open", &e);
-        tp_fwd_item it = {sid, 0, toks, PREFILL_LEN, false};
-        double t0 = now();
-        if (tp_forward_step(f, &it, 1, logits, &e))
-            die("prefill", &e);
-        tps[r] = PREFILL_LEN / (now() - t0);
-        tp_forward_seq_close(f, sid);
-    }
-    return median(tps, reps < SAMPLES ? reps : SAMPLES);
+    double tps[NK][SAMPLES];
+    for (int r = 0; r < SAMPLES; r++)
+        for (int ki = 0; ki < NK; ki++) {
+            use_kernel(f, KERNELS[ki]);
+            int sid;
+            if (tp_forward_seq_open(f, &sid, &e))
+                die("seq_open", &e);
+            tp_fwd_item it = {sid, 0, toks, PREFILL_LEN, false};
+            double t0 = now();
+            if (tp_forward_step(f, &it, 1, logits, &e))
+                die("prefill", &e);
+            tps[ki][r] = PREFILL_LEN / (now() - t0);
+            tp_forward_seq_close(f, sid);
+            settle(f, KERNELS[ki]);
+        }
+    for (int ki = 0; ki < NK; ki++)
+        tps_out[ki] = median(tps[ki], SAMPLES);
+}
+
+static void print_pair(const char *what, const double *tps, double b1, double naive)
+{
+    printf("  %-34s %8.1f tok/s  (%.2fx batch 1, %.2fx naive sgemv)\n", what, tps[0], tps[0] / b1,
+           tps[0] / naive);
+    printf("  %-34s %8.1f tok/s  (%.2fx invariant)\n", "  openblas kernel:", tps[1], tps[1] / tps[0]);
 }
 
 static void bench_shape(const char *name, int steps_scale)
@@ -235,47 +278,54 @@ static void bench_shape(const char *name, int steps_scale)
     if (tp_forward_new(m, MAX_BATCH, MAX_POS, PREFILL_LEN > MAX_BATCH ? PREFILL_LEN : MAX_BATCH, &f, &e))
         die("forward_new", &e);
     float *logits = malloc(sizeof(float) * MAX_BATCH * sh.vocab_size);
-    printf("%s (%.1f MB f32 weights), decode at positions %d..%d, 1 thread, medians of %d samples\n", name,
+    printf("%s (%.1f MB f32 weights), decode at positions %d..%d, medians of %d samples\n", name,
            size / 1e6, PROMPT_LEN, PROMPT_LEN + 4 * steps_scale, SAMPLES);
+    openblas_set_num_threads(1); /* process-wide; the forward's OpenBLAS kernel may have set 2 */
     double naive_blas = naive_decode(m, matvec_blas, 4 * steps_scale);
     double naive_c = naive_decode(m, matvec_c, steps_scale);
     printf("  baseline naive matvec, OpenBLAS sgemv: %8.1f tok/s\n", naive_blas);
     printf("  baseline naive matvec, run.c C loop:   %8.1f tok/s\n", naive_c);
-    const int Bs[] = {1, 8, 32, 64};
-    double b1 = 0;
-    for (int i = 0; i < 4; i++) {
+    const int Bs[] = {1, 8, 32, 64, 128}, nB = 5;
+    double b1 = 0, tps[NK];
+    char what[64];
+    for (int i = 0; i < nB; i++) {
         int B = Bs[i];
-        int steps = B == 1 ? 4 * steps_scale : steps_scale;
-        double tps = fwd_decode(f, B, steps, logits);
+        fwd_decode(f, B, B == 1 ? 4 * steps_scale : steps_scale, logits, tps);
         if (B == 1)
-            b1 = tps;
-        printf("  tokpipe decode batch %2d:                %8.1f tok/s  (%.2fx batch 1, %.2fx naive sgemv)\n",
-               B, tps, tps / b1, tps / naive_blas);
+            b1 = tps[0];
+        snprintf(what, sizeof what, "tokpipe decode batch %3d, invariant:", B);
+        print_pair(what, tps, b1, naive_blas);
     }
-    double pf = fwd_prefill(f, SAMPLES, logits);
-    printf("  tokpipe prefill, %d-token chunk:       %8.1f tok/s  (%.2fx naive sgemv)\n", PREFILL_LEN, pf,
-           pf / naive_blas);
-    /* Opt-in second compute thread (passive wait): the process owns both
-     * vCPUs here, which a deployed forward worker may not. */
+    fwd_prefill(f, logits, tps);
+    snprintf(what, sizeof what, "tokpipe prefill %d, invariant:", PREFILL_LEN);
+    print_pair(what, tps, b1, naive_blas);
+    /* Opt-in second compute thread (passive wait; for the OpenBLAS kernel
+     * OpenBLAS's own pool): the process owns both vCPUs here, which a
+     * deployed forward worker may not. */
     if (tp_forward_set_threads(f, 2, &e))
         die("threads", &e);
-    for (int i = 2; i < 4; i++) {
-        double tps = fwd_decode(f, Bs[i], steps_scale, logits);
-        printf("  tokpipe decode batch %2d, 2 threads:     %8.1f tok/s  (%.2fx batch 1 on 1 thread)\n", Bs[i],
-               tps, tps / b1);
+    for (int i = 2; i < nB; i++) {
+        fwd_decode(f, Bs[i], steps_scale, logits, tps);
+        snprintf(what, sizeof what, "2 threads, batch %3d, invariant:", Bs[i]);
+        print_pair(what, tps, b1, naive_blas);
     }
-    pf = fwd_prefill(f, SAMPLES, logits);
-    printf("  tokpipe prefill, 2 threads:             %8.1f tok/s\n", pf);
+    fwd_prefill(f, logits, tps);
+    snprintf(what, sizeof what, "2 threads, prefill %d, invariant:", PREFILL_LEN);
+    print_pair(what, tps, b1, naive_blas);
     free(logits);
     tp_forward_free(f);
     tp_model_free(m);
     free(buf);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    (void)argc;
+    bench_blas_coretype(argv);
     openblas_set_num_threads(1);
-    printf("bench_forward (OpenBLAS core for the baseline: %s)\n", openblas_get_corename());
+    const char *ct = getenv("OPENBLAS_CORETYPE");
+    printf("bench_forward (OPENBLAS_CORETYPE=%s; OpenBLAS reports core %s; batch-1 ratios are against the "
+           "invariant kernel on 1 thread)\n", ct ? ct : "(unset)", openblas_get_corename());
     bench_shape("stories15M", 8);
     bench_shape("stories110M", 2);
     return 0;

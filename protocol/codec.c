@@ -177,7 +177,7 @@ static int get_str(dctx *c, const pathref *path, const msgpack_object *o, size_t
         return ferr(c, path, TP_EINVAL, "empty string");
     if ((flags & FF_JOBID) && n > 0 && !tp_job_id_valid(p, n))
         return ferr(c, path, TP_EINVAL, "not a job id (1-%d bytes of A-Z a-z 0-9 . _ : -)", TP_PROTO_MAX_JOB_ID);
-    if (!(flags & FF_BYTES) && !tp_proto_utf8_valid(p, n))
+    if (!tp_proto_utf8_valid(p, n))
         return ferr(c, path, TP_EINVAL, "invalid UTF-8");
     out->ptr = p;
     out->len = n;

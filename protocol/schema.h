@@ -30,8 +30,7 @@ enum {
     FF_REQUIRED = 1u << 0,
     FF_NONEMPTY = 1u << 1,  /* strings (and each string of FT_STRS) */
     FF_JOBID = 1u << 2,     /* string must be a job id (or empty unless FF_NONEMPTY) */
-    FF_BYTES = 1u << 3,     /* string need not be UTF-8 */
-    FF_LO_OPEN = 1u << 4,   /* FT_F64: lo is exclusive */
+    FF_LO_OPEN = 1u << 3,   /* FT_F64: lo is exclusive */
 };
 
 typedef struct table table;

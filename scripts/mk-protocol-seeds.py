@@ -44,6 +44,19 @@ seeds = {
     'prompt_tokens': 3, 'prev_token': 1, 'next_seq': 0, 't_submit_us': 1, 't_start_us': 2}), b'']),
  'verdicts': frames(1, [b'WRK1', b'\x43', P({'task': 3, 'step': 1, 'status': 200, 'n': 2}), u32(1, 2), b'\x01\x00', b'\x00\x03']),
  'huge_count': frames(0, [b'JOB1', b'\x06', b'\xdd\x00\x98\x96\x80']),
+ 'status': frames(0, [b'JOB1', b'\x04', P({'req': 3, 'job_id': 'j1'})]),
+ 'stats': frames(0, [b'JOB1', b'\x06', P({'req': 4})]),
+ 'welcome': frames(1, [b'WRK1', b'\x02', P({'incarnation': 5, 'heartbeat_ms': 1000, 'liveness': 3, 'worker_no': 1})]),
+ 'heartbeat': frames(1, [b'WRK1', b'\x03', P({'progress': 9, 'inflight': 1})]),
+ 'disconnect': frames(1, [b'WRK1', b'\x04', P({'reason': 'bye'})]),
+ 'result': frames(1, [b'WRK1', b'\x05', P({'task': 1, 'status': 404, 'error': 'slot 3: not open'})]),
+ 'tokenize': frames(1, [b'WRK1', b'\x10', P({'task': 1, 'slot': 2, 'text': 'Hello', 'add_bos': True})]),
+ 'tokenized': frames(1, [b'WRK1', b'\x11', P({'task': 1, 'status': 200, 'slot': 2}), i32(1, 400)]),
+ 'seq_open': frames(1, [b'WRK1', b'\x20', P({'task': 1, 'slot': 2})]),
+ 'step_result_sampled': frames(1, [b'WRK1', b'\x23', P({'task': 1, 'step': 1, 'status': 200, 'n': 1, 'vocab': 0, 'sampled': True}), u32(1), i32(5)]),
+ 'sampled': frames(1, [b'WRK1', b'\x33', P({'task': 2, 'step': 1, 'status': 200, 'n': 1}), u32(1), i32(7)]),
+ 'stop_close': frames(1, [b'WRK1', b'\x41', P({'task': 3, 'slot': 1, 'finish': 'cancelled'})]),
+ 'stop_step': frames(1, [b'WRK1', b'\x42', P({'task': 3, 'step': 1, 'n': 1}), u32(1), i32(13)]),
 }
 os.makedirs(out, exist_ok=True)
 for k, v in seeds.items():

@@ -277,6 +277,29 @@ class ProtocolEndToEnd(unittest.TestCase):
             got = [json.loads(l) for l in gen.stdout.decode().splitlines()]
             self.assertEqual(got, want, "generate differs from run for %s" % " ".join(extra))
 
+    def test_7_a_req_socket_producer_gets_its_delimiter_back(self):
+        req = self.ctx.socket(zmq.REQ)
+        req.linger = 0
+        req.connect(self.daemon.front)
+        try:
+            req.send_multipart([b"JOB1", b"\x06", msgpack.packb({"req": 42})])
+            self.assertTrue(req.poll(5000), "no reply to a REQ producer\n" + self.daemon.log_text())
+            magic, cmd, hdr = req.recv_multipart()[:3]
+            self.assertEqual((magic, cmd), (b"JOB1", b"\x07"))
+            self.assertEqual(msgpack.unpackb(hdr)["req"], 42)
+        finally:
+            req.close()
+
+    def test_6_the_python_client_printed_in_protocol_md_works(self):
+        doc = open("protocol/PROTOCOL.md", encoding="utf-8").read()
+        part = doc[doc.index("A complete producer + subscriber in Python"):doc.index("## 6.")]
+        code = "\n".join(l[4:] for l in part.splitlines() if l.startswith("    "))
+        script = "FRONT = %r\nEVENTS = %r\n%s" % (self.daemon.front, self.daemon.events,
+                                                  code.replace("demo-1", "doc-example"))
+        p = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertRegex(p.stdout.decode(), r"(length|eos|stop_string) \d+\n$")
+
 
 if __name__ == "__main__":
     unittest.main()

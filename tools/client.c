@@ -18,7 +18,7 @@ struct tp_client {
     void *ctx;
     void *dealer;
     void *sub;
-    void *monitor;          /* PAIR receiving the SUB socket's connect events */
+    void *monitor;          /* PAIR receiving the SUB socket's handshake events */
     char *front;
     char *events;
     int timeout_ms;
@@ -52,7 +52,7 @@ static int open_monitor(tp_client *c, tp_err *err)
 {
     char addr[64];
     snprintf(addr, sizeof addr, "inproc://tp-client-mon-%p", (void *)c);
-    if (zmq_socket_monitor(c->sub, addr, ZMQ_EVENT_CONNECTED) != 0)
+    if (zmq_socket_monitor(c->sub, addr, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0)
         return zerr(err, "monitor", c->events);
     c->monitor = zmq_socket(c->ctx, ZMQ_PAIR);
     if (!c->monitor || zmq_connect(c->monitor, addr) != 0)
@@ -71,7 +71,7 @@ static int open_sockets(tp_client *c, tp_err *err)
         c->sub = zmq_socket(c->ctx, ZMQ_SUB);
         if (!c->sub || set_int(c->sub, ZMQ_LINGER, 0))
             return zerr(err, "cannot create SUB socket for", c->events);
-        int rc = open_monitor(c, err); /* before connect, so the CONNECTED event is not missed */
+        int rc = open_monitor(c, err); /* before connect, so the handshake event is not missed */
         if (rc)
             return rc;
         if (zmq_connect(c->sub, c->events))
@@ -289,12 +289,13 @@ int tp_client_wait_events_ready(tp_client *c, tp_err *err)
         uint16_t id = 0;
         if (ev.n >= 1 && ev.f[0].len >= 2)
             memcpy(&id, ev.f[0].data, 2);
-        c->events_ready = id == ZMQ_EVENT_CONNECTED;
+        c->events_ready = id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
         tp_recv_free(&ev);
     }
-    /* Connected: the subscriptions follow the handshake; give the broker a
-     * moment to apply them before the caller submits. */
-    usleep(50 * 1000);
+    /* The handshake is done and our subscriptions are the next thing on the
+     * wire: give them a moment to reach the broker before the caller
+     * submits (a late one is still caught: gaps fall back to STATUS). */
+    usleep(20 * 1000);
     return 0;
 }
 

@@ -7,6 +7,7 @@
  * depend on the others (the forward pass and the samplers are batch
  * invariant). It is the reference the pipeline's output is compared with. */
 #include "genopts.h"
+#include "tokload.h"
 #include "tools.h"
 #include "tokpipe/detok.h"
 #include "tokpipe/forward.h"
@@ -66,7 +67,8 @@ static void usage(FILE *out)
           "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
           "line per prompt in the order given.\n\n"
           "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
-          "  --tokenizer FILE         llama2.c tokenizer.bin (default: the GGUF's own vocabulary)\n"
+          "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
+          "                           (default: the model's own, for GGUF models)\n"
           "  --threads N              compute threads, 1 or 2 (default 1)\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
           "                           (faster at large batches, not batch invariant; see forward.h)\n",
@@ -116,7 +118,7 @@ static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
     const tp_model_config *cfg = tp_model_get_config(c->model);
     c->vocab = cfg->vocab_size;
     if (a->tokenizer)
-        rc = tp_tokenizer_load(a->tokenizer, c->vocab, &c->tok, err);
+        rc = tools_tokenizer_open(a->tokenizer, &c->tok, err);
     else if ((rc = tp_model_tokenizer(c->model, &c->tok, err)) == TP_ENOTFOUND)
         return tp_err_set(err, TP_EINVAL, "%s has no embedded vocabulary: pass --tokenizer FILE",
                           a->model);

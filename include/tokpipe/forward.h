@@ -103,13 +103,19 @@ int tp_forward_threads(const tp_forward *f);
  * chunked; where two logits nearly tie, greedy or seeded sampling may then
  * pick a different token than the same job run alone, and the rest of that
  * job diverges. Logits stay within float rounding of the invariant kernel.
- * When it pays: large batches (OpenBLAS sgemm needs about 32 rows to beat
- * the packed kernel's small-batch speed, limits.md section 4), and only
- * with AVX-512 kernels, i.e. OPENBLAS_CORETYPE=SkylakeX in the environment
- * BEFORE libopenblas is loaded (it picks its kernels once, at load; this
- * library cannot change that afterwards: set it in the worker's environment
- * or re-exec). Without it OpenBLAS uses its AVX2 Haswell kernels at about
- * half the speed. make bench measures both kernels in one run.
+ * When it pays: only at large batches, and only with OpenBLAS's AVX-512
+ * kernels, i.e. OPENBLAS_CORETYPE=SkylakeX in the environment before
+ * libopenblas is loaded (it picks its kernels once, at load; without it its
+ * own detection may choose the AVX2 Haswell kernels, about half the sgemm
+ * speed: limits.md section 2). Measured here (make bench, 0.3.21 SkylakeX,
+ * stories15M/110M shapes, paired samples on a shared 2-vCPU machine) it did
+ * not beat the invariant kernel anywhere on 1 thread: 0.35-0.55x at batch
+ * 1 (sgemv) and 8, 0.6x at 32, 0.7-0.8x at 64 and 128 rows and on a
+ * 128-token prefill; on 2 threads 0.7-1.0x at 32-128 rows, with a 128-token
+ * prefill of stories15M up to 1.2x.
+ * sgemm gains least per row below about 32 rows (limits.md section 4) and
+ * keeps gaining up to 256 (section 6b), so it is a choice for batches well
+ * past 64 tokens on both cores, re-measured on the target machine.
  *
  * OpenBLAS is loaded (dlopen of libopenblas.so.0, kept for the life of the
  * process) at the first opt-in, not linked: its pthread pool starts at load
