@@ -1,0 +1,428 @@
+/* make bench: N concurrent jobs through the daemon (tokpiped + one worker
+ * process per stage, and the fused forward+sample deployment) against the
+ * same jobs generated in this process with the same stage libraries, on a
+ * random stories15M-shaped model (`tokpipe mkmodel`). Reports aggregate
+ * tokens/s, time to first token and inter-token latency (p50, p99) and the
+ * pipeline / in-process throughput ratio (target >= 0.85 at 32 jobs).
+ *
+ * Both sides run the same jobs: the same prompt ids, greedy, ignore_eos,
+ * max_tokens, with per-step token budget and prefill chunk equal to the
+ * daemon's config. The in-process baseline runs in the same minute,
+ * alternating with the pipeline samples; each figure is a median. */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tokpipe/detok.h"
+#include "tokpipe/forward.h"
+#include "tokpipe/model.h"
+#include "tokpipe/sampler.h"
+#include "tokpipe/stop.h"
+#include "tokpipe/tokenizer.h"
+#include "tokpipe/zwire.h"
+
+#define PROMPT_LEN 16
+#define MAX_TOKENS 64
+#define BUDGET 512      /* = batching.max_batch_tokens */
+#define CHUNK 128       /* = batching.prefill_chunk */
+#define SAMPLES 3
+#define MAX_JOBS 64
+
+typedef struct run_stats {
+    double tok_s;
+    double ttft_p50, ttft_p99, itl_p50, itl_p99;   /* ms */
+} run_stats;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof *v, cmp_d);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i];
+}
+
+/* token arrival times per job -> stats */
+static run_stats summarize(double t0, double t_end, double (*times)[MAX_TOKENS], const int *n_tok, int n_jobs)
+{
+    static double ttft[MAX_JOBS], itl[MAX_JOBS * MAX_TOKENS];
+    size_t ni = 0;
+    long total = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        ttft[j] = (times[j][0] - t0) * 1e3;
+        for (int k = 1; k < n_tok[j]; k++)
+            itl[ni++] = (times[j][k] - times[j][k - 1]) * 1e3;
+        total += n_tok[j];
+    }
+    run_stats s = {.tok_s = (double)total / (t_end - t0)};
+    s.ttft_p50 = pct(ttft, (size_t)n_jobs, 0.5);
+    s.ttft_p99 = pct(ttft, (size_t)n_jobs, 0.99);
+    s.itl_p50 = pct(itl, ni, 0.5);
+    s.itl_p99 = pct(itl, ni, 0.99);
+    return s;
+}
+
+static int32_t prompts[MAX_JOBS][PROMPT_LEN];
+
+/* ---- in-process: the same stage libraries in one loop -------------------- */
+
+typedef struct ijob {
+    int seq, n_fed, n_out;
+    int32_t ids[PROMPT_LEN + MAX_TOKENS];
+    tp_sampler *smp;
+    tp_detok *dt;
+    tp_stop *stop;
+    bool done;
+} ijob;
+
+static int in_process(const tp_model *m, const tp_tokenizer *tok, int n_jobs, run_stats *out)
+{
+    tp_err e;
+    tp_forward *f;
+    int vocab = tp_model_get_config(m)->vocab_size;
+    if (tp_forward_new(m, n_jobs, PROMPT_LEN + MAX_TOKENS, BUDGET, &f, &e)) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        return -1;
+    }
+    static ijob jobs[MAX_JOBS];
+    static double times[MAX_JOBS][MAX_TOKENS];
+    static int n_tok[MAX_JOBS];
+    float *logits = malloc((size_t)n_jobs * (size_t)vocab * sizeof *logits);
+    tp_fwd_item *items = calloc((size_t)n_jobs, sizeof *items);
+    int *slot_of = calloc((size_t)n_jobs, sizeof *slot_of);
+    double t0 = now_s();
+    for (int j = 0; j < n_jobs; j++) {
+        ijob *J = &jobs[j];
+        memset(J, 0, sizeof *J);
+        tp_forward_seq_open(f, &J->seq, &e);
+        memcpy(J->ids, prompts[j], sizeof prompts[j]);
+        tp_sampler_params sp = tp_sampler_params_default();
+        sp.temperature = 0;
+        tp_sampler_new(&sp, vocab, J->ids, PROMPT_LEN, &J->smp, &e);
+        tp_detok_new(tok, J->ids[PROMPT_LEN - 1], &J->dt, &e);
+        tp_stop_config sc = {.max_tokens = MAX_TOKENS, .ignore_eos = true, .vocab_size = vocab};
+        tp_stop_new(&sc, &J->stop, &e);
+        n_tok[j] = 0;
+    }
+    int left = n_jobs;
+    while (left) {
+        int n = 0, budget = BUDGET;
+        for (int j = 0; j < n_jobs && budget > 0; j++) {
+            ijob *J = &jobs[j];
+            if (J->done)
+                continue;
+            int total = PROMPT_LEN + J->n_out;
+            int nt = J->n_fed < PROMPT_LEN ? PROMPT_LEN - J->n_fed : total - J->n_fed;
+            if (nt > CHUNK)
+                nt = CHUNK;
+            if (nt > budget)
+                nt = budget;
+            items[n] = (tp_fwd_item){J->seq, J->n_fed, J->ids + J->n_fed, nt, J->n_fed + nt < total};
+            slot_of[n++] = j;
+            J->n_fed += nt;
+            budget -= nt;
+        }
+        if (tp_forward_step(f, items, n, logits, &e)) {
+            fprintf(stderr, "bench: %s\n", e.msg);
+            return -1;
+        }
+        double t = now_s();
+        for (int i = 0; i < n; i++) {
+            if (items[i].skip_logits)
+                continue;
+            ijob *J = &jobs[slot_of[i]];
+            int32_t c;
+            tp_sampler_sample(J->smp, logits + (size_t)i * (size_t)vocab, &c, &e);
+            size_t nb;
+            const uint8_t *b = tp_detok_bytes(J->dt, c, &nb, &e);
+            tp_stop_step st;
+            tp_stop_feed(J->stop, c, b, nb, &st);
+            if (st.accepted) {
+                tp_sampler_accept(J->smp, c, &e);
+                tp_detok_accept(J->dt, c, &e);
+                J->ids[PROMPT_LEN + J->n_out++] = c;
+                times[slot_of[i]][n_tok[slot_of[i]]++] = t;
+            }
+            if (st.finish != TP_FINISH_NONE) {
+                J->done = true;
+                left--;
+            }
+        }
+    }
+    *out = summarize(t0, now_s(), times, n_tok, n_jobs);
+    for (int j = 0; j < n_jobs; j++) {
+        tp_sampler_free(jobs[j].smp);
+        tp_detok_free(jobs[j].dt);
+        tp_stop_free(jobs[j].stop);
+    }
+    tp_forward_free(f);
+    free(logits);
+    free(items);
+    free(slot_of);
+    return 0;
+}
+
+/* ---- through the daemon ------------------------------------------------------ */
+
+typedef struct daemon {
+    pid_t pid;
+    void *ctx, *dealer, *sub;
+} daemon_t;
+
+static int call(daemon_t *d, const tp_msg *m, tp_zmsg *z, tp_msg *r)
+{
+    tp_wire w;
+    tp_err e;
+    if (tp_proto_encode(m, &w, &e))
+        return -1;
+    tp_zsend(d->dealer, NULL, 0, &w, 0);
+    tp_wire_free(&w);
+    zmq_pollitem_t it = {d->dealer, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 5000) <= 0 || tp_zmsg_recv(d->dealer, z, 0))
+        return -1;
+    if (tp_proto_decode(TP_FAM_JOB, z->f, z->n, r, &e)) {
+        tp_msg_clear(r);
+        tp_zmsg_close(z);
+        return -1;
+    }
+    return 0;
+}
+
+static int start_daemon(daemon_t *d, const char *bin, const char *cfg, const char *front, const char *events)
+{
+    d->pid = fork();
+    if (d->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        char exe[600];
+        snprintf(exe, sizeof exe, "%s/tokpiped", bin);
+        if (!freopen(getenv("TP_DAEMON_LOG") ? getenv("TP_DAEMON_LOG") : "/dev/null", "a", stderr))
+            _exit(126);
+        execl(exe, exe, "--config", cfg, (char *)NULL);
+        _exit(127);
+    }
+    d->ctx = zmq_ctx_new();
+    d->dealer = zmq_socket(d->ctx, ZMQ_DEALER);
+    d->sub = zmq_socket(d->ctx, ZMQ_SUB);
+    int zero = 0, big = 1000000;
+    zmq_setsockopt(d->dealer, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d->sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d->sub, ZMQ_RCVHWM, &big, sizeof big);
+    zmq_setsockopt(d->sub, ZMQ_SUBSCRIBE, "", 0);
+    zmq_connect(d->dealer, front);
+    zmq_connect(d->sub, events);
+    for (int i = 0; i < 400; i++) {
+        tp_msg m, r;
+        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
+        tp_zmsg z;
+        if (call(d, &m, &z, &r) == 0) {
+            const uint64_t *w = r.stats_reply.workers;
+            bool ok = w[0] && w[1] && w[2] && w[3];
+            tp_msg_clear(&r);
+            tp_zmsg_close(&z);
+            if (ok) {
+                usleep(200000);   /* the SUB connection settles */
+                return 0;
+            }
+        }
+        usleep(50000);
+    }
+    return -1;
+}
+
+static void stop_daemon(daemon_t *d)
+{
+    zmq_close(d->dealer);
+    zmq_close(d->sub);
+    zmq_ctx_term(d->ctx);
+    kill(d->pid, SIGTERM);
+    waitpid(d->pid, NULL, 0);
+}
+
+static int submit(daemon_t *d, int j, const char *prefix)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    char id[48];
+    snprintf(id, sizeof id, "%s-%d", prefix, j);
+    m.submit.job_id = tp_str_of(id);
+    m.submit.prompt_ids = (tp_raw){prompts[j], PROMPT_LEN};
+    tp_params *p = &m.submit.params;
+    p->set = TP_P_TEMPERATURE | TP_P_MAX_TOKENS | TP_P_IGNORE_EOS;
+    p->temperature = 0;
+    p->max_tokens = MAX_TOKENS;
+    p->ignore_eos = true;
+    tp_wire w;
+    tp_err e;
+    if (tp_proto_encode(&m, &w, &e)) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        return -1;
+    }
+    int rc = tp_zsend(d->dealer, NULL, 0, &w, 0);
+    tp_wire_free(&w);
+    return rc;
+}
+
+static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
+{
+    static double times[MAX_JOBS][MAX_TOKENS];
+    static int n_tok[MAX_JOBS];
+    memset(n_tok, 0, sizeof n_tok);
+    double t0 = now_s();
+    for (int j = 0; j < n_jobs; j++)
+        if (submit(d, j, prefix))
+            return -1;
+    int finished = 0, acks = 0;
+    size_t plen = strlen(prefix);
+    while (finished < n_jobs || acks < n_jobs) {
+        zmq_pollitem_t it[2] = {{d->sub, 0, ZMQ_POLLIN, 0}, {d->dealer, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(it, 2, 20000) <= 0) {
+            fprintf(stderr, "bench: pipeline stalled (%d/%d finished)\n", finished, n_jobs);
+            return -1;
+        }
+        tp_zmsg z;
+        if ((it[1].revents & ZMQ_POLLIN) && tp_zmsg_recv(d->dealer, &z, 0) == 0) {
+            acks++;
+            tp_zmsg_close(&z);
+        }
+        if (!(it[0].revents & ZMQ_POLLIN) || tp_zmsg_recv(d->sub, &z, 0))
+            continue;
+        double t = now_s();
+        tp_msg ev;
+        tp_err e;
+        if (tp_proto_decode(TP_FAM_EVT, z.f, z.n, &ev, &e) == 0) {
+            const tp_str *id = ev.cmd == TP_CMD_TOKEN ? &ev.token.job_id : &ev.finish.job_id;
+            if (id->len > plen + 1 && !memcmp(id->ptr, prefix, plen)) {
+                int j = atoi(id->ptr + plen + 1);
+                if (ev.cmd == TP_CMD_TOKEN && j >= 0 && j < n_jobs && n_tok[j] < MAX_TOKENS)
+                    times[j][n_tok[j]++] = t;
+                else if (ev.cmd == TP_CMD_FINISH)
+                    finished++;
+            }
+        }
+        tp_msg_clear(&ev);
+        tp_zmsg_close(&z);
+    }
+    *out = summarize(t0, now_s(), times, n_tok, n_jobs);
+    return 0;
+}
+
+/* ---- main ------------------------------------------------------------------------ */
+
+static int med_cmp(const void *a, const void *b)
+{
+    return cmp_d(&((const run_stats *)a)->tok_s, &((const run_stats *)b)->tok_s);
+}
+
+static void print_row(const char *what, int n, const run_stats *s, double base)
+{
+    printf("  %-26s jobs %2d  %8.0f tok/s  TTFT p50 %7.2f p99 %7.2f ms  ITL p50 %6.2f p99 %6.2f ms", what, n,
+           s->tok_s, s->ttft_p50, s->ttft_p99, s->itl_p50, s->itl_p99);
+    if (base > 0)
+        printf("  ratio %.2f", s->tok_s / base);
+    printf("\n");
+}
+
+int main(void)
+{
+    const char *bin = getenv("BIN") ? getenv("BIN") : "bin";
+    char dir[] = "/tmp/tpbench-XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe mkmodel --shape stories15M --seed 1 --out %s/m.bin --tokenizer-out %s/tok.bin --quiet", bin,
+             dir, dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "bench_pipeline: mkmodel failed\n");
+        return 1;
+    }
+    tp_err e;
+    char mpath[256], tpath[256];
+    snprintf(mpath, sizeof mpath, "%s/m.bin", dir);
+    snprintf(tpath, sizeof tpath, "%s/tok.bin", dir);
+    tp_model *m;
+    tp_tokenizer *tok;
+    if (tp_model_load(mpath, &m, &e) || tp_tokenizer_load(tpath, 32000, &tok, &e)) {
+        fprintf(stderr, "bench_pipeline: %s\n", e.msg);
+        return 1;
+    }
+    uint64_t x = 88172645463325252ull;
+    for (int j = 0; j < MAX_JOBS; j++)
+        for (int k = 0; k < PROMPT_LEN; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            prompts[j][k] = k == 0 ? 1 : 400 + (int32_t)(x % 31000);
+        }
+    const struct variant {
+        const char *name;
+        bool fused;
+        int micro_batches;
+    } variants[] = {
+        {"4 processes, 1 microbatch", false, 1},
+        {"4 processes, 2 microbatches", false, 2},
+        {"forward+sample, 1 microb.", true, 1},
+        {"forward+sample, 2 microb.", true, 2},
+    };
+    const int jobs[] = {1, 8, 32};
+    printf("bench_pipeline: stories15M-shaped random model, prompt %d, %d tokens per job, greedy; medians of %d\n",
+           PROMPT_LEN, MAX_TOKENS, SAMPLES);
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        char cfg[256], front[256], events[256];
+        snprintf(cfg, sizeof cfg, "%s/c%zu.yaml", dir, v);
+        FILE *f = fopen(cfg, "w");
+        fprintf(f, "runtime_dir: %s/rt%zu\nmodel:\n  path: %s\n  tokenizer: %s\nkv:\n  slots: %d\n"
+                   "batching:\n  max_num_seqs: %d\n  max_batch_tokens: %d\n  prefill_chunk: %d\n"
+                   "  micro_batches: %d\nworkers:\n  binary: %s/tokpipe-worker\n%s",
+                dir, v, mpath, tpath, MAX_JOBS, MAX_JOBS, BUDGET, CHUNK, variants[v].micro_batches, bin,
+                variants[v].fused ? "  fuse: [\"forward,sample\"]\n" : "");
+        fclose(f);
+        snprintf(front, sizeof front, "ipc://%s/rt%zu/front.sock", dir, v);
+        snprintf(events, sizeof events, "ipc://%s/rt%zu/events.sock", dir, v);
+        daemon_t d;
+        if (start_daemon(&d, bin, cfg, front, events)) {
+            fprintf(stderr, "bench_pipeline: daemon did not start\n");
+            return 1;
+        }
+        run_stats warm;
+        pipeline(&d, 2, "warm", &warm);
+        printf("%s vs in-process:\n", variants[v].name);
+        for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) {
+            run_stats ip[SAMPLES], pl[SAMPLES];
+            for (int s = 0; s < SAMPLES; s++) {
+                char prefix[32];
+                snprintf(prefix, sizeof prefix, "b%zu-%d-%d", v, jobs[k], s);
+                if (in_process(m, tok, jobs[k], &ip[s]) || pipeline(&d, jobs[k], prefix, &pl[s]))
+                    return 1;
+            }
+            qsort(ip, SAMPLES, sizeof ip[0], med_cmp);
+            qsort(pl, SAMPLES, sizeof pl[0], med_cmp);
+            print_row("in-process", jobs[k], &ip[SAMPLES / 2], 0);
+            print_row(variants[v].name, jobs[k], &pl[SAMPLES / 2], ip[SAMPLES / 2].tok_s);
+        }
+        stop_daemon(&d);
+    }
+    tp_tokenizer_free(tok);
+    tp_model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        return 1;
+    return 0;
+}
