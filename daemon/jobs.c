@@ -181,6 +181,8 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 
 int jobs_append_text(bjob *j, const char *s, size_t n)
 {
+    if (n == 0)
+        return 0;
     if (grow((void **)&j->text, &j->text_cap, j->text_len + n + 1, 1))
         return TP_ENOMEM;
     memcpy(j->text + j->text_len, s, n);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -96,6 +97,8 @@ int harness_start(harness *h, bool tcp, const char *extra_yaml)
     snprintf(log, sizeof log, "%s/tokpiped.log", h->dir);
     h->pid = fork();
     if (h->pid == 0) {
+        /* a failed test must not leave a daemon behind */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
         char exe[600];
         snprintf(exe, sizeof exe, "%s/tokpiped", h->bin);
         FILE *lf = freopen(log, "w", stderr);
