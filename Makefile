@@ -45,7 +45,10 @@ TEST_LIBS  := $(shell pkg-config --libs cmocka 2>/dev/null)
 
 CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPTFLAGS) $(SANFLAGS) \
            -Iinclude -I$(BUILD)/gen $(PKG_CFLAGS) -MMD -MP
-LDFLAGS += $(SANFLAGS)
+# --as-needed explicitly: gcc drops it under -fsanitize, which made every
+# sanitizer build load libopenblas, whose thread pool starts at load with
+# signals unblocked and takes SIGINT/SIGTERM from signalfd/poll loops.
+LDFLAGS += $(SANFLAGS) -Wl,--as-needed
 LDLIBS  += $(PKG_LIBS) -lm -lpthread
 
 LIB_SRC    := $(wildcard common/*.c protocol/*.c config/*.c workers/*/*.c)

@@ -6,10 +6,12 @@
  * any read past a frame. Property checked: whatever decodes re-encodes
  * (the encoder accepts everything the decoder produced) and decodes again
  * to the same command. */
+#include <msgpack.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../protocol/schema.h"
 #include "tokpipe/protocol.h"
 
 #define MAX_IN_FRAMES 20
@@ -31,10 +33,58 @@ static void touch(const tp_msg *m)
     (void)sink;
 }
 
+/* Objects and container depth of an unpacked value (depth 0 = scalar). */
+static void measure(const msgpack_object *o, size_t *objects, int depth, int *max_depth)
+{
+    ++*objects;
+    if (o->type == MSGPACK_OBJECT_ARRAY || o->type == MSGPACK_OBJECT_MAP) {
+        if (depth + 1 > *max_depth)
+            *max_depth = depth + 1;
+        bool map = o->type == MSGPACK_OBJECT_MAP;
+        uint32_t n = map ? o->via.map.size : o->via.array.size;
+        for (uint32_t i = 0; i < n; i++) {
+            if (map) {
+                measure(&o->via.map.ptr[i].key, objects, depth + 1, max_depth);
+                measure(&o->via.map.ptr[i].val, objects, depth + 1, max_depth);
+            } else {
+                measure(&o->via.array.ptr[i], objects, depth + 1, max_depth);
+            }
+        }
+    }
+}
+
+/* The pre-scan agrees with msgpack-c: it accepts exactly the buffers that
+ * hold one complete msgpack value and nothing else, within the caps. Only
+ * run on small inputs: msgpack-c itself allocates from declared counts. */
+static void prescan_matches_msgpack_c(const uint8_t *p, size_t n)
+{
+    if (n > 4096)
+        return;
+    tp_err e;
+    int pre = mp_prescan(p, n, &e);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    bool ok = false;
+    if (pre == 0) {
+        /* the pre-scan bounded every count by the bytes present: safe to unpack */
+        ok = msgpack_unpack_next(&u, (const char *)p, n, &off) == MSGPACK_UNPACK_SUCCESS && off == n;
+        if (!ok)
+            abort(); /* pre-scan accepted what msgpack-c cannot read */
+        size_t objects = 0;
+        int depth = 0;
+        measure(&u.data, &objects, 0, &depth);
+        if (objects > TP_PROTO_MAX_OBJECTS || depth > TP_PROTO_MAX_DEPTH)
+            abort(); /* pre-scan let a cap through */
+    }
+    msgpack_unpacked_destroy(&u);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
+    prescan_matches_msgpack_c(data + 1, size - 1);
     tp_family fam = (tp_family)(1 + data[0] % 3);
     tp_frame f[MAX_IN_FRAMES];
     void *blocks[MAX_IN_FRAMES];

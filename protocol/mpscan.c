@@ -91,6 +91,9 @@ int mp_prescan(const uint8_t *p, size_t len, tp_err *err)
         pos += skip;
         if (!elems_per)
             continue;
+        /* nesting counts containers on the path, empty ones too */
+        if (depth >= TP_PROTO_MAX_DEPTH)
+            return tp_err_set(err, TP_EFORMAT, "header: msgpack nested deeper than %d", TP_PROTO_MAX_DEPTH);
         uint64_t children = count * elems_per;
         if (children == 0)
             continue;
@@ -100,8 +103,6 @@ int mp_prescan(const uint8_t *p, size_t len, tp_err *err)
                               pos, (unsigned long long)children, len - pos);
         if (children > TP_PROTO_MAX_OBJECTS - objects)
             return tp_err_set(err, TP_ERANGE, "header: more than %d msgpack objects", TP_PROTO_MAX_OBJECTS);
-        if (depth + 1 > TP_PROTO_MAX_DEPTH)
-            return tp_err_set(err, TP_EFORMAT, "header: msgpack nested deeper than %d", TP_PROTO_MAX_DEPTH);
         pending[++depth] = children;
     }
     if (pos != len)

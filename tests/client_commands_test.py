@@ -250,6 +250,23 @@ class ClientCommands(unittest.TestCase):
         cancels = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x03]
         self.assertEqual(cancels, held)
 
+    def test_endpoints_come_from_the_config_file_and_flags_override_them(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write('endpoints:\n  front: "%s"\n  events: "%s"\n' % (self.broker.front_ep, self.broker.events_ep))
+        try:
+            p = self.tokpipe("stats", "--json", "--config", f.name, "--timeout", "3000")
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            self.assertEqual(json.loads(p.stdout)["workers"]["stop"], 1)
+            p = self.tokpipe("stats", "--config", f.name, "--front", "tcp://127.0.0.1:9", "--timeout", "200")
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("tcp://127.0.0.1:9", p.stderr.decode())
+            p = self.tokpipe("stats", "--config", f.name + ".missing")
+            self.assertEqual(p.returncode, 1)
+            self.assertIn(".missing", p.stderr.decode())
+        finally:
+            os.unlink(f.name)
+
     def test_unreachable_daemon_is_a_clear_timeout_naming_the_endpoint(self):
         p = self.tokpipe("stats", "--front", "tcp://127.0.0.1:9", "--timeout", "200")
         self.assertEqual(p.returncode, 1)

@@ -13,7 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "client.h"
@@ -48,7 +49,8 @@ typedef struct gen {
     bool stream;              /* one prompt, not --json: print deltas as they come */
     tp_client *c;
     tp_str stops[GENOPTS_MAX_STOPS];   /* params.stop of every SUBMIT */
-    int sigfd;                /* SIGINT/SIGTERM as a readable fd, -1 none */
+    int sigfd;                /* read end of the interrupt pipe, -1 none */
+    int sigfd_w;
 } gen;
 
 static const char usage_head[] =
@@ -293,11 +295,14 @@ static void print_results(const gen *s)
 }
 
 /* Ctrl-C: cancel every job still running (all CANCELs first, then the
- * replies), so the daemon stops spending forward steps on them. */
+ * replies), so the daemon stops spending forward steps on them. A second
+ * Ctrl-C meanwhile kills us the default way. */
 static void cancel_all(gen *s)
 {
     tp_err err;
     size_t sent = 0;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     tp_client_set_interrupt_fd(s->c, -1);
     for (size_t i = 0; i < s->n; i++) {
         job *j = &s->jobs[i];
@@ -317,18 +322,37 @@ static void cancel_all(gen *s)
     fprintf(stderr, "%stokpipe generate: interrupted, cancelled %zu job(s)\n", s->stream ? "\n" : "", sent);
 }
 
-/* Deliver SIGINT/SIGTERM through an fd the client polls, so an interrupt
- * ends a wait cleanly (and lets us cancel the jobs) without a handler. */
+/* Self-pipe for SIGINT/SIGTERM. A handler can reach nothing but static
+ * storage, so the write end is this file's one static: set once before the
+ * handlers are installed and never changed. (Blocking the signals and using
+ * a signalfd is not enough: a thread created before main, e.g. by a
+ * library's constructor, may not block them and would take the signal.) */
+static int interrupt_pipe_w = -1;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    if (write(interrupt_pipe_w, "!", 1) < 0) {
+        /* pipe full: an interrupt is already pending */
+    }
+    errno = saved;
+}
+
 static void catch_signals(gen *s)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    s->sigfd = -1;
-    if (sigprocmask(SIG_BLOCK, &set, NULL) == 0)
-        s->sigfd = signalfd(-1, &set, SFD_CLOEXEC);
-    tp_client_set_interrupt_fd(s->c, s->sigfd);
+    int p[2];
+    s->sigfd = s->sigfd_w = -1;
+    if (interrupt_pipe_w >= 0 || pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
+        return;
+    s->sigfd = p[0], s->sigfd_w = p[1];
+    interrupt_pipe_w = p[1];
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 static int parse(gen *s, int argc, char **argv, tp_err *err)
@@ -354,9 +378,10 @@ static int run(gen *s, tp_err *err)
     s->jobs = calloc(s->n, sizeof *s->jobs);
     if (!s->jobs)
         return tp_err_set(err, TP_ENOMEM, "out of memory");
+    catch_signals(s);
     int rc = tp_client_open(&s->a, true, true, &s->c, err);
     if (!rc)
-        catch_signals(s);
+        tp_client_set_interrupt_fd(s->c, s->sigfd);
     for (size_t i = 0; i < s->n && !rc; i++) {
         s->jobs[i].prompt = s->g.prompts[i];
         tp_client_job_id(s->jobs[i].id, sizeof s->jobs[i].id, (unsigned)i);
@@ -368,7 +393,7 @@ static int run(gen *s, tp_err *err)
         rc = submit_all(s, err);
     if (!rc)
         rc = follow(s, err);
-    if (rc == TP_ESTATE && !strcmp(err->msg, "interrupted")) {
+    if (rc == TP_ESTATE && !strcmp(err->msg, "interrupted") && s->sigfd >= 0) {
         cancel_all(s);
         return 130;
     }
@@ -401,6 +426,6 @@ int cmd_generate(int argc, char **argv)
     free(s.jobs);
     tp_client_free(s.c);
     if (s.sigfd >= 0)
-        close(s.sigfd);
+        close(s.sigfd), close(s.sigfd_w);
     return rc == 130 ? 130 : rc ? 1 : 0;
 }

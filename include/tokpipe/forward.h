@@ -3,11 +3,12 @@
  * One tp_forward_step() advances any mix of sequences: decode steps (one
  * token) and prompt chunks (prefill, many tokens) in the same call. All
  * tokens of the call go through one matmul per weight matrix, so each
- * weight is read once per step. Results are batch invariant: a sequence's
- * logits are bit-identical whatever else is in the call, and feeding a
- * prompt in chunks gives the same bits as feeding it at once or token by
- * token (the kernel's per-element accumulation order never depends on the
- * batch; see workers/forward/kernels.h).
+ * weight is read once per step. With the default kernel results are batch
+ * invariant: a sequence's logits are bit-identical whatever else is in the
+ * call, and feeding a prompt in chunks gives the same bits as feeding it at
+ * once or token by token (the kernel's per-element accumulation order never
+ * depends on the batch; see workers/forward/kernels.h). The opt-in OpenBLAS
+ * kernel gives that up (tp_forward_set_kernel).
  *
  * Why not OpenBLAS by default (measured here, OpenBLAS 0.3.21): sgemm gives
  * a row different bits depending on how many rows are in the call, and

@@ -151,7 +151,7 @@ const char *tp_stage_name(unsigned stage_bit);
 
 /* ---- hard caps (config limits may be lower, never higher) --------------- */
 
-#define TP_PROTO_MAX_FRAMES 12              /* frames per message after the envelope */
+#define TP_PROTO_MAX_FRAMES 12              /* frames per message after the envelope/topic, F0 included */
 #define TP_PROTO_MAX_HEADER (4u << 20)      /* bytes of F2 */
 #define TP_PROTO_MAX_OBJECTS 65536          /* msgpack objects in one header */
 #define TP_PROTO_MAX_DEPTH 4                /* nesting of msgpack containers */
