@@ -128,8 +128,9 @@ int tp_forward_threads(const tp_forward *f);
  *
  * OpenBLAS's thread count is process-wide: every OpenBLAS step sets it to
  * tp_forward_threads() (1 or 2) first, so a second OpenBLAS user in the
- * process sees that count too. With 2, OpenBLAS's own pthread pool (which
- * spins for a while after each call) does the splitting, not this
+ * process sees that count too. With 2, OpenBLAS's own pthread pool (whose
+ * thread spins about 0.1 s after each call before it sleeps, competing with
+ * anything else on the second core) does the splitting, not this
  * library's passive helper thread. The opt-in also allocates a logits
  * buffer of min(kv_slots, max_batch_tokens) rows of vocab_size floats, so
  * that the classifier stays one call when some items skip logits.
