@@ -81,7 +81,62 @@ int harness_stats(harness *h, tp_m_stats_reply *s)
     return ok ? 0 : -1;
 }
 
-int harness_start(harness *h, bool tcp, const char *extra_yaml)
+int harness_spawn_daemon(harness *h, bool no_spawn, const char *notify)
+{
+    char log[256];
+    snprintf(log, sizeof log, "%s/tokpiped.log", h->dir);
+    h->pid = fork();
+    if (h->pid < 0)
+        return -1;
+    if (h->pid == 0) {
+        /* a failed test must not leave a daemon behind */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        char exe[600];
+        snprintf(exe, sizeof exe, "%s/tokpiped", h->bin);
+        FILE *lf = freopen(log, "a", stderr);
+        (void)lf;
+        if (notify)
+            setenv("NOTIFY_SOCKET", notify, 1);
+        else
+            unsetenv("NOTIFY_SOCKET");
+        if (no_spawn)
+            execl(exe, exe, "--config", h->config, "--no-spawn", (char *)NULL);
+        else
+            execl(exe, exe, "--config", h->config, (char *)NULL);
+        _exit(127);
+    }
+    return 0;
+}
+
+pid_t harness_worker(harness *h, const char *stages)
+{
+    char log[256];
+    snprintf(log, sizeof log, "%s/worker-%s.log", h->dir, stages);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        char exe[600];
+        snprintf(exe, sizeof exe, "%s/tokpipe-worker", h->bin);
+        FILE *lf = freopen(log, "a", stderr);
+        (void)lf;
+        execl(exe, exe, "--config", h->config, "--stage", stages, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+int harness_wait_workers(harness *h, int timeout_ms)
+{
+    for (int i = 0; i * 50 < timeout_ms; i++) {
+        tp_m_stats_reply s;
+        if (harness_stats(h, &s) == 0 && s.workers[0] && s.workers[1] && s.workers[2] && s.workers[3])
+            return 0;
+        sleep_ms(50);
+    }
+    return -1;
+}
+
+int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn, const char *notify)
 {
     memset(h, 0, sizeof *h);
     const char *models = getenv("TP_MODELS"), *bin = getenv("TP_BIN_DIR");
@@ -91,34 +146,24 @@ int harness_start(harness *h, bool tcp, const char *extra_yaml)
     if (!mkdtemp(h->dir))
         return -1;
     snprintf(h->config, sizeof h->config, "%s/tokpipe.yaml", h->dir);
-    if (write_config(h, tcp, extra_yaml))
+    if (write_config(h, tcp, extra_yaml) || harness_spawn_daemon(h, no_spawn, notify))
         return -1;
-    char log[256];
-    snprintf(log, sizeof log, "%s/tokpiped.log", h->dir);
-    h->pid = fork();
-    if (h->pid == 0) {
-        /* a failed test must not leave a daemon behind */
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        char exe[600];
-        snprintf(exe, sizeof exe, "%s/tokpiped", h->bin);
-        FILE *lf = freopen(log, "w", stderr);
-        (void)lf;
-        execl(exe, exe, "--config", h->config, (char *)NULL);
-        _exit(127);
-    }
     h->zctx = zmq_ctx_new();
     h->dealer = zmq_socket(h->zctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(h->dealer, ZMQ_LINGER, &linger, sizeof linger);
     zmq_connect(h->dealer, h->front);
-    for (int i = 0; i < 200; i++) {
-        tp_m_stats_reply s;
-        if (harness_stats(h, &s) == 0 && s.workers[0] && s.workers[1] && s.workers[2] && s.workers[3])
-            return 0;
-        sleep_ms(50);
-    }
-    fprintf(stderr, "harness: workers did not register; see %s\n", log);
+    if (no_spawn)
+        return 0;
+    if (harness_wait_workers(h, 10000) == 0)
+        return 0;
+    fprintf(stderr, "harness: workers did not register; see %s/tokpiped.log\n", h->dir);
     return -1;
+}
+
+int harness_start(harness *h, bool tcp, const char *extra_yaml)
+{
+    return harness_start_ex(h, tcp, extra_yaml, false, NULL);
 }
 
 static void rm_rf(const char *dir)

@@ -28,6 +28,20 @@ typedef struct harness {
  * stderr). */
 int harness_start(harness *h, bool tcp, const char *extra_yaml);
 
+/* The same with options: no_spawn runs `tokpiped --no-spawn` (start
+ * workers with harness_worker; then it does not wait for them), notify
+ * sets NOTIFY_SOCKET for the daemon (NULL = unset). */
+int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn, const char *notify);
+
+/* (Re)start only the daemon of an already set-up harness (same config). */
+int harness_spawn_daemon(harness *h, bool no_spawn, const char *notify);
+
+/* Start a tokpipe-worker serving stages with the harness config; its pid. */
+pid_t harness_worker(harness *h, const char *stages);
+
+/* Wait until every stage has a registered worker; 0 or -1. */
+int harness_wait_workers(harness *h, int timeout_ms);
+
 /* SIGTERM the daemon and wait (up to 15 s); returns its exit status, or -1
  * if it had to be killed. Removes the temp dir. */
 int harness_stop(harness *h);

@@ -1,0 +1,139 @@
+/* Process story: lifecycle. Workers started on their own (as systemd does,
+ * `tokpiped --no-spawn`) register, survive a broker crash and restart by
+ * reconnecting, and serve again; SIGTERM lets running jobs finish before
+ * the daemon exits 0; the daemon tells systemd READY=1 and STOPPING=1. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/daemon_harness.h"
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void generate_ok(harness *h, const char *what)
+{
+    char cmd[1400], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe generate --config %s --json --timeout 10000 --prompt 'Once upon a time' --temperature 0 "
+             "--max-tokens 20 2>&1",
+             h->bin, h->config);
+    int st = harness_sh(cmd, &out);
+    if (st != 0 || !strstr(out, "\"finish_reason\":\"length\""))
+        fail_msg("%s: generate status %d: %s", what, st, out ? out : "");
+    free(out);
+}
+
+static void workers_reconnect_after_the_broker_restarts(void **state)
+{
+    (void)state;
+    harness h;
+    assert_int_equal(harness_start_ex(&h, false, NULL, true, NULL), 0);
+    const char *stages[] = {"tokenize", "forward", "sample", "stop"};
+    pid_t w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = harness_worker(&h, stages[i]);
+    assert_int_equal(harness_wait_workers(&h, 10000), 0);
+    generate_ok(&h, "before the restart");
+    /* crash the broker: no DISCONNECT, no cleanup */
+    kill(h.pid, SIGKILL);
+    waitpid(h.pid, NULL, 0);
+    sleep_ms(300);
+    assert_int_equal(harness_spawn_daemon(&h, true, NULL), 0);
+    if (harness_wait_workers(&h, 15000))
+        fail_msg("workers did not register with the restarted broker (see %s)", h.dir);
+    generate_ok(&h, "after the restart");
+    for (int i = 0; i < 4; i++) {
+        int st;
+        assert_int_equal(waitpid(w[i], &st, WNOHANG), 0);   /* never exited */
+        kill(w[i], SIGTERM);
+        waitpid(w[i], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail_msg("worker %s did not exit 0 on SIGTERM", stages[i]);
+    }
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+static void sigterm_lets_running_jobs_finish_then_exits_zero(void **state)
+{
+    (void)state;
+    harness h;
+    assert_int_equal(harness_start(&h, false, NULL), 0);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe generate --config %s --json --timeout 20000 --prompt 'Once upon a time' --temperature 0 "
+             "--max-tokens 400 --ignore-eos",
+             h.bin, h.config);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    sleep_ms(150);   /* the job is running */
+    kill(h.pid, SIGTERM);
+    char out[65536];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    if (!strstr(out, "\"completion_tokens\":400"))
+        fail_msg("the running job did not finish during the drain: %s", out);
+    int st;
+    assert_int_equal(waitpid(h.pid, &st, 0), h.pid);
+    h.pid = 0;
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    harness_stop(&h);
+}
+
+static void daemon_notifies_systemd(void **state)
+{
+    (void)state;
+    char path[108];
+    snprintf(path, sizeof path, "/tmp/tpit-notify-%d.sock", (int)getpid());
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    harness h;
+    assert_int_equal(harness_start_ex(&h, false, NULL, false, path), 0);
+    char buf[1024];
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    assert_true(n > 0);
+    buf[n] = '\0';
+    if (!strstr(buf, "READY=1"))
+        fail_msg("first notification is not READY=1: %s", buf);
+    kill(h.pid, SIGTERM);
+    bool stopping = false;
+    while (!stopping && (n = recv(fd, buf, sizeof buf - 1, 0)) > 0) {
+        buf[n] = '\0';
+        stopping = strstr(buf, "STOPPING=1") != NULL;
+    }
+    assert_true(stopping);
+    assert_int_equal(harness_stop(&h), 0);
+    close(fd);
+    unlink(path);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(workers_reconnect_after_the_broker_restarts),
+        cmocka_unit_test(sigterm_lets_running_jobs_finish_then_exits_zero),
+        cmocka_unit_test(daemon_notifies_systemd),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
