@@ -21,7 +21,8 @@
 
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
-#define B_CLOSING_GRACE_MS 3000   /* wait this long for a FINISH event after the verdict */
+#define B_CLOSING_GRACE_MS 3000
+#define B_RING 4                  /* candidates of one job awaiting stop verdicts */   /* wait this long for a FINISH event after the verdict */
 
 /* ---- workers ---------------------------------------------------------------- */
 
@@ -69,7 +70,9 @@ typedef struct bjob {
     int32_t acc_for_sampler;        /* accepted since the sampler last saw the slot */
     int phase;
     uint64_t step;
-    int32_t cand;
+    uint32_t n_cand;                /* candidates produced (= accepted, unless the last finishes) */
+    int32_t ring[B_RING];           /* candidates awaiting their verdict, oldest first */
+    uint8_t ring_head, ring_n;
     bool cancel;
     int32_t *out;
     uint32_t n_out, cap_out;

@@ -3,9 +3,14 @@
  *
  * A running job cycles through phases: READY (may join the next step) ->
  * FORWARD (in a STEP at its forward worker) -> SAMPLE (logits at its sample
- * worker; skipped when the forward worker samples in process) -> STOP
- * (candidate at its stop worker) -> READY with the accepted token as the
- * next input, or finished. Each forward worker keeps up to
+ * worker; skipped when the forward worker samples in process) -> READY with
+ * the candidate as the next input, while the candidate is checked by the
+ * job's stop worker. Decoding ahead of the verdict is exact, not a guess: a
+ * candidate is either accepted (then it is the next input) or it finishes
+ * the job (then the step computed ahead is dropped with the sequence). So
+ * the stop stage is off the forward's critical path; a job waits for its
+ * verdict only when it is at max_tokens (the verdict will finish it) or has
+ * B_RING - 1 verdicts outstanding. Each forward worker keeps up to
  * batching.micro_batches steps in flight, so it computes one batch while
  * the others are sampled and stop-checked. A prompt is fed in chunks of
  * batching.prefill_chunk tokens, one chunk per step, next to the decode
@@ -510,6 +515,38 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     }
 }
 
+/* ---- candidates and verdicts ---------------------------------------------- */
+
+static bool can_decode_ahead(const bjob *j)
+{
+    return j->ring_n < B_RING - 1 && j->n_cand < (uint32_t)j->params.max_tokens && j->pending >= 0;
+}
+
+/* A new candidate c of job j: queue it for its verdict and make it the
+ * job's next input. An invalid candidate (-1: the sampler failed) is never
+ * fed; its verdict finishes the job with an error. */
+static void on_candidate(bjob *j, int32_t c)
+{
+    j->ring[(j->ring_head + j->ring_n) % B_RING] = c;
+    j->ring_n++;
+    j->n_cand++;
+    j->pending = c;
+    j->acc_for_sampler = c;
+    j->phase = can_decode_ahead(j) ? P_READY : P_STOP;
+}
+
+/* Cancelled jobs among those whose candidates just went to stop: end them
+ * now (after the STOP_STEP, so the stop worker decides that candidate
+ * before it sees the STOP_CLOSE). */
+static void end_cancelled(broker *b, const uint32_t *slots, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        bjob *j = jobs_by_slot(b, slots[i]);
+        if (j && j->state == J_RUNNING && j->cancel && j->phase == P_READY)
+            release_job(b, j, TP_REASON_CANCELLED, NULL);
+    }
+}
+
 /* Jobs of a step at wi in phase `phase` whose slot is listed move on. */
 static bjob *step_job(broker *b, uint32_t slot, uint64_t step, int phase)
 {
@@ -527,7 +564,9 @@ static void fail_step(broker *b, int wi, uint64_t step, int phase, const tp_msg 
     broker_log(b, "%s", why);
     for (uint32_t i = 0; i < b->jobs_cap; i++) {
         bjob *j = &b->jobs[i];
-        if (j->state == J_RUNNING && j->step == step && j->phase == phase)
+        bool hit = phase == P_STOP ? j->state == J_RUNNING && j->stp == wi && j->ring_n > 0
+                                   : j->state == J_RUNNING && j->step == step && j->phase == phase;
+        if (hit)
             release_job(b, j, TP_REASON_ERROR, why);
     }
 }
@@ -561,7 +600,7 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
             if (!j || j->smp != wi)
                 continue;
             c->slots[k] = j->slot;
-            c->index[k] = j->n_out;
+            c->index[k] = j->n_cand;
             c->acc[k] = j->acc_for_sampler;
             j->acc_for_sampler = -1;
             memcpy(c->logits + (size_t)k * v, (const float *)r->out.data + (size_t)i * v, v * sizeof(float));
@@ -601,19 +640,21 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
         if (!j || j->fwd != wi)
             continue;
         if (r->sampled) {
-            j->phase = P_STOP;
-            j->cand = tp_raw_i32(r->out, i);
+            int32_t c = tp_raw_i32(r->out, i);
+            on_candidate(j, c);
             slots[k] = j->slot;
-            cands[k++] = j->cand;
+            cands[k++] = c;
         } else {
             j->phase = P_SAMPLE;
         }
     }
     release_quiet_items(b, wi, r->step);
-    if (r->sampled)
+    if (r->sampled) {
         send_candidates(b, r->step, slots, cands, k);
-    else
+        end_cancelled(b, slots, k);
+    } else {
         send_sample(b, r->step, r);
+    }
     free(slots);
     free(cands);
 }
@@ -632,12 +673,13 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
         bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_SAMPLE);
         if (!j || j->smp != wi)
             continue;
-        j->phase = P_STOP;
-        j->cand = tp_raw_i32(r->candidates, i);
+        int32_t c = tp_raw_i32(r->candidates, i);
+        on_candidate(j, c);
         slots[k] = j->slot;
-        cands[k++] = j->cand;
+        cands[k++] = c;
     }
     send_candidates(b, r->step, slots, cands, k);
+    end_cancelled(b, slots, k);
     free(slots);
     free(cands);
 }
@@ -649,22 +691,28 @@ static void on_verdicts(broker *b, int wi, const tp_msg *m)
         fail_step(b, wi, r->step, P_STOP, m);
         return;
     }
+    /* a stop worker answers a job's candidates in the order it got them */
     for (uint32_t i = 0; i < r->n; i++) {
-        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_STOP);
-        if (!j || j->stp != wi)
-            continue;
+        bjob *j = jobs_by_slot(b, tp_raw_u32(r->slots, i));
+        if (!j || j->ring_n == 0 || (j->state == J_RUNNING && j->stp != wi))
+            continue;   /* a verdict on a candidate decoded after the job ended */
+        int32_t c = j->ring[j->ring_head];
+        j->ring_head = (uint8_t)((j->ring_head + 1) % B_RING);
+        j->ring_n--;
         uint8_t fin = tp_raw_u8(r->finish, i);
-        if (tp_raw_u8(r->accepted, i)) {
-            jobs_append_out(j, j->cand);
-            j->pending = j->acc_for_sampler = j->cand;
-        }
-        j->phase = P_READY;
+        if (tp_raw_u8(r->accepted, i))
+            jobs_append_out(j, c);
+        if (j->state != J_RUNNING)
+            continue;   /* cancelled while this candidate was checked: keep its token, nothing else */
         if (fin != TP_REASON_NONE) {
             j->engine_reason = fin < TP_REASON_COUNT ? fin : TP_REASON_ERROR;
             release_job(b, j, TP_REASON_NONE, NULL);
-        } else if (j->cancel) {
-            release_job(b, j, TP_REASON_CANCELLED, NULL);
+            continue;
         }
+        if (j->phase == P_STOP && (can_decode_ahead(j) || j->ring_n == 0))
+            j->phase = P_READY;
+        if (j->cancel && j->phase == P_READY)
+            release_job(b, j, TP_REASON_CANCELLED, NULL);
     }
 }
 
