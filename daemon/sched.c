@@ -595,19 +595,28 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
         if (cols_reserve(c, r->n, 0, (size_t)r->n * v))
             return;
         uint32_t k = 0;
+        bool whole = true;   /* every row, in order: forward the frame as is */
         for (uint32_t i = 0; i < r->n; i++) {
             bjob *j = step_job(b, tp_raw_u32(r->slots, i), step, P_SAMPLE);
-            if (!j || j->smp != wi)
+            if (!j || j->smp != wi) {
+                whole = false;
                 continue;
+            }
             c->slots[k] = j->slot;
             c->index[k] = j->n_cand;
             c->acc[k] = j->acc_for_sampler;
             j->acc_for_sampler = -1;
-            memcpy(c->logits + (size_t)k * v, (const float *)r->out.data + (size_t)i * v, v * sizeof(float));
+            whole = whole && k == i;
             k++;
         }
         if (!k)
             continue;
+        if (!whole) {   /* this sampler's rows only */
+            uint32_t row = 0;
+            for (uint32_t i = 0; i < r->n; i++)
+                if (row < k && tp_raw_u32(r->slots, i) == c->slots[row])
+                    memcpy(c->logits + (size_t)row++ * v, (const char *)r->out.data + (size_t)i * v * 4, v * 4);
+        }
         tp_msg m;
         tp_msg_init(&m, TP_FAM_WRK, TP_CMD_SAMPLE);
         m.task = task_id(b);
@@ -617,7 +626,7 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
         m.sample.slots = (tp_raw){c->slots, k};
         m.sample.index = (tp_raw){c->index, k};
         m.sample.accepted = (tp_raw){c->acc, k};
-        m.sample.logits = (tp_raw){c->logits, (size_t)k * v};
+        m.sample.logits = whole ? (tp_raw){r->out.data, (size_t)k * v} : (tp_raw){c->logits, (size_t)k * v};
         broker_send_worker(b, wi, &m);
     }
 }

@@ -129,12 +129,19 @@ static void small_batches_and_chunks_change_nothing(void **state)
                                      "  max_batch_tokens: 16\nkv:\n  slots: 3\n");
 }
 
+static void jobs_spread_over_two_samplers_and_two_stop_workers_equal_in_process_run(void **state)
+{
+    (void)state;
+    concurrent_jobs_match_run(false, "  sample: 2\n  stop: 2\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(concurrent_jobs_over_ipc_equal_in_process_run),
         cmocka_unit_test(concurrent_jobs_over_tcp_with_fused_sampling_equal_in_process_run),
         cmocka_unit_test(small_batches_and_chunks_change_nothing),
+        cmocka_unit_test(jobs_spread_over_two_samplers_and_two_stop_workers_equal_in_process_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
