@@ -127,6 +127,88 @@ static void daemon_notifies_systemd(void **state)
     unlink(path);
 }
 
+static uint32_t submit_status(harness *h, const char *id, int max_tokens)
+{
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.job_id = tp_str_of(id);
+    m.submit.prompt = tp_str_of("Once upon a time");
+    m.submit.params.set = TP_P_MAX_TOKENS | TP_P_IGNORE_EOS;
+    m.submit.params.max_tokens = max_tokens;
+    m.submit.params.ignore_eos = true;
+    tp_zmsg z;
+    assert_int_equal(harness_call(h, &m, &z, &r), 0);
+    uint32_t st = r.status;
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+    return st;
+}
+
+static uint32_t status_of(harness *h, const char *id, int *state)
+{
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
+    m.jobref.job_id = tp_str_of(id);
+    tp_zmsg z;
+    assert_int_equal(harness_call(h, &m, &z, &r), 0);
+    uint32_t st = r.status;
+    *state = r.status_reply.state;
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+    return st;
+}
+
+static void admission_limit_answers_429_and_finished_jobs_expire(void **state)
+{
+    (void)state;
+    harness h;
+    assert_int_equal(harness_start(&h, false, "limits:\n  max_concurrent_jobs: 2\n  finished_ttl_ms: 400\n"), 0);
+    assert_int_equal(submit_status(&h, "a1", 400), TP_ST_OK);
+    assert_int_equal(submit_status(&h, "a2", 400), TP_ST_OK);
+    assert_int_equal(submit_status(&h, "a3", 400), TP_ST_OVERLOADED);
+    int st = 0;
+    for (int i = 0; i < 200 && !(status_of(&h, "a1", &st) == TP_ST_OK && st == TP_STATE_FINISHED); i++)
+        sleep_ms(25);
+    assert_int_equal(st, TP_STATE_FINISHED);   /* kept for STATUS ... */
+    sleep_ms(700);
+    assert_int_equal(status_of(&h, "a1", &st), TP_ST_NOT_FOUND);   /* ... until its TTL ends */
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+static bool cpu_has_avx512f(void)
+{
+    char *out = NULL;
+    bool yes = harness_sh("grep -qw avx512f /proc/cpuinfo && echo yes", &out) == 0 && out && strstr(out, "yes");
+    free(out);
+    return yes;
+}
+
+static void spawned_workers_get_openblas_coretype_on_avx512(void **state)
+{
+    (void)state;
+    if (!cpu_has_avx512f() || getenv("OPENBLAS_CORETYPE"))
+        skip();
+    harness h;
+    assert_int_equal(harness_start(&h, false, NULL), 0);
+    pid_t pids[8];
+    int n = harness_children(&h, pids, 8);
+    assert_true(n >= 4);
+    for (int i = 0; i < n; i++) {
+        char path[64], env[16384];
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        size_t len = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        bool found = false;
+        for (size_t k = 0; k < len; k += strlen(env + k) + 1)
+            found = found || !strcmp(env + k, "OPENBLAS_CORETYPE=SkylakeX");
+        if (!found)
+            fail_msg("worker pid %d lacks OPENBLAS_CORETYPE=SkylakeX", (int)pids[i]);
+    }
+    assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -134,6 +216,8 @@ int main(void)
         cmocka_unit_test(workers_reconnect_after_the_broker_restarts),
         cmocka_unit_test(sigterm_lets_running_jobs_finish_then_exits_zero),
         cmocka_unit_test(daemon_notifies_systemd),
+        cmocka_unit_test(admission_limit_answers_429_and_finished_jobs_expire),
+        cmocka_unit_test(spawned_workers_get_openblas_coretype_on_avx512),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
