@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
-enum kind { K_INT, K_I64, K_DBL, K_STR, K_STRLIST };
+enum kind { K_INT, K_I64, K_DBL, K_STR, K_STRLIST, K_BOOL };
 
 /* One leaf key. Ranges are inclusive; doubles use dmin/dmax. */
 struct key {
@@ -26,6 +26,7 @@ struct key {
 #define KL(p, f, lo, hi) {p, K_I64, OFF(f), lo, hi, 0, 0}
 #define KD(p, f, lo, hi) {p, K_DBL, OFF(f), 0, 0, lo, hi}
 #define KS(p, f) {p, K_STR, OFF(f), 0, 0, 0, 0}
+#define KB(p, f) {p, K_BOOL, OFF(f), 0, 0, 0, 0}
 
 static const struct key keys[] = {
     KS("runtime_dir", runtime_dir),
@@ -48,6 +49,7 @@ static const struct key keys[] = {
     KI("batching.max_batch_tokens", max_batch_tokens, 1, 65536),
     KI("batching.prefill_chunk", prefill_chunk, 1, 65536),
     KI("batching.micro_batches", micro_batches, 1, 8),
+    KB("batching.decode_ahead", decode_ahead),
     KI("kv.slots", kv_slots, 1, 4096),
     KI("kv.max_pos", kv_max_pos, 0, 1 << 20),
     KI("generation.max_tokens", def_max_tokens, 1, INT32_MAX),
@@ -116,6 +118,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->max_batch_tokens = 512;
     cfg->prefill_chunk = 128;
     cfg->micro_batches = 2;
+    cfg->decode_ahead = true;
     cfg->kv_slots = 64;
     cfg->kv_max_pos = 0;
     cfg->def_max_tokens = 256;
@@ -249,6 +252,26 @@ static int set_dbl(struct walk *w, const struct key *k, const yaml_node_t *n)
     return 0;
 }
 
+/* YAML 1.2 core schema booleans only: "yes"/"on" are strings there. */
+static int set_bool(struct walk *w, const struct key *k, const yaml_node_t *n)
+{
+    const char *s = scalar(n);
+    bool v;
+    if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+        (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE")))
+        v = true;
+    else if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+             (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE")))
+        v = false;
+    else {
+        char msg[160];
+        snprintf(msg, sizeof msg, "'%.60s' is not true or false", s);
+        return fail(w, n, TP_EINVAL, k->path, msg);
+    }
+    *(bool *)((char *)w->cfg + k->off) = v;
+    return 0;
+}
+
 static int set_strlist(struct walk *w, const struct key *k, const yaml_node_t *n)
 {
     if (n->type != YAML_SEQUENCE_NODE)
@@ -290,6 +313,8 @@ static int set_leaf(struct walk *w, const struct key *k, const yaml_node_t *n)
         return set_int(w, k, n);
     case K_DBL:
         return set_dbl(w, k, n);
+    case K_BOOL:
+        return set_bool(w, k, n);
     default:
         return set_str((char **)((char *)w->cfg + k->off), plain_null(n) ? "" : scalar(n), w->err);
     }

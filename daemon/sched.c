@@ -10,7 +10,9 @@
  * the job (then the step computed ahead is dropped with the sequence). So
  * the stop stage is off the forward's critical path; a job waits for its
  * verdict only when it is at max_tokens (the verdict will finish it) or has
- * B_RING - 1 verdicts outstanding. Each forward worker keeps up to
+ * B_RING - 1 verdicts outstanding. batching.decode_ahead: false makes
+ * every job wait for each verdict instead, so a stopping candidate never
+ * reaches the KV cache at all. Each forward worker keeps up to
  * batching.micro_batches steps in flight, so it computes one batch while
  * the others are sampled and stop-checked. A prompt is fed in chunks of
  * batching.prefill_chunk tokens, one chunk per step, next to the decode
@@ -517,22 +519,22 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
 
 /* ---- candidates and verdicts ---------------------------------------------- */
 
-static bool can_decode_ahead(const bjob *j)
+static bool can_decode_ahead(const broker *b, const bjob *j)
 {
-    return j->ring_n < B_RING - 1 && j->n_cand < (uint32_t)j->params.max_tokens && j->pending >= 0;
+    return b->cfg->decode_ahead && j->ring_n < B_RING - 1 && j->n_cand < (uint32_t)j->params.max_tokens && j->pending >= 0;
 }
 
 /* A new candidate c of job j: queue it for its verdict and make it the
  * job's next input. An invalid candidate (-1: the sampler failed) is never
  * fed; its verdict finishes the job with an error. */
-static void on_candidate(bjob *j, int32_t c)
+static void on_candidate(const broker *b, bjob *j, int32_t c)
 {
     j->ring[(j->ring_head + j->ring_n) % B_RING] = c;
     j->ring_n++;
     j->n_cand++;
     j->pending = c;
     j->acc_for_sampler = c;
-    j->phase = can_decode_ahead(j) ? P_READY : P_STOP;
+    j->phase = can_decode_ahead(b, j) ? P_READY : P_STOP;
 }
 
 /* Cancelled jobs among those whose candidates just went to stop: end them
@@ -650,7 +652,7 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
             continue;
         if (r->sampled) {
             int32_t c = tp_raw_i32(r->out, i);
-            on_candidate(j, c);
+            on_candidate(b, j, c);
             slots[k] = j->slot;
             cands[k++] = c;
         } else {
@@ -683,7 +685,7 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
         if (!j || j->smp != wi)
             continue;
         int32_t c = tp_raw_i32(r->candidates, i);
-        on_candidate(j, c);
+        on_candidate(b, j, c);
         slots[k] = j->slot;
         cands[k++] = c;
     }
@@ -718,7 +720,7 @@ static void on_verdicts(broker *b, int wi, const tp_msg *m)
             release_job(b, j, TP_REASON_NONE, NULL);
             continue;
         }
-        if (j->phase == P_STOP && (can_decode_ahead(j) || j->ring_n == 0))
+        if (j->phase == P_STOP && (can_decode_ahead(b, j) || j->ring_n == 0))
             j->phase = P_READY;
         if (j->cancel && j->phase == P_READY)
             release_job(b, j, TP_REASON_CANCELLED, NULL);

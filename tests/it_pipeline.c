@@ -129,6 +129,14 @@ static void small_batches_and_chunks_change_nothing(void **state)
                                      "  max_batch_tokens: 16\nkv:\n  slots: 3\n");
 }
 
+static void waiting_for_every_stop_verdict_changes_nothing(void **state)
+{
+    (void)state;
+    /* without decoding ahead a job idles while its candidate is checked:
+     * slower, and the tokens must be the same */
+    concurrent_jobs_match_run(false, "batching:\n  decode_ahead: false\n");
+}
+
 static void jobs_spread_over_two_samplers_and_two_stop_workers_equal_in_process_run(void **state)
 {
     (void)state;
@@ -140,6 +148,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(concurrent_jobs_over_ipc_equal_in_process_run),
         cmocka_unit_test(concurrent_jobs_over_tcp_with_fused_sampling_equal_in_process_run),
+        cmocka_unit_test(waiting_for_every_stop_verdict_changes_nothing),
         cmocka_unit_test(small_batches_and_chunks_change_nothing),
         cmocka_unit_test(jobs_spread_over_two_samplers_and_two_stop_workers_equal_in_process_run),
     };

@@ -66,12 +66,13 @@ static void file_overrides_only_the_keys_it_names(void **state)
     (void)state;
     tp_config c;
     tp_err e;
-    int rc = parse("batching:\n  max_num_seqs: 8\ngeneration:\n  temperature: 0.5\n"
+    int rc = parse("batching:\n  max_num_seqs: 8\n  decode_ahead: false\ngeneration:\n  temperature: 0.5\n"
                    "model:\n  path: /m.bin\n",
                    &c, &e);
     if (rc)
         fail_msg("%s", e.msg);
     assert_int_equal(c.max_num_seqs, 8);
+    assert_false(c.decode_ahead);
     assert_true(c.def_temperature == 0.5);
     assert_string_equal(c.model_path, "/m.bin");
     assert_int_equal(c.max_batch_tokens, 512);   /* untouched default */
@@ -115,6 +116,8 @@ static void wrong_types_are_rejected(void **state)
     expect_error("batching:\n  max_num_seqs: \"8\"\n", "batching.max_num_seqs", "not an integer");
     expect_error("batching:\n  max_num_seqs: [1]\n", "batching.max_num_seqs", "single value");
     expect_error("generation:\n  top_p: high\n", "generation.top_p", "not a number");
+    expect_error("batching:\n  decode_ahead: yes\n", "batching.decode_ahead", "'yes' is not true or false");
+    expect_error("batching:\n  decode_ahead: \"true\"\n", "batching.decode_ahead", "not true or false");
     expect_error("batching: 3\n", "batching", "expected a mapping");
     expect_error("workers:\n  fuse: forward\n", "workers.fuse", "list of strings");
     expect_error("- a\n- b\n", "t.yaml:1:", "top level must be a mapping");

@@ -57,6 +57,7 @@ typedef struct tp_config {
     int max_batch_tokens;
     int prefill_chunk;
     int micro_batches;
+    bool decode_ahead;       /* feed a candidate before its stop verdict (see sched.c) */
     int kv_slots;
     int kv_max_pos;          /* 0 = the model's seq_len */
 
