@@ -31,6 +31,14 @@ void tp_msg_init(tp_msg *m, tp_family family, uint8_t cmd)
     m->cmd = cmd;
 }
 
+void tp_msg_init_reply(tp_msg *r, const tp_msg *req, uint8_t cmd, uint32_t status, const char *error)
+{
+    tp_msg_init(r, req->family, cmd);
+    r->task = req->task;
+    r->status = status;
+    r->error = tp_str_of(error);
+}
+
 void tp_msg_clear(tp_msg *m)
 {
     if (!m)

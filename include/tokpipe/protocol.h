@@ -532,6 +532,10 @@ typedef struct tp_msg {
 /* Zero m and set family and cmd, ready to fill and encode. */
 void tp_msg_init(tp_msg *m, tp_family family, uint8_t cmd);
 
+/* tp_msg_init for the reply to req: same family, req's task id, the given
+ * status and error (borrowed: NUL-terminated or NULL). */
+void tp_msg_init_reply(tp_msg *r, const tp_msg *req, uint8_t cmd, uint32_t status, const char *error);
+
 /* Free what the decoder allocated in m (NULL ok); m is zeroed. */
 void tp_msg_clear(tp_msg *m);
 

@@ -28,6 +28,14 @@ typedef struct tp_stage_io {
     void *ctx;
 } tp_stage_io;
 
+/* Reply RESULT (status, error or NULL) to the task message m. */
+static inline int tp_stage_result(const tp_stage_io *io, const tp_msg *m, uint32_t status, const char *error)
+{
+    tp_msg r;
+    tp_msg_init_reply(&r, m, TP_CMD_RESULT, status, error);
+    return io->reply(io->ctx, &r);
+}
+
 /* ---- tokenize ---------------------------------------------------------- */
 typedef struct tp_tokenize_stage tp_tokenize_stage;
 /* tok is borrowed and must outlive the stage. */

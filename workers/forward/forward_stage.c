@@ -125,16 +125,6 @@ static int find_seq(const tp_forward_stage *st, uint32_t slot)
     return -1;
 }
 
-static int result(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
-{
-    tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_RESULT);
-    r.task = m->task;
-    r.status = status;
-    r.error = tp_str_of(error);
-    return io->reply(io->ctx, &r);
-}
-
 static int seq_open(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     uint32_t slot = m->slot.slot;
@@ -146,33 +136,30 @@ static int seq_open(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io
     int seq;
     tp_err e;
     if (tp_forward_seq_open(st->fwd, &seq, &e))
-        return result(m, io, TP_ST_OVERLOADED, e.msg);
+        return tp_stage_result(io, m, TP_ST_OVERLOADED, e.msg);
     if (seq < 0 || seq >= st->kv_slots) {   /* tp_forward promises ids < kv_slots */
         tp_forward_seq_close(st->fwd, seq);
-        return result(m, io, TP_ST_INTERNAL, "forward: sequence id outside the pool");
+        return tp_stage_result(io, m, TP_ST_INTERNAL, "forward: sequence id outside the pool");
     }
     st->used[seq] = true;
     st->slot_of[seq] = slot;
-    return result(m, io, TP_ST_OK, NULL);
+    return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
 static int seq_close(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     int seq = find_seq(st, m->slot.slot);
     if (seq < 0)
-        return result(m, io, TP_ST_NOT_FOUND, "SEQ_CLOSE: unknown slot");
+        return tp_stage_result(io, m, TP_ST_NOT_FOUND, "SEQ_CLOSE: unknown slot");
     tp_forward_seq_close(st->fwd, seq);
     st->used[seq] = false;
-    return result(m, io, TP_ST_OK, NULL);
+    return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
 static int step_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
 {
     tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_STEP_RESULT);
-    r.task = m->task;
-    r.status = status;
-    r.error = tp_str_of(error);
+    tp_msg_init_reply(&r, m, TP_CMD_STEP_RESULT, status, error);
     r.step_result.step = m->step.step;
     return io->reply(io->ctx, &r);
 }
@@ -242,9 +229,7 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
         st->out_slots[n_out++] = slot;
     }
     tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_STEP_RESULT);
-    r.task = m->task;
-    r.status = TP_ST_OK;
+    tp_msg_init_reply(&r, m, TP_CMD_STEP_RESULT, TP_ST_OK, NULL);
     r.step_result.step = s->step;
     r.step_result.n = n_out;
     r.step_result.sampled = s->sample;

@@ -78,16 +78,6 @@ static sample_job *find_job(tp_sample_stage *st, uint32_t slot)
     return NULL;
 }
 
-static int result(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
-{
-    tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_RESULT);
-    r.task = m->task;
-    r.status = status;
-    r.error = tp_str_of(error);
-    return io->reply(io->ctx, &r);
-}
-
 static uint64_t random_seed(void)
 {
     uint64_t v = 0;
@@ -149,24 +139,24 @@ static int sample_open(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *
         if (!st->jobs[i].used)
             j = &st->jobs[i];
     if (!j)
-        return result(m, io, TP_ST_OVERLOADED, "sample: no room for another job");
+        return tp_stage_result(io, m, TP_ST_OVERLOADED, "sample: no room for another job");
     tp_err e;
     tp_err_clear(&e);
     if (open_sampler(st, o, &j->s, &e))
-        return result(m, io, TP_ST_BAD_REQUEST, e.msg);
+        return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
     j->used = true;
     j->slot = o->slot;
-    return result(m, io, TP_ST_OK, NULL);
+    return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
 static int sample_close(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     sample_job *j = find_job(st, m->slot.slot);
     if (!j)
-        return result(m, io, TP_ST_NOT_FOUND, "SAMPLE_CLOSE: unknown slot");
+        return tp_stage_result(io, m, TP_ST_NOT_FOUND, "SAMPLE_CLOSE: unknown slot");
     tp_sampler_free(j->s);
     memset(j, 0, sizeof *j);
-    return result(m, io, TP_ST_OK, NULL);
+    return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
 int tp_sample_stage_pick(tp_sample_stage *st, uint32_t slot, uint32_t index, int32_t accepted,
@@ -204,8 +194,7 @@ static int sample(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     const tp_m_sample *s = &m->sample;
     tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_SAMPLED);
-    r.task = m->task;
+    tp_msg_init_reply(&r, m, TP_CMD_SAMPLED, TP_ST_OK, NULL);
     r.sampled.step = s->step;
     tp_err e;
     tp_err_clear(&e);
@@ -234,7 +223,6 @@ static int sample(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
             st->o_cands[i] = -1;
         }
     }
-    r.status = TP_ST_OK;
     r.sampled.n = s->n;
     r.sampled.slots = (tp_raw){st->o_slots, s->n};
     r.sampled.candidates = (tp_raw){st->o_cands, s->n};

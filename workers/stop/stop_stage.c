@@ -82,16 +82,6 @@ static stop_job *find_job(tp_stop_stage *st, uint32_t slot)
     return NULL;
 }
 
-static int result(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *error)
-{
-    tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_RESULT);
-    r.task = m->task;
-    r.status = status;
-    r.error = tp_str_of(error);
-    return io->reply(io->ctx, &r);
-}
-
 /* ---- events ---------------------------------------------------------------- */
 
 static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const tp_stage_io *io)
@@ -194,14 +184,14 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
         if (!st->jobs[i].used)
             j = &st->jobs[i];
     if (!j)
-        return result(m, io, TP_ST_OVERLOADED, "stop: no room for another job");
+        return tp_stage_result(io, m, TP_ST_OVERLOADED, "stop: no room for another job");
     if (o->job_id.len > TP_PROTO_MAX_JOB_ID)
-        return result(m, io, TP_ST_BAD_REQUEST, "job_id: too long");
+        return tp_stage_result(io, m, TP_ST_BAD_REQUEST, "job_id: too long");
     tp_err e;
     tp_err_clear(&e);
     if (open_job(st, o, j, &e)) {
         job_free(j);
-        return result(m, io, TP_ST_BAD_REQUEST, e.msg);
+        return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
     }
     j->used = true;
     j->slot = o->slot;
@@ -211,7 +201,7 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     j->prompt_tokens = o->prompt_tokens;
     j->t_submit_us = o->t_submit_us;
     j->t_start_us = o->t_start_us;
-    return result(m, io, TP_ST_OK, NULL);
+    return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
 /* ---- STOP_STEP --------------------------------------------------------------- */
@@ -284,9 +274,7 @@ static int stop_step(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
             return rc;
     }
     tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_VERDICTS);
-    r.task = m->task;
-    r.status = TP_ST_OK;
+    tp_msg_init_reply(&r, m, TP_CMD_VERDICTS, TP_ST_OK, NULL);
     r.verdicts.step = s->step;
     r.verdicts.n = s->n;
     r.verdicts.slots = (tp_raw){st->v_slots, s->n};
@@ -302,7 +290,7 @@ static int stop_close(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     const tp_m_stop_close *c = &m->stop_close;
     stop_job *j = find_job(st, c->slot);
     if (!j)
-        return result(m, io, TP_ST_NOT_FOUND, "STOP_CLOSE: unknown slot");
+        return tp_stage_result(io, m, TP_ST_NOT_FOUND, "STOP_CLOSE: unknown slot");
     int rc = 0;
     if ((c->finish == TP_REASON_CANCELLED || c->finish == TP_REASON_ERROR) &&
         tp_stop_finish_reason(j->stop) == TP_FINISH_NONE) {
@@ -316,7 +304,7 @@ static int stop_close(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
             rc = publish_finish(j, &s, s.chunk, s.chunk_len, c->finish == TP_REASON_ERROR ? err : NULL, io);
     }
     job_free(j);
-    return rc ? rc : result(m, io, TP_ST_OK, NULL);
+    return rc ? rc : tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
 int tp_stop_stage_handle(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)

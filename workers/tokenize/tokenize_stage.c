@@ -30,10 +30,7 @@ void tp_tokenize_stage_free(tp_tokenize_stage *st)
 static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *msg)
 {
     tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_TOKENIZED);
-    r.task = m->task;
-    r.status = status;
-    r.error = tp_str_of(msg);
+    tp_msg_init_reply(&r, m, TP_CMD_TOKENIZED, status, msg);
     r.tokenized.slot = m->tokenize.slot;
     return io->reply(io->ctx, &r);
 }
@@ -59,9 +56,7 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     if (tp_tokenizer_encode(st->tok, t->text.ptr, t->text.len, t->add_bos, st->ids, st->cap, &n_ids, &e))
         return reply_error(m, io, TP_ST_BAD_REQUEST, e.msg);
     tp_msg r;
-    tp_msg_init(&r, TP_FAM_WRK, TP_CMD_TOKENIZED);
-    r.task = m->task;
-    r.status = TP_ST_OK;
+    tp_msg_init_reply(&r, m, TP_CMD_TOKENIZED, TP_ST_OK, NULL);
     r.tokenized.slot = t->slot;
     /* int and int32_t are the same width on every platform we build for */
     r.tokenized.ids = (tp_raw){st->ids, n_ids};
