@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 
 void broker_log(const broker *b, const char *fmt, ...)
@@ -100,22 +101,11 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
     return s;
 }
 
-static uint64_t random_u64(void)
-{
-    uint64_t v = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&v, sizeof v, 1, f) != 1)
-        v = ((uint64_t)getpid() << 32) ^ tp_now_us();
-    if (f)
-        fclose(f);
-    return v;
-}
-
 int broker_init(broker *b, tp_config *cfg, tp_err *err)
 {
     b->cfg = cfg;
     b->t_start_ms = tp_now_ms();
-    b->incarnation = random_u64();
+    b->incarnation = tp_random_u64();
     int rc = jobs_init(b, err);
     if (rc)
         return rc;

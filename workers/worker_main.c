@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tokpipe/rand.h"
 #include "tokpipe/config.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
@@ -146,17 +147,6 @@ static void reset_stages(worker *w)
         tp_stop_stage_reset(w->stop);
 }
 
-static uint64_t random_u64(void)
-{
-    uint64_t v = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&v, sizeof v, 1, f) != 1)
-        v = ((uint64_t)getpid() << 32) ^ tp_now_us();
-    if (f)
-        fclose(f);
-    return v ? v : 1;
-}
-
 static void set_common_opts(worker *w, void *s)
 {
     int linger = w->cfg.linger_ms, hwm = w->cfg.sndhwm;
@@ -277,7 +267,7 @@ static int serve_connection(worker *w)
         w->dealer = NULL;
         return SERVE_QUIT;
     }
-    w->incarnation = random_u64();
+    w->incarnation = tp_random_u64();
     send_ready(w);
     w->last_recv = tp_now_ms();
     bool welcomed = false;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
 #include "tokpipe/stage.h"
 
@@ -78,17 +79,6 @@ static sample_job *find_job(tp_sample_stage *st, uint32_t slot)
     return NULL;
 }
 
-static uint64_t random_seed(void)
-{
-    uint64_t v = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&v, sizeof v, 1, f) != 1)
-        v = (uint64_t)(uintptr_t)&v ^ (uint64_t)clock();
-    if (f)
-        fclose(f);
-    return v;
-}
-
 static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampler **out, tp_err *e)
 {
     const tp_params *p = &o->params;
@@ -101,7 +91,7 @@ static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampl
     if (p->set & TP_P_PRESENCE_PENALTY) sp.presence_penalty = (float)p->presence_penalty;
     if (p->set & TP_P_FREQUENCY_PENALTY) sp.frequency_penalty = (float)p->frequency_penalty;
     if (p->set & TP_P_MIN_TOKENS) sp.min_tokens = p->min_tokens;
-    sp.seed = (p->set & TP_P_SEED) ? p->seed : random_seed();
+    sp.seed = (p->set & TP_P_SEED) ? p->seed : tp_random_u64();
     /* banned below min_tokens: the broker's list, plus every EOS id of the
      * model unless EOS is an ordinary token for this job */
     size_t nb = o->n_ban_ids + (size_t)st->n_eos;
