@@ -11,12 +11,17 @@ BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
 UNITS = ["tokpiped.service", "tokpipe-worker@.service", "tokpipe.target"]
 
 
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 @unittest.skipUnless(shutil.which("systemd-analyze"), "systemd-analyze not installed")
 class DeployUnits(unittest.TestCase):
     def test_units_verify_without_any_complaint(self):
         with tempfile.TemporaryDirectory() as d:
             for u in UNITS:
-                text = open(os.path.join("deploy", u), encoding="utf-8").read()
+                text = read(os.path.join("deploy", u))
                 if u.endswith(".service"):
                     self.assertIn("/usr/local/bin/", text, u)
                 with open(os.path.join(d, u), "w", encoding="utf-8") as f:
@@ -29,7 +34,7 @@ class DeployUnits(unittest.TestCase):
             self.assertEqual(p.stdout + p.stderr, "", "systemd-analyze complained")
 
     def test_broker_unit_is_notify_and_runs_without_spawning(self):
-        text = open("deploy/tokpiped.service", encoding="utf-8").read()
+        text = read("deploy/tokpiped.service")
         self.assertIn("Type=notify", text)
         self.assertIn("--no-spawn", text)
         self.assertIn("RuntimeDirectory=tokpipe", text)
