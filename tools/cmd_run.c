@@ -24,6 +24,8 @@
 
 const char cmd_run_summary[] = "generate in-process (no daemon) for one or more prompts";
 
+_Static_assert(sizeof(int) == sizeof(int32_t), "ids are passed as int and int32_t alike");
+
 /* Tokens one step may carry; prompts longer than this are fed in chunks. */
 #define RUN_STEP_TOKENS 512
 
@@ -183,14 +185,10 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
     j->ids = malloc(sizeof *j->ids * (size_t)seq_len);
     if (!j->ids)
         return tp_err_set(err, TP_ENOMEM, "out of memory for a %d-token sequence", seq_len);
-    int *enc = malloc(sizeof *enc * (size_t)seq_len);
-    if (!enc)
-        return tp_err_set(err, TP_ENOMEM, "out of memory for a %d-token sequence", seq_len);
+    /* the tokenizer and the forward pass take int ids; the sequence is
+     * int32_t for the wire: the same type here (asserted below) */
     size_t n = 0;
-    int rc = tp_tokenizer_encode(c->tok, prompt, strlen(prompt), true, enc, (size_t)seq_len, &n, err);
-    for (size_t i = 0; i < n; i++)
-        j->ids[i] = enc[i];
-    free(enc);
+    int rc = tp_tokenizer_encode(c->tok, prompt, strlen(prompt), true, (int *)j->ids, (size_t)seq_len, &n, err);
     if (rc == TP_ERANGE || (rc == 0 && n >= (size_t)seq_len))
         return tp_err_set(err, TP_ERANGE, "prompt '%.40s': too long for the model's %d-token context",
                           prompt, seq_len);
