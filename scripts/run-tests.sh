@@ -8,6 +8,10 @@ BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
 export TP_BIN_DIR=$(cd "$BIN" && pwd)
 export TP_MODELS=${TP_MODELS:-$(cd ../shared/models 2>/dev/null && pwd)}
+if [ ! -r "$TP_MODELS/stories260K.bin" ]; then
+  echo "run-tests: models not found in '${TP_MODELS:-../shared/models}': set TP_MODELS to shared/models" >&2
+  exit 2
+fi
 export TP_BUILD_DIR=$(cd "$BUILD" && pwd)
 PY=/usr/bin/python3   # Debian's python, where python3-zmq/msgpack live
 
