@@ -100,6 +100,7 @@ typedef struct bstats {
     uint64_t malformed_front, malformed_back, malformed_events;
     uint64_t finish[TP_REASON_COUNT];
     uint64_t triggers_other;
+    uint64_t forward_steps, forward_rows, forward_tokens;
     size_t n_triggers;
     struct btrigger {
         tp_matched key;

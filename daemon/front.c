@@ -350,6 +350,9 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->malformed_front = st->malformed_front;
     s->malformed_back = st->malformed_back;
     s->malformed_events = st->malformed_events;
+    s->forward_steps = st->forward_steps;
+    s->forward_rows = st->forward_rows;
+    s->forward_tokens = st->forward_tokens;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);

@@ -383,11 +383,37 @@ static void admit_waiting(broker *b)
 
 /* ---- steps ------------------------------------------------------------------- */
 
-static int32_t max_items_per_step(broker *b, const bworker *w)
+/* Should forward worker wi get a new step now, and of at most how many
+ * items? A step of a few rows costs nearly as much as a full one (every
+ * weight is read once per step), so the running jobs are kept in
+ * micro_batches groups of about equal size: a step takes at most
+ * ceil(running / micro_batches) items, and a handful of READY jobs is not
+ * sent alone while more are about to become READY (their step is being
+ * computed or sampled) - they join the next group instead. Without that
+ * wait a job that once fell out of step rides alone forever: measured, 32
+ * jobs ran as steps of 16 + 15 + 1, and the 1-row step cost a third of a
+ * full one. A worker that has nothing in flight and nothing being sampled
+ * always gets whatever is READY. */
+static uint32_t step_size(broker *b, int wi)
 {
-    int mb = b->cfg->micro_batches;
-    int per = (w->n_fwd + mb - 1) / mb;
-    return per < 1 ? 1 : per;
+    const bworker *w = &b->workers[wi];
+    uint32_t ready = 0, sampling = 0;
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        const bjob *j = &b->jobs[i];
+        if (j->state != J_RUNNING || j->fwd != wi)
+            continue;
+        ready += j->phase == P_READY && !j->cancel;
+        sampling += j->phase == P_SAMPLE;
+    }
+    uint32_t mb = (uint32_t)b->cfg->micro_batches;
+    uint32_t group = ((uint32_t)w->n_fwd + mb - 1) / mb;
+    if (group < 1)
+        group = 1;
+    if (!ready)
+        return 0;
+    if (ready * 2 >= group || (w->steps_inflight == 0 && sampling == 0))
+        return group;
+    return 0;
 }
 
 /* Add j to the step being built; returns the tokens it takes. */
@@ -417,7 +443,9 @@ static bool build_step(broker *b, int wi)
 {
     bworker *w = &b->workers[wi];
     bcols *c = &b->cols;
-    uint32_t max_items = (uint32_t)max_items_per_step(b, w);
+    uint32_t max_items = step_size(b, wi);
+    if (!max_items)
+        return false;
     uint32_t budget = (uint32_t)b->cfg->max_batch_tokens;
     if (w->max_batch_tokens && w->max_batch_tokens < budget)
         budget = w->max_batch_tokens;
@@ -466,6 +494,9 @@ static bool build_step(broker *b, int wi)
         return false;
     }
     w->steps_inflight++;
+    b->stats.forward_steps++;
+    b->stats.forward_rows += n;
+    b->stats.forward_tokens += n_tokens;
     return true;
 }
 

@@ -13,8 +13,9 @@ static const char usage_text[] =
     "usage: tokpipe stats [--json] [connection options]\n"
     "\n"
     "Prints the broker's counters: jobs, tokens, events, malformed messages per\n"
-    "socket, live workers per stage, finished jobs per finish reason and how\n"
-    "often each stop string / stop id finished a job.\n"
+    "socket, forward steps with the rows and tokens in them (rows / steps is\n"
+    "the mean batch), live workers per stage, finished jobs per finish reason\n"
+    "and how often each stop string / stop id finished a job.\n"
     "  --json   one JSON object instead\n"
     "exit status: 0 ok, 1 daemon unreachable, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
 

@@ -105,7 +105,8 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"jobs_active", s->jobs_active}, {"jobs_finished", s->jobs_finished},
         {"tokens_generated", s->tokens_generated}, {"events_published", s->events_published},
         {"malformed_front", s->malformed_front}, {"malformed_back", s->malformed_back},
-        {"malformed_events", s->malformed_events},
+        {"malformed_events", s->malformed_events}, {"forward_steps", s->forward_steps},
+        {"forward_rows", s->forward_rows}, {"forward_tokens", s->forward_tokens},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);

@@ -331,6 +331,9 @@ typedef struct tp_m_stats_reply {
     tp_trigger *triggers;          /* per stop string / stop id */
     size_t n_triggers;
     uint64_t triggers_other;       /* triggers not tracked by key */
+    uint64_t forward_steps;        /* STEPs sent to forward workers */
+    uint64_t forward_rows;         /* sequences in them (rows per step = the batch) */
+    uint64_t forward_tokens;       /* tokens in them (decode + prefill) */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
