@@ -54,8 +54,10 @@ static int write_config(harness *h, bool tcp, const char *extra)
         snprintf(h->events, sizeof h->events, "ipc://%s/rt/events.sock", h->dir);
         snprintf(h->publish, sizeof h->publish, "ipc://%s/rt/publish.sock", h->dir);
     }
-    /* fast failure detection keeps the crash tests short */
-    fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
+    /* fast failure detection keeps the crash tests short (unless the test
+     * sets its own) */
+    if (!extra || !strstr(extra, "heartbeat:"))
+        fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
     /* last, so extra_yaml may continue the workers section ("  fuse: ...") */
     fprintf(f, "workers:\n  binary: %s/tokpipe-worker\n", h->bin);
     if (extra)
@@ -129,6 +131,10 @@ int harness_wait_workers(harness *h, int timeout_ms)
 {
     for (int i = 0; i * 50 < timeout_ms; i++) {
         tp_m_stats_reply s;
+        if (waitpid(h->pid, NULL, WNOHANG) == h->pid) {
+            fprintf(stderr, "harness: tokpiped exited; see %s/tokpiped.log\n", h->dir);
+            return -1;
+        }
         if (harness_stats(h, &s) == 0 && s.workers[0] && s.workers[1] && s.workers[2] && s.workers[3])
             return 0;
         sleep_ms(50);

@@ -23,7 +23,8 @@ typedef struct harness {
 } harness;
 
 /* Start tokpiped with the stories260K model. tcp: loopback ports instead
- * of ipc. extra_yaml is appended to the generated config (may be NULL).
+ * of ipc. extra_yaml is appended to the generated config (may be NULL; a
+ * `heartbeat:` section in it replaces the harness's 200 ms x 5).
  * Waits until every stage has a registered worker. 0 or -1 (message on
  * stderr). */
 int harness_start(harness *h, bool tcp, const char *extra_yaml);
