@@ -8,6 +8,9 @@
 #   make bench      benchmarks (ratios against baselines measured in the run)
 #   make run        the newcomer demo: daemon + workers + a streamed sample job
 #   make deps       install missing Debian packages (apt-get, needs root/sudo)
+#   make install    copy the built programs, config, systemd units and docs
+#                   under $(DESTDIR)$(PREFIX) (default /usr/local; see below)
+#   make uninstall  remove them again (a config you edited stays)
 #
 # Layout is discovered, not listed: every .c under common/ protocol/ config/
 # and workers/<stage>/ goes into the library; tools/cmd_NAME.c becomes the
@@ -77,7 +80,7 @@ TESTS      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .SECONDARY:
-.PHONY: all test asan fuzz check bench run deps clean FORCE
+.PHONY: all test asan fuzz check bench run deps clean install uninstall FORCE
 all: $(PROGRAMS)
 
 $(BUILD)/obj/%.o: %.c | $(BUILD)/gen/cmds.h
@@ -165,5 +168,57 @@ deps:
 
 clean:
 	rm -rf build build-asan build-fuzz bin
+
+# ---- install ----------------------------------------------------------------
+# GNU-style directories; DESTDIR stages a tree for packaging. The config goes
+# to /etc/tokpipe whatever the prefix (that is where the units look), and an
+# existing tokpipe.yaml is never overwritten: the new one lands next to it as
+# tokpipe.yaml.dist. The systemd units are written from deploy/ with the
+# install paths put into ExecStart=. `install` copies what `make` built in
+# $(BIN) and builds nothing itself, so `sudo make install` leaves no
+# root-owned build files behind.
+PREFIX      ?= /usr/local
+EXEC_PREFIX ?= $(PREFIX)
+BINDIR      ?= $(EXEC_PREFIX)/bin
+SYSCONFDIR  ?= /etc
+DATAROOTDIR ?= $(PREFIX)/share
+DOCDIR      ?= $(DATAROOTDIR)/doc/tokpipe
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+INSTALL     ?= install
+INSTALL_PROGRAMS := tokpiped tokpipe-worker tokpipe
+UNITS       := $(notdir $(wildcard deploy/*.service deploy/*.target))
+CONFDIR      = $(DESTDIR)$(SYSCONFDIR)/tokpipe
+UNIT_SED    := -e 's|/usr/local/bin|$(BINDIR)|g' -e 's|/etc/tokpipe|$(SYSCONFDIR)/tokpipe|g' \
+               -e 's|/usr/local/share/doc/tokpipe|$(DOCDIR)|g'
+
+install:
+	@for p in $(INSTALL_PROGRAMS); do [ -x $(BIN)/$$p ] || \
+	  { echo "install: $(BIN)/$$p is missing: run make first" >&2; exit 1; }; done
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(CONFDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR) \
+	  $(DESTDIR)$(SYSUSERSDIR)
+	$(INSTALL) -m 0755 $(addprefix $(BIN)/,$(INSTALL_PROGRAMS)) $(DESTDIR)$(BINDIR)/
+	@if [ -e $(CONFDIR)/tokpipe.yaml ]; then \
+	  echo "$(CONFDIR)/tokpipe.yaml exists: kept; the shipped one is tokpipe.yaml.dist"; \
+	  $(INSTALL) -m 0644 config/tokpipe.yaml $(CONFDIR)/tokpipe.yaml.dist; \
+	else \
+	  echo "$(INSTALL) -m 0644 config/tokpipe.yaml $(CONFDIR)/tokpipe.yaml"; \
+	  $(INSTALL) -m 0644 config/tokpipe.yaml $(CONFDIR)/tokpipe.yaml; \
+	fi
+	@for u in $(UNITS); do \
+	  echo "sed $(UNIT_SED) deploy/$$u > $(DESTDIR)$(UNITDIR)/$$u"; \
+	  sed $(UNIT_SED) deploy/$$u > $(DESTDIR)$(UNITDIR)/$$u.tmp && chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.tmp && \
+	  mv $(DESTDIR)$(UNITDIR)/$$u.tmp $(DESTDIR)$(UNITDIR)/$$u || exit 1; done
+	$(INSTALL) -m 0644 deploy/tokpipe.sysusers $(DESTDIR)$(SYSUSERSDIR)/tokpipe.conf
+	$(INSTALL) -m 0644 protocol/PROTOCOL.md README.md $(DESTDIR)$(DOCDIR)/
+
+# An edited config is the operator's: only an untouched copy is removed.
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALL_PROGRAMS))
+	rm -f $(addprefix $(DESTDIR)$(UNITDIR)/,$(UNITS)) $(DESTDIR)$(SYSUSERSDIR)/tokpipe.conf
+	rm -f $(DESTDIR)$(DOCDIR)/PROTOCOL.md $(DESTDIR)$(DOCDIR)/README.md $(CONFDIR)/tokpipe.yaml.dist
+	@if cmp -s config/tokpipe.yaml $(CONFDIR)/tokpipe.yaml; then rm -f $(CONFDIR)/tokpipe.yaml; \
+	elif [ -e $(CONFDIR)/tokpipe.yaml ]; then echo "$(CONFDIR)/tokpipe.yaml was edited: kept"; fi
+	-rmdir $(DESTDIR)$(DOCDIR) $(CONFDIR) 2>/dev/null || true
 
 -include $(shell find $(BUILD) $(FUZZ_BUILD) -name '*.d' 2>/dev/null)

@@ -371,15 +371,17 @@ int main(void)
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             prompts[j][k] = k == 0 ? 1 : 400 + (int32_t)(x % 31000);
         }
+    /* the default deployment first; each other row changes one setting */
     const struct variant {
         const char *name;
+        const char *yaml;   /* appended to the batching: section */
         bool fused;
-        int micro_batches;
     } variants[] = {
-        {"4 processes, 1 microbatch", false, 1},
-        {"4 processes, 2 microbatches", false, 2},
-        {"forward+sample, 1 microb.", true, 1},
-        {"forward+sample, 2 microb.", true, 2},
+        {"default (4 proc., 2 mb)", "  micro_batches: 2\n", false},
+        {"4 processes, 1 microbatch", "  micro_batches: 1\n", false},
+        {"4 proc., no decode-ahead", "  micro_batches: 2\n  decode_ahead: false\n", false},
+        {"forward+sample, 1 microb.", "  micro_batches: 1\n", true},
+        {"forward+sample, 2 microb.", "  micro_batches: 2\n", true},
     };
     const int jobs[] = {1, 8, 32};
     printf("bench_pipeline: stories15M-shaped random model, prompt %d, %d tokens per job, greedy; medians of %d\n",
@@ -390,8 +392,8 @@ int main(void)
         FILE *f = fopen(cfg, "w");
         fprintf(f, "runtime_dir: %s/rt%zu\nmodel:\n  path: %s\n  tokenizer: %s\nkv:\n  slots: %d\n"
                    "batching:\n  max_num_seqs: %d\n  max_batch_tokens: %d\n  prefill_chunk: %d\n"
-                   "  micro_batches: %d\nworkers:\n  binary: %s/tokpipe-worker\n%s",
-                dir, v, mpath, tpath, MAX_JOBS, MAX_JOBS, BUDGET, CHUNK, variants[v].micro_batches, bin,
+                   "%sworkers:\n  binary: %s/tokpipe-worker\n%s",
+                dir, v, mpath, tpath, MAX_JOBS, MAX_JOBS, BUDGET, CHUNK, variants[v].yaml, bin,
                 variants[v].fused ? "  fuse: [\"forward,sample\"]\n" : "");
         fclose(f);
         snprintf(front, sizeof front, "ipc://%s/rt%zu/front.sock", dir, v);
