@@ -86,6 +86,11 @@ static const struct key keys[] = {
     KI("heartbeat.reconnect_init_ms", reconnect_init_ms, 1, 600000),
     KI("heartbeat.reconnect_max_ms", reconnect_max_ms, 1, 3600000),
     KI("shutdown.drain_timeout_ms", drain_timeout_ms, 0, 3600000),
+    KB("security.curve", curve),
+    KS("security.server_secret_key", server_secret_key),
+    KS("security.server_public_key", server_public_key),
+    KS("security.authorized_keys", authorized_keys),
+    KS("security.client_secret_key", client_secret_key),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -114,6 +119,8 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
         {OFF(ep_back), ""}, {OFF(ep_events), ""}, {OFF(ep_publish), ""},
         {OFF(model_path), "../shared/models/stories260K.bin"},
         {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(worker_binary), ""},
+        {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
+        {OFF(client_secret_key), ""},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (set_str((char **)((char *)cfg + strs[i].off), strs[i].v, err)) {
@@ -164,7 +171,8 @@ void tp_config_free(tp_config *cfg)
         return;
     char **strs[] = {&cfg->source, &cfg->runtime_dir, &cfg->ep_front, &cfg->ep_back,
                      &cfg->ep_events, &cfg->ep_publish, &cfg->model_path, &cfg->tokenizer_path,
-                     &cfg->worker_binary};
+                     &cfg->worker_binary, &cfg->server_secret_key, &cfg->server_public_key,
+                     &cfg->authorized_keys, &cfg->client_secret_key};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         free(*strs[i]);
     for (size_t i = 0; i < cfg->n_fuse; i++)

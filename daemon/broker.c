@@ -56,7 +56,7 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
     f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
     f->prompt_tokens = j->n_prompt;
     f->completion_tokens = j->n_out;
-    f->text_len = j->text_len;
+    f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
     tp_err e;

@@ -319,15 +319,20 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
     r.status = TP_ST_OK;
     s->state = state_of(j);
     s->prompt_tokens = j->n_prompt;
-    s->completion_tokens = j->n_out;
     s->last_seq = j->last_seq;
-    if (s->state == TP_STATE_FINISHED) {
+    s->text = (tp_str){j->text ? j->text : "", j->text_len};
+    s->text_len = jobs_text_total(j);
+    /* running: exactly what the events up to last_seq carried, so a client
+     * can continue from the events after it */
+    static const int32_t none[1];
+    bool done = s->state == TP_STATE_FINISHED;
+    s->tokens = done ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
+    s->completion_tokens = (uint32_t)s->tokens.n;
+    if (done) {
         s->reason = j->reason;
         s->matched = j->matched;
-        s->text = (tp_str){j->text ? j->text : "", j->text_len};
         s->job_error = tp_str_of(j->job_error);
         s->timings = j->timings;
-        s->tokens = (tp_raw){j->out, j->n_out};
     }
     reply(b, to, &r);
 }

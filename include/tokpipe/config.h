@@ -83,6 +83,13 @@ typedef struct tp_config {
     int heartbeat_ms, liveness;
     int reconnect_init_ms, reconnect_max_ms;
     int drain_timeout_ms;
+
+    /* security (zsec.h): CURVE on tcp endpoints; key paths, "" = unset */
+    bool curve;
+    char *server_secret_key;   /* broker */
+    char *server_public_key;   /* clients and workers (the broker checks it) */
+    char *authorized_keys;     /* broker: client public keys admitted */
+    char *client_secret_key;   /* clients and workers */
 } tp_config;
 
 /* Fill *cfg with the built-in defaults (no file read; endpoints empty until
