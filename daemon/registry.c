@@ -138,13 +138,18 @@ void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frame
     if (m.cmd == TP_CMD_READY) {
         on_ready(b, ident, &m.ready);
     } else if (wi < 0) {
-        /* a worker from before a broker restart: make it register again */
-        if (m.cmd != TP_CMD_DISCONNECT)
+        /* a worker from before a broker restart, or one declared lost that
+         * runs again (its late results are for jobs already re-queued):
+         * make it register again */
+        if (m.cmd != TP_CMD_DISCONNECT) {
+            if (m.cmd != TP_CMD_HEARTBEAT)
+                broker_log(b, "ignored %s from an unregistered worker; told to send READY",
+                           tp_cmd_name(TP_FAM_WRK, m.cmd));
             send_raw(b, ident, TP_CMD_DISCONNECT, "unknown worker: send READY");
+        }
     } else if (m.cmd == TP_CMD_DISCONNECT) {
-        sched_worker_lost(b, wi);
-        b->workers[wi].live = false;
         broker_log(b, "worker %s disconnected", b->workers[wi].instance);
+        sched_worker_lost(b, wi);
     } else if (m.cmd != TP_CMD_HEARTBEAT) {
         sched_on_result(b, wi, &m);
     }

@@ -1,0 +1,274 @@
+/* Process story: queued work survives lost workers. With workers started on
+ * their own (`tokpiped --no-spawn`), jobs whose prompt sits at a tokenize
+ * worker that stops answering (SIGSTOP) or dies (SIGKILL) are tokenized
+ * again by another one and finish with exactly the tokens of `tokpipe run`;
+ * the stopped worker's late replies, once it runs again, change nothing;
+ * jobs waiting for admission when the only forward worker dies wait for the
+ * next one and run there. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/daemon_harness.h"
+#include "tokpipe/config.h"
+
+/* lost after 5 silent intervals: 0.5 s, so a stopped worker is declared
+ * lost quickly while a loaded machine does not lose the healthy ones */
+#define HB_YAML "heartbeat:\n  interval_ms: 100\n  liveness: 5\n"
+#define MAX_TOKENS 40
+
+static const char *const prompts[] = {"Once upon a time", "The cat sat", "Lily and Ben", "One day, a little bird"};
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void submit_greedy(harness *h, const char *id, const char *prompt, int max_tokens)
+{
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.job_id = tp_str_of(id);
+    m.submit.prompt = tp_str_of(prompt);
+    m.submit.params.set = TP_P_MAX_TOKENS | TP_P_TEMPERATURE;
+    m.submit.params.max_tokens = max_tokens;
+    m.submit.params.temperature = 0;
+    tp_zmsg z;
+    if (harness_call(h, &m, &z, &r))
+        fail_msg("SUBMIT %s: no reply", id);
+    if (r.status != TP_ST_OK)
+        fail_msg("SUBMIT %s: status %u %.*s", id, r.status, (int)r.error.len, r.error.ptr);
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+}
+
+static tp_m_stats_reply stats(harness *h)
+{
+    tp_m_stats_reply s;
+    if (harness_stats(h, &s))
+        fail_msg("STATS: no reply");
+    return s;
+}
+
+/* STATUS of id: its state, and for a finished job the fields `tokpipe run
+ * --json` prints, as one JSON line (malloc'd) in *json. */
+static int status_json(harness *h, const char *id, char **json)
+{
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
+    m.jobref.job_id = tp_str_of(id);
+    tp_zmsg z;
+    if (harness_call(h, &m, &z, &r))
+        fail_msg("STATUS %s: no reply", id);
+    if (r.status != TP_ST_OK)
+        fail_msg("STATUS %s: status %u %.*s", id, r.status, (int)r.error.len, r.error.ptr);
+    const tp_m_status_reply *st = &r.status_reply;
+    int state = st->state;
+    if (json && state == TP_STATE_FINISHED) {
+        char *text = strndup(st->text.ptr ? st->text.ptr : "", st->text.len);
+        int32_t *ids = malloc((st->tokens.n ? st->tokens.n : 1) * sizeof *ids);
+        assert_true(text && ids);
+        for (size_t i = 0; i < st->tokens.n; i++)
+            ids[i] = tp_raw_i32(st->tokens, i);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "text", text);
+        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(ids, (int)st->tokens.n));
+        cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(st->reason));
+        cJSON_AddNumberToObject(o, "prompt_tokens", st->prompt_tokens);
+        cJSON_AddNumberToObject(o, "completion_tokens", st->completion_tokens);
+        if (st->reason == TP_REASON_ERROR) {
+            char *err = strndup(st->job_error.ptr ? st->job_error.ptr : "", st->job_error.len);
+            cJSON_AddStringToObject(o, "error", err);
+            free(err);
+        }
+        *json = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        free(text);
+        free(ids);
+    }
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+    return state;
+}
+
+static char *wait_result(harness *h, const char *id, int timeout_ms)
+{
+    char *json = NULL;
+    for (int waited = 0; status_json(h, id, &json) != TP_STATE_FINISHED; waited += 20) {
+        if (waited > timeout_ms)
+            fail_msg("job %s did not finish within %d ms (log in %s)", id, timeout_ms, h->dir);
+        sleep_ms(20);
+    }
+    return json;
+}
+
+/* What `tokpipe run` gives for prompt in one process, in status_json's shape. */
+static char *run_json(const harness *h, const char *prompt, int max_tokens)
+{
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json --prompt '%s' "
+             "--temperature 0 --max-tokens %d 2>/dev/null",
+             h->bin, h->models, h->models, prompt, max_tokens);
+    if (harness_sh(cmd, &out) != 0)
+        fail_msg("tokpipe run failed: %s", out ? out : "");
+    cJSON *all = cJSON_Parse(out);
+    if (!all)
+        fail_msg("tokpipe run printed no JSON: %s", out);
+    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
+    cJSON *o = cJSON_CreateObject();
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        cJSON_AddItemToObject(o, fields[i], cJSON_Duplicate(cJSON_GetObjectItem(all, fields[i]), 1));
+    char *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    cJSON_Delete(all);
+    free(out);
+    return json;
+}
+
+static void expect_like_run(harness *h, const char *id, const char *prompt, int max_tokens)
+{
+    char *got = wait_result(h, id, 15000), *want = run_json(h, prompt, max_tokens);
+    if (strcmp(got, want))
+        fail_msg("job %s differs from tokpipe run\n daemon: %s\n    run: %s", id, got, want);
+    free(got);
+    free(want);
+}
+
+static void stop_worker(pid_t pid)
+{
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+/* Workers of every stage but tokenize, then one tokenize worker; its pid. */
+static pid_t start_pipeline(harness *h, const char *extra, pid_t other[3])
+{
+    if (harness_start_ex(h, false, extra, true, NULL))
+        fail_msg("daemon did not start");
+    other[0] = harness_worker(h, "forward");
+    other[1] = harness_worker(h, "sample");
+    other[2] = harness_worker(h, "stop");
+    pid_t tok = harness_worker(h, "tokenize");
+    if (harness_wait_workers(h, 10000))
+        fail_msg("workers did not register (see %s)", h->dir);
+    return tok;
+}
+
+/* Submit one job per prompt while the only tokenize worker is stopped, and
+ * check they were handed to it (it still counted as live afterwards). */
+static void submit_to_stopped_tokenizer(harness *h, pid_t tok, const char *prefix)
+{
+    kill(tok, SIGSTOP);
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%s-%zu", prefix, i);
+        submit_greedy(h, id, prompts[i], MAX_TOKENS);
+    }
+    tp_m_stats_reply s = stats(h);
+    if (s.workers[TP_SI_TOKENIZE] != 1)
+        fail_msg("the stopped tokenize worker was lost before the jobs reached it: the machine is too slow for this "
+                 "test's heartbeat");
+    assert_int_equal(s.jobs_active, 3);
+}
+
+static void jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, HB_YAML, other);
+    submit_to_stopped_tokenizer(&h, tok, "s");
+    if (harness_wait_stage(&h, TP_SI_TOKENIZE, 0, 5000))
+        fail_msg("the stopped tokenize worker was never declared lost");
+    /* nothing failed: the jobs wait for a tokenize worker */
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.jobs_active, 3);
+    assert_int_equal(s.jobs_finished, 0);
+    pid_t tok2 = harness_worker(&h, "tokenize");
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "s-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    /* the stopped worker runs again: it answers the TOKENIZE tasks it
+     * holds, on a registration the broker has dropped, then registers anew */
+    kill(tok, SIGCONT);
+    if (harness_wait_stage(&h, TP_SI_TOKENIZE, 2, 5000))
+        fail_msg("the resumed tokenize worker did not register again (see %s)", h.dir);
+    /* its late replies made no job twice and broke nothing */
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "s-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    /* both tokenize workers serve new jobs (the least loaded gets each) */
+    for (size_t i = 0; i < 4; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "n-%zu", i);
+        submit_greedy(&h, id, prompts[i], MAX_TOKENS);
+    }
+    for (size_t i = 0; i < 4; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "n-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    s = stats(&h);
+    assert_int_equal(s.jobs_submitted, 7);
+    assert_int_equal(s.jobs_finished, 7);
+    assert_int_equal(s.jobs_active, 0);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    stop_worker(tok);
+    stop_worker(tok2);
+    for (int i = 0; i < 3; i++)
+        stop_worker(other[i]);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, HB_YAML, other);
+    submit_to_stopped_tokenizer(&h, tok, "k");
+    kill(tok, SIGKILL);
+    waitpid(tok, NULL, 0);
+    /* a second worker starts at once, so it usually registers while the
+     * broker still counts the dead one, which keeps the jobs until its
+     * heartbeat expires */
+    pid_t tok2 = harness_worker(&h, "tokenize");
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "k-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.workers[TP_SI_TOKENIZE], 1);
+    assert_int_equal(s.jobs_finished, 3);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    stop_worker(tok2);
+    for (int i = 0; i < 3; i++)
+        stop_worker(other[i]);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost),
+        cmocka_unit_test(jobs_at_a_killed_tokenize_worker_move_to_the_other_one),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
