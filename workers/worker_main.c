@@ -57,7 +57,8 @@ static void usage(FILE *out)
             "endpoint (from the config), register, and process tasks until SIGTERM/SIGINT.\n"
             "Several stages in one process (e.g. forward,sample) skip a hop.\n"
             "\n"
-            "  --stage LIST     stages to serve, joined by ',' or ':', optional .N suffix (required)\n"
+            "  --stage LIST     stages to serve, joined by ',' or ':', optional .N suffix (required;\n"
+            "                   --stages is the same)\n"
             "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
             "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
             "  --help           this text\n",
