@@ -1,7 +1,9 @@
 /* Worker registry: READY / WELCOME, heartbeats both ways, expiry, and
  * dispatch of stage results to the scheduler. Any message from a worker
- * counts as a heartbeat (MDP); a worker silent for `liveness` intervals is
- * lost, and so are the jobs pinned to it (sched_worker_lost). */
+ * counts as a heartbeat (MDP); a worker silent for `liveness` intervals, or
+ * whose connection closed, is lost, and so are the jobs pinned to it
+ * (sched_worker_lost; jobs only queued at it are queued again). */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -156,6 +158,29 @@ void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frame
     tp_msg_clear(&m);
 }
 
+/* HEARTBEAT to worker wi; false if its connection is gone. The backend
+ * ROUTER is ROUTER_MANDATORY, so a peer whose socket closed (the process
+ * died) answers EHOSTUNREACH, and since a reconnecting worker gets a new
+ * identity this registration can never be reached again: no need to wait
+ * `liveness` intervals for it. (A full queue, EAGAIN, is left to expiry.) */
+static bool send_heartbeat(broker *b, int wi)
+{
+    bworker *w = &b->workers[wi];
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_HEARTBEAT);
+    tp_wire wire;
+    tp_err e;
+    if (tp_proto_encode(&m, &wire, &e))
+        return true;
+    tp_frame id = {w->ident, w->ident_len};
+    int rc = tp_zsend(b->back, &id, 1, &wire, ZMQ_DONTWAIT);
+    int err = errno;
+    tp_wire_free(&wire);
+    if (rc == 0)
+        w->last_send = tp_now_ms();
+    return rc == 0 || err != EHOSTUNREACH;
+}
+
 void registry_tick(broker *b, int64_t now)
 {
     int64_t dead_after = (int64_t)b->cfg->heartbeat_ms * b->cfg->liveness;
@@ -167,10 +192,7 @@ void registry_tick(broker *b, int64_t now)
             registry_lose(b, i, "heartbeat expired");
             continue;
         }
-        if (now - w->last_send >= b->cfg->heartbeat_ms) {
-            tp_msg m;
-            tp_msg_init(&m, TP_FAM_WRK, TP_CMD_HEARTBEAT);
-            broker_send_worker(b, i, &m);
-        }
+        if (now - w->last_send >= b->cfg->heartbeat_ms && !send_heartbeat(b, i))
+            registry_lose(b, i, "connection closed");
     }
 }

@@ -40,6 +40,8 @@ static const field params_fields[] = {
      .setbit = TP_P_PRESENCE_PENALTY},
     {.key = "frequency_penalty", .type = FT_F64, .off = P(frequency_penalty), .flo = -2, .fhi = 2,
      .setbit = TP_P_FREQUENCY_PENALTY},
+    {.key = "penalty_window", .type = FT_I32, .off = P(penalty_window), .ilo = 0, .ihi = INT32_MAX,
+     .setbit = TP_P_PENALTY_WINDOW},
     {.key = "seed", .type = FT_U64, .off = P(seed), .setbit = TP_P_SEED},
     {.key = "stop", .type = FT_STRS, .off = P(stop), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_STOP,
      .max_elem = TP_PROTO_MAX_STOP_LEN, .setbit = TP_P_STOP},

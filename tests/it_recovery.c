@@ -35,7 +35,8 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static void submit_greedy(harness *h, const char *id, const char *prompt, int max_tokens)
+/* SUBMIT a greedy job; the reply's status (error text in *why). */
+static uint32_t submit_status(harness *h, const char *id, const char *prompt, int max_tokens, char *why, size_t cap)
 {
     tp_msg m, r;
     tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
@@ -47,10 +48,19 @@ static void submit_greedy(harness *h, const char *id, const char *prompt, int ma
     tp_zmsg z;
     if (harness_call(h, &m, &z, &r))
         fail_msg("SUBMIT %s: no reply", id);
-    if (r.status != TP_ST_OK)
-        fail_msg("SUBMIT %s: status %u %.*s", id, r.status, (int)r.error.len, r.error.ptr);
+    uint32_t st = r.status;
+    snprintf(why, cap, "%.*s", (int)r.error.len, r.error.ptr ? r.error.ptr : "");
     tp_msg_clear(&r);
     tp_zmsg_close(&z);
+    return st;
+}
+
+static void submit_greedy(harness *h, const char *id, const char *prompt, int max_tokens)
+{
+    char why[256];
+    uint32_t st = submit_status(h, id, prompt, max_tokens, why, sizeof why);
+    if (st != TP_ST_OK)
+        fail_msg("SUBMIT %s: status %u %s", id, st, why);
 }
 
 static tp_m_stats_reply stats(harness *h)
@@ -236,18 +246,30 @@ static void jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost(void **sta
     assert_int_equal(harness_stop(&h), 0);
 }
 
+/* The heartbeat would take 5 s to expire here: the broker must notice the
+ * closed connection of the killed worker instead. */
 static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
 {
     (void)state;
     harness h;
-    pid_t other[3], tok = start_pipeline(&h, HB_YAML, other);
+    pid_t other[3], tok = start_pipeline(&h, "heartbeat:\n  interval_ms: 100\n  liveness: 50\n", other);
     submit_to_stopped_tokenizer(&h, tok, "k");
     kill(tok, SIGKILL);
     waitpid(tok, NULL, 0);
-    /* a second worker starts at once, so it usually registers while the
-     * broker still counts the dead one, which keeps the jobs until its
-     * heartbeat expires */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     pid_t tok2 = harness_worker(&h, "tokenize");
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "k-%zu", i);
+        free(wait_result(&h, id, 15000));
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (waited > 4.0)
+        fail_msg("the jobs of the killed worker waited %.1f s: it was found lost by heartbeat expiry, not by its "
+                 "closed connection",
+                 waited);
     for (size_t i = 0; i < 3; i++) {
         char id[32];
         snprintf(id, sizeof id, "k-%zu", i);
@@ -263,12 +285,70 @@ static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
     assert_int_equal(harness_stop(&h), 0);
 }
 
+static void wait_state(harness *h, const char *id, int want)
+{
+    int st = TP_STATE_UNKNOWN;
+    for (int waited = 0; (st = status_json(h, id, NULL)) != want; waited += 10) {
+        if (waited > 10000)
+            fail_msg("job %s: state %d, want %d", id, st, want);
+        sleep_ms(10);
+    }
+}
+
+static void jobs_waiting_for_admission_run_on_the_next_forward_worker(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, HB_YAML "batching:\n  max_num_seqs: 1\n", other);
+    pid_t fwd = other[0];
+    /* the only forward worker holds one job (stopped, so it holds it for
+     * good) and has no room for the next ones */
+    kill(fwd, SIGSTOP);
+    submit_greedy(&h, "q-run", prompts[0], MAX_TOKENS);
+    wait_state(&h, "q-run", TP_STATE_RUNNING);
+    submit_greedy(&h, "q-0", prompts[1], MAX_TOKENS);
+    submit_greedy(&h, "q-1", prompts[2], MAX_TOKENS);
+    wait_state(&h, "q-0", TP_STATE_QUEUED);
+    kill(fwd, SIGKILL);
+    waitpid(fwd, NULL, 0);
+    if (harness_wait_stage(&h, TP_SI_FORWARD, 0, 5000))
+        fail_msg("the killed forward worker was never declared lost");
+    /* the job it held fails, naming the lost worker ... */
+    char *got = wait_result(&h, "q-run", 10000);
+    if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, "worker_lost"))
+        fail_msg("the job at the killed forward worker: %s, want an error naming worker_lost", got);
+    free(got);
+    /* ... a new job is refused while no forward worker is registered
+     * (503, "retry later"), but the queued ones wait ... */
+    char why[256];
+    uint32_t st = submit_status(&h, "q-new", prompts[3], MAX_TOKENS, why, sizeof why);
+    if (st != TP_ST_UNAVAILABLE || !strstr(why, "forward"))
+        fail_msg("SUBMIT with no forward worker: status %u '%s', want 503 naming the forward stage", st, why);
+    sleep_ms(300);
+    const char *queued[] = {"q-0", "q-1"};
+    for (int i = 0; i < 2; i++)
+        if (status_json(&h, queued[i], NULL) != TP_STATE_QUEUED)
+            fail_msg("job %s did not wait for a forward worker", queued[i]);
+    /* ... and run, one after the other, once a forward worker registers */
+    other[0] = harness_worker(&h, "forward");
+    for (int i = 0; i < 2; i++)
+        expect_like_run(&h, queued[i], prompts[i + 1], MAX_TOKENS);
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.jobs_finished, 3);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 1);
+    stop_worker(tok);
+    for (int i = 0; i < 3; i++)
+        stop_worker(other[i]);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost),
         cmocka_unit_test(jobs_at_a_killed_tokenize_worker_move_to_the_other_one),
+        cmocka_unit_test(jobs_waiting_for_admission_run_on_the_next_forward_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

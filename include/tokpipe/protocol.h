@@ -248,6 +248,7 @@ enum {
     TP_P_STOP_TOKEN_IDS = 1u << 11,
     TP_P_IGNORE_EOS = 1u << 12,
     TP_P_INCLUDE_STOP = 1u << 13,
+    TP_P_PENALTY_WINDOW = 1u << 14,
 };
 
 typedef struct tp_params {
@@ -261,6 +262,7 @@ typedef struct tp_params {
     double repetition_penalty;       /* > 0 (1 = off) */
     double presence_penalty;         /* [-2, 2] */
     double frequency_penalty;        /* [-2, 2] */
+    int32_t penalty_window;          /* >= 0: last tokens the penalties see (limit: broker) */
     uint64_t seed;
     tp_str *stop;                    /* n_stop non-empty valid UTF-8 strings */
     size_t n_stop;
