@@ -73,8 +73,13 @@ static void copy_name(char *dst, tp_str s)
 static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
 {
     int old = registry_find(b, ident->data, ident->len);
-    if (old >= 0)   /* READY again = a restarted worker: its state is gone */
-        registry_lose(b, old, "registered again");
+    if (old >= 0) {
+        /* READY again = a restarted worker: its state is gone, so its jobs
+         * are (sched_worker_lost), but it registers anew below: no
+         * DISCONNECT, which would make it drop this connection too */
+        broker_log(b, "worker %s registered again: its old state is gone", b->workers[old].instance);
+        sched_worker_lost(b, old);
+    }
     const bworker *ref = registry_model(b);
     char model[TP_PROTO_MAX_MODEL_ID + 1];
     size_t ml = r->model_id.len > TP_PROTO_MAX_MODEL_ID ? TP_PROTO_MAX_MODEL_ID : r->model_id.len;

@@ -3,8 +3,9 @@
  * worker that stops answering (SIGSTOP) or dies (SIGKILL) are tokenized
  * again by another one and finish with exactly the tokens of `tokpipe run`;
  * the stopped worker's late replies, once it runs again, change nothing;
- * jobs waiting for admission when the only forward worker dies wait for the
- * next one and run there. */
+ * a tokenize worker that registers again (restarted) gets the prompt again
+ * and its answer to the old task is ignored; jobs waiting for admission
+ * when the only forward worker dies wait for the next one and run there. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -342,6 +343,111 @@ static void jobs_waiting_for_admission_run_on_the_next_forward_worker(void **sta
     assert_int_equal(harness_stop(&h), 0);
 }
 
+/* ---- a tokenize worker that restarts on the same connection -------------- */
+
+static void fake_send(void *d, tp_msg *m)
+{
+    tp_err e;
+    if (tp_zsend_msg(d, NULL, 0, m, &e))
+        fail_msg("fake worker: send %s: %s", tp_cmd_name(TP_FAM_WRK, m->cmd), e.msg);
+}
+
+static void fake_ready(void *d, uint64_t incarnation)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);
+    m.ready.stages = TP_STAGE_TOKENIZE;
+    m.ready.instance = tp_str_of("fake-tokenize");
+    m.ready.incarnation = incarnation;
+    m.ready.capacity = 4;
+    m.ready.bos_id = m.ready.eos_id = -1;
+    fake_send(d, &m);
+}
+
+/* Next message from the broker other than HEARTBEAT: its command, and for
+ * TOKENIZE its task, slot and text. */
+static uint8_t fake_recv(void *d, uint64_t *task, uint32_t *slot, char *text, size_t cap)
+{
+    for (;;) {
+        zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 5000) <= 0)
+            fail_msg("fake worker: nothing from the broker for 5 s");
+        tp_zmsg z;
+        tp_msg m;
+        tp_err e;
+        assert_int_equal(tp_zmsg_recv(d, &z, 0), 0);
+        if (tp_proto_decode(TP_FAM_WRK, z.f, z.n, &m, &e))
+            fail_msg("fake worker: undecodable message: %s", e.msg);
+        uint8_t cmd = m.cmd;
+        if (cmd == TP_CMD_TOKENIZE) {
+            *task = m.task;
+            *slot = m.tokenize.slot;
+            snprintf(text, cap, "%.*s", (int)m.tokenize.text.len, m.tokenize.text.ptr);
+        }
+        tp_msg_clear(&m);
+        tp_zmsg_close(&z);
+        if (cmd != TP_CMD_HEARTBEAT)
+            return cmd;
+    }
+}
+
+static void fake_tokenized(void *d, uint64_t task, uint32_t slot, const int32_t *ids, size_t n)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_TOKENIZED);
+    m.task = task;
+    m.status = TP_ST_OK;
+    m.tokenized.slot = slot;
+    m.tokenized.ids = (tp_raw){ids, n};
+    fake_send(d, &m);
+}
+
+/* PROTOCOL.md: a second READY from a registered identity means the worker
+ * restarted and lost its state; the broker registers it anew. The prompt it
+ * held is tokenized again, and its answer to the old task is ignored. */
+static void a_tokenize_worker_that_registers_again_gets_the_prompt_again(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start_ex(&h, false, "heartbeat:\n  interval_ms: 200\n  liveness: 25\n", true, NULL))
+        fail_msg("daemon did not start");
+    pid_t real[3] = {harness_worker(&h, "forward"), harness_worker(&h, "sample"), harness_worker(&h, "stop")};
+    void *d = zmq_socket(h.zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_connect(d, h.back);
+    uint64_t task1 = 0, task2 = 0;
+    uint32_t slot1 = 0, slot2 = 0;
+    char text[256];
+    fake_ready(d, 1);
+    assert_int_equal(fake_recv(d, &task1, &slot1, text, sizeof text), TP_CMD_WELCOME);
+    if (harness_wait_workers(&h, 10000))
+        fail_msg("workers did not register (see %s)", h.dir);
+    submit_greedy(&h, "again", prompts[0], MAX_TOKENS);
+    assert_int_equal(fake_recv(d, &task1, &slot1, text, sizeof text), TP_CMD_TOKENIZE);
+    assert_string_equal(text, prompts[0]);
+    fake_ready(d, 2);   /* "restarted": the TOKENIZE is forgotten */
+    uint8_t cmd = fake_recv(d, &task2, &slot2, text, sizeof text);
+    if (cmd != TP_CMD_WELCOME)
+        fail_msg("a worker registering again got %s, want WELCOME", tp_cmd_name(TP_FAM_WRK, cmd));
+    assert_int_equal(fake_recv(d, &task2, &slot2, text, sizeof text), TP_CMD_TOKENIZE);
+    assert_string_equal(text, prompts[0]);
+    assert_int_equal(slot2, slot1);
+    assert_int_not_equal(task2, task1);
+    assert_int_equal(stats(&h).workers[TP_SI_TOKENIZE], 1);
+    /* the answer to the forgotten task is wrong on purpose and must not be
+     * used; then the right one: "Once upon a time" with BOS, as
+     * shared/models/README.md gives it for tok512 */
+    static const int32_t wrong[] = {1, 300, 301}, once[] = {1, 403, 407, 261, 378};
+    fake_tokenized(d, task1, slot1, wrong, 3);
+    fake_tokenized(d, task2, slot2, once, 5);
+    expect_like_run(&h, "again", prompts[0], MAX_TOKENS);
+    zmq_close(d);
+    for (int i = 0; i < 3; i++)
+        stop_worker(real[i]);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -349,6 +455,7 @@ int main(void)
         cmocka_unit_test(jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost),
         cmocka_unit_test(jobs_at_a_killed_tokenize_worker_move_to_the_other_one),
         cmocka_unit_test(jobs_waiting_for_admission_run_on_the_next_forward_worker),
+        cmocka_unit_test(a_tokenize_worker_that_registers_again_gets_the_prompt_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
