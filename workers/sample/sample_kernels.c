@@ -393,10 +393,11 @@ __attribute__((target("avx512f"))) static size_t min_p_avx512(const tp_smp_view 
                                                               float inv_t, float min_p,
                                                               tp_smp_cand *out)
 {
-    __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_t);
+    exp_tab e = exp_tab_load();
+    __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_t), vmin_p = _mm512_set1_ps(min_p);
     __m512 vfloor = _mm512_set1_ps(min_p_floor(min_p));
     size_t n = 0;
-    float x[BLOCK];
+    float x[BLOCK], w[BLOCK];
     for (int i = 0; i < v->vocab; i += BLOCK) {
         __m512 xv = load16(v, i);
         __m512 d = _mm512_sub_ps(xv, vmax);
@@ -404,12 +405,13 @@ __attribute__((target("avx512f"))) static size_t min_p_avx512(const tp_smp_view 
                       _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_EQ_OQ);
         if (!m)
             continue;
+        __m512 wv = weight16(xv, vmax, vinv, &e);
+        m &= _mm512_cmp_ps_mask(wv, vmin_p, _CMP_GE_OQ);
         _mm512_storeu_ps(x, xv);
+        _mm512_storeu_ps(w, wv);
         for (; m; m &= m - 1) {
             int j = __builtin_ctz(m);
-            float w = tp_smp_weight(x[j], max, inv_t);
-            if (w >= min_p)
-                out[n++] = (tp_smp_cand){x[j], w, i + j};
+            out[n++] = (tp_smp_cand){x[j], w[j], i + j};
         }
     }
     return n;
