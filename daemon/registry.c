@@ -56,7 +56,7 @@ void registry_lose(broker *b, int wi, const char *why)
     bworker *w = &b->workers[wi];
     if (!w->live)
         return;
-    broker_log(b, "worker %s (%s) lost: %s", w->instance, w->model_id[0] ? "model" : "no model", why);
+    broker_log(b, "worker %s lost: %s", w->instance, why);
     tp_frame id = {w->ident, w->ident_len};
     send_raw(b, &id, TP_CMD_DISCONNECT, why);
     sched_worker_lost(b, wi);

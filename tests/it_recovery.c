@@ -178,6 +178,17 @@ static pid_t start_pipeline(harness *h, const char *extra, pid_t other[3])
     return tok;
 }
 
+/* Stop the workers (tok2 may be 0: none) and the daemon, which exits 0. */
+static void stop_pipeline(harness *h, pid_t tok, pid_t tok2, pid_t other[3])
+{
+    stop_worker(tok);
+    if (tok2 > 0)
+        stop_worker(tok2);
+    for (int i = 0; i < 3; i++)
+        stop_worker(other[i]);
+    assert_int_equal(harness_stop(h), 0);
+}
+
 /* Submit one job per prompt while the only tokenize worker is stopped, and
  * check they were handed to it (it still counted as live afterwards). */
 static void submit_to_stopped_tokenizer(harness *h, pid_t tok, const char *prefix)
@@ -240,11 +251,7 @@ static void jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost(void **sta
     assert_int_equal(s.jobs_finished, 7);
     assert_int_equal(s.jobs_active, 0);
     assert_int_equal(s.finish[TP_REASON_ERROR], 0);
-    stop_worker(tok);
-    stop_worker(tok2);
-    for (int i = 0; i < 3; i++)
-        stop_worker(other[i]);
-    assert_int_equal(harness_stop(&h), 0);
+    stop_pipeline(&h, tok, tok2, other);
 }
 
 /* The heartbeat would take 5 s to expire here: the broker must notice the
@@ -280,10 +287,7 @@ static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
     assert_int_equal(s.workers[TP_SI_TOKENIZE], 1);
     assert_int_equal(s.jobs_finished, 3);
     assert_int_equal(s.finish[TP_REASON_ERROR], 0);
-    stop_worker(tok2);
-    for (int i = 0; i < 3; i++)
-        stop_worker(other[i]);
-    assert_int_equal(harness_stop(&h), 0);
+    stop_pipeline(&h, tok2, 0, other);
 }
 
 static void wait_state(harness *h, const char *id, int want)
@@ -337,10 +341,7 @@ static void jobs_waiting_for_admission_run_on_the_next_forward_worker(void **sta
     tp_m_stats_reply s = stats(&h);
     assert_int_equal(s.jobs_finished, 3);
     assert_int_equal(s.finish[TP_REASON_ERROR], 1);
-    stop_worker(tok);
-    for (int i = 0; i < 3; i++)
-        stop_worker(other[i]);
-    assert_int_equal(harness_stop(&h), 0);
+    stop_pipeline(&h, tok, 0, other);
 }
 
 /* ---- a tokenize worker that restarts on the same connection -------------- */

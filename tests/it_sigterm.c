@@ -2,7 +2,8 @@
  * arrives while the config is being read, while the sockets are bound and
  * the workers start, right after a job, during a job or while the daemon
  * is already draining, tokpiped exits 0, lets a running job finish, and
- * leaves no worker process behind, every time. */
+ * leaves no worker process behind, every time; killed, it still leaves
+ * none. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -209,11 +210,32 @@ static void sigterm_at_any_moment_exits_zero_and_leaves_no_worker(void **state)
     }
 }
 
+/* Not a clean stop, but still none left: a spawned worker gets SIGTERM
+ * when tokpiped dies (PR_SET_PDEATHSIG). */
+static void a_killed_tokpiped_leaves_no_worker(void **state)
+{
+    (void)state;
+    harness h;
+    assert_int_equal(harness_start(&h, false, NULL), 0);
+    assert_int_equal(harness_live_workers(&h), 4);
+    kill(h.pid, SIGKILL);
+    assert_int_equal(wait_exit(&h, 5000), 128 + SIGKILL);
+    int left = 4;
+    for (int waited = 0; left > 0 && waited < 5000; waited += 10) {
+        left = harness_live_workers(&h);
+        sleep_ms(10);
+    }
+    if (left)
+        fail_msg("%d workers outlived the killed tokpiped by 5 s", left);
+    harness_stop(&h);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sigterm_at_any_moment_exits_zero_and_leaves_no_worker),
+        cmocka_unit_test(a_killed_tokpiped_leaves_no_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
