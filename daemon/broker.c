@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,7 +58,7 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
     f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
     f->prompt_tokens = j->n_prompt;
     f->completion_tokens = j->n_out;
-    f->text_len = j->text_len;
+    f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
     tp_err e;
@@ -75,6 +77,22 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
 
 /* ---- setup -------------------------------------------------------------------- */
 
+/* Does a process accept connections on the unix socket at path? A file left
+ * by a crashed run refuses them; a running broker's accepts. */
+static bool ipc_in_use(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (path[0] == '@' || strlen(path) >= sizeof a.sun_path)   /* abstract: nothing to unlink */
+        return false;
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    bool live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return live;
+}
+
 static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *rc)
 {
     void *s = zmq_socket(b->zctx, type);
@@ -91,8 +109,16 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if (type == ZMQ_ROUTER)   /* EHOSTUNREACH instead of a silent drop */
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    if (!strncmp(ep, "ipc://", 6))
+    if (!strncmp(ep, "ipc://", 6)) {
+        /* zmq would replace the file and orphan a running broker: its
+         * workers and clients would reach this one, and nobody it */
+        if (ipc_in_use(ep + 6)) {
+            *rc = tp_err_set(err, TP_EIO, "bind %s: another process (a running tokpiped?) is listening there", ep);
+            zmq_close(s);
+            return NULL;
+        }
         unlink(ep + 6);   /* a stale socket file from a crashed run */
+    }
     if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, err))) {
         zmq_close(s);
         return NULL;
@@ -151,9 +177,10 @@ void broker_free(broker *b)
     tp_zsec_server_free(b->zsec);
     if (b->zctx)
         zmq_ctx_term(b->zctx);
+    /* only the files this broker bound: the others may be another's */
     const char *eps[] = {b->cfg->ep_front, b->cfg->ep_back, b->cfg->ep_publish, b->cfg->ep_events};
     for (size_t i = 0; i < 4; i++)
-        if (!strncmp(eps[i], "ipc://", 6))
+        if (socks[i] && !strncmp(eps[i], "ipc://", 6))
             unlink(eps[i] + 6);
     jobs_free(b);
     sched_free(b);

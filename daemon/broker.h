@@ -84,10 +84,17 @@ typedef struct bjob {
     /* times */
     uint64_t t_submit_wall, t_start_wall;
     int64_t t_submit_ms;
-    /* result (from events) */
+    /* result (from events): what subscribers were sent up to last_seq. The
+     * text is kept up to TP_PROTO_MAX_TEXT (whole deltas; text_cut counts
+     * the bytes past it), so STATUS always fits its reply; shown[] are the
+     * ids of the TOKEN events (verdicts may run a step ahead of them in
+     * out[]), kept while the job runs. */
     int64_t last_seq;
     char *text;
     size_t text_len, text_cap;
+    uint64_t text_cut;
+    int32_t *shown;
+    size_t n_shown, cap_shown;
     int reason;
     tp_matched matched;
     char *matched_buf;
@@ -180,6 +187,7 @@ void jobs_release(broker *b, bjob *j);
 void jobs_expire(broker *b, int64_t now);
 int jobs_append_text(bjob *j, const char *s, size_t n);
 int jobs_append_out(bjob *j, int32_t id);
+uint64_t jobs_text_total(const bjob *j);
 void jobs_on_event(broker *b, const tp_msg *ev);
 void jobs_mark_finished(broker *b, bjob *j);
 

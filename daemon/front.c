@@ -71,8 +71,10 @@ static void apply_defaults(const tp_config *c, tp_params *p)
         p->presence_penalty = c->def_presence_penalty;
     if (!(p->set & TP_P_FREQUENCY_PENALTY))
         p->frequency_penalty = c->def_frequency_penalty;
+    if (!(p->set & TP_P_PENALTY_WINDOW))
+        p->penalty_window = c->def_penalty_window;
     p->set |= TP_P_MAX_TOKENS | TP_P_MIN_TOKENS | TP_P_TEMPERATURE | TP_P_TOP_P | TP_P_TOP_K | TP_P_MIN_P |
-              TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY;
+              TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY | TP_P_PENALTY_WINDOW;
 }
 
 typedef struct verdict {
@@ -103,6 +105,9 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->max_tokens > c->max_tokens_limit)
         return bad(v, TP_ST_BAD_REQUEST, "params.max_tokens", "params.max_tokens: %d exceeds the limit %d",
                    p->max_tokens, c->max_tokens_limit);
+    if (p->penalty_window > c->max_penalty_window)
+        return bad(v, TP_ST_BAD_REQUEST, "params.penalty_window",
+                   "params.penalty_window: %d exceeds the limit %d", p->penalty_window, c->max_penalty_window);
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
@@ -319,15 +324,20 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
     r.status = TP_ST_OK;
     s->state = state_of(j);
     s->prompt_tokens = j->n_prompt;
-    s->completion_tokens = j->n_out;
     s->last_seq = j->last_seq;
-    if (s->state == TP_STATE_FINISHED) {
+    s->text = (tp_str){j->text ? j->text : "", j->text_len};
+    s->text_len = jobs_text_total(j);
+    /* running: exactly what the events up to last_seq carried, so a client
+     * can continue from the events after it */
+    static const int32_t none[1];
+    bool done = s->state == TP_STATE_FINISHED;
+    s->tokens = done ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
+    s->completion_tokens = (uint32_t)s->tokens.n;
+    if (done) {
         s->reason = j->reason;
         s->matched = j->matched;
-        s->text = (tp_str){j->text ? j->text : "", j->text_len};
         s->job_error = tp_str_of(j->job_error);
         s->timings = j->timings;
-        s->tokens = (tp_raw){j->out, j->n_out};
     }
     reply(b, to, &r);
 }

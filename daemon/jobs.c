@@ -39,6 +39,7 @@ static void job_clear(bjob *j)
     free(j->prompt);
     free(j->out);
     free(j->text);
+    free(j->shown);
     free(j->matched_buf);
     free(j->job_error);
     memset(j, 0, sizeof *j);
@@ -183,6 +184,11 @@ int jobs_append_text(bjob *j, const char *s, size_t n)
 {
     if (n == 0)
         return 0;
+    /* whole deltas only, so the kept text stays valid UTF-8 */
+    if (j->text_cut || j->text_len + n > TP_PROTO_MAX_TEXT) {
+        j->text_cut += n;
+        return 0;
+    }
     if (grow((void **)&j->text, &j->text_cap, j->text_len + n + 1, 1))
         return TP_ENOMEM;
     memcpy(j->text + j->text_len, s, n);
@@ -198,6 +204,27 @@ int jobs_append_out(bjob *j, int32_t id)
         return TP_ENOMEM;
     j->cap_out = (uint32_t)cap;
     j->out[j->n_out++] = id;
+    return 0;
+}
+
+uint64_t jobs_text_total(const bjob *j)
+{
+    return j->text_len + j->text_cut;
+}
+
+/* The ids of one TOKEN event, at its index. An index past what was shown
+ * (the events of a lost stop worker) is filled from the verdicts. */
+static int append_shown(bjob *j, uint32_t index, tp_raw ids)
+{
+    if (index < j->n_shown)
+        j->n_shown = index;
+    size_t need = (size_t)index + ids.n;
+    if (grow((void **)&j->shown, &j->cap_shown, need ? need : 1, sizeof *j->shown))
+        return TP_ENOMEM;
+    for (; j->n_shown < index; j->n_shown++)
+        j->shown[j->n_shown] = j->n_shown < j->n_out ? j->out[j->n_shown] : -1;
+    tp_raw_copy(j->shown + j->n_shown, ids, 4);
+    j->n_shown += ids.n;
     return 0;
 }
 
@@ -242,9 +269,13 @@ void jobs_mark_finished(broker *b, bjob *j)
     if (j->reason > 0 && j->reason < TP_REASON_COUNT)
         b->stats.finish[j->reason]++;
     count_trigger(&b->stats, &j->matched);
-    /* the request copies are no longer needed */
+    /* the request copies and the running view are no longer needed:
+     * STATUS of a finished job answers the verdicts' tokens */
     free(j->prompt_text);
     j->prompt_text = NULL;
+    free(j->shown);
+    j->shown = NULL;
+    j->n_shown = j->cap_shown = 0;
 }
 
 static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
@@ -279,6 +310,7 @@ void jobs_on_event(broker *b, const tp_msg *ev)
     if (ev->cmd == TP_CMD_TOKEN) {
         j->last_seq = ev->token.seq;
         jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
+        append_shown(j, ev->token.index, ev->token.ids);
         return;
     }
     j->last_seq = ev->finish.seq;

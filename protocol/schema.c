@@ -40,6 +40,8 @@ static const field params_fields[] = {
      .setbit = TP_P_PRESENCE_PENALTY},
     {.key = "frequency_penalty", .type = FT_F64, .off = P(frequency_penalty), .flo = -2, .fhi = 2,
      .setbit = TP_P_FREQUENCY_PENALTY},
+    {.key = "penalty_window", .type = FT_I32, .off = P(penalty_window), .ilo = 0, .ihi = INT32_MAX,
+     .setbit = TP_P_PENALTY_WINDOW},
     {.key = "seed", .type = FT_U64, .off = P(seed), .setbit = TP_P_SEED},
     {.key = "stop", .type = FT_STRS, .off = P(stop), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_STOP,
      .max_elem = TP_PROTO_MAX_STOP_LEN, .setbit = TP_P_STOP},
@@ -82,7 +84,7 @@ static const field status_reply_f[] = {
     F_I64("last_seq", SR(last_seq), FF_REQUIRED, -1, UINT32_MAX),
     {.key = "reason", .type = FT_REASON, .off = SR(reason)},
     {.key = "matched", .type = FT_MATCHED, .off = SR(matched)},
-    F_STR("text", SR(text), 0, TP_PROTO_MAX_TEXT),
+    F_STR("text", SR(text), 0, TP_PROTO_MAX_TEXT), F_U64("text_len", SR(text_len), 0),
     F_STR("job_error", SR(job_error), 0, TP_PROTO_MAX_ERROR),
     F_U64("queue_us", SR(timings.queue_us), 0), F_U64("ttft_us", SR(timings.ttft_us), 0),
     F_U64("total_us", SR(timings.total_us), 0), END,
@@ -295,8 +297,8 @@ static int check_status_reply(tp_msg *m, tp_err *err)
     bool done = r->state == TP_STATE_FINISHED;
     if (done && r->reason == TP_REASON_NONE)
         return tp_err_set(err, TP_EFORMAT, "reason: missing for a finished job");
-    if (!done && r->tokens.data)
-        return tp_err_set(err, TP_EFORMAT, "tokens: frame present but the job is not finished");
+    if (r->state == TP_STATE_UNKNOWN && r->tokens.data)
+        return tp_err_set(err, TP_EFORMAT, "tokens: frame present for an unknown job");
     if (done && !r->tokens.data)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame missing for a finished job");
     return 0;

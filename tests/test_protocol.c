@@ -309,6 +309,45 @@ static void status_reply_of_finished_job_carries_result_and_tokens(void **state)
     tp_wire_free(&w);
 }
 
+static void status_reply_of_running_job_carries_text_and_tokens_so_far(void **state)
+{
+    (void)state;
+    int32_t toks[] = {7, 8, 9};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS_REPLY);
+    m.status = 200;
+    tp_m_status_reply *s = &m.status_reply;
+    s->job_id = tp_str_of("r"), s->state = TP_STATE_RUNNING, s->completion_tokens = 3, s->last_seq = 2;
+    s->text = tp_str_of("abc"), s->text_len = 3, s->tokens = (tp_raw){toks, 3};
+    tp_wire w;
+    tp_msg d;
+    round_trip(&m, &w, &d);
+    assert_int_equal(d.status_reply.state, TP_STATE_RUNNING);
+    assert_str(d.status_reply.text, "abc");
+    assert_int_equal(d.status_reply.text_len, 3);
+    assert_int_equal(d.status_reply.tokens.n, 3);
+    assert_int_equal(tp_raw_i32(d.status_reply.tokens, 2), 9);
+    assert_int_equal(d.status_reply.reason, TP_REASON_NONE);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+
+    /* a queued job: empty text, an empty tokens frame */
+    s->state = TP_STATE_QUEUED, s->completion_tokens = 0, s->last_seq = -1;
+    s->text = tp_str_of(""), s->text_len = 0, s->tokens = (tp_raw){toks, 0};
+    round_trip(&m, &w, &d);
+    assert_non_null(d.status_reply.tokens.data);
+    assert_int_equal(d.status_reply.tokens.n, 0);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+
+    /* an unknown job has no result to carry */
+    m.status = 404, s->state = TP_STATE_UNKNOWN;
+    tp_err e;
+    assert_int_not_equal(tp_proto_encode(&m, &w, &e), 0);
+    if (!strstr(e.msg, "tokens"))
+        fail_msg("error does not name the tokens frame: %s", e.msg);
+}
+
 static void stats_reply_round_trips_counters_and_triggers(void **state)
 {
     (void)state;
@@ -1153,6 +1192,7 @@ int main(void)
         cmocka_unit_test(decoded_strings_borrow_the_frame),
         cmocka_unit_test(ack_cancel_status_and_error_round_trip),
         cmocka_unit_test(status_reply_of_finished_job_carries_result_and_tokens),
+        cmocka_unit_test(status_reply_of_running_job_carries_text_and_tokens_so_far),
         cmocka_unit_test(stats_reply_round_trips_counters_and_triggers),
         cmocka_unit_test(token_event_has_job_id_topic_and_raw_ids),
         cmocka_unit_test(finish_event_round_trips_reason_matched_counts_timings),

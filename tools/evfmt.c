@@ -81,12 +81,15 @@ cJSON *evfmt_status(const tp_msg *m)
     cJSON_AddNumberToObject(o, "prompt_tokens", s->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", s->completion_tokens);
     cJSON_AddNumberToObject(o, "last_seq", (double)s->last_seq);
+    if (m->status != TP_ST_OK)
+        return o;
+    cJSON_AddItemToObject(o, "text", evfmt_str(s->text));
+    cJSON_AddNumberToObject(o, "text_len", (double)(s->text_len > s->text.len ? s->text_len : s->text.len));
+    cJSON_AddItemToObject(o, "tokens", evfmt_ids(s->tokens));
     if (s->state != TP_STATE_FINISHED)
         return o;
     cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(s->reason));
     cJSON_AddItemToObject(o, "matched", evfmt_matched(&s->matched));
-    cJSON_AddItemToObject(o, "text", evfmt_str(s->text));
-    cJSON_AddItemToObject(o, "tokens", evfmt_ids(s->tokens));
     if (s->job_error.ptr)
         cJSON_AddItemToObject(o, "job_error", evfmt_str(s->job_error));
     add_timings(o, &s->timings);

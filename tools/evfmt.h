@@ -23,8 +23,9 @@ cJSON *evfmt_ids(tp_raw r);
  *    "completion_tokens","text_len","queue_us","ttft_us","total_us"[,"error"]} */
 cJSON *evfmt_event(const tp_msg *m);
 
-/* A STATUS_REPLY as JSON (status, job_id, state, counts; the result when
- * finished: reason, matched, text, tokens, timings). */
+/* A STATUS_REPLY as JSON: status, job_id, state, counts; for a known job
+ * the text, text_len and tokens so far (the final ones once finished); when
+ * finished also finish_reason, matched, job_error and timings. */
 cJSON *evfmt_status(const tp_msg *m);
 
 /* A STATS_REPLY as JSON (every counter; workers and finish as objects,

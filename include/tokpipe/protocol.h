@@ -248,6 +248,7 @@ enum {
     TP_P_STOP_TOKEN_IDS = 1u << 11,
     TP_P_IGNORE_EOS = 1u << 12,
     TP_P_INCLUDE_STOP = 1u << 13,
+    TP_P_PENALTY_WINDOW = 1u << 14,
 };
 
 typedef struct tp_params {
@@ -261,6 +262,7 @@ typedef struct tp_params {
     double repetition_penalty;       /* > 0 (1 = off) */
     double presence_penalty;         /* [-2, 2] */
     double frequency_penalty;        /* [-2, 2] */
+    int32_t penalty_window;          /* >= 0: last tokens the penalties see (limit: broker) */
     uint64_t seed;
     tp_str *stop;                    /* n_stop non-empty valid UTF-8 strings */
     size_t n_stop;
@@ -300,13 +302,17 @@ typedef struct tp_m_status_reply {
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
     int64_t last_seq;          /* seq of the last event published, -1 none */
+    /* Every known job (status 200): what the events up to last_seq carried
+     * (running: never bytes the stop stage still holds back; finished: the
+     * final result). completion_tokens = tokens.n. */
+    tp_str text;               /* the text so far / the final text */
+    uint64_t text_len;         /* bytes of that text; > text.len only past TP_PROTO_MAX_TEXT */
+    tp_raw tokens;             /* int32 frame F3: completion ids so far / all */
     /* When state == FINISHED: */
     int reason;                /* TP_REASON_* */
     tp_matched matched;
-    tp_str text;               /* final text */
     tp_str job_error;          /* reason error: what went wrong */
     tp_timings timings;
-    tp_raw tokens;             /* int32 frame F3: completion ids (finished only) */
 } tp_m_status_reply;
 
 typedef struct tp_trigger {    /* how often one stop string / id finished a job */

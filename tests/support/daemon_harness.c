@@ -54,8 +54,10 @@ static int write_config(harness *h, bool tcp, const char *extra)
         snprintf(h->events, sizeof h->events, "ipc://%s/rt/events.sock", h->dir);
         snprintf(h->publish, sizeof h->publish, "ipc://%s/rt/publish.sock", h->dir);
     }
-    /* fast failure detection keeps the crash tests short */
-    fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
+    /* fast failure detection keeps the crash tests short (unless the test
+     * sets its own: a second heartbeat section would be a duplicate key) */
+    if (!extra || (strncmp(extra, "heartbeat:", 10) && !strstr(extra, "\nheartbeat:")))
+        fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
     /* last, so extra_yaml may continue the workers section ("  fuse: ...") */
     fprintf(f, "workers:\n  binary: %s/tokpipe-worker\n", h->bin);
     if (extra)
@@ -149,7 +151,7 @@ static int load_security(harness *h)
     return -1;
 }
 
-int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn, const char *notify)
+int harness_prepare(harness *h, bool tcp, const char *extra_yaml)
 {
     memset(h, 0, sizeof *h);
     const char *models = getenv("TP_MODELS"), *bin = getenv("TP_BIN_DIR");
@@ -159,7 +161,7 @@ int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn
     if (!mkdtemp(h->dir))
         return -1;
     snprintf(h->config, sizeof h->config, "%s/tokpipe.yaml", h->dir);
-    if (write_config(h, tcp, extra_yaml) || load_security(h) || harness_spawn_daemon(h, no_spawn, notify))
+    if (write_config(h, tcp, extra_yaml) || load_security(h))
         return -1;
     h->zctx = zmq_ctx_new();
     h->dealer = zmq_socket(h->zctx, ZMQ_DEALER);
@@ -167,6 +169,13 @@ int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn
     zmq_setsockopt(h->dealer, ZMQ_LINGER, &linger, sizeof linger);
     tp_zsec_client_apply(&h->sec, h->dealer, h->front, NULL);
     zmq_connect(h->dealer, h->front);
+    return 0;
+}
+
+int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn, const char *notify)
+{
+    if (harness_prepare(h, tcp, extra_yaml) || harness_spawn_daemon(h, no_spawn, notify))
+        return -1;
     if (no_spawn)
         return 0;
     if (harness_wait_workers(h, 10000) == 0)
@@ -303,5 +312,45 @@ int harness_children(harness *h, pid_t *pids, int cap)
         pids[n++] = v;
     if (f)
         fclose(f);
+    return n;
+}
+
+int harness_wait_stage(harness *h, int stage, uint64_t n, int timeout_ms)
+{
+    for (int i = 0; i * 20 < timeout_ms; i++) {
+        tp_m_stats_reply s;
+        if (harness_stats(h, &s) == 0 && s.workers[stage] == n)
+            return 0;
+        sleep_ms(20);
+    }
+    return -1;
+}
+
+int harness_live_workers(const harness *h)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char path[300], args[2048];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
+        if (f)
+            fclose(f);
+        args[len] = '\0';
+        /* argv[0] ends in tokpipe-worker; the config is a later argument */
+        size_t a0 = strlen(args);
+        bool worker = a0 >= 14 && !strcmp(args + a0 - 14, "tokpipe-worker");
+        for (size_t k = 0; k < len; k++)
+            if (!args[k])
+                args[k] = ' ';
+        n += worker && strstr(args, h->config) != NULL;
+    }
+    closedir(d);
     return n;
 }
