@@ -281,8 +281,8 @@ __attribute__((target("avx512f"))) static int argmax_avx512(const tp_smp_view *v
     for (int i = 0; i < v->vocab; i += BLOCK) {
         __m512 x = load16(v, i);
         __mmask16 gt = _mm512_cmp_ps_mask(x, best, _CMP_GT_OQ);
-        best = _mm512_mask_mov_ps(best, gt, x);
         best_id = _mm512_mask_mov_epi32(best_id, gt, id);
+        best = _mm512_max_ps(x, best); /* NaN x keeps best; a short chain */
         id = _mm512_add_epi32(id, _mm512_set1_epi32(BLOCK));
     }
     float mx = _mm512_reduce_max_ps(best);
@@ -327,6 +327,17 @@ __attribute__((target("avx512f"))) static inline __m512 weight16(__m512 x, __m51
     return _mm512_mask_mov_ps(w, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_setzero_ps());
 }
 
+/* Adds w[i, i + n) to *sum one by one in id order: that rounding is what
+ * the draw has always used, so this chain of dependent adds stays. */
+static void sum_block(const float *w, int i, int n, double *sum, double *acc)
+{
+    double s = *sum;
+    acc[i / BLOCK] = s;
+    for (int j = 0; j < n; j++)
+        s += w[i + j];
+    *sum = s;
+}
+
 __attribute__((target("avx512f"))) static double weights_avx512(const tp_smp_view *v, float max,
                                                                 float inv_t, float *w, double *acc,
                                                                 size_t *n_pos, int *last_pos)
@@ -334,19 +345,21 @@ __attribute__((target("avx512f"))) static double weights_avx512(const tp_smp_vie
     exp_tab e = exp_tab_load();
     __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_t);
     double sum = 0.0;
-    for (int i = 0; i < v->vocab; i += BLOCK) {
+    int i = 0;
+    for (; i < v->vocab; i += BLOCK) {
         int n = block_len(v, i);
         __m512 wv = weight16(load16(v, i), vmax, vinv, &e);
         _mm512_mask_storeu_ps(w + i, lanes(n), wv);
         unsigned pos = _mm512_cmp_ps_mask(wv, _mm512_setzero_ps(), _CMP_GT_OQ) & lanes(n);
         if (pos)
             *n_pos += (size_t)__builtin_popcount(pos), *last_pos = i + 31 - __builtin_clz(pos);
-        /* The sum stays sequential in id order: that rounding is what the
-         * draw has always used. */
-        acc[i / BLOCK] = sum;
-        for (int j = 0; j < n; j++)
-            sum += w[i + j];
+        /* The sum runs one block behind: reading back a block just stored
+         * waits for the store; the block before is already in the cache. */
+        if (i)
+            sum_block(w, i - BLOCK, BLOCK, &sum, acc);
     }
+    i -= BLOCK;
+    sum_block(w, i, v->vocab - i, &sum, acc);
     return sum;
 }
 
@@ -380,10 +393,11 @@ __attribute__((target("avx512f"))) static size_t min_p_avx512(const tp_smp_view 
                                                               float inv_t, float min_p,
                                                               tp_smp_cand *out)
 {
-    __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_t);
+    exp_tab e = exp_tab_load();
+    __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_t), vmin_p = _mm512_set1_ps(min_p);
     __m512 vfloor = _mm512_set1_ps(min_p_floor(min_p));
     size_t n = 0;
-    float x[BLOCK];
+    float x[BLOCK], w[BLOCK];
     for (int i = 0; i < v->vocab; i += BLOCK) {
         __m512 xv = load16(v, i);
         __m512 d = _mm512_sub_ps(xv, vmax);
@@ -391,12 +405,13 @@ __attribute__((target("avx512f"))) static size_t min_p_avx512(const tp_smp_view 
                       _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_EQ_OQ);
         if (!m)
             continue;
+        __m512 wv = weight16(xv, vmax, vinv, &e);
+        m &= _mm512_cmp_ps_mask(wv, vmin_p, _CMP_GE_OQ);
         _mm512_storeu_ps(x, xv);
+        _mm512_storeu_ps(w, wv);
         for (; m; m &= m - 1) {
             int j = __builtin_ctz(m);
-            float w = tp_smp_weight(x[j], max, inv_t);
-            if (w >= min_p)
-                out[n++] = (tp_smp_cand){x[j], w, i + j};
+            out[n++] = (tp_smp_cand){x[j], w[j], i + j};
         }
     }
     return n;

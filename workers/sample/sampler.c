@@ -258,17 +258,44 @@ static void insertion_sort(tp_smp_cand *c, size_t lo, size_t hi)
             swap(&c[j], &c[j - 1]);
 }
 
+/* The weight of c[lo, hi). exact: no sum of these weights rounds (see
+ * sums_are_exact), so any order gives the one-by-one sum, and four chains
+ * run in parallel. */
+static double weigh(const tp_smp_cand *c, size_t lo, size_t hi, bool exact)
+{
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    size_t i = lo;
+    for (; exact && i + 4 <= hi; i += 4) {
+        s0 += c[i].w;
+        s1 += c[i + 1].w;
+        s2 += c[i + 2].w;
+        s3 += c[i + 3].w;
+    }
+    for (; i < hi; i++)
+        s0 += c[i].w;
+    return exact ? (s0 + s1) + (s2 + s3) : s0;
+}
+
+/* True if no sum of weights >= cut (floats) whose exact total is at most
+ * `total` can round in double: each is a multiple of 2^(E-24), where 2^(E-1)
+ * <= cut, so every partial sum is too, and it stays below 2^(E+29), 53 bits
+ * of those units (the margin covers total's own rounding). */
+static bool sums_are_exact(double cut, double total)
+{
+    int e;
+    frexp(cut, &e);
+    return cut > 0.0 && total * (1.0 + 0x1p-20) < ldexp(1.0, e + 29);
+}
+
 /* The smallest m such that the m best of c[0, n) weigh >= target, with
- * c reordered so those are c[0, m). */
-static size_t select_top_mass(tp_smp_cand *c, size_t n, double target)
+ * c reordered so those are c[0, m). exact: as for weigh. */
+static size_t select_top_mass(tp_smp_cand *c, size_t n, double target, bool exact)
 {
     size_t lo = 0, hi = n;
     double acc = 0.0; /* weight of c[0, lo), all ranked before c[lo, n) */
     while (hi - lo > 16) {
         size_t m = partition(c, lo, hi);
-        double upper = 0.0;
-        for (size_t i = lo; i <= m; i++)
-            upper += c[i].w;
+        double upper = weigh(c, lo, m + 1, exact);
         if (acc + upper >= target) {
             hi = m + 1;
         } else {
@@ -382,7 +409,7 @@ static int sample_top_k(tp_sampler *s, const tp_smp_view *v, int32_t *token_out,
         for (size_t i = 0; i < n; i++)
             if (s->cand[i].w >= cut)
                 s->cand[kept++] = s->cand[i];
-        n = select_top_mass(s->cand, kept, (double)p->top_p * total);
+        n = select_top_mass(s->cand, kept, (double)p->top_p * total, false);
     }
     if (p->min_p > 0.0f)
         n = keep_min_p(s, n);
@@ -406,8 +433,9 @@ static int32_t sample_all(tp_sampler *s, const tp_smp_view *v, int32_t best, flo
     if (p->top_p == 1.0f)
         return draw_all(s, total, last_pos);
     if (n_pos > 1) {
-        n = tp_smp_gather(v, s->work, top_p_cut(p->top_p, total, n_pos), s->cand, s->avx512);
-        n = select_top_mass(s->cand, n, (double)p->top_p * total);
+        double cut = top_p_cut(p->top_p, total, n_pos);
+        n = tp_smp_gather(v, s->work, cut, s->cand, s->avx512);
+        n = select_top_mass(s->cand, n, (double)p->top_p * total, sums_are_exact(cut, total));
     } else {
         n = tp_smp_gather(v, s->work, 0.0, s->cand, s->avx512);
     }
