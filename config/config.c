@@ -1,5 +1,6 @@
 /* tokpipe.yaml loader: libyaml document tree walked against one key table. */
 #include "tokpipe/config.h"
+#include "tokpipe/sampler.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -10,23 +11,30 @@
 #include <unistd.h>
 #include <yaml.h>
 
-enum kind { K_INT, K_I64, K_DBL, K_STR, K_STRLIST, K_BOOL };
+enum kind { K_INT, K_I64, K_DBL, K_STR, K_STRLIST, K_BOOL, K_ENUM };
 
-/* One leaf key. Ranges are inclusive; doubles use dmin/dmax. */
+/* One leaf key. Ranges are inclusive; doubles use dmin/dmax; an enum is
+ * stored as the int index of its name in names. */
 struct key {
     const char *path;
     enum kind kind;
     size_t off;
     int64_t min, max;
     double dmin, dmax;
+    const char *const *names;
 };
 
+/* Config knows the kernel names, not the forward library (tokpiped does not
+ * link it); test_config checks they are tp_fwd_kernel_parse's. */
+const char *const tp_config_kernel_names[] = {"invariant", "openblas", NULL};
+
 #define OFF(f) offsetof(tp_config, f)
-#define KI(p, f, lo, hi) {p, K_INT, OFF(f), lo, hi, 0, 0}
-#define KL(p, f, lo, hi) {p, K_I64, OFF(f), lo, hi, 0, 0}
-#define KD(p, f, lo, hi) {p, K_DBL, OFF(f), 0, 0, lo, hi}
-#define KS(p, f) {p, K_STR, OFF(f), 0, 0, 0, 0}
-#define KB(p, f) {p, K_BOOL, OFF(f), 0, 0, 0, 0}
+#define KI(p, f, lo, hi) {p, K_INT, OFF(f), lo, hi, 0, 0, NULL}
+#define KL(p, f, lo, hi) {p, K_I64, OFF(f), lo, hi, 0, 0, NULL}
+#define KD(p, f, lo, hi) {p, K_DBL, OFF(f), 0, 0, lo, hi, NULL}
+#define KS(p, f) {p, K_STR, OFF(f), 0, 0, 0, 0, NULL}
+#define KB(p, f) {p, K_BOOL, OFF(f), 0, 0, 0, 0, NULL}
+#define KE(p, f, names) {p, K_ENUM, OFF(f), 0, 0, 0, 0, names}
 
 static const struct key keys[] = {
     KS("runtime_dir", runtime_dir),
@@ -41,8 +49,9 @@ static const struct key keys[] = {
     KI("workers.forward", stage_count[TP_SI_FORWARD], 0, 64),
     KI("workers.sample", stage_count[TP_SI_SAMPLE], 0, 64),
     KI("workers.stop", stage_count[TP_SI_STOP], 0, 64),
-    {"workers.fuse", K_STRLIST, OFF(fuse), 0, TP_CONFIG_MAX_GROUPS, 0, 0},
+    {"workers.fuse", K_STRLIST, OFF(fuse), 0, TP_CONFIG_MAX_GROUPS, 0, 0, NULL},
     KI("workers.forward_threads", forward_threads, 1, 2),
+    KE("workers.forward_kernel", forward_kernel, tp_config_kernel_names),
     KI("workers.respawn_init_ms", respawn_init_ms, 10, 600000),
     KI("workers.respawn_max_ms", respawn_max_ms, 10, 3600000),
     KI("batching.max_num_seqs", max_num_seqs, 1, 4096),
@@ -60,7 +69,9 @@ static const struct key keys[] = {
     KD("generation.repetition_penalty", def_repetition_penalty, 1e-300, 1e6),
     KD("generation.presence_penalty", def_presence_penalty, -2, 2),
     KD("generation.frequency_penalty", def_frequency_penalty, -2, 2),
+    KI("generation.penalty_window", def_penalty_window, 0, TP_SAMPLER_MAX_PENALTY_WINDOW),
     KI("limits.max_tokens", max_tokens_limit, 1, INT32_MAX),
+    KI("limits.max_penalty_window", max_penalty_window, 0, TP_SAMPLER_MAX_PENALTY_WINDOW),
     KI("limits.max_concurrent_jobs", max_concurrent_jobs, 1, 1 << 20),
     KL("limits.finished_ttl_ms", finished_ttl_ms, 0, INT64_C(1) << 40),
     KL("limits.max_msg_bytes", max_msg_bytes, 4096, INT64_C(1) << 32),
@@ -134,7 +145,9 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->def_top_k = 0;
     cfg->def_min_p = 0.0;
     cfg->def_repetition_penalty = 1.0;
+    cfg->def_penalty_window = TP_SAMPLER_DEFAULT_PENALTY_WINDOW;
     cfg->max_tokens_limit = 4096;
+    cfg->max_penalty_window = 4096;
     cfg->max_concurrent_jobs = 256;
     cfg->finished_ttl_ms = 300000;
     cfg->max_msg_bytes = 64 << 20;
@@ -280,6 +293,21 @@ static int set_bool(struct walk *w, const struct key *k, const yaml_node_t *n)
     return 0;
 }
 
+static int set_enum(struct walk *w, const struct key *k, const yaml_node_t *n)
+{
+    const char *s = scalar(n);
+    for (int i = 0; k->names[i]; i++)
+        if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !strcmp(s, k->names[i])) {
+            *(int *)((char *)w->cfg + k->off) = i;
+            return 0;
+        }
+    char msg[160], *at = msg;
+    at += snprintf(msg, sizeof msg, "'%.60s' is not one of", s);
+    for (int i = 0; k->names[i]; i++)
+        at += snprintf(at, sizeof msg - (size_t)(at - msg), "%s %s", i ? "," : "", k->names[i]);
+    return fail(w, n, TP_EINVAL, k->path, msg);
+}
+
 static int set_strlist(struct walk *w, const struct key *k, const yaml_node_t *n)
 {
     if (n->type != YAML_SEQUENCE_NODE)
@@ -323,6 +351,8 @@ static int set_leaf(struct walk *w, const struct key *k, const yaml_node_t *n)
         return set_dbl(w, k, n);
     case K_BOOL:
         return set_bool(w, k, n);
+    case K_ENUM:
+        return set_enum(w, k, n);
     default:
         return set_str((char **)((char *)w->cfg + k->off), plain_null(n) ? "" : scalar(n), w->err);
     }
@@ -389,6 +419,10 @@ static int check_all(tp_config *c, tp_err *err)
     if (c->def_max_tokens > c->max_tokens_limit)
         return tp_err_set(err, TP_ERANGE, "%s: generation.max_tokens (%d) > limits.max_tokens (%d)", f,
                           c->def_max_tokens, c->max_tokens_limit);
+    if (c->def_penalty_window > c->max_penalty_window)
+        return tp_err_set(err, TP_ERANGE,
+                          "%s: generation.penalty_window (%d) > limits.max_penalty_window (%d)", f,
+                          c->def_penalty_window, c->max_penalty_window);
     if (c->max_num_seqs > c->kv_slots)
         return tp_err_set(err, TP_ERANGE, "%s: batching.max_num_seqs (%d) > kv.slots (%d)", f,
                           c->max_num_seqs, c->kv_slots);

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
@@ -102,6 +104,22 @@ static void on_subscription(broker *b, const tp_frame *f)
 
 /* ---- setup -------------------------------------------------------------------- */
 
+/* Does a process accept connections on the unix socket at path? A file left
+ * by a crashed run refuses them; a running broker's accepts. */
+static bool ipc_in_use(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (path[0] == '@' || strlen(path) >= sizeof a.sun_path)   /* abstract: nothing to unlink */
+        return false;
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    bool live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return live;
+}
+
 static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *rc)
 {
     void *s = zmq_socket(b->zctx, type);
@@ -120,14 +138,31 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     if (type == ZMQ_XPUB)     /* every subscription, not only a topic's first */
         zmq_setsockopt(s, ZMQ_XPUB_VERBOSE, &one, sizeof one);
-    if (!strncmp(ep, "ipc://", 6))
+    if (!strncmp(ep, "ipc://", 6)) {
+        /* zmq would replace the file and orphan a running broker: its
+         * workers and clients would reach this one, and nobody it */
+        if (ipc_in_use(ep + 6)) {
+            *rc = tp_err_set(err, TP_EIO, "bind %s: another process (a running tokpiped?) is listening there", ep);
+            zmq_close(s);
+            return NULL;
+        }
         unlink(ep + 6);   /* a stale socket file from a crashed run */
+    }
+    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, err))) {
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_bind(s, ep)) {
         *rc = tp_err_set(err, TP_EIO, "bind %s: %s", ep, zmq_strerror(errno));
         zmq_close(s);
         return NULL;
     }
     return s;
+}
+
+static void zsec_log(void *ctx, const char *line)
+{
+    broker_log(ctx, "%s", line);
 }
 
 int broker_init(broker *b, tp_config *cfg, tp_err *err)
@@ -143,6 +178,12 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     b->zctx = zmq_ctx_new();
     if (!b->zctx)
         return tp_err_set(err, TP_EIO, "zmq_ctx_new failed");
+    /* the ZAP handler first: a CURVE socket without one admits every key */
+    if ((rc = tp_zsec_server_new(b->zctx, cfg, zsec_log, b, &b->zsec, err)))
+        return rc;
+    if (b->zsec)
+        broker_log(b, "CURVE security on tcp endpoints: %zu authorized keys from %s",
+                   tp_zsec_server_n_authorized(b->zsec), cfg->authorized_keys);
     rc = 0;
     if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, err, &rc)) ||
         !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, err, &rc)) ||
@@ -162,11 +203,13 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
+    tp_zsec_server_free(b->zsec);
     if (b->zctx)
         zmq_ctx_term(b->zctx);
+    /* only the files this broker bound: the others may be another's */
     const char *eps[] = {b->cfg->ep_front, b->cfg->ep_back, b->cfg->ep_publish, b->cfg->ep_events};
     for (size_t i = 0; i < 4; i++)
-        if (!strncmp(eps[i], "ipc://", 6))
+        if (socks[i] && !strncmp(eps[i], "ipc://", 6))
             unlink(eps[i] + 6);
     jobs_free(b);
     sched_free(b);
@@ -261,14 +304,17 @@ int broker_run(broker *b)
     while (!b->done) {
         if (*b->quit && !b->draining)
             start_drain(b);
-        zmq_pollitem_t it[4] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
-                                {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(it, 4, 50);
+        zmq_pollitem_t it[5] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
+                                {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0},
+                                {tp_zsec_server_socket(b->zsec), 0, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(it, b->zsec ? 5 : 4, 50);
         if (n < 0 && errno != EINTR)
             break;
         for (int i = 0; n > 0 && i < 4; i++)
             if (it[i].revents & ZMQ_POLLIN)
                 drain_socket(b, it[i].socket, i);
+        if (n > 0 && (it[4].revents & ZMQ_POLLIN))
+            tp_zsec_server_handle(b->zsec);
         int64_t now = tp_now_ms();
         if (now - last_tick >= 50) {
             last_tick = now;

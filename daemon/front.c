@@ -71,8 +71,10 @@ static void apply_defaults(const tp_config *c, tp_params *p)
         p->presence_penalty = c->def_presence_penalty;
     if (!(p->set & TP_P_FREQUENCY_PENALTY))
         p->frequency_penalty = c->def_frequency_penalty;
+    if (!(p->set & TP_P_PENALTY_WINDOW))
+        p->penalty_window = c->def_penalty_window;
     p->set |= TP_P_MAX_TOKENS | TP_P_MIN_TOKENS | TP_P_TEMPERATURE | TP_P_TOP_P | TP_P_TOP_K | TP_P_MIN_P |
-              TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY;
+              TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY | TP_P_PENALTY_WINDOW;
 }
 
 typedef struct verdict {
@@ -103,6 +105,9 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->max_tokens > c->max_tokens_limit)
         return bad(v, TP_ST_BAD_REQUEST, "params.max_tokens", "params.max_tokens: %d exceeds the limit %d",
                    p->max_tokens, c->max_tokens_limit);
+    if (p->penalty_window > c->max_penalty_window)
+        return bad(v, TP_ST_BAD_REQUEST, "params.penalty_window",
+                   "params.penalty_window: %d exceeds the limit %d", p->penalty_window, c->max_penalty_window);
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
@@ -358,6 +363,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_steps = st->forward_steps;
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
+    s->zap_refused = tp_zsec_server_refused(b->zsec);
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);

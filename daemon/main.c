@@ -24,7 +24,8 @@ static void usage(FILE *out)
             "over the registered stage workers, and republishes TOKEN/FINISH events.\n"
             "By default it also starts and supervises the configured tokpipe-worker\n"
             "processes. SIGTERM/SIGINT: stop accepting jobs, drain running ones (up to\n"
-            "shutdown.drain_timeout_ms), stop the workers, exit 0.\n"
+            "shutdown.drain_timeout_ms), stop the workers, exit 0. It refuses to start (exit 1)\n"
+            "when another process listens on one of its ipc endpoints.\n"
             "\n"
             "  --config FILE  configuration (default %s if present, else built-in defaults)\n"
             "  --no-spawn     run the broker alone; workers are started separately (systemd)\n"
@@ -32,8 +33,30 @@ static void usage(FILE *out)
             TP_CONFIG_DEFAULT_PATH);
 }
 
+/* First thing in main: from here on SIGTERM/SIGINT only ask for a clean
+ * exit, whatever phase of startup they hit. SA_RESTART keeps a blocking
+ * read (a config on a slow filesystem or a pipe) or waitpid from failing
+ * with EINTR; poll-based waits return early anyway and see the flag. The
+ * signals are unblocked in case the parent blocked them across exec. */
+static void install_signals(void)
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
 int main(int argc, char **argv)
 {
+    install_signals();
     const char *config = NULL;
     bool spawn = true;
     for (int i = 1; i < argc; i++) {
@@ -60,12 +83,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpiped: %s\n", e.msg);
         return 2;
     }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
+    if (g_quit) {   /* asked to stop before anything was bound or started */
+        fprintf(stderr, "tokpiped: stopped during startup\n");
+        tp_config_free(&cfg);
+        return 0;
+    }
     static broker b;   /* large (worker table); zero-initialised */
     b.quit = &g_quit;
     b.config_path = config;

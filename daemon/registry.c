@@ -1,7 +1,9 @@
 /* Worker registry: READY / WELCOME, heartbeats both ways, expiry, and
  * dispatch of stage results to the scheduler. Any message from a worker
- * counts as a heartbeat (MDP); a worker silent for `liveness` intervals is
- * lost, and so are the jobs pinned to it (sched_worker_lost). */
+ * counts as a heartbeat (MDP); a worker silent for `liveness` intervals, or
+ * whose connection closed, is lost, and so are the jobs pinned to it
+ * (sched_worker_lost; jobs only queued at it are queued again). */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -54,7 +56,7 @@ void registry_lose(broker *b, int wi, const char *why)
     bworker *w = &b->workers[wi];
     if (!w->live)
         return;
-    broker_log(b, "worker %s (%s) lost: %s", w->instance, w->model_id[0] ? "model" : "no model", why);
+    broker_log(b, "worker %s lost: %s", w->instance, why);
     tp_frame id = {w->ident, w->ident_len};
     send_raw(b, &id, TP_CMD_DISCONNECT, why);
     sched_worker_lost(b, wi);
@@ -71,8 +73,13 @@ static void copy_name(char *dst, tp_str s)
 static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
 {
     int old = registry_find(b, ident->data, ident->len);
-    if (old >= 0)   /* READY again = a restarted worker: its state is gone */
-        registry_lose(b, old, "registered again");
+    if (old >= 0) {
+        /* READY again = a restarted worker: its state is gone, so its jobs
+         * are (sched_worker_lost), but it registers anew below: no
+         * DISCONNECT, which would make it drop this connection too */
+        broker_log(b, "worker %s registered again: its old state is gone", b->workers[old].instance);
+        sched_worker_lost(b, old);
+    }
     const bworker *ref = registry_model(b);
     char model[TP_PROTO_MAX_MODEL_ID + 1];
     size_t ml = r->model_id.len > TP_PROTO_MAX_MODEL_ID ? TP_PROTO_MAX_MODEL_ID : r->model_id.len;
@@ -138,17 +145,45 @@ void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frame
     if (m.cmd == TP_CMD_READY) {
         on_ready(b, ident, &m.ready);
     } else if (wi < 0) {
-        /* a worker from before a broker restart: make it register again */
-        if (m.cmd != TP_CMD_DISCONNECT)
+        /* a worker from before a broker restart, or one declared lost that
+         * runs again (its late results are for jobs already re-queued):
+         * make it register again */
+        if (m.cmd != TP_CMD_DISCONNECT) {
+            if (m.cmd != TP_CMD_HEARTBEAT)
+                broker_log(b, "ignored %s from an unregistered worker; told to send READY",
+                           tp_cmd_name(TP_FAM_WRK, m.cmd));
             send_raw(b, ident, TP_CMD_DISCONNECT, "unknown worker: send READY");
+        }
     } else if (m.cmd == TP_CMD_DISCONNECT) {
-        sched_worker_lost(b, wi);
-        b->workers[wi].live = false;
         broker_log(b, "worker %s disconnected", b->workers[wi].instance);
+        sched_worker_lost(b, wi);
     } else if (m.cmd != TP_CMD_HEARTBEAT) {
         sched_on_result(b, wi, &m);
     }
     tp_msg_clear(&m);
+}
+
+/* HEARTBEAT to worker wi; false if its connection is gone. The backend
+ * ROUTER is ROUTER_MANDATORY, so a peer whose socket closed (the process
+ * died) answers EHOSTUNREACH, and since a reconnecting worker gets a new
+ * identity this registration can never be reached again: no need to wait
+ * `liveness` intervals for it. (A full queue, EAGAIN, is left to expiry.) */
+static bool send_heartbeat(broker *b, int wi)
+{
+    bworker *w = &b->workers[wi];
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_HEARTBEAT);
+    tp_wire wire;
+    tp_err e;
+    if (tp_proto_encode(&m, &wire, &e))
+        return true;
+    tp_frame id = {w->ident, w->ident_len};
+    int rc = tp_zsend(b->back, &id, 1, &wire, ZMQ_DONTWAIT);
+    int err = errno;
+    tp_wire_free(&wire);
+    if (rc == 0)
+        w->last_send = tp_now_ms();
+    return rc == 0 || err != EHOSTUNREACH;
 }
 
 void registry_tick(broker *b, int64_t now)
@@ -162,10 +197,7 @@ void registry_tick(broker *b, int64_t now)
             registry_lose(b, i, "heartbeat expired");
             continue;
         }
-        if (now - w->last_send >= b->cfg->heartbeat_ms) {
-            tp_msg m;
-            tp_msg_init(&m, TP_FAM_WRK, TP_CMD_HEARTBEAT);
-            broker_send_worker(b, i, &m);
-        }
+        if (now - w->last_send >= b->cfg->heartbeat_ms && !send_heartbeat(b, i))
+            registry_lose(b, i, "connection closed");
     }
 }

@@ -219,10 +219,14 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.slot = j->slot;
     m.tokenize.text = (tp_str){j->prompt_text, j->prompt_len};
     m.tokenize.add_bos = true;
-    if (broker_send_worker(b, wi, &m) == 0) {
-        j->tok_worker = wi;
-        b->workers[wi].tok_inflight++;
+    if (broker_send_worker(b, wi, &m)) {
+        /* gone or hopelessly behind (as for a STEP): drop it, so the
+         * prompt is not offered to it again on every tick */
+        registry_lose(b, wi, "TOKENIZE could not be sent");
+        return;
     }
+    j->tok_worker = wi;
+    b->workers[wi].tok_inflight++;
 }
 
 static void on_tokenized(broker *b, int wi, const tp_msg *m)

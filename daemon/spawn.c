@@ -87,12 +87,21 @@ static pid_t start_child(broker *b, bchild *c)
     }
     argv[a] = NULL;
     pid_t parent = getpid();
+    /* The broker's handler, inherited by the child until exec, would swallow
+     * a SIGTERM sent before exec (spawn_stop_all right after a start): hold
+     * the signals across fork, and let the child take them only once their
+     * default action (die) is back. */
+    sigset_t term, old;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigaddset(&term, SIGINT);
+    sigprocmask(SIG_BLOCK, &term, &old);
     pid_t pid = fork();
-    if (pid < 0) {
-        broker_log(b, "fork: %s", strerror(errno));
-        return 0;
-    }
+    int fork_errno = errno;
     if (pid == 0) {
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent)   /* the broker died before prctl */
             _exit(1);
@@ -103,6 +112,11 @@ static pid_t start_child(broker *b, bchild *c)
         execv(bin, argv);
         fprintf(stderr, "tokpiped: exec %s: %s\n", bin, strerror(errno));
         _exit(127);
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        broker_log(b, "fork: %s", strerror(fork_errno));
+        return 0;
     }
     broker_log(b, "started worker %s (pid %d)", instance, (int)pid);
     return pid;

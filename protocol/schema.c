@@ -40,6 +40,8 @@ static const field params_fields[] = {
      .setbit = TP_P_PRESENCE_PENALTY},
     {.key = "frequency_penalty", .type = FT_F64, .off = P(frequency_penalty), .flo = -2, .fhi = 2,
      .setbit = TP_P_FREQUENCY_PENALTY},
+    {.key = "penalty_window", .type = FT_I32, .off = P(penalty_window), .ilo = 0, .ihi = INT32_MAX,
+     .setbit = TP_P_PENALTY_WINDOW},
     {.key = "seed", .type = FT_U64, .off = P(seed), .setbit = TP_P_SEED},
     {.key = "stop", .type = FT_STRS, .off = P(stop), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_STOP,
      .max_elem = TP_PROTO_MAX_STOP_LEN, .setbit = TP_P_STOP},
@@ -115,7 +117,8 @@ static const field stats_reply_f[] = {
     {.key = "stop_triggers", .type = FT_TRIGGERS, .off = ST(triggers), .flags = FF_REQUIRED,
      .max = TP_PROTO_MAX_TRIGGERS},
     F_U64("triggers_other", ST(triggers_other), 0), F_U64("forward_steps", ST(forward_steps), 0),
-    F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0), END,
+    F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0),
+    F_U64("zap_refused", ST(zap_refused), 0), END,
 };
 
 /* ---- EVT1 ---- */

@@ -1,7 +1,8 @@
 /* Process story: lifecycle. Workers started on their own (as systemd does,
  * `tokpiped --no-spawn`) register, survive a broker crash and restart by
  * reconnecting, and serve again; SIGTERM lets running jobs finish before
- * the daemon exits 0; the daemon tells systemd READY=1 and STOPPING=1. */
+ * the daemon exits 0; the daemon tells systemd READY=1 and STOPPING=1; a
+ * second daemon on the same sockets refuses to start. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -175,6 +176,40 @@ static void admission_limit_answers_429_and_finished_jobs_expire(void **state)
     assert_int_equal(harness_stop(&h), 0);
 }
 
+/* A second tokpiped on the same ipc endpoints (say `make run` while the
+ * service runs) must refuse to start, not take the sockets over: the
+ * first one's workers and clients would silently reach the second, and
+ * once it exited, nobody. */
+static void a_second_daemon_on_the_same_sockets_refuses_to_start(void **state)
+{
+    (void)state;
+    harness h;
+    assert_int_equal(harness_start(&h, false, NULL), 0);
+    pid_t first = h.pid;
+    assert_int_equal(harness_spawn_daemon(&h, true, NULL), 0);
+    int st = 0;
+    pid_t second = h.pid;
+    h.pid = first;
+    for (int waited = 0; waitpid(second, &st, WNOHANG) != second; waited += 20) {
+        if (waited > 5000) {
+            kill(second, SIGKILL);
+            waitpid(second, NULL, 0);
+            fail_msg("a second tokpiped took over the first one's sockets and kept running");
+        }
+        sleep_ms(20);
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
+        fail_msg("the second tokpiped exited with %d (raw status), want exit 1", st);
+    char cmd[700], *log = NULL;
+    snprintf(cmd, sizeof cmd, "grep -c 'is listening there' %s/tokpiped.log", h.dir);
+    harness_sh(cmd, &log);
+    if (!log || atoi(log) < 1)
+        fail_msg("the second tokpiped did not say why it refused (see %s/tokpiped.log)", h.dir);
+    free(log);
+    generate_ok(&h, "the first daemon after the second one gave up");
+    assert_int_equal(harness_stop(&h), 0);
+}
+
 static bool cpu_has_avx512f(void)
 {
     char *out = NULL;
@@ -217,6 +252,7 @@ int main(void)
         cmocka_unit_test(sigterm_lets_running_jobs_finish_then_exits_zero),
         cmocka_unit_test(daemon_notifies_systemd),
         cmocka_unit_test(admission_limit_answers_429_and_finished_jobs_expire),
+        cmocka_unit_test(a_second_daemon_on_the_same_sockets_refuses_to_start),
         cmocka_unit_test(spawned_workers_get_openblas_coretype_on_avx512),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

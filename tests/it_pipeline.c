@@ -26,6 +26,9 @@ static const char *const groups[] = {
     "They went to the park every day. One day it rained and they stayed home. They played with toys and read "
     "books. Her mom made cookies.' --temperature 0 --max-tokens 24 --stop ' dog' --include-stop",
     "--prompt 'A boy' --temperature 0.7 --seed 3 --min-tokens 10 --max-tokens 30 --repetition-penalty 1.2",
+    /* a window of 8 instead of 64 changes these tokens: it must reach the sampler */
+    "--prompt 'Tom and Sue' --temperature 0.8 --seed 5 --max-tokens 80 --repetition-penalty 1.5 "
+    "--presence-penalty 0.5 --penalty-window 8",
 };
 #define N_GROUPS (sizeof groups / sizeof groups[0])
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tokpipe/config.h"
+#include "tokpipe/forward.h"
 
 static int parse(const char *yaml, tp_config *c, tp_err *e)
 {
@@ -193,6 +194,52 @@ static void bad_fuse_entries_are_rejected(void **state)
     expect_error("workers:\n  fuse: [\"forward,sample\", \"sample,stop\"]\n", "workers.fuse[1]", "two fuse");
 }
 
+static void forward_kernel_takes_the_names_of_the_forward_library(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    if (parse("workers:\n  forward_kernel: openblas\n", &c, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.forward_kernel, TP_FWD_KERNEL_OPENBLAS);
+    tp_config_free(&c);
+    assert_int_equal(parse("", &c, &e), 0);
+    assert_int_equal(c.forward_kernel, TP_FWD_KERNEL_INVARIANT);
+    tp_config_free(&c);
+    int n = 0;
+    for (; tp_config_kernel_names[n]; n++) {
+        tp_fwd_kernel k;
+        if (tp_fwd_kernel_parse(tp_config_kernel_names[n], &k, &e) || (int)k != n)
+            fail_msg("config kernel name %d '%s' is not tp_fwd_kernel %d", n, tp_config_kernel_names[n], n);
+    }
+    assert_int_equal(n, 2);
+}
+
+static void bad_forward_kernel_is_named_with_its_line(void **state)
+{
+    (void)state;
+    expect_error("workers:\n  forward: 1\n  forward_kernel: blas\n", "t.yaml:3:",
+                 "workers.forward_kernel: 'blas' is not one of invariant, openblas");
+    expect_error("workers:\n  forward_kernel: \"openblas\"\n", "t.yaml:2:", "workers.forward_kernel");
+    expect_error("workers:\n  forward_kernel: [openblas]\n", "workers.forward_kernel", "single value");
+}
+
+static void penalty_window_is_bounded_by_its_limit(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    if (parse("generation:\n  penalty_window: 0\nlimits:\n  max_penalty_window: 8\n", &c, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.def_penalty_window, 0);
+    assert_int_equal(c.max_penalty_window, 8);
+    tp_config_free(&c);
+    expect_error("generation:\n  penalty_window: -1\n", "t.yaml:2:", "generation.penalty_window: -1 is outside [0, ");
+    expect_error("limits:\n  max_penalty_window: 2000000\n", "t.yaml:2:", "limits.max_penalty_window: 2000000");
+    expect_error("limits:\n  max_penalty_window: 16\n",
+                 "generation.penalty_window (64) > limits.max_penalty_window (16)", NULL);
+}
+
 static void missing_file_names_the_path(void **state)
 {
     (void)state;
@@ -230,6 +277,9 @@ int main(void)
         cmocka_unit_test(endpoints_default_to_ipc_under_the_runtime_dir),
         cmocka_unit_test(fuse_entries_become_one_process_kind),
         cmocka_unit_test(bad_fuse_entries_are_rejected),
+        cmocka_unit_test(forward_kernel_takes_the_names_of_the_forward_library),
+        cmocka_unit_test(bad_forward_kernel_is_named_with_its_line),
+        cmocka_unit_test(penalty_window_is_bounded_by_its_limit),
         cmocka_unit_test(missing_file_names_the_path),
         cmocka_unit_test(parse_stages_reads_lists),
     };

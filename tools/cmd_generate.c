@@ -109,12 +109,13 @@ static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
 {
     memset(p, 0, sizeof *p);
     p->set = TP_P_MAX_TOKENS | TP_P_MIN_TOKENS | TP_P_TEMPERATURE | TP_P_TOP_P | TP_P_TOP_K | TP_P_MIN_P |
-             TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY | TP_P_SEED |
-             TP_P_IGNORE_EOS | TP_P_INCLUDE_STOP;
+             TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY | TP_P_PENALTY_WINDOW |
+             TP_P_SEED | TP_P_IGNORE_EOS | TP_P_INCLUDE_STOP;
     p->max_tokens = g->max_tokens, p->min_tokens = g->min_tokens, p->temperature = g->temperature;
     p->top_p = g->top_p, p->top_k = g->top_k, p->min_p = g->min_p;
     p->repetition_penalty = g->repetition_penalty, p->presence_penalty = g->presence_penalty;
     p->frequency_penalty = g->frequency_penalty, p->seed = g->seed;
+    p->penalty_window = g->penalty_window;
     p->ignore_eos = g->ignore_eos, p->include_stop_str_in_output = g->include_stop;
     for (size_t i = 0; i < g->n_stops; i++)
         stops[i] = tp_str_of(g->stops[i]);

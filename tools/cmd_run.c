@@ -167,6 +167,7 @@ static tp_sampler_params sampler_params(const genopts *g, const int32_t *ban, si
     p.repetition_penalty = g->repetition_penalty;
     p.presence_penalty = g->presence_penalty;
     p.frequency_penalty = g->frequency_penalty;
+    p.penalty_window = g->penalty_window;
     p.seed = g->seed;
     p.min_tokens = g->min_tokens;
     p.ban_ids = ban;

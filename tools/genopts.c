@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/sampler.h"
+
 void genopts_init(genopts *o)
 {
     memset(o, 0, sizeof *o);
@@ -13,6 +15,7 @@ void genopts_init(genopts *o)
     o->temperature = 1.0f;
     o->top_p = 1.0f;
     o->repetition_penalty = 1.0f;
+    o->penalty_window = TP_SAMPLER_DEFAULT_PENALTY_WINDOW;
     o->seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 }
 
@@ -77,7 +80,7 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
     static const char *const valued[] = {
         "--prompt", "--max-tokens", "--min-tokens", "--temperature", "--top-p", "--top-k",
         "--min-p", "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
-        "--seed", "--stop", "--stop-id",
+        "--seed", "--stop", "--stop-id", "--penalty-window",
     };
     size_t k = 0;
     while (k < sizeof valued / sizeof *valued && strcmp(a, valued[k]))
@@ -117,6 +120,12 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
             return tp_err_set(err, TP_ERANGE, "--stop-id: at most %d stop ids", GENOPTS_MAX_STOPS);
         rc = parse_i32(a, v, &o->stop_ids[o->n_stop_ids++], err);
         break;
+    case 13: {
+        long long w = 0;
+        rc = parse_i64(a, v, 0, TP_SAMPLER_MAX_PENALTY_WINDOW, &w, err);
+        o->penalty_window = (int32_t)w;
+        break;
+    }
     }
     return rc < 0 ? rc : 1;
 }
@@ -134,6 +143,7 @@ void genopts_print_help(FILE *out)
           "  --repetition-penalty R   CTRL-style penalty, 1 = off (default)\n"
           "  --presence-penalty X     OpenAI-style, in [-2,2] (default 0)\n"
           "  --frequency-penalty X    OpenAI-style, in [-2,2] (default 0)\n"
+          "  --penalty-window N       the penalties look at the last N tokens (default 64)\n"
           "  --seed S                 per-job RNG seed (default: from the clock)\n"
           "  --stop STR               stop string (repeatable)\n"
           "  --stop-id ID             stop token id (repeatable)\n"

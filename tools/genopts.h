@@ -26,6 +26,7 @@ typedef struct genopts {
     float repetition_penalty;
     float presence_penalty;
     float frequency_penalty;
+    int32_t penalty_window;
     uint64_t seed;
     bool seed_given;
     const char *stops[GENOPTS_MAX_STOPS];
@@ -38,7 +39,8 @@ typedef struct genopts {
 } genopts;
 
 /* Defaults: max_tokens 256, temperature 1.0, top_p 1.0, top_k 0 (off),
- * min_p 0, penalties off, seed from the clock unless --seed is given. */
+ * min_p 0, penalties off over a 64-token window, seed from the clock unless
+ * --seed is given. */
 void genopts_init(genopts *o);
 
 /* If argv[*i] is a generation flag, consume it (and its value) advancing *i

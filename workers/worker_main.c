@@ -7,6 +7,7 @@
  * exponential backoff and register again. The stop stage's events go out on
  * a PUB socket connected to the broker's publish endpoint. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +20,12 @@
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/tokenizer.h"
+#include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
 
 typedef struct worker {
     tp_config cfg;
+    tp_zsec_client sec;              /* CURVE client keys (security.*) */
     unsigned stages;                 /* 1u << TP_SI_* */
     char instance[TP_PROTO_MAX_NAME + 1];
     tp_model *model;
@@ -56,7 +59,8 @@ static void usage(FILE *out)
             "endpoint (from the config), register, and process tasks until SIGTERM/SIGINT.\n"
             "Several stages in one process (e.g. forward,sample) skip a hop.\n"
             "\n"
-            "  --stage LIST     stages to serve, joined by ',' or ':', optional .N suffix (required)\n"
+            "  --stage LIST     stages to serve, joined by ',' or ':', optional .N suffix (required;\n"
+            "                   --stages is the same)\n"
             "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
             "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
             "  --help           this text\n",
@@ -117,6 +121,12 @@ static int load_stages(worker *w, tp_err *err)
         (rc = tp_forward_stage_new(w->model, c->kv_slots, c->kv_max_pos, c->max_batch_tokens, c->forward_threads,
                                    &w->forward, err)))
         return rc;
+    if (w->forward && c->forward_kernel != TP_FWD_KERNEL_INVARIANT) {
+        if ((rc = tp_forward_stage_set_kernel(w->forward, (tp_fwd_kernel)c->forward_kernel, err)))
+            return rc;
+        fprintf(stderr, "tokpipe-worker %s: forward kernel %s (not batch invariant)\n", w->instance,
+                tp_fwd_kernel_name((tp_fwd_kernel)c->forward_kernel));
+    }
     if (w->forward && w->sample)
         tp_forward_stage_set_sampler(w->forward, w->sample);
     if (w->stages & (1u << TP_SI_STOP)) {
@@ -261,7 +271,8 @@ static int serve_connection(worker *w)
     if (!w->dealer)
         return SERVE_QUIT;
     set_common_opts(w, w->dealer);
-    if (zmq_connect(w->dealer, w->cfg.ep_back)) {
+    if (tp_zsec_client_apply(&w->sec, w->dealer, w->cfg.ep_back, NULL) ||
+        zmq_connect(w->dealer, w->cfg.ep_back)) {
         fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.ep_back, zmq_strerror(errno));
         zmq_close(w->dealer);
         w->dealer = NULL;
@@ -317,7 +328,8 @@ static int run(worker *w)
     w->pub = w->stop ? zmq_socket(w->zctx, ZMQ_PUB) : NULL;
     if (w->pub) {
         set_common_opts(w, w->pub);
-        if (zmq_connect(w->pub, w->cfg.ep_publish)) {
+        if (tp_zsec_client_apply(&w->sec, w->pub, w->cfg.ep_publish, NULL) ||
+            zmq_connect(w->pub, w->cfg.ep_publish)) {
             fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.ep_publish,
                     zmq_strerror(errno));
             return 1;
@@ -406,8 +418,9 @@ int main(int argc, char **argv)
     int rc = config || access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0
                  ? tp_config_load(config ? config : TP_CONFIG_DEFAULT_PATH, &w.cfg, &e)
                  : tp_config_defaults(&w.cfg, &e) || tp_config_resolve(&w.cfg, &e);
-    if (rc) {
+    if (rc || (rc = tp_zsec_client_load(&w.cfg, &w.sec, &e))) {
         fprintf(stderr, "tokpipe-worker: %s\n", e.msg);
+        tp_config_free(&w.cfg);
         return 2;
     }
     if (!*w.instance)
@@ -419,7 +432,16 @@ int main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    if (load_stages(&w, &e)) {
+    /* OpenBLAS (forward_kernel: openblas) starts its threads when loaded:
+     * they must not take the signals meant for the main thread. */
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old);
+    rc = load_stages(&w, &e);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
         fprintf(stderr, "tokpipe-worker %s: %s\n", w.instance, e.msg);
         free_stages(&w);
         tp_config_free(&w.cfg);

@@ -50,6 +50,7 @@ typedef struct tp_config {
     char **fuse;             /* e.g. {"forward,sample"}: stages run in one process */
     size_t n_fuse;
     int forward_threads;
+    int forward_kernel;      /* tp_fwd_kernel: 0 invariant (default), 1 openblas */
     int respawn_init_ms, respawn_max_ms;
 
     /* batching and the KV pool (per forward worker) */
@@ -66,9 +67,11 @@ typedef struct tp_config {
     double def_temperature, def_top_p, def_min_p;
     int32_t def_top_k;
     double def_repetition_penalty, def_presence_penalty, def_frequency_penalty;
+    int32_t def_penalty_window;   /* tokens the penalties look back over */
 
     /* limits */
     int32_t max_tokens_limit;
+    int32_t max_penalty_window;   /* largest penalty_window a SUBMIT may ask for */
     int max_concurrent_jobs;
     int64_t finished_ttl_ms;
     int64_t max_msg_bytes;
@@ -113,6 +116,10 @@ int tp_config_groups(const tp_config *cfg, tp_worker_group *out, int cap);
 /* Parse a stage list "forward,sample" into bits (1u << TP_SI_*); TP_EINVAL
  * naming the bad word. */
 int tp_config_parse_stages(const char *list, unsigned *bits, tp_err *err);
+
+/* The names workers.forward_kernel accepts, indexed by tp_fwd_kernel value
+ * ("invariant", "openblas"), NULL-terminated. */
+extern const char *const tp_config_kernel_names[];
 
 /* "tokenize", "forward", "sample", "stop" for an index. */
 const char *tp_config_stage_name(int si);

@@ -249,6 +249,7 @@ enum {
     TP_P_STOP_TOKEN_IDS = 1u << 11,
     TP_P_IGNORE_EOS = 1u << 12,
     TP_P_INCLUDE_STOP = 1u << 13,
+    TP_P_PENALTY_WINDOW = 1u << 14,
 };
 
 typedef struct tp_params {
@@ -262,6 +263,7 @@ typedef struct tp_params {
     double repetition_penalty;       /* > 0 (1 = off) */
     double presence_penalty;         /* [-2, 2] */
     double frequency_penalty;        /* [-2, 2] */
+    int32_t penalty_window;          /* >= 0: last tokens the penalties see (limit: broker) */
     uint64_t seed;
     tp_str *stop;                    /* n_stop non-empty valid UTF-8 strings */
     size_t n_stop;
@@ -339,6 +341,7 @@ typedef struct tp_m_stats_reply {
     uint64_t forward_steps;        /* STEPs sent to forward workers */
     uint64_t forward_rows;         /* sequences in them (rows per step = the batch) */
     uint64_t forward_tokens;       /* tokens in them (decode + prefill) */
+    uint64_t zap_refused;          /* CURVE clients refused by the ZAP handler */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */

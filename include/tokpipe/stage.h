@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "tokpipe/error.h"
+#include "tokpipe/forward.h"
 #include "tokpipe/model.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/tokenizer.h"
@@ -67,6 +68,11 @@ typedef struct tp_forward_stage tp_forward_stage;
  * tp_forward_new; threads 1 or 2. */
 int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
                          int threads, tp_forward_stage **out, tp_err *err);
+/* Matmul kernel for every later step (tp_forward_set_kernel: the OpenBLAS
+ * one gives up batch invariance). Call before serving, with SIGTERM/SIGINT
+ * blocked: the first OpenBLAS opt-in loads the library, whose threads
+ * inherit the signal mask. */
+int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err);
 /* Fuse: STEP messages with sample=true are sampled in process by ss
  * (borrowed; NULL = not fused, such steps are refused). */
 void tp_forward_stage_set_sampler(tp_forward_stage *st, tp_sample_stage *ss);

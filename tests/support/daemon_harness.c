@@ -55,8 +55,8 @@ static int write_config(harness *h, bool tcp, const char *extra)
         snprintf(h->publish, sizeof h->publish, "ipc://%s/rt/publish.sock", h->dir);
     }
     /* fast failure detection keeps the crash tests short (unless the test
-     * sets its own) */
-    if (!extra || !strstr(extra, "heartbeat:"))
+     * sets its own: a second heartbeat section would be a duplicate key) */
+    if (!extra || (strncmp(extra, "heartbeat:", 10) && !strstr(extra, "\nheartbeat:")))
         fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
     /* last, so extra_yaml may continue the workers section ("  fuse: ...") */
     fprintf(f, "workers:\n  binary: %s/tokpipe-worker\n", h->bin);
@@ -142,7 +142,20 @@ int harness_wait_workers(harness *h, int timeout_ms)
     return -1;
 }
 
-int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn, const char *notify)
+static int load_security(harness *h)
+{
+    tp_config cfg;
+    tp_err e;
+    if (tp_config_load(h->config, &cfg, &e) == 0 && tp_zsec_client_load(&cfg, &h->sec, &e) == 0) {
+        tp_config_free(&cfg);
+        return 0;
+    }
+    tp_config_free(&cfg);
+    fprintf(stderr, "harness: %s\n", e.msg);
+    return -1;
+}
+
+int harness_prepare(harness *h, bool tcp, const char *extra_yaml)
 {
     memset(h, 0, sizeof *h);
     const char *models = getenv("TP_MODELS"), *bin = getenv("TP_BIN_DIR");
@@ -152,13 +165,21 @@ int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn
     if (!mkdtemp(h->dir))
         return -1;
     snprintf(h->config, sizeof h->config, "%s/tokpipe.yaml", h->dir);
-    if (write_config(h, tcp, extra_yaml) || harness_spawn_daemon(h, no_spawn, notify))
+    if (write_config(h, tcp, extra_yaml) || load_security(h))
         return -1;
     h->zctx = zmq_ctx_new();
     h->dealer = zmq_socket(h->zctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(h->dealer, ZMQ_LINGER, &linger, sizeof linger);
+    tp_zsec_client_apply(&h->sec, h->dealer, h->front, NULL);
     zmq_connect(h->dealer, h->front);
+    return 0;
+}
+
+int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn, const char *notify)
+{
+    if (harness_prepare(h, tcp, extra_yaml) || harness_spawn_daemon(h, no_spawn, notify))
+        return -1;
     if (no_spawn)
         return 0;
     if (harness_wait_workers(h, 10000) == 0)
@@ -212,8 +233,11 @@ int harness_stop(harness *h)
 
 int harness_raw_call(harness *h, const tp_frame *frames, size_t n, tp_zmsg *reply, int timeout_ms)
 {
+    /* never block: a DEALER whose only peer failed its handshake (CURVE
+     * keys refused) has no pipe left and a blocking send would hang */
     for (size_t i = 0; i < n; i++)
-        if (zmq_send(h->dealer, frames[i].len ? frames[i].data : "", frames[i].len, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+        if (zmq_send(h->dealer, frames[i].len ? frames[i].data : "", frames[i].len,
+                     ZMQ_DONTWAIT | (i + 1 < n ? ZMQ_SNDMORE : 0)) < 0)
             return -1;
     zmq_pollitem_t it = {h->dealer, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&it, 1, timeout_ms) <= 0)
@@ -248,6 +272,7 @@ void *harness_subscribe(harness *h, const char *prefix)
     int linger = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SUBSCRIBE, prefix, strlen(prefix));
+    tp_zsec_client_apply(&h->sec, s, h->events, NULL);
     zmq_connect(s, h->events);
     sleep_ms(200);   /* let the subscription reach the XPUB */
     return s;
@@ -291,5 +316,45 @@ int harness_children(harness *h, pid_t *pids, int cap)
         pids[n++] = v;
     if (f)
         fclose(f);
+    return n;
+}
+
+int harness_wait_stage(harness *h, int stage, uint64_t n, int timeout_ms)
+{
+    for (int i = 0; i * 20 < timeout_ms; i++) {
+        tp_m_stats_reply s;
+        if (harness_stats(h, &s) == 0 && s.workers[stage] == n)
+            return 0;
+        sleep_ms(20);
+    }
+    return -1;
+}
+
+int harness_live_workers(const harness *h)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char path[300], args[2048];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
+        if (f)
+            fclose(f);
+        args[len] = '\0';
+        /* argv[0] ends in tokpipe-worker; the config is a later argument */
+        size_t a0 = strlen(args);
+        bool worker = a0 >= 14 && !strcmp(args + a0 - 14, "tokpipe-worker");
+        for (size_t k = 0; k < len; k++)
+            if (!args[k])
+                args[k] = ' ';
+        n += worker && strstr(args, h->config) != NULL;
+    }
+    closedir(d);
     return n;
 }

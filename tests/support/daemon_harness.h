@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include "tokpipe/protocol.h"
+#include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
 
 typedef struct harness {
@@ -20,11 +21,14 @@ typedef struct harness {
     pid_t pid;
     void *zctx;
     void *dealer;            /* producer socket to front */
+    tp_zsec_client sec;      /* the config's CURVE client keys (security.curve) */
 } harness;
 
 /* Start tokpiped with the stories260K model. tcp: loopback ports instead
  * of ipc. extra_yaml is appended to the generated config (may be NULL; a
- * `heartbeat:` section in it replaces the harness's 200 ms x 5).
+ * "heartbeat:" section in it replaces the harness's fast default); with
+ * security.curve in it, the harness's own sockets use the config's client
+ * keys, as the real clients do.
  * Waits until every stage has a registered worker. 0 or -1 (message on
  * stderr). */
 int harness_start(harness *h, bool tcp, const char *extra_yaml);
@@ -34,6 +38,10 @@ int harness_start(harness *h, bool tcp, const char *extra_yaml);
  * sets NOTIFY_SOCKET for the daemon (NULL = unset). */
 int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn, const char *notify);
 
+/* Only the setup of harness_start_ex: temp dir, config, producer socket;
+ * no daemon yet (start it with harness_spawn_daemon). 0 or -1. */
+int harness_prepare(harness *h, bool tcp, const char *extra_yaml);
+
 /* (Re)start only the daemon of an already set-up harness (same config). */
 int harness_spawn_daemon(harness *h, bool no_spawn, const char *notify);
 
@@ -42,6 +50,15 @@ pid_t harness_worker(harness *h, const char *stages);
 
 /* Wait until every stage has a registered worker; 0 or -1. */
 int harness_wait_workers(harness *h, int timeout_ms);
+
+/* Wait until STATS counts exactly n live workers of stage (TP_SI_*); 0 or
+ * -1 on timeout. */
+int harness_wait_stage(harness *h, int stage, uint64_t n, int timeout_ms);
+
+/* How many tokpipe-worker processes run with this harness's config (the
+ * daemon's spawned workers and harness_worker ones); -1 if /proc is
+ * unreadable. Zombies do not count (their cmdline is empty). */
+int harness_live_workers(const harness *h);
 
 /* SIGTERM the daemon and wait (up to 15 s); returns its exit status, or -1
  * if it had to be killed. Removes the temp dir. */

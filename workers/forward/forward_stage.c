@@ -88,6 +88,11 @@ void tp_forward_stage_free(tp_forward_stage *st)
     free(st);
 }
 
+int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err)
+{
+    return tp_forward_set_kernel(st->fwd, k, err);
+}
+
 void tp_forward_stage_set_sampler(tp_forward_stage *st, tp_sample_stage *ss)
 {
     st->sampler = ss;

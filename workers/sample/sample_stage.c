@@ -90,6 +90,7 @@ static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampl
     if (p->set & TP_P_REPETITION_PENALTY) sp.repetition_penalty = (float)p->repetition_penalty;
     if (p->set & TP_P_PRESENCE_PENALTY) sp.presence_penalty = (float)p->presence_penalty;
     if (p->set & TP_P_FREQUENCY_PENALTY) sp.frequency_penalty = (float)p->frequency_penalty;
+    if (p->set & TP_P_PENALTY_WINDOW) sp.penalty_window = p->penalty_window;
     if (p->set & TP_P_MIN_TOKENS) sp.min_tokens = p->min_tokens;
     sp.seed = (p->set & TP_P_SEED) ? p->seed : tp_random_u64();
     /* banned below min_tokens: the broker's list, plus every EOS id of the

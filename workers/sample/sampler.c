@@ -1,7 +1,10 @@
-/* Token sampler (see sampler.h for the order of operations). Selection of
- * the top-k and top-p sets uses quickselect on a total order (probability
- * descending, then id ascending), so a call costs O(vocab) expected rather
- * than a full sort of the vocabulary. */
+/* Token sampler (see sampler.h for the order of operations). The passes
+ * over the vocabulary are in sample_kernels.c: they read the logits in
+ * place (penalties and bans touch only ids marked in bitmaps), the exp runs
+ * only where a token can survive the filters, and with AVX-512 where it
+ * must run over everything. Selection of the top-k and top-p sets uses a
+ * k-heap and quickselect on a total order (probability descending, then id
+ * ascending), so a call costs O(vocab) expected, not a sort. */
 #include "tokpipe/sampler.h"
 
 #include <math.h>
@@ -9,26 +12,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct cand {
-    float l; /* logit after penalties; ranks the candidates */
-    float w; /* unnormalized probability exp((l - max) / temperature) */
-    int32_t id;
-};
+#include "sample_kernels.h"
 
 struct tp_sampler {
     tp_sampler_params p;
     int vocab;
     int32_t *ban;
+    uint16_t *banned; /* bitmap of ban ids */
     /* penalty window: ring of the last `window` tokens and their counts */
     int32_t *ring;
     size_t ring_len, ring_pos;
     int32_t *counts;
-    uint32_t *stamp; /* per id: last call that applied its penalty */
-    uint32_t call;
+    uint16_t *hist; /* bitmap: counts[id] > 0 */
     size_t n_accepted;
     uint64_t stream; /* mixed seed */
-    float *work;
-    struct cand *cand;
+    bool avx512;
+    float *work;  /* weights of the whole vocabulary */
+    double *acc;  /* their running sum before each block of 16 ids */
+    tp_smp_cand *cand;
 };
 
 /* SplitMix64 (Steele, Lea, Flood 2014): output n is mix(seed + n * gamma). */
@@ -120,8 +121,10 @@ void tp_sampler_free(tp_sampler *s)
     free(s->ban);
     free(s->ring);
     free(s->counts);
-    free(s->stamp);
+    free(s->hist);
+    free(s->banned);
     free(s->work);
+    free(s->acc);
     free(s->cand);
     free(s);
 }
@@ -131,12 +134,16 @@ static void push_history(tp_sampler *s, int32_t token)
     size_t w = (size_t)s->p.penalty_window;
     if (w == 0)
         return;
-    if (s->ring_len == w)
-        s->counts[s->ring[s->ring_pos]]--;
-    else
+    if (s->ring_len == w) {
+        int32_t old = s->ring[s->ring_pos];
+        if (--s->counts[old] == 0)
+            s->hist[old >> 4] &= (uint16_t)~(1u << (old & 15));
+    } else {
         s->ring_len++;
+    }
     s->ring[s->ring_pos] = token;
-    s->counts[token]++;
+    if (s->counts[token]++ == 0)
+        s->hist[token >> 4] |= (uint16_t)(1u << (token & 15));
     s->ring_pos = (s->ring_pos + 1) % w;
 }
 
@@ -164,17 +171,24 @@ int tp_sampler_new(const tp_sampler_params *p, int vocab_size, const int32_t *pr
     size_t v = (size_t)vocab_size, w = (size_t)p->penalty_window;
     s->ban = malloc(sizeof *s->ban * (p->n_ban ? p->n_ban : 1));
     s->ring = malloc(sizeof *s->ring * (w ? w : 1));
+    size_t blocks = (v + 15) / 16;
     s->counts = calloc(v, sizeof *s->counts);
-    s->stamp = calloc(v, sizeof *s->stamp);
+    s->hist = calloc(blocks, sizeof *s->hist);
+    s->banned = calloc(blocks, sizeof *s->banned);
     s->work = malloc(sizeof *s->work * v);
+    s->acc = malloc(sizeof *s->acc * (blocks + 1));
     s->cand = malloc(sizeof *s->cand * v);
-    if (!s->ban || !s->ring || !s->counts || !s->stamp || !s->work || !s->cand) {
+    if (!s->ban || !s->ring || !s->counts || !s->hist || !s->banned || !s->work || !s->acc ||
+        !s->cand) {
         tp_sampler_free(s);
         return tp_err_set(err, TP_ENOMEM, "sampler: out of memory for vocab %d", vocab_size);
     }
     if (p->n_ban)
         memcpy(s->ban, p->ban_ids, sizeof *s->ban * p->n_ban);
     s->p.ban_ids = s->ban;
+    for (size_t i = 0; i < p->n_ban; i++)
+        s->banned[s->ban[i] >> 4] |= (uint16_t)(1u << (s->ban[i] & 15));
+    s->avx512 = tp_smp_have_avx512();
     for (size_t i = 0; i < n_prompt; i++)
         push_history(s, prompt_ids[i]);
     *out = s;
@@ -193,95 +207,95 @@ int tp_sampler_accept(tp_sampler *s, int32_t token, tp_err *err)
 
 size_t tp_sampler_n_accepted(const tp_sampler *s) { return s->n_accepted; }
 
-/* Steps 1-2: copy logits into work with penalties and bans applied. */
-static void prepare_logits(tp_sampler *s, const float *logits)
+/* This call's view of the logits: which marks (penalties, bans) apply. */
+static tp_smp_view view_of(const tp_sampler *s, const float *logits)
 {
-    float *x = s->work;
-    for (int i = 0; i < s->vocab; i++)
-        x[i] = isnan(logits[i]) ? -INFINITY : logits[i];
     const tp_sampler_params *p = &s->p;
     bool penalize = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
                     p->frequency_penalty != 0.0f;
-    if (++s->call == 0) { /* stamps wrapped: forget them all */
-        memset(s->stamp, 0, sizeof *s->stamp * (size_t)s->vocab);
-        s->call = 1;
-    }
-    for (size_t k = 0; penalize && k < s->ring_len; k++) {
-        int32_t t = s->ring[k];
-        if (s->stamp[t] == s->call)
-            continue; /* each distinct token is penalized once */
-        s->stamp[t] = s->call;
-        if (x[t] > 0.0f)
-            x[t] /= p->repetition_penalty;
-        else
-            x[t] *= p->repetition_penalty;
-        x[t] -= p->presence_penalty + p->frequency_penalty * (float)s->counts[t];
-    }
-    if (s->n_accepted < (size_t)p->min_tokens)
-        for (size_t k = 0; k < p->n_ban; k++)
-            x[p->ban_ids[k]] = -INFINITY;
+    return (tp_smp_view){
+        .logits = logits,
+        .vocab = s->vocab,
+        .hist = penalize && s->ring_len ? s->hist : NULL,
+        .ban = s->n_accepted < (size_t)p->min_tokens && p->n_ban ? s->banned : NULL,
+        .counts = s->counts,
+        .rep = p->repetition_penalty,
+        .presence = p->presence_penalty,
+        .frequency = p->frequency_penalty,
+    };
 }
 
-static int argmax(const float *x, int n)
+static void swap(tp_smp_cand *a, tp_smp_cand *b)
 {
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (x[i] > -INFINITY && (best < 0 || x[i] > x[best]))
-            best = i;
-    return best;
-}
-
-/* a ranks before b: higher logit (so at least as probable), or the same
- * logit and a lower id. */
-static bool ranks_before(const struct cand *a, const struct cand *b)
-{
-    return a->l > b->l || (a->l == b->l && a->id < b->id);
-}
-
-static void swap(struct cand *a, struct cand *b)
-{
-    struct cand t = *a;
+    tp_smp_cand t = *a;
     *a = *b;
     *b = t;
 }
 
 /* Partition c[lo, hi) around a median-of-three pivot; returns the pivot's
  * final index: everything before it ranks before it. */
-static size_t partition(struct cand *c, size_t lo, size_t hi)
+static size_t partition(tp_smp_cand *c, size_t lo, size_t hi)
 {
     size_t mid = lo + (hi - lo) / 2, last = hi - 1;
-    if (ranks_before(&c[mid], &c[lo]))
+    if (tp_smp_ranks_before(&c[mid], &c[lo]))
         swap(&c[mid], &c[lo]);
-    if (ranks_before(&c[last], &c[lo]))
+    if (tp_smp_ranks_before(&c[last], &c[lo]))
         swap(&c[last], &c[lo]);
-    if (ranks_before(&c[mid], &c[last]))
+    if (tp_smp_ranks_before(&c[mid], &c[last]))
         swap(&c[mid], &c[last]); /* median now at last */
     size_t store = lo;
     for (size_t i = lo; i < last; i++)
-        if (ranks_before(&c[i], &c[last]))
+        if (tp_smp_ranks_before(&c[i], &c[last]))
             swap(&c[i], &c[store++]);
     swap(&c[store], &c[last]);
     return store;
 }
 
-static void insertion_sort(struct cand *c, size_t lo, size_t hi)
+static void insertion_sort(tp_smp_cand *c, size_t lo, size_t hi)
 {
     for (size_t i = lo + 1; i < hi; i++)
-        for (size_t j = i; j > lo && ranks_before(&c[j], &c[j - 1]); j--)
+        for (size_t j = i; j > lo && tp_smp_ranks_before(&c[j], &c[j - 1]); j--)
             swap(&c[j], &c[j - 1]);
 }
 
+/* The weight of c[lo, hi). exact: no sum of these weights rounds (see
+ * sums_are_exact), so any order gives the one-by-one sum, and four chains
+ * run in parallel. */
+static double weigh(const tp_smp_cand *c, size_t lo, size_t hi, bool exact)
+{
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    size_t i = lo;
+    for (; exact && i + 4 <= hi; i += 4) {
+        s0 += c[i].w;
+        s1 += c[i + 1].w;
+        s2 += c[i + 2].w;
+        s3 += c[i + 3].w;
+    }
+    for (; i < hi; i++)
+        s0 += c[i].w;
+    return exact ? (s0 + s1) + (s2 + s3) : s0;
+}
+
+/* True if no sum of weights >= cut (floats) whose exact total is at most
+ * `total` can round in double: each is a multiple of 2^(E-24), where 2^(E-1)
+ * <= cut, so every partial sum is too, and it stays below 2^(E+29), 53 bits
+ * of those units (the margin covers total's own rounding). */
+static bool sums_are_exact(double cut, double total)
+{
+    int e;
+    frexp(cut, &e);
+    return cut > 0.0 && total * (1.0 + 0x1p-20) < ldexp(1.0, e + 29);
+}
+
 /* The smallest m such that the m best of c[0, n) weigh >= target, with
- * c reordered so those are c[0, m). */
-static size_t select_top_mass(struct cand *c, size_t n, double target)
+ * c reordered so those are c[0, m). exact: as for weigh. */
+static size_t select_top_mass(tp_smp_cand *c, size_t n, double target, bool exact)
 {
     size_t lo = 0, hi = n;
     double acc = 0.0; /* weight of c[0, lo), all ranked before c[lo, n) */
     while (hi - lo > 16) {
         size_t m = partition(c, lo, hi);
-        double upper = 0.0;
-        for (size_t i = lo; i <= m; i++)
-            upper += c[i].w;
+        double upper = weigh(c, lo, m + 1, exact);
         if (acc + upper >= target) {
             hi = m + 1;
         } else {
@@ -298,130 +312,153 @@ static size_t select_top_mass(struct cand *c, size_t n, double target)
     return hi; /* rounding left the target out of reach: keep everything */
 }
 
-static float weight(float l, float max, float inv_t)
+/* llama2.c's cut: tokens lighter than (1 - top_p) * total / (n - 1) weigh
+ * less than (1 - top_p) * total together as long as the heaviest (w = 1)
+ * is not among them, so the top-p set lies among the others. Capping the
+ * cut at 1 keeps the heaviest when top_p < 1/n (llama2.c then keeps
+ * nothing). total is the weight of all n candidates summed in id order. */
+static double top_p_cut(float top_p, double total, size_t n)
 {
-    float d = l - max;
-    /* d == 0 is special-cased so a tiny temperature (inv_t = inf) gives 1,
-     * not NaN. */
-    return d == 0.0f ? 1.0f : expf(d * inv_t);
+    double cut = (1.0 - (double)top_p) * total / (double)(n - 1);
+    return cut > 1.0 ? 1.0 : cut;
 }
 
-static void heap_sift_down(struct cand *h, size_t n, size_t i)
+/* min-p over s->cand[0, n) (the most likely token has w == 1). */
+static size_t keep_min_p(tp_sampler *s, size_t n)
 {
-    for (;;) { /* min-heap by rank: the root is the worst kept candidate */
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            return;
-        if (c + 1 < n && ranks_before(&h[c], &h[c + 1]))
-            c++;
-        if (!ranks_before(&h[i], &h[c]))
-            return;
-        swap(&h[i], &h[c]);
-        i = c;
-    }
-}
-
-/* The k best finite logits of work[] into cand[0, k) with a k-heap: one
- * comparison for most tokens, and exp only for the k kept. */
-static size_t gather_top_k(tp_sampler *s, size_t k, float max, float inv_t)
-{
-    struct cand *h = s->cand;
-    size_t n = 0;
-    for (int i = 0; i < s->vocab; i++) {
-        struct cand c = {s->work[i], 0.0f, i};
-        if (!(c.l > -INFINITY))
-            continue;
-        if (n < k) {
-            h[n++] = c;
-            for (size_t j = n - 1; j > 0 && ranks_before(&h[(j - 1) / 2], &h[j]); j = (j - 1) / 2)
-                swap(&h[j], &h[(j - 1) / 2]);
-        } else if (ranks_before(&c, &h[0])) {
-            h[0] = c;
-            heap_sift_down(h, n, 0);
-        }
-    }
     size_t kept = 0;
-    for (size_t j = 0; j < n; j++) {
-        h[j].w = weight(h[j].l, max, inv_t);
-        if (h[j].w > 0.0f)
-            h[kept++] = h[j];
-    }
+    for (size_t i = 0; i < n; i++)
+        if (s->cand[i].w >= s->p.min_p)
+            s->cand[kept++] = s->cand[i];
     return kept;
 }
 
-static size_t gather_all(tp_sampler *s, float max, float inv_t)
+/* Draw from s->cand[0, n) in proportion to w, in that order. */
+static int32_t draw_cand(const tp_sampler *s, size_t n)
 {
-    size_t n = 0;
-    for (int i = 0; i < s->vocab; i++) {
-        float w = weight(s->work[i], max, inv_t);
-        if (w > 0.0f) /* an underflowed weight can never be drawn */
-            s->cand[n++] = (struct cand){s->work[i], w, i};
-    }
-    return n;
-}
-
-/* Step 4 on work[]; returns the number of candidates kept in s->cand. */
-static size_t filter_candidates(tp_sampler *s, float max)
-{
-    const tp_sampler_params *p = &s->p;
-    float inv_t = 1.0f / p->temperature;
-    size_t n = p->top_k > 0 && p->top_k < s->vocab ? gather_top_k(s, (size_t)p->top_k, max, inv_t)
-                                                    : gather_all(s, max, inv_t);
-    if (p->top_p < 1.0f && n > 1) {
-        double total = 0.0;
-        for (size_t i = 0; i < n; i++)
-            total += s->cand[i].w;
-        /* llama2.c's cut: tokens lighter than (1 - top_p) * total / (n - 1)
-         * weigh less than (1 - top_p) * total together as long as the
-         * heaviest (w = 1) is not among them, so the top-p set lies among the
-         * others. Capping the cut at 1 keeps the heaviest when top_p < 1/n
-         * (llama2.c then keeps nothing). */
-        double cut = (1.0 - (double)p->top_p) * total / (double)(n - 1);
-        if (cut > 1.0)
-            cut = 1.0;
-        size_t kept = 0;
-        for (size_t i = 0; i < n; i++)
-            if (s->cand[i].w >= cut)
-                s->cand[kept++] = s->cand[i];
-        n = select_top_mass(s->cand, kept, (double)p->top_p * total);
-    }
-    if (p->min_p > 0.0f) {
-        size_t kept = 0; /* the most likely token has w == 1 */
-        for (size_t i = 0; i < n; i++)
-            if (s->cand[i].w >= p->min_p)
-                s->cand[kept++] = s->cand[i];
-        n = kept;
-    }
-    return n;
-}
-
-int tp_sampler_sample(tp_sampler *s, const float *logits, int32_t *token_out, tp_err *err)
-{
-    prepare_logits(s, logits);
-    int best = argmax(s->work, s->vocab);
-    if (best < 0)
-        return tp_err_set(err, TP_ERANGE,
-                          "no token can be sampled: every logit is -inf, NaN or banned");
-    if (s->p.temperature == 0.0f || isinf(s->work[best])) {
-        *token_out = best;
-        return 0;
-    }
-    size_t n = filter_candidates(s, s->work[best]);
-    if (n == 0) { /* cannot happen: the most likely token always survives */
-        *token_out = best;
-        return 0;
-    }
     double total = 0.0;
     for (size_t i = 0; i < n; i++)
         total += s->cand[i].w;
     double r = draw(s, s->n_accepted) * total, acc = 0.0;
     for (size_t i = 0; i < n; i++) {
         acc += s->cand[i].w;
-        if (r < acc) {
-            *token_out = s->cand[i].id;
-            return 0;
-        }
+        if (r < acc)
+            return s->cand[i].id;
     }
-    *token_out = s->cand[n - 1].id; /* r rounded up to total */
+    return s->cand[n - 1].id; /* r rounded up to total */
+}
+
+/* The same draw over every token in id order, from the weights and block
+ * sums of tp_smp_weights: the first block whose running sum passes r, then
+ * the token inside it. Zero weights leave the running sum unchanged, so
+ * this picks the token draw_cand would from the positive weights. */
+static int32_t draw_all(const tp_sampler *s, double total, int last_pos)
+{
+    double r = draw(s, s->n_accepted) * total;
+    size_t lo = 0, hi = ((size_t)s->vocab + 15) / 16; /* first block with acc[b + 1] > r */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->acc[mid + 1] > r)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    double acc = s->acc[lo];
+    for (int t = (int)lo * 16; t < s->vocab && t < (int)lo * 16 + 16; t++) {
+        acc += s->work[t];
+        if (r < acc)
+            return t;
+    }
+    return last_pos; /* r rounded up to total */
+}
+
+static int no_token(tp_err *err)
+{
+    return tp_err_set(err, TP_ERANGE, "no token can be sampled: every logit is -inf, NaN or banned");
+}
+
+/* top_k < vocab: the k best by one heap pass, exp only for those. */
+static int sample_top_k(tp_sampler *s, const tp_smp_view *v, int32_t *token_out, tp_err *err)
+{
+    const tp_sampler_params *p = &s->p;
+    size_t n = tp_smp_top_k(v, (size_t)p->top_k, s->cand, s->avx512), best = 0;
+    if (n == 0)
+        return no_token(err);
+    for (size_t i = 1; i < n; i++)
+        if (tp_smp_ranks_before(&s->cand[i], &s->cand[best]))
+            best = i;
+    int32_t best_id = s->cand[best].id;
+    float max = s->cand[best].l, inv_t = 1.0f / p->temperature;
+    if (isinf(max)) {
+        *token_out = best_id;
+        return 0;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        s->cand[i].w = tp_smp_weight(s->cand[i].l, max, inv_t);
+        if (s->cand[i].w > 0.0f)
+            s->cand[kept++] = s->cand[i];
+    }
+    n = kept;
+    if (p->top_p < 1.0f && n > 1) {
+        double total = 0.0;
+        for (size_t i = 0; i < n; i++)
+            total += s->cand[i].w;
+        double cut = top_p_cut(p->top_p, total, n);
+        kept = 0;
+        for (size_t i = 0; i < n; i++)
+            if (s->cand[i].w >= cut)
+                s->cand[kept++] = s->cand[i];
+        n = select_top_mass(s->cand, kept, (double)p->top_p * total, false);
+    }
+    if (p->min_p > 0.0f)
+        n = keep_min_p(s, n);
+    *token_out = n ? draw_cand(s, n) : best_id; /* n == 0 cannot happen: best survives */
     return 0;
+}
+
+/* No top-k: weights of the whole vocabulary unless min-p alone filters. */
+static int32_t sample_all(tp_sampler *s, const tp_smp_view *v, int32_t best, float max)
+{
+    const tp_sampler_params *p = &s->p;
+    float inv_t = 1.0f / p->temperature;
+    size_t n;
+    if (p->top_p == 1.0f && p->min_p > 0.0f) {
+        n = tp_smp_min_p(v, max, inv_t, p->min_p, s->cand, s->avx512);
+        return n ? draw_cand(s, n) : best;
+    }
+    size_t n_pos;
+    int last_pos;
+    double total = tp_smp_weights(v, max, inv_t, s->work, s->acc, &n_pos, &last_pos, s->avx512);
+    if (p->top_p == 1.0f)
+        return draw_all(s, total, last_pos);
+    if (n_pos > 1) {
+        double cut = top_p_cut(p->top_p, total, n_pos);
+        n = tp_smp_gather(v, s->work, cut, s->cand, s->avx512);
+        n = select_top_mass(s->cand, n, (double)p->top_p * total, sums_are_exact(cut, total));
+    } else {
+        n = tp_smp_gather(v, s->work, 0.0, s->cand, s->avx512);
+    }
+    if (p->min_p > 0.0f)
+        n = keep_min_p(s, n);
+    return n ? draw_cand(s, n) : best;
+}
+
+int tp_sampler_sample(tp_sampler *s, const float *logits, int32_t *token_out, tp_err *err)
+{
+    tp_smp_view v = view_of(s, logits);
+    const tp_sampler_params *p = &s->p;
+    if (p->temperature != 0.0f && p->top_k > 0 && p->top_k < s->vocab)
+        return sample_top_k(s, &v, token_out, err);
+    int best = tp_smp_argmax(&v, s->avx512);
+    if (best < 0)
+        return no_token(err);
+    float max = tp_smp_value(&v, best);
+    *token_out = p->temperature == 0.0f || isinf(max) ? best : sample_all(s, &v, best, max);
+    return 0;
+}
+
+void tp_sampler_set_avx512(tp_sampler *s, bool on)
+{
+    s->avx512 = on && tp_smp_have_avx512();
 }

@@ -1,0 +1,462 @@
+/* Process story: queued work survives lost workers. With workers started on
+ * their own (`tokpiped --no-spawn`), jobs whose prompt sits at a tokenize
+ * worker that stops answering (SIGSTOP) or dies (SIGKILL) are tokenized
+ * again by another one and finish with exactly the tokens of `tokpipe run`;
+ * the stopped worker's late replies, once it runs again, change nothing;
+ * a tokenize worker that registers again (restarted) gets the prompt again
+ * and its answer to the old task is ignored; jobs waiting for admission
+ * when the only forward worker dies wait for the next one and run there. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/daemon_harness.h"
+#include "tokpipe/config.h"
+
+/* lost after 5 silent intervals: 0.5 s, so a stopped worker is declared
+ * lost quickly while a loaded machine does not lose the healthy ones */
+#define HB_YAML "heartbeat:\n  interval_ms: 100\n  liveness: 5\n"
+#define MAX_TOKENS 40
+
+static const char *const prompts[] = {"Once upon a time", "The cat sat", "Lily and Ben", "One day, a little bird"};
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* SUBMIT a greedy job; the reply's status (error text in *why). */
+static uint32_t submit_status(harness *h, const char *id, const char *prompt, int max_tokens, char *why, size_t cap)
+{
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.job_id = tp_str_of(id);
+    m.submit.prompt = tp_str_of(prompt);
+    m.submit.params.set = TP_P_MAX_TOKENS | TP_P_TEMPERATURE;
+    m.submit.params.max_tokens = max_tokens;
+    m.submit.params.temperature = 0;
+    tp_zmsg z;
+    if (harness_call(h, &m, &z, &r))
+        fail_msg("SUBMIT %s: no reply", id);
+    uint32_t st = r.status;
+    snprintf(why, cap, "%.*s", (int)r.error.len, r.error.ptr ? r.error.ptr : "");
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+    return st;
+}
+
+static void submit_greedy(harness *h, const char *id, const char *prompt, int max_tokens)
+{
+    char why[256];
+    uint32_t st = submit_status(h, id, prompt, max_tokens, why, sizeof why);
+    if (st != TP_ST_OK)
+        fail_msg("SUBMIT %s: status %u %s", id, st, why);
+}
+
+static tp_m_stats_reply stats(harness *h)
+{
+    tp_m_stats_reply s;
+    if (harness_stats(h, &s))
+        fail_msg("STATS: no reply");
+    return s;
+}
+
+/* STATUS of id: its state, and for a finished job the fields `tokpipe run
+ * --json` prints, as one JSON line (malloc'd) in *json. */
+static int status_json(harness *h, const char *id, char **json)
+{
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
+    m.jobref.job_id = tp_str_of(id);
+    tp_zmsg z;
+    if (harness_call(h, &m, &z, &r))
+        fail_msg("STATUS %s: no reply", id);
+    if (r.status != TP_ST_OK)
+        fail_msg("STATUS %s: status %u %.*s", id, r.status, (int)r.error.len, r.error.ptr);
+    const tp_m_status_reply *st = &r.status_reply;
+    int state = st->state;
+    if (json && state == TP_STATE_FINISHED) {
+        char *text = strndup(st->text.ptr ? st->text.ptr : "", st->text.len);
+        int32_t *ids = malloc((st->tokens.n ? st->tokens.n : 1) * sizeof *ids);
+        assert_true(text && ids);
+        for (size_t i = 0; i < st->tokens.n; i++)
+            ids[i] = tp_raw_i32(st->tokens, i);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "text", text);
+        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(ids, (int)st->tokens.n));
+        cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(st->reason));
+        cJSON_AddNumberToObject(o, "prompt_tokens", st->prompt_tokens);
+        cJSON_AddNumberToObject(o, "completion_tokens", st->completion_tokens);
+        if (st->reason == TP_REASON_ERROR) {
+            char *err = strndup(st->job_error.ptr ? st->job_error.ptr : "", st->job_error.len);
+            cJSON_AddStringToObject(o, "error", err);
+            free(err);
+        }
+        *json = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        free(text);
+        free(ids);
+    }
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+    return state;
+}
+
+static char *wait_result(harness *h, const char *id, int timeout_ms)
+{
+    char *json = NULL;
+    for (int waited = 0; status_json(h, id, &json) != TP_STATE_FINISHED; waited += 20) {
+        if (waited > timeout_ms)
+            fail_msg("job %s did not finish within %d ms (log in %s)", id, timeout_ms, h->dir);
+        sleep_ms(20);
+    }
+    return json;
+}
+
+/* What `tokpipe run` gives for prompt in one process, in status_json's shape. */
+static char *run_json(const harness *h, const char *prompt, int max_tokens)
+{
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json --prompt '%s' "
+             "--temperature 0 --max-tokens %d 2>/dev/null",
+             h->bin, h->models, h->models, prompt, max_tokens);
+    if (harness_sh(cmd, &out) != 0)
+        fail_msg("tokpipe run failed: %s", out ? out : "");
+    cJSON *all = cJSON_Parse(out);
+    if (!all)
+        fail_msg("tokpipe run printed no JSON: %s", out);
+    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
+    cJSON *o = cJSON_CreateObject();
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        cJSON_AddItemToObject(o, fields[i], cJSON_Duplicate(cJSON_GetObjectItem(all, fields[i]), 1));
+    char *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    cJSON_Delete(all);
+    free(out);
+    return json;
+}
+
+static void expect_like_run(harness *h, const char *id, const char *prompt, int max_tokens)
+{
+    char *got = wait_result(h, id, 15000), *want = run_json(h, prompt, max_tokens);
+    if (strcmp(got, want))
+        fail_msg("job %s differs from tokpipe run\n daemon: %s\n    run: %s", id, got, want);
+    free(got);
+    free(want);
+}
+
+static void stop_worker(pid_t pid)
+{
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+/* Workers of every stage but tokenize, then one tokenize worker; its pid. */
+static pid_t start_pipeline(harness *h, const char *extra, pid_t other[3])
+{
+    if (harness_start_ex(h, false, extra, true, NULL))
+        fail_msg("daemon did not start");
+    other[0] = harness_worker(h, "forward");
+    other[1] = harness_worker(h, "sample");
+    other[2] = harness_worker(h, "stop");
+    pid_t tok = harness_worker(h, "tokenize");
+    if (harness_wait_workers(h, 10000))
+        fail_msg("workers did not register (see %s)", h->dir);
+    return tok;
+}
+
+/* Stop the workers (tok2 may be 0: none) and the daemon, which exits 0. */
+static void stop_pipeline(harness *h, pid_t tok, pid_t tok2, pid_t other[3])
+{
+    stop_worker(tok);
+    if (tok2 > 0)
+        stop_worker(tok2);
+    for (int i = 0; i < 3; i++)
+        stop_worker(other[i]);
+    assert_int_equal(harness_stop(h), 0);
+}
+
+/* Submit one job per prompt while the only tokenize worker is stopped, and
+ * check they were handed to it (it still counted as live afterwards). */
+static void submit_to_stopped_tokenizer(harness *h, pid_t tok, const char *prefix)
+{
+    kill(tok, SIGSTOP);
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%s-%zu", prefix, i);
+        submit_greedy(h, id, prompts[i], MAX_TOKENS);
+    }
+    tp_m_stats_reply s = stats(h);
+    if (s.workers[TP_SI_TOKENIZE] != 1)
+        fail_msg("the stopped tokenize worker was lost before the jobs reached it: the machine is too slow for this "
+                 "test's heartbeat");
+    assert_int_equal(s.jobs_active, 3);
+}
+
+static void jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, HB_YAML, other);
+    submit_to_stopped_tokenizer(&h, tok, "s");
+    if (harness_wait_stage(&h, TP_SI_TOKENIZE, 0, 5000))
+        fail_msg("the stopped tokenize worker was never declared lost");
+    /* nothing failed: the jobs wait for a tokenize worker */
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.jobs_active, 3);
+    assert_int_equal(s.jobs_finished, 0);
+    pid_t tok2 = harness_worker(&h, "tokenize");
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "s-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    /* the stopped worker runs again: it answers the TOKENIZE tasks it
+     * holds, on a registration the broker has dropped, then registers anew */
+    kill(tok, SIGCONT);
+    if (harness_wait_stage(&h, TP_SI_TOKENIZE, 2, 5000))
+        fail_msg("the resumed tokenize worker did not register again (see %s)", h.dir);
+    /* its late replies made no job twice and broke nothing */
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "s-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    /* both tokenize workers serve new jobs (the least loaded gets each) */
+    for (size_t i = 0; i < 4; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "n-%zu", i);
+        submit_greedy(&h, id, prompts[i], MAX_TOKENS);
+    }
+    for (size_t i = 0; i < 4; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "n-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    s = stats(&h);
+    assert_int_equal(s.jobs_submitted, 7);
+    assert_int_equal(s.jobs_finished, 7);
+    assert_int_equal(s.jobs_active, 0);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    stop_pipeline(&h, tok, tok2, other);
+}
+
+/* The heartbeat would take 5 s to expire here: the broker must notice the
+ * closed connection of the killed worker instead. */
+static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, "heartbeat:\n  interval_ms: 100\n  liveness: 50\n", other);
+    submit_to_stopped_tokenizer(&h, tok, "k");
+    kill(tok, SIGKILL);
+    waitpid(tok, NULL, 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t tok2 = harness_worker(&h, "tokenize");
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "k-%zu", i);
+        free(wait_result(&h, id, 15000));
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (waited > 4.0)
+        fail_msg("the jobs of the killed worker waited %.1f s: it was found lost by heartbeat expiry, not by its "
+                 "closed connection",
+                 waited);
+    for (size_t i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "k-%zu", i);
+        expect_like_run(&h, id, prompts[i], MAX_TOKENS);
+    }
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.workers[TP_SI_TOKENIZE], 1);
+    assert_int_equal(s.jobs_finished, 3);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    stop_pipeline(&h, tok2, 0, other);
+}
+
+static void wait_state(harness *h, const char *id, int want)
+{
+    int st = TP_STATE_UNKNOWN;
+    for (int waited = 0; (st = status_json(h, id, NULL)) != want; waited += 10) {
+        if (waited > 10000)
+            fail_msg("job %s: state %d, want %d", id, st, want);
+        sleep_ms(10);
+    }
+}
+
+static void jobs_waiting_for_admission_run_on_the_next_forward_worker(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, HB_YAML "batching:\n  max_num_seqs: 1\n", other);
+    pid_t fwd = other[0];
+    /* the only forward worker holds one job (stopped, so it holds it for
+     * good) and has no room for the next ones */
+    kill(fwd, SIGSTOP);
+    submit_greedy(&h, "q-run", prompts[0], MAX_TOKENS);
+    wait_state(&h, "q-run", TP_STATE_RUNNING);
+    submit_greedy(&h, "q-0", prompts[1], MAX_TOKENS);
+    submit_greedy(&h, "q-1", prompts[2], MAX_TOKENS);
+    wait_state(&h, "q-0", TP_STATE_QUEUED);
+    kill(fwd, SIGKILL);
+    waitpid(fwd, NULL, 0);
+    if (harness_wait_stage(&h, TP_SI_FORWARD, 0, 5000))
+        fail_msg("the killed forward worker was never declared lost");
+    /* the job it held fails, naming the lost worker ... */
+    char *got = wait_result(&h, "q-run", 10000);
+    if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, "worker_lost"))
+        fail_msg("the job at the killed forward worker: %s, want an error naming worker_lost", got);
+    free(got);
+    /* ... a new job is refused while no forward worker is registered
+     * (503, "retry later"), but the queued ones wait ... */
+    char why[256];
+    uint32_t st = submit_status(&h, "q-new", prompts[3], MAX_TOKENS, why, sizeof why);
+    if (st != TP_ST_UNAVAILABLE || !strstr(why, "forward"))
+        fail_msg("SUBMIT with no forward worker: status %u '%s', want 503 naming the forward stage", st, why);
+    sleep_ms(300);
+    const char *queued[] = {"q-0", "q-1"};
+    for (int i = 0; i < 2; i++)
+        if (status_json(&h, queued[i], NULL) != TP_STATE_QUEUED)
+            fail_msg("job %s did not wait for a forward worker", queued[i]);
+    /* ... and run, one after the other, once a forward worker registers */
+    other[0] = harness_worker(&h, "forward");
+    for (int i = 0; i < 2; i++)
+        expect_like_run(&h, queued[i], prompts[i + 1], MAX_TOKENS);
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.jobs_finished, 3);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 1);
+    stop_pipeline(&h, tok, 0, other);
+}
+
+/* ---- a tokenize worker that restarts on the same connection -------------- */
+
+static void fake_send(void *d, tp_msg *m)
+{
+    tp_err e;
+    if (tp_zsend_msg(d, NULL, 0, m, &e))
+        fail_msg("fake worker: send %s: %s", tp_cmd_name(TP_FAM_WRK, m->cmd), e.msg);
+}
+
+static void fake_ready(void *d, uint64_t incarnation)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);
+    m.ready.stages = TP_STAGE_TOKENIZE;
+    m.ready.instance = tp_str_of("fake-tokenize");
+    m.ready.incarnation = incarnation;
+    m.ready.capacity = 4;
+    m.ready.bos_id = m.ready.eos_id = -1;
+    fake_send(d, &m);
+}
+
+/* Next message from the broker other than HEARTBEAT: its command, and for
+ * TOKENIZE its task, slot and text. */
+static uint8_t fake_recv(void *d, uint64_t *task, uint32_t *slot, char *text, size_t cap)
+{
+    for (;;) {
+        zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 5000) <= 0)
+            fail_msg("fake worker: nothing from the broker for 5 s");
+        tp_zmsg z;
+        tp_msg m;
+        tp_err e;
+        assert_int_equal(tp_zmsg_recv(d, &z, 0), 0);
+        if (tp_proto_decode(TP_FAM_WRK, z.f, z.n, &m, &e))
+            fail_msg("fake worker: undecodable message: %s", e.msg);
+        uint8_t cmd = m.cmd;
+        if (cmd == TP_CMD_TOKENIZE) {
+            *task = m.task;
+            *slot = m.tokenize.slot;
+            snprintf(text, cap, "%.*s", (int)m.tokenize.text.len, m.tokenize.text.ptr);
+        }
+        tp_msg_clear(&m);
+        tp_zmsg_close(&z);
+        if (cmd != TP_CMD_HEARTBEAT)
+            return cmd;
+    }
+}
+
+static void fake_tokenized(void *d, uint64_t task, uint32_t slot, const int32_t *ids, size_t n)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_TOKENIZED);
+    m.task = task;
+    m.status = TP_ST_OK;
+    m.tokenized.slot = slot;
+    m.tokenized.ids = (tp_raw){ids, n};
+    fake_send(d, &m);
+}
+
+/* PROTOCOL.md: a second READY from a registered identity means the worker
+ * restarted and lost its state; the broker registers it anew. The prompt it
+ * held is tokenized again, and its answer to the old task is ignored. */
+static void a_tokenize_worker_that_registers_again_gets_the_prompt_again(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start_ex(&h, false, "heartbeat:\n  interval_ms: 200\n  liveness: 25\n", true, NULL))
+        fail_msg("daemon did not start");
+    pid_t real[3] = {harness_worker(&h, "forward"), harness_worker(&h, "sample"), harness_worker(&h, "stop")};
+    void *d = zmq_socket(h.zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_connect(d, h.back);
+    uint64_t task1 = 0, task2 = 0;
+    uint32_t slot1 = 0, slot2 = 0;
+    char text[256];
+    fake_ready(d, 1);
+    assert_int_equal(fake_recv(d, &task1, &slot1, text, sizeof text), TP_CMD_WELCOME);
+    if (harness_wait_workers(&h, 10000))
+        fail_msg("workers did not register (see %s)", h.dir);
+    submit_greedy(&h, "again", prompts[0], MAX_TOKENS);
+    assert_int_equal(fake_recv(d, &task1, &slot1, text, sizeof text), TP_CMD_TOKENIZE);
+    assert_string_equal(text, prompts[0]);
+    fake_ready(d, 2);   /* "restarted": the TOKENIZE is forgotten */
+    uint8_t cmd = fake_recv(d, &task2, &slot2, text, sizeof text);
+    if (cmd != TP_CMD_WELCOME)
+        fail_msg("a worker registering again got %s, want WELCOME", tp_cmd_name(TP_FAM_WRK, cmd));
+    assert_int_equal(fake_recv(d, &task2, &slot2, text, sizeof text), TP_CMD_TOKENIZE);
+    assert_string_equal(text, prompts[0]);
+    assert_int_equal(slot2, slot1);
+    assert_int_not_equal(task2, task1);
+    assert_int_equal(stats(&h).workers[TP_SI_TOKENIZE], 1);
+    /* the answer to the forgotten task is wrong on purpose and must not be
+     * used; then the right one: "Once upon a time" with BOS, as
+     * shared/models/README.md gives it for tok512 */
+    static const int32_t wrong[] = {1, 300, 301}, once[] = {1, 403, 407, 261, 378};
+    fake_tokenized(d, task1, slot1, wrong, 3);
+    fake_tokenized(d, task2, slot2, once, 5);
+    expect_like_run(&h, "again", prompts[0], MAX_TOKENS);
+    zmq_close(d);
+    for (int i = 0; i < 3; i++)
+        stop_worker(real[i]);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost),
+        cmocka_unit_test(jobs_at_a_killed_tokenize_worker_move_to_the_other_one),
+        cmocka_unit_test(jobs_waiting_for_admission_run_on_the_next_forward_worker),
+        cmocka_unit_test(a_tokenize_worker_that_registers_again_gets_the_prompt_again),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
