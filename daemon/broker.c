@@ -119,12 +119,21 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         }
         unlink(ep + 6);   /* a stale socket file from a crashed run */
     }
+    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, err))) {
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_bind(s, ep)) {
         *rc = tp_err_set(err, TP_EIO, "bind %s: %s", ep, zmq_strerror(errno));
         zmq_close(s);
         return NULL;
     }
     return s;
+}
+
+static void zsec_log(void *ctx, const char *line)
+{
+    broker_log(ctx, "%s", line);
 }
 
 int broker_init(broker *b, tp_config *cfg, tp_err *err)
@@ -140,6 +149,12 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     b->zctx = zmq_ctx_new();
     if (!b->zctx)
         return tp_err_set(err, TP_EIO, "zmq_ctx_new failed");
+    /* the ZAP handler first: a CURVE socket without one admits every key */
+    if ((rc = tp_zsec_server_new(b->zctx, cfg, zsec_log, b, &b->zsec, err)))
+        return rc;
+    if (b->zsec)
+        broker_log(b, "CURVE security on tcp endpoints: %zu authorized keys from %s",
+                   tp_zsec_server_n_authorized(b->zsec), cfg->authorized_keys);
     rc = 0;
     if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, err, &rc)) ||
         !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, err, &rc)) ||
@@ -159,6 +174,7 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
+    tp_zsec_server_free(b->zsec);
     if (b->zctx)
         zmq_ctx_term(b->zctx);
     /* only the files this broker bound: the others may be another's */
@@ -255,14 +271,17 @@ int broker_run(broker *b)
     while (!b->done) {
         if (*b->quit && !b->draining)
             start_drain(b);
-        zmq_pollitem_t it[4] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
-                                {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(it, 4, 50);
+        zmq_pollitem_t it[5] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
+                                {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0},
+                                {tp_zsec_server_socket(b->zsec), 0, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(it, b->zsec ? 5 : 4, 50);
         if (n < 0 && errno != EINTR)
             break;
         for (int i = 0; n > 0 && i < 4; i++)
             if (it[i].revents & ZMQ_POLLIN)
                 drain_socket(b, it[i].socket, i);
+        if (n > 0 && (it[4].revents & ZMQ_POLLIN))
+            tp_zsec_server_handle(b->zsec);
         int64_t now = tp_now_ms();
         if (now - last_tick >= 50) {
             last_tick = now;

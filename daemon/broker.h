@@ -18,6 +18,7 @@
 #include "tokpipe/config.h"
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
+#include "tokpipe/zsec.h"
 
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
@@ -141,6 +142,7 @@ typedef struct broker {
     const char *config_path;        /* passed to spawned workers; NULL = none */
     const char *self_path;          /* argv[0] of tokpiped, to find tokpipe-worker */
     void *zctx, *front, *back, *xsub, *xpub;
+    tp_zsec_server *zsec;           /* CURVE + ZAP; NULL = security off */
     uint64_t incarnation;
     int64_t t_start_ms;
     volatile sig_atomic_t *quit;    /* set by signals: start draining */

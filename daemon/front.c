@@ -363,6 +363,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_steps = st->forward_steps;
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
+    s->zap_refused = tp_zsec_server_refused(b->zsec);
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);

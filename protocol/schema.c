@@ -117,7 +117,8 @@ static const field stats_reply_f[] = {
     {.key = "stop_triggers", .type = FT_TRIGGERS, .off = ST(triggers), .flags = FF_REQUIRED,
      .max = TP_PROTO_MAX_TRIGGERS},
     F_U64("triggers_other", ST(triggers_other), 0), F_U64("forward_steps", ST(forward_steps), 0),
-    F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0), END,
+    F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0),
+    F_U64("zap_refused", ST(zap_refused), 0), END,
 };
 
 /* ---- EVT1 ---- */

@@ -21,6 +21,7 @@ struct tp_client {
     void *monitor;          /* PAIR receiving the SUB socket's handshake events */
     char *front;
     char *events;
+    tp_zsec_client sec;
     int timeout_ms;
     uint64_t next_req;
     uint64_t bad_events;
@@ -64,7 +65,12 @@ static int open_sockets(tp_client *c, tp_err *err)
 {
     if (c->front) {
         c->dealer = zmq_socket(c->ctx, ZMQ_DEALER);
-        if (!c->dealer || set_int(c->dealer, ZMQ_LINGER, 0) || zmq_connect(c->dealer, c->front))
+        if (!c->dealer || set_int(c->dealer, ZMQ_LINGER, 0))
+            return zerr(err, "cannot connect to frontend", c->front);
+        int rc = tp_zsec_client_apply(&c->sec, c->dealer, c->front, err);
+        if (rc)
+            return rc;
+        if (zmq_connect(c->dealer, c->front))
             return zerr(err, "cannot connect to frontend", c->front);
     }
     if (c->events) {
@@ -72,6 +78,8 @@ static int open_sockets(tp_client *c, tp_err *err)
         if (!c->sub || set_int(c->sub, ZMQ_LINGER, 0))
             return zerr(err, "cannot create SUB socket for", c->events);
         int rc = open_monitor(c, err); /* before connect, so the handshake event is not missed */
+        if (!rc)
+            rc = tp_zsec_client_apply(&c->sec, c->sub, c->events, err);
         if (rc)
             return rc;
         if (zmq_connect(c->sub, c->events))
@@ -87,6 +95,8 @@ int tp_client_new(const tp_client_opts *o, tp_client **out, tp_err *err)
         return tp_err_set(err, TP_ENOMEM, "client: out of memory");
     c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
     c->interrupt_fd = -1;
+    if (o->sec)
+        c->sec = *o->sec;
     c->ctx = zmq_ctx_new();
     c->front = o->front ? strdup(o->front) : NULL;
     c->events = o->events ? strdup(o->events) : NULL;
@@ -123,6 +133,7 @@ void tp_client_free(tp_client *c)
         zmq_ctx_term(c->ctx);
     free(c->front);
     free(c->events);
+    memset(&c->sec, 0, sizeof c->sec);
     free(c);
 }
 
@@ -354,6 +365,8 @@ int tp_endpoints_resolve(const char *config_path, const char *front, const char 
     rc = copy_ep(ep->front, sizeof ep->front, front ? front : cfg.ep_front, "front", err);
     if (!rc)
         rc = copy_ep(ep->events, sizeof ep->events, events ? events : cfg.ep_events, "events", err);
+    if (!rc)
+        rc = tp_zsec_client_load(&cfg, &ep->sec, err);
     tp_config_free(&cfg);
     return rc;
 }
@@ -400,6 +413,8 @@ int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client *
     int rc = tp_endpoints_resolve(a->config, a->front, a->events, &ep, err);
     if (rc)
         return rc;
-    tp_client_opts o = {front ? ep.front : NULL, events ? ep.events : NULL, a->timeout_ms};
-    return tp_client_new(&o, out, err);
+    tp_client_opts o = {front ? ep.front : NULL, events ? ep.events : NULL, a->timeout_ms, &ep.sec};
+    rc = tp_client_new(&o, out, err);
+    memset(&ep.sec, 0, sizeof ep.sec);
+    return rc;
 }

@@ -12,6 +12,7 @@
 
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
+#include "tokpipe/zsec.h"
 
 typedef struct tp_client tp_client;
 
@@ -32,6 +33,7 @@ typedef struct tp_client_opts {
     const char *front;
     const char *events;
     int timeout_ms;     /* every request / connection wait; <= 0 = 5000 */
+    const tp_zsec_client *sec;  /* CURVE keys for tcp endpoints; NULL = plain */
 } tp_client_opts;
 
 /* Create the sockets and connect (connection happens in the background;
@@ -82,6 +84,7 @@ const char *tp_client_events(const tp_client *c);
 typedef struct tp_endpoints {
     char front[512];
     char events[512];
+    tp_zsec_client sec;   /* the config's security.* client side */
 } tp_endpoints;
 
 int tp_endpoints_resolve(const char *config_path, const char *front, const char *events, tp_endpoints *ep,

@@ -110,6 +110,7 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"malformed_front", s->malformed_front}, {"malformed_back", s->malformed_back},
         {"malformed_events", s->malformed_events}, {"forward_steps", s->forward_steps},
         {"forward_rows", s->forward_rows}, {"forward_tokens", s->forward_tokens},
+        {"zap_refused", s->zap_refused},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);

@@ -20,10 +20,12 @@
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/tokenizer.h"
+#include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
 
 typedef struct worker {
     tp_config cfg;
+    tp_zsec_client sec;              /* CURVE client keys (security.*) */
     unsigned stages;                 /* 1u << TP_SI_* */
     char instance[TP_PROTO_MAX_NAME + 1];
     tp_model *model;
@@ -269,7 +271,8 @@ static int serve_connection(worker *w)
     if (!w->dealer)
         return SERVE_QUIT;
     set_common_opts(w, w->dealer);
-    if (zmq_connect(w->dealer, w->cfg.ep_back)) {
+    if (tp_zsec_client_apply(&w->sec, w->dealer, w->cfg.ep_back, NULL) ||
+        zmq_connect(w->dealer, w->cfg.ep_back)) {
         fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.ep_back, zmq_strerror(errno));
         zmq_close(w->dealer);
         w->dealer = NULL;
@@ -325,7 +328,8 @@ static int run(worker *w)
     w->pub = w->stop ? zmq_socket(w->zctx, ZMQ_PUB) : NULL;
     if (w->pub) {
         set_common_opts(w, w->pub);
-        if (zmq_connect(w->pub, w->cfg.ep_publish)) {
+        if (tp_zsec_client_apply(&w->sec, w->pub, w->cfg.ep_publish, NULL) ||
+            zmq_connect(w->pub, w->cfg.ep_publish)) {
             fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.ep_publish,
                     zmq_strerror(errno));
             return 1;
@@ -414,8 +418,9 @@ int main(int argc, char **argv)
     int rc = config || access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0
                  ? tp_config_load(config ? config : TP_CONFIG_DEFAULT_PATH, &w.cfg, &e)
                  : tp_config_defaults(&w.cfg, &e) || tp_config_resolve(&w.cfg, &e);
-    if (rc) {
+    if (rc || (rc = tp_zsec_client_load(&w.cfg, &w.sec, &e))) {
         fprintf(stderr, "tokpipe-worker: %s\n", e.msg);
+        tp_config_free(&w.cfg);
         return 2;
     }
     if (!*w.instance)

@@ -340,6 +340,7 @@ typedef struct tp_m_stats_reply {
     uint64_t forward_steps;        /* STEPs sent to forward workers */
     uint64_t forward_rows;         /* sequences in them (rows per step = the batch) */
     uint64_t forward_tokens;       /* tokens in them (decode + prefill) */
+    uint64_t zap_refused;          /* CURVE clients refused by the ZAP handler */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */

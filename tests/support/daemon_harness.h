@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include "tokpipe/protocol.h"
+#include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
 
 typedef struct harness {
@@ -20,11 +21,14 @@ typedef struct harness {
     pid_t pid;
     void *zctx;
     void *dealer;            /* producer socket to front */
+    tp_zsec_client sec;      /* the config's CURVE client keys (security.curve) */
 } harness;
 
 /* Start tokpiped with the stories260K model. tcp: loopback ports instead
  * of ipc. extra_yaml is appended to the generated config (may be NULL; a
- * "heartbeat:" section in it replaces the harness's fast default).
+ * "heartbeat:" section in it replaces the harness's fast default); with
+ * security.curve in it, the harness's own sockets use the config's client
+ * keys, as the real clients do.
  * Waits until every stage has a registered worker. 0 or -1 (message on
  * stderr). */
 int harness_start(harness *h, bool tcp, const char *extra_yaml);
