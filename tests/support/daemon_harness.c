@@ -131,6 +131,10 @@ int harness_wait_workers(harness *h, int timeout_ms)
 {
     for (int i = 0; i * 50 < timeout_ms; i++) {
         tp_m_stats_reply s;
+        if (waitpid(h->pid, NULL, WNOHANG) == h->pid) {
+            fprintf(stderr, "harness: tokpiped exited; see %s/tokpiped.log\n", h->dir);
+            return -1;
+        }
         if (harness_stats(h, &s) == 0 && s.workers[0] && s.workers[1] && s.workers[2] && s.workers[3])
             return 0;
         sleep_ms(50);
