@@ -87,6 +87,8 @@ class FakeBroker(threading.Thread):
         fin = {"job_id": job, "seq": seq, "reason": "stop_string", "matched": "!", "text": FINAL_DELTA,
                "prompt_tokens": 5, "completion_tokens": 4, "text_len": len(FINAL_TEXT),
                "queue_us": 10, "ttft_us": 20, "total_us": 30}
+        if self.jobs.get(job, {}).get("prompt") == "fail":
+            fin.update(reason="error", matched=None, error="worker forward.0 died")
         self.events.send_multipart([job.encode(), b"EVT1", b"\x02", msgpack.packb(fin)])
 
     def on_request(self, frames):
@@ -218,6 +220,13 @@ class ClientCommands(unittest.TestCase):
             self.assertEqual(l["completion_tokens"], 4)
         statuses = [h for c, h, _ in self.broker.requests if c == 0x04]
         self.assertTrue(any(h["job_id"].endswith("-1") for h in statuses), "no STATUS for the gapped job")
+
+    def test_generate_exits_1_naming_a_job_that_failed(self):
+        p = self.tokpipe("generate", "--prompt", "ok", "--prompt", "fail", "--json", *self.conn)
+        self.assertEqual(p.returncode, 1, p.stderr.decode())
+        lines = [json.loads(l) for l in p.stdout.decode().splitlines()]
+        self.assertEqual([l["finish_reason"] for l in lines], ["stop_string", "error"])
+        self.assertRegex(p.stderr.decode(), r"job \S+-1 \(prompt 2\) failed: worker forward.0 died")
 
     def test_watch_prints_one_jobs_events_and_exits_after_finish(self):
         w = subprocess.Popen([TOKPIPE, "watch", "job-w", "--json", *self.conn], stdout=subprocess.PIPE,
