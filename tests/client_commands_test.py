@@ -43,6 +43,7 @@ class FakeBroker(threading.Thread):
         self.events = self.ctx.socket(zmq.XPUB)
         self.front.linger = 0
         self.events.linger = 0
+        self.events.setsockopt(zmq.XPUB_VERBOSE, 1)  # as tokpiped: every subscription gets its heartbeat
         self.front_ep = "tcp://127.0.0.1:%d" % self.front.bind_to_random_port("tcp://127.0.0.1")
         self.events_ep = "tcp://127.0.0.1:%d" % self.events.bind_to_random_port("tcp://127.0.0.1")
         self.subs = set()
@@ -242,6 +243,38 @@ class ClientCommands(unittest.TestCase):
         self.assertEqual(ev[0]["ids"], [10])
         self.assertEqual(ev[3]["matched"], "!")
         self.assertEqual(ev[3]["total_us"], 30)
+
+    def test_watch_of_a_finished_job_exits_at_once(self):
+        self.broker.jobs["done-1"] = {}
+        p = self.tokpipe("watch", "done-1", *self.conn, timeout=10)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertEqual(p.stdout, b"")
+        self.assertIn("done-1 already finished", p.stderr.decode())
+
+    def test_watch_says_the_broker_restarted_and_that_its_job_is_lost(self):
+        w = subprocess.Popen([TOKPIPE, "watch", "job-r", *self.conn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        a = subprocess.Popen([TOKPIPE, "watch", "--idle", "1500", *self.conn], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            self.broker.wait_sub("job-r")
+            self.broker.wait_sub("")
+            end = time.time() + 5  # watch JOB asks STATUS once it heard the first heartbeat
+            while not any(c == 0x04 for c, _, _ in self.broker.requests) and time.time() < end:
+                time.sleep(0.02)
+            time.sleep(0.2)
+            self.broker.restart_now = True
+            out, err = w.communicate(timeout=10)
+            aout, aerr = a.communicate(timeout=10)
+        finally:
+            for p in (w, a):
+                if p.poll() is None:
+                    p.kill()
+        self.assertEqual(w.returncode, 1, err.decode())
+        self.assertIn("tokpiped restarted", err.decode())
+        self.assertIn("job-r was lost", err.decode())
+        # watching every job: said, and watching goes on (until --idle)
+        self.assertEqual(a.returncode, 0, aerr.decode())
+        self.assertIn("tokpiped restarted", aerr.decode())
 
     def test_status_cancel_and_stats(self):
         self.broker.jobs["known"] = {}
