@@ -308,7 +308,7 @@ static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
         double t = now_s();
         tp_msg ev;
         tp_err e;
-        if (tp_proto_decode(TP_FAM_EVT, z.f, z.n, &ev, &e) == 0) {
+        if (tp_proto_decode(TP_FAM_EVT, z.f, z.n, &ev, &e) == 0 && ev.cmd != TP_CMD_HEARTBEAT) {
             const tp_str *id = ev.cmd == TP_CMD_TOKEN ? &ev.token.job_id : &ev.finish.job_id;
             if (id->len > plen + 1 && !memcmp(id->ptr, prefix, plen)) {
                 int j = atoi(id->ptr + plen + 1);

@@ -75,6 +75,33 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
         j->result_ready = true;
 }
 
+/* The broker's own event (PROTOCOL.md §3, HEARTBEAT): subscribers tell a
+ * quiet broker from a dead or restarted one by it. */
+void broker_publish_beat(broker *b)
+{
+    tp_msg ev;
+    tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_HEARTBEAT);
+    ev.beat.incarnation = b->incarnation;
+    ev.beat.uptime_ms = (uint64_t)(tp_now_ms() - b->t_start_ms);
+    ev.beat.interval_ms = (uint32_t)b->cfg->heartbeat_ms;
+    ev.beat.liveness = (uint32_t)b->cfg->liveness;
+    tp_err e;
+    if (tp_zsend_msg(b->xpub, NULL, 0, &ev, &e))
+        broker_log(b, "HEARTBEAT: %s", e.msg);
+    b->last_beat_ms = tp_now_ms();
+}
+
+/* A subscription that takes the heartbeat topic ("", "@", ...) gets a
+ * heartbeat at once: a client learns the incarnation without waiting an
+ * interval, and knows its earlier subscriptions are in force. */
+static void on_subscription(broker *b, const tp_frame *f)
+{
+    const uint8_t *p = f->data;
+    size_t n = f->len ? f->len - 1 : 0;
+    if (f->len >= 1 && p[0] == 1 && n <= strlen(TP_EVT_HEARTBEAT_TOPIC) && !memcmp(p + 1, TP_EVT_HEARTBEAT_TOPIC, n))
+        broker_publish_beat(b);
+}
+
 /* ---- setup -------------------------------------------------------------------- */
 
 /* Does a process accept connections on the unix socket at path? A file left
@@ -109,6 +136,8 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if (type == ZMQ_ROUTER)   /* EHOSTUNREACH instead of a silent drop */
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (type == ZMQ_XPUB)     /* every subscription, not only a topic's first */
+        zmq_setsockopt(s, ZMQ_XPUB_VERBOSE, &one, sizeof one);
     if (!strncmp(ep, "ipc://", 6)) {
         /* zmq would replace the file and orphan a running broker: its
          * workers and clients would reach this one, and nobody it */
@@ -193,9 +222,11 @@ static void on_event(broker *b, tp_zmsg *z)
 {
     tp_msg m;
     tp_err e;
-    if (tp_proto_decode(TP_FAM_EVT, z->f, z->n, &m, &e) || z->dropped) {
+    if (tp_proto_decode(TP_FAM_EVT, z->f, z->n, &m, &e) || z->dropped ||
+        (m.cmd != TP_CMD_TOKEN && m.cmd != TP_CMD_FINISH)) {
         b->stats.malformed_events++;
-        broker_log(b, "dropped a malformed event: %s", z->dropped ? "too many frames" : e.msg);
+        broker_log(b, "dropped a malformed event: %s",
+                   z->dropped ? "too many frames" : m.cmd == TP_CMD_HEARTBEAT ? "a HEARTBEAT is the broker's" : e.msg);
         tp_msg_clear(&m);
         return;
     }
@@ -223,8 +254,9 @@ static void drain_socket(broker *b, void *s, int which)
                 b->stats.malformed_back++;
         } else if (which == 2) {
             on_event(b, &z);
+        } else if (z.n == 1) {
+            on_subscription(b, &z.f[0]);   /* XPUB subscription notices */
         }
-        /* which == 3: XPUB subscription notices, read only to keep the queue empty */
         tp_zmsg_close(&z);
     }
 }
@@ -268,6 +300,7 @@ int broker_run(broker *b)
     broker_log(b, "listening: front %s, back %s, events %s, publish %s", b->cfg->ep_front, b->cfg->ep_back,
                b->cfg->ep_events, b->cfg->ep_publish);
     int64_t last_tick = 0, last_status = 0;
+    broker_publish_beat(b);
     while (!b->done) {
         if (*b->quit && !b->draining)
             start_drain(b);
@@ -293,6 +326,8 @@ int broker_run(broker *b)
                 drain_tick(b, now);
             sched_run(b);
         }
+        if (now - b->last_beat_ms >= b->cfg->heartbeat_ms)
+            broker_publish_beat(b);
         if (now - last_status >= 5000) {
             last_status = now;
             say_status(b);

@@ -143,8 +143,9 @@ typedef struct broker {
     const char *self_path;          /* argv[0] of tokpiped, to find tokpipe-worker */
     void *zctx, *front, *back, *xsub, *xpub;
     tp_zsec_server *zsec;           /* CURVE + ZAP; NULL = security off */
-    uint64_t incarnation;
+    uint64_t incarnation;           /* random per start: in WELCOME and event HEARTBEATs */
     int64_t t_start_ms;
+    int64_t last_beat_ms;           /* last HEARTBEAT on the events socket */
     volatile sig_atomic_t *quit;    /* set by signals: start draining */
     bool draining;
     int64_t drain_deadline;
@@ -176,6 +177,7 @@ void broker_free(broker *b);
 void broker_log(const broker *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int broker_send_worker(broker *b, int wi, const tp_msg *m);
 void broker_publish_finish(broker *b, bjob *j, int reason, const char *error);
+void broker_publish_beat(broker *b);
 
 /* jobs.c */
 int jobs_init(broker *b, tp_err *err);

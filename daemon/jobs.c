@@ -303,6 +303,8 @@ static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
 /* An event on its way to subscribers: keep the job's text and result. */
 void jobs_on_event(broker *b, const tp_msg *ev)
 {
+    if (ev->cmd != TP_CMD_TOKEN && ev->cmd != TP_CMD_FINISH)
+        return;
     const tp_str *id = ev->cmd == TP_CMD_TOKEN ? &ev->token.job_id : &ev->finish.job_id;
     bjob *j = jobs_find(b, id->ptr, id->len);
     if (!j || j->state == J_FINISHED || j->result_ready)

@@ -133,6 +133,8 @@ void tp_wire_free(tp_wire *w)
 
 static tp_str event_topic(const tp_msg *m)
 {
+    if (m->cmd == TP_CMD_HEARTBEAT)
+        return tp_str_of(TP_EVT_HEARTBEAT_TOPIC);
     return m->cmd == TP_CMD_TOKEN ? m->token.job_id : m->finish.job_id;
 }
 

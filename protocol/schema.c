@@ -146,6 +146,12 @@ static const field finish_f[] = {
     END,
 };
 
+static const field beat_f[] = {
+    F_U64("incarnation", M(beat.incarnation), FF_REQUIRED), F_U64("uptime_ms", M(beat.uptime_ms), FF_REQUIRED),
+    F_U32("interval_ms", M(beat.interval_ms), FF_REQUIRED, 1, UINT32_MAX),
+    F_U32("liveness", M(beat.liveness), FF_REQUIRED, 1, UINT32_MAX), END,
+};
+
 /* ---- WRK1 control ---- */
 
 #define RD(m) M(ready.m)
@@ -457,12 +463,13 @@ static int check_verdicts(tp_msg *m, tp_err *err)
 
 static int check_token_topic(tp_msg *m, tp_err *err);
 static int check_finish_topic(tp_msg *m, tp_err *err);
+static int check_beat_topic(tp_msg *m, tp_err *err);
 
 /* ---- the registry ---- */
 
 static const table T_submit = {submit_f, -1}, T_ack = {ack_f, -1}, T_error = {error_f, -1},
                    T_jobref = {jobref_f, -1}, T_status_reply = {status_reply_f, -1}, T_stats = {stats_f, -1},
-                   T_stats_reply = {stats_reply_f, -1}, T_token = {token_f, -1}, T_finish = {finish_f, -1},
+                   T_stats_reply = {stats_reply_f, -1}, T_token = {token_f, -1}, T_finish = {finish_f, -1}, T_beat = {beat_f, -1},
                    T_ready = {ready_f, -1}, T_welcome = {welcome_f, -1}, T_heartbeat = {heartbeat_f, -1},
                    T_disconnect = {disconnect_f, -1}, T_result = {result_f, -1}, T_tokenize = {tokenize_f, -1},
                    T_tokenized = {tokenized_f, -1}, T_slot = {slot_f, -1}, T_step = {step_f, -1},
@@ -484,6 +491,7 @@ static const mdesc descs[] = {
     {TP_FAM_JOB, TP_CMD_ERROR, "ERROR", &T_error, no_frames, 1, NULL},
     {TP_FAM_EVT, TP_CMD_TOKEN, "TOKEN", &T_token, token_p, 1, check_token_topic},
     {TP_FAM_EVT, TP_CMD_FINISH, "FINISH", &T_finish, no_frames, 1, check_finish_topic},
+    {TP_FAM_EVT, TP_CMD_HEARTBEAT, "HEARTBEAT", &T_beat, no_frames, 1, check_beat_topic},
     {TP_FAM_WRK, TP_CMD_READY, "READY", &T_ready, no_frames, 0, check_ready},
     {TP_FAM_WRK, TP_CMD_WELCOME, "WELCOME", &T_welcome, no_frames, 0, NULL},
     {TP_FAM_WRK, TP_CMD_HEARTBEAT, "HEARTBEAT", &T_heartbeat, no_frames, 0, NULL},
@@ -514,6 +522,11 @@ static int check_finish_topic(tp_msg *m, tp_err *err)
 {
     int rc = check_topic(m->finish.job_id, m->topic, err);
     return rc ? rc : check_finish(m, err);
+}
+
+static int check_beat_topic(tp_msg *m, tp_err *err)
+{
+    return check_topic(tp_str_of(TP_EVT_HEARTBEAT_TOPIC), m->topic, err);
 }
 
 const mdesc *schema_find(tp_family family, uint8_t cmd)

@@ -5,8 +5,11 @@ The broker here is written from protocol/PROTOCOL.md with pyzmq + msgpack
 loopback tcp. It ACKs SUBMITs and publishes a scripted TOKEN/FINISH stream
 per job once the job's subscription has arrived, so the tests check what the
 C client sends and how it handles what it receives, including a lost event
-(the client must complete the job from STATUS).
+(the client must complete the job from STATUS). It publishes HEARTBEATs on
+"@heartbeat" (every interval, and at once to a new subscription) and can
+"restart" (a new incarnation that knows no job) or fall silent.
 """
+import random
 import json
 import os
 import struct
@@ -40,6 +43,7 @@ class FakeBroker(threading.Thread):
         self.events = self.ctx.socket(zmq.XPUB)
         self.front.linger = 0
         self.events.linger = 0
+        self.events.setsockopt(zmq.XPUB_VERBOSE, 1)  # as tokpiped: every subscription gets its heartbeat
         self.front_ep = "tcp://127.0.0.1:%d" % self.front.bind_to_random_port("tcp://127.0.0.1")
         self.events_ep = "tcp://127.0.0.1:%d" % self.events.bind_to_random_port("tcp://127.0.0.1")
         self.subs = set()
@@ -49,6 +53,26 @@ class FakeBroker(threading.Thread):
         self.requests = []      # (cmd, header) of every request
         self.stop_flag = False
         self.lock = threading.Lock()
+        self.incarnation = random.getrandbits(64)
+        self.t0 = time.time()
+        self.interval_ms = 1000
+        self.last_beat = 0.0
+        self.silent = False     # no heartbeats, no replies: a hung or dead broker
+        self.restart_now = False
+
+    def beat(self):
+        hdr = {"incarnation": self.incarnation, "uptime_ms": int((time.time() - self.t0) * 1000),
+               "interval_ms": self.interval_ms, "liveness": 3}
+        self.events.send_multipart([b"@heartbeat", b"EVT1", b"\x03", msgpack.packb(hdr)])
+        self.last_beat = time.time()
+
+    def restart(self):
+        """What a restarted broker looks like: a new incarnation that knows no job."""
+        self.jobs.clear()
+        self.pending.clear()
+        self.incarnation = random.getrandbits(64)
+        self.t0 = time.time()
+        self.beat()
 
     def reply(self, ident, cmd, hdr, *payload):
         self.front.send_multipart([ident, b"JOB1", bytes([cmd]), msgpack.packb(hdr)] + list(payload))
@@ -63,6 +87,8 @@ class FakeBroker(threading.Thread):
         fin = {"job_id": job, "seq": seq, "reason": "stop_string", "matched": "!", "text": FINAL_DELTA,
                "prompt_tokens": 5, "completion_tokens": 4, "text_len": len(FINAL_TEXT),
                "queue_us": 10, "ttft_us": 20, "total_us": 30}
+        if self.jobs.get(job, {}).get("prompt") == "fail":
+            fin.update(reason="error", matched=None, error="worker forward.0 died")
         self.events.send_multipart([job.encode(), b"EVT1", b"\x02", msgpack.packb(fin)])
 
     def on_request(self, frames):
@@ -104,10 +130,19 @@ class FakeBroker(threading.Thread):
         poller.register(self.events, zmq.POLLIN)
         while not self.stop_flag:
             ready = dict(poller.poll(20))
+            if self.restart_now:
+                self.restart_now = False
+                self.restart()
+            if self.silent:
+                continue
             if self.events in ready:
                 msg = self.events.recv()
                 if msg[:1] == b"\x01":
                     self.subs.add(msg[1:].decode())
+                    if b"@heartbeat".startswith(msg[1:]):
+                        self.beat()
+            if time.time() - self.last_beat >= self.interval_ms / 1000:
+                self.beat()
             if self.front in ready:
                 self.on_request(self.front.recv_multipart())
             for job in list(self.pending):
@@ -186,6 +221,13 @@ class ClientCommands(unittest.TestCase):
         statuses = [h for c, h, _ in self.broker.requests if c == 0x04]
         self.assertTrue(any(h["job_id"].endswith("-1") for h in statuses), "no STATUS for the gapped job")
 
+    def test_generate_exits_1_naming_a_job_that_failed(self):
+        p = self.tokpipe("generate", "--prompt", "ok", "--prompt", "fail", "--json", *self.conn)
+        self.assertEqual(p.returncode, 1, p.stderr.decode())
+        lines = [json.loads(l) for l in p.stdout.decode().splitlines()]
+        self.assertEqual([l["finish_reason"] for l in lines], ["stop_string", "error"])
+        self.assertRegex(p.stderr.decode(), r"job \S+-1 \(prompt 2\) failed: worker forward.0 died")
+
     def test_watch_prints_one_jobs_events_and_exits_after_finish(self):
         w = subprocess.Popen([TOKPIPE, "watch", "job-w", "--json", *self.conn], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
@@ -210,6 +252,38 @@ class ClientCommands(unittest.TestCase):
         self.assertEqual(ev[0]["ids"], [10])
         self.assertEqual(ev[3]["matched"], "!")
         self.assertEqual(ev[3]["total_us"], 30)
+
+    def test_watch_of_a_finished_job_exits_at_once(self):
+        self.broker.jobs["done-1"] = {}
+        p = self.tokpipe("watch", "done-1", *self.conn, timeout=10)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertEqual(p.stdout, b"")
+        self.assertIn("done-1 already finished", p.stderr.decode())
+
+    def test_watch_says_the_broker_restarted_and_that_its_job_is_lost(self):
+        w = subprocess.Popen([TOKPIPE, "watch", "job-r", *self.conn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        a = subprocess.Popen([TOKPIPE, "watch", "--idle", "1500", *self.conn], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            self.broker.wait_sub("job-r")
+            self.broker.wait_sub("")
+            end = time.time() + 5  # watch JOB asks STATUS once it heard the first heartbeat
+            while not any(c == 0x04 for c, _, _ in self.broker.requests) and time.time() < end:
+                time.sleep(0.02)
+            time.sleep(0.2)
+            self.broker.restart_now = True
+            out, err = w.communicate(timeout=10)
+            aout, aerr = a.communicate(timeout=10)
+        finally:
+            for p in (w, a):
+                if p.poll() is None:
+                    p.kill()
+        self.assertEqual(w.returncode, 1, err.decode())
+        self.assertIn("tokpiped restarted", err.decode())
+        self.assertIn("job-r was lost", err.decode())
+        # watching every job: said, and watching goes on (until --idle)
+        self.assertEqual(a.returncode, 0, aerr.decode())
+        self.assertIn("tokpiped restarted", aerr.decode())
 
     def test_status_cancel_and_stats(self):
         self.broker.jobs["known"] = {}
@@ -249,6 +323,51 @@ class ClientCommands(unittest.TestCase):
         held = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01 and h["prompt"] == "hold"]
         cancels = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x03]
         self.assertEqual(cancels, held)
+
+    def held_generate(self, *extra):
+        """A generate whose one job the broker accepts and never runs."""
+        g = subprocess.Popen([TOKPIPE, "generate", "--prompt", "hold", *extra, *self.conn],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        end = time.time() + 10
+        while not any(c == 0x01 for c, _, _ in self.broker.requests) and time.time() < end:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        return g
+
+    def test_generate_says_a_restarted_broker_lost_its_job_and_exits_1(self):
+        g = self.held_generate()
+        try:
+            job = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01][0]
+            t0 = time.time()
+            self.broker.restart_now = True
+            out, err = g.communicate(timeout=10)
+            took = time.time() - t0
+        finally:
+            if g.poll() is None:
+                g.kill()
+        err = err.decode()
+        self.assertEqual(g.returncode, 1, err)
+        self.assertIn("tokpiped restarted", err)
+        self.assertIn("job %s (prompt 1) was lost" % job, err)
+        self.assertLess(took, 2.0, "a restart must be noticed at its first heartbeat, not after a timeout")
+
+    def test_generate_gives_up_on_a_silent_broker_after_liveness_and_timeout(self):
+        self.broker.interval_ms = 100   # silent for 300 ms = presumed dead
+        g = self.held_generate()
+        try:
+            t0 = time.time()
+            self.broker.silent = True
+            out, err = g.communicate(timeout=10)
+            took = time.time() - t0
+        finally:
+            if g.poll() is None:
+                g.kill()
+        err = err.decode()
+        self.assertEqual(g.returncode, 1, err)
+        self.assertIn("no heartbeat from tokpiped", err)
+        self.assertIn("tokpiped is gone", err)
+        # 0.3 s of silence, then STATUS waits --timeout (3 s)
+        self.assertLess(took, 5.0)
 
     def test_endpoints_come_from_the_config_file_and_flags_override_them(self):
         import tempfile

@@ -290,6 +290,41 @@ class ProtocolEndToEnd(unittest.TestCase):
         finally:
             req.close()
 
+    def test_8_a_plain_subscriber_hears_heartbeats_of_one_incarnation(self):
+        def beats(sock, n, timeout_s):
+            got, end = [], time.time() + timeout_s
+            while len(got) < n and time.time() < end:
+                if sock.poll(100):
+                    f = sock.recv_multipart()
+                    self.assertEqual((f[0], f[1], f[2], len(f)), (b"@heartbeat", b"EVT1", b"\x03", 4))
+                    got.append((time.time(), msgpack.unpackb(f[3])))
+            return got
+        a = self.ctx.socket(zmq.SUB)
+        b = self.ctx.socket(zmq.SUB)
+        try:
+            a.connect(self.daemon.events)
+            a.setsockopt(zmq.SUBSCRIBE, b"@heartbeat")
+            got = beats(a, 3, 5)  # one at once, then one per second
+            self.assertEqual(len(got), 3, "heartbeats: %s\n%s" % (got, self.daemon.log_text()))
+            hb = [h for _, h in got]
+            self.assertEqual(len({h["incarnation"] for h in hb}), 1, hb)
+            self.assertEqual([h["interval_ms"] for h in hb], [1000] * 3)
+            self.assertEqual([h["liveness"] for h in hb], [3] * 3)
+            self.assertTrue(all(x["uptime_ms"] < y["uptime_ms"] for x, y in zip(hb, hb[1:])), hb)
+            gap = got[2][0] - got[1][0]
+            self.assertTrue(0.5 < gap < 2.0, "periodic heartbeats %.2f s apart, configured 1 s" % gap)
+            # a second subscriber is answered at once, not at the next interval
+            t0 = time.time()
+            b.connect(self.daemon.events)
+            b.setsockopt(zmq.SUBSCRIBE, b"@heartbeat")
+            first = beats(b, 1, 3)
+            self.assertEqual(len(first), 1)
+            self.assertLess(first[0][0] - t0, 0.5)
+            self.assertEqual(first[0][1]["incarnation"], hb[0]["incarnation"])
+        finally:
+            a.close()
+            b.close()
+
     def test_6_the_python_client_printed_in_protocol_md_works(self):
         doc = open("protocol/PROTOCOL.md", encoding="utf-8").read()
         part = doc[doc.index("A complete producer + subscriber in Python"):doc.index("## 6.")]

@@ -348,6 +348,28 @@ static void status_reply_of_running_job_carries_text_and_tokens_so_far(void **st
         fail_msg("error does not name the tokens frame: %s", e.msg);
 }
 
+static void heartbeat_event_travels_on_its_own_topic(void **state)
+{
+    (void)state;
+    tp_msg m, d;
+    tp_msg_init(&m, TP_FAM_EVT, TP_CMD_HEARTBEAT);
+    m.beat = (tp_m_beat){.incarnation = 0xfeedfacecafebeefull, .uptime_ms = 1234, .interval_ms = 1000, .liveness = 3};
+    tp_wire w;
+    round_trip(&m, &w, &d);
+    assert_int_equal(w.f[0].len, strlen(TP_EVT_HEARTBEAT_TOPIC));
+    assert_memory_equal(w.f[0].data, TP_EVT_HEARTBEAT_TOPIC, w.f[0].len);
+    assert_true(d.beat.incarnation == 0xfeedfacecafebeefull);
+    assert_int_equal(d.beat.uptime_ms, 1234);
+    assert_int_equal(d.beat.interval_ms, 1000);
+    assert_int_equal(d.beat.liveness, 3);
+    /* no job id can be the topic, and the topic must be exactly it */
+    assert_false(tp_job_id_valid(TP_EVT_HEARTBEAT_TOPIC, strlen(TP_EVT_HEARTBEAT_TOPIC)));
+    tp_frame f[4] = {{"job-1", 5}, w.f[1], w.f[2], w.f[3]};
+    expect_reject(TP_FAM_EVT, f, 4, TP_ST_BAD_REQUEST, "topic");
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+}
+
 static void stats_reply_round_trips_counters_and_triggers(void **state)
 {
     (void)state;
@@ -1193,6 +1215,7 @@ int main(void)
         cmocka_unit_test(ack_cancel_status_and_error_round_trip),
         cmocka_unit_test(status_reply_of_finished_job_carries_result_and_tokens),
         cmocka_unit_test(status_reply_of_running_job_carries_text_and_tokens_so_far),
+        cmocka_unit_test(heartbeat_event_travels_on_its_own_topic),
         cmocka_unit_test(stats_reply_round_trips_counters_and_triggers),
         cmocka_unit_test(token_event_has_job_id_topic_and_raw_ids),
         cmocka_unit_test(finish_event_round_trips_reason_matched_counts_timings),

@@ -244,10 +244,39 @@ static void vector_exp_equals_libm_expf(void **state)
     }
 }
 
+/* ---- a pass at its edge ------------------------------------------------ */
+
+/* The top-p cut is a double; weights are floats: a weight equal to the cut
+ * stays, one a hair (less than a float step) below it goes, on both paths. */
+static void gather_compares_float_weights_with_the_double_cut(void **state)
+{
+    (void)state;
+    const float f = 0.1f;
+    const float logits[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float w[4] = {nextafterf(f, 0.0f), f, nextafterf(f, 1.0f), 0.0f};
+    tp_smp_view v = {.logits = logits, .vocab = 4};
+    tp_smp_cand out[4];
+    for (int avx512 = 0; avx512 <= (int)tp_smp_have_avx512(); avx512++) {
+        size_t n = tp_smp_gather(&v, w, (double)f, out, avx512);
+        if (n != 2 || out[0].id != 1 || out[1].id != 2)
+            fail_msg("%s: cut = the weight 0.1f kept %zu tokens, want ids 1 and 2",
+                     avx512 ? "avx512" : "scalar", n);
+        n = tp_smp_gather(&v, w, nextafter((double)f, 1.0), out, avx512);
+        if (n != 1 || out[0].id != 2)
+            fail_msg("%s: cut just above 0.1f kept %zu tokens, want id 2 only",
+                     avx512 ? "avx512" : "scalar", n);
+        n = tp_smp_gather(&v, w, 0.0, out, avx512);
+        if (n != 3)
+            fail_msg("%s: cut 0 kept %zu tokens, want the 3 positive weights",
+                     avx512 ? "avx512" : "scalar", n);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(vector_exp_equals_libm_expf),
+        cmocka_unit_test(gather_compares_float_weights_with_the_double_cut),
         cmocka_unit_test(avx512_sampler_picks_the_old_samplers_tokens),
         cmocka_unit_test(scalar_sampler_picks_the_old_samplers_tokens),
     };

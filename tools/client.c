@@ -26,6 +26,9 @@ struct tp_client {
     uint64_t next_req;
     uint64_t bad_events;
     bool events_ready;
+    bool beat_subscribed;
+    bool silent;            /* SILENT was said; the next heartbeat ends it */
+    tp_client_live live;
     int interrupt_fd;       /* -1 none; readable = stop waiting */
 };
 
@@ -37,6 +40,13 @@ void tp_recv_free(tp_recv *r)
     for (size_t i = 0; i < r->n; i++)
         free((void *)r->f[i].data);
     memset(r, 0, sizeof *r);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int zerr(tp_err *err, const char *what, const char *ep)
@@ -273,11 +283,92 @@ int tp_client_subscribe(tp_client *c, const char *prefix, tp_err *err)
     return 0;
 }
 
-static int64_t now_ms(void)
+
+int tp_client_subscribe_heartbeat(tp_client *c, tp_err *err)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int rc = tp_client_subscribe(c, TP_EVT_HEARTBEAT_TOPIC, err);
+    c->beat_subscribed = rc == 0;
+    return rc;
+}
+
+const tp_client_live *tp_client_liveness(const tp_client *c)
+{
+    return &c->live;
+}
+
+/* One decodable message from the SUB socket within left ms (< 0 forever):
+ * 1 got it, 0 timeout, < 0 error. */
+static int recv_event(tp_client *c, int left, tp_recv *ev, tp_err *err)
+{
+    int64_t deadline = left < 0 ? -1 : now_ms() + left;
+    for (;;) {
+        int ready = wait_readable(c, c->sub, left);
+        if (ready < 0)
+            return zerr(err, "poll", c->events);
+        if (ready == 2)
+            return interrupted(err);
+        if (ready == 0)
+            return 0;
+        int rc = read_frames(c->sub, ev, err, c->events);
+        if (rc)
+            return rc;
+        tp_err e;
+        if (tp_proto_decode(TP_FAM_EVT, ev->f, ev->n, &ev->m, &e) == 0)
+            return 1;
+        c->bad_events++;
+        tp_recv_free(ev);
+        if (deadline >= 0 && (left = (int)(deadline - now_ms())) < 0)
+            left = 0;
+    }
+}
+
+/* Take a heartbeat in: the TP_NEXT_* news it brings, or -1 none. */
+static int on_beat(tp_client *c, const tp_m_beat *b)
+{
+    tp_client_live *l = &c->live;
+    int64_t now = now_ms();
+    int news = -1;
+    l->silent_ms = l->last_beat_ms ? now - l->last_beat_ms : 0;
+    if (l->incarnation && b->incarnation != l->incarnation) {
+        l->prev_incarnation = l->incarnation;
+        news = TP_NEXT_RESTARTED;
+    } else if (c->silent) {
+        news = TP_NEXT_ALIVE;
+    }
+    c->silent = false;
+    l->incarnation = b->incarnation;
+    l->uptime_ms = b->uptime_ms;
+    l->interval_ms = b->interval_ms;
+    l->liveness = b->liveness;
+    l->last_beat_ms = now;
+    return news;
+}
+
+/* When the broker will have been silent too long; -1 not judged (no
+ * heartbeat yet, or SILENT already said). */
+static int64_t silence_at(const tp_client *c)
+{
+    if (!c->live.last_beat_ms || c->silent)
+        return -1;
+    return c->live.last_beat_ms + (int64_t)c->live.interval_ms * c->live.liveness;
+}
+
+static int wait_first_beat(tp_client *c, int64_t deadline, tp_err *err)
+{
+    while (!c->live.incarnation) {
+        int left = (int)(deadline - now_ms());
+        tp_recv ev;
+        int rc = left > 0 ? recv_event(c, left, &ev, err) : 0;
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            return tp_err_set(err, TP_EIO, "connected to %s, but no heartbeat from the broker within %d ms: "
+                              "is it tokpiped?", c->events, c->timeout_ms);
+        if (ev.m.cmd == TP_CMD_HEARTBEAT)
+            on_beat(c, &ev.m.beat);
+        tp_recv_free(&ev);   /* nothing submitted yet: no event of ours to lose */
+    }
+    return 0;
 }
 
 int tp_client_wait_events_ready(tp_client *c, tp_err *err)
@@ -303,6 +394,8 @@ int tp_client_wait_events_ready(tp_client *c, tp_err *err)
         c->events_ready = id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
         tp_recv_free(&ev);
     }
+    if (c->beat_subscribed)
+        return wait_first_beat(c, deadline, err);
     /* The handshake is done and our subscriptions are the next thing on the
      * wire: give them a moment to reach the broker before the caller
      * submits (a late one is still caught: gaps fall back to STATUS). */
@@ -317,24 +410,29 @@ int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err)
         return tp_err_set(err, TP_ESTATE, "client: no events endpoint");
     int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
     for (;;) {
-        int left = deadline < 0 ? -1 : (int)(deadline - now_ms());
-        if (deadline >= 0 && left < 0)
-            left = 0;
-        int ready = wait_readable(c, c->sub, left);
-        if (ready < 0)
-            return zerr(err, "poll", c->events);
-        if (ready == 2)
-            return interrupted(err);
-        if (ready == 0)
-            return 1;
-        int rc = read_frames(c->sub, ev, err, c->events);
-        if (rc)
+        int64_t now = now_ms(), quiet = silence_at(c), until = deadline;
+        if (quiet >= 0 && (until < 0 || quiet < until))
+            until = quiet;
+        int rc = recv_event(c, until < 0 ? -1 : until > now ? (int)(until - now) : 0, ev, err);
+        if (rc < 0)
             return rc;
-        tp_err e;
-        if (tp_proto_decode(TP_FAM_EVT, ev->f, ev->n, &ev->m, &e) == 0)
-            return 0;
-        c->bad_events++;
-        tp_recv_free(ev);
+        if (rc == 1 && ev->m.cmd != TP_CMD_HEARTBEAT)
+            return TP_NEXT_EVENT;
+        if (rc == 1) {
+            int news = on_beat(c, &ev->m.beat);
+            tp_recv_free(ev);
+            if (news >= 0)
+                return news;
+            continue;
+        }
+        now = now_ms();
+        if (quiet >= 0 && now >= quiet) {
+            c->silent = true;
+            c->live.silent_ms = now - c->live.last_beat_ms;
+            return TP_NEXT_SILENT;
+        }
+        if (deadline >= 0 && now >= deadline)
+            return TP_NEXT_TIMEOUT;
     }
 }
 

@@ -58,15 +58,45 @@ int tp_client_call(tp_client *c, tp_msg *m, tp_recv *reply, tp_err *err);
 /* Subscribe to events whose topic starts with prefix ("" = all). */
 int tp_client_subscribe(tp_client *c, const char *prefix, tp_err *err);
 
-/* Wait until the SUB socket is connected to the event endpoint (so that a
- * job submitted afterwards is seen from its first event) or fail after the
- * timeout naming the endpoint. */
+/* Subscribe to the broker's HEARTBEAT topic. Call it after the job
+ * subscriptions: the broker answers it with a heartbeat at once, and
+ * subscriptions reach it in order, so that heartbeat proves the earlier
+ * ones are in force (tp_client_wait_events_ready waits for it). */
+int tp_client_subscribe_heartbeat(tp_client *c, tp_err *err);
+
+/* Wait until the SUB socket is connected to the event endpoint and, when
+ * the heartbeat topic is subscribed, until the broker's first heartbeat
+ * (so that a job submitted afterwards is seen from its first event; events
+ * before that heartbeat are dropped), or fail after the timeout naming the
+ * endpoint. */
 int tp_client_wait_events_ready(tp_client *c, tp_err *err);
 
-/* Next event within timeout_ms (< 0: forever). Returns 0 with *ev filled,
- * 1 on timeout, or a negative error. Events that do not decode are counted
- * (tp_client_bad_events) and skipped. */
+/* What tp_client_next_event returns (or a negative error). */
+enum {
+    TP_NEXT_EVENT = 0,      /* *ev holds a TOKEN or FINISH */
+    TP_NEXT_TIMEOUT = 1,    /* timeout_ms passed without one */
+    TP_NEXT_SILENT = 2,     /* no heartbeat for interval_ms * liveness: said once per silence */
+    TP_NEXT_ALIVE = 3,      /* a heartbeat again after SILENT, from the same broker */
+    TP_NEXT_RESTARTED = 4,  /* a heartbeat with a new incarnation: a new broker, the old one's jobs are gone */
+};
+
+/* Next TOKEN/FINISH event within timeout_ms (< 0: forever), or news of the
+ * broker's liveness from its heartbeats (tp_client_liveness has the
+ * details; silence is only judged once a first heartbeat came). Events that
+ * do not decode are counted (tp_client_bad_events) and skipped. */
 int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err);
+
+/* The broker as its heartbeats describe it. */
+typedef struct tp_client_live {
+    uint64_t incarnation;       /* 0 until the first heartbeat */
+    uint64_t prev_incarnation;  /* after TP_NEXT_RESTARTED: the broker before */
+    uint64_t uptime_ms;
+    uint32_t interval_ms, liveness;
+    int64_t last_beat_ms;       /* CLOCK_MONOTONIC ms of the last heartbeat */
+    int64_t silent_ms;          /* after SILENT / ALIVE / RESTARTED: time without one */
+} tp_client_live;
+
+const tp_client_live *tp_client_liveness(const tp_client *c);
 
 uint64_t tp_client_bad_events(const tp_client *c);
 

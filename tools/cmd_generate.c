@@ -2,14 +2,18 @@
  * text as it streams (one prompt) or one JSON line per prompt (--json, the
  * same fields as `tokpipe run --json`).
  *
- * No event is lost silently: the client subscribes and waits for the event
- * socket to connect before submitting; a job whose events show a gap in
- * `seq` (or that goes quiet) is completed from STATUS, whose result is the
- * authority. Streamed output only ever prints a prefix of the final text. */
+ * No event is lost silently: the client subscribes and waits for the
+ * broker's first heartbeat before submitting; a job whose events show a gap
+ * in `seq` (or that goes quiet) is completed from STATUS, whose result is
+ * the authority. Streamed output only ever prints a prefix of the final
+ * text. The broker's heartbeats tell a restarted broker (its jobs are lost:
+ * an error naming them) and a silent one (STATUS, then an error if it does
+ * not answer within --timeout) from a quiet one. */
 #include "tools.h"
 
 #include <cjson/cJSON.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +43,7 @@ typedef struct job {
     int reason;
     uint32_t prompt_tokens, completion_tokens;
     cJSON *matched;           /* string, id or null (as in `run --json`) */
+    char error[TP_PROTO_MAX_ERROR + 1];   /* reason error: what went wrong */
 } job;
 
 typedef struct gen {
@@ -49,6 +54,7 @@ typedef struct gen {
     bool stream;              /* one prompt, not --json: print deltas as they come */
     tp_client *c;
     tp_str stops[GENOPTS_MAX_STOPS];   /* params.stop of every SUBMIT */
+    bool results_out;         /* print_results done: stdout ends a line */
     int sigfd;                /* read end of the interrupt pipe, -1 none */
     int sigfd_w;
 } gen;
@@ -61,7 +67,9 @@ static const char usage_head[] =
     "streams (one prompt), the texts in prompt order (several prompts), or with\n"
     "--json one line per prompt, in order:\n"
     "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"matched\",\"prompt_tokens\",\"completion_tokens\"}\n"
-    "exit status: 0 ok, 1 a job was rejected or failed / the daemon is unreachable, 2 bad usage.\n\n";
+    "exit status: 0 ok, 1 a job was rejected, failed or cancelled (named on stderr; the\n"
+    "output is still printed) / the daemon is unreachable, gone or restarted (its jobs\n"
+    "are lost), 2 bad usage, 130 interrupted (its jobs cancelled).\n\n";
 
 static int usage(FILE *out, int rc)
 {
@@ -196,12 +204,15 @@ static void on_event(gen *s, const tp_msg *m)
     j->reason = m->finish.reason;
     cJSON_Delete(j->matched);
     j->matched = evfmt_matched(&m->finish.matched);
+    snprintf(j->error, sizeof j->error, "%.*s", (int)m->finish.job_error.len,
+             m->finish.job_error.ptr ? m->finish.job_error.ptr : "");
     j->prompt_tokens = m->finish.prompt_tokens;
     j->completion_tokens = m->finish.completion_tokens;
     j->done = !j->gap;
 }
 
-/* Complete j from STATUS if it finished; 0 ok (done or still running). */
+/* Complete j from STATUS if it finished; 0 ok (done or still running),
+ * TP_ENOTFOUND when the broker does not know it. */
 static int catch_up(gen *s, job *j, tp_err *err)
 {
     tp_msg m;
@@ -213,8 +224,8 @@ static int catch_up(gen *s, job *j, tp_err *err)
         return rc;
     const tp_m_status_reply *st = &r.m.status_reply;
     if (r.m.cmd != TP_CMD_STATUS_REPLY || r.m.status != TP_ST_OK) {
-        rc = tp_err_set(err, TP_ENOTFOUND, "job %s: STATUS answered %u %.*s", j->id, r.m.status,
-                        (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
+        rc = tp_err_set(err, TP_ENOTFOUND, "job %s: tokpiped does not know it (%u %.*s): it restarted, or the job "
+                        "expired", j->id, r.m.status, (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
     } else if (st->state == TP_STATE_FINISHED) {
         j->len = 0, j->n_ids = 0;
         if (append(j, st->text.ptr ? st->text.ptr : "", st->text.len) || append_ids(j, st->tokens))
@@ -222,6 +233,7 @@ static int catch_up(gen *s, job *j, tp_err *err)
         j->reason = st->reason, j->prompt_tokens = st->prompt_tokens;
         cJSON_Delete(j->matched);
         j->matched = evfmt_matched(&st->matched);
+        snprintf(j->error, sizeof j->error, "%.*s", (int)st->job_error.len, st->job_error.ptr ? st->job_error.ptr : "");
         j->completion_tokens = st->completion_tokens, j->done = true;
         if (s->stream && j->printed <= j->len) {
             fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
@@ -240,6 +252,77 @@ static size_t pending(const gen *s)
     return n;
 }
 
+static void say(const gen *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A line on stderr, on a line of its own after streamed text. */
+static void say(const gen *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    fprintf(stderr, "%stokpipe generate: ", s->stream && s->jobs[0].printed && !s->results_out ? "\n" : "");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* The broker restarted: ask it about every pending job; the ones it does
+ * not know are lost (named on stderr), and that is an error. */
+static int after_restart(gen *s, tp_err *err)
+{
+    const tp_client_live *l = tp_client_liveness(s->c);
+    say(s, "tokpiped restarted (incarnation %016llx, was %016llx): checking %zu job(s)",
+        (unsigned long long)l->incarnation, (unsigned long long)l->prev_incarnation, pending(s));
+    size_t lost = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        job *j = &s->jobs[i];
+        if (!j->accepted || j->done)
+            continue;
+        int rc = catch_up(s, j, err);
+        if (rc == TP_ENOTFOUND) {
+            say(s, "job %s (prompt %zu) was lost: the restarted tokpiped does not know it; submit it again", j->id,
+                i + 1);
+            lost++;
+        } else if (rc) {
+            return rc;
+        }
+    }
+    return lost ? tp_err_set(err, TP_ENOTFOUND, "%zu job(s) lost when tokpiped restarted", lost) : 0;
+}
+
+/* No heartbeat for interval x liveness: STATUS tells a broker whose events
+ * do not reach us from one that is gone (no reply within --timeout). */
+static int after_silence(gen *s, tp_err *err)
+{
+    const tp_client_live *l = tp_client_liveness(s->c);
+    say(s, "no heartbeat from tokpiped on %s for %lld ms (one is due every %u ms): asking it about %zu job(s)",
+        tp_client_events(s->c), (long long)l->silent_ms, l->interval_ms, pending(s));
+    for (size_t i = 0; i < s->n; i++) {
+        job *j = &s->jobs[i];
+        int rc = j->accepted && !j->done ? catch_up(s, j, err) : 0;
+        if (rc == TP_EIO) {
+            char why[TP_ERR_MSG_MAX];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return tp_err_set(err, TP_EIO, "tokpiped is gone: no heartbeat for %lld ms and %s",
+                              (long long)l->silent_ms, why);
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int on_news(gen *s, int news, tp_err *err)
+{
+    if (news == TP_NEXT_RESTARTED)
+        return after_restart(s, err);
+    if (news == TP_NEXT_SILENT)
+        return after_silence(s, err);
+    if (news == TP_NEXT_ALIVE)
+        say(s, "tokpiped heartbeats again (none for %lld ms)", (long long)tp_client_liveness(s->c)->silent_ms);
+    return 0;
+}
+
 static int follow(gen *s, tp_err *err)
 {
     while (pending(s)) {
@@ -247,14 +330,18 @@ static int follow(gen *s, tp_err *err)
         int rc = tp_client_next_event(s->c, IDLE_POLL_MS, &ev, err);
         if (rc < 0)
             return rc;
-        if (rc == 0) {
+        if (rc == TP_NEXT_EVENT) {
             on_event(s, &ev.m);
             tp_recv_free(&ev);
+        } else if (rc != TP_NEXT_TIMEOUT) {
+            if ((rc = on_news(s, rc, err)))
+                return rc;
+            continue;
         }
         for (size_t i = 0; i < s->n; i++) {
             job *j = &s->jobs[i];
             /* quiet for a poll interval, or finished with a gap: STATUS decides */
-            bool stuck = rc == 1 || (j->gap && j->reason != TP_REASON_NONE);
+            bool stuck = rc == TP_NEXT_TIMEOUT || (j->gap && j->reason != TP_REASON_NONE);
             if (j->accepted && !j->done && stuck && (rc = catch_up(s, j, err)) < 0)
                 return rc;
         }
@@ -374,6 +461,22 @@ static int parse(gen *s, int argc, char **argv, tp_err *err)
     return 0;
 }
 
+/* A job that ended in error, or was cancelled by someone else, is a
+ * failure of this command: named on stderr, exit status 1. */
+static int check_outcomes(gen *s, tp_err *err)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        const job *j = &s->jobs[i];
+        if (j->reason == TP_REASON_ERROR)
+            say(s, "job %s (prompt %zu) failed: %s", j->id, i + 1, j->error[0] ? j->error : "error");
+        else if (j->reason == TP_REASON_CANCELLED)
+            say(s, "job %s (prompt %zu) was cancelled (by another client, or tokpiped shutting down)", j->id, i + 1);
+        bad += j->reason == TP_REASON_ERROR || j->reason == TP_REASON_CANCELLED;
+    }
+    return bad ? tp_err_set(err, TP_ESTATE, "%zu of %zu job(s) did not complete", bad, s->n) : 0;
+}
+
 static int run(gen *s, tp_err *err)
 {
     s->jobs = calloc(s->n, sizeof *s->jobs);
@@ -388,6 +491,8 @@ static int run(gen *s, tp_err *err)
         tp_client_job_id(s->jobs[i].id, sizeof s->jobs[i].id, (unsigned)i);
         rc = tp_client_subscribe(s->c, s->jobs[i].id, err);
     }
+    if (!rc)   /* last: its first heartbeat shows the job subscriptions are in force */
+        rc = tp_client_subscribe_heartbeat(s->c, err);
     if (!rc)
         rc = tp_client_wait_events_ready(s->c, err);
     if (!rc)
@@ -398,8 +503,11 @@ static int run(gen *s, tp_err *err)
         cancel_all(s);
         return 130;
     }
-    if (!rc)
+    if (!rc) {
         print_results(s);
+        s->results_out = true;
+        rc = check_outcomes(s, err);
+    }
     return rc;
 }
 
@@ -421,7 +529,8 @@ int cmd_generate(int argc, char **argv)
     s.sigfd = -1;
     rc = run(&s, &err);
     if (rc && rc != 130)
-        fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed ? "\n" : "", err.msg);
+        fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed && !s.results_out ? "\n" : "",
+                err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
         free(s.jobs[i].text), free(s.jobs[i].ids), cJSON_Delete(s.jobs[i].matched);
     free(s.jobs);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client.h"
 #include "evfmt.h"
@@ -16,12 +17,15 @@ static const char usage_text[] =
     "Subscribes to the daemon's events and prints one line per event:\n"
     "  JOB #SEQ token [ids] \"text\"\n"
     "  JOB #SEQ finish REASON matched=M prompt=N completion=N text_len=N queue_us ttft_us total_us\n"
-    "With JOB, only that job's events are shown and watch exits after its FINISH\n"
-    "(with --prefix: every job whose id starts with JOB, until interrupted).\n"
+    "With JOB, only that job's events are shown and watch exits after its FINISH,\n"
+    "at once if the job already finished, or with status 1 if tokpiped restarted\n"
+    "and lost it (with --prefix: every job whose id starts with JOB, until\n"
+    "interrupted). The broker's heartbeats are followed: a silent (dead, hung) or\n"
+    "restarted tokpiped is reported on stderr.\n"
     "  --json      one JSON object per event instead\n"
     "  --count N   exit after N events\n"
     "  --idle MS   exit (status 0) after MS without any event\n"
-    "exit status: 0 ok, 1 the daemon is unreachable, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
+    "exit status: 0 ok, 1 the daemon is unreachable or lost the job, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
 
 typedef struct wopts {
     tp_client_args a;
@@ -109,31 +113,121 @@ static uint32_t event_seq(const tp_msg *m)
     return m->cmd == TP_CMD_TOKEN ? m->token.seq : m->finish.seq;
 }
 
+static bool one_job(const wopts *o)
+{
+    return o->job && !o->prefix;
+}
+
+/* STATUS of the watched job: its state (TP_STATE_UNKNOWN for 404) and
+ * last_seq; a negative error when the broker does not answer. */
+static int job_state(tp_client *c, const char *job, int64_t *last_seq, tp_err *err)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
+    m.jobref.job_id = tp_str_of(job);
+    tp_recv r;
+    int rc = tp_client_call(c, &m, &r, err);
+    if (rc)
+        return rc;
+    int state = r.m.cmd == TP_CMD_STATUS_REPLY && r.m.status == TP_ST_OK ? r.m.status_reply.state : TP_STATE_UNKNOWN;
+    *last_seq = state == TP_STATE_UNKNOWN ? -1 : r.m.status_reply.last_seq;
+    tp_recv_free(&r);
+    return state;
+}
+
+/* Before the first event of one job: a finished job has no events left
+ * (exit at once), a running one continues after last_seq. */
+static int look_first(const wopts *o, tp_client *c, uint32_t *next_seq, bool *done, tp_err *err)
+{
+    int64_t last = -1;
+    int st = job_state(c, o->job, &last, err);
+    if (st < 0)
+        return st;
+    if (st == TP_STATE_FINISHED) {
+        fprintf(stderr, "tokpipe watch: %s already finished; `tokpipe status %s` has its result\n", o->job, o->job);
+        *done = true;
+    } else if (st == TP_STATE_RUNNING && last >= 0) {
+        fprintf(stderr, "tokpipe watch: %s is running: its events from seq %lld on (`tokpipe status %s` has the text "
+                "so far)\n", o->job, (long long)last + 1, o->job);
+        *next_seq = (uint32_t)(last + 1);
+    } else if (st == TP_STATE_UNKNOWN) {
+        fprintf(stderr, "tokpipe watch: %s is not known to tokpiped (yet): waiting for its events\n", o->job);
+    }
+    return 0;
+}
+
+/* Heartbeat news: said on stderr; a watched job a restarted broker does
+ * not know is over (an error). */
+static int on_news(const wopts *o, tp_client *c, int news, tp_err *err)
+{
+    const tp_client_live *l = tp_client_liveness(c);
+    if (news == TP_NEXT_SILENT)
+        fprintf(stderr, "tokpipe watch: no heartbeat from tokpiped on %s for %lld ms (one is due every %u ms): "
+                "it may be down or hung; still listening\n", tp_client_events(c), (long long)l->silent_ms,
+                l->interval_ms);
+    else if (news == TP_NEXT_ALIVE)
+        fprintf(stderr, "tokpipe watch: tokpiped heartbeats again (none for %lld ms)\n", (long long)l->silent_ms);
+    if (news != TP_NEXT_RESTARTED)
+        return 0;
+    fprintf(stderr, "tokpipe watch: tokpiped restarted (incarnation %016llx, was %016llx): the old broker's jobs are "
+            "gone\n", (unsigned long long)l->incarnation, (unsigned long long)l->prev_incarnation);
+    if (!one_job(o))
+        return 0;
+    int64_t last;
+    int st = job_state(c, o->job, &last, err);
+    if (st == TP_STATE_UNKNOWN)
+        return tp_err_set(err, TP_ENOTFOUND, "%s was lost: the restarted tokpiped does not know it", o->job);
+    return st < 0 ? st : 0;
+}
+
+static int show(const wopts *o, const tp_msg *m, uint32_t *next_seq)
+{
+    uint32_t seq = event_seq(m);
+    if (one_job(o) && seq > *next_seq)
+        fprintf(stderr, "tokpipe watch: %s: events lost (got seq %u, expected %u); "
+                "`tokpipe status %s` has the whole result\n", o->job, seq, *next_seq, o->job);
+    *next_seq = seq + 1;
+    if (o->json)
+        evfmt_print_line(stdout, evfmt_event(m)), fflush(stdout);
+    else
+        print_text(m);
+    return 0;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static int watch(const wopts *o, tp_client *c, tp_err *err)
 {
     long seen = 0;
     uint32_t next_seq = 0;   /* one exact job: seq expected next, to report lost events */
-    for (;;) {
+    bool done = false;
+    int rc = one_job(o) ? look_first(o, c, &next_seq, &done, err) : 0;
+    int64_t idle_end = o->idle_ms ? now_ms() + o->idle_ms : -1;
+    while (!rc && !done) {
+        int left = idle_end < 0 ? -1 : idle_end > now_ms() ? (int)(idle_end - now_ms()) : 0;
         tp_recv ev;
-        int rc = tp_client_next_event(c, o->idle_ms ? (int)o->idle_ms : -1, &ev, err);
-        if (rc)
-            return rc < 0 ? rc : 0;
-        bool last = false;
+        rc = tp_client_next_event(c, left, &ev, err);
+        if (rc == TP_NEXT_TIMEOUT)
+            return 0;   /* --idle */
+        if (rc > 0) {
+            rc = on_news(o, c, rc, err);
+            continue;
+        }
+        if (rc < 0)
+            return rc;
         if (is_watched_job(o, &ev.m)) {
-            if (o->job && !o->prefix && event_seq(&ev.m) != next_seq)
-                fprintf(stderr, "tokpipe watch: %s: events lost (got seq %u, expected %u); "
-                        "`tokpipe status %s` has the whole result\n", o->job, event_seq(&ev.m), next_seq, o->job);
-            next_seq = event_seq(&ev.m) + 1;
-            if (o->json)
-                evfmt_print_line(stdout, evfmt_event(&ev.m)), fflush(stdout);
-            else
-                print_text(&ev.m);
-            last = (o->job && !o->prefix && ev.m.cmd == TP_CMD_FINISH) || (o->count && ++seen >= o->count);
+            show(o, &ev.m, &next_seq);
+            done = (one_job(o) && ev.m.cmd == TP_CMD_FINISH) || (o->count && ++seen >= o->count);
+            idle_end = o->idle_ms ? now_ms() + o->idle_ms : -1;
         }
         tp_recv_free(&ev);
-        if (last)
-            return 0;
     }
+    return rc;
 }
 
 int cmd_watch(int argc, char **argv)
@@ -149,9 +243,11 @@ int cmd_watch(int argc, char **argv)
         return 2;
     }
     tp_client *c = NULL;
-    rc = tp_client_open(&o.a, false, true, &c, &err);
+    rc = tp_client_open(&o.a, one_job(&o), true, &c, &err);
     if (!rc)
         rc = tp_client_subscribe(c, o.job ? o.job : "", &err);
+    if (!rc)   /* last: its first heartbeat shows the job subscription is in force */
+        rc = tp_client_subscribe_heartbeat(c, &err);
     if (!rc)
         rc = tp_client_wait_events_ready(c, &err);
     if (!rc)

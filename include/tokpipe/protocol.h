@@ -67,7 +67,8 @@ enum {
     TP_CMD_STATS_REPLY = 0x07,  /* B->P */
     TP_CMD_ERROR = 0x7F,        /* B->P: malformed request (any family) */
 
-    /* EVT1 */
+    /* EVT1 (and TP_CMD_HEARTBEAT = 0x03: the broker's heartbeat, on the
+     * topic TP_EVT_HEARTBEAT_TOPIC) */
     TP_CMD_TOKEN = 0x01,
     TP_CMD_FINISH = 0x02,
 
@@ -353,6 +354,18 @@ typedef struct tp_m_token {
     tp_raw ids;            /* int32 frame: accepted token ids */
 } tp_m_token;
 
+/* The topic of the broker's EVT1 HEARTBEAT. '@' is not a job id character,
+ * so no job's topic equals it or starts with it (and a subscription to a
+ * job id never matches it). */
+#define TP_EVT_HEARTBEAT_TOPIC "@heartbeat"
+
+typedef struct tp_m_beat {     /* EVT1 HEARTBEAT: the broker is alive */
+    uint64_t incarnation;  /* random per broker start: a new value = restarted, its jobs are gone */
+    uint64_t uptime_ms;
+    uint32_t interval_ms;  /* one heartbeat per interval_ms */
+    uint32_t liveness;     /* none for interval_ms * liveness: presume the broker dead */
+} tp_m_beat;
+
 typedef struct tp_m_finish {
     tp_str job_id;
     uint32_t seq;          /* always the job's last event */
@@ -518,6 +531,7 @@ typedef struct tp_msg {
         tp_m_stats_reply stats_reply;
         tp_m_token token;
         tp_m_finish finish;
+        tp_m_beat beat;
         tp_m_ready ready;
         tp_m_welcome welcome;
         tp_m_heartbeat heartbeat;

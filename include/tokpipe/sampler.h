@@ -16,7 +16,11 @@
  *      draw from what remains in proportion to probability.
  * Tokens are ranked by penalized logit, ties by lower id, so the kept set is
  * well defined. Cost per call: O(vocab) expected (top-k by a k-heap, top-p by
- * llama2.c's cut then quickselect; no full sort).
+ * llama2.c's cut then quickselect; no full sort), one pass over the logits
+ * for greedy and none copying them; exp runs only for tokens that can
+ * survive top-k / min-p, else over the vocabulary with AVX-512 when the CPU
+ * has it. Every path gives the same tokens as the plain scalar code
+ * (tests/test_sampler_exact.c); `make bench` has the figures.
  *
  * Randomness is counter based: the draw for the n-th generated token is
  * SplitMix64 output n of the stream seeded by `seed`. A job's tokens thus

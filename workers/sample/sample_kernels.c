@@ -51,40 +51,31 @@ static void block_values(const tp_smp_view *v, int i, int n, float *x)
         x[__builtin_ctz(m)] = tp_smp_value(v, i + __builtin_ctz(m));
 }
 
-static void swap(tp_smp_cand *a, tp_smp_cand *b)
-{
-    tp_smp_cand t = *a;
-    *a = *b;
-    *b = t;
-}
-
-static void heap_sift_down(tp_smp_cand *h, size_t n, size_t i)
-{
-    for (;;) { /* min-heap by rank: the root is the worst kept candidate */
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            return;
-        if (c + 1 < n && tp_smp_ranks_before(&h[c], &h[c + 1]))
-            c++;
-        if (!tp_smp_ranks_before(&h[i], &h[c]))
-            return;
-        swap(&h[i], &h[c]);
-        i = c;
-    }
-}
-
-/* Offer c (value above -inf) to the heap of at most k. */
+/* Offer c (value above -inf) to the heap of at most k, a min-heap by rank
+ * (the root is the worst kept). The sifts move a hole instead of swapping:
+ * the same positions as swapping c along the path, half the stores. */
 static void heap_offer(tp_smp_cand *h, size_t *n, size_t k, tp_smp_cand c)
 {
+    size_t i;
     if (*n < k) {
-        size_t j = (*n)++;
-        h[j] = c;
-        for (; j > 0 && tp_smp_ranks_before(&h[(j - 1) / 2], &h[j]); j = (j - 1) / 2)
-            swap(&h[j], &h[(j - 1) / 2]);
+        for (i = (*n)++; i > 0 && tp_smp_ranks_before(&h[(i - 1) / 2], &c); i = (i - 1) / 2)
+            h[i] = h[(i - 1) / 2];
     } else if (tp_smp_ranks_before(&c, &h[0])) {
-        h[0] = c;
-        heap_sift_down(h, *n, 0);
+        for (i = 0;;) {
+            size_t ch = 2 * i + 1;
+            if (ch >= *n)
+                break;
+            if (ch + 1 < *n && tp_smp_ranks_before(&h[ch], &h[ch + 1]))
+                ch++;
+            if (!tp_smp_ranks_before(&c, &h[ch]))
+                break;
+            h[i] = h[ch];
+            i = ch;
+        }
+    } else {
+        return;
     }
+    h[i] = c;
 }
 
 /* ---- scalar passes ------------------------------------------------------- */

@@ -1,0 +1,236 @@
+/* Process story: broker liveness on the event socket. While `tokpipe
+ * generate` waits on a job, the real tokpiped is killed -9 and restarted
+ * (generate must say the job was lost and exit 1 at once, not at its
+ * --timeout), or hangs (generate gives up after the heartbeat liveness and
+ * one STATUS timeout). A plain SUB socket hears heartbeats of one
+ * incarnation, and another after a restart. The job is kept running by
+ * stopping the forward worker (SIGSTOP) before it is submitted. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/daemon_harness.h"
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The forward worker among the daemon's children (by its command line). */
+static pid_t forward_worker(harness *h)
+{
+    pid_t pids[16];
+    int n = harness_children(h, pids, 16);
+    for (int i = 0; i < n; i++) {
+        char path[64], cmd[512] = {0};
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t k = 0; k + 1 < len; k++)
+            if (!cmd[k])
+                cmd[k] = ' ';
+        if (strstr(cmd, "forward"))
+            return pids[i];
+    }
+    return -1;
+}
+
+/* `tokpipe generate` in the background, its stderr into a file. */
+static pid_t start_generate(harness *h, const char *errfile, int timeout_ms)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(errfile, O_WRONLY | O_CREAT | O_TRUNC, 0600), null = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        dup2(null, 1);
+        char exe[600], t[16];
+        snprintf(exe, sizeof exe, "%s/tokpipe", h->bin);
+        snprintf(t, sizeof t, "%d", timeout_ms);
+        execl(exe, exe, "generate", "--config", h->config, "--timeout", t, "--prompt", "Once upon a time",
+              "--temperature", "0", "--max-tokens", "50", (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Wait until the broker holds an active job (generate submitted it). */
+static void wait_active_job(harness *h)
+{
+    for (int i = 0; i < 500; i++) {
+        tp_m_stats_reply st;
+        if (harness_stats(h, &st) == 0 && st.jobs_active >= 1)
+            return;
+        sleep_ms(10);
+    }
+    fail_msg("generate's job never became active");
+}
+
+/* Exit status of pid within limit_ms (fails the test otherwise); *took_ms. */
+static int wait_exit(pid_t pid, int limit_ms, int64_t *took_ms)
+{
+    int64_t t0 = now_ms();
+    int st;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (now_ms() - t0 > limit_ms) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("generate still waiting %d ms later", limit_ms);
+        }
+        sleep_ms(10);
+    }
+    *took_ms = now_ms() - t0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *slurp(const char *path)
+{
+    char *out = NULL;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "cat '%s'", path);
+    harness_sh(cmd, &out);
+    return out ? out : strdup("");
+}
+
+static void generate_exits_1_naming_the_job_a_restarted_broker_lost(void **state)
+{
+    (void)state;
+    harness h;
+    /* the stopped forward worker must outlive the test's first second */
+    if (harness_start(&h, false, "heartbeat:\n  interval_ms: 1000\n  liveness: 3\n"))
+        fail_msg("daemon did not start");
+    pid_t fwd = forward_worker(&h);
+    assert_true(fwd > 0);
+    kill(fwd, SIGSTOP);
+    char errfile[256];
+    snprintf(errfile, sizeof errfile, "%s/generate.err", h.dir);
+    pid_t g = start_generate(&h, errfile, 20000);
+    wait_active_job(&h);
+    kill(h.pid, SIGKILL);
+    waitpid(h.pid, NULL, 0);
+    kill(fwd, SIGKILL);   /* stopped: it would never see its SIGTERM from the dead broker */
+    assert_int_equal(harness_spawn_daemon(&h, false, NULL), 0);
+    int64_t took;
+    int rc = wait_exit(g, 10000, &took);
+    char *err = slurp(errfile);
+    print_message("generate exited %d after %lld ms:\n%s", rc, (long long)took, err);
+    if (rc != 1 || !strstr(err, "tokpiped restarted") || !strstr(err, "was lost"))
+        fail_msg("generate exited %d, stderr:\n%s", rc, err);
+    /* the restart is seen at the new broker's first heartbeat, far below --timeout 20000 */
+    if (took > 5000)
+        fail_msg("generate took %lld ms to notice the restart", (long long)took);
+    free(err);
+    harness_wait_workers(&h, 10000);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+static void generate_gives_up_on_a_hung_broker(void **state)
+{
+    (void)state;
+    harness h;
+    /* silent for 3 x 300 ms = presumed dead; then one STATUS of --timeout 1000 */
+    if (harness_start(&h, false, "heartbeat:\n  interval_ms: 300\n  liveness: 3\n"))
+        fail_msg("daemon did not start");
+    pid_t fwd = forward_worker(&h);
+    assert_true(fwd > 0);
+    kill(fwd, SIGSTOP);
+    char errfile[256];
+    snprintf(errfile, sizeof errfile, "%s/generate.err", h.dir);
+    pid_t g = start_generate(&h, errfile, 1000);
+    wait_active_job(&h);
+    kill(h.pid, SIGSTOP);   /* hung: no heartbeat, no reply, no worker expiry */
+    int64_t took;
+    int rc = wait_exit(g, 10000, &took);
+    kill(h.pid, SIGCONT);
+    kill(fwd, SIGCONT);
+    char *err = slurp(errfile);
+    print_message("generate exited %d after %lld ms:\n%s", rc, (long long)took, err);
+    if (rc != 1 || !strstr(err, "no heartbeat from tokpiped") || !strstr(err, "tokpiped is gone"))
+        fail_msg("generate exited %d, stderr:\n%s", rc, err);
+    if (took < 800 || took > 5000)
+        fail_msg("generate gave up after %lld ms; expected about 900 + 1000", (long long)took);
+    free(err);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+/* Heartbeats received on sub within ms: their count and the incarnations. */
+static int collect_beats(void *sub, int ms, uint64_t *first_inc, uint64_t *last_inc, bool *stable)
+{
+    int n = 0;
+    int64_t end = now_ms() + ms;
+    *stable = true;
+    for (int64_t left; (left = end - now_ms()) > 0;) {
+        zmq_pollitem_t it = {sub, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, (long)left) <= 0)
+            break;
+        tp_zmsg z;
+        if (tp_zmsg_recv(sub, &z, 0))
+            break;
+        tp_msg m;
+        tp_err e;
+        if (tp_proto_decode(TP_FAM_EVT, z.f, z.n, &m, &e) == 0 && m.cmd == TP_CMD_HEARTBEAT) {
+            if (n == 0)
+                *first_inc = m.beat.incarnation;
+            *stable = *stable && m.beat.incarnation == *first_inc;
+            *last_inc = m.beat.incarnation;
+            n++;
+        }
+        tp_msg_clear(&m);
+        tp_zmsg_close(&z);
+    }
+    return n;
+}
+
+static void subscriber_hears_one_incarnation_until_the_broker_restarts(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start(&h, false, NULL))   /* heartbeats every 200 ms */
+        fail_msg("daemon did not start");
+    void *sub = harness_subscribe(&h, TP_EVT_HEARTBEAT_TOPIC);
+    uint64_t a, b, c, d;
+    bool stable;
+    int n = collect_beats(sub, 1000, &a, &b, &stable);
+    if (n < 4 || !stable)
+        fail_msg("%d heartbeats in 1000 ms at 200 ms intervals, incarnation %s", n, stable ? "stable" : "changed");
+    assert_false(tp_job_id_valid(TP_EVT_HEARTBEAT_TOPIC, strlen(TP_EVT_HEARTBEAT_TOPIC)));
+    kill(h.pid, SIGKILL);
+    waitpid(h.pid, NULL, 0);
+    assert_int_equal(harness_spawn_daemon(&h, false, NULL), 0);
+    n = collect_beats(sub, 1500, &c, &d, &stable);
+    if (n < 3 || !stable || c == a)
+        fail_msg("after the restart: %d heartbeats, incarnation %016llx (was %016llx), %s", n,
+                 (unsigned long long)c, (unsigned long long)a, stable ? "stable" : "changing");
+    zmq_close(sub);
+    harness_wait_workers(&h, 10000);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(subscriber_hears_one_incarnation_until_the_broker_restarts),
+        cmocka_unit_test(generate_exits_1_naming_the_job_a_restarted_broker_lost),
+        cmocka_unit_test(generate_gives_up_on_a_hung_broker),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
