@@ -334,19 +334,22 @@ class ClientCommands(unittest.TestCase):
         time.sleep(0.1)
         return g
 
-    def test_generate_says_a_restarted_broker_lost_its_job_and_exits_1(self):
-        g = self.held_generate()
+    def end_of(self, g, act):
+        """act() on the broker, then g's exit status, stderr and seconds taken."""
         try:
-            job = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01][0]
             t0 = time.time()
-            self.broker.restart_now = True
-            out, err = g.communicate(timeout=10)
-            took = time.time() - t0
+            act()
+            _, err = g.communicate(timeout=10)
+            return g.returncode, err.decode(), time.time() - t0
         finally:
             if g.poll() is None:
                 g.kill()
-        err = err.decode()
-        self.assertEqual(g.returncode, 1, err)
+
+    def test_generate_says_a_restarted_broker_lost_its_job_and_exits_1(self):
+        g = self.held_generate()
+        job = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01][0]
+        rc, err, took = self.end_of(g, lambda: setattr(self.broker, "restart_now", True))
+        self.assertEqual(rc, 1, err)
         self.assertIn("tokpiped restarted", err)
         self.assertIn("job %s (prompt 1) was lost" % job, err)
         self.assertLess(took, 2.0, "a restart must be noticed at its first heartbeat, not after a timeout")
@@ -354,16 +357,8 @@ class ClientCommands(unittest.TestCase):
     def test_generate_gives_up_on_a_silent_broker_after_liveness_and_timeout(self):
         self.broker.interval_ms = 100   # silent for 300 ms = presumed dead
         g = self.held_generate()
-        try:
-            t0 = time.time()
-            self.broker.silent = True
-            out, err = g.communicate(timeout=10)
-            took = time.time() - t0
-        finally:
-            if g.poll() is None:
-                g.kill()
-        err = err.decode()
-        self.assertEqual(g.returncode, 1, err)
+        rc, err, took = self.end_of(g, lambda: setattr(self.broker, "silent", True))
+        self.assertEqual(rc, 1, err)
         self.assertIn("no heartbeat from tokpiped", err)
         self.assertIn("tokpiped is gone", err)
         # 0.3 s of silence, then STATUS waits --timeout (3 s)

@@ -376,3 +376,25 @@ int harness_live_workers(const harness *h)
     closedir(d);
     return n;
 }
+
+pid_t harness_child_serving(harness *h, const char *stage)
+{
+    pid_t pids[16];
+    int n = harness_children(h, pids, 16);
+    for (int i = 0; i < n; i++) {
+        char path[64], args[512] = {0};
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t k = 0; k < len; k++)   /* NUL-separated arguments as one line */
+            if (!args[k])
+                args[k] = ' ';
+        char want[64];
+        snprintf(want, sizeof want, "--stage %s ", stage);
+        if (strstr(args, want))
+            return pids[i];
+    }
+    return -1;
+}
