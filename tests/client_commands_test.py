@@ -87,6 +87,8 @@ class FakeBroker(threading.Thread):
         fin = {"job_id": job, "seq": seq, "reason": "stop_string", "matched": "!", "text": FINAL_DELTA,
                "prompt_tokens": 5, "completion_tokens": 4, "text_len": len(FINAL_TEXT),
                "queue_us": 10, "ttft_us": 20, "total_us": 30}
+        if self.jobs.get(job, {}).get("prompt") == "fail":
+            fin.update(reason="error", matched=None, error="worker forward.0 died")
         self.events.send_multipart([job.encode(), b"EVT1", b"\x02", msgpack.packb(fin)])
 
     def on_request(self, frames):
@@ -219,6 +221,13 @@ class ClientCommands(unittest.TestCase):
         statuses = [h for c, h, _ in self.broker.requests if c == 0x04]
         self.assertTrue(any(h["job_id"].endswith("-1") for h in statuses), "no STATUS for the gapped job")
 
+    def test_generate_exits_1_naming_a_job_that_failed(self):
+        p = self.tokpipe("generate", "--prompt", "ok", "--prompt", "fail", "--json", *self.conn)
+        self.assertEqual(p.returncode, 1, p.stderr.decode())
+        lines = [json.loads(l) for l in p.stdout.decode().splitlines()]
+        self.assertEqual([l["finish_reason"] for l in lines], ["stop_string", "error"])
+        self.assertRegex(p.stderr.decode(), r"job \S+-1 \(prompt 2\) failed: worker forward.0 died")
+
     def test_watch_prints_one_jobs_events_and_exits_after_finish(self):
         w = subprocess.Popen([TOKPIPE, "watch", "job-w", "--json", *self.conn], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
@@ -325,19 +334,22 @@ class ClientCommands(unittest.TestCase):
         time.sleep(0.1)
         return g
 
-    def test_generate_says_a_restarted_broker_lost_its_job_and_exits_1(self):
-        g = self.held_generate()
+    def end_of(self, g, act):
+        """act() on the broker, then g's exit status, stderr and seconds taken."""
         try:
-            job = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01][0]
             t0 = time.time()
-            self.broker.restart_now = True
-            out, err = g.communicate(timeout=10)
-            took = time.time() - t0
+            act()
+            _, err = g.communicate(timeout=10)
+            return g.returncode, err.decode(), time.time() - t0
         finally:
             if g.poll() is None:
                 g.kill()
-        err = err.decode()
-        self.assertEqual(g.returncode, 1, err)
+
+    def test_generate_says_a_restarted_broker_lost_its_job_and_exits_1(self):
+        g = self.held_generate()
+        job = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01][0]
+        rc, err, took = self.end_of(g, lambda: setattr(self.broker, "restart_now", True))
+        self.assertEqual(rc, 1, err)
         self.assertIn("tokpiped restarted", err)
         self.assertIn("job %s (prompt 1) was lost" % job, err)
         self.assertLess(took, 2.0, "a restart must be noticed at its first heartbeat, not after a timeout")
@@ -345,16 +357,8 @@ class ClientCommands(unittest.TestCase):
     def test_generate_gives_up_on_a_silent_broker_after_liveness_and_timeout(self):
         self.broker.interval_ms = 100   # silent for 300 ms = presumed dead
         g = self.held_generate()
-        try:
-            t0 = time.time()
-            self.broker.silent = True
-            out, err = g.communicate(timeout=10)
-            took = time.time() - t0
-        finally:
-            if g.poll() is None:
-                g.kill()
-        err = err.decode()
-        self.assertEqual(g.returncode, 1, err)
+        rc, err, took = self.end_of(g, lambda: setattr(self.broker, "silent", True))
+        self.assertEqual(rc, 1, err)
         self.assertIn("no heartbeat from tokpiped", err)
         self.assertIn("tokpiped is gone", err)
         # 0.3 s of silence, then STATUS waits --timeout (3 s)

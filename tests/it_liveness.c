@@ -34,27 +34,6 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* The forward worker among the daemon's children (by its command line). */
-static pid_t forward_worker(harness *h)
-{
-    pid_t pids[16];
-    int n = harness_children(h, pids, 16);
-    for (int i = 0; i < n; i++) {
-        char path[64], cmd[512] = {0};
-        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
-        FILE *f = fopen(path, "r");
-        size_t len = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
-        if (f)
-            fclose(f);
-        for (size_t k = 0; k + 1 < len; k++)
-            if (!cmd[k])
-                cmd[k] = ' ';
-        if (strstr(cmd, "forward"))
-            return pids[i];
-    }
-    return -1;
-}
-
 /* `tokpipe generate` in the background, its stderr into a file. */
 static pid_t start_generate(harness *h, const char *errfile, int timeout_ms)
 {
@@ -111,65 +90,77 @@ static char *slurp(const char *path)
     return out ? out : strdup("");
 }
 
+/* A daemon whose forward worker is stopped, and a generate waiting on its
+ * job: the job stays active until the test acts on the broker. */
+typedef struct stuck {
+    harness h;
+    pid_t fwd, gen;
+    char errfile[256];
+} stuck;
+
+static void start_stuck(stuck *s, const char *yaml, int timeout_ms)
+{
+    if (harness_start(&s->h, false, yaml))
+        fail_msg("daemon did not start");
+    s->fwd = harness_child_serving(&s->h, "forward");
+    assert_true(s->fwd > 0);
+    kill(s->fwd, SIGSTOP);
+    snprintf(s->errfile, sizeof s->errfile, "%s/generate.err", s->h.dir);
+    s->gen = start_generate(&s->h, s->errfile, timeout_ms);
+    wait_active_job(&s->h);
+}
+
+/* generate's exit status (within 10 s), the time it took and its stderr
+ * (caller frees). */
+static int generate_end(stuck *s, int64_t *took_ms, char **err)
+{
+    int rc = wait_exit(s->gen, 10000, took_ms);
+    *err = slurp(s->errfile);
+    print_message("generate exited %d after %lld ms:\n%s", rc, (long long)*took_ms, *err);
+    return rc;
+}
+
 static void generate_exits_1_naming_the_job_a_restarted_broker_lost(void **state)
 {
     (void)state;
-    harness h;
+    stuck s;
     /* the stopped forward worker must outlive the test's first second */
-    if (harness_start(&h, false, "heartbeat:\n  interval_ms: 1000\n  liveness: 3\n"))
-        fail_msg("daemon did not start");
-    pid_t fwd = forward_worker(&h);
-    assert_true(fwd > 0);
-    kill(fwd, SIGSTOP);
-    char errfile[256];
-    snprintf(errfile, sizeof errfile, "%s/generate.err", h.dir);
-    pid_t g = start_generate(&h, errfile, 20000);
-    wait_active_job(&h);
-    kill(h.pid, SIGKILL);
-    waitpid(h.pid, NULL, 0);
-    kill(fwd, SIGKILL);   /* stopped: it would never see its SIGTERM from the dead broker */
-    assert_int_equal(harness_spawn_daemon(&h, false, NULL), 0);
+    start_stuck(&s, "heartbeat:\n  interval_ms: 1000\n  liveness: 3\n", 20000);
+    kill(s.h.pid, SIGKILL);
+    waitpid(s.h.pid, NULL, 0);
+    kill(s.fwd, SIGKILL);   /* stopped: it would never see its SIGTERM from the dead broker */
+    assert_int_equal(harness_spawn_daemon(&s.h, false, NULL), 0);
     int64_t took;
-    int rc = wait_exit(g, 10000, &took);
-    char *err = slurp(errfile);
-    print_message("generate exited %d after %lld ms:\n%s", rc, (long long)took, err);
+    char *err;
+    int rc = generate_end(&s, &took, &err);
     if (rc != 1 || !strstr(err, "tokpiped restarted") || !strstr(err, "was lost"))
         fail_msg("generate exited %d, stderr:\n%s", rc, err);
     /* the restart is seen at the new broker's first heartbeat, far below --timeout 20000 */
     if (took > 5000)
         fail_msg("generate took %lld ms to notice the restart", (long long)took);
     free(err);
-    harness_wait_workers(&h, 10000);
-    assert_int_equal(harness_stop(&h), 0);
+    harness_wait_workers(&s.h, 10000);
+    assert_int_equal(harness_stop(&s.h), 0);
 }
 
 static void generate_gives_up_on_a_hung_broker(void **state)
 {
     (void)state;
-    harness h;
+    stuck s;
     /* silent for 3 x 300 ms = presumed dead; then one STATUS of --timeout 1000 */
-    if (harness_start(&h, false, "heartbeat:\n  interval_ms: 300\n  liveness: 3\n"))
-        fail_msg("daemon did not start");
-    pid_t fwd = forward_worker(&h);
-    assert_true(fwd > 0);
-    kill(fwd, SIGSTOP);
-    char errfile[256];
-    snprintf(errfile, sizeof errfile, "%s/generate.err", h.dir);
-    pid_t g = start_generate(&h, errfile, 1000);
-    wait_active_job(&h);
-    kill(h.pid, SIGSTOP);   /* hung: no heartbeat, no reply, no worker expiry */
+    start_stuck(&s, "heartbeat:\n  interval_ms: 300\n  liveness: 3\n", 1000);
+    kill(s.h.pid, SIGSTOP);   /* hung: no heartbeat, no reply, no worker expiry */
     int64_t took;
-    int rc = wait_exit(g, 10000, &took);
-    kill(h.pid, SIGCONT);
-    kill(fwd, SIGCONT);
-    char *err = slurp(errfile);
-    print_message("generate exited %d after %lld ms:\n%s", rc, (long long)took, err);
+    char *err;
+    int rc = generate_end(&s, &took, &err);
+    kill(s.h.pid, SIGCONT);
+    kill(s.fwd, SIGCONT);
     if (rc != 1 || !strstr(err, "no heartbeat from tokpiped") || !strstr(err, "tokpiped is gone"))
         fail_msg("generate exited %d, stderr:\n%s", rc, err);
     if (took < 800 || took > 5000)
         fail_msg("generate gave up after %lld ms; expected about 900 + 1000", (long long)took);
     free(err);
-    assert_int_equal(harness_stop(&h), 0);
+    assert_int_equal(harness_stop(&s.h), 0);
 }
 
 /* Heartbeats received on sub within ms: their count and the incarnations. */

@@ -401,28 +401,6 @@ static void cancel_finishes_the_job_and_status_reports_it(void **state)
 
 /* ---- lost workers ---------------------------------------------------------------- */
 
-static pid_t child_serving(harness *h, const char *stage)
-{
-    pid_t pids[16];
-    int n = harness_children(h, pids, 16);
-    for (int i = 0; i < n; i++) {
-        char path[64], args[512] = {0};
-        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
-        FILE *f = fopen(path, "r");
-        size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
-        if (f)
-            fclose(f);
-        for (size_t k = 0; k < len; k++)
-            if (!args[k])
-                args[k] = ' ';
-        char want[64];
-        snprintf(want, sizeof want, "--stage %s ", stage);
-        if (strstr(args, want))
-            return pids[i];
-    }
-    return -1;
-}
-
 static void killed_worker_fails_its_jobs_and_is_respawned(void **state)
 {
     (void)state;
@@ -435,7 +413,7 @@ static void killed_worker_fails_its_jobs_and_is_respawned(void **state)
         void *sub = harness_subscribe(&h, id);
         submit_long(&h, id);
         sleep_ms(20);
-        pid_t victim = child_serving(&h, stages[s]);
+        pid_t victim = harness_child_serving(&h, stages[s]);
         assert_true(victim > 0);
         kill(victim, SIGKILL);
         int reason = wait_finish(sub, id, NULL, 8000);
@@ -446,7 +424,7 @@ static void killed_worker_fails_its_jobs_and_is_respawned(void **state)
         for (int i = 0; i < 100; i++) {
             tp_m_stats_reply st;
             if (harness_stats(&h, &st) == 0 && st.workers[0] && st.workers[1] && st.workers[2] && st.workers[3] &&
-                child_serving(&h, stages[s]) > 0 && child_serving(&h, stages[s]) != victim)
+                harness_child_serving(&h, stages[s]) > 0 && harness_child_serving(&h, stages[s]) != victim)
                 break;
             sleep_ms(50);
         }

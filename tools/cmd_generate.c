@@ -43,6 +43,7 @@ typedef struct job {
     int reason;
     uint32_t prompt_tokens, completion_tokens;
     cJSON *matched;           /* string, id or null (as in `run --json`) */
+    char error[TP_PROTO_MAX_ERROR + 1];   /* reason error: what went wrong */
 } job;
 
 typedef struct gen {
@@ -53,6 +54,7 @@ typedef struct gen {
     bool stream;              /* one prompt, not --json: print deltas as they come */
     tp_client *c;
     tp_str stops[GENOPTS_MAX_STOPS];   /* params.stop of every SUBMIT */
+    bool results_out;         /* print_results done: stdout ends a line */
     int sigfd;                /* read end of the interrupt pipe, -1 none */
     int sigfd_w;
 } gen;
@@ -65,8 +67,9 @@ static const char usage_head[] =
     "streams (one prompt), the texts in prompt order (several prompts), or with\n"
     "--json one line per prompt, in order:\n"
     "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"matched\",\"prompt_tokens\",\"completion_tokens\"}\n"
-    "exit status: 0 ok, 1 a job was rejected or failed / the daemon is unreachable, gone or\n"
-    "restarted (its jobs are lost; said on stderr), 2 bad usage.\n\n";
+    "exit status: 0 ok, 1 a job was rejected, failed or cancelled (named on stderr; the\n"
+    "output is still printed) / the daemon is unreachable, gone or restarted (its jobs\n"
+    "are lost), 2 bad usage, 130 interrupted (its jobs cancelled).\n\n";
 
 static int usage(FILE *out, int rc)
 {
@@ -201,6 +204,8 @@ static void on_event(gen *s, const tp_msg *m)
     j->reason = m->finish.reason;
     cJSON_Delete(j->matched);
     j->matched = evfmt_matched(&m->finish.matched);
+    snprintf(j->error, sizeof j->error, "%.*s", (int)m->finish.job_error.len,
+             m->finish.job_error.ptr ? m->finish.job_error.ptr : "");
     j->prompt_tokens = m->finish.prompt_tokens;
     j->completion_tokens = m->finish.completion_tokens;
     j->done = !j->gap;
@@ -228,6 +233,7 @@ static int catch_up(gen *s, job *j, tp_err *err)
         j->reason = st->reason, j->prompt_tokens = st->prompt_tokens;
         cJSON_Delete(j->matched);
         j->matched = evfmt_matched(&st->matched);
+        snprintf(j->error, sizeof j->error, "%.*s", (int)st->job_error.len, st->job_error.ptr ? st->job_error.ptr : "");
         j->completion_tokens = st->completion_tokens, j->done = true;
         if (s->stream && j->printed <= j->len) {
             fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
@@ -254,7 +260,7 @@ static void say(const gen *s, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     fflush(stdout);
-    fprintf(stderr, "%stokpipe generate: ", s->stream && s->jobs[0].printed ? "\n" : "");
+    fprintf(stderr, "%stokpipe generate: ", s->stream && s->jobs[0].printed && !s->results_out ? "\n" : "");
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -455,6 +461,22 @@ static int parse(gen *s, int argc, char **argv, tp_err *err)
     return 0;
 }
 
+/* A job that ended in error, or was cancelled by someone else, is a
+ * failure of this command: named on stderr, exit status 1. */
+static int check_outcomes(gen *s, tp_err *err)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        const job *j = &s->jobs[i];
+        if (j->reason == TP_REASON_ERROR)
+            say(s, "job %s (prompt %zu) failed: %s", j->id, i + 1, j->error[0] ? j->error : "error");
+        else if (j->reason == TP_REASON_CANCELLED)
+            say(s, "job %s (prompt %zu) was cancelled (by another client, or tokpiped shutting down)", j->id, i + 1);
+        bad += j->reason == TP_REASON_ERROR || j->reason == TP_REASON_CANCELLED;
+    }
+    return bad ? tp_err_set(err, TP_ESTATE, "%zu of %zu job(s) did not complete", bad, s->n) : 0;
+}
+
 static int run(gen *s, tp_err *err)
 {
     s->jobs = calloc(s->n, sizeof *s->jobs);
@@ -481,8 +503,11 @@ static int run(gen *s, tp_err *err)
         cancel_all(s);
         return 130;
     }
-    if (!rc)
+    if (!rc) {
         print_results(s);
+        s->results_out = true;
+        rc = check_outcomes(s, err);
+    }
     return rc;
 }
 
@@ -504,7 +529,8 @@ int cmd_generate(int argc, char **argv)
     s.sigfd = -1;
     rc = run(&s, &err);
     if (rc && rc != 130)
-        fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed ? "\n" : "", err.msg);
+        fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed && !s.results_out ? "\n" : "",
+                err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
         free(s.jobs[i].text), free(s.jobs[i].ids), cJSON_Delete(s.jobs[i].matched);
     free(s.jobs);

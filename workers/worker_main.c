@@ -394,6 +394,13 @@ static int parse_args(worker *w, int argc, char **argv, const char **config, con
 
 int main(int argc, char **argv)
 {
+    /* first thing: a SIGTERM while the config or the model loads must end
+     * the worker cleanly, not by the default action */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     static worker w;
     const char *config = NULL, *stages = NULL;
     int pr = parse_args(&w, argc, argv, &config, &stages);
@@ -428,10 +435,6 @@ int main(int argc, char **argv)
     w.heartbeat_ms = w.cfg.heartbeat_ms;
     w.liveness = w.cfg.liveness;
     w.quit = &g_quit;
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     /* OpenBLAS (forward_kernel: openblas) starts its threads when loaded:
      * they must not take the signals meant for the main thread. */
     sigset_t sigs, old;
@@ -448,7 +451,7 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s\n", w.instance, stages, w.cfg.ep_back);
-    rc = run(&w);
+    rc = g_quit ? 0 : run(&w);
     free_stages(&w);
     tp_config_free(&w.cfg);
     return rc;

@@ -21,17 +21,30 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static int free_port(void)
+/* n distinct free loopback ports, below the kernel's ephemeral range (so
+ * no outgoing connection of a concurrently running test takes one between
+ * now and the daemon's bind), held together while chosen so no two are
+ * the same. */
+static int free_ports(int *ports, int n)
 {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    int port = -1;
-    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &l) == 0)
-        port = ntohs(a.sin_port);
-    if (s >= 0)
-        close(s);
-    return port;
+    int fds[8], got = 0;
+    unsigned x = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int tries = 0; got < n && got < 8 && tries < 1000; tries++) {
+        x = x * 1103515245u + 12345u;
+        int port = 20000 + (int)((x >> 8) % 12000);
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0) {
+            fds[got] = s;
+            ports[got++] = port;
+        } else if (s >= 0) {
+            close(s);
+        }
+    }
+    for (int i = 0; i < got; i++)
+        close(fds[i]);
+    return got == n ? 0 : -1;
 }
 
 static int write_config(harness *h, bool tcp, const char *extra)
@@ -42,10 +55,15 @@ static int write_config(harness *h, bool tcp, const char *extra)
     fprintf(f, "runtime_dir: %s/rt\nmodel:\n  path: %s/stories260K.bin\n  tokenizer: %s/tok512.bin\n", h->dir,
             h->models, h->models);
     if (tcp) {
-        snprintf(h->front, sizeof h->front, "tcp://127.0.0.1:%d", free_port());
-        snprintf(h->back, sizeof h->back, "tcp://127.0.0.1:%d", free_port());
-        snprintf(h->events, sizeof h->events, "tcp://127.0.0.1:%d", free_port());
-        snprintf(h->publish, sizeof h->publish, "tcp://127.0.0.1:%d", free_port());
+        int port[4];
+        if (free_ports(port, 4)) {
+            fclose(f);
+            return -1;
+        }
+        snprintf(h->front, sizeof h->front, "tcp://127.0.0.1:%d", port[0]);
+        snprintf(h->back, sizeof h->back, "tcp://127.0.0.1:%d", port[1]);
+        snprintf(h->events, sizeof h->events, "tcp://127.0.0.1:%d", port[2]);
+        snprintf(h->publish, sizeof h->publish, "tcp://127.0.0.1:%d", port[3]);
         fprintf(f, "endpoints:\n  front: %s\n  back: %s\n  events: %s\n  publish: %s\n", h->front, h->back,
                 h->events, h->publish);
     } else {
@@ -357,4 +375,26 @@ int harness_live_workers(const harness *h)
     }
     closedir(d);
     return n;
+}
+
+pid_t harness_child_serving(harness *h, const char *stage)
+{
+    pid_t pids[16];
+    int n = harness_children(h, pids, 16);
+    for (int i = 0; i < n; i++) {
+        char path[64], args[512] = {0};
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t k = 0; k < len; k++)   /* NUL-separated arguments as one line */
+            if (!args[k])
+                args[k] = ' ';
+        char want[64];
+        snprintf(want, sizeof want, "--stage %s ", stage);
+        if (strstr(args, want))
+            return pids[i];
+    }
+    return -1;
 }

@@ -83,6 +83,10 @@ int harness_sh(const char *cmdline, char **out);
 /* pids of the daemon's worker processes (up to cap). */
 int harness_children(harness *h, pid_t *pids, int cap);
 
+/* The daemon's worker process whose command line names stage (e.g.
+ * "forward"), or -1. */
+pid_t harness_child_serving(harness *h, const char *stage);
+
 /* Read STATS into *s via a fresh request; 0 or -1. Borrowed strings are
  * not kept (counters only). */
 int harness_stats(harness *h, tp_m_stats_reply *s);
