@@ -160,17 +160,16 @@ int harness_wait_workers(harness *h, int timeout_ms)
     return -1;
 }
 
-static int load_security(harness *h)
+/* The config's CURVE client keys for the harness's sockets. Never fatal:
+ * a test may hand the daemon a bad config on purpose (it says why itself);
+ * the harness then talks plain text. */
+static void load_security(harness *h)
 {
     tp_config cfg;
     tp_err e;
-    if (tp_config_load(h->config, &cfg, &e) == 0 && tp_zsec_client_load(&cfg, &h->sec, &e) == 0) {
-        tp_config_free(&cfg);
-        return 0;
-    }
+    if (tp_config_load(h->config, &cfg, &e) == 0 && tp_zsec_client_load(&cfg, &h->sec, &e) != 0)
+        fprintf(stderr, "harness: %s\n", e.msg);
     tp_config_free(&cfg);
-    fprintf(stderr, "harness: %s\n", e.msg);
-    return -1;
 }
 
 int harness_prepare(harness *h, bool tcp, const char *extra_yaml)
@@ -183,8 +182,9 @@ int harness_prepare(harness *h, bool tcp, const char *extra_yaml)
     if (!mkdtemp(h->dir))
         return -1;
     snprintf(h->config, sizeof h->config, "%s/tokpipe.yaml", h->dir);
-    if (write_config(h, tcp, extra_yaml) || load_security(h))
+    if (write_config(h, tcp, extra_yaml))
         return -1;
+    load_security(h);
     h->zctx = zmq_ctx_new();
     h->dealer = zmq_socket(h->zctx, ZMQ_DEALER);
     int linger = 0;
