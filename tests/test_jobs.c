@@ -1,0 +1,110 @@
+/* daemon/jobs.c: what the broker keeps of a job's events for STATUS — the
+ * text deltas (whole deltas up to the protocol's text cap, the rest only
+ * counted) and the ids the TOKEN events carried, at their index. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../daemon/broker.h"
+
+typedef struct fixture {
+    tp_config cfg;
+    broker b;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    tp_err e;
+    if (!f || tp_config_defaults(&f->cfg, &e))
+        return -1;
+    f->b.cfg = &f->cfg;
+    if (jobs_init(&f->b, &e))
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    jobs_free(&f->b);
+    tp_config_free(&f->cfg);
+    free(f);
+    return 0;
+}
+
+static void token(broker *b, const char *id, uint32_t seq, uint32_t index, const char *text, const int32_t *ids,
+                  size_t n)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
+    m.token = (tp_m_token){tp_str_of(id), seq, index, tp_str_of(text), {ids, n}};
+    jobs_on_event(b, &m);
+}
+
+static void running_job_keeps_the_text_and_ids_its_events_carried(void **state)
+{
+    fixture *f = *state;
+    bjob *j = jobs_new(&f->b, "r1", 2);
+    assert_non_null(j);
+    j->state = J_RUNNING;
+    int32_t a[] = {7}, b2[] = {8, 9};
+    token(&f->b, "r1", 0, 0, "Once", a, 1);
+    token(&f->b, "r1", 1, 1, "", b2, 2);   /* held back: no text, ids all the same */
+    assert_int_equal(j->last_seq, 1);
+    assert_int_equal(j->text_len, 4);
+    assert_memory_equal(j->text, "Once", 4);
+    assert_int_equal(j->n_shown, 3);
+    assert_int_equal(j->shown[2], 9);
+    /* a heartbeat is not a job's event */
+    tp_msg hb;
+    tp_msg_init(&hb, TP_FAM_EVT, TP_CMD_HEARTBEAT);
+    jobs_on_event(&f->b, &hb);
+    assert_int_equal(j->last_seq, 1);
+}
+
+static void events_of_a_lost_stop_worker_are_filled_from_the_verdicts(void **state)
+{
+    fixture *f = *state;
+    bjob *j = jobs_new(&f->b, "r2", 2);
+    j->state = J_RUNNING;
+    for (int32_t id = 100; id < 104; id++)
+        jobs_append_out(j, id);
+    int32_t c[] = {104};
+    /* a rebuilt stop worker replays 4 accepted tokens silently, then publishes index 4 */
+    token(&f->b, "r2", 0, 4, " there", c, 1);
+    assert_int_equal(j->n_shown, 5);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(j->shown[i], 100 + i);
+}
+
+static void text_is_kept_in_whole_deltas_up_to_the_cap(void **state)
+{
+    fixture *f = *state;
+    bjob *j = jobs_new(&f->b, "big", 3);
+    size_t half = TP_PROTO_MAX_TEXT / 2;
+    char *s = malloc(half);
+    memset(s, 'x', half);
+    assert_int_equal(jobs_append_text(j, s, half), 0);
+    assert_int_equal(jobs_append_text(j, s, half), 0);   /* exactly the cap: kept */
+    assert_int_equal(jobs_append_text(j, "abc", 3), 0);  /* past it: counted only */
+    assert_int_equal(jobs_append_text(j, "d", 1), 0);    /* and everything after it */
+    assert_int_equal(j->text_len, TP_PROTO_MAX_TEXT);
+    assert_int_equal(jobs_text_total(j), (uint64_t)TP_PROTO_MAX_TEXT + 4);
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(running_job_keeps_the_text_and_ids_its_events_carried, setup, teardown),
+        cmocka_unit_test_setup_teardown(events_of_a_lost_stop_worker_are_filled_from_the_verdicts, setup, teardown),
+        cmocka_unit_test_setup_teardown(text_is_kept_in_whole_deltas_up_to_the_cap, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
