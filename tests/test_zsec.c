@@ -242,6 +242,12 @@ static void *client_socket(void *ctx, const tp_config *c, const char *ep, bool c
     return d;
 }
 
+static void count_line(void *ctx, const char *line)
+{
+    (void)line;
+    ++*(int *)ctx;
+}
+
 static void zap_admits_listed_keys_and_counts_the_others(void **state)
 {
     (void)state;
@@ -258,7 +264,8 @@ static void zap_admits_listed_keys_and_counts_the_others(void **state)
     void *ctx = zmq_ctx_new();
     tp_zsec_server *s;
     tp_err e;
-    if (tp_zsec_server_new(ctx, &cs, NULL, NULL, &s, &e))
+    int lines = 0;
+    if (tp_zsec_server_new(ctx, &cs, count_line, &lines, &s, &e))
         fail_msg("server: %s", e.msg);
     assert_int_equal(tp_zsec_server_n_authorized(s), 1);
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
@@ -272,17 +279,24 @@ static void zap_admits_listed_keys_and_counts_the_others(void **state)
     zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len);
 
     void *d_bad = client_socket(ctx, &cb, ep, true);
+    void *d_bad2 = client_socket(ctx, &cb, ep, true);
     void *d_plain = client_socket(ctx, &cg, ep, false);
     void *d_good = client_socket(ctx, &cg, ep, true);
     if (reaches_server(s, router, d_bad))
         fail_msg("a key not in authorized_keys got through");
-    if (tp_zsec_server_refused(s) < 1)
-        fail_msg("the unlisted key was not counted as refused");
+    if (reaches_server(s, router, d_bad2))
+        fail_msg("a second connection with the unlisted key got through");
+    if (tp_zsec_server_refused(s) < 2)
+        fail_msg("%llu refusals counted for two unlisted connections", (unsigned long long)tp_zsec_server_refused(s));
+    /* a client retrying in a loop must not flood the log */
+    if (lines != 1)
+        fail_msg("%d log lines for two refusals within a second, want 1", lines);
     if (reaches_server(s, router, d_plain))
         fail_msg("a plain-text client got through to a CURVE socket");
     if (!reaches_server(s, router, d_good))
         fail_msg("the authorized key did not get through");
     zmq_close(d_bad);
+    zmq_close(d_bad2);
     zmq_close(d_plain);
     zmq_close(d_good);
     zmq_close(router);
