@@ -120,6 +120,26 @@ static void secret_key_readable_by_others_is_refused_naming_the_file(void **stat
     assert_string_equal(out, sec);
 }
 
+/* A service user reads root:tokpipe 0640 keys (ssh's rule for a file
+ * someone else owns); world bits are refused whoever owns the file. */
+static void group_readable_key_owned_by_another_user_is_accepted(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();   /* only root can give a file away */
+    char pub[41], sec[41], text[200], p[128], out[41];
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    snprintf(text, sizeof text, "%s\n", sec);
+    write_file("shared.key", text, 0640);
+    path_of(p, sizeof p, "shared.key");
+    assert_int_equal(chown(p, 65534, 0), 0);
+    tp_err e;
+    if (tp_zsec_read_key(p, true, out, &e))
+        fail_msg("0640 key owned by another user refused: %s", e.msg);
+    assert_int_equal(chmod(p, 0644), 0);
+    assert_int_equal(tp_zsec_read_key(p, true, out, &e), TP_EINVAL);
+}
+
 static void bad_key_line_is_named_with_file_and_line(void **state)
 {
     (void)state;
@@ -356,6 +376,7 @@ int main(void)
         cmocka_unit_test(keygen_writes_a_matching_pair_with_a_private_secret),
         cmocka_unit_test(keygen_refuses_to_overwrite_an_existing_key),
         cmocka_unit_test(secret_key_readable_by_others_is_refused_naming_the_file),
+        cmocka_unit_test(group_readable_key_owned_by_another_user_is_accepted),
         cmocka_unit_test(bad_key_line_is_named_with_file_and_line),
         cmocka_unit_test(key_file_with_two_keys_or_none_is_refused),
         cmocka_unit_test(client_without_a_secret_key_names_the_missing_setting),
