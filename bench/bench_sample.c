@@ -329,12 +329,14 @@ static void bench_set(const logit_set *set)
     printf("  %-22s %12s %14s %8s\n", "", "tokpipe ns", "reference ns", "ratio");
     for (size_t i = 0; i < N_CONFIGS; i++) {
         const config *c = &CONFIGS[i];
-        double probe = run_reference(set, c, 1);
-        int reps = (int)(SAMPLE_NS / (probe * ROWS)) + 1;
+        /* Each side repeats until a run lasts ~SAMPLE_NS, so a fast one is
+         * not timed over a handful of calls (first-touch page faults). */
+        int reps_ref = (int)(SAMPLE_NS / (run_reference(set, c, 1) * ROWS)) + 1;
+        int reps_ours = (int)(SAMPLE_NS / (run_tokpipe(set, c, 1) * ROWS)) + 1;
         double ours[SAMPLES], ref[SAMPLES];
         for (int s = 0; s < SAMPLES; s++) {
-            ref[s] = run_reference(set, c, reps);
-            ours[s] = run_tokpipe(set, c, reps);
+            ref[s] = run_reference(set, c, reps_ref);
+            ours[s] = run_tokpipe(set, c, reps_ours);
         }
         double o = median(ours, SAMPLES), b = median(ref, SAMPLES);
         printf("  %-22s %12.0f %14.0f %7.1fx\n", c->name, o, b, b / o);

@@ -54,7 +54,8 @@ static void block_values(const tp_smp_view *v, int i, int n, float *x)
 /* Offer c (value above -inf) to the heap of at most k, a min-heap by rank
  * (the root is the worst kept). The sifts move a hole instead of swapping:
  * the same positions as swapping c along the path, half the stores. */
-static void heap_offer(tp_smp_cand *h, size_t *n, size_t k, tp_smp_cand c)
+__attribute__((always_inline)) static inline void heap_offer(tp_smp_cand *h, size_t *n, size_t k,
+                                                              tp_smp_cand c)
 {
     size_t i;
     if (*n < k) {
