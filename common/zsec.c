@@ -27,7 +27,7 @@ struct tp_zsec_server {
     uint8_t (*keys)[KEY_BYTES];        /* authorized client keys, sorted */
     size_t n_keys;
     char *keys_path;
-    uint64_t refused, admitted, unlogged;
+    uint64_t refused, unlogged;
     int64_t last_log_ms;
     tp_zsec_log_fn log;
     void *log_ctx;
@@ -420,10 +420,8 @@ static const char *verdict(tp_zsec_server *s, zmq_msg_t *f, size_t n)
     bool ok = false;
     if (n > Z_CRED && frame_is(&f[Z_MECH], "CURVE") && zmq_msg_size(&f[Z_CRED]) == KEY_BYTES)
         ok = bsearch(zmq_msg_data(&f[Z_CRED]), s->keys, s->n_keys, sizeof *s->keys, cmp_key) != NULL;
-    if (ok) {
-        s->admitted++;
+    if (ok)
         return "200";
-    }
     s->refused++;
     char addr[64], mech[16];
     snprintf(addr, sizeof addr, "%.*s", (int)zmq_msg_size(&f[Z_ADDRESS]), (char *)zmq_msg_data(&f[Z_ADDRESS]));

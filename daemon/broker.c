@@ -93,13 +93,24 @@ void broker_publish_beat(broker *b)
 
 /* A subscription that takes the heartbeat topic ("", "@", ...) gets a
  * heartbeat at once: a client learns the incarnation without waiting an
- * interval, and knows its earlier subscriptions are in force. */
+ * interval, and knows its earlier subscriptions are in force. Every
+ * subscriber hears it, so a crowd of new subscriptions shares one beat per
+ * B_BEAT_MIN_GAP_MS (the loop sends the deferred one). */
 static void on_subscription(broker *b, const tp_frame *f)
 {
     const uint8_t *p = f->data;
     size_t n = f->len ? f->len - 1 : 0;
     if (f->len >= 1 && p[0] == 1 && n <= strlen(TP_EVT_HEARTBEAT_TOPIC) && !memcmp(p + 1, TP_EVT_HEARTBEAT_TOPIC, n))
+        b->beat_asked = true;
+}
+
+static void beat_tick(broker *b, int64_t now)
+{
+    int64_t since = now - b->last_beat_ms;
+    if (since >= b->cfg->heartbeat_ms || (b->beat_asked && since >= B_BEAT_MIN_GAP_MS)) {
         broker_publish_beat(b);
+        b->beat_asked = false;
+    }
 }
 
 /* ---- setup -------------------------------------------------------------------- */
@@ -307,7 +318,7 @@ int broker_run(broker *b)
         zmq_pollitem_t it[5] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
                                 {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0},
                                 {tp_zsec_server_socket(b->zsec), 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(it, b->zsec ? 5 : 4, 50);
+        int n = zmq_poll(it, b->zsec ? 5 : 4, b->beat_asked ? B_BEAT_MIN_GAP_MS : 50);
         if (n < 0 && errno != EINTR)
             break;
         for (int i = 0; n > 0 && i < 4; i++)
@@ -326,8 +337,7 @@ int broker_run(broker *b)
                 drain_tick(b, now);
             sched_run(b);
         }
-        if (now - b->last_beat_ms >= b->cfg->heartbeat_ms)
-            broker_publish_beat(b);
+        beat_tick(b, now);
         if (now - last_status >= 5000) {
             last_status = now;
             say_status(b);

@@ -23,6 +23,7 @@
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
 #define B_CLOSING_GRACE_MS 3000
+#define B_BEAT_MIN_GAP_MS 10          /* extra heartbeats for new subscribers: at most one per this */
 #define B_RING 4                  /* candidates of one job awaiting stop verdicts */   /* wait this long for a FINISH event after the verdict */
 
 /* ---- workers ---------------------------------------------------------------- */
@@ -146,6 +147,7 @@ typedef struct broker {
     uint64_t incarnation;           /* random per start: in WELCOME and event HEARTBEATs */
     int64_t t_start_ms;
     int64_t last_beat_ms;           /* last HEARTBEAT on the events socket */
+    bool beat_asked;                /* a new subscription waits for one */
     volatile sig_atomic_t *quit;    /* set by signals: start draining */
     bool draining;
     int64_t drain_deadline;

@@ -120,6 +120,26 @@ static void secret_key_readable_by_others_is_refused_naming_the_file(void **stat
     assert_string_equal(out, sec);
 }
 
+/* A service user reads root:tokpipe 0640 keys (ssh's rule for a file
+ * someone else owns); world bits are refused whoever owns the file. */
+static void group_readable_key_owned_by_another_user_is_accepted(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();   /* only root can give a file away */
+    char pub[41], sec[41], text[200], p[128], out[41];
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    snprintf(text, sizeof text, "%s\n", sec);
+    write_file("shared.key", text, 0640);
+    path_of(p, sizeof p, "shared.key");
+    assert_int_equal(chown(p, 65534, 0), 0);
+    tp_err e;
+    if (tp_zsec_read_key(p, true, out, &e))
+        fail_msg("0640 key owned by another user refused: %s", e.msg);
+    assert_int_equal(chmod(p, 0644), 0);
+    assert_int_equal(tp_zsec_read_key(p, true, out, &e), TP_EINVAL);
+}
+
 static void bad_key_line_is_named_with_file_and_line(void **state)
 {
     (void)state;
@@ -242,6 +262,12 @@ static void *client_socket(void *ctx, const tp_config *c, const char *ep, bool c
     return d;
 }
 
+static void count_line(void *ctx, const char *line)
+{
+    (void)line;
+    ++*(int *)ctx;
+}
+
 static void zap_admits_listed_keys_and_counts_the_others(void **state)
 {
     (void)state;
@@ -258,7 +284,8 @@ static void zap_admits_listed_keys_and_counts_the_others(void **state)
     void *ctx = zmq_ctx_new();
     tp_zsec_server *s;
     tp_err e;
-    if (tp_zsec_server_new(ctx, &cs, NULL, NULL, &s, &e))
+    int lines = 0;
+    if (tp_zsec_server_new(ctx, &cs, count_line, &lines, &s, &e))
         fail_msg("server: %s", e.msg);
     assert_int_equal(tp_zsec_server_n_authorized(s), 1);
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
@@ -272,17 +299,24 @@ static void zap_admits_listed_keys_and_counts_the_others(void **state)
     zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len);
 
     void *d_bad = client_socket(ctx, &cb, ep, true);
+    void *d_bad2 = client_socket(ctx, &cb, ep, true);
     void *d_plain = client_socket(ctx, &cg, ep, false);
     void *d_good = client_socket(ctx, &cg, ep, true);
     if (reaches_server(s, router, d_bad))
         fail_msg("a key not in authorized_keys got through");
-    if (tp_zsec_server_refused(s) < 1)
-        fail_msg("the unlisted key was not counted as refused");
+    if (reaches_server(s, router, d_bad2))
+        fail_msg("a second connection with the unlisted key got through");
+    if (tp_zsec_server_refused(s) < 2)
+        fail_msg("%llu refusals counted for two unlisted connections", (unsigned long long)tp_zsec_server_refused(s));
+    /* a client retrying in a loop must not flood the log */
+    if (lines != 1)
+        fail_msg("%d log lines for two refusals within a second, want 1", lines);
     if (reaches_server(s, router, d_plain))
         fail_msg("a plain-text client got through to a CURVE socket");
     if (!reaches_server(s, router, d_good))
         fail_msg("the authorized key did not get through");
     zmq_close(d_bad);
+    zmq_close(d_bad2);
     zmq_close(d_plain);
     zmq_close(d_good);
     zmq_close(router);
@@ -342,6 +376,7 @@ int main(void)
         cmocka_unit_test(keygen_writes_a_matching_pair_with_a_private_secret),
         cmocka_unit_test(keygen_refuses_to_overwrite_an_existing_key),
         cmocka_unit_test(secret_key_readable_by_others_is_refused_naming_the_file),
+        cmocka_unit_test(group_readable_key_owned_by_another_user_is_accepted),
         cmocka_unit_test(bad_key_line_is_named_with_file_and_line),
         cmocka_unit_test(key_file_with_two_keys_or_none_is_refused),
         cmocka_unit_test(client_without_a_secret_key_names_the_missing_setting),
