@@ -347,8 +347,9 @@ int main(void)
 {
     logit_set sets[3];
     load_sets(sets);
-    printf("bench_sample: ns per token (sample + accept), medians of %d; ratio = reference / tokpipe\n",
-           SAMPLES);
+    printf("bench_sample: ns per token (sample + accept), medians of %d; ratio = reference / tokpipe;"
+           " sampler passes: %s\n",
+           SAMPLES, __builtin_cpu_supports("avx512f") ? "AVX-512" : "scalar (no avx512f)");
     for (int i = 0; i < 3; i++)
         bench_set(&sets[i]);
     free(sets[0].rows);

@@ -327,6 +327,26 @@ static int load_server_keys(tp_zsec_server *s, const tp_config *cfg, tp_err *err
     return load_authorized(s, cfg->authorized_keys, err);
 }
 
+/* Say which endpoints CURVE covers: all-ipc with curve on is legal but
+ * secures nothing, which an operator should hear about. */
+static void log_start(tp_zsec_server *s, const tp_config *cfg)
+{
+    const char *names[] = {"front", "back", "events", "publish"};
+    const char *eps[] = {cfg->ep_front, cfg->ep_back, cfg->ep_events, cfg->ep_publish};
+    char list[64] = "", line[600];
+    for (int i = 0; i < 4; i++)
+        if (is_tcp(eps[i]))
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "", names[i]);
+    if (*list)
+        snprintf(line, sizeof line, "CURVE on the tcp endpoints (%s): %zu authorized key%s from %s", list,
+                 s->n_keys, s->n_keys == 1 ? "" : "s", s->keys_path);
+    else
+        snprintf(line, sizeof line, "security.curve is on but every endpoint is ipc: nothing is encrypted "
+                                    "(ipc stays plain; see PROTOCOL.md section 7)");
+    if (s->log)
+        s->log(s->log_ctx, line);
+}
+
 int tp_zsec_server_new(void *zctx, const tp_config *cfg, tp_zsec_log_fn log, void *log_ctx,
                        tp_zsec_server **out, tp_err *err)
 {
@@ -350,6 +370,7 @@ int tp_zsec_server_new(void *zctx, const tp_config *cfg, tp_zsec_log_fn log, voi
         tp_zsec_server_free(s);
         return rc;
     }
+    log_start(s, cfg);
     *out = s;
     return 0;
 }

@@ -192,9 +192,6 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     /* the ZAP handler first: a CURVE socket without one admits every key */
     if ((rc = tp_zsec_server_new(b->zctx, cfg, zsec_log, b, &b->zsec, err)))
         return rc;
-    if (b->zsec)
-        broker_log(b, "CURVE security on tcp endpoints: %zu authorized keys from %s",
-                   tp_zsec_server_n_authorized(b->zsec), cfg->authorized_keys);
     rc = 0;
     if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, err, &rc)) ||
         !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, err, &rc)) ||

@@ -141,6 +141,9 @@ static void keygen_writes_a_private_valid_pair_and_never_overwrites(void **state
 static void unlisted_client_key_gets_nothing_and_is_counted(void **state)
 {
     (void)state;
+    sh("cat %s/tokpiped.log", H.dir);
+    if (!strstr(sh_out, "CURVE on the tcp endpoints (front, back, events, publish): 1 authorized key from"))
+        fail_msg("the daemon does not say what CURVE covers:\n%s", sh_out);
     char cfg[128], tail[600];
     snprintf(cfg, sizeof cfg, "%s/intruder.yaml", keys);
     snprintf(tail, sizeof tail,
@@ -150,8 +153,8 @@ static void unlisted_client_key_gets_nothing_and_is_counted(void **state)
     tp_m_stats_reply before, after;
     assert_int_equal(harness_stats(&H, &before), 0);
     int rc = sh("%s/tokpipe stats --config %s --timeout 1500", H.bin, cfg);
-    if (rc != 1 || !strstr(sh_out, "no reply"))
-        fail_msg("a client with an unlisted key got status %d: %s", rc, sh_out);
+    if (rc != 1 || !strstr(sh_out, "no reply") || !strstr(sh_out, "authorized_keys"))
+        fail_msg("a client with an unlisted key got status %d (want 1 and a hint at its key): %s", rc, sh_out);
     rc = sh("%s/tokpipe generate --config %s --timeout 1500 --prompt hi --max-tokens 4", H.bin, cfg);
     if (rc == 0)
         fail_msg("a client with an unlisted key ran a job: %s", sh_out);
@@ -265,9 +268,15 @@ static void ipc_endpoints_stay_plain_with_curve_on(void **state)
                 h.bin, h.config);
     tp_m_stats_reply st;
     int srv = harness_stats(&h, &st);
+    char *log = NULL;
+    sh("cat %s/tokpiped.log", h.dir);
+    log = strdup(sh_out);
     assert_int_equal(harness_stop(&h), 0);
     if (rc)
         fail_msg("job over ipc with curve on: %s", sh_out);
+    if (!strstr(log, "every endpoint is ipc"))
+        fail_msg("the daemon did not warn that curve secures nothing over ipc:\n%s", log);
+    free(log);
     assert_int_equal(srv, 0);
     assert_int_equal(st.zap_refused, 0);
 }

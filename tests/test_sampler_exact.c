@@ -92,7 +92,7 @@ static logit_gen random_gen(void)
 
 static tp_sampler_params random_params(int v, int32_t *ban)
 {
-    static const float temps[] = {0.0f, 0.0f, 1e-30f, 1e-6f, 0.1f, 0.5f, 0.8f, 1.0f, 1.0f, 1.5f, 4.0f};
+    static const float temps[] = {0.0f, 0.0f, 1e-40f, 1e-30f, 1e-6f, 0.1f, 0.5f, 0.8f, 1.0f, 1.0f, 1.5f, 4.0f};
     static const float top_ps[] = {1.0f, 1.0f, 1.0f, 0.99f, 0.9f, 0.5f, 0.1f, 1e-4f};
     static const float min_ps[] = {0.0f, 0.0f, 0.0f, 0.01f, 0.05f, 0.3f, 1.0f, 1e-35f, 1e-44f};
     static const float reps[] = {1.0f, 1.0f, 1.1f, 0.7f, 2.0f};

@@ -237,6 +237,16 @@ static int read_frames(void *s, tp_recv *r, tp_err *err, const char *ep)
     return 0;
 }
 
+/* The end of a "no answer" message: with CURVE, a refused key looks
+ * exactly like a broker that is not there. */
+static const char *no_answer_hint(const tp_client *c, const char *ep)
+{
+    return c->sec.on && !strncmp(ep, "tcp://", 6)
+               ? "is tokpiped running, with this client's public key in its security.authorized_keys "
+                 "and its public key in security.server_public_key?"
+               : "is tokpiped running?";
+}
+
 int tp_client_recv_reply(tp_client *c, tp_recv *reply, tp_err *err)
 {
     memset(reply, 0, sizeof *reply);
@@ -248,8 +258,8 @@ int tp_client_recv_reply(tp_client *c, tp_recv *reply, tp_err *err)
     if (ready == 2)
         return interrupted(err);
     if (ready == 0)
-        return tp_err_set(err, TP_EIO, "no reply from %s within %d ms: is tokpiped running?", c->front,
-                          c->timeout_ms);
+        return tp_err_set(err, TP_EIO, "no reply from %s within %d ms: %s", c->front, c->timeout_ms,
+                          no_answer_hint(c, c->front));
     int rc = read_frames(c->dealer, reply, err, c->front);
     if (rc)
         return rc;
@@ -382,8 +392,8 @@ int tp_client_wait_events_ready(tp_client *c, tp_err *err)
         if (ready == 2)
             return interrupted(err);
         if (ready <= 0)
-            return tp_err_set(err, TP_EIO, "cannot connect to the event endpoint %s within %d ms: is tokpiped running?",
-                              c->events, c->timeout_ms);
+            return tp_err_set(err, TP_EIO, "cannot connect to the event endpoint %s within %d ms: %s", c->events,
+                              c->timeout_ms, no_answer_hint(c, c->events));
         tp_recv ev;
         int rc = read_frames(c->monitor, &ev, err, "monitor");
         if (rc)

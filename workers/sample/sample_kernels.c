@@ -232,6 +232,12 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x, const ex
     __m256 yhi = _mm512_cvtpd_ps(exp_core(_mm512_cvtps_pd(xhi), e));
     __m512 y = _mm512_castpd_ps(
         _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(ylo)), _mm256_castps_pd(yhi), 1));
+    /* Almost every block lies in the plain range: one test instead of four
+     * blends. NaN fails it (ordered compares). */
+    __mmask16 plain = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXPF_MAY_UFLOW), _CMP_GE_OQ) &
+                      _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXPF_OFLOW), _CMP_LE_OQ);
+    if (plain == 0xFFFF)
+        return y;
     __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXPF_UFLOW), _CMP_LT_OQ);
     __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXPF_MAY_UFLOW), _CMP_LT_OQ) & ~zero;
     __mmask16 big = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXPF_OFLOW), _CMP_GT_OQ);
@@ -308,15 +314,18 @@ __attribute__((target("avx512f"))) static size_t top_k_avx512(const tp_smp_view 
     return n;
 }
 
-/* Weights of one block as tp_smp_weight computes them, 0 for NaN. */
+/* Weights of one block as tp_smp_weight computes them, 0 for NaN. d == 0
+ * needs its own case only when inv_t is infinite (0 * inf); elsewhere
+ * expf(0) is 1 already. */
 __attribute__((target("avx512f"))) static inline __m512 weight16(__m512 x, __m512 max, __m512 inv_t,
-                                                                 const exp_tab *e)
+                                                                 bool inf_t, const exp_tab *e)
 {
     __m512 d = _mm512_sub_ps(x, max);
     __m512 w = exp16(_mm512_mul_ps(d, inv_t), e);
-    w = _mm512_mask_mov_ps(w, _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_EQ_OQ),
-                           _mm512_set1_ps(1.0f));
-    return _mm512_mask_mov_ps(w, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_setzero_ps());
+    if (inf_t)
+        w = _mm512_mask_mov_ps(w, _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_EQ_OQ),
+                               _mm512_set1_ps(1.0f));
+    return _mm512_max_ps(w, _mm512_setzero_ps()); /* NaN w gives the second operand */
 }
 
 /* Adds w[i, i + n) to *sum one by one in id order: that rounding is what
@@ -340,7 +349,7 @@ __attribute__((target("avx512f"))) static double weights_avx512(const tp_smp_vie
     int i = 0;
     for (; i < v->vocab; i += BLOCK) {
         int n = block_len(v, i);
-        __m512 wv = weight16(load16(v, i), vmax, vinv, &e);
+        __m512 wv = weight16(load16(v, i), vmax, vinv, isinf(inv_t), &e);
         _mm512_mask_storeu_ps(w + i, lanes(n), wv);
         unsigned pos = _mm512_cmp_ps_mask(wv, _mm512_setzero_ps(), _CMP_GT_OQ) & lanes(n);
         if (pos)
@@ -397,7 +406,7 @@ __attribute__((target("avx512f"))) static size_t min_p_avx512(const tp_smp_view 
                       _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_EQ_OQ);
         if (!m)
             continue;
-        __m512 wv = weight16(xv, vmax, vinv, &e);
+        __m512 wv = weight16(xv, vmax, vinv, isinf(inv_t), &e);
         m &= _mm512_cmp_ps_mask(wv, vmin_p, _CMP_GE_OQ);
         _mm512_storeu_ps(x, xv);
         _mm512_storeu_ps(w, wv);
