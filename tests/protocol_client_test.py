@@ -325,6 +325,51 @@ class ProtocolEndToEnd(unittest.TestCase):
             a.close()
             b.close()
 
+    def test_9_a_late_subscriber_catches_up_from_status(self):
+        """STATUS_REPLY's recipe: subscribe (heartbeat last), STATUS, then
+        append the events after last_seq: the final text, exactly."""
+        job = "py-late"
+        cmd, ack, _ = self.prod.call(0x01, {"job_id": job, "prompt": PROMPT, "params": {
+            "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stop": [" girlzz"]}})
+        self.assertEqual(ack["status"], 200, ack)
+        while True:  # the job is under way before anyone listens
+            _, st, pl = self.prod.call(0x04, {"job_id": job})
+            if st["completion_tokens"] >= 20 or st["state"] == "finished":
+                break
+        sub = self.ctx.socket(zmq.SUB)
+        try:
+            sub.linger = 0
+            sub.connect(self.daemon.events)
+            sub.setsockopt(zmq.SUBSCRIBE, job.encode())
+            sub.setsockopt(zmq.SUBSCRIBE, b"@heartbeat")
+            while sub.recv_multipart()[0] != b"@heartbeat":
+                pass
+            _, st, pl = self.prod.call(0x04, {"job_id": job})
+            self.assertEqual(st["completion_tokens"], len(ids_of(pl[0])))
+            text, ids, last, state = st["text"], ids_of(pl[0]), st["last_seq"], st["state"]
+            while state != "finished":
+                self.assertTrue(sub.poll(5000), "events stopped before FINISH")
+                f = sub.recv_multipart()
+                if f[0] != job.encode():
+                    continue
+                ev = msgpack.unpackb(f[3])
+                if ev["seq"] <= last:
+                    continue  # already in the STATUS reply
+                self.assertEqual(ev["seq"], last + 1, "lost events")
+                last = ev["seq"]
+                text += ev["text"]
+                if f[2] == b"\x01":
+                    ids += ids_of(f[4])
+                else:
+                    state = "finished"
+        finally:
+            sub.close()
+        _, fin, pl = self.prod.call(0x04, {"job_id": job})
+        self.assertEqual(fin["state"], "finished")
+        self.assertEqual(text, fin["text"])
+        self.assertEqual(ids, ids_of(pl[0]))
+        self.assertEqual(len(ids), 400)
+
     def test_6_the_python_client_printed_in_protocol_md_works(self):
         doc = open("protocol/PROTOCOL.md", encoding="utf-8").read()
         part = doc[doc.index("A complete producer + subscriber in Python"):doc.index("## 6.")]
