@@ -1,7 +1,8 @@
 /* Process story: configuration keys reach the workers. A job that leaves
  * penalty_window out gets generation.penalty_window (the same tokens as
  * `tokpipe run --penalty-window`), a window over limits.max_penalty_window
- * is rejected naming the field, and forward workers configured with the
+ * is rejected naming the field, `tokpipe generate` leaves the flags it was
+ * not given to the daemon's defaults, and forward workers configured with the
  * OpenBLAS kernel serve jobs; a bad kernel name stops tokpiped naming the
  * key and line. */
 #include <stdarg.h>
@@ -176,6 +177,35 @@ static void penalty_window_outside_its_range_is_rejected_naming_the_field(void *
     free(out);
 }
 
+/* `tokpipe generate` sends only the flags it was given: the daemon's
+ * generation.* defaults fill in the rest (greedy and 20 tokens here, as
+ * `run --temperature 0 --max-tokens 20` computes), and a limit below the
+ * shipped penalty window does not refuse a plain generate. */
+static void generate_leaves_unset_flags_to_the_daemons_defaults(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start(&h, false, "generation:\n  temperature: 0\n  max_tokens: 20\n  penalty_window: 8\n"
+                                 "limits:\n  max_penalty_window: 8\n"))
+        fail_msg("daemon did not start");
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 20000 --prompt 'Tom and Sue' 2>&1",
+             h.bin, h.config);
+    int st = harness_sh(cmd, &out);
+    assert_int_equal(harness_stop(&h), 0);
+    if (st != 0 || !out)
+        fail_msg("plain generate failed (status %d): %s", st, out ? out : "");
+    cJSON *j = cJSON_Parse(out);
+    char *got = j ? cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "tokens")) : NULL;
+    if (!got)
+        fail_msg("generate printed no tokens: %s", out);
+    char *want = run_tokens(&h, "--temperature 0 --max-tokens 20");
+    if (strcmp(got, want))
+        fail_msg("generate without flags on a greedy, 20-token daemon:\n daemon: %s\n    run: %s", got, want);
+    cJSON_Delete(j);
+    free(got), free(want), free(out);
+}
+
 static void forward_workers_with_the_openblas_kernel_serve_jobs(void **state)
 {
     (void)state;
@@ -226,6 +256,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(configured_penalty_window_is_used_when_a_job_leaves_it_out),
         cmocka_unit_test(penalty_window_outside_its_range_is_rejected_naming_the_field),
+        cmocka_unit_test(generate_leaves_unset_flags_to_the_daemons_defaults),
         cmocka_unit_test(forward_workers_with_the_openblas_kernel_serve_jobs),
         cmocka_unit_test(unknown_forward_kernel_stops_the_daemon_naming_key_and_line),
     };

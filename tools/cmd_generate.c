@@ -67,6 +67,9 @@ static const char usage_head[] =
     "streams (one prompt), the texts in prompt order (several prompts), or with\n"
     "--json one line per prompt, in order:\n"
     "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"matched\",\"prompt_tokens\",\"completion_tokens\"}\n"
+    "A generation option left out takes the daemon's default (its config's\n"
+    "generation.* keys; the defaults shown below are the shipped ones); without\n"
+    "--seed each job gets a random seed.\n"
     "exit status: 0 ok, 1 a job was rejected, failed or cancelled (named on stderr; the\n"
     "output is still printed) / the daemon is unreachable, gone or restarted (its jobs\n"
     "are lost), 2 bad usage, 130 interrupted (its jobs cancelled).\n\n";
@@ -111,9 +114,25 @@ static int append_ids(job *j, tp_raw ids)
 static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
 {
     memset(p, 0, sizeof *p);
-    p->set = TP_P_MAX_TOKENS | TP_P_MIN_TOKENS | TP_P_TEMPERATURE | TP_P_TOP_P | TP_P_TOP_K | TP_P_MIN_P |
-             TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY | TP_P_PENALTY_WINDOW |
-             TP_P_SEED | TP_P_IGNORE_EOS | TP_P_INCLUDE_STOP;
+    /* only what the command line gave: the rest takes the daemon's
+     * configured defaults (generation.*) and limits */
+    static const struct {
+        genopt_flag flag;
+        uint32_t bit;
+    } sent[] = {
+        {GO_MAX_TOKENS, TP_P_MAX_TOKENS}, {GO_MIN_TOKENS, TP_P_MIN_TOKENS}, {GO_TEMPERATURE, TP_P_TEMPERATURE},
+        {GO_TOP_P, TP_P_TOP_P}, {GO_TOP_K, TP_P_TOP_K}, {GO_MIN_P, TP_P_MIN_P},
+        {GO_REPETITION_PENALTY, TP_P_REPETITION_PENALTY}, {GO_PRESENCE_PENALTY, TP_P_PRESENCE_PENALTY},
+        {GO_FREQUENCY_PENALTY, TP_P_FREQUENCY_PENALTY}, {GO_PENALTY_WINDOW, TP_P_PENALTY_WINDOW},
+        {GO_SEED, TP_P_SEED},
+    };
+    for (size_t i = 0; i < sizeof sent / sizeof *sent; i++)
+        if (g->given & (1u << sent[i].flag))
+            p->set |= sent[i].bit;
+    if (g->ignore_eos)
+        p->set |= TP_P_IGNORE_EOS;
+    if (g->include_stop)
+        p->set |= TP_P_INCLUDE_STOP;
     p->max_tokens = g->max_tokens, p->min_tokens = g->min_tokens, p->temperature = g->temperature;
     p->top_p = g->top_p, p->top_k = g->top_k, p->min_p = g->min_p;
     p->repetition_penalty = g->repetition_penalty, p->presence_penalty = g->presence_penalty;

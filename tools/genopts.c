@@ -91,6 +91,7 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
     const char *v = argv[++*i];
     int rc = 0;
+    o->given |= 1u << k;
     switch (k) {
     case 0:
         if (o->n_prompts == GENOPTS_MAX_PROMPTS)

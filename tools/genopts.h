@@ -14,7 +14,16 @@
 #define GENOPTS_MAX_PROMPTS 256
 #define GENOPTS_MAX_STOPS 1024
 
+/* The valued flags, in the order genopts_parse_one knows them; bit 1 << f
+ * of genopts.given says flag f was on the command line. */
+typedef enum genopt_flag {
+    GO_PROMPT, GO_MAX_TOKENS, GO_MIN_TOKENS, GO_TEMPERATURE, GO_TOP_P, GO_TOP_K, GO_MIN_P,
+    GO_REPETITION_PENALTY, GO_PRESENCE_PENALTY, GO_FREQUENCY_PENALTY, GO_SEED, GO_STOP, GO_STOP_ID,
+    GO_PENALTY_WINDOW,
+} genopt_flag;
+
 typedef struct genopts {
+    uint32_t given;   /* 1 << genopt_flag of each flag given */
     const char *prompts[GENOPTS_MAX_PROMPTS];
     size_t n_prompts;
     int32_t max_tokens;
