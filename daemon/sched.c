@@ -393,21 +393,21 @@ static void admit_waiting(broker *b)
  * micro_batches groups of about equal size: a step takes at most
  * ceil(running / micro_batches) items, and a handful of READY jobs is not
  * sent alone while more are about to become READY (their step is being
- * computed or sampled) - they join the next group instead. Without that
- * wait a job that once fell out of step rides alone forever: measured, 32
- * jobs ran as steps of 16 + 15 + 1, and the 1-row step cost a third of a
- * full one. A worker that has nothing in flight and nothing being sampled
- * always gets whatever is READY. */
+ * computed or sampled, or their candidates are at the stop stage) - they
+ * join the next group instead. Without that wait a job that once fell out
+ * of step rides alone forever: measured, 32 jobs ran as steps of 16 + 15 +
+ * 1, and the 1-row step cost a third of a full one. A worker with nothing
+ * in flight and no job about to become READY gets whatever is READY. */
 static uint32_t step_size(broker *b, int wi)
 {
     const bworker *w = &b->workers[wi];
-    uint32_t ready = 0, sampling = 0;
+    uint32_t ready = 0, coming = 0;
     for (uint32_t i = 0; i < b->jobs_cap; i++) {
         const bjob *j = &b->jobs[i];
         if (j->state != J_RUNNING || j->fwd != wi)
             continue;
         ready += j->phase == P_READY && !j->cancel;
-        sampling += j->phase == P_SAMPLE;
+        coming += j->phase == P_SAMPLE || j->phase == P_STOP;
     }
     uint32_t mb = (uint32_t)b->cfg->micro_batches;
     uint32_t group = ((uint32_t)w->n_fwd + mb - 1) / mb;
@@ -415,7 +415,7 @@ static uint32_t step_size(broker *b, int wi)
         group = 1;
     if (!ready)
         return 0;
-    if (ready * 2 >= group || (w->steps_inflight == 0 && sampling == 0))
+    if (ready * 2 >= group || (w->steps_inflight == 0 && coming == 0))
         return group;
     return 0;
 }
