@@ -14,6 +14,9 @@ if [ ! -r "$TP_MODELS/stories260K.bin" ]; then
 fi
 export TP_BUILD_DIR=$(cd "$BUILD" && pwd)
 PY=/usr/bin/python3   # Debian's python, where python3-zmq/msgpack live
+# A hung test is a failure with its name, not a CI run that never ends
+# (the slowest binary takes well under a minute, ASan included).
+LIMIT=${TP_TEST_TIMEOUT:-300}
 
 passed=0; failed=0; failed_names=()
 log=$(mktemp); trap 'rm -f "$log"' EXIT
@@ -37,7 +40,8 @@ for t in "$BUILD"/tests/*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   echo "== $name"
-  "$t" >"$log" 2>&1; rc=$?
+  timeout -k 10 "$LIMIT" "$t" >"$log" 2>&1; rc=$?
+  [ "$rc" -eq 124 ] && echo "run-tests: $name did not finish in ${LIMIT}s" >>"$log"
   cat "$log"
   count "$name" "$rc"
 done
@@ -45,7 +49,8 @@ done
 for t in tests/*_test.py; do
   [ -e "$t" ] || continue
   echo "== $t"
-  "$PY" -m unittest -v "$t" >"$log" 2>&1; rc=$?
+  timeout -k 10 "$LIMIT" "$PY" -m unittest -v "$t" >"$log" 2>&1; rc=$?
+  [ "$rc" -eq 124 ] && echo "run-tests: $t did not finish in ${LIMIT}s" >>"$log"
   cat "$log"
   count "$t" "$rc"
 done
