@@ -18,6 +18,7 @@
 #include "tokpipe/forward.h"
 #include "tokpipe/synth.h"
 #include "support/blas_env.h"
+#include "support/timing.h"
 
 #define PROMPT_LEN 16
 #define MAX_POS 160
@@ -27,25 +28,6 @@
 #define NK 2      /* kernels compared: invariant, openblas */
 
 static const tp_fwd_kernel KERNELS[NK] = {TP_FWD_KERNEL_INVARIANT, TP_FWD_KERNEL_OPENBLAS};
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 static void die(const char *what, const tp_err *e)
 {
@@ -161,14 +143,14 @@ static double naive_decode(const tp_model *m, matvec_fn mv, int steps)
         naive_step(&s, 1 + p, p, mv);
     double tps[SAMPLES];
     for (int k = 0; k < SAMPLES; k++) { /* every sample decodes the same positions */
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < steps; i++)
             naive_step(&s, 100 + i, PROMPT_LEN + i, mv);
-        tps[k] = steps / (now() - t0);
+        tps[k] = steps / (bench_now() - t0);
     }
     free(s.x); free(s.xb); free(s.xb2); free(s.q); free(s.hb); free(s.hb2); free(s.att);
     free(s.logits); free(s.kc); free(s.vc);
-    return median(tps, SAMPLES);
+    return bench_median(tps, SAMPLES);
 }
 
 /* ---- the batched forward ----------------------------------------------- */
@@ -210,7 +192,7 @@ static void fwd_decode(tp_forward *f, int B, int steps, float *logits, double *t
     for (int k = -1; k < SAMPLES; k++) /* sample -1 warms up */
         for (int ki = 0; ki < NK; ki++) {
             use_kernel(f, KERNELS[ki]);
-            double t0 = now();
+            double t0 = bench_now();
             for (int s = 0; s < steps; s++) {
                 for (int b = 0; b < B; b++) { /* every sample decodes the same positions */
                     toks[b] = 100 + b + s;
@@ -220,13 +202,13 @@ static void fwd_decode(tp_forward *f, int B, int steps, float *logits, double *t
                     die("decode", &e);
             }
             if (k >= 0)
-                tps[ki][k] = (double)B * steps / (now() - t0);
+                tps[ki][k] = (double)B * steps / (bench_now() - t0);
             settle(f, KERNELS[ki]);
         }
     for (int b = 0; b < B; b++)
         tp_forward_seq_close(f, sid[b]);
     for (int ki = 0; ki < NK; ki++)
-        tps_out[ki] = median(tps[ki], SAMPLES);
+        tps_out[ki] = bench_median(tps[ki], SAMPLES);
 }
 
 /* Prefill tok/s of each kernel: one PREFILL_LEN-token chunk per sample,
@@ -245,15 +227,15 @@ static void fwd_prefill(tp_forward *f, float *logits, double *tps_out)
             if (tp_forward_seq_open(f, &sid, &e))
                 die("seq_open", &e);
             tp_fwd_item it = {sid, 0, toks, PREFILL_LEN, false};
-            double t0 = now();
+            double t0 = bench_now();
             if (tp_forward_step(f, &it, 1, logits, &e))
                 die("prefill", &e);
-            tps[ki][r] = PREFILL_LEN / (now() - t0);
+            tps[ki][r] = PREFILL_LEN / (bench_now() - t0);
             tp_forward_seq_close(f, sid);
             settle(f, KERNELS[ki]);
         }
     for (int ki = 0; ki < NK; ki++)
-        tps_out[ki] = median(tps[ki], SAMPLES);
+        tps_out[ki] = bench_median(tps[ki], SAMPLES);
 }
 
 static void print_pair(const char *what, const double *tps, double b1, double naive)

@@ -26,6 +26,7 @@
 #include "tokpipe/stop.h"
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zwire.h"
+#include "support/timing.h"
 
 #define PROMPT_LEN 16
 #define MAX_TOKENS 64
@@ -39,24 +40,11 @@ typedef struct run_stats {
     double ttft_p50, ttft_p99, itl_p50, itl_p99;   /* ms */
 } run_stats;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double pct(double *v, size_t n, double p)
 {
     if (!n)
         return 0;
-    qsort(v, n, sizeof *v, cmp_d);
+    qsort(v, n, sizeof *v, bench_cmp_double);
     size_t i = (size_t)(p * (double)(n - 1) + 0.5);
     return v[i];
 }
@@ -109,7 +97,7 @@ static int in_process(const tp_model *m, const tp_tokenizer *tok, int n_jobs, ru
     float *logits = malloc((size_t)n_jobs * (size_t)vocab * sizeof *logits);
     tp_fwd_item *items = calloc((size_t)n_jobs, sizeof *items);
     int *slot_of = calloc((size_t)n_jobs, sizeof *slot_of);
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int j = 0; j < n_jobs; j++) {
         ijob *J = &jobs[j];
         memset(J, 0, sizeof *J);
@@ -145,7 +133,7 @@ static int in_process(const tp_model *m, const tp_tokenizer *tok, int n_jobs, ru
             fprintf(stderr, "bench: %s\n", e.msg);
             return -1;
         }
-        double t = now_s();
+        double t = bench_now();
         for (int i = 0; i < n; i++) {
             if (items[i].skip_logits)
                 continue;
@@ -168,7 +156,7 @@ static int in_process(const tp_model *m, const tp_tokenizer *tok, int n_jobs, ru
             }
         }
     }
-    *out = summarize(t0, now_s(), times, n_tok, n_jobs);
+    *out = summarize(t0, bench_now(), times, n_tok, n_jobs);
     for (int j = 0; j < n_jobs; j++) {
         tp_sampler_free(jobs[j].smp);
         tp_detok_free(jobs[j].dt);
@@ -286,7 +274,7 @@ static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
     static double times[MAX_JOBS][MAX_TOKENS];
     static int n_tok[MAX_JOBS];
     memset(n_tok, 0, sizeof n_tok);
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int j = 0; j < n_jobs; j++)
         if (submit(d, j, prefix))
             return -1;
@@ -305,7 +293,7 @@ static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
         }
         if (!(it[0].revents & ZMQ_POLLIN) || tp_zmsg_recv(d->sub, &z, 0))
             continue;
-        double t = now_s();
+        double t = bench_now();
         tp_msg ev;
         tp_err e;
         if (tp_proto_decode(TP_FAM_EVT, z.f, z.n, &ev, &e) == 0 && ev.cmd != TP_CMD_HEARTBEAT) {
@@ -321,7 +309,7 @@ static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
         tp_msg_clear(&ev);
         tp_zmsg_close(&z);
     }
-    *out = summarize(t0, now_s(), times, n_tok, n_jobs);
+    *out = summarize(t0, bench_now(), times, n_tok, n_jobs);
     return 0;
 }
 
@@ -329,7 +317,7 @@ static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
 
 static int med_cmp(const void *a, const void *b)
 {
-    return cmp_d(&((const run_stats *)a)->tok_s, &((const run_stats *)b)->tok_s);
+    return bench_cmp_double(&((const run_stats *)a)->tok_s, &((const run_stats *)b)->tok_s);
 }
 
 static void print_row(const char *what, int n, const run_stats *s, double base)

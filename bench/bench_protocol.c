@@ -12,16 +12,10 @@
 #include <time.h>
 
 #include "tokpipe/protocol.h"
+#include "support/timing.h"
 
 #define ITEMS 64
 #define VOCAB 512
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static volatile uint64_t sink;
 
@@ -71,18 +65,18 @@ typedef struct row {
 
 static double time_codec(const row *r, int iters)
 {
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int i = 0; i < iters; i++)
         codec_once(&r->m);
-    return (now_s() - t0) / iters * 1e9;
+    return (bench_now() - t0) / iters * 1e9;
 }
 
 static double time_base(const row *r, int iters)
 {
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int i = 0; i < iters; i++)
         array_once(r->base_vals, r->base_n, r->base_text);
-    return (now_s() - t0) / iters * 1e9;
+    return (bench_now() - t0) / iters * 1e9;
 }
 
 int main(void)

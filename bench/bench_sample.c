@@ -23,6 +23,7 @@
 #include "tokpipe/model.h"
 #include "tokpipe/sampler.h"
 #include "tokpipe/synth.h"
+#include "support/timing.h"
 
 #define ROWS 16      /* logit rows per set: 16 consecutive decode positions */
 #define SAMPLES 7    /* each figure is the median of this many timed runs */
@@ -51,25 +52,6 @@ static const config CONFIGS[] = {
     {"rep 1.1/64, temp 0.8", 0.8f, 1.0f, 0.0f, 1.1f, 0},
 };
 #define N_CONFIGS (sizeof CONFIGS / sizeof CONFIGS[0])
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 static void die(const char *what, const tp_err *e)
 {
@@ -282,7 +264,7 @@ static double run_tokpipe(const logit_set *set, const config *c, int reps)
     tp_err e;
     if (tp_sampler_new(&p, set->vocab, prompt, WINDOW, &s, &e))
         die("tp_sampler_new", &e);
-    double t0 = now();
+    double t0 = bench_now();
     for (int k = 0; k < reps; k++)
         for (int r = 0; r < ROWS; r++) {
             int32_t t;
@@ -290,7 +272,7 @@ static double run_tokpipe(const logit_set *set, const config *c, int reps)
                 tp_sampler_accept(s, t, &e))
                 die("tp_sampler_sample", &e);
         }
-    double ns = (now() - t0) * 1e9 / ((double)reps * ROWS);
+    double ns = (bench_now() - t0) * 1e9 / ((double)reps * ROWS);
     tp_sampler_free(s);
     return ns;
 }
@@ -305,7 +287,7 @@ static double run_reference(const logit_set *set, const config *c, int reps)
     for (int i = 0; i < WINDOW; i++)
         r.hist[i] = set->ids[i % ROWS];
     r.n_hist = WINDOW;
-    double t0 = now();
+    double t0 = bench_now();
     volatile int sink = 0;
     for (int k = 0; k < reps; k++)
         for (int i = 0; i < ROWS; i++) {
@@ -314,7 +296,7 @@ static double run_reference(const logit_set *set, const config *c, int reps)
             r.hist[WINDOW - 1] = t;
             sink += t;
         }
-    double ns = (now() - t0) * 1e9 / ((double)reps * ROWS);
+    double ns = (bench_now() - t0) * 1e9 / ((double)reps * ROWS);
     free(r.x);
     free(r.pi);
     return ns;
@@ -338,7 +320,7 @@ static void bench_set(const logit_set *set)
             ref[s] = run_reference(set, c, reps_ref);
             ours[s] = run_tokpipe(set, c, reps_ours);
         }
-        double o = median(ours, SAMPLES), b = median(ref, SAMPLES);
+        double o = bench_median(ours, SAMPLES), b = bench_median(ref, SAMPLES);
         printf("  %-22s %12.0f %14.0f %7.1fx\n", c->name, o, b, b / o);
     }
 }

@@ -18,6 +18,7 @@
 
 #include "tokpipe/stop.h"
 #include "tokpipe/utf8.h"
+#include "support/timing.h"
 
 #define N_TOKENS 4096
 #define WINDOW 64
@@ -38,13 +39,6 @@ static char rnd_char(void)
 {
     uint32_t r = rnd(27);
     return r == 26 ? ' ' : (char)('a' + r);
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 struct piece {
@@ -103,16 +97,16 @@ static double run_tokpipe(const struct stops *st, double *build_ms, size_t *publ
                           .max_tokens = TP_STOP_NO_LIMIT, .max_stop_strings = st->n};
     tp_stop *s;
     tp_err err;
-    double t0 = now();
+    double t0 = bench_now();
     if (tp_stop_new(&cfg, &s, &err)) {
         fprintf(stderr, "bench_stop: %s\n", err.msg);
         exit(1);
     }
-    *build_ms = (now() - t0) * 1e3;
+    *build_ms = (bench_now() - t0) * 1e3;
     tp_stop_step step;
-    t0 = now();
+    t0 = bench_now();
     for (size_t i = 0; i < N_TOKENS; i++) tp_stop_feed(s, 1000, tokens[i].b, tokens[i].n, &step);
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     if (tp_stop_finish_reason(s) != TP_FINISH_NONE) {
         fprintf(stderr, "bench_stop: a random stop matched; change the seed\n");
         exit(1);
@@ -129,7 +123,7 @@ static double run_seed(const struct stops *st, bool validate, size_t *hits)
 {
     static uint8_t buf[(WINDOW + 1) * MAX_PIECE];
     *hits = 0;
-    double t0 = now();
+    double t0 = bench_now();
     for (size_t i = 0; i < N_TOKENS; i++) {
         size_t first = i > WINDOW ? i - WINDOW : 0, n = 0;
         for (size_t k = first; k <= i; k++) {
@@ -140,7 +134,7 @@ static double run_seed(const struct stops *st, bool validate, size_t *hits)
         for (size_t j = 0; j < st->n; j++)
             if (st->len[j] <= n && !memcmp(buf + n - st->len[j], st->s[j], st->len[j])) (*hits)++;
     }
-    return (now() - t0) * 1e9 / N_TOKENS;
+    return (bench_now() - t0) * 1e9 / N_TOKENS;
 }
 
 static double best_of(int reps, double (*fn)(const struct stops *, double *, size_t *),

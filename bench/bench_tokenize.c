@@ -16,13 +16,7 @@
 
 #include "tokpipe/sampler.h"
 #include "tokpipe/tokenizer.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "support/timing.h"
 
 static const char STORY[] =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -135,18 +129,18 @@ static void bench_encode(const char *models)
         int *ids = malloc(sizeof *ids * (len + 2)), *ref = malloc(sizeof *ref * (len + 2));
         size_t n = 0;
         int reps = len > 10000 ? 3 : 20;
-        double t0 = now();
+        double t0 = bench_now();
         for (int r = 0; r < reps; r++)
             tp_tokenizer_encode(t, text, len, false, ids, len + 2, &n, NULL);
-        double ours = (now() - t0) / reps;
+        double ours = (bench_now() - t0) / reps;
         printf("encode %6zu bytes -> %5zu tokens: %8.3f ms (%.1f MB/s)", len, n, ours * 1e3,
                len / ours / 1e6);
         if (len <= 4000) {
-            t0 = now();
+            t0 = bench_now();
             size_t nn = 0;
             for (int r = 0; r < 3; r++)
                 nn = naive_encode(&v, text, len, ref);
-            double base = (now() - t0) / 3;
+            double base = (bench_now() - t0) / 3;
             int same = nn == n && !memcmp(ids, ref, sizeof *ids * n);
             printf("   llama2.c O(n^2) baseline %8.3f ms: %.1fx faster%s", base * 1e3,
                    base / ours, same ? "" : "  (IDS DIFFER!)");
@@ -235,22 +229,22 @@ static void bench_sampler(void)
         prm.repetition_penalty = 1.1f; /* the window is part of the per-call cost */
         tp_sampler *s = NULL;
         tp_sampler_new(&prm, V, NULL, 0, &s, NULL);
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < CALLS; i++) {
             int32_t tok;
             tp_sampler_sample(s, logits, &tok, NULL);
             tp_sampler_accept(s, tok, NULL);
         }
         printf("sample V=%d %-14s %7.1f us/token\n", V, cases[c].name,
-               (now() - t0) / CALLS * 1e6);
+               (bench_now() - t0) / CALLS * 1e6);
         tp_sampler_free(s);
     }
-    double t0 = now();
+    double t0 = bench_now();
     volatile int sink = 0;
     for (int i = 0; i < CALLS; i++)
         sink += llama2c_topp(logits, p, idx, V, 0.9f, (float)((i * 0.618034) - (int)(i * 0.618034)));
     printf("sample V=%d llama2.c top-p 0.9 baseline %7.1f us/token\n", V,
-           (now() - t0) / CALLS * 1e6);
+           (bench_now() - t0) / CALLS * 1e6);
     free(logits);
     free(p);
     free(idx);
