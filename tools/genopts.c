@@ -82,6 +82,7 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
         "--min-p", "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
         "--seed", "--stop", "--stop-id", "--penalty-window",
     };
+    _Static_assert(sizeof valued / sizeof *valued == GO_PENALTY_WINDOW + 1, "valued[] follows genopt_flag");
     size_t k = 0;
     while (k < sizeof valued / sizeof *valued && strcmp(a, valued[k]))
         k++;
@@ -93,35 +94,32 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
     int rc = 0;
     o->given |= 1u << k;
     switch (k) {
-    case 0:
+    case GO_PROMPT:
         if (o->n_prompts == GENOPTS_MAX_PROMPTS)
             return tp_err_set(err, TP_ERANGE, "--prompt: at most %d prompts", GENOPTS_MAX_PROMPTS);
         o->prompts[o->n_prompts++] = v;
         break;
-    case 1: rc = parse_i32(a, v, &o->max_tokens, err); break;
-    case 2: rc = parse_i32(a, v, &o->min_tokens, err); break;
-    case 3: rc = parse_float(a, v, &o->temperature, err); break;
-    case 4: rc = parse_float(a, v, &o->top_p, err); break;
-    case 5: rc = parse_i32(a, v, &o->top_k, err); break;
-    case 6: rc = parse_float(a, v, &o->min_p, err); break;
-    case 7: rc = parse_float(a, v, &o->repetition_penalty, err); break;
-    case 8: rc = parse_float(a, v, &o->presence_penalty, err); break;
-    case 9: rc = parse_float(a, v, &o->frequency_penalty, err); break;
-    case 10:
-        rc = parse_seed(v, &o->seed, err);
-        o->seed_given = true;
-        break;
-    case 11:
+    case GO_MAX_TOKENS: rc = parse_i32(a, v, &o->max_tokens, err); break;
+    case GO_MIN_TOKENS: rc = parse_i32(a, v, &o->min_tokens, err); break;
+    case GO_TEMPERATURE: rc = parse_float(a, v, &o->temperature, err); break;
+    case GO_TOP_P: rc = parse_float(a, v, &o->top_p, err); break;
+    case GO_TOP_K: rc = parse_i32(a, v, &o->top_k, err); break;
+    case GO_MIN_P: rc = parse_float(a, v, &o->min_p, err); break;
+    case GO_REPETITION_PENALTY: rc = parse_float(a, v, &o->repetition_penalty, err); break;
+    case GO_PRESENCE_PENALTY: rc = parse_float(a, v, &o->presence_penalty, err); break;
+    case GO_FREQUENCY_PENALTY: rc = parse_float(a, v, &o->frequency_penalty, err); break;
+    case GO_SEED: rc = parse_seed(v, &o->seed, err); break;
+    case GO_STOP:
         if (o->n_stops == GENOPTS_MAX_STOPS)
             return tp_err_set(err, TP_ERANGE, "--stop: at most %d stop strings", GENOPTS_MAX_STOPS);
         o->stops[o->n_stops++] = v;
         break;
-    case 12:
+    case GO_STOP_ID:
         if (o->n_stop_ids == GENOPTS_MAX_STOPS)
             return tp_err_set(err, TP_ERANGE, "--stop-id: at most %d stop ids", GENOPTS_MAX_STOPS);
         rc = parse_i32(a, v, &o->stop_ids[o->n_stop_ids++], err);
         break;
-    case 13: {
+    case GO_PENALTY_WINDOW: {
         long long w = 0;
         rc = parse_i64(a, v, 0, TP_SAMPLER_MAX_PENALTY_WINDOW, &w, err);
         o->penalty_window = (int32_t)w;

@@ -37,7 +37,6 @@ typedef struct genopts {
     float frequency_penalty;
     int32_t penalty_window;
     uint64_t seed;
-    bool seed_given;
     const char *stops[GENOPTS_MAX_STOPS];
     size_t n_stops;
     int32_t stop_ids[GENOPTS_MAX_STOPS];
