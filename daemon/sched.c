@@ -390,34 +390,38 @@ static void admit_waiting(broker *b)
 /* Should forward worker wi get a new step now, and of at most how many
  * items? A step of a few rows costs nearly as much as a full one (every
  * weight is read once per step), so the running jobs are kept in
- * micro_batches groups of about equal size: a step takes at most
- * ceil(running / micro_batches) items, and a handful of READY jobs is not
- * sent alone while more are about to become READY (their step is being
- * computed or sampled, or their candidates are at the stop stage) - they
- * join the next group instead. Without that wait a job that once fell out
- * of step rides alone forever: measured, 32 jobs ran as steps of 16 + 15 +
- * 1, and the 1-row step cost a third of a full one. A worker with nothing
- * in flight and no job about to become READY gets whatever is READY. */
+ * micro_batches groups of equal size: no step takes more than
+ * ceil(running / micro_batches) items, the jobs not in a step now are
+ * shared by the steps that may still be sent, and a step waits until its
+ * share is READY - jobs being sampled or waiting for a stop verdict join
+ * it rather than riding alone in a later step. A looser rule (send once
+ * half a group is READY) let 16 jobs settle into three steps per cycle,
+ * 8 + 4 + 4 or 8 + 7 + 1; without any rule 32 jobs ran as 16 + 15 + 1,
+ * and the 1-row step cost a third of a full one. With no job about to
+ * become READY and nothing in flight, whatever is READY goes. */
 static uint32_t step_size(broker *b, int wi)
 {
     const bworker *w = &b->workers[wi];
-    uint32_t ready = 0, coming = 0;
+    uint32_t ready = 0, coming = 0, computing = 0;
     for (uint32_t i = 0; i < b->jobs_cap; i++) {
         const bjob *j = &b->jobs[i];
         if (j->state != J_RUNNING || j->fwd != wi)
             continue;
         ready += j->phase == P_READY && !j->cancel;
         coming += j->phase == P_SAMPLE || j->phase == P_STOP;
+        computing += j->phase == P_FORWARD;
     }
-    uint32_t mb = (uint32_t)b->cfg->micro_batches;
-    uint32_t group = ((uint32_t)w->n_fwd + mb - 1) / mb;
-    if (group < 1)
-        group = 1;
     if (!ready)
         return 0;
-    if (ready * 2 >= group || (w->steps_inflight == 0 && coming == 0))
-        return group;
-    return 0;
+    uint32_t free_steps = (uint32_t)(b->cfg->micro_batches - w->steps_inflight);
+    uint32_t left = (uint32_t)w->n_fwd > computing ? (uint32_t)w->n_fwd - computing : ready;
+    uint32_t mb = (uint32_t)b->cfg->micro_batches, group = ((uint32_t)w->n_fwd + mb - 1) / mb;
+    uint32_t share = (left + free_steps - 1) / free_steps;
+    if (share > group)   /* an uneven split (1 + 31) evens out over a cycle */
+        share = group;
+    if (ready >= share)
+        return share;
+    return w->steps_inflight == 0 && coming == 0 ? ready : 0;
 }
 
 /* Add j to the step being built; returns the tokens it takes. */
