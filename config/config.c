@@ -91,6 +91,14 @@ static const struct key keys[] = {
     KS("security.server_public_key", server_public_key),
     KS("security.authorized_keys", authorized_keys),
     KS("security.client_secret_key", client_secret_key),
+    KB("http.enabled", http_enabled),
+    KS("http.listen", http_listen),
+    KI("http.port", http_port, 1, 65535),
+    KS("http.api_key_file", http_api_key_file),
+    KS("http.model_name", http_model_name),
+    KI("http.max_connections", http_max_connections, 1, 65536),
+    KI("http.max_body_bytes", http_max_body_bytes, 1024, 64 << 20),
+    KI("http.timeout_ms", http_timeout_ms, 100, 600000),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -120,7 +128,8 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
         {OFF(model_path), "../shared/models/stories260K.bin"},
         {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(worker_binary), ""},
         {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
-        {OFF(client_secret_key), ""},
+        {OFF(client_secret_key), ""}, {OFF(http_listen), "127.0.0.1"},
+        {OFF(http_api_key_file), ""}, {OFF(http_model_name), ""},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (set_str((char **)((char *)cfg + strs[i].off), strs[i].v, err)) {
@@ -162,6 +171,11 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->reconnect_init_ms = 100;
     cfg->reconnect_max_ms = 8000;
     cfg->drain_timeout_ms = 10000;
+    cfg->http_enabled = true;
+    cfg->http_port = 8080;
+    cfg->http_max_connections = 256;
+    cfg->http_max_body_bytes = 8 << 20;
+    cfg->http_timeout_ms = 10000;
     return 0;
 }
 
@@ -172,7 +186,8 @@ void tp_config_free(tp_config *cfg)
     char **strs[] = {&cfg->source, &cfg->runtime_dir, &cfg->ep_front, &cfg->ep_back,
                      &cfg->ep_events, &cfg->ep_publish, &cfg->model_path, &cfg->tokenizer_path,
                      &cfg->worker_binary, &cfg->server_secret_key, &cfg->server_public_key,
-                     &cfg->authorized_keys, &cfg->client_secret_key};
+                     &cfg->authorized_keys, &cfg->client_secret_key, &cfg->http_listen,
+                     &cfg->http_api_key_file, &cfg->http_model_name};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         free(*strs[i]);
     for (size_t i = 0; i < cfg->n_fuse; i++)

@@ -122,7 +122,7 @@ typedef struct bstats {
 /* ---- spawned worker processes ------------------------------------------------- */
 
 typedef struct bchild {
-    unsigned stages;
+    unsigned stages;                /* 0: the HTTP gateway (tokpipe-http) */
     int index;                      /* instance number within its group */
     pid_t pid;                      /* 0 = not running */
     int backoff_ms;

@@ -9,6 +9,7 @@ PKGS=(
   libcjson-dev libcmocka-dev
   python3 python3-zmq python3-msgpack python3-sentencepiece
   systemd
+  libmicrohttpd-dev curl prometheus nodejs npm
 )
 
 missing=()

@@ -90,6 +90,16 @@ typedef struct tp_config {
     char *server_public_key;   /* clients and workers (the broker checks it) */
     char *authorized_keys;     /* broker: client public keys admitted */
     char *client_secret_key;   /* clients and workers */
+
+    /* http: the OpenAI-compatible gateway (bin/tokpipe-http) */
+    bool http_enabled;         /* tokpiped spawns and supervises the gateway */
+    char *http_listen;         /* IPv4 address to bind, e.g. "127.0.0.1" */
+    int http_port;
+    char *http_api_key_file;   /* "" = no Authorization required */
+    char *http_model_name;     /* id in /v1/models; "" = model file's base name */
+    int http_max_connections;
+    int http_max_body_bytes;
+    int http_timeout_ms;       /* broker reply wait before answering 503 */
 } tp_config;
 
 /* Fill *cfg with the built-in defaults (no file read; endpoints empty until
