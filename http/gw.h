@@ -101,6 +101,7 @@ typedef struct gw {
     gw_call *inbox, *inbox_tail;   /* calls for the bridge */
     int wake_fd;                   /* eventfd: inbox non-empty or quit */
     bool stopping;                 /* refuse new work (503) */
+    int open_calls;                /* calls whose connection MHD still serves */
     gw_counters counters;
     uint64_t next_call_no;
 

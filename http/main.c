@@ -13,6 +13,8 @@
 
 #include "gw.h"
 
+#define SHUTDOWN_FLUSH_MS 5000   /* at most this long for open answers to go out */
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -177,8 +179,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpipe-http: wake: %s\n", strerror(errno));
     if (bridge_started)
         pthread_join(bridge, NULL);
-    if (g.mhd) {
-        struct timespec ts = {0, 100 * 1000000L};   /* let the last answers go out */
+    /* let the last answers (a long stream's queued events) reach their
+     * clients before MHD closes the sockets */
+    for (int waited = 0; g.mhd && waited < SHUTDOWN_FLUSH_MS; waited += 20) {
+        pthread_mutex_lock(&g.lock);
+        int open = g.open_calls;
+        pthread_mutex_unlock(&g.lock);
+        if (!open)
+            break;
+        struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
     gw_server_stop(&g);

@@ -227,6 +227,9 @@ static enum MHD_Result start_call(gw *g, struct MHD_Connection *conn, conn_state
         return send_error(g, conn, 503, "the gateway is shutting down", NULL, NULL);
     }
     st->call = c;
+    pthread_mutex_lock(&g->lock);
+    g->open_calls++;
+    pthread_mutex_unlock(&g->lock);
     /* suspended before the bridge can resume it: it resumes only under
      * gw.lock with suspended set */
     pthread_mutex_lock(&g->lock);
@@ -321,6 +324,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         pthread_mutex_lock(&g->lock);
         st->call->http_done = true;
         st->call->suspended = false;
+        g->open_calls--;
         gw_call_unref(st->call);
         pthread_mutex_unlock(&g->lock);
         uint64_t one = 1;   /* the bridge cancels what still runs */
