@@ -19,6 +19,7 @@
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/zsec.h"
+#include "metrics.h"
 
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
@@ -102,6 +103,7 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
+    uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
 typedef struct bstats {
@@ -165,6 +167,7 @@ typedef struct broker {
     uint64_t next_seqno, next_task, next_step, next_auto_id;
 
     bstats stats;
+    bmetrics metrics;               /* histograms for STATS (metrics.c) */
     bcols cols;
 
     bchild *children;

@@ -344,6 +344,24 @@ static void triggers(gw_buf *b, const tp_m_stats_reply *s)
     free(t);
 }
 
+/* A broker histogram (µs buckets) as a Prometheus histogram in seconds:
+ * cumulative _bucket{le} series, +Inf, _sum and _count. */
+static void histogram(gw_buf *b, const char *name, const char *help, const tp_hist *h)
+{
+    family(b, name, "histogram", help);
+    char line[192];
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h->n_bounds; i++) {
+        cum += h->buckets[i];
+        int n = snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name,
+                         (double)h->bounds_us[i] / 1e6, cum);
+        gw_buf_add(b, line, (size_t)n);
+    }
+    int n = snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n%s_sum %.6f\n%s_count %" PRIu64 "\n",
+                     name, h->count, name, (double)h->sum_us / 1e6, name, h->count);
+    gw_buf_add(b, line, (size_t)n);
+}
+
 static const char *const reason_names[TP_REASON_COUNT] = {"none", "stop_string", "stop_token", "eos",
                                                           "length", "cancelled", "error"};
 
@@ -380,6 +398,18 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     one(&b, "tokpipe_forward_rows_total", "counter", "Sequences in those STEPs (rows / steps = mean batch)",
         s->forward_rows);
     one(&b, "tokpipe_forward_tokens_total", "counter", "Tokens in those STEPs (decode + prefill)", s->forward_tokens);
+    one(&b, "tokpipe_jobs_running", "gauge", "Jobs admitted to workers now", s->jobs_running);
+    one(&b, "tokpipe_jobs_waiting", "gauge", "Jobs tokenizing or waiting for admission now", s->jobs_waiting);
+    one(&b, "tokpipe_kv_slots_used", "gauge", "KV cache slots (sequences) held by forward workers", s->kv_slots_used);
+    one(&b, "tokpipe_kv_slots_capacity", "gauge", "KV cache slots of the live forward workers", s->kv_slots_total);
+    histogram(&b, "tokpipe_queue_time_seconds", "Time from SUBMIT to a job's first forward step",
+              &s->hist[TP_HIST_QUEUE]);
+    histogram(&b, "tokpipe_time_to_first_token_seconds", "Time from SUBMIT to a job's first accepted token",
+              &s->hist[TP_HIST_TTFT]);
+    histogram(&b, "tokpipe_inter_token_latency_seconds", "Time between a job's token events, per token",
+              &s->hist[TP_HIST_ITL]);
+    histogram(&b, "tokpipe_e2e_request_latency_seconds", "Time from SUBMIT to a job's finish",
+              &s->hist[TP_HIST_E2E]);
     one(&b, "tokpipe_zap_refused_total", "counter", "CURVE handshakes refused (client key not authorized)",
         s->zap_refused);
     family(&b, "tokpipe_http_responses_total", "counter", "Responses of this gateway by status class");

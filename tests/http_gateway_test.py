@@ -296,6 +296,23 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             old = metric(before, name, labels) if (name + "{" + labels) in before or not labels else 0
             self.assertGreaterEqual(metric(after, name, labels) - old, delta, name)
         self.assertEqual(metric(after, "tokpipe_workers", 'stage="forward"'), 1)
+        # the broker's histograms and gauges (STATS) reach /metrics
+        n = r["usage"]["completion_tokens"]
+        for name, delta in [("tokpipe_time_to_first_token_seconds_count", 1),
+                            ("tokpipe_e2e_request_latency_seconds_count", 1),
+                            ("tokpipe_queue_time_seconds_count", 1),
+                            ("tokpipe_inter_token_latency_seconds_count", n - 1)]:
+            self.assertGreaterEqual(metric(after, name) - metric(before, name), delta, name)
+            self.assertEqual(metric(after, name[:-6] + "_bucket", 'le="+Inf"'), metric(after, name), name)
+        self.assertEqual(metric(after, "tokpipe_kv_slots_capacity"), 64)
+        self.assertIn("tokpipe_jobs_running", after)
+        # and `tokpipe stats` shows the same histograms
+        out = subprocess.run([os.path.join(BIN, "tokpipe"), "stats", "--json", "--config", self.d.config],
+                             capture_output=True, text=True, check=True).stdout
+        st = json.loads(out)
+        self.assertEqual(st["histograms"]["ttft_us"]["count"],
+                         metric(after, "tokpipe_time_to_first_token_seconds_count"))
+        self.assertEqual(sum(st["histograms"]["e2e_us"]["buckets"]), st["histograms"]["e2e_us"]["count"])
 
     def test_health_and_models(self):
         st, body, _ = request(self.port, "GET", "/health")
