@@ -23,11 +23,12 @@
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
 #define B_CLOSING_GRACE_MS 3000
-/* A subscription is a topic plus at most 10 bytes of framing (a flag byte,
- * or ZMTP 3.1's "\x09SUBSCRIBE" command name); topics are job ids (or
- * "@heartbeat"), so a longer one is an attack on the broker's memory: its
- * connection is dropped by ZeroMQ before the message is read. */
-#define B_MAX_SUBSCRIPTION (16 + TP_PROTO_MAX_JOB_ID)
+/* Every message a subscriber sends is a subscription (a topic: a job id or
+ * "@heartbeat", 64 bytes at most, plus up to 10 of framing) or a handshake
+ * command (CURVE's INITIATE with its metadata is the largest, a few hundred
+ * bytes), so anything longer is an attack on the broker's memory: ZeroMQ
+ * drops that connection before reading the message. */
+#define B_MAX_SUBSCRIPTION 1024
 #define B_TRIM_IDLE_MS 10000          /* idle this long: give freed memory back to the system */
 #define B_BEAT_MIN_GAP_MS 10          /* extra heartbeats for new subscribers: at most one per this */
 #define B_RING 4                  /* candidates of one job awaiting stop verdicts */   /* wait this long for a FINISH event after the verdict */

@@ -221,6 +221,26 @@ class HostileClients(unittest.TestCase):
         print("\nbroker RSS grew %.1f MB over 4 x 1 MiB + 1 x 16 MiB subscriptions" % grown)
         self.assertLess(grown, 16, "oversize subscriptions were stored (%.1f MB)" % grown)
 
+    def test_floats_that_float32_cannot_hold_are_refused_like_the_command_line(self):
+        # checked as doubles, used as floats: these used to be ACKed 200 and
+        # then fail the job
+        cases = [("top_p", "--top-p", 1e-300), ("temperature", "--temperature", 1e300),
+                 ("repetition_penalty", "--repetition-penalty", 1e300),
+                 ("repetition_penalty", "--repetition-penalty", 1e-300),
+                 ("min_p", "--min-p", -1e-300)]
+        models = os.path.abspath(MODELS)
+        for key, flag, v in cases:
+            rep = self.c.submit("f-%d" % self.c.req, **{key: v})
+            self.assertEqual(rep["status"], 400, "%s=%g: %r" % (key, v, rep))
+            self.assertEqual(rep.get("field"), "params." + key, rep)
+            wire = rep["error"].split(": ", 1)[1]
+            p = subprocess.run([os.path.join(BIN, "tokpipe"), "run", "--model", os.path.join(models, "stories260K.bin"),
+                                "--tokenizer", os.path.join(models, "tok512.bin"), "--prompt", "hi",
+                                flag, repr(v)], capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(p.returncode, 0, "run accepted %s %r" % (flag, v))
+            self.assertIn(key + ": " + wire, p.stderr, "run and SUBMIT disagree on %s %r" % (flag, v))
+        self.assert_still_serving("float32 refusals")
+
     def test_a_job_id_long_subscription_still_gets_its_events(self):
         # the cap must not cut legitimate topics: a 64-byte job id
         job = "j" * 64
