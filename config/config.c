@@ -91,6 +91,8 @@ static const struct key keys[] = {
     KS("security.server_secret_key", server_secret_key),
     KS("security.server_public_key", server_public_key),
     KS("security.authorized_keys", authorized_keys),
+    KS("security.client_keys", client_keys),
+    KS("security.worker_keys", worker_keys),
     KS("security.client_secret_key", client_secret_key),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -121,7 +123,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
         {OFF(model_path), "../shared/models/stories260K.bin"},
         {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(worker_binary), ""},
         {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
-        {OFF(client_secret_key), ""},
+        {OFF(client_secret_key), ""}, {OFF(client_keys), ""}, {OFF(worker_keys), ""},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (set_str((char **)((char *)cfg + strs[i].off), strs[i].v, err)) {
@@ -174,7 +176,7 @@ void tp_config_free(tp_config *cfg)
     char **strs[] = {&cfg->source, &cfg->runtime_dir, &cfg->ep_front, &cfg->ep_back,
                      &cfg->ep_events, &cfg->ep_publish, &cfg->model_path, &cfg->tokenizer_path,
                      &cfg->worker_binary, &cfg->server_secret_key, &cfg->server_public_key,
-                     &cfg->authorized_keys, &cfg->client_secret_key};
+                     &cfg->authorized_keys, &cfg->client_secret_key, &cfg->client_keys, &cfg->worker_keys};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         free(*strs[i]);
     for (size_t i = 0; i < cfg->n_fuse; i++)

@@ -132,7 +132,7 @@ static bool ipc_in_use(const char *path)
     return live;
 }
 
-static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *rc)
+static void *make_socket(broker *b, int type, const char *ep, tp_zsec_role role, tp_err *err, int *rc)
 {
     void *s = zmq_socket(b->zctx, type);
     if (!s) {
@@ -163,7 +163,7 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         }
         unlink(ep + 6);   /* a stale socket file from a crashed run */
     }
-    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, err))) {
+    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, role, err))) {
         zmq_close(s);
         return NULL;
     }
@@ -197,10 +197,10 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     if ((rc = tp_zsec_server_new(b->zctx, cfg, zsec_log, b, &b->zsec, err)))
         return rc;
     rc = 0;
-    if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, err, &rc)) ||
-        !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, err, &rc)) ||
-        !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, err, &rc)) ||
-        !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, err, &rc)))
+    if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, TP_ZSEC_CLIENT, err, &rc)) ||
+        !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, TP_ZSEC_WORKER, err, &rc)) ||
+        !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, TP_ZSEC_WORKER, err, &rc)) ||
+        !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, TP_ZSEC_CLIENT, err, &rc)))
         return rc;
     /* The broker keeps every job's result, so it takes all events whatever
      * the subscribers ask for (their subscriptions are not forwarded). */

@@ -291,7 +291,7 @@ static void zap_admits_listed_keys_and_counts_the_others(void **state)
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
     int zero = 0;
     zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
-    if (tp_zsec_server_apply(s, router, "tcp://127.0.0.1:0", &e))
+    if (tp_zsec_server_apply(s, router, "tcp://127.0.0.1:0", TP_ZSEC_CLIENT, &e))
         fail_msg("apply: %s", e.msg);
     assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
     char ep[64];

@@ -89,7 +89,9 @@ typedef struct tp_config {
     bool curve;
     char *server_secret_key;   /* broker */
     char *server_public_key;   /* clients and workers (the broker checks it) */
-    char *authorized_keys;     /* broker: client public keys admitted */
+    char *authorized_keys;     /* broker: public keys admitted in both roles */
+    char *client_keys;         /* broker: keys admitted on front + events */
+    char *worker_keys;         /* broker: keys admitted on back + publish */
     char *client_secret_key;   /* clients and workers */
 } tp_config;
 
