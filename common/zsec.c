@@ -126,10 +126,34 @@ static int next_key(const char *path, const char **p, int *line, char key[TP_ZSE
     return 0;
 }
 
+/* ssh's StrictModes for the folder of a secret key: whoever may write the
+ * folder may replace the key with one they know. A sticky folder (/tmp)
+ * only lets owners replace their own files. */
+static int check_key_dir(const char *path, tp_err *err)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return tp_err_set(err, TP_ENOMEM, "%s: out of memory", path);
+    const char *d = dirname(copy);
+    struct stat st;
+    int rc = 0;
+    if (stat(d, &st))
+        rc = tp_err_set(err, TP_EIO, "%s: %s", d, strerror(errno));
+    else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+        rc = tp_err_set(err, TP_EINVAL,
+                        "%s: the folder of secret key %s has mode 0%03o: others could replace the key: refused "
+                        "(chmod go-w %s)", d, path, (unsigned)st.st_mode & 0777, d);
+    free(copy);
+    return rc;
+}
+
 int tp_zsec_read_key(const char *path, bool secret, char out[TP_ZSEC_KEY_LEN + 1], tp_err *err)
 {
     char *text;
-    int rc = slurp(path, secret ? 1 : 0, &text, err);
+    int rc = secret ? check_key_dir(path, err) : 0;
+    if (rc)
+        return rc;
+    rc = slurp(path, secret ? 1 : 0, &text, err);
     if (rc)
         return rc;
     const char *p = text;
