@@ -41,10 +41,10 @@ static void shipped_yaml_equals_builtin_defaults(void **state)
     assert_int_equal(tp_config_resolve(&b, &e), 0);
     const char *sa[] = {a.runtime_dir, a.ep_front, a.ep_back, a.ep_events, a.ep_publish,
                         a.model_path, a.tokenizer_path, a.worker_binary, a.server_secret_key,
-                        a.server_public_key, a.authorized_keys, a.client_secret_key};
+                        a.server_public_key, a.authorized_keys, a.client_secret_key, a.client_keys, a.worker_keys};
     const char *sb[] = {b.runtime_dir, b.ep_front, b.ep_back, b.ep_events, b.ep_publish,
                         b.model_path, b.tokenizer_path, b.worker_binary, b.server_secret_key,
-                        b.server_public_key, b.authorized_keys, b.client_secret_key};
+                        b.server_public_key, b.authorized_keys, b.client_secret_key, b.client_keys, b.worker_keys};
     for (size_t i = 0; i < sizeof sa / sizeof sa[0]; i++)
         if (strcmp(sa[i], sb[i]))
             fail_msg("string field %zu differs: file '%s' vs default '%s'", i, sa[i], sb[i]);
@@ -53,10 +53,12 @@ static void shipped_yaml_equals_builtin_defaults(void **state)
     /* compare every number at once: blank the pointers, which differ */
     char **pa[] = {&ca.source, &ca.runtime_dir, &ca.ep_front, &ca.ep_back, &ca.ep_events,
                    &ca.ep_publish, &ca.model_path, &ca.tokenizer_path, &ca.worker_binary,
-                   &ca.server_secret_key, &ca.server_public_key, &ca.authorized_keys, &ca.client_secret_key};
+                   &ca.server_secret_key, &ca.server_public_key, &ca.authorized_keys, &ca.client_secret_key,
+                   &ca.client_keys, &ca.worker_keys};
     char **pb[] = {&cb.source, &cb.runtime_dir, &cb.ep_front, &cb.ep_back, &cb.ep_events,
                    &cb.ep_publish, &cb.model_path, &cb.tokenizer_path, &cb.worker_binary,
-                   &cb.server_secret_key, &cb.server_public_key, &cb.authorized_keys, &cb.client_secret_key};
+                   &cb.server_secret_key, &cb.server_public_key, &cb.authorized_keys, &cb.client_secret_key,
+                   &cb.client_keys, &cb.worker_keys};
     for (size_t i = 0; i < sizeof pa / sizeof pa[0]; i++)
         *pa[i] = *pb[i] = NULL;
     ca.fuse = cb.fuse = NULL;
