@@ -70,7 +70,7 @@ static void usage(FILE *out)
           "Generates in this process, all prompts as one batch, and prints each\n"
           "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
           "line per prompt in the order given.\n\n"
-          "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
+          "  --model FILE             llama2.c checkpoint or GGUF (F32; llama, Llama 3, qwen2)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
           "  --threads N              compute threads, 1 or 2 (default 1)\n"
