@@ -52,8 +52,10 @@ static int write_config(harness *h, bool tcp, const char *extra)
     FILE *f = fopen(h->config, "w");
     if (!f)
         return -1;
-    fprintf(f, "runtime_dir: %s/rt\nmodel:\n  path: %s/stories260K.bin\n  tokenizer: %s/tok512.bin\n", h->dir,
-            h->models, h->models);
+    fprintf(f, "runtime_dir: %s/rt\n", h->dir);
+    /* stories260K unless the test brings its own model section */
+    if (!extra || (strncmp(extra, "model:", 6) && !strstr(extra, "\nmodel:")))
+        fprintf(f, "model:\n  path: %s/stories260K.bin\n  tokenizer: %s/tok512.bin\n", h->models, h->models);
     if (tcp) {
         int port[4];
         if (free_ports(port, 4)) {
