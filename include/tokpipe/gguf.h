@@ -24,8 +24,22 @@ enum {
     TP_GGUF_F64 = 12,
 };
 
-/* ggml tensor types this parser can size; others are listed with nbytes 0. */
-enum { TP_GGML_F32 = 0, TP_GGML_F16 = 1 };
+/* ggml tensor types this parser can size (ggml's numbering); others are
+ * listed with nbytes 0 and data NULL. Block layouts: see
+ * workers/forward/quant.h. */
+enum {
+    TP_GGML_F32 = 0, TP_GGML_F16 = 1, TP_GGML_Q4_0 = 2, TP_GGML_Q4_1 = 3, TP_GGML_Q5_0 = 6,
+    TP_GGML_Q5_1 = 7, TP_GGML_Q8_0 = 8, TP_GGML_Q4_K = 12, TP_GGML_Q5_K = 13, TP_GGML_Q6_K = 14,
+    TP_GGML_BF16 = 30,
+};
+
+/* ggml's name of a tensor type ("Q4_K", "IQ2_XS", ...), or NULL if ggml
+ * has no type of that number. Names types this reader cannot size too. */
+const char *tp_ggml_type_name(uint32_t type);
+
+/* Elements per block and bytes per block of a type this reader can size
+ * (the TP_GGML_* above); 0 for any other type. */
+int tp_ggml_type_block(uint32_t type, uint32_t *block_elems, uint32_t *block_bytes);
 
 #define TP_GGUF_MAX_DIMS 4
 
@@ -40,7 +54,9 @@ typedef struct tp_gguf_tensor {
     uint64_t dims[TP_GGUF_MAX_DIMS]; /* dims[0] varies fastest (ggml "ne") */
     uint32_t type;
     uint64_t offset;     /* relative to the start of the tensor data section */
-    const void *data;    /* borrowed; NULL if the type cannot be sized */
+    const void *data;    /* borrowed; NULL if the type cannot be sized. Rows
+                          * (dims[0] elements, a whole number of blocks) are
+                          * contiguous. */
     uint64_t nbytes;     /* 0 if the type cannot be sized */
 } tp_gguf_tensor;
 

@@ -10,6 +10,39 @@
 #define MIN_KV_BYTES 13      /* key len u64 + type u32 + 1-byte value */
 #define MIN_TENSOR_BYTES 24  /* name len u64 + n_dims u32 + type u32 + offset u64 */
 
+/* ggml's type numbers and names (ggml.h, enum ggml_type); gaps are
+ * numbers ggml retired. */
+static const char *const ggml_names[] = {
+    [0] = "F32", [1] = "F16", [2] = "Q4_0", [3] = "Q4_1", [6] = "Q5_0", [7] = "Q5_1", [8] = "Q8_0",
+    [9] = "Q8_1", [10] = "Q2_K", [11] = "Q3_K", [12] = "Q4_K", [13] = "Q5_K", [14] = "Q6_K", [15] = "Q8_K",
+    [16] = "IQ2_XXS", [17] = "IQ2_XS", [18] = "IQ3_XXS", [19] = "IQ1_S", [20] = "IQ4_NL", [21] = "IQ3_S",
+    [22] = "IQ2_S", [23] = "IQ4_XS", [24] = "I8", [25] = "I16", [26] = "I32", [27] = "I64", [28] = "F64",
+    [29] = "IQ1_M", [30] = "BF16", [34] = "TQ1_0", [35] = "TQ2_0", [39] = "MXFP4",
+};
+
+const char *tp_ggml_type_name(uint32_t type)
+{
+    return type < sizeof ggml_names / sizeof ggml_names[0] ? ggml_names[type] : NULL;
+}
+
+int tp_ggml_type_block(uint32_t type, uint32_t *block_elems, uint32_t *block_bytes)
+{
+    /* ggml-common.h block structs: scales as f16, then the quants */
+    static const struct { uint32_t type, elems, bytes; } sizes[] = {
+        {TP_GGML_F32, 1, 4},    {TP_GGML_F16, 1, 2},     {TP_GGML_BF16, 1, 2},
+        {TP_GGML_Q4_0, 32, 18}, {TP_GGML_Q4_1, 32, 20},  {TP_GGML_Q5_0, 32, 22},
+        {TP_GGML_Q5_1, 32, 24}, {TP_GGML_Q8_0, 32, 34},  {TP_GGML_Q4_K, 256, 144},
+        {TP_GGML_Q5_K, 256, 176}, {TP_GGML_Q6_K, 256, 210},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].type == type) {
+            *block_elems = sizes[i].elems;
+            *block_bytes = sizes[i].bytes;
+            return 1;
+        }
+    return 0;
+}
+
 typedef struct gguf_kv {
     tp_gguf_str key;
     uint32_t type;
@@ -219,10 +252,15 @@ static int place_tensor(tp_gguf *g, tp_gguf_tensor *t, uint64_t alignment, tp_er
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' offset %llu is not a multiple of the alignment %llu",
                           (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
                           (unsigned long long)alignment);
-    size_t es = t->type == TP_GGML_F32 ? 4 : t->type == TP_GGML_F16 ? 2 : 0;
-    if (!es)
+    uint32_t be = 0, bb = 0;
+    if (!tp_ggml_type_block(t->type, &be, &bb))
         return 0;
-    t->nbytes = n * es;
+    if (t->dims[0] % be)
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' of type %s has rows of %llu elements, not a "
+                          "multiple of its %u-element block", (int)t->name.len, t->name.ptr,
+                          tp_ggml_type_name(t->type), (unsigned long long)t->dims[0], be);
+    /* n < 2^61 (tensor_elems) and bb / be <= 4: no overflow */
+    t->nbytes = n / be * bb;
     uint64_t avail = g->size - g->data_start;
     if (t->offset > avail || t->nbytes > avail - t->offset)
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' (offset %llu, %llu bytes) extends past the end of the file",

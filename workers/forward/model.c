@@ -130,6 +130,29 @@ static int llama2c_header(tp_model *m, tp_err *err)
     return validate_config(c, err);
 }
 
+static tp_wmat f32_view(const float *p, int rows, int cols)
+{
+    return (tp_wmat){TP_GGML_F32, rows, cols, (size_t)cols * sizeof(float), p};
+}
+
+static void llama2c_views(tp_model *m)
+{
+    const tp_model_config *c = &m->cfg;
+    int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        tp_layer_weights *lw = &m->layers[l];
+        lw->m.wq = f32_view(lw->wq, d, d);
+        lw->m.wk = f32_view(lw->wk, kvd, d);
+        lw->m.wv = f32_view(lw->wv, kvd, d);
+        lw->m.wo = f32_view(lw->wo, d, d);
+        lw->m.w1 = f32_view(lw->w1, h, d);
+        lw->m.w2 = f32_view(lw->w2, d, h);
+        lw->m.w3 = f32_view(lw->w3, h, d);
+    }
+    m->w.m.token_embedding = f32_view(m->w.token_embedding, c->vocab_size, d);
+    m->w.m.wcls = f32_view(m->w.wcls, c->vocab_size, d);
+}
+
 static int llama2c_open(tp_model *m, tp_err *err)
 {
     int rc = llama2c_header(m, err);
@@ -174,6 +197,7 @@ static int llama2c_open(tp_model *m, tp_err *err)
     p += d;
     p += (size_t)c->seq_len * (size_t)c->head_size; /* skip legacy freq_cis arrays */
     m->w.wcls = c->shared_classifier ? m->w.token_embedding : p;
+    llama2c_views(m);
     m->eos[0] = 1; /* TinyStories: a sampled BOS starts a new story, run.c stops */
     m->eos[1] = 2;
     m->n_eos = 2;
@@ -212,15 +236,20 @@ static int gguf_float(const tp_gguf *g, const char *key, double def, float *out,
     return 0;
 }
 
-static int gguf_tensor(const tp_gguf *g, const char *name, int ne0, int ne1, const float **out,
-                       tp_err *err)
+/* Find a tensor, check its shape ([ne0] or [ne0, ne1]) and that this
+ * reader knows its type; unknown types are refused by name. */
+static int gguf_find(const tp_gguf *g, const char *name, int ne0, int ne1, const tp_gguf_tensor **out,
+                     tp_err *err)
 {
     const tp_gguf_tensor *t = tp_gguf_tensor_find(g, name);
     if (!t)
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' is missing", name);
-    if (t->type != TP_GGML_F32)
-        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %u; only F32 (0) is supported",
-                          name, t->type);
+    if (!t->data) {
+        const char *tn = tp_ggml_type_name(t->type);
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %s (%u), which tokpipe does not "
+                          "read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)", name,
+                          tn ? tn : "unknown", t->type);
+    }
     uint32_t want_dims = ne1 ? 2 : 1;
     bool ok = t->n_dims == want_dims && t->dims[0] == (uint64_t)ne0 && (!ne1 || t->dims[1] == (uint64_t)ne1);
     if (!ok)
@@ -228,9 +257,38 @@ static int gguf_tensor(const tp_gguf *g, const char *name, int ne0, int ne1, con
                           "gguf: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%d, %d]", name,
                           (unsigned long long)t->dims[0], (unsigned long long)t->dims[1], t->n_dims, ne0,
                           ne1 ? ne1 : 1);
-    if ((uintptr_t)t->data % 4)
+    if (t->type == TP_GGML_F32 && (uintptr_t)t->data % 4)
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' data is not 4-byte aligned", name);
+    *out = t;
+    return 0;
+}
+
+/* A vector (norm weights): F32 only, as every quantizer leaves them. */
+static int gguf_tensor(const tp_gguf *g, const char *name, int ne0, int ne1, const float **out,
+                       tp_err *err)
+{
+    const tp_gguf_tensor *t;
+    int rc = gguf_find(g, name, ne0, ne1, &t, err);
+    if (rc)
+        return rc;
+    if (t->type != TP_GGML_F32)
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %s; vectors must be F32", name,
+                          tp_ggml_type_name(t->type));
     *out = t->data;
+    return 0;
+}
+
+/* A matrix [ne1 rows][ne0 cols] of any type this reader knows, read in
+ * place; *f32 is set too when it is F32. */
+static int gguf_matrix(const tp_gguf *g, const char *name, int ne0, int ne1, tp_wmat *wm, const float **f32,
+                       tp_err *err)
+{
+    const tp_gguf_tensor *t;
+    int rc = gguf_find(g, name, ne0, ne1, &t, err);
+    if (rc)
+        return rc;
+    *wm = (tp_wmat){t->type, ne1, ne0, (size_t)(t->nbytes / (uint64_t)ne1), t->data};
+    *f32 = t->type == TP_GGML_F32 ? t->data : NULL;
     return 0;
 }
 
@@ -275,16 +333,17 @@ static int gguf_layer(const tp_gguf *g, const tp_model_config *c, int l, tp_laye
     char name[64];
     int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
     /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
-    struct { const char *suffix; int ne0, ne1; const float **dst; } t[] = {
-        {"attn_norm", d, 0, &lw->rms_att}, {"attn_q", d, d, &lw->wq},
-        {"attn_k", d, kvd, &lw->wk},       {"attn_v", d, kvd, &lw->wv},
-        {"attn_output", d, d, &lw->wo},    {"ffn_norm", d, 0, &lw->rms_ffn},
-        {"ffn_gate", d, h, &lw->w1},       {"ffn_down", h, d, &lw->w2},
-        {"ffn_up", d, h, &lw->w3},
+    struct { const char *suffix; int ne0, ne1; const float **dst; tp_wmat *wm; } t[] = {
+        {"attn_norm", d, 0, &lw->rms_att, NULL},   {"attn_q", d, d, &lw->wq, &lw->m.wq},
+        {"attn_k", d, kvd, &lw->wk, &lw->m.wk},      {"attn_v", d, kvd, &lw->wv, &lw->m.wv},
+        {"attn_output", d, d, &lw->wo, &lw->m.wo},   {"ffn_norm", d, 0, &lw->rms_ffn, NULL},
+        {"ffn_gate", d, h, &lw->w1, &lw->m.w1},      {"ffn_down", h, d, &lw->w2, &lw->m.w2},
+        {"ffn_up", d, h, &lw->w3, &lw->m.w3},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].suffix);
-        int rc = gguf_tensor(g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
+        int rc = t[i].wm ? gguf_matrix(g, name, t[i].ne0, t[i].ne1, t[i].wm, t[i].dst, err)
+                         : gguf_tensor(g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
         if (rc)
             return rc;
     }
@@ -295,7 +354,8 @@ static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
 {
     const tp_model_config *c = &m->cfg;
     int rc = alloc_layers(m, err);
-    if (!rc) rc = gguf_tensor(g, "token_embd.weight", c->dim, c->vocab_size, &m->w.token_embedding, err);
+    if (!rc) rc = gguf_matrix(g, "token_embd.weight", c->dim, c->vocab_size, &m->w.m.token_embedding,
+                              &m->w.token_embedding, err);
     if (!rc) rc = gguf_tensor(g, "output_norm.weight", c->dim, 0, &m->w.rms_final, err);
     for (int l = 0; !rc && l < c->n_layers; l++)
         rc = gguf_layer(g, c, l, &m->layers[l], err);
@@ -304,10 +364,12 @@ static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
     /* llama.cpp's llama2.c converter keeps wq/wk in llama2.c's interleaved
      * RoPE layout (rope type NORM), so no un-permuting is needed; the test
      * suite checks the GGUF gives the .bin's tokens. */
-    if (c->shared_classifier)
+    if (c->shared_classifier) {
         m->w.wcls = m->w.token_embedding;
-    else if ((rc = gguf_tensor(g, "output.weight", c->dim, c->vocab_size, &m->w.wcls, err)))
+        m->w.m.wcls = m->w.m.token_embedding;
+    } else if ((rc = gguf_matrix(g, "output.weight", c->dim, c->vocab_size, &m->w.m.wcls, &m->w.wcls, err))) {
         return rc;
+    }
     return 0;
 }
 
@@ -516,6 +578,21 @@ tp_model_format tp_model_get_format(const tp_model *m) { return m->format; }
 const tp_model_config *tp_model_get_config(const tp_model *m) { return &m->cfg; }
 const tp_model_weights *tp_model_get_weights(const tp_model *m) { return &m->w; }
 const char *tp_model_identity(const tp_model *m) { return m->identity; }
+
+bool tp_model_all_f32(const tp_model *m)
+{
+    const tp_model_weights *w = &m->w;
+    if (w->m.token_embedding.type != TP_GGML_F32 || w->m.wcls.type != TP_GGML_F32)
+        return false;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const tp_wmat *v[] = {&w->layers[l].m.wq, &w->layers[l].m.wk, &w->layers[l].m.wv, &w->layers[l].m.wo,
+                              &w->layers[l].m.w1, &w->layers[l].m.w2, &w->layers[l].m.w3};
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+            if (v[i]->type != TP_GGML_F32)
+                return false;
+    }
+    return true;
+}
 
 int tp_model_eos_ids(const tp_model *m, const int **ids)
 {
