@@ -36,9 +36,9 @@ static void fill(float *x, size_t n, unsigned seed, float scale)
 /* A typed matrix quantized from W (rows x cols); data is malloc'ed. */
 static tp_wmat make_wmat(uint32_t type, const float *W, int rows, int cols)
 {
-    uint32_t be, bb;
-    assert_true(tp_ggml_type_block(type, &be, &bb));
-    size_t rb = (size_t)cols / be * bb;
+    const tp_ggml_type_info *ti = tp_ggml_type(type);
+    assert_non_null(ti);
+    size_t rb = (size_t)cols / ti->block_elems * ti->block_bytes;
     uint8_t *d = malloc(rb * (size_t)rows);
     assert_non_null(d);
     for (int r = 0; r < rows; r++)
@@ -75,7 +75,7 @@ static void every_half_converts_to_float_and_back_exactly(void **state)
 
 static void check_type(uint32_t type, int rows, int cols)
 {
-    const char *tn = tp_ggml_type_name(type);
+    const char *tn = tp_ggml_type(type)->name;
     int T = 13;
     float *W = malloc(sizeof(float) * rows * cols), *X = malloc(sizeof(float) * T * cols);
     float *Y = malloc(sizeof(float) * T * rows), *Ys = malloc(sizeof(float) * T * rows);
@@ -149,8 +149,7 @@ static void every_type_is_batch_invariant_split_invariant_and_path_invariant(voi
 {
     (void)state;
     for (size_t i = 0; i < N_TYPES; i++) {
-        uint32_t be, bb;
-        tp_ggml_type_block(TYPES[i], &be, &bb);
+        uint32_t be = tp_ggml_type(TYPES[i])->block_elems;
         check_type(TYPES[i], 37, 512);
         if (be < 256) /* an odd number of 32-column blocks: the half chunk */
             check_type(TYPES[i], 21, 288);

@@ -179,9 +179,12 @@ static int pack_weights(tp_forward *f)
     return pack_group(&cls, 1, &f->cls, &f->tcls);
 }
 
-/* RoPE tables computed as run.c does per position, once. */
+/* RoPE tables computed as run.c does per position, once; a model's
+ * frequency divisors (Llama 3 scaling) slow each pair as llama.cpp's
+ * freq_factors do. */
 static int make_rope(tp_forward *f)
 {
+    const float *ff = tp_model_get_weights(f->model)->rope_freqs;
     int hs = f->c.head_size, half = hs / 2;
     size_t n = (size_t)f->max_pos * (size_t)half;
     f->rope_cos = malloc(n * sizeof(float));
@@ -192,6 +195,8 @@ static int make_rope(tp_forward *f)
         for (int j = 0; j < half; j++) {
             float freq = 1.0f / powf(f->c.rope_theta, (float)(2 * j) / (float)hs);
             float val = (float)pos * freq;
+            if (ff)
+                val = (float)pos * (freq / ff[j]);
             f->rope_cos[(size_t)pos * half + j] = cosf(val);
             f->rope_sin[(size_t)pos * half + j] = sinf(val);
         }
@@ -592,10 +597,21 @@ static void softmax(float *x, int n)
         x[i] /= sum;
 }
 
+/* Rotate the heads of vec (n = heads * head_size) for position pos: pairs
+ * (2j, 2j+1) or, for NEOX models, (j, j + head_size/2) (model.h). */
 static void rope(const tp_forward *f, float *vec, int n, int pos)
 {
     int half = f->c.head_size / 2;
     const float *cs = f->rope_cos + (size_t)pos * half, *sn = f->rope_sin + (size_t)pos * half;
+    if (f->c.rope_style == TP_ROPE_NEOX) {
+        for (int h = 0; h < n; h += f->c.head_size)
+            for (int j = 0; j < half; j++) {
+                float v0 = vec[h + j], v1 = vec[h + j + half];
+                vec[h + j] = v0 * cs[j] - v1 * sn[j];
+                vec[h + j + half] = v0 * sn[j] + v1 * cs[j];
+            }
+        return;
+    }
     for (int i = 0; i < n; i += 2) {
         int j = (i % f->c.head_size) / 2;
         float v0 = vec[i], v1 = vec[i + 1];
@@ -835,6 +851,11 @@ static void attention_block(tp_forward *f, int l, int T)
      * sees the earlier tokens of its own chunk. */
     for (int t = 0; t < T; t++) {
         float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
+        if (c->attn_bias) {
+            if (lw->bq) add_rows(q, lw->bq, d);
+            if (lw->bk) add_rows(k, lw->bk, kvd);
+            if (lw->bv) add_rows(v, lw->bv, kvd);
+        }
         rope(f, q, c->dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
         store_key(f, f->kcache + kv_offset(f, s->tok_slot[t], l, 0), k, s->tok_pos[t]);

@@ -10,45 +10,13 @@
 #define MIN_KV_BYTES 13      /* key len u64 + type u32 + 1-byte value */
 #define MIN_TENSOR_BYTES 24  /* name len u64 + n_dims u32 + type u32 + offset u64 */
 
-/* ggml's type numbers and names (ggml.h, enum ggml_type); gaps are
- * numbers ggml retired. */
-static const char *const ggml_names[] = {
-    [0] = "F32", [1] = "F16", [2] = "Q4_0", [3] = "Q4_1", [6] = "Q5_0", [7] = "Q5_1", [8] = "Q8_0",
-    [9] = "Q8_1", [10] = "Q2_K", [11] = "Q3_K", [12] = "Q4_K", [13] = "Q5_K", [14] = "Q6_K", [15] = "Q8_K",
-    [16] = "IQ2_XXS", [17] = "IQ2_XS", [18] = "IQ3_XXS", [19] = "IQ1_S", [20] = "IQ4_NL", [21] = "IQ3_S",
-    [22] = "IQ2_S", [23] = "IQ4_XS", [24] = "I8", [25] = "I16", [26] = "I32", [27] = "I64", [28] = "F64",
-    [29] = "IQ1_M", [30] = "BF16", [34] = "TQ1_0", [35] = "TQ2_0", [39] = "MXFP4",
-};
-
-const char *tp_ggml_type_name(uint32_t type)
-{
-    return type < sizeof ggml_names / sizeof ggml_names[0] ? ggml_names[type] : NULL;
-}
-
-int tp_ggml_type_block(uint32_t type, uint32_t *block_elems, uint32_t *block_bytes)
-{
-    /* ggml-common.h block structs: scales as f16, then the quants */
-    static const struct { uint32_t type, elems, bytes; } sizes[] = {
-        {TP_GGML_F32, 1, 4},    {TP_GGML_F16, 1, 2},     {TP_GGML_BF16, 1, 2},
-        {TP_GGML_Q4_0, 32, 18}, {TP_GGML_Q4_1, 32, 20},  {TP_GGML_Q5_0, 32, 22},
-        {TP_GGML_Q5_1, 32, 24}, {TP_GGML_Q8_0, 32, 34},  {TP_GGML_Q4_K, 256, 144},
-        {TP_GGML_Q5_K, 256, 176}, {TP_GGML_Q6_K, 256, 210},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (sizes[i].type == type) {
-            *block_elems = sizes[i].elems;
-            *block_bytes = sizes[i].bytes;
-            return 1;
-        }
-    return 0;
-}
-
 typedef struct gguf_kv {
     tp_gguf_str key;
     uint32_t type;
     uint32_t elem_type;  /* arrays only */
     uint64_t count;      /* arrays only */
     size_t value_off;    /* value, or first array element */
+    size_t value_end;
 } gguf_kv;
 
 struct tp_gguf {
@@ -198,6 +166,7 @@ static int parse_kvs(tp_gguf *g, cursor *c, tp_err *err)
         int rc = parse_kv(c, &g->kv[i], err);
         if (rc)
             return rc;
+        g->kv[i].value_end = c->off;
         for (uint64_t j = 0; j < i; j++)
             if (g->kv[j].key.len == g->kv[i].key.len &&
                 !memcmp(g->kv[j].key.ptr, g->kv[i].key.ptr, g->kv[i].key.len))
@@ -252,15 +221,11 @@ static int place_tensor(tp_gguf *g, tp_gguf_tensor *t, uint64_t alignment, tp_er
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' offset %llu is not a multiple of the alignment %llu",
                           (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
                           (unsigned long long)alignment);
-    uint32_t be = 0, bb = 0;
-    if (!tp_ggml_type_block(t->type, &be, &bb))
+    if (!tp_ggml_type(t->type))
         return 0;
-    if (t->dims[0] % be)
-        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' of type %s has rows of %llu elements, not a "
-                          "multiple of its %u-element block", (int)t->name.len, t->name.ptr,
-                          tp_ggml_type_name(t->type), (unsigned long long)t->dims[0], be);
-    /* n < 2^61 (tensor_elems) and bb / be <= 4: no overflow */
-    t->nbytes = n / be * bb;
+    tp_err why;
+    if (tp_ggml_nbytes(t->type, (int)t->n_dims, t->dims, &t->nbytes, &why))
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s': %s", (int)t->name.len, t->name.ptr, why.msg);
     uint64_t avail = g->size - g->data_start;
     if (t->offset > avail || t->nbytes > avail - t->offset)
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' (offset %llu, %llu bytes) extends past the end of the file",
@@ -501,5 +466,22 @@ int tp_gguf_get_array(const tp_gguf *g, const char *key, uint32_t *elem_type, ui
     *elem_type = kv->elem_type;
     *n = kv->count;
     *raw = g->data + kv->value_off;
+    return 0;
+}
+
+uint64_t tp_gguf_n_kv(const tp_gguf *g) { return g->n_kv; }
+
+int tp_gguf_kv_at(const tp_gguf *g, uint64_t i, tp_gguf_kv_view *out, tp_err *err)
+{
+    if (i >= g->n_kv)
+        return tp_err_set(err, TP_ERANGE, "gguf: metadata index %llu is past the %llu entries",
+                          (unsigned long long)i, (unsigned long long)g->n_kv);
+    const gguf_kv *kv = &g->kv[i];
+    out->key = kv->key;
+    out->type = kv->type;
+    out->elem_type = kv->type == TP_GGUF_ARRAY ? kv->elem_type : 0;
+    out->count = kv->type == TP_GGUF_ARRAY ? kv->count : 0;
+    out->raw = g->data + kv->value_off;
+    out->raw_len = kv->value_end - kv->value_off;
     return 0;
 }
