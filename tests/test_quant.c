@@ -164,7 +164,7 @@ static tp_model *load_real(const char *name)
 {
     const char *dir = getenv("TP_MODELS");
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "../shared/models", name);
+    snprintf(path, sizeof path, "%s/%s", name[0] == '/' ? "" : dir ? dir : "../shared/models", name);
     tp_model *m = NULL;
     tp_err e;
     if (tp_model_load(path, &m, &e))
@@ -373,7 +373,6 @@ static void quantize_outputs_of_every_type_are_batch_invariant(void **state)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s.gguf", dir, names[i]);
-        setenv("TP_MODELS", "/", 1);
         batch_invariance(path);
     }
 }
