@@ -80,6 +80,7 @@ static const struct key keys[] = {
     KI("limits.max_stop_len", max_stop_len, 1, 65535),
     KI("limits.max_stop_ids", max_stop_ids, 0, 4096),
     KI("limits.sndhwm", sndhwm, 0, 1 << 24),
+    KI("limits.events_sndhwm", events_sndhwm, 1, 1 << 20),
     KI("limits.linger_ms", linger_ms, 0, 600000),
     KI("heartbeat.interval_ms", heartbeat_ms, 10, 600000),
     KI("heartbeat.liveness", liveness, 2, 100),
@@ -90,6 +91,8 @@ static const struct key keys[] = {
     KS("security.server_secret_key", server_secret_key),
     KS("security.server_public_key", server_public_key),
     KS("security.authorized_keys", authorized_keys),
+    KS("security.client_keys", client_keys),
+    KS("security.worker_keys", worker_keys),
     KS("security.client_secret_key", client_secret_key),
     KB("http.enabled", http_enabled),
     KS("http.listen", http_listen),
@@ -128,8 +131,8 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
         {OFF(model_path), "../shared/models/stories260K.bin"},
         {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(worker_binary), ""},
         {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
-        {OFF(client_secret_key), ""}, {OFF(http_listen), "127.0.0.1"},
-        {OFF(http_api_key_file), ""}, {OFF(http_model_name), ""},
+        {OFF(client_secret_key), ""}, {OFF(client_keys), ""}, {OFF(worker_keys), ""},
+        {OFF(http_listen), "127.0.0.1"}, {OFF(http_api_key_file), ""}, {OFF(http_model_name), ""},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (set_str((char **)((char *)cfg + strs[i].off), strs[i].v, err)) {
@@ -165,6 +168,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->max_stop_len = 1024;
     cfg->max_stop_ids = 1024;
     cfg->sndhwm = 100000;
+    cfg->events_sndhwm = 10000;
     cfg->linger_ms = 1000;
     cfg->heartbeat_ms = 1000;
     cfg->liveness = 3;
@@ -186,8 +190,8 @@ void tp_config_free(tp_config *cfg)
     char **strs[] = {&cfg->source, &cfg->runtime_dir, &cfg->ep_front, &cfg->ep_back,
                      &cfg->ep_events, &cfg->ep_publish, &cfg->model_path, &cfg->tokenizer_path,
                      &cfg->worker_binary, &cfg->server_secret_key, &cfg->server_public_key,
-                     &cfg->authorized_keys, &cfg->client_secret_key, &cfg->http_listen,
-                     &cfg->http_api_key_file, &cfg->http_model_name};
+                     &cfg->authorized_keys, &cfg->client_secret_key, &cfg->client_keys, &cfg->worker_keys,
+                     &cfg->http_listen, &cfg->http_api_key_file, &cfg->http_model_name};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         free(*strs[i]);
     for (size_t i = 0; i < cfg->n_fuse; i++)

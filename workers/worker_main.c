@@ -100,6 +100,27 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
+/* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
+ * vocabulary (the model file itself for GGUF models). */
+static int load_tokenizer(const char *path, int vocab_size, tp_tokenizer **out, tp_err *err)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    bool gguf = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (f)
+        fclose(f);
+    if (!gguf)
+        return tp_tokenizer_load(path, vocab_size, out, err);
+    int rc = tp_model_load_tokenizer(path, out, err);
+    if (!rc && tp_tokenizer_vocab_size(*out) != vocab_size) {
+        rc = tp_err_set(err, TP_EFORMAT, "model.tokenizer %s has %d tokens, the model %d", path,
+                        tp_tokenizer_vocab_size(*out), vocab_size);
+        tp_tokenizer_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 static int load_stages(worker *w, tp_err *err)
 {
     const tp_config *c = &w->cfg;
@@ -108,7 +129,7 @@ static int load_stages(worker *w, tp_err *err)
         return rc;
     const tp_model_config *mc = tp_model_get_config(w->model);
     if (w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP)))
-        if ((rc = tp_tokenizer_load(c->tokenizer_path, mc->vocab_size, &w->tok, err)))
+        if ((rc = load_tokenizer(c->tokenizer_path, mc->vocab_size, &w->tok, err)))
             return rc;
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
         return rc;

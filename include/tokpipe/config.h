@@ -78,6 +78,7 @@ typedef struct tp_config {
     int max_prompt_bytes;
     int max_stop_strings, max_stop_len, max_stop_ids;
     int sndhwm, linger_ms;
+    int events_sndhwm;        /* per-subscriber queue on the events socket */
 
     /* liveness */
     int heartbeat_ms, liveness;
@@ -88,7 +89,9 @@ typedef struct tp_config {
     bool curve;
     char *server_secret_key;   /* broker */
     char *server_public_key;   /* clients and workers (the broker checks it) */
-    char *authorized_keys;     /* broker: client public keys admitted */
+    char *authorized_keys;     /* broker: public keys admitted in both roles */
+    char *client_keys;         /* broker: keys admitted on front + events */
+    char *worker_keys;         /* broker: keys admitted on back + publish */
     char *client_secret_key;   /* clients and workers */
 
     /* http: the OpenAI-compatible gateway (bin/tokpipe-http) */
