@@ -374,6 +374,33 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             time.sleep(0.05)
         self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
 
+    def test_a_client_that_leaves_before_a_whole_completion_cancels_its_jobs(self):
+        # not streamed: nothing is written until the end, so the gateway
+        # watches the waiting connection for the hang-up itself
+        _, m, _ = request(self.port, "GET", "/metrics")
+        before = metric(m.decode(), "tokpipe_jobs_finished_total", 'reason="cancelled"')
+        gone = metric(m.decode(), "tokpipe_http_client_disconnects_total")
+        s = socket.create_connection(("127.0.0.1", self.port))
+        body = json.dumps({"prompt": "Once upon a time", "n": 60, "max_tokens": 450, "ignore_eos": True,
+                           "temperature": 1.0}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.time() + 60
+        while True:   # wait until its jobs run, then leave
+            _, m, _ = request(self.port, "GET", "/metrics")
+            if metric(m.decode(), "tokpipe_jobs_running") > 0:
+                break
+            self.assertLess(time.time(), deadline, "the jobs never ran")
+        s.close()
+        while True:
+            _, m, _ = request(self.port, "GET", "/metrics")
+            text = m.decode()
+            if metric(text, "tokpipe_jobs_finished_total", 'reason="cancelled"') > before:
+                break
+            self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
+            time.sleep(0.05)
+        self.assertEqual(metric(text, "tokpipe_http_client_disconnects_total"), gone + 1)
+
 
 @unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
 class GatewayKeysAndDrain(unittest.TestCase):
