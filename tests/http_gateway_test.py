@@ -153,6 +153,18 @@ def texts_of(events, n):
     return deltas, final
 
 
+def wait_idle(port, timeout=120):
+    """Until the broker has no active job (a test's jobs must not leak into the next one's counts)."""
+    deadline = time.time() + timeout
+    while True:
+        _, m, _ = request(port, "GET", "/metrics")
+        if metric(m.decode(), "tokpipe_jobs_active") == 0:
+            return
+        if time.time() > deadline:
+            raise AssertionError("jobs still active after %d s" % timeout)
+        time.sleep(0.05)
+
+
 def metric(text, name, labels=""):
     key = name + ("{" + labels + "}" if labels else "")
     for line in text.splitlines():
@@ -171,6 +183,9 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.d.stop()
+
+    def setUp(self):
+        wait_idle(self.port)   # the jobs a test cancelled must not be refused or counted in the next
 
     def check_like_run(self, prompt, p, choice, offset=0):
         want = run_json(prompt, p, offset)
@@ -278,6 +293,7 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
         self.assertEqual(json.loads(out)["choices"][0]["text"], want["text"])
 
     def test_metrics_pass_promtool_and_counters_move(self):
+        wait_idle(self.port)
         st, before, _ = request(self.port, "GET", "/metrics")
         self.assertEqual(st, 200)
         if shutil.which("promtool"):
@@ -351,6 +367,7 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
         self.assertEqual(r["error"]["type"], "rate_limit_error")
 
     def test_a_client_that_disconnects_cancels_its_jobs(self):
+        wait_idle(self.port)
         _, m, _ = request(self.port, "GET", "/metrics")
         before = metric(m.decode(), "tokpipe_jobs_finished_total", 'reason="cancelled"')
         s = socket.create_connection(("127.0.0.1", self.port))
@@ -373,10 +390,12 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
             time.sleep(0.05)
         self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
+        wait_idle(self.port)
 
     def test_a_client_that_leaves_before_a_whole_completion_cancels_its_jobs(self):
         # not streamed: nothing is written until the end, so the gateway
         # watches the waiting connection for the hang-up itself
+        wait_idle(self.port)
         _, m, _ = request(self.port, "GET", "/metrics")
         before = metric(m.decode(), "tokpipe_jobs_finished_total", 'reason="cancelled"')
         gone = metric(m.decode(), "tokpipe_http_client_disconnects_total")
@@ -400,6 +419,7 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
             time.sleep(0.05)
         self.assertEqual(metric(text, "tokpipe_http_client_disconnects_total"), gone + 1)
+        wait_idle(self.port)
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
