@@ -116,7 +116,14 @@ bool tp_tokenizer_add_eos(const tp_tokenizer *tok);
  * Returns the count; *ids is borrowed (valid while tok lives). */
 int tp_tokenizer_eog_ids(const tp_tokenizer *tok, const int32_t **ids);
 
-/* The control or unknown token whose text is exactly text[0..len), or -1. */
+/* ids (n of them, e.g. a model's own end ids) followed by the tokenizer's
+ * end-of-generation ids not among them, written to out (cap entries);
+ * returns the count (at most cap). tok may be NULL (just ids). */
+int tp_tokenizer_merge_eog(const tp_tokenizer *tok, const int *ids, int n, int *out, int cap);
+
+/* The control or unknown token whose text is text[0..len) (whitespace
+ * around the vocabulary piece ignored: llama2.c spells BOS "\n<s>\n"), or
+ * -1. Looks only at the special tokens, not the whole vocabulary. */
 int tp_tokenizer_control_id(const tp_tokenizer *tok, const char *text, size_t len);
 
 int tp_tokenizer_vocab_size(const tp_tokenizer *tok);

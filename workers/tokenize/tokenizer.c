@@ -608,12 +608,36 @@ int tp_tokenizer_eog_ids(const tp_tokenizer *t, const int32_t **ids)
     return t->n_eog;
 }
 
+int tp_tokenizer_merge_eog(const tp_tokenizer *t, const int *ids, int n, int *out, int cap)
+{
+    int k = 0;
+    for (int i = 0; i < n && k < cap; i++)
+        if (!has_id((const int32_t *)out, k, ids[i]))
+            out[k++] = ids[i];
+    for (int i = 0; t && i < t->n_eog && k < cap; i++)
+        if (!has_id((const int32_t *)out, k, t->eog[i]))
+            out[k++] = t->eog[i];
+    return k;
+}
+
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
 int tp_tokenizer_control_id(const tp_tokenizer *t, const char *text, size_t len)
 {
-    for (int i = 0; i < t->n_special; i++) {
+    for (int i = 0; len && i < t->n_special; i++) {
         int id = t->special[i];
-        if (t->type[id] != TP_TOKEN_USER_DEFINED && t->len[id] == len &&
-            !memcmp(t->blob + t->off[id], text, len))
+        if (t->type[id] == TP_TOKEN_USER_DEFINED)
+            continue;
+        const char *p = t->blob + t->off[id];
+        size_t n = t->len[id];
+        while (n && is_ws(*p))
+            p++, n--;
+        while (n && is_ws(p[n - 1]))
+            n--;
+        if (n == len && !memcmp(p, text, len))
             return id;
     }
     return -1;
