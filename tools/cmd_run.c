@@ -220,6 +220,16 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
 
     tp_stop_config sc;
     stop_config(c, g, (size_t)seq_len - n, eos, (size_t)n_eos, &sc);
+    /* a stop string naming a control token stops on the token too, as in
+     * the stop stage */
+    size_t lens[GENOPTS_MAX_STOPS];
+    int32_t stop_ids[2 * GENOPTS_MAX_STOPS];
+    for (size_t i = 0; i < g->n_stops; i++)
+        lens[i] = strlen(g->stops[i]);
+    memcpy(stop_ids, g->stop_ids, g->n_stop_ids * sizeof *stop_ids);
+    sc.stop_ids = stop_ids;
+    sc.n_stop_ids = g->n_stop_ids +
+                    tp_detok_control_stops(c->tok, g->stops, lens, g->n_stops, stop_ids + g->n_stop_ids);
     tp_sampler_params sp = sampler_params(g, ban, n_ban);
     if ((rc = tp_stop_new(&sc, &j->stop, err)) ||
         (rc = tp_sampler_new(&sp, c->vocab, j->ids, n, &j->sampler, err)) ||
