@@ -68,6 +68,7 @@ typedef struct bjob {
     char *stop_buf;
     char *prompt_text;
     size_t prompt_len;
+    bool parse_special;     /* SUBMIT's parse_special, for the TOKENIZE request */
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */

@@ -229,6 +229,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
             return TP_ENOMEM;
         memcpy(j->prompt_text, s->prompt.ptr, s->prompt.len);
         j->prompt_len = s->prompt.len;
+        j->parse_special = s->parse_special;
     } else {
         if (!(j->prompt = malloc(s->prompt_ids.n * sizeof *j->prompt)))
             return TP_ENOMEM;

@@ -219,6 +219,7 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.slot = j->slot;
     m.tokenize.text = (tp_str){j->prompt_text, j->prompt_len};
     m.tokenize.add_bos = true;
+    m.tokenize.parse_special = j->parse_special;
     if (broker_send_worker(b, wi, &m)) {
         /* gone or hopelessly behind (as for a STEP): drop it, so the
          * prompt is not offered to it again on every tick */

@@ -91,7 +91,7 @@ int tp_proto_param_float(const char *key, double v, float *out, tp_err *err)
 static const field submit_f[] = {
     REQ, F_JOBID("job_id", M(submit.job_id), 0),
     F_STR("prompt", M(submit.prompt), 0, TP_PROTO_MAX_PROMPT),
-    PARAMS(M(submit.params)), END,
+    PARAMS(M(submit.params)), F_BOOL("parse_special", M(submit.parse_special), 0), END,
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
 
@@ -215,7 +215,8 @@ static const field result_f[] = {TASK, STATUS, ERROR, END};
 
 static const field tokenize_f[] = {
     TASK, SLOT(M(tokenize.slot)), F_STR("text", M(tokenize.text), FF_REQUIRED, TP_PROTO_MAX_PROMPT),
-    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED), END,
+    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED),
+    F_BOOL("parse_special", M(tokenize.parse_special), 0), END,
 };
 static const field tokenized_f[] = {TASK, STATUS, ERROR, SLOT(M(tokenized.slot)), END};
 static const pframe tokenized_p[] = {{"ids", M(tokenized.ids), 4, 1}, {NULL, 0, 0, 0}};

@@ -156,6 +156,7 @@ static int submit_all(gen *s, tp_err *err)
         m.submit.job_id = tp_str_of(s->jobs[i].id);
         m.submit.prompt = tp_str_of(s->jobs[i].prompt);
         fill_params(&s->g, &m.submit.params, s->stops);
+        m.submit.parse_special = s->g.parse_special;
         int rc = tp_client_send(s->c, &m, &s->jobs[i].req, err);
         if (rc)
             return rc;

@@ -280,6 +280,7 @@ typedef struct tp_m_submit {
     tp_str prompt;        /* text prompt; ptr NULL = absent, then prompt_ids */
     tp_raw prompt_ids;    /* int32 frame F3, present iff prompt is absent, >= 1 id */
     tp_params params;
+    bool parse_special;   /* control-token texts in prompt become those tokens */
 } tp_m_submit;
 
 typedef struct tp_m_ack {   /* ACK and ERROR. status 200: accepted / cancel done; else rejected */
@@ -414,7 +415,8 @@ typedef struct tp_m_disconnect {
 typedef struct tp_m_tokenize {
     uint32_t slot;
     tp_str text;
-    bool add_bos;
+    bool add_bos;         /* add BOS/EOS as the vocabulary asks (add_bos_token/add_eos_token) */
+    bool parse_special;   /* control-token texts become those tokens */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {
