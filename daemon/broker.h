@@ -19,6 +19,7 @@
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/zsec.h"
+#include "metrics.h"
 
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
@@ -110,6 +111,7 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
+    uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
 typedef struct bstats {
@@ -130,7 +132,7 @@ typedef struct bstats {
 /* ---- spawned worker processes ------------------------------------------------- */
 
 typedef struct bchild {
-    unsigned stages;
+    unsigned stages;                /* 0: the HTTP gateway (tokpipe-http) */
     int index;                      /* instance number within its group */
     pid_t pid;                      /* 0 = not running */
     int backoff_ms;
@@ -175,6 +177,7 @@ typedef struct broker {
     uint64_t next_seqno, next_task, next_step, next_auto_id;
 
     bstats stats;
+    bmetrics metrics;               /* histograms for STATS (metrics.c) */
     bcols cols;
 
     bchild *children;

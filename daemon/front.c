@@ -379,6 +379,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->triggers = trig;
     s->n_triggers = st->n_triggers;
     s->triggers_other = st->triggers_other;
+    metrics_fill(b, s);
     reply(b, to, &r);
 }
 

@@ -170,6 +170,7 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_NAME 64                /* instance, field paths */
 #define TP_PROTO_MAX_MODEL_ID 256           /* READY model_id */
 #define TP_PROTO_MAX_TRIGGERS 1024          /* entries of stats stop_triggers */
+#define TP_PROTO_MAX_BUCKETS 64             /* buckets of one STATS histogram */
 
 /* ---- payload arrays ----------------------------------------------------- */
 
@@ -323,6 +324,22 @@ typedef struct tp_trigger {    /* how often one stop string / id finished a job 
     bool truncated;            /* key is a prefix of a longer stop string */
 } tp_trigger;
 
+/* A latency histogram of STATS (microseconds): buckets[i] counts the
+ * samples in (bounds_us[i-1], bounds_us[i]]; the last bucket (i =
+ * n_bounds) those above every bound. n_buckets = n_bounds + 1, or both 0
+ * (an older broker). */
+typedef struct tp_hist {
+    uint64_t count;            /* samples */
+    uint64_t sum_us;           /* their sum */
+    uint64_t *bounds_us;       /* strictly increasing upper bounds */
+    size_t n_bounds;
+    uint64_t *buckets;         /* per bucket, not cumulative */
+    size_t n_buckets;
+} tp_hist;
+
+/* The histograms of STATS, in this order (names on the wire). */
+enum { TP_HIST_QUEUE = 0, TP_HIST_TTFT, TP_HIST_ITL, TP_HIST_E2E, TP_HIST_COUNT };
+
 typedef struct tp_m_stats_reply {
     uint64_t uptime_ms;
     uint64_t jobs_submitted;       /* SUBMITs seen */
@@ -343,6 +360,11 @@ typedef struct tp_m_stats_reply {
     uint64_t forward_rows;         /* sequences in them (rows per step = the batch) */
     uint64_t forward_tokens;       /* tokens in them (decode + prefill) */
     uint64_t zap_refused;          /* CURVE clients refused by the ZAP handler */
+    uint64_t jobs_running;         /* admitted (pinned to workers) now */
+    uint64_t jobs_waiting;         /* tokenizing or waiting for admission now */
+    uint64_t kv_slots_used;        /* sequences held by forward workers now */
+    uint64_t kv_slots_total;       /* their capacity (sum over live forward workers) */
+    tp_hist hist[TP_HIST_COUNT];   /* queue time, TTFT, inter-token latency, end-to-end */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */

@@ -84,6 +84,9 @@ static int write_config(harness *h, bool tcp, const char *extra)
      * sets its own: a second heartbeat section would be a duplicate key) */
     if (!extra || (strncmp(extra, "heartbeat:", 10) && !strstr(extra, "\nheartbeat:")))
         fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
+    /* no gateway on the shared default port unless the test asks for one */
+    if (!extra || (strncmp(extra, "http:", 5) && !strstr(extra, "\nhttp:")))
+        fprintf(f, "http:\n  enabled: false\n");
     /* last, so extra_yaml may continue the workers section ("  fuse: ...") */
     fprintf(f, "workers:\n  binary: %s/tokpipe-worker\n", h->bin);
     if (extra)
