@@ -118,7 +118,11 @@ static const field stats_reply_f[] = {
      .max = TP_PROTO_MAX_TRIGGERS},
     F_U64("triggers_other", ST(triggers_other), 0), F_U64("forward_steps", ST(forward_steps), 0),
     F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0),
-    F_U64("zap_refused", ST(zap_refused), 0), END,
+    F_U64("zap_refused", ST(zap_refused), 0), F_U64("workers_lost", ST(workers_lost), 0),
+    F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
+    F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
+    F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0), END,
 };
 
 /* ---- EVT1 ---- */
@@ -216,7 +220,9 @@ static const field sample_open_f[] = {
      .max = TP_PROTO_MAX_STOP_IDS + 16},
     END,
 };
-static const pframe sample_open_p[] = {{"context", M(sample_open.context), 4, 0}, {NULL, 0, 0, 0}};
+static const pframe sample_open_p[] = {
+    {"context", M(sample_open.context), 4, 0}, {"replay", M(sample_open.replay), 4, 1}, {NULL, 0, 0, 0},
+};
 
 static const field sample_f[] = {
     TASK, STEPNO(M(sample.step)), COUNT("n", M(sample.n), 1, TP_PROTO_MAX_ITEMS),
@@ -399,6 +405,8 @@ static int check_sample_open(tp_msg *m, tp_err *err)
 {
     if (m->sample_open.context.n > TP_PROTO_MAX_IDS)
         return tp_err_set(err, TP_ERANGE, "context: more than %u ids", TP_PROTO_MAX_IDS);
+    if (m->sample_open.replay.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "replay: more than %u ids", TP_PROTO_MAX_IDS);
     return params_check(&m->sample_open.params, "params", err);
 }
 
