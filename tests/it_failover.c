@@ -370,12 +370,76 @@ static void jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one(
     assert_int_equal(harness_stop(&h), 0);
 }
 
+/* Run `tokpipe generate` for one long seeded prompt; when kill_after > 0
+ * bytes were printed, SIGKILL tokpiped and start it again. Returns what
+ * generate printed (malloc'd); its exit status in *status. */
+static char *generate_across_restart(harness *h, size_t kill_after, int *status)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe generate --config %s --timeout 20000 --prompt 'Once upon a time' --max-tokens 400 "
+             "--ignore-eos --temperature 0.9 --seed 7 --stop ' moon' 2>>%s/generate.err",
+             h->bin, h->config, h->dir);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        fail_msg("popen: tokpipe generate");
+    size_t len = 0, cap = 1 << 16;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    bool killed = false;
+    int c;
+    while ((c = fgetc(p)) != EOF) {
+        if (len + 1 < cap)
+            out[len++] = (char)c;
+        if (kill_after && !killed && len >= kill_after) {
+            killed = true;
+            kill(h->pid, SIGKILL);
+            waitpid(h->pid, NULL, 0);
+            printf("# tokpiped killed after %zu bytes printed; starting it again\n", len);
+            if (harness_spawn_daemon(h, false, NULL) || harness_wait_workers(h, 20000))
+                fail_msg("tokpiped did not start again (log in %s)", h->dir);
+        }
+    }
+    out[len] = '\0';
+    *status = pclose(p);
+    if (kill_after && !killed)
+        fail_msg("generate printed only %zu bytes: the job ended before the broker could be killed", len);
+    return out;
+}
+
+static void generate_goes_on_after_the_broker_restarts_printing_the_undisturbed_text(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start(&h, false, "  respawn_init_ms: 100\n" HB))
+        fail_msg("daemon did not start");
+    int st;
+    char *want = generate_across_restart(&h, 0, &st);
+    assert_int_equal(st, 0);
+    if (strlen(want) < 200)
+        fail_msg("the undisturbed generation is too short for this test: '%s'", want);
+    char *got = generate_across_restart(&h, 40, &st);
+    char errpath[256], *err = NULL;
+    snprintf(errpath, sizeof errpath, "cat %s/generate.err", h.dir);
+    harness_sh(errpath, &err);
+    if (st != 0 || strcmp(got, want))
+        fail_msg("generate across a broker restart: status %d\n got: '%s'\nwant: '%s'\nstderr: %s", st, got, want,
+                 err ? err : "");
+    if (!err || !strstr(err, "submitting it again"))
+        fail_msg("generate did not say it resubmitted the job: %s", err ? err : "");
+    free(err);
+    free(got);
+    free(want);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(jobs_stream_on_unchanged_while_workers_of_every_stage_die),
         cmocka_unit_test(jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one),
+        cmocka_unit_test(generate_goes_on_after_the_broker_restarts_printing_the_undisturbed_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
