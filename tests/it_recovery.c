@@ -347,6 +347,40 @@ static void jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_nex
     stop_pipeline(&h, tok, 0, other);
 }
 
+/* The one way a lost worker ends a job: no worker of its stage within
+ * recovery.deadline_ms. The error names the stage, and the counts are
+ * those of the tokens the job's events carried. */
+static void a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_the_stage(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, HB_YAML "recovery:\n  deadline_ms: 500\n", other);
+    pid_t stp = other[2];
+    /* stopped first, so the job is surely running (waiting for verdicts)
+     * when its only stop worker dies */
+    kill(stp, SIGSTOP);
+    submit_greedy(&h, "d-0", prompts[0], 400);
+    wait_state(&h, "d-0", TP_STATE_RUNNING);
+    kill(stp, SIGKILL);
+    waitpid(stp, NULL, 0);
+    char *got = wait_result(&h, "d-0", 10000);
+    if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, "recovery: no stop worker within 500 ms"))
+        fail_msg("a job without a stop worker past the deadline: %s, want an error naming the stop stage", got);
+    cJSON *o = cJSON_Parse(got);
+    assert_non_null(o);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "tokens")),
+                     (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "completion_tokens")));
+    cJSON_Delete(o);
+    free(got);
+    /* a new stop worker serves the next jobs */
+    other[2] = harness_worker(&h, "stop");
+    if (harness_wait_stage(&h, TP_SI_STOP, 1, 10000))
+        fail_msg("the new stop worker did not register");
+    submit_greedy(&h, "d-1", prompts[1], MAX_TOKENS);
+    expect_like_run(&h, "d-1", prompts[1], MAX_TOKENS);
+    stop_pipeline(&h, tok, 0, other);
+}
+
 /* ---- a tokenize worker that restarts on the same connection -------------- */
 
 static void fake_send(void *d, tp_msg *m)
@@ -460,6 +494,7 @@ int main(void)
         cmocka_unit_test(jobs_at_a_killed_tokenize_worker_move_to_the_other_one),
         cmocka_unit_test(jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_next_one),
         cmocka_unit_test(a_tokenize_worker_that_registers_again_gets_the_prompt_again),
+        cmocka_unit_test(a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_the_stage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
