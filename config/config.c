@@ -87,6 +87,7 @@ static const struct key keys[] = {
     KI("heartbeat.reconnect_init_ms", reconnect_init_ms, 1, 600000),
     KI("heartbeat.reconnect_max_ms", reconnect_max_ms, 1, 3600000),
     KI("shutdown.drain_timeout_ms", drain_timeout_ms, 0, 3600000),
+    KI("recovery.deadline_ms", recovery_deadline_ms, 0, 3600000),
     KB("security.curve", curve),
     KS("security.server_secret_key", server_secret_key),
     KS("security.server_public_key", server_public_key),
@@ -191,6 +192,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->http_max_connections = 256;
     cfg->http_max_body_bytes = 8 << 20;
     cfg->http_timeout_ms = 10000;
+    cfg->recovery_deadline_ms = 30000;
     return 0;
 }
 

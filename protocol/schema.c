@@ -165,7 +165,12 @@ static const field stats_reply_f[] = {
     F_U64("zap_refused", ST(zap_refused), 0), F_U64("jobs_running", ST(jobs_running), 0),
     F_U64("jobs_waiting", ST(jobs_waiting), 0), F_U64("kv_slots_used", ST(kv_slots_used), 0),
     F_U64("kv_slots_total", ST(kv_slots_total), 0),
-    {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table}, END,
+    {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table},
+    F_U64("workers_lost", ST(workers_lost), 0),
+    F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
+    F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
+    F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0), END,
 };
 
 /* ---- EVT1 ---- */
@@ -264,7 +269,9 @@ static const field sample_open_f[] = {
      .max = TP_PROTO_MAX_STOP_IDS + 16},
     END,
 };
-static const pframe sample_open_p[] = {{"context", M(sample_open.context), 4, 0}, {NULL, 0, 0, 0}};
+static const pframe sample_open_p[] = {
+    {"context", M(sample_open.context), 4, 0}, {"replay", M(sample_open.replay), 4, 1}, {NULL, 0, 0, 0},
+};
 
 static const field sample_f[] = {
     TASK, STEPNO(M(sample.step)), COUNT("n", M(sample.n), 1, TP_PROTO_MAX_ITEMS),
@@ -465,6 +472,8 @@ static int check_sample_open(tp_msg *m, tp_err *err)
 {
     if (m->sample_open.context.n > TP_PROTO_MAX_IDS)
         return tp_err_set(err, TP_ERANGE, "context: more than %u ids", TP_PROTO_MAX_IDS);
+    if (m->sample_open.replay.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "replay: more than %u ids", TP_PROTO_MAX_IDS);
     return params_check(&m->sample_open.params, "params", err);
 }
 

@@ -84,6 +84,7 @@ typedef struct tp_config {
     int heartbeat_ms, liveness;
     int reconnect_init_ms, reconnect_max_ms;
     int drain_timeout_ms;
+    int recovery_deadline_ms;     /* a job waits this long for a worker of a stage it lost */
 
     /* security (zsec.h): CURVE on tcp endpoints; key paths, "" = unset */
     bool curve;

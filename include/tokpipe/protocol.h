@@ -365,6 +365,11 @@ typedef struct tp_m_stats_reply {
     uint64_t kv_slots_used;        /* sequences held by forward workers now */
     uint64_t kv_slots_total;       /* their capacity (sum over live forward workers) */
     tp_hist hist[TP_HIST_COUNT];   /* queue time, TTFT, inter-token latency, end-to-end */
+    uint64_t workers_lost;         /* registrations lost (dead, hung, disconnected, restarted) */
+    uint64_t recovered[4];         /* jobs moved to another worker per stage: tokenize, forward, sample, stop */
+    uint64_t recovery_count;       /* recoveries timed: loss -> the job's next event */
+    uint64_t recovery_ms_total, recovery_ms_max;
+    uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
@@ -485,6 +490,8 @@ typedef struct tp_m_sample_open {
                                 * accepted (EOS + stop ids) */
     size_t n_ban_ids;
     tp_raw context;            /* i32 frame: prompt (+ accepted) ids for penalties */
+    tp_raw replay;             /* i32 frame, optional: candidates to accept before the first
+                                * draw (rebuilding a lost sampler; empty for a new job) */
 } tp_m_sample_open;
 
 typedef struct tp_m_sample {
