@@ -19,7 +19,7 @@
 
 CC       ?= cc
 FUZZ_CC  ?= clang
-PKGS     := libzmq msgpack openblas yaml-0.1 libsystemd libcjson libmicrohttpd
+PKGS     := libzmq msgpack openblas yaml-0.1 libsystemd libcjson libpcre2-8 libutf8proc libmicrohttpd
 SAN      ?= 0
 FUZZ_SECONDS ?= 30
 # Build lines are short ("CC file"); `make V=1` shows the full commands.

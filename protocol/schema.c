@@ -91,7 +91,7 @@ int tp_proto_param_float(const char *key, double v, float *out, tp_err *err)
 static const field submit_f[] = {
     REQ, F_JOBID("job_id", M(submit.job_id), 0),
     F_STR("prompt", M(submit.prompt), 0, TP_PROTO_MAX_PROMPT),
-    PARAMS(M(submit.params)), END,
+    PARAMS(M(submit.params)), F_BOOL("parse_special", M(submit.parse_special), 0), END,
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
 
@@ -165,7 +165,13 @@ static const field stats_reply_f[] = {
     F_U64("zap_refused", ST(zap_refused), 0), F_U64("jobs_running", ST(jobs_running), 0),
     F_U64("jobs_waiting", ST(jobs_waiting), 0), F_U64("kv_slots_used", ST(kv_slots_used), 0),
     F_U64("kv_slots_total", ST(kv_slots_total), 0),
-    {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table}, END,
+    {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table},
+    F_U64("workers_lost", ST(workers_lost), 0),
+    F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
+    F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
+    F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
+    {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)}, END,
 };
 
 /* ---- EVT1 ---- */
@@ -232,7 +238,8 @@ static const field result_f[] = {TASK, STATUS, ERROR, END};
 
 static const field tokenize_f[] = {
     TASK, SLOT(M(tokenize.slot)), F_STR("text", M(tokenize.text), FF_REQUIRED, TP_PROTO_MAX_PROMPT),
-    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED), END,
+    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED),
+    F_BOOL("parse_special", M(tokenize.parse_special), 0), END,
 };
 static const field tokenized_f[] = {TASK, STATUS, ERROR, SLOT(M(tokenized.slot)), END};
 static const pframe tokenized_p[] = {{"ids", M(tokenized.ids), 4, 1}, {NULL, 0, 0, 0}};
@@ -263,7 +270,9 @@ static const field sample_open_f[] = {
      .max = TP_PROTO_MAX_STOP_IDS + 16},
     END,
 };
-static const pframe sample_open_p[] = {{"context", M(sample_open.context), 4, 0}, {NULL, 0, 0, 0}};
+static const pframe sample_open_p[] = {
+    {"context", M(sample_open.context), 4, 0}, {"replay", M(sample_open.replay), 4, 1}, {NULL, 0, 0, 0},
+};
 
 static const field sample_f[] = {
     TASK, STEPNO(M(sample.step)), COUNT("n", M(sample.n), 1, TP_PROTO_MAX_ITEMS),
@@ -464,6 +473,8 @@ static int check_sample_open(tp_msg *m, tp_err *err)
 {
     if (m->sample_open.context.n > TP_PROTO_MAX_IDS)
         return tp_err_set(err, TP_ERANGE, "context: more than %u ids", TP_PROTO_MAX_IDS);
+    if (m->sample_open.replay.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "replay: more than %u ids", TP_PROTO_MAX_IDS);
     return params_check(&m->sample_open.params, "params", err);
 }
 

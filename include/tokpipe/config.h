@@ -84,6 +84,7 @@ typedef struct tp_config {
     int heartbeat_ms, liveness;
     int reconnect_init_ms, reconnect_max_ms;
     int drain_timeout_ms;
+    int recovery_deadline_ms;     /* a job waits this long for a worker of a stage it lost */
 
     /* security (zsec.h): CURVE on tcp endpoints; key paths, "" = unset */
     bool curve;
@@ -138,5 +139,9 @@ extern const char *const tp_config_kernel_names[];
 const char *tp_config_stage_name(int si);
 
 void tp_config_free(tp_config *cfg);
+
+/* Where every string setting of cfg lives (source included): fills out[]
+ * with up to cap pointers to them; returns how many there are. */
+size_t tp_config_strings(tp_config *cfg, char **out[], size_t cap);
 
 #endif

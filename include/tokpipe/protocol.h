@@ -281,6 +281,7 @@ typedef struct tp_m_submit {
     tp_str prompt;        /* text prompt; ptr NULL = absent, then prompt_ids */
     tp_raw prompt_ids;    /* int32 frame F3, present iff prompt is absent, >= 1 id */
     tp_params params;
+    bool parse_special;   /* control-token texts in prompt become those tokens */
 } tp_m_submit;
 
 typedef struct tp_m_ack {   /* ACK and ERROR. status 200: accepted / cancel done; else rejected */
@@ -364,6 +365,12 @@ typedef struct tp_m_stats_reply {
     uint64_t kv_slots_used;        /* sequences held by forward workers now */
     uint64_t kv_slots_total;       /* their capacity (sum over live forward workers) */
     tp_hist hist[TP_HIST_COUNT];   /* queue time, TTFT, inter-token latency, end-to-end */
+    uint64_t workers_lost;         /* registrations lost (dead, hung, disconnected, restarted) */
+    uint64_t recovered[4];         /* jobs moved to another worker per stage: tokenize, forward, sample, stop */
+    uint64_t recovery_count;       /* recoveries timed: loss -> the job's next event */
+    uint64_t recovery_ms_total, recovery_ms_max;
+    uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
+    unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
@@ -436,7 +443,8 @@ typedef struct tp_m_disconnect {
 typedef struct tp_m_tokenize {
     uint32_t slot;
     tp_str text;
-    bool add_bos;
+    bool add_bos;         /* add BOS/EOS as the vocabulary asks (add_bos_token/add_eos_token) */
+    bool parse_special;   /* control-token texts become those tokens */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {
@@ -483,6 +491,8 @@ typedef struct tp_m_sample_open {
                                 * accepted (EOS + stop ids) */
     size_t n_ban_ids;
     tp_raw context;            /* i32 frame: prompt (+ accepted) ids for penalties */
+    tp_raw replay;             /* i32 frame, optional: candidates to accept before the first
+                                * draw (rebuilding a lost sampler; empty for a new job) */
 } tp_m_sample_open;
 
 typedef struct tp_m_sample {

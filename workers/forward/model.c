@@ -822,11 +822,9 @@ int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err)
     int rc = tp_model_vocab_get(m, &v, err);
     if (rc)
         return rc;
-    if (v.model[0] && strcmp(v.model, "llama"))
-        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.model is '%s'; only SentencePiece ('llama') "
-                          "vocabularies are supported", v.model);
-    return tp_tokenizer_from_vocab(v.pieces, v.piece_lens, v.scores, v.types, v.n, v.bos_id, v.eos_id, out,
-                                   err);
+    /* the tokenizer module reads tokenizer.ggml.* itself (merges, pre,
+     * special ids, add_bos/add_eos), for both vocabulary kinds */
+    return tp_tokenizer_from_gguf(m->gguf, out, err);
 }
 
 /* Vocabulary-only view of a GGUF file: no tensors or shape required. */
