@@ -377,6 +377,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->recovery_ms_total = st->recovery_ms_sum;
     s->recovery_ms_max = st->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
+    s->events_refused = st->events_refused;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);

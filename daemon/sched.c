@@ -449,6 +449,10 @@ static void attach_stop(broker *b, bjob *j, int t)
     o->t_submit_us = j->t_submit_wall;
     o->t_start_us = j->t_start_wall;
     o->replay = (tp_raw){j->cands, k};
+    /* a new pin per attachment: events of a worker the job left (lost, or
+     * stopped and running again) or of anyone else are not believed */
+    j->stop_pin = tp_random_u64() | 1;
+    o->pin = j->stop_pin;
     j->open_task[2] = m.task;
     broker_send_worker(b, t, &m);
     /* the verdicts after the replayed tokens come again */
