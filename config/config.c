@@ -50,7 +50,7 @@ static const struct key keys[] = {
     KI("workers.sample", stage_count[TP_SI_SAMPLE], 0, 64),
     KI("workers.stop", stage_count[TP_SI_STOP], 0, 64),
     {"workers.fuse", K_STRLIST, OFF(fuse), 0, TP_CONFIG_MAX_GROUPS, 0, 0, NULL},
-    KI("workers.forward_threads", forward_threads, 1, 2),
+    KI("workers.forward_threads", forward_threads, 0, TP_CONFIG_MAX_FORWARD_THREADS),
     KE("workers.forward_kernel", forward_kernel, tp_config_kernel_names),
     KI("workers.respawn_init_ms", respawn_init_ms, 10, 600000),
     KI("workers.respawn_max_ms", respawn_max_ms, 10, 3600000),
@@ -129,7 +129,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
         }
     for (int s = 0; s < TP_SI_COUNT; s++)
         cfg->stage_count[s] = 1;
-    cfg->forward_threads = 1;
+    cfg->forward_threads = 0;
     cfg->respawn_init_ms = 250;
     cfg->respawn_max_ms = 30000;
     cfg->max_num_seqs = 64;

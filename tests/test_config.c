@@ -224,6 +224,26 @@ static void bad_forward_kernel_is_named_with_its_line(void **state)
     expect_error("workers:\n  forward_kernel: [openblas]\n", "workers.forward_kernel", "single value");
 }
 
+static void forward_threads_takes_0_for_the_affinity_up_to_the_forward_limit(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    assert_int_equal(TP_CONFIG_MAX_FORWARD_THREADS, TP_FORWARD_MAX_THREADS);
+    assert_int_equal(parse("", &c, &e), 0);
+    assert_int_equal(c.forward_threads, 0);
+    tp_config_free(&c);
+    if (parse("workers:\n  forward_threads: 256\n", &c, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.forward_threads, 256);
+    tp_config_free(&c);
+    expect_error("workers:\n  forward_threads: 257\n", "t.yaml:2:",
+                 "workers.forward_threads: 257 is outside [0, 256]");
+    expect_error("workers:\n  forward_threads: -1\n", "t.yaml:2:", "workers.forward_threads");
+    expect_error("workers:\n  forward_threads: many\n", "t.yaml:2:",
+                 "workers.forward_threads: 'many' is not an integer");
+}
+
 static void penalty_window_is_bounded_by_its_limit(void **state)
 {
     (void)state;
@@ -279,6 +299,7 @@ int main(void)
         cmocka_unit_test(bad_fuse_entries_are_rejected),
         cmocka_unit_test(forward_kernel_takes_the_names_of_the_forward_library),
         cmocka_unit_test(bad_forward_kernel_is_named_with_its_line),
+        cmocka_unit_test(forward_threads_takes_0_for_the_affinity_up_to_the_forward_limit),
         cmocka_unit_test(penalty_window_is_bounded_by_its_limit),
         cmocka_unit_test(missing_file_names_the_path),
         cmocka_unit_test(parse_stages_reads_lists),

@@ -276,7 +276,7 @@ static const int PROMPTS[NSEQ][12] = {
 static const int PLEN[NSEQ] = {5, 3, 10, 1, 7, 12, 3, 6};
 
 /* logits[s][k]: after prompt (k=0) and after each of DECODE greedy steps. */
-static void run_alone(tp_model *m, float *out, int V, bool scalar)
+static void run_alone(tp_model *m, float *out, int V, int threads, bool scalar)
 {
     tp_err e;
     for (int s = 0; s < NSEQ; s++) {
@@ -284,6 +284,8 @@ static void run_alone(tp_model *m, float *out, int V, bool scalar)
         assert_int_equal(tp_forward_new(m, 1, 64, 16, &f, &e), 0);
         if (scalar)
             tp_forward_use_scalar_for_tests(f);
+        assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+        tp_forward_split_all_for_tests(f);
         int sid;
         tp_forward_seq_open(f, &sid, &e);
         float *row = out + (size_t)s * (DECODE + 1) * V;
@@ -309,6 +311,10 @@ static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
     assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+    assert_int_equal(tp_forward_threads(f), threads);
+    /* stories260K's matrices are too small to be worth a thread: split
+     * them anyway, at every panel group and (token, head) boundary */
+    tp_forward_split_all_for_tests(f);
     int sid[NSEQ], fed[NSEQ] = {0}, done[NSEQ] = {0}, toks[NSEQ];
     float *step_logits = malloc(sizeof(float) * NSEQ * V);
     for (int s = 0; s < NSEQ; s++)
@@ -354,18 +360,25 @@ static void batch_invariance(bool scalar)
     int V = tp_model_get_config(m)->vocab_size;
     size_t n = (size_t)NSEQ * (DECODE + 1) * V;
     float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
-    run_alone(m, alone, V, scalar);
-    for (int threads = 1; threads <= 2; threads++) {
-        memset(batched, 0, sizeof(float) * n);
-        run_batched(m, batched, V, threads, scalar);
-        for (int s = 0; s < NSEQ; s++)
-            for (int k = 0; k <= DECODE; k++) {
-                size_t off = ((size_t)s * (DECODE + 1) + k) * V;
-                if (memcmp(alone + off, batched + off, sizeof(float) * V))
-                    fail_msg("%s, %d thread(s): sequence %d, logits row %d: batched differs from alone",
-                             scalar ? "scalar" : "avx512", threads, s, k);
-            }
-    }
+    run_alone(m, alone, V, 1, scalar);
+    /* batched on N threads, and alone (batch 1: the split matvec) on N
+     * threads, both bitwise equal to alone on 1 thread */
+    for (int threads = 1; threads <= 4; threads++)
+        for (int mode = threads == 1; mode < 2; mode++) {
+            memset(batched, 0, sizeof(float) * n);
+            if (mode)
+                run_batched(m, batched, V, threads, scalar);
+            else
+                run_alone(m, batched, V, threads, scalar);
+            for (int s = 0; s < NSEQ; s++)
+                for (int k = 0; k <= DECODE; k++) {
+                    size_t off = ((size_t)s * (DECODE + 1) + k) * V;
+                    if (memcmp(alone + off, batched + off, sizeof(float) * V))
+                        fail_msg("%s, %d thread(s): sequence %d, logits row %d: %s differs from alone on 1 "
+                                 "thread", scalar ? "scalar" : "avx512", threads, s, k,
+                                 mode ? "batched" : "alone");
+                }
+        }
     free(alone);
     free(batched);
     tp_model_free(m);

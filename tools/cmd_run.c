@@ -71,7 +71,9 @@ static void usage(FILE *out)
           "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
-          "  --threads N              compute threads, 1 or 2 (default 1)\n"
+          "  --threads N              compute threads, 1-256; 0 (the default) = one per CPU this\n"
+          "                           process may run on (sched_getaffinity); output is the same\n"
+          "                           for any count\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
           "                           (faster at large batches, not batch invariant; see forward.h)\n",
           out);
@@ -81,7 +83,7 @@ static void usage(FILE *out)
 static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
 {
     memset(a, 0, sizeof *a);
-    a->threads = 1;
+    a->threads = 0;
     genopts_init(&a->gen);
     for (int i = 1; i < argc; i++) {
         int rc = genopts_parse_one(&a->gen, argc, argv, &i, err);
@@ -97,8 +99,15 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             a->model = argv[++i];
         else if (!strcmp(f, "--tokenizer"))
             a->tokenizer = argv[++i];
-        else if (!strcmp(f, "--threads"))
-            a->threads = atoi(argv[++i]);
+        else if (!strcmp(f, "--threads")) {
+            const char *v = argv[++i];
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 0 || n > TP_FORWARD_MAX_THREADS)
+                return tp_err_set(err, TP_EINVAL, "--threads: '%s' is not a number of threads in 0..%d", v,
+                                  TP_FORWARD_MAX_THREADS);
+            a->threads = (int)n;
+        }
         else if (!strcmp(f, "--kernel")) {
             if ((rc = tp_fwd_kernel_parse(argv[++i], &a->kernel, err)))
                 return rc;
@@ -130,8 +139,8 @@ static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "tokenizer has %d tokens but the model's vocabulary is %d",
                           tp_tokenizer_vocab_size(c->tok), c->vocab);
     rc = tp_forward_new(c->model, (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
-    if (rc == 0 && a->threads != 1)
-        rc = tp_forward_set_threads(c->fwd, a->threads, err);
+    if (rc == 0)
+        rc = tp_forward_set_threads(c->fwd, a->threads ? a->threads : tp_forward_default_threads(), err);
     if (rc == 0 && a->kernel != TP_FWD_KERNEL_INVARIANT)
         rc = tp_forward_set_kernel(c->fwd, a->kernel, err);
     return rc;

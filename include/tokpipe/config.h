@@ -20,6 +20,9 @@
 
 #define TP_CONFIG_DEFAULT_PATH "config/tokpipe.yaml"
 #define TP_CONFIG_MAX_GROUPS 8  /* worker process kinds (fused stage sets) */
+/* workers.forward_threads upper bound: forward.h's TP_FORWARD_MAX_THREADS
+ * (config does not link the forward library; test_config checks they agree) */
+#define TP_CONFIG_MAX_FORWARD_THREADS 256
 
 /* The four pipeline stages, as indexes. */
 enum { TP_SI_TOKENIZE = 0, TP_SI_FORWARD, TP_SI_SAMPLE, TP_SI_STOP, TP_SI_COUNT };
@@ -49,7 +52,7 @@ typedef struct tp_config {
     int stage_count[TP_SI_COUNT];
     char **fuse;             /* e.g. {"forward,sample"}: stages run in one process */
     size_t n_fuse;
-    int forward_threads;
+    int forward_threads;     /* 0 = the CPUs the worker's affinity mask allows */
     int forward_kernel;      /* tp_fwd_kernel: 0 invariant (default), 1 openblas */
     int respawn_init_ms, respawn_max_ms;
 

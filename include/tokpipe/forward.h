@@ -20,9 +20,11 @@
  * (tp_forward_set_kernel, TP_FWD_KERNEL_OPENBLAS) that trades batch
  * invariance for OpenBLAS's sgemm; see there.
  *
- * Single-threaded by default (one compute thread per worker process; see
- * research/limits.md on thread pools collapsing on this machine), with an
- * opt-in passive second thread. A tp_forward is not thread-safe; the
+ * Single-threaded until tp_forward_set_threads asks for more: a pool of
+ * compute threads that sleep while idle (never spin: spinning pools
+ * collapsed on this machine, research/limits.md 0.1), splitting every
+ * matmul by output rows and attention by (token, head), so the bits never
+ * depend on the thread count. A tp_forward is not thread-safe; the
  * tp_model it reads may be shared. */
 #ifndef TOKPIPE_FORWARD_H
 #define TOKPIPE_FORWARD_H
@@ -78,14 +80,27 @@ int tp_forward_seq_length(const tp_forward *f, int seq_id);
  * pos + n_tokens. */
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err);
 
-/* Use 1 (the default) or 2 compute threads. With the invariant kernel the
- * second thread sleeps on a condition variable (no spinning) and takes half
- * the rows of each matmul of a step with at least 8 tokens; results stay
- * bit-identical to 1 thread. With the OpenBLAS kernel it is OpenBLAS's own
- * thread count instead (see tp_forward_set_kernel). Worth it only when the
- * process may own both cores. */
+/* Most compute threads one tp_forward runs. */
+#define TP_FORWARD_MAX_THREADS 256
+
+/* Use n_threads compute threads, 1 (the default of a new tp_forward) up to
+ * TP_FORWARD_MAX_THREADS, counting the caller's: n_threads - 1 helper
+ * threads are started (and any previous ones stopped). With the invariant
+ * kernel every matmul of a step, the classifier included and batch-1 decode
+ * too, is split by output rows (panel groups of 64 rows) and attention by
+ * (token, head); a job too small to pay for waking a thread uses fewer.
+ * Logits stay bit-identical to 1 thread. Idle helpers sleep in the kernel
+ * (futex), so threads beyond the free cores cost only when work overlaps.
+ * With the OpenBLAS kernel it is OpenBLAS's own thread count instead (see
+ * tp_forward_set_kernel). TP_EINVAL outside the range, TP_ENOMEM if a
+ * thread or its scratch cannot be had (the old count stays). */
 int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err);
 int tp_forward_threads(const tp_forward *f);
+
+/* The thread count to use when none is configured: the CPUs this process's
+ * affinity mask allows (sched_getaffinity; e.g. taskset or systemd's
+ * CPUAffinity=), at most TP_FORWARD_MAX_THREADS. */
+int tp_forward_default_threads(void);
 
 /* Matmul backend of the weight matrices (attention, norms, RoPE and SwiGLU
  * are the same code either way).

@@ -65,7 +65,8 @@ void tp_sample_stage_free(tp_sample_stage *st);
 /* ---- forward ----------------------------------------------------------- */
 typedef struct tp_forward_stage tp_forward_stage;
 /* model is borrowed. kv_slots / max_pos / max_batch_tokens as for
- * tp_forward_new; threads 1 or 2. */
+ * tp_forward_new; threads 1..TP_FORWARD_MAX_THREADS, or 0 for
+ * tp_forward_default_threads() (the CPUs the affinity mask allows). */
 int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
                          int threads, tp_forward_stage **out, tp_err *err);
 /* Matmul kernel for every later step (tp_forward_set_kernel: the OpenBLAS

@@ -11,19 +11,22 @@
 #include "tokpipe/forward.h"
 #include "blas.h"
 #include "kernels.h"
+#include "pool.h"
 
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
-#define THREAD_MIN_TOKENS 8   /* below this a step is memory-bound: one thread */
-#define THREAD_MIN_PANELS 16  /* small matrices are not worth a hand-off */
+/* Multiply-adds a part of a pooled job must have to be worth waking a
+ * thread for (a wake costs microseconds; this is a few of them of work). */
+#define PART_MIN_MACS 65536
 #define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
 
 typedef struct packed_layer {
@@ -39,29 +42,12 @@ typedef struct scratch {
     float *qkv;    /* [T][dim + 2 kv_dim] */
     float *h13;    /* [T][2 hidden] */
     float *proj;   /* [T][max(dim, hidden)] output of wo / w2, and hidden for w2 */
-    float *att;    /* [max_pos] attention scores of one head */
+    float *att;    /* [threads][max_pos] attention scores, one row per pool part */
     float *cls_in; /* [T][dim] final-normed rows that want logits */
     float *cls_out; /* [CLS_CHUNK][vocab] */
     int *tok_slot; /* [T] */
     int *tok_pos;  /* [T] */
 } scratch;
-
-/* The optional second compute thread. It sleeps on a condition variable
- * (never spins: spinning pools collapsed on this machine, limits.md 0.1)
- * and computes the upper half of a matmul's panels; rows never interact,
- * so the bits equal a single-threaded call. */
-typedef struct helper {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    const tp_packed *w;
-    const float *x;
-    float *y;
-    int ldx, n_tok, ldy, pg0, pg1;
-    bool avx512;
-    unsigned long posted, done;
-    bool quit;
-} helper;
 
 struct tp_forward {
     const tp_model *model;
@@ -84,11 +70,10 @@ struct tp_forward {
     tp_fwd_kernel kernel;
     tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
     float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
-    helper *helper; /* NULL: single-threaded (the default) */
+    tp_pool *pool;  /* compute threads (1 = none started) */
+    long long part_min; /* PART_MIN_MACS; tests lower it to split everything */
     scratch s;
 };
-
-static void helper_stop(helper *h);
 
 /* ---- setup ------------------------------------------------------------- */
 
@@ -146,12 +131,11 @@ static int alloc_scratch(tp_forward *f)
     s->qkv = malloc(T * qkv * sizeof(float));
     s->h13 = malloc(T * 2 * h * sizeof(float));
     s->proj = malloc(T * wide * sizeof(float));
-    s->att = malloc((size_t)f->max_pos * sizeof(float));
     s->cls_in = malloc(T * d * sizeof(float));
     s->cls_out = malloc((size_t)CLS_CHUNK * (size_t)f->c.vocab_size * sizeof(float));
     s->tok_slot = malloc(T * sizeof(int));
     s->tok_pos = malloc(T * sizeof(int));
-    bool ok = s->x && s->xb && s->qkv && s->h13 && s->proj && s->att && s->cls_in && s->cls_out && s->tok_slot &&
+    bool ok = s->x && s->xb && s->qkv && s->h13 && s->proj && s->cls_in && s->cls_out && s->tok_slot &&
               s->tok_pos;
     return ok ? 0 : TP_ENOMEM;
 }
@@ -212,9 +196,12 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->max_tokens = max_batch_tokens;
     f->kv_pos = (max_pos + 15) / 16 * 16;
     f->avx512 = tp_kernels_have_avx512();
+    f->part_min = PART_MIN_MACS;
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
+    if (!rc)
+        rc = tp_forward_set_threads(f, 1, err);
     if (rc) {
         tp_forward_free(f);
         return rc;
@@ -227,7 +214,7 @@ void tp_forward_free(tp_forward *f)
 {
     if (!f)
         return;
-    helper_stop(f->helper);
+    tp_pool_free(f->pool);
     if (f->layers)
         for (int l = 0; l < f->c.n_layers; l++) {
             tp_packed_free(&f->layers[l].qkv);
@@ -253,70 +240,45 @@ void tp_forward_free(tp_forward *f)
     free(f);
 }
 
-/* ---- optional second thread -------------------------------------------- */
+/* ---- compute threads --------------------------------------------------- */
 
-static void *helper_main(void *arg)
+int tp_forward_default_threads(void)
 {
-    helper *h = arg;
-    unsigned long seen = 0;
-    pthread_mutex_lock(&h->mu);
-    for (;;) {
-        while (h->posted == seen && !h->quit)
-            pthread_cond_wait(&h->cv, &h->mu);
-        if (h->quit)
-            break;
-        seen = h->posted;
-        pthread_mutex_unlock(&h->mu);
-        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1, h->avx512);
-        pthread_mutex_lock(&h->mu);
-        h->done = seen;
-        pthread_cond_broadcast(&h->cv);
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
-}
-
-static void helper_stop(helper *h)
-{
-    if (!h)
-        return;
-    pthread_mutex_lock(&h->mu);
-    h->quit = true;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(h->thread, NULL);
-    pthread_mutex_destroy(&h->mu);
-    pthread_cond_destroy(&h->cv);
-    free(h);
+    cpu_set_t set;
+    long n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    else /* more CPUs than a cpu_set_t holds: the mask cannot be read so */
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > TP_FORWARD_MAX_THREADS ? TP_FORWARD_MAX_THREADS : (int)n;
 }
 
 int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
 {
-    if (n_threads < 1 || n_threads > 2)
-        return tp_err_set(err, TP_EINVAL, "forward: threads %d outside 1..2", n_threads);
-    if ((n_threads == 2) == (f->helper != NULL))
+    if (n_threads < 1 || n_threads > TP_FORWARD_MAX_THREADS)
+        return tp_err_set(err, TP_EINVAL, "forward: threads %d outside 1..%d", n_threads, TP_FORWARD_MAX_THREADS);
+    if (f->pool && tp_pool_threads(f->pool) == n_threads)
         return 0;
-    if (n_threads == 1) {
-        helper_stop(f->helper);
-        f->helper = NULL;
-        return 0;
+    float *att = malloc((size_t)n_threads * (size_t)f->max_pos * sizeof(float));
+    if (!att)
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for attention scratch of %d threads",
+                          n_threads);
+    tp_pool *pool;
+    int rc = tp_pool_new(n_threads, &pool, err);
+    if (rc) {
+        free(att);
+        return rc;
     }
-    helper *h = calloc(1, sizeof *h);
-    if (!h)
-        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for a compute thread");
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
-    if (pthread_create(&h->thread, NULL, helper_main, h)) {
-        pthread_mutex_destroy(&h->mu);
-        pthread_cond_destroy(&h->cv);
-        free(h);
-        return tp_err_set(err, TP_ENOMEM, "forward: cannot start a compute thread");
-    }
-    f->helper = h;
+    tp_pool_free(f->pool);
+    free(f->s.att);
+    f->pool = pool;
+    f->s.att = att;
     return 0;
 }
 
-int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
+int tp_forward_threads(const tp_forward *f) { return f->pool ? tp_pool_threads(f->pool) : 1; }
+
+void tp_forward_split_all_for_tests(tp_forward *f) { f->part_min = 1; }
 
 void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
 
@@ -382,29 +344,39 @@ static void blas_matmul(const tp_forward *f, const float *w, int rows, int cols,
                       y, ldy);
 }
 
-/* One matmul of the step: split by panel groups across the two threads when
- * there is enough work to pay for the hand-off. */
+/* Parts worth using for a job of macs multiply-adds. */
+static int parts_for(const tp_forward *f, double macs)
+{
+    double p = macs / (double)f->part_min;
+    int n = tp_forward_threads(f);
+    return p >= n ? n : p < 1 ? 1 : (int)p;
+}
+
+typedef struct mm_job {
+    const tp_packed *w;
+    const float *x;
+    float *y;
+    int ldx, n_tok, ldy;
+    bool avx512;
+} mm_job;
+
+static void mm_rows(void *arg, int r0, int r1, int part)
+{
+    (void)part;
+    const mm_job *j = arg;
+    tp_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->avx512);
+}
+
+/* One matmul of the step, split by output rows (panel groups) over the
+ * pool: every row is computed as in a single call, so the bits do not
+ * depend on the thread count. Batch 1 splits too: a decode step is a
+ * matvec that streams every weight once, and every core's share of the
+ * memory bandwidth helps it. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    helper *h = f->helper;
-    if (!h || n_tok < THREAD_MIN_TOKENS || w->panels < THREAD_MIN_PANELS) {
-        tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, f->avx512);
-        return;
-    }
-    int split = w->panels / 2 / 4 * 4;
-    pthread_mutex_lock(&h->mu);
-    h->w = w; h->x = x; h->ldx = ldx; h->n_tok = n_tok; h->y = y; h->ldy = ldy;
-    h->pg0 = split;
-    h->pg1 = w->panels;
-    h->avx512 = f->avx512;
-    unsigned long ticket = ++h->posted;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split, f->avx512);
-    pthread_mutex_lock(&h->mu);
-    while (h->done != ticket)
-        pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
+    mm_job j = {w, x, y, ldx, n_tok, ldy, f->avx512};
+    int parts = parts_for(f, (double)w->rows * w->cols * n_tok);
+    tp_pool_run(f->pool, w->rows, TP_MATMUL_ROW_ALIGN, parts, mm_rows, &j);
 }
 
 /* A weight group (matrices stacked in one packed tp_packed, sharing cols):
@@ -518,19 +490,20 @@ static void store_key(const tp_forward *f, float *kb, const float *k, int pos)
             dst[j * 16] = k[g * hs + j];
 }
 
-/* Attention of one token (query q at position pos) over its sequence's
- * cache positions 0..pos; writes dim floats to out. Each score and output
+/* Attention of head h of one token (query q at position pos) over its
+ * sequence's cache positions 0..pos; writes head_size floats to out + h *
+ * head_size, using att (max_pos floats) as scratch. Each score and output
  * element has a fixed summation order that depends only on head_size and
- * pos, never on the batch. */
-static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+ * pos, never on the batch or on which thread runs the head. */
+static void attend_scalar(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
+                          float *att)
 {
     const tp_model_config *c = &f->c;
     int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
     const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
     const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
     float scale = sqrtf((float)hs);
-    float *att = f->s.att;
-    for (int h = 0; h < c->n_heads; h++) {
+    {
         const float *qh = q + (size_t)h * hs;
         size_t hoff = (size_t)(h / kv_mul) * hs;
         for (int t = 0; t <= pos; t++) {
@@ -614,16 +587,15 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
     }
 }
 
-__attribute__((target("avx512f"))) static void attend_avx512(tp_forward *f, int layer, int slot, int pos,
-                                                             const float *q, float *out)
+__attribute__((target("avx512f"))) static void attend_avx512(const tp_forward *f, int layer, int slot, int pos,
+                                                             int h, const float *q, float *out, float *att)
 {
     const tp_model_config *c = &f->c;
     int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
     const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
     const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
     float scale = sqrtf((float)hs);
-    float *att = f->s.att;
-    for (int h = 0; h < c->n_heads; h++) {
+    {
         const float *qh = q + (size_t)h * hs;
         size_t hoff = (size_t)(h / kv_mul) * hs;
         const float *kt = kc + (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
@@ -633,12 +605,28 @@ __attribute__((target("avx512f"))) static void attend_avx512(tp_forward *f, int 
     }
 }
 
-static void attend(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+typedef struct att_job {
+    const tp_forward *f;
+    int layer;
+} att_job;
+
+/* Units [u0, u1) of a step's attention, unit u = (token u / n_heads, head
+ * u % n_heads): what the pool splits. */
+static void attend_units(void *arg, int u0, int u1, int part)
 {
-    if (f->avx512)
-        attend_avx512(f, layer, slot, pos, q, out);
-    else
-        attend_scalar(f, layer, slot, pos, q, out);
+    const att_job *j = arg;
+    const tp_forward *f = j->f;
+    const scratch *s = &f->s;
+    size_t d = (size_t)f->c.dim, qs = d + 2 * (size_t)f->c.kv_dim;
+    float *att = s->att + (size_t)part * (size_t)f->max_pos;
+    for (int u = u0; u < u1; u++) {
+        int t = u / f->c.n_heads, h = u % f->c.n_heads;
+        const float *q = s->qkv + (size_t)t * qs;
+        if (f->avx512)
+            attend_avx512(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
+        else
+            attend_scalar(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
+    }
 }
 
 /* ---- the step ---------------------------------------------------------- */
@@ -733,8 +721,11 @@ static void attention_block(tp_forward *f, int l, int T)
         for (size_t g = 0; g < (size_t)c->n_kv_heads; g++)
             memcpy(vb + (g * (size_t)f->kv_pos + (size_t)s->tok_pos[t]) * hs, v + g * hs, hs * sizeof(float));
     }
+    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head */
     for (int t = 0; t < T; t++)
-        attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);
+        macs += 2.0 * (s->tok_pos[t] + 1) * c->head_size * c->n_heads;
+    att_job aj = {f, l};
+    tp_pool_run(f->pool, T * c->n_heads, 1, parts_for(f, macs), attend_units, &aj);
     group_matmul(f, &f->layers[l].wo, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj, c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
 }

@@ -45,8 +45,8 @@ static int alloc_scratch(tp_forward_stage *st)
 static int make_forward(tp_forward_stage *st, tp_err *err)
 {
     int rc = tp_forward_new(st->model, st->kv_slots, st->max_pos, st->max_batch_tokens, &st->fwd, err);
-    if (!rc && st->threads > 1)
-        rc = tp_forward_set_threads(st->fwd, st->threads, err);
+    if (!rc)
+        rc = tp_forward_set_threads(st->fwd, st->threads ? st->threads : tp_forward_default_threads(), err);
     return rc;
 }
 
