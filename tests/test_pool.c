@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,20 +35,23 @@ static void sleep_ms(int ms)
 
 typedef struct cover {
     _Atomic int *hits;   /* per row */
-    _Atomic int parts_seen[64];
-    int align, n_rows;
-    _Atomic int bad;     /* a range that is not aligned or is empty */
+    int align, n_rows, threads;
+    _Atomic int bad;     /* a range that is empty, misaligned or has a bad worker */
+    _Atomic int busy[8]; /* calls running per worker index */
 } cover;
 
-static void mark(void *arg, int r0, int r1, int part)
+static void mark(void *arg, int r0, int r1, int worker)
 {
     cover *c = arg;
-    if (r0 >= r1 || r0 % c->align || (r1 != c->n_rows && r1 % c->align) || part < 0 || part >= 64)
+    if (r0 >= r1 || r0 % c->align || (r1 != c->n_rows && r1 % c->align) || r1 > c->n_rows || worker < 0 ||
+        worker >= c->threads)
         atomic_fetch_add(&c->bad, 1);
-    else
-        atomic_fetch_add(&c->parts_seen[part], 1);
-    for (int r = r0; r < r1; r++)
+    else if (atomic_fetch_add(&c->busy[worker], 1) != 0) /* two threads with one worker index */
+        atomic_fetch_add(&c->bad, 1);
+    for (int r = r0; r < r1 && r < c->n_rows; r++)
         atomic_fetch_add(&c->hits[r], 1);
+    if (worker >= 0 && worker < c->threads)
+        atomic_fetch_sub(&c->busy[worker], 1);
 }
 
 static void every_row_is_computed_once_in_aligned_ranges(void **state)
@@ -62,33 +66,30 @@ static void every_row_is_computed_once_in_aligned_ranges(void **state)
         const int aligns[] = {1, 16, 64};
         for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++)
             for (size_t ai = 0; ai < 3; ai++)
-                for (int max_parts = 1; max_parts <= 6; max_parts++) {
+                for (int max_threads = 1; max_threads <= 6; max_threads++) {
                     int n = rows_list[ri];
                     cover c;
                     memset(&c, 0, sizeof c);
                     c.hits = calloc((size_t)n, sizeof *c.hits);
                     c.align = aligns[ai];
                     c.n_rows = n;
-                    tp_pool_run(p, n, c.align, max_parts, mark, &c);
-                    int parts = tp_pool_parts(p, n, c.align, max_parts);
+                    c.threads = threads;
+                    tp_pool_run(p, n, c.align, max_threads, mark, &c);
+                    int used = tp_pool_job_threads(p, n, c.align, max_threads);
                     int units = (n + c.align - 1) / c.align;
-                    int want = threads < max_parts ? threads : max_parts;
+                    int want = threads < max_threads ? threads : max_threads;
                     if (units < want)
                         want = units;
-                    if (parts != want)
-                        fail_msg("%d threads, %d rows, align %d, max %d: %d parts, want %d", threads, n,
-                                 c.align, max_parts, parts, want);
+                    if (used != want)
+                        fail_msg("%d threads, %d rows, align %d, max %d: %d threads, want %d", threads, n,
+                                 c.align, max_threads, used, want);
                     if (atomic_load(&c.bad))
-                        fail_msg("%d threads, %d rows, align %d: a range was empty or misaligned", threads, n,
-                                 c.align);
+                        fail_msg("%d threads, %d rows, align %d: a range was empty or misaligned, or two "
+                                 "threads ran as one worker", threads, n, c.align);
                     for (int r = 0; r < n; r++)
                         if (atomic_load(&c.hits[r]) != 1)
                             fail_msg("%d threads, %d rows, align %d, max %d: row %d computed %d times",
-                                     threads, n, c.align, max_parts, r, atomic_load(&c.hits[r]));
-                    for (int i = 0; i < 64; i++)
-                        if (atomic_load(&c.parts_seen[i]) != (i < parts))
-                            fail_msg("%d threads, %d rows: part %d ran %d times (parts %d)", threads, n, i,
-                                     atomic_load(&c.parts_seen[i]), parts);
+                                     threads, n, c.align, max_threads, r, atomic_load(&c.hits[r]));
                     free(c.hits);
                 }
         tp_pool_free(p);
@@ -97,42 +98,47 @@ static void every_row_is_computed_once_in_aligned_ranges(void **state)
 
 typedef struct who {
     pthread_t caller;
-    _Atomic int part0_on_caller, others_elsewhere, calls;
+    _Atomic int zero_elsewhere, helper_on_caller, helper_calls;
 } who;
 
-static void record(void *arg, int r0, int r1, int part)
+static void record(void *arg, int r0, int r1, int worker)
 {
     (void)r0;
     (void)r1;
     who *w = arg;
-    atomic_fetch_add(&w->calls, 1);
-    if (part == 0)
-        atomic_fetch_add(&w->part0_on_caller, pthread_equal(pthread_self(), w->caller) != 0);
-    else
-        atomic_fetch_add(&w->others_elsewhere, pthread_equal(pthread_self(), w->caller) == 0);
+    bool on_caller = pthread_equal(pthread_self(), w->caller) != 0;
+    if (worker == 0)
+        atomic_fetch_add(&w->zero_elsewhere, !on_caller);
+    else {
+        atomic_fetch_add(&w->helper_calls, 1);
+        atomic_fetch_add(&w->helper_on_caller, on_caller);
+    }
+    struct timespec ts = {0, 200000}; /* slow rows: the helpers get to claim some */
+    nanosleep(&ts, NULL);
 }
 
-static void part_zero_runs_on_the_caller_and_the_rest_on_helpers(void **state)
+static void worker_zero_is_the_caller_and_helpers_share_the_rows(void **state)
 {
     (void)state;
     tp_err e;
     tp_pool *p;
     assert_int_equal(tp_pool_new(4, &p, &e), 0);
     who w = {.caller = pthread_self()};
-    for (int i = 0; i < 100; i++)
-        tp_pool_run(p, 4, 1, 4, record, &w);
-    assert_int_equal(atomic_load(&w.calls), 400);
-    assert_int_equal(atomic_load(&w.part0_on_caller), 100);
-    assert_int_equal(atomic_load(&w.others_elsewhere), 300);
+    for (int i = 0; i < 20; i++)
+        tp_pool_run(p, 64, 1, 4, record, &w);
+    assert_int_equal(atomic_load(&w.zero_elsewhere), 0);
+    assert_int_equal(atomic_load(&w.helper_on_caller), 0);
+    if (atomic_load(&w.helper_calls) == 0)
+        fail_msg("20 jobs of 64 slow rows on 4 threads: the helpers computed none");
     tp_pool_free(p);
 }
 
-static void nothing(void *arg, int r0, int r1, int part)
+static void nothing(void *arg, int r0, int r1, int worker)
 {
     (void)arg;
     (void)r0;
     (void)r1;
-    (void)part;
+    (void)worker;
 }
 
 /* A spinning pool burns a core per idle helper: about 3 s of CPU here. */
@@ -152,16 +158,16 @@ static void an_idle_pool_uses_no_cpu(void **state)
     tp_pool_free(p);
 }
 
-static void slow_part(void *arg, int r0, int r1, int part)
+static void slow_part(void *arg, int r0, int r1, int worker)
 {
     (void)arg;
-    (void)r0;
     (void)r1;
-    if (part == 1)
+    (void)worker;
+    if (r0 == 3)
         sleep_ms(500);
 }
 
-/* The caller and the helpers done early wait for the slow part asleep. */
+/* The threads done early wait for the one on the slow row asleep. */
 static void waiting_for_a_slow_part_uses_no_cpu(void **state)
 {
     (void)state;
@@ -214,7 +220,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_row_is_computed_once_in_aligned_ranges),
-        cmocka_unit_test(part_zero_runs_on_the_caller_and_the_rest_on_helpers),
+        cmocka_unit_test(worker_zero_is_the_caller_and_helpers_share_the_rows),
         cmocka_unit_test(an_idle_pool_uses_no_cpu),
         cmocka_unit_test(waiting_for_a_slow_part_uses_no_cpu),
         cmocka_unit_test(helpers_never_take_the_process_signals),

@@ -24,8 +24,8 @@
 
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
-/* Multiply-adds a part of a pooled job must have to be worth waking a
- * thread for (a wake costs microseconds; this is a few of them of work). */
+/* Multiply-adds a job must have per thread to be worth waking one (a wake
+ * costs microseconds; this is a few of them of work). */
 #define PART_MIN_MACS 65536
 #define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
 
@@ -42,7 +42,7 @@ typedef struct scratch {
     float *qkv;    /* [T][dim + 2 kv_dim] */
     float *h13;    /* [T][2 hidden] */
     float *proj;   /* [T][max(dim, hidden)] output of wo / w2, and hidden for w2 */
-    float *att;    /* [threads][max_pos] attention scores, one row per pool part */
+    float *att;    /* [threads][max_pos] attention scores, one row per pool worker */
     float *cls_in; /* [T][dim] final-normed rows that want logits */
     float *cls_out; /* [CLS_CHUNK][vocab] */
     int *tok_slot; /* [T] */
@@ -344,7 +344,7 @@ static void blas_matmul(const tp_forward *f, const float *w, int rows, int cols,
                       y, ldy);
 }
 
-/* Parts worth using for a job of macs multiply-adds. */
+/* Threads worth waking for a job of macs multiply-adds. */
 static int parts_for(const tp_forward *f, double macs)
 {
     double p = macs / (double)f->part_min;
@@ -360,9 +360,9 @@ typedef struct mm_job {
     bool avx512;
 } mm_job;
 
-static void mm_rows(void *arg, int r0, int r1, int part)
+static void mm_rows(void *arg, int r0, int r1, int worker)
 {
-    (void)part;
+    (void)worker;
     const mm_job *j = arg;
     tp_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->avx512);
 }
@@ -612,13 +612,13 @@ typedef struct att_job {
 
 /* Units [u0, u1) of a step's attention, unit u = (token u / n_heads, head
  * u % n_heads): what the pool splits. */
-static void attend_units(void *arg, int u0, int u1, int part)
+static void attend_units(void *arg, int u0, int u1, int worker)
 {
     const att_job *j = arg;
     const tp_forward *f = j->f;
     const scratch *s = &f->s;
     size_t d = (size_t)f->c.dim, qs = d + 2 * (size_t)f->c.kv_dim;
-    float *att = s->att + (size_t)part * (size_t)f->max_pos;
+    float *att = s->att + (size_t)worker * (size_t)f->max_pos;
     for (int u = u0; u < u1; u++) {
         int t = u / f->c.n_heads, h = u % f->c.n_heads;
         const float *q = s->qkv + (size_t)t * qs;
