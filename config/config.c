@@ -27,6 +27,7 @@ struct key {
 /* Config knows the kernel names, not the forward library (tokpiped does not
  * link it); test_config checks they are tp_fwd_kernel_parse's. */
 const char *const tp_config_kernel_names[] = {"invariant", "openblas", NULL};
+const char *const tp_config_kv_type_names[] = {"f32", "f16", NULL};
 
 #define OFF(f) offsetof(tp_config, f)
 #define KI(p, f, lo, hi) {p, K_INT, OFF(f), lo, hi, 0, 0, NULL}
@@ -61,6 +62,7 @@ static const struct key keys[] = {
     KB("batching.decode_ahead", decode_ahead),
     KI("kv.slots", kv_slots, 1, 4096),
     KI("kv.max_pos", kv_max_pos, 0, 1 << 20),
+    KE("kv.kv_type", kv_type, tp_config_kv_type_names),
     KI("generation.max_tokens", def_max_tokens, 1, INT32_MAX),
     KD("generation.temperature", def_temperature, 0, 1e6),
     KD("generation.top_p", def_top_p, 1e-300, 1),

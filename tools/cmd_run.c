@@ -34,6 +34,7 @@ typedef struct run_args {
     const char *tokenizer;
     int threads;
     tp_fwd_kernel kernel;
+    tp_kv_type kv_type;
     genopts gen;
 } run_args;
 
@@ -75,7 +76,9 @@ static void usage(FILE *out)
           "                           process may run on (sched_getaffinity); output is the same\n"
           "                           for any count\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
-          "                           (faster at large batches, not batch invariant; see forward.h)\n",
+          "                           (faster at large batches, not batch invariant; see forward.h)\n"
+          "  --kv-type TYPE           KV cache: f32 (default, exact) or f16 (half the memory and\n"
+          "                           attention traffic; logits move by the rounding)\n",
           out);
     genopts_print_help(out);
 }
@@ -93,7 +96,7 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             continue;
         const char *f = argv[i];
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
-             !strcmp(f, "--kernel")) && i + 1 >= argc)
+             !strcmp(f, "--kernel") || !strcmp(f, "--kv-type")) && i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
             a->model = argv[++i];
@@ -110,6 +113,9 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
         }
         else if (!strcmp(f, "--kernel")) {
             if ((rc = tp_fwd_kernel_parse(argv[++i], &a->kernel, err)))
+                return rc;
+        } else if (!strcmp(f, "--kv-type")) {
+            if ((rc = tp_kv_type_parse(argv[++i], &a->kv_type, err)))
                 return rc;
         } else
             return tp_err_set(err, TP_EINVAL, "unknown option '%s' (see tokpipe run --help)", f);
@@ -141,6 +147,8 @@ static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
     rc = tp_forward_new(c->model, (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
     if (rc == 0)
         rc = tp_forward_set_threads(c->fwd, a->threads ? a->threads : tp_forward_default_threads(), err);
+    if (rc == 0)
+        rc = tp_forward_set_kv_type(c->fwd, a->kv_type, err);
     if (rc == 0 && a->kernel != TP_FWD_KERNEL_INVARIANT)
         rc = tp_forward_set_kernel(c->fwd, a->kernel, err);
     return rc;

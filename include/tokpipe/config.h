@@ -64,6 +64,7 @@ typedef struct tp_config {
     bool decode_ahead;       /* feed a candidate before its stop verdict (see sched.c) */
     int kv_slots;
     int kv_max_pos;          /* 0 = the model's seq_len */
+    int kv_type;             /* tp_kv_type: 0 f32 (default), 1 f16 */
 
     /* generation defaults (used for keys a SUBMIT leaves out) */
     int32_t def_max_tokens;
@@ -123,6 +124,10 @@ int tp_config_parse_stages(const char *list, unsigned *bits, tp_err *err);
 /* The names workers.forward_kernel accepts, indexed by tp_fwd_kernel value
  * ("invariant", "openblas"), NULL-terminated. */
 extern const char *const tp_config_kernel_names[];
+
+/* The names kv.kv_type accepts, indexed by tp_kv_type value ("f32",
+ * "f16"), NULL-terminated. */
+extern const char *const tp_config_kv_type_names[];
 
 /* "tokenize", "forward", "sample", "stop" for an index. */
 const char *tp_config_stage_name(int si);

@@ -74,6 +74,8 @@ int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int m
  * blocked: the first OpenBLAS opt-in loads the library, whose threads
  * inherit the signal mask. */
 int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err);
+/* KV cache element type (tp_forward_set_kv_type); call before serving. */
+int tp_forward_stage_set_kv_type(tp_forward_stage *st, tp_kv_type t, tp_err *err);
 /* Fuse: STEP messages with sample=true are sampled in process by ss
  * (borrowed; NULL = not fused, such steps are refused). */
 void tp_forward_stage_set_sampler(tp_forward_stage *st, tp_sample_stage *ss);

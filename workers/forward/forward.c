@@ -11,6 +11,7 @@
 #include "tokpipe/forward.h"
 #include "blas.h"
 #include "kernels.h"
+#include "kv16.h"
 #include "pool.h"
 
 #include <immintrin.h>
@@ -61,8 +62,10 @@ struct tp_forward {
      * positions and a block is one contiguous run; max_pos is rounded up to
      * a multiple of 16 for this. Values [slot][layer][kv_head][pos]
      * [head_size]: a head's values over positions are one contiguous run. */
-    float *kcache, *vcache;
+    void *kcache, *vcache; /* float, or uint16_t halves with kv_type f16 (kv16.h) */
     size_t pool_bytes; /* of each of kcache and vcache */
+    tp_kv_type kv_type;
+    bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
@@ -140,36 +143,99 @@ static int alloc_scratch(tp_forward *f)
     return ok ? 0 : TP_ENOMEM;
 }
 
-static float *map_pool(size_t bytes)
+static void *map_pool(size_t bytes)
 {
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
-static int alloc_pool(tp_forward *f, tp_err *err)
+static void unmap_pool(void *p, size_t bytes)
+{
+    if (p)
+        munmap(p, bytes ? bytes : 1);
+}
+
+/* Map the key and value caches for kv_type t; the old ones stay until the
+ * new ones are had. */
+static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
 {
     /* slots, layers, max_pos and kv_dim are each bounded, so this product
-     * cannot overflow 64 bits; calloc still checks it against memory. */
+     * cannot overflow 64 bits; mmap still checks it against memory. */
+    size_t esize = t == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     uint64_t n = (uint64_t)f->slots * (uint64_t)f->c.n_layers * (uint64_t)f->kv_pos *
                  (uint64_t)f->c.kv_dim;
-    if (n > SIZE_MAX / sizeof(float))
-        return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu floats is too large",
+    if (n > SIZE_MAX / esize)
+        return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu values is too large",
                           (unsigned long long)n);
     /* Anonymous maps: page aligned (a 64-byte key row never straddles into
      * another page) and lazily zeroed, so untouched slots cost no RAM. */
-    f->pool_bytes = (size_t)n * sizeof(float);
-    f->kcache = map_pool(f->pool_bytes);
-    f->vcache = map_pool(f->pool_bytes);
+    size_t bytes = (size_t)n * esize;
+    void *k = map_pool(bytes), *v = map_pool(bytes);
+    if (!k || !v) {
+        unmap_pool(k, bytes);
+        unmap_pool(v, bytes);
+        return tp_err_set(err, TP_ENOMEM, "forward: cannot allocate a KV pool of %d slots x %d positions "
+                          "(%.1f MB, kv_type %s)", f->slots, f->max_pos, 2.0 * (double)bytes / 1e6,
+                          tp_kv_type_name(t));
+    }
+    unmap_pool(f->kcache, f->pool_bytes);
+    unmap_pool(f->vcache, f->pool_bytes);
+    f->kcache = k;
+    f->vcache = v;
+    f->pool_bytes = bytes;
+    f->kv_type = t;
+    return 0;
+}
+
+static int alloc_pool(tp_forward *f, tp_err *err)
+{
+    int rc = map_kv(f, TP_KV_F32, err);
+    if (rc)
+        return rc;
     f->seq_len = malloc((size_t)f->slots * sizeof(int));
     f->seen = calloc((size_t)f->slots, sizeof(int));
-    if (!f->kcache || !f->vcache || !f->seq_len || !f->seen)
-        return tp_err_set(err, TP_ENOMEM, "forward: cannot allocate a KV pool of %d slots x %d positions "
-                          "(%.1f MB)", f->slots, f->max_pos, 2.0 * (double)n * 4 / 1e6);
+    if (!f->seq_len || !f->seen)
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d sequence slots", f->slots);
     for (int i = 0; i < f->slots; i++)
         f->seq_len[i] = -1;
     return 0;
 }
+
+const char *tp_kv_type_name(tp_kv_type t)
+{
+    switch (t) {
+    case TP_KV_F32: return "f32";
+    case TP_KV_F16: return "f16";
+    }
+    return "unknown";
+}
+
+int tp_kv_type_parse(const char *name, tp_kv_type *out, tp_err *err)
+{
+    const tp_kv_type all[] = {TP_KV_F32, TP_KV_F16};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(name, tp_kv_type_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return tp_err_set(err, TP_EINVAL, "forward: unknown kv_type '%s' (want f32 or f16)", name ? name : "(null)");
+}
+
+int tp_forward_set_kv_type(tp_forward *f, tp_kv_type t, tp_err *err)
+{
+    if (t != TP_KV_F32 && t != TP_KV_F16)
+        return tp_err_set(err, TP_EINVAL, "forward: unknown kv_type %d (want f32 or f16)", (int)t);
+    if (t == f->kv_type)
+        return 0;
+    for (int i = 0; i < f->slots; i++)
+        if (f->seq_len[i] >= 0)
+            return tp_err_set(err, TP_ESTATE, "forward: kv_type can change only while no sequence is open "
+                              "(sequence %d is)", i);
+    return map_kv(f, t, err);
+}
+
+tp_kv_type tp_forward_kv_type(const tp_forward *f) { return f->kv_type; }
 
 int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
                    tp_forward **out, tp_err *err)
@@ -196,6 +262,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->max_tokens = max_batch_tokens;
     f->kv_pos = (max_pos + 15) / 16 * 16;
     f->avx512 = tp_kernels_have_avx512();
+    f->kv16_avx512 = f->avx512 && tp_kv16_have_avx512();
     f->part_min = PART_MIN_MACS;
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
@@ -224,10 +291,8 @@ void tp_forward_free(tp_forward *f)
         }
     free(f->layers);
     tp_packed_free(&f->cls);
-    if (f->kcache)
-        munmap(f->kcache, f->pool_bytes ? f->pool_bytes : 1);
-    if (f->vcache)
-        munmap(f->vcache, f->pool_bytes ? f->pool_bytes : 1);
+    unmap_pool(f->kcache, f->pool_bytes);
+    unmap_pool(f->vcache, f->pool_bytes);
     free(f->cls_all);
     tp_blas_close(&f->blas);
     free(f->rope_cos);
@@ -280,7 +345,11 @@ int tp_forward_threads(const tp_forward *f) { return f->pool ? tp_pool_threads(f
 
 void tp_forward_split_all_for_tests(tp_forward *f) { f->part_min = 1; }
 
-void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
+void tp_forward_use_scalar_for_tests(tp_forward *f)
+{
+    f->avx512 = false;
+    f->kv16_avx512 = false;
+}
 
 /* ---- matmul backends --------------------------------------------------- */
 
@@ -480,14 +549,28 @@ static size_t key_index(const tp_forward *f, int i, int pos)
     return (size_t)g * hs * (size_t)f->kv_pos + ((size_t)(pos / 16) * hs + (size_t)j) * 16 + (size_t)(pos % 16);
 }
 
-/* Write one position's keys (kv_dim floats) into a layer's key block. */
-static void store_key(const tp_forward *f, float *kb, const float *k, int pos)
+/* Write one position's keys and values (kv_dim floats each) into a
+ * sequence's layer of the cache, rounded to half with kv_type f16. */
+static void store_kv(const tp_forward *f, int layer, int slot, int pos, const float *k, const float *v)
 {
-    size_t hs = (size_t)f->c.head_size;
-    float *dst = kb + key_index(f, 0, pos);
-    for (size_t g = 0; g < (size_t)f->c.n_kv_heads; g++, dst += hs * (size_t)f->kv_pos)
-        for (size_t j = 0; j < hs; j++)
-            dst[j * 16] = k[g * hs + j];
+    size_t hs = (size_t)f->c.head_size, base = kv_offset(f, slot, layer, 0), kidx = key_index(f, 0, pos);
+    size_t hstride = hs * (size_t)f->kv_pos; /* between KV heads */
+    for (size_t g = 0; g < (size_t)f->c.n_kv_heads; g++) {
+        size_t ko = base + kidx + g * hstride, vo = base + g * hstride + (size_t)pos * hs;
+        const float *kg = k + g * hs, *vg = v + g * hs;
+        if (f->kv_type == TP_KV_F16) {
+            uint16_t *kd = (uint16_t *)f->kcache + ko, *vd = (uint16_t *)f->vcache + vo;
+            for (size_t j = 0; j < hs; j++) {
+                kd[j * 16] = tp_f32_to_f16(kg[j]);
+                vd[j] = tp_f32_to_f16(vg[j]);
+            }
+        } else {
+            float *kd = (float *)f->kcache + ko, *vd = (float *)f->vcache + vo;
+            for (size_t j = 0; j < hs; j++)
+                kd[j * 16] = kg[j];
+            memcpy(vd, vg, hs * sizeof(float));
+        }
+    }
 }
 
 /* Attention of head h of one token (query q at position pos) over its
@@ -500,27 +583,25 @@ static void attend_scalar(const tp_forward *f, int layer, int slot, int pos, int
 {
     const tp_model_config *c = &f->c;
     int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
-    const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
+    const float *kc = (const float *)f->kcache + kv_offset(f, slot, layer, 0);
+    const float *vc = (const float *)f->vcache + kv_offset(f, slot, layer, 0);
     float scale = sqrtf((float)hs);
-    {
-        const float *qh = q + (size_t)h * hs;
-        size_t hoff = (size_t)(h / kv_mul) * hs;
-        for (int t = 0; t <= pos; t++) {
-            float score = 0.0f;
-            for (int i = 0; i < hs; i++)
-                score += qh[i] * kc[key_index(f, (int)hoff + i, t)];
-            att[t] = score / scale;
-        }
-        softmax(att, pos + 1);
-        float *oh = out + (size_t)h * hs;
-        memset(oh, 0, (size_t)hs * sizeof(float));
-        for (int t = 0; t <= pos; t++) {
-            const float *v = vc + hoff * (size_t)f->kv_pos + (size_t)t * hs;
-            float a = att[t];
-            for (int i = 0; i < hs; i++)
-                oh[i] += a * v[i];
-        }
+    const float *qh = q + (size_t)h * hs;
+    size_t hoff = (size_t)(h / kv_mul) * hs;
+    for (int t = 0; t <= pos; t++) {
+        float score = 0.0f;
+        for (int i = 0; i < hs; i++)
+            score += qh[i] * kc[key_index(f, (int)hoff + i, t)];
+        att[t] = score / scale;
+    }
+    softmax(att, pos + 1);
+    float *oh = out + (size_t)h * hs;
+    memset(oh, 0, (size_t)hs * sizeof(float));
+    for (int t = 0; t <= pos; t++) {
+        const float *v = vc + hoff * (size_t)f->kv_pos + (size_t)t * hs;
+        float a = att[t];
+        for (int i = 0; i < hs; i++)
+            oh[i] += a * v[i];
     }
 }
 
@@ -592,16 +673,38 @@ __attribute__((target("avx512f"))) static void attend_avx512(const tp_forward *f
 {
     const tp_model_config *c = &f->c;
     int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
-    const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
+    const float *kc = (const float *)f->kcache + kv_offset(f, slot, layer, 0);
+    const float *vc = (const float *)f->vcache + kv_offset(f, slot, layer, 0);
     float scale = sqrtf((float)hs);
-    {
-        const float *qh = q + (size_t)h * hs;
-        size_t hoff = (size_t)(h / kv_mul) * hs;
-        const float *kt = kc + (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
-        scores(att, qh, kt, hs, pos + 1, scale);
+    const float *qh = q + (size_t)h * hs;
+    size_t hoff = (size_t)(h / kv_mul) * hs;
+    const float *kt = kc + hoff * (size_t)f->kv_pos;
+    scores(att, qh, kt, hs, pos + 1, scale);
+    softmax(att, pos + 1);
+    weighted_sum(out + (size_t)h * hs, att, vc + hoff * (size_t)f->kv_pos, (size_t)hs, hs, pos + 1);
+}
+
+/* The same over a half-precision cache (kv16.h): the same layout and
+ * summation order, keys and values converted exactly as they are read. */
+static void attend_f16(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
+                       float *att)
+{
+    const tp_model_config *c = &f->c;
+    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
+    size_t hoff = (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
+    const uint16_t *kt = (const uint16_t *)f->kcache + kv_offset(f, slot, layer, 0) + hoff;
+    const uint16_t *vt = (const uint16_t *)f->vcache + kv_offset(f, slot, layer, 0) + hoff;
+    float scale = sqrtf((float)hs);
+    const float *qh = q + (size_t)h * hs;
+    float *oh = out + (size_t)h * hs;
+    if (f->kv16_avx512) {
+        tp_kv16_scores_avx512(att, qh, kt, hs, pos + 1, scale);
         softmax(att, pos + 1);
-        weighted_sum(out + (size_t)h * hs, att, vc + hoff * (size_t)f->kv_pos, (size_t)hs, hs, pos + 1);
+        tp_kv16_weighted_sum_avx512(oh, att, vt, (size_t)hs, hs, pos + 1);
+    } else {
+        tp_kv16_scores_scalar(att, qh, kt, hs, pos + 1, scale);
+        softmax(att, pos + 1);
+        tp_kv16_weighted_sum_scalar(oh, att, vt, (size_t)hs, hs, pos + 1);
     }
 }
 
@@ -622,7 +725,9 @@ static void attend_units(void *arg, int u0, int u1, int worker)
     for (int u = u0; u < u1; u++) {
         int t = u / f->c.n_heads, h = u % f->c.n_heads;
         const float *q = s->qkv + (size_t)t * qs;
-        if (f->avx512)
+        if (f->kv_type == TP_KV_F16)
+            attend_f16(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
+        else if (f->avx512)
             attend_avx512(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
         else
             attend_scalar(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
@@ -715,11 +820,7 @@ static void attention_block(tp_forward *f, int l, int T)
         float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
         rope(f, q, c->dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
-        store_key(f, f->kcache + kv_offset(f, s->tok_slot[t], l, 0), k, s->tok_pos[t]);
-        float *vb = f->vcache + kv_offset(f, s->tok_slot[t], l, 0);
-        size_t hs = (size_t)c->head_size;
-        for (size_t g = 0; g < (size_t)c->n_kv_heads; g++)
-            memcpy(vb + (g * (size_t)f->kv_pos + (size_t)s->tok_pos[t]) * hs, v + g * hs, hs * sizeof(float));
+        store_kv(f, l, s->tok_slot[t], s->tok_pos[t], k, v);
     }
     double macs = 0; /* scores and weighted sums: 2 * head_size per position per head */
     for (int t = 0; t < T; t++)

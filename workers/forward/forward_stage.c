@@ -88,6 +88,11 @@ void tp_forward_stage_free(tp_forward_stage *st)
     free(st);
 }
 
+int tp_forward_stage_set_kv_type(tp_forward_stage *st, tp_kv_type t, tp_err *err)
+{
+    return tp_forward_set_kv_type(st->fwd, t, err);
+}
+
 int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err)
 {
     return tp_forward_set_kernel(st->fwd, k, err);
