@@ -15,7 +15,7 @@
 
 #include "tokpipe/forward.h"
 #include "../workers/forward/kernels.h"
-#include "../workers/forward/kv16.h"
+#include "../workers/forward/quant.h"
 #include "support/tiny_llama.h"
 
 /* run.c (llama2.c 350e04f) greedy on stories260K.bin + tok512.bin, prompt

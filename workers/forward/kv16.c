@@ -1,53 +1,10 @@
-/* Half-precision KV cache: conversions and attention kernels (kv16.h). */
+/* Half-precision KV cache: attention kernels (kv16.h); the conversions are
+ * quant.c's, shared with the F16 weights. */
 #include "kv16.h"
+#include "quant.h"
 
 #include <immintrin.h>
 #include <string.h>
-
-uint16_t tp_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf, or NaN kept quiet with its top payload bits */
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
-    if (ax >= 0x477ff000u) /* 65520 and up: halfway past 65504 rounds to inf */
-        return (uint16_t)(sign | 0x7c00u);
-    uint32_t e = ax >> 23, full = (ax & 0x7fffffu) | 0x800000u, h, rem, halfway;
-    if (e >= 113) { /* a normal half: drop 13 mantissa bits */
-        h = ((e - 112) << 10) | ((ax >> 13) & 0x3ffu);
-        rem = ax & 0x1fffu;
-        halfway = 0x1000u;
-    } else { /* subnormal half: units of 2^-24, full * 2^(e - 126) of them */
-        uint32_t s = 126 - e;
-        if (e == 0 || s > 25)
-            return (uint16_t)sign;
-        h = full >> s;
-        rem = full & ((1u << s) - 1);
-        halfway = 1u << (s - 1);
-    }
-    /* round to nearest, ties to even; a carry into the exponent is right */
-    if (rem > halfway || (rem == halfway && (h & 1)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-float tp_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 0) {
-        float v = (float)m * 0x1p-24f; /* exact: m < 2^10 */
-        memcpy(&x, &v, sizeof x);
-        x |= sign;
-    } else if (e == 31) {
-        x = sign | 0x7f800000u | (m << 13);
-    } else {
-        x = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
 
 bool tp_kv16_have_avx512(void)
 {

@@ -5,7 +5,7 @@
  * Same layouts as the f32 cache (forward.c): a KV head's keys as blocks of
  * 16 positions [pos / 16][head_size][16], its values [pos][head_size].
  * Values are rounded to half once, when stored (round to nearest even,
- * tp_f32_to_f16, equal to the hardware's vcvtps2ph); every later read
+ * quant.h's tp_f32_to_f16, equal to the hardware's vcvtps2ph); every later read
  * converts exactly, and the scores and weighted sums keep the f32 path's
  * fixed FMA order, so a sequence's logits still depend only on its own
  * tokens: batch and chunked-prefill invariance hold as with f32. */
@@ -15,9 +15,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-uint16_t tp_f32_to_f16(float f);
-float tp_f16_to_f32(uint16_t h);
 
 /* The AVX-512 kernels below need F, BW and VL (masked 16-bit loads). */
 bool tp_kv16_have_avx512(void);
