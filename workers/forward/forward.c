@@ -29,6 +29,9 @@
 /* Multiply-adds a job must have per thread to be worth waking one (a wake
  * costs microseconds; this is a few of them of work). */
 #define PART_MIN_MACS 65536
+/* What one SwiGLU element (an expf and a division) costs, in
+ * multiply-adds of a matmul, for the same threshold. */
+#define SWIGLU_MACS 16
 /* Row ranges of a typed (quantized) matmul split start at multiples of
  * this: any split gives the same bits (quant.h), this keeps row blocks
  * whole and a range's output rows on whole cache lines. */
@@ -982,6 +985,25 @@ static void attention_block(tp_forward *f, int l, int T)
     add_rows(s->x, s->proj, (size_t)T * d);
 }
 
+typedef struct swiglu_job {
+    const float *h13; /* [T][2 hidden]: gate, then up */
+    float *out;       /* [T][hidden] */
+    size_t h;
+} swiglu_job;
+
+/* Elements [e0, e1) of the flattened [T][hidden] output. */
+static void swiglu_range(void *arg, int e0, int e1, int worker)
+{
+    (void)worker;
+    const swiglu_job *j = arg;
+    for (size_t e = (size_t)e0; e < (size_t)e1; e++) {
+        size_t t = e / j->h, i = e % j->h;
+        float val = j->h13[t * 2 * j->h + i];
+        val *= 1.0f / (1.0f + expf(-val));
+        j->out[e] = val * j->h13[t * 2 * j->h + j->h + i];
+    }
+}
+
 static void ffn_block(tp_forward *f, int l, int T)
 {
     const tp_model_config *c = &f->c;
@@ -994,15 +1016,10 @@ static void ffn_block(tp_forward *f, int l, int T)
     const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
     layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
                  (int)(2 * h));
-    for (int t = 0; t < T; t++) {
-        const float *g = s->h13 + t * 2 * h, *u = g + h;
-        float *o = s->proj + t * h; /* SwiGLU output, packed [T][hidden] */
-        for (size_t i = 0; i < h; i++) {
-            float val = g[i];
-            val *= 1.0f / (1.0f + expf(-val));
-            o[i] = val * u[i];
-        }
-    }
+    /* SwiGLU, packed [T][hidden] into proj: an expf per element, a share of
+     * a batched step big enough to split too (elementwise: same bits) */
+    swiglu_job sj = {s->h13, s->proj, h};
+    tp_pool_run(f->pool, T * (int)h, 64, parts_for(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range, &sj);
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
                  c->dim);
