@@ -88,8 +88,11 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
  * TP_FORWARD_MAX_THREADS, counting the caller's: n_threads - 1 helper
  * threads are started (and any previous ones stopped). With the invariant
  * kernel every matmul of a step, the classifier included and batch-1 decode
- * too, is split by output rows (panel groups of 64 rows) and attention by
- * (token, head); a job too small to pay for waking a thread uses fewer.
+ * too, is split by output rows (panel groups of 64 rows), attention by
+ * (token, head) and SwiGLU by elements; a job too small to pay for waking
+ * a thread uses fewer. Rows are claimed from a shared counter, so a thread
+ * that wakes late (its core busy elsewhere) leaves its share to the others
+ * instead of holding the step up.
  * Logits stay bit-identical to 1 thread. Idle helpers sleep in the kernel
  * (futex), so threads beyond the free cores cost only when work overlaps.
  * With the OpenBLAS kernel it is OpenBLAS's own thread count instead (see
