@@ -26,9 +26,12 @@
 
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
-/* Multiply-adds a job must have per thread to be worth waking one (a wake
- * costs microseconds; this is a few of them of work). */
-#define PART_MIN_MACS 65536
+/* Multiply-adds a job must have per thread to be worth waking one: 1 MB
+ * of f32 weights at batch 1. A passive wake costs microseconds, tens on a
+ * loaded host; limits.md 0.1 measured passive 2-thread waits at about 1.1x
+ * one thread on a hot 768x768 matvec (590K multiply-adds), so smaller jobs
+ * stay on the calling thread. */
+#define PART_MIN_MACS 262144
 /* What one SwiGLU element (an expf and a division) costs, in
  * multiply-adds of a matmul, for the same threshold. */
 #define SWIGLU_MACS 16
