@@ -9,6 +9,7 @@
 #include <cmocka.h>
 #include <immintrin.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,6 +532,38 @@ static void kv_f16_logits_stay_close_to_f32_and_greedy_ids_are_equal(void **stat
     kv_f16_stays_close_to_f32(true);
 }
 
+static void default_threads_follow_the_affinity_mask(void **state)
+{
+    (void)state;
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    int n = CPU_COUNT(&all);
+    assert_int_equal(tp_forward_default_threads(), n < TP_FORWARD_MAX_THREADS ? n : TP_FORWARD_MAX_THREADS);
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &all)) {
+            CPU_SET(cpu, &one);
+            break;
+        }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    int pinned = tp_forward_default_threads();
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+    assert_int_equal(pinned, 1);
+    /* and the bounds of an explicit count */
+    tp_model *m = load_real("stories260K.bin");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 1, 16, 8, &f, &e), 0);
+    assert_int_equal(tp_forward_threads(f), 1);
+    assert_int_equal(tp_forward_set_threads(f, 0, &e), TP_EINVAL);
+    assert_int_equal(tp_forward_set_threads(f, TP_FORWARD_MAX_THREADS + 1, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "257"));
+    assert_int_equal(tp_forward_set_threads(f, 3, &e), 0);
+    assert_int_equal(tp_forward_threads(f), 3);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
 static void kv_type_changes_only_with_no_sequence_open_and_bad_names_are_named(void **state)
 {
     (void)state;
@@ -778,6 +811,7 @@ int main(void)
         cmocka_unit_test(f16_conversions_equal_the_cpus_for_every_half_and_halfway_point),
         cmocka_unit_test(kv_f16_logits_stay_close_to_f32_and_greedy_ids_are_equal),
         cmocka_unit_test(kv_type_changes_only_with_no_sequence_open_and_bad_names_are_named),
+        cmocka_unit_test(default_threads_follow_the_affinity_mask),
         cmocka_unit_test(openblas_kernel_agrees_with_invariant_on_stories260k),
         cmocka_unit_test(openblas_kernel_agrees_with_invariant_on_tiny_model),
         cmocka_unit_test(kernel_names_round_trip_and_a_bad_name_is_an_error_naming_it),
