@@ -35,6 +35,7 @@ typedef struct run_args {
     const char *tokenizer;
     int threads;
     tp_fwd_kernel kernel;
+    const char *dump_logits;
     genopts gen;
 } run_args;
 
@@ -60,6 +61,7 @@ typedef struct run_ctx {
     size_t n_jobs;
     int vocab;
     bool stream;         /* one prompt, plain text: print chunks as they come */
+    FILE *dump;          /* --dump-logits, or NULL */
 } run_ctx;
 
 static void usage(FILE *out)
@@ -69,12 +71,15 @@ static void usage(FILE *out)
           "Generates in this process, all prompts as one batch, and prints each\n"
           "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
           "line per prompt in the order given.\n\n"
-          "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
+          "  --model FILE             llama2.c checkpoint or GGUF (F32; llama, Llama 3, qwen2)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
           "  --threads N              compute threads, 1 or 2 (default 1)\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
-          "                           (faster at large batches, not batch invariant; see forward.h)\n",
+          "                           (faster at large batches, not batch invariant; see forward.h)\n"
+          "  --dump-logits FILE       for checking a model against a reference: for every sampled\n"
+          "                           position write the context and its logits to FILE as\n"
+          "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n",
           out);
     genopts_print_help(out);
 }
@@ -92,12 +97,14 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             continue;
         const char *f = argv[i];
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
-             !strcmp(f, "--kernel")) && i + 1 >= argc)
+             !strcmp(f, "--kernel") || !strcmp(f, "--dump-logits")) && i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
             a->model = argv[++i];
         else if (!strcmp(f, "--tokenizer"))
             a->tokenizer = argv[++i];
+        else if (!strcmp(f, "--dump-logits"))
+            a->dump_logits = argv[++i];
         else if (!strcmp(f, "--threads"))
             a->threads = atoi(argv[++i]);
         else if (!strcmp(f, "--kernel")) {
@@ -260,6 +267,12 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, tp_err *err)
 {
     int32_t cand;
     tp_stop_step st;
+    if (c->dump) {
+        int32_t n = (int32_t)j->n_ids;
+        if (fwrite(&n, 4, 1, c->dump) != 1 || fwrite(j->ids, 4, j->n_ids, c->dump) != j->n_ids ||
+            fwrite(logits, sizeof *logits, (size_t)c->vocab, c->dump) != (size_t)c->vocab)
+            return tp_err_set(err, TP_EIO, "--dump-logits: write failed");
+    }
     int rc = tp_sampler_sample(j->sampler, logits, &cand, err);
     if (rc) {
         fprintf(stderr, "tokpipe run: prompt '%.40s': %s\n", j->prompt, err->msg);
@@ -390,6 +403,8 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
             return rc;
     }
     c->stream = c->n_jobs == 1 && !a->gen.json;
+    if (a->dump_logits && !(c->dump = fopen(a->dump_logits, "wb")))
+        return tp_err_set(err, TP_EIO, "--dump-logits: cannot create %s", a->dump_logits);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -423,6 +438,8 @@ int cmd_run(int argc, char **argv)
     }
     run_ctx c = {0};
     int rc = run_all(&c, &a, &err);
+    if (c.dump && fclose(c.dump) && !rc)
+        rc = tp_err_set(&err, TP_EIO, "--dump-logits: writing %s failed", a.dump_logits);
     if (rc)
         fprintf(stderr, "tokpipe run: %s\n", err.msg);
     for (size_t i = 0; i < c.n_jobs; i++)

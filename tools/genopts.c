@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/protocol.h"
 #include "tokpipe/sampler.h"
 
 void genopts_init(genopts *o)
@@ -19,15 +20,21 @@ void genopts_init(genopts *o)
     o->seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 }
 
+/* The value is checked by the wire's own rule for the parameter the flag
+ * sets (--top-p -> top_p), so run refuses what SUBMIT would refuse. */
 static int parse_float(const char *flag, const char *s, float *out, tp_err *err)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end)
+    if ((errno && errno != ERANGE) || end == s || *end)
         return tp_err_set(err, TP_EINVAL, "%s: '%s' is not a number", flag, s);
-    *out = (float)v;
-    return 0;
+    char key[32];
+    size_t n = 0;
+    for (const char *p = flag + 2; *p && n + 1 < sizeof key; p++)
+        key[n++] = *p == '-' ? '_' : *p;
+    key[n] = '\0';
+    return tp_proto_param_float(key, v, out, err);
 }
 
 static int parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out,

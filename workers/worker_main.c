@@ -104,6 +104,8 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
+/* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
+ * vocabulary (the model file itself for GGUF models). */
 static int load_stages(worker *w, tp_err *err)
 {
     const tp_config *c = &w->cfg;
