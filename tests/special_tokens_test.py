@@ -12,11 +12,13 @@ control tokens are <unk>, BOS "\\n<s>\\n" and EOS "\\n</s>\\n"):
 import json
 import os
 import subprocess
+import sys
 import time
 import unittest
 
 import zmq
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a file or as tests.NAME
 from protocol_client_test import MODELS, TOKPIPE, TOKPIPED, Daemon, Producer, Subscriber
 
 TOK = os.path.join(MODELS, "tok512.bin")
