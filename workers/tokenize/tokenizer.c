@@ -892,6 +892,19 @@ static int frag_push(struct frags *f, struct frag x, tp_err *err)
     return 0;
 }
 
+/* Phi-3 (rstrip_specials): llama.cpp strips the whitespace after its
+ * special tokens except after these. */
+static bool rstrips(const tp_tokenizer *t, int id)
+{
+    static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+    if (!t->rstrip_specials)
+        return false;
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        if (t->len[id] == strlen(keep[i]) && !memcmp(t->blob + t->off[id], keep[i], t->len[id]))
+            return false;
+    return true;
+}
+
 /* Cut every occurrence of special token id out of the raw pieces of *cur
  * (leftmost first), as llama.cpp's tokenizer_st_partition does. */
 static int cut_special(const tp_tokenizer *t, const char *text, int id, struct frags *cur,
@@ -899,6 +912,7 @@ static int cut_special(const tp_tokenizer *t, const char *text, int id, struct f
 {
     const char *tok = t->blob + t->off[id];
     size_t tl = t->len[id];
+    bool rstrip = rstrips(t, id);
     next->n = 0;
     int rc = 0;
     for (size_t i = 0; !rc && i < cur->n; i++) {
@@ -920,7 +934,7 @@ static int cut_special(const tp_tokenizer *t, const char *text, int id, struct f
             if (!rc)
                 rc = frag_push(next, (struct frag){at, tl, id}, err);
             pos = at + tl;
-            if (t->rstrip_specials)
+            if (rstrip)
                 while (pos < end && isspace((unsigned char)text[pos]))
                     pos++;
         }
