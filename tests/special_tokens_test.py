@@ -88,6 +88,22 @@ class SpecialTokensEndToEnd(unittest.TestCase):
         self.assertEqual(off["prompt_tokens"], len(plain))
         self.assertEqual(on["prompt_tokens"], len(special))
 
+    def test_run_and_generate_pass_parse_special(self):
+        prompt = "Lily was happy.\n<s>\nOnce upon a time"
+        want = {False: len(tokenize(prompt)), True: len(tokenize(prompt, "--special"))}
+        model = os.path.join(MODELS, "stories260K.bin")
+        for special in (False, True):
+            flag = ["--parse-special"] if special else []
+            common = ["--prompt", prompt, "--max-tokens", "1", "--temperature", "0", "--json"] + flag
+            run = subprocess.run([TOKPIPE, "run", "--model", model, "--tokenizer", TOK] + common,
+                                 capture_output=True, timeout=60)
+            self.assertEqual(run.returncode, 0, run.stderr.decode())
+            self.assertEqual(json.loads(run.stdout)["prompt_tokens"], want[special], "run %s" % flag)
+            gen = subprocess.run([TOKPIPE, "generate", "--front", self.daemon.front, "--events",
+                                  self.daemon.events] + common, capture_output=True, timeout=60)
+            self.assertEqual(gen.returncode, 0, gen.stderr.decode())
+            self.assertEqual(json.loads(gen.stdout)["prompt_tokens"], want[special], "generate %s" % flag)
+
     def test_stop_string_naming_a_control_token_ends_the_job_as_stopcheck_says(self):
         base = {"temperature": 1.0, "max_tokens": 60, "ignore_eos": True}
         for seed in range(1, 13):
