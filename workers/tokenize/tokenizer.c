@@ -187,6 +187,8 @@ static int alloc_arrays(tp_tokenizer *t, int n, size_t blob_size, tp_err *err)
 /* Fill type, byte table and per-id output bytes for token id. */
 static int classify(tp_tokenizer *t, int id, int type, tp_err *err)
 {
+    if (type == 0) /* GGUF's "undefined" type: llama.cpp keeps such tokens out of text */
+        type = TP_TOKEN_UNUSED;
     const char *s = t->blob + t->off[id];
     size_t n = t->len[id];
     t->type[id] = (uint8_t)type;
