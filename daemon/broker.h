@@ -30,7 +30,10 @@
  * bytes), so anything longer is an attack on the broker's memory: ZeroMQ
  * drops that connection before reading the message. */
 #define B_MAX_SUBSCRIPTION 1024
-#define B_TRIM_IDLE_MS 10000          /* idle this long: give freed memory back to the system */
+#define B_TRIM_IDLE_MS 10000
+#define B_MAX_FATAL_STARTS 3          /* a spawned worker exiting TP_EXIT_BAD_* this often in a row is given up */
+#define B_MAX_CAPACITY 65536          /* largest READY capacity believed */
+#define B_MAX_BATCH_TOKENS (1 << 20)  /* largest READY max_batch_tokens believed */          /* idle this long: give freed memory back to the system */
 #define B_BEAT_MIN_GAP_MS 10          /* extra heartbeats for new subscribers: at most one per this */
 #define B_RING 4                  /* candidates of one job awaiting stop verdicts (decode-ahead bound) */
 #define B_PROBE_MS 1000           /* after a backend disconnect: probe the workers this long */
@@ -150,6 +153,8 @@ typedef struct bchild {
     pid_t pid;                      /* 0 = not running */
     int backoff_ms;
     int64_t respawn_at, started_at;
+    int fatal_starts;               /* exits in a row that no respawn can fix */
+    bool failed;                    /* given up on: never started again */
 } bchild;
 
 /* Column buffers for building stage messages (reused, grown on demand). */
@@ -198,6 +203,13 @@ typedef struct broker {
     bchild *children;
     int n_children;
     bool spawn;
+    unsigned stages_failed;         /* TP_STAGE_* of spawned workers given up on */
+
+    /* The model the config names, as read by the broker at start: every
+     * worker's READY must match it (model_id[0] == 0: the file is not
+     * readable here, so the first worker's model is the reference). */
+    char model_id[TP_PROTO_MAX_MODEL_ID + 1];
+    uint32_t model_vocab, model_seq_len;
 } broker;
 
 /* broker.c */

@@ -159,11 +159,16 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
 
 static bool check_workers(broker *b, bool text, verdict *v)
 {
-    const char *missing = !registry_count(b, TP_STAGE_FORWARD) ? "forward"
-                        : !registry_count(b, TP_STAGE_STOP) ? "stop"
-                        : !registry_count(b, TP_STAGE_SAMPLE) ? "sample"
-                        : text && !registry_count(b, TP_STAGE_TOKENIZE) ? "tokenize"
-                        : NULL;
+    unsigned need[] = {TP_STAGE_FORWARD, TP_STAGE_STOP, TP_STAGE_SAMPLE, TP_STAGE_TOKENIZE};
+    unsigned bit = 0;
+    for (size_t i = 0; i < (text ? 4u : 3u) && !bit; i++)
+        if (!registry_count(b, need[i]))
+            bit = need[i];
+    const char *missing = bit ? tp_stage_name(bit) : NULL;
+    if (missing && (b->stages_failed & bit))
+        return bad(v, TP_ST_UNAVAILABLE, "",
+                   "no %s worker: the ones tokpiped starts fail at start (bad model or configuration; "
+                   "tokpiped's log says why) and are no longer restarted", missing);
     if (missing)
         return bad(v, TP_ST_UNAVAILABLE, "", "no %s worker is registered yet; retry later", missing);
     return true;
@@ -365,6 +370,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
     s->zap_refused = tp_zsec_server_refused(b->zsec);
+    s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;
     memcpy(s->recovered, st->recovered, sizeof s->recovered);
     s->recovery_count = st->recovery_n;

@@ -170,7 +170,8 @@ static const field stats_reply_f[] = {
     F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
     F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
-    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0), END,
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
+    {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)}, END,
 };
 
 /* ---- EVT1 ---- */

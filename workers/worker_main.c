@@ -67,7 +67,10 @@ static void usage(FILE *out)
             "                   --stages is the same)\n"
             "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
             "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
-            "  --help           this text\n",
+            "  --help           this text\n"
+            "\n"
+            "Exit status: 0 after SIGTERM/SIGINT, 2 bad flags or configuration, 3 the model or its\n"
+            "vocabulary cannot be loaded (tokpiped stops restarting a worker that keeps exiting 2 or 3).\n",
             TP_CONFIG_DEFAULT_PATH);
 }
 
@@ -465,7 +468,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpipe-worker %s: %s\n", w.instance, e.msg);
         free_stages(&w);
         tp_config_free(&w.cfg);
-        return 1;
+        return TP_EXIT_BAD_MODEL;
     }
     fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s\n", w.instance, stages, w.cfg.ep_back);
     rc = g_quit ? 0 : run(&w);

@@ -370,6 +370,7 @@ typedef struct tp_m_stats_reply {
     uint64_t recovery_count;       /* recoveries timed: loss -> the job's next event */
     uint64_t recovery_ms_total, recovery_ms_max;
     uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
+    unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
