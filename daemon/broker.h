@@ -19,10 +19,18 @@
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/zsec.h"
+#include "metrics.h"
 
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
 #define B_CLOSING_GRACE_MS 3000
+/* Every message a subscriber sends is a subscription (a topic: a job id or
+ * "@heartbeat", 64 bytes at most, plus up to 10 of framing) or a handshake
+ * command (CURVE's INITIATE with its metadata is the largest, a few hundred
+ * bytes), so anything longer is an attack on the broker's memory: ZeroMQ
+ * drops that connection before reading the message. */
+#define B_MAX_SUBSCRIPTION 1024
+#define B_TRIM_IDLE_MS 10000          /* idle this long: give freed memory back to the system */
 #define B_BEAT_MIN_GAP_MS 10          /* extra heartbeats for new subscribers: at most one per this */
 #define B_RING 4                  /* candidates of one job awaiting stop verdicts (decode-ahead bound) */
 #define B_PROBE_MS 1000           /* after a backend disconnect: probe the workers this long */
@@ -63,6 +71,7 @@ typedef struct bjob {
     char *stop_buf;
     char *prompt_text;
     size_t prompt_len;
+    bool parse_special;     /* SUBMIT's parse_special, for the TOKENIZE request */
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */
@@ -112,6 +121,7 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
+    uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
 typedef struct bstats {
@@ -135,7 +145,7 @@ typedef struct bstats {
 /* ---- spawned worker processes ------------------------------------------------- */
 
 typedef struct bchild {
-    unsigned stages;
+    unsigned stages;                /* 0: the HTTP gateway (tokpipe-http) */
     int index;                      /* instance number within its group */
     pid_t pid;                      /* 0 = not running */
     int backoff_ms;
@@ -177,9 +187,12 @@ typedef struct broker {
     uint32_t *hash;                 /* id -> slot+1, open addressing, hash_cap entries */
     uint32_t hash_cap;
     int n_active;                   /* TOKENIZE + ADMIT + RUNNING + CLOSING */
+    int64_t last_busy_ms;           /* last loop tick with an active job */
+    bool trimmed;                   /* malloc_trim done since then */
     uint64_t next_seqno, next_task, next_step, next_auto_id;
 
     bstats stats;
+    bmetrics metrics;               /* histograms for STATS (metrics.c) */
     bcols cols;
 
     bchild *children;

@@ -229,6 +229,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
             return TP_ENOMEM;
         memcpy(j->prompt_text, s->prompt.ptr, s->prompt.len);
         j->prompt_len = s->prompt.len;
+        j->parse_special = s->parse_special;
     } else {
         if (!(j->prompt = malloc(s->prompt_ids.n * sizeof *j->prompt)))
             return TP_ENOMEM;
@@ -384,6 +385,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->triggers = trig;
     s->n_triggers = st->n_triggers;
     s->triggers_other = st->triggers_other;
+    metrics_fill(b, s);
     reply(b, to, &r);
 }
 

@@ -290,6 +290,7 @@ void jobs_mark_finished(broker *b, bjob *j)
     if (j->reason > 0 && j->reason < TP_REASON_COUNT)
         b->stats.finish[j->reason]++;
     count_trigger(&b->stats, &j->matched);
+    metrics_on_finish(&b->metrics, &j->timings);
     /* the request copies and the running view are no longer needed:
      * STATUS of a finished job answers the verdicts' tokens */
     free(j->prompt_text);
@@ -368,6 +369,7 @@ void jobs_on_event(broker *b, const tp_msg *ev)
         j->n_tok_ids += (uint32_t)ev->token.ids.n;
         jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
         append_shown(j, ev->token.index, ev->token.ids);
+        metrics_on_token(&b->metrics, &j->t_last_token_us, ev->token.ids.n);
         return;
     }
     j->last_seq = ev->finish.seq;

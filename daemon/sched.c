@@ -281,6 +281,7 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.slot = j->slot;
     m.tokenize.text = (tp_str){j->prompt_text, j->prompt_len};
     m.tokenize.add_bos = true;
+    m.tokenize.parse_special = j->parse_special;
     if (broker_send_worker(b, wi, &m))
         return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;

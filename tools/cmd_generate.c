@@ -165,6 +165,7 @@ static void fill_submit(gen *s, const job *j, tp_msg *m)
     m->submit.job_id = tp_str_of(j->id);
     m->submit.prompt = tp_str_of(j->prompt);
     fill_params(&s->g, &m->submit.params, s->stops);
+    m->submit.parse_special = s->g.parse_special;
     m->submit.params.set |= TP_P_SEED;
     m->submit.params.seed = j->seed;
 }
