@@ -76,8 +76,8 @@ static int parse_seed(const char *s, uint64_t *out, tp_err *err)
 int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
 {
     const char *a = argv[*i];
-    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json"};
-    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json};
+    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special"};
+    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special};
     for (size_t k = 0; k < sizeof bools / sizeof *bools; k++)
         if (!strcmp(a, bools[k])) {
             *bool_dst[k] = true;
@@ -155,6 +155,8 @@ void genopts_print_help(FILE *out)
           "  --stop-id ID             stop token id (repeatable)\n"
           "  --ignore-eos             keep generating past EOS\n"
           "  --include-stop           keep the matched stop string in the text\n"
+          "  --parse-special          control-token texts in the prompt (<|im_end|>, <s>, ...)\n"
+          "                           become those tokens (default: plain text)\n"
           "  --json                   one JSON line per prompt: prompt, text, tokens,\n"
           "                           finish_reason, prompt_tokens, completion_tokens\n",
           out);

@@ -24,7 +24,8 @@ typedef struct tp_model tp_model;
 
 typedef enum tp_model_format {
     TP_MODEL_LLAMA2C = 1, /* karpathy/llama2.c legacy (version 0) checkpoint */
-    TP_MODEL_GGUF = 2,    /* GGUF v3, general.architecture llama or qwen2 */
+    TP_MODEL_GGUF = 2,    /* GGUF v3, general.architecture llama or qwen2; F32, F16,
+                           * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K */
 } tp_model_format;
 
 typedef enum tp_model_arch {
@@ -60,7 +61,21 @@ typedef struct tp_model_config {
     bool attn_bias;   /* bq/bk/bv present (qwen2) */
 } tp_model_config;
 
-/* Row-major [rows][cols] float weights of one layer, borrowed from the file. */
+/* One weight matrix [rows][cols] as the file stores it: ggml type
+ * (TP_GGML_* of ggml_types.h: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K), rows of row_bytes each, contiguous, borrowed from the file
+ * (never copied or converted at load). cols is a multiple of the type's
+ * block. workers/forward/quant.h reads them. */
+typedef struct tp_wmat {
+    uint32_t type;
+    int rows, cols;
+    size_t row_bytes;
+    const void *data;
+} tp_wmat;
+
+/* Row-major [rows][cols] float weights of one layer, borrowed from the file.
+ * The float pointers are NULL for a matrix that is not F32; the typed view
+ * (.m) is always filled. Norm vectors are always F32. */
 typedef struct tp_layer_weights {
     const float *rms_att; /* [dim] */
     const float *wq;      /* [dim][dim] */
@@ -72,6 +87,7 @@ typedef struct tp_layer_weights {
     const float *w2;      /* [dim][hidden] (down) */
     const float *w3;      /* [hidden][dim] (up) */
     const float *bq, *bk, *bv; /* [dim], [kv_dim], [kv_dim]; NULL without attn_bias */
+    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3; } m;
 } tp_layer_weights;
 
 typedef struct tp_model_weights {
@@ -83,7 +99,11 @@ typedef struct tp_model_weights {
      * linear scaling: the file's rope_freqs.weight, or computed from its
      * rope.scaling.* keys); NULL = all 1. */
     const float *rope_freqs;
+    struct { tp_wmat token_embedding, wcls; } m; /* typed views, always filled */
 } tp_model_weights;
+
+/* True if every matrix of the model is F32 (llama2.c checkpoints always). */
+bool tp_model_all_f32(const tp_model *m);
 
 /* The vocabulary embedded in a GGUF file (tokenizer.ggml.*). Pieces point
  * into the file and are not NUL terminated; arrays are owned by the model. */

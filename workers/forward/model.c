@@ -1,6 +1,7 @@
 /* Model loading: llama2.c checkpoints and GGUF v3 llama/qwen2 files, mmap'ed. */
 #include "tokpipe/model.h"
 #include "tokpipe/gguf.h"
+#include "quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -143,6 +144,29 @@ static int llama2c_header(tp_model *m, tp_err *err)
     return validate_config(c, err);
 }
 
+static tp_wmat f32_view(const float *p, int rows, int cols)
+{
+    return (tp_wmat){TP_GGML_F32, rows, cols, (size_t)cols * sizeof(float), p};
+}
+
+static void llama2c_views(tp_model *m)
+{
+    const tp_model_config *c = &m->cfg;
+    int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        tp_layer_weights *lw = &m->layers[l];
+        lw->m.wq = f32_view(lw->wq, d, d);
+        lw->m.wk = f32_view(lw->wk, kvd, d);
+        lw->m.wv = f32_view(lw->wv, kvd, d);
+        lw->m.wo = f32_view(lw->wo, d, d);
+        lw->m.w1 = f32_view(lw->w1, h, d);
+        lw->m.w2 = f32_view(lw->w2, d, h);
+        lw->m.w3 = f32_view(lw->w3, h, d);
+    }
+    m->w.m.token_embedding = f32_view(m->w.token_embedding, c->vocab_size, d);
+    m->w.m.wcls = f32_view(m->w.wcls, c->vocab_size, d);
+}
+
 static int llama2c_open(tp_model *m, tp_err *err)
 {
     int rc = llama2c_header(m, err);
@@ -187,6 +211,7 @@ static int llama2c_open(tp_model *m, tp_err *err)
     p += d;
     p += (size_t)c->seq_len * (size_t)c->head_size; /* skip legacy freq_cis arrays */
     m->w.wcls = c->shared_classifier ? m->w.token_embedding : p;
+    llama2c_views(m);
     m->eos[0] = 1; /* TinyStories: a sampled BOS starts a new story, run.c stops */
     m->eos[1] = 2;
     m->n_eos = 2;
@@ -249,17 +274,23 @@ static int tensor_index(const tp_gguf *g, const tp_gguf_tensor *t)
     return (int)(t - tp_gguf_tensor_at(g, 0));
 }
 
-/* A float tensor of shape [ne0] (ne1 == 0) or [ne0, ne1]; marks it used.
- * Missing: TP_ENOTFOUND if optional, else TP_EFORMAT. */
-static int gguf_tensor_opt(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, bool optional,
-                           const float **out, tp_err *err)
+/* A tensor of shape [ne0] (ne1 == 0) or [ne0, ne1] of a type this loader
+ * reads (F32, or any typed-kernel type when matrix); marks it used.
+ * Unknown types are refused by name. Missing: TP_ENOTFOUND if optional,
+ * else TP_EFORMAT. */
+static int gguf_find(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, bool optional,
+                     bool matrix, const tp_gguf_tensor **out, tp_err *err)
 {
     const tp_gguf_tensor *t = tp_gguf_tensor_find(g, name);
     if (!t)
         return optional ? TP_ENOTFOUND : tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' is missing", name);
-    if (t->type != TP_GGML_F32)
-        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %u; only F32 (0) is supported",
-                          name, t->type);
+    if (t->type != TP_GGML_F32 && !(matrix && tp_quant_type_ok(t->type))) {
+        const tp_ggml_type_info *ti = tp_ggml_type(t->type);
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %s (%u), which tokpipe does not "
+                          "read %s", name, ti ? ti->name : "unknown", t->type,
+                          matrix ? "(it reads f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K)"
+                                 : "for a vector (only f32)");
+    }
     uint32_t want_dims = ne1 ? 2 : 1;
     bool ok = t->n_dims == want_dims && t->dims[0] == (uint64_t)ne0 && (!ne1 || t->dims[1] == (uint64_t)ne1);
     if (!ok)
@@ -267,11 +298,37 @@ static int gguf_tensor_opt(tp_model *m, const tp_gguf *g, const char *name, int 
                           "gguf: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%d, %d]", name,
                           (unsigned long long)t->dims[0], (unsigned long long)t->dims[1], t->n_dims, ne0,
                           ne1 ? ne1 : 1);
-    if ((uintptr_t)t->data % 4)
+    if (t->type == TP_GGML_F32 && (uintptr_t)t->data % 4)
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' data is not 4-byte aligned", name);
     if (m->tensor_used)
         m->tensor_used[tensor_index(g, t)] = true;
-    *out = t->data;
+    *out = t;
+    return 0;
+}
+
+/* A float tensor (vectors: norms, biases, rope_freqs): F32 only, as every
+ * quantizer leaves them. */
+static int gguf_tensor_opt(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, bool optional,
+                           const float **out, tp_err *err)
+{
+    const tp_gguf_tensor *t;
+    int rc = gguf_find(m, g, name, ne0, ne1, optional, false, &t, err);
+    if (!rc)
+        *out = t->data;
+    return rc;
+}
+
+/* A matrix [ne1 rows][ne0 cols] of any type this reader knows, read in
+ * place; *f32 is set too when it is F32 (else NULL). */
+static int gguf_matrix(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, tp_wmat *wm,
+                       const float **f32, tp_err *err)
+{
+    const tp_gguf_tensor *t;
+    int rc = gguf_find(m, g, name, ne0, ne1, false, true, &t, err);
+    if (rc)
+        return rc;
+    *wm = (tp_wmat){t->type, ne1, ne0, (size_t)(t->nbytes / (uint64_t)ne1), t->data};
+    *f32 = t->type == TP_GGML_F32 ? t->data : NULL;
     return 0;
 }
 
@@ -453,16 +510,17 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     char name[64];
     int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
     /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
-    struct { const char *suffix; int ne0, ne1; const float **dst; } t[] = {
-        {"attn_norm", d, 0, &lw->rms_att}, {"attn_q", d, d, &lw->wq},
-        {"attn_k", d, kvd, &lw->wk},       {"attn_v", d, kvd, &lw->wv},
-        {"attn_output", d, d, &lw->wo},    {"ffn_norm", d, 0, &lw->rms_ffn},
-        {"ffn_gate", d, h, &lw->w1},       {"ffn_down", h, d, &lw->w2},
-        {"ffn_up", d, h, &lw->w3},
+    struct { const char *suffix; int ne0, ne1; const float **dst; tp_wmat *wm; } t[] = {
+        {"attn_norm", d, 0, &lw->rms_att, NULL},   {"attn_q", d, d, &lw->wq, &lw->m.wq},
+        {"attn_k", d, kvd, &lw->wk, &lw->m.wk},      {"attn_v", d, kvd, &lw->wv, &lw->m.wv},
+        {"attn_output", d, d, &lw->wo, &lw->m.wo},   {"ffn_norm", d, 0, &lw->rms_ffn, NULL},
+        {"ffn_gate", d, h, &lw->w1, &lw->m.w1},      {"ffn_down", h, d, &lw->w2, &lw->m.w2},
+        {"ffn_up", d, h, &lw->w3, &lw->m.w3},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].suffix);
-        int rc = gguf_tensor(m, g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
+        int rc = t[i].wm ? gguf_matrix(m, g, name, t[i].ne0, t[i].ne1, t[i].wm, t[i].dst, err)
+                         : gguf_tensor(m, g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
         if (rc)
             return rc;
     }
@@ -505,7 +563,8 @@ static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
     if (!m->tensor_used)
         return tp_err_set(err, TP_ENOMEM, "model: out of memory");
     int rc = alloc_layers(m, err);
-    if (!rc) rc = gguf_tensor(m, g, "token_embd.weight", c->dim, c->vocab_size, &m->w.token_embedding, err);
+    if (!rc) rc = gguf_matrix(m, g, "token_embd.weight", c->dim, c->vocab_size, &m->w.m.token_embedding,
+                              &m->w.token_embedding, err);
     if (!rc) rc = gguf_tensor(m, g, "output_norm.weight", c->dim, 0, &m->w.rms_final, err);
     for (int l = 0; !rc && l < c->n_layers; l++)
         rc = gguf_layer(m, g, l, &m->layers[l], err);
@@ -516,10 +575,13 @@ static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
     /* llama.cpp's llama2.c converter keeps wq/wk in llama2.c's interleaved
      * RoPE layout (rope type NORM), so no un-permuting is needed; the test
      * suite checks the GGUF gives the .bin's tokens. */
-    if (c->shared_classifier)
+    if (c->shared_classifier) {
         m->w.wcls = m->w.token_embedding;
-    else if ((rc = gguf_tensor(m, g, "output.weight", c->dim, c->vocab_size, &m->w.wcls, err)))
+        m->w.m.wcls = m->w.m.token_embedding;
+    } else if ((rc = gguf_matrix(m, g, "output.weight", c->dim, c->vocab_size, &m->w.m.wcls, &m->w.wcls,
+                                 err))) {
         return rc;
+    }
     return gguf_no_unused(m, g, err);
 }
 
@@ -731,6 +793,21 @@ const tp_model_config *tp_model_get_config(const tp_model *m) { return &m->cfg; 
 const tp_model_weights *tp_model_get_weights(const tp_model *m) { return &m->w; }
 const char *tp_model_identity(const tp_model *m) { return m->identity; }
 
+bool tp_model_all_f32(const tp_model *m)
+{
+    const tp_model_weights *w = &m->w;
+    if (w->m.token_embedding.type != TP_GGML_F32 || w->m.wcls.type != TP_GGML_F32)
+        return false;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const tp_wmat *v[] = {&w->layers[l].m.wq, &w->layers[l].m.wk, &w->layers[l].m.wv, &w->layers[l].m.wo,
+                              &w->layers[l].m.w1, &w->layers[l].m.w2, &w->layers[l].m.w3};
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+            if (v[i]->type != TP_GGML_F32)
+                return false;
+    }
+    return true;
+}
+
 int tp_model_eos_ids(const tp_model *m, const int **ids)
 {
     *ids = m->eos;
@@ -745,11 +822,9 @@ int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err)
     int rc = tp_model_vocab_get(m, &v, err);
     if (rc)
         return rc;
-    if (v.model[0] && strcmp(v.model, "llama"))
-        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.model is '%s'; only SentencePiece ('llama') "
-                          "vocabularies are supported", v.model);
-    return tp_tokenizer_from_vocab(v.pieces, v.piece_lens, v.scores, v.types, v.n, v.bos_id, v.eos_id, out,
-                                   err);
+    /* the tokenizer module reads tokenizer.ggml.* itself (merges, pre,
+     * special ids, add_bos/add_eos), for both vocabulary kinds */
+    return tp_tokenizer_from_gguf(m->gguf, out, err);
 }
 
 /* Vocabulary-only view of a GGUF file: no tensors or shape required. */
