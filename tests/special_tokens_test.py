@@ -17,6 +17,10 @@ import unittest
 
 import zmq
 
+# run as tests/special_tokens_test.py from the top: the sibling module is beside it
+import sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 from protocol_client_test import MODELS, TOKPIPE, TOKPIPED, Daemon, Producer, Subscriber
 
 TOK = os.path.join(MODELS, "tok512.bin")
