@@ -102,6 +102,7 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
+    uint32_t context_refused;       /* the prompt did not fit: the context length (FINISH error_code) */
 } bjob;
 
 typedef struct bstats {
@@ -170,6 +171,7 @@ typedef struct broker {
     bchild *children;
     int n_children;
     bool spawn;
+    struct binfo *info;             /* INFO: the model's optional READY keys (info.c) */
 } broker;
 
 /* broker.c */
@@ -215,6 +217,10 @@ void sched_free(broker *b);
 /* front.c */
 void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many);
 
+/* info.c */
+void info_on_ready(broker *b, const tp_m_ready *r);
+void info_reply(broker *b, uint64_t req, tp_msg *r);
+void info_free(broker *b);
 /* spawn.c */
 int spawn_init(broker *b, tp_err *err);
 void spawn_tick(broker *b, int64_t now);
