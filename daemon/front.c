@@ -114,9 +114,21 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
-    if (p->n_stop > (size_t)c->max_stop_strings)
-        return bad(v, TP_ST_TOO_LARGE, "params.stop", "params.stop: %zu strings, the limit is %d", p->n_stop,
-                   c->max_stop_strings);
+    /* the limit counts distinct strings: copies of one match as one */
+    if (p->n_stop > (size_t)c->max_stop_strings) {
+        const char **ss = calloc(p->n_stop, sizeof *ss);
+        size_t *ls = calloc(p->n_stop, sizeof *ls);
+        for (size_t i = 0; ss && ls && i < p->n_stop; i++)
+            ss[i] = p->stop[i].ptr, ls[i] = p->stop[i].len;
+        size_t distinct = ss && ls ? tp_stop_count_distinct(ss, ls, p->n_stop) : SIZE_MAX;
+        free(ss);
+        free(ls);
+        if (distinct == SIZE_MAX)
+            return bad(v, TP_ST_INTERNAL, "", "broker out of memory");
+        if (distinct > (size_t)c->max_stop_strings)
+            return bad(v, TP_ST_TOO_LARGE, "params.stop", "params.stop: %zu distinct strings, the limit is %d",
+                       distinct, c->max_stop_strings);
+    }
     for (size_t i = 0; i < p->n_stop; i++)
         if (p->stop[i].len > (size_t)c->max_stop_len) {
             char f[40];

@@ -302,6 +302,16 @@ class GenerationApi(object):
         ref = run_json("--prompt", PROMPT, "--max-tokens", "3", "--temperature", "0", "--ignore-eos")[0]
         self.assertEqual(ref["finish_detail"], "max_tokens")
 
+    def test_copies_of_one_stop_string_count_once_against_the_limit(self):
+        cmd, info = self.d.call(0x08, {})
+        n = info["limits"]["max_stop_strings"] * 2
+        ack, tokens, fin = self.d.submit({"temperature": 0, "max_tokens": 40, "stop": [" girl"] * n})
+        self.assertEqual(ack["status"], 200, ack)
+        self.assertEqual((fin["reason"], fin["matched"]), ("stop_string", " girl"))
+        ack, _, _ = self.d.submit({"stop": ["s%d" % i for i in range(info["limits"]["max_stop_strings"] + 1)]})
+        self.assertEqual(ack["status"], 413)
+        self.assertIn("distinct strings", ack["error"])
+
     def test_info_reports_the_model_and_the_limits(self):
         hdr = model_header()
         cmd, info = self.d.call(0x08, {})

@@ -146,6 +146,9 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
     case GO_FREQUENCY_PENALTY: rc = parse_float(a, v, &o->frequency_penalty, err); break;
     case GO_SEED: rc = parse_seed(v, &o->seed, err); break;
     case GO_STOP:
+        for (size_t k2 = 0; k2 < o->n_stops; k2++)
+            if (!strcmp(o->stops[k2], v))
+                return 1;   /* a copy: one string, as the limits count them */
         if (o->n_stops == GENOPTS_MAX_STOPS)
             return tp_err_set(err, TP_ERANGE, "--stop: at most %d stop strings", GENOPTS_MAX_STOPS);
         o->stops[o->n_stops++] = v;
