@@ -80,6 +80,7 @@ static const struct key keys[] = {
     KI("limits.max_stop_len", max_stop_len, 1, 65535),
     KI("limits.max_stop_ids", max_stop_ids, 0, 4096),
     KI("limits.sndhwm", sndhwm, 0, 1 << 24),
+    KI("limits.events_sndhwm", events_sndhwm, 1, 1 << 20),
     KI("limits.linger_ms", linger_ms, 0, 600000),
     KI("heartbeat.interval_ms", heartbeat_ms, 10, 600000),
     KI("heartbeat.liveness", liveness, 2, 100),
@@ -156,6 +157,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->max_stop_len = 1024;
     cfg->max_stop_ids = 1024;
     cfg->sndhwm = 100000;
+    cfg->events_sndhwm = 10000;
     cfg->linger_ms = 1000;
     cfg->heartbeat_ms = 1000;
     cfg->liveness = 3;

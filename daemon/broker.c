@@ -3,6 +3,7 @@
 #include "broker.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,13 +145,16 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         *rc = tp_err_set(err, TP_EIO, "zmq_socket: %s", zmq_strerror(errno));
         return NULL;
     }
-    int linger = b->cfg->linger_ms, hwm = b->cfg->sndhwm, one = 1;
-    int64_t maxmsg = b->cfg->max_msg_bytes;
+    int linger = b->cfg->linger_ms, one = 1;
+    /* events are droppable (a subscriber that falls behind recovers from
+     * STATUS), so each subscriber's queue is small: it bounds what one that
+     * never reads costs */
+    int hwm = type == ZMQ_XPUB ? b->cfg->events_sndhwm : b->cfg->sndhwm;
+    int64_t maxmsg = type == ZMQ_XPUB ? B_MAX_SUBSCRIPTION : b->cfg->max_msg_bytes;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
-    if (type != ZMQ_XPUB)
-        zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if (type == ZMQ_ROUTER)   /* EHOSTUNREACH instead of a silent drop */
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     if (type == ZMQ_XPUB)     /* every subscription, not only a topic's first */
@@ -340,6 +344,15 @@ int broker_run(broker *b)
             if (b->draining)
                 drain_tick(b, now);
             sched_run(b);
+            /* a burst (thousands of jobs, slow subscribers' queues) leaves
+             * glibc holding the freed memory; hand it back once quiet */
+            if (b->n_active > 0) {
+                b->last_busy_ms = now;
+                b->trimmed = false;
+            } else if (!b->trimmed && now - b->last_busy_ms >= B_TRIM_IDLE_MS) {
+                malloc_trim(0);
+                b->trimmed = true;
+            }
         }
         beat_tick(b, now);
         if (now - last_status >= 5000) {

@@ -23,6 +23,13 @@
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
 #define B_CLOSING_GRACE_MS 3000
+/* Every message a subscriber sends is a subscription (a topic: a job id or
+ * "@heartbeat", 64 bytes at most, plus up to 10 of framing) or a handshake
+ * command (CURVE's INITIATE with its metadata is the largest, a few hundred
+ * bytes), so anything longer is an attack on the broker's memory: ZeroMQ
+ * drops that connection before reading the message. */
+#define B_MAX_SUBSCRIPTION 1024
+#define B_TRIM_IDLE_MS 10000          /* idle this long: give freed memory back to the system */
 #define B_BEAT_MIN_GAP_MS 10          /* extra heartbeats for new subscribers: at most one per this */
 #define B_RING 4                  /* candidates of one job awaiting stop verdicts */   /* wait this long for a FINISH event after the verdict */
 
@@ -163,6 +170,8 @@ typedef struct broker {
     uint32_t *hash;                 /* id -> slot+1, open addressing, hash_cap entries */
     uint32_t hash_cap;
     int n_active;                   /* TOKENIZE + ADMIT + RUNNING + CLOSING */
+    int64_t last_busy_ms;           /* last loop tick with an active job */
+    bool trimmed;                   /* malloc_trim done since then */
     uint64_t next_seqno, next_task, next_step, next_auto_id;
 
     bstats stats;

@@ -387,9 +387,9 @@ static int decode_f64(dctx *c, const field *f, char *dst, const msgpack_object *
         v = (double)o->via.i64;
     else
         return ferr(c, path, TP_EFORMAT, "expected a number, got %s", type_name(o->type));
-    bool open = f->flags & FF_LO_OPEN;
-    if (!(open ? v > f->flo : v >= f->flo) || !(v <= f->fhi))  /* written so NaN fails */
-        return ferr(c, path, TP_EINVAL, "%g is outside %c%g, %g]", v, open ? '(' : '[', f->flo, f->fhi);
+    char msg[TP_ERR_MSG_MAX];
+    if (schema_float_check(f, v, msg, sizeof msg))
+        return ferr(c, path, TP_EINVAL, "%s", msg);
     *(double *)dst = v;
     return 0;
 }

@@ -3,6 +3,9 @@
 #include "schema.h"
 
 #include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
 #include <stdio.h>
 
 #define M(member) offsetof(tp_msg, member)
@@ -30,12 +33,12 @@
 static const field params_fields[] = {
     {.key = "max_tokens", .type = FT_I32, .off = P(max_tokens), .ilo = 1, .ihi = INT32_MAX, .setbit = TP_P_MAX_TOKENS},
     {.key = "min_tokens", .type = FT_I32, .off = P(min_tokens), .ilo = 0, .ihi = INT32_MAX, .setbit = TP_P_MIN_TOKENS},
-    {.key = "temperature", .type = FT_F64, .off = P(temperature), .flo = 0, .fhi = DBL_MAX, .setbit = TP_P_TEMPERATURE},
+    {.key = "temperature", .type = FT_F64, .off = P(temperature), .flo = 0, .fhi = FLT_MAX, .setbit = TP_P_TEMPERATURE},
     {.key = "top_p", .type = FT_F64, .off = P(top_p), .flags = FF_LO_OPEN, .flo = 0, .fhi = 1, .setbit = TP_P_TOP_P},
     {.key = "top_k", .type = FT_I32, .off = P(top_k), .ilo = 0, .ihi = INT32_MAX, .setbit = TP_P_TOP_K},
     {.key = "min_p", .type = FT_F64, .off = P(min_p), .flo = 0, .fhi = 1, .setbit = TP_P_MIN_P},
     {.key = "repetition_penalty", .type = FT_F64, .off = P(repetition_penalty), .flags = FF_LO_OPEN,
-     .flo = 0, .fhi = DBL_MAX, .setbit = TP_P_REPETITION_PENALTY},
+     .flo = 0, .fhi = FLT_MAX, .setbit = TP_P_REPETITION_PENALTY},
     {.key = "presence_penalty", .type = FT_F64, .off = P(presence_penalty), .flo = -2, .fhi = 2,
      .setbit = TP_P_PRESENCE_PENALTY},
     {.key = "frequency_penalty", .type = FT_F64, .off = P(frequency_penalty), .flo = -2, .fhi = 2,
@@ -64,6 +67,33 @@ static const field params_fields[] = {
     END,
 };
 static const table params_table = {params_fields, (long)P(set)};
+
+int schema_float_check(const field *f, double v, char *msg, size_t cap)
+{
+    bool open = f->flags & FF_LO_OPEN;
+    char lo = open ? '(' : '[';
+    /* written so NaN fails */
+    if (!(open ? v > f->flo : v >= f->flo) || !(v <= f->fhi))
+        return snprintf(msg, cap, "%g is outside %c%g, %g]", v, lo, f->flo, f->fhi), -1;
+    float fv = (float)v;
+    if (!(open ? fv > f->flo : fv >= f->flo) || !(fv <= f->fhi) || isinf(fv))
+        return snprintf(msg, cap, "%g is outside %c%g, %g] as a 32-bit float (it becomes %g)", v, lo, f->flo,
+                        f->fhi, (double)fv), -1;
+    return 0;
+}
+
+int tp_proto_param_float(const char *key, double v, float *out, tp_err *err)
+{
+    for (const field *f = params_fields; f->key; f++)
+        if (f->type == FT_F64 && !strcmp(f->key, key)) {
+            char msg[TP_ERR_MSG_MAX];
+            if (schema_float_check(f, v, msg, sizeof msg))
+                return tp_err_set(err, TP_EINVAL, "%s: %s", key, msg);
+            *out = (float)v;
+            return 0;
+        }
+    return tp_err_set(err, TP_EINVAL, "%s: not a float parameter", key);
+}
 
 #define PARAMS(o) {.key = "params", .type = FT_MAP, .off = o, .sub = &params_table}
 

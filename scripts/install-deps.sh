@@ -8,6 +8,7 @@ PKGS=(
   libzmq3-dev libmsgpack-dev libopenblas-dev libyaml-dev libsystemd-dev
   libcjson-dev libcmocka-dev
   python3 python3-zmq python3-msgpack python3-sentencepiece
+  systemd
 )
 
 missing=()

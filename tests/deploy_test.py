@@ -41,6 +41,25 @@ class DeployUnits(unittest.TestCase):
                     f.write(text.replace("/usr/local/bin/", BIN + "/"))
             verify_units(self, d)
 
+    def test_every_service_unit_scores_an_exposure_of_2_or_less(self):
+        # issue 9: each unit is hardened to OK on systemd's own scale; a new
+        # unit in deploy/ is checked too, so it cannot ship unhardened
+        units = sorted(u for u in os.listdir("deploy") if u.endswith(".service"))
+        self.assertGreaterEqual(len(units), 2)
+        with tempfile.TemporaryDirectory() as d:
+            for u in units:
+                text = read(os.path.join("deploy", u))
+                if u.endswith("@.service"):
+                    u = u.replace("@.service", "@x.service")
+                path = os.path.join(d, u)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text.replace("/usr/local/bin/", BIN + "/"))
+                p = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", path],
+                                   capture_output=True, text=True, timeout=60)
+                m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", p.stdout + p.stderr)
+                self.assertIsNotNone(m, "no score for %s: %s" % (u, p.stdout + p.stderr))
+                self.assertLessEqual(float(m.group(1)), 2.0, "%s scores %s" % (u, m.group(1)))
+
     def test_broker_unit_is_notify_and_runs_without_spawning(self):
         text = read("deploy/tokpiped.service")
         self.assertIn("Type=notify", text)

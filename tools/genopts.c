@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/protocol.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
 
@@ -21,15 +22,21 @@ void genopts_init(genopts *o)
     o->seed = tp_random_u64();   /* reported (--json "seed"), so a run can be replayed */
 }
 
+/* The value is checked by the wire's own rule for the parameter the flag
+ * sets (--top-p -> top_p), so run refuses what SUBMIT would refuse. */
 static int parse_float(const char *flag, const char *s, float *out, tp_err *err)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end)
+    if ((errno && errno != ERANGE) || end == s || *end)
         return tp_err_set(err, TP_EINVAL, "%s: '%s' is not a number", flag, s);
-    *out = (float)v;
-    return 0;
+    char key[32];
+    size_t n = 0;
+    for (const char *p = flag + 2; *p && n + 1 < sizeof key; p++)
+        key[n++] = *p == '-' ? '_' : *p;
+    key[n] = '\0';
+    return tp_proto_param_float(key, v, out, err);
 }
 
 static int parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out,
@@ -83,12 +90,14 @@ static int parse_bias(genopts *o, const char *v, tp_err *err)
     memcpy(id_s, v, il);
     id_s[il] = '\0';
     long long id = 0;
-    float b = 0.0f;
     int rc = parse_i64("--logit-bias", id_s, 0, INT32_MAX, &id, err);
-    if (!rc)
-        rc = parse_float("--logit-bias", eq + 1, &b, err);
     if (rc)
         return rc;
+    char *end;
+    errno = 0;
+    double b = strtod(eq + 1, &end);
+    if (errno || end == eq + 1 || *end)
+        return tp_err_set(err, TP_EINVAL, "--logit-bias: '%s' is not ID=BIAS with a number", v);
     if (!(b >= -TP_SAMPLER_MAX_BIAS && b <= TP_SAMPLER_MAX_BIAS))
         return tp_err_set(err, TP_EINVAL, "--logit-bias: %s: the bias must be in [-100, 100]", v);
     for (size_t k = 0; k < o->n_bias; k++)
@@ -97,7 +106,7 @@ static int parse_bias(genopts *o, const char *v, tp_err *err)
     if (o->n_bias == GENOPTS_MAX_BIAS)
         return tp_err_set(err, TP_ERANGE, "--logit-bias: at most %d entries", GENOPTS_MAX_BIAS);
     o->bias_ids[o->n_bias] = (int32_t)id;
-    o->bias_values[o->n_bias++] = b;
+    o->bias_values[o->n_bias++] = (float)b;
     return 0;
 }
 

@@ -78,6 +78,7 @@ typedef struct tp_config {
     int max_prompt_bytes;
     int max_stop_strings, max_stop_len, max_stop_ids;
     int sndhwm, linger_ms;
+    int events_sndhwm;        /* per-subscriber queue on the events socket */
 
     /* liveness */
     int heartbeat_ms, liveness;

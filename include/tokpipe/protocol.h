@@ -690,6 +690,12 @@ int tp_proto_encode(const tp_msg *m, tp_wire *w, tp_err *err);
 
 void tp_wire_free(tp_wire *w);
 
+/* The wire's rule for the float generation parameter `key` ("top_p", ...)
+ * applied to v, so a command line refuses exactly what SUBMIT refuses, with
+ * the same message: v and (float)v must both be in the parameter's range.
+ * On success *out = (float)v. */
+int tp_proto_param_float(const char *key, double v, float *out, tp_err *err);
+
 /* Check that s (len bytes) is a valid job id: 1..TP_PROTO_MAX_JOB_ID bytes
  * of [A-Za-z0-9._:-]. */
 bool tp_job_id_valid(const char *s, size_t len);
