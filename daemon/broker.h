@@ -110,6 +110,7 @@ typedef struct bjob {
     tp_timings timings;
     int64_t done_ms;
     uint32_t context_refused;       /* the prompt did not fit: the context length (FINISH error_code) */
+    struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
 } bjob;
 
 typedef struct bstats {
@@ -226,6 +227,10 @@ void sched_free(broker *b);
 /* front.c */
 void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many);
 
+/* joblp.c */
+void joblp_on_token(bjob *j, const tp_m_token *t);
+tp_lp_cols joblp_status(const bjob *j, size_t n_tokens);
+void joblp_free(bjob *j);
 /* info.c */
 void info_on_ready(broker *b, const tp_m_ready *r);
 void info_reply(broker *b, uint64_t req, tp_msg *r);

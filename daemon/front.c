@@ -398,6 +398,7 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
     bool done = s->state == TP_STATE_FINISHED;
     s->tokens = done ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
     s->completion_tokens = (uint32_t)s->tokens.n;
+    s->lp = joblp_status(j, s->tokens.n);
     if (done) {
         s->reason = j->reason;
         s->matched = j->matched;

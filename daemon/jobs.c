@@ -42,6 +42,7 @@ static void job_clear(bjob *j)
     free(j->shown);
     free(j->matched_buf);
     free(j->job_error);
+    joblp_free(j);
     memset(j, 0, sizeof *j);
 }
 
@@ -313,6 +314,7 @@ void jobs_on_event(broker *b, const tp_msg *ev)
         j->last_seq = ev->token.seq;
         jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
         append_shown(j, ev->token.index, ev->token.ids);
+        joblp_on_token(j, &ev->token);
         return;
     }
     j->last_seq = ev->finish.seq;

@@ -28,6 +28,11 @@
 #define STEPNO(o) F_U64("step", o, FF_REQUIRED)
 #define COUNT(k, o, lo, hi) F_U32(k, o, FF_REQUIRED, lo, hi)
 
+/* The logprob columns: a top_n header key and three optional frames. */
+#define TOP_N(o) F_U32("top_n", o, 0, 0, TP_PROTO_MAX_TOP_LOGPROBS)
+#define LP_FRAMES(o) {"logprobs", (o) + offsetof(tp_lp_cols, logprobs), 4, 1}, \
+    {"top_ids", (o) + offsetof(tp_lp_cols, top_ids), 4, 1}, {"top_logprobs", (o) + offsetof(tp_lp_cols, top_logprobs), 4, 1}
+
 /* ---- generation parameters ---- */
 
 static const field params_fields[] = {
@@ -134,9 +139,9 @@ static const field status_reply_f[] = {
     F_STR("text", SR(text), 0, TP_PROTO_MAX_TEXT), F_U64("text_len", SR(text_len), 0),
     F_STR("job_error", SR(job_error), 0, TP_PROTO_MAX_ERROR),
     F_U64("queue_us", SR(timings.queue_us), 0), F_U64("ttft_us", SR(timings.ttft_us), 0),
-    F_U64("total_us", SR(timings.total_us), 0), END,
+    F_U64("total_us", SR(timings.total_us), 0), TOP_N(SR(lp.top_n)), END,
 };
-static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, {NULL, 0, 0, 0}};
+static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, LP_FRAMES(SR(lp)), {NULL, 0, 0, 0}};
 
 static const field stats_f[] = {REQ, END};
 
@@ -197,11 +202,6 @@ static const field info_reply_f[] = {
 };
 
 /* ---- EVT1 ---- */
-
-/* The logprob columns: a top_n header key and three optional frames. */
-#define TOP_N(o) F_U32("top_n", o, 0, 0, TP_PROTO_MAX_TOP_LOGPROBS)
-#define LP_FRAMES(o) {"logprobs", (o) + offsetof(tp_lp_cols, logprobs), 4, 1}, \
-    {"top_ids", (o) + offsetof(tp_lp_cols, top_ids), 4, 1}, {"top_logprobs", (o) + offsetof(tp_lp_cols, top_logprobs), 4, 1}
 
 static const field token_f[] = {
     F_JOBID("job_id", M(token.job_id), FF_REQUIRED | FF_NONEMPTY),
@@ -430,7 +430,7 @@ static int check_status_reply(tp_msg *m, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame present for an unknown job");
     if (done && !r->tokens.data)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame missing for a finished job");
-    return 0;
+    return check_lp(&r->lp, r->tokens.n, err);
 }
 
 static int check_stats_reply(tp_msg *m, tp_err *err)

@@ -206,6 +206,24 @@ class GenerationApi(object):
                 self.assertLessEqual(sum(math.exp(t["logprob"]) for t in e["top"]), 1.0 + 1e-5)
                 self.assertEqual(len(e["top"]), 5)
 
+    def test_status_of_a_finished_job_carries_the_logprobs_its_events_did(self):
+        ack, tokens, fin = self.d.submit({"seed": 5, "max_tokens": 12, "logprobs": True, "top_logprobs": 4})
+        self.d.req += 1
+        self.d.dealer.send_multipart([b"JOB1", b"\x04", msgpack.packb({"req": self.d.req, "job_id": fin["job_id"]})])
+        frames = self.d.dealer.recv_multipart()
+        st = msgpack.unpackb(frames[2])
+        self.assertEqual((st["state"], st["top_n"]), ("finished", 4))
+        ids = list(struct.unpack("<%di" % (len(frames[3]) // 4), frames[3]))
+        n = len(ids)
+        status_lp = {"ids": ids, "top_n": 4, "lp": list(struct.unpack("<%df" % n, frames[4])),
+                     "top_ids": list(struct.unpack("<%di" % (4 * n), frames[5])),
+                     "top_lp": list(struct.unpack("<%df" % (4 * n), frames[6]))}
+        self.assertEqual(wire_logprobs([status_lp]), wire_logprobs(tokens))
+        out = subprocess.run([TOKPIPE, "status", "--json", "--config", self.d.config, fin["job_id"]],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(as_f32(json.loads(out.stdout)["logprobs"]), as_f32(wire_logprobs(tokens)))
+
     def test_greedy_tokens_are_the_top_logprob_on_the_wire(self):
         ack, tokens, fin = self.d.submit({"temperature": 0, "max_tokens": 16, "logprobs": True, "top_logprobs": 3})
         self.assertEqual(ack["status"], 200, ack)

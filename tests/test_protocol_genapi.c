@@ -274,6 +274,30 @@ static void sampled_step_result_and_stop_step_carry_the_logprob_columns(void **s
     assert_non_null(strstr(e.msg, "only a sampled STEP_RESULT"));
 }
 
+static void status_reply_carries_logprob_rows_of_its_tokens(void **state)
+{
+    (void)state;
+    int32_t ids[] = {5, 6}, top[] = {5, 6};
+    float lp[] = {-0.1f, -0.2f}, tlp[] = {-0.1f, -0.2f};
+    tp_msg m, d;
+    tp_wire w;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS_REPLY);
+    m.status = 200;
+    tp_m_status_reply *r = &m.status_reply;
+    r->job_id = tp_str_of("j1"), r->state = TP_STATE_RUNNING, r->last_seq = 1, r->text = tp_str_of("ab");
+    r->tokens = (tp_raw){ids, 2}, r->completion_tokens = 2;
+    r->lp = (tp_lp_cols){1, {lp, 2}, {top, 2}, {tlp, 2}};
+    round_trip(&m, &w, &d);
+    assert_int_equal(d.status_reply.lp.top_n, 1);
+    assert_true(tp_raw_f32(d.status_reply.lp.logprobs, 1) == -0.2f);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    r->lp.logprobs.n = 1;   /* a row per token id, or the reply is refused */
+    tp_err e;
+    assert_int_not_equal(tp_proto_encode(&m, &w, &e), 0);
+    assert_non_null(strstr(e.msg, "logprobs: 1 elements"));
+}
+
 static void info_and_its_reply_round_trip_with_model_and_limits(void **state)
 {
     (void)state;
@@ -343,6 +367,7 @@ int main(void)
         cmocka_unit_test(ack_and_finish_carry_a_seed_of_zero_and_the_context_counts),
         cmocka_unit_test(token_event_carries_logprob_frames_checked_against_top_n),
         cmocka_unit_test(sampled_step_result_and_stop_step_carry_the_logprob_columns),
+        cmocka_unit_test(status_reply_carries_logprob_rows_of_its_tokens),
         cmocka_unit_test(info_and_its_reply_round_trip_with_model_and_limits),
         cmocka_unit_test(ready_carries_eog_ids_special_tokens_template_and_weight_type),
     };

@@ -211,29 +211,14 @@ static int submit_all(gen *s, tp_err *err)
 /* The logprob entries of one TOKEN event (see `run --json`). */
 static void add_logprobs(job *j, const tp_m_token *t)
 {
-    if (!t->lp.logprobs.data)
+    cJSON *rows = evfmt_logprobs(t->ids, &t->lp);
+    if (!rows)
         return;
-    if (!j->logprobs && !(j->logprobs = cJSON_CreateArray()))
-        return;
-    uint32_t k = t->lp.top_n;
-    for (size_t i = 0; i < t->ids.n; i++) {
-        cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
-        float lp = tp_raw_f32(t->lp.logprobs, i);
-        cJSON_AddNumberToObject(e, "id", tp_raw_i32(t->ids, i));
-        cJSON_AddItemToObject(e, "logprob", isfinite(lp) ? cJSON_CreateNumber(lp) : cJSON_CreateNull());
-        for (uint32_t c = 0; c < k; c++) {
-            int32_t id = tp_raw_i32(t->lp.top_ids, i * k + c);
-            float v = tp_raw_f32(t->lp.top_logprobs, i * k + c);
-            if (id < 0)
-                continue;
-            cJSON *a = cJSON_CreateObject();
-            cJSON_AddNumberToObject(a, "id", id);
-            cJSON_AddItemToObject(a, "logprob", isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull());
-            cJSON_AddItemToArray(top, a);
-        }
-        cJSON_AddItemToObject(e, "top", top);
+    if (!j->logprobs)
+        j->logprobs = cJSON_CreateArray();
+    for (cJSON *e; j->logprobs && (e = cJSON_DetachItemFromArray(rows, 0));)
         cJSON_AddItemToArray(j->logprobs, e);
-    }
+    cJSON_Delete(rows);
 }
 
 static job *find_job(gen *s, tp_str id)
@@ -311,6 +296,8 @@ static int catch_up(gen *s, job *j, tp_err *err)
         j->matched = evfmt_matched(&st->matched);
         snprintf(j->error, sizeof j->error, "%.*s", (int)st->job_error.len, st->job_error.ptr ? st->job_error.ptr : "");
         j->completion_tokens = st->completion_tokens, j->done = true;
+        cJSON_Delete(j->logprobs);   /* the events had a gap: STATUS has them all */
+        j->logprobs = evfmt_logprobs(st->tokens, &st->lp);
         if (s->stream && j->printed <= j->len) {
             fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
             j->printed = j->len;

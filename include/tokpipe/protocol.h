@@ -239,6 +239,18 @@ typedef struct tp_matched {
     int32_t id;
 } tp_matched;
 
+/* Log-probabilities of a column of tokens (TOKEN events, and the SAMPLED /
+ * STEP_RESULT / STOP_STEP that carry them there). Frames present iff
+ * logprobs.data != NULL: logprobs f32[n] (NaN: this item did not ask),
+ * top_ids i32[n * top_n] and top_logprobs f32[n * top_n] (row i = item i's
+ * alternatives, most likely first; id -1 / -inf pad a short row). */
+typedef struct tp_lp_cols {
+    uint32_t top_n;        /* alternatives per item, [0, TP_PROTO_MAX_TOP_LOGPROBS] */
+    tp_raw logprobs;
+    tp_raw top_ids;
+    tp_raw top_logprobs;
+} tp_lp_cols;
+
 /* ---- generation parameters (SUBMIT params, SAMPLE_OPEN, STOP_OPEN) ------ */
 
 /* Bits of tp_params.set: which keys were present (decode) / are to be
@@ -357,6 +369,7 @@ typedef struct tp_m_status_reply {
     tp_matched matched;
     tp_str job_error;          /* reason error: what went wrong */
     tp_timings timings;
+    tp_lp_cols lp;             /* the job asked for logprobs: one row per id of tokens */
 } tp_m_status_reply;
 
 typedef struct tp_trigger {    /* how often one stop string / id finished a job */
@@ -410,17 +423,6 @@ typedef struct tp_m_info_reply {
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
 
-/* Log-probabilities of a column of tokens (TOKEN events, and the SAMPLED /
- * STEP_RESULT / STOP_STEP that carry them there). Frames present iff
- * logprobs.data != NULL: logprobs f32[n] (NaN: this item did not ask),
- * top_ids i32[n * top_n] and top_logprobs f32[n * top_n] (row i = item i's
- * alternatives, most likely first; id -1 / -inf pad a short row). */
-typedef struct tp_lp_cols {
-    uint32_t top_n;        /* alternatives per item, [0, TP_PROTO_MAX_TOP_LOGPROBS] */
-    tp_raw logprobs;
-    tp_raw top_ids;
-    tp_raw top_logprobs;
-} tp_lp_cols;
 
 typedef struct tp_m_token {
     tp_str job_id;
