@@ -310,6 +310,28 @@ static void typical_p_draws_only_from_the_locally_typical_set(void **state)
     free(keep);
 }
 
+static void logprobs_of_infinite_logits_and_a_tiny_temperature_are_not_nan(void **state)
+{
+    (void)state;
+    tp_sampler_params p = tp_sampler_params_default();
+    p.temperature = 1e-30f;   /* 1 / T overflows to inf */
+    tp_sampler *s = make(&p, 4);
+    float lp;
+    size_t n;
+    tp_logprob top[4];
+    const float l[4] = {0.5f, 2.0f, 1.0f, -INFINITY};
+    assert_int_equal(tp_sampler_logprobs(s, l, TP_LOGPROBS_PROCESSED, 1, 4, &lp, top, &n, NULL), 0);
+    assert_true(lp == 0.0f);              /* all the mass on the maximum */
+    assert_int_equal(n, 3);               /* -inf is not a possible token */
+    assert_true(isinf(top[1].logprob) && top[1].logprob < 0);
+    const float inf2[4] = {INFINITY, 1.0f, INFINITY, 0.0f};
+    assert_int_equal(tp_sampler_logprobs(s, inf2, TP_LOGPROBS_RAW, 0, 2, &lp, top, &n, NULL), 0);
+    assert_float_equal(lp, -logf(2.0f), 1e-6);   /* two +inf logits share the mass */
+    assert_int_equal(top[1].id, 2);
+    assert_float_equal(top[1].logprob, -logf(2.0f), 1e-6);
+    tp_sampler_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +341,7 @@ int main(void)
         cmocka_unit_test(logit_bias_minus_100_never_picks_the_id_and_plus_100_always_does),
         cmocka_unit_test(logit_bias_and_typical_p_are_validated_naming_the_field),
         cmocka_unit_test(typical_p_draws_only_from_the_locally_typical_set),
+        cmocka_unit_test(logprobs_of_infinite_logits_and_a_tiny_temperature_are_not_nan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -586,6 +586,17 @@ void tp_sampler_set_avx512(tp_sampler *s, bool on)
     s->avx512 = on && tp_smp_have_avx512();
 }
 
+/* (l - max) / T - log_total, with l == max giving 0 even where the product
+ * would be inf * 0 (a tiny temperature, or +inf logits), as the sampler's
+ * weights do. */
+static float logprob_of(float l, float max, float inv_t, double log_total)
+{
+    if (!(l > -INFINITY))
+        return -INFINITY;
+    double d = l == max ? 0.0 : (double)((l - max) * inv_t);
+    return (float)(d - log_total);
+}
+
 int tp_sampler_logprobs(tp_sampler *s, const float *logits, tp_logprobs_mode mode, int32_t token,
                         size_t n_top, float *token_logprob, tp_logprob *top, size_t *n_out, tp_err *err)
 {
@@ -598,18 +609,26 @@ int tp_sampler_logprobs(tp_sampler *s, const float *logits, tp_logprobs_mode mod
     if (best < 0)
         return no_token(err);
     float max = tp_smp_value(&v, best);
-    size_t n_pos;
-    int last_pos;
-    /* log p(t) = (l_t - max) / T - log sum_u exp((l_u - max) / T): the sum
-     * is the sampler's own weight pass, so these are the numbers it draws by */
-    double log_total = log(tp_smp_weights(&v, max, inv_t, s->work, s->acc, &n_pos, &last_pos, s->avx512));
-    float lt = tp_smp_value(&v, token);
-    *token_logprob = lt > -INFINITY ? (float)((double)((lt - max) * inv_t) - log_total) : -INFINITY;
+    double log_total;
+    if (isinf(max)) {
+        /* +inf logits share all the mass (the sampler picks the first) */
+        size_t n_inf = 0;
+        for (int t = best; t < s->vocab; t++)
+            n_inf += tp_smp_value(&v, t) == max;
+        log_total = log((double)n_inf);
+    } else {
+        size_t n_pos;
+        int last_pos;
+        /* log p(t) = (l_t - max) / T - log sum_u exp((l_u - max) / T): the
+         * sum is the sampler's own weight pass, the numbers it draws by */
+        log_total = log(tp_smp_weights(&v, max, inv_t, s->work, s->acc, &n_pos, &last_pos, s->avx512));
+    }
+    *token_logprob = logprob_of(tp_smp_value(&v, token), max, inv_t, log_total);
     size_t k = n_top < (size_t)s->vocab ? n_top : (size_t)s->vocab;
     size_t n = k ? tp_smp_top_k(&v, k, s->cand, s->avx512) : 0;
     qsort(s->cand, n, sizeof *s->cand, by_rank);
     for (size_t i = 0; i < n; i++)
-        top[i] = (tp_logprob){s->cand[i].id, (float)((double)((s->cand[i].l - max) * inv_t) - log_total)};
+        top[i] = (tp_logprob){s->cand[i].id, logprob_of(s->cand[i].l, max, inv_t, log_total)};
     *n_out = n;
     return 0;
 }
