@@ -230,6 +230,37 @@ static void logit_bias_minus_100_never_picks_the_id_and_plus_100_always_does(voi
     tp_sampler_free(s);
 }
 
+/* Bans (below min_tokens) and biases on a vocabulary of 4: each applies
+ * where it should, alone and together. */
+static void logit_bias_and_min_tokens_bans_combine(void **state)
+{
+    (void)state;
+    const float l[4] = {3.0f, 2.0f, 1.0f, 0.0f};
+    int32_t ban[] = {0}, ids[] = {2, 1};
+    float vals[] = {1.5f, -100.0f};
+    tp_sampler_params p = tp_sampler_params_default();
+    p.temperature = 0.0f;
+    p.min_tokens = 1, p.ban_ids = ban, p.n_ban = 1;
+    p.bias_ids = ids, p.bias_values = vals, p.n_bias = 2;
+    tp_sampler *s = make(&p, 4);
+    int32_t t;
+    assert_int_equal(tp_sampler_sample(s, l, &t, NULL), 0);
+    assert_int_equal(t, 2);   /* 0 banned, 1 biased away, 2 at 2.5 */
+    assert_int_equal(tp_sampler_accept(s, 2, NULL), 0);
+    assert_int_equal(tp_sampler_sample(s, l, &t, NULL), 0);
+    assert_int_equal(t, 0);   /* the ban is over; the bias on 2 (2.5) stays below 3 */
+    float lp;
+    size_t n;
+    tp_logprob top[4];
+    assert_int_equal(tp_sampler_logprobs(s, l, TP_LOGPROBS_PROCESSED, 1, 4, &lp, top, &n, NULL), 0);
+    assert_true(isinf(lp) && lp < 0);   /* processed: -100 is a ban */
+    assert_int_equal(n, 3);
+    assert_int_equal(tp_sampler_logprobs(s, l, TP_LOGPROBS_RAW, 1, 4, &lp, top, &n, NULL), 0);
+    assert_true(isfinite(lp));          /* raw: the model's own view */
+    assert_int_equal(n, 4);
+    tp_sampler_free(s);
+}
+
 static void logit_bias_and_typical_p_are_validated_naming_the_field(void **state)
 {
     (void)state;
@@ -339,6 +370,7 @@ int main(void)
         cmocka_unit_test(the_full_distribution_sums_to_one_and_matches_a_double_log_softmax),
         cmocka_unit_test(processed_logprobs_follow_temperature_and_bias),
         cmocka_unit_test(logit_bias_minus_100_never_picks_the_id_and_plus_100_always_does),
+        cmocka_unit_test(logit_bias_and_min_tokens_bans_combine),
         cmocka_unit_test(logit_bias_and_typical_p_are_validated_naming_the_field),
         cmocka_unit_test(typical_p_draws_only_from_the_locally_typical_set),
         cmocka_unit_test(logprobs_of_infinite_logits_and_a_tiny_temperature_are_not_nan),

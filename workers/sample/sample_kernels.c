@@ -26,17 +26,23 @@ float tp_smp_value(const tp_smp_view *v, int t)
             x *= v->rep;
         x -= v->presence + v->frequency * (float)v->counts[t];
     }
-    if (marked(v->biased, t))
-        x = v->bias[t] <= TP_SAMPLER_BAN_BIAS ? -INFINITY : x + v->bias[t];
-    if (marked(v->ban, t))
-        x = -INFINITY;
+    if (marked(v->ban, t)) {
+        if (!v->bias) {
+            x = -INFINITY;
+        } else {
+            if (marked(v->biased, t))
+                x = v->bias[t] <= TP_SAMPLER_BAN_BIAS ? -INFINITY : x + v->bias[t];
+            if (marked(v->banned, t))
+                x = -INFINITY;
+        }
+    }
     return x;
 }
 
 /* Bits of the ids of block b whose value is not the raw logit's. */
 static unsigned special_bits(const tp_smp_view *v, int b)
 {
-    return (v->hist ? v->hist[b] : 0u) | (v->ban ? v->ban[b] : 0u) | (v->biased ? v->biased[b] : 0u);
+    return (v->hist ? v->hist[b] : 0u) | (v->ban ? v->ban[b] : 0u);
 }
 
 static int block_len(const tp_smp_view *v, int i)

@@ -36,8 +36,13 @@ typedef struct tp_smp_view {
     const uint16_t *ban;
     const int32_t *counts; /* occurrences in the window, per id */
     float rep, presence, frequency;
-    const uint16_t *biased; /* ids with a logit bias (NULL: none this call) */
-    const float *bias;      /* per id, read where biased is marked */
+    /* With a logit bias (bias != NULL), ban marks the biased ids too, so the
+     * passes still test two bitmaps per block and a job without a bias
+     * runs exactly the code it ran before; banned then says which marks
+     * are bans (NULL: none this call). */
+    const float *bias;      /* per id, read where biased is marked; NULL: no logit bias */
+    const uint16_t *biased;
+    const uint16_t *banned;
 } tp_smp_view;
 
 /* The logit of id t after NaN -> -inf, penalties, logit bias (a bias of

@@ -31,6 +31,7 @@ struct tp_sampler {
     double *acc;  /* their running sum before each block of 16 ids */
     tp_smp_cand *cand;
     uint16_t *biased; /* bitmap of logit_bias ids; NULL without logit_bias */
+    uint16_t *marks;  /* biased | banned: what the passes test while bans apply */
     float *bias;      /* per id (vocab entries) when biased */
     struct typ_cand *typ; /* typical_p < 1 only: candidates with their score */
 };
@@ -153,6 +154,7 @@ void tp_sampler_free(tp_sampler *s)
     free(s->acc);
     free(s->cand);
     free(s->biased);
+    free(s->marks);
     free(s->bias);
     free(s->typ);
     free(s);
@@ -219,11 +221,12 @@ int tp_sampler_new(const tp_sampler_params *p, int vocab_size, const int32_t *pr
         s->banned[s->ban[i] >> 4] |= (uint16_t)(1u << (s->ban[i] & 15));
     if (p->n_bias) {
         s->biased = calloc(blocks, sizeof *s->biased);
+        s->marks = calloc(blocks, sizeof *s->marks);
         s->bias = calloc(v, sizeof *s->bias);
     }
     if (p->typical_p < 1.0f)
         s->typ = malloc(sizeof *s->typ * v);
-    if ((p->n_bias && (!s->biased || !s->bias)) || (p->typical_p < 1.0f && !s->typ)) {
+    if ((p->n_bias && (!s->biased || !s->marks || !s->bias)) || (p->typical_p < 1.0f && !s->typ)) {
         tp_sampler_free(s);
         return tp_err_set(err, TP_ENOMEM, "sampler: out of memory for vocab %d", vocab_size);
     }
@@ -236,6 +239,8 @@ int tp_sampler_new(const tp_sampler_params *p, int vocab_size, const int32_t *pr
         s->biased[t >> 4] |= (uint16_t)(1u << (t & 15));
         s->bias[t] = p->bias_values[i];
     }
+    for (size_t b = 0; s->marks && b < blocks; b++)
+        s->marks[b] = s->biased[b] | s->banned[b];
     s->p.bias_ids = NULL; /* borrowed from the caller: kept in s->bias instead */
     s->p.bias_values = NULL;
     s->avx512 = tp_smp_have_avx512();
@@ -263,17 +268,19 @@ static tp_smp_view view_of(const tp_sampler *s, const float *logits)
     const tp_sampler_params *p = &s->p;
     bool penalize = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
                     p->frequency_penalty != 0.0f;
+    bool ban = s->n_accepted < (size_t)p->min_tokens && p->n_ban;
     return (tp_smp_view){
         .logits = logits,
         .vocab = s->vocab,
         .hist = penalize && s->ring_len ? s->hist : NULL,
-        .ban = s->n_accepted < (size_t)p->min_tokens && p->n_ban ? s->banned : NULL,
+        .ban = s->bias ? (ban ? s->marks : s->biased) : ban ? s->banned : NULL,
         .counts = s->counts,
         .rep = p->repetition_penalty,
         .presence = p->presence_penalty,
         .frequency = p->frequency_penalty,
-        .biased = s->biased,
         .bias = s->bias,
+        .biased = s->biased,
+        .banned = ban ? s->banned : NULL,
     };
 }
 
