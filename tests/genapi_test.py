@@ -358,6 +358,21 @@ class FusedForwardSample(GenerationApi, unittest.TestCase):
     EXTRA = "workers:\n  fuse: [\"forward,sample\"]\n"
 
 
+class HelpTexts(unittest.TestCase):
+    def test_run_and_generate_help_list_every_json_field_and_the_new_flags(self):
+        fields = ["prompt", "text", "tokens", "finish_reason", "finish_detail", "matched", "prompt_tokens",
+                  "completion_tokens", "seed", "logprobs"]
+        ref = run_json("--prompt", PROMPT, "--max-tokens", "2", "--logprobs")[0]
+        self.assertEqual(sorted(ref), sorted(fields))
+        for cmd in ("run", "generate"):
+            text = subprocess.run([TOKPIPE, cmd, "--help"], capture_output=True, text=True).stdout
+            for f in fields:
+                self.assertIn(f, text, "%s --help lacks the --json field %s" % (cmd, f))
+            for flag in ("--logprobs", "--top-logprobs", "--logprobs-mode", "--logit-bias", "--typical-p",
+                         "--truncate-prompt-tokens"):
+                self.assertIn(flag, text, "%s --help lacks %s" % (cmd, flag))
+
+
 class GeneratePartialRefusal(unittest.TestCase):
     """max_concurrent_jobs 1: of two prompts submitted at once the second is
     refused with 429; --help says the others still run and are printed."""
