@@ -265,6 +265,9 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         memcpy(p->logit_bias.ids, s->params.logit_bias.ids, nb * sizeof *blk);
         memcpy(p->logit_bias.values, s->params.logit_bias.values, nb * sizeof(float));
     }
+    /* the request's frames go away: the mode becomes one of our literals */
+    if (p->set & TP_P_LOGPROBS_MODE)
+        p->logprobs_mode = tp_str_of(tp_params_lpmode(p) == TP_LPMODE_PROCESSED ? "processed" : "raw");
     if (!(p->set & TP_P_SEED)) {   /* reported in ACK and FINISH, so the job can be replayed */
         p->seed = tp_random_u64();
         p->set |= TP_P_SEED;
