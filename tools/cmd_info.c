@@ -76,9 +76,12 @@ static void print_human(const cJSON *o)
                 printf("%s.%s: %.0f\n", it->string, k->string, cJSON_GetNumberValue(k));
         } else if (!strcmp(it->string, "special_tokens")) {
             printf("special_tokens:");
-            for (const cJSON *e = it->child; e; e = e->next)
-                printf(" %.0f=%s", cJSON_GetNumberValue(cJSON_GetObjectItem(e, "id")),
-                       cJSON_GetStringValue(cJSON_GetObjectItem(e, "piece")));
+            for (const cJSON *e = it->child; e; e = e->next) {
+                /* quoted: pieces may hold newlines or spaces (llama2.c's "\n<s>\n") */
+                char *piece = cJSON_PrintUnformatted(cJSON_GetObjectItem(e, "piece"));
+                printf(" %.0f=%s", cJSON_GetNumberValue(cJSON_GetObjectItem(e, "id")), piece ? piece : "?");
+                free(piece);
+            }
             printf("\n");
         } else {
             char *v = cJSON_IsString(it) ? NULL : cJSON_PrintUnformatted(it);
