@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tokpipe/model.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 
@@ -36,7 +37,10 @@ int broker_send_worker(broker *b, int wi, const tp_msg *m)
     tp_err e;
     int rc = tp_zsend_msg(b->back, &id, 1, m, &e);
     if (rc) {
+        /* gone (EHOSTUNREACH) or hopelessly behind (EAGAIN): nothing more
+         * goes to it; it is lost at the next safe point */
         broker_log(b, "to worker %s: %s", w->instance, e.msg);
+        w->gone = true;
         return rc;
     }
     w->last_send = tp_now_ms();
@@ -58,7 +62,7 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
     f->reason = reason;
     f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
     f->prompt_tokens = j->n_prompt;
-    f->completion_tokens = j->n_out;
+    f->completion_tokens = j->n_tok_ids;   /* the ids subscribers were sent, exactly */
     f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
@@ -138,7 +142,7 @@ static bool ipc_in_use(const char *path)
     return live;
 }
 
-static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *rc)
+static void *make_socket(broker *b, int type, const char *ep, tp_zsec_role role, tp_err *err, int *rc)
 {
     void *s = zmq_socket(b->zctx, type);
     if (!s) {
@@ -169,7 +173,7 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         }
         unlink(ep + 6);   /* a stale socket file from a crashed run */
     }
-    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, err))) {
+    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, role, err))) {
         zmq_close(s);
         return NULL;
     }
@@ -178,7 +182,40 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         zmq_close(s);
         return NULL;
     }
+    /* the ipc form of roles: the runtime directory may be open to a group
+     * of clients (systemd: /run/tokpipe, group tokpipe), but only the
+     * broker's own user may reach the worker endpoints */
+    if (role == TP_ZSEC_WORKER && !strncmp(ep, "ipc://", 6) && ep[6] != '@' && chmod(ep + 6, 0600)) {
+        *rc = tp_err_set(err, TP_EIO, "chmod 0600 %s: %s", ep + 6, strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
     return s;
+}
+
+/* Read the model the config names, as a worker would, for the reference
+ * every READY must match: a corrupt file stops tokpiped at start, naming
+ * it, instead of leaving a broker that looks healthy while its workers
+ * fail. A file this host cannot read (workers elsewhere) is not an error:
+ * the first worker's model is the reference then. */
+static int load_model_ref(broker *b, tp_err *err)
+{
+    tp_model *m = NULL;
+    tp_err e;
+    tp_err_clear(&e);
+    int rc = tp_model_load(b->cfg->model_path, &m, &e);
+    if (rc == TP_EIO) {
+        broker_log(b, "model.path: %s: not readable here; the first worker's model is the reference", e.msg);
+        return 0;
+    }
+    if (rc)
+        return tp_err_set(err, rc, "model.path %s: %s", b->cfg->model_path, e.msg);
+    const tp_model_config *mc = tp_model_get_config(m);
+    snprintf(b->model_id, sizeof b->model_id, "%s", tp_model_identity(m));
+    b->model_vocab = (uint32_t)mc->vocab_size;
+    b->model_seq_len = (uint32_t)mc->seq_len;
+    tp_model_free(m);
+    return 0;
 }
 
 static void zsec_log(void *ctx, const char *line)
@@ -192,7 +229,7 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     b->t_start_ms = tp_now_ms();
     b->incarnation = tp_random_u64();
     int rc = jobs_init(b, err);
-    if (rc)
+    if (rc || (rc = load_model_ref(b, err)))
         return rc;
     if (mkdir(cfg->runtime_dir, 0700) && errno != EEXIST)
         return tp_err_set(err, TP_EIO, "runtime_dir %s: %s", cfg->runtime_dir, strerror(errno));
@@ -203,11 +240,19 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     if ((rc = tp_zsec_server_new(b->zctx, cfg, zsec_log, b, &b->zsec, err)))
         return rc;
     rc = 0;
-    if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, err, &rc)) ||
-        !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, err, &rc)) ||
-        !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, err, &rc)) ||
-        !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, err, &rc)))
+    if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, TP_ZSEC_CLIENT, err, &rc)) ||
+        !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, TP_ZSEC_WORKER, err, &rc)) ||
+        !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, TP_ZSEC_WORKER, err, &rc)) ||
+        !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, TP_ZSEC_CLIENT, err, &rc)))
         return rc;
+    /* A worker's connection closing is seen at once: the monitor reports
+     * the disconnect (without saying whose), and the broker then probes
+     * every worker until the ROUTER refuses the dead one (EHOSTUNREACH). */
+    char mon[96];
+    snprintf(mon, sizeof mon, "inproc://tokpiped-back-monitor-%p", (void *)b);
+    if (zmq_socket_monitor(b->back, mon, ZMQ_EVENT_DISCONNECTED) || !(b->back_mon = zmq_socket(b->zctx, ZMQ_PAIR)) ||
+        zmq_connect(b->back_mon, mon))
+        return tp_err_set(err, TP_EIO, "backend monitor: %s", zmq_strerror(errno));
     /* The broker keeps every job's result, so it takes all events whatever
      * the subscribers ask for (their subscriptions are not forwarded). */
     uint8_t sub_all = 1;
@@ -218,6 +263,10 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
 void broker_free(broker *b)
 {
     void *socks[] = {b->front, b->back, b->xsub, b->xpub};
+    if (b->back_mon) {
+        zmq_socket_monitor(b->back, NULL, 0);
+        zmq_close(b->back_mon);
+    }
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
@@ -249,6 +298,11 @@ static void on_event(broker *b, tp_zmsg *z)
         tp_msg_clear(&m);
         return;
     }
+    if (!jobs_event_wanted(b, &m)) {
+        b->stats.events_duplicate++;
+        tp_msg_clear(&m);
+        return;
+    }
     for (size_t i = 0; i < z->n; i++)
         zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
                  ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
@@ -276,6 +330,18 @@ static void drain_socket(broker *b, void *s, int which)
         } else if (z.n == 1) {
             on_subscription(b, &z.f[0]);   /* XPUB subscription notices */
         }
+        tp_zmsg_close(&z);
+    }
+}
+
+/* Backend monitor events (two frames each): any disconnect starts probing. */
+static void on_monitor(broker *b)
+{
+    for (int k = 0; k < 64; k++) {
+        tp_zmsg z;
+        if (tp_zmsg_recv(b->back_mon, &z, ZMQ_DONTWAIT) < 0)
+            return;
+        b->probe_until = tp_now_ms() + B_PROBE_MS;
         tp_zmsg_close(&z);
     }
 }
@@ -323,21 +389,33 @@ int broker_run(broker *b)
     while (!b->done) {
         if (*b->quit && !b->draining)
             start_drain(b);
-        zmq_pollitem_t it[5] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
+        zmq_pollitem_t it[6] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
                                 {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0},
+                                {b->back_mon, 0, ZMQ_POLLIN, 0},
                                 {tp_zsec_server_socket(b->zsec), 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(it, b->zsec ? 5 : 4, b->beat_asked ? B_BEAT_MIN_GAP_MS : 50);
+        bool probing = tp_now_ms() < b->probe_until;
+        int n = zmq_poll(it, b->zsec ? 6 : 5, probing ? 5 : b->beat_asked ? B_BEAT_MIN_GAP_MS : 50);
         if (n < 0 && errno != EINTR)
             break;
+        /* events first: a lost stop worker's last events are then known
+         * before its loss is handled from the backend */
+        if (n > 0 && (it[2].revents & ZMQ_POLLIN))
+            drain_socket(b, it[2].socket, 2);
         for (int i = 0; n > 0 && i < 4; i++)
-            if (it[i].revents & ZMQ_POLLIN)
+            if (i != 2 && (it[i].revents & ZMQ_POLLIN))
                 drain_socket(b, it[i].socket, i);
         if (n > 0 && (it[4].revents & ZMQ_POLLIN))
+            on_monitor(b);
+        if (n > 0 && (it[5].revents & ZMQ_POLLIN))
             tp_zsec_server_handle(b->zsec);
+        if (probing)
+            registry_probe(b);
+        registry_reap(b);
         int64_t now = tp_now_ms();
         if (now - last_tick >= 50) {
             last_tick = now;
             registry_tick(b, now);
+            registry_reap(b);
             jobs_expire(b, now);
             if (b->spawn)
                 spawn_tick(b, now);

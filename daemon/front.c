@@ -180,11 +180,16 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
 
 static bool check_workers(broker *b, bool text, verdict *v)
 {
-    const char *missing = !registry_count(b, TP_STAGE_FORWARD) ? "forward"
-                        : !registry_count(b, TP_STAGE_STOP) ? "stop"
-                        : !registry_count(b, TP_STAGE_SAMPLE) ? "sample"
-                        : text && !registry_count(b, TP_STAGE_TOKENIZE) ? "tokenize"
-                        : NULL;
+    unsigned need[] = {TP_STAGE_FORWARD, TP_STAGE_STOP, TP_STAGE_SAMPLE, TP_STAGE_TOKENIZE};
+    unsigned bit = 0;
+    for (size_t i = 0; i < (text ? 4u : 3u) && !bit; i++)
+        if (!registry_count(b, need[i]))
+            bit = need[i];
+    const char *missing = bit ? tp_stage_name(bit) : NULL;
+    if (missing && (b->stages_failed & bit))
+        return bad(v, TP_ST_UNAVAILABLE, "",
+                   "no %s worker: the ones tokpiped starts fail at start (bad model or configuration; "
+                   "tokpiped's log says why) and are no longer restarted", missing);
     if (missing)
         return bad(v, TP_ST_UNAVAILABLE, "", "no %s worker is registered yet; retry later", missing);
     return true;
@@ -277,6 +282,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
             return TP_ENOMEM;
         memcpy(j->prompt_text, s->prompt.ptr, s->prompt.len);
         j->prompt_len = s->prompt.len;
+        j->parse_special = s->parse_special;
     } else {
         size_t n = s->prompt_ids.n, skip = 0;
         if ((p->set & TP_P_TRUNCATE_PROMPT) && n > (size_t)p->truncate_prompt_tokens)
@@ -433,6 +439,13 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
     s->zap_refused = tp_zsec_server_refused(b->zsec);
+    s->stages_failed = b->stages_failed;
+    s->workers_lost = st->workers_lost;
+    memcpy(s->recovered, st->recovered, sizeof s->recovered);
+    s->recovery_count = st->recovery_n;
+    s->recovery_ms_total = st->recovery_ms_sum;
+    s->recovery_ms_max = st->recovery_ms_max;
+    s->events_duplicate = st->events_duplicate;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);
@@ -447,6 +460,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->triggers = trig;
     s->n_triggers = st->n_triggers;
     s->triggers_other = st->triggers_other;
+    metrics_fill(b, s);
     reply(b, to, &r);
 }
 

@@ -4,7 +4,8 @@
  *
  * The model facts come from the workers' READY (registry.c passes each one
  * here); the optional ones (eog_ids, special tokens, chat_template,
- * weight_type) are kept from the latest READY that carried any, so a
+ * weight_type) are kept from the latest READY that carried any (one from a
+ * worker with the vocabulary wins over a forward-only one), so a
  * worker build that learns more about its model only has to send more keys
  * in READY. */
 #include <stdlib.h>
@@ -20,6 +21,7 @@ struct binfo {
     char *piece_buf;
     bool chat_template;
     char weight_type[TP_PROTO_MAX_NAME + 1];
+    bool from_vocab;         /* from a worker that holds the vocabulary */
 };
 
 void info_free(broker *b)
@@ -37,6 +39,11 @@ void info_free(broker *b)
 void info_on_ready(broker *b, const tp_m_ready *r)
 {
     if (!r->n_eog_ids && !r->n_special_ids && !r->chat_template && !r->weight_type.len)
+        return;
+    /* a worker with the vocabulary (tokenize, stop) knows the end ids and
+     * special tokens; a forward-only one only the model file's */
+    bool vocab = r->stages & (TP_STAGE_TOKENIZE | TP_STAGE_STOP);
+    if (b->info && b->info->from_vocab && !vocab)
         return;
     struct binfo *in = calloc(1, sizeof *in);
     size_t bytes = 1;
@@ -70,6 +77,9 @@ void info_on_ready(broker *b, const tp_m_ready *r)
     size_t wl = r->weight_type.len < TP_PROTO_MAX_NAME ? r->weight_type.len : TP_PROTO_MAX_NAME;
     memcpy(in->weight_type, r->weight_type.ptr ? r->weight_type.ptr : "", wl);
     in->weight_type[wl] = '\0';
+    in->from_vocab = vocab;
+    if (!wl && b->info)   /* a worker without the weights: keep what one with them said */
+        memcpy(in->weight_type, b->info->weight_type, sizeof in->weight_type);
     info_free(b);
     b->info = in;
 }

@@ -31,23 +31,25 @@ static void stage_list(unsigned stages, char *buf, size_t cap)
         }
 }
 
-static void worker_binary(const broker *b, char *buf, size_t cap)
+/* tokpipe-worker (or workers.binary), or for the gateway tokpipe-http,
+ * next to the running program. */
+static void worker_binary(const broker *b, const char *name, char *buf, size_t cap)
 {
-    if (b->cfg->worker_binary[0]) {
+    if (!strcmp(name, "tokpipe-worker") && b->cfg->worker_binary[0]) {
         snprintf(buf, cap, "%s", b->cfg->worker_binary);
         return;
     }
     char self[PATH_MAX - 32];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
-        snprintf(buf, cap, "tokpipe-worker");
+        snprintf(buf, cap, "%s", name);
         return;
     }
     self[n] = '\0';
     char *slash = strrchr(self, '/');
     if (slash)
         *slash = '\0';
-    snprintf(buf, cap, "%s/tokpipe-worker", self);
+    snprintf(buf, cap, "%s/%s", self, name);
 }
 
 int spawn_init(broker *b, tp_err *err)
@@ -57,13 +59,15 @@ int spawn_init(broker *b, tp_err *err)
     int total = 0;
     for (int i = 0; i < ng; i++)
         total += g[i].count;
-    b->children = calloc((size_t)(total ? total : 1), sizeof *b->children);
+    b->children = calloc((size_t)total + 1, sizeof *b->children);   /* + the gateway */
     if (!b->children)
         return tp_err_set(err, TP_ENOMEM, "spawner: out of memory");
     for (int i = 0; i < ng; i++)
         for (int k = 0; k < g[i].count; k++)
             b->children[b->n_children++] = (bchild){.stages = g[i].stages, .index = k,
                                                      .backoff_ms = b->cfg->respawn_init_ms};
+    if (b->cfg->http_enabled)
+        b->children[b->n_children++] = (bchild){.stages = 0, .backoff_ms = b->cfg->respawn_init_ms};
     b->spawn = true;
     return 0;
 }
@@ -71,16 +75,18 @@ int spawn_init(broker *b, tp_err *err)
 static pid_t start_child(broker *b, bchild *c)
 {
     char bin[PATH_MAX], stages[64], instance[96];
-    worker_binary(b, bin, sizeof bin);
+    worker_binary(b, c->stages ? "tokpipe-worker" : "tokpipe-http", bin, sizeof bin);
     stage_list(c->stages, stages, sizeof stages);
-    snprintf(instance, sizeof instance, "%s.%d", stages, c->index);
+    snprintf(instance, sizeof instance, "%s.%d", c->stages ? stages : "http", c->index);
     char *argv[9];
     int a = 0;
     argv[a++] = bin;
-    argv[a++] = "--stage";
-    argv[a++] = stages;
-    argv[a++] = "--instance";
-    argv[a++] = instance;
+    if (c->stages) {
+        argv[a++] = "--stage";
+        argv[a++] = stages;
+        argv[a++] = "--instance";
+        argv[a++] = instance;
+    }
     if (b->config_path) {
         argv[a++] = "--config";
         argv[a++] = (char *)b->config_path;
@@ -135,6 +141,23 @@ static void reap(broker *b, int64_t now)
             if (now - c->started_at > HEALTHY_MS)
                 c->backoff_ms = b->cfg->respawn_init_ms;
             c->respawn_at = now + c->backoff_ms;
+            /* a bad model or config fails every start the same way:
+             * respawning forever would only hide it */
+            int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+            bool fatal = (code == TP_EXIT_BAD_CONFIG || code == TP_EXIT_BAD_MODEL) && now - c->started_at <= HEALTHY_MS;
+            c->fatal_starts = fatal ? c->fatal_starts + 1 : 0;
+            if (c->fatal_starts >= B_MAX_FATAL_STARTS && !b->draining) {
+                char stages[64];
+                stage_list(c->stages, stages, sizeof stages);
+                c->failed = true;
+                b->stages_failed |= c->stages;
+                broker_log(b, "%s exited with status %d (%s) %d times in a row at start: not starting it again; "
+                              "fix it (the line it logged says why) and restart tokpiped",
+                           c->stages ? stages : "tokpipe-http", code,
+                           code == TP_EXIT_BAD_MODEL ? "its model or vocabulary cannot be loaded" : "bad configuration",
+                           c->fatal_starts);
+                continue;
+            }
             if (!b->draining)
                 broker_log(b, "worker pid %d exited (%s %d); respawn in %d ms", (int)pid,
                            WIFSIGNALED(status) ? "signal" : "status",
@@ -151,7 +174,7 @@ void spawn_tick(broker *b, int64_t now)
         return;
     for (int i = 0; i < b->n_children; i++) {
         bchild *c = &b->children[i];
-        if (c->pid == 0 && now >= c->respawn_at) {
+        if (c->pid == 0 && !c->failed && now >= c->respawn_at) {
             c->pid = start_child(b, c);
             c->started_at = now;
             if (!c->pid)

@@ -266,6 +266,25 @@ static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object 
     return 0;
 }
 
+static int decode_u64s(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
+{
+    int rc = want_array(c, path, o, f->max);
+    if (rc)
+        return rc;
+    size_t n = o->via.array.size;
+    uint64_t *v = msg_alloc(c->m, n * sizeof *v);
+    if (!v)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        pathref p = {path, NULL, 0, i};
+        if ((rc = get_int(c, &p, &o->via.array.ptr[i], 0, 0, true, &v[i], NULL)))
+            return rc;
+    }
+    *(uint64_t **)dst = v;
+    *(size_t *)(dst + sizeof(uint64_t *)) = n;
+    return 0;
+}
+
 static int decode_stages(dctx *c, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, 4);
@@ -434,6 +453,7 @@ static int decode_value(dctx *c, const field *f, char *base, const msgpack_objec
     case FT_MAP: return decode_map(c, f->sub, dst, o, path);
     case FT_TRIGGERS: return decode_triggers(c, f, dst, o, path);
     case FT_BIAS: return decode_bias(c, f, dst, o, path);
+    case FT_U64S: return decode_u64s(c, f, dst, o, path);
     }
     return ferr(c, path, TP_EINVAL, "internal: unknown field type");
 }
@@ -549,7 +569,8 @@ static void fill_empty_arrays(const table *t, char *base)
 {
     for (const field *f = t->fields; f->key; f++) {
         void **arr = (void **)(base + f->off);
-        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS) && !*arr)
+        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS || f->type == FT_U64S) &&
+            !*arr)
             *arr = (void *)(uintptr_t)empty_array;
         else if (f->type == FT_BIAS && !*arr) {
             tp_logit_bias *b = (tp_logit_bias *)arr;

@@ -107,7 +107,7 @@ int tp_proto_param_float(const char *key, double v, float *out, tp_err *err)
 static const field submit_f[] = {
     REQ, F_JOBID("job_id", M(submit.job_id), 0),
     F_STR("prompt", M(submit.prompt), 0, TP_PROTO_MAX_PROMPT),
-    PARAMS(M(submit.params)), END,
+    PARAMS(M(submit.params)), F_BOOL("parse_special", M(submit.parse_special), 0), END,
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
 
@@ -156,6 +156,20 @@ static const field finish_fields[] = {
 };
 static const table finish_table = {finish_fields, -1};
 
+#define H(m) offsetof(tp_hist, m)
+static const field hist_fields[] = {
+    F_U64("count", H(count), 0), F_U64("sum_us", H(sum_us), 0),
+    {.key = "bounds_us", .type = FT_U64S, .off = H(bounds_us), .max = TP_PROTO_MAX_BUCKETS},
+    {.key = "buckets", .type = FT_U64S, .off = H(buckets), .max = TP_PROTO_MAX_BUCKETS + 1}, END,
+};
+static const table hist_table = {hist_fields, -1};
+#define HIST(k, i) {.key = k, .type = FT_MAP, .off = (i) * sizeof(tp_hist), .sub = &hist_table}
+static const field hists_fields[] = {
+    HIST("queue_us", TP_HIST_QUEUE), HIST("ttft_us", TP_HIST_TTFT), HIST("itl_us", TP_HIST_ITL),
+    HIST("e2e_us", TP_HIST_E2E), END,
+};
+static const table hists_table = {hists_fields, -1};
+
 #define ST(m) M(stats_reply.m)
 static const field stats_reply_f[] = {
     REQ, STATUS, ERROR,
@@ -170,7 +184,16 @@ static const field stats_reply_f[] = {
      .max = TP_PROTO_MAX_TRIGGERS},
     F_U64("triggers_other", ST(triggers_other), 0), F_U64("forward_steps", ST(forward_steps), 0),
     F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0),
-    F_U64("zap_refused", ST(zap_refused), 0), END,
+    F_U64("zap_refused", ST(zap_refused), 0), F_U64("jobs_running", ST(jobs_running), 0),
+    F_U64("jobs_waiting", ST(jobs_waiting), 0), F_U64("kv_slots_used", ST(kv_slots_used), 0),
+    F_U64("kv_slots_total", ST(kv_slots_total), 0),
+    {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table},
+    F_U64("workers_lost", ST(workers_lost), 0),
+    F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
+    F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
+    F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
+    {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)}, END,
 };
 
 #define IR(m) M(info_reply.m)
@@ -269,7 +292,8 @@ static const field result_f[] = {TASK, STATUS, ERROR, END};
 
 static const field tokenize_f[] = {
     TASK, SLOT(M(tokenize.slot)), F_STR("text", M(tokenize.text), FF_REQUIRED, TP_PROTO_MAX_PROMPT),
-    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED), END,
+    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED),
+    F_BOOL("parse_special", M(tokenize.parse_special), 0), END,
 };
 static const field tokenized_f[] = {TASK, STATUS, ERROR, SLOT(M(tokenized.slot)), END};
 static const pframe tokenized_p[] = {{"ids", M(tokenized.ids), 4, 1}, {NULL, 0, 0, 0}};
@@ -303,7 +327,9 @@ static const field sample_open_f[] = {
      .max = TP_PROTO_MAX_STOP_IDS + 16},
     END,
 };
-static const pframe sample_open_p[] = {{"context", M(sample_open.context), 4, 0}, {NULL, 0, 0, 0}};
+static const pframe sample_open_p[] = {
+    {"context", M(sample_open.context), 4, 0}, {"replay", M(sample_open.replay), 4, 1}, {NULL, 0, 0, 0},
+};
 
 static const field sample_f[] = {
     TASK, STEPNO(M(sample.step)), COUNT("n", M(sample.n), 1, TP_PROTO_MAX_ITEMS),
@@ -435,7 +461,25 @@ static int check_status_reply(tp_msg *m, tp_err *err)
 
 static int check_stats_reply(tp_msg *m, tp_err *err)
 {
-    (void)m, (void)err;
+    static const char *const names[TP_HIST_COUNT] = {"queue_us", "ttft_us", "itl_us", "e2e_us"};
+    for (int h = 0; h < TP_HIST_COUNT; h++) {
+        const tp_hist *x = &m->stats_reply.hist[h];
+        if (!x->n_bounds && !x->n_buckets)
+            continue;
+        if (x->n_buckets != x->n_bounds + 1)
+            return tp_err_set(err, TP_EINVAL, "histograms.%s.buckets: %zu buckets for %zu bounds (want bounds + 1)",
+                              names[h], x->n_buckets, x->n_bounds);
+        uint64_t total = 0;
+        for (size_t i = 0; i < x->n_buckets; i++) {
+            if (i && i < x->n_bounds && x->bounds_us[i] <= x->bounds_us[i - 1])
+                return tp_err_set(err, TP_EINVAL, "histograms.%s.bounds_us[%zu]: not above the previous bound",
+                                  names[h], i);
+            total += x->buckets[i];
+        }
+        if (total != x->count)
+            return tp_err_set(err, TP_EINVAL, "histograms.%s.count: %llu, but the buckets hold %llu", names[h],
+                              (unsigned long long)x->count, (unsigned long long)total);
+    }
     return 0;
 }
 
@@ -529,6 +573,8 @@ static int check_sample_open(tp_msg *m, tp_err *err)
 {
     if (m->sample_open.context.n > TP_PROTO_MAX_IDS)
         return tp_err_set(err, TP_ERANGE, "context: more than %u ids", TP_PROTO_MAX_IDS);
+    if (m->sample_open.replay.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "replay: more than %u ids", TP_PROTO_MAX_IDS);
     return params_check(&m->sample_open.params, "params", err);
 }
 

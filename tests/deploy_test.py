@@ -10,8 +10,8 @@ import tempfile
 import unittest
 
 BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
-UNITS = ["tokpiped.service", "tokpipe-worker@.service", "tokpipe.target"]
-PROGRAMS = ["tokpiped", "tokpipe-worker", "tokpipe"]
+UNITS = ["tokpiped.service", "tokpipe-worker@.service", "tokpipe.target", "tokpipe-http.service"]
+PROGRAMS = ["tokpiped", "tokpipe-worker", "tokpipe", "tokpipe-http"]
 
 
 def read(path):
@@ -20,10 +20,10 @@ def read(path):
 
 
 def verify_units(test, d):
-    """systemd-analyze verify the three units written in directory d."""
+    """systemd-analyze verify the units written in directory d."""
     shutil.copy(os.path.join(d, "tokpipe-worker@.service"), os.path.join(d, "tokpipe-worker@forward.0.service"))
     p = subprocess.run(["systemd-analyze", "verify", "tokpiped.service", "tokpipe.target",
-                        "tokpipe-worker@forward.0.service"],
+                        "tokpipe-worker@forward.0.service", "tokpipe-http.service"],
                        cwd=d, capture_output=True, text=True, timeout=60)
     test.assertEqual(p.returncode, 0, p.stderr)
     test.assertEqual(p.stdout + p.stderr, "", "systemd-analyze complained")

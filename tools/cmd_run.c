@@ -29,12 +29,14 @@ _Static_assert(sizeof(int) == sizeof(int32_t), "ids are passed as int and int32_
 
 /* Tokens one step may carry; prompts longer than this are fed in chunks. */
 #define RUN_STEP_TOKENS 512
+#define RUN_MAX_EOS 32 /* model end ids + the vocabulary's end-of-generation ids */
 
 typedef struct run_args {
     const char *model;
     const char *tokenizer;
     int threads;
     tp_fwd_kernel kernel;
+    const char *dump_logits;
     genopts gen;
 } run_args;
 
@@ -65,6 +67,7 @@ typedef struct run_ctx {
     size_t n_jobs;
     int vocab;
     bool stream;         /* one prompt, plain text: print chunks as they come */
+    FILE *dump;          /* --dump-logits, or NULL */
 } run_ctx;
 
 static void usage(FILE *out)
@@ -74,12 +77,15 @@ static void usage(FILE *out)
           "Generates in this process, all prompts as one batch, and prints each\n"
           "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
           "line per prompt in the order given.\n\n"
-          "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
+          "  --model FILE             llama2.c checkpoint or GGUF (F32; llama, Llama 3, qwen2)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
           "  --threads N              compute threads, 1 or 2 (default 1)\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
-          "                           (faster at large batches, not batch invariant; see forward.h)\n",
+          "                           (faster at large batches, not batch invariant; see forward.h)\n"
+          "  --dump-logits FILE       for checking a model against a reference: for every sampled\n"
+          "                           position write the context and its logits to FILE as\n"
+          "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n",
           out);
     genopts_print_help(out);
 }
@@ -97,12 +103,14 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             continue;
         const char *f = argv[i];
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
-             !strcmp(f, "--kernel")) && i + 1 >= argc)
+             !strcmp(f, "--kernel") || !strcmp(f, "--dump-logits")) && i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
             a->model = argv[++i];
         else if (!strcmp(f, "--tokenizer"))
             a->tokenizer = argv[++i];
+        else if (!strcmp(f, "--dump-logits"))
+            a->dump_logits = argv[++i];
         else if (!strcmp(f, "--threads"))
             a->threads = atoi(argv[++i]);
         else if (!strcmp(f, "--kernel")) {
@@ -207,11 +215,12 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
      * int32_t for the wire: the same type here (asserted below) */
     /* Tokenize in full (a prompt longer than the context is counted, not
      * cut), then keep the last truncate_prompt_tokens as the daemon does. */
-    size_t n = 0, cap = strlen(prompt) + 3; /* BOS, a dummy-prefix space, every byte a token */
+    size_t n = 0, cap = strlen(prompt) + 3; /* BOS, EOS or a dummy-prefix space, every byte a token */
     int *all = malloc(sizeof *all * cap);
     if (!all)
         return tp_err_set(err, TP_ENOMEM, "out of memory for the prompt's tokens");
-    int rc = tp_tokenizer_encode(c->tok, prompt, strlen(prompt), true, all, cap, &n, err);
+    unsigned flags = TP_ENCODE_ADD_SPECIAL | (g->parse_special ? TP_ENCODE_SPECIAL : 0);
+    int rc = tp_tokenizer_encode_ex(c->tok, prompt, strlen(prompt), flags, all, cap, &n, err);
     size_t skip = g->truncate_prompt_tokens > 0 && n > (size_t)g->truncate_prompt_tokens
                       ? n - (size_t)g->truncate_prompt_tokens : 0;
     n -= skip;
@@ -225,22 +234,38 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
     free(all);
     if (rc)
         return rc;
+    if (n == 0) /* a vocabulary without add_bos_token and an empty prompt */
+        return tp_err_set(err, TP_EINVAL, "prompt '%.40s' encodes to no tokens", prompt);
     j->n_prompt = j->n_ids = n;
 
-    const int *eos_int;
-    int n_eos = tp_model_eos_ids(c->model, &eos_int);
-    int32_t ban[TP_MODEL_MAX_EOS + GENOPTS_MAX_STOPS];
+    /* the model's end ids and every end-of-generation id of the vocabulary
+     * end a job as eos, and min_tokens bans all of them */
+    const int *model_eos;
+    int n_model_eos = tp_model_eos_ids(c->model, &model_eos);
+    int eos_int[RUN_MAX_EOS];
+    int n_eos = tp_tokenizer_merge_eog(c->tok, model_eos, n_model_eos, eos_int, RUN_MAX_EOS);
+    int32_t ban[RUN_MAX_EOS + GENOPTS_MAX_STOPS];
     size_t n_ban = 0;
     for (int i = 0; i < n_eos && !g->ignore_eos; i++)
         ban[n_ban++] = eos_int[i];
     for (size_t i = 0; i < g->n_stop_ids; i++)
         ban[n_ban++] = g->stop_ids[i];
-    int32_t eos[TP_MODEL_MAX_EOS];
+    int32_t eos[RUN_MAX_EOS];
     for (int i = 0; i < n_eos; i++)
         eos[i] = eos_int[i];
 
     tp_stop_config sc;
     stop_config(c, g, (size_t)seq_len - n, eos, (size_t)n_eos, &sc);
+    /* a stop string naming a control token stops on the token too, as in
+     * the stop stage */
+    size_t lens[GENOPTS_MAX_STOPS];
+    int32_t stop_ids[2 * GENOPTS_MAX_STOPS];
+    for (size_t i = 0; i < g->n_stops; i++)
+        lens[i] = strlen(g->stops[i]);
+    memcpy(stop_ids, g->stop_ids, g->n_stop_ids * sizeof *stop_ids);
+    sc.stop_ids = stop_ids;
+    sc.n_stop_ids = g->n_stop_ids +
+                    tp_detok_control_stops(c->tok, g->stops, lens, g->n_stops, stop_ids + g->n_stop_ids);
     if (n + (size_t)sc.max_tokens >= (size_t)seq_len)
         j->context = (size_t)seq_len;
     if (g->logprobs) {
@@ -284,6 +309,12 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
 {
     int32_t cand;
     tp_stop_step st;
+    if (c->dump) {
+        int32_t n = (int32_t)j->n_ids;
+        if (fwrite(&n, 4, 1, c->dump) != 1 || fwrite(j->ids, 4, j->n_ids, c->dump) != j->n_ids ||
+            fwrite(logits, sizeof *logits, (size_t)c->vocab, c->dump) != (size_t)c->vocab)
+            return tp_err_set(err, TP_EIO, "--dump-logits: write failed");
+    }
     int rc = tp_sampler_sample(j->sampler, logits, &cand, err);
     float lp = NAN;
     size_t k = (size_t)tp_stop_completion_tokens(j->stop), n_top = 0;
@@ -465,6 +496,8 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
             return rc;
     }
     c->stream = c->n_jobs == 1 && !a->gen.json;
+    if (a->dump_logits && !(c->dump = fopen(a->dump_logits, "wb")))
+        return tp_err_set(err, TP_EIO, "--dump-logits: cannot create %s", a->dump_logits);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -498,6 +531,8 @@ int cmd_run(int argc, char **argv)
     }
     run_ctx c = {0};
     int rc = run_all(&c, &a, &err);
+    if (c.dump && fclose(c.dump) && !rc)
+        rc = tp_err_set(&err, TP_EIO, "--dump-logits: writing %s failed", a.dump_logits);
     if (rc)
         fprintf(stderr, "tokpipe run: %s\n", err.msg);
     for (size_t i = 0; i < c.n_jobs; i++)

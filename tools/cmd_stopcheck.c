@@ -1,7 +1,6 @@
 /* tokpipe stopcheck: run stop cases (JSON lines) through the real stop stage.
  * The case format lives with the code that reads it: tokpipe/stopcheck.h. */
 #include "tools.h"
-#include "tokload.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -48,8 +47,8 @@ static const char usage_text[] =
     "  {\"chunks\":[\"Hell\"],\"text\":\"Hell\",\"finish_reason\":\"stop_string\",\"matched\":\"o w\",...}\n"
     "\n"
     "options:\n"
-    "  --tokenizer FILE  llama2.c tokenizer.bin or a GGUF with a vocabulary (a model\n"
-    "                    file or a vocab-only GGUF), enables \"tokens\"\n"
+    "  --tokenizer FILE  llama2.c tokenizer.bin or a GGUF vocabulary (SentencePiece\n"
+    "                    or byte-level BPE), enables \"tokens\"\n"
     "  --stats           print the stop counters of all cases as JSON to stderr\n"
     "exit status: 0 if every case ran, 1 if some line was an error, 2 on bad usage.\n";
 
@@ -123,9 +122,7 @@ int cmd_stopcheck(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     tp_tokenizer *tok = NULL;
     tp_err err;
-    /* tools_tokenizer_open reads llama2.c tokenizer.bin and GGUF
-     * vocabularies alike (tokpipe run and tokenize use it too) */
-    if (o.tokenizer && tools_tokenizer_open(o.tokenizer, &tok, &err)) {
+    if (o.tokenizer && tp_tokenizer_open(o.tokenizer, 0, &tok, &err)) {
         fprintf(stderr, "tokpipe stopcheck: %s\n", err.msg);
         return 2;
     }

@@ -113,8 +113,8 @@ static int parse_bias(genopts *o, const char *v, tp_err *err)
 int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
 {
     const char *a = argv[*i];
-    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--logprobs"};
-    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->logprobs};
+    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special", "--logprobs"};
+    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special, &o->logprobs};
     for (size_t k = 0; k < sizeof bools / sizeof *bools; k++)
         if (!strcmp(a, bools[k])) {
             *bool_dst[k] = true;
@@ -218,6 +218,8 @@ void genopts_print_help(FILE *out)
           "  --stop-id ID             stop token id (repeatable)\n"
           "  --ignore-eos             keep generating past EOS\n"
           "  --include-stop           keep the matched stop string in the text\n"
+          "  --parse-special          control-token texts in the prompt (<|im_end|>, <s>, ...)\n"
+          "                           become those tokens (default: plain text)\n"
           "  --logprobs               report each token's log-probability (--json: \"logprobs\")\n"
           "  --top-logprobs N         and the N most likely alternatives, N in [0,20] (implies --logprobs)\n"
           "  --logprobs-mode MODE     raw (the model's distribution, default) or processed (after\n"

@@ -54,6 +54,7 @@ typedef struct genopts {
     float bias_values[GENOPTS_MAX_BIAS];
     size_t n_bias;
     int32_t truncate_prompt_tokens; /* 0 = keep the whole prompt */
+    bool parse_special;   /* control-token texts in the prompt become those tokens */
 } genopts;
 
 /* Defaults: max_tokens 256, temperature 1.0, top_p 1.0, top_k 0 (off),

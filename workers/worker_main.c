@@ -17,11 +17,14 @@
 
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
+#include "tokpipe/ggml_types.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
+
+#define TP_WORKER_MAX_EOS 32
 
 typedef struct worker {
     tp_config cfg;
@@ -30,6 +33,8 @@ typedef struct worker {
     char instance[TP_PROTO_MAX_NAME + 1];
     tp_model *model;
     tp_tokenizer *tok;
+    int eos[TP_WORKER_MAX_EOS];      /* the model's end ids and the vocabulary's end-of-generation ids */
+    int n_eos;
     tp_tokenize_stage *tokenize;
     tp_forward_stage *forward;
     tp_sample_stage *sample;
@@ -65,7 +70,10 @@ static void usage(FILE *out)
             "                   --stages is the same)\n"
             "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
             "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
-            "  --help           this text\n",
+            "  --help           this text\n"
+            "\n"
+            "Exit status: 0 after SIGTERM/SIGINT, 2 bad flags or configuration, 3 the model or its\n"
+            "vocabulary cannot be loaded (tokpiped stops restarting a worker that keeps exiting 2 or 3).\n",
             TP_CONFIG_DEFAULT_PATH);
 }
 
@@ -102,6 +110,8 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
+/* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
+ * vocabulary (the model file itself for GGUF models). */
 static int load_stages(worker *w, tp_err *err)
 {
     const tp_config *c = &w->cfg;
@@ -109,13 +119,24 @@ static int load_stages(worker *w, tp_err *err)
     if (rc)
         return rc;
     const tp_model_config *mc = tp_model_get_config(w->model);
-    if (w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP)))
-        if ((rc = tp_tokenizer_load(c->tokenizer_path, mc->vocab_size, &w->tok, err)))
+    /* a GGUF model's vocabulary names its end-of-generation ids, which the
+     * sampler needs too (min_tokens bans them) */
+    bool gguf = tp_model_get_format(w->model) == TP_MODEL_GGUF;
+    if ((w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP))) ||
+        (gguf && (w->stages & (1u << TP_SI_SAMPLE)))) {
+        /* an empty model.tokenizer means the vocabulary embedded in the model */
+        rc = c->tokenizer_path && c->tokenizer_path[0] ? tp_tokenizer_open(c->tokenizer_path, mc->vocab_size, &w->tok, err)
+                                  : tp_model_tokenizer(w->model, &w->tok, err);
+        if (rc)
             return rc;
+    }
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
         return rc;
-    const int *eos;
-    int n_eos = tp_model_eos_ids(w->model, &eos);
+    const int *model_eos;
+    int n_model_eos = tp_model_eos_ids(w->model, &model_eos);
+    w->n_eos = tp_tokenizer_merge_eog(w->tok, model_eos, n_model_eos, w->eos, TP_WORKER_MAX_EOS);
+    const int *eos = w->eos;
+    int n_eos = w->n_eos;
     if ((w->stages & (1u << TP_SI_SAMPLE)) &&
         (rc = tp_sample_stage_new(c->max_concurrent_jobs, mc->vocab_size, eos, n_eos, &w->sample, err)))
         return rc;
@@ -188,17 +209,17 @@ static int send_ready(worker *w)
     r->eos_id = w->tok ? tp_tokenizer_eos_id(w->tok) : 2;
     r->seq_len = w->forward ? (uint32_t)tp_forward_stage_max_positions(w->forward) : (uint32_t)mc->seq_len;
     r->max_batch_tokens = w->forward ? (uint32_t)tp_forward_stage_max_batch_tokens(w->forward) : 0;
-    /* For INFO: the ids that end generation and the special tokens. The
-     * loader reads F32 weights only (other weight types name themselves
-     * here when the loader knows them). */
-    const int *eog;
-    int n_eog = tp_model_eos_ids(w->model, &eog);
-    int32_t eog32[TP_MODEL_MAX_EOS];
-    for (int i = 0; i < n_eog && i < TP_MODEL_MAX_EOS; i++)
-        eog32[i] = eog[i];
+    /* For INFO: the ids that end generation (the stop stage's set), the
+     * weights' type (the first layer's FFN, the bulk of a model whose
+     * matrices mix types) and the special tokens. */
+    int32_t eog32[TP_WORKER_MAX_EOS];
+    for (int i = 0; i < w->n_eos; i++)
+        eog32[i] = w->eos[i];
     r->eog_ids = eog32;
-    r->n_eog_ids = (size_t)(n_eog < TP_MODEL_MAX_EOS ? n_eog : TP_MODEL_MAX_EOS);
-    r->weight_type = tp_str_of("f32");
+    r->n_eog_ids = (size_t)w->n_eos;
+    const tp_model_weights *mw = tp_model_get_weights(w->model);
+    const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
+    r->weight_type = tp_str_of(wt ? wt->name : "");
     int32_t *sp_ids = w->sp_ids;
     tp_str *sp_pieces = w->sp_pieces;
     size_t n_sp = 0;
@@ -476,7 +497,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpipe-worker %s: %s\n", w.instance, e.msg);
         free_stages(&w);
         tp_config_free(&w.cfg);
-        return 1;
+        return TP_EXIT_BAD_MODEL;
     }
     fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s\n", w.instance, stages, w.cfg.ep_back);
     rc = g_quit ? 0 : run(&w);

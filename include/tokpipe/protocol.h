@@ -179,6 +179,7 @@ const char *tp_stage_name(unsigned stage_bit);
 /* Error codes (ACK and FINISH `error_code`): a machine-readable reason
  * beside the status and the message. */
 #define TP_CODE_CONTEXT "context_length_exceeded" /* the prompt does not fit the context */
+#define TP_PROTO_MAX_BUCKETS 64             /* buckets of one STATS histogram */
 
 /* ---- payload arrays ----------------------------------------------------- */
 
@@ -327,6 +328,7 @@ typedef struct tp_m_submit {
     tp_str prompt;        /* text prompt; ptr NULL = absent, then prompt_ids */
     tp_raw prompt_ids;    /* int32 frame F3, present iff prompt is absent, >= 1 id */
     tp_params params;
+    bool parse_special;   /* control-token texts in prompt become those tokens */
 } tp_m_submit;
 
 /* Bits of tp_m_ack.set / tp_m_finish.set for keys whose 0 is a value. */
@@ -378,6 +380,22 @@ typedef struct tp_trigger {    /* how often one stop string / id finished a job 
     bool truncated;            /* key is a prefix of a longer stop string */
 } tp_trigger;
 
+/* A latency histogram of STATS (microseconds): buckets[i] counts the
+ * samples in (bounds_us[i-1], bounds_us[i]]; the last bucket (i =
+ * n_bounds) those above every bound. n_buckets = n_bounds + 1, or both 0
+ * (an older broker). */
+typedef struct tp_hist {
+    uint64_t count;            /* samples */
+    uint64_t sum_us;           /* their sum */
+    uint64_t *bounds_us;       /* strictly increasing upper bounds */
+    size_t n_bounds;
+    uint64_t *buckets;         /* per bucket, not cumulative */
+    size_t n_buckets;
+} tp_hist;
+
+/* The histograms of STATS, in this order (names on the wire). */
+enum { TP_HIST_QUEUE = 0, TP_HIST_TTFT, TP_HIST_ITL, TP_HIST_E2E, TP_HIST_COUNT };
+
 typedef struct tp_m_stats_reply {
     uint64_t uptime_ms;
     uint64_t jobs_submitted;       /* SUBMITs seen */
@@ -398,6 +416,17 @@ typedef struct tp_m_stats_reply {
     uint64_t forward_rows;         /* sequences in them (rows per step = the batch) */
     uint64_t forward_tokens;       /* tokens in them (decode + prefill) */
     uint64_t zap_refused;          /* CURVE clients refused by the ZAP handler */
+    uint64_t jobs_running;         /* admitted (pinned to workers) now */
+    uint64_t jobs_waiting;         /* tokenizing or waiting for admission now */
+    uint64_t kv_slots_used;        /* sequences held by forward workers now */
+    uint64_t kv_slots_total;       /* their capacity (sum over live forward workers) */
+    tp_hist hist[TP_HIST_COUNT];   /* queue time, TTFT, inter-token latency, end-to-end */
+    uint64_t workers_lost;         /* registrations lost (dead, hung, disconnected, restarted) */
+    uint64_t recovered[4];         /* jobs moved to another worker per stage: tokenize, forward, sample, stop */
+    uint64_t recovery_count;       /* recoveries timed: loss -> the job's next event */
+    uint64_t recovery_ms_total, recovery_ms_max;
+    uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
+    unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
 } tp_m_stats_reply;
 
 typedef struct tp_m_info_limits {   /* INFO_REPLY limits (the broker's configuration) */
@@ -507,7 +536,8 @@ typedef struct tp_m_disconnect {
 typedef struct tp_m_tokenize {
     uint32_t slot;
     tp_str text;
-    bool add_bos;
+    bool add_bos;         /* add BOS/EOS as the vocabulary asks (add_bos_token/add_eos_token) */
+    bool parse_special;   /* control-token texts become those tokens */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {
@@ -555,6 +585,8 @@ typedef struct tp_m_sample_open {
                                 * accepted (EOS + stop ids) */
     size_t n_ban_ids;
     tp_raw context;            /* i32 frame: prompt (+ accepted) ids for penalties */
+    tp_raw replay;             /* i32 frame, optional: candidates to accept before the first
+                                * draw (rebuilding a lost sampler; empty for a new job) */
 } tp_m_sample_open;
 
 typedef struct tp_m_sample {
