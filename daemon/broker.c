@@ -66,6 +66,12 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
     f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
+    if (j->params.set & TP_P_SEED)
+        f->set |= TP_ACK_SEED, f->seed = j->params.seed;
+    if (j->context_refused) {
+        f->error_code = tp_str_of(TP_CODE_CONTEXT);
+        f->context_length = j->context_refused;
+    }
     tp_err e;
     tp_wire w;
     if (tp_proto_encode(&ev, &w, &e) == 0) {
@@ -264,6 +270,7 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
+    info_free(b);
     tp_zsec_server_free(b->zsec);
     if (b->zctx)
         zmq_ctx_term(b->zctx);
@@ -288,6 +295,21 @@ static void on_event(broker *b, tp_zmsg *z)
         b->stats.malformed_events++;
         broker_log(b, "dropped a malformed event: %s",
                    z->dropped ? "too many frames" : m.cmd == TP_CMD_HEARTBEAT ? "a HEARTBEAT is the broker's" : e.msg);
+        tp_msg_clear(&m);
+        return;
+    }
+    if (!jobs_event_from_pinned(b, &m)) {
+        /* a forger, or a worker the job was moved away from: neither is
+         * believed nor forwarded */
+        b->stats.events_refused++;
+        int64_t now = tp_now_ms();
+        if (now - b->refused_log_ms >= 1000) {
+            b->refused_log_ms = now;
+            broker_log(b, "refused an event for job '%.*s': not from the stop worker it is pinned to (%llu so far)",
+                       (int)(m.cmd == TP_CMD_TOKEN ? m.token.job_id.len : m.finish.job_id.len),
+                       m.cmd == TP_CMD_TOKEN ? m.token.job_id.ptr : m.finish.job_id.ptr,
+                       (unsigned long long)b->stats.events_refused);
+        }
         tp_msg_clear(&m);
         return;
     }
