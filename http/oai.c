@@ -220,6 +220,41 @@ static int opt_int32(const cJSON *v, const char *name, uint32_t bit, double lo, 
     return 0;
 }
 
+/* {"13": -100, ...}: token id (decimal string) -> bias; the ranges and
+ * the vocabulary are the protocol's and the broker's to check. */
+static int decode_logit_bias(const cJSON *v, tp_params *pp, oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsObject(v))
+        return fail(e, 400, "logit_bias", "logit_bias: expected an object of token id -> bias");
+    int n = cJSON_GetArraySize(v);
+    if (n > TP_PROTO_MAX_LOGIT_BIAS)
+        return fail(e, 400, "logit_bias", "logit_bias: more than %d entries", TP_PROTO_MAX_LOGIT_BIAS);
+    if (!n)
+        return 0;
+    tp_logit_bias *lb = &pp->logit_bias;
+    lb->ids = malloc((size_t)n * sizeof *lb->ids);
+    lb->values = malloc((size_t)n * sizeof *lb->values);
+    if (!lb->ids || !lb->values)
+        return oom(e);
+    for (const cJSON *it = v->child; it; it = it->next) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "logit_bias.%.40s", it->string);
+        char *end;
+        long id = strtol(it->string, &end, 10);
+        if (!it->string[0] || *end || id < 0 || id > INT32_MAX)
+            return fail(e, 400, "logit_bias", "%s: the key must be a token id", nm);
+        double b = 0;
+        if (get_num(it, nm, &b, e))
+            return -1;
+        lb->ids[lb->n] = (int32_t)id;
+        lb->values[lb->n++] = (float)b;
+    }
+    pp->set |= TP_P_LOGIT_BIAS;
+    return 0;
+}
+
 /* OpenAI fields without a tokpipe meaning, accepted at their neutral value
  * only (clients often send them explicitly). */
 static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_error *e)
@@ -229,8 +264,6 @@ static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_e
         ok = ok || cJSON_IsFalse(v);
     if (!strcmp(name, "best_of"))
         ok = ok || (cJSON_IsNumber(v) && v->valuedouble == r->n);
-    if (!strcmp(name, "logit_bias"))
-        ok = ok || (cJSON_IsObject(v) && !v->child);
     if (!strcmp(name, "suffix"))
         ok = ok || (cJSON_IsString(v) && !v->valuestring[0]);
     if (!strcmp(name, "parallel_tool_calls") || !strcmp(name, "tools"))
@@ -240,7 +273,7 @@ static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_e
     return 0;
 }
 
-static const char *const neutral_fields[] = {"echo", "logprobs", "top_logprobs", "best_of", "logit_bias",
+static const char *const neutral_fields[] = {"echo", "logprobs", "top_logprobs", "best_of",
                                              "suffix", "tools", "tool_choice", "parallel_tool_calls",
                                              "response_format", NULL};
 
@@ -312,6 +345,12 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
     }
     if (!strcmp(k, "stop"))
         return decode_stop(v, pp, e);
+    if (!strcmp(k, "logit_bias"))
+        return decode_logit_bias(v, pp, e);
+    if (!strcmp(k, "typical_p"))
+        return opt_num(v, k, TP_P_TYPICAL_P, &pp->typical_p, pp, e);
+    if (!strcmp(k, "truncate_prompt_tokens"))
+        return opt_int32(v, k, TP_P_TRUNCATE_PROMPT, 1, &pp->truncate_prompt_tokens, pp, e);
     if (!strcmp(k, "stop_token_ids"))
         return decode_stop_ids(v, pp, e);
     if (!strcmp(k, "ignore_eos")) {
@@ -423,6 +462,8 @@ void oai_request_free(oai_request *r)
         free((void *)r->params.stop[i].ptr);
     free(r->params.stop);
     free(r->params.stop_token_ids);
+    free(r->params.logit_bias.ids);
+    free(r->params.logit_bias.values);
     free(r->model);
     free(r->messages_json);
     memset(r, 0, sizeof *r);

@@ -8,10 +8,10 @@
  * / max_completion_tokens, temperature, top_p, top_k (-1 = off), min_p,
  * repetition_penalty, presence_penalty, frequency_penalty, stop (string or
  * array), stop_token_ids, seed, n, stream, stream_options.include_usage,
- * user, ignore_eos, min_tokens, include_stop_str_in_output. OpenAI fields
- * tokpipe does not implement are accepted only at their neutral value (echo
- * false, logprobs null, best_of null or n, logit_bias null or {}, suffix
- * null); any other key is refused naming it, so a typo never silently
+ * user, ignore_eos, min_tokens, include_stop_str_in_output, logit_bias,
+ * typical_p, truncate_prompt_tokens. OpenAI fields tokpipe does not
+ * implement here are accepted only at their neutral value (echo false,
+ * logprobs null/false, best_of null or n, suffix null); any other key is refused naming it, so a typo never silently
  * becomes a default. */
 #ifndef TOKPIPE_HTTP_OAI_H
 #define TOKPIPE_HTTP_OAI_H

@@ -51,6 +51,10 @@ def run_json(prompt, p, seed_offset=0):
         args += ["--ignore-eos"]
     if p.get("include_stop_str_in_output"):
         args += ["--include-stop"]
+    for i, b in p.get("logit_bias", {}).items():
+        args += ["--logit-bias", "%s=%g" % (i, b)]
+    if "typical_p" in p:
+        args += ["--typical-p", str(p["typical_p"])]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
     return json.loads(out.splitlines()[0])
 
@@ -221,6 +225,22 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             total += self.check_like_run("The cat", p, c, j)["completion_tokens"]
         self.assertEqual(r["usage"]["completion_tokens"], total)
         self.assertGreater(len({c["text"] for c in r["choices"]}), 1, "n seeds gave one sample")
+
+    def test_logit_bias_and_typical_p_reach_the_sampler(self):
+        greedy = run_json("Once upon a time", {"max_tokens": 20, "temperature": 0})
+        # ban the greedy run's first token: a different text, the same as tokpipe run's
+        p = {"max_tokens": 20, "temperature": 0, "logit_bias": {str(greedy["tokens"][0]): -100}}
+        st, r, _ = post(self.port, dict(p, prompt="Once upon a time"))
+        self.assertEqual(st, 200, r)
+        self.assertNotEqual(r["choices"][0]["text"], greedy["text"])
+        self.check_like_run("Once upon a time", p, r["choices"][0])
+        p = {"max_tokens": 30, "temperature": 1.0, "seed": 3, "typical_p": 0.5}
+        st, r, _ = post(self.port, dict(p, prompt="Once upon a time"))
+        self.assertEqual(st, 200, r)
+        self.check_like_run("Once upon a time", p, r["choices"][0])
+        st, r, _ = post(self.port, {"prompt": "x", "logit_bias": {"99999": 1}})
+        self.assertEqual(st, 400, r)
+        self.assertTrue(r["error"]["param"].startswith("logit_bias"), r)
 
     def test_prompt_lists_and_token_ids_give_one_choice_each(self):
         # "Once upon a time" as the ids tokpipe tokenizes it to (BOS first)

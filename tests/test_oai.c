@@ -65,6 +65,15 @@ static void every_completion_field_maps_onto_submit_params(void **state)
                     TP_P_STOP_TOKEN_IDS | TP_P_SEED | TP_P_IGNORE_EOS | TP_P_MIN_TOKENS | TP_P_INCLUDE_STOP;
     assert_int_equal(p->set, want);
     oai_request_free(&r);
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"13\":-100,\"7\":2.5},\"typical_p\":0.9,"
+              "\"truncate_prompt_tokens\":8}", &r);
+    assert_int_equal(r.params.logit_bias.n, 2);
+    assert_int_equal(r.params.logit_bias.ids[0], 13);
+    assert_true(r.params.logit_bias.values[0] == -100.0f && r.params.logit_bias.values[1] == 2.5f);
+    assert_true(r.params.typical_p == 0.9);
+    assert_int_equal(r.params.truncate_prompt_tokens, 8);
+    assert_int_equal(r.params.set, TP_P_LOGIT_BIAS | TP_P_TYPICAL_P | TP_P_TRUNCATE_PROMPT);
+    oai_request_free(&r);
 }
 
 static void absent_and_null_fields_leave_the_broker_defaults(void **state)
@@ -123,6 +132,8 @@ static void bad_fields_are_refused_by_name(void **state)
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400,
             "stream_options", "stream: true");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", 400, "logprobs", "not supported");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"a\":1}}", 400, "logit_bias", "token id");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"x\"}}", 400, "logit_bias.5", "number");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"messages\":[]}", 400, "messages", "chat");
     refused(OAI_CHAT, "{\"prompt\":\"x\"}", 400, "prompt", "messages");
     refused(OAI_CHAT, "{\"model\":\"m\"}", 400, "messages", "required");
