@@ -11,6 +11,13 @@
 
 #define TP_QTARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 #define TP_QTB 8 /* tokens per tile: 8 accumulators + the unpacked chunk stay in registers */
+/* The token loops must be unrolled for the accumulators to live in
+ * registers (gcc -O2 does not unroll by itself). */
+#if defined(__clang__)
+#define TP_QUNROLL _Pragma("unroll")
+#else
+#define TP_QUNROLL _Pragma("GCC unroll 8")
+#endif
 
 static inline uint16_t tp_qrd16(const uint8_t *p)
 {
@@ -52,7 +59,13 @@ TP_QTARGET static inline __m512 tp_qhalves(float a, float b)
     return _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-/* UNPACK(row, c, full, &u, &ws, &wm): chunk c as unsigned quants u (the
+/* Per-row scratch an UNPACK may keep between the chunks of one row (the
+ * k-quants decode a super-block's 8 scales once, at its first chunk). */
+typedef struct tp_qstate {
+    float s[8], m[8];
+} tp_qstate;
+
+/* UNPACK(row, c, full, &u, &ws, &wm, &st): chunk c as unsigned quants u (the
  * signed quant plus 2^SH), lane scales ws and mins wm. full: 64 columns
  * (else 32: must not read past the row's first block of the chunk). */
 #define TP_QROWS_DEFINE(NAME, UNPACK, SH, HASMIN)                                                          \
@@ -60,32 +73,35 @@ TP_QTARGET static inline __m512 tp_qhalves(float a, float b)
         const uint8_t *row, int cols, const tp_qact *a, int t0, float *y, size_t ldy, const int TB)        \
     {                                                                                                      \
         __m512 acc[TP_QTB];                                                                                \
-        for (int t = 0; t < TB; t++)                                                                       \
+        TP_QUNROLL for (int t = 0; t < TB; t++)                                                            \
             acc[t] = _mm512_setzero_ps();                                                                  \
         int nch = (cols + 63) / 64;                                                                        \
         size_t lanes = (size_t)cols / 4;                                                                   \
+        tp_qstate st;                                                                                      \
+        const __m512i offb = _mm512_set1_epi8((char)((1 << (SH)) & 0xff));                                 \
         for (int c = 0; c < nch; c++) {                                                                    \
             int full = cols - 64 * c >= 64;                                                                \
             __mmask16 lm = full ? (__mmask16)0xffff : (__mmask16)0x00ff;                                   \
             __mmask64 bm = full ? ~0ull : 0xffffffffull;                                                   \
             __m512i u;                                                                                     \
             __m512 ws, wm = _mm512_setzero_ps();                                                           \
-            UNPACK(row, c, full, &u, &ws, &wm);                                                            \
-            for (int t = 0; t < TB; t++) {                                                                 \
+            UNPACK(row, c, full, &u, &ws, &wm, &st);                                                       \
+            TP_QUNROLL for (int t = 0; t < TB; t++) {                                                      \
                 size_t tt = (size_t)(t0 + t);                                                              \
                 __m512i xq = _mm512_maskz_loadu_epi8(bm, a->q + tt * (size_t)cols + 64 * (size_t)c);       \
                 __m512 dx = _mm512_maskz_loadu_ps(lm, a->dl + tt * lanes + 16 * (size_t)c);                \
-                __m512i xs = _mm512_maskz_loadu_epi32(lm, a->s4 + tt * lanes + 16 * (size_t)c);            \
                 __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xq);                            \
-                if (SH)                                                                                    \
-                    p = _mm512_sub_epi32(p, _mm512_slli_epi32(xs, SH));                                    \
+                if (SH) /* minus 2^SH * (the lane's activation sum), exact */                              \
+                    p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(_mm512_setzero_si512(), offb, xq));        \
                 acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(ws, dx), _mm512_cvtepi32_ps(p), acc[t], lm);  \
-                if (HASMIN)                                                                                \
+                if (HASMIN) {                                                                              \
+                    __m512i xs = _mm512_maskz_loadu_epi32(lm, a->s4 + tt * lanes + 16 * (size_t)c);        \
                     acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(wm, dx), _mm512_cvtepi32_ps(xs), acc[t],  \
                                                    lm);                                                    \
+                }                                                                                          \
             }                                                                                              \
         }                                                                                                  \
-        for (int t = 0; t < TB; t++)                                                                       \
+        TP_QUNROLL for (int t = 0; t < TB; t++)                                                            \
             y[(size_t)t * ldy] = tp_qreduce16(acc[t]);                                                     \
     }                                                                                                      \
     TP_QTARGET static void NAME##_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1) \

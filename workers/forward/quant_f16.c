@@ -18,17 +18,17 @@ TP_QTARGET static inline __attribute__((always_inline)) void tile(const uint8_t 
                                                                   const int TB)
 {
     __m512 acc[TP_QTB];
-    for (int t = 0; t < TB; t++)
+    TP_QUNROLL for (int t = 0; t < TB; t++)
         acc[t] = _mm512_setzero_ps();
     for (int k = 0; k < cols; k += 16) {
         __mmask16 m = cols - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - k)) - 1);
         __m512 wv = load16(row, k, m, bf);
-        for (int t = 0; t < TB; t++) {
+        TP_QUNROLL for (int t = 0; t < TB; t++) {
             __m512 x = _mm512_maskz_loadu_ps(m, a->x + (size_t)(t0 + t) * (size_t)a->ldx + (size_t)k);
             acc[t] = _mm512_mask3_fmadd_ps(x, wv, acc[t], m);
         }
     }
-    for (int t = 0; t < TB; t++)
+    TP_QUNROLL for (int t = 0; t < TB; t++)
         y[(size_t)t * ldy] = tp_qreduce16(acc[t]);
 }
 
