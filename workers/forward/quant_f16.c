@@ -46,8 +46,8 @@ TP_QTARGET void tp_qrows_f16_avx512(const tp_wmat *w, const tp_qact *a, float *y
             float *yt = y + (size_t)t0 * ld + (size_t)r;
             switch (tb) {
                 TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4)
-                TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
-            default: tile(row, w->cols, a, t0, yt, ld, bf, 8); break;
+                TILE_CASE(5)
+            default: tile(row, w->cols, a, t0, yt, ld, bf, 6); break;
             }
             t0 += tb;
         }
