@@ -85,6 +85,26 @@ class WrittenGgufReadsBackIndependently(unittest.TestCase):
                 self.assertLess(len(data) - end, align, "no trailing garbage past the last tensor's padding")
                 self.assertEqual(tensors["blk.0.attn_k.weight"][1], [96, 32])
 
+    def test_mkmodel_refuses_flags_of_the_other_format_by_name(self):
+        out = os.path.join(self.tmp.name, "x")
+        cases = [
+            (["--arch", "qwen2", "--shape", "64x1"], "--arch does not apply to --format llama2c"),
+            (["--format", "gguf", "--shape", "64x1"], "--vocab-from"),
+            (["--format", "gguf", "--vocab-from", VOCABS[0], "--tokenizer-out", out + ".tok", "--shape", "64x1"],
+             "--tokenizer-out does not apply to --format gguf"),
+            (["--format", "gguf", "--vocab-from", VOCABS[0], "--arch", "gemma2", "--shape", "64x1"],
+             "architecture 'gemma2' is not one of llama, llama3, qwen2"),
+            (["--format", "safetensors", "--shape", "64x1"], "--format 'safetensors'"),
+            (["--format", "gguf", "--vocab-from", "/nonexistent.gguf", "--shape", "64x1"], "/nonexistent.gguf"),
+        ]
+        for args, msg in cases:
+            with self.subTest(args=args):
+                p = subprocess.run([TOKPIPE, "mkmodel", "--seed", "1", "--out", out, *args],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn(msg, p.stderr)
+                self.assertFalse(os.path.exists(out), "nothing is written on refusal")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -119,6 +119,15 @@ typedef struct tp_model_vocab {
 
 #define TP_MODEL_MAX_EOS 4
 
+/* Llama 3.1's RoPE scaling (Meta's rope_type "llama3") as the divisors of
+ * the head_size / 2 pair frequencies theta^(-2i/head_size): pairs whose
+ * wavelength is under orig_ctx / high keep theirs (1), those over
+ * orig_ctx / low are slowed by factor, the band between is blended. What
+ * llama.cpp's converter stores as rope_freqs.weight; the loader computes
+ * it from rope.scaling.* keys, mkmodel writes it. */
+void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
+                             double orig_ctx, float *out);
+
 /* Open and mmap path (read-only), detect the format from its first bytes and
  * validate it. On success *out is owned by the caller (tp_model_free). */
 int tp_model_load(const char *path, tp_model **out, tp_err *err);

@@ -26,6 +26,7 @@
 #define MAX_KEY 96
 /* Llama 3's defaults for the rope.scaling keys it may leave out (the values
  * of Meta's Llama 3.1 release, which llama.cpp's converter also assumes). */
+#define LLAMA3_FACTOR 8.0
 #define LLAMA3_LOW_FREQ_FACTOR 1.0
 #define LLAMA3_HIGH_FREQ_FACTOR 4.0
 #define LLAMA3_ORIG_CONTEXT 8192
@@ -404,15 +405,30 @@ static int positive(const char *key, double v, tp_err *err)
     return 0;
 }
 
-/* Llama 3's frequency-dependent RoPE scaling (Meta's llama3 rope_type):
- * pairs whose wavelength is short against the original context keep their
- * frequency, long ones are slowed by factor, the band between is blended. */
+void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
+                             double orig_ctx, float *out)
+{
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < head_size / 2; i++) {
+        double wavelen = 2 * pi / pow(theta, -2.0 * i / head_size);
+        if (wavelen < orig_ctx / high)
+            out[i] = 1.0f;
+        else if (wavelen > orig_ctx / low)
+            out[i] = (float)factor;
+        else {
+            double smooth = (orig_ctx / wavelen - low) / (high - low);
+            out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
+
+/* Llama 3 scaling from {arch}.rope.scaling.* keys, with Meta's defaults. */
 static int llama3_factors(tp_model *m, const tp_gguf *g, float *ff, tp_err *err)
 {
     char k[MAX_KEY];
     float factor = 0, lo = 0, hi = 0;
     int orig = 0;
-    int rc = gguf_float(g, akey(m, "rope.scaling.factor", k), 8.0, &factor, err);
+    int rc = gguf_float(g, akey(m, "rope.scaling.factor", k), LLAMA3_FACTOR, &factor, err);
     if (!rc) rc = positive(k, factor, err);
     if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.low_freq_factor", k), LLAMA3_LOW_FREQ_FACTOR, &lo, err);
     if (!rc) rc = positive(k, lo, err);
@@ -426,20 +442,7 @@ static int llama3_factors(tp_model *m, const tp_gguf *g, float *ff, tp_err *err)
     if (!(hi > lo))
         return tp_err_set(err, TP_EFORMAT, "gguf: %s.rope.scaling.high_freq_factor %g must exceed "
                           "low_freq_factor %g", m->arch_name, (double)hi, (double)lo);
-    const double pi = 3.14159265358979323846;
-    double lo_wavelen = orig / lo, hi_wavelen = orig / hi;
-    int hs = m->cfg.head_size;
-    for (int i = 0; i < hs / 2; i++) {
-        double freq = pow(m->cfg.rope_theta, -2.0 * i / hs), wavelen = 2 * pi / freq;
-        if (wavelen < hi_wavelen)
-            ff[i] = 1.0f;
-        else if (wavelen > lo_wavelen)
-            ff[i] = factor;
-        else {
-            double smooth = (orig / wavelen - lo) / (hi - lo);
-            ff[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
-        }
-    }
+    tp_rope_llama3_divisors(m->cfg.head_size, m->cfg.rope_theta, factor, lo, hi, orig, ff);
     return 0;
 }
 
@@ -819,11 +822,9 @@ int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err)
     int rc = tp_model_vocab_get(m, &v, err);
     if (rc)
         return rc;
-    if (v.model[0] && strcmp(v.model, "llama"))
-        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.model is '%s'; only SentencePiece ('llama') "
-                          "vocabularies are supported", v.model);
-    return tp_tokenizer_from_vocab(v.pieces, v.piece_lens, v.scores, v.types, v.n, v.bos_id, v.eos_id, out,
-                                   err);
+    /* the tokenizer module reads tokenizer.ggml.* itself (merges, pre,
+     * special ids, add_bos/add_eos), for both vocabulary kinds */
+    return tp_tokenizer_from_gguf(m->gguf, out, err);
 }
 
 /* Vocabulary-only view of a GGUF file: no tensors or shape required. */

@@ -3,6 +3,7 @@
 #include "tokpipe/synth.h"
 #include "tokpipe/gguf.h"
 #include "tokpipe/gguf_write.h"
+#include "tokpipe/model.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -107,24 +108,6 @@ static size_t total_floats(const tp_synth_shape *s, int vocab, const tp_synth_gg
     return V * d * (o->separate_output ? 2 : 1) + d + hs / 2 + (size_t)s->n_layers * layer;
 }
 
-/* llama.cpp's converter's rope_freqs for Llama 3.1 scaling (see model.c). */
-static void llama3_freqs(float *ff, int hs, float theta)
-{
-    const double pi = 3.14159265358979323846;
-    double lo_wl = L3_ORIG_CTX / L3_LOW, hi_wl = L3_ORIG_CTX / L3_HIGH;
-    for (int i = 0; i < hs / 2; i++) {
-        double wl = 2 * pi / pow(theta, -2.0 * i / hs);
-        if (wl < hi_wl)
-            ff[i] = 1.0f;
-        else if (wl > lo_wl)
-            ff[i] = (float)L3_FACTOR;
-        else {
-            double smooth = (L3_ORIG_CTX / wl - L3_LOW) / (L3_HIGH - L3_LOW);
-            ff[i] = (float)(1.0 / ((1 - smooth) / L3_FACTOR + smooth));
-        }
-    }
-}
-
 static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o,
                     tp_err *err)
 {
@@ -166,7 +149,7 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
         rc = tensor(b, "output.weight", d, V, MATRIX, err);
     if (!rc && a->llama3 && !o->rope_scaling_keys) {
         float *ff = b->buf + b->used;
-        llama3_freqs(ff, hs, a->theta);
+        tp_rope_llama3_divisors(hs, a->theta, L3_FACTOR, L3_LOW, L3_HIGH, L3_ORIG_CTX, ff);
         b->used += (size_t)hs / 2;
         uint64_t ne = (uint64_t)hs / 2;
         rc = tp_gguf_add_tensor(b->w, "rope_freqs.weight", 0, 1, &ne, ff, ne * sizeof(float), err);
