@@ -502,25 +502,26 @@ static void group_matmul(tp_forward *f, const tp_packed *pw, const float *const 
         blas_matmul(f, parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
 }
 
-/* One typed matrix: its activations are quantized once, then rows
- * [0, rows) computed (tp_qmatmul_rows may be split by rows across threads
- * with the same bits). */
-static void typed_matmul(tp_forward *f, const tp_wmat *w, const float *x, int ldx, int n_tok, float *y, int ldy)
-{
-    tp_qact_prepare(&f->qact, w->type, x, ldx, n_tok, w->cols);
-    tp_qmatmul_rows(w, &f->qact, y, ldy, 0, w->rows, f->qavx512);
-}
-
-/* A group with typed matrices: each part writes its own columns of y. */
+/* A group with typed matrices: each part writes its own columns of y.
+ * The parts share their input, so integer types share one quantization
+ * of it (the activation format does not depend on the weight type).
+ * tp_qmatmul_rows may be split by output rows across threads: any split
+ * gives the bits of the whole call (quant.h). */
 static void typed_group_matmul(tp_forward *f, const typed_group *tg, const float *x, int ldx, int n_tok, float *y,
                                int ldy)
 {
+    int prepared = -1; /* the kind x is prepared for: 0 integer, 1 float */
     for (int i = 0; i < tg->n; i++) {
         const typed_part *p = &tg->part[i];
-        if (p->p.p)
+        if (p->p.p) {
             matmul(f, &p->p, x, ldx, n_tok, y + p->col, ldy);
-        else
-            typed_matmul(f, &p->w, x, ldx, n_tok, y + p->col, ldy);
+            continue;
+        }
+        int kind = p->w.type == TP_GGML_F16 || p->w.type == TP_GGML_BF16;
+        if (kind != prepared)
+            tp_qact_prepare(&f->qact, p->w.type, x, ldx, n_tok, p->w.cols);
+        prepared = kind;
+        tp_qmatmul_rows(&p->w, &f->qact, y + p->col, ldy, 0, p->w.rows, f->qavx512);
     }
 }
 
