@@ -10,6 +10,7 @@
 #include <string.h>
 
 #define TP_QTARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+#define TP_QPF 512 /* prefetch distance in bytes */
 #define TP_QTB 6 /* tokens per tile: 2 rows x 6 accumulators + the unpacked chunks stay in registers */
 /* The token loops must be unrolled for the accumulators to live in
  * registers (gcc -O2 does not unroll by itself). */
@@ -81,6 +82,7 @@ typedef struct tp_qstate {
         int nch = (cols + 63) / 64;                                                                        \
         size_t lanes = (size_t)cols / 4;                                                                   \
         tp_qstate st[2];                                                                                   \
+        size_t cbytes = rstride / (size_t)nch; /* about a chunk's bytes */                                 \
         const __m512i offb = _mm512_set1_epi8((char)((1 << (SH)) & 0xff));                                 \
         for (int c = 0; c < nch; c++) {                                                                    \
             int full = cols - 64 * c >= 64;                                                                \
@@ -89,6 +91,12 @@ typedef struct tp_qstate {
             __m512i u[2];                                                                                  \
             __m512 ws[2], wm[2];                                                                           \
             TP_QUNROLL for (int i = 0; i < R; i++) {                                                       \
+                /* decode is bound by memory latency: ask for the bytes a few chunks ahead (past the     \
+                 * row's end this is the next row, read next anyway) */                                    \
+                _mm_prefetch((const char *)row0 + (size_t)i * rstride + (size_t)c * cbytes + TP_QPF,       \
+                             _MM_HINT_T0);                                                                 \
+                _mm_prefetch((const char *)row0 + (size_t)i * rstride + (size_t)c * cbytes + TP_QPF + 64,  \
+                             _MM_HINT_T0);                                                                 \
                 wm[i] = _mm512_setzero_ps();                                                               \
                 UNPACK(row0 + (size_t)i * rstride, c, full, &u[i], &ws[i], &wm[i], &st[i]);                \
             }                                                                                              \
