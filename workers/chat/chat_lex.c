@@ -215,7 +215,9 @@ static int lex_number(tp_chat_lexer *lx, size_t *pos, int line, tp_chat_tok *t)
     }
     if (i + 1 < lx->len && s[i] == '.' && is_digit(s[i + 1])) {
         is_float = 1;
-        buf[k++] = s[i++];
+        if (k < sizeof buf - 1)
+            buf[k++] = '.';
+        i++;
         while (i < lx->len && (is_digit(s[i]) || s[i] == '_')) {
             if (s[i] != '_' && k < sizeof buf - 1)
                 buf[k++] = s[i];

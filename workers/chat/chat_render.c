@@ -822,7 +822,7 @@ static val *arith(rctx *c, const char *op, val *a, val *b, int line)
             return r;
         }
         val *r = mk_list(c, unit * (size_t)k, line);
-        for (int64_t i = 0; r && i < k; i++)
+        for (int64_t i = 0; r && unit && i < k; i++)
             memcpy(r->list.v + (size_t)i * unit, a->list.v, unit * sizeof *r->list.v);
         return r;
     }
@@ -996,7 +996,7 @@ static int eval_args(rctx *c, frame *f, const node *x, val ***pos, size_t *npos,
             return -1;
     *pos = a;
     *npos = n - x->n_kw;
-    *kwv = a + (n - x->n_kw);
+    *kwv = a ? a + (n - x->n_kw) : NULL;
     return 0;
 }
 
