@@ -19,7 +19,7 @@
 
 CC       ?= cc
 FUZZ_CC  ?= clang
-PKGS     := libzmq msgpack openblas yaml-0.1 libsystemd libcjson
+PKGS     := libzmq msgpack openblas yaml-0.1 libsystemd libcjson libpcre2-8 libutf8proc libmicrohttpd
 SAN      ?= 0
 FUZZ_SECONDS ?= 30
 # Build lines are short ("CC file"); `make V=1` shows the full commands.
@@ -58,6 +58,7 @@ LIB_SRC    := $(wildcard common/*.c protocol/*.c config/*.c workers/*/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
 DLIB_SRC   := $(filter-out daemon/main.c,$(DAEMON_SRC))
 WORKER_SRC := $(wildcard workers/*.c)
+HTTP_SRC   := $(wildcard http/*.c)
 TOOLS_SRC  := $(wildcard tools/*.c)
 CMD_NAMES  := $(sort $(patsubst tools/cmd_%.c,%,$(wildcard tools/cmd_*.c)))
 TEST_SRC   := $(wildcard tests/test_*.c tests/it_*.c)
@@ -75,6 +76,9 @@ PROGRAMS   += $(BIN)/tokpiped
 endif
 ifneq ($(WORKER_SRC),)
 PROGRAMS   += $(BIN)/tokpipe-worker
+endif
+ifneq ($(HTTP_SRC),)
+PROGRAMS   += $(BIN)/tokpipe-http
 endif
 TESTS      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
@@ -106,6 +110,11 @@ $(BIN)/tokpiped: $(call obj,$(DAEMON_SRC)) $(LIB)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BIN)/tokpipe-worker: $(call obj,$(WORKER_SRC)) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/tokpipe-http: $(call obj,$(HTTP_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -148,6 +157,10 @@ $(FUZZ_BUILD)/obj/%.o: %.c | $(BUILD)/gen/cmds.h
 $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
 
+# the gateway's request decoder lives beside the gateway, not in the library
+$(FUZZ_BUILD)/fuzz_oai_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_oai_request.o $(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
+
 fuzz: $(FUZZ_BINS)
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-fuzz.sh $(FUZZ_BINS)
 
@@ -186,7 +199,7 @@ DOCDIR      ?= $(DATAROOTDIR)/doc/tokpipe
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 INSTALL     ?= install
-INSTALL_PROGRAMS := tokpiped tokpipe-worker tokpipe
+INSTALL_PROGRAMS := tokpiped tokpipe-worker tokpipe tokpipe-http
 UNITS       := $(notdir $(wildcard deploy/*.service deploy/*.target))
 CONFDIR      = $(DESTDIR)$(SYSCONFDIR)/tokpipe
 UNIT_SED    := -e 's|/usr/local/bin|$(BINDIR)|g' -e 's|/etc/tokpipe|$(SYSCONFDIR)/tokpipe|g' \

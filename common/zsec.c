@@ -24,9 +24,12 @@ struct tp_zsec_server {
     void *zap;                         /* REP bound at TP_ZSEC_ZAP_ENDPOINT */
     char public_key[TP_ZSEC_KEY_LEN + 1];
     char secret_key[TP_ZSEC_KEY_LEN + 1];
-    uint8_t (*keys)[KEY_BYTES];        /* authorized client keys, sorted */
-    size_t n_keys;
-    char *keys_path;
+    struct zkey {
+        uint8_t k[KEY_BYTES];
+        unsigned roles;                /* tp_zsec_role bits */
+    } *keys;                           /* sorted by k, each key once */
+    size_t n_keys, cap_keys;
+    char files[3 * 4200];              /* the key files read, for log lines */
     uint64_t refused, unlogged;
     int64_t last_log_ms;
     tp_zsec_log_fn log;
@@ -123,10 +126,34 @@ static int next_key(const char *path, const char **p, int *line, char key[TP_ZSE
     return 0;
 }
 
+/* ssh's StrictModes for the folder of a secret key: whoever may write the
+ * folder may replace the key with one they know. A sticky folder (/tmp)
+ * only lets owners replace their own files. */
+static int check_key_dir(const char *path, tp_err *err)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return tp_err_set(err, TP_ENOMEM, "%s: out of memory", path);
+    const char *d = dirname(copy);
+    struct stat st;
+    int rc = 0;
+    if (stat(d, &st))
+        rc = tp_err_set(err, TP_EIO, "%s: %s", d, strerror(errno));
+    else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+        rc = tp_err_set(err, TP_EINVAL,
+                        "%s: the folder of secret key %s has mode 0%03o: others could replace the key: refused "
+                        "(chmod go-w %s)", d, path, (unsigned)st.st_mode & 0777, d);
+    free(copy);
+    return rc;
+}
+
 int tp_zsec_read_key(const char *path, bool secret, char out[TP_ZSEC_KEY_LEN + 1], tp_err *err)
 {
     char *text;
-    int rc = slurp(path, secret ? 1 : 0, &text, err);
+    int rc = secret ? check_key_dir(path, err) : 0;
+    if (rc)
+        return rc;
+    rc = slurp(path, secret ? 1 : 0, &text, err);
     if (rc)
         return rc;
     const char *p = text;
@@ -272,7 +299,14 @@ static int cmp_key(const void *a, const void *b)
     return memcmp(a, b, KEY_BYTES);
 }
 
-static int load_authorized(tp_zsec_server *s, const char *path, tp_err *err)
+static const char *role_name(unsigned role)
+{
+    return role == TP_ZSEC_CLIENT ? "client" : role == TP_ZSEC_WORKER ? "worker" : "client and worker";
+}
+
+/* Add the keys of one file with the given role bits. A file that holds no
+ * key is refused: with it nobody could connect, which is never meant. */
+static int load_keys(tp_zsec_server *s, const char *path, unsigned roles, tp_err *err)
 {
     char *text;
     int rc = slurp(path, 2, &text, err);
@@ -280,36 +314,64 @@ static int load_authorized(tp_zsec_server *s, const char *path, tp_err *err)
         return rc;
     const char *p = text;
     int line = 0;
-    size_t cap = 0;
+    size_t got = 0;
     char key[TP_ZSEC_KEY_LEN + 1];
     while ((rc = next_key(path, &p, &line, key, err)) == 1) {
         if (s->n_keys == TP_ZSEC_MAX_AUTHORIZED) {
             rc = tp_err_set(err, TP_ERANGE, "%s:%d: more than %d keys", path, line, TP_ZSEC_MAX_AUTHORIZED);
             break;
         }
-        if (s->n_keys == cap) {
-            cap = cap ? 2 * cap : 16;
+        if (s->n_keys == s->cap_keys) {
+            size_t cap = s->cap_keys ? 2 * s->cap_keys : 16;
             void *nk = realloc(s->keys, cap * sizeof *s->keys);
             if (!nk) {
                 rc = tp_err_set(err, TP_ENOMEM, "%s: out of memory", path);
                 break;
             }
             s->keys = nk;
+            s->cap_keys = cap;
         }
-        zmq_z85_decode(s->keys[s->n_keys++], key);
+        zmq_z85_decode(s->keys[s->n_keys].k, key);
+        s->keys[s->n_keys++].roles = roles;
+        got++;
     }
     free(text);
     if (rc < 0)
         return rc;
-    qsort(s->keys, s->n_keys, sizeof *s->keys, cmp_key);
+    if (!got)
+        return tp_err_set(err, TP_EINVAL, "%s: holds no key: nobody could connect as a %s (add `cat PREFIX.pub >> %s`)",
+                          path, role_name(roles), path);
+    size_t used = strlen(s->files);
+    snprintf(s->files + used, sizeof s->files - used, "%s%s (%s)", used ? ", " : "", path, role_name(roles));
     return 0;
+}
+
+/* Sort, and merge a key listed in several files into one entry with the
+ * union of its roles. */
+static void index_keys(tp_zsec_server *s)
+{
+    qsort(s->keys, s->n_keys, sizeof *s->keys, cmp_key);
+    size_t w = 0;
+    for (size_t r = 0; r < s->n_keys; r++)
+        if (w && !cmp_key(&s->keys[w - 1], &s->keys[r]))
+            s->keys[w - 1].roles |= s->keys[r].roles;
+        else
+            s->keys[w++] = s->keys[r];
+    s->n_keys = w;
+}
+
+static size_t count_role(const tp_zsec_server *s, unsigned role)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_keys; i++)
+        n += (s->keys[i].roles & role) != 0;
+    return n;
 }
 
 static int load_server_keys(tp_zsec_server *s, const tp_config *cfg, tp_err *err)
 {
     int rc;
     if ((rc = need_key(cfg, cfg->server_secret_key, "security.server_secret_key", err)) ||
-        (rc = need_key(cfg, cfg->authorized_keys, "security.authorized_keys", err)) ||
         (rc = tp_zsec_read_key(cfg->server_secret_key, true, s->secret_key, err)) ||
         (rc = tp_zsec_public_of(s->secret_key, s->public_key, err)))
         return rc;
@@ -322,9 +384,25 @@ static int load_server_keys(tp_zsec_server *s, const tp_config *cfg, tp_err *err
             return tp_err_set(err, TP_EINVAL, "%s: security.server_public_key %s is not the public key of %s",
                               cfg->source, cfg->server_public_key, cfg->server_secret_key);
     }
-    if (!(s->keys_path = strdup(cfg->authorized_keys)))
-        return tp_err_set(err, TP_ENOMEM, "zsec: out of memory");
-    return load_authorized(s, cfg->authorized_keys, err);
+    const struct { const char *path; unsigned roles; } files[] = {
+        {cfg->client_keys, TP_ZSEC_CLIENT},
+        {cfg->worker_keys, TP_ZSEC_WORKER},
+        {cfg->authorized_keys, TP_ZSEC_CLIENT | TP_ZSEC_WORKER},
+    };
+    bool any = false;
+    for (size_t i = 0; i < 3; i++)
+        if (files[i].path && *files[i].path) {
+            any = true;
+            if ((rc = load_keys(s, files[i].path, files[i].roles, err)))
+                return rc;
+        }
+    if (!any)
+        return tp_err_set(err, TP_EINVAL,
+                          "%s: security.client_keys and security.worker_keys are empty (and so is "
+                          "security.authorized_keys): they are needed with security.curve: true",
+                          cfg->source);
+    index_keys(s);
+    return 0;
 }
 
 /* Say which endpoints CURVE covers: all-ipc with curve on is legal but
@@ -333,18 +411,25 @@ static void log_start(tp_zsec_server *s, const tp_config *cfg)
 {
     const char *names[] = {"front", "back", "events", "publish"};
     const char *eps[] = {cfg->ep_front, cfg->ep_back, cfg->ep_events, cfg->ep_publish};
-    char list[64] = "", line[600];
+    char list[64] = "", line[sizeof s->files + 200];
     for (int i = 0; i < 4; i++)
         if (is_tcp(eps[i]))
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "", names[i]);
     if (*list)
-        snprintf(line, sizeof line, "CURVE on the tcp endpoints (%s): %zu authorized key%s from %s", list,
-                 s->n_keys, s->n_keys == 1 ? "" : "s", s->keys_path);
+        snprintf(line, sizeof line, "CURVE on the tcp endpoints (%s): %zu client and %zu worker key%s from %s",
+                 list, count_role(s, TP_ZSEC_CLIENT), count_role(s, TP_ZSEC_WORKER),
+                 count_role(s, TP_ZSEC_WORKER) == 1 ? "" : "s", s->files);
     else
         snprintf(line, sizeof line, "security.curve is on but every endpoint is ipc: nothing is encrypted "
                                     "(ipc stays plain; see PROTOCOL.md section 7)");
     if (s->log)
         s->log(s->log_ctx, line);
+    if (*list && cfg->authorized_keys && *cfg->authorized_keys && s->log) {
+        snprintf(line, sizeof line, "warning: the keys in security.authorized_keys (%s) may act as clients AND "
+                                    "as workers (receive prompts, publish events): list them in "
+                                    "security.client_keys or security.worker_keys instead", cfg->authorized_keys);
+        s->log(s->log_ctx, line);
+    }
 }
 
 int tp_zsec_server_new(void *zctx, const tp_config *cfg, tp_zsec_log_fn log, void *log_ctx,
@@ -375,14 +460,16 @@ int tp_zsec_server_new(void *zctx, const tp_config *cfg, tp_zsec_log_fn log, voi
     return 0;
 }
 
-int tp_zsec_server_apply(const tp_zsec_server *s, void *sock, const char *endpoint, tp_err *err)
+int tp_zsec_server_apply(const tp_zsec_server *s, void *sock, const char *endpoint, tp_zsec_role role,
+                         tp_err *err)
 {
     if (!s || !is_tcp(endpoint))
         return 0;
     int one = 1;
+    const char *domain = role == TP_ZSEC_WORKER ? TP_ZSEC_DOMAIN_WORKER : TP_ZSEC_DOMAIN_CLIENT;
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, s->secret_key, TP_ZSEC_KEY_LEN + 1) ||
-        zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, TP_ZSEC_DOMAIN, strlen(TP_ZSEC_DOMAIN)))
+        zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)))
         return tp_err_set(err, TP_EIO, "%s: CURVE server options: %s", endpoint, zmq_strerror(zmq_errno()));
     return 0;
 }
@@ -402,20 +489,23 @@ size_t tp_zsec_server_n_authorized(const tp_zsec_server *s)
     return s ? s->n_keys : 0;
 }
 
-static void log_refusal(tp_zsec_server *s, const char *address, const char *mech, const uint8_t *key, size_t klen)
+static void log_refusal(tp_zsec_server *s, unsigned role, const char *address, const char *mech, const uint8_t *key,
+                        size_t klen)
 {
     int64_t now = tp_now_ms();
     if (s->last_log_ms && now - s->last_log_ms < LOG_EVERY_MS) {
         s->unlogged++;
         return;
     }
-    char z85[TP_ZSEC_KEY_LEN + 1] = "(none)", line[400], more[64] = "";
+    char z85[TP_ZSEC_KEY_LEN + 1] = "(none)", more[64] = "";
     if (klen == KEY_BYTES)
         zmq_z85_encode(z85, key, KEY_BYTES);
     if (s->unlogged)
         snprintf(more, sizeof more, " (and %llu more in the last second)", (unsigned long long)s->unlogged);
-    snprintf(line, sizeof line, "refused a %s client from %s: key %s is not in %s; %llu refused so far%s", mech,
-             address, z85, s->keys_path, (unsigned long long)s->refused, more);
+    char line[400 + sizeof s->files];
+    snprintf(line, sizeof line, "refused a %s peer from %s on the %s endpoints: key %s is not a %s key in %s; "
+             "%llu refused so far%s", mech, address, role_name(role), z85, role_name(role), s->files,
+             (unsigned long long)s->refused, more);
     s->last_log_ms = now;
     s->unlogged = 0;
     if (s->log)
@@ -431,23 +521,29 @@ static bool frame_is(const zmq_msg_t *m, const char *s)
     return zmq_msg_size((zmq_msg_t *)m) == strlen(s) && !memcmp(zmq_msg_data((zmq_msg_t *)m), s, strlen(s));
 }
 
-/* 200 for a listed CURVE key; 400 for everything else on our domain. */
+/* 200 for a CURVE key listed in the socket's role; 400 for everything else
+ * on our domains. */
 static const char *verdict(tp_zsec_server *s, zmq_msg_t *f, size_t n)
 {
     if (n < Z_CRED || !frame_is(&f[Z_VERSION], "1.0"))
         return "500";
-    if (!frame_is(&f[Z_DOMAIN], TP_ZSEC_DOMAIN))
+    unsigned role = frame_is(&f[Z_DOMAIN], TP_ZSEC_DOMAIN_CLIENT)   ? TP_ZSEC_CLIENT
+                    : frame_is(&f[Z_DOMAIN], TP_ZSEC_DOMAIN_WORKER) ? TP_ZSEC_WORKER
+                                                                    : 0;
+    if (!role)
         return "200";   /* not one of our CURVE sockets (plain ipc) */
     bool ok = false;
-    if (n > Z_CRED && frame_is(&f[Z_MECH], "CURVE") && zmq_msg_size(&f[Z_CRED]) == KEY_BYTES)
-        ok = bsearch(zmq_msg_data(&f[Z_CRED]), s->keys, s->n_keys, sizeof *s->keys, cmp_key) != NULL;
+    if (n > Z_CRED && frame_is(&f[Z_MECH], "CURVE") && zmq_msg_size(&f[Z_CRED]) == KEY_BYTES) {
+        const struct zkey *k = bsearch(zmq_msg_data(&f[Z_CRED]), s->keys, s->n_keys, sizeof *s->keys, cmp_key);
+        ok = k && (k->roles & role);
+    }
     if (ok)
         return "200";
     s->refused++;
     char addr[64], mech[16];
     snprintf(addr, sizeof addr, "%.*s", (int)zmq_msg_size(&f[Z_ADDRESS]), (char *)zmq_msg_data(&f[Z_ADDRESS]));
     snprintf(mech, sizeof mech, "%.*s", (int)zmq_msg_size(&f[Z_MECH]), (char *)zmq_msg_data(&f[Z_MECH]));
-    log_refusal(s, addr, mech, n > Z_CRED ? zmq_msg_data(&f[Z_CRED]) : NULL, n > Z_CRED ? zmq_msg_size(&f[Z_CRED]) : 0);
+    log_refusal(s, role, addr, mech, n > Z_CRED ? zmq_msg_data(&f[Z_CRED]) : NULL, n > Z_CRED ? zmq_msg_size(&f[Z_CRED]) : 0);
     return "400";
 }
 
@@ -499,7 +595,6 @@ void tp_zsec_server_free(tp_zsec_server *s)
     if (s->zap)
         zmq_close(s->zap);
     free(s->keys);
-    free(s->keys_path);
     memset(s->secret_key, 0, sizeof s->secret_key);
     free(s);
 }

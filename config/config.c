@@ -80,17 +80,29 @@ static const struct key keys[] = {
     KI("limits.max_stop_len", max_stop_len, 1, 65535),
     KI("limits.max_stop_ids", max_stop_ids, 0, 4096),
     KI("limits.sndhwm", sndhwm, 0, 1 << 24),
+    KI("limits.events_sndhwm", events_sndhwm, 1, 1 << 20),
     KI("limits.linger_ms", linger_ms, 0, 600000),
     KI("heartbeat.interval_ms", heartbeat_ms, 10, 600000),
     KI("heartbeat.liveness", liveness, 2, 100),
     KI("heartbeat.reconnect_init_ms", reconnect_init_ms, 1, 600000),
     KI("heartbeat.reconnect_max_ms", reconnect_max_ms, 1, 3600000),
     KI("shutdown.drain_timeout_ms", drain_timeout_ms, 0, 3600000),
+    KI("recovery.deadline_ms", recovery_deadline_ms, 0, 3600000),
     KB("security.curve", curve),
     KS("security.server_secret_key", server_secret_key),
     KS("security.server_public_key", server_public_key),
     KS("security.authorized_keys", authorized_keys),
+    KS("security.client_keys", client_keys),
+    KS("security.worker_keys", worker_keys),
     KS("security.client_secret_key", client_secret_key),
+    KB("http.enabled", http_enabled),
+    KS("http.listen", http_listen),
+    KI("http.port", http_port, 1, 65535),
+    KS("http.api_key_file", http_api_key_file),
+    KS("http.model_name", http_model_name),
+    KI("http.max_connections", http_max_connections, 1, 65536),
+    KI("http.max_body_bytes", http_max_body_bytes, 1024, 64 << 20),
+    KI("http.timeout_ms", http_timeout_ms, 100, 600000),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -111,19 +123,31 @@ static int set_str(char **dst, const char *s, tp_err *err)
     return 0;
 }
 
+/* Every string of a tp_config with its default: the one list that
+ * defaults, free and tp_config_strings walk. */
+static const struct { size_t off; const char *v; } str_fields[] = {
+    {OFF(source), "(defaults)"}, {OFF(runtime_dir), ""}, {OFF(ep_front), ""},
+    {OFF(ep_back), ""}, {OFF(ep_events), ""}, {OFF(ep_publish), ""},
+    {OFF(model_path), "../shared/models/stories260K.bin"},
+    {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(worker_binary), ""},
+    {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
+    {OFF(client_secret_key), ""}, {OFF(client_keys), ""}, {OFF(worker_keys), ""},
+    {OFF(http_listen), "127.0.0.1"}, {OFF(http_api_key_file), ""}, {OFF(http_model_name), ""},
+};
+#define N_STRS (sizeof str_fields / sizeof str_fields[0])
+
+size_t tp_config_strings(tp_config *cfg, char **out[], size_t cap)
+{
+    for (size_t i = 0; i < N_STRS && i < cap; i++)
+        out[i] = (char **)((char *)cfg + str_fields[i].off);
+    return N_STRS;
+}
+
 int tp_config_defaults(tp_config *cfg, tp_err *err)
 {
     memset(cfg, 0, sizeof *cfg);
-    static const struct { size_t off; const char *v; } strs[] = {
-        {OFF(source), "(defaults)"}, {OFF(runtime_dir), ""}, {OFF(ep_front), ""},
-        {OFF(ep_back), ""}, {OFF(ep_events), ""}, {OFF(ep_publish), ""},
-        {OFF(model_path), "../shared/models/stories260K.bin"},
-        {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(worker_binary), ""},
-        {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
-        {OFF(client_secret_key), ""},
-    };
-    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
-        if (set_str((char **)((char *)cfg + strs[i].off), strs[i].v, err)) {
+    for (size_t i = 0; i < N_STRS; i++)
+        if (set_str((char **)((char *)cfg + str_fields[i].off), str_fields[i].v, err)) {
             tp_config_free(cfg);
             return TP_ENOMEM;
         }
@@ -156,12 +180,19 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->max_stop_len = 1024;
     cfg->max_stop_ids = 1024;
     cfg->sndhwm = 100000;
+    cfg->events_sndhwm = 10000;
     cfg->linger_ms = 1000;
     cfg->heartbeat_ms = 1000;
     cfg->liveness = 3;
     cfg->reconnect_init_ms = 100;
     cfg->reconnect_max_ms = 8000;
     cfg->drain_timeout_ms = 10000;
+    cfg->http_enabled = true;
+    cfg->http_port = 8080;
+    cfg->http_max_connections = 256;
+    cfg->http_max_body_bytes = 8 << 20;
+    cfg->http_timeout_ms = 10000;
+    cfg->recovery_deadline_ms = 30000;
     return 0;
 }
 
@@ -169,11 +200,9 @@ void tp_config_free(tp_config *cfg)
 {
     if (!cfg)
         return;
-    char **strs[] = {&cfg->source, &cfg->runtime_dir, &cfg->ep_front, &cfg->ep_back,
-                     &cfg->ep_events, &cfg->ep_publish, &cfg->model_path, &cfg->tokenizer_path,
-                     &cfg->worker_binary, &cfg->server_secret_key, &cfg->server_public_key,
-                     &cfg->authorized_keys, &cfg->client_secret_key};
-    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+    char **strs[N_STRS];
+    tp_config_strings(cfg, strs, N_STRS);
+    for (size_t i = 0; i < N_STRS; i++)
         free(*strs[i]);
     for (size_t i = 0; i < cfg->n_fuse; i++)
         free(cfg->fuse[i]);

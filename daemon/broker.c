@@ -3,6 +3,7 @@
 #include "broker.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,10 @@ int broker_send_worker(broker *b, int wi, const tp_msg *m)
     tp_err e;
     int rc = tp_zsend_msg(b->back, &id, 1, m, &e);
     if (rc) {
+        /* gone (EHOSTUNREACH) or hopelessly behind (EAGAIN): nothing more
+         * goes to it; it is lost at the next safe point */
         broker_log(b, "to worker %s: %s", w->instance, e.msg);
+        w->gone = true;
         return rc;
     }
     w->last_send = tp_now_ms();
@@ -57,7 +61,7 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
     f->reason = reason;
     f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
     f->prompt_tokens = j->n_prompt;
-    f->completion_tokens = j->n_out;
+    f->completion_tokens = j->n_tok_ids;   /* the ids subscribers were sent, exactly */
     f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
@@ -131,20 +135,23 @@ static bool ipc_in_use(const char *path)
     return live;
 }
 
-static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *rc)
+static void *make_socket(broker *b, int type, const char *ep, tp_zsec_role role, tp_err *err, int *rc)
 {
     void *s = zmq_socket(b->zctx, type);
     if (!s) {
         *rc = tp_err_set(err, TP_EIO, "zmq_socket: %s", zmq_strerror(errno));
         return NULL;
     }
-    int linger = b->cfg->linger_ms, hwm = b->cfg->sndhwm, one = 1;
-    int64_t maxmsg = b->cfg->max_msg_bytes;
+    int linger = b->cfg->linger_ms, one = 1;
+    /* events are droppable (a subscriber that falls behind recovers from
+     * STATUS), so each subscriber's queue is small: it bounds what one that
+     * never reads costs */
+    int hwm = type == ZMQ_XPUB ? b->cfg->events_sndhwm : b->cfg->sndhwm;
+    int64_t maxmsg = type == ZMQ_XPUB ? B_MAX_SUBSCRIPTION : b->cfg->max_msg_bytes;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
-    if (type != ZMQ_XPUB)
-        zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if (type == ZMQ_ROUTER)   /* EHOSTUNREACH instead of a silent drop */
         zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     if (type == ZMQ_XPUB)     /* every subscription, not only a topic's first */
@@ -159,7 +166,7 @@ static void *make_socket(broker *b, int type, const char *ep, tp_err *err, int *
         }
         unlink(ep + 6);   /* a stale socket file from a crashed run */
     }
-    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, err))) {
+    if ((*rc = tp_zsec_server_apply(b->zsec, s, ep, role, err))) {
         zmq_close(s);
         return NULL;
     }
@@ -193,11 +200,19 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     if ((rc = tp_zsec_server_new(b->zctx, cfg, zsec_log, b, &b->zsec, err)))
         return rc;
     rc = 0;
-    if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, err, &rc)) ||
-        !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, err, &rc)) ||
-        !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, err, &rc)) ||
-        !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, err, &rc)))
+    if (!(b->front = make_socket(b, ZMQ_ROUTER, cfg->ep_front, TP_ZSEC_CLIENT, err, &rc)) ||
+        !(b->back = make_socket(b, ZMQ_ROUTER, cfg->ep_back, TP_ZSEC_WORKER, err, &rc)) ||
+        !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, TP_ZSEC_WORKER, err, &rc)) ||
+        !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, TP_ZSEC_CLIENT, err, &rc)))
         return rc;
+    /* A worker's connection closing is seen at once: the monitor reports
+     * the disconnect (without saying whose), and the broker then probes
+     * every worker until the ROUTER refuses the dead one (EHOSTUNREACH). */
+    char mon[96];
+    snprintf(mon, sizeof mon, "inproc://tokpiped-back-monitor-%p", (void *)b);
+    if (zmq_socket_monitor(b->back, mon, ZMQ_EVENT_DISCONNECTED) || !(b->back_mon = zmq_socket(b->zctx, ZMQ_PAIR)) ||
+        zmq_connect(b->back_mon, mon))
+        return tp_err_set(err, TP_EIO, "backend monitor: %s", zmq_strerror(errno));
     /* The broker keeps every job's result, so it takes all events whatever
      * the subscribers ask for (their subscriptions are not forwarded). */
     uint8_t sub_all = 1;
@@ -208,6 +223,10 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
 void broker_free(broker *b)
 {
     void *socks[] = {b->front, b->back, b->xsub, b->xpub};
+    if (b->back_mon) {
+        zmq_socket_monitor(b->back, NULL, 0);
+        zmq_close(b->back_mon);
+    }
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
@@ -238,6 +257,11 @@ static void on_event(broker *b, tp_zmsg *z)
         tp_msg_clear(&m);
         return;
     }
+    if (!jobs_event_wanted(b, &m)) {
+        b->stats.events_duplicate++;
+        tp_msg_clear(&m);
+        return;
+    }
     for (size_t i = 0; i < z->n; i++)
         zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
                  ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
@@ -265,6 +289,18 @@ static void drain_socket(broker *b, void *s, int which)
         } else if (z.n == 1) {
             on_subscription(b, &z.f[0]);   /* XPUB subscription notices */
         }
+        tp_zmsg_close(&z);
+    }
+}
+
+/* Backend monitor events (two frames each): any disconnect starts probing. */
+static void on_monitor(broker *b)
+{
+    for (int k = 0; k < 64; k++) {
+        tp_zmsg z;
+        if (tp_zmsg_recv(b->back_mon, &z, ZMQ_DONTWAIT) < 0)
+            return;
+        b->probe_until = tp_now_ms() + B_PROBE_MS;
         tp_zmsg_close(&z);
     }
 }
@@ -312,27 +348,48 @@ int broker_run(broker *b)
     while (!b->done) {
         if (*b->quit && !b->draining)
             start_drain(b);
-        zmq_pollitem_t it[5] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
+        zmq_pollitem_t it[6] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
                                 {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0},
+                                {b->back_mon, 0, ZMQ_POLLIN, 0},
                                 {tp_zsec_server_socket(b->zsec), 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(it, b->zsec ? 5 : 4, b->beat_asked ? B_BEAT_MIN_GAP_MS : 50);
+        bool probing = tp_now_ms() < b->probe_until;
+        int n = zmq_poll(it, b->zsec ? 6 : 5, probing ? 5 : b->beat_asked ? B_BEAT_MIN_GAP_MS : 50);
         if (n < 0 && errno != EINTR)
             break;
+        /* events first: a lost stop worker's last events are then known
+         * before its loss is handled from the backend */
+        if (n > 0 && (it[2].revents & ZMQ_POLLIN))
+            drain_socket(b, it[2].socket, 2);
         for (int i = 0; n > 0 && i < 4; i++)
-            if (it[i].revents & ZMQ_POLLIN)
+            if (i != 2 && (it[i].revents & ZMQ_POLLIN))
                 drain_socket(b, it[i].socket, i);
         if (n > 0 && (it[4].revents & ZMQ_POLLIN))
+            on_monitor(b);
+        if (n > 0 && (it[5].revents & ZMQ_POLLIN))
             tp_zsec_server_handle(b->zsec);
+        if (probing)
+            registry_probe(b);
+        registry_reap(b);
         int64_t now = tp_now_ms();
         if (now - last_tick >= 50) {
             last_tick = now;
             registry_tick(b, now);
+            registry_reap(b);
             jobs_expire(b, now);
             if (b->spawn)
                 spawn_tick(b, now);
             if (b->draining)
                 drain_tick(b, now);
             sched_run(b);
+            /* a burst (thousands of jobs, slow subscribers' queues) leaves
+             * glibc holding the freed memory; hand it back once quiet */
+            if (b->n_active > 0) {
+                b->last_busy_ms = now;
+                b->trimmed = false;
+            } else if (!b->trimmed && now - b->last_busy_ms >= B_TRIM_IDLE_MS) {
+                malloc_trim(0);
+                b->trimmed = true;
+            }
         }
         beat_tick(b, now);
         if (now - last_status >= 5000) {

@@ -19,12 +19,21 @@
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/zsec.h"
+#include "metrics.h"
 
 #define B_MAX_WORKERS 256
 #define B_IDENT_MAX 255
 #define B_CLOSING_GRACE_MS 3000
+/* Every message a subscriber sends is a subscription (a topic: a job id or
+ * "@heartbeat", 64 bytes at most, plus up to 10 of framing) or a handshake
+ * command (CURVE's INITIATE with its metadata is the largest, a few hundred
+ * bytes), so anything longer is an attack on the broker's memory: ZeroMQ
+ * drops that connection before reading the message. */
+#define B_MAX_SUBSCRIPTION 1024
+#define B_TRIM_IDLE_MS 10000          /* idle this long: give freed memory back to the system */
 #define B_BEAT_MIN_GAP_MS 10          /* extra heartbeats for new subscribers: at most one per this */
-#define B_RING 4                  /* candidates of one job awaiting stop verdicts */   /* wait this long for a FINISH event after the verdict */
+#define B_RING 4                  /* candidates of one job awaiting stop verdicts (decode-ahead bound) */
+#define B_PROBE_MS 1000           /* after a backend disconnect: probe the workers this long */
 
 /* ---- workers ---------------------------------------------------------------- */
 
@@ -44,6 +53,7 @@ typedef struct bworker {
     int tok_inflight;
     int steps_inflight;
     int malformed;
+    bool gone;                      /* a send failed: lost at the next safe point (registry_reap) */
 } bworker;
 
 /* ---- jobs --------------------------------------------------------------------- */
@@ -61,6 +71,7 @@ typedef struct bjob {
     char *stop_buf;
     char *prompt_text;
     size_t prompt_len;
+    bool parse_special;     /* SUBMIT's parse_special, for the TOKENIZE request */
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */
@@ -73,8 +84,16 @@ typedef struct bjob {
     int phase;
     uint64_t step;
     uint32_t n_cand;                /* candidates produced (= accepted, unless the last finishes) */
-    int32_t ring[B_RING];           /* candidates awaiting their verdict, oldest first */
-    uint8_t ring_head, ring_n;
+    int32_t *cands;                 /* every candidate in order: out[] is their accepted prefix, and
+                                     * prompt + cands is what the KV cache holds (or will) */
+    uint32_t cap_cands;
+    uint32_t n_verd;                /* candidates with a verdict; cands[n_verd..n_cand) await theirs */
+    uint32_t n_tok_ids;             /* ids carried by the TOKEN events forwarded to subscribers */
+    int64_t lost_ms;                /* when the job lost a worker it still misses (0 = none) */
+    int64_t recover_t0;             /* a loss not yet followed by an event (recovery latency) */
+    int close_stp;                  /* CLOSING: the stop worker that publishes FINISH, -1 none */
+    int close_finish;               /* CLOSING: the STOP_CLOSE finish, said again to a replacement */
+    char *close_error;
     bool cancel;
     int32_t *out;
     uint32_t n_out, cap_out;
@@ -102,6 +121,7 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
+    uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
 typedef struct bstats {
@@ -110,6 +130,9 @@ typedef struct bstats {
     uint64_t finish[TP_REASON_COUNT];
     uint64_t triggers_other;
     uint64_t forward_steps, forward_rows, forward_tokens;
+    uint64_t workers_lost, events_duplicate;
+    uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
+    uint64_t recovery_n, recovery_ms_sum, recovery_ms_max;
     size_t n_triggers;
     struct btrigger {
         tp_matched key;
@@ -122,7 +145,7 @@ typedef struct bstats {
 /* ---- spawned worker processes ------------------------------------------------- */
 
 typedef struct bchild {
-    unsigned stages;
+    unsigned stages;                /* 0: the HTTP gateway (tokpipe-http) */
     int index;                      /* instance number within its group */
     pid_t pid;                      /* 0 = not running */
     int backoff_ms;
@@ -143,6 +166,8 @@ typedef struct broker {
     const char *config_path;        /* passed to spawned workers; NULL = none */
     const char *self_path;          /* argv[0] of tokpiped, to find tokpipe-worker */
     void *zctx, *front, *back, *xsub, *xpub;
+    void *back_mon;                 /* PAIR: the backend's disconnect events */
+    int64_t probe_until;            /* probe every worker's connection until then */
     tp_zsec_server *zsec;           /* CURVE + ZAP; NULL = security off */
     uint64_t incarnation;           /* random per start: in WELCOME and event HEARTBEATs */
     int64_t t_start_ms;
@@ -162,9 +187,12 @@ typedef struct broker {
     uint32_t *hash;                 /* id -> slot+1, open addressing, hash_cap entries */
     uint32_t hash_cap;
     int n_active;                   /* TOKENIZE + ADMIT + RUNNING + CLOSING */
+    int64_t last_busy_ms;           /* last loop tick with an active job */
+    bool trimmed;                   /* malloc_trim done since then */
     uint64_t next_seqno, next_task, next_step, next_auto_id;
 
     bstats stats;
+    bmetrics metrics;               /* histograms for STATS (metrics.c) */
     bcols cols;
 
     bchild *children;
@@ -191,6 +219,8 @@ void jobs_release(broker *b, bjob *j);
 void jobs_expire(broker *b, int64_t now);
 int jobs_append_text(bjob *j, const char *s, size_t n);
 int jobs_append_out(bjob *j, int32_t id);
+int jobs_append_cand(bjob *j, int32_t id);
+bool jobs_event_wanted(broker *b, const tp_msg *ev);
 uint64_t jobs_text_total(const bjob *j);
 void jobs_on_event(broker *b, const tp_msg *ev);
 void jobs_mark_finished(broker *b, bjob *j);
@@ -200,6 +230,9 @@ void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frame
 void registry_tick(broker *b, int64_t now);
 void registry_lose(broker *b, int wi, const char *why);
 int registry_find(broker *b, const void *ident, size_t len);
+void registry_reap(broker *b);
+void registry_probe(broker *b);
+bool registry_usable(const broker *b, int wi);
 int registry_count(const broker *b, unsigned stage_bit);
 const bworker *registry_model(const broker *b);
 
@@ -210,6 +243,7 @@ void sched_fail_job(broker *b, bjob *j, const char *why);
 void sched_cancel_job(broker *b, bjob *j);
 void sched_start_job(broker *b, bjob *j);
 void sched_worker_lost(broker *b, int wi);
+void sched_recover(broker *b, int64_t now);
 void sched_free(broker *b);
 
 /* front.c */

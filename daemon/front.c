@@ -229,6 +229,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
             return TP_ENOMEM;
         memcpy(j->prompt_text, s->prompt.ptr, s->prompt.len);
         j->prompt_len = s->prompt.len;
+        j->parse_special = s->parse_special;
     } else {
         if (!(j->prompt = malloc(s->prompt_ids.n * sizeof *j->prompt)))
             return TP_ENOMEM;
@@ -364,6 +365,12 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
     s->zap_refused = tp_zsec_server_refused(b->zsec);
+    s->workers_lost = st->workers_lost;
+    memcpy(s->recovered, st->recovered, sizeof s->recovered);
+    s->recovery_count = st->recovery_n;
+    s->recovery_ms_total = st->recovery_ms_sum;
+    s->recovery_ms_max = st->recovery_ms_max;
+    s->events_duplicate = st->events_duplicate;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);
@@ -378,6 +385,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->triggers = trig;
     s->n_triggers = st->n_triggers;
     s->triggers_other = st->triggers_other;
+    metrics_fill(b, s);
     reply(b, to, &r);
 }
 

@@ -38,6 +38,8 @@ static void job_clear(bjob *j)
     free(j->prompt_text);
     free(j->prompt);
     free(j->out);
+    free(j->cands);
+    free(j->close_error);
     free(j->text);
     free(j->shown);
     free(j->matched_buf);
@@ -133,7 +135,7 @@ bjob *jobs_new(broker *b, const char *id, size_t len)
     j->id[len] = '\0';
     j->slot = slot;
     j->state = J_ADMIT;
-    j->fwd = j->smp = j->stp = j->tok_worker = -1;
+    j->fwd = j->smp = j->stp = j->tok_worker = j->close_stp = -1;
     j->pending = j->acc_for_sampler = -1;
     j->last_seq = -1;
     j->seqno = b->next_seqno++;
@@ -158,7 +160,7 @@ void jobs_expire(broker *b, int64_t now)
         bjob *j = &b->jobs[i];
         if (j->state == J_FINISHED && now - j->done_ms >= b->cfg->finished_ttl_ms)
             jobs_release(b, j);
-        else if (j->state == J_CLOSING && now - j->closing_since > B_CLOSING_GRACE_MS)
+        else if (j->state == J_CLOSING && j->close_stp >= 0 && now - j->closing_since > B_CLOSING_GRACE_MS)
             /* the FINISH event was lost: publish one so the job ends */
             broker_publish_finish(b, j, j->engine_reason ? j->engine_reason : TP_REASON_ERROR,
                                   "finish event lost");
@@ -204,6 +206,16 @@ int jobs_append_out(bjob *j, int32_t id)
         return TP_ENOMEM;
     j->cap_out = (uint32_t)cap;
     j->out[j->n_out++] = id;
+    return 0;
+}
+
+int jobs_append_cand(bjob *j, int32_t id)
+{
+    size_t cap = j->cap_cands;
+    if (grow((void **)&j->cands, &cap, (size_t)j->n_cand + 1, sizeof *j->cands))
+        return TP_ENOMEM;
+    j->cap_cands = (uint32_t)cap;
+    j->cands[j->n_cand++] = id;
     return 0;
 }
 
@@ -265,10 +277,20 @@ void jobs_mark_finished(broker *b, bjob *j)
     j->done_ms = tp_now_ms();
     b->n_active--;
     b->stats.jobs_finished++;
+    /* what subscribers were sent is the result: after a lost stop worker
+     * the verdicts may have run ahead of the events that were published */
+    if (j->shown) {
+        j->n_out = 0;
+        for (size_t i = 0; i < j->n_shown; i++)
+            jobs_append_out(j, j->shown[i]);
+    } else if (!j->shown && j->n_tok_ids < j->n_out) {
+        j->n_out = j->n_tok_ids;
+    }
     b->stats.tokens_generated += j->n_out;
     if (j->reason > 0 && j->reason < TP_REASON_COUNT)
         b->stats.finish[j->reason]++;
     count_trigger(&b->stats, &j->matched);
+    metrics_on_finish(&b->metrics, &j->timings);
     /* the request copies and the running view are no longer needed:
      * STATUS of a finished job answers the verdicts' tokens */
     free(j->prompt_text);
@@ -300,6 +322,38 @@ static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
         jobs_mark_finished(b, j);
 }
 
+/* Should an event from a stop worker reach subscribers? Not when its job
+ * already ended, nor when its seq was already forwarded: after a lost stop
+ * worker its replacement continues at the first seq the broker did not
+ * see, and an event of the lost one still on its way (or of one that was
+ * stopped and runs again) carries the same content as the replacement's,
+ * so whichever comes first is forwarded and the other dropped: each seq
+ * reaches subscribers exactly once. */
+bool jobs_event_wanted(broker *b, const tp_msg *ev)
+{
+    if (ev->cmd != TP_CMD_TOKEN && ev->cmd != TP_CMD_FINISH)
+        return true;
+    const tp_str *id = ev->cmd == TP_CMD_TOKEN ? &ev->token.job_id : &ev->finish.job_id;
+    bjob *j = jobs_find(b, id->ptr, id->len);
+    if (!j)
+        return true;
+    uint32_t seq = ev->cmd == TP_CMD_TOKEN ? ev->token.seq : ev->finish.seq;
+    return !(j->state == J_FINISHED || j->result_ready || (int64_t)seq <= j->last_seq);
+}
+
+static void note_recovered(broker *b, bjob *j)
+{
+    if (!j->recover_t0)
+        return;
+    uint64_t ms = (uint64_t)(tp_now_ms() - j->recover_t0);
+    b->stats.recovery_n++;
+    b->stats.recovery_ms_sum += ms;
+    if (ms > b->stats.recovery_ms_max)
+        b->stats.recovery_ms_max = ms;
+    j->recover_t0 = 0;
+    broker_log(b, "job %s: stream resumed %llu ms after its worker was lost", j->id, (unsigned long long)ms);
+}
+
 /* An event on its way to subscribers: keep the job's text and result. */
 void jobs_on_event(broker *b, const tp_msg *ev)
 {
@@ -309,10 +363,13 @@ void jobs_on_event(broker *b, const tp_msg *ev)
     bjob *j = jobs_find(b, id->ptr, id->len);
     if (!j || j->state == J_FINISHED || j->result_ready)
         return;
+    note_recovered(b, j);
     if (ev->cmd == TP_CMD_TOKEN) {
         j->last_seq = ev->token.seq;
+        j->n_tok_ids += (uint32_t)ev->token.ids.n;
         jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
         append_shown(j, ev->token.index, ev->token.ids);
+        metrics_on_token(&b->metrics, &j->t_last_token_us, ev->token.ids.n);
         return;
     }
     j->last_seq = ev->finish.seq;

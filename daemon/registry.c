@@ -1,8 +1,8 @@
 /* Worker registry: READY / WELCOME, heartbeats both ways, expiry, and
  * dispatch of stage results to the scheduler. Any message from a worker
  * counts as a heartbeat (MDP); a worker silent for `liveness` intervals, or
- * whose connection closed, is lost, and so are the jobs pinned to it
- * (sched_worker_lost; jobs only queued at it are queued again). */
+ * whose connection closed, is lost, and the jobs pinned to it move to
+ * other workers of its stages (sched_worker_lost). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +20,12 @@ int registry_find(broker *b, const void *ident, size_t len)
             return i;
     }
     return -1;
+}
+
+/* May work go to worker wi? Not when a send to it failed. */
+bool registry_usable(const broker *b, int wi)
+{
+    return wi >= 0 && b->workers[wi].live && !b->workers[wi].gone;
 }
 
 int registry_count(const broker *b, unsigned stage_bit)
@@ -57,10 +63,22 @@ void registry_lose(broker *b, int wi, const char *why)
     if (!w->live)
         return;
     broker_log(b, "worker %s lost: %s", w->instance, why);
+    b->stats.workers_lost++;
+    /* if it still runs (stopped, not dead) it drops its state when it
+     * reads this, and registers anew */
     tp_frame id = {w->ident, w->ident_len};
     send_raw(b, &id, TP_CMD_DISCONNECT, why);
     sched_worker_lost(b, wi);
     w->live = false;
+}
+
+/* Lose the workers a send failed to (broker_send_worker marks them): done
+ * here, between messages, not in the middle of building one. */
+void registry_reap(broker *b)
+{
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live && b->workers[i].gone)
+            registry_lose(b, i, "connection closed");
 }
 
 static void copy_name(char *dst, tp_str s)
@@ -78,6 +96,7 @@ static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
          * are (sched_worker_lost), but it registers anew below: no
          * DISCONNECT, which would make it drop this connection too */
         broker_log(b, "worker %s registered again: its old state is gone", b->workers[old].instance);
+        b->stats.workers_lost++;
         sched_worker_lost(b, old);
     }
     const bworker *ref = registry_model(b);
@@ -156,6 +175,7 @@ void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frame
         }
     } else if (m.cmd == TP_CMD_DISCONNECT) {
         broker_log(b, "worker %s disconnected", b->workers[wi].instance);
+        b->stats.workers_lost++;
         sched_worker_lost(b, wi);
     } else if (m.cmd != TP_CMD_HEARTBEAT) {
         sched_on_result(b, wi, &m);
@@ -186,6 +206,16 @@ static bool send_heartbeat(broker *b, int wi)
     return rc == 0 || err != EHOSTUNREACH;
 }
 
+/* After a backend disconnect: which worker was it? The one the ROUTER no
+ * longer knows (each probe is one small HEARTBEAT). */
+void registry_probe(broker *b)
+{
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live && !b->workers[i].gone && !send_heartbeat(b, i))
+            b->workers[i].gone = true;
+    registry_reap(b);
+}
+
 void registry_tick(broker *b, int64_t now)
 {
     int64_t dead_after = (int64_t)b->cfg->heartbeat_ms * b->cfg->liveness;
@@ -198,6 +228,6 @@ void registry_tick(broker *b, int64_t now)
             continue;
         }
         if (now - w->last_send >= b->cfg->heartbeat_ms && !send_heartbeat(b, i))
-            registry_lose(b, i, "connection closed");
+            w->gone = true;
     }
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "broker.h"
+#include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 
 /* ---- scratch for building one message ---------------------------------- */
@@ -110,9 +111,20 @@ static void send_stop_close(broker *b, bjob *j, int finish, const char *error)
     broker_send_worker(b, j->stp, &m);
 }
 
+static void attach_stop(broker *b, bjob *j, int t);
+static int pick_stop(broker *b);
+
+static void set_close_error(bjob *j, const char *error)
+{
+    free(j->close_error);
+    j->close_error = error ? strdup(error) : NULL;   /* NULL on ENOMEM: the FINISH says "error" */
+}
+
 /* Let go of the job's workers. finish: NONE (the stop stage already
- * published FINISH), CANCELLED or ERROR (the stop stage publishes it now);
- * without a stop worker the broker publishes FINISH itself. */
+ * published FINISH), CANCELLED or ERROR (the stop stage publishes it now).
+ * Without a live stop worker another one rebuilds the job's stop state
+ * and publishes the FINISH, so held-back text is released as usual; with
+ * no stop worker at all the broker publishes FINISH itself. */
 static void release_job(broker *b, bjob *j, int finish, const char *error)
 {
     if (j->fwd >= 0) {
@@ -123,20 +135,31 @@ static void release_job(broker *b, bjob *j, int finish, const char *error)
         send_slot_cmd(b, j->smp, TP_CMD_SAMPLE_CLOSE, j->slot);
         b->workers[j->smp].n_smp--;
     }
-    bool stop_live = j->stp >= 0 && b->workers[j->stp].live;
+    bool stop_live = registry_usable(b, j->stp);
     if (stop_live)
         send_stop_close(b, j, finish, error);
     if (j->stp >= 0)
         b->workers[j->stp].n_stp--;
+    if (finish == TP_REASON_NONE)   /* candidates decoded past the finishing one never count */
+        j->n_cand = j->n_verd;
+    j->close_stp = stop_live ? j->stp : -1;
+    j->close_finish = finish;
+    set_close_error(j, error);
     j->fwd = j->smp = j->stp = -1;
     j->state = J_CLOSING;
     j->closing_since = tp_now_ms();
+    j->lost_ms = 0;
     if (!j->engine_reason)
         j->engine_reason = finish;
-    if (j->result_ready)
+    if (j->result_ready) {
         jobs_mark_finished(b, j);
-    else if (!stop_live && finish != TP_REASON_NONE)
-        broker_publish_finish(b, j, finish, error);
+    } else if (!stop_live && finish != TP_REASON_NONE) {
+        int t = pick_stop(b);
+        if (t >= 0)
+            attach_stop(b, j, t);
+        else
+            broker_publish_finish(b, j, finish, error);
+    }
 }
 
 void sched_fail_job(broker *b, bjob *j, const char *why)
@@ -165,23 +188,61 @@ void sched_cancel_job(broker *b, bjob *j)
         broker_publish_finish(b, j, TP_REASON_CANCELLED, NULL);
 }
 
+static void note_loss(bjob *j, int64_t now)
+{
+    if (!j->lost_ms)
+        j->lost_ms = now;
+    if (!j->recover_t0)
+        j->recover_t0 = now;
+}
+
+/* Worker wi is gone: the jobs pinned to it lose that stage and wait for
+ * another worker of it (sched_recover, at once if one has room). What the
+ * lost worker held is rebuilt from the job record: the KV cache from
+ * prompt + candidates, the sampler from the candidates (its random stream
+ * is counted by accepted tokens, so it draws the same), the stop state
+ * from the tokens subscribers were sent. Work in flight there is dropped:
+ * a step being computed (its jobs are fed again), logits being sampled
+ * (the last position is computed again), candidates being checked (sent
+ * again to the new stop worker). */
 void sched_worker_lost(broker *b, int wi)
 {
     bworker *w = &b->workers[wi];
     w->live = false;   /* nothing more is sent to it */
+    int64_t now = tp_now_ms();
     for (uint32_t i = 0; i < b->jobs_cap; i++) {
         bjob *j = &b->jobs[i];
         if (j->state == J_TOKENIZE && j->tok_worker == wi) {
             j->tok_worker = -1;   /* tokenizing is idempotent: queue it again */
             j->tok_task = 0;
+            b->stats.recovered[TP_SI_TOKENIZE]++;
         } else if (j->state == J_RUNNING && (j->fwd == wi || j->smp == wi || j->stp == wi)) {
-            char why[160];
-            snprintf(why, sizeof why, "worker_lost: %s worker %s", j->stp == wi ? "stop" : j->fwd == wi ? "forward" : "sample",
-                     w->instance);
-            release_job(b, j, TP_REASON_ERROR, why);
+            if (j->result_ready) {
+                /* subscribers already have its FINISH: nothing to rebuild */
+                if (j->fwd == wi) j->fwd = -1;
+                if (j->smp == wi) j->smp = -1;
+                if (j->stp == wi) j->stp = -1;
+                release_job(b, j, TP_REASON_NONE, NULL);
+                continue;
+            }
+            if (j->fwd == wi) {
+                j->fwd = -1;
+                j->n_fed = 0;
+                if (j->phase == P_FORWARD)
+                    j->phase = P_READY;
+            }
+            if (j->smp == wi)
+                j->smp = -1;   /* a job in P_SAMPLE is rewound when it gets a sampler */
+            if (j->stp == wi)
+                j->stp = -1;
+            note_loss(j, now);
+        } else if (j->state == J_CLOSING && j->close_stp == wi && !j->result_ready) {
+            j->close_stp = -1;
+            note_loss(j, now);
         }
     }
     memset(w, 0, sizeof *w);
+    sched_recover(b, now);
 }
 
 /* ---- tokenize ---------------------------------------------------------------- */
@@ -191,7 +252,7 @@ static int pick_worker(broker *b, unsigned stage, int (*load)(const bworker *))
     int best = -1, best_load = 0;
     for (int i = 0; i < B_MAX_WORKERS; i++) {
         const bworker *w = &b->workers[i];
-        if (!w->live || !(w->stages & stage))
+        if (!registry_usable(b, i) || !(w->stages & stage))
             continue;
         int l = load(w);
         if (l >= (int)w->capacity)
@@ -219,12 +280,9 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.slot = j->slot;
     m.tokenize.text = (tp_str){j->prompt_text, j->prompt_len};
     m.tokenize.add_bos = true;
-    if (broker_send_worker(b, wi, &m)) {
-        /* gone or hopelessly behind (as for a STEP): drop it, so the
-         * prompt is not offered to it again on every tick */
-        registry_lose(b, wi, "TOKENIZE could not be sent");
-        return;
-    }
+    m.tokenize.parse_special = j->parse_special;
+    if (broker_send_worker(b, wi, &m))
+        return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;
     b->workers[wi].tok_inflight++;
 }
@@ -262,7 +320,7 @@ static void on_tokenized(broker *b, int wi, const tp_msg *m)
     j->state = J_ADMIT;
 }
 
-/* ---- admission --------------------------------------------------------------- */
+/* ---- admission and recovery --------------------------------------------------- */
 
 static int pick_forward(broker *b)
 {
@@ -270,7 +328,7 @@ static int pick_forward(broker *b)
     for (int i = 0; i < B_MAX_WORKERS; i++) {
         const bworker *w = &b->workers[i];
         int cap = (int)w->capacity < b->cfg->max_num_seqs ? (int)w->capacity : b->cfg->max_num_seqs;
-        if (!w->live || !(w->stages & TP_STAGE_FORWARD) || w->n_fwd >= cap)
+        if (!registry_usable(b, i) || !(w->stages & TP_STAGE_FORWARD) || w->n_fwd >= cap)
             continue;
         if (best < 0 || w->n_fwd < best_load) {
             best = i;
@@ -280,8 +338,55 @@ static int pick_forward(broker *b)
     return best;
 }
 
-static void send_sample_open(broker *b, bjob *j)
+static int pick_stop(broker *b)
 {
+    return pick_worker(b, TP_STAGE_STOP, load_stp);
+}
+
+/* The sampler of a job on forward worker f: f itself when it samples in
+ * process, else the least loaded sample worker. */
+static int pick_sample(broker *b, int f)
+{
+    return (b->workers[f].stages & TP_STAGE_SAMPLE) ? f : pick_worker(b, TP_STAGE_SAMPLE, load_smp);
+}
+
+static const char *const stage_word[TP_SI_COUNT] = {"tokenize", "forward", "sample", "stop"};
+
+static void log_recovery(broker *b, const bjob *j, int si, int wi, uint32_t replayed)
+{
+    if (j->lost_ms || j->state == J_CLOSING)
+        broker_log(b, "job %s: %s continues on worker %s after a lost worker (%u tokens replayed, %lld ms after the loss)",
+                   j->id, stage_word[si], b->workers[wi].instance, replayed,
+                   (long long)(j->lost_ms ? tp_now_ms() - j->lost_ms : 0));
+}
+
+/* SEQ_OPEN at f; the whole sequence (prompt + candidates) is prefilled
+ * again there in chunks, next to the running jobs. */
+static void attach_forward(broker *b, bjob *j, int f)
+{
+    bool again = j->n_cand > 0 || j->lost_ms;
+    j->fwd = f;
+    b->workers[f].n_fwd++;
+    j->n_fed = 0;
+    if (j->phase == P_FORWARD)
+        j->phase = P_READY;
+    j->open_task[0] = send_slot_cmd(b, f, TP_CMD_SEQ_OPEN, j->slot);
+    if (again) {
+        b->stats.recovered[TP_SI_FORWARD]++;
+        log_recovery(b, j, TP_SI_FORWARD, f, j->n_prompt + j->n_cand);
+    }
+}
+
+/* SAMPLE_OPEN at s. replay: the candidates so far, which the sampler
+ * accepts (penalty window, random stream position) before its next draw. */
+static void attach_sample(broker *b, bjob *j, int s)
+{
+    uint32_t n_replay = j->n_cand;
+    if (n_replay && j->cands[n_replay - 1] < 0)
+        n_replay--;   /* a failed draw: its verdict ends the job */
+    bool again = n_replay > 0 || j->lost_ms;
+    j->smp = s;
+    b->workers[s].n_smp++;
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_SAMPLE_OPEN);
     m.task = task_id(b);
@@ -294,17 +399,43 @@ static void send_sample_open(broker *b, bjob *j)
     size_t nb = 0;
     for (size_t i = 0; i < j->params.n_stop_token_ids && nb < TP_PROTO_MAX_STOP_IDS; i++)
         ban[nb++] = j->params.stop_token_ids[i];
-    if (!j->params.ignore_eos && b->workers[j->fwd].eos >= 0)
-        ban[nb++] = b->workers[j->fwd].eos;
+    if (!j->params.ignore_eos && b->workers[s].eos >= 0)
+        ban[nb++] = b->workers[s].eos;
     m.sample_open.ban_ids = ban;
     m.sample_open.n_ban_ids = nb;
     m.sample_open.context = (tp_raw){j->prompt, j->n_prompt};
+    m.sample_open.replay = (tp_raw){j->cands, n_replay};
     j->open_task[1] = m.task;
-    broker_send_worker(b, j->smp, &m);
+    broker_send_worker(b, s, &m);
+    j->acc_for_sampler = -1;
+    if (j->phase == P_SAMPLE) {
+        /* its logits were at the lost sampler: compute the last position again */
+        uint32_t total = j->n_prompt + j->n_cand;
+        if (j->n_fed > total - 1)
+            j->n_fed = total - 1;
+        j->phase = P_READY;
+    }
+    if (again) {
+        b->stats.recovered[TP_SI_SAMPLE]++;
+        log_recovery(b, j, TP_SI_SAMPLE, s, n_replay);
+    }
 }
 
-static void send_stop_open(broker *b, bjob *j)
+/* STOP_OPEN at t, replaying the tokens subscribers were sent, so events
+ * go on at the first seq the broker has not forwarded; the candidates
+ * after them are checked again (STOP_STEP), and a closing job is closed
+ * again. A job that reached max_tokens with its last TOKEN forwarded but
+ * not its FINISH has that candidate checked again: the TOKEN repeated is
+ * dropped by seq (jobs_event_wanted), the FINISH goes out. */
+static void attach_stop(broker *b, bjob *j, int t)
 {
+    uint32_t k = j->n_tok_ids < j->n_cand ? j->n_tok_ids : j->n_cand;
+    uint32_t next_seq = (uint32_t)(j->last_seq + 1);
+    if (k > 0 && k >= (uint32_t)j->params.max_tokens && next_seq > 0) {
+        k--;
+        next_seq--;
+    }
+    bool again = j->n_cand > 0 || j->lost_ms || j->state == J_CLOSING;
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_STOP_OPEN);
     m.task = task_id(b);
@@ -314,11 +445,53 @@ static void send_stop_open(broker *b, bjob *j)
     o->params = j->params;
     o->prompt_tokens = j->n_prompt;
     o->prev_token = j->prompt[j->n_prompt - 1];
-    o->next_seq = (uint32_t)(j->last_seq + 1);
+    o->next_seq = next_seq;
     o->t_submit_us = j->t_submit_wall;
     o->t_start_us = j->t_start_wall;
+    o->replay = (tp_raw){j->cands, k};
     j->open_task[2] = m.task;
-    broker_send_worker(b, j->stp, &m);
+    broker_send_worker(b, t, &m);
+    /* the verdicts after the replayed tokens come again */
+    j->n_verd = k;
+    if (j->n_out > k)
+        j->n_out = k;
+    while (j->n_out < k)
+        jobs_append_out(j, j->cands[j->n_out]);
+    if (j->n_cand > k) {
+        tp_msg st;
+        tp_msg_init(&st, TP_FAM_WRK, TP_CMD_STOP_STEP);
+        st.task = task_id(b);
+        st.stop_step.step = ++b->next_step;
+        st.stop_step.n = j->n_cand - k;
+        uint32_t *slots = malloc((j->n_cand - k) * sizeof *slots);
+        if (slots) {
+            for (uint32_t i = 0; i < j->n_cand - k; i++)
+                slots[i] = j->slot;
+            st.stop_step.slots = (tp_raw){slots, j->n_cand - k};
+            st.stop_step.candidates = (tp_raw){j->cands + k, j->n_cand - k};
+            broker_send_worker(b, t, &st);
+            free(slots);
+        }
+    }
+    if (j->state == J_CLOSING) {
+        j->close_stp = t;
+        j->closing_since = tp_now_ms();
+        j->lost_ms = 0;
+        tp_msg c;
+        tp_msg_init(&c, TP_FAM_WRK, TP_CMD_STOP_CLOSE);
+        c.task = task_id(b);
+        c.stop_close.slot = j->slot;
+        c.stop_close.finish = j->close_finish;
+        c.stop_close.job_error = tp_str_of(j->close_error);
+        broker_send_worker(b, t, &c);
+    } else {
+        j->stp = t;
+        b->workers[t].n_stp++;
+    }
+    if (again) {
+        b->stats.recovered[TP_SI_STOP]++;
+        log_recovery(b, j, TP_SI_STOP, t, k);
+    }
 }
 
 /* Pin j to a forward, sample and stop worker; false if one is missing. */
@@ -327,8 +500,8 @@ static bool admit(broker *b, bjob *j)
     int f = pick_forward(b);
     if (f < 0)
         return false;
-    int s = (b->workers[f].stages & TP_STAGE_SAMPLE) ? f : pick_worker(b, TP_STAGE_SAMPLE, load_smp);
-    int t = pick_worker(b, TP_STAGE_STOP, load_stp);
+    int s = pick_sample(b, f);
+    int t = pick_stop(b);
     if (s < 0 || t < 0)
         return false;
     const bworker *fw = &b->workers[f];
@@ -346,20 +519,74 @@ static bool admit(broker *b, bjob *j)
         j->params.max_tokens = room;
     if (j->params.min_tokens > j->params.max_tokens)
         j->params.min_tokens = j->params.max_tokens;
-    j->fwd = f;
-    j->smp = s;
-    j->stp = t;
-    b->workers[f].n_fwd++;
-    b->workers[s].n_smp++;
-    b->workers[t].n_stp++;
+    /* a sampler rebuilt after a loss must draw what the lost one would
+     * have: the job's random stream needs a seed that outlives the worker */
+    if (!(j->params.set & TP_P_SEED)) {
+        j->params.seed = tp_random_u64();
+        j->params.set |= TP_P_SEED;
+    }
     j->state = J_RUNNING;
     j->phase = P_READY;
-    j->n_fed = 0;
     j->t_start_wall = tp_wall_us();
-    j->open_task[0] = send_slot_cmd(b, f, TP_CMD_SEQ_OPEN, j->slot);
-    send_sample_open(b, j);
-    send_stop_open(b, j);
+    attach_forward(b, j, f);
+    attach_sample(b, j, s);
+    attach_stop(b, j, t);
     return true;
+}
+
+/* Jobs that lost a worker get another one of that stage as soon as one has
+ * room; past recovery.deadline_ms without one, the job ends in `error`
+ * naming the stage (the only way a lost worker ends a job). */
+void sched_recover(broker *b, int64_t now)
+{
+    int64_t deadline = b->cfg->recovery_deadline_ms;
+    for (uint32_t i = 0; i < b->jobs_cap; i++) {
+        bjob *j = &b->jobs[i];
+        if (j->state == J_RUNNING && (j->fwd < 0 || j->smp < 0 || j->stp < 0)) {
+            if (j->fwd < 0) {
+                int f = pick_forward(b);
+                if (f >= 0) {
+                    attach_forward(b, j, f);
+                    if ((b->workers[f].stages & TP_STAGE_SAMPLE) && j->smp != f && j->smp >= 0) {
+                        /* a fused worker samples its own rows: the sampler moves too */
+                        send_slot_cmd(b, j->smp, TP_CMD_SAMPLE_CLOSE, j->slot);
+                        b->workers[j->smp].n_smp--;
+                        j->smp = -1;
+                    }
+                }
+            }
+            if (j->fwd >= 0 && j->smp < 0) {
+                int s = pick_sample(b, j->fwd);
+                if (s >= 0)
+                    attach_sample(b, j, s);
+            }
+            if (j->stp < 0) {
+                int t = pick_stop(b);
+                if (t >= 0)
+                    attach_stop(b, j, t);
+            }
+            if (j->fwd >= 0 && j->smp >= 0 && j->stp >= 0) {
+                j->lost_ms = 0;
+            } else if (now - j->lost_ms > deadline) {
+                char why[160];
+                snprintf(why, sizeof why, "recovery: no %s worker within %lld ms", j->fwd < 0 ? "forward" : j->smp < 0 ? "sample" : "stop",
+                         (long long)deadline);
+                broker_log(b, "job %s: %s", j->id, why);
+                release_job(b, j, TP_REASON_ERROR, why);
+            }
+        } else if (j->state == J_CLOSING && !j->result_ready && j->close_stp < 0 && j->lost_ms) {
+            int t = pick_stop(b);
+            if (t >= 0) {
+                attach_stop(b, j, t);
+            } else if (now - j->lost_ms > deadline) {
+                char why[160];
+                snprintf(why, sizeof why, "recovery: no stop worker within %lld ms", (long long)deadline);
+                broker_log(b, "job %s: %s", j->id, why);
+                int reason = j->close_finish == TP_REASON_CANCELLED ? TP_REASON_CANCELLED : TP_REASON_ERROR;
+                broker_publish_finish(b, j, reason, reason == TP_REASON_ERROR ? why : NULL);
+            }
+        }
+    }
 }
 
 void sched_start_job(broker *b, bjob *j)
@@ -407,7 +634,7 @@ static uint32_t step_size(broker *b, int wi)
         const bjob *j = &b->jobs[i];
         if (j->state != J_RUNNING || j->fwd != wi)
             continue;
-        ready += j->phase == P_READY && !j->cancel;
+        ready += j->phase == P_READY && !j->cancel && j->smp >= 0;
         coming += j->phase == P_SAMPLE || j->phase == P_STOP;
         computing += j->phase == P_FORWARD;
     }
@@ -424,25 +651,31 @@ static uint32_t step_size(broker *b, int wi)
     return w->steps_inflight == 0 && coming == 0 ? ready : 0;
 }
 
+/* Tokens of j still to feed: its sequence is prompt + candidates, the
+ * last candidate being the next decode input. More than one = a prefill
+ * (the prompt, or the whole sequence again on a new forward worker). */
+static uint32_t feed_left(const bjob *j)
+{
+    return j->n_prompt + j->n_cand - j->n_fed;
+}
+
 /* Add j to the step being built; returns the tokens it takes. */
 static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint32_t budget, int chunk)
 {
-    uint32_t nt;
+    uint32_t left = feed_left(j);
+    uint32_t nt = left < (uint32_t)chunk ? left : (uint32_t)chunk;
+    if (nt > budget)
+        nt = budget;
+    if (nt < 1)
+        nt = 1;
     c->slots[n] = j->slot;
     c->pos[n] = j->n_fed;
     c->acc[n] = j->acc_for_sampler;
-    if (j->n_fed < j->n_prompt) {
-        uint32_t left = j->n_prompt - j->n_fed;
-        nt = left < (uint32_t)chunk ? left : (uint32_t)chunk;
-        if (nt > budget)
-            nt = budget;
-        memcpy(c->tokens + n_tokens, j->prompt + j->n_fed, nt * sizeof(int32_t));
-        c->flags[n] = nt == left ? TP_ITEM_OUTPUT : 0;
-    } else {
-        nt = 1;
-        c->tokens[n_tokens] = j->pending;
-        c->flags[n] = TP_ITEM_OUTPUT;
+    for (uint32_t k = 0; k < nt; k++) {
+        uint32_t p = j->n_fed + k;
+        c->tokens[n_tokens + k] = p < j->n_prompt ? j->prompt[p] : j->cands[p - j->n_prompt];
     }
+    c->flags[n] = nt == left ? TP_ITEM_OUTPUT : 0;
     c->ntok[n] = nt;
     return nt;
 }
@@ -466,9 +699,9 @@ static bool build_step(broker *b, int wi)
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t i = 0; i < b->jobs_cap && n < max_items && n_tokens < budget; i++) {
             bjob *j = &b->jobs[i];
-            if (j->state != J_RUNNING || j->fwd != wi || j->phase != P_READY || j->cancel)
+            if (j->state != J_RUNNING || j->fwd != wi || j->phase != P_READY || j->cancel || j->smp < 0)
                 continue;
-            bool prefill = j->n_fed < j->n_prompt;
+            bool prefill = feed_left(j) > 1;
             if (prefill != (pass == 1))
                 continue;
             uint32_t nt = add_item(c, n, n_tokens, j, budget - n_tokens, b->cfg->prefill_chunk);
@@ -497,10 +730,8 @@ static bool build_step(broker *b, int wi)
     s->flags = (tp_raw){c->flags, n};
     s->tokens = (tp_raw){c->tokens, n_tokens};
     s->accepted = (tp_raw){c->acc, n};
-    if (broker_send_worker(b, wi, &m)) {
-        registry_lose(b, wi, "STEP could not be sent");
-        return false;
-    }
+    if (broker_send_worker(b, wi, &m))
+        return false;   /* marked gone: when it is lost its jobs are fed again elsewhere */
     w->steps_inflight++;
     b->stats.forward_steps++;
     b->stats.forward_rows += n;
@@ -512,7 +743,7 @@ static void run_steps(broker *b)
 {
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         bworker *w = &b->workers[wi];
-        while (w->live && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
+        while (registry_usable(b, wi) && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
                build_step(b, wi))
             ;
     }
@@ -520,6 +751,7 @@ static void run_steps(broker *b)
 
 void sched_run(broker *b)
 {
+    sched_recover(b, tp_now_ms());   /* jobs that lost a worker before new ones */
     admit_waiting(b);
     run_steps(b);
 }
@@ -531,7 +763,7 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
 {
     bcols *c = &b->cols;
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
-        if (!b->workers[wi].live || !(b->workers[wi].stages & TP_STAGE_STOP))
+        if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
             continue;
         if (cols_reserve(c, n, 0, 0))
             return;
@@ -560,17 +792,18 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
 
 static bool can_decode_ahead(const broker *b, const bjob *j)
 {
-    return b->cfg->decode_ahead && j->ring_n < B_RING - 1 && j->n_cand < (uint32_t)j->params.max_tokens && j->pending >= 0;
+    return b->cfg->decode_ahead && j->n_cand - j->n_verd < B_RING - 1 && j->n_cand < (uint32_t)j->params.max_tokens && j->pending >= 0;
 }
 
 /* A new candidate c of job j: queue it for its verdict and make it the
  * job's next input. An invalid candidate (-1: the sampler failed) is never
  * fed; its verdict finishes the job with an error. */
-static void on_candidate(const broker *b, bjob *j, int32_t c)
+static void on_candidate(broker *b, bjob *j, int32_t c)
 {
-    j->ring[(j->ring_head + j->ring_n) % B_RING] = c;
-    j->ring_n++;
-    j->n_cand++;
+    if (jobs_append_cand(j, c)) {
+        release_job(b, j, TP_REASON_ERROR, "broker out of memory");
+        return;
+    }
     j->pending = c;
     j->acc_for_sampler = c;
     j->phase = can_decode_ahead(b, j) ? P_READY : P_STOP;
@@ -605,7 +838,7 @@ static void fail_step(broker *b, int wi, uint64_t step, int phase, const tp_msg 
     broker_log(b, "%s", why);
     for (uint32_t i = 0; i < b->jobs_cap; i++) {
         bjob *j = &b->jobs[i];
-        bool hit = phase == P_STOP ? j->state == J_RUNNING && j->stp == wi && j->ring_n > 0
+        bool hit = phase == P_STOP ? j->state == J_RUNNING && j->stp == wi && j->n_cand > j->n_verd
                                    : j->state == J_RUNNING && j->step == step && j->phase == phase;
         if (hit)
             release_job(b, j, TP_REASON_ERROR, why);
@@ -631,7 +864,7 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
     bcols *c = &b->cols;
     size_t v = r->vocab;
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
-        if (!b->workers[wi].live || !(b->workers[wi].stages & TP_STAGE_SAMPLE))
+        if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_SAMPLE))
             continue;
         if (cols_reserve(c, r->n, 0, (size_t)r->n * v))
             return;
@@ -744,11 +977,10 @@ static void on_verdicts(broker *b, int wi, const tp_msg *m)
     /* a stop worker answers a job's candidates in the order it got them */
     for (uint32_t i = 0; i < r->n; i++) {
         bjob *j = jobs_by_slot(b, tp_raw_u32(r->slots, i));
-        if (!j || j->ring_n == 0 || (j->state == J_RUNNING && j->stp != wi))
-            continue;   /* a verdict on a candidate decoded after the job ended */
-        int32_t c = j->ring[j->ring_head];
-        j->ring_head = (uint8_t)((j->ring_head + 1) % B_RING);
-        j->ring_n--;
+        if (!j || j->n_verd >= j->n_cand || j->state == J_FINISHED || (j->state == J_RUNNING && j->stp != wi) ||
+            (j->state == J_CLOSING && j->close_stp != wi))
+            continue;   /* a verdict on a candidate decoded after the job ended, or of a replaced worker */
+        int32_t c = j->cands[j->n_verd++];
         uint8_t fin = tp_raw_u8(r->finish, i);
         if (tp_raw_u8(r->accepted, i))
             jobs_append_out(j, c);
@@ -759,7 +991,7 @@ static void on_verdicts(broker *b, int wi, const tp_msg *m)
             release_job(b, j, TP_REASON_NONE, NULL);
             continue;
         }
-        if (j->phase == P_STOP && (can_decode_ahead(b, j) || j->ring_n == 0))
+        if (j->phase == P_STOP && (can_decode_ahead(b, j) || j->n_verd == j->n_cand))
             j->phase = P_READY;
         if (j->cancel && j->phase == P_READY)
             release_job(b, j, TP_REASON_CANCELLED, NULL);

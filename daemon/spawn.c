@@ -31,23 +31,25 @@ static void stage_list(unsigned stages, char *buf, size_t cap)
         }
 }
 
-static void worker_binary(const broker *b, char *buf, size_t cap)
+/* tokpipe-worker (or workers.binary), or for the gateway tokpipe-http,
+ * next to the running program. */
+static void worker_binary(const broker *b, const char *name, char *buf, size_t cap)
 {
-    if (b->cfg->worker_binary[0]) {
+    if (!strcmp(name, "tokpipe-worker") && b->cfg->worker_binary[0]) {
         snprintf(buf, cap, "%s", b->cfg->worker_binary);
         return;
     }
     char self[PATH_MAX - 32];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
-        snprintf(buf, cap, "tokpipe-worker");
+        snprintf(buf, cap, "%s", name);
         return;
     }
     self[n] = '\0';
     char *slash = strrchr(self, '/');
     if (slash)
         *slash = '\0';
-    snprintf(buf, cap, "%s/tokpipe-worker", self);
+    snprintf(buf, cap, "%s/%s", self, name);
 }
 
 int spawn_init(broker *b, tp_err *err)
@@ -57,13 +59,15 @@ int spawn_init(broker *b, tp_err *err)
     int total = 0;
     for (int i = 0; i < ng; i++)
         total += g[i].count;
-    b->children = calloc((size_t)(total ? total : 1), sizeof *b->children);
+    b->children = calloc((size_t)total + 1, sizeof *b->children);   /* + the gateway */
     if (!b->children)
         return tp_err_set(err, TP_ENOMEM, "spawner: out of memory");
     for (int i = 0; i < ng; i++)
         for (int k = 0; k < g[i].count; k++)
             b->children[b->n_children++] = (bchild){.stages = g[i].stages, .index = k,
                                                      .backoff_ms = b->cfg->respawn_init_ms};
+    if (b->cfg->http_enabled)
+        b->children[b->n_children++] = (bchild){.stages = 0, .backoff_ms = b->cfg->respawn_init_ms};
     b->spawn = true;
     return 0;
 }
@@ -71,16 +75,18 @@ int spawn_init(broker *b, tp_err *err)
 static pid_t start_child(broker *b, bchild *c)
 {
     char bin[PATH_MAX], stages[64], instance[96];
-    worker_binary(b, bin, sizeof bin);
+    worker_binary(b, c->stages ? "tokpipe-worker" : "tokpipe-http", bin, sizeof bin);
     stage_list(c->stages, stages, sizeof stages);
-    snprintf(instance, sizeof instance, "%s.%d", stages, c->index);
+    snprintf(instance, sizeof instance, "%s.%d", c->stages ? stages : "http", c->index);
     char *argv[9];
     int a = 0;
     argv[a++] = bin;
-    argv[a++] = "--stage";
-    argv[a++] = stages;
-    argv[a++] = "--instance";
-    argv[a++] = instance;
+    if (c->stages) {
+        argv[a++] = "--stage";
+        argv[a++] = stages;
+        argv[a++] = "--instance";
+        argv[a++] = instance;
+    }
     if (b->config_path) {
         argv[a++] = "--config";
         argv[a++] = (char *)b->config_path;

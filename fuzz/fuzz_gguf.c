@@ -1,11 +1,12 @@
 /* libFuzzer target: the GGUF parser and the GGUF model loader on arbitrary
- * bytes. Every lookup result is read through so ASan sees any bad extent. */
+ * bytes, including typed (F16 ... Q6_K) matrices read in place. Every lookup result is read through so ASan sees any bad extent. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tokpipe/gguf.h"
 #include "tokpipe/model.h"
+#include "../workers/forward/quant.h"
 
 static void walk(const tp_gguf *g)
 {
@@ -32,6 +33,35 @@ static void walk(const tp_gguf *g)
     (void)sink;
 }
 
+/* Read the last row of a typed matrix the way the forward pass does
+ * (dequantization for the embedding, the scalar kernel for a matmul). */
+static void read_last_row(const tp_wmat *w)
+{
+    if (w->type == TP_GGML_F32 || w->rows < 1)
+        return;
+    float *row = malloc((size_t)w->cols * sizeof(float)), *y = calloc((size_t)w->rows, sizeof(float));
+    tp_qact a;
+    if (row && y && tp_qact_init(&a, 1, w->cols) == 0) {
+        tp_wmat_dequant_row(w, w->rows - 1, row);
+        tp_qact_prepare(&a, w->type, row, w->cols, 1, w->cols);
+        tp_qmatmul_rows(w, &a, y, w->rows, w->rows - 1, w->rows, false);
+        tp_qact_free(&a);
+    }
+    free(row);
+    free(y);
+}
+
+static void read_typed(const tp_model *m)
+{
+    const tp_model_weights *w = tp_model_get_weights(m);
+    read_last_row(&w->m.token_embedding);
+    read_last_row(&w->m.wcls);
+    const tp_layer_weights *l = &w->layers[tp_model_get_config(m)->n_layers - 1];
+    const tp_wmat *v[] = {&l->m.wq, &l->m.wk, &l->m.wv, &l->m.wo, &l->m.w1, &l->m.w2, &l->m.w3};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        read_last_row(v[i]);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     tp_gguf *g;
@@ -43,6 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tp_err e;
     tp_tokenizer *t;
     if (tp_model_from_memory(data, size, &m, &e) == 0) {
+        read_typed(m);
         tp_model_vocab v;
         if (tp_model_vocab_get(m, &v, NULL) == 0 && v.n > 0)
             (void)*(volatile const char *)(v.piece_lens[v.n - 1] ? v.pieces[v.n - 1] : "");

@@ -265,6 +265,25 @@ static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object 
     return 0;
 }
 
+static int decode_u64s(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
+{
+    int rc = want_array(c, path, o, f->max);
+    if (rc)
+        return rc;
+    size_t n = o->via.array.size;
+    uint64_t *v = msg_alloc(c->m, n * sizeof *v);
+    if (!v)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        pathref p = {path, NULL, 0, i};
+        if ((rc = get_int(c, &p, &o->via.array.ptr[i], 0, 0, true, &v[i], NULL)))
+            return rc;
+    }
+    *(uint64_t **)dst = v;
+    *(size_t *)(dst + sizeof(uint64_t *)) = n;
+    return 0;
+}
+
 static int decode_stages(dctx *c, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, 4);
@@ -339,9 +358,9 @@ static int decode_f64(dctx *c, const field *f, char *dst, const msgpack_object *
         v = (double)o->via.i64;
     else
         return ferr(c, path, TP_EFORMAT, "expected a number, got %s", type_name(o->type));
-    bool open = f->flags & FF_LO_OPEN;
-    if (!(open ? v > f->flo : v >= f->flo) || !(v <= f->fhi))  /* written so NaN fails */
-        return ferr(c, path, TP_EINVAL, "%g is outside %c%g, %g]", v, open ? '(' : '[', f->flo, f->fhi);
+    char msg[TP_ERR_MSG_MAX];
+    if (schema_float_check(f, v, msg, sizeof msg))
+        return ferr(c, path, TP_EINVAL, "%s", msg);
     *(double *)dst = v;
     return 0;
 }
@@ -385,6 +404,7 @@ static int decode_value(dctx *c, const field *f, char *base, const msgpack_objec
     case FT_STAGES: return decode_stages(c, dst, o, path);
     case FT_MAP: return decode_map(c, f->sub, dst, o, path);
     case FT_TRIGGERS: return decode_triggers(c, f, dst, o, path);
+    case FT_U64S: return decode_u64s(c, f, dst, o, path);
     }
     return ferr(c, path, TP_EINVAL, "internal: unknown field type");
 }
@@ -500,7 +520,8 @@ static void fill_empty_arrays(const table *t, char *base)
 {
     for (const field *f = t->fields; f->key; f++) {
         void **arr = (void **)(base + f->off);
-        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS) && !*arr)
+        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS || f->type == FT_U64S) &&
+            !*arr)
             *arr = (void *)(uintptr_t)empty_array;
         else if (f->type == FT_MAP)
             fill_empty_arrays(f->sub, base + f->off);

@@ -25,7 +25,8 @@ static bool present(const table *t, const field *f, const char *base)
     case FT_STR: return ((const tp_str *)p)->ptr != NULL;
     case FT_STRS:
     case FT_I32S:
-    case FT_TRIGGERS: return *(const size_t *)(p + sizeof(void *)) != 0;
+    case FT_TRIGGERS:
+    case FT_U64S: return *(const size_t *)(p + sizeof(void *)) != 0;
     case FT_MATCHED: return ((const tp_matched *)p)->kind != TP_MATCHED_NONE;
     case FT_REASON:
     case FT_STATE: return *(const int *)p != 0;
@@ -61,6 +62,8 @@ static int pack_array_field(msgpack_packer *pk, const field *f, const char *p)
             rc = pack_str(pk, s[i].ptr, s[i].len);
         } else if (f->type == FT_I32S) {
             rc = msgpack_pack_int32(pk, (*(int32_t *const *)p)[i]);
+        } else if (f->type == FT_U64S) {
+            rc = msgpack_pack_uint64(pk, (*(uint64_t *const *)p)[i]);
         } else {
             const tp_trigger *tr = &(*(tp_trigger *const *)p)[i];
             rc = msgpack_pack_array(pk, 3) || pack_matched(pk, &tr->key) || msgpack_pack_uint64(pk, tr->count) ||
@@ -95,7 +98,8 @@ static int pack_value(msgpack_packer *pk, const field *f, const char *base)
     case FT_STR: return pack_str(pk, ((const tp_str *)p)->ptr, ((const tp_str *)p)->len);
     case FT_STRS:
     case FT_I32S:
-    case FT_TRIGGERS: return pack_array_field(pk, f, p);
+    case FT_TRIGGERS:
+    case FT_U64S: return pack_array_field(pk, f, p);
     case FT_MATCHED: return pack_matched(pk, (const tp_matched *)p);
     case FT_REASON: {
         const char *s = tp_reason_name(*(const int *)p);

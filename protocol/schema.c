@@ -3,6 +3,9 @@
 #include "schema.h"
 
 #include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
 #include <stdio.h>
 
 #define M(member) offsetof(tp_msg, member)
@@ -30,12 +33,12 @@
 static const field params_fields[] = {
     {.key = "max_tokens", .type = FT_I32, .off = P(max_tokens), .ilo = 1, .ihi = INT32_MAX, .setbit = TP_P_MAX_TOKENS},
     {.key = "min_tokens", .type = FT_I32, .off = P(min_tokens), .ilo = 0, .ihi = INT32_MAX, .setbit = TP_P_MIN_TOKENS},
-    {.key = "temperature", .type = FT_F64, .off = P(temperature), .flo = 0, .fhi = DBL_MAX, .setbit = TP_P_TEMPERATURE},
+    {.key = "temperature", .type = FT_F64, .off = P(temperature), .flo = 0, .fhi = FLT_MAX, .setbit = TP_P_TEMPERATURE},
     {.key = "top_p", .type = FT_F64, .off = P(top_p), .flags = FF_LO_OPEN, .flo = 0, .fhi = 1, .setbit = TP_P_TOP_P},
     {.key = "top_k", .type = FT_I32, .off = P(top_k), .ilo = 0, .ihi = INT32_MAX, .setbit = TP_P_TOP_K},
     {.key = "min_p", .type = FT_F64, .off = P(min_p), .flo = 0, .fhi = 1, .setbit = TP_P_MIN_P},
     {.key = "repetition_penalty", .type = FT_F64, .off = P(repetition_penalty), .flags = FF_LO_OPEN,
-     .flo = 0, .fhi = DBL_MAX, .setbit = TP_P_REPETITION_PENALTY},
+     .flo = 0, .fhi = FLT_MAX, .setbit = TP_P_REPETITION_PENALTY},
     {.key = "presence_penalty", .type = FT_F64, .off = P(presence_penalty), .flo = -2, .fhi = 2,
      .setbit = TP_P_PRESENCE_PENALTY},
     {.key = "frequency_penalty", .type = FT_F64, .off = P(frequency_penalty), .flo = -2, .fhi = 2,
@@ -54,6 +57,33 @@ static const field params_fields[] = {
 };
 static const table params_table = {params_fields, (long)P(set)};
 
+int schema_float_check(const field *f, double v, char *msg, size_t cap)
+{
+    bool open = f->flags & FF_LO_OPEN;
+    char lo = open ? '(' : '[';
+    /* written so NaN fails */
+    if (!(open ? v > f->flo : v >= f->flo) || !(v <= f->fhi))
+        return snprintf(msg, cap, "%g is outside %c%g, %g]", v, lo, f->flo, f->fhi), -1;
+    float fv = (float)v;
+    if (!(open ? fv > f->flo : fv >= f->flo) || !(fv <= f->fhi) || isinf(fv))
+        return snprintf(msg, cap, "%g is outside %c%g, %g] as a 32-bit float (it becomes %g)", v, lo, f->flo,
+                        f->fhi, (double)fv), -1;
+    return 0;
+}
+
+int tp_proto_param_float(const char *key, double v, float *out, tp_err *err)
+{
+    for (const field *f = params_fields; f->key; f++)
+        if (f->type == FT_F64 && !strcmp(f->key, key)) {
+            char msg[TP_ERR_MSG_MAX];
+            if (schema_float_check(f, v, msg, sizeof msg))
+                return tp_err_set(err, TP_EINVAL, "%s: %s", key, msg);
+            *out = (float)v;
+            return 0;
+        }
+    return tp_err_set(err, TP_EINVAL, "%s: not a float parameter", key);
+}
+
 #define PARAMS(o) {.key = "params", .type = FT_MAP, .off = o, .sub = &params_table}
 
 /* ---- JOB1 ---- */
@@ -61,7 +91,7 @@ static const table params_table = {params_fields, (long)P(set)};
 static const field submit_f[] = {
     REQ, F_JOBID("job_id", M(submit.job_id), 0),
     F_STR("prompt", M(submit.prompt), 0, TP_PROTO_MAX_PROMPT),
-    PARAMS(M(submit.params)), END,
+    PARAMS(M(submit.params)), F_BOOL("parse_special", M(submit.parse_special), 0), END,
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
 
@@ -104,6 +134,20 @@ static const field finish_fields[] = {
 };
 static const table finish_table = {finish_fields, -1};
 
+#define H(m) offsetof(tp_hist, m)
+static const field hist_fields[] = {
+    F_U64("count", H(count), 0), F_U64("sum_us", H(sum_us), 0),
+    {.key = "bounds_us", .type = FT_U64S, .off = H(bounds_us), .max = TP_PROTO_MAX_BUCKETS},
+    {.key = "buckets", .type = FT_U64S, .off = H(buckets), .max = TP_PROTO_MAX_BUCKETS + 1}, END,
+};
+static const table hist_table = {hist_fields, -1};
+#define HIST(k, i) {.key = k, .type = FT_MAP, .off = (i) * sizeof(tp_hist), .sub = &hist_table}
+static const field hists_fields[] = {
+    HIST("queue_us", TP_HIST_QUEUE), HIST("ttft_us", TP_HIST_TTFT), HIST("itl_us", TP_HIST_ITL),
+    HIST("e2e_us", TP_HIST_E2E), END,
+};
+static const table hists_table = {hists_fields, -1};
+
 #define ST(m) M(stats_reply.m)
 static const field stats_reply_f[] = {
     REQ, STATUS, ERROR,
@@ -118,7 +162,15 @@ static const field stats_reply_f[] = {
      .max = TP_PROTO_MAX_TRIGGERS},
     F_U64("triggers_other", ST(triggers_other), 0), F_U64("forward_steps", ST(forward_steps), 0),
     F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0),
-    F_U64("zap_refused", ST(zap_refused), 0), END,
+    F_U64("zap_refused", ST(zap_refused), 0), F_U64("jobs_running", ST(jobs_running), 0),
+    F_U64("jobs_waiting", ST(jobs_waiting), 0), F_U64("kv_slots_used", ST(kv_slots_used), 0),
+    F_U64("kv_slots_total", ST(kv_slots_total), 0),
+    {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table},
+    F_U64("workers_lost", ST(workers_lost), 0),
+    F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
+    F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
+    F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0), END,
 };
 
 /* ---- EVT1 ---- */
@@ -185,7 +237,8 @@ static const field result_f[] = {TASK, STATUS, ERROR, END};
 
 static const field tokenize_f[] = {
     TASK, SLOT(M(tokenize.slot)), F_STR("text", M(tokenize.text), FF_REQUIRED, TP_PROTO_MAX_PROMPT),
-    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED), END,
+    F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED),
+    F_BOOL("parse_special", M(tokenize.parse_special), 0), END,
 };
 static const field tokenized_f[] = {TASK, STATUS, ERROR, SLOT(M(tokenized.slot)), END};
 static const pframe tokenized_p[] = {{"ids", M(tokenized.ids), 4, 1}, {NULL, 0, 0, 0}};
@@ -216,7 +269,9 @@ static const field sample_open_f[] = {
      .max = TP_PROTO_MAX_STOP_IDS + 16},
     END,
 };
-static const pframe sample_open_p[] = {{"context", M(sample_open.context), 4, 0}, {NULL, 0, 0, 0}};
+static const pframe sample_open_p[] = {
+    {"context", M(sample_open.context), 4, 0}, {"replay", M(sample_open.replay), 4, 1}, {NULL, 0, 0, 0},
+};
 
 static const field sample_f[] = {
     TASK, STEPNO(M(sample.step)), COUNT("n", M(sample.n), 1, TP_PROTO_MAX_ITEMS),
@@ -312,7 +367,25 @@ static int check_status_reply(tp_msg *m, tp_err *err)
 
 static int check_stats_reply(tp_msg *m, tp_err *err)
 {
-    (void)m, (void)err;
+    static const char *const names[TP_HIST_COUNT] = {"queue_us", "ttft_us", "itl_us", "e2e_us"};
+    for (int h = 0; h < TP_HIST_COUNT; h++) {
+        const tp_hist *x = &m->stats_reply.hist[h];
+        if (!x->n_bounds && !x->n_buckets)
+            continue;
+        if (x->n_buckets != x->n_bounds + 1)
+            return tp_err_set(err, TP_EINVAL, "histograms.%s.buckets: %zu buckets for %zu bounds (want bounds + 1)",
+                              names[h], x->n_buckets, x->n_bounds);
+        uint64_t total = 0;
+        for (size_t i = 0; i < x->n_buckets; i++) {
+            if (i && i < x->n_bounds && x->bounds_us[i] <= x->bounds_us[i - 1])
+                return tp_err_set(err, TP_EINVAL, "histograms.%s.bounds_us[%zu]: not above the previous bound",
+                                  names[h], i);
+            total += x->buckets[i];
+        }
+        if (total != x->count)
+            return tp_err_set(err, TP_EINVAL, "histograms.%s.count: %llu, but the buckets hold %llu", names[h],
+                              (unsigned long long)x->count, (unsigned long long)total);
+    }
     return 0;
 }
 
@@ -399,6 +472,8 @@ static int check_sample_open(tp_msg *m, tp_err *err)
 {
     if (m->sample_open.context.n > TP_PROTO_MAX_IDS)
         return tp_err_set(err, TP_ERANGE, "context: more than %u ids", TP_PROTO_MAX_IDS);
+    if (m->sample_open.replay.n > TP_PROTO_MAX_IDS)
+        return tp_err_set(err, TP_ERANGE, "replay: more than %u ids", TP_PROTO_MAX_IDS);
     return params_check(&m->sample_open.params, "params", err);
 }
 

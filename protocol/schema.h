@@ -24,6 +24,7 @@ typedef enum {
     FT_STAGES,   /* unsigned: array of stage names -> bits */
     FT_MAP,      /* nested map, sub-table, base = field address */
     FT_TRIGGERS, /* tp_trigger * + size_t n: array of [matched, count, truncated] */
+    FT_U64S,     /* uint64_t * + size_t n (owned array) */
 } field_type;
 
 enum {
@@ -69,6 +70,11 @@ typedef struct mdesc {
     unsigned lenient;       /* unknown keys are ignored (replies, events) */
     int (*check)(tp_msg *m, tp_err *err);  /* cross-field rules after decoding */
 } mdesc;
+
+/* The rule of an FT_F64 field, on the value the engine will use: v must be
+ * in range, and so must (float)v (the sampler works in float32, where
+ * 1e-300 is 0 and 1e300 is infinite). Nonzero with a message otherwise. */
+int schema_float_check(const field *f, double v, char *msg, size_t cap);
 
 /* The descriptor of (family, cmd), or NULL. */
 const mdesc *schema_find(tp_family family, uint8_t cmd);

@@ -6,9 +6,14 @@ set -euo pipefail
 PKGS=(
   build-essential pkg-config clang libclang-rt-14-dev
   libzmq3-dev libmsgpack-dev libopenblas-dev libyaml-dev libsystemd-dev
-  libcjson-dev libcmocka-dev
+  libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev
   python3 python3-zmq python3-msgpack python3-sentencepiece
+  systemd
+  libmicrohttpd-dev curl prometheus nodejs
 )
+# Debian's nodejs needs its npm package; NodeSource's nodejs ships npm itself
+# (and conflicts with Debian's npm)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -59,6 +59,18 @@ echo "== broker counters:"
 "$BIN/tokpipe" stats --config "$CFG"
 
 echo
+echo "== the same over HTTP: tokpipe-http, spawned by tokpiped (http: in the config), streams SSE"
+echo "   curl -N http://127.0.0.1:8080/v1/completions -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0, \"stream\": true}'"
+for _ in $(seq 1 50); do
+  curl -sf http://127.0.0.1:8080/health >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -sN --max-time 30 http://127.0.0.1:8080/v1/completions \
+  -d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": true}' ||
+  echo "(no gateway on 127.0.0.1:8080: is another program using the port? see $DIR/tokpiped.log)"
+echo
+
+echo
 echo "== shutting down (SIGTERM)"
 kill -TERM "$DPID"
 if wait "$DPID"; then

@@ -59,6 +59,7 @@ class FakeBroker(threading.Thread):
         self.last_beat = 0.0
         self.silent = False     # no heartbeats, no replies: a hung or dead broker
         self.restart_now = False
+        self.restarted = False  # after a restart "hold" jobs run too (a resubmitted job finishes)
 
     def beat(self):
         hdr = {"incarnation": self.incarnation, "uptime_ms": int((time.time() - self.t0) * 1000),
@@ -72,6 +73,7 @@ class FakeBroker(threading.Thread):
         self.pending.clear()
         self.incarnation = random.getrandbits(64)
         self.t0 = time.time()
+        self.restarted = True
         self.beat()
 
     def reply(self, ident, cmd, hdr, *payload):
@@ -102,7 +104,7 @@ class FakeBroker(threading.Thread):
             job = hdr["job_id"]
             self.jobs[job] = hdr
             self.reply(ident, 0x02, {"req": req, "status": 200, "job_id": job})
-            if hdr.get("prompt") != "hold":  # "hold": accepted, never generates
+            if hdr.get("prompt") != "hold" or self.restarted:  # "hold": accepted, never generates
                 self.pending.append(job)
         elif cmd == 0x04:  # STATUS
             job = hdr["job_id"]
@@ -342,19 +344,27 @@ class ClientCommands(unittest.TestCase):
         try:
             t0 = time.time()
             act()
-            _, err = g.communicate(timeout=10)
+            out, err = g.communicate(timeout=10)
+            self.last_out = out.decode()
             return g.returncode, err.decode(), time.time() - t0
         finally:
             if g.poll() is None:
                 g.kill()
 
-    def test_generate_says_a_restarted_broker_lost_its_job_and_exits_1(self):
+    def test_generate_submits_its_job_again_with_the_same_id_and_seed_to_a_restarted_broker(self):
         g = self.held_generate()
-        job = [h["job_id"] for c, h, _ in self.broker.requests if c == 0x01][0]
         rc, err, took = self.end_of(g, lambda: setattr(self.broker, "restart_now", True))
-        self.assertEqual(rc, 1, err)
+        self.assertEqual(rc, 0, err)
         self.assertIn("tokpiped restarted", err)
-        self.assertIn("job %s (prompt 1) was lost" % job, err)
+        submits = [h for c, h, _ in self.broker.requests if c == 0x01]
+        self.assertEqual(len(submits), 2, err)
+        self.assertEqual(submits[0]["job_id"], submits[1]["job_id"])
+        # no --seed given: generate picked one, and sends it again
+        self.assertIn("seed", submits[0]["params"])
+        self.assertEqual(submits[0]["params"], submits[1]["params"])
+        self.assertIn("job %s (prompt 1) is unknown to the restarted tokpiped: submitting it again" %
+                      submits[0]["job_id"], err)
+        self.assertEqual(self.last_out, FINAL_TEXT + "\n")
         self.assertLess(took, 2.0, "a restart must be noticed at its first heartbeat, not after a timeout")
 
     def test_generate_gives_up_on_a_silent_broker_after_liveness_and_timeout(self):

@@ -57,6 +57,7 @@ class CurveClient(unittest.TestCase):
             f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
                 json.dumps(os.path.join(MODELS, "stories260K.bin")), json.dumps(os.path.join(MODELS, "tok512.bin"))))
             f.write("endpoints:\n" + "".join("  %s: %s\n" % kv for kv in cls.ep.items()))
+            f.write("http:\n  enabled: false\n")
             f.write("security:\n  curve: true\n")
             for k, v in (("server_secret_key", "broker.key"), ("server_public_key", "broker.pub"),
                          ("authorized_keys", "authorized_keys"), ("client_secret_key", "worker.key")):

@@ -10,8 +10,8 @@ import tempfile
 import unittest
 
 BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
-UNITS = ["tokpiped.service", "tokpipe-worker@.service", "tokpipe.target"]
-PROGRAMS = ["tokpiped", "tokpipe-worker", "tokpipe"]
+UNITS = ["tokpiped.service", "tokpipe-worker@.service", "tokpipe.target", "tokpipe-http.service"]
+PROGRAMS = ["tokpiped", "tokpipe-worker", "tokpipe", "tokpipe-http"]
 
 
 def read(path):
@@ -20,10 +20,10 @@ def read(path):
 
 
 def verify_units(test, d):
-    """systemd-analyze verify the three units written in directory d."""
+    """systemd-analyze verify the units written in directory d."""
     shutil.copy(os.path.join(d, "tokpipe-worker@.service"), os.path.join(d, "tokpipe-worker@forward.0.service"))
     p = subprocess.run(["systemd-analyze", "verify", "tokpiped.service", "tokpipe.target",
-                        "tokpipe-worker@forward.0.service"],
+                        "tokpipe-worker@forward.0.service", "tokpipe-http.service"],
                        cwd=d, capture_output=True, text=True, timeout=60)
     test.assertEqual(p.returncode, 0, p.stderr)
     test.assertEqual(p.stdout + p.stderr, "", "systemd-analyze complained")
@@ -40,6 +40,25 @@ class DeployUnits(unittest.TestCase):
                 with open(os.path.join(d, u), "w", encoding="utf-8") as f:
                     f.write(text.replace("/usr/local/bin/", BIN + "/"))
             verify_units(self, d)
+
+    def test_every_service_unit_scores_an_exposure_of_2_or_less(self):
+        # issue 9: each unit is hardened to OK on systemd's own scale; a new
+        # unit in deploy/ is checked too, so it cannot ship unhardened
+        units = sorted(u for u in os.listdir("deploy") if u.endswith(".service"))
+        self.assertGreaterEqual(len(units), 2)
+        with tempfile.TemporaryDirectory() as d:
+            for u in units:
+                text = read(os.path.join("deploy", u))
+                if u.endswith("@.service"):
+                    u = u.replace("@.service", "@x.service")
+                path = os.path.join(d, u)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text.replace("/usr/local/bin/", BIN + "/"))
+                p = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", path],
+                                   capture_output=True, text=True, timeout=60)
+                m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", p.stdout + p.stderr)
+                self.assertIsNotNone(m, "no score for %s: %s" % (u, p.stdout + p.stderr))
+                self.assertLessEqual(float(m.group(1)), 2.0, "%s scores %s" % (u, m.group(1)))
 
     def test_broker_unit_is_notify_and_runs_without_spawning(self):
         text = read("deploy/tokpiped.service")

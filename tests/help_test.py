@@ -53,6 +53,10 @@ class HelpNamesEveryOption(unittest.TestCase):
         self.assertIn("--no-spawn", accepted("daemon/main.c"), "option scan found nothing: regex stale")
         self.check([os.path.join(BIN, "tokpiped")], "daemon/main.c")
 
+    def test_gateway(self):
+        self.assertIn("--port", accepted("http/main.c"), "option scan found nothing: regex stale")
+        self.check([os.path.join(BIN, "tokpipe-http")], "http/main.c")
+
     def test_worker(self):
         self.check([os.path.join(BIN, "tokpipe-worker")], "workers/worker_main.c")
 

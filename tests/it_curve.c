@@ -4,7 +4,8 @@
  * client with an unlisted key, a plain-text client and a plain-text worker
  * get nothing (the unlisted key is counted in STATS) while the authorized
  * ones go on being served; a secret key file others can read stops every
- * program with a message naming the file; ipc endpoints stay plain. */
+ * program with a message naming the file; ipc endpoints stay plain; with
+ * client_keys and worker_keys a key is refused outside its role. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -48,12 +49,12 @@ static int sh(const char *fmt, ...)
     return st;
 }
 
-/* The harness config without its security section, plus `tail`. */
-static void config_variant(const char *path, const char *tail)
+/* h's config without its security section, plus `tail`. */
+static void config_variant_of(const harness *h, const char *path, const char *tail)
 {
     char *base = NULL;
     char cmd[400];
-    snprintf(cmd, sizeof cmd, "cat %s", H.config);
+    snprintf(cmd, sizeof cmd, "cat %s", h->config);
     assert_int_equal(harness_sh(cmd, &base), 0);
     char *sec = strstr(base, "security:");
     assert_non_null(sec);
@@ -65,6 +66,11 @@ static void config_variant(const char *path, const char *tail)
     free(base);
 }
 
+static void config_variant(const char *path, const char *tail)
+{
+    config_variant_of(&H, path, tail);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -72,8 +78,8 @@ static int setup(void **state)
     snprintf(keys, sizeof keys, "/tmp/tpcurve-XXXXXX");
     if (!mkdtemp(keys))
         return -1;
-    const char *names[] = {"srv", "worker", "intruder"};
-    for (int i = 0; i < 3; i++)
+    const char *names[] = {"srv", "worker", "intruder", "alice"};
+    for (int i = 0; i < 4; i++)
         if (sh("%s/tokpipe keygen --out %s/%s", bin ? bin : "bin", keys, names[i])) {
             fprintf(stderr, "keygen failed: %s\n", sh_out);
             return -1;
@@ -142,8 +148,10 @@ static void unlisted_client_key_gets_nothing_and_is_counted(void **state)
 {
     (void)state;
     sh("cat %s/tokpiped.log", H.dir);
-    if (!strstr(sh_out, "CURVE on the tcp endpoints (front, back, events, publish): 1 authorized key from"))
+    if (!strstr(sh_out, "CURVE on the tcp endpoints (front, back, events, publish): 1 client and 1 worker key from"))
         fail_msg("the daemon does not say what CURVE covers:\n%s", sh_out);
+    if (!strstr(sh_out, "may act as clients AND as workers"))
+        fail_msg("the daemon does not warn that authorized_keys mixes the roles:\n%s", sh_out);
     char cfg[128], tail[600];
     snprintf(cfg, sizeof cfg, "%s/intruder.yaml", keys);
     snprintf(tail, sizeof tail,
@@ -258,6 +266,94 @@ static void secret_key_readable_by_others_stops_every_program_naming_it(void **s
     }
 }
 
+/* How many workers of stage si the broker of h counts, asked with h's own
+ * (client) key; -1 if it does not answer. */
+static long long workers_of(harness *h, int si)
+{
+    tp_m_stats_reply st;
+    return harness_stats(h, &st) ? -1 : (long long)st.workers[si];
+}
+
+static void client_and_worker_keys_are_refused_outside_their_role(void **state)
+{
+    (void)state;
+    /* alice is a client, the worker key a worker: the split the README
+     * recommends instead of one authorized_keys */
+    char tail[1200], wcfg[128];
+    assert_int_equal(sh("cat %s/alice.pub > %s/clients && cat %s/worker.pub > %s/workers", keys, keys, keys, keys), 0);
+    snprintf(tail, sizeof tail,
+             "security:\n  curve: true\n  server_secret_key: %s/srv.key\n  server_public_key: %s/srv.pub\n"
+             "  client_keys: %s/clients\n  worker_keys: %s/workers\n  client_secret_key: %s/alice.key\n",
+             keys, keys, keys, keys, keys);
+    harness h;
+    if (harness_start_ex(&h, true, tail, true, NULL))
+        fail_msg("daemon with client_keys and worker_keys did not start");
+    snprintf(wcfg, sizeof wcfg, "%s/as-worker.yaml", keys);
+    snprintf(tail, sizeof tail,
+             "security:\n  curve: true\n  server_public_key: %s/srv.pub\n  client_secret_key: %s/worker.key\n",
+             keys, keys);
+    config_variant_of(&h, wcfg, tail);
+    long long w0 = workers_of(&h, TP_SI_SAMPLE);
+
+    /* a client key cannot register as a worker ... */
+    pid_t intruder = harness_worker(&h, "sample");
+    struct timespec ts = {1, 500000000L};
+    nanosleep(&ts, NULL);
+    long long w1 = workers_of(&h, TP_SI_SAMPLE);
+    kill(intruder, SIGTERM);
+    waitpid(intruder, NULL, 0);
+    /* ... nor publish events */
+    tp_m_stats_reply before, after;
+    int got_before = harness_stats(&h, &before);
+    void *ctx = zmq_ctx_new(), *pub = zmq_socket(ctx, ZMQ_PUB);
+    int zero = 0;
+    zmq_setsockopt(pub, ZMQ_LINGER, &zero, sizeof zero);
+    tp_zsec_client_apply(&h.sec, pub, h.publish, NULL);
+    zmq_connect(pub, h.publish);
+    nanosleep(&ts, NULL);
+    zmq_send(pub, "forged", 6, ZMQ_SNDMORE);
+    zmq_send(pub, "EVT1", 4, 0);
+    nanosleep(&ts, NULL);
+    zmq_close(pub);
+    zmq_ctx_term(ctx);
+    int got_after = harness_stats(&h, &after);
+    /* a worker key cannot act as a client */
+    int rc = sh("%s/tokpipe stats --config %s --timeout 1500", h.bin, wcfg);
+    char *as_client = strdup(sh_out);
+    /* and the worker key does register as a worker */
+    char exe[600];
+    snprintf(exe, sizeof exe, "%s/tokpipe-worker", h.bin);
+    pid_t real = fork();
+    if (real == 0) {
+        FILE *nul = freopen("/dev/null", "w", stderr);
+        (void)nul;
+        execl(exe, exe, "--config", wcfg, "--stage", "sample", (char *)NULL);
+        _exit(127);
+    }
+    int registered = harness_wait_stage(&h, TP_SI_SAMPLE, (uint64_t)w0 + 1, 10000);
+    kill(real, SIGTERM);
+    waitpid(real, NULL, 0);
+    sh("cat %s/tokpiped.log", h.dir);
+    char *log = strdup(sh_out);
+    assert_int_equal(harness_stop(&h), 0);
+
+    if (w0 != 0 || w1 != 0)
+        fail_msg("a client key registered a worker (sample workers %lld -> %lld)", w0, w1);
+    if (got_before || got_after || after.malformed_events != before.malformed_events ||
+        after.zap_refused <= before.zap_refused)
+        fail_msg("a client key publishing events was not refused (zap_refused %llu -> %llu, malformed_events "
+                 "%llu -> %llu)", (unsigned long long)before.zap_refused, (unsigned long long)after.zap_refused,
+                 (unsigned long long)before.malformed_events, (unsigned long long)after.malformed_events);
+    if (rc != 1 || !strstr(as_client, "no reply"))
+        fail_msg("a worker key was answered on the front (status %d): %s", rc, as_client);
+    if (registered)
+        fail_msg("the worker key did not register as a worker:\n%s", log);
+    if (!strstr(log, "on the worker endpoints") || !strstr(log, "on the client endpoints"))
+        fail_msg("the refusals do not name the role:\n%s", log);
+    free(as_client);
+    free(log);
+}
+
 static void ipc_endpoints_stay_plain_with_curve_on(void **state)
 {
     (void)state;
@@ -290,6 +386,7 @@ int main(void)
         cmocka_unit_test(authorized_client_job_equals_in_process_run),
         cmocka_unit_test(secret_key_readable_by_others_stops_every_program_naming_it),
         cmocka_unit_test(ipc_endpoints_stay_plain_with_curve_on),
+        cmocka_unit_test(client_and_worker_keys_are_refused_outside_their_role),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,8 +4,9 @@
  * again by another one and finish with exactly the tokens of `tokpipe run`;
  * the stopped worker's late replies, once it runs again, change nothing;
  * a tokenize worker that registers again (restarted) gets the prompt again
- * and its answer to the old task is ignored; jobs waiting for admission
- * when the only forward worker dies wait for the next one and run there. */
+ * and its answer to the old task is ignored; when the only forward worker
+ * dies, the job it held and the jobs waiting for admission wait for the
+ * next one and run there, giving the tokens of an undisturbed run. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -300,7 +301,7 @@ static void wait_state(harness *h, const char *id, int want)
     }
 }
 
-static void jobs_waiting_for_admission_run_on_the_next_forward_worker(void **state)
+static void jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_next_one(void **state)
 {
     (void)state;
     harness h;
@@ -318,12 +319,8 @@ static void jobs_waiting_for_admission_run_on_the_next_forward_worker(void **sta
     waitpid(fwd, NULL, 0);
     if (harness_wait_stage(&h, TP_SI_FORWARD, 0, 5000))
         fail_msg("the killed forward worker was never declared lost");
-    /* the job it held fails, naming the lost worker ... */
-    char *got = wait_result(&h, "q-run", 10000);
-    if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, "worker_lost"))
-        fail_msg("the job at the killed forward worker: %s, want an error naming worker_lost", got);
-    free(got);
-    /* ... a new job is refused while no forward worker is registered
+    /* the job it held waits for another forward worker (recovery), and
+     * a new job is refused while no forward worker is registered
      * (503, "retry later"), but the queued ones wait ... */
     char why[256];
     uint32_t st = submit_status(&h, "q-new", prompts[3], MAX_TOKENS, why, sizeof why);
@@ -334,13 +331,53 @@ static void jobs_waiting_for_admission_run_on_the_next_forward_worker(void **sta
     for (int i = 0; i < 2; i++)
         if (status_json(&h, queued[i], NULL) != TP_STATE_QUEUED)
             fail_msg("job %s did not wait for a forward worker", queued[i]);
-    /* ... and run, one after the other, once a forward worker registers */
+    if (status_json(&h, "q-run", NULL) != TP_STATE_RUNNING)
+        fail_msg("the job at the killed forward worker did not wait for another one");
+    /* ... and all run, the recovered one first, once a forward worker
+     * registers, each giving the tokens of an undisturbed run */
     other[0] = harness_worker(&h, "forward");
+    expect_like_run(&h, "q-run", prompts[0], MAX_TOKENS);
     for (int i = 0; i < 2; i++)
         expect_like_run(&h, queued[i], prompts[i + 1], MAX_TOKENS);
     tp_m_stats_reply s = stats(&h);
     assert_int_equal(s.jobs_finished, 3);
-    assert_int_equal(s.finish[TP_REASON_ERROR], 1);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    assert_true(s.workers_lost >= 1);
+    assert_true(s.recovered[TP_SI_FORWARD] >= 1);
+    stop_pipeline(&h, tok, 0, other);
+}
+
+/* The one way a lost worker ends a job: no worker of its stage within
+ * recovery.deadline_ms. The error names the stage, and the counts are
+ * those of the tokens the job's events carried. */
+static void a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_the_stage(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, HB_YAML "recovery:\n  deadline_ms: 500\n", other);
+    pid_t stp = other[2];
+    /* stopped first, so the job is surely running (waiting for verdicts)
+     * when its only stop worker dies */
+    kill(stp, SIGSTOP);
+    submit_greedy(&h, "d-0", prompts[0], 400);
+    wait_state(&h, "d-0", TP_STATE_RUNNING);
+    kill(stp, SIGKILL);
+    waitpid(stp, NULL, 0);
+    char *got = wait_result(&h, "d-0", 10000);
+    if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, "recovery: no stop worker within 500 ms"))
+        fail_msg("a job without a stop worker past the deadline: %s, want an error naming the stop stage", got);
+    cJSON *o = cJSON_Parse(got);
+    assert_non_null(o);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "tokens")),
+                     (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "completion_tokens")));
+    cJSON_Delete(o);
+    free(got);
+    /* a new stop worker serves the next jobs */
+    other[2] = harness_worker(&h, "stop");
+    if (harness_wait_stage(&h, TP_SI_STOP, 1, 10000))
+        fail_msg("the new stop worker did not register");
+    submit_greedy(&h, "d-1", prompts[1], MAX_TOKENS);
+    expect_like_run(&h, "d-1", prompts[1], MAX_TOKENS);
     stop_pipeline(&h, tok, 0, other);
 }
 
@@ -455,8 +492,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost),
         cmocka_unit_test(jobs_at_a_killed_tokenize_worker_move_to_the_other_one),
-        cmocka_unit_test(jobs_waiting_for_admission_run_on_the_next_forward_worker),
+        cmocka_unit_test(jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_next_one),
         cmocka_unit_test(a_tokenize_worker_that_registers_again_gets_the_prompt_again),
+        cmocka_unit_test(a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_the_stage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,7 @@ class Daemon:
                 json.dumps(os.path.join(os.path.abspath(MODELS), "stories260K.bin")),
                 json.dumps(os.path.join(os.path.abspath(MODELS), "tok512.bin"))))
             f.write("limits:\n  finished_ttl_ms: 60000\n")
+            f.write("http:\n  enabled: false\n")
         self.front = "ipc://" + os.path.join(self.dir, "front.sock")
         self.events = "ipc://" + os.path.join(self.dir, "events.sock")
         self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")

@@ -146,5 +146,66 @@ class StopcheckTest(unittest.TestCase):
         self.assertIn("include_stop_str_in_output", p.stdout)
 
 
+def gguf_tokenize(path, text):
+    esc = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    p = subprocess.run([BIN, "tokenize", "--tokenizer", path], input=(esc + "\n").encode(),
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    return [int(x) for x in p.stdout.split()]
+
+
+def gguf_token_bytes(path, ids):
+    """Each id's bytes, decoded one per line (a lone id decodes the same in
+    any context for byte-level BPE)."""
+    p = subprocess.run([BIN, "tokenize", "--tokenizer", path, "--decode"],
+                       input="".join("%d\n" % i for i in ids).encode(), capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    out = []
+    for line in p.stdout.split(b"\n")[:-1]:
+        out.append(line.replace(b"\\n", b"\n").replace(b"\\t", b"\t").replace(b"\\\\", b"\\"))
+    return out
+
+
+class StopsOnByteLevelBpe(unittest.TestCase):
+    """Stop strings that end inside a multi-byte character split over
+    several GPT-2 tokens: the stop stage and its hold-back work on the raw
+    bytes the BPE pieces decode to, so the reference above holds unchanged."""
+
+    VOCAB = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-gpt-2.gguf")
+    TEXT = "I like \U0001f999 and \u65e5\u672c\u8a9e text, \u00e9t\u00e9 \U0001f680!\n\u0416\u0416 end"
+
+    def test_stop_strings_ending_inside_multibyte_bpe_tokens(self):
+        ids = gguf_tokenize(self.VOCAB, self.TEXT)
+        pieces = gguf_token_bytes(self.VOCAB, ids)
+        data = self.TEXT.encode()
+        self.assertEqual(b"".join(pieces), data)
+        # token boundaries; a character split over tokens has a boundary
+        # strictly inside it
+        bounds, pos = set(), 0
+        for p in pieces:
+            pos += len(p)
+            bounds.add(pos)
+        split_chars = [i for i in range(len(data)) if (data[i] & 0xC0) == 0x80 and i in bounds]
+        self.assertTrue(split_chars, "the text has a character split over tokens")
+        stops, chars = [], [m for m in range(len(data) + 1) if m == len(data) or (data[m] & 0xC0) != 0x80]
+        for end in chars[1:]:
+            if end not in bounds:  # the stop ends inside a token
+                for start in (c for c in chars if end - 6 <= c < end):
+                    stops.append(data[start:end].decode())
+        self.assertGreater(len(stops), 10)
+        cases = [json.dumps({"tokens": ids, "stop": [s]}) for s in stops]
+        cases += [json.dumps({"tokens": ids, "stop": stops[k:k + 3]}) for k in range(0, len(stops), 3)]
+        rc, out = stopcheck(cases, "--tokenizer", self.VOCAB)
+        self.assertEqual(rc, 0)
+        for case, got in zip(cases, out):
+            st = [s.encode() for s in json.loads(case)["stop"]]
+            text, reason, matched, count = reference(pieces, st)
+            self.assertEqual(got["text"], text, case)
+            self.assertEqual(got["finish_reason"], reason, case)
+            self.assertEqual(got["matched"], matched.decode(), case)
+            self.assertEqual(got["completion_tokens"], count, case)
+            self.assertEqual("".join(got["chunks"]), got["text"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -39,25 +39,20 @@ static void shipped_yaml_equals_builtin_defaults(void **state)
         fail_msg("shipped config does not load: %s", e.msg);
     assert_int_equal(tp_config_defaults(&b, &e), 0);
     assert_int_equal(tp_config_resolve(&b, &e), 0);
-    const char *sa[] = {a.runtime_dir, a.ep_front, a.ep_back, a.ep_events, a.ep_publish,
-                        a.model_path, a.tokenizer_path, a.worker_binary, a.server_secret_key,
-                        a.server_public_key, a.authorized_keys, a.client_secret_key};
-    const char *sb[] = {b.runtime_dir, b.ep_front, b.ep_back, b.ep_events, b.ep_publish,
-                        b.model_path, b.tokenizer_path, b.worker_binary, b.server_secret_key,
-                        b.server_public_key, b.authorized_keys, b.client_secret_key};
-    for (size_t i = 0; i < sizeof sa / sizeof sa[0]; i++)
-        if (strcmp(sa[i], sb[i]))
-            fail_msg("string field %zu differs: file '%s' vs default '%s'", i, sa[i], sb[i]);
-    assert_int_equal(a.n_fuse, b.n_fuse);
+    char **sa[64], **sb[64];
     tp_config ca = a, cb = b;
+    char **pa[64], **pb[64];
+    size_t n = tp_config_strings(&a, sa, 64);
+    assert_true(n <= 64);
+    tp_config_strings(&b, sb, 64);
+    tp_config_strings(&ca, pa, 64);
+    tp_config_strings(&cb, pb, 64);
+    for (size_t i = 1; i < n; i++)   /* 0 is source, which differs */
+        if (strcmp(*sa[i], *sb[i]))
+            fail_msg("string setting %zu differs: file '%s' vs default '%s'", i, *sa[i], *sb[i]);
+    assert_int_equal(a.n_fuse, b.n_fuse);
     /* compare every number at once: blank the pointers, which differ */
-    char **pa[] = {&ca.source, &ca.runtime_dir, &ca.ep_front, &ca.ep_back, &ca.ep_events,
-                   &ca.ep_publish, &ca.model_path, &ca.tokenizer_path, &ca.worker_binary,
-                   &ca.server_secret_key, &ca.server_public_key, &ca.authorized_keys, &ca.client_secret_key};
-    char **pb[] = {&cb.source, &cb.runtime_dir, &cb.ep_front, &cb.ep_back, &cb.ep_events,
-                   &cb.ep_publish, &cb.model_path, &cb.tokenizer_path, &cb.worker_binary,
-                   &cb.server_secret_key, &cb.server_public_key, &cb.authorized_keys, &cb.client_secret_key};
-    for (size_t i = 0; i < sizeof pa / sizeof pa[0]; i++)
+    for (size_t i = 0; i < n; i++)
         *pa[i] = *pb[i] = NULL;
     ca.fuse = cb.fuse = NULL;
     if (memcmp(&ca, &cb, sizeof ca))

@@ -131,9 +131,10 @@ static void corrupted_fields_are_rejected_by_name(void **state)
         {"zero dimension", emb + 4, 0, 8, 0, "dimension 0 (0) is zero"},
         {"offset alignment", emb + 24, off + 4, 8, 0, "not a multiple of the alignment"},
         {"offset past end", emb + 24, 1ull << 50, 8, 0, "extends past the end"},
-        {"tensor type", emb + 20, TP_GGML_F16, 4, 1, "only F32"},
+        {"tensor type", emb + 20, TP_GGML_IQ4_NL, 4, 1, "type iq4_nl (20), which tokpipe does not read"},
+        {"unknown tensor type", emb + 20, 31, 4, 1, "type unknown (31)"},
         {"shape", emb + 12, dims1 - 1, 8, 1, "output.weight' has shape [64, 512] (2 dims), expected [64, 511]"},
-        {"architecture", arch + 4, 'x', 1, 1, "only 'llama'"},
+        {"architecture", arch + 4, 'x', 1, 1, "general.architecture 'llamx' is not supported"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_rejected(b, size, &cases[i]);

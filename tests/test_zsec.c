@@ -291,7 +291,7 @@ static void zap_admits_listed_keys_and_counts_the_others(void **state)
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
     int zero = 0;
     zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
-    if (tp_zsec_server_apply(s, router, "tcp://127.0.0.1:0", &e))
+    if (tp_zsec_server_apply(s, router, "tcp://127.0.0.1:0", TP_ZSEC_CLIENT, &e))
         fail_msg("apply: %s", e.msg);
     assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
     char ep[64];
@@ -370,6 +370,57 @@ static void authorized_keys_writable_by_others_is_refused(void **state)
     tp_config_free(&c);
 }
 
+static void role_key_file_holding_no_key_is_refused_naming_it(void **state)
+{
+    (void)state;
+    char srv[41], a[41], y[1024];
+    make_pair("srv", srv, 0600);
+    make_pair("alice", a, 0600);
+    write_file("nobody", "# no keys yet\n\n", 0644);
+    snprintf(y, sizeof y,
+             "security:\n  curve: true\n  server_secret_key: %s/srv.key\n  client_keys: %s/alice.pub\n"
+             "  worker_keys: %s/nobody\n",
+             dir, dir, dir);
+    tp_config c;
+    tp_err e;
+    if (tp_config_parse(y, strlen(y), "t.yaml", &c, &e))
+        fail_msg("config: %s", e.msg);
+    void *ctx = zmq_ctx_new();
+    tp_zsec_server *s = NULL;
+    assert_int_not_equal(tp_zsec_server_new(ctx, &c, NULL, NULL, &s, &e), 0);
+    if (!strstr(e.msg, "/nobody") || !strstr(e.msg, "no key") || !strstr(e.msg, "worker"))
+        fail_msg("an empty worker_keys file is not refused by name: %s", e.msg);
+    zmq_ctx_term(ctx);
+    tp_config_free(&c);
+}
+
+static void secret_key_in_a_folder_others_can_write_is_refused(void **state)
+{
+    (void)state;
+    char sub_dir[128], key[160], pub[41], sec[41], text[100];
+    snprintf(sub_dir, sizeof sub_dir, "%s/open", dir);
+    assert_int_equal(mkdir(sub_dir, 0700), 0);
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    snprintf(key, sizeof key, "%s/k.key", sub_dir);
+    snprintf(text, sizeof text, "%s\n", sec);
+    FILE *f = fopen(key, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    assert_int_equal(chmod(key, 0600), 0);
+    char got[41];
+    tp_err e;
+    if (tp_zsec_read_key(key, true, got, &e))
+        fail_msg("a key in a 0700 folder was refused: %s", e.msg);
+    assert_int_equal(chmod(sub_dir, 0777), 0);
+    assert_int_not_equal(tp_zsec_read_key(key, true, got, &e), 0);
+    if (!strstr(e.msg, sub_dir) || !strstr(e.msg, "0777"))
+        fail_msg("refusal does not name the folder and its mode: %s", e.msg);
+    assert_int_equal(chmod(sub_dir, 01777), 0);   /* sticky, like /tmp */
+    if (tp_zsec_read_key(key, true, got, &e))
+        fail_msg("a key in a sticky folder was refused: %s", e.msg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +434,8 @@ int main(void)
         cmocka_unit_test(zap_admits_listed_keys_and_counts_the_others),
         cmocka_unit_test(server_refuses_a_public_key_of_another_pair),
         cmocka_unit_test(authorized_keys_writable_by_others_is_refused),
+        cmocka_unit_test(role_key_file_holding_no_key_is_refused_naming_it),
+        cmocka_unit_test(secret_key_in_a_folder_others_can_write_is_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

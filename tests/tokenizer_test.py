@@ -3,13 +3,18 @@ llama2.c tokenizer reproduces) on random and unicode-heavy text, plus the
 --decode round trip and the command's errors."""
 import os
 import random
+import struct
 import subprocess
+import tempfile
 import unittest
 
 import sentencepiece
 
 MODELS = os.environ.get("TP_MODELS", "../shared/models")
 TOKPIPE = os.path.join(os.environ.get("TP_BIN_DIR", "bin"), "tokpipe")
+VOCABS = os.path.join(MODELS, "llama.cpp-vocab")
+# Every vocabulary with llama.cpp test vectors: byte-level BPE ones first.
+VOCAB_NAMES = ["gpt-2", "deepseek-llm", "falcon", "starcoder", "phi-3", "llama-spm"]
 
 # Characters drawn for random text: ASCII, whitespace runs, accents,
 # CJK, emoji (4-byte UTF-8), combining marks, and rarely-seen symbols that
@@ -26,11 +31,30 @@ def escape(text):
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
 
 
-def random_texts(seed, count):
+# For the round trip on every vocabulary: more scripts, digit runs, every
+# kind of Unicode space and line break, emoji sequences, and valid UTF-8
+# that looks odd (noncharacters, private use, the highest code point, NUL,
+# unassigned code points).
+UNICODE_ALPHABET = ALPHABET + (
+    list("0123456789") * 3 + ["333", "1234567", "٣", "१२"]
+    + ["\u00a0", "\u0085", "\u2028", "\u2029", "\u3000", "\u2003", "\r", "\r\n", "\x0b", "\x0c"]
+    + list("Привет мир") + list("مرحبا") + list("नमस्ते") + list("ελληνικά") + list("ไทย")
+    + ["👨\u200d👩\u200d👧", "🇩🇪", "\ufe0f", "😶\u200d🌫️"]
+    + ["\ufffd", "\uffff", "\U0010ffff", "\ue000", "\x00", "\u0378", "\U000e0001"]
+    + ["'s", "'LL", "'re", "'t", "'ve"] + list("µÀÖØöΩ") + ["！", "。", "　", "ｱ"])
+
+
+# Falcon's vocabulary has no token for a few control bytes (0x03-0x05,
+# 0x0b, 0x11, 0x13-0x17, 0x19, 0x1c-0x1e): llama.cpp drops them, and so do
+# we; of the alphabet above that is the vertical tab.
+NO_TOKEN = {"falcon": "\x0b"}
+
+
+def random_texts(seed, count, alphabet=ALPHABET):
     rng = random.Random(seed)
     texts = ["", " ", "Once upon a time", "  leading", "trailing  ", "\n\n", "a\tb"]
     while len(texts) < count:
-        texts.append("".join(rng.choice(ALPHABET) for _ in range(rng.randrange(1, 60))))
+        texts.append("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 60))))
     return texts
 
 
@@ -91,25 +115,73 @@ class TokenizeCommand(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertIn("--tokenizer FILE is required", out.stderr.decode())
 
-    def test_llama_cpp_vectors_match_with_the_vocab_only_gguf(self):
-        base = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
+    def check_vectors(self, name, count):
+        base = os.path.join(VOCABS, "ggml-vocab-%s.gguf" % name)
         with open(base + ".inp", encoding="utf-8") as f:
             inputs = f.read().split("\n__ggml_vocab_test__\n")[:-1]
         with open(base + ".out", encoding="utf-8") as f:
             want = f.read().split("\n")[:-1]
-        self.assertEqual(len(inputs), 46)
+        self.assertEqual(len(inputs), count)
         self.assertEqual(len(want), len(inputs))
+        # llama.cpp's test-tokenizer-0 encodes without BOS/EOS and without
+        # parsing control tokens: the command's defaults
         out = tokpipe(["--tokenizer", base], "".join(escape(t) + "\n" for t in inputs))
         self.assertEqual(out.returncode, 0, out.stderr.decode())
         got = out.stdout.decode().split("\n")[:-1]
+        self.assertEqual(len(got), len(inputs))
         for text, g, w in zip(inputs, got, want):
-            self.assertEqual(g.split(), w.split(), f"text {text!r}")
+            self.assertEqual(g.split(), w.split(), f"{name}: text {text!r}")
 
-    def test_non_sentencepiece_gguf_vocab_is_refused_by_name(self):
-        out = tokpipe(["--tokenizer", os.path.join(MODELS, "llama.cpp-vocab",
-                                                   "ggml-vocab-gpt-2.gguf")], "hi\n")
+    def test_llama_cpp_vectors_match_with_the_vocab_only_gguf(self):
+        self.check_vectors("llama-spm", 46)
+
+    def test_llama_cpp_vectors_match_for_every_vocabulary(self):
+        for name in VOCAB_NAMES:
+            with self.subTest(vocab=name):
+                self.check_vectors(name, 46)
+
+    def test_random_texts_round_trip_exactly_on_every_vocabulary(self):
+        texts = [t for t in random_texts(7, 400, UNICODE_ALPHABET) if t]
+        stdin = "".join(escape(t) + "\n" for t in texts)
+        for name in VOCAB_NAMES:
+            with self.subTest(vocab=name):
+                path = os.path.join(VOCABS, "ggml-vocab-%s.gguf" % name)
+                ids = tokpipe(["--tokenizer", path], stdin)
+                self.assertEqual(ids.returncode, 0, ids.stderr.decode())
+                back = tokpipe(["--tokenizer", path, "--decode"], ids.stdout.decode())
+                self.assertEqual(back.returncode, 0, back.stderr.decode())
+                got = back.stdout.decode("utf-8").split("\n")[:-1]
+                self.assertEqual(len(got), len(texts))
+                for text, g in zip(texts, got):
+                    want = "".join(c for c in text if c not in NO_TOKEN.get(name, ""))
+                    self.assertEqual(g, escape(want), f"{name}: round trip of {text!r}")
+
+    def patched_vocab(self, name, key, old, new):
+        """A copy of a vocabulary file with one string value replaced by
+        another of the same length."""
+        with open(os.path.join(VOCABS, "ggml-vocab-%s.gguf" % name), "rb") as f:
+            data = f.read()
+        k = key.encode()
+        at = data.index(struct.pack("<Q", len(k)) + k)
+        head = at + 8 + len(k) + 4 + 8  # key, value type, string length
+        self.assertEqual(data[head:head + len(old)], old.encode())
+        tmp = tempfile.NamedTemporaryFile(suffix=".gguf", delete=False)
+        self.addCleanup(os.unlink, tmp.name)
+        tmp.write(data[:head] + new.encode() + data[head + len(old):])
+        tmp.close()
+        return tmp.name
+
+    def test_unknown_pre_tokenizer_is_refused_by_name(self):
+        path = self.patched_vocab("gpt-2", "tokenizer.ggml.pre", "gpt-2", "gpt-9")
+        out = tokpipe(["--tokenizer", path], "hi\n")
         self.assertEqual(out.returncode, 1)
-        self.assertIn("tokenizer.ggml.model 'gpt2' is not supported", out.stderr.decode())
+        self.assertIn("tokenizer.ggml.pre 'gpt-9' is not a known pre-tokenizer", out.stderr.decode())
+
+    def test_unknown_tokenizer_model_is_refused_by_name(self):
+        path = self.patched_vocab("gpt-2", "tokenizer.ggml.model", "gpt2", "bert")
+        out = tokpipe(["--tokenizer", path], "hi\n")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("tokenizer.ggml.model 'bert' is not supported", out.stderr.decode())
 
     def test_gguf_file_supplies_its_embedded_vocabulary(self):
         out = tokpipe(["--tokenizer", os.path.join(MODELS, "stories260K.gguf"), "--bos"],

@@ -242,7 +242,7 @@ static int read_frames(void *s, tp_recv *r, tp_err *err, const char *ep)
 static const char *no_answer_hint(const tp_client *c, const char *ep)
 {
     return c->sec.on && !strncmp(ep, "tcp://", 6)
-               ? "is tokpiped running, with this client's public key in its security.authorized_keys "
+               ? "is tokpiped running, with this client's public key in its security.client_keys (or authorized_keys) "
                  "and its public key in security.server_public_key?"
                : "is tokpiped running?";
 }

@@ -6,9 +6,13 @@
  * broker's first heartbeat before submitting; a job whose events show a gap
  * in `seq` (or that goes quiet) is completed from STATUS, whose result is
  * the authority. Streamed output only ever prints a prefix of the final
- * text. The broker's heartbeats tell a restarted broker (its jobs are lost:
- * an error naming them) and a silent one (STATUS, then an error if it does
- * not answer within --timeout) from a quiet one. */
+ * text. The broker's heartbeats tell a restarted broker and a silent one
+ * (STATUS, then an error if it does not answer within --timeout) from a
+ * quiet one. A restarted broker knows none of the old one's jobs: each
+ * unfinished one is submitted again with the same id, prompt, parameters
+ * and seed (every job is sent a seed for that), and its output goes on
+ * where it stopped: the bytes already printed are checked, not printed
+ * again, so the text printed is that of an undisturbed run. */
 #include "tools.h"
 
 #include <cjson/cJSON.h>
@@ -24,6 +28,7 @@
 #include "client.h"
 #include "evfmt.h"
 #include "genopts.h"
+#include "tokpipe/rand.h"
 
 const char cmd_generate_summary[] = "generate through the daemon: submit, stream the text (or --json)";
 
@@ -40,6 +45,10 @@ typedef struct job {
     int32_t *ids;
     size_t n_ids, cap_ids;
     size_t printed;           /* bytes of text already written to stdout */
+    uint64_t seed;            /* sent with every SUBMIT of the job, so a resubmission replays it */
+    char *was;                /* after a resubmission: the text printed before it, to check */
+    size_t was_len;
+    bool diverged;            /* the resubmitted job's text differs from what was printed */
     int reason;
     uint32_t prompt_tokens, completion_tokens;
     cJSON *matched;           /* string, id or null (as in `run --json`) */
@@ -69,10 +78,13 @@ static const char usage_head[] =
     "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"matched\",\"prompt_tokens\",\"completion_tokens\"}\n"
     "A generation option left out takes the daemon's default (its config's\n"
     "generation.* keys; the defaults shown below are the shipped ones); without\n"
-    "--seed each job gets a random seed.\n"
+    "--seed each job gets a random seed (sent with it). When tokpiped restarts, the\n"
+    "unfinished jobs are submitted again with the same ids and seeds and the output\n"
+    "goes on where it stopped.\n"
     "exit status: 0 ok, 1 a job was rejected, failed or cancelled (named on stderr; the\n"
-    "output is still printed) / the daemon is unreachable, gone or restarted (its jobs\n"
-    "are lost), 2 bad usage, 130 interrupted (its jobs cancelled).\n\n";
+    "output is still printed) / the daemon is unreachable or gone, or a resubmitted\n"
+    "job's text differed from what was printed, 2 bad usage, 130 interrupted (its jobs\n"
+    "cancelled).\n\n";
 
 static int usage(FILE *out, int rc)
 {
@@ -147,15 +159,24 @@ static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
         p->set |= TP_P_STOP_TOKEN_IDS, p->stop_token_ids = (int32_t *)g->stop_ids, p->n_stop_token_ids = g->n_stop_ids;
 }
 
+static void fill_submit(gen *s, const job *j, tp_msg *m)
+{
+    tp_msg_init(m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m->submit.job_id = tp_str_of(j->id);
+    m->submit.prompt = tp_str_of(j->prompt);
+    fill_params(&s->g, &m->submit.params, s->stops);
+    m->submit.parse_special = s->g.parse_special;
+    m->submit.params.set |= TP_P_SEED;
+    m->submit.params.seed = j->seed;
+}
+
 /* Send every SUBMIT, then collect the ACKs. */
 static int submit_all(gen *s, tp_err *err)
 {
     for (size_t i = 0; i < s->n; i++) {
+        s->jobs[i].seed = (s->g.given & (1u << GO_SEED)) ? s->g.seed : tp_random_u64();
         tp_msg m;
-        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
-        m.submit.job_id = tp_str_of(s->jobs[i].id);
-        m.submit.prompt = tp_str_of(s->jobs[i].prompt);
-        fill_params(&s->g, &m.submit.params, s->stops);
+        fill_submit(s, &s->jobs[i], &m);
         int rc = tp_client_send(s->c, &m, &s->jobs[i].req, err);
         if (rc)
             return rc;
@@ -192,11 +213,22 @@ static job *find_job(gen *s, tp_str id)
     return NULL;
 }
 
+/* After a resubmission the text comes again from its start: the part
+ * printed before must come out the same (it is not printed again). */
+static void check_reprint(job *j, size_t from)
+{
+    size_t end = j->len < j->was_len ? j->len : j->was_len;
+    if (from < end && memcmp(j->text + from, j->was + from, end - from))
+        j->diverged = true;
+}
+
 static void emit(gen *s, job *j, tp_str text)
 {
+    size_t from = j->len;
     if (append(j, text.ptr, text.len))
         j->gap = true; /* out of memory: STATUS will supply the text */
-    if (s->stream && !j->gap) {
+    check_reprint(j, from);
+    if (s->stream && !j->gap && j->len > j->printed) {
         fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
         fflush(stdout);
         j->printed = j->len;
@@ -254,6 +286,7 @@ static int catch_up(gen *s, job *j, tp_err *err)
         j->matched = evfmt_matched(&st->matched);
         snprintf(j->error, sizeof j->error, "%.*s", (int)st->job_error.len, st->job_error.ptr ? st->job_error.ptr : "");
         j->completion_tokens = st->completion_tokens, j->done = true;
+        check_reprint(j, 0);
         if (s->stream && j->printed <= j->len) {
             fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
             j->printed = j->len;
@@ -285,28 +318,52 @@ static void say(const gen *s, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Submit j again to a restarted broker: same id, prompt, parameters and
+ * seed, so it generates the same text; its events start again at seq 0. */
+static int resubmit(gen *s, job *j, size_t i, tp_err *err)
+{
+    if (j->printed > j->was_len) {   /* keep what was printed, to check the replay against */
+        char *w = realloc(j->was, j->printed + 1);
+        if (!w)
+            return tp_err_set(err, TP_ENOMEM, "out of memory");
+        memcpy(w, j->text, j->printed);
+        j->was = w, j->was_len = j->printed;
+    }
+    j->len = 0, j->n_ids = 0, j->next_seq = 0, j->gap = false, j->reason = TP_REASON_NONE;
+    tp_msg m;
+    fill_submit(s, j, &m);
+    tp_recv r;
+    int rc = tp_client_call(s->c, &m, &r, err);
+    if (rc)
+        return rc;
+    if (r.m.cmd != TP_CMD_ACK || r.m.status != TP_ST_OK)
+        rc = tp_err_set(err, TP_ENOTFOUND, "job %s (prompt %zu): the restarted tokpiped refused it again (%u %.*s)",
+                        j->id, i + 1, r.m.status, (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
+    tp_recv_free(&r);
+    return rc;
+}
+
 /* The broker restarted: ask it about every pending job; the ones it does
- * not know are lost (named on stderr), and that is an error. */
+ * not know are submitted again (named on stderr). */
 static int after_restart(gen *s, tp_err *err)
 {
     const tp_client_live *l = tp_client_liveness(s->c);
     say(s, "tokpiped restarted (incarnation %016llx, was %016llx): checking %zu job(s)",
         (unsigned long long)l->incarnation, (unsigned long long)l->prev_incarnation, pending(s));
-    size_t lost = 0;
     for (size_t i = 0; i < s->n; i++) {
         job *j = &s->jobs[i];
         if (!j->accepted || j->done)
             continue;
         int rc = catch_up(s, j, err);
         if (rc == TP_ENOTFOUND) {
-            say(s, "job %s (prompt %zu) was lost: the restarted tokpiped does not know it; submit it again", j->id,
-                i + 1);
-            lost++;
-        } else if (rc) {
-            return rc;
+            say(s, "job %s (prompt %zu) is unknown to the restarted tokpiped: submitting it again (seed %llu), "
+                "output goes on after the %zu bytes printed", j->id, i + 1, (unsigned long long)j->seed, j->printed);
+            rc = resubmit(s, j, i, err);
         }
+        if (rc)
+            return rc;
     }
-    return lost ? tp_err_set(err, TP_ENOTFOUND, "%zu job(s) lost when tokpiped restarted", lost) : 0;
+    return 0;
 }
 
 /* No heartbeat for interval x liveness: STATUS tells a broker whose events
@@ -319,6 +376,8 @@ static int after_silence(gen *s, tp_err *err)
     for (size_t i = 0; i < s->n; i++) {
         job *j = &s->jobs[i];
         int rc = j->accepted && !j->done ? catch_up(s, j, err) : 0;
+        if (rc == TP_ENOTFOUND)   /* a restarted broker: its heartbeat (a new incarnation) follows */
+            continue;
         if (rc == TP_EIO) {
             char why[TP_ERR_MSG_MAX];
             snprintf(why, sizeof why, "%s", err->msg);
@@ -491,7 +550,10 @@ static int check_outcomes(gen *s, tp_err *err)
             say(s, "job %s (prompt %zu) failed: %s", j->id, i + 1, j->error[0] ? j->error : "error");
         else if (j->reason == TP_REASON_CANCELLED)
             say(s, "job %s (prompt %zu) was cancelled (by another client, or tokpiped shutting down)", j->id, i + 1);
-        bad += j->reason == TP_REASON_ERROR || j->reason == TP_REASON_CANCELLED;
+        if (j->diverged)
+            say(s, "job %s (prompt %zu): after tokpiped restarted, its text differs from what was printed", j->id,
+                i + 1);
+        bad += j->reason == TP_REASON_ERROR || j->reason == TP_REASON_CANCELLED || j->diverged;
     }
     return bad ? tp_err_set(err, TP_ESTATE, "%zu of %zu job(s) did not complete", bad, s->n) : 0;
 }
@@ -551,7 +613,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed && !s.results_out ? "\n" : "",
                 err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
-        free(s.jobs[i].text), free(s.jobs[i].ids), cJSON_Delete(s.jobs[i].matched);
+        free(s.jobs[i].text), free(s.jobs[i].ids), free(s.jobs[i].was), cJSON_Delete(s.jobs[i].matched);
     free(s.jobs);
     tp_client_free(s.c);
     if (s.sigfd >= 0)

@@ -1,6 +1,7 @@
-/* tokpipe mkmodel: write a llama2.c checkpoint of a real model shape with
- * seeded random weights (and optionally a matching synthetic tokenizer), so
- * speed can be measured at sizes whose real weights are not available. */
+/* tokpipe mkmodel: write a llama2.c checkpoint or a GGUF model (llama,
+ * Llama 3, qwen2) of a real model shape with seeded random weights (and
+ * optionally a matching synthetic tokenizer), so speed and architectures
+ * can be tested at sizes and kinds whose real weights are not available. */
 #include "tools.h"
 #include "tokpipe/synth.h"
 
@@ -13,16 +14,20 @@
 #include <string.h>
 #include <unistd.h>
 
-const char cmd_mkmodel_summary[] = "write a random-weight llama2.c model of a given shape";
+const char cmd_mkmodel_summary[] = "write a random-weight llama2.c or GGUF model of a given shape";
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: tokpipe mkmodel --shape SHAPE --seed N --out FILE [--tokenizer-out FILE]\n"
+            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2 --vocab-from FILE.gguf\n"
+            "                       --shape SHAPE --seed N --out FILE [--separate-output]\n"
             "\n"
             "Writes a llama2.c (version 0) checkpoint with weights uniform in +-0.5/sqrt(fan-in)\n"
             "drawn from a generator seeded with N (same seed, same bytes), RMSNorm weights 1,\n"
             "shared classifier. Speed does not depend on the weight values.\n"
+            "With --format gguf, writes a GGUF v3 file of F32 tensors under llama.cpp's names and\n"
+            "keys instead (RMSNorm weights 1 +- 0.25, biases +- 0.5, same seeding).\n"
             "\n"
             "  --shape SHAPE          stories15M   dim 288, hidden 768, 6 layers, 6/6 heads, vocab 32000, seq 256\n"
             "                         stories42M   dim 512, hidden 1376, 8 layers, 8/8 heads, vocab 32000, seq 1024\n"
@@ -38,6 +43,16 @@ static void usage(FILE *out)
             "  --out FILE             checkpoint to write (required)\n"
             "  --tokenizer-out FILE   also write a synthetic llama2.c tokenizer.bin of the vocab size\n"
             "                         (<unk>, BOS, EOS, 256 byte tokens, then distinct made-up pieces)\n"
+            "  --format FMT           llama2c (default) or gguf\n"
+            "  --arch ARCH            gguf only: llama (Llama 2 RoPE, base 10000), llama3 (base 500000,\n"
+            "                         Llama 3.1 RoPE scaling as llama.cpp's rope_freqs.weight tensor),\n"
+            "                         qwen2 (Q/K/V biases, NEOX RoPE, base 1e6); default llama\n"
+            "  --vocab-from FILE      gguf only (required): copy FILE's tokenizer.* metadata (tokens,\n"
+            "                         scores, token types, merges, special ids, chat template); the\n"
+            "                         vocabulary size is its token count\n"
+            "  --separate-output      gguf only: write output.weight (default: tied to token_embd)\n"
+            "  --rope-scaling-keys    gguf llama3 only: write llama.rope.scaling.* keys instead of\n"
+            "                         the rope_freqs.weight tensor\n"
             "  --quiet                no progress on stderr\n");
 }
 
@@ -94,11 +109,15 @@ int cmd_mkmodel(int argc, char **argv)
         {"out", required_argument, 0, 'o'},   {"tokenizer-out", required_argument, 0, 't'},
         {"vocab", required_argument, 0, 'v'}, {"seq-len", required_argument, 0, 'l'},
         {"quiet", no_argument, 0, 'q'},       {"help", no_argument, 0, 'h'},
+        {"format", required_argument, 0, 'f'}, {"arch", required_argument, 0, 'a'},
+        {"vocab-from", required_argument, 0, 'V'}, {"separate-output", no_argument, 0, 'O'},
+        {"rope-scaling-keys", no_argument, 0, 'R'},
         {0, 0, 0, 0},
     };
-    const char *shape = NULL, *out = NULL, *tok_out = NULL;
+    const char *shape = NULL, *out = NULL, *tok_out = NULL, *format = "llama2c";
     long long seed = -1, vocab = 0, seq = 0;
     bool quiet = false;
+    tp_synth_gguf g = {NULL, NULL, false, false};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -107,6 +126,11 @@ int cmd_mkmodel(int argc, char **argv)
         case 'o': out = optarg; break;
         case 't': tok_out = optarg; break;
         case 'q': quiet = true; break;
+        case 'f': format = optarg; break;
+        case 'a': g.arch = optarg; break;
+        case 'V': g.vocab_from = optarg; break;
+        case 'O': g.separate_output = true; break;
+        case 'R': g.rope_scaling_keys = true; break;
         case 'h': usage(stdout); return 0;
         case 'S': if (parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2; break;
         case 'v': if (parse_int("--vocab", optarg, 354, 1 << 22, &vocab)) return 2; break;
@@ -120,6 +144,23 @@ int cmd_mkmodel(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    bool gguf = !strcmp(format, "gguf");
+    if (!gguf && strcmp(format, "llama2c")) {
+        fprintf(stderr, "tokpipe mkmodel: --format '%s' is not llama2c or gguf\n", format);
+        return 2;
+    }
+    const char *misplaced = gguf ? (tok_out ? "--tokenizer-out" : vocab ? "--vocab" : NULL)
+                                 : g.arch ? "--arch" : g.vocab_from ? "--vocab-from"
+                                 : g.separate_output ? "--separate-output"
+                                 : g.rope_scaling_keys ? "--rope-scaling-keys" : NULL;
+    if (misplaced) {
+        fprintf(stderr, "tokpipe mkmodel: %s does not apply to --format %s\n", misplaced, format);
+        return 2;
+    }
+    if (gguf && !g.vocab_from) {
+        fprintf(stderr, "tokpipe mkmodel: --format gguf needs --vocab-from FILE.gguf\n");
+        return 2;
+    }
     tp_synth_shape s;
     tp_err e;
     if (tp_synth_parse_shape(shape, &s, &e)) {
@@ -130,6 +171,15 @@ int cmd_mkmodel(int argc, char **argv)
         s.vocab_size = (int)vocab;
     if (seq)
         s.seq_len = (int)seq;
+    if (gguf) {
+        if (!g.arch)
+            g.arch = "llama";
+        if (tp_synth_write_gguf(out, &s, (uint64_t)seed, &g, &e)) {
+            fprintf(stderr, "tokpipe mkmodel: %s: %s\n", out, e.msg);
+            return 1;
+        }
+        return 0;
+    }
     if (write_file(out, &s, seed, quiet, false))
         return 1;
     if (tok_out && write_file(tok_out, &s, seed, quiet, true))

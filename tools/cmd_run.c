@@ -28,12 +28,14 @@ _Static_assert(sizeof(int) == sizeof(int32_t), "ids are passed as int and int32_
 
 /* Tokens one step may carry; prompts longer than this are fed in chunks. */
 #define RUN_STEP_TOKENS 512
+#define RUN_MAX_EOS 32 /* model end ids + the vocabulary's end-of-generation ids */
 
 typedef struct run_args {
     const char *model;
     const char *tokenizer;
     int threads;
     tp_fwd_kernel kernel;
+    const char *dump_logits;
     genopts gen;
 } run_args;
 
@@ -59,6 +61,7 @@ typedef struct run_ctx {
     size_t n_jobs;
     int vocab;
     bool stream;         /* one prompt, plain text: print chunks as they come */
+    FILE *dump;          /* --dump-logits, or NULL */
 } run_ctx;
 
 static void usage(FILE *out)
@@ -68,12 +71,15 @@ static void usage(FILE *out)
           "Generates in this process, all prompts as one batch, and prints each\n"
           "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
           "line per prompt in the order given.\n\n"
-          "  --model FILE             llama2.c checkpoint or GGUF (F32, llama)\n"
+          "  --model FILE             llama2.c checkpoint or GGUF (F32; llama, Llama 3, qwen2)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
           "  --threads N              compute threads, 1 or 2 (default 1)\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
-          "                           (faster at large batches, not batch invariant; see forward.h)\n",
+          "                           (faster at large batches, not batch invariant; see forward.h)\n"
+          "  --dump-logits FILE       for checking a model against a reference: for every sampled\n"
+          "                           position write the context and its logits to FILE as\n"
+          "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n",
           out);
     genopts_print_help(out);
 }
@@ -91,12 +97,14 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             continue;
         const char *f = argv[i];
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
-             !strcmp(f, "--kernel")) && i + 1 >= argc)
+             !strcmp(f, "--kernel") || !strcmp(f, "--dump-logits")) && i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
             a->model = argv[++i];
         else if (!strcmp(f, "--tokenizer"))
             a->tokenizer = argv[++i];
+        else if (!strcmp(f, "--dump-logits"))
+            a->dump_logits = argv[++i];
         else if (!strcmp(f, "--threads"))
             a->threads = atoi(argv[++i]);
         else if (!strcmp(f, "--kernel")) {
@@ -189,28 +197,46 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
     /* the tokenizer and the forward pass take int ids; the sequence is
      * int32_t for the wire: the same type here (asserted below) */
     size_t n = 0;
-    int rc = tp_tokenizer_encode(c->tok, prompt, strlen(prompt), true, (int *)j->ids, (size_t)seq_len, &n, err);
+    unsigned flags = TP_ENCODE_ADD_SPECIAL | (g->parse_special ? TP_ENCODE_SPECIAL : 0);
+    int rc = tp_tokenizer_encode_ex(c->tok, prompt, strlen(prompt), flags, (int *)j->ids, (size_t)seq_len, &n,
+                                    err);
     if (rc == TP_ERANGE || (rc == 0 && n >= (size_t)seq_len))
         return tp_err_set(err, TP_ERANGE, "prompt '%.40s': too long for the model's %d-token context",
                           prompt, seq_len);
     if (rc)
         return rc;
+    if (n == 0) /* a vocabulary without add_bos_token and an empty prompt */
+        return tp_err_set(err, TP_EINVAL, "prompt '%.40s' encodes to no tokens", prompt);
     j->n_prompt = j->n_ids = n;
 
-    const int *eos_int;
-    int n_eos = tp_model_eos_ids(c->model, &eos_int);
-    int32_t ban[TP_MODEL_MAX_EOS + GENOPTS_MAX_STOPS];
+    /* the model's end ids and every end-of-generation id of the vocabulary
+     * end a job as eos, and min_tokens bans all of them */
+    const int *model_eos;
+    int n_model_eos = tp_model_eos_ids(c->model, &model_eos);
+    int eos_int[RUN_MAX_EOS];
+    int n_eos = tp_tokenizer_merge_eog(c->tok, model_eos, n_model_eos, eos_int, RUN_MAX_EOS);
+    int32_t ban[RUN_MAX_EOS + GENOPTS_MAX_STOPS];
     size_t n_ban = 0;
     for (int i = 0; i < n_eos && !g->ignore_eos; i++)
         ban[n_ban++] = eos_int[i];
     for (size_t i = 0; i < g->n_stop_ids; i++)
         ban[n_ban++] = g->stop_ids[i];
-    int32_t eos[TP_MODEL_MAX_EOS];
+    int32_t eos[RUN_MAX_EOS];
     for (int i = 0; i < n_eos; i++)
         eos[i] = eos_int[i];
 
     tp_stop_config sc;
     stop_config(c, g, (size_t)seq_len - n, eos, (size_t)n_eos, &sc);
+    /* a stop string naming a control token stops on the token too, as in
+     * the stop stage */
+    size_t lens[GENOPTS_MAX_STOPS];
+    int32_t stop_ids[2 * GENOPTS_MAX_STOPS];
+    for (size_t i = 0; i < g->n_stops; i++)
+        lens[i] = strlen(g->stops[i]);
+    memcpy(stop_ids, g->stop_ids, g->n_stop_ids * sizeof *stop_ids);
+    sc.stop_ids = stop_ids;
+    sc.n_stop_ids = g->n_stop_ids +
+                    tp_detok_control_stops(c->tok, g->stops, lens, g->n_stops, stop_ids + g->n_stop_ids);
     tp_sampler_params sp = sampler_params(g, ban, n_ban);
     if ((rc = tp_stop_new(&sc, &j->stop, err)) ||
         (rc = tp_sampler_new(&sp, c->vocab, j->ids, n, &j->sampler, err)) ||
@@ -241,6 +267,12 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, tp_err *err)
 {
     int32_t cand;
     tp_stop_step st;
+    if (c->dump) {
+        int32_t n = (int32_t)j->n_ids;
+        if (fwrite(&n, 4, 1, c->dump) != 1 || fwrite(j->ids, 4, j->n_ids, c->dump) != j->n_ids ||
+            fwrite(logits, sizeof *logits, (size_t)c->vocab, c->dump) != (size_t)c->vocab)
+            return tp_err_set(err, TP_EIO, "--dump-logits: write failed");
+    }
     int rc = tp_sampler_sample(j->sampler, logits, &cand, err);
     if (rc) {
         fprintf(stderr, "tokpipe run: prompt '%.40s': %s\n", j->prompt, err->msg);
@@ -371,6 +403,8 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
             return rc;
     }
     c->stream = c->n_jobs == 1 && !a->gen.json;
+    if (a->dump_logits && !(c->dump = fopen(a->dump_logits, "wb")))
+        return tp_err_set(err, TP_EIO, "--dump-logits: cannot create %s", a->dump_logits);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -404,6 +438,8 @@ int cmd_run(int argc, char **argv)
     }
     run_ctx c = {0};
     int rc = run_all(&c, &a, &err);
+    if (c.dump && fclose(c.dump) && !rc)
+        rc = tp_err_set(&err, TP_EIO, "--dump-logits: writing %s failed", a.dump_logits);
     if (rc)
         fprintf(stderr, "tokpipe run: %s\n", err.msg);
     for (size_t i = 0; i < c.n_jobs; i++)

@@ -15,7 +15,9 @@ static const char usage_text[] =
     "Prints the broker's counters: jobs, tokens, events, malformed messages per\n"
     "socket, forward steps with the rows and tokens in them (rows / steps is\n"
     "the mean batch), live workers per stage, finished jobs per finish reason\n"
-    "and how often each stop string / stop id finished a job.\n"
+    "and how often each stop string / stop id finished a job; running and waiting\n"
+    "jobs, KV slots in use, and histograms (µs) of queue time, time to first token,\n"
+    "inter-token latency and end-to-end time (p50/p90/p99 as bucket upper bounds).\n"
     "  --json   one JSON object instead\n"
     "exit status: 0 ok, 1 daemon unreachable, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
 
@@ -27,6 +29,11 @@ static void print_human(cJSON *o, const char *prefix)
             char p[128];
             snprintf(p, sizeof p, "%s%s.", prefix, it->string);
             print_human(it, p);
+        } else if (cJSON_IsArray(it) && cJSON_IsNumber(it->child)) {
+            printf("%s%s:", prefix, it->string);
+            for (cJSON *e = it->child; e; e = e->next)
+                printf(" %.0f", cJSON_GetNumberValue(e));
+            printf("\n");
         } else if (cJSON_IsArray(it)) {
             printf("%s%s:\n", prefix, it->string);
             for (cJSON *e = it->child; e; e = e->next) {

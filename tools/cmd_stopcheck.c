@@ -47,7 +47,8 @@ static const char usage_text[] =
     "  {\"chunks\":[\"Hell\"],\"text\":\"Hell\",\"finish_reason\":\"stop_string\",\"matched\":\"o w\",...}\n"
     "\n"
     "options:\n"
-    "  --tokenizer FILE  llama2.c tokenizer.bin, enables \"tokens\"\n"
+    "  --tokenizer FILE  llama2.c tokenizer.bin or a GGUF vocabulary (SentencePiece\n"
+    "                    or byte-level BPE), enables \"tokens\"\n"
     "  --stats           print the stop counters of all cases as JSON to stderr\n"
     "exit status: 0 if every case ran, 1 if some line was an error, 2 on bad usage.\n";
 
@@ -121,7 +122,7 @@ int cmd_stopcheck(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     tp_tokenizer *tok = NULL;
     tp_err err;
-    if (o.tokenizer && tp_tokenizer_load(o.tokenizer, 0, &tok, &err)) {
+    if (o.tokenizer && tp_tokenizer_open(o.tokenizer, 0, &tok, &err)) {
         fprintf(stderr, "tokpipe stopcheck: %s\n", err.msg);
         return 2;
     }

@@ -14,7 +14,7 @@ const char cmd_tokenize_summary[] = "encode text lines to token ids (or --decode
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: tokpipe tokenize --tokenizer FILE [--bos] [--decode]\n"
+            "usage: tokpipe tokenize --tokenizer FILE [--bos] [--special] [--decode]\n"
             "\n"
             "Reads lines on stdin. Without --decode each line is text (\\n, \\t and \\\\\n"
             "stand for newline, tab and backslash) and one line of space-separated\n"
@@ -25,6 +25,10 @@ static void usage(FILE *out)
             "  --tokenizer FILE  llama2.c tokenizer.bin, or a GGUF file with an\n"
             "                    embedded vocabulary\n"
             "  --bos             start each encoded line with the BOS id\n"
+            "  --special         control-token texts (<s>, <|im_end|>, ...) become those\n"
+            "                    tokens, and --decode prints control tokens as their text;\n"
+            "                    without it they are plain text and decode to nothing\n"
+            "                    (user-defined tokens are always matched whole)\n"
             "  --decode          ids -> text\n");
 }
 
@@ -67,7 +71,8 @@ static void put_escaped(const uint8_t *b, size_t n)
     }
 }
 
-static int encode_line(const tp_tokenizer *tok, char *line, size_t len, long lineno, bool bos)
+static int encode_line(const tp_tokenizer *tok, char *line, size_t len, long lineno, bool bos,
+                       bool special)
 {
     size_t bad = 0;
     long n = unescape(line, len, &bad);
@@ -76,7 +81,7 @@ static int encode_line(const tp_tokenizer *tok, char *line, size_t len, long lin
                 "\\\\)\n", lineno, bad + 1);
         return 1;
     }
-    size_t cap = (size_t)n + 2, count = 0;
+    size_t cap = tp_tokenizer_max_ids((size_t)n), count = 0;
     int *ids = malloc(sizeof *ids * cap);
     if (!ids) {
         fprintf(stderr, "tokpipe tokenize: out of memory\n");
@@ -84,7 +89,8 @@ static int encode_line(const tp_tokenizer *tok, char *line, size_t len, long lin
     }
     tp_err err;
     tp_err_clear(&err);
-    int rc = tp_tokenizer_encode(tok, line, (size_t)n, bos, ids, cap, &count, &err);
+    unsigned flags = (bos ? TP_ENCODE_BOS : 0) | (special ? TP_ENCODE_SPECIAL : 0);
+    int rc = tp_tokenizer_encode_ex(tok, line, (size_t)n, flags, ids, cap, &count, &err);
     if (rc)
         fprintf(stderr, "tokpipe tokenize: line %ld: %s\n", lineno, err.msg);
     for (size_t i = 0; !rc && i < count; i++)
@@ -95,7 +101,7 @@ static int encode_line(const tp_tokenizer *tok, char *line, size_t len, long lin
     return rc ? 1 : 0;
 }
 
-static int decode_line(const tp_tokenizer *tok, const char *line, long lineno)
+static int decode_line(const tp_tokenizer *tok, const char *line, long lineno, bool special)
 {
     int vocab = tp_tokenizer_vocab_size(tok);
     int prev = tp_tokenizer_bos_id(tok);
@@ -116,6 +122,9 @@ static int decode_line(const tp_tokenizer *tok, const char *line, long lineno)
         }
         size_t n;
         const uint8_t *b = tp_tokenizer_token_bytes(tok, prev, (int)id, &n);
+        int type = tp_tokenizer_token_type(tok, (int)id);
+        if (special && (type == TP_TOKEN_CONTROL || type == TP_TOKEN_UNKNOWN))
+            b = (const uint8_t *)tp_tokenizer_piece(tok, (int)id, &n);
         put_escaped(b, n);
         prev = (int)id;
         p = end;
@@ -124,7 +133,7 @@ static int decode_line(const tp_tokenizer *tok, const char *line, long lineno)
     return 0;
 }
 
-static int run(const tp_tokenizer *tok, bool bos, bool decode)
+static int run(const tp_tokenizer *tok, bool bos, bool special, bool decode)
 {
     char *line = NULL;
     size_t cap = 0;
@@ -135,8 +144,8 @@ static int run(const tp_tokenizer *tok, bool bos, bool decode)
         lineno++;
         if (len > 0 && line[len - 1] == '\n')
             line[--len] = '\0';
-        rc = decode ? decode_line(tok, line, lineno)
-                    : encode_line(tok, line, (size_t)len, lineno, bos);
+        rc = decode ? decode_line(tok, line, lineno, special)
+                    : encode_line(tok, line, (size_t)len, lineno, bos, special);
     }
     free(line);
     if (fflush(stdout) != 0) {
@@ -149,7 +158,7 @@ static int run(const tp_tokenizer *tok, bool bos, bool decode)
 int cmd_tokenize(int argc, char **argv)
 {
     const char *path = NULL;
-    bool bos = false, decode = false;
+    bool bos = false, decode = false, special = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -158,6 +167,8 @@ int cmd_tokenize(int argc, char **argv)
             path = argv[++i];
         } else if (!strcmp(argv[i], "--bos")) {
             bos = true;
+        } else if (!strcmp(argv[i], "--special")) {
+            special = true;
         } else if (!strcmp(argv[i], "--decode")) {
             decode = true;
         } else {
@@ -178,7 +189,7 @@ int cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "tokpipe tokenize: %s\n", err.msg);
         return 1;
     }
-    int rc = run(tok, bos, decode);
+    int rc = run(tok, bos, special, decode);
     tp_tokenizer_free(tok);
     return rc;
 }

@@ -96,6 +96,48 @@ cJSON *evfmt_status(const tp_msg *m)
     return o;
 }
 
+/* The bound of the bucket holding quantile q: an upper estimate, as
+ * Prometheus' histogram_quantile would give at a bucket edge (the last
+ * bucket, above every bound, reports the largest bound). */
+static uint64_t hist_quantile(const tp_hist *h, double q)
+{
+    uint64_t want = (uint64_t)(q * (double)h->count + 0.999999), seen = 0;
+    for (size_t i = 0; i < h->n_buckets; i++) {
+        seen += h->buckets[i];
+        if (seen >= want && want)
+            return h->bounds_us[i < h->n_bounds ? i : h->n_bounds - 1];
+    }
+    return 0;
+}
+
+static cJSON *u64_array(const uint64_t *v, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+    return a;
+}
+
+static void add_histograms(cJSON *o, const tp_m_stats_reply *s)
+{
+    static const char *const names[TP_HIST_COUNT] = {"queue_us", "ttft_us", "itl_us", "e2e_us"};
+    cJSON *hs = cJSON_AddObjectToObject(o, "histograms");
+    for (int i = 0; i < TP_HIST_COUNT; i++) {
+        const tp_hist *h = &s->hist[i];
+        cJSON *x = cJSON_AddObjectToObject(hs, names[i]);
+        cJSON_AddNumberToObject(x, "count", (double)h->count);
+        cJSON_AddNumberToObject(x, "sum_us", (double)h->sum_us);
+        if (!h->n_bounds)
+            continue;
+        cJSON_AddNumberToObject(x, "mean_us", h->count ? (double)h->sum_us / (double)h->count : 0);
+        cJSON_AddNumberToObject(x, "p50_le_us", (double)hist_quantile(h, 0.5));
+        cJSON_AddNumberToObject(x, "p90_le_us", (double)hist_quantile(h, 0.9));
+        cJSON_AddNumberToObject(x, "p99_le_us", (double)hist_quantile(h, 0.99));
+        cJSON_AddItemToObject(x, "bounds_us", u64_array(h->bounds_us, h->n_bounds));
+        cJSON_AddItemToObject(x, "buckets", u64_array(h->buckets, h->n_buckets));
+    }
+}
+
 cJSON *evfmt_stats(const tp_msg *m)
 {
     const tp_m_stats_reply *s = &m->stats_reply;
@@ -110,7 +152,13 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"malformed_front", s->malformed_front}, {"malformed_back", s->malformed_back},
         {"malformed_events", s->malformed_events}, {"forward_steps", s->forward_steps},
         {"forward_rows", s->forward_rows}, {"forward_tokens", s->forward_tokens},
-        {"zap_refused", s->zap_refused},
+        {"zap_refused", s->zap_refused}, {"jobs_running", s->jobs_running}, {"jobs_waiting", s->jobs_waiting},
+        {"kv_slots_used", s->kv_slots_used}, {"kv_slots_total", s->kv_slots_total},
+        {"zap_refused", s->zap_refused}, {"workers_lost", s->workers_lost},
+        {"recovered_tokenize", s->recovered[0]}, {"recovered_forward", s->recovered[1]},
+        {"recovered_sample", s->recovered[2]}, {"recovered_stop", s->recovered[3]},
+        {"recovery_count", s->recovery_count}, {"recovery_ms_total", s->recovery_ms_total},
+        {"recovery_ms_max", s->recovery_ms_max}, {"events_duplicate", s->events_duplicate},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);
@@ -129,6 +177,7 @@ cJSON *evfmt_stats(const tp_msg *m)
         cJSON_AddItemToArray(t, e);
     }
     cJSON_AddNumberToObject(o, "triggers_other", (double)s->triggers_other);
+    add_histograms(o, s);
     return o;
 }
 

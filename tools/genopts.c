@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/protocol.h"
 #include "tokpipe/sampler.h"
 
 void genopts_init(genopts *o)
@@ -19,15 +20,21 @@ void genopts_init(genopts *o)
     o->seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 }
 
+/* The value is checked by the wire's own rule for the parameter the flag
+ * sets (--top-p -> top_p), so run refuses what SUBMIT would refuse. */
 static int parse_float(const char *flag, const char *s, float *out, tp_err *err)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end)
+    if ((errno && errno != ERANGE) || end == s || *end)
         return tp_err_set(err, TP_EINVAL, "%s: '%s' is not a number", flag, s);
-    *out = (float)v;
-    return 0;
+    char key[32];
+    size_t n = 0;
+    for (const char *p = flag + 2; *p && n + 1 < sizeof key; p++)
+        key[n++] = *p == '-' ? '_' : *p;
+    key[n] = '\0';
+    return tp_proto_param_float(key, v, out, err);
 }
 
 static int parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out,
@@ -69,8 +76,8 @@ static int parse_seed(const char *s, uint64_t *out, tp_err *err)
 int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
 {
     const char *a = argv[*i];
-    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json"};
-    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json};
+    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special"};
+    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special};
     for (size_t k = 0; k < sizeof bools / sizeof *bools; k++)
         if (!strcmp(a, bools[k])) {
             *bool_dst[k] = true;
@@ -148,6 +155,8 @@ void genopts_print_help(FILE *out)
           "  --stop-id ID             stop token id (repeatable)\n"
           "  --ignore-eos             keep generating past EOS\n"
           "  --include-stop           keep the matched stop string in the text\n"
+          "  --parse-special          control-token texts in the prompt (<|im_end|>, <s>, ...)\n"
+          "                           become those tokens (default: plain text)\n"
           "  --json                   one JSON line per prompt: prompt, text, tokens,\n"
           "                           finish_reason, prompt_tokens, completion_tokens\n",
           out);

@@ -44,6 +44,7 @@ typedef struct genopts {
     bool ignore_eos;
     bool include_stop;
     bool json;
+    bool parse_special;   /* control-token texts in the prompt become those tokens */
 } genopts;
 
 /* Defaults: max_tokens 256, temperature 1.0, top_p 1.0, top_k 0 (off),

@@ -23,6 +23,8 @@
 #include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
 
+#define TP_WORKER_MAX_EOS 32
+
 typedef struct worker {
     tp_config cfg;
     tp_zsec_client sec;              /* CURVE client keys (security.*) */
@@ -30,6 +32,8 @@ typedef struct worker {
     char instance[TP_PROTO_MAX_NAME + 1];
     tp_model *model;
     tp_tokenizer *tok;
+    int eos[TP_WORKER_MAX_EOS];      /* the model's end ids and the vocabulary's end-of-generation ids */
+    int n_eos;
     tp_tokenize_stage *tokenize;
     tp_forward_stage *forward;
     tp_sample_stage *sample;
@@ -100,6 +104,8 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
+/* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
+ * vocabulary (the model file itself for GGUF models). */
 static int load_stages(worker *w, tp_err *err)
 {
     const tp_config *c = &w->cfg;
@@ -107,13 +113,24 @@ static int load_stages(worker *w, tp_err *err)
     if (rc)
         return rc;
     const tp_model_config *mc = tp_model_get_config(w->model);
-    if (w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP)))
-        if ((rc = tp_tokenizer_load(c->tokenizer_path, mc->vocab_size, &w->tok, err)))
+    /* a GGUF model's vocabulary names its end-of-generation ids, which the
+     * sampler needs too (min_tokens bans them) */
+    bool gguf = tp_model_get_format(w->model) == TP_MODEL_GGUF;
+    if ((w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP))) ||
+        (gguf && (w->stages & (1u << TP_SI_SAMPLE)))) {
+        /* an empty model.tokenizer means the vocabulary embedded in the model */
+        rc = c->tokenizer_path && c->tokenizer_path[0] ? tp_tokenizer_open(c->tokenizer_path, mc->vocab_size, &w->tok, err)
+                                  : tp_model_tokenizer(w->model, &w->tok, err);
+        if (rc)
             return rc;
+    }
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
         return rc;
-    const int *eos;
-    int n_eos = tp_model_eos_ids(w->model, &eos);
+    const int *model_eos;
+    int n_model_eos = tp_model_eos_ids(w->model, &model_eos);
+    w->n_eos = tp_tokenizer_merge_eog(w->tok, model_eos, n_model_eos, w->eos, TP_WORKER_MAX_EOS);
+    const int *eos = w->eos;
+    int n_eos = w->n_eos;
     if ((w->stages & (1u << TP_SI_SAMPLE)) &&
         (rc = tp_sample_stage_new(c->max_concurrent_jobs, mc->vocab_size, eos, n_eos, &w->sample, err)))
         return rc;

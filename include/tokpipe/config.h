@@ -78,18 +78,32 @@ typedef struct tp_config {
     int max_prompt_bytes;
     int max_stop_strings, max_stop_len, max_stop_ids;
     int sndhwm, linger_ms;
+    int events_sndhwm;        /* per-subscriber queue on the events socket */
 
     /* liveness */
     int heartbeat_ms, liveness;
     int reconnect_init_ms, reconnect_max_ms;
     int drain_timeout_ms;
+    int recovery_deadline_ms;     /* a job waits this long for a worker of a stage it lost */
 
     /* security (zsec.h): CURVE on tcp endpoints; key paths, "" = unset */
     bool curve;
     char *server_secret_key;   /* broker */
     char *server_public_key;   /* clients and workers (the broker checks it) */
-    char *authorized_keys;     /* broker: client public keys admitted */
+    char *authorized_keys;     /* broker: public keys admitted in both roles */
+    char *client_keys;         /* broker: keys admitted on front + events */
+    char *worker_keys;         /* broker: keys admitted on back + publish */
     char *client_secret_key;   /* clients and workers */
+
+    /* http: the OpenAI-compatible gateway (bin/tokpipe-http) */
+    bool http_enabled;         /* tokpiped spawns and supervises the gateway */
+    char *http_listen;         /* IPv4 address to bind, e.g. "127.0.0.1" */
+    int http_port;
+    char *http_api_key_file;   /* "" = no Authorization required */
+    char *http_model_name;     /* id in /v1/models; "" = model file's base name */
+    int http_max_connections;
+    int http_max_body_bytes;
+    int http_timeout_ms;       /* broker reply wait before answering 503 */
 } tp_config;
 
 /* Fill *cfg with the built-in defaults (no file read; endpoints empty until
@@ -125,5 +139,9 @@ extern const char *const tp_config_kernel_names[];
 const char *tp_config_stage_name(int si);
 
 void tp_config_free(tp_config *cfg);
+
+/* Where every string setting of cfg lives (source included): fills out[]
+ * with up to cap pointers to them; returns how many there are. */
+size_t tp_config_strings(tp_config *cfg, char **out[], size_t cap);
 
 #endif

@@ -46,4 +46,14 @@ int tp_detok_accept(tp_detok *d, int32_t id, tp_err *err);
  * token adds no bytes (research note §B9): callers turn it into a stop id. */
 int32_t tp_detok_control_id(const tp_tokenizer *tok, const char *text, size_t len);
 
+/* The rule for a stop string naming a control token, shared by the stop
+ * stage and `tokpipe stopcheck` so both give the same answer: control
+ * tokens add no bytes to the text, so such a string also stops on the
+ * token itself — its id becomes a stop id (finish stop_token, matched = the
+ * id), and the string stays a text stop for the same characters spelt by
+ * ordinary tokens. Writes the distinct ids of stop[0..n_stop) that name a
+ * control or unknown token to ids (room for n_stop) and returns how many. */
+size_t tp_detok_control_stops(const tp_tokenizer *tok, const char *const *stop, const size_t *stop_len,
+                              size_t n_stop, int32_t *ids);
+
 #endif

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "tokpipe/error.h"
+#include "tokpipe/ggml_types.h"
 
 typedef struct tp_gguf tp_gguf;
 
@@ -23,9 +24,6 @@ enum {
     TP_GGUF_STRING = 8, TP_GGUF_ARRAY = 9, TP_GGUF_U64 = 10, TP_GGUF_I64 = 11,
     TP_GGUF_F64 = 12,
 };
-
-/* ggml tensor types this parser can size; others are listed with nbytes 0. */
-enum { TP_GGML_F32 = 0, TP_GGML_F16 = 1 };
 
 #define TP_GGUF_MAX_DIMS 4
 
@@ -40,8 +38,8 @@ typedef struct tp_gguf_tensor {
     uint64_t dims[TP_GGUF_MAX_DIMS]; /* dims[0] varies fastest (ggml "ne") */
     uint32_t type;
     uint64_t offset;     /* relative to the start of the tensor data section */
-    const void *data;    /* borrowed; NULL if the type cannot be sized */
-    uint64_t nbytes;     /* 0 if the type cannot be sized */
+    const void *data;    /* borrowed; NULL if the type is not in ggml_types.h */
+    uint64_t nbytes;     /* 0 if the type is not in ggml_types.h */
 } tp_gguf_tensor;
 
 /* Parse a GGUF v3 buffer of size bytes. On success *out is owned by the
@@ -72,5 +70,20 @@ int tp_gguf_get_str_array(const tp_gguf *g, const char *key, tp_gguf_str **out, 
  * pointer to the raw little-endian elements (possibly unaligned: memcpy). */
 int tp_gguf_get_array(const tp_gguf *g, const char *key, uint32_t *elem_type, uint64_t *n,
                       const uint8_t **raw, tp_err *err);
+
+/* Every metadata entry, in file order (for copying metadata between files). */
+typedef struct tp_gguf_kv_view {
+    tp_gguf_str key;
+    uint32_t type;       /* TP_GGUF_* */
+    uint32_t elem_type;  /* arrays: element type */
+    uint64_t count;      /* arrays: element count */
+    const uint8_t *raw;  /* borrowed: the encoded value; for arrays the elements
+                          * after the element type and count */
+    uint64_t raw_len;
+} tp_gguf_kv_view;
+
+uint64_t tp_gguf_n_kv(const tp_gguf *g);
+/* TP_ERANGE if i >= tp_gguf_n_kv(g). */
+int tp_gguf_kv_at(const tp_gguf *g, uint64_t i, tp_gguf_kv_view *out, tp_err *err);
 
 #endif

@@ -1,4 +1,5 @@
-/* Llama-architecture model weights: llama2.c checkpoints and GGUF v3 (F32).
+/* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
+ * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling) and `qwen2` architectures.
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -23,8 +24,24 @@ typedef struct tp_model tp_model;
 
 typedef enum tp_model_format {
     TP_MODEL_LLAMA2C = 1, /* karpathy/llama2.c legacy (version 0) checkpoint */
-    TP_MODEL_GGUF = 2,    /* GGUF v3, general.architecture = llama, F32 tensors */
+    TP_MODEL_GGUF = 2,    /* GGUF v3, general.architecture llama or qwen2; F32, F16,
+                           * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K */
 } tp_model_format;
+
+typedef enum tp_model_arch {
+    TP_ARCH_LLAMA = 1, /* llama2.c checkpoints and GGUF "llama" */
+    TP_ARCH_QWEN2 = 2, /* GGUF "qwen2": Q/K/V biases, NEOX RoPE */
+} tp_model_arch;
+
+/* Which elements of a head RoPE rotates together (llama.cpp's rope types).
+ * ADJACENT: (2i, 2i+1), llama.cpp LLAMA_ROPE_TYPE_NORM, as llama2.c and
+ * GGUF llama files (their converter permutes Q/K rows for it). NEOX:
+ * (i, i + head_size/2), LLAMA_ROPE_TYPE_NEOX, as qwen2. Pair i turns by
+ * pos * rope_theta^(-2i/head_size) / rope_freqs[i] in both. */
+typedef enum tp_rope_style {
+    TP_ROPE_ADJACENT = 0,
+    TP_ROPE_NEOX = 1,
+} tp_rope_style;
 
 typedef struct tp_model_config {
     int dim;          /* model width */
@@ -39,9 +56,26 @@ typedef struct tp_model_config {
     float norm_eps;   /* RMSNorm epsilon (1e-5 for llama2.c) */
     float rope_theta; /* RoPE base (10000 for llama2.c) */
     bool shared_classifier; /* output weights = token embedding */
+    tp_model_arch arch;
+    tp_rope_style rope_style;
+    bool attn_bias;   /* bq/bk/bv present (qwen2) */
 } tp_model_config;
 
-/* Row-major [rows][cols] float weights of one layer, borrowed from the file. */
+/* One weight matrix [rows][cols] as the file stores it: ggml type
+ * (TP_GGML_* of ggml_types.h: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K), rows of row_bytes each, contiguous, borrowed from the file
+ * (never copied or converted at load). cols is a multiple of the type's
+ * block. workers/forward/quant.h reads them. */
+typedef struct tp_wmat {
+    uint32_t type;
+    int rows, cols;
+    size_t row_bytes;
+    const void *data;
+} tp_wmat;
+
+/* Row-major [rows][cols] float weights of one layer, borrowed from the file.
+ * The float pointers are NULL for a matrix that is not F32; the typed view
+ * (.m) is always filled. Norm vectors are always F32. */
 typedef struct tp_layer_weights {
     const float *rms_att; /* [dim] */
     const float *wq;      /* [dim][dim] */
@@ -52,6 +86,8 @@ typedef struct tp_layer_weights {
     const float *w1;      /* [hidden][dim] (gate) */
     const float *w2;      /* [dim][hidden] (down) */
     const float *w3;      /* [hidden][dim] (up) */
+    const float *bq, *bk, *bv; /* [dim], [kv_dim], [kv_dim]; NULL without attn_bias */
+    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3; } m;
 } tp_layer_weights;
 
 typedef struct tp_model_weights {
@@ -59,7 +95,15 @@ typedef struct tp_model_weights {
     const tp_layer_weights *layers; /* [n_layers] */
     const float *rms_final;       /* [dim] */
     const float *wcls;            /* [vocab][dim]; == token_embedding if shared */
+    /* [head_size / 2] divisors of each RoPE pair's frequency (Llama 3 and
+     * linear scaling: the file's rope_freqs.weight, or computed from its
+     * rope.scaling.* keys); NULL = all 1. */
+    const float *rope_freqs;
+    struct { tp_wmat token_embedding, wcls; } m; /* typed views, always filled */
 } tp_model_weights;
+
+/* True if every matrix of the model is F32 (llama2.c checkpoints always). */
+bool tp_model_all_f32(const tp_model *m);
 
 /* The vocabulary embedded in a GGUF file (tokenizer.ggml.*). Pieces point
  * into the file and are not NUL terminated; arrays are owned by the model. */
@@ -74,6 +118,15 @@ typedef struct tp_model_vocab {
 } tp_model_vocab;
 
 #define TP_MODEL_MAX_EOS 4
+
+/* Llama 3.1's RoPE scaling (Meta's rope_type "llama3") as the divisors of
+ * the head_size / 2 pair frequencies theta^(-2i/head_size): pairs whose
+ * wavelength is under orig_ctx / high keep theirs (1), those over
+ * orig_ctx / low are slowed by factor, the band between is blended. What
+ * llama.cpp's converter stores as rope_freqs.weight; the loader computes
+ * it from rope.scaling.* keys, mkmodel writes it. */
+void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
+                             double orig_ctx, float *out);
 
 /* Open and mmap path (read-only), detect the format from its first bytes and
  * validate it. On success *out is owned by the caller (tp_model_free). */

@@ -170,6 +170,7 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_NAME 64                /* instance, field paths */
 #define TP_PROTO_MAX_MODEL_ID 256           /* READY model_id */
 #define TP_PROTO_MAX_TRIGGERS 1024          /* entries of stats stop_triggers */
+#define TP_PROTO_MAX_BUCKETS 64             /* buckets of one STATS histogram */
 
 /* ---- payload arrays ----------------------------------------------------- */
 
@@ -280,6 +281,7 @@ typedef struct tp_m_submit {
     tp_str prompt;        /* text prompt; ptr NULL = absent, then prompt_ids */
     tp_raw prompt_ids;    /* int32 frame F3, present iff prompt is absent, >= 1 id */
     tp_params params;
+    bool parse_special;   /* control-token texts in prompt become those tokens */
 } tp_m_submit;
 
 typedef struct tp_m_ack {   /* ACK and ERROR. status 200: accepted / cancel done; else rejected */
@@ -322,6 +324,22 @@ typedef struct tp_trigger {    /* how often one stop string / id finished a job 
     bool truncated;            /* key is a prefix of a longer stop string */
 } tp_trigger;
 
+/* A latency histogram of STATS (microseconds): buckets[i] counts the
+ * samples in (bounds_us[i-1], bounds_us[i]]; the last bucket (i =
+ * n_bounds) those above every bound. n_buckets = n_bounds + 1, or both 0
+ * (an older broker). */
+typedef struct tp_hist {
+    uint64_t count;            /* samples */
+    uint64_t sum_us;           /* their sum */
+    uint64_t *bounds_us;       /* strictly increasing upper bounds */
+    size_t n_bounds;
+    uint64_t *buckets;         /* per bucket, not cumulative */
+    size_t n_buckets;
+} tp_hist;
+
+/* The histograms of STATS, in this order (names on the wire). */
+enum { TP_HIST_QUEUE = 0, TP_HIST_TTFT, TP_HIST_ITL, TP_HIST_E2E, TP_HIST_COUNT };
+
 typedef struct tp_m_stats_reply {
     uint64_t uptime_ms;
     uint64_t jobs_submitted;       /* SUBMITs seen */
@@ -342,6 +360,16 @@ typedef struct tp_m_stats_reply {
     uint64_t forward_rows;         /* sequences in them (rows per step = the batch) */
     uint64_t forward_tokens;       /* tokens in them (decode + prefill) */
     uint64_t zap_refused;          /* CURVE clients refused by the ZAP handler */
+    uint64_t jobs_running;         /* admitted (pinned to workers) now */
+    uint64_t jobs_waiting;         /* tokenizing or waiting for admission now */
+    uint64_t kv_slots_used;        /* sequences held by forward workers now */
+    uint64_t kv_slots_total;       /* their capacity (sum over live forward workers) */
+    tp_hist hist[TP_HIST_COUNT];   /* queue time, TTFT, inter-token latency, end-to-end */
+    uint64_t workers_lost;         /* registrations lost (dead, hung, disconnected, restarted) */
+    uint64_t recovered[4];         /* jobs moved to another worker per stage: tokenize, forward, sample, stop */
+    uint64_t recovery_count;       /* recoveries timed: loss -> the job's next event */
+    uint64_t recovery_ms_total, recovery_ms_max;
+    uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
@@ -414,7 +442,8 @@ typedef struct tp_m_disconnect {
 typedef struct tp_m_tokenize {
     uint32_t slot;
     tp_str text;
-    bool add_bos;
+    bool add_bos;         /* add BOS/EOS as the vocabulary asks (add_bos_token/add_eos_token) */
+    bool parse_special;   /* control-token texts become those tokens */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {
@@ -461,6 +490,8 @@ typedef struct tp_m_sample_open {
                                 * accepted (EOS + stop ids) */
     size_t n_ban_ids;
     tp_raw context;            /* i32 frame: prompt (+ accepted) ids for penalties */
+    tp_raw replay;             /* i32 frame, optional: candidates to accept before the first
+                                * draw (rebuilding a lost sampler; empty for a new job) */
 } tp_m_sample_open;
 
 typedef struct tp_m_sample {
@@ -593,6 +624,12 @@ typedef struct tp_wire {
 int tp_proto_encode(const tp_msg *m, tp_wire *w, tp_err *err);
 
 void tp_wire_free(tp_wire *w);
+
+/* The wire's rule for the float generation parameter `key` ("top_p", ...)
+ * applied to v, so a command line refuses exactly what SUBMIT refuses, with
+ * the same message: v and (float)v must both be in the parameter's range.
+ * On success *out = (float)v. */
+int tp_proto_param_float(const char *key, double v, float *out, tp_err *err);
 
 /* Check that s (len bytes) is a valid job id: 1..TP_PROTO_MAX_JOB_ID bytes
  * of [A-Za-z0-9._:-]. */

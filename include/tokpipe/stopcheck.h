@@ -11,8 +11,10 @@
  *   "include_stop_str_in_output": bool, "min_tokens", "max_tokens": int,
  *   "trace": bool (adds "steps": per candidate its id, bytes (hex),
  *   accepted, chunk, bytes held back (hex) and finish).
- * In tokens mode a stop string naming a control token ("</s>") is turned
- * into a stop id (tp_detok_control_id). Unknown fields are errors (a misspelt "stops" must not pass silently).
+ * In tokens mode the default eos ids are the vocabulary's end-of-generation
+ * set, and a stop string naming a control token ("</s>") also stops on that
+ * token as a stop id, as the stop stage does (tp_detok_control_stops).
+ * Unknown fields are errors (a misspelt "stops" must not pass silently).
  * Running out of pieces before a finish means the job was cancelled.
  * Output: {"chunks": [non-empty deltas], "text", "finish_reason", "matched":
  * string | id | null, "completion_tokens"} or {"error": "message"}. */

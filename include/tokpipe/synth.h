@@ -4,6 +4,7 @@
 #ifndef TOKPIPE_SYNTH_H
 #define TOKPIPE_SYNTH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -41,5 +42,25 @@ int tp_synth_build_model(const tp_synth_shape *s, uint64_t seed, void **buf, siz
  * (printable characters, then space-led letter strings) with scores
  * decreasing with id. vocab_size must be at least 259 + 95. */
 int tp_synth_write_tokenizer(FILE *fp, int vocab_size, tp_err *err);
+
+/* A random-weight GGUF model (F32 tensors, llama.cpp's names and keys). */
+typedef struct tp_synth_gguf {
+    const char *arch;        /* "llama" (Llama 2 RoPE, base 10000), "llama3"
+                              * (general.architecture llama, base 500000,
+                              * llama3 RoPE scaling: factor 8, low 1, high 4,
+                              * original context 8192) or "qwen2" (Q/K/V
+                              * biases, NEOX RoPE, base 1e6) */
+    const char *vocab_from;  /* GGUF whose tokenizer.* metadata is copied; its
+                              * token count is the vocabulary size (required) */
+    bool separate_output;    /* write output.weight (else tied to token_embd) */
+    bool rope_scaling_keys;  /* llama3: write llama.rope.scaling.* keys instead
+                              * of llama.cpp's rope_freqs.weight tensor */
+} tp_synth_gguf;
+
+/* Write the model of shape s (its vocab_size is ignored) to path: matrix
+ * weights uniform in +-0.5/sqrt(fan in), norm weights 1 +- 0.25, biases
+ * +-0.5, all from a generator seeded with seed. Errors name what is wrong. */
+int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed, const tp_synth_gguf *o,
+                        tp_err *err);
 
 #endif

@@ -1,9 +1,12 @@
 /* ZeroMQ CURVE security for the broker's endpoints (PROTOCOL.md "Security").
  *
  * With `security.curve: true` every tcp:// endpoint the broker binds is a
- * CURVE server (encrypted, and only clients whose public key is listed in
- * `security.authorized_keys` get through: the broker answers ZeroMQ's ZAP
- * requests itself). ipc:// endpoints stay plain: the 0700 runtime directory
+ * CURVE server (encrypted, and only listed public keys get through: the
+ * broker answers ZeroMQ's ZAP requests itself). Keys have roles: those in
+ * `security.client_keys` reach only the client endpoints (front, events),
+ * those in `security.worker_keys` only the worker endpoints (back,
+ * publish); `security.authorized_keys` admits its keys in both roles (the
+ * setting from before roles existed). ipc:// endpoints stay plain: the 0700 runtime directory
  * already keeps other users out, and local workers pay no encryption.
  *
  * Keys are Z85 text files written by `tokpipe keygen`: PREFIX.key holds the
@@ -23,7 +26,10 @@
 
 #define TP_ZSEC_KEY_LEN 40               /* Z85 characters of one 32-byte key */
 #define TP_ZSEC_ZAP_ENDPOINT "inproc://zeromq.zap.01"
-#define TP_ZSEC_DOMAIN "tokpipe"          /* ZAP domain of the broker's sockets */
+/* ZAP domains of the broker's sockets, one per role: a key admitted in one
+ * role gets nothing from the other role's endpoints. */
+#define TP_ZSEC_DOMAIN_CLIENT "tokpipe-client"   /* front, events */
+#define TP_ZSEC_DOMAIN_WORKER "tokpipe-worker"   /* back, publish */
 #define TP_ZSEC_MAX_AUTHORIZED 65536      /* keys in one authorized_keys file */
 
 /* Write a fresh key pair: PREFIX.key (secret, mode 0600) and PREFIX.pub
@@ -74,9 +80,16 @@ typedef void (*tp_zsec_log_fn)(void *ctx, const char *line);
 int tp_zsec_server_new(void *zctx, const tp_config *cfg, tp_zsec_log_fn log, void *log_ctx,
                        tp_zsec_server **out, tp_err *err);
 
+typedef enum tp_zsec_role {
+    TP_ZSEC_CLIENT = 1, /* producers and subscribers: front, events */
+    TP_ZSEC_WORKER = 2, /* stage workers: back, publish */
+} tp_zsec_role;
+
 /* Before zmq_bind(sock, endpoint): with a tcp endpoint make sock a CURVE
- * server. s may be NULL (security off: nothing to do). */
-int tp_zsec_server_apply(const tp_zsec_server *s, void *sock, const char *endpoint, tp_err *err);
+ * server admitting the keys of role. s may be NULL (security off: nothing
+ * to do). */
+int tp_zsec_server_apply(const tp_zsec_server *s, void *sock, const char *endpoint, tp_zsec_role role,
+                         tp_err *err);
 
 /* The ZAP socket to poll for ZMQ_POLLIN (NULL for a NULL server). */
 void *tp_zsec_server_socket(const tp_zsec_server *s);
@@ -89,7 +102,7 @@ void tp_zsec_server_handle(tp_zsec_server *s);
 /* Connections refused so far (0 for NULL). */
 uint64_t tp_zsec_server_refused(const tp_zsec_server *s);
 
-/* Number of authorized keys loaded. */
+/* Number of distinct keys loaded (any role). */
 size_t tp_zsec_server_n_authorized(const tp_zsec_server *s);
 
 void tp_zsec_server_free(tp_zsec_server *s);

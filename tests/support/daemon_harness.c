@@ -52,8 +52,16 @@ static int write_config(harness *h, bool tcp, const char *extra)
     FILE *f = fopen(h->config, "w");
     if (!f)
         return -1;
-    fprintf(f, "runtime_dir: %s/rt\nmodel:\n  path: %s/stories260K.bin\n  tokenizer: %s/tok512.bin\n", h->dir,
-            h->models, h->models);
+    fprintf(f, "runtime_dir: %s/rt\n", h->dir);
+    /* stories260K unless the test brings its own model section, or names
+     * in TP_TEST_MODEL another weights file of the stories260K vocabulary
+     * (e.g. a quantized GGUF), for tests of the pipeline on it */
+    if (!extra || (strncmp(extra, "model:", 6) && !strstr(extra, "\nmodel:"))) {
+        const char *model = getenv("TP_TEST_MODEL");
+        char def[600];
+        snprintf(def, sizeof def, "%s/stories260K.bin", h->models);
+        fprintf(f, "model:\n  path: %s\n  tokenizer: %s/tok512.bin\n", model ? model : def, h->models);
+    }
     if (tcp) {
         int port[4];
         if (free_ports(port, 4)) {
@@ -76,6 +84,9 @@ static int write_config(harness *h, bool tcp, const char *extra)
      * sets its own: a second heartbeat section would be a duplicate key) */
     if (!extra || (strncmp(extra, "heartbeat:", 10) && !strstr(extra, "\nheartbeat:")))
         fprintf(f, "heartbeat:\n  interval_ms: 200\n  liveness: 5\n");
+    /* no gateway on the shared default port unless the test asks for one */
+    if (!extra || (strncmp(extra, "http:", 5) && !strstr(extra, "\nhttp:")))
+        fprintf(f, "http:\n  enabled: false\n");
     /* last, so extra_yaml may continue the workers section ("  fuse: ...") */
     fprintf(f, "workers:\n  binary: %s/tokpipe-worker\n", h->bin);
     if (extra)

@@ -26,7 +26,7 @@ typedef struct harness {
 
 /* Start tokpiped with the stories260K model. tcp: loopback ports instead
  * of ipc. extra_yaml is appended to the generated config (may be NULL; a
- * "heartbeat:" section in it replaces the harness's fast default); with
+ * "heartbeat:" or "model:" section in it replaces the harness's default); with
  * security.curve in it, the harness's own sockets use the config's client
  * keys, as the real clients do.
  * Waits until every stage has a registered worker. 0 or -1 (message on

@@ -11,6 +11,7 @@
 #include "tokpipe/forward.h"
 #include "blas.h"
 #include "kernels.h"
+#include "quant.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -26,11 +27,27 @@
 #define THREAD_MIN_PANELS 16  /* small matrices are not worth a hand-off */
 #define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
 
+/* A weight group with a typed (non-F32) matrix: each matrix on its own,
+ * writing its columns of the output; typed ones read in place from the
+ * file (quant.h), F32 ones packed. n == 0: the group is all F32 and uses
+ * the group's packed matrix instead. */
+typedef struct typed_part {
+    tp_wmat w;
+    tp_packed p; /* p.p set: an F32 part, packed */
+    int col;     /* first output column */
+} typed_part;
+
+typedef struct typed_group {
+    int n;
+    typed_part part[3];
+} typed_group;
+
 typedef struct packed_layer {
     tp_packed qkv; /* rows: q (dim), k (kv_dim), v (kv_dim) */
     tp_packed wo;
     tp_packed w13; /* rows: w1 (hidden), w3 (hidden) */
     tp_packed w2;
+    typed_group tqkv, two, tw13, tw2;
 } packed_layer;
 
 typedef struct scratch {
@@ -68,6 +85,9 @@ struct tp_forward {
     tp_model_config c;
     packed_layer *layers;
     tp_packed cls;
+    typed_group tcls;
+    tp_qact qact;   /* activations of the current typed matmul */
+    bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too) */
     int slots, max_pos, max_tokens;
     int kv_pos; /* max_pos rounded up to a multiple of 16 (cache stride) */
     /* keys per KV head in blocks of 16 positions, [slot][layer][kv_head]
@@ -92,16 +112,52 @@ static void helper_stop(helper *h);
 
 /* ---- setup ------------------------------------------------------------- */
 
-static int pack_layer(const tp_model_config *c, const tp_layer_weights *lw, packed_layer *pl)
+/* Pack a group of n matrices stacked by rows: all F32 into one packed
+ * matrix as always; otherwise typed parts stay in the file (no copy) and
+ * only F32 parts are packed, each alone. */
+static int pack_group(const tp_wmat *const *m, int n, tp_packed *packed, typed_group *tg)
 {
-    const float *qkv[3] = {lw->wq, lw->wk, lw->wv};
-    int qkv_rows[3] = {c->dim, c->kv_dim, c->kv_dim};
-    const float *w13[2] = {lw->w1, lw->w3};
-    int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
-    int rc = tp_pack(qkv, qkv_rows, 3, c->dim, &pl->qkv);
-    if (!rc) rc = tp_pack(&lw->wo, &c->dim, 1, c->dim, &pl->wo);
-    if (!rc) rc = tp_pack(w13, w13_rows, 2, c->dim, &pl->w13);
-    if (!rc) rc = tp_pack(&lw->w2, &c->dim, 1, c->hidden_dim, &pl->w2);
+    bool all_f32 = true;
+    for (int i = 0; i < n; i++)
+        all_f32 = all_f32 && m[i]->type == TP_GGML_F32;
+    if (all_f32) {
+        const float *parts[3];
+        int rows[3];
+        for (int i = 0; i < n; i++) {
+            parts[i] = m[i]->data;
+            rows[i] = m[i]->rows;
+        }
+        return tp_pack(parts, rows, n, m[0]->cols, packed);
+    }
+    tg->n = n;
+    for (int i = 0, col = 0; i < n; col += m[i++]->rows) {
+        typed_part *p = &tg->part[i];
+        p->w = *m[i];
+        p->col = col;
+        if (m[i]->type == TP_GGML_F32) {
+            const float *d = m[i]->data;
+            if (tp_pack(&d, &m[i]->rows, 1, m[i]->cols, &p->p))
+                return TP_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+static void typed_group_free(typed_group *tg)
+{
+    for (int i = 0; i < tg->n; i++)
+        tp_packed_free(&tg->part[i].p);
+}
+
+static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
+{
+    const tp_wmat *qkv[3] = {&lw->m.wq, &lw->m.wk, &lw->m.wv};
+    const tp_wmat *w13[2] = {&lw->m.w1, &lw->m.w3};
+    const tp_wmat *wo = &lw->m.wo, *w2 = &lw->m.w2;
+    int rc = pack_group(qkv, 3, &pl->qkv, &pl->tqkv);
+    if (!rc) rc = pack_group(&wo, 1, &pl->wo, &pl->two);
+    if (!rc) rc = pack_group(w13, 2, &pl->w13, &pl->tw13);
+    if (!rc) rc = pack_group(&w2, 1, &pl->w2, &pl->tw2);
     return rc;
 }
 
@@ -112,14 +168,23 @@ static int pack_weights(tp_forward *f)
     if (!f->layers)
         return TP_ENOMEM;
     for (int l = 0; l < f->c.n_layers; l++)
-        if (pack_layer(&f->c, &w->layers[l], &f->layers[l]))
+        if (pack_layer(&w->layers[l], &f->layers[l]))
             return TP_ENOMEM;
-    return tp_pack(&w->wcls, &f->c.vocab_size, 1, f->c.dim, &f->cls);
+    if (!tp_model_all_f32(f->model)) {
+        int wide = f->c.dim > f->c.hidden_dim ? f->c.dim : f->c.hidden_dim;
+        if (tp_qact_init(&f->qact, f->max_tokens, wide))
+            return TP_ENOMEM;
+    }
+    const tp_wmat *cls = &w->m.wcls;
+    return pack_group(&cls, 1, &f->cls, &f->tcls);
 }
 
-/* RoPE tables computed as run.c does per position, once. */
+/* RoPE tables computed as run.c does per position, once; a model's
+ * frequency divisors (Llama 3 scaling) slow each pair as llama.cpp's
+ * freq_factors do. */
 static int make_rope(tp_forward *f)
 {
+    const float *ff = tp_model_get_weights(f->model)->rope_freqs;
     int hs = f->c.head_size, half = hs / 2;
     size_t n = (size_t)f->max_pos * (size_t)half;
     f->rope_cos = malloc(n * sizeof(float));
@@ -130,6 +195,8 @@ static int make_rope(tp_forward *f)
         for (int j = 0; j < half; j++) {
             float freq = 1.0f / powf(f->c.rope_theta, (float)(2 * j) / (float)hs);
             float val = (float)pos * freq;
+            if (ff)
+                val = (float)pos * (freq / ff[j]);
             f->rope_cos[(size_t)pos * half + j] = cosf(val);
             f->rope_sin[(size_t)pos * half + j] = sinf(val);
         }
@@ -212,6 +279,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->max_tokens = max_batch_tokens;
     f->kv_pos = (max_pos + 15) / 16 * 16;
     f->avx512 = tp_kernels_have_avx512();
+    f->qavx512 = f->avx512 && tp_quant_have_avx512();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
@@ -234,9 +302,15 @@ void tp_forward_free(tp_forward *f)
             tp_packed_free(&f->layers[l].wo);
             tp_packed_free(&f->layers[l].w13);
             tp_packed_free(&f->layers[l].w2);
+            typed_group_free(&f->layers[l].tqkv);
+            typed_group_free(&f->layers[l].two);
+            typed_group_free(&f->layers[l].tw13);
+            typed_group_free(&f->layers[l].tw2);
         }
     free(f->layers);
     tp_packed_free(&f->cls);
+    typed_group_free(&f->tcls);
+    tp_qact_free(&f->qact);
     if (f->kcache)
         munmap(f->kcache, f->pool_bytes ? f->pool_bytes : 1);
     if (f->vcache)
@@ -318,7 +392,11 @@ int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
 
 int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
 
-void tp_forward_use_scalar_for_tests(tp_forward *f) { f->avx512 = false; }
+void tp_forward_use_scalar_for_tests(tp_forward *f)
+{
+    f->avx512 = false;
+    f->qavx512 = false;
+}
 
 /* ---- matmul backends --------------------------------------------------- */
 
@@ -347,6 +425,9 @@ int tp_forward_set_kernel(tp_forward *f, tp_fwd_kernel k, tp_err *err)
 {
     if (k != TP_FWD_KERNEL_INVARIANT && k != TP_FWD_KERNEL_OPENBLAS)
         return tp_err_set(err, TP_EINVAL, "forward: unknown kernel %d (want invariant or openblas)", (int)k);
+    if (k == TP_FWD_KERNEL_OPENBLAS && !tp_model_all_f32(f->model))
+        return tp_err_set(err, TP_EINVAL, "forward: the openblas kernel needs F32 weights; this model has "
+                          "F16 or quantized matrices (use the invariant kernel)");
     if (k == TP_FWD_KERNEL_OPENBLAS && !f->cls_all) {
         /* rows wanting logits <= items <= min(slots, tokens): one seq once */
         int rows = f->slots < f->max_tokens ? f->slots : f->max_tokens;
@@ -421,6 +502,39 @@ static void group_matmul(tp_forward *f, const tp_packed *pw, const float *const 
         blas_matmul(f, parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
 }
 
+/* One typed matrix: its activations are quantized once, then rows
+ * [0, rows) computed (tp_qmatmul_rows may be split by rows across threads
+ * with the same bits). */
+static void typed_matmul(tp_forward *f, const tp_wmat *w, const float *x, int ldx, int n_tok, float *y, int ldy)
+{
+    tp_qact_prepare(&f->qact, w->type, x, ldx, n_tok, w->cols);
+    tp_qmatmul_rows(w, &f->qact, y, ldy, 0, w->rows, f->qavx512);
+}
+
+/* A group with typed matrices: each part writes its own columns of y. */
+static void typed_group_matmul(tp_forward *f, const typed_group *tg, const float *x, int ldx, int n_tok, float *y,
+                               int ldy)
+{
+    for (int i = 0; i < tg->n; i++) {
+        const typed_part *p = &tg->part[i];
+        if (p->p.p)
+            matmul(f, &p->p, x, ldx, n_tok, y + p->col, ldy);
+        else
+            typed_matmul(f, &p->w, x, ldx, n_tok, y + p->col, ldy);
+    }
+}
+
+/* A layer's weight group: typed when it has a non-F32 matrix (never with
+ * OpenBLAS: set_kernel refuses such models), else as group_matmul. */
+static void layer_matmul(tp_forward *f, const tp_packed *pw, const typed_group *tg, const float *const *parts,
+                         const int *rows, int n_parts, const float *x, int ldx, int n_tok, float *y, int ldy)
+{
+    if (tg->n)
+        typed_group_matmul(f, tg, x, ldx, n_tok, y, ldy);
+    else
+        group_matmul(f, pw, parts, rows, n_parts, x, ldx, n_tok, y, ldy);
+}
+
 /* ---- sequences --------------------------------------------------------- */
 
 int tp_forward_seq_open(tp_forward *f, int *seq_id, tp_err *err)
@@ -483,10 +597,21 @@ static void softmax(float *x, int n)
         x[i] /= sum;
 }
 
+/* Rotate the heads of vec (n = heads * head_size) for position pos: pairs
+ * (2j, 2j+1) or, for NEOX models, (j, j + head_size/2) (model.h). */
 static void rope(const tp_forward *f, float *vec, int n, int pos)
 {
     int half = f->c.head_size / 2;
     const float *cs = f->rope_cos + (size_t)pos * half, *sn = f->rope_sin + (size_t)pos * half;
+    if (f->c.rope_style == TP_ROPE_NEOX) {
+        for (int h = 0; h < n; h += f->c.head_size)
+            for (int j = 0; j < half; j++) {
+                float v0 = vec[h + j], v1 = vec[h + j + half];
+                vec[h + j] = v0 * cs[j] - v1 * sn[j];
+                vec[h + j + half] = v0 * sn[j] + v1 * cs[j];
+            }
+        return;
+    }
     for (int i = 0; i < n; i += 2) {
         int j = (i % f->c.head_size) / 2;
         float v0 = vec[i], v1 = vec[i + 1];
@@ -693,12 +818,12 @@ static int check_items(tp_forward *f, const tp_fwd_item *items, int n_items, flo
 
 static void embed(tp_forward *f, const tp_fwd_item *items, int n_items)
 {
-    const float *emb = tp_model_get_weights(f->model)->token_embedding;
+    const tp_wmat *emb = &tp_model_get_weights(f->model)->m.token_embedding;
     size_t d = (size_t)f->c.dim;
     int t = 0;
     for (int i = 0; i < n_items; i++)
         for (int j = 0; j < items[i].n_tokens; j++, t++) {
-            memcpy(f->s.x + (size_t)t * d, emb + (size_t)items[i].tokens[j] * d, d * sizeof(float));
+            tp_wmat_dequant_row(emb, items[i].tokens[j], f->s.x + (size_t)t * d); /* one row, any type */
             f->s.tok_slot[t] = items[i].seq_id;
             f->s.tok_pos[t] = items[i].pos + j;
         }
@@ -720,11 +845,17 @@ static void attention_block(tp_forward *f, int l, int T)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
     const float *qkv_w[3] = {lw->wq, lw->wk, lw->wv};
     const int qkv_rows[3] = {c->dim, c->kv_dim, c->kv_dim};
-    group_matmul(f, &f->layers[l].qkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv, (int)qs);
+    layer_matmul(f, &f->layers[l].qkv, &f->layers[l].tqkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv,
+                 (int)qs);
     /* Store every token's k and v before any attention, so a prefill token
      * sees the earlier tokens of its own chunk. */
     for (int t = 0; t < T; t++) {
         float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
+        if (c->attn_bias) {
+            if (lw->bq) add_rows(q, lw->bq, d);
+            if (lw->bk) add_rows(k, lw->bk, kvd);
+            if (lw->bv) add_rows(v, lw->bv, kvd);
+        }
         rope(f, q, c->dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
         store_key(f, f->kcache + kv_offset(f, s->tok_slot[t], l, 0), k, s->tok_pos[t]);
@@ -735,7 +866,8 @@ static void attention_block(tp_forward *f, int l, int T)
     }
     for (int t = 0; t < T; t++)
         attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);
-    group_matmul(f, &f->layers[l].wo, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj, c->dim);
+    layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj,
+                 c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
 }
 
@@ -749,7 +881,8 @@ static void ffn_block(tp_forward *f, int l, int T)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
     const float *w13[2] = {lw->w1, lw->w3};
     const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
-    group_matmul(f, &f->layers[l].w13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13, (int)(2 * h));
+    layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
+                 (int)(2 * h));
     for (int t = 0; t < T; t++) {
         const float *g = s->h13 + t * 2 * h, *u = g + h;
         float *o = s->proj + t * h; /* SwiGLU output, packed [T][hidden] */
@@ -760,7 +893,8 @@ static void ffn_block(tp_forward *f, int l, int T)
         }
     }
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
-    group_matmul(f, &f->layers[l].w2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13, c->dim);
+    layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
+                 c->dim);
     add_rows(s->x, s->h13, (size_t)T * d);
 }
 
@@ -777,6 +911,14 @@ static void classify_blas(tp_forward *f, const tp_fwd_item *items, int n_items, 
     for (int i = 0, k = 0; i < n_items; i++)
         if (!items[i].skip_logits)
             memcpy(logits + (size_t)i * V, f->cls_all + (size_t)k++ * V, V * sizeof(float));
+}
+
+static void cls_matmul(tp_forward *f, const float *x, int n, float *y, int ldy)
+{
+    if (f->tcls.n)
+        typed_group_matmul(f, &f->tcls, x, f->c.dim, n, y, ldy);
+    else
+        matmul(f, &f->cls, x, f->c.dim, n, y, ldy);
 }
 
 static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits)
@@ -801,13 +943,13 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
      * skips; otherwise compute CLS_CHUNK rows at a time into scratch and
      * scatter (same bits: rows never interact in the kernel). */
     if (rows == n_items) {
-        matmul(f, &f->cls, s->cls_in, f->c.dim, rows, logits, (int)V);
+        cls_matmul(f, s->cls_in, rows, logits, (int)V);
         return;
     }
     int r = 0;
     for (int i = 0; r < rows;) {
         int n = rows - r < CLS_CHUNK ? rows - r : CLS_CHUNK;
-        matmul(f, &f->cls, s->cls_in + (size_t)r * d, f->c.dim, n, s->cls_out, (int)V);
+        cls_matmul(f, s->cls_in + (size_t)r * d, n, s->cls_out, (int)V);
         for (int k = 0; k < n; i++)
             if (!items[i].skip_logits)
                 memcpy(logits + (size_t)i * V, s->cls_out + (size_t)k++ * V, V * sizeof(float));

@@ -16,6 +16,7 @@ typedef struct gguf_kv {
     uint32_t elem_type;  /* arrays only */
     uint64_t count;      /* arrays only */
     size_t value_off;    /* value, or first array element */
+    size_t value_end;
 } gguf_kv;
 
 struct tp_gguf {
@@ -165,6 +166,7 @@ static int parse_kvs(tp_gguf *g, cursor *c, tp_err *err)
         int rc = parse_kv(c, &g->kv[i], err);
         if (rc)
             return rc;
+        g->kv[i].value_end = c->off;
         for (uint64_t j = 0; j < i; j++)
             if (g->kv[j].key.len == g->kv[i].key.len &&
                 !memcmp(g->kv[j].key.ptr, g->kv[i].key.ptr, g->kv[i].key.len))
@@ -219,10 +221,11 @@ static int place_tensor(tp_gguf *g, tp_gguf_tensor *t, uint64_t alignment, tp_er
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' offset %llu is not a multiple of the alignment %llu",
                           (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
                           (unsigned long long)alignment);
-    size_t es = t->type == TP_GGML_F32 ? 4 : t->type == TP_GGML_F16 ? 2 : 0;
-    if (!es)
+    if (!tp_ggml_type(t->type))
         return 0;
-    t->nbytes = n * es;
+    tp_err why;
+    if (tp_ggml_nbytes(t->type, (int)t->n_dims, t->dims, &t->nbytes, &why))
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s': %s", (int)t->name.len, t->name.ptr, why.msg);
     uint64_t avail = g->size - g->data_start;
     if (t->offset > avail || t->nbytes > avail - t->offset)
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' (offset %llu, %llu bytes) extends past the end of the file",
@@ -463,5 +466,22 @@ int tp_gguf_get_array(const tp_gguf *g, const char *key, uint32_t *elem_type, ui
     *elem_type = kv->elem_type;
     *n = kv->count;
     *raw = g->data + kv->value_off;
+    return 0;
+}
+
+uint64_t tp_gguf_n_kv(const tp_gguf *g) { return g->n_kv; }
+
+int tp_gguf_kv_at(const tp_gguf *g, uint64_t i, tp_gguf_kv_view *out, tp_err *err)
+{
+    if (i >= g->n_kv)
+        return tp_err_set(err, TP_ERANGE, "gguf: metadata index %llu is past the %llu entries",
+                          (unsigned long long)i, (unsigned long long)g->n_kv);
+    const gguf_kv *kv = &g->kv[i];
+    out->key = kv->key;
+    out->type = kv->type;
+    out->elem_type = kv->type == TP_GGUF_ARRAY ? kv->elem_type : 0;
+    out->count = kv->type == TP_GGUF_ARRAY ? kv->count : 0;
+    out->raw = g->data + kv->value_off;
+    out->raw_len = kv->value_end - kv->value_off;
     return 0;
 }

@@ -1,9 +1,11 @@
-/* Model loading: llama2.c checkpoints and GGUF v3 Llama files, mmap'ed. */
+/* Model loading: llama2.c checkpoints and GGUF v3 llama/qwen2 files, mmap'ed. */
 #include "tokpipe/model.h"
 #include "tokpipe/gguf.h"
+#include "quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,13 @@
 #define LLAMA2C_HEADER_BYTES 28
 #define LLAMA2C_V1_MAGIC 0x616b3432u /* "ak42": newer llama2.c export versions */
 #define HASH_BYTES 4096
+#define MAX_KEY 96
+/* Llama 3's defaults for the rope.scaling keys it may leave out (the values
+ * of Meta's Llama 3.1 release, which llama.cpp's converter also assumes). */
+#define LLAMA3_FACTOR 8.0
+#define LLAMA3_LOW_FREQ_FACTOR 1.0
+#define LLAMA3_HIGH_FREQ_FACTOR 4.0
+#define LLAMA3_ORIG_CONTEXT 8192
 
 struct tp_model {
     tp_model_format format;
@@ -42,6 +51,9 @@ struct tp_model {
     float *scores;
     int32_t *types;
     char tok_model[32];
+    char arch_name[16];    /* GGUF metadata prefix: "llama", "qwen2" */
+    float *rope_freqs;     /* [head_size / 2] or NULL */
+    bool *tensor_used;     /* GGUF: which directory entries the loader took */
 };
 
 static int check_range(const char *field, long long v, long long lo, long long hi, tp_err *err)
@@ -127,7 +139,32 @@ static int llama2c_header(tp_model *m, tp_err *err)
     c->seq_len = h[6];
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0f;
+    c->arch = TP_ARCH_LLAMA;
+    c->rope_style = TP_ROPE_ADJACENT;
     return validate_config(c, err);
+}
+
+static tp_wmat f32_view(const float *p, int rows, int cols)
+{
+    return (tp_wmat){TP_GGML_F32, rows, cols, (size_t)cols * sizeof(float), p};
+}
+
+static void llama2c_views(tp_model *m)
+{
+    const tp_model_config *c = &m->cfg;
+    int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        tp_layer_weights *lw = &m->layers[l];
+        lw->m.wq = f32_view(lw->wq, d, d);
+        lw->m.wk = f32_view(lw->wk, kvd, d);
+        lw->m.wv = f32_view(lw->wv, kvd, d);
+        lw->m.wo = f32_view(lw->wo, d, d);
+        lw->m.w1 = f32_view(lw->w1, h, d);
+        lw->m.w2 = f32_view(lw->w2, d, h);
+        lw->m.w3 = f32_view(lw->w3, h, d);
+    }
+    m->w.m.token_embedding = f32_view(m->w.token_embedding, c->vocab_size, d);
+    m->w.m.wcls = f32_view(m->w.wcls, c->vocab_size, d);
 }
 
 static int llama2c_open(tp_model *m, tp_err *err)
@@ -174,6 +211,7 @@ static int llama2c_open(tp_model *m, tp_err *err)
     p += d;
     p += (size_t)c->seq_len * (size_t)c->head_size; /* skip legacy freq_cis arrays */
     m->w.wcls = c->shared_classifier ? m->w.token_embedding : p;
+    llama2c_views(m);
     m->eos[0] = 1; /* TinyStories: a sampled BOS starts a new story, run.c stops */
     m->eos[1] = 2;
     m->n_eos = 2;
@@ -212,15 +250,47 @@ static int gguf_float(const tp_gguf *g, const char *key, double def, float *out,
     return 0;
 }
 
-static int gguf_tensor(const tp_gguf *g, const char *name, int ne0, int ne1, const float **out,
-                       tp_err *err)
+/* The architectures this loader knows: GGUF metadata prefix, RoPE style. */
+typedef struct arch_info {
+    const char *name;
+    tp_model_arch arch;
+    tp_rope_style rope;
+    bool attn_bias; /* Q/K/V biases required (optional elsewhere, as llama.cpp) */
+} arch_info;
+
+static const arch_info ARCHS[] = {
+    {"llama", TP_ARCH_LLAMA, TP_ROPE_ADJACENT, false},
+    {"qwen2", TP_ARCH_QWEN2, TP_ROPE_NEOX, true},
+};
+
+static const char *akey(const tp_model *m, const char *suffix, char *buf)
+{
+    snprintf(buf, MAX_KEY, "%s.%s", m->arch_name, suffix);
+    return buf;
+}
+
+static int tensor_index(const tp_gguf *g, const tp_gguf_tensor *t)
+{
+    return (int)(t - tp_gguf_tensor_at(g, 0));
+}
+
+/* A tensor of shape [ne0] (ne1 == 0) or [ne0, ne1] of a type this loader
+ * reads (F32, or any typed-kernel type when matrix); marks it used.
+ * Unknown types are refused by name. Missing: TP_ENOTFOUND if optional,
+ * else TP_EFORMAT. */
+static int gguf_find(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, bool optional,
+                     bool matrix, const tp_gguf_tensor **out, tp_err *err)
 {
     const tp_gguf_tensor *t = tp_gguf_tensor_find(g, name);
     if (!t)
-        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' is missing", name);
-    if (t->type != TP_GGML_F32)
-        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %u; only F32 (0) is supported",
-                          name, t->type);
+        return optional ? TP_ENOTFOUND : tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' is missing", name);
+    if (t->type != TP_GGML_F32 && !(matrix && tp_quant_type_ok(t->type))) {
+        const tp_ggml_type_info *ti = tp_ggml_type(t->type);
+        return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %s (%u), which tokpipe does not "
+                          "read %s", name, ti ? ti->name : "unknown", t->type,
+                          matrix ? "(it reads f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K)"
+                                 : "for a vector (only f32)");
+    }
     uint32_t want_dims = ne1 ? 2 : 1;
     bool ok = t->n_dims == want_dims && t->dims[0] == (uint64_t)ne0 && (!ne1 || t->dims[1] == (uint64_t)ne1);
     if (!ok)
@@ -228,30 +298,78 @@ static int gguf_tensor(const tp_gguf *g, const char *name, int ne0, int ne1, con
                           "gguf: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%d, %d]", name,
                           (unsigned long long)t->dims[0], (unsigned long long)t->dims[1], t->n_dims, ne0,
                           ne1 ? ne1 : 1);
-    if ((uintptr_t)t->data % 4)
+    if (t->type == TP_GGML_F32 && (uintptr_t)t->data % 4)
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' data is not 4-byte aligned", name);
-    *out = t->data;
+    if (m->tensor_used)
+        m->tensor_used[tensor_index(g, t)] = true;
+    *out = t;
     return 0;
 }
 
-static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
+/* A float tensor (vectors: norms, biases, rope_freqs): F32 only, as every
+ * quantizer leaves them. */
+static int gguf_tensor_opt(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, bool optional,
+                           const float **out, tp_err *err)
+{
+    const tp_gguf_tensor *t;
+    int rc = gguf_find(m, g, name, ne0, ne1, optional, false, &t, err);
+    if (!rc)
+        *out = t->data;
+    return rc;
+}
+
+/* A matrix [ne1 rows][ne0 cols] of any type this reader knows, read in
+ * place; *f32 is set too when it is F32 (else NULL). */
+static int gguf_matrix(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, tp_wmat *wm,
+                       const float **f32, tp_err *err)
+{
+    const tp_gguf_tensor *t;
+    int rc = gguf_find(m, g, name, ne0, ne1, false, true, &t, err);
+    if (rc)
+        return rc;
+    *wm = (tp_wmat){t->type, ne1, ne0, (size_t)(t->nbytes / (uint64_t)ne1), t->data};
+    *f32 = t->type == TP_GGML_F32 ? t->data : NULL;
+    return 0;
+}
+
+static int gguf_tensor(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, const float **out,
+                       tp_err *err)
+{
+    return gguf_tensor_opt(m, g, name, ne0, ne1, false, out, err);
+}
+
+static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
 {
     tp_gguf_str arch;
     int rc = tp_gguf_get_str(g, "general.architecture", &arch, err);
     if (rc)
         return rc;
-    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5))
-        return tp_err_set(err, TP_EFORMAT, "gguf: general.architecture is '%.*s', only 'llama' is supported",
-                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (arch.len == strlen(ARCHS[i].name) && !memcmp(arch.ptr, ARCHS[i].name, arch.len)) {
+            snprintf(m->arch_name, sizeof m->arch_name, "%s", ARCHS[i].name);
+            m->cfg.arch = ARCHS[i].arch;
+            m->cfg.rope_style = ARCHS[i].rope;
+            return 0;
+        }
+    return tp_err_set(err, TP_EFORMAT, "gguf: general.architecture '%.*s' is not supported (supported: llama, "
+                      "qwen2)", (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+}
+
+static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    int rc = gguf_arch(m, g, err);
+    if (rc)
+        return rc;
     tp_model_config *c = &m->cfg;
-    rc = gguf_int(g, "llama.embedding_length", 0, true, &c->dim, err);
-    if (!rc) rc = gguf_int(g, "llama.feed_forward_length", 0, true, &c->hidden_dim, err);
-    if (!rc) rc = gguf_int(g, "llama.block_count", 0, true, &c->n_layers, err);
-    if (!rc) rc = gguf_int(g, "llama.attention.head_count", 0, true, &c->n_heads, err);
-    if (!rc) rc = gguf_int(g, "llama.attention.head_count_kv", c->n_heads, false, &c->n_kv_heads, err);
-    if (!rc) rc = gguf_int(g, "llama.context_length", 2048, false, &c->seq_len, err);
-    if (!rc) rc = gguf_float(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, &c->norm_eps, err);
-    if (!rc) rc = gguf_float(g, "llama.rope.freq_base", 10000.0, &c->rope_theta, err);
+    char k[MAX_KEY];
+    rc = gguf_int(g, akey(m, "embedding_length", k), 0, true, &c->dim, err);
+    if (!rc) rc = gguf_int(g, akey(m, "feed_forward_length", k), 0, true, &c->hidden_dim, err);
+    if (!rc) rc = gguf_int(g, akey(m, "block_count", k), 0, true, &c->n_layers, err);
+    if (!rc) rc = gguf_int(g, akey(m, "attention.head_count", k), 0, true, &c->n_heads, err);
+    if (!rc) rc = gguf_int(g, akey(m, "attention.head_count_kv", k), c->n_heads, false, &c->n_kv_heads, err);
+    if (!rc) rc = gguf_int(g, akey(m, "context_length", k), 2048, false, &c->seq_len, err);
+    if (!rc) rc = gguf_float(g, akey(m, "attention.layer_norm_rms_epsilon", k), 1e-5, &c->norm_eps, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.freq_base", k), 10000.0, &c->rope_theta, err);
     if (rc)
         return rc;
     const tp_gguf_tensor *emb = tp_gguf_tensor_find(g, "token_embd.weight");
@@ -261,54 +379,210 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
     c->shared_classifier = tp_gguf_tensor_find(g, "output.weight") == NULL;
     if ((rc = validate_config(c, err)))
         return rc;
-    int rope_dims = c->head_size;
-    if ((rc = gguf_int(g, "llama.rope.dimension_count", c->head_size, false, &rope_dims, err)))
-        return rc;
-    if (rope_dims != c->head_size)
-        return tp_err_set(err, TP_EFORMAT, "gguf: llama.rope.dimension_count %d != head size %d "
-                          "(partial RoPE is not supported)", rope_dims, c->head_size);
+    /* Both keys default to the head size; other values are other
+     * architectures (partial RoPE, head_dim != dim / n_heads). */
+    const char *same[] = {"rope.dimension_count", "attention.key_length", "attention.value_length"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        int v = c->head_size;
+        if ((rc = gguf_int(g, akey(m, same[i], k), c->head_size, false, &v, err)))
+            return rc;
+        if (v != c->head_size)
+            return tp_err_set(err, TP_EFORMAT, "gguf: %s %d != head size %d (embedding_length / head_count) "
+                              "is not supported", k, v, c->head_size);
+    }
     return 0;
 }
 
-static int gguf_layer(const tp_gguf *g, const tp_model_config *c, int l, tp_layer_weights *lw, tp_err *err)
+static bool str_is(tp_gguf_str s, const char *z)
 {
+    return s.len == strlen(z) && !memcmp(s.ptr, z, s.len);
+}
+
+static int positive(const char *key, double v, tp_err *err)
+{
+    if (!(v > 0 && v < 1e9))
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s = %g is not a positive number", key, v);
+    return 0;
+}
+
+void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
+                             double orig_ctx, float *out)
+{
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < head_size / 2; i++) {
+        double wavelen = 2 * pi / pow(theta, -2.0 * i / head_size);
+        if (wavelen < orig_ctx / high)
+            out[i] = 1.0f;
+        else if (wavelen > orig_ctx / low)
+            out[i] = (float)factor;
+        else {
+            double smooth = (orig_ctx / wavelen - low) / (high - low);
+            out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
+
+/* Llama 3 scaling from {arch}.rope.scaling.* keys, with Meta's defaults. */
+static int llama3_factors(tp_model *m, const tp_gguf *g, float *ff, tp_err *err)
+{
+    char k[MAX_KEY];
+    float factor = 0, lo = 0, hi = 0;
+    int orig = 0;
+    int rc = gguf_float(g, akey(m, "rope.scaling.factor", k), LLAMA3_FACTOR, &factor, err);
+    if (!rc) rc = positive(k, factor, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.low_freq_factor", k), LLAMA3_LOW_FREQ_FACTOR, &lo, err);
+    if (!rc) rc = positive(k, lo, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.high_freq_factor", k), LLAMA3_HIGH_FREQ_FACTOR, &hi, err);
+    if (!rc) rc = positive(k, hi, err);
+    if (!rc) rc = gguf_int(g, akey(m, "rope.scaling.original_context_length", k), LLAMA3_ORIG_CONTEXT, false,
+                           &orig, err);
+    if (!rc) rc = positive(k, orig, err);
+    if (rc)
+        return rc;
+    if (!(hi > lo))
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s.rope.scaling.high_freq_factor %g must exceed "
+                          "low_freq_factor %g", m->arch_name, (double)hi, (double)lo);
+    tp_rope_llama3_divisors(m->cfg.head_size, m->cfg.rope_theta, factor, lo, hi, orig, ff);
+    return 0;
+}
+
+/* RoPE frequency divisors: llama.cpp stores Llama 3's as the tensor
+ * rope_freqs.weight; files may instead carry {arch}.rope.scaling.type =
+ * llama3 (with its factors) or linear (one factor, or the older
+ * {arch}.rope.scale_linear). Scaling kinds that change more than the
+ * frequencies (yarn, longrope) are refused by name. */
+static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    char k[MAX_KEY];
+    int half = m->cfg.head_size / 2;
+    const float *tensor = NULL;
+    int rc = gguf_tensor_opt(m, g, "rope_freqs.weight", half, 0, true, &tensor, err);
+    if (rc && rc != TP_ENOTFOUND)
+        return rc;
+    tp_gguf_str type = {"none", 4};
+    rc = tp_gguf_get_str(g, akey(m, "rope.scaling.type", k), &type, err);
+    if (rc == TP_ENOTFOUND)
+        tp_err_clear(err);
+    else if (rc)
+        return rc;
+    float linear = 1.0f;
+    if ((rc = gguf_float(g, akey(m, "rope.scale_linear", k), 1.0, &linear, err)) || (rc = positive(k, linear, err)))
+        return rc;
+    bool llama3 = str_is(type, "llama3");
+    if (str_is(type, "linear")) {
+        if ((rc = gguf_float(g, akey(m, "rope.scaling.factor", k), 1.0, &linear, err)) ||
+            (rc = positive(k, linear, err)))
+            return rc;
+    } else if (!llama3 && !str_is(type, "none")) {
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s.rope.scaling.type '%.*s' is not supported (none, linear, "
+                          "llama3)", m->arch_name, (int)(type.len > 32 ? 32 : type.len), type.ptr);
+    }
+    if (!tensor && !llama3 && linear == 1.0f)
+        return 0;
+    m->rope_freqs = malloc((size_t)half * sizeof *m->rope_freqs);
+    if (!m->rope_freqs)
+        return tp_err_set(err, TP_ENOMEM, "model: out of memory");
+    if (tensor) { /* what llama.cpp uses even when the keys say llama3 */
+        for (int i = 0; i < half; i++) {
+            float v;
+            memcpy(&v, tensor + i, 4);
+            if (!(v > 0 && isfinite(v)))
+                return tp_err_set(err, TP_EFORMAT, "gguf: rope_freqs.weight[%d] = %g is not positive", i,
+                                  (double)v);
+            m->rope_freqs[i] = v;
+        }
+    } else if (llama3) {
+        if ((rc = llama3_factors(m, g, m->rope_freqs, err)))
+            return rc;
+    } else {
+        for (int i = 0; i < half; i++)
+            m->rope_freqs[i] = 1.0f;
+    }
+    for (int i = 0; i < half; i++)
+        m->rope_freqs[i] *= linear;
+    m->w.rope_freqs = m->rope_freqs;
+    return 0;
+}
+
+static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw, tp_err *err)
+{
+    const tp_model_config *c = &m->cfg;
     char name[64];
     int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
     /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
-    struct { const char *suffix; int ne0, ne1; const float **dst; } t[] = {
-        {"attn_norm", d, 0, &lw->rms_att}, {"attn_q", d, d, &lw->wq},
-        {"attn_k", d, kvd, &lw->wk},       {"attn_v", d, kvd, &lw->wv},
-        {"attn_output", d, d, &lw->wo},    {"ffn_norm", d, 0, &lw->rms_ffn},
-        {"ffn_gate", d, h, &lw->w1},       {"ffn_down", h, d, &lw->w2},
-        {"ffn_up", d, h, &lw->w3},
+    struct { const char *suffix; int ne0, ne1; const float **dst; tp_wmat *wm; } t[] = {
+        {"attn_norm", d, 0, &lw->rms_att, NULL},   {"attn_q", d, d, &lw->wq, &lw->m.wq},
+        {"attn_k", d, kvd, &lw->wk, &lw->m.wk},      {"attn_v", d, kvd, &lw->wv, &lw->m.wv},
+        {"attn_output", d, d, &lw->wo, &lw->m.wo},   {"ffn_norm", d, 0, &lw->rms_ffn, NULL},
+        {"ffn_gate", d, h, &lw->w1, &lw->m.w1},      {"ffn_down", h, d, &lw->w2, &lw->m.w2},
+        {"ffn_up", d, h, &lw->w3, &lw->m.w3},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].suffix);
-        int rc = gguf_tensor(g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
+        int rc = t[i].wm ? gguf_matrix(m, g, name, t[i].ne0, t[i].ne1, t[i].wm, t[i].dst, err)
+                         : gguf_tensor(m, g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
         if (rc)
             return rc;
     }
+    struct { const char *suffix; int n; const float **dst; } b[] = {
+        {"attn_q", d, &lw->bq}, {"attn_k", kvd, &lw->bk}, {"attn_v", kvd, &lw->bv},
+    };
+    bool required = false;
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (ARCHS[i].arch == c->arch)
+            required = ARCHS[i].attn_bias;
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s.bias", l, b[i].suffix);
+        int rc = gguf_tensor_opt(m, g, name, b[i].n, 0, !required, b[i].dst, err);
+        if (rc == TP_ENOTFOUND)
+            continue;
+        if (rc)
+            return rc;
+        m->cfg.attn_bias = true;
+    }
+    return 0;
+}
+
+/* A tensor the loader did not take would be silently left out of the
+ * computation (a bias, a norm of another architecture): refuse the file. */
+static int gguf_no_unused(const tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    for (uint64_t i = 0; i < tp_gguf_n_tensors(g); i++)
+        if (!m->tensor_used[i]) {
+            const tp_gguf_tensor *t = tp_gguf_tensor_at(g, i);
+            return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%.*s' is not used by the %s architecture",
+                              (int)(t->name.len > 64 ? 64 : t->name.len), t->name.ptr, m->arch_name);
+        }
     return 0;
 }
 
 static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
 {
     const tp_model_config *c = &m->cfg;
+    m->tensor_used = calloc(tp_gguf_n_tensors(g) + 1, sizeof *m->tensor_used);
+    if (!m->tensor_used)
+        return tp_err_set(err, TP_ENOMEM, "model: out of memory");
     int rc = alloc_layers(m, err);
-    if (!rc) rc = gguf_tensor(g, "token_embd.weight", c->dim, c->vocab_size, &m->w.token_embedding, err);
-    if (!rc) rc = gguf_tensor(g, "output_norm.weight", c->dim, 0, &m->w.rms_final, err);
+    if (!rc) rc = gguf_matrix(m, g, "token_embd.weight", c->dim, c->vocab_size, &m->w.m.token_embedding,
+                              &m->w.token_embedding, err);
+    if (!rc) rc = gguf_tensor(m, g, "output_norm.weight", c->dim, 0, &m->w.rms_final, err);
     for (int l = 0; !rc && l < c->n_layers; l++)
-        rc = gguf_layer(g, c, l, &m->layers[l], err);
+        rc = gguf_layer(m, g, l, &m->layers[l], err);
+    if (!rc)
+        rc = gguf_rope_scaling(m, g, err);
     if (rc)
         return rc;
     /* llama.cpp's llama2.c converter keeps wq/wk in llama2.c's interleaved
      * RoPE layout (rope type NORM), so no un-permuting is needed; the test
      * suite checks the GGUF gives the .bin's tokens. */
-    if (c->shared_classifier)
+    if (c->shared_classifier) {
         m->w.wcls = m->w.token_embedding;
-    else if ((rc = gguf_tensor(g, "output.weight", c->dim, c->vocab_size, &m->w.wcls, err)))
+        m->w.m.wcls = m->w.m.token_embedding;
+    } else if ((rc = gguf_matrix(m, g, "output.weight", c->dim, c->vocab_size, &m->w.m.wcls, &m->w.wcls,
+                                 err))) {
         return rc;
-    return 0;
+    }
+    return gguf_no_unused(m, g, err);
 }
 
 static int gguf_vocab_ids(tp_model *m, const tp_gguf *g, tp_err *err)
@@ -429,8 +703,8 @@ static void make_identity(tp_model *m)
     h = fnv1a(h, m->data + m->size - n, n);
     const tp_model_config *c = &m->cfg;
     snprintf(m->identity, sizeof m->identity,
-             "%s dim=%d hidden=%d layers=%d heads=%d kv_heads=%d vocab=%d seq=%d size=%zu h=%016llx",
-             m->format == TP_MODEL_GGUF ? "gguf" : "llama2c", c->dim, c->hidden_dim, c->n_layers,
+             "%s%s%s dim=%d hidden=%d layers=%d heads=%d kv_heads=%d vocab=%d seq=%d size=%zu h=%016llx",
+             m->format == TP_MODEL_GGUF ? "gguf" : "llama2c", m->arch_name[0] ? " " : "", m->arch_name, c->dim, c->hidden_dim, c->n_layers,
              c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len, m->size, (unsigned long long)h);
 }
 
@@ -503,6 +777,8 @@ void tp_model_free(tp_model *m)
         return;
     tp_gguf_free(m->gguf);
     free(m->layers);
+    free(m->rope_freqs);
+    free(m->tensor_used);
     free(m->pieces);
     free(m->piece_lens);
     free(m->scores);
@@ -516,6 +792,21 @@ tp_model_format tp_model_get_format(const tp_model *m) { return m->format; }
 const tp_model_config *tp_model_get_config(const tp_model *m) { return &m->cfg; }
 const tp_model_weights *tp_model_get_weights(const tp_model *m) { return &m->w; }
 const char *tp_model_identity(const tp_model *m) { return m->identity; }
+
+bool tp_model_all_f32(const tp_model *m)
+{
+    const tp_model_weights *w = &m->w;
+    if (w->m.token_embedding.type != TP_GGML_F32 || w->m.wcls.type != TP_GGML_F32)
+        return false;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const tp_wmat *v[] = {&w->layers[l].m.wq, &w->layers[l].m.wk, &w->layers[l].m.wv, &w->layers[l].m.wo,
+                              &w->layers[l].m.w1, &w->layers[l].m.w2, &w->layers[l].m.w3};
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+            if (v[i]->type != TP_GGML_F32)
+                return false;
+    }
+    return true;
+}
 
 int tp_model_eos_ids(const tp_model *m, const int **ids)
 {
@@ -531,11 +822,9 @@ int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err)
     int rc = tp_model_vocab_get(m, &v, err);
     if (rc)
         return rc;
-    if (v.model[0] && strcmp(v.model, "llama"))
-        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.model is '%s'; only SentencePiece ('llama') "
-                          "vocabularies are supported", v.model);
-    return tp_tokenizer_from_vocab(v.pieces, v.piece_lens, v.scores, v.types, v.n, v.bos_id, v.eos_id, out,
-                                   err);
+    /* the tokenizer module reads tokenizer.ggml.* itself (merges, pre,
+     * special ids, add_bos/add_eos), for both vocabulary kinds */
+    return tp_tokenizer_from_gguf(m->gguf, out, err);
 }
 
 /* Vocabulary-only view of a GGUF file: no tensors or shape required. */

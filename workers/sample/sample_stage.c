@@ -115,6 +115,13 @@ static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampl
     int rc = tp_sampler_new(&sp, st->vocab, ctx, o->context.n, out, e);
     free(ban);
     free(ctx);
+    /* Rebuild after a lost sampler: accept the job's tokens so far, so the
+     * penalty window and the random stream stand where they stood. */
+    for (size_t i = 0; !rc && i < o->replay.n; i++)
+        if ((rc = tp_sampler_accept(*out, tp_raw_i32(o->replay, i), e))) {
+            tp_sampler_free(*out);
+            *out = NULL;
+        }
     return rc;
 }
 

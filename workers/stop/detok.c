@@ -52,22 +52,22 @@ int tp_detok_accept(tp_detok *d, int32_t id, tp_err *err)
     return rc;
 }
 
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
 int32_t tp_detok_control_id(const tp_tokenizer *tok, const char *text, size_t len)
 {
-    int vocab = tp_tokenizer_vocab_size(tok);
-    for (int id = 0; id < vocab; id++) {
-        int type = tp_tokenizer_token_type(tok, id);
-        if (type != TP_TOKEN_CONTROL && type != TP_TOKEN_UNKNOWN) continue;
-        size_t n;
-        const char *p = tp_tokenizer_piece(tok, id, &n);
-        while (n && is_space(*p)) p++, n--;
-        while (n && is_space(p[n - 1])) n--;
-        if (n && n == len && !memcmp(p, text, n)) return id;
+    return tp_tokenizer_control_id(tok, text, len);
+}
+
+size_t tp_detok_control_stops(const tp_tokenizer *tok, const char *const *stop, const size_t *stop_len,
+                              size_t n_stop, int32_t *ids)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n_stop; i++) {
+        int32_t id = tp_tokenizer_control_id(tok, stop[i], stop_len[i]);
+        bool seen = false;
+        for (size_t j = 0; j < k; j++)
+            seen |= ids[j] == id;
+        if (id >= 0 && !seen)
+            ids[k++] = id;
     }
-    return -1;
+    return k;
 }

@@ -140,9 +140,19 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
         strs[i] = p->stop[i].ptr;
         lens[i] = p->stop[i].len;
     }
+    /* a stop string naming a control token stops on that token too */
+    int32_t *ids = malloc((p->n_stop_token_ids + ns + 1) * sizeof *ids);
+    if (!ids) {
+        free(strs);
+        free(lens);
+        return tp_err_set(e, TP_ENOMEM, "stop: out of memory");
+    }
+    if (p->n_stop_token_ids)
+        memcpy(ids, p->stop_token_ids, p->n_stop_token_ids * sizeof *ids);
+    size_t n_ids = p->n_stop_token_ids + tp_detok_control_stops(st->tok, strs, lens, ns, ids + p->n_stop_token_ids);
     tp_stop_config c = {
         .stop = strs, .stop_len = lens, .n_stop = ns,
-        .stop_ids = p->stop_token_ids, .n_stop_ids = p->n_stop_token_ids,
+        .stop_ids = ids, .n_stop_ids = n_ids,
         .eos_ids = (const int32_t *)st->eos, .n_eos_ids = (size_t)st->n_eos,
         .ignore_eos = p->ignore_eos,
         .min_tokens = (p->set & TP_P_MIN_TOKENS) ? p->min_tokens : 0,
@@ -155,6 +165,7 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
     int rc = tp_stop_new(&c, &j->stop, e);
     free(strs);
     free(lens);
+    free(ids);
     if (rc)
         return rc;
     int32_t prev = o->prev_token >= 0 ? o->prev_token : tp_tokenizer_bos_id(st->tok);

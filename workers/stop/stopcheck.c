@@ -286,24 +286,16 @@ static int add_chunk(cJSON *chunks, const tp_stop_step *st, tp_err *err)
     return 0;
 }
 
-/* A stop string naming a control token ("</s>") becomes a stop id: as
- * text it would never match, the token renders as nothing. */
+/* A stop string naming a control token ("</s>") also stops on that token,
+ * by the rule the stop stage applies (tp_detok_control_stops): the token
+ * renders as nothing, so as text alone the string would never match it. */
 static int resolve_control_stops(struct sc_case *c, const tp_tokenizer *tok, tp_err *err)
 {
-    size_t kept = 0, n = c->cfg.n_stop;
+    size_t n = c->cfg.n_stop;
     int32_t *ids = realloc(c->stop_ids, (c->cfg.n_stop_ids + n + 1) * sizeof *ids);
     if (!ids) return tp_err_set(err, TP_ENOMEM, "out of memory");
     c->stop_ids = ids;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = tp_detok_control_id(tok, c->stop[i], c->stop_len[i]);
-        if (id >= 0) {
-            ids[c->cfg.n_stop_ids++] = id;
-        } else {
-            c->stop[kept] = c->stop[i];
-            c->stop_len[kept++] = c->stop_len[i];
-        }
-    }
-    c->cfg.n_stop = kept;
+    c->cfg.n_stop_ids += tp_detok_control_stops(tok, c->stop, c->stop_len, n, ids + c->cfg.n_stop_ids);
     c->cfg.stop_ids = ids;
     return 0;
 }
@@ -314,12 +306,14 @@ static int setup_tokens(struct sc_case *c, const tp_tokenizer *tok, tp_detok **d
 {
     if (!tok) return tp_err_set(err, TP_EINVAL, "tokens: needs --tokenizer (or use \"pieces\")");
     c->cfg.vocab_size = tp_tokenizer_vocab_size(tok);
-    if (!c->has_eos) {
-        c->eos_ids = alloc_n(1, sizeof *c->eos_ids);
+    if (!c->has_eos) { /* the vocabulary's end-of-generation ids, as a worker uses */
+        const int32_t *eog;
+        int n_eog = tp_tokenizer_eog_ids(tok, &eog);
+        c->eos_ids = alloc_n(n_eog ? (size_t)n_eog : 1, sizeof *c->eos_ids);
         if (!c->eos_ids) return tp_err_set(err, TP_ENOMEM, "out of memory");
-        c->eos_ids[0] = tp_tokenizer_eos_id(tok);
+        if (n_eog) memcpy(c->eos_ids, eog, (size_t)n_eog * sizeof *eog);
         c->cfg.eos_ids = c->eos_ids;
-        c->cfg.n_eos_ids = 1;
+        c->cfg.n_eos_ids = (size_t)n_eog;
     }
     for (size_t i = 0; i < c->n; i++)
         if (c->id[i] < 0 || c->id[i] >= c->cfg.vocab_size)

@@ -1,4 +1,5 @@
-/* Tokenize stage glue: TOKENIZE {slot, text, add_bos} -> TOKENIZED + ids. */
+/* Tokenize stage glue: TOKENIZE {slot, text, add_bos, parse_special} ->
+ * TOKENIZED + ids. */
 #include <stdlib.h>
 
 #include "tokpipe/stage.h"
@@ -40,9 +41,7 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     if (m->cmd != TP_CMD_TOKENIZE)
         return TP_ENOTFOUND;
     const tp_m_tokenize *t = &m->tokenize;
-    /* SentencePiece gives at most one id per byte, plus BOS and the
-     * dummy-prefix space. */
-    size_t need = t->text.len + 3;
+    size_t need = tp_tokenizer_max_ids(t->text.len);
     if (need > st->cap) {
         int *n = realloc(st->ids, need * sizeof *n);
         if (!n)
@@ -53,7 +52,8 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     size_t n_ids = 0;
     tp_err e;
     tp_err_clear(&e);
-    if (tp_tokenizer_encode(st->tok, t->text.ptr, t->text.len, t->add_bos, st->ids, st->cap, &n_ids, &e))
+    unsigned flags = (t->add_bos ? TP_ENCODE_ADD_SPECIAL : 0) | (t->parse_special ? TP_ENCODE_SPECIAL : 0);
+    if (tp_tokenizer_encode_ex(st->tok, t->text.ptr, t->text.len, flags, st->ids, st->cap, &n_ids, &e))
         return reply_error(m, io, TP_ST_BAD_REQUEST, e.msg);
     tp_msg r;
     tp_msg_init_reply(&r, m, TP_CMD_TOKENIZED, TP_ST_OK, NULL);

@@ -1,0 +1,38 @@
+/* libFuzzer target: the gateway's request body decoder (JSON -> SUBMIT
+ * params). Property: any body either decodes into parameters the protocol
+ * encoder can carry in a SUBMIT, or is refused with a status and a message. */
+#include <stdint.h>
+#include <string.h>
+
+#include "../http/oai.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    for (int kind = OAI_COMPLETIONS; kind <= OAI_CHAT; kind++) {
+        oai_request r;
+        oai_error e;
+        if (oai_decode((oai_kind)kind, (const char *)data, size, &r, &e)) {
+            if (!e.status || !e.message[0])
+                __builtin_trap();   /* a refusal must say why */
+            continue;
+        }
+        if (r.n < 1 || (kind == OAI_COMPLETIONS && !r.n_prompts))
+            __builtin_trap();
+        for (size_t i = 0; i < r.n_prompts; i++) {
+            tp_msg m;
+            tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+            m.submit.job_id = tp_str_of("fuzz-1");
+            if (r.prompts[i].text)
+                m.submit.prompt = (tp_str){r.prompts[i].text, r.prompts[i].text_len};
+            else
+                m.submit.prompt_ids = (tp_raw){r.prompts[i].ids, r.prompts[i].n_ids};
+            m.submit.params = r.params;
+            tp_wire w;
+            tp_err err;
+            if (tp_proto_encode(&m, &w, &err) == 0)   /* range errors are the broker's 400s */
+                tp_wire_free(&w);
+        }
+        oai_request_free(&r);
+    }
+    return 0;
+}

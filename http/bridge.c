@@ -1,0 +1,697 @@
+/* The bridge thread: the only owner of the gateway's ZeroMQ sockets (a
+ * DEALER on the broker's front, a SUB on its events). It turns queued HTTP
+ * calls into SUBMIT / STATS requests, follows the jobs' events and writes
+ * the answers back into the calls (gw.h says who owns what).
+ *
+ * Every job id the gateway submits starts with a random per-run prefix and
+ * the SUB socket subscribes to that prefix once, then to the heartbeat
+ * topic: the first heartbeat proves the subscription is in force, so no
+ * job of this gateway can lose its first events, and no per-job
+ * subscription dance is needed. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <microhttpd.h>
+#include <zmq.h>
+
+#include "gw.h"
+#include "tokpipe/zsec.h"
+#include "tokpipe/zwire.h"
+
+#define REQ_CANCEL_BIT (UINT64_C(1) << 63)
+#define REQ_SHIFT 12                 /* low bits: 0 = STATS, i + 1 = SUBMIT of choice i */
+#define POLL_MS 100
+#define MAX_POLL_FDS 1024
+
+typedef struct bridge {
+    gw *g;
+    void *zctx, *dealer, *sub;
+    char prefix[16];                 /* "h1a2b3c4d-": every job id of this run */
+    bool ready;                      /* first heartbeat seen */
+    uint64_t incarnation;
+    int64_t last_beat_ms, silence_ms;
+    gw_call **calls;                 /* calls the bridge holds a reference to */
+    size_t n_calls, cap_calls;
+} bridge;
+
+static void log_line(const char *fmt, const char *a)
+{
+    fprintf(stderr, "tokpipe-http: ");
+    fprintf(stderr, fmt, a);
+    fputc('\n', stderr);
+}
+
+/* ---- answering calls (bridge side) -------------------------------------- */
+
+/* Hand the connection back to MHD if it waits for us. Caller holds
+ * gw.lock; MHD_resume_connection only queues the connection for MHD's
+ * thread, which takes gw.lock in its callbacks only after that. */
+static void wake_locked(gw_call *c)
+{
+    if (c->suspended && !c->http_done) {
+        c->suspended = false;
+        MHD_resume_connection(c->conn);
+    }
+}
+
+static void reply(bridge *b, gw_call *c, int status, char *body, const char *ctype, int retry_after)
+{
+    pthread_mutex_lock(&b->g->lock);
+    if (!c->replied) {
+        c->status = body ? status : 500;
+        c->body = body;
+        c->body_len = body ? strlen(body) : 0;
+        c->content_type = ctype;
+        c->retry_after = retry_after;
+        c->replied = true;
+        c->out_done = true;
+        wake_locked(c);
+    } else {
+        free(body);
+    }
+    pthread_mutex_unlock(&b->g->lock);
+}
+
+static void reply_error(bridge *b, gw_call *c, int status, const char *msg, const char *param, int retry)
+{
+    reply(b, c, status, gw_error_json(status, msg, param), "application/json", retry);
+}
+
+/* Streaming: append SSE bytes (takes s) and wake the connection. */
+static void push(bridge *b, gw_call *c, char *s, bool done)
+{
+    pthread_mutex_lock(&b->g->lock);
+    if (s && gw_buf_add(&c->out, s, strlen(s)))
+        done = true;   /* out of memory: end the stream rather than lose bytes in its middle */
+    if (done)
+        c->out_done = true;
+    wake_locked(c);
+    pthread_mutex_unlock(&b->g->lock);
+    free(s);
+}
+
+static void send_cancel(bridge *b, const gw_choice *ch)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_CANCEL);
+    m.req = REQ_CANCEL_BIT;
+    m.jobref.job_id = tp_str_of(ch->job_id);
+    tp_err e;
+    if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
+        log_line("cancel: %s", e.msg);
+}
+
+/* Cancel the call's jobs that may still run (accepted and not finished). */
+static void cancel_jobs(bridge *b, gw_call *c)
+{
+    if (c->cancelled)
+        return;
+    c->cancelled = true;
+    for (size_t i = 0; i < c->n_ch; i++)
+        if (c->ch[i].acked && !c->ch[i].finished)
+            send_cancel(b, &c->ch[i]);
+}
+
+static void fail_call(bridge *b, gw_call *c, int status, const char *msg, const char *param, int retry)
+{
+    cancel_jobs(b, c);
+    if (c->oreq.stream && c->replied) {
+        /* the 200 and some chunks are out: say it in the stream */
+        char *j = gw_error_json(status, msg, param);
+        size_t n = j ? strlen(j) + 32 : 0;
+        char *s = j ? malloc(n) : NULL;
+        if (s)
+            snprintf(s, n, "data: %s\n\ndata: [DONE]\n\n", j);
+        free(j);
+        push(b, c, s, true);
+        return;
+    }
+    reply_error(b, c, status, msg, param, retry);
+}
+
+/* The answer is complete (out_done is written by this thread only). */
+static bool call_over(const gw_call *c)
+{
+    return c->out_done;
+}
+
+/* Streaming: all jobs accepted, so the answer is 200 and SSE follows. */
+static void start_stream(bridge *b, gw_call *c)
+{
+    pthread_mutex_lock(&b->g->lock);
+    c->status = 200;
+    c->content_type = "text/event-stream";
+    c->replied = true;
+    wake_locked(c);
+    pthread_mutex_unlock(&b->g->lock);
+}
+
+/* ---- the call table ------------------------------------------------------ */
+
+static int add_call(bridge *b, gw_call *c)
+{
+    if (b->n_calls == b->cap_calls) {
+        size_t cap = b->cap_calls ? 2 * b->cap_calls : 64;
+        gw_call **p = realloc(b->calls, cap * sizeof *p);
+        if (!p)
+            return -1;
+        b->calls = p;
+        b->cap_calls = cap;
+    }
+    b->calls[b->n_calls++] = c;
+    return 0;
+}
+
+static void free_choices(gw_call *c)
+{
+    for (size_t i = 0; i < c->n_ch; i++) {
+        gw_buf_free(&c->ch[i].text);
+        free(c->ch[i].matched_buf);
+        free(c->ch[i].error);
+    }
+    free(c->ch);
+    c->ch = NULL;
+}
+
+static void drop_call(bridge *b, size_t k)
+{
+    gw_call *c = b->calls[k];
+    b->calls[k] = b->calls[--b->n_calls];
+    pthread_mutex_lock(&b->g->lock);
+    free_choices(c);
+    c->n_ch = 0;
+    gw_call_unref(c);
+    pthread_mutex_unlock(&b->g->lock);
+}
+
+static gw_call *find_call(bridge *b, uint64_t no)
+{
+    for (size_t i = 0; i < b->n_calls; i++)
+        if (b->calls[i]->no == no)
+            return b->calls[i];
+    return NULL;
+}
+
+/* Job ids are PREFIX + call number + "-" + choice. */
+static gw_choice *find_job(bridge *b, const tp_str *id, gw_call **call)
+{
+    size_t pl = strlen(b->prefix);
+    if (id->len <= pl || memcmp(id->ptr, b->prefix, pl))
+        return NULL;
+    char tmp[TP_PROTO_MAX_JOB_ID + 1];
+    size_t n = id->len < sizeof tmp - 1 ? id->len : sizeof tmp - 1;
+    memcpy(tmp, id->ptr, n);
+    tmp[n] = '\0';
+    char *end;
+    uint64_t no = strtoull(tmp + pl, &end, 10);
+    if (*end != '-')
+        return NULL;
+    size_t i = strtoull(end + 1, &end, 10);
+    gw_call *c = find_call(b, no);
+    if (!c || *end || i >= c->n_ch)
+        return NULL;
+    *call = c;
+    return &c->ch[i];
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+static void send_stats(bridge *b, gw_call *c)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
+    m.req = c->no << REQ_SHIFT;
+    tp_err e;
+    if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
+        reply_error(b, c, 503, e.msg, NULL, 0);
+}
+
+/* The field an encoder or broker message names: the word before ": "
+ * ("encode SUBMIT: params.top_p: 1.5 is outside (0, 1]" -> "top_p"). */
+static void param_of_message(const char *msg, const char *field, char *out, size_t cap)
+{
+    char f[TP_PROTO_MAX_NAME + 1] = "";
+    if (field && field[0]) {
+        snprintf(f, sizeof f, "%s", field);
+    } else if (msg) {
+        for (const char *p = strstr(msg, ": "); p; p = strstr(p + 2, ": ")) {
+            const char *w = p;
+            while (w > msg && w[-1] != ' ')
+                w--;
+            size_t n = (size_t)(p - w);
+            if (n < sizeof f && (!strncmp(w, "params.", 7) || !strncmp(w, "prompt", 6))) {
+                memcpy(f, w, n);
+                f[n] = '\0';
+                break;
+            }
+        }
+    }
+    oai_param_of_field(f, out, cap);
+}
+
+/* The encoder's message without its "encode SUBMIT: " preamble. */
+static const char *plain_message(const char *msg)
+{
+    const char *p = strstr(msg, "params.");
+    return p ? p : msg;
+}
+
+static void submit_all(bridge *b, gw_call *c)
+{
+    for (size_t i = 0; i < c->n_ch; i++) {
+        gw_choice *ch = &c->ch[i];
+        const oai_prompt *p = &c->oreq.prompts[ch->prompt];
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+        m.req = (c->no << REQ_SHIFT) | (i + 1);
+        m.submit.job_id = tp_str_of(ch->job_id);
+        if (p->text)
+            m.submit.prompt = (tp_str){p->text, p->text_len};
+        else
+            m.submit.prompt_ids = (tp_raw){p->ids, p->n_ids};
+        m.submit.params = c->oreq.params;
+        /* choice j of a prompt: seed + j, so n > 1 gives n different samples
+         * that each replay alone with that seed */
+        if (c->oreq.has_seed)
+            m.submit.params.seed += i % (size_t)c->oreq.n;
+        tp_err e;
+        tp_err_clear(&e);
+        int rc = tp_zsend_msg(b->dealer, NULL, 0, &m, &e);
+        if (rc && rc != TP_EIO) {   /* our encoder refused it: a bad value */
+            char param[64];
+            param_of_message(e.msg, NULL, param, sizeof param);
+            fail_call(b, c, 400, plain_message(e.msg), param, 0);
+            return;
+        }
+        if (rc) {
+            fail_call(b, c, 503, e.msg, NULL, 0);
+            return;
+        }
+    }
+}
+
+static void start_call(bridge *b, gw_call *c)
+{
+    c->deadline_ms = tp_now_ms() + b->g->cfg->http_timeout_ms;
+    if (!b->ready) {
+        c->waiting = true;
+        return;
+    }
+    c->waiting = false;
+    if (c->kind != GW_CALL_COMPLETION) {
+        send_stats(b, c);
+        return;
+    }
+    size_t n = c->oreq.n_prompts * (size_t)c->oreq.n;
+    c->ch = calloc(n, sizeof *c->ch);
+    if (!c->ch) {
+        reply_error(b, c, 500, "gateway: out of memory", NULL, 0);
+        return;
+    }
+    c->n_ch = n;
+    for (size_t i = 0; i < n; i++) {
+        c->ch[i].prompt = i / (size_t)c->oreq.n;
+        snprintf(c->ch[i].job_id, sizeof c->ch[i].job_id, "%s%" PRIu64 "-%zu", b->prefix, c->no, i);
+    }
+    submit_all(b, c);
+}
+
+/* ---- replies and events -------------------------------------------------- */
+
+static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
+{
+    gw_choice *ch = &c->ch[i];
+    if (m->status == 200 && m->cmd == TP_CMD_ACK) {
+        ch->acked = true;
+        c->n_acked++;
+        if (c->cancelled)   /* the call failed meanwhile: this job is not wanted */
+            send_cancel(b, ch);
+        else if (c->oreq.stream && c->n_acked == c->n_ch)
+            start_stream(b, c);
+        return;
+    }
+    char msg[TP_PROTO_MAX_ERROR + 1], param[64];
+    snprintf(msg, sizeof msg, "%.*s", (int)m->error.len, m->error.ptr ? m->error.ptr : "");
+    const char *field = m->cmd == TP_CMD_ACK ? NULL : m->bad_field;
+    char fieldbuf[TP_PROTO_MAX_NAME + 1] = "";
+    if (m->cmd == TP_CMD_ACK && m->ack.field.ptr)
+        snprintf(fieldbuf, sizeof fieldbuf, "%.*s", (int)m->ack.field.len, m->ack.field.ptr), field = fieldbuf;
+    param_of_message(msg, field, param, sizeof param);
+    int st = m->status;
+    int http = st == 400 || st == 413 || st == 429 || st == 503 ? st : 500;
+    if (!msg[0])
+        snprintf(msg, sizeof msg, "tokpiped refused the job (status %d)", st);
+    fail_call(b, c, http, msg, param, st == 429 ? 1 : 0);
+}
+
+static void on_stats(bridge *b, gw_call *c, const tp_msg *m)
+{
+    if (m->cmd != TP_CMD_STATS_REPLY || m->status != 200) {
+        reply_error(b, c, 503, "tokpiped did not answer STATS", NULL, 0);
+        return;
+    }
+    if (c->kind == GW_CALL_HEALTH) {
+        int st;
+        char *body = gw_health_json(&m->stats_reply, &st);
+        reply(b, c, st, body, "application/json", 0);
+    } else {
+        gw_counters gc;
+        pthread_mutex_lock(&b->g->lock);
+        gc = b->g->counters;
+        pthread_mutex_unlock(&b->g->lock);
+        reply(b, c, 200, gw_metrics_text(&m->stats_reply, &gc), "text/plain; version=0.0.4; charset=utf-8", 0);
+    }
+}
+
+static void on_front(bridge *b, tp_zmsg *z)
+{
+    tp_msg m;
+    tp_err e;
+    int rc = tp_proto_decode(TP_FAM_JOB, z->f, z->n, &m, &e);
+    if (rc && m.req == 0) {
+        log_line("undecodable reply from tokpiped: %s", e.msg);
+        tp_msg_clear(&m);
+        return;
+    }
+    if (!(m.req & REQ_CANCEL_BIT)) {
+        gw_call *c = find_call(b, m.req >> REQ_SHIFT);
+        size_t low = m.req & ((1u << REQ_SHIFT) - 1);
+        if (c && low == 0 && c->kind != GW_CALL_COMPLETION)
+            on_stats(b, c, &m);
+        else if (c && low >= 1 && low <= c->n_ch && !c->ch[low - 1].acked)
+            on_ack(b, c, low - 1, &m);
+    }
+    tp_msg_clear(&m);
+}
+
+static int keep_matched(gw_choice *ch, const tp_matched *mt)
+{
+    ch->matched = *mt;
+    if (mt->kind == TP_MATCHED_STR) {
+        ch->matched_buf = malloc(mt->str.len + 1);
+        if (!ch->matched_buf)
+            return -1;
+        memcpy(ch->matched_buf, mt->str.ptr, mt->str.len);
+        ch->matched_buf[mt->str.len] = '\0';
+        ch->matched.str = (tp_str){ch->matched_buf, mt->str.len};
+    }
+    return 0;
+}
+
+static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t)
+{
+    if (!t->len)
+        return;   /* held back: nothing that can no longer change */
+    if (c->oreq.stream)
+        push(b, c, gw_chunk_sse(c, b->g->model_name, i, t->ptr, t->len, false), false);
+    else if (gw_buf_add(&c->ch[i].text, t->ptr, t->len))
+        fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
+}
+
+static void all_finished(bridge *b, gw_call *c)
+{
+    for (size_t i = 0; i < c->n_ch; i++)
+        if (c->ch[i].reason == TP_REASON_ERROR) {
+            char msg[TP_PROTO_MAX_ERROR + 64];
+            snprintf(msg, sizeof msg, "job %s failed: %s", c->ch[i].job_id,
+                     c->ch[i].error ? c->ch[i].error : "error");
+            fail_call(b, c, 500, msg, NULL, 0);
+            return;
+        }
+    if (c->oreq.stream) {
+        if (c->oreq.include_usage)
+            push(b, c, gw_usage_sse(c, b->g->model_name), false);
+        push(b, c, strdup("data: [DONE]\n\n"), true);
+    } else {
+        reply(b, c, 200, gw_completion_json(c, b->g->model_name), "application/json", 0);
+    }
+}
+
+static void on_event(bridge *b, tp_zmsg *z)
+{
+    tp_msg m;
+    tp_err e;
+    if (tp_proto_decode(TP_FAM_EVT, z->f, z->n, &m, &e)) {
+        tp_msg_clear(&m);
+        return;
+    }
+    if (m.cmd == TP_CMD_HEARTBEAT) {
+        if (b->ready && m.beat.incarnation != b->incarnation) {
+            /* a new broker knows none of our jobs: they will never finish */
+            for (size_t i = 0; i < b->n_calls; i++)
+                if (b->calls[i]->n_ch && !call_over(b->calls[i]))
+                    fail_call(b, b->calls[i], 503, "tokpiped restarted: the job is lost", NULL, 0);
+        }
+        b->ready = true;
+        b->incarnation = m.beat.incarnation;
+        b->last_beat_ms = tp_now_ms();
+        b->silence_ms = (int64_t)m.beat.interval_ms * m.beat.liveness;
+        tp_msg_clear(&m);
+        return;
+    }
+    gw_call *c = NULL;
+    gw_choice *ch = NULL;
+    if (m.cmd == TP_CMD_TOKEN)
+        ch = find_job(b, &m.token.job_id, &c);
+    else if (m.cmd == TP_CMD_FINISH)
+        ch = find_job(b, &m.finish.job_id, &c);
+    if (!ch || ch->finished || c->cancelled) {
+        tp_msg_clear(&m);
+        return;
+    }
+    size_t i = (size_t)(ch - c->ch);
+    uint32_t seq = m.cmd == TP_CMD_TOKEN ? m.token.seq : m.finish.seq;
+    if (seq != ch->next_seq) {
+        /* PUB/SUB dropped events (a slow gateway past the high-water mark):
+         * the text would have a hole, so say so instead */
+        fail_call(b, c, 500, "events of the job were lost (gateway too slow)", NULL, 0);
+        tp_msg_clear(&m);
+        return;
+    }
+    ch->next_seq++;
+    if (m.cmd == TP_CMD_TOKEN) {
+        deliver_text(b, c, i, &m.token.text);
+    } else {
+        deliver_text(b, c, i, &m.finish.text);
+        ch->finished = true;
+        c->n_finished++;
+        ch->reason = m.finish.reason;
+        ch->prompt_tokens = m.finish.prompt_tokens;
+        ch->completion_tokens = m.finish.completion_tokens;
+        if (keep_matched(ch, &m.finish.matched))
+            ch->matched.kind = TP_MATCHED_NONE;
+        if (m.finish.job_error.ptr)
+            ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
+        if (c->oreq.stream && ch->reason != TP_REASON_ERROR)
+            push(b, c, gw_chunk_sse(c, b->g->model_name, i, NULL, 0, true), false);
+        if (c->n_finished == c->n_ch)
+            all_finished(b, c);
+    }
+    tp_msg_clear(&m);
+}
+
+/* ---- the loop ------------------------------------------------------------ */
+
+static void take_inbox(bridge *b)
+{
+    uint64_t v;
+    ssize_t r = read(b->g->wake_fd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&b->g->lock);
+    gw_call *list = b->g->inbox;
+    b->g->inbox = b->g->inbox_tail = NULL;
+    pthread_mutex_unlock(&b->g->lock);
+    while (list) {
+        gw_call *c = list;
+        list = c->next;
+        c->next = NULL;
+        if (add_call(b, c)) {
+            reply_error(b, c, 500, "gateway: out of memory", NULL, 0);
+            pthread_mutex_lock(&b->g->lock);
+            gw_call_unref(c);
+            pthread_mutex_unlock(&b->g->lock);
+            continue;
+        }
+        start_call(b, c);
+    }
+}
+
+/* A suspended connection whose client hung up: its socket reads EOF. */
+static bool client_gone(int fd)
+{
+    char ch;
+    ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void sweep(bridge *b, zmq_pollitem_t *fds, gw_call **fd_call, size_t n_fds)
+{
+    for (size_t k = 0; k < n_fds; k++) {
+        if (!(fds[k].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+            continue;
+        gw_call *c = fd_call[k];
+        if (client_gone(fds[k].fd)) {
+            pthread_mutex_lock(&b->g->lock);
+            b->g->counters.client_gone++;
+            pthread_mutex_unlock(&b->g->lock);
+            cancel_jobs(b, c);
+            c->watch_fd = false;
+            /* let MHD see the dead socket and finish the connection */
+            fail_call(b, c, 499, "client closed the connection", NULL, 0);
+        } else {
+            c->watch_fd = false;   /* pipelined bytes: MHD's, not ours to judge */
+        }
+    }
+    int64_t now = tp_now_ms();
+    for (size_t k = 0; k < b->n_calls;) {
+        gw_call *c = b->calls[k];
+        pthread_mutex_lock(&b->g->lock);
+        bool gone = c->http_done;
+        pthread_mutex_unlock(&b->g->lock);
+        if (gone && !call_over(c)) {
+            pthread_mutex_lock(&b->g->lock);
+            b->g->counters.client_gone++;
+            pthread_mutex_unlock(&b->g->lock);
+        }
+        if (gone)
+            cancel_jobs(b, c);
+        bool acks_pending = c->n_ch ? c->n_acked < c->n_ch && !c->cancelled : !c->replied;
+        if (!gone && (c->waiting || acks_pending) && now > c->deadline_ms) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "tokpiped did not answer within %d ms (http.timeout_ms)",
+                     b->g->cfg->http_timeout_ms);
+            fail_call(b, c, 503, msg, NULL, 0);
+        }
+        if (!gone && b->ready && b->silence_ms && now - b->last_beat_ms > b->silence_ms && !call_over(c))
+            fail_call(b, c, 503, "no heartbeat from tokpiped: the broker is gone", NULL, 0);
+        if (gone) {
+            drop_call(b, k);
+            continue;
+        }
+        if (c->waiting && b->ready)
+            start_call(b, c);
+        k++;
+    }
+}
+
+static int open_sockets(bridge *b, tp_err *err)
+{
+    const tp_config *cfg = b->g->cfg;
+    tp_zsec_client sec;
+    int rc = tp_zsec_client_load(cfg, &sec, err);
+    if (rc)
+        return rc;
+    b->zctx = zmq_ctx_new();
+    if (!b->zctx)
+        return tp_err_set(err, TP_EIO, "zmq_ctx_new: %s", zmq_strerror(errno));
+    b->dealer = zmq_socket(b->zctx, ZMQ_DEALER);
+    b->sub = zmq_socket(b->zctx, ZMQ_SUB);
+    int zero = 0, hwm = cfg->sndhwm;
+    if (!b->dealer || !b->sub)
+        return tp_err_set(err, TP_EIO, "zmq_socket: %s", zmq_strerror(errno));
+    zmq_setsockopt(b->dealer, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(b->sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(b->dealer, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(b->sub, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if ((rc = tp_zsec_client_apply(&sec, b->dealer, cfg->ep_front, err)) ||
+        (rc = tp_zsec_client_apply(&sec, b->sub, cfg->ep_events, err)))
+        return rc;
+    if (zmq_connect(b->dealer, cfg->ep_front))
+        return tp_err_set(err, TP_EIO, "connect %s: %s", cfg->ep_front, zmq_strerror(errno));
+    if (zmq_connect(b->sub, cfg->ep_events))
+        return tp_err_set(err, TP_EIO, "connect %s: %s", cfg->ep_events, zmq_strerror(errno));
+    uint32_t r;
+    if (getrandom(&r, sizeof r, 0) != sizeof r)
+        r = (uint32_t)getpid() * 2654435761u;
+    snprintf(b->prefix, sizeof b->prefix, "h%08x-", r);
+    /* jobs first, heartbeat last: its answer proves both are in force */
+    if (zmq_setsockopt(b->sub, ZMQ_SUBSCRIBE, b->prefix, strlen(b->prefix)) ||
+        zmq_setsockopt(b->sub, ZMQ_SUBSCRIBE, TP_EVT_HEARTBEAT_TOPIC, strlen(TP_EVT_HEARTBEAT_TOPIC)))
+        return tp_err_set(err, TP_EIO, "subscribe: %s", zmq_strerror(errno));
+    return 0;
+}
+
+static void drain(bridge *b, void *sock, void (*fn)(bridge *, tp_zmsg *))
+{
+    for (;;) {
+        tp_zmsg z;
+        if (tp_zmsg_recv(sock, &z, ZMQ_DONTWAIT))
+            return;
+        fn(b, &z);
+        tp_zmsg_close(&z);
+    }
+}
+
+static void shut_down(bridge *b)
+{
+    pthread_mutex_lock(&b->g->lock);
+    b->g->stopping = true;
+    pthread_mutex_unlock(&b->g->lock);
+    take_inbox(b);
+    for (size_t i = 0; i < b->n_calls; i++)
+        if (!call_over(b->calls[i]))
+            fail_call(b, b->calls[i], 503, "the gateway is shutting down", NULL, 0);
+        else
+            cancel_jobs(b, b->calls[i]);
+    while (b->n_calls)
+        drop_call(b, b->n_calls - 1);
+    free(b->calls);
+}
+
+void *gw_bridge_main(void *arg)
+{
+    bridge b = {.g = arg};
+    tp_err e;
+    tp_err_clear(&e);
+    if (open_sockets(&b, &e))
+        log_line("%s", e.msg);   /* every call then times out with 503, naming the wait */
+    zmq_pollitem_t *items = calloc(MAX_POLL_FDS + 3, sizeof *items);
+    gw_call **fd_call = calloc(MAX_POLL_FDS, sizeof *fd_call);
+    while (!b.g->quit && items && fd_call) {
+        size_t n = 0;
+        items[n++] = (zmq_pollitem_t){.socket = b.dealer, .events = ZMQ_POLLIN};
+        items[n++] = (zmq_pollitem_t){.socket = b.sub, .events = ZMQ_POLLIN};
+        items[n++] = (zmq_pollitem_t){.fd = b.g->wake_fd, .events = ZMQ_POLLIN};
+        size_t n_fds = 0;
+        if (!b.dealer) {   /* no broker sockets: only wait for calls to time out */
+            n = 0;
+            items[n++] = (zmq_pollitem_t){.fd = b.g->wake_fd, .events = ZMQ_POLLIN};
+        }
+        /* Only suspended connections: MHD neither reads nor closes their
+         * sockets until we resume them, so polling them is safe. */
+        pthread_mutex_lock(&b.g->lock);
+        for (size_t i = 0; i < b.n_calls && n_fds < MAX_POLL_FDS; i++) {
+            gw_call *c = b.calls[i];
+            if (b.dealer && c->suspended && !c->http_done && c->watch_fd && c->client_fd >= 0) {
+                fd_call[n_fds] = c;
+                items[n + n_fds++] = (zmq_pollitem_t){.fd = c->client_fd, .events = ZMQ_POLLIN};
+            }
+        }
+        pthread_mutex_unlock(&b.g->lock);
+        int rc = zmq_poll(items, (int)(n + n_fds), POLL_MS);
+        if (rc < 0 && zmq_errno() != EINTR)
+            break;
+        take_inbox(&b);
+        if (b.dealer) {
+            drain(&b, b.sub, on_event);
+            drain(&b, b.dealer, on_front);
+        }
+        sweep(&b, items + n, fd_call, n_fds);
+    }
+    shut_down(&b);
+    free(items);
+    free(fd_call);
+    if (b.dealer)
+        zmq_close(b.dealer);
+    if (b.sub)
+        zmq_close(b.sub);
+    if (b.zctx)
+        zmq_ctx_term(b.zctx);
+    return NULL;
+}

@@ -1,0 +1,138 @@
+/* bin/tokpipe-http internals: the state shared by the HTTP side
+ * (libmicrohttpd's one internal epoll thread, server.c) and the broker side
+ * (one thread owning every ZeroMQ socket, bridge.c).
+ *
+ * Threads: MHD's thread decodes requests and hands a gw_call to the bridge
+ * through an inbox (gw.lock + an eventfd the bridge polls), then suspends
+ * the connection. The bridge submits the jobs, follows their events,
+ * writes the response (a whole body, or SSE bytes) into the call under
+ * gw.lock and resumes the connection. Fields say who may touch them. A
+ * call is freed by whichever side lets go last (refs, under gw.lock). */
+#ifndef TOKPIPE_HTTP_GW_H
+#define TOKPIPE_HTTP_GW_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oai.h"
+#include "tokpipe/config.h"
+#include "tokpipe/protocol.h"
+
+struct MHD_Connection;
+struct MHD_Daemon;
+
+/* A growable byte buffer (NUL-terminated when non-empty). */
+typedef struct gw_buf {
+    char *p;
+    size_t len, cap;
+} gw_buf;
+
+int gw_buf_add(gw_buf *b, const void *s, size_t n);   /* 0, or -1 out of memory */
+void gw_buf_free(gw_buf *b);
+
+typedef enum { GW_CALL_COMPLETION, GW_CALL_HEALTH, GW_CALL_METRICS } gw_call_kind;
+
+/* One job of a completion: choice `index` of the response. Bridge only. */
+typedef struct gw_choice {
+    char job_id[TP_PROTO_MAX_JOB_ID + 1];
+    size_t prompt;             /* index into oreq.prompts */
+    bool acked, finished;
+    uint32_t next_seq;
+    gw_buf text;               /* non-streaming: the text so far */
+    uint32_t prompt_tokens, completion_tokens;
+    int reason;                /* TP_REASON_* once finished */
+    tp_matched matched;        /* matched.str points into matched_buf */
+    char *matched_buf;
+    char *error;               /* reason error: what went wrong */
+} gw_choice;
+
+typedef struct gw_call {
+    /* set by the HTTP side before it is queued, then read-only */
+    struct gw *g;
+    gw_call_kind kind;
+    oai_request oreq;
+    char id[48];               /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created;           /* unix seconds */
+    struct MHD_Connection *conn;
+    int client_fd;             /* polled for a hang-up while suspended */
+    uint64_t no;               /* unique per gateway run */
+
+    /* bridge only */
+    gw_choice *ch;
+    size_t n_ch;
+    size_t n_acked, n_finished;
+    bool replied;              /* status/body (or the stream's start) handed over */
+    bool cancelled;            /* CANCELs sent for its jobs */
+    bool watch_fd;
+    int64_t deadline_ms;       /* ACK / STATS reply wait */
+    bool waiting;              /* queued until the broker's first heartbeat */
+
+    /* shared: under gw.lock */
+    int status;                /* HTTP status of the answer, 0 = not known yet */
+    char *body;                /* whole body (JSON or text), NULL while streaming */
+    size_t body_len;
+    const char *content_type;
+    int retry_after;           /* seconds, 0 = no Retry-After header */
+    gw_buf out;                /* streaming: SSE bytes not yet read by MHD */
+    size_t out_off;
+    bool out_done;             /* streaming: nothing more after out */
+    bool suspended;            /* the connection waits for the bridge */
+    bool http_done;            /* MHD finished with the connection */
+    int refs;
+    struct gw_call *next;      /* inbox link */
+} gw_call;
+
+/* Counters of the gateway itself (under gw.lock), shown in /metrics. */
+typedef struct gw_counters {
+    uint64_t requests[6];      /* by status class: 2xx..5xx at [2..5] */
+    uint64_t client_gone;      /* completions whose client left early */
+} gw_counters;
+
+typedef struct gw {
+    const tp_config *cfg;
+    const char *model_name;
+    char **api_keys;           /* NULL = no key needed */
+    size_t n_api_keys;
+
+    pthread_mutex_t lock;
+    gw_call *inbox, *inbox_tail;   /* calls for the bridge */
+    int wake_fd;                   /* eventfd: inbox non-empty or quit */
+    bool stopping;                 /* refuse new work (503) */
+    int open_calls;                /* calls whose connection MHD still serves */
+    gw_counters counters;
+    uint64_t next_call_no;
+
+    volatile sig_atomic_t quit;
+    struct MHD_Daemon *mhd;
+} gw;
+
+/* Take a reference off a call; frees it at zero. Caller holds gw.lock. */
+void gw_call_unref(gw_call *c);
+
+/* Give c to the bridge (adds its reference). Returns -1 when stopping. */
+int gw_submit_call(gw *g, gw_call *c);
+
+/* The bridge thread: runs until g->quit, then fails what is left. */
+void *gw_bridge_main(void *arg);
+
+/* HTTP side: start/stop libmicrohttpd on cfg's http.listen:http.port. */
+int gw_server_start(gw *g, tp_err *err);
+void gw_server_stop(gw *g);
+
+/* Bodies (render.c). Each returns a malloc'd NUL-terminated string or NULL
+ * (out of memory). */
+char *gw_error_json(int status, const char *message, const char *param);
+char *gw_models_json(const char *model, int64_t created);
+char *gw_completion_json(const gw_call *c, const char *model);
+/* One SSE event ("data: {...}\n\n") for choice i: a text delta, or (final)
+ * its finish_reason / stop_reason. */
+char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, bool final);
+char *gw_usage_sse(const gw_call *c, const char *model);
+char *gw_health_json(const tp_m_stats_reply *s, int *status);
+char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc);
+const char *gw_finish_reason(int reason);
+
+#endif

@@ -1,0 +1,442 @@
+/* OpenAI request body -> SUBMIT parameters (oai.h). */
+#include "oai.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(oai_error *e, int status, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int oom(oai_error *e)
+{
+    return fail(e, 500, NULL, "out of memory");
+}
+
+/* JSON numbers are doubles: an integer must be integral and, for exactness,
+ * within 2^53. */
+static int get_int(const cJSON *v, const char *name, double lo, double hi, int64_t *out, oai_error *e)
+{
+    if (!cJSON_IsNumber(v))
+        return fail(e, 400, name, "%s: expected an integer", name);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d))
+        return fail(e, 400, name, "%s: %g is not an integer", name, d);
+    if (d < lo || d > hi)
+        return fail(e, 400, name, "%s: %.0f is outside [%.0f, %.0f]", name, d, lo, hi);
+    *out = (int64_t)d;
+    return 0;
+}
+
+static int get_num(const cJSON *v, const char *name, double *out, oai_error *e)
+{
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return fail(e, 400, name, "%s: expected a number", name);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *v, const char *name, bool *out, oai_error *e)
+{
+    if (!cJSON_IsBool(v))
+        return fail(e, 400, name, "%s: expected true or false", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int copy_text(const char *s, const char *name, char **out, size_t *len, oai_error *e)
+{
+    size_t l = strlen(s);
+    if (!tp_proto_utf8_valid(s, l))
+        return fail(e, 400, name, "%s: not valid UTF-8", name);
+    *out = malloc(l + 1);
+    if (!*out)
+        return oom(e);
+    memcpy(*out, s, l + 1);
+    if (len)
+        *len = l;
+    return 0;
+}
+
+static int decode_ids(const cJSON *arr, const char *name, oai_prompt *p, oai_error *e)
+{
+    int n = cJSON_GetArraySize(arr);
+    if (n < 1)
+        return fail(e, 400, name, "%s: an empty list of token ids", name);
+    if ((size_t)n > TP_PROTO_MAX_IDS)
+        return fail(e, 413, name, "%s: more than %u token ids", name, TP_PROTO_MAX_IDS);
+    p->ids = malloc((size_t)n * sizeof *p->ids);
+    if (!p->ids)
+        return oom(e);
+    int i = 0;
+    for (const cJSON *it = arr->child; it; it = it->next, i++) {
+        int64_t v;
+        char nm[64];
+        snprintf(nm, sizeof nm, "%s[%d]", name, i);
+        if (get_int(it, nm, 0, INT32_MAX, &v, e))
+            return -1;
+        p->ids[i] = (int32_t)v;
+    }
+    p->n_ids = (size_t)n;
+    return 0;
+}
+
+static int add_prompt(oai_request *r, oai_error *e, oai_prompt **p)
+{
+    if (r->n_prompts >= OAI_MAX_PROMPTS)
+        return fail(e, 400, "prompt", "prompt: more than %d prompts", OAI_MAX_PROMPTS);
+    if (!r->prompts) {
+        r->prompts = calloc(OAI_MAX_PROMPTS, sizeof *r->prompts);
+        if (!r->prompts)
+            return oom(e);
+    }
+    *p = &r->prompts[r->n_prompts++];
+    return 0;
+}
+
+static int decode_prompt(const cJSON *v, oai_request *r, oai_error *e)
+{
+    oai_prompt *p;
+    if (cJSON_IsString(v)) {
+        if (add_prompt(r, e, &p))
+            return -1;
+        return copy_text(v->valuestring, "prompt", &p->text, &p->text_len, e);
+    }
+    if (!cJSON_IsArray(v) || !v->child)
+        return fail(e, 400, "prompt", "prompt: expected a string, a list of strings or a list of token ids");
+    if (cJSON_IsNumber(v->child)) {   /* one prompt as token ids */
+        if (add_prompt(r, e, &p))
+            return -1;
+        return decode_ids(v, "prompt", p, e);
+    }
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "prompt[%d]", i);
+        if (add_prompt(r, e, &p))
+            return -1;
+        if (cJSON_IsString(it)) {
+            if (copy_text(it->valuestring, nm, &p->text, &p->text_len, e))
+                return -1;
+        } else if (cJSON_IsArray(it)) {
+            if (decode_ids(it, nm, p, e))
+                return -1;
+        } else {
+            return fail(e, 400, nm, "%s: expected a string or a list of token ids", nm);
+        }
+    }
+    return 0;
+}
+
+static int decode_stop(const cJSON *v, tp_params *pp, oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0)
+        return fail(e, 400, "stop", "stop: expected a string or a list of strings");
+    if (n > TP_PROTO_MAX_STOP)
+        return fail(e, 400, "stop", "stop: more than %d strings", TP_PROTO_MAX_STOP);
+    pp->set |= TP_P_STOP;
+    if (!n)
+        return 0;
+    pp->stop = calloc((size_t)n, sizeof *pp->stop);
+    if (!pp->stop)
+        return oom(e);
+    const cJSON *it = cJSON_IsString(v) ? v : v->child;
+    for (int i = 0; i < n; i++, it = it->next) {
+        char nm[64];
+        snprintf(nm, sizeof nm, cJSON_IsString(v) ? "stop" : "stop[%d]", i);
+        if (!cJSON_IsString(it))
+            return fail(e, 400, nm, "%s: expected a string", nm);
+        char *s;
+        size_t len;
+        if (copy_text(it->valuestring, nm, &s, &len, e))
+            return -1;
+        pp->stop[pp->n_stop++] = (tp_str){s, len};
+    }
+    return 0;
+}
+
+static int decode_stop_ids(const cJSON *v, tp_params *pp, oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsArray(v))
+        return fail(e, 400, "stop_token_ids", "stop_token_ids: expected a list of token ids");
+    int n = cJSON_GetArraySize(v);
+    if (n > TP_PROTO_MAX_STOP_IDS)
+        return fail(e, 400, "stop_token_ids", "stop_token_ids: more than %d ids", TP_PROTO_MAX_STOP_IDS);
+    pp->set |= TP_P_STOP_TOKEN_IDS;
+    if (!n)
+        return 0;
+    pp->stop_token_ids = malloc((size_t)n * sizeof *pp->stop_token_ids);
+    if (!pp->stop_token_ids)
+        return oom(e);
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        char nm[64];
+        int64_t x;
+        snprintf(nm, sizeof nm, "stop_token_ids[%d]", i);
+        if (get_int(it, nm, 0, INT32_MAX, &x, e))
+            return -1;
+        pp->stop_token_ids[pp->n_stop_token_ids++] = (int32_t)x;
+    }
+    return 0;
+}
+
+/* A float parameter: null = the broker's default. */
+static int opt_num(const cJSON *v, const char *name, uint32_t bit, double *dst, tp_params *pp, oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    if (get_num(v, name, dst, e))
+        return -1;
+    pp->set |= bit;
+    return 0;
+}
+
+static int opt_int32(const cJSON *v, const char *name, uint32_t bit, double lo, int32_t *dst, tp_params *pp,
+                     oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    int64_t x;
+    if (get_int(v, name, lo, INT32_MAX, &x, e))
+        return -1;
+    *dst = (int32_t)x;
+    pp->set |= bit;
+    return 0;
+}
+
+/* OpenAI fields without a tokpipe meaning, accepted at their neutral value
+ * only (clients often send them explicitly). */
+static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_error *e)
+{
+    bool ok = cJSON_IsNull(v);
+    if (!strcmp(name, "echo") || !strcmp(name, "logprobs"))
+        ok = ok || cJSON_IsFalse(v);
+    if (!strcmp(name, "best_of"))
+        ok = ok || (cJSON_IsNumber(v) && v->valuedouble == r->n);
+    if (!strcmp(name, "logit_bias"))
+        ok = ok || (cJSON_IsObject(v) && !v->child);
+    if (!strcmp(name, "suffix"))
+        ok = ok || (cJSON_IsString(v) && !v->valuestring[0]);
+    if (!strcmp(name, "parallel_tool_calls") || !strcmp(name, "tools"))
+        ok = ok || (cJSON_IsArray(v) && !v->child) || cJSON_IsBool(v);
+    if (!ok)
+        return fail(e, 400, name, "%s: not supported by tokpipe (only its neutral value is accepted)", name);
+    return 0;
+}
+
+static const char *const neutral_fields[] = {"echo", "logprobs", "top_logprobs", "best_of", "logit_bias",
+                                             "suffix", "tools", "tool_choice", "parallel_tool_calls",
+                                             "response_format", NULL};
+
+static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
+{
+    const char *k = v->string;
+    tp_params *pp = &r->params;
+    int64_t x;
+    if (!strcmp(k, "model")) {
+        if (!cJSON_IsString(v))
+            return fail(e, 400, k, "model: expected a string");
+        return copy_text(v->valuestring, k, &r->model, NULL, e);
+    }
+    if (!strcmp(k, "prompt")) {
+        if (r->kind == OAI_CHAT)
+            return fail(e, 400, k, "prompt: not a chat completions field (use messages, or /v1/completions)");
+        return decode_prompt(v, r, e);
+    }
+    if (!strcmp(k, "messages")) {
+        if (r->kind != OAI_CHAT)
+            return fail(e, 400, k, "messages: only for /v1/chat/completions");
+        if (!cJSON_IsArray(v) || !v->child)
+            return fail(e, 400, k, "messages: expected a non-empty list of messages");
+        r->messages_json = cJSON_PrintUnformatted(v);
+        return r->messages_json ? 0 : oom(e);
+    }
+    if (!strcmp(k, "max_tokens") || !strcmp(k, "max_completion_tokens"))
+        return opt_int32(v, k, TP_P_MAX_TOKENS, 1, &pp->max_tokens, pp, e);
+    if (!strcmp(k, "min_tokens"))
+        return opt_int32(v, k, TP_P_MIN_TOKENS, 0, &pp->min_tokens, pp, e);
+    if (!strcmp(k, "temperature"))
+        return opt_num(v, k, TP_P_TEMPERATURE, &pp->temperature, pp, e);
+    if (!strcmp(k, "top_p"))
+        return opt_num(v, k, TP_P_TOP_P, &pp->top_p, pp, e);
+    if (!strcmp(k, "min_p"))
+        return opt_num(v, k, TP_P_MIN_P, &pp->min_p, pp, e);
+    if (!strcmp(k, "repetition_penalty"))
+        return opt_num(v, k, TP_P_REPETITION_PENALTY, &pp->repetition_penalty, pp, e);
+    if (!strcmp(k, "presence_penalty"))
+        return opt_num(v, k, TP_P_PRESENCE_PENALTY, &pp->presence_penalty, pp, e);
+    if (!strcmp(k, "frequency_penalty"))
+        return opt_num(v, k, TP_P_FREQUENCY_PENALTY, &pp->frequency_penalty, pp, e);
+    if (!strcmp(k, "top_k")) {   /* vLLM spells "off" -1, tokpipe 0 */
+        if (cJSON_IsNull(v))
+            return 0;
+        if (get_int(v, k, -1, INT32_MAX, &x, e))
+            return -1;
+        pp->top_k = x < 0 ? 0 : (int32_t)x;
+        pp->set |= TP_P_TOP_K;
+        return 0;
+    }
+    if (!strcmp(k, "seed")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        if (get_int(v, k, 0, 9007199254740991.0, &x, e))
+            return -1;
+        pp->seed = (uint64_t)x;
+        pp->set |= TP_P_SEED;
+        r->has_seed = true;
+        return 0;
+    }
+    if (!strcmp(k, "n")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        if (get_int(v, k, 1, OAI_MAX_N, &x, e))
+            return -1;
+        r->n = (int)x;
+        return 0;
+    }
+    if (!strcmp(k, "stop"))
+        return decode_stop(v, pp, e);
+    if (!strcmp(k, "stop_token_ids"))
+        return decode_stop_ids(v, pp, e);
+    if (!strcmp(k, "ignore_eos")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        pp->set |= TP_P_IGNORE_EOS;
+        return get_bool(v, k, &pp->ignore_eos, e);
+    }
+    if (!strcmp(k, "include_stop_str_in_output")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        pp->set |= TP_P_INCLUDE_STOP;
+        return get_bool(v, k, &pp->include_stop_str_in_output, e);
+    }
+    if (!strcmp(k, "stream"))
+        return cJSON_IsNull(v) ? 0 : get_bool(v, k, &r->stream, e);
+    if (!strcmp(k, "stream_options")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        if (!cJSON_IsObject(v))
+            return fail(e, 400, k, "stream_options: expected an object");
+        for (const cJSON *it = v->child; it; it = it->next) {
+            if (strcmp(it->string, "include_usage"))
+                return fail(e, 400, "stream_options", "stream_options.%s: unknown field", it->string);
+            if (!cJSON_IsNull(it) && get_bool(it, "stream_options.include_usage", &r->include_usage, e))
+                return -1;
+        }
+        return 0;
+    }
+    if (!strcmp(k, "user")) {
+        if (!cJSON_IsString(v) && !cJSON_IsNull(v))
+            return fail(e, 400, k, "user: expected a string");
+        return 0;
+    }
+    for (int i = 0; neutral_fields[i]; i++)
+        if (!strcmp(k, neutral_fields[i]))
+            return neutral(v, k, r, e);
+    return fail(e, 400, k, "%s: unknown field", k);
+}
+
+/* cJSON keeps C strings, so an escaped NUL would silently cut a prompt or
+ * a stop string short: find one (an odd run of backslashes before u0000). */
+static bool has_escaped_nul(const char *s, size_t len)
+{
+    for (size_t i = 0; i + 6 <= len; i++) {
+        if (s[i] != '\\' || (s[i + 1] != 'u' && s[i + 1] != 'U') || memcmp(s + i + 2, "0000", 4))
+            continue;
+        size_t run = 0;
+        while (run < i && s[i - 1 - run] == '\\')
+            run++;
+        if (run % 2 == 0)
+            return true;
+    }
+    return false;
+}
+
+int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oai_error *e)
+{
+    memset(out, 0, sizeof *out);
+    memset(e, 0, sizeof *e);
+    out->kind = kind;
+    out->n = 1;
+    if (has_escaped_nul(body, len))
+        return fail(e, 400, NULL, "the request body holds a \\u0000 (NUL) character, which tokpipe does not take");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root)
+        return fail(e, 400, NULL, "the request body is not valid JSON");
+    int rc = 0;
+    if (!cJSON_IsObject(root))
+        rc = fail(e, 400, NULL, "the request body must be a JSON object");
+    /* n first: best_of is checked against it */
+    const cJSON *nv = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "n") : NULL;
+    if (!rc && nv)
+        rc = decode_field(nv, out, e);
+    for (const cJSON *it = rc ? NULL : root->child; it && !rc; it = it->next) {
+        for (const cJSON *p = root->child; p != it; p = p->next)
+            if (!strcmp(p->string, it->string)) {
+                rc = fail(e, 400, it->string, "%s: given twice", it->string);
+                break;
+            }
+        if (!rc && strcmp(it->string, "n"))
+            rc = decode_field(it, out, e);
+    }
+    if (!rc && kind == OAI_COMPLETIONS && !out->n_prompts)
+        rc = fail(e, 400, "prompt", "prompt: required");
+    if (!rc && kind == OAI_CHAT && !out->messages_json)
+        rc = fail(e, 400, "messages", "messages: required");
+    if (!rc && out->include_usage && !out->stream)
+        rc = fail(e, 400, "stream_options", "stream_options: only allowed with stream: true");
+    if (!rc && out->n_prompts * (size_t)out->n > OAI_MAX_CHOICES)
+        rc = fail(e, 400, "n", "n: %zu prompts x %d choices is more than %d jobs", out->n_prompts, out->n,
+                  OAI_MAX_CHOICES);
+    cJSON_Delete(root);
+    if (rc)
+        oai_request_free(out);
+    return rc;
+}
+
+void oai_request_free(oai_request *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].ids);
+    }
+    free(r->prompts);
+    for (size_t i = 0; i < r->params.n_stop; i++)
+        free((void *)r->params.stop[i].ptr);
+    free(r->params.stop);
+    free(r->params.stop_token_ids);
+    free(r->model);
+    free(r->messages_json);
+    memset(r, 0, sizeof *r);
+}
+
+void oai_param_of_field(const char *field, char *out, size_t cap)
+{
+    if (!field || !field[0]) {
+        snprintf(out, cap, "%s", "");
+        return;
+    }
+    if (!strncmp(field, "params.", 7))
+        field += 7;
+    if (!strcmp(field, "prompt_ids"))
+        field = "prompt";
+    snprintf(out, cap, "%s", field);
+}

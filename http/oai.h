@@ -1,0 +1,69 @@
+/* The OpenAI request bodies the gateway accepts, decoded into SUBMIT
+ * parameters: JSON in, tp_params + prompts out, or an error naming the
+ * field in OpenAI's terms. No sockets, no HTTP: this is the decoder the
+ * fuzz target (fuzz/fuzz_oai_request.c) drives.
+ *
+ * Fields: model, prompt (string, array of strings, array of token ids,
+ * array of arrays of token ids), messages (chat; see oai_decode), max_tokens
+ * / max_completion_tokens, temperature, top_p, top_k (-1 = off), min_p,
+ * repetition_penalty, presence_penalty, frequency_penalty, stop (string or
+ * array), stop_token_ids, seed, n, stream, stream_options.include_usage,
+ * user, ignore_eos, min_tokens, include_stop_str_in_output. OpenAI fields
+ * tokpipe does not implement are accepted only at their neutral value (echo
+ * false, logprobs null, best_of null or n, logit_bias null or {}, suffix
+ * null); any other key is refused naming it, so a typo never silently
+ * becomes a default. */
+#ifndef TOKPIPE_HTTP_OAI_H
+#define TOKPIPE_HTTP_OAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokpipe/protocol.h"
+
+#define OAI_MAX_N 128          /* choices per prompt */
+#define OAI_MAX_PROMPTS 256    /* prompts in one request */
+#define OAI_MAX_CHOICES 1024   /* prompts x n: jobs one request may start */
+
+typedef enum { OAI_COMPLETIONS = 0, OAI_CHAT } oai_kind;
+
+typedef struct oai_prompt {
+    char *text;          /* NUL-terminated prompt text, or NULL: ids */
+    size_t text_len;
+    int32_t *ids;        /* token ids when text is NULL (>= 1) */
+    size_t n_ids;
+} oai_prompt;
+
+typedef struct oai_request {
+    oai_kind kind;
+    char *model;             /* as given, or NULL */
+    oai_prompt *prompts;     /* completions: >= 1; chat: none */
+    size_t n_prompts;
+    int n;                   /* choices per prompt, >= 1 */
+    bool stream;
+    bool include_usage;      /* stream_options.include_usage */
+    bool has_seed;           /* params.seed is choice 0's; choice j gets seed + j */
+    tp_params params;        /* stop strings owned by the request */
+    char *messages_json;     /* chat: the messages array as compact JSON */
+} oai_request;
+
+typedef struct oai_error {
+    int status;              /* HTTP status: 400, 413 */
+    char param[64];          /* OpenAI field name ("top_p", "stop[2]"), "" none */
+    char message[512];
+} oai_error;
+
+/* Decode one request body (len bytes, need not be NUL-terminated). On
+ * success fills *out (free with oai_request_free) and returns 0; on failure
+ * returns -1 with *e naming the field; *out is then empty. */
+int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oai_error *e);
+
+void oai_request_free(oai_request *r);
+
+/* The OpenAI parameter name for a SUBMIT field path from the broker or the
+ * encoder ("params.top_p" -> "top_p", "prompt_ids" -> "prompt"); writes a
+ * NUL-terminated name into out. */
+void oai_param_of_field(const char *field, char *out, size_t cap);
+
+#endif

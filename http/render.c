@@ -1,0 +1,423 @@
+/* Response bodies in OpenAI's shapes, /health and /metrics (Prometheus text
+ * exposition format 0.0.4). */
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gw.h"
+
+/* Labels per stop-trigger family: a job may bring any stop string, and
+ * every distinct label value is a time series the scraper keeps forever. */
+#define METRICS_MAX_TRIGGER_LABELS 50
+
+int gw_buf_add(gw_buf *b, const void *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+void gw_buf_free(gw_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+const char *gw_finish_reason(int reason)
+{
+    switch (reason) {
+    case TP_REASON_STOP_STRING:
+    case TP_REASON_STOP_TOKEN:
+    case TP_REASON_EOS:
+        return "stop";
+    case TP_REASON_LENGTH:
+        return "length";
+    case TP_REASON_CANCELLED:
+        return "abort";
+    default:
+        return "error";
+    }
+}
+
+static char *print_free(cJSON *o)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 400:
+    case 404:
+    case 405:
+    case 413:
+        return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 429:
+        return "rate_limit_error";
+    case 503:
+        return "service_unavailable";
+    default:
+        return "server_error";
+    }
+}
+
+char *gw_error_json(int status, const char *message, const char *param)
+{
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    if (!e) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddStringToObject(e, "message", message);
+    cJSON_AddStringToObject(e, "type", error_type(status));
+    if (param && param[0])
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    cJSON_AddNumberToObject(e, "code", status);
+    return print_free(o);
+}
+
+char *gw_models_json(const char *model, int64_t created)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "tokpipe");
+    cJSON_AddItemToArray(data, m);
+    return print_free(o);
+}
+
+/* vLLM's stop_reason: the stop string, the stop token id, or null (EOS,
+ * length: what finished it is no stop the client gave). */
+static void add_stop_reason(cJSON *o, const gw_choice *ch)
+{
+    if (ch->reason == TP_REASON_STOP_STRING && ch->matched.kind == TP_MATCHED_STR)
+        cJSON_AddStringToObject(o, "stop_reason", ch->matched_buf ? ch->matched_buf : "");
+    else if (ch->reason == TP_REASON_STOP_TOKEN && ch->matched.kind == TP_MATCHED_ID)
+        cJSON_AddNumberToObject(o, "stop_reason", ch->matched.id);
+    else
+        cJSON_AddNullToObject(o, "stop_reason");
+}
+
+static cJSON *head(const gw_call *c, const char *model, const char *object)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", c->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)c->created);
+    cJSON_AddStringToObject(o, "model", model);
+    return o;
+}
+
+/* Prompt tokens count once per prompt, whatever n is (as OpenAI and vLLM). */
+static cJSON *usage(const gw_call *c)
+{
+    uint64_t prompt = 0, completion = 0;
+    for (size_t i = 0; i < c->n_ch; i++) {
+        if (i % (size_t)c->oreq.n == 0)
+            prompt += c->ch[i].prompt_tokens;
+        completion += c->ch[i].completion_tokens;
+    }
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
+    return u;
+}
+
+static cJSON *text_item(const char *text, size_t len)
+{
+    /* cJSON copies C strings: the text is NUL-free valid UTF-8 except in
+     * the rare byte-fallback <0x00> piece, which would end it early */
+    char *s = malloc(len + 1);
+    if (!s)
+        return NULL;
+    memcpy(s, text ? text : "", len);
+    s[len] = '\0';
+    cJSON *j = cJSON_CreateString(s);
+    free(s);
+    return j;
+}
+
+char *gw_completion_json(const gw_call *c, const char *model)
+{
+    bool chat = c->oreq.kind == OAI_CHAT;
+    cJSON *o = head(c, model, chat ? "chat.completion" : "text_completion");
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    for (size_t i = 0; i < c->n_ch; i++) {
+        const gw_choice *ch = &c->ch[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "index", (double)i);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(x, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddItemToObject(m, "content", text_item(ch->text.p, ch->text.len));
+        } else {
+            cJSON_AddItemToObject(x, "text", text_item(ch->text.p, ch->text.len));
+        }
+        cJSON_AddNullToObject(x, "logprobs");
+        cJSON_AddStringToObject(x, "finish_reason", gw_finish_reason(ch->reason));
+        add_stop_reason(x, ch);
+        cJSON_AddItemToArray(arr, x);
+    }
+    cJSON_AddItemToObject(o, "usage", usage(c));
+    return print_free(o);
+}
+
+static char *sse(cJSON *o)
+{
+    char *j = print_free(o);
+    if (!j)
+        return NULL;
+    size_t n = strlen(j);
+    char *s = malloc(n + 9);
+    if (s)
+        snprintf(s, n + 9, "data: %s\n\n", j);
+    free(j);
+    return s;
+}
+
+char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, bool final)
+{
+    bool chat = c->oreq.kind == OAI_CHAT;
+    cJSON *o = head(c, model, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "index", (double)i);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(x, "delta");
+        if (len || !final)
+            cJSON_AddItemToObject(d, "content", text_item(text, len));
+    } else {
+        cJSON_AddItemToObject(x, "text", text_item(text, len));
+    }
+    cJSON_AddNullToObject(x, "logprobs");
+    if (final) {
+        cJSON_AddStringToObject(x, "finish_reason", gw_finish_reason(c->ch[i].reason));
+        add_stop_reason(x, &c->ch[i]);
+    } else {
+        cJSON_AddNullToObject(x, "finish_reason");
+    }
+    cJSON_AddItemToArray(arr, x);
+    return sse(o);
+}
+
+char *gw_usage_sse(const gw_call *c, const char *model)
+{
+    cJSON *o = head(c, model, c->oreq.kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", usage(c));
+    return sse(o);
+}
+
+static const char *const stage_names[4] = {"tokenize", "forward", "sample", "stop"};
+
+char *gw_health_json(const tp_m_stats_reply *s, int *status)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *w = cJSON_AddObjectToObject(o, "workers");
+    cJSON *missing = cJSON_CreateArray();
+    for (int i = 0; i < 4; i++) {
+        cJSON_AddNumberToObject(w, stage_names[i], (double)s->workers[i]);
+        if (!s->workers[i])
+            cJSON_AddItemToArray(missing, cJSON_CreateString(stage_names[i]));
+    }
+    bool ok = cJSON_GetArraySize(missing) == 0;
+    cJSON_AddStringToObject(o, "status", ok ? "ok" : "unavailable");
+    if (ok) {
+        cJSON_Delete(missing);
+    } else {
+        cJSON_AddItemToObject(o, "missing", missing);
+        char msg[128] = "no live worker for stage";
+        for (int i = 0; i < 4; i++)
+            if (!s->workers[i])
+                snprintf(msg + strlen(msg), sizeof msg - strlen(msg), " %s", stage_names[i]);
+        cJSON_AddStringToObject(o, "message", msg);
+    }
+    cJSON_AddNumberToObject(o, "jobs_active", (double)s->jobs_active);
+    *status = ok ? 200 : 503;
+    return print_free(o);
+}
+
+/* ---- /metrics ------------------------------------------------------------ */
+
+static void family(gw_buf *b, const char *name, const char *type, const char *help)
+{
+    char line[512];
+    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    gw_buf_add(b, line, (size_t)n);
+}
+
+static void sample(gw_buf *b, const char *name, const char *labels, uint64_t v)
+{
+    char line[512];
+    int n = snprintf(line, sizeof line, "%s%s%s%s %" PRIu64 "\n", name, labels ? "{" : "", labels ? labels : "",
+                     labels ? "}" : "", v);
+    gw_buf_add(b, line, (size_t)n);
+}
+
+static void one(gw_buf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    family(b, name, type, help);
+    sample(b, name, NULL, v);
+}
+
+/* Label value escaping of the text format: backslash, quote, newline. */
+static void add_label_value(gw_buf *b, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        const char *esc = s[i] == '\\' ? "\\\\" : s[i] == '"' ? "\\\"" : s[i] == '\n' ? "\\n" : NULL;
+        if (esc)
+            gw_buf_add(b, esc, strlen(esc));
+        else
+            gw_buf_add(b, &s[i], 1);
+    }
+}
+
+static int by_count_desc(const void *a, const void *b)
+{
+    const tp_trigger *x = *(tp_trigger *const *)a, *y = *(tp_trigger *const *)b;
+    return x->count < y->count ? 1 : x->count > y->count ? -1 : 0;
+}
+
+static void triggers(gw_buf *b, const tp_m_stats_reply *s)
+{
+    tp_trigger **t = malloc((s->n_triggers ? s->n_triggers : 1) * sizeof *t);
+    if (!t)
+        return;
+    for (size_t i = 0; i < s->n_triggers; i++)
+        t[i] = &s->triggers[i];
+    qsort(t, s->n_triggers, sizeof *t, by_count_desc);
+    uint64_t other = s->triggers_other;
+    int shown[2] = {0, 0};
+    family(b, "tokpipe_stop_string_triggers_total", "counter",
+           "Jobs finished by each stop string (the most frequent ones; the rest in "
+           "tokpipe_stop_triggers_other_total)");
+    for (size_t i = 0; i < s->n_triggers; i++)
+        if (t[i]->key.kind == TP_MATCHED_STR) {
+            if (shown[0]++ >= METRICS_MAX_TRIGGER_LABELS) {
+                other += t[i]->count;
+                continue;
+            }
+            gw_buf_add(b, "tokpipe_stop_string_triggers_total{stop=\"", 41);
+            add_label_value(b, t[i]->key.str.ptr, t[i]->key.str.len);
+            char tail[64];
+            int n = snprintf(tail, sizeof tail, "\"} %" PRIu64 "\n", t[i]->count);
+            gw_buf_add(b, tail, (size_t)n);
+        }
+    family(b, "tokpipe_stop_id_triggers_total", "counter",
+           "Jobs finished by each stop token id or EOS id (the most frequent ones)");
+    for (size_t i = 0; i < s->n_triggers; i++)
+        if (t[i]->key.kind == TP_MATCHED_ID) {
+            if (shown[1]++ >= METRICS_MAX_TRIGGER_LABELS) {
+                other += t[i]->count;
+                continue;
+            }
+            char lab[48];
+            snprintf(lab, sizeof lab, "token_id=\"%d\"", (int)t[i]->key.id);
+            sample(b, "tokpipe_stop_id_triggers_total", lab, t[i]->count);
+        }
+    one(b, "tokpipe_stop_triggers_other_total", "counter",
+        "Stop triggers not shown by stop string or id (label cap or the broker's table full)", other);
+    free(t);
+}
+
+/* A broker histogram (µs buckets) as a Prometheus histogram in seconds:
+ * cumulative _bucket{le} series, +Inf, _sum and _count. */
+static void histogram(gw_buf *b, const char *name, const char *help, const tp_hist *h)
+{
+    family(b, name, "histogram", help);
+    char line[192];
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h->n_bounds; i++) {
+        cum += h->buckets[i];
+        int n = snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name,
+                         (double)h->bounds_us[i] / 1e6, cum);
+        gw_buf_add(b, line, (size_t)n);
+    }
+    int n = snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n%s_sum %.6f\n%s_count %" PRIu64 "\n",
+                     name, h->count, name, (double)h->sum_us / 1e6, name, h->count);
+    gw_buf_add(b, line, (size_t)n);
+}
+
+static const char *const reason_names[TP_REASON_COUNT] = {"none", "stop_string", "stop_token", "eos",
+                                                          "length", "cancelled", "error"};
+
+char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
+{
+    gw_buf b = {0};
+    char lab[64];
+    family(&b, "tokpipe_uptime_seconds", "gauge", "Seconds since the broker started");
+    char line[96];
+    int n = snprintf(line, sizeof line, "tokpipe_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
+    gw_buf_add(&b, line, (size_t)n);
+    one(&b, "tokpipe_jobs_submitted_total", "counter", "SUBMIT requests seen by the broker", s->jobs_submitted);
+    one(&b, "tokpipe_jobs_rejected_total", "counter", "SUBMITs refused (status other than 200)", s->jobs_rejected);
+    one(&b, "tokpipe_jobs_active", "gauge", "Jobs queued or running now", s->jobs_active);
+    family(&b, "tokpipe_jobs_finished_total", "counter", "Finished jobs by finish reason");
+    for (int r = 1; r < TP_REASON_COUNT; r++) {
+        snprintf(lab, sizeof lab, "reason=\"%s\"", reason_names[r]);
+        sample(&b, "tokpipe_jobs_finished_total", lab, s->finish[r]);
+    }
+    one(&b, "tokpipe_tokens_generated_total", "counter", "Completion tokens of finished jobs", s->tokens_generated);
+    one(&b, "tokpipe_events_published_total", "counter", "TOKEN and FINISH events passed to subscribers",
+        s->events_published);
+    family(&b, "tokpipe_malformed_messages_total", "counter", "Malformed messages per broker socket");
+    sample(&b, "tokpipe_malformed_messages_total", "socket=\"front\"", s->malformed_front);
+    sample(&b, "tokpipe_malformed_messages_total", "socket=\"back\"", s->malformed_back);
+    sample(&b, "tokpipe_malformed_messages_total", "socket=\"events\"", s->malformed_events);
+    family(&b, "tokpipe_workers", "gauge", "Live registered workers per stage");
+    for (int i = 0; i < 4; i++) {
+        snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);
+        sample(&b, "tokpipe_workers", lab, s->workers[i]);
+    }
+    triggers(&b, s);
+    one(&b, "tokpipe_forward_steps_total", "counter", "STEPs sent to forward workers", s->forward_steps);
+    one(&b, "tokpipe_forward_rows_total", "counter", "Sequences in those STEPs (rows / steps = mean batch)",
+        s->forward_rows);
+    one(&b, "tokpipe_forward_tokens_total", "counter", "Tokens in those STEPs (decode + prefill)", s->forward_tokens);
+    one(&b, "tokpipe_jobs_running", "gauge", "Jobs admitted to workers now", s->jobs_running);
+    one(&b, "tokpipe_jobs_waiting", "gauge", "Jobs tokenizing or waiting for admission now", s->jobs_waiting);
+    one(&b, "tokpipe_kv_slots_used", "gauge", "KV cache slots (sequences) held by forward workers", s->kv_slots_used);
+    one(&b, "tokpipe_kv_slots_capacity", "gauge", "KV cache slots of the live forward workers", s->kv_slots_total);
+    histogram(&b, "tokpipe_queue_time_seconds", "Time from SUBMIT to a job's first forward step",
+              &s->hist[TP_HIST_QUEUE]);
+    histogram(&b, "tokpipe_time_to_first_token_seconds", "Time from SUBMIT to a job's first accepted token",
+              &s->hist[TP_HIST_TTFT]);
+    histogram(&b, "tokpipe_inter_token_latency_seconds", "Time between a job's token events, per token",
+              &s->hist[TP_HIST_ITL]);
+    histogram(&b, "tokpipe_e2e_request_latency_seconds", "Time from SUBMIT to a job's finish",
+              &s->hist[TP_HIST_E2E]);
+    one(&b, "tokpipe_zap_refused_total", "counter", "CURVE handshakes refused (client key not authorized)",
+        s->zap_refused);
+    family(&b, "tokpipe_http_responses_total", "counter", "Responses of this gateway by status class");
+    for (int k = 2; k <= 5; k++) {
+        snprintf(lab, sizeof lab, "code=\"%dxx\"", k);
+        sample(&b, "tokpipe_http_responses_total", lab, gc->requests[k]);
+    }
+    one(&b, "tokpipe_http_client_disconnects_total", "counter",
+        "Completions whose client went away before the end (their jobs were cancelled)", gc->client_gone);
+    return b.p;
+}

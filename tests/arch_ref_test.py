@@ -1,0 +1,125 @@
+"""tokpipe's forward pass against an independent numpy reference
+(tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
+each architecture's kind, grouped-query attention, SwiGLU, biases) on the
+real stories260K.gguf and on random-weight llama, Llama 3 and qwen2 models
+written by `tokpipe mkmodel`.
+
+Tolerance: tokpipe computes in float32, the reference in float64; every
+logit of every sampled position must agree within 1e-5 * (1 + max |logit|)
+of that row (observed: 2e-7 to 1.2e-6). Each test also checks that the
+mistake it guards against (the other RoPE kind, no biases, no Llama 3
+scaling) moves the logits by more than ten times that, so it can fail;
+Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
+of several hundred tokens."""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import gguf_tiny  # noqa: E402
+
+MODELS = os.environ.get("TP_MODELS", "../shared/models")
+BIN = os.environ.get("TP_BIN_DIR", "bin")
+TOKPIPE = os.path.join(BIN, "tokpipe")
+SPM = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
+REL_TOL = 1e-5
+PROMPT = "Once upon a time, in a land far away"
+
+
+def tokpipe(*args):
+    p = subprocess.run([TOKPIPE, *args], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise AssertionError("tokpipe %s failed (%d): %s" % (" ".join(args), p.returncode, p.stderr))
+    return p
+
+
+class ForwardMatchesNumpyReference(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def mkmodel(self, name, *args):
+        path = os.path.join(self.tmp.name, name + ".gguf")
+        tokpipe("mkmodel", "--format", "gguf", "--vocab-from", SPM, "--seed", "7", "--out", path, *args)
+        return path
+
+    def dump(self, path, n=5, prompt=PROMPT):
+        out = os.path.join(self.tmp.name, "logits.bin")
+        tokpipe("run", "--model", path, "--prompt", prompt, "--max-tokens", str(n), "--temperature", "0",
+                "--ignore-eos", "--dump-logits", out)
+        model = gguf_tiny.Model(path)
+        vocab = model.w["token_embd.weight"].shape[0]
+        rows = gguf_tiny.read_dump(out, vocab)
+        self.assertEqual(len(rows), n, "one logits row per sampled token")
+        ids = rows[-1][0]
+        for i, (ctx, _) in enumerate(rows):
+            self.assertEqual(ctx, ids[:len(ctx)], "row %d: the contexts grow by one token" % i)
+        return model, ids, rows
+
+    def worst(self, ref, rows):
+        """Largest error of any row, relative to 1 + that row's largest logit."""
+        return max(np.max(np.abs(ref[len(ctx) - 1] - got)) / (1 + np.max(np.abs(ref[len(ctx) - 1])))
+                   for ctx, got in rows)
+
+    def check(self, path, wrong=None, prompt=PROMPT):
+        model, ids, rows = self.dump(path, prompt=prompt)
+        ref = model.logits(ids)
+        err = self.worst(ref, rows)
+        self.assertLess(err, REL_TOL, "%s: tokpipe's logits differ from the reference by %.3g" % (path, err))
+        if wrong:
+            bad = self.worst(wrong(model, ids), rows)
+            self.assertGreater(bad, 10 * REL_TOL, "%s: the reference cannot tell the mistake apart" % path)
+        return model
+
+    def test_stories260k_gguf_matches(self):
+        self.check(os.path.join(MODELS, "stories260K.gguf"),
+                   wrong=lambda m, ids: m.logits(ids, neox=True))
+
+    def test_llama_with_grouped_query_attention_and_separate_output_matches(self):
+        path = self.mkmodel("llama", "--arch", "llama", "--shape", "64x2x4x2", "--separate-output")
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=True))
+        self.assertIn("output.weight", model.w)
+        self.assertNotIn("blk.0.attn_q.bias", model.w)
+
+    def test_llama3_rope_scaling_tensor_matches(self):
+        path = self.mkmodel("llama3", "--arch", "llama3", "--shape", "128x2x4x1", "--separate-output")
+
+        def unscaled(m, ids):
+            m.freq_div = np.ones_like(m.freq_div)
+            return m.logits(ids)
+        model = self.check(path, wrong=unscaled, prompt=" ".join([PROMPT] * 40))
+        div = model.w["rope_freqs.weight"]
+        self.assertTrue(np.any(div == 1.0) and np.any(div == 8.0) and np.any((div > 1) & (div < 8)),
+                        "the shape exercises all three bands of the scaling: %s" % div)
+        self.assertEqual(model.theta, 500000.0)
+
+    def test_llama3_rope_scaling_keys_match(self):
+        path = self.mkmodel("llama3k", "--arch", "llama3", "--shape", "128x2x4x1", "--rope-scaling-keys")
+        model = self.check(path)
+        self.assertNotIn("rope_freqs.weight", model.w)
+        self.assertEqual(model.meta["llama.rope.scaling.type"], "llama3")
+        self.assertGreater(np.max(model.freq_div), 1.0)
+
+    def test_qwen2_with_biases_and_neox_rope_matches(self):
+        path = self.mkmodel("qwen2", "--arch", "qwen2", "--shape", "64x2x4x2")
+
+        def no_bias(m, ids):
+            for k in [k for k in m.w if k.endswith(".bias")]:
+                del m.w[k]
+            return m.logits(ids)
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
+        self.check(path, wrong=no_bias)
+        self.assertIn("blk.1.attn_v.bias", model.w)
+        self.assertNotIn("output.weight", model.w)
+
+
+if __name__ == "__main__":
+    unittest.main()

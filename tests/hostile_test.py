@@ -1,0 +1,264 @@
+"""Hostile clients against the real daemon (pyzmq + msgpack, no tokpipe
+code): each attack of issue 9 is acted out, then a reference job must still
+stream exactly the text it gives on an undisturbed daemon, and the broker's
+resident memory must stay under the bound the README states.
+
+Skips (with a message) only when the daemon binary is not built yet.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import msgpack
+import zmq
+
+BIN = os.environ.get("TP_BIN_DIR", "bin")
+MODELS = os.environ.get("TP_MODELS", "../shared/models")
+TOKPIPED = os.path.join(BIN, "tokpiped")
+
+# README "What a client can cost the broker": the bound stated there.
+RSS_BOUND_MB = 100
+SLOW_SUBSCRIBERS = 21
+FLOOD_JOBS = 1500
+
+
+def rss_mb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError("no VmRSS for pid %d" % pid)
+
+
+class Daemon:
+    def __init__(self, extra=""):
+        self.dir = tempfile.mkdtemp(prefix="tp-hostile-")
+        self.config = os.path.join(self.dir, "tokpipe.yaml")
+        models = os.path.abspath(MODELS)
+        with open(self.config, "w") as f:
+            f.write("runtime_dir: %s\n" % json.dumps(self.dir))
+            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
+                json.dumps(os.path.join(models, "stories260K.bin")),
+                json.dumps(os.path.join(models, "tok512.bin"))))
+            f.write(extra)
+        self.front = "ipc://" + os.path.join(self.dir, "front.sock")
+        self.events = "ipc://" + os.path.join(self.dir, "events.sock")
+        self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
+        self.proc = subprocess.Popen([TOKPIPED, "--config", self.config], stdout=self.log, stderr=self.log)
+
+    def log_text(self):
+        self.log.flush()
+        with open(os.path.join(self.dir, "tokpiped.log"), "rb") as f:
+            return f.read().decode(errors="replace")[-3000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Client:
+    """One DEALER producer plus one SUB that reads every event."""
+
+    def __init__(self, ctx, d):
+        self.d = d
+        self.front = ctx.socket(zmq.DEALER)
+        self.front.linger = 0
+        self.front.connect(d.front)
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.linger = 0
+        self.sub.rcvhwm = 0
+        self.sub.connect(d.events)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.req = 0
+        self.text, self.finish = {}, {}
+
+    def call(self, cmd, hdr, timeout_ms=10000):
+        self.req += 1
+        self.front.send_multipart([b"JOB1", bytes([cmd]), msgpack.packb(dict(hdr, req=self.req))])
+        while True:
+            if not self.front.poll(timeout_ms):
+                raise AssertionError("no reply within %d ms\n%s" % (timeout_ms, self.d.log_text()))
+            f = self.front.recv_multipart()
+            rep = msgpack.unpackb(f[2])
+            if rep.get("req") == self.req:
+                return rep
+
+    def submit(self, job, **params):
+        return self.call(0x01, {"job_id": job, "prompt": "Once upon a time", "params": params})
+
+    def pump(self, timeout_ms):
+        """Read events for up to timeout_ms; True if any arrived."""
+        got = False
+        while self.sub.poll(timeout_ms):
+            timeout_ms = 0
+            f = self.sub.recv_multipart()
+            if f[0] == b"@heartbeat":
+                continue
+            job, hdr = f[0].decode(), msgpack.unpackb(f[3])
+            if f[2] == b"\x01":
+                self.text[job] = self.text.get(job, "") + hdr.get("text", "")
+            elif f[2] == b"\x02":
+                self.finish[job] = hdr
+            got = True
+        return got
+
+    def wait_finished(self, jobs, timeout_s=120):
+        end = time.time() + timeout_s
+        while time.time() < end and not all(j in self.finish for j in jobs):
+            self.pump(100)
+        missing = [j for j in jobs if j not in self.finish]
+        if missing:
+            raise AssertionError("%d jobs never finished (first %s)\n%s" % (len(missing), missing[0],
+                                                                           self.d.log_text()))
+
+    def wait_ready(self):
+        # a heartbeat shows the subscription is in place (no slow joiner);
+        # the first SUBMIT may meet 503 while workers register
+        if not self.sub.poll(10000):
+            raise AssertionError("no heartbeat from the broker\n" + self.d.log_text())
+        end = time.time() + 30
+        while time.time() < end:
+            rep = self.submit("warmup", max_tokens=1, temperature=0)
+            if rep["status"] == 200:
+                self.wait_finished(["warmup"])
+                return
+            time.sleep(0.1)
+        raise AssertionError("daemon never accepted a job\n" + self.d.log_text())
+
+    def reference(self, tag):
+        """A greedy job's streamed text and final FINISH."""
+        job = "ref-%d" % self.req
+        rep = self.submit(job, max_tokens=60, temperature=0, stop=["ball"])
+        if rep["status"] != 200:
+            raise AssertionError("reference job refused: %r\n%s" % (rep, self.d.log_text()))
+        self.wait_finished([job], 60)
+        return self.text.get(job, ""), self.finish[job]["reason"]
+
+
+@unittest.skipUnless(os.access(TOKPIPED, os.X_OK), "tokpiped not built (run make)")
+class HostileClients(unittest.TestCase):
+    def setUp(self):
+        self.ctx = zmq.Context()
+        self.d = Daemon()
+        self.c = Client(self.ctx, self.d)
+        self.c.wait_ready()
+        self.want = self.c.reference("before")
+
+    def tearDown(self):
+        self.ctx.destroy(linger=0)
+        self.d.stop()
+
+    def assert_still_serving(self, tag):
+        self.assertEqual(self.c.reference(tag), self.want, "reference job changed after " + tag)
+
+    def test_subscribers_that_never_read_cost_a_bounded_amount(self):
+        base = rss_mb(self.d.proc.pid)
+        slow = []
+        for _ in range(SLOW_SUBSCRIBERS):
+            s = self.ctx.socket(zmq.SUB)
+            s.rcvhwm = 1
+            s.setsockopt(zmq.RCVBUF, 4096)
+            s.connect(self.d.events)
+            s.setsockopt(zmq.SUBSCRIBE, b"")
+            slow.append(s)
+        time.sleep(0.3)
+        peak, sent, jobs = base, 0, []
+        while sent < FLOOD_JOBS:
+            job = "flood-%d" % sent
+            rep = self.c.submit(job, max_tokens=48, temperature=1.0, seed=sent)
+            if rep["status"] == 429:
+                self.c.pump(20)
+                continue
+            self.assertEqual(rep["status"], 200, rep)
+            jobs.append(job)
+            sent += 1
+            if sent % 100 == 0:
+                self.c.pump(0)
+                peak = max(peak, rss_mb(self.d.proc.pid))
+        self.c.wait_finished(jobs, 300)
+        peak = max(peak, rss_mb(self.d.proc.pid))
+        print("\nbroker RSS: %.1f MB idle, %.1f MB peak with %d subscribers that never read and %d jobs"
+              % (base, peak, SLOW_SUBSCRIBERS, FLOOD_JOBS))
+        self.assertLess(peak, RSS_BOUND_MB, "broker grew to %.1f MB (from %.1f)" % (peak, base))
+        self.assert_still_serving("slow subscribers")
+        for s in slow:
+            s.close(0)
+
+    def test_oversize_subscriptions_are_dropped_not_stored(self):
+        base = rss_mb(self.d.proc.pid)
+        # the attacker runs in its own process: libzmq 4.3.4 on the
+        # attacking side may crash when the broker drops such a connection
+        attack = ("import sys, time, zmq\n"
+                  "s = zmq.Context().socket(zmq.SUB)\n"
+                  "s.connect(sys.argv[1])\n"
+                  "s.setsockopt(zmq.SUBSCRIBE, b'x' * int(sys.argv[2]))\n"
+                  "time.sleep(30)\n")
+        for size in (1 << 20, 1 << 20, 1 << 20, 1 << 20, 16 << 20):
+            p = subprocess.Popen([sys.executable, "-c", attack, self.d.events, str(size)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(0.5)
+                t0 = time.time()
+                self.assert_still_serving("a %d-byte subscription" % size)
+                self.assertLess(time.time() - t0, 5.0, "broker stalled by a %d-byte subscription" % size)
+            finally:
+                p.kill()
+                p.wait()
+        grown = rss_mb(self.d.proc.pid) - base
+        print("\nbroker RSS grew %.1f MB over 4 x 1 MiB + 1 x 16 MiB subscriptions" % grown)
+        self.assertLess(grown, 16, "oversize subscriptions were stored (%.1f MB)" % grown)
+
+    def test_floats_that_float32_cannot_hold_are_refused_like_the_command_line(self):
+        # checked as doubles, used as floats: these used to be ACKed 200 and
+        # then fail the job
+        cases = [("top_p", "--top-p", 1e-300), ("temperature", "--temperature", 1e300),
+                 ("repetition_penalty", "--repetition-penalty", 1e300),
+                 ("repetition_penalty", "--repetition-penalty", 1e-300),
+                 ("min_p", "--min-p", -1e-300)]
+        models = os.path.abspath(MODELS)
+        for key, flag, v in cases:
+            rep = self.c.submit("f-%d" % self.c.req, **{key: v})
+            self.assertEqual(rep["status"], 400, "%s=%g: %r" % (key, v, rep))
+            self.assertEqual(rep.get("field"), "params." + key, rep)
+            wire = rep["error"].split(": ", 1)[1]
+            p = subprocess.run([os.path.join(BIN, "tokpipe"), "run", "--model", os.path.join(models, "stories260K.bin"),
+                                "--tokenizer", os.path.join(models, "tok512.bin"), "--prompt", "hi",
+                                flag, repr(v)], capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(p.returncode, 0, "run accepted %s %r" % (flag, v))
+            self.assertIn(key + ": " + wire, p.stderr, "run and SUBMIT disagree on %s %r" % (flag, v))
+        self.assert_still_serving("float32 refusals")
+
+    def test_a_job_id_long_subscription_still_gets_its_events(self):
+        # the cap must not cut legitimate topics: a 64-byte job id
+        job = "j" * 64
+        s = self.ctx.socket(zmq.SUB)
+        s.linger = 0
+        s.connect(self.d.events)
+        s.setsockopt(zmq.SUBSCRIBE, job.encode())
+        time.sleep(0.2)
+        self.assertEqual(self.c.submit(job, max_tokens=8, temperature=0)["status"], 200)
+        got_finish = False
+        end = time.time() + 30
+        while time.time() < end and not got_finish:
+            if s.poll(200):
+                f = s.recv_multipart()
+                self.assertEqual(f[0], job.encode())
+                got_finish = f[2] == b"\x02"
+        self.assertTrue(got_finish, "a subscriber of a 64-byte job id got no FINISH")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,446 @@
+"""bin/tokpipe-http against the real tokpiped (which spawns it) on stories260K:
+completions and SSE streams give exactly the text and token counts of
+`tokpipe run --json` for the same parameters (greedy, seeded, stops, n > 1,
+token-id prompts); streamed deltas concatenate to the non-streamed text for
+every stop case of it_stops; /metrics passes promtool and its counters move;
+overload (429 + Retry-After), drain (503), a client that disconnects (its
+jobs cancelled), bad JSON / fields (400 naming the field), API keys (401).
+Clients: Python's standard library and curl -N."""
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+import unittest
+
+MODELS = os.path.abspath(os.environ.get("TP_MODELS", "../shared/models"))
+BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
+MODEL = os.path.join(MODELS, "stories260K.bin")
+TOK = os.path.join(MODELS, "tok512.bin")
+MAX_JOBS = 70   # limits.max_concurrent_jobs of the test daemon
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_json(prompt, p, seed_offset=0):
+    """tokpipe run --json for one prompt and the request's parameters."""
+    args = [os.path.join(BIN, "tokpipe"), "run", "--model", MODEL, "--tokenizer", TOK, "--json",
+            "--prompt", prompt, "--max-tokens", str(p["max_tokens"]),
+            "--temperature", str(p.get("temperature", 1.0))]
+    if "seed" in p:
+        args += ["--seed", str(p["seed"] + seed_offset)]
+    for s in p.get("stop", []):
+        args += ["--stop", s]
+    for i in p.get("stop_token_ids", []):
+        args += ["--stop-id", str(i)]
+    if p.get("min_tokens"):
+        args += ["--min-tokens", str(p["min_tokens"])]
+    if p.get("ignore_eos"):
+        args += ["--ignore-eos"]
+    if p.get("include_stop_str_in_output"):
+        args += ["--include-stop"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+    return json.loads(out.splitlines()[0])
+
+
+class Daemon:
+    def __init__(self, extra=""):
+        self.dir = tempfile.mkdtemp(prefix="tp-http-")
+        self.port = free_port()
+        self.config = os.path.join(self.dir, "tokpipe.yaml")
+        with open(self.config, "w") as f:
+            f.write("runtime_dir: %s\n" % json.dumps(os.path.join(self.dir, "rt")))
+            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (json.dumps(MODEL), json.dumps(TOK)))
+            f.write("limits:\n  max_concurrent_jobs: %d\n" % MAX_JOBS)
+            f.write("shutdown:\n  drain_timeout_ms: 60000\n")
+            f.write("http:\n  port: %d\n" % self.port)
+            f.write(extra)
+        self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
+        self.proc = subprocess.Popen([os.path.join(BIN, "tokpiped"), "--config", self.config],
+                                     stdout=self.log, stderr=self.log)
+        deadline = time.time() + 60
+        while True:
+            try:
+                st, body, _ = request(self.port, "GET", "/health")
+                if st == 200:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise AssertionError("gateway not healthy; log: " + self.log_text())
+            time.sleep(0.1)
+
+    def log_text(self):
+        self.log.flush()
+        with open(os.path.join(self.dir, "tokpiped.log"), "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def request(port, method, path, body=None, headers=None, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    out = r.read()
+    c.close()
+    return r.status, out, r
+
+
+def post(port, body, path="/v1/completions", headers=None):
+    st, out, r = request(port, "POST", path, body, headers)
+    return st, json.loads(out), r
+
+
+def sse_events(lines):
+    """The data: payloads of an SSE byte stream, as parsed JSON (or '[DONE]')."""
+    events, buf = [], b""
+    for line in lines:
+        buf += line
+    for block in buf.split(b"\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith(b"data: "), block
+        payload = block[6:].decode()
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def stream(port, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, (r.status, r.read())
+    assert r.getheader("Content-Type").startswith("text/event-stream")
+    events = sse_events([r.read()])
+    c.close()
+    return events
+
+
+def texts_of(events, n):
+    """Per choice: the deltas, the final chunk."""
+    deltas, final = [[] for _ in range(n)], [None] * n
+    for e in events[:-1]:
+        for ch in e["choices"]:
+            if ch["finish_reason"] is None:
+                deltas[ch["index"]].append(ch["text"])
+            else:
+                final[ch["index"]] = ch
+    return deltas, final
+
+
+def metric(text, name, labels=""):
+    key = name + ("{" + labels + "}" if labels else "")
+    for line in text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    raise AssertionError("no sample %s in /metrics" % key)
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
+class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+        cls.port = cls.d.port
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+
+    def check_like_run(self, prompt, p, choice, offset=0):
+        want = run_json(prompt, p, offset)
+        self.assertEqual(choice["text"], want["text"], (prompt, p))
+        reason = {"length": "length", "stop_string": "stop", "stop_token": "stop", "eos": "stop"}
+        self.assertEqual(choice["finish_reason"], reason[want["finish_reason"]], (prompt, p, want))
+        if want["finish_reason"] == "stop_string":
+            self.assertEqual(choice["stop_reason"], want["matched"])
+        if want["finish_reason"] == "stop_token":
+            self.assertEqual(choice["stop_reason"], want["matched"])
+        return want
+
+    def test_greedy_completion_equals_tokpipe_run(self):
+        p = {"max_tokens": 40, "temperature": 0}
+        st, r, _ = post(self.port, dict(p, model="stories260K", prompt="Once upon a time"))
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["object"], "text_completion")
+        self.assertTrue(r["id"].startswith("cmpl-"))
+        self.assertIsInstance(r["created"], int)
+        want = self.check_like_run("Once upon a time", p, r["choices"][0])
+        self.assertEqual(r["usage"]["completion_tokens"], want["completion_tokens"])
+        self.assertEqual(r["usage"]["prompt_tokens"], want["prompt_tokens"])
+        self.assertEqual(r["usage"]["total_tokens"], want["prompt_tokens"] + want["completion_tokens"])
+
+    def test_n_choices_use_seed_plus_index_and_each_equals_tokpipe_run(self):
+        p = {"max_tokens": 50, "temperature": 0.9, "seed": 41, "stop": ["."]}
+        st, r, _ = post(self.port, dict(p, prompt="The cat", n=3))
+        self.assertEqual(st, 200, r)
+        self.assertEqual([c["index"] for c in r["choices"]], [0, 1, 2])
+        total = 0
+        for j, c in enumerate(r["choices"]):
+            total += self.check_like_run("The cat", p, c, j)["completion_tokens"]
+        self.assertEqual(r["usage"]["completion_tokens"], total)
+        self.assertGreater(len({c["text"] for c in r["choices"]}), 1, "n seeds gave one sample")
+
+    def test_prompt_lists_and_token_ids_give_one_choice_each(self):
+        # "Once upon a time" as the ids tokpipe tokenizes it to (BOS first)
+        out = subprocess.run([os.path.join(BIN, "tokpipe"), "tokenize", "--tokenizer", TOK, "--bos"],
+                             input="Once upon a time\n", capture_output=True, text=True, check=True).stdout
+        ids = [int(x) for x in out.split()]
+        p = {"max_tokens": 20, "temperature": 0}
+        st, r, _ = post(self.port, dict(p, prompt=["Lily found a box", "One day"]))
+        self.assertEqual(st, 200, r)
+        self.check_like_run("Lily found a box", p, r["choices"][0])
+        self.check_like_run("One day", p, r["choices"][1])
+        st, r2, _ = post(self.port, dict(p, prompt=ids))
+        self.assertEqual(st, 200, r2)
+        st, r1, _ = post(self.port, dict(p, prompt="Once upon a time"))
+        self.assertEqual(r2["choices"][0]["text"], r1["choices"][0]["text"])
+        self.assertEqual(r2["usage"], r1["usage"])
+
+    def stop_cases(self):
+        probe = run_json("Once upon a time", {"max_tokens": 60, "temperature": 0.9, "seed": 5})
+        text, ids = probe["text"], probe["tokens"]
+        mid, early = text[12:17], text[2:4]
+        base = {"temperature": 0.9, "seed": 5, "max_tokens": 60}
+        return [
+            dict(base, stop_token_ids=[ids[6]]),
+            dict(base, stop=[mid]),
+            dict(base, stop=[mid], include_stop_str_in_output=True),
+            dict(base, min_tokens=8, stop=[early]),
+            {"temperature": 0.8, "seed": 9, "max_tokens": 80, "stop": ["the ", "a b", "Lily", "xyzzy"]},
+            {"temperature": 1.0, "seed": 1, "max_tokens": 7},
+            {"temperature": 0, "max_tokens": 400},
+            {"temperature": 1.0, "seed": 21, "max_tokens": 300, "stop": ["\n"]},
+            {"temperature": 1.0, "seed": 8, "max_tokens": 40, "ignore_eos": True, "stop": ["."]},
+        ]
+
+    def test_streamed_deltas_concatenate_to_the_completion_for_every_stop_case(self):
+        reasons = set()
+        for p in self.stop_cases():
+            body = dict(p, prompt="Once upon a time")
+            st, whole, _ = post(self.port, body)
+            self.assertEqual(st, 200, whole)
+            want = self.check_like_run("Once upon a time", p, whole["choices"][0])
+            reasons.add(want["finish_reason"])
+            events = stream(self.port, dict(body, stream_options={"include_usage": True}))
+            self.assertEqual(events[-1], "[DONE]")
+            usage = events[-2]
+            self.assertEqual(usage["choices"], [])
+            self.assertEqual(usage["usage"], whole["usage"], p)
+            deltas, final = texts_of(events[:-1], 1)
+            # deltas only grow the text: a byte a stop removes would make the
+            # concatenation differ from the final text
+            self.assertEqual("".join(deltas[0]), whole["choices"][0]["text"], p)
+            self.assertNotIn("", deltas[0], "an empty delta was sent")
+            self.assertEqual(final[0]["finish_reason"], whole["choices"][0]["finish_reason"])
+            self.assertEqual(final[0]["stop_reason"], whole["choices"][0]["stop_reason"])
+        self.assertTrue({"stop_string", "stop_token", "length"} <= reasons, reasons)
+
+    def test_curl_streams_the_same_text(self):
+        body = {"prompt": "Once upon a time", "max_tokens": 60, "temperature": 0.9, "seed": 5, "stop": [" the"],
+                "stream": True}
+        out = subprocess.run(["curl", "-sN", "--max-time", "60", "-H", "Content-Type: application/json",
+                              "-d", json.dumps(body), "http://127.0.0.1:%d/v1/completions" % self.port],
+                             capture_output=True, check=True).stdout
+        events = sse_events([out])
+        self.assertEqual(events[-1], "[DONE]")
+        deltas, final = texts_of(events, 1)
+        want = run_json("Once upon a time", body)
+        self.assertEqual("".join(deltas[0]), want["text"])
+        out = subprocess.run(["curl", "-s", "--max-time", "60", "-d", json.dumps(dict(body, stream=False)),
+                              "http://127.0.0.1:%d/v1/completions" % self.port], capture_output=True,
+                             check=True).stdout
+        self.assertEqual(json.loads(out)["choices"][0]["text"], want["text"])
+
+    def test_metrics_pass_promtool_and_counters_move(self):
+        st, before, _ = request(self.port, "GET", "/metrics")
+        self.assertEqual(st, 200)
+        if shutil.which("promtool"):
+            p = subprocess.run(["promtool", "check", "metrics"], input=before, capture_output=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        before = before.decode()
+        st, r, _ = post(self.port, {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0,
+                                    "stop": [" girl"]})
+        self.assertEqual(st, 200, r)
+        _, after, _ = request(self.port, "GET", "/metrics")
+        after = after.decode()
+        for name, labels, delta in [("tokpipe_jobs_submitted_total", "", 1),
+                                    ("tokpipe_jobs_finished_total", 'reason="stop_string"', 1),
+                                    ("tokpipe_tokens_generated_total", "", r["usage"]["completion_tokens"]),
+                                    ("tokpipe_stop_string_triggers_total", 'stop=" girl"', 1)]:
+            old = metric(before, name, labels) if (name + "{" + labels) in before or not labels else 0
+            self.assertGreaterEqual(metric(after, name, labels) - old, delta, name)
+        self.assertEqual(metric(after, "tokpipe_workers", 'stage="forward"'), 1)
+        # the broker's histograms and gauges (STATS) reach /metrics
+        n = r["usage"]["completion_tokens"]
+        for name, delta in [("tokpipe_time_to_first_token_seconds_count", 1),
+                            ("tokpipe_e2e_request_latency_seconds_count", 1),
+                            ("tokpipe_queue_time_seconds_count", 1),
+                            ("tokpipe_inter_token_latency_seconds_count", n - 1)]:
+            self.assertGreaterEqual(metric(after, name) - metric(before, name), delta, name)
+            self.assertEqual(metric(after, name[:-6] + "_bucket", 'le="+Inf"'), metric(after, name), name)
+        self.assertEqual(metric(after, "tokpipe_kv_slots_capacity"), 64)
+        self.assertIn("tokpipe_jobs_running", after)
+        # and `tokpipe stats` shows the same histograms
+        out = subprocess.run([os.path.join(BIN, "tokpipe"), "stats", "--json", "--config", self.d.config],
+                             capture_output=True, text=True, check=True).stdout
+        st = json.loads(out)
+        self.assertEqual(st["histograms"]["ttft_us"]["count"],
+                         metric(after, "tokpipe_time_to_first_token_seconds_count"))
+        self.assertEqual(sum(st["histograms"]["e2e_us"]["buckets"]), st["histograms"]["e2e_us"]["count"])
+
+    def test_health_and_models(self):
+        st, body, _ = request(self.port, "GET", "/health")
+        self.assertEqual(st, 200)
+        self.assertEqual(json.loads(body)["status"], "ok")
+        st, body, _ = request(self.port, "GET", "/v1/models")
+        self.assertEqual(json.loads(body)["data"][0]["id"], "stories260K")
+
+    def test_bad_requests_are_400_naming_the_field(self):
+        cases = [(b"{not json", None), ({"prompt": "x", "top_p": 1.5}, "top_p"),
+                 ({"prompt": "x", "max_token": 5}, "max_token"), ({"prompt": "x", "temperature": "hot"}, "temperature"),
+                 ({"prompt": "x", "stop_token_ids": [99999]}, "stop_token_ids[0]"), ({"max_tokens": 5}, "prompt"),
+                 ({"prompt": "x", "n": 0}, "n"), ({"prompt": [1, "a"]}, "prompt[1]")]
+        for body, param in cases:
+            st, r, _ = post(self.port, body)
+            self.assertEqual(st, 400, (body, r))
+            self.assertEqual(r["error"]["param"], param, (body, r))
+            self.assertEqual(r["error"]["type"], "invalid_request_error")
+            if param:
+                self.assertIn(param.split("[")[0], r["error"]["message"])
+        st, r, _ = post(self.port, {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                        path="/v1/chat/completions")
+        self.assertEqual(st, 400, r)
+        self.assertEqual(r["error"]["param"], "messages")
+        st, _, _ = request(self.port, "GET", "/v1/completions")
+        self.assertEqual(st, 405)
+        st, body, _ = request(self.port, "GET", "/v2/nothing")
+        self.assertEqual(st, 404)
+        self.assertIn("error", json.loads(body))
+
+    def test_overload_is_429_with_retry_after(self):
+        st, r, resp = post(self.port, {"prompt": "Once", "n": MAX_JOBS + 10, "max_tokens": 100,
+                                       "ignore_eos": True})
+        self.assertEqual(st, 429, r)
+        self.assertEqual(resp.getheader("Retry-After"), "1")
+        self.assertEqual(r["error"]["type"], "rate_limit_error")
+
+    def test_a_client_that_disconnects_cancels_its_jobs(self):
+        _, m, _ = request(self.port, "GET", "/metrics")
+        before = metric(m.decode(), "tokpipe_jobs_finished_total", 'reason="cancelled"')
+        s = socket.create_connection(("127.0.0.1", self.port))
+        body = json.dumps({"prompt": "Once upon a time", "n": 60, "max_tokens": 450, "ignore_eos": True,
+                           "temperature": 1.0, "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        while b"data: " not in got:
+            chunk = s.recv(4096)
+            self.assertTrue(chunk, "stream closed before the first event")
+            got += chunk
+        s.close()
+        deadline = time.time() + 60
+        while True:
+            _, m, _ = request(self.port, "GET", "/metrics")
+            text = m.decode()
+            if metric(text, "tokpipe_jobs_finished_total", 'reason="cancelled"') > before:
+                break
+            self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
+            time.sleep(0.05)
+        self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
+class GatewayKeysAndDrain(unittest.TestCase):
+    def test_api_keys_and_a_draining_broker(self):
+        d = Daemon()
+        try:
+            # a standalone gateway (as deploy/tokpipe-http.service runs it) with API keys
+            keys = os.path.join(d.dir, "keys")
+            with open(keys, "w") as f:
+                f.write("# operators\nsk-test-123 alice\n\nsk-other\n")
+            os.chmod(keys, stat.S_IRUSR | stat.S_IWUSR)
+            cfg2 = os.path.join(d.dir, "gw.yaml")
+            port2 = free_port()
+            with open(d.config) as f, open(cfg2, "w") as g:
+                g.write(f.read().replace("http:\n  port: %d\n" % d.port,
+                                         "http:\n  port: %d\n  api_key_file: %s\n" % (port2, json.dumps(keys))))
+            gw = subprocess.Popen([os.path.join(BIN, "tokpipe-http"), "--config", cfg2],
+                                  stderr=subprocess.PIPE)
+            try:
+                deadline = time.time() + 30
+                while True:
+                    try:
+                        st, _, _ = request(port2, "GET", "/health")
+                        if st == 200:
+                            break
+                    except OSError:
+                        pass
+                    self.assertLess(time.time(), deadline, "standalone gateway not up")
+                    time.sleep(0.1)
+                body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}
+                st, r, resp = post(port2, body)
+                self.assertEqual(st, 401, r)
+                self.assertEqual(resp.getheader("WWW-Authenticate"), "Bearer")
+                st, r, _ = post(port2, body, headers={"Authorization": "Bearer sk-wrong"})
+                self.assertEqual(st, 401, r)
+                st, r, _ = post(port2, body, headers={"Authorization": "Bearer sk-other"})
+                self.assertEqual(st, 200, r)
+                st, r, _ = post(port2, body, headers={"Authorization": "Bearer sk-test-123"})
+                self.assertEqual(st, 200, r)
+            finally:
+                gw.send_signal(signal.SIGTERM)
+                self.assertEqual(gw.wait(30), 0, gw.stderr.read())
+                gw.stderr.close()
+
+            # drain: a long stream keeps the broker draining; a new request is 503
+            c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=120)
+            c.request("POST", "/v1/completions", body=json.dumps(
+                {"prompt": "Once", "n": 40, "max_tokens": 450, "ignore_eos": True, "stream": True}),
+                headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            self.assertEqual(r.status, 200)
+            self.assertTrue(r.read(6).startswith(b"data: "))
+            d.proc.send_signal(signal.SIGTERM)
+            deadline = time.time() + 30
+            while True:
+                st, body, _ = post(d.port, {"prompt": "Once", "max_tokens": 5})
+                if st == 503:
+                    break
+                self.assertEqual(st, 200, body)   # SIGTERM not seen yet
+                self.assertLess(time.time(), deadline, "never answered 503 while draining")
+            self.assertRegex(body["error"]["message"], "shutting down|drain")
+            rest = r.read()   # the running stream still completes
+            self.assertTrue(rest.rstrip().endswith(b"data: [DONE]"), rest[-200:])
+            c.close()
+        finally:
+            d.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,204 @@
+/* Process story: random-weight qwen2 and Llama 3 GGUF models (written by
+ * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama
+ * vocabulary) served by the real tokpiped and workers give, token for
+ * token, what `tokpipe run` computes in one process, for concurrent greedy
+ * and seeded jobs with stops, also with tiny batches and prefill chunks;
+ * and `tokpipe run` gives each prompt of a batch what it gives it alone. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "support/daemon_harness.h"
+
+static const char *const groups[] = {
+    "--prompt 'Once upon a time' --prompt 'The cat sat on the mat' --prompt 'def main():' --temperature 0 "
+    "--max-tokens 40 --ignore-eos",
+    "--prompt 'Hello, world' --prompt 'Это тест 😀' --temperature 0.9 --seed 7 --max-tokens 32 --stop 'ing'",
+    "--prompt 'The sun was' --temperature 1.0 --seed 11 --top-k 20 --top-p 0.9 --max-tokens 50 --stop-id 400",
+    "--prompt 'Once upon a time there was a girl. She liked to play. She had a dog. The dog was big and brown. "
+    "They went to the park every day.' --temperature 0 --max-tokens 24 --ignore-eos",
+};
+#define N_GROUPS (sizeof groups / sizeof groups[0])
+
+typedef struct arch_case {
+    const char *arch, *shape, *extra;
+} arch_case;
+
+static const arch_case CASES[] = {
+    {"qwen2", "64x2x4x2", ""},
+    {"llama3", "128x2x4x1", "--separate-output"},
+};
+
+static void compare_lines(const char *what, const char *got, const char *want)
+{
+    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
+    const char *g = got, *w = want;
+    int line = 0;
+    while (*w) {
+        const char *ge = strchr(g, '\n'), *we = strchr(w, '\n');
+        if (!ge || !we)
+            fail_msg("%s: line %d missing\ngenerate:\n%s\nrun:\n%s", what, line, got, want);
+        cJSON *jg = cJSON_ParseWithLength(g, (size_t)(ge - g)), *jw = cJSON_ParseWithLength(w, (size_t)(we - w));
+        if (!jg || !jw)
+            fail_msg("%s: line %d is not JSON:\n%.*s\n%.*s", what, line, (int)(ge - g), g, (int)(we - w), w);
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+            char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(jg, fields[i]));
+            char *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(jw, fields[i]));
+            if (!a || !b || strcmp(a, b))
+                fail_msg("%s: line %d: %s differs\n daemon: %s\n    run: %s", what, line, fields[i],
+                         a ? a : "(none)", b ? b : "(none)");
+            free(a);
+            free(b);
+        }
+        cJSON_Delete(jg);
+        cJSON_Delete(jw);
+        g = ge + 1;
+        w = we + 1;
+        line++;
+    }
+    assert_true(line > 0);
+}
+
+/* Write the case's model into dir; its path in out. */
+static void make_model(const char *dir, const arch_case *c, char *out, size_t cap)
+{
+    const char *models = getenv("TP_MODELS"), *bin = getenv("TP_BIN_DIR");
+    snprintf(out, cap, "%s/%s.gguf", dir, c->arch);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe mkmodel --format gguf --arch %s --shape %s %s --seed 5 --out %s "
+             "--vocab-from %s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf",
+             bin ? bin : "bin", c->arch, c->shape, c->extra, out, models ? models : "../shared/models");
+    char *log = NULL;
+    if (harness_sh(cmd, &log) != 0)
+        fail_msg("mkmodel failed: %s\n%s", cmd, log ? log : "");
+    free(log);
+}
+
+static void daemon_equals_run(const arch_case *c, const char *batching)
+{
+    char dir[] = "/tmp/tp_it_arch.XXXXXX", model[256];
+    assert_non_null(mkdtemp(dir));
+    make_model(dir, c, model, sizeof model);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, "model:\n  path: %s\n  tokenizer: %s\n%s", model, model, batching);
+    harness h;
+    if (harness_start(&h, false, yaml))
+        fail_msg("daemon did not start with %s", model);
+    FILE *p[N_GROUPS];
+    for (size_t i = 0; i < N_GROUPS; i++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 30000 %s", h.bin, h.config,
+                 groups[i]);
+        p[i] = popen(cmd, "r");
+        assert_non_null(p[i]);
+    }
+    char *got[N_GROUPS];
+    for (size_t i = 0; i < N_GROUPS; i++) {
+        size_t cap = 1 << 16, len = fread(got[i] = calloc(1, cap), 1, cap - 1, p[i]);
+        got[i][len] = '\0';
+        int st = pclose(p[i]);
+        if (st != 0)
+            fail_msg("%s: generate group %zu failed (status %d): %s", c->arch, i, st, got[i]);
+    }
+    assert_int_equal(harness_stop(&h), 0);
+    for (size_t i = 0; i < N_GROUPS; i++) {
+        char cmd[4096], *want = NULL;
+        snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s --json %s 2>/dev/null", h.bin, model, groups[i]);
+        if (harness_sh(cmd, &want) != 0)
+            fail_msg("%s: tokpipe run failed for group %zu: %s", c->arch, i, want ? want : "");
+        char what[64];
+        snprintf(what, sizeof what, "%s group %zu", c->arch, i);
+        compare_lines(what, got[i], want);
+        free(want);
+        free(got[i]);
+    }
+    unlink(model);
+    rmdir(dir);
+}
+
+static const char *const BATCH[] = {"Once upon a time", "The cat sat on the mat", "def main():",
+                                    "Hello, world", "Это тест 😀", "1 2 3 4 5 6 7 8 9 10"};
+#define N_BATCH (sizeof BATCH / sizeof BATCH[0])
+
+static void run_batch_equals_each_alone(const arch_case *c, const char *sampling)
+{
+    char dir[] = "/tmp/tp_it_arch.XXXXXX", model[256];
+    assert_non_null(mkdtemp(dir));
+    make_model(dir, c, model, sizeof model);
+    const char *bin = getenv("TP_BIN_DIR");
+    char cmd[4096];
+    int n = snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s --json --max-tokens 40 --ignore-eos %s",
+                     bin ? bin : "bin", model, sampling);
+    for (size_t i = 0; i < N_BATCH; i++)
+        n += snprintf(cmd + n, sizeof cmd - (size_t)n, " --prompt '%s'", BATCH[i]);
+    strcat(cmd, " 2>/dev/null");
+    char *all = NULL;
+    if (harness_sh(cmd, &all) != 0)
+        fail_msg("%s: %s failed", c->arch, cmd);
+    char *want = calloc(1, 1 << 16);
+    for (size_t i = 0; i < N_BATCH; i++) {
+        char *one = NULL;
+        snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s --json --max-tokens 40 --ignore-eos %s --prompt '%s' "
+                 "2>/dev/null", bin ? bin : "bin", model, sampling, BATCH[i]);
+        if (harness_sh(cmd, &one) != 0)
+            fail_msg("%s: %s failed", c->arch, cmd);
+        strcat(want, one);
+        free(one);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "%s batch of %zu (%s)", c->arch, N_BATCH, sampling);
+    compare_lines(what, all, want);
+    free(all);
+    free(want);
+    unlink(model);
+    rmdir(dir);
+}
+
+static void run_batches_equal_each_prompt_alone_for_qwen2_and_llama3(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        run_batch_equals_each_alone(&CASES[i], "--temperature 0");
+        run_batch_equals_each_alone(&CASES[i], "--temperature 0.9 --top-p 0.9 --seed 42");
+    }
+}
+
+static void qwen2_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    daemon_equals_run(&CASES[0], "");
+}
+
+static void llama3_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    daemon_equals_run(&CASES[1], "");
+}
+
+static void small_batches_and_chunks_change_nothing_for_qwen2_and_llama3(void **state)
+{
+    (void)state;
+    const char *tiny = "batching:\n  max_num_seqs: 3\n  prefill_chunk: 7\n  micro_batches: 1\n"
+                       "  max_batch_tokens: 16\nkv:\n  slots: 3\n";
+    daemon_equals_run(&CASES[0], tiny);
+    daemon_equals_run(&CASES[1], tiny);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(run_batches_equal_each_prompt_alone_for_qwen2_and_llama3),
+        cmocka_unit_test(qwen2_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(llama3_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(small_batches_and_chunks_change_nothing_for_qwen2_and_llama3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,445 @@
+/* Process story: a dead worker costs no job. 32 concurrent jobs (greedy and
+ * seeded, with stop strings and max_tokens) run while workers of every
+ * stage are killed (SIGKILL) at random moments, the daemon respawning
+ * them; each stage's only worker is killed once (the respawn path) and
+ * one worker is stopped (SIGSTOP) past the heartbeat timeout, then resumed.
+ * Every round's stream, seen by a subscriber, must equal the undisturbed
+ * round's: no error, no TOKEN missing or repeated, seq contiguous, the same
+ * ids, text, finish reason and counts, completion_tokens equal to the ids
+ * the TOKEN events carried. The kill schedule comes from a printed seed
+ * (TP_FAILOVER_SEED replays one). Recovery latency (loss -> the job's next
+ * event, from the broker's log) is printed as p50 / p99. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/daemon_harness.h"
+#include "tokpipe/config.h"
+
+#define N_JOBS 32
+#define MAX_IDS 512
+#define MAX_TEXT 8192
+#define ROUND_TIMEOUT_MS 40000
+
+static const char *const prompts[] = {"Once upon a time", "The cat sat", "Lily and Ben", "One day, a little bird",
+                                      "Tom had a red ball", "The sun was", "Mom said", "A big dog"};
+
+typedef struct jres {
+    int32_t ids[MAX_IDS];
+    uint32_t n_ids;
+    char text[MAX_TEXT];
+    size_t text_len;
+    int64_t next_seq;
+    int reason;
+    uint32_t completion, prompt_tokens;
+    uint64_t text_total;
+    char matched[64];
+    char error[256];
+    bool done;
+} jres;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Job i's request: even greedy, odd seeded; stop strings and max_tokens vary. */
+static void submit_job(harness *h, const char *id, int i)
+{
+    static const char *const stops[4][2] = {{" dog", NULL}, {"!", " sad"}, {"Tom said", NULL}, {NULL, NULL}};
+    tp_str st[2];
+    size_t ns = 0;
+    for (int k = 0; k < 2; k++)
+        if (stops[i % 4][k])
+            st[ns++] = tp_str_of(stops[i % 4][k]);
+    tp_msg m, r;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.job_id = tp_str_of(id);
+    m.submit.prompt = tp_str_of(prompts[i % 8]);
+    tp_params *p = &m.submit.params;
+    p->set = TP_P_MAX_TOKENS | TP_P_TEMPERATURE | (ns ? TP_P_STOP : 0);
+    p->max_tokens = 120 + (i * 37) % 200;
+    p->temperature = i % 2 ? 0.9 : 0;
+    if (i % 2) {
+        p->set |= TP_P_SEED;
+        p->seed = 1000 + (uint64_t)i;
+    }
+    p->stop = st;
+    p->n_stop = ns;
+    tp_zmsg z;
+    if (harness_call(h, &m, &z, &r))
+        fail_msg("SUBMIT %s: no reply", id);
+    if (r.status != TP_ST_OK)
+        fail_msg("SUBMIT %s: status %u %.*s", id, r.status, (int)r.error.len, r.error.ptr);
+    tp_msg_clear(&r);
+    tp_zmsg_close(&z);
+}
+
+/* One event of job res: checks the stream's shape as it goes. */
+static void take_event(const char *jid, jres *res, const tp_msg *ev)
+{
+    if (res->done)
+        fail_msg("job %s: an event after its FINISH", jid);
+    uint32_t seq = ev->cmd == TP_CMD_TOKEN ? ev->token.seq : ev->finish.seq;
+    if ((int64_t)seq != res->next_seq)
+        fail_msg("job %s: event seq %u, want %lld (%s)", jid, seq, (long long)res->next_seq,
+                 (int64_t)seq < res->next_seq ? "repeated" : "missing");
+    res->next_seq++;
+    const tp_str *t = ev->cmd == TP_CMD_TOKEN ? &ev->token.text : &ev->finish.text;
+    if (res->text_len + t->len < MAX_TEXT) {
+        memcpy(res->text + res->text_len, t->ptr, t->len);
+        res->text_len += t->len;
+    }
+    if (ev->cmd == TP_CMD_TOKEN) {
+        if (ev->token.index != res->n_ids)
+            fail_msg("job %s: TOKEN index %u after %u ids", jid, ev->token.index, res->n_ids);
+        for (size_t k = 0; k < ev->token.ids.n && res->n_ids < MAX_IDS; k++)
+            res->ids[res->n_ids++] = tp_raw_i32(ev->token.ids, k);
+        return;
+    }
+    const tp_m_finish *f = &ev->finish;
+    res->done = true;
+    res->reason = f->reason;
+    res->completion = f->completion_tokens;
+    res->prompt_tokens = f->prompt_tokens;
+    res->text_total = f->text_len;
+    snprintf(res->error, sizeof res->error, "%.*s", (int)f->job_error.len, f->job_error.ptr ? f->job_error.ptr : "");
+    if (f->matched.kind == TP_MATCHED_STR)
+        snprintf(res->matched, sizeof res->matched, "s:%.*s", (int)f->matched.str.len, f->matched.str.ptr);
+    else if (f->matched.kind == TP_MATCHED_ID)
+        snprintf(res->matched, sizeof res->matched, "i:%d", f->matched.id);
+    if (res->completion != res->n_ids)
+        fail_msg("job %s: FINISH completion_tokens %u, the TOKEN events carried %u ids", jid, res->completion,
+                 res->n_ids);
+    if (res->text_total != res->text_len)
+        fail_msg("job %s: FINISH text_len %llu, the events carried %zu bytes", jid,
+                 (unsigned long long)res->text_total, res->text_len);
+}
+
+/* The daemon's worker pids serving stage (its children, by command line). */
+static int pids_of(harness *h, const char *stage, pid_t *out, int cap)
+{
+    pid_t pids[32];
+    int n = harness_children(h, pids, 32), k = 0;
+    for (int i = 0; i < n && k < cap; i++) {
+        char path[64], args[512] = {0};
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t c = 0; c < len; c++)
+            if (!args[c])
+                args[c] = ' ';
+        char want[64];
+        snprintf(want, sizeof want, "--stage %s ", stage);
+        if (strstr(args, want))
+            out[k++] = pids[i];
+    }
+    return k;
+}
+
+typedef struct action {
+    int at_ms;          /* after the round's last SUBMIT */
+    int sig;            /* SIGKILL or SIGSTOP (SIGCONT follows after hold_ms) */
+    const char *stage;
+    int hold_ms;
+} action;
+
+/* Run one round of N_JOBS jobs (ids "<tag>-<i>"), doing acts meanwhile;
+ * fills res[]. */
+static void run_round(harness *h, const char *tag, jres *res, const action *acts, int n_acts, unsigned *rng)
+{
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "%s-", tag);
+    void *sub = harness_subscribe(h, prefix);
+    memset(res, 0, N_JOBS * sizeof *res);
+    for (int i = 0; i < N_JOBS; i++) {
+        char id[48];
+        snprintf(id, sizeof id, "%s-%d", tag, i);
+        submit_job(h, id, i);
+    }
+    int64_t t0 = now_ms();
+    int next_act = 0, done = 0;
+    pid_t stopped = 0;
+    int64_t cont_at = 0;
+    while (done < N_JOBS) {
+        int64_t t = now_ms() - t0;
+        if (t > ROUND_TIMEOUT_MS)
+            fail_msg("round %s: %d of %d jobs finished within %d ms (log in %s)", tag, done, N_JOBS,
+                     ROUND_TIMEOUT_MS, h->dir);
+        if (next_act < n_acts && t >= acts[next_act].at_ms) {
+            const action *a = &acts[next_act++];
+            pid_t pids[8];
+            int n = pids_of(h, a->stage, pids, 8);
+            if (n > 0) {
+                pid_t victim = pids[rand_r(rng) % (unsigned)n];
+                printf("# round %s: %s to a %s worker (pid %d, one of %d) at %d ms\n", tag,
+                       a->sig == SIGKILL ? "SIGKILL" : "SIGSTOP", a->stage, (int)victim, n, (int)t);
+                kill(victim, a->sig);
+                if (a->sig == SIGSTOP) {
+                    stopped = victim;
+                    cont_at = now_ms() + a->hold_ms;
+                }
+            } else {
+                printf("# round %s: no %s worker running at %d ms (respawning)\n", tag, a->stage, (int)t);
+            }
+        }
+        if (stopped && now_ms() >= cont_at) {
+            kill(stopped, SIGCONT);
+            printf("# round %s: SIGCONT to pid %d\n", tag, (int)stopped);
+            stopped = 0;
+        }
+        zmq_pollitem_t it = {sub, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 5) <= 0)
+            continue;
+        tp_zmsg z;
+        while (tp_zmsg_recv(sub, &z, ZMQ_DONTWAIT) >= 0) {
+            tp_msg ev;
+            tp_err e;
+            if (tp_proto_decode(TP_FAM_EVT, z.f, z.n, &ev, &e))
+                fail_msg("round %s: undecodable event: %s", tag, e.msg);
+            if (ev.cmd == TP_CMD_TOKEN || ev.cmd == TP_CMD_FINISH) {
+                const tp_str *jid = ev.cmd == TP_CMD_TOKEN ? &ev.token.job_id : &ev.finish.job_id;
+                char id[64];
+                snprintf(id, sizeof id, "%.*s", (int)jid->len, jid->ptr);
+                int i = atoi(id + strlen(prefix));
+                if (i < 0 || i >= N_JOBS)
+                    fail_msg("round %s: event of an unknown job %s", tag, id);
+                take_event(id, &res[i], &ev);
+                done += ev.cmd == TP_CMD_FINISH;
+            }
+            tp_msg_clear(&ev);
+            tp_zmsg_close(&z);
+        }
+    }
+    if (stopped)
+        kill(stopped, SIGCONT);
+    zmq_close(sub);
+    /* a late event (a repeated TOKEN or FINISH) would show in the next
+     * round's prefix only if ids collided: they do not, so check here */
+    for (int i = 0; i < N_JOBS; i++)
+        if (res[i].reason == TP_REASON_ERROR)
+            fail_msg("round %s: job %d ended in error: %s", tag, i, res[i].error);
+}
+
+static void expect_same(const char *tag, const jres *want, const jres *got)
+{
+    for (int i = 0; i < N_JOBS; i++) {
+        const jres *a = &want[i], *b = &got[i];
+        if (a->n_ids != b->n_ids || memcmp(a->ids, b->ids, a->n_ids * sizeof *a->ids))
+            fail_msg("round %s, job %d: %u ids, the undisturbed run %u (or they differ)", tag, i, b->n_ids, a->n_ids);
+        if (a->text_len != b->text_len || memcmp(a->text, b->text, a->text_len))
+            fail_msg("round %s, job %d: text '%.*s', undisturbed '%.*s'", tag, i, (int)b->text_len, b->text,
+                     (int)a->text_len, a->text);
+        if (a->reason != b->reason || a->completion != b->completion || a->prompt_tokens != b->prompt_tokens ||
+            strcmp(a->matched, b->matched) || a->next_seq != b->next_seq)
+            fail_msg("round %s, job %d: finish %d/%u/%s/%lld events, undisturbed %d/%u/%s/%lld", tag, i, b->reason,
+                     b->completion, b->matched, (long long)b->next_seq, a->reason, a->completion, a->matched,
+                     (long long)a->next_seq);
+    }
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* p50 / p99 of the broker's "stream resumed N ms after" log lines. */
+static void report_latency(const harness *h)
+{
+    char path[256], line[1024];
+    snprintf(path, sizeof path, "%s/tokpiped.log", h->dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    long long v[4096];
+    int n = 0;
+    while (n < 4096 && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "stream resumed ");
+        long long ms;
+        if (p && sscanf(p, "stream resumed %lld ms", &ms) == 1)
+            v[n++] = ms;
+    }
+    fclose(f);
+    if (!n)
+        return;
+    qsort(v, (size_t)n, sizeof *v, cmp_ll);
+    printf("# recovery latency (loss -> the job's next event), %d recovered jobs: p50 %lld ms, p99 %lld ms, "
+           "max %lld ms\n",
+           n, v[n / 2], v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1], v[n - 1]);
+}
+
+static unsigned seed_from_env(void)
+{
+    const char *s = getenv("TP_FAILOVER_SEED");
+    unsigned seed = s && *s ? (unsigned)strtoul(s, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)getpid();
+    printf("# kill schedule seed %u (TP_FAILOVER_SEED=%u replays it)\n", seed, seed);
+    return seed;
+}
+
+#define HB "heartbeat:\n  interval_ms: 100\n  liveness: 5\n"
+
+static void jobs_stream_on_unchanged_while_workers_of_every_stage_die(void **state)
+{
+    (void)state;
+    unsigned rng = seed_from_env();
+    harness h;
+    if (harness_start(&h, false,
+                      "  tokenize: 2\n  forward: 2\n  sample: 2\n  stop: 2\n  respawn_init_ms: 100\n" HB
+                      "recovery:\n  deadline_ms: 30000\n"))
+        fail_msg("daemon did not start");
+    static jres ref[N_JOBS], got[N_JOBS];
+    run_round(&h, "ref", ref, NULL, 0, &rng);
+    const char *stages[] = {"forward", "sample", "stop", "tokenize"};
+    for (int round = 0; round < 3; round++) {
+        action acts[3];
+        int prev = 0;
+        for (int k = 0; k < 3; k++) {
+            prev += 20 + (int)(rand_r(&rng) % 120);
+            /* each round kills forward, sample and stop once, in a random order */
+            acts[k] = (action){prev, SIGKILL, stages[(round + k) % 3], 0};
+        }
+        if (round == 2)   /* and a tokenize worker while prompts arrive */
+            acts[0] = (action){(int)(rand_r(&rng) % 5), SIGKILL, "tokenize", 0};
+        char tag[16];
+        snprintf(tag, sizeof tag, "k%d", round);
+        run_round(&h, tag, got, acts, 3, &rng);
+        expect_same(tag, ref, got);
+        /* the killed workers are back before the next round */
+        for (int si = 0; si < TP_SI_COUNT; si++)
+            if (harness_wait_stage(&h, si, 2, 15000))
+                fail_msg("stage %d did not get its workers back (log in %s)", si, h.dir);
+    }
+    tp_m_stats_reply s;
+    assert_int_equal(harness_stats(&h, &s), 0);
+    printf("# workers lost %llu; jobs recovered: forward %llu, sample %llu, stop %llu, tokenize %llu; mean %.1f ms, "
+           "max %llu ms\n",
+           (unsigned long long)s.workers_lost, (unsigned long long)s.recovered[TP_SI_FORWARD],
+           (unsigned long long)s.recovered[TP_SI_SAMPLE], (unsigned long long)s.recovered[TP_SI_STOP],
+           (unsigned long long)s.recovered[TP_SI_TOKENIZE],
+           s.recovery_count ? (double)s.recovery_ms_total / (double)s.recovery_count : 0.0,
+           (unsigned long long)s.recovery_ms_max);
+    assert_true(s.workers_lost >= 9);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    report_latency(&h);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+static void jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one(void **state)
+{
+    (void)state;
+    unsigned rng = seed_from_env();
+    harness h;
+    if (harness_start(&h, false, "  respawn_init_ms: 100\n" HB "recovery:\n  deadline_ms: 30000\n"))
+        fail_msg("daemon did not start");
+    static jres ref[N_JOBS], got[N_JOBS];
+    run_round(&h, "ref", ref, NULL, 0, &rng);
+    const char *stages[] = {"forward", "sample", "stop"};
+    for (int k = 0; k < 3; k++) {
+        action a = {30 + (int)(rand_r(&rng) % 150), SIGKILL, stages[k], 0};
+        char tag[16];
+        snprintf(tag, sizeof tag, "o%d", k);
+        run_round(&h, tag, got, &a, 1, &rng);
+        expect_same(tag, ref, got);
+        for (int si = 0; si < TP_SI_COUNT; si++)
+            if (harness_wait_stage(&h, si, 1, 15000))
+                fail_msg("stage %d did not get its worker back (log in %s)", si, h.dir);
+    }
+    /* a hung stop worker: lost after 500 ms of silence, resumed after 900 */
+    action a = {30 + (int)(rand_r(&rng) % 100), SIGSTOP, stages[rand_r(&rng) % 3], 900};
+    run_round(&h, "hung", got, &a, 1, &rng);
+    expect_same("hung", ref, got);
+    tp_m_stats_reply s;
+    assert_int_equal(harness_stats(&h, &s), 0);
+    assert_true(s.workers_lost >= 4);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    report_latency(&h);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+/* Run `tokpipe generate` for one long seeded prompt; when kill_after > 0
+ * bytes were printed, SIGKILL tokpiped and start it again. Returns what
+ * generate printed (malloc'd); its exit status in *status. */
+static char *generate_across_restart(harness *h, size_t kill_after, int *status)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s/tokpipe generate --config %s --timeout 20000 --prompt 'Once upon a time' --max-tokens 400 "
+             "--ignore-eos --temperature 0.9 --seed 7 --stop ' moon' 2>>%s/generate.err",
+             h->bin, h->config, h->dir);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        fail_msg("popen: tokpipe generate");
+    size_t len = 0, cap = 1 << 16;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    bool killed = false;
+    int c;
+    while ((c = fgetc(p)) != EOF) {
+        if (len + 1 < cap)
+            out[len++] = (char)c;
+        if (kill_after && !killed && len >= kill_after) {
+            killed = true;
+            kill(h->pid, SIGKILL);
+            waitpid(h->pid, NULL, 0);
+            printf("# tokpiped killed after %zu bytes printed; starting it again\n", len);
+            if (harness_spawn_daemon(h, false, NULL) || harness_wait_workers(h, 20000))
+                fail_msg("tokpiped did not start again (log in %s)", h->dir);
+        }
+    }
+    out[len] = '\0';
+    *status = pclose(p);
+    if (kill_after && !killed)
+        fail_msg("generate printed only %zu bytes: the job ended before the broker could be killed", len);
+    return out;
+}
+
+static void generate_goes_on_after_the_broker_restarts_printing_the_undisturbed_text(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start(&h, false, "  respawn_init_ms: 100\n" HB))
+        fail_msg("daemon did not start");
+    int st;
+    char *want = generate_across_restart(&h, 0, &st);
+    assert_int_equal(st, 0);
+    if (strlen(want) < 200)
+        fail_msg("the undisturbed generation is too short for this test: '%s'", want);
+    char *got = generate_across_restart(&h, 40, &st);
+    char errpath[256], *err = NULL;
+    snprintf(errpath, sizeof errpath, "cat %s/generate.err", h.dir);
+    harness_sh(errpath, &err);
+    if (st != 0 || strcmp(got, want))
+        fail_msg("generate across a broker restart: status %d\n got: '%s'\nwant: '%s'\nstderr: %s", st, got, want,
+                 err ? err : "");
+    if (!err || !strstr(err, "submitting it again"))
+        fail_msg("generate did not say it resubmitted the job: %s", err ? err : "");
+    free(err);
+    free(got);
+    free(want);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(jobs_stream_on_unchanged_while_workers_of_every_stage_die),
+        cmocka_unit_test(jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one),
+        cmocka_unit_test(generate_goes_on_after_the_broker_restarts_printing_the_undisturbed_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,118 @@
+"""Special tokens through the real daemon (stories260K + tok512, whose
+control tokens are <unk>, BOS "\\n<s>\\n" and EOS "\\n</s>\\n"):
+
+* SUBMIT's parse_special turns control-token texts in the prompt into those
+  tokens, and only then: the daemon's prompt token counts equal what
+  `tokpipe tokenize --bos [--special]` gives for the same text;
+* a stop string naming a control token ("<s>") ends the job on that token,
+  and the subscriber sees exactly what `tokpipe stopcheck` says for the same
+  candidates (the rule is shared; before, stopcheck fired and the engine
+  did not).
+"""
+import json
+import os
+import subprocess
+import time
+import unittest
+
+import zmq
+
+# run as tests/special_tokens_test.py from the top: the sibling module is beside it
+import sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from protocol_client_test import MODELS, TOKPIPE, TOKPIPED, Daemon, Producer, Subscriber
+
+TOK = os.path.join(MODELS, "tok512.bin")
+# A prompt after which this model starts a new story (BOS) within a few
+# dozen tokens for some seeds.
+STORY_END = "And they lived happily ever after. The end."
+
+
+def tokenize(text, *flags):
+    esc = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    p = subprocess.run([TOKPIPE, "tokenize", "--tokenizer", TOK, "--bos", *flags],
+                       input=(esc + "\n").encode(), capture_output=True, timeout=30)
+    assert p.returncode == 0, p.stderr.decode()
+    return [int(x) for x in p.stdout.split()]
+
+
+class SpecialTokensEndToEnd(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(TOKPIPED):
+            raise unittest.SkipTest("%s not built" % TOKPIPED)
+        cls.daemon = Daemon()
+        cls.ctx = zmq.Context()
+        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
+        cls.sub = Subscriber(cls.ctx, cls.daemon.events)
+        end = time.time() + 60
+        while True:
+            if cls.daemon.proc.poll() is not None or time.time() > end:
+                raise AssertionError("workers never registered: %s" % cls.daemon.log_text())
+            try:
+                cmd, rep, _ = cls.prod.call(0x06, {}, timeout_ms=500)
+            except AssertionError:
+                cls.prod.sock.close()
+                cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
+                continue
+            w = rep.get("workers", {})
+            if all(w.get(s, 0) >= 1 for s in ("tokenize", "forward", "sample", "stop")):
+                break
+            time.sleep(0.1)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.prod.sock.close()
+        cls.sub.sock.close()
+        cls.ctx.term()
+        cls.daemon.stop()
+
+    def run_job(self, job, params, prompt, **extra):
+        self.sub.subscribe(job)
+        time.sleep(0.2)  # let the subscription reach the broker's XPUB
+        hdr = dict({"job_id": job, "prompt": prompt, "params": params}, **extra)
+        cmd, ack, _ = self.prod.call(0x01, hdr)
+        self.assertEqual((cmd, ack["status"]), (0x02, 200), ack)
+        tokens, fin = self.sub.collect(job)
+        ids = [i for t in tokens for i in t["ids"]]
+        text = "".join(t["text"] for t in tokens) + fin["text"]
+        return ids, text, fin
+
+    def test_parse_special_makes_control_texts_tokens_only_when_asked(self):
+        prompt = "Lily was happy.\n<s>\nOnce upon a time"
+        plain, special = tokenize(prompt), tokenize(prompt, "--special")
+        self.assertIn(1, special[1:], "the BOS text became the BOS token")
+        self.assertNotIn(1, plain[1:], "without --special it stays text")
+        params = {"max_tokens": 1, "temperature": 0}
+        _, _, off = self.run_job("sp-off", params, prompt)
+        _, _, on = self.run_job("sp-on", params, prompt, parse_special=True)
+        self.assertEqual(off["prompt_tokens"], len(plain))
+        self.assertEqual(on["prompt_tokens"], len(special))
+
+    def test_stop_string_naming_a_control_token_ends_the_job_as_stopcheck_says(self):
+        base = {"temperature": 1.0, "max_tokens": 60, "ignore_eos": True}
+        for seed in range(1, 13):
+            u_ids, _, u_fin = self.run_job("u%d" % seed, dict(base, seed=seed), STORY_END)
+            if 1 in u_ids or 2 in u_ids:
+                break
+        else:
+            self.fail("no seed in 1..12 made the model sample BOS or EOS within 60 tokens")
+        params = dict(base, seed=seed, stop=["<s>", "</s>"])
+        ids, text, fin = self.run_job("c%d" % seed, params, STORY_END)
+        self.assertEqual(fin["reason"], "stop_token")
+        self.assertIn(fin["matched"], (1, 2))
+        case = {"tokens": u_ids, "prompt_last_id": tokenize(STORY_END)[-1], "stop": ["<s>", "</s>"],
+                "eos_token_id": [1, 2], "ignore_eos": True, "max_tokens": 60}
+        p = subprocess.run([TOKPIPE, "stopcheck", "--tokenizer", TOK], input=json.dumps(case).encode(),
+                           capture_output=True, timeout=30)
+        want = json.loads(p.stdout)
+        self.assertNotIn("error", want)
+        self.assertEqual((fin["reason"], fin["matched"]), (want["finish_reason"], want["matched"]))
+        self.assertEqual(text, want["text"])
+        self.assertEqual(fin["completion_tokens"], want["completion_tokens"])
+        self.assertEqual(ids, u_ids[:len(ids)])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,181 @@
+"""A tiny, independent GGUF v3 reader and a numpy float64 reference forward
+for the llama / Llama 3 / qwen2 architectures, written from the GGUF spec and
+the models' published definitions (not from tokpipe's C code): the test
+oracle for tokpipe's GGUF writer, loader and forward pass."""
+import math
+import struct
+
+import numpy as np
+
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+           10: "<Q", 11: "<q", 12: "<d"}
+NP_TYPES = {0: np.float32, 1: np.float16}
+
+
+class Reader:
+    def __init__(self, data):
+        self.d = data
+        self.o = 0
+
+    def take(self, fmt):
+        v = struct.unpack_from(fmt, self.d, self.o)[0]
+        self.o += struct.calcsize(fmt)
+        return v
+
+    def string(self):
+        n = self.take("<Q")
+        s = self.d[self.o:self.o + n]
+        if len(s) != n:
+            raise ValueError("truncated string")
+        self.o += n
+        return s.decode("utf-8", errors="surrogateescape")
+
+    def value(self, t):
+        if t == 8:
+            return self.string()
+        if t == 9:
+            et, n = self.take("<I"), self.take("<Q")
+            return [self.value(et) for _ in range(n)]
+        return self.take(SCALARS[t])
+
+
+def read_gguf(path):
+    """(metadata dict, {name: (type, ne list, offset in file, nbytes)}, alignment, raw bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    r = Reader(data)
+    if data[:4] != b"GGUF" or struct.unpack_from("<I", data, 4)[0] != 3:
+        raise ValueError("not GGUF v3")
+    r.o = 8
+    n_t, n_kv = r.take("<Q"), r.take("<Q")
+    meta, types = {}, {}
+    for _ in range(n_kv):
+        k = r.string()
+        t = r.take("<I")
+        if k in meta:
+            raise ValueError("duplicate key " + k)
+        types[k] = t
+        meta[k] = r.value(t)
+    infos = []
+    for _ in range(n_t):
+        name = r.string()
+        nd = r.take("<I")
+        ne = [r.take("<Q") for _ in range(nd)]
+        infos.append((name, ne, r.take("<I"), r.take("<Q")))
+    align = meta.get("general.alignment", 32)
+    start = (r.o + align - 1) // align * align
+    tensors = {}
+    for name, ne, t, off in infos:
+        count = math.prod(ne)
+        size = {0: 4, 1: 2}.get(t, 0) * count
+        tensors[name] = (t, ne, start + off, size)
+    return meta, tensors, align, data, types
+
+
+class Model:
+    """Weights as float64 numpy arrays shaped [rows, cols] (ggml ne reversed)."""
+
+    def __init__(self, path):
+        self.meta, info, _, data, _ = read_gguf(path)
+        self.w = {}
+        for name, (t, ne, off, size) in info.items():
+            a = np.frombuffer(data, dtype=NP_TYPES[t], count=math.prod(ne), offset=off)
+            self.w[name] = a.astype(np.float64).reshape(list(reversed(ne)))
+        m = self.meta
+        self.arch = m["general.architecture"]
+        p = self.arch + "."
+        self.dim = m[p + "embedding_length"]
+        self.n_layers = m[p + "block_count"]
+        self.n_heads = m[p + "attention.head_count"]
+        self.n_kv = m.get(p + "attention.head_count_kv", self.n_heads)
+        self.eps = m.get(p + "attention.layer_norm_rms_epsilon", 1e-5)
+        self.theta = m.get(p + "rope.freq_base", 10000.0)
+        self.hs = self.dim // self.n_heads
+        # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
+        # converter so adjacent pairs rotate), NEOX (halves) for qwen2.
+        self.neox = self.arch == "qwen2"
+        self.freq_div = np.ones(self.hs // 2)
+        if "rope_freqs.weight" in self.w:
+            self.freq_div = self.w["rope_freqs.weight"].copy()
+        elif m.get(p + "rope.scaling.type") == "llama3":
+            self.freq_div = llama3_divisors(self.hs, self.theta, m.get(p + "rope.scaling.factor", 8.0),
+                                            m.get(p + "rope.scaling.low_freq_factor", 1.0),
+                                            m.get(p + "rope.scaling.high_freq_factor", 4.0),
+                                            m.get(p + "rope.scaling.original_context_length", 8192))
+
+    def rmsnorm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def rope(self, x, pos, neox):
+        """x: [T, heads, hs]; rotate by pos * theta^(-2i/hs) / divisor_i."""
+        half = self.hs // 2
+        inv = self.theta ** (-2.0 * np.arange(half) / self.hs) / self.freq_div
+        ang = np.outer(pos, inv)[:, None, :]
+        c, s = np.cos(ang), np.sin(ang)
+        if neox:
+            a, b = x[..., :half], x[..., half:]
+            return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * c - b * s
+        out[..., 1::2] = a * s + b * c
+        return out
+
+    def logits(self, ids, neox=None):
+        """Logits at every position of ids (causal), [T, vocab]."""
+        neox = self.neox if neox is None else neox
+        w, T, hs = self.w, len(ids), self.hs
+        x = w["token_embd.weight"][ids]
+        pos = np.arange(T)
+        group = self.n_heads // self.n_kv
+        mask = np.triu(np.full((T, T), -np.inf), 1)
+        for l in range(self.n_layers):
+            b = "blk.%d." % l
+            h = self.rmsnorm(x, w[b + "attn_norm.weight"])
+            q, k, v = (h @ w[b + n + ".weight"].T + w.get(b + n + ".bias", 0.0) for n in ("attn_q", "attn_k", "attn_v"))
+            q = self.rope(q.reshape(T, self.n_heads, hs), pos, neox)
+            k = self.rope(k.reshape(T, self.n_kv, hs), pos, neox)
+            v = v.reshape(T, self.n_kv, hs)
+            out = np.empty((T, self.n_heads, hs))
+            for hd in range(self.n_heads):
+                kv = hd // group
+                sc = q[:, hd, :] @ k[:, kv, :].T / math.sqrt(hs) + mask
+                sc = np.exp(sc - sc.max(axis=1, keepdims=True))
+                sc /= sc.sum(axis=1, keepdims=True)
+                out[:, hd, :] = sc @ v[:, kv, :]
+            x = x + out.reshape(T, self.dim) @ w[b + "attn_output.weight"].T
+            h = self.rmsnorm(x, w[b + "ffn_norm.weight"])
+            g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            x = x + (g / (1 + np.exp(-g)) * u) @ w[b + "ffn_down.weight"].T
+        x = self.rmsnorm(x, w["output_norm.weight"])
+        return x @ w.get("output.weight", w["token_embd.weight"]).T
+
+
+def llama3_divisors(hs, theta, factor, low, high, orig):
+    """Meta's Llama 3.1 rope scaling, as 1 / (its frequency multiplier)."""
+    out = []
+    for i in range(hs // 2):
+        freq = theta ** (-2.0 * i / hs)
+        wavelen = 2 * math.pi / freq
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out)
+
+
+def read_dump(path, vocab):
+    """Records of tokpipe run --dump-logits: [(context ids, logits)]."""
+    with open(path, "rb") as f:
+        data = f.read()
+    out, o = [], 0
+    while o < len(data):
+        n = struct.unpack_from("<i", data, o)[0]
+        ids = list(struct.unpack_from("<%di" % n, data, o + 4))
+        o += 4 + 4 * n
+        out.append((ids, np.frombuffer(data, dtype=np.float32, count=vocab, offset=o).astype(np.float64)))
+        o += 4 * vocab
+    return out

@@ -1,0 +1,99 @@
+/* The published regex, alternative by alternative (leftmost alternative
+ * that matches at a position wins, as in a backtracking engine):
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\r\n\p{L}\p{N}]?\p{L}+ | \p{N}{1,3}
+ *   | ?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+ * \s is Unicode White_Space. */
+#include "pretok_oracle.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <utf8proc.h>
+
+static bool is_letter(int32_t c)
+{
+    utf8proc_category_t k = utf8proc_category(c);
+    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT ||
+           k == UTF8PROC_CATEGORY_LM || k == UTF8PROC_CATEGORY_LO;
+}
+
+static bool is_number(int32_t c)
+{
+    utf8proc_category_t k = utf8proc_category(c);
+    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
+}
+
+static bool is_space(int32_t c)
+{
+    utf8proc_category_t k = utf8proc_category(c);
+    return (c >= 9 && c <= 13) || c == 0x85 || k == UTF8PROC_CATEGORY_ZS ||
+           k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
+}
+
+static bool is_nl(int32_t c) { return c == '\r' || c == '\n'; }
+
+static bool is_other(int32_t c) { return !is_space(c) && !is_letter(c) && !is_number(c); }
+
+static int32_t lower_ascii(int32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+size_t pretok_oracle_split(const char *text, size_t len, bool digits3, size_t *ends)
+{
+    int32_t *cp = malloc(sizeof *cp * (len + 1));
+    size_t *off = malloc(sizeof *off * (len + 1)); /* byte offset of each code point */
+    size_t n = 0, nw = 0;
+    if (!cp || !off)
+        abort();
+    for (size_t i = 0; i < len;) {
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)text + i,
+                                              (utf8proc_ssize_t)(len - i), &cp[n]);
+        if (k <= 0)
+            abort(); /* callers give valid UTF-8 */
+        off[n++] = i;
+        i += (size_t)k;
+    }
+    off[n] = len;
+    size_t i = 0;
+    while (i < n) {
+        size_t e = i;
+        int32_t c = cp[i], c1 = i + 1 < n ? cp[i + 1] : -1, c2 = i + 2 < n ? cp[i + 2] : -1;
+        int32_t l1 = lower_ascii(c1), l2 = lower_ascii(c2);
+        if (c == '\'' && (l1 == 's' || l1 == 't' || l1 == 'm' || l1 == 'd')) {
+            e = i + 2;
+        } else if (c == '\'' && ((l1 == 'r' && l2 == 'e') || (l1 == 'v' && l2 == 'e') ||
+                                 (l1 == 'l' && l2 == 'l'))) {
+            e = i + 3;
+        } else if (is_letter(c) || (!is_nl(c) && !is_number(c) && c1 >= 0 && is_letter(c1))) {
+            e = i + 1;
+            while (e < n && is_letter(cp[e]))
+                e++;
+        } else if (is_number(c)) {
+            size_t most = digits3 ? 3 : 1;
+            e = i + 1;
+            while (e < n && e - i < most && is_number(cp[e]))
+                e++;
+        } else if (is_other(c) || (c == ' ' && c1 >= 0 && is_other(c1))) {
+            e = c == ' ' ? i + 1 : i;
+            while (e < n && is_other(cp[e]))
+                e++;
+            while (e < n && is_nl(cp[e]))
+                e++;
+        } else { /* whitespace */
+            size_t j = i, last_nl = 0;
+            while (j < n && is_space(cp[j])) {
+                if (is_nl(cp[j]))
+                    last_nl = j + 1;
+                j++;
+            }
+            if (last_nl)
+                e = last_nl;
+            else if (j < n && j - i > 1)
+                e = j - 1;
+            else
+                e = j;
+        }
+        ends[nw++] = off[e];
+        i = e;
+    }
+    free(cp);
+    free(off);
+    return nw;
+}

@@ -1,0 +1,270 @@
+/* Loader rules for GGUF architectures: llama (with Llama 3 RoPE scaling)
+ * and qwen2 load with the right RoPE kind, biases and frequency divisors;
+ * a missing, misshapen or unexpected tensor, an unknown architecture or
+ * scaling kind, or an inconsistent head size is refused with a message
+ * naming it. The files are built with the GGUF writer. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tokpipe/gguf_write.h"
+#include "tokpipe/model.h"
+
+#define D 8
+#define H 16
+#define V 5
+#define HEADS 2
+#define KV 1
+#define HS (D / HEADS)
+
+typedef struct spec {
+    const char *arch;
+    const char *skip;      /* tensor left out */
+    const char *extra;     /* extra 1-d tensor of D floats */
+    const char *bad_shape; /* tensor written with one element too many in ne[0] */
+    bool biases;
+    bool rope_freqs;
+    float rope_freq0;      /* first rope_freqs entry */
+    void (*keys)(tp_gguf_writer *w);
+} spec;
+
+static float zeros[(D + 1) * H * 2 + V * D]; /* large enough for any tensor here */
+
+static void tensor(tp_gguf_writer *w, const spec *s, const char *name, int ne0, int ne1)
+{
+    if (s->skip && !strcmp(s->skip, name))
+        return;
+    if (s->bad_shape && !strcmp(s->bad_shape, name))
+        ne0++;
+    uint64_t ne[2] = {(uint64_t)ne0, (uint64_t)ne1};
+    size_t n = (size_t)ne0 * (size_t)(ne1 ? ne1 : 1);
+    tp_err e;
+    if (tp_gguf_add_tensor(w, name, 0, ne1 ? 2 : 1, ne, zeros, n * 4, &e))
+        fail_msg("%s", e.msg);
+}
+
+/* Write the spec's model to a temp file and load it: rc, with *m or err. */
+static int load(const spec *s, tp_model **m, tp_err *err)
+{
+    tp_gguf_writer *w;
+    tp_err e;
+    assert_int_equal(tp_gguf_writer_new(&w, &e), 0);
+    char k[96];
+    const char *a = s->arch;
+    assert_int_equal(tp_gguf_set_str(w, "general.architecture", a, &e), 0);
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", strcmp(a, "qwen2") ? "llama" : "qwen2", x), k)
+    tp_gguf_set_u32(w, KEY("embedding_length"), D, &e);
+    tp_gguf_set_u32(w, KEY("feed_forward_length"), H, &e);
+    tp_gguf_set_u32(w, KEY("block_count"), 1, &e);
+    tp_gguf_set_u32(w, KEY("attention.head_count"), HEADS, &e);
+    tp_gguf_set_u32(w, KEY("attention.head_count_kv"), KV, &e);
+    tp_gguf_set_u32(w, KEY("context_length"), 64, &e);
+#undef KEY
+    if (s->keys)
+        s->keys(w);
+    tensor(w, s, "token_embd.weight", D, V);
+    tensor(w, s, "output_norm.weight", D, 0);
+    float ff[HS / 2]; /* borrowed by the writer until the write below */
+    if (s->rope_freqs) {
+        for (int i = 0; i < HS / 2; i++)
+            ff[i] = i ? 2.0f * (float)i : s->rope_freq0;
+        uint64_t ne = HS / 2;
+        if (s->bad_shape && !strcmp(s->bad_shape, "rope_freqs.weight"))
+            ne = 1;
+        assert_int_equal(tp_gguf_add_tensor(w, "rope_freqs.weight", 0, 1, &ne, ff, ne * 4, &e), 0);
+    }
+    const struct { const char *n; int ne0, ne1; } L[] = {
+        {"blk.0.attn_norm.weight", D, 0}, {"blk.0.attn_q.weight", D, D}, {"blk.0.attn_k.weight", D, KV * HS},
+        {"blk.0.attn_v.weight", D, KV * HS}, {"blk.0.attn_output.weight", D, D}, {"blk.0.ffn_norm.weight", D, 0},
+        {"blk.0.ffn_gate.weight", D, H}, {"blk.0.ffn_down.weight", H, D}, {"blk.0.ffn_up.weight", D, H},
+    };
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++)
+        tensor(w, s, L[i].n, L[i].ne0, L[i].ne1);
+    if (s->biases) {
+        tensor(w, s, "blk.0.attn_q.bias", D, 0);
+        tensor(w, s, "blk.0.attn_k.bias", KV * HS, 0);
+        tensor(w, s, "blk.0.attn_v.bias", KV * HS, 0);
+    }
+    if (s->extra)
+        tensor(w, s, s->extra, D, 0);
+    char path[] = "/tmp/tp_test_arch.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    if (tp_gguf_write(w, path, &e))
+        fail_msg("%s", e.msg);
+    tp_gguf_writer_free(w);
+    int rc = tp_model_load(path, m, err);
+    unlink(path); /* the mmap stays valid */
+    return rc;
+}
+
+static void expect_refused(const spec *s, const char *needle)
+{
+    tp_model *m = NULL;
+    tp_err e = {0, ""};
+    int rc = load(s, &m, &e);
+    tp_model_free(m);
+    if (rc == 0 || !strstr(e.msg, needle))
+        fail_msg("rc %d message '%s', want it to name '%s'", rc, e.msg, needle);
+}
+
+static void qwen2_loads_with_biases_and_neox_rope(void **state)
+{
+    (void)state;
+    spec s = {.arch = "qwen2", .biases = true};
+    tp_model *m;
+    tp_err e;
+    if (load(&s, &m, &e))
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_QWEN2);
+    assert_int_equal(c->rope_style, TP_ROPE_NEOX);
+    assert_true(c->attn_bias);
+    assert_true(c->shared_classifier);
+    const tp_model_weights *w = tp_model_get_weights(m);
+    assert_non_null(w->layers[0].bq);
+    assert_non_null(w->layers[0].bv);
+    assert_null(w->rope_freqs);
+    assert_non_null(strstr(tp_model_identity(m), "gguf qwen2 "));
+    tp_model_free(m);
+}
+
+static void qwen2_without_a_bias_is_refused_naming_it(void **state)
+{
+    (void)state;
+    spec s = {.arch = "qwen2", .biases = true, .skip = "blk.0.attn_k.bias"};
+    expect_refused(&s, "'blk.0.attn_k.bias' is missing");
+    spec t = {.arch = "qwen2", .biases = true, .bad_shape = "blk.0.attn_v.bias"};
+    expect_refused(&t, "'blk.0.attn_v.bias' has shape [5, 1]");
+}
+
+static void llama_loads_adjacent_rope_and_optional_biases(void **state)
+{
+    (void)state;
+    spec s = {.arch = "llama"};
+    tp_model *m;
+    tp_err e;
+    if (load(&s, &m, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(tp_model_get_config(m)->rope_style, TP_ROPE_ADJACENT);
+    assert_false(tp_model_get_config(m)->attn_bias);
+    assert_null(tp_model_get_weights(m)->layers[0].bq);
+    tp_model_free(m);
+    spec b = {.arch = "llama", .biases = true};
+    if (load(&b, &m, &e))
+        fail_msg("%s", e.msg);
+    assert_true(tp_model_get_config(m)->attn_bias);
+    tp_model_free(m);
+}
+
+static void unknown_architecture_and_unused_tensor_are_refused_by_name(void **state)
+{
+    (void)state;
+    spec s = {.arch = "gemma2"};
+    expect_refused(&s, "general.architecture 'gemma2' is not supported");
+    spec t = {.arch = "llama", .extra = "blk.0.attn_output.bias"};
+    expect_refused(&t, "'blk.0.attn_output.bias' is not used by the llama architecture");
+}
+
+static void rope_freqs_tensor_becomes_the_divisors(void **state)
+{
+    (void)state;
+    spec s = {.arch = "llama", .rope_freqs = true, .rope_freq0 = 1.0f};
+    tp_model *m;
+    tp_err e;
+    if (load(&s, &m, &e))
+        fail_msg("%s", e.msg);
+    const float *ff = tp_model_get_weights(m)->rope_freqs;
+    assert_non_null(ff);
+    assert_true(ff[0] == 1.0f && ff[1] == 2.0f);
+    tp_model_free(m);
+    spec bad = {.arch = "llama", .rope_freqs = true, .rope_freq0 = 0.0f};
+    expect_refused(&bad, "rope_freqs.weight[0] = 0");
+    spec shape = {.arch = "llama", .rope_freqs = true, .rope_freq0 = 1.0f, .bad_shape = "rope_freqs.weight"};
+    expect_refused(&shape, "'rope_freqs.weight' has shape [1, 1] (1 dims), expected [2, 1]");
+}
+
+static void llama3_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_f32(w, "llama.rope.freq_base", 500000.0f, &e);
+    tp_gguf_set_str(w, "llama.rope.scaling.type", "llama3", &e);
+    tp_gguf_set_f32(w, "llama.rope.scaling.factor", 8.0f, &e);
+    tp_gguf_set_u32(w, "llama.rope.scaling.original_context_length", 8192, &e);
+}
+
+static void yarn_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_str(w, "llama.rope.scaling.type", "yarn", &e);
+}
+
+static void key_length_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_u32(w, "llama.attention.key_length", 8, &e);
+}
+
+static void linear_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_str(w, "llama.rope.scaling.type", "linear", &e);
+    tp_gguf_set_f32(w, "llama.rope.scaling.factor", 4.0f, &e);
+}
+
+static void rope_scaling_keys_give_llama3_and_linear_divisors(void **state)
+{
+    (void)state;
+    spec s = {.arch = "llama", .keys = llama3_keys};
+    tp_model *m;
+    tp_err e;
+    if (load(&s, &m, &e))
+        fail_msg("%s", e.msg);
+    /* head size 4: pair 0 has wavelength 2 pi (kept), pair 1 2 pi sqrt(500000) ~ 4443,
+     * between 8192/4 and 8192: blended, smooth = (8192 / 4443 - 1) / 3, ~2.7 */
+    const float *ff = tp_model_get_weights(m)->rope_freqs;
+    assert_non_null(ff);
+    assert_float_equal(ff[0], 1.0, 1e-6);
+    double smooth = (8192.0 / (2 * 3.14159265358979 * sqrt(500000.0)) - 1) / 3;
+    assert_float_equal(ff[1], 1 / ((1 - smooth) / 8 + smooth), 1e-4);
+    tp_model_free(m);
+    spec lin = {.arch = "llama", .keys = linear_keys};
+    if (load(&lin, &m, &e))
+        fail_msg("%s", e.msg);
+    ff = tp_model_get_weights(m)->rope_freqs;
+    assert_true(ff && ff[0] == 4.0f && ff[1] == 4.0f);
+    tp_model_free(m);
+}
+
+static void unsupported_rope_scaling_and_head_size_are_refused_by_name(void **state)
+{
+    (void)state;
+    spec y = {.arch = "llama", .keys = yarn_keys};
+    expect_refused(&y, "llama.rope.scaling.type 'yarn' is not supported");
+    spec k = {.arch = "llama", .keys = key_length_keys};
+    expect_refused(&k, "llama.attention.key_length 8 != head size 4");
+    spec q = {.arch = "qwen2", .biases = true, .skip = "blk.0.ffn_up.weight"};
+    expect_refused(&q, "'blk.0.ffn_up.weight' is missing");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(qwen2_loads_with_biases_and_neox_rope),
+        cmocka_unit_test(qwen2_without_a_bias_is_refused_naming_it),
+        cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
+        cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
+        cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),
+        cmocka_unit_test(rope_scaling_keys_give_llama3_and_linear_divisors),
+        cmocka_unit_test(unsupported_rope_scaling_and_head_size_are_refused_by_name),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

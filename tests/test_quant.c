@@ -1,0 +1,406 @@
+/* Typed weights (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+ * Q6_K): the kernels' batch invariance, row-range splits and scalar ==
+ * AVX-512 bits, closeness to a float reference, the half/bfloat16
+ * conversions, and whole-model runs of the llama.cpp-written stories260K
+ * files (F16 greedy == F32 greedy; batch invariance for 1 and 2 threads).
+ * Dequantization against ggml's block definitions is checked by an
+ * independent numpy reader in tests/quant_test.py. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokpipe/forward.h"
+#include "tokpipe/gguf.h"
+#include "../workers/forward/kernels.h"
+#include "../workers/forward/quant.h"
+
+static const uint32_t TYPES[] = {TP_GGML_F16, TP_GGML_BF16, TP_GGML_Q8_0, TP_GGML_Q4_0, TP_GGML_Q4_1,
+                                 TP_GGML_Q5_0, TP_GGML_Q5_1, TP_GGML_Q4_K, TP_GGML_Q5_K, TP_GGML_Q6_K};
+#define N_TYPES (sizeof TYPES / sizeof TYPES[0])
+
+static void fill(float *x, size_t n, unsigned seed, float scale)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = scale * (float)((int)(s >> 8) - (1 << 23)) / (float)(1 << 23);
+    }
+}
+
+/* A typed matrix quantized from W (rows x cols); data is malloc'ed. */
+static tp_wmat make_wmat(uint32_t type, const float *W, int rows, int cols)
+{
+    const tp_ggml_type_info *ti = tp_ggml_type(type);
+    assert_non_null(ti);
+    size_t rb = (size_t)cols / ti->block_elems * ti->block_bytes;
+    uint8_t *d = malloc(rb * (size_t)rows);
+    assert_non_null(d);
+    for (int r = 0; r < rows; r++)
+        tp_quant_row(type, W + (size_t)r * cols, cols, d + rb * (size_t)r);
+    return (tp_wmat){type, rows, cols, rb, d};
+}
+
+/* ---- conversions ------------------------------------------------------- */
+
+static void every_half_converts_to_float_and_back_exactly(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = tp_f16_to_f32((uint16_t)h);
+        bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (!nan && tp_f32_to_f16(f) != h)
+            fail_msg("half %04x -> %a -> %04x", h, f, tp_f32_to_f16(f));
+        if (nan && f == f)
+            fail_msg("half NaN %04x became %a", h, f);
+        float b = tp_bf16_to_f32((uint16_t)h);
+        bool bnan = (h & 0x7f80) == 0x7f80 && (h & 0x7f);
+        if (!bnan && tp_f32_to_bf16(b) != h)
+            fail_msg("bfloat16 %04x -> %a -> %04x", h, b, tp_f32_to_bf16(b));
+    }
+    /* ties go to even; past the largest half is infinity */
+    assert_int_equal(tp_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+    assert_int_equal(tp_f32_to_f16(1.0f + 0x3p-11f), 0x3c02);
+    assert_int_equal(tp_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(tp_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(tp_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+}
+
+/* ---- kernels ----------------------------------------------------------- */
+
+static void check_type(uint32_t type, int rows, int cols)
+{
+    const char *tn = tp_ggml_type(type)->name;
+    int T = 13;
+    float *W = malloc(sizeof(float) * rows * cols), *X = malloc(sizeof(float) * T * cols);
+    float *Y = malloc(sizeof(float) * T * rows), *Ys = malloc(sizeof(float) * T * rows);
+    float *Y1 = malloc(sizeof(float) * rows), *deq = malloc(sizeof(float) * cols);
+    fill(W, (size_t)rows * cols, 3 + type, 0.1f);
+    fill(X, (size_t)T * cols, 11 + type, 1.0f);
+    X[5] = 0.0f; /* blocks with zeros and a constant block */
+    for (int k = 0; k < 32; k++)
+        W[k] = 0.25f;
+    tp_wmat w = make_wmat(type, W, rows, cols);
+    tp_qact a;
+    assert_int_equal(tp_qact_init(&a, T, cols), 0);
+    bool avx = tp_quant_have_avx512();
+    tp_qact_prepare(&a, type, X, cols, T, cols);
+    tp_qmatmul_rows(&w, &a, Y, rows, 0, rows, avx);
+    /* the portable path gives the same bits */
+    tp_qmatmul_rows(&w, &a, Ys, rows, 0, rows, false);
+    if (memcmp(Y, Ys, sizeof(float) * T * rows))
+        fail_msg("%s %dx%d: scalar and AVX-512 paths differ", tn, rows, cols);
+    /* any split by rows gives the same bits */
+    for (int split = 1; split < rows; split += 7) {
+        memset(Ys, 0, sizeof(float) * T * rows);
+        tp_qmatmul_rows(&w, &a, Ys, rows, split, rows, avx);
+        tp_qmatmul_rows(&w, &a, Ys, rows, 0, split, avx);
+        if (memcmp(Y, Ys, sizeof(float) * T * rows))
+            fail_msg("%s %dx%d: rows split at %d differ from the whole call", tn, rows, cols, split);
+    }
+    /* each token alone, and every prefix of the batch, gives its row's bits */
+    for (int n = 1; n <= T; n++) {
+        tp_qact_prepare(&a, type, X, cols, n, cols);
+        tp_qmatmul_rows(&w, &a, Ys, rows, 0, rows, avx);
+        if (memcmp(Y, Ys, sizeof(float) * n * rows))
+            fail_msg("%s %dx%d: a batch of %d tokens differs from the batch of %d", tn, rows, cols, n, T);
+        for (int p = 0; p < 2; p++) {
+            tp_qact_prepare(&a, type, X + (size_t)(n - 1) * cols, cols, 1, cols);
+            tp_qmatmul_rows(&w, &a, Y1, rows, 0, rows, p == 0 && avx);
+            if (memcmp(Y1, Y + (size_t)(n - 1) * rows, sizeof(float) * rows))
+                fail_msg("%s %dx%d: token %d alone (%s) differs from the batch", tn, rows, cols, n - 1,
+                         p ? "scalar" : "default path");
+        }
+    }
+    /* close to the dequantized weights times the exact activations; the
+     * activations' own 8-bit rounding bounds the difference */
+    double werr = 0;
+    for (int r = 0; r < rows; r++) {
+        tp_wmat_dequant_row(&w, r, deq);
+        for (int k = 0; k < cols; k++)
+            werr = fmax(werr, fabs((double)deq[k] - W[(size_t)r * cols + k]));
+        for (int t = 0; t < T; t++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < cols; k++) {
+                ref += (double)deq[k] * X[(size_t)t * cols + k];
+                mag += fabs((double)deq[k]) * fabs(X[(size_t)t * cols + k]);
+            }
+            double tol = (type == TP_GGML_F16 || type == TP_GGML_BF16 ? 1e-5 : 1.0 / 127) * mag + 1e-6;
+            if (fabs(Y[(size_t)t * rows + r] - ref) > tol)
+                fail_msg("%s: y[%d][%d] = %g, dequantized reference %g (tolerance %g)", tn, t, r,
+                         Y[(size_t)t * rows + r], ref, tol);
+        }
+    }
+    /* the quantizer's own error: half a step of the coarsest type */
+    double bound = type == TP_GGML_F16 ? 1e-4 : type == TP_GGML_BF16 ? 1e-3 : 0.1 * 2 / 7;
+    if (werr > bound)
+        fail_msg("%s: dequantized weights are %g from the originals (bound %g)", tn, werr, bound);
+    tp_qact_free(&a);
+    free((void *)w.data);
+    free(W); free(X); free(Y); free(Ys); free(Y1); free(deq);
+}
+
+static void every_type_is_batch_invariant_split_invariant_and_path_invariant(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < N_TYPES; i++) {
+        uint32_t be = tp_ggml_type(TYPES[i])->block_elems;
+        check_type(TYPES[i], 37, 512);
+        if (be < 256) /* an odd number of 32-column blocks: the half chunk */
+            check_type(TYPES[i], 21, 288);
+        if (be == 1)
+            check_type(TYPES[i], 9, 172);
+    }
+}
+
+/* ---- whole models ------------------------------------------------------ */
+
+static tp_model *load_real(const char *name)
+{
+    const char *dir = getenv("TP_MODELS");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", name[0] == '/' ? "" : dir ? dir : "../shared/models", name);
+    tp_model *m = NULL;
+    tp_err e;
+    if (tp_model_load(path, &m, &e))
+        fail_msg("cannot load %s: %s", path, e.msg);
+    return m;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Greedy ids after PROMPT, n of them. */
+static void greedy_ids(const char *name, bool scalar, int *ids, int n)
+{
+    static const int prompt[5] = {1, 403, 407, 261, 378};
+    tp_model *m = load_real(name);
+    int V = tp_model_get_config(m)->vocab_size;
+    tp_err e;
+    tp_forward *f;
+    assert_int_equal(tp_forward_new(m, 1, 0, 8, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
+    int sid;
+    assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
+    float *logits = malloc(sizeof(float) * V);
+    tp_fwd_item it = {sid, 0, prompt, 5, false};
+    assert_int_equal(tp_forward_step(f, &it, 1, logits, &e), 0);
+    for (int k = 0; k < n; k++) {
+        ids[k] = argmax(logits, V);
+        tp_fwd_item d = {sid, 5 + k, &ids[k], 1, false};
+        if (k + 1 < n)
+            assert_int_equal(tp_forward_step(f, &d, 1, logits, &e), 0);
+    }
+    free(logits);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+static void f16_file_from_llama_cpp_gives_the_f32_greedy_ids(void **state)
+{
+    (void)state;
+    int n = 200, a[200], b[200], c[200];
+    greedy_ids("stories260K.gguf", false, a, n);
+    greedy_ids("gguf-quant/stories260K-f16.gguf", false, b, n);
+    greedy_ids("gguf-quant/stories260K-f16.gguf", true, c, n);
+    for (int k = 0; k < n; k++)
+        if (a[k] != b[k] || a[k] != c[k])
+            fail_msg("greedy id %d: F32 %d, F16 %d (scalar path %d)", k, a[k], b[k], c[k]);
+}
+
+/* Q8_0 / Q4_0 change the weights: their text may leave F32's after a
+ * while, but it must start the same (the first ids are confident) and
+ * never be degenerate. */
+static void q8_0_and_q4_0_files_from_llama_cpp_start_like_f32(void **state)
+{
+    (void)state;
+    int n = 100, a[100], b[100];
+    greedy_ids("stories260K.gguf", false, a, n);
+    const char *files[] = {"gguf-quant/stories260K-q8_0.gguf", "gguf-quant/stories260K-q4_0.gguf"};
+    const int want_same[] = {40, 12};
+    for (int i = 0; i < 2; i++) {
+        greedy_ids(files[i], false, b, n);
+        for (int k = 0; k < want_same[i]; k++)
+            if (a[k] != b[k])
+                fail_msg("%s: greedy id %d is %d, F32 gives %d", files[i], k, b[k], a[k]);
+        int distinct = 0;
+        for (int k = 0; k < n; k++) {
+            bool seen = false;
+            for (int j = 0; j < k; j++)
+                seen = seen || b[j] == b[k];
+            distinct += !seen;
+        }
+        if (distinct < 25)
+            fail_msg("%s: only %d distinct ids in %d greedy tokens", files[i], distinct, n);
+    }
+}
+
+#define NSEQ 8
+#define DECODE 6
+
+static const int PROMPTS[NSEQ][12] = {
+    {1, 403, 407, 261, 378}, {1, 300, 301}, {1, 265, 282, 295, 433, 426, 385, 328, 432, 358},
+    {1}, {1, 13, 438, 310, 439, 419, 357}, {1, 432, 432, 432, 432, 432, 432, 432, 432, 432, 432, 432},
+    {1, 500, 42}, {1, 290, 291, 292, 293, 294},
+};
+static const int PLEN[NSEQ] = {5, 3, 10, 1, 7, 12, 3, 6};
+
+static void run_alone(tp_model *m, float *out, int V, bool scalar)
+{
+    tp_err e;
+    for (int s = 0; s < NSEQ; s++) {
+        tp_forward *f;
+        assert_int_equal(tp_forward_new(m, 1, 64, 16, &f, &e), 0);
+        if (scalar)
+            tp_forward_use_scalar_for_tests(f);
+        int sid;
+        tp_forward_seq_open(f, &sid, &e);
+        float *row = out + (size_t)s * (DECODE + 1) * V;
+        tp_fwd_item it = {sid, 0, PROMPTS[s], PLEN[s], false};
+        assert_int_equal(tp_forward_step(f, &it, 1, row, &e), 0);
+        for (int k = 1; k <= DECODE; k++) {
+            int tok = argmax(row + (size_t)(k - 1) * V, V);
+            tp_fwd_item d = {sid, PLEN[s] + k - 1, &tok, 1, false};
+            assert_int_equal(tp_forward_step(f, &d, 1, row + (size_t)k * V, &e), 0);
+        }
+        tp_forward_free(f);
+    }
+}
+
+/* All 8 in one pool, joining one per step, prompts in chunks of 3. */
+static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar)
+{
+    tp_err e;
+    tp_forward *f;
+    assert_int_equal(tp_forward_new(m, NSEQ, 64, 64, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
+    assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+    int sid[NSEQ], fed[NSEQ] = {0}, done[NSEQ] = {0}, toks[NSEQ];
+    float *step_logits = malloc(sizeof(float) * NSEQ * V);
+    for (int s = 0; s < NSEQ; s++)
+        tp_forward_seq_open(f, &sid[s], &e);
+    for (int step = 0; step < 64; step++) {
+        tp_fwd_item items[NSEQ];
+        int owner[NSEQ], n = 0;
+        for (int s = 0; s < NSEQ && s <= step; s++) {
+            if (done[s] > DECODE)
+                continue;
+            tp_fwd_item it = {sid[s], fed[s], NULL, 0, false};
+            if (fed[s] < PLEN[s]) {
+                it.tokens = PROMPTS[s] + fed[s];
+                it.n_tokens = PLEN[s] - fed[s] < 3 ? PLEN[s] - fed[s] : 3;
+                it.skip_logits = fed[s] + it.n_tokens < PLEN[s];
+            } else {
+                toks[s] = argmax(out + ((size_t)s * (DECODE + 1) + done[s] - 1) * V, V);
+                it.tokens = &toks[s];
+                it.n_tokens = 1;
+            }
+            owner[n] = s;
+            items[n++] = it;
+        }
+        if (!n)
+            break;
+        if (tp_forward_step(f, items, n, step_logits, &e))
+            fail_msg("batched step %d: %s", step, e.msg);
+        for (int i = 0; i < n; i++) {
+            int s = owner[i];
+            fed[s] += items[i].n_tokens;
+            if (!items[i].skip_logits)
+                memcpy(out + ((size_t)s * (DECODE + 1) + done[s]++) * V, step_logits + (size_t)i * V,
+                       sizeof(float) * V);
+        }
+    }
+    free(step_logits);
+    tp_forward_free(f);
+}
+
+static void batch_invariance(const char *name)
+{
+    tp_model *m = load_real(name);
+    int V = tp_model_get_config(m)->vocab_size;
+    size_t n = (size_t)NSEQ * (DECODE + 1) * V;
+    float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
+    for (int scalar = 0; scalar < 2; scalar++) {
+        run_alone(m, alone, V, scalar);
+        for (int threads = 1; threads <= 2; threads++) {
+            memset(batched, 0, sizeof(float) * n);
+            run_batched(m, batched, V, threads, scalar);
+            for (int s = 0; s < NSEQ; s++)
+                for (int k = 0; k <= DECODE; k++) {
+                    size_t off = ((size_t)s * (DECODE + 1) + k) * V;
+                    if (memcmp(alone + off, batched + off, sizeof(float) * V))
+                        fail_msg("%s, %s, %d thread(s): sequence %d, logits row %d: batched differs from alone",
+                                 name, scalar ? "scalar" : "avx512", threads, s, k);
+                }
+        }
+    }
+    free(alone);
+    free(batched);
+    tp_model_free(m);
+}
+
+static void llama_cpp_quantized_files_are_batch_invariant(void **state)
+{
+    (void)state;
+    batch_invariance("gguf-quant/stories260K-f16.gguf");
+    batch_invariance("gguf-quant/stories260K-q8_0.gguf");
+    batch_invariance("gguf-quant/stories260K-q4_0.gguf");
+}
+
+/* Files written by `tokpipe quantize` (every type) when the test runner
+ * made them (TP_QUANT_DIR, see tests/quant_test.py); skipped otherwise. */
+static void quantize_outputs_of_every_type_are_batch_invariant(void **state)
+{
+    (void)state;
+    const char *dir = getenv("TP_QUANT_DIR");
+    if (!dir)
+        skip();
+    const char *names[] = {"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+                           "Q4_K_M", "Q5_K_M"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.gguf", dir, names[i]);
+        batch_invariance(path);
+    }
+}
+
+static void openblas_kernel_is_refused_for_typed_weights(void **state)
+{
+    (void)state;
+    tp_model *m = load_real("gguf-quant/stories260K-q8_0.gguf");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 1, 0, 8, &f, &e), 0);
+    assert_int_equal(tp_forward_set_kernel(f, TP_FWD_KERNEL_OPENBLAS, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "F32"));
+    assert_int_equal(tp_forward_kernel(f), TP_FWD_KERNEL_INVARIANT);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_half_converts_to_float_and_back_exactly),
+        cmocka_unit_test(every_type_is_batch_invariant_split_invariant_and_path_invariant),
+        cmocka_unit_test(f16_file_from_llama_cpp_gives_the_f32_greedy_ids),
+        cmocka_unit_test(q8_0_and_q4_0_files_from_llama_cpp_start_like_f32),
+        cmocka_unit_test(llama_cpp_quantized_files_are_batch_invariant),
+        cmocka_unit_test(quantize_outputs_of_every_type_are_batch_invariant),
+        cmocka_unit_test(openblas_kernel_is_refused_for_typed_weights),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
