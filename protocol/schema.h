@@ -25,6 +25,7 @@ typedef enum {
     FT_MAP,      /* nested map, sub-table, base = field address */
     FT_TRIGGERS, /* tp_trigger * + size_t n: array of [matched, count, truncated] */
     FT_U64S,     /* uint64_t * + size_t n (owned array) */
+    FT_MSGS,     /* tp_chat_msg * + size_t n: array of {role, content} maps */
 } field_type;
 
 enum {
