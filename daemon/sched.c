@@ -305,6 +305,7 @@ static int chat_add_stop_ids(bjob *j, const tp_m_tokenized *t)
         if (!have)
             ids[p->n_stop_token_ids++] = t->stop_ids[i];
     }
+    p->set |= TP_P_STOP_TOKEN_IDS;   /* sent to the stop stage only when marked set */
     return 0;
 }
 
