@@ -134,6 +134,19 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(BSUP_SRC) $(DLIB_SRC)) $(L
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# bench_forward's llama2.c baseline is built the way llama2.c builds run.c
+# for speed (`make runomp`: -Ofast -march=native -fopenmp), not with ours.
+BASE_SRC    := $(wildcard bench/baseline/*.c)
+BASE_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O3 -march=native -ffast-math -fopenmp -MMD -MP
+
+$(BUILD)/obj/bench/baseline/%.o: bench/baseline/%.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $< (llama2.c's flags)")
+	$(Q)$(CC) $(BASE_CFLAGS) -c $< -o $@
+
+$(BUILD)/bench/bench_forward: $(call obj,$(BASE_SRC))
+$(BUILD)/bench/bench_forward: LDFLAGS += -fopenmp
+
 test: $(PROGRAMS) $(TESTS)
 	BUILD=$(BUILD) BIN=$(BIN) scripts/run-tests.sh
 

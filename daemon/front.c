@@ -159,11 +159,16 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
 
 static bool check_workers(broker *b, bool text, verdict *v)
 {
-    const char *missing = !registry_count(b, TP_STAGE_FORWARD) ? "forward"
-                        : !registry_count(b, TP_STAGE_STOP) ? "stop"
-                        : !registry_count(b, TP_STAGE_SAMPLE) ? "sample"
-                        : text && !registry_count(b, TP_STAGE_TOKENIZE) ? "tokenize"
-                        : NULL;
+    unsigned need[] = {TP_STAGE_FORWARD, TP_STAGE_STOP, TP_STAGE_SAMPLE, TP_STAGE_TOKENIZE};
+    unsigned bit = 0;
+    for (size_t i = 0; i < (text ? 4u : 3u) && !bit; i++)
+        if (!registry_count(b, need[i]))
+            bit = need[i];
+    const char *missing = bit ? tp_stage_name(bit) : NULL;
+    if (missing && (b->stages_failed & bit))
+        return bad(v, TP_ST_UNAVAILABLE, "",
+                   "no %s worker: the ones tokpiped starts fail at start (bad model or configuration; "
+                   "tokpiped's log says why) and are no longer restarted", missing);
     if (missing)
         return bad(v, TP_ST_UNAVAILABLE, "", "no %s worker is registered yet; retry later", missing);
     return true;
@@ -323,6 +328,8 @@ static void on_cancel(broker *b, const reply_to *to, const tp_msg *m)
 
 static int state_of(const bjob *j)
 {
+    if (j->result_ready)   /* its FINISH went out: the result is final, whatever the workers still do */
+        return TP_STATE_FINISHED;
     switch (j->state) {
     case J_TOKENIZE:
     case J_ADMIT:
@@ -361,7 +368,8 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
      * can continue from the events after it */
     static const int32_t none[1];
     bool done = s->state == TP_STATE_FINISHED;
-    s->tokens = done ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
+    bool table = j->state == J_FINISHED;   /* else shown[]: the events up to now, FINISH included */
+    s->tokens = table ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
     s->completion_tokens = (uint32_t)s->tokens.n;
     if (done) {
         s->reason = j->reason;
@@ -394,12 +402,14 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
     s->zap_refused = tp_zsec_server_refused(b->zsec);
+    s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;
     memcpy(s->recovered, st->recovered, sizeof s->recovered);
     s->recovery_count = st->recovery_n;
     s->recovery_ms_total = st->recovery_ms_sum;
     s->recovery_ms_max = st->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
+    s->events_refused = st->events_refused;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);

@@ -173,7 +173,9 @@ static const field stats_reply_f[] = {
     F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
     F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
-    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0), END,
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
+    {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)},
+    F_U64("events_refused", ST(events_refused), 0), END,
 };
 
 /* ---- EVT1 ---- */
@@ -182,7 +184,7 @@ static const field token_f[] = {
     F_JOBID("job_id", M(token.job_id), FF_REQUIRED | FF_NONEMPTY),
     F_U32("seq", M(token.seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("index", M(token.index), FF_REQUIRED, 0, UINT32_MAX),
-    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), END,
+    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), F_U64("pin", M(token.pin), 0), END,
 };
 static const pframe token_p[] = {{"ids", M(token.ids), 4, 0}, {NULL, 0, 0, 0}};
 
@@ -198,7 +200,7 @@ static const field finish_f[] = {
     F_U32("completion_tokens", FI(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U64("text_len", FI(text_len), FF_REQUIRED), F_U64("queue_us", FI(timings.queue_us), FF_REQUIRED),
     F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
-    END,
+    F_U64("pin", FI(pin), 0), END,
 };
 
 static const field beat_f[] = {
@@ -305,7 +307,8 @@ static const field stop_open_f[] = {
     F_U32("prompt_tokens", SO(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_I32("prev_token", SO(prev_token), FF_REQUIRED, -1, INT32_MAX),
     F_U32("next_seq", SO(next_seq), FF_REQUIRED, 0, UINT32_MAX),
-    F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED), END,
+    F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED),
+    F_U64("pin", SO(pin), 0), END,
 };
 static const pframe stop_open_p[] = {{"replay", SO(replay), 4, 0}, {NULL, 0, 0, 0}};
 

@@ -154,17 +154,22 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"forward_rows", s->forward_rows}, {"forward_tokens", s->forward_tokens},
         {"zap_refused", s->zap_refused}, {"jobs_running", s->jobs_running}, {"jobs_waiting", s->jobs_waiting},
         {"kv_slots_used", s->kv_slots_used}, {"kv_slots_total", s->kv_slots_total},
-        {"zap_refused", s->zap_refused}, {"workers_lost", s->workers_lost},
+        {"workers_lost", s->workers_lost},
         {"recovered_tokenize", s->recovered[0]}, {"recovered_forward", s->recovered[1]},
         {"recovered_sample", s->recovered[2]}, {"recovered_stop", s->recovered[3]},
         {"recovery_count", s->recovery_count}, {"recovery_ms_total", s->recovery_ms_total},
         {"recovery_ms_max", s->recovery_ms_max}, {"events_duplicate", s->events_duplicate},
+        {"events_refused", s->events_refused},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);
     cJSON *w = cJSON_AddObjectToObject(o, "workers");
     for (unsigned b = 0; b < 4; b++)
         cJSON_AddNumberToObject(w, tp_stage_name(1u << b), (double)s->workers[b]);
+    cJSON *failed = cJSON_AddArrayToObject(o, "stages_failed");
+    for (unsigned b = 0; b < 4; b++)
+        if (s->stages_failed & (1u << b))
+            cJSON_AddItemToArray(failed, cJSON_CreateString(tp_stage_name(1u << b)));
     cJSON *f = cJSON_AddObjectToObject(o, "finish");
     for (int r = 1; r < TP_REASON_COUNT; r++)
         cJSON_AddNumberToObject(f, tp_reason_name(r), (double)s->finish[r]);

@@ -68,7 +68,10 @@ static void usage(FILE *out)
             "                   --stages is the same)\n"
             "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
             "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
-            "  --help           this text\n",
+            "  --help           this text\n"
+            "\n"
+            "Exit status: 0 after SIGTERM/SIGINT, 2 bad flags or configuration, 3 the model or its\n"
+            "vocabulary cannot be loaded (tokpiped stops restarting a worker that keeps exiting 2 or 3).\n",
             TP_CONFIG_DEFAULT_PATH);
 }
 
@@ -176,6 +179,8 @@ static int load_stages(worker *w, tp_err *err)
     if ((w->stages & (1u << TP_SI_FORWARD)) &&
         (rc = tp_forward_stage_new(w->model, c->kv_slots, c->kv_max_pos, c->max_batch_tokens, c->forward_threads,
                                    &w->forward, err)))
+        return rc;
+    if (w->forward && (rc = tp_forward_stage_set_kv_type(w->forward, (tp_kv_type)c->kv_type, err)))
         return rc;
     if (w->forward && c->forward_kernel != TP_FWD_KERNEL_INVARIANT) {
         if ((rc = tp_forward_stage_set_kernel(w->forward, (tp_fwd_kernel)c->forward_kernel, err)))
@@ -504,7 +509,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpipe-worker %s: %s\n", w.instance, e.msg);
         free_stages(&w);
         tp_config_free(&w.cfg);
-        return 1;
+        return TP_EXIT_BAD_MODEL;
     }
     fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s\n", w.instance, stages, w.cfg.ep_back);
     rc = g_quit ? 0 : run(&w);

@@ -380,6 +380,8 @@ typedef struct tp_m_stats_reply {
     uint64_t recovery_count;       /* recoveries timed: loss -> the job's next event */
     uint64_t recovery_ms_total, recovery_ms_max;
     uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
+    unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
+    uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
 } tp_m_stats_reply;
 
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
@@ -390,6 +392,7 @@ typedef struct tp_m_token {
     uint32_t index;        /* completion tokens accepted before this event */
     tp_str text;           /* UTF-8 delta, may be empty (held back) */
     tp_raw ids;            /* int32 frame: accepted token ids */
+    uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
 } tp_m_token;
 
 /* The topic of the broker's EVT1 HEARTBEAT. '@' is not a job id character,
@@ -415,6 +418,7 @@ typedef struct tp_m_finish {
     uint32_t completion_tokens;
     uint64_t text_len;     /* bytes of the final text */
     tp_timings timings;
+    uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
 } tp_m_finish;
 
 /* ---- WRK1 messages ------------------------------------------------------ */
@@ -535,6 +539,8 @@ typedef struct tp_m_stop_open {
     uint64_t t_submit_us;      /* CLOCK_REALTIME of SUBMIT */
     uint64_t t_start_us;       /* CLOCK_REALTIME of the first forward step */
     tp_raw replay;             /* i32 frame: accepted ids to re-feed silently */
+    uint64_t pin;              /* random, nonzero: echoed in every event of the job, so the
+                                * broker believes only the worker the job is pinned to */
 } tp_m_stop_open;
 
 typedef struct tp_m_stop_close {

@@ -17,6 +17,7 @@ typedef struct stop_job {
     tp_stop *stop;
     tp_detok *detok;
     uint32_t seq;             /* next event seq */
+    uint64_t pin;             /* from STOP_OPEN, in every event */
     uint32_t prompt_tokens;
     uint64_t t_submit_us, t_start_us, t_first_us;
 } stop_job;
@@ -93,6 +94,7 @@ static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, 
     ev.token.index = (uint32_t)tp_stop_completion_tokens(j->stop) - 1;
     ev.token.text = (tp_str){text, len};
     ev.token.ids = (tp_raw){&id, 1};
+    ev.token.pin = j->pin;
     return io->publish(io->ctx, &ev);
 }
 
@@ -104,6 +106,7 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
     tp_m_finish *f = &ev.finish;
     f->job_id = tp_str_of(j->job_id);
     f->seq = j->seq++;
+    f->pin = j->pin;
     f->reason = (int)s->finish;   /* tp_finish_reason and TP_REASON_* share numbers */
     if (s->matched_str)
         f->matched = (tp_matched){.kind = TP_MATCHED_STR, .str = {s->matched_str, s->matched_len}};
@@ -209,6 +212,7 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     memcpy(j->job_id, o->job_id.ptr, o->job_id.len);
     j->job_id[o->job_id.len] = '\0';
     j->seq = o->next_seq;
+    j->pin = o->pin;
     j->prompt_tokens = o->prompt_tokens;
     j->t_submit_us = o->t_submit_us;
     j->t_start_us = o->t_start_us;
