@@ -197,6 +197,40 @@ class ChatJobsEndOnTheTemplatesEndOfTurnToken(unittest.TestCase):
         finally:
             d.stop()
 
+    def test_a_daemon_whose_model_has_no_template_fails_messages_jobs_saying_what_to_set(self):
+        d = Daemon(os.path.join(MODELS, "stories260K.gguf"), "")
+        try:
+            rc, out, err = d.generate("--message", "user=Hi")
+            self.assertEqual(rc, 1, out)
+            self.assertIn("messages: no usable chat template", err)
+            self.assertIn("model.chat_template", err)
+            rc, out, err = d.generate("--prompt", "Once upon a time")   # prompts still work
+            self.assertEqual(rc, 0, err)
+        finally:
+            d.stop()
+
+    def test_messages_file_equals_message_flags_and_bad_files_name_the_field(self):
+        conv = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Say hello"},
+                {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Again"}]
+        path = os.path.join(self.dir, "conv.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"messages": conv}, f)
+        flags = run_inprocess(self.end_model, PHI35_TEMPLATE, *CONVERSATION)
+        from_file = run_inprocess(self.end_model, PHI35_TEMPLATE, "--messages", path)
+        self.assertEqual(from_file[0], 0, from_file[2])
+        self.assertEqual(json.loads(from_file[1]), json.loads(flags[1]))
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump([{"role": "user", "content": "Hi", "name": "bob"}], f)
+        rc, out, err = run_inprocess(self.end_model, PHI35_TEMPLATE, "--messages", path)
+        self.assertEqual(rc, 2, out)
+        self.assertIn("messages[0].name: unknown key", err)
+        rc, out, err = run_inprocess(self.end_model, PHI35_TEMPLATE, "--message", "no-equals-sign")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("ROLE=TEXT", err)
+        rc, out, err = run_inprocess(self.end_model, PHI35_TEMPLATE, "--message", "user=a", "--prompt", "b")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("not both", err)
+
     def test_a_model_without_a_template_refuses_messages_clearly(self):
         p = subprocess.run([TOKPIPE, "run", "--model", os.path.join(MODELS, "stories260K.bin"), "--tokenizer",
                             os.path.join(MODELS, "tok512.bin"), "--message", "user=Hi"], capture_output=True,
