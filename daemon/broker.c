@@ -66,6 +66,12 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
     f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
+    if (j->params.set & TP_P_SEED)
+        f->set |= TP_ACK_SEED, f->seed = j->params.seed;
+    if (j->context_refused) {
+        f->error_code = tp_str_of(TP_CODE_CONTEXT);
+        f->context_length = j->context_refused;
+    }
     tp_err e;
     tp_wire w;
     if (tp_proto_encode(&ev, &w, &e) == 0) {
@@ -264,6 +270,7 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
+    info_free(b);
     tp_zsec_server_free(b->zsec);
     if (b->zctx)
         zmq_ctx_term(b->zctx);

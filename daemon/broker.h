@@ -127,6 +127,8 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
+    uint32_t context_refused;       /* the prompt did not fit: the context length (FINISH error_code) */
+    struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
     uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
@@ -206,6 +208,7 @@ typedef struct broker {
     bchild *children;
     int n_children;
     bool spawn;
+    struct binfo *info;             /* INFO: the model's optional READY keys (info.c) */
     unsigned stages_failed;         /* TP_STAGE_* of spawned workers given up on */
     int64_t refused_log_ms;         /* last log line about a refused event */
 
@@ -269,6 +272,14 @@ void sched_free(broker *b);
 /* front.c */
 void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many);
 
+/* joblp.c */
+void joblp_on_token(bjob *j, const tp_m_token *t);
+tp_lp_cols joblp_status(const bjob *j, size_t n_tokens);
+void joblp_free(bjob *j);
+/* info.c */
+void info_on_ready(broker *b, const tp_m_ready *r);
+void info_reply(broker *b, uint64_t req, tp_msg *r);
+void info_free(broker *b);
 /* spawn.c */
 int spawn_init(broker *b, tp_err *err);
 void spawn_tick(broker *b, int64_t now);

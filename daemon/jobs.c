@@ -45,6 +45,7 @@ static void job_clear(bjob *j)
     free(j->shown);
     free(j->matched_buf);
     free(j->job_error);
+    joblp_free(j);
     memset(j, 0, sizeof *j);
 }
 
@@ -383,6 +384,7 @@ void jobs_on_event(broker *b, const tp_msg *ev)
         j->n_tok_ids += (uint32_t)ev->token.ids.n;
         jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
         append_shown(j, ev->token.index, ev->token.ids);
+        joblp_on_token(j, &ev->token);
         metrics_on_token(&b->metrics, &j->t_last_token_us, ev->token.ids.n);
         return;
     }

@@ -163,6 +163,7 @@ static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
     w->eos = r->eos_id;
     w->worker_no = b->next_worker_no++;
     w->last_recv = w->last_send = tp_now_ms();
+    info_on_ready(b, r);
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_WELCOME);
     m.welcome.incarnation = b->incarnation;

@@ -111,7 +111,7 @@ class Daemon:
 
 
 def run_inprocess(model, template, *args):
-    p = subprocess.run([TOKPIPE, "run", "--model", model, "--chat-template", template, "--json",
+    p = subprocess.run([TOKPIPE, "run", "--model", model, "--chat-template", template, "--json", "--seed", "1",
                         "--temperature", "0", "--max-tokens", str(MAX_TOKENS), *args],
                        capture_output=True, timeout=120)
     return p.returncode, p.stdout.decode(), p.stderr.decode()

@@ -18,6 +18,7 @@
 #include "tokpipe/chat_template.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
+#include "tokpipe/ggml_types.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/tokenizer.h"
@@ -45,6 +46,8 @@ typedef struct worker {
     int64_t last_recv, last_send;
     uint64_t progress;
     volatile sig_atomic_t *quit;
+    int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
+    tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
 
 static volatile sig_atomic_t g_quit;
@@ -247,6 +250,32 @@ static int send_ready(worker *w)
     r->eos_id = w->tok ? tp_tokenizer_eos_id(w->tok) : 2;
     r->seq_len = w->forward ? (uint32_t)tp_forward_stage_max_positions(w->forward) : (uint32_t)mc->seq_len;
     r->max_batch_tokens = w->forward ? (uint32_t)tp_forward_stage_max_batch_tokens(w->forward) : 0;
+    /* For INFO: the ids that end generation (the stop stage's set), the
+     * weights' type (the first layer's FFN, the bulk of a model whose
+     * matrices mix types) and the special tokens. */
+    int32_t eog32[TP_WORKER_MAX_EOS];
+    for (int i = 0; i < w->n_eos; i++)
+        eog32[i] = w->eos[i];
+    r->eog_ids = eog32;
+    r->n_eog_ids = (size_t)w->n_eos;
+    const tp_model_weights *mw = tp_model_get_weights(w->model);
+    const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
+    r->weight_type = tp_str_of(wt ? wt->name : "");
+    int32_t *sp_ids = w->sp_ids;
+    tp_str *sp_pieces = w->sp_pieces;
+    size_t n_sp = 0;
+    for (int id = 0; w->tok && id < tp_tokenizer_vocab_size(w->tok) && n_sp < TP_PROTO_MAX_SPECIAL; id++) {
+        int t = tp_tokenizer_token_type(w->tok, id);
+        size_t len;
+        const char *piece = tp_tokenizer_piece(w->tok, id, &len);
+        if ((t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) && piece &&
+            len <= TP_PROTO_MAX_NAME && tp_proto_utf8_valid(piece, len)) {
+            sp_ids[n_sp] = id;
+            sp_pieces[n_sp++] = (tp_str){piece, len};
+        }
+    }
+    r->special_ids = sp_ids, r->n_special_ids = n_sp;
+    r->special_pieces = sp_pieces, r->n_special_pieces = n_sp;
     tp_err e;
     int rc = tp_zsend_msg(w->dealer, NULL, 0, &m, &e);
     if (rc)

@@ -79,6 +79,16 @@ int tp_sample_stage_pick(tp_sample_stage *st, uint32_t slot, uint32_t index, int
                          const float *logits, int32_t *candidate, tp_err *err);
 void tp_sample_stage_reset(tp_sample_stage *st);
 void tp_sample_stage_free(tp_sample_stage *st);
+/* Logprob columns of one reply (SAMPLED, or a fused STEP_RESULT): reset
+ * for up to n items (TP_ENOMEM if that cannot be held), then after item i's
+ * candidate was picked from logits, lp_item fills row i (nothing is
+ * computed for a job that did not ask), then lp_cols gives the columns of
+ * items [0, n) — with logprobs.data NULL when no job asked, so a reply
+ * without logprobs is what it always was. The columns borrow the stage's
+ * buffers until the next reset. */
+int tp_sample_stage_lp_reset(tp_sample_stage *st, uint32_t n);
+void tp_sample_stage_lp_item(tp_sample_stage *st, uint32_t i, uint32_t slot, const float *logits, int32_t cand);
+tp_lp_cols tp_sample_stage_lp_cols(tp_sample_stage *st, uint32_t n);
 
 /* ---- forward ----------------------------------------------------------- */
 typedef struct tp_forward_stage tp_forward_stage;
