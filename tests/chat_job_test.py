@@ -175,6 +175,10 @@ class ChatJobsEndOnTheTemplatesEndOfTurnToken(unittest.TestCase):
         d = Daemon(self.ph_model, self.ph_template)
         try:
             got = self.check_job(*d.generate(*CONVERSATION), "stop_token", PLACEHOLDER1)
+            # with a logit_bias (kept in the same block the end-of-turn ids are added to)
+            biased = self.check_job(*d.generate(*CONVERSATION, "--logit-bias", "100=-100", "--logit-bias", "7=-50"),
+                                    "stop_token", PLACEHOLDER1)
+            self.assertEqual(biased["tokens"], got["tokens"])
             # the same model on a plain prompt has no end-of-turn rule: it runs to length
             rc, out, err = d.generate("--prompt", "Say hello")
             self.assertEqual(rc, 0, err)
