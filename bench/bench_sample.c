@@ -252,7 +252,16 @@ static int ref_sample(ref_sampler *r, const float *logits)
 
 /* ns per token of reps passes over the rows with a fresh sampler whose
  * prompt is the set's greedy tokens (the penalty window starts full). */
+static double run_tokpipe_lp(const logit_set *set, const config *c, int top, int reps);
+
 static double run_tokpipe(const logit_set *set, const config *c, int reps)
+{
+    return run_tokpipe_lp(set, c, -1, reps);
+}
+
+/* top < 0: logprobs off (what every job that does not ask pays); else
+ * sample, then the raw logprob of the pick and the top `top` alternatives. */
+static double run_tokpipe_lp(const logit_set *set, const config *c, int top, int reps)
 {
     tp_sampler_params p = tp_sampler_params_default();
     p.temperature = c->temperature, p.top_k = c->top_k, p.top_p = c->top_p, p.min_p = c->min_p;
@@ -268,9 +277,18 @@ static double run_tokpipe(const logit_set *set, const config *c, int reps)
     for (int k = 0; k < reps; k++)
         for (int r = 0; r < ROWS; r++) {
             int32_t t;
-            if (tp_sampler_sample(s, set->rows + (size_t)r * set->vocab, &t, &e) ||
-                tp_sampler_accept(s, t, &e))
+            const float *row = set->rows + (size_t)r * set->vocab;
+            if (tp_sampler_sample(s, row, &t, &e))
                 die("tp_sampler_sample", &e);
+            if (top >= 0) {
+                tp_logprob alt[TP_SAMPLER_MAX_TOP_LOGPROBS];
+                float lp;
+                size_t n;
+                if (tp_sampler_logprobs(s, row, TP_LOGPROBS_RAW, t, (size_t)top, &lp, alt, &n, &e))
+                    die("tp_sampler_logprobs", &e);
+            }
+            if (tp_sampler_accept(s, t, &e))
+                die("tp_sampler_accept", &e);
         }
     double ns = (bench_now() - t0) * 1e9 / ((double)reps * ROWS);
     tp_sampler_free(s);
@@ -302,6 +320,31 @@ static double run_reference(const logit_set *set, const config *c, int reps)
     return ns;
 }
 
+/* What logprobs cost per token, against the same sampler with them off,
+ * all measured alternating in this run: "off" twice shows the noise. */
+static void bench_logprobs(const logit_set *set)
+{
+    static const int tops[] = {-1, 0, 5, 20, -1};
+    static const char *const names[] = {"off", "on, top 0", "on, top 5", "on, top 20", "off again"};
+    enum { NT = sizeof tops / sizeof *tops };
+    for (int ci = 0; ci < 2; ci++) {
+        const config *c = &CONFIGS[ci]; /* greedy, temperature 1 */
+        double t[NT][SAMPLES];
+        int reps[NT];
+        for (int k = 0; k < NT; k++)
+            reps[k] = (int)(SAMPLE_NS / (run_tokpipe_lp(set, c, tops[k], 1) * ROWS)) + 1;
+        for (int s = 0; s < SAMPLES; s++)
+            for (int k = 0; k < NT; k++)
+                t[k][s] = run_tokpipe_lp(set, c, tops[k], reps[k]);
+        double off = bench_median(t[0], SAMPLES);
+        printf("  logprobs, %-12s %10s %12s\n", c->name, "ns/token", "vs off");
+        for (int k = 0; k < NT; k++) {
+            double m = k ? bench_median(t[k], SAMPLES) : off;
+            printf("    %-20s %10.0f %+11.0f\n", names[k], m, m - off);
+        }
+    }
+}
+
 static void bench_set(const logit_set *set)
 {
     double std, top;
@@ -323,6 +366,7 @@ static void bench_set(const logit_set *set)
         double o = bench_median(ours, SAMPLES), b = bench_median(ref, SAMPLES);
         printf("  %-22s %12.0f %14.0f %7.1fx\n", c->name, o, b, b / o);
     }
+    bench_logprobs(set);
 }
 
 int main(void)

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tokpipe/model.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 
@@ -65,6 +66,12 @@ void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
     f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
+    if (j->params.set & TP_P_SEED)
+        f->set |= TP_ACK_SEED, f->seed = j->params.seed;
+    if (j->context_refused) {
+        f->error_code = tp_str_of(TP_CODE_CONTEXT);
+        f->context_length = j->context_refused;
+    }
     tp_err e;
     tp_wire w;
     if (tp_proto_encode(&ev, &w, &e) == 0) {
@@ -175,7 +182,40 @@ static void *make_socket(broker *b, int type, const char *ep, tp_zsec_role role,
         zmq_close(s);
         return NULL;
     }
+    /* the ipc form of roles: the runtime directory may be open to a group
+     * of clients (systemd: /run/tokpipe, group tokpipe), but only the
+     * broker's own user may reach the worker endpoints */
+    if (role == TP_ZSEC_WORKER && !strncmp(ep, "ipc://", 6) && ep[6] != '@' && chmod(ep + 6, 0600)) {
+        *rc = tp_err_set(err, TP_EIO, "chmod 0600 %s: %s", ep + 6, strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
     return s;
+}
+
+/* Read the model the config names, as a worker would, for the reference
+ * every READY must match: a corrupt file stops tokpiped at start, naming
+ * it, instead of leaving a broker that looks healthy while its workers
+ * fail. A file this host cannot read (workers elsewhere) is not an error:
+ * the first worker's model is the reference then. */
+static int load_model_ref(broker *b, tp_err *err)
+{
+    tp_model *m = NULL;
+    tp_err e;
+    tp_err_clear(&e);
+    int rc = tp_model_load(b->cfg->model_path, &m, &e);
+    if (rc == TP_EIO) {
+        broker_log(b, "model.path: %s: not readable here; the first worker's model is the reference", e.msg);
+        return 0;
+    }
+    if (rc)
+        return tp_err_set(err, rc, "model.path %s: %s", b->cfg->model_path, e.msg);
+    const tp_model_config *mc = tp_model_get_config(m);
+    snprintf(b->model_id, sizeof b->model_id, "%s", tp_model_identity(m));
+    b->model_vocab = (uint32_t)mc->vocab_size;
+    b->model_seq_len = (uint32_t)mc->seq_len;
+    tp_model_free(m);
+    return 0;
 }
 
 static void zsec_log(void *ctx, const char *line)
@@ -189,7 +229,7 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     b->t_start_ms = tp_now_ms();
     b->incarnation = tp_random_u64();
     int rc = jobs_init(b, err);
-    if (rc)
+    if (rc || (rc = load_model_ref(b, err)))
         return rc;
     if (mkdir(cfg->runtime_dir, 0700) && errno != EEXIST)
         return tp_err_set(err, TP_EIO, "runtime_dir %s: %s", cfg->runtime_dir, strerror(errno));
@@ -230,6 +270,7 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
+    info_free(b);
     tp_zsec_server_free(b->zsec);
     if (b->zctx)
         zmq_ctx_term(b->zctx);
@@ -254,6 +295,21 @@ static void on_event(broker *b, tp_zmsg *z)
         b->stats.malformed_events++;
         broker_log(b, "dropped a malformed event: %s",
                    z->dropped ? "too many frames" : m.cmd == TP_CMD_HEARTBEAT ? "a HEARTBEAT is the broker's" : e.msg);
+        tp_msg_clear(&m);
+        return;
+    }
+    if (!jobs_event_from_pinned(b, &m)) {
+        /* a forger, or a worker the job was moved away from: neither is
+         * believed nor forwarded */
+        b->stats.events_refused++;
+        int64_t now = tp_now_ms();
+        if (now - b->refused_log_ms >= 1000) {
+            b->refused_log_ms = now;
+            broker_log(b, "refused an event for job '%.*s': not from the stop worker it is pinned to (%llu so far)",
+                       (int)(m.cmd == TP_CMD_TOKEN ? m.token.job_id.len : m.finish.job_id.len),
+                       m.cmd == TP_CMD_TOKEN ? m.token.job_id.ptr : m.finish.job_id.ptr,
+                       (unsigned long long)b->stats.events_refused);
+        }
         tp_msg_clear(&m);
         return;
     }

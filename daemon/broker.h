@@ -30,7 +30,10 @@
  * bytes), so anything longer is an attack on the broker's memory: ZeroMQ
  * drops that connection before reading the message. */
 #define B_MAX_SUBSCRIPTION 1024
-#define B_TRIM_IDLE_MS 10000          /* idle this long: give freed memory back to the system */
+#define B_TRIM_IDLE_MS 10000
+#define B_MAX_FATAL_STARTS 3          /* a spawned worker exiting TP_EXIT_BAD_* this often in a row is given up */
+#define B_MAX_CAPACITY 65536          /* largest READY capacity believed */
+#define B_MAX_BATCH_TOKENS (1 << 20)  /* largest READY max_batch_tokens believed */          /* idle this long: give freed memory back to the system */
 #define B_BEAT_MIN_GAP_MS 10          /* extra heartbeats for new subscribers: at most one per this */
 #define B_RING 4                  /* candidates of one job awaiting stop verdicts (decode-ahead bound) */
 #define B_PROBE_MS 1000           /* after a backend disconnect: probe the workers this long */
@@ -100,6 +103,7 @@ typedef struct bjob {
     int engine_reason;              /* from VERDICTS, before the FINISH event */
     bool result_ready;              /* the FINISH event was seen */
     uint64_t open_task[3];          /* SEQ_OPEN, SAMPLE_OPEN, STOP_OPEN task ids */
+    uint64_t stop_pin;              /* of the last STOP_OPEN: its events must carry it */
     int64_t closing_since;
     /* times */
     uint64_t t_submit_wall, t_start_wall;
@@ -121,6 +125,8 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
+    uint32_t context_refused;       /* the prompt did not fit: the context length (FINISH error_code) */
+    struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
     uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
@@ -130,7 +136,7 @@ typedef struct bstats {
     uint64_t finish[TP_REASON_COUNT];
     uint64_t triggers_other;
     uint64_t forward_steps, forward_rows, forward_tokens;
-    uint64_t workers_lost, events_duplicate;
+    uint64_t workers_lost, events_duplicate, events_refused;
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
     uint64_t recovery_n, recovery_ms_sum, recovery_ms_max;
     size_t n_triggers;
@@ -150,6 +156,8 @@ typedef struct bchild {
     pid_t pid;                      /* 0 = not running */
     int backoff_ms;
     int64_t respawn_at, started_at;
+    int fatal_starts;               /* exits in a row that no respawn can fix */
+    bool failed;                    /* given up on: never started again */
 } bchild;
 
 /* Column buffers for building stage messages (reused, grown on demand). */
@@ -198,6 +206,15 @@ typedef struct broker {
     bchild *children;
     int n_children;
     bool spawn;
+    struct binfo *info;             /* INFO: the model's optional READY keys (info.c) */
+    unsigned stages_failed;         /* TP_STAGE_* of spawned workers given up on */
+    int64_t refused_log_ms;         /* last log line about a refused event */
+
+    /* The model the config names, as read by the broker at start: every
+     * worker's READY must match it (model_id[0] == 0: the file is not
+     * readable here, so the first worker's model is the reference). */
+    char model_id[TP_PROTO_MAX_MODEL_ID + 1];
+    uint32_t model_vocab, model_seq_len;
 } broker;
 
 /* broker.c */
@@ -221,6 +238,10 @@ int jobs_append_text(bjob *j, const char *s, size_t n);
 int jobs_append_out(bjob *j, int32_t id);
 int jobs_append_cand(bjob *j, int32_t id);
 bool jobs_event_wanted(broker *b, const tp_msg *ev);
+
+/* Is a TOKEN/FINISH from the stop worker its job is pinned to (it carries
+ * the pin of the job's last STOP_OPEN)? Events of unknown jobs are not. */
+bool jobs_event_from_pinned(broker *b, const tp_msg *ev);
 uint64_t jobs_text_total(const bjob *j);
 void jobs_on_event(broker *b, const tp_msg *ev);
 void jobs_mark_finished(broker *b, bjob *j);
@@ -249,6 +270,14 @@ void sched_free(broker *b);
 /* front.c */
 void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many);
 
+/* joblp.c */
+void joblp_on_token(bjob *j, const tp_m_token *t);
+tp_lp_cols joblp_status(const bjob *j, size_t n_tokens);
+void joblp_free(bjob *j);
+/* info.c */
+void info_on_ready(broker *b, const tp_m_ready *r);
+void info_reply(broker *b, uint64_t req, tp_msg *r);
+void info_free(broker *b);
 /* spawn.c */
 int spawn_init(broker *b, tp_err *err);
 void spawn_tick(broker *b, int64_t now);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "broker.h"
+#include "tokpipe/rand.h"
 #include "tokpipe/stop.h"
 #include "tokpipe/zwire.h"
 
@@ -81,6 +82,8 @@ typedef struct verdict {
     uint32_t status;
     char field[64];
     char msg[TP_PROTO_MAX_ERROR];
+    const char *code;          /* TP_CODE_* or NULL */
+    uint32_t prompt_tokens, context_length;   /* with TP_CODE_CONTEXT */
 } verdict;
 
 static bool bad(verdict *v, uint32_t status, const char *field, const char *fmt, ...)
@@ -111,14 +114,32 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
-    if (p->n_stop > (size_t)c->max_stop_strings)
-        return bad(v, TP_ST_TOO_LARGE, "params.stop", "params.stop: %zu strings, the limit is %d", p->n_stop,
-                   c->max_stop_strings);
+    /* the limit counts distinct strings: copies of one match as one */
+    if (p->n_stop > (size_t)c->max_stop_strings) {
+        const char **ss = calloc(p->n_stop, sizeof *ss);
+        size_t *ls = calloc(p->n_stop, sizeof *ls);
+        for (size_t i = 0; ss && ls && i < p->n_stop; i++)
+            ss[i] = p->stop[i].ptr, ls[i] = p->stop[i].len;
+        size_t distinct = ss && ls ? tp_stop_count_distinct(ss, ls, p->n_stop) : SIZE_MAX;
+        free(ss);
+        free(ls);
+        if (distinct == SIZE_MAX)
+            return bad(v, TP_ST_INTERNAL, "", "broker out of memory");
+        if (distinct > (size_t)c->max_stop_strings)
+            return bad(v, TP_ST_TOO_LARGE, "params.stop", "params.stop: %zu distinct strings, the limit is %d",
+                       distinct, c->max_stop_strings);
+    }
     for (size_t i = 0; i < p->n_stop; i++)
         if (p->stop[i].len > (size_t)c->max_stop_len) {
             char f[40];
             snprintf(f, sizeof f, "params.stop[%zu]", i);
             return bad(v, TP_ST_TOO_LARGE, f, "%s: %zu bytes, the limit is %d", f, p->stop[i].len, c->max_stop_len);
+        }
+    for (size_t i = 0; i < p->logit_bias.n; i++)
+        if ((uint32_t)p->logit_bias.ids[i] >= vocab) {
+            char f[48];
+            snprintf(f, sizeof f, "params.logit_bias.%d", (int)p->logit_bias.ids[i]);
+            return bad(v, TP_ST_BAD_REQUEST, f, "%s: token id outside the vocabulary [0, %u)", f, vocab);
         }
     if (p->n_stop_token_ids > (size_t)c->max_stop_ids)
         return bad(v, TP_ST_TOO_LARGE, "params.stop_token_ids", "params.stop_token_ids: %zu ids, the limit is %d",
@@ -159,11 +180,16 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
 
 static bool check_workers(broker *b, bool text, verdict *v)
 {
-    const char *missing = !registry_count(b, TP_STAGE_FORWARD) ? "forward"
-                        : !registry_count(b, TP_STAGE_STOP) ? "stop"
-                        : !registry_count(b, TP_STAGE_SAMPLE) ? "sample"
-                        : text && !registry_count(b, TP_STAGE_TOKENIZE) ? "tokenize"
-                        : NULL;
+    unsigned need[] = {TP_STAGE_FORWARD, TP_STAGE_STOP, TP_STAGE_SAMPLE, TP_STAGE_TOKENIZE};
+    unsigned bit = 0;
+    for (size_t i = 0; i < (text ? 4u : 3u) && !bit; i++)
+        if (!registry_count(b, need[i]))
+            bit = need[i];
+    const char *missing = bit ? tp_stage_name(bit) : NULL;
+    if (missing && (b->stages_failed & bit))
+        return bad(v, TP_ST_UNAVAILABLE, "",
+                   "no %s worker: the ones tokpiped starts fail at start (bad model or configuration; "
+                   "tokpiped's log says why) and are no longer restarted", missing);
     if (missing)
         return bad(v, TP_ST_UNAVAILABLE, "", "no %s worker is registered yet; retry later", missing);
     return true;
@@ -188,9 +214,16 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
     if ((s->prompt.ptr != NULL) && s->prompt.len == 0)
         return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: empty");
     if (!(s->prompt.ptr != NULL)) {
-        if (model && model->seq_len && s->prompt_ids.n >= model->seq_len)
-            return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: %zu tokens, the model's context holds %u",
-                       s->prompt_ids.n, model->seq_len);
+        size_t n = s->prompt_ids.n;
+        if ((s->params.set & TP_P_TRUNCATE_PROMPT) && n > (size_t)s->params.truncate_prompt_tokens)
+            n = (size_t)s->params.truncate_prompt_tokens;
+        if (model && model->seq_len && n >= model->seq_len) {
+            v->code = TP_CODE_CONTEXT;
+            v->prompt_tokens = (uint32_t)n;
+            v->context_length = model->seq_len;
+            return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: %zu tokens, the model's context holds %u", n,
+                       model->seq_len);
+        }
         for (size_t i = 0; i < s->prompt_ids.n; i++) {
             int32_t id = tp_raw_i32(s->prompt_ids, i);
             if (id < 0 || (uint32_t)id >= vocab)
@@ -224,6 +257,26 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         w += s->params.stop[i].len;
     }
     memcpy(p->stop_token_ids, s->params.stop_token_ids, s->params.n_stop_token_ids * sizeof *p->stop_token_ids);
+    /* logit_bias lives in the same block as the stop ids, so the job table
+     * frees it with them */
+    size_t nb = s->params.logit_bias.n, ni = s->params.n_stop_token_ids + 1;
+    if (nb) {
+        int32_t *blk = realloc(p->stop_token_ids, (ni + 2 * nb) * sizeof *blk);
+        if (!blk)
+            return TP_ENOMEM;
+        p->stop_token_ids = blk;
+        p->logit_bias.ids = blk + ni;
+        p->logit_bias.values = (float *)(void *)(blk + ni + nb);
+        memcpy(p->logit_bias.ids, s->params.logit_bias.ids, nb * sizeof *blk);
+        memcpy(p->logit_bias.values, s->params.logit_bias.values, nb * sizeof(float));
+    }
+    /* the request's frames go away: the mode becomes one of our literals */
+    if (p->set & TP_P_LOGPROBS_MODE)
+        p->logprobs_mode = tp_str_of(tp_params_lpmode(p) == TP_LPMODE_PROCESSED ? "processed" : "raw");
+    if (!(p->set & TP_P_SEED)) {   /* reported in ACK and FINISH, so the job can be replayed */
+        p->seed = tp_random_u64();
+        p->set |= TP_P_SEED;
+    }
     if ((s->prompt.ptr != NULL)) {
         if (!(j->prompt_text = malloc(s->prompt.len + 1)))
             return TP_ENOMEM;
@@ -231,10 +284,13 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         j->prompt_len = s->prompt.len;
         j->parse_special = s->parse_special;
     } else {
-        if (!(j->prompt = malloc(s->prompt_ids.n * sizeof *j->prompt)))
+        size_t n = s->prompt_ids.n, skip = 0;
+        if ((p->set & TP_P_TRUNCATE_PROMPT) && n > (size_t)p->truncate_prompt_tokens)
+            skip = n - (size_t)p->truncate_prompt_tokens;
+        if (!(j->prompt = malloc((n - skip) * sizeof *j->prompt)))
             return TP_ENOMEM;
-        tp_raw_copy(j->prompt, s->prompt_ids, 4);
-        j->n_prompt = (uint32_t)s->prompt_ids.n;
+        memcpy(j->prompt, (const char *)s->prompt_ids.data + skip * sizeof *j->prompt, (n - skip) * sizeof *j->prompt);
+        j->n_prompt = (uint32_t)(n - skip);
     }
     return 0;
 }
@@ -248,7 +304,17 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
         b->stats.jobs_rejected++;
         char id[TP_PROTO_MAX_JOB_ID + 1];
         snprintf(id, sizeof id, "%.*s", (int)s->job_id.len, s->job_id.ptr);
-        ack(b, to, m->req, v.status, id, v.field, "%s", v.msg);
+        tp_msg r;
+        tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ACK);
+        r.req = m->req;
+        r.status = v.status;
+        r.error = tp_str_of(v.msg[0] ? v.msg : "rejected");
+        r.ack.job_id = tp_str_of(id);
+        r.ack.field = tp_str_of(v.field);
+        r.ack.error_code = tp_str_of(v.code);
+        r.ack.prompt_tokens = v.prompt_tokens;
+        r.ack.context_length = v.context_length;
+        reply(b, to, &r);
         return;
     }
     char id[TP_PROTO_MAX_JOB_ID + 1];
@@ -266,7 +332,14 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     }
     j->t_submit_wall = tp_wall_us();
     j->t_submit_ms = tp_now_ms();
-    ack(b, to, m->req, TP_ST_OK, id, NULL, NULL);
+    tp_msg r;
+    tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ACK);
+    r.req = m->req;
+    r.status = TP_ST_OK;
+    r.ack.job_id = tp_str_of(id);
+    r.ack.set = TP_ACK_SEED;
+    r.ack.seed = j->params.seed;
+    reply(b, to, &r);
     sched_start_job(b, j);
     sched_run(b);
 }
@@ -337,6 +410,7 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
     bool table = j->state == J_FINISHED;   /* else shown[]: the events up to now, FINISH included */
     s->tokens = table ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
     s->completion_tokens = (uint32_t)s->tokens.n;
+    s->lp = joblp_status(j, s->tokens.n);
     if (done) {
         s->reason = j->reason;
         s->matched = j->matched;
@@ -368,12 +442,14 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
     s->zap_refused = tp_zsec_server_refused(b->zsec);
+    s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;
     memcpy(s->recovered, st->recovered, sizeof s->recovered);
     s->recovery_count = st->recovery_n;
     s->recovery_ms_total = st->recovery_ms_sum;
     s->recovery_ms_max = st->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
+    s->events_refused = st->events_refused;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);
@@ -445,6 +521,12 @@ void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many
     case TP_CMD_STATS:
         on_stats(b, &to, &m);
         break;
+    case TP_CMD_INFO: {
+        tp_msg r;
+        info_reply(b, m.req, &r);
+        reply(b, &to, &r);
+        break;
+    }
     default: {
         b->stats.malformed_front++;
         tp_msg r;

@@ -88,6 +88,35 @@ static void copy_name(char *dst, tp_str s)
     dst[n] = '\0';
 }
 
+/* Every field of a READY against the model the config names (or, when
+ * the broker could not read it, the first live worker's): a worker of
+ * another model, or one claiming a vocabulary or context the model does
+ * not have, would corrupt every job routed to it. */
+static bool ready_valid(const broker *b, const tp_m_ready *r, const char *model, char *why, size_t cap)
+{
+    const bworker *w = registry_model(b);
+    const char *ref = b->model_id[0] ? b->model_id : w ? w->model_id : NULL;
+    uint32_t vocab = b->model_id[0] ? b->model_vocab : w ? w->vocab : 0;
+    uint32_t seq = b->model_id[0] ? b->model_seq_len : 0;
+    if (!model[0])
+        snprintf(why, cap, "READY has an empty model_id");
+    else if (ref && strcmp(model, ref))
+        snprintf(why, cap, "model '%s' differs from '%s'", model, ref);
+    else if (vocab && r->vocab_size != vocab)
+        snprintf(why, cap, "vocab_size %u differs from the model's %u", r->vocab_size, vocab);
+    else if (seq && r->seq_len > seq)
+        snprintf(why, cap, "seq_len %u exceeds the model's context %u", r->seq_len, seq);
+    else if ((r->stages & TP_STAGE_FORWARD) && r->seq_len == 0)
+        snprintf(why, cap, "a forward worker with seq_len 0");
+    else if (r->capacity > B_MAX_CAPACITY)
+        snprintf(why, cap, "capacity %u exceeds %u", r->capacity, B_MAX_CAPACITY);
+    else if (r->max_batch_tokens > B_MAX_BATCH_TOKENS)
+        snprintf(why, cap, "max_batch_tokens %u exceeds %u", r->max_batch_tokens, B_MAX_BATCH_TOKENS);
+    else
+        return true;
+    return false;
+}
+
 static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
 {
     int old = registry_find(b, ident->data, ident->len);
@@ -99,15 +128,14 @@ static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
         b->stats.workers_lost++;
         sched_worker_lost(b, old);
     }
-    const bworker *ref = registry_model(b);
     char model[TP_PROTO_MAX_MODEL_ID + 1];
     size_t ml = r->model_id.len > TP_PROTO_MAX_MODEL_ID ? TP_PROTO_MAX_MODEL_ID : r->model_id.len;
     memcpy(model, r->model_id.ptr, ml);
     model[ml] = '\0';
-    if (ref && model[0] && strcmp(ref->model_id, model)) {
-        broker_log(b, "refusing worker %.*s: model '%s' differs from '%s'", (int)r->instance.len, r->instance.ptr,
-                   model, ref->model_id);
-        send_raw(b, ident, TP_CMD_DISCONNECT, "model differs from the other workers'");
+    char why[TP_PROTO_MAX_MODEL_ID * 2 + 120];
+    if (!ready_valid(b, r, model, why, sizeof why)) {
+        broker_log(b, "refusing worker %.*s: %s", (int)r->instance.len, r->instance.ptr, why);
+        send_raw(b, ident, TP_CMD_DISCONNECT, why);
         return;
     }
     int wi = -1;
@@ -135,6 +163,7 @@ static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
     w->eos = r->eos_id;
     w->worker_no = b->next_worker_no++;
     w->last_recv = w->last_send = tp_now_ms();
+    info_on_ready(b, r);
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_WELCOME);
     m.welcome.incarnation = b->incarnation;

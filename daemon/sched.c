@@ -303,19 +303,27 @@ static void on_tokenized(broker *b, int wi, const tp_msg *m)
     }
     const bworker *model = registry_model(b);
     uint32_t seq_len = model ? model->seq_len : 0;
-    if (m->tokenized.ids.n == 0 || (seq_len && m->tokenized.ids.n >= seq_len)) {
+    /* truncate_prompt_tokens keeps the last N ids (vLLM's rule) */
+    size_t n = m->tokenized.ids.n, skip = 0;
+    if ((j->params.set & TP_P_TRUNCATE_PROMPT) && n > (size_t)j->params.truncate_prompt_tokens)
+        skip = n - (size_t)j->params.truncate_prompt_tokens;
+    n -= skip;
+    if (n == 0 || (seq_len && n >= seq_len)) {
         char why[160];
-        snprintf(why, sizeof why, "prompt: %zu tokens, the model's context holds %u", m->tokenized.ids.n, seq_len);
+        snprintf(why, sizeof why, "prompt: %zu tokens, the model's context holds %u", n, seq_len);
+        /* FINISH says so with both counts and its own code, before any TOKEN */
+        j->n_prompt = (uint32_t)n;
+        j->context_refused = n ? seq_len : 0;
         sched_fail_job(b, j, why);
         return;
     }
-    j->prompt = malloc(m->tokenized.ids.n * sizeof *j->prompt);
+    j->prompt = malloc(n * sizeof *j->prompt);
     if (!j->prompt) {
         sched_fail_job(b, j, "broker out of memory");
         return;
     }
-    tp_raw_copy(j->prompt, m->tokenized.ids, 4);
-    j->n_prompt = (uint32_t)m->tokenized.ids.n;
+    memcpy(j->prompt, (const char *)m->tokenized.ids.data + skip * sizeof *j->prompt, n * sizeof *j->prompt);
+    j->n_prompt = (uint32_t)n;
     free(j->prompt_text);
     j->prompt_text = NULL;
     j->state = J_ADMIT;
@@ -450,6 +458,16 @@ static void attach_stop(broker *b, bjob *j, int t)
     o->t_submit_us = j->t_submit_wall;
     o->t_start_us = j->t_start_wall;
     o->replay = (tp_raw){j->cands, k};
+    /* a new pin per attachment: events of a worker the job left (lost, or
+     * stopped and running again) or of anyone else are not believed */
+    j->stop_pin = tp_random_u64() | 1;
+    o->pin = j->stop_pin;
+    /* admit lowered max_tokens to the room the context leaves: the stop
+     * worker's FINISH then says the context ended the job */
+    const bworker *model = registry_model(b);
+    uint32_t ctx = j->fwd >= 0 ? b->workers[j->fwd].seq_len : model ? model->seq_len : 0;
+    if (ctx && j->n_prompt + (uint32_t)j->params.max_tokens >= ctx)
+        o->context_length = ctx;
     j->open_task[2] = m.task;
     broker_send_worker(b, t, &m);
     /* the verdicts after the replayed tokens come again */
@@ -517,6 +535,7 @@ static bool admit(broker *b, bjob *j)
     if (j->n_prompt >= fw->seq_len) {
         char why[128];
         snprintf(why, sizeof why, "prompt: %u tokens, the model's context holds %u", j->n_prompt, fw->seq_len);
+        j->context_refused = fw->seq_len;
         sched_fail_job(b, j, why);
         return true;
     }
@@ -768,10 +787,46 @@ void sched_run(broker *b)
 
 /* ---- results ------------------------------------------------------------------ */
 
-/* The candidates of a step's output items go to the items' stop workers. */
-static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, const int32_t *cands, uint32_t n)
+/* Rows src[0, k) of the logprob columns lp (NULL or without frames: none),
+ * for the k candidates one stop worker gets. Owned by the caller. */
+typedef struct lp_pick {
+    float *lp, *top;
+    int32_t *ids;
+} lp_pick;
+
+static bool pick_lp(const tp_lp_cols *lp, const uint32_t *src, const uint32_t *sel, uint32_t k, lp_pick *out,
+                    tp_lp_cols *cols)
+{
+    size_t w = lp->top_n;
+    out->lp = malloc((k ? k : 1) * sizeof *out->lp);
+    size_t cells = (size_t)k * w > 0 ? (size_t)k * w : 1;
+    out->top = malloc(cells * sizeof *out->top);
+    out->ids = malloc(cells * sizeof *out->ids);
+    if (!out->lp || !out->top || !out->ids)
+        return false;
+    for (uint32_t i = 0; i < k; i++) {
+        size_t from = src[sel[i]];
+        out->lp[i] = tp_raw_f32(lp->logprobs, from);
+        for (size_t c = 0; c < w; c++) {
+            out->ids[i * w + c] = tp_raw_i32(lp->top_ids, from * w + c);
+            out->top[i * w + c] = tp_raw_f32(lp->top_logprobs, from * w + c);
+        }
+    }
+    *cols = (tp_lp_cols){lp->top_n, {out->lp, k}, {out->ids, k * w}, {out->top, k * w}};
+    return true;
+}
+
+/* The candidates of a step's output items go to the items' stop workers,
+ * with their logprob rows (src[i]: item i's row in lp) when the sampler
+ * sent any. */
+static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, const int32_t *cands, uint32_t n,
+                            const tp_lp_cols *lp, const uint32_t *src)
 {
     bcols *c = &b->cols;
+    bool with_lp = lp && lp->logprobs.data && src;
+    uint32_t *sel = with_lp ? malloc((n ? n : 1) * sizeof *sel) : NULL;
+    if (with_lp && !sel)
+        with_lp = false;   /* out of memory: the tokens still go on, without logprobs */
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
             continue;
@@ -782,6 +837,8 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
             bjob *j = jobs_by_slot(b, slots[i]);
             if (!j || j->stp != wi)
                 continue;
+            if (sel)
+                sel[k] = i;
             c->slots[k] = slots[i];
             c->cands[k++] = cands[i];
         }
@@ -794,8 +851,15 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         m.stop_step.n = k;
         m.stop_step.slots = (tp_raw){c->slots, k};
         m.stop_step.candidates = (tp_raw){c->cands, k};
+        lp_pick pk = {0};
+        if (with_lp && !pick_lp(lp, src, sel, k, &pk, &m.stop_step.lp))
+            m.stop_step.lp = (tp_lp_cols){0};
         broker_send_worker(b, wi, &m);
+        free(pk.lp);
+        free(pk.top);
+        free(pk.ids);
     }
+    free(sel);
 }
 
 /* ---- candidates and verdicts ---------------------------------------------- */
@@ -927,14 +991,16 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     /* output items move on; then whoever is still in FORWARD had none */
     uint32_t *slots = malloc((r->n ? r->n : 1) * sizeof *slots);
     int32_t *cands = malloc((r->n ? r->n : 1) * sizeof *cands);
+    uint32_t *src = malloc((r->n ? r->n : 1) * sizeof *src);
     uint32_t k = 0;
-    for (uint32_t i = 0; slots && cands && i < r->n; i++) {
+    for (uint32_t i = 0; slots && cands && src && i < r->n; i++) {
         bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_FORWARD);
         if (!j || j->fwd != wi)
             continue;
         if (r->sampled) {
             int32_t c = tp_raw_i32(r->out, i);
             on_candidate(b, j, c);
+            src[k] = i;
             slots[k] = j->slot;
             cands[k++] = c;
         } else {
@@ -943,13 +1009,14 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     }
     release_quiet_items(b, wi, r->step);
     if (r->sampled) {
-        send_candidates(b, r->step, slots, cands, k);
+        send_candidates(b, r->step, slots, cands, k, &r->lp, src);
         end_cancelled(b, slots, k);
     } else {
         send_sample(b, r->step, r);
     }
     free(slots);
     free(cands);
+    free(src);
 }
 
 static void on_sampled(broker *b, int wi, const tp_msg *m)
@@ -961,20 +1028,23 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
     }
     uint32_t *slots = malloc((r->n ? r->n : 1) * sizeof *slots);
     int32_t *cands = malloc((r->n ? r->n : 1) * sizeof *cands);
+    uint32_t *src = malloc((r->n ? r->n : 1) * sizeof *src);
     uint32_t k = 0;
-    for (uint32_t i = 0; slots && cands && i < r->n; i++) {
+    for (uint32_t i = 0; slots && cands && src && i < r->n; i++) {
         bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_SAMPLE);
         if (!j || j->smp != wi)
             continue;
         int32_t c = tp_raw_i32(r->candidates, i);
         on_candidate(b, j, c);
+        src[k] = i;
         slots[k] = j->slot;
         cands[k++] = c;
     }
-    send_candidates(b, r->step, slots, cands, k);
+    send_candidates(b, r->step, slots, cands, k, &r->lp, src);
     end_cancelled(b, slots, k);
     free(slots);
     free(cands);
+    free(src);
 }
 
 static void on_verdicts(broker *b, int wi, const tp_msg *m)

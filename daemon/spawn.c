@@ -141,6 +141,23 @@ static void reap(broker *b, int64_t now)
             if (now - c->started_at > HEALTHY_MS)
                 c->backoff_ms = b->cfg->respawn_init_ms;
             c->respawn_at = now + c->backoff_ms;
+            /* a bad model or config fails every start the same way:
+             * respawning forever would only hide it */
+            int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+            bool fatal = (code == TP_EXIT_BAD_CONFIG || code == TP_EXIT_BAD_MODEL) && now - c->started_at <= HEALTHY_MS;
+            c->fatal_starts = fatal ? c->fatal_starts + 1 : 0;
+            if (c->fatal_starts >= B_MAX_FATAL_STARTS && !b->draining) {
+                char stages[64];
+                stage_list(c->stages, stages, sizeof stages);
+                c->failed = true;
+                b->stages_failed |= c->stages;
+                broker_log(b, "%s exited with status %d (%s) %d times in a row at start: not starting it again; "
+                              "fix it (the line it logged says why) and restart tokpiped",
+                           c->stages ? stages : "tokpipe-http", code,
+                           code == TP_EXIT_BAD_MODEL ? "its model or vocabulary cannot be loaded" : "bad configuration",
+                           c->fatal_starts);
+                continue;
+            }
             if (!b->draining)
                 broker_log(b, "worker pid %d exited (%s %d); respawn in %d ms", (int)pid,
                            WIFSIGNALED(status) ? "signal" : "status",
@@ -157,7 +174,7 @@ void spawn_tick(broker *b, int64_t now)
         return;
     for (int i = 0; i < b->n_children; i++) {
         bchild *c = &b->children[i];
-        if (c->pid == 0 && now >= c->respawn_at) {
+        if (c->pid == 0 && !c->failed && now >= c->respawn_at) {
             c->pid = start_child(b, c);
             c->started_at = now;
             if (!c->pid)

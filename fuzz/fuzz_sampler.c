@@ -2,7 +2,9 @@
  * and logits (NaN and infinities included) all come from the input. Checks
  * the contract, not just memory safety: a sampled token is in range, never
  * banned before min_tokens, never a -inf/NaN logit while a finite one
- * exists, the same on a repeated call, and the logits are left unchanged. */
+ * exists, the same on a repeated call, the logits left unchanged, an id
+ * with a logit bias of -100 never picked, and the pick's logprobs (raw or
+ * processed) <= 0 with the alternatives ranked. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -37,7 +39,22 @@ static float logit(struct in *in)
     return (float)b / 8.0f - 16.0f;
 }
 
-static void check_step(tp_sampler *s, const tp_sampler_params *p, const float *logits, int v)
+/* logprobs of the pick: <= 0, alternatives ranked, at most n_top. */
+static void check_logprobs(tp_sampler *s, const float *logits, int32_t t, size_t n_top, int mode)
+{
+    tp_logprob top[8];
+    float lp;
+    size_t n = 99;
+    if (tp_sampler_logprobs(s, logits, mode ? TP_LOGPROBS_PROCESSED : TP_LOGPROBS_RAW, t, n_top, &lp, top, &n, NULL))
+        return;
+    if (n > n_top || lp > 1e-5f || isnan(lp))
+        abort();
+    for (size_t k = 0; k < n; k++)
+        if (top[k].logprob > 1e-5f || (k && top[k].logprob > top[k - 1].logprob))
+            abort();
+}
+
+static void check_step(tp_sampler *s, const tp_sampler_params *p, const float *logits, int v, size_t n_top, int mode)
 {
     float copy[64];
     memcpy(copy, logits, sizeof *logits * v);
@@ -54,12 +71,16 @@ static void check_step(tp_sampler *s, const tp_sampler_params *p, const float *l
         banned |= p->ban_ids[k] == t;
     if (banned && tp_sampler_n_accepted(s) < (size_t)p->min_tokens)
         abort();
+    for (size_t k = 0; k < p->n_bias; k++)   /* a bias of -100 bans outright */
+        if (p->bias_ids[k] == t && p->bias_values[k] <= -100.0f)
+            abort();
     if (!(logits[t] > -INFINITY)) {
         for (int i = 0; i < v; i++) /* only allowed if nothing finite was allowed */
             if (isfinite(logits[i]) && p->repetition_penalty == 1.0f &&
-                p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->n_ban)
+                p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->n_ban && !p->n_bias)
                 abort();
     }
+    check_logprobs(s, logits, t, n_top, mode);
     tp_sampler_accept(s, t, NULL);
 }
 
@@ -86,6 +107,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n_prompt = byte(&in) % 17;
     for (size_t k = 0; k < n_prompt; k++)
         prompt[k] = (int32_t)byte(&in) % v;
+    uint8_t typ = byte(&in);
+    p.typical_p = typ < 128 ? 1.0f : (float)(typ - 128) / 120.0f; /* 0 and past 1: invalid too */
+    int32_t bias_ids[3];
+    float bias_values[3];
+    p.n_bias = byte(&in) % 4;
+    for (size_t k = 0; k < p.n_bias; k++) {
+        bias_ids[k] = (int32_t)byte(&in) % (v + 1);
+        bias_values[k] = ((float)byte(&in) - 128.0f) * 0.8f; /* [-102.4, 101.6]: some out of range */
+    }
+    p.bias_ids = bias_ids;
+    p.bias_values = bias_values;
+    uint8_t lpb = byte(&in);
+    size_t n_top = lpb % 9;
+    int mode = lpb >= 128;
     tp_sampler *s = NULL;
     if (tp_sampler_new(&p, v, prompt, n_prompt, &s, NULL) != 0)
         return 0;
@@ -93,7 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int step = 0; step < 8 && in.n; step++) {
         for (int i = 0; i < v; i++)
             logits[i] = logit(&in);
-        check_step(s, &p, logits, v);
+        check_step(s, &p, logits, v, n_top, mode);
     }
     tp_sampler_free(s);
     return 0;

@@ -223,6 +223,7 @@ static int get_matched(dctx *c, const pathref *path, const msgpack_object *o, tp
 }
 
 static int decode_map(dctx *c, const table *t, char *base, const msgpack_object *o, const pathref *prefix);
+static int decode_f64(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path);
 
 
 static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
@@ -334,6 +335,53 @@ static int decode_triggers(dctx *c, const field *f, char *dst, const msgpack_obj
     return 0;
 }
 
+/* logit_bias: {id: bias}. Keys are the decimal id as str (OpenAI's JSON
+ * spelling) or an int; a key naming an id twice ("7" and "07") is an error. */
+static int decode_bias(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
+{
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return ferr(c, path, TP_EFORMAT, "expected a map of token id -> bias, got %s", type_name(o->type));
+    size_t n = o->via.map.size;
+    if (n > f->max)
+        return ferr(c, path, TP_ERANGE, "%zu entries, at most %zu", n, f->max);
+    tp_logit_bias *b = (tp_logit_bias *)dst;
+    b->ids = msg_alloc(c->m, n * sizeof *b->ids);
+    b->values = msg_alloc(c->m, n * sizeof *b->values);
+    if (!b->ids || !b->values)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        int64_t id = -1;
+        pathref p = {path, NULL, 0, i};
+        if (kv->key.type == MSGPACK_OBJECT_STR) {
+            const char *k = kv->key.via.str.ptr;
+            size_t kl = kv->key.via.str.size;
+            p = (pathref){path, k, kl, 0};
+            id = 0;
+            for (size_t d = 0; d < kl && id >= 0; d++)
+                id = k[d] >= '0' && k[d] <= '9' && id <= INT32_MAX ? id * 10 + (k[d] - '0') : -1;
+            if (kl == 0 || kl > 10 || id < 0 || id > INT32_MAX)
+                return ferr(c, &p, TP_EINVAL, "the key must be a token id (decimal digits, at most %d)", INT32_MAX);
+        } else {
+            int rc = get_int(c, &p, &kv->key, 0, INT32_MAX, false, NULL, &id);
+            if (rc)
+                return rc;
+        }
+        field vf = {.type = FT_F64, .flo = f->flo, .fhi = f->fhi};
+        double v = 0.0;
+        int rc = decode_f64(c, &vf, (char *)&v, &kv->val, &p);
+        if (rc)
+            return rc;
+        for (size_t k = 0; k < i; k++)
+            if (b->ids[k] == id)
+                return ferr(c, &p, TP_EINVAL, "token id %lld given twice", (long long)id);
+        b->ids[i] = (int32_t)id;
+        b->values[i] = (float)v;
+    }
+    b->n = n;
+    return 0;
+}
+
 static int decode_named(dctx *c, char *dst, const msgpack_object *o, const pathref *path, bool reason)
 {
     tp_str s;
@@ -404,6 +452,7 @@ static int decode_value(dctx *c, const field *f, char *base, const msgpack_objec
     case FT_STAGES: return decode_stages(c, dst, o, path);
     case FT_MAP: return decode_map(c, f->sub, dst, o, path);
     case FT_TRIGGERS: return decode_triggers(c, f, dst, o, path);
+    case FT_BIAS: return decode_bias(c, f, dst, o, path);
     case FT_U64S: return decode_u64s(c, f, dst, o, path);
     }
     return ferr(c, path, TP_EINVAL, "internal: unknown field type");
@@ -523,6 +572,11 @@ static void fill_empty_arrays(const table *t, char *base)
         if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS || f->type == FT_U64S) &&
             !*arr)
             *arr = (void *)(uintptr_t)empty_array;
+        else if (f->type == FT_BIAS && !*arr) {
+            tp_logit_bias *b = (tp_logit_bias *)arr;
+            b->ids = (int32_t *)(uintptr_t)empty_array;
+            b->values = (float *)(uintptr_t)empty_array;
+        }
         else if (f->type == FT_MAP)
             fill_empty_arrays(f->sub, base + f->off);
     }

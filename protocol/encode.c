@@ -32,6 +32,7 @@ static bool present(const table *t, const field *f, const char *base)
     case FT_STATE: return *(const int *)p != 0;
     case FT_STAGES: return *(const unsigned *)p != 0;
     case FT_MAP: return f->sub->set_off < 0 || *(const uint32_t *)(p + f->sub->set_off) != 0;
+    case FT_BIAS: return ((const tp_logit_bias *)p)->n != 0;
     }
     return false;
 }
@@ -111,6 +112,16 @@ static int pack_value(msgpack_packer *pk, const field *f, const char *base)
     }
     case FT_STAGES: return pack_stages(pk, *(const unsigned *)p);
     case FT_MAP: return pack_map(pk, f->sub, p);
+    case FT_BIAS: {
+        const tp_logit_bias *b = (const tp_logit_bias *)p;
+        int rc = msgpack_pack_map(pk, b->n);
+        for (size_t i = 0; i < b->n && !rc; i++) {
+            char k[16];
+            int kl = snprintf(k, sizeof k, "%d", (int)b->ids[i]);
+            rc = pack_str(pk, k, (size_t)kl) || msgpack_pack_double(pk, b->values[i]);
+        }
+        return rc;
+    }
     }
     return -1;
 }

@@ -28,6 +28,11 @@
 #define STEPNO(o) F_U64("step", o, FF_REQUIRED)
 #define COUNT(k, o, lo, hi) F_U32(k, o, FF_REQUIRED, lo, hi)
 
+/* The logprob columns: a top_n header key and three optional frames. */
+#define TOP_N(o) F_U32("top_n", o, 0, 0, TP_PROTO_MAX_TOP_LOGPROBS)
+#define LP_FRAMES(o) {"logprobs", (o) + offsetof(tp_lp_cols, logprobs), 4, 1}, \
+    {"top_ids", (o) + offsetof(tp_lp_cols, top_ids), 4, 1}, {"top_logprobs", (o) + offsetof(tp_lp_cols, top_logprobs), 4, 1}
+
 /* ---- generation parameters ---- */
 
 static const field params_fields[] = {
@@ -53,6 +58,17 @@ static const field params_fields[] = {
     {.key = "ignore_eos", .type = FT_BOOL, .off = P(ignore_eos), .setbit = TP_P_IGNORE_EOS},
     {.key = "include_stop_str_in_output", .type = FT_BOOL, .off = P(include_stop_str_in_output),
      .setbit = TP_P_INCLUDE_STOP},
+    {.key = "logprobs", .type = FT_BOOL, .off = P(logprobs), .setbit = TP_P_LOGPROBS},
+    {.key = "top_logprobs", .type = FT_I32, .off = P(top_logprobs), .ilo = 0, .ihi = TP_PROTO_MAX_TOP_LOGPROBS,
+     .setbit = TP_P_TOP_LOGPROBS},
+    {.key = "logprobs_mode", .type = FT_STR, .off = P(logprobs_mode), .max = TP_PROTO_MAX_NAME,
+     .setbit = TP_P_LOGPROBS_MODE},
+    {.key = "typical_p", .type = FT_F64, .off = P(typical_p), .flags = FF_LO_OPEN, .flo = 0, .fhi = 1,
+     .setbit = TP_P_TYPICAL_P},
+    {.key = "logit_bias", .type = FT_BIAS, .off = P(logit_bias), .flo = -100, .fhi = 100,
+     .max = TP_PROTO_MAX_LOGIT_BIAS, .setbit = TP_P_LOGIT_BIAS},
+    {.key = "truncate_prompt_tokens", .type = FT_I32, .off = P(truncate_prompt_tokens), .ilo = 1,
+     .ihi = INT32_MAX, .setbit = TP_P_TRUNCATE_PROMPT},
     END,
 };
 static const table params_table = {params_fields, (long)P(set)};
@@ -95,13 +111,19 @@ static const field submit_f[] = {
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
 
+#define ERROR_CODE(o) F_STR("error_code", o, 0, TP_PROTO_MAX_NAME)
 static const field ack_f[] = {
     REQ, STATUS, ERROR, F_JOBID("job_id", M(ack.job_id), FF_REQUIRED),
-    F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME), END,
+    F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME),
+    {.key = "seed", .type = FT_U64, .off = M(ack.seed), .setbit = TP_ACK_SEED},
+    ERROR_CODE(M(ack.error_code)), F_U32("prompt_tokens", M(ack.prompt_tokens), 0, 0, UINT32_MAX),
+    F_U32("context_length", M(ack.context_length), 0, 0, UINT32_MAX), END,
 };
 static const field error_f[] = {
     REQ, STATUS, F_STR("error", M(error), FF_REQUIRED, TP_PROTO_MAX_ERROR),
-    F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME), END,
+    F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME), ERROR_CODE(M(ack.error_code)),
+    F_U32("prompt_tokens", M(ack.prompt_tokens), 0, 0, UINT32_MAX),
+    F_U32("context_length", M(ack.context_length), 0, 0, UINT32_MAX), END,
 };
 static const field jobref_f[] = {REQ, F_JOBID("job_id", M(jobref.job_id), FF_REQUIRED | FF_NONEMPTY), END};
 
@@ -117,9 +139,9 @@ static const field status_reply_f[] = {
     F_STR("text", SR(text), 0, TP_PROTO_MAX_TEXT), F_U64("text_len", SR(text_len), 0),
     F_STR("job_error", SR(job_error), 0, TP_PROTO_MAX_ERROR),
     F_U64("queue_us", SR(timings.queue_us), 0), F_U64("ttft_us", SR(timings.ttft_us), 0),
-    F_U64("total_us", SR(timings.total_us), 0), END,
+    F_U64("total_us", SR(timings.total_us), 0), TOP_N(SR(lp.top_n)), END,
 };
-static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, {NULL, 0, 0, 0}};
+static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, LP_FRAMES(SR(lp)), {NULL, 0, 0, 0}};
 
 static const field stats_f[] = {REQ, END};
 
@@ -170,7 +192,37 @@ static const field stats_reply_f[] = {
     F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
     F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
-    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0), END,
+    F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
+    {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)},
+    F_U64("events_refused", ST(events_refused), 0), END,
+};
+
+#define IR(m) M(info_reply.m)
+static const field limits_fields[] = {
+    F_U32("max_tokens", offsetof(tp_m_info_limits, max_tokens), 0, 0, UINT32_MAX),
+    F_U32("max_prompt_bytes", offsetof(tp_m_info_limits, max_prompt_bytes), 0, 0, UINT32_MAX),
+    F_U32("max_stop_strings", offsetof(tp_m_info_limits, max_stop_strings), 0, 0, UINT32_MAX),
+    F_U32("max_stop_len", offsetof(tp_m_info_limits, max_stop_len), 0, 0, UINT32_MAX),
+    F_U32("max_stop_ids", offsetof(tp_m_info_limits, max_stop_ids), 0, 0, UINT32_MAX),
+    F_U32("max_penalty_window", offsetof(tp_m_info_limits, max_penalty_window), 0, 0, UINT32_MAX),
+    F_U32("max_concurrent_jobs", offsetof(tp_m_info_limits, max_concurrent_jobs), 0, 0, UINT32_MAX),
+    F_U32("max_logit_bias", offsetof(tp_m_info_limits, max_logit_bias), 0, 0, UINT32_MAX),
+    F_U32("max_top_logprobs", offsetof(tp_m_info_limits, max_top_logprobs), 0, 0, UINT32_MAX), END,
+};
+static const table limits_table = {limits_fields, -1};
+#define SPECIAL_IDS(o) {.key = "special_ids", .type = FT_I32S, .off = o, .ilo = 0, .ihi = INT32_MAX, \
+                        .max = TP_PROTO_MAX_SPECIAL}
+#define SPECIAL_PIECES(o) {.key = "special_pieces", .type = FT_STRS, .off = o, .max = TP_PROTO_MAX_SPECIAL, \
+                           .max_elem = TP_PROTO_MAX_NAME}
+#define EOG_IDS(o) {.key = "eog_ids", .type = FT_I32S, .off = o, .ilo = 0, .ihi = INT32_MAX, .max = TP_PROTO_MAX_SPECIAL}
+static const field info_reply_f[] = {
+    REQ, STATUS, ERROR, F_STR("model_id", IR(model_id), FF_REQUIRED, TP_PROTO_MAX_MODEL_ID),
+    F_U32("vocab_size", IR(vocab_size), FF_REQUIRED, 0, TP_PROTO_MAX_VOCAB),
+    F_U32("context_length", IR(context_length), FF_REQUIRED, 0, UINT32_MAX),
+    F_I32("bos_id", IR(bos_id), FF_REQUIRED, -1, INT32_MAX), F_I32("eos_id", IR(eos_id), FF_REQUIRED, -1, INT32_MAX),
+    EOG_IDS(IR(eog_ids)), SPECIAL_IDS(IR(special_ids)), SPECIAL_PIECES(IR(special_pieces)),
+    F_BOOL("chat_template", IR(chat_template), 0), F_STR("weight_type", IR(weight_type), 0, TP_PROTO_MAX_NAME),
+    {.key = "limits", .type = FT_MAP, .off = IR(limits), .flags = FF_REQUIRED, .sub = &limits_table}, END,
 };
 
 /* ---- EVT1 ---- */
@@ -179,9 +231,9 @@ static const field token_f[] = {
     F_JOBID("job_id", M(token.job_id), FF_REQUIRED | FF_NONEMPTY),
     F_U32("seq", M(token.seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("index", M(token.index), FF_REQUIRED, 0, UINT32_MAX),
-    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), END,
+    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), TOP_N(M(token.lp.top_n)), F_U64("pin", M(token.pin), 0), END,
 };
-static const pframe token_p[] = {{"ids", M(token.ids), 4, 0}, {NULL, 0, 0, 0}};
+static const pframe token_p[] = {{"ids", M(token.ids), 4, 0}, LP_FRAMES(M(token.lp)), {NULL, 0, 0, 0}};
 
 #define FI(m) M(finish.m)
 static const field finish_f[] = {
@@ -195,6 +247,8 @@ static const field finish_f[] = {
     F_U32("completion_tokens", FI(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U64("text_len", FI(text_len), FF_REQUIRED), F_U64("queue_us", FI(timings.queue_us), FF_REQUIRED),
     F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
+    F_U64("pin", FI(pin), 0),     {.key = "seed", .type = FT_U64, .off = FI(seed), .setbit = TP_ACK_SEED}, ERROR_CODE(FI(error_code)),
+    F_U32("context_length", FI(context_length), 0, 0, UINT32_MAX), F_STR("detail", FI(detail), 0, TP_PROTO_MAX_NAME),
     END,
 };
 
@@ -218,7 +272,9 @@ static const field ready_f[] = {
     F_I32("bos_id", RD(bos_id), FF_REQUIRED, -1, INT32_MAX),
     F_I32("eos_id", RD(eos_id), FF_REQUIRED, -1, INT32_MAX),
     F_U32("seq_len", RD(seq_len), FF_REQUIRED, 0, UINT32_MAX),
-    F_U32("max_batch_tokens", RD(max_batch_tokens), FF_REQUIRED, 0, UINT32_MAX), END,
+    F_U32("max_batch_tokens", RD(max_batch_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    EOG_IDS(RD(eog_ids)), SPECIAL_IDS(RD(special_ids)), SPECIAL_PIECES(RD(special_pieces)),
+    F_BOOL("chat_template", RD(chat_template), 0), F_STR("weight_type", RD(weight_type), 0, TP_PROTO_MAX_NAME), END,
 };
 static const field welcome_f[] = {
     F_U64("incarnation", M(welcome.incarnation), FF_REQUIRED),
@@ -259,9 +315,12 @@ static const pframe step_p[] = {
 #define SR2(m) M(step_result.m)
 static const field step_result_f[] = {
     TASK, STATUS, ERROR, STEPNO(SR2(step)), COUNT("n", SR2(n), 0, TP_PROTO_MAX_ITEMS),
-    COUNT("vocab", SR2(vocab), 0, TP_PROTO_MAX_VOCAB), F_BOOL("sampled", SR2(sampled), FF_REQUIRED), END,
+    COUNT("vocab", SR2(vocab), 0, TP_PROTO_MAX_VOCAB), F_BOOL("sampled", SR2(sampled), FF_REQUIRED),
+    TOP_N(SR2(lp.top_n)), END,
 };
-static const pframe step_result_p[] = {{"slots", SR2(slots), 4, 1}, {"out", SR2(out), 4, 1}, {NULL, 0, 0, 0}};
+static const pframe step_result_p[] = {
+    {"slots", SR2(slots), 4, 1}, {"out", SR2(out), 4, 1}, LP_FRAMES(SR2(lp)), {NULL, 0, 0, 0},
+};
 
 static const field sample_open_f[] = {
     TASK, SLOT(M(sample_open.slot)), PARAMS(M(sample_open.params)),
@@ -283,9 +342,10 @@ static const pframe sample_p[] = {
 };
 
 static const field sampled_f[] = {TASK, STATUS, ERROR, STEPNO(M(sampled.step)),
-                                  COUNT("n", M(sampled.n), 0, TP_PROTO_MAX_ITEMS), END};
+                                  COUNT("n", M(sampled.n), 0, TP_PROTO_MAX_ITEMS), TOP_N(M(sampled.lp.top_n)), END};
 static const pframe sampled_p[] = {
-    {"slots", M(sampled.slots), 4, 1}, {"candidates", M(sampled.candidates), 4, 1}, {NULL, 0, 0, 0},
+    {"slots", M(sampled.slots), 4, 1}, {"candidates", M(sampled.candidates), 4, 1}, LP_FRAMES(M(sampled.lp)),
+    {NULL, 0, 0, 0},
 };
 
 #define SO(m) M(stop_open.m)
@@ -294,7 +354,8 @@ static const field stop_open_f[] = {
     F_U32("prompt_tokens", SO(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_I32("prev_token", SO(prev_token), FF_REQUIRED, -1, INT32_MAX),
     F_U32("next_seq", SO(next_seq), FF_REQUIRED, 0, UINT32_MAX),
-    F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED), END,
+    F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED),
+    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX), END,
 };
 static const pframe stop_open_p[] = {{"replay", SO(replay), 4, 0}, {NULL, 0, 0, 0}};
 
@@ -305,9 +366,11 @@ static const field stop_close_f[] = {
 };
 
 static const field stop_step_f[] = {TASK, STEPNO(M(stop_step.step)),
-                                    COUNT("n", M(stop_step.n), 1, TP_PROTO_MAX_ITEMS), END};
+                                    COUNT("n", M(stop_step.n), 1, TP_PROTO_MAX_ITEMS), TOP_N(M(stop_step.lp.top_n)),
+                                    END};
 static const pframe stop_step_p[] = {
-    {"slots", M(stop_step.slots), 4, 0}, {"candidates", M(stop_step.candidates), 4, 0}, {NULL, 0, 0, 0},
+    {"slots", M(stop_step.slots), 4, 0}, {"candidates", M(stop_step.candidates), 4, 0}, LP_FRAMES(M(stop_step.lp)),
+    {NULL, 0, 0, 0},
 };
 
 static const field verdicts_f[] = {TASK, STATUS, ERROR, STEPNO(M(verdicts.step)),
@@ -319,8 +382,23 @@ static const pframe verdicts_p[] = {
 
 /* ---- cross-field rules ---- */
 
+int tp_params_lpmode(const tp_params *p)
+{
+    return p->logprobs_mode.ptr && p->logprobs_mode.len == 9 && !memcmp(p->logprobs_mode.ptr, "processed", 9)
+               ? TP_LPMODE_PROCESSED
+               : TP_LPMODE_RAW;
+}
+
 static int params_check(const tp_params *p, const char *path, tp_err *err)
 {
+    if ((p->set & TP_P_LOGPROBS_MODE) &&
+        !((p->logprobs_mode.len == 3 && !memcmp(p->logprobs_mode.ptr, "raw", 3)) ||
+          tp_params_lpmode(p) == TP_LPMODE_PROCESSED))
+        return tp_err_set(err, TP_EINVAL, "%s.logprobs_mode: '%.*s' is not raw or processed", path,
+                          (int)(p->logprobs_mode.len > 32 ? 32 : p->logprobs_mode.len), p->logprobs_mode.ptr);
+    if (p->top_logprobs > 0 && !p->logprobs)
+        return tp_err_set(err, TP_EINVAL, "%s.top_logprobs: %d alternatives need logprobs: true", path,
+                          (int)p->top_logprobs);
     if ((p->set & TP_P_MIN_TOKENS) && (p->set & TP_P_MAX_TOKENS) && p->min_tokens > p->max_tokens)
         return tp_err_set(err, TP_EINVAL, "%s.min_tokens: %d is greater than max_tokens %d", path,
                           (int)p->min_tokens, (int)p->max_tokens);
@@ -332,6 +410,23 @@ static int want_count(tp_raw r, size_t n, const char *what, tp_err *err)
     if (r.n != n)
         return tp_err_set(err, TP_EFORMAT, "%s: %zu elements, header says %zu", what, r.n, n);
     return 0;
+}
+
+/* The logprob frames of n items: all three or none, counts per top_n. */
+static int check_lp(const tp_lp_cols *lp, size_t n, tp_err *err)
+{
+    if (!lp->logprobs.data) {
+        if (lp->top_n)
+            return tp_err_set(err, TP_EFORMAT, "logprobs: frame missing, top_n is %u", lp->top_n);
+        return 0;
+    }
+    if (!lp->top_ids.data || !lp->top_logprobs.data)
+        return tp_err_set(err, TP_EFORMAT, "top_ids: the logprobs frames come as three (logprobs, top_ids, top_logprobs)");
+    int rc;
+    if ((rc = want_count(lp->logprobs, n, "logprobs", err)) ||
+        (rc = want_count(lp->top_ids, n * lp->top_n, "top_ids", err)))
+        return rc;
+    return want_count(lp->top_logprobs, n * lp->top_n, "top_logprobs", err);
 }
 
 static int check_submit(tp_msg *m, tp_err *err)
@@ -362,7 +457,7 @@ static int check_status_reply(tp_msg *m, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame present for an unknown job");
     if (done && !r->tokens.data)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame missing for a finished job");
-    return 0;
+    return check_lp(&r->lp, r->tokens.n, err);
 }
 
 static int check_stats_reply(tp_msg *m, tp_err *err)
@@ -407,6 +502,9 @@ static int check_ready(tp_msg *m, tp_err *err)
 {
     if (!m->ready.stages)
         return tp_err_set(err, TP_EINVAL, "stages: empty");
+    if (m->ready.n_special_ids != m->ready.n_special_pieces)
+        return tp_err_set(err, TP_EFORMAT, "special_pieces: %zu pieces for %zu special_ids",
+                          m->ready.n_special_pieces, m->ready.n_special_ids);
     return 0;
 }
 
@@ -465,6 +563,10 @@ static int check_step_result(tp_msg *m, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "vocab: 0 with logits");
     if ((rc = want_count(r->slots, r->n, "slots", err)))
         return rc;
+    if (!r->sampled && r->lp.logprobs.data)
+        return tp_err_set(err, TP_EFORMAT, "logprobs: only a sampled STEP_RESULT carries them");
+    if ((rc = check_lp(&r->lp, r->n, err)))
+        return rc;
     return want_count(r->out, r->sampled ? r->n : (size_t)r->n * r->vocab, "out", err);
 }
 
@@ -492,7 +594,8 @@ static int check_sampled(tp_msg *m, tp_err *err)
     int rc = ok_frames(m, &m->sampled.slots, err);
     if (rc || m->status != TP_ST_OK)
         return rc;
-    if ((rc = want_count(m->sampled.slots, m->sampled.n, "slots", err)))
+    if ((rc = want_count(m->sampled.slots, m->sampled.n, "slots", err)) ||
+        (rc = check_lp(&m->sampled.lp, m->sampled.n, err)))
         return rc;
     return want_count(m->sampled.candidates, m->sampled.n, "candidates", err);
 }
@@ -515,6 +618,8 @@ static int check_stop_close(tp_msg *m, tp_err *err)
 static int check_stop_step(tp_msg *m, tp_err *err)
 {
     int rc = want_count(m->stop_step.slots, m->stop_step.n, "slots", err);
+    if (!rc)
+        rc = check_lp(&m->stop_step.lp, m->stop_step.n, err);
     return rc ? rc : want_count(m->stop_step.candidates, m->stop_step.n, "candidates", err);
 }
 
@@ -537,21 +642,22 @@ static int check_verdicts(tp_msg *m, tp_err *err)
 }
 
 static int check_token_topic(tp_msg *m, tp_err *err);
+static int check_info_reply(tp_msg *m, tp_err *err);
 static int check_finish_topic(tp_msg *m, tp_err *err);
 static int check_beat_topic(tp_msg *m, tp_err *err);
 
 /* ---- the registry ---- */
 
-static const table T_submit = {submit_f, -1}, T_ack = {ack_f, -1}, T_error = {error_f, -1},
+static const table T_submit = {submit_f, -1}, T_ack = {ack_f, (long)M(ack.set)}, T_error = {error_f, -1},
                    T_jobref = {jobref_f, -1}, T_status_reply = {status_reply_f, -1}, T_stats = {stats_f, -1},
-                   T_stats_reply = {stats_reply_f, -1}, T_token = {token_f, -1}, T_finish = {finish_f, -1}, T_beat = {beat_f, -1},
+                   T_stats_reply = {stats_reply_f, -1}, T_token = {token_f, -1}, T_finish = {finish_f, (long)M(finish.set)}, T_beat = {beat_f, -1},
                    T_ready = {ready_f, -1}, T_welcome = {welcome_f, -1}, T_heartbeat = {heartbeat_f, -1},
                    T_disconnect = {disconnect_f, -1}, T_result = {result_f, -1}, T_tokenize = {tokenize_f, -1},
                    T_tokenized = {tokenized_f, -1}, T_slot = {slot_f, -1}, T_step = {step_f, -1},
                    T_step_result = {step_result_f, -1}, T_sample_open = {sample_open_f, -1},
                    T_sample = {sample_f, -1}, T_sampled = {sampled_f, -1}, T_stop_open = {stop_open_f, -1},
                    T_stop_close = {stop_close_f, -1}, T_stop_step = {stop_step_f, -1},
-                   T_verdicts = {verdicts_f, -1};
+                   T_verdicts = {verdicts_f, -1}, T_info_reply = {info_reply_f, -1};
 
 static const pframe no_frames[] = {{NULL, 0, 0, 0}};
 
@@ -563,6 +669,8 @@ static const mdesc descs[] = {
     {TP_FAM_JOB, TP_CMD_STATUS_REPLY, "STATUS_REPLY", &T_status_reply, status_reply_p, 1, check_status_reply},
     {TP_FAM_JOB, TP_CMD_STATS, "STATS", &T_stats, no_frames, 0, NULL},
     {TP_FAM_JOB, TP_CMD_STATS_REPLY, "STATS_REPLY", &T_stats_reply, no_frames, 1, check_stats_reply},
+    {TP_FAM_JOB, TP_CMD_INFO, "INFO", &T_stats, no_frames, 0, NULL},
+    {TP_FAM_JOB, TP_CMD_INFO_REPLY, "INFO_REPLY", &T_info_reply, no_frames, 1, check_info_reply},
     {TP_FAM_JOB, TP_CMD_ERROR, "ERROR", &T_error, no_frames, 1, NULL},
     {TP_FAM_EVT, TP_CMD_TOKEN, "TOKEN", &T_token, token_p, 1, check_token_topic},
     {TP_FAM_EVT, TP_CMD_FINISH, "FINISH", &T_finish, no_frames, 1, check_finish_topic},
@@ -590,7 +698,16 @@ static const mdesc descs[] = {
 
 static int check_token_topic(tp_msg *m, tp_err *err)
 {
-    return check_topic(m->token.job_id, m->topic, err);
+    int rc = check_topic(m->token.job_id, m->topic, err);
+    return rc ? rc : check_lp(&m->token.lp, m->token.ids.n, err);
+}
+
+static int check_info_reply(tp_msg *m, tp_err *err)
+{
+    if (m->info_reply.n_special_ids != m->info_reply.n_special_pieces)
+        return tp_err_set(err, TP_EFORMAT, "special_pieces: %zu pieces for %zu special_ids",
+                          m->info_reply.n_special_pieces, m->info_reply.n_special_ids);
+    return 0;
 }
 
 static int check_finish_topic(tp_msg *m, tp_err *err)

@@ -24,6 +24,7 @@ typedef enum {
     FT_STAGES,   /* unsigned: array of stage names -> bits */
     FT_MAP,      /* nested map, sub-table, base = field address */
     FT_TRIGGERS, /* tp_trigger * + size_t n: array of [matched, count, truncated] */
+    FT_BIAS,     /* tp_logit_bias: map of token id (decimal str or int) -> number */
     FT_U64S,     /* uint64_t * + size_t n (owned array) */
 } field_type;
 

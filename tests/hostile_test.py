@@ -43,9 +43,10 @@ class Daemon:
         models = os.path.abspath(MODELS)
         with open(self.config, "w") as f:
             f.write("runtime_dir: %s\n" % json.dumps(self.dir))
-            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
-                json.dumps(os.path.join(models, "stories260K.bin")),
-                json.dumps(os.path.join(models, "tok512.bin"))))
+            if "model:" not in extra:
+                f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
+                    json.dumps(os.path.join(models, "stories260K.bin")),
+                    json.dumps(os.path.join(models, "tok512.bin"))))
             f.write(extra)
         self.front = "ipc://" + os.path.join(self.dir, "front.sock")
         self.events = "ipc://" + os.path.join(self.dir, "events.sock")
@@ -241,6 +242,82 @@ class HostileClients(unittest.TestCase):
             self.assertIn(key + ": " + wire, p.stderr, "run and SUBMIT disagree on %s %r" % (flag, v))
         self.assert_still_serving("float32 refusals")
 
+    def test_forged_events_are_neither_forwarded_nor_believed(self):
+        # a process that reaches the publish socket (here: the same user on
+        # ipc) sends a FINISH for a running job without the job's pin
+        pub = self.ctx.socket(zmq.PUB)
+        pub.linger = 0
+        pub.connect("ipc://" + os.path.join(self.d.dir, "publish.sock"))
+        time.sleep(0.3)
+        job = "victim"
+        self.assertEqual(self.c.submit(job, max_tokens=200, temperature=0)["status"], 200)
+        forged = {"job_id": job, "seq": 1, "reason": "stop_string", "matched": "x", "text": "FORGED",
+                  "prompt_tokens": 1, "completion_tokens": 1, "text_len": 6, "queue_us": 0, "ttft_us": 0,
+                  "total_us": 0}
+        for pin in (None, 12345):
+            hdr = dict(forged) if pin is None else dict(forged, pin=pin)
+            pub.send_multipart([job.encode(), b"EVT1", b"\x02", msgpack.packb(hdr)])
+        self.c.wait_finished([job], 60)
+        fin = self.c.finish[job]
+        self.assertNotIn("FORGED", fin.get("text", "") + self.c.text.get(job, ""))
+        self.assertEqual(fin["reason"], "length", fin)
+        st = self.c.call(0x06, {})
+        self.assertGreaterEqual(st.get("events_refused", 0), 2, st)
+        status = self.c.call(0x04, {"job_id": job})
+        self.assertNotIn("FORGED", status.get("text", ""))
+        pub.close(0)
+
+    def fake_ready(self, **over):
+        """READY from a new worker connection; the broker's first answer."""
+        hdr = {"stages": ["sample"], "instance": "rogue", "incarnation": 7, "capacity": 4, "heartbeat_ms": 1000,
+               "model_id": self.model_id(), "vocab_size": 512, "bos_id": 1, "eos_id": 2, "seq_len": 512,
+               "max_batch_tokens": 0}
+        hdr.update(over)
+        d = self.ctx.socket(zmq.DEALER)
+        d.linger = 0
+        d.connect("ipc://" + os.path.join(self.d.dir, "back.sock"))
+        d.send_multipart([b"WRK1", b"\x01", msgpack.packb(hdr)])
+        self.assertTrue(d.poll(5000), "no answer to READY %r" % over)
+        f = d.recv_multipart()
+        d.close(0)
+        return f[1], msgpack.unpackb(f[2])
+
+    def model_id(self):
+        # what a real worker of this model sends: learn it from one READY
+        # the broker believed, via the log line of a refused variant
+        if not hasattr(self, "_model_id"):
+            cmd, rep = self.fake_ready_raw_model_id()
+            self._model_id = rep
+        return self._model_id
+
+    def fake_ready_raw_model_id(self):
+        d = self.ctx.socket(zmq.DEALER)
+        d.linger = 0
+        d.connect("ipc://" + os.path.join(self.d.dir, "back.sock"))
+        d.send_multipart([b"WRK1", b"\x01", msgpack.packb({
+            "stages": ["sample"], "instance": "probe", "incarnation": 1, "capacity": 1, "heartbeat_ms": 1000,
+            "model_id": "probe", "vocab_size": 512, "bos_id": 1, "eos_id": 2, "seq_len": 512,
+            "max_batch_tokens": 0})])
+        self.assertTrue(d.poll(5000))
+        f = d.recv_multipart()
+        d.close(0)
+        reason = msgpack.unpackb(f[2])["reason"]
+        # "model 'probe' differs from 'REF'"
+        return f[1], reason.split("differs from '", 1)[1][:-1]
+
+    def test_ready_is_validated_field_by_field(self):
+        # the real model id is accepted (WELCOME), anything else refused by name
+        cmd, rep = self.fake_ready()
+        self.assertEqual(cmd, b"\x02", "a READY matching the model was refused: %r" % rep)
+        bad = [({"model_id": ""}, "empty model_id"), ({"model_id": "x" * 40}, "differs"),
+               ({"vocab_size": 1 << 20}, "vocab_size"), ({"seq_len": (1 << 32) - 1}, "seq_len"),
+               ({"capacity": 1 << 30}, "capacity"), ({"max_batch_tokens": 1 << 30}, "max_batch_tokens")]
+        for over, word in bad:
+            cmd, rep = self.fake_ready(**over)
+            self.assertEqual(cmd, b"\x04", "READY %r was not refused: %r" % (over, rep))
+            self.assertIn(word, rep.get("reason", ""), over)
+        self.assert_still_serving("bad READYs")
+
     def test_a_job_id_long_subscription_still_gets_its_events(self):
         # the cap must not cut legitimate topics: a 64-byte job id
         job = "j" * 64
@@ -258,6 +335,53 @@ class HostileClients(unittest.TestCase):
                 self.assertEqual(f[0], job.encode())
                 got_finish = f[2] == b"\x02"
         self.assertTrue(got_finish, "a subscriber of a 64-byte job id got no FINISH")
+
+
+@unittest.skipUnless(os.access(TOKPIPED, os.X_OK), "tokpiped not built (run make)")
+class BrokenModels(unittest.TestCase):
+    def test_a_corrupt_model_stops_tokpiped_at_start_naming_it(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            bad = os.path.join(tmp, "bad.bin")
+            with open(os.path.join(os.path.abspath(MODELS), "stories260K.bin"), "rb") as f:
+                data = bytearray(f.read())
+            data[0:4] = (64 * 1024).to_bytes(4, "little")   # dim far beyond the file
+            with open(bad, "wb") as f:
+                f.write(data)
+            cfg = os.path.join(tmp, "c.yaml")
+            with open(cfg, "w") as f:
+                f.write("runtime_dir: %s\nmodel:\n  path: %s\n" % (json.dumps(tmp), json.dumps(bad)))
+            p = subprocess.run([TOKPIPED, "--config", cfg], capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(bad, p.stderr)
+
+    def test_workers_that_cannot_load_are_given_up_and_generate_says_so(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            bad = os.path.join(tmp, "vocab.bin")
+            with open(bad, "wb") as f:
+                f.write(b"not a vocabulary")
+            d = Daemon("model:\n  path: %s\n  tokenizer: %s\n" % (
+                json.dumps(os.path.join(os.path.abspath(MODELS), "stories260K.bin")), json.dumps(bad)))
+            try:
+                tokpipe = os.path.join(BIN, "tokpipe")
+                cfg = ["--front", d.front, "--events", d.events]
+                deadline = time.time() + 30
+                failed = []
+                # tokenize and stop load the vocabulary: both fail
+                while time.time() < deadline and not {"tokenize", "stop"} <= set(failed):
+                    time.sleep(0.5)
+                    p = subprocess.run([tokpipe, "stats", "--json"] + cfg, capture_output=True, text=True, timeout=10)
+                    if p.returncode == 0:
+                        failed = json.loads(p.stdout).get("stages_failed", [])
+                self.assertEqual(sorted(failed), ["stop", "tokenize"], "tokpiped never gave up on the failing workers\n" + d.log_text())
+                self.assertIn("not starting it again", d.log_text())
+                t0 = time.time()
+                p = subprocess.run([tokpipe, "generate", "--prompt", "hi", "--max-tokens", "4"] + cfg,
+                                   capture_output=True, text=True, timeout=30)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn("no longer restarted", p.stderr)
+                self.assertLess(time.time() - t0, 5, "generate waited instead of saying the stage failed")
+            finally:
+                d.stop()
 
 
 if __name__ == "__main__":

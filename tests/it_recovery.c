@@ -23,6 +23,7 @@
 
 #include "support/daemon_harness.h"
 #include "tokpipe/config.h"
+#include "tokpipe/model.h"
 
 /* lost after 5 silent intervals: 0.5 s, so a stopped worker is declared
  * lost quickly while a loaded machine does not lose the healthy ones */
@@ -390,8 +391,16 @@ static void fake_send(void *d, tp_msg *m)
         fail_msg("fake worker: send %s: %s", tp_cmd_name(TP_FAM_WRK, m->cmd), e.msg);
 }
 
-static void fake_ready(void *d, uint64_t incarnation)
+/* A READY the broker believes: the model's identity and shape, as a real
+ * worker of h's model sends them. */
+static void fake_ready(harness *h, void *d, uint64_t incarnation)
 {
+    char path[700];
+    snprintf(path, sizeof path, "%s/stories260K.bin", h->models);
+    tp_model *model;
+    tp_err e;
+    if (tp_model_load(path, &model, &e))
+        fail_msg("fake worker: %s", e.msg);
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);
     m.ready.stages = TP_STAGE_TOKENIZE;
@@ -399,7 +408,11 @@ static void fake_ready(void *d, uint64_t incarnation)
     m.ready.incarnation = incarnation;
     m.ready.capacity = 4;
     m.ready.bos_id = m.ready.eos_id = -1;
+    m.ready.model_id = tp_str_of(tp_model_identity(model));
+    m.ready.vocab_size = (uint32_t)tp_model_get_config(model)->vocab_size;
+    m.ready.seq_len = (uint32_t)tp_model_get_config(model)->seq_len;
     fake_send(d, &m);
+    tp_model_free(model);
 }
 
 /* Next message from the broker other than HEARTBEAT: its command, and for
@@ -457,14 +470,14 @@ static void a_tokenize_worker_that_registers_again_gets_the_prompt_again(void **
     uint64_t task1 = 0, task2 = 0;
     uint32_t slot1 = 0, slot2 = 0;
     char text[256];
-    fake_ready(d, 1);
+    fake_ready(&h, d, 1);
     assert_int_equal(fake_recv(d, &task1, &slot1, text, sizeof text), TP_CMD_WELCOME);
     if (harness_wait_workers(&h, 10000))
         fail_msg("workers did not register (see %s)", h.dir);
     submit_greedy(&h, "again", prompts[0], MAX_TOKENS);
     assert_int_equal(fake_recv(d, &task1, &slot1, text, sizeof text), TP_CMD_TOKENIZE);
     assert_string_equal(text, prompts[0]);
-    fake_ready(d, 2);   /* "restarted": the TOKENIZE is forgotten */
+    fake_ready(&h, d, 2);   /* "restarted": the TOKENIZE is forgotten */
     uint8_t cmd = fake_recv(d, &task2, &slot2, text, sizeof text);
     if (cmd != TP_CMD_WELCOME)
         fail_msg("a worker registering again got %s, want WELCOME", tp_cmd_name(TP_FAM_WRK, cmd));

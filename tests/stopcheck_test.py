@@ -130,6 +130,19 @@ class StopcheckTest(unittest.TestCase):
         self.assertEqual((out[3]["finish_reason"], out[3]["matched"]), ("stop_token", 2))
         self.assertEqual(rc, 1)
 
+    def test_tokens_mode_reads_a_gguf_vocabulary_like_the_tokenizer_bin(self):
+        cases = ['{"tokens": [9038, 2501, 263, 931, 29892, 727, 2], "stop": ["ime,"]}',
+                 '{"tokens": [9038, 2501, 263, 931, 2]}',
+                 '{"tokens": [403, 407, 261, 378, 2], "stop": ["xyz"]}']
+        pairs = [("tokenizer.bin", "llama.cpp-vocab/ggml-vocab-llama-spm.gguf", cases[:2]),
+                 ("tok512.bin", "stories260K.gguf", cases[2:])]
+        for bin_name, gguf_name, lines in pairs:
+            rc_bin, want = stopcheck(lines, "--tokenizer", os.path.join(MODELS, bin_name))
+            rc, got = stopcheck(lines, "--tokenizer", os.path.join(MODELS, gguf_name))
+            self.assertEqual((rc, rc_bin), (0, 0), got)
+            self.assertEqual(got, want, gguf_name)
+        self.assertEqual((want[0]["text"], got[0]["finish_reason"]), (got[0]["text"], "eos"))
+
     def test_trace_shows_bytes_and_held_back_prefix(self):
         rc, out = stopcheck(['{"pieces": ["Hi ", "upo", "n a"], "stop": ["upon a"], "trace": true}'])
         steps = out[0]["steps"]

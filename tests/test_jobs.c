@@ -43,7 +43,7 @@ static void token(broker *b, const char *id, uint32_t seq, uint32_t index, const
 {
     tp_msg m;
     tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
-    m.token = (tp_m_token){tp_str_of(id), seq, index, tp_str_of(text), {ids, n}};
+    m.token = (tp_m_token){.job_id = tp_str_of(id), .seq = seq, .index = index, .text = tp_str_of(text), .ids = {ids, n}};
     jobs_on_event(b, &m);
 }
 

@@ -482,6 +482,35 @@ static void expect_invalid(const tp_stop_config *c, const char *needle)
     if (!strstr(err.msg, needle)) fail_msg("error '%s' does not mention '%s'", err.msg, needle);
 }
 
+/* 2000 copies of one stop string are one string to max_stop_strings, and
+ * match as that one string. */
+static void stop_limit_counts_distinct_strings(void **state)
+{
+    (void)state;
+    const char *copies[2000];
+    char distinct[40][4];
+    for (int i = 0; i < 2000; i++)
+        copies[i] = i % 2 ? "wor" : "o w";
+    tp_stop_config c = cfg_stops(copies, 2000);
+    c.max_stop_strings = 2;
+    run r;
+    run_pieces(&r, &c, PIECES({"Hel"}, {"lo wor"}, {"ld"}));
+    expect(&r, "Hell", TP_FINISH_STOP_STRING, "o w", 1);
+    tp_stop_free(r.s);
+    const char *three[40];
+    for (int i = 0; i < 40; i++) {
+        snprintf(distinct[i], sizeof distinct[i], "%c%c", 'a' + i % 26, 'a' + i / 26);
+        three[i] = distinct[i];
+    }
+    c = cfg_stops(three, 40);
+    c.max_stop_strings = 39;
+    expect_invalid(&c, "stop: 40 distinct strings, more than the limit of 39");
+    assert_int_equal(tp_stop_count_distinct(copies, NULL, 2000), 2);
+    size_t lens[3] = {1, 2, 1};
+    const char *pre[3] = {"ab", "ab", "a"};   /* "a", "ab", "a": lengths decide */
+    assert_int_equal(tp_stop_count_distinct(pre, lens, 3), 2);
+}
+
 static void stop_config_errors_name_the_field(void **state)
 {
     (void)state;
@@ -528,12 +557,19 @@ static void stop_default_limits_are_1024_strings_of_1024_bytes(void **state)
     assert_int_equal(tp_stop_new(&c, &s, NULL), 0);
     tp_stop_free(s);
     const char **many = calloc(1025, sizeof *many);
+    static char names[1025][8];
     for (size_t i = 0; i < 1025; i++) many[i] = "x";
     c = cfg_stops(many, 1025);
-    expect_invalid(&c, "1025 strings");
+    assert_int_equal(tp_stop_new(&c, &s, NULL), 0);   /* 1025 copies are one string */
+    assert_int_equal(tp_stop_n_strings(s), 1);   /* duplicates merged */
+    tp_stop_free(s);
+    for (size_t i = 0; i < 1025; i++) {
+        snprintf(names[i], sizeof names[i], "s%zu", i);
+        many[i] = names[i];
+    }
+    expect_invalid(&c, "1025 distinct strings");
     c.n_stop = 1024;
     assert_int_equal(tp_stop_new(&c, &s, NULL), 0);
-    assert_int_equal(tp_stop_n_strings(s), 1);   /* duplicates merged */
     tp_stop_free(s);
     free(many);
 }
@@ -608,6 +644,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stop_exact_match_cuts_before_the_stop),
+        cmocka_unit_test(stop_limit_counts_distinct_strings),
         cmocka_unit_test(stop_is_not_one_token_late),
         cmocka_unit_test(stop_cut_inside_token),
         cmocka_unit_test(stop_cut_at_exact_byte_not_whole_token),

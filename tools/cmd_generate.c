@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,9 @@ typedef struct job {
     uint32_t prompt_tokens, completion_tokens;
     cJSON *matched;           /* string, id or null (as in `run --json`) */
     char error[TP_PROTO_MAX_ERROR + 1];   /* reason error: what went wrong */
+    uint32_t rejected;        /* the ACK's status when the SUBMIT was refused, else 0 */
+    char detail[16];          /* FINISH detail of a length finish */
+    cJSON *logprobs;          /* --logprobs: one entry per TOKEN id, as `run --json` */
 } job;
 
 typedef struct gen {
@@ -74,13 +78,17 @@ static const char usage_head[] =
     "Submits one job per --prompt to tokpiped (all at once: they run\n"
     "concurrently), subscribes to their events and prints the text as it\n"
     "streams (one prompt), the texts in prompt order (several prompts), or with\n"
-    "--json one line per prompt, in order:\n"
-    "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"matched\",\"prompt_tokens\",\"completion_tokens\"}\n"
+    "--json one line per prompt, in order, with the fields of `tokpipe run --json`:\n"
+    "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"finish_detail\",\"matched\",\n"
+    "   \"prompt_tokens\",\"completion_tokens\",\"seed\",\"logprobs\"}\n"
     "A generation option left out takes the daemon's default (its config's\n"
     "generation.* keys; the defaults shown below are the shipped ones); without\n"
-    "--seed each job gets a random seed (sent with it). When tokpiped restarts, the\n"
-    "unfinished jobs are submitted again with the same ids and seeds and the output\n"
-    "goes on where it stopped.\n"
+    "--seed each job gets a random seed (sent with it, shown in --json). When\n"
+    "tokpiped restarts, the unfinished jobs are submitted again with the same ids\n"
+    "and seeds and the output goes on where it stopped.\n"
+    "A prompt the daemon refuses (e.g. 429 overloaded) is named on stderr; the other\n"
+    "prompts still run to the end and are printed, and the refused one prints an empty\n"
+    "line (--json: {\"prompt\",\"status\",\"error\"}) in its place.\n"
     "exit status: 0 ok, 1 a job was rejected, failed or cancelled (named on stderr; the\n"
     "output is still printed) / the daemon is unreachable or gone, or a resubmitted\n"
     "job's text differed from what was printed, 2 bad usage, 130 interrupted (its jobs\n"
@@ -157,6 +165,17 @@ static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
         p->set |= TP_P_STOP, p->stop = stops, p->n_stop = g->n_stops;
     if (g->n_stop_ids)
         p->set |= TP_P_STOP_TOKEN_IDS, p->stop_token_ids = (int32_t *)g->stop_ids, p->n_stop_token_ids = g->n_stop_ids;
+    if (g->logprobs)
+        p->set |= TP_P_LOGPROBS | TP_P_TOP_LOGPROBS, p->logprobs = true, p->top_logprobs = g->top_logprobs;
+    if (g->given & (1u << GO_LOGPROBS_MODE))
+        p->set |= TP_P_LOGPROBS_MODE, p->logprobs_mode = tp_str_of(g->lp_processed ? "processed" : "raw");
+    if (g->given & (1u << GO_TYPICAL_P))
+        p->set |= TP_P_TYPICAL_P, p->typical_p = g->typical_p;
+    if (g->n_bias)
+        p->set |= TP_P_LOGIT_BIAS,
+            p->logit_bias = (tp_logit_bias){(int32_t *)g->bias_ids, (float *)g->bias_values, g->n_bias};
+    if (g->truncate_prompt_tokens)
+        p->set |= TP_P_TRUNCATE_PROMPT, p->truncate_prompt_tokens = g->truncate_prompt_tokens;
 }
 
 static void fill_submit(gen *s, const job *j, tp_msg *m)
@@ -170,7 +189,9 @@ static void fill_submit(gen *s, const job *j, tp_msg *m)
     m->submit.params.seed = j->seed;
 }
 
-/* Send every SUBMIT, then collect the ACKs. */
+/* Send every SUBMIT, then collect the ACKs. A refused prompt is named on
+ * stderr and marked; the accepted ones go on (check_outcomes makes the
+ * exit status 1). */
 static int submit_all(gen *s, tp_err *err)
 {
     for (size_t i = 0; i < s->n; i++) {
@@ -181,7 +202,6 @@ static int submit_all(gen *s, tp_err *err)
         if (rc)
             return rc;
     }
-    int failed = 0;
     for (size_t got = 0; got < s->n; got++) {
         tp_recv r;
         int rc = tp_client_recv_reply(s->c, &r, err);
@@ -193,16 +213,32 @@ static int submit_all(gen *s, tp_err *err)
                 continue;
             if (r.m.status == TP_ST_OK && r.m.cmd == TP_CMD_ACK) {
                 j->accepted = true;
+                j->seed = r.m.ack.seed;
             } else {
                 fprintf(stderr, "tokpipe generate: prompt %zu rejected (%u): %.*s\n", i + 1, r.m.status,
                         (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
-                failed = 1;
+                j->rejected = r.m.status ? r.m.status : TP_ST_BAD_REQUEST;
+                j->done = true;
+                snprintf(j->error, sizeof j->error, "%.*s", (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
             }
             break;
         }
         tp_recv_free(&r);
     }
-    return failed ? tp_err_set(err, TP_EINVAL, "some prompts were rejected") : 0;
+    return 0;
+}
+
+/* The logprob entries of one TOKEN event (see `run --json`). */
+static void add_logprobs(job *j, const tp_m_token *t)
+{
+    cJSON *rows = evfmt_logprobs(t->ids, &t->lp);
+    if (!rows)
+        return;
+    if (!j->logprobs)
+        j->logprobs = cJSON_CreateArray();
+    for (cJSON *e; j->logprobs && (e = cJSON_DetachItemFromArray(rows, 0));)
+        cJSON_AddItemToArray(j->logprobs, e);
+    cJSON_Delete(rows);
 }
 
 static job *find_job(gen *s, tp_str id)
@@ -248,6 +284,7 @@ static void on_event(gen *s, const tp_msg *m)
     if (m->cmd == TP_CMD_TOKEN) {
         if (append_ids(j, m->token.ids))
             j->gap = true;
+        add_logprobs(j, &m->token);
         emit(s, j, m->token.text);
         return;
     }
@@ -259,6 +296,10 @@ static void on_event(gen *s, const tp_msg *m)
              m->finish.job_error.ptr ? m->finish.job_error.ptr : "");
     j->prompt_tokens = m->finish.prompt_tokens;
     j->completion_tokens = m->finish.completion_tokens;
+    if (m->finish.set & TP_ACK_SEED)
+        j->seed = m->finish.seed;
+    snprintf(j->detail, sizeof j->detail, "%.*s", (int)m->finish.detail.len,
+             m->finish.detail.ptr ? m->finish.detail.ptr : "");
     j->done = !j->gap;
 }
 
@@ -287,6 +328,8 @@ static int catch_up(gen *s, job *j, tp_err *err)
         snprintf(j->error, sizeof j->error, "%.*s", (int)st->job_error.len, st->job_error.ptr ? st->job_error.ptr : "");
         j->completion_tokens = st->completion_tokens, j->done = true;
         check_reprint(j, 0);
+        cJSON_Delete(j->logprobs);   /* the events had a gap: STATUS has them all */
+        j->logprobs = evfmt_logprobs(st->tokens, &st->lp);
         if (s->stream && j->printed <= j->len) {
             fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
             j->printed = j->len;
@@ -440,14 +483,32 @@ static void print_json(const job *j)
 {
     cJSON *o = cJSON_CreateObject(), *toks = cJSON_CreateArray();
     cJSON_AddStringToObject(o, "prompt", j->prompt);
+    if (j->rejected) {
+        cJSON_AddNumberToObject(o, "status", j->rejected);
+        cJSON_AddStringToObject(o, "error", j->error);
+        cJSON_Delete(toks);
+        char *s = cJSON_PrintUnformatted(o);
+        if (s)
+            puts(s);
+        free(s);
+        cJSON_Delete(o);
+        return;
+    }
     cJSON_AddStringToObject(o, "text", j->text ? j->text : "");
     for (size_t i = 0; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddItemToObject(o, "tokens", toks);
     cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(j->reason));
+    if (j->detail[0])
+        cJSON_AddStringToObject(o, "finish_detail", j->detail);
     cJSON_AddItemToObject(o, "matched", j->matched ? cJSON_Duplicate(j->matched, 1) : cJSON_CreateNull());
     cJSON_AddNumberToObject(o, "prompt_tokens", j->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", j->completion_tokens);
+    char seed[24];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)j->seed);
+    cJSON_AddRawToObject(o, "seed", seed);
+    if (j->logprobs)
+        cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(j->logprobs, 1));
     char *s = cJSON_PrintUnformatted(o);
     if (s)
         puts(s);
@@ -555,6 +616,10 @@ static int check_outcomes(gen *s, tp_err *err)
     size_t bad = 0;
     for (size_t i = 0; i < s->n; i++) {
         const job *j = &s->jobs[i];
+        if (j->rejected) {
+            bad++;
+            continue;   /* named on stderr when its ACK came */
+        }
         if (j->reason == TP_REASON_ERROR)
             say(s, "job %s (prompt %zu) failed: %s", j->id, i + 1, j->error[0] ? j->error : "error");
         else if (j->reason == TP_REASON_CANCELLED)
@@ -622,7 +687,8 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed && !s.results_out ? "\n" : "",
                 err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
-        free(s.jobs[i].text), free(s.jobs[i].ids), free(s.jobs[i].was), cJSON_Delete(s.jobs[i].matched);
+        free(s.jobs[i].text), free(s.jobs[i].ids), free(s.jobs[i].was), cJSON_Delete(s.jobs[i].matched),
+            cJSON_Delete(s.jobs[i].logprobs);
     free(s.jobs);
     tp_client_free(s.c);
     if (s.sigfd >= 0)

@@ -17,6 +17,7 @@
 #include "tokpipe/tokenizer.h"
 
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ typedef struct run_args {
     const char *tokenizer;
     int threads;
     tp_fwd_kernel kernel;
+    tp_kv_type kv_type;
     const char *dump_logits;
     genopts gen;
 } run_args;
@@ -51,6 +53,11 @@ typedef struct run_job {
     tp_stop *stop;
     bool done;
     tp_stop_step last;   /* the finishing step */
+    size_t context;      /* nonzero: max_tokens was lowered to fit this context */
+    /* --logprobs: per accepted token its logprob and top_n alternatives */
+    float *lp;
+    tp_logprob *top;
+    int top_n;
 } run_job;
 
 typedef struct run_ctx {
@@ -74,9 +81,13 @@ static void usage(FILE *out)
           "  --model FILE             llama2.c checkpoint or GGUF (F32; llama, Llama 3, qwen2)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
-          "  --threads N              compute threads, 1 or 2 (default 1)\n"
+          "  --threads N              compute threads, 1-256; 0 (the default) = one per CPU this\n"
+          "                           process may run on (sched_getaffinity); output is the same\n"
+          "                           for any count\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
           "                           (faster at large batches, not batch invariant; see forward.h)\n"
+          "  --kv-type TYPE           KV cache: f32 (default, exact) or f16 (half the memory and\n"
+          "                           attention traffic; logits move by the rounding)\n"
           "  --dump-logits FILE       for checking a model against a reference: for every sampled\n"
           "                           position write the context and its logits to FILE as\n"
           "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n",
@@ -87,7 +98,7 @@ static void usage(FILE *out)
 static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
 {
     memset(a, 0, sizeof *a);
-    a->threads = 1;
+    a->threads = 0;
     genopts_init(&a->gen);
     for (int i = 1; i < argc; i++) {
         int rc = genopts_parse_one(&a->gen, argc, argv, &i, err);
@@ -97,7 +108,8 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             continue;
         const char *f = argv[i];
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
-             !strcmp(f, "--kernel") || !strcmp(f, "--dump-logits")) && i + 1 >= argc)
+             !strcmp(f, "--kernel") || !strcmp(f, "--kv-type") || !strcmp(f, "--dump-logits")) &&
+            i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
             a->model = argv[++i];
@@ -105,10 +117,20 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             a->tokenizer = argv[++i];
         else if (!strcmp(f, "--dump-logits"))
             a->dump_logits = argv[++i];
-        else if (!strcmp(f, "--threads"))
-            a->threads = atoi(argv[++i]);
+        else if (!strcmp(f, "--threads")) {
+            const char *v = argv[++i];
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 0 || n > TP_FORWARD_MAX_THREADS)
+                return tp_err_set(err, TP_EINVAL, "--threads: '%s' is not a number of threads in 0..%d", v,
+                                  TP_FORWARD_MAX_THREADS);
+            a->threads = (int)n;
+        }
         else if (!strcmp(f, "--kernel")) {
             if ((rc = tp_fwd_kernel_parse(argv[++i], &a->kernel, err)))
+                return rc;
+        } else if (!strcmp(f, "--kv-type")) {
+            if ((rc = tp_kv_type_parse(argv[++i], &a->kv_type, err)))
                 return rc;
         } else
             return tp_err_set(err, TP_EINVAL, "unknown option '%s' (see tokpipe run --help)", f);
@@ -138,8 +160,10 @@ static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "tokenizer has %d tokens but the model's vocabulary is %d",
                           tp_tokenizer_vocab_size(c->tok), c->vocab);
     rc = tp_forward_new(c->model, (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
-    if (rc == 0 && a->threads != 1)
-        rc = tp_forward_set_threads(c->fwd, a->threads, err);
+    if (rc == 0)
+        rc = tp_forward_set_threads(c->fwd, a->threads ? a->threads : tp_forward_default_threads(), err);
+    if (rc == 0)
+        rc = tp_forward_set_kv_type(c->fwd, a->kv_type, err);
     if (rc == 0 && a->kernel != TP_FWD_KERNEL_INVARIANT)
         rc = tp_forward_set_kernel(c->fwd, a->kernel, err);
     return rc;
@@ -165,6 +189,13 @@ static void stop_config(const run_ctx *c, const genopts *g, size_t room, const i
     sc->vocab_size = c->vocab;
 }
 
+/* The finish detail of a length finish: which limit ended the job. */
+static const char *length_detail(const run_job *j)
+{
+    size_t done = j->n_prompt + (size_t)tp_stop_completion_tokens(j->stop);
+    return j->context && done >= j->context ? "context" : "max_tokens";
+}
+
 static tp_sampler_params sampler_params(const genopts *g, const int32_t *ban, size_t n_ban)
 {
     tp_sampler_params p = tp_sampler_params_default();
@@ -180,6 +211,10 @@ static tp_sampler_params sampler_params(const genopts *g, const int32_t *ban, si
     p.min_tokens = g->min_tokens;
     p.ban_ids = ban;
     p.n_ban = n_ban;
+    p.typical_p = g->typical_p;
+    p.bias_ids = g->bias_ids;
+    p.bias_values = g->bias_values;
+    p.n_bias = g->n_bias;
     return p;
 }
 
@@ -196,13 +231,25 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
         return tp_err_set(err, TP_ENOMEM, "out of memory for a %d-token sequence", seq_len);
     /* the tokenizer and the forward pass take int ids; the sequence is
      * int32_t for the wire: the same type here (asserted below) */
-    size_t n = 0;
+    /* Tokenize in full (a prompt longer than the context is counted, not
+     * cut), then keep the last truncate_prompt_tokens as the daemon does. */
+    size_t n = 0, cap = strlen(prompt) + 3; /* BOS, EOS or a dummy-prefix space, every byte a token */
+    int *all = malloc(sizeof *all * cap);
+    if (!all)
+        return tp_err_set(err, TP_ENOMEM, "out of memory for the prompt's tokens");
     unsigned flags = TP_ENCODE_ADD_SPECIAL | (g->parse_special ? TP_ENCODE_SPECIAL : 0);
-    int rc = tp_tokenizer_encode_ex(c->tok, prompt, strlen(prompt), flags, (int *)j->ids, (size_t)seq_len, &n,
-                                    err);
-    if (rc == TP_ERANGE || (rc == 0 && n >= (size_t)seq_len))
-        return tp_err_set(err, TP_ERANGE, "prompt '%.40s': too long for the model's %d-token context",
-                          prompt, seq_len);
+    int rc = tp_tokenizer_encode_ex(c->tok, prompt, strlen(prompt), flags, all, cap, &n, err);
+    size_t skip = g->truncate_prompt_tokens > 0 && n > (size_t)g->truncate_prompt_tokens
+                      ? n - (size_t)g->truncate_prompt_tokens : 0;
+    n -= skip;
+    if (rc == 0 && n >= (size_t)seq_len) {
+        free(all);
+        return tp_err_set(err, TP_ERANGE, "prompt '%.40s': %zu tokens, the model's context holds %d "
+                          "(context_length_exceeded)", prompt, n, seq_len);
+    }
+    if (rc == 0)
+        memcpy(j->ids, all + skip, n * sizeof *all);
+    free(all);
     if (rc)
         return rc;
     if (n == 0) /* a vocabulary without add_bos_token and an empty prompt */
@@ -237,6 +284,17 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
     sc.stop_ids = stop_ids;
     sc.n_stop_ids = g->n_stop_ids +
                     tp_detok_control_stops(c->tok, g->stops, lens, g->n_stops, stop_ids + g->n_stop_ids);
+    if (n + (size_t)sc.max_tokens >= (size_t)seq_len)
+        j->context = (size_t)seq_len;
+    if (g->logprobs) {
+        size_t most = (size_t)sc.max_tokens;
+        j->top_n = g->top_logprobs;
+        j->lp = malloc(sizeof *j->lp * (most ? most : 1));
+        size_t cells = most * (size_t)j->top_n > 0 ? most * (size_t)j->top_n : 1;
+        j->top = malloc(sizeof *j->top * cells);
+        if (!j->lp || !j->top)
+            return tp_err_set(err, TP_ENOMEM, "out of memory for logprobs");
+    }
     tp_sampler_params sp = sampler_params(g, ban, n_ban);
     if ((rc = tp_stop_new(&sc, &j->stop, err)) ||
         (rc = tp_sampler_new(&sp, c->vocab, j->ids, n, &j->sampler, err)) ||
@@ -249,6 +307,8 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
 static void job_free(run_job *j)
 {
     free(j->ids);
+    free(j->lp);
+    free(j->top);
     tp_sampler_free(j->sampler);
     tp_detok_free(j->detok);
     tp_stop_free(j->stop);
@@ -263,7 +323,7 @@ static void job_finish(run_ctx *c, run_job *j, const tp_stop_step *st)
 }
 
 /* One candidate through sample -> detokenize -> stop. */
-static int job_decide(run_ctx *c, run_job *j, const float *logits, tp_err *err)
+static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts *g, tp_err *err)
 {
     int32_t cand;
     tp_stop_step st;
@@ -274,6 +334,14 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, tp_err *err)
             return tp_err_set(err, TP_EIO, "--dump-logits: write failed");
     }
     int rc = tp_sampler_sample(j->sampler, logits, &cand, err);
+    float lp = NAN;
+    size_t k = (size_t)tp_stop_completion_tokens(j->stop), n_top = 0;
+    tp_logprob top[TP_SAMPLER_MAX_TOP_LOGPROBS];
+    /* the same call the sample stage makes, before the candidate is decided */
+    if (rc == 0 && j->lp &&
+        (rc = tp_sampler_logprobs(j->sampler, logits, g->lp_processed ? TP_LOGPROBS_PROCESSED : TP_LOGPROBS_RAW, cand,
+                                  (size_t)j->top_n, &lp, top, &n_top, err)))
+        return rc;
     if (rc) {
         fprintf(stderr, "tokpipe run: prompt '%.40s': %s\n", j->prompt, err->msg);
         tp_stop_fail(j->stop, &st);
@@ -283,6 +351,12 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, tp_err *err)
         if (!b || (rc = tp_stop_feed(j->stop, cand, b, n, &st)))
             return b ? rc : err->code;
         if (st.accepted) {
+            if (j->lp) {
+                j->lp[k] = lp;
+                for (int t = 0; t < j->top_n; t++)
+                    j->top[k * (size_t)j->top_n + (size_t)t] = (size_t)t < n_top ? top[t]
+                                                                                  : (tp_logprob){-1, -INFINITY};
+            }
             j->ids[j->n_ids++] = cand;
             if ((rc = tp_sampler_accept(j->sampler, cand, err)) ||
                 (rc = tp_detok_accept(j->detok, cand, err)))
@@ -318,7 +392,7 @@ static int plan_step(run_ctx *c, tp_fwd_item *items, run_job **owner)
     return n;
 }
 
-static int generate(run_ctx *c, tp_err *err)
+static int generate(run_ctx *c, const genopts *g, tp_err *err)
 {
     tp_fwd_item *items = calloc(c->n_jobs, sizeof *items);
     run_job **owner = calloc(c->n_jobs, sizeof *owner);
@@ -333,7 +407,7 @@ static int generate(run_ctx *c, tp_err *err)
         for (int i = 0; i < n && rc == 0; i++) {
             owner[i]->n_fed += (size_t)items[i].n_tokens;
             if (!items[i].skip_logits)
-                rc = job_decide(c, owner[i], logits + (size_t)i * (size_t)c->vocab, err);
+                rc = job_decide(c, owner[i], logits + (size_t)i * (size_t)c->vocab, g, err);
         }
     }
     free(items);
@@ -342,7 +416,36 @@ static int generate(run_ctx *c, tp_err *err)
     return rc;
 }
 
-static void print_json(const run_job *j)
+/* "logprobs": [{"id", "logprob", "top": [{"id", "logprob"}, ...]}, ...]:
+ * one per completion token (generate --json prints the same). -inf is
+ * written as null (JSON has no infinities). */
+static cJSON *lp_number(float v)
+{
+    return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
+}
+
+static void print_logprobs(cJSON *o, const run_job *j)
+{
+    cJSON *arr = cJSON_AddArrayToObject(o, "logprobs");
+    for (size_t i = 0; i + j->n_prompt < j->n_ids; i++) {
+        cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
+        cJSON_AddNumberToObject(e, "id", j->ids[j->n_prompt + i]);
+        cJSON_AddItemToObject(e, "logprob", lp_number(j->lp[i]));
+        for (int t = 0; t < j->top_n; t++) {
+            const tp_logprob *x = &j->top[i * (size_t)j->top_n + (size_t)t];
+            if (x->id < 0)
+                continue;
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", x->id);
+            cJSON_AddItemToObject(a, "logprob", lp_number(x->logprob));
+            cJSON_AddItemToArray(top, a);
+        }
+        cJSON_AddItemToObject(e, "top", top);
+        cJSON_AddItemToArray(arr, e);
+    }
+}
+
+static void print_json(const run_job *j, const genopts *g)
 {
     cJSON *o = cJSON_CreateObject();
     size_t len;
@@ -353,6 +456,8 @@ static void print_json(const run_job *j)
     for (size_t i = j->n_prompt; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddStringToObject(o, "finish_reason", tp_finish_reason_name(j->last.finish));
+    if (j->last.finish == TP_FINISH_LENGTH)
+        cJSON_AddStringToObject(o, "finish_detail", length_detail(j));
     if (j->last.matched_str) {
         char *m = strndup(j->last.matched_str, j->last.matched_len);
         cJSON_AddStringToObject(o, "matched", m ? m : "");
@@ -364,6 +469,12 @@ static void print_json(const run_job *j)
     }
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)j->n_prompt);
     cJSON_AddNumberToObject(o, "completion_tokens", tp_stop_completion_tokens(j->stop));
+    /* written as digits: a u64 does not fit cJSON's doubles */
+    char seed[24];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)g->seed);
+    cJSON_AddRawToObject(o, "seed", seed);
+    if (j->lp)
+        print_logprobs(o, j);
     char *s = cJSON_PrintUnformatted(o);
     if (s)
         puts(s);
@@ -376,7 +487,7 @@ static void print_results(const run_ctx *c, const genopts *g)
     for (size_t i = 0; i < c->n_jobs; i++) {
         const run_job *j = &c->jobs[i];
         if (g->json) {
-            print_json(j);
+            print_json(j, g);
         } else if (!c->stream) {
             size_t len;
             const char *text = tp_stop_text(j->stop, &len);
@@ -408,7 +519,7 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if ((rc = generate(c, err)))
+    if ((rc = generate(c, &a->gen, err)))
         return rc;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     print_results(c, &a->gen);

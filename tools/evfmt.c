@@ -1,5 +1,7 @@
 #include "evfmt.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +42,36 @@ static void add_timings(cJSON *o, const tp_timings *t)
     cJSON_AddNumberToObject(o, "total_us", (double)t->total_us);
 }
 
+static cJSON *lp_number(float v)
+{
+    return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
+}
+
+cJSON *evfmt_logprobs(tp_raw ids, const tp_lp_cols *lp)
+{
+    if (!lp->logprobs.data)
+        return NULL;
+    cJSON *arr = cJSON_CreateArray();
+    uint32_t k = lp->top_n;
+    for (size_t i = 0; arr && i < ids.n && i < lp->logprobs.n; i++) {
+        cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
+        cJSON_AddNumberToObject(e, "id", tp_raw_i32(ids, i));
+        cJSON_AddItemToObject(e, "logprob", lp_number(tp_raw_f32(lp->logprobs, i)));
+        for (uint32_t c = 0; c < k; c++) {
+            int32_t id = tp_raw_i32(lp->top_ids, i * k + c);
+            if (id < 0)
+                continue;
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", id);
+            cJSON_AddItemToObject(a, "logprob", lp_number(tp_raw_f32(lp->top_logprobs, i * k + c)));
+            cJSON_AddItemToArray(top, a);
+        }
+        cJSON_AddItemToObject(e, "top", top);
+        cJSON_AddItemToArray(arr, e);
+    }
+    return arr;
+}
+
 cJSON *evfmt_event(const tp_msg *m)
 {
     cJSON *o = cJSON_CreateObject();
@@ -51,6 +83,9 @@ cJSON *evfmt_event(const tp_msg *m)
         cJSON_AddNumberToObject(o, "index", t->index);
         cJSON_AddItemToObject(o, "ids", evfmt_ids(t->ids));
         cJSON_AddItemToObject(o, "text", evfmt_str(t->text));
+        cJSON *lp = evfmt_logprobs(t->ids, &t->lp);
+        if (lp)
+            cJSON_AddItemToObject(o, "logprobs", lp);
         return o;
     }
     const tp_m_finish *f = &m->finish;
@@ -66,6 +101,17 @@ cJSON *evfmt_event(const tp_msg *m)
     add_timings(o, &f->timings);
     if (f->job_error.ptr)
         cJSON_AddItemToObject(o, "error", evfmt_str(f->job_error));
+    if (f->set & TP_ACK_SEED) {
+        char seed[24];
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)f->seed);
+        cJSON_AddRawToObject(o, "seed", seed);
+    }
+    if (f->detail.ptr)
+        cJSON_AddItemToObject(o, "detail", evfmt_str(f->detail));
+    if (f->error_code.ptr)
+        cJSON_AddItemToObject(o, "error_code", evfmt_str(f->error_code));
+    if (f->context_length)
+        cJSON_AddNumberToObject(o, "context_length", f->context_length);
     return o;
 }
 
@@ -86,6 +132,9 @@ cJSON *evfmt_status(const tp_msg *m)
     cJSON_AddItemToObject(o, "text", evfmt_str(s->text));
     cJSON_AddNumberToObject(o, "text_len", (double)(s->text_len > s->text.len ? s->text_len : s->text.len));
     cJSON_AddItemToObject(o, "tokens", evfmt_ids(s->tokens));
+    cJSON *lp = evfmt_logprobs(s->tokens, &s->lp);
+    if (lp)
+        cJSON_AddItemToObject(o, "logprobs", lp);
     if (s->state != TP_STATE_FINISHED)
         return o;
     cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(s->reason));
@@ -154,17 +203,22 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"forward_rows", s->forward_rows}, {"forward_tokens", s->forward_tokens},
         {"zap_refused", s->zap_refused}, {"jobs_running", s->jobs_running}, {"jobs_waiting", s->jobs_waiting},
         {"kv_slots_used", s->kv_slots_used}, {"kv_slots_total", s->kv_slots_total},
-        {"zap_refused", s->zap_refused}, {"workers_lost", s->workers_lost},
+        {"workers_lost", s->workers_lost},
         {"recovered_tokenize", s->recovered[0]}, {"recovered_forward", s->recovered[1]},
         {"recovered_sample", s->recovered[2]}, {"recovered_stop", s->recovered[3]},
         {"recovery_count", s->recovery_count}, {"recovery_ms_total", s->recovery_ms_total},
         {"recovery_ms_max", s->recovery_ms_max}, {"events_duplicate", s->events_duplicate},
+        {"events_refused", s->events_refused},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);
     cJSON *w = cJSON_AddObjectToObject(o, "workers");
     for (unsigned b = 0; b < 4; b++)
         cJSON_AddNumberToObject(w, tp_stage_name(1u << b), (double)s->workers[b]);
+    cJSON *failed = cJSON_AddArrayToObject(o, "stages_failed");
+    for (unsigned b = 0; b < 4; b++)
+        if (s->stages_failed & (1u << b))
+            cJSON_AddItemToArray(failed, cJSON_CreateString(tp_stage_name(1u << b)));
     cJSON *f = cJSON_AddObjectToObject(o, "finish");
     for (int r = 1; r < TP_REASON_COUNT; r++)
         cJSON_AddNumberToObject(f, tp_reason_name(r), (double)s->finish[r]);

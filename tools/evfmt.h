@@ -23,6 +23,11 @@ cJSON *evfmt_ids(tp_raw r);
  *    "completion_tokens","text_len","queue_us","ttft_us","total_us"[,"error"]} */
 cJSON *evfmt_event(const tp_msg *m);
 
+/* The logprobs of ids (one lp row each), as `tokpipe run --json` writes
+ * them: [{"id", "logprob", "top": [{"id", "logprob"}, ...]}, ...] (-inf and
+ * NaN as null, padding ids -1 left out). NULL when lp has no frames. */
+cJSON *evfmt_logprobs(tp_raw ids, const tp_lp_cols *lp);
+
 /* A STATUS_REPLY as JSON: status, job_id, state, counts; for a known job
  * the text, text_len and tokens so far (the final ones once finished); when
  * finished also finish_reason, matched, job_error and timings. */

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "tokpipe/protocol.h"
+#include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
 
 void genopts_init(genopts *o)
@@ -17,7 +18,8 @@ void genopts_init(genopts *o)
     o->top_p = 1.0f;
     o->repetition_penalty = 1.0f;
     o->penalty_window = TP_SAMPLER_DEFAULT_PENALTY_WINDOW;
-    o->seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    o->typical_p = 1.0f;
+    o->seed = tp_random_u64();   /* reported (--json "seed"), so a run can be replayed */
 }
 
 /* The value is checked by the wire's own rule for the parameter the flag
@@ -73,11 +75,46 @@ static int parse_seed(const char *s, uint64_t *out, tp_err *err)
     return 0;
 }
 
+/* --logit-bias ID=BIAS: an id >= 0 (the vocabulary is checked where it is
+ * known), a bias in [-100, 100]; an id given twice is an error, as in
+ * SUBMIT. */
+static int parse_bias(genopts *o, const char *v, tp_err *err)
+{
+    const char *eq = strchr(v, '=');
+    if (!eq || eq == v)
+        return tp_err_set(err, TP_EINVAL, "--logit-bias: '%s' is not ID=BIAS", v);
+    char id_s[16];
+    size_t il = (size_t)(eq - v);
+    if (il >= sizeof id_s)
+        return tp_err_set(err, TP_EINVAL, "--logit-bias: '%s': the token id is too long", v);
+    memcpy(id_s, v, il);
+    id_s[il] = '\0';
+    long long id = 0;
+    int rc = parse_i64("--logit-bias", id_s, 0, INT32_MAX, &id, err);
+    if (rc)
+        return rc;
+    char *end;
+    errno = 0;
+    double b = strtod(eq + 1, &end);
+    if (errno || end == eq + 1 || *end)
+        return tp_err_set(err, TP_EINVAL, "--logit-bias: '%s' is not ID=BIAS with a number", v);
+    if (!(b >= -TP_SAMPLER_MAX_BIAS && b <= TP_SAMPLER_MAX_BIAS))
+        return tp_err_set(err, TP_EINVAL, "--logit-bias: %s: the bias must be in [-100, 100]", v);
+    for (size_t k = 0; k < o->n_bias; k++)
+        if (o->bias_ids[k] == (int32_t)id)
+            return tp_err_set(err, TP_EINVAL, "--logit-bias: token id %lld given twice", id);
+    if (o->n_bias == GENOPTS_MAX_BIAS)
+        return tp_err_set(err, TP_ERANGE, "--logit-bias: at most %d entries", GENOPTS_MAX_BIAS);
+    o->bias_ids[o->n_bias] = (int32_t)id;
+    o->bias_values[o->n_bias++] = (float)b;
+    return 0;
+}
+
 int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
 {
     const char *a = argv[*i];
-    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special"};
-    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special};
+    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special", "--logprobs"};
+    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special, &o->logprobs};
     for (size_t k = 0; k < sizeof bools / sizeof *bools; k++)
         if (!strcmp(a, bools[k])) {
             *bool_dst[k] = true;
@@ -87,9 +124,10 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
     static const char *const valued[] = {
         "--prompt", "--max-tokens", "--min-tokens", "--temperature", "--top-p", "--top-k",
         "--min-p", "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
-        "--seed", "--stop", "--stop-id", "--penalty-window",
+        "--seed", "--stop", "--stop-id", "--penalty-window", "--top-logprobs", "--logprobs-mode",
+        "--logit-bias", "--typical-p", "--truncate-prompt-tokens",
     };
-    _Static_assert(sizeof valued / sizeof *valued == GO_PENALTY_WINDOW + 1, "valued[] follows genopt_flag");
+    _Static_assert(sizeof valued / sizeof *valued == GO_TRUNCATE_PROMPT + 1, "valued[] follows genopt_flag");
     size_t k = 0;
     while (k < sizeof valued / sizeof *valued && strcmp(a, valued[k]))
         k++;
@@ -117,6 +155,9 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
     case GO_FREQUENCY_PENALTY: rc = parse_float(a, v, &o->frequency_penalty, err); break;
     case GO_SEED: rc = parse_seed(v, &o->seed, err); break;
     case GO_STOP:
+        for (size_t k2 = 0; k2 < o->n_stops; k2++)
+            if (!strcmp(o->stops[k2], v))
+                return 1;   /* a copy: one string, as the limits count them */
         if (o->n_stops == GENOPTS_MAX_STOPS)
             return tp_err_set(err, TP_ERANGE, "--stop: at most %d stop strings", GENOPTS_MAX_STOPS);
         o->stops[o->n_stops++] = v;
@@ -130,6 +171,26 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
         long long w = 0;
         rc = parse_i64(a, v, 0, TP_SAMPLER_MAX_PENALTY_WINDOW, &w, err);
         o->penalty_window = (int32_t)w;
+        break;
+    }
+    case GO_TOP_LOGPROBS: {
+        long long n = 0;
+        rc = parse_i64(a, v, 0, TP_SAMPLER_MAX_TOP_LOGPROBS, &n, err);
+        o->top_logprobs = (int32_t)n;
+        o->logprobs = true;   /* alternatives come with the token's own logprob */
+        break;
+    }
+    case GO_LOGPROBS_MODE:
+        if (strcmp(v, "raw") && strcmp(v, "processed"))
+            return tp_err_set(err, TP_EINVAL, "--logprobs-mode: '%s' is not raw or processed", v);
+        o->lp_processed = !strcmp(v, "processed");
+        break;
+    case GO_LOGIT_BIAS: rc = parse_bias(o, v, err); break;
+    case GO_TYPICAL_P: rc = parse_float(a, v, &o->typical_p, err); break;
+    case GO_TRUNCATE_PROMPT: {
+        long long n = 0;
+        rc = parse_i64(a, v, 1, INT32_MAX, &n, err);
+        o->truncate_prompt_tokens = (int32_t)n;
         break;
     }
     }
@@ -150,14 +211,22 @@ void genopts_print_help(FILE *out)
           "  --presence-penalty X     OpenAI-style, in [-2,2] (default 0)\n"
           "  --frequency-penalty X    OpenAI-style, in [-2,2] (default 0)\n"
           "  --penalty-window N       the penalties look at the last N tokens (default 64)\n"
-          "  --seed S                 per-job RNG seed (default: from the clock)\n"
+          "  --typical-p P            locally typical sampling, in (0,1] (default 1 = off)\n"
+          "  --logit-bias ID=BIAS     add BIAS in [-100,100] to token ID's logit; -100 bans it (repeatable)\n"
+          "  --seed S                 per-job RNG seed (default: random, reported as \"seed\" in --json)\n"
           "  --stop STR               stop string (repeatable)\n"
           "  --stop-id ID             stop token id (repeatable)\n"
           "  --ignore-eos             keep generating past EOS\n"
           "  --include-stop           keep the matched stop string in the text\n"
           "  --parse-special          control-token texts in the prompt (<|im_end|>, <s>, ...)\n"
           "                           become those tokens (default: plain text)\n"
-          "  --json                   one JSON line per prompt: prompt, text, tokens,\n"
-          "                           finish_reason, prompt_tokens, completion_tokens\n",
+          "  --logprobs               report each token's log-probability (--json: \"logprobs\")\n"
+          "  --top-logprobs N         and the N most likely alternatives, N in [0,20] (implies --logprobs)\n"
+          "  --logprobs-mode MODE     raw (the model's distribution, default) or processed (after\n"
+          "                           penalties, logit bias and temperature)\n"
+          "  --truncate-prompt-tokens N  keep only the last N prompt tokens\n"
+          "  --json                   one JSON line per prompt: prompt, text, tokens, finish_reason,\n"
+          "                           finish_detail, matched, prompt_tokens, completion_tokens, seed,\n"
+          "                           logprobs (with --logprobs)\n",
           out);
 }

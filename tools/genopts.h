@@ -19,8 +19,10 @@
 typedef enum genopt_flag {
     GO_PROMPT, GO_MAX_TOKENS, GO_MIN_TOKENS, GO_TEMPERATURE, GO_TOP_P, GO_TOP_K, GO_MIN_P,
     GO_REPETITION_PENALTY, GO_PRESENCE_PENALTY, GO_FREQUENCY_PENALTY, GO_SEED, GO_STOP, GO_STOP_ID,
-    GO_PENALTY_WINDOW,
+    GO_PENALTY_WINDOW, GO_TOP_LOGPROBS, GO_LOGPROBS_MODE, GO_LOGIT_BIAS, GO_TYPICAL_P, GO_TRUNCATE_PROMPT,
 } genopt_flag;
+
+#define GENOPTS_MAX_BIAS 1024   /* --logit-bias entries (= the wire's TP_PROTO_MAX_LOGIT_BIAS) */
 
 typedef struct genopts {
     uint32_t given;   /* 1 << genopt_flag of each flag given */
@@ -44,6 +46,14 @@ typedef struct genopts {
     bool ignore_eos;
     bool include_stop;
     bool json;
+    bool logprobs;
+    int32_t top_logprobs;      /* [0, 20] */
+    bool lp_processed;         /* --logprobs-mode processed */
+    float typical_p;
+    int32_t bias_ids[GENOPTS_MAX_BIAS];
+    float bias_values[GENOPTS_MAX_BIAS];
+    size_t n_bias;
+    int32_t truncate_prompt_tokens; /* 0 = keep the whole prompt */
     bool parse_special;   /* control-token texts in the prompt become those tokens */
 } genopts;
 

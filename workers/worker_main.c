@@ -17,6 +17,7 @@
 
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
+#include "tokpipe/ggml_types.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/tokenizer.h"
@@ -44,6 +45,8 @@ typedef struct worker {
     int64_t last_recv, last_send;
     uint64_t progress;
     volatile sig_atomic_t *quit;
+    int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
+    tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
 
 static volatile sig_atomic_t g_quit;
@@ -67,7 +70,10 @@ static void usage(FILE *out)
             "                   --stages is the same)\n"
             "  --config FILE    configuration (default %s; missing default = built-in defaults)\n"
             "  --instance NAME  name shown in the broker's logs (default STAGE.PID)\n"
-            "  --help           this text\n",
+            "  --help           this text\n"
+            "\n"
+            "Exit status: 0 after SIGTERM/SIGINT, 2 bad flags or configuration, 3 the model or its\n"
+            "vocabulary cannot be loaded (tokpiped stops restarting a worker that keeps exiting 2 or 3).\n",
             TP_CONFIG_DEFAULT_PATH);
 }
 
@@ -138,6 +144,8 @@ static int load_stages(worker *w, tp_err *err)
         (rc = tp_forward_stage_new(w->model, c->kv_slots, c->kv_max_pos, c->max_batch_tokens, c->forward_threads,
                                    &w->forward, err)))
         return rc;
+    if (w->forward && (rc = tp_forward_stage_set_kv_type(w->forward, (tp_kv_type)c->kv_type, err)))
+        return rc;
     if (w->forward && c->forward_kernel != TP_FWD_KERNEL_INVARIANT) {
         if ((rc = tp_forward_stage_set_kernel(w->forward, (tp_fwd_kernel)c->forward_kernel, err)))
             return rc;
@@ -203,6 +211,32 @@ static int send_ready(worker *w)
     r->eos_id = w->tok ? tp_tokenizer_eos_id(w->tok) : 2;
     r->seq_len = w->forward ? (uint32_t)tp_forward_stage_max_positions(w->forward) : (uint32_t)mc->seq_len;
     r->max_batch_tokens = w->forward ? (uint32_t)tp_forward_stage_max_batch_tokens(w->forward) : 0;
+    /* For INFO: the ids that end generation (the stop stage's set), the
+     * weights' type (the first layer's FFN, the bulk of a model whose
+     * matrices mix types) and the special tokens. */
+    int32_t eog32[TP_WORKER_MAX_EOS];
+    for (int i = 0; i < w->n_eos; i++)
+        eog32[i] = w->eos[i];
+    r->eog_ids = eog32;
+    r->n_eog_ids = (size_t)w->n_eos;
+    const tp_model_weights *mw = tp_model_get_weights(w->model);
+    const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
+    r->weight_type = tp_str_of(wt ? wt->name : "");
+    int32_t *sp_ids = w->sp_ids;
+    tp_str *sp_pieces = w->sp_pieces;
+    size_t n_sp = 0;
+    for (int id = 0; w->tok && id < tp_tokenizer_vocab_size(w->tok) && n_sp < TP_PROTO_MAX_SPECIAL; id++) {
+        int t = tp_tokenizer_token_type(w->tok, id);
+        size_t len;
+        const char *piece = tp_tokenizer_piece(w->tok, id, &len);
+        if ((t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) && piece &&
+            len <= TP_PROTO_MAX_NAME && tp_proto_utf8_valid(piece, len)) {
+            sp_ids[n_sp] = id;
+            sp_pieces[n_sp++] = (tp_str){piece, len};
+        }
+    }
+    r->special_ids = sp_ids, r->n_special_ids = n_sp;
+    r->special_pieces = sp_pieces, r->n_special_pieces = n_sp;
     tp_err e;
     int rc = tp_zsend_msg(w->dealer, NULL, 0, &m, &e);
     if (rc)
@@ -465,7 +499,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpipe-worker %s: %s\n", w.instance, e.msg);
         free_stages(&w);
         tp_config_free(&w.cfg);
-        return 1;
+        return TP_EXIT_BAD_MODEL;
     }
     fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s\n", w.instance, stages, w.cfg.ep_back);
     rc = g_quit ? 0 : run(&w);

@@ -22,6 +22,11 @@ enum {
 
 #define TP_ERR_MSG_MAX 512
 
+/* Exit statuses of the programs that tokpiped spawns, so the spawner can
+ * tell a start that can never succeed from a crash worth a respawn. */
+#define TP_EXIT_BAD_CONFIG 2 /* bad flags or configuration */
+#define TP_EXIT_BAD_MODEL 3  /* the model or its vocabulary cannot be loaded */
+
 typedef struct tp_err {
     int code;
     char msg[TP_ERR_MSG_MAX];

@@ -65,6 +65,8 @@ enum {
     TP_CMD_STATUS_REPLY = 0x05, /* B->P */
     TP_CMD_STATS = 0x06,        /* P->B */
     TP_CMD_STATS_REPLY = 0x07,  /* B->P */
+    TP_CMD_INFO = 0x08,         /* P->B: the model and the broker's limits */
+    TP_CMD_INFO_REPLY = 0x09,   /* B->P */
     TP_CMD_ERROR = 0x7F,        /* B->P: malformed request (any family) */
 
     /* EVT1 (and TP_CMD_HEARTBEAT = 0x03: the broker's heartbeat, on the
@@ -170,6 +172,13 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_NAME 64                /* instance, field paths */
 #define TP_PROTO_MAX_MODEL_ID 256           /* READY model_id */
 #define TP_PROTO_MAX_TRIGGERS 1024          /* entries of stats stop_triggers */
+#define TP_PROTO_MAX_LOGIT_BIAS 1024        /* entries of params.logit_bias */
+#define TP_PROTO_MAX_TOP_LOGPROBS 20        /* params.top_logprobs (OpenAI's cap) */
+#define TP_PROTO_MAX_SPECIAL 1024           /* special token ids in READY / INFO_REPLY */
+
+/* Error codes (ACK and FINISH `error_code`): a machine-readable reason
+ * beside the status and the message. */
+#define TP_CODE_CONTEXT "context_length_exceeded" /* the prompt does not fit the context */
 #define TP_PROTO_MAX_BUCKETS 64             /* buckets of one STATS histogram */
 
 /* ---- payload arrays ----------------------------------------------------- */
@@ -231,6 +240,18 @@ typedef struct tp_matched {
     int32_t id;
 } tp_matched;
 
+/* Log-probabilities of a column of tokens (TOKEN events, and the SAMPLED /
+ * STEP_RESULT / STOP_STEP that carry them there). Frames present iff
+ * logprobs.data != NULL: logprobs f32[n] (NaN: this item did not ask),
+ * top_ids i32[n * top_n] and top_logprobs f32[n * top_n] (row i = item i's
+ * alternatives, most likely first; id -1 / -inf pad a short row). */
+typedef struct tp_lp_cols {
+    uint32_t top_n;        /* alternatives per item, [0, TP_PROTO_MAX_TOP_LOGPROBS] */
+    tp_raw logprobs;
+    tp_raw top_ids;
+    tp_raw top_logprobs;
+} tp_lp_cols;
+
 /* ---- generation parameters (SUBMIT params, SAMPLE_OPEN, STOP_OPEN) ------ */
 
 /* Bits of tp_params.set: which keys were present (decode) / are to be
@@ -251,7 +272,24 @@ enum {
     TP_P_IGNORE_EOS = 1u << 12,
     TP_P_INCLUDE_STOP = 1u << 13,
     TP_P_PENALTY_WINDOW = 1u << 14,
+    TP_P_LOGPROBS = 1u << 15,
+    TP_P_TOP_LOGPROBS = 1u << 16,
+    TP_P_LOGPROBS_MODE = 1u << 17,
+    TP_P_TYPICAL_P = 1u << 18,
+    TP_P_LOGIT_BIAS = 1u << 19,
+    TP_P_TRUNCATE_PROMPT = 1u << 20,
 };
+
+/* params.logit_bias: token id -> bias, as parallel arrays (owned by the
+ * decoded tp_msg; ids distinct, each >= 0; values in [-100, 100]). */
+typedef struct tp_logit_bias {
+    int32_t *ids;
+    float *values;
+    size_t n;
+} tp_logit_bias;
+
+/* logprobs_mode values. */
+enum { TP_LPMODE_RAW = 0, TP_LPMODE_PROCESSED = 1 };
 
 typedef struct tp_params {
     uint32_t set;                    /* TP_P_* bits */
@@ -272,7 +310,16 @@ typedef struct tp_params {
     size_t n_stop_token_ids;
     bool ignore_eos;
     bool include_stop_str_in_output;
+    bool logprobs;                   /* report each accepted token's log-probability */
+    int32_t top_logprobs;            /* [0, 20]: and this many alternatives (needs logprobs) */
+    tp_str logprobs_mode;            /* "raw" (default) | "processed": tp_params_lpmode */
+    double typical_p;                /* (0, 1]; 1 = off */
+    tp_logit_bias logit_bias;        /* <= TP_PROTO_MAX_LOGIT_BIAS entries (vocabulary: broker) */
+    int32_t truncate_prompt_tokens;  /* >= 1: keep only the last N prompt tokens */
 } tp_params;
+
+/* TP_LPMODE_* of p (raw when logprobs_mode is absent). */
+int tp_params_lpmode(const tp_params *p);
 
 /* ---- JOB1 messages ------------------------------------------------------ */
 
@@ -284,9 +331,17 @@ typedef struct tp_m_submit {
     bool parse_special;   /* control-token texts in prompt become those tokens */
 } tp_m_submit;
 
+/* Bits of tp_m_ack.set / tp_m_finish.set for keys whose 0 is a value. */
+enum { TP_ACK_SEED = 1u << 0 };
+
 typedef struct tp_m_ack {   /* ACK and ERROR. status 200: accepted / cancel done; else rejected */
     tp_str job_id;
     tp_str field;         /* the offending field for 400/413, else empty */
+    uint32_t set;         /* TP_ACK_SEED: seed is present */
+    uint64_t seed;        /* SUBMIT accepted: the job's seed (given, or chosen by the broker) */
+    tp_str error_code;    /* opt: TP_CODE_* */
+    uint32_t prompt_tokens;   /* with TP_CODE_CONTEXT: the prompt's tokens */
+    uint32_t context_length;  /* with TP_CODE_CONTEXT: the model's context */
 } tp_m_ack;
 
 typedef struct tp_m_jobref {  /* CANCEL, STATUS */
@@ -316,6 +371,7 @@ typedef struct tp_m_status_reply {
     tp_matched matched;
     tp_str job_error;          /* reason error: what went wrong */
     tp_timings timings;
+    tp_lp_cols lp;             /* the job asked for logprobs: one row per id of tokens */
 } tp_m_status_reply;
 
 typedef struct tp_trigger {    /* how often one stop string / id finished a job */
@@ -370,9 +426,33 @@ typedef struct tp_m_stats_reply {
     uint64_t recovery_count;       /* recoveries timed: loss -> the job's next event */
     uint64_t recovery_ms_total, recovery_ms_max;
     uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
+    unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
+    uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
 } tp_m_stats_reply;
 
+typedef struct tp_m_info_limits {   /* INFO_REPLY limits (the broker's configuration) */
+    uint32_t max_tokens, max_prompt_bytes, max_stop_strings, max_stop_len, max_stop_ids;
+    uint32_t max_penalty_window, max_concurrent_jobs, max_logit_bias, max_top_logprobs;
+} tp_m_info_limits;
+
+typedef struct tp_m_info_reply {
+    tp_str model_id;           /* "" while no model worker is registered */
+    uint32_t vocab_size;
+    uint32_t context_length;   /* positions per sequence (prompt + completion) */
+    int32_t bos_id, eos_id;    /* -1 unknown */
+    int32_t *eog_ids;          /* every id that ends generation (EOS included) */
+    size_t n_eog_ids;
+    int32_t *special_ids;      /* control tokens, with their pieces (parallel) */
+    size_t n_special_ids;
+    tp_str *special_pieces;
+    size_t n_special_pieces;
+    bool chat_template;        /* the model carries a chat template */
+    tp_str weight_type;        /* e.g. "f32"; "" unknown */
+    tp_m_info_limits limits;
+} tp_m_info_reply;
+
 /* ---- EVT1 messages (topic frame = job id) ------------------------------- */
+
 
 typedef struct tp_m_token {
     tp_str job_id;
@@ -380,6 +460,8 @@ typedef struct tp_m_token {
     uint32_t index;        /* completion tokens accepted before this event */
     tp_str text;           /* UTF-8 delta, may be empty (held back) */
     tp_raw ids;            /* int32 frame: accepted token ids */
+    tp_lp_cols lp;         /* the job asked for logprobs: one per id */
+    uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
 } tp_m_token;
 
 /* The topic of the broker's EVT1 HEARTBEAT. '@' is not a job id character,
@@ -405,6 +487,12 @@ typedef struct tp_m_finish {
     uint32_t completion_tokens;
     uint64_t text_len;     /* bytes of the final text */
     tp_timings timings;
+    uint32_t set;          /* TP_ACK_SEED: seed is present */
+    uint64_t seed;         /* the job's seed */
+    tp_str error_code;     /* opt: TP_CODE_* (reason error) */
+    uint32_t context_length; /* opt: with TP_CODE_CONTEXT or detail "context" */
+    tp_str detail;         /* opt, reason length: "context" (the context ran out) or "max_tokens" */
+    uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
 } tp_m_finish;
 
 /* ---- WRK1 messages ------------------------------------------------------ */
@@ -421,6 +509,15 @@ typedef struct tp_m_ready {
     int32_t eos_id;
     uint32_t seq_len;          /* max positions per sequence (forward) */
     uint32_t max_batch_tokens; /* tokens per STEP (forward) */
+    /* optional, for INFO (absent = unknown) */
+    int32_t *eog_ids;          /* ids that end generation */
+    size_t n_eog_ids;
+    int32_t *special_ids;      /* control tokens and their pieces (parallel) */
+    size_t n_special_ids;
+    tp_str *special_pieces;
+    size_t n_special_pieces;
+    bool chat_template;
+    tp_str weight_type;
 } tp_m_ready;
 
 typedef struct tp_m_welcome {
@@ -481,6 +578,7 @@ typedef struct tp_m_step_result {
     bool sampled;
     tp_raw slots;              /* u32[n] */
     tp_raw out;                /* f32[n*vocab] logits, or i32[n] candidates */
+    tp_lp_cols lp;             /* sampled only: the candidates' logprobs */
 } tp_m_step_result;
 
 typedef struct tp_m_sample_open {
@@ -509,6 +607,7 @@ typedef struct tp_m_sampled {
     uint32_t n;
     tp_raw slots;              /* u32[n] */
     tp_raw candidates;         /* i32[n] */
+    tp_lp_cols lp;             /* the candidates' logprobs (jobs that asked) */
 } tp_m_sampled;
 
 typedef struct tp_m_stop_open {
@@ -521,6 +620,9 @@ typedef struct tp_m_stop_open {
     uint64_t t_submit_us;      /* CLOCK_REALTIME of SUBMIT */
     uint64_t t_start_us;       /* CLOCK_REALTIME of the first forward step */
     tp_raw replay;             /* i32 frame: accepted ids to re-feed silently */
+    uint32_t context_length;   /* opt: max_tokens was lowered to fit this context */
+    uint64_t pin;              /* random, nonzero: echoed in every event of the job, so the
+                                * broker believes only the worker the job is pinned to */
 } tp_m_stop_open;
 
 typedef struct tp_m_stop_close {
@@ -534,6 +636,7 @@ typedef struct tp_m_stop_step {
     uint32_t n;
     tp_raw slots;              /* u32[n] */
     tp_raw candidates;         /* i32[n] */
+    tp_lp_cols lp;             /* the candidates' logprobs, passed on to TOKEN */
 } tp_m_stop_step;
 
 typedef struct tp_m_verdicts {
@@ -560,6 +663,7 @@ typedef struct tp_msg {
         tp_m_jobref jobref;
         tp_m_status_reply status_reply;
         tp_m_stats_reply stats_reply;
+        tp_m_info_reply info_reply;
         tp_m_token token;
         tp_m_finish finish;
         tp_m_beat beat;

@@ -87,7 +87,7 @@ typedef struct tp_stop_config {
     int32_t max_tokens;           /* >= 1; TP_STOP_NO_LIMIT for none */
     bool include_stop_str_in_output;
     int32_t vocab_size;           /* 0 = don't range-check ids */
-    size_t max_stop_strings;      /* 0 = TP_STOP_DEFAULT_MAX_STRINGS (counted before merging duplicates) */
+    size_t max_stop_strings;      /* 0 = TP_STOP_DEFAULT_MAX_STRINGS; counts distinct strings (copies are one) */
     size_t max_stop_len;          /* 0 = TP_STOP_DEFAULT_MAX_LEN, bytes per string */
     size_t matcher_dense_bytes;   /* 0 = default; memory budget of the automaton's dense rows */
 } tp_stop_config;
@@ -101,6 +101,11 @@ typedef struct tp_stop tp_stop;
  * "stop[2]: empty string", "stop_token_ids[0]: id 40000 outside the
  * vocabulary [0, 32000)". On success *out is owned by the caller. */
 int tp_stop_new(const tp_stop_config *cfg, tp_stop **out, tp_err *err);
+
+/* The number of distinct strings among stop[0, n) (lens[i] bytes each; lens
+ * NULL: NUL-terminated), what max_stop_strings limits: a stop string sent
+ * twice matches as one. SIZE_MAX when out of memory. O(n) expected. */
+size_t tp_stop_count_distinct(const char *const *stop, const size_t *lens, size_t n);
 
 void tp_stop_free(tp_stop *s);
 

@@ -144,7 +144,15 @@ static bool config_invalid(const tp_stop_config *c)
     if (c->max_tokens < 1 || c->min_tokens < 0 || c->min_tokens > c->max_tokens) return true;
     if (!ids_ok(c->stop_ids, c->n_stop_ids, c->vocab_size)) return true;
     if (!ids_ok(c->eos_ids, c->n_eos_ids, c->vocab_size)) return true;
-    if (c->n_stop > max_n) return true;
+    /* the limit counts distinct strings: compare every pair, plainly */
+    size_t distinct = 0;
+    for (size_t j = 0; j < c->n_stop; j++) {
+        bool seen = false;
+        for (size_t k = 0; k < j && !seen; k++)
+            seen = slen(c, k) == slen(c, j) && !memcmp(c->stop[k], c->stop[j], slen(c, j));
+        distinct += !seen;
+    }
+    if (distinct > max_n) return true;
     for (size_t j = 0; j < c->n_stop; j++) {
         size_t L = slen(c, j);
         if (L == 0 || L > max_len || !utf8_ok((const uint8_t *)c->stop[j], L)) return true;

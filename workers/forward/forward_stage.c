@@ -45,8 +45,8 @@ static int alloc_scratch(tp_forward_stage *st)
 static int make_forward(tp_forward_stage *st, tp_err *err)
 {
     int rc = tp_forward_new(st->model, st->kv_slots, st->max_pos, st->max_batch_tokens, &st->fwd, err);
-    if (!rc && st->threads > 1)
-        rc = tp_forward_set_threads(st->fwd, st->threads, err);
+    if (!rc)
+        rc = tp_forward_set_threads(st->fwd, st->threads ? st->threads : tp_forward_default_threads(), err);
     return rc;
 }
 
@@ -86,6 +86,11 @@ void tp_forward_stage_free(tp_forward_stage *st)
     free(st->out_slots);
     free(st->cands);
     free(st);
+}
+
+int tp_forward_stage_set_kv_type(tp_forward_stage *st, tp_kv_type t, tp_err *err)
+{
+    return tp_forward_set_kv_type(st->fwd, t, err);
 }
 
 int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err)
@@ -215,6 +220,8 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
     /* Compact the output rows to the front (row i of item i -> row n_out). */
     uint32_t n_out = 0;
     size_t v = (size_t)st->vocab;
+    if (s->sample && tp_sample_stage_lp_reset(st->sampler, s->n))
+        return step_error(m, io, TP_ST_INTERNAL, "STEP: out of memory for logprobs");
     for (uint32_t i = 0; i < s->n; i++) {
         if (st->items[i].skip_logits)
             continue;
@@ -228,6 +235,7 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
                 fprintf(stderr, "forward: sample: %s\n", e.msg);
                 st->cands[n_out] = -1;
             }
+            tp_sample_stage_lp_item(st->sampler, n_out, slot, row, st->cands[n_out]);
         } else if (n_out != i) {
             memmove(st->logits + (size_t)n_out * v, row, v * sizeof *row);
         }
@@ -241,6 +249,8 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
     r.step_result.vocab = s->sample ? 0 : (uint32_t)st->vocab;
     r.step_result.slots = (tp_raw){st->out_slots, n_out};
     r.step_result.out = s->sample ? (tp_raw){st->cands, n_out} : (tp_raw){st->logits, (size_t)n_out * v};
+    if (s->sample)
+        r.step_result.lp = tp_sample_stage_lp_cols(st->sampler, n_out);
     return io->reply(io->ctx, &r);
 }
 

@@ -26,8 +26,16 @@ float tp_smp_value(const tp_smp_view *v, int t)
             x *= v->rep;
         x -= v->presence + v->frequency * (float)v->counts[t];
     }
-    if (marked(v->ban, t))
-        x = -INFINITY;
+    if (marked(v->ban, t)) {
+        if (!v->bias) {
+            x = -INFINITY;
+        } else {
+            if (marked(v->biased, t))
+                x = v->bias[t] <= TP_SAMPLER_BAN_BIAS ? -INFINITY : x + v->bias[t];
+            if (marked(v->banned, t))
+                x = -INFINITY;
+        }
+    }
     return x;
 }
 

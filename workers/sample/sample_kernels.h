@@ -36,9 +36,17 @@ typedef struct tp_smp_view {
     const uint16_t *ban;
     const int32_t *counts; /* occurrences in the window, per id */
     float rep, presence, frequency;
+    /* With a logit bias (bias != NULL), ban marks the biased ids too, so the
+     * passes still test two bitmaps per block and a job without a bias
+     * runs exactly the code it ran before; banned then says which marks
+     * are bans (NULL: none this call). */
+    const float *bias;      /* per id, read where biased is marked; NULL: no logit bias */
+    const uint16_t *biased;
+    const uint16_t *banned;
 } tp_smp_view;
 
-/* The logit of id t after NaN -> -inf, penalties and bans. */
+/* The logit of id t after NaN -> -inf, penalties, logit bias (a bias of
+ * TP_SAMPLER_BAN_BIAS or less gives -inf) and bans. */
 float tp_smp_value(const tp_smp_view *v, int t);
 
 /* exp((l - max) * inv_t) as the sampler has always computed it; d == 0 is

@@ -3,6 +3,7 @@
  * The broker tells the stage which candidate was accepted since the slot's
  * last sample (the `accepted` column); the stage feeds it to the sampler
  * (penalty window, random stream) before drawing the next candidate. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,11 @@ typedef struct sample_job {
     bool used;
     uint32_t slot;
     tp_sampler *s;
+    int top_n;             /* alternatives per logprob; -1: the job did not ask for logprobs */
+    tp_logprobs_mode lp_mode;
 } sample_job;
+
+#define LP_STRIDE TP_PROTO_MAX_TOP_LOGPROBS
 
 struct tp_sample_stage {
     int capacity, vocab;
@@ -27,6 +32,14 @@ struct tp_sample_stage {
     uint32_t *o_slots;
     int32_t *o_cands;
     size_t o_cap;
+    /* logprob columns: rows of LP_STRIDE while filling, compacted to
+     * lp_top_n by lp_cols */
+    float *lp, *lp_top;
+    int32_t *lp_ids;
+    tp_logprob *lp_tmp;
+    size_t lp_cap;
+    bool lp_any;
+    uint32_t lp_top_n;
 };
 
 int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_eos, tp_sample_stage **out,
@@ -68,6 +81,10 @@ void tp_sample_stage_free(tp_sample_stage *st)
     free(st->row);
     free(st->o_slots);
     free(st->o_cands);
+    free(st->lp);
+    free(st->lp_top);
+    free(st->lp_ids);
+    free(st->lp_tmp);
     free(st);
 }
 
@@ -92,6 +109,12 @@ static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampl
     if (p->set & TP_P_FREQUENCY_PENALTY) sp.frequency_penalty = (float)p->frequency_penalty;
     if (p->set & TP_P_PENALTY_WINDOW) sp.penalty_window = p->penalty_window;
     if (p->set & TP_P_MIN_TOKENS) sp.min_tokens = p->min_tokens;
+    if (p->set & TP_P_TYPICAL_P) sp.typical_p = (float)p->typical_p;
+    sp.bias_ids = p->logit_bias.ids;
+    sp.bias_values = p->logit_bias.values;
+    sp.n_bias = p->logit_bias.n;
+    /* the broker always sends a seed (it reports it to the producer); a
+     * bare SAMPLE_OPEN without one still gets a random stream */
     sp.seed = (p->set & TP_P_SEED) ? p->seed : tp_random_u64();
     /* banned below min_tokens: the broker's list, plus every EOS id of the
      * model unless EOS is an ordinary token for this job */
@@ -144,6 +167,8 @@ static int sample_open(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
     j->used = true;
     j->slot = o->slot;
+    j->top_n = o->params.logprobs ? o->params.top_logprobs : -1;
+    j->lp_mode = tp_params_lpmode(&o->params) == TP_LPMODE_PROCESSED ? TP_LOGPROBS_PROCESSED : TP_LOGPROBS_RAW;
     return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
@@ -188,6 +213,67 @@ static int grow_out(tp_sample_stage *st, size_t n)
     return 0;
 }
 
+int tp_sample_stage_lp_reset(tp_sample_stage *st, uint32_t n)
+{
+    st->lp_any = false;
+    st->lp_top_n = 0;
+    if (n <= st->lp_cap)
+        return 0;
+    float *lp = realloc(st->lp, n * sizeof *lp);
+    if (lp)
+        st->lp = lp;
+    float *top = realloc(st->lp_top, (size_t)n * LP_STRIDE * sizeof *top);
+    if (top)
+        st->lp_top = top;
+    int32_t *ids = realloc(st->lp_ids, (size_t)n * LP_STRIDE * sizeof *ids);
+    if (ids)
+        st->lp_ids = ids;
+    if (!st->lp_tmp)
+        st->lp_tmp = malloc(LP_STRIDE * sizeof *st->lp_tmp);
+    if (!lp || !top || !ids || !st->lp_tmp)
+        return TP_ENOMEM;
+    st->lp_cap = n;
+    return 0;
+}
+
+void tp_sample_stage_lp_item(tp_sample_stage *st, uint32_t i, uint32_t slot, const float *logits, int32_t cand)
+{
+    sample_job *j = find_job(st, slot);
+    if (i >= st->lp_cap)
+        return;
+    st->lp[i] = NAN;
+    for (int k = 0; k < LP_STRIDE; k++)
+        st->lp_ids[(size_t)i * LP_STRIDE + k] = -1, st->lp_top[(size_t)i * LP_STRIDE + k] = -INFINITY;
+    if (!j || j->top_n < 0 || cand < 0)
+        return;
+    st->lp_any = true;
+    if ((uint32_t)j->top_n > st->lp_top_n)
+        st->lp_top_n = (uint32_t)j->top_n;
+    size_t n = 0;
+    tp_err e;
+    if (tp_sampler_logprobs(j->s, logits, j->lp_mode, cand, (size_t)j->top_n, &st->lp[i], st->lp_tmp, &n, &e)) {
+        fprintf(stderr, "sample: logprobs: %s\n", e.msg);
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        st->lp_ids[(size_t)i * LP_STRIDE + k] = st->lp_tmp[k].id;
+        st->lp_top[(size_t)i * LP_STRIDE + k] = st->lp_tmp[k].logprob;
+    }
+}
+
+tp_lp_cols tp_sample_stage_lp_cols(tp_sample_stage *st, uint32_t n)
+{
+    if (!st->lp_any || n > st->lp_cap)
+        return (tp_lp_cols){0};
+    uint32_t k = st->lp_top_n;
+    /* rows of LP_STRIDE -> rows of k, moving down in place */
+    for (size_t i = 0; i < n; i++) {
+        memmove(st->lp_ids + i * k, st->lp_ids + i * LP_STRIDE, k * sizeof *st->lp_ids);
+        memmove(st->lp_top + i * k, st->lp_top + i * LP_STRIDE, k * sizeof *st->lp_top);
+    }
+    return (tp_lp_cols){k, {st->lp, n}, {st->lp_ids, (size_t)n * k}, {st->lp_top, (size_t)n * k}};
+}
+
 static int sample(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     const tp_m_sample *s = &m->sample;
@@ -202,7 +288,7 @@ static int sample(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
         r.error = tp_str_of(e.msg);
         return io->reply(io->ctx, &r);
     }
-    if (grow_out(st, s->n ? s->n : 1))
+    if (grow_out(st, s->n ? s->n : 1) || tp_sample_stage_lp_reset(st, s->n ? s->n : 1))
         return TP_ENOMEM;
     size_t v = (size_t)st->vocab;
     for (uint32_t i = 0; i < s->n; i++) {
@@ -220,7 +306,9 @@ static int sample(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
             fprintf(stderr, "sample: %s\n", e.msg);
             st->o_cands[i] = -1;
         }
+        tp_sample_stage_lp_item(st, i, st->o_slots[i], row, st->o_cands[i]);
     }
+    r.sampled.lp = tp_sample_stage_lp_cols(st, s->n);
     r.sampled.n = s->n;
     r.sampled.slots = (tp_raw){st->o_slots, s->n};
     r.sampled.candidates = (tp_raw){st->o_cands, s->n};

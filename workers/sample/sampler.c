@@ -30,7 +30,17 @@ struct tp_sampler {
     float *work;  /* weights of the whole vocabulary */
     double *acc;  /* their running sum before each block of 16 ids */
     tp_smp_cand *cand;
+    uint16_t *biased; /* bitmap of logit_bias ids; NULL without logit_bias */
+    uint16_t *marks;  /* biased | banned: what the passes test while bans apply */
+    float *bias;      /* per id (vocab entries) when biased */
+    struct typ_cand *typ; /* typical_p < 1 only: candidates with their score */
 };
+
+/* A candidate of the typical set and its distance from the entropy. */
+typedef struct typ_cand {
+    double score;
+    tp_smp_cand c;
+} typ_cand;
 
 /* SplitMix64 (Steele, Lea, Flood 2014): output n is mix(seed + n * gamma). */
 #define SPLITMIX_GAMMA 0x9e3779b97f4a7c15ull
@@ -64,6 +74,10 @@ tp_sampler_params tp_sampler_params_default(void)
         .min_tokens = 0,
         .ban_ids = NULL,
         .n_ban = 0,
+        .typical_p = 1.0f,
+        .bias_ids = NULL,
+        .bias_values = NULL,
+        .n_bias = 0,
     };
 }
 
@@ -75,6 +89,8 @@ static int check_floats(const tp_sampler_params *p, tp_err *err)
                           p->temperature);
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
         return tp_err_set(err, TP_ERANGE, "top_p must be in (0, 1], got %g", p->top_p);
+    if (!(p->typical_p > 0.0f && p->typical_p <= 1.0f))
+        return tp_err_set(err, TP_ERANGE, "typical_p must be in (0, 1], got %g", p->typical_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         return tp_err_set(err, TP_ERANGE, "min_p must be in [0, 1], got %g", p->min_p);
     if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
@@ -111,6 +127,17 @@ int tp_sampler_params_validate(const tp_sampler_params *p, int vocab_size, tp_er
         if (p->ban_ids[i] < 0 || p->ban_ids[i] >= vocab_size)
             return tp_err_set(err, TP_ERANGE, "ban_ids[%zu] = %d is outside [0, %d)", i,
                               (int)p->ban_ids[i], vocab_size);
+    if (p->n_bias && (!p->bias_ids || !p->bias_values))
+        return tp_err_set(err, TP_EINVAL, "logit_bias is NULL but n_bias is %zu", p->n_bias);
+    for (size_t i = 0; i < p->n_bias; i++) {
+        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= vocab_size)
+            return tp_err_set(err, TP_ERANGE, "logit_bias: token id %d is outside [0, %d)",
+                              (int)p->bias_ids[i], vocab_size);
+        float b = p->bias_values[i];
+        if (!(b >= -TP_SAMPLER_MAX_BIAS && b <= TP_SAMPLER_MAX_BIAS))
+            return tp_err_set(err, TP_ERANGE, "logit_bias[%d] must be in [-100, 100], got %g",
+                              (int)p->bias_ids[i], b);
+    }
     return 0;
 }
 
@@ -126,6 +153,10 @@ void tp_sampler_free(tp_sampler *s)
     free(s->work);
     free(s->acc);
     free(s->cand);
+    free(s->biased);
+    free(s->marks);
+    free(s->bias);
+    free(s->typ);
     free(s);
 }
 
@@ -188,6 +219,30 @@ int tp_sampler_new(const tp_sampler_params *p, int vocab_size, const int32_t *pr
     s->p.ban_ids = s->ban;
     for (size_t i = 0; i < p->n_ban; i++)
         s->banned[s->ban[i] >> 4] |= (uint16_t)(1u << (s->ban[i] & 15));
+    if (p->n_bias) {
+        s->biased = calloc(blocks, sizeof *s->biased);
+        s->marks = calloc(blocks, sizeof *s->marks);
+        s->bias = calloc(v, sizeof *s->bias);
+    }
+    if (p->typical_p < 1.0f)
+        s->typ = malloc(sizeof *s->typ * v);
+    if ((p->n_bias && (!s->biased || !s->marks || !s->bias)) || (p->typical_p < 1.0f && !s->typ)) {
+        tp_sampler_free(s);
+        return tp_err_set(err, TP_ENOMEM, "sampler: out of memory for vocab %d", vocab_size);
+    }
+    for (size_t i = 0; i < p->n_bias; i++) {
+        int32_t t = p->bias_ids[i];
+        if (s->biased[t >> 4] & (1u << (t & 15))) {
+            tp_sampler_free(s);
+            return tp_err_set(err, TP_EINVAL, "logit_bias: token id %d given twice", (int)t);
+        }
+        s->biased[t >> 4] |= (uint16_t)(1u << (t & 15));
+        s->bias[t] = p->bias_values[i];
+    }
+    for (size_t b = 0; s->marks && b < blocks; b++)
+        s->marks[b] = s->biased[b] | s->banned[b];
+    s->p.bias_ids = NULL; /* borrowed from the caller: kept in s->bias instead */
+    s->p.bias_values = NULL;
     s->avx512 = tp_smp_have_avx512();
     for (size_t i = 0; i < n_prompt; i++)
         push_history(s, prompt_ids[i]);
@@ -213,15 +268,19 @@ static tp_smp_view view_of(const tp_sampler *s, const float *logits)
     const tp_sampler_params *p = &s->p;
     bool penalize = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
                     p->frequency_penalty != 0.0f;
+    bool ban = s->n_accepted < (size_t)p->min_tokens && p->n_ban;
     return (tp_smp_view){
         .logits = logits,
         .vocab = s->vocab,
         .hist = penalize && s->ring_len ? s->hist : NULL,
-        .ban = s->n_accepted < (size_t)p->min_tokens && p->n_ban ? s->banned : NULL,
+        .ban = s->bias ? (ban ? s->marks : s->biased) : ban ? s->banned : NULL,
         .counts = s->counts,
         .rep = p->repetition_penalty,
         .presence = p->presence_penalty,
         .frequency = p->frequency_penalty,
+        .bias = s->bias,
+        .biased = s->biased,
+        .banned = ban ? s->banned : NULL,
     };
 }
 
@@ -444,10 +503,81 @@ static int32_t sample_all(tp_sampler *s, const tp_smp_view *v, int32_t best, flo
     return n ? draw_cand(s, n) : best;
 }
 
+static int by_rank(const void *a, const void *b)
+{
+    const tp_smp_cand *x = a, *y = b;
+    return tp_smp_ranks_before(x, y) ? -1 : tp_smp_ranks_before(y, x) ? 1 : 0;
+}
+
+static int by_typicality(const void *a, const void *b)
+{
+    const typ_cand *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? -1 : 1;
+    return by_rank(&x->c, &y->c);
+}
+
+/* typical_p < 1: the filters one after another over sorted candidates
+ * (llama.cpp's order: top-k, typical, top-p, min-p). O(vocab log vocab)
+ * per call: only jobs that ask for typical_p take this path. */
+static int32_t sample_typical(tp_sampler *s, const tp_smp_view *v, int32_t best, float max)
+{
+    const tp_sampler_params *p = &s->p;
+    float inv_t = 1.0f / p->temperature;
+    size_t n_pos;
+    int last_pos;
+    tp_smp_weights(v, max, inv_t, s->work, s->acc, &n_pos, &last_pos, s->avx512);
+    size_t n = tp_smp_gather(v, s->work, 0.0, s->cand, s->avx512);
+    qsort(s->cand, n, sizeof *s->cand, by_rank);
+    if (p->top_k > 0 && (size_t)p->top_k < n)
+        n = (size_t)p->top_k;
+    double total = 0.0, ent = 0.0;
+    for (size_t i = 0; i < n; i++)
+        total += s->cand[i].w;
+    for (size_t i = 0; i < n; i++) {
+        double q = s->cand[i].w / total;
+        ent -= q > 0.0 ? q * log(q) : 0.0;
+    }
+    for (size_t i = 0; i < n; i++)
+        s->typ[i] = (typ_cand){fabs(-log(s->cand[i].w / total) - ent), s->cand[i]};
+    qsort(s->typ, n, sizeof *s->typ, by_typicality);
+    size_t kept = 0;
+    double mass = 0.0;
+    while (kept < n && (kept == 0 || mass < (double)p->typical_p * total))
+        mass += s->typ[kept].c.w, s->cand[kept] = s->typ[kept].c, kept++;
+    n = kept;
+    qsort(s->cand, n, sizeof *s->cand, by_rank);
+    if (p->top_p < 1.0f) {
+        double sum = 0.0, acc = 0.0;
+        for (size_t i = 0; i < n; i++)
+            sum += s->cand[i].w;
+        for (kept = 0; kept < n && (kept == 0 || acc < (double)p->top_p * sum); kept++)
+            acc += s->cand[kept].w;
+        n = kept;
+    }
+    if (p->min_p > 0.0f && n > 0) {
+        float top = s->cand[0].w;
+        kept = 0;
+        for (size_t i = 0; i < n; i++)
+            if (s->cand[i].w >= p->min_p * top)
+                s->cand[kept++] = s->cand[i];
+        n = kept;
+    }
+    return n ? draw_cand(s, n) : best;
+}
+
 int tp_sampler_sample(tp_sampler *s, const float *logits, int32_t *token_out, tp_err *err)
 {
     tp_smp_view v = view_of(s, logits);
     const tp_sampler_params *p = &s->p;
+    if (p->temperature != 0.0f && p->typical_p < 1.0f) {
+        int best = tp_smp_argmax(&v, s->avx512);
+        if (best < 0)
+            return no_token(err);
+        float max = tp_smp_value(&v, best);
+        *token_out = isinf(max) ? best : sample_typical(s, &v, best, max);
+        return 0;
+    }
     if (p->temperature != 0.0f && p->top_k > 0 && p->top_k < s->vocab)
         return sample_top_k(s, &v, token_out, err);
     int best = tp_smp_argmax(&v, s->avx512);
@@ -461,4 +591,51 @@ int tp_sampler_sample(tp_sampler *s, const float *logits, int32_t *token_out, tp
 void tp_sampler_set_avx512(tp_sampler *s, bool on)
 {
     s->avx512 = on && tp_smp_have_avx512();
+}
+
+/* (l - max) / T - log_total, with l == max giving 0 even where the product
+ * would be inf * 0 (a tiny temperature, or +inf logits), as the sampler's
+ * weights do. */
+static float logprob_of(float l, float max, float inv_t, double log_total)
+{
+    if (!(l > -INFINITY))
+        return -INFINITY;
+    double d = l == max ? 0.0 : (double)((l - max) * inv_t);
+    return (float)(d - log_total);
+}
+
+int tp_sampler_logprobs(tp_sampler *s, const float *logits, tp_logprobs_mode mode, int32_t token,
+                        size_t n_top, float *token_logprob, tp_logprob *top, size_t *n_out, tp_err *err)
+{
+    if (token < 0 || token >= s->vocab)
+        return tp_err_set(err, TP_ERANGE, "logprobs: token %d is outside [0, %d)", (int)token, s->vocab);
+    tp_smp_view v = mode == TP_LOGPROBS_PROCESSED ? view_of(s, logits)
+                                                  : (tp_smp_view){.logits = logits, .vocab = s->vocab};
+    float inv_t = mode == TP_LOGPROBS_PROCESSED && s->p.temperature > 0.0f ? 1.0f / s->p.temperature : 1.0f;
+    int best = tp_smp_argmax(&v, s->avx512);
+    if (best < 0)
+        return no_token(err);
+    float max = tp_smp_value(&v, best);
+    double log_total;
+    if (isinf(max)) {
+        /* +inf logits share all the mass (the sampler picks the first) */
+        size_t n_inf = 0;
+        for (int t = best; t < s->vocab; t++)
+            n_inf += tp_smp_value(&v, t) == max;
+        log_total = log((double)n_inf);
+    } else {
+        size_t n_pos;
+        int last_pos;
+        /* log p(t) = (l_t - max) / T - log sum_u exp((l_u - max) / T): the
+         * sum is the sampler's own weight pass, the numbers it draws by */
+        log_total = log(tp_smp_weights(&v, max, inv_t, s->work, s->acc, &n_pos, &last_pos, s->avx512));
+    }
+    *token_logprob = logprob_of(tp_smp_value(&v, token), max, inv_t, log_total);
+    size_t k = n_top < (size_t)s->vocab ? n_top : (size_t)s->vocab;
+    size_t n = k ? tp_smp_top_k(&v, k, s->cand, s->avx512) : 0;
+    qsort(s->cand, n, sizeof *s->cand, by_rank);
+    for (size_t i = 0; i < n; i++)
+        top[i] = (tp_logprob){s->cand[i].id, logprob_of(s->cand[i].l, max, inv_t, log_total)};
+    *n_out = n;
+    return 0;
 }

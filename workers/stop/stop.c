@@ -62,6 +62,37 @@ static size_t stop_len_of(const tp_stop_config *c, size_t i)
     return c->stop_len ? c->stop_len[i] : strlen(c->stop[i]);
 }
 
+size_t tp_stop_count_distinct(const char *const *stop, const size_t *lens, size_t n)
+{
+    /* open addressing over FNV-1a hashes, table at most half full */
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    size_t *slot = malloc(cap * sizeof *slot);   /* 1 + index of the first copy, 0 empty */
+    if (!slot)
+        return SIZE_MAX;
+    memset(slot, 0, cap * sizeof *slot);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = lens ? lens[i] : strlen(stop[i]);
+        uint64_t h = 1469598103934665603ull;
+        for (size_t k = 0; k < len; k++)
+            h = (h ^ (uint8_t)stop[i][k]) * 1099511628211ull;
+        for (size_t at = (size_t)h & (cap - 1);; at = (at + 1) & (cap - 1)) {
+            if (!slot[at]) {
+                slot[at] = i + 1;
+                distinct++;
+                break;
+            }
+            size_t j = slot[at] - 1, lj = lens ? lens[j] : strlen(stop[j]);
+            if (lj == len && !memcmp(stop[j], stop[i], len))
+                break;
+        }
+    }
+    free(slot);
+    return distinct;
+}
+
 static int check_strings(const tp_stop_config *c, tp_err *err)
 {
     size_t max_n = c->max_stop_strings ? c->max_stop_strings : TP_STOP_DEFAULT_MAX_STRINGS;
@@ -69,12 +100,17 @@ static int check_strings(const tp_stop_config *c, tp_err *err)
     if (max_len > TP_STOP_HARD_MAX_LEN)
         return tp_err_set(err, TP_EINVAL, "max_stop_len: %zu is more than %d", max_len,
                           TP_STOP_HARD_MAX_LEN);
-    if (c->n_stop > max_n)
-        return tp_err_set(err, TP_ERANGE,
-                          "stop: %zu strings, more than the limit of %zu (max_stop_strings)",
-                          c->n_stop, max_n);
     if (c->n_stop && !c->stop)
         return tp_err_set(err, TP_EINVAL, "stop: NULL array with %zu strings", c->n_stop);
+    for (size_t i = 0; i < c->n_stop; i++)
+        if (!c->stop[i]) return tp_err_set(err, TP_EINVAL, "stop[%zu]: NULL string", i);
+    size_t distinct = c->n_stop > max_n ? tp_stop_count_distinct(c->stop, c->stop_len, c->n_stop) : c->n_stop;
+    if (distinct == SIZE_MAX)
+        return tp_err_set(err, TP_ENOMEM, "stop: out of memory");
+    if (distinct > max_n)
+        return tp_err_set(err, TP_ERANGE,
+                          "stop: %zu distinct strings, more than the limit of %zu (max_stop_strings)",
+                          distinct, max_n);
     for (size_t i = 0; i < c->n_stop; i++) {
         if (!c->stop[i]) return tp_err_set(err, TP_EINVAL, "stop[%zu]: NULL string", i);
         size_t len = stop_len_of(c, i), bad;

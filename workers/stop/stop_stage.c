@@ -1,6 +1,7 @@
 /* Stop stage glue: STOP_OPEN / STOP_STEP / STOP_CLOSE -> tp_detok + tp_stop,
  * publishing each job's TOKEN and FINISH events before the step's VERDICTS
  * go back to the broker. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +18,22 @@ typedef struct stop_job {
     tp_stop *stop;
     tp_detok *detok;
     uint32_t seq;             /* next event seq */
+    uint64_t pin;             /* from STOP_OPEN, in every event */
     uint32_t prompt_tokens;
     uint64_t t_submit_us, t_start_us, t_first_us;
+    int top_n;                /* logprob alternatives in TOKEN events; -1: no logprobs */
+    bool has_seed;
+    uint64_t seed;            /* reported in FINISH */
+    uint32_t context_length;  /* nonzero: max_tokens was lowered to fit this context */
 } stop_job;
+
+/* One candidate's logprob row from STOP_STEP (stride = the message's top_n). */
+typedef struct lp_row {
+    bool present;
+    float logprob;
+    const tp_lp_cols *cols;
+    size_t item;
+} lp_row;
 
 struct tp_stop_stage {
     const tp_tokenizer *tok;
@@ -84,15 +98,33 @@ static stop_job *find_job(tp_stop_stage *st, uint32_t slot)
 
 /* ---- events ---------------------------------------------------------------- */
 
-static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const tp_stage_io *io)
+static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const lp_row *lp,
+                         const tp_stage_io *io)
 {
     tp_msg ev;
+    float lpv = NAN;
+    int32_t ids[TP_PROTO_MAX_TOP_LOGPROBS];
+    float lps[TP_PROTO_MAX_TOP_LOGPROBS];
+    uint32_t k = j->top_n > 0 ? (uint32_t)j->top_n : 0;
     tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_TOKEN);
     ev.token.job_id = tp_str_of(j->job_id);
     ev.token.seq = j->seq++;
     ev.token.index = (uint32_t)tp_stop_completion_tokens(j->stop) - 1;
     ev.token.text = (tp_str){text, len};
     ev.token.ids = (tp_raw){&id, 1};
+    ev.token.pin = j->pin;
+    if (j->top_n >= 0) {
+        /* the job asked: a row that did not come (a sampler that lost it)
+         * reads NaN / id -1, so the frames still line up with the ids */
+        for (uint32_t c = 0; c < k; c++) {
+            bool have = lp->present && c < lp->cols->top_n;
+            size_t at = lp->item * lp->cols->top_n + c;
+            ids[c] = have ? tp_raw_i32(lp->cols->top_ids, at) : -1;
+            lps[c] = have ? tp_raw_f32(lp->cols->top_logprobs, at) : -INFINITY;
+        }
+        lpv = lp->present ? lp->logprob : NAN;
+        ev.token.lp = (tp_lp_cols){k, {&lpv, 1}, {ids, k}, {lps, k}};
+    }
     return io->publish(io->ctx, &ev);
 }
 
@@ -104,6 +136,7 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
     tp_m_finish *f = &ev.finish;
     f->job_id = tp_str_of(j->job_id);
     f->seq = j->seq++;
+    f->pin = j->pin;
     f->reason = (int)s->finish;   /* tp_finish_reason and TP_REASON_* share numbers */
     if (s->matched_str)
         f->matched = (tp_matched){.kind = TP_MATCHED_STR, .str = {s->matched_str, s->matched_len}};
@@ -120,6 +153,14 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
     f->timings.queue_us = j->t_start_us > j->t_submit_us ? j->t_start_us - j->t_submit_us : 0;
     f->timings.ttft_us = j->t_first_us > j->t_submit_us ? j->t_first_us - j->t_submit_us : 0;
     f->timings.total_us = now > j->t_submit_us ? now - j->t_submit_us : 0;
+    if (j->has_seed)
+        f->set |= TP_ACK_SEED, f->seed = j->seed;
+    if (f->reason == TP_REASON_LENGTH) {
+        /* say which limit ended it: the context, or the producer's max_tokens */
+        bool ctx = j->context_length && j->prompt_tokens + f->completion_tokens >= j->context_length;
+        f->detail = tp_str_of(ctx ? "context" : "max_tokens");
+        f->context_length = ctx ? j->context_length : 0;
+    }
     return io->publish(io->ctx, &ev);
 }
 
@@ -209,9 +250,14 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     memcpy(j->job_id, o->job_id.ptr, o->job_id.len);
     j->job_id[o->job_id.len] = '\0';
     j->seq = o->next_seq;
+    j->pin = o->pin;
     j->prompt_tokens = o->prompt_tokens;
     j->t_submit_us = o->t_submit_us;
     j->t_start_us = o->t_start_us;
+    j->top_n = o->params.logprobs ? o->params.top_logprobs : -1;
+    j->has_seed = (o->params.set & TP_P_SEED) != 0;
+    j->seed = o->params.seed;
+    j->context_length = o->context_length;
     return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
@@ -237,7 +283,7 @@ static int grow_verdicts(tp_stop_stage *st, size_t n)
 }
 
 /* Decide one candidate of job j and publish what it releases. */
-static int feed_one(stop_job *j, int32_t cand, uint8_t *acc, uint8_t *fin, const tp_stage_io *io)
+static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, uint8_t *fin, const tp_stage_io *io)
 {
     tp_err e;
     size_t n;
@@ -255,7 +301,7 @@ static int feed_one(stop_job *j, int32_t cand, uint8_t *acc, uint8_t *fin, const
         tp_detok_accept(j->detok, cand, &e);
         if (!j->t_first_us)
             j->t_first_us = tp_wall_us();
-        if ((rc = publish_token(j, cand, s.chunk, s.chunk_len, io)))
+        if ((rc = publish_token(j, cand, s.chunk, s.chunk_len, lp, io)))
             return rc;
         if (s.finish != TP_FINISH_NONE)
             return publish_finish(j, &s, "", 0, NULL, io);
@@ -280,7 +326,10 @@ static int stop_step(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
             st->v_fin[i] = TP_REASON_ERROR;
             continue;
         }
-        int rc = feed_one(j, tp_raw_i32(s->candidates, i), &st->v_acc[i], &st->v_fin[i], io);
+        lp_row lp = {s->lp.logprobs.data != NULL, 0.0f, &s->lp, i};
+        if (lp.present)
+            lp.logprob = tp_raw_f32(s->lp.logprobs, i);
+        int rc = feed_one(j, tp_raw_i32(s->candidates, i), &lp, &st->v_acc[i], &st->v_fin[i], io);
         if (rc)
             return rc;
     }

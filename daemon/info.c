@@ -1,0 +1,129 @@
+/* INFO: what a producer needs to know before it submits — the model's
+ * vocabulary, context, BOS/EOS and end-of-generation ids, special tokens,
+ * chat template presence, weight type — and the broker's limits.
+ *
+ * The model facts come from the workers' READY (registry.c passes each one
+ * here); the optional ones (eog_ids, special tokens, chat_template,
+ * weight_type) are kept from the latest READY that carried any (one from a
+ * worker with the vocabulary wins over a forward-only one), so a
+ * worker build that learns more about its model only has to send more keys
+ * in READY. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "tokpipe/sampler.h"
+
+struct binfo {
+    int32_t *eog, *special;
+    size_t n_eog, n_special;
+    tp_str *pieces;          /* point into piece_buf */
+    char *piece_buf;
+    bool chat_template;
+    char weight_type[TP_PROTO_MAX_NAME + 1];
+    bool from_vocab;         /* from a worker that holds the vocabulary */
+};
+
+void info_free(broker *b)
+{
+    if (!b->info)
+        return;
+    free(b->info->eog);
+    free(b->info->special);
+    free(b->info->pieces);
+    free(b->info->piece_buf);
+    free(b->info);
+    b->info = NULL;
+}
+
+void info_on_ready(broker *b, const tp_m_ready *r)
+{
+    if (!r->n_eog_ids && !r->n_special_ids && !r->chat_template && !r->weight_type.len)
+        return;
+    /* a worker with the vocabulary (tokenize, stop) knows the end ids and
+     * special tokens; a forward-only one only the model file's */
+    bool vocab = r->stages & (TP_STAGE_TOKENIZE | TP_STAGE_STOP);
+    if (b->info && b->info->from_vocab && !vocab)
+        return;
+    struct binfo *in = calloc(1, sizeof *in);
+    size_t bytes = 1;
+    for (size_t i = 0; i < r->n_special_pieces; i++)
+        bytes += r->special_pieces[i].len;
+    if (in) {
+        in->eog = malloc((r->n_eog_ids + 1) * sizeof *in->eog);
+        in->special = malloc((r->n_special_ids + 1) * sizeof *in->special);
+        in->pieces = calloc(r->n_special_ids + 1, sizeof *in->pieces);
+        in->piece_buf = malloc(bytes);
+    }
+    if (!in || !in->eog || !in->special || !in->pieces || !in->piece_buf) {
+        if (in) {
+            free(in->eog), free(in->special), free(in->pieces), free(in->piece_buf);
+            free(in);
+        }
+        broker_log(b, "INFO: out of memory for the model's special tokens");
+        return;
+    }
+    memcpy(in->eog, r->eog_ids, r->n_eog_ids * sizeof *in->eog);
+    in->n_eog = r->n_eog_ids;
+    memcpy(in->special, r->special_ids, r->n_special_ids * sizeof *in->special);
+    in->n_special = r->n_special_ids;
+    char *w = in->piece_buf;
+    for (size_t i = 0; i < r->n_special_ids && i < r->n_special_pieces; i++) {
+        memcpy(w, r->special_pieces[i].ptr, r->special_pieces[i].len);
+        in->pieces[i] = (tp_str){w, r->special_pieces[i].len};
+        w += r->special_pieces[i].len;
+    }
+    in->chat_template = r->chat_template;
+    size_t wl = r->weight_type.len < TP_PROTO_MAX_NAME ? r->weight_type.len : TP_PROTO_MAX_NAME;
+    memcpy(in->weight_type, r->weight_type.ptr ? r->weight_type.ptr : "", wl);
+    in->weight_type[wl] = '\0';
+    in->from_vocab = vocab;
+    if (!wl && b->info)   /* a worker without the weights: keep what one with them said */
+        memcpy(in->weight_type, b->info->weight_type, sizeof in->weight_type);
+    info_free(b);
+    b->info = in;
+}
+
+static uint32_t u32_of(int v)
+{
+    return v > 0 ? (uint32_t)v : 0;
+}
+
+void info_reply(broker *b, uint64_t req, tp_msg *r)
+{
+    tp_msg_init(r, TP_FAM_JOB, TP_CMD_INFO_REPLY);
+    r->req = req;
+    r->status = TP_ST_OK;
+    tp_m_info_reply *o = &r->info_reply;
+    const bworker *m = registry_model(b);
+    o->model_id = tp_str_of(m ? m->model_id : "");
+    o->vocab_size = m ? m->vocab : 0;
+    o->bos_id = m ? m->bos : -1;
+    o->eos_id = m ? m->eos : -1;
+    /* the context is the forward workers' (a tokenize-only READY says 0) */
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live && (b->workers[i].stages & TP_STAGE_FORWARD) && b->workers[i].seq_len)
+            o->context_length = b->workers[i].seq_len;
+    if (b->info) {
+        o->eog_ids = b->info->eog, o->n_eog_ids = b->info->n_eog;
+        o->special_ids = b->info->special, o->n_special_ids = b->info->n_special;
+        o->special_pieces = b->info->pieces, o->n_special_pieces = b->info->n_special;
+        o->chat_template = b->info->chat_template;
+        o->weight_type = tp_str_of(b->info->weight_type);
+    } else if (m && m->eos >= 0) {
+        /* a READY without eog_ids: EOS is the one we know (encode only reads it) */
+        o->eog_ids = (int32_t *)(uintptr_t)&m->eos, o->n_eog_ids = 1;
+    }
+    const tp_config *c = b->cfg;
+    o->limits = (tp_m_info_limits){
+        .max_tokens = u32_of(c->max_tokens_limit),
+        .max_prompt_bytes = u32_of(c->max_prompt_bytes),
+        .max_stop_strings = u32_of(c->max_stop_strings),
+        .max_stop_len = u32_of(c->max_stop_len),
+        .max_stop_ids = u32_of(c->max_stop_ids),
+        .max_penalty_window = u32_of(c->max_penalty_window),
+        .max_concurrent_jobs = u32_of(c->max_concurrent_jobs),
+        .max_logit_bias = TP_PROTO_MAX_LOGIT_BIAS,
+        .max_top_logprobs = TP_SAMPLER_MAX_TOP_LOGPROBS,
+    };
+}

@@ -1,0 +1,136 @@
+/* tokpipe info: what the daemon serves (INFO): the model's vocabulary,
+ * context, BOS/EOS/end-of-generation ids, special tokens, chat template,
+ * weight type, and the broker's limits. */
+#include "tools.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "evfmt.h"
+
+const char cmd_info_summary[] = "print the daemon's model (vocabulary, context, special tokens) and limits";
+
+static const char usage_text[] =
+    "usage: tokpipe info [--json] [connection options]\n"
+    "\n"
+    "Asks tokpiped (INFO) what a producer needs before it submits: model id,\n"
+    "vocabulary size, context length (prompt + completion tokens), BOS/EOS ids,\n"
+    "the ids that end generation, the special tokens, whether the model has a\n"
+    "chat template, its weight type, and the broker's limits (max_tokens, stop\n"
+    "strings, logit_bias entries, top_logprobs, ...).\n"
+    "  --json   one JSON object with the INFO_REPLY keys instead\n"
+    "exit status: 0 ok, 1 daemon unreachable, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
+
+static cJSON *ids_array(const int32_t *ids, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+static cJSON *info_json(const tp_m_info_reply *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    char *mid = strndup(r->model_id.ptr ? r->model_id.ptr : "", r->model_id.len);
+    cJSON_AddStringToObject(o, "model_id", mid ? mid : "");
+    free(mid);
+    cJSON_AddNumberToObject(o, "vocab_size", r->vocab_size);
+    cJSON_AddNumberToObject(o, "context_length", r->context_length);
+    cJSON_AddNumberToObject(o, "bos_id", r->bos_id);
+    cJSON_AddNumberToObject(o, "eos_id", r->eos_id);
+    cJSON_AddItemToObject(o, "eog_ids", ids_array(r->eog_ids, r->n_eog_ids));
+    cJSON *sp = cJSON_AddArrayToObject(o, "special_tokens");
+    for (size_t i = 0; i < r->n_special_ids && i < r->n_special_pieces; i++) {
+        cJSON *e = cJSON_CreateObject();
+        char *p = strndup(r->special_pieces[i].ptr ? r->special_pieces[i].ptr : "", r->special_pieces[i].len);
+        cJSON_AddNumberToObject(e, "id", r->special_ids[i]);
+        cJSON_AddStringToObject(e, "piece", p ? p : "");
+        free(p);
+        cJSON_AddItemToArray(sp, e);
+    }
+    cJSON_AddBoolToObject(o, "chat_template", r->chat_template);
+    char *wt = strndup(r->weight_type.ptr ? r->weight_type.ptr : "", r->weight_type.len);
+    cJSON_AddStringToObject(o, "weight_type", wt ? wt : "");
+    free(wt);
+    cJSON *l = cJSON_AddObjectToObject(o, "limits");
+    const tp_m_info_limits *x = &r->limits;
+    cJSON_AddNumberToObject(l, "max_tokens", x->max_tokens);
+    cJSON_AddNumberToObject(l, "max_prompt_bytes", x->max_prompt_bytes);
+    cJSON_AddNumberToObject(l, "max_stop_strings", x->max_stop_strings);
+    cJSON_AddNumberToObject(l, "max_stop_len", x->max_stop_len);
+    cJSON_AddNumberToObject(l, "max_stop_ids", x->max_stop_ids);
+    cJSON_AddNumberToObject(l, "max_penalty_window", x->max_penalty_window);
+    cJSON_AddNumberToObject(l, "max_concurrent_jobs", x->max_concurrent_jobs);
+    cJSON_AddNumberToObject(l, "max_logit_bias", x->max_logit_bias);
+    cJSON_AddNumberToObject(l, "max_top_logprobs", x->max_top_logprobs);
+    return o;
+}
+
+static void print_human(const cJSON *o)
+{
+    for (const cJSON *it = o->child; it; it = it->next) {
+        if (cJSON_IsObject(it)) {
+            for (const cJSON *k = it->child; k; k = k->next)
+                printf("%s.%s: %.0f\n", it->string, k->string, cJSON_GetNumberValue(k));
+        } else if (!strcmp(it->string, "special_tokens")) {
+            printf("special_tokens:");
+            for (const cJSON *e = it->child; e; e = e->next) {
+                /* quoted: pieces may hold newlines or spaces (llama2.c's "\n<s>\n") */
+                char *piece = cJSON_PrintUnformatted(cJSON_GetObjectItem(e, "piece"));
+                printf(" %.0f=%s", cJSON_GetNumberValue(cJSON_GetObjectItem(e, "id")), piece ? piece : "?");
+                free(piece);
+            }
+            printf("\n");
+        } else {
+            char *v = cJSON_IsString(it) ? NULL : cJSON_PrintUnformatted(it);
+            printf("%s: %s\n", it->string, v ? v : cJSON_GetStringValue(it));
+            free(v);
+        }
+    }
+}
+
+int cmd_info(int argc, char **argv)
+{
+    tp_client_args a = {0};
+    bool json = false;
+    tp_err err = {0};
+    for (int i = 1; i < argc; i++) {
+        int rc = tp_client_parse_arg(&a, argc, argv, &i, &err);
+        if (rc < 0)
+            return fprintf(stderr, "tokpipe info: %s\n", err.msg), 2;
+        if (rc)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return fputs(usage_text, stdout), 0;
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else
+            return fprintf(stderr, "tokpipe info: unknown argument '%s'\n%s", argv[i], usage_text), 2;
+    }
+    tp_client *c = NULL;
+    tp_recv r = {0};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_INFO);
+    int rc = tp_client_open(&a, true, false, &c, &err);
+    if (!rc)
+        rc = tp_client_call(c, &m, &r, &err);
+    if (!rc && (r.m.cmd != TP_CMD_INFO_REPLY || r.m.status != TP_ST_OK))
+        rc = tp_err_set(&err, TP_EIO, "INFO answered %u %.*s", r.m.status, (int)r.m.error.len,
+                        r.m.error.ptr ? r.m.error.ptr : "");
+    if (!rc) {
+        cJSON *j = info_json(&r.m.info_reply);
+        if (json)
+            evfmt_print_line(stdout, j);
+        else {
+            print_human(j);
+            cJSON_Delete(j);
+        }
+    } else {
+        fprintf(stderr, "tokpipe info: %s\n", err.msg);
+    }
+    tp_recv_free(&r);
+    tp_client_free(c);
+    return rc ? 1 : 0;
+}
