@@ -213,7 +213,8 @@ static int submit_all(gen *s, tp_err *err)
                 continue;
             if (r.m.status == TP_ST_OK && r.m.cmd == TP_CMD_ACK) {
                 j->accepted = true;
-                j->seed = r.m.ack.seed;
+                if (r.m.ack.set & TP_ACK_SEED)   /* else the one sent stands */
+                    j->seed = r.m.ack.seed;
             } else {
                 fprintf(stderr, "tokpipe generate: prompt %zu rejected (%u): %.*s\n", i + 1, r.m.status,
                         (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
