@@ -213,7 +213,7 @@ static int submit_all(gen *s, tp_err *err)
                 continue;
             if (r.m.status == TP_ST_OK && r.m.cmd == TP_CMD_ACK) {
                 j->accepted = true;
-                if (r.m.ack.set & TP_ACK_SEED)   /* else the one sent stands */
+                if (r.m.ack.set & TP_ACK_SEED)   /* a broker that does not say keeps the one sent */
                     j->seed = r.m.ack.seed;
             } else {
                 fprintf(stderr, "tokpipe generate: prompt %zu rejected (%u): %.*s\n", i + 1, r.m.status,
