@@ -55,6 +55,10 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     unsigned flags = (t->add_bos ? TP_ENCODE_ADD_SPECIAL : 0) | (t->parse_special ? TP_ENCODE_SPECIAL : 0);
     if (tp_tokenizer_encode_ex(st->tok, t->text.ptr, t->text.len, flags, st->ids, st->cap, &n_ids, &e))
         return reply_error(m, io, TP_ST_BAD_REQUEST, e.msg);
+    /* e.g. no BOS asked for and only bytes the vocabulary has no token for:
+     * there would be nothing to run the model on */
+    if (n_ids == 0)
+        return reply_error(m, io, TP_ST_BAD_REQUEST, "prompt: encodes to no tokens");
     tp_msg r;
     tp_msg_init_reply(&r, m, TP_CMD_TOKENIZED, TP_ST_OK, NULL);
     r.tokenized.slot = t->slot;
