@@ -212,8 +212,7 @@ static int submit_all(gen *s, tp_err *err)
             if (j->req != r.m.req && !(r.m.req == 0 && r.m.cmd == TP_CMD_ERROR))
                 continue;
             if (r.m.status == TP_ST_OK && r.m.cmd == TP_CMD_ACK) {
-                j->accepted = true;
-                j->seed = r.m.ack.seed;
+                j->accepted = true;   /* its seed is the one we sent (the ACK echoes it) */
             } else {
                 fprintf(stderr, "tokpipe generate: prompt %zu rejected (%u): %.*s\n", i + 1, r.m.status,
                         (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
