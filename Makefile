@@ -129,10 +129,29 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(call obj,$(TSUP_SRC) $(DLIB_SRC)) $(L
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
 
+# the gateway's request decoder is tested beside the library
+$(BUILD)/tests/test_oai: $(BUILD)/obj/tests/test_oai.o $(call obj,http/oai.c) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
+
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(BSUP_SRC) $(DLIB_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# bench_forward's llama2.c baseline is built the way llama2.c builds run.c
+# for speed (`make runomp`: -Ofast -march=native -fopenmp), not with ours.
+BASE_SRC    := $(wildcard bench/baseline/*.c)
+BASE_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O3 -march=native -ffast-math -fopenmp -MMD -MP
+
+$(BUILD)/obj/bench/baseline/%.o: bench/baseline/%.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $< (llama2.c's flags)")
+	$(Q)$(CC) $(BASE_CFLAGS) -c $< -o $@
+
+$(BUILD)/bench/bench_forward: $(call obj,$(BASE_SRC))
+$(BUILD)/bench/bench_forward: LDFLAGS += -fopenmp
 
 test: $(PROGRAMS) $(TESTS)
 	BUILD=$(BUILD) BIN=$(BIN) scripts/run-tests.sh

@@ -1,22 +1,35 @@
 /* make bench: decode and prefill speed of the batched forward on random
- * stories15M / stories110M shaped models, against a naive per-sequence
- * matvec forward (llama2.c's run.c structure) measured in the same run.
+ * stories15M / stories110M shaped models, against a llama2.c baseline
+ * measured in the same run.
  *
- * The forward runs its default batch-invariant kernel and the opt-in
- * OpenBLAS kernel, sample by sample in turn on the same instance (so both
- * see the same machine state and the ratio is paired), on one thread (the
- * default) and then with two. The baselines run OpenBLAS sgemv with one
- * thread (and llama2.c's plain C matmul loop). OPENBLAS_CORETYPE=SkylakeX
- * is set (by re-exec) on AVX-512 CPUs unless already set. */
+ * The baseline (bench/baseline/llama2c_run.c) is run.c's algorithm built as
+ * llama2.c's authors build it for speed: -O3 -march=native -ffast-math,
+ * OpenMP over matmul rows and attention heads, one sequence and one token
+ * at a time (llama2.c has no batching, so its aggregate rate at any batch
+ * is its single-stream rate). Its OpenMP threads wait passively
+ * (OMP_WAIT_POLICY=passive, set by re-exec unless the environment sets a
+ * policy): the default spinning policy collapsed by up to 700x on this
+ * shared VM (research/limits.md 0.1), which would flatter us.
+ *
+ * On 1 and then 2 threads (both sides), batch-1 samples of the baseline,
+ * the forward's default batch-invariant kernel and its opt-in OpenBLAS
+ * kernel take turns sample by sample, so the ratios are paired; batched
+ * steps compare the two kernels the same way. Matmul GFLOP/s (2 x weights
+ * x tok/s) is printed to compare with the FMA peak (about 260 GFLOP/s per
+ * core here, research/limits.md). Then the KV cache in f16 against f32 at
+ * long contexts. OPENBLAS_CORETYPE=SkylakeX is set (by re-exec) on AVX-512
+ * CPUs unless already set. */
 #include <cblas.h>
-#include <math.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tokpipe/forward.h"
 #include "tokpipe/synth.h"
+#include "baseline/llama2c_run.h"
 #include "support/blas_env.h"
 #include "support/timing.h"
 
@@ -26,6 +39,8 @@
 #define PREFILL_LEN 128
 #define SAMPLES 5 /* each figure is the median of this many timed runs */
 #define NK 2      /* kernels compared: invariant, openblas */
+#define MAX_THREADS 2
+#define KV_BATCH 8 /* sequences of the kv_type comparison */
 
 static const tp_fwd_kernel KERNELS[NK] = {TP_FWD_KERNEL_INVARIANT, TP_FWD_KERNEL_OPENBLAS};
 
@@ -34,126 +49,6 @@ static void die(const char *what, const tp_err *e)
     fprintf(stderr, "bench_forward: %s: %s\n", what, e->msg);
     exit(1);
 }
-
-/* ---- naive baseline: one sequence, one token, matvec per weight -------- */
-
-typedef void (*matvec_fn)(float *y, const float *W, const float *x, int rows, int cols);
-
-static void matvec_c(float *y, const float *W, const float *x, int rows, int cols)
-{
-    for (int r = 0; r < rows; r++) { /* llama2.c run.c matmul */
-        float v = 0.0f;
-        for (int k = 0; k < cols; k++)
-            v += W[(size_t)r * cols + k] * x[k];
-        y[r] = v;
-    }
-}
-
-static void matvec_blas(float *y, const float *W, const float *x, int rows, int cols)
-{
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, W, cols, x, 1, 0.0f, y, 1);
-}
-
-typedef struct naive {
-    const tp_model_config *c;
-    const tp_model_weights *w;
-    float *x, *xb, *xb2, *q, *hb, *hb2, *att, *logits, *kc, *vc;
-} naive;
-
-static void nrms(float *o, const float *x, const float *w, int n)
-{
-    float ss = 0;
-    for (int i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    ss = 1.0f / sqrtf(ss / n + 1e-5f);
-    for (int i = 0; i < n; i++)
-        o[i] = w[i] * ss * x[i];
-}
-
-static void naive_step(naive *s, int token, int pos, matvec_fn mv)
-{
-    const tp_model_config *c = s->c;
-    int d = c->dim, kvd = c->kv_dim, hs = c->head_size, hd = c->hidden_dim;
-    memcpy(s->x, s->w->token_embedding + (size_t)token * d, d * sizeof(float));
-    for (int l = 0; l < c->n_layers; l++) {
-        const tp_layer_weights *lw = &s->w->layers[l];
-        float *k = s->kc + ((size_t)l * MAX_POS + pos) * kvd, *v = s->vc + ((size_t)l * MAX_POS + pos) * kvd;
-        nrms(s->xb, s->x, lw->rms_att, d);
-        mv(s->q, lw->wq, s->xb, d, d);
-        mv(k, lw->wk, s->xb, kvd, d);
-        mv(v, lw->wv, s->xb, kvd, d);
-        for (int i = 0; i < d; i += 2) {
-            float f = 1.0f / powf(10000.0f, (float)(i % hs) / hs), cs = cosf(pos * f), sn = sinf(pos * f);
-            for (int r = 0; r < (i < kvd ? 2 : 1); r++) {
-                float *vec = r ? k : s->q, a = vec[i], b = vec[i + 1];
-                vec[i] = a * cs - b * sn;
-                vec[i + 1] = a * sn + b * cs;
-            }
-        }
-        for (int h = 0; h < c->n_heads; h++) {
-            int g = h / (c->n_heads / c->n_kv_heads);
-            float mx = -1e30f, sum = 0;
-            for (int t = 0; t <= pos; t++) {
-                const float *kt = s->kc + ((size_t)l * MAX_POS + t) * kvd + g * hs;
-                float a = 0;
-                for (int i = 0; i < hs; i++)
-                    a += s->q[h * hs + i] * kt[i];
-                s->att[t] = a / sqrtf(hs);
-                mx = s->att[t] > mx ? s->att[t] : mx;
-            }
-            for (int t = 0; t <= pos; t++)
-                sum += s->att[t] = expf(s->att[t] - mx);
-            float *o = s->xb + h * hs;
-            memset(o, 0, hs * sizeof(float));
-            for (int t = 0; t <= pos; t++) {
-                const float *vt = s->vc + ((size_t)l * MAX_POS + t) * kvd + g * hs;
-                for (int i = 0; i < hs; i++)
-                    o[i] += s->att[t] / sum * vt[i];
-            }
-        }
-        mv(s->xb2, lw->wo, s->xb, d, d);
-        for (int i = 0; i < d; i++)
-            s->x[i] += s->xb2[i];
-        nrms(s->xb, s->x, lw->rms_ffn, d);
-        mv(s->hb, lw->w1, s->xb, hd, d);
-        mv(s->hb2, lw->w3, s->xb, hd, d);
-        for (int i = 0; i < hd; i++)
-            s->hb[i] = s->hb[i] / (1.0f + expf(-s->hb[i])) * s->hb2[i];
-        mv(s->xb2, lw->w2, s->hb, d, hd);
-        for (int i = 0; i < d; i++)
-            s->x[i] += s->xb2[i];
-    }
-    nrms(s->xb, s->x, s->w->rms_final, d);
-    mv(s->logits, s->w->wcls, s->xb, c->vocab_size, d);
-}
-
-/* Decode tok/s of the naive forward: prompt then steps tokens, timed. */
-static double naive_decode(const tp_model *m, matvec_fn mv, int steps)
-{
-    const tp_model_config *c = tp_model_get_config(m);
-    naive s;
-    memset(&s, 0, sizeof s);
-    s.c = c;
-    s.w = tp_model_get_weights(m);
-    size_t d = c->dim, h = c->hidden_dim, kv = (size_t)c->n_layers * MAX_POS * c->kv_dim;
-    s.x = malloc(d * 4); s.xb = malloc(d * 4); s.xb2 = malloc(d * 4); s.q = malloc(d * 4);
-    s.hb = malloc(h * 4); s.hb2 = malloc(h * 4); s.att = malloc(MAX_POS * 4);
-    s.logits = malloc((size_t)c->vocab_size * 4); s.kc = calloc(kv, 4); s.vc = calloc(kv, 4);
-    for (int p = 0; p < PROMPT_LEN; p++)
-        naive_step(&s, 1 + p, p, mv);
-    double tps[SAMPLES];
-    for (int k = 0; k < SAMPLES; k++) { /* every sample decodes the same positions */
-        double t0 = bench_now();
-        for (int i = 0; i < steps; i++)
-            naive_step(&s, 100 + i, PROMPT_LEN + i, mv);
-        tps[k] = steps / (bench_now() - t0);
-    }
-    free(s.x); free(s.xb); free(s.xb2); free(s.q); free(s.hb); free(s.hb2); free(s.att);
-    free(s.logits); free(s.kc); free(s.vc);
-    return bench_median(tps, SAMPLES);
-}
-
-/* ---- the batched forward ----------------------------------------------- */
 
 static void use_kernel(tp_forward *f, tp_fwd_kernel k)
 {
@@ -164,17 +59,77 @@ static void use_kernel(tp_forward *f, tp_fwd_kernel k)
 
 /* After an OpenBLAS call on 2 threads its pool thread keeps spinning for
  * 2^28 TSC ticks (OpenBLAS's THREAD_TIMEOUT; 0.1 s at this machine's 2.6 GHz
- * TSC) before it sleeps; wait that out so the next sample (the invariant
- * kernel's own second thread) does not share its vCPU with the spinner. */
+ * TSC) before it sleeps; wait that out so the next sample does not share
+ * its vCPU with the spinner. */
 static void settle(const tp_forward *f, tp_fwd_kernel k)
 {
-    if (k == TP_FWD_KERNEL_OPENBLAS && tp_forward_threads(f) == 2)
+    if (k == TP_FWD_KERNEL_OPENBLAS && tp_forward_threads(f) > 1)
         nanosleep(&(struct timespec){0, 150 * 1000 * 1000}, NULL);
 }
 
+/* ---- the llama2.c baseline --------------------------------------------- */
+
+typedef struct baseline {
+    l2c_weights w;
+    const float *ptrs[9][256]; /* per-layer pointer arrays behind w */
+    l2c *s;
+} baseline;
+
+static baseline *baseline_new(const tp_model *m)
+{
+    const tp_model_config *c = tp_model_get_config(m);
+    const tp_model_weights *mw = tp_model_get_weights(m);
+    baseline *b = calloc(1, sizeof *b);
+    if (!b || c->n_layers > 256) {
+        fprintf(stderr, "bench_forward: baseline: out of memory or too many layers\n");
+        exit(1);
+    }
+    l2c_weights *w = &b->w;
+    *w = (l2c_weights){c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
+                       c->rope_theta, c->norm_eps, mw->token_embedding, mw->rms_final, mw->wcls,
+                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    const float ***slots[9] = {&w->rms_att, &w->rms_ffn, &w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+    for (int l = 0; l < c->n_layers; l++) {
+        const tp_layer_weights *lw = &mw->layers[l];
+        const float *per[9] = {lw->rms_att, lw->rms_ffn, lw->wq, lw->wk, lw->wv, lw->wo, lw->w1, lw->w2, lw->w3};
+        for (int i = 0; i < 9; i++)
+            b->ptrs[i][l] = per[i];
+    }
+    for (int i = 0; i < 9; i++)
+        *slots[i] = b->ptrs[i];
+    if (!(b->s = l2c_new(w, MAX_POS))) {
+        fprintf(stderr, "bench_forward: baseline: out of memory\n");
+        exit(1);
+    }
+    for (int p = 0; p < PROMPT_LEN; p++)
+        l2c_forward(b->s, 1 + p * 7, p);
+    return b;
+}
+
+static void baseline_free(baseline *b)
+{
+    l2c_free(b->s);
+    free(b);
+}
+
+/* One timed sample: steps tokens from the same positions every sample. */
+static double baseline_sample(baseline *b, int steps)
+{
+    volatile float sink = 0;
+    double t0 = bench_now();
+    for (int i = 0; i < steps; i++)
+        sink += l2c_forward(b->s, 100 + i, PROMPT_LEN + i)[0];
+    (void)sink;
+    return steps / (bench_now() - t0);
+}
+
+/* ---- the batched forward ----------------------------------------------- */
+
 /* Decode tok/s of each kernel (tps[k]): B sequences after a prompt, steps
- * decode steps per sample, the kernels taking turns sample by sample. */
-static void fwd_decode(tp_forward *f, int B, int steps, float *logits, double *tps_out)
+ * decode steps per sample, the kernels (and the baseline, when given, for
+ * base_steps tokens) taking turns sample by sample. */
+static void fwd_decode(tp_forward *f, int B, int steps, float *logits, double *tps_out, baseline *base,
+                       int base_steps, double *base_out)
 {
     tp_err e;
     int sid[MAX_BATCH], prompt[PROMPT_LEN], toks[MAX_BATCH];
@@ -188,8 +143,13 @@ static void fwd_decode(tp_forward *f, int B, int steps, float *logits, double *t
         if (tp_forward_step(f, &it, 1, NULL, &e))
             die("prefill", &e);
     }
-    double tps[NK][SAMPLES];
-    for (int k = -1; k < SAMPLES; k++) /* sample -1 warms up */
+    double tps[NK][SAMPLES], btps[SAMPLES];
+    for (int k = -1; k < SAMPLES; k++) { /* sample -1 warms up */
+        if (base) {
+            double v = baseline_sample(base, base_steps);
+            if (k >= 0)
+                btps[k] = v;
+        }
         for (int ki = 0; ki < NK; ki++) {
             use_kernel(f, KERNELS[ki]);
             double t0 = bench_now();
@@ -205,10 +165,13 @@ static void fwd_decode(tp_forward *f, int B, int steps, float *logits, double *t
                 tps[ki][k] = (double)B * steps / (bench_now() - t0);
             settle(f, KERNELS[ki]);
         }
+    }
     for (int b = 0; b < B; b++)
         tp_forward_seq_close(f, sid[b]);
     for (int ki = 0; ki < NK; ki++)
         tps_out[ki] = bench_median(tps[ki], SAMPLES);
+    if (base)
+        *base_out = bench_median(btps, SAMPLES);
 }
 
 /* Prefill tok/s of each kernel: one PREFILL_LEN-token chunk per sample,
@@ -238,14 +201,81 @@ static void fwd_prefill(tp_forward *f, float *logits, double *tps_out)
         tps_out[ki] = bench_median(tps[ki], SAMPLES);
 }
 
-static void print_pair(const char *what, const double *tps, double b1, double naive)
+/* KV_BATCH sequences on f after a prompt of long_pos tokens (fed in
+ * PREFILL_LEN chunks); their ids go to sid. */
+static void kv_prefill(tp_forward *f, int long_pos, int *sid)
 {
-    printf("  %-34s %8.1f tok/s  (%.2fx batch 1, %.2fx naive sgemv)\n", what, tps[0], tps[0] / b1,
-           tps[0] / naive);
-    printf("  %-34s %8.1f tok/s  (%.2fx invariant)\n", "  openblas kernel:", tps[1], tps[1] / tps[0]);
+    tp_err e;
+    int *prompt = malloc(sizeof(int) * (size_t)long_pos);
+    if (!prompt) {
+        fprintf(stderr, "bench_forward: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < long_pos; i++)
+        prompt[i] = 1 + (i * 13) % 500;
+    for (int b = 0; b < KV_BATCH; b++) {
+        if (tp_forward_seq_open(f, &sid[b], &e))
+            die("seq_open", &e);
+        for (int p = 0; p < long_pos; p += PREFILL_LEN) {
+            int n = long_pos - p < PREFILL_LEN ? long_pos - p : PREFILL_LEN;
+            tp_fwd_item it = {sid[b], p, prompt + p, n, true};
+            if (tp_forward_step(f, &it, 1, NULL, &e))
+                die("prefill", &e);
+        }
+    }
+    free(prompt);
 }
 
-static void bench_shape(const char *name, int steps_scale)
+/* Decode tok/s of KV_BATCH sequences at positions long_pos.. with the KV
+ * cache in f32 (tps[0]) and f16 (tps[1]): two instances on max_threads
+ * threads, taking turns sample by sample. */
+static void kv_decode(const tp_model *m, int long_pos, int steps, int threads, float *logits, double *tps_out)
+{
+    tp_err e;
+    tp_forward *f[2];
+    int sid[2][KV_BATCH], toks[KV_BATCH];
+    for (int i = 0; i < 2; i++) {
+        if (tp_forward_new(m, KV_BATCH, long_pos + steps, PREFILL_LEN, &f[i], &e) ||
+            tp_forward_set_kv_type(f[i], i ? TP_KV_F16 : TP_KV_F32, &e) ||
+            tp_forward_set_threads(f[i], threads, &e))
+            die("kv forward", &e);
+        kv_prefill(f[i], long_pos, sid[i]);
+    }
+    double tps[2][SAMPLES];
+    tp_fwd_item items[KV_BATCH];
+    for (int k = -1; k < SAMPLES; k++)
+        for (int i = 0; i < 2; i++) {
+            double t0 = bench_now();
+            for (int s = 0; s < steps; s++) {
+                for (int b = 0; b < KV_BATCH; b++) {
+                    toks[b] = 100 + b + s;
+                    items[b] = (tp_fwd_item){sid[i][b], long_pos + s, &toks[b], 1, false};
+                }
+                if (tp_forward_step(f[i], items, KV_BATCH, logits, &e))
+                    die("decode", &e);
+            }
+            if (k >= 0)
+                tps[i][k] = (double)KV_BATCH * steps / (bench_now() - t0);
+        }
+    for (int i = 0; i < 2; i++) {
+        tps_out[i] = bench_median(tps[i], SAMPLES);
+        tp_forward_free(f[i]);
+    }
+}
+
+static double matmul_weights(const tp_model_config *c)
+{
+    double d = c->dim, kv = c->kv_dim, h = c->hidden_dim;
+    return c->n_layers * (2 * d * d + 2 * d * kv + 3 * d * h) + (double)c->vocab_size * d;
+}
+
+static void print_row(const char *what, const double *tps, double base, double weights)
+{
+    printf("  %-30s %8.1f tok/s  %5.2fx llama2.c  %6.1f GFLOP/s | openblas kernel %8.1f (%.2fx)\n", what,
+           tps[0], tps[0] / base, 2 * weights * tps[0] / 1e9, tps[1], tps[1] / tps[0]);
+}
+
+static void bench_shape(const char *name, int steps_scale, int long_pos)
 {
     tp_synth_shape sh;
     tp_err e;
@@ -259,43 +289,41 @@ static void bench_shape(const char *name, int steps_scale)
         die("model", &e);
     if (tp_forward_new(m, MAX_BATCH, MAX_POS, PREFILL_LEN > MAX_BATCH ? PREFILL_LEN : MAX_BATCH, &f, &e))
         die("forward_new", &e);
+    double weights = matmul_weights(tp_model_get_config(m));
     float *logits = malloc(sizeof(float) * MAX_BATCH * sh.vocab_size);
-    printf("%s (%.1f MB f32 weights), decode at positions %d..%d, medians of %d samples\n", name,
-           size / 1e6, PROMPT_LEN, PROMPT_LEN + 4 * steps_scale, SAMPLES);
-    openblas_set_num_threads(1); /* process-wide; the forward's OpenBLAS kernel may have set 2 */
-    double naive_blas = naive_decode(m, matvec_blas, 4 * steps_scale);
-    double naive_c = naive_decode(m, matvec_c, steps_scale);
-    printf("  baseline naive matvec, OpenBLAS sgemv: %8.1f tok/s\n", naive_blas);
-    printf("  baseline naive matvec, run.c C loop:   %8.1f tok/s\n", naive_c);
-    const int Bs[] = {1, 8, 32, 64, 128}, nB = 5;
-    double b1 = 0, tps[NK];
+    baseline *base = baseline_new(m);
+    printf("%s (%.1f MB f32 weights), decode at positions %d..%d, medians of %d samples\n", name, size / 1e6,
+           PROMPT_LEN, PROMPT_LEN + 4 * steps_scale, SAMPLES);
+    const int Bs[] = {8, 32, 64, 128}, nB = 4;
+    double tps[NK];
     char what[64];
-    for (int i = 0; i < nB; i++) {
-        int B = Bs[i];
-        fwd_decode(f, B, B == 1 ? 4 * steps_scale : steps_scale, logits, tps);
-        if (B == 1)
-            b1 = tps[0];
-        snprintf(what, sizeof what, "tokpipe decode batch %3d, invariant:", B);
-        print_pair(what, tps, b1, naive_blas);
+    for (int th = 1; th <= MAX_THREADS; th++) {
+        if (tp_forward_set_threads(f, th, &e))
+            die("threads", &e);
+        l2c_set_threads(th);
+        openblas_set_num_threads(th);
+        double b1;
+        fwd_decode(f, 1, 4 * steps_scale, logits, tps, base, 4 * steps_scale, &b1);
+        printf(" %d thread(s): llama2.c baseline %.1f tok/s (%.1f GFLOP/s)\n", th, b1, 2 * weights * b1 / 1e9);
+        print_row("decode batch   1:", tps, b1, weights);
+        for (int i = 0; i < nB; i++) {
+            fwd_decode(f, Bs[i], steps_scale, logits, tps, NULL, 0, NULL);
+            snprintf(what, sizeof what, "decode batch %3d:", Bs[i]);
+            print_row(what, tps, b1, weights);
+        }
+        fwd_prefill(f, logits, tps);
+        snprintf(what, sizeof what, "prefill %d:", PREFILL_LEN);
+        print_row(what, tps, b1, weights);
     }
-    fwd_prefill(f, logits, tps);
-    snprintf(what, sizeof what, "tokpipe prefill %d, invariant:", PREFILL_LEN);
-    print_pair(what, tps, b1, naive_blas);
-    /* Opt-in second compute thread (passive wait; for the OpenBLAS kernel
-     * OpenBLAS's own pool): the process owns both vCPUs here, which a
-     * deployed forward worker may not. */
-    if (tp_forward_set_threads(f, 2, &e))
-        die("threads", &e);
-    for (int i = 2; i < nB; i++) {
-        fwd_decode(f, Bs[i], steps_scale, logits, tps);
-        snprintf(what, sizeof what, "2 threads, batch %3d, invariant:", Bs[i]);
-        print_pair(what, tps, b1, naive_blas);
-    }
-    fwd_prefill(f, logits, tps);
-    snprintf(what, sizeof what, "2 threads, prefill %d, invariant:", PREFILL_LEN);
-    print_pair(what, tps, b1, naive_blas);
-    free(logits);
+    baseline_free(base);
     tp_forward_free(f);
+    /* KV cache in f16 against f32 at long contexts, on the last thread count */
+    int steps = 2 * steps_scale;
+    double kv[2];
+    kv_decode(m, long_pos, steps, MAX_THREADS, logits, kv);
+    printf(" %d thread(s), batch %d at positions %d..%d: kv_type f32 %.1f tok/s, f16 %.1f tok/s (%.2fx)\n",
+           MAX_THREADS, KV_BATCH, long_pos, long_pos + steps, kv[0], kv[1], kv[1] / kv[0]);
+    free(logits);
     tp_model_free(m);
     free(buf);
 }
@@ -303,12 +331,19 @@ static void bench_shape(const char *name, int steps_scale)
 int main(int argc, char **argv)
 {
     (void)argc;
+    /* libgomp reads its wait policy when it loads: set it by re-exec */
+    if (!getenv("OMP_WAIT_POLICY")) {
+        if (setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+            execv("/proc/self/exe", argv);
+        fprintf(stderr, "bench_forward: re-exec with OMP_WAIT_POLICY=passive failed: %s\n", strerror(errno));
+    }
     bench_blas_coretype(argv);
     openblas_set_num_threads(1);
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    printf("bench_forward (OPENBLAS_CORETYPE=%s; OpenBLAS reports core %s; batch-1 ratios are against the "
-           "invariant kernel on 1 thread)\n", ct ? ct : "(unset)", openblas_get_corename());
-    bench_shape("stories15M", 8);
-    bench_shape("stories110M", 2);
+    printf("bench_forward (OPENBLAS_CORETYPE=%s; OpenBLAS reports core %s; llama2.c baseline with "
+           "OMP_WAIT_POLICY=%s; ratios are against the baseline on the same thread count, measured in turn "
+           "with tokpipe's batch 1)\n", ct ? ct : "(unset)", openblas_get_corename(), l2c_wait_policy());
+    bench_shape("stories15M", 8, 192);
+    bench_shape("stories110M", 2, 384);
     return 0;
 }

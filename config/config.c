@@ -27,6 +27,7 @@ struct key {
 /* Config knows the kernel names, not the forward library (tokpiped does not
  * link it); test_config checks they are tp_fwd_kernel_parse's. */
 const char *const tp_config_kernel_names[] = {"invariant", "openblas", NULL};
+const char *const tp_config_kv_type_names[] = {"f32", "f16", NULL};
 
 #define OFF(f) offsetof(tp_config, f)
 #define KI(p, f, lo, hi) {p, K_INT, OFF(f), lo, hi, 0, 0, NULL}
@@ -50,7 +51,7 @@ static const struct key keys[] = {
     KI("workers.sample", stage_count[TP_SI_SAMPLE], 0, 64),
     KI("workers.stop", stage_count[TP_SI_STOP], 0, 64),
     {"workers.fuse", K_STRLIST, OFF(fuse), 0, TP_CONFIG_MAX_GROUPS, 0, 0, NULL},
-    KI("workers.forward_threads", forward_threads, 1, 2),
+    KI("workers.forward_threads", forward_threads, 0, TP_CONFIG_MAX_FORWARD_THREADS),
     KE("workers.forward_kernel", forward_kernel, tp_config_kernel_names),
     KI("workers.respawn_init_ms", respawn_init_ms, 10, 600000),
     KI("workers.respawn_max_ms", respawn_max_ms, 10, 3600000),
@@ -61,6 +62,7 @@ static const struct key keys[] = {
     KB("batching.decode_ahead", decode_ahead),
     KI("kv.slots", kv_slots, 1, 4096),
     KI("kv.max_pos", kv_max_pos, 0, 1 << 20),
+    KE("kv.kv_type", kv_type, tp_config_kv_type_names),
     KI("generation.max_tokens", def_max_tokens, 1, INT32_MAX),
     KD("generation.temperature", def_temperature, 0, 1e6),
     KD("generation.top_p", def_top_p, 1e-300, 1),
@@ -153,7 +155,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
         }
     for (int s = 0; s < TP_SI_COUNT; s++)
         cfg->stage_count[s] = 1;
-    cfg->forward_threads = 1;
+    cfg->forward_threads = 0;
     cfg->respawn_init_ms = 250;
     cfg->respawn_max_ms = 30000;
     cfg->max_num_seqs = 64;

@@ -298,6 +298,21 @@ static void on_event(broker *b, tp_zmsg *z)
         tp_msg_clear(&m);
         return;
     }
+    if (!jobs_event_from_pinned(b, &m)) {
+        /* a forger, or a worker the job was moved away from: neither is
+         * believed nor forwarded */
+        b->stats.events_refused++;
+        int64_t now = tp_now_ms();
+        if (now - b->refused_log_ms >= 1000) {
+            b->refused_log_ms = now;
+            broker_log(b, "refused an event for job '%.*s': not from the stop worker it is pinned to (%llu so far)",
+                       (int)(m.cmd == TP_CMD_TOKEN ? m.token.job_id.len : m.finish.job_id.len),
+                       m.cmd == TP_CMD_TOKEN ? m.token.job_id.ptr : m.finish.job_id.ptr,
+                       (unsigned long long)b->stats.events_refused);
+        }
+        tp_msg_clear(&m);
+        return;
+    }
     if (!jobs_event_wanted(b, &m)) {
         b->stats.events_duplicate++;
         tp_msg_clear(&m);

@@ -103,6 +103,7 @@ typedef struct bjob {
     int engine_reason;              /* from VERDICTS, before the FINISH event */
     bool result_ready;              /* the FINISH event was seen */
     uint64_t open_task[3];          /* SEQ_OPEN, SAMPLE_OPEN, STOP_OPEN task ids */
+    uint64_t stop_pin;              /* of the last STOP_OPEN: its events must carry it */
     int64_t closing_since;
     /* times */
     uint64_t t_submit_wall, t_start_wall;
@@ -135,7 +136,7 @@ typedef struct bstats {
     uint64_t finish[TP_REASON_COUNT];
     uint64_t triggers_other;
     uint64_t forward_steps, forward_rows, forward_tokens;
-    uint64_t workers_lost, events_duplicate;
+    uint64_t workers_lost, events_duplicate, events_refused;
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
     uint64_t recovery_n, recovery_ms_sum, recovery_ms_max;
     size_t n_triggers;
@@ -207,6 +208,7 @@ typedef struct broker {
     bool spawn;
     struct binfo *info;             /* INFO: the model's optional READY keys (info.c) */
     unsigned stages_failed;         /* TP_STAGE_* of spawned workers given up on */
+    int64_t refused_log_ms;         /* last log line about a refused event */
 
     /* The model the config names, as read by the broker at start: every
      * worker's READY must match it (model_id[0] == 0: the file is not
@@ -236,6 +238,10 @@ int jobs_append_text(bjob *j, const char *s, size_t n);
 int jobs_append_out(bjob *j, int32_t id);
 int jobs_append_cand(bjob *j, int32_t id);
 bool jobs_event_wanted(broker *b, const tp_msg *ev);
+
+/* Is a TOKEN/FINISH from the stop worker its job is pinned to (it carries
+ * the pin of the job's last STOP_OPEN)? Events of unknown jobs are not. */
+bool jobs_event_from_pinned(broker *b, const tp_msg *ev);
 uint64_t jobs_text_total(const bjob *j);
 void jobs_on_event(broker *b, const tp_msg *ev);
 void jobs_mark_finished(broker *b, bjob *j);

@@ -367,6 +367,8 @@ static void on_cancel(broker *b, const reply_to *to, const tp_msg *m)
 
 static int state_of(const bjob *j)
 {
+    if (j->result_ready)   /* its FINISH went out: the result is final, whatever the workers still do */
+        return TP_STATE_FINISHED;
     switch (j->state) {
     case J_TOKENIZE:
     case J_ADMIT:
@@ -405,7 +407,8 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
      * can continue from the events after it */
     static const int32_t none[1];
     bool done = s->state == TP_STATE_FINISHED;
-    s->tokens = done ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
+    bool table = j->state == J_FINISHED;   /* else shown[]: the events up to now, FINISH included */
+    s->tokens = table ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
     s->completion_tokens = (uint32_t)s->tokens.n;
     s->lp = joblp_status(j, s->tokens.n);
     if (done) {
@@ -446,6 +449,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->recovery_ms_total = st->recovery_ms_sum;
     s->recovery_ms_max = st->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
+    s->events_refused = st->events_refused;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, st->finish, sizeof s->finish);

@@ -330,6 +330,16 @@ static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
  * stopped and runs again) carries the same content as the replacement's,
  * so whichever comes first is forwarded and the other dropped: each seq
  * reaches subscribers exactly once. */
+bool jobs_event_from_pinned(broker *b, const tp_msg *ev)
+{
+    if (ev->cmd != TP_CMD_TOKEN && ev->cmd != TP_CMD_FINISH)
+        return false;
+    const tp_str *id = ev->cmd == TP_CMD_TOKEN ? &ev->token.job_id : &ev->finish.job_id;
+    const bjob *j = jobs_find(b, id->ptr, id->len);
+    uint64_t pin = ev->cmd == TP_CMD_TOKEN ? ev->token.pin : ev->finish.pin;
+    return j && j->stop_pin && pin == j->stop_pin;
+}
+
 bool jobs_event_wanted(broker *b, const tp_msg *ev)
 {
     if (ev->cmd != TP_CMD_TOKEN && ev->cmd != TP_CMD_FINISH)

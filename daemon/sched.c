@@ -113,6 +113,7 @@ static void send_stop_close(broker *b, bjob *j, int finish, const char *error)
 
 static void attach_stop(broker *b, bjob *j, int t);
 static int pick_stop(broker *b);
+static bool can_decode_ahead(const broker *b, const bjob *j);
 
 static void set_close_error(bjob *j, const char *error)
 {
@@ -457,6 +458,10 @@ static void attach_stop(broker *b, bjob *j, int t)
     o->t_submit_us = j->t_submit_wall;
     o->t_start_us = j->t_start_wall;
     o->replay = (tp_raw){j->cands, k};
+    /* a new pin per attachment: events of a worker the job left (lost, or
+     * stopped and running again) or of anyone else are not believed */
+    j->stop_pin = tp_random_u64() | 1;
+    o->pin = j->stop_pin;
     /* admit lowered max_tokens to the room the context leaves: the stop
      * worker's FINISH then says the context ended the job */
     const bworker *model = registry_model(b);
@@ -501,6 +506,11 @@ static void attach_stop(broker *b, bjob *j, int t)
     } else {
         j->stp = t;
         b->workers[t].n_stp++;
+        /* every candidate may have been published already (a stopped
+         * worker that ran again before it was told DISCONNECT): then no
+         * verdict is coming, and the job must not wait for one */
+        if (j->phase == P_STOP && j->pending >= 0 && (j->n_verd == j->n_cand || can_decode_ahead(b, j)))
+            j->phase = P_READY;
     }
     if (again) {
         b->stats.recovered[TP_SI_STOP]++;
@@ -557,7 +567,11 @@ void sched_recover(broker *b, int64_t now)
     int64_t deadline = b->cfg->recovery_deadline_ms;
     for (uint32_t i = 0; i < b->jobs_cap; i++) {
         bjob *j = &b->jobs[i];
-        if (j->state == J_RUNNING && (j->fwd < 0 || j->smp < 0 || j->stp < 0)) {
+        if (j->state == J_RUNNING && j->result_ready && (j->fwd < 0 || j->smp < 0 || j->stp < 0)) {
+            /* its FINISH reached subscribers (a late event of the lost
+             * worker): nothing left to rebuild */
+            release_job(b, j, TP_REASON_NONE, NULL);
+        } else if (j->state == J_RUNNING && (j->fwd < 0 || j->smp < 0 || j->stp < 0)) {
             if (j->fwd < 0) {
                 int f = pick_forward(b);
                 if (f >= 0) {

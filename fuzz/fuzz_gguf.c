@@ -26,6 +26,11 @@ static void walk(const tp_gguf *g)
                 sink ^= (uint8_t)toks[i].ptr[toks[i].len - 1];
         free(toks);
     }
+    for (uint64_t i = 0; i < tp_gguf_n_kv(g); i++) { /* what the GGUF writer copies */
+        tp_gguf_kv_view kv;
+        if (tp_gguf_kv_at(g, i, &kv, NULL) == 0 && kv.raw_len)
+            sink ^= kv.raw[0] ^ kv.raw[kv.raw_len - 1] ^ (uint8_t)kv.key.ptr[kv.key.len ? kv.key.len - 1 : 0];
+    }
     uint32_t type;
     const uint8_t *raw;
     if (tp_gguf_get_array(g, "tokenizer.ggml.scores", &type, &n, &raw, NULL) == 0 && n)

@@ -193,7 +193,8 @@ static const field stats_reply_f[] = {
     F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
     F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
-    {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)}, END,
+    {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)},
+    F_U64("events_refused", ST(events_refused), 0), END,
 };
 
 #define IR(m) M(info_reply.m)
@@ -230,7 +231,7 @@ static const field token_f[] = {
     F_JOBID("job_id", M(token.job_id), FF_REQUIRED | FF_NONEMPTY),
     F_U32("seq", M(token.seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("index", M(token.index), FF_REQUIRED, 0, UINT32_MAX),
-    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), TOP_N(M(token.lp.top_n)), END,
+    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), TOP_N(M(token.lp.top_n)), F_U64("pin", M(token.pin), 0), END,
 };
 static const pframe token_p[] = {{"ids", M(token.ids), 4, 0}, LP_FRAMES(M(token.lp)), {NULL, 0, 0, 0}};
 
@@ -246,7 +247,7 @@ static const field finish_f[] = {
     F_U32("completion_tokens", FI(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U64("text_len", FI(text_len), FF_REQUIRED), F_U64("queue_us", FI(timings.queue_us), FF_REQUIRED),
     F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
-    {.key = "seed", .type = FT_U64, .off = FI(seed), .setbit = TP_ACK_SEED}, ERROR_CODE(FI(error_code)),
+    F_U64("pin", FI(pin), 0),     {.key = "seed", .type = FT_U64, .off = FI(seed), .setbit = TP_ACK_SEED}, ERROR_CODE(FI(error_code)),
     F_U32("context_length", FI(context_length), 0, 0, UINT32_MAX), F_STR("detail", FI(detail), 0, TP_PROTO_MAX_NAME),
     END,
 };
@@ -354,7 +355,7 @@ static const field stop_open_f[] = {
     F_I32("prev_token", SO(prev_token), FF_REQUIRED, -1, INT32_MAX),
     F_U32("next_seq", SO(next_seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED),
-    F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX), END,
+    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX), END,
 };
 static const pframe stop_open_p[] = {{"replay", SO(replay), 4, 0}, {NULL, 0, 0, 0}};
 

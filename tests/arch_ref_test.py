@@ -26,6 +26,7 @@ MODELS = os.environ.get("TP_MODELS", "../shared/models")
 BIN = os.environ.get("TP_BIN_DIR", "bin")
 TOKPIPE = os.path.join(BIN, "tokpipe")
 SPM = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
+GPT2 = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-gpt-2.gguf")
 REL_TOL = 1e-5
 PROMPT = "Once upon a time, in a land far away"
 
@@ -46,9 +47,9 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def mkmodel(self, name, *args):
+    def mkmodel(self, name, *args, vocab=SPM):
         path = os.path.join(self.tmp.name, name + ".gguf")
-        tokpipe("mkmodel", "--format", "gguf", "--vocab-from", SPM, "--seed", "7", "--out", path, *args)
+        tokpipe("mkmodel", "--format", "gguf", "--vocab-from", vocab, "--seed", "7", "--out", path, *args)
         return path
 
     def dump(self, path, n=5, prompt=PROMPT):
@@ -119,6 +120,11 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.check(path, wrong=no_bias)
         self.assertIn("blk.1.attn_v.bias", model.w)
         self.assertNotIn("output.weight", model.w)
+
+    def test_qwen2_with_a_byte_level_bpe_vocabulary_matches(self):
+        path = self.mkmodel("qwen2bpe", "--arch", "qwen2", "--shape", "64x2x4x2", vocab=GPT2)
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
+        self.assertEqual(model.w["token_embd.weight"].shape[0], 50257)
 
 
 if __name__ == "__main__":

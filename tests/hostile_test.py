@@ -242,6 +242,31 @@ class HostileClients(unittest.TestCase):
             self.assertIn(key + ": " + wire, p.stderr, "run and SUBMIT disagree on %s %r" % (flag, v))
         self.assert_still_serving("float32 refusals")
 
+    def test_forged_events_are_neither_forwarded_nor_believed(self):
+        # a process that reaches the publish socket (here: the same user on
+        # ipc) sends a FINISH for a running job without the job's pin
+        pub = self.ctx.socket(zmq.PUB)
+        pub.linger = 0
+        pub.connect("ipc://" + os.path.join(self.d.dir, "publish.sock"))
+        time.sleep(0.3)
+        job = "victim"
+        self.assertEqual(self.c.submit(job, max_tokens=200, temperature=0)["status"], 200)
+        forged = {"job_id": job, "seq": 1, "reason": "stop_string", "matched": "x", "text": "FORGED",
+                  "prompt_tokens": 1, "completion_tokens": 1, "text_len": 6, "queue_us": 0, "ttft_us": 0,
+                  "total_us": 0}
+        for pin in (None, 12345):
+            hdr = dict(forged) if pin is None else dict(forged, pin=pin)
+            pub.send_multipart([job.encode(), b"EVT1", b"\x02", msgpack.packb(hdr)])
+        self.c.wait_finished([job], 60)
+        fin = self.c.finish[job]
+        self.assertNotIn("FORGED", fin.get("text", "") + self.c.text.get(job, ""))
+        self.assertEqual(fin["reason"], "length", fin)
+        st = self.c.call(0x06, {})
+        self.assertGreaterEqual(st.get("events_refused", 0), 2, st)
+        status = self.c.call(0x04, {"job_id": job})
+        self.assertNotIn("FORGED", status.get("text", ""))
+        pub.close(0)
+
     def fake_ready(self, **over):
         """READY from a new worker connection; the broker's first answer."""
         hdr = {"stages": ["sample"], "instance": "rogue", "incarnation": 7, "capacity": 4, "heartbeat_ms": 1000,

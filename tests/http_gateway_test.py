@@ -6,6 +6,7 @@ every stop case of it_stops; /metrics passes promtool and its counters move;
 overload (429 + Retry-After), drain (503), a client that disconnects (its
 jobs cancelled), bad JSON / fields (400 naming the field), API keys (401).
 Clients: Python's standard library and curl -N."""
+import concurrent.futures
 import http.client
 import json
 import os
@@ -55,7 +56,7 @@ def run_json(prompt, p, seed_offset=0):
 
 
 class Daemon:
-    def __init__(self, extra=""):
+    def __init__(self, extra="", healthy=True):
         self.dir = tempfile.mkdtemp(prefix="tp-http-")
         self.port = free_port()
         self.config = os.path.join(self.dir, "tokpipe.yaml")
@@ -73,7 +74,7 @@ class Daemon:
         while True:
             try:
                 st, body, _ = request(self.port, "GET", "/health")
-                if st == 200:
+                if st == 200 or (not healthy and st == 503 and b"missing" in body):
                     break
             except OSError:
                 pass
@@ -153,6 +154,18 @@ def texts_of(events, n):
     return deltas, final
 
 
+def wait_idle(port, timeout=120):
+    """Until the broker has no active job (a test's jobs must not leak into the next one's counts)."""
+    deadline = time.time() + timeout
+    while True:
+        _, m, _ = request(port, "GET", "/metrics")
+        if metric(m.decode(), "tokpipe_jobs_active") == 0:
+            return
+        if time.time() > deadline:
+            raise AssertionError("jobs still active after %d s" % timeout)
+        time.sleep(0.05)
+
+
 def metric(text, name, labels=""):
     key = name + ("{" + labels + "}" if labels else "")
     for line in text.splitlines():
@@ -171,6 +184,9 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.d.stop()
+
+    def setUp(self):
+        wait_idle(self.port)   # the jobs a test cancelled must not be refused or counted in the next
 
     def check_like_run(self, prompt, p, choice, offset=0):
         want = run_json(prompt, p, offset)
@@ -278,6 +294,7 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
         self.assertEqual(json.loads(out)["choices"][0]["text"], want["text"])
 
     def test_metrics_pass_promtool_and_counters_move(self):
+        wait_idle(self.port)
         st, before, _ = request(self.port, "GET", "/metrics")
         self.assertEqual(st, 200)
         if shutil.which("promtool"):
@@ -313,6 +330,32 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
         self.assertEqual(st["histograms"]["ttft_us"]["count"],
                          metric(after, "tokpipe_time_to_first_token_seconds_count"))
         self.assertEqual(sum(st["histograms"]["e2e_us"]["buckets"]), st["histograms"]["e2e_us"]["count"])
+
+    def test_stop_string_labels_are_capped_and_the_rest_folded(self):
+        # 60 jobs, each stopped by its own 3-byte stop string (a different
+        # slice of the greedy text): more distinct strings than labels
+        base = {"max_tokens": 80, "temperature": 0}
+        text = run_json("Once upon a time", base)["text"]
+        stops = [p for p in dict.fromkeys(text[i:i + 3] for i in range(len(text) - 3))][:60]
+        self.assertGreater(len(stops), 50, "the text has too few distinct pieces")
+        _, before, _ = request(self.port, "GET", "/metrics")
+        jobs = [{"prompt": "Once upon a time", "stop": [p]} for p in stops]
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            results = list(ex.map(lambda b: post(self.port, dict(base, **b)), jobs))
+        matched = [res[1]["choices"][0]["stop_reason"] for res in results]
+        self.assertEqual(matched, stops)
+        _, after, _ = request(self.port, "GET", "/metrics")
+        after = after.decode()
+        labels = [l for l in after.splitlines() if l.startswith("tokpipe_stop_string_triggers_total{")]
+        self.assertLessEqual(len(labels), 50)
+        self.assertGreaterEqual(metric(after, "tokpipe_stop_triggers_other_total"), len(stops) - 50)
+        total = sum(float(l.split()[-1]) for l in labels) + metric(after, "tokpipe_stop_triggers_other_total")
+        old = [l for l in before.decode().splitlines() if l.startswith("tokpipe_stop_string_triggers_total{")]
+        old_total = sum(float(l.split()[-1]) for l in old) + metric(before.decode(), "tokpipe_stop_triggers_other_total")
+        self.assertEqual(total - old_total, len(stops), "a trigger was lost from the string counters")
+        if shutil.which("promtool"):
+            p = subprocess.run(["promtool", "check", "metrics"], input=after.encode(), capture_output=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
 
     def test_health_and_models(self):
         st, body, _ = request(self.port, "GET", "/health")
@@ -351,6 +394,7 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
         self.assertEqual(r["error"]["type"], "rate_limit_error")
 
     def test_a_client_that_disconnects_cancels_its_jobs(self):
+        wait_idle(self.port)
         _, m, _ = request(self.port, "GET", "/metrics")
         before = metric(m.decode(), "tokpipe_jobs_finished_total", 'reason="cancelled"')
         s = socket.create_connection(("127.0.0.1", self.port))
@@ -373,6 +417,36 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
             time.sleep(0.05)
         self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
+        wait_idle(self.port)
+
+    def test_a_client_that_leaves_before_a_whole_completion_cancels_its_jobs(self):
+        # not streamed: nothing is written until the end, so the gateway
+        # watches the waiting connection for the hang-up itself
+        wait_idle(self.port)
+        _, m, _ = request(self.port, "GET", "/metrics")
+        before = metric(m.decode(), "tokpipe_jobs_finished_total", 'reason="cancelled"')
+        gone = metric(m.decode(), "tokpipe_http_client_disconnects_total")
+        s = socket.create_connection(("127.0.0.1", self.port))
+        body = json.dumps({"prompt": "Once upon a time", "n": 60, "max_tokens": 450, "ignore_eos": True,
+                           "temperature": 1.0}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.time() + 60
+        while True:   # wait until its jobs run, then leave
+            _, m, _ = request(self.port, "GET", "/metrics")
+            if metric(m.decode(), "tokpipe_jobs_running") > 0:
+                break
+            self.assertLess(time.time(), deadline, "the jobs never ran")
+        s.close()
+        while True:
+            _, m, _ = request(self.port, "GET", "/metrics")
+            text = m.decode()
+            if metric(text, "tokpipe_jobs_finished_total", 'reason="cancelled"') > before:
+                break
+            self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
+            time.sleep(0.05)
+        self.assertEqual(metric(text, "tokpipe_http_client_disconnects_total"), gone + 1)
+        wait_idle(self.port)
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
@@ -438,6 +512,25 @@ class GatewayKeysAndDrain(unittest.TestCase):
             rest = r.read()   # the running stream still completes
             self.assertTrue(rest.rstrip().endswith(b"data: [DONE]"), rest[-200:])
             c.close()
+        finally:
+            d.stop()
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
+class GatewayWithoutAStopWorker(unittest.TestCase):
+    def test_health_and_completions_are_503_naming_the_missing_stage(self):
+        d = Daemon(extra="workers:\n  stop: 0\n", healthy=False)
+        try:
+            st, body, _ = request(d.port, "GET", "/health")
+            self.assertEqual(st, 503)
+            h = json.loads(body)
+            self.assertEqual(h["missing"], ["stop"])
+            self.assertIn("stop", h["message"])
+            self.assertEqual(h["workers"]["forward"], 1)
+            st, r, _ = post(d.port, {"prompt": "Once", "max_tokens": 5})
+            self.assertEqual(st, 503, r)
+            self.assertIn("stop", r["error"]["message"])
+            self.assertEqual(r["error"]["type"], "service_unavailable")
         finally:
             d.stop()
 

@@ -1,8 +1,9 @@
 /* Process story: random-weight qwen2 and Llama 3 GGUF models (written by
- * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama
- * vocabulary) served by the real tokpiped and workers give, token for
+ * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama or
+ * byte-level BPE GPT-2 vocabulary) served by the real tokpiped and workers give, token for
  * token, what `tokpipe run` computes in one process, for concurrent greedy
- * and seeded jobs with stops, also with tiny batches and prefill chunks;
+ * and seeded jobs with stops, also with tiny batches and prefill chunks and
+ * quantized (Q4_K_M, Q8_0) by `tokpipe quantize`;
  * and `tokpipe run` gives each prompt of a batch what it gives it alone. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,12 +29,20 @@ static const char *const groups[] = {
 #define N_GROUPS (sizeof groups / sizeof groups[0])
 
 typedef struct arch_case {
-    const char *arch, *shape, *extra;
+    const char *arch, *shape, *extra, *vocab;
+    const char *quant; /* tokpipe quantize --type, or NULL for F32 */
 } arch_case;
 
+#define SPM "ggml-vocab-llama-spm.gguf"
+#define GPT2 "ggml-vocab-gpt-2.gguf"
+
 static const arch_case CASES[] = {
-    {"qwen2", "64x2x4x2", ""},
-    {"llama3", "128x2x4x1", "--separate-output"},
+    {"qwen2", "64x2x4x2", "", SPM, NULL},
+    {"llama3", "128x2x4x1", "--separate-output", SPM, NULL},
+    {"qwen2", "64x2x4x2", "", GPT2, NULL},
+    {"llama3", "128x2x4x1", "", GPT2, NULL},
+    {"qwen2", "256x2x4x2", "", SPM, "Q4_K_M"},
+    {"llama3", "256x2x4x1", "--separate-output", SPM, "Q8_0"},
 };
 
 static void compare_lines(const char *what, const char *got, const char *want)
@@ -74,12 +83,23 @@ static void make_model(const char *dir, const arch_case *c, char *out, size_t ca
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "%s/tokpipe mkmodel --format gguf --arch %s --shape %s %s --seed 5 --out %s "
-             "--vocab-from %s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf",
-             bin ? bin : "bin", c->arch, c->shape, c->extra, out, models ? models : "../shared/models");
+             "--vocab-from %s/llama.cpp-vocab/%s",
+             bin ? bin : "bin", c->arch, c->shape, c->extra, out, models ? models : "../shared/models", c->vocab);
     char *log = NULL;
     if (harness_sh(cmd, &log) != 0)
         fail_msg("mkmodel failed: %s\n%s", cmd, log ? log : "");
     free(log);
+    if (!c->quant)
+        return;
+    char f32[300];
+    snprintf(f32, sizeof f32, "%s.f32", out);
+    rename(out, f32);
+    snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin ? bin : "bin", f32, out, c->quant);
+    log = NULL;
+    if (harness_sh(cmd, &log) != 0)
+        fail_msg("quantize failed: %s\n%s", cmd, log ? log : "");
+    free(log);
+    unlink(f32);
 }
 
 static void daemon_equals_run(const arch_case *c, const char *batching)
@@ -114,8 +134,8 @@ static void daemon_equals_run(const arch_case *c, const char *batching)
         snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s --json %s 2>/dev/null", h.bin, model, groups[i]);
         if (harness_sh(cmd, &want) != 0)
             fail_msg("%s: tokpipe run failed for group %zu: %s", c->arch, i, want ? want : "");
-        char what[64];
-        snprintf(what, sizeof what, "%s group %zu", c->arch, i);
+        char what[128];
+        snprintf(what, sizeof what, "%s/%s/%s group %zu", c->arch, c->vocab, c->quant ? c->quant : "F32", i);
         compare_lines(what, got[i], want);
         free(want);
         free(got[i]);
@@ -153,8 +173,8 @@ static void run_batch_equals_each_alone(const arch_case *c, const char *sampling
         strcat(want, one);
         free(one);
     }
-    char what[64];
-    snprintf(what, sizeof what, "%s batch of %zu (%s)", c->arch, N_BATCH, sampling);
+    char what[128];
+    snprintf(what, sizeof what, "%s/%s batch of %zu (%s)", c->arch, c->vocab, N_BATCH, sampling);
     compare_lines(what, all, want);
     free(all);
     free(want);
@@ -165,8 +185,13 @@ static void run_batch_equals_each_alone(const arch_case *c, const char *sampling
 static void run_batches_equal_each_prompt_alone_for_qwen2_and_llama3(void **state)
 {
     (void)state;
+    /* SentencePiece and BPE vocabularies; loading a BPE vocabulary costs
+     * ~0.3 s of CPU per run, so those cases run the seeded sampling only */
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-        run_batch_equals_each_alone(&CASES[i], "--temperature 0");
+        if (CASES[i].quant) /* quant's own tests cover batch invariance per type */
+            continue;
+        if (!strcmp(CASES[i].vocab, SPM))
+            run_batch_equals_each_alone(&CASES[i], "--temperature 0");
         run_batch_equals_each_alone(&CASES[i], "--temperature 0.9 --top-p 0.9 --seed 42");
     }
 }
@@ -181,6 +206,20 @@ static void llama3_jobs_in_the_daemon_equal_in_process_run(void **state)
 {
     (void)state;
     daemon_equals_run(&CASES[1], "");
+}
+
+static void gpt2_vocabulary_models_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    daemon_equals_run(&CASES[2], "");
+    daemon_equals_run(&CASES[3], "");
+}
+
+static void quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    daemon_equals_run(&CASES[4], "");
+    daemon_equals_run(&CASES[5], "");
 }
 
 static void small_batches_and_chunks_change_nothing_for_qwen2_and_llama3(void **state)
@@ -198,6 +237,8 @@ int main(void)
         cmocka_unit_test(run_batches_equal_each_prompt_alone_for_qwen2_and_llama3),
         cmocka_unit_test(qwen2_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(llama3_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(gpt2_vocabulary_models_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(small_batches_and_chunks_change_nothing_for_qwen2_and_llama3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -358,15 +358,55 @@ static void jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one(
             if (harness_wait_stage(&h, si, 1, 15000))
                 fail_msg("stage %d did not get its worker back (log in %s)", si, h.dir);
     }
-    /* a hung stop worker: lost after 500 ms of silence, resumed after 900 */
-    action a = {30 + (int)(rand_r(&rng) % 100), SIGSTOP, stages[rand_r(&rng) % 3], 900};
-    run_round(&h, "hung", got, &a, 1, &rng);
-    expect_same("hung", ref, got);
+    /* hung workers: lost after 500 ms of silence, resumed after 900 ms, when
+     * they answer what they held (a stop worker publishes its events) on a
+     * registration the broker dropped, then drop their state and register
+     * again: the stop stage, and another one at random */
+    const char *hung[] = {"stop", stages[rand_r(&rng) % 2]};
+    for (int k = 0; k < 2; k++) {
+        action a = {30 + (int)(rand_r(&rng) % 100), SIGSTOP, hung[k], 900};
+        char tag[16];
+        snprintf(tag, sizeof tag, "hung%d", k);
+        run_round(&h, tag, got, &a, 1, &rng);
+        expect_same(tag, ref, got);
+        for (int si = 0; si < TP_SI_COUNT; si++)
+            if (harness_wait_stage(&h, si, 1, 15000))
+                fail_msg("stage %d did not get its worker back (log in %s)", si, h.dir);
+    }
+    tp_m_stats_reply s;
+    assert_int_equal(harness_stats(&h, &s), 0);
+    assert_true(s.workers_lost >= 5);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    report_latency(&h);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+/* Fused forward,sample workers: a job moving to another one takes its
+ * sampler along (the new worker samples in process). */
+static void jobs_of_a_killed_fused_forward_sample_worker_go_on_at_the_other_one(void **state)
+{
+    (void)state;
+    unsigned rng = seed_from_env();
+    harness h;
+    if (harness_start(&h, false,
+                      "  forward: 2\n  sample: 2\n  stop: 1\n  respawn_init_ms: 100\n  fuse: [\"forward,sample\"]\n" HB))
+        fail_msg("daemon did not start");
+    static jres ref[N_JOBS], got[N_JOBS];
+    run_round(&h, "ref", ref, NULL, 0, &rng);
+    for (int round = 0; round < 2; round++) {
+        action acts[2] = {{20 + (int)(rand_r(&rng) % 100), SIGKILL, "forward,sample", 0},
+                          {150 + (int)(rand_r(&rng) % 100), SIGKILL, round ? "stop" : "forward,sample", 0}};
+        char tag[16];
+        snprintf(tag, sizeof tag, "f%d", round);
+        run_round(&h, tag, got, acts, 2, &rng);
+        expect_same(tag, ref, got);
+        if (harness_wait_stage(&h, TP_SI_FORWARD, 2, 15000) || harness_wait_stage(&h, TP_SI_STOP, 1, 15000))
+            fail_msg("the workers did not come back (log in %s)", h.dir);
+    }
     tp_m_stats_reply s;
     assert_int_equal(harness_stats(&h, &s), 0);
     assert_true(s.workers_lost >= 4);
     assert_int_equal(s.finish[TP_REASON_ERROR], 0);
-    report_latency(&h);
     assert_int_equal(harness_stop(&h), 0);
 }
 
@@ -439,6 +479,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(jobs_stream_on_unchanged_while_workers_of_every_stage_die),
         cmocka_unit_test(jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one),
+        cmocka_unit_test(jobs_of_a_killed_fused_forward_sample_worker_go_on_at_the_other_one),
         cmocka_unit_test(generate_goes_on_after_the_broker_restarts_printing_the_undisturbed_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -75,6 +75,30 @@ class RunMatchesLlama2c(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(TOKPIPE), "bin/tokpipe not built")
+class RunThreadsAndKvType(unittest.TestCase):
+    def test_any_thread_count_gives_the_reference_ids(self):
+        _, ids = reference()
+        for threads in ["1", "3", "0"]:
+            [r] = run_json("--model", BIN_MODEL, "--tokenizer", TOK, "--prompt", "Once upon a time",
+                           "--temperature", "0", "--max-tokens", str(len(ids)), "--threads", threads)
+            self.assertEqual(r["tokens"], ids, f"--threads {threads}")
+
+    def test_kv_f16_gives_the_f32_greedy_text(self):
+        text, ids = reference()
+        p = run("--model", BIN_MODEL, "--tokenizer", TOK, "--prompt", "Once upon a time",
+                "--temperature", "0", "--max-tokens", str(len(ids)), "--kv-type", "f16")
+        self.assertEqual(p.stdout.rstrip("\n"), text)
+
+    def test_kv_f16_batch_of_8_equals_each_alone_on_2_threads(self):
+        args = ["--model", BIN_MODEL, "--tokenizer", TOK, "--max-tokens", "60", "--kv-type", "f16",
+                "--temperature", "0.9", "--seed", "7"]
+        together = run_json(*args, "--threads", "2", *sum((["--prompt", p] for p in PROMPTS), []))
+        for p, r in zip(PROMPTS, together):
+            [alone] = run_json(*args, "--threads", "1", "--prompt", p)
+            self.assertEqual(r["tokens"], alone["tokens"], f"batched != alone for {p!r}")
+
+
+@unittest.skipUnless(os.path.exists(TOKPIPE), "bin/tokpipe not built")
 class RunIsBatchInvariant(unittest.TestCase):
     def check(self, *sampling):
         args = ["--model", BIN_MODEL, "--tokenizer", TOK, "--max-tokens", "60", *sampling]
@@ -116,6 +140,17 @@ class RunStopsAndErrors(unittest.TestCase):
                 check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("'blas'", p.stderr)
+
+    def test_bad_threads_and_kv_type_are_rejected_naming_the_flag(self):
+        for flag, value in [("--threads", "-1"), ("--threads", "257"), ("--threads", "two"),
+                            ("--kv-type", "bf16")]:
+            p = run("--model", BIN_MODEL, "--tokenizer", TOK, "--prompt", "x", flag, value,
+                    check=False)
+            self.assertNotEqual(p.returncode, 0, f"{flag} {value} accepted")
+            self.assertIn(f"'{value}'", p.stderr, f"error for {flag} {value} does not name the value")
+        p = run("--model", BIN_MODEL, "--tokenizer", TOK, "--prompt", "x", "--threads", "two",
+                check=False)
+        self.assertIn("--threads", p.stderr)
 
     def test_missing_model_file_is_a_clear_error(self):
         p = run("--model", "/nonexistent/model.bin", "--tokenizer", TOK, "--prompt", "x",

@@ -12,15 +12,13 @@ control tokens are <unk>, BOS "\\n<s>\\n" and EOS "\\n</s>\\n"):
 import json
 import os
 import subprocess
+import sys
 import time
 import unittest
 
 import zmq
 
-# run as tests/special_tokens_test.py from the top: the sibling module is beside it
-import sys
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a file or as tests.NAME
 from protocol_client_test import MODELS, TOKPIPE, TOKPIPED, Daemon, Producer, Subscriber
 
 TOK = os.path.join(MODELS, "tok512.bin")
@@ -89,6 +87,22 @@ class SpecialTokensEndToEnd(unittest.TestCase):
         _, _, on = self.run_job("sp-on", params, prompt, parse_special=True)
         self.assertEqual(off["prompt_tokens"], len(plain))
         self.assertEqual(on["prompt_tokens"], len(special))
+
+    def test_run_and_generate_pass_parse_special(self):
+        prompt = "Lily was happy.\n<s>\nOnce upon a time"
+        want = {False: len(tokenize(prompt)), True: len(tokenize(prompt, "--special"))}
+        model = os.path.join(MODELS, "stories260K.bin")
+        for special in (False, True):
+            flag = ["--parse-special"] if special else []
+            common = ["--prompt", prompt, "--max-tokens", "1", "--temperature", "0", "--json"] + flag
+            run = subprocess.run([TOKPIPE, "run", "--model", model, "--tokenizer", TOK] + common,
+                                 capture_output=True, timeout=60)
+            self.assertEqual(run.returncode, 0, run.stderr.decode())
+            self.assertEqual(json.loads(run.stdout)["prompt_tokens"], want[special], "run %s" % flag)
+            gen = subprocess.run([TOKPIPE, "generate", "--front", self.daemon.front, "--events",
+                                  self.daemon.events] + common, capture_output=True, timeout=60)
+            self.assertEqual(gen.returncode, 0, gen.stderr.decode())
+            self.assertEqual(json.loads(gen.stdout)["prompt_tokens"], want[special], "generate %s" % flag)
 
     def test_stop_string_naming_a_control_token_ends_the_job_as_stopcheck_says(self):
         base = {"temperature": 1.0, "max_tokens": 60, "ignore_eos": True}

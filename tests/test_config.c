@@ -219,6 +219,49 @@ static void bad_forward_kernel_is_named_with_its_line(void **state)
     expect_error("workers:\n  forward_kernel: [openblas]\n", "workers.forward_kernel", "single value");
 }
 
+static void forward_threads_takes_0_for_the_affinity_up_to_the_forward_limit(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    assert_int_equal(TP_CONFIG_MAX_FORWARD_THREADS, TP_FORWARD_MAX_THREADS);
+    assert_int_equal(parse("", &c, &e), 0);
+    assert_int_equal(c.forward_threads, 0);
+    tp_config_free(&c);
+    if (parse("workers:\n  forward_threads: 256\n", &c, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.forward_threads, 256);
+    tp_config_free(&c);
+    expect_error("workers:\n  forward_threads: 257\n", "t.yaml:2:",
+                 "workers.forward_threads: 257 is outside [0, 256]");
+    expect_error("workers:\n  forward_threads: -1\n", "t.yaml:2:", "workers.forward_threads");
+    expect_error("workers:\n  forward_threads: many\n", "t.yaml:2:",
+                 "workers.forward_threads: 'many' is not an integer");
+}
+
+static void kv_type_takes_the_names_of_the_forward_library(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    assert_int_equal(parse("", &c, &e), 0);
+    assert_int_equal(c.kv_type, TP_KV_F32);
+    tp_config_free(&c);
+    if (parse("kv:\n  kv_type: f16\n", &c, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(c.kv_type, TP_KV_F16);
+    tp_config_free(&c);
+    int n = 0;
+    for (; tp_config_kv_type_names[n]; n++) {
+        tp_kv_type t;
+        if (tp_kv_type_parse(tp_config_kv_type_names[n], &t, &e) || (int)t != n)
+            fail_msg("config kv_type name %d '%s' is not tp_kv_type %d", n, tp_config_kv_type_names[n], n);
+    }
+    assert_int_equal(n, 2);
+    expect_error("kv:\n  slots: 4\n  kv_type: bf16\n", "t.yaml:3:", "kv.kv_type: 'bf16' is not one of f32, f16");
+    expect_error("kv:\n  kv_type: [f16]\n", "kv.kv_type", "single value");
+}
+
 static void penalty_window_is_bounded_by_its_limit(void **state)
 {
     (void)state;
@@ -274,6 +317,8 @@ int main(void)
         cmocka_unit_test(bad_fuse_entries_are_rejected),
         cmocka_unit_test(forward_kernel_takes_the_names_of_the_forward_library),
         cmocka_unit_test(bad_forward_kernel_is_named_with_its_line),
+        cmocka_unit_test(forward_threads_takes_0_for_the_affinity_up_to_the_forward_limit),
+        cmocka_unit_test(kv_type_takes_the_names_of_the_forward_library),
         cmocka_unit_test(penalty_window_is_bounded_by_its_limit),
         cmocka_unit_test(missing_file_names_the_path),
         cmocka_unit_test(parse_stages_reads_lists),

@@ -7,13 +7,16 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <immintrin.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tokpipe/forward.h"
 #include "../workers/forward/kernels.h"
+#include "../workers/forward/quant.h"
 #include "support/tiny_llama.h"
 
 /* run.c (llama2.c 350e04f) greedy on stories260K.bin + tok512.bin, prompt
@@ -276,14 +279,17 @@ static const int PROMPTS[NSEQ][12] = {
 static const int PLEN[NSEQ] = {5, 3, 10, 1, 7, 12, 3, 6};
 
 /* logits[s][k]: after prompt (k=0) and after each of DECODE greedy steps. */
-static void run_alone(tp_model *m, float *out, int V, bool scalar)
+static void run_alone(tp_model *m, float *out, int V, int threads, bool scalar, tp_kv_type kv)
 {
     tp_err e;
     for (int s = 0; s < NSEQ; s++) {
         tp_forward *f;
         assert_int_equal(tp_forward_new(m, 1, 64, 16, &f, &e), 0);
+        assert_int_equal(tp_forward_set_kv_type(f, kv, &e), 0);
         if (scalar)
             tp_forward_use_scalar_for_tests(f);
+        assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+        tp_forward_split_all_for_tests(f);
         int sid;
         tp_forward_seq_open(f, &sid, &e);
         float *row = out + (size_t)s * (DECODE + 1) * V;
@@ -301,14 +307,20 @@ static void run_alone(tp_model *m, float *out, int V, bool scalar)
 /* All 8 together in one pool: sequence s joins at step s, its prompt goes
  * in chunks of 3 (non-final chunks skip logits), so most steps mix prefill
  * chunks of some sequences with decode steps of others. */
-static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar)
+static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar, tp_kv_type kv)
 {
     tp_err e;
     tp_forward *f;
     assert_int_equal(tp_forward_new(m, NSEQ, 64, 64, &f, &e), 0);
+    assert_int_equal(tp_forward_set_kv_type(f, kv, &e), 0);
+    assert_int_equal(tp_forward_kv_type(f), kv);
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
     assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+    assert_int_equal(tp_forward_threads(f), threads);
+    /* stories260K's matrices are too small to be worth a thread: split
+     * them anyway, at every panel group and (token, head) boundary */
+    tp_forward_split_all_for_tests(f);
     int sid[NSEQ], fed[NSEQ] = {0}, done[NSEQ] = {0}, toks[NSEQ];
     float *step_logits = malloc(sizeof(float) * NSEQ * V);
     for (int s = 0; s < NSEQ; s++)
@@ -348,24 +360,31 @@ static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar
     tp_forward_free(f);
 }
 
-static void batch_invariance(bool scalar)
+static void batch_invariance(bool scalar, tp_kv_type kv)
 {
     tp_model *m = load_real("stories260K.bin");
     int V = tp_model_get_config(m)->vocab_size;
     size_t n = (size_t)NSEQ * (DECODE + 1) * V;
     float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
-    run_alone(m, alone, V, scalar);
-    for (int threads = 1; threads <= 2; threads++) {
-        memset(batched, 0, sizeof(float) * n);
-        run_batched(m, batched, V, threads, scalar);
-        for (int s = 0; s < NSEQ; s++)
-            for (int k = 0; k <= DECODE; k++) {
-                size_t off = ((size_t)s * (DECODE + 1) + k) * V;
-                if (memcmp(alone + off, batched + off, sizeof(float) * V))
-                    fail_msg("%s, %d thread(s): sequence %d, logits row %d: batched differs from alone",
-                             scalar ? "scalar" : "avx512", threads, s, k);
-            }
-    }
+    run_alone(m, alone, V, 1, scalar, kv);
+    /* batched on N threads, and alone (batch 1: the split matvec) on N
+     * threads, both bitwise equal to alone on 1 thread */
+    for (int threads = 1; threads <= 4; threads++)
+        for (int mode = threads == 1; mode < 2; mode++) {
+            memset(batched, 0, sizeof(float) * n);
+            if (mode)
+                run_batched(m, batched, V, threads, scalar, kv);
+            else
+                run_alone(m, batched, V, threads, scalar, kv);
+            for (int s = 0; s < NSEQ; s++)
+                for (int k = 0; k <= DECODE; k++) {
+                    size_t off = ((size_t)s * (DECODE + 1) + k) * V;
+                    if (memcmp(alone + off, batched + off, sizeof(float) * V))
+                        fail_msg("%s, kv %s, %d thread(s): sequence %d, logits row %d: %s differs from alone "
+                                 "on 1 thread", scalar ? "scalar" : "avx512", tp_kv_type_name(kv), threads, s, k,
+                                 mode ? "batched" : "alone");
+                }
+        }
     free(alone);
     free(batched);
     tp_model_free(m);
@@ -374,13 +393,202 @@ static void batch_invariance(bool scalar)
 static void batched_mixed_prefill_and_decode_logits_equal_alone_bitwise(void **state)
 {
     (void)state;
-    batch_invariance(false);
+    batch_invariance(false, TP_KV_F32);
 }
 
 static void scalar_path_is_batch_invariant_too(void **state)
 {
     (void)state;
-    batch_invariance(true);
+    batch_invariance(true, TP_KV_F32);
+}
+
+static void kv_f16_is_batch_and_chunk_invariant_on_1_to_4_threads(void **state)
+{
+    (void)state;
+    batch_invariance(false, TP_KV_F16);
+    batch_invariance(true, TP_KV_F16);
+}
+
+/* ---- KV cache in f16 --------------------------------------------------- */
+
+__attribute__((target("avx512f"))) static uint16_t hw_f32_to_f16(float x)
+{
+    __m256i h = _mm512_cvtps_ph(_mm512_set1_ps(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return (uint16_t)_mm256_extract_epi16(h, 0);
+}
+
+__attribute__((target("avx512f"))) static float hw_f16_to_f32(uint16_t h)
+{
+    return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16((short)h)));
+}
+
+static void check_conversion(uint32_t bits)
+{
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    if (isnan(x))
+        return;
+    uint16_t want = hw_f32_to_f16(x), got = tp_f32_to_f16(x);
+    if (got != want)
+        fail_msg("f32 0x%08x (%.9g) -> f16 0x%04x, the CPU's vcvtps2ph gives 0x%04x", bits, x, got, want);
+}
+
+static void f16_conversions_equal_the_cpus_for_every_half_and_halfway_point(void **state)
+{
+    (void)state;
+    if (!tp_kernels_have_avx512())
+        skip();
+    for (uint32_t h = 0; h < 65536; h++) {
+        float want = hw_f16_to_f32((uint16_t)h), got = tp_f16_to_f32((uint16_t)h);
+        if (isnan(want))
+            continue;
+        if (memcmp(&want, &got, sizeof got))
+            fail_msg("f16 0x%04x -> %.9g, the CPU gives %.9g", h, got, want);
+        if (tp_f32_to_f16(want) != h)
+            fail_msg("f16 0x%04x does not survive the round trip through f32", h);
+        /* the halfway points to the next half up (ties to even), and one
+         * f32 ulp either side of them */
+        uint32_t b;
+        memcpy(&b, &want, sizeof b);
+        for (int d = -1; d <= 1; d++) {
+            check_conversion(b + 0x1000u + (uint32_t)d); /* normal halves keep 10 of 23 bits */
+            check_conversion(b + (uint32_t)d);
+        }
+    }
+    uint32_t s = 12345;
+    for (int i = 0; i < 4000000; i++) { /* every exponent: subnormals, overflow to inf */
+        s = s * 1664525u + 1013904223u;
+        check_conversion(s);
+    }
+    for (uint32_t b = 0x33000000u; b < 0x38800000u; b += 0x800u) /* the subnormal half range, finely */
+        check_conversion(b), check_conversion(b | 0x80000000u);
+}
+
+/* Teacher-forced along run.c's greedy path, so both caches see the same
+ * tokens: the f16 cache's logits stay within KV16_TOL (absolute) of the
+ * f32 cache's with the same argmax at every step. And greedy generation
+ * from the f16 cache gives run.c's 252 ids. */
+#define KV16_TOL 5e-2 /* measured here: 0.023 at most, avx512 and scalar alike */
+static void kv_f16_stays_close_to_f32(bool scalar)
+{
+    tp_model *m = load_real("stories260K.bin");
+    int V = tp_model_get_config(m)->vocab_size;
+    tp_err e;
+    tp_forward *a, *b;
+    assert_int_equal(tp_forward_new(m, 1, 256, 8, &a, &e), 0);
+    assert_int_equal(tp_forward_new(m, 1, 256, 8, &b, &e), 0);
+    assert_int_equal(tp_forward_set_kv_type(b, TP_KV_F16, &e), 0);
+    if (scalar) {
+        tp_forward_use_scalar_for_tests(a);
+        tp_forward_use_scalar_for_tests(b);
+    }
+    int sa, sb;
+    tp_forward_seq_open(a, &sa, &e);
+    tp_forward_seq_open(b, &sb, &e);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    tp_fwd_item ia = {sa, 0, PROMPT, 5, false}, ib = {sb, 0, PROMPT, 5, false};
+    double worst = 0;
+    int same_argmax = 0;
+    for (int i = 0; i < 252; i++) {
+        assert_int_equal(tp_forward_step(a, &ia, 1, la, &e), 0);
+        assert_int_equal(tp_forward_step(b, &ib, 1, lb, &e), 0);
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)la[v] - lb[v]);
+            worst = d > worst ? d : worst;
+        }
+        if (worst > KV16_TOL)
+            fail_msg("%s: step %d: an f16-cache logit is %.3g from the f32 cache's (tolerance %g)",
+                     scalar ? "scalar" : "avx512", i, worst, KV16_TOL);
+        same_argmax += argmax(la, V) == argmax(lb, V);
+        ia = (tp_fwd_item){sa, 5 + i, &REF_IDS[i], 1, false};
+        ib = (tp_fwd_item){sb, 5 + i, &REF_IDS[i], 1, false};
+    }
+    assert_int_equal(same_argmax, 252);
+    print_message("kv f16 (%s): largest logit difference from f32 over 252 steps: %.3g\n",
+                  scalar ? "scalar" : "avx512", worst);
+    /* free-running greedy from the f16 cache */
+    tp_forward_seq_close(b, sb);
+    tp_forward_seq_open(b, &sb, &e);
+    ib = (tp_fwd_item){sb, 0, PROMPT, 5, false};
+    int tok = 0;
+    for (int i = 0; i < 252; i++) {
+        assert_int_equal(tp_forward_step(b, &ib, 1, lb, &e), 0);
+        tok = argmax(lb, V);
+        if (tok != REF_IDS[i])
+            fail_msg("kv f16: greedy id %d is %d, the f32 cache (run.c) gives %d", i, tok, REF_IDS[i]);
+        ib = (tp_fwd_item){sb, 5 + i, &tok, 1, false};
+    }
+    free(la);
+    free(lb);
+    tp_forward_free(a);
+    tp_forward_free(b);
+    tp_model_free(m);
+}
+
+static void kv_f16_logits_stay_close_to_f32_and_greedy_ids_are_equal(void **state)
+{
+    (void)state;
+    kv_f16_stays_close_to_f32(false);
+    kv_f16_stays_close_to_f32(true);
+}
+
+static void default_threads_follow_the_affinity_mask(void **state)
+{
+    (void)state;
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    int n = CPU_COUNT(&all);
+    assert_int_equal(tp_forward_default_threads(), n < TP_FORWARD_MAX_THREADS ? n : TP_FORWARD_MAX_THREADS);
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &all)) {
+            CPU_SET(cpu, &one);
+            break;
+        }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    int pinned = tp_forward_default_threads();
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+    assert_int_equal(pinned, 1);
+    /* and the bounds of an explicit count */
+    tp_model *m = load_real("stories260K.bin");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 1, 16, 8, &f, &e), 0);
+    assert_int_equal(tp_forward_threads(f), 1);
+    assert_int_equal(tp_forward_set_threads(f, 0, &e), TP_EINVAL);
+    assert_int_equal(tp_forward_set_threads(f, TP_FORWARD_MAX_THREADS + 1, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "257"));
+    assert_int_equal(tp_forward_set_threads(f, 3, &e), 0);
+    assert_int_equal(tp_forward_threads(f), 3);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+static void kv_type_changes_only_with_no_sequence_open_and_bad_names_are_named(void **state)
+{
+    (void)state;
+    tp_model *m = load_real("stories260K.bin");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 2, 16, 8, &f, &e), 0);
+    assert_int_equal(tp_forward_kv_type(f), TP_KV_F32);
+    int sid;
+    assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
+    assert_int_equal(tp_forward_set_kv_type(f, TP_KV_F16, &e), TP_ESTATE);
+    assert_non_null(strstr(e.msg, "kv_type"));
+    assert_int_equal(tp_forward_kv_type(f), TP_KV_F32);
+    tp_forward_seq_close(f, sid);
+    assert_int_equal(tp_forward_set_kv_type(f, TP_KV_F16, &e), 0);
+    assert_int_equal(tp_forward_kv_type(f), TP_KV_F16);
+    tp_kv_type t;
+    assert_int_equal(tp_kv_type_parse("f16", &t, &e), 0);
+    assert_int_equal(t, TP_KV_F16);
+    assert_int_equal(tp_kv_type_parse(tp_kv_type_name(TP_KV_F32), &t, &e), 0);
+    assert_int_equal(t, TP_KV_F32);
+    assert_int_equal(tp_kv_type_parse("bf16", &t, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "'bf16'"));
+    tp_forward_free(f);
+    tp_model_free(m);
 }
 
 /* ---- OpenBLAS kernel vs invariant kernel ------------------------------- */
@@ -599,6 +807,11 @@ int main(void)
         cmocka_unit_test(stories260k_openblas_kernel_greedy_reproduces_run_c),
         cmocka_unit_test(batched_mixed_prefill_and_decode_logits_equal_alone_bitwise),
         cmocka_unit_test(scalar_path_is_batch_invariant_too),
+        cmocka_unit_test(kv_f16_is_batch_and_chunk_invariant_on_1_to_4_threads),
+        cmocka_unit_test(f16_conversions_equal_the_cpus_for_every_half_and_halfway_point),
+        cmocka_unit_test(kv_f16_logits_stay_close_to_f32_and_greedy_ids_are_equal),
+        cmocka_unit_test(kv_type_changes_only_with_no_sequence_open_and_bad_names_are_named),
+        cmocka_unit_test(default_threads_follow_the_affinity_mask),
         cmocka_unit_test(openblas_kernel_agrees_with_invariant_on_stories260k),
         cmocka_unit_test(openblas_kernel_agrees_with_invariant_on_tiny_model),
         cmocka_unit_test(kernel_names_round_trip_and_a_bad_name_is_an_error_naming_it),

@@ -605,6 +605,103 @@ static void encode_breaks_score_ties_leftmost_first(void **state)
     tp_tokenizer_free(t);
 }
 
+/* ---- special tokens ---------------------------------------------------- */
+
+/* A small SentencePiece vocabulary with user-defined and control tokens. */
+static tp_tokenizer *special_vocab(int add_bos, int add_eos)
+{
+    static const char *const pieces[] = {"<unk>", "<s>", "</s>", "a", "b", "c", "z", "\xe2\x96\x81",
+                                         "ab", "abc", "<|x|>", "<|im_end|>", "<0x3C>"};
+    const int32_t types[] = {2, 3, 3, 1, 1, 1, 1, 1, 4, 4, 3, 1, 6};
+    enum { N = sizeof pieces / sizeof pieces[0] };
+    size_t lens[N];
+    for (int i = 0; i < N; i++)
+        lens[i] = strlen(pieces[i]);
+    tp_vocab_spec v = {.kind = TP_TOKENIZER_SPM, .n = N, .pieces = pieces, .lens = lens, .types = types,
+                       .bos_id = 1, .eos_id = 2, .unk_id = 0, .eot_id = -1, .eom_id = -1,
+                       .add_bos = add_bos, .add_eos = add_eos, .add_space_prefix = 0};
+    tp_tokenizer *t;
+    tp_err e;
+    if (tp_tokenizer_new(&v, &t, &e))
+        fail_msg("special vocab: %s", e.msg);
+    return t;
+}
+
+static void user_defined_tokens_are_matched_whole_longest_first(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = special_vocab(-1, -1);
+    int ids[32];
+    size_t n;
+    tp_err e;
+    /* "abc" (9) is cut before "ab" (8); a/b/c alone would merge nowhere */
+    assert_int_equal(tp_tokenizer_encode_ex(t, "zabcab", 6, 0, ids, 32, &n, &e), 0);
+    const int want[] = {6, 9, 8};
+    assert_int_equal(n, 3);
+    assert_memory_equal(ids, want, sizeof want);
+    tp_tokenizer_free(t);
+}
+
+static void control_tokens_are_parsed_only_when_asked(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = special_vocab(-1, -1);
+    int ids[32];
+    size_t n;
+    tp_err e;
+    assert_int_equal(tp_tokenizer_encode_ex(t, "a<|x|>", 6, TP_ENCODE_SPECIAL, ids, 32, &n, &e), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[1], 10);
+    assert_int_equal(tp_tokenizer_encode_ex(t, "a<|x|>", 6, 0, ids, 32, &n, &e), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_not_equal(ids[i], 10); /* plain text: '<' by its byte token, ... */
+    assert_int_equal(ids[1], 12);
+    assert_int_equal(tp_tokenizer_control_id(t, "<|x|>", 5), 10);
+    assert_int_equal(tp_tokenizer_control_id(t, "ab", 2), -1); /* user-defined renders its text */
+    tp_tokenizer_free(t);
+}
+
+static void bos_and_eos_follow_the_vocabulary_flags(void **state)
+{
+    (void)state;
+    int ids[32];
+    size_t n;
+    tp_err e;
+    tp_tokenizer *t = special_vocab(0, 1);
+    assert_int_equal(tp_tokenizer_encode_ex(t, "z", 1, TP_ENCODE_ADD_SPECIAL, ids, 32, &n, &e), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 6);
+    assert_int_equal(ids[1], 2);
+    tp_tokenizer_free(t);
+    t = special_vocab(-1, -1); /* SentencePiece default: BOS, no EOS */
+    assert_true(tp_tokenizer_add_bos(t));
+    assert_false(tp_tokenizer_add_eos(t));
+    assert_int_equal(tp_tokenizer_encode_ex(t, "z", 1, TP_ENCODE_ADD_SPECIAL, ids, 32, &n, &e), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 1);
+    tp_tokenizer_free(t);
+}
+
+static void end_of_turn_texts_join_the_end_of_generation_ids(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = special_vocab(-1, -1);
+    const int32_t *eog;
+    int n = tp_tokenizer_eog_ids(t, &eog);
+    assert_int_equal(n, 2);
+    assert_int_equal(eog[0], 2);  /* eos */
+    assert_int_equal(eog[1], 11); /* <|im_end|>, a normal token in the file */
+    assert_int_equal(tp_tokenizer_token_type(t, 11), TP_TOKEN_CONTROL);
+    size_t k;
+    tp_tokenizer_token_bytes(t, -1, 11, &k);
+    assert_int_equal(k, 0);
+    int merged[8];
+    const int model_eos[] = {1, 2};
+    assert_int_equal(tp_tokenizer_merge_eog(t, model_eos, 2, merged, 8), 3);
+    assert_int_equal(merged[2], 11);
+    tp_tokenizer_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -628,6 +725,10 @@ int main(void)
         cmocka_unit_test(encode_then_token_bytes_round_trips_random_bytes),
         cmocka_unit_test(encode_equals_plain_llama2c_merge_loop_on_tok512),
         cmocka_unit_test(encode_breaks_score_ties_leftmost_first),
+        cmocka_unit_test(user_defined_tokens_are_matched_whole_longest_first),
+        cmocka_unit_test(control_tokens_are_parsed_only_when_asked),
+        cmocka_unit_test(bos_and_eos_follow_the_vocabulary_flags),
+        cmocka_unit_test(end_of_turn_texts_join_the_end_of_generation_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -372,17 +372,26 @@ static int resubmit(gen *s, job *j, size_t i, tp_err *err)
         j->was = w, j->was_len = j->printed;
     }
     j->len = 0, j->n_ids = 0, j->next_seq = 0, j->gap = false, j->reason = TP_REASON_NONE;
-    tp_msg m;
-    fill_submit(s, j, &m);
-    tp_recv r;
-    int rc = tp_client_call(s->c, &m, &r, err);
-    if (rc)
-        return rc;
-    if (r.m.cmd != TP_CMD_ACK || r.m.status != TP_ST_OK)
-        rc = tp_err_set(err, TP_ENOTFOUND, "job %s (prompt %zu): the restarted tokpiped refused it again (%u %.*s)",
-                        j->id, i + 1, r.m.status, (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
-    tp_recv_free(&r);
-    return rc;
+    /* a broker just started has no workers yet and answers 503: retry
+     * for as long as --timeout allows */
+    int timeout = s->a.timeout_ms > 0 ? s->a.timeout_ms : 5000;
+    for (int waited = 0;; waited += 100) {
+        tp_msg m;
+        fill_submit(s, j, &m);
+        tp_recv r;
+        int rc = tp_client_call(s->c, &m, &r, err);
+        if (rc)
+            return rc;
+        bool ok = r.m.cmd == TP_CMD_ACK && r.m.status == TP_ST_OK;
+        bool later = r.m.status == TP_ST_UNAVAILABLE && waited < timeout;
+        if (!ok && !later)
+            rc = tp_err_set(err, TP_ENOTFOUND, "job %s (prompt %zu): the restarted tokpiped refused it again (%u %.*s)",
+                            j->id, i + 1, r.m.status, (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
+        tp_recv_free(&r);
+        if (!later)
+            return rc;
+        usleep(100 * 1000);
+    }
 }
 
 /* The broker restarted: ask it about every pending job; the ones it does

@@ -36,6 +36,7 @@ typedef struct run_args {
     const char *tokenizer;
     int threads;
     tp_fwd_kernel kernel;
+    tp_kv_type kv_type;
     const char *dump_logits;
     genopts gen;
 } run_args;
@@ -80,9 +81,13 @@ static void usage(FILE *out)
           "  --model FILE             llama2.c checkpoint or GGUF (F32; llama, Llama 3, qwen2)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
-          "  --threads N              compute threads, 1 or 2 (default 1)\n"
+          "  --threads N              compute threads, 1-256; 0 (the default) = one per CPU this\n"
+          "                           process may run on (sched_getaffinity); output is the same\n"
+          "                           for any count\n"
           "  --kernel NAME            matmul kernel: invariant (default, batch invariant) or openblas\n"
           "                           (faster at large batches, not batch invariant; see forward.h)\n"
+          "  --kv-type TYPE           KV cache: f32 (default, exact) or f16 (half the memory and\n"
+          "                           attention traffic; logits move by the rounding)\n"
           "  --dump-logits FILE       for checking a model against a reference: for every sampled\n"
           "                           position write the context and its logits to FILE as\n"
           "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n",
@@ -93,7 +98,7 @@ static void usage(FILE *out)
 static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
 {
     memset(a, 0, sizeof *a);
-    a->threads = 1;
+    a->threads = 0;
     genopts_init(&a->gen);
     for (int i = 1; i < argc; i++) {
         int rc = genopts_parse_one(&a->gen, argc, argv, &i, err);
@@ -103,7 +108,8 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             continue;
         const char *f = argv[i];
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
-             !strcmp(f, "--kernel") || !strcmp(f, "--dump-logits")) && i + 1 >= argc)
+             !strcmp(f, "--kernel") || !strcmp(f, "--kv-type") || !strcmp(f, "--dump-logits")) &&
+            i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
             a->model = argv[++i];
@@ -111,10 +117,20 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             a->tokenizer = argv[++i];
         else if (!strcmp(f, "--dump-logits"))
             a->dump_logits = argv[++i];
-        else if (!strcmp(f, "--threads"))
-            a->threads = atoi(argv[++i]);
+        else if (!strcmp(f, "--threads")) {
+            const char *v = argv[++i];
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 0 || n > TP_FORWARD_MAX_THREADS)
+                return tp_err_set(err, TP_EINVAL, "--threads: '%s' is not a number of threads in 0..%d", v,
+                                  TP_FORWARD_MAX_THREADS);
+            a->threads = (int)n;
+        }
         else if (!strcmp(f, "--kernel")) {
             if ((rc = tp_fwd_kernel_parse(argv[++i], &a->kernel, err)))
+                return rc;
+        } else if (!strcmp(f, "--kv-type")) {
+            if ((rc = tp_kv_type_parse(argv[++i], &a->kv_type, err)))
                 return rc;
         } else
             return tp_err_set(err, TP_EINVAL, "unknown option '%s' (see tokpipe run --help)", f);
@@ -144,8 +160,10 @@ static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "tokenizer has %d tokens but the model's vocabulary is %d",
                           tp_tokenizer_vocab_size(c->tok), c->vocab);
     rc = tp_forward_new(c->model, (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
-    if (rc == 0 && a->threads != 1)
-        rc = tp_forward_set_threads(c->fwd, a->threads, err);
+    if (rc == 0)
+        rc = tp_forward_set_threads(c->fwd, a->threads ? a->threads : tp_forward_default_threads(), err);
+    if (rc == 0)
+        rc = tp_forward_set_kv_type(c->fwd, a->kv_type, err);
     if (rc == 0 && a->kernel != TP_FWD_KERNEL_INVARIANT)
         rc = tp_forward_set_kernel(c->fwd, a->kernel, err);
     return rc;

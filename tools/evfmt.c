@@ -208,6 +208,7 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"recovered_sample", s->recovered[2]}, {"recovered_stop", s->recovered[3]},
         {"recovery_count", s->recovery_count}, {"recovery_ms_total", s->recovery_ms_total},
         {"recovery_ms_max", s->recovery_ms_max}, {"events_duplicate", s->events_duplicate},
+        {"events_refused", s->events_refused},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);

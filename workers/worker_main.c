@@ -144,6 +144,8 @@ static int load_stages(worker *w, tp_err *err)
         (rc = tp_forward_stage_new(w->model, c->kv_slots, c->kv_max_pos, c->max_batch_tokens, c->forward_threads,
                                    &w->forward, err)))
         return rc;
+    if (w->forward && (rc = tp_forward_stage_set_kv_type(w->forward, (tp_kv_type)c->kv_type, err)))
+        return rc;
     if (w->forward && c->forward_kernel != TP_FWD_KERNEL_INVARIANT) {
         if ((rc = tp_forward_stage_set_kernel(w->forward, (tp_fwd_kernel)c->forward_kernel, err)))
             return rc;

@@ -20,6 +20,9 @@
 
 #define TP_CONFIG_DEFAULT_PATH "config/tokpipe.yaml"
 #define TP_CONFIG_MAX_GROUPS 8  /* worker process kinds (fused stage sets) */
+/* workers.forward_threads upper bound: forward.h's TP_FORWARD_MAX_THREADS
+ * (config does not link the forward library; test_config checks they agree) */
+#define TP_CONFIG_MAX_FORWARD_THREADS 256
 
 /* The four pipeline stages, as indexes. */
 enum { TP_SI_TOKENIZE = 0, TP_SI_FORWARD, TP_SI_SAMPLE, TP_SI_STOP, TP_SI_COUNT };
@@ -49,7 +52,7 @@ typedef struct tp_config {
     int stage_count[TP_SI_COUNT];
     char **fuse;             /* e.g. {"forward,sample"}: stages run in one process */
     size_t n_fuse;
-    int forward_threads;
+    int forward_threads;     /* 0 = the CPUs the worker's affinity mask allows */
     int forward_kernel;      /* tp_fwd_kernel: 0 invariant (default), 1 openblas */
     int respawn_init_ms, respawn_max_ms;
 
@@ -61,6 +64,7 @@ typedef struct tp_config {
     bool decode_ahead;       /* feed a candidate before its stop verdict (see sched.c) */
     int kv_slots;
     int kv_max_pos;          /* 0 = the model's seq_len */
+    int kv_type;             /* tp_kv_type: 0 f32 (default), 1 f16 */
 
     /* generation defaults (used for keys a SUBMIT leaves out) */
     int32_t def_max_tokens;
@@ -134,6 +138,10 @@ int tp_config_parse_stages(const char *list, unsigned *bits, tp_err *err);
 /* The names workers.forward_kernel accepts, indexed by tp_fwd_kernel value
  * ("invariant", "openblas"), NULL-terminated. */
 extern const char *const tp_config_kernel_names[];
+
+/* The names kv.kv_type accepts, indexed by tp_kv_type value ("f32",
+ * "f16"), NULL-terminated. */
+extern const char *const tp_config_kv_type_names[];
 
 /* "tokenize", "forward", "sample", "stop" for an index. */
 const char *tp_config_stage_name(int si);

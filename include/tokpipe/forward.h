@@ -20,9 +20,11 @@
  * (tp_forward_set_kernel, TP_FWD_KERNEL_OPENBLAS) that trades batch
  * invariance for OpenBLAS's sgemm; see there.
  *
- * Single-threaded by default (one compute thread per worker process; see
- * research/limits.md on thread pools collapsing on this machine), with an
- * opt-in passive second thread. A tp_forward is not thread-safe; the
+ * Single-threaded until tp_forward_set_threads asks for more: a pool of
+ * compute threads that sleep while idle (never spin: spinning pools
+ * collapsed on this machine, research/limits.md 0.1), splitting every
+ * matmul by output rows and attention by (token, head), so the bits never
+ * depend on the thread count. A tp_forward is not thread-safe; the
  * tp_model it reads may be shared. */
 #ifndef TOKPIPE_FORWARD_H
 #define TOKPIPE_FORWARD_H
@@ -50,7 +52,8 @@ typedef struct tp_fwd_item {
  * kv_slots sequences of up to max_pos positions each (0 = the model's
  * seq_len), and scratch for up to max_batch_tokens tokens per step. The
  * model must outlive the tp_forward. Memory: a copy of the weights plus
- * 2 * kv_slots * n_layers * max_pos * kv_dim floats. *out is owned by the
+ * 2 * kv_slots * n_layers * max_pos * kv_dim values, floats until
+ * tp_forward_set_kv_type picks halves. *out is owned by the
  * caller (tp_forward_free). */
 int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
                    tp_forward **out, tp_err *err);
@@ -78,14 +81,30 @@ int tp_forward_seq_length(const tp_forward *f, int seq_id);
  * pos + n_tokens. */
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err);
 
-/* Use 1 (the default) or 2 compute threads. With the invariant kernel the
- * second thread sleeps on a condition variable (no spinning) and takes half
- * the rows of each matmul of a step with at least 8 tokens; results stay
- * bit-identical to 1 thread. With the OpenBLAS kernel it is OpenBLAS's own
- * thread count instead (see tp_forward_set_kernel). Worth it only when the
- * process may own both cores. */
+/* Most compute threads one tp_forward runs. */
+#define TP_FORWARD_MAX_THREADS 256
+
+/* Use n_threads compute threads, 1 (the default of a new tp_forward) up to
+ * TP_FORWARD_MAX_THREADS, counting the caller's: n_threads - 1 helper
+ * threads are started (and any previous ones stopped). With the invariant
+ * kernel every matmul of a step, the classifier included and batch-1 decode
+ * too, is split by output rows (panel groups of 64 rows), attention by
+ * (token, head) and SwiGLU by elements; a job too small to pay for waking
+ * a thread uses fewer. Rows are claimed from a shared counter, so a thread
+ * that wakes late (its core busy elsewhere) leaves its share to the others
+ * instead of holding the step up.
+ * Logits stay bit-identical to 1 thread. Idle helpers sleep in the kernel
+ * (futex), so threads beyond the free cores cost only when work overlaps.
+ * With the OpenBLAS kernel it is OpenBLAS's own thread count instead (see
+ * tp_forward_set_kernel). TP_EINVAL outside the range, TP_ENOMEM if a
+ * thread or its scratch cannot be had (the old count stays). */
 int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err);
 int tp_forward_threads(const tp_forward *f);
+
+/* The thread count to use when none is configured: the CPUs this process's
+ * affinity mask allows (sched_getaffinity; e.g. taskset or systemd's
+ * CPUAffinity=), at most TP_FORWARD_MAX_THREADS. */
+int tp_forward_default_threads(void);
 
 /* Matmul backend of the weight matrices (attention, norms, RoPE and SwiGLU
  * are the same code either way).
@@ -150,6 +169,28 @@ const char *tp_fwd_kernel_name(tp_fwd_kernel k);
 
 /* Parse such a name; TP_EINVAL naming the bad value otherwise. */
 int tp_fwd_kernel_parse(const char *name, tp_fwd_kernel *out, tp_err *err);
+
+/* Element type of the KV cache. TP_KV_F32 (the default) is exact. TP_KV_F16
+ * stores keys and values as IEEE half (rounded to nearest even once, when
+ * stored): half the KV memory and half the bytes attention reads per
+ * position, which is what long contexts and big batches are bound by.
+ * Logits move by the rounding (at most 0.023 from f32's on stories260K,
+ * whose 252 greedy ids stay equal;
+ * tests/test_forward.c) and stay batch and chunked-prefill invariant: every
+ * token of a step reads its sequence's keys back from the cache, its own
+ * chunk's included, so what it sees never depends on the batch. */
+typedef enum tp_kv_type { TP_KV_F32 = 0, TP_KV_F16 = 1 } tp_kv_type;
+
+/* Re-allocate the KV pool for type t; only while no sequence is open
+ * (TP_ESTATE otherwise). TP_EINVAL for an unknown type, TP_ENOMEM if the
+ * new pool cannot be mapped (the old one stays). */
+int tp_forward_set_kv_type(tp_forward *f, tp_kv_type t, tp_err *err);
+tp_kv_type tp_forward_kv_type(const tp_forward *f);
+
+/* "f32" or "f16" (config files and command lines), and back; TP_EINVAL
+ * naming a bad name. */
+const char *tp_kv_type_name(tp_kv_type t);
+int tp_kv_type_parse(const char *name, tp_kv_type *out, tp_err *err);
 
 int tp_forward_max_positions(const tp_forward *f);
 int tp_forward_max_batch_tokens(const tp_forward *f);

@@ -427,6 +427,7 @@ typedef struct tp_m_stats_reply {
     uint64_t recovery_ms_total, recovery_ms_max;
     uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
     unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
+    uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
 } tp_m_stats_reply;
 
 typedef struct tp_m_info_limits {   /* INFO_REPLY limits (the broker's configuration) */
@@ -460,6 +461,7 @@ typedef struct tp_m_token {
     tp_str text;           /* UTF-8 delta, may be empty (held back) */
     tp_raw ids;            /* int32 frame: accepted token ids */
     tp_lp_cols lp;         /* the job asked for logprobs: one per id */
+    uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
 } tp_m_token;
 
 /* The topic of the broker's EVT1 HEARTBEAT. '@' is not a job id character,
@@ -490,6 +492,7 @@ typedef struct tp_m_finish {
     tp_str error_code;     /* opt: TP_CODE_* (reason error) */
     uint32_t context_length; /* opt: with TP_CODE_CONTEXT or detail "context" */
     tp_str detail;         /* opt, reason length: "context" (the context ran out) or "max_tokens" */
+    uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
 } tp_m_finish;
 
 /* ---- WRK1 messages ------------------------------------------------------ */
@@ -618,6 +621,8 @@ typedef struct tp_m_stop_open {
     uint64_t t_start_us;       /* CLOCK_REALTIME of the first forward step */
     tp_raw replay;             /* i32 frame: accepted ids to re-feed silently */
     uint32_t context_length;   /* opt: max_tokens was lowered to fit this context */
+    uint64_t pin;              /* random, nonzero: echoed in every event of the job, so the
+                                * broker believes only the worker the job is pinned to */
 } tp_m_stop_open;
 
 typedef struct tp_m_stop_close {

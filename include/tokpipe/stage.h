@@ -75,7 +75,8 @@ tp_lp_cols tp_sample_stage_lp_cols(tp_sample_stage *st, uint32_t n);
 /* ---- forward ----------------------------------------------------------- */
 typedef struct tp_forward_stage tp_forward_stage;
 /* model is borrowed. kv_slots / max_pos / max_batch_tokens as for
- * tp_forward_new; threads 1 or 2. */
+ * tp_forward_new; threads 1..TP_FORWARD_MAX_THREADS, or 0 for
+ * tp_forward_default_threads() (the CPUs the affinity mask allows). */
 int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
                          int threads, tp_forward_stage **out, tp_err *err);
 /* Matmul kernel for every later step (tp_forward_set_kernel: the OpenBLAS
@@ -83,6 +84,8 @@ int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int m
  * blocked: the first OpenBLAS opt-in loads the library, whose threads
  * inherit the signal mask. */
 int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err);
+/* KV cache element type (tp_forward_set_kv_type); call before serving. */
+int tp_forward_stage_set_kv_type(tp_forward_stage *st, tp_kv_type t, tp_err *err);
 /* Fuse: STEP messages with sample=true are sampled in process by ss
  * (borrowed; NULL = not fused, such steps are refused). */
 void tp_forward_stage_set_sampler(tp_forward_stage *st, tp_sample_stage *ss);

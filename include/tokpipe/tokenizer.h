@@ -74,7 +74,8 @@ typedef struct tp_vocab_spec {
     int bos_id, eos_id, unk_id, eot_id, eom_id; /* -1: none */
     int add_bos, add_eos;      /* -1: the kind's default (SPM: BOS; BPE: as pre says) */
     int add_space_prefix;      /* SPM: -1 default (yes) */
-    bool rstrip_specials;      /* Phi-3: text after a special token loses its leading spaces */
+    bool rstrip_specials;      /* Phi-3: text after a special token (but <unk>, <s>,
+                                  <|endoftext|>) loses its leading whitespace */
 } tp_vocab_spec;
 
 enum { TP_TOKENIZER_SPM = 1, TP_TOKENIZER_BPE = 2 };

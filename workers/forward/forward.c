@@ -11,20 +11,34 @@
 #include "tokpipe/forward.h"
 #include "blas.h"
 #include "kernels.h"
+#include "kv16.h"
+#include "pool.h"
 #include "quant.h"
 
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
-#define THREAD_MIN_TOKENS 8   /* below this a step is memory-bound: one thread */
-#define THREAD_MIN_PANELS 16  /* small matrices are not worth a hand-off */
+/* Multiply-adds a job must have per thread to be worth waking one: 1 MB
+ * of f32 weights at batch 1. A passive wake costs microseconds, tens on a
+ * loaded host; limits.md 0.1 measured passive 2-thread waits at about 1.1x
+ * one thread on a hot 768x768 matvec (590K multiply-adds), so smaller jobs
+ * stay on the calling thread. */
+#define PART_MIN_MACS 262144
+/* What one SwiGLU element (an expf and a division) costs, in
+ * multiply-adds of a matmul, for the same threshold. */
+#define SWIGLU_MACS 16
+/* Row ranges of a typed (quantized) matmul split start at multiples of
+ * this: any split gives the same bits (quant.h), this keeps row blocks
+ * whole and a range's output rows on whole cache lines. */
+#define TYPED_ROW_ALIGN 16
 #define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
 
 /* A weight group with a typed (non-F32) matrix: each matrix on its own,
@@ -56,29 +70,12 @@ typedef struct scratch {
     float *qkv;    /* [T][dim + 2 kv_dim] */
     float *h13;    /* [T][2 hidden] */
     float *proj;   /* [T][max(dim, hidden)] output of wo / w2, and hidden for w2 */
-    float *att;    /* [max_pos] attention scores of one head */
+    float *att;    /* [threads][max_pos] attention scores, one row per pool worker */
     float *cls_in; /* [T][dim] final-normed rows that want logits */
     float *cls_out; /* [CLS_CHUNK][vocab] */
     int *tok_slot; /* [T] */
     int *tok_pos;  /* [T] */
 } scratch;
-
-/* The optional second compute thread. It sleeps on a condition variable
- * (never spins: spinning pools collapsed on this machine, limits.md 0.1)
- * and computes the upper half of a matmul's panels; rows never interact,
- * so the bits equal a single-threaded call. */
-typedef struct helper {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    const tp_packed *w;
-    const float *x;
-    float *y;
-    int ldx, n_tok, ldy, pg0, pg1;
-    bool avx512;
-    unsigned long posted, done;
-    bool quit;
-} helper;
 
 struct tp_forward {
     const tp_model *model;
@@ -95,8 +92,10 @@ struct tp_forward {
      * positions and a block is one contiguous run; max_pos is rounded up to
      * a multiple of 16 for this. Values [slot][layer][kv_head][pos]
      * [head_size]: a head's values over positions are one contiguous run. */
-    float *kcache, *vcache;
+    void *kcache, *vcache; /* float, or uint16_t halves with kv_type f16 (kv16.h) */
     size_t pool_bytes; /* of each of kcache and vcache */
+    tp_kv_type kv_type;
+    bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
@@ -104,11 +103,10 @@ struct tp_forward {
     tp_fwd_kernel kernel;
     tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
     float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
-    helper *helper; /* NULL: single-threaded (the default) */
+    tp_pool *pool;  /* compute threads (1 = none started) */
+    long long part_min; /* PART_MIN_MACS; tests lower it to split everything */
     scratch s;
 };
-
-static void helper_stop(helper *h);
 
 /* ---- setup ------------------------------------------------------------- */
 
@@ -213,46 +211,108 @@ static int alloc_scratch(tp_forward *f)
     s->qkv = malloc(T * qkv * sizeof(float));
     s->h13 = malloc(T * 2 * h * sizeof(float));
     s->proj = malloc(T * wide * sizeof(float));
-    s->att = malloc((size_t)f->max_pos * sizeof(float));
     s->cls_in = malloc(T * d * sizeof(float));
     s->cls_out = malloc((size_t)CLS_CHUNK * (size_t)f->c.vocab_size * sizeof(float));
     s->tok_slot = malloc(T * sizeof(int));
     s->tok_pos = malloc(T * sizeof(int));
-    bool ok = s->x && s->xb && s->qkv && s->h13 && s->proj && s->att && s->cls_in && s->cls_out && s->tok_slot &&
+    bool ok = s->x && s->xb && s->qkv && s->h13 && s->proj && s->cls_in && s->cls_out && s->tok_slot &&
               s->tok_pos;
     return ok ? 0 : TP_ENOMEM;
 }
 
-static float *map_pool(size_t bytes)
+static void *map_pool(size_t bytes)
 {
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
-static int alloc_pool(tp_forward *f, tp_err *err)
+static void unmap_pool(void *p, size_t bytes)
+{
+    if (p)
+        munmap(p, bytes ? bytes : 1);
+}
+
+/* Map the key and value caches for kv_type t; the old ones stay until the
+ * new ones are had. */
+static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
 {
     /* slots, layers, max_pos and kv_dim are each bounded, so this product
-     * cannot overflow 64 bits; calloc still checks it against memory. */
+     * cannot overflow 64 bits; mmap still checks it against memory. */
+    size_t esize = t == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     uint64_t n = (uint64_t)f->slots * (uint64_t)f->c.n_layers * (uint64_t)f->kv_pos *
                  (uint64_t)f->c.kv_dim;
-    if (n > SIZE_MAX / sizeof(float))
-        return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu floats is too large",
+    if (n > SIZE_MAX / esize)
+        return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu values is too large",
                           (unsigned long long)n);
     /* Anonymous maps: page aligned (a 64-byte key row never straddles into
      * another page) and lazily zeroed, so untouched slots cost no RAM. */
-    f->pool_bytes = (size_t)n * sizeof(float);
-    f->kcache = map_pool(f->pool_bytes);
-    f->vcache = map_pool(f->pool_bytes);
+    size_t bytes = (size_t)n * esize;
+    void *k = map_pool(bytes), *v = map_pool(bytes);
+    if (!k || !v) {
+        unmap_pool(k, bytes);
+        unmap_pool(v, bytes);
+        return tp_err_set(err, TP_ENOMEM, "forward: cannot allocate a KV pool of %d slots x %d positions "
+                          "(%.1f MB, kv_type %s)", f->slots, f->max_pos, 2.0 * (double)bytes / 1e6,
+                          tp_kv_type_name(t));
+    }
+    unmap_pool(f->kcache, f->pool_bytes);
+    unmap_pool(f->vcache, f->pool_bytes);
+    f->kcache = k;
+    f->vcache = v;
+    f->pool_bytes = bytes;
+    f->kv_type = t;
+    return 0;
+}
+
+static int alloc_pool(tp_forward *f, tp_err *err)
+{
+    int rc = map_kv(f, TP_KV_F32, err);
+    if (rc)
+        return rc;
     f->seq_len = malloc((size_t)f->slots * sizeof(int));
     f->seen = calloc((size_t)f->slots, sizeof(int));
-    if (!f->kcache || !f->vcache || !f->seq_len || !f->seen)
-        return tp_err_set(err, TP_ENOMEM, "forward: cannot allocate a KV pool of %d slots x %d positions "
-                          "(%.1f MB)", f->slots, f->max_pos, 2.0 * (double)n * 4 / 1e6);
+    if (!f->seq_len || !f->seen)
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d sequence slots", f->slots);
     for (int i = 0; i < f->slots; i++)
         f->seq_len[i] = -1;
     return 0;
 }
+
+const char *tp_kv_type_name(tp_kv_type t)
+{
+    switch (t) {
+    case TP_KV_F32: return "f32";
+    case TP_KV_F16: return "f16";
+    }
+    return "unknown";
+}
+
+int tp_kv_type_parse(const char *name, tp_kv_type *out, tp_err *err)
+{
+    const tp_kv_type all[] = {TP_KV_F32, TP_KV_F16};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(name, tp_kv_type_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return tp_err_set(err, TP_EINVAL, "forward: unknown kv_type '%s' (want f32 or f16)", name ? name : "(null)");
+}
+
+int tp_forward_set_kv_type(tp_forward *f, tp_kv_type t, tp_err *err)
+{
+    if (t != TP_KV_F32 && t != TP_KV_F16)
+        return tp_err_set(err, TP_EINVAL, "forward: unknown kv_type %d (want f32 or f16)", (int)t);
+    if (t == f->kv_type)
+        return 0;
+    for (int i = 0; i < f->slots; i++)
+        if (f->seq_len[i] >= 0)
+            return tp_err_set(err, TP_ESTATE, "forward: kv_type can change only while no sequence is open "
+                              "(sequence %d is)", i);
+    return map_kv(f, t, err);
+}
+
+tp_kv_type tp_forward_kv_type(const tp_forward *f) { return f->kv_type; }
 
 int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
                    tp_forward **out, tp_err *err)
@@ -279,10 +339,14 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->max_tokens = max_batch_tokens;
     f->kv_pos = (max_pos + 15) / 16 * 16;
     f->avx512 = tp_kernels_have_avx512();
+    f->kv16_avx512 = f->avx512 && tp_kv16_have_avx512();
+    f->part_min = PART_MIN_MACS;
     f->qavx512 = f->avx512 && tp_quant_have_avx512();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
+    if (!rc)
+        rc = tp_forward_set_threads(f, 1, err);
     if (rc) {
         tp_forward_free(f);
         return rc;
@@ -295,7 +359,7 @@ void tp_forward_free(tp_forward *f)
 {
     if (!f)
         return;
-    helper_stop(f->helper);
+    tp_pool_free(f->pool);
     if (f->layers)
         for (int l = 0; l < f->c.n_layers; l++) {
             tp_packed_free(&f->layers[l].qkv);
@@ -311,10 +375,8 @@ void tp_forward_free(tp_forward *f)
     tp_packed_free(&f->cls);
     typed_group_free(&f->tcls);
     tp_qact_free(&f->qact);
-    if (f->kcache)
-        munmap(f->kcache, f->pool_bytes ? f->pool_bytes : 1);
-    if (f->vcache)
-        munmap(f->vcache, f->pool_bytes ? f->pool_bytes : 1);
+    unmap_pool(f->kcache, f->pool_bytes);
+    unmap_pool(f->vcache, f->pool_bytes);
     free(f->cls_all);
     tp_blas_close(&f->blas);
     free(f->rope_cos);
@@ -327,74 +389,50 @@ void tp_forward_free(tp_forward *f)
     free(f);
 }
 
-/* ---- optional second thread -------------------------------------------- */
+/* ---- compute threads --------------------------------------------------- */
 
-static void *helper_main(void *arg)
+int tp_forward_default_threads(void)
 {
-    helper *h = arg;
-    unsigned long seen = 0;
-    pthread_mutex_lock(&h->mu);
-    for (;;) {
-        while (h->posted == seen && !h->quit)
-            pthread_cond_wait(&h->cv, &h->mu);
-        if (h->quit)
-            break;
-        seen = h->posted;
-        pthread_mutex_unlock(&h->mu);
-        tp_matmul_panels(h->w, h->x, h->ldx, h->n_tok, h->y, h->ldy, h->pg0, h->pg1, h->avx512);
-        pthread_mutex_lock(&h->mu);
-        h->done = seen;
-        pthread_cond_broadcast(&h->cv);
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
-}
-
-static void helper_stop(helper *h)
-{
-    if (!h)
-        return;
-    pthread_mutex_lock(&h->mu);
-    h->quit = true;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(h->thread, NULL);
-    pthread_mutex_destroy(&h->mu);
-    pthread_cond_destroy(&h->cv);
-    free(h);
+    cpu_set_t set;
+    long n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    else /* more CPUs than a cpu_set_t holds: the mask cannot be read so */
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > TP_FORWARD_MAX_THREADS ? TP_FORWARD_MAX_THREADS : (int)n;
 }
 
 int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
 {
-    if (n_threads < 1 || n_threads > 2)
-        return tp_err_set(err, TP_EINVAL, "forward: threads %d outside 1..2", n_threads);
-    if ((n_threads == 2) == (f->helper != NULL))
+    if (n_threads < 1 || n_threads > TP_FORWARD_MAX_THREADS)
+        return tp_err_set(err, TP_EINVAL, "forward: threads %d outside 1..%d", n_threads, TP_FORWARD_MAX_THREADS);
+    if (f->pool && tp_pool_threads(f->pool) == n_threads)
         return 0;
-    if (n_threads == 1) {
-        helper_stop(f->helper);
-        f->helper = NULL;
-        return 0;
+    float *att = malloc((size_t)n_threads * (size_t)f->max_pos * sizeof(float));
+    if (!att)
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for attention scratch of %d threads",
+                          n_threads);
+    tp_pool *pool;
+    int rc = tp_pool_new(n_threads, &pool, err);
+    if (rc) {
+        free(att);
+        return rc;
     }
-    helper *h = calloc(1, sizeof *h);
-    if (!h)
-        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for a compute thread");
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
-    if (pthread_create(&h->thread, NULL, helper_main, h)) {
-        pthread_mutex_destroy(&h->mu);
-        pthread_cond_destroy(&h->cv);
-        free(h);
-        return tp_err_set(err, TP_ENOMEM, "forward: cannot start a compute thread");
-    }
-    f->helper = h;
+    tp_pool_free(f->pool);
+    free(f->s.att);
+    f->pool = pool;
+    f->s.att = att;
     return 0;
 }
 
-int tp_forward_threads(const tp_forward *f) { return f->helper ? 2 : 1; }
+int tp_forward_threads(const tp_forward *f) { return f->pool ? tp_pool_threads(f->pool) : 1; }
+
+void tp_forward_split_all_for_tests(tp_forward *f) { f->part_min = 1; }
 
 void tp_forward_use_scalar_for_tests(tp_forward *f)
 {
     f->avx512 = false;
+    f->kv16_avx512 = false;
     f->qavx512 = false;
 }
 
@@ -463,29 +501,39 @@ static void blas_matmul(const tp_forward *f, const float *w, int rows, int cols,
                       y, ldy);
 }
 
-/* One matmul of the step: split by panel groups across the two threads when
- * there is enough work to pay for the hand-off. */
+/* Threads worth waking for a job of macs multiply-adds. */
+static int parts_for(const tp_forward *f, double macs)
+{
+    double p = macs / (double)f->part_min;
+    int n = tp_forward_threads(f);
+    return p >= n ? n : p < 1 ? 1 : (int)p;
+}
+
+typedef struct mm_job {
+    const tp_packed *w;
+    const float *x;
+    float *y;
+    int ldx, n_tok, ldy;
+    bool avx512;
+} mm_job;
+
+static void mm_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const mm_job *j = arg;
+    tp_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->avx512);
+}
+
+/* One matmul of the step, split by output rows (panel groups) over the
+ * pool: every row is computed as in a single call, so the bits do not
+ * depend on the thread count. Batch 1 splits too: a decode step is a
+ * matvec that streams every weight once, and every core's share of the
+ * memory bandwidth helps it. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    helper *h = f->helper;
-    if (!h || n_tok < THREAD_MIN_TOKENS || w->panels < THREAD_MIN_PANELS) {
-        tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, f->avx512);
-        return;
-    }
-    int split = w->panels / 2 / 4 * 4;
-    pthread_mutex_lock(&h->mu);
-    h->w = w; h->x = x; h->ldx = ldx; h->n_tok = n_tok; h->y = y; h->ldy = ldy;
-    h->pg0 = split;
-    h->pg1 = w->panels;
-    h->avx512 = f->avx512;
-    unsigned long ticket = ++h->posted;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, split, f->avx512);
-    pthread_mutex_lock(&h->mu);
-    while (h->done != ticket)
-        pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
+    mm_job j = {w, x, y, ldx, n_tok, ldy, f->avx512};
+    int parts = parts_for(f, (double)w->rows * w->cols * n_tok);
+    tp_pool_run(f->pool, w->rows, TP_MATMUL_ROW_ALIGN, parts, mm_rows, &j);
 }
 
 /* A weight group (matrices stacked in one packed tp_packed, sharing cols):
@@ -502,13 +550,31 @@ static void group_matmul(tp_forward *f, const tp_packed *pw, const float *const 
         blas_matmul(f, parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
 }
 
-/* One typed matrix: its activations are quantized once, then rows
- * [0, rows) computed (tp_qmatmul_rows may be split by rows across threads
- * with the same bits). */
+typedef struct qmm_job {
+    const tp_wmat *w;
+    const tp_qact *a;
+    float *y;
+    int ldy;
+    bool avx512;
+} qmm_job;
+
+static void qmm_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const qmm_job *j = arg;
+    tp_qmatmul_rows(j->w, j->a, j->y, j->ldy, r0, r1, j->avx512);
+}
+
+/* One typed matrix: its activations are quantized once (on this thread),
+ * then its rows split over the pool as for f32 (tp_qmatmul_rows gives the
+ * same bits for any split; ranges of TYPED_ROW_ALIGN rows keep the
+ * kernels' row blocks whole). */
 static void typed_matmul(tp_forward *f, const tp_wmat *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
     tp_qact_prepare(&f->qact, w->type, x, ldx, n_tok, w->cols);
-    tp_qmatmul_rows(w, &f->qact, y, ldy, 0, w->rows, f->qavx512);
+    qmm_job j = {w, &f->qact, y, ldy, f->qavx512};
+    int parts = parts_for(f, (double)w->rows * w->cols * n_tok);
+    tp_pool_run(f->pool, w->rows, TYPED_ROW_ALIGN, parts, qmm_rows, &j);
 }
 
 /* A group with typed matrices: each part writes its own columns of y. */
@@ -633,46 +699,59 @@ static size_t key_index(const tp_forward *f, int i, int pos)
     return (size_t)g * hs * (size_t)f->kv_pos + ((size_t)(pos / 16) * hs + (size_t)j) * 16 + (size_t)(pos % 16);
 }
 
-/* Write one position's keys (kv_dim floats) into a layer's key block. */
-static void store_key(const tp_forward *f, float *kb, const float *k, int pos)
+/* Write one position's keys and values (kv_dim floats each) into a
+ * sequence's layer of the cache, rounded to half with kv_type f16. */
+static void store_kv(const tp_forward *f, int layer, int slot, int pos, const float *k, const float *v)
 {
-    size_t hs = (size_t)f->c.head_size;
-    float *dst = kb + key_index(f, 0, pos);
-    for (size_t g = 0; g < (size_t)f->c.n_kv_heads; g++, dst += hs * (size_t)f->kv_pos)
-        for (size_t j = 0; j < hs; j++)
-            dst[j * 16] = k[g * hs + j];
+    size_t hs = (size_t)f->c.head_size, base = kv_offset(f, slot, layer, 0), kidx = key_index(f, 0, pos);
+    size_t hstride = hs * (size_t)f->kv_pos; /* between KV heads */
+    for (size_t g = 0; g < (size_t)f->c.n_kv_heads; g++) {
+        size_t ko = base + kidx + g * hstride, vo = base + g * hstride + (size_t)pos * hs;
+        const float *kg = k + g * hs, *vg = v + g * hs;
+        if (f->kv_type == TP_KV_F16) {
+            uint16_t *kd = (uint16_t *)f->kcache + ko, *vd = (uint16_t *)f->vcache + vo;
+            for (size_t j = 0; j < hs; j++) {
+                kd[j * 16] = tp_f32_to_f16(kg[j]);
+                vd[j] = tp_f32_to_f16(vg[j]);
+            }
+        } else {
+            float *kd = (float *)f->kcache + ko, *vd = (float *)f->vcache + vo;
+            for (size_t j = 0; j < hs; j++)
+                kd[j * 16] = kg[j];
+            memcpy(vd, vg, hs * sizeof(float));
+        }
+    }
 }
 
-/* Attention of one token (query q at position pos) over its sequence's
- * cache positions 0..pos; writes dim floats to out. Each score and output
+/* Attention of head h of one token (query q at position pos) over its
+ * sequence's cache positions 0..pos; writes head_size floats to out + h *
+ * head_size, using att (max_pos floats) as scratch. Each score and output
  * element has a fixed summation order that depends only on head_size and
- * pos, never on the batch. */
-static void attend_scalar(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+ * pos, never on the batch or on which thread runs the head. */
+static void attend_scalar(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
+                          float *att)
 {
     const tp_model_config *c = &f->c;
     int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
-    const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
+    const float *kc = (const float *)f->kcache + kv_offset(f, slot, layer, 0);
+    const float *vc = (const float *)f->vcache + kv_offset(f, slot, layer, 0);
     float scale = sqrtf((float)hs);
-    float *att = f->s.att;
-    for (int h = 0; h < c->n_heads; h++) {
-        const float *qh = q + (size_t)h * hs;
-        size_t hoff = (size_t)(h / kv_mul) * hs;
-        for (int t = 0; t <= pos; t++) {
-            float score = 0.0f;
-            for (int i = 0; i < hs; i++)
-                score += qh[i] * kc[key_index(f, (int)hoff + i, t)];
-            att[t] = score / scale;
-        }
-        softmax(att, pos + 1);
-        float *oh = out + (size_t)h * hs;
-        memset(oh, 0, (size_t)hs * sizeof(float));
-        for (int t = 0; t <= pos; t++) {
-            const float *v = vc + hoff * (size_t)f->kv_pos + (size_t)t * hs;
-            float a = att[t];
-            for (int i = 0; i < hs; i++)
-                oh[i] += a * v[i];
-        }
+    const float *qh = q + (size_t)h * hs;
+    size_t hoff = (size_t)(h / kv_mul) * hs;
+    for (int t = 0; t <= pos; t++) {
+        float score = 0.0f;
+        for (int i = 0; i < hs; i++)
+            score += qh[i] * kc[key_index(f, (int)hoff + i, t)];
+        att[t] = score / scale;
+    }
+    softmax(att, pos + 1);
+    float *oh = out + (size_t)h * hs;
+    memset(oh, 0, (size_t)hs * sizeof(float));
+    for (int t = 0; t <= pos; t++) {
+        const float *v = vc + hoff * (size_t)f->kv_pos + (size_t)t * hs;
+        float a = att[t];
+        for (int i = 0; i < hs; i++)
+            oh[i] += a * v[i];
     }
 }
 
@@ -739,31 +818,70 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
     }
 }
 
-__attribute__((target("avx512f"))) static void attend_avx512(tp_forward *f, int layer, int slot, int pos,
-                                                             const float *q, float *out)
+__attribute__((target("avx512f"))) static void attend_avx512(const tp_forward *f, int layer, int slot, int pos,
+                                                             int h, const float *q, float *out, float *att)
 {
     const tp_model_config *c = &f->c;
     int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    const float *kc = f->kcache + kv_offset(f, slot, layer, 0);
-    const float *vc = f->vcache + kv_offset(f, slot, layer, 0);
+    const float *kc = (const float *)f->kcache + kv_offset(f, slot, layer, 0);
+    const float *vc = (const float *)f->vcache + kv_offset(f, slot, layer, 0);
     float scale = sqrtf((float)hs);
-    float *att = f->s.att;
-    for (int h = 0; h < c->n_heads; h++) {
-        const float *qh = q + (size_t)h * hs;
-        size_t hoff = (size_t)(h / kv_mul) * hs;
-        const float *kt = kc + (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
-        scores(att, qh, kt, hs, pos + 1, scale);
+    const float *qh = q + (size_t)h * hs;
+    size_t hoff = (size_t)(h / kv_mul) * hs;
+    const float *kt = kc + hoff * (size_t)f->kv_pos;
+    scores(att, qh, kt, hs, pos + 1, scale);
+    softmax(att, pos + 1);
+    weighted_sum(out + (size_t)h * hs, att, vc + hoff * (size_t)f->kv_pos, (size_t)hs, hs, pos + 1);
+}
+
+/* The same over a half-precision cache (kv16.h): the same layout and
+ * summation order, keys and values converted exactly as they are read. */
+static void attend_f16(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
+                       float *att)
+{
+    const tp_model_config *c = &f->c;
+    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
+    size_t hoff = (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
+    const uint16_t *kt = (const uint16_t *)f->kcache + kv_offset(f, slot, layer, 0) + hoff;
+    const uint16_t *vt = (const uint16_t *)f->vcache + kv_offset(f, slot, layer, 0) + hoff;
+    float scale = sqrtf((float)hs);
+    const float *qh = q + (size_t)h * hs;
+    float *oh = out + (size_t)h * hs;
+    if (f->kv16_avx512) {
+        tp_kv16_scores_avx512(att, qh, kt, hs, pos + 1, scale);
         softmax(att, pos + 1);
-        weighted_sum(out + (size_t)h * hs, att, vc + hoff * (size_t)f->kv_pos, (size_t)hs, hs, pos + 1);
+        tp_kv16_weighted_sum_avx512(oh, att, vt, (size_t)hs, hs, pos + 1);
+    } else {
+        tp_kv16_scores_scalar(att, qh, kt, hs, pos + 1, scale);
+        softmax(att, pos + 1);
+        tp_kv16_weighted_sum_scalar(oh, att, vt, (size_t)hs, hs, pos + 1);
     }
 }
 
-static void attend(tp_forward *f, int layer, int slot, int pos, const float *q, float *out)
+typedef struct att_job {
+    const tp_forward *f;
+    int layer;
+} att_job;
+
+/* Units [u0, u1) of a step's attention, unit u = (token u / n_heads, head
+ * u % n_heads): what the pool splits. */
+static void attend_units(void *arg, int u0, int u1, int worker)
 {
-    if (f->avx512)
-        attend_avx512(f, layer, slot, pos, q, out);
-    else
-        attend_scalar(f, layer, slot, pos, q, out);
+    const att_job *j = arg;
+    const tp_forward *f = j->f;
+    const scratch *s = &f->s;
+    size_t d = (size_t)f->c.dim, qs = d + 2 * (size_t)f->c.kv_dim;
+    float *att = s->att + (size_t)worker * (size_t)f->max_pos;
+    for (int u = u0; u < u1; u++) {
+        int t = u / f->c.n_heads, h = u % f->c.n_heads;
+        const float *q = s->qkv + (size_t)t * qs;
+        if (f->kv_type == TP_KV_F16)
+            attend_f16(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
+        else if (f->avx512)
+            attend_avx512(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
+        else
+            attend_scalar(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
+    }
 }
 
 /* ---- the step ---------------------------------------------------------- */
@@ -858,17 +976,35 @@ static void attention_block(tp_forward *f, int l, int T)
         }
         rope(f, q, c->dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
-        store_key(f, f->kcache + kv_offset(f, s->tok_slot[t], l, 0), k, s->tok_pos[t]);
-        float *vb = f->vcache + kv_offset(f, s->tok_slot[t], l, 0);
-        size_t hs = (size_t)c->head_size;
-        for (size_t g = 0; g < (size_t)c->n_kv_heads; g++)
-            memcpy(vb + (g * (size_t)f->kv_pos + (size_t)s->tok_pos[t]) * hs, v + g * hs, hs * sizeof(float));
+        store_kv(f, l, s->tok_slot[t], s->tok_pos[t], k, v);
     }
+    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head */
     for (int t = 0; t < T; t++)
-        attend(f, l, s->tok_slot[t], s->tok_pos[t], s->qkv + t * qs, s->xb + t * d);
+        macs += 2.0 * (s->tok_pos[t] + 1) * c->head_size * c->n_heads;
+    att_job aj = {f, l};
+    tp_pool_run(f->pool, T * c->n_heads, 1, parts_for(f, macs), attend_units, &aj);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj,
                  c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
+}
+
+typedef struct swiglu_job {
+    const float *h13; /* [T][2 hidden]: gate, then up */
+    float *out;       /* [T][hidden] */
+    size_t h;
+} swiglu_job;
+
+/* Elements [e0, e1) of the flattened [T][hidden] output. */
+static void swiglu_range(void *arg, int e0, int e1, int worker)
+{
+    (void)worker;
+    const swiglu_job *j = arg;
+    for (size_t e = (size_t)e0; e < (size_t)e1; e++) {
+        size_t t = e / j->h, i = e % j->h;
+        float val = j->h13[t * 2 * j->h + i];
+        val *= 1.0f / (1.0f + expf(-val));
+        j->out[e] = val * j->h13[t * 2 * j->h + j->h + i];
+    }
 }
 
 static void ffn_block(tp_forward *f, int l, int T)
@@ -883,15 +1019,10 @@ static void ffn_block(tp_forward *f, int l, int T)
     const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
     layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
                  (int)(2 * h));
-    for (int t = 0; t < T; t++) {
-        const float *g = s->h13 + t * 2 * h, *u = g + h;
-        float *o = s->proj + t * h; /* SwiGLU output, packed [T][hidden] */
-        for (size_t i = 0; i < h; i++) {
-            float val = g[i];
-            val *= 1.0f / (1.0f + expf(-val));
-            o[i] = val * u[i];
-        }
-    }
+    /* SwiGLU, packed [T][hidden] into proj: an expf per element, a share of
+     * a batched step big enough to split too (elementwise: same bits) */
+    swiglu_job sj = {s->h13, s->proj, h};
+    tp_pool_run(f->pool, T * (int)h, 64, parts_for(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range, &sj);
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
                  c->dim);

@@ -45,8 +45,8 @@ static int alloc_scratch(tp_forward_stage *st)
 static int make_forward(tp_forward_stage *st, tp_err *err)
 {
     int rc = tp_forward_new(st->model, st->kv_slots, st->max_pos, st->max_batch_tokens, &st->fwd, err);
-    if (!rc && st->threads > 1)
-        rc = tp_forward_set_threads(st->fwd, st->threads, err);
+    if (!rc)
+        rc = tp_forward_set_threads(st->fwd, st->threads ? st->threads : tp_forward_default_threads(), err);
     return rc;
 }
 
@@ -86,6 +86,11 @@ void tp_forward_stage_free(tp_forward_stage *st)
     free(st->out_slots);
     free(st->cands);
     free(st);
+}
+
+int tp_forward_stage_set_kv_type(tp_forward_stage *st, tp_kv_type t, tp_err *err)
+{
+    return tp_forward_set_kv_type(st->fwd, t, err);
 }
 
 int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err)

@@ -177,6 +177,13 @@ void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, fl
     }
 }
 
+void tp_matmul_rows(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int r0, int r1,
+                    bool avx512)
+{
+    int pg1 = r1 >= w->rows ? w->panels : r1 / TP_PANEL;
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, r0 / TP_PANEL, pg1, avx512);
+}
+
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
     tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, tp_kernels_have_avx512());

@@ -39,6 +39,16 @@ void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y,
 void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
                       int pg1, bool avx512);
 
+/* Output rows a split of one matmul may start at: a panel group (see
+ * tp_pack). */
+#define TP_MATMUL_ROW_ALIGN (4 * TP_PANEL)
+
+/* The same by output rows, the form the compute pool calls (pool.h): rows
+ * [r0, r1) of y, r0 a multiple of TP_MATMUL_ROW_ALIGN and r1 one too or
+ * w->rows. Every row's bits equal those of the whole call. */
+void tp_matmul_rows(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int r0, int r1,
+                    bool avx512);
+
 /* The scalar path, always available (tests compare the two). */
 void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
 
@@ -48,5 +58,10 @@ bool tp_kernels_have_avx512(void);
  * without AVX-512 runs) from now on. Defined in forward.c. */
 struct tp_forward;
 void tp_forward_use_scalar_for_tests(struct tp_forward *f);
+
+/* Tests only: give every pooled job as many parts as the threads and the
+ * rows allow, however small (splits of the tiny test models are otherwise
+ * not worth a thread). */
+void tp_forward_split_all_for_tests(struct tp_forward *f);
 
 #endif

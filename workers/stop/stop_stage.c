@@ -18,6 +18,7 @@ typedef struct stop_job {
     tp_stop *stop;
     tp_detok *detok;
     uint32_t seq;             /* next event seq */
+    uint64_t pin;             /* from STOP_OPEN, in every event */
     uint32_t prompt_tokens;
     uint64_t t_submit_us, t_start_us, t_first_us;
     int top_n;                /* logprob alternatives in TOKEN events; -1: no logprobs */
@@ -111,6 +112,7 @@ static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, 
     ev.token.index = (uint32_t)tp_stop_completion_tokens(j->stop) - 1;
     ev.token.text = (tp_str){text, len};
     ev.token.ids = (tp_raw){&id, 1};
+    ev.token.pin = j->pin;
     if (j->top_n >= 0) {
         /* the job asked: a row that did not come (a sampler that lost it)
          * reads NaN / id -1, so the frames still line up with the ids */
@@ -134,6 +136,7 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
     tp_m_finish *f = &ev.finish;
     f->job_id = tp_str_of(j->job_id);
     f->seq = j->seq++;
+    f->pin = j->pin;
     f->reason = (int)s->finish;   /* tp_finish_reason and TP_REASON_* share numbers */
     if (s->matched_str)
         f->matched = (tp_matched){.kind = TP_MATCHED_STR, .str = {s->matched_str, s->matched_len}};
@@ -247,6 +250,7 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     memcpy(j->job_id, o->job_id.ptr, o->job_id.len);
     j->job_id[o->job_id.len] = '\0';
     j->seq = o->next_seq;
+    j->pin = o->pin;
     j->prompt_tokens = o->prompt_tokens;
     j->t_submit_us = o->t_submit_us;
     j->t_start_us = o->t_start_us;

@@ -281,24 +281,28 @@ static bool byte_is_self(int b)
     return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
+/* The bytes without a visible self, in order: 0x00-0x20 (33), 0x7F-0xA0
+ * (34) and 0xAD, standing for U+0100-U+0143. */
 static uint32_t byte_to_cp(int b)
 {
     if (byte_is_self(b))
         return (uint32_t)b;
-    int k = 0;
-    for (int c = 0; c < b; c++)
-        k += !byte_is_self(c);
-    return 256u + (uint32_t)k;
+    return 256u + (uint32_t)(b <= 0x20 ? b : b <= 0xA0 ? 33 + (b - 0x7F) : 67);
+}
+
+/* The byte code point cp stands for, or -1 outside the alphabet. */
+static int cp_to_byte(int32_t cp)
+{
+    if (cp < 0 || cp > 0x143)
+        return -1;
+    if (cp < 256)
+        return byte_is_self(cp) ? cp : -1;
+    int k = cp - 256;
+    return k < 33 ? k : k < 67 ? 0x7F + (k - 33) : 0xAD;
 }
 
 size_t tp_bpe_unmap(const char *piece, size_t len, uint8_t *dst)
 {
-    /* code point -> byte for U+0000..U+0143, -1 outside the alphabet */
-    int16_t back[324];
-    for (int i = 0; i < 324; i++)
-        back[i] = -1;
-    for (int b = 0; b < 256; b++)
-        back[byte_to_cp(b)] = (int16_t)b;
     size_t o = 0;
     for (size_t i = 0; i < len;) {
         utf8proc_int32_t cp = -1;
@@ -309,8 +313,9 @@ size_t tp_bpe_unmap(const char *piece, size_t len, uint8_t *dst)
             dst[o++] = (uint8_t)piece[i++];
             continue;
         }
-        if (cp >= 0 && cp < 324 && back[cp] >= 0) {
-            dst[o++] = (uint8_t)back[cp];
+        int b = cp_to_byte(cp);
+        if (b >= 0) {
+            dst[o++] = (uint8_t)b;
         } else {
             memcpy(dst + o, piece + i, (size_t)k);
             o += (size_t)k;

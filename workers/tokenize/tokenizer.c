@@ -187,6 +187,8 @@ static int alloc_arrays(tp_tokenizer *t, int n, size_t blob_size, tp_err *err)
 /* Fill type, byte table and per-id output bytes for token id. */
 static int classify(tp_tokenizer *t, int id, int type, tp_err *err)
 {
+    if (type == 0) /* GGUF's "undefined" type: llama.cpp keeps such tokens out of text */
+        type = TP_TOKEN_UNUSED;
     const char *s = t->blob + t->off[id];
     size_t n = t->len[id];
     t->type[id] = (uint8_t)type;
@@ -892,6 +894,19 @@ static int frag_push(struct frags *f, struct frag x, tp_err *err)
     return 0;
 }
 
+/* Phi-3 (rstrip_specials): llama.cpp strips the whitespace after its
+ * special tokens except after these. */
+static bool rstrips(const tp_tokenizer *t, int id)
+{
+    static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+    if (!t->rstrip_specials)
+        return false;
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        if (t->len[id] == strlen(keep[i]) && !memcmp(t->blob + t->off[id], keep[i], t->len[id]))
+            return false;
+    return true;
+}
+
 /* Cut every occurrence of special token id out of the raw pieces of *cur
  * (leftmost first), as llama.cpp's tokenizer_st_partition does. */
 static int cut_special(const tp_tokenizer *t, const char *text, int id, struct frags *cur,
@@ -899,6 +914,7 @@ static int cut_special(const tp_tokenizer *t, const char *text, int id, struct f
 {
     const char *tok = t->blob + t->off[id];
     size_t tl = t->len[id];
+    bool rstrip = rstrips(t, id);
     next->n = 0;
     int rc = 0;
     for (size_t i = 0; !rc && i < cur->n; i++) {
@@ -920,7 +936,7 @@ static int cut_special(const tp_tokenizer *t, const char *text, int id, struct f
             if (!rc)
                 rc = frag_push(next, (struct frag){at, tl, id}, err);
             pos = at + tl;
-            if (t->rstrip_specials)
+            if (rstrip)
                 while (pos < end && isspace((unsigned char)text[pos]))
                     pos++;
         }

@@ -1,0 +1,183 @@
+/* The gateway's request decoder (http/oai.c): OpenAI bodies into SUBMIT
+ * parameters, and refusals that name the field in OpenAI's terms. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../http/oai.h"
+
+static void decode_ok(oai_kind kind, const char *body, oai_request *r)
+{
+    oai_error e;
+    if (oai_decode(kind, body, strlen(body), r, &e))
+        fail_msg("%s: refused: %s (param %s)", body, e.message, e.param);
+}
+
+static void refused(oai_kind kind, const char *body, int status, const char *param, const char *in_message)
+{
+    oai_request r;
+    oai_error e;
+    if (!oai_decode(kind, body, strlen(body), &r, &e)) {
+        oai_request_free(&r);
+        fail_msg("%s: accepted, want %d naming '%s'", body, status, param);
+    }
+    if (e.status != status || strcmp(e.param, param) || !strstr(e.message, in_message))
+        fail_msg("%s: got %d param '%s' message '%s'; want %d '%s' containing '%s'", body, e.status, e.param,
+                 e.message, status, param, in_message);
+}
+
+static void every_completion_field_maps_onto_submit_params(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_COMPLETIONS,
+              "{\"model\":\"m\",\"prompt\":\"Once\",\"max_tokens\":12,\"temperature\":0.5,\"top_p\":0.9,"
+              "\"top_k\":40,\"min_p\":0.05,\"repetition_penalty\":1.1,\"presence_penalty\":0.5,"
+              "\"frequency_penalty\":-0.5,\"stop\":[\" girl\",\".\"],\"stop_token_ids\":[13,2],\"seed\":7,"
+              "\"n\":3,\"ignore_eos\":true,\"min_tokens\":2,\"include_stop_str_in_output\":true,"
+              "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"user\":\"u\"}",
+              &r);
+    const tp_params *p = &r.params;
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.n_prompts, 1);
+    assert_string_equal(r.prompts[0].text, "Once");
+    assert_int_equal(p->max_tokens, 12);
+    assert_true(p->temperature == 0.5 && p->top_p == 0.9 && p->min_p == 0.05);
+    assert_true(p->repetition_penalty == 1.1 && p->presence_penalty == 0.5 && p->frequency_penalty == -0.5);
+    assert_int_equal(p->top_k, 40);
+    assert_int_equal(p->n_stop, 2);
+    assert_memory_equal(p->stop[0].ptr, " girl", 5);
+    assert_int_equal(p->stop[0].len, 5);
+    assert_int_equal(p->n_stop_token_ids, 2);
+    assert_int_equal(p->stop_token_ids[1], 2);
+    assert_true(r.has_seed);
+    assert_int_equal(p->seed, 7);
+    assert_int_equal(r.n, 3);
+    assert_true(p->ignore_eos && p->include_stop_str_in_output);
+    assert_int_equal(p->min_tokens, 2);
+    assert_true(r.stream && r.include_usage);
+    uint32_t want = TP_P_MAX_TOKENS | TP_P_TEMPERATURE | TP_P_TOP_P | TP_P_TOP_K | TP_P_MIN_P |
+                    TP_P_REPETITION_PENALTY | TP_P_PRESENCE_PENALTY | TP_P_FREQUENCY_PENALTY | TP_P_STOP |
+                    TP_P_STOP_TOKEN_IDS | TP_P_SEED | TP_P_IGNORE_EOS | TP_P_MIN_TOKENS | TP_P_INCLUDE_STOP;
+    assert_int_equal(p->set, want);
+    oai_request_free(&r);
+}
+
+static void absent_and_null_fields_leave_the_broker_defaults(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":null,\"stop\":null,\"seed\":null,\"n\":null}", &r);
+    assert_int_equal(r.params.set, 0);
+    assert_int_equal(r.n, 1);
+    assert_false(r.has_seed);
+    oai_request_free(&r);
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_completion_tokens\":5,\"top_k\":-1,\"stop\":\"END\"}", &r);
+    assert_int_equal(r.params.max_tokens, 5);
+    assert_int_equal(r.params.top_k, 0);   /* vLLM's -1 = tokpipe's 0 = off */
+    assert_int_equal(r.params.n_stop, 1);
+    oai_request_free(&r);
+}
+
+static void prompts_come_as_text_lists_and_token_ids(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":[1,403,407]}", &r);
+    assert_int_equal(r.n_prompts, 1);
+    assert_null(r.prompts[0].text);
+    assert_int_equal(r.prompts[0].n_ids, 3);
+    assert_int_equal(r.prompts[0].ids[2], 407);
+    oai_request_free(&r);
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":[\"a\",[5,6],\"b\\u00e9\"]}", &r);
+    assert_int_equal(r.n_prompts, 3);
+    assert_string_equal(r.prompts[0].text, "a");
+    assert_int_equal(r.prompts[1].n_ids, 2);
+    assert_string_equal(r.prompts[2].text, "b\xc3\xa9");
+    oai_request_free(&r);
+}
+
+static void bad_fields_are_refused_by_name(void **state)
+{
+    (void)state;
+    refused(OAI_COMPLETIONS, "{bad", 400, "", "not valid JSON");
+    refused(OAI_COMPLETIONS, "[1]", 400, "", "JSON object");
+    refused(OAI_COMPLETIONS, "{\"max_tokens\":3}", 400, "prompt", "required");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_token\":3}", 400, "max_token", "unknown field");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "temperature", "number");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":1.5}", 400, "max_tokens", "integer");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "outside");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"n\":0}", 400, "n", "outside");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"seed\":-1}", 400, "seed", "outside");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"a\",3]}", 400, "stop[1]", "string");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stop_token_ids\":[1,-2]}", 400, "stop_token_ids[1]", "outside");
+    refused(OAI_COMPLETIONS, "{\"prompt\":[1,\"a\"]}", 400, "prompt[1]", "");
+    refused(OAI_COMPLETIONS, "{\"prompt\":[]}", 400, "prompt", "");
+    refused(OAI_COMPLETIONS, "{\"prompt\":[[]]}", 400, "prompt[0]", "empty");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"prompt\":\"y\"}", 400, "prompt", "twice");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", 400, "", "NUL");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400,
+            "stream_options", "stream: true");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", 400, "logprobs", "not supported");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"messages\":[]}", 400, "messages", "chat");
+    refused(OAI_CHAT, "{\"prompt\":\"x\"}", 400, "prompt", "messages");
+    refused(OAI_CHAT, "{\"model\":\"m\"}", 400, "messages", "required");
+}
+
+static void neutral_openai_fields_are_accepted(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_COMPLETIONS,
+              "{\"prompt\":\"x\",\"n\":2,\"best_of\":2,\"echo\":false,\"logprobs\":null,\"logit_bias\":{},"
+              "\"suffix\":null}",
+              &r);
+    assert_int_equal(r.n, 2);
+    oai_request_free(&r);
+    /* an escaped backslash before u0000 is text, not a NUL */
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"a\\\\u0000\"}", &r);
+    assert_string_equal(r.prompts[0].text, "a\\u0000");
+    oai_request_free(&r);
+}
+
+static void choices_are_capped(void **state)
+{
+    (void)state;
+    char body[4096] = "{\"n\":128,\"prompt\":[";
+    for (int i = 0; i < 9; i++)
+        strcat(body, i ? ",\"p\"" : "\"p\"");
+    strcat(body, "]}");
+    refused(OAI_COMPLETIONS, body, 400, "n", "jobs");
+}
+
+static void broker_field_paths_become_openai_params(void **state)
+{
+    (void)state;
+    char out[64];
+    oai_param_of_field("params.top_p", out, sizeof out);
+    assert_string_equal(out, "top_p");
+    oai_param_of_field("params.stop[2]", out, sizeof out);
+    assert_string_equal(out, "stop[2]");
+    oai_param_of_field("prompt_ids", out, sizeof out);
+    assert_string_equal(out, "prompt");
+    oai_param_of_field("", out, sizeof out);
+    assert_string_equal(out, "");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_completion_field_maps_onto_submit_params),
+        cmocka_unit_test(absent_and_null_fields_leave_the_broker_defaults),
+        cmocka_unit_test(prompts_come_as_text_lists_and_token_ids),
+        cmocka_unit_test(bad_fields_are_refused_by_name),
+        cmocka_unit_test(neutral_openai_fields_are_accepted),
+        cmocka_unit_test(choices_are_capped),
+        cmocka_unit_test(broker_field_paths_become_openai_params),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

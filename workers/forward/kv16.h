@@ -1,0 +1,34 @@
+/* Private to the forward stage (and its tests): the KV cache in IEEE half
+ * precision (kv_type f16), which halves the bytes attention reads per
+ * position.
+ *
+ * Same layouts as the f32 cache (forward.c): a KV head's keys as blocks of
+ * 16 positions [pos / 16][head_size][16], its values [pos][head_size].
+ * Values are rounded to half once, when stored (round to nearest even,
+ * quant.h's tp_f32_to_f16, equal to the hardware's vcvtps2ph); every later read
+ * converts exactly, and the scores and weighted sums keep the f32 path's
+ * fixed FMA order, so a sequence's logits still depend only on its own
+ * tokens: batch and chunked-prefill invariance hold as with f32. */
+#ifndef TOKPIPE_FORWARD_KV16_H
+#define TOKPIPE_FORWARD_KV16_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The AVX-512 kernels below need F, BW and VL (masked 16-bit loads). */
+bool tp_kv16_have_avx512(void);
+
+/* att[t] = (q . key_t) / scale for t < n, one FMA chain per score over the
+ * head's elements in order; kt is the head's key blocks. */
+void tp_kv16_scores_avx512(float *att, const float *qh, const uint16_t *kt, int hs, int n, float scale);
+/* oh[i] = sum over t < n of att[t] * value_t[i], one FMA chain per element
+ * over t in order; value_t at v0 + t * vstride. */
+void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const uint16_t *v0, size_t vstride, int hs, int n);
+
+/* The portable versions (plain multiply-adds, as forward.c's scalar f32
+ * attention). */
+void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *kt, int hs, int n, float scale);
+void tp_kv16_weighted_sum_scalar(float *oh, const float *att, const uint16_t *v0, size_t vstride, int hs, int n);
+
+#endif
