@@ -7,6 +7,9 @@
  * exponential backoff and register again. The stop stage's events go out on
  * a PUB socket connected to the broker's publish endpoint. */
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
 #include "tokpipe/ggml_types.h"
+#include "tokpipe/gguf.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/tokenizer.h"
@@ -45,6 +49,7 @@ typedef struct worker {
     int64_t last_recv, last_send;
     uint64_t progress;
     volatile sig_atomic_t *quit;
+    bool chat_template;                     /* the model file has tokenizer.chat_template */
     int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
     tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
@@ -110,6 +115,31 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
+/* True if the GGUF file at path carries tokenizer.chat_template (for
+ * INFO). Reads the header through a private mapping; any failure reads as
+ * "no template", since the model itself loaded already. */
+static bool gguf_has_chat_template(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || st.st_size <= 0) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        return false;
+    tp_gguf *g = NULL;
+    tp_gguf_str tmpl;
+    bool has = tp_gguf_parse(map, (size_t)st.st_size, &g, NULL) == 0 &&
+               tp_gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL) == 0;
+    tp_gguf_free(g);
+    munmap(map, (size_t)st.st_size);
+    return has;
+}
+
 /* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
  * vocabulary (the model file itself for GGUF models). */
 static int load_stages(worker *w, tp_err *err)
@@ -119,6 +149,8 @@ static int load_stages(worker *w, tp_err *err)
     if (rc)
         return rc;
     const tp_model_config *mc = tp_model_get_config(w->model);
+    if (tp_model_get_format(w->model) == TP_MODEL_GGUF)
+        w->chat_template = gguf_has_chat_template(c->model_path);
     /* a GGUF model's vocabulary names its end-of-generation ids, which the
      * sampler needs too (min_tokens bans them) */
     bool gguf = tp_model_get_format(w->model) == TP_MODEL_GGUF;
@@ -222,6 +254,7 @@ static int send_ready(worker *w)
     const tp_model_weights *mw = tp_model_get_weights(w->model);
     const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
     r->weight_type = tp_str_of(wt ? wt->name : "");
+    r->chat_template = w->chat_template;
     int32_t *sp_ids = w->sp_ids;
     tp_str *sp_pieces = w->sp_pieces;
     size_t n_sp = 0;
