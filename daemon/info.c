@@ -74,7 +74,8 @@ void info_on_ready(broker *b, const tp_m_ready *r)
         in->pieces[i] = (tp_str){w, r->special_pieces[i].len};
         w += r->special_pieces[i].len;
     }
-    in->chat_template = r->chat_template;
+    /* only a tokenize worker loads the template: one that has it says so */
+    in->chat_template = r->chat_template || (b->info && b->info->chat_template);
     size_t wl = r->weight_type.len < TP_PROTO_MAX_NAME ? r->weight_type.len : TP_PROTO_MAX_NAME;
     memcpy(in->weight_type, r->weight_type.ptr ? r->weight_type.ptr : "", wl);
     in->weight_type[wl] = '\0';

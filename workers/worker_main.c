@@ -7,9 +7,6 @@
  * exponential backoff and register again. The stop stage's events go out on
  * a PUB socket connected to the broker's publish endpoint. */
 #include <errno.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,10 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tokpipe/chat_template.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
 #include "tokpipe/ggml_types.h"
-#include "tokpipe/gguf.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/tokenizer.h"
@@ -49,7 +46,7 @@ typedef struct worker {
     int64_t last_recv, last_send;
     uint64_t progress;
     volatile sig_atomic_t *quit;
-    bool chat_template;                     /* the model file has tokenizer.chat_template */
+    bool chat_template;                     /* a tokenize stage with a usable chat template */
     int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
     tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
@@ -115,29 +112,41 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
-/* True if the GGUF file at path carries tokenizer.chat_template (for
- * INFO). Reads the header through a private mapping; any failure reads as
- * "no template", since the model itself loaded already. */
-static bool gguf_has_chat_template(const char *path)
+/* The chat template for SUBMIT messages: model.chat_template if set (a
+ * file the operator named must load), else the GGUF vocabulary's or
+ * model's own tokenizer.chat_template; without one, messages are refused
+ * and the reason says what to set. */
+static int load_chat(worker *w, tp_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) || st.st_size <= 0) {
-        if (fd >= 0)
-            close(fd);
-        return false;
+    const tp_config *c = &w->cfg;
+    bool override = c->chat_template_path && c->chat_template_path[0];
+    const char *src = override ? c->chat_template_path
+                    : c->tokenizer_path && c->tokenizer_path[0] ? c->tokenizer_path : c->model_path;
+    tp_chat_template *t = NULL;
+    tp_err e;
+    char why[TP_ERR_MSG_MAX] = "";
+    int rc = tp_chat_template_load(src, &t, &e);
+    if (rc && override)
+        return tp_err_set(err, rc, "model.chat_template: %s", e.msg);
+    if (rc)
+        snprintf(why, sizeof why, "no usable chat template (%.380s); set model.chat_template to a template file",
+                 e.msg);
+    char *text[2] = {NULL, NULL};
+    int ids[2] = {tp_tokenizer_bos_id(w->tok), tp_tokenizer_eos_id(w->tok)};
+    for (int k = 0; k < 2; k++) {
+        size_t len = 0;
+        const char *p = ids[k] >= 0 ? tp_tokenizer_piece(w->tok, ids[k], &len) : NULL;
+        if (p && !(text[k] = strndup(p, len))) {
+            free(text[0]);
+            tp_chat_template_free(t);
+            return tp_err_set(err, TP_ENOMEM, "out of memory");
+        }
     }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED)
-        return false;
-    tp_gguf *g = NULL;
-    tp_gguf_str tmpl;
-    bool has = tp_gguf_parse(map, (size_t)st.st_size, &g, NULL) == 0 &&
-               tp_gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL) == 0;
-    tp_gguf_free(g);
-    munmap(map, (size_t)st.st_size);
-    return has;
+    w->chat_template = t != NULL;   /* for INFO: SUBMIT messages can be used */
+    rc = tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err);
+    free(text[0]);
+    free(text[1]);
+    return rc;
 }
 
 /* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
@@ -149,8 +158,6 @@ static int load_stages(worker *w, tp_err *err)
     if (rc)
         return rc;
     const tp_model_config *mc = tp_model_get_config(w->model);
-    if (tp_model_get_format(w->model) == TP_MODEL_GGUF)
-        w->chat_template = gguf_has_chat_template(c->model_path);
     /* a GGUF model's vocabulary names its end-of-generation ids, which the
      * sampler needs too (min_tokens bans them) */
     bool gguf = tp_model_get_format(w->model) == TP_MODEL_GGUF;
@@ -163,6 +170,8 @@ static int load_stages(worker *w, tp_err *err)
             return rc;
     }
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
+        return rc;
+    if (w->tokenize && (rc = load_chat(w, err)))
         return rc;
     const int *model_eos;
     int n_model_eos = tp_model_eos_ids(w->model, &model_eos);
