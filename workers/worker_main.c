@@ -46,6 +46,7 @@ typedef struct worker {
     int64_t last_recv, last_send;
     uint64_t progress;
     volatile sig_atomic_t *quit;
+    bool chat_template;                     /* a tokenize stage with a usable chat template */
     int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
     tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
@@ -141,6 +142,7 @@ static int load_chat(worker *w, tp_err *err)
             return tp_err_set(err, TP_ENOMEM, "out of memory");
         }
     }
+    w->chat_template = t != NULL;   /* for INFO: SUBMIT messages can be used */
     rc = tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err);
     free(text[0]);
     free(text[1]);
@@ -261,6 +263,7 @@ static int send_ready(worker *w)
     const tp_model_weights *mw = tp_model_get_weights(w->model);
     const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
     r->weight_type = tp_str_of(wt ? wt->name : "");
+    r->chat_template = w->chat_template;
     int32_t *sp_ids = w->sp_ids;
     tp_str *sp_pieces = w->sp_pieces;
     size_t n_sp = 0;
