@@ -105,6 +105,7 @@ typedef struct gw {
     gw_counters counters;
     uint64_t next_call_no;
 
+    int64_t started;               /* unix seconds: the model's "created" in /v1/models */
     volatile sig_atomic_t quit;
     struct MHD_Daemon *mhd;
 } gw;

@@ -104,12 +104,12 @@ int main(int argc, char **argv)
             port = strtol(argv[++i], &end, 10);
             if (*end || port < 1 || port > 65535) {
                 fprintf(stderr, "tokpipe-http: --port: '%s' is not a port in [1, 65535]\n", argv[i]);
-                return 2;
+                return TP_EXIT_BAD_CONFIG;
             }
         } else {
             fprintf(stderr, "tokpipe-http: unknown or incomplete option '%s'\n", argv[i]);
             usage(stderr);
-            return 2;
+            return TP_EXIT_BAD_CONFIG;
         }
     }
     /* every thread started from here on inherits the mask: only sigwait
@@ -129,7 +129,7 @@ int main(int argc, char **argv)
     int rc = config ? tp_config_load(config, &cfg, &e) : tp_config_defaults(&cfg, &e) || tp_config_resolve(&cfg, &e);
     if (rc) {
         fprintf(stderr, "tokpipe-http: %s\n", e.msg);
-        return 2;
+        return TP_EXIT_BAD_CONFIG;
     }
     if (listen) {
         free(cfg.http_listen);
@@ -147,8 +147,9 @@ int main(int argc, char **argv)
     rc = !cfg.http_listen || !model ? tp_err_set(&e, TP_ENOMEM, "out of memory")
          : g.wake_fd < 0           ? tp_err_set(&e, TP_EIO, "eventfd: %s", strerror(errno))
                                    : 0;
+    bool bad_keys = false;
     if (!rc && cfg.http_api_key_file[0])
-        rc = load_keys(&g, cfg.http_api_key_file, &e);
+        bad_keys = (rc = load_keys(&g, cfg.http_api_key_file, &e)) != 0;
     pthread_t bridge;
     bool bridge_started = false;
     if (!rc) {
@@ -162,7 +163,9 @@ int main(int argc, char **argv)
     int status = 0;
     if (rc) {
         fprintf(stderr, "tokpipe-http: %s\n", e.msg);
-        status = 1;
+        /* a bad key file or address fails every start the same way (tokpiped
+         * gives up after a few); a port in use may free up (1: respawn) */
+        status = e.code == TP_EINVAL || bad_keys ? TP_EXIT_BAD_CONFIG : 1;
     } else {
         fprintf(stderr, "tokpipe-http: serving http://%s:%d/v1 (model %s) for tokpiped at %s\n", cfg.http_listen,
                 cfg.http_port, model, cfg.ep_front);

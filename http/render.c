@@ -250,10 +250,14 @@ char *gw_health_json(const tp_m_stats_reply *s, int *status)
         cJSON_Delete(missing);
     } else {
         cJSON_AddItemToObject(o, "missing", missing);
-        char msg[128] = "no live worker for stage";
+        char msg[512] = "no live worker for stage";
         for (int i = 0; i < 4; i++)
             if (!s->workers[i])
                 snprintf(msg + strlen(msg), sizeof msg - strlen(msg), " %s", stage_names[i]);
+        for (int i = 0; i < 4; i++)
+            if ((s->stages_failed >> i) & 1u)
+                snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "; %s workers cannot start (tokpiped gave up: "
+                         "see its log)", stage_names[i]);
         cJSON_AddStringToObject(o, "message", msg);
     }
     cJSON_AddNumberToObject(o, "jobs_active", (double)s->jobs_active);
@@ -410,6 +414,28 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
               &s->hist[TP_HIST_ITL]);
     histogram(&b, "tokpipe_e2e_request_latency_seconds", "Time from SUBMIT to a job's finish",
               &s->hist[TP_HIST_E2E]);
+    one(&b, "tokpipe_workers_lost_total", "counter", "Worker registrations lost (dead, hung, disconnected, restarted)",
+        s->workers_lost);
+    family(&b, "tokpipe_jobs_recovered_total", "counter", "Jobs moved to another worker after a loss, per stage");
+    for (int i = 0; i < 4; i++) {
+        snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);
+        sample(&b, "tokpipe_jobs_recovered_total", lab, s->recovered[i]);
+    }
+    one(&b, "tokpipe_recoveries_total", "counter", "Recoveries timed (worker loss to the job's next event)",
+        s->recovery_count);
+    family(&b, "tokpipe_recovery_seconds_total", "counter", "Sum of the recoveries' durations");
+    n = snprintf(line, sizeof line, "tokpipe_recovery_seconds_total %.3f\n", (double)s->recovery_ms_total / 1e3);
+    gw_buf_add(&b, line, (size_t)n);
+    family(&b, "tokpipe_recovery_max_seconds", "gauge", "Longest recovery since the broker started");
+    n = snprintf(line, sizeof line, "tokpipe_recovery_max_seconds %.3f\n", (double)s->recovery_ms_max / 1e3);
+    gw_buf_add(&b, line, (size_t)n);
+    one(&b, "tokpipe_events_duplicate_total", "counter", "Events dropped because their seq was already forwarded",
+        s->events_duplicate);
+    family(&b, "tokpipe_stage_failed", "gauge", "1 when the spawned workers of a stage cannot start (given up)");
+    for (int i = 0; i < 4; i++) {
+        snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);
+        sample(&b, "tokpipe_stage_failed", lab, (s->stages_failed >> i) & 1u);
+    }
     one(&b, "tokpipe_zap_refused_total", "counter", "CURVE handshakes refused (client key not authorized)",
         s->zap_refused);
     family(&b, "tokpipe_http_responses_total", "counter", "Responses of this gateway by status class");

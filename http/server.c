@@ -303,7 +303,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!get && strcmp(method, "HEAD"))
             return send_error(g, conn, 405, "use GET", NULL, "GET, HEAD");
         if (url[1] == 'v')
-            return send_body(g, conn, 200, gw_models_json(g->model_name, unix_now()), "application/json", 0, NULL);
+            return send_body(g, conn, 200, gw_models_json(g->model_name, g->started), "application/json", 0, NULL);
         return start_call(g, conn, st, url[1] == 'h' ? GW_CALL_HEALTH : GW_CALL_METRICS, NULL);
     }
     char msg[160];
@@ -338,6 +338,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 int gw_server_start(gw *g, tp_err *err)
 {
+    g->started = unix_now();
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g->cfg->http_port)};
     if (inet_pton(AF_INET, g->cfg->http_listen, &a.sin_addr) != 1)
         return tp_err_set(err, TP_EINVAL, "http.listen: '%s' is not an IPv4 address", g->cfg->http_listen);

@@ -403,6 +403,44 @@ static void stats_reply_round_trips_counters_and_triggers(void **state)
     tp_wire_free(&w);
 }
 
+static void stats_reply_round_trips_histograms_and_refuses_inconsistent_ones(void **state)
+{
+    (void)state;
+    uint64_t bounds[] = {100, 1000, 10000}, buckets[] = {1, 0, 2, 5};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS_REPLY);
+    m.status = 200;
+    tp_m_stats_reply *s = &m.stats_reply;
+    s->jobs_running = 3, s->jobs_waiting = 1, s->kv_slots_used = 3, s->kv_slots_total = 64;
+    s->hist[TP_HIST_ITL] = (tp_hist){.count = 8, .sum_us = 123456, .bounds_us = bounds, .n_bounds = 3,
+                                     .buckets = buckets, .n_buckets = 4};
+    tp_wire w;
+    tp_msg d;
+    round_trip(&m, &w, &d);
+    const tp_hist *h = &d.stats_reply.hist[TP_HIST_ITL];
+    assert_int_equal(d.stats_reply.jobs_running, 3);
+    assert_int_equal(d.stats_reply.kv_slots_total, 64);
+    assert_int_equal(h->count, 8);
+    assert_int_equal(h->sum_us, 123456);
+    assert_int_equal(h->n_bounds, 3);
+    assert_int_equal(h->n_buckets, 4);
+    assert_int_equal(h->bounds_us[2], 10000);
+    assert_int_equal(h->buckets[3], 5);
+    assert_int_equal(d.stats_reply.hist[TP_HIST_TTFT].n_buckets, 0);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    /* buckets must be bounds + 1 and add up to count: a reader would
+     * otherwise render a histogram Prometheus rejects */
+    tp_err e;
+    s->hist[TP_HIST_ITL].n_buckets = 3;
+    assert_int_not_equal(tp_proto_encode(&m, &w, &e), 0);
+    assert_non_null(strstr(e.msg, "histograms.itl_us.buckets"));
+    s->hist[TP_HIST_ITL].n_buckets = 4;
+    s->hist[TP_HIST_ITL].count = 9;
+    assert_int_not_equal(tp_proto_encode(&m, &w, &e), 0);
+    assert_non_null(strstr(e.msg, "histograms.itl_us.count"));
+}
+
 /* ---- EVT1 ---- */
 
 static void token_event_has_job_id_topic_and_raw_ids(void **state)
@@ -1315,6 +1353,7 @@ int main(void)
         cmocka_unit_test(status_reply_of_running_job_carries_text_and_tokens_so_far),
         cmocka_unit_test(heartbeat_event_travels_on_its_own_topic),
         cmocka_unit_test(stats_reply_round_trips_counters_and_triggers),
+        cmocka_unit_test(stats_reply_round_trips_histograms_and_refuses_inconsistent_ones),
         cmocka_unit_test(token_event_has_job_id_topic_and_raw_ids),
         cmocka_unit_test(finish_event_round_trips_reason_matched_counts_timings),
         cmocka_unit_test(worker_control_messages_round_trip),

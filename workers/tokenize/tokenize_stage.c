@@ -175,6 +175,10 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     free(rendered);
     if (erc)
         return reply_error(m, io, TP_ST_BAD_REQUEST, e.msg);
+    /* e.g. no BOS asked for and only bytes the vocabulary has no token for:
+     * there would be nothing to run the model on */
+    if (n_ids == 0)
+        return reply_error(m, io, TP_ST_BAD_REQUEST, "prompt: encodes to no tokens");
     tp_msg r;
     tp_msg_init_reply(&r, m, TP_CMD_TOKENIZED, TP_ST_OK, NULL);
     r.tokenized.slot = t->slot;
