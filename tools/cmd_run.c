@@ -522,7 +522,10 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     if (!rc) {
         const char *src = a->chat_template ? a->chat_template : a->tokenizer ? a->tokenizer : a->model;
         tp_err e;
-        if (tp_chat_template_load(src, &t, &e))
+        int lrc = tp_chat_template_load(src, !a->chat_template, &t, &e);
+        if (lrc == TP_ENOTFOUND && !a->chat_template && src != a->model)
+            lrc = tp_chat_template_load(a->model, true, &t, &e);
+        if (lrc)
             rc = tp_err_set(err, TP_EINVAL, "--message/--messages: %s%s", e.msg,
                             a->chat_template ? "" : " (pass --chat-template FILE)");
     }

@@ -125,7 +125,9 @@ static int load_chat(worker *w, tp_err *err)
     tp_chat_template *t = NULL;
     tp_err e;
     char why[TP_ERR_MSG_MAX] = "";
-    int rc = tp_chat_template_load(src, &t, &e);
+    int rc = tp_chat_template_load(src, !override, &t, &e);
+    if (rc == TP_ENOTFOUND && !override && src != c->model_path)   /* a tokenizer.bin beside a GGUF model */
+        rc = tp_chat_template_load(c->model_path, true, &t, &e);
     if (rc && override)
         return tp_err_set(err, rc, "model.chat_template: %s", e.msg);
     if (rc)

@@ -75,9 +75,10 @@ int tp_chat_template_turn_end(const tp_chat_template *t, const char *bos_token, 
  * TP_ENOTFOUND when the file has no template. */
 struct tp_gguf;
 /* Parse the template in the file at path: a GGUF file's
- * tokenizer.chat_template (TP_ENOTFOUND when it has none), or else the whole
- * file as template text. Errors name the path. */
-int tp_chat_template_load(const char *path, tp_chat_template **out, tp_err *err);
+ * tokenizer.chat_template (TP_ENOTFOUND when it has none), or else (unless
+ * gguf_only: then TP_ENOTFOUND) the whole file as template text. Errors
+ * name the path. */
+int tp_chat_template_load(const char *path, bool gguf_only, tp_chat_template **out, tp_err *err);
 int tp_chat_gguf_info(const struct tp_gguf *g, char **tmpl, char **bos, char **eos, tp_err *err);
 
 #endif

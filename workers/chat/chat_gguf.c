@@ -64,11 +64,17 @@ int tp_chat_gguf_info(const tp_gguf *g, char **tmpl, char **bos, char **eos, tp_
     return 0;
 }
 
-int tp_chat_template_load(const char *path, tp_chat_template **out, tp_err *err)
+int tp_chat_template_load(const char *path, bool gguf_only, tp_chat_template **out, tp_err *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return tp_err_set(err, TP_EIO, "%s: %s", path, strerror(errno));
+    char magic[4];
+    if (gguf_only && (fread(magic, 1, 4, f) != 4 || memcmp(magic, "GGUF", 4))) {
+        fclose(f);
+        return tp_err_set(err, TP_ENOTFOUND, "%s is not a GGUF file, so it has no tokenizer.chat_template", path);
+    }
+    rewind(f);
     char *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = 0;
@@ -123,6 +129,10 @@ int tp_chat_template_load(const char *path, tp_chat_template **out, tp_err *err)
         return 0;
     }
     tp_err e;
+    if (gguf_only) {
+        free(buf);
+        return tp_err_set(err, TP_ENOTFOUND, "%s is not a GGUF file, so it has no tokenizer.chat_template", path);
+    }
     rc = tp_chat_template_new(buf, len, out, &e);
     free(buf);
     if (rc)
