@@ -75,6 +75,8 @@ typedef struct bjob {
     char *prompt_text;
     size_t prompt_len;
     bool parse_special;     /* SUBMIT's parse_special, for the TOKENIZE request */
+    tp_chat_msg *messages;  /* SUBMIT's conversation (strings in prompt_text), for TOKENIZE */
+    size_t n_messages;
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */

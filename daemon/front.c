@@ -199,7 +199,7 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
 {
     if (b->draining)
         return bad(v, TP_ST_UNAVAILABLE, "", "the broker is shutting down");
-    if (!check_workers(b, (s->prompt.ptr != NULL), v))
+    if (!check_workers(b, (s->prompt.ptr != NULL) || s->n_messages, v))
         return false;
     if (s->job_id.len && jobs_find(b, s->job_id.ptr, s->job_id.len))
         return bad(v, TP_ST_CONFLICT, "job_id", "job_id: '%.*s' is already in use", (int)s->job_id.len, s->job_id.ptr);
@@ -213,7 +213,14 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
                    b->cfg->max_prompt_bytes);
     if ((s->prompt.ptr != NULL) && s->prompt.len == 0)
         return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: empty");
-    if (!(s->prompt.ptr != NULL)) {
+    if (s->n_messages) {
+        size_t bytes = 0;
+        for (size_t i = 0; i < s->n_messages; i++)
+            bytes += s->messages[i].role.len + s->messages[i].content.len;
+        if (bytes > (size_t)b->cfg->max_prompt_bytes)
+            return bad(v, TP_ST_TOO_LARGE, "messages", "messages: %zu bytes of roles and contents, the limit is %d",
+                       bytes, b->cfg->max_prompt_bytes);
+    } else if (!(s->prompt.ptr != NULL)) {
         size_t n = s->prompt_ids.n;
         if ((s->params.set & TP_P_TRUNCATE_PROMPT) && n > (size_t)s->params.truncate_prompt_tokens)
             n = (size_t)s->params.truncate_prompt_tokens;
@@ -277,7 +284,29 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         p->seed = tp_random_u64();
         p->set |= TP_P_SEED;
     }
-    if ((s->prompt.ptr != NULL)) {
+    if (s->n_messages) {
+        /* one buffer for every role and content; the array points into it */
+        size_t bytes = 0;
+        for (size_t i = 0; i < s->n_messages; i++)
+            bytes += s->messages[i].role.len + s->messages[i].content.len;
+        j->prompt_text = malloc(bytes + 1);
+        j->messages = malloc(s->n_messages * sizeof *j->messages);
+        if (!j->prompt_text || !j->messages)
+            return TP_ENOMEM;
+        char *w = j->prompt_text;
+        for (size_t i = 0; i < s->n_messages; i++) {
+            const tp_chat_msg *m = &s->messages[i];
+            memcpy(w, m->role.ptr, m->role.len);
+            j->messages[i].role = (tp_str){w, m->role.len};
+            w += m->role.len;
+            if (m->content.len)
+                memcpy(w, m->content.ptr, m->content.len);
+            j->messages[i].content = (tp_str){w, m->content.len};
+            w += m->content.len;
+        }
+        j->n_messages = s->n_messages;
+        j->prompt_len = 0;
+    } else if ((s->prompt.ptr != NULL)) {
         if (!(j->prompt_text = malloc(s->prompt.len + 1)))
             return TP_ENOMEM;
         memcpy(j->prompt_text, s->prompt.ptr, s->prompt.len);

@@ -22,6 +22,7 @@ struct binfo {
     bool chat_template;
     char weight_type[TP_PROTO_MAX_NAME + 1];
     bool from_vocab;         /* from a worker that holds the vocabulary */
+    int32_t bos, eos;        /* its BOS / EOS (a forward-only worker guesses 1 / 2) */
 };
 
 void info_free(broker *b)
@@ -73,11 +74,13 @@ void info_on_ready(broker *b, const tp_m_ready *r)
         in->pieces[i] = (tp_str){w, r->special_pieces[i].len};
         w += r->special_pieces[i].len;
     }
-    in->chat_template = r->chat_template;
+    /* only a tokenize worker loads the template: one that has it says so */
+    in->chat_template = r->chat_template || (b->info && b->info->chat_template);
     size_t wl = r->weight_type.len < TP_PROTO_MAX_NAME ? r->weight_type.len : TP_PROTO_MAX_NAME;
     memcpy(in->weight_type, r->weight_type.ptr ? r->weight_type.ptr : "", wl);
     in->weight_type[wl] = '\0';
     in->from_vocab = vocab;
+    in->bos = r->bos_id, in->eos = r->eos_id;
     if (!wl && b->info)   /* a worker without the weights: keep what one with them said */
         memcpy(in->weight_type, b->info->weight_type, sizeof in->weight_type);
     info_free(b);
@@ -98,8 +101,8 @@ void info_reply(broker *b, uint64_t req, tp_msg *r)
     const bworker *m = registry_model(b);
     o->model_id = tp_str_of(m ? m->model_id : "");
     o->vocab_size = m ? m->vocab : 0;
-    o->bos_id = m ? m->bos : -1;
-    o->eos_id = m ? m->eos : -1;
+    o->bos_id = b->info && b->info->from_vocab ? b->info->bos : m ? m->bos : -1;
+    o->eos_id = b->info && b->info->from_vocab ? b->info->eos : m ? m->eos : -1;
     /* the context is the forward workers' (a tokenize-only READY says 0) */
     for (int i = 0; i < B_MAX_WORKERS; i++)
         if (b->workers[i].live && (b->workers[i].stages & TP_STAGE_FORWARD) && b->workers[i].seq_len)

@@ -36,6 +36,7 @@ static void job_clear(bjob *j)
     free(j->params.stop_token_ids);
     free(j->stop_buf);
     free(j->prompt_text);
+    free(j->messages);
     free(j->prompt);
     free(j->out);
     free(j->cands);
@@ -296,6 +297,9 @@ void jobs_mark_finished(broker *b, bjob *j)
      * STATUS of a finished job answers the verdicts' tokens */
     free(j->prompt_text);
     j->prompt_text = NULL;
+    free(j->messages);
+    j->messages = NULL;
+    j->n_messages = 0;
     free(j->shown);
     j->shown = NULL;
     j->n_shown = j->cap_shown = 0;

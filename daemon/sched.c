@@ -282,10 +282,44 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.text = (tp_str){j->prompt_text, j->prompt_len};
     m.tokenize.add_bos = true;
     m.tokenize.parse_special = j->parse_special;
+    m.tokenize.messages = j->messages;
+    m.tokenize.n_messages = j->n_messages;
     if (broker_send_worker(b, wi, &m))
         return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;
     b->workers[wi].tok_inflight++;
+}
+
+/* A rendered conversation ends when the model ends its turn: the
+ * template's end-of-turn ids join the job's stop ids (once each). */
+static int chat_add_stop_ids(bjob *j, const tp_m_tokenized *t)
+{
+    tp_params *p = &j->params;
+    /* the stop ids' block also holds logit_bias (front.c copy_request):
+     * build the grown block whole and move the bias along */
+    size_t nb = p->logit_bias.n, ni = p->n_stop_token_ids + t->n_stop_ids + 1;
+    int32_t *ids = malloc((ni + 2 * nb) * sizeof *ids);
+    if (!ids)
+        return TP_ENOMEM;
+    if (p->n_stop_token_ids)
+        memcpy(ids, p->stop_token_ids, p->n_stop_token_ids * sizeof *ids);
+    if (nb) {
+        memcpy(ids + ni, p->logit_bias.ids, nb * sizeof *ids);
+        memcpy(ids + ni + nb, p->logit_bias.values, nb * sizeof(float));
+        p->logit_bias.ids = ids + ni;
+        p->logit_bias.values = (float *)(void *)(ids + ni + nb);
+    }
+    free(p->stop_token_ids);
+    p->stop_token_ids = ids;
+    for (size_t i = 0; i < t->n_stop_ids; i++) {
+        bool have = false;
+        for (size_t k = 0; k < p->n_stop_token_ids && !have; k++)
+            have = ids[k] == t->stop_ids[i];
+        if (!have)
+            ids[p->n_stop_token_ids++] = t->stop_ids[i];
+    }
+    p->set |= TP_P_STOP_TOKEN_IDS;   /* sent to the stop stage only when marked set */
+    return 0;
 }
 
 static void on_tokenized(broker *b, int wi, const tp_msg *m)
@@ -324,8 +358,15 @@ static void on_tokenized(broker *b, int wi, const tp_msg *m)
     }
     memcpy(j->prompt, (const char *)m->tokenized.ids.data + skip * sizeof *j->prompt, n * sizeof *j->prompt);
     j->n_prompt = (uint32_t)n;
+    if (j->n_messages && m->tokenized.n_stop_ids && chat_add_stop_ids(j, &m->tokenized)) {
+        sched_fail_job(b, j, "broker out of memory");
+        return;
+    }
     free(j->prompt_text);
     j->prompt_text = NULL;
+    free(j->messages);
+    j->messages = NULL;
+    j->n_messages = 0;
     j->state = J_ADMIT;
 }
 

@@ -245,6 +245,54 @@ static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object 
     return 0;
 }
 
+/* messages: [{role: str, content: str}, ...]; a turn with other keys is
+ * refused by name, so nothing a template could use is dropped silently. */
+static int decode_msgs(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
+{
+    int rc = want_array(c, path, o, f->max);
+    if (rc)
+        return rc;
+    size_t n = o->via.array.size;
+    if (n == 0 && (f->flags & FF_NONEMPTY))
+        return ferr(c, path, TP_EINVAL, "empty conversation, need at least one message");
+    tp_chat_msg *v = msg_alloc(c->m, (n ? n : 1) * sizeof *v);
+    if (!v)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        pathref p = {path, NULL, 0, i};
+        const msgpack_object *m = &o->via.array.ptr[i];
+        if (m->type != MSGPACK_OBJECT_MAP)
+            return ferr(c, &p, TP_EFORMAT, "expected a map {role, content}, got %s", type_name(m->type));
+        bool has_role = false, has_content = false;
+        for (uint32_t k = 0; k < m->via.map.size; k++) {
+            const msgpack_object_kv *kv = &m->via.map.ptr[k];
+            if (kv->key.type != MSGPACK_OBJECT_STR)
+                return ferr(c, &p, TP_EFORMAT, "key #%u is %s, keys must be str", k, type_name(kv->key.type));
+            pathref q = {&p, kv->key.via.str.ptr, kv->key.via.str.size, 0};
+            bool is_role = kv->key.via.str.size == 4 && !memcmp(kv->key.via.str.ptr, "role", 4);
+            bool is_content = kv->key.via.str.size == 7 && !memcmp(kv->key.via.str.ptr, "content", 7);
+            if (is_role) {
+                if ((rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_ROLE, FF_NONEMPTY, &v[i].role)))
+                    return rc;
+                has_role = true;
+            } else if (is_content) {
+                if ((rc = get_str(c, &q, &kv->val, f->max_elem, 0, &v[i].content)))
+                    return rc;
+                has_content = true;
+            } else {
+                return ferr(c, &q, TP_EINVAL, "unknown key: a message has role and content only");
+            }
+        }
+        if (!has_role || !has_content) {
+            pathref q = {&p, has_role ? "content" : "role", has_role ? 7 : 4, 0};
+            return ferr(c, &q, TP_EFORMAT, "missing");
+        }
+    }
+    *(tp_chat_msg **)dst = v;
+    *(size_t *)(dst + sizeof(tp_chat_msg *)) = n;
+    return 0;
+}
+
 static int decode_i32s(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, f->max);
@@ -454,6 +502,7 @@ static int decode_value(dctx *c, const field *f, char *base, const msgpack_objec
     case FT_TRIGGERS: return decode_triggers(c, f, dst, o, path);
     case FT_BIAS: return decode_bias(c, f, dst, o, path);
     case FT_U64S: return decode_u64s(c, f, dst, o, path);
+    case FT_MSGS: return decode_msgs(c, f, dst, o, path);
     }
     return ferr(c, path, TP_EINVAL, "internal: unknown field type");
 }
@@ -569,7 +618,8 @@ static void fill_empty_arrays(const table *t, char *base)
 {
     for (const field *f = t->fields; f->key; f++) {
         void **arr = (void **)(base + f->off);
-        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS || f->type == FT_U64S) &&
+        if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS || f->type == FT_U64S ||
+             f->type == FT_MSGS) &&
             !*arr)
             *arr = (void *)(uintptr_t)empty_array;
         else if (f->type == FT_BIAS && !*arr) {

@@ -26,6 +26,7 @@ static bool present(const table *t, const field *f, const char *base)
     case FT_STRS:
     case FT_I32S:
     case FT_TRIGGERS:
+    case FT_MSGS:
     case FT_U64S: return *(const size_t *)(p + sizeof(void *)) != 0;
     case FT_MATCHED: return ((const tp_matched *)p)->kind != TP_MATCHED_NONE;
     case FT_REASON:
@@ -63,6 +64,10 @@ static int pack_array_field(msgpack_packer *pk, const field *f, const char *p)
             rc = pack_str(pk, s[i].ptr, s[i].len);
         } else if (f->type == FT_I32S) {
             rc = msgpack_pack_int32(pk, (*(int32_t *const *)p)[i]);
+        } else if (f->type == FT_MSGS) {
+            const tp_chat_msg *m = &(*(tp_chat_msg *const *)p)[i];
+            rc = msgpack_pack_map(pk, 2) || pack_str(pk, "role", 4) || pack_str(pk, m->role.ptr, m->role.len) ||
+                 pack_str(pk, "content", 7) || pack_str(pk, m->content.ptr, m->content.len);
         } else if (f->type == FT_U64S) {
             rc = msgpack_pack_uint64(pk, (*(uint64_t *const *)p)[i]);
         } else {
@@ -100,6 +105,7 @@ static int pack_value(msgpack_packer *pk, const field *f, const char *base)
     case FT_STRS:
     case FT_I32S:
     case FT_TRIGGERS:
+    case FT_MSGS:
     case FT_U64S: return pack_array_field(pk, f, p);
     case FT_MATCHED: return pack_matched(pk, (const tp_matched *)p);
     case FT_REASON: {

@@ -107,7 +107,10 @@ int tp_proto_param_float(const char *key, double v, float *out, tp_err *err)
 static const field submit_f[] = {
     REQ, F_JOBID("job_id", M(submit.job_id), 0),
     F_STR("prompt", M(submit.prompt), 0, TP_PROTO_MAX_PROMPT),
-    PARAMS(M(submit.params)), F_BOOL("parse_special", M(submit.parse_special), 0), END,
+    PARAMS(M(submit.params)), F_BOOL("parse_special", M(submit.parse_special), 0),
+    {.key = "messages", .type = FT_MSGS, .off = M(submit.messages), .flags = FF_NONEMPTY,
+     .max = TP_PROTO_MAX_MESSAGES, .max_elem = TP_PROTO_MAX_PROMPT},
+    END,
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
 
@@ -294,9 +297,17 @@ static const field result_f[] = {TASK, STATUS, ERROR, END};
 static const field tokenize_f[] = {
     TASK, SLOT(M(tokenize.slot)), F_STR("text", M(tokenize.text), FF_REQUIRED, TP_PROTO_MAX_PROMPT),
     F_BOOL("add_bos", M(tokenize.add_bos), FF_REQUIRED),
-    F_BOOL("parse_special", M(tokenize.parse_special), 0), END,
+    F_BOOL("parse_special", M(tokenize.parse_special), 0),
+    {.key = "messages", .type = FT_MSGS, .off = M(tokenize.messages), .flags = FF_NONEMPTY,
+     .max = TP_PROTO_MAX_MESSAGES, .max_elem = TP_PROTO_MAX_PROMPT},
+    END,
 };
-static const field tokenized_f[] = {TASK, STATUS, ERROR, SLOT(M(tokenized.slot)), END};
+static const field tokenized_f[] = {
+    TASK, STATUS, ERROR, SLOT(M(tokenized.slot)),
+    {.key = "stop_ids", .type = FT_I32S, .off = M(tokenized.stop_ids), .ilo = 0, .ihi = INT32_MAX,
+     .max = TP_PROTO_MAX_STOP_IDS},
+    END,
+};
 static const pframe tokenized_p[] = {{"ids", M(tokenized.ids), 4, 1}, {NULL, 0, 0, 0}};
 
 static const field slot_f[] = {TASK, SLOT(M(slot.slot)), END};
@@ -433,10 +444,14 @@ static int check_submit(tp_msg *m, tp_err *err)
 {
     tp_m_submit *s = &m->submit;
     bool ids = s->prompt_ids.data != NULL;
+    if (s->n_messages && (s->prompt.ptr || ids))
+        return tp_err_set(err, TP_EFORMAT, "messages: give either messages or a prompt (text or prompt_ids), not both");
+    if (s->n_messages)
+        return params_check(&s->params, "params", err);
     if (s->prompt.ptr && ids)
         return tp_err_set(err, TP_EFORMAT, "prompt: give either prompt text or a prompt_ids frame, not both");
     if (!s->prompt.ptr && !ids)
-        return tp_err_set(err, TP_EFORMAT, "prompt: missing (no prompt key and no prompt_ids frame)");
+        return tp_err_set(err, TP_EFORMAT, "prompt: missing (no prompt key, no prompt_ids frame, no messages)");
     if (ids && s->prompt_ids.n < 1)
         return tp_err_set(err, TP_EINVAL, "prompt_ids: empty frame, need at least one id");
     if (ids && s->prompt_ids.n > TP_PROTO_MAX_IDS)

@@ -19,6 +19,13 @@ seeds = {
     'repetition_penalty': 1.1, 'presence_penalty': 0.5, 'frequency_penalty': -0.5, 'seed': 7,
     'stop': ['\n', 'The end'], 'stop_token_ids': [2, 13], 'ignore_eos': True, 'include_stop_str_in_output': False}})]),
  'submit_ids': frames(0, [b'JOB1', b'\x01', P({'job_id': 'j2'}), i32(1, 400, 33)]),
+ 'submit_messages': frames(0, [b'JOB1', b'\x01', P({'job_id': 'j3', 'messages': [
+    {'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi <|end|>'}],
+    'params': {'max_tokens': 4}})]),
+ 'tokenize_messages': frames(1, [b'WRK1', b'\x10', P({'task': 5, 'slot': 1, 'text': '', 'add_bos': True,
+    'messages': [{'role': 'user', 'content': ''}]})]),
+ 'tokenized_stop_ids': frames(1, [b'WRK1', b'\x11', P({'task': 5, 'status': 200, 'slot': 1, 'stop_ids': [32007]}),
+    i32(1, 32010, 13)]),
  'ack': frames(0, [b'JOB1', b'\x02', P({'req': 1, 'status': 400, 'job_id': 'j', 'error': 'params.top_p: bad', 'field': 'params.top_p'})]),
  'cancel': frames(0, [b'JOB1', b'\x03', P({'job_id': 'j1'})]),
  'status_reply': frames(0, [b'JOB1', b'\x05', P({'req': 2, 'status': 200, 'job_id': 'j', 'state': 'finished',

@@ -358,6 +358,54 @@ class FusedForwardSample(GenerationApi, unittest.TestCase):
     EXTRA = "workers:\n  fuse: [\"forward,sample\"]\n"
 
 
+class InfoOfAGgufModelWithAChatTemplate(unittest.TestCase):
+    """A tiny random-weight GGUF carrying phi-3's vocabulary and chat
+    template (tokpipe mkmodel --vocab-from): INFO says what the file says."""
+
+    def test_info_reports_the_chat_template_end_ids_and_special_tokens_of_the_file(self):
+        if not os.access(TOKPIPED, os.X_OK):
+            raise unittest.SkipTest("tokpiped is not built")
+        vocab = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-phi-3.gguf")
+        tmp = tempfile.mkdtemp(prefix="tp-genapi-phi-")
+        model = os.path.join(tmp, "phi.gguf")
+        try:
+            subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", vocab,
+                            "--shape", "64x2", "--seq-len", "64", "--seed", "1", "--out", model],
+                           check=True, capture_output=True, timeout=120)
+            d = DaemonWith(model)
+            try:
+                out = subprocess.run([TOKPIPE, "info", "--json", "--config", d.config], capture_output=True,
+                                     text=True, timeout=30)
+                self.assertEqual(out.returncode, 0, out.stderr)
+                info = json.loads(out.stdout)
+            finally:
+                d.stop()
+            self.assertTrue(info["chat_template"])
+            self.assertEqual(info["vocab_size"], 32064)
+            self.assertEqual(info["context_length"], 64)
+            self.assertEqual(info["weight_type"], "f32")
+            self.assertIn(info["eos_id"], info["eog_ids"])
+            pieces = {t["piece"]: t["id"] for t in info["special_tokens"]}
+            self.assertIn("<|end|>", pieces)
+            self.assertEqual(info["eos_id"], pieces["<|endoftext|>"])   # the file's EOS, not a guessed 2
+            self.assertIn(pieces["<|end|>"], info["eog_ids"], "phi-3's end-of-turn ends generation")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class DaemonWith(Daemon):
+    """A Daemon on another model file (its embedded vocabulary)."""
+
+    def __init__(self, model_path):
+        global MODEL, TOKENIZER
+        saved = MODEL, TOKENIZER
+        MODEL, TOKENIZER = model_path, ""
+        try:
+            Daemon.__init__(self, "")
+        finally:
+            MODEL, TOKENIZER = saved
+
+
 class HelpTexts(unittest.TestCase):
     def test_run_and_generate_help_list_every_json_field_and_the_new_flags(self):
         fields = ["prompt", "text", "tokens", "finish_reason", "finish_detail", "matched", "prompt_tokens",

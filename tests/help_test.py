@@ -67,7 +67,7 @@ class HelpNamesEveryOption(unittest.TestCase):
         self.assertEqual(rc, 0)
         for c in cmds:
             with self.subTest(command=c):
-                self.assertRegex(top, r"\n  %s " % c, "tokpipe --help does not list " + c)
+                self.assertRegex(top, r"\n  %s " % c.replace("_", "-"), "tokpipe --help does not list " + c)
                 self.check([os.path.join(BIN, "tokpipe"), c], "tools/cmd_%s.c" % c)
 
 

@@ -39,6 +39,7 @@ typedef struct jres {
     char text[MAX_TEXT];
     size_t text_len;
     int64_t next_seq;
+    int64_t t_ev[MAX_IDS + 2];   /* when each event arrived (ms, test clock) */
     int reason;
     uint32_t completion, prompt_tokens;
     uint64_t text_total;
@@ -95,6 +96,8 @@ static void take_event(const char *jid, jres *res, const tp_msg *ev)
     if ((int64_t)seq != res->next_seq)
         fail_msg("job %s: event seq %u, want %lld (%s)", jid, seq, (long long)res->next_seq,
                  (int64_t)seq < res->next_seq ? "repeated" : "missing");
+    if (res->next_seq < MAX_IDS + 2)
+        res->t_ev[res->next_seq] = now_ms();
     res->next_seq++;
     const tp_str *t = ev->cmd == TP_CMD_TOKEN ? &ev->token.text : &ev->finish.text;
     if (res->text_len + t->len < MAX_TEXT) {
@@ -157,6 +160,43 @@ typedef struct action {
     int hold_ms;
 } action;
 
+/* Kill -> next event of the jobs the broker moved (client side), over the
+ * whole test. */
+static long long lat[4096];
+static int n_lat;
+
+/* For each job the broker's log says it moved in round tag: the time from
+ * the kill that interrupted its stream to its next event (the kill inside
+ * its longest wait). */
+static void collect_latency(const harness *h, const char *tag, const jres *res, const int64_t *kills, int n_kills)
+{
+    char path[256], line[1024], want[48];
+    snprintf(path, sizeof path, "%s/tokpiped.log", h->dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    bool moved[N_JOBS] = {false};
+    snprintf(want, sizeof want, "job %s-", tag);
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, want);
+        if (p && strstr(line, "continues on")) {
+            int i = atoi(p + strlen(want));
+            if (i >= 0 && i < N_JOBS)
+                moved[i] = true;
+        }
+    }
+    fclose(f);
+    for (int i = 0; i < N_JOBS && n_lat < 4096; i++) {
+        long long best = -1;
+        for (int k = 0; moved[i] && k < n_kills; k++)
+            for (int64_t e = 1; e < res[i].next_seq && e < MAX_IDS + 2; e++)
+                if (res[i].t_ev[e - 1] < kills[k] && res[i].t_ev[e] >= kills[k] && res[i].t_ev[e] - kills[k] > best)
+                    best = res[i].t_ev[e] - kills[k];
+        if (best >= 0)
+            lat[n_lat++] = best;
+    }
+}
+
 /* Run one round of N_JOBS jobs (ids "<tag>-<i>"), doing acts meanwhile;
  * fills res[]. */
 static void run_round(harness *h, const char *tag, jres *res, const action *acts, int n_acts, unsigned *rng)
@@ -171,7 +211,8 @@ static void run_round(harness *h, const char *tag, jres *res, const action *acts
         submit_job(h, id, i);
     }
     int64_t t0 = now_ms();
-    int next_act = 0, done = 0;
+    int next_act = 0, done = 0, n_kills = 0;
+    int64_t kills[8];
     pid_t stopped = 0;
     int64_t cont_at = 0;
     while (done < N_JOBS) {
@@ -188,6 +229,8 @@ static void run_round(harness *h, const char *tag, jres *res, const action *acts
                 printf("# round %s: %s to a %s worker (pid %d, one of %d) at %d ms\n", tag,
                        a->sig == SIGKILL ? "SIGKILL" : "SIGSTOP", a->stage, (int)victim, n, (int)t);
                 kill(victim, a->sig);
+                if (n_kills < 8)
+                    kills[n_kills++] = now_ms();
                 if (a->sig == SIGSTOP) {
                     stopped = victim;
                     cont_at = now_ms() + a->hold_ms;
@@ -227,6 +270,7 @@ static void run_round(harness *h, const char *tag, jres *res, const action *acts
     if (stopped)
         kill(stopped, SIGCONT);
     zmq_close(sub);
+    collect_latency(h, tag, res, kills, n_kills);
     /* a late event (a repeated TOKEN or FINISH) would show in the next
      * round's prefix only if ids collided: they do not, so check here */
     for (int i = 0; i < N_JOBS; i++)
@@ -260,6 +304,13 @@ static int cmp_ll(const void *a, const void *b)
 /* p50 / p99 of the broker's "stream resumed N ms after" log lines. */
 static void report_latency(const harness *h)
 {
+    if (n_lat) {
+        qsort(lat, (size_t)n_lat, sizeof *lat, cmp_ll);
+        printf("# kill -> the moved jobs' next event (client side), %d jobs: p50 %lld ms, p99 %lld ms, max %lld ms\n",
+               n_lat, lat[n_lat / 2], lat[(n_lat * 99) / 100 < n_lat ? (n_lat * 99) / 100 : n_lat - 1],
+               lat[n_lat - 1]);
+        n_lat = 0;
+    }
     char path[256], line[1024];
     snprintf(path, sizeof path, "%s/tokpiped.log", h->dir);
     FILE *f = fopen(path, "r");

@@ -321,15 +321,23 @@ class QuantizedWeights(unittest.TestCase):
         return [json.loads(line)["tokens"] for line in out.splitlines() if line.strip()]
 
     def test_every_type_runs_batch_invariant(self):
+        # 8 prompts; the C test below checks the logits of 8 sequences
+        # bitwise on both kernel paths, so here the even types take the first
+        # half alone and the odd ones the second half (time on a shared machine)
         prompts = ["Once upon a time", "The cat", "Lily and Tom went to the park", "One day",
                    "The big red ball", "She was sad because", "Tim had a dog named", "In the sky"]
-        for t, path in self.files.items():
+        for n, (t, path) in enumerate(self.files.items()):
+            half = prompts[4 * (n % 2):4 * (n % 2) + 4]
+            alone_of = {p: None for p in half}
             for mode in (["--temperature", "0"], ["--temperature", "0.9", "--seed", "5"]):
-                alone = [self.run_json(path, [p], *mode)[0] for p in prompts]
+                for p in alone_of:
+                    alone_of[p] = self.run_json(path, [p], *mode)[0]
                 for threads in ("1", "2"):
                     together = self.run_json(path, prompts, *mode, "--threads", threads)
-                    self.assertEqual(together, alone, "%s %s, %s thread(s): batched differs from alone"
-                                     % (t, " ".join(mode), threads))
+                    for i, p in enumerate(prompts):
+                        if p in alone_of:
+                            self.assertEqual(together[i], alone_of[p], "%s %s, %s thread(s), prompt %r: "
+                                             "batched differs from alone" % (t, " ".join(mode), threads, p))
 
     def test_logits_of_every_type_are_batch_invariant_in_c(self):
         exe = os.path.join(BUILD, "tests", "test_quant")

@@ -259,6 +259,30 @@ static void vocabulary_metadata_copies_from_a_real_file(void **state)
     tp_gguf_free(gb);
     free(a);
     free(b);
+    /* NULL prefix: every key, in the source's order */
+    assert_int_equal(tp_gguf_writer_new(&w, &e), 0);
+    assert_int_equal(tp_gguf_copy_kv_from_file(w, src, NULL, &e), 0);
+    assert_int_equal(tp_gguf_write(w, t->file, &e), 0);
+    tp_gguf_writer_free(w);
+    a = model_file_read("stories260K.gguf", &sa);
+    b = slurp(t->file, &sb);
+    assert_int_equal(tp_gguf_parse(a, sa, &ga, &e), 0);
+    assert_int_equal(tp_gguf_parse(b, sb, &gb, &e), 0);
+    assert_int_equal(tp_gguf_n_kv(gb), tp_gguf_n_kv(ga));
+    for (uint64_t i = 0; i < tp_gguf_n_kv(ga); i++) {
+        tp_gguf_kv_view x, y;
+        assert_int_equal(tp_gguf_kv_at(ga, i, &x, &e), 0);
+        assert_int_equal(tp_gguf_kv_at(gb, i, &y, &e), 0);
+        assert_int_equal(x.key.len, y.key.len);
+        assert_memory_equal(x.key.ptr, y.key.ptr, x.key.len);
+        assert_int_equal(x.raw_len, y.raw_len);
+        assert_memory_equal(x.raw, y.raw, x.raw_len);
+    }
+    assert_int_equal(tp_gguf_n_tensors(gb), 0);
+    tp_gguf_free(ga);
+    tp_gguf_free(gb);
+    free(a);
+    free(b);
     assert_int_equal(tp_gguf_writer_new(&w, &e), 0);
     assert_int_equal(tp_gguf_copy_kv_from_file(w, "/nonexistent/x.gguf", NULL, &e), TP_EIO);
     assert_non_null(strstr(e.msg, "/nonexistent/x.gguf"));

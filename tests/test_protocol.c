@@ -835,6 +835,104 @@ static void submit_needs_exactly_one_prompt(void **state)
     raw_free(&r);
 }
 
+static void submit_messages_round_trip_and_tokenized_carries_stop_ids(void **state)
+{
+    (void)state;
+    tp_chat_msg msgs[] = {{tp_str_of("system"), tp_str_of("Be brief.")}, {tp_str_of("user"), tp_str_of("")}};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.messages = msgs;
+    m.submit.n_messages = 2;
+    tp_wire w;
+    tp_msg d;
+    round_trip(&m, &w, &d);
+    assert_int_equal(d.submit.n_messages, 2);
+    assert_null(d.submit.prompt.ptr);
+    assert_str(d.submit.messages[0].role, "system");
+    assert_str(d.submit.messages[0].content, "Be brief.");
+    assert_str(d.submit.messages[1].role, "user");
+    assert_int_equal(d.submit.messages[1].content.len, 0);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+
+    int32_t stop[] = {32007};
+    int32_t ids[] = {1, 32010};
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_TOKENIZED);
+    m.task = 3;
+    m.status = TP_ST_OK;
+    m.tokenized.slot = 4;
+    m.tokenized.ids = (tp_raw){ids, 2};
+    m.tokenized.stop_ids = stop;
+    m.tokenized.n_stop_ids = 1;
+    round_trip(&m, &w, &d);
+    assert_int_equal(d.tokenized.n_stop_ids, 1);
+    assert_int_equal(d.tokenized.stop_ids[0], 32007);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+}
+
+/* One SUBMIT whose header is {messages: <what pack writes>}. */
+static void submit_messages_case(void (*pack)(msgpack_packer *), const char *needle)
+{
+    raw_msg r;
+    raw_begin(&r, TP_MAGIC_JOB, TP_CMD_SUBMIT);
+    msgpack_pack_map(&r.pk, 1);
+    pk_str(&r.pk, "messages");
+    pack(&r.pk);
+    raw_header_done(&r);
+    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_BAD_REQUEST, needle);
+    raw_free(&r);
+}
+
+static void pk_msgs_empty(msgpack_packer *pk) { msgpack_pack_array(pk, 0); }
+static void pk_msgs_not_map(msgpack_packer *pk) { msgpack_pack_array(pk, 1), pk_str(pk, "user: hi"); }
+static void pk_msgs_no_content(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_map(pk, 2), pk_str(pk, "role"), pk_str(pk, "user"), pk_str(pk, "content"), pk_str(pk, "a");
+    msgpack_pack_map(pk, 1), pk_str(pk, "role"), pk_str(pk, "assistant");
+}
+static void pk_msgs_empty_role(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 2), pk_str(pk, "role"), pk_str(pk, ""), pk_str(pk, "content"), pk_str(pk, "a");
+}
+static void pk_msgs_extra_key(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 3), pk_str(pk, "role"), pk_str(pk, "user"), pk_str(pk, "content"), pk_str(pk, "a");
+    pk_str(pk, "tool_calls"), msgpack_pack_array(pk, 0);
+}
+static void pk_msgs_int_content(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 2), pk_str(pk, "role"), pk_str(pk, "user"), pk_str(pk, "content"), msgpack_pack_int(pk, 3);
+}
+
+static void submit_messages_are_validated_naming_the_field(void **state)
+{
+    (void)state;
+    submit_messages_case(pk_msgs_empty, "messages: empty conversation");
+    submit_messages_case(pk_msgs_not_map, "messages[0]: expected a map");
+    submit_messages_case(pk_msgs_no_content, "messages[1].content: missing");
+    submit_messages_case(pk_msgs_empty_role, "messages[0].role");
+    submit_messages_case(pk_msgs_extra_key, "messages[0].tool_calls: unknown key");
+    submit_messages_case(pk_msgs_int_content, "messages[0].content");
+    /* messages and a prompt together */
+    raw_msg r;
+    raw_begin(&r, TP_MAGIC_JOB, TP_CMD_SUBMIT);
+    msgpack_pack_map(&r.pk, 2);
+    pk_str(&r.pk, "prompt");
+    pk_str(&r.pk, "x");
+    pk_str(&r.pk, "messages");
+    msgpack_pack_array(&r.pk, 1);
+    msgpack_pack_map(&r.pk, 2), pk_str(&r.pk, "role"), pk_str(&r.pk, "user"), pk_str(&r.pk, "content");
+    pk_str(&r.pk, "a");
+    raw_header_done(&r);
+    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_BAD_REQUEST, "messages: give either messages or a prompt");
+    raw_free(&r);
+}
+
 /* ---- malformed: msgpack ---- */
 
 static void bad_msgpack_is_rejected(void **state)
@@ -1285,6 +1383,8 @@ int main(void)
         cmocka_unit_test(names_round_trip),
         cmocka_unit_test(utf8_validation_follows_rfc3629),
         cmocka_unit_test(fuzz_seeds_written_by_python_decode),
+        cmocka_unit_test(submit_messages_round_trip_and_tokenized_carries_stop_ids),
+        cmocka_unit_test(submit_messages_are_validated_naming_the_field),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

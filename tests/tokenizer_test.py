@@ -156,6 +156,28 @@ class TokenizeCommand(unittest.TestCase):
                     want = "".join(c for c in text if c not in NO_TOKEN.get(name, ""))
                     self.assertEqual(g, escape(want), f"{name}: round trip of {text!r}")
 
+    def test_control_token_texts_round_trip_with_special_on_bpe_vocabularies(self):
+        # --special both ways: the texts become the control tokens and decode
+        # back to their text; without it they are plain text (and still
+        # round-trip, as ordinary characters)
+        for name, control in (("gpt-2", "<|endoftext|>"), ("starcoder", "<fim_prefix>"),
+                              ("deepseek-llm", "<\uff5cbegin\u2581of\u2581sentence\uff5c>")):
+            with self.subTest(vocab=name):
+                path = os.path.join(VOCABS, "ggml-vocab-%s.gguf" % name)
+                texts = ["a%sb" % control, control, "x %s\n%s y" % (control, control)]
+                stdin = "".join(escape(t) + "\n" for t in texts)
+                for flag in ([], ["--special"]):
+                    ids = tokpipe(["--tokenizer", path] + flag, stdin)
+                    self.assertEqual(ids.returncode, 0, ids.stderr.decode())
+                    lines = ids.stdout.decode().split("\n")[:-1]
+                    control_ids = [len(l.split()) for l in lines]
+                    back = tokpipe(["--tokenizer", path, "--decode"] + flag, ids.stdout.decode())
+                    self.assertEqual(back.stdout.decode(), stdin, f"{name} {flag}")
+                    if flag:
+                        self.assertEqual(control_ids[1], 1, f"{name}: {control} is one token")
+                    else:
+                        self.assertGreater(control_ids[1], 1, f"{name}: {control} is plain text")
+
     def patched_vocab(self, name, key, old, new):
         """A copy of a vocabulary file with one string value replaced by
         another of the same length."""

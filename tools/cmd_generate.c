@@ -182,7 +182,12 @@ static void fill_submit(gen *s, const job *j, tp_msg *m)
 {
     tp_msg_init(m, TP_FAM_JOB, TP_CMD_SUBMIT);
     m->submit.job_id = tp_str_of(j->id);
-    m->submit.prompt = tp_str_of(j->prompt);
+    if (s->g.n_messages) {
+        m->submit.messages = s->g.messages;
+        m->submit.n_messages = s->g.n_messages;
+    } else {
+        m->submit.prompt = tp_str_of(j->prompt);
+    }
     fill_params(&s->g, &m->submit.params, s->stops);
     m->submit.parse_special = s->g.parse_special;
     m->submit.params.set |= TP_P_SEED;
@@ -483,7 +488,10 @@ static int follow(gen *s, tp_err *err)
 static void print_json(const job *j)
 {
     cJSON *o = cJSON_CreateObject(), *toks = cJSON_CreateArray();
-    cJSON_AddStringToObject(o, "prompt", j->prompt);
+    if (j->prompt)
+        cJSON_AddStringToObject(o, "prompt", j->prompt);
+    else
+        cJSON_AddNullToObject(o, "prompt");
     if (j->rejected) {
         cJSON_AddNumberToObject(o, "status", j->rejected);
         cJSON_AddStringToObject(o, "error", j->error);
@@ -605,9 +613,7 @@ static int parse(gen *s, int argc, char **argv, tp_err *err)
         if (rc == 0)
             return tp_err_set(err, TP_EINVAL, "unknown argument '%s'", argv[i]);
     }
-    if (s->g.n_prompts == 0)
-        return tp_err_set(err, TP_EINVAL, "--prompt is required");
-    return 0;
+    return genopts_check_prompt(&s->g, err);
 }
 
 /* A job that ended in error, or was cancelled by someone else, is a
@@ -643,7 +649,7 @@ static int run(gen *s, tp_err *err)
     if (!rc)
         tp_client_set_interrupt_fd(s->c, s->sigfd);
     for (size_t i = 0; i < s->n && !rc; i++) {
-        s->jobs[i].prompt = s->g.prompts[i];
+        s->jobs[i].prompt = s->g.n_messages ? NULL : s->g.prompts[i];
         tp_client_job_id(s->jobs[i].id, sizeof s->jobs[i].id, (unsigned)i);
         rc = tp_client_subscribe(s->c, s->jobs[i].id, err);
     }
@@ -680,7 +686,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "tokpipe generate: %s\n", err.msg);
         return usage(stderr, 2);
     }
-    s.n = s.g.n_prompts;
+    s.n = s.g.n_messages ? 1 : s.g.n_prompts;
     s.stream = s.n == 1 && !s.g.json;
     s.sigfd = -1;
     rc = run(&s, &err);
@@ -691,6 +697,7 @@ int cmd_generate(int argc, char **argv)
         free(s.jobs[i].text), free(s.jobs[i].ids), free(s.jobs[i].was), cJSON_Delete(s.jobs[i].matched),
             cJSON_Delete(s.jobs[i].logprobs);
     free(s.jobs);
+    genopts_free(&s.g);
     tp_client_free(s.c);
     if (s.sigfd >= 0)
         close(s.sigfd), close(s.sigfd_w);

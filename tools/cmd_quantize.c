@@ -290,7 +290,7 @@ static int run(const char *in, const char *out, const target *tg, const char *vo
     if (is_gguf) {
         /* load as a model first: the same validation as the worker */
         if (tp_model_load(in, &model, &err) || tp_gguf_parse(map, size, &g, &err) || gguf_tensors(g, &j, &err) ||
-            tp_gguf_copy_kv_from_file(w, in, NULL, &err))
+            tp_gguf_copy_kv_from_file(w, in, "", &err)) /* "": every key */
             goto fail;
     } else {
         if (tp_model_load(in, &model, &err))

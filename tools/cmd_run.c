@@ -9,7 +9,9 @@
 #include "genopts.h"
 #include "tokload.h"
 #include "tools.h"
+#include "tokpipe/chat_template.h"
 #include "tokpipe/detok.h"
+#include "tokpipe/stage.h"
 #include "tokpipe/forward.h"
 #include "tokpipe/model.h"
 #include "tokpipe/sampler.h"
@@ -38,6 +40,7 @@ typedef struct run_args {
     tp_fwd_kernel kernel;
     tp_kv_type kv_type;
     const char *dump_logits;
+    const char *chat_template;
     genopts gen;
 } run_args;
 
@@ -78,7 +81,8 @@ static void usage(FILE *out)
           "Generates in this process, all prompts as one batch, and prints each\n"
           "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
           "line per prompt in the order given.\n\n"
-          "  --model FILE             llama2.c checkpoint or GGUF (F32; llama, Llama 3, qwen2)\n"
+          "  --model FILE             llama2.c checkpoint or GGUF (llama, Llama 3, qwen2; F32, F16,\n"
+          "                           BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
           "  --threads N              compute threads, 1-256; 0 (the default) = one per CPU this\n"
@@ -90,7 +94,9 @@ static void usage(FILE *out)
           "                           attention traffic; logits move by the rounding)\n"
           "  --dump-logits FILE       for checking a model against a reference: for every sampled\n"
           "                           position write the context and its logits to FILE as\n"
-          "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n",
+          "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n"
+          "  --chat-template FILE     template for --message/--messages (default: the GGUF\n"
+          "                           tokenizer's or model's tokenizer.chat_template)\n",
           out);
     genopts_print_help(out);
 }
@@ -108,7 +114,8 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             continue;
         const char *f = argv[i];
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
-             !strcmp(f, "--kernel") || !strcmp(f, "--kv-type") || !strcmp(f, "--dump-logits")) &&
+             !strcmp(f, "--kernel") || !strcmp(f, "--kv-type") || !strcmp(f, "--dump-logits") ||
+             !strcmp(f, "--chat-template")) &&
             i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", f);
         if (!strcmp(f, "--model"))
@@ -117,6 +124,8 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
             a->tokenizer = argv[++i];
         else if (!strcmp(f, "--dump-logits"))
             a->dump_logits = argv[++i];
+        else if (!strcmp(f, "--chat-template"))
+            a->chat_template = argv[++i];
         else if (!strcmp(f, "--threads")) {
             const char *v = argv[++i];
             char *end;
@@ -137,9 +146,7 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
     }
     if (!a->model)
         return tp_err_set(err, TP_EINVAL, "--model FILE is required");
-    if (a->gen.n_prompts == 0)
-        return tp_err_set(err, TP_EINVAL, "at least one --prompt TEXT is required");
-    return 0;
+    return genopts_check_prompt(&a->gen, err);
 }
 
 static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
@@ -159,7 +166,7 @@ static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
     if (tp_tokenizer_vocab_size(c->tok) != c->vocab)
         return tp_err_set(err, TP_EINVAL, "tokenizer has %d tokens but the model's vocabulary is %d",
                           tp_tokenizer_vocab_size(c->tok), c->vocab);
-    rc = tp_forward_new(c->model, (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
+    rc = tp_forward_new(c->model, a->gen.n_messages ? 1 : (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
     if (rc == 0)
         rc = tp_forward_set_threads(c->fwd, a->threads ? a->threads : tp_forward_default_threads(), err);
     if (rc == 0)
@@ -220,7 +227,7 @@ static tp_sampler_params sampler_params(const genopts *g, const int32_t *ban, si
 
 /* Tokenize the prompt and build the job's sampler, detokenizer and stop
  * state; every parameter error names its field. */
-static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g, tp_err *err)
+static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g, bool chat, tp_err *err)
 {
     int seq_len = tp_model_get_config(c->model)->seq_len;
     memset(j, 0, sizeof *j);
@@ -237,7 +244,7 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
     int *all = malloc(sizeof *all * cap);
     if (!all)
         return tp_err_set(err, TP_ENOMEM, "out of memory for the prompt's tokens");
-    unsigned flags = TP_ENCODE_ADD_SPECIAL | (g->parse_special ? TP_ENCODE_SPECIAL : 0);
+    unsigned flags = chat ? TP_ENCODE_SPECIAL : TP_ENCODE_ADD_SPECIAL | (g->parse_special ? TP_ENCODE_SPECIAL : 0);
     int rc = tp_tokenizer_encode_ex(c->tok, prompt, strlen(prompt), flags, all, cap, &n, err);
     size_t skip = g->truncate_prompt_tokens > 0 && n > (size_t)g->truncate_prompt_tokens
                       ? n - (size_t)g->truncate_prompt_tokens : 0;
@@ -343,7 +350,7 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
                                   (size_t)j->top_n, &lp, top, &n_top, err)))
         return rc;
     if (rc) {
-        fprintf(stderr, "tokpipe run: prompt '%.40s': %s\n", j->prompt, err->msg);
+        fprintf(stderr, "tokpipe run: prompt '%.40s': %s\n", j->prompt ? j->prompt : "(messages)", err->msg);
         tp_stop_fail(j->stop, &st);
     } else {
         size_t n;
@@ -450,7 +457,10 @@ static void print_json(const run_job *j, const genopts *g)
     cJSON *o = cJSON_CreateObject();
     size_t len;
     const char *text = tp_stop_text(j->stop, &len);
-    cJSON_AddStringToObject(o, "prompt", j->prompt);
+    if (j->prompt)
+        cJSON_AddStringToObject(o, "prompt", j->prompt);
+    else
+        cJSON_AddNullToObject(o, "prompt");
     cJSON_AddStringToObject(o, "text", text);
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     for (size_t i = j->n_prompt; i < j->n_ids; i++)
@@ -500,17 +510,75 @@ static void print_results(const run_ctx *c, const genopts *g)
     fflush(stdout);
 }
 
+/* --message/--messages: render with the chat template exactly as the
+ * tokenize stage does (same code), and stop on its end-of-turn ids too. */
+static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
+{
+    tp_tokenize_stage *st = NULL;
+    tp_chat_template *t = NULL;
+    char *text = NULL, *bos = NULL, *eos = NULL;
+    genopts *g = malloc(sizeof *g);
+    int rc = g ? tp_tokenize_stage_new(c->tok, &st, err) : tp_err_set(err, TP_ENOMEM, "out of memory");
+    if (!rc) {
+        const char *src = a->chat_template ? a->chat_template : a->tokenizer ? a->tokenizer : a->model;
+        tp_err e;
+        int lrc = tp_chat_template_load(src, !a->chat_template, &t, &e);
+        if (lrc == TP_ENOTFOUND && !a->chat_template && src != a->model)
+            lrc = tp_chat_template_load(a->model, true, &t, &e);
+        if (lrc)
+            rc = tp_err_set(err, TP_EINVAL, "--message/--messages: %s%s", e.msg,
+                            a->chat_template ? "" : " (pass --chat-template FILE)");
+    }
+    int ids[2] = {tp_tokenizer_bos_id(c->tok), tp_tokenizer_eos_id(c->tok)};
+    char **texts[2] = {&bos, &eos};
+    for (int k = 0; k < 2 && !rc; k++) {
+        size_t len = 0;
+        const char *p = ids[k] >= 0 ? tp_tokenizer_piece(c->tok, ids[k], &len) : NULL;
+        if (p && !(*texts[k] = strndup(p, len)))
+            rc = tp_err_set(err, TP_ENOMEM, "out of memory");
+    }
+    if (!rc) {
+        rc = tp_tokenize_stage_set_chat(st, t, bos, eos, NULL, err);
+        t = NULL;   /* the stage's now */
+    }
+    size_t len = 0;
+    if (!rc)
+        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, &text, &len, err);
+    if (!rc) {
+        *g = a->gen;
+        g->messages_json = NULL;
+        const int32_t *end;
+        int n_end = tp_tokenize_stage_turn_end_ids(st, &end);
+        for (int k = 0; k < n_end && g->n_stop_ids < GENOPTS_MAX_STOPS; k++)
+            g->stop_ids[g->n_stop_ids++] = end[k];
+        rc = job_init(c, &c->jobs[0], text, g, true, err);
+        c->jobs[0].prompt = NULL;   /* text is freed below; --json prints "prompt": null */
+    }
+    free(text);
+    free(bos);
+    free(eos);
+    free(g);
+    tp_chat_template_free(t);
+    tp_tokenize_stage_free(st);
+    return rc;
+}
+
 static int run_all(run_ctx *c, const run_args *a, tp_err *err)
 {
     int rc = load_engine(c, a, err);
     if (rc)
         return rc;
-    c->jobs = calloc(a->gen.n_prompts, sizeof *c->jobs);
+    c->jobs = calloc(a->gen.n_prompts + 1, sizeof *c->jobs);
     if (!c->jobs)
         return tp_err_set(err, TP_ENOMEM, "out of memory for %zu jobs", a->gen.n_prompts);
+    if (a->gen.n_messages) {
+        c->n_jobs = 1;
+        if ((rc = chat_job_init(c, a, err)))
+            return rc;
+    }
     for (size_t i = 0; i < a->gen.n_prompts; i++) {
         c->n_jobs = i + 1; /* counted before init so a half-built job is freed too */
-        if ((rc = job_init(c, &c->jobs[i], a->gen.prompts[i], &a->gen, err)))
+        if ((rc = job_init(c, &c->jobs[i], a->gen.prompts[i], &a->gen, false, err)))
             return rc;
     }
     c->stream = c->n_jobs == 1 && !a->gen.json;
@@ -545,6 +613,7 @@ int cmd_run(int argc, char **argv)
     tp_err_clear(&err);
     if (parse_args(argc, argv, &a, &err)) {
         fprintf(stderr, "tokpipe run: %s\n", err.msg);
+        genopts_free(&a.gen);
         return 2;
     }
     run_ctx c = {0};
@@ -559,5 +628,6 @@ int cmd_run(int argc, char **argv)
     tp_forward_free(c.fwd);
     tp_tokenizer_free(c.tok);
     tp_model_free(c.model);
+    genopts_free(&a.gen);
     return rc ? 1 : 0;
 }

@@ -1,5 +1,6 @@
 #include "genopts.h"
 
+#include <cJSON.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -75,6 +76,88 @@ static int parse_seed(const char *s, uint64_t *out, tp_err *err)
     return 0;
 }
 
+static int add_message(genopts *o, const char *role, size_t rlen, const char *content, size_t clen,
+                       const char *what, tp_err *err)
+{
+    if (o->n_messages == GENOPTS_MAX_MESSAGES)
+        return tp_err_set(err, TP_ERANGE, "%s: at most %d messages", what, GENOPTS_MAX_MESSAGES);
+    if (rlen == 0)
+        return tp_err_set(err, TP_EINVAL, "%s: empty role (write ROLE=TEXT, e.g. user=Hello)", what);
+    o->messages[o->n_messages++] = (tp_chat_msg){{role, rlen}, {content, clen}};
+    return 0;
+}
+
+/* --messages FILE: [{"role": .., "content": ..}, ...] or {"messages": [...]} */
+static int load_messages(genopts *o, const char *path, tp_err *err)
+{
+    if (o->messages_json)
+        return tp_err_set(err, TP_EINVAL, "--messages: give it once");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tp_err_set(err, TP_EIO, "--messages: %s: %s", path, strerror(errno));
+    size_t cap = 1u << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            char *nb = cap < TP_PROTO_MAX_PROMPT * 4u ? realloc(buf, cap * 2 + 1) : NULL;
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return tp_err_set(err, TP_ERANGE, "--messages: %s: too big", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (!buf)
+        return tp_err_set(err, TP_ENOMEM, "out of memory");
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    if (!j)
+        return tp_err_set(err, TP_EINVAL, "--messages: %s is not JSON", path);
+    o->messages_json = j;
+    const cJSON *arr = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "messages") : j;
+    if (!cJSON_IsArray(arr))
+        return tp_err_set(err, TP_EINVAL, "--messages: %s: expected [{\"role\": .., \"content\": ..}, ...]", path);
+    size_t i = 0;
+    for (const cJSON *m = arr->child; m; m = m->next, i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsString(role))
+            return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].role: missing or not a string", path, i);
+        if (!cJSON_IsString(content))
+            return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].content: missing or not a string", path,
+                              i);
+        for (const cJSON *k = m->child; k; k = k->next)
+            if (strcmp(k->string, "role") && strcmp(k->string, "content"))
+                return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].%s: unknown key (role and content only)",
+                                  path, i, k->string);
+        int rc = add_message(o, role->valuestring, strlen(role->valuestring), content->valuestring,
+                             strlen(content->valuestring), "--messages", err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void genopts_free(genopts *o)
+{
+    cJSON_Delete(o->messages_json);
+    o->messages_json = NULL;
+}
+
+int genopts_check_prompt(const genopts *o, tp_err *err)
+{
+    if (o->n_messages && o->n_prompts)
+        return tp_err_set(err, TP_EINVAL, "give --prompt or --message/--messages, not both");
+    if (!o->n_messages && !o->n_prompts)
+        return tp_err_set(err, TP_EINVAL, "--prompt (or --message ROLE=TEXT / --messages FILE) is required");
+    return 0;
+}
+
 /* --logit-bias ID=BIAS: an id >= 0 (the vocabulary is checked where it is
  * known), a bias in [-100, 100]; an id given twice is an error, as in
  * SUBMIT. */
@@ -113,6 +196,21 @@ static int parse_bias(genopts *o, const char *v, tp_err *err)
 int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
 {
     const char *a = argv[*i];
+    if (!strcmp(a, "--message") || !strcmp(a, "--messages")) {
+        if (*i + 1 >= argc)
+            return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
+        const char *v = argv[++*i];
+        int rc;
+        if (!strcmp(a, "--messages")) {
+            rc = load_messages(o, v, err);
+        } else {
+            const char *eq = strchr(v, '=');
+            if (!eq)
+                return tp_err_set(err, TP_EINVAL, "--message: '%s' is not ROLE=TEXT", v);
+            rc = add_message(o, v, (size_t)(eq - v), eq + 1, strlen(eq + 1), "--message", err);
+        }
+        return rc < 0 ? rc : 1;
+    }
     static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special", "--logprobs"};
     bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special, &o->logprobs};
     for (size_t k = 0; k < sizeof bools / sizeof *bools; k++)
@@ -201,6 +299,9 @@ void genopts_print_help(FILE *out)
 {
     fputs("generation options:\n"
           "  --prompt TEXT            prompt (repeat for several jobs, run as one batch)\n"
+          "  --message ROLE=TEXT      a conversation turn instead of --prompt (repeatable, in\n"
+          "                           order), rendered with the model's chat template\n"
+          "  --messages FILE          the conversation as JSON: [{\"role\":..,\"content\":..}]\n"
           "  --max-tokens N           most tokens to generate (default 256)\n"
           "  --min-tokens N           no EOS, stop id or stop string before N tokens (default 0)\n"
           "  --temperature T          0 = greedy (default 1.0)\n"

@@ -10,8 +10,10 @@
 #include <stdio.h>
 
 #include "tokpipe/error.h"
+#include "tokpipe/protocol.h"
 
 #define GENOPTS_MAX_PROMPTS 256
+#define GENOPTS_MAX_MESSAGES 1024
 #define GENOPTS_MAX_STOPS 1024
 
 /* The valued flags, in the order genopts_parse_one knows them; bit 1 << f
@@ -55,6 +57,11 @@ typedef struct genopts {
     size_t n_bias;
     int32_t truncate_prompt_tokens; /* 0 = keep the whole prompt */
     bool parse_special;   /* control-token texts in the prompt become those tokens */
+    /* --message ROLE=TEXT / --messages FILE: one conversation, rendered by
+     * the model's chat template (instead of --prompt) */
+    tp_chat_msg messages[GENOPTS_MAX_MESSAGES];
+    size_t n_messages;
+    void *messages_json;  /* cJSON of --messages FILE (the strings point into it) */
 } genopts;
 
 /* Defaults: max_tokens 256, temperature 1.0, top_p 1.0, top_k 0 (off),
@@ -69,5 +76,12 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err);
 
 /* The option lines for a --help text. */
 void genopts_print_help(FILE *out);
+
+/* Free what parsing allocated (the --messages file). */
+void genopts_free(genopts *o);
+
+/* Check the prompt flags together: exactly one of --prompt and
+ * --message/--messages (what a command needs). */
+int genopts_check_prompt(const genopts *o, tp_err *err);
 
 #endif

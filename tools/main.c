@@ -20,8 +20,15 @@ static const struct command commands[] = {
 static void usage(FILE *out)
 {
     fprintf(out, "usage: tokpipe COMMAND [options]   (tokpipe COMMAND --help for its options)\n\ncommands:\n");
-    for (const struct command *c = commands; c->name; c++)
-        fprintf(out, "  %-10s %s\n", c->name, c->summary);
+    /* a file tools/cmd_a_b.c is the command a-b */
+    for (const struct command *c = commands; c->name; c++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "%s", c->name);
+        for (char *p = nm; *p; p++)
+            if (*p == '_')
+                *p = '-';
+        fprintf(out, "  %-10s %s\n", nm, c->summary);
+    }
 }
 
 int main(int argc, char **argv)
@@ -34,8 +41,13 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    char want[32];
+    snprintf(want, sizeof want, "%s", argv[1]);
+    for (char *p = want; *p; p++)
+        if (*p == '-')
+            *p = '_';
     for (const struct command *c = commands; c->name; c++)
-        if (!strcmp(argv[1], c->name))
+        if (!strcmp(want, c->name))
             return c->run(argc - 1, argv + 1);
     fprintf(stderr, "tokpipe: unknown command '%s'\n", argv[1]);
     usage(stderr);

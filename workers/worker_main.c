@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tokpipe/chat_template.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
 #include "tokpipe/ggml_types.h"
@@ -45,6 +46,7 @@ typedef struct worker {
     int64_t last_recv, last_send;
     uint64_t progress;
     volatile sig_atomic_t *quit;
+    bool chat_template;                     /* a tokenize stage with a usable chat template */
     int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
     tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
@@ -110,6 +112,45 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
+/* The chat template for SUBMIT messages: model.chat_template if set (a
+ * file the operator named must load), else the GGUF vocabulary's or
+ * model's own tokenizer.chat_template; without one, messages are refused
+ * and the reason says what to set. */
+static int load_chat(worker *w, tp_err *err)
+{
+    const tp_config *c = &w->cfg;
+    bool override = c->chat_template_path && c->chat_template_path[0];
+    const char *src = override ? c->chat_template_path
+                    : c->tokenizer_path && c->tokenizer_path[0] ? c->tokenizer_path : c->model_path;
+    tp_chat_template *t = NULL;
+    tp_err e;
+    char why[TP_ERR_MSG_MAX] = "";
+    int rc = tp_chat_template_load(src, !override, &t, &e);
+    if (rc == TP_ENOTFOUND && !override && src != c->model_path)   /* a tokenizer.bin beside a GGUF model */
+        rc = tp_chat_template_load(c->model_path, true, &t, &e);
+    if (rc && override)
+        return tp_err_set(err, rc, "model.chat_template: %s", e.msg);
+    if (rc)
+        snprintf(why, sizeof why, "no usable chat template (%.380s); set model.chat_template to a template file",
+                 e.msg);
+    char *text[2] = {NULL, NULL};
+    int ids[2] = {tp_tokenizer_bos_id(w->tok), tp_tokenizer_eos_id(w->tok)};
+    for (int k = 0; k < 2; k++) {
+        size_t len = 0;
+        const char *p = ids[k] >= 0 ? tp_tokenizer_piece(w->tok, ids[k], &len) : NULL;
+        if (p && !(text[k] = strndup(p, len))) {
+            free(text[0]);
+            tp_chat_template_free(t);
+            return tp_err_set(err, TP_ENOMEM, "out of memory");
+        }
+    }
+    w->chat_template = t != NULL;   /* for INFO: SUBMIT messages can be used */
+    rc = tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err);
+    free(text[0]);
+    free(text[1]);
+    return rc;
+}
+
 /* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
  * vocabulary (the model file itself for GGUF models). */
 static int load_stages(worker *w, tp_err *err)
@@ -131,6 +172,8 @@ static int load_stages(worker *w, tp_err *err)
             return rc;
     }
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
+        return rc;
+    if (w->tokenize && (rc = load_chat(w, err)))
         return rc;
     const int *model_eos;
     int n_model_eos = tp_model_eos_ids(w->model, &model_eos);
@@ -222,6 +265,7 @@ static int send_ready(worker *w)
     const tp_model_weights *mw = tp_model_get_weights(w->model);
     const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
     r->weight_type = tp_str_of(wt ? wt->name : "");
+    r->chat_template = w->chat_template;
     int32_t *sp_ids = w->sp_ids;
     tp_str *sp_pieces = w->sp_pieces;
     size_t n_sp = 0;

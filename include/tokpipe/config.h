@@ -46,6 +46,7 @@ typedef struct tp_config {
 
     char *model_path;
     char *tokenizer_path;
+    char *chat_template_path;   /* "" = tokenizer.chat_template of the GGUF vocabulary/model */
 
     /* workers */
     char *worker_binary;     /* "" = tokpipe-worker next to the running program */

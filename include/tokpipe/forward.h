@@ -51,7 +51,9 @@ typedef struct tp_fwd_item {
 /* Pack the model's weights for the kernel and allocate the KV pool:
  * kv_slots sequences of up to max_pos positions each (0 = the model's
  * seq_len), and scratch for up to max_batch_tokens tokens per step. The
- * model must outlive the tp_forward. Memory: a copy of the weights plus
+ * model must outlive the tp_forward. Memory: a packed copy of the F32
+ * weight matrices (typed ones, F16 ... Q6_K, are read in place from the
+ * model's mmap, never copied: workers/forward/quant.h) plus
  * 2 * kv_slots * n_layers * max_pos * kv_dim values, floats until
  * tp_forward_set_kv_type picks halves. *out is owned by the
  * caller (tp_forward_free). */
@@ -136,6 +138,8 @@ int tp_forward_default_threads(void);
  * sgemm gains least per row below about 32 rows (limits.md section 4) and
  * keeps gaining up to 256 (section 6b), so it is a choice for batches well
  * past 64 tokens on both cores, re-measured on the target machine.
+ *
+ * Only for models whose matrices are all F32: TP_EINVAL otherwise.
  *
  * OpenBLAS is loaded (dlopen of libopenblas.so.0, kept for the life of the
  * process) at the first opt-in, not linked: its pthread pool starts at load

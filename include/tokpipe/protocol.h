@@ -161,6 +161,8 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_PAYLOAD (256u << 20)   /* bytes of one payload frame */
 #define TP_PROTO_MAX_JOB_ID 64              /* bytes; charset [A-Za-z0-9._:-] */
 #define TP_PROTO_MAX_PROMPT (1u << 20)      /* bytes of prompt text */
+#define TP_PROTO_MAX_MESSAGES 4096          /* turns in SUBMIT messages */
+#define TP_PROTO_MAX_ROLE 64                /* bytes of a message's role */
 #define TP_PROTO_MAX_TEXT (2u << 20)        /* bytes of an event delta / a result text */
 #define TP_PROTO_MAX_IDS (1u << 20)         /* token ids in one frame */
 #define TP_PROTO_MAX_STOP 4096              /* stop strings per job */
@@ -323,12 +325,20 @@ int tp_params_lpmode(const tp_params *p);
 
 /* ---- JOB1 messages ------------------------------------------------------ */
 
+/* One turn of a conversation (SUBMIT and TOKENIZE `messages`). */
+typedef struct tp_chat_msg {
+    tp_str role;          /* non-empty */
+    tp_str content;       /* may be empty */
+} tp_chat_msg;
+
 typedef struct tp_m_submit {
     tp_str job_id;        /* empty = broker assigns one (returned in ACK) */
-    tp_str prompt;        /* text prompt; ptr NULL = absent, then prompt_ids */
-    tp_raw prompt_ids;    /* int32 frame F3, present iff prompt is absent, >= 1 id */
+    tp_str prompt;        /* text prompt; ptr NULL = absent, then prompt_ids or messages */
+    tp_raw prompt_ids;    /* int32 frame F3, present iff prompt and messages are absent, >= 1 id */
     tp_params params;
     bool parse_special;   /* control-token texts in prompt become those tokens */
+    tp_chat_msg *messages;   /* a conversation, rendered by the model's chat template */
+    size_t n_messages;       /* 0 = absent; exactly one of prompt, prompt_ids, messages */
 } tp_m_submit;
 
 /* Bits of tp_m_ack.set / tp_m_finish.set for keys whose 0 is a value. */
@@ -541,11 +551,15 @@ typedef struct tp_m_tokenize {
     tp_str text;
     bool add_bos;         /* add BOS/EOS as the vocabulary asks (add_bos_token/add_eos_token) */
     bool parse_special;   /* control-token texts become those tokens */
+    tp_chat_msg *messages;   /* n_messages > 0: render these with the chat template */
+    size_t n_messages;       /* instead of text (then empty) */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {
     uint32_t slot;
     tp_raw ids;                /* int32 frame, present iff status 200 */
+    int32_t *stop_ids;         /* rendered messages: the template's end-of-turn ids, */
+    size_t n_stop_ids;         /* for the job's stop_token_ids */
 } tp_m_tokenized;
 
 typedef struct tp_m_slot {     /* SEQ_OPEN, SEQ_CLOSE, SAMPLE_CLOSE */

@@ -43,6 +43,24 @@ typedef struct tp_tokenize_stage tp_tokenize_stage;
 int tp_tokenize_stage_new(const tp_tokenizer *tok, tp_tokenize_stage **out, tp_err *err);
 int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_stage_io *io);
 void tp_tokenize_stage_free(tp_tokenize_stage *st);
+/* Chat: TOKENIZE requests with messages are rendered with tmpl (owned by
+ * the stage from now on; NULL = such requests are refused with why, a
+ * message naming what is missing) and tokenized with control tokens parsed
+ * and no BOS/EOS added (the template writes them). bos/eos: the texts the
+ * template sees as bos_token/eos_token (copied; NULL = undefined). The
+ * template's end-of-turn token (the first token of what it puts after an
+ * assistant turn, when that is a control or user-defined token outside the
+ * vocabulary's end-of-generation set) goes back in TOKENIZED stop_ids. */
+struct tp_chat_template;
+int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, struct tp_chat_template *tmpl, const char *bos,
+                               const char *eos, const char *why, tp_err *err);
+/* Render msgs with the chat template as a TOKENIZE with messages does;
+ * *out (caller frees) is the prompt text to tokenize with control tokens
+ * parsed and nothing added. Errors start "messages: ". */
+int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, char **out,
+                             size_t *len, tp_err *err);
+/* The end-of-turn ids found by tp_tokenize_stage_set_chat (borrowed). */
+int tp_tokenize_stage_turn_end_ids(const tp_tokenize_stage *st, const int32_t **ids);
 
 /* ---- sample ------------------------------------------------------------ */
 typedef struct tp_sample_stage tp_sample_stage;

@@ -565,28 +565,36 @@ static void qmm_rows(void *arg, int r0, int r1, int worker)
     tp_qmatmul_rows(j->w, j->a, j->y, j->ldy, r0, r1, j->avx512);
 }
 
-/* One typed matrix: its activations are quantized once (on this thread),
- * then its rows split over the pool as for f32 (tp_qmatmul_rows gives the
- * same bits for any split; ranges of TYPED_ROW_ALIGN rows keep the
- * kernels' row blocks whole). */
-static void typed_matmul(tp_forward *f, const tp_wmat *w, const float *x, int ldx, int n_tok, float *y, int ldy)
+/* One typed matrix over activations already prepared in f->qact: its rows
+ * split over the pool as for f32 (tp_qmatmul_rows gives the same bits for
+ * any split; ranges of TYPED_ROW_ALIGN rows keep the kernels' row blocks
+ * whole). */
+static void typed_rows(tp_forward *f, const tp_wmat *w, int n_tok, float *y, int ldy)
 {
-    tp_qact_prepare(&f->qact, w->type, x, ldx, n_tok, w->cols);
     qmm_job j = {w, &f->qact, y, ldy, f->qavx512};
     int parts = parts_for(f, (double)w->rows * w->cols * n_tok);
     tp_pool_run(f->pool, w->rows, TYPED_ROW_ALIGN, parts, qmm_rows, &j);
 }
 
-/* A group with typed matrices: each part writes its own columns of y. */
+/* A group with typed matrices: each part writes its own columns of y.
+ * The parts share their input, so integer types share one quantization
+ * of it (on this thread; the activation format does not depend on the
+ * weight type). */
 static void typed_group_matmul(tp_forward *f, const typed_group *tg, const float *x, int ldx, int n_tok, float *y,
                                int ldy)
 {
+    int prepared = -1; /* the kind x is prepared for: 0 integer, 1 float */
     for (int i = 0; i < tg->n; i++) {
         const typed_part *p = &tg->part[i];
-        if (p->p.p)
+        if (p->p.p) {
             matmul(f, &p->p, x, ldx, n_tok, y + p->col, ldy);
-        else
-            typed_matmul(f, &p->w, x, ldx, n_tok, y + p->col, ldy);
+            continue;
+        }
+        int kind = p->w.type == TP_GGML_F16 || p->w.type == TP_GGML_BF16;
+        if (kind != prepared)
+            tp_qact_prepare(&f->qact, p->w.type, x, ldx, n_tok, p->w.cols);
+        prepared = kind;
+        typed_rows(f, &p->w, n_tok, y + p->col, ldy);
     }
 }
 

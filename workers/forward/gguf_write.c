@@ -214,7 +214,7 @@ static int copy_kvs(tp_gguf_writer *w, const tp_gguf *g, const char *prefix, tp_
         int rc = tp_gguf_kv_at(g, i, &kv, err);
         if (rc)
             return rc;
-        if (kv.key.len < plen || memcmp(kv.key.ptr, prefix, plen))
+        if (prefix && (kv.key.len < plen || memcmp(kv.key.ptr, prefix, plen)))
             continue;
         size_t head = kv.type == TP_GGUF_ARRAY ? 12 : 0;
         uint8_t *val = malloc(head + kv.raw_len + 1);

@@ -10,7 +10,15 @@
 #include <string.h>
 
 #define TP_QTARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
-#define TP_QTB 8 /* tokens per tile: 8 accumulators + the unpacked chunk stay in registers */
+#define TP_QPF 512 /* prefetch distance in bytes */
+#define TP_QTB 6 /* tokens per tile: 2 rows x 6 accumulators + the unpacked chunks stay in registers */
+/* The token loops must be unrolled for the accumulators to live in
+ * registers (gcc -O2 does not unroll by itself). */
+#if defined(__clang__)
+#define TP_QUNROLL _Pragma("unroll")
+#else
+#define TP_QUNROLL _Pragma("GCC unroll 8")
+#endif
 
 static inline uint16_t tp_qrd16(const uint8_t *p)
 {
@@ -52,59 +60,96 @@ TP_QTARGET static inline __m512 tp_qhalves(float a, float b)
     return _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-/* UNPACK(row, c, full, &u, &ws, &wm): chunk c as unsigned quants u (the
+/* Per-row scratch an UNPACK may keep between the chunks of one row (the
+ * k-quants decode a super-block's 8 scales once, at its first chunk). */
+typedef struct tp_qstate {
+    float s[8], m[8];
+} tp_qstate;
+
+/* UNPACK(row, c, full, &u, &ws, &wm, &st): chunk c as unsigned quants u (the
  * signed quant plus 2^SH), lane scales ws and mins wm. full: 64 columns
  * (else 32: must not read past the row's first block of the chunk). */
 #define TP_QROWS_DEFINE(NAME, UNPACK, SH, HASMIN)                                                          \
+    /* R rows (1 or 2: the activation loads are shared) x TB tokens */                                     \
     TP_QTARGET static inline __attribute__((always_inline)) void NAME##_tile(                              \
-        const uint8_t *row, int cols, const tp_qact *a, int t0, float *y, size_t ldy, const int TB)        \
+        const uint8_t *row0, size_t rstride, int cols, const tp_qact *a, int t0, float *y, size_t ldy,     \
+        const int R, const int TB)                                                                         \
     {                                                                                                      \
-        __m512 acc[TP_QTB];                                                                                \
-        for (int t = 0; t < TB; t++)                                                                       \
-            acc[t] = _mm512_setzero_ps();                                                                  \
+        __m512 acc[2][TP_QTB];                                                                             \
+        TP_QUNROLL for (int i = 0; i < R; i++)                                                             \
+            TP_QUNROLL for (int t = 0; t < TB; t++)                                                        \
+                acc[i][t] = _mm512_setzero_ps();                                                           \
         int nch = (cols + 63) / 64;                                                                        \
         size_t lanes = (size_t)cols / 4;                                                                   \
+        tp_qstate st[2];                                                                                   \
+        size_t cbytes = rstride / (size_t)nch; /* about a chunk's bytes */                                 \
+        const __m512i offb = _mm512_set1_epi8((char)((1 << (SH)) & 0xff));                                 \
         for (int c = 0; c < nch; c++) {                                                                    \
             int full = cols - 64 * c >= 64;                                                                \
             __mmask16 lm = full ? (__mmask16)0xffff : (__mmask16)0x00ff;                                   \
             __mmask64 bm = full ? ~0ull : 0xffffffffull;                                                   \
-            __m512i u;                                                                                     \
-            __m512 ws, wm = _mm512_setzero_ps();                                                           \
-            UNPACK(row, c, full, &u, &ws, &wm);                                                            \
-            for (int t = 0; t < TB; t++) {                                                                 \
+            __m512i u[2];                                                                                  \
+            __m512 ws[2], wm[2];                                                                           \
+            TP_QUNROLL for (int i = 0; i < R; i++) {                                                       \
+                /* decode is bound by memory latency: ask for the bytes a few chunks ahead (past the     \
+                 * row's end this is the next row, read next anyway) */                                    \
+                _mm_prefetch((const char *)row0 + (size_t)i * rstride + (size_t)c * cbytes + TP_QPF,       \
+                             _MM_HINT_T0);                                                                 \
+                _mm_prefetch((const char *)row0 + (size_t)i * rstride + (size_t)c * cbytes + TP_QPF + 64,  \
+                             _MM_HINT_T0);                                                                 \
+                wm[i] = _mm512_setzero_ps();                                                               \
+                UNPACK(row0 + (size_t)i * rstride, c, full, &u[i], &ws[i], &wm[i], &st[i]);                \
+            }                                                                                              \
+            TP_QUNROLL for (int t = 0; t < TB; t++) {                                                      \
                 size_t tt = (size_t)(t0 + t);                                                              \
                 __m512i xq = _mm512_maskz_loadu_epi8(bm, a->q + tt * (size_t)cols + 64 * (size_t)c);       \
                 __m512 dx = _mm512_maskz_loadu_ps(lm, a->dl + tt * lanes + 16 * (size_t)c);                \
-                __m512i xs = _mm512_maskz_loadu_epi32(lm, a->s4 + tt * lanes + 16 * (size_t)c);            \
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xq);                            \
-                if (SH)                                                                                    \
-                    p = _mm512_sub_epi32(p, _mm512_slli_epi32(xs, SH));                                    \
-                acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(ws, dx), _mm512_cvtepi32_ps(p), acc[t], lm);  \
+                __m512i corr = _mm512_setzero_si512();                                                     \
+                __m512 xsf = _mm512_setzero_ps();                                                          \
+                if (SH) /* 2^SH * (each lane's activation sum), exact */                                   \
+                    corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offb, xq);                          \
                 if (HASMIN)                                                                                \
-                    acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(wm, dx), _mm512_cvtepi32_ps(xs), acc[t],  \
-                                                   lm);                                                    \
+                    xsf = _mm512_cvtepi32_ps(                                                              \
+                        _mm512_maskz_loadu_epi32(lm, a->s4 + tt * lanes + 16 * (size_t)c));                \
+                TP_QUNROLL for (int i = 0; i < R; i++) {                                                   \
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i], xq);                     \
+                    if (SH)                                                                                \
+                        p = _mm512_sub_epi32(p, corr);                                                     \
+                    acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(ws[i], dx), _mm512_cvtepi32_ps(p),     \
+                                                      acc[i][t], lm);                                      \
+                    if (HASMIN)                                                                            \
+                        acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(wm[i], dx), xsf, acc[i][t], lm);   \
+                }                                                                                          \
             }                                                                                              \
         }                                                                                                  \
-        for (int t = 0; t < TB; t++)                                                                       \
-            y[(size_t)t * ldy] = tp_qreduce16(acc[t]);                                                     \
+        TP_QUNROLL for (int i = 0; i < R; i++)                                                             \
+            TP_QUNROLL for (int t = 0; t < TB; t++)                                                        \
+                y[(size_t)t * ldy + (size_t)i] = tp_qreduce16(acc[i][t]);                                  \
     }                                                                                                      \
     TP_QTARGET static void NAME##_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1) \
     {                                                                                                      \
         size_t ld = (size_t)ldy;                                                                           \
-        for (int r = r0; r < r1; r++) {                                                                    \
+        for (int r = r0; r < r1; r += 2) {                                                                 \
             const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;                      \
+            int two = r1 - r >= 2;                                                                         \
             for (int t0 = 0; t0 < a->n_tok;) {                                                             \
                 int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;                                  \
                 float *yt = y + (size_t)t0 * ld + (size_t)r;                                               \
-                switch (tb) {                                                                              \
-                case 1: NAME##_tile(row, w->cols, a, t0, yt, ld, 1); break;                                \
-                case 2: NAME##_tile(row, w->cols, a, t0, yt, ld, 2); break;                                \
-                case 3: NAME##_tile(row, w->cols, a, t0, yt, ld, 3); break;                                \
-                case 4: NAME##_tile(row, w->cols, a, t0, yt, ld, 4); break;                                \
-                case 5: NAME##_tile(row, w->cols, a, t0, yt, ld, 5); break;                                \
-                case 6: NAME##_tile(row, w->cols, a, t0, yt, ld, 6); break;                                \
-                case 7: NAME##_tile(row, w->cols, a, t0, yt, ld, 7); break;                                \
-                default: NAME##_tile(row, w->cols, a, t0, yt, ld, 8); break;                               \
+                size_t rs = w->row_bytes;                                                                  \
+                int cols = w->cols;                                                                        \
+                switch (tb * 2 + two) {                                                                    \
+                case 2: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 1); break;                            \
+                case 3: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 1); break;                            \
+                case 4: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 2); break;                            \
+                case 5: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 2); break;                            \
+                case 6: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 3); break;                            \
+                case 7: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 3); break;                            \
+                case 8: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 4); break;                            \
+                case 9: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 4); break;                            \
+                case 10: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 5); break;                           \
+                case 11: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 5); break;                           \
+                case 12: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 6); break;                           \
+                default: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 6); break;                           \
                 }                                                                                          \
                 t0 += tb;                                                                                  \
             }                                                                                              \

@@ -18,17 +18,18 @@ TP_QTARGET static inline __attribute__((always_inline)) void tile(const uint8_t 
                                                                   const int TB)
 {
     __m512 acc[TP_QTB];
-    for (int t = 0; t < TB; t++)
+    TP_QUNROLL for (int t = 0; t < TB; t++)
         acc[t] = _mm512_setzero_ps();
     for (int k = 0; k < cols; k += 16) {
+        _mm_prefetch((const char *)row + 2 * (size_t)k + TP_QPF, _MM_HINT_T0); /* see quant_avx.h */
         __mmask16 m = cols - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - k)) - 1);
         __m512 wv = load16(row, k, m, bf);
-        for (int t = 0; t < TB; t++) {
+        TP_QUNROLL for (int t = 0; t < TB; t++) {
             __m512 x = _mm512_maskz_loadu_ps(m, a->x + (size_t)(t0 + t) * (size_t)a->ldx + (size_t)k);
             acc[t] = _mm512_mask3_fmadd_ps(x, wv, acc[t], m);
         }
     }
-    for (int t = 0; t < TB; t++)
+    TP_QUNROLL for (int t = 0; t < TB; t++)
         y[(size_t)t * ldy] = tp_qreduce16(acc[t]);
 }
 
@@ -46,8 +47,8 @@ TP_QTARGET void tp_qrows_f16_avx512(const tp_wmat *w, const tp_qact *a, float *y
             float *yt = y + (size_t)t0 * ld + (size_t)r;
             switch (tb) {
                 TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4)
-                TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
-            default: tile(row, w->cols, a, t0, yt, ld, bf, 8); break;
+                TILE_CASE(5)
+            default: tile(row, w->cols, a, t0, yt, ld, bf, 6); break;
             }
             t0 += tb;
         }

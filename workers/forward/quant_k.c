@@ -104,21 +104,43 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512i nibbles256(const
     return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0f));
 }
 
+/* All 8 scale and min products of a super-block at once: d * sc and
+ * -(dmin * m), the same float products k4_lane_scales computes (the 6-bit
+ * fields unpacked with 32-bit masks, as get_scale_min_k4 reads them). */
+TP_QTARGET static inline __attribute__((always_inline)) void k4_all_scales(const uint8_t *sb, tp_qstate *st)
+{
+    uint32_t u[4];
+    memcpy(u, sb + 4, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); /* mins 4..7 */
+    uint32_t mins03 = u[1] & m6;
+    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); /* scales 4..7 */
+    u[2] = mins03;
+    u[0] &= m6;
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)u)));
+    __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(u + 2))));
+    _mm256_storeu_ps(st->s, _mm256_mul_ps(_mm256_set1_ps(tp_qh2f(sb)), sc));
+    _mm256_storeu_ps(st->m, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(tp_qh2f(sb + 2)), mn),
+                                          _mm256_set1_ps(-0.0f)));
+}
+
 TP_QTARGET static inline __attribute__((always_inline)) void
-vunpack_q4_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm)
+vunpack_q4_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm,
+             tp_qstate *st)
 {
     (void)full;
     const uint8_t *sb = row + (size_t)(c / 4) * Q4_K_BYTES;
     int j = c % 4;
     *u = nibbles256(sb + 16 + 32 * j);
-    float s[2], mn[2];
-    k4_lane_scales(sb, j, s, mn);
-    *ws = tp_qhalves(s[0], s[1]);
-    *wm = tp_qhalves(mn[0], mn[1]);
+    if (j == 0)
+        k4_all_scales(sb, st);
+    *ws = tp_qhalves(st->s[2 * j], st->s[2 * j + 1]);
+    *wm = tp_qhalves(st->m[2 * j], st->m[2 * j + 1]);
 }
 
 TP_QTARGET static inline __attribute__((always_inline)) void
-vunpack_q5_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm)
+vunpack_q5_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm,
+             tp_qstate *st)
 {
     (void)full;
     const uint8_t *sb = row + (size_t)(c / 4) * Q5_K_BYTES;
@@ -130,17 +152,19 @@ vunpack_q5_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512
                                       _mm256_set1_epi8((char)(1 << (2 * j + 1))), 1);
     __mmask64 k = _mm512_test_epi8_mask(h, bits);
     *u = _mm512_mask_add_epi8(v, k, v, _mm512_set1_epi8(16));
-    float s[2], mn[2];
-    k4_lane_scales(sb, j, s, mn);
-    *ws = tp_qhalves(s[0], s[1]);
-    *wm = tp_qhalves(mn[0], mn[1]);
+    if (j == 0)
+        k4_all_scales(sb, st);
+    *ws = tp_qhalves(st->s[2 * j], st->s[2 * j + 1]);
+    *wm = tp_qhalves(st->m[2 * j], st->m[2 * j + 1]);
 }
 
 TP_QTARGET static inline __attribute__((always_inline)) void
-vunpack_q6_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm)
+vunpack_q6_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm,
+             tp_qstate *st)
 {
     (void)full;
     (void)wm;
+    (void)st;
     const uint8_t *sb = row + (size_t)(c / 4) * Q6_K_BYTES;
     int h = (c % 4) / 2, sub = c % 2;
     __m512i l = _mm512_loadu_si512((const void *)(sb + 64 * h));

@@ -74,8 +74,10 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512i nibbles(const ui
 
 #define VUNPACK(NAME, BYTES, HAS_M, HAS_H)                                                                   \
     TP_QTARGET static inline __attribute__((always_inline)) void NAME(const uint8_t *row, int c, int full,  \
-                                                                      __m512i *u, __m512 *ws, __m512 *wm)   \
+                                                                      __m512i *u, __m512 *ws, __m512 *wm,   \
+                                                                      tp_qstate *st)                        \
     {                                                                                                        \
+        (void)st;                                                                                            \
         const uint8_t *b0 = row + (size_t)(2 * c) * (BYTES), *b1 = b0 + (BYTES);                             \
         size_t qo = 2 + ((HAS_M) ? 2 : 0) + ((HAS_H) ? 4 : 0);                                               \
         *u = nibbles(b0 + qo, b1 + qo, full);                                                                \

@@ -23,7 +23,8 @@ void tp_qunpack_q8_0(const uint8_t *row, int c, int n_cols, int8_t w[64], float 
 
 /* The quants plus 128 as unsigned bytes (x ^ 0x80), for vpdpbusd. */
 TP_QTARGET static inline __attribute__((always_inline)) void
-vunpack_q8_0(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm)
+vunpack_q8_0(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm,
+             tp_qstate *st)
 {
     const uint8_t *b0 = row + (size_t)(2 * c) * Q8_0_BYTES;
     __m256i q0 = _mm256_loadu_si256((const void *)(b0 + 2));
@@ -31,6 +32,7 @@ vunpack_q8_0(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512
     *u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1), _mm512_set1_epi8((char)0x80));
     *ws = tp_qhalves(tp_qh2f(b0), full ? tp_qh2f(b0 + Q8_0_BYTES) : 0.0f);
     (void)wm;
+    (void)st;
 }
 
 TP_QROWS_DEFINE(q8_0, vunpack_q8_0, 7, 0)

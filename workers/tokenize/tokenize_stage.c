@@ -1,13 +1,23 @@
 /* Tokenize stage glue: TOKENIZE {slot, text, add_bos, parse_special} ->
  * TOKENIZED + ids. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "tokpipe/chat_template.h"
 #include "tokpipe/stage.h"
+
+#define TURN_END_MAX 4
 
 struct tp_tokenize_stage {
     const tp_tokenizer *tok;
     int *ids;          /* scratch, grown to the longest prompt seen */
     size_t cap;
+    tp_chat_template *chat;   /* NULL: messages refused with chat_why */
+    char *bos, *eos;
+    char chat_why[TP_ERR_MSG_MAX];
+    int32_t turn_end[TURN_END_MAX];
+    int n_turn_end;
 };
 
 int tp_tokenize_stage_new(const tp_tokenizer *tok, tp_tokenize_stage **out, tp_err *err)
@@ -25,7 +35,89 @@ void tp_tokenize_stage_free(tp_tokenize_stage *st)
     if (!st)
         return;
     free(st->ids);
+    tp_chat_template_free(st->chat);
+    free(st->bos);
+    free(st->eos);
     free(st);
+}
+
+static int grow(tp_tokenize_stage *st, size_t len)
+{
+    size_t need = tp_tokenizer_max_ids(len);
+    if (need > st->cap) {
+        int *n = realloc(st->ids, need * sizeof *n);
+        if (!n)
+            return TP_ENOMEM;
+        st->ids = n;
+        st->cap = need;
+    }
+    return 0;
+}
+
+int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, tp_chat_template *tmpl, const char *bos, const char *eos,
+                               const char *why, tp_err *err)
+{
+    tp_chat_template_free(st->chat);
+    free(st->bos);
+    free(st->eos);
+    st->chat = tmpl;
+    st->bos = bos ? strdup(bos) : NULL;
+    st->eos = eos ? strdup(eos) : NULL;
+    st->n_turn_end = 0;
+    snprintf(st->chat_why, sizeof st->chat_why, "%s", why ? why : "the model has no chat template");
+    if ((bos && !st->bos) || (eos && !st->eos))
+        return tp_err_set(err, TP_ENOMEM, "tokenize stage: out of memory");
+    if (!tmpl)
+        return 0;
+    char *end = NULL;
+    tp_err e;
+    if (tp_chat_template_turn_end(tmpl, st->bos, st->eos, &end, &e))
+        return 0;   /* a template that needs more than a plain probe: no extra stop ids */
+    size_t n = 0;
+    int rc = grow(st, strlen(end));
+    if (!rc)
+        rc = tp_tokenizer_encode_ex(st->tok, end, strlen(end), TP_ENCODE_SPECIAL, st->ids, st->cap, &n, &e);
+    free(end);
+    if (rc || n == 0)
+        return 0;
+    int id = st->ids[0];
+    int type = tp_tokenizer_token_type(st->tok, id);
+    if (type != TP_TOKEN_CONTROL && type != TP_TOKEN_USER_DEFINED)
+        return 0;   /* the turn ends in plain text: nothing to stop on but stop strings */
+    const int32_t *eog;
+    int n_eog = tp_tokenizer_eog_ids(st->tok, &eog);
+    for (int k = 0; k < n_eog; k++)
+        if (eog[k] == id)
+            return 0;   /* already ends generation, as eos */
+    st->turn_end[st->n_turn_end++] = id;
+    return 0;
+}
+
+int tp_tokenize_stage_turn_end_ids(const tp_tokenize_stage *st, const int32_t **ids)
+{
+    *ids = st->turn_end;
+    return st->n_turn_end;
+}
+
+/* messages -> the JSON conversation the renderer reads */
+static cJSON *conversation(const tp_chat_msg *msgs, size_t n)
+{
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; arr && i < n; i++) {
+        const tp_chat_msg *m = &msgs[i];
+        cJSON *o = cJSON_CreateObject();
+        char *role = strndup(m->role.ptr ? m->role.ptr : "", m->role.len);
+        char *content = strndup(m->content.ptr ? m->content.ptr : "", m->content.len);
+        if (!o || !role || !content || !cJSON_AddStringToObject(o, "role", role) ||
+            !cJSON_AddStringToObject(o, "content", content) || !cJSON_AddItemToArray(arr, o)) {
+            cJSON_Delete(o);
+            cJSON_Delete(arr);
+            arr = NULL;
+        }
+        free(role);
+        free(content);
+    }
+    return arr;
 }
 
 static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *msg)
@@ -36,28 +128,64 @@ static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, 
     return io->reply(io->ctx, &r);
 }
 
+int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, char **out,
+                             size_t *len, tp_err *err)
+{
+    if (!st->chat)
+        return tp_err_set(err, TP_EINVAL, "messages: %s", st->chat_why);
+    cJSON *conv = conversation(msgs, n);
+    if (!conv)
+        return tp_err_set(err, TP_ENOMEM, "tokenize: out of memory");
+    tp_chat_vars v = {.messages = conv, .bos_token = st->bos, .eos_token = st->eos, .add_generation_prompt = true,
+                      .max_output = TP_PROTO_MAX_PROMPT};
+    tp_err e;
+    int rc = tp_chat_template_render(st->chat, &v, out, len, &e);
+    cJSON_Delete(conv);
+    if (rc)
+        return tp_err_set(err, rc, "messages: %s", e.msg);
+    return 0;
+}
+
 int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     if (m->cmd != TP_CMD_TOKENIZE)
         return TP_ENOTFOUND;
     const tp_m_tokenize *t = &m->tokenize;
-    size_t need = tp_tokenizer_max_ids(t->text.len);
-    if (need > st->cap) {
-        int *n = realloc(st->ids, need * sizeof *n);
-        if (!n)
-            return reply_error(m, io, TP_ST_INTERNAL, "tokenize: out of memory");
-        st->ids = n;
-        st->cap = need;
-    }
-    size_t n_ids = 0;
+    const char *text = t->text.ptr;
+    size_t len = t->text.len;
+    char *rendered = NULL;
     tp_err e;
     tp_err_clear(&e);
     unsigned flags = (t->add_bos ? TP_ENCODE_ADD_SPECIAL : 0) | (t->parse_special ? TP_ENCODE_SPECIAL : 0);
-    if (tp_tokenizer_encode_ex(st->tok, t->text.ptr, t->text.len, flags, st->ids, st->cap, &n_ids, &e))
+    if (t->n_messages) {
+        int rc = tp_tokenize_stage_render(st, t->messages, t->n_messages, &rendered, &len, &e);
+        if (rc)
+            return reply_error(m, io, rc == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, e.msg);
+        text = rendered;
+        /* a rendered prompt carries its own BOS and turn tokens as text:
+         * parse them, add nothing (what transformers' apply_chat_template does) */
+        flags = TP_ENCODE_SPECIAL;
+    }
+    if (grow(st, len)) {
+        free(rendered);
+        return reply_error(m, io, TP_ST_INTERNAL, "tokenize: out of memory");
+    }
+    size_t n_ids = 0;
+    int erc = tp_tokenizer_encode_ex(st->tok, text, len, flags, st->ids, st->cap, &n_ids, &e);
+    free(rendered);
+    if (erc)
         return reply_error(m, io, TP_ST_BAD_REQUEST, e.msg);
+    /* e.g. no BOS asked for and only bytes the vocabulary has no token for:
+     * there would be nothing to run the model on */
+    if (n_ids == 0)
+        return reply_error(m, io, TP_ST_BAD_REQUEST, "prompt: encodes to no tokens");
     tp_msg r;
     tp_msg_init_reply(&r, m, TP_CMD_TOKENIZED, TP_ST_OK, NULL);
     r.tokenized.slot = t->slot;
+    if (t->n_messages) {
+        r.tokenized.stop_ids = st->turn_end;
+        r.tokenized.n_stop_ids = (size_t)st->n_turn_end;
+    }
     /* int and int32_t are the same width on every platform we build for */
     r.tokenized.ids = (tp_raw){st->ids, n_ids};
     return io->reply(io->ctx, &r);

@@ -1,0 +1,208 @@
+"""`tokpipe chat-template` against python3-jinja2 rendering the 17 real chat
+templates in shared/models/chat-templates the way Hugging Face transformers
+does (sandboxed environment, trim_blocks, lstrip_blocks, loopcontrols,
+raise_exception, strftime_now, a tojson keeping key order and non-ASCII).
+
+For every template, conversation and add_generation_prompt value the
+rendered prompt must equal jinja2's byte for byte; where jinja2 raises, the
+renderer must fail too (with the same message for raise_exception). A
+refusal ("unsupported construct") is allowed only where the test lists it."""
+import datetime
+import glob
+import json
+import os
+import subprocess
+import unittest
+
+import jinja2
+import jinja2.ext
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+MODELS = os.environ.get("TP_MODELS", "../shared/models")
+TEMPLATES = os.path.join(MODELS, "chat-templates")
+TOKPIPE = os.path.join(os.environ.get("TP_BIN_DIR", "bin"), "tokpipe")
+BOS, EOS = "<BOS>", "<EOS>"
+
+MUST_RENDER = [
+    "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
+    "meta-llama-Llama-3.3-70B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "google-gemma-2-2b-it",
+    "microsoft-Phi-3.5-mini-instruct", "mistralai-Mistral-Nemo-Instruct-2407",
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+    "llama-cpp-deepseek-r1",
+]
+
+
+def oracle_env():
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def msg(role, content, **kw):
+    m = {"role": role, "content": content}
+    m.update(kw)
+    return m
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city, e.g. Paris"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                         "description": "Temperature unit", "default": "celsius"},
+                "days": {"type": "integer", "description": "Forecast days", "maximum": 7},
+            },
+            "required": ["city"],
+        },
+    },
+}
+CALL = {"id": "call12345", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+CALL_STR = {"id": "call12345", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+
+CONVERSATIONS = {
+    "user_only": {"messages": [msg("user", "Hello!")]},
+    "system_user": {"messages": [msg("system", "You are terse."), msg("user", "What is 2+2?")]},
+    "multi_turn": {"messages": [msg("system", "Be kind."), msg("user", "Hi"),
+                                msg("assistant", "Hello, how can I help?"),
+                                msg("user", "Tell me a joke.")]},
+    "ends_with_assistant": {"messages": [msg("user", "Hi"), msg("assistant", "Hello."),
+                                         msg("user", "Bye"), msg("assistant", "Goodbye.")]},
+    "special_chars": {"messages": [
+        msg("user", "  quotes ' \" and \\ backslash\n\ttab {{ not a tag }} {% raw %} <b>&amp;</b>  "),
+        msg("assistant", "日本語 🦙 ünïcödé\u00a0nbsp <|eot_id|> <|im_end|>"),
+        msg("user", "\n\nlines\r\nwith crlf\n\n")]},
+    "empty_content": {"messages": [msg("system", ""), msg("user", ""), msg("assistant", ""),
+                                   msg("user", "")]},
+    "think": {"messages": [msg("user", "Solve x"),
+                           msg("assistant", "<think>reasoning</think>\n\nThe answer is 4."),
+                           msg("user", "Thanks")]},
+    "system_only": {"messages": [msg("system", "Only a system message.")]},
+    "not_alternating": {"messages": [msg("user", "a"), msg("user", "b")]},
+    "no_messages": {"messages": []},
+    "tools": {"messages": [msg("system", "Use tools."), msg("user", "Weather in Paris?")],
+              "tools": [WEATHER_TOOL]},
+    "tool_calls": {"messages": [
+        msg("user", "Weather in Paris?"),
+        msg("assistant", None, tool_calls=[CALL]),
+        msg("tool", "{\"temp\": 21}", tool_call_id="call12345"),
+        msg("assistant", "It is 21 degrees."),
+        msg("user", "Thanks")], "tools": [WEATHER_TOOL]},
+    "tool_calls_str": {"messages": [
+        msg("user", "Weather in Paris?"),
+        msg("assistant", None, tool_calls=[CALL_STR]),
+        msg("tool", "{\"temp\": 21}", tool_call_id="call12345"),
+        msg("user", "Thanks")], "tools": [WEATHER_TOOL]},
+    "extra_vars": {"messages": [msg("user", "Hi")], "date_string": "01 Jan 2025",
+                   "functions": "[{\"name\": \"f\"}]", "datetime": "2025-01-01",
+                   "documents": [{"title": "Doc", "text": "Body"}]},
+}
+
+# Where the renderer may refuse although jinja2 renders: (template, conversation).
+ALLOWED_REFUSALS = set()
+
+
+def oracle(env, source, conv, gen):
+    vars_ = dict(conv)
+    try:
+        out = env.from_string(source).render(add_generation_prompt=gen, bos_token=BOS,
+                                             eos_token=EOS, **vars_)
+        return "ok", out
+    except TemplateError as e:
+        if type(e) is TemplateError:
+            return "raise", str(e)
+        return "error", "%s: %s" % (type(e).__name__, e)
+    except Exception as e:  # TypeError and friends: jinja2 fails, so must we
+        return "error", "%s: %s" % (type(e).__name__, e)
+
+
+def ours(path, conv, gen):
+    args = [TOKPIPE, "chat-template", "--template", path, "--bos-token", BOS, "--eos-token", EOS]
+    if not gen:
+        args.append("--no-generation-prompt")
+    p = subprocess.run(args, input=json.dumps(conv).encode("utf-8"), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    return p.returncode, p.stdout.decode("utf-8", "surrogateescape"), p.stderr.decode("utf-8", "replace")
+
+
+class ChatTemplatesRenderAsJinja2Does(unittest.TestCase):
+    def test_the_17_templates_are_there(self):
+        names = sorted(glob.glob(os.path.join(TEMPLATES, "*.jinja")))
+        self.assertEqual(len(names), 17, "expected the 17 templates in " + TEMPLATES)
+        for name in MUST_RENDER:
+            self.assertTrue(os.path.exists(os.path.join(TEMPLATES, name + ".jinja")), name)
+
+    def test_every_template_equals_jinja2_for_every_conversation(self):
+        env = oracle_env()
+        rendered = {}
+        for path in sorted(glob.glob(os.path.join(TEMPLATES, "*.jinja"))):
+            name = os.path.basename(path)[:-len(".jinja")]
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+            for cname, conv in sorted(CONVERSATIONS.items()):
+                for gen in (True, False):
+                    with self.subTest(template=name, conversation=cname, generation_prompt=gen):
+                        kind, want = oracle(env, source, conv, gen)
+                        rc, got, err = ours(path, conv, gen)
+                        if kind == "ok":
+                            if rc != 0 and "unsupported construct" in err and (name, cname) in ALLOWED_REFUSALS:
+                                continue
+                            self.assertEqual(rc, 0, "jinja2 renders, tokpipe fails: " + err)
+                            self.assertEqual(got, want)
+                            rendered[name] = rendered.get(name, 0) + 1
+                        else:
+                            self.assertNotEqual(rc, 0, "jinja2 fails (%s), tokpipe renders %r" % (want, got[:200]))
+                            if kind == "raise":
+                                self.assertIn("raise_exception: " + want, err)
+        for name in MUST_RENDER:
+            self.assertGreater(rendered.get(name, 0), 0, name + " never rendered")
+
+    def test_a_refused_construct_is_named_with_its_line(self):
+        cases = [("a\n{% include 'x' %}", "line 2", "statement 'include'"),
+                 ("{{ x | wordwrap }}", "line 1", "filter 'wordwrap'"),
+                 ("\n\n{% if x is divisible %}{% endif %}", "line 3", "test 'divisible'"),
+                 ("{% for x in y recursive %}{% endfor %}", "line 1", "recursive for loop")]
+        for source, line, what in cases:
+            with self.subTest(source=source):
+                path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "tp_chat_refused_%d.jinja" % os.getpid())
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(source)
+                try:
+                    rc, out, err = ours(path, {"messages": []}, True)
+                finally:
+                    os.unlink(path)
+                self.assertEqual(rc, 1)
+                self.assertEqual(out, "")
+                self.assertIn(line, err)
+                self.assertIn("unsupported construct: " + what, err)
+
+    def test_a_conversation_that_is_not_a_list_is_refused(self):
+        path = os.path.join(TEMPLATES, "microsoft-Phi-3.5-mini-instruct.jinja")
+        p = subprocess.run([TOKPIPE, "chat-template", "--template", path], input=b'{"messages": 3}',
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"messages", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

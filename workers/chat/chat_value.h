@@ -1,0 +1,45 @@
+/* Chat templates: values and the string builder (internal). */
+#ifndef TOKPIPE_CHAT_VALUE_H
+#define TOKPIPE_CHAT_VALUE_H
+
+#include "chat_internal.h"
+
+/* A growable string capped at max bytes; failed: 1 out of memory, 2 cap. */
+typedef struct sbuf {
+    char *s;
+    size_t len, cap, max;
+    int failed;
+} sbuf;
+
+int sb_put(sbuf *b, const char *s, size_t n);
+int sb_puts(sbuf *b, const char *s);
+void sb_free(sbuf *b);
+
+void fmt_float(double x, char *out, size_t cap);
+size_t u8_len(unsigned char c);
+size_t u8_count(const char *s, size_t n);
+size_t u8_offset(const char *s, size_t n, size_t ci);
+
+/* Python str() / repr() / json.dumps(ensure_ascii=False, indent); non-zero
+ * when v has no such form in the subset. indent < 0: one line. */
+int val_str(sbuf *b, const tp_chat_val *v);
+int val_repr(sbuf *b, const tp_chat_val *v);
+int val_json(sbuf *b, const tp_chat_val *v, int indent, int level);
+
+int is_num(const tp_chat_val *v);
+double num_d(const tp_chat_val *v);
+int64_t num_i(const tp_chat_val *v);
+int val_eq(const tp_chat_val *a, const tp_chat_val *b);
+int val_order(const tp_chat_val *a, const tp_chat_val *b, int *res);
+int truthy(const tp_chat_val *v);
+const char *type_name(const tp_chat_val *v);
+const tp_chat_val *dict_get(const tp_chat_val *d, const tp_chat_val *key);
+const tp_chat_val *dict_gets(const tp_chat_val *d, const char *key, size_t n);
+
+int tp_chat_parse(tp_chat_tok *toks, size_t n, tp_chat_arena *arena, tp_chat_node ***body, size_t *n_body,
+                  tp_err *err);
+
+int tp_chat_known_filter(const char *name);
+int tp_chat_known_test(const char *name);
+
+#endif
