@@ -266,12 +266,15 @@ static void submit_all(bridge *b, gw_call *c)
 {
     for (size_t i = 0; i < c->n_ch; i++) {
         gw_choice *ch = &c->ch[i];
-        const oai_prompt *p = &c->oreq.prompts[ch->prompt];
+        const oai_prompt *p = c->oreq.n_prompts ? &c->oreq.prompts[ch->prompt] : NULL;
         tp_msg m;
         tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
         m.req = (c->no << REQ_SHIFT) | (i + 1);
         m.submit.job_id = tp_str_of(ch->job_id);
-        if (p->text)
+        if (!p) {
+            m.submit.messages = c->oreq.messages;
+            m.submit.n_messages = c->oreq.n_messages;
+        } else if (p->text)
             m.submit.prompt = (tp_str){p->text, p->text_len};
         else
             m.submit.prompt_ids = (tp_raw){p->ids, p->n_ids};
@@ -308,7 +311,8 @@ static void start_call(bridge *b, gw_call *c)
         send_stats(b, c);
         return;
     }
-    size_t n = c->oreq.n_prompts * (size_t)c->oreq.n;
+    /* a conversation is one prompt */
+    size_t n = (c->oreq.kind == OAI_CHAT ? 1 : c->oreq.n_prompts) * (size_t)c->oreq.n;
     c->ch = calloc(n, sizeof *c->ch);
     if (!c->ch) {
         reply_error(b, c, 500, "gateway: out of memory", NULL, 0);
@@ -418,6 +422,13 @@ static void all_finished(bridge *b, gw_call *c)
 {
     for (size_t i = 0; i < c->n_ch; i++)
         if (c->ch[i].reason == TP_REASON_ERROR) {
+            /* a conversation the chat template cannot render is the
+             * request's fault (PROTOCOL.md: the error says "messages: ") */
+            const char *bad = c->ch[i].error ? strstr(c->ch[i].error, "messages: ") : NULL;
+            if (bad) {
+                fail_call(b, c, 400, bad, "messages", 0);
+                return;
+            }
             char msg[TP_PROTO_MAX_ERROR + 64];
             snprintf(msg, sizeof msg, "job %s failed: %s", c->ch[i].job_id,
                      c->ch[i].error ? c->ch[i].error : "error");

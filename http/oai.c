@@ -255,6 +255,91 @@ static int decode_logit_bias(const cJSON *v, tp_params *pp, oai_error *e)
     return 0;
 }
 
+/* The content of a turn: a string, or OpenAI's list of parts of which
+ * only {"type": "text", "text": ...} parts exist for a text model (joined). */
+static int decode_content(const cJSON *c, const char *nm, char **out, size_t *len, oai_error *e)
+{
+    if (cJSON_IsString(c))
+        return copy_text(c->valuestring, nm, out, len, e);
+    if (cJSON_IsNull(c))
+        return copy_text("", nm, out, len, e);
+    if (!cJSON_IsArray(c))
+        return fail(e, 400, nm, "%s: expected a string or a list of text parts", nm);
+    size_t total = 0;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
+        if (!cJSON_IsString(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
+            return fail(e, 400, nm, "%s: only text parts ({\"type\": \"text\", \"text\": ...}) are supported", nm);
+        total += strlen(t->valuestring);
+    }
+    char *s = malloc(total + 1);
+    if (!s)
+        return oom(e);
+    size_t at = 0;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        memcpy(s + at, t, strlen(t));
+        at += strlen(t);
+    }
+    s[at] = '\0';
+    *out = s;
+    *len = at;
+    if (!tp_proto_utf8_valid(s, at))
+        return fail(e, 400, nm, "%s: not valid UTF-8", nm);
+    return 0;
+}
+
+static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
+{
+    if (!cJSON_IsArray(v) || !v->child)
+        return fail(e, 400, "messages", "messages: expected a non-empty list of messages");
+    int n = cJSON_GetArraySize(v);
+    if (n > OAI_MAX_MESSAGES)
+        return fail(e, 400, "messages", "messages: more than %d turns", OAI_MAX_MESSAGES);
+    r->messages = calloc((size_t)n, sizeof *r->messages);
+    if (!r->messages)
+        return oom(e);
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "messages[%d]", i);
+        if (!cJSON_IsObject(it))
+            return fail(e, 400, nm, "%s: expected an object {role, content}", nm);
+        tp_chat_msg *m = &r->messages[r->n_messages++];
+        for (const cJSON *f = it->child; f; f = f->next) {
+            char fn[96];
+            snprintf(fn, sizeof fn, "%s.%.20s", nm, f->string);
+            char *s = NULL;
+            size_t len = 0;
+            if (!strcmp(f->string, "role")) {
+                if (!cJSON_IsString(f))
+                    return fail(e, 400, fn, "%s: expected a string", fn);
+                if (copy_text(f->valuestring, fn, &s, &len, e))
+                    return -1;
+                free((void *)m->role.ptr);
+                m->role = (tp_str){s, len};
+            } else if (!strcmp(f->string, "content")) {
+                if (decode_content(f, fn, &s, &len, e)) {
+                    free(s);
+                    return -1;
+                }
+                free((void *)m->content.ptr);
+                m->content = (tp_str){s, len};
+            } else {
+                return fail(e, 400, fn, "%s: not supported (a turn has role and content)", fn);
+            }
+        }
+        if (!m->role.ptr || !m->role.len)
+            return fail(e, 400, nm, "%s.role: required", nm);
+        if (!m->content.ptr)
+            m->content = (tp_str){strdup(""), 0};
+        if (!m->content.ptr)
+            return oom(e);
+    }
+    return 0;
+}
+
 /* OpenAI fields without a tokpipe meaning, accepted at their neutral value
  * only (clients often send them explicitly). */
 static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_error *e)
@@ -295,10 +380,7 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
     if (!strcmp(k, "messages")) {
         if (r->kind != OAI_CHAT)
             return fail(e, 400, k, "messages: only for /v1/chat/completions");
-        if (!cJSON_IsArray(v) || !v->child)
-            return fail(e, 400, k, "messages: expected a non-empty list of messages");
-        r->messages_json = cJSON_PrintUnformatted(v);
-        return r->messages_json ? 0 : oom(e);
+        return decode_messages(v, r, e);
     }
     if (!strcmp(k, "max_tokens") || !strcmp(k, "max_completion_tokens"))
         return opt_int32(v, k, TP_P_MAX_TOKENS, 1, &pp->max_tokens, pp, e);
@@ -436,11 +518,11 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
     }
     if (!rc && kind == OAI_COMPLETIONS && !out->n_prompts)
         rc = fail(e, 400, "prompt", "prompt: required");
-    if (!rc && kind == OAI_CHAT && !out->messages_json)
+    if (!rc && kind == OAI_CHAT && !out->n_messages)
         rc = fail(e, 400, "messages", "messages: required");
     if (!rc && out->include_usage && !out->stream)
         rc = fail(e, 400, "stream_options", "stream_options: only allowed with stream: true");
-    if (!rc && out->n_prompts * (size_t)out->n > OAI_MAX_CHOICES)
+    if (!rc && (out->n_prompts ? out->n_prompts : 1) * (size_t)out->n > OAI_MAX_CHOICES)
         rc = fail(e, 400, "n", "n: %zu prompts x %d choices is more than %d jobs", out->n_prompts, out->n,
                   OAI_MAX_CHOICES);
     cJSON_Delete(root);
@@ -465,7 +547,11 @@ void oai_request_free(oai_request *r)
     free(r->params.logit_bias.ids);
     free(r->params.logit_bias.values);
     free(r->model);
-    free(r->messages_json);
+    for (size_t i = 0; i < r->n_messages; i++) {
+        free((void *)r->messages[i].role.ptr);
+        free((void *)r->messages[i].content.ptr);
+    }
+    free(r->messages);
     memset(r, 0, sizeof *r);
 }
 

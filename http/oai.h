@@ -4,7 +4,8 @@
  * fuzz target (fuzz/fuzz_oai_request.c) drives.
  *
  * Fields: model, prompt (string, array of strings, array of token ids,
- * array of arrays of token ids), messages (chat; see oai_decode), max_tokens
+ * array of arrays of token ids), messages (chat: role + content turns, the
+ * content a string or a list of text parts), max_tokens
  * / max_completion_tokens, temperature, top_p, top_k (-1 = off), min_p,
  * repetition_penalty, presence_penalty, frequency_penalty, stop (string or
  * array), stop_token_ids, seed, n, stream, stream_options.include_usage,
@@ -25,6 +26,7 @@
 #define OAI_MAX_N 128          /* choices per prompt */
 #define OAI_MAX_PROMPTS 256    /* prompts in one request */
 #define OAI_MAX_CHOICES 1024   /* prompts x n: jobs one request may start */
+#define OAI_MAX_MESSAGES TP_PROTO_MAX_MESSAGES
 
 typedef enum { OAI_COMPLETIONS = 0, OAI_CHAT } oai_kind;
 
@@ -45,7 +47,8 @@ typedef struct oai_request {
     bool include_usage;      /* stream_options.include_usage */
     bool has_seed;           /* params.seed is choice 0's; choice j gets seed + j */
     tp_params params;        /* stop strings owned by the request */
-    char *messages_json;     /* chat: the messages array as compact JSON */
+    tp_chat_msg *messages;   /* chat: the turns (role, content owned by the request) */
+    size_t n_messages;
 } oai_request;
 
 typedef struct oai_error {

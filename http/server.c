@@ -255,13 +255,6 @@ static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_stat
     oai_error e;
     if (oai_decode(kind, st->body.p ? st->body.p : "", st->body.len, &oreq, &e))
         return send_error(g, conn, e.status, e.message, e.param, NULL);
-    if (kind == OAI_CHAT) {
-        oai_request_free(&oreq);
-        return send_error(g, conn, 400,
-                          "messages: chat templates are not supported yet (tokpipe cannot render messages "
-                          "with the model's chat template); use /v1/completions with a prompt",
-                          "messages", NULL);
-    }
     return start_call(g, conn, st, GW_CALL_COMPLETION, &oreq);
 }
 

@@ -60,13 +60,15 @@ def run_json(prompt, p, seed_offset=0):
 
 
 class Daemon:
-    def __init__(self, extra="", healthy=True):
+    def __init__(self, extra="", healthy=True, chat_template=None):
         self.dir = tempfile.mkdtemp(prefix="tp-http-")
         self.port = free_port()
         self.config = os.path.join(self.dir, "tokpipe.yaml")
         with open(self.config, "w") as f:
             f.write("runtime_dir: %s\n" % json.dumps(os.path.join(self.dir, "rt")))
             f.write("model:\n  path: %s\n  tokenizer: %s\n" % (json.dumps(MODEL), json.dumps(TOK)))
+            if chat_template:
+                f.write("  chat_template: %s\n" % json.dumps(chat_template))
             f.write("limits:\n  max_concurrent_jobs: %d\n" % MAX_JOBS)
             f.write("shutdown:\n  drain_timeout_ms: 60000\n")
             f.write("http:\n  port: %d\n" % self.port)
@@ -532,6 +534,49 @@ class GatewayKeysAndDrain(unittest.TestCase):
             rest = r.read()   # the running stream still completes
             self.assertTrue(rest.rstrip().endswith(b"data: [DONE]"), rest[-200:])
             c.close()
+        finally:
+            d.stop()
+
+
+TEMPLATE = os.path.join(MODELS, "chat-templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")) and os.path.exists(TEMPLATE),
+                     "bin/tokpipe-http not built or no chat template in the models")
+class GatewayChat(unittest.TestCase):
+    def test_chat_completions_equal_tokpipe_run_with_the_same_template(self):
+        d = Daemon(chat_template=TEMPLATE)
+        try:
+            msgs = [{"role": "system", "content": "You tell stories."},
+                    {"role": "user", "content": "Once upon a time"}]
+            body = {"model": "stories260K", "messages": msgs, "max_tokens": 30, "temperature": 0}
+            st, r, _ = post(d.port, body, path="/v1/chat/completions")
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["object"], "chat.completion")
+            self.assertTrue(r["id"].startswith("chatcmpl-"))
+            c = r["choices"][0]
+            self.assertEqual(c["message"]["role"], "assistant")
+            args = [os.path.join(BIN, "tokpipe"), "run", "--model", MODEL, "--tokenizer", TOK, "--json",
+                    "--chat-template", TEMPLATE, "--max-tokens", "30", "--temperature", "0"]
+            for m in msgs:
+                args += ["--message", "%s=%s" % (m["role"], m["content"])]
+            want = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120,
+                                             check=True).stdout.splitlines()[0])
+            self.assertEqual(c["message"]["content"], want["text"])
+            self.assertEqual(r["usage"]["completion_tokens"], want["completion_tokens"])
+            self.assertEqual(r["usage"]["prompt_tokens"], want["prompt_tokens"])
+            # streamed: chat.completion.chunk deltas concatenate to the same text
+            conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=120)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(body, stream=True)),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            self.assertEqual(resp.status, 200)
+            events = sse_events([resp.read()])
+            conn.close()
+            self.assertEqual(events[-1], "[DONE]")
+            text = "".join(ch["delta"].get("content", "") for e in events[:-1] for ch in e["choices"])
+            self.assertEqual(text, want["text"])
+            self.assertTrue(all(e["object"] == "chat.completion.chunk" for e in events[:-1]))
         finally:
             d.stop()
 

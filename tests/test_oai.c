@@ -165,6 +165,29 @@ static void choices_are_capped(void **state)
     refused(OAI_COMPLETIONS, body, 400, "n", "jobs");
 }
 
+static void chat_turns_become_submit_messages(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_CHAT,
+              "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+              "\"content\":[{\"type\":\"text\",\"text\":\"Hi \"},{\"type\":\"text\",\"text\":\"there\"}]},"
+              "{\"role\":\"assistant\",\"content\":null}],\"max_completion_tokens\":9}",
+              &r);
+    assert_int_equal(r.n_messages, 3);
+    assert_int_equal(r.n_prompts, 0);
+    assert_memory_equal(r.messages[1].content.ptr, "Hi there", 8);
+    assert_int_equal(r.messages[1].content.len, 8);
+    assert_int_equal(r.messages[2].content.len, 0);
+    assert_memory_equal(r.messages[0].role.ptr, "system", 6);
+    oai_request_free(&r);
+    refused(OAI_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0]", "role: required");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", 400,
+            "messages[0].name", "not supported");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+            "messages[0].content", "text parts");
+}
+
 static void broker_field_paths_become_openai_params(void **state)
 {
     (void)state;
@@ -188,6 +211,7 @@ int main(void)
         cmocka_unit_test(bad_fields_are_refused_by_name),
         cmocka_unit_test(neutral_openai_fields_are_accepted),
         cmocka_unit_test(choices_are_capped),
+        cmocka_unit_test(chat_turns_become_submit_messages),
         cmocka_unit_test(broker_field_paths_become_openai_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
