@@ -18,6 +18,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (r.n < 1 || (kind == OAI_COMPLETIONS && !r.n_prompts))
             __builtin_trap();
+        if (kind == OAI_CHAT) {   /* the turns as the gateway sends them */
+            if (!r.n_messages)
+                __builtin_trap();
+            tp_msg m;
+            tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+            m.submit.job_id = tp_str_of("fuzz-1");
+            m.submit.messages = r.messages;
+            m.submit.n_messages = r.n_messages;
+            m.submit.params = r.params;
+            tp_wire w;
+            tp_err err;
+            if (tp_proto_encode(&m, &w, &err) == 0)
+                tp_wire_free(&w);
+        }
         for (size_t i = 0; i < r.n_prompts; i++) {
             tp_msg m;
             tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
