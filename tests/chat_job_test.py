@@ -75,6 +75,8 @@ class Daemon:
             f.write("model:\n  path: %s\n  tokenizer: \"\"\n  chat_template: %s\n" %
                     (json.dumps(model), json.dumps(template)))
             f.write("shutdown:\n  drain_timeout_ms: 60000\n")
+            # no gateway: the default config would open 127.0.0.1:8080 for every test daemon
+            f.write("http:\n  enabled: false\n")
         self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
         self.proc = subprocess.Popen([os.path.join(BIN, "tokpiped"), "--config", self.config],
                                      stdout=self.log, stderr=self.log)

@@ -50,6 +50,8 @@ class Daemon:
         with open(self.config, "w") as f:
             f.write("runtime_dir: %s\n" % json.dumps(self.dir))
             f.write("model:\n  path: %s\n  tokenizer: %s\n" % (json.dumps(MODEL), json.dumps(TOKENIZER)))
+            # no gateway: the default config would open 127.0.0.1:8080 for every test daemon
+            f.write("http:\n  enabled: false\n")
             f.write(extra)
         self.front = "ipc://" + os.path.join(self.dir, "front.sock")
         self.events = "ipc://" + os.path.join(self.dir, "events.sock")

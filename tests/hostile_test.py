@@ -61,6 +61,8 @@ class Daemon:
                 f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
                     json.dumps(os.path.join(models, "stories260K.bin")),
                     json.dumps(os.path.join(models, "tok512.bin"))))
+            # no gateway: the default config would open 127.0.0.1:8080 for every test daemon
+            f.write("http:\n  enabled: false\n")
             f.write(extra)
         self.front = "ipc://" + os.path.join(self.dir, "front.sock")
         self.events = "ipc://" + os.path.join(self.dir, "events.sock")
