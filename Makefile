@@ -183,10 +183,12 @@ $(FUZZ_BUILD)/fuzz_oai_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_oai_request.o $(FUZZ
 fuzz: $(FUZZ_BINS)
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-fuzz.sh $(FUZZ_BINS)
 
+# The three builds use every CPU (the tests themselves run one at a time).
+NPROC := $(shell nproc 2>/dev/null || echo 2)
 check: deps
-	$(MAKE) test
-	$(MAKE) asan
-	$(MAKE) fuzz
+	$(MAKE) -j$(NPROC) test
+	$(MAKE) -j$(NPROC) asan
+	$(MAKE) -j$(NPROC) fuzz
 
 bench: all $(BENCHES)
 	BUILD=$(BUILD) BIN=$(BIN) scripts/run-bench.sh $(BENCHES)

@@ -1,16 +1,41 @@
 #!/usr/bin/env bash
 # Run each libFuzzer target given for FUZZ_SECONDS, starting from its seed
 # corpus fuzz/corpus/<name>/ (committed) and a scratch corpus in FUZZ_BUILD.
+# FUZZ_JOBS targets run at once (default: the CPUs), each on one core, so
+# every target keeps its whole FUZZ_SECONDS while the run takes a fraction.
 set -eu
 FUZZ_BUILD=${FUZZ_BUILD:-build-fuzz}
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_JOBS=${FUZZ_JOBS:-$(nproc)}
 export TP_MODELS=${TP_MODELS:-$(cd ../shared/models 2>/dev/null && pwd)}
-for bin in "$@"; do
-  name=$(basename "$bin")
+
+fuzz_one() {   # $1 = target binary; its summary goes to $FUZZ_BUILD/NAME.log
+  local name work seeds
+  name=$(basename "$1")
   work="$FUZZ_BUILD/corpus/$name"; mkdir -p "$work"
   seeds="fuzz/corpus/$name"; [ -d "$seeds" ] || seeds=""
-  echo "== fuzz $name for ${FUZZ_SECONDS}s"
-  "$bin" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$FUZZ_BUILD/" "$work" $seeds 2>&1 | tail -n 12
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz $name: FAILED"; exit 1; }
+  {
+    echo "== fuzz $name for ${FUZZ_SECONDS}s"
+    "$1" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$FUZZ_BUILD/" "$work" $seeds 2>&1 | tail -n 12
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz $name: FAILED"; exit 1; }
+  } > "$FUZZ_BUILD/$name.log" 2>&1
+}
+
+mkdir -p "$FUZZ_BUILD"
+names=()
+for bin in "$@"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$FUZZ_JOBS" ]; do wait -n || true; done
+  rm -f "$FUZZ_BUILD/$(basename "$bin").log"
+  fuzz_one "$bin" &
+  names+=("$(basename "$bin")")
 done
+wait || true
+failed=0
+for name in "${names[@]}"; do
+  log="$FUZZ_BUILD/$name.log"
+  cat "$log" 2>/dev/null || echo "fuzz $name: FAILED (no log)"
+  # a target that crashed, leaked or timed out says so on its last line
+  { [ -r "$log" ] && ! grep -q "^fuzz $name: FAILED" "$log"; } || failed=1
+done
+[ "$failed" -eq 0 ] || { echo "run-fuzz: a target failed (its log above)"; exit 1; }
