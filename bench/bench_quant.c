@@ -192,8 +192,8 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
             continue;
         size_t i = n++;
         e[i].type = TYPES[k];
-        snprintf(e[i].path, sizeof e[i].path, "%s/%s-%s.gguf", dir, shape, TYPES[i]);
-        snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, TYPES[i]);
+        snprintf(e[i].path, sizeof e[i].path, "%s/%s-%s.gguf", dir, shape, e[i].type);
+        snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, e[i].type);
         if (system(cmd) != 0)
             die("quantize", cmd);
         for (size_t b = 0; b < sizeof BATCHED / sizeof BATCHED[0]; b++)
