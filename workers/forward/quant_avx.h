@@ -70,26 +70,26 @@ typedef struct tp_qstate {
  * signed quant plus 2^SH), lane scales ws and mins wm. full: 64 columns
  * (else 32: must not read past the row's first block of the chunk). */
 #define TP_QROWS_DEFINE(NAME, UNPACK, SH, HASMIN)                                                          \
-    /* R rows (1 or 2: the activation loads are shared) x TB tokens */                                     \
+    /* R rows (1, 2, or 4 with one token: the activation loads are shared) x TB tokens */                                     \
     TP_QTARGET static inline __attribute__((always_inline)) void NAME##_tile(                              \
         const uint8_t *row0, size_t rstride, int cols, const tp_qact *a, int t0, float *y, size_t ldy,     \
         const int R, const int TB)                                                                         \
     {                                                                                                      \
-        __m512 acc[2][TP_QTB];                                                                             \
+        __m512 acc[4][TP_QTB];                                                                             \
         TP_QUNROLL for (int i = 0; i < R; i++)                                                             \
             TP_QUNROLL for (int t = 0; t < TB; t++)                                                        \
                 acc[i][t] = _mm512_setzero_ps();                                                           \
         int nch = (cols + 63) / 64;                                                                        \
         size_t lanes = (size_t)cols / 4;                                                                   \
-        tp_qstate st[2];                                                                                   \
+        tp_qstate st[4];                                                                                   \
         size_t cbytes = rstride / (size_t)nch; /* about a chunk's bytes */                                 \
         const __m512i offb = _mm512_set1_epi8((char)((1 << (SH)) & 0xff));                                 \
         for (int c = 0; c < nch; c++) {                                                                    \
             int full = cols - 64 * c >= 64;                                                                \
             __mmask16 lm = full ? (__mmask16)0xffff : (__mmask16)0x00ff;                                   \
             __mmask64 bm = full ? ~0ull : 0xffffffffull;                                                   \
-            __m512i u[2];                                                                                  \
-            __m512 ws[2], wm[2];                                                                           \
+            __m512i u[4];                                                                                  \
+            __m512 ws[4], wm[4];                                                                           \
             TP_QUNROLL for (int i = 0; i < R; i++) {                                                       \
                 /* decode is bound by memory latency: ask for the bytes a few chunks ahead (past the     \
                  * row's end this is the next row, read next anyway) */                                    \
@@ -132,6 +132,11 @@ typedef struct tp_qstate {
         for (int r = r0; r < r1; r += 2) {                                                                 \
             const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;                      \
             int two = r1 - r >= 2;                                                                         \
+            if (a->n_tok == 1 && r1 - r >= 4) { /* decode: 4 rows share each activation load */           \
+                NAME##_tile(row, w->row_bytes, w->cols, a, 0, y + (size_t)r, ld, 4, 1);                     \
+                r += 2;                                                                                    \
+                continue;                                                                                  \
+            }                                                                                              \
             for (int t0 = 0; t0 < a->n_tok;) {                                                             \
                 int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;                                  \
                 float *yt = y + (size_t)t0 * ld + (size_t)r;                                               \
