@@ -104,17 +104,16 @@ typedef struct tp_qstate {
                 size_t tt = (size_t)(t0 + t);                                                              \
                 __m512i xq = _mm512_maskz_loadu_epi8(bm, a->q + tt * (size_t)cols + 64 * (size_t)c);       \
                 __m512 dx = _mm512_maskz_loadu_ps(lm, a->dl + tt * lanes + 16 * (size_t)c);                \
-                __m512i corr = _mm512_setzero_si512();                                                     \
+                __m512i ncorr = _mm512_setzero_si512();                                                    \
                 __m512 xsf = _mm512_setzero_ps();                                                          \
-                if (SH) /* 2^SH * (each lane's activation sum), exact */                                   \
-                    corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offb, xq);                          \
+                if (SH) /* -2^SH * (each lane's activation sum), exact: the dot products start from it */  \
+                    ncorr = _mm512_sub_epi32(_mm512_setzero_si512(),                                       \
+                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), offb, xq));       \
                 if (HASMIN)                                                                                \
                     xsf = _mm512_cvtepi32_ps(                                                              \
                         _mm512_maskz_loadu_epi32(lm, a->s4 + tt * lanes + 16 * (size_t)c));                \
                 TP_QUNROLL for (int i = 0; i < R; i++) {                                                   \
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i], xq);                     \
-                    if (SH)                                                                                \
-                        p = _mm512_sub_epi32(p, corr);                                                     \
+                    __m512i p = _mm512_dpbusd_epi32(ncorr, u[i], xq);                                      \
                     acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(ws[i], dx), _mm512_cvtepi32_ps(p),     \
                                                       acc[i][t], lm);                                      \
                     if (HASMIN)                                                                            \
