@@ -12,6 +12,7 @@
  * time (CLOCK_THREAD_CPUTIME_ID), not wall time: on a shared,
  * oversubscribed machine the wall clock mostly measures the other tenants,
  * while CPU time still feels their cache and memory-bandwidth pressure. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,18 @@ static double run_batched(entry *e, int n)
     return (double)n * BATCH_STEPS / dt;
 }
 
+static bool type_listed(const char *list, const char *type)
+{
+    size_t len = strlen(type);
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == len && !strncmp(p, type, len))
+            return true;
+        p += k + (p[k] == ',');
+    }
+    return false;
+}
+
 static void shape_run(const char *shape, const char *bin, const char *dir)
 {
     tp_synth_shape sh;
@@ -170,17 +183,24 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
         die("write model", err.msg);
     entry e[NT];
     memset(e, 0, sizeof e);
-    for (size_t i = 0; i < NT; i++) {
-        e[i].type = TYPES[i];
-        snprintf(e[i].path, sizeof e[i].path, "%s/%s-%s.gguf", dir, shape, TYPES[i]);
-        snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, TYPES[i]);
+    /* $TP_BENCH_TYPES (comma-separated) narrows the run for kernel work;
+     * F32, the baseline, is always measured */
+    const char *only = getenv("TP_BENCH_TYPES");
+    size_t n = 0;
+    for (size_t k = 0; k < NT; k++) {
+        if (k && only && !type_listed(only, TYPES[k]))
+            continue;
+        size_t i = n++;
+        e[i].type = TYPES[k];
+        snprintf(e[i].path, sizeof e[i].path, "%s/%s-%s.gguf", dir, shape, e[i].type);
+        snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, e[i].type);
         if (system(cmd) != 0)
             die("quantize", cmd);
         for (size_t b = 0; b < sizeof BATCHED / sizeof BATCHED[0]; b++)
-            e[i].do_batched |= !strcmp(BATCHED[b], TYPES[i]);
+            e[i].do_batched |= !strcmp(BATCHED[b], e[i].type);
     }
     /* one model resident at a time for the memory figure, then all kept */
-    for (size_t i = 0; i < NT; i++) {
+    for (size_t i = 0; i < n; i++) {
         long before = rss_kb();
         if (tp_model_load(e[i].path, &e[i].m, &err) ||
             tp_forward_new(e[i].m, MAX_SEQS, MAX_POS, PREFILL_LEN, &e[i].f, &err))
@@ -189,7 +209,7 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
         e[i].mem_kb = rss_kb() - before;
     }
     for (int s = 0; s < SAMPLES; s++)
-        for (size_t i = 0; i < NT; i++) {
+        for (size_t i = 0; i < n; i++) {
             e[i].decode[s] = run_decode(&e[i]);
             e[i].prefill[s] = run_prefill(&e[i]);
             for (int b = 0; b < 3 && e[i].do_batched; b++)
@@ -203,7 +223,7 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
            sh.hidden_dim, sh.n_layers, sh.vocab_size, SAMPLES);
     printf("  %-7s %9s %7s %11s %7s %9s  %s\n", "type", "decode/s", "x F32", "prefill/s", "x F32", "mem MB",
            "batched aggregate tok/s (x F32) at 8 / 32 / 64 seqs");
-    for (size_t i = 0; i < NT; i++) {
+    for (size_t i = 0; i < n; i++) {
         double d = bench_median(e[i].decode, SAMPLES), p = bench_median(e[i].prefill, SAMPLES);
         printf("  %-7s %9.1f %6.2fx %11.1f %6.2fx %9.1f ", e[i].type, d, d / f32_dec, p, p / f32_pre,
                (double)e[i].mem_kb / 1024.0);
@@ -213,7 +233,7 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
         }
         printf("\n");
     }
-    for (size_t i = 0; i < NT; i++) {
+    for (size_t i = 0; i < n; i++) {
         tp_forward_free(e[i].f);
         tp_model_free(e[i].m);
         remove(e[i].path);
@@ -224,7 +244,8 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--help")) {
-        printf("usage: bench_quant [SHAPE...]   (default: stories15M stories110M; needs $BIN/tokpipe)\n");
+        printf("usage: bench_quant [SHAPE...]   (default: stories15M stories110M; needs $BIN/tokpipe;\n"
+               "  $TP_BENCH_TYPES=Q8_0,Q4_0 measures only those types besides F32)\n");
         return 0;
     }
     const char *bin = getenv("BIN");

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define TP_QTARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
-#define TP_QPF 512 /* prefetch distance in bytes */
+#define TP_QPF 2048 /* prefetch distance in bytes: ~2 KB ahead covers DRAM latency at decode speed (512 was short) */
 #define TP_QTB 6 /* tokens per tile: 2 rows x 6 accumulators + the unpacked chunks stay in registers */
 /* The token loops must be unrolled for the accumulators to live in
  * registers (gcc -O2 does not unroll by itself). */
@@ -70,26 +70,26 @@ typedef struct tp_qstate {
  * signed quant plus 2^SH), lane scales ws and mins wm. full: 64 columns
  * (else 32: must not read past the row's first block of the chunk). */
 #define TP_QROWS_DEFINE(NAME, UNPACK, SH, HASMIN)                                                          \
-    /* R rows (1 or 2: the activation loads are shared) x TB tokens */                                     \
+    /* R rows (1, 2, or 4 with one token: the activation loads are shared) x TB tokens */                                     \
     TP_QTARGET static inline __attribute__((always_inline)) void NAME##_tile(                              \
         const uint8_t *row0, size_t rstride, int cols, const tp_qact *a, int t0, float *y, size_t ldy,     \
         const int R, const int TB)                                                                         \
     {                                                                                                      \
-        __m512 acc[2][TP_QTB];                                                                             \
+        __m512 acc[4][TP_QTB];                                                                             \
         TP_QUNROLL for (int i = 0; i < R; i++)                                                             \
             TP_QUNROLL for (int t = 0; t < TB; t++)                                                        \
                 acc[i][t] = _mm512_setzero_ps();                                                           \
         int nch = (cols + 63) / 64;                                                                        \
         size_t lanes = (size_t)cols / 4;                                                                   \
-        tp_qstate st[2];                                                                                   \
+        tp_qstate st[4];                                                                                   \
         size_t cbytes = rstride / (size_t)nch; /* about a chunk's bytes */                                 \
         const __m512i offb = _mm512_set1_epi8((char)((1 << (SH)) & 0xff));                                 \
         for (int c = 0; c < nch; c++) {                                                                    \
             int full = cols - 64 * c >= 64;                                                                \
             __mmask16 lm = full ? (__mmask16)0xffff : (__mmask16)0x00ff;                                   \
             __mmask64 bm = full ? ~0ull : 0xffffffffull;                                                   \
-            __m512i u[2];                                                                                  \
-            __m512 ws[2], wm[2];                                                                           \
+            __m512i u[4];                                                                                  \
+            __m512 ws[4], wm[4];                                                                           \
             TP_QUNROLL for (int i = 0; i < R; i++) {                                                       \
                 /* decode is bound by memory latency: ask for the bytes a few chunks ahead (past the     \
                  * row's end this is the next row, read next anyway) */                                    \
@@ -104,17 +104,16 @@ typedef struct tp_qstate {
                 size_t tt = (size_t)(t0 + t);                                                              \
                 __m512i xq = _mm512_maskz_loadu_epi8(bm, a->q + tt * (size_t)cols + 64 * (size_t)c);       \
                 __m512 dx = _mm512_maskz_loadu_ps(lm, a->dl + tt * lanes + 16 * (size_t)c);                \
-                __m512i corr = _mm512_setzero_si512();                                                     \
+                __m512i ncorr = _mm512_setzero_si512();                                                    \
                 __m512 xsf = _mm512_setzero_ps();                                                          \
-                if (SH) /* 2^SH * (each lane's activation sum), exact */                                   \
-                    corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offb, xq);                          \
+                if (SH) /* -2^SH * (each lane's activation sum), exact: the dot products start from it */  \
+                    ncorr = _mm512_sub_epi32(_mm512_setzero_si512(),                                       \
+                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), offb, xq));       \
                 if (HASMIN)                                                                                \
                     xsf = _mm512_cvtepi32_ps(                                                              \
                         _mm512_maskz_loadu_epi32(lm, a->s4 + tt * lanes + 16 * (size_t)c));                \
                 TP_QUNROLL for (int i = 0; i < R; i++) {                                                   \
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i], xq);                     \
-                    if (SH)                                                                                \
-                        p = _mm512_sub_epi32(p, corr);                                                     \
+                    __m512i p = _mm512_dpbusd_epi32(ncorr, u[i], xq);                                      \
                     acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(ws[i], dx), _mm512_cvtepi32_ps(p),     \
                                                       acc[i][t], lm);                                      \
                     if (HASMIN)                                                                            \
@@ -132,6 +131,11 @@ typedef struct tp_qstate {
         for (int r = r0; r < r1; r += 2) {                                                                 \
             const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;                      \
             int two = r1 - r >= 2;                                                                         \
+            if (a->n_tok == 1 && r1 - r >= 4) { /* decode: 4 rows share each activation load */           \
+                NAME##_tile(row, w->row_bytes, w->cols, a, 0, y + (size_t)r, ld, 4, 1);                     \
+                r += 2;                                                                                    \
+                continue;                                                                                  \
+            }                                                                                              \
             for (int t0 = 0; t0 < a->n_tok;) {                                                             \
                 int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;                                  \
                 float *yt = y + (size_t)t0 * ld + (size_t)r;                                               \
