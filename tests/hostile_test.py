@@ -304,27 +304,10 @@ class HostileClients(unittest.TestCase):
         return f[1], msgpack.unpackb(f[2])
 
     def model_id(self):
-        # what a real worker of this model sends: learn it from one READY
-        # the broker believed, via the log line of a refused variant
-        if not hasattr(self, "_model_id"):
-            cmd, rep = self.fake_ready_raw_model_id()
-            self._model_id = rep
-        return self._model_id
-
-    def fake_ready_raw_model_id(self):
-        d = self.ctx.socket(zmq.DEALER)
-        d.linger = 0
-        d.connect("ipc://" + os.path.join(self.d.dir, "back.sock"))
-        d.send_multipart([b"WRK1", b"\x01", msgpack.packb({
-            "stages": ["sample"], "instance": "probe", "incarnation": 1, "capacity": 1, "heartbeat_ms": 1000,
-            "model_id": "probe", "vocab_size": 512, "bos_id": 1, "eos_id": 2, "seq_len": 512,
-            "max_batch_tokens": 0})])
-        self.assertTrue(d.poll(5000))
-        f = d.recv_multipart()
-        d.close(0)
-        reason = msgpack.unpackb(f[2])["reason"]
-        # "model 'probe' differs from 'REF'"
-        return f[1], reason.split("differs from '", 1)[1][:-1]
+        # what a real worker of this model sends, as INFO reports it
+        rep = self.c.call(0x08, {})
+        self.assertEqual(rep["status"], 200, rep)
+        return rep["model_id"]
 
     def test_ready_is_validated_field_by_field(self):
         # the real model id is accepted (WELCOME), anything else refused by name
