@@ -21,7 +21,7 @@ TP_QTARGET static inline __attribute__((always_inline)) void tile(const uint8_t 
     TP_QUNROLL for (int t = 0; t < TB; t++)
         acc[t] = _mm512_setzero_ps();
     for (int k = 0; k < cols; k += 16) {
-        _mm_prefetch((const char *)row + 2 * (size_t)k + TP_QPF, _MM_HINT_T0); /* see quant_avx.h */
+        _mm_prefetch((const char *)row + 2 * (size_t)k + TP_QPF, TP_QPF_HINT); /* see quant_avx.h */
         __mmask16 m = cols - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - k)) - 1);
         __m512 wv = load16(row, k, m, bf);
         TP_QUNROLL for (int t = 0; t < TB; t++) {
