@@ -43,7 +43,9 @@ static tp_wmat make_wmat(uint32_t type, const float *W, int rows, int cols)
     assert_non_null(d);
     for (int r = 0; r < rows; r++)
         tp_quant_row(type, W + (size_t)r * cols, cols, d + rb * (size_t)r);
-    return (tp_wmat){type, rows, cols, rb, d};
+    tp_wmat w = {type, rows, cols, rb, d, NULL};
+    assert_int_equal(tp_qpanel_build(&w, NULL), 0); /* the AVX-512 path's layout, when it runs */
+    return w;
 }
 
 /* ---- conversions ------------------------------------------------------- */
@@ -141,6 +143,7 @@ static void check_type(uint32_t type, int rows, int cols)
     if (werr > bound)
         fail_msg("%s: dequantized weights are %g from the originals (bound %g)", tn, werr, bound);
     tp_qact_free(&a);
+    tp_qpanel_free(&w);
     free((void *)w.data);
     free(W); free(X); free(Y); free(Ys); free(Y1); free(deq);
 }

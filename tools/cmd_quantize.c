@@ -165,7 +165,7 @@ static int quantize_tensor(otensor *o, float *row)
 
 static tp_wmat vec_view(const float *p, int n)
 {
-    return (tp_wmat){TP_GGML_F32, 1, n, (size_t)n * 4, p};
+    return (tp_wmat){TP_GGML_F32, 1, n, (size_t)n * 4, p, NULL};
 }
 
 /* The tensors of a llama2.c checkpoint under llama.cpp's GGUF names. */
@@ -245,7 +245,7 @@ static int gguf_tensors(const tp_gguf *g, job *j, tp_err *err)
             return tp_err_set(err, TP_EFORMAT, "tensor '%.*s' has too many rows", (int)t->name.len, t->name.ptr);
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        tp_wmat src = {t->type, (int)rows, (int)t->dims[0], (size_t)(t->nbytes / rows), t->data};
+        tp_wmat src = {t->type, (int)rows, (int)t->dims[0], (size_t)(t->nbytes / rows), t->data, NULL};
         if (add_src(j, name, (int)t->n_dims, t->dims, src))
             return tp_err_set(err, TP_ENOMEM, "out of memory");
     }

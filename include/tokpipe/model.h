@@ -64,13 +64,18 @@ typedef struct tp_model_config {
 /* One weight matrix [rows][cols] as the file stores it: ggml type
  * (TP_GGML_* of ggml_types.h: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
  * Q5_K, Q6_K), rows of row_bytes each, contiguous, borrowed from the file
- * (never copied or converted at load). cols is a multiple of the type's
+ * (the model never copies or converts them; the forward stage packs or
+ * repacks the ones its kernels read). cols is a multiple of the type's
  * block. workers/forward/quant.h reads them. */
+struct tp_qpanel;
 typedef struct tp_wmat {
     uint32_t type;
     int rows, cols;
     size_t row_bytes;
     const void *data;
+    /* the forward stage's repacked copy for its AVX-512 kernels
+     * (workers/forward/quant.h), NULL until it makes one */
+    struct tp_qpanel *panel;
 } tp_wmat;
 
 /* Row-major [rows][cols] float weights of one layer, borrowed from the file.
@@ -104,6 +109,11 @@ typedef struct tp_model_weights {
 
 /* True if every matrix of the model is F32 (llama2.c checkpoints always). */
 bool tp_model_all_f32(const tp_model *m);
+
+/* For weights a caller has copied (packed, repacked): the file's pages
+ * wholly inside [p, p + n) leave the process's memory; they are read from
+ * the file again if touched. No-op for a model not mapped from a file. */
+void tp_model_drop_pages(const tp_model *m, const void *p, size_t n);
 
 /* The vocabulary embedded in a GGUF file (tokenizer.ggml.*). Pieces point
  * into the file and are not NUL terminated; arrays are owned by the model. */

@@ -84,6 +84,8 @@ struct tp_forward {
     tp_packed cls;
     typed_group tcls;
     tp_qact qact;   /* activations of the current typed matmul */
+    void *panels;   /* the integer parts' panels (make_panels) */
+    size_t panels_len;
     bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too) */
     int slots, max_pos, max_tokens;
     int kv_pos; /* max_pos rounded up to a multiple of 16 (cache stride) */
@@ -111,8 +113,9 @@ struct tp_forward {
 /* ---- setup ------------------------------------------------------------- */
 
 /* Pack a group of n matrices stacked by rows: all F32 into one packed
- * matrix as always; otherwise typed parts stay in the file (no copy) and
- * only F32 parts are packed, each alone. */
+ * matrix as always; otherwise F32 parts are packed each alone and typed
+ * parts are read from the file (F16/BF16, and integer types on the scalar
+ * path) or from their panel (make_panels). */
 static int pack_group(const tp_wmat *const *m, int n, tp_packed *packed, typed_group *tg)
 {
     bool all_f32 = true;
@@ -143,8 +146,10 @@ static int pack_group(const tp_wmat *const *m, int n, tp_packed *packed, typed_g
 
 static void typed_group_free(typed_group *tg)
 {
-    for (int i = 0; i < tg->n; i++)
+    for (int i = 0; i < tg->n; i++) {
         tp_packed_free(&tg->part[i].p);
+        tp_qpanel_free(&tg->part[i].w);
+    }
 }
 
 static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
@@ -157,6 +162,89 @@ static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
     if (!rc) rc = pack_group(w13, 2, &pl->w13, &pl->tw13);
     if (!rc) rc = pack_group(&w2, 1, &pl->w2, &pl->tw2);
     return rc;
+}
+
+/* The typed groups in the order a step reads them, so the kernels'
+ * prefetch past the end of one panel runs into the next one read. */
+static int typed_groups(tp_forward *f, typed_group **out)
+{
+    int n = 0;
+    for (int l = 0; l < f->c.n_layers; l++) {
+        packed_layer *pl = &f->layers[l];
+        out[n++] = &pl->tqkv;
+        out[n++] = &pl->two;
+        out[n++] = &pl->tw13;
+        out[n++] = &pl->tw2;
+    }
+    out[n++] = &f->tcls;
+    return n;
+}
+
+/* Panels for the integer parts (quant.h), all in one mapping: decode
+ * streams them every token, and huge pages save a TLB miss per 4 KB (the
+ * small matrices alone would each be under a huge page). */
+static int make_panels(tp_forward *f)
+{
+    typed_group **g = malloc(sizeof *g * (size_t)(4 * f->c.n_layers + 1));
+    if (!g)
+        return TP_ENOMEM;
+    int ng = typed_groups(f, g);
+    size_t total = 0;
+    for (int i = 0; i < ng; i++)
+        for (int k = 0; k < g[i]->n; k++)
+            total += tp_qpanel_bytes(&g[i]->part[k].w);
+    int rc = 0;
+    if (total) {
+        size_t huge = (size_t)2 << 20, len = (total + huge - 1) / huge * huge;
+        void *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            free(g);
+            return TP_ENOMEM;
+        }
+        /* keep a huge-page-aligned len, give back the rest */
+        uint8_t *a = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
+        if (a > (uint8_t *)m)
+            munmap(m, (size_t)(a - (uint8_t *)m));
+        if ((uint8_t *)m + len + huge > a + len)
+            munmap(a + len, (size_t)((uint8_t *)m + len + huge - (a + len)));
+#ifdef MADV_HUGEPAGE
+        madvise(a, len, MADV_HUGEPAGE);
+#endif
+        f->panels = a;
+        f->panels_len = len;
+        size_t off = 0;
+        for (int i = 0; i < ng && !rc; i++)
+            for (int k = 0; k < g[i]->n && !rc; k++) {
+                size_t b = tp_qpanel_bytes(&g[i]->part[k].w);
+                rc = tp_qpanel_build(&g[i]->part[k].w, b ? a + off : NULL);
+                off += b;
+            }
+    }
+    free(g);
+    return rc;
+}
+
+/* The kernels read packed f32 copies and panels, so the file's pages of
+ * those matrices can leave memory (a matrix read again from the file, by
+ * the scalar path or an embedding lookup, brings its pages back). */
+static void drop_copied(tp_forward *f)
+{
+    const tp_model_weights *w = tp_model_get_weights(f->model);
+    const tp_wmat *v[8];
+    for (int l = 0; l <= f->c.n_layers; l++) {
+        int n = 0;
+        if (l < f->c.n_layers) {
+            const tp_layer_weights *lw = &w->layers[l];
+            const tp_wmat *m[7] = {&lw->m.wq, &lw->m.wk, &lw->m.wv, &lw->m.wo, &lw->m.w1, &lw->m.w2, &lw->m.w3};
+            for (; n < 7; n++)
+                v[n] = m[n];
+        } else {
+            v[n++] = &w->m.wcls;
+        }
+        for (int i = 0; i < n; i++)
+            if (v[i]->type == TP_GGML_F32 || (f->qavx512 && tp_qpanel_bytes(v[i])))
+                tp_model_drop_pages(f->model, v[i]->data, v[i]->row_bytes * (size_t)v[i]->rows);
+    }
 }
 
 static int pack_weights(tp_forward *f)
@@ -174,7 +262,12 @@ static int pack_weights(tp_forward *f)
             return TP_ENOMEM;
     }
     const tp_wmat *cls = &w->m.wcls;
-    return pack_group(&cls, 1, &f->cls, &f->tcls);
+    int rc = pack_group(&cls, 1, &f->cls, &f->tcls);
+    if (!rc && f->qavx512)
+        rc = make_panels(f);
+    if (!rc)
+        drop_copied(f);
+    return rc;
 }
 
 /* RoPE tables computed as run.c does per position, once; a model's
@@ -374,6 +467,8 @@ void tp_forward_free(tp_forward *f)
     free(f->layers);
     tp_packed_free(&f->cls);
     typed_group_free(&f->tcls);
+    if (f->panels)
+        munmap(f->panels, f->panels_len);
     tp_qact_free(&f->qact);
     unmap_pool(f->kcache, f->pool_bytes);
     unmap_pool(f->vcache, f->pool_bytes);

@@ -146,7 +146,7 @@ static int llama2c_header(tp_model *m, tp_err *err)
 
 static tp_wmat f32_view(const float *p, int rows, int cols)
 {
-    return (tp_wmat){TP_GGML_F32, rows, cols, (size_t)cols * sizeof(float), p};
+    return (tp_wmat){TP_GGML_F32, rows, cols, (size_t)cols * sizeof(float), p, NULL};
 }
 
 static void llama2c_views(tp_model *m)
@@ -327,7 +327,7 @@ static int gguf_matrix(tp_model *m, const tp_gguf *g, const char *name, int ne0,
     int rc = gguf_find(m, g, name, ne0, ne1, false, true, &t, err);
     if (rc)
         return rc;
-    *wm = (tp_wmat){t->type, ne1, ne0, (size_t)(t->nbytes / (uint64_t)ne1), t->data};
+    *wm = (tp_wmat){t->type, ne1, ne0, (size_t)(t->nbytes / (uint64_t)ne1), t->data, NULL};
     *f32 = t->type == TP_GGML_F32 ? t->data : NULL;
     return 0;
 }
@@ -792,6 +792,18 @@ tp_model_format tp_model_get_format(const tp_model *m) { return m->format; }
 const tp_model_config *tp_model_get_config(const tp_model *m) { return &m->cfg; }
 const tp_model_weights *tp_model_get_weights(const tp_model *m) { return &m->w; }
 const char *tp_model_identity(const tp_model *m) { return m->identity; }
+
+void tp_model_drop_pages(const tp_model *m, const void *p, size_t n)
+{
+    uintptr_t lo = (uintptr_t)m->map, hi = lo + m->map_size, a = (uintptr_t)p, b = a + n;
+    if (!m->map || a < lo || b > hi)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) & ~(page - 1);
+    b &= ~(page - 1);
+    if (b > a) /* a private read-only file mapping: dropped pages are the file's again */
+        madvise((void *)a, b - a, MADV_DONTNEED);
+}
 
 bool tp_model_all_f32(const tp_model *m)
 {

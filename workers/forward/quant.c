@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 float tp_f16_to_f32(uint16_t h)
 {
@@ -88,9 +89,11 @@ int tp_qact_init(tp_qact *a, int max_tok, int max_cols)
     memset(a, 0, sizeof *a);
     size_t n = (size_t)max_tok * (size_t)((max_cols + 63) / 64 * 64);
     a->q = malloc(n ? n : 1);
-    a->dl = malloc((n / 4 + 1) * sizeof(float));
-    a->s4 = malloc((n / 4 + 1) * sizeof(int32_t));
-    if (!a->q || !a->dl || !a->s4) {
+    a->dx = malloc((n / 32 + 1) * sizeof(float));
+    a->sum = malloc((n / 32 + 1) * sizeof(float));
+    a->nsum32 = malloc((n / 32 + 1) * sizeof(int32_t));
+    a->nsum16 = malloc((n / 16 + 1) * sizeof(int32_t));
+    if (!a->q || !a->dx || !a->sum || !a->nsum32 || !a->nsum16) {
         tp_qact_free(a);
         return TP_ENOMEM;
     }
@@ -103,33 +106,40 @@ void tp_qact_free(tp_qact *a)
     if (!a)
         return;
     free(a->q);
-    free(a->dl);
-    free(a->s4);
+    free(a->dx);
+    free(a->sum);
+    free(a->nsum32);
+    free(a->nsum16);
     memset(a, 0, sizeof *a);
 }
 
 /* One token's row to int8 per block of 32 (ggml's Q8_0 rule, rounding to
- * nearest even). */
-static void quantize_act_row(const float *x, int cols, int8_t *q, float *dl, int32_t *s4)
+ * nearest even), with each block's scale and sums. */
+static void quantize_act_row(const float *x, int cols, int8_t *q, float *dx, float *sum, int32_t *nsum32,
+                             int32_t *nsum16)
 {
     for (int b = 0; b < cols / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++)
-            amax = fmaxf(amax, fabsf(xb[i]));
+        for (int i = 0; i < 32; i++) {
+            float v = fabsf(xb[i]);
+            amax = v > amax ? v : amax; /* as fmaxf, but a NaN is skipped the same way */
+        }
         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int32_t h[2] = {0, 0};
         for (int i = 0; i < 32; i++) {
             float v = nearbyintf(xb[i] * id);
             /* a non-finite activation (hostile weights) must not reach an
              * int conversion */
             int qi = v == v ? (v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v) : 0;
             q[b * 32 + i] = (int8_t)qi;
+            h[i / 16] += qi;
         }
-        for (int l = 0; l < 8; l++) {
-            dl[b * 8 + l] = d;
-            const int8_t *ql = q + b * 32 + l * 4;
-            s4[b * 8 + l] = ql[0] + ql[1] + ql[2] + ql[3];
-        }
+        dx[b] = d;
+        sum[b] = (float)(h[0] + h[1]);
+        nsum32[b] = -(h[0] + h[1]);
+        nsum16[2 * b] = -h[0];
+        nsum16[2 * b + 1] = -h[1];
     }
 }
 
@@ -142,9 +152,10 @@ void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_
     a->is_float = is_float_type(wtype);
     if (a->is_float)
         return;
+    size_t nb = (size_t)cols / 32;
     for (int t = 0; t < n_tok; t++)
-        quantize_act_row(x + (size_t)t * (size_t)ldx, cols, a->q + (size_t)t * (size_t)cols,
-                         a->dl + (size_t)t * (size_t)(cols / 4), a->s4 + (size_t)t * (size_t)(cols / 4));
+        quantize_act_row(x + (size_t)t * (size_t)ldx, cols, a->q + (size_t)t * (size_t)cols, a->dx + t * nb,
+                         a->sum + t * nb, a->nsum32 + t * nb, a->nsum16 + t * 2 * nb);
 }
 
 /* The fixed reduction tree of quant.h. */
@@ -180,31 +191,31 @@ static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a, float *y, int l
 {
     bool has_min;
     tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
-    int cols = w->cols, nch = (cols + 63) / 64, lanes = cols / 4;
+    int sub = w->type == TP_GGML_Q6_K ? 16 : 32;
+    int cols = w->cols, nch = (cols + 63) / 64, nb = cols / 32;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
         for (int t = 0; t < a->n_tok; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dl = a->dl + (size_t)t * (size_t)lanes;
-            const int32_t *s4 = a->s4 + (size_t)t * (size_t)lanes;
-            float acc[16] = {0};
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            float acc = 0.0f;
             for (int c = 0; c < nch; c++) {
                 int8_t wq[64];
                 float ws[16], wm[16];
                 unpack(row, c, cols, wq, ws, wm);
-                int nl = cols - 64 * c >= 64 ? 16 : 8;
-                for (int l = 0; l < nl; l++) {
-                    int e = 64 * c + 4 * l;
+                int n = cols - 64 * c >= 64 ? 64 : 32;
+                for (int e0 = 0; e0 < n; e0 += sub) {
+                    int col = 64 * c + e0;
                     int32_t p = 0;
-                    for (int i = 0; i < 4; i++)
-                        p += (int32_t)wq[4 * l + i] * (int32_t)xq[e + i];
-                    float dx = dl[e / 4];
-                    acc[l] = fmaf(ws[l] * dx, (float)p, acc[l]);
+                    for (int i = 0; i < sub; i++)
+                        p += (int32_t)wq[e0 + i] * (int32_t)xq[col + i];
+                    float d = dx[col / 32];
+                    acc = fmaf(ws[e0 / 4] * d, (float)p, acc);
                     if (has_min)
-                        acc[l] = fmaf(wm[l] * dx, (float)s4[e / 4], acc[l]);
+                        acc = fmaf(wm[e0 / 4] * d, sum[col / 32], acc);
                 }
             }
-            y[(size_t)t * (size_t)ldy + (size_t)r] = reduce16(acc);
+            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
         }
     }
 }
@@ -247,19 +258,19 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             tp_qrows_f16_scalar(w, a, y, ldy, r0, r1);
         return;
     case TP_GGML_Q8_0:
-        if (avx512) {
+        if (avx512 && w->panel) {
             tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
             return;
         }
         break;
     case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
-        if (avx512) {
+        if (avx512 && w->panel) {
             tp_qrows_q4_avx512(w, a, y, ldy, r0, r1);
             return;
         }
         break;
     case TP_GGML_Q4_K: case TP_GGML_Q5_K: case TP_GGML_Q6_K:
-        if (avx512) {
+        if (avx512 && w->panel) {
             tp_qrows_k_avx512(w, a, y, ldy, r0, r1);
             return;
         }
@@ -324,4 +335,127 @@ void tp_quant_row(uint32_t type, const float *x, int n, void *out)
     case TP_GGML_Q6_K: tp_quantize_q6_k(x, n, o); return;
     default: return;
     }
+}
+
+/* ---- panels (quant.h's layouts) ---- */
+
+bool tp_qpanel_format(uint32_t type, tp_qpanel_fmt *f)
+{
+    switch (type) {
+    case TP_GGML_Q8_0: *f = (tp_qpanel_fmt){8, 128, 32, 0, 0}; break;
+    case TP_GGML_Q4_0: *f = (tp_qpanel_fmt){4, 8, 32, 0, 0}; break;
+    case TP_GGML_Q5_0: *f = (tp_qpanel_fmt){5, 16, 32, 0, 0}; break;
+    case TP_GGML_Q4_1: *f = (tp_qpanel_fmt){4, 0, 32, 1, 0}; break;
+    case TP_GGML_Q5_1: *f = (tp_qpanel_fmt){5, 0, 32, 1, 0}; break;
+    case TP_GGML_Q4_K: *f = (tp_qpanel_fmt){4, 0, 32, 1, 0}; break;
+    case TP_GGML_Q5_K: *f = (tp_qpanel_fmt){5, 0, 32, 1, 0}; break;
+    case TP_GGML_Q6_K: *f = (tp_qpanel_fmt){6, 32, 16, 0, 0}; break;
+    default: return false;
+    }
+    /* 16 rows x 32 columns: 8-bit 512 bytes; 4-bit 256 (quads 2m and 2m+1
+     * in the low and high nibbles of vector m); 5-bit adds a 64-bit mask of
+     * the fifth bits per quad; 6-bit adds two vectors of 2-bit fields
+     * (quad k in vector k / 4, bits 2 (k % 4) and up) */
+    f->quant_bytes = f->bits == 8 ? 512 : f->bits == 4 ? 256 : f->bits == 5 ? 320 : 384;
+    return true;
+}
+
+/* Row r (of 16 in its group) of block b into the group's panel bytes. */
+static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int8_t *wq, const float *ws,
+                          const float *wm)
+{
+    for (int k = 0; k < 8; k++)
+        for (int j = 0; j < 4; j++) {
+            unsigned u = (unsigned)(wq[4 * k + j] + f->off);
+            size_t byte = (size_t)(4 * r + j);
+            if (f->bits == 8) {
+                blk[64 * k + byte] = (uint8_t)u;
+                continue;
+            }
+            blk[64 * (k / 2) + byte] |= (uint8_t)((u & 15) << (4 * (k % 2)));
+            if (f->bits == 5 && (u & 16))
+                blk[256 + 8 * k + byte / 8] |= (uint8_t)(1u << (byte % 8));
+            if (f->bits == 6)
+                blk[256 + 64 * (k / 4) + byte] |= (uint8_t)((u >> 4) << (2 * (k % 4)));
+        }
+    float *sc = (float *)(blk + f->quant_bytes);
+    for (int s = 0; s < 32 / f->sub; s++)
+        sc[16 * s + r] = ws[s * f->sub / 4];
+    if (f->has_min)
+        sc[16 * (32 / f->sub) + r] = wm[0];
+}
+
+static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_bytes)
+{
+    if (!tp_quant_have_avx512() || !tp_qpanel_format(w->type, f))
+        return 0;
+    *block_bytes = f->quant_bytes + 64 * (size_t)(32 / f->sub) + 64 * (size_t)f->has_min;
+    return *block_bytes * (size_t)(w->cols / 32) * (size_t)((w->rows + 15) / 16);
+}
+
+size_t tp_qpanel_bytes(const tp_wmat *w)
+{
+    tp_qpanel_fmt f;
+    size_t bb;
+    return panel_geometry(w, &f, &bb);
+}
+
+int tp_qpanel_build(tp_wmat *w, void *mem)
+{
+    tp_qpanel_fmt f;
+    size_t bb, bytes = w->panel ? 0 : panel_geometry(w, &f, &bb);
+    if (!bytes)
+        return 0;
+    bool has_min;
+    tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
+    tp_qpanel *p = calloc(1, sizeof *p);
+    if (!p)
+        return TP_ENOMEM;
+    p->type = w->type;
+    p->groups = (w->rows + 15) / 16;
+    p->blocks = w->cols / 32;
+    p->block_bytes = bb;
+    p->group_bytes = bb * (size_t)p->blocks;
+    p->bytes = bytes;
+    if (!mem) { /* anonymous zeroed memory, page-aligned */
+        mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED) {
+            free(p);
+            return TP_ENOMEM;
+        }
+        p->owned = true;
+    }
+    p->data = mem;
+    for (int r = 0; r < w->rows; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        uint8_t *grp = p->data + (size_t)(r / 16) * p->group_bytes;
+        for (int c = 0; c < (w->cols + 63) / 64; c++) {
+            int8_t wq[64];
+            float ws[16], wm[16];
+            unpack(row, c, w->cols, wq, ws, wm);
+            for (int h = 0; h < 2 && 64 * c + 32 * h < w->cols; h++)
+                panel_put_row(&f, grp + (size_t)(2 * c + h) * p->block_bytes, r % 16, wq + 32 * h, ws + 8 * h,
+                              wm + 8 * h);
+        }
+    }
+    /* rows past the last: zero quants (u = off) so they add nothing */
+    for (int r = w->rows; r < 16 * p->groups; r++) {
+        int8_t wq[32] = {0};
+        float ws[8] = {0}, wm[8] = {0};
+        uint8_t *grp = p->data + (size_t)(r / 16) * p->group_bytes;
+        for (int b = 0; b < p->blocks; b++)
+            panel_put_row(&f, grp + (size_t)b * p->block_bytes, r % 16, wq, ws, wm);
+    }
+    w->panel = p;
+    return 0;
+}
+
+void tp_qpanel_free(tp_wmat *w)
+{
+    if (!w || !w->panel)
+        return;
+    if (w->panel->owned)
+        munmap(w->panel->data, w->panel->bytes);
+    free(w->panel);
+    w->panel = NULL;
 }

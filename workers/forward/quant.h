@@ -24,30 +24,33 @@
  * this canonical order.
  *
  * The canonical order (integer types). The activations of each token are
- * quantized per block of 32 to int8 with one f32 scale (as ggml's Q8_0:
- * d = max|x| / 127, q = round-to-nearest-even(x / d)). Columns are taken 64
- * at a time ("chunk") as 16 lanes of 4 consecutive columns. Per lane, the
- * integer dot product p of the 4 weight quants with the 4 activation quants
- * is exact; the lane's float accumulator takes
- *     acc = fmaf(ws * dx, (float)p, acc)
+ * quantized per block of 32 to int8 with one f32 scale dx (as ggml's Q8_0:
+ * dx = max|x| / 127, q = round-to-nearest-even(x / dx)). A row is taken
+ * one sub-block at a time, in column order: 32 columns, or 16 for Q6_K
+ * (whose scales are per 16). Per sub-block, the integer dot product P of
+ * the signed weight quants with the activation quants is exact, and the
+ * row's one float accumulator (starting at 0) takes
+ *     acc = fmaf(ws * dx, (float)P, acc)
  * and, for types with a min (Q4_1, Q5_1, Q4_K, Q5_K),
- *     acc = fmaf(wm * dx, (float)s, acc)     (s: sum of the 4 act. quants)
- * where ws (wm) is the weight scale (min) covering those columns as a
- * float product computed once (e.g. d * sc for Q4_K, -(dmin * m) for its
- * min) and dx the activation block's scale. The 16 accumulators start at 0
- * and are summed at the end by a fixed tree: a[i] + a[i+8], then +4, +2,
- * +1. A last half chunk (32 columns) leaves lanes 8..15 untouched.
+ *     acc = fmaf(wm * dx, (float)S, acc)     (S: sum of the 32 act. quants)
+ * where ws (wm) is the sub-block's weight scale (min) as a float product
+ * computed once (e.g. d * sc for Q4_K, -(dmin * m) for its min). y = acc.
+ * Integer sums per sub-block leave one multiply-add per 32 weights, which
+ * is what lets VNNI outrun f32 (an 8-bit multiply-add per lane).
  *
  * Float types (F16, BF16): lanes are single columns, 16 per chunk;
  * acc[l] = fmaf(x, w, acc[l]) in chunk order (weights converted exactly to
  * f32 in the kernel; AVX512-BF16's dot product is not used: it rounds
  * pairs of products differently than fmaf, which would give up equality
- * with the scalar path), the same tree at the end.
+ * with the scalar path), then a fixed tree: a[i] + a[i+8], +4, +2, +1.
  *
- * Not repacked: the weights are read where the file has them (no second
- * copy of the model in memory, and a typed model loads instantly); rows of
- * one block-row are contiguous and streamed once per call, which is what
- * single-stream decode is bound by. */
+ * Layouts. The scalar path reads the weights where the file has them. The
+ * AVX-512 path reads a panel (tp_qpanel_build, made once at load): 16 rows
+ * side by side, each block of 32 columns as 8 vectors of 16 rows x 4
+ * columns (one vpdpbusd each: 64 multiply-adds) packed at the type's bit
+ * width, then the sub-blocks' 16 scales (and mins) as f32. The panel is
+ * the weights streamed by decode, so it keeps their width: 4-bit types
+ * stay 4-bit (5 bits per weight with scales for Q4_0). */
 #ifndef TOKPIPE_FORWARD_QUANT_H
 #define TOKPIPE_FORWARD_QUANT_H
 
@@ -66,10 +69,33 @@ typedef struct tp_qact {
     const float *x;  /* float types: [n_tok][ldx] (borrowed) */
     int ldx;
     int8_t *q;       /* integer types: [n_tok][cols] quants */
-    float *dl;       /* [n_tok][cols / 4] the scale of each lane's block */
-    int32_t *s4;     /* [n_tok][cols / 4] the sum of each lane's 4 quants */
+    float *dx;       /* [n_tok][cols / 32] each block's scale */
+    float *sum;      /* [n_tok][cols / 32] each block's sum of quants, as a float */
+    int32_t *nsum32; /* [n_tok][cols / 32] minus each block's sum of quants */
+    int32_t *nsum16; /* [n_tok][cols / 16] minus each half block's sum */
     size_t cap;      /* elements of q allocated */
 } tp_qact;
+
+/* A typed matrix repacked for the AVX-512 path (quant.h's layouts): row
+ * group g (rows 16g..16g+15; past the last row, zero weights) at
+ * data + g * group_bytes, its blocks of 32 columns block_bytes apart. */
+typedef struct tp_qpanel {
+    uint32_t type;
+    int groups, blocks;
+    size_t block_bytes, group_bytes, bytes;
+    uint8_t *data; /* 64-byte aligned */
+    bool owned;    /* data is the panel's own mapping */
+} tp_qpanel;
+
+/* Bytes of w's panel (a multiple of 64), 0 for a type without one or
+ * without AVX-512. */
+size_t tp_qpanel_bytes(const tp_wmat *w);
+
+/* Build w->panel (no-op when tp_qpanel_bytes is 0) into mem, 64-byte
+ * aligned with tp_qpanel_bytes zeroed bytes, or, mem NULL, into memory of
+ * its own. 0 or TP_ENOMEM. The panel takes about the file's bytes. */
+int tp_qpanel_build(tp_wmat *w, void *mem);
+void tp_qpanel_free(tp_wmat *w);
 
 /* True for the types the typed kernels take (all of gguf.h's but F32). */
 bool tp_quant_type_ok(uint32_t type);
@@ -89,7 +115,8 @@ void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_
  * Any split of [0, rows) into ranges, run in any order or concurrently on
  * disjoint ranges, writes the same bits as one call over [0, rows); so does
  * any n_tok (see the canonical order above). avx512 selects the AVX-512
- * (VNNI) path, which needs tp_quant_have_avx512(); same bits either way.
+ * (VNNI) path, which needs tp_quant_have_avx512() and, for integer types,
+ * w->panel (without one the scalar path runs); same bits either way.
  * Reads a and w only. */
 void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool avx512);
 
@@ -129,11 +156,21 @@ void tp_qunpack_q4_k(const uint8_t *row, int c, int n_cols, int8_t w[64], float 
 void tp_qunpack_q5_k(const uint8_t *row, int c, int n_cols, int8_t w[64], float ws[16], float wm[16]);
 void tp_qunpack_q6_k(const uint8_t *row, int c, int n_cols, int8_t w[64], float ws[16], float wm[16]);
 
-/* AVX-512 row ranges per family (same contract as tp_qmatmul_rows). */
+/* AVX-512 row ranges per family (same contract as tp_qmatmul_rows; the
+ * integer ones read w->panel). */
 void tp_qrows_f16_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_q8_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_q4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
+
+/* Panel geometry of an integer type: bits per quant as stored (8, 4, 5 or
+ * 6), the offset added to the signed quant to make it unsigned, sub-block
+ * columns (32 or 16), whether it has a min. False for other types. */
+typedef struct tp_qpanel_fmt {
+    int bits, off, sub, has_min;
+    size_t quant_bytes; /* per group block: the packed quants */
+} tp_qpanel_fmt;
+bool tp_qpanel_format(uint32_t type, tp_qpanel_fmt *f);
 void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 
 /* Quantizers per family (float -> blocks), n a multiple of the block. */

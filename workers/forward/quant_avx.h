@@ -13,9 +13,9 @@
 /* Decode streams the weights from DRAM, and a chunk's work holds the core
  * long enough that the out-of-order window covers only ~10 cache lines in
  * flight: without software prefetch a Q8_0 row stream ran at 8 GB/s where
- * a plain read runs at 24. Asking 16 KB ahead into L2 (T1: L2 tracks more
- * misses than L1) gave 21-24 GB/s on a Zen 4; 2 KB into L1 gave 8-9. */
-#define TP_QPF 16384
+ * a plain read runs at 24. Asking 16-32 KB ahead into L2 (T1: L2 tracks
+ * more misses than L1) gave 21-24 GB/s on a Zen 4; 2 KB into L1 gave 8-9. */
+#define TP_QPF 32768
 #define TP_QPF_HINT _MM_HINT_T1
 #define TP_QTB 6 /* tokens per tile: 2 rows x 6 accumulators + the unpacked chunks stay in registers */
 /* The token loops must be unrolled for the accumulators to live in
@@ -66,104 +66,142 @@ TP_QTARGET static inline __m512 tp_qhalves(float a, float b)
     return _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-/* Per-row scratch an UNPACK may keep between the chunks of one row (the
- * k-quants decode a super-block's 8 scales once, at its first chunk). */
-typedef struct tp_qstate {
-    float s[8], m[8];
-} tp_qstate;
+/* Quad k (0..7) of a panel block: 16 rows x 4 columns of unsigned quants
+ * (quant.h's layouts). */
+TP_QTARGET static inline __attribute__((always_inline)) __m512i tp_pquad(const uint8_t *blk, int k, const int BITS)
+{
+    if (BITS == 8)
+        return _mm512_load_si512((const void *)(blk + 64 * k));
+    __m512i v = _mm512_load_si512((const void *)(blk + 64 * (k / 2)));
+    if (k % 2)
+        v = _mm512_srli_epi16(v, 4);
+    v = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+    if (BITS == 5) {
+        uint64_t hb;
+        memcpy(&hb, blk + 256 + 8 * k, 8);
+        v = _mm512_mask_add_epi8(v, (__mmask64)hb, v, _mm512_set1_epi8(16));
+    }
+    if (BITS == 6) {
+        __m512i h = _mm512_load_si512((const void *)(blk + 256 + 64 * (k / 4)));
+        int sh = 2 * (k % 4); /* bits sh, sh+1 of each byte to bits 4, 5 */
+        h = sh <= 4 ? _mm512_slli_epi16(h, (unsigned)(4 - sh)) : _mm512_srli_epi16(h, (unsigned)(sh - 4));
+        v = _mm512_or_si512(v, _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+    }
+    return v;
+}
 
-/* UNPACK(row, c, full, &u, &ws, &wm, &st): chunk c as unsigned quants u (the
- * signed quant plus 2^SH), lane scales ws and mins wm. full: 64 columns
- * (else 32: must not read past the row's first block of the chunk). */
-#define TP_QROWS_DEFINE(NAME, UNPACK, SH, HASMIN)                                                          \
-    /* R rows (1, 2, or 4 with one token: the activation loads are shared) x TB tokens */                                     \
-    TP_QTARGET static inline __attribute__((always_inline)) void NAME##_tile(                              \
-        const uint8_t *row0, size_t rstride, int cols, const tp_qact *a, int t0, float *y, size_t ldy,     \
-        const int R, const int TB)                                                                         \
-    {                                                                                                      \
-        __m512 acc[4][TP_QTB];                                                                             \
-        TP_QUNROLL for (int i = 0; i < R; i++)                                                             \
-            TP_QUNROLL for (int t = 0; t < TB; t++)                                                        \
-                acc[i][t] = _mm512_setzero_ps();                                                           \
-        int nch = (cols + 63) / 64;                                                                        \
-        size_t lanes = (size_t)cols / 4;                                                                   \
-        tp_qstate st[4];                                                                                   \
-        size_t cbytes = rstride / (size_t)nch; /* about a chunk's bytes */                                 \
-        const __m512i offb = _mm512_set1_epi8((char)((1 << (SH)) & 0xff));                                 \
-        for (int c = 0; c < nch; c++) {                                                                    \
-            int full = cols - 64 * c >= 64;                                                                \
-            __mmask16 lm = full ? (__mmask16)0xffff : (__mmask16)0x00ff;                                   \
-            __mmask64 bm = full ? ~0ull : 0xffffffffull;                                                   \
-            __m512i u[4];                                                                                  \
-            __m512 ws[4], wm[4];                                                                           \
-            TP_QUNROLL for (int i = 0; i < R; i++) {                                                       \
-                /* TP_QPF bytes ahead of this row's chunk: past the row's end that is the rows read   \
-                 * next, so every byte of the matrix is asked for once, whatever R */                      \
-                _mm_prefetch((const char *)row0 + (size_t)i * rstride + (size_t)c * cbytes + TP_QPF,       \
-                             TP_QPF_HINT);                                                                 \
-                _mm_prefetch((const char *)row0 + (size_t)i * rstride + (size_t)c * cbytes + TP_QPF + 64,  \
-                             TP_QPF_HINT);                                                                 \
-                wm[i] = _mm512_setzero_ps();                                                               \
-                UNPACK(row0 + (size_t)i * rstride, c, full, &u[i], &ws[i], &wm[i], &st[i]);                \
-            }                                                                                              \
-            TP_QUNROLL for (int t = 0; t < TB; t++) {                                                      \
-                size_t tt = (size_t)(t0 + t);                                                              \
-                __m512i xq = _mm512_maskz_loadu_epi8(bm, a->q + tt * (size_t)cols + 64 * (size_t)c);       \
-                __m512 dx = _mm512_maskz_loadu_ps(lm, a->dl + tt * lanes + 16 * (size_t)c);                \
-                __m512i ncorr = _mm512_setzero_si512();                                                    \
-                __m512 xsf = _mm512_setzero_ps();                                                          \
-                if (SH) /* -2^SH * (each lane's activation sum), exact: the dot products start from it */  \
-                    ncorr = _mm512_sub_epi32(_mm512_setzero_si512(),                                       \
-                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), offb, xq));       \
-                if (HASMIN)                                                                                \
-                    xsf = _mm512_cvtepi32_ps(                                                              \
-                        _mm512_maskz_loadu_epi32(lm, a->s4 + tt * lanes + 16 * (size_t)c));                \
-                TP_QUNROLL for (int i = 0; i < R; i++) {                                                   \
-                    __m512i p = _mm512_dpbusd_epi32(ncorr, u[i], xq);                                      \
-                    acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(ws[i], dx), _mm512_cvtepi32_ps(p),     \
-                                                      acc[i][t], lm);                                      \
-                    if (HASMIN)                                                                            \
-                        acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(wm[i], dx), xsf, acc[i][t], lm);   \
-                }                                                                                          \
-            }                                                                                              \
-        }                                                                                                  \
-        TP_QUNROLL for (int i = 0; i < R; i++)                                                             \
-            TP_QUNROLL for (int t = 0; t < TB; t++)                                                        \
-                y[(size_t)t * ldy + (size_t)i] = tp_qreduce16(acc[i][t]);                                  \
-    }                                                                                                      \
-    TP_QTARGET static void NAME##_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1) \
-    {                                                                                                      \
-        size_t ld = (size_t)ldy;                                                                           \
-        for (int r = r0; r < r1; r += 2) {                                                                 \
-            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;                      \
-            int two = r1 - r >= 2;                                                                         \
-            if (a->n_tok == 1 && r1 - r >= 4) { /* decode: 4 rows share each activation load */           \
-                NAME##_tile(row, w->row_bytes, w->cols, a, 0, y + (size_t)r, ld, 4, 1);                     \
-                r += 2;                                                                                    \
-                continue;                                                                                  \
-            }                                                                                              \
-            for (int t0 = 0; t0 < a->n_tok;) {                                                             \
-                int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;                                  \
-                float *yt = y + (size_t)t0 * ld + (size_t)r;                                               \
-                size_t rs = w->row_bytes;                                                                  \
-                int cols = w->cols;                                                                        \
-                switch (tb * 2 + two) {                                                                    \
-                case 2: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 1); break;                            \
-                case 3: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 1); break;                            \
-                case 4: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 2); break;                            \
-                case 5: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 2); break;                            \
-                case 6: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 3); break;                            \
-                case 7: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 3); break;                            \
-                case 8: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 4); break;                            \
-                case 9: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 4); break;                            \
-                case 10: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 5); break;                           \
-                case 11: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 5); break;                           \
-                case 12: NAME##_tile(row, rs, cols, a, t0, yt, ld, 1, 6); break;                           \
-                default: NAME##_tile(row, rs, cols, a, t0, yt, ld, 2, 6); break;                           \
-                }                                                                                          \
-                t0 += tb;                                                                                  \
-            }                                                                                              \
-        }                                                                                                  \
+/* The AVX-512 form of quant.h's canonical order over a panel, per type:
+ * BITS, the offset 2^SH (0: none) of the unsigned quants, SUB columns per
+ * sub-block, HASMIN. A tile is G row groups (16 rows each) x T tokens:
+ * per quad one vpdpbusd per (group, token), the weights loaded once for T
+ * tokens and each token's 4 activation quants broadcast once for G
+ * groups; per sub-block one convert and multiply-add per (group, token). */
+#define TP_QPANEL_DEFINE(NAME, BITS, SH, SUB, HASMIN)                                                          \
+    TP_QTARGET static inline __attribute__((always_inline)) void NAME##_ptile(                                 \
+        const tp_qpanel *p, int g0, const tp_qact *a, int t0, float *y, size_t ldy, int r0, int r1,            \
+        const int G, const int T)                                                                              \
+    {                                                                                                          \
+        __m512 acc[4][TP_QTB];                                                                                 \
+        TP_QUNROLL for (int g = 0; g < G; g++)                                                                 \
+            TP_QUNROLL for (int t = 0; t < T; t++)                                                             \
+                acc[g][t] = _mm512_setzero_ps();                                                               \
+        const int nb = p->blocks, cols = a->cols;                                                              \
+        const size_t bb = p->block_bytes, gb = p->group_bytes;                                                 \
+        const size_t qbytes = (BITS) == 8 ? 512 : (BITS) == 4 ? 256 : (BITS) == 5 ? 320 : 384;                 \
+        const uint8_t *base = p->data + (size_t)g0 * gb;                                                       \
+        for (int b = 0; b < nb; b++) {                                                                         \
+            const uint8_t *blk = base + (size_t)b * bb;                                                        \
+            /* see TP_QPF: every byte of each group's stream is asked for once, TP_QPF ahead */                \
+            TP_QUNROLL for (int g = 0; g < G; g++)                                                             \
+                for (size_t o = 0; o < bb; o += 64)                                                            \
+                    _mm_prefetch((const char *)blk + (size_t)g * gb + o + TP_QPF, TP_QPF_HINT);                \
+            TP_QUNROLL for (int s = 0; s < 32 / (SUB); s++) {                                                  \
+                __m512i ia[4][TP_QTB];                                                                         \
+                TP_QUNROLL for (int t = 0; t < T; t++) {                                                       \
+                    size_t tt = (size_t)(t0 + t);                                                              \
+                    __m512i init = _mm512_setzero_si512();                                                     \
+                    if ((SH) && (SUB) == 32)                                                                   \
+                        init = _mm512_slli_epi32(_mm512_set1_epi32(a->nsum32[tt * (size_t)nb + (size_t)b]),   \
+                                                 (SH));                                                        \
+                    if ((SH) && (SUB) == 16)                                                                   \
+                        init = _mm512_slli_epi32(                                                              \
+                            _mm512_set1_epi32(a->nsum16[tt * 2 * (size_t)nb + 2 * (size_t)b + (size_t)s]), (SH)); \
+                    TP_QUNROLL for (int g = 0; g < G; g++)                                                     \
+                        ia[g][t] = init;                                                                       \
+                }                                                                                              \
+                TP_QUNROLL for (int k = s * (SUB) / 4; k < (s + 1) * (SUB) / 4; k++) {                         \
+                    __m512i u[4];                                                                              \
+                    TP_QUNROLL for (int g = 0; g < G; g++)                                                     \
+                        u[g] = tp_pquad(blk + (size_t)g * gb, k, (BITS));                                      \
+                    TP_QUNROLL for (int t = 0; t < T; t++) {                                                   \
+                        int32_t x4;                                                                            \
+                        memcpy(&x4, a->q + (size_t)(t0 + t) * (size_t)cols + 32 * (size_t)b + 4 * (size_t)k, 4); \
+                        __m512i xb = _mm512_set1_epi32(x4);                                                    \
+                        TP_QUNROLL for (int g = 0; g < G; g++)                                                 \
+                            ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], u[g], xb);                                \
+                    }                                                                                          \
+                }                                                                                              \
+                __m512 ws[4], wm[4];                                                                           \
+                TP_QUNROLL for (int g = 0; g < G; g++) {                                                       \
+                    ws[g] = _mm512_load_ps((const float *)(blk + (size_t)g * gb + qbytes) + 16 * s);           \
+                    if (HASMIN)                                                                                \
+                        wm[g] = _mm512_load_ps((const float *)(blk + (size_t)g * gb + qbytes) + 16);           \
+                }                                                                                              \
+                TP_QUNROLL for (int t = 0; t < T; t++) {                                                       \
+                    size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;                                     \
+                    __m512 dx = _mm512_set1_ps(a->dx[tb]);                                                     \
+                    TP_QUNROLL for (int g = 0; g < G; g++) {                                                   \
+                        acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(ws[g], dx), _mm512_cvtepi32_ps(ia[g][t]),    \
+                                                    acc[g][t]);                                                \
+                        if (HASMIN)                                                                            \
+                            acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(wm[g], dx), _mm512_set1_ps(a->sum[tb]),  \
+                                                        acc[g][t]);                                            \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        TP_QUNROLL for (int g = 0; g < G; g++) {                                                               \
+            int lo = 16 * (g0 + g), a0 = r0 > lo ? r0 - lo : 0, a1 = r1 - lo < 16 ? r1 - lo : 16;              \
+            __mmask16 m = (__mmask16)(((1u << a1) - 1) & ~((1u << a0) - 1));                                   \
+            TP_QUNROLL for (int t = 0; t < T; t++)                                                             \
+                _mm512_mask_storeu_ps(y + (size_t)t * ldy + (size_t)lo, m, acc[g][t]);                         \
+        }                                                                                                      \
+    }                                                                                                          \
+    TP_QTARGET static void NAME##_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)   \
+    {                                                                                                          \
+        const tp_qpanel *p = w->panel;                                                                         \
+        size_t ld = (size_t)ldy;                                                                               \
+        int g1 = (r1 + 15) / 16;                                                                               \
+        for (int g = r0 / 16; g < g1;) {                                                                       \
+            if (a->n_tok == 1) { /* decode: 2 streams (4 ran slower: the prefetcher keeps up with fewer) */    \
+                int n = g1 - g >= 2 ? 2 : 1;                                                                   \
+                if (n == 2) NAME##_ptile(p, g, a, 0, y, ld, r0, r1, 2, 1);                                      \
+                else NAME##_ptile(p, g, a, 0, y, ld, r0, r1, 1, 1);                                             \
+                g += n;                                                                                        \
+                continue;                                                                                      \
+            }                                                                                                  \
+            int two = g1 - g >= 2;                                                                             \
+            for (int t0 = 0; t0 < a->n_tok;) {                                                                 \
+                int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;                                      \
+                float *yt = y + (size_t)t0 * ld;                                                               \
+                switch (tb * 2 + two) {                                                                        \
+                case 2: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 1, 1); break;                                \
+                case 3: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 2, 1); break;                                \
+                case 4: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 1, 2); break;                                \
+                case 5: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 2, 2); break;                                \
+                case 6: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 1, 3); break;                                \
+                case 7: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 2, 3); break;                                \
+                case 8: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 1, 4); break;                                \
+                case 9: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 2, 4); break;                                \
+                case 10: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 1, 5); break;                               \
+                case 11: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 2, 5); break;                               \
+                case 12: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 1, 6); break;                               \
+                default: NAME##_ptile(p, g, a, t0, yt, ld, r0, r1, 2, 6); break;                               \
+                }                                                                                              \
+                t0 += tb;                                                                                      \
+            }                                                                                                  \
+            g += two ? 2 : 1;                                                                                  \
+        }                                                                                                      \
     }
 
 #endif

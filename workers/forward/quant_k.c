@@ -93,102 +93,12 @@ void tp_qunpack_q6_k(const uint8_t *row, int c, int n, int8_t w[64], float ws[16
     }
 }
 
-/* ---- AVX-512 ---- */
-
-TP_QTARGET static inline __attribute__((always_inline)) __m512i nibbles256(const uint8_t *qs)
-{
-    __m256i q = _mm256_loadu_si256((const void *)qs);
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(q), q, 1);
-    const __m512i sh = _mm512_set_epi64(0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll,
-                                        0x0004000400040004ll, 0, 0, 0, 0);
-    return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0f));
-}
-
-/* All 8 scale and min products of a super-block at once: d * sc and
- * -(dmin * m), the same float products k4_lane_scales computes (the 6-bit
- * fields unpacked with 32-bit masks, as get_scale_min_k4 reads them). */
-TP_QTARGET static inline __attribute__((always_inline)) void k4_all_scales(const uint8_t *sb, tp_qstate *st)
-{
-    uint32_t u[4];
-    memcpy(u, sb + 4, 12);
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); /* mins 4..7 */
-    uint32_t mins03 = u[1] & m6;
-    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); /* scales 4..7 */
-    u[2] = mins03;
-    u[0] &= m6;
-    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)u)));
-    __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(u + 2))));
-    _mm256_storeu_ps(st->s, _mm256_mul_ps(_mm256_set1_ps(tp_qh2f(sb)), sc));
-    _mm256_storeu_ps(st->m, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(tp_qh2f(sb + 2)), mn),
-                                          _mm256_set1_ps(-0.0f)));
-}
-
-TP_QTARGET static inline __attribute__((always_inline)) void
-vunpack_q4_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm,
-             tp_qstate *st)
-{
-    (void)full;
-    const uint8_t *sb = row + (size_t)(c / 4) * Q4_K_BYTES;
-    int j = c % 4;
-    *u = nibbles256(sb + 16 + 32 * j);
-    if (j == 0)
-        k4_all_scales(sb, st);
-    *ws = tp_qhalves(st->s[2 * j], st->s[2 * j + 1]);
-    *wm = tp_qhalves(st->m[2 * j], st->m[2 * j + 1]);
-}
-
-TP_QTARGET static inline __attribute__((always_inline)) void
-vunpack_q5_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm,
-             tp_qstate *st)
-{
-    (void)full;
-    const uint8_t *sb = row + (size_t)(c / 4) * Q5_K_BYTES;
-    int j = c % 4;
-    __m512i v = nibbles256(sb + 48 + 32 * j);
-    __m256i qh = _mm256_loadu_si256((const void *)(sb + 16));
-    __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
-    __m512i bits = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (2 * j)))),
-                                      _mm256_set1_epi8((char)(1 << (2 * j + 1))), 1);
-    __mmask64 k = _mm512_test_epi8_mask(h, bits);
-    *u = _mm512_mask_add_epi8(v, k, v, _mm512_set1_epi8(16));
-    if (j == 0)
-        k4_all_scales(sb, st);
-    *ws = tp_qhalves(st->s[2 * j], st->s[2 * j + 1]);
-    *wm = tp_qhalves(st->m[2 * j], st->m[2 * j + 1]);
-}
-
-TP_QTARGET static inline __attribute__((always_inline)) void
-vunpack_q6_k(const uint8_t *row, int c, int full, __m512i *u, __m512 *ws, __m512 *wm,
-             tp_qstate *st)
-{
-    (void)full;
-    (void)wm;
-    (void)st;
-    const uint8_t *sb = row + (size_t)(c / 4) * Q6_K_BYTES;
-    int h = (c % 4) / 2, sub = c % 2;
-    __m512i l = _mm512_loadu_si512((const void *)(sb + 64 * h));
-    if (sub)
-        l = _mm512_srli_epi16(l, 4);
-    l = _mm512_and_si512(l, _mm512_set1_epi8(0x0f));
-    __m256i qh = _mm256_loadu_si256((const void *)(sb + 128 + 32 * h));
-    __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
-    long long s0 = 4 * sub, s1 = 4 * sub + 2;
-    long long c0 = s0 * 0x0001000100010001ll, c1 = s1 * 0x0001000100010001ll;
-    hv = _mm512_and_si512(_mm512_srlv_epi16(hv, _mm512_set_epi64(c1, c1, c1, c1, c0, c0, c0, c0)),
-                          _mm512_set1_epi8(3));
-    *u = _mm512_or_si512(l, _mm512_slli_epi16(hv, 4));
-    int32_t sc4;
-    memcpy(&sc4, sb + 192 + 8 * h + 4 * sub, 4);
-    __m128 s = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(sc4))),
-                          _mm_set1_ps(tp_qh2f(sb + 208)));
-    const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    *ws = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
-}
-
-TP_QROWS_DEFINE(q4_k, vunpack_q4_k, 0, 1)
-TP_QROWS_DEFINE(q5_k, vunpack_q5_k, 0, 1)
-TP_QROWS_DEFINE(q6_k, vunpack_q6_k, 5, 0)
+/* ---- AVX-512 kernels over panels (quant_avx.h) ----
+ * Q4_K and Q5_K: 4 or 5 bits with a min per 32 columns; Q6_K: 6 bits,
+ * offset 32, a scale per 16 columns. */
+TP_QPANEL_DEFINE(q4_k, 4, 0, 32, 1)
+TP_QPANEL_DEFINE(q5_k, 5, 0, 32, 1)
+TP_QPANEL_DEFINE(q6_k, 6, 5, 16, 0)
 
 void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {

@@ -59,50 +59,12 @@ void tp_qunpack_q5_1(const uint8_t *row, int c, int n, int8_t w[64], float ws[16
     unpack_generic(&F_Q5_1, row, c, n, w, ws, wm);
 }
 
-/* Two blocks' nibbles as 64 unsigned bytes in column order: each block's
- * 16 bytes twice, the second copy shifted right by 4, then masked. */
-TP_QTARGET static inline __attribute__((always_inline)) __m512i nibbles(const uint8_t *qs0, const uint8_t *qs1,
-                                                                        int full)
-{
-    __m128i a = _mm_loadu_si128((const void *)qs0);
-    __m128i b = full ? _mm_loadu_si128((const void *)qs1) : _mm_setzero_si128();
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(a, a)), _mm256_set_m128i(b, b), 1);
-    const __m512i sh = _mm512_set_epi64(0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
-                                        0x0004000400040004ll, 0x0004000400040004ll, 0, 0);
-    return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0f));
-}
-
-#define VUNPACK(NAME, BYTES, HAS_M, HAS_H)                                                                   \
-    TP_QTARGET static inline __attribute__((always_inline)) void NAME(const uint8_t *row, int c, int full,  \
-                                                                      __m512i *u, __m512 *ws, __m512 *wm,   \
-                                                                      tp_qstate *st)                        \
-    {                                                                                                        \
-        (void)st;                                                                                            \
-        const uint8_t *b0 = row + (size_t)(2 * c) * (BYTES), *b1 = b0 + (BYTES);                             \
-        size_t qo = 2 + ((HAS_M) ? 2 : 0) + ((HAS_H) ? 4 : 0);                                               \
-        *u = nibbles(b0 + qo, b1 + qo, full);                                                                \
-        if (HAS_H) {                                                                                         \
-            uint32_t h0, h1 = 0;                                                                             \
-            memcpy(&h0, b0 + 2 + ((HAS_M) ? 2 : 0), 4);                                                      \
-            if (full)                                                                                        \
-                memcpy(&h1, b1 + 2 + ((HAS_M) ? 2 : 0), 4);                                                  \
-            __mmask64 k = (__mmask64)h0 | (__mmask64)h1 << 32;                                               \
-            *u = _mm512_mask_add_epi8(*u, k, *u, _mm512_set1_epi8(16));                                      \
-        }                                                                                                    \
-        *ws = tp_qhalves(tp_qh2f(b0), full ? tp_qh2f(b1) : 0.0f);                                            \
-        if (HAS_M)                                                                                           \
-            *wm = tp_qhalves(tp_qh2f(b0 + 2), full ? tp_qh2f(b1 + 2) : 0.0f);                                \
-    }
-
-VUNPACK(vunpack_q4_0, 18, 0, 0)
-VUNPACK(vunpack_q4_1, 20, 1, 0)
-VUNPACK(vunpack_q5_0, 22, 0, 1)
-VUNPACK(vunpack_q5_1, 24, 1, 1)
-
-TP_QROWS_DEFINE(q4_0, vunpack_q4_0, 3, 0)
-TP_QROWS_DEFINE(q4_1, vunpack_q4_1, 0, 1)
-TP_QROWS_DEFINE(q5_0, vunpack_q5_0, 4, 0)
-TP_QROWS_DEFINE(q5_1, vunpack_q5_1, 0, 1)
+/* The AVX-512 kernels over panels (quant_avx.h): 4 or 5 bits, offset 8 or
+ * 16 for the symmetric types, a min for the _1 types. */
+TP_QPANEL_DEFINE(q4_0, 4, 3, 32, 0)
+TP_QPANEL_DEFINE(q4_1, 4, 0, 32, 1)
+TP_QPANEL_DEFINE(q5_0, 5, 4, 32, 0)
+TP_QPANEL_DEFINE(q5_1, 5, 0, 32, 1)
 
 void tp_qrows_q4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
