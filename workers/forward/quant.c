@@ -342,14 +342,14 @@ void tp_quant_row(uint32_t type, const float *x, int n, void *out)
 bool tp_qpanel_format(uint32_t type, tp_qpanel_fmt *f)
 {
     switch (type) {
-    case TP_GGML_Q8_0: *f = (tp_qpanel_fmt){8, 128, 32, 0, 0}; break;
-    case TP_GGML_Q4_0: *f = (tp_qpanel_fmt){4, 8, 32, 0, 0}; break;
-    case TP_GGML_Q5_0: *f = (tp_qpanel_fmt){5, 16, 32, 0, 0}; break;
-    case TP_GGML_Q4_1: *f = (tp_qpanel_fmt){4, 0, 32, 1, 0}; break;
-    case TP_GGML_Q5_1: *f = (tp_qpanel_fmt){5, 0, 32, 1, 0}; break;
-    case TP_GGML_Q4_K: *f = (tp_qpanel_fmt){4, 0, 32, 1, 0}; break;
-    case TP_GGML_Q5_K: *f = (tp_qpanel_fmt){5, 0, 32, 1, 0}; break;
-    case TP_GGML_Q6_K: *f = (tp_qpanel_fmt){6, 32, 16, 0, 0}; break;
+    case TP_GGML_Q8_0: *f = (tp_qpanel_fmt){8, 128, 32, 0, 2, 0}; break;
+    case TP_GGML_Q4_0: *f = (tp_qpanel_fmt){4, 8, 32, 0, 2, 0}; break;
+    case TP_GGML_Q5_0: *f = (tp_qpanel_fmt){5, 16, 32, 0, 2, 0}; break;
+    case TP_GGML_Q4_1: *f = (tp_qpanel_fmt){4, 0, 32, 1, 2, 0}; break;
+    case TP_GGML_Q5_1: *f = (tp_qpanel_fmt){5, 0, 32, 1, 2, 0}; break;
+    case TP_GGML_Q4_K: *f = (tp_qpanel_fmt){4, 0, 32, 1, 4, 0}; break;
+    case TP_GGML_Q5_K: *f = (tp_qpanel_fmt){5, 0, 32, 1, 4, 0}; break;
+    case TP_GGML_Q6_K: *f = (tp_qpanel_fmt){6, 32, 16, 0, 4, 0}; break;
     default: return false;
     }
     /* 16 rows x 32 columns: 8-bit 512 bytes; 4-bit 256 (quads 2m and 2m+1
@@ -378,18 +378,27 @@ static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int
             if (f->bits == 6)
                 blk[256 + 64 * (k / 4) + byte] |= (uint8_t)((u >> 4) << (2 * (k % 4)));
         }
-    float *sc = (float *)(blk + f->quant_bytes);
-    for (int s = 0; s < 32 / f->sub; s++)
-        sc[16 * s + r] = ws[s * f->sub / 4];
-    if (f->has_min)
-        sc[16 * (32 / f->sub) + r] = wm[0];
+    uint8_t *sc = blk + f->quant_bytes;
+    int n = 32 / f->sub;
+    for (int s = 0; s <= n; s++) {
+        if (s == n && !f->has_min)
+            break;
+        float v = s < n ? ws[s * f->sub / 4] : wm[0];
+        size_t at = (size_t)f->scale_bytes * (size_t)(16 * s + r);
+        if (f->scale_bytes == 2) { /* v came from a half: exact both ways */
+            uint16_t h = tp_f32_to_f16(v);
+            memcpy(sc + at, &h, 2);
+        } else {
+            memcpy(sc + at, &v, 4);
+        }
+    }
 }
 
 static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_bytes)
 {
     if (!tp_quant_have_avx512() || !tp_qpanel_format(w->type, f))
         return 0;
-    *block_bytes = f->quant_bytes + 64 * (size_t)(32 / f->sub) + 64 * (size_t)f->has_min;
+    *block_bytes = f->quant_bytes + 16 * (size_t)f->scale_bytes * (size_t)(32 / f->sub + f->has_min);
     return *block_bytes * (size_t)(w->cols / 32) * (size_t)((w->rows + 15) / 16);
 }
 

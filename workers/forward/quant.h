@@ -48,9 +48,10 @@
  * AVX-512 path reads a panel (tp_qpanel_build, made once at load): 16 rows
  * side by side, each block of 32 columns as 8 vectors of 16 rows x 4
  * columns (one vpdpbusd each: 64 multiply-adds) packed at the type's bit
- * width, then the sub-blocks' 16 scales (and mins) as f32. The panel is
- * the weights streamed by decode, so it keeps their width: 4-bit types
- * stay 4-bit (5 bits per weight with scales for Q4_0). */
+ * width, then the sub-blocks' 16 scales (and mins): halves where the file
+ * has halves (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), else the f32 products. The
+ * panel is what decode streams, so it keeps the file's width: Q8_0 and
+ * Q4_0 panels are exactly as big as their files. */
 #ifndef TOKPIPE_FORWARD_QUANT_H
 #define TOKPIPE_FORWARD_QUANT_H
 
@@ -83,15 +84,15 @@ typedef struct tp_qpanel {
     uint32_t type;
     int groups, blocks;
     size_t block_bytes, group_bytes, bytes;
-    uint8_t *data; /* 64-byte aligned */
+    uint8_t *data; /* 32-byte aligned; blocks too */
     bool owned;    /* data is the panel's own mapping */
 } tp_qpanel;
 
-/* Bytes of w's panel (a multiple of 64), 0 for a type without one or
+/* Bytes of w's panel (a multiple of 32), 0 for a type without one or
  * without AVX-512. */
 size_t tp_qpanel_bytes(const tp_wmat *w);
 
-/* Build w->panel (no-op when tp_qpanel_bytes is 0) into mem, 64-byte
+/* Build w->panel (no-op when tp_qpanel_bytes is 0) into mem, 32-byte
  * aligned with tp_qpanel_bytes zeroed bytes, or, mem NULL, into memory of
  * its own. 0 or TP_ENOMEM. The panel takes about the file's bytes. */
 int tp_qpanel_build(tp_wmat *w, void *mem);
@@ -168,6 +169,7 @@ void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, in
  * columns (32 or 16), whether it has a min. False for other types. */
 typedef struct tp_qpanel_fmt {
     int bits, off, sub, has_min;
+    int scale_bytes;    /* 2: the file's scales are halves and stay so; 4: f32 */
     size_t quant_bytes; /* per group block: the packed quants */
 } tp_qpanel_fmt;
 bool tp_qpanel_format(uint32_t type, tp_qpanel_fmt *f);

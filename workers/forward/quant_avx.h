@@ -67,12 +67,12 @@ TP_QTARGET static inline __m512 tp_qhalves(float a, float b)
 }
 
 /* Quad k (0..7) of a panel block: 16 rows x 4 columns of unsigned quants
- * (quant.h's layouts). */
+ * (quant.h's layouts; blocks are 32-byte aligned, loads unaligned). */
 TP_QTARGET static inline __attribute__((always_inline)) __m512i tp_pquad(const uint8_t *blk, int k, const int BITS)
 {
     if (BITS == 8)
-        return _mm512_load_si512((const void *)(blk + 64 * k));
-    __m512i v = _mm512_load_si512((const void *)(blk + 64 * (k / 2)));
+        return _mm512_loadu_si512((const void *)(blk + 64 * k));
+    __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * (k / 2)));
     if (k % 2)
         v = _mm512_srli_epi16(v, 4);
     v = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
@@ -82,7 +82,7 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512i tp_pquad(const u
         v = _mm512_mask_add_epi8(v, (__mmask64)hb, v, _mm512_set1_epi8(16));
     }
     if (BITS == 6) {
-        __m512i h = _mm512_load_si512((const void *)(blk + 256 + 64 * (k / 4)));
+        __m512i h = _mm512_loadu_si512((const void *)(blk + 256 + 64 * (k / 4)));
         int sh = 2 * (k % 4); /* bits sh, sh+1 of each byte to bits 4, 5 */
         h = sh <= 4 ? _mm512_slli_epi16(h, (unsigned)(4 - sh)) : _mm512_srli_epi16(h, (unsigned)(sh - 4));
         v = _mm512_or_si512(v, _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
@@ -90,13 +90,21 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512i tp_pquad(const u
     return v;
 }
 
+/* The 16 scales number i after a block's quants. */
+TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_pscale(const uint8_t *sc, int i, const int SCB)
+{
+    if (SCB == 2)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(sc + 32 * i)));
+    return _mm512_loadu_ps((const float *)sc + 16 * i);
+}
+
 /* The AVX-512 form of quant.h's canonical order over a panel, per type:
  * BITS, the offset 2^SH (0: none) of the unsigned quants, SUB columns per
- * sub-block, HASMIN. A tile is G row groups (16 rows each) x T tokens:
+ * sub-block, HASMIN, SCB bytes per scale (2: halves). A tile is G row groups (16 rows each) x T tokens:
  * per quad one vpdpbusd per (group, token), the weights loaded once for T
  * tokens and each token's 4 activation quants broadcast once for G
  * groups; per sub-block one convert and multiply-add per (group, token). */
-#define TP_QPANEL_DEFINE(NAME, BITS, SH, SUB, HASMIN)                                                          \
+#define TP_QPANEL_DEFINE(NAME, BITS, SH, SUB, HASMIN, SCB)                                                          \
     TP_QTARGET static inline __attribute__((always_inline)) void NAME##_ptile(                                 \
         const tp_qpanel *p, int g0, const tp_qact *a, int t0, float *y, size_t ldy, int r0, int r1,            \
         const int G, const int T)                                                                              \
@@ -143,9 +151,9 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512i tp_pquad(const u
                 }                                                                                              \
                 __m512 ws[4], wm[4];                                                                           \
                 TP_QUNROLL for (int g = 0; g < G; g++) {                                                       \
-                    ws[g] = _mm512_load_ps((const float *)(blk + (size_t)g * gb + qbytes) + 16 * s);           \
+                    ws[g] = tp_pscale(blk + (size_t)g * gb + qbytes, s, (SCB));                                \
                     if (HASMIN)                                                                                \
-                        wm[g] = _mm512_load_ps((const float *)(blk + (size_t)g * gb + qbytes) + 16);           \
+                        wm[g] = tp_pscale(blk + (size_t)g * gb + qbytes, 1, (SCB));                            \
                 }                                                                                              \
                 TP_QUNROLL for (int t = 0; t < T; t++) {                                                       \
                     size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;                                     \
