@@ -148,6 +148,38 @@ static void check_type(uint32_t type, int rows, int cols)
     free(W); free(X); free(Y); free(Ys); free(Y1); free(deq);
 }
 
+/* Activation quantization: the AVX-512 and scalar paths give the same
+ * quants, scales and sums, NaN, infinities, zeros and ties included. */
+static void activation_quantization_paths_agree(void **state)
+{
+    (void)state;
+    if (!tp_quant_have_avx512())
+        skip();
+    enum { T = 9, C = 4096 };
+    float *X = malloc(sizeof(float) * T * C);
+    fill(X, (size_t)T * C, 5, 3.0f);
+    for (int i = 0; i < C; i += 97)
+        X[i] = 0.0f;
+    for (int i = 0; i < 32; i++) /* a block of zeros and one of equal values */
+        X[64 + i] = 0.0f, X[96 + i] = -1.5f;
+    X[200] = NAN, X[300] = INFINITY, X[301] = -INFINITY, X[400] = -NAN;
+    for (int i = 0; i < 32; i++) /* halves: x * (127 / max) lands on .5 */
+        X[512 + i] = (float)(i - 16) * 0.5f, X[544 + i] = 127.0f - (float)i;
+    tp_qact a, b;
+    assert_int_equal(tp_qact_init(&a, T, C), 0);
+    assert_int_equal(tp_qact_init(&b, T, C), 0);
+    tp_qact_prepare_path(&a, TP_GGML_Q8_0, X, C, T, C, false);
+    tp_qact_prepare_path(&b, TP_GGML_Q8_0, X, C, T, C, true);
+    assert_memory_equal(a.q, b.q, (size_t)T * C);
+    assert_memory_equal(a.dx, b.dx, sizeof(float) * T * C / 32);
+    assert_memory_equal(a.sum, b.sum, sizeof(float) * T * C / 32);
+    assert_memory_equal(a.nsum32, b.nsum32, sizeof(int32_t) * T * C / 32);
+    assert_memory_equal(a.nsum16, b.nsum16, sizeof(int32_t) * T * C / 16);
+    tp_qact_free(&a);
+    tp_qact_free(&b);
+    free(X);
+}
+
 static void every_type_is_batch_invariant_split_invariant_and_path_invariant(void **state)
 {
     (void)state;
@@ -400,6 +432,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_half_converts_to_float_and_back_exactly),
         cmocka_unit_test(every_type_is_batch_invariant_split_invariant_and_path_invariant),
+        cmocka_unit_test(activation_quantization_paths_agree),
         cmocka_unit_test(f16_file_from_llama_cpp_gives_the_f32_greedy_ids),
         cmocka_unit_test(q8_0_and_q4_0_files_from_llama_cpp_start_like_f32),
         cmocka_unit_test(llama_cpp_quantized_files_are_batch_invariant),

@@ -3,6 +3,7 @@
 #include "quant.h"
 #include "tokpipe/error.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +144,49 @@ static void quantize_act_row(const float *x, int cols, int8_t *q, float *dx, flo
     }
 }
 
+/* quantize_act_row with AVX-512: the same IEEE operations per element
+ * (a maximum, one division, a product rounded to nearest even), so the
+ * same bits. */
+__attribute__((target("avx512f,avx512bw"))) static void
+quantize_act_row_avx512(const float *x, int cols, int8_t *q, float *dx, float *sum, int32_t *nsum32,
+                        int32_t *nsum16)
+{
+    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    for (int b = 0; b < cols / 32; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        /* max_ps(v, m) is v > m ? v : m: a NaN is skipped as in the scalar loop */
+        __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), absmask));
+        __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), absmask));
+        __m512 m = _mm512_max_ps(a0, _mm512_max_ps(a1, _mm512_setzero_ps()));
+        float amax = _mm512_reduce_max_ps(m);
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        int32_t h[2];
+        for (int k = 0; k < 2; k++) {
+            __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(k ? x1 : x0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __mmask16 ok = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+            __m512i qi = _mm512_maskz_cvtps_epi32(ok, _mm512_min_ps(_mm512_max_ps(v, lo), hi));
+            _mm_storeu_si128((__m128i *)(q + 32 * b + 16 * k), _mm512_cvtepi32_epi8(qi));
+            h[k] = _mm512_reduce_add_epi32(qi);
+        }
+        dx[b] = d;
+        sum[b] = (float)(h[0] + h[1]);
+        nsum32[b] = -(h[0] + h[1]);
+        nsum16[2 * b] = -h[0];
+        nsum16[2 * b + 1] = -h[1];
+    }
+}
+
 void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+{
+    static int avx = -1; /* the CPU does not change under us */
+    if (avx < 0)
+        avx = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, avx);
+}
+
+void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, bool avx512)
 {
     a->n_tok = n_tok;
     a->cols = cols;
@@ -154,8 +197,10 @@ void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_
         return;
     size_t nb = (size_t)cols / 32;
     for (int t = 0; t < n_tok; t++)
-        quantize_act_row(x + (size_t)t * (size_t)ldx, cols, a->q + (size_t)t * (size_t)cols, a->dx + t * nb,
-                         a->sum + t * nb, a->nsum32 + t * nb, a->nsum16 + t * 2 * nb);
+        (avx512 ? quantize_act_row_avx512 : quantize_act_row)(x + (size_t)t * (size_t)ldx, cols,
+                                                              a->q + (size_t)t * (size_t)cols, a->dx + t * nb,
+                                                              a->sum + t * nb, a->nsum32 + t * nb,
+                                                              a->nsum16 + t * 2 * nb);
 }
 
 /* The fixed reduction tree of quant.h. */
