@@ -52,8 +52,10 @@ typedef struct tp_fwd_item {
  * kv_slots sequences of up to max_pos positions each (0 = the model's
  * seq_len), and scratch for up to max_batch_tokens tokens per step. The
  * model must outlive the tp_forward. Memory: a packed copy of the F32
- * weight matrices (typed ones, F16 ... Q6_K, are read in place from the
- * model's mmap, never copied: workers/forward/quant.h) plus
+ * weight matrices and, with AVX-512 VNNI, a repacked copy ("panel", as
+ * big as the file's) of the integer-typed ones; F16/BF16 are read in
+ * place from the model's mmap (workers/forward/quant.h). The file's pages
+ * of copied matrices are given back (tp_model_drop_pages). Plus
  * 2 * kv_slots * n_layers * max_pos * kv_dim values, floats until
  * tp_forward_set_kv_type picks halves. *out is owned by the
  * caller (tp_forward_free). */

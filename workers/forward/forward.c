@@ -35,6 +35,12 @@
 /* What one SwiGLU element (an expf and a division) costs, in
  * multiply-adds of a matmul, for the same threshold. */
 #define SWIGLU_MACS 16
+/* What a multiply-add of the VNNI panel kernels costs in f32 ones, for
+ * PART_MIN_MACS (bench_quant: 3-8x F32 at decode, 2-2.5x batched). Split
+ * as f32, 2 threads decoded 110M Q8_0 at 171 tok/s against 184 on one:
+ * the wakes cost more than the halves of small matrices saved; counted at
+ * a quarter, 186 on two. */
+#define PANEL_MAC_COST 0.25
 /* Row ranges of a typed (quantized) matmul split start at multiples of
  * this: any split gives the same bits (quant.h), this keeps row blocks
  * whole and a range's output rows on whole cache lines. */
@@ -42,8 +48,8 @@
 #define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
 
 /* A weight group with a typed (non-F32) matrix: each matrix on its own,
- * writing its columns of the output; typed ones read in place from the
- * file (quant.h), F32 ones packed. n == 0: the group is all F32 and uses
+ * writing its columns of the output; typed ones through quant.h (from
+ * their panel or the file), F32 ones packed. n == 0: the group is all F32 and uses
  * the group's packed matrix instead. */
 typedef struct typed_part {
     tp_wmat w;
@@ -667,7 +673,8 @@ static void qmm_rows(void *arg, int r0, int r1, int worker)
 static void typed_rows(tp_forward *f, const tp_wmat *w, int n_tok, float *y, int ldy)
 {
     qmm_job j = {w, &f->qact, y, ldy, f->qavx512};
-    int parts = parts_for(f, (double)w->rows * w->cols * n_tok);
+    double cost = w->panel && f->qavx512 ? PANEL_MAC_COST : 1.0;
+    int parts = parts_for(f, (double)w->rows * w->cols * n_tok * cost);
     tp_pool_run(f->pool, w->rows, TYPED_ROW_ALIGN, parts, qmm_rows, &j);
 }
 

@@ -1,6 +1,6 @@
 /* Private to the forward stage (and its tests and tools): matmuls over
- * typed weights (tp_wmat) read in place from the file, with ggml's block
- * layouts (ggml-common.h):
+ * typed weights (tp_wmat) in ggml's block layouts (ggml-common.h), read
+ * from the file or from a repacked panel (below):
  *
  *   F16   IEEE half per element          BF16  bfloat16 per element
  *   Q8_0  32: f16 d, int8 qs[32]                       w = d * q
