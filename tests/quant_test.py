@@ -12,15 +12,16 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
 import numpy as np
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-BIN = os.environ.get("TP_BIN_DIR", "bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tpdaemon import MODELS, TOKPIPE, tokpipe  # noqa: E402
+
 BUILD = os.environ.get("TP_BUILD_DIR", "build")
-TOKPIPE = os.path.join(BIN, "tokpipe")
 QDIR = os.path.join(MODELS, "gguf-quant")
 
 # ggml type id -> (name, elements per block, bytes per block)
@@ -187,13 +188,6 @@ def dequant(typ, raw):
                     out[:, 128 * n + l + 32 * k] = (d * s[:, si]) * q.astype(F32)
         return out.ravel()
     raise ValueError(name)
-
-
-def tokpipe(*args):
-    p = subprocess.run([TOKPIPE, *args], capture_output=True, text=True, timeout=300)
-    if p.returncode:
-        raise AssertionError("tokpipe %s failed (%d): %s" % (" ".join(args), p.returncode, p.stderr))
-    return p
 
 
 def same_bits(a, b):
