@@ -526,3 +526,48 @@ int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client *
     memset(&ep.sec, 0, sizeof ep.sec);
     return rc;
 }
+
+int tp_client_cmd_parse(tp_client_cmd *c, int argc, char **argv)
+{
+    tp_err err = {0};
+    for (int i = 1; i < argc; i++) {
+        int rc = tp_client_parse_arg(&c->a, argc, argv, &i, &err);
+        if (rc < 0)
+            return fprintf(stderr, "tokpipe %s: %s\n", c->name, err.msg), 2;
+        if (rc)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return fputs(c->usage, stdout), 0;
+        if (c->json_flag && !strcmp(argv[i], c->json_flag))
+            c->json = true;
+        else if (c->takes_job && !c->job && argv[i][0] != '-')
+            c->job = argv[i];
+        else
+            return fprintf(stderr, "tokpipe %s: unknown argument '%s'\n%s", c->name, argv[i], c->usage), 2;
+    }
+    if (c->takes_job && (!c->job || !tp_job_id_valid(c->job, strlen(c->job))))
+        return fprintf(stderr, "tokpipe %s: %s\n%s", c->name, c->job ? "not a job id" : "JOB is required", c->usage),
+               2;
+    return -1;
+}
+
+int tp_client_cmd_call(const tp_client_cmd *c, tp_msg *m, uint8_t want, tp_recv *reply, tp_err *err)
+{
+    tp_client *cl = NULL;
+    int rc = tp_client_open(&c->a, true, false, &cl, err);
+    if (!rc)
+        rc = tp_client_call(cl, m, reply, err);
+    tp_client_free(cl);
+    if (!rc && want && (reply->m.cmd != want || reply->m.status != TP_ST_OK))
+        rc = tp_err_set(err, TP_EIO, "%s answered %u %.*s", tp_cmd_name(TP_FAM_JOB, m->cmd), reply->m.status,
+                        (int)reply->m.error.len, reply->m.error.ptr ? reply->m.error.ptr : "");
+    return rc;
+}
+
+int tp_client_cmd_done(const tp_client_cmd *c, int rc, const tp_err *err, tp_recv *reply)
+{
+    if (rc)
+        fprintf(stderr, "tokpipe %s: %s\n", c->name, err->msg);
+    tp_recv_free(reply);
+    return rc ? 1 : 0;
+}

@@ -144,6 +144,34 @@ int tp_client_parse_arg(tp_client_args *a, int argc, char **argv, int *i, tp_err
 /* Resolve the endpoints and open a client with the sockets asked for. */
 int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client **out, tp_err *err);
 
+/* A command that sends one request and prints the reply (info, stats,
+ * status, cancel). It takes the connection options, --help/-h, and what it
+ * declares here; the flag's name stays in the command's source, next to
+ * its --help text. */
+typedef struct tp_client_cmd {
+    const char *name;       /* "info": messages start "tokpipe info: " */
+    const char *usage;      /* the --help text, shown again after a usage error */
+    const char *json_flag;  /* the flag that asks for JSON ("--json"); NULL = none */
+    bool takes_job;         /* one JOB operand, required, a valid job id */
+    /* parsed */
+    tp_client_args a;
+    bool json;
+    const char *job;
+} tp_client_cmd;
+
+/* Parse argv into *c. Returns -1 when the command goes on, else its exit
+ * code: 0 after --help, 2 after a usage error (said on stderr). */
+int tp_client_cmd_parse(tp_client_cmd *c, int argc, char **argv);
+
+/* Open a client on the frontend, send m and wait for its reply; the client
+ * is closed again (*reply owns its frames). want != 0: anything but a want
+ * reply with status 200 is TP_EIO "<REQUEST> answered <status> <error>". */
+int tp_client_cmd_call(const tp_client_cmd *c, tp_msg *m, uint8_t want, tp_recv *reply, tp_err *err);
+
+/* The end of a command: says a failure (rc != 0) on stderr, frees the
+ * reply and returns the exit code (0 or 1). */
+int tp_client_cmd_done(const tp_client_cmd *c, int rc, const tp_err *err, tp_recv *reply);
+
 /* A fresh job id "g-<pid>-<random>-<i>" (fits TP_PROTO_MAX_JOB_ID). */
 void tp_client_job_id(char *out, size_t cap, unsigned i);
 
