@@ -551,23 +551,27 @@ int tp_client_cmd_parse(tp_client_cmd *c, int argc, char **argv)
     return -1;
 }
 
-int tp_client_cmd_call(const tp_client_cmd *c, tp_msg *m, uint8_t want, tp_recv *reply, tp_err *err)
+int tp_client_cmd_call(tp_client_cmd *c, uint8_t cmd, uint8_t want)
 {
+    tp_msg_init(&c->request, TP_FAM_JOB, cmd);
+    if (c->job)
+        c->request.jobref.job_id = tp_str_of(c->job);
     tp_client *cl = NULL;
-    int rc = tp_client_open(&c->a, true, false, &cl, err);
+    int rc = tp_client_open(&c->a, true, false, &cl, &c->err);
     if (!rc)
-        rc = tp_client_call(cl, m, reply, err);
+        rc = tp_client_call(cl, &c->request, &c->reply, &c->err);
     tp_client_free(cl);
-    if (!rc && want && (reply->m.cmd != want || reply->m.status != TP_ST_OK))
-        rc = tp_err_set(err, TP_EIO, "%s answered %u %.*s", tp_cmd_name(TP_FAM_JOB, m->cmd), reply->m.status,
-                        (int)reply->m.error.len, reply->m.error.ptr ? reply->m.error.ptr : "");
+    const tp_msg *r = &c->reply.m;
+    if (!rc && want && (r->cmd != want || r->status != TP_ST_OK))
+        rc = tp_err_set(&c->err, TP_EIO, "%s answered %u %.*s", tp_cmd_name(TP_FAM_JOB, cmd), r->status,
+                        (int)r->error.len, r->error.ptr ? r->error.ptr : "");
     return rc;
 }
 
-int tp_client_cmd_done(const tp_client_cmd *c, int rc, const tp_err *err, tp_recv *reply)
+int tp_client_cmd_done(tp_client_cmd *c, int rc)
 {
     if (rc)
-        fprintf(stderr, "tokpipe %s: %s\n", c->name, err->msg);
-    tp_recv_free(reply);
+        fprintf(stderr, "tokpipe %s: %s\n", c->name, c->err.msg);
+    tp_recv_free(&c->reply);
     return rc ? 1 : 0;
 }

@@ -157,20 +157,25 @@ typedef struct tp_client_cmd {
     tp_client_args a;
     bool json;
     const char *job;
+    /* the exchange */
+    tp_msg request;
+    tp_recv reply;
+    tp_err err;
 } tp_client_cmd;
 
 /* Parse argv into *c. Returns -1 when the command goes on, else its exit
  * code: 0 after --help, 2 after a usage error (said on stderr). */
 int tp_client_cmd_parse(tp_client_cmd *c, int argc, char **argv);
 
-/* Open a client on the frontend, send m and wait for its reply; the client
- * is closed again (*reply owns its frames). want != 0: anything but a want
- * reply with status 200 is TP_EIO "<REQUEST> answered <status> <error>". */
-int tp_client_cmd_call(const tp_client_cmd *c, tp_msg *m, uint8_t want, tp_recv *reply, tp_err *err);
+/* Send request cmd (about c->job, if the command takes one) on a client
+ * opened for it and closed again, the answer in c->reply. want != 0:
+ * anything but a want reply with status 200 is TP_EIO "<REQUEST> answered
+ * <status> <error>". Errors in c->err. */
+int tp_client_cmd_call(tp_client_cmd *c, uint8_t cmd, uint8_t want);
 
 /* The end of a command: says a failure (rc != 0) on stderr, frees the
  * reply and returns the exit code (0 or 1). */
-int tp_client_cmd_done(const tp_client_cmd *c, int rc, const tp_err *err, tp_recv *reply);
+int tp_client_cmd_done(tp_client_cmd *c, int rc);
 
 /* A fresh job id "g-<pid>-<random>-<i>" (fits TP_PROTO_MAX_JOB_ID). */
 void tp_client_job_id(char *out, size_t cap, unsigned i);

@@ -23,21 +23,16 @@ int cmd_cancel(int argc, char **argv)
     int rc = tp_client_cmd_parse(&c, argc, argv);
     if (rc >= 0)
         return rc;
-    tp_err err = {0};
-    tp_recv r = {0};
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_CANCEL);
-    m.jobref.job_id = tp_str_of(c.job);
-    rc = tp_client_cmd_call(&c, &m, 0, &r, &err);
+    rc = tp_client_cmd_call(&c, TP_CMD_CANCEL, 0);
     if (!rc) {
-        uint32_t st = r.m.status;
-        if (st == TP_ST_OK)
+        const tp_msg *r = &c.reply.m;
+        if (r->status == TP_ST_OK)
             printf("%s: cancelled\n", c.job);
-        else if (st == TP_ST_CONFLICT)
+        else if (r->status == TP_ST_CONFLICT)
             printf("%s: already finished\n", c.job);
         else
-            rc = tp_err_set(&err, TP_ENOTFOUND, "%s: %u %.*s", c.job, st, (int)r.m.error.len,
-                            r.m.error.ptr ? r.m.error.ptr : "");
+            rc = tp_err_set(&c.err, TP_ENOTFOUND, "%s: %u %.*s", c.job, r->status, (int)r->error.len,
+                            r->error.ptr ? r->error.ptr : "");
     }
-    return tp_client_cmd_done(&c, rc, &err, &r);
+    return tp_client_cmd_done(&c, rc);
 }

@@ -97,13 +97,9 @@ int cmd_info(int argc, char **argv)
     int rc = tp_client_cmd_parse(&c, argc, argv);
     if (rc >= 0)
         return rc;
-    tp_err err = {0};
-    tp_recv r = {0};
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_INFO);
-    rc = tp_client_cmd_call(&c, &m, TP_CMD_INFO_REPLY, &r, &err);
+    rc = tp_client_cmd_call(&c, TP_CMD_INFO, TP_CMD_INFO_REPLY);
     if (!rc) {
-        cJSON *j = info_json(&r.m.info_reply);
+        cJSON *j = info_json(&c.reply.m.info_reply);
         if (c.json)
             evfmt_print_line(stdout, j);
         else {
@@ -111,5 +107,5 @@ int cmd_info(int argc, char **argv)
             cJSON_Delete(j);
         }
     }
-    return tp_client_cmd_done(&c, rc, &err, &r);
+    return tp_client_cmd_done(&c, rc);
 }

@@ -54,13 +54,9 @@ int cmd_stats(int argc, char **argv)
     int rc = tp_client_cmd_parse(&c, argc, argv);
     if (rc >= 0)
         return rc;
-    tp_err err = {0};
-    tp_recv r = {0};
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
-    rc = tp_client_cmd_call(&c, &m, TP_CMD_STATS_REPLY, &r, &err);
+    rc = tp_client_cmd_call(&c, TP_CMD_STATS, TP_CMD_STATS_REPLY);
     if (!rc) {
-        cJSON *j = evfmt_stats(&r.m);
+        cJSON *j = evfmt_stats(&c.reply.m);
         if (c.json) {
             evfmt_print_line(stdout, j);
         } else {
@@ -68,5 +64,5 @@ int cmd_stats(int argc, char **argv)
             cJSON_Delete(j);
         }
     }
-    return tp_client_cmd_done(&c, rc, &err, &r);
+    return tp_client_cmd_done(&c, rc);
 }

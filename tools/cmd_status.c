@@ -54,20 +54,16 @@ int cmd_status(int argc, char **argv)
     int rc = tp_client_cmd_parse(&c, argc, argv);
     if (rc >= 0)
         return rc;
-    tp_err err = {0};
-    tp_recv r = {0};
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
-    m.jobref.job_id = tp_str_of(c.job);
-    rc = tp_client_cmd_call(&c, &m, 0, &r, &err);
-    if (!rc && r.m.cmd == TP_CMD_STATUS_REPLY && r.m.status == TP_ST_OK) {
+    rc = tp_client_cmd_call(&c, TP_CMD_STATUS, 0);
+    const tp_msg *r = &c.reply.m;
+    if (!rc && r->cmd == TP_CMD_STATUS_REPLY && r->status == TP_ST_OK) {
         if (c.json)
-            evfmt_print_line(stdout, evfmt_status(&r.m));
+            evfmt_print_line(stdout, evfmt_status(r));
         else
-            print_human(&r.m);
+            print_human(r);
     } else if (!rc) {
-        rc = tp_err_set(&err, TP_ENOTFOUND, "job %s: %u %.*s", c.job, r.m.status, (int)r.m.error.len,
-                        r.m.error.ptr ? r.m.error.ptr : "unknown job");
+        rc = tp_err_set(&c.err, TP_ENOTFOUND, "job %s: %u %.*s", c.job, r->status, (int)r->error.len,
+                        r->error.ptr ? r->error.ptr : "unknown job");
     }
-    return tp_client_cmd_done(&c, rc, &err, &r);
+    return tp_client_cmd_done(&c, rc);
 }
