@@ -1,6 +1,7 @@
 """A producer and a subscriber written from protocol/PROTOCOL.md alone
-(tests/support/tpdaemon.py: pyzmq + msgpack, no tokpipe code), run end to end against the real daemon:
-$TP_BIN_DIR/tokpiped with a temporary config on the stories260K model.
+(tests/support/tpdaemon.py: pyzmq + msgpack, no tokpipe code), run end to
+end against the real daemon: $TP_BIN_DIR/tokpiped with a temporary config
+on the stories260K model.
 
 Skips (with a message) only when the daemon binary is not built yet.
 """
@@ -16,31 +17,22 @@ import msgpack
 import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
-from tpdaemon import MODELS, TOKPIPE, TOKPIPED, Daemon, Producer, Subscriber, ids_of  # noqa: E402
+import tpdaemon  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE, ids_of  # noqa: E402
 
 PROMPT = "Once upon a time"
 MAX_TOKENS = 40
 
 
-class ProtocolEndToEnd(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        if not os.path.exists(TOKPIPED):
-            raise unittest.SkipTest("%s not built yet: the daemon lands with the broker work" % TOKPIPED)
-        if not os.path.exists(os.path.join(MODELS, "stories260K.bin")):
-            raise unittest.SkipTest("stories260K.bin not found under TP_MODELS=%s" % MODELS)
-        cls.daemon = Daemon("limits:\n  finished_ttl_ms: 60000\n", prefix="tp-proto-")
-        cls.ctx = zmq.Context()
-        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
-        cls.sub = Subscriber(cls.ctx, cls.daemon.events)
-        cls.daemon.wait_ready()
+class ProtocolEndToEnd(tpdaemon.DaemonCase):
+    CONFIG = "limits:\n  finished_ttl_ms: 60000\n"
+    PREFIX = "tp-proto-"
 
     @classmethod
-    def tearDownClass(cls):
-        cls.prod.sock.close()
-        cls.sub.sock.close()
-        cls.ctx.term()
-        cls.daemon.stop()
+    def setUpClass(cls):
+        if not os.path.exists(os.path.join(MODELS, "stories260K.bin")):
+            raise unittest.SkipTest("stories260K.bin not found under TP_MODELS=%s" % MODELS)
+        super().setUpClass()
 
     def run_job(self, job, params, prompt=PROMPT):
         self.sub.subscribe(job)

@@ -16,11 +16,9 @@ import sys
 import time
 import unittest
 
-import zmq
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import tpdaemon  # noqa: E402
-from tpdaemon import MODELS, TOKPIPE, TOKPIPED, Daemon, Producer, Subscriber  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
 
 TOK = os.path.join(MODELS, "tok512.bin")
 # A prompt after which this model starts a new story (BOS) within a few
@@ -32,23 +30,9 @@ def tokenize(text, *flags):
     return tpdaemon.tokenize(TOK, text, "--bos", *flags)
 
 
-class SpecialTokensEndToEnd(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        if not os.path.exists(TOKPIPED):
-            raise unittest.SkipTest("%s not built" % TOKPIPED)
-        cls.daemon = Daemon("limits:\n  finished_ttl_ms: 60000\n", prefix="tp-special-")
-        cls.ctx = zmq.Context()
-        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
-        cls.sub = Subscriber(cls.ctx, cls.daemon.events)
-        cls.daemon.wait_ready()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.prod.sock.close()
-        cls.sub.sock.close()
-        cls.ctx.term()
-        cls.daemon.stop()
+class SpecialTokensEndToEnd(tpdaemon.DaemonCase):
+    CONFIG = "limits:\n  finished_ttl_ms: 60000\n"
+    PREFIX = "tp-special-"
 
     def run_job(self, job, params, prompt, **extra):
         self.sub.subscribe(job)

@@ -15,6 +15,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import unittest
 
 import msgpack
 import zmq
@@ -267,3 +268,23 @@ class Daemon:
         if self.log is not None:
             self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class DaemonCase(unittest.TestCase):
+    """A test class with one ready daemon (config CONFIG) for all its tests:
+    cls.daemon, and on its zmq context cls.ctx a producer cls.prod and a
+    subscriber cls.sub. Subclass it as tpdaemon.DaemonCase: a name imported
+    into a test module would be collected as a test class of its own."""
+    CONFIG = ""
+    PREFIX = "tp-test-"
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.access(TOKPIPED, os.X_OK):
+            raise unittest.SkipTest("%s not built (run make)" % TOKPIPED)
+        cls.daemon = Daemon(cls.CONFIG, prefix=cls.PREFIX)
+        cls.addClassCleanup(cls.daemon.stop)
+        cls.ctx = cls.daemon.zmq()
+        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
+        cls.sub = Subscriber(cls.ctx, cls.daemon.events)
+        cls.daemon.wait_ready()
