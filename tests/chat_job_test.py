@@ -66,12 +66,7 @@ def forced_model(path, end_id):
 class Daemon(tpdaemon.Daemon):
     def __init__(self, model, template):
         super().__init__("shutdown:\n  drain_timeout_ms: 60000\n", model=model, tokenizer="", chat_template=template,
-                         prefix="tp-chat-", stop_timeout_s=90)
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+                         prefix="tp-chat-", stop_timeout_s=90, ready=True)
 
     def generate(self, *args):
         p = subprocess.run([TOKPIPE, "generate", "--config", self.config, "--json", "--temperature", "0",

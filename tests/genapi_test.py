@@ -44,12 +44,11 @@ class Daemon(tpdaemon.Daemon):
     """Ready (every stage has a worker), with a SUB to every event."""
 
     def __init__(self, extra="", model=MODEL, tokenizer=TOKENIZER):
-        super().__init__(extra, model=model, tokenizer=tokenizer, prefix="tp-genapi-", stop_timeout_s=20)
+        super().__init__(extra, model=model, tokenizer=tokenizer, prefix="tp-genapi-", stop_timeout_s=20, ready=True)
         self.sub = tpdaemon.Subscriber(self.zmq(), self.events)
         self.sub.subscribe("")
         self.n_jobs = 0
         try:
-            self.wait_ready()
             self.sub.wait_heartbeat(self.log_text)
         except BaseException:
             self.stop()

@@ -1,6 +1,7 @@
 """Quantized weights against an independent reference: the GGUF reader of
 tests/support/gguf_tiny.py (written from the GGUF spec) and numpy
-dequantizers written here from ggml's published block definitions (ggml-common.h block_q8_0 ... block_q6_K, dequantize_row_*),
+dequantizers written here from ggml's published block definitions
+(ggml-common.h block_q8_0 ... block_q6_K, dequantize_row_*),
 applied to llama.cpp-written files (../shared/models/gguf-quant) and to
 files `tokpipe quantize` writes, compared bit for bit with what tokpipe's
 own dequantizer writes (`tokpipe quantize FILE OUT --type F32`). So reader

@@ -164,11 +164,12 @@ class Daemon:
 
     config is YAML appended after runtime_dir, the model (model=None: none,
     config says) and, unless http=True, `http: enabled: false` (the default
-    would open 127.0.0.1:8080 for every test daemon). A `with` block stops it;
-    stop waits stop_timeout_s for a clean exit before it kills."""
+    would open 127.0.0.1:8080 for every test daemon). ready=True: returns once
+    every stage has a worker (else stops it and raises). A `with` block stops
+    it; stop waits stop_timeout_s for a clean exit before it kills."""
 
     def __init__(self, config="", model=STORIES, tokenizer=TOK512, chat_template=None, endpoints=None,
-                 http=False, env=None, prefix="tp-test-", stop_timeout_s=15, start=True):
+                 http=False, env=None, prefix="tp-test-", stop_timeout_s=15, start=True, ready=False):
         self.dir = tempfile.mkdtemp(prefix=prefix)
         self.config = os.path.join(self.dir, "tokpipe.yaml")
         self.logpath = os.path.join(self.dir, "tokpiped.log")
@@ -191,6 +192,12 @@ class Daemon:
             self.head += "http:\n  enabled: false\n"
         if start:
             self.start(config)
+        if start and ready:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()
+                raise
 
     def start(self, config=""):
         """Write the config and start tokpiped (start=False waited for this:
