@@ -131,7 +131,10 @@ static void bad_fields_are_refused_by_name(void **state)
     refused(OAI_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", 400, "", "NUL");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400,
             "stream_options", "stream: true");
-    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", 400, "logprobs", "not supported");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs", "outside [0, 5]");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":-1}", 400, "logprobs", "outside [0, 5]");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", "integer");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"top_logprobs\":2}", 400, "top_logprobs", "chat");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"a\":1}}", 400, "logit_bias", "token id");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"x\"}}", 400, "logit_bias.5", "number");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"messages\":[]}", 400, "messages", "chat");
@@ -153,6 +156,45 @@ static void neutral_openai_fields_are_accepted(void **state)
     decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"a\\\\u0000\"}", &r);
     assert_string_equal(r.prompts[0].text, "a\\u0000");
     oai_request_free(&r);
+}
+
+static void logprobs_map_onto_submit_params(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", &r);
+    assert_true(r.logprobs && r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 3);
+    assert_true((r.params.set & (TP_P_LOGPROBS | TP_P_TOP_LOGPROBS)) == (TP_P_LOGPROBS | TP_P_TOP_LOGPROBS));
+    oai_request_free(&r);
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":0}", &r);
+    assert_true(r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 0);
+    oai_request_free(&r);
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":false}", &r);
+    assert_false(r.params.logprobs || (r.params.set & TP_P_LOGPROBS));
+    oai_request_free(&r);
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":20}";
+    decode_ok(OAI_CHAT, chat, &r);
+    assert_true(r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 20);
+    oai_request_free(&r);
+    decode_ok(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true}", &r);
+    assert_true(r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 0);
+    oai_request_free(&r);
+    decode_ok(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":0}", &r);
+    assert_false(r.params.logprobs);
+    oai_request_free(&r);
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":2}", 400,
+            "top_logprobs", "logprobs: true");
+    refused(OAI_CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":false,\"top_logprobs\":2}",
+            400, "top_logprobs", "logprobs: true");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":21}",
+            400, "top_logprobs", "outside [0, 20]");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":3}", 400, "logprobs",
+            "true or false");
 }
 
 static void choices_are_capped(void **state)
@@ -211,6 +253,7 @@ int main(void)
         cmocka_unit_test(bad_fields_are_refused_by_name),
         cmocka_unit_test(neutral_openai_fields_are_accepted),
         cmocka_unit_test(choices_are_capped),
+        cmocka_unit_test(logprobs_map_onto_submit_params),
         cmocka_unit_test(chat_turns_become_submit_messages),
         cmocka_unit_test(broker_field_paths_become_openai_params),
     };
