@@ -95,9 +95,10 @@ int gw_lp_add(gw_lp *l, const tp_tokenizer *tok, tp_raw ids, const tp_lp_cols *l
         l->lps[t] = have && i < lp->logprobs.n ? tp_raw_f32(lp->logprobs, i) : NAN;
         for (uint32_t c = 0; c < k; c++) {
             /* the event's rows are top_n wide; ours are the job's top_n */
-            bool in = have && c < lp->top_n && (i * lp->top_n + c) < lp->top_ids.n;
-            l->top_ids[t * k + c] = in ? tp_raw_i32(lp->top_ids, i * lp->top_n + c) : -1;
-            l->top_lps[t * k + c] = in ? tp_raw_f32(lp->top_logprobs, i * lp->top_n + c) : -INFINITY;
+            size_t at = have ? i * lp->top_n + c : 0;
+            bool in = have && c < lp->top_n && at < lp->top_ids.n && at < lp->top_logprobs.n;
+            l->top_ids[t * k + c] = in ? tp_raw_i32(lp->top_ids, at) : -1;
+            l->top_lps[t * k + c] = in ? tp_raw_f32(lp->top_logprobs, at) : -INFINITY;
         }
         l->n++;
         size_t len;
