@@ -4,7 +4,9 @@ completions and SSE streams give exactly the text and token counts of
 token-id prompts); streamed deltas concatenate to the non-streamed text for
 every stop case of it_stops; /metrics passes promtool and its counters move;
 overload (429 + Retry-After), drain (503), a client that disconnects (its
-jobs cancelled), bad JSON / fields (400 naming the field), API keys (401).
+jobs cancelled), bad JSON / fields (400 naming the field), API keys (401);
+logprobs of both endpoints equal run --json's (texts from the tokenizer
+file read here), streamed == not, 501 without a readable vocabulary.
 Clients: Python's standard library and curl -N."""
 import concurrent.futures
 import http.client
@@ -734,6 +736,45 @@ class GatewayChat(unittest.TestCase):
                            "top_logprobs"), ({"logprobs": 2}, "logprobs")):
             st, r, _ = post(d.port, dict({"messages": msgs}, **bad), path="/v1/chat/completions")
             self.assertEqual((st, r["error"]["param"]), (400, param), r)
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
+class GatewayWithoutAVocabulary(unittest.TestCase):
+    def test_logprobs_are_501_naming_the_field_and_the_rest_still_served(self):
+        # no broker either: a request without logprobs reaches the bridge and
+        # times out (503), so the 501 comes from the gateway alone
+        d = tempfile.mkdtemp(prefix="tp-http-novocab-")
+        port = free_port()
+        cfg = os.path.join(d, "tokpipe.yaml")
+        with open(cfg, "w") as f:
+            f.write("runtime_dir: %s\n" % json.dumps(os.path.join(d, "rt")))
+            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (json.dumps(MODEL), json.dumps(os.path.join(d, "none.bin"))))
+            f.write("http:\n  port: %d\n  timeout_ms: 300\n" % port)
+        log = open(os.path.join(d, "log"), "wb")
+        proc = subprocess.Popen([os.path.join(BIN, "tokpipe-http"), "--config", cfg], stdout=log, stderr=log)
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    st, r, _ = post(port, {"prompt": "x", "logprobs": 1})
+                    break
+                except OSError:
+                    if time.time() > deadline or proc.poll() is not None:
+                        raise
+                    time.sleep(0.05)
+            self.assertEqual((st, r["error"]["param"]), (501, "logprobs"), r)
+            self.assertIn("none.bin", r["error"]["message"])
+            st, r, _ = post(port, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
+                            path="/v1/chat/completions")
+            self.assertEqual(st, 501, r)
+            st, r, _ = post(port, {"prompt": "x"})
+            self.assertEqual(st, 503, r)
+            self.assertIn("timeout_ms", r["error"]["message"])
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            log.close()
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
