@@ -169,7 +169,7 @@ asan:
 # Fuzz targets are built with clang's libFuzzer plus ASan/UBSan from their own
 # object tree so the normal build stays gcc.
 FUZZ_BUILD := build-fuzz
-FUZZ_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O1 -g \
+FUZZ_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O1 -g -DTP_NO_UNROLL \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                -Iinclude -I$(BUILD)/gen $(PKG_CFLAGS) -MMD -MP
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(LIB_SRC))
