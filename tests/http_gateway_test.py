@@ -782,9 +782,16 @@ class GatewayWithoutAStopWorker(unittest.TestCase):
     def test_health_and_completions_are_503_naming_the_missing_stage(self):
         d = Daemon(extra="workers:\n  stop: 0\n", healthy=False)
         try:
-            st, body, _ = request(d.port, "GET", "/health")
+            # the other workers register while they load (a slow machine's
+            # forward worker may come after the gateway's first answer)
+            deadline = time.time() + 60
+            while True:
+                st, body, _ = request(d.port, "GET", "/health")
+                h = json.loads(body)
+                if h.get("missing") == ["stop"] or time.time() > deadline:
+                    break
+                time.sleep(0.05)
             self.assertEqual(st, 503)
-            h = json.loads(body)
             self.assertEqual(h["missing"], ["stop"])
             self.assertIn("stop", h["message"])
             self.assertEqual(h["workers"]["forward"], 1)
