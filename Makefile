@@ -137,7 +137,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(call obj,$(TSUP_SRC) $(DLIB_SRC)) $(L
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
 
 # the gateway's request decoder is tested beside the library
-$(BUILD)/tests/test_oai: $(BUILD)/obj/tests/test_oai.o $(call obj,http/oai.c) $(LIB)
+$(BUILD)/tests/test_oai: $(BUILD)/obj/tests/test_oai.o $(call obj,http/oai.c http/lp.c) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
