@@ -71,7 +71,7 @@ void tp_packed_free(tp_packed *w)
     }
 }
 
-static void matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int r0,
+TP_SCALAR_CLONES /* kernels.h */ static void matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int r0,
                           int r1)
 {
     for (int r = r0; r < r1; r++) {

@@ -14,6 +14,16 @@
 
 #define TP_PANEL 16 /* rows per packed panel: one 512-bit register */
 
+/* The scalar (portable) loops: the build targets any x86-64, so fmaf
+ * would be a libm call; a clone for CPUs with FMA, picked at load
+ * (function multiversioning), inlines it. Same bits: fmaf is fused
+ * either way. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TP_SCALAR_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define TP_SCALAR_CLONES
+#endif
+
 /* W[rows][cols] repacked in panels of 16 rows (padded with zeros), panels
  * grouped by 4 (2, 1 at the end) and each group stored [k][group rows], so
  * the kernel streams one contiguous run of weights. */

@@ -1,6 +1,7 @@
 /* Typed-weight matmuls: activation quantization, the portable (scalar)
  * path in the canonical order of quant.h, dispatch and dequantization. */
 #include "quant.h"
+#include "kernels.h" /* TP_SCALAR_CLONES */
 #include "tokpipe/error.h"
 
 #include <immintrin.h>
@@ -232,7 +233,7 @@ static tp_qunpack_fn unpack_fn(uint32_t type, bool *has_min)
     }
 }
 
-static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
+TP_SCALAR_CLONES static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
     bool has_min;
     tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
@@ -265,7 +266,7 @@ static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a, float *y, int l
     }
 }
 
-void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
+TP_SCALAR_CLONES void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
     bool bf = w->type == TP_GGML_BF16;
     int cols = w->cols;
