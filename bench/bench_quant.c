@@ -2,8 +2,9 @@
  * stories15M / stories110M shaped models, in the same run: single-stream
  * decode tok/s per type as a ratio to F32, batched aggregate decode at 8,
  * 32 and 64 sequences, a 128-token prefill, and the memory each model
- * takes (resident bytes of weights: the F32 path packs a copy, typed
- * weights are read in place from the mmap).
+ * takes (resident bytes after load: the kernels' packed copies and panels,
+ * F16/BF16 weights read in place, the file's pages of copied weights given
+ * back).
  *
  * The models are written by `tokpipe mkmodel`'s generator and `tokpipe
  * quantize` (from $BIN, default bin/), in a temporary directory. One
@@ -34,8 +35,6 @@
 static const char *const TYPES[] = {"F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_0", "Q5_1",
                                     "Q4_K_M", "Q4_K", "Q5_K", "Q4_0", "Q4_1"};
 #define NT (sizeof TYPES / sizeof TYPES[0])
-/* batched figures for a subset: the run stays a few minutes */
-static const char *const BATCHED[] = {"F32", "F16", "Q8_0", "Q4_K_M", "Q4_0"};
 static const int BATCHES[] = {8, 32, 64};
 
 static void die(const char *what, const char *msg)
@@ -71,7 +70,6 @@ typedef struct entry {
     tp_forward *f;
     long mem_kb;
     double decode[SAMPLES], prefill[SAMPLES], batched[3][SAMPLES];
-    bool do_batched;
 } entry;
 
 static int tok_of(int i, int V) { return 3 + (i * 7919) % (V - 3); }
@@ -196,8 +194,6 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
         snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, e[i].type);
         if (system(cmd) != 0)
             die("quantize", cmd);
-        for (size_t b = 0; b < sizeof BATCHED / sizeof BATCHED[0]; b++)
-            e[i].do_batched |= !strcmp(BATCHED[b], e[i].type);
     }
     /* one model resident at a time for the memory figure, then all kept */
     for (size_t i = 0; i < n; i++) {
@@ -212,7 +208,7 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
         for (size_t i = 0; i < n; i++) {
             e[i].decode[s] = run_decode(&e[i]);
             e[i].prefill[s] = run_prefill(&e[i]);
-            for (int b = 0; b < 3 && e[i].do_batched; b++)
+            for (int b = 0; b < 3; b++)
                 e[i].batched[b][s] = run_batched(&e[i], BATCHES[b]);
         }
     double f32_dec = bench_median(e[0].decode, SAMPLES), f32_pre = bench_median(e[0].prefill, SAMPLES);
@@ -227,7 +223,7 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
         double d = bench_median(e[i].decode, SAMPLES), p = bench_median(e[i].prefill, SAMPLES);
         printf("  %-7s %9.1f %6.2fx %11.1f %6.2fx %9.1f ", e[i].type, d, d / f32_dec, p, p / f32_pre,
                (double)e[i].mem_kb / 1024.0);
-        for (int b = 0; b < 3 && e[i].do_batched; b++) {
+        for (int b = 0; b < 3; b++) {
             double v = bench_median(e[i].batched[b], SAMPLES);
             printf(" %7.0f (%.2fx)", v, v / f32_b[b]);
         }
