@@ -58,7 +58,7 @@ static void workers_reconnect_after_the_broker_restarts(void **state)
     pid_t w[4];
     for (int i = 0; i < 4; i++)
         w[i] = harness_worker(&h, stages[i]);
-    assert_int_equal(harness_wait_workers(&h, 10000), 0);
+    assert_int_equal(harness_wait_workers(&h, WAIT_MS), 0);
     generate_ok(&h, "before the restart");
     /* crash the broker: no DISCONNECT, no cleanup */
     kill(h.pid, SIGKILL);

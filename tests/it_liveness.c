@@ -227,7 +227,7 @@ static void subscriber_hears_one_incarnation_until_the_broker_restarts(void **st
         fail_msg("after the restart: %d heartbeats of a new incarnation, incarnation %016llx (was %016llx), %s", n,
                  (unsigned long long)c, (unsigned long long)a, stable ? "stable" : "changing");
     zmq_close(sub);
-    harness_wait_workers(&h, 10000);
+    harness_wait_workers(&h, WAIT_MS);
     assert_int_equal(harness_stop(&h), 0);
 }
 

@@ -222,7 +222,7 @@ int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn
         return -1;
     if (no_spawn)
         return 0;
-    if (harness_wait_workers(h, 10000) == 0)
+    if (harness_wait_workers(h, 30000) == 0)
         return 0;
     fprintf(stderr, "harness: workers did not register; see %s/tokpiped.log\n", h->dir);
     return -1;

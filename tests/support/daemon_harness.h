@@ -29,7 +29,7 @@ typedef struct harness {
  * "heartbeat:" or "model:" section in it replaces the harness's default); with
  * security.curve in it, the harness's own sockets use the config's client
  * keys, as the real clients do.
- * Waits until every stage has a registered worker. 0 or -1 (message on
+ * Waits (up to 30 s) until every stage has a registered worker. 0 or -1 (message on
  * stderr). */
 int harness_start(harness *h, bool tcp, const char *extra_yaml);
 
