@@ -137,7 +137,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(call obj,$(TSUP_SRC) $(DLIB_SRC)) $(L
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
 
 # the gateway's request decoder is tested beside the library
-$(BUILD)/tests/test_oai: $(BUILD)/obj/tests/test_oai.o $(call obj,http/oai.c) $(LIB)
+$(BUILD)/tests/test_oai: $(BUILD)/obj/tests/test_oai.o $(call obj,http/oai.c http/lp.c) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
@@ -169,7 +169,7 @@ asan:
 # Fuzz targets are built with clang's libFuzzer plus ASan/UBSan from their own
 # object tree so the normal build stays gcc.
 FUZZ_BUILD := build-fuzz
-FUZZ_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O1 -g \
+FUZZ_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O1 -g -DTP_NO_UNROLL \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                -Iinclude -I$(BUILD)/gen $(PKG_CFLAGS) -MMD -MP
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(LIB_SRC))

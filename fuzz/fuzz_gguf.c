@@ -39,7 +39,8 @@ static void walk(const tp_gguf *g)
 }
 
 /* Read the last row of a typed matrix the way the forward pass does
- * (dequantization for the embedding, the scalar kernel for a matmul). */
+ * (dequantization for the embedding, the scalar kernel for a matmul, and
+ * with AVX-512 VNNI the panel the forward builds at load and its kernel). */
 static void read_last_row(const tp_wmat *w)
 {
     if (w->type == TP_GGML_F32 || w->rows < 1)
@@ -50,6 +51,12 @@ static void read_last_row(const tp_wmat *w)
         tp_wmat_dequant_row(w, w->rows - 1, row);
         tp_qact_prepare(&a, w->type, row, w->cols, 1, w->cols);
         tp_qmatmul_rows(w, &a, y, w->rows, w->rows - 1, w->rows, false);
+        tp_wmat p = *w;
+        p.panel = NULL;
+        if (tp_qpanel_build(&p, NULL) == 0 && p.panel) {
+            tp_qmatmul_rows(&p, &a, y, w->rows, w->rows - 1, w->rows, true);
+            tp_qpanel_free(&p);
+        }
         tp_qact_free(&a);
     }
     free(row);

@@ -18,6 +18,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (r.n < 1 || (kind == OAI_COMPLETIONS && !r.n_prompts))
             __builtin_trap();
+        /* logprobs reach the SUBMIT exactly as asked, within OpenAI's caps */
+        if (r.params.logprobs != r.logprobs || (r.top_logprobs && !r.logprobs) || r.top_logprobs < 0 ||
+            r.top_logprobs > (kind == OAI_CHAT ? OAI_MAX_CHAT_TOP_LOGPROBS : OAI_MAX_LEGACY_LOGPROBS) ||
+            (r.logprobs && r.params.top_logprobs != r.top_logprobs))
+            __builtin_trap();
         if (kind == OAI_CHAT) {   /* the turns as the gateway sends them */
             if (!r.n_messages)
                 __builtin_trap();

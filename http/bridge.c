@@ -174,6 +174,7 @@ static void free_choices(gw_call *c)
         gw_buf_free(&c->ch[i].text);
         free(c->ch[i].matched_buf);
         free(c->ch[i].error);
+        gw_lp_free(&c->ch[i].lp);
     }
     free(c->ch);
     c->ch = NULL;
@@ -299,6 +300,21 @@ static void submit_all(bridge *b, gw_call *c)
     }
 }
 
+/* The token before the first generated one, which its bytes may depend on
+ * (SentencePiece drops the leading space after BOS): the last id of an
+ * id prompt; BOS for an empty text prompt that gets one; else none. */
+static int32_t first_prev(const bridge *b, const gw_call *c, size_t prompt)
+{
+    const oai_prompt *p = c->oreq.n_prompts ? &c->oreq.prompts[prompt] : NULL;
+    if (!p)
+        return -1;
+    if (!p->text)
+        return p->ids[p->n_ids - 1];
+    if (!p->text_len && b->g->tok && tp_tokenizer_add_bos(b->g->tok))
+        return tp_tokenizer_bos_id(b->g->tok);
+    return -1;
+}
+
 static void start_call(bridge *b, gw_call *c)
 {
     c->deadline_ms = tp_now_ms() + b->g->cfg->http_timeout_ms;
@@ -321,6 +337,8 @@ static void start_call(bridge *b, gw_call *c)
     c->n_ch = n;
     for (size_t i = 0; i < n; i++) {
         c->ch[i].prompt = i / (size_t)c->oreq.n;
+        if (c->oreq.logprobs)
+            gw_lp_init(&c->ch[i].lp, (uint32_t)c->oreq.top_logprobs, first_prev(b, c, c->ch[i].prompt));
         snprintf(c->ch[i].job_id, sizeof c->ch[i].job_id, "%s%" PRIu64 "-%zu", b->prefix, c->no, i);
     }
     submit_all(b, c);
@@ -408,14 +426,22 @@ static int keep_matched(gw_choice *ch, const tp_matched *mt)
     return 0;
 }
 
-static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t)
+/* A text delta of choice i, with the logprobs entries of the tokens it
+ * completes (lp.h); final/all as gw_lp_release. */
+static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t, bool final, bool all)
 {
-    if (!t->len)
+    gw_choice *ch = &c->ch[i];
+    size_t from = ch->lp_sent, to = from;
+    if (c->oreq.logprobs)
+        to = gw_lp_release(&ch->lp, t->len, final, all);
+    if (!t->len && to == from)
         return;   /* held back: nothing that can no longer change */
-    if (c->oreq.stream)
-        push(b, c, gw_chunk_sse(c, b->g->model_name, i, t->ptr, t->len, false), false);
-    else if (gw_buf_add(&c->ch[i].text, t->ptr, t->len))
+    if (c->oreq.stream) {
+        ch->lp_sent = to;
+        push(b, c, gw_chunk_sse(c, b->g->model_name, i, t->ptr, t->len, from, to, false), false);
+    } else if (gw_buf_add(&ch->text, t->ptr, t->len)) {
         fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
+    }
 }
 
 static void all_finished(bridge *b, gw_call *c)
@@ -487,9 +513,15 @@ static void on_event(bridge *b, tp_zmsg *z)
     }
     ch->next_seq++;
     if (m.cmd == TP_CMD_TOKEN) {
-        deliver_text(b, c, i, &m.token.text);
+        if (c->oreq.logprobs && gw_lp_add(&ch->lp, b->g->tok, m.token.ids, &m.token.lp)) {
+            fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
+            tp_msg_clear(&m);
+            return;
+        }
+        deliver_text(b, c, i, &m.token.text, false, false);
     } else {
-        deliver_text(b, c, i, &m.finish.text);
+        /* only a stop string cuts accepted tokens' text */
+        deliver_text(b, c, i, &m.finish.text, true, m.finish.reason != TP_REASON_STOP_STRING);
         ch->finished = true;
         c->n_finished++;
         ch->reason = m.finish.reason;
@@ -500,7 +532,7 @@ static void on_event(bridge *b, tp_zmsg *z)
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)
-            push(b, c, gw_chunk_sse(c, b->g->model_name, i, NULL, 0, true), false);
+            push(b, c, gw_chunk_sse(c, b->g->model_name, i, NULL, 0, 0, 0, true), false);
         if (c->n_finished == c->n_ch)
             all_finished(b, c);
     }

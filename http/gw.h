@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lp.h"
 #include "oai.h"
 #include "tokpipe/config.h"
 #include "tokpipe/protocol.h"
@@ -47,6 +48,8 @@ typedef struct gw_choice {
     tp_matched matched;        /* matched.str points into matched_buf */
     char *matched_buf;
     char *error;               /* reason error: what went wrong */
+    gw_lp lp;                  /* the request asked for logprobs: its tokens */
+    size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */
 } gw_choice;
 
 typedef struct gw_call {
@@ -94,6 +97,8 @@ typedef struct gw_counters {
 typedef struct gw {
     const tp_config *cfg;
     const char *model_name;
+    const tp_tokenizer *tok;   /* the model's vocabulary: token text for logprobs; NULL unreadable */
+    const char *tok_error;     /* why tok is NULL */
     char **api_keys;           /* NULL = no key needed */
     size_t n_api_keys;
 
@@ -128,9 +133,11 @@ void gw_server_stop(gw *g);
 char *gw_error_json(int status, const char *message, const char *param);
 char *gw_models_json(const char *model, int64_t created);
 char *gw_completion_json(const gw_call *c, const char *model);
-/* One SSE event ("data: {...}\n\n") for choice i: a text delta, or (final)
- * its finish_reason / stop_reason. */
-char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, bool final);
+/* One SSE event ("data: {...}\n\n") for choice i: a text delta with the
+ * logprobs entries [lp_from, lp_to) of its tokens (when asked for), or
+ * (final) its finish_reason / stop_reason. */
+char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, size_t lp_from,
+                   size_t lp_to, bool final);
 char *gw_usage_sse(const gw_call *c, const char *model);
 char *gw_health_json(const tp_m_stats_reply *s, int *status);
 char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc);

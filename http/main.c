@@ -147,6 +147,22 @@ int main(int argc, char **argv)
     rc = !cfg.http_listen || !model ? tp_err_set(&e, TP_ENOMEM, "out of memory")
          : g.wake_fd < 0           ? tp_err_set(&e, TP_EIO, "eventfd: %s", strerror(errno))
                                    : 0;
+    /* token texts for logprobs: the vocabulary the workers read (model.tokenizer,
+     * else the one inside the model file). Without it the gateway still
+     * serves everything else; logprobs requests are refused saying why. */
+    tp_tokenizer *tok = NULL;
+    char tok_error[TP_ERR_MSG_MAX] = "";
+    if (!rc) {
+        tp_err te;
+        tp_err_clear(&te);
+        const char *vpath = cfg.tokenizer_path && cfg.tokenizer_path[0] ? cfg.tokenizer_path : cfg.model_path;
+        if (tp_tokenizer_open(vpath, 0, &tok, &te)) {
+            snprintf(tok_error, sizeof tok_error, "%s", te.msg);
+            fprintf(stderr, "tokpipe-http: logprobs unavailable: %s\n", te.msg);
+        }
+        g.tok = tok;
+        g.tok_error = tok_error;
+    }
     bool bad_keys = false;
     if (!rc && cfg.http_api_key_file[0])
         bad_keys = (rc = load_keys(&g, cfg.http_api_key_file, &e)) != 0;
@@ -198,6 +214,7 @@ int main(int argc, char **argv)
         free(g.api_keys[i]);
     free(g.api_keys);
     free(model);
+    tp_tokenizer_free(tok);
     if (g.wake_fd >= 0)
         close(g.wake_fd);
     tp_config_free(&cfg);

@@ -340,12 +340,36 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
     return 0;
 }
 
+/* Completions: logprobs is the number of alternatives (0..5, OpenAI's
+ * legacy cap); chat: a boolean, the alternatives come in top_logprobs.
+ * false/null: none, as before. */
+static int decode_logprobs(const cJSON *v, oai_request *r, oai_error *e)
+{
+    if (cJSON_IsNull(v) || cJSON_IsFalse(v))
+        return 0;
+    if (r->kind == OAI_CHAT) {
+        if (!cJSON_IsTrue(v))
+            return fail(e, 400, "logprobs", "logprobs: expected true or false");
+        r->logprobs = true;
+        return 0;
+    }
+    int64_t x;
+    if (!cJSON_IsNumber(v))
+        return fail(e, 400, "logprobs", "logprobs: expected an integer in [0, %d] (alternatives per token) or null",
+                    OAI_MAX_LEGACY_LOGPROBS);
+    if (get_int(v, "logprobs", 0, OAI_MAX_LEGACY_LOGPROBS, &x, e))
+        return -1;
+    r->logprobs = true;
+    r->top_logprobs = (int)x;
+    return 0;
+}
+
 /* OpenAI fields without a tokpipe meaning, accepted at their neutral value
  * only (clients often send them explicitly). */
 static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_error *e)
 {
     bool ok = cJSON_IsNull(v);
-    if (!strcmp(name, "echo") || !strcmp(name, "logprobs"))
+    if (!strcmp(name, "echo"))
         ok = ok || cJSON_IsFalse(v);
     if (!strcmp(name, "best_of"))
         ok = ok || (cJSON_IsNumber(v) && v->valuedouble == r->n);
@@ -358,7 +382,7 @@ static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_e
     return 0;
 }
 
-static const char *const neutral_fields[] = {"echo", "logprobs", "top_logprobs", "best_of",
+static const char *const neutral_fields[] = {"echo", "best_of",
                                              "suffix", "tools", "tool_choice", "parallel_tool_calls",
                                              "response_format", NULL};
 
@@ -429,6 +453,18 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         return decode_stop(v, pp, e);
     if (!strcmp(k, "logit_bias"))
         return decode_logit_bias(v, pp, e);
+    if (!strcmp(k, "logprobs"))
+        return decode_logprobs(v, r, e);
+    if (!strcmp(k, "top_logprobs")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        if (r->kind != OAI_CHAT)
+            return fail(e, 400, k, "top_logprobs: a chat completions field (/v1/completions takes logprobs: N)");
+        if (get_int(v, k, 0, OAI_MAX_CHAT_TOP_LOGPROBS, &x, e))
+            return -1;
+        r->top_logprobs = (int)x;
+        return 0;
+    }
     if (!strcmp(k, "typical_p"))
         return opt_num(v, k, TP_P_TYPICAL_P, &pp->typical_p, pp, e);
     if (!strcmp(k, "truncate_prompt_tokens"))
@@ -520,6 +556,13 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
         rc = fail(e, 400, "prompt", "prompt: required");
     if (!rc && kind == OAI_CHAT && !out->n_messages)
         rc = fail(e, 400, "messages", "messages: required");
+    if (!rc && kind == OAI_CHAT && out->top_logprobs && !out->logprobs)
+        rc = fail(e, 400, "top_logprobs", "top_logprobs: only allowed with logprobs: true");
+    if (!rc && out->logprobs) {
+        out->params.logprobs = true;
+        out->params.top_logprobs = out->top_logprobs;
+        out->params.set |= TP_P_LOGPROBS | TP_P_TOP_LOGPROBS;
+    }
     if (!rc && out->include_usage && !out->stream)
         rc = fail(e, 400, "stream_options", "stream_options: only allowed with stream: true");
     if (!rc && (out->n_prompts ? out->n_prompts : 1) * (size_t)out->n > OAI_MAX_CHOICES)

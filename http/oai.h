@@ -10,9 +10,11 @@
  * repetition_penalty, presence_penalty, frequency_penalty, stop (string or
  * array), stop_token_ids, seed, n, stream, stream_options.include_usage,
  * user, ignore_eos, min_tokens, include_stop_str_in_output, logit_bias,
- * typical_p, truncate_prompt_tokens. OpenAI fields tokpipe does not
+ * typical_p, truncate_prompt_tokens, logprobs (completions: 0..5
+ * alternatives; chat: a boolean) and top_logprobs (chat, 0..20, needs
+ * logprobs: true). OpenAI fields tokpipe does not
  * implement here are accepted only at their neutral value (echo false,
- * logprobs null/false, best_of null or n, suffix null); any other key is refused naming it, so a typo never silently
+ * best_of null or n, suffix null); any other key is refused naming it, so a typo never silently
  * becomes a default. */
 #ifndef TOKPIPE_HTTP_OAI_H
 #define TOKPIPE_HTTP_OAI_H
@@ -27,6 +29,8 @@
 #define OAI_MAX_PROMPTS 256    /* prompts in one request */
 #define OAI_MAX_CHOICES 1024   /* prompts x n: jobs one request may start */
 #define OAI_MAX_MESSAGES TP_PROTO_MAX_MESSAGES
+#define OAI_MAX_LEGACY_LOGPROBS 5                        /* /v1/completions logprobs: N (OpenAI's cap) */
+#define OAI_MAX_CHAT_TOP_LOGPROBS TP_PROTO_MAX_TOP_LOGPROBS  /* chat top_logprobs */
 
 typedef enum { OAI_COMPLETIONS = 0, OAI_CHAT } oai_kind;
 
@@ -45,6 +49,8 @@ typedef struct oai_request {
     int n;                   /* choices per prompt, >= 1 */
     bool stream;
     bool include_usage;      /* stream_options.include_usage */
+    bool logprobs;           /* logprobs asked for (params.logprobs set to match) */
+    int top_logprobs;        /* alternatives per token (completions: logprobs: N) */
     bool has_seed;           /* params.seed is choice 0's; choice j gets seed + j */
     tp_params params;        /* stop strings owned by the request */
     tp_chat_msg *messages;   /* chat: the turns (role, content owned by the request) */

@@ -2,11 +2,13 @@
  * exposition format 0.0.4). */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gw.h"
+#include "tokpipe/utf8.h"
 
 /* Labels per stop-trigger family: a job may bring any stop string, and
  * every distinct label value is a time series the scraper keeps forever. */
@@ -161,6 +163,109 @@ static cJSON *text_item(const char *text, size_t len)
     return j;
 }
 
+/* A token's text as OpenAI shows it: its bytes decoded, U+FFFD for
+ * a partial UTF-8 sequence (bytes keeps them exact). */
+static cJSON *token_text(const uint8_t *b, size_t len)
+{
+    char *s = malloc(TP_UTF8_REPLACE_MAX(len) + 1);
+    if (!s)
+        return NULL;
+    size_t n = tp_utf8_replace(b, len, s);
+    cJSON *j = text_item(s, n);
+    free(s);
+    return j;
+}
+
+static cJSON *token_bytes(const uint8_t *b, size_t len)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < len; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(b[i]));
+    return a;
+}
+
+static double lp_value(float v)
+{
+    return isfinite(v) ? (double)v : GW_LP_UNKNOWN;
+}
+
+/* Chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]} */
+static cJSON *chat_logprobs(const gw_call *c, const gw_lp *l, size_t from, size_t to)
+{
+    const tp_tokenizer *tok = c->g ? c->g->tok : NULL;
+    cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
+    for (size_t k = from; content && k < to; k++) {
+        cJSON *e = cJSON_CreateObject();
+        size_t len;
+        const uint8_t *b = gw_lp_bytes(l, tok, k, -1, &len);
+        cJSON_AddItemToObject(e, "token", token_text(b, len));
+        cJSON_AddNumberToObject(e, "logprob", lp_value(l->lps[k]));
+        cJSON_AddItemToObject(e, "bytes", token_bytes(b, len));
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (uint32_t a = 0; top && a < l->top_n; a++) {
+            int32_t id = l->top_ids[k * l->top_n + a];
+            if (id < 0)
+                continue;
+            cJSON *t = cJSON_CreateObject();
+            b = gw_lp_bytes(l, tok, k, id, &len);
+            cJSON_AddItemToObject(t, "token", token_text(b, len));
+            cJSON_AddNumberToObject(t, "logprob", lp_value(l->top_lps[k * l->top_n + a]));
+            cJSON_AddItemToObject(t, "bytes", token_bytes(b, len));
+            cJSON_AddItemToArray(top, t);
+        }
+        cJSON_AddItemToArray(content, e);
+    }
+    return o;
+}
+
+/* Legacy completions: {tokens, token_logprobs, top_logprobs: [{text: lp}],
+ * text_offset}. A top_logprobs map holds the alternatives and the chosen
+ * token (as OpenAI: up to logprobs + 1 keys); two ids with the same text
+ * keep the first (the more likely). */
+static cJSON *legacy_logprobs(const gw_call *c, const gw_lp *l, size_t from, size_t to)
+{
+    const tp_tokenizer *tok = c->g ? c->g->tok : NULL;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    if (!tokens || !lps || !tops || !offs) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    for (size_t k = from; k < to; k++) {
+        size_t len;
+        const uint8_t *b = gw_lp_bytes(l, tok, k, -1, &len);
+        cJSON *chosen = token_text(b, len);
+        cJSON_AddItemToArray(tokens, chosen);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(l->lps[k])));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)l->off[k]));
+        cJSON *map = cJSON_CreateObject();
+        for (uint32_t a = 0; map && a <= l->top_n; a++) {
+            int32_t id = a < l->top_n ? l->top_ids[k * l->top_n + a] : l->ids[k];
+            if (id < 0)
+                continue;
+            float v = a < l->top_n ? l->top_lps[k * l->top_n + a] : l->lps[k];
+            const uint8_t *tb = gw_lp_bytes(l, tok, k, id, &len);
+            cJSON *t = token_text(tb, len);
+            if (t && !cJSON_GetObjectItemCaseSensitive(map, t->valuestring))
+                cJSON_AddNumberToObject(map, t->valuestring, lp_value(v));
+            cJSON_Delete(t);
+        }
+        cJSON_AddItemToArray(tops, map);
+    }
+    return o;
+}
+
+static void add_logprobs(cJSON *x, const gw_call *c, const gw_choice *ch, size_t from, size_t to)
+{
+    if (!c->oreq.logprobs)
+        cJSON_AddNullToObject(x, "logprobs");
+    else if (c->oreq.kind == OAI_CHAT)
+        cJSON_AddItemToObject(x, "logprobs", chat_logprobs(c, &ch->lp, from, to));
+    else
+        cJSON_AddItemToObject(x, "logprobs", legacy_logprobs(c, &ch->lp, from, to));
+}
+
 char *gw_completion_json(const gw_call *c, const char *model)
 {
     bool chat = c->oreq.kind == OAI_CHAT;
@@ -177,7 +282,7 @@ char *gw_completion_json(const gw_call *c, const char *model)
         } else {
             cJSON_AddItemToObject(x, "text", text_item(ch->text.p, ch->text.len));
         }
-        cJSON_AddNullToObject(x, "logprobs");
+        add_logprobs(x, c, ch, 0, ch->lp.released);
         cJSON_AddStringToObject(x, "finish_reason", gw_finish_reason(ch->reason));
         add_stop_reason(x, ch);
         cJSON_AddItemToArray(arr, x);
@@ -199,7 +304,8 @@ static char *sse(cJSON *o)
     return s;
 }
 
-char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, bool final)
+char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, size_t lp_from,
+                   size_t lp_to, bool final)
 {
     bool chat = c->oreq.kind == OAI_CHAT;
     cJSON *o = head(c, model, chat ? "chat.completion.chunk" : "text_completion");
@@ -215,7 +321,10 @@ char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *te
     } else {
         cJSON_AddItemToObject(x, "text", text_item(text, len));
     }
-    cJSON_AddNullToObject(x, "logprobs");
+    if (final)
+        cJSON_AddNullToObject(x, "logprobs");
+    else
+        add_logprobs(x, c, &c->ch[i], lp_from, lp_to);
     if (final) {
         cJSON_AddStringToObject(x, "finish_reason", gw_finish_reason(c->ch[i].reason));
         add_stop_reason(x, &c->ch[i]);

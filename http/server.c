@@ -255,6 +255,13 @@ static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_stat
     oai_error e;
     if (oai_decode(kind, st->body.p ? st->body.p : "", st->body.len, &oreq, &e))
         return send_error(g, conn, e.status, e.message, e.param, NULL);
+    if (oreq.logprobs && !g->tok) {
+        char msg[sizeof e.message];
+        snprintf(msg, sizeof msg, "logprobs: the gateway cannot read the model's vocabulary for token texts (%s)",
+                 g->tok_error ? g->tok_error : "none loaded");
+        oai_request_free(&oreq);
+        return send_error(g, conn, 501, msg, "logprobs", NULL);
+    }
     return start_call(g, conn, st, GW_CALL_COMPLETION, &oreq);
 }
 

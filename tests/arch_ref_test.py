@@ -12,7 +12,6 @@ scaling) moves the logits by more than ten times that, so it can fail;
 Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
 of several hundred tokens."""
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -21,21 +20,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import gguf_tiny  # noqa: E402
+from tpdaemon import MODELS, tokpipe  # noqa: E402
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-TOKPIPE = os.path.join(BIN, "tokpipe")
 SPM = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
 GPT2 = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-gpt-2.gguf")
 REL_TOL = 1e-5
 PROMPT = "Once upon a time, in a land far away"
-
-
-def tokpipe(*args):
-    p = subprocess.run([TOKPIPE, *args], capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise AssertionError("tokpipe %s failed (%d): %s" % (" ".join(args), p.returncode, p.stderr))
-    return p
 
 
 class ForwardMatchesNumpyReference(unittest.TestCase):

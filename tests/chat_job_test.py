@@ -16,21 +16,18 @@ must add it as a stop id, the job ends as stop_token)."""
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import gguf_tiny  # noqa: E402
+import tpdaemon  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
-TOKPIPE = os.path.join(BIN, "tokpipe")
 PHI3_VOCAB = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-phi-3.gguf")
 PHI35_TEMPLATE = os.path.join(MODELS, "chat-templates", "microsoft-Phi-3.5-mini-instruct.jinja")
 END, PLACEHOLDER1 = 32007, 32002   # <|end|>, <|placeholder1|> in the Phi-3 vocabulary
@@ -66,50 +63,15 @@ def forced_model(path, end_id):
     return hello
 
 
-class Daemon:
+class Daemon(tpdaemon.Daemon):
     def __init__(self, model, template):
-        self.dir = tempfile.mkdtemp(prefix="tp-chat-")
-        self.config = os.path.join(self.dir, "tokpipe.yaml")
-        with open(self.config, "w") as f:
-            f.write("runtime_dir: %s\n" % json.dumps(os.path.join(self.dir, "rt")))
-            f.write("model:\n  path: %s\n  tokenizer: \"\"\n  chat_template: %s\n" %
-                    (json.dumps(model), json.dumps(template)))
-            f.write("shutdown:\n  drain_timeout_ms: 60000\n")
-            # no gateway: the default config would open 127.0.0.1:8080 for every test daemon
-            f.write("http:\n  enabled: false\n")
-        self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
-        self.proc = subprocess.Popen([os.path.join(BIN, "tokpiped"), "--config", self.config],
-                                     stdout=self.log, stderr=self.log)
-        deadline = time.time() + 60
-        while True:
-            p = subprocess.run([TOKPIPE, "stats", "--json", "--config", self.config, "--timeout", "2000"],
-                               capture_output=True, timeout=60)
-            if p.returncode == 0 and all(v > 0 for v in json.loads(p.stdout)["workers"].values()):
-                break
-            if time.time() > deadline or self.proc.poll() is not None:
-                raise AssertionError("tokpiped not ready; log: " + self.log_text())
-            time.sleep(0.2)
-
-    def log_text(self):
-        self.log.flush()
-        with open(os.path.join(self.dir, "tokpiped.log"), "rb") as f:
-            return f.read().decode(errors="replace")
+        super().__init__("shutdown:\n  drain_timeout_ms: 60000\n", model=model, tokenizer="", chat_template=template,
+                         prefix="tp-chat-", stop_timeout_s=90, ready=True)
 
     def generate(self, *args):
         p = subprocess.run([TOKPIPE, "generate", "--config", self.config, "--json", "--temperature", "0",
                             "--max-tokens", str(MAX_TOKENS), *args], capture_output=True, timeout=120)
         return p.returncode, p.stdout.decode(), p.stderr.decode()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def run_inprocess(model, template, *args):

@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import subprocess
+import sys
 import unittest
 
 import jinja2
@@ -19,9 +20,10 @@ import jinja2.ext
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
+
 TEMPLATES = os.path.join(MODELS, "chat-templates")
-TOKPIPE = os.path.join(os.environ.get("TP_BIN_DIR", "bin"), "tokpipe")
 BOS, EOS = "<BOS>", "<EOS>"
 
 MUST_RENDER = [

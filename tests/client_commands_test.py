@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -21,8 +22,8 @@ import unittest
 import msgpack
 import zmq
 
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-TOKPIPE = os.path.join(BIN, "tokpipe")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tpdaemon import TOKPIPE  # noqa: E402
 
 # Scripted output of every job: deltas (text, ids) then the FINISH delta.
 DELTAS = [("Hel", [10]), ("lo", [11]), (" wor", [12, 13])]

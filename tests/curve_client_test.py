@@ -6,21 +6,18 @@ plain-text socket get no reply.
 """
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
+import sys
 import time
 import unittest
 
 import msgpack
 import zmq
 
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-MODELS = os.path.abspath(os.environ.get("TP_MODELS", "../shared/models"))
-TOKPIPED = os.path.join(BIN, "tokpiped")
-TOKPIPE = os.path.join(BIN, "tokpipe")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE, TOKPIPED, stats  # noqa: E402
 
 
 def free_port():
@@ -43,42 +40,29 @@ class CurveClient(unittest.TestCase):
     def setUpClass(cls):
         if not os.path.exists(TOKPIPED) or not zmq.has("curve"):
             raise unittest.SkipTest("tokpiped not built or pyzmq without CURVE")
-        d = cls.dir = tempfile.mkdtemp(prefix="tp-curve-")
+        cls.ep = {n: "tcp://127.0.0.1:%d" % free_port() for n in ("front", "back", "events", "publish")}
+        # the keys live in the daemon's directory, made before the daemon starts
+        cls.daemon = tpdaemon.Daemon(endpoints=cls.ep, prefix="tp-curve-", start=False)
+        cls.addClassCleanup(cls.daemon.stop)
+        d = cls.daemon.dir
         for name in ("broker", "worker"):
             subprocess.run([TOKPIPE, "keygen", "--out", os.path.join(d, name)], check=True, capture_output=True)
         cls.pub, cls.sec = zmq.curve_keypair()  # a third-party client's own pair
         with open(os.path.join(d, "authorized_keys"), "w") as f:
             f.write(open(os.path.join(d, "worker.pub")).read())
             f.write(cls.pub.decode() + " python client\n")
-        cls.ep = {n: "tcp://127.0.0.1:%d" % free_port() for n in ("front", "back", "events", "publish")}
-        cls.config = os.path.join(d, "tokpipe.yaml")
-        with open(cls.config, "w") as f:
-            f.write("runtime_dir: %s\n" % json.dumps(d))
-            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
-                json.dumps(os.path.join(MODELS, "stories260K.bin")), json.dumps(os.path.join(MODELS, "tok512.bin"))))
-            f.write("endpoints:\n" + "".join("  %s: %s\n" % kv for kv in cls.ep.items()))
-            f.write("http:\n  enabled: false\n")
-            f.write("security:\n  curve: true\n")
-            for k, v in (("server_secret_key", "broker.key"), ("server_public_key", "broker.pub"),
-                         ("authorized_keys", "authorized_keys"), ("client_secret_key", "worker.key")):
-                f.write("  %s: %s\n" % (k, json.dumps(os.path.join(d, v))))
-        cls.log = open(os.path.join(d, "tokpiped.log"), "wb")
-        cls.proc = subprocess.Popen([TOKPIPED, "--config", cls.config], stdout=cls.log, stderr=cls.log)
+        config = "security:\n  curve: true\n"
+        for k, v in (("server_secret_key", "broker.key"), ("server_public_key", "broker.pub"),
+                     ("authorized_keys", "authorized_keys"), ("client_secret_key", "worker.key")):
+            config += "  %s: %s\n" % (k, json.dumps(os.path.join(d, v)))
+        cls.daemon.start(config)
         cls.ctx = zmq.Context()
         cls.server_key = key_of(os.path.join(d, "broker.pub"))
-        cls.wait_ready()
+        cls.daemon.wait_ready(30, lambda: cls.socket(zmq.DEALER, cls.ep["front"]))
 
     @classmethod
     def tearDownClass(cls):
         cls.ctx.destroy(linger=0)
-        cls.proc.send_signal(signal.SIGTERM)
-        try:
-            cls.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            cls.proc.kill()
-            cls.proc.wait()
-        cls.log.close()
-        shutil.rmtree(cls.dir, ignore_errors=True)
 
     @classmethod
     def socket(cls, kind, endpoint, server_key=None, curve=True):
@@ -91,31 +75,6 @@ class CurveClient(unittest.TestCase):
             s.curve_publickey, s.curve_secretkey = cls.pub, cls.sec
         s.connect(endpoint)
         return s
-
-    @classmethod
-    def stats(cls, sock, timeout_ms):
-        try:
-            sock.send_multipart([b"JOB1", b"\x06", msgpack.packb({})])
-        except zmq.Again:
-            return None   # no connection was ever made
-        if not sock.poll(timeout_ms):
-            return None
-        f = sock.recv_multipart()
-        return msgpack.unpackb(f[2]) if f[1] == b"\x07" else None
-
-    @classmethod
-    def wait_ready(cls):
-        end = time.time() + 30
-        while time.time() < end:
-            if cls.proc.poll() is not None:
-                raise AssertionError("tokpiped exited; see %s/tokpiped.log" % cls.dir)
-            s = cls.socket(zmq.DEALER, cls.ep["front"])
-            st = cls.stats(s, 500)
-            s.close()
-            if st and all(st["workers"].get(k, 0) >= 1 for k in ("tokenize", "forward", "sample", "stop")):
-                return
-            time.sleep(0.1)
-        raise AssertionError("workers never registered over CURVE")
 
     def test_listed_key_streams_the_same_text_as_tokpipe_run(self):
         sub = self.socket(zmq.SUB, self.ep["events"])
@@ -145,10 +104,10 @@ class CurveClient(unittest.TestCase):
         other, _ = zmq.curve_keypair()
         for name, s in (("wrong broker key", self.socket(zmq.DEALER, self.ep["front"], server_key=other)),
                         ("plain text", self.socket(zmq.DEALER, self.ep["front"], curve=False))):
-            self.assertIsNone(self.stats(s, 1000), name + " got a reply")
+            self.assertIsNone(stats(s, 1000), name + " got a reply")
             s.close()
         ok = self.socket(zmq.DEALER, self.ep["front"])
-        st = self.stats(ok, 5000)
+        st = stats(ok, 5000)
         ok.close()
         self.assertIsNotNone(st, "the listed key lost its service")
         self.assertEqual(st.get("zap_refused", 0), 0, "handshakes that never reach ZAP are not counted")

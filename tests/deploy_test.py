@@ -19,6 +19,15 @@ def read(path):
         return f.read()
 
 
+def built_unit(d, unit, name=None):
+    """deploy/UNIT written into directory d (as name), its programs the ones
+    just built; returns the unit's text as shipped."""
+    text = read(os.path.join("deploy", unit))
+    with open(os.path.join(d, name or unit), "w", encoding="utf-8") as f:
+        f.write(text.replace("/usr/local/bin/", BIN + "/"))
+    return text
+
+
 def verify_units(test, d):
     """systemd-analyze verify the units written in directory d."""
     shutil.copy(os.path.join(d, "tokpipe-worker@.service"), os.path.join(d, "tokpipe-worker@forward.0.service"))
@@ -34,11 +43,9 @@ class DeployUnits(unittest.TestCase):
     def test_units_verify_without_any_complaint(self):
         with tempfile.TemporaryDirectory() as d:
             for u in UNITS:
-                text = read(os.path.join("deploy", u))
+                text = built_unit(d, u)
                 if u.endswith(".service"):
                     self.assertIn("/usr/local/bin/", text, u)
-                with open(os.path.join(d, u), "w", encoding="utf-8") as f:
-                    f.write(text.replace("/usr/local/bin/", BIN + "/"))
             verify_units(self, d)
 
     def test_every_service_unit_scores_an_exposure_of_2_or_less(self):
@@ -48,12 +55,9 @@ class DeployUnits(unittest.TestCase):
         self.assertGreaterEqual(len(units), 2)
         with tempfile.TemporaryDirectory() as d:
             for u in units:
-                text = read(os.path.join("deploy", u))
-                if u.endswith("@.service"):
-                    u = u.replace("@.service", "@x.service")
-                path = os.path.join(d, u)
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(text.replace("/usr/local/bin/", BIN + "/"))
+                name = u.replace("@.service", "@x.service")
+                built_unit(d, u, name)
+                path = os.path.join(d, name)
                 p = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", path],
                                    capture_output=True, text=True, timeout=60)
                 m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", p.stdout + p.stderr)

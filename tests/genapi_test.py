@@ -12,22 +12,19 @@ import json
 import math
 import os
 import shutil
-import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
-import msgpack
-import zmq
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE, TOKPIPED  # noqa: E402
 
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-MODELS = os.path.abspath(os.environ.get("TP_MODELS", "../shared/models"))
-TOKPIPED = os.path.join(BIN, "tokpiped")
-TOKPIPE = os.path.join(BIN, "tokpipe")
-MODEL = os.path.join(MODELS, "stories260K.bin")
-TOKENIZER = os.path.join(MODELS, "tok512.bin")
+MODEL = tpdaemon.STORIES
+TOKENIZER = tpdaemon.TOK512
 PROMPT = "Once upon a time"
 
 
@@ -43,65 +40,19 @@ def f32(x):
     return struct.unpack("<f", struct.pack("<f", x))[0] if x is not None else None
 
 
-class Daemon:
-    def __init__(self, extra=""):
-        self.dir = tempfile.mkdtemp(prefix="tp-genapi-")
-        self.config = os.path.join(self.dir, "tokpipe.yaml")
-        with open(self.config, "w") as f:
-            f.write("runtime_dir: %s\n" % json.dumps(self.dir))
-            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (json.dumps(MODEL), json.dumps(TOKENIZER)))
-            # no gateway: the default config would open 127.0.0.1:8080 for every test daemon
-            f.write("http:\n  enabled: false\n")
-            f.write(extra)
-        self.front = "ipc://" + os.path.join(self.dir, "front.sock")
-        self.events = "ipc://" + os.path.join(self.dir, "events.sock")
-        self.logpath = os.path.join(self.dir, "tokpiped.log")
-        self.log = open(self.logpath, "wb")
-        self.proc = subprocess.Popen([TOKPIPED, "--config", self.config], stdout=self.log, stderr=self.log)
-        self.ctx = zmq.Context()
-        self.dealer = self.ctx.socket(zmq.DEALER)
-        self.dealer.linger = 0
-        self.dealer.connect(self.front)
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.linger = 0
-        self.sub.connect(self.events)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.req = 0
+class Daemon(tpdaemon.Daemon):
+    """Ready (every stage has a worker), with a SUB to every event."""
+
+    def __init__(self, extra="", model=MODEL, tokenizer=TOKENIZER):
+        super().__init__(extra, model=model, tokenizer=tokenizer, prefix="tp-genapi-", stop_timeout_s=20, ready=True)
+        self.sub = tpdaemon.Subscriber(self.zmq(), self.events)
+        self.sub.subscribe("")
         self.n_jobs = 0
-        self.wait_ready()
-
-    def log_text(self):
-        self.log.flush()
-        with open(self.logpath, "rb") as f:
-            return f.read().decode(errors="replace")[-3000:]
-
-    def call(self, cmd, hdr, payload=(), timeout_ms=10000):
-        self.req += 1
-        hdr = dict(hdr, req=self.req)
-        self.dealer.send_multipart([b"JOB1", bytes([cmd]), msgpack.packb(hdr)] + list(payload))
-        while True:
-            if not self.dealer.poll(timeout_ms):
-                raise AssertionError("no reply to 0x%02x\n%s" % (cmd, self.log_text()))
-            frames = self.dealer.recv_multipart()
-            rep = msgpack.unpackb(frames[2], strict_map_key=False)
-            if rep.get("req") == self.req:
-                return frames[1], rep
-
-    def wait_ready(self):
-        """Until every stage has a worker (STATS) and the SUB sees heartbeats."""
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            _, st = self.call(0x06, {})
-            if all(st["workers"].get(k, 0) > 0 for k in ("tokenize", "forward", "sample", "stop")):
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("workers did not register\n" + self.log_text())
-        while True:
-            if not self.sub.poll(20000):
-                raise AssertionError("no heartbeat\n" + self.log_text())
-            if self.sub.recv_multipart()[0] == b"@heartbeat":
-                return
+        try:
+            self.sub.wait_heartbeat(self.log_text)
+        except BaseException:
+            self.stop()
+            raise
 
     def submit(self, params, prompt=PROMPT, ids=None):
         """SUBMIT, then collect events until FINISH: (ack, tokens, finish)."""
@@ -113,44 +64,13 @@ class Daemon:
             hdr["prompt"] = prompt
         else:
             payload = [struct.pack("<%di" % len(ids), *ids)]
-        cmd, ack = self.call(0x01, hdr, payload)
+        cmd, ack, _ = self.call(tpdaemon.CMD_SUBMIT, hdr, *payload)
         if ack["status"] != 200:
             return ack, [], None
-        tokens = []
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if not self.sub.poll(20000):
-                break
-            frames = self.sub.recv_multipart()
-            if frames[0] != job_id.encode():
-                continue
-            ev = msgpack.unpackb(frames[3])
-            if frames[2] == b"\x01":
-                ev["ids"] = list(struct.unpack("<%di" % (len(frames[4]) // 4), frames[4]))
-                if len(frames) > 5:
-                    n = len(ev["ids"])
-                    k = ev.get("top_n", 0)
-                    ev["lp"] = list(struct.unpack("<%df" % n, frames[5]))
-                    ev["top_ids"] = list(struct.unpack("<%di" % (n * k), frames[6]))
-                    ev["top_lp"] = list(struct.unpack("<%df" % (n * k), frames[7]))
-                tokens.append(ev)
-            else:
-                return ack, tokens, ev
-        raise AssertionError("no FINISH for %s\n%s" % (job_id, self.log_text()))
-
-    def stop(self):
-        self.dealer.close()
-        self.sub.close()
-        self.ctx.term()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            return (ack,) + self.sub.collect(job_id)
+        except AssertionError as e:
+            raise AssertionError("%s\n%s" % (e, self.log_text()))
 
 
 def run_json(*args):
@@ -210,16 +130,10 @@ class GenerationApi(object):
 
     def test_status_of_a_finished_job_carries_the_logprobs_its_events_did(self):
         ack, tokens, fin = self.d.submit({"seed": 5, "max_tokens": 12, "logprobs": True, "top_logprobs": 4})
-        self.d.req += 1
-        self.d.dealer.send_multipart([b"JOB1", b"\x04", msgpack.packb({"req": self.d.req, "job_id": fin["job_id"]})])
-        frames = self.d.dealer.recv_multipart()
-        st = msgpack.unpackb(frames[2])
+        _, st, pl = self.d.call(tpdaemon.CMD_STATUS, {"job_id": fin["job_id"]})
         self.assertEqual((st["state"], st["top_n"]), ("finished", 4))
-        ids = list(struct.unpack("<%di" % (len(frames[3]) // 4), frames[3]))
-        n = len(ids)
-        status_lp = {"ids": ids, "top_n": 4, "lp": list(struct.unpack("<%df" % n, frames[4])),
-                     "top_ids": list(struct.unpack("<%di" % (4 * n), frames[5])),
-                     "top_lp": list(struct.unpack("<%df" % (4 * n), frames[6]))}
+        ids = tpdaemon.ids_of(pl[0])
+        status_lp = dict(tpdaemon.logprob_frames(len(ids), 4, pl[1:4]), ids=ids, top_n=4)
         self.assertEqual(wire_logprobs([status_lp]), wire_logprobs(tokens))
         out = subprocess.run([TOKPIPE, "status", "--json", "--config", self.d.config, fin["job_id"]],
                              capture_output=True, text=True, timeout=30)
@@ -323,7 +237,7 @@ class GenerationApi(object):
         self.assertEqual(ref["finish_detail"], "max_tokens")
 
     def test_copies_of_one_stop_string_count_once_against_the_limit(self):
-        cmd, info = self.d.call(0x08, {})
+        _, info, _ = self.d.call(tpdaemon.CMD_INFO, {})
         n = info["limits"]["max_stop_strings"] * 2
         ack, tokens, fin = self.d.submit({"temperature": 0, "max_tokens": 40, "stop": [" girl"] * n})
         self.assertEqual(ack["status"], 200, ack)
@@ -334,8 +248,8 @@ class GenerationApi(object):
 
     def test_info_reports_the_model_and_the_limits(self):
         hdr = model_header()
-        cmd, info = self.d.call(0x08, {})
-        self.assertEqual(cmd, b"\x09")
+        cmd, info, _ = self.d.call(tpdaemon.CMD_INFO, {})
+        self.assertEqual(cmd, tpdaemon.CMD_INFO_REPLY)
         self.assertEqual(info["vocab_size"], hdr["vocab"])
         self.assertEqual(info["context_length"], hdr["seq_len"])
         self.assertIn(info["eos_id"], info["eog_ids"])
@@ -374,7 +288,7 @@ class InfoOfAGgufModelWithAChatTemplate(unittest.TestCase):
             subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", vocab,
                             "--shape", "64x2", "--seq-len", "64", "--seed", "1", "--out", model],
                            check=True, capture_output=True, timeout=120)
-            d = DaemonWith(model)
+            d = Daemon(model=model, tokenizer="")
             try:
                 out = subprocess.run([TOKPIPE, "info", "--json", "--config", d.config], capture_output=True,
                                      text=True, timeout=30)
@@ -393,19 +307,6 @@ class InfoOfAGgufModelWithAChatTemplate(unittest.TestCase):
             self.assertIn(pieces["<|end|>"], info["eog_ids"], "phi-3's end-of-turn ends generation")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-class DaemonWith(Daemon):
-    """A Daemon on another model file (its embedded vocabulary)."""
-
-    def __init__(self, model_path):
-        global MODEL, TOKENIZER
-        saved = MODEL, TOKENIZER
-        MODEL, TOKENIZER = model_path, ""
-        try:
-            Daemon.__init__(self, "")
-        finally:
-            MODEL, TOKENIZER = saved
 
 
 class HelpTexts(unittest.TestCase):
@@ -448,7 +349,7 @@ class GeneratePartialRefusal(unittest.TestCase):
             # nothing was left running: the broker's job table is empty
             deadline = time.time() + 10
             while time.time() < deadline:
-                _, st = d.call(0x06, {})
+                _, st, _ = d.call(tpdaemon.CMD_STATS, {})
                 if st.get("jobs_active", 0) == 0:
                     break
                 time.sleep(0.05)

@@ -13,10 +13,8 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import gguf_tiny  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-TOKPIPE = os.path.join(BIN, "tokpipe")
 VOCABS = [os.path.join(MODELS, "llama.cpp-vocab", n) for n in
           ("ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gpt-2.gguf")]
 

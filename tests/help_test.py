@@ -12,6 +12,7 @@ BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
 SHARED = {  # function a command calls -> the file whose flags it then accepts
     "genopts_parse_one": "tools/genopts.c",
     "tp_client_parse_arg": "tools/client.c",
+    "tp_client_cmd_parse": "tools/client.c",
 }
 
 

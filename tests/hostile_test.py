@@ -7,8 +7,6 @@ Skips (with a message) only when the daemon binary is not built yet.
 """
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,9 +16,9 @@ import unittest
 import msgpack
 import zmq
 
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-TOKPIPED = os.path.join(BIN, "tokpiped")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
+from tpdaemon import BIN, TOKPIPED, Producer  # noqa: E402
 
 # README "What a client can cost the broker": the bound stated there.
 RSS_BOUND_MB = 100
@@ -50,43 +48,11 @@ def rss_mb(pid):
     raise AssertionError("no VmRSS for pid %d" % pid)
 
 
-class Daemon:
-    def __init__(self, extra=""):
-        self.dir = tempfile.mkdtemp(prefix="tp-hostile-")
-        self.config = os.path.join(self.dir, "tokpipe.yaml")
-        models = os.path.abspath(MODELS)
-        with open(self.config, "w") as f:
-            f.write("runtime_dir: %s\n" % json.dumps(self.dir))
-            if "model:" not in extra:
-                f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
-                    json.dumps(os.path.join(models, "stories260K.bin")),
-                    json.dumps(os.path.join(models, "tok512.bin"))))
-            # no gateway: the default config would open 127.0.0.1:8080 for every test daemon
-            f.write("http:\n  enabled: false\n")
-            f.write(extra)
-        self.front = "ipc://" + os.path.join(self.dir, "front.sock")
-        self.events = "ipc://" + os.path.join(self.dir, "events.sock")
-        self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
-        env = dict(os.environ)
-        if ASAN_SLACK > 1:   # no quarantine: freed memory is reused, as in the real build
-            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=0"
-        self.proc = subprocess.Popen([TOKPIPED, "--config", self.config], stdout=self.log, stderr=self.log, env=env)
-
-    def log_text(self):
-        self.log.flush()
-        with open(os.path.join(self.dir, "tokpiped.log"), "rb") as f:
-            return f.read().decode(errors="replace")[-3000:]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def Daemon(**kw):
+    env = dict(os.environ)
+    if ASAN_SLACK > 1:   # no quarantine: freed memory is reused, as in the real build
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=0"
+    return tpdaemon.Daemon(env=env, prefix="tp-hostile-", stop_timeout_s=15, **kw)
 
 
 class Client:
@@ -94,27 +60,20 @@ class Client:
 
     def __init__(self, ctx, d):
         self.d = d
-        self.front = ctx.socket(zmq.DEALER)
-        self.front.linger = 0
-        self.front.connect(d.front)
+        self.prod = Producer(ctx, d.front, d.log_text)
         self.sub = ctx.socket(zmq.SUB)
         self.sub.linger = 0
         self.sub.rcvhwm = 0
         self.sub.connect(d.events)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.req = 0
         self.text, self.finish = {}, {}
 
+    @property
+    def req(self):
+        return self.prod.req
+
     def call(self, cmd, hdr, timeout_ms=10000):
-        self.req += 1
-        self.front.send_multipart([b"JOB1", bytes([cmd]), msgpack.packb(dict(hdr, req=self.req))])
-        while True:
-            if not self.front.poll(timeout_ms):
-                raise AssertionError("no reply within %d ms\n%s" % (timeout_ms, self.d.log_text()))
-            f = self.front.recv_multipart()
-            rep = msgpack.unpackb(f[2])
-            if rep.get("req") == self.req:
-                return rep
+        return self.prod.call(cmd, hdr, timeout_ms=timeout_ms)[1]
 
     def submit(self, job, **params):
         return self.call(0x01, {"job_id": job, "prompt": "Once upon a time", "params": params})
@@ -250,14 +209,13 @@ class HostileClients(unittest.TestCase):
                  ("repetition_penalty", "--repetition-penalty", 1e300),
                  ("repetition_penalty", "--repetition-penalty", 1e-300),
                  ("min_p", "--min-p", -1e-300)]
-        models = os.path.abspath(MODELS)
         for key, flag, v in cases:
             rep = self.c.submit("f-%d" % self.c.req, **{key: v})
             self.assertEqual(rep["status"], 400, "%s=%g: %r" % (key, v, rep))
             self.assertEqual(rep.get("field"), "params." + key, rep)
             wire = rep["error"].split(": ", 1)[1]
-            p = subprocess.run([os.path.join(BIN, "tokpipe"), "run", "--model", os.path.join(models, "stories260K.bin"),
-                                "--tokenizer", os.path.join(models, "tok512.bin"), "--prompt", "hi",
+            p = subprocess.run([os.path.join(BIN, "tokpipe"), "run", "--model", tpdaemon.STORIES,
+                                "--tokenizer", tpdaemon.TOK512, "--prompt", "hi",
                                 flag, repr(v)], capture_output=True, text=True, timeout=30)
             self.assertNotEqual(p.returncode, 0, "run accepted %s %r" % (flag, v))
             self.assertIn(key + ": " + wire, p.stderr, "run and SUBMIT disagree on %s %r" % (flag, v))
@@ -346,7 +304,7 @@ class BrokenModels(unittest.TestCase):
     def test_a_corrupt_model_stops_tokpiped_at_start_naming_it(self):
         with tempfile.TemporaryDirectory() as tmp:
             bad = os.path.join(tmp, "bad.bin")
-            with open(os.path.join(os.path.abspath(MODELS), "stories260K.bin"), "rb") as f:
+            with open(tpdaemon.STORIES, "rb") as f:
                 data = bytearray(f.read())
             data[0:4] = (64 * 1024).to_bytes(4, "little")   # dim far beyond the file
             with open(bad, "wb") as f:
@@ -363,8 +321,7 @@ class BrokenModels(unittest.TestCase):
             bad = os.path.join(tmp, "vocab.bin")
             with open(bad, "wb") as f:
                 f.write(b"not a vocabulary")
-            d = Daemon("model:\n  path: %s\n  tokenizer: %s\n" % (
-                json.dumps(os.path.join(os.path.abspath(MODELS), "stories260K.bin")), json.dumps(bad)))
+            d = Daemon(tokenizer=bad)
             try:
                 tokpipe = os.path.join(BIN, "tokpipe")
                 cfg = ["--front", d.front, "--events", d.events]

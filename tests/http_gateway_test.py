@@ -4,7 +4,9 @@ completions and SSE streams give exactly the text and token counts of
 token-id prompts); streamed deltas concatenate to the non-streamed text for
 every stop case of it_stops; /metrics passes promtool and its counters move;
 overload (429 + Retry-After), drain (503), a client that disconnects (its
-jobs cancelled), bad JSON / fields (400 naming the field), API keys (401).
+jobs cancelled), bad JSON / fields (400 naming the field), API keys (401);
+logprobs of both endpoints equal run --json's (texts from the tokenizer
+file read here), streamed == not, 501 without a readable vocabulary.
 Clients: Python's standard library and curl -N."""
 import concurrent.futures
 import http.client
@@ -55,8 +57,53 @@ def run_json(prompt, p, seed_offset=0):
         args += ["--logit-bias", "%s=%g" % (i, b)]
     if "typical_p" in p:
         args += ["--typical-p", str(p["typical_p"])]
+    if p.get("logprobs") is not None and p.get("logprobs") is not False:
+        args += ["--top-logprobs", str(p.get("top_logprobs", 0) if p["logprobs"] is True else p["logprobs"])]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
     return json.loads(out.splitlines()[0])
+
+
+def vocab_bytes(path=TOK):
+    """Each id's bytes in generated text, read from the llama2.c tokenizer.bin
+    itself: <0xNN> is that byte, <unk>/<s>/</s> (ids 0-2) add nothing."""
+    out = []
+    with open(path, "rb") as f:
+        f.read(4)   # max_token_length
+        while True:
+            head = f.read(8)
+            if len(head) < 8:
+                break
+            n = int.from_bytes(head[4:8], "little")
+            out.append(f.read(n))
+    for i, b in enumerate(out):
+        if i < 3:
+            out[i] = b""
+        elif len(b) == 6 and b.startswith(b"<0x") and b.endswith(b">"):
+            out[i] = bytes([int(b[3:5], 16)])
+    return out
+
+
+VOCAB = vocab_bytes()
+
+
+def expected_entries(want, text):
+    """The tokens of a tokpipe run --json result whose bytes the text carries
+    wholly (README: a stop string's cut drops the token it cuts)."""
+    tb = text.encode()
+    entries, end = [], 0
+    for e in want["logprobs"]:
+        b = VOCAB[e["id"]]
+        if tb[end:end + len(b)] != b or end + len(b) > len(tb):
+            break
+        entries.append(e)
+        end += len(b)
+    if want["finish_reason"] != "stop_string":
+        assert len(entries) == len(want["logprobs"]), "run's tokens do not spell its text"
+    return entries
+
+
+def lp_of(v):
+    return -9999.0 if v is None else v
 
 
 class Daemon:
@@ -298,6 +345,76 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             self.assertEqual(final[0]["finish_reason"], whole["choices"][0]["finish_reason"])
             self.assertEqual(final[0]["stop_reason"], whole["choices"][0]["stop_reason"])
         self.assertTrue({"stop_string", "stop_token", "length"} <= reasons, reasons)
+
+    def check_legacy_logprobs(self, lp, want, text, n_top, p):
+        entries = expected_entries(want, text)
+        strs = [VOCAB[e["id"]].decode("utf-8", "replace") for e in entries]
+        self.assertEqual(lp["tokens"], strs, p)
+        self.assertEqual(len(lp["token_logprobs"]), len(entries))
+        for got, e in zip(lp["token_logprobs"], entries):
+            self.assertAlmostEqual(got, lp_of(e["logprob"]), places=6)
+        offs, n = [], 0
+        for t in strs:
+            offs.append(n)
+            n += len(t)
+        self.assertEqual(lp["text_offset"], offs, p)
+        for got, e in zip(lp["top_logprobs"], entries):
+            top = {}
+            for a in e["top"][:n_top] + [e]:
+                top.setdefault(VOCAB[a["id"]].decode("utf-8", "replace"), lp_of(a["logprob"]))
+            self.assertEqual(sorted(got), sorted(top), p)
+            for k in top:
+                self.assertAlmostEqual(got[k], top[k], places=6)
+        joined = "".join(strs)
+        if want["finish_reason"] == "stop_string":
+            self.assertTrue(text.startswith(joined), (text, joined))
+        else:
+            self.assertEqual(joined, text, p)
+
+    def test_completion_logprobs_equal_tokpipe_run_streamed_and_not(self):
+        cases = [dict(c, logprobs=k % 6) for k, c in enumerate(self.stop_cases())]
+        cases.append({"temperature": 0, "max_tokens": 30, "logprobs": 5, "logit_bias": {"432": -100}})
+        cut = 0
+        for p in cases:
+            body = dict(p, prompt="Once upon a time")
+            st, whole, _ = post(self.port, body)
+            self.assertEqual(st, 200, whole)
+            want = self.check_like_run("Once upon a time", p, whole["choices"][0])
+            c = whole["choices"][0]
+            self.check_legacy_logprobs(c["logprobs"], want, c["text"], p["logprobs"], p)
+            cut += len(c["logprobs"]["tokens"]) < want["completion_tokens"]
+            events = stream(self.port, body)
+            got = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            text = ""
+            for e in events[:-1]:
+                ch = e["choices"][0]
+                if ch["finish_reason"] is not None:
+                    self.assertIsNone(ch["logprobs"])
+                    continue
+                text += ch["text"]
+                for k in got:
+                    got[k] += ch["logprobs"][k]
+                # a chunk's entries end inside the text sent so far
+                self.assertTrue(text.startswith("".join(got["tokens"])), (text, got["tokens"]))
+            self.assertEqual(text, c["text"])
+            self.assertEqual(got, c["logprobs"], p)
+        self.assertGreater(cut, 0, "no case had a stop string cut a token")
+        st, r, _ = post(self.port, {"prompt": "x", "logprobs": 6})
+        self.assertEqual((st, r["error"]["param"]), (400, "logprobs"), r)
+        self.assertIn("[0, 5]", r["error"]["message"])
+        st, r, _ = post(self.port, {"prompt": "x", "top_logprobs": 2})
+        self.assertEqual((st, r["error"]["param"]), (400, "top_logprobs"), r)
+
+    def test_logprobs_follow_an_empty_prompt_and_an_id_prompt(self):
+        # after BOS alone a SentencePiece token loses its leading space: the
+        # entries must still spell the text
+        for prompt in ([1], [1, 403]):
+            p = {"temperature": 0.7, "seed": 2, "max_tokens": 25, "logprobs": 1}
+            st, r, _ = post(self.port, dict(p, prompt=prompt))
+            self.assertEqual(st, 200, r)
+            c = r["choices"][0]
+            self.assertEqual("".join(c["logprobs"]["tokens"]), c["text"], prompt)
+            self.assertEqual(len(c["logprobs"]["tokens"]), r["usage"]["completion_tokens"])
 
     def test_curl_streams_the_same_text(self):
         body = {"prompt": "Once upon a time", "max_tokens": 60, "temperature": 0.9, "seed": 5, "stop": [" the"],
@@ -577,8 +694,87 @@ class GatewayChat(unittest.TestCase):
             text = "".join(ch["delta"].get("content", "") for e in events[:-1] for ch in e["choices"])
             self.assertEqual(text, want["text"])
             self.assertTrue(all(e["object"] == "chat.completion.chunk" for e in events[:-1]))
+            self.check_chat_logprobs(d, msgs, args)
         finally:
             d.stop()
+
+
+    def check_chat_logprobs(self, d, msgs, args):
+        """logprobs: true + top_logprobs: each content item equals tokpipe run's
+        entry (token text, bytes from the vocabulary file), streamed == not."""
+        body = {"messages": msgs, "max_tokens": 30, "temperature": 0.8, "seed": 4, "logprobs": True,
+                "top_logprobs": 3}
+        st, r, _ = post(d.port, body, path="/v1/chat/completions")
+        self.assertEqual(st, 200, r)
+        run = args[:]
+        run[run.index("--temperature") + 1] = "0.8"
+        run += ["--seed", "4", "--top-logprobs", "3"]
+        want = json.loads(subprocess.run(run, capture_output=True, text=True, timeout=120,
+                                         check=True).stdout.splitlines()[0])
+        c = r["choices"][0]
+        self.assertEqual(c["message"]["content"], want["text"])
+        content = c["logprobs"]["content"]
+        self.assertEqual(len(content), want["completion_tokens"])
+        for got, e in zip(content, want["logprobs"]):
+            b = VOCAB[e["id"]]
+            self.assertEqual(bytes(got["bytes"]), b)
+            self.assertEqual(got["token"], b.decode("utf-8", "replace"))
+            self.assertAlmostEqual(got["logprob"], lp_of(e["logprob"]), places=6)
+            self.assertEqual([bytes(a["bytes"]) for a in got["top_logprobs"]], [VOCAB[a["id"]] for a in e["top"]])
+            for ga, ea in zip(got["top_logprobs"], e["top"]):
+                self.assertAlmostEqual(ga["logprob"], lp_of(ea["logprob"]), places=6)
+        self.assertEqual(b"".join(bytes(x["bytes"]) for x in content), want["text"].encode())
+        conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=120)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(body, stream=True)),
+                     headers={"Content-Type": "application/json"})
+        events = sse_events([conn.getresponse().read()])
+        conn.close()
+        streamed = [x for e in events[:-1] for ch in e["choices"] if ch["logprobs"]
+                    for x in ch["logprobs"]["content"]]
+        self.assertEqual(streamed, content)
+        for bad, param in (({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21},
+                           "top_logprobs"), ({"logprobs": 2}, "logprobs")):
+            st, r, _ = post(d.port, dict({"messages": msgs}, **bad), path="/v1/chat/completions")
+            self.assertEqual((st, r["error"]["param"]), (400, param), r)
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
+class GatewayWithoutAVocabulary(unittest.TestCase):
+    def test_logprobs_are_501_naming_the_field_and_the_rest_still_served(self):
+        # no broker either: a request without logprobs reaches the bridge and
+        # times out (503), so the 501 comes from the gateway alone
+        d = tempfile.mkdtemp(prefix="tp-http-novocab-")
+        port = free_port()
+        cfg = os.path.join(d, "tokpipe.yaml")
+        with open(cfg, "w") as f:
+            f.write("runtime_dir: %s\n" % json.dumps(os.path.join(d, "rt")))
+            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (json.dumps(MODEL), json.dumps(os.path.join(d, "none.bin"))))
+            f.write("http:\n  port: %d\n  timeout_ms: 300\n" % port)
+        log = open(os.path.join(d, "log"), "wb")
+        proc = subprocess.Popen([os.path.join(BIN, "tokpipe-http"), "--config", cfg], stdout=log, stderr=log)
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    st, r, _ = post(port, {"prompt": "x", "logprobs": 1})
+                    break
+                except OSError:
+                    if time.time() > deadline or proc.poll() is not None:
+                        raise
+                    time.sleep(0.05)
+            self.assertEqual((st, r["error"]["param"]), (501, "logprobs"), r)
+            self.assertIn("none.bin", r["error"]["message"])
+            st, r, _ = post(port, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
+                            path="/v1/chat/completions")
+            self.assertEqual(st, 501, r)
+            st, r, _ = post(port, {"prompt": "x"})
+            self.assertEqual(st, 503, r)
+            self.assertIn("timeout_ms", r["error"]["message"])
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            log.close()
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
@@ -586,9 +782,16 @@ class GatewayWithoutAStopWorker(unittest.TestCase):
     def test_health_and_completions_are_503_naming_the_missing_stage(self):
         d = Daemon(extra="workers:\n  stop: 0\n", healthy=False)
         try:
-            st, body, _ = request(d.port, "GET", "/health")
+            # the other workers register while they load (a slow machine's
+            # forward worker may come after the gateway's first answer)
+            deadline = time.time() + 60
+            while True:
+                st, body, _ = request(d.port, "GET", "/health")
+                h = json.loads(body)
+                if h.get("missing") == ["stop"] or time.time() > deadline:
+                    break
+                time.sleep(0.05)
             self.assertEqual(st, 503)
-            h = json.loads(body)
             self.assertEqual(h["missing"], ["stop"])
             self.assertIn("stop", h["message"])
             self.assertEqual(h["workers"]["forward"], 1)

@@ -1,167 +1,38 @@
 """A producer and a subscriber written from protocol/PROTOCOL.md alone
-(pyzmq + msgpack, no tokpipe code), run end to end against the real daemon:
-$TP_BIN_DIR/tokpiped with a temporary config on the stories260K model.
+(tests/support/tpdaemon.py: pyzmq + msgpack, no tokpipe code), run end to
+end against the real daemon: $TP_BIN_DIR/tokpiped with a temporary config
+on the stories260K model.
 
 Skips (with a message) only when the daemon binary is not built yet.
 """
 import json
 import os
-import shutil
-import signal
 import struct
 import subprocess
-import tempfile
+import sys
 import time
 import unittest
 
 import msgpack
 import zmq
 
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-TOKPIPED = os.path.join(BIN, "tokpiped")
-TOKPIPE = os.path.join(BIN, "tokpipe")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE, ids_of  # noqa: E402
+
 PROMPT = "Once upon a time"
 MAX_TOKENS = 40
 
 
-def ids_of(frame):
-    assert len(frame) % 4 == 0, "ids frame of %d bytes" % len(frame)
-    return list(struct.unpack("<%di" % (len(frame) // 4), frame))
+class ProtocolEndToEnd(tpdaemon.DaemonCase):
+    CONFIG = "limits:\n  finished_ttl_ms: 60000\n"
+    PREFIX = "tp-proto-"
 
-
-class Daemon:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="tp-proto-")
-        self.config = os.path.join(self.dir, "tokpipe.yaml")
-        with open(self.config, "w") as f:
-            f.write("runtime_dir: %s\n" % json.dumps(self.dir))
-            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (
-                json.dumps(os.path.join(os.path.abspath(MODELS), "stories260K.bin")),
-                json.dumps(os.path.join(os.path.abspath(MODELS), "tok512.bin"))))
-            f.write("limits:\n  finished_ttl_ms: 60000\n")
-            f.write("http:\n  enabled: false\n")
-        self.front = "ipc://" + os.path.join(self.dir, "front.sock")
-        self.events = "ipc://" + os.path.join(self.dir, "events.sock")
-        self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
-        self.proc = subprocess.Popen([TOKPIPED, "--config", self.config], stdout=self.log, stderr=self.log)
-
-    def log_text(self):
-        self.log.flush()
-        with open(os.path.join(self.dir, "tokpiped.log"), "rb") as f:
-            return f.read().decode(errors="replace")[-3000:]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class Producer:
-    """DEALER to the frontend: JOB1 requests, one reply each, matched by req."""
-
-    def __init__(self, ctx, endpoint, diag=lambda: ""):
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.connect(endpoint)
-        self.req = 0
-        self.diag = diag  # text to show when the daemon does not answer
-
-    def send_raw(self, frames):
-        self.sock.send_multipart(frames)
-
-    def recv(self, timeout_ms=5000):
-        if not self.sock.poll(timeout_ms):
-            raise AssertionError("no reply within %d ms\n%s" % (timeout_ms, self.diag()))
-        frames = self.sock.recv_multipart()
-        assert frames[0] == b"JOB1", frames[0]
-        assert len(frames[1]) == 1
-        return frames[1][0], msgpack.unpackb(frames[2]), frames[3:]
-
-    def call(self, cmd, hdr, *payload, timeout_ms=5000):
-        self.req += 1
-        hdr = dict(hdr, req=self.req)
-        self.send_raw([b"JOB1", bytes([cmd]), msgpack.packb(hdr)] + list(payload))
-        cmd, rep, pl = self.recv(timeout_ms)
-        assert rep.get("req") == self.req, (rep, self.req)
-        return cmd, rep, pl
-
-
-class Subscriber:
-    """SUB to the event endpoint, topic = job id."""
-
-    def __init__(self, ctx, endpoint):
-        self.sock = ctx.socket(zmq.SUB)
-        self.sock.linger = 0
-        self.sock.connect(endpoint)
-
-    def subscribe(self, job):
-        self.sock.setsockopt(zmq.SUBSCRIBE, job.encode())
-
-    def collect(self, job, timeout_s=60):
-        """Every event of job until its FINISH: (tokens, finish)."""
-        tokens, end = [], time.time() + timeout_s
-        while time.time() < end:
-            if not self.sock.poll(200):
-                continue
-            f = self.sock.recv_multipart()
-            if f[0] != job.encode():
-                continue  # prefix match of another job
-            assert f[1] == b"EVT1", f[1]
-            hdr = msgpack.unpackb(f[3])
-            if f[2] == b"\x01":
-                hdr["ids"] = ids_of(f[4])
-                tokens.append(hdr)
-            elif f[2] == b"\x02":
-                return tokens, hdr
-            else:
-                raise AssertionError("unknown event command %r" % f[2])
-        raise AssertionError("no FINISH for %s within %d s" % (job, timeout_s))
-
-
-class ProtocolEndToEnd(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if not os.path.exists(TOKPIPED):
-            raise unittest.SkipTest("%s not built yet: the daemon lands with the broker work" % TOKPIPED)
         if not os.path.exists(os.path.join(MODELS, "stories260K.bin")):
             raise unittest.SkipTest("stories260K.bin not found under TP_MODELS=%s" % MODELS)
-        cls.daemon = Daemon()
-        cls.ctx = zmq.Context()
-        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
-        cls.sub = Subscriber(cls.ctx, cls.daemon.events)
-        cls.wait_ready()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.prod.sock.close()
-        cls.sub.sock.close()
-        cls.ctx.term()
-        cls.daemon.stop()
-
-    @classmethod
-    def wait_ready(cls):
-        end = time.time() + 60
-        while time.time() < end:
-            if cls.daemon.proc.poll() is not None:
-                raise AssertionError("tokpiped exited: %s" % cls.daemon.log_text())
-            try:
-                cmd, rep, _ = cls.prod.call(0x06, {}, timeout_ms=500)
-            except AssertionError:
-                cls.prod.sock.close()  # drop the unanswered request: a new socket, a clean reply stream
-                cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
-                continue
-            w = rep.get("workers", {})
-            if cmd == 0x07 and all(w.get(s, 0) >= 1 for s in ("tokenize", "forward", "sample", "stop")):
-                return
-            time.sleep(0.1)
-        raise AssertionError("workers never registered: %s" % cls.daemon.log_text())
+        super().setUpClass()
 
     def run_job(self, job, params, prompt=PROMPT):
         self.sub.subscribe(job)
@@ -256,8 +127,8 @@ class ProtocolEndToEnd(unittest.TestCase):
     def test_5_tokpipe_generate_equals_tokpipe_run_token_for_token(self):
         """Concurrent jobs of different lengths and stop settings through the
         daemon give exactly the in-process `tokpipe run --json` lines."""
-        model = os.path.join(os.path.abspath(MODELS), "stories260K.bin")
-        tok = os.path.join(os.path.abspath(MODELS), "tok512.bin")
+        model = os.path.join(MODELS, "stories260K.bin")
+        tok = os.path.join(MODELS, "tok512.bin")
         prompts = ["Once upon a time", "Lily and Tom", "The dog", "One day"]
         cases = [
             ["--temperature", "0", "--max-tokens", "30"],

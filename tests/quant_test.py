@@ -1,6 +1,7 @@
-"""Quantized weights against an independent reference: a small numpy GGUF
-reader and numpy dequantizers written here from ggml's published block
-definitions (ggml-common.h block_q8_0 ... block_q6_K, dequantize_row_*),
+"""Quantized weights against an independent reference: the GGUF reader of
+tests/support/gguf_tiny.py (written from the GGUF spec) and numpy
+dequantizers written here from ggml's published block definitions
+(ggml-common.h block_q8_0 ... block_q6_K, dequantize_row_*),
 applied to llama.cpp-written files (../shared/models/gguf-quant) and to
 files `tokpipe quantize` writes, compared bit for bit with what tokpipe's
 own dequantizer writes (`tokpipe quantize FILE OUT --type F32`). So reader
@@ -10,17 +11,18 @@ expect, llama.cpp's Q4_K_M choice per tensor, and batch invariance of
 seeded, 1 and 2 threads), plus the C logits-level check on these files."""
 import json
 import os
-import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
 import numpy as np
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-BIN = os.environ.get("TP_BIN_DIR", "bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import gguf_tiny  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE, tokpipe  # noqa: E402
+
 BUILD = os.environ.get("TP_BUILD_DIR", "build")
-TOKPIPE = os.path.join(BIN, "tokpipe")
 QDIR = os.path.join(MODELS, "gguf-quant")
 
 # ggml type id -> (name, elements per block, bytes per block)
@@ -30,55 +32,12 @@ TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 8: ("Q8_0", 32,
 FTYPE = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9,
          "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "Q4_K_M": 15, "Q5_K_M": 17}
 
-# ---- a minimal GGUF v3 reader -------------------------------------------
-
-SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-          11: "<q", 12: "<d"}
+# ---- GGUF files (the header read by tests/support/gguf_tiny.py) -----------
 
 
-class Reader:
-    def __init__(self, path):
-        with open(path, "rb") as f:
-            self.buf = f.read()
-        self.off = 0
-        assert self.take(4) == b"GGUF", path
-        self.version, = self.unpack("<I")
-        n_tensors, n_kv = self.unpack("<QQ")
-        self.kv = {}
-        for _ in range(n_kv):
-            key = self.string()
-            self.kv[key] = self.value(self.unpack("<I")[0])
-        self.tensors = []
-        for _ in range(n_tensors):
-            name = self.string()
-            n_dims, = self.unpack("<I")
-            dims = list(self.unpack("<%dQ" % n_dims))
-            typ, off = self.unpack("<IQ")
-            self.tensors.append((name, dims, typ, off))
-        self.alignment = self.kv.get("general.alignment", 32)
-        self.data_start = (self.off + self.alignment - 1) // self.alignment * self.alignment
-
-    def take(self, n):
-        b = self.buf[self.off:self.off + n]
-        self.off += n
-        return b
-
-    def unpack(self, fmt):
-        v = struct.unpack_from(fmt, self.buf, self.off)
-        self.off += struct.calcsize(fmt)
-        return v
-
-    def string(self):
-        n, = self.unpack("<Q")
-        return self.take(n).decode("utf-8")
-
-    def value(self, t):
-        if t == 8:
-            return self.string()
-        if t == 9:
-            et, n = self.unpack("<IQ")
-            return [self.value(et) for _ in range(n)]
-        return self.unpack(SCALAR[t])[0]
+class Reader(gguf_tiny.Gguf):
+    """A GGUF file's header (tests/support/gguf_tiny.py) and its tensors'
+    bytes in every type below."""
 
     def raw(self, name):
         for n, dims, typ, off in self.tensors:
@@ -187,13 +146,6 @@ def dequant(typ, raw):
                     out[:, 128 * n + l + 32 * k] = (d * s[:, si]) * q.astype(F32)
         return out.ravel()
     raise ValueError(name)
-
-
-def tokpipe(*args):
-    p = subprocess.run([TOKPIPE, *args], capture_output=True, text=True, timeout=300)
-    if p.returncode:
-        raise AssertionError("tokpipe %s failed (%d): %s" % (" ".join(args), p.returncode, p.stderr))
-    return p
 
 
 def same_bits(a, b):

@@ -6,11 +6,12 @@ import json
 import os
 import re
 import subprocess
+import sys
 import unittest
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-BIN = os.environ.get("TP_BIN_DIR", "bin")
-TOKPIPE = os.path.join(BIN, "tokpipe")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
+
 BIN_MODEL = os.path.join(MODELS, "stories260K.bin")
 GGUF_MODEL = os.path.join(MODELS, "stories260K.gguf")
 TOK = os.path.join(MODELS, "tok512.bin")

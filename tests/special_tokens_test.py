@@ -16,10 +16,9 @@ import sys
 import time
 import unittest
 
-import zmq
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a file or as tests.NAME
-from protocol_client_test import MODELS, TOKPIPE, TOKPIPED, Daemon, Producer, Subscriber
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
 
 TOK = os.path.join(MODELS, "tok512.bin")
 # A prompt after which this model starts a new story (BOS) within a few
@@ -28,43 +27,12 @@ STORY_END = "And they lived happily ever after. The end."
 
 
 def tokenize(text, *flags):
-    esc = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
-    p = subprocess.run([TOKPIPE, "tokenize", "--tokenizer", TOK, "--bos", *flags],
-                       input=(esc + "\n").encode(), capture_output=True, timeout=30)
-    assert p.returncode == 0, p.stderr.decode()
-    return [int(x) for x in p.stdout.split()]
+    return tpdaemon.tokenize(TOK, text, "--bos", *flags)
 
 
-class SpecialTokensEndToEnd(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        if not os.path.exists(TOKPIPED):
-            raise unittest.SkipTest("%s not built" % TOKPIPED)
-        cls.daemon = Daemon()
-        cls.ctx = zmq.Context()
-        cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
-        cls.sub = Subscriber(cls.ctx, cls.daemon.events)
-        end = time.time() + 60
-        while True:
-            if cls.daemon.proc.poll() is not None or time.time() > end:
-                raise AssertionError("workers never registered: %s" % cls.daemon.log_text())
-            try:
-                cmd, rep, _ = cls.prod.call(0x06, {}, timeout_ms=500)
-            except AssertionError:
-                cls.prod.sock.close()
-                cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
-                continue
-            w = rep.get("workers", {})
-            if all(w.get(s, 0) >= 1 for s in ("tokenize", "forward", "sample", "stop")):
-                break
-            time.sleep(0.1)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.prod.sock.close()
-        cls.sub.sock.close()
-        cls.ctx.term()
-        cls.daemon.stop()
+class SpecialTokensEndToEnd(tpdaemon.DaemonCase):
+    CONFIG = "limits:\n  finished_ttl_ms: 60000\n"
+    PREFIX = "tp-special-"
 
     def run_job(self, job, params, prompt, **extra):
         self.sub.subscribe(job)

@@ -12,14 +12,15 @@ import json
 import os
 import random
 import subprocess
+import sys
 import unittest
 
-BIN = os.path.join(os.environ.get("TP_BIN_DIR", "bin"), "tokpipe")
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tpdaemon import MODELS, TOKPIPE, tokenize  # noqa: E402
 
 
 def stopcheck(lines, *args):
-    p = subprocess.run([BIN, "stopcheck", *args], input="".join(l + "\n" for l in lines),
+    p = subprocess.run([TOKPIPE, "stopcheck", *args], input="".join(l + "\n" for l in lines),
                        capture_output=True, text=True, timeout=60)
     return p.returncode, [json.loads(l) for l in p.stdout.splitlines()]
 
@@ -153,24 +154,16 @@ class StopcheckTest(unittest.TestCase):
         self.assertEqual(out[0]["text"], "Hi ")
 
     def test_help(self):
-        p = subprocess.run([BIN, "stopcheck", "--help"], capture_output=True, text=True)
+        p = subprocess.run([TOKPIPE, "stopcheck", "--help"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0)
         self.assertIn("pieces", p.stdout)
         self.assertIn("include_stop_str_in_output", p.stdout)
 
 
-def gguf_tokenize(path, text):
-    esc = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
-    p = subprocess.run([BIN, "tokenize", "--tokenizer", path], input=(esc + "\n").encode(),
-                       capture_output=True, timeout=60)
-    assert p.returncode == 0, p.stderr.decode()
-    return [int(x) for x in p.stdout.split()]
-
-
 def gguf_token_bytes(path, ids):
     """Each id's bytes, decoded one per line (a lone id decodes the same in
     any context for byte-level BPE)."""
-    p = subprocess.run([BIN, "tokenize", "--tokenizer", path, "--decode"],
+    p = subprocess.run([TOKPIPE, "tokenize", "--tokenizer", path, "--decode"],
                        input="".join("%d\n" % i for i in ids).encode(), capture_output=True, timeout=60)
     assert p.returncode == 0, p.stderr.decode()
     out = []
@@ -188,7 +181,7 @@ class StopsOnByteLevelBpe(unittest.TestCase):
     TEXT = "I like \U0001f999 and \u65e5\u672c\u8a9e text, \u00e9t\u00e9 \U0001f680!\n\u0416\u0416 end"
 
     def test_stop_strings_ending_inside_multibyte_bpe_tokens(self):
-        ids = gguf_tokenize(self.VOCAB, self.TEXT)
+        ids = tokenize(self.VOCAB, self.TEXT)
         pieces = gguf_token_bytes(self.VOCAB, ids)
         data = self.TEXT.encode()
         self.assertEqual(b"".join(pieces), data)

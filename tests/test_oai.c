@@ -6,9 +6,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 
+#include "../http/lp.h"
 #include "../http/oai.h"
+#include "tokpipe/error.h"
+#include "tokpipe/tokenizer.h"
+#include <stdlib.h>
 
 static void decode_ok(oai_kind kind, const char *body, oai_request *r)
 {
@@ -131,7 +136,10 @@ static void bad_fields_are_refused_by_name(void **state)
     refused(OAI_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", 400, "", "NUL");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400,
             "stream_options", "stream: true");
-    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", 400, "logprobs", "not supported");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs", "outside [0, 5]");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":-1}", 400, "logprobs", "outside [0, 5]");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", "integer");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"top_logprobs\":2}", 400, "top_logprobs", "chat");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"a\":1}}", 400, "logit_bias", "token id");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"x\"}}", 400, "logit_bias.5", "number");
     refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"messages\":[]}", 400, "messages", "chat");
@@ -153,6 +161,147 @@ static void neutral_openai_fields_are_accepted(void **state)
     decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"a\\\\u0000\"}", &r);
     assert_string_equal(r.prompts[0].text, "a\\u0000");
     oai_request_free(&r);
+}
+
+static void logprobs_map_onto_submit_params(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", &r);
+    assert_true(r.logprobs && r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 3);
+    assert_true((r.params.set & (TP_P_LOGPROBS | TP_P_TOP_LOGPROBS)) == (TP_P_LOGPROBS | TP_P_TOP_LOGPROBS));
+    oai_request_free(&r);
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":0}", &r);
+    assert_true(r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 0);
+    oai_request_free(&r);
+    decode_ok(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":false}", &r);
+    assert_false(r.params.logprobs || (r.params.set & TP_P_LOGPROBS));
+    oai_request_free(&r);
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":20}";
+    decode_ok(OAI_CHAT, chat, &r);
+    assert_true(r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 20);
+    oai_request_free(&r);
+    decode_ok(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true}", &r);
+    assert_true(r.params.logprobs);
+    assert_int_equal(r.params.top_logprobs, 0);
+    oai_request_free(&r);
+    decode_ok(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":0}", &r);
+    assert_false(r.params.logprobs);
+    oai_request_free(&r);
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":2}", 400,
+            "top_logprobs", "logprobs: true");
+    refused(OAI_CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":false,\"top_logprobs\":2}",
+            400, "top_logprobs", "logprobs: true");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":21}",
+            400, "top_logprobs", "outside [0, 20]");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":3}", 400, "logprobs",
+            "true or false");
+}
+
+/* tok512's byte-fallback token for byte b (<0x00> is id 3). */
+#define BYTE_ID(b) (3 + (b))
+
+static tp_tokenizer *tok512(void)
+{
+    const char *dir = getenv("TP_MODELS");
+    char path[512];
+    snprintf(path, sizeof path, "%s/tok512.bin", dir ? dir : "../shared/models");
+    tp_tokenizer *tok = NULL;
+    tp_err e;
+    if (tp_tokenizer_open(path, 0, &tok, &e))
+        fail_msg("%s: %s", path, e.msg);
+    return tok;
+}
+
+static void feed(gw_lp *l, const tp_tokenizer *tok, int32_t id)
+{
+    tp_raw r = {&id, 1};
+    assert_int_equal(gw_lp_add(l, tok, r, NULL), 0);
+}
+
+static void logprobs_entries_wait_for_the_text_carrying_their_last_byte(void **state)
+{
+    (void)state;
+    tp_tokenizer *tok = tok512();
+    gw_lp l;
+    gw_lp_init(&l, 0, -1);
+    feed(&l, tok, BYTE_ID('A'));
+    assert_int_equal(gw_lp_release(&l, 1, false, false), 1);   /* "A" */
+    feed(&l, tok, BYTE_ID(0xC3));
+    assert_int_equal(gw_lp_release(&l, 0, false, false), 1);   /* half of e-acute: held */
+    feed(&l, tok, BYTE_ID(0xA9));
+    assert_int_equal(gw_lp_release(&l, 2, false, false), 3);   /* "\u00e9" completes both */
+    feed(&l, tok, BYTE_ID('B'));
+    assert_int_equal(gw_lp_release(&l, 1, false, false), 4);
+    /* offsets count characters; a token starting inside one starts with it */
+    assert_int_equal(l.off[0], 0);
+    assert_int_equal(l.off[1], 1);
+    assert_int_equal(l.off[2], 1);
+    assert_int_equal(l.off[3], 2);
+    size_t len;
+    const uint8_t *b = gw_lp_bytes(&l, tok, 1, -1, &len);
+    assert_int_equal(len, 1);
+    assert_int_equal(b[0], 0xC3);
+    gw_lp_free(&l);
+    tp_tokenizer_free(tok);
+}
+
+static void logprobs_of_tokens_a_stop_string_cuts_never_go_out(void **state)
+{
+    (void)state;
+    tp_tokenizer *tok = tok512();
+    gw_lp l;
+    /* "a", "b" held as a possible prefix of stop "bc"; the stopping
+     * candidate "c" is never accepted; FINISH publishes "a" */
+    gw_lp_init(&l, 0, -1);
+    feed(&l, tok, BYTE_ID('a'));
+    assert_int_equal(gw_lp_release(&l, 0, false, false), 0);
+    feed(&l, tok, BYTE_ID('b'));
+    assert_int_equal(gw_lp_release(&l, 0, false, false), 0);
+    assert_int_equal(gw_lp_release(&l, 1, true, false), 1);
+    gw_lp_free(&l);
+    /* any other finish releases every accepted token, even an unfinished
+     * character published as U+FFFD */
+    gw_lp_init(&l, 0, -1);
+    feed(&l, tok, BYTE_ID(0xE2));
+    feed(&l, tok, BYTE_ID(0x82));
+    assert_int_equal(gw_lp_release(&l, 0, false, false), 0);
+    assert_int_equal(gw_lp_release(&l, 3, true, true), 2);
+    gw_lp_free(&l);
+    /* an invalid byte is one U+FFFD (3 text bytes) and releases its token */
+    gw_lp_init(&l, 0, -1);
+    feed(&l, tok, BYTE_ID(0xFF));
+    assert_int_equal(gw_lp_release(&l, 3, false, false), 1);
+    gw_lp_free(&l);
+    tp_tokenizer_free(tok);
+}
+
+static void logprobs_columns_of_an_event_fill_the_entries(void **state)
+{
+    (void)state;
+    tp_tokenizer *tok = tok512();
+    gw_lp l;
+    gw_lp_init(&l, 2, -1);
+    int32_t ids[2] = {BYTE_ID('x'), BYTE_ID('y')};
+    float lps[2] = {-0.5f, NAN};
+    int32_t top[3] = {BYTE_ID('x'), BYTE_ID('z'), BYTE_ID('q')};   /* one row short: a truncated frame */
+    float tlp[3] = {-0.5f, -1.5f, -2.0f};
+    tp_lp_cols lp = {.top_n = 2, .logprobs = {lps, 2}, .top_ids = {top, 3}, .top_logprobs = {tlp, 3}};
+    assert_int_equal(gw_lp_add(&l, tok, (tp_raw){ids, 2}, &lp), 0);
+    assert_int_equal(l.n, 2);
+    assert_true(l.lps[0] == -0.5f && isnan(l.lps[1]));
+    assert_int_equal(l.top_ids[1], BYTE_ID('z'));
+    assert_int_equal(l.top_ids[2], BYTE_ID('q'));
+    assert_int_equal(l.top_ids[3], -1);   /* padded, not read past the frame */
+    int32_t bad = 99999;   /* outside the vocabulary: no bytes */
+    assert_int_equal(gw_lp_add(&l, tok, (tp_raw){&bad, 1}, NULL), 0);
+    assert_int_equal(gw_lp_release(&l, 2, true, true), 3);
+    gw_lp_free(&l);
+    tp_tokenizer_free(tok);
 }
 
 static void choices_are_capped(void **state)
@@ -211,6 +360,10 @@ int main(void)
         cmocka_unit_test(bad_fields_are_refused_by_name),
         cmocka_unit_test(neutral_openai_fields_are_accepted),
         cmocka_unit_test(choices_are_capped),
+        cmocka_unit_test(logprobs_map_onto_submit_params),
+        cmocka_unit_test(logprobs_entries_wait_for_the_text_carrying_their_last_byte),
+        cmocka_unit_test(logprobs_of_tokens_a_stop_string_cuts_never_go_out),
+        cmocka_unit_test(logprobs_columns_of_an_event_fill_the_entries),
         cmocka_unit_test(chat_turns_become_submit_messages),
         cmocka_unit_test(broker_field_paths_become_openai_params),
     };

@@ -5,13 +5,15 @@ import os
 import random
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
 import sentencepiece
 
-MODELS = os.environ.get("TP_MODELS", "../shared/models")
-TOKPIPE = os.path.join(os.environ.get("TP_BIN_DIR", "bin"), "tokpipe")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tpdaemon import MODELS, TOKPIPE, escape  # noqa: E402
+
 VOCABS = os.path.join(MODELS, "llama.cpp-vocab")
 # Every vocabulary with llama.cpp test vectors: byte-level BPE ones first.
 VOCAB_NAMES = ["gpt-2", "deepseek-llm", "falcon", "starcoder", "phi-3", "llama-spm"]
@@ -25,10 +27,6 @@ ALPHABET = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789
             + ["\u0301", "\u200b", "€", "ǅ", "\U0001d11e", "\x7f", "\x01"])
 # Not drawn: U+2581 itself. SentencePiece reads a literal "▁" in the input as
 # a space; llama2.c (and tokpipe) treat it as an ordinary character.
-
-
-def escape(text):
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
 
 
 # For the round trip on every vocabulary: more scripts, digit runs, every

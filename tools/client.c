@@ -11,6 +11,7 @@
 #include <zmq.h>
 
 #include "tokpipe/config.h"
+#include "tokpipe/zwire.h"
 
 #define DEFAULT_TIMEOUT_MS 5000
 
@@ -40,13 +41,6 @@ void tp_recv_free(tp_recv *r)
     for (size_t i = 0; i < r->n; i++)
         free((void *)r->f[i].data);
     memset(r, 0, sizeof *r);
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int zerr(tp_err *err, const char *what, const char *ep)
@@ -310,7 +304,7 @@ const tp_client_live *tp_client_liveness(const tp_client *c)
  * 1 got it, 0 timeout, < 0 error. */
 static int recv_event(tp_client *c, int left, tp_recv *ev, tp_err *err)
 {
-    int64_t deadline = left < 0 ? -1 : now_ms() + left;
+    int64_t deadline = left < 0 ? -1 : tp_now_ms() + left;
     for (;;) {
         int ready = wait_readable(c, c->sub, left);
         if (ready < 0)
@@ -327,7 +321,7 @@ static int recv_event(tp_client *c, int left, tp_recv *ev, tp_err *err)
             return 1;
         c->bad_events++;
         tp_recv_free(ev);
-        if (deadline >= 0 && (left = (int)(deadline - now_ms())) < 0)
+        if (deadline >= 0 && (left = (int)(deadline - tp_now_ms())) < 0)
             left = 0;
     }
 }
@@ -336,7 +330,7 @@ static int recv_event(tp_client *c, int left, tp_recv *ev, tp_err *err)
 static int on_beat(tp_client *c, const tp_m_beat *b)
 {
     tp_client_live *l = &c->live;
-    int64_t now = now_ms();
+    int64_t now = tp_now_ms();
     int news = -1;
     l->silent_ms = l->last_beat_ms ? now - l->last_beat_ms : 0;
     if (l->incarnation && b->incarnation != l->incarnation) {
@@ -366,7 +360,7 @@ static int64_t silence_at(const tp_client *c)
 static int wait_first_beat(tp_client *c, int64_t deadline, tp_err *err)
 {
     while (!c->live.incarnation) {
-        int left = (int)(deadline - now_ms());
+        int left = (int)(deadline - tp_now_ms());
         tp_recv ev;
         int rc = left > 0 ? recv_event(c, left, &ev, err) : 0;
         if (rc < 0)
@@ -385,9 +379,9 @@ int tp_client_wait_events_ready(tp_client *c, tp_err *err)
 {
     if (!c->sub)
         return tp_err_set(err, TP_ESTATE, "client: no events endpoint");
-    int64_t deadline = now_ms() + c->timeout_ms;
+    int64_t deadline = tp_now_ms() + c->timeout_ms;
     while (!c->events_ready) {
-        int left = (int)(deadline - now_ms());
+        int left = (int)(deadline - tp_now_ms());
         int ready = left > 0 ? wait_readable(c, c->monitor, left) : 0;
         if (ready == 2)
             return interrupted(err);
@@ -418,9 +412,9 @@ int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err)
     memset(ev, 0, sizeof *ev);
     if (!c->sub)
         return tp_err_set(err, TP_ESTATE, "client: no events endpoint");
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : tp_now_ms() + timeout_ms;
     for (;;) {
-        int64_t now = now_ms(), quiet = silence_at(c), until = deadline;
+        int64_t now = tp_now_ms(), quiet = silence_at(c), until = deadline;
         if (quiet >= 0 && (until < 0 || quiet < until))
             until = quiet;
         int rc = recv_event(c, until < 0 ? -1 : until > now ? (int)(until - now) : 0, ev, err);
@@ -435,7 +429,7 @@ int tp_client_next_event(tp_client *c, int timeout_ms, tp_recv *ev, tp_err *err)
                 return news;
             continue;
         }
-        now = now_ms();
+        now = tp_now_ms();
         if (quiet >= 0 && now >= quiet) {
             c->silent = true;
             c->live.silent_ms = now - c->live.last_beat_ms;
@@ -525,4 +519,53 @@ int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client *
     rc = tp_client_new(&o, out, err);
     memset(&ep.sec, 0, sizeof ep.sec);
     return rc;
+}
+
+int tp_client_cmd_parse(tp_client_cmd *c, int argc, char **argv)
+{
+    tp_err err = {0};
+    for (int i = 1; i < argc; i++) {
+        int rc = tp_client_parse_arg(&c->a, argc, argv, &i, &err);
+        if (rc < 0)
+            return fprintf(stderr, "tokpipe %s: %s\n", c->name, err.msg), 2;
+        if (rc)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return fputs(c->usage, stdout), 0;
+        if (c->json_flag && !strcmp(argv[i], c->json_flag))
+            c->json = true;
+        else if (c->takes_job && !c->job && argv[i][0] != '-')
+            c->job = argv[i];
+        else
+            return fprintf(stderr, "tokpipe %s: unknown argument '%s'\n%s", c->name, argv[i], c->usage), 2;
+    }
+    if (c->takes_job && (!c->job || !tp_job_id_valid(c->job, strlen(c->job))))
+        return fprintf(stderr, "tokpipe %s: %s\n%s", c->name, c->job ? "not a job id" : "JOB is required", c->usage),
+               2;
+    return -1;
+}
+
+int tp_client_cmd_call(tp_client_cmd *c, uint8_t cmd, uint8_t want)
+{
+    tp_msg_init(&c->request, TP_FAM_JOB, cmd);
+    if (c->job)
+        c->request.jobref.job_id = tp_str_of(c->job);
+    tp_client *cl = NULL;
+    int rc = tp_client_open(&c->a, true, false, &cl, &c->err);
+    if (!rc)
+        rc = tp_client_call(cl, &c->request, &c->reply, &c->err);
+    tp_client_free(cl);
+    const tp_msg *r = &c->reply.m;
+    if (!rc && want && (r->cmd != want || r->status != TP_ST_OK))
+        rc = tp_err_set(&c->err, TP_EIO, "%s answered %u %.*s", tp_cmd_name(TP_FAM_JOB, cmd), r->status,
+                        (int)r->error.len, r->error.ptr ? r->error.ptr : "");
+    return rc;
+}
+
+int tp_client_cmd_done(tp_client_cmd *c, int rc)
+{
+    if (rc)
+        fprintf(stderr, "tokpipe %s: %s\n", c->name, c->err.msg);
+    tp_recv_free(&c->reply);
+    return rc ? 1 : 0;
 }

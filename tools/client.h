@@ -144,6 +144,39 @@ int tp_client_parse_arg(tp_client_args *a, int argc, char **argv, int *i, tp_err
 /* Resolve the endpoints and open a client with the sockets asked for. */
 int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client **out, tp_err *err);
 
+/* A command that sends one request and prints the reply (info, stats,
+ * status, cancel). It takes the connection options, --help/-h, and what it
+ * declares here; the flag's name stays in the command's source, next to
+ * its --help text. */
+typedef struct tp_client_cmd {
+    const char *name;       /* "info": messages start "tokpipe info: " */
+    const char *usage;      /* the --help text, shown again after a usage error */
+    const char *json_flag;  /* the flag that asks for JSON ("--json"); NULL = none */
+    bool takes_job;         /* one JOB operand, required, a valid job id */
+    /* parsed */
+    tp_client_args a;
+    bool json;
+    const char *job;
+    /* the exchange */
+    tp_msg request;
+    tp_recv reply;
+    tp_err err;
+} tp_client_cmd;
+
+/* Parse argv into *c. Returns -1 when the command goes on, else its exit
+ * code: 0 after --help, 2 after a usage error (said on stderr). */
+int tp_client_cmd_parse(tp_client_cmd *c, int argc, char **argv);
+
+/* Send request cmd (about c->job, if the command takes one) on a client
+ * opened for it and closed again, the answer in c->reply. want != 0:
+ * anything but a want reply with status 200 is TP_EIO "<REQUEST> answered
+ * <status> <error>". Errors in c->err. */
+int tp_client_cmd_call(tp_client_cmd *c, uint8_t cmd, uint8_t want);
+
+/* The end of a command: says a failure (rc != 0) on stderr, frees the
+ * reply and returns the exit code (0 or 1). */
+int tp_client_cmd_done(tp_client_cmd *c, int rc);
+
 /* A fresh job id "g-<pid>-<random>-<i>" (fits TP_PROTO_MAX_JOB_ID). */
 void tp_client_job_id(char *out, size_t cap, unsigned i);
 

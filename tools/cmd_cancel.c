@@ -19,45 +19,20 @@ static const char usage_text[] =
 
 int cmd_cancel(int argc, char **argv)
 {
-    tp_client_args a = {0};
-    const char *job = NULL;
-    tp_err err = {0};
-    for (int i = 1; i < argc; i++) {
-        int rc = tp_client_parse_arg(&a, argc, argv, &i, &err);
-        if (rc < 0)
-            return fprintf(stderr, "tokpipe cancel: %s\n", err.msg), 2;
-        if (rc)
-            continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-            return fputs(usage_text, stdout), 0;
-        if (!job && argv[i][0] != '-')
-            job = argv[i];
-        else
-            return fprintf(stderr, "tokpipe cancel: unknown argument '%s'\n%s", argv[i], usage_text), 2;
-    }
-    if (!job || !tp_job_id_valid(job, strlen(job)))
-        return fprintf(stderr, "tokpipe cancel: %s\n%s", job ? "not a job id" : "JOB is required", usage_text), 2;
-    tp_client *c = NULL;
-    tp_recv r = {0};
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_CANCEL);
-    m.jobref.job_id = tp_str_of(job);
-    int rc = tp_client_open(&a, true, false, &c, &err);
-    if (!rc)
-        rc = tp_client_call(c, &m, &r, &err);
+    tp_client_cmd c = {.name = "cancel", .usage = usage_text, .takes_job = true};
+    int rc = tp_client_cmd_parse(&c, argc, argv);
+    if (rc >= 0)
+        return rc;
+    rc = tp_client_cmd_call(&c, TP_CMD_CANCEL, 0);
     if (!rc) {
-        uint32_t st = r.m.status;
-        if (st == TP_ST_OK)
-            printf("%s: cancelled\n", job);
-        else if (st == TP_ST_CONFLICT)
-            printf("%s: already finished\n", job);
+        const tp_msg *r = &c.reply.m;
+        if (r->status == TP_ST_OK)
+            printf("%s: cancelled\n", c.job);
+        else if (r->status == TP_ST_CONFLICT)
+            printf("%s: already finished\n", c.job);
         else
-            rc = tp_err_set(&err, TP_ENOTFOUND, "%s: %u %.*s", job, st, (int)r.m.error.len,
-                            r.m.error.ptr ? r.m.error.ptr : "");
+            rc = tp_err_set(&c.err, TP_ENOTFOUND, "%s: %u %.*s", c.job, r->status, (int)r->error.len,
+                            r->error.ptr ? r->error.ptr : "");
     }
-    if (rc)
-        fprintf(stderr, "tokpipe cancel: %s\n", err.msg);
-    tp_recv_free(&r);
-    tp_client_free(c);
-    return rc ? 1 : 0;
+    return tp_client_cmd_done(&c, rc);
 }

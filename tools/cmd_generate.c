@@ -496,11 +496,7 @@ static void print_json(const job *j)
         cJSON_AddNumberToObject(o, "status", j->rejected);
         cJSON_AddStringToObject(o, "error", j->error);
         cJSON_Delete(toks);
-        char *s = cJSON_PrintUnformatted(o);
-        if (s)
-            puts(s);
-        free(s);
-        cJSON_Delete(o);
+        evfmt_print_line(stdout, o);
         return;
     }
     cJSON_AddStringToObject(o, "text", j->text ? j->text : "");
@@ -518,11 +514,7 @@ static void print_json(const job *j)
     cJSON_AddRawToObject(o, "seed", seed);
     if (j->logprobs)
         cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(j->logprobs, 1));
-    char *s = cJSON_PrintUnformatted(o);
-    if (s)
-        puts(s);
-    free(s);
-    cJSON_Delete(o);
+    evfmt_print_line(stdout, o);
 }
 
 static void print_results(const gen *s)

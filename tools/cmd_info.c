@@ -93,44 +93,19 @@ static void print_human(const cJSON *o)
 
 int cmd_info(int argc, char **argv)
 {
-    tp_client_args a = {0};
-    bool json = false;
-    tp_err err = {0};
-    for (int i = 1; i < argc; i++) {
-        int rc = tp_client_parse_arg(&a, argc, argv, &i, &err);
-        if (rc < 0)
-            return fprintf(stderr, "tokpipe info: %s\n", err.msg), 2;
-        if (rc)
-            continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-            return fputs(usage_text, stdout), 0;
-        if (!strcmp(argv[i], "--json"))
-            json = true;
-        else
-            return fprintf(stderr, "tokpipe info: unknown argument '%s'\n%s", argv[i], usage_text), 2;
-    }
-    tp_client *c = NULL;
-    tp_recv r = {0};
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_INFO);
-    int rc = tp_client_open(&a, true, false, &c, &err);
-    if (!rc)
-        rc = tp_client_call(c, &m, &r, &err);
-    if (!rc && (r.m.cmd != TP_CMD_INFO_REPLY || r.m.status != TP_ST_OK))
-        rc = tp_err_set(&err, TP_EIO, "INFO answered %u %.*s", r.m.status, (int)r.m.error.len,
-                        r.m.error.ptr ? r.m.error.ptr : "");
+    tp_client_cmd c = {.name = "info", .usage = usage_text, .json_flag = "--json"};
+    int rc = tp_client_cmd_parse(&c, argc, argv);
+    if (rc >= 0)
+        return rc;
+    rc = tp_client_cmd_call(&c, TP_CMD_INFO, TP_CMD_INFO_REPLY);
     if (!rc) {
-        cJSON *j = info_json(&r.m.info_reply);
-        if (json)
+        cJSON *j = info_json(&c.reply.m.info_reply);
+        if (c.json)
             evfmt_print_line(stdout, j);
         else {
             print_human(j);
             cJSON_Delete(j);
         }
-    } else {
-        fprintf(stderr, "tokpipe info: %s\n", err.msg);
     }
-    tp_recv_free(&r);
-    tp_client_free(c);
-    return rc ? 1 : 0;
+    return tp_client_cmd_done(&c, rc);
 }

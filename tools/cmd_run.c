@@ -6,6 +6,7 @@
  * chunks and decode tokens together), so the output of a prompt does not
  * depend on the others (the forward pass and the samplers are batch
  * invariant). It is the reference the pipeline's output is compared with. */
+#include "evfmt.h"
 #include "genopts.h"
 #include "tokload.h"
 #include "tools.h"
@@ -485,11 +486,7 @@ static void print_json(const run_job *j, const genopts *g)
     cJSON_AddRawToObject(o, "seed", seed);
     if (j->lp)
         print_logprobs(o, j);
-    char *s = cJSON_PrintUnformatted(o);
-    if (s)
-        puts(s);
-    free(s);
-    cJSON_Delete(o);
+    evfmt_print_line(stdout, o);
 }
 
 static void print_results(const run_ctx *c, const genopts *g)

@@ -50,47 +50,20 @@ static void print_human(const tp_msg *m)
 
 int cmd_status(int argc, char **argv)
 {
-    tp_client_args a = {0};
-    const char *job = NULL;
-    bool json = false;
-    tp_err err = {0};
-    for (int i = 1; i < argc; i++) {
-        int rc = tp_client_parse_arg(&a, argc, argv, &i, &err);
-        if (rc < 0)
-            return fprintf(stderr, "tokpipe status: %s\n", err.msg), 2;
-        if (rc)
-            continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-            return fputs(usage_text, stdout), 0;
-        if (!strcmp(argv[i], "--json"))
-            json = true;
-        else if (!job && argv[i][0] != '-')
-            job = argv[i];
+    tp_client_cmd c = {.name = "status", .usage = usage_text, .json_flag = "--json", .takes_job = true};
+    int rc = tp_client_cmd_parse(&c, argc, argv);
+    if (rc >= 0)
+        return rc;
+    rc = tp_client_cmd_call(&c, TP_CMD_STATUS, 0);
+    const tp_msg *r = &c.reply.m;
+    if (!rc && r->cmd == TP_CMD_STATUS_REPLY && r->status == TP_ST_OK) {
+        if (c.json)
+            evfmt_print_line(stdout, evfmt_status(r));
         else
-            return fprintf(stderr, "tokpipe status: unknown argument '%s'\n%s", argv[i], usage_text), 2;
-    }
-    if (!job || !tp_job_id_valid(job, strlen(job)))
-        return fprintf(stderr, "tokpipe status: %s\n%s", job ? "not a job id" : "JOB is required", usage_text), 2;
-    tp_client *c = NULL;
-    tp_recv r = {0};
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
-    m.jobref.job_id = tp_str_of(job);
-    int rc = tp_client_open(&a, true, false, &c, &err);
-    if (!rc)
-        rc = tp_client_call(c, &m, &r, &err);
-    if (!rc && r.m.cmd == TP_CMD_STATUS_REPLY && r.m.status == TP_ST_OK) {
-        if (json)
-            evfmt_print_line(stdout, evfmt_status(&r.m));
-        else
-            print_human(&r.m);
+            print_human(r);
     } else if (!rc) {
-        rc = tp_err_set(&err, TP_ENOTFOUND, "job %s: %u %.*s", job, r.m.status, (int)r.m.error.len,
-                        r.m.error.ptr ? r.m.error.ptr : "unknown job");
+        rc = tp_err_set(&c.err, TP_ENOTFOUND, "job %s: %u %.*s", c.job, r->status, (int)r->error.len,
+                        r->error.ptr ? r->error.ptr : "unknown job");
     }
-    if (rc)
-        fprintf(stderr, "tokpipe status: %s\n", err.msg);
-    tp_recv_free(&r);
-    tp_client_free(c);
-    return rc ? 1 : 0;
+    return tp_client_cmd_done(&c, rc);
 }

@@ -4,10 +4,10 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "client.h"
 #include "evfmt.h"
+#include "tokpipe/zwire.h"
 
 const char cmd_watch_summary[] = "print TOKEN/FINISH events of all jobs, or of one job";
 
@@ -194,22 +194,15 @@ static int show(const wopts *o, const tp_msg *m, uint32_t *next_seq)
     return 0;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int watch(const wopts *o, tp_client *c, tp_err *err)
 {
     long seen = 0;
     uint32_t next_seq = 0;   /* one exact job: seq expected next, to report lost events */
     bool done = false;
     int rc = one_job(o) ? look_first(o, c, &next_seq, &done, err) : 0;
-    int64_t idle_end = o->idle_ms ? now_ms() + o->idle_ms : -1;
+    int64_t idle_end = o->idle_ms ? tp_now_ms() + o->idle_ms : -1;
     while (!rc && !done) {
-        int left = idle_end < 0 ? -1 : idle_end > now_ms() ? (int)(idle_end - now_ms()) : 0;
+        int left = idle_end < 0 ? -1 : idle_end > tp_now_ms() ? (int)(idle_end - tp_now_ms()) : 0;
         tp_recv ev;
         rc = tp_client_next_event(c, left, &ev, err);
         if (rc == TP_NEXT_TIMEOUT)
@@ -223,7 +216,7 @@ static int watch(const wopts *o, tp_client *c, tp_err *err)
         if (is_watched_job(o, &ev.m)) {
             show(o, &ev.m, &next_seq);
             done = (one_job(o) && ev.m.cmd == TP_CMD_FINISH) || (o->count && ++seen >= o->count);
-            idle_end = o->idle_ms ? now_ms() + o->idle_ms : -1;
+            idle_end = o->idle_ms ? tp_now_ms() + o->idle_ms : -1;
         }
         tp_recv_free(&ev);
     }

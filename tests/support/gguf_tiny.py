@@ -39,37 +39,47 @@ class Reader:
         return self.take(SCALARS[t])
 
 
+class Gguf:
+    """A GGUF v3 file's header: kv (metadata) and kv_types, tensors as
+    [(name, dims, type, offset from data_start)], alignment, data_start,
+    and buf, the whole file."""
+
+    def __init__(self, path):
+        with open(path, "rb") as f:
+            self.buf = f.read()
+        if self.buf[:4] != b"GGUF" or struct.unpack_from("<I", self.buf, 4)[0] != 3:
+            raise ValueError("not GGUF v3")
+        self.version = 3
+        r = Reader(self.buf)
+        r.o = 8
+        n_t, n_kv = r.take("<Q"), r.take("<Q")
+        self.kv, self.kv_types = {}, {}
+        for _ in range(n_kv):
+            k = r.string()
+            t = r.take("<I")
+            if k in self.kv:
+                raise ValueError("duplicate key " + k)
+            self.kv_types[k] = t
+            self.kv[k] = r.value(t)
+        self.tensors = []
+        for _ in range(n_t):
+            name = r.string()
+            nd = r.take("<I")
+            ne = [r.take("<Q") for _ in range(nd)]
+            self.tensors.append((name, ne, r.take("<I"), r.take("<Q")))
+        self.alignment = self.kv.get("general.alignment", 32)
+        self.data_start = (r.o + self.alignment - 1) // self.alignment * self.alignment
+
+
 def read_gguf(path):
-    """(metadata dict, {name: (type, ne list, offset in file, nbytes)}, alignment, raw bytes)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    r = Reader(data)
-    if data[:4] != b"GGUF" or struct.unpack_from("<I", data, 4)[0] != 3:
-        raise ValueError("not GGUF v3")
-    r.o = 8
-    n_t, n_kv = r.take("<Q"), r.take("<Q")
-    meta, types = {}, {}
-    for _ in range(n_kv):
-        k = r.string()
-        t = r.take("<I")
-        if k in meta:
-            raise ValueError("duplicate key " + k)
-        types[k] = t
-        meta[k] = r.value(t)
-    infos = []
-    for _ in range(n_t):
-        name = r.string()
-        nd = r.take("<I")
-        ne = [r.take("<Q") for _ in range(nd)]
-        infos.append((name, ne, r.take("<I"), r.take("<Q")))
-    align = meta.get("general.alignment", 32)
-    start = (r.o + align - 1) // align * align
+    """(metadata dict, {name: (type, ne list, offset in file, nbytes)}, alignment, raw bytes, metadata types)."""
+    g = Gguf(path)
     tensors = {}
-    for name, ne, t, off in infos:
+    for name, ne, t, off in g.tensors:
         count = math.prod(ne)
         size = {0: 4, 1: 2}.get(t, 0) * count
-        tensors[name] = (t, ne, start + off, size)
-    return meta, tensors, align, data, types
+        tensors[name] = (t, ne, g.data_start + off, size)
+    return g.kv, tensors, g.alignment, g.buf, g.kv_types
 
 
 class Model:

@@ -20,7 +20,9 @@
 #define TP_QTB 6 /* tokens per tile: 2 rows x 6 accumulators + the unpacked chunks stay in registers */
 /* The token loops must be unrolled for the accumulators to live in
  * registers (gcc -O2 does not unroll by itself). */
-#if defined(__clang__)
+#if defined(TP_NO_UNROLL) /* sanitizer and fuzz builds: fully unrolled tiles took clang minutes per file */
+#define TP_QUNROLL
+#elif defined(__clang__)
 #define TP_QUNROLL _Pragma("unroll")
 #else
 #define TP_QUNROLL _Pragma("GCC unroll 8")
