@@ -55,7 +55,7 @@ static uint32_t submit(harness *h, const char *id, int32_t window, char *why, si
 /* The finished job's completion ids as a JSON array text (caller frees). */
 static char *finished_tokens(harness *h, const char *id)
 {
-    for (int i = 0; i < 400; i++) {
+    for (int i = 0; i < 1200; i++) {   /* 30 s: a hang detector */
         tp_msg m, r;
         tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
         m.jobref.job_id = tp_str_of(id);

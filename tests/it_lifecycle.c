@@ -26,6 +26,16 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* hang detectors, not speed limits (ASan on a loaded 2-CPU machine) */
+#define WAIT_MS 30000
+
 static void generate_ok(harness *h, const char *what)
 {
     char cmd[1400], *out = NULL;
@@ -48,14 +58,14 @@ static void workers_reconnect_after_the_broker_restarts(void **state)
     pid_t w[4];
     for (int i = 0; i < 4; i++)
         w[i] = harness_worker(&h, stages[i]);
-    assert_int_equal(harness_wait_workers(&h, 10000), 0);
+    assert_int_equal(harness_wait_workers(&h, WAIT_MS), 0);
     generate_ok(&h, "before the restart");
     /* crash the broker: no DISCONNECT, no cleanup */
     kill(h.pid, SIGKILL);
     waitpid(h.pid, NULL, 0);
     sleep_ms(300);
     assert_int_equal(harness_spawn_daemon(&h, true, NULL), 0);
-    if (harness_wait_workers(&h, 15000))
+    if (harness_wait_workers(&h, WAIT_MS))
         fail_msg("workers did not register with the restarted broker (see %s)", h.dir);
     generate_ok(&h, "after the restart");
     for (int i = 0; i < 4; i++) {
@@ -81,7 +91,12 @@ static void sigterm_lets_running_jobs_finish_then_exits_zero(void **state)
              h.bin, h.config);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
-    sleep_ms(150);   /* the job is running */
+    /* the job is running (a fixed wait let a loaded machine send SIGTERM
+     * before generate's SUBMIT, which the draining broker then refused) */
+    tp_m_stats_reply s;
+    for (int64_t end = now_ms() + WAIT_MS; harness_stats(&h, &s) || s.jobs_active == 0; sleep_ms(5))
+        if (now_ms() > end)
+            fail_msg("generate's job never reached the daemon (log in %s)", h.dir);
     kill(h.pid, SIGTERM);
     char out[65536];
     size_t n = fread(out, 1, sizeof out - 1, p);
@@ -106,7 +121,7 @@ static void daemon_notifies_systemd(void **state)
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
     assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    struct timeval tv = {5, 0};
+    struct timeval tv = {WAIT_MS / 1000, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     harness h;
     assert_int_equal(harness_start_ex(&h, false, NULL, false, path), 0);
@@ -163,15 +178,19 @@ static void admission_limit_answers_429_and_finished_jobs_expire(void **state)
 {
     (void)state;
     harness h;
-    assert_int_equal(harness_start(&h, false, "limits:\n  max_concurrent_jobs: 2\n  finished_ttl_ms: 400\n"), 0);
+    /* the TTL leaves a loaded machine time to see the job FINISHED */
+    assert_int_equal(harness_start(&h, false, "limits:\n  max_concurrent_jobs: 2\n  finished_ttl_ms: 1500\n"), 0);
     assert_int_equal(submit_status(&h, "a1", 400), TP_ST_OK);
     assert_int_equal(submit_status(&h, "a2", 400), TP_ST_OK);
     assert_int_equal(submit_status(&h, "a3", 400), TP_ST_OVERLOADED);
     int st = 0;
-    for (int i = 0; i < 200 && !(status_of(&h, "a1", &st) == TP_ST_OK && st == TP_STATE_FINISHED); i++)
+    int64_t end = now_ms() + WAIT_MS;
+    while (!(status_of(&h, "a1", &st) == TP_ST_OK && st == TP_STATE_FINISHED) && now_ms() < end)
         sleep_ms(25);
     assert_int_equal(st, TP_STATE_FINISHED);   /* kept for STATUS ... */
-    sleep_ms(700);
+    int64_t seen = now_ms();
+    while (status_of(&h, "a1", &st) == TP_ST_OK && now_ms() < seen + WAIT_MS)
+        sleep_ms(25);
     assert_int_equal(status_of(&h, "a1", &st), TP_ST_NOT_FOUND);   /* ... until its TTL ends */
     assert_int_equal(harness_stop(&h), 0);
 }
@@ -191,7 +210,7 @@ static void a_second_daemon_on_the_same_sockets_refuses_to_start(void **state)
     pid_t second = h.pid;
     h.pid = first;
     for (int waited = 0; waitpid(second, &st, WNOHANG) != second; waited += 20) {
-        if (waited > 5000) {
+        if (waited > WAIT_MS) {
             kill(second, SIGKILL);
             waitpid(second, NULL, 0);
             fail_msg("a second tokpiped took over the first one's sockets and kept running");

@@ -24,6 +24,16 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* hang detectors, not speed limits (ASan on a loaded 2-CPU machine) */
+#define WAIT_MS 30000
+
 /* msgpack of a small map built by the caller through the packer */
 typedef struct mp {
     msgpack_sbuffer sb;
@@ -135,7 +145,12 @@ static void malformed_frontend(harness *h)
     static char big[200000];
     f[2] = (tp_frame){big, sizeof big};
     assert_int_not_equal(harness_raw_call(h, f, 3, &z, 500), 0);
-    sleep_ms(300);   /* the DEALER reconnects */
+    /* the DEALER reconnects (a request sent before may be dropped with
+     * the old connection): the daemon answers again */
+    tp_m_stats_reply s;
+    for (int64_t end = now_ms() + WAIT_MS; harness_stats(h, &s); sleep_ms(20))
+        if (now_ms() > end)
+            fail_msg("no STATS answer %d ms after the oversize frame", WAIT_MS);
 }
 
 static void malformed_backend_and_events(harness *h)
@@ -163,13 +178,21 @@ static void malformed_backend_and_events(harness *h)
     void *p = zmq_socket(h->zctx, ZMQ_PUB);
     zmq_setsockopt(p, ZMQ_LINGER, &linger, sizeof linger);
     zmq_connect(p, h->publish);
-    sleep_ms(300);   /* the broker's subscribe-all reaches the PUB */
-    zmq_send(p, "job", 3, ZMQ_SNDMORE);
-    zmq_send(p, "EVT1", 4, ZMQ_SNDMORE);
-    zmq_send(p, "\x09", 1, ZMQ_SNDMORE);
-    zmq_send(p, "\x80", 1, 0);
-    zmq_send(p, "only-one-frame", 14, 0);
-    sleep_ms(200);
+    /* the PUB drops them until the broker's subscribe-all reaches it (a
+     * fixed wait was too short on a loaded machine): again until counted */
+    tp_m_stats_reply s;
+    uint64_t before = harness_stats(h, &s) ? 0 : s.malformed_events;
+    for (int64_t end = now_ms() + WAIT_MS; harness_stats(h, &s) || s.malformed_events < before + 2;) {
+        if (now_ms() > end)
+            fail_msg("malformed events sent for %d ms, the broker counted %llu", WAIT_MS,
+                     (unsigned long long)(s.malformed_events - before));
+        zmq_send(p, "job", 3, ZMQ_SNDMORE);
+        zmq_send(p, "EVT1", 4, ZMQ_SNDMORE);
+        zmq_send(p, "\x09", 1, ZMQ_SNDMORE);
+        zmq_send(p, "\x80", 1, 0);
+        zmq_send(p, "only-one-frame", 14, 0);
+        sleep_ms(50);
+    }
     zmq_close(p);
 }
 
@@ -377,7 +400,7 @@ static void cancel_finishes_the_job_and_status_reports_it(void **state)
     tp_msg_clear(&r);
     tp_zmsg_close(&z);
     uint32_t n = 0;
-    assert_int_equal(wait_finish(sub, "c-1", &n, 5000), TP_REASON_CANCELLED);
+    assert_int_equal(wait_finish(sub, "c-1", &n, WAIT_MS), TP_REASON_CANCELLED);
     assert_true(n < 500);
     jobref(&h, TP_CMD_STATUS, "c-1", &z, &r);
     assert_int_equal(r.status, TP_ST_OK);
@@ -418,12 +441,12 @@ static void killed_worker_is_respawned_and_its_job_goes_on_there(void **state)
         pid_t victim = harness_child_serving(&h, stages[s]);
         assert_true(victim > 0);
         kill(victim, SIGKILL);
-        int reason = wait_finish(sub, id, NULL, 8000);
+        int reason = wait_finish(sub, id, NULL, WAIT_MS);
         if (reason != TP_REASON_LENGTH)
             fail_msg("job on the killed %s worker finished with %d, want length", stages[s], reason);
         zmq_close(sub);
         /* the respawned worker registers and serves a new job */
-        for (int i = 0; i < 100; i++) {
+        for (int64_t end = now_ms() + WAIT_MS; now_ms() < end;) {
             tp_m_stats_reply st;
             if (harness_stats(&h, &st) == 0 && st.workers[0] && st.workers[1] && st.workers[2] && st.workers[3] &&
                 harness_child_serving(&h, stages[s]) > 0 && harness_child_serving(&h, stages[s]) != victim)

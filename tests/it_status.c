@@ -181,7 +181,7 @@ static void status_of_a_running_job_is_a_prefix_of_its_result(void **state)
     assert_true(l->finished);
     /* the FINISH event can arrive before the job lets go of its workers */
     snap fin = status(&h, JOB);
-    for (int i = 0; i < 200 && fin.state != TP_STATE_FINISHED; i++)
+    for (int i = 0; i < 3000 && fin.state != TP_STATE_FINISHED; i++)   /* 30 s: a hang detector */
         snap_free(&fin), sleep_ms(10), fin = status(&h, JOB);
     drain_events(sub, l, 50);
 
@@ -232,7 +232,7 @@ static void status_command_shows_text_and_tokens_so_far(void **state)
     snprintf(cmd, sizeof cmd, "%s/tokpipe status st-cmd --json --config %s", h.bin, h.config);
     assert_int_equal(harness_sh(cmd, &early), 0);
     snap fin = status(&h, "st-cmd");
-    for (int i = 0; i < 500 && fin.state != TP_STATE_FINISHED; i++)
+    for (int i = 0; i < 3000 && fin.state != TP_STATE_FINISHED; i++)   /* 30 s: a hang detector */
         snap_free(&fin), sleep_ms(10), fin = status(&h, "st-cmd");
     assert_int_equal(fin.state, TP_STATE_FINISHED);
     assert_int_equal(harness_sh(cmd, &late), 0);

@@ -15,6 +15,17 @@
 #include <time.h>
 #include <unistd.h>
 
+/* How long harness_subscribe waits for the broker's answering heartbeat:
+ * a hang detector (it comes within milliseconds on a quiet machine). */
+#define SUBSCRIBE_WAIT_MS 20000
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -211,7 +222,7 @@ int harness_start_ex(harness *h, bool tcp, const char *extra_yaml, bool no_spawn
         return -1;
     if (no_spawn)
         return 0;
-    if (harness_wait_workers(h, 10000) == 0)
+    if (harness_wait_workers(h, 30000) == 0)
         return 0;
     fprintf(stderr, "harness: workers did not register; see %s/tokpiped.log\n", h->dir);
     return -1;
@@ -301,9 +312,37 @@ void *harness_subscribe(harness *h, const char *prefix)
     int linger = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SUBSCRIBE, prefix, strlen(prefix));
+    /* A PUB drops what no subscription asked for, so the caller's jobs
+     * must not start before the subscription is in force: a fixed wait was
+     * too short on a loaded machine (the first TOKENs went missing). The
+     * broker answers a subscription to its heartbeat topic with a beat,
+     * which arrives only once the subscriptions sent before it (the
+     * caller's prefix) are in force. */
+    bool covered = !strncmp(TP_EVT_HEARTBEAT_TOPIC, prefix, strlen(prefix));
+    if (!covered)
+        zmq_setsockopt(s, ZMQ_SUBSCRIBE, TP_EVT_HEARTBEAT_TOPIC, strlen(TP_EVT_HEARTBEAT_TOPIC));
     tp_zsec_client_apply(&h->sec, s, h->events, NULL);
     zmq_connect(s, h->events);
-    sleep_ms(200);   /* let the subscription reach the XPUB */
+    bool heard = false;
+    for (int64_t end = now_ms() + SUBSCRIBE_WAIT_MS, left; !heard && (left = end - now_ms()) > 0;) {
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, (long)left) <= 0)
+            break;
+        tp_zmsg z;
+        if (tp_zmsg_recv(s, &z, 0))
+            break;
+        tp_msg m;
+        tp_err e;
+        heard = tp_proto_decode(TP_FAM_EVT, z.f, z.n, &m, &e) == 0 && m.cmd == TP_CMD_HEARTBEAT;
+        tp_msg_clear(&m);
+        tp_zmsg_close(&z);
+    }
+    if (!heard)
+        fprintf(stderr, "harness: no broker heartbeat on %s within %d ms; the subscription may miss events\n",
+                h->events, SUBSCRIBE_WAIT_MS);
+    /* a beat already on its way may still arrive: the callers skip them */
+    if (!covered)
+        zmq_setsockopt(s, ZMQ_UNSUBSCRIBE, TP_EVT_HEARTBEAT_TOPIC, strlen(TP_EVT_HEARTBEAT_TOPIC));
     return s;
 }
 

@@ -29,7 +29,7 @@ typedef struct harness {
  * "heartbeat:" or "model:" section in it replaces the harness's default); with
  * security.curve in it, the harness's own sockets use the config's client
  * keys, as the real clients do.
- * Waits until every stage has a registered worker. 0 or -1 (message on
+ * Waits (up to 30 s) until every stage has a registered worker. 0 or -1 (message on
  * stderr). */
 int harness_start(harness *h, bool tcp, const char *extra_yaml);
 
@@ -72,8 +72,10 @@ int harness_raw_call(harness *h, const tp_frame *frames, size_t n, tp_zmsg *repl
  * from *z: close both when done). 0 or -1. */
 int harness_call(harness *h, const tp_msg *m, tp_zmsg *z, tp_msg *out);
 
-/* A SUB socket on the events endpoint subscribed to prefix, connected
- * (a short settle wait included). Caller closes it. */
+/* A SUB socket on the events endpoint subscribed to prefix, connected,
+ * returned once the subscription is in force (the broker answered it with
+ * a HEARTBEAT; a later beat may still arrive, so readers skip them). Call
+ * it before submitting the jobs it is to watch. Caller closes it. */
 void *harness_subscribe(harness *h, const char *prefix);
 
 /* Run a shell command line, capture stdout (malloc'd, caller frees) and
