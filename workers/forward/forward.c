@@ -172,48 +172,36 @@ static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
     return rc;
 }
 
-/* The typed groups in the order a step reads them, so the kernels'
- * prefetch past the end of one panel runs into the next one read. */
-static int typed_groups(tp_forward *f, typed_group **out)
-{
-    int n = 0;
-    for (int l = 0; l < f->c.n_layers; l++) {
-        packed_layer *pl = &f->layers[l];
-        out[n++] = &pl->tqkv;
-        out[n++] = &pl->two;
-        out[n++] = &pl->tw13;
-        out[n++] = &pl->tw2;
-    }
-    out[n++] = &f->tcls;
-    return n;
-}
-
 /* Panels are built on every CPU the process may use: repacking is about
  * 3 ns a weight on one Zen 4 core, seconds for a 7B model. Matrices are
- * handed out largest first (the classifier), one at a time. */
+ * handed out one at a time, the last read (the classifier, the largest)
+ * first. */
 typedef struct panel_job {
     tp_wmat *w;
-    uint8_t *mem;
+    size_t off; /* in the panels' mapping */
 } panel_job;
 
 typedef struct panel_work {
-    panel_job *job;
+    const panel_job *job;
     int n;
+    uint8_t *base;
     atomic_int next, failed;
 } panel_work;
 
 static void *panel_worker(void *arg)
 {
     panel_work *pw = arg;
-    for (int i; (i = atomic_fetch_add(&pw->next, 1)) < pw->n;)
-        if (tp_qpanel_build(pw->job[i].w, pw->job[i].mem))
+    for (int i; (i = atomic_fetch_add(&pw->next, 1)) < pw->n;) {
+        const panel_job *j = &pw->job[pw->n - 1 - i];
+        if (tp_qpanel_build(j->w, pw->base + j->off))
             atomic_store(&pw->failed, 1);
+    }
     return NULL;
 }
 
-static int build_panels(panel_job *job, int n)
+static int build_panels(const panel_job *job, int n, uint8_t *base)
 {
-    panel_work pw = {job, n, 0, 0};
+    panel_work pw = {job, n, base, 0, 0};
     pthread_t th[TP_FORWARD_MAX_THREADS];
     int nt = tp_forward_default_threads() - 1, started = 0;
     if (nt > n - 1)
@@ -227,58 +215,67 @@ static int build_panels(panel_job *job, int n)
     return atomic_load(&pw.failed) ? TP_ENOMEM : 0;
 }
 
-/* Panels for the integer parts (quant.h), all in one mapping: decode
- * streams them every token, and huge pages save a TLB miss per 4 KB (the
- * small matrices alone would each be under a huge page). */
+/* A group's integer parts as jobs, each at the next offset. */
+static void panel_jobs(typed_group *g, panel_job *job, int *n, size_t *total)
+{
+    for (int k = 0; k < g->n; k++) {
+        size_t b = tp_qpanel_bytes(&g->part[k].w);
+        if (b) {
+            job[(*n)++] = (panel_job){&g->part[k].w, *total};
+            *total += b;
+        }
+    }
+}
+
+/* Anonymous memory of len bytes (a multiple of huge) aligned to huge. */
+static uint8_t *map_aligned(size_t len, size_t huge)
+{
+    void *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1)), *end = (uint8_t *)m + len + huge;
+    if (a > (uint8_t *)m)
+        munmap(m, (size_t)(a - (uint8_t *)m));
+    if (end > a + len)
+        munmap(a + len, (size_t)(end - (a + len)));
+    return a;
+}
+
+/* Panels for the integer parts (quant.h), all in one mapping laid out in
+ * the order a step reads them (the kernels' prefetch past the end of one
+ * panel runs into the next one read): decode streams them every token, and
+ * huge pages save a TLB miss per 4 KB (the small matrices alone would each
+ * be under a huge page). */
 static int make_panels(tp_forward *f)
 {
-    int cap = 3 * (4 * f->c.n_layers + 1);
-    typed_group **g = malloc(sizeof *g * (size_t)(4 * f->c.n_layers + 1));
-    panel_job *job = malloc(sizeof *job * (size_t)cap);
-    if (!g || !job) {
-        free(g);
-        free(job);
+    panel_job *job = malloc(sizeof *job * (size_t)(3 * (4 * f->c.n_layers + 1)));
+    if (!job)
         return TP_ENOMEM;
-    }
-    int ng = typed_groups(f, g), nj = 0;
+    int nj = 0;
     size_t total = 0;
-    for (int i = 0; i < ng; i++)
-        for (int k = 0; k < g[i]->n; k++) {
-            size_t b = tp_qpanel_bytes(&g[i]->part[k].w);
-            if (b)
-                job[nj++] = (panel_job){&g[i]->part[k].w, (uint8_t *)(uintptr_t)total};
-            total += b;
-        }
+    for (int l = 0; l < f->c.n_layers; l++) {
+        packed_layer *pl = &f->layers[l];
+        panel_jobs(&pl->tqkv, job, &nj, &total);
+        panel_jobs(&pl->two, job, &nj, &total);
+        panel_jobs(&pl->tw13, job, &nj, &total);
+        panel_jobs(&pl->tw2, job, &nj, &total);
+    }
+    panel_jobs(&f->tcls, job, &nj, &total);
     int rc = 0;
     if (total) {
         size_t huge = (size_t)2 << 20, len = (total + huge - 1) / huge * huge;
-        void *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) {
+        uint8_t *a = map_aligned(len, huge);
+        if (!a) {
             rc = TP_ENOMEM;
         } else {
-            /* keep a huge-page-aligned len, give back the rest */
-            uint8_t *a = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
-            if (a > (uint8_t *)m)
-                munmap(m, (size_t)(a - (uint8_t *)m));
-            if ((uint8_t *)m + len + huge > a + len)
-                munmap(a + len, (size_t)((uint8_t *)m + len + huge - (a + len)));
 #ifdef MADV_HUGEPAGE
             madvise(a, len, MADV_HUGEPAGE);
 #endif
             f->panels = a;
             f->panels_len = len;
-            /* offsets become addresses; largest (last read: the classifier) first */
-            for (int i = 0; i < nj / 2; i++) {
-                panel_job t = job[i];
-                job[i] = job[nj - 1 - i];
-                job[nj - 1 - i] = t;
-            }
-            for (int i = 0; i < nj; i++)
-                job[i].mem = a + (uintptr_t)job[i].mem;
-            rc = build_panels(job, nj);
+            rc = build_panels(job, nj, a);
         }
     }
-    free(g);
     free(job);
     return rc;
 }
@@ -286,24 +283,22 @@ static int make_panels(tp_forward *f)
 /* The kernels read packed f32 copies and panels, so the file's pages of
  * those matrices can leave memory (a matrix read again from the file, by
  * the scalar path or an embedding lookup, brings its pages back). */
-static void drop_copied(tp_forward *f)
+static void drop_if_copied(const tp_forward *f, const tp_wmat *m)
+{
+    if (m->type == TP_GGML_F32 || (f->qavx512 && tp_qpanel_bytes(m)))
+        tp_model_drop_pages(f->model, m->data, m->row_bytes * (size_t)m->rows);
+}
+
+static void drop_copied(const tp_forward *f)
 {
     const tp_model_weights *w = tp_model_get_weights(f->model);
-    const tp_wmat *v[8];
-    for (int l = 0; l <= f->c.n_layers; l++) {
-        int n = 0;
-        if (l < f->c.n_layers) {
-            const tp_layer_weights *lw = &w->layers[l];
-            const tp_wmat *m[7] = {&lw->m.wq, &lw->m.wk, &lw->m.wv, &lw->m.wo, &lw->m.w1, &lw->m.w2, &lw->m.w3};
-            for (; n < 7; n++)
-                v[n] = m[n];
-        } else {
-            v[n++] = &w->m.wcls;
-        }
-        for (int i = 0; i < n; i++)
-            if (v[i]->type == TP_GGML_F32 || (f->qavx512 && tp_qpanel_bytes(v[i])))
-                tp_model_drop_pages(f->model, v[i]->data, v[i]->row_bytes * (size_t)v[i]->rows);
+    for (int l = 0; l < f->c.n_layers; l++) {
+        const tp_layer_weights *lw = &w->layers[l];
+        const tp_wmat *m[7] = {&lw->m.wq, &lw->m.wk, &lw->m.wv, &lw->m.wo, &lw->m.w1, &lw->m.w2, &lw->m.w3};
+        for (int i = 0; i < 7; i++)
+            drop_if_copied(f, m[i]);
     }
+    drop_if_copied(f, &w->m.wcls);
 }
 
 static int pack_weights(tp_forward *f)

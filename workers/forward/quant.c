@@ -115,6 +115,18 @@ void tp_qact_free(tp_qact *a)
     memset(a, 0, sizeof *a);
 }
 
+/* Block b's scale d and sums of its two halves' quants h into the arrays
+ * tp_qact keeps (both paths below). */
+static inline void block_stats(int b, float d, const int32_t h[2], float *dx, float *sum, int32_t *nsum32,
+                               int32_t *nsum16)
+{
+    dx[b] = d;
+    sum[b] = (float)(h[0] + h[1]);
+    nsum32[b] = -(h[0] + h[1]);
+    nsum16[2 * b] = -h[0];
+    nsum16[2 * b + 1] = -h[1];
+}
+
 /* One token's row to int8 per block of 32 (ggml's Q8_0 rule, rounding to
  * nearest even), with each block's scale and sums. */
 static void quantize_act_row(const float *x, int cols, int8_t *q, float *dx, float *sum, int32_t *nsum32,
@@ -137,11 +149,7 @@ static void quantize_act_row(const float *x, int cols, int8_t *q, float *dx, flo
             q[b * 32 + i] = (int8_t)qi;
             h[i / 16] += qi;
         }
-        dx[b] = d;
-        sum[b] = (float)(h[0] + h[1]);
-        nsum32[b] = -(h[0] + h[1]);
-        nsum16[2 * b] = -h[0];
-        nsum16[2 * b + 1] = -h[1];
+        block_stats(b, d, h, dx, sum, nsum32, nsum16);
     }
 }
 
@@ -171,11 +179,7 @@ quantize_act_row_avx512(const float *x, int cols, int8_t *q, float *dx, float *s
             _mm_storeu_si128((__m128i *)(q + 32 * b + 16 * k), _mm512_cvtepi32_epi8(qi));
             h[k] = _mm512_reduce_add_epi32(qi);
         }
-        dx[b] = d;
-        sum[b] = (float)(h[0] + h[1]);
-        nsum32[b] = -(h[0] + h[1]);
-        nsum16[2 * b] = -h[0];
-        nsum16[2 * b + 1] = -h[1];
+        block_stats(b, d, h, dx, sum, nsum32, nsum16);
     }
 }
 
@@ -385,25 +389,36 @@ void tp_quant_row(uint32_t type, const float *x, int n, void *out)
 
 /* ---- panels (quant.h's layouts) ---- */
 
+static tp_qpanel_fmt fmt_make(int bits, int sh, int sub, int has_min, int scale_bytes)
+{
+    return (tp_qpanel_fmt){bits, sh ? 1 << sh : 0, sub, has_min, scale_bytes, TP_QPANEL_QUANT_BYTES(bits)};
+}
+
 bool tp_qpanel_format(uint32_t type, tp_qpanel_fmt *f)
 {
     switch (type) {
-    case TP_GGML_Q8_0: *f = (tp_qpanel_fmt){8, 128, 32, 0, 2, 0}; break;
-    case TP_GGML_Q4_0: *f = (tp_qpanel_fmt){4, 8, 32, 0, 2, 0}; break;
-    case TP_GGML_Q5_0: *f = (tp_qpanel_fmt){5, 16, 32, 0, 2, 0}; break;
-    case TP_GGML_Q4_1: *f = (tp_qpanel_fmt){4, 0, 32, 1, 2, 0}; break;
-    case TP_GGML_Q5_1: *f = (tp_qpanel_fmt){5, 0, 32, 1, 2, 0}; break;
-    case TP_GGML_Q4_K: *f = (tp_qpanel_fmt){4, 0, 32, 1, 4, 0}; break;
-    case TP_GGML_Q5_K: *f = (tp_qpanel_fmt){5, 0, 32, 1, 4, 0}; break;
-    case TP_GGML_Q6_K: *f = (tp_qpanel_fmt){6, 32, 16, 0, 4, 0}; break;
+    case TP_GGML_Q8_0: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q8_0); return true;
+    case TP_GGML_Q4_0: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q4_0); return true;
+    case TP_GGML_Q5_0: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q5_0); return true;
+    case TP_GGML_Q4_1: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q4_1); return true;
+    case TP_GGML_Q5_1: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q5_1); return true;
+    case TP_GGML_Q4_K: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q4_K); return true;
+    case TP_GGML_Q5_K: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q5_K); return true;
+    case TP_GGML_Q6_K: *f = TP_QPANEL_APPLY(fmt_make, TP_QPANEL_Q6_K); return true;
     default: return false;
     }
-    /* 16 rows x 32 columns: 8-bit 512 bytes; 4-bit 256 (quads 2m and 2m+1
-     * in the low and high nibbles of vector m); 5-bit adds a 64-bit mask of
-     * the fifth bits per quad; 6-bit adds two vectors of 2-bit fields
-     * (quad k in vector k / 4, bits 2 (k % 4) and up) */
-    f->quant_bytes = f->bits == 8 ? 512 : f->bits == 4 ? 256 : f->bits == 5 ? 320 : 384;
-    return true;
+}
+
+/* Scale number i of a panel block (after its quants). */
+static void put_scale(const tp_qpanel_fmt *f, uint8_t *blk, int i, float v)
+{
+    uint8_t *at = blk + f->quant_bytes + (size_t)f->scale_bytes * (size_t)i;
+    if (f->scale_bytes == 2) { /* v came from a half: exact both ways */
+        uint16_t h = tp_f32_to_f16(v);
+        memcpy(at, &h, 2);
+    } else {
+        memcpy(at, &v, 4);
+    }
 }
 
 /* Row r (of 16 in its group) of block b into the group's panel bytes. */
@@ -424,20 +439,11 @@ static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int
             if (f->bits == 6)
                 blk[256 + 64 * (k / 4) + byte] |= (uint8_t)((u >> 4) << (2 * (k % 4)));
         }
-    uint8_t *sc = blk + f->quant_bytes;
-    int n = 32 / f->sub;
-    for (int s = 0; s <= n; s++) {
-        if (s == n && !f->has_min)
-            break;
-        float v = s < n ? ws[s * f->sub / 4] : wm[0];
-        size_t at = (size_t)f->scale_bytes * (size_t)(16 * s + r);
-        if (f->scale_bytes == 2) { /* v came from a half: exact both ways */
-            uint16_t h = tp_f32_to_f16(v);
-            memcpy(sc + at, &h, 2);
-        } else {
-            memcpy(sc + at, &v, 4);
-        }
-    }
+    int n = 32 / f->sub; /* the sub-blocks' scales, then the min */
+    for (int s = 0; s < n; s++)
+        put_scale(f, blk, 16 * s + r, ws[s * f->sub / 4]);
+    if (f->has_min)
+        put_scale(f, blk, 16 * n + r, wm[0]);
 }
 
 static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_bytes)

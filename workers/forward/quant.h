@@ -167,9 +167,30 @@ void tp_qrows_q8_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, i
 void tp_qrows_q4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 
-/* Panel geometry of an integer type: bits per quant as stored (8, 4, 5 or
- * 6), the offset added to the signed quant to make it unsigned, sub-block
- * columns (32 or 16), whether it has a min. False for other types. */
+/* Panel formats of the integer types, the one place they are written: bits
+ * per quant as stored (8, 4, 5 or 6), SH (the unsigned quant is the signed
+ * one plus 2^SH; 0: none), sub-block columns (32 or 16), a min (0/1), bytes
+ * per scale (2: halves, as the file has them; 4: f32 products). The
+ * AVX-512 kernels are instantiated from them (TP_QPANEL_APPLY with
+ * TP_QPANEL_DEFINE) and the panel builder reads them (tp_qpanel_format). */
+#define TP_QPANEL_Q8_0 8, 7, 32, 0, 2
+#define TP_QPANEL_Q4_0 4, 3, 32, 0, 2
+#define TP_QPANEL_Q5_0 5, 4, 32, 0, 2
+#define TP_QPANEL_Q4_1 4, 0, 32, 1, 2
+#define TP_QPANEL_Q5_1 5, 0, 32, 1, 2
+#define TP_QPANEL_Q4_K 4, 0, 32, 1, 4
+#define TP_QPANEL_Q5_K 5, 0, 32, 1, 4
+#define TP_QPANEL_Q6_K 6, 5, 16, 0, 4
+/* F(args..., the format's five values): expands a format macro first */
+#define TP_QPANEL_APPLY(F, ...) F(__VA_ARGS__)
+/* Bytes of the packed quants of 16 rows x 32 columns: 8-bit 512; 4-bit 256
+ * (quads 2m and 2m+1 in the low and high nibbles of vector m); 5-bit adds
+ * a 64-bit mask of the fifth bits per quad; 6-bit adds two vectors of
+ * 2-bit fields (quad k in vector k / 4, bits 2 (k % 4) and up). */
+#define TP_QPANEL_QUANT_BYTES(BITS) ((BITS) == 8 ? 512 : (BITS) == 4 ? 256 : (BITS) == 5 ? 320 : 384)
+
+/* Panel geometry of an integer type (the format above, the offset as a
+ * number). False for other types. */
 typedef struct tp_qpanel_fmt {
     int bits, off, sub, has_min;
     int scale_bytes;    /* 2: the file's scales are halves and stay so; 4: f32 */

@@ -117,7 +117,7 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_pscale(const u
                 acc[g][t] = _mm512_setzero_ps();                                                               \
         const int nb = p->blocks, cols = a->cols;                                                              \
         const size_t bb = p->block_bytes, gb = p->group_bytes;                                                 \
-        const size_t qbytes = (BITS) == 8 ? 512 : (BITS) == 4 ? 256 : (BITS) == 5 ? 320 : 384;                 \
+        const size_t qbytes = TP_QPANEL_QUANT_BYTES(BITS);                                                     \
         const uint8_t *base = p->data + (size_t)g0 * gb;                                                       \
         for (int b = 0; b < nb; b++) {                                                                         \
             const uint8_t *blk = base + (size_t)b * bb;                                                        \

@@ -96,9 +96,9 @@ void tp_qunpack_q6_k(const uint8_t *row, int c, int n, int8_t w[64], float ws[16
 /* ---- AVX-512 kernels over panels (quant_avx.h) ----
  * Q4_K and Q5_K: 4 or 5 bits with a min per 32 columns; Q6_K: 6 bits,
  * offset 32, a scale per 16 columns. */
-TP_QPANEL_DEFINE(q4_k, 4, 0, 32, 1, 4)
-TP_QPANEL_DEFINE(q5_k, 5, 0, 32, 1, 4)
-TP_QPANEL_DEFINE(q6_k, 6, 5, 16, 0, 4)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q4_k, TP_QPANEL_Q4_K)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q5_k, TP_QPANEL_Q5_K)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q6_k, TP_QPANEL_Q6_K)
 
 void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {

@@ -61,10 +61,10 @@ void tp_qunpack_q5_1(const uint8_t *row, int c, int n, int8_t w[64], float ws[16
 
 /* The AVX-512 kernels over panels (quant_avx.h): 4 or 5 bits, offset 8 or
  * 16 for the symmetric types, a min for the _1 types. */
-TP_QPANEL_DEFINE(q4_0, 4, 3, 32, 0, 2)
-TP_QPANEL_DEFINE(q4_1, 4, 0, 32, 1, 2)
-TP_QPANEL_DEFINE(q5_0, 5, 4, 32, 0, 2)
-TP_QPANEL_DEFINE(q5_1, 5, 0, 32, 1, 2)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q4_0, TP_QPANEL_Q4_0)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q4_1, TP_QPANEL_Q4_1)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q5_0, TP_QPANEL_Q5_0)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q5_1, TP_QPANEL_Q5_1)
 
 void tp_qrows_q4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {

@@ -22,7 +22,7 @@ void tp_qunpack_q8_0(const uint8_t *row, int c, int n_cols, int8_t w[64], float 
 }
 
 /* The AVX-512 kernel over panels (quant_avx.h): the quants plus 128. */
-TP_QPANEL_DEFINE(q8_0, 8, 7, 32, 0, 2)
+TP_QPANEL_APPLY(TP_QPANEL_DEFINE, q8_0, TP_QPANEL_Q8_0)
 
 void tp_qrows_q8_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
