@@ -7,7 +7,7 @@ PKGS=(
   build-essential pkg-config clang libclang-rt-14-dev
   libzmq3-dev libmsgpack-dev libopenblas-dev libyaml-dev libsystemd-dev
   libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev
-  python3 python3-zmq python3-msgpack python3-sentencepiece
+  python3 python3-zmq python3-msgpack python3-sentencepiece python3-numpy python3-jinja2
   systemd
   libmicrohttpd-dev curl prometheus nodejs
 )
