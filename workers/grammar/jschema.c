@@ -98,8 +98,7 @@ static int oom(jc *c)
 
 static const char *const annotations[] = {
     "title", "description", "examples", "$schema", "$id", "default", "$comment", "deprecated",
-    "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "$vocabulary", "contentMediaType",
-    "contentEncoding", "contentSchema", NULL};
+    "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "$vocabulary", NULL};
 
 static const char *const handled[] = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "items",
@@ -274,6 +273,15 @@ static int flatten(jc *c, const cJSON *s, const cJSON **out, int n, int depth)
         out[n] = s;
         return n + 1;
     }
+    /* s itself first, when it says more than $ref/allOf: its properties come
+     * before those it pulls in (the order a reader of the schema sees) */
+    bool rest = false;
+    for (const cJSON *k = s->child; k; k = k->next)
+        if (strcmp(k->string, "$ref") && strcmp(k->string, "allOf") && !is_annotation(k->string)) rest = true;
+    if (rest) {
+        if (n >= JS_MAX_MERGE) return jfail(c, TP_ERANGE, "allOf: more than %d schemas to merge", JS_MAX_MERGE);
+        out[n++] = s;
+    }
     if (r) {
         if (!cJSON_IsString(r)) return jfail(c, TP_EINVAL, "$ref: expected a string");
         const cJSON *t = resolve(c, r->valuestring);
@@ -283,15 +291,6 @@ static int flatten(jc *c, const cJSON *s, const cJSON **out, int n, int depth)
     if (n >= 0 && all) {
         if (!cJSON_IsArray(all) || !all->child) return jfail(c, TP_EINVAL, "allOf: expected a non-empty array");
         for (const cJSON *a = all->child; a && n >= 0; a = a->next) n = flatten(c, a, out, n, depth + 1);
-    }
-    if (n < 0) return n;
-    /* the rest of s itself, as a member, when it says more than $ref/allOf */
-    bool rest = false;
-    for (const cJSON *k = s->child; k; k = k->next)
-        if (strcmp(k->string, "$ref") && strcmp(k->string, "allOf") && !is_annotation(k->string)) rest = true;
-    if (rest) {
-        if (n >= JS_MAX_MERGE) return jfail(c, TP_ERANGE, "allOf: more than %d schemas to merge", JS_MAX_MERGE);
-        out[n++] = s;
     }
     return n;
 }
