@@ -139,6 +139,8 @@ typedef struct tp_gmatch tp_gmatch;
 /* A matcher at the start of the grammar. e is borrowed (outlives it). */
 int tp_gmatch_new(tp_gengine *e, tp_gmatch **out, tp_err *err);
 void tp_gmatch_free(tp_gmatch *m);
+/* The engine m works on (borrowed). */
+tp_gengine *tp_gmatch_engine(const tp_gmatch *m);
 /* A copy at the same position (same engine). NULL when out of memory. */
 tp_gmatch *tp_gmatch_clone(const tp_gmatch *m);
 
@@ -152,6 +154,11 @@ int tp_gmatch_mask(tp_gmatch *m, uint64_t *mask, tp_err *err);
 /* Whether token may come next (the same answer as its mask bit, without
  * building the mask: one walk of its bytes). */
 bool tp_gmatch_allows(tp_gmatch *m, int32_t token);
+
+/* out[t] = logits[t] where mask allows t, -inf elsewhere (vocab floats):
+ * what a sampler sees, so every selection step works on the constrained
+ * distribution. */
+void tp_grammar_apply_mask(const uint64_t *mask, const float *logits, float *out, int vocab);
 
 /* Advance by token. TP_EINVAL (naming the token) if the grammar does not
  * allow it; the matcher is then unchanged. An end-of-generation id is
@@ -168,5 +175,29 @@ bool tp_gmatch_accepting(const tp_gmatch *m);
 bool tp_gmatch_done(const tp_gmatch *m);
 /* Tokens accepted so far. */
 size_t tp_gmatch_n_accepted(const tp_gmatch *m);
+
+/* ---- a stage's grammars ----
+ * What a worker stage keeps: the vocabulary index (built on the first
+ * grammar asked for, so a worker that never sees one pays nothing) and the
+ * compiled grammars with their engines, shared by every job with the same
+ * text (JSON mode compiles once, its masks are computed once for all). At
+ * most max_grammars are kept; one no matcher uses is dropped for a new one.
+ * Not thread-safe. */
+typedef struct tp_gcache tp_gcache;
+
+/* tok (borrowed, outlives the cache; NULL: every grammar is refused, naming
+ * why) gives the token bytes; eog (copied) the end-of-generation ids;
+ * limits NULL = defaults. */
+int tp_gcache_new(const struct tp_tokenizer *tok, const int *eog, int n_eog, const tp_grammar_limits *gl,
+                  const tp_gengine_limits *el, int max_grammars, tp_gcache **out, tp_err *err);
+void tp_gcache_free(tp_gcache *c);
+
+/* A matcher at the start of grammar text[0, len), compiled now or found;
+ * release it with tp_gcache_release. Errors as tp_grammar_compile's. */
+int tp_gcache_matcher(tp_gcache *c, const char *text, size_t len, tp_gmatch **out, tp_err *err);
+void tp_gcache_release(tp_gcache *c, tp_gmatch *m);
+
+/* The vocabulary size, once built (0 before the first grammar). */
+int tp_gcache_vocab_size(const tp_gcache *c);
 
 #endif

@@ -10,6 +10,7 @@
  * alternative's end pops to the parent, a reference pushes its
  * continuation — unless the continuation is the alternative's end (tail
  * call), which keeps repetitions (R ::= x R) at constant depth. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -635,6 +636,8 @@ int tp_gmatch_new(tp_gengine *e, tp_gmatch **out, tp_err *err)
 
 void tp_gmatch_free(tp_gmatch *m) { free(m); }
 
+tp_gengine *tp_gmatch_engine(const tp_gmatch *m) { return m->e; }
+
 tp_gmatch *tp_gmatch_clone(const tp_gmatch *m)
 {
     tp_gmatch *c = malloc(sizeof *c);
@@ -672,6 +675,20 @@ int tp_gmatch_mask(tp_gmatch *m, uint64_t *mask, tp_err *err)
         e->mask_bytes += bytes;
     }
     return 0;
+}
+
+void tp_grammar_apply_mask(const uint64_t *mask, const float *logits, float *out, int vocab)
+{
+    for (int w = 0; w * 64 < vocab; w++) {
+        uint64_t m = mask[w];
+        int base = w * 64, n = vocab - base < 64 ? vocab - base : 64;
+        if (m == ~0ull && n == 64) {
+            memcpy(out + base, logits + base, 64 * sizeof *out);
+            continue;
+        }
+        for (int k = 0; k < n; k++)
+            out[base + k] = (m >> k) & 1 ? logits[base + k] : -INFINITY;
+    }
 }
 
 /* The state after bytes b[0, n) from sid; DEAD if refused. */
