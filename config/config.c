@@ -1,6 +1,7 @@
 /* tokpipe.yaml loader: libyaml document tree walked against one key table. */
 #include "tokpipe/config.h"
 #include "tokpipe/sampler.h"
+#include "tokpipe/grammar.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -82,6 +83,13 @@ static const struct key keys[] = {
     KI("limits.max_stop_strings", max_stop_strings, 0, 4096),
     KI("limits.max_stop_len", max_stop_len, 1, 65535),
     KI("limits.max_stop_ids", max_stop_ids, 0, 4096),
+    KI("grammar.max_bytes", grammar_max_bytes, 16, 1 << 20),
+    KI("grammar.max_rules", grammar_max_rules, 1, 1 << 20),
+    KI("grammar.max_compile_ms", grammar_max_compile_ms, 1, 600000),
+    KI("grammar.max_states", grammar_max_states, 16, 1 << 24),
+    KI("grammar.mask_cache_mb", grammar_mask_cache_mb, 0, 1 << 16),
+    KI("grammar.max_schema_bytes", schema_max_bytes, 2, 1 << 20),
+    KI("grammar.max_schema_depth", schema_max_depth, 1, 1024),
     KI("limits.sndhwm", sndhwm, 0, 1 << 24),
     KI("limits.events_sndhwm", events_sndhwm, 1, 1 << 20),
     KI("limits.linger_ms", linger_ms, 0, 600000),
@@ -182,6 +190,13 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->max_stop_strings = 1024;
     cfg->max_stop_len = 1024;
     cfg->max_stop_ids = 1024;
+    cfg->grammar_max_bytes = TP_GRAMMAR_DEFAULT_MAX_BYTES;
+    cfg->grammar_max_rules = TP_GRAMMAR_DEFAULT_MAX_RULES;
+    cfg->grammar_max_compile_ms = TP_GRAMMAR_DEFAULT_COMPILE_MS;
+    cfg->grammar_max_states = TP_GRAMMAR_DEFAULT_MAX_STATES;
+    cfg->grammar_mask_cache_mb = TP_GRAMMAR_DEFAULT_MASK_MB;
+    cfg->schema_max_bytes = 256 * 1024;
+    cfg->schema_max_depth = 64;
     cfg->sndhwm = 100000;
     cfg->events_sndhwm = 10000;
     cfg->linger_ms = 1000;
@@ -651,4 +666,17 @@ int tp_config_load(const char *path, tp_config *cfg, tp_err *err)
     int rc = tp_config_parse(buf, len, path, cfg, err);
     free(buf);
     return rc;
+}
+
+void tp_config_grammar_limits(const tp_config *c, tp_grammar_limits *gl, tp_gengine_limits *el)
+{
+    tp_grammar_limits_default(gl);
+    gl->max_bytes = (size_t)c->grammar_max_bytes;
+    gl->max_rules = c->grammar_max_rules;
+    gl->max_compile_ms = c->grammar_max_compile_ms;
+    if (el) {
+        tp_gengine_limits_default(el);
+        el->max_states = c->grammar_max_states;
+        el->mask_bytes = (size_t)c->grammar_mask_cache_mb << 20;
+    }
 }

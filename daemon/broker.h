@@ -99,6 +99,7 @@ typedef struct bjob {
     int close_stp;                  /* CLOSING: the stop worker that publishes FINISH, -1 none */
     int close_finish;               /* CLOSING: the STOP_CLOSE finish, said again to a replacement */
     char *close_error;
+    char *gbnf;               /* the job's grammar (params.grammar points here), or NULL */
     bool cancel;
     int32_t *out;
     uint32_t n_out, cap_out;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "broker.h"
+#include "grammar_admit.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/stop.h"
 #include "tokpipe/zwire.h"
@@ -277,6 +278,13 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         memcpy(p->logit_bias.ids, s->params.logit_bias.ids, nb * sizeof *blk);
         memcpy(p->logit_bias.values, s->params.logit_bias.values, nb * sizeof(float));
     }
+    p->set &= ~(TP_P_GRAMMAR | TP_P_JSON_SCHEMA | TP_P_JSON_MODE);
+    p->grammar = p->json_schema = (tp_str){0};
+    p->json_mode = false;
+    if (j->gbnf) {
+        p->grammar = (tp_str){j->gbnf, strlen(j->gbnf)};
+        p->set |= TP_P_GRAMMAR;
+    }
     /* the request's frames go away: the mode becomes one of our literals */
     if (p->set & TP_P_LOGPROBS_MODE)
         p->logprobs_mode = tp_str_of(tp_params_lpmode(p) == TP_LPMODE_PROCESSED ? "processed" : "raw");
@@ -329,7 +337,11 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     const tp_m_submit *s = &m->submit;
     b->stats.jobs_submitted++;
     verdict v = {0};
-    if (!check_submit(b, s, &v)) {
+    char *gbnf = NULL, gfield[64];
+    tp_err ge;
+    if (check_submit(b, s, &v) && grammar_admit(b->cfg, &s->params, &gbnf, gfield, sizeof gfield, &ge))
+        bad(&v, ge.code == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, gfield, "%s", ge.msg);
+    if (v.status) {
         b->stats.jobs_rejected++;
         char id[TP_PROTO_MAX_JOB_ID + 1];
         snprintf(id, sizeof id, "%.*s", (int)s->job_id.len, s->job_id.ptr);
@@ -352,7 +364,13 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     else
         snprintf(id, sizeof id, "j-%08x-%llu", (unsigned)b->incarnation, (unsigned long long)++b->next_auto_id);
     bjob *j = jobs_new(b, id, strlen(id));
+    if (j) {
+        /* workers get the GBNF only, whatever the request said */
+        j->gbnf = gbnf;
+        gbnf = NULL;
+    }
     if (!j || copy_request(j, s, b->cfg)) {
+        free(gbnf);
         if (j)
             jobs_release(b, j);
         b->stats.jobs_rejected++;

@@ -128,5 +128,10 @@ void info_reply(broker *b, uint64_t req, tp_msg *r)
         .max_concurrent_jobs = u32_of(c->max_concurrent_jobs),
         .max_logit_bias = TP_PROTO_MAX_LOGIT_BIAS,
         .max_top_logprobs = TP_SAMPLER_MAX_TOP_LOGPROBS,
+        .max_grammar_bytes = u32_of(c->grammar_max_bytes),
+        .max_grammar_rules = u32_of(c->grammar_max_rules),
+        .max_grammar_compile_ms = u32_of(c->grammar_max_compile_ms),
+        .max_schema_bytes = u32_of(c->schema_max_bytes),
+        .max_schema_depth = u32_of(c->schema_max_depth),
     };
 }

@@ -41,6 +41,7 @@ static void job_clear(bjob *j)
     free(j->out);
     free(j->cands);
     free(j->close_error);
+    free(j->gbnf);
     free(j->text);
     free(j->shown);
     free(j->matched_buf);

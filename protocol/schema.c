@@ -69,6 +69,11 @@ static const field params_fields[] = {
      .max = TP_PROTO_MAX_LOGIT_BIAS, .setbit = TP_P_LOGIT_BIAS},
     {.key = "truncate_prompt_tokens", .type = FT_I32, .off = P(truncate_prompt_tokens), .ilo = 1,
      .ihi = INT32_MAX, .setbit = TP_P_TRUNCATE_PROMPT},
+    {.key = "grammar", .type = FT_STR, .off = P(grammar), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
+     .setbit = TP_P_GRAMMAR},
+    {.key = "json_schema", .type = FT_STR, .off = P(json_schema), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
+     .setbit = TP_P_JSON_SCHEMA},
+    {.key = "json_mode", .type = FT_BOOL, .off = P(json_mode), .setbit = TP_P_JSON_MODE},
     END,
 };
 static const table params_table = {params_fields, (long)P(set)};
@@ -210,7 +215,12 @@ static const field limits_fields[] = {
     F_U32("max_penalty_window", offsetof(tp_m_info_limits, max_penalty_window), 0, 0, UINT32_MAX),
     F_U32("max_concurrent_jobs", offsetof(tp_m_info_limits, max_concurrent_jobs), 0, 0, UINT32_MAX),
     F_U32("max_logit_bias", offsetof(tp_m_info_limits, max_logit_bias), 0, 0, UINT32_MAX),
-    F_U32("max_top_logprobs", offsetof(tp_m_info_limits, max_top_logprobs), 0, 0, UINT32_MAX), END,
+    F_U32("max_top_logprobs", offsetof(tp_m_info_limits, max_top_logprobs), 0, 0, UINT32_MAX),
+    F_U32("max_grammar_bytes", offsetof(tp_m_info_limits, max_grammar_bytes), 0, 0, UINT32_MAX),
+    F_U32("max_grammar_rules", offsetof(tp_m_info_limits, max_grammar_rules), 0, 0, UINT32_MAX),
+    F_U32("max_grammar_compile_ms", offsetof(tp_m_info_limits, max_grammar_compile_ms), 0, 0, UINT32_MAX),
+    F_U32("max_schema_bytes", offsetof(tp_m_info_limits, max_schema_bytes), 0, 0, UINT32_MAX),
+    F_U32("max_schema_depth", offsetof(tp_m_info_limits, max_schema_depth), 0, 0, UINT32_MAX), END,
 };
 static const table limits_table = {limits_fields, -1};
 #define SPECIAL_IDS(o) {.key = "special_ids", .type = FT_I32S, .off = o, .ilo = 0, .ihi = INT32_MAX, \
@@ -252,6 +262,7 @@ static const field finish_f[] = {
     F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
     F_U64("pin", FI(pin), 0),     {.key = "seed", .type = FT_U64, .off = FI(seed), .setbit = TP_ACK_SEED}, ERROR_CODE(FI(error_code)),
     F_U32("context_length", FI(context_length), 0, 0, UINT32_MAX), F_STR("detail", FI(detail), 0, TP_PROTO_MAX_NAME),
+    {.key = "grammar_complete", .type = FT_BOOL, .off = FI(grammar_complete), .setbit = TP_FIN_GRAMMAR},
     END,
 };
 
@@ -407,6 +418,15 @@ static int params_check(const tp_params *p, const char *path, tp_err *err)
           tp_params_lpmode(p) == TP_LPMODE_PROCESSED))
         return tp_err_set(err, TP_EINVAL, "%s.logprobs_mode: '%.*s' is not raw or processed", path,
                           (int)(p->logprobs_mode.len > 32 ? 32 : p->logprobs_mode.len), p->logprobs_mode.ptr);
+    /* one constraint at a time: which one would win is not obvious */
+    static const struct { uint32_t bit; const char *key; } cons[] = {
+        {TP_P_GRAMMAR, "grammar"}, {TP_P_JSON_SCHEMA, "json_schema"}, {TP_P_JSON_MODE, "json_mode"}};
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++)
+            if ((p->set & cons[a].bit) && (p->set & cons[b].bit) &&
+                (cons[b].bit != TP_P_JSON_MODE || p->json_mode) && (cons[a].bit != TP_P_JSON_MODE || p->json_mode))
+                return tp_err_set(err, TP_EINVAL, "%s.%s: %s and %s cannot both be given (one constraint per job)",
+                                  path, cons[b].key, cons[a].key, cons[b].key);
     if (p->top_logprobs > 0 && !p->logprobs)
         return tp_err_set(err, TP_EINVAL, "%s.top_logprobs: %d alternatives need logprobs: true", path,
                           (int)p->top_logprobs);

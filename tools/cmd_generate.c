@@ -56,6 +56,7 @@ typedef struct job {
     char error[TP_PROTO_MAX_ERROR + 1];   /* reason error: what went wrong */
     uint32_t rejected;        /* the ACK's status when the SUBMIT was refused, else 0 */
     char detail[16];          /* FINISH detail of a length finish */
+    int grammar_complete;     /* FINISH grammar_complete: 1, 0, or -1 absent */
     cJSON *logprobs;          /* --logprobs: one entry per TOKEN id, as `run --json` */
 } job;
 
@@ -176,6 +177,13 @@ static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
             p->logit_bias = (tp_logit_bias){(int32_t *)g->bias_ids, (float *)g->bias_values, g->n_bias};
     if (g->truncate_prompt_tokens)
         p->set |= TP_P_TRUNCATE_PROMPT, p->truncate_prompt_tokens = g->truncate_prompt_tokens;
+    /* sent as given: the daemon compiles and checks them */
+    if (g->grammar)
+        p->set |= TP_P_GRAMMAR, p->grammar = (tp_str){g->grammar, g->grammar_len};
+    if (g->json_schema)
+        p->set |= TP_P_JSON_SCHEMA, p->json_schema = (tp_str){g->json_schema, g->json_schema_len};
+    if (g->json_mode)
+        p->set |= TP_P_JSON_MODE, p->json_mode = true;
 }
 
 static void fill_submit(gen *s, const job *j, tp_msg *m)
@@ -306,6 +314,7 @@ static void on_event(gen *s, const tp_msg *m)
         j->seed = m->finish.seed;
     snprintf(j->detail, sizeof j->detail, "%.*s", (int)m->finish.detail.len,
              m->finish.detail.ptr ? m->finish.detail.ptr : "");
+    j->grammar_complete = (m->finish.set & TP_FIN_GRAMMAR) ? m->finish.grammar_complete : -1;
     j->done = !j->gap;
 }
 
@@ -506,6 +515,8 @@ static void print_json(const job *j)
     cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(j->reason));
     if (j->detail[0])
         cJSON_AddStringToObject(o, "finish_detail", j->detail);
+    if (j->grammar_complete >= 0)
+        cJSON_AddBoolToObject(o, "grammar_complete", j->grammar_complete);
     cJSON_AddItemToObject(o, "matched", j->matched ? cJSON_Duplicate(j->matched, 1) : cJSON_CreateNull());
     cJSON_AddNumberToObject(o, "prompt_tokens", j->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", j->completion_tokens);
@@ -642,6 +653,7 @@ static int run(gen *s, tp_err *err)
         tp_client_set_interrupt_fd(s->c, s->sigfd);
     for (size_t i = 0; i < s->n && !rc; i++) {
         s->jobs[i].prompt = s->g.n_messages ? NULL : s->g.prompts[i];
+        s->jobs[i].grammar_complete = -1;
         tp_client_job_id(s->jobs[i].id, sizeof s->jobs[i].id, (unsigned)i);
         rc = tp_client_subscribe(s->c, s->jobs[i].id, err);
     }

@@ -65,6 +65,11 @@ static cJSON *info_json(const tp_m_info_reply *r)
     cJSON_AddNumberToObject(l, "max_concurrent_jobs", x->max_concurrent_jobs);
     cJSON_AddNumberToObject(l, "max_logit_bias", x->max_logit_bias);
     cJSON_AddNumberToObject(l, "max_top_logprobs", x->max_top_logprobs);
+    cJSON_AddNumberToObject(l, "max_grammar_bytes", x->max_grammar_bytes);
+    cJSON_AddNumberToObject(l, "max_grammar_rules", x->max_grammar_rules);
+    cJSON_AddNumberToObject(l, "max_grammar_compile_ms", x->max_grammar_compile_ms);
+    cJSON_AddNumberToObject(l, "max_schema_bytes", x->max_schema_bytes);
+    cJSON_AddNumberToObject(l, "max_schema_depth", x->max_schema_depth);
     return o;
 }
 

@@ -14,6 +14,7 @@
 #include "tokpipe/detok.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/forward.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/model.h"
 #include "tokpipe/sampler.h"
 #include "tokpipe/stop.h"
@@ -62,6 +63,7 @@ typedef struct run_job {
     float *lp;
     tp_logprob *top;
     int top_n;
+    tp_gmatch *gm;       /* --grammar / --json-schema / --json-mode: the position */
 } run_job;
 
 typedef struct run_ctx {
@@ -73,6 +75,10 @@ typedef struct run_ctx {
     int vocab;
     bool stream;         /* one prompt, plain text: print chunks as they come */
     FILE *dump;          /* --dump-logits, or NULL */
+    char *gbnf;          /* the jobs' grammar, or NULL */
+    tp_gcache *gc;
+    uint64_t *gmask;
+    float *mrow;         /* the logits under the mask */
 } run_ctx;
 
 static void usage(FILE *out)
@@ -304,6 +310,8 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
             return tp_err_set(err, TP_ENOMEM, "out of memory for logprobs");
     }
     tp_sampler_params sp = sampler_params(g, ban, n_ban);
+    if (c->gc && (rc = tp_gcache_matcher(c->gc, c->gbnf, strlen(c->gbnf), &j->gm, err)))
+        return rc;
     if ((rc = tp_stop_new(&sc, &j->stop, err)) ||
         (rc = tp_sampler_new(&sp, c->vocab, j->ids, n, &j->sampler, err)) ||
         (rc = tp_detok_new(c->tok, j->ids[n - 1], &j->detok, err)) ||
@@ -341,13 +349,22 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
             fwrite(logits, sizeof *logits, (size_t)c->vocab, c->dump) != (size_t)c->vocab)
             return tp_err_set(err, TP_EIO, "--dump-logits: write failed");
     }
-    int rc = tp_sampler_sample(j->sampler, logits, &cand, err);
+    /* the grammar's mask before every selection step, as the sample stage */
+    const float *row = logits;
+    int rc = 0;
+    if (j->gm && !(rc = tp_gmatch_mask(j->gm, c->gmask, err))) {
+        tp_grammar_apply_mask(c->gmask, logits, c->mrow, c->vocab);
+        row = c->mrow;
+    }
+    if (!rc)
+        rc = tp_sampler_sample(j->sampler, row, &cand, err);
     float lp = NAN;
     size_t k = (size_t)tp_stop_completion_tokens(j->stop), n_top = 0;
     tp_logprob top[TP_SAMPLER_MAX_TOP_LOGPROBS];
     /* the same call the sample stage makes, before the candidate is decided */
     if (rc == 0 && j->lp &&
-        (rc = tp_sampler_logprobs(j->sampler, logits, g->lp_processed ? TP_LOGPROBS_PROCESSED : TP_LOGPROBS_RAW, cand,
+        (rc = tp_sampler_logprobs(j->sampler, g->lp_processed ? row : logits,
+                                  g->lp_processed ? TP_LOGPROBS_PROCESSED : TP_LOGPROBS_RAW, cand,
                                   (size_t)j->top_n, &lp, top, &n_top, err)))
         return rc;
     if (rc) {
@@ -369,9 +386,17 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
             if ((rc = tp_sampler_accept(j->sampler, cand, err)) ||
                 (rc = tp_detok_accept(j->detok, cand, err)))
                 return rc;
+            if (j->gm)
+                tp_gmatch_accept(j->gm, cand, NULL);
         }
     }
     if (c->stream && st.chunk_len) {
+        fwrite(st.chunk, 1, st.chunk_len, stdout);
+        fflush(stdout);
+    }
+    /* a grammar with no continuation ends the job, as in the stop stage */
+    if (j->gm && st.finish == TP_FINISH_NONE && tp_gmatch_done(j->gm) && !tp_stop_end(j->stop, &st) &&
+        c->stream && st.chunk_len) {
         fwrite(st.chunk, 1, st.chunk_len, stdout);
         fflush(stdout);
     }
@@ -469,6 +494,16 @@ static void print_json(const run_job *j, const genopts *g)
     cJSON_AddStringToObject(o, "finish_reason", tp_finish_reason_name(j->last.finish));
     if (j->last.finish == TP_FINISH_LENGTH)
         cJSON_AddStringToObject(o, "finish_detail", length_detail(j));
+    if (j->last.finish == TP_FINISH_EOS && j->gm && tp_gmatch_accepting(j->gm))
+        cJSON_AddStringToObject(o, "finish_detail", "grammar");
+    if (j->gm) {
+        /* the final text (after any stop cut) is a whole sentence */
+        tp_gmatch *m = NULL;
+        bool whole = !tp_gmatch_new(tp_gmatch_engine(j->gm), &m, NULL) &&
+                     !tp_gmatch_accept_bytes(m, (const uint8_t *)text, len, NULL) && tp_gmatch_accepting(m);
+        tp_gmatch_free(m);
+        cJSON_AddBoolToObject(o, "grammar_complete", whole);
+    }
     if (j->last.matched_str) {
         char *m = strndup(j->last.matched_str, j->last.matched_len);
         cJSON_AddStringToObject(o, "matched", m ? m : "");
@@ -565,6 +600,20 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
     int rc = load_engine(c, a, err);
     if (rc)
         return rc;
+    if ((rc = genopts_gbnf(&a->gen, &c->gbnf, err)))
+        return rc;
+    if (c->gbnf) {
+        const int *model_eos;
+        int n_model_eos = tp_model_eos_ids(c->model, &model_eos);
+        int eos[RUN_MAX_EOS];
+        int n_eos = tp_tokenizer_merge_eog(c->tok, model_eos, n_model_eos, eos, RUN_MAX_EOS);
+        if ((rc = tp_gcache_new(c->tok, eos, n_eos, NULL, NULL, 1, &c->gc, err)))
+            return rc;
+        c->gmask = malloc(tp_gmask_words(c->vocab) * sizeof *c->gmask);
+        c->mrow = malloc((size_t)c->vocab * sizeof *c->mrow);
+        if (!c->gmask || !c->mrow)
+            return tp_err_set(err, TP_ENOMEM, "out of memory");
+    }
     c->jobs = calloc(a->gen.n_prompts + 1, sizeof *c->jobs);
     if (!c->jobs)
         return tp_err_set(err, TP_ENOMEM, "out of memory for %zu jobs", a->gen.n_prompts);
@@ -619,9 +668,15 @@ int cmd_run(int argc, char **argv)
         rc = tp_err_set(&err, TP_EIO, "--dump-logits: writing %s failed", a.dump_logits);
     if (rc)
         fprintf(stderr, "tokpipe run: %s\n", err.msg);
-    for (size_t i = 0; i < c.n_jobs; i++)
+    for (size_t i = 0; i < c.n_jobs; i++) {
+        tp_gcache_release(c.gc, c.jobs[i].gm);
         job_free(&c.jobs[i]);
+    }
     free(c.jobs);
+    tp_gcache_free(c.gc);
+    free(c.gbnf);
+    free(c.gmask);
+    free(c.mrow);
     tp_forward_free(c.fwd);
     tp_tokenizer_free(c.tok);
     tp_model_free(c.model);

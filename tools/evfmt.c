@@ -108,6 +108,8 @@ cJSON *evfmt_event(const tp_msg *m)
     }
     if (f->detail.ptr)
         cJSON_AddItemToObject(o, "detail", evfmt_str(f->detail));
+    if (f->set & TP_FIN_GRAMMAR)
+        cJSON_AddBoolToObject(o, "grammar_complete", f->grammar_complete);
     if (f->error_code.ptr)
         cJSON_AddItemToObject(o, "error_code", evfmt_str(f->error_code));
     if (f->context_length)

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/grammar.h"
+#include "tokpipe/jschema.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
@@ -147,6 +149,62 @@ void genopts_free(genopts *o)
 {
     cJSON_Delete(o->messages_json);
     o->messages_json = NULL;
+    free(o->grammar);
+    free(o->json_schema);
+    o->grammar = o->json_schema = NULL;
+}
+
+/* --grammar / --json-schema FILE: the whole file, at most what SUBMIT takes */
+static int load_text(const char *flag, const char *path, char **out, size_t *len, tp_err *err)
+{
+    if (*out)
+        return tp_err_set(err, TP_EINVAL, "%s: give it once", flag);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tp_err_set(err, TP_EIO, "%s: %s: %s", flag, path, strerror(errno));
+    char *buf = malloc(TP_PROTO_MAX_GRAMMAR + 2);
+    size_t n = buf ? fread(buf, 1, TP_PROTO_MAX_GRAMMAR + 1, f) : 0;
+    fclose(f);
+    if (!buf)
+        return tp_err_set(err, TP_ENOMEM, "out of memory");
+    if (n > TP_PROTO_MAX_GRAMMAR || n == 0) {
+        free(buf);
+        return tp_err_set(err, TP_ERANGE, "%s: %s: %s", flag, path, n ? "larger than 1 MiB" : "empty");
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+int genopts_gbnf(const genopts *o, char **gbnf, tp_err *err)
+{
+    *gbnf = NULL;
+    int rc = 0;
+    tp_err e;
+    tp_err_clear(&e);
+    const char *flag = "--grammar";
+    if (o->json_schema) {
+        flag = "--json-schema";
+        rc = tp_jschema_to_gbnf(o->json_schema, o->json_schema_len, NULL, gbnf, &e);
+    } else if (o->json_mode) {
+        flag = "--json-mode";
+        rc = tp_jschema_json_mode_gbnf(gbnf, &e);
+    } else if (o->grammar) {
+        if (!(*gbnf = strndup(o->grammar, o->grammar_len)))
+            rc = tp_err_set(&e, TP_ENOMEM, "out of memory");
+    } else
+        return 0;
+    tp_grammar *g = NULL;
+    if (!rc)
+        rc = tp_grammar_compile(*gbnf, strlen(*gbnf), NULL, &g, &e);
+    tp_grammar_free(g);
+    if (rc) {
+        free(*gbnf);
+        *gbnf = NULL;
+        return tp_err_set(err, rc, "%s: %s", flag, e.msg);
+    }
+    return 0;
 }
 
 int genopts_check_prompt(const genopts *o, tp_err *err)
@@ -211,8 +269,22 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
         }
         return rc < 0 ? rc : 1;
     }
-    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special", "--logprobs"};
-    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special, &o->logprobs};
+    if (!strcmp(a, "--grammar") || !strcmp(a, "--json-schema")) {
+        if (*i + 1 >= argc)
+            return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
+        bool gr = !strcmp(a, "--grammar");
+        int rc = load_text(a, argv[++*i], gr ? &o->grammar : &o->json_schema,
+                           gr ? &o->grammar_len : &o->json_schema_len, err);
+        if (!rc && (!!o->grammar + !!o->json_schema + o->json_mode) > 1)
+            rc = tp_err_set(err, TP_EINVAL, "%s: give one of --grammar, --json-schema and --json-mode", a);
+        return rc < 0 ? rc : 1;
+    }
+    if (!strcmp(a, "--json-mode") && (o->grammar || o->json_schema))
+        return tp_err_set(err, TP_EINVAL, "--json-mode: give one of --grammar, --json-schema and --json-mode");
+    static const char *const bools[] = {"--ignore-eos", "--include-stop", "--json", "--parse-special", "--logprobs",
+                                        "--json-mode"};
+    bool *const bool_dst[] = {&o->ignore_eos, &o->include_stop, &o->json, &o->parse_special, &o->logprobs,
+                              &o->json_mode};
     for (size_t k = 0; k < sizeof bools / sizeof *bools; k++)
         if (!strcmp(a, bools[k])) {
             *bool_dst[k] = true;
@@ -326,8 +398,12 @@ void genopts_print_help(FILE *out)
           "  --logprobs-mode MODE     raw (the model's distribution, default) or processed (after\n"
           "                           penalties, logit bias and temperature)\n"
           "  --truncate-prompt-tokens N  keep only the last N prompt tokens\n"
+          "  --grammar FILE           constrain the output to a GBNF grammar (llama.cpp's dialect,\n"
+          "                           start rule root)\n"
+          "  --json-schema FILE       constrain the output to JSON valid for this JSON Schema\n"
+          "  --json-mode              constrain the output to one JSON object\n"
           "  --json                   one JSON line per prompt: prompt, text, tokens, finish_reason,\n"
           "                           finish_detail, matched, prompt_tokens, completion_tokens, seed,\n"
-          "                           logprobs (with --logprobs)\n",
+          "                           logprobs (with --logprobs), grammar_complete (with a grammar)\n",
           out);
 }

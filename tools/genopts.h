@@ -62,6 +62,13 @@ typedef struct genopts {
     tp_chat_msg messages[GENOPTS_MAX_MESSAGES];
     size_t n_messages;
     void *messages_json;  /* cJSON of --messages FILE (the strings point into it) */
+    /* structured output, at most one: --grammar FILE (GBNF), --json-schema
+     * FILE (a JSON Schema), --json-mode; the files' text, malloc'd */
+    char *grammar;
+    size_t grammar_len;
+    char *json_schema;
+    size_t json_schema_len;
+    bool json_mode;
 } genopts;
 
 /* Defaults: max_tokens 256, temperature 1.0, top_p 1.0, top_k 0 (off),
@@ -79,6 +86,11 @@ void genopts_print_help(FILE *out);
 
 /* Free what parsing allocated (the --messages file). */
 void genopts_free(genopts *o);
+
+/* The GBNF the job is constrained by: --grammar's text, or --json-schema /
+ * --json-mode compiled to GBNF (malloc'd, caller frees); NULL and 0 when
+ * none is asked for. Errors name the flag. */
+int genopts_gbnf(const genopts *o, char **gbnf, tp_err *err);
 
 /* Check the prompt flags together: exactly one of --prompt and
  * --message/--messages (what a command needs). */

@@ -21,6 +21,7 @@
 #include "tokpipe/ggml_types.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
@@ -163,13 +164,18 @@ static int load_stages(worker *w, tp_err *err)
     /* a GGUF model's vocabulary names its end-of-generation ids, which the
      * sampler needs too (min_tokens bans them) */
     bool gguf = tp_model_get_format(w->model) == TP_MODEL_GGUF;
-    if ((w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP))) ||
-        (gguf && (w->stages & (1u << TP_SI_SAMPLE)))) {
+    bool need_tok = (w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP))) ||
+                    (gguf && (w->stages & (1u << TP_SI_SAMPLE)));
+    if (need_tok || (w->stages & (1u << TP_SI_SAMPLE))) {
         /* an empty model.tokenizer means the vocabulary embedded in the model */
         rc = c->tokenizer_path && c->tokenizer_path[0] ? tp_tokenizer_open(c->tokenizer_path, mc->vocab_size, &w->tok, err)
                                   : tp_model_tokenizer(w->model, &w->tok, err);
-        if (rc)
+        /* a sampler without one only refuses grammar jobs */
+        if (rc && need_tok)
             return rc;
+        if (rc)
+            fprintf(stderr, "tokpipe-worker %s: no vocabulary for grammars (%s)\n", w->instance, err->msg);
+        rc = 0;
     }
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
         return rc;
@@ -183,6 +189,12 @@ static int load_stages(worker *w, tp_err *err)
     if ((w->stages & (1u << TP_SI_SAMPLE)) &&
         (rc = tp_sample_stage_new(c->max_concurrent_jobs, mc->vocab_size, eos, n_eos, &w->sample, err)))
         return rc;
+    if (w->sample) {
+        tp_grammar_limits gl;
+        tp_gengine_limits el;
+        tp_config_grammar_limits(c, &gl, &el);
+        tp_sample_stage_set_grammar(w->sample, w->tok, &gl, &el);
+    }
     if ((w->stages & (1u << TP_SI_FORWARD)) &&
         (rc = tp_forward_stage_new(w->model, c->kv_slots, c->kv_max_pos, c->max_batch_tokens, c->forward_threads,
                                    &w->forward, err)))
@@ -201,6 +213,10 @@ static int load_stages(worker *w, tp_err *err)
         tp_stop_stage_limits lim = {c->max_concurrent_jobs, c->max_stop_strings, c->max_stop_len};
         if ((rc = tp_stop_stage_new(w->tok, eos, n_eos, &lim, &w->stop, err)))
             return rc;
+        tp_grammar_limits gl;
+        tp_gengine_limits el;
+        tp_config_grammar_limits(c, &gl, &el);
+        tp_stop_stage_set_grammar_limits(w->stop, &gl, &el);
     }
     return 0;
 }

@@ -84,6 +84,9 @@ typedef struct tp_config {
     int max_stop_strings, max_stop_len, max_stop_ids;
     int sndhwm, linger_ms;
     int events_sndhwm;        /* per-subscriber queue on the events socket */
+    /* structured output (grammar.*): GBNF / JSON Schema limits */
+    int grammar_max_bytes, grammar_max_rules, grammar_max_compile_ms, grammar_max_states, grammar_mask_cache_mb;
+    int schema_max_bytes, schema_max_depth;
 
     /* liveness */
     int heartbeat_ms, liveness;
@@ -152,5 +155,10 @@ void tp_config_free(tp_config *cfg);
 /* Where every string setting of cfg lives (source included): fills out[]
  * with up to cap pointers to them; returns how many there are. */
 size_t tp_config_strings(tp_config *cfg, char **out[], size_t cap);
+
+/* The grammar.* keys as the engine's limits (el may be NULL). */
+struct tp_grammar_limits;
+struct tp_gengine_limits;
+void tp_config_grammar_limits(const tp_config *c, struct tp_grammar_limits *gl, struct tp_gengine_limits *el);
 
 #endif

@@ -175,6 +175,7 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_MODEL_ID 256           /* READY model_id */
 #define TP_PROTO_MAX_TRIGGERS 1024          /* entries of stats stop_triggers */
 #define TP_PROTO_MAX_LOGIT_BIAS 1024        /* entries of params.logit_bias */
+#define TP_PROTO_MAX_GRAMMAR (1u << 20)     /* bytes of params.grammar / params.json_schema */
 #define TP_PROTO_MAX_TOP_LOGPROBS 20        /* params.top_logprobs (OpenAI's cap) */
 #define TP_PROTO_MAX_SPECIAL 1024           /* special token ids in READY / INFO_REPLY */
 
@@ -280,6 +281,9 @@ enum {
     TP_P_TYPICAL_P = 1u << 18,
     TP_P_LOGIT_BIAS = 1u << 19,
     TP_P_TRUNCATE_PROMPT = 1u << 20,
+    TP_P_GRAMMAR = 1u << 21,
+    TP_P_JSON_SCHEMA = 1u << 22,
+    TP_P_JSON_MODE = 1u << 23,
 };
 
 /* params.logit_bias: token id -> bias, as parallel arrays (owned by the
@@ -318,6 +322,12 @@ typedef struct tp_params {
     double typical_p;                /* (0, 1]; 1 = off */
     tp_logit_bias logit_bias;        /* <= TP_PROTO_MAX_LOGIT_BIAS entries (vocabulary: broker) */
     int32_t truncate_prompt_tokens;  /* >= 1: keep only the last N prompt tokens */
+    /* Structured output, at most one of the three (limits: broker). The
+     * broker turns json_schema / json_mode into GBNF and sends workers
+     * `grammar` only. */
+    tp_str grammar;                  /* GBNF text (llama.cpp's dialect), root rule `root` */
+    tp_str json_schema;              /* a JSON Schema as JSON text */
+    bool json_mode;                  /* the output is one JSON object */
 } tp_params;
 
 /* TP_LPMODE_* of p (raw when logprobs_mode is absent). */
@@ -342,7 +352,7 @@ typedef struct tp_m_submit {
 } tp_m_submit;
 
 /* Bits of tp_m_ack.set / tp_m_finish.set for keys whose 0 is a value. */
-enum { TP_ACK_SEED = 1u << 0 };
+enum { TP_ACK_SEED = 1u << 0, TP_FIN_GRAMMAR = 1u << 1 };
 
 typedef struct tp_m_ack {   /* ACK and ERROR. status 200: accepted / cancel done; else rejected */
     tp_str job_id;
@@ -443,6 +453,7 @@ typedef struct tp_m_stats_reply {
 typedef struct tp_m_info_limits {   /* INFO_REPLY limits (the broker's configuration) */
     uint32_t max_tokens, max_prompt_bytes, max_stop_strings, max_stop_len, max_stop_ids;
     uint32_t max_penalty_window, max_concurrent_jobs, max_logit_bias, max_top_logprobs;
+    uint32_t max_grammar_bytes, max_grammar_rules, max_grammar_compile_ms, max_schema_bytes, max_schema_depth;
 } tp_m_info_limits;
 
 typedef struct tp_m_info_reply {
@@ -497,11 +508,14 @@ typedef struct tp_m_finish {
     uint32_t completion_tokens;
     uint64_t text_len;     /* bytes of the final text */
     tp_timings timings;
-    uint32_t set;          /* TP_ACK_SEED: seed is present */
+    uint32_t set;          /* TP_ACK_SEED: seed is present; TP_FIN_GRAMMAR: grammar_complete is */
     uint64_t seed;         /* the job's seed */
     tp_str error_code;     /* opt: TP_CODE_* (reason error) */
     uint32_t context_length; /* opt: with TP_CODE_CONTEXT or detail "context" */
-    tp_str detail;         /* opt, reason length: "context" (the context ran out) or "max_tokens" */
+    tp_str detail;         /* opt, reason length: "context" (the context ran out) or "max_tokens";
+                            * reason eos: "grammar" (the job's grammar ended it) */
+    bool grammar_complete; /* opt, jobs with a grammar (set has TP_FIN_GRAMMAR): the final text is
+                            * a whole sentence of the grammar */
     uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
 } tp_m_finish;
 

@@ -69,6 +69,14 @@ typedef struct tp_sample_stage tp_sample_stage;
 int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_eos, tp_sample_stage **out,
                         tp_err *err);
 int tp_sample_stage_handle(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io);
+/* Grammars (params.grammar of SAMPLE_OPEN) need the model's token bytes:
+ * tok (borrowed, outlives the stage) is indexed on the first constrained
+ * job, so a worker that never gets one pays nothing. Without a tokenizer
+ * such jobs are refused. gl / el: the config's limits (NULL = defaults). */
+struct tp_grammar_limits;
+struct tp_gengine_limits;
+void tp_sample_stage_set_grammar(tp_sample_stage *st, const tp_tokenizer *tok, const struct tp_grammar_limits *gl,
+                                 const struct tp_gengine_limits *el);
 /* Sample the candidate for slot from one row of logits (vocab floats, not
  * modified). accepted: the token accepted since the slot's last
  * sample (-1 none); index: completion tokens accepted so far, or
@@ -122,6 +130,10 @@ typedef struct tp_stop_stage_limits {
     int max_stop_len;
 } tp_stop_stage_limits;
 /* tok and the eos ids are borrowed (they must outlive the stage). */
+/* The config's grammar.* limits for the grammars FINISH checks (NULL =
+ * defaults, which the stage starts with). */
+void tp_stop_stage_set_grammar_limits(tp_stop_stage *st, const struct tp_grammar_limits *gl,
+                                      const struct tp_gengine_limits *el);
 int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, const tp_stop_stage_limits *lim,
                       tp_stop_stage **out, tp_err *err);
 int tp_stop_stage_handle(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io);

@@ -129,6 +129,11 @@ int tp_stop_feed(tp_stop *s, int32_t token_id, const uint8_t *bytes, size_t n, t
  * every held byte in out->chunk. TP_ESTATE if already finished. */
 int tp_stop_cancel(tp_stop *s, tp_stop_step *out);
 
+/* Finish the job as TP_FINISH_EOS after its last accepted token, with no
+ * candidate (matched_id -1): its grammar admits nothing more. Held bytes
+ * are released as for cancel. TP_ESTATE if already finished. */
+int tp_stop_end(tp_stop *s, tp_stop_step *out);
+
 /* Finish the job with TP_FINISH_ERROR (e.g. a worker-side failure): held
  * bytes are released as for cancel. TP_ESTATE if already finished. */
 int tp_stop_fail(tp_stop *s, tp_stop_step *out);

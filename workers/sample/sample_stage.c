@@ -9,9 +9,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/grammar.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
 #include "tokpipe/stage.h"
+
+#define GCACHE_MAX 32   /* grammars a worker keeps compiled; an unused one goes for a new one */
 
 typedef struct sample_job {
     bool used;
@@ -19,6 +22,7 @@ typedef struct sample_job {
     tp_sampler *s;
     int top_n;             /* alternatives per logprob; -1: the job did not ask for logprobs */
     tp_logprobs_mode lp_mode;
+    tp_gmatch *gm;         /* the job's grammar position, or NULL */
 } sample_job;
 
 #define LP_STRIDE TP_PROTO_MAX_TOP_LOGPROBS
@@ -40,6 +44,12 @@ struct tp_sample_stage {
     size_t lp_cap;
     bool lp_any;
     uint32_t lp_top_n;
+    /* grammars: the tokenizer (borrowed), its byte index built on the first
+     * constrained job, the engines, the masked row of the last pick */
+    tp_gcache *gc;
+    uint64_t *gmask;
+    float *mrow;
+    int64_t mrow_slot;     /* slot whose masked row mrow holds, -1 none */
 };
 
 int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_eos, tp_sample_stage **out,
@@ -58,17 +68,38 @@ int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_
     st->vocab = vocab_size;
     st->eos = eos_ids;
     st->n_eos = n_eos;
+    st->mrow_slot = -1;
+    tp_sample_stage_set_grammar(st, NULL, NULL, NULL);
+    if (!st->gc) {
+        tp_sample_stage_free(st);
+        return tp_err_set(err, TP_ENOMEM, "sample stage: out of memory");
+    }
     *out = st;
     return 0;
+}
+
+void tp_sample_stage_set_grammar(tp_sample_stage *st, const tp_tokenizer *tok, const tp_grammar_limits *gl,
+                                 const tp_gengine_limits *el)
+{
+    tp_gcache *c = NULL;
+    if (tp_gcache_new(tok, st->eos, st->n_eos, gl, el, GCACHE_MAX, &c, NULL))
+        return;   /* out of memory: the old cache stays */
+    tp_gcache_free(st->gc);
+    st->gc = c;
+}
+
+static void job_drop(tp_sample_stage *st, sample_job *j)
+{
+    tp_sampler_free(j->s);
+    tp_gcache_release(st->gc, j->gm);
+    memset(j, 0, sizeof *j);
 }
 
 void tp_sample_stage_reset(tp_sample_stage *st)
 {
     for (int i = 0; i < st->capacity; i++)
-        if (st->jobs[i].used) {
-            tp_sampler_free(st->jobs[i].s);
-            memset(&st->jobs[i], 0, sizeof st->jobs[i]);
-        }
+        if (st->jobs[i].used)
+            job_drop(st, &st->jobs[i]);
 }
 
 void tp_sample_stage_free(tp_sample_stage *st)
@@ -85,6 +116,9 @@ void tp_sample_stage_free(tp_sample_stage *st)
     free(st->lp_top);
     free(st->lp_ids);
     free(st->lp_tmp);
+    tp_gcache_free(st->gc);
+    free(st->gmask);
+    free(st->mrow);
     free(st);
 }
 
@@ -148,14 +182,34 @@ static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampl
     return rc;
 }
 
+/* The job's grammar, and its position rebuilt from the tokens accepted so
+ * far (a lost sampler's state, as the penalty window is). */
+static int open_grammar(tp_sample_stage *st, sample_job *j, const tp_m_sample_open *o, tp_err *e)
+{
+    int rc = tp_gcache_matcher(st->gc, o->params.grammar.ptr, o->params.grammar.len, &j->gm, e);
+    if (rc)
+        return rc;
+    if (tp_gcache_vocab_size(st->gc) != st->vocab)
+        return tp_err_set(e, TP_EINVAL, "params.grammar: the tokenizer has %d tokens, the model %d",
+                          tp_gcache_vocab_size(st->gc), st->vocab);
+    if (!st->gmask) {
+        st->gmask = malloc(tp_gmask_words(st->vocab) * sizeof *st->gmask);
+        st->mrow = malloc((size_t)st->vocab * sizeof *st->mrow);
+        if (!st->gmask || !st->mrow)
+            return tp_err_set(e, TP_ENOMEM, "sample: out of memory");
+    }
+    for (size_t i = 0; i < o->replay.n; i++)
+        if ((rc = tp_gmatch_accept(j->gm, tp_raw_i32(o->replay, i), e)))
+            return rc;
+    return 0;
+}
+
 static int sample_open(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     const tp_m_sample_open *o = &m->sample_open;
     sample_job *j = find_job(st, o->slot);
-    if (j) {   /* a re-open replaces the job */
-        tp_sampler_free(j->s);
-        memset(j, 0, sizeof *j);
-    }
+    if (j)   /* a re-open replaces the job */
+        job_drop(st, j);
     for (int i = 0; !j && i < st->capacity; i++)
         if (!st->jobs[i].used)
             j = &st->jobs[i];
@@ -165,6 +219,10 @@ static int sample_open(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *
     tp_err_clear(&e);
     if (open_sampler(st, o, &j->s, &e))
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
+    if ((o->params.set & TP_P_GRAMMAR) && open_grammar(st, j, o, &e)) {
+        job_drop(st, j);
+        return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
+    }
     j->used = true;
     j->slot = o->slot;
     j->top_n = o->params.logprobs ? o->params.top_logprobs : -1;
@@ -177,8 +235,7 @@ static int sample_close(tp_sample_stage *st, const tp_msg *m, const tp_stage_io 
     sample_job *j = find_job(st, m->slot.slot);
     if (!j)
         return tp_stage_result(io, m, TP_ST_NOT_FOUND, "SAMPLE_CLOSE: unknown slot");
-    tp_sampler_free(j->s);
-    memset(j, 0, sizeof *j);
+    job_drop(st, j);
     return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
@@ -191,9 +248,21 @@ int tp_sample_stage_pick(tp_sample_stage *st, uint32_t slot, uint32_t index, int
     int rc;
     if (accepted >= 0 && (rc = tp_sampler_accept(j->s, accepted, err)))
         return rc;
+    if (accepted >= 0 && j->gm && (rc = tp_gmatch_accept(j->gm, accepted, err)))
+        return rc;
     if (index != TP_SAMPLE_INDEX_TRACKED && index != tp_sampler_n_accepted(j->s))
         return tp_err_set(err, TP_ESTATE, "sample: slot %u: index %u but %zu tokens were accepted", slot, index,
                           tp_sampler_n_accepted(j->s));
+    st->mrow_slot = -1;
+    if (j->gm) {
+        /* the mask goes in before every selection step, so the draw is
+         * from the constrained distribution itself */
+        if ((rc = tp_gmatch_mask(j->gm, st->gmask, err)))
+            return rc;
+        tp_grammar_apply_mask(st->gmask, logits, st->mrow, st->vocab);
+        st->mrow_slot = slot;
+        return tp_sampler_sample(j->s, st->mrow, candidate, err);
+    }
     return tp_sampler_sample(j->s, logits, candidate, err);
 }
 
@@ -249,6 +318,9 @@ void tp_sample_stage_lp_item(tp_sample_stage *st, uint32_t i, uint32_t slot, con
     st->lp_any = true;
     if ((uint32_t)j->top_n > st->lp_top_n)
         st->lp_top_n = (uint32_t)j->top_n;
+    /* processed logprobs are those of the constrained distribution */
+    if (j->gm && j->lp_mode == TP_LOGPROBS_PROCESSED && st->mrow_slot == (int64_t)slot)
+        logits = st->mrow;
     size_t n = 0;
     tp_err e;
     if (tp_sampler_logprobs(j->s, logits, j->lp_mode, cand, (size_t)j->top_n, &st->lp[i], st->lp_tmp, &n, &e)) {

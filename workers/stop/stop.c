@@ -475,6 +475,11 @@ int tp_stop_cancel(tp_stop *s, tp_stop_step *out)
     return finish_now(s, TP_FINISH_CANCELLED, out);
 }
 
+int tp_stop_end(tp_stop *s, tp_stop_step *out)
+{
+    return finish_now(s, TP_FINISH_EOS, out);
+}
+
 int tp_stop_fail(tp_stop *s, tp_stop_step *out)
 {
     return finish_now(s, TP_FINISH_ERROR, out);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tokpipe/detok.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/stop.h"
 #include "tokpipe/zwire.h"
@@ -25,6 +26,7 @@ typedef struct stop_job {
     bool has_seed;
     uint64_t seed;            /* reported in FINISH */
     uint32_t context_length;  /* nonzero: max_tokens was lowered to fit this context */
+    tp_gmatch *gm;            /* the job's grammar position, or NULL */
 } stop_job;
 
 /* One candidate's logprob row from STOP_STEP (stride = the message's top_n). */
@@ -44,6 +46,7 @@ struct tp_stop_stage {
     uint32_t *v_slots;         /* VERDICTS columns */
     uint8_t *v_acc, *v_fin;
     size_t v_cap;
+    tp_gcache *gc;             /* grammars: FINISH says whether the output is complete */
 };
 
 int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, const tp_stop_stage_limits *lim,
@@ -58,12 +61,27 @@ int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, co
     st->eos = eos_ids;
     st->n_eos = n_eos;
     st->lim = *lim;
+    int rc = tp_gcache_new(tok, eos_ids, n_eos, NULL, NULL, 32, &st->gc, err);
+    if (rc) {
+        tp_stop_stage_free(st);
+        return rc;
+    }
     *out = st;
     return 0;
 }
 
-static void job_free(stop_job *j)
+void tp_stop_stage_set_grammar_limits(tp_stop_stage *st, const tp_grammar_limits *gl, const tp_gengine_limits *el)
 {
+    tp_gcache *c = NULL;
+    if (tp_gcache_new(st->tok, st->eos, st->n_eos, gl, el, 32, &c, NULL))
+        return;
+    tp_gcache_free(st->gc);
+    st->gc = c;
+}
+
+static void job_free(tp_stop_stage *st, stop_job *j)
+{
+    tp_gcache_release(st->gc, j->gm);
     tp_stop_free(j->stop);
     tp_detok_free(j->detok);
     memset(j, 0, sizeof *j);
@@ -73,14 +91,16 @@ void tp_stop_stage_reset(tp_stop_stage *st)
 {
     for (int i = 0; i < st->lim.capacity; i++)
         if (st->jobs[i].used)
-            job_free(&st->jobs[i]);
+            job_free(st, &st->jobs[i]);
 }
 
 void tp_stop_stage_free(tp_stop_stage *st)
 {
     if (!st)
         return;
-    tp_stop_stage_reset(st);
+    if (st->jobs)
+        tp_stop_stage_reset(st);
+    tp_gcache_free(st->gc);
     free(st->jobs);
     free(st->v_slots);
     free(st->v_acc);
@@ -155,6 +175,17 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
     f->timings.total_us = now > j->t_submit_us ? now - j->t_submit_us : 0;
     if (j->has_seed)
         f->set |= TP_ACK_SEED, f->seed = j->seed;
+    if (j->gm) {
+        /* complete: the final text (after any stop cut) is a whole sentence */
+        tp_gmatch *c = NULL;
+        f->set |= TP_FIN_GRAMMAR;
+        f->grammar_complete = !tp_gmatch_new(tp_gmatch_engine(j->gm), &c, NULL) &&
+                              !tp_gmatch_accept_bytes(c, (const uint8_t *)tp_stop_text(j->stop, &total), total, NULL) &&
+                              tp_gmatch_accepting(c);
+        tp_gmatch_free(c);
+        if (f->reason == TP_REASON_EOS && tp_gmatch_accepting(j->gm))
+            f->detail = tp_str_of("grammar");
+    }
     if (f->reason == TP_REASON_LENGTH) {
         /* say which limit ended it: the context, or the producer's max_tokens */
         bool ctx = j->context_length && j->prompt_tokens + f->completion_tokens >= j->context_length;
@@ -212,6 +243,8 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
     int32_t prev = o->prev_token >= 0 ? o->prev_token : tp_tokenizer_bos_id(st->tok);
     if ((rc = tp_detok_new(st->tok, prev, &j->detok, e)))
         return rc;
+    if ((p->set & TP_P_GRAMMAR) && (rc = tp_gcache_matcher(st->gc, p->grammar.ptr, p->grammar.len, &j->gm, e)))
+        return rc;
     /* Rebuild after a lost stop worker: replay accepted tokens silently. */
     for (size_t i = 0; i < o->replay.n; i++) {
         int32_t id = tp_raw_i32(o->replay, i);
@@ -222,6 +255,8 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
             return tp_err_set(e, TP_EINVAL, "replay[%zu]: token %d cannot be replayed", i, id);
         if (s.accepted && (rc = tp_detok_accept(j->detok, id, e)))
             return rc;
+        if (s.accepted && j->gm)
+            tp_gmatch_accept(j->gm, id, NULL);
     }
     return 0;
 }
@@ -231,7 +266,7 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     const tp_m_stop_open *o = &m->stop_open;
     stop_job *j = find_job(st, o->slot);
     if (j)
-        job_free(j);   /* a re-open replaces the job */
+        job_free(st, j);   /* a re-open replaces the job */
     for (int i = 0; !j && i < st->lim.capacity; i++)
         if (!st->jobs[i].used)
             j = &st->jobs[i];
@@ -242,7 +277,7 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     tp_err e;
     tp_err_clear(&e);
     if (open_job(st, o, j, &e)) {
-        job_free(j);
+        job_free(st, j);
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
     }
     j->used = true;
@@ -303,8 +338,17 @@ static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, u
             j->t_first_us = tp_wall_us();
         if ((rc = publish_token(j, cand, s.chunk, s.chunk_len, lp, io)))
             return rc;
+        if (j->gm)
+            tp_gmatch_accept(j->gm, cand, NULL);
         if (s.finish != TP_FINISH_NONE)
             return publish_finish(j, &s, "", 0, NULL, io);
+        /* a position with no continuation ends the job: stopping here is
+         * what the grammar says, not a step that could only take EOS */
+        tp_stop_step end;
+        if (j->gm && tp_gmatch_done(j->gm) && !tp_stop_end(j->stop, &end)) {
+            *fin = (uint8_t)end.finish;
+            return publish_finish(j, &end, end.chunk, end.chunk_len, NULL, io);
+        }
         return 0;
     }
     if (s.finish != TP_FINISH_NONE)
@@ -363,7 +407,7 @@ static int stop_close(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
         if (!frc)
             rc = publish_finish(j, &s, s.chunk, s.chunk_len, c->finish == TP_REASON_ERROR ? err : NULL, io);
     }
-    job_free(j);
+    job_free(st, j);
     return rc ? rc : tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 

@@ -1,0 +1,765 @@
+/* Grammar runtime: vocabulary trie, the lazily built DFA over interned
+ * pushdown stack sets, cached token masks, per-job matchers (grammar.h has
+ * the model; this file the mechanics).
+ *
+ * A stack is a node (element index of its top, parent node), interned so
+ * equal stacks are one id; node 0 is the empty stack (the root rule is
+ * complete). A parser state is the sorted set of nodes whose top is a byte
+ * set (plus node 0 when accepting), interned as a DFA state. Moving on
+ * byte b pops each top that has b and expands what follows (closure): an
+ * alternative's end pops to the parent, a reference pushes its
+ * continuation — unless the continuation is the alternative's end (tail
+ * call), which keeps repetitions (R ::= x R) at constant depth. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar_internal.h"
+#include "tokpipe/tokenizer.h"
+
+#define UNKNOWN_STATE (-2)
+#define DEAD (-1)
+#define MAX_STACK_DEPTH 4096   /* nesting the runtime follows (JSON depth and the like) */
+
+/* ---- vocabulary ---- */
+
+typedef struct tnode {
+    uint32_t skip;    /* preorder index of the next node outside this subtree, minus this one's */
+    int32_t tok;      /* first token whose bytes end here, -1 if none */
+    uint16_t depth;   /* 1 for a child of the root */
+    uint8_t byte;
+} tnode;
+
+struct tp_gvocab {
+    int n;
+    uint8_t *bytes;       /* all tokens' bytes back to back */
+    uint32_t *off;        /* n + 1 offsets */
+    int32_t *next_same;   /* next token with the same bytes, -1 */
+    tnode *nodes;
+    size_t n_nodes;
+    int max_depth;
+    uint64_t *eog;        /* bitset */
+    int32_t *eog_ids;
+    int n_eog;
+};
+
+static int cmp_tok(const void *a, const void *b, void *ctx)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    const tp_gvocab *v = ctx;
+    size_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
+    int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], lx < ly ? lx : ly);
+    if (c)
+        return c;
+    if (lx != ly)
+        return lx < ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int build_trie(tp_gvocab *v, tp_err *err)
+{
+    int *ord = malloc((size_t)v->n * sizeof *ord);
+    v->next_same = malloc((size_t)v->n * sizeof *v->next_same);
+    if (!ord || !v->next_same) {
+        free(ord);
+        return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
+    }
+    int m = 0;
+    size_t total = 0;
+    for (int i = 0; i < v->n; i++) {
+        v->next_same[i] = -1;
+        size_t l = v->off[i + 1] - v->off[i];
+        if (l > 0 && l < 65535) {
+            ord[m++] = i;
+            total += l;
+        }
+    }
+    qsort_r(ord, (size_t)m, sizeof *ord, cmp_tok, v);
+    v->nodes = malloc((total ? total : 1) * sizeof *v->nodes);
+    uint32_t *open = malloc(65536 * sizeof *open);   /* node index at each depth on the current path */
+    if (!v->nodes || !open) {
+        free(ord), free(open);
+        return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
+    }
+    size_t nn = 0;
+    int depth = 0;   /* depth of the open path */
+    const uint8_t *pb = NULL;
+    size_t pl = 0;
+    int last_tok_at_end = -1;
+    for (int k = 0; k < m; k++) {
+        int t = ord[k];
+        const uint8_t *b = v->bytes + v->off[t];
+        size_t l = v->off[t + 1] - v->off[t];
+        size_t lcp = 0;
+        while (lcp < l && lcp < pl && b[lcp] == pb[lcp])
+            lcp++;
+        if (lcp == l && l == pl) {   /* same bytes as the previous token */
+            v->next_same[last_tok_at_end] = t;
+            last_tok_at_end = t;
+            continue;
+        }
+        /* close the nodes deeper than lcp */
+        for (; depth > (int)lcp; depth--)
+            v->nodes[open[depth]].skip = (uint32_t)(nn - open[depth]);
+        for (size_t d = lcp; d < l; d++) {
+            open[++depth] = (uint32_t)nn;
+            v->nodes[nn++] = (tnode){0, -1, (uint16_t)(d + 1), b[d]};
+        }
+        v->nodes[open[depth]].tok = t;
+        last_tok_at_end = t;
+        if ((int)l > v->max_depth)
+            v->max_depth = (int)l;
+        pb = b, pl = l;
+    }
+    for (; depth > 0; depth--)
+        v->nodes[open[depth]].skip = (uint32_t)(nn - open[depth]);
+    v->n_nodes = nn;
+    free(ord);
+    free(open);
+    return 0;
+}
+
+int tp_gvocab_new(int n, const uint8_t *const *bytes, const size_t *lens, const int *eog, int n_eog,
+                  tp_gvocab **out, tp_err *err)
+{
+    *out = NULL;
+    if (n <= 0)
+        return tp_err_set(err, TP_EINVAL, "grammar vocabulary: %d tokens", n);
+    tp_gvocab *v = calloc(1, sizeof *v);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += lens[i];
+    if (v) {
+        v->n = n;
+        v->off = malloc(((size_t)n + 1) * sizeof *v->off);
+        v->bytes = malloc(total ? total : 1);
+        v->eog = calloc(tp_gmask_words(n), sizeof *v->eog);
+        v->eog_ids = malloc((size_t)(n_eog > 0 ? n_eog : 1) * sizeof *v->eog_ids);
+    }
+    if (!v || !v->off || !v->bytes || !v->eog || !v->eog_ids) {
+        tp_gvocab_free(v);
+        return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
+    }
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        v->off[i] = (uint32_t)o;
+        if (lens[i])
+            memcpy(v->bytes + o, bytes[i], lens[i]);
+        o += lens[i];
+    }
+    v->off[n] = (uint32_t)o;
+    for (int i = 0; i < n_eog; i++)
+        if (eog[i] >= 0 && eog[i] < n && !tp_gvocab_is_eog(v, eog[i])) {
+            v->eog[eog[i] / 64] |= 1ull << (eog[i] % 64);
+            v->eog_ids[v->n_eog++] = eog[i];
+        }
+    int rc = build_trie(v, err);
+    if (rc) {
+        tp_gvocab_free(v);
+        return rc;
+    }
+    *out = v;
+    return 0;
+}
+
+int tp_gvocab_from_tokenizer(const tp_tokenizer *tok, const int *eog, int n_eog, tp_gvocab **out, tp_err *err)
+{
+    int n = tp_tokenizer_vocab_size(tok);
+    const uint8_t **b = malloc((size_t)n * sizeof *b);
+    size_t *l = malloc((size_t)n * sizeof *l);
+    if (!b || !l) {
+        free(b), free(l);
+        return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        int ty = tp_tokenizer_token_type(tok, i);
+        b[i] = tp_tokenizer_token_bytes(tok, -1, i, &l[i]);
+        if (ty == TP_TOKEN_CONTROL || ty == TP_TOKEN_UNKNOWN || ty == TP_TOKEN_UNUSED || !b[i])
+            l[i] = 0;
+    }
+    int rc = tp_gvocab_new(n, b, l, eog, n_eog, out, err);
+    free(b), free(l);
+    return rc;
+}
+
+void tp_gvocab_free(tp_gvocab *v)
+{
+    if (!v)
+        return;
+    free(v->bytes), free(v->off), free(v->next_same), free(v->nodes), free(v->eog), free(v->eog_ids);
+    free(v);
+}
+
+int tp_gvocab_size(const tp_gvocab *v) { return v->n; }
+
+const uint8_t *tp_gvocab_bytes(const tp_gvocab *v, int id, size_t *len)
+{
+    if (id < 0 || id >= v->n) {
+        *len = 0;
+        return NULL;
+    }
+    *len = v->off[id + 1] - v->off[id];
+    return v->bytes + v->off[id];
+}
+
+bool tp_gvocab_is_eog(const tp_gvocab *v, int id)
+{
+    return id >= 0 && id < v->n && ((v->eog[id / 64] >> (id % 64)) & 1);
+}
+
+size_t tp_gvocab_memory(const tp_gvocab *v)
+{
+    return sizeof *v + v->off[v->n] + ((size_t)v->n + 1) * 4 + (size_t)v->n * 4 + v->n_nodes * sizeof(tnode) +
+           tp_gmask_words(v->n) * 8 + (size_t)v->n_eog * 4;
+}
+
+/* ---- engine ---- */
+
+typedef struct gnode {
+    int32_t pos, parent;
+    int32_t depth;
+} gnode;
+
+typedef struct gstate {
+    uint32_t off, n;      /* its nodes: the engine's pool[off, off + n) */
+    int32_t *trans;       /* 256 transitions, UNKNOWN_STATE until computed; NULL until first used */
+    uint64_t *mask;       /* cached token mask, NULL until asked */
+    uint32_t hash;
+    uint8_t accepting, done;
+} gstate;
+
+struct tp_gengine {
+    const tp_grammar *g;
+    const tp_gvocab *v;
+    tp_gengine_limits lim;
+    /* nodes, interned by (pos, parent) */
+    gnode *nodes;
+    size_t n_nodes, cap_nodes;
+    int32_t *nhash;       /* open addressing, -1 empty */
+    size_t nhash_cap;
+    uint32_t *visited;    /* generation stamp per node (closure) */
+    size_t cap_visited;
+    uint32_t gen;
+    /* states, interned by node set */
+    gstate *states;
+    size_t n_states, cap_states;
+    int32_t *pool;
+    size_t n_pool, cap_pool;
+    int32_t *shash;
+    size_t shash_cap;
+    int32_t start;
+    /* scratch */
+    int32_t *work, *outv;
+    size_t cap_work, cap_out;
+    int32_t *walk;        /* state per trie depth */
+    size_t mask_bytes;
+    size_t trans_bytes;
+    int error;            /* sticky TP_ERANGE / TP_ENOMEM */
+};
+
+static int grow_arr(void **p, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap * 2 : 64;
+    while (c < need)
+        c *= 2;
+    void *n = realloc(*p, c * size);
+    if (!n)
+        return -1;
+    *p = n;
+    *cap = c;
+    return 0;
+}
+
+static uint32_t mix(uint32_t h)
+{
+    h ^= h >> 16;
+    h *= 0x7feb352dU;
+    h ^= h >> 15;
+    h *= 0x846ca68bU;
+    h ^= h >> 16;
+    return h;
+}
+
+static int rehash_nodes(tp_gengine *e, size_t cap)
+{
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h)
+        return -1;
+    memset(h, -1, cap * sizeof *h);
+    for (size_t i = 0; i < e->n_nodes; i++) {
+        uint32_t k = mix((uint32_t)e->nodes[i].pos * 2654435761U ^ (uint32_t)e->nodes[i].parent) & (uint32_t)(cap - 1);
+        while (h[k] >= 0)
+            k = (k + 1) & (uint32_t)(cap - 1);
+        h[k] = (int32_t)i;
+    }
+    free(e->nhash);
+    e->nhash = h;
+    e->nhash_cap = cap;
+    return 0;
+}
+
+/* Node id of (pos, parent); -1 on a limit or out of memory (e->error set). */
+static int32_t intern_node(tp_gengine *e, int32_t pos, int32_t parent)
+{
+    uint32_t mask = (uint32_t)(e->nhash_cap - 1);
+    uint32_t k = mix((uint32_t)pos * 2654435761U ^ (uint32_t)parent) & mask;
+    for (int32_t i; (i = e->nhash[k]) >= 0; k = (k + 1) & mask)
+        if (e->nodes[i].pos == pos && e->nodes[i].parent == parent)
+            return i;
+    int32_t depth = parent > 0 ? e->nodes[parent].depth + 1 : 1;
+    if (depth > MAX_STACK_DEPTH || e->n_nodes >= (size_t)e->lim.max_states * 64) {
+        e->error = TP_ERANGE;
+        return -1;
+    }
+    if (grow_arr((void **)&e->nodes, &e->cap_nodes, e->n_nodes + 1, sizeof *e->nodes) ||
+        grow_arr((void **)&e->visited, &e->cap_visited, e->n_nodes + 1, sizeof *e->visited)) {
+        e->error = TP_ENOMEM;
+        return -1;
+    }
+    int32_t id = (int32_t)e->n_nodes++;
+    e->nodes[id] = (gnode){pos, parent, depth};
+    e->visited[id] = 0;
+    if (e->n_nodes * 2 > e->nhash_cap) {
+        if (rehash_nodes(e, e->nhash_cap * 2)) {
+            e->error = TP_ENOMEM;
+            return -1;
+        }
+    } else
+        e->nhash[k] = id;
+    return id;
+}
+
+static int push_work(tp_gengine *e, size_t *n, int32_t id)
+{
+    if (id < 0)
+        return -1;
+    if (grow_arr((void **)&e->work, &e->cap_work, *n + 1, sizeof *e->work)) {
+        e->error = TP_ENOMEM;
+        return -1;
+    }
+    e->work[(*n)++] = id;
+    return 0;
+}
+
+/* Expand the stacks on the work list until each top is a byte set or the
+ * stack is empty; append those nodes to e->outv (deduplicated by the
+ * generation stamp). Left recursion was refused at compile time, so every
+ * expansion path ends. */
+static int closure(tp_gengine *e, size_t nw, size_t *nout)
+{
+    const tp_grammar *g = e->g;
+    while (nw) {
+        int32_t id = e->work[--nw];
+        if (e->visited[id] == e->gen)
+            continue;
+        e->visited[id] = e->gen;
+        if (id == 0) {
+            if (grow_arr((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
+                return e->error = TP_ENOMEM;
+            e->outv[(*nout)++] = 0;
+            continue;
+        }
+        gnode nd = e->nodes[id];
+        gel el = g->el[nd.pos];
+        if (el.type == GE_END) {
+            if (push_work(e, &nw, nd.parent))
+                return e->error;
+        } else if (el.type == GE_BYTES) {
+            if (grow_arr((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
+                return e->error = TP_ENOMEM;
+            e->outv[(*nout)++] = id;
+        } else {
+            int32_t cont = nd.pos + 1, parent = nd.parent;
+            if (g->el[cont].type != GE_END && (parent = intern_node(e, cont, nd.parent)) < 0)
+                return e->error;
+            const grule *r = &g->rules[el.v];
+            for (int a = 0; a < r->n_alts; a++)
+                if (push_work(e, &nw, intern_node(e, (int32_t)r->alts[a], parent)))
+                    return e->error;
+        }
+    }
+    return 0;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int rehash_states(tp_gengine *e, size_t cap)
+{
+    int32_t *h = malloc(cap * sizeof *h);
+    if (!h)
+        return -1;
+    memset(h, -1, cap * sizeof *h);
+    for (size_t i = 0; i < e->n_states; i++) {
+        uint32_t k = e->states[i].hash & (uint32_t)(cap - 1);
+        while (h[k] >= 0)
+            k = (k + 1) & (uint32_t)(cap - 1);
+        h[k] = (int32_t)i;
+    }
+    free(e->shash);
+    e->shash = h;
+    e->shash_cap = cap;
+    return 0;
+}
+
+/* The state of node set outv[0, n) (sorted here); DEAD when empty. */
+static int32_t intern_state(tp_gengine *e, size_t n)
+{
+    if (!n)
+        return DEAD;
+    qsort(e->outv, n, sizeof *e->outv, cmp_i32);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!m || e->outv[m - 1] != e->outv[i])
+            e->outv[m++] = e->outv[i];
+    n = m;
+    uint32_t h = 0x9e3779b9u;
+    for (size_t i = 0; i < n; i++)
+        h = mix(h ^ (uint32_t)e->outv[i]);
+    uint32_t mask = (uint32_t)(e->shash_cap - 1);
+    uint32_t k = h & mask;
+    for (int32_t i; (i = e->shash[k]) >= 0; k = (k + 1) & mask) {
+        gstate *s = &e->states[i];
+        if (s->hash == h && s->n == n && !memcmp(e->pool + s->off, e->outv, n * sizeof *e->outv))
+            return i;
+    }
+    if (e->n_states >= (size_t)e->lim.max_states) {
+        e->error = TP_ERANGE;
+        return DEAD;
+    }
+    if (grow_arr((void **)&e->states, &e->cap_states, e->n_states + 1, sizeof *e->states) ||
+        grow_arr((void **)&e->pool, &e->cap_pool, e->n_pool + n, sizeof *e->pool)) {
+        e->error = TP_ENOMEM;
+        return DEAD;
+    }
+    int32_t id = (int32_t)e->n_states++;
+    gstate *s = &e->states[id];
+    memset(s, 0, sizeof *s);
+    s->off = (uint32_t)e->n_pool;
+    s->n = (uint32_t)n;
+    s->hash = h;
+    s->accepting = e->outv[0] == 0;
+    s->done = n == 1 && e->outv[0] == 0;
+    memcpy(e->pool + e->n_pool, e->outv, n * sizeof *e->outv);
+    e->n_pool += n;
+    if (e->n_states * 2 > e->shash_cap) {
+        if (rehash_states(e, e->shash_cap * 2)) {
+            e->error = TP_ENOMEM;
+            return DEAD;
+        }
+    } else
+        e->shash[k] = id;
+    return id;
+}
+
+static int32_t compute_trans(tp_gengine *e, int32_t sid, unsigned b)
+{
+    const tp_grammar *g = e->g;
+    if (++e->gen == 0) {   /* stamps wrapped: clear them */
+        memset(e->visited, 0, e->n_nodes * sizeof *e->visited);
+        e->gen = 1;
+    }
+    size_t nw = 0, nout = 0;
+    gstate s = e->states[sid];
+    for (uint32_t i = 0; i < s.n; i++) {
+        int32_t id = e->pool[s.off + i];
+        if (id == 0)
+            continue;
+        gnode nd = e->nodes[id];
+        if (!gset_has(g->sets[g->el[nd.pos].v], b))
+            continue;
+        if (push_work(e, &nw, intern_node(e, nd.pos + 1, nd.parent)))
+            return DEAD;
+    }
+    if (closure(e, nw, &nout))
+        return DEAD;
+    return intern_state(e, nout);
+}
+
+static inline int32_t step(tp_gengine *e, int32_t sid, unsigned b)
+{
+    int32_t *t = e->states[sid].trans;
+    if (__builtin_expect(t != NULL && t[b] != UNKNOWN_STATE, 1))
+        return t[b];
+    if (!t) {
+        t = malloc(256 * sizeof *t);
+        if (!t) {
+            e->error = TP_ENOMEM;
+            return DEAD;
+        }
+        for (int i = 0; i < 256; i++)
+            t[i] = UNKNOWN_STATE;
+        e->states[sid].trans = t;
+        e->trans_bytes += 256 * sizeof *t;
+    }
+    int32_t r = compute_trans(e, sid, b);
+    if (e->error)
+        return DEAD;   /* not cached: the limit may be lifted by nothing, but never memoize a failure */
+    e->states[sid].trans[b] = r;   /* states may have moved */
+    return r;
+}
+
+void tp_gengine_limits_default(tp_gengine_limits *l)
+{
+    l->max_states = TP_GRAMMAR_DEFAULT_MAX_STATES;
+    l->mask_bytes = (size_t)TP_GRAMMAR_DEFAULT_MASK_MB << 20;
+}
+
+int tp_gengine_new(const tp_grammar *g, const tp_gvocab *v, const tp_gengine_limits *limits, tp_gengine **out,
+                   tp_err *err)
+{
+    *out = NULL;
+    tp_gengine *e = calloc(1, sizeof *e);
+    if (!e)
+        return tp_err_set(err, TP_ENOMEM, "grammar engine: out of memory");
+    e->g = g;
+    e->v = v;
+    if (limits)
+        e->lim = *limits;
+    else
+        tp_gengine_limits_default(&e->lim);
+    e->walk = malloc(((size_t)v->max_depth + 1) * sizeof *e->walk);
+    if (!e->walk || rehash_nodes(e, 1024) || rehash_states(e, 256)) {
+        tp_gengine_free(e);
+        return tp_err_set(err, TP_ENOMEM, "grammar engine: out of memory");
+    }
+    e->gen = 1;
+    /* node 0: the empty stack */
+    intern_node(e, -1, -1);
+    /* start: the root rule's alternatives on an empty stack */
+    size_t nw = 0, nout = 0;
+    const grule *r = &g->rules[g->root];
+    for (int a = 0; a < r->n_alts && !e->error; a++)
+        push_work(e, &nw, intern_node(e, (int32_t)r->alts[a], 0));
+    if (!e->error)
+        closure(e, nw, &nout);
+    if (!e->error)
+        e->start = intern_state(e, nout);
+    if (e->error || e->start < 0) {
+        int code = e->error ? e->error : TP_EFORMAT;
+        tp_gengine_free(e);
+        return tp_err_set(err, code, code == TP_EFORMAT ? "grammar: the language is empty"
+                                                        : "grammar engine: state limit at the start");
+    }
+    *out = e;
+    return 0;
+}
+
+void tp_gengine_free(tp_gengine *e)
+{
+    if (!e)
+        return;
+    for (size_t i = 0; i < e->n_states; i++) {
+        free(e->states[i].trans);
+        free(e->states[i].mask);
+    }
+    free(e->states), free(e->pool), free(e->shash), free(e->nodes), free(e->nhash), free(e->visited);
+    free(e->work), free(e->outv), free(e->walk);
+    free(e);
+}
+
+size_t tp_gengine_memory(const tp_gengine *e)
+{
+    return sizeof *e + e->cap_nodes * sizeof(gnode) + e->nhash_cap * 4 + e->cap_visited * 4 +
+           e->cap_states * sizeof(gstate) + e->cap_pool * 4 + e->shash_cap * 4 + e->trans_bytes + e->mask_bytes;
+}
+
+const tp_grammar *tp_gengine_grammar(const tp_gengine *e) { return e->g; }
+const tp_gvocab *tp_gengine_vocab(const tp_gengine *e) { return e->v; }
+
+static void drop_masks(tp_gengine *e)
+{
+    for (size_t i = 0; i < e->n_states; i++) {
+        free(e->states[i].mask);
+        e->states[i].mask = NULL;
+    }
+    e->mask_bytes = 0;
+}
+
+/* The token mask of state sid, by one preorder walk of the trie. */
+static int build_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
+{
+    const tp_gvocab *v = e->v;
+    size_t words = tp_gmask_words(v->n);
+    memset(mask, 0, words * sizeof *mask);
+    const tnode *nodes = v->nodes;
+    int32_t *st = e->walk;
+    st[0] = sid;
+    for (size_t i = 0; i < v->n_nodes;) {
+        const tnode *nd = &nodes[i];
+        int32_t s = step(e, st[nd->depth - 1], nd->byte);
+        if (s < 0) {
+            if (e->error)
+                return e->error;
+            i += nd->skip;
+            continue;
+        }
+        st[nd->depth] = s;
+        for (int32_t t = nd->tok; t >= 0; t = v->next_same[t])
+            mask[t >> 6] |= 1ull << (t & 63);
+        i++;
+    }
+    /* end-of-generation ids: exactly when the grammar accepts */
+    for (int i = 0; i < v->n_eog; i++) {
+        int32_t t = v->eog_ids[i];
+        if (e->states[sid].accepting)
+            mask[t >> 6] |= 1ull << (t & 63);
+        else
+            mask[t >> 6] &= ~(1ull << (t & 63));
+    }
+    return 0;
+}
+
+/* ---- matcher ---- */
+
+struct tp_gmatch {
+    tp_gengine *e;
+    int32_t state;
+    bool finished;        /* an end-of-generation token was taken */
+    size_t n_accepted;
+};
+
+int tp_gmatch_new(tp_gengine *e, tp_gmatch **out, tp_err *err)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out)
+        return tp_err_set(err, TP_ENOMEM, "grammar matcher: out of memory");
+    (*out)->e = e;
+    (*out)->state = e->start;
+    return 0;
+}
+
+void tp_gmatch_free(tp_gmatch *m) { free(m); }
+
+tp_gengine *tp_gmatch_engine(const tp_gmatch *m) { return m->e; }
+
+tp_gmatch *tp_gmatch_clone(const tp_gmatch *m)
+{
+    tp_gmatch *c = malloc(sizeof *c);
+    if (c)
+        *c = *m;
+    return c;
+}
+
+int tp_gmatch_mask(tp_gmatch *m, uint64_t *mask, tp_err *err)
+{
+    tp_gengine *e = m->e;
+    size_t words = tp_gmask_words(e->v->n);
+    if (m->finished) {
+        memset(mask, 0, words * sizeof *mask);
+        return 0;
+    }
+    gstate *s = &e->states[m->state];
+    if (s->mask) {
+        memcpy(mask, s->mask, words * sizeof *mask);
+        return 0;
+    }
+    int rc = build_mask(e, m->state, mask);
+    if (rc) {
+        e->error = 0;
+        return tp_err_set(err, rc, rc == TP_ERANGE ? "grammar: the parser state limit was reached "
+                                                     "(grammar too ambiguous or nested too deep)"
+                                                   : "grammar: out of memory");
+    }
+    size_t bytes = words * sizeof *mask;
+    if (e->mask_bytes + bytes > e->lim.mask_bytes)
+        drop_masks(e);
+    s = &e->states[m->state];
+    if (bytes <= e->lim.mask_bytes && (s->mask = malloc(bytes))) {
+        memcpy(s->mask, mask, bytes);
+        e->mask_bytes += bytes;
+    }
+    return 0;
+}
+
+void tp_grammar_apply_mask(const uint64_t *mask, const float *logits, float *out, int vocab)
+{
+    for (int w = 0; w * 64 < vocab; w++) {
+        uint64_t m = mask[w];
+        int base = w * 64, n = vocab - base < 64 ? vocab - base : 64;
+        if (m == ~0ull && n == 64) {
+            memcpy(out + base, logits + base, 64 * sizeof *out);
+            continue;
+        }
+        for (int k = 0; k < n; k++)
+            out[base + k] = (m >> k) & 1 ? logits[base + k] : -INFINITY;
+    }
+}
+
+/* The state after bytes b[0, n) from sid; DEAD if refused. */
+static int32_t walk_bytes(tp_gengine *e, int32_t sid, const uint8_t *b, size_t n)
+{
+    for (size_t i = 0; i < n && sid >= 0; i++)
+        sid = step(e, sid, b[i]);
+    return sid;
+}
+
+bool tp_gmatch_allows(tp_gmatch *m, int32_t token)
+{
+    const tp_gvocab *v = m->e->v;
+    if (m->finished || token < 0 || token >= v->n)
+        return false;
+    if (tp_gvocab_is_eog(v, token))
+        return m->e->states[m->state].accepting;
+    size_t n;
+    const uint8_t *b = tp_gvocab_bytes(v, token, &n);
+    if (!n)
+        return false;
+    bool ok = walk_bytes(m->e, m->state, b, n) >= 0;
+    m->e->error = 0;
+    return ok;
+}
+
+int tp_gmatch_accept(tp_gmatch *m, int32_t token, tp_err *err)
+{
+    const tp_gvocab *v = m->e->v;
+    if (m->finished)
+        return tp_err_set(err, TP_EINVAL, "grammar: token %d after the end of the grammar", token);
+    if (token < 0 || token >= v->n)
+        return tp_err_set(err, TP_EINVAL, "grammar: token %d is outside the vocabulary", token);
+    if (tp_gvocab_is_eog(v, token)) {
+        if (!m->e->states[m->state].accepting)
+            return tp_err_set(err, TP_EINVAL, "grammar: end-of-generation token %d before the grammar is complete",
+                              token);
+        m->finished = true;
+        m->n_accepted++;
+        return 0;
+    }
+    size_t n;
+    const uint8_t *b = tp_gvocab_bytes(v, token, &n);
+    int32_t s = n ? walk_bytes(m->e, m->state, b, n) : DEAD;
+    if (s < 0) {
+        int rc = m->e->error;
+        m->e->error = 0;
+        if (rc == TP_ERANGE)
+            return tp_err_set(err, rc, "grammar: the parser state limit was reached");
+        return tp_err_set(err, TP_EINVAL, "grammar: token %d is not allowed here", token);
+    }
+    m->state = s;
+    m->n_accepted++;
+    return 0;
+}
+
+int tp_gmatch_accept_bytes(tp_gmatch *m, const uint8_t *b, size_t n, tp_err *err)
+{
+    if (m->finished)
+        return tp_err_set(err, TP_EINVAL, "grammar: text after the end of the grammar");
+    int32_t s = walk_bytes(m->e, m->state, b, n);
+    if (s < 0) {
+        m->e->error = 0;
+        return tp_err_set(err, TP_EINVAL, "grammar: the text leaves the grammar");
+    }
+    m->state = s;
+    return 0;
+}
+
+bool tp_gmatch_accepting(const tp_gmatch *m) { return m->finished || m->e->states[m->state].accepting; }
+
+bool tp_gmatch_done(const tp_gmatch *m) { return m->finished || m->e->states[m->state].done; }
+
+size_t tp_gmatch_n_accepted(const tp_gmatch *m) { return m->n_accepted; }
