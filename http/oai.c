@@ -668,6 +668,18 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
         out->params.top_logprobs = out->top_logprobs;
         out->params.set |= TP_P_LOGPROBS | TP_P_TOP_LOGPROBS;
     }
+    if (!rc && out->grammar) {
+        out->params.grammar = tp_str_of(out->grammar);
+        out->params.set |= TP_P_GRAMMAR;
+    }
+    if (!rc && out->json_schema) {
+        out->params.json_schema = tp_str_of(out->json_schema);
+        out->params.set |= TP_P_JSON_SCHEMA;
+    }
+    if (!rc && out->json_mode) {
+        out->params.json_mode = true;
+        out->params.set |= TP_P_JSON_MODE;
+    }
     if (!rc && out->include_usage && !out->stream)
         rc = fail(e, 400, "stream_options", "stream_options: only allowed with stream: true");
     if (!rc && (out->n_prompts ? out->n_prompts : 1) * (size_t)out->n > OAI_MAX_CHOICES)

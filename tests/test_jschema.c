@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "support/gbnf_bt.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 
 static gbt *compile_schema(const char *schema)
@@ -23,6 +24,10 @@ static gbt *compile_schema(const char *schema)
     const char *why = "?";
     gbt *o = gbt_new(g, &why);
     if (!o) fail_msg("schema %s gave GBNF the recognizer cannot read (%s):\n%s", schema, why, g);
+    /* and the grammar engine takes it within its default limits */
+    tp_grammar *gr;
+    if (tp_grammar_compile(g, strlen(g), NULL, &gr, &err)) fail_msg("schema %s: the engine refuses its GBNF: %s\n%s", schema, err.msg, g);
+    tp_grammar_free(gr);
     free(g);
     return o;
 }

@@ -9,6 +9,12 @@
  * them; a valid instance outside the documented bounds (numbers past 16
  * digits or with an exponent) is counted apart, never as a pass.
  *
+ * Each instance is checked twice: by the brute-force recognizer over its
+ * characters, and MaskBench's way through the grammar engine: the
+ * instance tokenized with the real Llama 3 vocabulary (128,256 tokens), each
+ * token must be allowed by the mask at its step, and the end-of-generation
+ * id must be allowed at the end exactly when the instance is valid.
+ *
  * TP_JSCHEMA_SUITE overrides the suite's folder (…/tests/draft7). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,11 +28,23 @@
 #include <string.h>
 
 #include "support/gbnf_bt.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
+#include "tokpipe/tokenizer.h"
 
 #define SUITE_DIR "/usr/share/json-schema-test-suite/tests/draft7"
 
+typedef struct masker {
+    tp_tokenizer *tok;
+    tp_gvocab *v;
+    int eog;
+    uint64_t *mask;
+    int vocab;
+} masker;
+
 typedef struct tally {
+    masker *mk;
+    int mask_wrong_reject, mask_wrong_accept, mask_steps;
     int cases, compiled, skipped;
     int valid, invalid, wrong_reject, wrong_accept, out_of_bounds, undecided;
     char skip_kw[64][48];
@@ -148,6 +166,33 @@ static bool out_of_bounds(const cJSON *v)
     return false;
 }
 
+/* 1 when the engine lets the instance through token by token and then
+ * allows end-of-generation, 0 when it blocks it somewhere */
+static int mask_walk(tally *t, tp_gengine *eng, const char *inst)
+{
+    masker *k = t->mk;
+    size_t len = strlen(inst), n;
+    int *ids = malloc((len + 2) * sizeof *ids);
+    tp_err err;
+    if (tp_tokenizer_encode(k->tok, inst, len, false, ids, len + 2, &n, &err)) fail_msg("encode: %s", err.msg);
+    tp_gmatch *m;
+    if (tp_gmatch_new(eng, &m, &err)) fail_msg("matcher: %s", err.msg);
+    int ok = 1;
+    for (size_t i = 0; i <= n && ok; i++) {
+        if (tp_gmatch_mask(m, k->mask, &err)) fail_msg("mask: %s", err.msg);
+        t->mask_steps++;
+        int id = i < n ? ids[i] : k->eog;
+        if (!(k->mask[id / 64] >> (id % 64) & 1)) {
+            ok = 0;
+            break;
+        }
+        if (i < n && tp_gmatch_accept(m, id, &err)) fail_msg("accept of an allowed token failed: %s", err.msg);
+    }
+    tp_gmatch_free(m);
+    free(ids);
+    return ok;
+}
+
 static void skip_kw(tally *t, const char *msg)
 {
     char kw[48];
@@ -195,6 +240,12 @@ static void run_file(const char *path, bool draft7, tally *t)
             if (!o) fail_msg("%s: %s: unreadable GBNF (%s)", path, st, why);
             t->compiled++;
         }
+        tp_grammar *gr = NULL;
+        tp_gengine *eng = NULL;
+        if (o && t->mk) {
+            if (tp_grammar_compile(g, strlen(g), NULL, &gr, &err)) fail_msg("%s: the engine refuses the GBNF of %s: %s", path, st, err.msg);
+            if (tp_gengine_new(gr, t->mk->v, NULL, &eng, &err)) fail_msg("engine: %s", err.msg);
+        }
         const char *names[256];
         int nn = 0;
         name_order(schema, names, &nn, 256);
@@ -208,6 +259,16 @@ static void run_file(const char *path, bool draft7, tally *t)
             reorder(data, names, nn);
             char *inst = cJSON_PrintUnformatted(data);
             int m = gbt_match(o, inst, strlen(inst));
+            if (eng) {
+                int mm = mask_walk(t, eng, inst);
+                if (valid && !mm) {
+                    t->mask_wrong_reject++;
+                    printf("  MASK WRONG REJECTION %s: %s | %s\n", strrchr(path, '/') + 1, st, inst);
+                } else if (!valid && mm) {
+                    t->mask_wrong_accept++;
+                    printf("  MASK WRONG ACCEPTANCE %s: %s | %s\n", strrchr(path, '/') + 1, st, inst);
+                }
+            }
             valid ? t->valid++ : t->invalid++;
             if (m < 0) {
                 t->undecided++;
@@ -223,6 +284,8 @@ static void run_file(const char *path, bool draft7, tally *t)
             }
             free(inst);
         }
+        tp_gengine_free(eng);
+        tp_grammar_free(gr);
         gbt_free(o);
         free(g);
         free(st);
@@ -264,6 +327,21 @@ static void jschema_passes_the_json_schema_test_suite(void **state)
     if (!base || !*base) base = SUITE_DIR;
     tally t = {0};
     char dir[1024];
+    masker mk = {0};
+    tp_err err;
+    const char *models = getenv("TP_MODELS");
+    snprintf(dir, sizeof dir, "%s/hf-vocab/llama3-vocab.gguf", models && *models ? models : "../shared/models");
+    if (tp_tokenizer_open(dir, 0, &mk.tok, &err)) fail_msg("%s: %s", dir, err.msg);
+    const int32_t *eog32;
+    int n_eog = tp_tokenizer_eog_ids(mk.tok, &eog32);
+    int eog[16];
+    for (int i = 0; i < n_eog && i < 16; i++) eog[i] = eog32[i];
+    if (n_eog < 1) fail_msg("%s: no end-of-generation id", dir);
+    if (tp_gvocab_from_tokenizer(mk.tok, eog, n_eog < 16 ? n_eog : 16, &mk.v, &err)) fail_msg("vocab: %s", err.msg);
+    mk.eog = eog[0];
+    mk.vocab = tp_gvocab_size(mk.v);
+    mk.mask = calloc(tp_gmask_words(mk.vocab), sizeof *mk.mask);
+    t.mk = &mk;
     run_dir(base, &t);
     snprintf(dir, sizeof dir, "%s/optional", base);
     run_dir(dir, &t);
@@ -278,6 +356,8 @@ static void jschema_passes_the_json_schema_test_suite(void **state)
     printf("  valid instances %d: wrong rejections %d; invalid instances %d: wrong acceptances %d\n", t.valid,
            t.wrong_reject, t.invalid, t.wrong_accept);
     printf("  valid instances outside the digit bounds (not tested): %d; undecided: %d\n", t.out_of_bounds, t.undecided);
+    printf("  token masks (Llama 3 vocabulary, %d mask steps): wrong rejections %d, wrong acceptances %d\n", t.mask_steps,
+           t.mask_wrong_reject, t.mask_wrong_accept);
     printf("  refused keywords:");
     for (int i = 0; i < t.nkw; i++) printf(" %s=%d", t.skip_kw[i], t.skip_n[i]);
     printf("\n");
@@ -285,6 +365,12 @@ static void jschema_passes_the_json_schema_test_suite(void **state)
     assert_int_equal(t.undecided, 0);
     assert_int_equal(t.wrong_reject, 0);
     assert_int_equal(t.wrong_accept, 0);
+    assert_int_equal(t.mask_wrong_reject, 0);
+    assert_int_equal(t.mask_wrong_accept, 0);
+    assert_true(t.mask_steps > 1000);
+    free(mk.mask);
+    tp_gvocab_free(mk.v);
+    tp_tokenizer_free(mk.tok);
 }
 
 int main(void)

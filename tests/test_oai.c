@@ -174,11 +174,13 @@ static void response_format_and_llama_cpp_constraints_decode(void **state)
         snprintf(body, sizeof body, "%s\"response_format\":{\"type\":\"text\"}}", base);
         decode_ok((oai_kind)kind, body, &r);
         assert_true(!r.grammar && !r.json_schema && !r.json_mode && !r.constraint_param[0]);
+        assert_false(r.params.set & (TP_P_GRAMMAR | TP_P_JSON_SCHEMA | TP_P_JSON_MODE));
         oai_request_free(&r);
         snprintf(body, sizeof body, "%s\"response_format\":{\"type\":\"json_object\"}}", base);
         decode_ok((oai_kind)kind, body, &r);
         assert_true(r.json_mode && !r.json_schema && !r.grammar);
         assert_string_equal(r.constraint_param, "response_format");
+        assert_true(r.params.json_mode && (r.params.set & TP_P_JSON_MODE));
         oai_request_free(&r);
         /* json_schema: the schema travels as JSON text; strict changes nothing */
         snprintf(body, sizeof body,
@@ -188,6 +190,11 @@ static void response_format_and_llama_cpp_constraints_decode(void **state)
         decode_ok((oai_kind)kind, body, &r);
         assert_string_equal(r.json_schema, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
         assert_false(r.json_mode);
+        /* on the SUBMIT params */
+        assert_true(r.params.set & TP_P_JSON_SCHEMA);
+        assert_false(r.params.set & (TP_P_GRAMMAR | TP_P_JSON_MODE));
+        assert_memory_equal(r.params.json_schema.ptr, r.json_schema, strlen(r.json_schema));
+        assert_int_equal(r.params.json_schema.len, strlen(r.json_schema));
         oai_request_free(&r);
         snprintf(body, sizeof body,
                  "%s\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":false,"
@@ -201,6 +208,7 @@ static void response_format_and_llama_cpp_constraints_decode(void **state)
         decode_ok((oai_kind)kind, body, &r);
         assert_string_equal(r.grammar, "root ::= \"yes\" | \"no\"");
         assert_string_equal(r.constraint_param, "grammar");
+        assert_true((r.params.set & TP_P_GRAMMAR) && r.params.grammar.len == strlen(r.grammar));
         oai_request_free(&r);
         snprintf(body, sizeof body, "%s\"json_schema\":{}}", base);
         decode_ok((oai_kind)kind, body, &r);
