@@ -98,6 +98,10 @@ static void jschema_properties_come_in_schema_order_with_optional_keys_in_place(
         {"{\"properties\":{\"name\":{\"type\":\"string\"}},\"type\":\"object\"}",
          {"{}", "{\"name\": \"x\"}", "{\"name\": \"x\", \"other\": [1]}", "{\"nam\": 1}", "{\"names\": 1}", "{\"\": 1}", NULL},
          {"{\"name\": 1}", "{\"other\": 1, \"name\": 1}", "{\"x\": 1, \"name\": \"y\"}", NULL}},
+        /* extra keys next to non-ASCII and escaped declared names */
+        {"{\"type\":\"object\",\"properties\":{\"\u00e9\":{\"type\":\"integer\"},\"a\\nb\":{\"type\":\"null\"}}}",
+         {"{\"é\": 1}", "{\"ée\": \"x\"}", "{\"日\": 2}", "{\"a\\nb\": null}", "{\"a\\n\": 1}", "{\"a\": 1}", "{\"é\": 1, \"e\": 2}", NULL},
+         {"{\"é\": \"x\"}", "{\"a\\nb\": 1}", "{\"x\": 1, \"é\": 1}", "{\"a\\u000ab\": 1}", NULL}},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"properties\":{\"a\":{\"type\":\"string\"}}}",
          {"{\"a\": \"s\", \"b\": 2}", "{\"z\": 1, \"y\": 2}", NULL}, {"{\"b\": \"s\"}", "{\"a\": 1}", NULL}},
         {"{\"type\":\"object\",\"required\":[\"id\"]}", {"{\"id\": 1}", "{\"id\": 1, \"x\": 2}", NULL}, {"{}", "{\"x\": 2}", NULL}},
@@ -232,6 +236,10 @@ static void jschema_patterns(void **state)
         {"{\"type\":\"string\",\"pattern\":\"^(foo|ba[rz])?$\"}", {"\"\"", "\"foo\"", "\"baz\"", NULL}, {"\"fo\"", "\"foobar\"", NULL}},
         {"{\"type\":\"string\",\"pattern\":\"a+\"}", {"\"a\"", "\"xaay\"", NULL}, {"\"\"", "\"bcd\"", NULL}},
         {"{\"type\":\"string\",\"pattern\":\"^\\\"[^\\\"]*\\\"$\"}", {"\"\\\"hi\\\"\"", NULL}, {"\"hi\"", "\"\\\"a\\\"b\\\"\"", NULL}},
+        /* quantified characters that JSON escapes */
+        {"{\"type\":\"string\",\"pattern\":\"^\\\"?a\\\\n?[\\\\t\\\"]*$\"}",
+         {"\"a\"", "\"\\\"a\"", "\"a\\n\"", "\"a\\t\\\"\\t\"", NULL},
+         {"\"\\\\a\"", "\"\\\"\"", "\"a\\n\\n\"", "\"a\\u0009\"", NULL}},
         {"{\"type\":\"string\",\"pattern\":\"^.$\"}", {"\"a\"", "\"é\"", "\"\\t\"", NULL}, {"\"\\n\"", "\"ab\"", NULL}},
         {"{\"type\":\"string\",\"pattern\":\"^\\\\w\\\\s\\\\S$\",\"maxLength\":3}", {"\"a b\"", "\"_\\tx\"", NULL}, {"\"a  \"", "\"-  \"", NULL}},
     };

@@ -6,25 +6,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 
 const char cmd_grammar_summary[] = "compile a JSON schema, JSON mode, regex or GBNF and print the grammar (debugging)";
 
 static const char usage_text[] =
     "usage: tokpipe grammar (--json-schema FILE | --json-mode | --regex RE | --grammar FILE)\n"
-    "                       [--max-schema-bytes N] [--max-depth N] [--max-gbnf-bytes N]\n"
+    "                       [--max-schema-bytes N] [--max-depth N] [--max-gbnf-bytes N] [--stats]\n"
     "\n"
     "Compiles one constraint exactly as a SUBMIT with json_schema / json_mode /\n"
-    "grammar would, and prints the GBNF grammar (llama.cpp's dialect, start rule\n"
-    "`root`) on stdout. A refused schema or regex prints the error naming the\n"
-    "keyword, the offset or the limit on stderr. FILE '-' reads stdin.\n"
+    "grammar would (then through the grammar engine's compiler, default limits),\n"
+    "and prints the GBNF grammar (llama.cpp's dialect, start rule `root`) on\n"
+    "stdout. A refused schema, regex or grammar prints the error naming the\n"
+    "keyword, the line and column, the offset or the limit on stderr.\n"
+    "FILE '-' reads stdin.\n"
     "\n"
     "  --json-schema FILE  a JSON Schema (Draft 2020-12 subset; see README)\n"
     "  --json-mode         any JSON object (response_format json_object)\n"
     "  --regex RE          a regular expression, matched in full (ECMA syntax)\n"
     "  --grammar FILE      a GBNF grammar: checked and printed back\n"
     "  --max-schema-bytes N, --max-depth N, --max-gbnf-bytes N\n"
-    "                      the compiler's limits (defaults: 262144, 64, 1048576)\n"
+    "                      the schema compiler's limits (defaults: 262144, 64, 1048576)\n"
+    "  --stats             print the GBNF size and the engine's rule count on stderr\n"
     "\n"
     "example:\n"
     "  echo '{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":1}},\"required\":[\"n\"]}' \\\n"
@@ -76,7 +80,7 @@ static int num_arg(const char *flag, const char *v, long long min, long long *ou
 int cmd_grammar(int argc, char **argv)
 {
     const char *schema = NULL, *regex = NULL, *gfile = NULL;
-    int json_mode = 0, modes = 0;
+    int json_mode = 0, modes = 0, stats = 0;
     tp_jschema_opts o;
     tp_jschema_opts_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -85,6 +89,8 @@ int cmd_grammar(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(usage_text, stdout);
             return 0;
+        } else if (!strcmp(a, "--stats")) {
+            stats = 1;
         } else if (!strcmp(a, "--json-mode")) {
             json_mode = 1, modes++;
         } else if (i + 1 < argc && !strcmp(a, "--json-schema")) {
@@ -129,10 +135,17 @@ int cmd_grammar(int argc, char **argv)
         text = NULL;
     }
     free(text);
+    tp_grammar *g = NULL;
+    if (!rc && (rc = tp_grammar_compile(out, strlen(out), NULL, &g, &err)))
+        free(out);
     if (rc) {
         fprintf(stderr, "tokpipe grammar: %s\n", err.msg);
         return 2;
     }
+    if (stats)
+        fprintf(stderr, "tokpipe grammar: %zu bytes of GBNF, %d rules in the engine\n", strlen(out),
+                tp_grammar_n_rules(g));
+    tp_grammar_free(g);
     fputs(out, stdout);
     size_t n = strlen(out);
     if (n && out[n - 1] != '\n') fputc('\n', stdout);

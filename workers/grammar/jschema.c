@@ -34,11 +34,14 @@
 #define JS_MAX_INT 9999999999999999LL /* TP_JSCHEMA_INT_DIGITS nines */
 #define JS_EXACT 9007199254740992.0   /* 2^53: doubles are exact integers below */
 #define JS_MAX_MERGE 1000             /* schemas flattened into one allOf */
+#define JS_MAX_KEY_BYTES 1024         /* a declared key beside additional ones (one rule per byte) */
 
 static const char common_rules[] =
     "ws ::= ( \" \" | \"\\n\" [ \\t]{0,20} )?\n"
     "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n"
     "kchar ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\bfnrt]\n"
+    "ktail ::= kchar* \"\\\"\"\n"
+    "knonascii ::= [\\x80-\\uD7FF\\uE000-\\U0010FFFF]\n"
     "string ::= \"\\\"\" char* \"\\\"\"\n"
     "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
     "frac ::= \".\" [0-9]{1,16}\n"
@@ -876,6 +879,8 @@ typedef struct kv {
  * one spelling and "not a name" is exact */
 static int notin(jc *c, const char *base, const char **names, int n, int depth, int *counter)
 {
+    if (depth > JS_MAX_KEY_BYTES)
+        return jfail(c, TP_ERANGE, "properties: a key longer than %d bytes beside additional properties", JS_MAX_KEY_BYTES);
     int me = (*counter)++;
     sbuf b;
     jsb_init(&b, c->o->max_gbnf_bytes);
@@ -896,43 +901,48 @@ static int notin(jc *c, const char *base, const char **names, int n, int depth, 
         jsb_puts(&b, "\"\\\"\"");
         alt = true;
     }
-    /* a first character no name continues with, then anything */
-    cset other = {0};
-    jcs_add_set(&other, &kids);
-    jcs_negate(&other);
-    cset raw = {0};
-    for (int i = 0; i < other.n; i++) {
-        uint32_t lo = other.r[i][0] < 0x20 ? 0x20 : other.r[i][0], hi = other.r[i][1];
-        if (lo > hi) continue;
-        if (lo <= '"' && hi >= '"') {
-            jcs_add(&raw, lo, '"' - 1);
-            lo = '"' + 1;
+    /* a first character no name continues with, then anything: one negated
+     * class for the raw characters, one class for the short escapes; plain
+     * sequences, so the engine makes no helper rules of them */
+    cset ex = {0};
+    jcs_add_set(&ex, &kids);
+    jcs_add(&ex, 0, 0x1F);
+    jcs_add(&ex, '"', '"');
+    jcs_add(&ex, '\\', '\\');
+    jcs_negate(&ex);
+    /* non-ASCII characters through one shared rule unless a name continues
+     * with one: each distinct big class costs the engine its own lowering */
+    bool ascii_kids = kids.n == 0 || kids.r[kids.n - 1][1] < 0x80;
+    if (ascii_kids) {
+        cset lo = {0};
+        for (int i = 0; i < ex.n && ex.r[i][0] < 0x80; i++)
+            jcs_add(&lo, ex.r[i][0], ex.r[i][1] < 0x80 ? ex.r[i][1] : 0x7F);
+        if (lo.n) {
+            jsb_puts(&b, alt ? " | " : "");
+            jgb_class(&b, &lo);
+            jsb_puts(&b, " ktail");
+            alt = true;
         }
-        if (lo <= '\\' && hi >= '\\') {
-            jcs_add(&raw, lo, '\\' - 1);
-            lo = '\\' + 1;
-        }
-        jcs_add(&raw, lo, hi);
+        jcs_free(&lo);
+        jsb_puts(&b, alt ? " | knonascii ktail" : "knonascii ktail");
+    } else {
+        jsb_puts(&b, alt ? " | " : "");
+        jgb_class(&b, &ex);
+        jsb_puts(&b, " ktail");
     }
+    alt = true;
+    jcs_free(&ex);
     static const char esc_cp[] = {'"', '\\', '\b', '\f', '\n', '\r', '\t'};
     static const char esc_ch[] = {'"', '\\', 'b', 'f', 'n', 'r', 't'};
     char escs[8];
     int ne = 0;
     for (int i = 0; i < 7; i++)
         if (!jcs_has(&kids, (unsigned char)esc_cp[i])) escs[ne++] = esc_ch[i];
-    if (raw.n || ne) {
-        jsb_puts(&b, alt ? " | ( " : "( ");
-        if (raw.n) jgb_class(&b, &raw);
-        if (ne) {
-            jsb_puts(&b, raw.n ? " | \"\\\\\" [" : "\"\\\\\" [");
-            for (int i = 0; i < ne; i++) jsb_puts(&b, escs[i] == '"' ? "\\\"" : escs[i] == '\\' ? "\\\\" : (char[2]){escs[i], 0});
-            jsb_puts(&b, "]");
-        }
-        jsb_puts(&b, " ) kchar* \"\\\"\"");
-        alt = true;
+    if (ne) {
+        jsb_puts(&b, " | \"\\\\\" [");
+        for (int i = 0; i < ne; i++) jsb_puts(&b, escs[i] == '"' ? "\\\"" : escs[i] == '\\' ? "\\\\" : (char[2]){escs[i], 0});
+        jsb_puts(&b, "] ktail");
     }
-    jcs_free(&raw);
-    jcs_free(&other);
     /* each first character of a name: that character, then the names' rests */
     const char **rest = malloc((size_t)(n ? n : 1) * sizeof *rest);
     if (!rest) {

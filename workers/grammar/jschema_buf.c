@@ -255,6 +255,19 @@ void jgb_class(sbuf *b, const cset *s)
     jsb_putn(b, "]", 1);
 }
 
+void jgb_nclass(sbuf *b, const cset *s)
+{
+    jsb_putn(b, "[^", 2);
+    for (int i = 0; i < s->n; i++) {
+        jgb_cp(b, s->r[i][0], true);
+        if (s->r[i][1] != s->r[i][0]) {
+            if (s->r[i][1] > s->r[i][0] + 1) jsb_putn(b, "-", 1);
+            jgb_cp(b, s->r[i][1], true);
+        }
+    }
+    jsb_putn(b, "]", 1);
+}
+
 size_t js_escape_cp(uint32_t c, char out[8])
 {
     const char *e = NULL;
@@ -311,11 +324,8 @@ static bool json_special(uint32_t c)
 bool jgb_json_class(sbuf *b, const cset *s)
 {
     cset raw = {0};
-    int specials = 0;
     for (int i = 0; i < s->n; i++) {
         uint32_t lo = s->r[i][0], hi = s->r[i][1];
-        for (uint32_t c = lo; c <= hi && c < 0x60; c++)
-            if (json_special(c)) specials++;
         /* the raw part: the range without controls, '"' and '\\' */
         uint32_t cut[3] = {'"', '\\', JS_MAX_CP + 1};
         uint32_t a = lo < 0x20 ? 0x20 : lo;
@@ -326,27 +336,43 @@ bool jgb_json_class(sbuf *b, const cset *s)
             a = cut[k] + 1;
         }
     }
-    int parts = (raw.n > 0) + specials;
+    /* the escaped ones, grouped: \\ + one of "\\bfnrt, and \\u000x / \\u001x */
+    char shorts[16];
+    int ns = 0;
+    char nib[2][17];
+    int nn[2] = {0, 0};
+    for (uint32_t c = 0; c < 0x60; c++) {
+        if (!json_special(c) || !jcs_has(s, c)) continue;
+        char e[8];
+        size_t k = js_escape_cp(c, e);
+        if (k == 2) shorts[ns++] = e[1];
+        else nib[c >> 4][nn[c >> 4]++] = e[5];
+    }
+    int parts = (raw.n > 0) + (ns > 0) + (nn[0] > 0) + (nn[1] > 0);
     if (!parts || raw.oom) {
         jcs_free(&raw);
         return false;
     }
-    if (parts > 1) jsb_puts(b, "(");
-    bool first = true;
+    /* one element for the caller (who may quantify it): a lone class, or a group */
+    bool group = parts > 1 || !raw.n;
+    if (group) jsb_puts(b, "(");
+    const char *sep = "";
     if (raw.n) {
         jgb_class(b, &raw);
-        first = false;
+        sep = " | ";
     }
-    for (int i = 0; i < s->n; i++)
-        for (uint32_t c = s->r[i][0]; c <= s->r[i][1] && c < 0x60; c++) {
-            if (!json_special(c)) continue;
-            char e[8];
-            size_t k = js_escape_cp(c, e);
-            if (!first) jsb_puts(b, " | ");
-            first = false;
-            jgb_lit(b, e, k);
-        }
-    if (parts > 1) jsb_puts(b, ")");
+    if (ns) {
+        jsb_printf(b, "%s\"\\\\\" [", sep);
+        for (int i = 0; i < ns; i++) jsb_puts(b, shorts[i] == '"' ? "\\\"" : shorts[i] == '\\' ? "\\\\" : (char[2]){shorts[i], 0});
+        jsb_puts(b, "]");
+        sep = " | ";
+    }
+    for (int h = 0; h < 2; h++) {
+        if (!nn[h]) continue;
+        jsb_printf(b, "%s\"\\\\u00%d\" [%.*s]", sep, h, nn[h], nib[h]);
+        sep = " | ";
+    }
+    if (group) jsb_puts(b, ")");
     jcs_free(&raw);
     return true;
 }

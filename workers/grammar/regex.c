@@ -548,10 +548,11 @@ static bool rx_emit(const rxp *p, const rxe *e, int x)
         }
         jsb_puts(e->out, ")");
         return true;
-    case RX_REP:
-        jsb_puts(e->out, "(");
+    case RX_REP: {
+        bool bare = p->node[n->kid[0]].kind == RX_SET; /* a set is written as one element */
+        if (!bare) jsb_puts(e->out, "(");
         if (!rx_emit(p, e, n->kid[0])) return false;
-        jsb_puts(e->out, ")");
+        if (!bare) jsb_puts(e->out, ")");
         if (n->min == 0 && n->max == -1) jsb_puts(e->out, "*");
         else if (n->min == 1 && n->max == -1) jsb_puts(e->out, "+");
         else if (n->min == 0 && n->max == 1) jsb_puts(e->out, "?");
@@ -559,6 +560,7 @@ static bool rx_emit(const rxp *p, const rxe *e, int x)
         else if (n->max == n->min) jsb_printf(e->out, "{%ld}", n->min);
         else jsb_printf(e->out, "{%ld,%ld}", n->min, n->max);
         return true;
+    }
     default: return true; /* anchors: handled at the top */
     }
 }
