@@ -347,6 +347,22 @@ static void jschema_hostile_input_is_bounded(void **state)
     s = "{\"type\":\"string\",\"pattern\":\"a{99999999999}\"}";
     assert_int_not_equal(tp_jschema_to_gbnf(s, strlen(s), NULL, &g, &err), 0);
     assert_non_null(strstr(err.msg, "repetition count"));
+    /* a oneOf too big to compare in pairs: fine when all constants differ */
+    char *one = malloc(20000);
+    k = (size_t)sprintf(one, "{\"oneOf\":[");
+    for (int i = 0; i < 1000; i++) k += (size_t)sprintf(one + k, "%s{\"const\":%d}", i ? "," : "", i);
+    sprintf(one + k, "]}");
+    gbt *o1 = compile_schema(one);
+    assert_int_equal(gbt_match(o1, "999", 3), 1);
+    assert_int_equal(gbt_match(o1, "1000", 4), 0);
+    gbt_free(o1);
+    sprintf(one + k, ",{\"const\":5}]}");
+    assert_int_not_equal(tp_jschema_to_gbnf(one, strlen(one), NULL, &g, &err), 0);
+    assert_non_null(strstr(err.msg, "same value"));
+    sprintf(one + k, ",{\"type\":\"string\"}]}");
+    assert_int_not_equal(tp_jschema_to_gbnf(one, strlen(one), NULL, &g, &err), 0);
+    assert_non_null(strstr(err.msg, "too many to prove"));
+    free(one);
     /* a $ref cycle with no content */
     s = "{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\",\"type\":\"object\"},\"b\":{\"$ref\":\"#/$defs/a\",\"minProperties\":0}},\"$ref\":\"#/$defs/a\"}";
     assert_int_not_equal(tp_jschema_to_gbnf(s, strlen(s), NULL, &g, &err), 0);

@@ -34,6 +34,7 @@
 #define JS_MAX_INT 9999999999999999LL /* TP_JSCHEMA_INT_DIGITS nines */
 #define JS_EXACT 9007199254740992.0   /* 2^53: doubles are exact integers below */
 #define JS_MAX_MERGE 1000             /* schemas flattened into one allOf */
+#define JS_MAX_ONEOF_PAIRS 100000     /* oneOf branch pairs compared for exclusion */
 #define JS_MAX_KEY_BYTES 1024         /* a declared key beside additional ones (one rule per byte) */
 
 static const char common_rules[] =
@@ -66,6 +67,8 @@ typedef struct jc {
     sbuf out;
     memo *m;
     int nm, cm;
+    int *idx;
+    size_t nidx;
     int next;
     int depth;
     unsigned fmt;
@@ -136,11 +139,40 @@ static void rule(jc *c, const char *name, const sbuf *body)
     jsb_printf(&c->out, "%s ::= %s\n", name, body->p ? body->p : "\"\"");
 }
 
+static uint64_t str_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* entries stay in c->m (indices are stable); c->idx is an open-addressing
+ * index over them (-1 empty), kept at most half full, so a schema with
+ * thousands of subschemas costs linear time, not quadratic */
 static int memo_find(jc *c, const char *key)
 {
-    for (int i = 0; i < c->nm; i++)
-        if (!strcmp(c->m[i].key, key)) return i;
-    return -1;
+    if (!c->nidx) return -1;
+    for (size_t i = str_hash(key) & (c->nidx - 1);; i = (i + 1) & (c->nidx - 1)) {
+        int e = c->idx[i];
+        if (e < 0) return -1;
+        if (!strcmp(c->m[e].key, key)) return e;
+    }
+}
+
+static bool memo_index(jc *c, size_t n)
+{
+    int *idx = malloc(n * sizeof *idx);
+    if (!idx) return false;
+    for (size_t i = 0; i < n; i++) idx[i] = -1;
+    for (int e = 0; e < c->nm; e++) {
+        size_t i = str_hash(c->m[e].key) & (n - 1);
+        while (idx[i] >= 0) i = (i + 1) & (n - 1);
+        idx[i] = e;
+    }
+    free(c->idx);
+    c->idx = idx;
+    c->nidx = n;
+    return true;
 }
 
 static int memo_add(jc *c, char *key, int id)
@@ -154,7 +186,18 @@ static int memo_add(jc *c, char *key, int id)
     }
     c->m[c->nm].key = key;
     c->m[c->nm].id = id;
-    return c->nm++;
+    c->nm++;
+    if ((size_t)c->nm * 2 > c->nidx) {
+        if (!memo_index(c, c->nidx ? c->nidx * 2 : 64)) {
+            c->nm--;
+            return -1;
+        }
+    } else {
+        size_t i = str_hash(key) & (c->nidx - 1);
+        while (c->idx[i] >= 0) i = (i + 1) & (c->nidx - 1);
+        c->idx[i] = c->nm - 1;
+    }
+    return c->nm - 1;
 }
 
 static int compile(jc *c, const cJSON *s, const char *where, bool left);
@@ -461,6 +504,10 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n)
                 continue;
             }
             /* keep the values also in set */
+            if ((double)cJSON_GetArraySize(vals) * (w ? cJSON_GetArraySize(set) : 1) > 1e6) {
+                jfail(c, TP_ERANGE, "allOf: enums too large to intersect");
+                goto fail;
+            }
             cJSON *keep = cJSON_CreateArray();
             if (!keep) goto oom;
             for (const cJSON *v = vals->child; v; v = v->next) {
@@ -1235,6 +1282,41 @@ static bool disjoint(jc *c, const cJSON *a, const cJSON *b)
     return false;
 }
 
+/* oneOf with too many branches to compare in pairs: exclusive only when
+ * every branch is a const/enum and no value repeats (one hash set) */
+static int consts_distinct(jc *c, cJSON *const *br, int nb)
+{
+    jc seen = {.o = c->o};
+    int rc = 0;
+    for (int i = 0; i < nb && !rc; i++) {
+        const cJSON *b = br[i];
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(b, "enum"), *k = cJSON_GetObjectItemCaseSensitive(b, "const");
+        bool plain = cJSON_IsObject(b) && (e || k);
+        for (const cJSON *f = cJSON_IsObject(b) ? b->child : NULL; f && plain; f = f->next)
+            plain = is_annotation(f->string) || !strcmp(f->string, "enum") || !strcmp(f->string, "const");
+        if (!plain || (e && k) || (e && !cJSON_IsArray(e))) {
+            rc = jfail(c, TP_EINVAL, "oneOf: %d branches are too many to prove that they exclude each other (only "
+                                     "when all are const/enum)", nb);
+            break;
+        }
+        for (const cJSON *v = k ? k : e->child; v && !rc; v = k ? NULL : v->next) {
+            char *t = cJSON_PrintUnformatted(v);
+            if (!t) rc = oom(c);
+            else if (memo_find(&seen, t) >= 0) {
+                free(t);
+                rc = jfail(c, TP_EINVAL, "oneOf: two branches allow the same value (it must match only one): not supported");
+            } else if (memo_add(&seen, t, 0) < 0) {
+                free(t);
+                rc = oom(c);
+            }
+        }
+    }
+    for (int i = 0; i < seen.nm; i++) free(seen.m[i].key);
+    free(seen.m);
+    free(seen.idx);
+    return rc;
+}
+
 /* ---- one schema -------------------------------------------------------- */
 
 static int compile_plain(jc *c, const cJSON *s, int id, sbuf *b)
@@ -1328,7 +1410,10 @@ static int compile_body(jc *c, const cJSON *s, int id, sbuf *b)
             goto out;
         }
     }
-    if (!strcmp(kw, "oneOf"))
+    if (!strcmp(kw, "oneOf") && (double)nb * (nb - 1) / 2 > JS_MAX_ONEOF_PAIRS) {
+        rc = consts_distinct(c, br, nb);
+        if (rc) goto out;
+    } else if (!strcmp(kw, "oneOf"))
         for (int x = 0; x < nb; x++)
             for (int y = x + 1; y < nb; y++)
                 if (!disjoint(c, br[x], br[y])) {
@@ -1501,6 +1586,7 @@ static void jc_free(jc *c)
 {
     for (int i = 0; i < c->nm; i++) free(c->m[i].key);
     free(c->m);
+    free(c->idx);
     free(c->open);
     jsb_free(&c->out);
 }
