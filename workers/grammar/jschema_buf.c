@@ -255,19 +255,6 @@ void jgb_class(sbuf *b, const cset *s)
     jsb_putn(b, "]", 1);
 }
 
-void jgb_nclass(sbuf *b, const cset *s)
-{
-    jsb_putn(b, "[^", 2);
-    for (int i = 0; i < s->n; i++) {
-        jgb_cp(b, s->r[i][0], true);
-        if (s->r[i][1] != s->r[i][0]) {
-            if (s->r[i][1] > s->r[i][0] + 1) jsb_putn(b, "-", 1);
-            jgb_cp(b, s->r[i][1], true);
-        }
-    }
-    jsb_putn(b, "]", 1);
-}
-
 size_t js_escape_cp(uint32_t c, char out[8])
 {
     const char *e = NULL;

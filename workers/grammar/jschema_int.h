@@ -58,8 +58,6 @@ bool jgb_lit(sbuf *b, const char *s, size_t n);
 void jgb_lit_cp(sbuf *b, uint32_t c);
 /* GBNF character class [..] of a non-empty set. */
 void jgb_class(sbuf *b, const cset *s);
-/* GBNF negated class [^..] of the set (every code point outside it). */
-void jgb_nclass(sbuf *b, const cset *s);
 
 /* JSON string contents: the canonical JSON text of one code point (the way
  * Python's json.dumps(ensure_ascii=False) writes it: \" \\ \b \f \n \r \t,
