@@ -148,6 +148,11 @@ static void jschema_enum_const_and_compositions(void **state)
         {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
          "{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}",
          {"{\"a\": 1, \"b\": \"x\"}", NULL}, {"{\"a\": 1}", "{\"b\": \"x\", \"a\": 1}", "{\"a\": \"1\", \"b\": \"x\"}", NULL}},
+        /* oneOf over $refs: the tags behind the references tell the branches apart */
+        {"{\"$defs\":{\"cat\":{\"type\":\"object\",\"properties\":{\"pet\":{\"const\":\"cat\"},\"lives\":{\"type\":\"integer\"}},"
+         "\"required\":[\"pet\"]},\"dog\":{\"type\":\"object\",\"properties\":{\"pet\":{\"const\":\"dog\"}},\"required\":[\"pet\"]}},"
+         "\"oneOf\":[{\"$ref\":\"#/$defs/cat\"},{\"$ref\":\"#/$defs/dog\"}]}",
+         {"{\"pet\": \"cat\", \"lives\": 9}", "{\"pet\": \"dog\"}", NULL}, {"{\"pet\": \"cow\"}", "{\"pet\": \"cat\", \"lives\": \"9\"}", NULL}},
         /* additionalProperties:false in one allOf member forbids the other's keys */
         {"{\"allOf\":[{\"properties\":{\"a\":{}},\"additionalProperties\":false},{\"properties\":{\"b\":{}}}],\"type\":\"object\"}",
          {"{}", "{\"a\": 1}", NULL}, {"{\"a\": 1, \"b\": 2}", "{\"b\": 2}", NULL}},

@@ -1404,7 +1404,11 @@ static int compile_body(jc *c, const cJSON *s, int id, sbuf *b)
     int i = 0;
     for (const cJSON *a = any->child; a; a = a->next, i++) {
         const cJSON *two[2] = {rest, a};
-        br[i] = plain ? cJSON_Duplicate(a, true) : merge_all(c, two, 2);
+        /* a branch behind $ref/allOf is resolved first, so that oneOf sees
+         * the properties that tell the branches apart */
+        bool direct = plain && !(cJSON_IsObject(a) && (cJSON_GetObjectItemCaseSensitive(a, "$ref") ||
+                                                      cJSON_GetObjectItemCaseSensitive(a, "allOf")));
+        br[i] = direct ? cJSON_Duplicate(a, true) : merge_all(c, two + (plain ? 1 : 0), plain ? 1 : 2);
         if (!br[i]) {
             rc = c->rc ? FAIL : oom(c);
             goto out;
