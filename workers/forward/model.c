@@ -597,9 +597,15 @@ static int gguf_vocab_ids(tp_model *m, const tp_gguf *g, tp_err *err)
     if (v->bos_id < 0 || v->bos_id >= V || v->eos_id < 0 || v->eos_id >= V || v->unk_id < 0 || v->unk_id >= V)
         return tp_err_set(err, TP_EFORMAT, "gguf: special token ids bos=%d eos=%d unk=%d outside vocab 0..%d",
                           v->bos_id, v->eos_id, v->unk_id, V - 1);
-    m->eos[0] = v->bos_id;
-    m->n_eos = 1;
-    if (v->eos_id != v->bos_id)
+    /* a sampled BOS ends a TinyStories story; but a vocabulary without a
+     * BOS (Qwen's) gets the default id 1, an ordinary token ('"' there),
+     * which must not end generation */
+    int64_t given;
+    tp_err ignore;
+    m->n_eos = 0;
+    if (tp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &given, &ignore) == 0)
+        m->eos[m->n_eos++] = v->bos_id;
+    if (!m->n_eos || v->eos_id != v->bos_id)
         m->eos[m->n_eos++] = v->eos_id;
     return 0;
 }
