@@ -194,6 +194,45 @@ static void jschema_string_lengths_count_characters(void **state)
     CHECK(cs);
 }
 
+static char *repeat_text(const char *open, const char *unit, const char *sep, int n, const char *close)
+{
+    size_t cap = strlen(open) + strlen(close) + (size_t)n * (strlen(unit) + strlen(sep)) + 1;
+    char *t = malloc(cap), *p = t;
+    p += sprintf(p, "%s", open);
+    for (int i = 0; i < n; i++) p += sprintf(p, "%s%s", i ? sep : "", unit);
+    sprintf(p, "%s", close);
+    return t;
+}
+
+/* counts past the engine's {m,n} cap are written as blocks: every count in
+ * range still reachable, none outside */
+static void jschema_large_counts_stay_exact(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema, *open, *unit, *sep, *close;
+        int good[4], bad[4];
+    } cs[] = {
+        {"{\"type\":\"string\",\"minLength\":1001,\"maxLength\":1203}", "\"", "a", "", "\"", {1001, 1100, 1199, 1203}, {1000, 1204, 0, -1}},
+        {"{\"type\":\"string\",\"maxLength\":1250}", "\"", "é", "", "\"", {0, 1, 1200, 1250}, {1251, 1300, -1, -1}},
+        {"{\"type\":\"array\",\"minItems\":1002,\"maxItems\":1104}", "[", "1", ",", "]", {1002, 1050, 1104, -1}, {1001, 1105, 0, -1}},
+        {"{\"type\":\"string\",\"pattern\":\"^(ab){2,1010}$\"}", "\"", "ab", "", "\"", {2, 1000, 1010, -1}, {1, 1011, -1, -1}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        gbt *o = compile_schema(cs[i].schema);
+        for (int w = 0; w < 2; w++)
+            for (int k = 0; k < 4; k++) {
+                int n = w ? cs[i].bad[k] : cs[i].good[k];
+                if (n < 0) continue;
+                char *t = repeat_text(cs[i].open, cs[i].unit, cs[i].sep, n, cs[i].close);
+                int r = gbt_match(o, t, strlen(t));
+                if (r != !w) fail_msg("schema %s: %d repetitions %s", cs[i].schema, n, w ? "accepted" : "rejected");
+                free(t);
+            }
+        gbt_free(o);
+    }
+}
+
 static void jschema_integer_ranges_are_exact(void **state)
 {
     (void)state;
@@ -430,6 +469,7 @@ int main(void)
         cmocka_unit_test(jschema_refs_defs_and_recursion),
         cmocka_unit_test(jschema_string_lengths_count_characters),
         cmocka_unit_test(jschema_integer_ranges_are_exact),
+        cmocka_unit_test(jschema_large_counts_stay_exact),
         cmocka_unit_test(jschema_formats_are_exact),
         cmocka_unit_test(jschema_patterns),
         cmocka_unit_test(jschema_refuses_what_it_cannot_enforce_naming_it),

@@ -903,10 +903,10 @@ static int compile_string(jc *c, const cJSON *s, sbuf *b)
         jsb_printf(b, "\"\\\"\" %s \"\\\"\"", body.p);
     } else if (!mn && mx == JS_UNBOUNDED) {
         jsb_puts(b, "string");
-    } else if (mx == JS_UNBOUNDED) {
-        jsb_printf(b, "\"\\\"\" char{%lld,} \"\\\"\"", mn);
     } else {
-        jsb_printf(b, "\"\\\"\" char{%lld,%lld} \"\\\"\"", mn, mx);
+        jsb_puts(b, "\"\\\"\" ");
+        jgb_repeat(b, "char", mn, mx);
+        jsb_puts(b, " \"\\\"\"");
     }
     if (jsb_bad(&body)) b->over = true;
     jsb_free(&body);
@@ -1197,9 +1197,10 @@ static int compile_array(jc *c, const cJSON *s, int id, sbuf *b)
     }
     char base[32];
     snprintf(base, sizeof base, "s%d", id);
-    char item[32];
+    char item[32], more[64];
     if (iid >= 0) snprintf(item, sizeof item, "s%d", iid);
     else snprintf(item, sizeof item, "value");
+    snprintf(more, sizeof more, "( \",\" ws %s ws )", item);
     /* A_i: the rest after i elements were written */
     for (int i = k; i >= 1; i--) {
         sbuf t;
@@ -1207,8 +1208,7 @@ static int compile_array(jc *c, const cJSON *s, int id, sbuf *b)
         if (i == k) {
             long long rmin = mn > k ? mn - k : 0;
             if (mx != JS_UNBOUNDED && mx - k == 0) jsb_puts(&t, "\"\"");
-            else if (mx == JS_UNBOUNDED) jsb_printf(&t, "( \",\" ws %s ws ){%lld,}", item, rmin);
-            else jsb_printf(&t, "( \",\" ws %s ws ){%lld,%lld}", item, rmin, mx - k);
+            else jgb_repeat(&t, more, rmin, mx == JS_UNBOUNDED ? -1 : mx - k);
         } else if (i < mn) {
             jsb_printf(&t, "\",\" ws s%d ws %s-a%d", pid[i], base, i + 1);
         } else {
@@ -1226,9 +1226,9 @@ static int compile_array(jc *c, const cJSON *s, int id, sbuf *b)
         jsb_printf(b, "\"[\" ws ( s%d ws %s-a1 )%s \"]\"", pid[0], base, mn ? "" : "?");
     } else {
         long long rmin = mn ? mn - 1 : 0;
-        jsb_printf(b, "\"[\" ws ( %s ws ( \",\" ws %s ws ){%lld,", item, item, rmin);
-        if (mx != JS_UNBOUNDED) jsb_printf(b, "%lld", mx - 1);
-        jsb_printf(b, "} )%s \"]\"", mn ? "" : "?");
+        jsb_printf(b, "\"[\" ws ( %s ws ", item);
+        jgb_repeat(b, more, rmin, mx == JS_UNBOUNDED ? -1 : mx - 1);
+        jsb_printf(b, " )%s \"]\"", mn ? "" : "?");
     }
     free(pid);
     return 0;

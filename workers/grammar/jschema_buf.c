@@ -392,3 +392,53 @@ bool jgb_json_str(sbuf *b, const char *s, size_t n, bool quotes)
     jsb_free(&t);
     return true;
 }
+
+/* counts past JS_REPEAT_SPLIT become blocks of JS_REPEAT_BLOCK: the engine
+ * caps {m,n} (grammar.max_repeat) and unrolls each count into elements */
+#define JS_REPEAT_SPLIT 1000
+#define JS_REPEAT_BLOCK 100
+
+static void rep_exact(sbuf *b, const char *elem, long long m)
+{
+    if (m <= JS_REPEAT_SPLIT) {
+        jsb_printf(b, "%s{%lld}", elem, m);
+        return;
+    }
+    jsb_printf(b, "(%s{%d}){%lld}", elem, JS_REPEAT_BLOCK, m / JS_REPEAT_BLOCK);
+    if (m % JS_REPEAT_BLOCK) jsb_printf(b, " %s{%lld}", elem, m % JS_REPEAT_BLOCK);
+}
+
+/* 0..d more, every count reachable exactly once: q whole blocks then up to
+ * r, or fewer blocks then up to a block less one */
+static void rep_upto(sbuf *b, const char *elem, long long d)
+{
+    if (d <= JS_REPEAT_SPLIT) {
+        jsb_printf(b, "%s{0,%lld}", elem, d);
+        return;
+    }
+    long long q = d / JS_REPEAT_BLOCK, r = d % JS_REPEAT_BLOCK;
+    jsb_printf(b, "((%s{%d}){0,%lld} %s{0,%d} | (%s{%d}){%lld} %s{0,%lld})", elem, JS_REPEAT_BLOCK, q - 1, elem,
+               JS_REPEAT_BLOCK - 1, elem, JS_REPEAT_BLOCK, q, elem, r);
+}
+
+void jgb_repeat(sbuf *b, const char *elem, long long m, long long M)
+{
+    if (M >= 0 && M <= JS_REPEAT_SPLIT) {
+        if (m == M) jsb_printf(b, "%s{%lld}", elem, m);
+        else jsb_printf(b, "%s{%lld,%lld}", elem, m, M);
+        return;
+    }
+    if (M < 0 && m <= JS_REPEAT_SPLIT) {
+        if (m == 0) jsb_printf(b, "%s*", elem);
+        else jsb_printf(b, "%s{%lld,}", elem, m);
+        return;
+    }
+    jsb_puts(b, "(");
+    if (m) {
+        rep_exact(b, elem, m);
+        jsb_puts(b, " ");
+    }
+    if (M < 0) jsb_printf(b, "%s*", elem);
+    else rep_upto(b, elem, M - m);
+    jsb_puts(b, ")");
+}

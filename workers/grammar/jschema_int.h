@@ -59,6 +59,11 @@ void jgb_lit_cp(sbuf *b, uint32_t c);
 /* GBNF character class [..] of a non-empty set. */
 void jgb_class(sbuf *b, const cset *s);
 
+/* elem repeated m..M times (M < 0: unbounded), as one GBNF element; large
+ * counts are written as blocks so the engine's {m,n} cap is never hit and
+ * every count in the range stays reachable. elem must be one element. */
+void jgb_repeat(sbuf *b, const char *elem, long long m, long long M);
+
 /* JSON string contents: the canonical JSON text of one code point (the way
  * Python's json.dumps(ensure_ascii=False) writes it: \" \\ \b \f \n \r \t,
  * other controls as \u00xx, everything else raw). Returns its length. */

@@ -549,17 +549,22 @@ static bool rx_emit(const rxp *p, const rxe *e, int x)
         jsb_puts(e->out, ")");
         return true;
     case RX_REP: {
-        bool bare = p->node[n->kid[0]].kind == RX_SET; /* a set is written as one element */
-        if (!bare) jsb_puts(e->out, "(");
-        if (!rx_emit(p, e, n->kid[0])) return false;
-        if (!bare) jsb_puts(e->out, ")");
-        if (n->min == 0 && n->max == -1) jsb_puts(e->out, "*");
-        else if (n->min == 1 && n->max == -1) jsb_puts(e->out, "+");
-        else if (n->min == 0 && n->max == 1) jsb_puts(e->out, "?");
-        else if (n->max == -1) jsb_printf(e->out, "{%ld,}", n->min);
-        else if (n->max == n->min) jsb_printf(e->out, "{%ld}", n->min);
-        else jsb_printf(e->out, "{%ld,%ld}", n->min, n->max);
-        return true;
+        /* the repeated part as one element: a set is one already */
+        sbuf el;
+        jsb_init(&el, e->out->limit);
+        rxe sub = {.out = &el, .json = e->json};
+        bool bare = p->node[n->kid[0]].kind == RX_SET;
+        if (!bare) jsb_puts(&el, "(");
+        bool ok = rx_emit(p, &sub, n->kid[0]);
+        if (!bare) jsb_puts(&el, ")");
+        if (ok && !jsb_bad(&el)) {
+            if (n->min == 0 && n->max == 1) jsb_printf(e->out, "%s?", el.p);
+            else if (n->min == 1 && n->max == -1) jsb_printf(e->out, "%s+", el.p);
+            else jgb_repeat(e->out, el.p, n->min, n->max);
+        }
+        if (jsb_bad(&el)) e->out->over = true;
+        jsb_free(&el);
+        return ok;
     }
     default: return true; /* anchors: handled at the top */
     }
