@@ -1599,11 +1599,8 @@ int tp_jschema_to_gbnf(const char *schema_json, size_t len, const tp_jschema_opt
                        tp_err *err)
 {
     tp_jschema_opts def;
-    if (!o) tp_jschema_opts_default(&def), o = &def;
-    *gbnf = NULL;
-    if (!schema_json) return tp_err_set(err, TP_EINVAL, "json schema: NULL");
-    if (len > o->max_schema_bytes)
-        return tp_err_set(err, TP_ERANGE, "json schema: %zu bytes, above the limit of %zu", len, o->max_schema_bytes);
+    int rc0 = js_begin("json schema", schema_json, len, &o, &def, gbnf, err);
+    if (rc0) return rc0;
     if (text_depth(schema_json, len) > o->max_depth)
         return tp_err_set(err, TP_ERANGE, "json schema: nested deeper than the limit of %d", o->max_depth);
     const char *end = NULL;

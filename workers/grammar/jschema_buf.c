@@ -1,6 +1,7 @@
 /* Buffers, code point sets and GBNF writers for the schema and regex
  * compilers (jschema_int.h). */
 #include "jschema_int.h"
+#include "tokpipe/jschema.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -441,4 +442,18 @@ void jgb_repeat(sbuf *b, const char *elem, long long m, long long M)
     if (M < 0) jsb_printf(b, "%s*", elem);
     else rep_upto(b, elem, M - m);
     jsb_puts(b, ")");
+}
+
+int js_begin(const char *what, const char *text, size_t len, const tp_jschema_opts **o, tp_jschema_opts *def,
+             char **gbnf, tp_err *err)
+{
+    if (!*o) {
+        tp_jschema_opts_default(def);
+        *o = def;
+    }
+    *gbnf = NULL;
+    if (!text) return tp_err_set(err, TP_EINVAL, "%s: NULL", what);
+    if (len > (*o)->max_schema_bytes)
+        return tp_err_set(err, TP_ERANGE, "%s: %zu bytes, above the limit of %zu", what, len, (*o)->max_schema_bytes);
+    return 0;
 }

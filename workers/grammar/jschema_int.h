@@ -85,6 +85,12 @@ bool jgb_json_str(sbuf *b, const char *s, size_t n, bool quotes);
 int rx_compile_expr(const char *re, size_t len, bool json, const char *anychar, int max_depth,
                     sbuf *out, size_t *minlen, size_t *maxlen, tp_err *err);
 
+struct tp_jschema_opts;
+/* The checks both entry points start with: *o NULL -> defaults (in def),
+ * *gbnf NULL, text present and within max_schema_bytes ("WHAT: ..."). */
+int js_begin(const char *what, const char *text, size_t len, const struct tp_jschema_opts **o,
+             struct tp_jschema_opts *def, char **gbnf, tp_err *err);
+
 #define RX_MAX_REPEAT 100000       /* largest {m,n} bound in a pattern */
 #define RX_MAX_EXPANSION 200000    /* pattern size with every repetition unrolled */
 

@@ -651,11 +651,8 @@ int tp_regex_to_gbnf(const char *re, size_t len, const tp_jschema_opts *o, char 
                      tp_err *err)
 {
     tp_jschema_opts def;
-    if (!o) tp_jschema_opts_default(&def), o = &def;
-    *gbnf = NULL;
-    if (!re) return tp_err_set(err, TP_EINVAL, "regex: NULL");
-    if (len > o->max_schema_bytes)
-        return tp_err_set(err, TP_ERANGE, "regex: %zu bytes, above the limit of %zu", len, o->max_schema_bytes);
+    int rc0 = js_begin("regex", re, len, &o, &def, gbnf, err);
+    if (rc0) return rc0;
     sbuf b;
     jsb_init(&b, o->max_gbnf_bytes);
     jsb_puts(&b, "root ::= ");
