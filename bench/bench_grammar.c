@@ -11,6 +11,12 @@
  * as the sample stage keeps it. The baseline, measured in the same run, is
  * the approach that walks the whole vocabulary per token (each token's
  * bytes through the same DFA, tp_gmatch_allows), on a sample of positions.
+ * Times are thread CPU time (the machine is shared; time descheduled is
+ * not the engine's).
+ *
+ * BENCH_SLOW=US prints every mask slower than US microseconds (which
+ * grammar, step, how many tokens it allowed, cold or not); an argument runs
+ * one vocabulary only (a path under TP_MODELS), e.g. under a profiler.
  *
  * Targets (issue 17): p50 <= 20 us, p99 <= 300 us on 32k; p50 <= 50 us,
  * p99 <= 600 us on 128k-152k; compile p95 <= 5 ms. */
@@ -19,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tokpipe/grammar.h"
 #include "tokpipe/tokenizer.h"
@@ -152,6 +159,15 @@ static char *gen_grammar(int i)
 
 static int cmp_d(const void *a, const void *b) { return bench_cmp_double(a, b); }
 
+/* Thread CPU time: the machine is shared, and time spent descheduled is
+ * not the engine's. */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static double pct(double *v, size_t n, double p)
 {
     if (!n)
@@ -196,34 +212,41 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     for (int gi = 0; gi < N_GRAMMARS; gi++) {
         tp_grammar *g;
         tp_gengine *e;
-        t0 = bench_now();
+        t0 = cpu_now();
         if (tp_grammar_compile(grammars[gi], strlen(grammars[gi]), NULL, &g, &err) ||
             tp_gengine_new(g, v, NULL, &e, &err)) {
             printf("grammar %d: %s\n%s\n", gi, err.msg, grammars[gi]);
             exit(1);
         }
-        compile[gi] = bench_now() - t0;
+        compile[gi] = cpu_now() - t0;
         for (int d = 0; d < DOCS_PER_GRAMMAR; d++) {
             tp_gmatch *m;
             tp_gmatch_new(e, &m, &err);
             for (int s = 0; s < MAX_DOC_TOKENS && !tp_gmatch_done(m); s++) {
                 size_t before = tp_gengine_memory(e);
-                double a = bench_now();
+                double a = cpu_now();
                 if (tp_gmatch_mask(m, mask, &err)) {
                     printf("grammar %d: %s\n", gi, err.msg);
                     exit(1);
                 }
-                double dt = bench_now() - a;
+                double dt = cpu_now() - a;
                 lat[n_lat++] = dt;
+                if (getenv("BENCH_SLOW") && dt > atof(getenv("BENCH_SLOW")) * 1e-6) {
+                    int c = 0;
+                    for (int t = 0; t < n; t++)
+                        c += (mask[t / 64] >> (t % 64)) & 1;
+                    fprintf(stderr, "slow %.0f us grammar %d doc %d step %d allowed %d cold %d\n", dt * 1e6, gi, d, s, c,
+                            tp_gengine_memory(e) != before);
+                }
                 if (tp_gengine_memory(e) != before)
                     cold[n_cold++] = dt;
                 /* the baseline: every token checked on its own, sometimes */
                 if ((n_lat % 97) == 0 && base_n < 40) {
-                    a = bench_now();
+                    a = cpu_now();
                     int cnt = 0;
                     for (int t = 0; t < n; t++)
                         cnt += tp_gmatch_allows(m, t);
-                    base_sum += bench_now() - a;
+                    base_sum += cpu_now() - a;
                     base_mask_sum += dt;
                     base_n++;
                     (void)cnt;
@@ -298,9 +321,16 @@ int main(int argc, char **argv)
             printf("# grammar %d\n%s\n", i, grammars[i]);
         return 0;
     }
-    bench_vocab(models, "llama.cpp-vocab/ggml-vocab-llama-spm.gguf", grammars);
-    bench_vocab(models, "hf-vocab/llama3-vocab.gguf", grammars);
-    bench_vocab(models, "hf-vocab/qwen3-vocab.gguf", grammars);
+    if (argc > 1) {   /* one vocabulary (a path under TP_MODELS), e.g. for a profiler */
+        bench_vocab(models, argv[1], grammars);
+        argc = -1;
+    }
+    if (argc >= 0)
+        bench_vocab(models, "llama.cpp-vocab/ggml-vocab-llama-spm.gguf", grammars);
+    if (argc >= 0) {
+        bench_vocab(models, "hf-vocab/llama3-vocab.gguf", grammars);
+        bench_vocab(models, "hf-vocab/qwen3-vocab.gguf", grammars);
+    }
     for (int i = 0; i < N_GRAMMARS; i++)
         free(grammars[i]);
     return 0;
