@@ -365,6 +365,11 @@ static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
     if (m->cmd == TP_CMD_ACK && m->ack.field.ptr)
         snprintf(fieldbuf, sizeof fieldbuf, "%.*s", (int)m->ack.field.len, m->ack.field.ptr), field = fieldbuf;
     param_of_message(msg, field, param, sizeof param);
+    /* a constraint refused at admission is named as the request gave it
+     * (response_format rather than the SUBMIT key it became) */
+    if (c->oreq.constraint_param[0] &&
+        (!strcmp(param, "grammar") || !strcmp(param, "json_schema") || !strcmp(param, "json_mode")))
+        snprintf(param, sizeof param, "%s", c->oreq.constraint_param);
     int st = m->status;
     int http = st == 400 || st == 413 || st == 429 || st == 503 ? st : 500;
     if (!msg[0])
@@ -527,6 +532,8 @@ static void on_event(bridge *b, tp_zmsg *z)
         ch->reason = m.finish.reason;
         ch->prompt_tokens = m.finish.prompt_tokens;
         ch->completion_tokens = m.finish.completion_tokens;
+        ch->constrained = (m.finish.set & TP_FIN_GRAMMAR) != 0;
+        ch->grammar_complete = ch->constrained && m.finish.grammar_complete;
         if (keep_matched(ch, &m.finish.matched))
             ch->matched.kind = TP_MATCHED_NONE;
         if (m.finish.job_error.ptr)

@@ -50,6 +50,8 @@ typedef struct gw_choice {
     char *error;               /* reason error: what went wrong */
     gw_lp lp;                  /* the request asked for logprobs: its tokens */
     size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */
+    bool constrained;          /* FINISH said grammar_complete (a job with a grammar) */
+    bool grammar_complete;     /* ... and the text is a whole document of it */
 } gw_choice;
 
 typedef struct gw_call {

@@ -384,7 +384,92 @@ static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_e
 
 static const char *const neutral_fields[] = {"echo", "best_of",
                                              "suffix", "tools", "tool_choice", "parallel_tool_calls",
-                                             "response_format", NULL};
+                                             NULL};
+
+/* Record one output constraint; a second one is refused naming both. */
+static int set_constraint(oai_request *r, const char *param, char *grammar, char *schema, bool json_mode,
+                          oai_error *e)
+{
+    if (r->constraint_param[0]) {
+        free(grammar);
+        free(schema);
+        return fail(e, 400, param, "%s and %s: only one output constraint per request", r->constraint_param, param);
+    }
+    snprintf(r->constraint_param, sizeof r->constraint_param, "%s", param);
+    r->grammar = grammar;
+    r->json_schema = schema;
+    r->json_mode = json_mode;
+    return 0;
+}
+
+/* a schema (object or boolean) as JSON text for SUBMIT's json_schema */
+static int schema_text(const cJSON *v, const char *param, const char *what, oai_error *e, char **out)
+{
+    if (!cJSON_IsObject(v) && !cJSON_IsBool(v))
+        return fail(e, 400, param, "%s: expected a JSON Schema (an object or a boolean)", what);
+    *out = cJSON_PrintUnformatted(v);
+    return *out ? 0 : oom(e);
+}
+
+/* OpenAI's response_format: {type: text} (no constraint), {type:
+ * json_object} (JSON mode; llama.cpp's server also takes a schema there),
+ * {type: json_schema, json_schema: {name, schema, strict, description}};
+ * strict is accepted and changes nothing: the schema is always enforced. */
+static int decode_response_format(const cJSON *v, oai_request *r, oai_error *e)
+{
+    const char *k = "response_format";
+    if (cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsObject(v))
+        return fail(e, 400, k, "response_format: expected an object with a type");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
+    if (!cJSON_IsString(type))
+        return fail(e, 400, k, "response_format.type: required, one of text, json_object, json_schema");
+    const char *t = type->valuestring;
+    const cJSON *js = NULL, *schema = NULL;
+    for (const cJSON *f = v->child; f; f = f->next) {
+        if (!strcmp(f->string, "type"))
+            continue;
+        if (!strcmp(t, "json_schema") && !strcmp(f->string, "json_schema"))
+            js = f;
+        else if (!strcmp(t, "json_object") && !strcmp(f->string, "schema"))
+            schema = f;
+        else
+            return fail(e, 400, k, "response_format.%s: unknown field for type %s", f->string, t);
+    }
+    if (!strcmp(t, "text"))
+        return 0;
+    char *text = NULL;
+    if (!strcmp(t, "json_object")) {
+        if (!schema || cJSON_IsNull(schema))
+            return set_constraint(r, k, NULL, NULL, true, e);
+        if (schema_text(schema, k, "response_format.schema", e, &text))
+            return -1;
+        return set_constraint(r, k, NULL, text, false, e);
+    }
+    if (strcmp(t, "json_schema"))
+        return fail(e, 400, k, "response_format.type: '%.64s' is not text, json_object or json_schema", t);
+    if (!cJSON_IsObject(js))
+        return fail(e, 400, k, "response_format.json_schema: required, an object with name and schema");
+    for (const cJSON *f = js->child; f; f = f->next) {
+        if (!strcmp(f->string, "schema")) {
+            schema = f;
+        } else if (!strcmp(f->string, "name") || !strcmp(f->string, "description")) {
+            if (!cJSON_IsString(f) && !cJSON_IsNull(f))
+                return fail(e, 400, k, "response_format.json_schema.%s: expected a string", f->string);
+        } else if (!strcmp(f->string, "strict")) {
+            if (!cJSON_IsBool(f) && !cJSON_IsNull(f))
+                return fail(e, 400, k, "response_format.json_schema.strict: expected a boolean");
+        } else {
+            return fail(e, 400, k, "response_format.json_schema.%s: unknown field", f->string);
+        }
+    }
+    if (!schema || cJSON_IsNull(schema))
+        return fail(e, 400, k, "response_format.json_schema.schema: required");
+    if (schema_text(schema, k, "response_format.json_schema.schema", e, &text))
+        return -1;
+    return set_constraint(r, k, NULL, text, false, e);
+}
 
 static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
 {
@@ -498,6 +583,26 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         }
         return 0;
     }
+    if (!strcmp(k, "response_format"))
+        return decode_response_format(v, r, e);
+    if (!strcmp(k, "grammar")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        if (!cJSON_IsString(v) || !v->valuestring[0])
+            return fail(e, 400, k, "grammar: expected GBNF text (a non-empty string)");
+        char *g = strdup(v->valuestring);
+        if (!g)
+            return oom(e);
+        return set_constraint(r, k, g, NULL, false, e);
+    }
+    if (!strcmp(k, "json_schema")) {
+        if (cJSON_IsNull(v))
+            return 0;
+        char *text;
+        if (schema_text(v, k, "json_schema", e, &text))
+            return -1;
+        return set_constraint(r, k, NULL, text, false, e);
+    }
     if (!strcmp(k, "user")) {
         if (!cJSON_IsString(v) && !cJSON_IsNull(v))
             return fail(e, 400, k, "user: expected a string");
@@ -563,6 +668,18 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
         out->params.top_logprobs = out->top_logprobs;
         out->params.set |= TP_P_LOGPROBS | TP_P_TOP_LOGPROBS;
     }
+    if (!rc && out->grammar) {
+        out->params.grammar = tp_str_of(out->grammar);
+        out->params.set |= TP_P_GRAMMAR;
+    }
+    if (!rc && out->json_schema) {
+        out->params.json_schema = tp_str_of(out->json_schema);
+        out->params.set |= TP_P_JSON_SCHEMA;
+    }
+    if (!rc && out->json_mode) {
+        out->params.json_mode = true;
+        out->params.set |= TP_P_JSON_MODE;
+    }
     if (!rc && out->include_usage && !out->stream)
         rc = fail(e, 400, "stream_options", "stream_options: only allowed with stream: true");
     if (!rc && (out->n_prompts ? out->n_prompts : 1) * (size_t)out->n > OAI_MAX_CHOICES)
@@ -595,6 +712,8 @@ void oai_request_free(oai_request *r)
         free((void *)r->messages[i].content.ptr);
     }
     free(r->messages);
+    free(r->grammar);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 

@@ -12,7 +12,10 @@
  * user, ignore_eos, min_tokens, include_stop_str_in_output, logit_bias,
  * typical_p, truncate_prompt_tokens, logprobs (completions: 0..5
  * alternatives; chat: a boolean) and top_logprobs (chat, 0..20, needs
- * logprobs: true). OpenAI fields tokpipe does not
+ * logprobs: true), response_format ({type: text | json_object |
+ * json_schema, json_schema: {name, schema, strict, description}}), and
+ * llama.cpp server's grammar (GBNF text) and json_schema (a schema object;
+ * {} = any JSON value); one constraint per request. OpenAI fields tokpipe does not
  * implement here are accepted only at their neutral value (echo false,
  * best_of null or n, suffix null); any other key is refused naming it, so a typo never silently
  * becomes a default. */
@@ -55,6 +58,14 @@ typedef struct oai_request {
     tp_params params;        /* stop strings owned by the request */
     tp_chat_msg *messages;   /* chat: the turns (role, content owned by the request) */
     size_t n_messages;
+    /* the output constraint, at most one (owned by the request; params point
+     * at them): response_format json_object -> json_mode, json_schema ->
+     * json_schema (the schema as JSON text), llama.cpp's `grammar` (GBNF) and
+     * `json_schema` fields */
+    char *grammar;
+    char *json_schema;
+    bool json_mode;
+    char constraint_param[32];   /* the request field that gave it, for errors */
 } oai_request;
 
 typedef struct oai_error {

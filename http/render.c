@@ -115,6 +115,10 @@ char *gw_models_json(const char *model, int64_t created)
  * length: what finished it is no stop the client gave). */
 static void add_stop_reason(cJSON *o, const gw_choice *ch)
 {
+    /* tokpipe's extension for constrained jobs: whether the text is a whole
+     * document of the grammar / schema (false: cut, e.g. by max_tokens) */
+    if (ch->constrained)
+        cJSON_AddBoolToObject(o, "grammar_complete", ch->grammar_complete);
     if (ch->reason == TP_REASON_STOP_STRING && ch->matched.kind == TP_MATCHED_STR)
         cJSON_AddStringToObject(o, "stop_reason", ch->matched_buf ? ch->matched_buf : "");
     else if (ch->reason == TP_REASON_STOP_TOKEN && ch->matched.kind == TP_MATCHED_ID)

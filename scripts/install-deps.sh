@@ -8,6 +8,7 @@ PKGS=(
   libzmq3-dev libmsgpack-dev libopenblas-dev libyaml-dev libsystemd-dev
   libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev
   python3 python3-zmq python3-msgpack python3-sentencepiece python3-numpy python3-jinja2
+  json-schema-test-suite python3-jsonschema
   systemd
   libmicrohttpd-dev curl prometheus nodejs
 )

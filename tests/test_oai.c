@@ -163,6 +163,93 @@ static void neutral_openai_fields_are_accepted(void **state)
     oai_request_free(&r);
 }
 
+static void response_format_and_llama_cpp_constraints_decode(void **state)
+{
+    (void)state;
+    oai_request r;
+    for (int kind = OAI_COMPLETIONS; kind <= OAI_CHAT; kind++) {
+        const char *base = kind == OAI_CHAT ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]," : "{\"prompt\":\"x\",";
+        char body[1024];
+        /* text: no constraint */
+        snprintf(body, sizeof body, "%s\"response_format\":{\"type\":\"text\"}}", base);
+        decode_ok((oai_kind)kind, body, &r);
+        assert_true(!r.grammar && !r.json_schema && !r.json_mode && !r.constraint_param[0]);
+        assert_false(r.params.set & (TP_P_GRAMMAR | TP_P_JSON_SCHEMA | TP_P_JSON_MODE));
+        oai_request_free(&r);
+        snprintf(body, sizeof body, "%s\"response_format\":{\"type\":\"json_object\"}}", base);
+        decode_ok((oai_kind)kind, body, &r);
+        assert_true(r.json_mode && !r.json_schema && !r.grammar);
+        assert_string_equal(r.constraint_param, "response_format");
+        assert_true(r.params.json_mode && (r.params.set & TP_P_JSON_MODE));
+        oai_request_free(&r);
+        /* json_schema: the schema travels as JSON text; strict changes nothing */
+        snprintf(body, sizeof body,
+                 "%s\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,"
+                 "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}}",
+                 base);
+        decode_ok((oai_kind)kind, body, &r);
+        assert_string_equal(r.json_schema, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+        assert_false(r.json_mode);
+        /* on the SUBMIT params */
+        assert_true(r.params.set & TP_P_JSON_SCHEMA);
+        assert_false(r.params.set & (TP_P_GRAMMAR | TP_P_JSON_MODE));
+        assert_memory_equal(r.params.json_schema.ptr, r.json_schema, strlen(r.json_schema));
+        assert_int_equal(r.params.json_schema.len, strlen(r.json_schema));
+        oai_request_free(&r);
+        snprintf(body, sizeof body,
+                 "%s\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":false,"
+                 "\"schema\":{\"type\":\"string\"}}}}",
+                 base);
+        decode_ok((oai_kind)kind, body, &r);
+        assert_string_equal(r.json_schema, "{\"type\":\"string\"}");
+        oai_request_free(&r);
+        /* llama.cpp server fields */
+        snprintf(body, sizeof body, "%s\"grammar\":\"root ::= \\\"yes\\\" | \\\"no\\\"\"}", base);
+        decode_ok((oai_kind)kind, body, &r);
+        assert_string_equal(r.grammar, "root ::= \"yes\" | \"no\"");
+        assert_string_equal(r.constraint_param, "grammar");
+        assert_true((r.params.set & TP_P_GRAMMAR) && r.params.grammar.len == strlen(r.grammar));
+        oai_request_free(&r);
+        snprintf(body, sizeof body, "%s\"json_schema\":{}}", base);
+        decode_ok((oai_kind)kind, body, &r);
+        assert_string_equal(r.json_schema, "{}");
+        oai_request_free(&r);
+        snprintf(body, sizeof body, "%s\"json_schema\":null,\"grammar\":null,\"response_format\":null}", base);
+        decode_ok((oai_kind)kind, body, &r);
+        assert_true(!r.grammar && !r.json_schema && !r.json_mode);
+        oai_request_free(&r);
+    }
+    /* two constraints at once, each pair named */
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\",\"json_schema\":{}}", 400, "json_schema",
+            "grammar and json_schema");
+    refused(OAI_CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{\"type\":\"json_object\"},"
+            "\"grammar\":\"root ::= \\\"a\\\"\"}",
+            400, "grammar", "response_format and grammar");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"json_schema\":{},\"response_format\":{\"type\":\"json_object\"}}", 400,
+            "response_format", "json_schema and response_format");
+    /* malformed */
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format",
+            "'xml' is not text, json_object or json_schema");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{}}", 400, "response_format", "type: required");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":\"json\"}", 400, "response_format", "expected an object");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\"}}", 400, "response_format",
+            "json_schema: required");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\"}}}",
+            400, "response_format", "schema: required");
+    refused(OAI_COMPLETIONS,
+            "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},\"strict\":1}}}", 400,
+            "response_format", "strict: expected a boolean");
+    refused(OAI_COMPLETIONS,
+            "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":[1]}}}", 400,
+            "response_format", "expected a JSON Schema");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{\"type\":\"text\",\"schema\":{}}}", 400,
+            "response_format", "unknown field");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"grammar\":\"\"}", 400, "grammar", "non-empty");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"grammar\":{}}", 400, "grammar", "GBNF");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"json_schema\":\"{}\"}", 400, "json_schema", "expected a JSON Schema");
+}
+
 static void logprobs_map_onto_submit_params(void **state)
 {
     (void)state;
@@ -359,6 +446,7 @@ int main(void)
         cmocka_unit_test(prompts_come_as_text_lists_and_token_ids),
         cmocka_unit_test(bad_fields_are_refused_by_name),
         cmocka_unit_test(neutral_openai_fields_are_accepted),
+        cmocka_unit_test(response_format_and_llama_cpp_constraints_decode),
         cmocka_unit_test(choices_are_capped),
         cmocka_unit_test(logprobs_map_onto_submit_params),
         cmocka_unit_test(logprobs_entries_wait_for_the_text_carrying_their_last_byte),
