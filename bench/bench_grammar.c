@@ -1,7 +1,9 @@
 /* make bench: the grammar engine's cost per token mask and per compile, on
- * a corpus of 60 grammars of the shapes structured output produces (JSON
- * objects with typed, optional, enum, bounded, nested and array fields as
- * a schema compiler writes them, plain JSON mode, a few text formats), over
+ * a corpus of 60 grammars of the shapes structured output produces: 7
+ * compiled by the JSON Schema compiler (formats, maxLength, bounds,
+ * pattern, $ref recursion, anyOf, JSON mode), the others generated as a
+ * schema compiler writes them (typed, optional, enum, bounded, nested and
+ * array fields) and a few text formats, over
  * the real vocabularies: SPM 32k, Llama 3 128k, Qwen3 152k.
  *
  * Each grammar drives documents of random allowed tokens (a short token is
@@ -28,6 +30,7 @@
 #include <time.h>
 
 #include "tokpipe/grammar.h"
+#include "tokpipe/jschema.h"
 #include "tokpipe/tokenizer.h"
 #include "support/timing.h"
 
@@ -124,10 +127,44 @@ static void gen_type(buf *out, buf *rules, int *n_rules, int depth)
     }
 }
 
+/* Schemas of the shapes applications send, compiled by the JSON Schema
+ * compiler (jschema.h) as the broker does. */
+static const char *const schemas[] = {
+    "{}",   /* JSON mode below; this slot: any JSON value */
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":40},\"age\":"
+    "{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},\"email\":{\"type\":\"string\",\"format\":"
+    "\"email\"}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
+    "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\","
+    "\"format\":\"uuid\"},\"when\":{\"type\":\"string\",\"format\":\"date-time\"},\"tags\":{\"type\":"
+    "\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]},\"maxItems\":3}},\"required\":[\"id\"]},"
+    "\"maxItems\":5}",
+    "{\"type\":\"object\",\"properties\":{\"answer\":{\"type\":\"string\"},\"confidence\":{\"type\":"
+    "\"number\"},\"sources\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":"
+    "\"^https?://[a-z0-9.]+/[a-z0-9/]*$\"}}},\"required\":[\"answer\",\"confidence\"]}",
+    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"value\":{\"type\":\"integer\"},"
+    "\"children\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"},\"maxItems\":3}},"
+    "\"required\":[\"value\"]}},\"$ref\":\"#/$defs/node\"}",
+    "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"circle\"},\"r\":{\"type\":"
+    "\"number\"}},\"required\":[\"kind\",\"r\"]},{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":"
+    "\"rect\"},\"w\":{\"type\":\"number\"},\"h\":{\"type\":\"number\"}},\"required\":[\"kind\",\"w\",\"h\"]}]}",
+};
+#define N_SCHEMAS (sizeof schemas / sizeof *schemas)
+
 static char *gen_grammar(int i)
 {
     buf g = {0}, rules = {0};
     int n_rules = 0;
+    if (i >= 5 && i < 5 + (int)N_SCHEMAS + 1) {
+        char *out = NULL;
+        tp_err err;
+        int rc = i == 5 + (int)N_SCHEMAS ? tp_jschema_json_mode_gbnf(&out, &err)
+                                          : tp_jschema_to_gbnf(schemas[i - 5], strlen(schemas[i - 5]), NULL, &out, &err);
+        if (rc) {
+            fprintf(stderr, "schema %d: %s\n", i - 5, err.msg);
+            exit(1);
+        }
+        return out;
+    }
     if (i == 0)
         add(&g, "root ::= object\n");
     else if (i == 1)
@@ -302,6 +339,26 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
         printf("  baseline (every token's bytes walked per step): %.1f us per mask vs %.1f us here on the same "
                "%d positions: %.0fx\n",
                base_sum / base_n * 1e6, base_mask_sum / base_n * 1e6, base_n, base_sum / base_mask_sum);
+    /* schema -> ready engine, as the broker and a sample worker do it */
+    double sc[N_SCHEMAS * 20];
+    size_t n_sc = 0;
+    for (int r = 0; r < 20; r++)
+        for (size_t k = 0; k < N_SCHEMAS; k++) {
+            double a = cpu_now();
+            char *gb = NULL;
+            tp_grammar *g = NULL;
+            tp_gengine *e = NULL;
+            if (!tp_jschema_to_gbnf(schemas[k], strlen(schemas[k]), NULL, &gb, &err) &&
+                !tp_grammar_compile(gb, strlen(gb), NULL, &g, &err))
+                tp_gengine_new(g, v, NULL, &e, &err);
+            sc[n_sc++] = cpu_now() - a;
+            tp_gengine_free(e);
+            tp_grammar_free(g);
+            free(gb);
+        }
+    qsort(sc, n_sc, sizeof *sc, cmp_d);
+    printf("  compile schema -> engine (%zu schemas x 20): p50 %.3f ms  p95 %.3f ms\n", N_SCHEMAS,
+           pct(sc, n_sc, 0.5) * 1e3, pct(sc, n_sc, 0.95) * 1e3);
     free(allowed);
     free(lat);
     free(cold);
