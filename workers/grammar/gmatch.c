@@ -288,21 +288,6 @@ struct tp_gengine {
     int error;            /* sticky TP_ERANGE / TP_ENOMEM */
 };
 
-static int grow_arr(void **p, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap * 2 : 64;
-    while (c < need)
-        c *= 2;
-    void *n = realloc(*p, c * size);
-    if (!n)
-        return -1;
-    *p = n;
-    *cap = c;
-    return 0;
-}
-
 static uint32_t mix(uint32_t h)
 {
     h ^= h >> 16;
@@ -344,8 +329,8 @@ static int32_t intern_node(tp_gengine *e, int32_t pos, int32_t parent)
         e->error = TP_ERANGE;
         return -1;
     }
-    if (grow_arr((void **)&e->nodes, &e->cap_nodes, e->n_nodes + 1, sizeof *e->nodes) ||
-        grow_arr((void **)&e->visited, &e->cap_visited, e->n_nodes + 1, sizeof *e->visited)) {
+    if (gr_grow((void **)&e->nodes, &e->cap_nodes, e->n_nodes + 1, sizeof *e->nodes) ||
+        gr_grow((void **)&e->visited, &e->cap_visited, e->n_nodes + 1, sizeof *e->visited)) {
         e->error = TP_ENOMEM;
         return -1;
     }
@@ -366,7 +351,7 @@ static int push_work(tp_gengine *e, size_t *n, int32_t id)
 {
     if (id < 0)
         return -1;
-    if (grow_arr((void **)&e->work, &e->cap_work, *n + 1, sizeof *e->work)) {
+    if (gr_grow((void **)&e->work, &e->cap_work, *n + 1, sizeof *e->work)) {
         e->error = TP_ENOMEM;
         return -1;
     }
@@ -387,7 +372,7 @@ static int closure(tp_gengine *e, size_t nw, size_t *nout)
             continue;
         e->visited[id] = e->gen;
         if (id == 0) {
-            if (grow_arr((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
+            if (gr_grow((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
                 return e->error = TP_ENOMEM;
             e->outv[(*nout)++] = 0;
             continue;
@@ -398,7 +383,7 @@ static int closure(tp_gengine *e, size_t nw, size_t *nout)
             if (push_work(e, &nw, nd.parent))
                 return e->error;
         } else if (el.type == GE_BYTES) {
-            if (grow_arr((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
+            if (gr_grow((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
                 return e->error = TP_ENOMEM;
             e->outv[(*nout)++] = id;
         } else {
@@ -463,8 +448,8 @@ static int32_t intern_state(tp_gengine *e, size_t n)
         e->error = TP_ERANGE;
         return DEAD;
     }
-    if (grow_arr((void **)&e->states, &e->cap_states, e->n_states + 1, sizeof *e->states) ||
-        grow_arr((void **)&e->pool, &e->cap_pool, e->n_pool + n, sizeof *e->pool)) {
+    if (gr_grow((void **)&e->states, &e->cap_states, e->n_states + 1, sizeof *e->states) ||
+        gr_grow((void **)&e->pool, &e->cap_pool, e->n_pool + n, sizeof *e->pool)) {
         e->error = TP_ENOMEM;
         return DEAD;
     }
