@@ -7,6 +7,7 @@
  * grammar compiles again, each mask agrees with tp_gmatch_allows, every
  * allowed token is accepted, and EOS is allowed exactly when accepting. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,8 +54,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     char *txt = tp_grammar_print(g);
     tp_grammar *g2 = NULL;
-    if (!txt || tp_grammar_compile(txt, strlen(txt), NULL, &g2, &err))
+    tp_grammar_limits again;   /* the wall-clock limit is no property of the text */
+    tp_grammar_limits_default(&again);
+    again.max_compile_ms = 600000;
+    if (!txt || tp_grammar_compile(txt, strlen(txt), &again, &g2, &err)) {
+        fprintf(stderr, "printed grammar does not compile: %s\n%s\n", err.msg, txt ? txt : "(null)");
         abort();
+    }
     tp_grammar_free(g2);
     free(txt);
     tp_gengine_limits el = {.max_states = 2000, .mask_bytes = 1 << 20};

@@ -177,7 +177,8 @@ static int add_alt(parser *p, int r, const seqv *q)
         return oom(p);
     ru->cap_alts = (int)ca;
     ru->alts[ru->n_alts++] = (uint32_t)g->n_el;
-    memcpy(g->el + g->n_el, q->v, q->n * sizeof *q->v);
+    if (q->n)
+        memcpy(g->el + g->n_el, q->v, q->n * sizeof *q->v);
     g->n_el += q->n;
     g->el[g->n_el++] = (gel){GE_END, 0};
     return 0;
@@ -257,7 +258,8 @@ static int cmp_range(const void *a, const void *b)
 
 static size_t normalize(cprange *r, size_t n, int negate, cprange *out)
 {
-    qsort(r, n, sizeof *r, cmp_range);
+    if (n)
+        qsort(r, n, sizeof *r, cmp_range);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (m && r[i].lo <= out[m - 1].hi + 1) {
