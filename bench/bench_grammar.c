@@ -1,7 +1,9 @@
 /* make bench: the grammar engine's cost per token mask and per compile, on
- * a corpus of 60 grammars of the shapes structured output produces (JSON
- * objects with typed, optional, enum, bounded, nested and array fields as
- * a schema compiler writes them, plain JSON mode, a few text formats), over
+ * a corpus of 60 grammars of the shapes structured output produces: 7
+ * compiled by the JSON Schema compiler (formats, maxLength, bounds,
+ * pattern, $ref recursion, anyOf, JSON mode), the others generated as a
+ * schema compiler writes them (typed, optional, enum, bounded, nested and
+ * array fields) and a few text formats, over
  * the real vocabularies: SPM 32k, Llama 3 128k, Qwen3 152k.
  *
  * Each grammar drives documents of random allowed tokens (a short token is
@@ -11,6 +13,12 @@
  * as the sample stage keeps it. The baseline, measured in the same run, is
  * the approach that walks the whole vocabulary per token (each token's
  * bytes through the same DFA, tp_gmatch_allows), on a sample of positions.
+ * Times are thread CPU time (the machine is shared; time descheduled is
+ * not the engine's).
+ *
+ * BENCH_SLOW=US prints every mask slower than US microseconds (which
+ * grammar, step, how many tokens it allowed, cold or not); an argument runs
+ * one vocabulary only (a path under TP_MODELS), e.g. under a profiler.
  *
  * Targets (issue 17): p50 <= 20 us, p99 <= 300 us on 32k; p50 <= 50 us,
  * p99 <= 600 us on 128k-152k; compile p95 <= 5 ms. */
@@ -19,8 +27,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tokpipe/grammar.h"
+#include "tokpipe/jschema.h"
 #include "tokpipe/tokenizer.h"
 #include "support/timing.h"
 
@@ -117,10 +127,44 @@ static void gen_type(buf *out, buf *rules, int *n_rules, int depth)
     }
 }
 
+/* Schemas of the shapes applications send, compiled by the JSON Schema
+ * compiler (jschema.h) as the broker does. */
+static const char *const schemas[] = {
+    "{}",   /* JSON mode below; this slot: any JSON value */
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":40},\"age\":"
+    "{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},\"email\":{\"type\":\"string\",\"format\":"
+    "\"email\"}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
+    "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\","
+    "\"format\":\"uuid\"},\"when\":{\"type\":\"string\",\"format\":\"date-time\"},\"tags\":{\"type\":"
+    "\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]},\"maxItems\":3}},\"required\":[\"id\"]},"
+    "\"maxItems\":5}",
+    "{\"type\":\"object\",\"properties\":{\"answer\":{\"type\":\"string\"},\"confidence\":{\"type\":"
+    "\"number\"},\"sources\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":"
+    "\"^https?://[a-z0-9.]+/[a-z0-9/]*$\"}}},\"required\":[\"answer\",\"confidence\"]}",
+    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"value\":{\"type\":\"integer\"},"
+    "\"children\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"},\"maxItems\":3}},"
+    "\"required\":[\"value\"]}},\"$ref\":\"#/$defs/node\"}",
+    "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"circle\"},\"r\":{\"type\":"
+    "\"number\"}},\"required\":[\"kind\",\"r\"]},{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":"
+    "\"rect\"},\"w\":{\"type\":\"number\"},\"h\":{\"type\":\"number\"}},\"required\":[\"kind\",\"w\",\"h\"]}]}",
+};
+#define N_SCHEMAS (sizeof schemas / sizeof *schemas)
+
 static char *gen_grammar(int i)
 {
     buf g = {0}, rules = {0};
     int n_rules = 0;
+    if (i >= 5 && i < 5 + (int)N_SCHEMAS + 1) {
+        char *out = NULL;
+        tp_err err;
+        int rc = i == 5 + (int)N_SCHEMAS ? tp_jschema_json_mode_gbnf(&out, &err)
+                                          : tp_jschema_to_gbnf(schemas[i - 5], strlen(schemas[i - 5]), NULL, &out, &err);
+        if (rc) {
+            fprintf(stderr, "schema %d: %s\n", i - 5, err.msg);
+            exit(1);
+        }
+        return out;
+    }
     if (i == 0)
         add(&g, "root ::= object\n");
     else if (i == 1)
@@ -151,6 +195,15 @@ static char *gen_grammar(int i)
 }
 
 static int cmp_d(const void *a, const void *b) { return bench_cmp_double(a, b); }
+
+/* Thread CPU time: the machine is shared, and time spent descheduled is
+ * not the engine's. */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 static double pct(double *v, size_t n, double p)
 {
@@ -196,34 +249,41 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     for (int gi = 0; gi < N_GRAMMARS; gi++) {
         tp_grammar *g;
         tp_gengine *e;
-        t0 = bench_now();
+        t0 = cpu_now();
         if (tp_grammar_compile(grammars[gi], strlen(grammars[gi]), NULL, &g, &err) ||
             tp_gengine_new(g, v, NULL, &e, &err)) {
             printf("grammar %d: %s\n%s\n", gi, err.msg, grammars[gi]);
             exit(1);
         }
-        compile[gi] = bench_now() - t0;
+        compile[gi] = cpu_now() - t0;
         for (int d = 0; d < DOCS_PER_GRAMMAR; d++) {
             tp_gmatch *m;
             tp_gmatch_new(e, &m, &err);
             for (int s = 0; s < MAX_DOC_TOKENS && !tp_gmatch_done(m); s++) {
                 size_t before = tp_gengine_memory(e);
-                double a = bench_now();
+                double a = cpu_now();
                 if (tp_gmatch_mask(m, mask, &err)) {
                     printf("grammar %d: %s\n", gi, err.msg);
                     exit(1);
                 }
-                double dt = bench_now() - a;
+                double dt = cpu_now() - a;
                 lat[n_lat++] = dt;
+                if (getenv("BENCH_SLOW") && dt > atof(getenv("BENCH_SLOW")) * 1e-6) {
+                    int c = 0;
+                    for (int t = 0; t < n; t++)
+                        c += (mask[t / 64] >> (t % 64)) & 1;
+                    fprintf(stderr, "slow %.0f us grammar %d doc %d step %d allowed %d cold %d\n", dt * 1e6, gi, d, s, c,
+                            tp_gengine_memory(e) != before);
+                }
                 if (tp_gengine_memory(e) != before)
                     cold[n_cold++] = dt;
                 /* the baseline: every token checked on its own, sometimes */
                 if ((n_lat % 97) == 0 && base_n < 40) {
-                    a = bench_now();
+                    a = cpu_now();
                     int cnt = 0;
                     for (int t = 0; t < n; t++)
                         cnt += tp_gmatch_allows(m, t);
-                    base_sum += bench_now() - a;
+                    base_sum += cpu_now() - a;
                     base_mask_sum += dt;
                     base_n++;
                     (void)cnt;
@@ -279,6 +339,26 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
         printf("  baseline (every token's bytes walked per step): %.1f us per mask vs %.1f us here on the same "
                "%d positions: %.0fx\n",
                base_sum / base_n * 1e6, base_mask_sum / base_n * 1e6, base_n, base_sum / base_mask_sum);
+    /* schema -> ready engine, as the broker and a sample worker do it */
+    double sc[N_SCHEMAS * 20];
+    size_t n_sc = 0;
+    for (int r = 0; r < 20; r++)
+        for (size_t k = 0; k < N_SCHEMAS; k++) {
+            double a = cpu_now();
+            char *gb = NULL;
+            tp_grammar *g = NULL;
+            tp_gengine *e = NULL;
+            if (!tp_jschema_to_gbnf(schemas[k], strlen(schemas[k]), NULL, &gb, &err) &&
+                !tp_grammar_compile(gb, strlen(gb), NULL, &g, &err))
+                tp_gengine_new(g, v, NULL, &e, &err);
+            sc[n_sc++] = cpu_now() - a;
+            tp_gengine_free(e);
+            tp_grammar_free(g);
+            free(gb);
+        }
+    qsort(sc, n_sc, sizeof *sc, cmp_d);
+    printf("  compile schema -> engine (%zu schemas x 20): p50 %.3f ms  p95 %.3f ms\n", N_SCHEMAS,
+           pct(sc, n_sc, 0.5) * 1e3, pct(sc, n_sc, 0.95) * 1e3);
     free(allowed);
     free(lat);
     free(cold);
@@ -298,9 +378,16 @@ int main(int argc, char **argv)
             printf("# grammar %d\n%s\n", i, grammars[i]);
         return 0;
     }
-    bench_vocab(models, "llama.cpp-vocab/ggml-vocab-llama-spm.gguf", grammars);
-    bench_vocab(models, "hf-vocab/llama3-vocab.gguf", grammars);
-    bench_vocab(models, "hf-vocab/qwen3-vocab.gguf", grammars);
+    if (argc > 1) {   /* one vocabulary (a path under TP_MODELS), e.g. for a profiler */
+        bench_vocab(models, argv[1], grammars);
+        argc = -1;
+    }
+    if (argc >= 0)
+        bench_vocab(models, "llama.cpp-vocab/ggml-vocab-llama-spm.gguf", grammars);
+    if (argc >= 0) {
+        bench_vocab(models, "hf-vocab/llama3-vocab.gguf", grammars);
+        bench_vocab(models, "hf-vocab/qwen3-vocab.gguf", grammars);
+    }
     for (int i = 0; i < N_GRAMMARS; i++)
         free(grammars[i]);
     return 0;

@@ -168,6 +168,30 @@ class Constrained(object):
         self.assertEqual((fin["reason"], fin["matched"], fin["grammar_complete"]), ("stop_string", '"age"', False))
         self.assertTrue(text.startswith("{") and '"name"' in text and "age" not in text, text)
 
+    def test_json_schema_and_json_mode_jobs_give_valid_json_and_match_run(self):
+        import jsonschema
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                                   "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+                  "required": ["name", "age"], "additionalProperties": False}
+        sfile = write(self.tmp, "person.json", json.dumps(schema))
+        for seed in (1, 2):
+            ack, ids, text, fin = self.d.submit({"json_schema": json.dumps(schema), "seed": seed, "max_tokens": 150})
+            self.assertEqual(ack["status"], 200, ack)
+            ref = run_json(MODEL, TOKENIZER, "--prompt", PROMPT, "--json-schema", sfile, "--seed", str(seed),
+                           "--max-tokens", "150")[0]
+            self.assertEqual(ids, ref["tokens"])
+            self.assertEqual((fin["reason"], fin.get("detail"), fin["grammar_complete"]), ("eos", "grammar", True))
+            doc = json.loads(text)
+            jsonschema.validate(doc, schema)
+            self.assertEqual(list(doc), ["name", "age"])   # the schema's order
+        ack, ids, text, fin = self.d.submit({"json_mode": True, "seed": 3, "max_tokens": 200})
+        self.assertEqual(ack["status"], 200, ack)
+        if fin["grammar_complete"]:
+            self.assertIsInstance(json.loads(text), dict)
+        else:
+            self.assertEqual(fin["reason"], "length")
+            self.assertTrue(text.lstrip().startswith("{"), text)
+
     def test_unconstrained_jobs_have_no_grammar_keys(self):
         ack, ids, text, fin = self.d.submit({"seed": 1, "max_tokens": 5})
         self.assertNotIn("grammar_complete", fin)

@@ -75,26 +75,11 @@ static int fail(parser *p, size_t at, int code, const char *fmt, const char *a)
 
 static int oom(parser *p) { return fail(p, p->pos, TP_ENOMEM, "out of memory%s", NULL); }
 
-static int grow(void **v, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap * 2 : 16;
-    while (c < need)
-        c *= 2;
-    void *n = realloc(*v, c * size);
-    if (!n)
-        return -1;
-    *v = n;
-    *cap = c;
-    return 0;
-}
-
 static int seq_push(parser *p, seqv *q, gel e)
 {
     if (q->n + 1 > p->lim.max_elements)
         return fail(p, p->pos, TP_ERANGE, "more elements than the limit (grammar.max_elements)%s", NULL);
-    if (grow((void **)&q->v, &q->cap, q->n + 1, sizeof *q->v))
+    if (gr_grow((void **)&q->v, &q->cap, q->n + 1, sizeof *q->v))
         return oom(p);
     q->v[q->n++] = e;
     return 0;
@@ -112,7 +97,7 @@ static int seq_append(parser *p, seqv *q, const seqv *r)
 static int new_set(parser *p, const uint64_t s[4])
 {
     tp_grammar *g = p->g;
-    if (grow((void **)&g->sets, &g->cap_sets, g->n_sets + 1, sizeof *g->sets))
+    if (gr_grow((void **)&g->sets, &g->cap_sets, g->n_sets + 1, sizeof *g->sets))
         return oom(p), -1;
     memcpy(g->sets[g->n_sets], s, sizeof g->sets[0]);
     return (int)g->n_sets++;
@@ -146,7 +131,7 @@ static int add_rule(parser *p, const char *name, size_t nlen)
     tp_grammar *g = p->g;
     if (g->n_rules >= p->lim.max_rules)
         return fail(p, p->pos, TP_ERANGE, "more rules than the limit (grammar.max_rules)%s", NULL), -1;
-    if (grow((void **)&g->rules, (size_t *)&g->cap_rules, (size_t)g->n_rules + 1, sizeof *g->rules))
+    if (gr_grow((void **)&g->rules, &g->cap_rules, (size_t)g->n_rules + 1, sizeof *g->rules))
         return oom(p), -1;
     grule *r = &g->rules[g->n_rules];
     memset(r, 0, sizeof *r);
@@ -184,15 +169,16 @@ static int add_alt(parser *p, int r, const seqv *q)
     tp_grammar *g = p->g;
     if (g->n_el + q->n + 1 > p->lim.max_elements)
         return fail(p, p->pos, TP_ERANGE, "more elements than the limit (grammar.max_elements)%s", NULL);
-    if (grow((void **)&g->el, &g->cap_el, g->n_el + q->n + 1, sizeof *g->el))
+    if (gr_grow((void **)&g->el, &g->cap_el, g->n_el + q->n + 1, sizeof *g->el))
         return oom(p);
     grule *ru = &g->rules[r];
     size_t ca = (size_t)ru->cap_alts;
-    if (grow((void **)&ru->alts, &ca, (size_t)ru->n_alts + 1, sizeof *ru->alts))
+    if (gr_grow((void **)&ru->alts, &ca, (size_t)ru->n_alts + 1, sizeof *ru->alts))
         return oom(p);
     ru->cap_alts = (int)ca;
     ru->alts[ru->n_alts++] = (uint32_t)g->n_el;
-    memcpy(g->el + g->n_el, q->v, q->n * sizeof *q->v);
+    if (q->n)
+        memcpy(g->el + g->n_el, q->v, q->n * sizeof *q->v);
     g->n_el += q->n;
     g->el[g->n_el++] = (gel){GE_END, 0};
     return 0;
@@ -240,7 +226,7 @@ static int split_same_len(bseqv *out, uint32_t lo, uint32_t hi)
                 return split_same_len(out, lo, (hi & ~m) - 1) || split_same_len(out, hi & ~m, hi);
         }
     }
-    if (grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v))
+    if (gr_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v))
         return -1;
     bseq *s = &out->v[out->n++];
     utf8_enc(lo, s->lo);
@@ -272,7 +258,8 @@ static int cmp_range(const void *a, const void *b)
 
 static size_t normalize(cprange *r, size_t n, int negate, cprange *out)
 {
-    qsort(r, n, sizeof *r, cmp_range);
+    if (n)
+        qsort(r, n, sizeof *r, cmp_range);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (m && r[i].lo <= out[m - 1].hi + 1) {
@@ -619,7 +606,7 @@ static int parse_sequence(parser *p, seqv *q, int nested)
                         break;
                     }
                 }
-                if (grow((void **)&rs, &cap, nr + 1, sizeof *rs)) {
+                if (gr_grow((void **)&rs, &cap, nr + 1, sizeof *rs)) {
                     oom(p);
                     break;
                 }
@@ -918,7 +905,7 @@ static void sb_add(sbuf *b, const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (grow((void **)&b->s, &b->cap, b->n + (size_t)n + 1, 1)) {
+    if (gr_grow((void **)&b->s, &b->cap, b->n + (size_t)n + 1, 1)) {
         b->bad = 1;
         return;
     }

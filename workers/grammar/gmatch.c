@@ -30,7 +30,34 @@ typedef struct tnode {
     uint8_t byte;
 } tnode;
 
+/* A slice (llguidance's idea): the tokens made only of the characters a
+ * state takes over and over — the ASCII bytes of a set and, with mb, every
+ * whole multi-byte character — by length in characters (by_len[L]: those of
+ * at most L), and per trie node the most characters of a token in its
+ * subtree (SLICE_OUT if one is not in the slice). The inside of a JSON
+ * string (a loop: any length) or of a string with a maxLength (a chain of
+ * counted states: up to the count left) starts its mask from the slice and
+ * skips every subtree it covers, walking only to the tokens that leave it
+ * (a quote, an escape, a split character). Built once per vocabulary for
+ * each set seen. */
+#define SLICE_LMAX 32
+#define SLICE_OUT 255
+typedef struct gslice {
+    uint64_t ascii[2];
+    bool mb;
+    uint64_t *by_len[SLICE_LMAX + 1];  /* one block */
+    uint8_t *maxc;        /* per trie node */
+} gslice;
+
+#define MAX_SLICES 16
+
+typedef struct slice_cache {
+    gslice s[MAX_SLICES];
+    int n;
+} slice_cache;
+
 struct tp_gvocab {
+    slice_cache *sc;      /* memoized slices: written by mask computations */
     int n;
     uint8_t *bytes;       /* all tokens' bytes back to back */
     uint32_t *off;        /* n + 1 offsets */
@@ -135,8 +162,9 @@ int tp_gvocab_new(int n, const uint8_t *const *bytes, const size_t *lens, const 
         v->bytes = malloc(total ? total : 1);
         v->eog = calloc(tp_gmask_words(n), sizeof *v->eog);
         v->eog_ids = malloc((size_t)(n_eog > 0 ? n_eog : 1) * sizeof *v->eog_ids);
+        v->sc = calloc(1, sizeof *v->sc);
     }
-    if (!v || !v->off || !v->bytes || !v->eog || !v->eog_ids) {
+    if (!v || !v->off || !v->bytes || !v->eog || !v->eog_ids || !v->sc) {
         tp_gvocab_free(v);
         return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
     }
@@ -187,6 +215,9 @@ void tp_gvocab_free(tp_gvocab *v)
     if (!v)
         return;
     free(v->bytes), free(v->off), free(v->next_same), free(v->nodes), free(v->eog), free(v->eog_ids);
+    for (int i = 0; v->sc && i < v->sc->n; i++)
+        free(v->sc->s[i].by_len[0]), free(v->sc->s[i].maxc);
+    free(v->sc);
     free(v);
 }
 
@@ -257,21 +288,6 @@ struct tp_gengine {
     int error;            /* sticky TP_ERANGE / TP_ENOMEM */
 };
 
-static int grow_arr(void **p, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap * 2 : 64;
-    while (c < need)
-        c *= 2;
-    void *n = realloc(*p, c * size);
-    if (!n)
-        return -1;
-    *p = n;
-    *cap = c;
-    return 0;
-}
-
 static uint32_t mix(uint32_t h)
 {
     h ^= h >> 16;
@@ -313,8 +329,8 @@ static int32_t intern_node(tp_gengine *e, int32_t pos, int32_t parent)
         e->error = TP_ERANGE;
         return -1;
     }
-    if (grow_arr((void **)&e->nodes, &e->cap_nodes, e->n_nodes + 1, sizeof *e->nodes) ||
-        grow_arr((void **)&e->visited, &e->cap_visited, e->n_nodes + 1, sizeof *e->visited)) {
+    if (gr_grow((void **)&e->nodes, &e->cap_nodes, e->n_nodes + 1, sizeof *e->nodes) ||
+        gr_grow((void **)&e->visited, &e->cap_visited, e->n_nodes + 1, sizeof *e->visited)) {
         e->error = TP_ENOMEM;
         return -1;
     }
@@ -335,7 +351,7 @@ static int push_work(tp_gengine *e, size_t *n, int32_t id)
 {
     if (id < 0)
         return -1;
-    if (grow_arr((void **)&e->work, &e->cap_work, *n + 1, sizeof *e->work)) {
+    if (gr_grow((void **)&e->work, &e->cap_work, *n + 1, sizeof *e->work)) {
         e->error = TP_ENOMEM;
         return -1;
     }
@@ -356,7 +372,7 @@ static int closure(tp_gengine *e, size_t nw, size_t *nout)
             continue;
         e->visited[id] = e->gen;
         if (id == 0) {
-            if (grow_arr((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
+            if (gr_grow((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
                 return e->error = TP_ENOMEM;
             e->outv[(*nout)++] = 0;
             continue;
@@ -367,7 +383,7 @@ static int closure(tp_gengine *e, size_t nw, size_t *nout)
             if (push_work(e, &nw, nd.parent))
                 return e->error;
         } else if (el.type == GE_BYTES) {
-            if (grow_arr((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
+            if (gr_grow((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
                 return e->error = TP_ENOMEM;
             e->outv[(*nout)++] = id;
         } else {
@@ -432,8 +448,8 @@ static int32_t intern_state(tp_gengine *e, size_t n)
         e->error = TP_ERANGE;
         return DEAD;
     }
-    if (grow_arr((void **)&e->states, &e->cap_states, e->n_states + 1, sizeof *e->states) ||
-        grow_arr((void **)&e->pool, &e->cap_pool, e->n_pool + n, sizeof *e->pool)) {
+    if (gr_grow((void **)&e->states, &e->cap_states, e->n_states + 1, sizeof *e->states) ||
+        gr_grow((void **)&e->pool, &e->cap_pool, e->n_pool + n, sizeof *e->pool)) {
         e->error = TP_ENOMEM;
         return DEAD;
     }
@@ -581,17 +597,199 @@ static void drop_masks(tp_gengine *e)
     e->mask_bytes = 0;
 }
 
+/* The characters of bytes b[0, n) if they are ASCII of set a or (mb) whole
+ * valid UTF-8 characters of two bytes or more, else -1. */
+static int slice_chars(const uint8_t *b, size_t n, const uint64_t a[2], bool mb)
+{
+    int chars = 0;
+    for (size_t i = 0; i < n; chars++) {
+        uint8_t c = b[i];
+        if (c < 0x80) {
+            if (!((a[c >> 6] >> (c & 63)) & 1))
+                return -1;
+            i++;
+            continue;
+        }
+        int k = c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+        if (!mb || !k || i + (size_t)k > n)
+            return -1;
+        uint32_t cp = c & (0x7Fu >> k);
+        for (int j = 1; j < k; j++) {
+            if ((b[i + (size_t)j] & 0xC0) != 0x80)
+                return -1;
+            cp = cp << 6 | (b[i + (size_t)j] & 0x3F);
+        }
+        if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+            return -1;
+        i += (size_t)k;
+    }
+    return n > 0 ? chars : -1;
+}
+
+static const gslice *get_slice(const tp_gvocab *v, const uint64_t a[2], bool mb)
+{
+    slice_cache *sc = v->sc;
+    for (int i = 0; i < sc->n; i++)
+        if (sc->s[i].ascii[0] == a[0] && sc->s[i].ascii[1] == a[1] && sc->s[i].mb == mb)
+            return &sc->s[i];
+    if (sc->n == MAX_SLICES)
+        return NULL;
+    size_t words = tp_gmask_words(v->n);
+    gslice g = {{a[0], a[1]}, mb, {calloc(words * (SLICE_LMAX + 1), 8)}, malloc(v->n_nodes ? v->n_nodes : 1)};
+    uint8_t *len = malloc((size_t)v->n);
+    if (!g.by_len[0] || !g.maxc || !len) {
+        free(g.by_len[0]), free(g.maxc), free(len);
+        return NULL;
+    }
+    for (int l = 1; l <= SLICE_LMAX; l++)
+        g.by_len[l] = g.by_len[0] + (size_t)l * words;
+    for (int t = 0; t < v->n; t++) {
+        int c = slice_chars(v->bytes + v->off[t], v->off[t + 1] - v->off[t], a, mb);
+        len[t] = c < 0 || c > SLICE_LMAX ? SLICE_OUT : (uint8_t)c;
+        for (int l = c; c >= 0 && l <= SLICE_LMAX; l++)
+            g.by_len[l][t >> 6] |= 1ull << (t & 63);
+    }
+    /* children come after their parent in preorder: fill from the end */
+    for (size_t i = v->n_nodes; i-- > 0;) {
+        const tnode *nd = &v->nodes[i];
+        uint8_t m = 0;
+        for (int32_t t = nd->tok; t >= 0; t = v->next_same[t])
+            m = len[t] > m ? len[t] : m;
+        for (size_t c = i + 1; m != SLICE_OUT && c < i + nd->skip; c += v->nodes[c].skip)
+            m = g.maxc[c] > m ? g.maxc[c] : m;
+        g.maxc[i] = m;
+    }
+    free(len);
+    sc->s[sc->n] = g;
+    return &sc->s[sc->n++];
+}
+
+/* Every sequence of the byte ranges of one whole multi-byte character
+ * (U+0080..U+10FFFF without surrogates) leads from sid back to sid. */
+static bool loops_on_multibyte(tp_gengine *e, int32_t sid)
+{
+    static const uint8_t seqs[][4][2] = {
+        {{0xC2, 0xDF}, {0x80, 0xBF}},
+        {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+        {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+        {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+        {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+        {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+        {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+        {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}},
+    };
+    static const int len[] = {2, 3, 3, 3, 3, 4, 4, 4};
+    for (int q = 0; q < 8; q++) {
+        int32_t cur[8], n = 1;   /* the states a prefix of the sequence can reach */
+        cur[0] = sid;
+        for (int k = 0; k < len[q]; k++) {
+            int32_t nxt[8];
+            int m = 0;
+            for (int i = 0; i < n; i++)
+                for (unsigned b = seqs[q][k][0]; b <= seqs[q][k][1]; b++) {
+                    int32_t s = step(e, cur[i], b);
+                    if (s < 0)
+                        return false;
+                    int j = 0;
+                    while (j < m && nxt[j] != s)
+                        j++;
+                    if (j == m) {
+                        if (m == 8)
+                            return false;   /* too many: not the simple loop we look for */
+                        nxt[m++] = s;
+                    }
+                }
+            memcpy(cur, nxt, (size_t)m * sizeof *cur);
+            n = m;
+        }
+        if (n != 1 || cur[0] != sid)
+            return false;
+    }
+    return true;
+}
+
+#define SLICE_MIN_ASCII 48   /* a loop over fewer bytes is not worth a slice */
+
+/* The slice state sid repeats, and how many of its characters may come
+ * (*room; SLICE_LMAX for any number): the ASCII bytes that all lead to one
+ * state — sid itself (a loop), or the next of a chain of counted states
+ * where the same bytes lead on each time. NULL when there is none. */
+static const gslice *slice_of(tp_gengine *e, int32_t sid, int *room)
+{
+    int32_t to[128];
+    for (unsigned b = 0; b < 128; b++)
+        to[b] = step(e, sid, b);
+    e->error = 0;
+    /* the most common live target */
+    int32_t best = DEAD;
+    int best_n = 0;
+    for (unsigned b = 0; b < 128; b++) {
+        if (to[b] < 0 || to[b] == best)
+            continue;
+        int n = 0;
+        for (unsigned c = b; c < 128; c++)
+            n += to[c] == to[b];
+        if (n > best_n)
+            best = to[b], best_n = n;
+    }
+    if (best_n < SLICE_MIN_ASCII)
+        return NULL;
+    uint64_t a[2] = {0, 0};
+    for (unsigned b = 0; b < 128; b++)
+        if (to[b] == best)
+            a[b >> 6] |= 1ull << (b & 63);
+    if (best == sid) {
+        *room = SLICE_LMAX;
+        bool mb = loops_on_multibyte(e, sid);
+        e->error = 0;
+        return get_slice(e->v, a, mb);
+    }
+    /* a chain: count the steps on which every byte of a leads to one state */
+    int n = 1;
+    for (int32_t cur = best; n < SLICE_LMAX; n++) {
+        int32_t next = DEAD;
+        bool same = true;
+        for (unsigned b = 0; b < 128 && same; b++)
+            if ((a[b >> 6] >> (b & 63)) & 1) {
+                int32_t s = step(e, cur, b);
+                same = s >= 0 && (next == DEAD || s == next);
+                next = s;
+            }
+        e->error = 0;
+        if (!same)
+            break;
+        if (next == cur) {   /* the chain ends in a loop: any length */
+            n = SLICE_LMAX;
+            break;
+        }
+        cur = next;
+    }
+    *room = n;
+    return get_slice(e->v, a, false);
+}
+
 /* The token mask of state sid, by one preorder walk of the trie. */
 static int build_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
 {
     const tp_gvocab *v = e->v;
     size_t words = tp_gmask_words(v->n);
-    memset(mask, 0, words * sizeof *mask);
+    int room = 0;
+    const gslice *sl = slice_of(e, sid, &room);
+    if (sl)
+        memcpy(mask, sl->by_len[room], words * sizeof *mask);
+    else
+        memset(mask, 0, words * sizeof *mask);
+    const uint8_t *maxc = sl ? sl->maxc : NULL;
     const tnode *nodes = v->nodes;
     int32_t *st = e->walk;
     st[0] = sid;
     for (size_t i = 0; i < v->n_nodes;) {
         const tnode *nd = &nodes[i];
+        /* every token below is in the slice and short enough: all set */
+        if (maxc && maxc[i] <= room) {
+            i += nd->skip;
+            continue;
+        }
         int32_t s = step(e, st[nd->depth - 1], nd->byte);
         if (s < 0) {
             if (e->error)

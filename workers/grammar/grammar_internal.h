@@ -4,6 +4,7 @@
 #define TOKPIPE_GRAMMAR_INTERNAL_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "tokpipe/grammar.h"
 
@@ -31,9 +32,27 @@ struct tp_grammar {
     uint64_t (*sets)[4];  /* 256-bit byte sets */
     size_t n_sets, cap_sets;
     grule *rules;
-    int n_rules, cap_rules;
+    int n_rules;
+    size_t cap_rules;
     int root;
 };
+
+/* Make room for need elements of size bytes in *p (capacity *cap, doubled
+ * as it grows). -1 when out of memory, *p unchanged. */
+static inline int gr_grow(void **p, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap * 2 : 16;
+    while (c < need)
+        c *= 2;
+    void *n = realloc(*p, c * size);
+    if (!n)
+        return -1;
+    *p = n;
+    *cap = c;
+    return 0;
+}
 
 static inline int gset_has(const uint64_t *s, unsigned b) { return (int)((s[b >> 6] >> (b & 63)) & 1); }
 
