@@ -24,9 +24,13 @@ static gbt *compile_schema(const char *schema)
     const char *why = "?";
     gbt *o = gbt_new(g, &why);
     if (!o) fail_msg("schema %s gave GBNF the recognizer cannot read (%s):\n%s", schema, why, g);
-    /* and the grammar engine takes it within its default limits */
+    /* and the grammar engine takes it within its default limits (the
+     * wall-clock one aside: sanitizers and a loaded machine are slow) */
     tp_grammar *gr;
-    if (tp_grammar_compile(g, strlen(g), NULL, &gr, &err)) fail_msg("schema %s: the engine refuses its GBNF: %s\n%s", schema, err.msg, g);
+    tp_grammar_limits gl;
+    tp_grammar_limits_default(&gl);
+    gl.max_compile_ms = 600000;
+    if (tp_grammar_compile(g, strlen(g), &gl, &gr, &err)) fail_msg("schema %s: the engine refuses its GBNF: %s\n%s", schema, err.msg, g);
     tp_grammar_free(gr);
     free(g);
     return o;

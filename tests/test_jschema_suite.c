@@ -243,7 +243,10 @@ static void run_file(const char *path, bool draft7, tally *t)
         tp_grammar *gr = NULL;
         tp_gengine *eng = NULL;
         if (o && t->mk) {
-            if (tp_grammar_compile(g, strlen(g), NULL, &gr, &err)) fail_msg("%s: the engine refuses the GBNF of %s: %s", path, st, err.msg);
+            tp_grammar_limits gl;
+            tp_grammar_limits_default(&gl);
+            gl.max_compile_ms = 600000; /* no wall clock in a test */
+            if (tp_grammar_compile(g, strlen(g), &gl, &gr, &err)) fail_msg("%s: the engine refuses the GBNF of %s: %s", path, st, err.msg);
             if (tp_gengine_new(gr, t->mk->v, NULL, &eng, &err)) fail_msg("engine: %s", err.msg);
         }
         const char *names[256];

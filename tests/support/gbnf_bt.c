@@ -1,5 +1,6 @@
 #include "gbnf_bt.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,6 +375,13 @@ static bool m(gbt *g, const node *x, size_t pos, const K *k)
     }
 }
 
+static void *match_root(void *arg)
+{
+    gbt *g = arg;
+    int root = rule_index(g, "root", 4);
+    return m(g, g->r[root].body, 0, NULL) ? arg : NULL;
+}
+
 int gbt_match(gbt *g, const char *text, size_t n)
 {
     uint32_t *t = malloc((n + 1) * sizeof *t);
@@ -391,8 +399,22 @@ int gbt_match(gbt *g, const char *text, size_t n)
     g->n = k;
     g->steps = 0;
     g->out_of_steps = false;
-    int root = rule_index(g, "root", 4);
-    bool ok = m(g, g->r[root].body, 0, NULL);
+    /* the matcher recurses a few frames per character: run it on a thread
+     * with a large stack (reserved, not committed) so long texts fit, also
+     * under ASan's bigger frames */
+    pthread_attr_t at;
+    pthread_t th;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, (size_t)1 << 30);
+    bool ok = false;
+    if (pthread_create(&th, &at, match_root, g) == 0) {
+        void *r;
+        pthread_join(th, &r);
+        ok = r != NULL;
+    } else {
+        g->out_of_steps = true;
+    }
+    pthread_attr_destroy(&at);
     free(t);
     g->text = NULL;
     if (g->out_of_steps) return -1;
