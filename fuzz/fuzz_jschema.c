@@ -1,11 +1,13 @@
 /* libFuzzer target: the JSON Schema -> GBNF compiler. Property: any input
  * either compiles to NUL-terminated GBNF within the output limit, starting
- * with the root rule, or is refused with a message; never a crash, a hang
+ * with the root rule, or is refused with a message, and the GBNF always reads back through the engine's
+ * compiler (a limit aside); never a crash, a hang
  * or unbounded memory (small limits keep each run short). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -23,6 +25,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     if (!g || strncmp(g, "root ::= ", 9) || strlen(g) > o.max_gbnf_bytes) __builtin_trap();
+    /* what it writes is GBNF the engine reads: only a limit may stop it */
+    tp_grammar_limits gl;
+    tp_grammar_limits_default(&gl);
+    gl.max_compile_ms = 600000;
+    gl.max_bytes = o.max_gbnf_bytes;
+    tp_grammar *gr = NULL;
+    rc = tp_grammar_compile(g, strlen(g), &gl, &gr, &err);
+    if (rc && rc != TP_ERANGE) __builtin_trap();
+    tp_grammar_free(gr);
     free(g);
     return 0;
 }

@@ -325,6 +325,7 @@ static void jschema_refuses_what_it_cannot_enforce_naming_it(void **state)
         {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "word boundary"},
         {"{\"type\":\"string\",\"pattern\":\"\\\\p{L}\"}", "\\p"},
+        {"{\"type\":\"string\",\"pattern\":\"^(a?)*$\"}", "can be empty"},
         {"{\"type\":\"string\",\"pattern\":\"a^b\"}", "anchor"},
         {"{\"type\":\"number\",\"minimum\":0.5}", "minimum: a non-integer bound"},
         {"{\"type\":\"integer\",\"maximum\":9007199254740993}", "maximum"},
@@ -430,6 +431,8 @@ static void regex_to_gbnf_matches_in_full(void **state)
         {"cat|dog", {"a cat", "dogs", NULL}, {"cow", NULL}},
         {"^\\u00e9\\x41\\.$", {"éA.", NULL}, {"éAx", NULL}},
         {"^a*?b+?$", {"aab", "b", NULL}, {"a", NULL}},
+        /* a brace that does not make a whole quantifier is a literal */
+        {"^a{2,x}b{5,4V}$", {"a{2,x}b{5,4V}", NULL}, {"aab", "aabbbbb", NULL}},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         char *g;

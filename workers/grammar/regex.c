@@ -277,6 +277,7 @@ static int rx_class(rxp *p)
 }
 
 static int rx_alt(rxp *p);
+static void rx_measure(const rxp *p, int x, size_t *lo, size_t *hi, size_t *w);
 
 static bool rx_number(rxp *p, long *v)
 {
@@ -295,16 +296,20 @@ static bool rx_number(rxp *p, long *v)
 static bool rx_braces(rxp *p, long *min, long *max)
 {
     size_t save = p->i;
+    long lo, hi;
     p->i++;
-    if (!rx_number(p, min)) goto no;
-    *max = *min;
+    if (!rx_number(p, &lo)) goto no;
+    hi = lo;
     if (at(p, ',')) {
         p->i++;
-        *max = -1;
-        if (!at(p, '}') && !rx_number(p, max)) goto no;
+        hi = -1;
+        if (!at(p, '}') && !rx_number(p, &hi)) goto no;
     }
     if (!at(p, '}')) goto no;
     p->i++;
+    /* only a whole quantifier is one (min/max untouched otherwise) */
+    *min = lo;
+    *max = hi;
     return true;
 no:
     p->i = save;
@@ -407,6 +412,15 @@ static int rx_seq(rxp *p)
             if (at(p, '*') || at(p, '+') || at(p, '?') || at(p, '{'))
                 if (!at(p, '{') || rx_braces(p, &(long){0}, &(long){0}))
                     return rx_fail(p, TP_EINVAL, "pattern: %s (at offset %u)", "nothing to repeat");
+            if (max < 0) {
+                /* an unbounded repetition of something that can be empty
+                 * would be a left-recursive rule for the engine */
+                size_t lo, hi, w;
+                rx_measure(p, a, &lo, &hi, &w);
+                if (!lo)
+                    return rx_fail(p, TP_EINVAL, "pattern: %s not supported (at offset %u)",
+                                   "an unbounded repetition of something that can be empty, like (a?)*,");
+            }
             int r = rx_new(p, RX_REP);
             if (r < 0) return -1;
             p->node[r].min = min;
