@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "jobs.h"
 
 struct joblp {
     uint32_t top_n;
