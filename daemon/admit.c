@@ -30,6 +30,8 @@ static void dispatch_tokenize(broker *b, bjob *j)
     j->tok_worker = wi;
     b->workers[wi].tok_inflight++;
     b->workers[wi].suspect = suspect;
+    if (suspect)
+        blog("job %s: tokenize continues on worker %s after a lost worker, alone", j->id, b->workers[wi].instance);
 }
 
 /* A rendered conversation ends when the model ends its turn: the

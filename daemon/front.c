@@ -472,6 +472,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->zap_refused = tp_zsec_server_refused(b->zsec);
     s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;
+    s->jobs_poisoned = st->jobs_poisoned;
     memcpy(s->recovered, st->recovered, sizeof s->recovered);
     s->recovery_count = jc->recovery_n;
     s->recovery_ms_total = jc->recovery_ms_sum;

@@ -527,6 +527,8 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
               &s->hist[TP_HIST_E2E]);
     one(&b, "tokpipe_workers_lost_total", "counter", "Worker registrations lost (dead, hung, disconnected, restarted)",
         s->workers_lost);
+    one(&b, "tokpipe_jobs_poisoned_total", "counter",
+        "Jobs ended in error because the workers processing them kept being lost (poison jobs)", s->jobs_poisoned);
     family(&b, "tokpipe_jobs_recovered_total", "counter", "Jobs moved to another worker after a loss, per stage");
     for (int i = 0; i < 4; i++) {
         snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);

@@ -438,6 +438,7 @@ typedef struct tp_m_stats_reply {
     uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
     unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
     uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
+    uint64_t jobs_poisoned;        /* jobs ended because workers kept being lost while processing them */
 } tp_m_stats_reply;
 
 typedef struct tp_m_info_limits {   /* INFO_REPLY limits (the broker's configuration) */
