@@ -417,6 +417,45 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
     }
 }
 
+/* The candidates one result brings (item i of it: src[]), for their stop
+ * workers. */
+typedef struct picked {
+    uint32_t *slots, *src;
+    int32_t *cands;
+    uint32_t k;
+} picked;
+
+static bool picked_init(picked *p, uint32_t n)
+{
+    p->slots = malloc((n ? n : 1) * sizeof *p->slots);
+    p->cands = malloc((n ? n : 1) * sizeof *p->cands);
+    p->src = malloc((n ? n : 1) * sizeof *p->src);
+    p->k = 0;
+    return p->slots && p->cands && p->src;
+}
+
+static void picked_add(broker *b, picked *p, bjob *j, uint32_t i, int32_t c)
+{
+    on_candidate(b, j, c);
+    p->src[p->k] = i;
+    p->slots[p->k] = j->slot;
+    p->cands[p->k++] = c;
+}
+
+/* To the stop workers; then the cancelled jobs among them end. */
+static void picked_send(broker *b, const picked *p, uint64_t step, const tp_lp_cols *lp)
+{
+    send_candidates(b, step, p->slots, p->cands, p->k, lp, p->src);
+    end_cancelled(b, p->slots, p->k);
+}
+
+static void picked_free(picked *p)
+{
+    free(p->slots);
+    free(p->cands);
+    free(p->src);
+}
+
 static void on_step_result(broker *b, int wi, const tp_msg *m)
 {
     const tp_m_step_result *r = &m->step_result;
@@ -428,35 +467,24 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
         return;
     }
     /* output items move on; then whoever is still in FORWARD had none */
-    uint32_t *slots = malloc((r->n ? r->n : 1) * sizeof *slots);
-    int32_t *cands = malloc((r->n ? r->n : 1) * sizeof *cands);
-    uint32_t *src = malloc((r->n ? r->n : 1) * sizeof *src);
-    uint32_t k = 0;
-    for (uint32_t i = 0; slots && cands && src && i < r->n; i++) {
+    picked p;
+    bool ok = picked_init(&p, r->n);
+    for (uint32_t i = 0; ok && i < r->n; i++) {
         bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_FORWARD);
         if (!j || j->fwd != wi)
             continue;
         jobs_progress(j, TP_SI_FORWARD);
-        if (r->sampled) {
-            int32_t c = tp_raw_i32(r->out, i);
-            on_candidate(b, j, c);
-            src[k] = i;
-            slots[k] = j->slot;
-            cands[k++] = c;
-        } else {
+        if (r->sampled)
+            picked_add(b, &p, j, i, tp_raw_i32(r->out, i));
+        else
             j->phase = P_SAMPLE;
-        }
     }
     release_quiet_items(b, wi, r->step);
-    if (r->sampled) {
-        send_candidates(b, r->step, slots, cands, k, &r->lp, src);
-        end_cancelled(b, slots, k);
-    } else {
+    if (r->sampled)
+        picked_send(b, &p, r->step, &r->lp);
+    else
         send_sample(b, r->step, r);
-    }
-    free(slots);
-    free(cands);
-    free(src);
+    picked_free(&p);
 }
 
 static void on_sampled(broker *b, int wi, const tp_msg *m)
@@ -466,26 +494,17 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
         fail_step(b, wi, r->step, P_SAMPLE, m);
         return;
     }
-    uint32_t *slots = malloc((r->n ? r->n : 1) * sizeof *slots);
-    int32_t *cands = malloc((r->n ? r->n : 1) * sizeof *cands);
-    uint32_t *src = malloc((r->n ? r->n : 1) * sizeof *src);
-    uint32_t k = 0;
-    for (uint32_t i = 0; slots && cands && src && i < r->n; i++) {
+    picked p;
+    bool ok = picked_init(&p, r->n);
+    for (uint32_t i = 0; ok && i < r->n; i++) {
         bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_SAMPLE);
         if (!j || j->smp != wi)
             continue;
         jobs_progress(j, TP_SI_SAMPLE);
-        int32_t c = tp_raw_i32(r->candidates, i);
-        on_candidate(b, j, c);
-        src[k] = i;
-        slots[k] = j->slot;
-        cands[k++] = c;
+        picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i));
     }
-    send_candidates(b, r->step, slots, cands, k, &r->lp, src);
-    end_cancelled(b, slots, k);
-    free(slots);
-    free(cands);
-    free(src);
+    picked_send(b, &p, r->step, &r->lp);
+    picked_free(&p);
 }
 
 static void on_verdicts(broker *b, int wi, const tp_msg *m)

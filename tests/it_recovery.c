@@ -444,30 +444,42 @@ static void expect_poison(harness *h, const char *id, const char *stage)
     free(got);
 }
 
+/* Poison job id sits at worker `first` of stage si (stopped, so it surely
+ * holds it): a second worker of the stage registers and is stopped too,
+ * the first is killed, and the job is handed to the second (the broker
+ * says so); then a healthy third registers. The second's pid; the third's
+ * in *third. */
+static pid_t hand_on_once(harness *h, pid_t first, int si, const char *id, pid_t *third)
+{
+    const char *stage = tp_config_stage_name(si);
+    pid_t second = harness_worker(h, stage);
+    if (harness_wait_stage(h, si, 2, WAIT_MS))
+        fail_msg("the second %s worker did not register", stage);
+    kill(second, SIGSTOP);
+    kill_worker(h, first, 1);
+    char line[96];
+    snprintf(line, sizeof line, "job %s: %s continues on worker", id, stage);
+    wait_log(h, line);
+    *third = harness_worker(h, stage);
+    if (harness_wait_stage(h, si, 2, WAIT_MS))
+        fail_msg("the third %s worker did not register", stage);
+    return second;
+}
+
 /* The issue's crash loop, by hand: each tokenize worker the job reaches is
- * killed while it holds the job (stopped first, so it surely does). After
- * the second the job ends in error, is never handed to a third, and the
- * tokenize worker that came meanwhile served every other job, never given
- * one while the suspect was tried alone. */
+ * killed while it holds the job. After the second the job ends in error,
+ * is never handed to a third, and the tokenize worker that came meanwhile
+ * served every other job, never given one while the suspect was tried
+ * alone. */
 static void a_job_that_kills_each_tokenize_worker_it_reaches_ends_after_two(void **state)
 {
     (void)state;
     harness h;
     /* dead workers are noticed by their closed connection, not heartbeats */
-    pid_t other[3], t1 = start_pipeline(&h, "heartbeat:\n  interval_ms: 250\n  liveness: 100\n", other);
+    pid_t other[3], t1 = start_pipeline(&h, "heartbeat:\n  interval_ms: 250\n  liveness: 100\n", other), t3;
     kill(t1, SIGSTOP);
     submit_greedy(&h, "poison", prompts[0], MAX_TOKENS);
-    pid_t t2 = harness_worker(&h, "tokenize");
-    if (harness_wait_stage(&h, TP_SI_TOKENIZE, 2, WAIT_MS))
-        fail_msg("the second tokenize worker did not register");
-    kill(t2, SIGSTOP);
-    kill_worker(&h, t1, 1);
-    wait_log(&h, "job poison: tokenize continues on worker");
-    /* a healthy tokenize worker: every other job goes there, none to the
-     * worker that holds the suspect */
-    pid_t t3 = harness_worker(&h, "tokenize");
-    if (harness_wait_stage(&h, TP_SI_TOKENIZE, 2, WAIT_MS))
-        fail_msg("the third tokenize worker did not register");
+    pid_t t2 = hand_on_once(&h, t1, TP_SI_TOKENIZE, "poison", &t3);
     innocents_are_served(&h, "before", 4);
     kill_worker(&h, t2, 2);
     expect_poison(&h, "poison", "tokenize");
@@ -491,19 +503,10 @@ static void a_job_that_kills_each_forward_worker_it_reaches_ends_after_two(void 
     (void)state;
     harness h;
     pid_t other[3], tok = start_pipeline(&h, "heartbeat:\n  interval_ms: 250\n  liveness: 100\n", other);
-    pid_t f1 = other[0];
-    kill(f1, SIGSTOP);
+    kill(other[0], SIGSTOP);
     submit_greedy(&h, "poison-f", prompts[0], 400);
     wait_state(&h, "poison-f", TP_STATE_RUNNING);
-    pid_t f2 = harness_worker(&h, "forward");
-    if (harness_wait_stage(&h, TP_SI_FORWARD, 2, WAIT_MS))
-        fail_msg("the second forward worker did not register");
-    kill(f2, SIGSTOP);
-    kill_worker(&h, f1, 1);
-    wait_log(&h, "job poison-f: forward continues on worker");
-    other[0] = harness_worker(&h, "forward");
-    if (harness_wait_stage(&h, TP_SI_FORWARD, 2, WAIT_MS))
-        fail_msg("the third forward worker did not register");
+    pid_t f2 = hand_on_once(&h, other[0], TP_SI_FORWARD, "poison-f", &other[0]);
     innocents_are_served(&h, "beside", 4);
     kill_worker(&h, f2, 2);
     expect_poison(&h, "poison-f", "forward");
