@@ -29,7 +29,7 @@ static void dispatch_tokenize(broker *b, bjob *j)
         return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;
     b->workers[wi].tok_inflight++;
-    b->workers[wi].suspect = suspect;
+    b->workers[wi].tok_suspect = suspect;
     if (suspect)
         blog("job %s: tokenize continues on worker %s after a lost worker, alone", j->id, b->workers[wi].instance);
 }

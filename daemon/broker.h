@@ -71,7 +71,8 @@ typedef struct bworker {
     int n_fwd, n_smp, n_stp;        /* jobs pinned per stage */
     int tok_inflight;
     int steps_inflight;
-    bool suspect;                   /* holds a job that lost workers before: takes nothing else meanwhile */
+    bool tok_suspect;               /* a TOKENIZE of a job that lost workers before: takes no other */
+    bool step_suspect;              /* a STEP of such a job alone: no other step meanwhile */
     int malformed;
     bool gone;                      /* lost at the next safe point (recover_reap): a send failed, ... */
     const char *gone_why;           /* ... or this (static text; NULL = the connection closed) */

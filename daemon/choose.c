@@ -23,7 +23,7 @@ static int pick_worker(broker *b, unsigned stage, int (*load)(const bworker *))
 
 /* A worker holding a job that lost workers before takes nothing else (a
  * crash there must not be charged to other jobs): it counts as full. */
-static int load_tok(const bworker *w) { return w->suspect ? (int)w->capacity : w->tok_inflight; }
+static int load_tok(const bworker *w) { return w->tok_suspect ? (int)w->capacity : w->tok_inflight; }
 static int load_smp(const bworker *w) { return w->n_smp; }
 static int load_stp(const bworker *w) { return w->n_stp; }
 

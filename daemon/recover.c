@@ -25,7 +25,7 @@ static int busy_stage(const bjob *j, int wi)
         return j->tok_worker == wi ? TP_SI_TOKENIZE : -1;
     if (j->state == J_CLOSING)
         return j->close_stp == wi && !j->result_ready ? TP_SI_STOP : -1;
-    if (j->state != J_RUNNING)
+    if (j->state != J_RUNNING || j->result_ready)
         return -1;
     if (j->fwd == wi && j->phase == P_FORWARD)
         return TP_SI_FORWARD;

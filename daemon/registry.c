@@ -79,7 +79,7 @@ void registry_tok_done(broker *b, int wi)
 {
     bworker *w = &b->workers[wi];
     if (--w->tok_inflight <= 0)
-        w->suspect = false;
+        w->tok_suspect = false;
 }
 
 static void copy_name(char *dst, tp_str s)

@@ -215,7 +215,7 @@ static bool build_step(broker *b, int wi)
     if (out_worker(b, wi, &m))
         return false;   /* marked gone: when it is lost its jobs are fed again elsewhere */
     w->steps_inflight++;
-    w->suspect = alone != NULL;
+    w->step_suspect = alone != NULL;
     b->stats.forward_steps++;
     b->stats.forward_rows += n;
     b->stats.forward_tokens += n_tokens;
@@ -227,7 +227,7 @@ void step_run(broker *b)
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         bworker *w = &b->workers[wi];
         while (registry_usable(b, wi) && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
-               !w->suspect && build_step(b, wi))
+               !w->step_suspect && build_step(b, wi))
             ;
     }
 }
@@ -461,7 +461,7 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     const tp_m_step_result *r = &m->step_result;
     if (b->workers[wi].steps_inflight > 0)
         b->workers[wi].steps_inflight--;
-    b->workers[wi].suspect = false;
+    b->workers[wi].step_suspect = false;
     if (m->status != TP_ST_OK) {
         fail_step(b, wi, r->step, P_FORWARD, m);
         return;
