@@ -29,7 +29,7 @@
 #define COUNT(k, o, lo, hi) F_U32(k, o, FF_REQUIRED, lo, hi)
 
 /* The logprob columns: a top_n header key and three optional frames. */
-#define TOP_N(o) F_U32("top_n", o, 0, 0, TP_PROTO_MAX_TOP_LOGPROBS)
+#define TOP_N(o) F_U32("top_n", o, FF_LP_TOP_N, 0, TP_PROTO_MAX_TOP_LOGPROBS)
 #define LP_FRAMES(o) {"logprobs", (o) + offsetof(tp_lp_cols, logprobs), 4, 1}, \
     {"top_ids", (o) + offsetof(tp_lp_cols, top_ids), 4, 1}, {"top_logprobs", (o) + offsetof(tp_lp_cols, top_logprobs), 4, 1}
 
