@@ -528,8 +528,8 @@ static int check_tokenized(tp_msg *m, tp_err *err)
     bool ok = m->status == TP_ST_OK;
     if (ok != (m->tokenized.ids.data != NULL))
         return tp_err_set(err, TP_EFORMAT, "ids: frame must be present iff status is 200");
-    if (ok && m->tokenized.ids.n > TP_PROTO_MAX_IDS)
-        return tp_err_set(err, TP_ERANGE, "ids: %zu ids, at most %u", m->tokenized.ids.n, TP_PROTO_MAX_IDS);
+    if (ok && m->tokenized.ids.n > TP_PROTO_MAX_TOKENIZED)
+        return tp_err_set(err, TP_ERANGE, "ids: %zu ids, at most %u", m->tokenized.ids.n, TP_PROTO_MAX_TOKENIZED);
     return 0;
 }
 
