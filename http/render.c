@@ -82,6 +82,11 @@ static const char *error_type(int status)
 
 char *gw_error_json(int status, const char *message, const char *param)
 {
+    return gw_error_json_code(status, message, param, NULL);
+}
+
+char *gw_error_json_code(int status, const char *message, const char *param, const char *code)
+{
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
     if (!e) {
         cJSON_Delete(o);
@@ -93,7 +98,10 @@ char *gw_error_json(int status, const char *message, const char *param)
         cJSON_AddStringToObject(e, "param", param);
     else
         cJSON_AddNullToObject(e, "param");
-    cJSON_AddNumberToObject(e, "code", status);
+    if (code)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNumberToObject(e, "code", status);
     return print_free(o);
 }
 
