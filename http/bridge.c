@@ -301,9 +301,12 @@ static bool within_limits(bridge *b, gw_call *c)
     const tp_params *p = &c->oreq.params;
     for (size_t i = 0; i < p->n_stop; i++)
         if (p->stop[i].len > (size_t)cfg->max_stop_len) {
-            snprintf(msg, sizeof msg, "stop[%zu]: %zu bytes, more than the limit of %d (max_stop_len)", i,
-                     p->stop[i].len, cfg->max_stop_len);
-            fail_call(b, c, 400, msg, "stop", 0);
+            /* the broker's words for it (daemon/front.c) */
+            char field[32];
+            snprintf(field, sizeof field, "stop[%zu]", i);
+            snprintf(msg, sizeof msg, "params.%s: %zu bytes, the limit is %d", field, p->stop[i].len,
+                     cfg->max_stop_len);
+            fail_call(b, c, 413, msg, field, 0);
             return false;
         }
     return true;
