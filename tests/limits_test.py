@@ -270,8 +270,16 @@ class Limits(unittest.TestCase):
                 self.assertEqual(len(t["lp"]), len(t["ids"]))
             cmd, rep, pl = self.d.call(tpdaemon.CMD_STATUS, {"job_id": fin["job_id"]})
             self.assertEqual(rep.get("top_n"), 0, rep)
+        # a job that ends before any token (over the context): STATUS too
+        cmd, ack, tokens, fin = self.submit({"prompt": "Once upon a time " * 150,
+                                            "params": {"max_tokens": 3, "logprobs": True, "top_logprobs": 2}})
+        self.assertEqual((tokens, fin["reason"]), ([], "error"))
+        cmd, rep, pl = self.d.call(tpdaemon.CMD_STATUS, {"job_id": fin["job_id"]})
+        self.assertEqual(rep.get("top_n"), 2, rep)
         cmd, ack, tokens, fin = self.submit({"prompt": "Once", "params": {"max_tokens": 3}})
         self.assertNotIn("top_n", tokens[0])
+        cmd, rep, pl = self.d.call(tpdaemon.CMD_STATUS, {"job_id": fin["job_id"]})
+        self.assertNotIn("top_n", rep)
 
     # ---- messages: roles + contents within limits.max_prompt_bytes, 4096 turns ----
 
