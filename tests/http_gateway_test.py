@@ -18,22 +18,18 @@ import socket
 import stat
 import subprocess
 import tempfile
+import sys
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tpdaemon import free_port  # noqa: E402
 
 MODELS = os.path.abspath(os.environ.get("TP_MODELS", "../shared/models"))
 BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
 MODEL = os.path.join(MODELS, "stories260K.bin")
 TOK = os.path.join(MODELS, "tok512.bin")
 MAX_JOBS = 70   # limits.max_concurrent_jobs of the test daemon
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run_json(prompt, p, seed_offset=0):

@@ -21,7 +21,6 @@ STATUS_REPLY when top_logprobs was 0."""
 import http.client
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -32,21 +31,13 @@ import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import tpdaemon  # noqa: E402
-from tpdaemon import MODELS, TOKPIPE  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE, free_port  # noqa: E402
 
 MODEL, TOKENIZER = tpdaemon.STORIES, tpdaemon.TOK512
 TEMPLATE = os.path.join(MODELS, "chat-templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
 MIB = 1 << 20
 CONTEXT = 512          # stories260K's seq_len
 CMD_ERROR = 0x7F
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def ids_frame(ids):

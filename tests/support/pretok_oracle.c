@@ -35,6 +35,22 @@ static bool is_other(int32_t c) { return !is_space(c) && !is_letter(c) && !is_nu
 
 static int32_t lower_ascii(int32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
 
+/* The end of \s*[\r\n]+ | \s+(?!\S) | \s+ at whitespace cp[i]:
+ * \s*[\r\n]+ backs off to the last line break of the run; else
+ * \s+(?!\S) leaves the run's last space to the word after it. */
+static size_t space_end(const int32_t *cp, size_t i, size_t n)
+{
+    size_t j = i, last_nl = 0;
+    while (j < n && is_space(cp[j])) {
+        if (is_nl(cp[j]))
+            last_nl = j + 1;
+        j++;
+    }
+    if (last_nl)
+        return last_nl;
+    return j < n && j - i > 1 ? j - 1 : j;
+}
+
 size_t pretok_oracle_split(const char *text, size_t len, bool digits3, size_t *ends)
 {
     int32_t *cp = malloc(sizeof *cp * (len + 1));
@@ -76,19 +92,8 @@ size_t pretok_oracle_split(const char *text, size_t len, bool digits3, size_t *e
                 e++;
             while (e < n && is_nl(cp[e]))
                 e++;
-        } else { /* whitespace */
-            size_t j = i, last_nl = 0;
-            while (j < n && is_space(cp[j])) {
-                if (is_nl(cp[j]))
-                    last_nl = j + 1;
-                j++;
-            }
-            if (last_nl)
-                e = last_nl;
-            else if (j < n && j - i > 1)
-                e = j - 1;
-            else
-                e = j;
+        } else {
+            e = space_end(cp, i, n);
         }
         ends[nw++] = off[e];
         i = e;
@@ -168,17 +173,7 @@ static size_t ds3_match(int stage, const int32_t *cp, size_t i, size_t n)
             e++;
         return e;
     }
-    if (!is_space(c))
-        return i;
-    size_t j = i, last_nl = 0;
-    while (j < n && is_space(cp[j])) {
-        if (is_nl(cp[j]))
-            last_nl = j + 1;
-        j++;
-    }
-    if (last_nl)
-        return last_nl;                 /* \s*[\r\n]+ backs off to the last line break */
-    return j < n && j - i > 1 ? j - 1 : j; /* \s+(?!\S), else \s+ */
+    return is_space(c) ? space_end(cp, i, n) : i;
 }
 
 size_t pretok_oracle_split_deepseek_v3(const char *text, size_t len, size_t *ends)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -31,6 +32,15 @@ STAGES = ("tokenize", "forward", "sample", "stop")
 
 CMD_SUBMIT, CMD_ACK, CMD_STATUS, CMD_STATUS_REPLY = 0x01, 0x02, 0x04, 0x05
 CMD_STATS, CMD_STATS_REPLY, CMD_INFO, CMD_INFO_REPLY = 0x06, 0x07, 0x08, 0x09
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def tokpipe(*args, timeout=300):
