@@ -89,7 +89,8 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
     n -= skip;
     if (n == 0 || (seq_len && n >= seq_len)) {
         char why[160];
-        snprintf(why, sizeof why, "prompt: %zu tokens, the model's context holds %u", n, seq_len);
+        snprintf(why, sizeof why, "%s: %zu tokens, the model's context holds %u", j->n_messages ? "messages" : "prompt",
+                 n, seq_len);
         /* FINISH says so with both counts and its own code, before any TOKEN */
         j->n_prompt = (uint32_t)n;
         j->context_refused = n ? seq_len : 0;

@@ -457,9 +457,9 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     const bstats *st = &b->stats;
     s->uptime_ms = (uint64_t)(tp_now_ms() - b->t_start_ms);
     s->jobs_submitted = st->jobs_submitted;
-    s->jobs_rejected = st->jobs_rejected;
-    s->jobs_active = (uint64_t)b->jt.n_active;
     const bjobcounts *jc = &b->jt.c;
+    s->jobs_rejected = st->jobs_rejected + jc->jobs_rejected;
+    s->jobs_active = (uint64_t)b->jt.n_active;
     s->jobs_finished = jc->jobs_finished;
     s->tokens_generated = jc->tokens_generated;
     s->events_published = st->events_published;

@@ -286,7 +286,13 @@ void jobs_mark_finished(bjobs *t, bjob *j)
     j->state = J_FINISHED;
     j->done_ms = tp_now_ms();
     t->n_active--;
-    t->c.jobs_finished++;
+    if (j->context_refused) {
+        /* the client's error, found after the ACK: a rejected request,
+         * not a job that failed (PROTOCOL.md, jobs_rejected) */
+        t->c.jobs_rejected++;
+    } else {
+        t->c.jobs_finished++;
+    }
     /* what subscribers were sent is the result: after a lost stop worker
      * the verdicts may have run ahead of the events that were published */
     if (j->shown) {
@@ -297,10 +303,11 @@ void jobs_mark_finished(bjobs *t, bjob *j)
         j->n_out = j->n_tok_ids;
     }
     t->c.tokens_generated += j->n_out;
-    if (j->reason > 0 && j->reason < TP_REASON_COUNT)
+    if (j->reason > 0 && j->reason < TP_REASON_COUNT && !j->context_refused)
         t->c.finish[j->reason]++;
     count_trigger(&t->c, &j->matched);
-    metrics_on_finish(&t->metrics, &j->timings);
+    if (!j->context_refused)
+        metrics_on_finish(&t->metrics, &j->timings);
     /* the request copies and the running view are no longer needed:
      * STATUS of a finished job answers the verdicts' tokens */
     free(j->prompt_text);

@@ -89,6 +89,7 @@ typedef struct bjob {
 /* What the table counts as jobs end (STATS). */
 typedef struct bjobcounts {
     uint64_t jobs_finished, tokens_generated;
+    uint64_t jobs_rejected;         /* refused after the ACK (prompt over the context) */
     uint64_t finish[TP_REASON_COUNT];
     uint64_t triggers_other;
     uint64_t recovery_n, recovery_ms_sum, recovery_ms_max;   /* streams resumed after a lost worker */
