@@ -36,17 +36,21 @@ static int busy_stage(const bjob *j, int wi)
     return -1;
 }
 
-/* Charge j with the loss of a worker that was processing it; true when that
- * makes it a poison job (B_POISON_TRIES losses at one stage without
- * progress there: jobs.c resets the count), with why saying so. A suspect
- * runs apart from other jobs (choose.c, step.c), so a crash it causes
- * again is charged to it alone. */
-static bool charge(bjob *j, int si, const char *cause, char *why, size_t cap)
+/* Worker wi was processing j when it was lost. j becomes a suspect, tried
+ * apart from other jobs from now on (choose.c, step.c), until it gets a
+ * result of that stage (jobs_progress). The loss counts against j only when
+ * j was the one job whose work was there (alone): which of several jobs
+ * brought a worker down is not known, and a worker killed from outside
+ * while a batch is in flight says nothing about any of them. True when j
+ * is now a poison job (B_POISON_TRIES such losses at one stage without a
+ * result there in between), with why saying so. */
+static bool charge(bjob *j, int si, bool alone, const char *cause, char *why, size_t cap)
 {
     if (j->loss_stage != si)
         j->losses = 0;
     j->loss_stage = (int8_t)si;
-    if (++j->losses < B_POISON_TRIES)
+    j->suspect = true;
+    if (!alone || ++j->losses < B_POISON_TRIES)
         return false;
     snprintf(why, cap, "%s worker lost %s while processing this job (%s); not handed on again",
              tp_config_stage_name(si), B_POISON_TRIES == 2 ? "twice" : "repeatedly", cause);
@@ -83,11 +87,14 @@ void recover_worker_lost(broker *b, int wi, const char *cause)
     bworker *w = &b->workers[wi];
     w->live = false;   /* nothing more is sent to it */
     int64_t now = tp_now_ms();
+    int busy = 0;
+    for (uint32_t i = 0; i < b->jt.cap; i++)
+        busy += busy_stage(&b->jt.jobs[i], wi) >= 0;
     for (uint32_t i = 0; i < b->jt.cap; i++) {
         bjob *j = &b->jt.jobs[i];
         int si = busy_stage(j, wi);
         char why[TP_PROTO_MAX_ERROR];
-        bool poison = si >= 0 && charge(j, si, cause, why, sizeof why);
+        bool poison = si >= 0 && charge(j, si, busy == 1, cause, why, sizeof why);
         if (j->state == J_TOKENIZE && j->tok_worker == wi) {
             j->tok_worker = -1;   /* tokenizing is idempotent: queue it again */
             j->tok_task = 0;
