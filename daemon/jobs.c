@@ -220,13 +220,15 @@ int jobs_append_cand(bjob *j, int32_t id)
 
 bool jobs_suspect(const bjob *j)
 {
-    return j->losses > 0;
+    return j->suspect;
 }
 
 void jobs_progress(bjob *j, int si)
 {
-    if (j->loss_stage == si)
+    if (j->loss_stage == si) {
         j->losses = 0;
+        j->suspect = false;
+    }
 }
 
 uint64_t jobs_text_total(const bjob *j)
