@@ -300,6 +300,7 @@ void jobs_mark_finished(broker *b, bjob *j)
     free(j->messages);
     j->messages = NULL;
     j->n_messages = 0;
+    j->tools = (tp_str){0};
     free(j->shown);
     j->shown = NULL;
     j->n_shown = j->cap_shown = 0;

@@ -284,6 +284,7 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.parse_special = j->parse_special;
     m.tokenize.messages = j->messages;
     m.tokenize.n_messages = j->n_messages;
+    m.tokenize.tools = j->tools;
     if (broker_send_worker(b, wi, &m))
         return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;
@@ -367,6 +368,7 @@ static void on_tokenized(broker *b, int wi, const tp_msg *m)
     free(j->messages);
     j->messages = NULL;
     j->n_messages = 0;
+    j->tools = (tp_str){0};
     j->state = J_ADMIT;
 }
 

@@ -83,7 +83,7 @@ static int add_message(genopts *o, const char *role, size_t rlen, const char *co
         return tp_err_set(err, TP_ERANGE, "%s: at most %d messages", what, GENOPTS_MAX_MESSAGES);
     if (rlen == 0)
         return tp_err_set(err, TP_EINVAL, "%s: empty role (write ROLE=TEXT, e.g. user=Hello)", what);
-    o->messages[o->n_messages++] = (tp_chat_msg){{role, rlen}, {content, clen}};
+    o->messages[o->n_messages++] = (tp_chat_msg){.role = {role, rlen}, .content = {content, clen}};
     return 0;
 }
 
