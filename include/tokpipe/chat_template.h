@@ -61,6 +61,10 @@ typedef struct tp_chat_vars {
 int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, char **out, size_t *out_len,
                             tp_err *err);
 
+/* The template's source text (normalised: \r\n as \n, one trailing
+ * newline dropped), borrowed from t. */
+const char *tp_chat_template_source(const tp_chat_template *t, size_t *len);
+
 /* The text t puts right after an assistant turn's content, up to the next
  * turn (e.g. "<|eot_id|>", "<|im_end|>\n", "<end_of_turn>\n", or eos_token):
  * found by rendering a probe conversation (user, assistant) without a

@@ -2028,6 +2028,12 @@ static val *from_json(rctx *c, const cJSON *j, int depth)
 
 /* ---- API ---------------------------------------------------------------------- */
 
+const char *tp_chat_template_source(const tp_chat_template *t, size_t *len)
+{
+    *len = strlen(t->src);
+    return t->src;
+}
+
 int tp_chat_template_new(const char *text, size_t len, tp_chat_template **out, tp_err *err)
 {
     if (!text || len > TP_CHAT_MAX_TEMPLATE)

@@ -1,0 +1,62 @@
+/* Cohere Command R.
+ * R7B: <|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": {...}}, ...]<|END_ACTION|>;
+ *   its answer sits in <|START_RESPONSE|>...<|END_RESPONSE|> (dropped from
+ *   the content) and its thinking in <|START_THINKING|>...<|END_THINKING|>.
+ * R+ (tool_use template): Action: ```json\n[{"tool_name": "f", "parameters": {...}}]\n```
+ *   where the tool "directly_answer" means no call. */
+#include <string.h>
+
+#include "tc_internal.h"
+
+static const char *const r7b_m[] = {"<|START_ACTION|>", NULL};
+static const char *const r7b_strip[] = {"<|START_RESPONSE|>", "<|END_RESPONSE|>", NULL};
+static const char *const name_k[] = {"tool_name", "name", NULL};
+static const char *const args_k[] = {"parameters", "arguments", NULL};
+
+static int parse_r7b(const char *s, size_t n, tc_out *o)
+{
+    size_t i = 16 + tc_ws(s + 16, n - 16);
+    size_t v = tc_call_array(o, s + i, n - i, name_k, args_k);
+    if (!v)
+        return -1;
+    i += v;
+    i += tc_ws(s + i, n - i);
+    if (tc_starts(s + i, n - i, "<|END_ACTION|>"))
+        i += 14;
+    else if (i < n)
+        return -1;
+    tcb_put(&o->content, s + i, n - i);
+    return 0;
+}
+
+static const char *const rplus_m[] = {"Action:", NULL};
+
+static int parse_rplus(const char *s, size_t n, tc_out *o)
+{
+    size_t i = 7 + tc_ws(s + 7, n - 7);
+    if (!tc_starts(s + i, n - i, "```json"))
+        return -1;
+    i += 7;
+    i += tc_ws(s + i, n - i);
+    size_t v = tc_call_array(o, s + i, n - i, name_k, args_k);
+    if (!v)
+        return -1;
+    i += v;
+    i += tc_ws(s + i, n - i);
+    if (tc_starts(s + i, n - i, "```"))
+        i += 3;
+    /* the template's own way of saying "no tool": not a call */
+    size_t k = 0;
+    for (size_t c = 0; c < o->n_calls; c++)
+        if (strcmp(o->calls[c].name, "directly_answer"))
+            o->calls[k++] = o->calls[c];
+        else
+            tc_call_release(&o->calls[c]);
+    o->n_calls = k;
+    tcb_put(&o->content, s + i, n - i);
+    return 0;
+}
+
+const tc_family_def tc_command_r7b = {
+    .name = "command_r7b", .markers = r7b_m, .strip = r7b_strip, .parse = parse_r7b};
+const tc_family_def tc_command_r_plus = {.name = "command_r_plus", .markers = rplus_m, .parse = parse_rplus};

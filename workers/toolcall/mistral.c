@@ -1,0 +1,21 @@
+/* Mistral Nemo: [TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "a1b2c3d4e"}, ...]
+ * The template refuses call ids that are not 9 characters: ids are made so. */
+#include "tc_internal.h"
+
+static const char *const open_m[] = {"[TOOL_CALLS]", NULL};
+static const char *const name_k[] = {"name", NULL};
+static const char *const args_k[] = {"arguments", "parameters", NULL};
+
+static int parse(const char *s, size_t n, tc_out *o)
+{
+    size_t i = 12 + tc_ws(s + 12, n - 12);
+    size_t v = tc_call_array(o, s + i, n - i, name_k, args_k);
+    if (!v)
+        return -1;
+    i += v;
+    i += tc_ws(s + i, n - i);
+    tcb_put(&o->content, s + i, n - i);
+    return 0;
+}
+
+const tc_family_def tc_mistral = {.name = "mistral", .markers = open_m, .parse = parse, .id_len = 9};
