@@ -177,30 +177,37 @@ int cmd_chat_template(int argc, char **argv)
         fprintf(stderr, "tokpipe chat-template: stdin: %s\n", strerror(errno));
         goto done;
     }
+    /* checked with cJSON for the shape and a clear error; rendered from
+     * the text itself (NUL bytes and large integers survive) */
     conv = cJSON_ParseWithLength(input, ilen);
     if (!conv) {
         fprintf(stderr, "tokpipe chat-template: stdin is not JSON (near byte %zu)\n",
                 (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - input : 0));
         goto done;
     }
-    const cJSON *msgs = conv;
-    cJSON *extra = NULL;
-    if (cJSON_IsObject(conv)) {
-        msgs = cJSON_GetObjectItemCaseSensitive(conv, "messages");
-        cJSON_DetachItemViaPointer(conv, (cJSON *)msgs);
-        extra = conv;
-        conv = (cJSON *)msgs;
-    }
+    const cJSON *msgs = cJSON_IsObject(conv) ? cJSON_GetObjectItemCaseSensitive(conv, "messages") : conv;
     if (!cJSON_IsArray(msgs)) {
         fprintf(stderr, "tokpipe chat-template: messages: expected a JSON array of {\"role\", \"content\"} objects\n");
-        cJSON_Delete(extra);
         goto done;
     }
-    tp_chat_vars v = {.messages = msgs, .extra = extra, .bos_token = b, .eos_token = eo,
+    char *vars = input;
+    size_t vlen = ilen;
+    if (!cJSON_IsObject(conv)) {   /* a bare conversation: {"messages": [...]} */
+        if (!(vars = malloc(ilen + 16))) {
+            fprintf(stderr, "tokpipe chat-template: out of memory\n");
+            goto done;
+        }
+        vlen = (size_t)sprintf(vars, "{\"messages\":");
+        memcpy(vars + vlen, input, ilen);
+        vlen += ilen;
+        vars[vlen++] = '}';
+        free(input);
+        input = vars;
+    }
+    tp_chat_vars v = {.json = vars, .json_len = vlen, .bos_token = b, .eos_token = eo,
                       .add_generation_prompt = gen != 0};
     size_t olen = 0;
     int r = tp_chat_template_render(t, &v, &out, &olen, &e);
-    cJSON_Delete(extra);
     if (r) {
         fprintf(stderr, "tokpipe chat-template: %s\n", e.msg);
         goto done;

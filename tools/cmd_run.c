@@ -540,7 +540,7 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     }
     size_t len = 0;
     if (!rc)
-        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, &text, &len, err);
+        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, a->gen.tools, &text, &len, err);
     if (!rc) {
         *g = a->gen;
         g->messages_json = NULL;

@@ -54,11 +54,17 @@ void tp_tokenize_stage_free(tp_tokenize_stage *st);
 struct tp_chat_template;
 int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, struct tp_chat_template *tmpl, const char *bos,
                                const char *eos, const char *why, tp_err *err);
-/* Render msgs with the chat template as a TOKENIZE with messages does;
- * *out (caller frees) is the prompt text to tokenize with control tokens
- * parsed and nothing added. Errors start "messages: ". */
-int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, char **out,
-                             size_t *len, tp_err *err);
+/* Render msgs (and tools: a JSON array, ptr NULL = none) with the chat
+ * template as a TOKENIZE with messages does; *out (caller frees) is the
+ * prompt text to tokenize with control tokens parsed and nothing added.
+ * Errors start "messages: ", "messages[i]...: " or "tools...: " (tools
+ * malformed, or a template with no tool support). */
+int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools,
+                             char **out, size_t *len, tp_err *err);
+/* The tool-call syntax of the template set by tp_tokenize_stage_set_chat
+ * (family none without a template). */
+struct tp_tc_syntax;
+void tp_tokenize_stage_syntax(const tp_tokenize_stage *st, struct tp_tc_syntax *out);
 /* The end-of-turn ids found by tp_tokenize_stage_set_chat (borrowed). */
 int tp_tokenize_stage_turn_end_ids(const tp_tokenize_stage *st, const int32_t **ids);
 

@@ -2,6 +2,7 @@
  * the module's public API. Values live in a per-render arena freed whole at
  * the end; scopes follow Jinja (a for loop body is a fresh scope per
  * iteration, `if` is none, a macro sees its arguments and the top level). */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2026,6 +2027,275 @@ static val *from_json(rctx *c, const cJSON *j, int depth)
     return rfail(c, TP_EINVAL, 0, "unsupported JSON value in the conversation");
 }
 
+/* JSON text straight into values, so nothing passes through a C string
+ * (cJSON ends strings at U+0000) or a double (cJSON rounds integers past
+ * 2^53): jinja2 sees what json.loads gives. */
+typedef struct jtext {
+    rctx *c;
+    const char *s;
+    size_t n, i;
+} jtext;
+
+static val *jfail(jtext *j, const char *what)
+{
+    return rfail(j->c, TP_EFORMAT, 0, "variables JSON: %s at byte %zu", what, j->i);
+}
+
+static void jws(jtext *j)
+{
+    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
+        j->i++;
+}
+
+static int jhex4(jtext *j, uint32_t *cp)
+{
+    if (j->i + 4 > j->n)
+        return -1;
+    uint32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+        char ch = j->s[j->i + (size_t)k];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+              : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + (uint32_t)d;
+    }
+    j->i += 4;
+    *cp = v;
+    return 0;
+}
+
+/* A string at j->i (the opening quote): its bytes in the arena. */
+static const char *jstring(jtext *j, size_t *len)
+{
+    size_t start = ++j->i, cap = 0;
+    for (size_t k = start; k < j->n && j->s[k] != '"'; k++)
+        cap += j->s[k] == '\\' ? (k++, 4) : 1;   /* an escape writes at most 4 bytes */
+    char *o = tp_chat_alloc(j->c->ar, cap + 1);
+    if (!o)
+        return oom(j->c, 0), NULL;
+    size_t w = 0;
+    while (j->i < j->n && j->s[j->i] != '"') {
+        unsigned char ch = (unsigned char)j->s[j->i];
+        if (ch < 0x20)
+            return jfail(j, "control character in a string"), NULL;
+        if (ch != '\\') {
+            o[w++] = (char)ch;
+            j->i++;
+            continue;
+        }
+        if (++j->i >= j->n)
+            break;
+        char e = j->s[j->i++];
+        const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t", *at = strchr(from, e);
+        if (e && at) {
+            o[w++] = to[at - from];
+            continue;
+        }
+        uint32_t cp, lo;
+        if (e != 'u' || jhex4(j, &cp))
+            return jfail(j, "bad escape in a string"), NULL;
+        if (cp >= 0xD800 && cp < 0xDC00 && j->i + 6 <= j->n && j->s[j->i] == '\\' && j->s[j->i + 1] == 'u') {
+            size_t save = j->i;
+            j->i += 2;
+            if (!jhex4(j, &lo) && lo >= 0xDC00 && lo < 0xE000)
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            else
+                j->i = save;
+        }
+        if (cp >= 0xD800 && cp < 0xE000)
+            return jfail(j, "a lone UTF-16 surrogate has no UTF-8 form"), NULL;
+        if (cp < 0x80) {
+            o[w++] = (char)cp;
+        } else if (cp < 0x800) {
+            o[w++] = (char)(0xC0 | (cp >> 6));
+            o[w++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            o[w++] = (char)(0xE0 | (cp >> 12));
+            o[w++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            o[w++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            o[w++] = (char)(0xF0 | (cp >> 18));
+            o[w++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            o[w++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            o[w++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    if (j->i >= j->n)
+        return jfail(j, "unterminated string"), NULL;
+    j->i++;
+    o[w] = 0;
+    *len = w;
+    return o;
+}
+
+static val *jnumber(jtext *j)
+{
+    size_t s0 = j->i;
+    bool is_float = false;
+    if (j->i < j->n && j->s[j->i] == '-')
+        j->i++;
+    size_t d0 = j->i;
+    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9')
+        j->i++;
+    if (j->i == d0 || (j->s[d0] == '0' && j->i - d0 > 1))
+        return jfail(j, "bad number");
+    if (j->i < j->n && j->s[j->i] == '.') {
+        is_float = true;
+        size_t f0 = ++j->i;
+        while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9')
+            j->i++;
+        if (j->i == f0)
+            return jfail(j, "bad number");
+    }
+    if (j->i < j->n && (j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
+        is_float = true;
+        j->i++;
+        if (j->i < j->n && (j->s[j->i] == '+' || j->s[j->i] == '-'))
+            j->i++;
+        size_t e0 = j->i;
+        while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9')
+            j->i++;
+        if (j->i == e0)
+            return jfail(j, "bad number");
+    }
+    char buf[512];
+    size_t len = j->i - s0;
+    if (len >= sizeof buf)
+        return jfail(j, "number longer than 511 characters");
+    memcpy(buf, j->s + s0, len);
+    buf[len] = 0;
+    errno = 0;
+    if (!is_float) {
+        long long v = strtoll(buf, NULL, 10);
+        if (errno == ERANGE)
+            return rfail(j->c, TP_ERANGE, 0, "variables JSON: integer %s does not fit 64 bits", buf);
+        return mk_int(j->c, (int64_t)v, 0);
+    }
+    return mk_float(j->c, strtod(buf, NULL), 0);
+}
+
+static val *jvalue(jtext *j, int depth)
+{
+    if (depth > TP_CHAT_MAX_DEPTH)
+        return rfail(j->c, TP_ERANGE, 0, "variables JSON nested deeper than %d", TP_CHAT_MAX_DEPTH);
+    jws(j);
+    if (j->i >= j->n)
+        return jfail(j, "unexpected end");
+    const char *p = j->s + j->i;
+    size_t left = j->n - j->i;
+    if (*p == '"') {
+        size_t len;
+        const char *s = jstring(j, &len);
+        return s ? mk_str(j->c, s, len, 0) : NULL;
+    }
+    if (left >= 4 && !memcmp(p, "null", 4))
+        return j->i += 4, j->c->none;
+    if (left >= 4 && !memcmp(p, "true", 4))
+        return j->i += 4, mk_bool(j->c, 1);
+    if (left >= 5 && !memcmp(p, "false", 5))
+        return j->i += 5, mk_bool(j->c, 0);
+    if (*p == '[') {
+        j->i++;
+        size_t cap = 8, n = 0;
+        val **items = tp_chat_alloc(j->c->ar, cap * sizeof *items);
+        jws(j);
+        if (j->i < j->n && j->s[j->i] == ']')
+            j->i++;
+        else
+            for (;;) {
+                val *x = items ? jvalue(j, depth + 1) : NULL;
+                if (!x)
+                    return items ? NULL : oom(j->c, 0);
+                if (n == cap) {
+                    val **bigger = tp_chat_alloc(j->c->ar, 2 * cap * sizeof *items);
+                    if (!bigger)
+                        return oom(j->c, 0);
+                    memcpy(bigger, items, n * sizeof *items);
+                    items = bigger;
+                    cap *= 2;
+                }
+                items[n++] = x;
+                jws(j);
+                if (j->i < j->n && j->s[j->i] == ',') {
+                    j->i++;
+                    continue;
+                }
+                if (j->i < j->n && j->s[j->i] == ']') {
+                    j->i++;
+                    break;
+                }
+                return jfail(j, "expected , or ] in an array");
+            }
+        val *l = mk_list(j->c, n, 0);
+        if (l && n)
+            memcpy(l->list.v, items, n * sizeof *items);
+        return l;
+    }
+    if (*p == '{') {
+        j->i++;
+        val *d = mk(j->c, V_DICT, 0);
+        jws(j);
+        if (j->i < j->n && j->s[j->i] == '}') {
+            j->i++;
+            return d;
+        }
+        while (d) {
+            jws(j);
+            if (j->i >= j->n || j->s[j->i] != '"')
+                return jfail(j, "expected a string key");
+            size_t klen;
+            const char *ks = jstring(j, &klen);
+            val *k = ks ? mk_str(j->c, ks, klen, 0) : NULL;
+            jws(j);
+            if (!k)
+                return NULL;
+            if (j->i >= j->n || j->s[j->i] != ':')
+                return jfail(j, "expected : after a key");
+            j->i++;
+            val *x = jvalue(j, depth + 1);
+            if (!x || dict_set(j->c, d, k, x, 0))
+                return NULL;
+            jws(j);
+            if (j->i < j->n && j->s[j->i] == ',') {
+                j->i++;
+                continue;
+            }
+            if (j->i < j->n && j->s[j->i] == '}') {
+                j->i++;
+                break;
+            }
+            return jfail(j, "expected , or } in an object");
+        }
+        return d;
+    }
+    return jnumber(j);
+}
+
+/* The variables object's members into the globals. */
+static int json_vars(rctx *c, frame *globals, const char *s, size_t n)
+{
+    jtext j = {c, s, n, 0};
+    val *d = jvalue(&j, 0);
+    if (!d)
+        return -1;
+    jws(&j);
+    if (j.i != n)
+        return jfail(&j, "trailing bytes"), -1;
+    if (d->type != V_DICT)
+        return rfail(c, TP_EINVAL, 0, "chat template: the variables JSON must be an object"), -1;
+    for (size_t i = 0; i < d->dict.n; i++) {
+        const val *k = d->dict.k[i];
+        char *nm = tp_chat_alloc(c->ar, k->str.n + 1);
+        if (!nm)
+            return oom(c, 0), -1;
+        memcpy(nm, k->str.s, k->str.n);
+        if (frame_set(c, globals, nm, d->dict.v[i], 0))
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- API ---------------------------------------------------------------------- */
 
 const char *tp_chat_template_source(const tp_chat_template *t, size_t *len)
@@ -2090,7 +2360,7 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
 {
     if (!t || !v || !out)
         return tp_err_set(err, TP_EINVAL, "chat template: render without template or variables");
-    if (!v->messages || !cJSON_IsArray(v->messages))
+    if (!v->json && (!v->messages || !cJSON_IsArray(v->messages)))
         return tp_err_set(err, TP_EINVAL, "chat template: messages must be a JSON array");
     if (v->extra && !cJSON_IsObject(v->extra))
         return tp_err_set(err, TP_EINVAL, "chat template: extra variables must be a JSON object");
@@ -2103,9 +2373,11 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
     if (!(c.none = mk(&c, V_NONE, 0)) || !(c.t = mk(&c, V_BOOL, 0)) || !(c.f = mk(&c, V_BOOL, 0)))
         goto done;
     c.t->b = 1;
-    val *msgs = from_json(&c, v->messages, 0);
-    if (!msgs || frame_set(&c, &globals, "messages", msgs, 0))
-        goto done;
+    if (!v->json) {
+        val *msgs = from_json(&c, v->messages, 0);
+        if (!msgs || frame_set(&c, &globals, "messages", msgs, 0))
+            goto done;
+    }
     if (frame_set(&c, &globals, "add_generation_prompt", mk_bool(&c, v->add_generation_prompt), 0))
         goto done;
     if (v->bos_token) {
@@ -2118,7 +2390,9 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
         if (!s || frame_set(&c, &globals, "eos_token", s, 0))
             goto done;
     }
-    if (v->extra)
+    if (v->json && json_vars(&c, &globals, v->json, v->json_len))
+        goto done;
+    if (v->extra && !v->json)
         for (const cJSON *e = v->extra->child; e; e = e->next) {
             val *x = from_json(&c, e, 0);
             char *nm = tp_chat_alloc(&ar, strlen(e->string) + 1);

@@ -48,7 +48,7 @@ static int parse_rplus(const char *s, size_t n, tc_out *o)
     /* the template's own way of saying "no tool": not a call */
     size_t k = 0;
     for (size_t c = 0; c < o->n_calls; c++)
-        if (strcmp(o->calls[c].name, "directly_answer"))
+        if (strcmp(o->calls[c].name, "directly_answer") && strcmp(o->calls[c].name, "directly-answer"))
             o->calls[k++] = o->calls[c];
         else
             tc_call_release(&o->calls[c]);

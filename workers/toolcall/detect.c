@@ -35,7 +35,7 @@ void tp_toolcall_detect(const char *src, size_t len, tp_tc_syntax *out)
     else if (has(src, len, "<|start_header_id|>") && (has(src, len, "<|python_tag|>") || has(src, len, "ipython")) &&
              has(src, len, "tools"))
         f = TP_TC_LLAMA3;
-    else if (has(src, len, "Action:") && has(src, len, "tool_name") && has(src, len, "directly_answer"))
+    else if (has(src, len, "Action:") && has(src, len, "tool_name") && (has(src, len, "directly-answer") || has(src, len, "directly_answer")))
         f = TP_TC_COMMAND_R_PLUS;
     else if (has(src, len, "tools"))
         f = TP_TC_GENERIC;
