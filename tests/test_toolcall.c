@@ -49,7 +49,7 @@ static void split(tp_tc_family f, bool thinks, bool think_open, const char *text
         cat(r->content, c, cn);
         cat(r->reasoning, rs, rn);
     }
-    assert_int_equal(tp_tcsplit_finish(s, &c, &cn, &rs, &rn), 0);
+    assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
     cat(r->content, c, cn);
     cat(r->reasoning, rs, rn);
     const tp_tc_call *calls;
@@ -288,7 +288,7 @@ static void without_tools_the_call_text_is_content(void **state)
     assert_int_equal(tp_tcsplit_new(&syn, &o, &s, &e), 0);
     assert_int_equal(tp_tcsplit_feed(s, t, strlen(t), &c, &cn, &rs, &rn), 0);
     assert_int_equal(cn, strlen(t));
-    assert_int_equal(tp_tcsplit_finish(s, &c, &cn, &rs, &rn), 0);
+    assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
     const tp_tc_call *calls;
     assert_int_equal(tp_tcsplit_calls(s, &calls), 0);
     tp_tcsplit_free(s);
@@ -307,7 +307,7 @@ static void one_call_when_parallel_calls_are_off(void **state)
                     "\"arguments\": {}}</tool_call>";
     assert_int_equal(tp_tcsplit_new(&syn, &o, &s, &e), 0);
     assert_int_equal(tp_tcsplit_feed(s, t, strlen(t), &c, &cn, &rs, &rn), 0);
-    assert_int_equal(tp_tcsplit_finish(s, &c, &cn, &rs, &rn), 0);
+    assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
     const tp_tc_call *calls;
     assert_int_equal(tp_tcsplit_calls(s, &calls), 1);
     assert_string_equal(calls[0].name, "a");

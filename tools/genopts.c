@@ -350,7 +350,7 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
         if (*i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
         const char *v = argv[++*i];
-        int rc = a[6] == 0 ? load_tools(o, v, err) : parse_tool_choice(o, v, err);
+        int rc = !strcmp(a, "--tools") ? load_tools(o, v, err) : parse_tool_choice(o, v, err);
         return rc < 0 ? rc : 1;
     }
     if (!strcmp(a, "--message") || !strcmp(a, "--messages")) {

@@ -131,6 +131,10 @@ typedef struct tp_stop_stage_limits {
 int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, const tp_stop_stage_limits *lim,
                       tp_stop_stage **out, tp_err *err);
 int tp_stop_stage_handle(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io);
+/* The model's tool-call syntax, for jobs whose params ask to parse tool
+ * calls or reasoning (copied; default: family none, no thinking). */
+struct tp_tc_syntax;
+void tp_stop_stage_set_syntax(tp_stop_stage *st, const struct tp_tc_syntax *syn);
 void tp_stop_stage_reset(tp_stop_stage *st);
 void tp_stop_stage_free(tp_stop_stage *st);
 

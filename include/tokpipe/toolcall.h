@@ -73,6 +73,11 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, bool
  * 1-64 bytes, distinct. Errors name the element ("tools[1].function.name: ..."). */
 int tp_tools_check(const char *json, size_t len, tp_err *err);
 
+/* In the JSON object text obj[0..n) (leading space allowed), the exact
+ * text of member key's value (a key written without escapes): *v, *vn point
+ * into obj. false when obj is not a valid object or has no such member. */
+bool tp_json_member_span(const char *obj, size_t n, const char *key, const char **v, size_t *vn);
+
 /* ---- the splitter ------------------------------------------------------- */
 
 typedef struct tp_tc_call {
@@ -101,10 +106,11 @@ void tp_tcsplit_free(tp_tcsplit *s);
 int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                     const char **reasoning, size_t *reasoning_len);
 
-/* End of output: parse what is held; the last deltas as for feed. Held
- * text that is not a well-formed call becomes content. */
-int tp_tcsplit_finish(tp_tcsplit *s, const char **content, size_t *content_len, const char **reasoning,
-                      size_t *reasoning_len);
+/* End of output, after the last len bytes of text (may be 0): parse what
+ * is held; the last deltas as for feed. Held text that is not a
+ * well-formed call becomes content. */
+int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
+                      const char **reasoning, size_t *reasoning_len);
 
 /* After finish: the calls (borrowed, valid until free) and the whole
  * reasoning text. */

@@ -363,3 +363,10 @@ size_t tc_call_array(tc_out *o, const char *s, size_t n, const char *const *name
     }
     return o->n_calls > before ? span : 0;
 }
+
+bool tp_json_member_span(const char *obj, size_t n, const char *key, const char **v, size_t *vn)
+{
+    size_t w = tc_ws(obj, n);
+    size_t span = tc_json_span(obj + w, n - w);
+    return span && obj[w] == '{' && tc_json_member(obj + w, span, key, v, vn);
+}

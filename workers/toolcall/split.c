@@ -301,10 +301,11 @@ static int set_ids(tp_tcsplit *s)
     return 0;
 }
 
-int tp_tcsplit_finish(tp_tcsplit *s, const char **content, size_t *content_len, const char **reasoning,
-                      size_t *reasoning_len)
+int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
+                      const char **reasoning, size_t *reasoning_len)
 {
     s->out_content.len = s->out_reasoning.len = 0;
+    tcb_put(&s->pend, text, len);
     run(s, true);
     if (s->state == S_CALLS && s->pend.len) {
         tc_out o = {0};
