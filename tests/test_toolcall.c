@@ -336,7 +336,7 @@ static void templates_are_detected_as_their_family(void **state)
         {"meetkai-functionary-medium-v3.1.jinja", TP_TC_FUNCTIONARY_V31, false, false, false},
         {"meetkai-functionary-medium-v3.2.jinja", TP_TC_FUNCTIONARY_V32, false, false, false},
         {"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", TP_TC_COMMAND_R7B, true, false, true},
-        {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", TP_TC_COMMAND_R_PLUS, false, false, false},
+        {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", TP_TC_COMMAND_R_PLUS, false, false, true},
         {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", TP_TC_DEEPSEEK_R1, true, true, false},
         {"fireworks-ai-llama-3-firefunction-v2.jinja", TP_TC_FIREFUNCTION_V2, false, false, false},
         {"google-gemma-2-2b-it.jinja", TP_TC_NONE, false, false, false},

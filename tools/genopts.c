@@ -10,6 +10,7 @@
 #include "tokpipe/protocol.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
+#include "tokpipe/toolcall.h"
 
 void genopts_init(genopts *o)
 {
@@ -204,6 +205,8 @@ static int message_calls(genopts *o, const cJSON *tc, tp_chat_msg *m, const char
     return 0;
 }
 
+static int parse_messages(genopts *o, cJSON *j, const char *path, tp_err *err);
+
 /* --messages FILE: [{"role": .., "content": .., ...}, ...] or {"messages": [...]} */
 static int load_messages(genopts *o, const char *path, tp_err *err)
 {
@@ -217,6 +220,30 @@ static int load_messages(genopts *o, const char *path, tp_err *err)
     free(buf);
     if (!j)
         return tp_err_set(err, TP_EINVAL, "--messages: %s is not JSON", path);
+    return parse_messages(o, j, path, err);
+}
+
+int genopts_conversation(genopts *o, const char *text, size_t len, tp_err *err)
+{
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j)
+        return tp_err_set(err, TP_EINVAL, "the conversation is not JSON");
+    int rc = parse_messages(o, j, "stdin", err);
+    const char *span;
+    size_t n;
+    if (!rc && cJSON_IsObject(j) && tp_json_member_span(text, len, "tools", &span, &n)) {
+        char *t = own(o, malloc(n + 1));
+        if (!t)
+            return tp_err_set(err, TP_ENOMEM, "out of memory");
+        memcpy(t, span, n);
+        t[n] = 0;
+        o->tools = (tp_str){t, n};
+    }
+    return rc;
+}
+
+static int parse_messages(genopts *o, cJSON *j, const char *path, tp_err *err)
+{
     o->messages_json = j;
     const cJSON *arr = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "messages") : j;
     if (!cJSON_IsArray(arr))

@@ -83,6 +83,11 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err);
 /* The option lines for a --help text. */
 void genopts_print_help(FILE *out);
 
+/* An OpenAI-shaped conversation in JSON text: [turns] or {"messages":
+ * [turns], "tools": [...]} (tools kept as their exact text), as --messages
+ * reads a file. */
+int genopts_conversation(genopts *o, const char *text, size_t len, tp_err *err);
+
 /* Free what parsing allocated (the --messages file). */
 void genopts_free(genopts *o);
 

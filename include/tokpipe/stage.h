@@ -39,7 +39,8 @@ static inline int tp_stage_result(const tp_stage_io *io, const tp_msg *m, uint32
 
 /* ---- tokenize ---------------------------------------------------------- */
 typedef struct tp_tokenize_stage tp_tokenize_stage;
-/* tok is borrowed and must outlive the stage. */
+/* tok is borrowed and must outlive the stage (NULL: a stage that only
+ * renders, tp_tokenize_stage_render). */
 int tp_tokenize_stage_new(const tp_tokenizer *tok, tp_tokenize_stage **out, tp_err *err);
 int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_stage_io *io);
 void tp_tokenize_stage_free(tp_tokenize_stage *st);

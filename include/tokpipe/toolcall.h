@@ -42,6 +42,8 @@ typedef struct tp_tc_syntax {
     bool think_open;         /* the generation prompt itself opens the thinking */
     bool object_args;        /* the template wants a call's arguments as an object (it applies
                               * tojson to them or reads their members), not OpenAI's string */
+    bool null_content;       /* an assistant turn of only calls may have content none (OpenAI's
+                              * null; DeepSeek R1's template renders the calls only then); else "" */
 } tp_tc_syntax;
 
 /* "hermes", "llama3", ...; "none". */
@@ -51,8 +53,9 @@ const char *tp_tc_family_name(tp_tc_family f);
 void tp_toolcall_detect(const char *src, size_t len, tp_tc_syntax *out);
 
 /* tp_toolcall_detect on t's source, plus what only rendering tells:
- * think_open (probe conversation's generation prompt) and object_args
- * (a probe call rendered with string and with object arguments). bos/eos:
+ * think_open (probe conversation's generation prompt), object_args (a
+ * probe call rendered with string and with object arguments) and
+ * null_content (the probe call's turn with content null renders). bos/eos:
  * the token texts the template sees (may be NULL). Never fails: a probe
  * that does not render leaves the flag false. */
 void tp_toolcall_syntax(const struct tp_chat_template *t, const char *bos, const char *eos, tp_tc_syntax *out);

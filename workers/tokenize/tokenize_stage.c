@@ -77,6 +77,8 @@ int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, tp_chat_template *tmpl, co
     if (!tmpl)
         return 0;
     tp_toolcall_syntax(tmpl, st->bos, st->eos, &st->syntax);
+    if (!st->tok)
+        return 0;   /* rendering only (tokpipe chat-template --openai) */
     char *end = NULL;
     tp_err e;
     if (tp_chat_template_turn_end(tmpl, st->bos, st->eos, &end, &e))
@@ -205,7 +207,10 @@ static int conversation(const tp_tokenize_stage *st, const tp_chat_msg *msgs, si
         jlit(b, i ? ",{\"role\":" : "{\"role\":");
         jstr(b, m->role);
         jkey(b, "content");
-        jstr(b, m->content);
+        if (!m->content.len && m->n_tool_calls && st->syntax.null_content)
+            jlit(b, "null");   /* OpenAI's own: a turn of only calls */
+        else
+            jstr(b, m->content);
         if (m->name.ptr) {
             jkey(b, "name");
             jstr(b, m->name);

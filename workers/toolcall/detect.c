@@ -45,7 +45,7 @@ void tp_toolcall_detect(const char *src, size_t len, tp_tc_syntax *out)
 
 /* The probe turns: a user asks, the assistant calls probe_fn with
  * arguments {"probe_arg": "probe_value"}, the tool answers. */
-static cJSON *probe_conversation(bool object_args)
+static cJSON *probe_conversation(bool object_args, bool null_content)
 {
     const char *args = "{\"probe_arg\": \"probe_value\"}";
     cJSON *m = cJSON_Parse("[{\"role\":\"user\",\"content\":\"probe\"},"
@@ -57,6 +57,8 @@ static cJSON *probe_conversation(bool object_args)
         return NULL;
     cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "tool_calls"), 0),
                                     "function");
+    if (null_content)
+        cJSON_ReplaceItemInObject(cJSON_GetArrayItem(m, 1), "content", cJSON_CreateNull());
     cJSON *a = object_args ? cJSON_Parse(args) : cJSON_CreateString(args);
     if (!fn || !a || !cJSON_AddItemToObject(fn, "arguments", a)) {
         cJSON_Delete(a);
@@ -70,7 +72,8 @@ static char *render(const tp_chat_template *t, const cJSON *msgs, bool gen, cons
 {
     cJSON *extra = cJSON_Parse("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"probe_fn\","
                                "\"description\":\"probe\",\"parameters\":{\"type\":\"object\",\"properties\":"
-                               "{\"probe_arg\":{\"type\":\"string\"}}}}}]}");
+                               "{\"probe_arg\":{\"type\":\"string\",\"description\":\"probe\"}},"
+                               "\"required\":[\"probe_arg\"]}}}]}");
     tp_chat_vars v = {.messages = msgs, .extra = extra, .bos_token = bos, .eos_token = eos,
                       .add_generation_prompt = gen};
     char *out = NULL;
@@ -103,15 +106,20 @@ void tp_toolcall_syntax(const tp_chat_template *t, const char *bos, const char *
     /* A template that serialises the arguments (tojson) shows OpenAI's
      * string quoted, as "{\"probe_arg\"...": it wants the object. One that
      * fails on the string but renders the object wants it too. */
-    cJSON *as_str = probe_conversation(false), *as_obj = probe_conversation(true);
+    cJSON *as_str = probe_conversation(false, false), *as_obj = probe_conversation(true, false);
     char *rs = as_str ? render(t, as_str, false, bos, eos) : NULL;
     char *ro = as_obj ? render(t, as_obj, false, bos, eos) : NULL;
     if (ro && (!rs || strstr(rs, "\"{\\\"probe_arg\\\"")))
         out->object_args = true;
+    cJSON *as_null = probe_conversation(out->object_args, true);
+    char *rn = as_null ? render(t, as_null, false, bos, eos) : NULL;
+    out->null_content = rn != NULL;
     free(rs);
     free(ro);
+    free(rn);
     cJSON_Delete(as_str);
     cJSON_Delete(as_obj);
+    cJSON_Delete(as_null);
 }
 
 int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, bool parallel, char **gbnf, tp_err *err)
