@@ -188,10 +188,10 @@ class ChatJobsEndOnTheTemplatesEndOfTurnToken(unittest.TestCase):
         self.assertEqual(from_file[0], 0, from_file[2])
         self.assertEqual(json.loads(from_file[1]), json.loads(flags[1]))
         with open(path, "w", encoding="utf-8") as f:
-            json.dump([{"role": "user", "content": "Hi", "name": "bob"}], f)
+            json.dump([{"role": "user", "content": "Hi", "weight": "bob"}], f)
         rc, out, err = run_inprocess(self.end_model, PHI35_TEMPLATE, "--messages", path)
         self.assertEqual(rc, 2, out)
-        self.assertIn("messages[0].name: unknown key", err)
+        self.assertIn("messages[0].weight: unknown key", err)
         rc, out, err = run_inprocess(self.end_model, PHI35_TEMPLATE, "--message", "no-equals-sign")
         self.assertEqual(rc, 2, out)
         self.assertIn("ROLE=TEXT", err)
