@@ -86,6 +86,8 @@ void tp_tcsplit_free(tp_tcsplit *s)
 /* Drop the first n bytes of pend. */
 static void consume(tp_tcsplit *s, size_t n)
 {
+    if (!n)
+        return;
     memmove(s->pend.s, s->pend.s + n, s->pend.len - n);
     s->pend.len -= n;
     if (s->pend.s)
