@@ -1428,6 +1428,21 @@ static val *attr_path(rctx *c, val *v, val *attr, int line)
     return v;
 }
 
+/* What Jinja's map / select / reject / unique give: a generator (no len(),
+ * iterated once) of up to n items of v, to fill in. falsy_empty: a false v
+ * (none, undefined, "") gives an empty one, as those filters treat it. */
+static val *generator(rctx *c, val *v, int falsy_empty, val ***items, size_t *n, int line)
+{
+    *items = NULL;
+    *n = 0;
+    if ((!falsy_empty || truthy(v)) && iter_items(c, v, items, n, line))
+        return NULL;
+    val *l = mk_list(c, *n, line);
+    if (l)
+        l->list.lazy = 1;
+    return l;
+}
+
 static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args, size_t npos, const char **kw,
                          val **kwv, size_t nkw, int line)
 {
@@ -1566,12 +1581,9 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         val *attr = A(99, "attribute");
         val **items = NULL;
         size_t n = 0;
-        if (truthy(v) && iter_items(c, v, &items, &n, line))
-            return NULL;
-        val *l = mk_list(c, n, line);
+        val *l = generator(c, v, 1, &items, &n, line);
         if (!l)
             return NULL;
-        l->list.lazy = 1;
         for (size_t k = 0; k < n; k++) {
             val *r;
             if (attr) {
@@ -1615,12 +1627,9 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         }
         val **items = NULL;
         size_t n = 0;
-        if (truthy(v) && iter_items(c, v, &items, &n, line))
-            return NULL;
-        val *l = mk_list(c, n, line);
+        val *l = generator(c, v, 1, &items, &n, line);
         if (!l)
             return NULL;
-        l->list.lazy = 1;
         size_t m = 0;
         for (size_t k = 0; k < n; k++) {
             val *x = by_attr ? attr_path(c, items[k], args[0], line) : items[k];
@@ -1641,12 +1650,9 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             return rfail(c, TP_EINVAL, line, "unsupported construct: unique(attribute=...)");
         val **items;
         size_t n;
-        if (iter_items(c, v, &items, &n, line))
-            return NULL;
-        val *l = mk_list(c, n, line);
+        val *l = generator(c, v, 0, &items, &n, line);
         if (!l)
             return NULL;
-        l->list.lazy = 1;
         size_t m = 0;
         for (size_t k = 0; k < n; k++) {
             val *key = items[k];
@@ -1789,6 +1795,22 @@ static int emit(rctx *c, const char *s, size_t n, int line)
     return 0;
 }
 
+/* A for loop's names for one item: `for x in` binds it, `for a, b in`
+ * unpacks it (as Python: a list of exactly that many). */
+static int bind_targets(rctx *c, frame *fr, const node *x, val *it)
+{
+    if (x->n_targets == 1)
+        return frame_set(c, fr, x->targets[0], it, x->line);
+    if (it->type != V_LIST || it->list.n != x->n_targets) {
+        rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", type_name(it), x->n_targets);
+        return -1;
+    }
+    for (size_t t = 0; t < x->n_targets; t++)
+        if (frame_set(c, fr, x->targets[t], it->list.v[t], x->line))
+            return -1;
+    return 0;
+}
+
 static int exec_for(rctx *c, frame *f, const node *x)
 {
     val *seq = eval(c, f, x->a);
@@ -1815,20 +1837,8 @@ static int exec_for(rctx *c, frame *f, const node *x)
             if (step(c, x->line))
                 return -1;
             frame fr = {.parent = f};
-            if (x->n_targets == 1) {
-                if (frame_set(c, &fr, x->targets[0], items[k], x->line))
-                    return -1;
-            } else {
-                val *it = items[k];
-                if (it->type != V_LIST || it->list.n != x->n_targets) {
-                    rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", type_name(it),
-                          x->n_targets);
-                    return -1;
-                }
-                for (size_t t = 0; t < x->n_targets; t++)
-                    if (frame_set(c, &fr, x->targets[t], it->list.v[t], x->line))
-                        return -1;
-            }
+            if (bind_targets(c, &fr, x, items[k]))
+                return -1;
             val *ok = eval(c, &fr, x->b);
             if (!ok)
                 return -1;
@@ -1851,22 +1861,8 @@ static int exec_for(rctx *c, frame *f, const node *x)
         lp->loop.items = kept;
         lp->loop.index0 = k;
         lp->loop.length = nk;
-        if (frame_set(c, &fr, "loop", lp, x->line))
+        if (frame_set(c, &fr, "loop", lp, x->line) || bind_targets(c, &fr, x, kept[k]))
             return -1;
-        if (x->n_targets == 1) {
-            if (frame_set(c, &fr, x->targets[0], kept[k], x->line))
-                return -1;
-        } else {
-            val *it = kept[k];
-            if (it->type != V_LIST || it->list.n != x->n_targets) {
-                rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", type_name(it),
-                      x->n_targets);
-                return -1;
-            }
-            for (size_t t = 0; t < x->n_targets; t++)
-                if (frame_set(c, &fr, x->targets[t], it->list.v[t], x->line))
-                    return -1;
-        }
         if (exec_body(c, &fr, x->body, x->n_body))
             return -1;
         if (c->ctl == 1) {
