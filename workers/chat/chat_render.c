@@ -337,6 +337,23 @@ static long norm_index(int64_t i, size_t n)
     return i < 0 || i >= (int64_t)n ? -1 : (long)i;
 }
 
+/* A string's bytes as a C name in the arena (NULL: out of memory, said). */
+static char *arena_name(rctx *c, const val *str, int line)
+{
+    char *nm = tp_chat_alloc(c->ar, str->str.n + 1);
+    if (!nm)
+        return oom(c, line), NULL;
+    memcpy(nm, str->str.s, str->str.n);
+    return nm;
+}
+
+/* v[key] for a string key no item answers: Jinja falls back to v.key. */
+static val *attr_of_key(rctx *c, val *v, val *key, int line)
+{
+    char *nm = arena_name(c, key, line);
+    return nm ? get_attr(c, v, nm, line) : NULL;
+}
+
 static val *get_item(rctx *c, val *v, val *key, int line)
 {
     if (v->type == V_UNDEF)
@@ -345,13 +362,8 @@ static val *get_item(rctx *c, val *v, val *key, int line)
         const val *x = dict_get(v, key);
         if (x)
             return (val *)x;
-        if (key->type == V_STR && v->type == V_DICT) {
-            char *nm = tp_chat_alloc(c->ar, key->str.n + 1);
-            if (!nm)
-                return oom(c, line);
-            memcpy(nm, key->str.s, key->str.n);
-            return get_attr(c, v, nm, line);
-        }
+        if (key->type == V_STR && v->type == V_DICT)
+            return attr_of_key(c, v, key, line);
         return mk_undef(c, NULL, line);
     }
     if (v->type == V_LIST && v->list.lazy)
@@ -368,13 +380,8 @@ static val *get_item(rctx *c, val *v, val *key, int line)
         size_t a = u8_offset(v->str.s, v->str.n, (size_t)i);
         return mk_str(c, v->str.s + a, u8_len((unsigned char)v->str.s[a]), line);
     }
-    if (key->type == V_STR) {
-        char *nm = tp_chat_alloc(c->ar, key->str.n + 1);
-        if (!nm)
-            return oom(c, line);
-        memcpy(nm, key->str.s, key->str.n);
-        return get_attr(c, v, nm, line);
-    }
+    if (key->type == V_STR)
+        return attr_of_key(c, v, key, line);
     return mk_undef(c, NULL, line);
 }
 
@@ -2043,6 +2050,17 @@ static void jws(jtext *j)
         j->i++;
 }
 
+/* After an array element / object member: 1 another follows (',' read),
+ * 0 the container ends (close read), -1 neither. */
+static int jnext(jtext *j, char close)
+{
+    jws(j);
+    if (j->i < j->n && (j->s[j->i] == ',' || j->s[j->i] == close))
+        return j->s[j->i++] == ',';
+    rfail(j->c, TP_EFORMAT, 0, "variables JSON: expected , or %c at byte %zu", close, j->i);
+    return -1;
+}
+
 static int jhex4(jtext *j, uint32_t *cp)
 {
     if (j->i + 4 > j->n)
@@ -2212,16 +2230,11 @@ static val *jvalue(jtext *j, int depth)
                     cap *= 2;
                 }
                 items[n++] = x;
-                jws(j);
-                if (j->i < j->n && j->s[j->i] == ',') {
-                    j->i++;
-                    continue;
-                }
-                if (j->i < j->n && j->s[j->i] == ']') {
-                    j->i++;
+                int more = jnext(j, ']');
+                if (more < 0)
+                    return NULL;
+                if (!more)
                     break;
-                }
-                return jfail(j, "expected , or ] in an array");
             }
         val *l = mk_list(j->c, n, 0);
         if (l && n)
@@ -2252,16 +2265,11 @@ static val *jvalue(jtext *j, int depth)
             val *x = jvalue(j, depth + 1);
             if (!x || dict_set(j->c, d, k, x, 0))
                 return NULL;
-            jws(j);
-            if (j->i < j->n && j->s[j->i] == ',') {
-                j->i++;
-                continue;
-            }
-            if (j->i < j->n && j->s[j->i] == '}') {
-                j->i++;
+            int more = jnext(j, '}');
+            if (more < 0)
+                return NULL;
+            if (!more)
                 break;
-            }
-            return jfail(j, "expected , or } in an object");
         }
         return d;
     }
@@ -2281,12 +2289,8 @@ static int json_vars(rctx *c, frame *globals, const char *s, size_t n)
     if (d->type != V_DICT)
         return rfail(c, TP_EINVAL, 0, "chat template: the variables JSON must be an object"), -1;
     for (size_t i = 0; i < d->dict.n; i++) {
-        const val *k = d->dict.k[i];
-        char *nm = tp_chat_alloc(c->ar, k->str.n + 1);
-        if (!nm)
-            return oom(c, 0), -1;
-        memcpy(nm, k->str.s, k->str.n);
-        if (frame_set(c, globals, nm, d->dict.v[i], 0))
+        char *nm = arena_name(c, d->dict.k[i], 0);
+        if (!nm || frame_set(c, globals, nm, d->dict.v[i], 0))
             return -1;
     }
     return 0;
