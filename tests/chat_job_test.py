@@ -42,11 +42,7 @@ def forced_model(path, end_id):
     hello = meta["tokenizer.ggml.tokens"].index("\u2581Hello")
     with open(path, "r+b") as f:
         def put(name, array):
-            _, ne, off, size = tensors[name]
-            data = np.ascontiguousarray(array, dtype="<f4").tobytes()
-            assert len(data) == size, name
-            f.seek(off)
-            f.write(data)
+            gguf_tiny.write_tensor(f, tensors, name, array)
         dim, vocab = tensors["token_embd.weight"][1]
         emb = np.zeros((vocab, dim))
         emb[:, 0] = 1.0

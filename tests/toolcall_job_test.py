@@ -58,11 +58,7 @@ def chain_model(path, start, chain, end):
         out[chain[k] if k < len(chain) else end, k] = 10.0
     with open(path, "r+b") as f:
         def put(name, array):
-            _, ne, off, size = tensors[name]
-            data = np.ascontiguousarray(array, dtype="<f4").tobytes()
-            assert len(data) == size, name
-            f.seek(off)
-            f.write(data)
+            gguf_tiny.write_tensor(f, tensors, name, array)
         put("token_embd.weight", emb)
         put("output.weight", out)
         for name, (_, ne, _, _) in tensors.items():

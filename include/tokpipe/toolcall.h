@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "tokpipe/error.h"
+#include "tokpipe/protocol.h"
 
 struct tp_chat_template;
 
@@ -59,6 +60,16 @@ void tp_toolcall_detect(const char *src, size_t len, tp_tc_syntax *out);
  * the token texts the template sees (may be NULL). Never fails: a probe
  * that does not render leaves the flag false. */
 void tp_toolcall_syntax(const struct tp_chat_template *t, const char *bos, const char *eos, tp_tc_syntax *out);
+
+/* The variables a chat template renders a SUBMIT conversation with, as the
+ * JSON text tp_chat_vars.json takes: {"messages": [...], "tools": ...} in
+ * OpenAI's shape, with what syn says the template wants (a call's
+ * arguments as an object, null content for a turn of only calls) and, for
+ * Firefunction v2, its `functions` and `datetime`. Every byte of the
+ * strings is kept. *out (caller frees). Errors name the call whose
+ * arguments are not the object the template needs. */
+int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
+                          size_t *len, tp_err *err);
 
 /* The text whose generation opens a call (what triggers a lazy grammar
  * under tool_choice auto), or NULL when a call starts the output. */

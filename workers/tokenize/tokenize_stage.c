@@ -4,10 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <time.h>
-
-#include <cJSON.h>
-
 #include "tokpipe/chat_template.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/toolcall.h"
@@ -114,151 +110,6 @@ int tp_tokenize_stage_turn_end_ids(const tp_tokenize_stage *st, const int32_t **
     return st->n_turn_end;
 }
 
-/* ---- the conversation as the template's variables ----------------------- */
-
-typedef struct jbuf {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} jbuf;
-
-static void jput(jbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1024;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-}
-
-static void jlit(jbuf *b, const char *s)
-{
-    jput(b, s, strlen(s));
-}
-
-/* A JSON string of every byte of s (U+0000 too: the renderer keeps it). */
-static void jstr(jbuf *b, tp_str s)
-{
-    static const char hex[] = "0123456789abcdef";
-    jput(b, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < s.len; i++) {
-        unsigned char c = (unsigned char)s.ptr[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        jput(b, s.ptr + run, i - run);
-        run = i + 1;
-        char e[6] = {'\\', (char)c, 0};
-        if (c < 0x20) {
-            memcpy(e, "\\u00", 4);
-            e[4] = hex[c >> 4];
-            e[5] = hex[c & 15];
-            jput(b, e, 6);
-        } else {
-            jput(b, e, 2);
-        }
-    }
-    jput(b, s.ptr + run, s.len - run);
-    jput(b, "\"", 1);
-}
-
-static void jkey(jbuf *b, const char *k)
-{
-    jput(b, ",\"", 2);
-    jlit(b, k);
-    jput(b, "\":", 2);
-}
-
-/* A call's arguments as the template wants them: OpenAI's string, or, for
- * templates that serialise or read them (tp_tc_syntax object_args), the
- * object the string holds -- what a Hugging Face user passes. */
-static int put_arguments(jbuf *b, tp_str a, bool object, size_t i, size_t k, tp_err *err)
-{
-    if (!object) {
-        jstr(b, a);
-        return 0;
-    }
-    cJSON *j = cJSON_ParseWithLength(a.ptr ? a.ptr : "", a.len);
-    bool ok = cJSON_IsObject(j);
-    cJSON_Delete(j);
-    if (!ok)
-        return tp_err_set(err, TP_EINVAL, "messages[%zu].tool_calls[%zu].arguments: not a JSON object", i, k);
-    jput(b, a.ptr, a.len);
-    return 0;
-}
-
-static int conversation(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, jbuf *b,
-                        tp_err *err)
-{
-    jlit(b, "{\"messages\":[");
-    for (size_t i = 0; i < n; i++) {
-        const tp_chat_msg *m = &msgs[i];
-        jlit(b, i ? ",{\"role\":" : "{\"role\":");
-        jstr(b, m->role);
-        jkey(b, "content");
-        if (!m->content.len && m->n_tool_calls && st->syntax.null_content)
-            jlit(b, "null");   /* OpenAI's own: a turn of only calls */
-        else
-            jstr(b, m->content);
-        if (m->name.ptr) {
-            jkey(b, "name");
-            jstr(b, m->name);
-        }
-        if (m->tool_call_id.ptr) {
-            jkey(b, "tool_call_id");
-            jstr(b, m->tool_call_id);
-        }
-        if (m->n_tool_calls) {
-            jkey(b, "tool_calls");
-            jput(b, "[", 1);
-            for (size_t k = 0; k < m->n_tool_calls; k++) {
-                const tp_tool_call *c = &m->tool_calls[k];
-                jlit(b, k ? ",{\"id\":" : "{\"id\":");
-                jstr(b, c->id);
-                jlit(b, ",\"type\":\"function\",\"function\":{\"name\":");
-                jstr(b, c->name);
-                jkey(b, "arguments");
-                int rc = put_arguments(b, c->arguments, st->syntax.object_args, i, k, err);
-                if (rc)
-                    return rc;
-                jlit(b, "}}");
-            }
-            jput(b, "]", 1);
-        }
-        jput(b, "}", 1);
-    }
-    jput(b, "]", 1);
-    if (tools.ptr) {
-        jkey(b, "tools");
-        jput(b, tools.ptr, tools.len);
-        if (st->syntax.family == TP_TC_FIREFUNCTION_V2) {
-            /* Firefunction's template prints `functions` (the tools as
-             * JSON text) and `datetime` into its system prompt */
-            char when[64];
-            time_t now = time(NULL);
-            struct tm tm;
-            strftime(when, sizeof when, "%b %d %Y %H:%M:%S GMT", gmtime_r(&now, &tm));
-            jkey(b, "functions");
-            jstr(b, tools);
-            jkey(b, "datetime");
-            jstr(b, tp_str_of(when));
-        }
-    }
-    jput(b, "}", 1);
-    return b->oom ? tp_err_set(err, TP_ENOMEM, "tokenize: out of memory") : 0;
-}
-
 static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *msg)
 {
     tp_msg r;
@@ -279,17 +130,16 @@ int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msg
         if (st->syntax.family == TP_TC_NONE)
             return tp_err_set(err, TP_EINVAL, "tools: the model's chat template has no tool support");
     }
-    jbuf b = {0};
+    char *vars = NULL;
+    size_t vlen = 0;
     tp_err e;
-    int rc = conversation(st, msgs, n, tools, &b, &e);
-    if (rc) {
-        free(b.s);
+    int rc = tp_toolcall_chat_vars(&st->syntax, msgs, n, tools, &vars, &vlen, &e);
+    if (rc)
         return tp_err_set(err, rc, "%s", e.msg);
-    }
-    tp_chat_vars v = {.json = b.s, .json_len = b.len, .bos_token = st->bos, .eos_token = st->eos,
+    tp_chat_vars v = {.json = vars, .json_len = vlen, .bos_token = st->bos, .eos_token = st->eos,
                       .add_generation_prompt = true, .max_output = TP_PROTO_MAX_PROMPT};
     rc = tp_chat_template_render(st->chat, &v, out, len, &e);
-    free(b.s);
+    free(vars);
     if (rc)
         return tp_err_set(err, rc, "messages: %s", e.msg);
     return 0;

@@ -15,18 +15,7 @@ static const char *const args_k[] = {"parameters", "arguments", NULL};
 
 static int parse_r7b(const char *s, size_t n, tc_out *o)
 {
-    size_t i = 16 + tc_ws(s + 16, n - 16);
-    size_t v = tc_call_array(o, s + i, n - i, name_k, args_k);
-    if (!v)
-        return -1;
-    i += v;
-    i += tc_ws(s + i, n - i);
-    if (tc_starts(s + i, n - i, "<|END_ACTION|>"))
-        i += 14;
-    else if (i < n)
-        return -1;
-    tcb_put(&o->content, s + i, n - i);
-    return 0;
+    return tc_marker_array(s, n, 16, "<|END_ACTION|>", o, name_k, args_k);
 }
 
 static const char *const rplus_m[] = {"Action:", NULL};
@@ -34,17 +23,8 @@ static const char *const rplus_m[] = {"Action:", NULL};
 static int parse_rplus(const char *s, size_t n, tc_out *o)
 {
     size_t i = 7 + tc_ws(s + 7, n - 7);
-    if (!tc_starts(s + i, n - i, "```json"))
+    if (!tc_starts(s + i, n - i, "```json") || tc_marker_array(s, n, i + 7, "```", o, name_k, args_k))
         return -1;
-    i += 7;
-    i += tc_ws(s + i, n - i);
-    size_t v = tc_call_array(o, s + i, n - i, name_k, args_k);
-    if (!v)
-        return -1;
-    i += v;
-    i += tc_ws(s + i, n - i);
-    if (tc_starts(s + i, n - i, "```"))
-        i += 3;
     /* the template's own way of saying "no tool": not a call */
     size_t k = 0;
     for (size_t c = 0; c < o->n_calls; c++)
@@ -53,7 +33,6 @@ static int parse_rplus(const char *s, size_t n, tc_out *o)
         else
             tc_call_release(&o->calls[c]);
     o->n_calls = k;
-    tcb_put(&o->content, s + i, n - i);
     return 0;
 }
 

@@ -29,6 +29,41 @@ void tcb_put(tcbuf *b, const char *s, size_t n)
     b->s[b->len] = 0;
 }
 
+void tcb_puts(tcbuf *b, const char *s)
+{
+    tcb_put(b, s, strlen(s));
+}
+
+void tcb_json_str(tcbuf *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    tcb_put(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        tcb_put(b, s + run, i - run);
+        run = i + 1;
+        char e[6] = {'\\', (char)c, 0};
+        static const char ctl[] = "\n\t\r", letter[] = "ntr";
+        const char *at = c ? strchr(ctl, c) : NULL;
+        if (at) {
+            e[1] = letter[at - ctl];
+            tcb_put(b, e, 2);
+        } else if (c < 0x20) {
+            memcpy(e, "\\u00", 4);
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            tcb_put(b, e, 6);
+        } else {
+            tcb_put(b, e, 2);
+        }
+    }
+    tcb_put(b, s + run, n - run);
+    tcb_put(b, "\"", 1);
+}
+
 void tcb_free(tcbuf *b)
 {
     free(b->s);
@@ -369,4 +404,21 @@ bool tp_json_member_span(const char *obj, size_t n, const char *key, const char 
     size_t w = tc_ws(obj, n);
     size_t span = tc_json_span(obj + w, n - w);
     return span && obj[w] == '{' && tc_json_member(obj + w, span, key, v, vn);
+}
+
+int tc_marker_array(const char *s, size_t n, size_t skip, const char *close, tc_out *o,
+                    const char *const *name_keys, const char *const *args_keys)
+{
+    size_t i = skip + tc_ws(s + skip, n - skip);
+    size_t v = tc_call_array(o, s + i, n - i, name_keys, args_keys);
+    if (!v)
+        return -1;
+    i += v;
+    i += tc_ws(s + i, n - i);
+    if (close && tc_starts(s + i, n - i, close))
+        i += strlen(close);
+    else if (close && i < n)
+        return -1;
+    tcb_put(&o->content, s + i, n - i);
+    return 0;
 }

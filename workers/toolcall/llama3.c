@@ -12,34 +12,6 @@ static const char *const open_m[] = {"<|python_tag|>", NULL};
 static const char *const name_k[] = {"name", NULL};
 static const char *const args_k[] = {"parameters", "arguments", NULL};
 
-static int put_json_str(tcbuf *b, const char *s, size_t n)
-{
-    tcb_put(b, "\"", 1);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        char esc[8];
-        if (c == '"' || c == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)c;
-            tcb_put(b, esc, 2);
-        } else if (c == '\n' || c == '\t' || c == '\r') {
-            esc[0] = '\\';
-            esc[1] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
-            tcb_put(b, esc, 2);
-        } else if (c < 0x20) {
-            static const char hex[] = "0123456789abcdef";
-            memcpy(esc, "\\u00", 4);
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            tcb_put(b, esc, 6);
-        } else {
-            tcb_put(b, s + i, 1);
-        }
-    }
-    tcb_put(b, "\"", 1);
-    return b->oom ? -1 : 0;
-}
-
 static bool ident(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
@@ -72,7 +44,7 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
         if (!first)
             tcb_put(&a, ", ", 2);
         first = false;
-        put_json_str(&a, s + k0, i - k0);
+        tcb_json_str(&a, s + k0, i - k0);
         tcb_put(&a, ": ", 2);
         i++;
         if (i < n && (s[i] == '"' || s[i] == '\'')) {
@@ -82,7 +54,7 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
                 i += s[i] == '\\' ? 2 : 1;
             if (i >= n)
                 goto bad;
-            put_json_str(&a, s + v0, i - v0);
+            tcb_json_str(&a, s + v0, i - v0);
             i++;
         } else if (tc_starts(s + i, n - i, "True") || tc_starts(s + i, n - i, "False")) {
             bool t = s[i] == 'T';
@@ -128,7 +100,7 @@ int tc_python_tag(const char *s, size_t n, tc_out *o, const char *const *args_ke
         return -1;
     tcbuf a = {0};
     tcb_put(&a, "{\"code\": ", 9);
-    put_json_str(&a, s + i, end - i);
+    tcb_json_str(&a, s + i, end - i);
     tcb_put(&a, "}", 1);
     int rc = a.oom ? -1 : tc_add_call(o, "python", 6, a.s, a.len);
     tcb_free(&a);

@@ -18,6 +18,9 @@ typedef struct tcbuf {
 } tcbuf;
 
 void tcb_put(tcbuf *b, const char *s, size_t n);
+void tcb_puts(tcbuf *b, const char *s);
+/* s[0..n) as a JSON string (quotes, escapes; every byte kept). */
+void tcb_json_str(tcbuf *b, const char *s, size_t n);
 void tcb_free(tcbuf *b);
 
 /* What a family parser produces from a region of output. */
@@ -51,6 +54,11 @@ const char *tc_find(const char *s, size_t n, const char *lit);   /* first occurr
 bool tc_call_object(tc_out *o, const char *s, size_t n, const char *const *name_keys, const char *const *args_keys);
 /* A JSON array of call objects (as tc_call_object) at s: its span, or 0. */
 size_t tc_call_array(tc_out *o, const char *s, size_t n, const char *const *name_keys, const char *const *args_keys);
+/* The shape Mistral, Firefunction and Command R share: skip bytes, then
+ * space, a JSON array of call objects, space, the close marker (NULL: none;
+ * missing is fine at the very end), and the rest is content. */
+int tc_marker_array(const char *s, size_t n, size_t skip, const char *close, tc_out *o,
+                    const char *const *name_keys, const char *const *args_keys);
 
 /* ---- families ---- */
 
