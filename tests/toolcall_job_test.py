@@ -167,6 +167,22 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual(ack["status"], 400, ack)
         self.assertIn("tool_choice: only with tools", ack["error"])
 
+    def test_a_nul_in_a_message_keeps_the_rest_of_the_message(self):
+        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
+        sub.subscribe("@heartbeat")
+        counts = {}
+        for name, text in (("nul-cut", "Tell me a story"), ("nul-kept", "Tell me a story\u0000 about a dragon")):
+            sub.subscribe(name)
+            sub.wait_heartbeat(self.d.log_text)
+            cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+                "job_id": name, "messages": [{"role": "user", "content": text}],
+                "params": {"max_tokens": 1, "temperature": 0.0}})
+            self.assertEqual(ack["status"], 200, ack)
+            counts[name] = sub.collect(name)[1]["prompt_tokens"]
+        # the rendered prompt is tokenized whole: the NUL and " about a
+        # dragon" (at least " about", " a", " dragon") are in it
+        self.assertGreaterEqual(counts["nul-kept"] - counts["nul-cut"], 4, counts)
+
     def chat(self, **kw):
         body = dict({"model": "m", "messages": [{"role": "user", "content": USER}], "tools": TOOLS,
                      "temperature": 0}, **kw)

@@ -177,7 +177,10 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
     f->job_error = tp_str_of(error);
     f->prompt_tokens = j->prompt_tokens;
     f->completion_tokens = (uint32_t)tp_stop_completion_tokens(j->stop);
-    f->text_len = j->content_len + len;
+    size_t total;
+    tp_stop_text(j->stop, &total);
+    /* split: the content alone (what TOKEN and FINISH texts carry) */
+    f->text_len = j->split ? j->content_len + len : total;
     uint64_t now = tp_wall_us();
     f->timings.queue_us = j->t_start_us > j->t_submit_us ? j->t_start_us - j->t_submit_us : 0;
     f->timings.ttft_us = j->t_first_us > j->t_submit_us ? j->t_first_us - j->t_submit_us : 0;

@@ -37,5 +37,10 @@ static int parse_rplus(const char *s, size_t n, tc_out *o)
 }
 
 const tc_family_def tc_command_r7b = {
-    .name = "command_r7b", .markers = r7b_m, .strip = r7b_strip, .parse = parse_r7b};
-const tc_family_def tc_command_r_plus = {.name = "command_r_plus", .markers = rplus_m, .parse = parse_rplus};
+    .name = "command_r7b", .markers = r7b_m, .strip = r7b_strip, .parse = parse_r7b,
+    .calls_open = "<|START_ACTION|>[", .calls_sep = ", ", .calls_close = "]<|END_ACTION|>", .call_open = "",
+    .call_close = "", .name_key = "tool_name", .args_key = "parameters"};
+const tc_family_def tc_command_r_plus = {
+    .name = "command_r_plus", .markers = rplus_m, .parse = parse_rplus, .calls_open = "Action: ```json\n[",
+    .calls_sep = ", ", .calls_close = "]\n```", .call_open = "", .call_close = "", .name_key = "tool_name",
+    .args_key = "parameters"};

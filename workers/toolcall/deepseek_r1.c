@@ -58,4 +58,7 @@ static int parse(const char *s, size_t n, tc_out *o)
     return 0;
 }
 
-const tc_family_def tc_deepseek_r1 = {.name = "deepseek_r1", .markers = open_m, .parse = parse};
+const tc_family_def tc_deepseek_r1 = {
+    .name = "deepseek_r1", .markers = open_m, .parse = parse, .calls_open = CALLS_BEGIN, .calls_sep = "\n",
+    .calls_close = CALLS_END, .call_open = CALL_BEGIN "function" SEP, .name_close = "\n```json\n",
+    .call_close = "\n```" CALL_END};

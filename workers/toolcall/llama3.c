@@ -126,4 +126,5 @@ static int parse(const char *s, size_t n, tc_out *o)
     return o->n_calls ? 0 : -1;
 }
 
-const tc_family_def tc_llama3 = {.name = "llama3", .markers = open_m, .json_at_start = true, .parse = parse};
+const tc_family_def tc_llama3 = {.name = "llama3", .markers = open_m, .json_at_start = true, .parse = parse,
+    .calls_open = "", .calls_sep = "; ", .calls_close = "", .call_open = "", .call_close = "", .name_key = "name", .args_key = "parameters"};

@@ -196,7 +196,12 @@ static void run(tp_tcsplit *s, bool at_end)
             break;
         }
         case S_CONTENT_START: {
-            /* the thinking's and the answer's separating whitespace */
+            /* wait past leading space only where it matters: it goes after
+             * thinking, and a call may open the output */
+            if (!s->thought && (!s->fam || (!s->fam->json_at_start && !s->fam->recipient_first))) {
+                s->state = S_CONTENT;
+                break;
+            }
             size_t w = tc_ws(p, n);
             if (w == n && !at_end)
                 return;

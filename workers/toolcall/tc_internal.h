@@ -75,6 +75,17 @@ typedef struct tc_family_def {
     const char *const *strip;     /* texts dropped from the content (NULL-terminated, may be NULL) */
     tc_parse_fn parse;
     int id_len;                   /* 0: "call_" + 24; else exactly this many [A-Za-z0-9] (Mistral) */
+    /* What tp_toolcall_grammar will hold a constrained output to, once the
+     * JSON Schema -> GBNF compiler (include/tokpipe/jschema.h) is in:
+     *   calls_open CALL (calls_sep CALL)* calls_close
+     *   CALL = call_open {"<name_key>": "NAME", "<args_key>": ARGS} call_close
+     * or, where the name stands outside the JSON (name_key NULL),
+     *   CALL = call_open NAME name_close ARGS call_close
+     * with NAME one of the offered functions and ARGS the grammar of its
+     * parameters schema; the lazy grammar of tool_choice auto starts at the
+     * trigger (tp_toolcall_trigger). */
+    const char *calls_open, *calls_sep, *calls_close;
+    const char *call_open, *call_close, *name_key, *args_key, *name_close;
 } tc_family_def;
 
 extern const tc_family_def tc_generic, tc_hermes, tc_llama3, tc_mistral, tc_functionary_v31, tc_functionary_v32,
