@@ -313,6 +313,18 @@ char *tc_json_string(const char *s, size_t n, size_t *len)
     return out;
 }
 
+/* A function name as models write them: no space, control byte, quote or
+ * backslash (what would break the name out of its JSON string). */
+static bool valid_name(const char *s, size_t n)
+{
+    if (!n || n > 256)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x21 || s[i] == '"' || s[i] == '\\')
+            return false;
+    return true;
+}
+
 void tc_call_release(tp_tc_call *c)
 {
     free(c->id);
@@ -323,6 +335,8 @@ void tc_call_release(tp_tc_call *c)
 
 int tc_add_call(tc_out *o, const char *name, size_t name_len, const char *args, size_t args_len)
 {
+    if (!valid_name(name, name_len))
+        return -1;
     if (o->n_calls == o->cap_calls) {
         size_t cap = o->cap_calls ? o->cap_calls * 2 : 4;
         tp_tc_call *c = realloc(o->calls, cap * sizeof *c);
@@ -351,16 +365,6 @@ int tc_add_call(tc_out *o, const char *name, size_t name_len, const char *args, 
     return 0;
 }
 
-static bool valid_name(const char *s, size_t n)
-{
-    if (!n || n > 256)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] < 0x21 || s[i] == '"' || s[i] == '\\')
-            return false;
-    return true;
-}
-
 bool tc_call_object(tc_out *o, const char *s, size_t n, const char *const *name_keys, const char *const *args_keys)
 {
     const char *nv = NULL, *av = NULL;
@@ -375,7 +379,7 @@ bool tc_call_object(tc_out *o, const char *s, size_t n, const char *const *name_
     char *name = tc_json_string(nv, nn, &len);
     if (!name)
         return o->oom = true, false;
-    bool ok = valid_name(name, len) && !tc_add_call(o, name, len, av, an);
+    bool ok = !tc_add_call(o, name, len, av, an);
     free(name);
     return ok;
 }
