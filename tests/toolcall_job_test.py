@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_tiny  # noqa: E402
 import tpdaemon  # noqa: E402
 from tpdaemon import MODELS, TOKPIPE  # noqa: E402
-from http_gateway_test import free_port, request  # noqa: E402
+from http_gateway_test import request  # noqa: E402
+from tpdaemon import free_port  # noqa: E402
 from http_openai_node_test import MODULES, ensure_client  # noqa: E402
 
 QWEN3 = os.path.join(MODELS, "hf-vocab", "qwen3-vocab.gguf")
