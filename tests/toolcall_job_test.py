@@ -18,7 +18,6 @@ import sys
 import tempfile
 import unittest
 
-import msgpack
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
