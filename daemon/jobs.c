@@ -317,6 +317,7 @@ void jobs_mark_finished(bjobs *t, bjob *j)
     free(j->messages);
     j->messages = NULL;
     j->n_messages = 0;
+    j->tools = (tp_str){0};
     free(j->shown);
     j->shown = NULL;
     j->n_shown = j->cap_shown = 0;

@@ -27,8 +27,9 @@ typedef struct bjob {
     char *prompt_text;
     size_t prompt_len;
     bool parse_special;     /* SUBMIT's parse_special, for the TOKENIZE request */
-    tp_chat_msg *messages;  /* SUBMIT's conversation (strings in prompt_text), for TOKENIZE */
+    tp_chat_msg *messages;  /* SUBMIT's conversation (one block: tp_chat_msgs_dup), for TOKENIZE */
     size_t n_messages;
+    tp_str tools;           /* SUBMIT's tools (in the messages block) */
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */
