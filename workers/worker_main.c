@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "tokpipe/chat_template.h"
+#include "tokpipe/toolcall.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
 #include "tokpipe/ggml_types.h"
@@ -145,8 +146,15 @@ static int load_chat(worker *w, tp_err *err)
             return tp_err_set(err, TP_ENOMEM, "out of memory");
         }
     }
-    w->chat_template = t != NULL;   /* for INFO: SUBMIT messages can be used */
-    rc = tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err);
+    if (t && w->stop) {
+        tp_tc_syntax syn;
+        tp_toolcall_syntax(t, text[0], text[1], &syn);
+        tp_stop_stage_set_syntax(w->stop, &syn);
+    }
+    w->chat_template = w->tokenize && t != NULL;   /* for INFO: SUBMIT messages can be used */
+    rc = w->tokenize ? tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err) : 0;
+    if (!w->tokenize)
+        tp_chat_template_free(t);
     free(text[0]);
     free(text[1]);
     return rc;
@@ -178,8 +186,6 @@ static int load_stages(worker *w, tp_err *err)
         rc = 0;
     }
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
-        return rc;
-    if (w->tokenize && (rc = load_chat(w, err)))
         return rc;
     const int *model_eos;
     int n_model_eos = tp_model_eos_ids(w->model, &model_eos);
@@ -218,6 +224,9 @@ static int load_stages(worker *w, tp_err *err)
         tp_config_grammar_limits(c, &gl, &el);
         tp_stop_stage_set_grammar_limits(w->stop, &gl, &el);
     }
+    /* the stop stage reads the template too: its tool-call syntax */
+    if ((w->tokenize || w->stop) && (rc = load_chat(w, err)))
+        return rc;
     return 0;
 }
 
