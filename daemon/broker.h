@@ -57,6 +57,7 @@ typedef struct bworker {
     int steps_inflight;
     int malformed;
     bool gone;                      /* a send failed: lost at the next safe point (registry_reap) */
+    uint64_t cache[TP_CACHE_COUNT]; /* forward: its prefix cache, from its last STEP_RESULT (0s: none) */
 } bworker;
 
 /* ---- jobs --------------------------------------------------------------------- */
@@ -84,6 +85,7 @@ typedef struct bjob {
     int tok_worker;
     uint64_t tok_task;
     uint32_t n_fed;                 /* positions in the KV cache */
+    uint32_t cached;                /* prompt positions its forward worker took from its prefix cache */
     int32_t pending;                /* accepted token to feed next, -1 none */
     int32_t acc_for_sampler;        /* accepted since the sampler last saw the slot */
     int phase;

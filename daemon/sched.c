@@ -418,6 +418,8 @@ static void attach_forward(broker *b, bjob *j, int f)
     j->fwd = f;
     b->workers[f].n_fwd++;
     j->n_fed = 0;
+    if (j->n_cand == 0)   /* the prompt is prefilled again: its hits are counted again */
+        j->cached = 0;
     if (j->phase == P_FORWARD)
         j->phase = P_READY;
     j->open_task[0] = send_slot_cmd(b, f, TP_CMD_SEQ_OPEN, j->slot);
@@ -509,6 +511,7 @@ static void attach_stop(broker *b, bjob *j, int t)
     uint32_t ctx = j->fwd >= 0 ? b->workers[j->fwd].seq_len : model ? model->seq_len : 0;
     if (ctx && j->n_prompt + (uint32_t)j->params.max_tokens >= ctx)
         o->context_length = ctx;
+    o->cached_tokens = j->cached;
     j->open_task[2] = m.task;
     broker_send_worker(b, t, &m);
     /* the verdicts after the replayed tokens come again */
@@ -868,11 +871,13 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     uint32_t *sel = with_lp ? malloc((n ? n : 1) * sizeof *sel) : NULL;
     if (with_lp && !sel)
         with_lp = false;   /* out of memory: the tokens still go on, without logprobs */
+    /* each row's cached_tokens, for its FINISH (none when out of memory) */
+    int32_t *cached = malloc((n ? n : 1) * sizeof *cached);
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
             continue;
         if (cols_reserve(c, n, 0, 0))
-            return;
+            break;
         uint32_t k = 0;
         for (uint32_t i = 0; i < n; i++) {
             bjob *j = jobs_by_slot(b, slots[i]);
@@ -881,6 +886,8 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
             if (sel)
                 sel[k] = i;
             c->slots[k] = slots[i];
+            if (cached)
+                cached[k] = (int32_t)j->cached;
             c->cands[k++] = cands[i];
         }
         if (!k)
@@ -892,6 +899,8 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         m.stop_step.n = k;
         m.stop_step.slots = (tp_raw){c->slots, k};
         m.stop_step.candidates = (tp_raw){c->cands, k};
+        m.stop_step.cached = cached;
+        m.stop_step.n_cached = cached ? k : 0;
         lp_pick pk = {0};
         if (with_lp && !pick_lp(lp, src, sel, k, &pk, &m.stop_step.lp))
             m.stop_step.lp = (tp_lp_cols){0};
@@ -901,6 +910,7 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         free(pk.ids);
     }
     free(sel);
+    free(cached);
 }
 
 /* ---- candidates and verdicts ---------------------------------------------- */
@@ -1020,6 +1030,23 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
     }
 }
 
+/* Prompt positions the worker took from its prefix cache, per job (only
+ * the prompt's: a job re-prefilled after it generated keeps its count),
+ * and the worker's cache figures for STATS. */
+static void note_cache_hits(broker *b, int wi, const tp_m_step_result *r)
+{
+    for (size_t i = 0; i < r->n_cached_slots; i++) {
+        bjob *j = jobs_by_slot(b, (uint32_t)r->cached_slots[i]);
+        if (j && j->state == J_RUNNING && j->fwd == wi && j->step == r->step && j->n_cand == 0) {
+            j->cached += (uint32_t)r->cached[i];
+            if (j->cached >= j->n_prompt)   /* a worker's claim, never more than the rule allows */
+                j->cached = j->n_prompt ? j->n_prompt - 1 : 0;
+        }
+    }
+    if (r->n_cache >= TP_CACHE_COUNT)
+        memcpy(b->workers[wi].cache, r->cache, sizeof b->workers[wi].cache);
+}
+
 static void on_step_result(broker *b, int wi, const tp_msg *m)
 {
     const tp_m_step_result *r = &m->step_result;
@@ -1029,6 +1056,7 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
         fail_step(b, wi, r->step, P_FORWARD, m);
         return;
     }
+    note_cache_hits(b, wi, r);
     /* output items move on; then whoever is still in FORWARD had none */
     uint32_t *slots = malloc((r->n ? r->n : 1) * sizeof *slots);
     int32_t *cands = malloc((r->n ? r->n : 1) * sizeof *cands);

@@ -526,6 +526,7 @@ static void on_event(bridge *b, tp_zmsg *z)
         c->n_finished++;
         ch->reason = m.finish.reason;
         ch->prompt_tokens = m.finish.prompt_tokens;
+        ch->cached_tokens = m.finish.cached_tokens;
         ch->completion_tokens = m.finish.completion_tokens;
         if (keep_matched(ch, &m.finish.matched))
             ch->matched.kind = TP_MATCHED_NONE;

@@ -327,7 +327,8 @@ void genopts_print_help(FILE *out)
           "                           penalties, logit bias and temperature)\n"
           "  --truncate-prompt-tokens N  keep only the last N prompt tokens\n"
           "  --json                   one JSON line per prompt: prompt, text, tokens, finish_reason,\n"
-          "                           finish_detail, matched, prompt_tokens, completion_tokens, seed,\n"
-          "                           logprobs (with --logprobs)\n",
+          "                           finish_detail, matched, prompt_tokens, cached_tokens (prompt\n"
+          "                           tokens taken from the daemon's prefix cache; run: 0),\n"
+          "                           completion_tokens, seed, logprobs (with --logprobs)\n",
           out);
 }
