@@ -180,8 +180,11 @@ static int start(bench_daemon *d, const char *bin, const char *dir, const char *
     FILE *f = fopen(cfg, "w");
     if (!f)
         return -1;
-    fprintf(f, "runtime_dir: %s/rt-%s\nmodel:\n  path: %s/%s.bin\n  tokenizer: %s/tok.bin\n%sworkers:\n"
-            "  binary: %s/tokpipe-worker\n", dir, name, dir, model, dir, yaml, bin);
+    /* a long prefill step on a loaded machine must not look like a hung
+     * worker (heartbeats wait for the step): 60 s of silence allowed */
+    fprintf(f, "runtime_dir: %s/rt-%s\nmodel:\n  path: %s/%s.bin\n  tokenizer: %s/tok.bin\nheartbeat:\n"
+            "  interval_ms: 5000\n  liveness: 12\n%sworkers:\n  binary: %s/tokpipe-worker\n", dir, name, dir, model,
+            dir, yaml, bin);
     fclose(f);
     snprintf(front, sizeof front, "ipc://%s/rt-%s/front.sock", dir, name);
     snprintf(events, sizeof events, "ipc://%s/rt-%s/events.sock", dir, name);
