@@ -148,6 +148,7 @@ typedef struct broker {
     bool done;
 
     bworker workers[B_MAX_WORKERS];
+    struct route_mirror *route[B_MAX_WORKERS]; /* route_prefix.c: what each forward worker caches */
     uint32_t next_worker_no;
 
     bjobs jt;                       /* the job table (jobs.c) */
@@ -220,6 +221,13 @@ int choose_tokenize(broker *b, bool alone);
 int choose_forward(broker *b);
 int choose_sample(broker *b, int f);
 int choose_stop(broker *b);
+
+/* ---- route_prefix.c: the forward worker most likely to hold j's prompt start
+ * (its prefix cache), unless clearly busier; route_note: worker wi now holds
+ * the full pages of ids + more; route_free at exit --------------------------- */
+int route_forward(broker *b, const bjob *j);
+void route_note(broker *b, int wi, const int32_t *ids, uint32_t n, const int32_t *more, uint32_t n_more);
+void route_free(broker *b);
 
 /* ---- registry.c, info.c, spawn.c, metrics.c (metrics.h) -------------------------- */
 enum { REG_DONE, REG_RESULT, REG_LOST, REG_READY };
