@@ -25,6 +25,7 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.parse_special = j->parse_special;
     m.tokenize.messages = j->messages;
     m.tokenize.n_messages = j->n_messages;
+    m.tokenize.tools = j->tools;
     if (out_worker(b, wi, &m))
         return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;
@@ -113,6 +114,7 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
     free(j->messages);
     j->messages = NULL;
     j->n_messages = 0;
+    j->tools = (tp_str){0};
     j->state = J_ADMIT;
 }
 

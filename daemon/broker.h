@@ -200,8 +200,11 @@ void step_free(broker *b);
 
 /* ---- recover.c: lost workers, replay, poison jobs --------------------------------- */
 void recover_run(broker *b, int64_t now);
-void recover_worker_lost(broker *b, int wi, const char *cause);
-void recover_lose(broker *b, int wi, const char *why);
+/* died: the worker's process ended (its connection closed, or it said
+ * DISCONNECT), which is what a job that crashes workers does; a hung or
+ * re-registered worker's loss counts against no job (recover.c). */
+void recover_worker_lost(broker *b, int wi, const char *cause, bool died);
+void recover_lose(broker *b, int wi, const char *why, bool died);
 void recover_reap(broker *b);
 void recover_lost_finish(broker *b, int64_t now);
 

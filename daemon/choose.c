@@ -40,7 +40,8 @@ int choose_forward(broker *b)
     for (int i = 0; i < B_MAX_WORKERS; i++) {
         const bworker *w = &b->workers[i];
         int cap = (int)w->capacity < b->cfg->max_num_seqs ? (int)w->capacity : b->cfg->max_num_seqs;
-        if (!registry_usable(b, i) || !(w->stages & TP_STAGE_FORWARD) || w->n_fwd >= cap)
+        /* one stepping a suspect alone computes nothing else meanwhile */
+        if (!registry_usable(b, i) || !(w->stages & TP_STAGE_FORWARD) || w->n_fwd >= cap || w->step_suspect)
             continue;
         if (best < 0 || w->n_fwd < best_load) {
             best = i;
