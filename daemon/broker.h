@@ -222,6 +222,7 @@ void pin_publish_finish(broker *b, bjob *j, int reason, const char *error);
 /* ---- choose.c: worker choice (-1: none has room) --------------------------------- */
 int choose_tokenize(broker *b, bool alone);
 int choose_forward(broker *b);
+bool choose_forward_can_take(broker *b, int i);   /* a forward worker with room for a new job */
 int choose_sample(broker *b, int f);
 int choose_stop(broker *b);
 

@@ -114,9 +114,7 @@ int route_forward(broker *b, const bjob *j)
     uint32_t best_held = held(b, least, j->prompt, j->n_prompt);
     for (int i = 0; i < B_MAX_WORKERS; i++) {
         const bworker *w = &b->workers[i];
-        int cap = (int)w->capacity < b->cfg->max_num_seqs ? (int)w->capacity : b->cfg->max_num_seqs;
-        if (i == least || !registry_usable(b, i) || !(w->stages & TP_STAGE_FORWARD) || w->n_fwd >= cap ||
-            w->n_fwd > min_load + ROUTE_SLACK + min_load / 2)
+        if (i == least || !choose_forward_can_take(b, i) || w->n_fwd > min_load + ROUTE_SLACK + min_load / 2)
             continue;
         uint32_t h = held(b, i, j->prompt, j->n_prompt);
         const bworker *bw = &b->workers[best];
