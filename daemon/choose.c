@@ -1,6 +1,6 @@
 /* Worker choice: which worker of a stage takes a job. The least loaded one
- * with room, the first registered on a tie. (A prefix-aware router for the
- * forward stage belongs beside this file.) */
+ * with room, the first registered on a tie. route_prefix.c, beside this
+ * file, chooses a forward worker by the prefix it caches. */
 #include "broker.h"
 
 static int pick_worker(broker *b, unsigned stage, int (*load)(const bworker *))
