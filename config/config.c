@@ -65,6 +65,8 @@ static const struct key keys[] = {
     KI("kv.slots", kv_slots, 1, 4096),
     KI("kv.max_pos", kv_max_pos, 0, 1 << 20),
     KE("kv.kv_type", kv_type, tp_config_kv_type_names),
+    KB("kv.prefix_cache", prefix_cache),
+    KI("kv.prefix_cache_extra_mb", prefix_cache_extra_mb, 0, 1 << 20),
     KI("generation.max_tokens", def_max_tokens, 1, INT32_MAX),
     KD("generation.temperature", def_temperature, 0, 1e6),
     KD("generation.top_p", def_top_p, 1e-300, 1),
@@ -174,6 +176,8 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->decode_ahead = true;
     cfg->kv_slots = 64;
     cfg->kv_max_pos = 0;
+    cfg->prefix_cache = true;
+    cfg->prefix_cache_extra_mb = 0;
     cfg->def_max_tokens = 256;
     cfg->def_temperature = 1.0;
     cfg->def_top_p = 1.0;

@@ -121,7 +121,7 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
 /* Pin j to a forward, sample and stop worker; false if one is missing. */
 static bool admit(broker *b, bjob *j)
 {
-    int f = choose_forward(b);
+    int f = route_forward(b, j);
     if (f < 0)
         return false;
     int s = choose_sample(b, f);
@@ -154,6 +154,7 @@ static bool admit(broker *b, bjob *j)
     j->phase = P_READY;
     j->t_start_wall = tp_wall_us();
     pin_forward(b, j, f);
+    route_note(b, f, j->prompt, j->n_prompt, NULL, 0);
     pin_sample(b, j, s);
     pin_stop(b, j, t);
     return true;

@@ -307,6 +307,7 @@ void broker_free(broker *b)
         if (socks[i] && !strncmp(eps[i], "ipc://", 6))
             unlink(eps[i] + 6);
     jobs_free(&b->jt);
+    route_free(b);
     step_free(b);
     spawn_free(b);
     out_free(b);

@@ -443,6 +443,7 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
     r.status = TP_ST_OK;
     s->state = state_of(j);
     s->prompt_tokens = j->n_prompt;
+    s->cached_tokens = j->cached;
     s->last_seq = j->last_seq;
     s->text = (tp_str){j->text ? j->text : "", j->text_len};
     s->text_len = jobs_text_total(j);

@@ -424,6 +424,7 @@ bool jobs_own_finish(const bjob *j, int reason, const char *error, tp_msg *ev)
     f->reason = reason;
     f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
     f->prompt_tokens = j->n_prompt;
+    f->cached_tokens = j->cached;
     f->completion_tokens = j->n_tok_ids;   /* the ids subscribers were sent, exactly */
     f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;

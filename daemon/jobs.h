@@ -37,6 +37,7 @@ typedef struct bjob {
     int tok_worker;
     uint64_t tok_task;
     uint32_t n_fed;                 /* positions in the KV cache */
+    uint32_t cached;                /* prompt positions its forward worker took from its prefix cache */
     int32_t pending;                /* accepted token to feed next, -1 none */
     int32_t acc_for_sampler;        /* accepted since the sampler last saw the slot */
     int phase;

@@ -58,6 +58,14 @@ void metrics_fill(const broker *b, tp_m_stats_reply *s)
         if (w->live && (w->stages & TP_STAGE_FORWARD)) {
             s->kv_slots_used += (uint64_t)w->n_fwd;
             s->kv_slots_total += w->capacity;
+            s->prefix_lookups += w->cache[TP_CACHE_LOOKUPS];
+            s->prefix_hit_tokens += w->cache[TP_CACHE_HIT_TOKENS];
+            s->prefix_prompt_tokens += w->cache[TP_CACHE_PROMPT_TOKENS];
+            s->prefix_evictions += w->cache[TP_CACHE_EVICTIONS];
+            s->prefix_pages_used += w->cache[TP_CACHE_PAGES_USED];
+            s->prefix_pages_cached += w->cache[TP_CACHE_PAGES_CACHED];
+            s->prefix_pages_total += w->cache[TP_CACHE_PAGES_TOTAL];
+            s->prefix_bytes += w->cache[TP_CACHE_PAGES_CACHED] * w->cache[TP_CACHE_PAGE_BYTES];
         }
     }
     for (int h = 0; h < TP_HIST_COUNT; h++) {

@@ -63,6 +63,10 @@ static void set_close_error(bjob *j, const char *error)
 void pin_release(broker *b, bjob *j, int finish, const char *error)
 {
     if (j->fwd >= 0) {
+        /* its worker caches the prompt and the candidates it was fed */
+        uint32_t fed = j->n_fed > j->n_prompt ? j->n_fed - j->n_prompt : 0;
+        route_note(b, j->fwd, j->prompt, j->n_fed < j->n_prompt ? j->n_fed : j->n_prompt, j->cands,
+                   fed < j->n_cand ? fed : j->n_cand);
         pin_slot_cmd(b, j->fwd, TP_CMD_SEQ_CLOSE, j->slot);
         b->workers[j->fwd].n_fwd--;
     }
@@ -144,6 +148,8 @@ void pin_forward(broker *b, bjob *j, int f)
     j->fwd = f;
     b->workers[f].n_fwd++;
     j->n_fed = 0;
+    if (j->n_cand == 0)   /* the prompt is prefilled again: its hits are counted again */
+        j->cached = 0;
     if (j->phase == P_FORWARD)
         j->phase = P_READY;
     j->open_task[0] = pin_slot_cmd(b, f, TP_CMD_SEQ_OPEN, j->slot);
@@ -235,6 +241,7 @@ void pin_stop(broker *b, bjob *j, int t)
     uint32_t ctx = j->fwd >= 0 ? b->workers[j->fwd].seq_len : model ? model->seq_len : 0;
     if (ctx && j->n_prompt + (uint32_t)j->params.max_tokens >= ctx)
         o->context_length = ctx;
+    o->cached_tokens = j->cached;
     j->open_task[2] = m.task;
     out_worker(b, t, &m);
     /* the verdicts after the replayed tokens come again */

@@ -186,9 +186,10 @@ void recover_run(broker *b, int64_t now)
             pin_release(b, j, TP_REASON_NONE, NULL);
         } else if (j->state == J_RUNNING && (j->fwd < 0 || j->smp < 0 || j->stp < 0)) {
             if (j->fwd < 0) {
-                int f = choose_forward(b);
+                int f = route_forward(b, j);
                 if (f >= 0) {
                     pin_forward(b, j, f);
+                    route_note(b, f, j->prompt, j->n_prompt, NULL, 0);
                     if ((b->workers[f].stages & TP_STAGE_SAMPLE) && j->smp != f && j->smp >= 0) {
                         /* a fused worker samples its own rows: the sampler moves too */
                         pin_slot_cmd(b, j->smp, TP_CMD_SAMPLE_CLOSE, j->slot);

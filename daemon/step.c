@@ -272,11 +272,13 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     uint32_t *sel = with_lp ? malloc((n ? n : 1) * sizeof *sel) : NULL;
     if (with_lp && !sel)
         with_lp = false;   /* out of memory: the tokens still go on, without logprobs */
+    /* each row's cached_tokens, for its FINISH (none when out of memory) */
+    int32_t *cached = malloc((n ? n : 1) * sizeof *cached);
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
             continue;
         if (cols_reserve(c, n, 0, 0))
-            return;
+            break;
         uint32_t k = 0;
         for (uint32_t i = 0; i < n; i++) {
             bjob *j = jobs_by_slot(&b->jt, slots[i]);
@@ -285,6 +287,8 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
             if (sel)
                 sel[k] = i;
             c->slots[k] = slots[i];
+            if (cached)
+                cached[k] = (int32_t)j->cached;
             c->cands[k++] = cands[i];
         }
         if (!k)
@@ -296,6 +300,8 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         m.stop_step.n = k;
         m.stop_step.slots = (tp_raw){c->slots, k};
         m.stop_step.candidates = (tp_raw){c->cands, k};
+        m.stop_step.cached = cached;
+        m.stop_step.n_cached = cached ? k : 0;
         lp_pick pk = {0};
         if (with_lp && !pick_lp(lp, src, sel, k, &pk, &m.stop_step.lp))
             m.stop_step.lp = (tp_lp_cols){0};
@@ -305,6 +311,7 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         free(pk.ids);
     }
     free(sel);
+    free(cached);
 }
 
 /* A new candidate c of job j: queue it for its verdict and make it the
@@ -456,6 +463,23 @@ static void picked_free(picked *p)
     free(p->src);
 }
 
+/* Prompt positions the worker took from its prefix cache, per job (only
+ * the prompt's: a job re-prefilled after it generated keeps its count),
+ * and the worker's cache figures for STATS. */
+static void note_cache_hits(broker *b, int wi, const tp_m_step_result *r)
+{
+    for (size_t i = 0; i < r->n_cached_slots; i++) {
+        bjob *j = jobs_by_slot(&b->jt, (uint32_t)r->cached_slots[i]);
+        if (j && j->state == J_RUNNING && j->fwd == wi && j->step == r->step && j->n_cand == 0) {
+            j->cached += (uint32_t)r->cached[i];
+            if (j->cached >= j->n_prompt)   /* a worker's claim, never more than the rule allows */
+                j->cached = j->n_prompt ? j->n_prompt - 1 : 0;
+        }
+    }
+    if (r->n_cache >= TP_CACHE_COUNT)
+        memcpy(b->workers[wi].cache, r->cache, sizeof b->workers[wi].cache);
+}
+
 static void on_step_result(broker *b, int wi, const tp_msg *m)
 {
     const tp_m_step_result *r = &m->step_result;
@@ -466,6 +490,7 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
         fail_step(b, wi, r->step, P_FORWARD, m);
         return;
     }
+    note_cache_hits(b, wi, r);
     /* output items move on; then whoever is still in FORWARD had none */
     picked p;
     bool ok = picked_init(&p, r->n);

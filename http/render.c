@@ -153,19 +153,27 @@ static cJSON *head(const gw_call *c, const char *model, const char *object)
     return o;
 }
 
-/* Prompt tokens count once per prompt, whatever n is (as OpenAI and vLLM). */
+/* Prompt tokens count once per prompt, whatever n is (as OpenAI and vLLM),
+ * and so do the cached ones: the first choice's job of each prompt says
+ * how many of its prompt tokens the prefix cache held (the n - 1 others of
+ * a prompt usually hit it too, but the prompt was processed once). */
 static cJSON *usage(const gw_call *c)
 {
-    uint64_t prompt = 0, completion = 0;
+    uint64_t prompt = 0, completion = 0, cached = 0;
     for (size_t i = 0; i < c->n_ch; i++) {
-        if (i % (size_t)c->oreq.n == 0)
+        if (i % (size_t)c->oreq.n == 0) {
             prompt += c->ch[i].prompt_tokens;
+            cached += c->ch[i].cached_tokens < c->ch[i].prompt_tokens ? c->ch[i].cached_tokens : 0;
+        }
         completion += c->ch[i].completion_tokens;
     }
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (d)
+        cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
     return u;
 }
 
@@ -451,6 +459,31 @@ static void one(gw_buf *b, const char *name, const char *type, const char *help,
     sample(b, name, NULL, v);
 }
 
+/* The forward workers' prefix caches (README "Prefix caching"). */
+static void prefix_cache(gw_buf *b, const tp_m_stats_reply *s)
+{
+    one(b, "tokpipe_prefix_cache_lookups_total", "counter", "Prompt chunks offered to a prefix cache",
+        s->prefix_lookups);
+    one(b, "tokpipe_prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from a prefix cache",
+        s->prefix_hit_tokens);
+    one(b, "tokpipe_prefix_cache_prompt_tokens_total", "counter",
+        "Prompt tokens the forward workers were asked for (taken from the cache + computed)",
+        s->prefix_prompt_tokens);
+    family(b, "tokpipe_prefix_cache_hit_rate", "gauge", "hit_tokens / prompt_tokens (0 before any prompt)");
+    char line[128];
+    double rate = s->prefix_prompt_tokens ? (double)s->prefix_hit_tokens / (double)s->prefix_prompt_tokens : 0.0;
+    int n = snprintf(line, sizeof line, "tokpipe_prefix_cache_hit_rate %.6f\n", rate);
+    gw_buf_add(b, line, (size_t)n);
+    one(b, "tokpipe_prefix_cache_evictions_total", "counter", "Cached KV pages given up for new ones",
+        s->prefix_evictions);
+    one(b, "tokpipe_prefix_cache_pages_used", "gauge", "KV pages held by running sequences", s->prefix_pages_used);
+    one(b, "tokpipe_prefix_cache_pages_cached", "gauge", "KV pages in the prefix cache (held or not)",
+        s->prefix_pages_cached);
+    one(b, "tokpipe_prefix_cache_pages_capacity", "gauge", "KV pages of the live forward workers' pools",
+        s->prefix_pages_total);
+    one(b, "tokpipe_prefix_cache_bytes", "gauge", "Bytes of the cached KV pages", s->prefix_bytes);
+}
+
 /* Label value escaping of the text format: backslash, quote, newline. */
 static void add_label_value(gw_buf *b, const char *s, size_t len)
 {
@@ -570,6 +603,7 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     one(&b, "tokpipe_jobs_waiting", "gauge", "Jobs tokenizing or waiting for admission now", s->jobs_waiting);
     one(&b, "tokpipe_kv_slots_used", "gauge", "KV cache slots (sequences) held by forward workers", s->kv_slots_used);
     one(&b, "tokpipe_kv_slots_capacity", "gauge", "KV cache slots of the live forward workers", s->kv_slots_total);
+    prefix_cache(&b, s);
     histogram(&b, "tokpipe_queue_time_seconds", "Time from SUBMIT to a job's first forward step",
               &s->hist[TP_HIST_QUEUE]);
     histogram(&b, "tokpipe_time_to_first_token_seconds", "Time from SUBMIT to a job's first accepted token",

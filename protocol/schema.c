@@ -148,6 +148,7 @@ static const field status_reply_f[] = {
     {.key = "state", .type = FT_STATE, .off = SR(state), .flags = FF_REQUIRED},
     F_U32("prompt_tokens", SR(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("completion_tokens", SR(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("cached_tokens", SR(cached_tokens), 0, 0, UINT32_MAX),
     F_I64("last_seq", SR(last_seq), FF_REQUIRED, -1, UINT32_MAX),
     {.key = "reason", .type = FT_REASON, .off = SR(reason)},
     {.key = "matched", .type = FT_MATCHED, .off = SR(matched)},
@@ -209,7 +210,11 @@ static const field stats_reply_f[] = {
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
     F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
     {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)},
-    F_U64("events_refused", ST(events_refused), 0), END,
+    F_U64("events_refused", ST(events_refused), 0),
+    F_U64("prefix_lookups", ST(prefix_lookups), 0), F_U64("prefix_hit_tokens", ST(prefix_hit_tokens), 0),
+    F_U64("prefix_prompt_tokens", ST(prefix_prompt_tokens), 0), F_U64("prefix_evictions", ST(prefix_evictions), 0),
+    F_U64("prefix_pages_used", ST(prefix_pages_used), 0), F_U64("prefix_pages_cached", ST(prefix_pages_cached), 0),
+    F_U64("prefix_pages_total", ST(prefix_pages_total), 0), F_U64("prefix_bytes", ST(prefix_bytes), 0), END,
 };
 
 #define IR(m) M(info_reply.m)
@@ -266,6 +271,7 @@ static const field finish_f[] = {
     F_STR("error", FI(job_error), 0, TP_PROTO_MAX_ERROR),
     F_U32("prompt_tokens", FI(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("completion_tokens", FI(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
+    F_U32("cached_tokens", FI(cached_tokens), 0, 0, UINT32_MAX),
     F_U64("text_len", FI(text_len), FF_REQUIRED), F_U64("queue_us", FI(timings.queue_us), FF_REQUIRED),
     F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
     F_U64("pin", FI(pin), 0),     {.key = "seed", .type = FT_U64, .off = FI(seed), .setbit = TP_ACK_SEED}, ERROR_CODE(FI(error_code)),
@@ -349,7 +355,11 @@ static const pframe step_p[] = {
 static const field step_result_f[] = {
     TASK, STATUS, ERROR, STEPNO(SR2(step)), COUNT("n", SR2(n), 0, TP_PROTO_MAX_ITEMS),
     COUNT("vocab", SR2(vocab), 0, TP_PROTO_MAX_VOCAB), F_BOOL("sampled", SR2(sampled), FF_REQUIRED),
-    TOP_N(SR2(lp.top_n)), END,
+    TOP_N(SR2(lp.top_n)),
+    {.key = "cached_slots", .type = FT_I32S, .off = SR2(cached_slots), .ilo = 0, .ihi = INT32_MAX,
+     .max = TP_PROTO_MAX_ITEMS},
+    {.key = "cached", .type = FT_I32S, .off = SR2(cached), .ilo = 1, .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
+    {.key = "cache", .type = FT_U64S, .off = SR2(cache), .max = 64}, END,
 };
 static const pframe step_result_p[] = {
     {"slots", SR2(slots), 4, 1}, {"out", SR2(out), 4, 1}, LP_FRAMES(SR2(lp)), {NULL, 0, 0, 0},
@@ -388,7 +398,8 @@ static const field stop_open_f[] = {
     F_I32("prev_token", SO(prev_token), FF_REQUIRED, -1, INT32_MAX),
     F_U32("next_seq", SO(next_seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED),
-    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX), END,
+    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX),
+    F_U32("cached_tokens", SO(cached_tokens), 0, 0, UINT32_MAX), END,
 };
 static const pframe stop_open_p[] = {{"replay", SO(replay), 4, 0}, {NULL, 0, 0, 0}};
 
@@ -400,6 +411,8 @@ static const field stop_close_f[] = {
 
 static const field stop_step_f[] = {TASK, STEPNO(M(stop_step.step)),
                                     COUNT("n", M(stop_step.n), 1, TP_PROTO_MAX_ITEMS), TOP_N(M(stop_step.lp.top_n)),
+                                    {.key = "cached", .type = FT_I32S, .off = M(stop_step.cached), .ilo = 0,
+                                     .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
                                     END};
 static const pframe stop_step_p[] = {
     {"slots", M(stop_step.slots), 4, 0}, {"candidates", M(stop_step.candidates), 4, 0}, LP_FRAMES(M(stop_step.lp)),
@@ -647,6 +660,8 @@ static int check_step_result(tp_msg *m, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "logprobs: only a sampled STEP_RESULT carries them");
     if ((rc = check_lp(&r->lp, r->n, err)))
         return rc;
+    if (r->n_cached != r->n_cached_slots)
+        return tp_err_set(err, TP_EINVAL, "cached: %zu counts for %zu cached_slots", r->n_cached, r->n_cached_slots);
     return want_count(r->out, r->sampled ? r->n : (size_t)r->n * r->vocab, "out", err);
 }
 
@@ -700,6 +715,8 @@ static int check_stop_step(tp_msg *m, tp_err *err)
     int rc = want_count(m->stop_step.slots, m->stop_step.n, "slots", err);
     if (!rc)
         rc = check_lp(&m->stop_step.lp, m->stop_step.n, err);
+    if (!rc && m->stop_step.n_cached && m->stop_step.n_cached != m->stop_step.n)
+        rc = tp_err_set(err, TP_EINVAL, "cached: %zu counts for %u rows", m->stop_step.n_cached, m->stop_step.n);
     return rc ? rc : want_count(m->stop_step.candidates, m->stop_step.n, "candidates", err);
 }
 

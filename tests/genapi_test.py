@@ -312,7 +312,7 @@ class InfoOfAGgufModelWithAChatTemplate(unittest.TestCase):
 class HelpTexts(unittest.TestCase):
     def test_run_and_generate_help_list_every_json_field_and_the_new_flags(self):
         fields = ["prompt", "text", "tokens", "finish_reason", "finish_detail", "matched", "prompt_tokens",
-                  "completion_tokens", "seed", "logprobs"]
+                  "cached_tokens", "completion_tokens", "seed", "logprobs"]
         ref = run_json("--prompt", PROMPT, "--max-tokens", "2", "--logprobs")[0]
         self.assertEqual(sorted(ref), sorted(fields))
         for cmd in ("run", "generate"):

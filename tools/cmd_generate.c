@@ -52,6 +52,7 @@ typedef struct job {
     bool diverged;            /* the resubmitted job's text differs from what was printed */
     int reason;
     uint32_t prompt_tokens, completion_tokens;
+    uint32_t cached_tokens;   /* of the prompt, taken from the forward worker's prefix cache */
     cJSON *matched;           /* string, id or null (as in `run --json`) */
     char error[TP_PROTO_MAX_ERROR + 1];   /* reason error: what went wrong */
     uint32_t rejected;        /* the ACK's status when the SUBMIT was refused, else 0 */
@@ -83,7 +84,7 @@ static const char usage_head[] =
     "streams (one prompt), the texts in prompt order (several prompts), or with\n"
     "--json one line per prompt, in order, with the fields of `tokpipe run --json`:\n"
     "  {\"prompt\",\"text\",\"tokens\",\"finish_reason\",\"finish_detail\",\"matched\",\n"
-    "   \"prompt_tokens\",\"completion_tokens\",\"seed\",\"logprobs\"}\n"
+    "   \"prompt_tokens\",\"cached_tokens\",\"completion_tokens\",\"seed\",\"logprobs\"}\n"
     "A generation option left out takes the daemon's default (its config's\n"
     "generation.* keys; the defaults shown below are the shipped ones); without\n"
     "--seed each job gets a random seed (sent with it, shown in --json). When\n"
@@ -316,6 +317,7 @@ static void on_event(gen *s, const tp_msg *m)
     snprintf(j->error, sizeof j->error, "%.*s", (int)m->finish.job_error.len,
              m->finish.job_error.ptr ? m->finish.job_error.ptr : "");
     j->prompt_tokens = m->finish.prompt_tokens;
+    j->cached_tokens = m->finish.cached_tokens;
     j->completion_tokens = m->finish.completion_tokens;
     if (m->finish.set & TP_ACK_SEED)
         j->seed = m->finish.seed;
@@ -348,7 +350,7 @@ static int catch_up(gen *s, job *j, tp_err *err)
         j->len = 0, j->n_ids = 0;
         if (append(j, st->text.ptr ? st->text.ptr : "", st->text.len) || append_ids(j, st->tokens))
             rc = tp_err_set(err, TP_ENOMEM, "out of memory");
-        j->reason = st->reason, j->prompt_tokens = st->prompt_tokens;
+        j->reason = st->reason, j->prompt_tokens = st->prompt_tokens, j->cached_tokens = st->cached_tokens;
         cJSON_Delete(j->matched);
         j->matched = evfmt_matched(&st->matched);
         snprintf(j->error, sizeof j->error, "%.*s", (int)st->job_error.len, st->job_error.ptr ? st->job_error.ptr : "");
@@ -530,6 +532,7 @@ static void print_json(const job *j)
         cJSON_AddBoolToObject(o, "grammar_complete", j->grammar_complete);
     cJSON_AddItemToObject(o, "matched", j->matched ? cJSON_Duplicate(j->matched, 1) : cJSON_CreateNull());
     cJSON_AddNumberToObject(o, "prompt_tokens", j->prompt_tokens);
+    cJSON_AddNumberToObject(o, "cached_tokens", j->cached_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", j->completion_tokens);
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)j->seed);

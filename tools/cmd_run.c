@@ -573,6 +573,9 @@ static void print_json(const run_job *j, const genopts *g)
         cJSON_AddNullToObject(o, "matched");
     }
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)j->n_prompt);
+    /* run computes every prompt in full (no reuse: nothing is cached
+     * across invocations); the field is there to match generate --json */
+    cJSON_AddNumberToObject(o, "cached_tokens", 0);
     cJSON_AddNumberToObject(o, "completion_tokens", tp_stop_completion_tokens(j->stop));
     /* written as digits: a u64 does not fit cJSON's doubles */
     char seed[24];

@@ -113,6 +113,7 @@ cJSON *evfmt_event(const tp_msg *m)
     cJSON_AddItemToObject(o, "matched", evfmt_matched(&f->matched));
     cJSON_AddItemToObject(o, "text", evfmt_str(f->text));
     cJSON_AddNumberToObject(o, "prompt_tokens", f->prompt_tokens);
+    cJSON_AddNumberToObject(o, "cached_tokens", f->cached_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", f->completion_tokens);
     cJSON_AddNumberToObject(o, "text_len", (double)f->text_len);
     add_timings(o, &f->timings);
@@ -148,6 +149,7 @@ cJSON *evfmt_status(const tp_msg *m)
     cJSON_AddItemToObject(o, "job_id", evfmt_str(s->job_id));
     cJSON_AddStringToObject(o, "state", tp_state_name(s->state));
     cJSON_AddNumberToObject(o, "prompt_tokens", s->prompt_tokens);
+    cJSON_AddNumberToObject(o, "cached_tokens", s->cached_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", s->completion_tokens);
     cJSON_AddNumberToObject(o, "last_seq", (double)s->last_seq);
     if (m->status != TP_ST_OK)
@@ -232,6 +234,10 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"recovery_count", s->recovery_count}, {"recovery_ms_total", s->recovery_ms_total},
         {"recovery_ms_max", s->recovery_ms_max}, {"events_duplicate", s->events_duplicate},
         {"events_refused", s->events_refused},
+        {"prefix_lookups", s->prefix_lookups}, {"prefix_hit_tokens", s->prefix_hit_tokens},
+        {"prefix_prompt_tokens", s->prefix_prompt_tokens}, {"prefix_evictions", s->prefix_evictions},
+        {"prefix_pages_used", s->prefix_pages_used}, {"prefix_pages_cached", s->prefix_pages_cached},
+        {"prefix_pages_total", s->prefix_pages_total}, {"prefix_bytes", s->prefix_bytes},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);

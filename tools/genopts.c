@@ -590,7 +590,9 @@ void genopts_print_help(FILE *out)
           "  --json-schema FILE       constrain the output to JSON valid for this JSON Schema\n"
           "  --json-mode              constrain the output to one JSON object\n"
           "  --json                   one JSON line per prompt: prompt, text, tokens, finish_reason,\n"
-          "                           finish_detail, matched, prompt_tokens, completion_tokens, seed,\n"
-          "                           logprobs (with --logprobs), grammar_complete (with a grammar)\n",
+          "                           finish_detail, matched, prompt_tokens, cached_tokens (prompt\n"
+          "                           tokens taken from the daemon's prefix cache; run: 0),\n"
+          "                           completion_tokens, seed, logprobs (with --logprobs),\n"
+          "                           grammar_complete (with a grammar)\n",
           out);
 }

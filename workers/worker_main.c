@@ -207,6 +207,14 @@ static int load_stages(worker *w, tp_err *err)
         return rc;
     if (w->forward && (rc = tp_forward_stage_set_kv_type(w->forward, (tp_kv_type)c->kv_type, err)))
         return rc;
+    if (w->forward && (!c->prefix_cache || c->prefix_cache_extra_mb)) {
+        /* after kv_type: a page's size depends on it */
+        double extra = (double)c->prefix_cache_extra_mb * 1e6 / (double)tp_forward_stage_page_bytes(w->forward);
+        if (extra > TP_FORWARD_MAX_EXTRA_PAGES)
+            extra = TP_FORWARD_MAX_EXTRA_PAGES;
+        if ((rc = tp_forward_stage_set_prefix_cache(w->forward, c->prefix_cache, (int)extra, err)))
+            return rc;
+    }
     if (w->forward && c->forward_kernel != TP_FWD_KERNEL_INVARIANT) {
         if ((rc = tp_forward_stage_set_kernel(w->forward, (tp_fwd_kernel)c->forward_kernel, err)))
             return rc;

@@ -66,6 +66,8 @@ typedef struct tp_config {
     int kv_slots;
     int kv_max_pos;          /* 0 = the model's seq_len */
     int kv_type;             /* tp_kv_type: 0 f32 (default), 1 f16 */
+    bool prefix_cache;       /* keep prompts' KV pages for later jobs (forward.h) */
+    int prefix_cache_extra_mb; /* memory for cached pages beyond the pool's (0: the pool's free pages only) */
 
     /* generation defaults (used for keys a SUBMIT leaves out) */
     int32_t def_max_tokens;

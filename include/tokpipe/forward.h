@@ -31,6 +31,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tokpipe/error.h"
 #include "tokpipe/model.h"
@@ -55,10 +56,12 @@ typedef struct tp_fwd_item {
  * weight matrices and, with AVX-512 VNNI, a repacked copy ("panel", as
  * big as the file's) of the integer-typed ones; F16/BF16 are read in
  * place from the model's mmap (workers/forward/quant.h). The file's pages
- * of copied matrices are given back (tp_model_drop_pages). Plus
- * 2 * kv_slots * n_layers * max_pos * kv_dim values, floats until
- * tp_forward_set_kv_type picks halves. *out is owned by the
- * caller (tp_forward_free). */
+ * of copied matrices are given back (tp_model_drop_pages). Plus the KV
+ * pool: 2 * kv_slots * n_layers * max_pos * kv_dim values (max_pos rounded
+ * up to 16), floats until tp_forward_set_kv_type picks halves, mapped
+ * lazily (pages never written cost no memory), in pages of 16 positions
+ * that also hold the prefix cache (tp_forward_seq_reuse; on by default).
+ * *out is owned by the caller (tp_forward_free). */
 int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_batch_tokens,
                    tp_forward **out, tp_err *err);
 
@@ -73,6 +76,71 @@ int tp_forward_seq_close(tp_forward *f, int seq_id);
 
 /* Current length (positions filled) of an open sequence, or -1. */
 int tp_forward_seq_length(const tp_forward *f, int seq_id);
+
+/* Prefix cache. The KV pool is cut into pages of 16 positions; a sequence
+ * holds a table of pages. Every page a sequence fills completely is kept,
+ * keyed by its tokens and the page before it (a hash chain over full
+ * pages), and stays after the sequence closes, until its memory is needed
+ * for a new page: then the least recently used page no sequence holds is
+ * given up. A cached page is shared by reference (never copied, never
+ * written) by every sequence whose tokens match.
+ *
+ * tp_forward_seq_reuse: sequence seq_id (of length pos) is about to be
+ * fed tokens[0..n_tokens) at pos. Takes the longest run of those tokens
+ * that completes cached pages after the sequence's current ones (a partly
+ * filled last page is swapped for a cached page holding the same tokens
+ * there and more), leaving at least the last token to be computed when
+ * keep_last (the caller wants its logits). Returns how many tokens were
+ * taken (maybe 0): the sequence's length is now pos + that, and the
+ * caller feeds only the rest. Exact: with the invariant kernel (and only
+ * then is the cache used) a position's keys and values depend only on the
+ * tokens up to it, never on chunking, batch, thread count or which
+ * sequence computed them, so the logits that follow are bit-identical to
+ * computing every position. 0 whenever the conditions do not hold (cache
+ * off, OpenBLAS kernel, pos not the sequence's length, a sequence whose
+ * earlier full pages are not all cached, fewer tokens than complete the
+ * next page). */
+int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, int n_tokens, bool keep_last);
+
+/* Do open sequences a and b both have length pos (a multiple of 16) and
+ * hold the same cached pages for it? Then tokens fed to one at pos and
+ * later offered to the other (tp_forward_seq_reuse) are taken from the
+ * cache: jobs with a common prefix that arrive together share one
+ * computation of it. False when the cache is not in use. */
+bool tp_forward_seq_same_pages(const tp_forward *f, int a, int b, int pos);
+
+/* Positions per KV page: prefix hits are whole pages. */
+#define TP_FWD_PAGE 16
+
+/* Most pages tp_forward_set_prefix_cache may add beyond the slots' own. */
+#define TP_FORWARD_MAX_EXTRA_PAGES (1 << 24)
+
+/* Turn the cache on or off, and give it extra_pages pages (16 positions of
+ * every layer each, tp_forward_page_bytes) beyond the kv_slots * max_pos
+ * positions of the pool (0: the cache lives in the pool's free pages
+ * only; off: extra_pages is ignored). Re-maps the pool, dropping what was
+ * cached; only while no sequence is open (TP_ESTATE), TP_EINVAL outside
+ * 0..TP_FORWARD_MAX_EXTRA_PAGES, TP_ENOMEM if the new pool cannot be
+ * mapped (the old one stays). */
+int tp_forward_set_prefix_cache(tp_forward *f, bool on, int extra_pages, tp_err *err);
+bool tp_forward_prefix_cache(const tp_forward *f);
+
+/* Bytes of one page: keys and values of 16 positions in every layer. */
+size_t tp_forward_page_bytes(const tp_forward *f);
+
+typedef struct tp_fwd_prefix_stats {
+    bool enabled;
+    uint64_t lookups;        /* tp_forward_seq_reuse calls that could take pages */
+    uint64_t hits;           /* of those, calls that took at least one */
+    uint64_t hit_tokens;     /* positions taken from the cache */
+    uint64_t prefill_tokens; /* prompt positions asked for (taken + computed): the hit rate's base */
+    uint64_t evictions;      /* cached pages given up for new ones */
+    uint32_t pages_total, pages_used, pages_cached;
+    uint32_t page_tokens;    /* 16 */
+    size_t page_bytes;
+} tp_fwd_prefix_stats;
+
+void tp_forward_prefix_stats(const tp_forward *f, tp_fwd_prefix_stats *out);
 
 /* Advance n_items sequences (each at most once per call). logits (may be
  * NULL when every item skips them) receives, in row i, the vocab_size

@@ -417,6 +417,7 @@ typedef struct tp_m_status_reply {
     int state;                 /* TP_STATE_* */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
+    uint32_t cached_tokens;    /* prompt tokens taken from a prefix cache (< prompt_tokens) */
     int64_t last_seq;          /* seq of the last event published, -1 none */
     /* Every known job (status 200): what the events up to last_seq carried
      * (running: never bytes the stop stage still holds back; finished: the
@@ -487,6 +488,16 @@ typedef struct tp_m_stats_reply {
     unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
     uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
     uint64_t jobs_poisoned;        /* jobs ended because workers kept being lost while processing them */
+    /* Prefix cache (PROTOCOL.md STATS_REPLY): counters summed over the
+     * forward workers' reports, gauges over the live ones. */
+    uint64_t prefix_lookups;       /* prompt chunks offered to a cache */
+    uint64_t prefix_hit_tokens;    /* prompt positions taken from a cache */
+    uint64_t prefix_prompt_tokens; /* prompt positions asked for (taken + computed): the hit rate's base */
+    uint64_t prefix_evictions;     /* cached pages given up for new ones */
+    uint64_t prefix_pages_used;    /* KV pages held by running sequences now */
+    uint64_t prefix_pages_cached;  /* KV pages in the cache now (held or not) */
+    uint64_t prefix_pages_total;   /* KV pages of the pools */
+    uint64_t prefix_bytes;         /* bytes of the cached pages */
 } tp_m_stats_reply;
 
 typedef struct tp_m_info_limits {   /* INFO_REPLY limits (the broker's configuration) */
@@ -546,6 +557,7 @@ typedef struct tp_m_finish {
     tp_str job_error;      /* reason error: message */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
+    uint32_t cached_tokens; /* opt: prompt tokens taken from a prefix cache (< prompt_tokens) */
     uint64_t text_len;     /* bytes of the final text */
     tp_timings timings;
     uint32_t set;          /* TP_ACK_SEED: seed is present; TP_FIN_GRAMMAR: grammar_complete is */
@@ -651,7 +663,19 @@ typedef struct tp_m_step_result {
     tp_raw slots;              /* u32[n] */
     tp_raw out;                /* f32[n*vocab] logits, or i32[n] candidates */
     tp_lp_cols lp;             /* sampled only: the candidates' logprobs */
+    int32_t *cached_slots;     /* opt: slots of this step's items that took cached positions */
+    size_t n_cached_slots;
+    int32_t *cached;           /* opt: how many each took (parallel to cached_slots) */
+    size_t n_cached;
+    uint64_t *cache;           /* opt: the worker's prefix cache now, TP_CACHE_* */
+    size_t n_cache;
 } tp_m_step_result;
+
+/* Indexes of STEP_RESULT `cache` (a forward worker's prefix cache). */
+enum {
+    TP_CACHE_LOOKUPS = 0, TP_CACHE_HIT_TOKENS, TP_CACHE_PROMPT_TOKENS, TP_CACHE_EVICTIONS, TP_CACHE_PAGES_USED,
+    TP_CACHE_PAGES_CACHED, TP_CACHE_PAGES_TOTAL, TP_CACHE_PAGE_BYTES, TP_CACHE_COUNT
+};
 
 typedef struct tp_m_sample_open {
     uint32_t slot;
@@ -695,6 +719,7 @@ typedef struct tp_m_stop_open {
     uint32_t context_length;   /* opt: max_tokens was lowered to fit this context */
     uint64_t pin;              /* random, nonzero: echoed in every event of the job, so the
                                 * broker believes only the worker the job is pinned to */
+    uint32_t cached_tokens;    /* opt: prompt tokens taken from a prefix cache so far */
 } tp_m_stop_open;
 
 typedef struct tp_m_stop_close {
@@ -709,6 +734,8 @@ typedef struct tp_m_stop_step {
     tp_raw slots;              /* u32[n] */
     tp_raw candidates;         /* i32[n] */
     tp_lp_cols lp;             /* the candidates' logprobs, passed on to TOKEN */
+    int32_t *cached;           /* opt: per row, the job's prompt tokens taken from a prefix cache */
+    size_t n_cached;
 } tp_m_stop_step;
 
 typedef struct tp_m_verdicts {

@@ -117,6 +117,13 @@ int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int m
  * blocked: the first OpenBLAS opt-in loads the library, whose threads
  * inherit the signal mask. */
 int tp_forward_stage_set_kernel(tp_forward_stage *st, tp_fwd_kernel k, tp_err *err);
+
+/* Prefix cache on or off, with extra_pages pages beyond the pool's
+ * (tp_forward_set_prefix_cache); call before serving. */
+int tp_forward_stage_set_prefix_cache(tp_forward_stage *st, bool on, int extra_pages, tp_err *err);
+
+/* Bytes of one KV page (16 positions of every layer, keys and values). */
+size_t tp_forward_stage_page_bytes(const tp_forward_stage *st);
 /* KV cache element type (tp_forward_set_kv_type); call before serving. */
 int tp_forward_stage_set_kv_type(tp_forward_stage *st, tp_kv_type t, tp_err *err);
 /* Fuse: STEP messages with sample=true are sampled in process by ss

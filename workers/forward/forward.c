@@ -13,6 +13,7 @@
 #include "kernels.h"
 #include "kv16.h"
 #include "pool.h"
+#include "prefix_cache.h"
 #include "quant.h"
 
 #include <immintrin.h>
@@ -79,6 +80,7 @@ typedef struct scratch {
     float *h13;    /* [T][2 hidden] */
     float *proj;   /* [T][max(dim, hidden)] output of wo / w2, and hidden for w2 */
     float *att;    /* [threads][max_pos] attention scores, one row per pool worker */
+    const void **blk; /* [threads][2 pages_per_seq] a head's key and value blocks, per pool worker */
     float *cls_in; /* [T][dim] final-normed rows that want logits */
     float *cls_out; /* [CLS_CHUNK][vocab] */
     int *tok_slot; /* [T] */
@@ -96,14 +98,24 @@ struct tp_forward {
     size_t panels_len;
     bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too) */
     int slots, max_pos, max_tokens;
-    int kv_pos; /* max_pos rounded up to a multiple of 16 (cache stride) */
-    /* keys per KV head in blocks of 16 positions, [slot][layer][kv_head]
-     * [pos / 16][head_size][16]: one vector load gives a head element for 16
-     * positions and a block is one contiguous run; max_pos is rounded up to
-     * a multiple of 16 for this. Values [slot][layer][kv_head][pos]
-     * [head_size]: a head's values over positions are one contiguous run. */
+    int kv_pos; /* max_pos rounded up to a multiple of TP_KV_PAGE */
+    /* Paged KV (prefix_cache.h): pages of TP_KV_PAGE (16) positions, each
+     * holding every layer: keys [page][layer][kv_head][head_size][16] (one
+     * vector load gives a head element for 16 positions; a head's block is
+     * one contiguous run), values [page][layer][kv_head][16][head_size].
+     * A sequence's block table lists its pages in position order; pages of
+     * a cached prefix are shared by reference between sequences. */
     void *kcache, *vcache; /* float, or uint16_t halves with kv_type f16 (kv16.h) */
     size_t pool_bytes; /* of each of kcache and vcache */
+    int pps;           /* pages per sequence: kv_pos / TP_KV_PAGE */
+    int n_pages;       /* slots * pps + extra_pages */
+    int extra_pages;   /* pages beyond what the slots can hold: cache only */
+    size_t page_elems; /* values per page in each of kcache and vcache */
+    bool cache_on;     /* prefix cache wanted (tp_forward_set_prefix_cache) */
+    tp_pcache *pc;
+    int *table;        /* [slot][pps] page ids, -1 = none */
+    int32_t *seq_tok;  /* [slot][kv_pos] the token at each position (page keys) */
+    int *n_pub;        /* per slot: leading pages offered to the cache */
     tp_kv_type kv_type;
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
@@ -387,8 +399,7 @@ static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
     /* slots, layers, max_pos and kv_dim are each bounded, so this product
      * cannot overflow 64 bits; mmap still checks it against memory. */
     size_t esize = t == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
-    uint64_t n = (uint64_t)f->slots * (uint64_t)f->c.n_layers * (uint64_t)f->kv_pos *
-                 (uint64_t)f->c.kv_dim;
+    uint64_t n = (uint64_t)f->n_pages * (uint64_t)f->page_elems;
     if (n > SIZE_MAX / esize)
         return tp_err_set(err, TP_ENOMEM, "forward: KV pool of %llu values is too large",
                           (unsigned long long)n);
@@ -396,7 +407,8 @@ static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
      * another page) and lazily zeroed, so untouched slots cost no RAM. */
     size_t bytes = (size_t)n * esize;
     void *k = map_pool(bytes), *v = map_pool(bytes);
-    if (!k || !v) {
+    tp_pcache *pc = k && v ? tp_pcache_new(f->n_pages, f->cache_on) : NULL;
+    if (!pc) {
         unmap_pool(k, bytes);
         unmap_pool(v, bytes);
         return tp_err_set(err, TP_ENOMEM, "forward: cannot allocate a KV pool of %d slots x %d positions "
@@ -409,20 +421,33 @@ static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
     f->vcache = v;
     f->pool_bytes = bytes;
     f->kv_type = t;
+    /* a new pool: cached pages of the old one are gone */
+    tp_pcache_free(f->pc);
+    f->pc = pc;
     return 0;
 }
 
 static int alloc_pool(tp_forward *f, tp_err *err)
 {
+    f->pps = f->kv_pos / TP_KV_PAGE;
+    f->n_pages = f->slots * f->pps;
+    f->page_elems = (size_t)f->c.n_layers * (size_t)f->c.kv_dim * TP_KV_PAGE;
+    f->cache_on = true;
     int rc = map_kv(f, TP_KV_F32, err);
     if (rc)
         return rc;
-    f->seq_len = malloc((size_t)f->slots * sizeof(int));
-    f->seen = calloc((size_t)f->slots, sizeof(int));
-    if (!f->seq_len || !f->seen)
+    size_t n = (size_t)f->slots;
+    f->seq_len = malloc(n * sizeof(int));
+    f->seen = calloc(n, sizeof(int));
+    f->table = malloc(n * (size_t)f->pps * sizeof *f->table);
+    f->seq_tok = malloc(n * (size_t)f->kv_pos * sizeof *f->seq_tok);
+    f->n_pub = calloc(n, sizeof *f->n_pub);
+    if (!f->seq_len || !f->seen || !f->table || !f->seq_tok || !f->n_pub)
         return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d sequence slots", f->slots);
     for (int i = 0; i < f->slots; i++)
         f->seq_len[i] = -1;
+    for (size_t i = 0; i < n * (size_t)f->pps; i++)
+        f->table[i] = -1;
     return 0;
 }
 
@@ -446,17 +471,74 @@ int tp_kv_type_parse(const char *name, tp_kv_type *out, tp_err *err)
     return tp_err_set(err, TP_EINVAL, "forward: unknown kv_type '%s' (want f32 or f16)", name ? name : "(null)");
 }
 
+static int first_open(const tp_forward *f)
+{
+    for (int i = 0; i < f->slots; i++)
+        if (f->seq_len[i] >= 0)
+            return i;
+    return -1;
+}
+
 int tp_forward_set_kv_type(tp_forward *f, tp_kv_type t, tp_err *err)
 {
     if (t != TP_KV_F32 && t != TP_KV_F16)
         return tp_err_set(err, TP_EINVAL, "forward: unknown kv_type %d (want f32 or f16)", (int)t);
     if (t == f->kv_type)
         return 0;
-    for (int i = 0; i < f->slots; i++)
-        if (f->seq_len[i] >= 0)
-            return tp_err_set(err, TP_ESTATE, "forward: kv_type can change only while no sequence is open "
-                              "(sequence %d is)", i);
+    int open = first_open(f);
+    if (open >= 0)
+        return tp_err_set(err, TP_ESTATE, "forward: kv_type can change only while no sequence is open "
+                          "(sequence %d is)", open);
     return map_kv(f, t, err);
+}
+
+int tp_forward_set_prefix_cache(tp_forward *f, bool on, int extra_pages, tp_err *err)
+{
+    if (extra_pages < 0 || extra_pages > TP_FORWARD_MAX_EXTRA_PAGES)
+        return tp_err_set(err, TP_EINVAL, "forward: prefix cache extra pages %d outside 0..%d", extra_pages,
+                          TP_FORWARD_MAX_EXTRA_PAGES);
+    int open = first_open(f);
+    if (open >= 0)
+        return tp_err_set(err, TP_ESTATE, "forward: the prefix cache can change only while no sequence is open "
+                          "(sequence %d is)", open);
+    bool old_on = f->cache_on;
+    int old_extra = f->extra_pages;
+    f->cache_on = on;
+    f->extra_pages = on ? extra_pages : 0;
+    f->n_pages = f->slots * f->pps + f->extra_pages;
+    int rc = map_kv(f, f->kv_type, err);
+    if (rc) {
+        f->cache_on = old_on;
+        f->extra_pages = old_extra;
+        f->n_pages = f->slots * f->pps + old_extra;
+    }
+    return rc;
+}
+
+bool tp_forward_prefix_cache(const tp_forward *f) { return f->cache_on; }
+
+size_t tp_forward_page_bytes(const tp_forward *f)
+{
+    return 2 * f->page_elems * (f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+void tp_forward_prefix_stats(const tp_forward *f, tp_fwd_prefix_stats *out)
+{
+    tp_pcache_stats st;
+    tp_pcache_get_stats(f->pc, &st);
+    *out = (tp_fwd_prefix_stats){
+        .enabled = f->cache_on,
+        .lookups = st.lookups,
+        .hits = st.hits,
+        .hit_tokens = st.hit_tokens,
+        .prefill_tokens = st.prefill_tokens,
+        .evictions = st.evictions,
+        .pages_total = st.pages_total,
+        .pages_used = st.pages_used,
+        .pages_cached = st.pages_cached,
+        .page_tokens = TP_KV_PAGE,
+        .page_bytes = tp_forward_page_bytes(f),
+    };
 }
 
 tp_kv_type tp_forward_kv_type(const tp_forward *f) { return f->kv_type; }
@@ -484,7 +566,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->slots = kv_slots;
     f->max_pos = max_pos;
     f->max_tokens = max_batch_tokens;
-    f->kv_pos = (max_pos + 15) / 16 * 16;
+    f->kv_pos = (max_pos + TP_KV_PAGE - 1) / TP_KV_PAGE * TP_KV_PAGE;
     f->avx512 = tp_kernels_have_avx512();
     f->kv16_avx512 = f->avx512 && tp_kv16_have_avx512();
     f->part_min = PART_MIN_MACS;
@@ -526,6 +608,10 @@ void tp_forward_free(tp_forward *f)
     tp_qact_free(&f->qact);
     unmap_pool(f->kcache, f->pool_bytes);
     unmap_pool(f->vcache, f->pool_bytes);
+    tp_pcache_free(f->pc);
+    free(f->table);
+    free(f->seq_tok);
+    free(f->n_pub);
     free(f->cls_all);
     tp_blas_close(&f->blas);
     free(f->rope_cos);
@@ -533,7 +619,7 @@ void tp_forward_free(tp_forward *f)
     free(f->seq_len);
     free(f->seen);
     scratch *s = &f->s;
-    free(s->x); free(s->xb); free(s->qkv); free(s->h13); free(s->proj); free(s->att);
+    free(s->x); free(s->xb); free(s->qkv); free(s->h13); free(s->proj); free(s->att); free(s->blk);
     free(s->cls_in); free(s->cls_out); free(s->tok_slot); free(s->tok_pos);
     free(f);
 }
@@ -558,19 +644,26 @@ int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
     if (f->pool && tp_pool_threads(f->pool) == n_threads)
         return 0;
     float *att = malloc((size_t)n_threads * (size_t)f->max_pos * sizeof(float));
-    if (!att)
+    const void **blk = malloc((size_t)n_threads * 2 * (size_t)f->pps * sizeof *blk);
+    if (!att || !blk) {
+        free(att);
+        free(blk);
         return tp_err_set(err, TP_ENOMEM, "forward: out of memory for attention scratch of %d threads",
                           n_threads);
+    }
     tp_pool *pool;
     int rc = tp_pool_new(n_threads, &pool, err);
     if (rc) {
         free(att);
+        free(blk);
         return rc;
     }
     tp_pool_free(f->pool);
     free(f->s.att);
+    free(f->s.blk);
     f->pool = pool;
     f->s.att = att;
+    f->s.blk = blk;
     return 0;
 }
 
@@ -772,12 +865,87 @@ int tp_forward_seq_open(tp_forward *f, int *seq_id, tp_err *err)
     return tp_err_set(err, TP_EFULL, "forward: KV pool full: all %d sequence slots are in use", f->slots);
 }
 
+static int *seq_table(const tp_forward *f, int seq)
+{
+    return f->table + (size_t)seq * (size_t)f->pps;
+}
+
+/* Let go of seq's pages from block `from` on (cached ones stay cached). */
+static void drop_pages(tp_forward *f, int seq, int from)
+{
+    int *t = seq_table(f, seq);
+    for (int b = from; b < f->pps; b++)
+        if (t[b] >= 0) {
+            tp_pcache_unref(f->pc, t[b]);
+            t[b] = -1;
+        }
+    if (f->n_pub[seq] > from)
+        f->n_pub[seq] = from;
+}
+
 int tp_forward_seq_close(tp_forward *f, int seq_id)
 {
     if (seq_id < 0 || seq_id >= f->slots || f->seq_len[seq_id] < 0)
         return TP_ENOTFOUND;
+    drop_pages(f, seq_id, 0);
     f->seq_len[seq_id] = -1;
     return 0;
+}
+
+/* Whether the cache may be used: its pages hold the invariant kernel's
+ * bits, which OpenBLAS would not reproduce (tp_forward_set_kernel). */
+static bool cache_usable(const tp_forward *f)
+{
+    return f->cache_on && f->kernel == TP_FWD_KERNEL_INVARIANT;
+}
+
+int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, int n_tokens, bool keep_last)
+{
+    if (seq_id < 0 || seq_id >= f->slots || f->seq_len[seq_id] < 0 || !tokens || n_tokens < 1)
+        return 0;
+    /* only where every full page before pos is in the cache's chain: the
+     * next page's key is (the page before it, its tokens). A partly filled
+     * last page (a chunk that ended inside it) may be swapped for a cached
+     * page whose first positions hold the same tokens: those positions'
+     * bits are the same (a position's KV depends only on the tokens up to
+     * it), the rest is taken. */
+    int in = pos % TP_KV_PAGE;
+    if (!cache_usable(f) || pos != f->seq_len[seq_id] || f->n_pub[seq_id] * TP_KV_PAGE != pos - in)
+        return 0;
+    int limit = keep_last ? n_tokens - 1 : n_tokens, got = 0;
+    if (limit > f->max_pos - pos)
+        limit = f->max_pos - pos;
+    if (limit < TP_KV_PAGE - in)
+        return 0;
+    int *t = seq_table(f, seq_id);
+    int32_t *rec = f->seq_tok + (size_t)seq_id * (size_t)f->kv_pos;
+    for (int take = TP_KV_PAGE - in; got + take <= limit; got += take, take = TP_KV_PAGE) {
+        int p0 = pos + got, b = p0 / TP_KV_PAGE;
+        for (int i = 0; i < take; i++)
+            rec[p0 + i] = tokens[got + i];
+        int p = tp_pcache_lookup(f->pc, b ? t[b - 1] : -1, rec + (size_t)b * TP_KV_PAGE);
+        if (p < 0)
+            break;
+        tp_pcache_ref(f->pc, p);
+        if (t[b] >= 0)
+            tp_pcache_unref(f->pc, t[b]);
+        t[b] = p;
+        f->n_pub[seq_id] = b + 1;
+    }
+    f->seq_len[seq_id] = pos + got;
+    tp_pcache_count_lookup(f->pc, got);
+    tp_pcache_count_prefill(f->pc, got);
+    return got;
+}
+
+bool tp_forward_seq_same_pages(const tp_forward *f, int a, int b, int pos)
+{
+    if (!cache_usable(f) || a < 0 || b < 0 || a >= f->slots || b >= f->slots || f->seq_len[a] != pos ||
+        f->seq_len[b] != pos || pos % TP_KV_PAGE)
+        return false;
+    int nb = pos / TP_KV_PAGE;
+    return f->n_pub[a] == nb && f->n_pub[b] == nb &&
+           !memcmp(seq_table(f, a), seq_table(f, b), (size_t)nb * sizeof(int));
 }
 
 int tp_forward_seq_length(const tp_forward *f, int seq_id)
@@ -844,28 +1012,23 @@ static void rope(const tp_forward *f, float *vec, int n, int pos)
     }
 }
 
-static size_t kv_offset(const tp_forward *f, int slot, int layer, int pos)
+/* Offset (in values) of KV head g's block of layer `layer` in page p: the
+ * same for keys and values, both kv_dim * 16 values per layer. */
+static size_t block_offset(const tp_forward *f, int p, int layer, int g)
 {
-    return (((size_t)slot * (size_t)f->c.n_layers + (size_t)layer) * (size_t)f->kv_pos + (size_t)pos) *
-           (size_t)f->c.kv_dim;
-}
-
-/* Index of key element i (of kv_dim) at position pos within a layer's block. */
-static size_t key_index(const tp_forward *f, int i, int pos)
-{
-    int hs = f->c.head_size, g = i / hs, j = i % hs;
-    return (size_t)g * hs * (size_t)f->kv_pos + ((size_t)(pos / 16) * hs + (size_t)j) * 16 + (size_t)(pos % 16);
+    return (size_t)p * f->page_elems + ((size_t)layer * (size_t)f->c.kv_dim + (size_t)g * (size_t)f->c.head_size) *
+                                           TP_KV_PAGE;
 }
 
 /* Write one position's keys and values (kv_dim floats each) into a
  * sequence's layer of the cache, rounded to half with kv_type f16. */
 static void store_kv(const tp_forward *f, int layer, int slot, int pos, const float *k, const float *v)
 {
-    size_t hs = (size_t)f->c.head_size, base = kv_offset(f, slot, layer, 0), kidx = key_index(f, 0, pos);
-    size_t hstride = hs * (size_t)f->kv_pos; /* between KV heads */
-    for (size_t g = 0; g < (size_t)f->c.n_kv_heads; g++) {
-        size_t ko = base + kidx + g * hstride, vo = base + g * hstride + (size_t)pos * hs;
-        const float *kg = k + g * hs, *vg = v + g * hs;
+    size_t hs = (size_t)f->c.head_size, in = (size_t)(pos % TP_KV_PAGE);
+    int p = seq_table(f, slot)[pos / TP_KV_PAGE];
+    for (int g = 0; g < f->c.n_kv_heads; g++) {
+        size_t ko = block_offset(f, p, layer, g) + in, vo = block_offset(f, p, layer, g) + in * hs;
+        const float *kg = k + (size_t)g * hs, *vg = v + (size_t)g * hs;
         if (f->kv_type == TP_KV_F16) {
             uint16_t *kd = (uint16_t *)f->kcache + ko, *vd = (uint16_t *)f->vcache + vo;
             for (size_t j = 0; j < hs; j++) {
@@ -881,32 +1044,40 @@ static void store_kv(const tp_forward *f, int layer, int slot, int pos, const fl
     }
 }
 
-/* Attention of head h of one token (query q at position pos) over its
- * sequence's cache positions 0..pos; writes head_size floats to out + h *
- * head_size, using att (max_pos floats) as scratch. Each score and output
- * element has a fixed summation order that depends only on head_size and
- * pos, never on the batch or on which thread runs the head. */
-static void attend_scalar(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
-                          float *att)
+/* A query head's KV blocks (kv head g of layer `layer`) of a sequence,
+ * positions 0..n-1, resolved through its block table into kb / vb (one
+ * pointer per page, in position order). */
+static void head_blocks(const tp_forward *f, int layer, int slot, int g, int n, const void **kb, const void **vb)
 {
-    const tp_model_config *c = &f->c;
-    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    const float *kc = (const float *)f->kcache + kv_offset(f, slot, layer, 0);
-    const float *vc = (const float *)f->vcache + kv_offset(f, slot, layer, 0);
+    const int *t = seq_table(f, slot);
+    size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    for (int b = 0; b * TP_KV_PAGE < n; b++) {
+        size_t off = block_offset(f, t[b], layer, g) * es;
+        kb[b] = (const uint8_t *)f->kcache + off;
+        vb[b] = (const uint8_t *)f->vcache + off;
+    }
+}
+
+/* Attention of one query head qh at position pos over its sequence's
+ * positions 0..pos (key and value blocks kb / vb); writes head_size floats
+ * to oh, using att (max_pos floats) as scratch. Each score and output
+ * element has a fixed summation order that depends only on head_size and
+ * pos, never on the batch, the pages or which thread runs the head. */
+static void attend_scalar(int hs, int pos, const float *qh, const float *const *kb, const float *const *vb,
+                          float *oh, float *att)
+{
     float scale = sqrtf((float)hs);
-    const float *qh = q + (size_t)h * hs;
-    size_t hoff = (size_t)(h / kv_mul) * hs;
     for (int t = 0; t <= pos; t++) {
+        const float *k = kb[t / TP_KV_PAGE] + t % TP_KV_PAGE;
         float score = 0.0f;
         for (int i = 0; i < hs; i++)
-            score += qh[i] * kc[key_index(f, (int)hoff + i, t)];
+            score += qh[i] * k[(size_t)i * TP_KV_PAGE];
         att[t] = score / scale;
     }
     softmax(att, pos + 1);
-    float *oh = out + (size_t)h * hs;
     memset(oh, 0, (size_t)hs * sizeof(float));
     for (int t = 0; t <= pos; t++) {
-        const float *v = vc + hoff * (size_t)f->kv_pos + (size_t)t * hs;
+        const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs;
         float a = att[t];
         for (int i = 0; i < hs; i++)
             oh[i] += a * v[i];
@@ -915,31 +1086,30 @@ static void attend_scalar(const tp_forward *f, int layer, int slot, int pos, int
 
 /* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
  * FMA chains, masked at the end): each score is one FMA chain over the
- * head's elements from 0, then divided by scale. kt is the head's key block
- * [pos / 16][hs][16]. */
-__attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *kt, int hs,
+ * head's elements from 0, then divided by scale. kb[t / 16] is the head's
+ * key block [hs][16] holding position t. */
+__attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *const *kb, int hs,
                                                       int n, float scale)
 {
     __m512 sc = _mm512_set1_ps(scale);
-    size_t bs = (size_t)hs * 16; /* floats per block of 16 positions */
     for (int t0 = 0; t0 < n; t0 += 64) {
         __mmask16 m[4];
         for (int j = 0; j < 4; j++) {
             int left = n - t0 - 16 * j;
             m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
-        /* Blocks past n point at block 0: a fully masked load must still
-         * name memory that is mapped and touched, or it costs a
-         * fault-suppression assist of hundreds of cycles. */
-        size_t o1 = m[1] ? bs : 0, o2 = m[2] ? 2 * bs : 0, o3 = m[3] ? 3 * bs : 0;
+        /* Blocks past n point at the group's first block: a fully masked
+         * load must still name memory that is mapped and touched, or it
+         * costs a fault-suppression assist of hundreds of cycles. */
+        const float *const *b = kb + t0 / 16;
+        const float *r0 = b[0], *r1 = m[1] ? b[1] : r0, *r2 = m[2] ? b[2] : r0, *r3 = m[3] ? b[3] : r0;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float *row = kt + (size_t)(t0 / 16) * bs;
-        for (int i = 0; i < hs; i++, row += 16) {
+        for (int i = 0; i < hs; i++, r0 += 16, r1 += 16, r2 += 16, r3 += 16) {
             __m512 q = _mm512_set1_ps(qh[i]);
-            a0 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[0], row), a0);
-            a1 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[1], row + o1), a1);
-            a2 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[2], row + o2), a2);
-            a3 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[3], row + o3), a3);
+            a0 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[0], r0), a0);
+            a1 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[1], r1), a1);
+            a2 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[2], r2), a2);
+            a3 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[3], r3), a3);
         }
         _mm512_mask_storeu_ps(att + t0, m[0], _mm512_div_ps(a0, sc));
         _mm512_mask_storeu_ps(att + t0 + 16, m[1], _mm512_div_ps(a1, sc));
@@ -949,9 +1119,10 @@ __attribute__((target("avx512f"))) static void scores(float *att, const float *q
 }
 
 /* oh[i] = sum over t of att[t] * v_t[i], each element one FMA chain over t
- * from 0, kept in registers 64 elements at a time. */
-__attribute__((target("avx512f"))) static void weighted_sum(float *oh, const float *att, const float *v0,
-                                                            size_t vstride, int hs, int n)
+ * from 0, kept in registers 64 elements at a time; v_t at vb[t / 16] +
+ * (t % 16) * hs. */
+__attribute__((target("avx512f"))) static void weighted_sum(float *oh, const float *att, const float *const *vb,
+                                                            int hs, int n)
 {
     for (int c0 = 0; c0 < hs; c0 += 64) {
         __mmask16 m[4];
@@ -963,7 +1134,7 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int t = 0; t < n; t++) {
             __m512 a = _mm512_set1_ps(att[t]);
-            const float *v = v0 + (size_t)t * vstride + c0;
+            const float *v = vb[t >> 4] + (size_t)(t & 15) * (size_t)hs + c0;
             a0 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[0], v), a0);
             a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + o1), a1);
             a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + o2), a2);
@@ -976,50 +1147,41 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
     }
 }
 
-__attribute__((target("avx512f"))) static void attend_avx512(const tp_forward *f, int layer, int slot, int pos,
-                                                             int h, const float *q, float *out, float *att)
-{
-    const tp_model_config *c = &f->c;
-    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    const float *kc = (const float *)f->kcache + kv_offset(f, slot, layer, 0);
-    const float *vc = (const float *)f->vcache + kv_offset(f, slot, layer, 0);
-    float scale = sqrtf((float)hs);
-    const float *qh = q + (size_t)h * hs;
-    size_t hoff = (size_t)(h / kv_mul) * hs;
-    const float *kt = kc + hoff * (size_t)f->kv_pos;
-    scores(att, qh, kt, hs, pos + 1, scale);
-    softmax(att, pos + 1);
-    weighted_sum(out + (size_t)h * hs, att, vc + hoff * (size_t)f->kv_pos, (size_t)hs, hs, pos + 1);
-}
-
-/* The same over a half-precision cache (kv16.h): the same layout and
- * summation order, keys and values converted exactly as they are read. */
-static void attend_f16(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
-                       float *att)
-{
-    const tp_model_config *c = &f->c;
-    int hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    size_t hoff = (size_t)(h / kv_mul) * hs * (size_t)f->kv_pos;
-    const uint16_t *kt = (const uint16_t *)f->kcache + kv_offset(f, slot, layer, 0) + hoff;
-    const uint16_t *vt = (const uint16_t *)f->vcache + kv_offset(f, slot, layer, 0) + hoff;
-    float scale = sqrtf((float)hs);
-    const float *qh = q + (size_t)h * hs;
-    float *oh = out + (size_t)h * hs;
-    if (f->kv16_avx512) {
-        tp_kv16_scores_avx512(att, qh, kt, hs, pos + 1, scale);
-        softmax(att, pos + 1);
-        tp_kv16_weighted_sum_avx512(oh, att, vt, (size_t)hs, hs, pos + 1);
-    } else {
-        tp_kv16_scores_scalar(att, qh, kt, hs, pos + 1, scale);
-        softmax(att, pos + 1);
-        tp_kv16_weighted_sum_scalar(oh, att, vt, (size_t)hs, hs, pos + 1);
-    }
-}
-
 typedef struct att_job {
     const tp_forward *f;
     int layer;
 } att_job;
+
+/* One query head of one token over its sequence's cache, f32 or (kv16.h)
+ * half keys and values: the same layout and summation order either way,
+ * halves converted exactly as they are read. */
+static void attend(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
+                   float *att, const void **blk)
+{
+    int hs = f->c.head_size, kv_mul = f->c.n_heads / f->c.n_kv_heads, n = pos + 1;
+    const void **kb = blk, **vb = blk + f->pps;
+    head_blocks(f, layer, slot, h / kv_mul, n, kb, vb);
+    const float *qh = q + (size_t)h * hs;
+    float *oh = out + (size_t)h * hs, scale = sqrtf((float)hs);
+    if (f->kv_type == TP_KV_F16) {
+        const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
+        if (f->kv16_avx512) {
+            tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
+            softmax(att, n);
+            tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
+        } else {
+            tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
+            softmax(att, n);
+            tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
+        }
+    } else if (f->avx512) {
+        scores(att, qh, (const float *const *)kb, hs, n, scale);
+        softmax(att, n);
+        weighted_sum(oh, att, (const float *const *)vb, hs, n);
+    } else {
+        attend_scalar(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
+    }
+}
 
 /* Units [u0, u1) of a step's attention, unit u = (token u / n_heads, head
  * u % n_heads): what the pool splits. */
@@ -1030,15 +1192,11 @@ static void attend_units(void *arg, int u0, int u1, int worker)
     const scratch *s = &f->s;
     size_t d = (size_t)f->c.dim, qs = d + 2 * (size_t)f->c.kv_dim;
     float *att = s->att + (size_t)worker * (size_t)f->max_pos;
+    const void **blk = s->blk + (size_t)worker * 2 * (size_t)f->pps;
     for (int u = u0; u < u1; u++) {
         int t = u / f->c.n_heads, h = u % f->c.n_heads;
-        const float *q = s->qkv + (size_t)t * qs;
-        if (f->kv_type == TP_KV_F16)
-            attend_f16(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
-        else if (f->avx512)
-            attend_avx512(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
-        else
-            attend_scalar(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, q, s->xb + (size_t)t * d, att);
+        attend(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, s->qkv + (size_t)t * qs, s->xb + (size_t)t * d, att,
+               blk);
     }
 }
 
@@ -1246,12 +1404,72 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
     }
 }
 
+/* Give item `it` writable pages for its positions and record its tokens.
+ * A page it writes that is shared (cached, or held by another sequence:
+ * only after a rewind) is replaced by a private copy of it; pages past the
+ * item's end (a rewind) are let go. Cannot run out of pages: the pool has
+ * a page for every position of every slot, and a page nobody holds is
+ * free or evictable (prefix_cache.h). */
+static int prepare_pages(tp_forward *f, const tp_fwd_item *it)
+{
+    int seq = it->seq_id, end = it->pos + it->n_tokens, *t = seq_table(f, seq);
+    drop_pages(f, seq, (end + TP_KV_PAGE - 1) / TP_KV_PAGE);
+    if (f->n_pub[seq] > it->pos / TP_KV_PAGE)
+        f->n_pub[seq] = it->pos / TP_KV_PAGE;
+    for (int b = it->pos / TP_KV_PAGE; b <= (end - 1) / TP_KV_PAGE; b++) {
+        int old = t[b];
+        if (old >= 0 && !tp_pcache_shared(f->pc, old))
+            continue;
+        if (old >= 0)
+            tp_pcache_unref(f->pc, old);
+        int p = tp_pcache_alloc(f->pc);
+        if (p < 0)
+            return TP_EFULL;
+        /* unreferenced first, so an old page nobody else holds may come back
+         * as p itself with its bytes intact */
+        if (old >= 0 && p != old && b * TP_KV_PAGE < it->pos) {
+            size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float), n = f->page_elems * es;
+            memcpy((uint8_t *)f->kcache + (size_t)p * n, (uint8_t *)f->kcache + (size_t)old * n, n);
+            memcpy((uint8_t *)f->vcache + (size_t)p * n, (uint8_t *)f->vcache + (size_t)old * n, n);
+        }
+        t[b] = p;
+    }
+    int32_t *rec = f->seq_tok + (size_t)seq * (size_t)f->kv_pos;
+    for (int j = 0; j < it->n_tokens; j++)
+        rec[it->pos + j] = it->tokens[j];
+    if (it->n_tokens > 1 || it->skip_logits)
+        tp_pcache_count_prefill(f->pc, it->n_tokens);
+    return 0;
+}
+
+/* Offer seq's newly full pages to the cache, in order (a page's key names
+ * the page before it); a page the cache already holds is swapped for the
+ * cached one, which holds the same bits. */
+static void publish_pages(tp_forward *f, int seq)
+{
+    if (!cache_usable(f))
+        return;
+    int *t = seq_table(f, seq);
+    const int32_t *rec = f->seq_tok + (size_t)seq * (size_t)f->kv_pos;
+    for (int b = f->n_pub[seq]; b < f->seq_len[seq] / TP_KV_PAGE; b++) {
+        int p = tp_pcache_publish(f->pc, t[b], b ? t[b - 1] : -1, rec + (size_t)b * TP_KV_PAGE);
+        if (p != t[b]) {
+            tp_pcache_unref(f->pc, t[b]);
+            t[b] = p;
+        }
+        f->n_pub[seq] = b + 1;
+    }
+}
+
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err)
 {
     int T = 0;
     int rc = check_items(f, items, n_items, logits, &T, err);
     if (rc || T == 0)
         return rc;
+    for (int i = 0; i < n_items; i++)
+        if (prepare_pages(f, &items[i]))
+            return tp_err_set(err, TP_EFULL, "forward: no free KV page for item %d (every page is held)", i);
     if (f->kernel == TP_FWD_KERNEL_OPENBLAS) /* process-wide: set it for this instance every step */
         f->blas.set_num_threads(tp_forward_threads(f));
     embed(f, items, n_items);
@@ -1260,7 +1478,9 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
         ffn_block(f, l, T);
     }
     classify(f, items, n_items, logits);
-    for (int i = 0; i < n_items; i++)
+    for (int i = 0; i < n_items; i++) {
         f->seq_len[items[i].seq_id] = items[i].pos + items[i].n_tokens;
+        publish_pages(f, items[i].seq_id);
+    }
     return 0;
 }

@@ -15,30 +15,29 @@ bool tp_kv16_have_avx512(void)
 #define KV16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 /* As forward.c's f32 scores(): 64 positions at a time, 4 FMA chains. A
- * block of 16 positions is always whole in memory (the cache stride is a
- * multiple of 16), so partly used blocks are loaded whole and only the
- * stores are masked; blocks wholly past n point at block 0 instead, as
- * there. */
-KV16_TARGET void tp_kv16_scores_avx512(float *att, const float *qh, const uint16_t *kt, int hs, int n,
+ * block of 16 positions is always whole in memory (a KV page holds 16
+ * positions), so partly used blocks are loaded whole and only the stores
+ * are masked; blocks wholly past n point at the group's first block
+ * instead, as there. */
+KV16_TARGET void tp_kv16_scores_avx512(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n,
                                        float scale)
 {
     __m512 sc = _mm512_set1_ps(scale);
-    size_t bs = (size_t)hs * 16;
     for (int t0 = 0; t0 < n; t0 += 64) {
         __mmask16 m[4];
         for (int j = 0; j < 4; j++) {
             int left = n - t0 - 16 * j;
             m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
-        size_t o1 = m[1] ? bs : 0, o2 = m[2] ? 2 * bs : 0, o3 = m[3] ? 3 * bs : 0;
+        const uint16_t *const *b = kblk + t0 / 16;
+        const uint16_t *r0 = b[0], *r1 = m[1] ? b[1] : r0, *r2 = m[2] ? b[2] : r0, *r3 = m[3] ? b[3] : r0;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const uint16_t *row = kt + (size_t)(t0 / 16) * bs;
-        for (int i = 0; i < hs; i++, row += 16) {
+        for (int i = 0; i < hs; i++, r0 += 16, r1 += 16, r2 += 16, r3 += 16) {
             __m512 q = _mm512_set1_ps(qh[i]);
-            a0 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)row)), a0);
-            a1 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + o1))), a1);
-            a2 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + o2))), a2);
-            a3 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + o3))), a3);
+            a0 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r0)), a0);
+            a1 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r1)), a1);
+            a2 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r2)), a2);
+            a3 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r3)), a3);
         }
         _mm512_mask_storeu_ps(att + t0, m[0], _mm512_div_ps(a0, sc));
         _mm512_mask_storeu_ps(att + t0 + 16, m[1], _mm512_div_ps(a1, sc));
@@ -47,8 +46,8 @@ KV16_TARGET void tp_kv16_scores_avx512(float *att, const float *qh, const uint16
     }
 }
 
-KV16_TARGET void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const uint16_t *v0, size_t vstride,
-                                             int hs, int n)
+KV16_TARGET void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const uint16_t *const *vblk, int hs,
+                                             int n)
 {
     for (int c0 = 0; c0 < hs; c0 += 64) {
         __mmask16 m[4];
@@ -60,7 +59,7 @@ KV16_TARGET void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const 
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int t = 0; t < n; t++) {
             __m512 a = _mm512_set1_ps(att[t]);
-            const uint16_t *v = v0 + (size_t)t * vstride + c0;
+            const uint16_t *v = vblk[t >> 4] + (size_t)(t & 15) * (size_t)hs + c0;
             a0 = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[0], v)), a0);
             a1 = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[1], v + o1)), a1);
             a2 = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[2], v + o2)), a2);
@@ -73,10 +72,10 @@ KV16_TARGET void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const 
     }
 }
 
-void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *kt, int hs, int n, float scale)
+void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n, float scale)
 {
     for (int t = 0; t < n; t++) {
-        const uint16_t *k = kt + (size_t)(t / 16) * (size_t)hs * 16 + (size_t)(t % 16);
+        const uint16_t *k = kblk[t / 16] + (size_t)(t % 16);
         float score = 0.0f;
         for (int i = 0; i < hs; i++)
             score += qh[i] * tp_f16_to_f32(k[(size_t)i * 16]);
@@ -84,11 +83,11 @@ void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *kt, int 
     }
 }
 
-void tp_kv16_weighted_sum_scalar(float *oh, const float *att, const uint16_t *v0, size_t vstride, int hs, int n)
+void tp_kv16_weighted_sum_scalar(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n)
 {
     memset(oh, 0, (size_t)hs * sizeof(float));
     for (int t = 0; t < n; t++) {
-        const uint16_t *v = v0 + (size_t)t * vstride;
+        const uint16_t *v = vblk[t / 16] + (size_t)(t % 16) * (size_t)hs;
         for (int i = 0; i < hs; i++)
             oh[i] += att[t] * tp_f16_to_f32(v[i]);
     }

@@ -2,8 +2,10 @@
  * precision (kv_type f16), which halves the bytes attention reads per
  * position.
  *
- * Same layouts as the f32 cache (forward.c): a KV head's keys as blocks of
- * 16 positions [pos / 16][head_size][16], its values [pos][head_size].
+ * Same layouts as the f32 cache (forward.c): a KV page holds 16 positions;
+ * in it a KV head's keys are one block [head_size][16] and its values
+ * [16][head_size]. The kernels take the head's blocks of a sequence in
+ * position order (kblk[t / 16], vblk[t / 16]: the block table resolved).
  * Values are rounded to half once, when stored (round to nearest even,
  * quant.h's tp_f32_to_f16, equal to the hardware's vcvtps2ph); every later read
  * converts exactly, and the scores and weighted sums keep the f32 path's
@@ -20,15 +22,15 @@
 bool tp_kv16_have_avx512(void);
 
 /* att[t] = (q . key_t) / scale for t < n, one FMA chain per score over the
- * head's elements in order; kt is the head's key blocks. */
-void tp_kv16_scores_avx512(float *att, const float *qh, const uint16_t *kt, int hs, int n, float scale);
+ * head's elements in order; key_t's element i at kblk[t / 16][i * 16 + t % 16]. */
+void tp_kv16_scores_avx512(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n, float scale);
 /* oh[i] = sum over t < n of att[t] * value_t[i], one FMA chain per element
- * over t in order; value_t at v0 + t * vstride. */
-void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const uint16_t *v0, size_t vstride, int hs, int n);
+ * over t in order; value_t at vblk[t / 16] + (t % 16) * hs. */
+void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n);
 
 /* The portable versions (plain multiply-adds, as forward.c's scalar f32
  * attention). */
-void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *kt, int hs, int n, float scale);
-void tp_kv16_weighted_sum_scalar(float *oh, const float *att, const uint16_t *v0, size_t vstride, int hs, int n);
+void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n, float scale);
+void tp_kv16_weighted_sum_scalar(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n);
 
 #endif
