@@ -292,7 +292,10 @@ static const int PROMPTS[NSEQ][12] = {
 };
 static const int PLEN[NSEQ] = {5, 3, 10, 1, 7, 12, 3, 6};
 
-static void run_alone(tp_model *m, float *out, int V, bool scalar)
+/* Each sequence alone, batch 1: on one thread as the server's default
+ * with small models, or on `threads` with every job split (single-stream
+ * decode's matmuls, Q/K/V and gate/up each one job, cut over threads). */
+static void run_alone(tp_model *m, float *out, int V, bool scalar, int threads)
 {
     tp_err e;
     for (int s = 0; s < NSEQ; s++) {
@@ -300,6 +303,10 @@ static void run_alone(tp_model *m, float *out, int V, bool scalar)
         assert_int_equal(tp_forward_new(m, 1, 64, 16, &f, &e), 0);
         if (scalar)
             tp_forward_use_scalar_for_tests(f);
+        if (threads > 1) {
+            assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+            tp_forward_split_all_for_tests(f);
+        }
         int sid;
         tp_forward_seq_open(f, &sid, &e);
         float *row = out + (size_t)s * (DECODE + 1) * V;
@@ -370,7 +377,14 @@ static void batch_invariance(const char *name)
     size_t n = (size_t)NSEQ * (DECODE + 1) * V;
     float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
     for (int scalar = 0; scalar < 2; scalar++) {
-        run_alone(m, alone, V, scalar);
+        run_alone(m, alone, V, scalar, 1);
+        for (int threads = 2; threads <= 3; threads++) {
+            run_alone(m, batched, V, scalar, threads);
+            for (size_t off = 0; off < n; off += (size_t)V)
+                if (memcmp(alone + off, batched + off, sizeof(float) * V))
+                    fail_msg("%s, %s: batch-1 logits row %zu on %d threads differ from 1 thread", name,
+                             scalar ? "scalar" : "avx512", off / (size_t)V, threads);
+        }
         for (int threads = 1; threads <= 4; threads++) {
             memset(batched, 0, sizeof(float) * n);
             run_batched(m, batched, V, threads, scalar);
