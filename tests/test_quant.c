@@ -90,13 +90,13 @@ static void check_type(uint32_t type, int rows, int cols)
     tp_wmat w = make_wmat(type, W, rows, cols);
     tp_qact a;
     assert_int_equal(tp_qact_init(&a, T, cols), 0);
-    bool avx = tp_quant_have_avx512();
+    bool avx = tp_quant_have_simd();
     tp_qact_prepare(&a, type, X, cols, T, cols);
     tp_qmatmul_rows(&w, &a, Y, rows, 0, rows, avx);
     /* the portable path gives the same bits */
     tp_qmatmul_rows(&w, &a, Ys, rows, 0, rows, false);
     if (memcmp(Y, Ys, sizeof(float) * T * rows))
-        fail_msg("%s %dx%d: scalar and AVX-512 paths differ", tn, rows, cols);
+        fail_msg("%s %dx%d: scalar and vector (AVX-512 or AVX2) paths differ", tn, rows, cols);
     /* any split by rows gives the same bits */
     for (int split = 1; split < rows; split += 7) {
         memset(Ys, 0, sizeof(float) * T * rows);

@@ -96,7 +96,8 @@ struct tp_forward {
     tp_qact qact;   /* activations of the current typed matmul */
     void *panels;   /* the integer parts' panels (make_panels) */
     size_t panels_len;
-    bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too) */
+    bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too): panels */
+    bool simd, qsimd; /* f32 / typed matmuls: the CPU's vector kernels (AVX-512 or AVX2) */
     int slots, max_pos, max_tokens;
     int kv_pos; /* max_pos rounded up to a multiple of TP_KV_PAGE */
     /* Paged KV (prefix_cache.h): pages of TP_KV_PAGE (16) positions, each
@@ -571,6 +572,8 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->kv16_avx512 = f->avx512 && tp_kv16_have_avx512();
     f->part_min = PART_MIN_MACS;
     f->qavx512 = f->avx512 && tp_quant_have_avx512();
+    f->simd = tp_kernels_have_simd();
+    f->qsimd = tp_quant_have_simd();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
@@ -676,6 +679,8 @@ void tp_forward_use_scalar_for_tests(tp_forward *f)
     f->avx512 = false;
     f->kv16_avx512 = false;
     f->qavx512 = false;
+    f->simd = false;
+    f->qsimd = false;
 }
 
 /* ---- matmul backends --------------------------------------------------- */
@@ -756,14 +761,14 @@ typedef struct mm_job {
     const float *x;
     float *y;
     int ldx, n_tok, ldy;
-    bool avx512;
+    bool simd;
 } mm_job;
 
 static void mm_rows(void *arg, int r0, int r1, int worker)
 {
     (void)worker;
     const mm_job *j = arg;
-    tp_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->avx512);
+    tp_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->simd);
 }
 
 /* One matmul of the step, split by output rows (panel groups) over the
@@ -773,7 +778,7 @@ static void mm_rows(void *arg, int r0, int r1, int worker)
  * memory bandwidth helps it. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    mm_job j = {w, x, y, ldx, n_tok, ldy, f->avx512};
+    mm_job j = {w, x, y, ldx, n_tok, ldy, f->simd};
     int parts = parts_for(f, (double)w->rows * w->cols * n_tok);
     tp_pool_run(f->pool, w->rows, TP_MATMUL_ROW_ALIGN, parts, mm_rows, &j);
 }
@@ -803,7 +808,7 @@ typedef struct qmm_job {
     const tp_qact *a;
     float *y;
     int ldy;
-    bool avx512;
+    bool simd;
 } qmm_job;
 
 static void qmm_rows(void *arg, int r0, int r1, int worker)
@@ -818,7 +823,7 @@ static void qmm_rows(void *arg, int r0, int r1, int worker)
         if (hi > p->w.rows)
             hi = p->w.rows;
         if (lo < hi)
-            tp_qmatmul_rows(&p->w, j->a, j->y + p->col, j->ldy, lo, hi, j->avx512);
+            tp_qmatmul_rows(&p->w, j->a, j->y + p->col, j->ldy, lo, hi, j->simd);
     }
 }
 
@@ -828,7 +833,7 @@ static void qmm_rows(void *arg, int r0, int r1, int worker)
  * the kernels' row blocks whole). */
 static void typed_rows(tp_forward *f, const typed_part *part, int n, int n_tok, float *y, int ldy)
 {
-    qmm_job j = {.part = part, .n = n, .a = &f->qact, .y = y, .ldy = ldy, .avx512 = f->qavx512};
+    qmm_job j = {.part = part, .n = n, .a = &f->qact, .y = y, .ldy = ldy, .simd = f->qsimd};
     double macs = 0;
     int rows = 0;
     for (int k = 0; k < n; k++) {

@@ -270,6 +270,169 @@ TP_SCALAR_CLONES static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a
     }
 }
 
+/* ---- AVX2 (CPUs without AVX-512 VNNI): the canonical order of quant.h,
+ * vectorised where it is exact. Integer dot products of a sub-block are
+ * exact in any order; float lanes are the 16 of the scalar path, two
+ * registers of 8. So the bits are those of the scalar path. ---- */
+
+/* Exact sum of w[i] * x[i] over n = 32 or 16 int8 pairs. maddubs takes an
+ * unsigned and a signed operand: |w| and x carrying w's sign; a pair of
+ * products is at most 2 * 128 * 127 (x never is -128: activations are
+ * quantized to +-127), inside int16. */
+__attribute__((target("avx2"))) static inline int32_t hsum_i32x4(__m128i s)
+{
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+__attribute__((target("avx2"))) static inline int32_t dot32_avx2(__m256i a, const int8_t *x)
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)x);
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
+                                  _mm256_set1_epi16(1));
+    return hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+}
+
+__attribute__((target("avx2"))) static inline int32_t dot_i8_avx2(const int8_t *w, const int8_t *x, int n)
+{
+    if (n == 32)
+        return dot32_avx2(_mm256_loadu_si256((const __m256i *)w), x);
+    __m128i a = _mm_loadu_si128((const __m128i *)w), b = _mm_loadu_si128((const __m128i *)x);
+    return hsum_i32x4(_mm_madd_epi16(_mm_maddubs_epi16(_mm_sign_epi8(a, a), _mm_sign_epi8(b, a)), _mm_set1_epi16(1)));
+}
+
+/* A block's f16 scale, converted by the CPU (F16C: exact, as
+ * tp_f16_to_f32; and no call out of AVX code in the inner loop). */
+__attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Q8_0 (34-byte blocks: f16 d, 32 quants) and Q4_0 (18: f16 d, 16 bytes of
+ * nibbles, columns 0..15 low, 16..31 high, q - 8) straight from the file's
+ * blocks, no unpacking. */
+__attribute__((target("avx2,fma,f16c"))) static void qrows_q80_q40_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                       int ldy, int r0, int r1)
+{
+    bool q8 = w->type == TP_GGML_Q8_0;
+    size_t bb = q8 ? 34 : 18;
+    int cols = w->cols, nb = cols / 32;
+    const __m128i low = _mm_set1_epi8(0x0f);
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = row + (size_t)b * bb;
+                __m256i wq;
+                if (q8) {
+                    wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                } else {
+                    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+                    wq = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low),
+                                                          _mm_and_si128(q, low)),
+                                         eight);
+                }
+                int32_t p = dot32_avx2(wq, xq + 32 * b);
+                acc = fmaf(half_at(blk) * dx[b], (float)p, acc);
+            }
+            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+        }
+    }
+}
+
+/* Every other integer type: the scalar path's unpacking, AVX2 products. */
+__attribute__((target("avx2,fma"))) static void qrows_int_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
+                                                              int r0, int r1)
+{
+    bool has_min;
+    tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
+    int sub = w->type == TP_GGML_Q6_K ? 16 : 32;
+    int cols = w->cols, nch = (cols + 63) / 64, nb = cols / 32;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            float acc = 0.0f;
+            for (int c = 0; c < nch; c++) {
+                int8_t wq[64];
+                float ws[16], wm[16];
+                unpack(row, c, cols, wq, ws, wm);
+                int n = cols - 64 * c >= 64 ? 64 : 32;
+                for (int e0 = 0; e0 < n; e0 += sub) {
+                    int col = 64 * c + e0;
+                    int32_t p = dot_i8_avx2(wq + e0, xq + col, sub);
+                    float d = dx[col / 32];
+                    acc = fmaf(ws[e0 / 4] * d, (float)p, acc);
+                    if (has_min)
+                        acc = fmaf(wm[e0 / 4] * d, sum[col / 32], acc);
+                }
+            }
+            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+        }
+    }
+}
+
+/* F16/BF16 weights converted exactly (vcvtph2ps; a bf16 is the top half
+ * of its float), 4 rows at a time for 8 independent FMA chains. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 half8_avx2(const uint8_t *p, bool bf)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                    int ldy, int r0, int r1)
+{
+    bool bf = w->type == TP_GGML_BF16;
+    int cols = w->cols, full = cols / 16 * 16;
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        const uint8_t *row[4];
+        for (int i = 0; i < 4; i++)
+            row[i] = (const uint8_t *)w->data + (size_t)(r + (i < nr ? i : 0)) * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const float *x = a->x + (size_t)t * (size_t)a->ldx;
+            __m256 lo[4], hi[4];
+            for (int i = 0; i < 4; i++)
+                lo[i] = hi[i] = _mm256_setzero_ps();
+            for (int k = 0; k < full; k += 16) {
+                __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = _mm256_fmadd_ps(x0, half8_avx2(row[i] + 2 * (size_t)k, bf), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(x1, half8_avx2(row[i] + 2 * (size_t)k + 16, bf), hi[i]);
+                }
+            }
+            for (int i = 0; i < nr; i++) {
+                float acc[16];
+                _mm256_storeu_ps(acc, lo[i]);
+                _mm256_storeu_ps(acc + 8, hi[i]);
+                for (int k = full; k < cols; k++) {
+                    uint16_t h;
+                    memcpy(&h, row[i] + 2 * (size_t)k, 2);
+                    float wk = bf ? tp_bf16_to_f32(h) : half_at(row[i] + 2 * (size_t)k);
+                    acc[k % 16] = fmaf(x[k], wk, acc[k % 16]);
+                }
+                y[(size_t)t * (size_t)ldy + (size_t)(r + i)] = reduce16(acc);
+            }
+        }
+    }
+}
+
+static bool have_avx2(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool tp_quant_have_simd(void) { return tp_quant_have_avx512() || have_avx2(); }
+
 TP_SCALAR_CLONES void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
     bool bf = w->type == TP_GGML_BF16;
@@ -295,15 +458,18 @@ bool tp_quant_have_avx512(void)
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool avx512)
+void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool simd)
 {
     if (r0 >= r1 || a->n_tok <= 0)
         return;
+    bool avx512 = simd && tp_quant_have_avx512(), avx2 = simd && !avx512 && have_avx2();
     switch (w->type) {
     case TP_GGML_F16:
     case TP_GGML_BF16:
         if (avx512)
             tp_qrows_f16_avx512(w, a, y, ldy, r0, r1);
+        else if (avx2)
+            qrows_f16_avx2(w, a, y, ldy, r0, r1);
         else
             tp_qrows_f16_scalar(w, a, y, ldy, r0, r1);
         return;
@@ -312,10 +478,18 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
             return;
         }
+        if (simd && have_avx2()) {
+            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
+            return;
+        }
         break;
     case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
         if (avx512 && w->panel) {
             tp_qrows_q4_avx512(w, a, y, ldy, r0, r1);
+            return;
+        }
+        if (w->type == TP_GGML_Q4_0 && simd && have_avx2()) {
+            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
             return;
         }
         break;
@@ -328,7 +502,10 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
     default:
         return;
     }
-    qrows_int_scalar(w, a, y, ldy, r0, r1);
+    if (simd && have_avx2())
+        qrows_int_avx2(w, a, y, ldy, r0, r1);
+    else
+        qrows_int_scalar(w, a, y, ldy, r0, r1);
 }
 
 void tp_wmat_dequant_row(const tp_wmat *w, int r, float *out)
