@@ -347,6 +347,86 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_q80_q40_avx2(const tp
     }
 }
 
+/* The two 16-pair halves of a 32-pair product (Q6_K's scale is per 16). */
+__attribute__((target("avx2"))) static inline void dot2x16_avx2(__m256i a, const int8_t *x, int32_t p[2])
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)x);
+    __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
+                                  _mm256_set1_epi16(1));
+    p[0] = hsum_i32x4(_mm256_castsi256_si128(q));
+    p[1] = hsum_i32x4(_mm256_extracti128_si256(q, 1));
+}
+
+/* Q4_K (144-byte super-blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit
+ * scales and mins, 128 bytes of nibbles) and Q6_K (210: ql[128], qh[64],
+ * int8 scales[16], f16 d) straight from the file, as quant_k.c's unpacking
+ * reads them: the same quants, the same float scale products. */
+__attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                 int ldy, int r0, int r1)
+{
+    bool q6 = w->type == TP_GGML_Q6_K;
+    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), off32 = _mm256_set1_epi8(32);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            float acc = 0.0f;
+            for (int i = 0; i < nsb; i++) {
+                if (q6) {
+                    const uint8_t *sb = row + (size_t)i * 210;
+                    const int8_t *sc = (const int8_t *)(sb + 192);
+                    float d = half_at(sb + 208);
+                    for (int h = 0; h < 2; h++) {
+                        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h));
+                        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h + 32));
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));
+                        for (int sub = 0; sub < 2; sub++) {
+                            __m256i n0 = sub ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low) : _mm256_and_si256(ql0, low);
+                            __m256i n1 = sub ? _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low) : _mm256_and_si256(ql1, low);
+                            __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * sub), three);
+                            __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * sub + 2), three);
+                            __m256i w0 = _mm256_sub_epi8(_mm256_or_si256(n0, _mm256_slli_epi16(h0, 4)), off32);
+                            __m256i w1 = _mm256_sub_epi8(_mm256_or_si256(n1, _mm256_slli_epi16(h1, 4)), off32);
+                            int col = 256 * i + 128 * h + 64 * sub;
+                            const int8_t *scs = sc + 8 * h + 4 * sub;
+                            int32_t p[4];
+                            dot2x16_avx2(w0, xq + col, p);
+                            dot2x16_avx2(w1, xq + col + 32, p + 2);
+                            for (int k = 0; k < 4; k++)
+                                acc = fmaf(d * (float)scs[k] * dx[(col + 16 * k) / 32], (float)p[k], acc);
+                        }
+                    }
+                } else {
+                    const uint8_t *sb = row + (size_t)i * 144;
+                    float d = half_at(sb), dmin = half_at(sb + 2);
+                    for (int j = 0; j < 4; j++) {
+                        __m256i q = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * j));
+                        __m256i wq[2] = {_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), low)};
+                        for (int hh = 0; hh < 2; hh++) {
+                            int jj = 2 * j + hh, sc, m;
+                            const uint8_t *k = sb + 4;
+                            if (jj < 4) {
+                                sc = k[jj] & 63;
+                                m = k[jj + 4] & 63;
+                            } else {
+                                sc = (k[jj + 4] & 0xf) | ((k[jj - 4] >> 6) << 4);
+                                m = (k[jj + 4] >> 4) | ((k[jj] >> 6) << 4);
+                            }
+                            int b = 8 * i + jj;
+                            int32_t p = dot32_avx2(wq[hh], xq + 32 * b);
+                            acc = fmaf(d * (float)sc * dx[b], (float)p, acc);
+                            acc = fmaf(-(dmin * (float)m) * dx[b], sum[b], acc);
+                        }
+                    }
+                }
+            }
+            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+        }
+    }
+}
+
 /* Every other integer type: the scalar path's unpacking, AVX2 products. */
 __attribute__((target("avx2,fma"))) static void qrows_int_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
                                                               int r0, int r1)
@@ -496,6 +576,10 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
     case TP_GGML_Q4_K: case TP_GGML_Q5_K: case TP_GGML_Q6_K:
         if (avx512 && w->panel) {
             tp_qrows_k_avx512(w, a, y, ldy, r0, r1);
+            return;
+        }
+        if (w->type != TP_GGML_Q5_K && simd && have_avx2()) {
+            qrows_k_avx2(w, a, y, ldy, r0, r1);
             return;
         }
         break;
