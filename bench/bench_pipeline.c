@@ -26,6 +26,7 @@
 #include "tokpipe/stop.h"
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zwire.h"
+#include "support/bdaemon.h"
 #include "support/timing.h"
 
 #define PROMPT_LEN 16
@@ -171,81 +172,7 @@ static int in_process(const tp_model *m, const tp_tokenizer *tok, int n_jobs, ru
 
 /* ---- through the daemon ------------------------------------------------------ */
 
-typedef struct daemon {
-    pid_t pid;
-    void *ctx, *dealer, *sub;
-} daemon_t;
-
-static int call(daemon_t *d, const tp_msg *m, tp_zmsg *z, tp_msg *r)
-{
-    tp_wire w;
-    tp_err e;
-    if (tp_proto_encode(m, &w, &e))
-        return -1;
-    tp_zsend(d->dealer, NULL, 0, &w, 0);
-    tp_wire_free(&w);
-    zmq_pollitem_t it = {d->dealer, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, 5000) <= 0 || tp_zmsg_recv(d->dealer, z, 0))
-        return -1;
-    if (tp_proto_decode(TP_FAM_JOB, z->f, z->n, r, &e)) {
-        tp_msg_clear(r);
-        tp_zmsg_close(z);
-        return -1;
-    }
-    return 0;
-}
-
-static int start_daemon(daemon_t *d, const char *bin, const char *cfg, const char *front, const char *events)
-{
-    d->pid = fork();
-    if (d->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        char exe[600];
-        snprintf(exe, sizeof exe, "%s/tokpiped", bin);
-        if (!freopen(getenv("TP_DAEMON_LOG") ? getenv("TP_DAEMON_LOG") : "/dev/null", "a", stderr))
-            _exit(126);
-        execl(exe, exe, "--config", cfg, (char *)NULL);
-        _exit(127);
-    }
-    d->ctx = zmq_ctx_new();
-    d->dealer = zmq_socket(d->ctx, ZMQ_DEALER);
-    d->sub = zmq_socket(d->ctx, ZMQ_SUB);
-    int zero = 0, big = 1000000;
-    zmq_setsockopt(d->dealer, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(d->sub, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(d->sub, ZMQ_RCVHWM, &big, sizeof big);
-    zmq_setsockopt(d->sub, ZMQ_SUBSCRIBE, "", 0);
-    zmq_connect(d->dealer, front);
-    zmq_connect(d->sub, events);
-    for (int i = 0; i < 400; i++) {
-        tp_msg m, r;
-        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
-        tp_zmsg z;
-        if (call(d, &m, &z, &r) == 0) {
-            const uint64_t *w = r.stats_reply.workers;
-            bool ok = w[0] && w[1] && w[2] && w[3];
-            tp_msg_clear(&r);
-            tp_zmsg_close(&z);
-            if (ok) {
-                usleep(200000);   /* the SUB connection settles */
-                return 0;
-            }
-        }
-        usleep(50000);
-    }
-    return -1;
-}
-
-static void stop_daemon(daemon_t *d)
-{
-    zmq_close(d->dealer);
-    zmq_close(d->sub);
-    zmq_ctx_term(d->ctx);
-    kill(d->pid, SIGTERM);
-    waitpid(d->pid, NULL, 0);
-}
-
-static int submit(daemon_t *d, int j, const char *prefix)
+static int submit(bench_daemon *d, int j, const char *prefix)
 {
     tp_msg m;
     tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
@@ -269,7 +196,19 @@ static int submit(daemon_t *d, int j, const char *prefix)
     return rc;
 }
 
-static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
+typedef struct arrivals {
+    double (*times)[MAX_TOKENS];
+    int *n_tok;
+} arrivals;
+
+static void on_event(void *ctx, int j, const tp_msg *ev, double t)
+{
+    arrivals *a = ctx;
+    if (ev->cmd == TP_CMD_TOKEN && a->n_tok[j] < MAX_TOKENS)
+        a->times[j][a->n_tok[j]++] = t;
+}
+
+static int pipeline(bench_daemon *d, int n_jobs, const char *prefix, run_stats *out)
 {
     static double times[MAX_JOBS][MAX_TOKENS];
     static int n_tok[MAX_JOBS];
@@ -278,37 +217,9 @@ static int pipeline(daemon_t *d, int n_jobs, const char *prefix, run_stats *out)
     for (int j = 0; j < n_jobs; j++)
         if (submit(d, j, prefix))
             return -1;
-    int finished = 0, acks = 0;
-    size_t plen = strlen(prefix);
-    while (finished < n_jobs || acks < n_jobs) {
-        zmq_pollitem_t it[2] = {{d->sub, 0, ZMQ_POLLIN, 0}, {d->dealer, 0, ZMQ_POLLIN, 0}};
-        if (zmq_poll(it, 2, 20000) <= 0) {
-            fprintf(stderr, "bench: pipeline stalled (%d/%d finished)\n", finished, n_jobs);
-            return -1;
-        }
-        tp_zmsg z;
-        if ((it[1].revents & ZMQ_POLLIN) && tp_zmsg_recv(d->dealer, &z, 0) == 0) {
-            acks++;
-            tp_zmsg_close(&z);
-        }
-        if (!(it[0].revents & ZMQ_POLLIN) || tp_zmsg_recv(d->sub, &z, 0))
-            continue;
-        double t = bench_now();
-        tp_msg ev;
-        tp_err e;
-        if (tp_proto_decode(TP_FAM_EVT, z.f, z.n, &ev, &e) == 0 && ev.cmd != TP_CMD_HEARTBEAT) {
-            const tp_str *id = ev.cmd == TP_CMD_TOKEN ? &ev.token.job_id : &ev.finish.job_id;
-            if (id->len > plen + 1 && !memcmp(id->ptr, prefix, plen)) {
-                int j = atoi(id->ptr + plen + 1);
-                if (ev.cmd == TP_CMD_TOKEN && j >= 0 && j < n_jobs && n_tok[j] < MAX_TOKENS)
-                    times[j][n_tok[j]++] = t;
-                else if (ev.cmd == TP_CMD_FINISH)
-                    finished++;
-            }
-        }
-        tp_msg_clear(&ev);
-        tp_zmsg_close(&z);
-    }
+    arrivals a = {times, n_tok};
+    if (bench_daemon_events(d, prefix, n_jobs, 20000, on_event, &a))
+        return -1;
     *out = summarize(t0, bench_now(), times, n_tok, n_jobs);
     return 0;
 }
@@ -386,8 +297,8 @@ int main(void)
         fclose(f);
         snprintf(front, sizeof front, "ipc://%s/rt%zu/front.sock", dir, v);
         snprintf(events, sizeof events, "ipc://%s/rt%zu/events.sock", dir, v);
-        daemon_t d;
-        if (start_daemon(&d, bin, cfg, front, events)) {
+        bench_daemon d;
+        if (bench_daemon_start(&d, bin, cfg, front, events)) {
             fprintf(stderr, "bench_pipeline: daemon did not start\n");
             return 1;
         }
@@ -407,7 +318,7 @@ int main(void)
             print_row("in-process", jobs[k], &ip[SAMPLES / 2], 0);
             print_row(variants[v].name, jobs[k], &pl[SAMPLES / 2], ip[SAMPLES / 2].tok_s);
         }
-        stop_daemon(&d);
+        bench_daemon_stop(&d);
     }
     tp_tokenizer_free(tok);
     tp_model_free(m);

@@ -452,6 +452,17 @@ static int check_all(tp_config *c, tp_err *err)
         return tp_err_set(err, TP_ERANGE,
                           "%s: heartbeat.reconnect_max_ms (%d) < heartbeat.reconnect_init_ms (%d)", f,
                           c->reconnect_max_ms, c->reconnect_init_ms);
+    /* the tokenize worker's reply to a prompt of max_prompt_bytes holds up
+     * to 2 ids a byte (+3, tp_tokenizer_max_ids); a message over
+     * max_msg_bytes makes ZeroMQ drop the worker, and the job would take
+     * the next one down the same way */
+    int64_t tokenized = 4 * (2 * (int64_t)c->max_prompt_bytes + 3) + 4096;
+    if (c->max_msg_bytes < tokenized)
+        return tp_err_set(err, TP_ERANGE,
+                          "%s: limits.max_msg_bytes (%lld) is less than the tokenized form of a prompt of "
+                          "limits.max_prompt_bytes (%d) needs (%lld: 8 bytes a prompt byte + 4 KiB); lower "
+                          "limits.max_prompt_bytes or raise limits.max_msg_bytes",
+                          f, (long long)c->max_msg_bytes, c->max_prompt_bytes, (long long)tokenized);
     if (c->def_max_tokens > c->max_tokens_limit)
         return tp_err_set(err, TP_ERANGE, "%s: generation.max_tokens (%d) > limits.max_tokens (%d)", f,
                           c->def_max_tokens, c->max_tokens_limit);

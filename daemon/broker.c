@@ -1,5 +1,7 @@
 /* The broker's sockets and its single poll loop (nginx-style: signal
- * handlers only set a flag the loop reads). */
+ * handlers only set a flag the loop reads). The top floor: it calls the
+ * floors below (broker.h) and is the only file that sends, draining the
+ * outbox they fill after each message and tick. */
 #include "broker.h"
 
 #include <errno.h>
@@ -19,77 +21,100 @@
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 
-void broker_log(const broker *b, const char *fmt, ...)
+/* ---- sending: the outbox, heartbeats ---------------------------------------------- */
+
+static void *out_socket(broker *b, int sock)
 {
-    (void)b;
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "tokpiped: %s\n", line);
+    return sock == OUT_FRONT ? b->front : sock == OUT_BACK ? b->back : b->xpub;
 }
 
-int broker_send_worker(broker *b, int wi, const tp_msg *m)
+/* Send what the floors below put in the outbox, in order. A worker a send
+ * fails to (gone: EHOSTUNREACH, or hopelessly behind: EAGAIN) gets
+ * nothing more; it is lost at the next safe point (recover_reap). */
+static void flush(broker *b)
+{
+    boutbox *o = &b->out;
+    for (size_t k = 0; k < o->n; k++) {
+        bout_msg *x = o->q[k];
+        bworker *w = x->wi >= 0 ? &b->workers[x->wi] : NULL;
+        if (w && (!w->live || w->worker_no != x->worker_no))
+            w = NULL;   /* lost and its slot reused since: the frames still go to its identity */
+        bool skip = w && w->gone;
+        size_t sent = 0;
+        int err = 0;
+        for (; !skip && sent < x->n; sent++)
+            if (zmq_msg_send(&x->part[sent], out_socket(b, x->sock), ZMQ_DONTWAIT | (sent + 1 < x->n ? ZMQ_SNDMORE : 0)) <
+                0) {
+                err = errno;
+                break;
+            }
+        if (err && w) {
+            blog("to worker %s: send %s: %s", w->instance, tp_cmd_name(x->family, x->cmd), zmq_strerror(err));
+            w->gone = true;
+        } else if (err && x->sock == OUT_FRONT) {
+            blog("reply %s: send: %s", tp_cmd_name(x->family, x->cmd), zmq_strerror(err));
+        } else if (!err && !skip && w) {
+            w->last_send = tp_now_ms();
+        }
+        /* zmq_msg_send took the frames it sent; close the rest */
+        for (size_t i = sent; i < x->n; i++)
+            zmq_msg_close(&x->part[i]);
+        free(x);
+    }
+    o->n = 0;
+}
+
+/* HEARTBEAT to worker wi; false if its connection is gone. The backend
+ * ROUTER is ROUTER_MANDATORY, so a peer whose socket closed (the process
+ * died) answers EHOSTUNREACH, and since a reconnecting worker gets a new
+ * identity this registration can never be reached again: no need to wait
+ * `liveness` intervals for it. (A full queue, EAGAIN, is left to expiry.) */
+static bool send_heartbeat(broker *b, int wi)
 {
     bworker *w = &b->workers[wi];
-    tp_frame id = {w->ident, w->ident_len};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_HEARTBEAT);
+    tp_wire wire;
     tp_err e;
-    int rc = tp_zsend_msg(b->back, &id, 1, m, &e);
-    if (rc) {
-        /* gone (EHOSTUNREACH) or hopelessly behind (EAGAIN): nothing more
-         * goes to it; it is lost at the next safe point */
-        broker_log(b, "to worker %s: %s", w->instance, e.msg);
-        w->gone = true;
-        return rc;
-    }
-    w->last_send = tp_now_ms();
-    return 0;
+    if (tp_proto_encode(&m, &wire, &e))
+        return true;
+    tp_frame id = {w->ident, w->ident_len};
+    int rc = tp_zsend(b->back, &id, 1, &wire, ZMQ_DONTWAIT);
+    int err = errno;
+    tp_wire_free(&wire);
+    if (rc == 0)
+        w->last_send = tp_now_ms();
+    return rc == 0 || err != EHOSTUNREACH;
 }
 
-/* A FINISH the broker publishes itself: for jobs that never reached a stop
- * worker (cancelled or failed while queued) or whose stop worker is gone. */
-void broker_publish_finish(broker *b, bjob *j, int reason, const char *error)
+/* After a backend disconnect: which worker was it? The one the ROUTER no
+ * longer knows (each probe is one small HEARTBEAT). */
+static void probe_workers(broker *b)
 {
-    if (j->result_ready || j->state == J_FINISHED || j->state == J_FREE)
-        return;
-    uint64_t now = tp_wall_us();
-    tp_msg ev;
-    tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_FINISH);
-    tp_m_finish *f = &ev.finish;
-    f->job_id = tp_str_of(j->id);
-    f->seq = (uint32_t)(j->last_seq + 1);
-    f->reason = reason;
-    f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
-    f->prompt_tokens = j->n_prompt;
-    f->cached_tokens = j->cached;
-    f->completion_tokens = j->n_tok_ids;   /* the ids subscribers were sent, exactly */
-    f->text_len = jobs_text_total(j);
-    f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
-    f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
-    if (j->params.set & TP_P_SEED)
-        f->set |= TP_ACK_SEED, f->seed = j->params.seed;
-    if (j->context_refused) {
-        f->error_code = tp_str_of(TP_CODE_CONTEXT);
-        f->context_length = j->context_refused;
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live && !b->workers[i].gone && !send_heartbeat(b, i))
+            b->workers[i].gone = true;
+}
+
+static void beat_workers(broker *b, int64_t now)
+{
+    for (int i = 0; i < B_MAX_WORKERS; i++) {
+        bworker *w = &b->workers[i];
+        if (w->live && !w->gone && now - w->last_send >= b->cfg->heartbeat_ms && !send_heartbeat(b, i))
+            w->gone = true;
     }
-    tp_err e;
-    tp_wire w;
-    if (tp_proto_encode(&ev, &w, &e) == 0) {
-        tp_zsend(b->xpub, NULL, 0, &w, ZMQ_DONTWAIT);
-        tp_wire_free(&w);
-        b->stats.events_published++;
-    } else {
-        broker_log(b, "FINISH for %s: %s", j->id, e.msg);
-    }
-    jobs_on_event(b, &ev);
-    if (j->state != J_FINISHED)   /* RUNNING jobs end when released */
-        j->result_ready = true;
+}
+
+/* Lose the workers marked gone, and send what that sent. */
+static void reap(broker *b)
+{
+    recover_reap(b);
+    flush(b);
 }
 
 /* The broker's own event (PROTOCOL.md §3, HEARTBEAT): subscribers tell a
  * quiet broker from a dead or restarted one by it. */
-void broker_publish_beat(broker *b)
+static void publish_beat(broker *b)
 {
     tp_msg ev;
     tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_HEARTBEAT);
@@ -99,7 +124,7 @@ void broker_publish_beat(broker *b)
     ev.beat.liveness = (uint32_t)b->cfg->liveness;
     tp_err e;
     if (tp_zsend_msg(b->xpub, NULL, 0, &ev, &e))
-        broker_log(b, "HEARTBEAT: %s", e.msg);
+        blog("HEARTBEAT: %s", e.msg);
     b->last_beat_ms = tp_now_ms();
 }
 
@@ -120,7 +145,7 @@ static void beat_tick(broker *b, int64_t now)
 {
     int64_t since = now - b->last_beat_ms;
     if (since >= b->cfg->heartbeat_ms || (b->beat_asked && since >= B_BEAT_MIN_GAP_MS)) {
-        broker_publish_beat(b);
+        publish_beat(b);
         b->beat_asked = false;
     }
 }
@@ -206,7 +231,7 @@ static int load_model_ref(broker *b, tp_err *err)
     tp_err_clear(&e);
     int rc = tp_model_load(b->cfg->model_path, &m, &e);
     if (rc == TP_EIO) {
-        broker_log(b, "model.path: %s: not readable here; the first worker's model is the reference", e.msg);
+        blog("model.path: %s: not readable here; the first worker's model is the reference", e.msg);
         return 0;
     }
     if (rc)
@@ -221,7 +246,8 @@ static int load_model_ref(broker *b, tp_err *err)
 
 static void zsec_log(void *ctx, const char *line)
 {
-    broker_log(ctx, "%s", line);
+    (void)ctx;
+    blog("%s", line);
 }
 
 int broker_init(broker *b, tp_config *cfg, tp_err *err)
@@ -229,7 +255,7 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
     b->cfg = cfg;
     b->t_start_ms = tp_now_ms();
     b->incarnation = tp_random_u64();
-    int rc = jobs_init(b, err);
+    int rc = jobs_init(&b->jt, cfg->max_concurrent_jobs, err);
     if (rc || (rc = load_model_ref(b, err)))
         return rc;
     if (mkdir(cfg->runtime_dir, 0700) && errno != EEXIST)
@@ -280,9 +306,10 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i] && !strncmp(eps[i], "ipc://", 6))
             unlink(eps[i] + 6);
-    jobs_free(b);
-    sched_free(b);
+    jobs_free(&b->jt);
+    step_free(b);
     spawn_free(b);
+    out_free(b);
 }
 
 /* ---- the loop ------------------------------------------------------------------- */
@@ -294,19 +321,19 @@ static void on_event(broker *b, tp_zmsg *z)
     if (tp_proto_decode(TP_FAM_EVT, z->f, z->n, &m, &e) || z->dropped ||
         (m.cmd != TP_CMD_TOKEN && m.cmd != TP_CMD_FINISH)) {
         b->stats.malformed_events++;
-        broker_log(b, "dropped a malformed event: %s",
+        blog("dropped a malformed event: %s",
                    z->dropped ? "too many frames" : m.cmd == TP_CMD_HEARTBEAT ? "a HEARTBEAT is the broker's" : e.msg);
         tp_msg_clear(&m);
         return;
     }
-    if (!jobs_event_from_pinned(b, &m)) {
+    if (!jobs_event_from_pinned(&b->jt, &m)) {
         /* a forger, or a worker the job was moved away from: neither is
          * believed nor forwarded */
         b->stats.events_refused++;
         int64_t now = tp_now_ms();
         if (now - b->refused_log_ms >= 1000) {
             b->refused_log_ms = now;
-            broker_log(b, "refused an event for job '%.*s': not from the stop worker it is pinned to (%llu so far)",
+            blog("refused an event for job '%.*s': not from the stop worker it is pinned to (%llu so far)",
                        (int)(m.cmd == TP_CMD_TOKEN ? m.token.job_id.len : m.finish.job_id.len),
                        m.cmd == TP_CMD_TOKEN ? m.token.job_id.ptr : m.finish.job_id.ptr,
                        (unsigned long long)b->stats.events_refused);
@@ -314,7 +341,7 @@ static void on_event(broker *b, tp_zmsg *z)
         tp_msg_clear(&m);
         return;
     }
-    if (!jobs_event_wanted(b, &m)) {
+    if (!jobs_event_wanted(&b->jt, &m)) {
         b->stats.events_duplicate++;
         tp_msg_clear(&m);
         return;
@@ -323,7 +350,32 @@ static void on_event(broker *b, tp_zmsg *z)
         zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
                  ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
     b->stats.events_published++;
-    jobs_on_event(b, &m);
+    const bjob *j = NULL;
+    int64_t resumed = jobs_on_event(&b->jt, &m, &j);
+    if (resumed >= 0)
+        blog("job %s: stream resumed %lld ms after its worker was lost", j->id, (long long)resumed);
+    tp_msg_clear(&m);
+}
+
+/* A worker's message: the registry says what it is for. */
+static void on_backend(broker *b, tp_zmsg *z)
+{
+    tp_msg m;
+    int wi;
+    switch (registry_on_message(b, &z->f[0], z->f + 1, z->n - 1, &m, &wi)) {
+    case REG_RESULT:
+        sched_on_result(b, wi, &m);
+        break;
+    case REG_LOST:
+        recover_worker_lost(b, wi, "it disconnected");
+        break;
+    case REG_READY:
+        if (wi >= 0)
+            recover_worker_lost(b, wi, "it registered again");
+        if (registry_on_ready(b, &z->f[0], &m.ready))
+            info_on_ready(b, &m.ready);
+        break;
+    }
     tp_msg_clear(&m);
 }
 
@@ -338,7 +390,7 @@ static void drain_socket(broker *b, void *s, int which)
             front_on_message(b, z.f, z.n, z.dropped > 0);
         } else if (which == 1) {
             if (z.n >= 1 && !z.dropped)
-                registry_on_message(b, &z.f[0], z.f + 1, z.n - 1);
+                on_backend(b, &z);
             else
                 b->stats.malformed_back++;
         } else if (which == 2) {
@@ -347,6 +399,7 @@ static void drain_socket(broker *b, void *s, int which)
             on_subscription(b, &z.f[0]);   /* XPUB subscription notices */
         }
         tp_zmsg_close(&z);
+        flush(b);
     }
 }
 
@@ -367,7 +420,7 @@ static void start_drain(broker *b)
     b->draining = true;
     b->drain_deadline = tp_now_ms() + b->cfg->drain_timeout_ms;
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
-    broker_log(b, "draining: %d active jobs, up to %d ms", b->n_active, b->cfg->drain_timeout_ms);
+    blog("draining: %d active jobs, up to %d ms", b->jt.n_active, b->cfg->drain_timeout_ms);
 }
 
 static void drain_tick(broker *b, int64_t now)
@@ -375,14 +428,14 @@ static void drain_tick(broker *b, int64_t now)
     if (!b->cancelled_all && now >= b->drain_deadline) {
         b->cancelled_all = true;
         b->drain_deadline = now + 2000;   /* time for the cancels' FINISH events */
-        for (uint32_t i = 0; i < b->jobs_cap; i++) {
-            bjob *j = &b->jobs[i];
+        for (uint32_t i = 0; i < b->jt.cap; i++) {
+            bjob *j = &b->jt.jobs[i];
             if (j->state == J_TOKENIZE || j->state == J_ADMIT || (j->state == J_RUNNING && !j->cancel))
-                sched_cancel_job(b, j);
+                pin_cancel(b, j);
         }
         sched_run(b);
     }
-    if (b->n_active == 0 || (b->cancelled_all && now >= b->drain_deadline))
+    if (b->jt.n_active == 0 || (b->cancelled_all && now >= b->drain_deadline))
         b->done = true;
 }
 
@@ -391,17 +444,17 @@ static void say_status(broker *b)
     char st[200];
     snprintf(st, sizeof st, "STATUS=workers tokenize %d forward %d sample %d stop %d; %d active jobs",
              registry_count(b, TP_STAGE_TOKENIZE), registry_count(b, TP_STAGE_FORWARD),
-             registry_count(b, TP_STAGE_SAMPLE), registry_count(b, TP_STAGE_STOP), b->n_active);
+             registry_count(b, TP_STAGE_SAMPLE), registry_count(b, TP_STAGE_STOP), b->jt.n_active);
     sd_notify(0, st);
 }
 
 int broker_run(broker *b)
 {
     sd_notify(0, "READY=1\nSTATUS=broker ready, waiting for workers");
-    broker_log(b, "listening: front %s, back %s, events %s, publish %s", b->cfg->ep_front, b->cfg->ep_back,
+    blog("listening: front %s, back %s, events %s, publish %s", b->cfg->ep_front, b->cfg->ep_back,
                b->cfg->ep_events, b->cfg->ep_publish);
     int64_t last_tick = 0, last_status = 0;
-    broker_publish_beat(b);
+    publish_beat(b);
     while (!b->done) {
         if (*b->quit && !b->draining)
             start_drain(b);
@@ -425,22 +478,25 @@ int broker_run(broker *b)
         if (n > 0 && (it[5].revents & ZMQ_POLLIN))
             tp_zsec_server_handle(b->zsec);
         if (probing)
-            registry_probe(b);
-        registry_reap(b);
+            probe_workers(b);
+        reap(b);
         int64_t now = tp_now_ms();
         if (now - last_tick >= 50) {
             last_tick = now;
             registry_tick(b, now);
-            registry_reap(b);
-            jobs_expire(b, now);
+            beat_workers(b, now);
+            reap(b);
+            jobs_expire(&b->jt, now, b->cfg->finished_ttl_ms);
+            recover_lost_finish(b, now);
             if (b->spawn)
                 spawn_tick(b, now);
             if (b->draining)
                 drain_tick(b, now);
             sched_run(b);
+            flush(b);
             /* a burst (thousands of jobs, slow subscribers' queues) leaves
              * glibc holding the freed memory; hand it back once quiet */
-            if (b->n_active > 0) {
+            if (b->jt.n_active > 0) {
                 b->last_busy_ms = now;
                 b->trimmed = false;
             } else if (!b->trimmed && now - b->last_busy_ms >= B_TRIM_IDLE_MS) {
@@ -460,10 +516,11 @@ int broker_run(broker *b)
             tp_msg m;
             tp_msg_init(&m, TP_FAM_WRK, TP_CMD_DISCONNECT);
             m.disconnect.reason = tp_str_of("broker shutting down");
-            broker_send_worker(b, i, &m);
+            out_worker(b, i, &m);
         }
+    flush(b);
     if (b->spawn)
         spawn_stop_all(b, 3000);
-    broker_log(b, "stopped");
+    blog("stopped");
     return 0;
 }

@@ -1,11 +1,25 @@
-/* tokpiped internals: the broker's state shared by the daemon/ sources.
+/* tokpiped internals: the state the daemon/ sources share, and each
+ * floor's functions. Every file calls only the floors under it (checked by
+ * tests/layers_test.py), top to bottom:
  *
- * One thread, one poll loop (broker.c). The broker owns the job table
- * (jobs.c), the worker registry (registry.c), the schedule (sched.c), the
- * producer-facing requests (front.c) and the supervisor of spawned worker
- * processes (spawn.c). Events from stop workers arrive on the XSUB socket,
- * are recorded into the job table (for STATUS) and forwarded verbatim to
- * subscribers on the XPUB socket. */
+ *   broker.c    the sockets and the one poll loop; the only file that sends:
+ *               it drains the outbox the floors below fill
+ *   front.c     producer requests (SUBMIT, CANCEL, STATUS, STATS, INFO)
+ *   sched.c     one scheduling pass (recover, admit, steps) and the
+ *               dispatch of stage results
+ *   admit.c     admission and queues: tokenize dispatch, first pinning
+ *   step.c      the step cycle: building STEPs, consuming results
+ *   recover.c   lost workers: moving and replaying jobs, poison jobs
+ *   pin.c       pinning a job to workers and letting go; how a job ends
+ *   choose.c    worker choice
+ *   registry.c, info.c, spawn.c, metrics.c   workers, model facts,
+ *               worker processes, latency histograms
+ *   outbox.c, log.c, jobs.c (+ joblp.c)      messages waiting to be sent,
+ *               the log, the job table (jobs.h: pure data)
+ *
+ * One thread, one poll loop. Events from stop workers arrive on the XSUB
+ * socket, are recorded into the job table (for STATUS) and forwarded
+ * verbatim to subscribers on the XPUB socket. */
 #ifndef TOKPIPED_BROKER_H
 #define TOKPIPED_BROKER_H
 
@@ -19,6 +33,8 @@
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/zsec.h"
+#include <zmq.h>
+#include "jobs.h"
 #include "metrics.h"
 
 #define B_MAX_WORKERS 256
@@ -55,101 +71,22 @@ typedef struct bworker {
     int n_fwd, n_smp, n_stp;        /* jobs pinned per stage */
     int tok_inflight;
     int steps_inflight;
+    bool tok_suspect;               /* a TOKENIZE of a job that lost workers before: takes no other */
+    bool step_suspect;              /* a STEP of such a job alone: no other step meanwhile */
     int malformed;
-    bool gone;                      /* a send failed: lost at the next safe point (registry_reap) */
+    bool gone;                      /* lost at the next safe point (recover_reap): a send failed, ... */
+    const char *gone_why;           /* ... or this (static text; NULL = the connection closed) */
     uint64_t cache[TP_CACHE_COUNT]; /* forward: its prefix cache, from its last STEP_RESULT (0s: none) */
 } bworker;
 
-/* ---- jobs --------------------------------------------------------------------- */
-
-enum { J_FREE = 0, J_TOKENIZE, J_ADMIT, J_RUNNING, J_CLOSING, J_FINISHED };
-enum { P_READY = 0, P_FORWARD, P_SAMPLE, P_STOP };
-
-typedef struct bjob {
-    int state;
-    char id[TP_PROTO_MAX_JOB_ID + 1];
-    uint32_t slot;                  /* = index in the table */
-    uint64_t seqno;                 /* admission order (FCFS) */
-    /* request: params with owned copies of the stop strings / ids */
-    tp_params params;
-    char *stop_buf;
-    char *prompt_text;
-    size_t prompt_len;
-    bool parse_special;     /* SUBMIT's parse_special, for the TOKENIZE request */
-    tp_chat_msg *messages;  /* SUBMIT's conversation (strings in prompt_text), for TOKENIZE */
-    size_t n_messages;
-    int32_t *prompt;
-    uint32_t n_prompt;
-    /* running */
-    int fwd, smp, stp;              /* worker indexes, -1 none */
-    int tok_worker;
-    uint64_t tok_task;
-    uint32_t n_fed;                 /* positions in the KV cache */
-    uint32_t cached;                /* prompt positions its forward worker took from its prefix cache */
-    int32_t pending;                /* accepted token to feed next, -1 none */
-    int32_t acc_for_sampler;        /* accepted since the sampler last saw the slot */
-    int phase;
-    uint64_t step;
-    uint32_t n_cand;                /* candidates produced (= accepted, unless the last finishes) */
-    int32_t *cands;                 /* every candidate in order: out[] is their accepted prefix, and
-                                     * prompt + cands is what the KV cache holds (or will) */
-    uint32_t cap_cands;
-    uint32_t n_verd;                /* candidates with a verdict; cands[n_verd..n_cand) await theirs */
-    uint32_t n_tok_ids;             /* ids carried by the TOKEN events forwarded to subscribers */
-    int64_t lost_ms;                /* when the job lost a worker it still misses (0 = none) */
-    int64_t recover_t0;             /* a loss not yet followed by an event (recovery latency) */
-    int close_stp;                  /* CLOSING: the stop worker that publishes FINISH, -1 none */
-    int close_finish;               /* CLOSING: the STOP_CLOSE finish, said again to a replacement */
-    char *close_error;
-    bool cancel;
-    int32_t *out;
-    uint32_t n_out, cap_out;
-    int engine_reason;              /* from VERDICTS, before the FINISH event */
-    bool result_ready;              /* the FINISH event was seen */
-    uint64_t open_task[3];          /* SEQ_OPEN, SAMPLE_OPEN, STOP_OPEN task ids */
-    uint64_t stop_pin;              /* of the last STOP_OPEN: its events must carry it */
-    int64_t closing_since;
-    /* times */
-    uint64_t t_submit_wall, t_start_wall;
-    int64_t t_submit_ms;
-    /* result (from events): what subscribers were sent up to last_seq. The
-     * text is kept up to TP_PROTO_MAX_TEXT (whole deltas; text_cut counts
-     * the bytes past it), so STATUS always fits its reply; shown[] are the
-     * ids of the TOKEN events (verdicts may run a step ahead of them in
-     * out[]), kept while the job runs. */
-    int64_t last_seq;
-    char *text;
-    size_t text_len, text_cap;
-    uint64_t text_cut;
-    int32_t *shown;
-    size_t n_shown, cap_shown;
-    int reason;
-    tp_matched matched;
-    char *matched_buf;
-    char *job_error;
-    tp_timings timings;
-    int64_t done_ms;
-    uint32_t context_refused;       /* the prompt did not fit: the context length (FINISH error_code) */
-    struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
-    uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
-} bjob;
-
+/* Counters for STATS (the job table keeps those of finished jobs). */
 typedef struct bstats {
-    uint64_t jobs_submitted, jobs_rejected, jobs_finished, tokens_generated, events_published;
+    uint64_t jobs_submitted, jobs_rejected, events_published;
     uint64_t malformed_front, malformed_back, malformed_events;
-    uint64_t finish[TP_REASON_COUNT];
-    uint64_t triggers_other;
     uint64_t forward_steps, forward_rows, forward_tokens;
     uint64_t workers_lost, events_duplicate, events_refused;
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
-    uint64_t recovery_n, recovery_ms_sum, recovery_ms_max;
-    size_t n_triggers;
-    struct btrigger {
-        tp_matched key;
-        char str[49];
-        bool truncated;
-        uint64_t count;
-    } triggers[64];
+    uint64_t jobs_poisoned;         /* jobs ended because they lost B_POISON_TRIES workers (recover.c) */
 } bstats;
 
 /* ---- spawned worker processes ------------------------------------------------- */
@@ -173,6 +110,25 @@ typedef struct bcols {
     size_t cap, tok_cap, logit_cap;
 } bcols;
 
+/* Messages the floors under broker.c have built, in the order they were
+ * built, each encoded and copied into its own frames: broker.c sends them
+ * (outbox.c). */
+enum { OUT_FRONT, OUT_BACK, OUT_EVENTS };
+
+typedef struct bout_msg {
+    int sock;                       /* OUT_* */
+    int wi;                         /* OUT_BACK: the registered worker, else -1 */
+    uint32_t worker_no;             /* ... and its registration (a slot may be reused) */
+    uint8_t family, cmd;            /* for the log */
+    size_t n;
+    zmq_msg_t part[];
+} bout_msg;
+
+typedef struct boutbox {
+    bout_msg **q;
+    size_t n, cap;
+} boutbox;
+
 typedef struct broker {
     tp_config *cfg;
     const char *config_path;        /* passed to spawned workers; NULL = none */
@@ -194,18 +150,14 @@ typedef struct broker {
     bworker workers[B_MAX_WORKERS];
     uint32_t next_worker_no;
 
-    bjob *jobs;                     /* table: n_jobs_cap entries, slot = index */
-    uint32_t jobs_cap;
-    uint32_t *hash;                 /* id -> slot+1, open addressing, hash_cap entries */
-    uint32_t hash_cap;
-    int n_active;                   /* TOKENIZE + ADMIT + RUNNING + CLOSING */
+    bjobs jt;                       /* the job table (jobs.c) */
     int64_t last_busy_ms;           /* last loop tick with an active job */
     bool trimmed;                   /* malloc_trim done since then */
-    uint64_t next_seqno, next_task, next_step, next_auto_id;
+    uint64_t next_task, next_step, next_auto_id;
 
     bstats stats;
-    bmetrics metrics;               /* histograms for STATS (metrics.c) */
-    bcols cols;
+    bcols cols;                     /* scratch of step.c */
+    boutbox out;
 
     bchild *children;
     int n_children;
@@ -221,71 +173,92 @@ typedef struct broker {
     uint32_t model_vocab, model_seq_len;
 } broker;
 
-/* broker.c */
+#define B_POISON_TRIES 2          /* workers a job may lose while they process it */
+
+/* ---- broker.c: the top floor ------------------------------------------------- */
 int broker_init(broker *b, tp_config *cfg, tp_err *err);
 int broker_run(broker *b);
 void broker_free(broker *b);
-void broker_log(const broker *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int broker_send_worker(broker *b, int wi, const tp_msg *m);
-void broker_publish_finish(broker *b, bjob *j, int reason, const char *error);
-void broker_publish_beat(broker *b);
 
-/* jobs.c */
-int jobs_init(broker *b, tp_err *err);
-void jobs_free(broker *b);
-bjob *jobs_find(broker *b, const char *id, size_t len);
-bjob *jobs_by_slot(broker *b, uint32_t slot);
-bjob *jobs_new(broker *b, const char *id, size_t len);
-void jobs_release(broker *b, bjob *j);
-void jobs_expire(broker *b, int64_t now);
-int jobs_append_text(bjob *j, const char *s, size_t n);
-int jobs_append_out(bjob *j, int32_t id);
-int jobs_append_cand(bjob *j, int32_t id);
-bool jobs_event_wanted(broker *b, const tp_msg *ev);
+/* ---- front.c ------------------------------------------------------------------- */
+void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many);
 
-/* Is a TOKEN/FINISH from the stop worker its job is pinned to (it carries
- * the pin of the job's last STOP_OPEN)? Events of unknown jobs are not. */
-bool jobs_event_from_pinned(broker *b, const tp_msg *ev);
-uint64_t jobs_text_total(const bjob *j);
-void jobs_on_event(broker *b, const tp_msg *ev);
-void jobs_mark_finished(broker *b, bjob *j);
+/* ---- sched.c: one pass of the schedule ------------------------------------------- */
+void sched_run(broker *b);
+void sched_on_result(broker *b, int wi, const tp_msg *m);
 
-/* registry.c */
-void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames, size_t n);
+/* ---- admit.c: admission and queues ---------------------------------------------- */
+void admit_start(broker *b, bjob *j);
+void admit_waiting(broker *b);
+void admit_on_tokenized(broker *b, int wi, const tp_msg *m);
+
+/* ---- step.c: the step cycle ------------------------------------------------------ */
+void step_run(broker *b);
+void step_on_result(broker *b, int wi, const tp_msg *m);
+void step_free(broker *b);
+
+/* ---- recover.c: lost workers, replay, poison jobs --------------------------------- */
+void recover_run(broker *b, int64_t now);
+void recover_worker_lost(broker *b, int wi, const char *cause);
+void recover_lose(broker *b, int wi, const char *why);
+void recover_reap(broker *b);
+void recover_lost_finish(broker *b, int64_t now);
+
+/* ---- pin.c: a job's workers, and how a job ends --------------------------------- */
+void pin_forward(broker *b, bjob *j, int f);
+void pin_sample(broker *b, bjob *j, int s);
+void pin_stop(broker *b, bjob *j, int t);
+void pin_release(broker *b, bjob *j, int finish, const char *error);
+uint64_t pin_slot_cmd(broker *b, int wi, uint8_t cmd, uint32_t slot);
+bool pin_can_decode_ahead(const broker *b, const bjob *j);
+void pin_fail(broker *b, bjob *j, const char *why);
+void pin_cancel(broker *b, bjob *j);
+void pin_publish_finish(broker *b, bjob *j, int reason, const char *error);
+
+/* ---- choose.c: worker choice (-1: none has room) --------------------------------- */
+int choose_tokenize(broker *b, bool alone);
+int choose_forward(broker *b);
+int choose_sample(broker *b, int f);
+int choose_stop(broker *b);
+
+/* ---- registry.c, info.c, spawn.c, metrics.c (metrics.h) -------------------------- */
+enum { REG_DONE, REG_RESULT, REG_LOST, REG_READY };
+
+/* A worker's message: REG_RESULT (a stage result in *m from worker *wi),
+ * REG_LOST (worker *wi said DISCONNECT: its state is gone), REG_READY (a
+ * READY in *m; *wi: the old registration of the same connection, whose
+ * state is gone, or -1) or REG_DONE. *m needs tp_msg_clear either way. */
+int registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames, size_t n, tp_msg *m, int *wi);
+
+/* Register the worker of a READY (or refuse it); true when registered. */
+bool registry_on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r);
 void registry_tick(broker *b, int64_t now);
 void registry_lose(broker *b, int wi, const char *why);
+void registry_drop(broker *b, int wi);
+void registry_tok_done(broker *b, int wi);
 int registry_find(broker *b, const void *ident, size_t len);
-void registry_reap(broker *b);
-void registry_probe(broker *b);
 bool registry_usable(const broker *b, int wi);
 int registry_count(const broker *b, unsigned stage_bit);
 const bworker *registry_model(const broker *b);
 
-/* sched.c */
-void sched_run(broker *b);
-void sched_on_result(broker *b, int wi, const tp_msg *m);
-void sched_fail_job(broker *b, bjob *j, const char *why);
-void sched_cancel_job(broker *b, bjob *j);
-void sched_start_job(broker *b, bjob *j);
-void sched_worker_lost(broker *b, int wi);
-void sched_recover(broker *b, int64_t now);
-void sched_free(broker *b);
-
-/* front.c */
-void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many);
-
-/* joblp.c */
-void joblp_on_token(bjob *j, const tp_m_token *t);
-tp_lp_cols joblp_status(const bjob *j, size_t n_tokens);
-void joblp_free(bjob *j);
-/* info.c */
 void info_on_ready(broker *b, const tp_m_ready *r);
 void info_reply(broker *b, uint64_t req, tp_msg *r);
 void info_free(broker *b);
-/* spawn.c */
+
 int spawn_init(broker *b, tp_err *err);
 void spawn_tick(broker *b, int64_t now);
 void spawn_stop_all(broker *b, int timeout_ms);
 void spawn_free(broker *b);
+
+/* ---- outbox.c, log.c: the ground floor ------------------------------------------- */
+int out_worker(broker *b, int wi, const tp_msg *m);
+void out_ident(broker *b, const tp_frame *ident, const tp_msg *m);
+int out_event(broker *b, const tp_msg *m);
+void out_reply(broker *b, const tp_frame *env, size_t n_env, const tp_msg *m);
+uint64_t out_task(broker *b);
+void out_msg_free(bout_msg *o);
+void out_free(broker *b);
+
+void blog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -18,9 +18,7 @@ typedef struct reply_to {
 
 static void reply(broker *b, const reply_to *to, tp_msg *m)
 {
-    tp_err e;
-    if (tp_zsend_msg(b->front, to->env, to->n_env, m, &e))
-        broker_log(b, "reply %s: %s", tp_cmd_name(TP_FAM_JOB, m->cmd), e.msg);
+    out_reply(b, to->env, to->n_env, m);
 }
 
 static void ack(broker *b, const reply_to *to, uint64_t req, uint32_t status, const char *job_id, const char *field,
@@ -201,10 +199,10 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
         return bad(v, TP_ST_UNAVAILABLE, "", "the broker is shutting down");
     if (!check_workers(b, (s->prompt.ptr != NULL) || s->n_messages, v))
         return false;
-    if (s->job_id.len && jobs_find(b, s->job_id.ptr, s->job_id.len))
+    if (s->job_id.len && jobs_find(&b->jt, s->job_id.ptr, s->job_id.len))
         return bad(v, TP_ST_CONFLICT, "job_id", "job_id: '%.*s' is already in use", (int)s->job_id.len, s->job_id.ptr);
-    if (b->n_active >= b->cfg->max_concurrent_jobs)
-        return bad(v, TP_ST_OVERLOADED, "", "%d jobs are active, the limit is %d; retry later", b->n_active,
+    if (b->jt.n_active >= b->cfg->max_concurrent_jobs)
+        return bad(v, TP_ST_OVERLOADED, "", "%d jobs are active, the limit is %d; retry later", b->jt.n_active,
                    b->cfg->max_concurrent_jobs);
     const bworker *model = registry_model(b);
     uint32_t vocab = model ? model->vocab : 0;
@@ -351,10 +349,10 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
         snprintf(id, sizeof id, "%.*s", (int)s->job_id.len, s->job_id.ptr);
     else
         snprintf(id, sizeof id, "j-%08x-%llu", (unsigned)b->incarnation, (unsigned long long)++b->next_auto_id);
-    bjob *j = jobs_new(b, id, strlen(id));
+    bjob *j = jobs_new(&b->jt, id, strlen(id));
     if (!j || copy_request(j, s, b->cfg)) {
         if (j)
-            jobs_release(b, j);
+            jobs_release(&b->jt, j);
         b->stats.jobs_rejected++;
         ack(b, to, m->req, TP_ST_OVERLOADED, id, "", "the job table is full; retry later");
         return;
@@ -369,7 +367,7 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     r.ack.set = TP_ACK_SEED;
     r.ack.seed = j->params.seed;
     reply(b, to, &r);
-    sched_start_job(b, j);
+    admit_start(b, j);
     sched_run(b);
 }
 
@@ -380,7 +378,7 @@ static void on_cancel(broker *b, const reply_to *to, const tp_msg *m)
     const tp_str *id = &m->jobref.job_id;
     char ids[TP_PROTO_MAX_JOB_ID + 1];
     snprintf(ids, sizeof ids, "%.*s", (int)id->len, id->ptr);
-    bjob *j = jobs_find(b, id->ptr, id->len);
+    bjob *j = jobs_find(&b->jt, id->ptr, id->len);
     if (!j) {
         ack(b, to, m->req, TP_ST_NOT_FOUND, ids, "job_id", "job_id: unknown job '%s'", ids);
         return;
@@ -390,7 +388,7 @@ static void on_cancel(broker *b, const reply_to *to, const tp_msg *m)
         return;
     }
     ack(b, to, m->req, TP_ST_OK, ids, NULL, NULL);
-    sched_cancel_job(b, j);
+    pin_cancel(b, j);
     sched_run(b);
 }
 
@@ -412,7 +410,7 @@ static int state_of(const bjob *j)
 static void on_status(broker *b, const reply_to *to, const tp_msg *m)
 {
     const tp_str *id = &m->jobref.job_id;
-    bjob *j = jobs_find(b, id->ptr, id->len);
+    bjob *j = jobs_find(&b->jt, id->ptr, id->len);
     tp_msg r;
     tp_msg_init(&r, TP_FAM_JOB, TP_CMD_STATUS_REPLY);
     r.req = m->req;
@@ -460,10 +458,11 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     const bstats *st = &b->stats;
     s->uptime_ms = (uint64_t)(tp_now_ms() - b->t_start_ms);
     s->jobs_submitted = st->jobs_submitted;
-    s->jobs_rejected = st->jobs_rejected;
-    s->jobs_active = (uint64_t)b->n_active;
-    s->jobs_finished = st->jobs_finished;
-    s->tokens_generated = st->tokens_generated;
+    const bjobcounts *jc = &b->jt.c;
+    s->jobs_rejected = st->jobs_rejected + jc->jobs_rejected;
+    s->jobs_active = (uint64_t)b->jt.n_active;
+    s->jobs_finished = jc->jobs_finished;
+    s->tokens_generated = jc->tokens_generated;
     s->events_published = st->events_published;
     s->malformed_front = st->malformed_front;
     s->malformed_back = st->malformed_back;
@@ -474,26 +473,27 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->zap_refused = tp_zsec_server_refused(b->zsec);
     s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;
+    s->jobs_poisoned = st->jobs_poisoned;
     memcpy(s->recovered, st->recovered, sizeof s->recovered);
-    s->recovery_count = st->recovery_n;
-    s->recovery_ms_total = st->recovery_ms_sum;
-    s->recovery_ms_max = st->recovery_ms_max;
+    s->recovery_count = jc->recovery_n;
+    s->recovery_ms_total = jc->recovery_ms_sum;
+    s->recovery_ms_max = jc->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
     s->events_refused = st->events_refused;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
-    memcpy(s->finish, st->finish, sizeof s->finish);
-    tp_trigger trig[sizeof st->triggers / sizeof st->triggers[0]];
-    for (size_t i = 0; i < st->n_triggers; i++) {
-        trig[i].key = st->triggers[i].key;
+    memcpy(s->finish, jc->finish, sizeof s->finish);
+    tp_trigger trig[sizeof jc->triggers / sizeof jc->triggers[0]];
+    for (size_t i = 0; i < jc->n_triggers; i++) {
+        trig[i].key = jc->triggers[i].key;
         if (trig[i].key.kind == TP_MATCHED_STR)
-            trig[i].key.str.ptr = st->triggers[i].str;
-        trig[i].count = st->triggers[i].count;
-        trig[i].truncated = st->triggers[i].truncated;
+            trig[i].key.str.ptr = jc->triggers[i].str;
+        trig[i].count = jc->triggers[i].count;
+        trig[i].truncated = jc->triggers[i].truncated;
     }
     s->triggers = trig;
-    s->n_triggers = st->n_triggers;
-    s->triggers_other = st->triggers_other;
+    s->n_triggers = jc->n_triggers;
+    s->triggers_other = jc->triggers_other;
     metrics_fill(b, s);
     reply(b, to, &r);
 }

@@ -61,7 +61,7 @@ void info_on_ready(broker *b, const tp_m_ready *r)
             free(in->eog), free(in->special), free(in->pieces), free(in->piece_buf);
             free(in);
         }
-        broker_log(b, "INFO: out of memory for the model's special tokens");
+        blog("INFO: out of memory for the model's special tokens");
         return;
     }
     memcpy(in->eog, r->eog_ids, r->n_eog_ids * sizeof *in->eog);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "jobs.h"
 
 struct joblp {
     uint32_t top_n;
@@ -78,6 +78,12 @@ void joblp_on_token(bjob *j, const tp_m_token *t)
 tp_lp_cols joblp_status(const bjob *j, size_t n_tokens)
 {
     const struct joblp *l = j->lp;
+    if (!l && !n_tokens && j->params.logprobs) {
+        /* no token yet: empty columns, so top_n is there all the same */
+        static const float none[1];
+        uint32_t k = (uint32_t)j->params.top_logprobs;
+        return (tp_lp_cols){k, {none, 0}, {none, 0}, {none, 0}};
+    }
     if (!l || l->broken || l->n < n_tokens)
         return (tp_lp_cols){0};
     size_t w = l->top_n;

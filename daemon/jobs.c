@@ -1,11 +1,12 @@
-/* Job table: a fixed array (slot = index) plus an id -> slot hash.
+/* Job table: a fixed array (slot = index) plus an id -> slot hash (jobs.h).
  *
  * Finished jobs keep their slot until their TTL ends, so a slot number is
  * not reused while late worker messages about it may still arrive. */
+#include "jobs.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
 #include "tokpipe/zwire.h"
 
 static uint32_t fnv(const char *s, size_t n)
@@ -16,17 +17,17 @@ static uint32_t fnv(const char *s, size_t n)
     return h;
 }
 
-int jobs_init(broker *b, tp_err *err)
+int jobs_init(bjobs *t, int max_active, tp_err *err)
 {
     /* active jobs plus finished ones kept for STATUS */
-    b->jobs_cap = (uint32_t)b->cfg->max_concurrent_jobs * 4 + 64;
-    b->hash_cap = 1;
-    while (b->hash_cap < b->jobs_cap * 2)
-        b->hash_cap <<= 1;
-    b->jobs = calloc(b->jobs_cap, sizeof *b->jobs);
-    b->hash = calloc(b->hash_cap, sizeof *b->hash);
-    if (!b->jobs || !b->hash)
-        return tp_err_set(err, TP_ENOMEM, "job table: out of memory for %u jobs", b->jobs_cap);
+    t->cap = (uint32_t)max_active * 4 + 64;
+    t->hash_cap = 1;
+    while (t->hash_cap < t->cap * 2)
+        t->hash_cap <<= 1;
+    t->jobs = calloc(t->cap, sizeof *t->jobs);
+    t->hash = calloc(t->hash_cap, sizeof *t->hash);
+    if (!t->jobs || !t->hash)
+        return tp_err_set(err, TP_ENOMEM, "job table: out of memory for %u jobs", t->cap);
     return 0;
 }
 
@@ -49,89 +50,89 @@ static void job_clear(bjob *j)
     memset(j, 0, sizeof *j);
 }
 
-void jobs_free(broker *b)
+void jobs_free(bjobs *t)
 {
-    for (uint32_t i = 0; b->jobs && i < b->jobs_cap; i++)
-        job_clear(&b->jobs[i]);
-    free(b->jobs);
-    free(b->hash);
-    b->jobs = NULL;
-    b->hash = NULL;
+    for (uint32_t i = 0; t->jobs && i < t->cap; i++)
+        job_clear(&t->jobs[i]);
+    free(t->jobs);
+    free(t->hash);
+    t->jobs = NULL;
+    t->hash = NULL;
 }
 
-static uint32_t *hash_slot(broker *b, const char *id, size_t len)
+static uint32_t *hash_slot(bjobs *t, const char *id, size_t len)
 {
-    uint32_t mask = b->hash_cap - 1;
+    uint32_t mask = t->hash_cap - 1;
     for (uint32_t h = fnv(id, len) & mask;; h = (h + 1) & mask) {
-        uint32_t v = b->hash[h];
+        uint32_t v = t->hash[h];
         if (!v)
-            return &b->hash[h];
-        const bjob *j = &b->jobs[v - 1];
+            return &t->hash[h];
+        const bjob *j = &t->jobs[v - 1];
         if (strlen(j->id) == len && !memcmp(j->id, id, len))
-            return &b->hash[h];
+            return &t->hash[h];
     }
 }
 
-bjob *jobs_find(broker *b, const char *id, size_t len)
+bjob *jobs_find(bjobs *t, const char *id, size_t len)
 {
     if (len > TP_PROTO_MAX_JOB_ID)
         return NULL;
-    uint32_t v = *hash_slot(b, id, len);
-    return v ? &b->jobs[v - 1] : NULL;
+    uint32_t v = *hash_slot(t, id, len);
+    return v ? &t->jobs[v - 1] : NULL;
 }
 
-bjob *jobs_by_slot(broker *b, uint32_t slot)
+bjob *jobs_by_slot(bjobs *t, uint32_t slot)
 {
-    if (slot >= b->jobs_cap || b->jobs[slot].state == J_FREE)
+    if (slot >= t->cap || t->jobs[slot].state == J_FREE)
         return NULL;
-    return &b->jobs[slot];
+    return &t->jobs[slot];
 }
 
 /* Backward-shift deletion keeps linear probing chains intact. */
-static void hash_remove(broker *b, const char *id)
+static void hash_remove(bjobs *t, const char *id)
 {
-    uint32_t mask = b->hash_cap - 1;
-    uint32_t *p = hash_slot(b, id, strlen(id));
+    uint32_t mask = t->hash_cap - 1;
+    uint32_t *p = hash_slot(t, id, strlen(id));
     if (!*p)
         return;
-    uint32_t i = (uint32_t)(p - b->hash);
-    b->hash[i] = 0;
-    for (uint32_t k = (i + 1) & mask; b->hash[k]; k = (k + 1) & mask) {
-        uint32_t v = b->hash[k];
-        const char *kid = b->jobs[v - 1].id;
+    uint32_t i = (uint32_t)(p - t->hash);
+    t->hash[i] = 0;
+    for (uint32_t k = (i + 1) & mask; t->hash[k]; k = (k + 1) & mask) {
+        uint32_t v = t->hash[k];
+        const char *kid = t->jobs[v - 1].id;
         uint32_t home = fnv(kid, strlen(kid)) & mask;
         /* move v back to i if its home is not in (i, k] cyclically */
         bool in_range = i <= k ? (home > i && home <= k) : (home > i || home <= k);
         if (!in_range) {
-            b->hash[i] = v;
-            b->hash[k] = 0;
+            t->hash[i] = v;
+            t->hash[k] = 0;
             i = k;
         }
     }
 }
 
 /* A free entry; when the table is full, the oldest finished job goes. */
-static bjob *free_entry(broker *b)
+static bjob *free_entry(bjobs *t)
 {
     bjob *oldest = NULL;
-    for (uint32_t i = 0; i < b->jobs_cap; i++) {
-        bjob *j = &b->jobs[i];
+    for (uint32_t i = 0; i < t->cap; i++) {
+        bjob *j = &t->jobs[i];
         if (j->state == J_FREE)
             return j;
         if (j->state == J_FINISHED && (!oldest || j->done_ms < oldest->done_ms))
             oldest = j;
     }
     if (oldest)
-        jobs_release(b, oldest);
+        jobs_release(t, oldest);
     return oldest;
 }
 
-bjob *jobs_new(broker *b, const char *id, size_t len)
+bjob *jobs_new(bjobs *t, const char *id, size_t len)
 {
-    bjob *j = free_entry(b);
+    bjob *j = free_entry(t);
     if (!j)
         return NULL;
-    uint32_t slot = (uint32_t)(j - b->jobs);
+    uint32_t slot = (uint32_t)(j - t->jobs);
     memset(j, 0, sizeof *j);
     memcpy(j->id, id, len);
     j->id[len] = '\0';
@@ -140,32 +141,28 @@ bjob *jobs_new(broker *b, const char *id, size_t len)
     j->fwd = j->smp = j->stp = j->tok_worker = j->close_stp = -1;
     j->pending = j->acc_for_sampler = -1;
     j->last_seq = -1;
-    j->seqno = b->next_seqno++;
-    *hash_slot(b, j->id, len) = slot + 1;
-    b->n_active++;
+    j->seqno = t->next_seqno++;
+    *hash_slot(t, j->id, len) = slot + 1;
+    t->n_active++;
     return j;
 }
 
-void jobs_release(broker *b, bjob *j)
+void jobs_release(bjobs *t, bjob *j)
 {
     if (j->state == J_FREE)
         return;
     if (j->state != J_FINISHED)
-        b->n_active--;
-    hash_remove(b, j->id);
+        t->n_active--;
+    hash_remove(t, j->id);
     job_clear(j);
 }
 
-void jobs_expire(broker *b, int64_t now)
+void jobs_expire(bjobs *t, int64_t now, int64_t ttl_ms)
 {
-    for (uint32_t i = 0; i < b->jobs_cap; i++) {
-        bjob *j = &b->jobs[i];
-        if (j->state == J_FINISHED && now - j->done_ms >= b->cfg->finished_ttl_ms)
-            jobs_release(b, j);
-        else if (j->state == J_CLOSING && j->close_stp >= 0 && now - j->closing_since > B_CLOSING_GRACE_MS)
-            /* the FINISH event was lost: publish one so the job ends */
-            broker_publish_finish(b, j, j->engine_reason ? j->engine_reason : TP_REASON_ERROR,
-                                  "finish event lost");
+    for (uint32_t i = 0; i < t->cap; i++) {
+        bjob *j = &t->jobs[i];
+        if (j->state == J_FINISHED && now - j->done_ms >= ttl_ms)
+            jobs_release(t, j);
     }
 }
 
@@ -221,6 +218,17 @@ int jobs_append_cand(bjob *j, int32_t id)
     return 0;
 }
 
+bool jobs_suspect(const bjob *j)
+{
+    return j->losses > 0;
+}
+
+void jobs_progress(bjob *j, int si)
+{
+    if (j->loss_stage == si)
+        j->losses = 0;
+}
+
 uint64_t jobs_text_total(const bjob *j)
 {
     return j->text_len + j->text_cut;
@@ -242,7 +250,7 @@ static int append_shown(bjob *j, uint32_t index, tp_raw ids)
     return 0;
 }
 
-static void count_trigger(bstats *s, const tp_matched *m)
+static void count_trigger(bjobcounts *s, const tp_matched *m)
 {
     if (m->kind == TP_MATCHED_NONE)
         return;
@@ -271,14 +279,20 @@ static void count_trigger(bstats *s, const tp_matched *m)
     t->count = 1;
 }
 
-void jobs_mark_finished(broker *b, bjob *j)
+void jobs_mark_finished(bjobs *t, bjob *j)
 {
     if (j->state == J_FINISHED)
         return;
     j->state = J_FINISHED;
     j->done_ms = tp_now_ms();
-    b->n_active--;
-    b->stats.jobs_finished++;
+    t->n_active--;
+    if (j->context_refused) {
+        /* the client's error, found after the ACK: a rejected request,
+         * not a job that failed (PROTOCOL.md, jobs_rejected) */
+        t->c.jobs_rejected++;
+    } else {
+        t->c.jobs_finished++;
+    }
     /* what subscribers were sent is the result: after a lost stop worker
      * the verdicts may have run ahead of the events that were published */
     if (j->shown) {
@@ -288,11 +302,12 @@ void jobs_mark_finished(broker *b, bjob *j)
     } else if (!j->shown && j->n_tok_ids < j->n_out) {
         j->n_out = j->n_tok_ids;
     }
-    b->stats.tokens_generated += j->n_out;
-    if (j->reason > 0 && j->reason < TP_REASON_COUNT)
-        b->stats.finish[j->reason]++;
-    count_trigger(&b->stats, &j->matched);
-    metrics_on_finish(&b->metrics, &j->timings);
+    t->c.tokens_generated += j->n_out;
+    if (j->reason > 0 && j->reason < TP_REASON_COUNT && !j->context_refused)
+        t->c.finish[j->reason]++;
+    count_trigger(&t->c, &j->matched);
+    if (!j->context_refused)
+        metrics_on_finish(&t->metrics, &j->timings);
     /* the request copies and the running view are no longer needed:
      * STATUS of a finished job answers the verdicts' tokens */
     free(j->prompt_text);
@@ -305,7 +320,7 @@ void jobs_mark_finished(broker *b, bjob *j)
     j->n_shown = j->cap_shown = 0;
 }
 
-static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
+static void record_finish(bjobs *t, bjob *j, const tp_m_finish *f)
 {
     jobs_append_text(j, f->text.ptr, f->text.len);
     j->reason = f->reason;
@@ -324,7 +339,7 @@ static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
     j->result_ready = true;
     /* a running job ends when its workers let go of it (sched.c) */
     if (j->state != J_RUNNING)
-        jobs_mark_finished(b, j);
+        jobs_mark_finished(t, j);
 }
 
 /* Should an event from a stop worker reach subscribers? Not when its job
@@ -334,60 +349,87 @@ static void record_finish(broker *b, bjob *j, const tp_m_finish *f)
  * stopped and runs again) carries the same content as the replacement's,
  * so whichever comes first is forwarded and the other dropped: each seq
  * reaches subscribers exactly once. */
-bool jobs_event_from_pinned(broker *b, const tp_msg *ev)
+bool jobs_event_from_pinned(bjobs *t, const tp_msg *ev)
 {
     if (ev->cmd != TP_CMD_TOKEN && ev->cmd != TP_CMD_FINISH)
         return false;
     const tp_str *id = ev->cmd == TP_CMD_TOKEN ? &ev->token.job_id : &ev->finish.job_id;
-    const bjob *j = jobs_find(b, id->ptr, id->len);
+    const bjob *j = jobs_find(t, id->ptr, id->len);
     uint64_t pin = ev->cmd == TP_CMD_TOKEN ? ev->token.pin : ev->finish.pin;
     return j && j->stop_pin && pin == j->stop_pin;
 }
 
-bool jobs_event_wanted(broker *b, const tp_msg *ev)
+bool jobs_event_wanted(bjobs *t, const tp_msg *ev)
 {
     if (ev->cmd != TP_CMD_TOKEN && ev->cmd != TP_CMD_FINISH)
         return true;
     const tp_str *id = ev->cmd == TP_CMD_TOKEN ? &ev->token.job_id : &ev->finish.job_id;
-    bjob *j = jobs_find(b, id->ptr, id->len);
+    bjob *j = jobs_find(t, id->ptr, id->len);
     if (!j)
         return true;
     uint32_t seq = ev->cmd == TP_CMD_TOKEN ? ev->token.seq : ev->finish.seq;
     return !(j->state == J_FINISHED || j->result_ready || (int64_t)seq <= j->last_seq);
 }
 
-static void note_recovered(broker *b, bjob *j)
+static int64_t note_recovered(bjobs *t, bjob *j)
 {
     if (!j->recover_t0)
-        return;
+        return -1;
     uint64_t ms = (uint64_t)(tp_now_ms() - j->recover_t0);
-    b->stats.recovery_n++;
-    b->stats.recovery_ms_sum += ms;
-    if (ms > b->stats.recovery_ms_max)
-        b->stats.recovery_ms_max = ms;
+    t->c.recovery_n++;
+    t->c.recovery_ms_sum += ms;
+    if (ms > t->c.recovery_ms_max)
+        t->c.recovery_ms_max = ms;
     j->recover_t0 = 0;
-    broker_log(b, "job %s: stream resumed %llu ms after its worker was lost", j->id, (unsigned long long)ms);
+    return (int64_t)ms;
 }
 
-/* An event on its way to subscribers: keep the job's text and result. */
-void jobs_on_event(broker *b, const tp_msg *ev)
+int64_t jobs_on_event(bjobs *t, const tp_msg *ev, const bjob **job)
 {
     if (ev->cmd != TP_CMD_TOKEN && ev->cmd != TP_CMD_FINISH)
-        return;
+        return -1;
     const tp_str *id = ev->cmd == TP_CMD_TOKEN ? &ev->token.job_id : &ev->finish.job_id;
-    bjob *j = jobs_find(b, id->ptr, id->len);
+    bjob *j = jobs_find(t, id->ptr, id->len);
     if (!j || j->state == J_FINISHED || j->result_ready)
-        return;
-    note_recovered(b, j);
+        return -1;
+    *job = j;
+    int64_t resumed = note_recovered(t, j);
     if (ev->cmd == TP_CMD_TOKEN) {
         j->last_seq = ev->token.seq;
         j->n_tok_ids += (uint32_t)ev->token.ids.n;
         jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
         append_shown(j, ev->token.index, ev->token.ids);
         joblp_on_token(j, &ev->token);
-        metrics_on_token(&b->metrics, &j->t_last_token_us, ev->token.ids.n);
-        return;
+        metrics_on_token(&t->metrics, &j->t_last_token_us, ev->token.ids.n);
+        return resumed;
     }
     j->last_seq = ev->finish.seq;
-    record_finish(b, j, &ev->finish);
+    record_finish(t, j, &ev->finish);
+    return resumed;
+}
+
+bool jobs_own_finish(const bjob *j, int reason, const char *error, tp_msg *ev)
+{
+    if (j->result_ready || j->state == J_FINISHED || j->state == J_FREE)
+        return false;
+    uint64_t now = tp_wall_us();
+    tp_msg_init(ev, TP_FAM_EVT, TP_CMD_FINISH);
+    tp_m_finish *f = &ev->finish;
+    f->job_id = tp_str_of(j->id);
+    f->seq = (uint32_t)(j->last_seq + 1);
+    f->reason = reason;
+    f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
+    f->prompt_tokens = j->n_prompt;
+    f->cached_tokens = j->cached;
+    f->completion_tokens = j->n_tok_ids;   /* the ids subscribers were sent, exactly */
+    f->text_len = jobs_text_total(j);
+    f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;
+    f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
+    if (j->params.set & TP_P_SEED)
+        f->set |= TP_ACK_SEED, f->seed = j->params.seed;
+    if (j->context_refused) {
+        f->error_code = tp_str_of(TP_CODE_CONTEXT);
+        f->context_length = j->context_refused;
+    }
+    return true;
 }

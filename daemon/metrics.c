@@ -48,8 +48,8 @@ void metrics_on_token(bmetrics *m, uint64_t *last_us, size_t n_ids)
 
 void metrics_fill(const broker *b, tp_m_stats_reply *s)
 {
-    for (uint32_t i = 0; i < b->jobs_cap; i++) {
-        int st = b->jobs[i].state;
+    for (uint32_t i = 0; i < b->jt.cap; i++) {
+        int st = b->jt.jobs[i].state;
         s->jobs_waiting += st == J_TOKENIZE || st == J_ADMIT;
         s->jobs_running += st == J_RUNNING || st == J_CLOSING;
     }
@@ -69,7 +69,7 @@ void metrics_fill(const broker *b, tp_m_stats_reply *s)
         }
     }
     for (int h = 0; h < TP_HIST_COUNT; h++) {
-        const bhist *x = &b->metrics.h[h];
+        const bhist *x = &b->jt.metrics.h[h];
         s->hist[h] = (tp_hist){.count = x->count, .sum_us = x->sum_us, .bounds_us = (uint64_t *)bounds_us,
                                .n_bounds = B_HIST_BOUNDS, .buckets = (uint64_t *)x->buckets,
                                .n_buckets = B_HIST_BOUNDS + 1};

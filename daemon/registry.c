@@ -1,8 +1,9 @@
-/* Worker registry: READY / WELCOME, heartbeats both ways, expiry, and
- * dispatch of stage results to the scheduler. Any message from a worker
- * counts as a heartbeat (MDP); a worker silent for `liveness` intervals, or
- * whose connection closed, is lost, and the jobs pinned to it move to
- * other workers of its stages (sched_worker_lost). */
+/* Worker registry: READY / WELCOME, expiry, and what each worker message
+ * is for the floors above. Any message from a worker counts as a heartbeat
+ * (MDP); a worker silent for `liveness` intervals, or whose connection
+ * closed, is marked gone, and recover.c moves the jobs pinned to it to
+ * other workers of its stages. (broker.c sends the heartbeats: finding a
+ * closed connection needs the socket's answer at once.) */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -53,32 +54,32 @@ static void send_raw(broker *b, const tp_frame *ident, uint8_t cmd, const char *
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, cmd);
     m.disconnect.reason = tp_str_of(reason);
-    tp_err e;
-    tp_zsend_msg(b->back, ident, 1, &m, &e);
+    out_ident(b, ident, &m);
 }
 
+/* Worker wi is lost (its jobs are recover.c's): said in the log, counted,
+ * and told, in case it still runs (stopped, not dead): it then drops its
+ * state when it reads this, and registers anew. */
 void registry_lose(broker *b, int wi, const char *why)
 {
     bworker *w = &b->workers[wi];
-    if (!w->live)
-        return;
-    broker_log(b, "worker %s lost: %s", w->instance, why);
+    blog("worker %s lost: %s", w->instance, why);
     b->stats.workers_lost++;
-    /* if it still runs (stopped, not dead) it drops its state when it
-     * reads this, and registers anew */
     tp_frame id = {w->ident, w->ident_len};
     send_raw(b, &id, TP_CMD_DISCONNECT, why);
-    sched_worker_lost(b, wi);
-    w->live = false;
 }
 
-/* Lose the workers a send failed to (broker_send_worker marks them): done
- * here, between messages, not in the middle of building one. */
-void registry_reap(broker *b)
+void registry_drop(broker *b, int wi)
 {
-    for (int i = 0; i < B_MAX_WORKERS; i++)
-        if (b->workers[i].live && b->workers[i].gone)
-            registry_lose(b, i, "connection closed");
+    memset(&b->workers[wi], 0, sizeof b->workers[wi]);
+}
+
+/* A TOKENIZE task of worker wi ended (answered, or its job went). */
+void registry_tok_done(broker *b, int wi)
+{
+    bworker *w = &b->workers[wi];
+    if (--w->tok_inflight <= 0)
+        w->tok_suspect = false;
 }
 
 static void copy_name(char *dst, tp_str s)
@@ -117,26 +118,17 @@ static bool ready_valid(const broker *b, const tp_m_ready *r, const char *model,
     return false;
 }
 
-static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
+bool registry_on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
 {
-    int old = registry_find(b, ident->data, ident->len);
-    if (old >= 0) {
-        /* READY again = a restarted worker: its state is gone, so its jobs
-         * are (sched_worker_lost), but it registers anew below: no
-         * DISCONNECT, which would make it drop this connection too */
-        broker_log(b, "worker %s registered again: its old state is gone", b->workers[old].instance);
-        b->stats.workers_lost++;
-        sched_worker_lost(b, old);
-    }
     char model[TP_PROTO_MAX_MODEL_ID + 1];
     size_t ml = r->model_id.len > TP_PROTO_MAX_MODEL_ID ? TP_PROTO_MAX_MODEL_ID : r->model_id.len;
     memcpy(model, r->model_id.ptr, ml);
     model[ml] = '\0';
     char why[TP_PROTO_MAX_MODEL_ID * 2 + 120];
     if (!ready_valid(b, r, model, why, sizeof why)) {
-        broker_log(b, "refusing worker %.*s: %s", (int)r->instance.len, r->instance.ptr, why);
+        blog("refusing worker %.*s: %s", (int)r->instance.len, r->instance.ptr, why);
         send_raw(b, ident, TP_CMD_DISCONNECT, why);
-        return;
+        return false;
     }
     int wi = -1;
     for (int i = 0; i < B_MAX_WORKERS && wi < 0; i++)
@@ -144,7 +136,7 @@ static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
             wi = i;
     if (wi < 0 || ident->len > B_IDENT_MAX) {
         send_raw(b, ident, TP_CMD_DISCONNECT, "broker has no room for more workers");
-        return;
+        return false;
     }
     bworker *w = &b->workers[wi];
     memset(w, 0, sizeof *w);
@@ -163,100 +155,71 @@ static void on_ready(broker *b, const tp_frame *ident, const tp_m_ready *r)
     w->eos = r->eos_id;
     w->worker_no = b->next_worker_no++;
     w->last_recv = w->last_send = tp_now_ms();
-    info_on_ready(b, r);
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_WELCOME);
     m.welcome.incarnation = b->incarnation;
     m.welcome.heartbeat_ms = (uint32_t)b->cfg->heartbeat_ms;
     m.welcome.liveness = (uint32_t)b->cfg->liveness;
     m.welcome.worker_no = w->worker_no;
-    broker_send_worker(b, wi, &m);
-    broker_log(b, "worker %s registered (stages 0x%x, capacity %u)", w->instance, w->stages, w->capacity);
+    out_worker(b, wi, &m);
+    blog("worker %s registered (stages 0x%x, capacity %u)", w->instance, w->stages, w->capacity);
+    return true;
 }
 
-void registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames, size_t n)
+int registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames, size_t n, tp_msg *m, int *wip)
 {
-    tp_msg m;
     tp_err e;
     tp_err_clear(&e);
-    int wi = registry_find(b, ident->data, ident->len);
+    int wi = *wip = registry_find(b, ident->data, ident->len);
     if (wi >= 0)
         b->workers[wi].last_recv = tp_now_ms();
-    if (tp_proto_decode(TP_FAM_WRK, frames, n, &m, &e)) {
+    if (tp_proto_decode(TP_FAM_WRK, frames, n, m, &e)) {
         b->stats.malformed_back++;
-        broker_log(b, "dropped a malformed worker message: %s", e.msg);
-        if (wi >= 0 && ++b->workers[wi].malformed > MAX_MALFORMED)
-            registry_lose(b, wi, "too many malformed messages");
-        tp_msg_clear(&m);
-        return;
+        blog("dropped a malformed worker message: %s", e.msg);
+        if (wi >= 0 && ++b->workers[wi].malformed > MAX_MALFORMED && !b->workers[wi].gone) {
+            b->workers[wi].gone = true;
+            b->workers[wi].gone_why = "too many malformed messages";
+        }
+        return REG_DONE;
     }
-    if (m.cmd == TP_CMD_READY) {
-        on_ready(b, ident, &m.ready);
-    } else if (wi < 0) {
+    if (m->cmd == TP_CMD_READY) {
+        if (wi >= 0) {
+            /* READY again = a restarted worker: its state is gone, so its
+             * jobs are, but it registers anew: no DISCONNECT, which would
+             * make it drop this connection too */
+            blog("worker %s registered again: its old state is gone", b->workers[wi].instance);
+            b->stats.workers_lost++;
+        }
+        return REG_READY;
+    }
+    if (wi < 0) {
         /* a worker from before a broker restart, or one declared lost that
          * runs again (its late results are for jobs already re-queued):
          * make it register again */
-        if (m.cmd != TP_CMD_DISCONNECT) {
-            if (m.cmd != TP_CMD_HEARTBEAT)
-                broker_log(b, "ignored %s from an unregistered worker; told to send READY",
-                           tp_cmd_name(TP_FAM_WRK, m.cmd));
+        if (m->cmd != TP_CMD_DISCONNECT) {
+            if (m->cmd != TP_CMD_HEARTBEAT)
+                blog("ignored %s from an unregistered worker; told to send READY", tp_cmd_name(TP_FAM_WRK, m->cmd));
             send_raw(b, ident, TP_CMD_DISCONNECT, "unknown worker: send READY");
         }
-    } else if (m.cmd == TP_CMD_DISCONNECT) {
-        broker_log(b, "worker %s disconnected", b->workers[wi].instance);
-        b->stats.workers_lost++;
-        sched_worker_lost(b, wi);
-    } else if (m.cmd != TP_CMD_HEARTBEAT) {
-        sched_on_result(b, wi, &m);
+        return REG_DONE;
     }
-    tp_msg_clear(&m);
+    if (m->cmd == TP_CMD_DISCONNECT) {
+        blog("worker %s disconnected", b->workers[wi].instance);
+        b->stats.workers_lost++;
+        return REG_LOST;
+    }
+    return m->cmd == TP_CMD_HEARTBEAT ? REG_DONE : REG_RESULT;
 }
 
-/* HEARTBEAT to worker wi; false if its connection is gone. The backend
- * ROUTER is ROUTER_MANDATORY, so a peer whose socket closed (the process
- * died) answers EHOSTUNREACH, and since a reconnecting worker gets a new
- * identity this registration can never be reached again: no need to wait
- * `liveness` intervals for it. (A full queue, EAGAIN, is left to expiry.) */
-static bool send_heartbeat(broker *b, int wi)
-{
-    bworker *w = &b->workers[wi];
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_HEARTBEAT);
-    tp_wire wire;
-    tp_err e;
-    if (tp_proto_encode(&m, &wire, &e))
-        return true;
-    tp_frame id = {w->ident, w->ident_len};
-    int rc = tp_zsend(b->back, &id, 1, &wire, ZMQ_DONTWAIT);
-    int err = errno;
-    tp_wire_free(&wire);
-    if (rc == 0)
-        w->last_send = tp_now_ms();
-    return rc == 0 || err != EHOSTUNREACH;
-}
-
-/* After a backend disconnect: which worker was it? The one the ROUTER no
- * longer knows (each probe is one small HEARTBEAT). */
-void registry_probe(broker *b)
-{
-    for (int i = 0; i < B_MAX_WORKERS; i++)
-        if (b->workers[i].live && !b->workers[i].gone && !send_heartbeat(b, i))
-            b->workers[i].gone = true;
-    registry_reap(b);
-}
-
+/* Workers silent for `liveness` heartbeat intervals are gone. */
 void registry_tick(broker *b, int64_t now)
 {
     int64_t dead_after = (int64_t)b->cfg->heartbeat_ms * b->cfg->liveness;
     for (int i = 0; i < B_MAX_WORKERS; i++) {
         bworker *w = &b->workers[i];
-        if (!w->live)
-            continue;
-        if (now - w->last_recv > dead_after) {
-            registry_lose(b, i, "heartbeat expired");
-            continue;
-        }
-        if (now - w->last_send >= b->cfg->heartbeat_ms && !send_heartbeat(b, i))
+        if (w->live && !w->gone && now - w->last_recv > dead_after) {
             w->gone = true;
+            w->gone_why = "heartbeat expired";
+        }
     }
 }

@@ -121,10 +121,10 @@ static pid_t start_child(broker *b, bchild *c)
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
-        broker_log(b, "fork: %s", strerror(fork_errno));
+        blog("fork: %s", strerror(fork_errno));
         return 0;
     }
-    broker_log(b, "started worker %s (pid %d)", instance, (int)pid);
+    blog("started worker %s (pid %d)", instance, (int)pid);
     return pid;
 }
 
@@ -151,7 +151,7 @@ static void reap(broker *b, int64_t now)
                 stage_list(c->stages, stages, sizeof stages);
                 c->failed = true;
                 b->stages_failed |= c->stages;
-                broker_log(b, "%s exited with status %d (%s) %d times in a row at start: not starting it again; "
+                blog("%s exited with status %d (%s) %d times in a row at start: not starting it again; "
                               "fix it (the line it logged says why) and restart tokpiped",
                            c->stages ? stages : "tokpipe-http", code,
                            code == TP_EXIT_BAD_MODEL ? "its model or vocabulary cannot be loaded" : "bad configuration",
@@ -159,7 +159,7 @@ static void reap(broker *b, int64_t now)
                 continue;
             }
             if (!b->draining)
-                broker_log(b, "worker pid %d exited (%s %d); respawn in %d ms", (int)pid,
+                blog("worker pid %d exited (%s %d); respawn in %d ms", (int)pid,
                            WIFSIGNALED(status) ? "signal" : "status",
                            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), c->backoff_ms);
             c->backoff_ms = c->backoff_ms * 2 > b->cfg->respawn_max_ms ? b->cfg->respawn_max_ms : c->backoff_ms * 2;
@@ -204,7 +204,7 @@ void spawn_stop_all(broker *b, int timeout_ms)
     }
     for (int i = 0; i < b->n_children; i++)
         if (b->children[i].pid > 0) {
-            broker_log(b, "worker pid %d did not stop; killing it", (int)b->children[i].pid);
+            blog("worker pid %d did not stop; killing it", (int)b->children[i].pid);
             kill(b->children[i].pid, SIGKILL);
             waitpid(b->children[i].pid, NULL, 0);
             b->children[i].pid = 0;

@@ -18,7 +18,7 @@
 static tp_tokenizer *gpt2; /* loaded once; read-only afterwards */
 
 static const char *const PRE[] = {"gpt-2", "llama-bpe", "qwen2", "deepseek-llm", "falcon",
-                                  "starcoder", "default", "deepseek-coder", "nonsense"};
+                                  "starcoder", "default", "deepseek-coder", "deepseek-v3", "nonsense"};
 #define N_PRE (sizeof PRE / sizeof PRE[0])
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

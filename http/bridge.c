@@ -47,6 +47,11 @@ static void log_line(const char *fmt, const char *a)
     fputc('\n', stderr);
 }
 
+static bool str_is(tp_str s, const char *want)
+{
+    return s.ptr && s.len == strlen(want) && !memcmp(s.ptr, want, s.len);
+}
+
 /* ---- answering calls (bridge side) -------------------------------------- */
 
 /* Hand the connection back to MHD if it waits for us. Caller holds
@@ -81,6 +86,12 @@ static void reply(bridge *b, gw_call *c, int status, char *body, const char *cty
 static void reply_error(bridge *b, gw_call *c, int status, const char *msg, const char *param, int retry)
 {
     reply(b, c, status, gw_error_json(status, msg, param), "application/json", retry);
+}
+
+/* A 400 context_length_exceeded (OpenAI's code): the prompt does not fit. */
+static void reply_context(bridge *b, gw_call *c, const char *msg, const char *param)
+{
+    reply(b, c, 400, gw_error_json_code(400, msg, param, TP_CODE_CONTEXT), "application/json", 0);
 }
 
 /* Streaming: append SSE bytes (takes s) and wake the connection. */
@@ -263,8 +274,66 @@ static const char *plain_message(const char *msg)
     return p ? p : msg;
 }
 
+/* The limits the broker applies (the same configuration), checked here
+ * too: a request far over them would not fit one SUBMIT header (4 MiB)
+ * and the encoder's refusal would name no field. */
+static bool within_limits(bridge *b, gw_call *c)
+{
+    const tp_config *cfg = b->g->cfg;
+    char msg[192];
+    for (size_t i = 0; i < c->oreq.n_prompts; i++) {
+        const oai_prompt *p = &c->oreq.prompts[i];
+        if (p->text && p->text_len > (size_t)cfg->max_prompt_bytes) {
+            snprintf(msg, sizeof msg, "prompt: %zu bytes, the limit is %d", p->text_len, cfg->max_prompt_bytes);
+            fail_call(b, c, 413, msg, "prompt", 0);
+            return false;
+        }
+    }
+    size_t bytes = 0;
+    for (size_t i = 0; i < c->oreq.n_messages; i++)
+        bytes += c->oreq.messages[i].role.len + c->oreq.messages[i].content.len;
+    if (bytes > (size_t)cfg->max_prompt_bytes) {
+        snprintf(msg, sizeof msg, "messages: %zu bytes of roles and contents, the limit is %d", bytes,
+                 cfg->max_prompt_bytes);
+        fail_call(b, c, 413, msg, "messages", 0);
+        return false;
+    }
+    const tp_params *p = &c->oreq.params;
+    for (size_t i = 0; i < p->n_stop; i++)
+        if (p->stop[i].len > (size_t)cfg->max_stop_len) {
+            /* the broker's words for it (daemon/front.c) */
+            char field[32];
+            snprintf(field, sizeof field, "stop[%zu]", i);
+            snprintf(msg, sizeof msg, "params.%s: %zu bytes, the limit is %d", field, p->stop[i].len,
+                     cfg->max_stop_len);
+            fail_call(b, c, 413, msg, field, 0);
+            return false;
+        }
+    return true;
+}
+
+/* The encoder refused a SUBMIT header over TP_PROTO_MAX_HEADER: name the
+ * field that holds the most of it (repeated stop strings can get there
+ * within every per-field limit). */
+static void fail_header(bridge *b, gw_call *c, const tp_m_submit *s, const char *why)
+{
+    size_t prompt = s->prompt.len, msgs = 0, stops = 0;
+    for (size_t i = 0; i < s->n_messages; i++)
+        msgs += s->messages[i].role.len + s->messages[i].content.len;
+    for (size_t i = 0; i < s->params.n_stop; i++)
+        stops += s->params.stop[i].len;
+    const char *field = stops >= prompt && stops >= msgs ? "stop" : msgs > prompt ? "messages" : "prompt";
+    char msg[TP_ERR_MSG_MAX + 160];
+    snprintf(msg, sizeof msg,
+             "%s: the job does not fit one request to tokpiped (%s; PROTOCOL.md limits: a SUBMIT header holds "
+             "at most %u bytes)", field, why, TP_PROTO_MAX_HEADER);
+    fail_call(b, c, 413, msg, field, 0);
+}
+
 static void submit_all(bridge *b, gw_call *c)
 {
+    if (!within_limits(b, c))
+        return;
     for (size_t i = 0; i < c->n_ch; i++) {
         gw_choice *ch = &c->ch[i];
         const oai_prompt *p = c->oreq.n_prompts ? &c->oreq.prompts[ch->prompt] : NULL;
@@ -287,6 +356,10 @@ static void submit_all(bridge *b, gw_call *c)
         tp_err e;
         tp_err_clear(&e);
         int rc = tp_zsend_msg(b->dealer, NULL, 0, &m, &e);
+        if (rc == TP_ERANGE && strstr(e.msg, "header: ")) {
+            fail_header(b, c, &m.submit, strstr(e.msg, "header: "));
+            return;
+        }
         if (rc && rc != TP_EIO) {   /* our encoder refused it: a bad value */
             char param[64];
             param_of_message(e.msg, NULL, param, sizeof param);
@@ -354,8 +427,8 @@ static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
         c->n_acked++;
         if (c->cancelled)   /* the call failed meanwhile: this job is not wanted */
             send_cancel(b, ch);
-        else if (c->oreq.stream && c->n_acked == c->n_ch)
-            start_stream(b, c);
+        /* a stream's 200 waits for every job's first event (on_event): a
+         * prompt found too long after the ACK is still a 400 */
         return;
     }
     char msg[TP_PROTO_MAX_ERROR + 1], param[64];
@@ -369,6 +442,12 @@ static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
     int http = st == 400 || st == 413 || st == 429 || st == 503 ? st : 500;
     if (!msg[0])
         snprintf(msg, sizeof msg, "tokpiped refused the job (status %d)", st);
+    if (st == 400 && m->cmd == TP_CMD_ACK && m->ack.error_code.ptr &&
+        str_is(m->ack.error_code, TP_CODE_CONTEXT)) {
+        cancel_jobs(b, c);
+        reply_context(b, c, msg, param);
+        return;
+    }
     fail_call(b, c, http, msg, param, st == 429 ? 1 : 0);
 }
 
@@ -444,21 +523,37 @@ static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t, bool 
     }
 }
 
+/* Answer the call with choice ch's `error` finish. */
+static void fail_choice(bridge *b, gw_call *c, const gw_choice *ch)
+{
+    const char *param = c->oreq.kind == OAI_CHAT ? "messages" : "prompt";
+    if (ch->context_exceeded && !(c->oreq.stream && c->replied)) {
+        /* the broker's "prompt: N tokens, the model's context holds M" */
+        cancel_jobs(b, c);
+        reply_context(b, c, ch->error ? ch->error : "the prompt does not fit the model's context", param);
+        return;
+    }
+    if (ch->context_exceeded) {
+        fail_call(b, c, 400, ch->error ? ch->error : "the prompt does not fit the model's context", param, 0);
+        return;
+    }
+    /* a conversation the chat template cannot render is the request's
+     * fault (PROTOCOL.md: the error says "messages: ") */
+    const char *bad = ch->error ? strstr(ch->error, "messages: ") : NULL;
+    if (bad) {
+        fail_call(b, c, 400, bad, "messages", 0);
+        return;
+    }
+    char msg[TP_PROTO_MAX_ERROR + 64];
+    snprintf(msg, sizeof msg, "job %s failed: %s", ch->job_id, ch->error ? ch->error : "error");
+    fail_call(b, c, 500, msg, NULL, 0);
+}
+
 static void all_finished(bridge *b, gw_call *c)
 {
     for (size_t i = 0; i < c->n_ch; i++)
         if (c->ch[i].reason == TP_REASON_ERROR) {
-            /* a conversation the chat template cannot render is the
-             * request's fault (PROTOCOL.md: the error says "messages: ") */
-            const char *bad = c->ch[i].error ? strstr(c->ch[i].error, "messages: ") : NULL;
-            if (bad) {
-                fail_call(b, c, 400, bad, "messages", 0);
-                return;
-            }
-            char msg[TP_PROTO_MAX_ERROR + 64];
-            snprintf(msg, sizeof msg, "job %s failed: %s", c->ch[i].job_id,
-                     c->ch[i].error ? c->ch[i].error : "error");
-            fail_call(b, c, 500, msg, NULL, 0);
+            fail_choice(b, c, &c->ch[i]);
             return;
         }
     if (c->oreq.stream) {
@@ -512,6 +607,23 @@ static void on_event(bridge *b, tp_zmsg *z)
         return;
     }
     ch->next_seq++;
+    if (c->oreq.stream && !c->replied && m.cmd == TP_CMD_FINISH && m.finish.reason == TP_REASON_ERROR) {
+        /* before the 200: the error is the answer's status (a prompt too
+         * long for the context is a 400, not an error event) */
+        ch->finished = true;
+        ch->reason = m.finish.reason;
+        ch->context_exceeded = m.finish.error_code.ptr && str_is(m.finish.error_code, TP_CODE_CONTEXT);
+        if (m.finish.job_error.ptr)
+            ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
+        fail_choice(b, c, ch);
+        tp_msg_clear(&m);
+        return;
+    }
+    if (!ch->started) {
+        ch->started = true;
+        if (++c->n_started == c->n_ch && c->oreq.stream && !c->replied)
+            start_stream(b, c);
+    }
     if (m.cmd == TP_CMD_TOKEN) {
         if (c->oreq.logprobs && gw_lp_add(&ch->lp, b->g->tok, m.token.ids, &m.token.lp)) {
             fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
@@ -532,6 +644,7 @@ static void on_event(bridge *b, tp_zmsg *z)
             ch->matched.kind = TP_MATCHED_NONE;
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
+        ch->context_exceeded = m.finish.error_code.ptr && str_is(m.finish.error_code, TP_CODE_CONTEXT);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)
             push(b, c, gw_chunk_sse(c, b->g->model_name, i, NULL, 0, 0, 0, true), false);
         if (c->n_finished == c->n_ch)

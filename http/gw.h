@@ -49,6 +49,8 @@ typedef struct gw_choice {
     tp_matched matched;        /* matched.str points into matched_buf */
     char *matched_buf;
     char *error;               /* reason error: what went wrong */
+    bool context_exceeded;     /* error_code context_length_exceeded: the client's fault (400) */
+    bool started;              /* its first event (TOKEN or a FINISH) came */
     gw_lp lp;                  /* the request asked for logprobs: its tokens */
     size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */
 } gw_choice;
@@ -67,7 +69,7 @@ typedef struct gw_call {
     /* bridge only */
     gw_choice *ch;
     size_t n_ch;
-    size_t n_acked, n_finished;
+    size_t n_acked, n_finished, n_started;
     bool replied;              /* status/body (or the stream's start) handed over */
     bool cancelled;            /* CANCELs sent for its jobs */
     bool watch_fd;
@@ -132,6 +134,9 @@ void gw_server_stop(gw *g);
 /* Bodies (render.c). Each returns a malloc'd NUL-terminated string or NULL
  * (out of memory). */
 char *gw_error_json(int status, const char *message, const char *param);
+/* The same with a string code (OpenAI's "context_length_exceeded") in
+ * place of the status number; code NULL: the status number. */
+char *gw_error_json_code(int status, const char *message, const char *param, const char *code);
 char *gw_models_json(const char *model, int64_t created);
 char *gw_completion_json(const gw_call *c, const char *model);
 /* One SSE event ("data: {...}\n\n") for choice i: a text delta with the

@@ -82,6 +82,11 @@ static const char *error_type(int status)
 
 char *gw_error_json(int status, const char *message, const char *param)
 {
+    return gw_error_json_code(status, message, param, NULL);
+}
+
+char *gw_error_json_code(int status, const char *message, const char *param, const char *code)
+{
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
     if (!e) {
         cJSON_Delete(o);
@@ -93,7 +98,10 @@ char *gw_error_json(int status, const char *message, const char *param)
         cJSON_AddStringToObject(e, "param", param);
     else
         cJSON_AddNullToObject(e, "param");
-    cJSON_AddNumberToObject(e, "code", status);
+    if (code)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNumberToObject(e, "code", status);
     return print_free(o);
 }
 
@@ -522,7 +530,8 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     int n = snprintf(line, sizeof line, "tokpipe_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
     gw_buf_add(&b, line, (size_t)n);
     one(&b, "tokpipe_jobs_submitted_total", "counter", "SUBMIT requests seen by the broker", s->jobs_submitted);
-    one(&b, "tokpipe_jobs_rejected_total", "counter", "SUBMITs refused (status other than 200)", s->jobs_rejected);
+    one(&b, "tokpipe_jobs_rejected_total", "counter",
+        "SUBMITs refused (status other than 200, or a prompt found too long for the context)", s->jobs_rejected);
     one(&b, "tokpipe_jobs_active", "gauge", "Jobs queued or running now", s->jobs_active);
     family(&b, "tokpipe_jobs_finished_total", "counter", "Finished jobs by finish reason");
     for (int r = 1; r < TP_REASON_COUNT; r++) {
@@ -561,6 +570,8 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
               &s->hist[TP_HIST_E2E]);
     one(&b, "tokpipe_workers_lost_total", "counter", "Worker registrations lost (dead, hung, disconnected, restarted)",
         s->workers_lost);
+    one(&b, "tokpipe_jobs_poisoned_total", "counter",
+        "Jobs ended in error because the workers processing them kept being lost (poison jobs)", s->jobs_poisoned);
     family(&b, "tokpipe_jobs_recovered_total", "counter", "Jobs moved to another worker after a loss, per stage");
     for (int i = 0; i < 4; i++) {
         snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);

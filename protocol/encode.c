@@ -8,11 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+_Static_assert(offsetof(tp_lp_cols, top_n) == 0, "FF_LP_TOP_N reads the columns at the field");
+
 static bool present(const table *t, const field *f, const char *base)
 {
     const char *p = base + f->off;
     if (f->flags & FF_REQUIRED)
         return true;
+    /* PROTOCOL.md: top_n is there whenever the job asked for logprobs,
+     * top_logprobs 0 included, so a reader never has to guess the width */
+    if (f->flags & FF_LP_TOP_N)
+        return ((const tp_lp_cols *)p)->top_n || ((const tp_lp_cols *)p)->logprobs.data;
     if (f->setbit && t->set_off >= 0)
         return (*(const uint32_t *)(base + t->set_off) & f->setbit) != 0;
     switch (f->type) {

@@ -29,7 +29,7 @@
 #define COUNT(k, o, lo, hi) F_U32(k, o, FF_REQUIRED, lo, hi)
 
 /* The logprob columns: a top_n header key and three optional frames. */
-#define TOP_N(o) F_U32("top_n", o, 0, 0, TP_PROTO_MAX_TOP_LOGPROBS)
+#define TOP_N(o) F_U32("top_n", o, FF_LP_TOP_N, 0, TP_PROTO_MAX_TOP_LOGPROBS)
 #define LP_FRAMES(o) {"logprobs", (o) + offsetof(tp_lp_cols, logprobs), 4, 1}, \
     {"top_ids", (o) + offsetof(tp_lp_cols, top_ids), 4, 1}, {"top_logprobs", (o) + offsetof(tp_lp_cols, top_logprobs), 4, 1}
 
@@ -192,7 +192,7 @@ static const field stats_reply_f[] = {
     F_U64("jobs_waiting", ST(jobs_waiting), 0), F_U64("kv_slots_used", ST(kv_slots_used), 0),
     F_U64("kv_slots_total", ST(kv_slots_total), 0),
     {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table},
-    F_U64("workers_lost", ST(workers_lost), 0),
+    F_U64("workers_lost", ST(workers_lost), 0), F_U64("jobs_poisoned", ST(jobs_poisoned), 0),
     F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
     F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
@@ -541,8 +541,8 @@ static int check_tokenized(tp_msg *m, tp_err *err)
     bool ok = m->status == TP_ST_OK;
     if (ok != (m->tokenized.ids.data != NULL))
         return tp_err_set(err, TP_EFORMAT, "ids: frame must be present iff status is 200");
-    if (ok && m->tokenized.ids.n > TP_PROTO_MAX_IDS)
-        return tp_err_set(err, TP_ERANGE, "ids: %zu ids, at most %u", m->tokenized.ids.n, TP_PROTO_MAX_IDS);
+    if (ok && m->tokenized.ids.n > TP_PROTO_MAX_TOKENIZED)
+        return tp_err_set(err, TP_ERANGE, "ids: %zu ids, at most %u", m->tokenized.ids.n, TP_PROTO_MAX_TOKENIZED);
     return 0;
 }
 

@@ -34,6 +34,7 @@ enum {
     FF_NONEMPTY = 1u << 1,  /* strings (and each string of FT_STRS) */
     FF_JOBID = 1u << 2,     /* string must be a job id (or empty unless FF_NONEMPTY) */
     FF_LO_OPEN = 1u << 3,   /* FT_F64: lo is exclusive */
+    FF_LP_TOP_N = 1u << 4,  /* tp_lp_cols.top_n: written whenever the logprob frames are (0 included) */
 };
 
 typedef struct table table;

@@ -6,7 +6,6 @@ plain-text socket get no reply.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,6 @@ import zmq
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import tpdaemon  # noqa: E402
 from tpdaemon import MODELS, TOKPIPE, TOKPIPED, stats  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def key_of(path):
@@ -40,7 +33,7 @@ class CurveClient(unittest.TestCase):
     def setUpClass(cls):
         if not os.path.exists(TOKPIPED) or not zmq.has("curve"):
             raise unittest.SkipTest("tokpiped not built or pyzmq without CURVE")
-        cls.ep = {n: "tcp://127.0.0.1:%d" % free_port() for n in ("front", "back", "events", "publish")}
+        cls.ep = {n: "tcp://127.0.0.1:%d" % tpdaemon.free_port() for n in ("front", "back", "events", "publish")}
         # the keys live in the daemon's directory, made before the daemon starts
         cls.daemon = tpdaemon.Daemon(endpoints=cls.ep, prefix="tp-curve-", start=False)
         cls.addClassCleanup(cls.daemon.stop)

@@ -17,23 +17,20 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
+from tpdaemon import free_port  # noqa: E402,F401
 
 MODELS = os.path.abspath(os.environ.get("TP_MODELS", "../shared/models"))
 BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
 MODEL = os.path.join(MODELS, "stories260K.bin")
 TOK = os.path.join(MODELS, "tok512.bin")
 MAX_JOBS = 70   # limits.max_concurrent_jobs of the test daemon
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run_json(prompt, p, seed_offset=0):
@@ -106,50 +103,13 @@ def lp_of(v):
     return -9999.0 if v is None else v
 
 
-class Daemon:
+class Daemon(tpdaemon.HttpDaemon):
+    """tokpiped and its gateway with this file's limits: MAX_JOBS, and a
+    drain long enough for the drain test's stream."""
+
     def __init__(self, extra="", healthy=True, chat_template=None):
-        self.dir = tempfile.mkdtemp(prefix="tp-http-")
-        self.port = free_port()
-        self.config = os.path.join(self.dir, "tokpipe.yaml")
-        with open(self.config, "w") as f:
-            f.write("runtime_dir: %s\n" % json.dumps(os.path.join(self.dir, "rt")))
-            f.write("model:\n  path: %s\n  tokenizer: %s\n" % (json.dumps(MODEL), json.dumps(TOK)))
-            if chat_template:
-                f.write("  chat_template: %s\n" % json.dumps(chat_template))
-            f.write("limits:\n  max_concurrent_jobs: %d\n" % MAX_JOBS)
-            f.write("shutdown:\n  drain_timeout_ms: 60000\n")
-            f.write("http:\n  port: %d\n" % self.port)
-            f.write(extra)
-        self.log = open(os.path.join(self.dir, "tokpiped.log"), "wb")
-        self.proc = subprocess.Popen([os.path.join(BIN, "tokpiped"), "--config", self.config],
-                                     stdout=self.log, stderr=self.log)
-        deadline = time.time() + 60
-        while True:
-            try:
-                st, body, _ = request(self.port, "GET", "/health")
-                if st == 200 or (not healthy and st == 503 and b"missing" in body):
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline or self.proc.poll() is not None:
-                raise AssertionError("gateway not healthy; log: " + self.log_text())
-            time.sleep(0.1)
-
-    def log_text(self):
-        self.log.flush()
-        with open(os.path.join(self.dir, "tokpiped.log"), "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().__init__("limits:\n  max_concurrent_jobs: %d\nshutdown:\n  drain_timeout_ms: 60000\n" % MAX_JOBS
+                         + extra, healthy=healthy, model=MODEL, tokenizer=TOK, chat_template=chat_template)
 
 
 def request(port, method, path, body=None, headers=None, timeout=120):

@@ -83,10 +83,14 @@ class OfficialOpenAIClient(unittest.TestCase):
             self.assertEqual(r["stream_usage"], r["usage"])
 
     def test_refusals_reach_the_client_as_openai_errors(self):
-        [bad, chat] = self.client([
+        [bad, chat, long] = self.client([
             {"model": "stories260K", "prompt": "x", "top_p": 1.5},
             {"model": "stories260K", "messages": [{"role": "user", "content": "hi"}]},
+            {"model": "stories260K", "prompt": "Once upon a time " * 150, "max_tokens": 4},
         ])
+        # over the context: the client's error (a 5xx would be retried)
+        self.assertEqual(long["error"]["status"], 400, long)
+        self.assertEqual((long["error"]["param"], long["error"]["code"]), ("prompt", "context_length_exceeded"))
         self.assertEqual(bad["error"]["status"], 400, bad)
         self.assertEqual(bad["error"]["param"], "top_p")
         self.assertEqual(chat["error"]["status"], 400, chat)

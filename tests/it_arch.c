@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "support/daemon_harness.h"
+#include "support/run_compare.h"
 
 static const char *const groups[] = {
     "--prompt 'Once upon a time' --prompt 'The cat sat on the mat' --prompt 'def main():' --temperature 0 "
@@ -45,36 +46,6 @@ static const arch_case CASES[] = {
     {"llama3", "256x2x4x1", "--separate-output", SPM, "Q8_0"},
 };
 
-static void compare_lines(const char *what, const char *got, const char *want)
-{
-    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
-    const char *g = got, *w = want;
-    int line = 0;
-    while (*w) {
-        const char *ge = strchr(g, '\n'), *we = strchr(w, '\n');
-        if (!ge || !we)
-            fail_msg("%s: line %d missing\ngenerate:\n%s\nrun:\n%s", what, line, got, want);
-        cJSON *jg = cJSON_ParseWithLength(g, (size_t)(ge - g)), *jw = cJSON_ParseWithLength(w, (size_t)(we - w));
-        if (!jg || !jw)
-            fail_msg("%s: line %d is not JSON:\n%.*s\n%.*s", what, line, (int)(ge - g), g, (int)(we - w), w);
-        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-            char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(jg, fields[i]));
-            char *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(jw, fields[i]));
-            if (!a || !b || strcmp(a, b))
-                fail_msg("%s: line %d: %s differs\n daemon: %s\n    run: %s", what, line, fields[i],
-                         a ? a : "(none)", b ? b : "(none)");
-            free(a);
-            free(b);
-        }
-        cJSON_Delete(jg);
-        cJSON_Delete(jw);
-        g = ge + 1;
-        w = we + 1;
-        line++;
-    }
-    assert_true(line > 0);
-}
-
 /* Write the case's model into dir; its path in out. */
 static void make_model(const char *dir, const arch_case *c, char *out, size_t cap)
 {
@@ -102,7 +73,7 @@ static void make_model(const char *dir, const arch_case *c, char *out, size_t ca
     unlink(f32);
 }
 
-static void daemon_equals_run(const arch_case *c, const char *batching)
+static void arch_equals_run(const arch_case *c, const char *batching)
 {
     char dir[] = "/tmp/tp_it_arch.XXXXXX", model[256];
     assert_non_null(mkdtemp(dir));
@@ -112,34 +83,10 @@ static void daemon_equals_run(const arch_case *c, const char *batching)
     harness h;
     if (harness_start(&h, false, yaml))
         fail_msg("daemon did not start with %s", model);
-    FILE *p[N_GROUPS];
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        char cmd[4096];
-        snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 30000 %s", h.bin, h.config,
-                 groups[i]);
-        p[i] = popen(cmd, "r");
-        assert_non_null(p[i]);
-    }
-    char *got[N_GROUPS];
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        size_t cap = 1 << 16, len = fread(got[i] = calloc(1, cap), 1, cap - 1, p[i]);
-        got[i][len] = '\0';
-        int st = pclose(p[i]);
-        if (st != 0)
-            fail_msg("%s: generate group %zu failed (status %d): %s", c->arch, i, st, got[i]);
-    }
-    assert_int_equal(harness_stop(&h), 0);
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        char cmd[4096], *want = NULL;
-        snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s --json %s 2>/dev/null", h.bin, model, groups[i]);
-        if (harness_sh(cmd, &want) != 0)
-            fail_msg("%s: tokpipe run failed for group %zu: %s", c->arch, i, want ? want : "");
-        char what[128];
-        snprintf(what, sizeof what, "%s/%s/%s group %zu", c->arch, c->vocab, c->quant ? c->quant : "F32", i);
-        compare_lines(what, got[i], want);
-        free(want);
-        free(got[i]);
-    }
+    char run_model[300], what[128];
+    snprintf(run_model, sizeof run_model, "--model %s", model);
+    snprintf(what, sizeof what, "%s/%s/%s", c->arch, c->vocab, c->quant ? c->quant : "F32");
+    daemon_equals_run(&h, groups, N_GROUPS, 30000, run_model, what);
     unlink(model);
     rmdir(dir);
 }
@@ -175,7 +122,7 @@ static void run_batch_equals_each_alone(const arch_case *c, const char *sampling
     }
     char what[128];
     snprintf(what, sizeof what, "%s/%s batch of %zu (%s)", c->arch, c->vocab, N_BATCH, sampling);
-    compare_lines(what, all, want);
+    compare_run_lines(what, all, want);
     free(all);
     free(want);
     unlink(model);
@@ -199,27 +146,27 @@ static void run_batches_equal_each_prompt_alone_for_qwen2_and_llama3(void **stat
 static void qwen2_jobs_in_the_daemon_equal_in_process_run(void **state)
 {
     (void)state;
-    daemon_equals_run(&CASES[0], "");
+    arch_equals_run(&CASES[0], "");
 }
 
 static void llama3_jobs_in_the_daemon_equal_in_process_run(void **state)
 {
     (void)state;
-    daemon_equals_run(&CASES[1], "");
+    arch_equals_run(&CASES[1], "");
 }
 
 static void gpt2_vocabulary_models_in_the_daemon_equal_in_process_run(void **state)
 {
     (void)state;
-    daemon_equals_run(&CASES[2], "");
-    daemon_equals_run(&CASES[3], "");
+    arch_equals_run(&CASES[2], "");
+    arch_equals_run(&CASES[3], "");
 }
 
 static void quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run(void **state)
 {
     (void)state;
-    daemon_equals_run(&CASES[4], "");
-    daemon_equals_run(&CASES[5], "");
+    arch_equals_run(&CASES[4], "");
+    arch_equals_run(&CASES[5], "");
 }
 
 static void small_batches_and_chunks_change_nothing_for_qwen2_and_llama3(void **state)
@@ -227,8 +174,8 @@ static void small_batches_and_chunks_change_nothing_for_qwen2_and_llama3(void **
     (void)state;
     const char *tiny = "batching:\n  max_num_seqs: 3\n  prefill_chunk: 7\n  micro_batches: 1\n"
                        "  max_batch_tokens: 16\nkv:\n  slots: 3\n";
-    daemon_equals_run(&CASES[0], tiny);
-    daemon_equals_run(&CASES[1], tiny);
+    arch_equals_run(&CASES[0], tiny);
+    arch_equals_run(&CASES[1], tiny);
 }
 
 int main(void)

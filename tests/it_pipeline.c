@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "support/daemon_harness.h"
+#include "support/run_compare.h"
 
 /* Jobs sent at once, each group by its own `tokpipe generate` process so
  * they differ in parameters; every group also has several prompts. */
@@ -39,35 +40,6 @@ static bool have_run(const harness *h)
     return harness_sh(cmd, NULL) == 0;
 }
 
-static void compare_lines(const char *what, const char *got, const char *want)
-{
-    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
-    const char *g = got, *w = want;
-    int line = 0;
-    while (*w) {
-        const char *ge = strchr(g, '\n'), *we = strchr(w, '\n');
-        if (!ge || !we)
-            fail_msg("%s: line %d missing\ngenerate:\n%s\nrun:\n%s", what, line, got, want);
-        cJSON *jg = cJSON_ParseWithLength(g, (size_t)(ge - g)), *jw = cJSON_ParseWithLength(w, (size_t)(we - w));
-        if (!jg || !jw)
-            fail_msg("%s: line %d is not JSON:\n%.*s\n%.*s", what, line, (int)(ge - g), g, (int)(we - w), w);
-        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-            char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(jg, fields[i]));
-            char *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(jw, fields[i]));
-            if (!a || !b || strcmp(a, b))
-                fail_msg("%s: line %d: %s differs\n daemon: %s\n    run: %s", what, line, fields[i], a ? a : "(none)",
-                         b ? b : "(none)");
-            free(a);
-            free(b);
-        }
-        cJSON_Delete(jg);
-        cJSON_Delete(jw);
-        g = ge + 1;
-        w = we + 1;
-        line++;
-    }
-}
-
 static void concurrent_jobs_match_run(bool tcp, const char *extra)
 {
     harness h;
@@ -78,37 +50,9 @@ static void concurrent_jobs_match_run(bool tcp, const char *extra)
         skip();
     }
     /* all groups at once: their jobs join and leave one running batch */
-    FILE *p[N_GROUPS];
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        char cmd[4096];
-        snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 20000 %s", h.bin, h.config,
-                 groups[i]);
-        p[i] = popen(cmd, "r");
-        assert_non_null(p[i]);
-    }
-    char *got[N_GROUPS];
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        size_t cap = 1 << 16, len = fread(got[i] = calloc(1, cap), 1, cap - 1, p[i]);
-        got[i][len] = '\0';
-        int st = pclose(p[i]);
-        if (st != 0)
-            fail_msg("generate group %zu failed (status %d): %s", i, st, got[i]);
-    }
-    assert_int_equal(harness_stop(&h), 0);
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        char cmd[4096], *want = NULL;
-        snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json %s",
-                 h.bin, h.models, h.models, groups[i]);
-        strcat(cmd, " 2>/dev/null");
-        int st = harness_sh(cmd, &want);
-        if (st != 0)
-            fail_msg("tokpipe run failed for group %zu: %s", i, want ? want : "");
-        char what[32];
-        snprintf(what, sizeof what, "group %zu", i);
-        compare_lines(what, got[i], want);
-        free(want);
-        free(got[i]);
-    }
+    char model[1200];
+    snprintf(model, sizeof model, "--model %s/stories260K.bin --tokenizer %s/tok512.bin", h.models, h.models);
+    daemon_equals_run(&h, groups, N_GROUPS, 20000, model, tcp ? "tcp" : "ipc");
 }
 
 static void concurrent_jobs_over_ipc_equal_in_process_run(void **state)

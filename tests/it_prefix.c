@@ -255,6 +255,32 @@ static void shared_prefixes_give_run_s_output_and_exact_cached_tokens(void **sta
      * counts within what could be shared */
     const char *group[] = {STORY, STORY_HALF, OTHER, STORY};
     cJSON_Delete(jobs(s, group, 4, "--temperature 0 --max-tokens 20 --logprobs", false));
+    /* four equal new prompts at once: one computes, the others take its
+     * pages (from the cache, or as a twin chunk of the same step) */
+    const char *fresh = "Sam and his sister Mia found a shiny key under the old oak tree behind the school";
+    const char *four[] = {fresh, fresh, fresh, fresh};
+    int fresh_ids[MAX_IDS], nf = tokenize(s, fresh, fresh_ids);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 60000 --temperature 0 --max-tokens 8 "
+             "--prompt '%s' --prompt '%s' --prompt '%s' --prompt '%s'", s->h.bin, s->h.config, four[0], four[1],
+             four[2], four[3]);
+    char *out = sh(cmd), *line = out;
+    int zero = 0, full = 0;
+    for (int i = 0; i < 4; i++) {
+        char *end = strchr(line, '\n');
+        assert_non_null(end);
+        *end = '\0';
+        cJSON *g = parse_line(line, "generate");
+        int c = num(g, "cached_tokens");
+        zero += c == 0;
+        full += c == (nf - 1) / PAGE * PAGE;
+        cJSON_Delete(g);
+        line = end + 1;
+    }
+    free(out);
+    if (zero != 1 || full != 3)
+        fail_msg("4 equal prompts at once: %d computed theirs, %d took the %d cached tokens (want 1 and 3)", zero,
+                 full, (nf - 1) / PAGE * PAGE);
     tp_m_stats_reply st;
     assert_int_equal(harness_stats(&s->h, &st), 0);
     assert_true(st.prefix_hit_tokens > 0 && st.prefix_hit_tokens < st.prefix_prompt_tokens);

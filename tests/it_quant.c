@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "support/daemon_harness.h"
+#include "support/run_compare.h"
 
 static const char *const groups[] = {
     "--prompt 'Once upon a time' --prompt 'The cat sat' --prompt 'Lily and Ben' --temperature 0 --max-tokens 60",
@@ -30,52 +31,9 @@ static void pipeline_equals_run(const char *model)
     unsetenv("TP_TEST_MODEL");
     if (started)
         fail_msg("daemon did not start with %s", model);
-    FILE *p[N_GROUPS];
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        char cmd[4096];
-        snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 20000 %s", h.bin, h.config,
-                 groups[i]);
-        p[i] = popen(cmd, "r");
-        assert_non_null(p[i]);
-    }
-    char *got[N_GROUPS];
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        size_t cap = 1 << 16, len = fread(got[i] = calloc(1, cap), 1, cap - 1, p[i]);
-        got[i][len] = '\0';
-        int st = pclose(p[i]);
-        if (st != 0)
-            fail_msg("generate group %zu failed (status %d): %s", i, st, got[i]);
-    }
-    assert_int_equal(harness_stop(&h), 0);
-    for (size_t i = 0; i < N_GROUPS; i++) {
-        char cmd[4096], *want = NULL;
-        snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s --tokenizer %s/tok512.bin --json %s 2>/dev/null",
-                 h.bin, model, h.models, groups[i]);
-        int st = harness_sh(cmd, &want);
-        if (st != 0)
-            fail_msg("tokpipe run failed for group %zu: %s", i, want ? want : "");
-        /* the same token ids, line for line ("tokens" arrays) */
-        const char *g = got[i], *w = want;
-        int line = 0;
-        while (*w) {
-            const char *gt = strstr(g, "\"tokens\""), *wt = strstr(w, "\"tokens\"");
-            if (!gt || !wt)
-                fail_msg("%s group %zu line %d: no tokens\ndaemon:\n%s\nrun:\n%s", model, i, line, got[i], want);
-            size_t gl = strcspn(gt, "]"), wl = strcspn(wt, "]");
-            if (gl != wl || memcmp(gt, wt, gl))
-                fail_msg("%s group %zu line %d: daemon %.*s\nrun %.*s", model, i, line, (int)gl, gt, (int)wl, wt);
-            const char *ge = strchr(gt, '\n'), *we = strchr(wt, '\n');
-            if (!we)
-                break;
-            if (!ge)
-                fail_msg("%s group %zu: daemon has fewer lines than run", model, i);
-            g = ge + 1;
-            w = we + 1;
-            line++;
-        }
-        free(want);
-        free(got[i]);
-    }
+    char run_model[2200];
+    snprintf(run_model, sizeof run_model, "--model %s --tokenizer %s/tok512.bin", model, h.models);
+    daemon_equals_run(&h, groups, N_GROUPS, 20000, run_model, model);
 }
 
 static void daemon_on_llama_cpp_q4_0_file_equals_in_process_run(void **state)

@@ -6,7 +6,9 @@
  * a tokenize worker that registers again (restarted) gets the prompt again
  * and its answer to the old task is ignored; when the only forward worker
  * dies, the job it held and the jobs waiting for admission wait for the
- * next one and run there, giving the tokens of an undisturbed run. */
+ * next one and run there, giving the tokens of an undisturbed run; a poison
+ * job, one that kills every worker it reaches, ends in error after two
+ * workers while the others are served. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -391,6 +393,131 @@ static void a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_t
     stop_pipeline(&h, tok, 0, other);
 }
 
+/* ---- poison jobs ----------------------------------------------------------- */
+
+/* Wait until the broker's log has a line containing what. */
+static void wait_log(harness *h, const char *what)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "grep -qF '%s' %s/tokpiped.log", what, h->dir);
+    for (int waited = 0; harness_sh(cmd, NULL) != 0; waited += 20) {
+        if (waited > WAIT_MS)
+            fail_msg("the broker never logged '%s' (see %s/tokpiped.log)", what, h->dir);
+        sleep_ms(20);
+    }
+}
+
+/* SIGKILL a worker and wait until the broker has lost n workers in all. */
+static void kill_worker(harness *h, pid_t pid, uint64_t n)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    for (int waited = 0; stats(h).workers_lost < n; waited += 20) {
+        if (waited > WAIT_MS)
+            fail_msg("the killed worker was never declared lost (see %s)", h->dir);
+        sleep_ms(20);
+    }
+}
+
+/* Jobs innocent-0.. submitted now finish exactly as `tokpipe run`. */
+static void innocents_are_served(harness *h, const char *prefix, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%s-%d", prefix, i);
+        submit_greedy(h, id, prompts[i % 4], MAX_TOKENS);
+    }
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%s-%d", prefix, i);
+        expect_like_run(h, id, prompts[i % 4], MAX_TOKENS);
+    }
+}
+
+/* The job ended in error naming the stage and that it lost two workers. */
+static void expect_poison(harness *h, const char *id, const char *stage)
+{
+    char *got = wait_result(h, id, WAIT_MS), want[96];
+    snprintf(want, sizeof want, "%s worker lost twice while processing this job", stage);
+    if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, want))
+        fail_msg("the poison job ended %s, want an error saying '%s'", got, want);
+    free(got);
+}
+
+/* Poison job id sits at worker `first` of stage si (stopped, so it surely
+ * holds it): a second worker of the stage registers and is stopped too,
+ * the first is killed, and the job is handed to the second (the broker
+ * says so); then a healthy third registers. The second's pid; the third's
+ * in *third. */
+static pid_t hand_on_once(harness *h, pid_t first, int si, const char *id, pid_t *third)
+{
+    const char *stage = tp_config_stage_name(si);
+    pid_t second = harness_worker(h, stage);
+    if (harness_wait_stage(h, si, 2, WAIT_MS))
+        fail_msg("the second %s worker did not register", stage);
+    kill(second, SIGSTOP);
+    kill_worker(h, first, 1);
+    char line[96];
+    snprintf(line, sizeof line, "job %s: %s continues on worker", id, stage);
+    wait_log(h, line);
+    *third = harness_worker(h, stage);
+    if (harness_wait_stage(h, si, 2, WAIT_MS))
+        fail_msg("the third %s worker did not register", stage);
+    return second;
+}
+
+/* The issue's crash loop, by hand: each tokenize worker the job reaches is
+ * killed while it holds the job. After the second the job ends in error,
+ * is never handed to a third, and the tokenize worker that came meanwhile
+ * served every other job, never given one while the suspect was tried
+ * alone. */
+static void a_job_that_kills_each_tokenize_worker_it_reaches_ends_after_two(void **state)
+{
+    (void)state;
+    harness h;
+    /* dead workers are noticed by their closed connection, not heartbeats */
+    pid_t other[3], t1 = start_pipeline(&h, "heartbeat:\n  interval_ms: 250\n  liveness: 100\n", other), t3;
+    kill(t1, SIGSTOP);
+    submit_greedy(&h, "poison", prompts[0], MAX_TOKENS);
+    pid_t t2 = hand_on_once(&h, t1, TP_SI_TOKENIZE, "poison", &t3);
+    innocents_are_served(&h, "before", 4);
+    kill_worker(&h, t2, 2);
+    expect_poison(&h, "poison", "tokenize");
+    innocents_are_served(&h, "after", 4);
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.jobs_poisoned, 1);
+    assert_int_equal(s.recovered[TP_SI_TOKENIZE], 1);   /* handed on once, not twice */
+    assert_int_equal(s.workers_lost, 2);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 1);
+    assert_int_equal(s.jobs_finished, 9);
+    assert_int_equal(s.workers[TP_SI_TOKENIZE], 1);
+    stop_pipeline(&h, t3, 0, other);
+}
+
+/* The same at the forward stage, where jobs share a batch: the job's
+ * forward worker is killed while a step of it is in flight there, twice.
+ * The jobs running beside it on a healthy forward worker are not charged
+ * and finish exactly as `tokpipe run`. */
+static void a_job_that_kills_each_forward_worker_it_reaches_ends_after_two(void **state)
+{
+    (void)state;
+    harness h;
+    pid_t other[3], tok = start_pipeline(&h, "heartbeat:\n  interval_ms: 250\n  liveness: 100\n", other);
+    kill(other[0], SIGSTOP);
+    submit_greedy(&h, "poison-f", prompts[0], 400);
+    wait_state(&h, "poison-f", TP_STATE_RUNNING);
+    pid_t f2 = hand_on_once(&h, other[0], TP_SI_FORWARD, "poison-f", &other[0]);
+    innocents_are_served(&h, "beside", 4);
+    kill_worker(&h, f2, 2);
+    expect_poison(&h, "poison-f", "forward");
+    innocents_are_served(&h, "after", 2);
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.jobs_poisoned, 1);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 1);
+    assert_int_equal(s.jobs_finished, 7);
+    stop_pipeline(&h, tok, 0, other);
+}
+
 /* ---- a tokenize worker that restarts on the same connection -------------- */
 
 static void fake_send(void *d, tp_msg *m)
@@ -517,6 +644,8 @@ int main(void)
         cmocka_unit_test(jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_next_one),
         cmocka_unit_test(a_tokenize_worker_that_registers_again_gets_the_prompt_again),
         cmocka_unit_test(a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_the_stage),
+        cmocka_unit_test(a_job_that_kills_each_tokenize_worker_it_reaches_ends_after_two),
+        cmocka_unit_test(a_job_that_kills_each_forward_worker_it_reaches_ends_after_two),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

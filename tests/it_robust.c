@@ -200,7 +200,7 @@ static void daemon_survives_malformed_messages_and_keeps_serving(void **state)
 {
     (void)state;
     harness h;
-    assert_int_equal(harness_start(&h, false, "limits:\n  max_msg_bytes: 65536\n"), 0);
+    assert_int_equal(harness_start(&h, false, "limits:\n  max_msg_bytes: 65536\n  max_prompt_bytes: 4096\n"), 0);
     /* a long job streams the whole time */
     char cmd[2048];
     snprintf(cmd, sizeof cmd,

@@ -130,6 +130,71 @@ static void pcre2_rules_equal_the_hand_evaluated_regex(void **state)
     }
 }
 
+static void deepseek_v3_splits_as_its_regexes_say(void **state)
+{
+    (void)state;
+    bool ign = true;
+    tp_pretok *p = pretok("deepseek-v3", &ign);
+    assert_false(ign);
+    assert_string_equal(tp_pretok_name(p), "deepseek-v3");
+    /* derived by hand from the three Split regexes of DeepSeek V3's
+     * tokenizer.json */
+    expect_split(p, "1234567 apples", "123|456|7| apples");
+    expect_split(p, "x = 12+3", "x| =| |12|+|3");
+    expect_split(p, "(word.cpp) don't", "(word|.cpp|)| don|'t");
+    expect_split(p, "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c, hi", /* 你好世界 */
+                 "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c|,| hi");
+    expect_split(p, "\xe3\x81\x93\xe3\x82\x93\xe3\x82\xab\xe3\x82\xbf", /* こんカタ: kana, one piece */
+                 "\xe3\x81\x93\xe3\x82\x93\xe3\x82\xab\xe3\x82\xbf");
+    expect_split(p, "a \xea\xb0\x80\xeb\x82\x98", "a| \xea\xb0\x80\xeb\x82\x98"); /* Hangul is a plain letter run */
+    expect_split(p, "hello!!!\n\nok", "hello|!!!\n\n|ok");
+    expect_split(p, "x\n\n  y", "x|\n\n| | y");
+    expect_split(p, "trailing   ", "trailing|   ");
+    expect_split(p, "e\xcc\x81t\xc3\xa9", "e\xcc\x81t\xc3\xa9"); /* marks stay with the letters */
+    tp_pretok_free(p);
+}
+
+/* Text from PIECES and DeepSeek V3's own classes: ASCII punctuation before
+ * ASCII and other letters, CJK and kana next to Han outside U+4E00-U+9FA5,
+ * marks, zero-width joiners, digit runs longer than three. */
+static const char *const DS3_PIECES[] = {
+    "(", "[", "\\", "`", "~", "_", "@", "abc", "Q", "\xe4\xb8\xad", "\xe9\xbe\xa5", "\xe9\xbe\xa6",
+    "\xe3\x81\x82", "\xe3\x82\xa2", "\xe3\x83\xbc", "\xe3\x80\x81", "\xef\xbc\x81", "123", "4567",
+    "\xe2\x80\x8d", "\xcc\x81\xcc\x81", "\xf0\xa0\x80\x80", "\xe1\x84\x80", "\x01", "\xc2\xad", "+=",
+};
+
+static void deepseek_v3_rules_equal_the_hand_evaluated_regexes(void **state)
+{
+    (void)state;
+    tp_pretok *p = pretok("deepseek-v3", NULL);
+    size_t n_base = sizeof PIECES / sizeof PIECES[0], n_ds = sizeof DS3_PIECES / sizeof DS3_PIECES[0];
+    srand(4321);
+    for (int t = 0; t < 4000; t++) {
+        char text[640];
+        size_t len = 0;
+        int n = 1 + rand() % 40;
+        for (int i = 0; i < n; i++) {
+            size_t k = (size_t)rand() % (n_base + n_ds);
+            const char *s = k < n_base ? PIECES[k] : DS3_PIECES[k - n_base];
+            memcpy(text + len, s, strlen(s));
+            len += strlen(s);
+        }
+        size_t *ends, nw, want[640];
+        tp_err e;
+        assert_int_equal(tp_pretok_split(p, text, len, &ends, &nw, &e), 0);
+        size_t nwant = pretok_oracle_split_deepseek_v3(text, len, want);
+        if (nw != nwant || memcmp(ends, want, nw * sizeof *ends)) {
+            char got[2048];
+            text[len] = '\0';
+            split_str(p, text, got, sizeof got);
+            fail_msg("deepseek-v3: text '%s' split as '%s' (%zu words), the regexes give %zu words", text, got,
+                     nw, nwant);
+        }
+        free(ends);
+    }
+    tp_pretok_free(p);
+}
+
 static void unknown_pre_tokenizer_is_refused_by_name(void **state)
 {
     (void)state;
@@ -145,7 +210,7 @@ static void every_named_rule_set_compiles(void **state)
     (void)state;
     const char *names[] = {"default", "gpt-2", "llama3", "llama-v3", "llama-bpe", "falcon3",
                            "dbrx", "smaug-bpe", "qwen2", "stablelm2", "deepseek-llm",
-                           "deepseek-coder", "falcon", "starcoder", "refact", "smollm", "mpt"};
+                           "deepseek-coder", "deepseek-v3", "falcon", "starcoder", "refact", "smollm", "mpt"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         tp_pretok *p = pretok(names[i], NULL);
         char got[256];
@@ -224,6 +289,8 @@ int main(void)
         cmocka_unit_test(llama3_splits_as_its_regex_says),
         cmocka_unit_test(qwen2_splits_digits_one_by_one),
         cmocka_unit_test(pcre2_rules_equal_the_hand_evaluated_regex),
+        cmocka_unit_test(deepseek_v3_splits_as_its_regexes_say),
+        cmocka_unit_test(deepseek_v3_rules_equal_the_hand_evaluated_regexes),
         cmocka_unit_test(unknown_pre_tokenizer_is_refused_by_name),
         cmocka_unit_test(every_named_rule_set_compiles),
         cmocka_unit_test(invalid_utf8_is_refused_with_its_offset),

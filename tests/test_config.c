@@ -141,6 +141,15 @@ static void cross_field_limits_are_checked(void **state)
     expect_error("generation:\n  max_tokens: 5000\n", "generation.max_tokens (5000) > limits.max_tokens (4096)", NULL);
     expect_error("batching:\n  max_num_seqs: 100\n", "batching.max_num_seqs (100) > kv.slots (64)", NULL);
     expect_error("heartbeat:\n  reconnect_init_ms: 500\n  reconnect_max_ms: 100\n", "heartbeat.reconnect_max_ms", NULL);
+    /* a prompt at limits.max_prompt_bytes must tokenize into a message the
+     * broker takes (issue 21: the tokenize worker was lost on it) */
+    expect_error("limits:\n  max_msg_bytes: 65536\n", "limits.max_msg_bytes (65536)", "limits.max_prompt_bytes (1048576)");
+    tp_config c;
+    tp_err e;
+    const char *ok = "limits:\n  max_msg_bytes: 65536\n  max_prompt_bytes: 4096\n";
+    if (parse(ok, &c, &e))
+        fail_msg("a consistent pair was refused: %s", e.msg);
+    tp_config_free(&c);
 }
 
 static void endpoints_default_to_ipc_under_the_runtime_dir(void **state)

@@ -9,21 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/broker.h"
+#include "../daemon/jobs.h"
 
 typedef struct fixture {
-    tp_config cfg;
-    broker b;
+    bjobs b;   /* the job table alone: it needs nothing of the broker */
 } fixture;
 
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     tp_err e;
-    if (!f || tp_config_defaults(&f->cfg, &e))
-        return -1;
-    f->b.cfg = &f->cfg;
-    if (jobs_init(&f->b, &e))
+    if (!f || jobs_init(&f->b, 16, &e))
         return -1;
     *state = f;
     return 0;
@@ -33,18 +29,18 @@ static int teardown(void **state)
 {
     fixture *f = *state;
     jobs_free(&f->b);
-    tp_config_free(&f->cfg);
     free(f);
     return 0;
 }
 
-static void token(broker *b, const char *id, uint32_t seq, uint32_t index, const char *text, const int32_t *ids,
+static void token(bjobs *b, const char *id, uint32_t seq, uint32_t index, const char *text, const int32_t *ids,
                   size_t n)
 {
     tp_msg m;
     tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
     m.token = (tp_m_token){.job_id = tp_str_of(id), .seq = seq, .index = index, .text = tp_str_of(text), .ids = {ids, n}};
-    jobs_on_event(b, &m);
+    const bjob *j;
+    jobs_on_event(b, &m, &j);
 }
 
 static void running_job_keeps_the_text_and_ids_its_events_carried(void **state)
@@ -64,7 +60,9 @@ static void running_job_keeps_the_text_and_ids_its_events_carried(void **state)
     /* a heartbeat is not a job's event */
     tp_msg hb;
     tp_msg_init(&hb, TP_FAM_EVT, TP_CMD_HEARTBEAT);
-    jobs_on_event(&f->b, &hb);
+    const bjob *jh = NULL;
+    jobs_on_event(&f->b, &hb, &jh);
+    assert_null(jh);
     assert_int_equal(j->last_seq, 1);
 }
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "tokpipe/forward.h"
+#include "tokpipe/stage.h"
 #include "../workers/forward/prefix_cache.h"
 
 void tp_forward_use_scalar_for_tests(tp_forward *f);
@@ -379,6 +380,98 @@ static void pcache_evicts_least_recent_unheld_leaves_only(void **state)
     tp_pcache_free(pc);
 }
 
+/* ---- the forward stage (STEP messages) ---------------------------------- */
+
+typedef struct captured {
+    uint32_t n, n_hits;
+    uint32_t slots[8];
+    int32_t hit_slots[8], hits[8];
+    float *logits; /* [n][vocab] */
+    size_t vocab;
+} captured;
+
+static int capture(void *ctx, const tp_msg *m)
+{
+    captured *c = ctx;
+    assert_int_equal(m->cmd, TP_CMD_STEP_RESULT);
+    if (m->status != TP_ST_OK)
+        fail_msg("STEP_RESULT %u: %.*s", m->status, (int)m->error.len, m->error.ptr);
+    const tp_m_step_result *r = &m->step_result;
+    c->n = r->n;
+    for (uint32_t i = 0; i < r->n; i++)
+        c->slots[i] = tp_raw_u32(r->slots, i);
+    memcpy(c->logits, r->out.data, (size_t)r->n * c->vocab * sizeof(float));
+    c->n_hits = (uint32_t)r->n_cached_slots;
+    for (size_t i = 0; i < r->n_cached_slots; i++) {
+        c->hit_slots[i] = r->cached_slots[i];
+        c->hits[i] = r->cached[i];
+    }
+    return 0;
+}
+
+static int ignore(void *ctx, const tp_msg *m)
+{
+    (void)ctx;
+    (void)m;
+    return 0;
+}
+
+/* Slots 0..n-1 each get the same 40-token prompt in one STEP (jobs that
+ * arrived together): the first is computed, the others wait for a second
+ * pass and take its 32 cached positions; every row's logits equal an
+ * uncached run's. Slot 3 is a different prompt: computed as usual. */
+static void twin_chunks_of_one_step_are_computed_once(void **state)
+{
+    (void)state;
+    tp_model *m = load_real("stories260K.bin");
+    int vocab = tp_model_get_config(m)->vocab_size;
+    tp_forward_stage *st;
+    tp_err e;
+    assert_int_equal(tp_forward_stage_new(m, 4, 128, 256, 1, &st, &e), 0);
+    int p[40], q[40];
+    make_prompt(p, 40, 31, vocab);
+    make_prompt(q, 40, 32, vocab);
+    tp_stage_io quiet = {ignore, ignore, NULL};
+    for (uint32_t slot = 0; slot < 4; slot++) {
+        tp_msg o;
+        tp_msg_init(&o, TP_FAM_WRK, TP_CMD_SEQ_OPEN);
+        o.slot.slot = slot;
+        assert_int_equal(tp_forward_stage_handle(st, &o, &quiet), 0);
+    }
+    uint32_t slots[4] = {0, 1, 2, 3}, pos[4] = {0}, ntok[4] = {40, 40, 40, 40};
+    uint8_t flags[4] = {TP_ITEM_OUTPUT, TP_ITEM_OUTPUT, TP_ITEM_OUTPUT, TP_ITEM_OUTPUT};
+    int32_t toks[160], acc[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < 40; i++)
+        toks[i] = toks[40 + i] = toks[120 + i] = p[i], toks[80 + i] = q[i];
+    /* order: p, p, q, p */
+    tp_msg s;
+    tp_msg_init(&s, TP_FAM_WRK, TP_CMD_STEP);
+    s.step = (tp_m_step){.step = 1, .n = 4, .n_tokens = 160, .sample = false, .slots = {slots, 4},
+                         .pos = {pos, 4}, .ntok = {ntok, 4}, .flags = {flags, 4}, .tokens = {toks, 160},
+                         .accepted = {acc, 4}};
+    captured c = {.logits = malloc(4 * (size_t)vocab * sizeof(float)), .vocab = (size_t)vocab};
+    tp_stage_io io = {capture, ignore, &c};
+    assert_int_equal(tp_forward_stage_handle(st, &s, &io), 0);
+    assert_int_equal(c.n, 4);
+    assert_int_equal(c.n_hits, 2); /* slots 1 and 3 took slot 0's pages */
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_int_equal(c.hits[i], 32);
+        assert_true(c.hit_slots[i] == 1 || c.hit_slots[i] == 3);
+    }
+    assert_int_not_equal(c.hit_slots[0], c.hit_slots[1]);
+    job_out wp = reference(m, TP_KV_F32, p, 40), wq = reference(m, TP_KV_F32, q, 40);
+    for (uint32_t r = 0; r < 4; r++) {
+        const float *want = c.slots[r] == 2 ? wq.logits : wp.logits;
+        if (memcmp(c.logits + (size_t)r * vocab, want, (size_t)vocab * sizeof(float)))
+            fail_msg("slot %u: logits differ from an uncached run", c.slots[r]);
+    }
+    free(c.logits);
+    job_out_free(&wp);
+    job_out_free(&wq);
+    tp_forward_stage_free(st);
+    tp_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -388,6 +481,7 @@ int main(void)
         cmocka_unit_test(running_jobs_share_pages_and_a_rewind_copies_instead_of_writing),
         cmocka_unit_test(eviction_under_pressure_keeps_the_pool_bounded_and_results_exact),
         cmocka_unit_test(the_cache_can_be_sized_turned_off_and_is_unused_with_openblas),
+        cmocka_unit_test(twin_chunks_of_one_step_are_computed_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -467,6 +467,68 @@ static void token_event_has_job_id_topic_and_raw_ids(void **state)
     tp_wire_free(&w);
 }
 
+/* Does the header (frame 2 of w, or 3 with a topic) hold key? Read with
+ * msgpack-c, not the codec under test. */
+static bool header_has_key(const tp_wire *w, size_t frame, const char *key)
+{
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    bool have = false;
+    if (msgpack_unpack_next(&u, w->f[frame].data, w->f[frame].len, &off) == MSGPACK_UNPACK_SUCCESS &&
+        u.data.type == MSGPACK_OBJECT_MAP)
+        for (uint32_t i = 0; i < u.data.via.map.size; i++) {
+            const msgpack_object *k = &u.data.via.map.ptr[i].key;
+            have |= k->type == MSGPACK_OBJECT_STR && k->via.str.size == strlen(key) &&
+                    !memcmp(k->via.str.ptr, key, k->via.str.size);
+        }
+    msgpack_unpacked_destroy(&u);
+    return have;
+}
+
+/* PROTOCOL.md: top_n is present (0-20) whenever the job asked for logprobs,
+ * top_logprobs 0 included; a job without logprobs has neither. */
+static void top_n_is_sent_whenever_logprob_frames_are_even_zero(void **state)
+{
+    (void)state;
+    int32_t ids[] = {345};
+    float lp = -0.5f;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
+    m.token = (tp_m_token){.job_id = tp_str_of("j7"), .seq = 0, .text = tp_str_of(" dog"), .ids = {ids, 1}};
+    m.token.lp = (tp_lp_cols){0, {&lp, 1}, {ids, 0}, {&lp, 0}};
+    tp_wire w;
+    tp_msg d;
+    round_trip(&m, &w, &d);
+    if (!header_has_key(&w, 3, "top_n"))
+        fail_msg("TOKEN with logprob frames and top_n 0 has no top_n key");
+    assert_int_equal(d.token.lp.top_n, 0);
+    assert_non_null(d.token.lp.logprobs.data);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+
+    m.token.lp = (tp_lp_cols){0};
+    round_trip(&m, &w, &d);
+    if (header_has_key(&w, 3, "top_n"))
+        fail_msg("TOKEN without logprobs has a top_n key");
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+
+    int32_t toks[] = {10};
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS_REPLY);
+    m.req = 1, m.status = 200;
+    tp_m_status_reply *s = &m.status_reply;
+    s->job_id = tp_str_of("j"), s->state = TP_STATE_RUNNING, s->prompt_tokens = 4, s->completion_tokens = 1;
+    s->last_seq = 0, s->tokens = (tp_raw){toks, 1}, s->text = tp_str_of("a");
+    s->lp = (tp_lp_cols){0, {&lp, 1}, {toks, 0}, {&lp, 0}};
+    round_trip(&m, &w, &d);
+    if (!header_has_key(&w, 2, "top_n"))
+        fail_msg("STATUS_REPLY with logprob frames and top_n 0 has no top_n key");
+    assert_non_null(d.status_reply.lp.logprobs.data);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+}
+
 static void finish_event_round_trips_reason_matched_counts_timings(void **state)
 {
     (void)state;
@@ -1355,6 +1417,7 @@ int main(void)
         cmocka_unit_test(stats_reply_round_trips_counters_and_triggers),
         cmocka_unit_test(stats_reply_round_trips_histograms_and_refuses_inconsistent_ones),
         cmocka_unit_test(token_event_has_job_id_topic_and_raw_ids),
+        cmocka_unit_test(top_n_is_sent_whenever_logprob_frames_are_even_zero),
         cmocka_unit_test(finish_event_round_trips_reason_matched_counts_timings),
         cmocka_unit_test(worker_control_messages_round_trip),
         cmocka_unit_test(tokenize_and_open_close_round_trip),

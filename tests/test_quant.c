@@ -19,6 +19,7 @@
 #include "tokpipe/gguf.h"
 #include "../workers/forward/kernels.h"
 #include "../workers/forward/quant.h"
+#include "support/batch_runs.h"
 
 static const uint32_t TYPES[] = {TP_GGML_F16, TP_GGML_BF16, TP_GGML_Q8_0, TP_GGML_Q4_0, TP_GGML_Q4_1,
                                  TP_GGML_Q5_0, TP_GGML_Q5_1, TP_GGML_Q4_K, TP_GGML_Q5_K, TP_GGML_Q6_K};
@@ -195,27 +196,6 @@ static void every_type_is_batch_invariant_split_invariant_and_path_invariant(voi
 
 /* ---- whole models ------------------------------------------------------ */
 
-static tp_model *load_real(const char *name)
-{
-    const char *dir = getenv("TP_MODELS");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", name[0] == '/' ? "" : dir ? dir : "../shared/models", name);
-    tp_model *m = NULL;
-    tp_err e;
-    if (tp_model_load(path, &m, &e))
-        fail_msg("cannot load %s: %s", path, e.msg);
-    return m;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Greedy ids after PROMPT, n of them. */
 static void greedy_ids(const char *name, bool scalar, int *ids, int n)
 {
@@ -282,94 +262,6 @@ static void q8_0_and_q4_0_files_from_llama_cpp_start_like_f32(void **state)
     }
 }
 
-#define NSEQ 8
-#define DECODE 6
-
-static const int PROMPTS[NSEQ][12] = {
-    {1, 403, 407, 261, 378}, {1, 300, 301}, {1, 265, 282, 295, 433, 426, 385, 328, 432, 358},
-    {1}, {1, 13, 438, 310, 439, 419, 357}, {1, 432, 432, 432, 432, 432, 432, 432, 432, 432, 432, 432},
-    {1, 500, 42}, {1, 290, 291, 292, 293, 294},
-};
-static const int PLEN[NSEQ] = {5, 3, 10, 1, 7, 12, 3, 6};
-
-/* Each sequence alone, batch 1: on one thread as the server's default
- * with small models, or on `threads` with every job split (single-stream
- * decode's matmuls, Q/K/V and gate/up each one job, cut over threads). */
-static void run_alone(tp_model *m, float *out, int V, bool scalar, int threads)
-{
-    tp_err e;
-    for (int s = 0; s < NSEQ; s++) {
-        tp_forward *f;
-        assert_int_equal(tp_forward_new(m, 1, 64, 16, &f, &e), 0);
-        if (scalar)
-            tp_forward_use_scalar_for_tests(f);
-        if (threads > 1) {
-            assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
-            tp_forward_split_all_for_tests(f);
-        }
-        int sid;
-        tp_forward_seq_open(f, &sid, &e);
-        float *row = out + (size_t)s * (DECODE + 1) * V;
-        tp_fwd_item it = {sid, 0, PROMPTS[s], PLEN[s], false};
-        assert_int_equal(tp_forward_step(f, &it, 1, row, &e), 0);
-        for (int k = 1; k <= DECODE; k++) {
-            int tok = argmax(row + (size_t)(k - 1) * V, V);
-            tp_fwd_item d = {sid, PLEN[s] + k - 1, &tok, 1, false};
-            assert_int_equal(tp_forward_step(f, &d, 1, row + (size_t)k * V, &e), 0);
-        }
-        tp_forward_free(f);
-    }
-}
-
-/* All 8 in one pool, joining one per step, prompts in chunks of 3. */
-static void run_batched(tp_model *m, float *out, int V, int threads, bool scalar)
-{
-    tp_err e;
-    tp_forward *f;
-    assert_int_equal(tp_forward_new(m, NSEQ, 64, 64, &f, &e), 0);
-    if (scalar)
-        tp_forward_use_scalar_for_tests(f);
-    assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
-    tp_forward_split_all_for_tests(f); /* split even stories260K's small matrices */
-    int sid[NSEQ], fed[NSEQ] = {0}, done[NSEQ] = {0}, toks[NSEQ];
-    float *step_logits = malloc(sizeof(float) * NSEQ * V);
-    for (int s = 0; s < NSEQ; s++)
-        tp_forward_seq_open(f, &sid[s], &e);
-    for (int step = 0; step < 64; step++) {
-        tp_fwd_item items[NSEQ];
-        int owner[NSEQ], n = 0;
-        for (int s = 0; s < NSEQ && s <= step; s++) {
-            if (done[s] > DECODE)
-                continue;
-            tp_fwd_item it = {sid[s], fed[s], NULL, 0, false};
-            if (fed[s] < PLEN[s]) {
-                it.tokens = PROMPTS[s] + fed[s];
-                it.n_tokens = PLEN[s] - fed[s] < 3 ? PLEN[s] - fed[s] : 3;
-                it.skip_logits = fed[s] + it.n_tokens < PLEN[s];
-            } else {
-                toks[s] = argmax(out + ((size_t)s * (DECODE + 1) + done[s] - 1) * V, V);
-                it.tokens = &toks[s];
-                it.n_tokens = 1;
-            }
-            owner[n] = s;
-            items[n++] = it;
-        }
-        if (!n)
-            break;
-        if (tp_forward_step(f, items, n, step_logits, &e))
-            fail_msg("batched step %d: %s", step, e.msg);
-        for (int i = 0; i < n; i++) {
-            int s = owner[i];
-            fed[s] += items[i].n_tokens;
-            if (!items[i].skip_logits)
-                memcpy(out + ((size_t)s * (DECODE + 1) + done[s]++) * V, step_logits + (size_t)i * V,
-                       sizeof(float) * V);
-        }
-    }
-    free(step_logits);
-    tp_forward_free(f);
-}
-
 static void batch_invariance(const char *name)
 {
     tp_model *m = load_real(name);
@@ -377,23 +269,25 @@ static void batch_invariance(const char *name)
     size_t n = (size_t)NSEQ * (DECODE + 1) * V;
     float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
     for (int scalar = 0; scalar < 2; scalar++) {
-        run_alone(m, alone, V, scalar, 1);
+        run_alone(m, alone, V, 1, scalar, TP_KV_F32);
+        /* batch 1 on several threads (Q/K/V and gate/up one job each, cut
+         * over the threads): the bits of one thread */
         for (int threads = 2; threads <= 3; threads++) {
-            run_alone(m, batched, V, scalar, threads);
+            run_alone(m, batched, V, threads, scalar, TP_KV_F32);
             for (size_t off = 0; off < n; off += (size_t)V)
                 if (memcmp(alone + off, batched + off, sizeof(float) * V))
                     fail_msg("%s, %s: batch-1 logits row %zu on %d threads differ from 1 thread", name,
-                             scalar ? "scalar" : "avx512", off / (size_t)V, threads);
+                             scalar ? "scalar" : "vector", off / (size_t)V, threads);
         }
         for (int threads = 1; threads <= 4; threads++) {
             memset(batched, 0, sizeof(float) * n);
-            run_batched(m, batched, V, threads, scalar);
+            run_batched(m, batched, V, threads, scalar, TP_KV_F32);
             for (int s = 0; s < NSEQ; s++)
                 for (int k = 0; k <= DECODE; k++) {
                     size_t off = ((size_t)s * (DECODE + 1) + k) * V;
                     if (memcmp(alone + off, batched + off, sizeof(float) * V))
                         fail_msg("%s, %s, %d thread(s): sequence %d, logits row %d: batched differs from alone",
-                                 name, scalar ? "scalar" : "avx512", threads, s, k);
+                                 name, scalar ? "scalar" : "vector", threads, s, k);
                 }
         }
     }

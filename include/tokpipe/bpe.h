@@ -22,7 +22,8 @@
 typedef struct tp_pretok tp_pretok;
 
 /* name is a tokenizer.ggml.pre value (len bytes): gpt-2, llama-bpe (llama3,
- * llama-v3), qwen2, deepseek-llm, falcon, starcoder, default and the
+ * llama-v3), qwen2, deepseek-llm, deepseek-coder, deepseek-v3, falcon,
+ * starcoder, default and the
  * aliases llama.cpp gives the same rules. Unknown names: TP_EFORMAT naming
  * the value. *ignore_merges (may be NULL) is set for the pre-tokenizers
  * whose words that are already tokens skip the merges (Llama 3). */

@@ -102,6 +102,16 @@ int tp_forward_seq_length(const tp_forward *f, int seq_id);
  * next page). */
 int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, int n_tokens, bool keep_last);
 
+/* Do open sequences a and b both have length pos (a multiple of 16) and
+ * hold the same cached pages for it? Then tokens fed to one at pos and
+ * later offered to the other (tp_forward_seq_reuse) are taken from the
+ * cache: jobs with a common prefix that arrive together share one
+ * computation of it. False when the cache is not in use. */
+bool tp_forward_seq_same_pages(const tp_forward *f, int a, int b, int pos);
+
+/* Positions per KV page: prefix hits are whole pages. */
+#define TP_FWD_PAGE 16
+
 /* Most pages tp_forward_set_prefix_cache may add beyond the slots' own. */
 #define TP_FORWARD_MAX_EXTRA_PAGES (1 << 24)
 

@@ -165,6 +165,12 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_ROLE 64                /* bytes of a message's role */
 #define TP_PROTO_MAX_TEXT (2u << 20)        /* bytes of an event delta / a result text */
 #define TP_PROTO_MAX_IDS (1u << 20)         /* token ids in one frame */
+/* ids of one TOKENIZED: what the longest prompt text can encode to
+ * (tp_tokenizer_max_ids(TP_PROTO_MAX_PROMPT): one id per byte, a
+ * SentencePiece space after each special token, BOS and EOS). Above any
+ * model's context (seq_len <= 2^20), so the broker refuses such a prompt
+ * as context_length_exceeded with its exact count. */
+#define TP_PROTO_MAX_TOKENIZED (2u * TP_PROTO_MAX_PROMPT + 3u)
 #define TP_PROTO_MAX_STOP 4096              /* stop strings per job */
 #define TP_PROTO_MAX_STOP_LEN 65535         /* bytes per stop string */
 #define TP_PROTO_MAX_STOP_IDS 4096          /* stop token ids per job */
@@ -439,6 +445,7 @@ typedef struct tp_m_stats_reply {
     uint64_t events_duplicate;     /* events dropped because their seq was already forwarded */
     unsigned stages_failed;        /* TP_STAGE_* bits: spawned workers that cannot start, given up */
     uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
+    uint64_t jobs_poisoned;        /* jobs ended because workers kept being lost while processing them */
     /* Prefix cache (PROTOCOL.md STATS_REPLY): counters summed over the
      * forward workers' reports, gauges over the live ones. */
     uint64_t prefix_lookups;       /* prompt chunks offered to a cache */

@@ -36,7 +36,7 @@ async function main() {
         out.stream_finish = finish;
       }
     } catch (e) {
-      out.error = { status: e.status, param: e.param, message: e.message, type: e.type };
+      out.error = { status: e.status, param: e.param, message: e.message, type: e.type, code: e.code };
     }
     process.stdout.write(JSON.stringify(out) + "\n");
   }

@@ -7,10 +7,12 @@ A test imports it by its own location, so it runs from any directory:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
     import tpdaemon  # noqa: E402
 """
+import http.client
 import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -31,6 +33,13 @@ STAGES = ("tokenize", "forward", "sample", "stop")
 
 CMD_SUBMIT, CMD_ACK, CMD_STATUS, CMD_STATUS_REPLY = 0x01, 0x02, 0x04, 0x05
 CMD_STATS, CMD_STATS_REPLY, CMD_INFO, CMD_INFO_REPLY = 0x06, 0x07, 0x08, 0x09
+
+
+def free_port():
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tokpipe(*args, timeout=300):
@@ -275,6 +284,34 @@ class Daemon:
         if self.log is not None:
             self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class HttpDaemon(Daemon):
+    """A Daemon that also starts its HTTP gateway (tokpipe-http) on a free
+    loopback port (self.port; the config has `http:\n  port: N\n`), ready
+    once /health answers 200, or with healthy=False 503 naming the missing
+    stages."""
+
+    def __init__(self, config="", healthy=True, prefix="tp-http-", stop_timeout_s=90, **kw):
+        self.port = free_port()
+        super().__init__("http:\n  port: %d\n" % self.port + config, http=True, prefix=prefix,
+                         stop_timeout_s=stop_timeout_s, **kw)
+        deadline = time.time() + 60
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                c.request("GET", "/health")
+                r = c.getresponse()
+                st, body = r.status, r.read()
+                c.close()
+                if st == 200 or (not healthy and st == 503 and b"missing" in body):
+                    return
+            except OSError:
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise AssertionError("gateway not healthy; log: " + self.log_text())
+            time.sleep(0.1)
 
 
 class DaemonCase(unittest.TestCase):

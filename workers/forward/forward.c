@@ -969,6 +969,16 @@ int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, 
     return got;
 }
 
+bool tp_forward_seq_same_pages(const tp_forward *f, int a, int b, int pos)
+{
+    if (!cache_usable(f) || a < 0 || b < 0 || a >= f->slots || b >= f->slots || f->seq_len[a] != pos ||
+        f->seq_len[b] != pos || pos % TP_KV_PAGE)
+        return false;
+    int nb = pos / TP_KV_PAGE;
+    return f->n_pub[a] == nb && f->n_pub[b] == nb &&
+           !memcmp(seq_table(f, a), seq_table(f, b), (size_t)nb * sizeof(int));
+}
+
 int tp_forward_seq_length(const tp_forward *f, int seq_id)
 {
     if (seq_id < 0 || seq_id >= f->slots)

@@ -9,7 +9,13 @@
  * and only what the cache does not hold is computed. A chunk wholly in the
  * cache is dropped from the step; a chunk that asks for output always
  * keeps its last token. STEP_RESULT says which slots took how many
- * positions (cached_slots / cached) and how the cache stands (cache). */
+ * positions (cached_slots / cached) and how the cache stands (cache).
+ *
+ * Jobs that arrive together with a common prefix: a prompt chunk whose
+ * first page equals an earlier item's in the same STEP (same position,
+ * same cached pages before it) waits for a second pass: the first pass
+ * computes the earlier item and caches its full pages, then the waiting
+ * chunk takes them from the cache and only its rest is computed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +43,11 @@ struct tp_forward_stage {
     int32_t *item_acc;
     int32_t *hit_slots, *hits; /* items that took cached positions */
     uint32_t n_hits;
+    /* the two passes of a step: pass[] items, row r of the logits is
+     * pass[r]; row_item[r] its index in items[] */
+    tp_fwd_item *pass;
+    uint32_t *row_item;
+    bool *twin;
 };
 
 static int alloc_scratch(tp_forward_stage *st)
@@ -53,8 +64,12 @@ static int alloc_scratch(tp_forward_stage *st)
     st->item_acc = calloc(n, sizeof *st->item_acc);
     st->hit_slots = calloc(n, sizeof *st->hit_slots);
     st->hits = calloc(n, sizeof *st->hits);
+    st->pass = calloc(n, sizeof *st->pass);
+    st->row_item = calloc(n, sizeof *st->row_item);
+    st->twin = calloc(n, sizeof *st->twin);
     return st->slot_of && st->used && st->items && st->tokens && st->logits && st->out_slots && st->cands &&
-                   st->item_slot && st->item_acc && st->hit_slots && st->hits
+                   st->item_slot && st->item_acc && st->hit_slots && st->hits && st->pass && st->row_item &&
+                   st->twin
                ? 0
                : TP_ENOMEM;
 }
@@ -106,6 +121,9 @@ void tp_forward_stage_free(tp_forward_stage *st)
     free(st->item_acc);
     free(st->hit_slots);
     free(st->hits);
+    free(st->pass);
+    free(st->row_item);
+    free(st->twin);
     free(st);
 }
 
@@ -205,6 +223,67 @@ static int step_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, c
     return io->reply(io->ctx, &r);
 }
 
+static bool is_chunk(const tp_fwd_item *it)
+{
+    return it->n_tokens > 1 || it->skip_logits;   /* decode items are 1 token with output */
+}
+
+/* Offer a prompt chunk to the cache: *it keeps what is left to compute. */
+static void take_cached(tp_forward_stage *st, tp_fwd_item *it, uint32_t slot)
+{
+    int got = tp_forward_seq_reuse(st->fwd, it->seq_id, it->pos, it->tokens, it->n_tokens, !it->skip_logits);
+    if (got <= 0)
+        return;
+    st->hit_slots[st->n_hits] = (int32_t)slot;
+    st->hits[st->n_hits++] = got;
+    it->pos += got;
+    it->tokens += got;
+    it->n_tokens -= got;
+}
+
+/* Item b can wait for item a (earlier in the step): both chunks start at
+ * the same position after the same cached pages with the same first page
+ * of tokens, so a's pass caches what b needs. */
+static bool twins(const tp_forward_stage *st, const tp_fwd_item *a, const tp_fwd_item *b)
+{
+    return is_chunk(a) && is_chunk(b) && a->pos == b->pos && a->n_tokens >= TP_FWD_PAGE &&
+           b->n_tokens >= TP_FWD_PAGE && !memcmp(a->tokens, b->tokens, TP_FWD_PAGE * sizeof *a->tokens) &&
+           tp_forward_seq_same_pages(st->fwd, a->seq_id, b->seq_id, a->pos);
+}
+
+/* Run the step's items in one pass, or two when some wait for a twin
+ * (above): rows of st->logits in pass order, row_item[] saying whose.
+ * *n_rows: the rows. */
+static int run_passes(tp_forward_stage *st, uint32_t n_items, uint32_t *n_rows, tp_err *e)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        st->twin[i] = false;
+        for (uint32_t k = 0; k < i && !st->twin[i]; k++)
+            st->twin[i] = !st->twin[k] && twins(st, &st->items[k], &st->items[i]);
+        if (!st->twin[i]) {
+            st->row_item[n] = i;
+            st->pass[n++] = st->items[i];
+        }
+    }
+    int rc = tp_forward_step(st->fwd, st->pass, (int)n, st->logits, e);
+    uint32_t first = n;
+    for (uint32_t i = 0; i < n_items && !rc; i++) {
+        if (!st->twin[i])
+            continue;
+        take_cached(st, &st->items[i], st->item_slot[i]);
+        if (st->items[i].n_tokens == 0)
+            continue;   /* wholly cached now, no output wanted */
+        st->row_item[n] = i;
+        st->pass[n++] = st->items[i];
+    }
+    if (!rc && n > first)
+        rc = tp_forward_step(st->fwd, st->pass + first, (int)(n - first),
+                             st->logits + (size_t)first * (size_t)st->vocab, e);
+    *n_rows = n;
+    return rc;
+}
+
 /* Build the tp_fwd_item list from the STEP columns, prompt chunks trimmed
  * by what the prefix cache holds; *n_items: the items left. Slots and
  * counts are checked before any item is offered to the cache; a STEP that
@@ -254,16 +333,8 @@ static int build_items(tp_forward_stage *st, const tp_m_step *s, uint32_t *n_ite
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->n; i++) {
         tp_fwd_item it = st->items[i];
-        if (it.n_tokens > 1 || it.skip_logits) {   /* a prompt chunk (decode items are 1 token with output) */
-            int got = tp_forward_seq_reuse(st->fwd, it.seq_id, it.pos, it.tokens, it.n_tokens, !it.skip_logits);
-            if (got > 0) {
-                st->hit_slots[st->n_hits] = (int32_t)st->item_slot[i];
-                st->hits[st->n_hits++] = got;
-                it.pos += got;
-                it.tokens += got;
-                it.n_tokens -= got;
-            }
-        }
+        if (is_chunk(&it))
+            take_cached(st, &it, st->item_slot[i]);
         if (it.n_tokens == 0)
             continue;   /* wholly cached, and no output wanted */
         st->items[n] = it;
@@ -286,18 +357,21 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
         return step_error(m, io, TP_ST_BAD_REQUEST, why);
     tp_err e;
     tp_err_clear(&e);
-    if (tp_forward_step(st->fwd, st->items, (int)n_items, st->logits, &e))
+    uint32_t n_rows = 0;
+    if (run_passes(st, n_items, &n_rows, &e))
         return step_error(m, io, TP_ST_BAD_REQUEST, e.msg);
-    /* Compact the output rows to the front (row i of item i -> row n_out). */
+    /* Compact the output rows to the front (row r -> row n_out <= r), in
+     * pass order. */
     uint32_t n_out = 0;
     size_t v = (size_t)st->vocab;
-    if (s->sample && tp_sample_stage_lp_reset(st->sampler, n_items))
+    if (s->sample && tp_sample_stage_lp_reset(st->sampler, n_rows))
         return step_error(m, io, TP_ST_INTERNAL, "STEP: out of memory for logprobs");
-    for (uint32_t i = 0; i < n_items; i++) {
+    for (uint32_t r = 0; r < n_rows; r++) {
+        uint32_t i = st->row_item[r];
         if (st->items[i].skip_logits)
             continue;
         uint32_t slot = st->item_slot[i];
-        float *row = st->logits + (size_t)i * v;
+        float *row = st->logits + (size_t)r * v;
         if (s->sample) {
             int32_t acc = st->item_acc[i];
             /* a failed job gets candidate -1 (the stop stage finishes it
@@ -307,7 +381,7 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
                 st->cands[n_out] = -1;
             }
             tp_sample_stage_lp_item(st->sampler, n_out, slot, row, st->cands[n_out]);
-        } else if (n_out != i) {
+        } else if (n_out != r) {
             memmove(st->logits + (size_t)n_out * v, row, v * sizeof *row);
         }
         st->out_slots[n_out++] = slot;

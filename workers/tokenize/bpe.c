@@ -50,6 +50,13 @@ static const struct rules RULES[] = {
       /* U+3000 is whitespace, so the published range U+3000-U+3002 starts
        * at U+3001 here */
       "[" WS "]?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3001}-\\x{3002}]+", "[" WS "]+\\z", RE_CJK, "\\p{N}+"}},
+    /* DeepSeek V3 / R1 (their tokenizer.json: three Isolated splits, then
+     * ByteLevel without its own regex): digits in runs of up to three,
+     * kana and the CJK block U+4E00-U+9FA5 on their own, then the rest */
+    {"deepseek-v3",
+     {"\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
+      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+      "| ?[\\p{P}\\p{S}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"}},
     {"deepseek-coder",
      {"[\\r\\n]", "[" WS "]?\\p{L}+", "[" WS "]?\\p{P}+", RE_CJK, "\\p{N}"}},
     {"falcon", {"[\\p{P}$+<=>^~|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
@@ -68,6 +75,7 @@ static const struct {
     {"falcon3", "llama3", true},        {"dbrx", "llama3", false},
     {"smaug-bpe", "llama3", false},     {"chatglm-bpe", "llama3", false},
     {"deepseek-llm", "deepseek-llm", false}, {"deepseek-coder", "deepseek-coder", false},
+    {"deepseek-v3", "deepseek-v3", false},
     {"falcon", "falcon", false},        {"mpt", "gpt2", false},
     {"starcoder", "starcoder", false},  {"gpt-2", "gpt2", false},
     {"phi-2", "gpt2", false},           {"jina-es", "gpt2", false},
@@ -136,7 +144,7 @@ int tp_pretok_new(const char *name, size_t len, tp_pretok **out, bool *ignore_me
     if (!r)
         return tp_err_set(err, TP_EFORMAT,
                           "tokenizer.ggml.pre '%.*s' is not a known pre-tokenizer (known: gpt-2, "
-                          "llama-bpe, qwen2, deepseek-llm, deepseek-coder, falcon, starcoder, "
+                          "llama-bpe, qwen2, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, "
                           "default and their llama.cpp aliases)",
                           (int)(len > 64 ? 64 : len), name);
     tp_pretok *p = calloc(1, sizeof *p);

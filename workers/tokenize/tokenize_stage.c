@@ -179,6 +179,15 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
      * there would be nothing to run the model on */
     if (n_ids == 0)
         return reply_error(m, io, TP_ST_BAD_REQUEST, "prompt: encodes to no tokens");
+    if (n_ids > TP_PROTO_MAX_TOKENIZED) {
+        /* unreachable for a text within TP_PROTO_MAX_PROMPT (the cap is
+         * tp_tokenizer_max_ids of it); a reply the encoder refused would
+         * end this worker, and the job would take the next one down */
+        char why[128];
+        snprintf(why, sizeof why, "%s: %zu tokens, more than the %u one job can hold",
+                 t->n_messages ? "messages" : "prompt", n_ids, TP_PROTO_MAX_TOKENIZED);
+        return reply_error(m, io, TP_ST_TOO_LARGE, why);
+    }
     tp_msg r;
     tp_msg_init_reply(&r, m, TP_CMD_TOKENIZED, TP_ST_OK, NULL);
     r.tokenized.slot = t->slot;

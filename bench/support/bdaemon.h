@@ -1,0 +1,36 @@
+/* The real tokpiped for benchmarks: started on a config, a producer socket
+ * and a subscriber on its endpoints, stopped with SIGTERM. */
+#ifndef BENCH_SUPPORT_BDAEMON_H
+#define BENCH_SUPPORT_BDAEMON_H
+
+#include <sys/types.h>
+
+#include "tokpipe/protocol.h"
+#include "tokpipe/zwire.h"
+
+typedef struct bench_daemon {
+    pid_t pid;
+    void *ctx, *dealer, *sub;
+} bench_daemon;
+
+/* Start bin/tokpiped on cfg (its log to $TP_DAEMON_LOG, else nowhere),
+ * connect to front and events, wait until every stage has a worker. 0 or
+ * -1. */
+int bench_daemon_start(bench_daemon *d, const char *bin, const char *cfg, const char *front, const char *events);
+
+/* Send m on the producer socket and decode the reply into *r (borrowing
+ * from *z: clear and close both). 0 or -1 (5 s without a reply). */
+int bench_daemon_call(bench_daemon *d, const tp_msg *m, tp_zmsg *z, tp_msg *r);
+
+void bench_daemon_stop(bench_daemon *d);
+
+/* Called for each TOKEN / FINISH event of job `prefix-j`, at time t
+ * (bench_now). */
+typedef void (*bench_event_fn)(void *ctx, int j, const tp_msg *ev, double t);
+
+/* Read replies and events until n ACKs came and jobs prefix-0 ..
+ * prefix-(n-1) have finished, calling fn for their events. 0, or -1 when
+ * nothing arrives for timeout_ms. */
+int bench_daemon_events(bench_daemon *d, const char *prefix, int n, int timeout_ms, bench_event_fn fn, void *ctx);
+
+#endif

@@ -1,0 +1,2 @@
+#define TWICE(x) ((x) * 2)
+int notify_changed(int x) { return TWICE(x); }
