@@ -468,10 +468,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 hal
     return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                    int ldy, int r0, int r1)
+/* bf is a constant in each instantiation: no branch in the inner loop,
+ * and the 8 accumulators stay in registers. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool bf)
 {
-    bool bf = w->type == TP_GGML_BF16;
     int cols = w->cols, full = cols / 16 * 16;
     for (int r = r0; r < r1; r += 4) {
         int nr = r1 - r < 4 ? r1 - r : 4;
@@ -480,16 +481,20 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wma
             row[i] = (const uint8_t *)w->data + (size_t)(r + (i < nr ? i : 0)) * w->row_bytes;
         for (int t = 0; t < a->n_tok; t++) {
             const float *x = a->x + (size_t)t * (size_t)a->ldx;
-            __m256 lo[4], hi[4];
-            for (int i = 0; i < 4; i++)
-                lo[i] = hi[i] = _mm256_setzero_ps();
+            __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (int k = 0; k < full; k += 16) {
                 __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-                for (int i = 0; i < 4; i++) {
-                    lo[i] = _mm256_fmadd_ps(x0, half8_avx2(row[i] + 2 * (size_t)k, bf), lo[i]);
-                    hi[i] = _mm256_fmadd_ps(x1, half8_avx2(row[i] + 2 * (size_t)k + 16, bf), hi[i]);
-                }
+                size_t o = 2 * (size_t)k;
+                l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
+                h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
+                l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
+                h1 = _mm256_fmadd_ps(x1, half8_avx2(row[1] + o + 16, bf), h1);
+                l2 = _mm256_fmadd_ps(x0, half8_avx2(row[2] + o, bf), l2);
+                h2 = _mm256_fmadd_ps(x1, half8_avx2(row[2] + o + 16, bf), h2);
+                l3 = _mm256_fmadd_ps(x0, half8_avx2(row[3] + o, bf), l3);
+                h3 = _mm256_fmadd_ps(x1, half8_avx2(row[3] + o + 16, bf), h3);
             }
+            __m256 lo[4] = {l0, l1, l2, l3}, hi[4] = {h0, h1, h2, h3};
             for (int i = 0; i < nr; i++) {
                 float acc[16];
                 _mm256_storeu_ps(acc, lo[i]);
@@ -500,10 +505,23 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wma
                     float wk = bf ? tp_bf16_to_f32(h) : half_at(row[i] + 2 * (size_t)k);
                     acc[k % 16] = fmaf(x[k], wk, acc[k % 16]);
                 }
-                y[(size_t)t * (size_t)ldy + (size_t)(r + i)] = reduce16(acc);
+                /* quant.h's tree, as reduce16 */
+                __m256 s8 = _mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8));
+                __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+                __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+                y[(size_t)t * (size_t)ldy + (size_t)(r + i)] = _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
             }
         }
     }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                    int ldy, int r0, int r1)
+{
+    if (w->type == TP_GGML_BF16)
+        f16_rows_avx2(w, a, y, ldy, r0, r1, true);
+    else
+        f16_rows_avx2(w, a, y, ldy, r0, r1, false);
 }
 
 static bool have_avx2(void)
