@@ -311,40 +311,78 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
     return _cvtsh_ss(h);
 }
 
-/* Q8_0 (34-byte blocks: f16 d, 32 quants) and Q4_0 (18: f16 d, 16 bytes of
- * nibbles, columns 0..15 low, 16..31 high, q - 8) straight from the file's
- * blocks, no unpacking. */
-__attribute__((target("avx2,fma,f16c"))) static void qrows_q80_q40_avx2(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                       int ldy, int r0, int r1)
+/* Block b's 32 signed quants. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i q80_q40_quants(const uint8_t *blk, const bool q8)
 {
-    bool q8 = w->type == TP_GGML_Q8_0;
-    size_t bb = q8 ? 34 : 18;
-    int cols = w->cols, nb = cols / 32;
+    if (q8)
+        return _mm256_loadu_si256((const __m256i *)(blk + 2));
     const __m128i low = _mm_set1_epi8(0x0f);
-    const __m256i eight = _mm256_set1_epi8(8);
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+    return _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low)),
+                           _mm256_set1_epi8(8));
+}
+
+/* The 8 int32 partial sums of a 32-pair product (see dot32_avx2). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot32_parts(__m256i a, const int8_t *x)
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
+                             _mm256_set1_epi16(1));
+}
+
+/* Four blocks at a time: their exact integer sums reduced together (one
+ * horizontal tree for four), their scale products d * dx in one multiply,
+ * then the row's one accumulator takes them in block order as always. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q80_q40_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool q8)
+{
+    size_t bb = q8 ? 34 : 18;
+    int cols = w->cols, nb = cols / 32, nb4 = nb / 4 * 4;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
         for (int t = 0; t < a->n_tok; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
             const float *dx = a->dx + (size_t)t * (size_t)nb;
             float acc = 0.0f;
-            for (int b = 0; b < nb; b++) {
+            for (int b = 0; b < nb4; b += 4) {
                 const uint8_t *blk = row + (size_t)b * bb;
-                __m256i wq;
-                if (q8) {
-                    wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                } else {
-                    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
-                    wq = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low),
-                                                          _mm_and_si128(q, low)),
-                                         eight);
-                }
-                int32_t p = dot32_avx2(wq, xq + 32 * b);
+                __m256i p0 = dot32_parts(q80_q40_quants(blk, q8), xq + 32 * b);
+                __m256i p1 = dot32_parts(q80_q40_quants(blk + bb, q8), xq + 32 * b + 32);
+                __m256i p2 = dot32_parts(q80_q40_quants(blk + 2 * bb, q8), xq + 32 * b + 64);
+                __m256i p3 = dot32_parts(q80_q40_quants(blk + 3 * bb, q8), xq + 32 * b + 96);
+                __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+                __m128 pf = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+                uint16_t d16[4];
+                for (int k = 0; k < 4; k++)
+                    memcpy(&d16[k], blk + (size_t)k * bb, 2);
+                __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d16));
+                __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(dx + b));
+                float scf[4], pff[4];
+                _mm_storeu_ps(scf, sc);
+                _mm_storeu_ps(pff, pf);
+                for (int k = 0; k < 4; k++)
+                    acc = fmaf(scf[k], pff[k], acc);
+            }
+            for (int b = nb4; b < nb; b++) {
+                const uint8_t *blk = row + (size_t)b * bb;
+                int32_t p = dot32_avx2(q80_q40_quants(blk, q8), xq + 32 * b);
                 acc = fmaf(half_at(blk) * dx[b], (float)p, acc);
             }
             y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
         }
     }
+}
+
+/* Q8_0 (34-byte blocks: f16 d, 32 quants) and Q4_0 (18: f16 d, 16 bytes of
+ * nibbles, columns 0..15 low, 16..31 high, q - 8) straight from the file's
+ * blocks, no unpacking. */
+__attribute__((target("avx2,fma,f16c"))) static void qrows_q80_q40_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                       int ldy, int r0, int r1)
+{
+    if (w->type == TP_GGML_Q8_0)
+        q80_q40_rows(w, a, y, ldy, r0, r1, true);
+    else
+        q80_q40_rows(w, a, y, ldy, r0, r1, false);
 }
 
 /* The two 16-pair halves of a 32-pair product (Q6_K's scale is per 16). */
