@@ -1,7 +1,7 @@
 /* The forward stage's compute pool: every row of a job computed exactly
  * once in aligned ranges, idle and waiting threads burning no CPU (the pool
- * must never spin: research/limits.md 0.1), and signals left to the thread
- * that handles them. */
+ * may spin only inside a step, and only briefly: research/limits.md 0.1),
+ * and signals left to the thread that handles them. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
