@@ -239,8 +239,9 @@ static int ttft(const char *bin, const char *dir)
         fill(h + n, 50);
         n += 50;
         if (turn == 7)
-            printf("\n  chat: last turn TTFT / first turn %.2f (flat: ~1; without the cache it grows with the "
-                   "history, %dx here)\n", o.ttft_mean / t_first, (n - 50) / 400);
+            printf("\n  chat: last turn TTFT / first turn %.2f (flat: ~1 or less, the first turn computes its "
+                   "whole history; without the cache it grows with the history, %.1fx here)\n", o.ttft_mean / t_first,
+                   (double)(n - 50) / 400.0);
     }
     bench_daemon_stop(&d);
     return 0;

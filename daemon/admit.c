@@ -25,6 +25,7 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.parse_special = j->parse_special;
     m.tokenize.messages = j->messages;
     m.tokenize.n_messages = j->n_messages;
+    m.tokenize.tools = j->tools;
     if (out_worker(b, wi, &m))
         return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;
@@ -113,13 +114,14 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
     free(j->messages);
     j->messages = NULL;
     j->n_messages = 0;
+    j->tools = (tp_str){0};
     j->state = J_ADMIT;
 }
 
 /* Pin j to a forward, sample and stop worker; false if one is missing. */
 static bool admit(broker *b, bjob *j)
 {
-    int f = choose_forward(b);
+    int f = route_forward(b, j);
     if (f < 0)
         return false;
     int s = choose_sample(b, f);
@@ -152,6 +154,7 @@ static bool admit(broker *b, bjob *j)
     j->phase = P_READY;
     j->t_start_wall = tp_wall_us();
     pin_forward(b, j, f);
+    route_note(b, f, j->prompt, j->n_prompt, NULL, 0);
     pin_sample(b, j, s);
     pin_stop(b, j, t);
     return true;

@@ -307,6 +307,7 @@ void broker_free(broker *b)
         if (socks[i] && !strncmp(eps[i], "ipc://", 6))
             unlink(eps[i] + 6);
     jobs_free(&b->jt);
+    route_free(b);
     step_free(b);
     spawn_free(b);
     out_free(b);
@@ -367,11 +368,11 @@ static void on_backend(broker *b, tp_zmsg *z)
         sched_on_result(b, wi, &m);
         break;
     case REG_LOST:
-        recover_worker_lost(b, wi, "it disconnected");
+        recover_worker_lost(b, wi, "it disconnected", true);
         break;
     case REG_READY:
         if (wi >= 0)
-            recover_worker_lost(b, wi, "it registered again");
+            recover_worker_lost(b, wi, "it registered again", false);
         if (registry_on_ready(b, &z->f[0], &m.ready))
             info_on_ready(b, &m.ready);
         break;

@@ -148,6 +148,7 @@ typedef struct broker {
     bool done;
 
     bworker workers[B_MAX_WORKERS];
+    struct route_mirror *route[B_MAX_WORKERS]; /* route_prefix.c: what each forward worker caches */
     uint32_t next_worker_no;
 
     bjobs jt;                       /* the job table (jobs.c) */
@@ -199,8 +200,11 @@ void step_free(broker *b);
 
 /* ---- recover.c: lost workers, replay, poison jobs --------------------------------- */
 void recover_run(broker *b, int64_t now);
-void recover_worker_lost(broker *b, int wi, const char *cause);
-void recover_lose(broker *b, int wi, const char *why);
+/* died: the worker's process ended (its connection closed, or it said
+ * DISCONNECT), which is what a job that crashes workers does; a hung or
+ * re-registered worker's loss counts against no job (recover.c). */
+void recover_worker_lost(broker *b, int wi, const char *cause, bool died);
+void recover_lose(broker *b, int wi, const char *why, bool died);
 void recover_reap(broker *b);
 void recover_lost_finish(broker *b, int64_t now);
 
@@ -218,8 +222,16 @@ void pin_publish_finish(broker *b, bjob *j, int reason, const char *error);
 /* ---- choose.c: worker choice (-1: none has room) --------------------------------- */
 int choose_tokenize(broker *b, bool alone);
 int choose_forward(broker *b);
+bool choose_forward_can_take(broker *b, int i);   /* a forward worker with room for a new job */
 int choose_sample(broker *b, int f);
 int choose_stop(broker *b);
+
+/* ---- route_prefix.c: the forward worker most likely to hold j's prompt start
+ * (its prefix cache), unless clearly busier; route_note: worker wi now holds
+ * the full pages of ids + more; route_free at exit --------------------------- */
+int route_forward(broker *b, const bjob *j);
+void route_note(broker *b, int wi, const int32_t *ids, uint32_t n, const int32_t *more, uint32_t n_more);
+void route_free(broker *b);
 
 /* ---- registry.c, info.c, spawn.c, metrics.c (metrics.h) -------------------------- */
 enum { REG_DONE, REG_RESULT, REG_LOST, REG_READY };

@@ -1,6 +1,6 @@
 /* Worker choice: which worker of a stage takes a job. The least loaded one
- * with room, the first registered on a tie. (A prefix-aware router for the
- * forward stage belongs beside this file.) */
+ * with room, the first registered on a tie. route_prefix.c, beside this
+ * file, chooses a forward worker by the prefix it caches. */
 #include "broker.h"
 
 static int pick_worker(broker *b, unsigned stage, int (*load)(const bworker *))
@@ -34,13 +34,20 @@ int choose_tokenize(broker *b, bool alone)
     return wi >= 0 && alone && b->workers[wi].tok_inflight > 0 ? -1 : wi;
 }
 
+bool choose_forward_can_take(broker *b, int i)
+{
+    const bworker *w = &b->workers[i];
+    int cap = (int)w->capacity < b->cfg->max_num_seqs ? (int)w->capacity : b->cfg->max_num_seqs;
+    /* one stepping a suspect alone computes nothing else meanwhile */
+    return registry_usable(b, i) && (w->stages & TP_STAGE_FORWARD) && w->n_fwd < cap && !w->step_suspect;
+}
+
 int choose_forward(broker *b)
 {
     int best = -1, best_load = 0;
     for (int i = 0; i < B_MAX_WORKERS; i++) {
         const bworker *w = &b->workers[i];
-        int cap = (int)w->capacity < b->cfg->max_num_seqs ? (int)w->capacity : b->cfg->max_num_seqs;
-        if (!registry_usable(b, i) || !(w->stages & TP_STAGE_FORWARD) || w->n_fwd >= cap)
+        if (!choose_forward_can_take(b, i))
             continue;
         if (best < 0 || w->n_fwd < best_load) {
             best = i;

@@ -212,11 +212,9 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
     if ((s->prompt.ptr != NULL) && s->prompt.len == 0)
         return bad(v, TP_ST_BAD_REQUEST, "prompt", "prompt: empty");
     if (s->n_messages) {
-        size_t bytes = 0;
-        for (size_t i = 0; i < s->n_messages; i++)
-            bytes += s->messages[i].role.len + s->messages[i].content.len;
+        size_t bytes = tp_chat_msgs_bytes(s->messages, s->n_messages) + s->tools.len;
         if (bytes > (size_t)b->cfg->max_prompt_bytes)
-            return bad(v, TP_ST_TOO_LARGE, "messages", "messages: %zu bytes of roles and contents, the limit is %d",
+            return bad(v, TP_ST_TOO_LARGE, "messages", "messages: %zu bytes of text and tools, the limit is %d",
                        bytes, b->cfg->max_prompt_bytes);
     } else if (!(s->prompt.ptr != NULL)) {
         size_t n = s->prompt_ids.n;
@@ -239,6 +237,22 @@ static bool check_submit(broker *b, const tp_m_submit *s, verdict *v)
     tp_params p = s->params;
     apply_defaults(b->cfg, &p);
     return check_params(b, &p, vocab, v);
+}
+
+/* How the stop stage splits a chat job's output, unless the producer said:
+ * thinking apart always (a template that does not think never opens it),
+ * tool calls when tools are offered and tool_choice is not none. */
+static void chat_output(tp_params *p, const tp_m_submit *s)
+{
+    bool none = s->tool_choice.len == 4 && !memcmp(s->tool_choice.ptr, "none", 4);
+    if (!(p->set & TP_P_PARSE_REASONING)) {
+        p->parse_reasoning = true;
+        p->set |= TP_P_PARSE_REASONING;
+    }
+    if (!(p->set & TP_P_PARSE_TOOL_CALLS) && s->tools.ptr && !none) {
+        p->parse_tool_calls = true;
+        p->set |= TP_P_PARSE_TOOL_CALLS;
+    }
 }
 
 /* Copy what the job keeps from the request (the frames go away). */
@@ -283,27 +297,11 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         p->set |= TP_P_SEED;
     }
     if (s->n_messages) {
-        /* one buffer for every role and content; the array points into it */
-        size_t bytes = 0;
-        for (size_t i = 0; i < s->n_messages; i++)
-            bytes += s->messages[i].role.len + s->messages[i].content.len;
-        j->prompt_text = malloc(bytes + 1);
-        j->messages = malloc(s->n_messages * sizeof *j->messages);
-        if (!j->prompt_text || !j->messages)
+        if (tp_chat_msgs_dup(s->messages, s->n_messages, s->tools, &j->messages, &j->tools))
             return TP_ENOMEM;
-        char *w = j->prompt_text;
-        for (size_t i = 0; i < s->n_messages; i++) {
-            const tp_chat_msg *m = &s->messages[i];
-            memcpy(w, m->role.ptr, m->role.len);
-            j->messages[i].role = (tp_str){w, m->role.len};
-            w += m->role.len;
-            if (m->content.len)
-                memcpy(w, m->content.ptr, m->content.len);
-            j->messages[i].content = (tp_str){w, m->content.len};
-            w += m->content.len;
-        }
         j->n_messages = s->n_messages;
         j->prompt_len = 0;
+        chat_output(p, s);
     } else if ((s->prompt.ptr != NULL)) {
         if (!(j->prompt_text = malloc(s->prompt.len + 1)))
             return TP_ENOMEM;

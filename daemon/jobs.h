@@ -27,8 +27,9 @@ typedef struct bjob {
     char *prompt_text;
     size_t prompt_len;
     bool parse_special;     /* SUBMIT's parse_special, for the TOKENIZE request */
-    tp_chat_msg *messages;  /* SUBMIT's conversation (strings in prompt_text), for TOKENIZE */
+    tp_chat_msg *messages;  /* SUBMIT's conversation (one block: tp_chat_msgs_dup), for TOKENIZE */
     size_t n_messages;
+    tp_str tools;           /* SUBMIT's tools (in the messages block) */
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */
@@ -48,8 +49,9 @@ typedef struct bjob {
     uint32_t n_verd;                /* candidates with a verdict; cands[n_verd..n_cand) await theirs */
     uint32_t n_tok_ids;             /* ids carried by the TOKEN events forwarded to subscribers */
     int64_t lost_ms;                /* when the job lost a worker it still misses (0 = none) */
-    uint8_t losses;                 /* workers of loss_stage lost while they processed this job, */
+    uint8_t losses;                 /* workers of loss_stage lost while they processed this job alone, */
     int8_t loss_stage;              /* without progress there since (recover.c: poison jobs) */
+    bool suspect;                   /* lost a worker processing it since: tried alone (recover.c) */
     int64_t recover_t0;             /* a loss not yet followed by an event (recovery latency) */
     int close_stp;                  /* CLOSING: the stop worker that publishes FINISH, -1 none */
     int close_finish;               /* CLOSING: the STOP_CLOSE finish, said again to a replacement */

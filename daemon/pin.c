@@ -63,6 +63,10 @@ static void set_close_error(bjob *j, const char *error)
 void pin_release(broker *b, bjob *j, int finish, const char *error)
 {
     if (j->fwd >= 0) {
+        /* its worker caches the prompt and the candidates it was fed */
+        uint32_t fed = j->n_fed > j->n_prompt ? j->n_fed - j->n_prompt : 0;
+        route_note(b, j->fwd, j->prompt, j->n_fed < j->n_prompt ? j->n_fed : j->n_prompt, j->cands,
+                   fed < j->n_cand ? fed : j->n_cand);
         pin_slot_cmd(b, j->fwd, TP_CMD_SEQ_CLOSE, j->slot);
         b->workers[j->fwd].n_fwd--;
     }

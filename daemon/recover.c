@@ -36,17 +36,22 @@ static int busy_stage(const bjob *j, int wi)
     return -1;
 }
 
-/* Charge j with the loss of a worker that was processing it; true when that
- * makes it a poison job (B_POISON_TRIES losses at one stage without
- * progress there: jobs.c resets the count), with why saying so. A suspect
- * runs apart from other jobs (choose.c, step.c), so a crash it causes
- * again is charged to it alone. */
-static bool charge(bjob *j, int si, const char *cause, char *why, size_t cap)
+/* Worker wi was processing j when it was lost. j becomes a suspect, tried
+ * apart from other jobs from now on (choose.c, step.c), until it gets a
+ * result of that stage (jobs_progress). The loss counts against j only when
+ * the worker died and j was the one job whose work was there (counts):
+ * which of several jobs brought a worker down is not known, a worker
+ * killed from outside while a batch is in flight says nothing about any of
+ * them, and one that missed its heartbeats may only be slow. True when j
+ * is now a poison job (B_POISON_TRIES such losses at one stage without a
+ * result there in between), with why saying so. */
+static bool charge(bjob *j, int si, bool counts, const char *cause, char *why, size_t cap)
 {
     if (j->loss_stage != si)
         j->losses = 0;
     j->loss_stage = (int8_t)si;
-    if (++j->losses < B_POISON_TRIES)
+    j->suspect = true;
+    if (!counts || ++j->losses < B_POISON_TRIES)
         return false;
     snprintf(why, cap, "%s worker lost %s while processing this job (%s); not handed on again",
              tp_config_stage_name(si), B_POISON_TRIES == 2 ? "twice" : "repeatedly", cause);
@@ -78,16 +83,19 @@ static void end_poison(broker *b, bjob *j, int si, const char *why)
  * a step being computed (its jobs are fed again), logits being sampled
  * (the last position is computed again), candidates being checked (sent
  * again to the new stop worker). */
-void recover_worker_lost(broker *b, int wi, const char *cause)
+void recover_worker_lost(broker *b, int wi, const char *cause, bool died)
 {
     bworker *w = &b->workers[wi];
     w->live = false;   /* nothing more is sent to it */
     int64_t now = tp_now_ms();
+    int busy = 0;
+    for (uint32_t i = 0; i < b->jt.cap; i++)
+        busy += busy_stage(&b->jt.jobs[i], wi) >= 0;
     for (uint32_t i = 0; i < b->jt.cap; i++) {
         bjob *j = &b->jt.jobs[i];
         int si = busy_stage(j, wi);
         char why[TP_PROTO_MAX_ERROR];
-        bool poison = si >= 0 && charge(j, si, cause, why, sizeof why);
+        bool poison = si >= 0 && charge(j, si, died && busy == 1, cause, why, sizeof why);
         if (j->state == J_TOKENIZE && j->tok_worker == wi) {
             j->tok_worker = -1;   /* tokenizing is idempotent: queue it again */
             j->tok_task = 0;
@@ -134,12 +142,12 @@ void recover_worker_lost(broker *b, int wi, const char *cause)
 }
 
 /* Lose worker wi: it is told (in case it still runs) and its jobs move. */
-void recover_lose(broker *b, int wi, const char *why)
+void recover_lose(broker *b, int wi, const char *why, bool died)
 {
     if (!b->workers[wi].live)
         return;
     registry_lose(b, wi, why);
-    recover_worker_lost(b, wi, why);
+    recover_worker_lost(b, wi, why, died);
 }
 
 /* Lose the workers marked gone (a send failed, heartbeats expired, too
@@ -149,7 +157,8 @@ void recover_reap(broker *b)
 {
     for (int i = 0; i < B_MAX_WORKERS; i++)
         if (b->workers[i].live && b->workers[i].gone)
-            recover_lose(b, i, b->workers[i].gone_why ? b->workers[i].gone_why : "connection closed");
+            recover_lose(b, i, b->workers[i].gone_why ? b->workers[i].gone_why : "connection closed",
+                         !b->workers[i].gone_why);
 }
 
 /* A closing job whose stop worker never published its FINISH (the event
@@ -177,9 +186,10 @@ void recover_run(broker *b, int64_t now)
             pin_release(b, j, TP_REASON_NONE, NULL);
         } else if (j->state == J_RUNNING && (j->fwd < 0 || j->smp < 0 || j->stp < 0)) {
             if (j->fwd < 0) {
-                int f = choose_forward(b);
+                int f = route_forward(b, j);
                 if (f >= 0) {
                     pin_forward(b, j, f);
+                    route_note(b, f, j->prompt, j->n_prompt, NULL, 0);
                     if ((b->workers[f].stages & TP_STAGE_SAMPLE) && j->smp != f && j->smp >= 0) {
                         /* a fused worker samples its own rows: the sampler moves too */
                         pin_slot_cmd(b, j->smp, TP_CMD_SAMPLE_CLOSE, j->slot);

@@ -21,6 +21,8 @@
 #include <zmq.h>
 
 #include "gw.h"
+
+#include <cjson/cJSON.h>
 #include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
 
@@ -183,6 +185,8 @@ static void free_choices(gw_call *c)
 {
     for (size_t i = 0; i < c->n_ch; i++) {
         gw_buf_free(&c->ch[i].text);
+        gw_buf_free(&c->ch[i].reasoning);
+        cJSON_Delete(c->ch[i].tool_calls);
         free(c->ch[i].matched_buf);
         free(c->ch[i].error);
         gw_lp_free(&c->ch[i].lp);
@@ -344,6 +348,9 @@ static void submit_all(bridge *b, gw_call *c)
         if (!p) {
             m.submit.messages = c->oreq.messages;
             m.submit.n_messages = c->oreq.n_messages;
+            m.submit.tools = c->oreq.tools;
+            if (c->oreq.tool_choice)
+                m.submit.tool_choice = tp_str_of(c->oreq.tool_choice);
         } else if (p->text)
             m.submit.prompt = (tp_str){p->text, p->text_len};
         else
@@ -523,6 +530,57 @@ static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t, bool 
     }
 }
 
+/* Thinking text of choice i: kept, and streamed as delta.reasoning_content. */
+static void deliver_reasoning(bridge *b, gw_call *c, size_t i, const char *s, size_t n)
+{
+    gw_choice *ch = &c->ch[i];
+    if (gw_buf_add(&ch->reasoning, s, n)) {
+        fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
+        return;
+    }
+    if (c->oreq.stream) {
+        push(b, c, gw_delta_sse(c, b->g->model_name, i, s, n, NULL), false);
+        ch->reasoning_sent = ch->reasoning.len;
+    }
+}
+
+/* FINISH's whole reasoning (its tail not yet streamed) and parsed calls. */
+static void finish_split(bridge *b, gw_call *c, size_t i, const tp_m_finish *f)
+{
+    gw_choice *ch = &c->ch[i];
+    const tp_str *r = &f->reasoning_content;
+    if (r->len > ch->reasoning.len && !memcmp(r->ptr, ch->reasoning.p ? ch->reasoning.p : "", ch->reasoning.len))
+        deliver_reasoning(b, c, i, r->ptr + ch->reasoning.len, r->len - ch->reasoning.len);
+    if (f->n_tool_calls) {
+        cJSON *a = cJSON_CreateArray();
+        for (size_t k = 0; a && k < f->n_tool_calls; k++) {
+            const tp_tool_call *t = &f->tool_calls[k];
+            cJSON *o = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+            char *id = strndup(t->id.ptr, t->id.len), *name = strndup(t->name.ptr, t->name.len);
+            char *args = strndup(t->arguments.ptr, t->arguments.len);
+            if (!o || !fn || !id || !name || !args) {
+                cJSON_Delete(o);
+                cJSON_Delete(fn);
+                cJSON_Delete(a);
+                a = NULL;
+            } else {
+                cJSON_AddStringToObject(o, "id", id);
+                cJSON_AddStringToObject(o, "type", "function");
+                cJSON_AddStringToObject(fn, "name", name);
+                cJSON_AddStringToObject(fn, "arguments", args);
+                cJSON_AddItemToObject(o, "function", fn);
+                cJSON_AddItemToArray(a, o);
+            }
+            free(id);
+            free(name);
+            free(args);
+        }
+        if (!a)
+            fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
+        ch->tool_calls = a;
+    }
+}
+
 /* Answer the call with choice ch's `error` finish. */
 static void fail_choice(bridge *b, gw_call *c, const gw_choice *ch)
 {
@@ -539,7 +597,15 @@ static void fail_choice(bridge *b, gw_call *c, const gw_choice *ch)
     }
     /* a conversation the chat template cannot render is the request's
      * fault (PROTOCOL.md: the error says "messages: ") */
-    const char *bad = ch->error ? strstr(ch->error, "messages: ") : NULL;
+    const char *err = ch->error;
+    const char *bad = err ? strstr(err, "messages: ") : NULL;
+    if (!bad && err)
+        bad = strstr(err, "messages[");   /* a call's arguments the template cannot take */
+    const char *tools = err && !bad ? strstr(err, "tools") : NULL;
+    if (tools && (tools[5] == ':' || tools[5] == '[')) {
+        fail_call(b, c, 400, tools, "tools", 0);
+        return;
+    }
     if (bad) {
         fail_call(b, c, 400, bad, "messages", 0);
         return;
@@ -631,7 +697,10 @@ static void on_event(bridge *b, tp_zmsg *z)
             return;
         }
         deliver_text(b, c, i, &m.token.text, false, false);
+        if (m.token.reasoning.len)
+            deliver_reasoning(b, c, i, m.token.reasoning.ptr, m.token.reasoning.len);
     } else {
+        finish_split(b, c, i, &m.finish);
         /* only a stop string cuts accepted tokens' text */
         deliver_text(b, c, i, &m.finish.text, true, m.finish.reason != TP_REASON_STOP_STRING);
         ch->finished = true;
@@ -645,6 +714,8 @@ static void on_event(bridge *b, tp_zmsg *z)
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
         ch->context_exceeded = m.finish.error_code.ptr && str_is(m.finish.error_code, TP_CODE_CONTEXT);
+        if (c->oreq.stream && ch->reason != TP_REASON_ERROR && ch->tool_calls)
+            push(b, c, gw_delta_sse(c, b->g->model_name, i, NULL, 0, ch->tool_calls), false);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)
             push(b, c, gw_chunk_sse(c, b->g->model_name, i, NULL, 0, 0, 0, true), false);
         if (c->n_finished == c->n_ch)

@@ -53,6 +53,9 @@ typedef struct gw_choice {
     bool started;              /* its first event (TOKEN or a FINISH) came */
     gw_lp lp;                  /* the request asked for logprobs: its tokens */
     size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */
+    gw_buf reasoning;          /* the thinking text (TOKEN reasoning deltas, then FINISH's whole) */
+    size_t reasoning_sent;     /* streaming: bytes of it already out */
+    struct cJSON *tool_calls;  /* FINISH tool_calls in OpenAI's shape, NULL none */
 } gw_choice;
 
 typedef struct gw_call {
@@ -145,6 +148,13 @@ char *gw_completion_json(const gw_call *c, const char *model);
 char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, size_t lp_from,
                    size_t lp_to, bool final);
 char *gw_usage_sse(const gw_call *c, const char *model);
+/* A chat SSE event for choice i with delta {reasoning_content} (len bytes)
+ * or, when calls is given, delta {tool_calls: [{index, id, type, function}]}
+ * (calls in OpenAI's message shape, indexed in order). */
+char *gw_delta_sse(const gw_call *c, const char *model, size_t i, const char *reasoning, size_t len,
+                   const struct cJSON *calls);
+/* The finish_reason of choice ch: "tool_calls" when it made calls. */
+const char *gw_choice_finish(const gw_choice *ch);
 char *gw_health_json(const tp_m_stats_reply *s, int *status);
 char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc);
 const char *gw_finish_reason(int reason);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokpipe/toolcall.h"
+
 static int fail(oai_error *e, int status, const char *param, const char *fmt, ...)
 {
     e->status = status;
@@ -290,6 +292,62 @@ static int decode_content(const cJSON *c, const char *nm, char **out, size_t *le
     return 0;
 }
 
+/* An assistant turn's tool_calls: [{"id", "type": "function", "function":
+ * {"name", "arguments"}}], arguments as OpenAI sends them (a JSON string;
+ * an object is taken too and written as JSON). */
+static int decode_calls(const cJSON *v, const char *nm, tp_chat_msg *m, oai_error *e)
+{
+    char fn[96];
+    snprintf(fn, sizeof fn, "%s.tool_calls", nm);
+    if (cJSON_IsNull(v))
+        return 0;
+    int n = cJSON_GetArraySize(v);
+    if (!cJSON_IsArray(v) || n > TP_PROTO_MAX_TOOL_CALLS)
+        return fail(e, 400, fn, "%s: expected a list of at most %d calls", fn, TP_PROTO_MAX_TOOL_CALLS);
+    if (m->tool_calls)
+        return fail(e, 400, fn, "%s: given twice", fn);
+    m->tool_calls = calloc((size_t)n + 1, sizeof *m->tool_calls);
+    if (!m->tool_calls)
+        return oom(e);
+    int k = 0;
+    for (const cJSON *c = v->child; c; c = c->next, k++) {
+        char cn[128];
+        snprintf(cn, sizeof cn, "%s[%d]", fn, k);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsObject(c) || (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function"))))
+            return fail(e, 400, cn, "%s: expected {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}",
+                        cn);
+        if (!cJSON_IsString(name) || !name->valuestring[0])
+            return fail(e, 400, cn, "%s.function.name: expected a non-empty string", cn);
+        if (id && !cJSON_IsString(id))
+            return fail(e, 400, cn, "%s.id: expected a string", cn);
+        tp_tool_call *t = &m->tool_calls[m->n_tool_calls++];
+        char *s = NULL;
+        size_t len = 0;
+        if (copy_text(name->valuestring, cn, &s, &len, e))
+            return -1;
+        t->name = (tp_str){s, len};
+        if (copy_text(id ? id->valuestring : "", cn, &s, &len, e))
+            return -1;
+        t->id = (tp_str){s, len};
+        char *printed = NULL;
+        if (cJSON_IsObject(args) && !(printed = cJSON_PrintUnformatted(args)))
+            return oom(e);
+        if (args && !cJSON_IsString(args) && !printed)
+            return fail(e, 400, cn, "%s.function.arguments: expected a JSON string", cn);
+        int rc = copy_text(printed ? printed : args ? args->valuestring : "{}", cn, &s, &len, e);
+        free(printed);
+        if (rc)
+            return -1;
+        t->arguments = (tp_str){s, len};
+    }
+    return 0;
+}
+
 static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
 {
     if (!cJSON_IsArray(v) || !v->child)
@@ -308,6 +366,25 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
             return fail(e, 400, nm, "%s: expected an object {role, content}", nm);
         tp_chat_msg *m = &r->messages[r->n_messages++];
         for (const cJSON *f = it->child; f; f = f->next) {
+            if (!strcmp(f->string, "tool_calls")) {
+                if (decode_calls(f, nm, m, e))
+                    return -1;
+                continue;
+            }
+            if (!strcmp(f->string, "name") || !strcmp(f->string, "tool_call_id")) {
+                char fn[96];
+                snprintf(fn, sizeof fn, "%s.%s", nm, f->string);
+                tp_str *dst = f->string[0] == 'n' ? &m->name : &m->tool_call_id;
+                char *s = NULL;
+                size_t len = 0;
+                if (!cJSON_IsString(f))
+                    return fail(e, 400, fn, "%s: expected a string", fn);
+                if (copy_text(f->valuestring, fn, &s, &len, e))
+                    return -1;
+                free((void *)dst->ptr);
+                *dst = (tp_str){s, len};
+                continue;
+            }
             char fn[96];
             snprintf(fn, sizeof fn, "%s.%.20s", nm, f->string);
             char *s = NULL;
@@ -327,7 +404,8 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
                 free((void *)m->content.ptr);
                 m->content = (tp_str){s, len};
             } else {
-                return fail(e, 400, fn, "%s: not supported (a turn has role and content)", fn);
+                return fail(e, 400, fn, "%s: not supported (a turn has role, content, name, tool_call_id, tool_calls)",
+                            fn);
             }
         }
         if (!m->role.ptr || !m->role.len)
@@ -375,16 +453,69 @@ static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_e
         ok = ok || (cJSON_IsNumber(v) && v->valuedouble == r->n);
     if (!strcmp(name, "suffix"))
         ok = ok || (cJSON_IsString(v) && !v->valuestring[0]);
-    if (!strcmp(name, "parallel_tool_calls") || !strcmp(name, "tools"))
-        ok = ok || (cJSON_IsArray(v) && !v->child) || cJSON_IsBool(v);
     if (!ok)
         return fail(e, 400, name, "%s: not supported by tokpipe (only its neutral value is accepted)", name);
     return 0;
 }
 
-static const char *const neutral_fields[] = {"echo", "best_of",
-                                             "suffix", "tools", "tool_choice", "parallel_tool_calls",
-                                             "response_format", NULL};
+static const char *const neutral_fields[] = {"echo", "best_of", "suffix", "response_format", NULL};
+
+/* tool_choice: "none" | "auto"; "required" and {"type": "function",
+ * "function": {"name"}} need the grammar engine to hold the model to a
+ * call: refused by name until it is there, never silently ignored. */
+static int decode_tool_choice(const cJSON *v, oai_request *r, oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    if (cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto")))
+        return copy_text(v->valuestring, "tool_choice", &r->tool_choice, NULL, e);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(v, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+    if (cJSON_IsString(v) && !strcmp(v->valuestring, "required"))
+        return fail(e, 400, "tool_choice", "tool_choice: \"required\" is not yet enforced (it needs the grammar engine "
+                    "to constrain the output to a call); use \"auto\" or \"none\"");
+    if (cJSON_IsObject(v) && cJSON_IsString(name))
+        return fail(e, 400, "tool_choice", "tool_choice: a named function (%.64s) is not yet enforced (it needs the "
+                    "grammar engine to constrain the output to a call); use \"auto\" or \"none\"",
+                    name->valuestring);
+    return fail(e, 400, "tool_choice", "tool_choice: expected \"none\", \"auto\", \"required\" or "
+                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+}
+
+/* tools: kept as the JSON text the client sent, so the template sees the
+ * schemas exactly (cJSON would round integers past 2^53). */
+static int decode_tools(const cJSON *v, const char *body, size_t len, oai_request *r, oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsArray(v))
+        return fail(e, 400, "tools", "tools: expected a list of {\"type\": \"function\", \"function\": {...}}");
+    if (!v->child)
+        return 0;   /* no tools: as if none were sent */
+    const char *span;
+    size_t n = 0;
+    char *printed = NULL;
+    if (!tp_json_member_span(body, len, "tools", &span, &n)) {
+        if (!(printed = cJSON_PrintUnformatted(v)))
+            return oom(e);
+        span = printed;
+        n = strlen(printed);
+    }
+    tp_err te;
+    int rc = tp_tools_check(span, n, &te);
+    char *copy = rc ? NULL : malloc(n + 1);
+    if (copy) {
+        memcpy(copy, span, n);
+        copy[n] = 0;
+    }
+    free(printed);
+    if (rc)
+        return fail(e, 400, "tools", "%s", te.msg);
+    if (!copy)
+        return oom(e);
+    r->tools = (tp_str){copy, n};
+    return 0;
+}
 
 static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
 {
@@ -405,6 +536,18 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         if (r->kind != OAI_CHAT)
             return fail(e, 400, k, "messages: only for /v1/chat/completions");
         return decode_messages(v, r, e);
+    }
+    if (!strcmp(k, "tools") || !strcmp(k, "tool_choice") || !strcmp(k, "parallel_tool_calls")) {
+        if (r->kind != OAI_CHAT)
+            return fail(e, 400, k, "%s: only for /v1/chat/completions", k);
+        if (!strcmp(k, "tool_choice"))
+            return decode_tool_choice(v, r, e);
+        if (!strcmp(k, "tools"))
+            return 0;   /* oai_decode: it needs the body's text */
+        if (cJSON_IsNull(v))
+            return 0;
+        pp->set |= TP_P_PARALLEL_TOOL_CALLS;
+        return get_bool(v, k, &pp->parallel_tool_calls, e);
     }
     if (!strcmp(k, "max_tokens") || !strcmp(k, "max_completion_tokens"))
         return opt_int32(v, k, TP_P_MAX_TOKENS, 1, &pp->max_tokens, pp, e);
@@ -552,6 +695,16 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
         if (!rc && strcmp(it->string, "n"))
             rc = decode_field(it, out, e);
     }
+    const cJSON *tv = !rc && kind == OAI_CHAT ? cJSON_GetObjectItemCaseSensitive(root, "tools") : NULL;
+    if (tv)
+        rc = decode_tools(tv, body, len, out, e);
+    if (!rc && out->tool_choice && !out->tools.ptr) {
+        /* OpenAI: tool_choice none without tools is harmless; auto is not */
+        if (strcmp(out->tool_choice, "none"))
+            rc = fail(e, 400, "tool_choice", "tool_choice: only with tools");
+        free(out->tool_choice);
+        out->tool_choice = NULL;
+    }
     if (!rc && kind == OAI_COMPLETIONS && !out->n_prompts)
         rc = fail(e, 400, "prompt", "prompt: required");
     if (!rc && kind == OAI_CHAT && !out->n_messages)
@@ -591,10 +744,21 @@ void oai_request_free(oai_request *r)
     free(r->params.logit_bias.values);
     free(r->model);
     for (size_t i = 0; i < r->n_messages; i++) {
-        free((void *)r->messages[i].role.ptr);
-        free((void *)r->messages[i].content.ptr);
+        tp_chat_msg *m = &r->messages[i];
+        free((void *)m->role.ptr);
+        free((void *)m->content.ptr);
+        free((void *)m->name.ptr);
+        free((void *)m->tool_call_id.ptr);
+        for (size_t k = 0; k < m->n_tool_calls; k++) {
+            free((void *)m->tool_calls[k].id.ptr);
+            free((void *)m->tool_calls[k].name.ptr);
+            free((void *)m->tool_calls[k].arguments.ptr);
+        }
+        free(m->tool_calls);
     }
     free(r->messages);
+    free((void *)r->tools.ptr);
+    free(r->tool_choice);
     memset(r, 0, sizeof *r);
 }
 

@@ -5,12 +5,15 @@
  *
  * Fields: model, prompt (string, array of strings, array of token ids,
  * array of arrays of token ids), messages (chat: role + content turns, the
- * content a string or a list of text parts), max_tokens
+ * content a string, null or a list of text parts; assistant turns may carry
+ * tool_calls, tool turns tool_call_id and name), max_tokens
  * / max_completion_tokens, temperature, top_p, top_k (-1 = off), min_p,
  * repetition_penalty, presence_penalty, frequency_penalty, stop (string or
  * array), stop_token_ids, seed, n, stream, stream_options.include_usage,
  * user, ignore_eos, min_tokens, include_stop_str_in_output, logit_bias,
- * typical_p, truncate_prompt_tokens, logprobs (completions: 0..5
+ * typical_p, truncate_prompt_tokens, tools, tool_choice (none / auto;
+ * required and a named function are refused until the grammar engine
+ * enforces them), parallel_tool_calls, logprobs (completions: 0..5
  * alternatives; chat: a boolean) and top_logprobs (chat, 0..20, needs
  * logprobs: true). OpenAI fields tokpipe does not
  * implement here are accepted only at their neutral value (echo false,
@@ -53,8 +56,10 @@ typedef struct oai_request {
     int top_logprobs;        /* alternatives per token (completions: logprobs: N) */
     bool has_seed;           /* params.seed is choice 0's; choice j gets seed + j */
     tp_params params;        /* stop strings owned by the request */
-    tp_chat_msg *messages;   /* chat: the turns (role, content owned by the request) */
+    tp_chat_msg *messages;   /* chat: the turns (every string owned by the request) */
     size_t n_messages;
+    tp_str tools;            /* chat: the tools array's JSON text as sent (owned), ptr NULL = none */
+    char *tool_choice;       /* "none" | "auto" (NULL: not given) */
 } oai_request;
 
 typedef struct oai_error {

@@ -54,6 +54,14 @@ const char *gw_finish_reason(int reason)
     }
 }
 
+const char *gw_choice_finish(const gw_choice *ch)
+{
+    if (ch->tool_calls && cJSON_GetArraySize(ch->tool_calls) && ch->reason != TP_REASON_ERROR &&
+        ch->reason != TP_REASON_CANCELLED)
+        return "tool_calls";
+    return gw_finish_reason(ch->reason);
+}
+
 static char *print_free(cJSON *o)
 {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
@@ -294,12 +302,20 @@ char *gw_completion_json(const gw_call *c, const char *model)
         if (chat) {
             cJSON *m = cJSON_AddObjectToObject(x, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddItemToObject(m, "content", text_item(ch->text.p, ch->text.len));
+            /* OpenAI: content null when the turn is only calls */
+            if (!ch->text.len && ch->tool_calls)
+                cJSON_AddNullToObject(m, "content");
+            else
+                cJSON_AddItemToObject(m, "content", text_item(ch->text.p, ch->text.len));
+            if (ch->reasoning.len)
+                cJSON_AddItemToObject(m, "reasoning_content", text_item(ch->reasoning.p, ch->reasoning.len));
+            if (ch->tool_calls)
+                cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(ch->tool_calls, 1));
         } else {
             cJSON_AddItemToObject(x, "text", text_item(ch->text.p, ch->text.len));
         }
         add_logprobs(x, c, ch, 0, ch->lp.released);
-        cJSON_AddStringToObject(x, "finish_reason", gw_finish_reason(ch->reason));
+        cJSON_AddStringToObject(x, "finish_reason", gw_choice_finish(ch));
         add_stop_reason(x, ch);
         cJSON_AddItemToArray(arr, x);
     }
@@ -342,11 +358,35 @@ char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *te
     else
         add_logprobs(x, c, &c->ch[i], lp_from, lp_to);
     if (final) {
-        cJSON_AddStringToObject(x, "finish_reason", gw_finish_reason(c->ch[i].reason));
+        cJSON_AddStringToObject(x, "finish_reason", gw_choice_finish(&c->ch[i]));
         add_stop_reason(x, &c->ch[i]);
     } else {
         cJSON_AddNullToObject(x, "finish_reason");
     }
+    cJSON_AddItemToArray(arr, x);
+    return sse(o);
+}
+
+char *gw_delta_sse(const gw_call *c, const char *model, size_t i, const char *reasoning, size_t len,
+                   const cJSON *calls)
+{
+    cJSON *o = head(c, model, "chat.completion.chunk");
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "index", (double)i);
+    cJSON *d = cJSON_AddObjectToObject(x, "delta");
+    cJSON_AddStringToObject(d, "role", "assistant");
+    if (calls) {
+        cJSON *tc = cJSON_Duplicate(calls, 1);
+        int k = 0;
+        for (cJSON *e = tc ? tc->child : NULL; e; e = e->next)
+            cJSON_AddItemToObject(e, "index", cJSON_CreateNumber(k++));
+        cJSON_AddItemToObject(d, "tool_calls", tc);
+    } else {
+        cJSON_AddItemToObject(d, "reasoning_content", text_item(reasoning, len));
+    }
+    cJSON_AddNullToObject(x, "logprobs");
+    cJSON_AddNullToObject(x, "finish_reason");
     cJSON_AddItemToArray(arr, x);
     return sse(o);
 }

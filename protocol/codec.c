@@ -245,8 +245,65 @@ static int decode_strs(dctx *c, const field *f, char *dst, const msgpack_object 
     return 0;
 }
 
-/* messages: [{role: str, content: str}, ...]; a turn with other keys is
- * refused by name, so nothing a template could use is dropped silently. */
+static bool key_is(const msgpack_object_kv *kv, const char *k)
+{
+    size_t n = strlen(k);
+    return kv->key.via.str.size == n && !memcmp(kv->key.via.str.ptr, k, n);
+}
+
+/* tool calls: [{id: str, name: str, arguments: str}, ...] (id and
+ * arguments may be left out: empty). */
+static int get_calls(dctx *c, const pathref *path, const msgpack_object *o, tp_tool_call **out, size_t *n_out)
+{
+    int rc = want_array(c, path, o, TP_PROTO_MAX_TOOL_CALLS);
+    if (rc)
+        return rc;
+    size_t n = o->via.array.size;
+    tp_tool_call *v = msg_alloc(c->m, (n ? n : 1) * sizeof *v);
+    if (!v)
+        return ferr(c, path, TP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        pathref p = {path, NULL, 0, i};
+        const msgpack_object *m = &o->via.array.ptr[i];
+        if (m->type != MSGPACK_OBJECT_MAP)
+            return ferr(c, &p, TP_EFORMAT, "expected a map {id, name, arguments}, got %s", type_name(m->type));
+        v[i].id = v[i].arguments = (tp_str){"", 0};
+        bool has_name = false;
+        for (uint32_t k = 0; k < m->via.map.size; k++) {
+            const msgpack_object_kv *kv = &m->via.map.ptr[k];
+            if (kv->key.type != MSGPACK_OBJECT_STR)
+                return ferr(c, &p, TP_EFORMAT, "key #%u is %s, keys must be str", k, type_name(kv->key.type));
+            pathref q = {&p, kv->key.via.str.ptr, kv->key.via.str.size, 0};
+            if (key_is(kv, "id"))
+                rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_NAME * 4, 0, &v[i].id);
+            else if (key_is(kv, "name"))
+                rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_NAME * 4, FF_NONEMPTY, &v[i].name), has_name = true;
+            else if (key_is(kv, "arguments"))
+                rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_PROMPT, 0, &v[i].arguments);
+            else
+                rc = ferr(c, &q, TP_EINVAL, "unknown key: a tool call has id, name and arguments");
+            if (rc)
+                return rc;
+        }
+        if (!has_name) {
+            pathref q = {&p, "name", 4, 0};
+            return ferr(c, &q, TP_EFORMAT, "missing");
+        }
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+static int decode_calls(dctx *c, char *dst, const msgpack_object *o, const pathref *path)
+{
+    return get_calls(c, path, o, (tp_tool_call **)dst, (size_t *)(dst + sizeof(tp_tool_call *)));
+}
+
+/* messages: [{role, content, name, tool_call_id, tool_calls}, ...]; a turn
+ * with other keys is refused by name, so nothing a template could use is
+ * dropped silently. content nil or absent reads as empty (OpenAI sends
+ * null with tool_calls; templates such as Qwen3's fail on none). */
 static int decode_msgs(dctx *c, const field *f, char *dst, const msgpack_object *o, const pathref *path)
 {
     int rc = want_array(c, path, o, f->max);
@@ -263,30 +320,42 @@ static int decode_msgs(dctx *c, const field *f, char *dst, const msgpack_object 
         const msgpack_object *m = &o->via.array.ptr[i];
         if (m->type != MSGPACK_OBJECT_MAP)
             return ferr(c, &p, TP_EFORMAT, "expected a map {role, content}, got %s", type_name(m->type));
+        memset(&v[i], 0, sizeof v[i]);
+        v[i].content = (tp_str){"", 0};
         bool has_role = false, has_content = false;
         for (uint32_t k = 0; k < m->via.map.size; k++) {
             const msgpack_object_kv *kv = &m->via.map.ptr[k];
             if (kv->key.type != MSGPACK_OBJECT_STR)
                 return ferr(c, &p, TP_EFORMAT, "key #%u is %s, keys must be str", k, type_name(kv->key.type));
             pathref q = {&p, kv->key.via.str.ptr, kv->key.via.str.size, 0};
-            bool is_role = kv->key.via.str.size == 4 && !memcmp(kv->key.via.str.ptr, "role", 4);
-            bool is_content = kv->key.via.str.size == 7 && !memcmp(kv->key.via.str.ptr, "content", 7);
-            if (is_role) {
-                if ((rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_ROLE, FF_NONEMPTY, &v[i].role)))
-                    return rc;
+            if (key_is(kv, "role")) {
+                rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_ROLE, FF_NONEMPTY, &v[i].role);
                 has_role = true;
-            } else if (is_content) {
-                if ((rc = get_str(c, &q, &kv->val, f->max_elem, 0, &v[i].content)))
-                    return rc;
+            } else if (key_is(kv, "content")) {
+                if (kv->val.type != MSGPACK_OBJECT_NIL)
+                    rc = get_str(c, &q, &kv->val, f->max_elem, 0, &v[i].content);
                 has_content = true;
+            } else if (key_is(kv, "name")) {
+                rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_NAME * 4, 0, &v[i].name);
+            } else if (key_is(kv, "tool_call_id")) {
+                rc = get_str(c, &q, &kv->val, TP_PROTO_MAX_NAME * 4, 0, &v[i].tool_call_id);
+            } else if (key_is(kv, "tool_calls")) {
+                rc = get_calls(c, &q, &kv->val, &v[i].tool_calls, &v[i].n_tool_calls);
             } else {
-                return ferr(c, &q, TP_EINVAL, "unknown key: a message has role and content only");
+                rc = ferr(c, &q, TP_EINVAL,
+                          "unknown key: a message has role, content, name, tool_call_id and tool_calls");
             }
+            if (rc)
+                return rc;
         }
-        if (!has_role || !has_content) {
+        if (!has_role || (!has_content && !v[i].n_tool_calls)) {
             pathref q = {&p, has_role ? "content" : "role", has_role ? 7 : 4, 0};
             return ferr(c, &q, TP_EFORMAT, "missing");
         }
+        if (!v[i].tool_calls)
+            v[i].tool_calls = msg_alloc(c->m, sizeof *v[i].tool_calls);   /* never NULL, as decoded arrays */
+        if (!v[i].tool_calls)
+            return ferr(c, &p, TP_ENOMEM, "out of memory");
     }
     *(tp_chat_msg **)dst = v;
     *(size_t *)(dst + sizeof(tp_chat_msg *)) = n;
@@ -503,6 +572,7 @@ static int decode_value(dctx *c, const field *f, char *base, const msgpack_objec
     case FT_BIAS: return decode_bias(c, f, dst, o, path);
     case FT_U64S: return decode_u64s(c, f, dst, o, path);
     case FT_MSGS: return decode_msgs(c, f, dst, o, path);
+    case FT_CALLS: return decode_calls(c, dst, o, path);
     }
     return ferr(c, path, TP_EINVAL, "internal: unknown field type");
 }
@@ -619,7 +689,7 @@ static void fill_empty_arrays(const table *t, char *base)
     for (const field *f = t->fields; f->key; f++) {
         void **arr = (void **)(base + f->off);
         if ((f->type == FT_STRS || f->type == FT_I32S || f->type == FT_TRIGGERS || f->type == FT_U64S ||
-             f->type == FT_MSGS) &&
+             f->type == FT_MSGS || f->type == FT_CALLS) &&
             !*arr)
             *arr = (void *)(uintptr_t)empty_array;
         else if (f->type == FT_BIAS && !*arr) {

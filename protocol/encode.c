@@ -33,6 +33,7 @@ static bool present(const table *t, const field *f, const char *base)
     case FT_I32S:
     case FT_TRIGGERS:
     case FT_MSGS:
+    case FT_CALLS:
     case FT_U64S: return *(const size_t *)(p + sizeof(void *)) != 0;
     case FT_MATCHED: return ((const tp_matched *)p)->kind != TP_MATCHED_NONE;
     case FT_REASON:
@@ -60,6 +61,31 @@ static int pack_matched(msgpack_packer *pk, const tp_matched *m)
 
 static int pack_map(msgpack_packer *pk, const table *t, const char *base);
 
+static int pack_call(msgpack_packer *pk, const tp_tool_call *t)
+{
+    return msgpack_pack_map(pk, 3) || pack_str(pk, "id", 2) || pack_str(pk, t->id.ptr, t->id.len) ||
+           pack_str(pk, "name", 4) || pack_str(pk, t->name.ptr, t->name.len) || pack_str(pk, "arguments", 9) ||
+           pack_str(pk, t->arguments.ptr, t->arguments.len);
+}
+
+/* Optional keys only when present, so an old decoder reads a plain turn. */
+static int pack_msg(msgpack_packer *pk, const tp_chat_msg *m)
+{
+    size_t n = 2 + (m->name.ptr != NULL) + (m->tool_call_id.ptr != NULL) + (m->n_tool_calls != 0);
+    int rc = msgpack_pack_map(pk, n) || pack_str(pk, "role", 4) || pack_str(pk, m->role.ptr, m->role.len) ||
+             pack_str(pk, "content", 7) || pack_str(pk, m->content.ptr, m->content.len);
+    if (!rc && m->name.ptr)
+        rc = pack_str(pk, "name", 4) || pack_str(pk, m->name.ptr, m->name.len);
+    if (!rc && m->tool_call_id.ptr)
+        rc = pack_str(pk, "tool_call_id", 12) || pack_str(pk, m->tool_call_id.ptr, m->tool_call_id.len);
+    if (!rc && m->n_tool_calls) {
+        rc = pack_str(pk, "tool_calls", 10) || msgpack_pack_array(pk, m->n_tool_calls);
+        for (size_t i = 0; i < m->n_tool_calls && !rc; i++)
+            rc = pack_call(pk, &m->tool_calls[i]);
+    }
+    return rc;
+}
+
 static int pack_array_field(msgpack_packer *pk, const field *f, const char *p)
 {
     size_t n = *(const size_t *)(p + sizeof(void *));
@@ -71,9 +97,9 @@ static int pack_array_field(msgpack_packer *pk, const field *f, const char *p)
         } else if (f->type == FT_I32S) {
             rc = msgpack_pack_int32(pk, (*(int32_t *const *)p)[i]);
         } else if (f->type == FT_MSGS) {
-            const tp_chat_msg *m = &(*(tp_chat_msg *const *)p)[i];
-            rc = msgpack_pack_map(pk, 2) || pack_str(pk, "role", 4) || pack_str(pk, m->role.ptr, m->role.len) ||
-                 pack_str(pk, "content", 7) || pack_str(pk, m->content.ptr, m->content.len);
+            rc = pack_msg(pk, &(*(tp_chat_msg *const *)p)[i]);
+        } else if (f->type == FT_CALLS) {
+            rc = pack_call(pk, &(*(tp_tool_call *const *)p)[i]);
         } else if (f->type == FT_U64S) {
             rc = msgpack_pack_uint64(pk, (*(uint64_t *const *)p)[i]);
         } else {
@@ -112,6 +138,7 @@ static int pack_value(msgpack_packer *pk, const field *f, const char *base)
     case FT_I32S:
     case FT_TRIGGERS:
     case FT_MSGS:
+    case FT_CALLS:
     case FT_U64S: return pack_array_field(pk, f, p);
     case FT_MATCHED: return pack_matched(pk, (const tp_matched *)p);
     case FT_REASON: {

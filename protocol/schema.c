@@ -69,6 +69,10 @@ static const field params_fields[] = {
      .max = TP_PROTO_MAX_LOGIT_BIAS, .setbit = TP_P_LOGIT_BIAS},
     {.key = "truncate_prompt_tokens", .type = FT_I32, .off = P(truncate_prompt_tokens), .ilo = 1,
      .ihi = INT32_MAX, .setbit = TP_P_TRUNCATE_PROMPT},
+    {.key = "parse_tool_calls", .type = FT_BOOL, .off = P(parse_tool_calls), .setbit = TP_P_PARSE_TOOL_CALLS},
+    {.key = "parse_reasoning", .type = FT_BOOL, .off = P(parse_reasoning), .setbit = TP_P_PARSE_REASONING},
+    {.key = "parallel_tool_calls", .type = FT_BOOL, .off = P(parallel_tool_calls),
+     .setbit = TP_P_PARALLEL_TOOL_CALLS},
     END,
 };
 static const table params_table = {params_fields, (long)P(set)};
@@ -110,6 +114,9 @@ static const field submit_f[] = {
     PARAMS(M(submit.params)), F_BOOL("parse_special", M(submit.parse_special), 0),
     {.key = "messages", .type = FT_MSGS, .off = M(submit.messages), .flags = FF_NONEMPTY,
      .max = TP_PROTO_MAX_MESSAGES, .max_elem = TP_PROTO_MAX_PROMPT},
+    F_STR("tools", M(submit.tools), 0, TP_PROTO_MAX_TOOLS),
+    F_STR("tool_choice", M(submit.tool_choice), 0, TP_PROTO_MAX_NAME),
+    F_STR("tool_choice_name", M(submit.tool_choice_name), FF_NONEMPTY, TP_PROTO_MAX_NAME * 4),
     END,
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
@@ -239,7 +246,8 @@ static const field token_f[] = {
     F_JOBID("job_id", M(token.job_id), FF_REQUIRED | FF_NONEMPTY),
     F_U32("seq", M(token.seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("index", M(token.index), FF_REQUIRED, 0, UINT32_MAX),
-    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), TOP_N(M(token.lp.top_n)), F_U64("pin", M(token.pin), 0), END,
+    F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), TOP_N(M(token.lp.top_n)), F_U64("pin", M(token.pin), 0),
+    F_STR("reasoning", M(token.reasoning), 0, TP_PROTO_MAX_TEXT), END,
 };
 static const pframe token_p[] = {{"ids", M(token.ids), 4, 0}, LP_FRAMES(M(token.lp)), {NULL, 0, 0, 0}};
 
@@ -258,6 +266,8 @@ static const field finish_f[] = {
     F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
     F_U64("pin", FI(pin), 0),     {.key = "seed", .type = FT_U64, .off = FI(seed), .setbit = TP_ACK_SEED}, ERROR_CODE(FI(error_code)),
     F_U32("context_length", FI(context_length), 0, 0, UINT32_MAX), F_STR("detail", FI(detail), 0, TP_PROTO_MAX_NAME),
+    F_STR("reasoning_content", FI(reasoning_content), 0, TP_PROTO_MAX_TEXT),
+    {.key = "tool_calls", .type = FT_CALLS, .off = FI(tool_calls), .max = TP_PROTO_MAX_TOOL_CALLS},
     END,
 };
 
@@ -306,6 +316,7 @@ static const field tokenize_f[] = {
     F_BOOL("parse_special", M(tokenize.parse_special), 0),
     {.key = "messages", .type = FT_MSGS, .off = M(tokenize.messages), .flags = FF_NONEMPTY,
      .max = TP_PROTO_MAX_MESSAGES, .max_elem = TP_PROTO_MAX_PROMPT},
+    F_STR("tools", M(tokenize.tools), 0, TP_PROTO_MAX_TOOLS),
     END,
 };
 static const field tokenized_f[] = {
@@ -453,12 +464,46 @@ static int check_lp(const tp_lp_cols *lp, size_t n, tp_err *err)
     return want_count(lp->top_logprobs, n * lp->top_n, "top_logprobs", err);
 }
 
+static bool str_is(tp_str s, const char *lit)
+{
+    return s.ptr && s.len == strlen(lit) && !memcmp(s.ptr, lit, s.len);
+}
+
+/* tools go with messages (a template renders them); tool_choice with tools.
+ * required / a named function need the grammar engine to constrain the
+ * output to a call: refused until it is there rather than ignored. */
+static int check_tools(const tp_m_submit *s, tp_err *err)
+{
+    if (s->tools.ptr && !s->n_messages)
+        return tp_err_set(err, TP_EINVAL, "tools: only with messages (the chat template renders them)");
+    if (s->tool_choice_name.ptr && !str_is(s->tool_choice, "function"))
+        return tp_err_set(err, TP_EINVAL, "tool_choice_name: only with tool_choice \"function\"");
+    if (!s->tool_choice.ptr)
+        return 0;
+    if (!s->tools.ptr)
+        return tp_err_set(err, TP_EINVAL, "tool_choice: only with tools");
+    if (str_is(s->tool_choice, "auto") || str_is(s->tool_choice, "none"))
+        return 0;
+    if (str_is(s->tool_choice, "function") && !s->tool_choice_name.ptr)
+        return tp_err_set(err, TP_EINVAL, "tool_choice_name: missing for tool_choice \"function\"");
+    if (str_is(s->tool_choice, "required") || str_is(s->tool_choice, "function"))
+        return tp_err_set(err, TP_EINVAL,
+                          "tool_choice: \"%.*s\" is not yet enforced (it needs the grammar engine to constrain "
+                          "the output to a call); use \"auto\" or \"none\"",
+                          (int)s->tool_choice.len, s->tool_choice.ptr);
+    return tp_err_set(err, TP_EINVAL, "tool_choice: \"%.*s\" is not one of auto, none, required, function",
+                      (int)s->tool_choice.len, s->tool_choice.ptr);
+}
+
 static int check_submit(tp_msg *m, tp_err *err)
 {
     tp_m_submit *s = &m->submit;
     bool ids = s->prompt_ids.data != NULL;
     if (s->n_messages && (s->prompt.ptr || ids))
         return tp_err_set(err, TP_EFORMAT, "messages: give either messages or a prompt (text or prompt_ids), not both");
+    int rc = check_tools(s, err);
+    if (rc)
+        return rc;
     if (s->n_messages)
         return params_check(&s->params, "params", err);
     if (s->prompt.ptr && ids)

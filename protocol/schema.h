@@ -26,7 +26,8 @@ typedef enum {
     FT_TRIGGERS, /* tp_trigger * + size_t n: array of [matched, count, truncated] */
     FT_BIAS,     /* tp_logit_bias: map of token id (decimal str or int) -> number */
     FT_U64S,     /* uint64_t * + size_t n (owned array) */
-    FT_MSGS,     /* tp_chat_msg * + size_t n: array of {role, content} maps */
+    FT_MSGS,     /* tp_chat_msg * + size_t n: array of {role, content, ...} maps */
+    FT_CALLS,    /* tp_tool_call * + size_t n: array of {id, name, arguments} maps */
 } field_type;
 
 enum {

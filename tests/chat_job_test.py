@@ -42,11 +42,7 @@ def forced_model(path, end_id):
     hello = meta["tokenizer.ggml.tokens"].index("\u2581Hello")
     with open(path, "r+b") as f:
         def put(name, array):
-            _, ne, off, size = tensors[name]
-            data = np.ascontiguousarray(array, dtype="<f4").tobytes()
-            assert len(data) == size, name
-            f.seek(off)
-            f.write(data)
+            gguf_tiny.write_tensor(f, tensors, name, array)
         dim, vocab = tensors["token_embd.weight"][1]
         emb = np.zeros((vocab, dim))
         emb[:, 0] = 1.0
@@ -188,10 +184,10 @@ class ChatJobsEndOnTheTemplatesEndOfTurnToken(unittest.TestCase):
         self.assertEqual(from_file[0], 0, from_file[2])
         self.assertEqual(json.loads(from_file[1]), json.loads(flags[1]))
         with open(path, "w", encoding="utf-8") as f:
-            json.dump([{"role": "user", "content": "Hi", "name": "bob"}], f)
+            json.dump([{"role": "user", "content": "Hi", "weight": "bob"}], f)
         rc, out, err = run_inprocess(self.end_model, PHI35_TEMPLATE, "--messages", path)
         self.assertEqual(rc, 2, out)
-        self.assertIn("messages[0].name: unknown key", err)
+        self.assertIn("messages[0].weight: unknown key", err)
         rc, out, err = run_inprocess(self.end_model, PHI35_TEMPLATE, "--message", "no-equals-sign")
         self.assertEqual(rc, 2, out)
         self.assertIn("ROLE=TEXT", err)

@@ -395,6 +395,11 @@ static void a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_t
 
 /* ---- poison jobs ----------------------------------------------------------- */
 
+/* Dead workers are noticed by their closed connection; the stopped ones
+ * must not expire meanwhile (a loaded machine serving the other jobs takes
+ * long): a silent worker is only lost after 100 s. */
+#define POISON_HB "heartbeat:\n  interval_ms: 1000\n  liveness: 100\n"
+
 /* Wait until the broker's log has a line containing what. */
 static void wait_log(harness *h, const char *what)
 {
@@ -475,8 +480,7 @@ static void a_job_that_kills_each_tokenize_worker_it_reaches_ends_after_two(void
 {
     (void)state;
     harness h;
-    /* dead workers are noticed by their closed connection, not heartbeats */
-    pid_t other[3], t1 = start_pipeline(&h, "heartbeat:\n  interval_ms: 250\n  liveness: 100\n", other), t3;
+    pid_t other[3], t1 = start_pipeline(&h, POISON_HB, other), t3;
     kill(t1, SIGSTOP);
     submit_greedy(&h, "poison", prompts[0], MAX_TOKENS);
     pid_t t2 = hand_on_once(&h, t1, TP_SI_TOKENIZE, "poison", &t3);
@@ -502,7 +506,7 @@ static void a_job_that_kills_each_forward_worker_it_reaches_ends_after_two(void 
 {
     (void)state;
     harness h;
-    pid_t other[3], tok = start_pipeline(&h, "heartbeat:\n  interval_ms: 250\n  liveness: 100\n", other);
+    pid_t other[3], tok = start_pipeline(&h, POISON_HB, other);
     kill(other[0], SIGSTOP);
     submit_greedy(&h, "poison-f", prompts[0], 400);
     wait_state(&h, "poison-f", TP_STATE_RUNNING);

@@ -331,10 +331,54 @@ static void chat_turns_become_submit_messages(void **state)
     assert_memory_equal(r.messages[0].role.ptr, "system", 6);
     oai_request_free(&r);
     refused(OAI_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0]", "role: required");
-    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", 400,
-            "messages[0].name", "not supported");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"weight\":\"bob\"}]}", 400,
+            "messages[0].weight", "not supported");
     refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
             "messages[0].content", "text parts");
+}
+
+static void tools_and_tool_turns_become_submit_fields(void **state)
+{
+    (void)state;
+    oai_request r;
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                        "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\","
+                        "\"maximum\":9007199254740993}}}}}]";
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"n\\\": 1}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"name\":\"get_weather\",\"content\":\"21\"}],"
+             "\"tools\": %s,\"tool_choice\":\"auto\",\"parallel_tool_calls\":false}",
+             tools);
+    decode_ok(OAI_CHAT, body, &r);
+    assert_int_equal(r.n_messages, 3);
+    assert_int_equal(r.messages[1].n_tool_calls, 1);
+    assert_memory_equal(r.messages[1].tool_calls[0].id.ptr, "call_1", 6);
+    assert_memory_equal(r.messages[1].tool_calls[0].arguments.ptr, "{\"n\": 1}", 8);
+    assert_memory_equal(r.messages[2].tool_call_id.ptr, "call_1", 6);
+    assert_memory_equal(r.messages[2].name.ptr, "get_weather", 11);
+    /* the tools as sent: the big integer is not rounded */
+    assert_int_equal(r.tools.len, strlen(tools));
+    assert_memory_equal(r.tools.ptr, tools, r.tools.len);
+    assert_string_equal(r.tool_choice, "auto");
+    assert_true(r.params.set & TP_P_PARALLEL_TOOL_CALLS);
+    assert_false(r.params.parallel_tool_calls);
+    oai_request_free(&r);
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],"
+            "\"tool_choice\":\"auto\"}", 400, "tool_choice", "tool_choice: only with tools");
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":%s,"
+             "\"tool_choice\":\"required\"}", tools);
+    refused(OAI_CHAT, body, 400, "tool_choice", "not yet enforced");
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":%s,"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}", tools);
+    refused(OAI_CHAT, body, 400, "tool_choice", "not yet enforced");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+            "\"function\":{\"name\":\"a b\"}}]}", 400, "tools", "tools[0].function.name");
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\","
+            "\"function\":{\"arguments\":\"{}\"}}]}]}", 400, "messages[0].tool_calls[0]", "function.name");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"tools\":[]}", 400, "tools", "only for /v1/chat/completions");
 }
 
 static void broker_field_paths_become_openai_params(void **state)
@@ -365,6 +409,7 @@ int main(void)
         cmocka_unit_test(logprobs_of_tokens_a_stop_string_cuts_never_go_out),
         cmocka_unit_test(logprobs_columns_of_an_event_fill_the_entries),
         cmocka_unit_test(chat_turns_become_submit_messages),
+        cmocka_unit_test(tools_and_tool_turns_become_submit_fields),
         cmocka_unit_test(broker_field_paths_become_openai_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

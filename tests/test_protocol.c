@@ -900,15 +900,35 @@ static void submit_needs_exactly_one_prompt(void **state)
 static void submit_messages_round_trip_and_tokenized_carries_stop_ids(void **state)
 {
     (void)state;
-    tp_chat_msg msgs[] = {{tp_str_of("system"), tp_str_of("Be brief.")}, {tp_str_of("user"), tp_str_of("")}};
+    tp_tool_call calls[] = {{tp_str_of("call_1"), tp_str_of("get_weather"), tp_str_of("{\"city\": \"Paris\"}")},
+                            {tp_str_of(""), tp_str_of("get_time"), tp_str_of("")}};
+    tp_chat_msg msgs[] = {{.role = tp_str_of("system"), .content = tp_str_of("Be brief.")},
+                          {.role = tp_str_of("user"), .content = tp_str_of("")},
+                          {.role = tp_str_of("assistant"), .content = tp_str_of(""), .tool_calls = calls,
+                           .n_tool_calls = 2},
+                          {.role = tp_str_of("tool"), .content = tp_str_of("21 C"), .name = tp_str_of("get_weather"),
+                           .tool_call_id = tp_str_of("call_1")}};
     tp_msg m;
     tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
     m.submit.messages = msgs;
-    m.submit.n_messages = 2;
+    m.submit.n_messages = 4;
+    m.submit.tools = tp_str_of("[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]");
+    m.submit.tool_choice = tp_str_of("none");
     tp_wire w;
     tp_msg d;
     round_trip(&m, &w, &d);
-    assert_int_equal(d.submit.n_messages, 2);
+    assert_int_equal(d.submit.n_messages, 4);
+    assert_int_equal(d.submit.messages[2].n_tool_calls, 2);
+    assert_str(d.submit.messages[2].tool_calls[0].id, "call_1");
+    assert_str(d.submit.messages[2].tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+    assert_str(d.submit.messages[2].tool_calls[1].name, "get_time");
+    assert_int_equal(d.submit.messages[2].tool_calls[1].id.len, 0);
+    assert_str(d.submit.messages[3].name, "get_weather");
+    assert_str(d.submit.messages[3].tool_call_id, "call_1");
+    assert_null(d.submit.messages[0].name.ptr);
+    assert_int_equal(d.submit.messages[0].n_tool_calls, 0);
+    assert_str(d.submit.tools, "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]");
+    assert_str(d.submit.tool_choice, "none");
     assert_null(d.submit.prompt.ptr);
     assert_str(d.submit.messages[0].role, "system");
     assert_str(d.submit.messages[0].content, "Be brief.");
@@ -963,7 +983,13 @@ static void pk_msgs_extra_key(msgpack_packer *pk)
 {
     msgpack_pack_array(pk, 1);
     msgpack_pack_map(pk, 3), pk_str(pk, "role"), pk_str(pk, "user"), pk_str(pk, "content"), pk_str(pk, "a");
-    pk_str(pk, "tool_calls"), msgpack_pack_array(pk, 0);
+    pk_str(pk, "weight"), msgpack_pack_array(pk, 0);
+}
+static void pk_msgs_call_without_name(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 2), pk_str(pk, "role"), pk_str(pk, "assistant"), pk_str(pk, "tool_calls");
+    msgpack_pack_array(pk, 1), msgpack_pack_map(pk, 1), pk_str(pk, "arguments"), pk_str(pk, "{}");
 }
 static void pk_msgs_int_content(msgpack_packer *pk)
 {
@@ -978,7 +1004,8 @@ static void submit_messages_are_validated_naming_the_field(void **state)
     submit_messages_case(pk_msgs_not_map, "messages[0]: expected a map");
     submit_messages_case(pk_msgs_no_content, "messages[1].content: missing");
     submit_messages_case(pk_msgs_empty_role, "messages[0].role");
-    submit_messages_case(pk_msgs_extra_key, "messages[0].tool_calls: unknown key");
+    submit_messages_case(pk_msgs_extra_key, "messages[0].weight: unknown key");
+    submit_messages_case(pk_msgs_call_without_name, "messages[0].tool_calls[0].name: missing");
     submit_messages_case(pk_msgs_int_content, "messages[0].content");
     /* messages and a prompt together */
     raw_msg r;
@@ -993,6 +1020,94 @@ static void submit_messages_are_validated_naming_the_field(void **state)
     raw_header_done(&r);
     expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_BAD_REQUEST, "messages: give either messages or a prompt");
     raw_free(&r);
+}
+
+/* Encode m and decode what came out: 0, or the first refusal (the encoder
+ * checks what the decoder checks) with e saying why. */
+static int encode_decode(const tp_msg *m, tp_err *e)
+{
+    tp_wire w;
+    int rc = tp_proto_encode(m, &w, e);
+    if (rc == 0) {
+        tp_msg d;
+        rc = tp_proto_decode(m->family, w.f, w.n, &d, e);
+        tp_msg_clear(&d);
+        tp_wire_free(&w);
+    }
+    return rc;
+}
+
+/* tools with messages only; tool_choice with tools; required / a named
+ * function refused by name until the grammar engine enforces them. */
+static void submit_tool_choice_is_checked(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *tools, *choice, *name, *needle;
+    } cases[] = {
+        {NULL, "auto", NULL, "tool_choice: only with tools"},
+        {"[]", "required", NULL, "tool_choice: \"required\" is not yet enforced"},
+        {"[]", "function", "f", "tool_choice: \"function\" is not yet enforced"},
+        {"[]", "function", NULL, "tool_choice_name: missing"},
+        {"[]", "sometimes", NULL, "tool_choice: \"sometimes\" is not one of"},
+        {"[]", "auto", "f", "tool_choice_name: only with tool_choice \"function\""},
+    };
+    tp_chat_msg msg = {.role = tp_str_of("user"), .content = tp_str_of("hi")};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+        m.submit.messages = &msg;
+        m.submit.n_messages = 1;
+        if (cases[i].tools)
+            m.submit.tools = tp_str_of(cases[i].tools);
+        m.submit.tool_choice = tp_str_of(cases[i].choice);
+        if (cases[i].name)
+            m.submit.tool_choice_name = tp_str_of(cases[i].name);
+        tp_err e;
+        assert_int_not_equal(encode_decode(&m, &e), 0);
+        if (!strstr(e.msg, cases[i].needle))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].needle);
+    }
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.submit.tools = tp_str_of("[]");
+    m.submit.prompt = tp_str_of("hi");
+    tp_err e;
+    assert_int_not_equal(encode_decode(&m, &e), 0);
+    assert_non_null(strstr(e.msg, "tools: only with messages"));
+}
+
+static void finish_carries_tool_calls_and_reasoning(void **state)
+{
+    (void)state;
+    tp_tool_call calls[] = {{tp_str_of("call_abc"), tp_str_of("get_weather"), tp_str_of("{\"n\": 9007199254740993}")}};
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_EVT, TP_CMD_FINISH);
+    m.finish.job_id = tp_str_of("j1");
+    m.finish.reason = TP_REASON_EOS;
+    m.finish.text = tp_str_of("");
+    m.finish.tool_calls = calls;
+    m.finish.n_tool_calls = 1;
+    m.finish.reasoning_content = tp_str_of("thinking");
+    tp_wire w;
+    tp_msg d;
+    round_trip(&m, &w, &d);
+    assert_int_equal(d.finish.n_tool_calls, 1);
+    assert_str(d.finish.tool_calls[0].id, "call_abc");
+    assert_str(d.finish.tool_calls[0].arguments, "{\"n\": 9007199254740993}");
+    assert_str(d.finish.reasoning_content, "thinking");
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
+    int32_t id = 5;
+    m.token.job_id = tp_str_of("j1");
+    m.token.text = tp_str_of("");
+    m.token.reasoning = tp_str_of("th");
+    m.token.ids = (tp_raw){&id, 1};
+    round_trip(&m, &w, &d);
+    assert_str(d.token.reasoning, "th");
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
 }
 
 /* ---- malformed: msgpack ---- */
@@ -1448,6 +1563,8 @@ int main(void)
         cmocka_unit_test(fuzz_seeds_written_by_python_decode),
         cmocka_unit_test(submit_messages_round_trip_and_tokenized_carries_stop_ids),
         cmocka_unit_test(submit_messages_are_validated_naming_the_field),
+        cmocka_unit_test(submit_tool_choice_is_checked),
+        cmocka_unit_test(finish_carries_tool_calls_and_reasoning),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,8 @@
 #include "tools.h"
 #include "tokpipe/chat_template.h"
 #include "tokpipe/gguf.h"
+#include "tokpipe/stage.h"
+#include "genopts.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,7 +35,12 @@ static void usage(FILE *out)
             "  --eos-token T           eos_token (overrides the model's)\n"
             "  --no-generation-prompt  add_generation_prompt = false (default true)\n"
             "  --turn-end              print what the template puts after an assistant\n"
-            "                          turn (the end-of-turn text) instead\n");
+            "                          turn (the end-of-turn text) instead\n"
+            "  --openai                read the conversation as an OpenAI request's\n"
+            "                          {\"messages\", \"tools\"} and print what tokpiped renders\n"
+            "                          for it (SUBMIT messages: content null as empty, a\n"
+            "                          call's arguments as an object where the template\n"
+            "                          serialises them, tools checked)\n");
 }
 
 static char *slurp(FILE *f, size_t max, size_t *len)
@@ -104,10 +111,48 @@ static int model_info(const char *path, char **tmpl, char **bos, char **eos)
     return 0;
 }
 
+/* What the tokenize stage renders for SUBMIT messages (+ tools): the same
+ * code, so a user sees what the model will be sent. Takes *t. */
+static int render_openai(tp_chat_template **t, const char *bos, const char *eos, int gen, const char *in, size_t len)
+{
+    if (!gen) {
+        fprintf(stderr, "tokpipe chat-template: --openai renders with the generation prompt, as tokpiped does\n");
+        return 2;
+    }
+    genopts *g = malloc(sizeof *g);
+    tp_tokenize_stage *st = NULL;
+    char *out = NULL;
+    size_t olen = 0;
+    tp_err e;
+    int rc = g ? 0 : tp_err_set(&e, TP_ENOMEM, "out of memory");
+    if (g)
+        genopts_init(g);
+    if (!rc)
+        rc = genopts_conversation(g, in, len, &e);
+    if (!rc && !g->n_messages)
+        rc = tp_err_set(&e, TP_EINVAL, "messages: empty conversation");
+    if (!rc && !(rc = tp_tokenize_stage_new(NULL, &st, &e))) {
+        rc = tp_tokenize_stage_set_chat(st, *t, bos, eos, NULL, &e);
+        *t = NULL;   /* the stage's */
+    }
+    if (!rc)
+        rc = tp_tokenize_stage_render(st, g->messages, g->n_messages, g->tools, &out, &olen, &e);
+    if (rc)
+        fprintf(stderr, "tokpipe chat-template: %s\n", e.msg);
+    else
+        fwrite(out, 1, olen, stdout);
+    free(out);
+    tp_tokenize_stage_free(st);
+    if (g)
+        genopts_free(g);
+    free(g);
+    return rc ? 1 : (fflush(stdout) ? 1 : 0);
+}
+
 int cmd_chat_template(int argc, char **argv)
 {
     const char *tpath = NULL, *mpath = NULL, *bos_arg = NULL, *eos_arg = NULL;
-    int gen = 1, turn_end = 0;
+    int gen = 1, turn_end = 0, openai = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -127,6 +172,8 @@ int cmd_chat_template(int argc, char **argv)
             gen = 0;
         else if (!strcmp(a, "--turn-end"))
             turn_end = 1;
+        else if (!strcmp(a, "--openai"))
+            openai = 1;
         else {
             fprintf(stderr, "tokpipe chat-template: unknown or incomplete option '%s'\n", a);
             usage(stderr);
@@ -177,30 +224,41 @@ int cmd_chat_template(int argc, char **argv)
         fprintf(stderr, "tokpipe chat-template: stdin: %s\n", strerror(errno));
         goto done;
     }
+    if (openai) {
+        rc = render_openai(&t, b, eo, gen, input, ilen);
+        goto done;
+    }
+    /* checked with cJSON for the shape and a clear error; rendered from
+     * the text itself (NUL bytes and large integers survive) */
     conv = cJSON_ParseWithLength(input, ilen);
     if (!conv) {
         fprintf(stderr, "tokpipe chat-template: stdin is not JSON (near byte %zu)\n",
                 (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - input : 0));
         goto done;
     }
-    const cJSON *msgs = conv;
-    cJSON *extra = NULL;
-    if (cJSON_IsObject(conv)) {
-        msgs = cJSON_GetObjectItemCaseSensitive(conv, "messages");
-        cJSON_DetachItemViaPointer(conv, (cJSON *)msgs);
-        extra = conv;
-        conv = (cJSON *)msgs;
-    }
+    const cJSON *msgs = cJSON_IsObject(conv) ? cJSON_GetObjectItemCaseSensitive(conv, "messages") : conv;
     if (!cJSON_IsArray(msgs)) {
         fprintf(stderr, "tokpipe chat-template: messages: expected a JSON array of {\"role\", \"content\"} objects\n");
-        cJSON_Delete(extra);
         goto done;
     }
-    tp_chat_vars v = {.messages = msgs, .extra = extra, .bos_token = b, .eos_token = eo,
+    char *vars = input;
+    size_t vlen = ilen;
+    if (!cJSON_IsObject(conv)) {   /* a bare conversation: {"messages": [...]} */
+        if (!(vars = malloc(ilen + 16))) {
+            fprintf(stderr, "tokpipe chat-template: out of memory\n");
+            goto done;
+        }
+        vlen = (size_t)sprintf(vars, "{\"messages\":");
+        memcpy(vars + vlen, input, ilen);
+        vlen += ilen;
+        vars[vlen++] = '}';
+        free(input);
+        input = vars;
+    }
+    tp_chat_vars v = {.json = vars, .json_len = vlen, .bos_token = b, .eos_token = eo,
                       .add_generation_prompt = gen != 0};
     size_t olen = 0;
     int r = tp_chat_template_render(t, &v, &out, &olen, &e);
-    cJSON_Delete(extra);
     if (r) {
         fprintf(stderr, "tokpipe chat-template: %s\n", e.msg);
         goto done;

@@ -58,6 +58,8 @@ typedef struct job {
     uint32_t rejected;        /* the ACK's status when the SUBMIT was refused, else 0 */
     char detail[16];          /* FINISH detail of a length finish */
     cJSON *logprobs;          /* --logprobs: one entry per TOKEN id, as `run --json` */
+    cJSON *tool_calls;        /* FINISH tool_calls (OpenAI's shape) */
+    cJSON *reasoning;         /* FINISH reasoning_content */
 } job;
 
 typedef struct gen {
@@ -191,6 +193,11 @@ static void fill_submit(gen *s, const job *j, tp_msg *m)
     }
     fill_params(&s->g, &m->submit.params, s->stops);
     m->submit.parse_special = s->g.parse_special;
+    m->submit.tools = s->g.tools;
+    if (s->g.tool_choice)
+        m->submit.tool_choice = tp_str_of(s->g.tool_choice);
+    if (s->g.tool_choice_name)
+        m->submit.tool_choice_name = tp_str_of(s->g.tool_choice_name);
     m->submit.params.set |= TP_P_SEED;
     m->submit.params.seed = j->seed;
 }
@@ -308,6 +315,10 @@ static void on_event(gen *s, const tp_msg *m)
         j->seed = m->finish.seed;
     snprintf(j->detail, sizeof j->detail, "%.*s", (int)m->finish.detail.len,
              m->finish.detail.ptr ? m->finish.detail.ptr : "");
+    cJSON_Delete(j->tool_calls);
+    cJSON_Delete(j->reasoning);
+    j->tool_calls = m->finish.n_tool_calls ? evfmt_tool_calls(m->finish.tool_calls, m->finish.n_tool_calls) : NULL;
+    j->reasoning = m->finish.reasoning_content.ptr ? evfmt_str(m->finish.reasoning_content) : NULL;
     j->done = !j->gap;
 }
 
@@ -517,6 +528,10 @@ static void print_json(const job *j)
     cJSON_AddRawToObject(o, "seed", seed);
     if (j->logprobs)
         cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(j->logprobs, 1));
+    if (j->reasoning)
+        cJSON_AddItemToObject(o, "reasoning_content", cJSON_Duplicate(j->reasoning, 1));
+    if (j->tool_calls)
+        cJSON_AddItemToObject(o, "tool_calls", cJSON_Duplicate(j->tool_calls, 1));
     evfmt_print_line(stdout, o);
 }
 
@@ -690,7 +705,7 @@ int cmd_generate(int argc, char **argv)
                 err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
         free(s.jobs[i].text), free(s.jobs[i].ids), free(s.jobs[i].was), cJSON_Delete(s.jobs[i].matched),
-            cJSON_Delete(s.jobs[i].logprobs);
+            cJSON_Delete(s.jobs[i].logprobs), cJSON_Delete(s.jobs[i].tool_calls), cJSON_Delete(s.jobs[i].reasoning);
     free(s.jobs);
     genopts_free(&s.g);
     tp_client_free(s.c);

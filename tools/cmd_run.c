@@ -10,6 +10,8 @@
 #include "genopts.h"
 #include "tokload.h"
 #include "tools.h"
+#include "tokpipe/rand.h"
+#include "tokpipe/toolcall.h"
 #include "tokpipe/chat_template.h"
 #include "tokpipe/detok.h"
 #include "tokpipe/stage.h"
@@ -62,6 +64,10 @@ typedef struct run_job {
     float *lp;
     tp_logprob *top;
     int top_n;
+    /* chat jobs: content, thinking and tool calls apart, as the stop stage does */
+    tp_tcsplit *split;
+    char *content;
+    size_t content_len;
 } run_job;
 
 typedef struct run_ctx {
@@ -320,6 +326,27 @@ static void job_free(run_job *j)
     tp_sampler_free(j->sampler);
     tp_detok_free(j->detok);
     tp_stop_free(j->stop);
+    tp_tcsplit_free(j->split);
+    free(j->content);
+}
+
+/* Content the splitter released: kept for the result, streamed. */
+static int put_content(run_ctx *c, run_job *j, const char *s, size_t n)
+{
+    if (!n)
+        return 0;
+    char *p = realloc(j->content, j->content_len + n + 1);
+    if (!p)
+        return TP_ENOMEM;
+    memcpy(p + j->content_len, s, n);
+    j->content = p;
+    j->content_len += n;
+    p[j->content_len] = 0;
+    if (c->stream) {
+        fwrite(s, 1, n, stdout);
+        fflush(stdout);
+    }
+    return 0;
 }
 
 static void job_finish(run_ctx *c, run_job *j, const tp_stop_step *st)
@@ -371,7 +398,14 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
                 return rc;
         }
     }
-    if (c->stream && st.chunk_len) {
+    if (j->split) {
+        const char *t, *r;
+        size_t tn, rn;
+        rc = st.finish != TP_FINISH_NONE ? tp_tcsplit_finish(j->split, st.chunk, st.chunk_len, &t, &tn, &r, &rn)
+                                         : tp_tcsplit_feed(j->split, st.chunk, st.chunk_len, &t, &tn, &r, &rn);
+        if (rc || (rc = put_content(c, j, t, tn)))
+            return tp_err_set(err, rc, "out of memory");
+    } else if (c->stream && st.chunk_len) {
         fwrite(st.chunk, 1, st.chunk_len, stdout);
         fflush(stdout);
     }
@@ -453,16 +487,41 @@ static void print_logprobs(cJSON *o, const run_job *j)
     }
 }
 
+/* The answer: the content when the job's output was split, else all of it. */
+static const char *job_text(const run_job *j, size_t *len)
+{
+    if (j->split) {
+        *len = j->content_len;
+        return j->content ? j->content : "";
+    }
+    return tp_stop_text(j->stop, len);
+}
+
+static void print_split(cJSON *o, const run_job *j)
+{
+    size_t rl;
+    const char *r = tp_tcsplit_reasoning(j->split, &rl);
+    if (rl)
+        cJSON_AddItemToObject(o, "reasoning_content", evfmt_str((tp_str){r, rl}));
+    const tp_tc_call *tc;
+    size_t n = tp_tcsplit_calls(j->split, &tc);
+    tp_tool_call calls[TP_PROTO_MAX_TOOL_CALLS];
+    for (size_t i = 0; i < n && i < TP_PROTO_MAX_TOOL_CALLS; i++)
+        calls[i] = (tp_tool_call){tp_str_of(tc[i].id), tp_str_of(tc[i].name), {tc[i].arguments, tc[i].arguments_len}};
+    if (n)
+        cJSON_AddItemToObject(o, "tool_calls", evfmt_tool_calls(calls, n < TP_PROTO_MAX_TOOL_CALLS ? n : TP_PROTO_MAX_TOOL_CALLS));
+}
+
 static void print_json(const run_job *j, const genopts *g)
 {
     cJSON *o = cJSON_CreateObject();
     size_t len;
-    const char *text = tp_stop_text(j->stop, &len);
+    const char *text = job_text(j, &len);
     if (j->prompt)
         cJSON_AddStringToObject(o, "prompt", j->prompt);
     else
         cJSON_AddNullToObject(o, "prompt");
-    cJSON_AddStringToObject(o, "text", text);
+    cJSON_AddItemToObject(o, "text", evfmt_str((tp_str){text, len}));
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     for (size_t i = j->n_prompt; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
@@ -489,6 +548,8 @@ static void print_json(const run_job *j, const genopts *g)
     cJSON_AddRawToObject(o, "seed", seed);
     if (j->lp)
         print_logprobs(o, j);
+    if (j->split)
+        print_split(o, j);
     evfmt_print_line(stdout, o);
 }
 
@@ -500,7 +561,7 @@ static void print_results(const run_ctx *c, const genopts *g)
             print_json(j, g);
         } else if (!c->stream) {
             size_t len;
-            const char *text = tp_stop_text(j->stop, &len);
+            const char *text = job_text(j, &len);
             fwrite(text, 1, len, stdout);
             fputc('\n', stdout);
         }
@@ -519,6 +580,10 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     char *text = NULL, *bos = NULL, *eos = NULL;
     genopts *g = malloc(sizeof *g);
     int rc = g ? tp_tokenize_stage_new(c->tok, &st, err) : tp_err_set(err, TP_ENOMEM, "out of memory");
+    if (!rc && a->gen.tool_choice && (!strcmp(a->gen.tool_choice, "required") || !strcmp(a->gen.tool_choice, "function")))
+        rc = tp_err_set(err, TP_EINVAL, "--tool-choice: \"%s\" is not yet enforced (it needs the grammar engine to "
+                        "constrain the output to a call); use auto or none",
+                        a->gen.tool_choice_name ? a->gen.tool_choice_name : a->gen.tool_choice);
     if (!rc) {
         const char *src = a->chat_template ? a->chat_template : a->tokenizer ? a->tokenizer : a->model;
         tp_err e;
@@ -543,7 +608,7 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     }
     size_t len = 0;
     if (!rc)
-        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, &text, &len, err);
+        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, a->gen.tools, &text, &len, err);
     if (!rc) {
         *g = a->gen;
         g->messages_json = NULL;
@@ -553,6 +618,15 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
             g->stop_ids[g->n_stop_ids++] = end[k];
         rc = job_init(c, &c->jobs[0], text, g, true, err);
         c->jobs[0].prompt = NULL;   /* text is freed below; --json prints "prompt": null */
+    }
+    if (!rc) {
+        /* what the broker asks of the stop stage for a chat job */
+        tp_tc_syntax syn;
+        tp_tokenize_stage_syntax(st, &syn);
+        bool none = a->gen.tool_choice && !strcmp(a->gen.tool_choice, "none");
+        tp_tcsplit_opts so = {.tools = a->gen.tools.ptr && !none, .reasoning = true, .parallel = true,
+                              .id_seed = tp_random_u64()};
+        rc = tp_tcsplit_new(&syn, &so, &c->jobs[0].split, err);
     }
     free(text);
     free(bos);

@@ -72,6 +72,21 @@ cJSON *evfmt_logprobs(tp_raw ids, const tp_lp_cols *lp)
     return arr;
 }
 
+cJSON *evfmt_tool_calls(const tp_tool_call *c, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++) {
+        cJSON *o = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "id", evfmt_str(c[i].id));
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON_AddItemToObject(fn, "name", evfmt_str(c[i].name));
+        cJSON_AddItemToObject(fn, "arguments", evfmt_str(c[i].arguments));
+        cJSON_AddItemToObject(o, "function", fn);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
 cJSON *evfmt_event(const tp_msg *m)
 {
     cJSON *o = cJSON_CreateObject();
@@ -83,6 +98,8 @@ cJSON *evfmt_event(const tp_msg *m)
         cJSON_AddNumberToObject(o, "index", t->index);
         cJSON_AddItemToObject(o, "ids", evfmt_ids(t->ids));
         cJSON_AddItemToObject(o, "text", evfmt_str(t->text));
+        if (t->reasoning.ptr)
+            cJSON_AddItemToObject(o, "reasoning", evfmt_str(t->reasoning));
         cJSON *lp = evfmt_logprobs(t->ids, &t->lp);
         if (lp)
             cJSON_AddItemToObject(o, "logprobs", lp);
@@ -113,6 +130,10 @@ cJSON *evfmt_event(const tp_msg *m)
         cJSON_AddItemToObject(o, "error_code", evfmt_str(f->error_code));
     if (f->context_length)
         cJSON_AddNumberToObject(o, "context_length", f->context_length);
+    if (f->reasoning_content.ptr)
+        cJSON_AddItemToObject(o, "reasoning_content", evfmt_str(f->reasoning_content));
+    if (f->n_tool_calls)
+        cJSON_AddItemToObject(o, "tool_calls", evfmt_tool_calls(f->tool_calls, f->n_tool_calls));
     return o;
 }
 

@@ -17,10 +17,15 @@ cJSON *evfmt_matched(const tp_matched *m);
 /* An array of the int32 ids in r. */
 cJSON *evfmt_ids(tp_raw r);
 
+/* Calls as OpenAI's message tool_calls: [{"id", "type": "function",
+ * "function": {"name", "arguments"}}, ...]. */
+cJSON *evfmt_tool_calls(const tp_tool_call *c, size_t n);
+
 /* A TOKEN or FINISH event as one JSON object:
- *   {"event":"token","job_id","seq","index","ids":[...],"text"}
+ *   {"event":"token","job_id","seq","index","ids":[...],"text"[,"reasoning"]}
  *   {"event":"finish","job_id","seq","reason","matched","text","prompt_tokens",
- *    "completion_tokens","text_len","queue_us","ttft_us","total_us"[,"error"]} */
+ *    "completion_tokens","text_len","queue_us","ttft_us","total_us"[,"error"]
+ *    [,"reasoning_content"][,"tool_calls"]} */
 cJSON *evfmt_event(const tp_msg *m);
 
 /* The logprobs of ids (one lp row each), as `tokpipe run --json` writes

@@ -10,6 +10,7 @@
 #include "tokpipe/protocol.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
+#include "tokpipe/toolcall.h"
 
 void genopts_init(genopts *o)
 {
@@ -83,29 +84,38 @@ static int add_message(genopts *o, const char *role, size_t rlen, const char *co
         return tp_err_set(err, TP_ERANGE, "%s: at most %d messages", what, GENOPTS_MAX_MESSAGES);
     if (rlen == 0)
         return tp_err_set(err, TP_EINVAL, "%s: empty role (write ROLE=TEXT, e.g. user=Hello)", what);
-    o->messages[o->n_messages++] = (tp_chat_msg){{role, rlen}, {content, clen}};
+    o->messages[o->n_messages++] = (tp_chat_msg){.role = {role, rlen}, .content = {content, clen}};
     return 0;
 }
 
-/* --messages FILE: [{"role": .., "content": ..}, ...] or {"messages": [...]} */
-static int load_messages(genopts *o, const char *path, tp_err *err)
+static void *own(genopts *o, void *p)
 {
-    if (o->messages_json)
-        return tp_err_set(err, TP_EINVAL, "--messages: give it once");
+    void **n = p ? realloc(o->owned, (o->n_owned + 1) * sizeof *n) : NULL;
+    if (!n) {
+        free(p);
+        return NULL;
+    }
+    o->owned = n;
+    o->owned[o->n_owned++] = p;
+    return p;
+}
+
+static char *slurp_file(const char *flag, const char *path, size_t *len, tp_err *err)
+{
     FILE *f = fopen(path, "rb");
     if (!f)
-        return tp_err_set(err, TP_EIO, "--messages: %s: %s", path, strerror(errno));
-    size_t cap = 1u << 16, len = 0;
+        return tp_err_set(err, TP_EIO, "%s: %s: %s", flag, path, strerror(errno)), NULL;
+    size_t cap = 1u << 16, n = 0;
     char *buf = malloc(cap + 1);
     size_t got;
-    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += got;
-        if (len == cap) {
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
             char *nb = cap < TP_PROTO_MAX_PROMPT * 4u ? realloc(buf, cap * 2 + 1) : NULL;
             if (!nb) {
                 free(buf);
                 fclose(f);
-                return tp_err_set(err, TP_ERANGE, "--messages: %s: too big", path);
+                return tp_err_set(err, TP_ERANGE, "%s: %s: too big", flag, path), NULL;
             }
             buf = nb;
             cap *= 2;
@@ -113,11 +123,127 @@ static int load_messages(genopts *o, const char *path, tp_err *err)
     }
     fclose(f);
     if (!buf)
+        return tp_err_set(err, TP_ENOMEM, "out of memory"), NULL;
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* content: a string, null (empty: templates such as Qwen3's fail on none)
+ * or a list of {"type": "text", "text": ..} parts, joined. */
+static int message_content(genopts *o, const cJSON *c, tp_str *out, const char *path, size_t i, tp_err *err)
+{
+    if (!c || cJSON_IsNull(c)) {
+        *out = (tp_str){"", 0};
+        return 0;
+    }
+    if (cJSON_IsString(c)) {
+        *out = tp_str_of(c->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(c))
+        return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].content: expected a string, null or text parts",
+                          path, i);
+    size_t len = 0;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].content: only {\"type\": \"text\", "
+                              "\"text\": ..} parts", path, i);
+        len += strlen(text->valuestring);
+    }
+    char *buf = own(o, malloc(len + 1)), *w = buf;
+    if (!buf)
         return tp_err_set(err, TP_ENOMEM, "out of memory");
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        memcpy(w, t, strlen(t));
+        w += strlen(t);
+    }
+    *out = (tp_str){buf, len};
+    return 0;
+}
+
+/* tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}]
+ * with arguments as OpenAI sends them (a JSON string) or an object. */
+static int message_calls(genopts *o, const cJSON *tc, tp_chat_msg *m, const char *path, size_t i, tp_err *err)
+{
+    if (!tc || cJSON_IsNull(tc))
+        return 0;
+    int n = cJSON_GetArraySize(tc);
+    if (!cJSON_IsArray(tc) || n > TP_PROTO_MAX_TOOL_CALLS)
+        return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].tool_calls: expected a list of at most %d calls",
+                          path, i, TP_PROTO_MAX_TOOL_CALLS);
+    tp_tool_call *calls = own(o, calloc((size_t)n + 1, sizeof *calls));
+    if (!calls)
+        return tp_err_set(err, TP_ENOMEM, "out of memory");
+    size_t k = 0;
+    for (const cJSON *c = tc->child; c; c = c->next, k++) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsString(name) || !name->valuestring[0])
+            return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].tool_calls[%zu].function.name: missing",
+                              path, i, k);
+        calls[k].id = tp_str_of(cJSON_IsString(id) ? id->valuestring : "");
+        calls[k].name = tp_str_of(name->valuestring);
+        if (cJSON_IsString(args)) {
+            calls[k].arguments = tp_str_of(args->valuestring);
+        } else if (cJSON_IsObject(args)) {
+            char *t = own(o, cJSON_PrintUnformatted(args));
+            if (!t)
+                return tp_err_set(err, TP_ENOMEM, "out of memory");
+            calls[k].arguments = tp_str_of(t);
+        } else {
+            calls[k].arguments = tp_str_of("{}");
+        }
+    }
+    m->tool_calls = calls;
+    m->n_tool_calls = k;
+    return 0;
+}
+
+static int parse_messages(genopts *o, cJSON *j, const char *path, tp_err *err);
+
+/* --messages FILE: [{"role": .., "content": .., ...}, ...] or {"messages": [...]} */
+static int load_messages(genopts *o, const char *path, tp_err *err)
+{
+    if (o->messages_json)
+        return tp_err_set(err, TP_EINVAL, "--messages: give it once");
+    size_t len = 0;
+    char *buf = slurp_file("--messages", path, &len, err);
+    if (!buf)
+        return err->code;
     cJSON *j = cJSON_ParseWithLength(buf, len);
     free(buf);
     if (!j)
         return tp_err_set(err, TP_EINVAL, "--messages: %s is not JSON", path);
+    return parse_messages(o, j, path, err);
+}
+
+int genopts_conversation(genopts *o, const char *text, size_t len, tp_err *err)
+{
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j)
+        return tp_err_set(err, TP_EINVAL, "the conversation is not JSON");
+    int rc = parse_messages(o, j, "stdin", err);
+    const char *span;
+    size_t n;
+    if (!rc && cJSON_IsObject(j) && tp_json_member_span(text, len, "tools", &span, &n)) {
+        char *t = own(o, malloc(n + 1));
+        if (!t)
+            return tp_err_set(err, TP_ENOMEM, "out of memory");
+        memcpy(t, span, n);
+        t[n] = 0;
+        o->tools = (tp_str){t, n};
+    }
+    return rc;
+}
+
+static int parse_messages(genopts *o, cJSON *j, const char *path, tp_err *err)
+{
     o->messages_json = j;
     const cJSON *arr = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "messages") : j;
     if (!cJSON_IsArray(arr))
@@ -125,20 +251,62 @@ static int load_messages(genopts *o, const char *path, tp_err *err)
     size_t i = 0;
     for (const cJSON *m = arr->child; m; m = m->next, i++) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (!cJSON_IsString(role))
             return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].role: missing or not a string", path, i);
-        if (!cJSON_IsString(content))
-            return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].content: missing or not a string", path,
-                              i);
         for (const cJSON *k = m->child; k; k = k->next)
-            if (strcmp(k->string, "role") && strcmp(k->string, "content"))
-                return tp_err_set(err, TP_EINVAL, "--messages: %s: messages[%zu].%s: unknown key (role and content only)",
+            if (strcmp(k->string, "role") && strcmp(k->string, "content") && strcmp(k->string, "name") &&
+                strcmp(k->string, "tool_call_id") && strcmp(k->string, "tool_calls"))
+                return tp_err_set(err, TP_EINVAL,
+                                  "--messages: %s: messages[%zu].%s: unknown key (role, content, name, tool_call_id, "
+                                  "tool_calls)",
                                   path, i, k->string);
-        int rc = add_message(o, role->valuestring, strlen(role->valuestring), content->valuestring,
-                             strlen(content->valuestring), "--messages", err);
+        tp_str content = {"", 0};
+        int rc = message_content(o, cJSON_GetObjectItemCaseSensitive(m, "content"), &content, path, i, err);
+        if (!rc)
+            rc = add_message(o, role->valuestring, strlen(role->valuestring), content.ptr, content.len, "--messages",
+                             err);
         if (rc)
             return rc;
+        tp_chat_msg *msg = &o->messages[o->n_messages - 1];
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name");
+        const cJSON *tcid = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        if (cJSON_IsString(name))
+            msg->name = tp_str_of(name->valuestring);
+        if (cJSON_IsString(tcid))
+            msg->tool_call_id = tp_str_of(tcid->valuestring);
+        if ((rc = message_calls(o, cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), msg, path, i, err)))
+            return rc;
+    }
+    return 0;
+}
+
+static int load_tools(genopts *o, const char *path, tp_err *err)
+{
+    if (o->tools.ptr)
+        return tp_err_set(err, TP_EINVAL, "--tools: give it once");
+    size_t len = 0;
+    char *buf = own(o, slurp_file("--tools", path, &len, err));
+    if (!buf)
+        return err->code ? err->code : tp_err_set(err, TP_ENOMEM, "out of memory");
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    bool arr = cJSON_IsArray(j);
+    cJSON_Delete(j);
+    if (!arr)
+        return tp_err_set(err, TP_EINVAL, "--tools: %s: expected a JSON array of OpenAI tools", path);
+    o->tools = (tp_str){buf, len};
+    return 0;
+}
+
+static int parse_tool_choice(genopts *o, const char *v, tp_err *err)
+{
+    if (!*v)
+        return tp_err_set(err, TP_EINVAL, "--tool-choice: empty (none, auto, required or a function name)");
+    if (!strcmp(v, "none") || !strcmp(v, "auto") || !strcmp(v, "required")) {
+        o->tool_choice = v;
+        o->tool_choice_name = NULL;
+    } else {
+        o->tool_choice = "function";
+        o->tool_choice_name = v;
     }
     return 0;
 }
@@ -147,6 +315,11 @@ void genopts_free(genopts *o)
 {
     cJSON_Delete(o->messages_json);
     o->messages_json = NULL;
+    for (size_t i = 0; i < o->n_owned; i++)
+        free(o->owned[i]);
+    free(o->owned);
+    o->owned = NULL;
+    o->n_owned = 0;
 }
 
 int genopts_check_prompt(const genopts *o, tp_err *err)
@@ -155,6 +328,10 @@ int genopts_check_prompt(const genopts *o, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "give --prompt or --message/--messages, not both");
     if (!o->n_messages && !o->n_prompts)
         return tp_err_set(err, TP_EINVAL, "--prompt (or --message ROLE=TEXT / --messages FILE) is required");
+    if ((o->tools.ptr || o->tool_choice) && !o->n_messages)
+        return tp_err_set(err, TP_EINVAL, "--tools/--tool-choice: only with --message/--messages");
+    if (o->tool_choice && !o->tools.ptr)
+        return tp_err_set(err, TP_EINVAL, "--tool-choice: only with --tools");
     return 0;
 }
 
@@ -196,6 +373,13 @@ static int parse_bias(genopts *o, const char *v, tp_err *err)
 int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
 {
     const char *a = argv[*i];
+    if (!strcmp(a, "--tools") || !strcmp(a, "--tool-choice")) {
+        if (*i + 1 >= argc)
+            return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
+        const char *v = argv[++*i];
+        int rc = !strcmp(a, "--tools") ? load_tools(o, v, err) : parse_tool_choice(o, v, err);
+        return rc < 0 ? rc : 1;
+    }
     if (!strcmp(a, "--message") || !strcmp(a, "--messages")) {
         if (*i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
@@ -301,7 +485,10 @@ void genopts_print_help(FILE *out)
           "  --prompt TEXT            prompt (repeat for several jobs, run as one batch)\n"
           "  --message ROLE=TEXT      a conversation turn instead of --prompt (repeatable, in\n"
           "                           order), rendered with the model's chat template\n"
-          "  --messages FILE          the conversation as JSON: [{\"role\":..,\"content\":..}]\n"
+          "  --messages FILE          the conversation as JSON: [{\"role\":..,\"content\":..}], turns\n"
+          "                           may carry tool_calls / tool_call_id / name (OpenAI's shape)\n"
+          "  --tools FILE             tools the model may call: an OpenAI tools JSON array\n"
+          "  --tool-choice C          none, auto (default with --tools), required, or a function name\n"
           "  --max-tokens N           most tokens to generate (default 256)\n"
           "  --min-tokens N           no EOS, stop id or stop string before N tokens (default 0)\n"
           "  --temperature T          0 = greedy (default 1.0)\n"

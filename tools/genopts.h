@@ -62,6 +62,12 @@ typedef struct genopts {
     tp_chat_msg messages[GENOPTS_MAX_MESSAGES];
     size_t n_messages;
     void *messages_json;  /* cJSON of --messages FILE (the strings point into it) */
+    /* --tools FILE (an OpenAI tools array) and --tool-choice */
+    tp_str tools;
+    const char *tool_choice;       /* NULL | "none" | "auto" | "required" | "function" */
+    const char *tool_choice_name;  /* tool_choice "function" */
+    void **owned;                  /* what the above point into (freed by genopts_free) */
+    size_t n_owned;
 } genopts;
 
 /* Defaults: max_tokens 256, temperature 1.0, top_p 1.0, top_k 0 (off),
@@ -77,11 +83,17 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err);
 /* The option lines for a --help text. */
 void genopts_print_help(FILE *out);
 
+/* An OpenAI-shaped conversation in JSON text: [turns] or {"messages":
+ * [turns], "tools": [...]} (tools kept as their exact text), as --messages
+ * reads a file. */
+int genopts_conversation(genopts *o, const char *text, size_t len, tp_err *err);
+
 /* Free what parsing allocated (the --messages file). */
 void genopts_free(genopts *o);
 
 /* Check the prompt flags together: exactly one of --prompt and
- * --message/--messages (what a command needs). */
+ * --message/--messages (what a command needs); --tools/--tool-choice only
+ * with a conversation. */
 int genopts_check_prompt(const genopts *o, tp_err *err);
 
 #endif

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "tokpipe/chat_template.h"
+#include "tokpipe/toolcall.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
 #include "tokpipe/ggml_types.h"
@@ -144,8 +145,15 @@ static int load_chat(worker *w, tp_err *err)
             return tp_err_set(err, TP_ENOMEM, "out of memory");
         }
     }
-    w->chat_template = t != NULL;   /* for INFO: SUBMIT messages can be used */
-    rc = tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err);
+    if (t && w->stop) {
+        tp_tc_syntax syn;
+        tp_toolcall_syntax(t, text[0], text[1], &syn);
+        tp_stop_stage_set_syntax(w->stop, &syn);
+    }
+    w->chat_template = w->tokenize && t != NULL;   /* for INFO: SUBMIT messages can be used */
+    rc = w->tokenize ? tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err) : 0;
+    if (!w->tokenize)
+        tp_chat_template_free(t);
     free(text[0]);
     free(text[1]);
     return rc;
@@ -172,8 +180,6 @@ static int load_stages(worker *w, tp_err *err)
             return rc;
     }
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
-        return rc;
-    if (w->tokenize && (rc = load_chat(w, err)))
         return rc;
     const int *model_eos;
     int n_model_eos = tp_model_eos_ids(w->model, &model_eos);
@@ -210,6 +216,9 @@ static int load_stages(worker *w, tp_err *err)
         if ((rc = tp_stop_stage_new(w->tok, eos, n_eos, &lim, &w->stop, err)))
             return rc;
     }
+    /* the stop stage reads the template too: its tool-call syntax */
+    if ((w->tokenize || w->stop) && (rc = load_chat(w, err)))
+        return rc;
     return 0;
 }
 

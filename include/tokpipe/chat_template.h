@@ -47,6 +47,13 @@ void tp_chat_template_free(tp_chat_template *t);
 typedef struct tp_chat_vars {
     const cJSON *messages;
     const cJSON *extra;
+    /* Or, instead of messages and extra when non-NULL: the json_len bytes of
+     * a JSON object whose members (messages among them) are the variables.
+     * Read as Python's json.loads reads it: strings keep every byte (U+0000
+     * included), integers stay integers however large (up to 64 bits; a
+     * larger one is refused rather than rounded), 1.0 is a float. */
+    const char *json;
+    size_t json_len;
     const char *bos_token;
     const char *eos_token;
     bool add_generation_prompt;
@@ -60,6 +67,10 @@ typedef struct tp_chat_vars {
  * TP_ERANGE. Every message names the template line. */
 int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, char **out, size_t *out_len,
                             tp_err *err);
+
+/* The template's source text (normalised: \r\n as \n, one trailing
+ * newline dropped), borrowed from t. */
+const char *tp_chat_template_source(const tp_chat_template *t, size_t *len);
 
 /* The text t puts right after an assistant turn's content, up to the next
  * turn (e.g. "<|eot_id|>", "<|im_end|>\n", "<end_of_turn>\n", or eos_token):

@@ -157,7 +157,7 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_FRAMES 12              /* frames per message after the envelope/topic, F0 included */
 #define TP_PROTO_MAX_HEADER (4u << 20)      /* bytes of F2 */
 #define TP_PROTO_MAX_OBJECTS 65536          /* msgpack objects in one header */
-#define TP_PROTO_MAX_DEPTH 4                /* nesting of msgpack containers */
+#define TP_PROTO_MAX_DEPTH 5                /* nesting of msgpack containers (SUBMIT messages[].tool_calls[] is 5 deep) */
 #define TP_PROTO_MAX_PAYLOAD (256u << 20)   /* bytes of one payload frame */
 #define TP_PROTO_MAX_JOB_ID 64              /* bytes; charset [A-Za-z0-9._:-] */
 #define TP_PROTO_MAX_PROMPT (1u << 20)      /* bytes of prompt text */
@@ -182,6 +182,8 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_TRIGGERS 1024          /* entries of stats stop_triggers */
 #define TP_PROTO_MAX_LOGIT_BIAS 1024        /* entries of params.logit_bias */
 #define TP_PROTO_MAX_TOP_LOGPROBS 20        /* params.top_logprobs (OpenAI's cap) */
+#define TP_PROTO_MAX_TOOLS (1u << 20)       /* bytes of SUBMIT tools (JSON text) */
+#define TP_PROTO_MAX_TOOL_CALLS 128         /* tool calls in one message / one FINISH */
 #define TP_PROTO_MAX_SPECIAL 1024           /* special token ids in READY / INFO_REPLY */
 
 /* Error codes (ACK and FINISH `error_code`): a machine-readable reason
@@ -286,6 +288,9 @@ enum {
     TP_P_TYPICAL_P = 1u << 18,
     TP_P_LOGIT_BIAS = 1u << 19,
     TP_P_TRUNCATE_PROMPT = 1u << 20,
+    TP_P_PARSE_TOOL_CALLS = 1u << 21,
+    TP_P_PARSE_REASONING = 1u << 22,
+    TP_P_PARALLEL_TOOL_CALLS = 1u << 23,
 };
 
 /* params.logit_bias: token id -> bias, as parallel arrays (owned by the
@@ -324,6 +329,11 @@ typedef struct tp_params {
     double typical_p;                /* (0, 1]; 1 = off */
     tp_logit_bias logit_bias;        /* <= TP_PROTO_MAX_LOGIT_BIAS entries (vocabulary: broker) */
     int32_t truncate_prompt_tokens;  /* >= 1: keep only the last N prompt tokens */
+    /* How the stop stage splits the output (the broker sets the first two
+     * from SUBMIT tools / messages unless the producer did): */
+    bool parse_tool_calls;           /* tool-call text becomes FINISH tool_calls, never TOKEN text */
+    bool parse_reasoning;            /* <think> text becomes TOKEN reasoning / FINISH reasoning_content */
+    bool parallel_tool_calls;        /* default true; false: the job ends after its first call */
 } tp_params;
 
 /* TP_LPMODE_* of p (raw when logprobs_mode is absent). */
@@ -331,11 +341,30 @@ int tp_params_lpmode(const tp_params *p);
 
 /* ---- JOB1 messages ------------------------------------------------------ */
 
+/* One function call: of an assistant turn (SUBMIT messages) or parsed
+ * from the output (FINISH tool_calls). */
+typedef struct tp_tool_call {
+    tp_str id;            /* FINISH: unique, non-empty; messages: may be empty */
+    tp_str name;          /* non-empty */
+    tp_str arguments;     /* JSON text of the arguments (OpenAI's string), may be empty */
+} tp_tool_call;
+
 /* One turn of a conversation (SUBMIT and TOKENIZE `messages`). */
 typedef struct tp_chat_msg {
     tp_str role;          /* non-empty */
-    tp_str content;       /* may be empty */
+    tp_str content;       /* may be empty (nil and absent read as empty) */
+    tp_str name;          /* opt (ptr NULL = absent): a tool turn's function name */
+    tp_str tool_call_id;  /* opt: the call a tool turn answers */
+    tp_tool_call *tool_calls;   /* an assistant turn's calls */
+    size_t n_tool_calls;
 } tp_chat_msg;
+
+/* Bytes of text in a conversation's turns (roles, contents, names, calls). */
+size_t tp_chat_msgs_bytes(const tp_chat_msg *msgs, size_t n);
+/* Deep copy of n turns and tools (ptr NULL = none) into one block: *out
+ * (free() it once; the turns, their calls and all strings, each string NUL
+ * terminated, live in it) and *tools_out pointing into it. TP_ENOMEM. */
+int tp_chat_msgs_dup(const tp_chat_msg *msgs, size_t n, tp_str tools, tp_chat_msg **out, tp_str *tools_out);
 
 typedef struct tp_m_submit {
     tp_str job_id;        /* empty = broker assigns one (returned in ACK) */
@@ -345,6 +374,9 @@ typedef struct tp_m_submit {
     bool parse_special;   /* control-token texts in prompt become those tokens */
     tp_chat_msg *messages;   /* a conversation, rendered by the model's chat template */
     size_t n_messages;       /* 0 = absent; exactly one of prompt, prompt_ids, messages */
+    tp_str tools;            /* opt, with messages: JSON array of OpenAI tools (the template's `tools`) */
+    tp_str tool_choice;      /* opt: "auto" (default) | "none" | "required" | "function" */
+    tp_str tool_choice_name; /* tool_choice "function": the function to call */
 } tp_m_submit;
 
 /* Bits of tp_m_ack.set / tp_m_finish.set for keys whose 0 is a value. */
@@ -487,6 +519,7 @@ typedef struct tp_m_token {
     uint32_t seq;          /* per job: 0, 1, 2, ... over TOKEN and FINISH */
     uint32_t index;        /* completion tokens accepted before this event */
     tp_str text;           /* UTF-8 delta, may be empty (held back) */
+    tp_str reasoning;      /* opt: delta of the thinking text (params.parse_reasoning) */
     tp_raw ids;            /* int32 frame: accepted token ids */
     tp_lp_cols lp;         /* the job asked for logprobs: one per id */
     uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
@@ -522,6 +555,9 @@ typedef struct tp_m_finish {
     uint32_t context_length; /* opt: with TP_CODE_CONTEXT or detail "context" */
     tp_str detail;         /* opt, reason length: "context" (the context ran out) or "max_tokens" */
     uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
+    tp_str reasoning_content;  /* opt: the whole thinking text (params.parse_reasoning) */
+    tp_tool_call *tool_calls;  /* opt: the calls parsed from the output (params.parse_tool_calls) */
+    size_t n_tool_calls;
 } tp_m_finish;
 
 /* ---- WRK1 messages ------------------------------------------------------ */
@@ -572,6 +608,7 @@ typedef struct tp_m_tokenize {
     bool parse_special;   /* control-token texts become those tokens */
     tp_chat_msg *messages;   /* n_messages > 0: render these with the chat template */
     size_t n_messages;       /* instead of text (then empty) */
+    tp_str tools;            /* opt: JSON array, the template's `tools` */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {

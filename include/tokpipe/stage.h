@@ -39,7 +39,8 @@ static inline int tp_stage_result(const tp_stage_io *io, const tp_msg *m, uint32
 
 /* ---- tokenize ---------------------------------------------------------- */
 typedef struct tp_tokenize_stage tp_tokenize_stage;
-/* tok is borrowed and must outlive the stage. */
+/* tok is borrowed and must outlive the stage (NULL: a stage that only
+ * renders, tp_tokenize_stage_render). */
 int tp_tokenize_stage_new(const tp_tokenizer *tok, tp_tokenize_stage **out, tp_err *err);
 int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_stage_io *io);
 void tp_tokenize_stage_free(tp_tokenize_stage *st);
@@ -54,11 +55,17 @@ void tp_tokenize_stage_free(tp_tokenize_stage *st);
 struct tp_chat_template;
 int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, struct tp_chat_template *tmpl, const char *bos,
                                const char *eos, const char *why, tp_err *err);
-/* Render msgs with the chat template as a TOKENIZE with messages does;
- * *out (caller frees) is the prompt text to tokenize with control tokens
- * parsed and nothing added. Errors start "messages: ". */
-int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, char **out,
-                             size_t *len, tp_err *err);
+/* Render msgs (and tools: a JSON array, ptr NULL = none) with the chat
+ * template as a TOKENIZE with messages does; *out (caller frees) is the
+ * prompt text to tokenize with control tokens parsed and nothing added.
+ * Errors start "messages: ", "messages[i]...: " or "tools...: " (tools
+ * malformed, or a template with no tool support). */
+int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools,
+                             char **out, size_t *len, tp_err *err);
+/* The tool-call syntax of the template set by tp_tokenize_stage_set_chat
+ * (family none without a template). */
+struct tp_tc_syntax;
+void tp_tokenize_stage_syntax(const tp_tokenize_stage *st, struct tp_tc_syntax *out);
 /* The end-of-turn ids found by tp_tokenize_stage_set_chat (borrowed). */
 int tp_tokenize_stage_turn_end_ids(const tp_tokenize_stage *st, const int32_t **ids);
 
@@ -132,6 +139,10 @@ typedef struct tp_stop_stage_limits {
 int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, const tp_stop_stage_limits *lim,
                       tp_stop_stage **out, tp_err *err);
 int tp_stop_stage_handle(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io);
+/* The model's tool-call syntax, for jobs whose params ask to parse tool
+ * calls or reasoning (copied; default: family none, no thinking). */
+struct tp_tc_syntax;
+void tp_stop_stage_set_syntax(tp_stop_stage *st, const struct tp_tc_syntax *syn);
 void tp_stop_stage_reset(tp_stop_stage *st);
 void tp_stop_stage_free(tp_stop_stage *st);
 

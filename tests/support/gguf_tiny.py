@@ -82,6 +82,17 @@ def read_gguf(path):
     return g.kv, tensors, g.alignment, g.buf, g.kv_types
 
 
+def write_tensor(f, tensors, name, array):
+    """Overwrite F32 tensor `name` (from read_gguf's tensors) in the open
+    file f with array (its size must match)."""
+    import numpy as np
+    _, _, off, size = tensors[name]
+    data = np.ascontiguousarray(array, dtype="<f4").tobytes()
+    assert len(data) == size, name
+    f.seek(off)
+    f.write(data)
+
+
 class Model:
     """Weights as float64 numpy arrays shaped [rows, cols] (ggml ne reversed)."""
 

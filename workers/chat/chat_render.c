@@ -2,6 +2,7 @@
  * the module's public API. Values live in a per-render arena freed whole at
  * the end; scopes follow Jinja (a for loop body is a fresh scope per
  * iteration, `if` is none, a macro sees its arguments and the top level). */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,6 +337,23 @@ static long norm_index(int64_t i, size_t n)
     return i < 0 || i >= (int64_t)n ? -1 : (long)i;
 }
 
+/* A string's bytes as a C name in the arena (NULL: out of memory, said). */
+static char *arena_name(rctx *c, const val *str, int line)
+{
+    char *nm = tp_chat_alloc(c->ar, str->str.n + 1);
+    if (!nm)
+        return oom(c, line), NULL;
+    memcpy(nm, str->str.s, str->str.n);
+    return nm;
+}
+
+/* v[key] for a string key no item answers: Jinja falls back to v.key. */
+static val *attr_of_key(rctx *c, val *v, val *key, int line)
+{
+    char *nm = arena_name(c, key, line);
+    return nm ? get_attr(c, v, nm, line) : NULL;
+}
+
 static val *get_item(rctx *c, val *v, val *key, int line)
 {
     if (v->type == V_UNDEF)
@@ -344,13 +362,8 @@ static val *get_item(rctx *c, val *v, val *key, int line)
         const val *x = dict_get(v, key);
         if (x)
             return (val *)x;
-        if (key->type == V_STR && v->type == V_DICT) {
-            char *nm = tp_chat_alloc(c->ar, key->str.n + 1);
-            if (!nm)
-                return oom(c, line);
-            memcpy(nm, key->str.s, key->str.n);
-            return get_attr(c, v, nm, line);
-        }
+        if (key->type == V_STR && v->type == V_DICT)
+            return attr_of_key(c, v, key, line);
         return mk_undef(c, NULL, line);
     }
     if (v->type == V_LIST && v->list.lazy)
@@ -367,13 +380,8 @@ static val *get_item(rctx *c, val *v, val *key, int line)
         size_t a = u8_offset(v->str.s, v->str.n, (size_t)i);
         return mk_str(c, v->str.s + a, u8_len((unsigned char)v->str.s[a]), line);
     }
-    if (key->type == V_STR) {
-        char *nm = tp_chat_alloc(c->ar, key->str.n + 1);
-        if (!nm)
-            return oom(c, line);
-        memcpy(nm, key->str.s, key->str.n);
-        return get_attr(c, v, nm, line);
-    }
+    if (key->type == V_STR)
+        return attr_of_key(c, v, key, line);
     return mk_undef(c, NULL, line);
 }
 
@@ -1427,6 +1435,21 @@ static val *attr_path(rctx *c, val *v, val *attr, int line)
     return v;
 }
 
+/* What Jinja's map / select / reject / unique give: a generator (no len(),
+ * iterated once) of up to n items of v, to fill in. falsy_empty: a false v
+ * (none, undefined, "") gives an empty one, as those filters treat it. */
+static val *generator(rctx *c, val *v, int falsy_empty, val ***items, size_t *n, int line)
+{
+    *items = NULL;
+    *n = 0;
+    if ((!falsy_empty || truthy(v)) && iter_items(c, v, items, n, line))
+        return NULL;
+    val *l = mk_list(c, *n, line);
+    if (l)
+        l->list.lazy = 1;
+    return l;
+}
+
 static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args, size_t npos, const char **kw,
                          val **kwv, size_t nkw, int line)
 {
@@ -1565,12 +1588,9 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         val *attr = A(99, "attribute");
         val **items = NULL;
         size_t n = 0;
-        if (truthy(v) && iter_items(c, v, &items, &n, line))
-            return NULL;
-        val *l = mk_list(c, n, line);
+        val *l = generator(c, v, 1, &items, &n, line);
         if (!l)
             return NULL;
-        l->list.lazy = 1;
         for (size_t k = 0; k < n; k++) {
             val *r;
             if (attr) {
@@ -1614,12 +1634,9 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         }
         val **items = NULL;
         size_t n = 0;
-        if (truthy(v) && iter_items(c, v, &items, &n, line))
-            return NULL;
-        val *l = mk_list(c, n, line);
+        val *l = generator(c, v, 1, &items, &n, line);
         if (!l)
             return NULL;
-        l->list.lazy = 1;
         size_t m = 0;
         for (size_t k = 0; k < n; k++) {
             val *x = by_attr ? attr_path(c, items[k], args[0], line) : items[k];
@@ -1640,12 +1657,9 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             return rfail(c, TP_EINVAL, line, "unsupported construct: unique(attribute=...)");
         val **items;
         size_t n;
-        if (iter_items(c, v, &items, &n, line))
-            return NULL;
-        val *l = mk_list(c, n, line);
+        val *l = generator(c, v, 0, &items, &n, line);
         if (!l)
             return NULL;
-        l->list.lazy = 1;
         size_t m = 0;
         for (size_t k = 0; k < n; k++) {
             val *key = items[k];
@@ -1788,6 +1802,22 @@ static int emit(rctx *c, const char *s, size_t n, int line)
     return 0;
 }
 
+/* A for loop's names for one item: `for x in` binds it, `for a, b in`
+ * unpacks it (as Python: a list of exactly that many). */
+static int bind_targets(rctx *c, frame *fr, const node *x, val *it)
+{
+    if (x->n_targets == 1)
+        return frame_set(c, fr, x->targets[0], it, x->line);
+    if (it->type != V_LIST || it->list.n != x->n_targets) {
+        rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", type_name(it), x->n_targets);
+        return -1;
+    }
+    for (size_t t = 0; t < x->n_targets; t++)
+        if (frame_set(c, fr, x->targets[t], it->list.v[t], x->line))
+            return -1;
+    return 0;
+}
+
 static int exec_for(rctx *c, frame *f, const node *x)
 {
     val *seq = eval(c, f, x->a);
@@ -1814,20 +1844,8 @@ static int exec_for(rctx *c, frame *f, const node *x)
             if (step(c, x->line))
                 return -1;
             frame fr = {.parent = f};
-            if (x->n_targets == 1) {
-                if (frame_set(c, &fr, x->targets[0], items[k], x->line))
-                    return -1;
-            } else {
-                val *it = items[k];
-                if (it->type != V_LIST || it->list.n != x->n_targets) {
-                    rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", type_name(it),
-                          x->n_targets);
-                    return -1;
-                }
-                for (size_t t = 0; t < x->n_targets; t++)
-                    if (frame_set(c, &fr, x->targets[t], it->list.v[t], x->line))
-                        return -1;
-            }
+            if (bind_targets(c, &fr, x, items[k]))
+                return -1;
             val *ok = eval(c, &fr, x->b);
             if (!ok)
                 return -1;
@@ -1850,22 +1868,8 @@ static int exec_for(rctx *c, frame *f, const node *x)
         lp->loop.items = kept;
         lp->loop.index0 = k;
         lp->loop.length = nk;
-        if (frame_set(c, &fr, "loop", lp, x->line))
+        if (frame_set(c, &fr, "loop", lp, x->line) || bind_targets(c, &fr, x, kept[k]))
             return -1;
-        if (x->n_targets == 1) {
-            if (frame_set(c, &fr, x->targets[0], kept[k], x->line))
-                return -1;
-        } else {
-            val *it = kept[k];
-            if (it->type != V_LIST || it->list.n != x->n_targets) {
-                rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", type_name(it),
-                      x->n_targets);
-                return -1;
-            }
-            for (size_t t = 0; t < x->n_targets; t++)
-                if (frame_set(c, &fr, x->targets[t], it->list.v[t], x->line))
-                    return -1;
-        }
         if (exec_body(c, &fr, x->body, x->n_body))
             return -1;
         if (c->ctl == 1) {
@@ -2026,7 +2030,279 @@ static val *from_json(rctx *c, const cJSON *j, int depth)
     return rfail(c, TP_EINVAL, 0, "unsupported JSON value in the conversation");
 }
 
+/* JSON text straight into values, so nothing passes through a C string
+ * (cJSON ends strings at U+0000) or a double (cJSON rounds integers past
+ * 2^53): jinja2 sees what json.loads gives. */
+typedef struct jtext {
+    rctx *c;
+    const char *s;
+    size_t n, i;
+} jtext;
+
+static val *jfail(jtext *j, const char *what)
+{
+    return rfail(j->c, TP_EFORMAT, 0, "variables JSON: %s at byte %zu", what, j->i);
+}
+
+static void jws(jtext *j)
+{
+    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
+        j->i++;
+}
+
+/* After an array element / object member: 1 another follows (',' read),
+ * 0 the container ends (close read), -1 neither. */
+static int jnext(jtext *j, char close)
+{
+    jws(j);
+    if (j->i < j->n && (j->s[j->i] == ',' || j->s[j->i] == close))
+        return j->s[j->i++] == ',';
+    rfail(j->c, TP_EFORMAT, 0, "variables JSON: expected , or %c at byte %zu", close, j->i);
+    return -1;
+}
+
+static int jhex4(jtext *j, uint32_t *cp)
+{
+    if (j->i + 4 > j->n)
+        return -1;
+    uint32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+        char ch = j->s[j->i + (size_t)k];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+              : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + (uint32_t)d;
+    }
+    j->i += 4;
+    *cp = v;
+    return 0;
+}
+
+/* A string at j->i (the opening quote): its bytes in the arena. */
+static const char *jstring(jtext *j, size_t *len)
+{
+    size_t start = ++j->i, cap = 0;
+    for (size_t k = start; k < j->n && j->s[k] != '"'; k++)
+        cap += j->s[k] == '\\' ? (k++, 4) : 1;   /* an escape writes at most 4 bytes */
+    char *o = tp_chat_alloc(j->c->ar, cap + 1);
+    if (!o)
+        return oom(j->c, 0), NULL;
+    size_t w = 0;
+    while (j->i < j->n && j->s[j->i] != '"') {
+        unsigned char ch = (unsigned char)j->s[j->i];
+        if (ch < 0x20)
+            return jfail(j, "control character in a string"), NULL;
+        if (ch != '\\') {
+            o[w++] = (char)ch;
+            j->i++;
+            continue;
+        }
+        if (++j->i >= j->n)
+            break;
+        char e = j->s[j->i++];
+        const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t", *at = strchr(from, e);
+        if (e && at) {
+            o[w++] = to[at - from];
+            continue;
+        }
+        uint32_t cp, lo;
+        if (e != 'u' || jhex4(j, &cp))
+            return jfail(j, "bad escape in a string"), NULL;
+        if (cp >= 0xD800 && cp < 0xDC00 && j->i + 6 <= j->n && j->s[j->i] == '\\' && j->s[j->i + 1] == 'u') {
+            size_t save = j->i;
+            j->i += 2;
+            if (!jhex4(j, &lo) && lo >= 0xDC00 && lo < 0xE000)
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            else
+                j->i = save;
+        }
+        if (cp >= 0xD800 && cp < 0xE000)
+            return jfail(j, "a lone UTF-16 surrogate has no UTF-8 form"), NULL;
+        if (cp < 0x80) {
+            o[w++] = (char)cp;
+        } else if (cp < 0x800) {
+            o[w++] = (char)(0xC0 | (cp >> 6));
+            o[w++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            o[w++] = (char)(0xE0 | (cp >> 12));
+            o[w++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            o[w++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            o[w++] = (char)(0xF0 | (cp >> 18));
+            o[w++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            o[w++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            o[w++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    if (j->i >= j->n)
+        return jfail(j, "unterminated string"), NULL;
+    j->i++;
+    o[w] = 0;
+    *len = w;
+    return o;
+}
+
+static val *jnumber(jtext *j)
+{
+    size_t s0 = j->i;
+    bool is_float = false;
+    if (j->i < j->n && j->s[j->i] == '-')
+        j->i++;
+    size_t d0 = j->i;
+    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9')
+        j->i++;
+    if (j->i == d0 || (j->s[d0] == '0' && j->i - d0 > 1))
+        return jfail(j, "bad number");
+    if (j->i < j->n && j->s[j->i] == '.') {
+        is_float = true;
+        size_t f0 = ++j->i;
+        while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9')
+            j->i++;
+        if (j->i == f0)
+            return jfail(j, "bad number");
+    }
+    if (j->i < j->n && (j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
+        is_float = true;
+        j->i++;
+        if (j->i < j->n && (j->s[j->i] == '+' || j->s[j->i] == '-'))
+            j->i++;
+        size_t e0 = j->i;
+        while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9')
+            j->i++;
+        if (j->i == e0)
+            return jfail(j, "bad number");
+    }
+    char buf[512];
+    size_t len = j->i - s0;
+    if (len >= sizeof buf)
+        return jfail(j, "number longer than 511 characters");
+    memcpy(buf, j->s + s0, len);
+    buf[len] = 0;
+    errno = 0;
+    if (!is_float) {
+        long long v = strtoll(buf, NULL, 10);
+        if (errno == ERANGE)
+            return rfail(j->c, TP_ERANGE, 0, "variables JSON: integer %s does not fit 64 bits", buf);
+        return mk_int(j->c, (int64_t)v, 0);
+    }
+    return mk_float(j->c, strtod(buf, NULL), 0);
+}
+
+static val *jvalue(jtext *j, int depth)
+{
+    if (depth > TP_CHAT_MAX_DEPTH)
+        return rfail(j->c, TP_ERANGE, 0, "variables JSON nested deeper than %d", TP_CHAT_MAX_DEPTH);
+    jws(j);
+    if (j->i >= j->n)
+        return jfail(j, "unexpected end");
+    const char *p = j->s + j->i;
+    size_t left = j->n - j->i;
+    if (*p == '"') {
+        size_t len;
+        const char *s = jstring(j, &len);
+        return s ? mk_str(j->c, s, len, 0) : NULL;
+    }
+    if (left >= 4 && !memcmp(p, "null", 4))
+        return j->i += 4, j->c->none;
+    if (left >= 4 && !memcmp(p, "true", 4))
+        return j->i += 4, mk_bool(j->c, 1);
+    if (left >= 5 && !memcmp(p, "false", 5))
+        return j->i += 5, mk_bool(j->c, 0);
+    if (*p == '[') {
+        j->i++;
+        size_t cap = 8, n = 0;
+        val **items = tp_chat_alloc(j->c->ar, cap * sizeof *items);
+        jws(j);
+        if (j->i < j->n && j->s[j->i] == ']')
+            j->i++;
+        else
+            for (;;) {
+                val *x = items ? jvalue(j, depth + 1) : NULL;
+                if (!x)
+                    return items ? NULL : oom(j->c, 0);
+                if (n == cap) {
+                    val **bigger = tp_chat_alloc(j->c->ar, 2 * cap * sizeof *items);
+                    if (!bigger)
+                        return oom(j->c, 0);
+                    memcpy(bigger, items, n * sizeof *items);
+                    items = bigger;
+                    cap *= 2;
+                }
+                items[n++] = x;
+                int more = jnext(j, ']');
+                if (more < 0)
+                    return NULL;
+                if (!more)
+                    break;
+            }
+        val *l = mk_list(j->c, n, 0);
+        if (l && n)
+            memcpy(l->list.v, items, n * sizeof *items);
+        return l;
+    }
+    if (*p == '{') {
+        j->i++;
+        val *d = mk(j->c, V_DICT, 0);
+        jws(j);
+        if (j->i < j->n && j->s[j->i] == '}') {
+            j->i++;
+            return d;
+        }
+        while (d) {
+            jws(j);
+            if (j->i >= j->n || j->s[j->i] != '"')
+                return jfail(j, "expected a string key");
+            size_t klen;
+            const char *ks = jstring(j, &klen);
+            val *k = ks ? mk_str(j->c, ks, klen, 0) : NULL;
+            jws(j);
+            if (!k)
+                return NULL;
+            if (j->i >= j->n || j->s[j->i] != ':')
+                return jfail(j, "expected : after a key");
+            j->i++;
+            val *x = jvalue(j, depth + 1);
+            if (!x || dict_set(j->c, d, k, x, 0))
+                return NULL;
+            int more = jnext(j, '}');
+            if (more < 0)
+                return NULL;
+            if (!more)
+                break;
+        }
+        return d;
+    }
+    return jnumber(j);
+}
+
+/* The variables object's members into the globals. */
+static int json_vars(rctx *c, frame *globals, const char *s, size_t n)
+{
+    jtext j = {c, s, n, 0};
+    val *d = jvalue(&j, 0);
+    if (!d)
+        return -1;
+    jws(&j);
+    if (j.i != n)
+        return jfail(&j, "trailing bytes"), -1;
+    if (d->type != V_DICT)
+        return rfail(c, TP_EINVAL, 0, "chat template: the variables JSON must be an object"), -1;
+    for (size_t i = 0; i < d->dict.n; i++) {
+        char *nm = arena_name(c, d->dict.k[i], 0);
+        if (!nm || frame_set(c, globals, nm, d->dict.v[i], 0))
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- API ---------------------------------------------------------------------- */
+
+const char *tp_chat_template_source(const tp_chat_template *t, size_t *len)
+{
+    *len = strlen(t->src);
+    return t->src;
+}
 
 int tp_chat_template_new(const char *text, size_t len, tp_chat_template **out, tp_err *err)
 {
@@ -2084,7 +2360,7 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
 {
     if (!t || !v || !out)
         return tp_err_set(err, TP_EINVAL, "chat template: render without template or variables");
-    if (!v->messages || !cJSON_IsArray(v->messages))
+    if (!v->json && (!v->messages || !cJSON_IsArray(v->messages)))
         return tp_err_set(err, TP_EINVAL, "chat template: messages must be a JSON array");
     if (v->extra && !cJSON_IsObject(v->extra))
         return tp_err_set(err, TP_EINVAL, "chat template: extra variables must be a JSON object");
@@ -2097,9 +2373,11 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
     if (!(c.none = mk(&c, V_NONE, 0)) || !(c.t = mk(&c, V_BOOL, 0)) || !(c.f = mk(&c, V_BOOL, 0)))
         goto done;
     c.t->b = 1;
-    val *msgs = from_json(&c, v->messages, 0);
-    if (!msgs || frame_set(&c, &globals, "messages", msgs, 0))
-        goto done;
+    if (!v->json) {
+        val *msgs = from_json(&c, v->messages, 0);
+        if (!msgs || frame_set(&c, &globals, "messages", msgs, 0))
+            goto done;
+    }
     if (frame_set(&c, &globals, "add_generation_prompt", mk_bool(&c, v->add_generation_prompt), 0))
         goto done;
     if (v->bos_token) {
@@ -2112,7 +2390,9 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
         if (!s || frame_set(&c, &globals, "eos_token", s, 0))
             goto done;
     }
-    if (v->extra)
+    if (v->json && json_vars(&c, &globals, v->json, v->json_len))
+        goto done;
+    if (v->extra && !v->json)
         for (const cJSON *e = v->extra->child; e; e = e->next) {
             val *x = from_json(&c, e, 0);
             char *nm = tp_chat_alloc(&ar, strlen(e->string) + 1);

@@ -9,6 +9,8 @@
 #include "tokpipe/detok.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/stop.h"
+#include "tokpipe/toolcall.h"
+#include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 
 typedef struct stop_job {
@@ -26,6 +28,8 @@ typedef struct stop_job {
     bool has_seed;
     uint64_t seed;            /* reported in FINISH */
     uint32_t context_length;  /* nonzero: max_tokens was lowered to fit this context */
+    tp_tcsplit *split;        /* params.parse_tool_calls / parse_reasoning: content, thinking, calls */
+    uint64_t content_len;     /* bytes of content published (FINISH text_len) */
 } stop_job;
 
 /* One candidate's logprob row from STOP_STEP (stride = the message's top_n). */
@@ -41,6 +45,7 @@ struct tp_stop_stage {
     const int *eos;
     int n_eos;
     tp_stop_stage_limits lim;
+    tp_tc_syntax syntax;       /* the model's tool-call syntax (family none: calls stay text) */
     stop_job *jobs;            /* lim.capacity entries */
     uint32_t *v_slots;         /* VERDICTS columns */
     uint8_t *v_acc, *v_fin;
@@ -63,8 +68,14 @@ int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, co
     return 0;
 }
 
+void tp_stop_stage_set_syntax(tp_stop_stage *st, const tp_tc_syntax *syn)
+{
+    st->syntax = *syn;
+}
+
 static void job_free(stop_job *j)
 {
+    tp_tcsplit_free(j->split);
     tp_stop_free(j->stop);
     tp_detok_free(j->detok);
     memset(j, 0, sizeof *j);
@@ -99,8 +110,8 @@ static stop_job *find_job(tp_stop_stage *st, uint32_t slot)
 
 /* ---- events ---------------------------------------------------------------- */
 
-static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const lp_row *lp,
-                         const tp_stage_io *io)
+static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const char *rs, size_t rlen,
+                         const lp_row *lp, const tp_stage_io *io)
 {
     tp_msg ev;
     float lpv = NAN;
@@ -112,6 +123,9 @@ static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, 
     ev.token.seq = j->seq++;
     ev.token.index = (uint32_t)tp_stop_completion_tokens(j->stop) - 1;
     ev.token.text = (tp_str){text, len};
+    if (rlen)
+        ev.token.reasoning = (tp_str){rs, rlen};
+    j->content_len += len;
     ev.token.ids = (tp_raw){&id, 1};
     ev.token.pin = j->pin;
     if (j->top_n >= 0) {
@@ -143,6 +157,23 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
         f->matched = (tp_matched){.kind = TP_MATCHED_STR, .str = {s->matched_str, s->matched_len}};
     else if (s->matched_id >= 0)
         f->matched = (tp_matched){.kind = TP_MATCHED_ID, .id = s->matched_id};
+    tp_tool_call calls[TP_PROTO_MAX_TOOL_CALLS];
+    if (j->split) {
+        /* what the splitter held: call text parsed, the rest is content */
+        const char *rs;
+        size_t rlen;
+        if (tp_tcsplit_finish(j->split, text, len, &text, &len, &rs, &rlen))
+            return TP_ENOMEM;
+        const tp_tc_call *tc;
+        size_t n = tp_tcsplit_calls(j->split, &tc);
+        for (size_t i = 0; i < n && i < TP_PROTO_MAX_TOOL_CALLS; i++)
+            calls[i] = (tp_tool_call){tp_str_of(tc[i].id), tp_str_of(tc[i].name), {tc[i].arguments, tc[i].arguments_len}};
+        f->tool_calls = calls;
+        f->n_tool_calls = n < TP_PROTO_MAX_TOOL_CALLS ? n : TP_PROTO_MAX_TOOL_CALLS;
+        const char *all = tp_tcsplit_reasoning(j->split, &rlen);
+        if (rlen)
+            f->reasoning_content = (tp_str){all, rlen > TP_PROTO_MAX_TEXT ? TP_PROTO_MAX_TEXT : rlen};
+    }
     f->text = (tp_str){text, len};
     f->job_error = tp_str_of(error);
     f->prompt_tokens = j->prompt_tokens;
@@ -150,7 +181,8 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
     f->completion_tokens = (uint32_t)tp_stop_completion_tokens(j->stop);
     size_t total;
     tp_stop_text(j->stop, &total);
-    f->text_len = total;
+    /* split: the content alone (what TOKEN and FINISH texts carry) */
+    f->text_len = j->split ? j->content_len + len : total;
     uint64_t now = tp_wall_us();
     f->timings.queue_us = j->t_start_us > j->t_submit_us ? j->t_start_us - j->t_submit_us : 0;
     f->timings.ttft_us = j->t_first_us > j->t_submit_us ? j->t_first_us - j->t_submit_us : 0;
@@ -214,6 +246,15 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
     int32_t prev = o->prev_token >= 0 ? o->prev_token : tp_tokenizer_bos_id(st->tok);
     if ((rc = tp_detok_new(st->tok, prev, &j->detok, e)))
         return rc;
+    if (p->parse_tool_calls || p->parse_reasoning) {
+        tp_tcsplit_opts so = {
+            .tools = p->parse_tool_calls, .reasoning = p->parse_reasoning,
+            .parallel = !(p->set & TP_P_PARALLEL_TOOL_CALLS) || p->parallel_tool_calls,
+            .id_seed = tp_random_u64(),
+        };
+        if ((rc = tp_tcsplit_new(&st->syntax, &so, &j->split, e)))
+            return rc;
+    }
     /* Rebuild after a lost stop worker: replay accepted tokens silently. */
     for (size_t i = 0; i < o->replay.n; i++) {
         int32_t id = tp_raw_i32(o->replay, i);
@@ -224,6 +265,15 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
             return tp_err_set(e, TP_EINVAL, "replay[%zu]: token %d cannot be replayed", i, id);
         if (s.accepted && (rc = tp_detok_accept(j->detok, id, e)))
             return rc;
+        if (j->split) {
+            /* the splitter's state is rebuilt too; what it publishes was
+             * published by the lost worker */
+            const char *c, *r;
+            size_t cn, rn;
+            if ((rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &c, &cn, &r, &rn)))
+                return tp_err_set(e, rc, "stop: out of memory");
+            j->content_len += cn;
+        }
     }
     return 0;
 }
@@ -304,7 +354,18 @@ static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, u
         tp_detok_accept(j->detok, cand, &e);
         if (!j->t_first_us)
             j->t_first_us = tp_wall_us();
-        if ((rc = publish_token(j, cand, s.chunk, s.chunk_len, lp, io)))
+        const char *text = s.chunk, *rs = "";
+        size_t len = s.chunk_len, rlen = 0;
+        if (j->split && s.finish == TP_FINISH_NONE &&
+            (rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
+            return rc;
+        if (j->split && s.finish != TP_FINISH_NONE) {
+            /* the last chunk goes to FINISH, which ends the splitter */
+            if ((rc = publish_token(j, cand, "", 0, "", 0, lp, io)))
+                return rc;
+            return publish_finish(j, &s, s.chunk, s.chunk_len, NULL, io);
+        }
+        if ((rc = publish_token(j, cand, text, len, rs, rlen, lp, io)))
             return rc;
         if (s.finish != TP_FINISH_NONE)
             return publish_finish(j, &s, "", 0, NULL, io);

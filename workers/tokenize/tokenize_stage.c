@@ -6,6 +6,7 @@
 
 #include "tokpipe/chat_template.h"
 #include "tokpipe/stage.h"
+#include "tokpipe/toolcall.h"
 
 #define TURN_END_MAX 4
 
@@ -16,6 +17,7 @@ struct tp_tokenize_stage {
     tp_chat_template *chat;   /* NULL: messages refused with chat_why */
     char *bos, *eos;
     char chat_why[TP_ERR_MSG_MAX];
+    tp_tc_syntax syntax;      /* the template's tool-call syntax */
     int32_t turn_end[TURN_END_MAX];
     int n_turn_end;
 };
@@ -67,8 +69,12 @@ int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, tp_chat_template *tmpl, co
     snprintf(st->chat_why, sizeof st->chat_why, "%s", why ? why : "the model has no chat template");
     if ((bos && !st->bos) || (eos && !st->eos))
         return tp_err_set(err, TP_ENOMEM, "tokenize stage: out of memory");
+    memset(&st->syntax, 0, sizeof st->syntax);
     if (!tmpl)
         return 0;
+    tp_toolcall_syntax(tmpl, st->bos, st->eos, &st->syntax);
+    if (!st->tok)
+        return 0;   /* rendering only (tokpipe chat-template --openai) */
     char *end = NULL;
     tp_err e;
     if (tp_chat_template_turn_end(tmpl, st->bos, st->eos, &end, &e))
@@ -93,31 +99,15 @@ int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, tp_chat_template *tmpl, co
     return 0;
 }
 
+void tp_tokenize_stage_syntax(const tp_tokenize_stage *st, tp_tc_syntax *out)
+{
+    *out = st->syntax;
+}
+
 int tp_tokenize_stage_turn_end_ids(const tp_tokenize_stage *st, const int32_t **ids)
 {
     *ids = st->turn_end;
     return st->n_turn_end;
-}
-
-/* messages -> the JSON conversation the renderer reads */
-static cJSON *conversation(const tp_chat_msg *msgs, size_t n)
-{
-    cJSON *arr = cJSON_CreateArray();
-    for (size_t i = 0; arr && i < n; i++) {
-        const tp_chat_msg *m = &msgs[i];
-        cJSON *o = cJSON_CreateObject();
-        char *role = strndup(m->role.ptr ? m->role.ptr : "", m->role.len);
-        char *content = strndup(m->content.ptr ? m->content.ptr : "", m->content.len);
-        if (!o || !role || !content || !cJSON_AddStringToObject(o, "role", role) ||
-            !cJSON_AddStringToObject(o, "content", content) || !cJSON_AddItemToArray(arr, o)) {
-            cJSON_Delete(o);
-            cJSON_Delete(arr);
-            arr = NULL;
-        }
-        free(role);
-        free(content);
-    }
-    return arr;
 }
 
 static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, const char *msg)
@@ -128,19 +118,28 @@ static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, 
     return io->reply(io->ctx, &r);
 }
 
-int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, char **out,
+int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
                              size_t *len, tp_err *err)
 {
     if (!st->chat)
         return tp_err_set(err, TP_EINVAL, "messages: %s", st->chat_why);
-    cJSON *conv = conversation(msgs, n);
-    if (!conv)
-        return tp_err_set(err, TP_ENOMEM, "tokenize: out of memory");
-    tp_chat_vars v = {.messages = conv, .bos_token = st->bos, .eos_token = st->eos, .add_generation_prompt = true,
-                      .max_output = TP_PROTO_MAX_PROMPT};
+    if (tools.ptr) {
+        int rc = tp_tools_check(tools.ptr, tools.len, err);
+        if (rc)
+            return rc;
+        if (st->syntax.family == TP_TC_NONE)
+            return tp_err_set(err, TP_EINVAL, "tools: the model's chat template has no tool support");
+    }
+    char *vars = NULL;
+    size_t vlen = 0;
     tp_err e;
-    int rc = tp_chat_template_render(st->chat, &v, out, len, &e);
-    cJSON_Delete(conv);
+    int rc = tp_toolcall_chat_vars(&st->syntax, msgs, n, tools, &vars, &vlen, &e);
+    if (rc)
+        return tp_err_set(err, rc, "%s", e.msg);
+    tp_chat_vars v = {.json = vars, .json_len = vlen, .bos_token = st->bos, .eos_token = st->eos,
+                      .add_generation_prompt = true, .max_output = TP_PROTO_MAX_PROMPT};
+    rc = tp_chat_template_render(st->chat, &v, out, len, &e);
+    free(vars);
     if (rc)
         return tp_err_set(err, rc, "messages: %s", e.msg);
     return 0;
@@ -158,7 +157,7 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     tp_err_clear(&e);
     unsigned flags = (t->add_bos ? TP_ENCODE_ADD_SPECIAL : 0) | (t->parse_special ? TP_ENCODE_SPECIAL : 0);
     if (t->n_messages) {
-        int rc = tp_tokenize_stage_render(st, t->messages, t->n_messages, &rendered, &len, &e);
+        int rc = tp_tokenize_stage_render(st, t->messages, t->n_messages, t->tools, &rendered, &len, &e);
         if (rc)
             return reply_error(m, io, rc == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, e.msg);
         text = rendered;

@@ -1,0 +1,114 @@
+/* libFuzzer target: any bytes as a model's output, split by every tool-call
+ * family (whole, and in chunks whose sizes the input picks), and as tools
+ * JSON / a JSON object for the member scanner, and as the variables JSON a
+ * chat template renders from. Beyond the sanitizers it checks that feeding
+ * in chunks gives the same content, reasoning and calls as feeding whole,
+ * that a parsed call's arguments are JSON, and that no content is lost:
+ * without calls, content + reasoning hold every byte that is not a
+ * thinking marker. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "tokpipe/chat_template.h"
+#include "tokpipe/toolcall.h"
+
+typedef struct out {
+    char *content, *reasoning;
+    size_t cn, rn;
+    size_t n_calls;
+    char names[1024];
+} out;
+
+static void add(char **dst, size_t *n, const char *s, size_t len)
+{
+    char *p = realloc(*dst, *n + len + 1);
+    if (!p)
+        abort();
+    memcpy(p + *n, s, len);
+    *n += len;
+    p[*n] = 0;
+    *dst = p;
+}
+
+static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t n, const uint8_t *cuts, size_t nc,
+                out *o)
+{
+    memset(o, 0, sizeof *o);
+    tp_tc_syntax syn = {.family = f, .thinks = thinks, .think_open = open};
+    tp_tcsplit_opts opts = {.tools = true, .reasoning = true, .parallel = true, .id_seed = 1};
+    tp_tcsplit *s;
+    tp_err e;
+    if (tp_tcsplit_new(&syn, &opts, &s, &e))
+        abort();
+    const char *c, *r;
+    size_t cn, rn, at = 0, k = 0;
+    while (at < n) {
+        size_t step = nc ? (size_t)cuts[k++ % nc] % 17 + 1 : n;
+        if (step > n - at)
+            step = n - at;
+        if (tp_tcsplit_feed(s, (const char *)d + at, step, &c, &cn, &r, &rn))
+            abort();
+        add(&o->content, &o->cn, c, cn);
+        add(&o->reasoning, &o->rn, r, rn);
+        at += step;
+    }
+    if (tp_tcsplit_finish(s, NULL, 0, &c, &cn, &r, &rn))
+        abort();
+    add(&o->content, &o->cn, c, cn);
+    add(&o->reasoning, &o->rn, r, rn);
+    const tp_tc_call *calls;
+    o->n_calls = tp_tcsplit_calls(s, &calls);
+    for (size_t i = 0; i < o->n_calls; i++) {
+        cJSON *j = cJSON_ParseWithLength(calls[i].arguments, calls[i].arguments_len);
+        if (!j || !calls[i].id || !calls[i].name[0])
+            abort();   /* a parsed call's arguments are JSON, it has an id and a name */
+        cJSON_Delete(j);
+        strncat(o->names, calls[i].name, sizeof o->names - strlen(o->names) - 1);
+    }
+    tp_tcsplit_free(s);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 3)
+        return 0;
+    tp_tc_family f = (tp_tc_family)(data[0] % TP_TC_COUNT);
+    bool thinks = data[1] & 1, open = data[1] & 2;
+    size_t nc = data[2] % 8;
+    if (size < 3 + nc)
+        return 0;
+    const uint8_t *cuts = data + 3, *text = data + 3 + nc;
+    size_t n = size - 3 - nc;
+    out whole, chunked;
+    run(f, thinks, open, text, n, NULL, 0, &whole);
+    run(f, thinks, open, text, n, cuts, nc, &chunked);
+    if (whole.cn != chunked.cn || whole.rn != chunked.rn || whole.n_calls != chunked.n_calls ||
+        (whole.cn && memcmp(whole.content, chunked.content, whole.cn)) ||
+        (whole.rn && memcmp(whole.reasoning, chunked.reasoning, whole.rn)) || strcmp(whole.names, chunked.names))
+        abort();   /* streaming must not change the message */
+    if (!whole.n_calls && whole.cn + whole.rn > n)
+        abort();   /* nothing is made up */
+    free(whole.content), free(whole.reasoning), free(chunked.content), free(chunked.reasoning);
+
+    tp_err e;
+    (void)tp_tools_check((const char *)text, n, &e);
+    const char *v;
+    size_t vn;
+    if (tp_json_member_span((const char *)text, n, "tools", &v, &vn) && (v < (const char *)text || v + vn > (const char *)text + n))
+        abort();
+    /* the renderer's own JSON reader, with a template that prints everything */
+    static tp_chat_template *t;
+    if (!t && tp_chat_template_new("{{ messages | tojson }}{{ tools }}", 34, &t, &e))
+        abort();
+    tp_chat_vars vars = {.json = (const char *)text, .json_len = n, .max_output = 1u << 16};
+    char *r = NULL;
+    size_t rl = 0;
+    if (tp_chat_template_render(t, &vars, &r, &rl, &e) && !e.msg[0])
+        abort();   /* a failure says why */
+    free(r);
+    return 0;
+}

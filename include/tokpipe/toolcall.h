@@ -1,0 +1,134 @@
+/* Tool calls and reasoning in a chat model's output: which syntax a chat
+ * template's model writes its calls in (detected from the template, as
+ * llama.cpp detects its chat formats), and a splitter that turns the
+ * generated text into content, reasoning (the <think> text) and parsed
+ * calls {id, name, arguments} -- streaming, so content can be published as
+ * it comes while call text never is.
+ *
+ * One parser per syntax family lives in workers/toolcall/<family>.c; each
+ * also names the marker that opens a call (for a lazy grammar) and builds
+ * the grammar of "a valid call of one of these functions" once the grammar
+ * engine is in (tp_toolcall_grammar). */
+#ifndef TOKPIPE_TOOLCALL_H
+#define TOKPIPE_TOOLCALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokpipe/error.h"
+#include "tokpipe/protocol.h"
+
+struct tp_chat_template;
+
+typedef enum tp_tc_family {
+    TP_TC_NONE = 0,          /* the template has no tool support */
+    TP_TC_GENERIC,           /* {"tool_calls": [{"name", "arguments"}]} | {"response": ...} */
+    TP_TC_HERMES,            /* Hermes 2/3, Qwen 2.5/3: <tool_call>{"name", "arguments"}</tool_call> */
+    TP_TC_LLAMA3,            /* Llama 3.1-3.3: {"name", "parameters"}; <|python_tag|> */
+    TP_TC_MISTRAL,           /* Mistral Nemo: [TOOL_CALLS][{"name", "arguments", "id"}] */
+    TP_TC_FUNCTIONARY_V31,   /* <function=NAME>{...}</function>; <|python_tag|>code */
+    TP_TC_FUNCTIONARY_V32,   /* (>>>)NAME\n{...}; >>>all\ntext */
+    TP_TC_COMMAND_R7B,       /* <|START_ACTION|>[{"tool_name", "parameters"}]<|END_ACTION|> */
+    TP_TC_COMMAND_R_PLUS,    /* Action: ```json\n[{"tool_name", "parameters"}]\n``` */
+    TP_TC_DEEPSEEK_R1,       /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json ...``` */
+    TP_TC_FIREFUNCTION_V2,   /* functools[{"name", "arguments"}, ...] */
+    TP_TC_COUNT
+} tp_tc_family;
+
+/* What a template's model writes. */
+typedef struct tp_tc_syntax {
+    tp_tc_family family;
+    bool thinks;             /* the model may think first (<think>...</think> or Command R7B's) */
+    bool think_open;         /* the generation prompt itself opens the thinking */
+    bool object_args;        /* the template wants a call's arguments as an object (it applies
+                              * tojson to them or reads their members), not OpenAI's string */
+    bool null_content;       /* an assistant turn of only calls may have content none (OpenAI's
+                              * null; DeepSeek R1's template renders the calls only then); else "" */
+} tp_tc_syntax;
+
+/* "hermes", "llama3", ...; "none". */
+const char *tp_tc_family_name(tp_tc_family f);
+
+/* The family and thinking of a template, from its source text alone. */
+void tp_toolcall_detect(const char *src, size_t len, tp_tc_syntax *out);
+
+/* tp_toolcall_detect on t's source, plus what only rendering tells:
+ * think_open (probe conversation's generation prompt), object_args (a
+ * probe call rendered with string and with object arguments) and
+ * null_content (the probe call's turn with content null renders). bos/eos:
+ * the token texts the template sees (may be NULL). Never fails: a probe
+ * that does not render leaves the flag false. */
+void tp_toolcall_syntax(const struct tp_chat_template *t, const char *bos, const char *eos, tp_tc_syntax *out);
+
+/* The variables a chat template renders a SUBMIT conversation with, as the
+ * JSON text tp_chat_vars.json takes: {"messages": [...], "tools": ...} in
+ * OpenAI's shape, with what syn says the template wants (a call's
+ * arguments as an object, null content for a turn of only calls) and, for
+ * Firefunction v2, its `functions` and `datetime`. Every byte of the
+ * strings is kept. *out (caller frees). Errors name the call whose
+ * arguments are not the object the template needs. */
+int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
+                          size_t *len, tp_err *err);
+
+/* The text whose generation opens a call (what triggers a lazy grammar
+ * under tool_choice auto), or NULL when a call starts the output. */
+const char *tp_toolcall_trigger(tp_tc_family f);
+
+/* Until the grammar engine lands: TP_EINVAL "not yet enforced". Then: the
+ * GBNF text (caller frees) of one valid call (parallel: one or more) of the
+ * functions in tools_json (an OpenAI tools array), in family f's syntax,
+ * each call's arguments valid against its function's parameters schema. */
+int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, bool parallel, char **gbnf,
+                        tp_err *err);
+
+/* Check an OpenAI tools array: [{"type": "function", "function": {"name",
+ * "description"?, "parameters"?, "strict"?}}, ...]; names [A-Za-z0-9_.-],
+ * 1-64 bytes, distinct. Errors name the element ("tools[1].function.name: ..."). */
+int tp_tools_check(const char *json, size_t len, tp_err *err);
+
+/* In the JSON object text obj[0..n) (leading space allowed), the exact
+ * text of member key's value (a key written without escapes): *v, *vn point
+ * into obj. false when obj is not a valid object or has no such member. */
+bool tp_json_member_span(const char *obj, size_t n, const char *key, const char **v, size_t *vn);
+
+/* ---- the splitter ------------------------------------------------------- */
+
+typedef struct tp_tc_call {
+    char *id;                /* unique: "call_" + 24 random characters (Mistral: 9, as its template needs) */
+    char *name;
+    char *arguments;         /* JSON text, exactly as generated ("{}" when the syntax gives none) */
+    size_t arguments_len;
+} tp_tc_call;
+
+typedef struct tp_tcsplit tp_tcsplit;
+
+typedef struct tp_tcsplit_opts {
+    bool tools;              /* parse calls (else call text is content) */
+    bool reasoning;          /* split thinking off (else it is content) */
+    bool parallel;           /* false: keep only the first call */
+    uint64_t id_seed;        /* calls' ids derive from it: give each job fresh randomness */
+} tp_tcsplit_opts;
+
+int tp_tcsplit_new(const tp_tc_syntax *syn, const tp_tcsplit_opts *o, tp_tcsplit **out, tp_err *err);
+void tp_tcsplit_free(tp_tcsplit *s);
+
+/* Feed the next piece of output text. Afterwards *content / *reasoning
+ * (borrowed until the next call) hold what became publishable: content
+ * never holds call text, nor a tail that may still open a call (a marker's
+ * prefix, held back like a stop string's). TP_ENOMEM. */
+int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
+                    const char **reasoning, size_t *reasoning_len);
+
+/* End of output, after the last len bytes of text (may be 0): parse what
+ * is held; the last deltas as for feed. Held text that is not a
+ * well-formed call becomes content. */
+int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
+                      const char **reasoning, size_t *reasoning_len);
+
+/* After finish: the calls (borrowed, valid until free) and the whole
+ * reasoning text. */
+size_t tp_tcsplit_calls(const tp_tcsplit *s, const tp_tc_call **calls);
+const char *tp_tcsplit_reasoning(const tp_tcsplit *s, size_t *len);
+
+#endif

@@ -1,0 +1,400 @@
+/* Tool calls: each family's parser on the strings its documentation shows
+ * (parallel calls, markers inside JSON strings, text before a call), the
+ * splitter fed whole and byte by byte (the same message; call text never
+ * in a content delta), thinking apart, and detection from the templates. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokpipe/chat_template.h"
+#include "tokpipe/toolcall.h"
+
+typedef struct result {
+    char content[4096];
+    char reasoning[4096];
+    size_t n_calls;
+    char names[8][64];
+    char args[8][512];
+    char ids[8][64];
+} result;
+
+static void cat(char *dst, const char *s, size_t n)
+{
+    size_t l = strlen(dst);
+    assert_true(l + n < 4096);
+    memcpy(dst + l, s, n);
+    dst[l + n] = 0;
+}
+
+/* Feed text in chunks of `chunk` bytes (0: whole). */
+static void split(tp_tc_family f, bool thinks, bool think_open, const char *text, size_t chunk, result *r)
+{
+    memset(r, 0, sizeof *r);
+    tp_tc_syntax syn = {.family = f, .thinks = thinks, .think_open = think_open};
+    tp_tcsplit_opts o = {.tools = true, .reasoning = true, .parallel = true, .id_seed = 42};
+    tp_tcsplit *s;
+    tp_err e;
+    assert_int_equal(tp_tcsplit_new(&syn, &o, &s, &e), 0);
+    size_t n = strlen(text), step = chunk ? chunk : (n ? n : 1);
+    const char *c, *rs;
+    size_t cn, rn;
+    for (size_t i = 0; i < n; i += step) {
+        size_t k = n - i < step ? n - i : step;
+        assert_int_equal(tp_tcsplit_feed(s, text + i, k, &c, &cn, &rs, &rn), 0);
+        cat(r->content, c, cn);
+        cat(r->reasoning, rs, rn);
+    }
+    assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
+    cat(r->content, c, cn);
+    cat(r->reasoning, rs, rn);
+    const tp_tc_call *calls;
+    r->n_calls = tp_tcsplit_calls(s, &calls);
+    for (size_t i = 0; i < r->n_calls && i < 8; i++) {
+        snprintf(r->names[i], sizeof r->names[i], "%s", calls[i].name);
+        snprintf(r->args[i], sizeof r->args[i], "%s", calls[i].arguments);
+        snprintf(r->ids[i], sizeof r->ids[i], "%s", calls[i].id);
+    }
+    size_t rl;
+    const char *all = tp_tcsplit_reasoning(s, &rl);
+    assert_int_equal(rl, strlen(r->reasoning));
+    assert_memory_equal(all, r->reasoning, rl);
+    tp_tcsplit_free(s);
+}
+
+/* Whole and byte by byte give the same message. */
+static void check(tp_tc_family f, bool thinks, bool think_open, const char *text, result *r)
+{
+    result b;
+    split(f, thinks, think_open, text, 0, r);
+    split(f, thinks, think_open, text, 1, &b);
+    assert_string_equal(r->content, b.content);
+    assert_string_equal(r->reasoning, b.reasoning);
+    assert_int_equal(r->n_calls, b.n_calls);
+    for (size_t i = 0; i < r->n_calls; i++) {
+        assert_string_equal(r->names[i], b.names[i]);
+        assert_string_equal(r->args[i], b.args[i]);
+    }
+}
+
+static void hermes_parses_parallel_calls_as_qwen_documents_them(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_HERMES, false, false,
+          "<tool_call>\n{\"name\": \"get_current_temperature\", \"arguments\": {\"location\": \"San Francisco, CA, "
+          "USA\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": {\"location\": "
+          "\"San Francisco, CA, USA\", \"date\": \"2024-10-01\"}}\n</tool_call>",
+          &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.names[0], "get_current_temperature");
+    assert_string_equal(r.args[0], "{\"location\": \"San Francisco, CA, USA\"}");
+    assert_string_equal(r.names[1], "get_temperature_date");
+    assert_string_equal(r.args[1], "{\"location\": \"San Francisco, CA, USA\", \"date\": \"2024-10-01\"}");
+    assert_string_equal(r.content, "");
+    assert_string_not_equal(r.ids[0], r.ids[1]);
+    assert_true(!strncmp(r.ids[0], "call_", 5) && strlen(r.ids[0]) == 29);
+}
+
+static void hermes_keeps_text_before_and_markers_inside_strings(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_HERMES, false, false,
+          "Let me run that.\n<tool_call>\n{\"arguments\": {\"code\": \"print('<tool_call></tool_call>')\"}, \"name\": "
+          "\"python\"}\n</tool_call>",
+          &r);
+    assert_string_equal(r.content, "Let me run that.\n");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "python");
+    assert_string_equal(r.args[0], "{\"code\": \"print('<tool_call></tool_call>')\"}");
+}
+
+static void hermes_malformed_call_stays_content(void **state)
+{
+    (void)state;
+    result r;
+    const char *t = "Here: <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": </tool_call> and more";
+    check(TP_TC_HERMES, false, false, t, &r);
+    assert_int_equal(r.n_calls, 0);
+    assert_string_equal(r.content, t);
+}
+
+static void content_holds_back_a_marker_prefix_only_until_it_is_not_one(void **state)
+{
+    (void)state;
+    tp_tc_syntax syn = {.family = TP_TC_HERMES};
+    tp_tcsplit_opts o = {.tools = true, .parallel = true};
+    tp_tcsplit *s;
+    tp_err e;
+    const char *c, *rs;
+    size_t cn, rn;
+    assert_int_equal(tp_tcsplit_new(&syn, &o, &s, &e), 0);
+    assert_int_equal(tp_tcsplit_feed(s, "a <tool", 7, &c, &cn, &rs, &rn), 0);
+    assert_int_equal(cn, 2);   /* "<tool" may open a call */
+    assert_memory_equal(c, "a ", 2);
+    assert_int_equal(tp_tcsplit_feed(s, "s>", 2, &c, &cn, &rs, &rn), 0);
+    assert_int_equal(cn, 7);
+    assert_memory_equal(c, "<tools>", 7);
+    tp_tcsplit_free(s);
+}
+
+static void llama3_json_and_builtin_python_tag(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_LLAMA3, false, false,
+          "{\"name\": \"get_current_conditions\", \"parameters\": {\"location\": \"San Francisco, CA\", \"unit\": "
+          "\"Fahrenheit\"}}",
+          &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "get_current_conditions");
+    assert_string_equal(r.args[0], "{\"location\": \"San Francisco, CA\", \"unit\": \"Fahrenheit\"}");
+    check(TP_TC_LLAMA3, false, false, "<|python_tag|>brave_search.call(query=\"current weather in Menlo Park, California\")",
+          &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "brave_search");
+    assert_string_equal(r.args[0], "{\"query\": \"current weather in Menlo Park, California\"}");
+    check(TP_TC_LLAMA3, false, false, "<|python_tag|>import math\nprint(math.pi)", &r);
+    assert_string_equal(r.names[0], "python");
+    assert_string_equal(r.args[0], "{\"code\": \"import math\\nprint(math.pi)\"}");
+    check(TP_TC_LLAMA3, false, false,
+          "{\"type\": \"function\", \"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": 1}}",
+          &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.names[1], "b");
+    /* plain JSON that is no call is the answer */
+    check(TP_TC_LLAMA3, false, false, "{\"answer\": 42}", &r);
+    assert_int_equal(r.n_calls, 0);
+    assert_string_equal(r.content, "{\"answer\": 42}");
+}
+
+static void mistral_calls_get_nine_character_ids(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_MISTRAL, false, false,
+          "[TOOL_CALLS][{\"name\": \"get_current_weather\", \"arguments\": {\"location\": \"Paris, France\", "
+          "\"format\": \"celsius\"}}, {\"name\": \"get_current_weather\", \"arguments\": {\"location\": \"[TOOL_CALLS]\"}}]",
+          &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.args[0], "{\"location\": \"Paris, France\", \"format\": \"celsius\"}");
+    assert_string_equal(r.args[1], "{\"location\": \"[TOOL_CALLS]\"}");
+    assert_int_equal(strlen(r.ids[0]), 9);
+    assert_string_not_equal(r.ids[0], r.ids[1]);
+}
+
+static void functionary_v31_and_v32(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_FUNCTIONARY_V31, false, false,
+          "Checking.<function=get_weather>{\"location\": \"Istanbul\"}</function><function=get_time>{\"tz\": "
+          "\"</function>\"}</function>",
+          &r);
+    assert_string_equal(r.content, "Checking.");
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.names[1], "get_time");
+    assert_string_equal(r.args[1], "{\"tz\": \"</function>\"}");
+    check(TP_TC_FUNCTIONARY_V32, false, false, "get_weather\n{\"location\": \"Istanbul\"}>>>get_time\n{}", &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.content, "");
+    check(TP_TC_FUNCTIONARY_V32, false, false, "all\nLet me look.>>>get_weather\n{\"location\": \"Istanbul\"}", &r);
+    assert_string_equal(r.content, "Let me look.");
+    assert_int_equal(r.n_calls, 1);
+    check(TP_TC_FUNCTIONARY_V32, false, false, "all\nJust text.", &r);
+    assert_string_equal(r.content, "Just text.");
+    assert_int_equal(r.n_calls, 0);
+}
+
+static void command_r7b_thinking_action_and_response(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_COMMAND_R7B, true, false,
+          "<|START_THINKING|>I will look up the weather.<|END_THINKING|><|START_ACTION|>[\n    {\"tool_call_id\": "
+          "\"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\"}}\n]<|END_ACTION|>",
+          &r);
+    assert_string_equal(r.reasoning, "I will look up the weather.");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.args[0], "{\"location\": \"Paris\"}");
+    check(TP_TC_COMMAND_R7B, true, false, "<|START_RESPONSE|>It is sunny.<|END_RESPONSE|>", &r);
+    assert_string_equal(r.content, "It is sunny.");
+}
+
+static void deepseek_r1_thinks_then_calls(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_DEEPSEEK_R1, true, false,
+          "<think>\nI need the weather.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+          "get_weather\n```json\n{\"location\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+          "get_time\n```json\n{\"tz\": \"```<｜tool▁call▁end｜>\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+          &r);
+    assert_string_equal(r.reasoning, "\nI need the weather.\n");
+    assert_string_equal(r.content, "");
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.args[1], "{\"tz\": \"```<｜tool▁call▁end｜>\"}");
+    /* the generation prompt opened the thinking: no <think> in the output */
+    check(TP_TC_DEEPSEEK_R1, true, true, "Hmm.</think>The answer is 4.", &r);
+    assert_string_equal(r.reasoning, "Hmm.");
+    assert_string_equal(r.content, "The answer is 4.");
+}
+
+static void firefunction_and_generic(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_FIREFUNCTION_V2, false, false,
+          " functools[{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}, {\"name\": \"get_time\", "
+          "\"arguments\": {}}]",
+          &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.content, " ");
+    check(TP_TC_GENERIC, false, false,
+          "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}]}", &r);
+    assert_int_equal(r.n_calls, 1);
+    check(TP_TC_GENERIC, false, false, "{\"response\": \"Hello \\\"you\\\"\"}", &r);
+    assert_int_equal(r.n_calls, 0);
+    assert_string_equal(r.content, "Hello \"you\"");
+}
+
+static void big_integers_in_arguments_are_kept_as_written(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_HERMES, false, false,
+          "<tool_call>{\"name\": \"f\", \"arguments\": {\"n\": 9007199254740993, \"m\": -9223372036854775807}}</tool_call>",
+          &r);
+    assert_string_equal(r.args[0], "{\"n\": 9007199254740993, \"m\": -9223372036854775807}");
+}
+
+static void without_tools_the_call_text_is_content(void **state)
+{
+    (void)state;
+    tp_tc_syntax syn = {.family = TP_TC_HERMES, .thinks = true};
+    tp_tcsplit_opts o = {.tools = false, .reasoning = false};
+    tp_tcsplit *s;
+    tp_err e;
+    const char *c, *rs;
+    size_t cn, rn;
+    const char *t = "<think>x</think><tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+    assert_int_equal(tp_tcsplit_new(&syn, &o, &s, &e), 0);
+    assert_int_equal(tp_tcsplit_feed(s, t, strlen(t), &c, &cn, &rs, &rn), 0);
+    assert_int_equal(cn, strlen(t));
+    assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
+    const tp_tc_call *calls;
+    assert_int_equal(tp_tcsplit_calls(s, &calls), 0);
+    tp_tcsplit_free(s);
+}
+
+static void one_call_when_parallel_calls_are_off(void **state)
+{
+    (void)state;
+    tp_tc_syntax syn = {.family = TP_TC_HERMES};
+    tp_tcsplit_opts o = {.tools = true, .parallel = false};
+    tp_tcsplit *s;
+    tp_err e;
+    const char *c, *rs;
+    size_t cn, rn;
+    const char *t = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\", "
+                    "\"arguments\": {}}</tool_call>";
+    assert_int_equal(tp_tcsplit_new(&syn, &o, &s, &e), 0);
+    assert_int_equal(tp_tcsplit_feed(s, t, strlen(t), &c, &cn, &rs, &rn), 0);
+    assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
+    const tp_tc_call *calls;
+    assert_int_equal(tp_tcsplit_calls(s, &calls), 1);
+    assert_string_equal(calls[0].name, "a");
+    tp_tcsplit_free(s);
+}
+
+static const char *models_dir(void)
+{
+    const char *m = getenv("TP_MODELS");
+    return m && *m ? m : "../shared/models";
+}
+
+static void templates_are_detected_as_their_family(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file;
+        tp_tc_family f;
+        bool thinks, think_open, object_args;
+    } cases[] = {
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", TP_TC_HERMES, false, false, true},
+        {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", TP_TC_HERMES, false, false, false},   /* is string */
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", TP_TC_LLAMA3, false, false, true},
+        {"meta-llama-Llama-3.3-70B-Instruct.jinja", TP_TC_LLAMA3, false, false, true},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", TP_TC_MISTRAL, false, false, true},
+        {"meetkai-functionary-medium-v3.1.jinja", TP_TC_FUNCTIONARY_V31, false, false, false},
+        {"meetkai-functionary-medium-v3.2.jinja", TP_TC_FUNCTIONARY_V32, false, false, false},
+        {"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", TP_TC_COMMAND_R7B, true, false, true},
+        {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", TP_TC_COMMAND_R_PLUS, false, false, true},
+        {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", TP_TC_DEEPSEEK_R1, true, true, false},
+        {"fireworks-ai-llama-3-firefunction-v2.jinja", TP_TC_FIREFUNCTION_V2, false, false, false},
+        {"google-gemma-2-2b-it.jinja", TP_TC_NONE, false, false, false},
+        {"microsoft-Phi-3.5-mini-instruct.jinja", TP_TC_NONE, false, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/chat-templates/%s", models_dir(), cases[i].file);
+        tp_chat_template *t;
+        tp_err e;
+        if (tp_chat_template_load(path, false, &t, &e))
+            fail_msg("%s: %s", path, e.msg);
+        tp_tc_syntax syn;
+        tp_toolcall_syntax(t, "<s>", "</s>", &syn);
+        if (syn.family != cases[i].f || syn.thinks != cases[i].thinks || syn.think_open != cases[i].think_open ||
+            syn.object_args != cases[i].object_args)
+            fail_msg("%s: family %s thinks %d open %d object_args %d", cases[i].file, tp_tc_family_name(syn.family),
+                     syn.thinks, syn.think_open, syn.object_args);
+        tp_chat_template_free(t);
+    }
+}
+
+static void tools_are_checked_by_element(void **state)
+{
+    (void)state;
+    tp_err e;
+    const char *ok = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": "
+                     "\"object\"}}}]";
+    assert_int_equal(tp_tools_check(ok, strlen(ok), &e), 0);
+    const char *bad = "[{\"type\": \"function\", \"function\": {\"name\": \"a\"}}, {\"type\": \"function\", "
+                      "\"function\": {\"name\": \"bad name\"}}]";
+    assert_int_equal(tp_tools_check(bad, strlen(bad), &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "tools[1].function.name"));
+    const char *dup = "[{\"type\": \"function\", \"function\": {\"name\": \"a\"}}, {\"type\": \"function\", "
+                      "\"function\": {\"name\": \"a\"}}]";
+    assert_int_equal(tp_tools_check(dup, strlen(dup), &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "twice"));
+    assert_int_equal(tp_tools_check("{}", 2, &e), TP_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hermes_parses_parallel_calls_as_qwen_documents_them),
+        cmocka_unit_test(hermes_keeps_text_before_and_markers_inside_strings),
+        cmocka_unit_test(hermes_malformed_call_stays_content),
+        cmocka_unit_test(content_holds_back_a_marker_prefix_only_until_it_is_not_one),
+        cmocka_unit_test(llama3_json_and_builtin_python_tag),
+        cmocka_unit_test(mistral_calls_get_nine_character_ids),
+        cmocka_unit_test(functionary_v31_and_v32),
+        cmocka_unit_test(command_r7b_thinking_action_and_response),
+        cmocka_unit_test(deepseek_r1_thinks_then_calls),
+        cmocka_unit_test(firefunction_and_generic),
+        cmocka_unit_test(big_integers_in_arguments_are_kept_as_written),
+        cmocka_unit_test(without_tools_the_call_text_is_content),
+        cmocka_unit_test(one_call_when_parallel_calls_are_off),
+        cmocka_unit_test(templates_are_detected_as_their_family),
+        cmocka_unit_test(tools_are_checked_by_element),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

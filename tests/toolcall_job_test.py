@@ -1,0 +1,258 @@
+"""Tool calls end to end: a model that calls a tool, served by the real
+daemon and gateway. The model is a random-weight GGUF with the Qwen3
+vocabulary (and its chat template) whose weights the test sets so that
+greedy decoding is known: every layer adds nothing, so the next token
+depends on the current one only, and the embeddings and output matrix
+chain "\\n" (the generation prompt's last token) -> the tokens of
+    <think>Look it up.</think><tool_call>{"name": ...}</tool_call>
+-> <|im_end|>. So the output is a thinking part and one call, and the
+daemon's stop stage must return them apart: FINISH reasoning_content and
+tool_calls (over ZeroMQ, `tokpipe generate --json`, HTTP streamed and
+not, and the official openai npm client's tool loop), no call text in any
+content delta, and with tool_choice none the call text as content."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_tiny  # noqa: E402
+import tpdaemon  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
+from http_gateway_test import request  # noqa: E402
+from tpdaemon import free_port  # noqa: E402
+from http_openai_node_test import MODULES, ensure_client  # noqa: E402
+
+QWEN3 = os.path.join(MODELS, "hf-vocab", "qwen3-vocab.gguf")
+THOUGHT = "Look it up."
+CALL = '{"name": "get_weather","arguments":{"city":"Paris"}}'
+OUTPUT = "<think>" + THOUGHT + "</think><tool_call>" + CALL + "</tool_call>"
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+USER = "Weather in Paris?"
+TOOLS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "openai_tools.cjs")
+
+
+def chain_model(path, start, chain, end):
+    """Greedy decoding after `start` gives chain, then end."""
+    subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", QWEN3,
+                    "--shape", "64x2x4", "--seed", "5", "--separate-output", "--out", path],
+                   check=True, capture_output=True, timeout=300)
+    _, tensors, _, _, _ = gguf_tiny.read_gguf(path)
+    dim, vocab = tensors["token_embd.weight"][1]
+    assert len(chain) + 2 <= dim
+    emb = np.zeros((vocab, dim))
+    emb[:, dim - 1] = 1.0            # any other token: straight to the end
+    out = np.zeros((vocab, dim))
+    out[end, dim - 1] = 10.0
+    for k, tok in enumerate([start] + chain):
+        emb[tok] = 0.0
+        emb[tok, k] = 1.0
+        out[chain[k] if k < len(chain) else end, k] = 10.0
+    with open(path, "r+b") as f:
+        def put(name, array):
+            gguf_tiny.write_tensor(f, tensors, name, array)
+        put("token_embd.weight", emb)
+        put("output.weight", out)
+        for name, (_, ne, _, _) in tensors.items():
+            if name.endswith("attn_output.weight") or name.endswith("ffn_down.weight"):
+                put(name, np.zeros(ne[::-1]))
+
+
+def sse_events(body):
+    return [json.loads(line[6:]) for line in body.decode().split("\n")
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+class ModelThatCallsATool(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="tp-tools-")
+        cls.model = os.path.join(cls.dir, "qwen3-calls.gguf")
+        cls.chain = tpdaemon.tokenize(QWEN3, OUTPUT, "--special")
+        start = tpdaemon.tokenize(QWEN3, "<|im_start|>assistant\n", "--special")[-1]
+        end = tpdaemon.tokenize(QWEN3, "<|im_end|>", "--special")[0]
+        assert len(set(cls.chain)) == len(cls.chain) and start not in cls.chain, cls.chain
+        chain_model(cls.model, start, cls.chain, end)
+        cls.end = end
+        cls.port = free_port()
+        cls.tools_file = os.path.join(cls.dir, "tools.json")
+        with open(cls.tools_file, "w") as f:
+            json.dump(TOOLS, f)
+        cls.d = tpdaemon.Daemon("shutdown:\n  drain_timeout_ms: 60000\nhttp:\n  port: %d\n" % cls.port,
+                                model=cls.model, tokenizer="", http=True, prefix="tp-tools-", stop_timeout_s=90,
+                                ready=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def generate(self, *args):
+        p = subprocess.run([TOKPIPE, "generate", "--config", self.d.config, "--json", "--temperature", "0",
+                            "--max-tokens", "64", "--message", "user=" + USER, *args],
+                           capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        return json.loads(p.stdout)
+
+    def check_call(self, calls):
+        self.assertEqual(len(calls), 1, calls)
+        c = calls[0]
+        self.assertEqual(c["type"], "function")
+        self.assertEqual(c["function"]["name"], "get_weather")
+        self.assertEqual(json.loads(c["function"]["arguments"]), {"city": "Paris"})
+        self.assertEqual(c["function"]["arguments"], '{"city":"Paris"}')   # as the model wrote it
+        self.assertTrue(c["id"].startswith("call_") and len(c["id"]) == 29, c["id"])
+
+    def test_generate_returns_the_call_and_the_thinking_apart(self):
+        j = self.generate("--tools", self.tools_file)
+        self.assertEqual(j["tokens"], self.chain)   # the end token ends it, unshown
+        self.assertEqual(j["finish_reason"], "eos")
+        self.assertEqual(j["text"], "")
+        self.assertEqual(j["reasoning_content"], THOUGHT)
+        self.check_call(j["tool_calls"])
+        # every call gets its own id
+        again = self.generate("--tools", self.tools_file)
+        self.assertNotEqual(again["tool_calls"][0]["id"], j["tool_calls"][0]["id"])
+        # tokpipe run, in process, splits the same way
+        p = subprocess.run([TOKPIPE, "run", "--model", self.model, "--json", "--temperature", "0", "--max-tokens",
+                            "64", "--message", "user=" + USER, "--tools", self.tools_file], capture_output=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        r = json.loads(p.stdout)
+        self.assertEqual((r["text"], r["reasoning_content"], r["prompt_tokens"]), ("", THOUGHT, j["prompt_tokens"]))
+        self.check_call(r["tool_calls"])
+
+    def test_tool_choice_none_leaves_the_call_text_as_content(self):
+        j = self.generate("--tools", self.tools_file, "--tool-choice", "none")
+        self.assertEqual(j["text"], "<tool_call>" + CALL + "</tool_call>")
+        self.assertEqual(j["reasoning_content"], THOUGHT)
+        self.assertNotIn("tool_calls", j)
+        # without tools too (and the thinking is apart for every chat job)
+        j = self.generate()
+        self.assertNotIn("tool_calls", j)
+        self.assertIn("<tool_call>", j["text"])
+
+    def test_zeromq_events_carry_reasoning_deltas_and_finish_the_calls(self):
+        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
+        sub.subscribe("zmq-tools")
+        sub.subscribe("@heartbeat")
+        sub.wait_heartbeat(self.d.log_text)
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+            "job_id": "zmq-tools", "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS),
+            "params": {"max_tokens": 64, "temperature": 0.0}})
+        self.assertEqual(ack["status"], 200, ack)
+        tokens, fin = sub.collect("zmq-tools")
+        self.assertEqual("".join(t["text"] for t in tokens) + fin["text"], "")
+        self.assertEqual("".join(t.get("reasoning", "") for t in tokens), THOUGHT)
+        self.assertEqual(fin["reasoning_content"], THOUGHT)
+        self.assertEqual(fin["text_len"], 0)
+        self.assertEqual(len(fin["tool_calls"]), 1)
+        c = fin["tool_calls"][0]
+        self.assertEqual((c["name"], c["arguments"]), ("get_weather", '{"city":"Paris"}'))
+        # required / a named function are refused until the grammar engine enforces them
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+            "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS), "tool_choice": "required"})
+        self.assertEqual(ack["status"], 400, ack)
+        self.assertIn("not yet enforced", ack["error"])
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+            "messages": [{"role": "user", "content": USER}], "tool_choice": "auto"})
+        self.assertEqual(ack["status"], 400, ack)
+        self.assertIn("tool_choice: only with tools", ack["error"])
+
+    def test_a_nul_in_a_message_keeps_the_rest_of_the_message(self):
+        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
+        sub.subscribe("@heartbeat")
+        counts = {}
+        for name, text in (("nul-cut", "Tell me a story"), ("nul-kept", "Tell me a story\u0000 about a dragon")):
+            sub.subscribe(name)
+            sub.wait_heartbeat(self.d.log_text)
+            cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+                "job_id": name, "messages": [{"role": "user", "content": text}],
+                "params": {"max_tokens": 1, "temperature": 0.0}})
+            self.assertEqual(ack["status"], 200, ack)
+            counts[name] = sub.collect(name)[1]["prompt_tokens"]
+        # the rendered prompt is tokenized whole: the NUL and " about a
+        # dragon" (at least " about", " a", " dragon") are in it
+        self.assertGreaterEqual(counts["nul-kept"] - counts["nul-cut"], 4, counts)
+
+    def chat(self, **kw):
+        body = dict({"model": "m", "messages": [{"role": "user", "content": USER}], "tools": TOOLS,
+                     "temperature": 0}, **kw)
+        return request(self.port, "POST", "/v1/chat/completions", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})
+
+    def test_http_returns_tool_calls_streamed_and_not(self):
+        st, body, _ = self.chat()
+        self.assertEqual(st, 200, body)
+        r = json.loads(body)
+        ch = r["choices"][0]
+        self.assertEqual(ch["finish_reason"], "tool_calls")
+        self.assertIsNone(ch["message"]["content"])
+        self.assertEqual(ch["message"]["reasoning_content"], THOUGHT)
+        self.check_call(ch["message"]["tool_calls"])
+        st, body, _ = self.chat(stream=True)
+        self.assertEqual(st, 200, body)
+        content, reasoning, calls, finish = "", "", {}, None
+        for ev in sse_events(body):
+            for c in ev["choices"]:
+                d = c["delta"]
+                content += d.get("content") or ""
+                reasoning += d.get("reasoning_content") or ""
+                for t in d.get("tool_calls") or []:
+                    k = calls.setdefault(t["index"], {"id": "", "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+                    k["id"] = t.get("id") or k["id"]
+                    k["function"]["name"] += t["function"].get("name") or ""
+                    k["function"]["arguments"] += t["function"].get("arguments") or ""
+                finish = c.get("finish_reason") or finish
+        self.assertEqual(content, "")
+        self.assertEqual(reasoning, THOUGHT)
+        self.assertEqual(finish, "tool_calls")
+        self.check_call([calls[0]])
+        # refusals name the field
+        st, body, _ = self.chat(tool_choice="required")
+        self.assertEqual(st, 400, body)
+        self.assertEqual(json.loads(body)["error"]["param"], "tool_choice")
+        st, body, _ = self.chat(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        self.assertEqual(st, 400, body)
+        self.assertIn("not yet enforced", json.loads(body)["error"]["message"])
+        st, body, _ = self.chat(tools=[{"type": "function", "function": {"name": "bad name"}}])
+        self.assertEqual(st, 400, body)
+        self.assertEqual(json.loads(body)["error"]["param"], "tools")
+
+    def test_official_openai_client_runs_the_tool_loop(self):
+        why = ensure_client()
+        if why:
+            self.skipTest(why)
+        inp = json.dumps({"base": "http://127.0.0.1:%d/v1" % self.port, "model": "m", "tools": TOOLS, "user": USER})
+        p = subprocess.run(["node", TOOLS_SCRIPT], input=inp, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, NODE_PATH=MODULES))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        first = out["first"]["choices"][0]
+        self.assertEqual(first["finish_reason"], "tool_calls", out)
+        self.check_call(first["message"]["tool_calls"])
+        s = out["streamed"]
+        self.assertEqual((s["content"], s["reasoning"], s["finish"]), ("", THOUGHT, "tool_calls"))
+        self.check_call(s["calls"])
+        self.assertNotEqual(s["calls"][0]["id"], first["message"]["tool_calls"][0]["id"])
+        # the second turn (assistant calls + tool result) is accepted and answered
+        self.assertIn("choices", out["second"], out["second"])
+        self.assertIn(out["second"]["choices"][0]["finish_reason"], ("tool_calls", "stop"))
+        none = out["none"]["choices"][0]
+        self.assertEqual(none["finish_reason"], "stop")
+        self.assertIn("<tool_call>", none["message"]["content"])
+        self.assertEqual(out["required"]["error"]["status"], 400)
+        self.assertEqual(out["required"]["error"]["param"], "tool_choice")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,100 @@
+/* Tool calls: what the splitter, the JSON scanner and the per-family
+ * parsers share. Not a public header (include/tokpipe/toolcall.h is). */
+#ifndef TOKPIPE_TC_INTERNAL_H
+#define TOKPIPE_TC_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "tokpipe/toolcall.h"
+
+#define TC_MAX_JSON_DEPTH 64
+
+/* A growable byte buffer; oom set once an allocation failed. */
+typedef struct tcbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} tcbuf;
+
+void tcb_put(tcbuf *b, const char *s, size_t n);
+void tcb_puts(tcbuf *b, const char *s);
+/* s[0..n) as a JSON string (quotes, escapes; every byte kept). */
+void tcb_json_str(tcbuf *b, const char *s, size_t n);
+void tcb_free(tcbuf *b);
+
+/* What a family parser produces from a region of output. */
+typedef struct tc_out {
+    tcbuf content;           /* the region's text that is not a call */
+    tp_tc_call *calls;
+    size_t n_calls, cap_calls;
+    bool oom;
+} tc_out;
+
+/* Add a call: name (n bytes, plain text), arguments (JSON text, an object;
+ * NULL = "{}"). The id is set by the splitter. -1 when out of memory. */
+void tc_call_release(tp_tc_call *c);
+int tc_add_call(tc_out *o, const char *name, size_t name_len, const char *args, size_t args_len);
+
+/* ---- JSON scanning (the model's text is checked, never trusted) ---- */
+
+size_t tc_ws(const char *s, size_t n);   /* bytes of JSON whitespace at s */
+/* Bytes of the one complete, valid JSON value at s (no leading space), or 0. */
+size_t tc_json_span(const char *s, size_t n);
+/* s[0..n) is a valid JSON object: the span of member key's value, or false. */
+bool tc_json_member(const char *s, size_t n, const char *key, const char **v, size_t *vn);
+/* A valid JSON string span -> its text (malloc, NUL terminated, *len bytes;
+ * may hold NUL bytes). NULL when out of memory. */
+char *tc_json_string(const char *s, size_t n, size_t *len);
+bool tc_starts(const char *s, size_t n, const char *lit);
+const char *tc_find(const char *s, size_t n, const char *lit);   /* first occurrence or NULL */
+
+/* A call object {name-key: "NAME", args-key: {...}} (the keys tried in
+ * order, NULL-terminated): added to o. false when it is not one. */
+bool tc_call_object(tc_out *o, const char *s, size_t n, const char *const *name_keys, const char *const *args_keys);
+/* A JSON array of call objects (as tc_call_object) at s: its span, or 0. */
+size_t tc_call_array(tc_out *o, const char *s, size_t n, const char *const *name_keys, const char *const *args_keys);
+/* The shape Mistral, Firefunction and Command R share: skip bytes, then
+ * space, a JSON array of call objects, space, the close marker (NULL: none;
+ * missing is fine at the very end), and the rest is content. */
+int tc_marker_array(const char *s, size_t n, size_t skip, const char *close, tc_out *o,
+                    const char *const *name_keys, const char *const *args_keys);
+
+/* ---- families ---- */
+
+/* Parse a region of output that starts where a call may start (one of the
+ * family's markers, or the output's start for families whose calls open
+ * it) into o. -1: not well-formed calls (the region stays content). */
+typedef int (*tc_parse_fn)(const char *s, size_t n, tc_out *o);
+
+typedef struct tc_family_def {
+    const char *name;
+    const char *const *markers;   /* texts that open a call anywhere in the content (NULL-terminated) */
+    bool json_at_start;           /* an output that starts with '{' may be a call */
+    bool recipient_first;         /* Functionary v3.2: the output starts with a recipient line */
+    const char *const *strip;     /* texts dropped from the content (NULL-terminated, may be NULL) */
+    tc_parse_fn parse;
+    int id_len;                   /* 0: "call_" + 24; else exactly this many [A-Za-z0-9] (Mistral) */
+    /* What tp_toolcall_grammar will hold a constrained output to, once the
+     * JSON Schema -> GBNF compiler (include/tokpipe/jschema.h) is in:
+     *   calls_open CALL (calls_sep CALL)* calls_close
+     *   CALL = call_open {"<name_key>": "NAME", "<args_key>": ARGS} call_close
+     * or, where the name stands outside the JSON (name_key NULL),
+     *   CALL = call_open NAME name_close ARGS call_close
+     * with NAME one of the offered functions and ARGS the grammar of its
+     * parameters schema; the lazy grammar of tool_choice auto starts at the
+     * trigger (tp_toolcall_trigger). */
+    const char *calls_open, *calls_sep, *calls_close;
+    const char *call_open, *call_close, *name_key, *args_key, *name_close;
+} tc_family_def;
+
+extern const tc_family_def tc_generic, tc_hermes, tc_llama3, tc_mistral, tc_functionary_v31, tc_functionary_v32,
+    tc_command_r7b, tc_command_r_plus, tc_deepseek_r1, tc_firefunction_v2;
+
+const tc_family_def *tc_family(tp_tc_family f);
+
+/* <|python_tag|> text (Llama 3.x, Functionary v3.1): a JSON call, a
+ * builtin's NAME.call(k=v, ...), or code for the python tool. */
+int tc_python_tag(const char *s, size_t n, tc_out *o, const char *const *args_keys);
+
+#endif
