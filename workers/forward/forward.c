@@ -96,7 +96,8 @@ struct tp_forward {
     tp_qact qact;   /* activations of the current typed matmul */
     void *panels;   /* the integer parts' panels (make_panels) */
     size_t panels_len;
-    bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too) */
+    bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too): panels */
+    bool simd, qsimd; /* f32 / typed matmuls: the CPU's vector kernels (AVX-512 or AVX2) */
     int slots, max_pos, max_tokens;
     int kv_pos; /* max_pos rounded up to a multiple of TP_KV_PAGE */
     /* Paged KV (prefix_cache.h): pages of TP_KV_PAGE (16) positions, each
@@ -571,6 +572,8 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->kv16_avx512 = f->avx512 && tp_kv16_have_avx512();
     f->part_min = PART_MIN_MACS;
     f->qavx512 = f->avx512 && tp_quant_have_avx512();
+    f->simd = tp_kernels_have_simd();
+    f->qsimd = tp_quant_have_simd();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
@@ -676,6 +679,8 @@ void tp_forward_use_scalar_for_tests(tp_forward *f)
     f->avx512 = false;
     f->kv16_avx512 = false;
     f->qavx512 = false;
+    f->simd = false;
+    f->qsimd = false;
 }
 
 /* ---- matmul backends --------------------------------------------------- */
@@ -756,14 +761,14 @@ typedef struct mm_job {
     const float *x;
     float *y;
     int ldx, n_tok, ldy;
-    bool avx512;
+    bool simd;
 } mm_job;
 
 static void mm_rows(void *arg, int r0, int r1, int worker)
 {
     (void)worker;
     const mm_job *j = arg;
-    tp_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->avx512);
+    tp_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->simd);
 }
 
 /* One matmul of the step, split by output rows (panel groups) over the
@@ -773,7 +778,7 @@ static void mm_rows(void *arg, int r0, int r1, int worker)
  * memory bandwidth helps it. */
 static void matmul(tp_forward *f, const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    mm_job j = {w, x, y, ldx, n_tok, ldy, f->avx512};
+    mm_job j = {w, x, y, ldx, n_tok, ldy, f->simd};
     int parts = parts_for(f, (double)w->rows * w->cols * n_tok);
     tp_pool_run(f->pool, w->rows, TP_MATMUL_ROW_ALIGN, parts, mm_rows, &j);
 }
@@ -792,52 +797,78 @@ static void group_matmul(tp_forward *f, const tp_packed *pw, const float *const 
         blas_matmul(f, parts[i], rows[i], pw->cols, x, ldx, n_tok, y + col, ldy);
 }
 
+/* Consecutive typed parts of a group that share one preparation of the
+ * input, as one pool job: part k's rows sit at [start[k], start[k] +
+ * rows) of the job's row space, starts rounded up to TYPED_ROW_ALIGN, so a
+ * range of the job is an aligned range of each part it covers. One wake-up
+ * and one wait for Q, K and V (or gate and up) instead of one per matrix. */
 typedef struct qmm_job {
-    const tp_wmat *w;
+    const typed_part *part;
+    int n, start[4];
     const tp_qact *a;
     float *y;
     int ldy;
-    bool avx512;
+    bool simd;
 } qmm_job;
 
 static void qmm_rows(void *arg, int r0, int r1, int worker)
 {
     (void)worker;
     const qmm_job *j = arg;
-    tp_qmatmul_rows(j->w, j->a, j->y, j->ldy, r0, r1, j->avx512);
+    for (int k = 0; k < j->n; k++) {
+        const typed_part *p = &j->part[k];
+        int lo = r0 - j->start[k], hi = r1 - j->start[k];
+        if (lo < 0)
+            lo = 0;
+        if (hi > p->w.rows)
+            hi = p->w.rows;
+        if (lo < hi)
+            tp_qmatmul_rows(&p->w, j->a, j->y + p->col, j->ldy, lo, hi, j->simd);
+    }
 }
 
-/* One typed matrix over activations already prepared in f->qact: its rows
- * split over the pool as for f32 (tp_qmatmul_rows gives the same bits for
- * any split; ranges of TYPED_ROW_ALIGN rows keep the kernels' row blocks
- * whole). */
-static void typed_rows(tp_forward *f, const tp_wmat *w, int n_tok, float *y, int ldy)
+/* Typed parts [0, n) of one kind over activations already prepared in
+ * f->qact: their rows split over the pool as for f32 (tp_qmatmul_rows
+ * gives the same bits for any split; ranges of TYPED_ROW_ALIGN rows keep
+ * the kernels' row blocks whole). */
+static void typed_rows(tp_forward *f, const typed_part *part, int n, int n_tok, float *y, int ldy)
 {
-    qmm_job j = {w, &f->qact, y, ldy, f->qavx512};
-    double cost = w->panel && f->qavx512 ? PANEL_MAC_COST : 1.0;
-    int parts = parts_for(f, (double)w->rows * w->cols * n_tok * cost);
-    tp_pool_run(f->pool, w->rows, TYPED_ROW_ALIGN, parts, qmm_rows, &j);
+    qmm_job j = {.part = part, .n = n, .a = &f->qact, .y = y, .ldy = ldy, .simd = f->qsimd};
+    double macs = 0;
+    int rows = 0;
+    for (int k = 0; k < n; k++) {
+        const tp_wmat *w = &part[k].w;
+        j.start[k] = rows;
+        rows += (w->rows + TYPED_ROW_ALIGN - 1) / TYPED_ROW_ALIGN * TYPED_ROW_ALIGN;
+        macs += (double)w->rows * w->cols * n_tok * (w->panel && f->qavx512 ? PANEL_MAC_COST : 1.0);
+    }
+    tp_pool_run(f->pool, rows, TYPED_ROW_ALIGN, parts_for(f, macs), qmm_rows, &j);
 }
+
+/* The kind of input a typed part needs: 0 integer (quantized), 1 float
+ * (F16/BF16 read x as is). */
+static int typed_kind(const typed_part *p) { return p->w.type == TP_GGML_F16 || p->w.type == TP_GGML_BF16; }
 
 /* A group with typed matrices: each part writes its own columns of y.
  * The parts share their input, so integer types share one quantization
  * of it (on this thread; the activation format does not depend on the
- * weight type). */
+ * weight type), and a run of parts of one kind is one pool job. */
 static void typed_group_matmul(tp_forward *f, const typed_group *tg, const float *x, int ldx, int n_tok, float *y,
                                int ldy)
 {
-    int prepared = -1; /* the kind x is prepared for: 0 integer, 1 float */
-    for (int i = 0; i < tg->n; i++) {
+    for (int i = 0; i < tg->n;) {
         const typed_part *p = &tg->part[i];
         if (p->p.p) {
             matmul(f, &p->p, x, ldx, n_tok, y + p->col, ldy);
+            i++;
             continue;
         }
-        int kind = p->w.type == TP_GGML_F16 || p->w.type == TP_GGML_BF16;
-        if (kind != prepared)
-            tp_qact_prepare(&f->qact, p->w.type, x, ldx, n_tok, p->w.cols);
-        prepared = kind;
-        typed_rows(f, &p->w, n_tok, y + p->col, ldy);
+        int n = 1;
+        while (i + n < tg->n && !tg->part[i + n].p.p && typed_kind(&tg->part[i + n]) == typed_kind(p))
+            n++;
+        tp_qact_prepare(&f->qact, p->w.type, x, ldx, n_tok, p->w.cols);
+        typed_rows(f, p, n, n_tok, y, ldy);
+        i += n;
     }
 }
 
@@ -1473,11 +1504,13 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
     if (f->kernel == TP_FWD_KERNEL_OPENBLAS) /* process-wide: set it for this instance every step */
         f->blas.set_num_threads(tp_forward_threads(f));
     embed(f, items, n_items);
+    tp_pool_hold(f->pool, true); /* helpers spin between this step's jobs, then sleep */
     for (int l = 0; l < f->c.n_layers; l++) {
         attention_block(f, l, T);
         ffn_block(f, l, T);
     }
     classify(f, items, n_items, logits);
+    tp_pool_hold(f->pool, false);
     for (int i = 0; i < n_items; i++) {
         f->seq_len[items[i].seq_id] = items[i].pos + items[i].n_tokens;
         publish_pages(f, items[i].seq_id);

@@ -161,16 +161,103 @@ static void matmul_avx512(const tp_packed *w, const float *x, int ldx, int n_tok
     }
 }
 
+/* The AVX2 kernel for CPUs without AVX-512 (Zen 1-3, Intel desktop
+ * parts): the same panels, 8 rows per register, so a panel is two
+ * registers. Each output is still one FMA chain over k from 0: the bits
+ * of the scalar and AVX-512 paths. NV registers of rows x TB tokens. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+block_avx2(const float *restrict pw, size_t kstride, const float *restrict x, size_t ldx, int K,
+           float *restrict y, size_t ldy, int rows_left, const int NV, const int TB)
+{
+    __m256 acc[8][3];
+    UNROLL for (int v = 0; v < NV; v++)
+        UNROLL for (int t = 0; t < TB; t++)
+            acc[v][t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        const float *wk = pw + (size_t)k * kstride;
+        UNROLL for (int t = 0; t < TB; t++) {
+            __m256 xb = _mm256_broadcast_ss(x + (size_t)t * ldx + (size_t)k);
+            UNROLL for (int v = 0; v < NV; v++)
+                acc[v][t] = _mm256_fmadd_ps(xb, _mm256_load_ps(wk + 8 * v), acc[v][t]);
+        }
+    }
+    UNROLL for (int v = 0; v < NV; v++) {
+        int n = rows_left - 8 * v;
+        UNROLL for (int t = 0; t < TB; t++) {
+            float *yt = y + (size_t)t * ldy + 8 * (size_t)v;
+            if (n >= 8) {
+                _mm256_storeu_ps(yt, acc[v][t]);
+            } else if (n > 0) {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[v][t]);
+                memcpy(yt, tmp, (size_t)n * sizeof(float));
+            }
+        }
+    }
+}
+
+#define AVX2_FN(nv, tb) \
+    __attribute__((target("avx2,fma"))) static void avx2_##nv##_##tb( \
+        const float *pw, size_t ks, const float *x, size_t ldx, int K, float *y, size_t ldy, int rl) \
+    { block_avx2(pw, ks, x, ldx, K, y, ldy, rl, nv, tb); }
+AVX2_FN(8, 1) AVX2_FN(4, 1) AVX2_FN(2, 1) AVX2_FN(4, 2) AVX2_FN(4, 3) AVX2_FN(2, 2) AVX2_FN(2, 3)
+
+typedef void (*avx2_fn)(const float *, size_t, const float *, size_t, int, float *, size_t, int);
+
+/* Batch 1 takes a whole panel group per pass (up to 8 registers, one
+ * stream); more tokens take 4 registers x up to 3 tokens, the group
+ * re-read from L1/L2 per block. */
+static void matmul_avx2(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
+                        int pg1)
+{
+    for (int pg = pg0; pg < pg1;) {
+        int np = group_np(w->panels, pg), nv = 2 * np;
+        size_t ks = (size_t)np * TP_PANEL;
+        const float *pw = w->p + (size_t)pg * TP_PANEL * (size_t)w->cols;
+        int rows_left = w->rows - pg * TP_PANEL;
+        float *yg = y + (size_t)pg * TP_PANEL;
+        if (n_tok == 1) {
+            avx2_fn fn = nv == 8 ? avx2_8_1 : nv == 4 ? avx2_4_1 : avx2_2_1;
+            fn(pw, ks, x, (size_t)ldx, w->cols, yg, (size_t)ldy, rows_left);
+        } else {
+            int cv = nv < 4 ? nv : 4;
+            int n_blocks = (n_tok + 2) / 3;
+            for (int v0 = 0; v0 < nv; v0 += cv)
+                for (int b = 0, t0 = 0; b < n_blocks; b++) {
+                    int tb = (n_tok - t0) / (n_blocks - b) + ((n_tok - t0) % (n_blocks - b) ? 1 : 0);
+                    avx2_fn fn = cv == 4 ? (tb == 1 ? avx2_4_1 : tb == 2 ? avx2_4_2 : avx2_4_3)
+                                         : (tb == 1 ? avx2_2_1 : tb == 2 ? avx2_2_2 : avx2_2_3);
+                    fn(pw + 8 * (size_t)v0, ks, x + (size_t)t0 * (size_t)ldx, (size_t)ldx, w->cols,
+                       yg + (size_t)t0 * (size_t)ldy + 8 * (size_t)v0, (size_t)ldy, rows_left - 8 * v0);
+                    t0 += tb;
+                }
+        }
+        pg += np;
+    }
+}
+
 bool tp_kernels_have_avx512(void)
 {
     return __builtin_cpu_supports("avx512f");
 }
 
-void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
-                      int pg1, bool avx512)
+bool tp_kernels_have_avx2(void)
 {
-    if (avx512) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool tp_kernels_have_simd(void)
+{
+    return tp_kernels_have_avx512() || tp_kernels_have_avx2();
+}
+
+void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
+                      int pg1, bool simd)
+{
+    if (simd && tp_kernels_have_avx512()) {
         matmul_avx512(w, x, ldx, n_tok, y, ldy, pg0, pg1);
+    } else if (simd && tp_kernels_have_avx2()) {
+        matmul_avx2(w, x, ldx, n_tok, y, ldy, pg0, pg1);
     } else {
         int r1 = pg1 * TP_PANEL < w->rows ? pg1 * TP_PANEL : w->rows;
         matmul_scalar(w, x, ldx, n_tok, y, ldy, pg0 * TP_PANEL, r1);
@@ -178,13 +265,13 @@ void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, fl
 }
 
 void tp_matmul_rows(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int r0, int r1,
-                    bool avx512)
+                    bool simd)
 {
     int pg1 = r1 >= w->rows ? w->panels : r1 / TP_PANEL;
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, r0 / TP_PANEL, pg1, avx512);
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, r0 / TP_PANEL, pg1, simd);
 }
 
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, tp_kernels_have_avx512());
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, tp_kernels_have_simd());
 }

@@ -1,7 +1,8 @@
-/* Passive compute pool (see pool.h): per helper one futex word saying
- * whether it is posted to the current job, one atomic counter the job's
- * rows are claimed from, and one countdown of running helpers the caller
- * sleeps on. No thread ever spins. */
+/* Compute pool (see pool.h): per helper one futex word saying whether it
+ * is posted to the current job, one atomic counter the job's rows are
+ * claimed from, and one countdown of running helpers the caller waits on.
+ * Between steps every wait is a futex sleep; inside a step (tp_pool_hold)
+ * a wait first spins for at most SPIN_NS. */
 #include "pool.h"
 
 #include <linux/futex.h>
@@ -13,13 +14,32 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
 
-/* A helper's state word. The caller moves IDLE -> POSTED (and may take a
- * post back, POSTED -> IDLE, if the helper has not started); the helper
- * moves POSTED -> RUNNING when it wakes, and RUNNING -> IDLE when it is
- * done with the job's memory. */
-enum { IDLE = 0, POSTED = 1, RUNNING = 2, QUIT = 3 };
+/* How long a wait inside a step spins before it sleeps. A futex wake-up
+ * costs a few microseconds on an idle host and tens in a VM; the gap
+ * between two matmuls of a decode step (norms, RoPE, attention on the
+ * caller) is mostly shorter. Bounded so that a helper whose vCPU is
+ * time-sliced against the caller's (research/limits.md 0.1) gives it back
+ * soon. */
+#define SPIN_NS 50000
+/* The bit of `pending` saying the caller sleeps on it (finish wakes it
+ * only then: no syscall when the caller is still spinning). */
+#define CALLER_SLEEPS 0x80000000u
+
+/* A helper's state word. The caller moves IDLE or SLEEPING -> POSTED (and
+ * may take a post back, POSTED -> IDLE, if the helper has not started),
+ * waking the helper only if it was SLEEPING; the helper moves IDLE ->
+ * SLEEPING before it sleeps in futex_wait, POSTED -> RUNNING when it
+ * starts, and RUNNING -> IDLE when it is done with the job's memory. */
+enum { IDLE = 0, POSTED = 1, RUNNING = 2, QUIT = 3, SLEEPING = 4 };
 
 /* Each helper's word on its own cache line: posting to one helper does not
  * disturb the line another helper sleeps on. */
@@ -39,8 +59,10 @@ struct tp_pool {
     tp_pool_fn fn;
     void *arg;
     int n_rows, align, units, chunk;
+    unsigned long long jobs; /* jobs run on more than one thread */
     alignas(64) _Atomic uint32_t next;    /* next unclaimed unit */
-    alignas(64) _Atomic uint32_t pending; /* helpers running or posted */
+    alignas(64) _Atomic uint32_t pending; /* helpers running or posted, | CALLER_SLEEPS */
+    alignas(64) _Atomic uint32_t hold;    /* inside a step: waits spin first */
 };
 
 static void futex_wait(_Atomic uint32_t *word, uint32_t val)
@@ -53,6 +75,31 @@ static void futex_wait(_Atomic uint32_t *word, uint32_t val)
 static void futex_wake(_Atomic uint32_t *word, int n)
 {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Spin while *word == val, the pool holds and SPIN_NS have not passed.
+ * Returns the last value read. */
+static uint32_t spin_while(const tp_pool *p, _Atomic uint32_t *word, uint32_t val)
+{
+    uint32_t v = atomic_load_explicit(word, memory_order_acquire);
+    if (v != val || !atomic_load_explicit(&p->hold, memory_order_relaxed))
+        return v;
+    long long t0 = now_ns();
+    for (unsigned i = 1;; i++) {
+        CPU_RELAX();
+        v = atomic_load_explicit(word, memory_order_acquire);
+        if (v != val)
+            return v;
+        if (!(i & 63) && (!atomic_load_explicit(&p->hold, memory_order_relaxed) || now_ns() - t0 > SPIN_NS))
+            return v;
+    }
 }
 
 /* Claim and compute chunks until the job's units run out. */
@@ -69,7 +116,7 @@ static void work(tp_pool *p, int worker)
 
 static void finish(tp_pool *p)
 {
-    if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1)
+    if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == (CALLER_SLEEPS | 1))
         futex_wake(&p->pending, 1);
 }
 
@@ -78,9 +125,15 @@ static void *helper_main(void *arg)
     helper_slot *s = arg;
     tp_pool *p = s->pool;
     for (;;) {
-        uint32_t st;
-        while ((st = atomic_load_explicit(&s->state, memory_order_acquire)) == IDLE)
-            futex_wait(&s->state, IDLE);
+        uint32_t st = spin_while(p, &s->state, IDLE);
+        while (st == IDLE || st == SLEEPING) {
+            uint32_t want = IDLE;
+            if (st == SLEEPING ||
+                atomic_compare_exchange_strong_explicit(&s->state, &want, SLEEPING, memory_order_acq_rel,
+                                                        memory_order_acquire))
+                futex_wait(&s->state, SLEEPING);
+            st = atomic_load_explicit(&s->state, memory_order_acquire);
+        }
         if (st == QUIT)
             return NULL;
         uint32_t want = POSTED;
@@ -122,6 +175,8 @@ int tp_pool_new(int n_threads, tp_pool **out, tp_err *err)
     p->slots = slots;
     atomic_init(&p->next, 0);
     atomic_init(&p->pending, 0);
+    atomic_init(&p->hold, 0);
+    p->jobs = 0;
     for (int i = 0; i < n_threads; i++) {
         atomic_init(&slots[i].state, IDLE);
         slots[i].index = i;
@@ -150,6 +205,14 @@ int tp_pool_new(int n_threads, tp_pool **out, tp_err *err)
 }
 
 int tp_pool_threads(const tp_pool *p) { return p->n; }
+
+void tp_pool_hold(tp_pool *p, bool on)
+{
+    /* Off: helpers spinning see it within 64 pauses and go to sleep. */
+    atomic_store_explicit(&p->hold, on ? 1u : 0u, memory_order_relaxed);
+}
+
+unsigned long long tp_pool_jobs(const tp_pool *p) { return p->jobs; }
 
 int tp_pool_job_threads(const tp_pool *p, int n_rows, int align, int max_threads)
 {
@@ -188,10 +251,10 @@ void tp_pool_run(tp_pool *p, int n_rows, int align, int max_threads, tp_pool_fn 
         p->chunk = 1;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, (uint32_t)(threads - 1), memory_order_relaxed);
-    for (int i = 1; i < threads; i++) {
-        atomic_store_explicit(&p->slots[i].state, POSTED, memory_order_release);
-        futex_wake(&p->slots[i].state, 1);
-    }
+    p->jobs++;
+    for (int i = 1; i < threads; i++)
+        if (atomic_exchange_explicit(&p->slots[i].state, POSTED, memory_order_acq_rel) == SLEEPING)
+            futex_wake(&p->slots[i].state, 1);
     work(p, 0);
     /* Every row is claimed: a helper still asleep is not needed any more. */
     for (int i = 1; i < threads; i++) {
@@ -200,7 +263,20 @@ void tp_pool_run(tp_pool *p, int n_rows, int align, int max_threads, tp_pool_fn 
                                                     memory_order_acquire))
             finish(p);
     }
-    uint32_t left;
-    while ((left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0)
+    uint32_t left = atomic_load_explicit(&p->pending, memory_order_acquire);
+    while (left & ~CALLER_SLEEPS) {
+        left = spin_while(p, &p->pending, left);
+        if (!(left & ~CALLER_SLEEPS))
+            break;
+        if (!(left & CALLER_SLEEPS)) {
+            if (!atomic_compare_exchange_strong_explicit(&p->pending, &left, left | CALLER_SLEEPS,
+                                                         memory_order_acq_rel, memory_order_acquire))
+                continue; /* a helper finished meanwhile: left is the new count */
+            left |= CALLER_SLEEPS;
+        }
         futex_wait(&p->pending, left);
+        left = atomic_load_explicit(&p->pending, memory_order_acquire);
+    }
+    /* Nobody touches pending now (every helper has finished): clear the bit. */
+    atomic_store_explicit(&p->pending, 0, memory_order_relaxed);
 }

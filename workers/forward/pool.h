@@ -1,14 +1,14 @@
 /* Private to the forward stage (and its tests): a small pool of compute
- * threads that wait passively.
+ * threads that sleep between steps and spin, briefly, only inside one.
  *
- * Why passive: on this kind of shared VM a spinning pool (libgomp's default
+ * Why not a spinning pool: on this kind of shared VM one (libgomp's default
  * wait policy, OpenBLAS's pthread spin) fell about 700x when the two vCPUs
  * were time-sliced on one core (research/limits.md 0.1). An idle helper
  * here sleeps in futex(FUTEX_WAIT) and burns no CPU; a job wakes only the
- * helpers it needs; the caller does the first part itself and sleeps on a
- * futex until the others are done. The price is a wake-up per job (a few
- * microseconds, more on a loaded host), which is why callers give small jobs
- * fewer parts (max_parts).
+ * helpers it needs; the caller does the first part itself and waits until
+ * the others are done. A wake-up costs microseconds (tens on a loaded
+ * host), so inside a step (tp_pool_hold) waits spin for a bounded time
+ * first, and callers give small jobs fewer parts (max_parts).
  *
  * Work is claimed, not dealt: the rows of a job are taken in chunks from
  * one atomic counter by the caller and the helpers it woke, and a helper
@@ -37,6 +37,8 @@
 
 #include "tokpipe/error.h"
 
+#include <stdbool.h>
+
 typedef struct tp_pool tp_pool;
 
 typedef void (*tp_pool_fn)(void *arg, int r0, int r1, int worker);
@@ -57,6 +59,17 @@ int tp_pool_threads(const tp_pool *p);
  * units) and return when every row is done. n_rows <= 0 does nothing;
  * align >= 1. */
 void tp_pool_run(tp_pool *p, int n_rows, int align, int max_threads, tp_pool_fn fn, void *arg);
+
+/* Inside a step (on) a thread waiting for the next job or for the
+ * helpers spins for a bounded time (pool.c SPIN_NS) before it sleeps, which
+ * saves a futex wake-up per job when jobs come close together; off
+ * (the default, and between steps) every wait sleeps at once, and helpers
+ * spinning go to sleep. */
+void tp_pool_hold(tp_pool *p, bool on);
+
+/* Jobs run on more than one thread so far: the step's synchronisation
+ * points (for tests and benchmarks). */
+unsigned long long tp_pool_jobs(const tp_pool *p);
 
 /* The threads tp_pool_run may use for such a job (for tests). */
 int tp_pool_job_threads(const tp_pool *p, int n_rows, int align, int max_threads);

@@ -270,6 +270,305 @@ TP_SCALAR_CLONES static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a
     }
 }
 
+/* ---- AVX2 (CPUs without AVX-512 VNNI): the canonical order of quant.h,
+ * vectorised where it is exact. Integer dot products of a sub-block are
+ * exact in any order; float lanes are the 16 of the scalar path, two
+ * registers of 8. So the bits are those of the scalar path. ---- */
+
+/* Exact sum of w[i] * x[i] over n = 32 or 16 int8 pairs. maddubs takes an
+ * unsigned and a signed operand: |w| and x carrying w's sign; a pair of
+ * products is at most 2 * 128 * 127 (x never is -128: activations are
+ * quantized to +-127), inside int16. */
+__attribute__((target("avx2"))) static inline int32_t hsum_i32x4(__m128i s)
+{
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+__attribute__((target("avx2"))) static inline int32_t dot32_avx2(__m256i a, const int8_t *x)
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)x);
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
+                                  _mm256_set1_epi16(1));
+    return hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+}
+
+__attribute__((target("avx2"))) static inline int32_t dot_i8_avx2(const int8_t *w, const int8_t *x, int n)
+{
+    if (n == 32)
+        return dot32_avx2(_mm256_loadu_si256((const __m256i *)w), x);
+    __m128i a = _mm_loadu_si128((const __m128i *)w), b = _mm_loadu_si128((const __m128i *)x);
+    return hsum_i32x4(_mm_madd_epi16(_mm_maddubs_epi16(_mm_sign_epi8(a, a), _mm_sign_epi8(b, a)), _mm_set1_epi16(1)));
+}
+
+/* A block's f16 scale, converted by the CPU (F16C: exact, as
+ * tp_f16_to_f32; and no call out of AVX code in the inner loop). */
+__attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Block b's 32 signed quants. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i q80_q40_quants(const uint8_t *blk, const bool q8)
+{
+    if (q8)
+        return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i low = _mm_set1_epi8(0x0f);
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+    return _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low)),
+                           _mm256_set1_epi8(8));
+}
+
+/* The 8 int32 partial sums of a 32-pair product (see dot32_avx2). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot32_parts(__m256i a, const int8_t *x)
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
+                             _mm256_set1_epi16(1));
+}
+
+/* Four blocks at a time: their exact integer sums reduced together (one
+ * horizontal tree for four), their scale products d * dx in one multiply,
+ * then the row's one accumulator takes them in block order as always. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q80_q40_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool q8)
+{
+    size_t bb = q8 ? 34 : 18;
+    int cols = w->cols, nb = cols / 32, nb4 = nb / 4 * 4;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb;
+            float acc = 0.0f;
+            for (int b = 0; b < nb4; b += 4) {
+                const uint8_t *blk = row + (size_t)b * bb;
+                __m256i p0 = dot32_parts(q80_q40_quants(blk, q8), xq + 32 * b);
+                __m256i p1 = dot32_parts(q80_q40_quants(blk + bb, q8), xq + 32 * b + 32);
+                __m256i p2 = dot32_parts(q80_q40_quants(blk + 2 * bb, q8), xq + 32 * b + 64);
+                __m256i p3 = dot32_parts(q80_q40_quants(blk + 3 * bb, q8), xq + 32 * b + 96);
+                __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+                __m128 pf = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+                uint16_t d16[4];
+                for (int k = 0; k < 4; k++)
+                    memcpy(&d16[k], blk + (size_t)k * bb, 2);
+                __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d16));
+                __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(dx + b));
+                float scf[4], pff[4];
+                _mm_storeu_ps(scf, sc);
+                _mm_storeu_ps(pff, pf);
+                for (int k = 0; k < 4; k++)
+                    acc = fmaf(scf[k], pff[k], acc);
+            }
+            for (int b = nb4; b < nb; b++) {
+                const uint8_t *blk = row + (size_t)b * bb;
+                int32_t p = dot32_avx2(q80_q40_quants(blk, q8), xq + 32 * b);
+                acc = fmaf(half_at(blk) * dx[b], (float)p, acc);
+            }
+            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+        }
+    }
+}
+
+/* Q8_0 (34-byte blocks: f16 d, 32 quants) and Q4_0 (18: f16 d, 16 bytes of
+ * nibbles, columns 0..15 low, 16..31 high, q - 8) straight from the file's
+ * blocks, no unpacking. */
+__attribute__((target("avx2,fma,f16c"))) static void qrows_q80_q40_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                       int ldy, int r0, int r1)
+{
+    if (w->type == TP_GGML_Q8_0)
+        q80_q40_rows(w, a, y, ldy, r0, r1, true);
+    else
+        q80_q40_rows(w, a, y, ldy, r0, r1, false);
+}
+
+/* The two 16-pair halves of a 32-pair product (Q6_K's scale is per 16). */
+__attribute__((target("avx2"))) static inline void dot2x16_avx2(__m256i a, const int8_t *x, int32_t p[2])
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)x);
+    __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
+                                  _mm256_set1_epi16(1));
+    p[0] = hsum_i32x4(_mm256_castsi256_si128(q));
+    p[1] = hsum_i32x4(_mm256_extracti128_si256(q, 1));
+}
+
+/* Q4_K (144-byte super-blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit
+ * scales and mins, 128 bytes of nibbles) and Q6_K (210: ql[128], qh[64],
+ * int8 scales[16], f16 d) straight from the file, as quant_k.c's unpacking
+ * reads them: the same quants, the same float scale products. */
+__attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                 int ldy, int r0, int r1)
+{
+    bool q6 = w->type == TP_GGML_Q6_K;
+    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), off32 = _mm256_set1_epi8(32);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            float acc = 0.0f;
+            for (int i = 0; i < nsb; i++) {
+                if (q6) {
+                    const uint8_t *sb = row + (size_t)i * 210;
+                    const int8_t *sc = (const int8_t *)(sb + 192);
+                    float d = half_at(sb + 208);
+                    for (int h = 0; h < 2; h++) {
+                        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h));
+                        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h + 32));
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));
+                        for (int sub = 0; sub < 2; sub++) {
+                            __m256i n0 = sub ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low) : _mm256_and_si256(ql0, low);
+                            __m256i n1 = sub ? _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low) : _mm256_and_si256(ql1, low);
+                            __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * sub), three);
+                            __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * sub + 2), three);
+                            __m256i w0 = _mm256_sub_epi8(_mm256_or_si256(n0, _mm256_slli_epi16(h0, 4)), off32);
+                            __m256i w1 = _mm256_sub_epi8(_mm256_or_si256(n1, _mm256_slli_epi16(h1, 4)), off32);
+                            int col = 256 * i + 128 * h + 64 * sub;
+                            const int8_t *scs = sc + 8 * h + 4 * sub;
+                            int32_t p[4];
+                            dot2x16_avx2(w0, xq + col, p);
+                            dot2x16_avx2(w1, xq + col + 32, p + 2);
+                            for (int k = 0; k < 4; k++)
+                                acc = fmaf(d * (float)scs[k] * dx[(col + 16 * k) / 32], (float)p[k], acc);
+                        }
+                    }
+                } else {
+                    const uint8_t *sb = row + (size_t)i * 144;
+                    float d = half_at(sb), dmin = half_at(sb + 2);
+                    for (int j = 0; j < 4; j++) {
+                        __m256i q = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * j));
+                        __m256i wq[2] = {_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), low)};
+                        for (int hh = 0; hh < 2; hh++) {
+                            int jj = 2 * j + hh, sc, m;
+                            const uint8_t *k = sb + 4;
+                            if (jj < 4) {
+                                sc = k[jj] & 63;
+                                m = k[jj + 4] & 63;
+                            } else {
+                                sc = (k[jj + 4] & 0xf) | ((k[jj - 4] >> 6) << 4);
+                                m = (k[jj + 4] >> 4) | ((k[jj] >> 6) << 4);
+                            }
+                            int b = 8 * i + jj;
+                            int32_t p = dot32_avx2(wq[hh], xq + 32 * b);
+                            acc = fmaf(d * (float)sc * dx[b], (float)p, acc);
+                            acc = fmaf(-(dmin * (float)m) * dx[b], sum[b], acc);
+                        }
+                    }
+                }
+            }
+            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+        }
+    }
+}
+
+/* Every other integer type: the scalar path's unpacking, AVX2 products. */
+__attribute__((target("avx2,fma"))) static void qrows_int_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
+                                                              int r0, int r1)
+{
+    bool has_min;
+    tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
+    int sub = w->type == TP_GGML_Q6_K ? 16 : 32;
+    int cols = w->cols, nch = (cols + 63) / 64, nb = cols / 32;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            float acc = 0.0f;
+            for (int c = 0; c < nch; c++) {
+                int8_t wq[64];
+                float ws[16], wm[16];
+                unpack(row, c, cols, wq, ws, wm);
+                int n = cols - 64 * c >= 64 ? 64 : 32;
+                for (int e0 = 0; e0 < n; e0 += sub) {
+                    int col = 64 * c + e0;
+                    int32_t p = dot_i8_avx2(wq + e0, xq + col, sub);
+                    float d = dx[col / 32];
+                    acc = fmaf(ws[e0 / 4] * d, (float)p, acc);
+                    if (has_min)
+                        acc = fmaf(wm[e0 / 4] * d, sum[col / 32], acc);
+                }
+            }
+            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+        }
+    }
+}
+
+/* F16/BF16 weights converted exactly (vcvtph2ps; a bf16 is the top half
+ * of its float), 4 rows at a time for 8 independent FMA chains. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 half8_avx2(const uint8_t *p, bool bf)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+/* bf is a constant in each instantiation: no branch in the inner loop,
+ * and the 8 accumulators stay in registers. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool bf)
+{
+    int cols = w->cols, full = cols / 16 * 16;
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        const uint8_t *row[4];
+        for (int i = 0; i < 4; i++)
+            row[i] = (const uint8_t *)w->data + (size_t)(r + (i < nr ? i : 0)) * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            const float *x = a->x + (size_t)t * (size_t)a->ldx;
+            __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+            for (int k = 0; k < full; k += 16) {
+                __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+                size_t o = 2 * (size_t)k;
+                l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
+                h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
+                l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
+                h1 = _mm256_fmadd_ps(x1, half8_avx2(row[1] + o + 16, bf), h1);
+                l2 = _mm256_fmadd_ps(x0, half8_avx2(row[2] + o, bf), l2);
+                h2 = _mm256_fmadd_ps(x1, half8_avx2(row[2] + o + 16, bf), h2);
+                l3 = _mm256_fmadd_ps(x0, half8_avx2(row[3] + o, bf), l3);
+                h3 = _mm256_fmadd_ps(x1, half8_avx2(row[3] + o + 16, bf), h3);
+            }
+            __m256 lo[4] = {l0, l1, l2, l3}, hi[4] = {h0, h1, h2, h3};
+            for (int i = 0; i < nr; i++) {
+                float acc[16];
+                _mm256_storeu_ps(acc, lo[i]);
+                _mm256_storeu_ps(acc + 8, hi[i]);
+                for (int k = full; k < cols; k++) {
+                    uint16_t h;
+                    memcpy(&h, row[i] + 2 * (size_t)k, 2);
+                    float wk = bf ? tp_bf16_to_f32(h) : half_at(row[i] + 2 * (size_t)k);
+                    acc[k % 16] = fmaf(x[k], wk, acc[k % 16]);
+                }
+                /* quant.h's tree, as reduce16 */
+                __m256 s8 = _mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8));
+                __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+                __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+                y[(size_t)t * (size_t)ldy + (size_t)(r + i)] = _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                    int ldy, int r0, int r1)
+{
+    if (w->type == TP_GGML_BF16)
+        f16_rows_avx2(w, a, y, ldy, r0, r1, true);
+    else
+        f16_rows_avx2(w, a, y, ldy, r0, r1, false);
+}
+
+static bool have_avx2(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool tp_quant_have_simd(void) { return tp_quant_have_avx512() || have_avx2(); }
+
 TP_SCALAR_CLONES void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
     bool bf = w->type == TP_GGML_BF16;
@@ -295,15 +594,18 @@ bool tp_quant_have_avx512(void)
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool avx512)
+void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool simd)
 {
     if (r0 >= r1 || a->n_tok <= 0)
         return;
+    bool avx512 = simd && tp_quant_have_avx512(), avx2 = simd && !avx512 && have_avx2();
     switch (w->type) {
     case TP_GGML_F16:
     case TP_GGML_BF16:
         if (avx512)
             tp_qrows_f16_avx512(w, a, y, ldy, r0, r1);
+        else if (avx2)
+            qrows_f16_avx2(w, a, y, ldy, r0, r1);
         else
             tp_qrows_f16_scalar(w, a, y, ldy, r0, r1);
         return;
@@ -312,10 +614,18 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
             return;
         }
+        if (simd && have_avx2()) {
+            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
+            return;
+        }
         break;
     case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
         if (avx512 && w->panel) {
             tp_qrows_q4_avx512(w, a, y, ldy, r0, r1);
+            return;
+        }
+        if (w->type == TP_GGML_Q4_0 && simd && have_avx2()) {
+            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
             return;
         }
         break;
@@ -324,11 +634,18 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             tp_qrows_k_avx512(w, a, y, ldy, r0, r1);
             return;
         }
+        if (w->type != TP_GGML_Q5_K && simd && have_avx2()) {
+            qrows_k_avx2(w, a, y, ldy, r0, r1);
+            return;
+        }
         break;
     default:
         return;
     }
-    qrows_int_scalar(w, a, y, ldy, r0, r1);
+    if (simd && have_avx2())
+        qrows_int_avx2(w, a, y, ldy, r0, r1);
+    else
+        qrows_int_scalar(w, a, y, ldy, r0, r1);
 }
 
 void tp_wmat_dequant_row(const tp_wmat *w, int r, float *out)

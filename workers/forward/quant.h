@@ -118,14 +118,18 @@ void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, i
  * and r0 <= r < r1, with w->cols == a->cols and a prepared for w->type.
  * Any split of [0, rows) into ranges, run in any order or concurrently on
  * disjoint ranges, writes the same bits as one call over [0, rows); so does
- * any n_tok (see the canonical order above). avx512 selects the AVX-512
- * (VNNI) path, which needs tp_quant_have_avx512() and, for integer types,
- * w->panel (without one the scalar path runs); same bits either way.
+ * any n_tok (see the canonical order above). simd selects the CPU's
+ * vector path: AVX-512 (VNNI) where tp_quant_have_avx512() and, for
+ * integer types, w->panel; else AVX2 where the CPU has it (the file's
+ * blocks); false: the scalar path. Same bits either way.
  * Reads a and w only. */
-void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool avx512);
+void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool simd);
 
 /* The CPU has what the AVX-512 typed kernels use (F, BW, VL, VNNI). */
 bool tp_quant_have_avx512(void);
+/* The CPU has vector typed kernels: AVX-512 (above) or AVX2 + FMA + F16C
+ * (no panels: the file's blocks, same bits). tp_qmatmul_rows' simd. */
+bool tp_quant_have_simd(void);
 
 /* Row r of w as floats (cols of them), exactly as ggml's dequantize_row_*
  * computes them (f32 arithmetic, no fused multiply-add). */

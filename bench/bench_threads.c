@@ -1,0 +1,325 @@
+/* make bench: how single-stream (batch 1) decode scales with threads, per
+ * weight type, against what the memory can deliver to that many threads.
+ *
+ * A decode step streams every weight once, so its ceiling at T threads is
+ * the DRAM read bandwidth T threads get. This measures that bandwidth in
+ * the same run (a streaming read of a buffer far larger than any cache,
+ * each thread over its own slice, first touched by that thread) at the same
+ * thread counts, and reports decode as tok/s, as GB/s of weights streamed
+ * (tok/s x the bytes of the matrices a token reads) and as the ratio of
+ * that to the probe: the figure to compare across machines.
+ *
+ * Models: random stories110M-shaped weights from `tokpipe mkmodel`'s
+ * generator, converted with `tokpipe quantize` ($BIN, default bin/), in a
+ * temporary directory. Samples interleave thread counts and types (paired),
+ * each figure is the median of SAMPLES; times are wall clock (threads run
+ * in parallel), so a busy machine shows: the load average is printed. */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tokpipe/forward.h"
+#include "tokpipe/synth.h"
+#include "support/timing.h" /* bench_now, bench_median */
+
+#define SAMPLES 5
+#define PROMPT_LEN 8
+#define MAX_POS 96
+#define PROBE_BYTES ((size_t)1 << 30) /* 1 GiB: 30x a 32 MB L3 */
+#define MAX_T 64
+
+static const char *const TYPES[] = {"F32", "F16", "Q8_0", "Q4_0", "Q4_K_M"};
+#define NT (sizeof TYPES / sizeof TYPES[0])
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "bench_threads: %s: %s\n", what, msg);
+    exit(1);
+}
+
+/* ---- the DRAM read probe -------------------------------------------- */
+
+typedef struct probe {
+    uint64_t *buf;
+    size_t words; /* per thread */
+    int threads, passes;
+    pthread_barrier_t start, touched;
+    uint64_t sink[MAX_T * 8];
+} probe;
+
+typedef struct probe_arg {
+    probe *p;
+    int i;
+    bool touch;
+} probe_arg;
+
+/* Eight independent sums over a cache line per iteration: no dependency
+ * chain longer than the line, so the loads, not the adds, set the pace. */
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *w, size_t n)
+{
+    typedef long long v4 __attribute__((vector_size(32)));
+    v4 a = {0, 0, 0, 0}, b = a;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        v4 x, y;
+        memcpy(&x, w + i, 32);
+        memcpy(&y, w + i + 4, 32);
+        a += x;
+        b += y;
+    }
+    a += b;
+    return (uint64_t)(a[0] + a[1] + a[2] + a[3]);
+}
+
+static uint64_t sum_plain(const uint64_t *w, size_t n)
+{
+    uint64_t s[8] = {0};
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += w[i + k];
+    return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+static void *probe_thread(void *arg)
+{
+    probe_arg *a = arg;
+    probe *p = a->p;
+    uint64_t *w = p->buf + (size_t)a->i * p->words;
+    bool avx2 = __builtin_cpu_supports("avx2");
+    if (a->touch) /* first touch by the reader: pages near its core */
+        for (size_t k = 0; k < p->words; k++)
+            w[k] = k ^ (uint64_t)a->i;
+    pthread_barrier_wait(&p->touched);
+    pthread_barrier_wait(&p->start);
+    uint64_t s = 0;
+    for (int k = 0; k < p->passes; k++)
+        s += avx2 ? sum_avx2(w, p->words) : sum_plain(w, p->words);
+    p->sink[a->i * 8] = s;
+    return NULL;
+}
+
+/* GB/s that t threads read from a fresh PROBE_BYTES buffer (1 pass after
+ * the touch, so nothing of it is in a cache). */
+static double probe_gbs(int t)
+{
+    probe p;
+    memset(&p, 0, sizeof p);
+    p.threads = t;
+    p.words = PROBE_BYTES / sizeof(uint64_t) / (size_t)t / 8 * 8;
+    p.passes = 2;
+    p.buf = mmap(NULL, PROBE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p.buf == MAP_FAILED)
+        die("probe", "cannot map 1 GiB");
+    pthread_barrier_init(&p.touched, NULL, (unsigned)t + 1);
+    pthread_barrier_init(&p.start, NULL, (unsigned)t + 1);
+    pthread_t th[MAX_T];
+    probe_arg args[MAX_T];
+    for (int i = 0; i < t; i++) {
+        args[i] = (probe_arg){&p, i, true};
+        if (pthread_create(&th[i], NULL, probe_thread, &args[i]))
+            die("probe", "cannot start a thread");
+    }
+    pthread_barrier_wait(&p.touched);
+    double t0 = bench_now();
+    pthread_barrier_wait(&p.start);
+    for (int i = 0; i < t; i++)
+        pthread_join(th[i], NULL);
+    double dt = bench_now() - t0;
+    pthread_barrier_destroy(&p.touched);
+    pthread_barrier_destroy(&p.start);
+    munmap(p.buf, PROBE_BYTES);
+    return (double)p.words * sizeof(uint64_t) * (double)t * p.passes / dt / 1e9;
+}
+
+/* ---- decode --------------------------------------------------------- */
+
+typedef struct entry {
+    const char *type;
+    char path[512];
+    tp_model *m;
+    tp_forward *f;
+    double bytes; /* of the matrices one token reads */
+} entry;
+
+static double wmat_bytes(const tp_wmat *w) { return (double)w->rows * (double)w->row_bytes; }
+
+static double token_bytes(const tp_model *m)
+{
+    const tp_model_weights *w = tp_model_get_weights(m);
+    double b = wmat_bytes(&w->m.wcls);
+    for (int l = 0; l < tp_model_get_config(m)->n_layers; l++) {
+        const tp_layer_weights *lw = &w->layers[l];
+        b += wmat_bytes(&lw->m.wq) + wmat_bytes(&lw->m.wk) + wmat_bytes(&lw->m.wv) + wmat_bytes(&lw->m.wo) +
+             wmat_bytes(&lw->m.w1) + wmat_bytes(&lw->m.w2) + wmat_bytes(&lw->m.w3);
+    }
+    return b;
+}
+
+static int tok_of(int i, int V) { return 3 + (i * 7919) % (V - 3); }
+
+/* Wall tokens/s of one sequence decoding n tokens after a short prompt. */
+static double run_decode(entry *e, int threads, int n)
+{
+    int V = tp_model_get_config(e->m)->vocab_size, sid, toks[PROMPT_LEN];
+    tp_err err;
+    if (tp_forward_set_threads(e->f, threads, &err))
+        die("threads", err.msg);
+    float *logits = malloc(sizeof(float) * V);
+    if (!logits || tp_forward_seq_open(e->f, &sid, &err))
+        die("decode", "no slot");
+    for (int i = 0; i < PROMPT_LEN; i++)
+        toks[i] = tok_of(i, V);
+    tp_fwd_item it = {sid, 0, toks, PROMPT_LEN, false};
+    if (tp_forward_step(e->f, &it, 1, logits, &err))
+        die("prefill", err.msg);
+    double t0 = bench_now();
+    for (int k = 0; k < n; k++) {
+        int tok = tok_of(k + 100, V);
+        tp_fwd_item d = {sid, PROMPT_LEN + k, &tok, 1, false};
+        if (tp_forward_step(e->f, &d, 1, logits, &err))
+            die("decode", err.msg);
+    }
+    double dt = bench_now() - t0;
+    tp_forward_seq_close(e->f, sid);
+    free(logits);
+    return n / dt;
+}
+
+static void cpu_name(char *out, size_t n)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    snprintf(out, n, "unknown CPU");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            const char *c = strchr(line, ':');
+            if (c) {
+                snprintf(out, n, "%s", c + 2);
+                out[strcspn(out, "\n")] = 0;
+            }
+            break;
+        }
+    if (f)
+        fclose(f);
+}
+
+static double loadavg(void)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    double l = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) {
+        printf("usage: bench_threads [SHAPE]   (default stories110M; needs $BIN/tokpipe)\n"
+               "  batch-1 decode per type at 1, 2, ... all CPUs (powers of two and the count), as tok/s,\n"
+               "  GB/s of weights and the ratio to a DRAM read probe at the same thread count.\n"
+               "  $TP_BENCH_THREADS=1,2,4 picks the thread counts; $TP_BENCH_TOKENS the tokens per sample.\n");
+        return 0;
+    }
+    const char *shape = argc > 1 ? argv[1] : "stories110M", *bin = getenv("BIN");
+    bin = bin ? bin : "bin";
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int ncpu = tp_forward_default_threads(), counts[MAX_T], nc = 0;
+    const char *tl = getenv("TP_BENCH_THREADS");
+    if (tl)
+        for (const char *p = tl; *p && nc < MAX_T;) {
+            int t = atoi(p);
+            if (t >= 1 && t <= TP_FORWARD_MAX_THREADS && t <= MAX_T)
+                counts[nc++] = t;
+            p += strcspn(p, ",");
+            p += *p == ',';
+        }
+    else {
+        for (int t = 1; t < ncpu && nc < MAX_T - 1; t *= 2)
+            counts[nc++] = t;
+        counts[nc++] = ncpu;
+    }
+    if (!nc)
+        die("TP_BENCH_THREADS", "no thread count in 1..64");
+    const char *tk = getenv("TP_BENCH_TOKENS");
+    int tokens = tk && atoi(tk) > 0 ? atoi(tk) : 16;
+
+    tp_synth_shape sh;
+    tp_err err;
+    if (tp_synth_parse_shape(shape, &sh, &err))
+        die(shape, err.msg);
+    sh.seq_len = MAX_POS;
+    char dir[] = "/tmp/tp-bench-threads-XXXXXX", src[600], cmd[2048];
+    if (!mkdtemp(dir))
+        die("mkdtemp", "failed");
+    snprintf(src, sizeof src, "%s/%s.bin", dir, shape);
+    FILE *fp = fopen(src, "wb");
+    if (!fp || tp_synth_write_model(fp, &sh, 1, NULL, NULL, &err) || fclose(fp))
+        die("write model", err.msg);
+    entry e[NT];
+    memset(e, 0, sizeof e);
+    for (size_t i = 0; i < NT; i++) {
+        e[i].type = TYPES[i];
+        snprintf(e[i].path, sizeof e[i].path, "%s/%s-%s.gguf", dir, shape, e[i].type);
+        snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, e[i].type);
+        if (system(cmd) != 0)
+            die("quantize", cmd);
+        if (tp_model_load(e[i].path, &e[i].m, &err) || tp_forward_new(e[i].m, 1, MAX_POS, PROMPT_LEN, &e[i].f, &err))
+            die(e[i].path, err.msg);
+        e[i].bytes = token_bytes(e[i].m);
+        run_decode(&e[i], 1, 2); /* warm: every weight page touched */
+    }
+    remove(src);
+
+    double probe[MAX_T][SAMPLES], tps[MAX_T][NT][SAMPLES], load0 = loadavg();
+    for (int s = 0; s < SAMPLES; s++)
+        for (int c = 0; c < nc; c++) {
+            probe[c][s] = probe_gbs(counts[c]);
+            for (size_t i = 0; i < NT; i++)
+                tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
+        }
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
+    printf("%s batch-1 decode, %s, %d CPUs, load average %.2f -> %.2f; wall clock, median of %d x %d tokens\n",
+           shape, cpu, ncpu, load0, loadavg(), SAMPLES, tokens);
+    printf("  weights read per token (MB):");
+    for (size_t i = 0; i < NT; i++)
+        printf(" %s %.0f", e[i].type, e[i].bytes / 1e6);
+    printf("\n  %7s %10s", "threads", "probe GB/s");
+    for (size_t i = 0; i < NT; i++)
+        printf(" | %-6s tok/s  GB/s  /probe", e[i].type);
+    printf("\n");
+    double tps1[NT];
+    for (int c = 0; c < nc; c++) {
+        double pg = bench_median(probe[c], SAMPLES);
+        printf("  %7d %10.1f", counts[c], pg);
+        for (size_t i = 0; i < NT; i++) {
+            double t = bench_median(tps[c][i], SAMPLES), g = t * e[i].bytes / 1e9;
+            if (c == 0)
+                tps1[i] = t;
+            printf(" | %12.1f %5.1f %6.2f", t, g, g / pg);
+        }
+        printf("\n");
+    }
+    printf("  speed-up over %d thread(s):", counts[0]);
+    for (size_t i = 0; i < NT; i++) {
+        printf(" %s", e[i].type);
+        for (int c = 1; c < nc; c++)
+            printf(" %.2fx", bench_median(tps[c][i], SAMPLES) / tps1[i]);
+    }
+    printf("\n");
+    for (size_t i = 0; i < NT; i++) {
+        tp_forward_free(e[i].f);
+        tp_model_free(e[i].m);
+        remove(e[i].path);
+    }
+    rmdir(dir);
+    return 0;
+}
