@@ -1,5 +1,6 @@
 /* Typed-weight matmuls: activation quantization, the portable (scalar)
  * path in the canonical order of quant.h, dispatch and dequantization. */
+#include <cpuid.h>
 #include "quant.h"
 #include "kernels.h" /* TP_SCALAR_CLONES */
 #include "tokpipe/error.h"
@@ -562,9 +563,17 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wma
         f16_rows_avx2(w, a, y, ldy, r0, r1, false);
 }
 
+/* F16C through CPUID: clang (the fuzz build) has no "f16c" for
+ * __builtin_cpu_supports, gcc does; both ship cpuid.h. */
+static bool have_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 static bool have_avx2(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && have_f16c();
 }
 
 bool tp_quant_have_simd(void) { return tp_quant_have_avx512() || have_avx2(); }
