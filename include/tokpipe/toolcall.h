@@ -6,9 +6,9 @@
  * it comes while call text never is.
  *
  * One parser per syntax family lives in workers/toolcall/<family>.c; each
- * also names the marker that opens a call (for a lazy grammar) and builds
- * the grammar of "a valid call of one of these functions" once the grammar
- * engine is in (tp_toolcall_grammar). */
+ * also names the marker that opens a call (for a lazy grammar) and the
+ * shape tp_toolcall_grammar (workers/toolcall/grammar.c) builds the grammar
+ * of "a valid call of one of these functions" from. */
 #ifndef TOKPIPE_TOOLCALL_H
 #define TOKPIPE_TOOLCALL_H
 
