@@ -8,6 +8,14 @@
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 
+static void schema_opts(const tp_config *c, tp_jschema_opts *o)
+{
+    tp_jschema_opts_default(o);
+    o->max_schema_bytes = (size_t)c->schema_max_bytes;
+    o->max_depth = c->schema_max_depth;
+    o->max_gbnf_bytes = (size_t)c->grammar_max_bytes;
+}
+
 /* Compile once so that a grammar past the engine's limits is refused now. */
 static int compile_check(const tp_config *c, const char *gbnf, tp_err *e)
 {
@@ -29,10 +37,7 @@ int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *fie
     if ((p->set & TP_P_JSON_SCHEMA) && p->json_schema.ptr) {
         key = "json_schema";
         tp_jschema_opts o;
-        tp_jschema_opts_default(&o);
-        o.max_schema_bytes = (size_t)c->schema_max_bytes;
-        o.max_depth = c->schema_max_depth;
-        o.max_gbnf_bytes = (size_t)c->grammar_max_bytes;
+        schema_opts(c, &o);
         rc = tp_jschema_to_gbnf(p->json_schema.ptr, p->json_schema.len, &o, gbnf, &e);
     } else if ((p->set & TP_P_JSON_MODE) && p->json_mode) {
         key = "json_mode";
@@ -82,12 +87,14 @@ int grammar_admit_tools(const tp_config *c, tp_tc_family f, const tp_m_submit *s
         snprintf(only, sizeof only, "%.*s", (int)s->tool_choice_name.len, s->tool_choice_name.ptr);
     bool parallel = !(p->set & TP_P_PARALLEL_TOOL_CALLS) || p->parallel_tool_calls;
     tp_err e;
-    int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, gbnf, &e);
+    tp_jschema_opts o;
+    schema_opts(c, &o);
+    int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, &o, gbnf, &e);
     if (!rc && (rc = compile_check(c, *gbnf, &e)) != 0) {
         free(*gbnf);
         *gbnf = NULL;
     }
     if (rc)
-        return tp_err_set(err, rc == TP_ENOMEM ? TP_ENOMEM : TP_EINVAL, "%s", e.msg);
+        return tp_err_set(err, rc == TP_ENOMEM || rc == TP_ERANGE ? rc : TP_EINVAL, "%s", e.msg);
     return 0;
 }

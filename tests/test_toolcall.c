@@ -421,7 +421,7 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     const char *n = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
     char two[512];
     snprintf(two, sizeof two, "%s\n%s", w, n);
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, true, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, true, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, w));
     assert_true(grammar_takes(g, n));
     assert_true(grammar_takes(g, two));
@@ -431,7 +431,7 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     assert_false(grammar_takes(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n</tool_call>"));
     free(g);
     /* one call only, and only the named function */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "now", false, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "now", false, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, n));
     assert_false(grammar_takes(g, w));
     assert_false(grammar_takes(g, two));
@@ -440,10 +440,10 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     assert_false(grammar_takes(g, nn));
     free(g);
     /* Llama 3.x writes "parameters"; generic wraps the calls */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_LLAMA3, two_tools, strlen(two_tools), NULL, false, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_LLAMA3, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, "{\"name\": \"now\", \"parameters\": {}}"));
     free(g);
-    assert_int_equal(tp_toolcall_grammar(TP_TC_GENERIC, two_tools, strlen(two_tools), NULL, true, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_GENERIC, two_tools, strlen(two_tools), NULL, true, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", "
                                  "\"arguments\": {}}]}"));
     free(g);
@@ -454,20 +454,20 @@ static void unenforceable_calls_are_refused_by_name(void **state)
     (void)state;
     tp_err e;
     char *g = NULL;
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "later", false, &g, &e),
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "later", false, NULL, &g, &e),
                      TP_EINVAL);
     assert_non_null(strstr(e.msg, "'later' is not one of the offered tools"));
     assert_null(g);
     const char *loose = "[{\"type\": \"function\", \"function\": {\"name\": \"scale\", \"parameters\": {\"type\": "
                         "\"number\", \"minimum\": 0.5}}}]";
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, &g, &e), TP_EINVAL);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, NULL, &g, &e), TP_EINVAL);
     assert_non_null(strstr(e.msg, "tools[0].function.parameters (scale)"));
     assert_non_null(strstr(e.msg, "minimum"));
     /* Mistral's [TOOL_CALLS] is a control token: nothing the engine can emit */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), NULL, false, &g, &e),
+    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e),
                      TP_EINVAL);
     assert_non_null(strstr(e.msg, "mistral"));
-    assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, &g, &e), TP_EINVAL);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e), TP_EINVAL);
 }
 
 int main(void)

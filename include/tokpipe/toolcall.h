@@ -78,14 +78,16 @@ const char *tp_toolcall_trigger(tp_tc_family f);
 /* The GBNF text (caller frees) of one valid call (parallel: one or more)
  * of the functions in tools_json (an OpenAI tools array; only: that one
  * function, else any), in family f's syntax, each call's arguments valid
- * against its function's parameters schema (tp_jschema_to_gbnf): what
+ * against its function's parameters schema (tp_jschema_to_gbnf under o's
+ * limits, NULL = defaults; o's GBNF limit bounds the whole): what
  * tool_choice required / a named function holds the output to from its
  * first token. TP_EINVAL naming what cannot be held: a family whose call
  * marker is a control token (only Hermes/Qwen, Llama 3.x JSON and generic
  * are enforced), a parameters schema the compiler refuses (naming the tool
  * and the keyword), an only that is not offered. */
+struct tp_jschema_opts;
 int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
-                        char **gbnf, tp_err *err);
+                        const struct tp_jschema_opts *o, char **gbnf, tp_err *err);
 
 /* Check an OpenAI tools array: [{"type": "function", "function": {"name",
  * "description"?, "parameters"?, "strict"?}}, ...]; names [A-Za-z0-9_.-],

@@ -109,7 +109,7 @@ static bool enforceable(tp_tc_family f)
 }
 
 int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
-                        char **gbnf, tp_err *err)
+                        const tp_jschema_opts *o, char **gbnf, tp_err *err)
 {
     *gbnf = NULL;
     const tc_family_def *d = tc_family(f);
@@ -139,7 +139,7 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
         char *schema = params ? cJSON_PrintUnformatted(params) : strdup("{\"type\": \"object\"}");
         char *g = NULL;
         tp_err e;
-        rc = schema ? tp_jschema_to_gbnf(schema, strlen(schema), NULL, &g, &e) : TP_ENOMEM;
+        rc = schema ? tp_jschema_to_gbnf(schema, strlen(schema), o, &g, &e) : TP_ENOMEM;
         free(schema);
         if (rc) {
             if (rc == TP_ENOMEM)
@@ -196,6 +196,9 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
     put(&b, rules.p ? rules.p : "", rules.n);
     if (b.oom || rules.oom)
         rc = tp_err_set(err, TP_ENOMEM, "out of memory");
+    else if (b.n > (o ? o->max_gbnf_bytes : TP_JSCHEMA_DEF_MAX_GBNF_BYTES))
+        rc = tp_err_set(err, TP_ERANGE, "tools: the grammar of a call is %zu bytes, over the limit of %zu", b.n,
+                        (size_t)(o ? o->max_gbnf_bytes : TP_JSCHEMA_DEF_MAX_GBNF_BYTES));
 out:
     cJSON_Delete(a);
     free(rules.p);
