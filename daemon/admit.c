@@ -109,12 +109,7 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
         pin_fail(b, j, "broker out of memory");
         return;
     }
-    free(j->prompt_text);
-    j->prompt_text = NULL;
-    free(j->messages);
-    j->messages = NULL;
-    j->n_messages = 0;
-    j->tools = (tp_str){0};
+    jobs_drop_request(j);
     j->state = J_ADMIT;
 }
 

@@ -219,6 +219,16 @@ int jobs_append_cand(bjob *j, int32_t id)
     return 0;
 }
 
+void jobs_drop_request(bjob *j)
+{
+    free(j->prompt_text);
+    j->prompt_text = NULL;
+    free(j->messages);
+    j->messages = NULL;
+    j->n_messages = 0;
+    j->tools = (tp_str){0};
+}
+
 bool jobs_suspect(const bjob *j)
 {
     return j->suspect;
@@ -313,12 +323,7 @@ void jobs_mark_finished(bjobs *t, bjob *j)
         metrics_on_finish(&t->metrics, &j->timings);
     /* the request copies and the running view are no longer needed:
      * STATUS of a finished job answers the verdicts' tokens */
-    free(j->prompt_text);
-    j->prompt_text = NULL;
-    free(j->messages);
-    j->messages = NULL;
-    j->n_messages = 0;
-    j->tools = (tp_str){0};
+    jobs_drop_request(j);
     free(j->shown);
     j->shown = NULL;
     j->n_shown = j->cap_shown = 0;

@@ -149,6 +149,10 @@ int64_t jobs_on_event(bjobs *t, const tp_msg *ev, const bjob **job);
 bool jobs_own_finish(const bjob *j, int reason, const char *error, tp_msg *ev);
 void jobs_mark_finished(bjobs *t, bjob *j);
 
+/* The prompt text and conversation of j's request, once tokenized or
+ * finished (the tools' text lives in the same block). */
+void jobs_drop_request(bjob *j);
+
 /* Did j lose a worker that was processing it? Such a job is run apart from
  * others until it finishes or is found to be poison (recover.c). */
 bool jobs_suspect(const bjob *j);
