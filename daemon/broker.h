@@ -32,6 +32,7 @@
 #include "tokpipe/config.h"
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
+#include "tokpipe/toolcall.h"
 #include "tokpipe/zsec.h"
 #include <zmq.h>
 #include "jobs.h"
@@ -255,6 +256,9 @@ const bworker *registry_model(const broker *b);
 
 void info_on_ready(broker *b, const tp_m_ready *r);
 void info_reply(broker *b, uint64_t req, tp_msg *r);
+/* The tool-call syntax of the model's chat template, as a tokenize worker's
+ * READY said (TP_TC_NONE while none did). */
+tp_tc_family info_tool_family(const broker *b);
 void info_free(broker *b);
 
 int spawn_init(broker *b, tp_err *err);

@@ -8,6 +8,25 @@
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 
+static void schema_opts(const tp_config *c, tp_jschema_opts *o)
+{
+    tp_jschema_opts_default(o);
+    o->max_schema_bytes = (size_t)c->schema_max_bytes;
+    o->max_depth = c->schema_max_depth;
+    o->max_gbnf_bytes = (size_t)c->grammar_max_bytes;
+}
+
+/* Compile once so that a grammar past the engine's limits is refused now. */
+static int compile_check(const tp_config *c, const char *gbnf, tp_err *e)
+{
+    tp_grammar_limits gl;
+    tp_config_grammar_limits(c, &gl, NULL);
+    tp_grammar *g = NULL;
+    int rc = tp_grammar_compile(gbnf, strlen(gbnf), &gl, &g, e);
+    tp_grammar_free(g);
+    return rc;
+}
+
 int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *field, size_t cap, tp_err *err)
 {
     *gbnf = NULL;
@@ -18,10 +37,7 @@ int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *fie
     if ((p->set & TP_P_JSON_SCHEMA) && p->json_schema.ptr) {
         key = "json_schema";
         tp_jschema_opts o;
-        tp_jschema_opts_default(&o);
-        o.max_schema_bytes = (size_t)c->schema_max_bytes;
-        o.max_depth = c->schema_max_depth;
-        o.max_gbnf_bytes = (size_t)c->grammar_max_bytes;
+        schema_opts(c, &o);
         rc = tp_jschema_to_gbnf(p->json_schema.ptr, p->json_schema.len, &o, gbnf, &e);
     } else if ((p->set & TP_P_JSON_MODE) && p->json_mode) {
         key = "json_mode";
@@ -34,13 +50,8 @@ int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *fie
             rc = tp_err_set(&e, TP_EINVAL, "a NUL byte in the grammar");
     } else
         return 0;
-    if (!rc) {
-        tp_grammar_limits gl;
-        tp_config_grammar_limits(c, &gl, NULL);
-        tp_grammar *g = NULL;
-        rc = tp_grammar_compile(*gbnf, strlen(*gbnf), &gl, &g, &e);
-        tp_grammar_free(g);
-    }
+    if (!rc)
+        rc = compile_check(c, *gbnf, &e);
     if (rc) {
         free(*gbnf);
         *gbnf = NULL;
@@ -48,5 +59,42 @@ int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *fie
         return tp_err_set(err, rc == TP_ENOMEM ? TP_ENOMEM : rc == TP_ERANGE ? TP_ERANGE : TP_EINVAL, "params.%s: %s",
                           key, e.msg);
     }
+    return 0;
+}
+
+static bool str_is(tp_str s, const char *lit)
+{
+    return s.ptr && s.len == strlen(lit) && !memcmp(s.ptr, lit, s.len);
+}
+
+int grammar_admit_tools(const tp_config *c, tp_tc_family f, const tp_m_submit *s, char **gbnf, char *field,
+                        size_t cap, tp_err *err)
+{
+    *gbnf = NULL;
+    bool named = str_is(s->tool_choice, "function");
+    if (!named && !str_is(s->tool_choice, "required"))
+        return 0;
+    snprintf(field, cap, "tool_choice");
+    const tp_params *p = &s->params;
+    if (((p->set & TP_P_GRAMMAR) && p->grammar.ptr) || ((p->set & TP_P_JSON_SCHEMA) && p->json_schema.ptr) ||
+        ((p->set & TP_P_JSON_MODE) && p->json_mode))
+        return tp_err_set(err, TP_EINVAL,
+                          "tool_choice: \"%s\" constrains the output to a call; it cannot go with a grammar, "
+                          "json_schema or json_mode (response_format)",
+                          named ? "function" : "required");
+    char only[TP_PROTO_MAX_NAME * 4 + 1];
+    if (named)
+        snprintf(only, sizeof only, "%.*s", (int)s->tool_choice_name.len, s->tool_choice_name.ptr);
+    bool parallel = !(p->set & TP_P_PARALLEL_TOOL_CALLS) || p->parallel_tool_calls;
+    tp_err e;
+    tp_jschema_opts o;
+    schema_opts(c, &o);
+    int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, &o, gbnf, &e);
+    if (!rc && (rc = compile_check(c, *gbnf, &e)) != 0) {
+        free(*gbnf);
+        *gbnf = NULL;
+    }
+    if (rc)
+        return tp_err_set(err, rc == TP_ENOMEM || rc == TP_ERANGE ? rc : TP_EINVAL, "%s", e.msg);
     return 0;
 }

@@ -6,6 +6,7 @@
 #include "tokpipe/config.h"
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
+#include "tokpipe/toolcall.h"
 
 /* If p asks for a constraint (grammar, json_schema, json_mode: true),
  * *gbnf gets the GBNF text the sample stage will apply (json_schema and
@@ -15,5 +16,14 @@
  * and *gbnf NULL. Failure: TP_EINVAL/TP_ERANGE, err says what is wrong and
  * field (cap bytes) names the key, e.g. "params.json_schema". */
 int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *field, size_t cap, tp_err *err);
+
+/* tool_choice "required" / "function" of SUBMIT s: *gbnf the grammar of a
+ * call (of tool_choice_name only, for "function") in syntax f, compiled
+ * once under c's limits like any other. Another constraint in the same
+ * job, a syntax that cannot be enforced, an unknown name or a schema the
+ * compiler refuses: TP_EINVAL naming it, field set. Other tool_choice: 0,
+ * *gbnf NULL. */
+int grammar_admit_tools(const tp_config *c, tp_tc_family f, const tp_m_submit *s, char **gbnf, char *field,
+                        size_t cap, tp_err *err);
 
 #endif

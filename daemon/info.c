@@ -13,6 +13,7 @@
 
 #include "broker.h"
 #include "tokpipe/sampler.h"
+#include "tokpipe/toolcall.h"
 
 struct binfo {
     int32_t *eog, *special;
@@ -20,6 +21,7 @@ struct binfo {
     tp_str *pieces;          /* point into piece_buf */
     char *piece_buf;
     bool chat_template;
+    tp_tc_family tool_family;   /* the template's tool-call syntax (TP_TC_NONE: none or unknown) */
     char weight_type[TP_PROTO_MAX_NAME + 1];
     bool from_vocab;         /* from a worker that holds the vocabulary */
     int32_t bos, eos;        /* its BOS / EOS (a forward-only worker guesses 1 / 2) */
@@ -76,6 +78,11 @@ void info_on_ready(broker *b, const tp_m_ready *r)
     }
     /* only a tokenize worker loads the template: one that has it says so */
     in->chat_template = r->chat_template || (b->info && b->info->chat_template);
+    in->tool_family = b->info ? b->info->tool_family : TP_TC_NONE;
+    for (int f = 0; r->tool_syntax.ptr && f < TP_TC_COUNT; f++)
+        if (r->tool_syntax.len == strlen(tp_tc_family_name((tp_tc_family)f)) &&
+            !memcmp(r->tool_syntax.ptr, tp_tc_family_name((tp_tc_family)f), r->tool_syntax.len))
+            in->tool_family = (tp_tc_family)f;
     size_t wl = r->weight_type.len < TP_PROTO_MAX_NAME ? r->weight_type.len : TP_PROTO_MAX_NAME;
     memcpy(in->weight_type, r->weight_type.ptr ? r->weight_type.ptr : "", wl);
     in->weight_type[wl] = '\0';
@@ -85,6 +92,11 @@ void info_on_ready(broker *b, const tp_m_ready *r)
         memcpy(in->weight_type, b->info->weight_type, sizeof in->weight_type);
     info_free(b);
     b->info = in;
+}
+
+tp_tc_family info_tool_family(const broker *b)
+{
+    return b->info ? b->info->tool_family : TP_TC_NONE;
 }
 
 static uint32_t u32_of(int v)

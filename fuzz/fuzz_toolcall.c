@@ -14,6 +14,8 @@
 #include <cJSON.h>
 
 #include "tokpipe/chat_template.h"
+#include "tokpipe/grammar.h"
+#include "tokpipe/jschema.h"
 #include "tokpipe/toolcall.h"
 
 typedef struct out {
@@ -96,6 +98,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     tp_err e;
     (void)tp_tools_check((const char *)text, n, &e);
+    /* as offered tools under tool_choice required: GBNF the engine reads, or a refusal */
+    tp_jschema_opts jo;
+    tp_jschema_opts_default(&jo);
+    jo.max_schema_bytes = 1 << 16;
+    jo.max_depth = 24;
+    jo.max_gbnf_bytes = 1 << 18;
+    char *g = NULL;
+    if (!tp_toolcall_grammar(f, (const char *)text, n, (data[1] & 4) ? "f" : NULL, data[1] & 8, &jo, &g, &e)) {
+        tp_grammar_limits gl;
+        tp_grammar_limits_default(&gl);
+        gl.max_compile_ms = 600000;
+        gl.max_bytes = jo.max_gbnf_bytes;
+        tp_grammar *gr = NULL;
+        int grc = tp_grammar_compile(g, strlen(g), &gl, &gr, &e);
+        if (grc && grc != TP_ERANGE)
+            abort();
+        tp_grammar_free(gr);
+    } else if (g || !e.msg[0])
+        abort();
+    free(g);
     const char *v;
     size_t vn;
     if (tp_json_member_span((const char *)text, n, "tools", &v, &vn) && (v < (const char *)text || v + vn > (const char *)text + n))

@@ -351,6 +351,8 @@ static void submit_all(bridge *b, gw_call *c)
             m.submit.tools = c->oreq.tools;
             if (c->oreq.tool_choice)
                 m.submit.tool_choice = tp_str_of(c->oreq.tool_choice);
+            if (c->oreq.tool_choice_name)
+                m.submit.tool_choice_name = tp_str_of(c->oreq.tool_choice_name);
         } else if (p->text)
             m.submit.prompt = (tp_str){p->text, p->text_len};
         else

@@ -546,24 +546,26 @@ static int decode_response_format(const cJSON *v, oai_request *r, oai_error *e)
 
 static const char *const neutral_fields[] = {"echo", "best_of", "suffix", NULL};
 
-/* tool_choice: "none" | "auto"; "required" and {"type": "function",
- * "function": {"name"}} need the grammar engine to hold the model to a
- * call: refused by name until it is there, never silently ignored. */
+/* tool_choice: "none" | "auto" | "required" | {"type": "function",
+ * "function": {"name"}} (SUBMIT tool_choice "function" + tool_choice_name);
+ * the broker holds required / named to a call (or refuses, naming why). */
 static int decode_tool_choice(const cJSON *v, oai_request *r, oai_error *e)
 {
     if (cJSON_IsNull(v))
         return 0;
-    if (cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto")))
+    if (cJSON_IsString(v) &&
+        (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto") || !strcmp(v->valuestring, "required")))
         return copy_text(v->valuestring, "tool_choice", &r->tool_choice, NULL, e);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(v, "function");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
-    if (cJSON_IsString(v) && !strcmp(v->valuestring, "required"))
-        return fail(e, 400, "tool_choice", "tool_choice: \"required\" is not yet enforced (it needs the grammar engine "
-                    "to constrain the output to a call); use \"auto\" or \"none\"");
-    if (cJSON_IsObject(v) && cJSON_IsString(name))
-        return fail(e, 400, "tool_choice", "tool_choice: a named function (%.64s) is not yet enforced (it needs the "
-                    "grammar engine to constrain the output to a call); use \"auto\" or \"none\"",
-                    name->valuestring);
+    if (cJSON_IsObject(v) && cJSON_IsString(type) && !strcmp(type->valuestring, "function") && cJSON_IsString(name)) {
+        if (!name->valuestring[0] || strlen(name->valuestring) > 64)
+            return fail(e, 400, "tool_choice", "tool_choice.function.name: expected 1-64 characters");
+        if (copy_text(name->valuestring, "tool_choice", &r->tool_choice_name, NULL, e))
+            return -1;
+        return copy_text("function", "tool_choice", &r->tool_choice, NULL, e);
+    }
     return fail(e, 400, "tool_choice", "tool_choice: expected \"none\", \"auto\", \"required\" or "
                 "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 }
@@ -809,7 +811,8 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
         if (strcmp(out->tool_choice, "none"))
             rc = fail(e, 400, "tool_choice", "tool_choice: only with tools");
         free(out->tool_choice);
-        out->tool_choice = NULL;
+        free(out->tool_choice_name);
+        out->tool_choice = out->tool_choice_name = NULL;
     }
     if (!rc && kind == OAI_COMPLETIONS && !out->n_prompts)
         rc = fail(e, 400, "prompt", "prompt: required");
@@ -879,6 +882,7 @@ void oai_request_free(oai_request *r)
     free(r->json_schema);
     free((void *)r->tools.ptr);
     free(r->tool_choice);
+    free(r->tool_choice_name);
     memset(r, 0, sizeof *r);
 }
 

@@ -11,9 +11,9 @@
  * repetition_penalty, presence_penalty, frequency_penalty, stop (string or
  * array), stop_token_ids, seed, n, stream, stream_options.include_usage,
  * user, ignore_eos, min_tokens, include_stop_str_in_output, logit_bias,
- * typical_p, truncate_prompt_tokens, tools, tool_choice (none / auto;
- * required and a named function are refused until the grammar engine
- * enforces them), parallel_tool_calls, logprobs (completions: 0..5
+ * typical_p, truncate_prompt_tokens, tools, tool_choice (none / auto /
+ * required / a named function, the last two held to a call by the
+ * broker's grammar), parallel_tool_calls, logprobs (completions: 0..5
  * alternatives; chat: a boolean) and top_logprobs (chat, 0..20, needs
  * logprobs: true), response_format ({type: text | json_object |
  * json_schema, json_schema: {name, schema, strict, description}}), and
@@ -70,7 +70,8 @@ typedef struct oai_request {
     bool json_mode;
     char constraint_param[32];   /* the request field that gave it, for errors */
     tp_str tools;            /* chat: the tools array's JSON text as sent (owned), ptr NULL = none */
-    char *tool_choice;       /* "none" | "auto" (NULL: not given) */
+    char *tool_choice;       /* "none" | "auto" | "required" | "function" (NULL: not given) */
+    char *tool_choice_name;  /* tool_choice "function": the function's name */
 } oai_request;
 
 typedef struct oai_error {

@@ -304,7 +304,8 @@ static const field ready_f[] = {
     F_U32("seq_len", RD(seq_len), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("max_batch_tokens", RD(max_batch_tokens), FF_REQUIRED, 0, UINT32_MAX),
     EOG_IDS(RD(eog_ids)), SPECIAL_IDS(RD(special_ids)), SPECIAL_PIECES(RD(special_pieces)),
-    F_BOOL("chat_template", RD(chat_template), 0), F_STR("weight_type", RD(weight_type), 0, TP_PROTO_MAX_NAME), END,
+    F_BOOL("chat_template", RD(chat_template), 0), F_STR("tool_syntax", RD(tool_syntax), 0, TP_PROTO_MAX_NAME),
+    F_STR("weight_type", RD(weight_type), 0, TP_PROTO_MAX_NAME), END,
 };
 static const field welcome_f[] = {
     F_U64("incarnation", M(welcome.incarnation), FF_REQUIRED),
@@ -489,9 +490,7 @@ static bool str_is(tp_str s, const char *lit)
     return s.ptr && s.len == strlen(lit) && !memcmp(s.ptr, lit, s.len);
 }
 
-/* tools go with messages (a template renders them); tool_choice with tools.
- * required / a named function need the grammar engine to constrain the
- * output to a call: refused until it is there rather than ignored. */
+/* tools go with messages (a template renders them); tool_choice with tools. */
 static int check_tools(const tp_m_submit *s, tp_err *err)
 {
     if (s->tools.ptr && !s->n_messages)
@@ -507,10 +506,7 @@ static int check_tools(const tp_m_submit *s, tp_err *err)
     if (str_is(s->tool_choice, "function") && !s->tool_choice_name.ptr)
         return tp_err_set(err, TP_EINVAL, "tool_choice_name: missing for tool_choice \"function\"");
     if (str_is(s->tool_choice, "required") || str_is(s->tool_choice, "function"))
-        return tp_err_set(err, TP_EINVAL,
-                          "tool_choice: \"%.*s\" is not yet enforced (it needs the grammar engine to constrain "
-                          "the output to a call); use \"auto\" or \"none\"",
-                          (int)s->tool_choice.len, s->tool_choice.ptr);
+        return 0;   /* the broker builds the call's grammar (it knows the template's syntax) */
     return tp_err_set(err, TP_EINVAL, "tool_choice: \"%.*s\" is not one of auto, none, required, function",
                       (int)s->tool_choice.len, s->tool_choice.ptr);
 }

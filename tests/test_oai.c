@@ -457,10 +457,19 @@ static void tools_and_tool_turns_become_submit_fields(void **state)
             "\"tool_choice\":\"auto\"}", 400, "tool_choice", "tool_choice: only with tools");
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":%s,"
              "\"tool_choice\":\"required\"}", tools);
-    refused(OAI_CHAT, body, 400, "tool_choice", "not yet enforced");
+    decode_ok(OAI_CHAT, body, &r);
+    assert_string_equal(r.tool_choice, "required");
+    assert_null(r.tool_choice_name);
+    oai_request_free(&r);
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":%s,"
              "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}", tools);
-    refused(OAI_CHAT, body, 400, "tool_choice", "not yet enforced");
+    decode_ok(OAI_CHAT, body, &r);
+    assert_string_equal(r.tool_choice, "function");
+    assert_string_equal(r.tool_choice_name, "get_weather");
+    oai_request_free(&r);
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":%s,"
+             "\"tool_choice\":{\"type\":\"tool\",\"function\":{\"name\":\"get_weather\"}}}", tools);
+    refused(OAI_CHAT, body, 400, "tool_choice", "tool_choice: expected");
     refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
             "\"function\":{\"name\":\"a b\"}}]}", 400, "tools", "tools[0].function.name");
     refused(OAI_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\","

@@ -1037,8 +1037,9 @@ static int encode_decode(const tp_msg *m, tp_err *e)
     return rc;
 }
 
-/* tools with messages only; tool_choice with tools; required / a named
- * function refused by name until the grammar engine enforces them. */
+/* tools with messages only; tool_choice with tools, one of the four modes,
+ * a name with "function" only (the broker checks the name and builds the
+ * call's grammar). */
 static void submit_tool_choice_is_checked(void **state)
 {
     (void)state;
@@ -1046,8 +1047,6 @@ static void submit_tool_choice_is_checked(void **state)
         const char *tools, *choice, *name, *needle;
     } cases[] = {
         {NULL, "auto", NULL, "tool_choice: only with tools"},
-        {"[]", "required", NULL, "tool_choice: \"required\" is not yet enforced"},
-        {"[]", "function", "f", "tool_choice: \"function\" is not yet enforced"},
         {"[]", "function", NULL, "tool_choice_name: missing"},
         {"[]", "sometimes", NULL, "tool_choice: \"sometimes\" is not one of"},
         {"[]", "auto", "f", "tool_choice_name: only with tool_choice \"function\""},

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "tokpipe/chat_template.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/toolcall.h"
 
 typedef struct result {
@@ -377,6 +378,98 @@ static void tools_are_checked_by_element(void **state)
     assert_int_equal(tp_tools_check("{}", 2, &e), TP_EINVAL);
 }
 
+/* Whether the grammar gbnf takes text whole (a vocabulary of the 256 bytes). */
+static bool grammar_takes(const char *gbnf, const char *text)
+{
+    static uint8_t bytes[256];
+    const uint8_t *b[256];
+    size_t lens[256];
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (uint8_t)i;
+        b[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    tp_err e;
+    tp_grammar *g = NULL;
+    tp_gvocab *v = NULL;
+    tp_gengine *en = NULL;
+    tp_gmatch *m = NULL;
+    if (tp_grammar_compile(gbnf, strlen(gbnf), NULL, &g, &e))
+        fail_msg("grammar: %s\n%s", e.msg, gbnf);
+    assert_int_equal(tp_gvocab_new(256, b, lens, NULL, 0, &v, &e), 0);
+    assert_int_equal(tp_gengine_new(g, v, NULL, &en, &e), 0);
+    assert_int_equal(tp_gmatch_new(en, &m, &e), 0);
+    bool ok = !tp_gmatch_accept_bytes(m, (const uint8_t *)text, strlen(text), &e) && tp_gmatch_accepting(m);
+    tp_gmatch_free(m);
+    tp_gengine_free(en);
+    tp_gvocab_free(v);
+    tp_grammar_free(g);
+    return ok;
+}
+
+static const char *const two_tools =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", "
+    "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"], \"additionalProperties\": false}}},"
+    " {\"type\": \"function\", \"function\": {\"name\": \"now\"}}]";
+
+static void a_constrained_call_is_one_of_the_offered_functions(void **state)
+{
+    (void)state;
+    tp_err e;
+    char *g = NULL;
+    const char *w = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    const char *n = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+    char two[512];
+    snprintf(two, sizeof two, "%s\n%s", w, n);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, true, NULL, &g, &e), 0);
+    assert_true(grammar_takes(g, w));
+    assert_true(grammar_takes(g, n));
+    assert_true(grammar_takes(g, two));
+    assert_false(grammar_takes(g, "Sure.")); /* no content first */
+    assert_false(grammar_takes(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+    assert_false(grammar_takes(g, "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"));
+    assert_false(grammar_takes(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n</tool_call>"));
+    free(g);
+    /* one call only, and only the named function */
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "now", false, NULL, &g, &e), 0);
+    assert_true(grammar_takes(g, n));
+    assert_false(grammar_takes(g, w));
+    assert_false(grammar_takes(g, two));
+    char nn[512];
+    snprintf(nn, sizeof nn, "%s\n%s", n, n);
+    assert_false(grammar_takes(g, nn));
+    free(g);
+    /* Llama 3.x writes "parameters"; generic wraps the calls */
+    assert_int_equal(tp_toolcall_grammar(TP_TC_LLAMA3, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e), 0);
+    assert_true(grammar_takes(g, "{\"name\": \"now\", \"parameters\": {}}"));
+    free(g);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_GENERIC, two_tools, strlen(two_tools), NULL, true, NULL, &g, &e), 0);
+    assert_true(grammar_takes(g, "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", "
+                                 "\"arguments\": {}}]}"));
+    free(g);
+}
+
+static void unenforceable_calls_are_refused_by_name(void **state)
+{
+    (void)state;
+    tp_err e;
+    char *g = NULL;
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "later", false, NULL, &g, &e),
+                     TP_EINVAL);
+    assert_non_null(strstr(e.msg, "'later' is not one of the offered tools"));
+    assert_null(g);
+    const char *loose = "[{\"type\": \"function\", \"function\": {\"name\": \"scale\", \"parameters\": {\"type\": "
+                        "\"number\", \"minimum\": 0.5}}}]";
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, NULL, &g, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "tools[0].function.parameters (scale)"));
+    assert_non_null(strstr(e.msg, "minimum"));
+    /* Mistral's [TOOL_CALLS] is a control token: nothing the engine can emit */
+    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e),
+                     TP_EINVAL);
+    assert_non_null(strstr(e.msg, "mistral"));
+    assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e), TP_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -395,6 +488,8 @@ int main(void)
         cmocka_unit_test(one_call_when_parallel_calls_are_off),
         cmocka_unit_test(templates_are_detected_as_their_family),
         cmocka_unit_test(tools_are_checked_by_element),
+        cmocka_unit_test(a_constrained_call_is_one_of_the_offered_functions),
+        cmocka_unit_test(unenforceable_calls_are_refused_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import unittest
 
+import jsonschema
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
@@ -37,6 +38,16 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 USER = "Weather in Paris?"
+# schemas whose every value is bounded, so that a random model held to them ends
+BOUNDED = [{"type": "function", "function": {
+    "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}}}, {"type": "function", "function": {
+    "name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}, "hours": {"type": "integer", "minimum": 0,
+                                                                                  "maximum": 23},
+                                         "exact": {"type": "boolean"}},
+        "required": ["zone", "hours"], "additionalProperties": False}}}]
 TOOLS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "openai_tools.cjs")
 
 
@@ -157,11 +168,18 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual(len(fin["tool_calls"]), 1)
         c = fin["tool_calls"][0]
         self.assertEqual((c["name"], c["arguments"]), ("get_weather", '{"city":"Paris"}'))
-        # required / a named function are refused until the grammar engine enforces them
+        # a named function that is not offered, and a second constraint, are refused by name
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
-            "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS), "tool_choice": "required"})
+            "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS), "tool_choice": "function",
+            "tool_choice_name": "get_time"})
         self.assertEqual(ack["status"], 400, ack)
-        self.assertIn("not yet enforced", ack["error"])
+        self.assertEqual(ack["field"], "tool_choice")
+        self.assertIn("'get_time' is not one of the offered tools", ack["error"])
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+            "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS), "tool_choice": "required",
+            "params": {"json_mode": True}})
+        self.assertEqual(ack["status"], 400, ack)
+        self.assertIn("cannot go with a grammar, json_schema or json_mode", ack["error"])
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "messages": [{"role": "user", "content": USER}], "tool_choice": "auto"})
         self.assertEqual(ack["status"], 400, ack)
@@ -218,21 +236,72 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual(finish, "tool_calls")
         self.check_call([calls[0]])
         # refusals name the field
-        st, body, _ = self.chat(tool_choice="required")
+        st, body, _ = self.chat(tool_choice={"type": "function", "function": {"name": "get_time"}})
         self.assertEqual(st, 400, body)
         self.assertEqual(json.loads(body)["error"]["param"], "tool_choice")
-        st, body, _ = self.chat(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        self.assertIn("get_time", json.loads(body)["error"]["message"])
+        st, body, _ = self.chat(tool_choice="required", response_format={"type": "json_object"})
         self.assertEqual(st, 400, body)
-        self.assertIn("not yet enforced", json.loads(body)["error"]["message"])
+        self.assertIn("json_mode", json.loads(body)["error"]["message"])
+        loose = [{"type": "function", "function": {"name": "scale", "parameters": {
+            "type": "object", "properties": {"k": {"type": "number", "minimum": 0.5}}}}}]
+        st, body, _ = self.chat(tools=loose, tool_choice="required")
+        self.assertEqual(st, 400, body)
+        msg = json.loads(body)["error"]["message"]
+        self.assertIn("scale", msg)
+        self.assertIn("minimum", msg)
+        st, body, _ = self.chat(tool_choice="anything")
+        self.assertEqual(st, 400, body)
         st, body, _ = self.chat(tools=[{"type": "function", "function": {"name": "bad name"}}])
         self.assertEqual(st, 400, body)
         self.assertEqual(json.loads(body)["error"]["param"], "tools")
+
+    def constrained_calls(self, **kw):
+        """A chat whose output the grammar holds to calls: each call names
+        an offered function and its arguments validate against its schema."""
+        st, body, _ = self.chat(tools=BOUNDED, max_tokens=200, **kw)
+        self.assertEqual(st, 200, body)
+        ch = json.loads(body)["choices"][0]
+        self.assertEqual(ch["finish_reason"], "tool_calls", ch)
+        calls = ch["message"]["tool_calls"]
+        self.assertGreaterEqual(len(calls), 1, ch)
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED}
+        for c in calls:
+            self.assertIn(c["function"]["name"], schemas)
+            jsonschema.validate(json.loads(c["function"]["arguments"]), schemas[c["function"]["name"]])
+        self.assertEqual(len({c["id"] for c in calls}), len(calls))
+        return calls
+
+    def test_required_and_named_tool_choice_hold_the_output_to_a_call(self):
+        # the model would think first; required makes it call from the first token
+        self.constrained_calls(tool_choice="required")
+        calls = self.constrained_calls(tool_choice="required", parallel_tool_calls=False)
+        self.assertEqual(len(calls), 1)
+        for name in ("get_weather", "get_time"):
+            calls = self.constrained_calls(tool_choice={"type": "function", "function": {"name": name}},
+                                           parallel_tool_calls=False)
+            self.assertEqual([c["function"]["name"] for c in calls], [name])
+        # over ZeroMQ, with tool_choice "function" and its name
+        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
+        sub.subscribe("zmq-named")
+        sub.subscribe("@heartbeat")
+        sub.wait_heartbeat(self.d.log_text)
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+            "job_id": "zmq-named", "messages": [{"role": "user", "content": USER}], "tools": json.dumps(BOUNDED),
+            "tool_choice": "function", "tool_choice_name": "get_time",
+            "params": {"max_tokens": 200, "temperature": 0.0, "parallel_tool_calls": False}})
+        self.assertEqual(ack["status"], 200, ack)
+        _, fin = sub.collect("zmq-named")
+        self.assertEqual(len(fin["tool_calls"]), 1, fin)
+        self.assertEqual(fin["tool_calls"][0]["name"], "get_time")
+        jsonschema.validate(json.loads(fin["tool_calls"][0]["arguments"]), BOUNDED[1]["function"]["parameters"])
 
     def test_official_openai_client_runs_the_tool_loop(self):
         why = ensure_client()
         if why:
             self.skipTest(why)
-        inp = json.dumps({"base": "http://127.0.0.1:%d/v1" % self.port, "model": "m", "tools": TOOLS, "user": USER})
+        inp = json.dumps({"base": "http://127.0.0.1:%d/v1" % self.port, "model": "m", "tools": TOOLS, "bounded": BOUNDED,
+                          "user": USER})
         p = subprocess.run(["node", TOOLS_SCRIPT], input=inp, capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, NODE_PATH=MODULES))
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -250,8 +319,16 @@ class ModelThatCallsATool(unittest.TestCase):
         none = out["none"]["choices"][0]
         self.assertEqual(none["finish_reason"], "stop")
         self.assertIn("<tool_call>", none["message"]["content"])
-        self.assertEqual(out["required"]["error"]["status"], 400)
-        self.assertEqual(out["required"]["error"]["param"], "tool_choice")
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED}
+        for step in ("required", "named"):
+            ch = out[step]["choices"][0]
+            self.assertEqual(ch["finish_reason"], "tool_calls", out[step])
+            for c in ch["message"]["tool_calls"]:
+                jsonschema.validate(json.loads(c["function"]["arguments"]), schemas[c["function"]["name"]])
+        self.assertEqual([c["function"]["name"] for c in out["named"]["choices"][0]["message"]["tool_calls"]],
+                         ["get_time"])
+        self.assertEqual(out["unknown"]["error"]["status"], 400)
+        self.assertEqual(out["unknown"]["error"]["param"], "tool_choice")
 
 
 if __name__ == "__main__":

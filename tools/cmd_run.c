@@ -616,8 +616,8 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     genopts *g = malloc(sizeof *g);
     int rc = g ? tp_tokenize_stage_new(c->tok, &st, err) : tp_err_set(err, TP_ENOMEM, "out of memory");
     if (!rc && a->gen.tool_choice && (!strcmp(a->gen.tool_choice, "required") || !strcmp(a->gen.tool_choice, "function")))
-        rc = tp_err_set(err, TP_EINVAL, "--tool-choice: \"%s\" is not yet enforced (it needs the grammar engine to "
-                        "constrain the output to a call); use auto or none",
+        rc = tp_err_set(err, TP_EINVAL, "--tool-choice: \"%s\" is not enforced by tokpipe run (the daemon's "
+                        "broker builds the call's grammar: use tokpipe generate); use auto or none",
                         a->gen.tool_choice_name ? a->gen.tool_choice_name : a->gen.tool_choice);
     if (!rc) {
         const char *src = a->chat_template ? a->chat_template : a->tokenizer ? a->tokenizer : a->model;

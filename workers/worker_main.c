@@ -49,6 +49,7 @@ typedef struct worker {
     uint64_t progress;
     volatile sig_atomic_t *quit;
     bool chat_template;                     /* a tokenize stage with a usable chat template */
+    tp_tc_family tool_family;               /* its tool-call syntax (READY: the broker builds call grammars) */
     int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
     tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
@@ -146,10 +147,12 @@ static int load_chat(worker *w, tp_err *err)
             return tp_err_set(err, TP_ENOMEM, "out of memory");
         }
     }
-    if (t && w->stop) {
+    if (t && (w->stop || w->tokenize)) {
         tp_tc_syntax syn;
         tp_toolcall_syntax(t, text[0], text[1], &syn);
-        tp_stop_stage_set_syntax(w->stop, &syn);
+        if (w->stop)
+            tp_stop_stage_set_syntax(w->stop, &syn);
+        w->tool_family = syn.family;
     }
     w->chat_template = w->tokenize && t != NULL;   /* for INFO: SUBMIT messages can be used */
     rc = w->tokenize ? tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err) : 0;
@@ -299,6 +302,8 @@ static int send_ready(worker *w)
     const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
     r->weight_type = tp_str_of(wt ? wt->name : "");
     r->chat_template = w->chat_template;
+    if (w->chat_template)
+        r->tool_syntax = tp_str_of(tp_tc_family_name(w->tool_family));
     int32_t *sp_ids = w->sp_ids;
     tp_str *sp_pieces = w->sp_pieces;
     size_t n_sp = 0;

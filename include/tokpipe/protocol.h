@@ -596,6 +596,7 @@ typedef struct tp_m_ready {
     tp_str *special_pieces;
     size_t n_special_pieces;
     bool chat_template;
+    tp_str tool_syntax;        /* the template's tool-call family (tp_tc_family_name), with chat_template */
     tp_str weight_type;
 } tp_m_ready;
 

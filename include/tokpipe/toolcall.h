@@ -6,9 +6,9 @@
  * it comes while call text never is.
  *
  * One parser per syntax family lives in workers/toolcall/<family>.c; each
- * also names the marker that opens a call (for a lazy grammar) and builds
- * the grammar of "a valid call of one of these functions" once the grammar
- * engine is in (tp_toolcall_grammar). */
+ * also names the marker that opens a call (for a lazy grammar) and the
+ * shape tp_toolcall_grammar (workers/toolcall/grammar.c) builds the grammar
+ * of "a valid call of one of these functions" from. */
 #ifndef TOKPIPE_TOOLCALL_H
 #define TOKPIPE_TOOLCALL_H
 
@@ -75,12 +75,19 @@ int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size
  * under tool_choice auto), or NULL when a call starts the output. */
 const char *tp_toolcall_trigger(tp_tc_family f);
 
-/* Until the grammar engine lands: TP_EINVAL "not yet enforced". Then: the
- * GBNF text (caller frees) of one valid call (parallel: one or more) of the
- * functions in tools_json (an OpenAI tools array), in family f's syntax,
- * each call's arguments valid against its function's parameters schema. */
-int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, bool parallel, char **gbnf,
-                        tp_err *err);
+/* The GBNF text (caller frees) of one valid call (parallel: one or more)
+ * of the functions in tools_json (an OpenAI tools array; only: that one
+ * function, else any), in family f's syntax, each call's arguments valid
+ * against its function's parameters schema (tp_jschema_to_gbnf under o's
+ * limits, NULL = defaults; o's GBNF limit bounds the whole): what
+ * tool_choice required / a named function holds the output to from its
+ * first token. TP_EINVAL naming what cannot be held: a family whose call
+ * marker is a control token (only Hermes/Qwen, Llama 3.x JSON and generic
+ * are enforced), a parameters schema the compiler refuses (naming the tool
+ * and the keyword), an only that is not offered. */
+struct tp_jschema_opts;
+int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
+                        const struct tp_jschema_opts *o, char **gbnf, tp_err *err);
 
 /* Check an OpenAI tools array: [{"type": "function", "function": {"name",
  * "description"?, "parameters"?, "strict"?}}, ...]; names [A-Za-z0-9_.-],

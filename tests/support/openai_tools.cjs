@@ -3,14 +3,15 @@
 // and runs the tool loop a client writes: ask with tools (not streamed and
 // streamed, the streamed tool_calls deltas assembled as the client's docs
 // show), send the call's result back as a second turn, then tool_choice
-// "none" and "required". Prints one JSON object with what each step got
+// "none", "required" and a named function (over bounded tools, so that
+// the constrained call ends), and a name not offered. Prints one JSON object with what each step got
 // (or the API error it raised). Run with NODE_PATH at the "openai" package.
 const OpenAI = require("openai");
 
 async function main() {
   let input = "";
   for await (const chunk of process.stdin) input += chunk;
-  const { base, model, tools, user } = JSON.parse(input);
+  const { base, model, tools, bounded, user } = JSON.parse(input);
   const client = new OpenAI({ baseURL: base, apiKey: "none", maxRetries: 0 });
   const messages = [{ role: "user", content: user }];
   const out = {};
@@ -55,7 +56,15 @@ async function main() {
   await step("none", () =>
     client.chat.completions.create({ model, messages, tools, tool_choice: "none", temperature: 0 }));
   await step("required", () =>
-    client.chat.completions.create({ model, messages, tools, tool_choice: "required", temperature: 0 }));
+    client.chat.completions.create({ model, messages, tools: bounded, tool_choice: "required", temperature: 0,
+                                     max_tokens: 200 }));
+  await step("named", () =>
+    client.chat.completions.create({ model, messages, tools: bounded, parallel_tool_calls: false, temperature: 0,
+                                     tool_choice: { type: "function", function: { name: "get_time" } },
+                                     max_tokens: 200 }));
+  await step("unknown", () =>
+    client.chat.completions.create({ model, messages, tools, temperature: 0,
+                                     tool_choice: { type: "function", function: { name: "get_time" } } }));
   process.stdout.write(JSON.stringify(out) + "\n");
 }
 

@@ -122,23 +122,6 @@ void tp_toolcall_syntax(const tp_chat_template *t, const char *bos, const char *
     cJSON_Delete(as_null);
 }
 
-int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, bool parallel, char **gbnf, tp_err *err)
-{
-    (void)parallel;
-    *gbnf = NULL;
-    const tc_family_def *d = tc_family(f);
-    if (!d || !d->calls_open)
-        return tp_err_set(err, TP_EINVAL, "tool_choice: the model's chat template has no tool-call syntax");
-    int rc = tp_tools_check(tools_json, len, err);
-    if (rc)
-        return rc;
-    /* the compiler of each function's parameters schema comes with the
-     * grammar engine; until then nothing can hold the model to a call */
-    return tp_err_set(err, TP_EINVAL,
-                      "tool_choice: a constrained call (%s syntax) is not yet enforced: it needs the grammar engine",
-                      d->name);
-}
-
 static bool name_ok(const char *s)
 {
     size_t n = strlen(s);
