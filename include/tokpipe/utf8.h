@@ -32,4 +32,8 @@ size_t tp_utf8_unfinished_tail(const uint8_t *b, size_t n);
  * bytes written. An unfinished sequence at the end counts as ill-formed. */
 size_t tp_utf8_replace(const uint8_t *b, size_t n, char *out);
 
+/* Write code point cp (<= 0x10FFFF; the caller checks) as 1-4 UTF-8 bytes
+ * to out; returns how many. */
+size_t tp_utf8_put(uint32_t cp, char out[4]);
+
 #endif

@@ -1,6 +1,7 @@
 /* Chat templates, part 1: text -> tokens, with Jinja's whitespace rules
  * (trim_blocks, lstrip_blocks, "-" and "+" markers, newline normalisation,
  * the dropped trailing newline) applied to the data between tags. */
+#include "tokpipe/utf8.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,30 +94,6 @@ static int hexval(char c)
     return -1;
 }
 
-static size_t put_utf8(char *o, unsigned cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xc0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 /* A string literal's body with Python's unicode-escape rules (what Jinja
  * applies); an escape Python keeps literally (\d) is kept. */
 static int lex_string(tp_chat_lexer *lx, size_t *pos, int line, tp_chat_tok *t)
@@ -170,7 +147,7 @@ static int lex_string(tp_chat_lexer *lx, size_t *pos, int line, tp_chat_tok *t)
                 return lex_fail(lx, TP_EINVAL, line, "unsupported construct: surrogate or out-of-range escape");
             }
             j += (size_t)nd;
-            k += put_utf8(o + k, cp);
+            k += tp_utf8_put(cp, o + k);
             break;
         }
         case 'N':
@@ -186,7 +163,7 @@ static int lex_string(tp_chat_lexer *lx, size_t *pos, int line, tp_chat_tok *t)
                     d++;
                 }
                 j--;
-                k += put_utf8(o + k, cp);
+                k += tp_utf8_put(cp, o + k);
             } else {
                 o[k++] = '\\';
                 o[k++] = e;

@@ -1,5 +1,6 @@
 /* Buffers, code point sets and GBNF writers for the schema and regex
  * compilers (jschema_int.h). */
+#include "tokpipe/utf8.h"
 #include "jschema_int.h"
 #include "tokpipe/jschema.h"
 
@@ -277,32 +278,9 @@ size_t js_escape_cp(uint32_t c, char out[8])
         snprintf(out, 8, "\\u%04x", c);
         return 6;
     }
-    return js_utf8_put(c, out);
+    return tp_utf8_put(c, out);
 }
 
-size_t js_utf8_put(uint32_t c, char out[4])
-{
-    if (c < 0x80) {
-        out[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        out[0] = (char)(0xC0 | (c >> 6));
-        out[1] = (char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    if (c < 0x10000) {
-        out[0] = (char)(0xE0 | (c >> 12));
-        out[1] = (char)(0x80 | ((c >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (c >> 18));
-    out[1] = (char)(0x80 | ((c >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((c >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
-}
 
 static bool json_special(uint32_t c)
 {

@@ -49,7 +49,6 @@ uint64_t jcs_count(const cset *s);
  * code point, or 0 when invalid (overlong, surrogate, truncated). */
 int js_utf8_next(const unsigned char *s, size_t n, uint32_t *cp);
 /* UTF-8 of c (no checks); returns its length. */
-size_t js_utf8_put(uint32_t c, char out[4]);
 
 /* GBNF string literal "..." of the code points in s (UTF-8, n bytes). Returns
  * false (writing nothing) when s is not valid UTF-8. */

@@ -6,6 +6,7 @@
  * the same set of strings, so lazy ones are accepted; everything whose
  * language is not regular or not known here (backreferences, lookaround,
  * \b, \p{..}, flags) is refused naming it. */
+#include "tokpipe/utf8.h"
 #include "jschema_int.h"
 #include "tokpipe/jschema.h"
 
@@ -528,7 +529,7 @@ static bool rx_emit_seq(const rxp *p, const rxe *e, const rxn *n, int from, int 
             while (k < to && single(&p->node[n->kid[k]])) {
                 char c[8];
                 uint32_t cp = p->node[n->kid[k]].set.r[0][0];
-                size_t len = e->json ? js_escape_cp(cp, c) : js_utf8_put(cp, c);
+                size_t len = e->json ? js_escape_cp(cp, c) : tp_utf8_put(cp, c);
                 jsb_putn(&t, c, len);
                 k++;
             }

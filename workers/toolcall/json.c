@@ -2,6 +2,7 @@
  * arguments of a call are kept as the exact text the model wrote (so
  * integers beyond 2^53 and any escapes survive), after checking it is
  * valid JSON. */
+#include "tokpipe/utf8.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,30 +251,6 @@ static int hexv(char c)
     return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
 }
 
-static size_t put_utf8(char *o, uint32_t cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 char *tc_json_string(const char *s, size_t n, size_t *len)
 {
     char *out = malloc(n + 1);
@@ -302,7 +279,7 @@ char *tc_json_string(const char *s, size_t n, size_t *len)
             }
             if (cp >= 0xD800 && cp < 0xE000)
                 cp = 0xFFFD;   /* a lone surrogate has no UTF-8 form */
-            o += put_utf8(out + o, cp);
+            o += tp_utf8_put(cp, out + o);
             continue;
         }
         const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
