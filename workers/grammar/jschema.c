@@ -1566,6 +1566,10 @@ static int finish(jc *c, int root, char **gbnf)
 {
     if (root == FAIL) return c->rc;
     if (root == NEVER) return tp_err_set(c->err, TP_EINVAL, "json schema: accepts no value at all");
+    /* GBNF has no element that matches nothing (the engine refuses an empty
+     * class), so a subschema no value satisfies is refused, not written */
+    if (c->never_rule)
+        return tp_err_set(c->err, TP_EINVAL, "json schema: a subschema accepts no value (e.g. minimum above maximum)");
     sbuf all;
     jsb_init(&all, c->o->max_gbnf_bytes);
     jsb_printf(&all, "root ::= s%d\n", root);
