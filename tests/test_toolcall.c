@@ -22,6 +22,8 @@ typedef struct result {
     char names[8][64];
     char args[8][512];
     char ids[8][64];
+    size_t n_early;          /* calls whose first delta came before finish */
+    size_t args_early;       /* argument bytes released before finish */
 } result;
 
 static void cat(char *dst, const char *s, size_t n)
@@ -30,6 +32,37 @@ static void cat(char *dst, const char *s, size_t n)
     assert_true(l + n < 4096);
     memcpy(dst + l, s, n);
     dst[l + n] = 0;
+}
+
+/* The calls as the deltas build them: a first delta (id, name) per call,
+ * in order, then argument fragments. */
+typedef struct streamed {
+    size_t n;
+    char names[8][64], ids[8][64];
+    char args[8][512];
+} streamed;
+
+static void take_deltas(const tp_tcsplit *s, streamed *t)
+{
+    const tp_tc_delta *d;
+    size_t n = tp_tcsplit_deltas(s, &d);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(d[i].index < 8);
+        if (d[i].id) {
+            assert_int_equal(d[i].index, t->n);   /* a call opens once, in order */
+            assert_non_null(d[i].name);
+            snprintf(t->ids[t->n], 64, "%s", d[i].id);
+            snprintf(t->names[t->n], 64, "%s", d[i].name);
+            t->n++;
+        } else {
+            assert_true(d[i].index < t->n);
+            assert_null(d[i].name);
+        }
+        size_t l = strlen(t->args[d[i].index]);
+        assert_true(l + d[i].arguments_len < 512);
+        memcpy(t->args[d[i].index] + l, d[i].arguments, d[i].arguments_len);
+        t->args[d[i].index][l + d[i].arguments_len] = 0;
+    }
 }
 
 /* Feed text in chunks of `chunk` bytes (0: whole). */
@@ -44,22 +77,36 @@ static void split(tp_tc_family f, bool thinks, bool think_open, const char *text
     size_t n = strlen(text), step = chunk ? chunk : (n ? n : 1);
     const char *c, *rs;
     size_t cn, rn;
+    streamed t;
+    memset(&t, 0, sizeof t);
     for (size_t i = 0; i < n; i += step) {
         size_t k = n - i < step ? n - i : step;
         assert_int_equal(tp_tcsplit_feed(s, text + i, k, &c, &cn, &rs, &rn), 0);
         cat(r->content, c, cn);
         cat(r->reasoning, rs, rn);
+        take_deltas(s, &t);
     }
+    r->n_early = t.n;
+    r->args_early = 0;
+    for (size_t i = 0; i < t.n; i++)
+        r->args_early += strlen(t.args[i]);
     assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
     cat(r->content, c, cn);
     cat(r->reasoning, rs, rn);
+    take_deltas(s, &t);
     const tp_tc_call *calls;
     r->n_calls = tp_tcsplit_calls(s, &calls);
+    /* the deltas joined are the message's calls */
+    assert_int_equal(t.n, r->n_calls);
     for (size_t i = 0; i < r->n_calls && i < 8; i++) {
         snprintf(r->names[i], sizeof r->names[i], "%s", calls[i].name);
         snprintf(r->args[i], sizeof r->args[i], "%s", calls[i].arguments);
         snprintf(r->ids[i], sizeof r->ids[i], "%s", calls[i].id);
+        assert_string_equal(t.names[i], r->names[i]);
+        assert_string_equal(t.ids[i], r->ids[i]);
+        assert_string_equal(t.args[i], r->args[i]);
     }
+
     size_t rl;
     const char *all = tp_tcsplit_reasoning(s, &rl);
     assert_int_equal(rl, strlen(r->reasoning));
@@ -80,6 +127,8 @@ static void check(tp_tc_family f, bool thinks, bool think_open, const char *text
         assert_string_equal(r->names[i], b.names[i]);
         assert_string_equal(r->args[i], b.args[i]);
     }
+    r->n_early = b.n_early;
+    r->args_early = b.args_early;
 }
 
 static void hermes_parses_parallel_calls_as_qwen_documents_them(void **state)
@@ -119,10 +168,71 @@ static void hermes_malformed_call_stays_content(void **state)
 {
     (void)state;
     result r;
-    const char *t = "Here: <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": </tool_call> and more";
+    const char *t = "Here: <tool_call>{\"name\": 5, \"arguments\": {\"a\": 1}}</tool_call> and more";
     check(TP_TC_HERMES, false, false, t, &r);
     assert_int_equal(r.n_calls, 0);
     assert_string_equal(r.content, t);
+}
+
+/* A call whose name went out stays a call (as OpenAI streams it): when the
+ * text then breaks the syntax, its arguments are what came up to there,
+ * streamed or not. */
+static void a_call_broken_after_its_name_keeps_what_was_generated(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_HERMES, false, false,
+          "Here: <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": </tool_call> and more", &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "f");
+    assert_string_equal(r.args[0], "{\"a\": ");
+    assert_string_equal(r.content, "Here: ");
+    /* cut short (max_tokens): the arguments so far */
+    check(TP_TC_MISTRAL, false, false, "[TOOL_CALLS][{\"name\": \"g\", \"arguments\": {\"q\": \"Par", &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.args[0], "{\"q\": \"Par");
+}
+
+/* Byte by byte, each call's first delta comes as soon as its name is whole
+ * and every byte of its arguments before finish, for every family's
+ * documented shape. */
+static void calls_stream_as_they_are_generated(void **state)
+{
+    (void)state;
+    static const struct {
+        tp_tc_family f;
+        bool thinks;
+        const char *text;
+        size_t n;
+    } cases[] = {
+        {TP_TC_HERMES, false, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, {\"y\": \"}\"}]}}\n</tool_call>\n"
+                             "<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>", 2},
+        {TP_TC_LLAMA3, false, "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {\"y\": -2.5e3}}", 2},
+        {TP_TC_MISTRAL, false, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": true}}, {\"name\": \"b\", \"arguments\": {\"n\": null}}]", 2},
+        {TP_TC_FUNCTIONARY_V31, false, "<function=a>{\"x\": \"\\u00e9\"}</function><function=b>{}</function>", 2},
+        {TP_TC_FUNCTIONARY_V32, false, "a\n{\"x\": 1}>>>b\n{\"y\": 2}", 2},
+        {TP_TC_COMMAND_R7B, true, "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"a\", \"parameters\": {\"x\": 1}}]<|END_ACTION|>", 1},
+        {TP_TC_COMMAND_R_PLUS, false, "Action: ```json\n[{\"tool_name\": \"a\", \"parameters\": {\"x\": 1}}]\n```", 1},
+        {TP_TC_DEEPSEEK_R1, true, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{\"x\": 1}\n```<｜tool▁call▁end｜>"
+                                 "\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>b\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", 2},
+        {TP_TC_FIREFUNCTION_V2, false, " functools[{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", \"arguments\": {}}]", 2},
+        {TP_TC_GENERIC, false, "{\"tool_calls\": [{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", \"arguments\": {}}]}", 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        result r;
+        check(cases[i].f, cases[i].thinks, false, cases[i].text, &r);
+        assert_int_equal(r.n_calls, cases[i].n);
+        assert_string_equal(r.names[0], "a");
+        assert_int_equal(r.n_early, cases[i].n);
+        size_t all = 0;
+        for (size_t k = 0; k < r.n_calls; k++)
+            all += strlen(r.args[k]);
+        assert_int_equal(r.args_early, all);
+    }
+    /* the directly_answer tool of Command R+ is no call: nothing streams */
+    result r;
+    check(TP_TC_COMMAND_R_PLUS, false, false, "Action: ```json\n[{\"tool_name\": \"directly_answer\", \"parameters\": {}}]\n```", &r);
+    assert_int_equal(r.n_calls, 0);
 }
 
 static void content_holds_back_a_marker_prefix_only_until_it_is_not_one(void **state)
@@ -476,6 +586,8 @@ int main(void)
         cmocka_unit_test(hermes_parses_parallel_calls_as_qwen_documents_them),
         cmocka_unit_test(hermes_keeps_text_before_and_markers_inside_strings),
         cmocka_unit_test(hermes_malformed_call_stays_content),
+        cmocka_unit_test(a_call_broken_after_its_name_keeps_what_was_generated),
+        cmocka_unit_test(calls_stream_as_they_are_generated),
         cmocka_unit_test(content_holds_back_a_marker_prefix_only_until_it_is_not_one),
         cmocka_unit_test(llama3_json_and_builtin_python_tag),
         cmocka_unit_test(mistral_calls_get_nine_character_ids),

@@ -34,6 +34,9 @@ typedef struct tc_out {
 /* Add a call: name (n bytes, plain text), arguments (JSON text, an object;
  * NULL = "{}"). The id is set by the splitter. -1 when out of memory. */
 void tc_call_release(tp_tc_call *c);
+/* A function name as models write them (no space, control byte, quote or
+ * backslash; 1-256 bytes). */
+bool tc_valid_name(const char *s, size_t n);
 int tc_add_call(tc_out *o, const char *name, size_t name_len, const char *args, size_t args_len);
 
 /* ---- JSON scanning (the model's text is checked, never trusted) ---- */
@@ -96,5 +99,34 @@ const tc_family_def *tc_family(tp_tc_family f);
 /* <|python_tag|> text (Llama 3.x, Functionary v3.1): a JSON call, a
  * builtin's NAME.call(k=v, ...), or code for the python tool. */
 int tc_python_tag(const char *s, size_t n, tc_out *o, const char *const *args_keys);
+
+/* ---- streaming (stream.c) ---- */
+
+enum { TC_SCAN_START, TC_SCAN_NEXT, TC_SCAN_DONE };
+
+/* Where the scan of a call region stands: at off, the call numbered k
+ * comes next (phase START: the region's calls_open first; NEXT: a
+ * calls_sep first; DONE: the text left the family's shape, nothing more
+ * streams). */
+typedef struct tc_scan {
+    size_t off, k;
+    int phase;
+} tc_scan;
+
+/* The next call as far as the text shows it (offsets into the region). */
+typedef struct tc_scan_call {
+    size_t index;
+    bool named;              /* the name is whole: s[name_off..+name_len) */
+    bool name_json;          /* ... as a JSON string (quotes, escapes) */
+    size_t name_off, name_len;
+    bool has_args;           /* the arguments began: s[args_off..+args_len) so far */
+    bool args_done;          /* ... and are one whole JSON value */
+    size_t args_off, args_len;
+    bool done;               /* the call and its close are whole: st moved past it */
+} tc_scan_call;
+
+/* The next call of region s[0..n) in d's shape: true with *c when its name
+ * is whole (c->done: st now stands after it). parallel false: one call. */
+bool tc_stream_scan(const tc_family_def *d, const char *s, size_t n, bool parallel, tc_scan *st, tc_scan_call *c);
 
 #endif
