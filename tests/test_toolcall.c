@@ -48,15 +48,16 @@ static void take_deltas(const tp_tcsplit *s, streamed *t)
     size_t n = tp_tcsplit_deltas(s, &d);
     for (size_t i = 0; i < n; i++) {
         assert_true(d[i].index < 8);
-        if (d[i].id) {
+        assert_non_null(d[i].id);
+        assert_non_null(d[i].name);
+        if (d[i].first) {
             assert_int_equal(d[i].index, t->n);   /* a call opens once, in order */
-            assert_non_null(d[i].name);
             snprintf(t->ids[t->n], 64, "%s", d[i].id);
             snprintf(t->names[t->n], 64, "%s", d[i].name);
             t->n++;
         } else {
             assert_true(d[i].index < t->n);
-            assert_null(d[i].name);
+            assert_string_equal(d[i].id, t->ids[d[i].index]);
         }
         size_t l = strlen(t->args[d[i].index]);
         assert_true(l + d[i].arguments_len < 512);

@@ -133,9 +133,9 @@ int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **co
 int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                       const char **reasoning, size_t *reasoning_len);
 
-/* What the last feed or finish released of the calls, in order: a call's
- * first delta has its id and name (else both NULL), each may carry a
- * fragment of its arguments. The fragments of a call, joined, are its
+/* What the last feed or finish released of the calls, in order: each
+ * delta names its call (index, id, name; first: the call's first delta),
+ * and may carry a fragment of its arguments. The fragments of a call, joined, are its
  * arguments in tp_tcsplit_calls: a call is streamed once its name is whole
  * and its arguments byte by byte as they come, in the family's documented
  * shape (other text is parsed at finish and released then, whole). A call
@@ -144,7 +144,8 @@ int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **
  * Borrowed until the next feed, finish or free. */
 typedef struct tp_tc_delta {
     size_t index;            /* the call's place in tp_tcsplit_calls */
-    const char *id, *name;   /* the call's first delta only */
+    const char *id, *name;
+    bool first;
     const char *arguments;   /* a fragment (not NUL terminated) */
     size_t arguments_len;
 } tp_tc_delta;

@@ -32,6 +32,7 @@ typedef struct stop_job {
     tp_gmatch *gm;            /* the job's grammar position, or NULL */
     tp_tcsplit *split;        /* params.parse_tool_calls / parse_reasoning: content, thinking, calls */
     uint64_t content_len;     /* bytes of content published (FINISH text_len) */
+    bool deltas;              /* the splitter's last feed released call deltas not yet published */
 } stop_job;
 
 /* One candidate's logprob row from STOP_STEP (stride = the message's top_n). */
@@ -130,10 +131,24 @@ static stop_job *find_job(tp_stop_stage *st, uint32_t slot)
 
 /* ---- events ---------------------------------------------------------------- */
 
+/* The splitter's call deltas of this step as TOKEN tool_calls (id and name
+ * in each, arguments the fragment). */
+static size_t call_deltas(stop_job *j, tp_tool_call *out)
+{
+    const tp_tc_delta *d;
+    size_t n = j->split && j->deltas ? tp_tcsplit_deltas(j->split, &d) : 0;
+    j->deltas = false;
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < TP_PROTO_MAX_TOOL_CALLS; i++)
+        out[k++] = (tp_tool_call){tp_str_of(d[i].id), tp_str_of(d[i].name), {d[i].arguments, d[i].arguments_len}};
+    return k;
+}
+
 static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const char *rs, size_t rlen,
                          const lp_row *lp, const tp_stage_io *io)
 {
     tp_msg ev;
+    tp_tool_call calls[TP_PROTO_MAX_TOOL_CALLS];
     float lpv = NAN;
     int32_t ids[TP_PROTO_MAX_TOP_LOGPROBS];
     float lps[TP_PROTO_MAX_TOP_LOGPROBS];
@@ -145,6 +160,8 @@ static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, 
     ev.token.text = (tp_str){text, len};
     if (rlen)
         ev.token.reasoning = (tp_str){rs, rlen};
+    if ((ev.token.n_tool_calls = call_deltas(j, calls)))
+        ev.token.tool_calls = calls;
     j->content_len += len;
     ev.token.ids = (tp_raw){&id, 1};
     ev.token.pin = j->pin;
@@ -393,9 +410,11 @@ static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, u
             tp_gmatch_accept(j->gm, cand, NULL);
         const char *text = s.chunk, *rs = "";
         size_t len = s.chunk_len, rlen = 0;
-        if (j->split && s.finish == TP_FINISH_NONE &&
-            (rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
-            return rc;
+        if (j->split && s.finish == TP_FINISH_NONE) {
+            if ((rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
+                return rc;
+            j->deltas = true;
+        }
         if (j->split && s.finish != TP_FINISH_NONE) {
             /* the last chunk goes to FINISH, which ends the splitter */
             if ((rc = publish_token(j, cand, "", 0, "", 0, lp, io)))

@@ -28,6 +28,7 @@ struct tp_tcsplit {
         char *id, *name;
         size_t args_off, have;   /* the arguments' bytes in pend so far */
         size_t sent;             /* of them, released in deltas */
+        bool no_args;            /* its call closed without arguments: they are {} */
         bool emitted;            /* its first delta went out */
     } *ann;
     size_t n_ann, cap_ann;
@@ -305,7 +306,8 @@ static char *new_id(tp_tcsplit *s)
     return id;
 }
 
-static void add_delta(tp_tcsplit *s, size_t index, const char *id, const char *name, const char *args, size_t n)
+static void add_delta(tp_tcsplit *s, size_t index, const char *id, const char *name, bool first, const char *args,
+                      size_t n)
 {
     if (s->n_deltas == s->cap_deltas) {
         size_t cap = s->cap_deltas ? s->cap_deltas * 2 : 4;
@@ -317,7 +319,7 @@ static void add_delta(tp_tcsplit *s, size_t index, const char *id, const char *n
         s->deltas = d;
         s->cap_deltas = cap;
     }
-    s->deltas[s->n_deltas++] = (tp_tc_delta){index, id, name, n ? args : "", n};
+    s->deltas[s->n_deltas++] = (tp_tc_delta){index, id, name, first, n ? args : "", n};
 }
 
 /* Scan the held call region on from where the last scan stopped: a call
@@ -358,9 +360,9 @@ static void stream_calls(tp_tcsplit *s, bool emit)
             a->args_off = c.args_off;
             a->have = c.args_len;
         }
+        a->no_args = c.args_done && !c.has_args;
         if (emit && (!a->emitted || a->have > a->sent)) {
-            add_delta(s, c.index, a->emitted ? NULL : a->id, a->emitted ? NULL : a->name,
-                      s->pend.s + a->args_off + a->sent, a->have - a->sent);
+            add_delta(s, c.index, a->id, a->name, !a->emitted, s->pend.s + a->args_off + a->sent, a->have - a->sent);
             a->emitted = true;
             a->sent = a->have;
         }
@@ -418,7 +420,8 @@ static void streamed_calls(tp_tcsplit *s, tc_out *o)
 {
     for (size_t k = 0; k < s->n_ann; k++) {
         const struct ann *a = &s->ann[k];
-        if (tc_add_call(o, a->name, strlen(a->name), a->have ? s->pend.s + a->args_off : "", a->have))
+        if (tc_add_call(o, a->name, strlen(a->name), a->no_args ? NULL : a->have ? s->pend.s + a->args_off : "",
+                        a->have))
             o->oom = true;
     }
 }
@@ -429,7 +432,7 @@ static void drop_calls(tc_out *o)
         tc_call_release(&o->calls[i]);
     free(o->calls);
     o->calls = NULL;
-    o->n_calls = 0;
+    o->n_calls = o->cap_calls = 0;
 }
 
 int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
@@ -472,8 +475,7 @@ int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **
                 }
                 size_t sent = out ? s->ann[k].sent : 0;
                 if (!out || c->arguments_len > sent)
-                    add_delta(s, k, out ? NULL : c->id, out ? NULL : c->name, c->arguments + sent,
-                              c->arguments_len - sent);
+                    add_delta(s, k, c->id, c->name, !out, c->arguments + sent, c->arguments_len - sent);
             }
             s->pend.len = 0;
         }

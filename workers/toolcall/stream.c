@@ -219,6 +219,7 @@ static int json_body(const tc_family_def *d, const char *s, size_t n, size_t *i,
             return LIT_PARTIAL;
         if (s[k] == '}') {
             *i = k + 1;
+            c->args_done = true;   /* whole, or none: the parser's {} */
             return c->named ? LIT_MATCH : LIT_FAIL;
         }
         size_t kl;
@@ -248,24 +249,27 @@ static int json_body(const tc_family_def *d, const char *s, size_t n, size_t *i,
             c->args_off = k;
             c->args_len = vl;
             c->args_done = r == J_DONE;
-        } else if (is_name && r == J_DONE) {
-            if (s[k] != '"' || not_a_call(d, s + k, vl, true))
-                return LIT_FAIL;
-            c->named = true;
-            c->name_off = k;
-            c->name_len = vl;
-            c->name_json = true;
+        } else if (is_name && r == J_DONE && (s[k] != '"' || not_a_call(d, s + k, vl, true))) {
+            return LIT_FAIL;
         }
         if (r != J_DONE)
             return r == J_BAD ? LIT_FAIL : LIT_PARTIAL;
+        size_t v0 = k;
         k += vl;
         k += tc_ws(s + k, n - k);
         if (k >= n)
             return LIT_PARTIAL;
+        if (s[k] != ',' && s[k] != '}')
+            return LIT_FAIL;
+        if (is_name) {
+            /* whole once the object goes on past it */
+            c->named = true;
+            c->name_off = v0;
+            c->name_len = vl;
+            c->name_json = true;
+        }
         if (s[k] == ',')
             k++;
-        else if (s[k] != '}')
-            return LIT_FAIL;
     }
 }
 

@@ -120,7 +120,7 @@ typedef struct tc_scan_call {
     bool name_json;          /* ... as a JSON string (quotes, escapes) */
     size_t name_off, name_len;
     bool has_args;           /* the arguments began: s[args_off..+args_len) so far */
-    bool args_done;          /* ... and are one whole JSON value */
+    bool args_done;          /* ... and are one whole JSON value (or the call closed without them) */
     size_t args_off, args_len;
     bool done;               /* the call and its close are whole: st moved past it */
 } tc_scan_call;
