@@ -57,6 +57,7 @@ typedef struct bjob {
     int close_finish;               /* CLOSING: the STOP_CLOSE finish, said again to a replacement */
     char *close_error;
     char *gbnf;                     /* the job's grammar (params.grammar points here), or NULL */
+    const char *gtrigger;           /* static: it applies from this text on (tool_choice auto), or NULL */
     bool cancel;
     int32_t *out;
     uint32_t n_out, cap_out;

@@ -74,6 +74,8 @@ static const field params_fields[] = {
     {.key = "json_schema", .type = FT_STR, .off = P(json_schema), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
      .setbit = TP_P_JSON_SCHEMA},
     {.key = "json_mode", .type = FT_BOOL, .off = P(json_mode), .setbit = TP_P_JSON_MODE},
+    {.key = "grammar_trigger", .type = FT_STR, .off = P(grammar_trigger), .flags = FF_NONEMPTY,
+     .max = TP_PROTO_MAX_NAME},
     {.key = "parse_tool_calls", .type = FT_BOOL, .off = P(parse_tool_calls), .setbit = TP_P_PARSE_TOOL_CALLS},
     {.key = "parse_reasoning", .type = FT_BOOL, .off = P(parse_reasoning), .setbit = TP_P_PARSE_REASONING},
     {.key = "parallel_tool_calls", .type = FT_BOOL, .off = P(parallel_tool_calls),

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "tokpipe/chat_template.h"
+#include "tokpipe/glazy.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/toolcall.h"
 
@@ -532,7 +533,7 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     const char *n = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
     char two[512];
     snprintf(two, sizeof two, "%s\n%s", w, n);
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, true, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, true, false, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, w));
     assert_true(grammar_takes(g, n));
     assert_true(grammar_takes(g, two));
@@ -542,7 +543,7 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     assert_false(grammar_takes(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n</tool_call>"));
     free(g);
     /* one call only, and only the named function */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "now", false, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "now", false, false, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, n));
     assert_false(grammar_takes(g, w));
     assert_false(grammar_takes(g, two));
@@ -551,34 +552,251 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     assert_false(grammar_takes(g, nn));
     free(g);
     /* Llama 3.x writes "parameters"; generic wraps the calls */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_LLAMA3, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_LLAMA3, two_tools, strlen(two_tools), NULL, false, false, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, "{\"name\": \"now\", \"parameters\": {}}"));
     free(g);
-    assert_int_equal(tp_toolcall_grammar(TP_TC_GENERIC, two_tools, strlen(two_tools), NULL, true, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_GENERIC, two_tools, strlen(two_tools), NULL, true, false, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", "
                                  "\"arguments\": {}}]}"));
     free(g);
 }
 
-static void unenforceable_calls_are_refused_by_name(void **state)
+static void what_cannot_be_held_is_refused_by_name(void **state)
 {
     (void)state;
     tp_err e;
     char *g = NULL;
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "later", false, NULL, &g, &e),
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "later", false, false, NULL, NULL, &g, &e),
                      TP_EINVAL);
     assert_non_null(strstr(e.msg, "'later' is not one of the offered tools"));
     assert_null(g);
     const char *loose = "[{\"type\": \"function\", \"function\": {\"name\": \"scale\", \"parameters\": {\"type\": "
                         "\"number\", \"minimum\": 0.5}}}]";
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, NULL, &g, &e), TP_EINVAL);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, false, NULL, NULL, &g, &e), TP_EINVAL);
     assert_non_null(strstr(e.msg, "tools[0].function.parameters (scale)"));
     assert_non_null(strstr(e.msg, "minimum"));
-    /* Mistral's [TOOL_CALLS] is a control token: nothing the engine can emit */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e),
-                     TP_EINVAL);
-    assert_non_null(strstr(e.msg, "mistral"));
-    assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, NULL, &g, &e), TP_EINVAL);
+    /* Functionary v3.2 has no marker a lazy grammar could wait for */
+    assert_int_equal(tp_toolcall_grammar(TP_TC_FUNCTIONARY_V32, two_tools, strlen(two_tools), NULL, false, true, NULL,
+                                         NULL, &g, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "functionary_v3.2"));
+    assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, false, NULL, NULL, &g, &e), TP_EINVAL);
+}
+
+/* The canonical call of each family (the shape its grammar writes) */
+static const struct {
+    tp_tc_family f;
+    const char *call;   /* now() then get_weather(city: Paris), parallel */
+} canonical[] = {
+    {TP_TC_HERMES, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": "
+                   "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"},
+    {TP_TC_LLAMA3, "{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": "
+                   "\"Paris\"}}"},
+    {TP_TC_MISTRAL, "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": "
+                    "{\"city\": \"Paris\"}}]"},
+    {TP_TC_FUNCTIONARY_V31, "<function=now>{}</function><function=get_weather>{\"city\": \"Paris\"}</function>"},
+    {TP_TC_FUNCTIONARY_V32, "now\n{}>>>get_weather\n{\"city\": \"Paris\"}"},
+    {TP_TC_COMMAND_R7B, "<|START_ACTION|>[{\"tool_name\": \"now\", \"parameters\": {}}, {\"tool_name\": \"get_weather\", "
+                        "\"parameters\": {\"city\": \"Paris\"}}]<|END_ACTION|>"},
+    {TP_TC_COMMAND_R_PLUS, "Action: ```json\n[{\"tool_name\": \"now\", \"parameters\": {}}, {\"tool_name\": "
+                           "\"get_weather\", \"parameters\": {\"city\": \"Paris\"}}]\n```"},
+    {TP_TC_DEEPSEEK_R1, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜>"
+                        "\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+                        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+    {TP_TC_FIREFUNCTION_V2, " functools[{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"get_weather\", "
+                            "\"arguments\": {\"city\": \"Paris\"}}]"},
+    {TP_TC_GENERIC, "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"get_weather\", "
+                    "\"arguments\": {\"city\": \"Paris\"}}]}"},
+};
+
+/* Required, named and lazy grammars of every family take its canonical
+ * calls, and the family's parser reads them back as those calls: what a
+ * constrained model writes is what the splitter returns. */
+static void every_family_is_held_to_a_call_its_parser_reads(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof canonical / sizeof canonical[0]; i++) {
+        tp_tc_family f = canonical[i].f;
+        tp_err e;
+        char *g = NULL;
+        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, false, NULL, NULL, &g, &e), 0);
+        if (!grammar_takes(g, canonical[i].call))
+            fail_msg("%s: the grammar refuses its own shape\n%s", tp_tc_family_name(f), g);
+        free(g);
+        /* named: only that function, one call */
+        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), "get_weather", false, false, NULL, NULL,
+                                             &g, &e), 0);
+        assert_false(grammar_takes(g, canonical[i].call));
+        free(g);
+        result r;
+        check(f, false, false, canonical[i].call, &r);
+        assert_int_equal(r.n_calls, 2);
+        assert_string_equal(r.names[0], "now");
+        assert_string_equal(r.names[1], "get_weather");
+        assert_string_equal(r.args[1], "{\"city\": \"Paris\"}");
+        /* lazy: from the trigger on (the text before it is the model's) */
+        const char *t = tp_toolcall_trigger(f);
+        if (!t)
+            continue;
+        const char *at = strstr(canonical[i].call, t);
+        assert_non_null(at);
+        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, true, NULL, NULL, &g, &e), 0);
+        if (!grammar_takes(g, at))
+            fail_msg("%s: the lazy grammar refuses the calls from its trigger\n%s", tp_tc_family_name(f), g);
+        free(g);
+    }
+}
+
+/* names as a tp_gnames: the one special token "[TOOL_CALLS]", id 256 */
+static int find_tool_calls(void *ctx, const char *text, size_t len)
+{
+    (void)ctx;
+    return len == 12 && !memcmp(text, "[TOOL_CALLS]", 12) ? 256 : -1;
+}
+
+/* a vocabulary of the 256 bytes, then tokens with the given texts: the
+ * first (if named) a control token without bytes */
+static tp_gvocab *vocab_with(const char *const *extra, size_t n_extra, bool named_first)
+{
+    static uint8_t bytes[256];
+    const uint8_t *b[300];
+    size_t lens[300];
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (uint8_t)i;
+        b[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    for (size_t k = 0; k < n_extra; k++) {
+        b[256 + k] = (const uint8_t *)extra[k];
+        lens[256 + k] = named_first && !k ? 0 : strlen(extra[k]);
+    }
+    tp_gvocab *v = NULL;
+    tp_err e;
+    int eog = 255;
+    assert_int_equal(tp_gvocab_new(256 + (int)n_extra, b, lens, &eog, 1, &v, &e), 0);
+    if (named_first) {
+        int id = 256;
+        const char *t = extra[0];
+        size_t l = strlen(t);
+        assert_int_equal(tp_gvocab_name_tokens(v, 1, &id, &t, &l, &e), 0);
+    }
+    return v;
+}
+
+/* Mistral's [TOOL_CALLS] is a control token (no bytes): where the
+ * vocabulary names it, the grammar asks for that token, not for its
+ * letters */
+static void a_marker_the_vocabulary_names_is_a_token_reference(void **state)
+{
+    (void)state;
+    tp_err e;
+    char *g = NULL;
+    tp_gnames names = {257, find_tool_calls, NULL};
+    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), "now", false, false, &names, NULL,
+                                         &g, &e), 0);
+    char *ref = tp_grammar_token_ref("[TOOL_CALLS]", 12, false);
+    assert_non_null(strstr(g, ref));
+    free(ref);
+    const char *extra[] = {"[TOOL_CALLS]"};
+    tp_gvocab *v = vocab_with(extra, 1, true);
+    tp_grammar *gr = NULL;
+    tp_gengine *en = NULL;
+    tp_gmatch *m = NULL;
+    assert_int_equal(tp_grammar_compile(g, strlen(g), NULL, &gr, &e), 0);
+    assert_int_equal(tp_gengine_new(gr, v, NULL, &en, &e), 0);
+    assert_int_equal(tp_gmatch_new(en, &m, &e), 0);
+    assert_false(tp_gmatch_allows(m, '['));   /* not spelt out */
+    assert_true(tp_gmatch_allows(m, 256));
+    assert_int_equal(tp_gmatch_accept(m, 256, &e), 0);
+    const char *rest = "[{\"name\": \"now\", \"arguments\": {}}]";
+    assert_int_equal(tp_gmatch_accept_bytes(m, (const uint8_t *)rest, strlen(rest), &e), 0);
+    assert_true(tp_gmatch_accepting(m));
+    tp_gmatch_free(m);
+    tp_gengine_free(en);
+    tp_grammar_free(gr);
+    tp_gvocab_free(v);
+    free(g);
+}
+
+static tp_gmatch *matcher_of(const char *gbnf, tp_gvocab *v, tp_grammar **gr, tp_gengine **en)
+{
+    tp_err e;
+    tp_gmatch *m = NULL;
+    if (tp_grammar_compile(gbnf, strlen(gbnf), NULL, gr, &e))
+        fail_msg("%s\n%s", e.msg, gbnf);
+    assert_int_equal(tp_gengine_new(*gr, v, NULL, en, &e), 0);
+    assert_int_equal(tp_gmatch_new(*en, &m, &e), 0);
+    return m;
+}
+
+/* tool_choice auto: free text until the trigger, then a call; the token
+ * that completes the trigger may run past it; a control-token trigger
+ * works by its id */
+static void a_lazy_grammar_holds_the_output_from_its_trigger_on(void **state)
+{
+    (void)state;
+    tp_err e;
+    char *g = NULL;
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, false, true, NULL, NULL, &g,
+                                         &e), 0);
+    const char *extra[] = {"ll<tool_call>\n{\""};
+    tp_gvocab *v = vocab_with(extra, 1, false);
+    tp_grammar *gr = NULL;
+    tp_gengine *en = NULL;
+    tp_gmatch *m = matcher_of(g, v, &gr, &en);
+    tp_glazy *z = NULL;
+    assert_int_equal(tp_glazy_new(m, "<tool_call>", 11, &z, &e), 0);
+    const char *free_text = "Let me check: <tool";
+    for (const char *c = free_text; *c; c++) {
+        assert_null(tp_glazy_active(z));
+        assert_int_equal(tp_glazy_accept(z, (unsigned char)*c, &e), 0);
+    }
+    assert_null(tp_glazy_active(z));
+    const char *rest = "_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    for (const char *c = rest; *c; c++) {
+        assert_int_equal(tp_glazy_accept(z, (unsigned char)*c, &e), 0);
+        assert_true((tp_glazy_active(z) != NULL) == (c >= rest + 5));   /* from the trigger's '>' */
+        if (c[1] == '"' && c[2] == 'g')
+            assert_false(tp_gmatch_allows(m, 'x'));   /* held: a name of the offered functions */
+    }
+    assert_true(tp_gmatch_accepting(m));
+    tp_glazy_free(z);
+    tp_gmatch_free(m);
+    tp_gengine_free(en);
+    tp_grammar_free(gr);
+    /* one token completes the trigger and runs past it */
+    m = matcher_of(g, v, &gr, &en);
+    assert_int_equal(tp_glazy_new(m, "<tool_call>", 11, &z, &e), 0);
+    assert_int_equal(tp_glazy_accept(z, 'A', &e), 0);
+    assert_int_equal(tp_glazy_accept(z, 256, &e), 0);
+    assert_non_null(tp_glazy_active(z));
+    assert_true(tp_gmatch_allows(m, 'n'));
+    assert_false(tp_gmatch_allows(m, 'x'));
+    tp_glazy_free(z);
+    tp_gmatch_free(m);
+    tp_gengine_free(en);
+    tp_grammar_free(gr);
+    tp_gvocab_free(v);
+    free(g);
+    /* Mistral: the trigger is the control token itself */
+    tp_gnames names = {257, find_tool_calls, NULL};
+    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), NULL, false, true, &names, NULL,
+                                         &g, &e), 0);
+    const char *ctl[] = {"[TOOL_CALLS]"};
+    v = vocab_with(ctl, 1, true);
+    m = matcher_of(g, v, &gr, &en);
+    assert_int_equal(tp_glazy_new(m, "[TOOL_CALLS]", 12, &z, &e), 0);
+    assert_int_equal(tp_glazy_accept(z, 'O', &e), 0);
+    assert_null(tp_glazy_active(z));
+    assert_int_equal(tp_glazy_accept(z, 256, &e), 0);
+    assert_non_null(tp_glazy_active(z));
+    assert_true(tp_gmatch_allows(m, '['));
+    assert_false(tp_gmatch_allows(m, 'x'));
+    tp_glazy_free(z);
+    tp_gmatch_free(m);
+    tp_gengine_free(en);
+    tp_grammar_free(gr);
+    tp_gvocab_free(v);
+    free(g);
 }
 
 int main(void)
@@ -602,7 +820,10 @@ int main(void)
         cmocka_unit_test(templates_are_detected_as_their_family),
         cmocka_unit_test(tools_are_checked_by_element),
         cmocka_unit_test(a_constrained_call_is_one_of_the_offered_functions),
-        cmocka_unit_test(unenforceable_calls_are_refused_by_name),
+        cmocka_unit_test(what_cannot_be_held_is_refused_by_name),
+        cmocka_unit_test(every_family_is_held_to_a_call_its_parser_reads),
+        cmocka_unit_test(a_marker_the_vocabulary_names_is_a_token_reference),
+        cmocka_unit_test(a_lazy_grammar_holds_the_output_from_its_trigger_on),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

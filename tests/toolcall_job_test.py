@@ -125,7 +125,7 @@ class ModelThatCallsATool(unittest.TestCase):
     def test_generate_returns_the_call_and_the_thinking_apart(self):
         j = self.generate("--tools", self.tools_file)
         self.assertEqual(j["tokens"], self.chain)   # the end token ends it, unshown
-        self.assertEqual(j["finish_reason"], "eos")
+        self.assertEqual(j["finish_reason"], "tool_calls")   # as an OpenAI gateway says
         self.assertEqual(j["text"], "")
         self.assertEqual(j["reasoning_content"], THOUGHT)
         self.check_call(j["tool_calls"])
@@ -139,6 +139,7 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr.decode())
         r = json.loads(p.stdout)
         self.assertEqual((r["text"], r["reasoning_content"], r["prompt_tokens"]), ("", THOUGHT, j["prompt_tokens"]))
+        self.assertEqual((r["finish_reason"], r["tokens"]), ("tool_calls", j["tokens"]))
         self.check_call(r["tool_calls"])
 
     def test_tool_choice_none_leaves_the_call_text_as_content(self):

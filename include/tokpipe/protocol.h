@@ -337,6 +337,10 @@ typedef struct tp_params {
      * broker turns json_schema / json_mode into GBNF and sends workers
      * `grammar` only. */
     tp_str grammar;                  /* GBNF text (llama.cpp's dialect), root rule `root` */
+    tp_str grammar_trigger;          /* workers only (the broker sets it for tool_choice auto): the
+                                      * grammar applies from the first time the output holds this
+                                      * text (or generates the special token it names) on; the
+                                      * output before it is free (tp_glazy) */
     tp_str json_schema;              /* a JSON Schema as JSON text */
     bool json_mode;                  /* the output is one JSON object */
     /* How the stop stage splits the output (the broker sets the first two

@@ -71,9 +71,17 @@ void tp_toolcall_syntax(const struct tp_chat_template *t, const char *bos, const
 int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
                           size_t *len, tp_err *err);
 
-/* The text whose generation opens a call (what triggers a lazy grammar
- * under tool_choice auto), or NULL when a call starts the output. */
+/* The text whose generation opens a call, where a lazy grammar (tool_choice
+ * auto) starts: the family's opening marker (Llama 3.x: {"name", generic:
+ * {"tool_calls"); NULL for a syntax with no marker (Functionary v3.2). */
 const char *tp_toolcall_trigger(tp_tc_family f);
+
+/* The pieces of family f's call syntax that a vocabulary may hold as one
+ * special token ([TOOL_CALLS], <|START_ACTION|>, DeepSeek R1's markers,
+ * <tool_call>...): up to cap of them into out, how many. A control token
+ * renders as no text, so whoever splits the output feeds the splitter the
+ * piece's text where such a token was generated. */
+size_t tp_toolcall_control_pieces(tp_tc_family f, const char **out, size_t cap);
 
 /* The GBNF text (caller frees) of one valid call (parallel: one or more)
  * of the functions in tools_json (an OpenAI tools array; only: that one
@@ -81,13 +89,17 @@ const char *tp_toolcall_trigger(tp_tc_family f);
  * against its function's parameters schema (tp_jschema_to_gbnf under o's
  * limits, NULL = defaults; o's GBNF limit bounds the whole): what
  * tool_choice required / a named function holds the output to from its
- * first token. TP_EINVAL naming what cannot be held: a family whose call
- * marker is a control token (only Hermes/Qwen, Llama 3.x JSON and generic
- * are enforced), a parameters schema the compiler refuses (naming the tool
- * and the keyword), an only that is not offered. */
+ * first token. lazy: the grammar starts at tp_toolcall_trigger(f) (what
+ * tool_choice auto holds the output to once the model wrote it). names:
+ * the vocabulary's special tokens (NULL: none); a marker piece it names is
+ * written as a token reference (<[TOOL_CALLS]>...). TP_EINVAL naming what
+ * cannot be held: a parameters schema the compiler refuses (naming the
+ * tool and the keyword), an only that is not offered, lazy for a syntax
+ * without a trigger. */
 struct tp_jschema_opts;
-int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
-                        const struct tp_jschema_opts *o, char **gbnf, tp_err *err);
+struct tp_gnames;
+int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel, bool lazy,
+                        const struct tp_gnames *names, const struct tp_jschema_opts *o, char **gbnf, tp_err *err);
 
 /* Check an OpenAI tools array: [{"type": "function", "function": {"name",
  * "description"?, "parameters"?, "strict"?}}, ...]; names [A-Za-z0-9_.-],
@@ -126,6 +138,17 @@ void tp_tcsplit_free(tp_tcsplit *s);
  * prefix, held back like a stop string's). TP_ENOMEM. */
 int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                     const char **reasoning, size_t *reasoning_len);
+
+/* A control token renders as no text: the control tokens of tok that are
+ * pieces of the syntax ([TOOL_CALLS], <|START_ACTION|>, ...) are read as
+ * their text when tp_tcsplit_feed_token is given one. How many. */
+struct tp_tokenizer;
+int tp_tcsplit_controls(tp_tcsplit *s, const struct tp_tokenizer *tok);
+
+/* tp_tcsplit_feed of text (what the stop check released with token id),
+ * then, where id is one of those control tokens, its text. */
+int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
+                          size_t *content_len, const char **reasoning, size_t *reasoning_len);
 
 /* End of output, after the last len bytes of text (may be 0): parse what
  * is held; the last deltas as for feed. Held text that is not a

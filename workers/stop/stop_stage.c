@@ -291,7 +291,10 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
     int32_t prev = o->prev_token >= 0 ? o->prev_token : tp_tokenizer_bos_id(st->tok);
     if ((rc = tp_detok_new(st->tok, prev, &j->detok, e)))
         return rc;
-    if ((p->set & TP_P_GRAMMAR) && (rc = tp_gcache_matcher(st->gc, p->grammar.ptr, p->grammar.len, &j->gm, e)))
+    /* a lazy grammar (tool_choice auto) is the sampler's alone: the output
+     * before its trigger is no sentence of it */
+    if ((p->set & TP_P_GRAMMAR) && !p->grammar_trigger.ptr &&
+        (rc = tp_gcache_matcher(st->gc, p->grammar.ptr, p->grammar.len, &j->gm, e)))
         return rc;
     if (p->parse_tool_calls || p->parse_reasoning) {
         tp_tcsplit_opts so = {
@@ -301,6 +304,7 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
         };
         if ((rc = tp_tcsplit_new(&st->syntax, &so, &j->split, e)))
             return rc;
+        tp_tcsplit_controls(j->split, st->tok);
     }
     /* Rebuild after a lost stop worker: replay accepted tokens silently. */
     for (size_t i = 0; i < o->replay.n; i++) {
@@ -319,7 +323,7 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
              * published by the lost worker */
             const char *c, *r;
             size_t cn, rn;
-            if ((rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &c, &cn, &r, &rn)))
+            if ((rc = tp_tcsplit_feed_token(j->split, s.accepted ? id : -1, s.chunk, s.chunk_len, &c, &cn, &r, &rn)))
                 return tp_err_set(e, rc, "stop: out of memory");
             j->content_len += cn;
         }
@@ -408,7 +412,7 @@ static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, u
         const char *text = s.chunk, *rs = "";
         size_t len = s.chunk_len, rlen = 0;
         if (j->split && s.finish == TP_FINISH_NONE) {
-            if ((rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
+            if ((rc = tp_tcsplit_feed_token(j->split, cand, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
                 return rc;
             j->deltas = true;
         }

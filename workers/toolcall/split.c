@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tc_internal.h"
+#include "tokpipe/tokenizer.h"
 
 enum { S_START, S_THINK, S_CONTENT_START, S_CONTENT, S_CALLS };
 
@@ -35,6 +36,10 @@ struct tp_tcsplit {
     tp_tc_delta *deltas;
     size_t n_deltas, cap_deltas;
     bool oom;
+    /* control tokens that are pieces of the syntax, read as their text */
+    int32_t ctl_id[8];
+    const char *ctl_text[8];
+    size_t n_ctl;
 };
 
 const tc_family_def *tc_family(tp_tc_family f)
@@ -53,12 +58,6 @@ const char *tp_tc_family_name(tp_tc_family f)
 {
     const tc_family_def *d = tc_family(f);
     return d ? d->name : "none";
-}
-
-const char *tp_toolcall_trigger(tp_tc_family f)
-{
-    const tc_family_def *d = tc_family(f);
-    return d && d->markers && !d->json_at_start && !d->recipient_first ? d->markers[0] : NULL;
 }
 
 int tp_tcsplit_new(const tp_tc_syntax *syn, const tp_tcsplit_opts *o, tp_tcsplit **out, tp_err *err)
@@ -371,12 +370,36 @@ static void stream_calls(tp_tcsplit *s, bool emit)
     }
 }
 
+int tp_tcsplit_controls(tp_tcsplit *s, const struct tp_tokenizer *tok)
+{
+    const char *pieces[8];
+    size_t n = s->fam ? tp_toolcall_control_pieces(s->syn.family, pieces, 8) : 0;
+    s->n_ctl = 0;
+    for (size_t i = 0; i < n; i++) {
+        int id = tp_tokenizer_control_id(tok, pieces[i], strlen(pieces[i]));
+        if (id >= 0) {
+            s->ctl_id[s->n_ctl] = id;
+            s->ctl_text[s->n_ctl++] = pieces[i];
+        }
+    }
+    return (int)s->n_ctl;
+}
+
 int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                     const char **reasoning, size_t *reasoning_len)
+{
+    return tp_tcsplit_feed_token(s, -1, text, len, content, content_len, reasoning, reasoning_len);
+}
+
+int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
+                          size_t *content_len, const char **reasoning, size_t *reasoning_len)
 {
     s->out_content.len = s->out_reasoning.len = 0;
     s->n_deltas = 0;
     tcb_put(&s->pend, text, len);
+    for (size_t i = 0; id >= 0 && i < s->n_ctl; i++)
+        if (s->ctl_id[i] == id)
+            tcb_puts(&s->pend, s->ctl_text[i]);
     if (!s->pend.oom) {
         run(s, false);
         if (s->state == S_CALLS)
