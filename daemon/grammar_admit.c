@@ -71,8 +71,8 @@ static bool str_is(tp_str s, const char *lit)
     return s.ptr && s.len == strlen(lit) && !memcmp(s.ptr, lit, s.len);
 }
 
-int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, const tp_m_submit *s,
-                        char **gbnf, const char **trigger, char *field, size_t cap, tp_err *err)
+int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, bool think_open,
+                        const tp_m_submit *s, char **gbnf, const char **trigger, char *field, size_t cap, tp_err *err)
 {
     *gbnf = NULL;
     *trigger = NULL;
@@ -101,7 +101,11 @@ int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family
     tp_err e;
     tp_jschema_opts o;
     schema_opts(c, &o);
-    int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, lazy, names, &o, gbnf,
+    /* a thinking the prompt opened ends before the call (unless the job
+     * keeps the thinking in its content) */
+    bool after = think_open && (!(p->set & TP_P_PARSE_REASONING) || p->parse_reasoning);
+    tp_tcg_from from = lazy ? TP_TCG_LAZY : after ? TP_TCG_AFTER_THINK : TP_TCG_FIRST;
+    int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, from, names, &o, gbnf,
                                  &e);
     if (!rc && (rc = compile_check(c, names, *gbnf, &e)) != 0) {
         free(*gbnf);
@@ -113,7 +117,6 @@ int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family
     }
     if (rc)
         return tp_err_set(err, rc == TP_ENOMEM || rc == TP_ERANGE ? rc : TP_EINVAL, "%s", e.msg);
-    if (lazy)
-        *trigger = tp_toolcall_trigger(f);
+    *trigger = tp_toolcall_grammar_trigger(f, from);
     return 0;
 }

@@ -28,9 +28,11 @@ int grammar_admit(const tp_config *c, const tp_gnames *names, const tp_params *p
  * it, field set. "auto" (or none given): the same grammar from the
  * syntax's trigger on, *trigger that text (static), where it can be held
  * (a marker to wait for, no constraint of the job's own, schemas the
- * compiler takes), else nothing: auto is never refused. "none": 0, *gbnf
+ * compiler takes), else nothing: auto is never refused. think_open (the
+ * template's prompt opens the thinking): required / named hold the
+ * output from the thinking's end on (*trigger </think>). "none": 0, *gbnf
  * NULL. */
-int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, const tp_m_submit *s,
-                        char **gbnf, const char **trigger, char *field, size_t cap, tp_err *err);
+int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, bool think_open,
+                        const tp_m_submit *s, char **gbnf, const char **trigger, char *field, size_t cap, tp_err *err);
 
 #endif

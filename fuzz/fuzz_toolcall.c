@@ -129,7 +129,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     jo.max_depth = 24;
     jo.max_gbnf_bytes = 1 << 18;
     char *g = NULL;
-    if (!tp_toolcall_grammar(f, (const char *)text, n, (data[1] & 4) ? "f" : NULL, data[1] & 8, data[1] & 16, NULL, &jo,
+    if (!tp_toolcall_grammar(f, (const char *)text, n, (data[1] & 4) ? "f" : NULL, data[1] & 8, (tp_tcg_from)((data[1] >> 4) % 3), NULL, &jo,
                              &g, &e)) {
         tp_grammar_limits gl;
         tp_grammar_limits_default(&gl);

@@ -310,6 +310,7 @@ static const field ready_f[] = {
     F_U32("max_batch_tokens", RD(max_batch_tokens), FF_REQUIRED, 0, UINT32_MAX),
     EOG_IDS(RD(eog_ids)), SPECIAL_IDS(RD(special_ids)), SPECIAL_PIECES(RD(special_pieces)),
     F_BOOL("chat_template", RD(chat_template), 0), F_STR("tool_syntax", RD(tool_syntax), 0, TP_PROTO_MAX_NAME),
+    F_BOOL("think_open", RD(think_open), 0),
     F_STR("weight_type", RD(weight_type), 0, TP_PROTO_MAX_NAME), END,
 };
 static const field welcome_f[] = {

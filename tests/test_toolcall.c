@@ -533,7 +533,7 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     const char *n = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
     char two[512];
     snprintf(two, sizeof two, "%s\n%s", w, n);
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, true, false, NULL, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, true, TP_TCG_FIRST, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, w));
     assert_true(grammar_takes(g, n));
     assert_true(grammar_takes(g, two));
@@ -543,7 +543,7 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     assert_false(grammar_takes(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n</tool_call>"));
     free(g);
     /* one call only, and only the named function */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "now", false, false, NULL, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "now", false, TP_TCG_FIRST, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, n));
     assert_false(grammar_takes(g, w));
     assert_false(grammar_takes(g, two));
@@ -552,10 +552,10 @@ static void a_constrained_call_is_one_of_the_offered_functions(void **state)
     assert_false(grammar_takes(g, nn));
     free(g);
     /* Llama 3.x writes "parameters"; generic wraps the calls */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_LLAMA3, two_tools, strlen(two_tools), NULL, false, false, NULL, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_LLAMA3, two_tools, strlen(two_tools), NULL, false, TP_TCG_FIRST, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, "{\"name\": \"now\", \"parameters\": {}}"));
     free(g);
-    assert_int_equal(tp_toolcall_grammar(TP_TC_GENERIC, two_tools, strlen(two_tools), NULL, true, false, NULL, NULL, &g, &e), 0);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_GENERIC, two_tools, strlen(two_tools), NULL, true, TP_TCG_FIRST, NULL, NULL, &g, &e), 0);
     assert_true(grammar_takes(g, "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", "
                                  "\"arguments\": {}}]}"));
     free(g);
@@ -566,20 +566,20 @@ static void what_cannot_be_held_is_refused_by_name(void **state)
     (void)state;
     tp_err e;
     char *g = NULL;
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "later", false, false, NULL, NULL, &g, &e),
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), "later", false, TP_TCG_FIRST, NULL, NULL, &g, &e),
                      TP_EINVAL);
     assert_non_null(strstr(e.msg, "'later' is not one of the offered tools"));
     assert_null(g);
     const char *loose = "[{\"type\": \"function\", \"function\": {\"name\": \"scale\", \"parameters\": {\"type\": "
                         "\"number\", \"minimum\": 0.5}}}]";
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, false, NULL, NULL, &g, &e), TP_EINVAL);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, TP_TCG_FIRST, NULL, NULL, &g, &e), TP_EINVAL);
     assert_non_null(strstr(e.msg, "tools[0].function.parameters (scale)"));
     assert_non_null(strstr(e.msg, "minimum"));
     /* Functionary v3.2 has no marker a lazy grammar could wait for */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_FUNCTIONARY_V32, two_tools, strlen(two_tools), NULL, false, true, NULL,
+    assert_int_equal(tp_toolcall_grammar(TP_TC_FUNCTIONARY_V32, two_tools, strlen(two_tools), NULL, false, TP_TCG_LAZY, NULL,
                                          NULL, &g, &e), TP_EINVAL);
     assert_non_null(strstr(e.msg, "functionary_v3.2"));
-    assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, false, NULL, NULL, &g, &e), TP_EINVAL);
+    assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, TP_TCG_FIRST, NULL, NULL, &g, &e), TP_EINVAL);
 }
 
 /* The canonical call of each family (the shape its grammar writes) */
@@ -618,12 +618,12 @@ static void every_family_is_held_to_a_call_its_parser_reads(void **state)
         tp_tc_family f = canonical[i].f;
         tp_err e;
         char *g = NULL;
-        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, false, NULL, NULL, &g, &e), 0);
+        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, TP_TCG_FIRST, NULL, NULL, &g, &e), 0);
         if (!grammar_takes(g, canonical[i].call))
             fail_msg("%s: the grammar refuses its own shape\n%s", tp_tc_family_name(f), g);
         free(g);
         /* named: only that function, one call */
-        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), "get_weather", false, false, NULL, NULL,
+        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), "get_weather", false, TP_TCG_FIRST, NULL, NULL,
                                              &g, &e), 0);
         assert_false(grammar_takes(g, canonical[i].call));
         free(g);
@@ -633,13 +633,23 @@ static void every_family_is_held_to_a_call_its_parser_reads(void **state)
         assert_string_equal(r.names[0], "now");
         assert_string_equal(r.names[1], "get_weather");
         assert_string_equal(r.args[1], "{\"city\": \"Paris\"}");
+        /* after a thinking the prompt opened: its end, then the calls */
+        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, TP_TCG_AFTER_THINK, NULL, NULL,
+                                             &g, &e), 0);
+        char after[1024];
+        snprintf(after, sizeof after, "%s\n\n%s", tp_toolcall_grammar_trigger(f, TP_TCG_AFTER_THINK),
+                 canonical[i].call + (canonical[i].call[0] == ' '));
+        if (!grammar_takes(g, after))
+            fail_msg("%s: the grammar after thinking refuses\n%s", tp_tc_family_name(f), g);
+        assert_false(grammar_takes(g, canonical[i].call));
+        free(g);
         /* lazy: from the trigger on (the text before it is the model's) */
         const char *t = tp_toolcall_trigger(f);
         if (!t)
             continue;
         const char *at = strstr(canonical[i].call, t);
         assert_non_null(at);
-        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, true, NULL, NULL, &g, &e), 0);
+        assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, TP_TCG_LAZY, NULL, NULL, &g, &e), 0);
         if (!grammar_takes(g, at))
             fail_msg("%s: the lazy grammar refuses the calls from its trigger\n%s", tp_tc_family_name(f), g);
         free(g);
@@ -691,7 +701,7 @@ static void a_marker_the_vocabulary_names_is_a_token_reference(void **state)
     tp_err e;
     char *g = NULL;
     tp_gnames names = {257, find_tool_calls, NULL};
-    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), "now", false, false, &names, NULL,
+    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), "now", false, TP_TCG_FIRST, &names, NULL,
                                          &g, &e), 0);
     char *ref = tp_grammar_token_ref("[TOOL_CALLS]", 12, false);
     assert_non_null(strstr(g, ref));
@@ -736,7 +746,7 @@ static void a_lazy_grammar_holds_the_output_from_its_trigger_on(void **state)
     (void)state;
     tp_err e;
     char *g = NULL;
-    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, false, true, NULL, NULL, &g,
+    assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, two_tools, strlen(two_tools), NULL, false, TP_TCG_LAZY, NULL, NULL, &g,
                                          &e), 0);
     const char *extra[] = {"ll<tool_call>\n{\""};
     tp_gvocab *v = vocab_with(extra, 1, false);
@@ -779,7 +789,7 @@ static void a_lazy_grammar_holds_the_output_from_its_trigger_on(void **state)
     free(g);
     /* Mistral: the trigger is the control token itself */
     tp_gnames names = {257, find_tool_calls, NULL};
-    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), NULL, false, true, &names, NULL,
+    assert_int_equal(tp_toolcall_grammar(TP_TC_MISTRAL, two_tools, strlen(two_tools), NULL, false, TP_TCG_LAZY, &names, NULL,
                                          &g, &e), 0);
     const char *ctl[] = {"[TOOL_CALLS]"};
     v = vocab_with(ctl, 1, true);

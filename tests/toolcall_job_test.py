@@ -51,9 +51,9 @@ BOUNDED = [{"type": "function", "function": {
 TOOLS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "openai_tools.cjs")
 
 
-def chain_model(path, start, chain, end):
+def chain_model(path, start, chain, end, vocab=QWEN3):
     """Greedy decoding after `start` gives chain, then end."""
-    subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", QWEN3,
+    subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", vocab,
                     "--shape", "64x2x4", "--seed", "5", "--separate-output", "--out", path],
                    check=True, capture_output=True, timeout=300)
     _, tensors, _, _, _ = gguf_tiny.read_gguf(path)

@@ -138,6 +138,10 @@ static int append_ids(job *j, tp_raw ids)
 static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
 {
     memset(p, 0, sizeof *p);
+    if (g->one_call) {
+        p->parallel_tool_calls = false;
+        p->set |= TP_P_PARALLEL_TOOL_CALLS;
+    }
     /* only what the command line gave: the rest takes the daemon's
      * configured defaults (generation.*) and limits */
     static const struct {

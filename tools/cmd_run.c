@@ -438,11 +438,19 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
         fwrite(st.chunk, 1, st.chunk_len, stdout);
         fflush(stdout);
     }
-    /* a grammar with no continuation ends the job, as in the stop stage */
-    if (j->gm && !j->lazy && st.finish == TP_FINISH_NONE && tp_gmatch_done(j->gm) && !tp_stop_end(j->stop, &st) &&
-        c->stream && st.chunk_len) {
-        fwrite(st.chunk, 1, st.chunk_len, stdout);
-        fflush(stdout);
+    /* a grammar with no continuation ends the job, as in the stop stage
+     * (which ends the splitter there too) */
+    if (j->gm && !j->lazy && st.finish == TP_FINISH_NONE && tp_gmatch_done(j->gm) && !tp_stop_end(j->stop, &st)) {
+        if (j->split) {
+            const char *t, *r;
+            size_t tn, rn;
+            if ((rc = tp_tcsplit_finish(j->split, st.chunk, st.chunk_len, &t, &tn, &r, &rn)) ||
+                (rc = put_content(c, j, t, tn)))
+                return tp_err_set(err, rc, "out of memory");
+        } else if (c->stream && st.chunk_len) {
+            fwrite(st.chunk, 1, st.chunk_len, stdout);
+            fflush(stdout);
+        }
     }
     if (st.finish != TP_FINISH_NONE)
         job_finish(c, j, &st);
@@ -665,13 +673,14 @@ static int tool_grammar(run_ctx *c, const tp_tokenize_stage *st, const genopts *
         return 0;
     tp_gnames names = {c->vocab, find_special, c->tok};
     tp_err e;
-    int rc = tp_toolcall_grammar(syn.family, g->tools.ptr, g->tools.len, named ? g->tool_choice_name : NULL, true, lazy,
-                                 &names, NULL, &c->gbnf, &e);
+    tp_tcg_from from = lazy ? TP_TCG_LAZY : syn.thinks && syn.think_open ? TP_TCG_AFTER_THINK : TP_TCG_FIRST;
+    int rc = tp_toolcall_grammar(syn.family, g->tools.ptr, g->tools.len, named ? g->tool_choice_name : NULL,
+                                 !g->one_call, from, &names, NULL, &c->gbnf, &e);
     if (rc && lazy)
         return rc == TP_ENOMEM ? tp_err_set(err, rc, "out of memory") : 0;
     if (rc)
         return tp_err_set(err, rc, "--tool-choice: %s", e.msg);
-    c->gtrigger = lazy ? tp_toolcall_trigger(syn.family) : NULL;
+    c->gtrigger = tp_toolcall_grammar_trigger(syn.family, from);
     return grammar_init(c, err);
 }
 
@@ -726,7 +735,7 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
         tp_tc_syntax syn;
         tp_tokenize_stage_syntax(st, &syn);
         bool none = a->gen.tool_choice && !strcmp(a->gen.tool_choice, "none");
-        tp_tcsplit_opts so = {.tools = a->gen.tools.ptr && !none, .reasoning = true, .parallel = true,
+        tp_tcsplit_opts so = {.tools = a->gen.tools.ptr && !none, .reasoning = true, .parallel = !a->gen.one_call,
                               .id_seed = tp_random_u64()};
         if (!(rc = tp_tcsplit_new(&syn, &so, &c->jobs[0].split, err)))
             tp_tcsplit_controls(c->jobs[0].split, c->tok);

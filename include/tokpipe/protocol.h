@@ -611,6 +611,7 @@ typedef struct tp_m_ready {
     size_t n_special_pieces;
     bool chat_template;
     tp_str tool_syntax;        /* the template's tool-call family (tp_tc_family_name), with chat_template */
+    bool think_open;           /* ... and its generation prompt opens the thinking (DeepSeek R1) */
     tp_str weight_type;
 } tp_m_ready;
 

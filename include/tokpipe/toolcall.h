@@ -89,8 +89,12 @@ size_t tp_toolcall_control_pieces(tp_tc_family f, const char **out, size_t cap);
  * against its function's parameters schema (tp_jschema_to_gbnf under o's
  * limits, NULL = defaults; o's GBNF limit bounds the whole): what
  * tool_choice required / a named function holds the output to from its
- * first token. lazy: the grammar starts at tp_toolcall_trigger(f) (what
- * tool_choice auto holds the output to once the model wrote it). names:
+ * first token (from TP_TCG_FIRST); from the end of a thinking the
+ * generation prompt opened (TP_TCG_AFTER_THINK: the grammar starts with
+ * </think>, so the model thinks freely first; DeepSeek R1); or from the
+ * call's marker (TP_TCG_LAZY, tool_choice auto: the grammar starts at
+ * tp_toolcall_trigger(f)). The sampler applies the latter two from
+ * tp_toolcall_grammar_trigger on (params.grammar_trigger). names:
  * the vocabulary's special tokens (NULL: none); a marker piece it names is
  * written as a token reference (<[TOOL_CALLS]>...). TP_EINVAL naming what
  * cannot be held: a parameters schema the compiler refuses (naming the
@@ -98,8 +102,14 @@ size_t tp_toolcall_control_pieces(tp_tc_family f, const char **out, size_t cap);
  * without a trigger. */
 struct tp_jschema_opts;
 struct tp_gnames;
-int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel, bool lazy,
-                        const struct tp_gnames *names, const struct tp_jschema_opts *o, char **gbnf, tp_err *err);
+typedef enum tp_tcg_from { TP_TCG_FIRST, TP_TCG_AFTER_THINK, TP_TCG_LAZY } tp_tcg_from;
+int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
+                        tp_tcg_from from, const struct tp_gnames *names, const struct tp_jschema_opts *o, char **gbnf,
+                        tp_err *err);
+
+/* The text from which such a grammar applies: NULL (TP_TCG_FIRST), the
+ * thinking's end, or the call's marker. */
+const char *tp_toolcall_grammar_trigger(tp_tc_family f, tp_tcg_from from);
 
 /* Check an OpenAI tools array: [{"type": "function", "function": {"name",
  * "description"?, "parameters"?, "strict"?}}, ...]; names [A-Za-z0-9_.-],

@@ -107,7 +107,8 @@ static void renamed(gbuf *b, const char *g, const char *pre)
  * control token has no bytes the engine could match as text). */
 static const char *const control_pieces[] = {
     "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|START_ACTION|>", "<|END_ACTION|>",
-    TC_DS_CALLS_BEGIN, TC_DS_CALLS_END, TC_DS_CALL_BEGIN, TC_DS_CALL_END, TC_DS_SEP, NULL};
+    TC_DS_CALLS_BEGIN, TC_DS_CALLS_END, TC_DS_CALL_BEGIN, TC_DS_CALL_END, TC_DS_SEP, "</think>", "<|END_THINKING|>",
+    NULL};
 
 static bool in_shape(const tc_family_def *d, const char *piece)
 {
@@ -201,9 +202,19 @@ static void text_out(gbuf *b, const char *s, const tp_gnames *names, bool skip_w
         puts_(b, "\"\"");
 }
 
-int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel, bool lazy,
-                        const tp_gnames *names, const tp_jschema_opts *o, char **gbnf, tp_err *err)
+const char *tp_toolcall_grammar_trigger(tp_tc_family f, tp_tcg_from from)
 {
+    if (from == TP_TCG_LAZY)
+        return tp_toolcall_trigger(f);
+    if (from == TP_TCG_AFTER_THINK)
+        return f == TP_TC_COMMAND_R7B ? "<|END_THINKING|>" : "</think>";
+    return NULL;
+}
+
+int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
+                        tp_tcg_from from, const tp_gnames *names, const tp_jschema_opts *o, char **gbnf, tp_err *err)
+{
+    bool lazy = from == TP_TCG_LAZY;
     *gbnf = NULL;
     const tc_family_def *d = tc_family(f);
     if (!d || !d->calls_open)
@@ -278,8 +289,13 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
         goto out;
     }
     puts_(&b, "\nroot ::= ");
+    if (from == TP_TCG_AFTER_THINK) {
+        /* the thinking the prompt opened ends first; the call follows */
+        text_out(&b, tp_toolcall_grammar_trigger(f, from), names, false, false);
+        puts_(&b, " tc-ws ");
+    }
     if (d->calls_open[0]) {
-        text_out(&b, d->calls_open, names, lazy, false);
+        text_out(&b, d->calls_open, names, lazy || from == TP_TCG_AFTER_THINK, false);
         puts_(&b, " ");
     }
     puts_(&b, "call");
