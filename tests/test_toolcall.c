@@ -490,25 +490,45 @@ static void tools_are_checked_by_element(void **state)
     assert_int_equal(tp_tools_check("{}", 2, &e), TP_EINVAL);
 }
 
-/* Whether the grammar gbnf takes text whole (a vocabulary of the 256 bytes). */
-static bool grammar_takes(const char *gbnf, const char *text)
+/* a vocabulary of the 256 bytes, then tokens with the given texts: the
+ * first (if named) a control token without bytes */
+static tp_gvocab *vocab_with(const char *const *extra, size_t n_extra, bool named_first)
 {
     static uint8_t bytes[256];
-    const uint8_t *b[256];
-    size_t lens[256];
+    const uint8_t *b[300];
+    size_t lens[300];
     for (int i = 0; i < 256; i++) {
         bytes[i] = (uint8_t)i;
         b[i] = &bytes[i];
         lens[i] = 1;
     }
+    for (size_t k = 0; k < n_extra; k++) {
+        b[256 + k] = (const uint8_t *)extra[k];
+        lens[256 + k] = named_first && !k ? 0 : strlen(extra[k]);
+    }
+    tp_gvocab *v = NULL;
+    tp_err e;
+    int eog = 255;
+    assert_int_equal(tp_gvocab_new(256 + (int)n_extra, b, lens, &eog, 1, &v, &e), 0);
+    if (named_first) {
+        int id = 256;
+        const char *t = extra[0];
+        size_t l = strlen(t);
+        assert_int_equal(tp_gvocab_name_tokens(v, 1, &id, &t, &l, &e), 0);
+    }
+    return v;
+}
+
+/* Whether the grammar gbnf takes text whole (a vocabulary of the 256 bytes). */
+static bool grammar_takes(const char *gbnf, const char *text)
+{
     tp_err e;
     tp_grammar *g = NULL;
-    tp_gvocab *v = NULL;
     tp_gengine *en = NULL;
     tp_gmatch *m = NULL;
     if (tp_grammar_compile(gbnf, strlen(gbnf), NULL, &g, &e))
         fail_msg("grammar: %s\n%s", e.msg, gbnf);
-    assert_int_equal(tp_gvocab_new(256, b, lens, NULL, 0, &v, &e), 0);
+    tp_gvocab *v = vocab_with(NULL, 0, false);
     assert_int_equal(tp_gengine_new(g, v, NULL, &en, &e), 0);
     assert_int_equal(tp_gmatch_new(en, &m, &e), 0);
     bool ok = !tp_gmatch_accept_bytes(m, (const uint8_t *)text, strlen(text), &e) && tp_gmatch_accepting(m);
@@ -663,35 +683,6 @@ static int find_tool_calls(void *ctx, const char *text, size_t len)
     return len == 12 && !memcmp(text, "[TOOL_CALLS]", 12) ? 256 : -1;
 }
 
-/* a vocabulary of the 256 bytes, then tokens with the given texts: the
- * first (if named) a control token without bytes */
-static tp_gvocab *vocab_with(const char *const *extra, size_t n_extra, bool named_first)
-{
-    static uint8_t bytes[256];
-    const uint8_t *b[300];
-    size_t lens[300];
-    for (int i = 0; i < 256; i++) {
-        bytes[i] = (uint8_t)i;
-        b[i] = &bytes[i];
-        lens[i] = 1;
-    }
-    for (size_t k = 0; k < n_extra; k++) {
-        b[256 + k] = (const uint8_t *)extra[k];
-        lens[256 + k] = named_first && !k ? 0 : strlen(extra[k]);
-    }
-    tp_gvocab *v = NULL;
-    tp_err e;
-    int eog = 255;
-    assert_int_equal(tp_gvocab_new(256 + (int)n_extra, b, lens, &eog, 1, &v, &e), 0);
-    if (named_first) {
-        int id = 256;
-        const char *t = extra[0];
-        size_t l = strlen(t);
-        assert_int_equal(tp_gvocab_name_tokens(v, 1, &id, &t, &l, &e), 0);
-    }
-    return v;
-}
-
 /* Mistral's [TOOL_CALLS] is a control token (no bytes): where the
  * vocabulary names it, the grammar asks for that token, not for its
  * letters */
@@ -738,6 +729,29 @@ static tp_gmatch *matcher_of(const char *gbnf, tp_gvocab *v, tp_grammar **gr, tp
     return m;
 }
 
+/* A lazy matcher of gbnf over v: the byte token `before` leaves the
+ * output free, token 256 (holding the trigger) holds it: `next` may
+ * follow, 'x' may not. */
+static void held_after_token(const char *gbnf, tp_gvocab *v, const char *trigger, char before, char next)
+{
+    tp_err e;
+    tp_grammar *gr = NULL;
+    tp_gengine *en = NULL;
+    tp_gmatch *m = matcher_of(gbnf, v, &gr, &en);
+    tp_glazy *z = NULL;
+    assert_int_equal(tp_glazy_new(m, trigger, strlen(trigger), &z, &e), 0);
+    assert_int_equal(tp_glazy_accept(z, (unsigned char)before, &e), 0);
+    assert_null(tp_glazy_active(z));
+    assert_int_equal(tp_glazy_accept(z, 256, &e), 0);
+    assert_non_null(tp_glazy_active(z));
+    assert_true(tp_gmatch_allows(m, (unsigned char)next));
+    assert_false(tp_gmatch_allows(m, 'x'));
+    tp_glazy_free(z);
+    tp_gmatch_free(m);
+    tp_gengine_free(en);
+    tp_grammar_free(gr);
+}
+
 /* tool_choice auto: free text until the trigger, then a call; the token
  * that completes the trigger may run past it; a control-token trigger
  * works by its id */
@@ -774,17 +788,7 @@ static void a_lazy_grammar_holds_the_output_from_its_trigger_on(void **state)
     tp_gengine_free(en);
     tp_grammar_free(gr);
     /* one token completes the trigger and runs past it */
-    m = matcher_of(g, v, &gr, &en);
-    assert_int_equal(tp_glazy_new(m, "<tool_call>", 11, &z, &e), 0);
-    assert_int_equal(tp_glazy_accept(z, 'A', &e), 0);
-    assert_int_equal(tp_glazy_accept(z, 256, &e), 0);
-    assert_non_null(tp_glazy_active(z));
-    assert_true(tp_gmatch_allows(m, 'n'));
-    assert_false(tp_gmatch_allows(m, 'x'));
-    tp_glazy_free(z);
-    tp_gmatch_free(m);
-    tp_gengine_free(en);
-    tp_grammar_free(gr);
+    held_after_token(g, v, "<tool_call>", 'A', 'n');
     tp_gvocab_free(v);
     free(g);
     /* Mistral: the trigger is the control token itself */
@@ -793,18 +797,7 @@ static void a_lazy_grammar_holds_the_output_from_its_trigger_on(void **state)
                                          &g, &e), 0);
     const char *ctl[] = {"[TOOL_CALLS]"};
     v = vocab_with(ctl, 1, true);
-    m = matcher_of(g, v, &gr, &en);
-    assert_int_equal(tp_glazy_new(m, "[TOOL_CALLS]", 12, &z, &e), 0);
-    assert_int_equal(tp_glazy_accept(z, 'O', &e), 0);
-    assert_null(tp_glazy_active(z));
-    assert_int_equal(tp_glazy_accept(z, 256, &e), 0);
-    assert_non_null(tp_glazy_active(z));
-    assert_true(tp_gmatch_allows(m, '['));
-    assert_false(tp_gmatch_allows(m, 'x'));
-    tp_glazy_free(z);
-    tp_gmatch_free(m);
-    tp_gengine_free(en);
-    tp_grammar_free(gr);
+    held_after_token(g, v, "[TOOL_CALLS]", 'O', '[');
     tp_gvocab_free(v);
     free(g);
 }

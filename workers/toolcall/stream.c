@@ -203,16 +203,25 @@ static bool not_a_call(const tc_family_def *d, const char *name, size_t len, boo
     return false;
 }
 
+/* Space, then the byte ch at s[*k..n): LIT_MATCH with *k past it. */
+static int expect(const char *s, size_t n, size_t *k, char ch)
+{
+    *k += tc_ws(s + *k, n - *k);
+    if (*k >= n)
+        return LIT_PARTIAL;
+    if (s[*k] != ch)
+        return LIT_FAIL;
+    ++*k;
+    return LIT_MATCH;
+}
+
 /* The body {"name": ..., "arguments": {...}} at s[*i..n). */
 static int json_body(const tc_family_def *d, const char *s, size_t n, size_t *i, tc_scan_call *c)
 {
     size_t k = *i;
-    k += tc_ws(s + k, n - k);
-    if (k >= n)
-        return LIT_PARTIAL;
-    if (s[k] != '{')
-        return LIT_FAIL;
-    k++;
+    int r = expect(s, n, &k, '{');
+    if (r != LIT_MATCH)
+        return r;
     for (;;) {
         k += tc_ws(s + k, n - k);
         if (k >= n)
@@ -223,18 +232,14 @@ static int json_body(const tc_family_def *d, const char *s, size_t n, size_t *i,
             return c->named ? LIT_MATCH : LIT_FAIL;
         }
         size_t kl;
-        int r = s[k] == '"' ? jscan(s + k, n - k, &kl) : J_BAD;
+        r = s[k] == '"' ? jscan(s + k, n - k, &kl) : J_BAD;
         if (r != J_DONE)
             return r == J_BAD ? LIT_FAIL : LIT_PARTIAL;
         const char *key = s + k + 1;
         size_t key_len = kl - 2;
         k += kl;
-        k += tc_ws(s + k, n - k);
-        if (k >= n)
-            return LIT_PARTIAL;
-        if (s[k] != ':')
-            return LIT_FAIL;
-        k++;
+        if ((r = expect(s, n, &k, ':')) != LIT_MATCH)
+            return r;
         k += tc_ws(s + k, n - k);
         if (k >= n)
             return LIT_PARTIAL;
