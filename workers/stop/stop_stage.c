@@ -245,6 +245,17 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
 
 /* ---- STOP_OPEN --------------------------------------------------------------- */
 
+/* Calls' ids differ per job but not per worker: a stop worker rebuilt
+ * after a loss replays the job and must name the calls it streamed as the
+ * lost one did (job id, submission time and seed are the job's own). */
+static uint64_t call_id_seed(const tp_m_stop_open *o)
+{
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (size_t i = 0; i < o->job_id.len; i++)
+        h = (h ^ (unsigned char)o->job_id.ptr[i]) * 1099511628211ull;
+    return h ^ o->t_submit_us ^ (o->params.seed * 0x9E3779B97F4A7C15ull);
+}
+
 static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_err *e)
 {
     const tp_params *p = &o->params;
@@ -300,7 +311,7 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
         tp_tcsplit_opts so = {
             .tools = p->parse_tool_calls, .reasoning = p->parse_reasoning,
             .parallel = !(p->set & TP_P_PARALLEL_TOOL_CALLS) || p->parallel_tool_calls,
-            .id_seed = tp_random_u64(),
+            .id_seed = call_id_seed(o),
         };
         if ((rc = tp_tcsplit_new(&st->syntax, &so, &j->split, e)))
             return rc;
