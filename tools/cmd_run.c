@@ -642,17 +642,22 @@ static int grammar_init(run_ctx *c, tp_err *err)
 }
 
 /* The special token (control, user-defined or unknown) whose piece is
- * text: what the broker finds among INFO's special tokens, the same ids
- * in the same order (a tp_gnames find). */
+ * text: what the broker finds among the special tokens a worker's READY
+ * lists (the same ones, by the same rule, in the same order), so that a
+ * call grammar is the same here and through the daemon (a tp_gnames find). */
 static int find_special(void *ctx, const char *text, size_t len)
 {
     const tp_tokenizer *tok = ctx;
-    for (int id = 0; id < tp_tokenizer_vocab_size(tok); id++) {
+    size_t listed = 0;
+    for (int id = 0; id < tp_tokenizer_vocab_size(tok) && listed < TP_PROTO_MAX_SPECIAL; id++) {
         int t = tp_tokenizer_token_type(tok, id);
         size_t n;
         const char *p = tp_tokenizer_piece(tok, id, &n);
-        if ((t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) && p && n == len &&
-            !memcmp(p, text, len))
+        if (!(t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) || !p ||
+            n > TP_PROTO_MAX_NAME || !tp_proto_utf8_valid(p, n))
+            continue;
+        listed++;
+        if (n == len && !memcmp(p, text, len))
             return id;
     }
     return -1;
