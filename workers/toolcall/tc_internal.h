@@ -85,8 +85,10 @@ typedef struct tc_family_def {
     const char *const *strip;     /* texts dropped from the content (NULL-terminated, may be NULL) */
     tc_parse_fn parse;
     int id_len;                   /* 0: "call_" + 24; else exactly this many [A-Za-z0-9] (Mistral) */
-    /* What tp_toolcall_grammar holds a constrained output to (the families
-     * whose markers are text; see grammar.c):
+    /* What tp_toolcall_grammar holds a constrained output to (grammar.c:
+     * whitespace in these free up to 4 characters, a piece the vocabulary
+     * holds as a special token asked for as that token), and the shape the
+     * streaming scanner follows (stream.c):
      *   calls_open CALL (calls_sep CALL)* calls_close
      *   CALL = call_open {"<name_key>": "NAME", "<args_key>": ARGS} call_close
      * or, where the name stands outside the JSON (name_key NULL),
