@@ -198,6 +198,11 @@ class ModelThatCallsATool(unittest.TestCase):
             "params": {"json_mode": True}})
         self.assertEqual(ack["status"], 400, ack)
         self.assertIn("cannot go with a grammar, json_schema or json_mode", ack["error"])
+        # the lazy grammar's trigger is the broker's to set
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+            "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS),
+            "params": {"grammar": "root ::= \"x\"", "grammar_trigger": "<tool_call>"}})
+        self.assertEqual((ack["status"], ack["field"]), (400, "params.grammar_trigger"), ack)
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "messages": [{"role": "user", "content": USER}], "tool_choice": "auto"})
         self.assertEqual(ack["status"], 400, ack)
