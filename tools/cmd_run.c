@@ -429,9 +429,10 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
     if (j->split) {
         const char *t, *r;
         size_t tn, rn;
-        rc = st.finish != TP_FINISH_NONE ? tp_tcsplit_finish(j->split, st.chunk, st.chunk_len, &t, &tn, &r, &rn)
-                                         : tp_tcsplit_feed_token(j->split, st.accepted ? cand : -1, st.chunk,
-                                                                 st.chunk_len, &t, &tn, &r, &rn);
+        int32_t id = st.accepted ? cand : -1;
+        rc = st.finish != TP_FINISH_NONE ? tp_tcsplit_finish_token(j->split, id, st.chunk, st.chunk_len, &t, &tn, &r, &rn)
+                                         : tp_tcsplit_feed_token(j->split, id, st.chunk, st.chunk_len,
+                                                                 tp_stop_held_bytes(j->stop), &t, &tn, &r, &rn);
         if (rc || (rc = put_content(c, j, t, tn)))
             return tp_err_set(err, rc, "out of memory");
     } else if (c->stream && st.chunk_len) {

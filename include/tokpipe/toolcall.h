@@ -156,15 +156,21 @@ struct tp_tokenizer;
 int tp_tcsplit_controls(tp_tcsplit *s, const struct tp_tokenizer *tok);
 
 /* tp_tcsplit_feed of text (what the stop check released with token id),
- * then, where id is one of those control tokens, its text. */
-int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
-                          size_t *content_len, const char **reasoning, size_t *reasoning_len);
+ * and, where id is one of those control tokens, its text in its place:
+ * after the held bytes the stop check generated before it and holds back
+ * still (tp_stop_held_bytes), once later feeds release them. Text a stop
+ * string cuts is never fed, and a marker after it is dropped at finish. */
+int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, size_t held,
+                          const char **content, size_t *content_len, const char **reasoning, size_t *reasoning_len);
 
 /* End of output, after the last len bytes of text (may be 0): parse what
  * is held; the last deltas as for feed. Held text that is not a
  * well-formed call becomes content. */
 int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                       const char **reasoning, size_t *reasoning_len);
+/* finish after the last accepted token id (a control token's text last). */
+int tp_tcsplit_finish_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
+                            size_t *content_len, const char **reasoning, size_t *reasoning_len);
 
 /* What the last feed or finish released of the calls, in order: each
  * delta names its call (index, id, name; first: the call's first delta),

@@ -180,8 +180,10 @@ static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, 
     return io->publish(io->ctx, &ev);
 }
 
-static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, size_t len, const char *error,
-                          const tp_stage_io *io)
+/* last: the job's last accepted token when this step accepted it (its
+ * marker, if a control token, ends the splitter's text), else -1 */
+static int publish_finish(stop_job *j, const tp_stop_step *s, int32_t last, const char *text, size_t len,
+                          const char *error, const tp_stage_io *io)
 {
     tp_msg ev;
     tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_FINISH);
@@ -199,7 +201,7 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
         /* what the splitter held: call text parsed, the rest is content */
         const char *rs;
         size_t rlen;
-        if (tp_tcsplit_finish(j->split, text, len, &text, &len, &rs, &rlen))
+        if (tp_tcsplit_finish_token(j->split, last, text, len, &text, &len, &rs, &rlen))
             return TP_ENOMEM;
         const tp_tc_call *tc;
         size_t n = tp_tcsplit_calls(j->split, &tc);
@@ -334,7 +336,8 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
              * published by the lost worker */
             const char *c, *r;
             size_t cn, rn;
-            if ((rc = tp_tcsplit_feed_token(j->split, s.accepted ? id : -1, s.chunk, s.chunk_len, &c, &cn, &r, &rn)))
+            if ((rc = tp_tcsplit_feed_token(j->split, s.accepted ? id : -1, s.chunk, s.chunk_len,
+                                            tp_stop_held_bytes(j->stop), &c, &cn, &r, &rn)))
                 return tp_err_set(e, rc, "stop: out of memory");
             j->content_len += cn;
         }
@@ -423,7 +426,8 @@ static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, u
         const char *text = s.chunk, *rs = "";
         size_t len = s.chunk_len, rlen = 0;
         if (j->split && s.finish == TP_FINISH_NONE) {
-            if ((rc = tp_tcsplit_feed_token(j->split, cand, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
+            if ((rc = tp_tcsplit_feed_token(j->split, cand, s.chunk, s.chunk_len, tp_stop_held_bytes(j->stop), &text,
+                                            &len, &rs, &rlen)))
                 return rc;
             j->deltas = true;
         }
@@ -431,23 +435,23 @@ static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, u
             /* the last chunk goes to FINISH, which ends the splitter */
             if ((rc = publish_token(j, cand, "", 0, "", 0, lp, io)))
                 return rc;
-            return publish_finish(j, &s, s.chunk, s.chunk_len, NULL, io);
+            return publish_finish(j, &s, cand, s.chunk, s.chunk_len, NULL, io);
         }
         if ((rc = publish_token(j, cand, text, len, rs, rlen, lp, io)))
             return rc;
         if (s.finish != TP_FINISH_NONE)
-            return publish_finish(j, &s, "", 0, NULL, io);
+            return publish_finish(j, &s, -1, "", 0, NULL, io);
         /* a position with no continuation ends the job: stopping here is
          * what the grammar says, not a step that could only take EOS */
         tp_stop_step end;
         if (j->gm && tp_gmatch_done(j->gm) && !tp_stop_end(j->stop, &end)) {
             *fin = (uint8_t)end.finish;
-            return publish_finish(j, &end, end.chunk, end.chunk_len, NULL, io);
+            return publish_finish(j, &end, -1, end.chunk, end.chunk_len, NULL, io);
         }
         return 0;
     }
     if (s.finish != TP_FINISH_NONE)
-        return publish_finish(j, &s, s.chunk, s.chunk_len, b ? NULL : e.msg, io);
+        return publish_finish(j, &s, -1, s.chunk, s.chunk_len, b ? NULL : e.msg, io);
     return 0;
 }
 
@@ -502,7 +506,7 @@ static int stop_close(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
         memcpy(err, c->job_error.ptr ? c->job_error.ptr : "", el);
         err[el] = '\0';
         if (!frc)
-            rc = publish_finish(j, &s, s.chunk, s.chunk_len, c->finish == TP_REASON_ERROR ? err : NULL, io);
+            rc = publish_finish(j, &s, -1, s.chunk, s.chunk_len, c->finish == TP_REASON_ERROR ? err : NULL, io);
     }
     job_free(st, j);
     return rc ? rc : tp_stage_result(io, m, TP_ST_OK, NULL);

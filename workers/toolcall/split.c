@@ -40,6 +40,16 @@ struct tp_tcsplit {
     int32_t ctl_id[8];
     const char *ctl_text[8];
     size_t n_ctl;
+    /* A control-token marker lands where it was generated: after the text
+     * bytes before it, some of which the stop check may still hold. fed
+     * counts the text bytes given so far; a marker waits in mk until fed
+     * reaches its place. */
+    uint64_t fed;
+    struct marker {
+        uint64_t at;
+        const char *text;
+    } mk[8];
+    size_t n_mk;
 };
 
 const tc_family_def *tc_family(tp_tc_family f)
@@ -388,18 +398,50 @@ int tp_tcsplit_controls(tp_tcsplit *s, const struct tp_tokenizer *tok)
 int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                     const char **reasoning, size_t *reasoning_len)
 {
-    return tp_tcsplit_feed_token(s, -1, text, len, content, content_len, reasoning, reasoning_len);
+    return tp_tcsplit_feed_token(s, -1, text, len, 0, content, content_len, reasoning, reasoning_len);
 }
 
-int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
-                          size_t *content_len, const char **reasoning, size_t *reasoning_len)
+/* Text bytes into pend, each waiting marker placed at its byte: never
+ * inside a character (a held unfinished sequence may be published as
+ * U+FFFD, longer than its raw bytes). */
+static void put_text(tp_tcsplit *s, const char *text, size_t len)
+{
+    size_t i = 0;
+    while (s->n_mk && s->mk[0].at <= s->fed + (len - i)) {
+        size_t k = s->mk[0].at > s->fed ? (size_t)(s->mk[0].at - s->fed) : 0;
+        while (i + k < len && ((unsigned char)text[i + k] & 0xC0) == 0x80)
+            k++;
+        tcb_put(&s->pend, text + i, k);
+        tcb_puts(&s->pend, s->mk[0].text);
+        i += k;
+        s->fed += k;
+        memmove(s->mk, s->mk + 1, --s->n_mk * sizeof *s->mk);
+    }
+    tcb_put(&s->pend, text + i, len - i);
+    s->fed += len - i;
+}
+
+static const char *control_text(const tp_tcsplit *s, int32_t id)
+{
+    for (size_t i = 0; id >= 0 && i < s->n_ctl; i++)
+        if (s->ctl_id[i] == id)
+            return s->ctl_text[i];
+    return NULL;
+}
+
+int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, size_t held,
+                          const char **content, size_t *content_len, const char **reasoning, size_t *reasoning_len)
 {
     s->out_content.len = s->out_reasoning.len = 0;
     s->n_deltas = 0;
-    tcb_put(&s->pend, text, len);
-    for (size_t i = 0; id >= 0 && i < s->n_ctl; i++)
-        if (s->ctl_id[i] == id)
-            tcb_puts(&s->pend, s->ctl_text[i]);
+    put_text(s, text, len);
+    const char *mt = control_text(s, id);
+    /* (8 markers waiting on one held stop prefix: no model writes that;
+     * the ninth goes in at once) */
+    if (mt && (held || s->n_mk) && s->n_mk < sizeof s->mk / sizeof *s->mk)
+        s->mk[s->n_mk++] = (struct marker){s->fed + held, mt};
+    else if (mt)
+        tcb_puts(&s->pend, mt);
     if (!s->pend.oom) {
         run(s, false);
         if (s->state == S_CALLS)
@@ -461,9 +503,20 @@ static void drop_calls(tc_out *o)
 int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                       const char **reasoning, size_t *reasoning_len)
 {
+    return tp_tcsplit_finish_token(s, -1, text, len, content, content_len, reasoning, reasoning_len);
+}
+
+int tp_tcsplit_finish_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
+                            size_t *content_len, const char **reasoning, size_t *reasoning_len)
+{
     s->out_content.len = s->out_reasoning.len = 0;
     s->n_deltas = 0;
-    tcb_put(&s->pend, text, len);
+    put_text(s, text, len);
+    /* a marker still waiting came after text a stop string cut */
+    s->n_mk = 0;
+    const char *mt = control_text(s, id);
+    if (mt)
+        tcb_puts(&s->pend, mt);
     run(s, true);
     if (s->state == S_CALLS && s->pend.len) {
         stream_calls(s, false);
