@@ -595,11 +595,27 @@ static void what_cannot_be_held_is_refused_by_name(void **state)
     assert_int_equal(tp_toolcall_grammar(TP_TC_HERMES, loose, strlen(loose), NULL, false, TP_TCG_FIRST, NULL, NULL, &g, &e), TP_EINVAL);
     assert_non_null(strstr(e.msg, "tools[0].function.parameters (scale)"));
     assert_non_null(strstr(e.msg, "minimum"));
-    /* Functionary v3.2 has no marker a lazy grammar could wait for */
-    assert_int_equal(tp_toolcall_grammar(TP_TC_FUNCTIONARY_V32, two_tools, strlen(two_tools), NULL, false, TP_TCG_LAZY, NULL,
-                                         NULL, &g, &e), TP_EINVAL);
-    assert_non_null(strstr(e.msg, "functionary_v3.2"));
     assert_int_equal(tp_toolcall_grammar(TP_TC_NONE, two_tools, strlen(two_tools), NULL, false, TP_TCG_FIRST, NULL, NULL, &g, &e), TP_EINVAL);
+}
+
+/* Where trigger t first matches in s: its bytes, a space in it any
+ * whitespace (as tp_glazy reads a trigger). */
+static const char *trigger_in(const char *s, const char *t)
+{
+    for (; *s; s++) {
+        const char *p = s, *q = t;
+        for (; *q; q++) {
+            if (*q == ' ')
+                p += strspn(p, " \t\n");
+            else if (*p == *q)
+                p++;
+            else
+                break;
+        }
+        if (!*q)
+            return s;
+    }
+    return NULL;
 }
 
 /* The canonical call of each family (the shape its grammar writes) */
@@ -667,7 +683,7 @@ static void every_family_is_held_to_a_call_its_parser_reads(void **state)
         const char *t = tp_toolcall_trigger(f);
         if (!t)
             continue;
-        const char *at = strstr(canonical[i].call, t);
+        const char *at = trigger_in(canonical[i].call, t);
         assert_non_null(at);
         assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, TP_TCG_LAZY, NULL, NULL, &g, &e), 0);
         if (!grammar_takes(g, at))
@@ -802,6 +818,66 @@ static void a_lazy_grammar_holds_the_output_from_its_trigger_on(void **state)
     free(g);
 }
 
+/* Family f's lazy grammar (its own trigger) over the byte vocabulary,
+ * fed text byte by byte: held from byte active_from on (SIZE_MAX: never),
+ * and then a whole sentence at the end. */
+static void lazy_feed(tp_tc_family f, const char *text, size_t active_from)
+{
+    tp_err e;
+    char *g = NULL;
+    assert_int_equal(tp_toolcall_grammar(f, two_tools, strlen(two_tools), NULL, true, TP_TCG_LAZY, NULL, NULL, &g, &e), 0);
+    const char *t = tp_toolcall_trigger(f);
+    assert_non_null(t);
+    tp_gvocab *v = vocab_with(NULL, 0, false);
+    tp_grammar *gr = NULL;
+    tp_gengine *en = NULL;
+    tp_gmatch *m = matcher_of(g, v, &gr, &en);
+    tp_glazy *z = NULL;
+    assert_int_equal(tp_glazy_new(m, t, strlen(t), &z, &e), 0);
+    for (size_t i = 0; text[i]; i++) {
+        assert_int_equal(tp_glazy_accept(z, (unsigned char)text[i], &e), 0);
+        if ((tp_glazy_active(z) != NULL) != (i >= active_from))
+            fail_msg("%s: %.*s|: held %d", tp_tc_family_name(f), (int)i + 1, text, tp_glazy_active(z) != NULL);
+    }
+    if (active_from != SIZE_MAX)
+        assert_true(tp_gmatch_accepting(m));
+    tp_glazy_free(z);
+    tp_gmatch_free(m);
+    tp_gengine_free(en);
+    tp_grammar_free(gr);
+    tp_gvocab_free(v);
+    free(g);
+}
+
+/* Llama 3's call grammar lets whitespace in after its "{": so does its
+ * trigger, else a call spaced that way would go unheld; JSON that is no
+ * call stays free. */
+static void llama3_auto_holds_a_call_however_it_is_spaced(void **state)
+{
+    (void)state;
+    const char *open[] = {"{\"name\"", "{ \"name\"", "{\n\"name\"", "{ \n\t\"name\""};
+    for (size_t k = 0; k < sizeof open / sizeof *open; k++) {
+        char text[256];
+        snprintf(text, sizeof text, "%s: \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", open[k]);
+        lazy_feed(TP_TC_LLAMA3, text, strlen(open[k]) - 1);
+        result r;
+        check(TP_TC_LLAMA3, false, false, text, &r);
+        assert_int_equal(r.n_calls, 1);
+        assert_string_equal(r.args[0], "{\"city\": \"Oslo\"}");
+    }
+    lazy_feed(TP_TC_LLAMA3, "Use {\"x\": 1} or { \"y\": 2}.", SIZE_MAX);
+}
+
+/* Functionary v3.2: a segment after text opens with >>> and a function
+ * name; from there the call is held. */
+static void functionary_v32_auto_holds_a_call_after_text(void **state)
+{
+    (void)state;
+    const char *text = "all\nLet me look.>>>get_weather\n{\"city\": \"Paris\"}";
+    lazy_feed(TP_TC_FUNCTIONARY_V32, text, (size_t)(strstr(text, ">>>") - text) + 2);
+    lazy_feed(TP_TC_FUNCTIONARY_V32, "all\nNo call: a > b >> c.", SIZE_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -827,6 +903,8 @@ int main(void)
         cmocka_unit_test(every_family_is_held_to_a_call_its_parser_reads),
         cmocka_unit_test(a_marker_the_vocabulary_names_is_a_token_reference),
         cmocka_unit_test(a_lazy_grammar_holds_the_output_from_its_trigger_on),
+        cmocka_unit_test(llama3_auto_holds_a_call_however_it_is_spaced),
+        cmocka_unit_test(functionary_v32_auto_holds_a_call_after_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,10 @@
 typedef struct tp_glazy tp_glazy;
 
 /* m: a fresh matcher of the grammar (borrowed: the caller keeps and frees
- * it); trigger[0, len), 1..64 bytes. */
+ * it); trigger[0, len), 1..64 bytes. A space in the trigger matches 0 to 4
+ * of space, tab and newline, as the call grammars' tc-ws does (Llama 3's
+ * `{ "name"` is {"name", { "name" and {\n"name"); the byte after a space
+ * is not whitespace. */
 int tp_glazy_new(tp_gmatch *m, const char *trigger, size_t len, tp_glazy **out, tp_err *err);
 void tp_glazy_free(tp_glazy *z);
 

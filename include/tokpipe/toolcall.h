@@ -72,8 +72,11 @@ int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size
                           size_t *len, tp_err *err);
 
 /* The text whose generation opens a call, where a lazy grammar (tool_choice
- * auto) starts: the family's opening marker (Llama 3.x: {"name", generic:
- * {"tool_calls"); NULL for a syntax with no marker (Functionary v3.2). */
+ * auto) starts (tp_glazy: a space stands for the whitespace tc-ws allows):
+ * the family's opening marker (Llama 3.x: { "name", generic:
+ * {"tool_calls"; Functionary v3.2: the >>> of a segment after the first,
+ * so a call the output opens with, its recipient line right after the
+ * prompt's >>>, is parsed but not held); NULL for none. */
 const char *tp_toolcall_trigger(tp_tc_family f);
 
 /* The pieces of family f's call syntax that a vocabulary may hold as one

@@ -6,14 +6,16 @@
 #include <string.h>
 
 #define TRIGGER_MAX 64
+#define WS_MAX 4              /* a trigger's space: 0..4 of [ \t\n], the call grammars' tc-ws */
 
 struct tp_glazy {
     tp_gmatch *m;
     const tp_gvocab *v;
     char trigger[TRIGGER_MAX];
     size_t len;
+    size_t span;              /* the most output bytes a match covers */
     int trigger_id;           /* the special token the trigger names, -1 none */
-    char keep[TRIGGER_MAX];   /* the last len - 1 bytes of the output */
+    char keep[TRIGGER_MAX * WS_MAX];   /* the last span - 1 bytes of the output */
     size_t n_keep;
     bool active, dead;
 };
@@ -29,6 +31,9 @@ int tp_glazy_new(tp_gmatch *m, const char *trigger, size_t len, tp_glazy **out, 
     z->v = tp_gengine_vocab(tp_gmatch_engine(m));
     memcpy(z->trigger, trigger, len);
     z->len = len;
+    z->span = len;
+    for (size_t i = 0; i < len; i++)
+        z->span += trigger[i] == ' ' ? WS_MAX - 1 : 0;
     z->trigger_id = tp_gvocab_find_name((void *)z->v, trigger, len);
     *out = z;
     return 0;
@@ -44,11 +49,32 @@ tp_gmatch *tp_glazy_active(const tp_glazy *z)
     return z->active ? z->m : NULL;
 }
 
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n';
+}
+
+/* The first match of trigger t[0, k) in s[0, n): its bytes, a space in t
+ * standing for up to WS_MAX whitespace bytes (taken greedily: a space in a
+ * trigger is followed by a byte that is not one). */
 static const char *find(const char *s, size_t n, const char *t, size_t k)
 {
-    for (size_t i = 0; i + k <= n; i++)
-        if (!memcmp(s + i, t, k))
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i, q = 0;
+        while (q < k) {
+            if (t[q] == ' ') {
+                for (int w = 0; w < WS_MAX && j < n && is_ws(s[j]); w++)
+                    j++;
+                q++;
+            } else if (j < n && s[j] == t[q]) {
+                j++, q++;
+            } else {
+                break;
+            }
+        }
+        if (q == k)
             return s + i;
+    }
     return NULL;
 }
 
@@ -80,7 +106,7 @@ int tp_glazy_accept(tp_glazy *z, int32_t token, tp_err *err)
         if (tp_gmatch_accept_bytes(z->m, (const uint8_t *)at, (size_t)(buf + total - at), NULL))
             z->active = false, z->dead = true;
     } else {
-        z->n_keep = total < z->len - 1 ? total : z->len - 1;
+        z->n_keep = total < z->span - 1 ? total : z->span - 1;
         memcpy(z->keep, buf + total - z->n_keep, z->n_keep);
     }
     if (buf != small)

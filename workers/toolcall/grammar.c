@@ -134,13 +134,15 @@ size_t tp_toolcall_control_pieces(tp_tc_family f, const char **out, size_t cap)
 const char *tp_toolcall_trigger(tp_tc_family f)
 {
     const tc_family_def *d = tc_family(f);
-    if (!d || !d->calls_open || d->recipient_first)
-        return NULL;   /* Functionary v3.2: its first line says, there is no marker to wait for */
+    if (!d || !d->calls_open)
+        return NULL;
+    /* the space: whatever whitespace the call grammar's tc-ws lets in
+     * after its "{" */
     if (f == TP_TC_LLAMA3)
-        return "{\"name\"";
+        return "{ \"name\"";
     if (f == TP_TC_GENERIC)
-        return "{\"tool_calls\"";
-    return d->markers[0];
+        return "{\"tool_calls\"";   /* exact: its grammar spells calls_open so */
+    return d->markers[0];   /* Functionary v3.2: >>>, the start of each segment after the first */
 }
 
 /* s as GBNF: literals, with each control piece the vocabulary names as a
@@ -293,6 +295,11 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
         /* the thinking the prompt opened ends first; the call follows */
         text_out(&b, tp_toolcall_grammar_trigger(f, from), names, false, false);
         puts_(&b, " tc-ws ");
+    }
+    if (lazy && d->recipient_first) {
+        /* Functionary v3.2 waits for the >>> that opens a later segment */
+        text_out(&b, d->calls_sep, names, false, true);
+        puts_(&b, " ");
     }
     if (d->calls_open[0]) {
         text_out(&b, d->calls_open, names, lazy || from == TP_TCG_AFTER_THINK, false);
