@@ -51,10 +51,12 @@ BOUNDED = [{"type": "function", "function": {
 TOOLS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "openai_tools.cjs")
 
 
-def chain_model(path, start, chain, end, vocab=QWEN3):
-    """Greedy decoding after `start` gives chain, then end."""
+def chain_model(path, start, chain, end, vocab=QWEN3, loop_to=None, seq_len=None):
+    """Greedy decoding after `start` gives chain, then end (loop_to: then
+    chain[loop_to:] again and again)."""
     subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", vocab,
-                    "--shape", "64x2x4", "--seed", "5", "--separate-output", "--out", path],
+                    "--shape", "64x2x4", "--seed", "5", "--separate-output", "--out", path]
+                   + (["--seq-len", str(seq_len)] if seq_len else []),
                    check=True, capture_output=True, timeout=300)
     _, tensors, _, _, _ = gguf_tiny.read_gguf(path)
     dim, vocab = tensors["token_embd.weight"][1]
@@ -66,7 +68,8 @@ def chain_model(path, start, chain, end, vocab=QWEN3):
     for k, tok in enumerate([start] + chain):
         emb[tok] = 0.0
         emb[tok, k] = 1.0
-        out[chain[k] if k < len(chain) else end, k] = 10.0
+        after = end if loop_to is None else chain[loop_to]
+        out[chain[k] if k < len(chain) else after, k] = 10.0
     with open(path, "r+b") as f:
         def put(name, array):
             gguf_tiny.write_tensor(f, tensors, name, array)
