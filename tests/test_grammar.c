@@ -183,6 +183,8 @@ static void malformed_grammars_are_refused_naming_the_problem(void **state)
         {"root ::= <\"\">", "empty token text"},
         {"root ::= <\"ab>", "unterminated token text"},
         {"root ::= ! <|x|>", "unexpected character"},
+        {"root ::= <a\tb>", "control character in a token reference"},
+        {"root ::= <\xff>", "invalid UTF-8 in a token reference"},
         {"root ::= \"a\"\n\n  x ::= y", "line 3 col 9: undefined rule y"},
         {"root ::= \"\xff\"", "invalid UTF-8"},
     };
