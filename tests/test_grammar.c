@@ -271,6 +271,13 @@ static const vcase vcases[] = {
     {"root ::= \"Answer: \" [0-9]{1,4} \"\\n\"", "Answer: 1234\n"},
     {"root ::= \"\xce\xb1\xce\xb2\" [\xce\xb3-\xcf\x89]* \"!\"", "\xce\xb1\xce\xb2\xce\xb3\xce\xb4!"},
     {"root ::= (\"<\" [^<>]* \">\")+", "<a b><\xe4\xb8\xad\xe6\x96\x87>"},
+    /* counted repetitions (chains of states): over all characters but one,
+     * a JSON string's maxLength, a class whose count ends where another
+     * repetition of part of it goes on */
+    {"root ::= (\"- \" [^\\n]{1,12} \"\\n\"){1,3}", "- h\xc3\xa9llo w\xe2\x82\xacr!\n- \xe4\xb8\xad \xf0\x9f\x98\x80\n"},
+    {"root ::= \"\\\"\" ([^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\/bfnrt]){0,10} \"\\\"\"", "\"ab\xc3\xa9\\n\xe4\xb8\xad x\""},
+    {"root ::= [a-zA-Z0-9 ]{0,6} (\",\" [a-z]{2,5}){1,3}", "ab 1,xyz,qq"},
+    {"root ::= [a-z]{0,3} [a-z0-9]+ \".\"", "abcde1."},
 };
 
 /* Check every token's mask bit and the end-of-generation bits against the
@@ -409,6 +416,14 @@ static void masks_match_the_oracle_on_the_qwen3_vocabulary(void **state)
     (void)state;
     walk_doc("hf-vocab/qwen3-vocab.gguf", &vcases[0], 4, 99);
     walk_doc("hf-vocab/qwen3-vocab.gguf", &vcases[5], 4, 7);
+    walk_doc("hf-vocab/qwen3-vocab.gguf", &vcases[6], 4, 8);
+}
+
+static void masks_match_the_oracle_on_the_llama3_vocabulary(void **state)
+{
+    (void)state;
+    for (size_t i = 6; i < sizeof vcases / sizeof *vcases; i++)
+        walk_doc("hf-vocab/llama3-vocab.gguf", &vcases[i], 4, 500 + i);
 }
 
 static void masks_match_the_oracle_on_stories260k(void **state)
@@ -841,6 +856,7 @@ int main(void)
         cmocka_unit_test(masks_match_the_oracle_on_stories260k),
         cmocka_unit_test(masks_match_the_oracle_on_the_spm_vocabulary),
         cmocka_unit_test(masks_match_the_oracle_on_the_qwen3_vocabulary),
+        cmocka_unit_test(masks_match_the_oracle_on_the_llama3_vocabulary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

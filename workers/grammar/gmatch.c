@@ -736,8 +736,8 @@ static const gslice *get_slice(const tp_gvocab *v, const uint64_t a[2], bool mb)
 }
 
 /* Every sequence of the byte ranges of one whole multi-byte character
- * (U+0080..U+10FFFF without surrogates) leads from sid back to sid. */
-static bool loops_on_multibyte(tp_gengine *e, int32_t sid)
+ * (U+0080..U+10FFFF without surrogates) leads from sid to `to`. */
+static bool multibyte_leads(tp_gengine *e, int32_t sid, int32_t to)
 {
     static const uint8_t seqs[][4][2] = {
         {{0xC2, 0xDF}, {0x80, 0xBF}},
@@ -773,7 +773,7 @@ static bool loops_on_multibyte(tp_gengine *e, int32_t sid)
             memcpy(cur, nxt, (size_t)m * sizeof *cur);
             n = m;
         }
-        if (n != 1 || cur[0] != sid)
+        if (n != 1 || cur[0] != to)
             return false;
     }
     return true;
@@ -811,12 +811,15 @@ static const gslice *slice_of(tp_gengine *e, int32_t sid, int *room)
             a[b >> 6] |= 1ull << (b & 63);
     if (best == sid) {
         *room = SLICE_LMAX;
-        bool mb = loops_on_multibyte(e, sid);
+        bool mb = multibyte_leads(e, sid, sid);
         e->error = 0;
         return get_slice(e->v, a, mb);
     }
-    /* a chain: count the steps on which every byte of a leads to one state */
+    /* a chain: count the steps on which every byte of a leads to one state
+     * (and whether every multi-byte character does too, all the way) */
     int n = 1;
+    bool mb = multibyte_leads(e, sid, best);
+    e->error = 0;
     for (int32_t cur = best; n < SLICE_LMAX; n++) {
         int32_t next = DEAD;
         bool same = true;
@@ -831,12 +834,16 @@ static const gslice *slice_of(tp_gengine *e, int32_t sid, int *room)
             break;
         if (next == cur) {   /* the chain ends in a loop: any length */
             n = SLICE_LMAX;
+            mb = mb && multibyte_leads(e, cur, cur);
+            e->error = 0;
             break;
         }
+        mb = mb && multibyte_leads(e, cur, next);
+        e->error = 0;
         cur = next;
     }
     *room = n;
-    return get_slice(e->v, a, false);
+    return get_slice(e->v, a, mb);
 }
 
 static inline bool bit_of(const uint64_t *m, int32_t t) { return (m[t >> 6] >> (t & 63)) & 1; }
