@@ -228,6 +228,9 @@ bool tp_gmatch_done(const tp_gmatch *m);
  * own position when nothing was cut. */
 bool tp_gmatch_complete(const tp_gmatch *m, const uint8_t *text, size_t len, bool cut);
 
+/* Bytes one matcher holds (all a job's grammar state: the engine is shared). */
+size_t tp_gmatch_memory(const tp_gmatch *m);
+
 /* Tokens accepted so far. */
 size_t tp_gmatch_n_accepted(const tp_gmatch *m);
 
