@@ -3,6 +3,7 @@
  * on real vocabularies (SentencePiece with byte fallback, byte-level BPE);
  * partial UTF-8, control tokens, end of generation only when accepting,
  * done, replay. */
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -499,6 +500,30 @@ static void partial_utf8_control_tokens_and_eos(void **state)
     tp_gvocab_free(v);
 }
 
+/* The masked row keeps exactly the allowed logits and puts -inf elsewhere,
+ * whatever the word's pattern (all set, none, mixed) and the tail of a
+ * vocabulary that is no multiple of 64. */
+static void apply_mask_keeps_exactly_the_allowed_logits(void **state)
+{
+    (void)state;
+    enum { V = 1000 };
+    uint64_t mask[(V + 63) / 64];
+    float logits[V], out[V];
+    uint64_t r = 12345;
+    for (size_t w = 0; w < sizeof mask / sizeof *mask; w++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        mask[w] = w % 4 == 0 ? ~0ull : w % 4 == 1 ? 0 : r;
+    }
+    for (int t = 0; t < V; t++)
+        logits[t] = (float)t * 0.5f - 100.0f;
+    tp_grammar_apply_mask(mask, logits, out, V);
+    for (int t = 0; t < V; t++) {
+        bool on = (mask[t / 64] >> (t % 64)) & 1;
+        if (on ? out[t] != logits[t] : out[t] != -INFINITY)
+            fail_msg("token %d: %g (allowed %d, logit %g)", t, out[t], on, logits[t]);
+    }
+}
+
 /* ---- token references ---- */
 
 typedef struct vocab_file {
@@ -848,6 +873,7 @@ int main(void)
         cmocka_unit_test(print_gives_normalized_gbnf_that_compiles_to_the_same_language),
         cmocka_unit_test(partial_utf8_control_tokens_and_eos),
         cmocka_unit_test(replaying_accepted_tokens_rebuilds_the_same_state),
+        cmocka_unit_test(apply_mask_keeps_exactly_the_allowed_logits),
         cmocka_unit_test(control_tokens_named_by_text_on_llama3),
         cmocka_unit_test(negated_references_on_qwen3),
         cmocka_unit_test(quoted_references_and_the_writer),
