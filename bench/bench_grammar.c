@@ -242,7 +242,7 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     double *lat = malloc(cap * sizeof *lat);
     double *cold = malloc(cap * sizeof *cold);
     double compile[N_GRAMMARS];
-    size_t n_lat = 0, n_cold = 0, max_engine = 0, n_tokens_total = 0;
+    size_t n_lat = 0, n_cold = 0, max_engine = 0, n_tokens_total = 0, matcher_bytes = 0;
     double base_sum = 0, base_mask_sum = 0;
     int base_n = 0;
     int *allowed = malloc((size_t)n * sizeof *allowed);
@@ -259,6 +259,7 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
         for (int d = 0; d < DOCS_PER_GRAMMAR; d++) {
             tp_gmatch *m;
             tp_gmatch_new(e, &m, &err);
+            matcher_bytes = tp_gmatch_memory(m);
             for (int s = 0; s < MAX_DOC_TOKENS && !tp_gmatch_done(m); s++) {
                 size_t before = tp_gengine_memory(e);
                 double a = cpu_now();
@@ -334,7 +335,7 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     printf("  compile GBNF -> engine: p50 %.3f ms  p95 %.3f ms  max %.3f ms\n", pct(compile, N_GRAMMARS, 0.5) * 1e3,
            pct(compile, N_GRAMMARS, 0.95) * 1e3, compile[N_GRAMMARS - 1] * 1e3);
     printf("  memory: matcher %zu bytes; largest engine (DFA + mask cache, shared by a grammar's jobs) %.1f MB\n",
-           sizeof(void *) * 4, max_engine / 1e6);
+           matcher_bytes, max_engine / 1e6);
     if (base_n)
         printf("  baseline (every token's bytes walked per step): %.1f us per mask vs %.1f us here on the same "
                "%d positions: %.0fx\n",

@@ -165,6 +165,8 @@ class StructuredOutputOverHttp(unittest.TestCase):
              "response_format", "format 'uri'"),
             ({"prompt": "x", "json_schema": {"type": "array", "uniqueItems": True}}, "json_schema", "uniqueItems"),
             ({"prompt": "x", "grammar": "root ::= undefined-rule"}, "grammar", "undefined-rule"),
+            ({"prompt": "x", "grammar": "root ::= \"a\" <|im_end|>"}, "grammar",
+             "token <|im_end|> is not a special token of the model's vocabulary"),
             ({"prompt": "x", "grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema", "grammar and json_schema"),
             ({"prompt": "x", "response_format": {"type": "yaml"}}, "response_format", "yaml"),
         ]

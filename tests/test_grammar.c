@@ -3,6 +3,7 @@
  * on real vocabularies (SentencePiece with byte fallback, byte-level BPE);
  * partial UTF-8, control tokens, end of generation only when accepting,
  * done, replay. */
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -183,6 +184,8 @@ static void malformed_grammars_are_refused_naming_the_problem(void **state)
         {"root ::= <\"\">", "empty token text"},
         {"root ::= <\"ab>", "unterminated token text"},
         {"root ::= ! <|x|>", "unexpected character"},
+        {"root ::= <a\tb>", "control character in a token reference"},
+        {"root ::= <\xff>", "invalid UTF-8 in a token reference"},
         {"root ::= \"a\"\n\n  x ::= y", "line 3 col 9: undefined rule y"},
         {"root ::= \"\xff\"", "invalid UTF-8"},
     };
@@ -269,6 +272,13 @@ static const vcase vcases[] = {
     {"root ::= \"Answer: \" [0-9]{1,4} \"\\n\"", "Answer: 1234\n"},
     {"root ::= \"\xce\xb1\xce\xb2\" [\xce\xb3-\xcf\x89]* \"!\"", "\xce\xb1\xce\xb2\xce\xb3\xce\xb4!"},
     {"root ::= (\"<\" [^<>]* \">\")+", "<a b><\xe4\xb8\xad\xe6\x96\x87>"},
+    /* counted repetitions (chains of states): over all characters but one,
+     * a JSON string's maxLength, a class whose count ends where another
+     * repetition of part of it goes on */
+    {"root ::= (\"- \" [^\\n]{1,12} \"\\n\"){1,3}", "- h\xc3\xa9llo w\xe2\x82\xacr!\n- \xe4\xb8\xad \xf0\x9f\x98\x80\n"},
+    {"root ::= \"\\\"\" ([^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\/bfnrt]){0,10} \"\\\"\"", "\"ab\xc3\xa9\\n\xe4\xb8\xad x\""},
+    {"root ::= [a-zA-Z0-9 ]{0,6} (\",\" [a-z]{2,5}){1,3}", "ab 1,xyz,qq"},
+    {"root ::= [a-z]{0,3} [a-z0-9]+ \".\"", "abcde1."},
 };
 
 /* Check every token's mask bit and the end-of-generation bits against the
@@ -407,6 +417,14 @@ static void masks_match_the_oracle_on_the_qwen3_vocabulary(void **state)
     (void)state;
     walk_doc("hf-vocab/qwen3-vocab.gguf", &vcases[0], 4, 99);
     walk_doc("hf-vocab/qwen3-vocab.gguf", &vcases[5], 4, 7);
+    walk_doc("hf-vocab/qwen3-vocab.gguf", &vcases[6], 4, 8);
+}
+
+static void masks_match_the_oracle_on_the_llama3_vocabulary(void **state)
+{
+    (void)state;
+    for (size_t i = 6; i < sizeof vcases / sizeof *vcases; i++)
+        walk_doc("hf-vocab/llama3-vocab.gguf", &vcases[i], 4, 500 + i);
 }
 
 static void masks_match_the_oracle_on_stories260k(void **state)
@@ -480,6 +498,30 @@ static void partial_utf8_control_tokens_and_eos(void **state)
     tp_gengine_free(e);
     tp_grammar_free(g);
     tp_gvocab_free(v);
+}
+
+/* The masked row keeps exactly the allowed logits and puts -inf elsewhere,
+ * whatever the word's pattern (all set, none, mixed) and the tail of a
+ * vocabulary that is no multiple of 64. */
+static void apply_mask_keeps_exactly_the_allowed_logits(void **state)
+{
+    (void)state;
+    enum { V = 1000 };
+    uint64_t mask[(V + 63) / 64];
+    float logits[V], out[V];
+    uint64_t r = 12345;
+    for (size_t w = 0; w < sizeof mask / sizeof *mask; w++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        mask[w] = w % 4 == 0 ? ~0ull : w % 4 == 1 ? 0 : r;
+    }
+    for (int t = 0; t < V; t++)
+        logits[t] = (float)t * 0.5f - 100.0f;
+    tp_grammar_apply_mask(mask, logits, out, V);
+    for (int t = 0; t < V; t++) {
+        bool on = (mask[t / 64] >> (t % 64)) & 1;
+        if (on ? out[t] != logits[t] : out[t] != -INFINITY)
+            fail_msg("token %d: %g (allowed %d, logit %g)", t, out[t], on, logits[t]);
+    }
 }
 
 /* ---- token references ---- */
@@ -831,6 +873,7 @@ int main(void)
         cmocka_unit_test(print_gives_normalized_gbnf_that_compiles_to_the_same_language),
         cmocka_unit_test(partial_utf8_control_tokens_and_eos),
         cmocka_unit_test(replaying_accepted_tokens_rebuilds_the_same_state),
+        cmocka_unit_test(apply_mask_keeps_exactly_the_allowed_logits),
         cmocka_unit_test(control_tokens_named_by_text_on_llama3),
         cmocka_unit_test(negated_references_on_qwen3),
         cmocka_unit_test(quoted_references_and_the_writer),
@@ -839,6 +882,7 @@ int main(void)
         cmocka_unit_test(masks_match_the_oracle_on_stories260k),
         cmocka_unit_test(masks_match_the_oracle_on_the_spm_vocabulary),
         cmocka_unit_test(masks_match_the_oracle_on_the_qwen3_vocabulary),
+        cmocka_unit_test(masks_match_the_oracle_on_the_llama3_vocabulary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

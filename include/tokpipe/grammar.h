@@ -6,7 +6,8 @@
  *               defines it), lowered to bytes: every character class becomes
  *               the UTF-8 byte sequences of its code points, so the runtime
  *               never decodes UTF-8 and a token may end inside a character.
- *               Vocabulary independent, immutable, shareable.
+ *               Vocabulary independent (token references keep their names
+ *               until an engine binds them), immutable, shareable.
  *   tp_gvocab   one model's vocabulary as bytes (SentencePiece U+2581 ->
  *               space, byte fallback <0xNN> -> that byte, control tokens
  *               without bytes), sorted into a flat preorder token trie, and
@@ -32,10 +33,11 @@
  *
  * Semantics of a mask: token t is allowed when its bytes, appended to the
  * output so far, leave a prefix of some string of the language (partial
- * UTF-8 sequences allowed); tokens with no bytes (control, unknown, unused)
- * never; the end-of-generation ids exactly when the output so far is a
- * whole sentence of the language. "Done": a whole sentence that admits no
- * further byte. */
+ * UTF-8 sequences allowed), or when a token reference (below) on top of a
+ * stack takes it; tokens with no bytes (control, unknown, unused) never
+ * otherwise; the end-of-generation ids exactly when the output so far is a
+ * whole sentence of the language (or a reference names one). "Done": a
+ * whole sentence that admits no further byte. */
 #ifndef TOKPIPE_GRAMMAR_H
 #define TOKPIPE_GRAMMAR_H
 
@@ -171,7 +173,8 @@ typedef struct tp_gengine_limits {
 
 void tp_gengine_limits_default(tp_gengine_limits *l);
 
-/* g and v are borrowed and must outlive the engine. limits NULL = defaults. */
+/* g and v are borrowed and must outlive the engine. limits NULL = defaults.
+ * TP_EINVAL naming it when a token reference of g does not resolve in v. */
 int tp_gengine_new(const tp_grammar *g, const tp_gvocab *v, const tp_gengine_limits *limits, tp_gengine **out,
                    tp_err *err);
 void tp_gengine_free(tp_gengine *e);
@@ -224,6 +227,9 @@ bool tp_gmatch_done(const tp_gmatch *m);
  * — or, for a grammar with token references (no bytes of the text), m's
  * own position when nothing was cut. */
 bool tp_gmatch_complete(const tp_gmatch *m, const uint8_t *text, size_t len, bool cut);
+
+/* Bytes one matcher holds (all a job's grammar state: the engine is shared). */
+size_t tp_gmatch_memory(const tp_gmatch *m);
 
 /* Tokens accepted so far. */
 size_t tp_gmatch_n_accepted(const tp_gmatch *m);

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "grammar_internal.h"
+#include "tokpipe/utf8.h"
 
 void tp_grammar_limits_default(tp_grammar_limits *l)
 {
@@ -563,6 +564,11 @@ static int parse_token_ref(parser *p, seqv *q)
             return fail(p, at, TP_EFORMAT, "unterminated token reference (expected > on the same line)%s", NULL);
         p->pos++;
         t.len = p->pos - s0;
+        for (size_t i = s0; i < p->pos; i++)
+            if ((unsigned char)p->s[i] < 0x20)
+                return fail(p, at, TP_EFORMAT, "control character in a token reference%s", NULL);
+        if (!tp_utf8_valid((const uint8_t *)p->s + s0, t.len, NULL))
+            return fail(p, at, TP_EFORMAT, "invalid UTF-8 in a token reference%s", NULL);
         if (!(t.text = malloc(t.len)))
             return oom(p);
         memcpy(t.text, p->s + s0, t.len);
@@ -1102,8 +1108,9 @@ static void print_token(sbuf *b, const char *text, size_t len, int32_t id, int n
         sb_add(b, "<[%d]>", (int)id);
         return;
     }
-    bool plain = len >= 2 && text[0] == '<' && text[len - 1] == '>' && !memchr(text, '>', len - 1) &&
-                 !memchr(text, '\n', len);
+    bool plain = len >= 2 && text[0] == '<' && text[len - 1] == '>' && !memchr(text, '>', len - 1);
+    for (size_t i = 0; plain && i < len; i++)
+        plain = (unsigned char)text[i] >= 0x20;
     if (plain) {
         sb_add(b, "%.*s", (int)len, text);
         return;

@@ -10,6 +10,7 @@
  * alternative's end pops to the parent, a reference pushes its
  * continuation — unless the continuation is the alternative's end (tail
  * call), which keeps repetitions (R ::= x R) at constant depth. */
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,11 +43,20 @@ typedef struct tnode {
  * each set seen. */
 #define SLICE_LMAX 32
 #define SLICE_OUT 255
+#define PRE_MAX 254
+#define PRE_MORE 255
 typedef struct gslice {
     uint64_t ascii[2];
     bool mb;
     uint64_t *by_len[SLICE_LMAX + 1];  /* one block */
     uint8_t *maxc;        /* per trie node */
+    /* For chains (derive_mask): per token the characters of the slice it
+     * starts with (a partial multi-byte character at its end counts as one;
+     * PRE_MORE past PRE_MAX), and the tokens sorted by it. */
+    uint8_t *pre;
+    int32_t *by_pre;
+    uint32_t pre_off[PRE_MORE + 2];
+    int max_pre;
 } gslice;
 
 #define MAX_SLICES 16
@@ -270,7 +280,7 @@ void tp_gvocab_free(tp_gvocab *v)
     free(v->names), free(v->text);
     free(v->bytes), free(v->off), free(v->next_same), free(v->nodes), free(v->eog), free(v->eog_ids);
     for (int i = 0; v->sc && i < v->sc->n; i++)
-        free(v->sc->s[i].by_len[0]), free(v->sc->s[i].maxc);
+        free(v->sc->s[i].by_len[0]), free(v->sc->s[i].maxc), free(v->sc->s[i].pre), free(v->sc->s[i].by_pre);
     free(v->sc);
     free(v);
 }
@@ -312,6 +322,13 @@ typedef struct gstate {
     uint32_t hash;
     uint8_t accepting, done;
     uint8_t tok;          /* some stack has a token reference on top */
+    /* A state of a chain of counted states over one class (register_chain):
+     * its head, whose mask is walked, and how many more characters of the
+     * class may come here (CHAIN_ANY: more than any token holds). The head
+     * keeps the last state whose mask it gave, to derive the next from. */
+    int8_t chain_slice;
+    uint16_t chain_room;
+    int32_t chain_head, chain_last;
 } gstate;
 
 struct tp_gengine {
@@ -512,6 +529,7 @@ static int32_t intern_state(tp_gengine *e, size_t n)
     int32_t id = (int32_t)e->n_states++;
     gstate *s = &e->states[id];
     memset(s, 0, sizeof *s);
+    s->chain_head = s->chain_last = -1;
     s->off = (uint32_t)e->n_pool;
     s->n = (uint32_t)n;
     s->hash = h;
@@ -668,6 +686,58 @@ static void drop_masks(tp_gengine *e)
     e->mask_bytes = 0;
 }
 
+/* The byte ranges of the multi-byte UTF-8 characters (U+0080..U+10FFFF
+ * without surrogates), as the compiler lowers a class that has them all. */
+static const uint8_t mb_seqs[8][4][2] = {
+    {{0xC2, 0xDF}, {0x80, 0xBF}},
+    {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+    {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+    {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}},
+};
+static const int mb_len[8] = {2, 3, 3, 3, 3, 4, 4, 4};
+
+/* Which of mb_seqs starts with lead byte c, -1 if none. */
+static int mb_seq_of(uint8_t c)
+{
+    for (int q = 0; q < 8; q++)
+        if (c >= mb_seqs[q][0][0] && c <= mb_seqs[q][0][1])
+            return q;
+    return -1;
+}
+
+/* How many characters of the slice (ASCII of a; with mb any multi-byte
+ * character) bytes b[0, n) start with; a valid partial character at the
+ * end counts as one. */
+static int pre_chars(const uint8_t *b, size_t n, const uint64_t a[2], bool mb)
+{
+    int chars = 0;
+    for (size_t i = 0; i < n && chars <= PRE_MAX;) {
+        uint8_t c = b[i];
+        if (c < 0x80) {
+            if (!((a[c >> 6] >> (c & 63)) & 1))
+                break;
+            chars++, i++;
+            continue;
+        }
+        int q = mb ? mb_seq_of(c) : -1;
+        if (q < 0)
+            break;
+        int k = 1;
+        while (k < mb_len[q] && i + (size_t)k < n && b[i + (size_t)k] >= mb_seqs[q][k][0] &&
+               b[i + (size_t)k] <= mb_seqs[q][k][1])
+            k++;
+        if (k < mb_len[q] && i + (size_t)k < n)
+            break;   /* not a character: the rest is no class's */
+        chars++;
+        i += (size_t)k;
+    }
+    return chars > PRE_MAX ? PRE_MORE : chars;
+}
+
 /* The characters of bytes b[0, n) if they are ASCII of set a or (mb) whole
  * valid UTF-8 characters of two bytes or more, else -1. */
 static int slice_chars(const uint8_t *b, size_t n, const uint64_t a[2], bool mb)
@@ -706,7 +776,8 @@ static const gslice *get_slice(const tp_gvocab *v, const uint64_t a[2], bool mb)
     if (sc->n == MAX_SLICES)
         return NULL;
     size_t words = tp_gmask_words(v->n);
-    gslice g = {{a[0], a[1]}, mb, {calloc(words * (SLICE_LMAX + 1), 8)}, malloc(v->n_nodes ? v->n_nodes : 1)};
+    gslice g = {.ascii = {a[0], a[1]}, .mb = mb, .by_len = {calloc(words * (SLICE_LMAX + 1), 8)},
+                .maxc = malloc(v->n_nodes ? v->n_nodes : 1)};
     uint8_t *len = malloc((size_t)v->n);
     if (!g.by_len[0] || !g.maxc || !len) {
         free(g.by_len[0]), free(g.maxc), free(len);
@@ -731,25 +802,35 @@ static const gslice *get_slice(const tp_gvocab *v, const uint64_t a[2], bool mb)
         g.maxc[i] = m;
     }
     free(len);
+    g.pre = malloc((size_t)v->n);
+    g.by_pre = malloc((size_t)v->n * sizeof *g.by_pre);
+    if (!g.pre || !g.by_pre) {
+        free(g.by_len[0]), free(g.maxc), free(g.pre), free(g.by_pre);
+        return NULL;
+    }
+    memset(g.pre_off, 0, sizeof g.pre_off);
+    for (int t = 0; t < v->n; t++) {
+        size_t l = v->off[t + 1] - v->off[t];
+        g.pre[t] = (uint8_t)(l ? pre_chars(v->bytes + v->off[t], l, a, mb) : 0);
+        g.pre_off[g.pre[t] + 1]++;
+        if (g.pre[t] > g.max_pre)
+            g.max_pre = g.pre[t];
+    }
+    for (int k = 0; k <= PRE_MORE; k++)
+        g.pre_off[k + 1] += g.pre_off[k];
+    uint32_t fill[PRE_MORE + 1];
+    memcpy(fill, g.pre_off, sizeof fill);
+    for (int t = 0; t < v->n; t++)
+        g.by_pre[fill[g.pre[t]]++] = t;
     sc->s[sc->n] = g;
     return &sc->s[sc->n++];
 }
 
 /* Every sequence of the byte ranges of one whole multi-byte character
- * (U+0080..U+10FFFF without surrogates) leads from sid back to sid. */
-static bool loops_on_multibyte(tp_gengine *e, int32_t sid)
+ * (U+0080..U+10FFFF without surrogates) leads from sid to `to`. */
+static bool multibyte_leads(tp_gengine *e, int32_t sid, int32_t to)
 {
-    static const uint8_t seqs[][4][2] = {
-        {{0xC2, 0xDF}, {0x80, 0xBF}},
-        {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
-        {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
-        {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
-        {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
-        {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
-        {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
-        {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}},
-    };
-    static const int len[] = {2, 3, 3, 3, 3, 4, 4, 4};
+    const int *len = mb_len;
     for (int q = 0; q < 8; q++) {
         int32_t cur[8], n = 1;   /* the states a prefix of the sequence can reach */
         cur[0] = sid;
@@ -757,7 +838,7 @@ static bool loops_on_multibyte(tp_gengine *e, int32_t sid)
             int32_t nxt[8];
             int m = 0;
             for (int i = 0; i < n; i++)
-                for (unsigned b = seqs[q][k][0]; b <= seqs[q][k][1]; b++) {
+                for (unsigned b = mb_seqs[q][k][0]; b <= mb_seqs[q][k][1]; b++) {
                     int32_t s = step(e, cur[i], b);
                     if (s < 0)
                         return false;
@@ -773,7 +854,7 @@ static bool loops_on_multibyte(tp_gengine *e, int32_t sid)
             memcpy(cur, nxt, (size_t)m * sizeof *cur);
             n = m;
         }
-        if (n != 1 || cur[0] != sid)
+        if (n != 1 || cur[0] != to)
             return false;
     }
     return true;
@@ -811,12 +892,15 @@ static const gslice *slice_of(tp_gengine *e, int32_t sid, int *room)
             a[b >> 6] |= 1ull << (b & 63);
     if (best == sid) {
         *room = SLICE_LMAX;
-        bool mb = loops_on_multibyte(e, sid);
+        bool mb = multibyte_leads(e, sid, sid);
         e->error = 0;
         return get_slice(e->v, a, mb);
     }
-    /* a chain: count the steps on which every byte of a leads to one state */
+    /* a chain: count the steps on which every byte of a leads to one state
+     * (and whether every multi-byte character does too, all the way) */
     int n = 1;
+    bool mb = multibyte_leads(e, sid, best);
+    e->error = 0;
     for (int32_t cur = best; n < SLICE_LMAX; n++) {
         int32_t next = DEAD;
         bool same = true;
@@ -831,12 +915,16 @@ static const gslice *slice_of(tp_gengine *e, int32_t sid, int *room)
             break;
         if (next == cur) {   /* the chain ends in a loop: any length */
             n = SLICE_LMAX;
+            mb = mb && multibyte_leads(e, cur, cur);
+            e->error = 0;
             break;
         }
+        mb = mb && multibyte_leads(e, cur, next);
+        e->error = 0;
         cur = next;
     }
     *room = n;
-    return get_slice(e->v, a, false);
+    return get_slice(e->v, a, mb);
 }
 
 static inline bool bit_of(const uint64_t *m, int32_t t) { return (m[t >> 6] >> (t & 63)) & 1; }
@@ -926,6 +1014,178 @@ static int32_t token_trans(tp_gengine *e, int32_t sid, int32_t t, int32_t bs)
     return intern_state(e, nout);
 }
 
+/* ---- chains of counted states ----
+ * A counted repetition of one class, [^\n]{0,200} or [a-z0-9 ]{0,12},
+ * makes a chain of states s_r (r characters of the class may still come)
+ * that differ only in r. When every s_r of a chain has its stacks that
+ * take a class byte all from one parent (the lowered class: the ASCII set
+ * and, if any, every multi-byte character, each followed by the end of its
+ * alternative; or the ASCII set alone), the same other stacks (those that take the rest: what may
+ * follow the repetition), and the chain ends in a state that takes no
+ * class byte, then a token that starts with p characters of the class is
+ * allowed in s_r exactly when p <= r and its rest is allowed after the
+ * repetition, the same for every r. So the mask of s_r is that of any
+ * s_R, R >= r, without the tokens of more than r such characters: a few
+ * word operations instead of a walk of the trie for each count. */
+
+#define CHAIN_ANY 0xFFFF
+#define CHAIN_MAX 256   /* states of a chain checked at once */
+
+/* Whether element run el[pos..] is mb_seqs[q] followed by the end of its
+ * alternative. */
+static bool is_mb_seq(const tp_grammar *g, size_t pos, int q)
+{
+    for (int k = 0; k < mb_len[q]; k++) {
+        gel x = g->el[pos + (size_t)k];
+        if (x.type != GE_BYTES)
+            return false;
+        const uint64_t *set = g->sets[x.v];
+        for (unsigned b = 0; b < 256; b++)
+            if (gset_has(set, b) != (b >= mb_seqs[q][k][0] && b <= mb_seqs[q][k][1]))
+                return false;
+    }
+    return g->el[pos + (size_t)mb_len[q]].type == GE_END;
+}
+
+/* Split state sid's nodes: those that take a class byte (ASCII of a, with
+ * mb any lead byte) must be the lowered class with one parent; the others
+ * go to rest[] (*n_rest). *empty: no node takes a class byte. False when
+ * sid is not a chain state of this class. */
+static bool chain_split(tp_gengine *e, int32_t sid, const uint64_t a[2], bool mb, int32_t *rest, uint32_t *n_rest,
+                        bool *empty)
+{
+    const tp_grammar *g = e->g;
+    gstate s = e->states[sid];
+    int32_t parent = -2;
+    bool ascii = false;
+    unsigned seen = 0;
+    *n_rest = 0;
+    for (uint32_t i = 0; i < s.n; i++) {
+        int32_t id = e->pool[s.off + i];
+        if (id == 0) {
+            rest[(*n_rest)++] = id;
+            continue;
+        }
+        gnode nd = e->nodes[id];
+        gel el = g->el[nd.pos];
+        if (el.type != GE_BYTES)
+            return false;   /* a token reference: not worth it */
+        const uint64_t *set = g->sets[el.v];
+        bool lead = mb && (set[3] & 0x001FFFFFFFFFFFFCull) != 0;   /* a byte of 0xC2..0xF4 */
+        if (!(set[0] & a[0]) && !(set[1] & a[1]) && !lead) {
+            rest[(*n_rest)++] = id;
+            continue;
+        }
+        if (parent != -2 && nd.parent != parent)
+            return false;
+        parent = nd.parent;
+        if (set[0] | set[1]) {
+            /* with multi-byte characters all must end their alternatives
+             * (pop to the one parent); alone, the ASCII set may go on */
+            if (ascii || set[0] != a[0] || set[1] != a[1] || set[2] || set[3] ||
+                (mb && g->el[nd.pos + 1].type != GE_END))
+                return false;
+            ascii = true;
+            continue;
+        }
+        int q = 0;
+        while (q < 8 && !gset_has(set, mb_seqs[q][0][0]))
+            q++;
+        if (q == 8 || (seen >> q) & 1 || !is_mb_seq(g, (size_t)nd.pos, q))
+            return false;
+        seen |= 1u << q;
+    }
+    *empty = parent == -2;
+    return *empty || (ascii && (!mb || seen == 0xFF));
+}
+
+/* After a walk of head's mask: if head starts a chain over the class of
+ * slice k (sl), mark the chain's states with head and their room. */
+static void register_chain(tp_gengine *e, int32_t head, int k, const gslice *sl)
+{
+    if (e->states[head].chain_head >= 0)
+        return;
+    gstate h = e->states[head];
+    int32_t *r0 = malloc(2 * (h.n + 1) * sizeof *r0);
+    int32_t *chain = malloc((CHAIN_MAX + 1) * sizeof *chain);
+    if (!r0 || !chain) {
+        free(r0), free(chain);
+        return;
+    }
+    int32_t *r1 = r0 + h.n + 1;
+    uint32_t n0, n1;
+    bool empty;
+    unsigned first = 0;
+    while (!((sl->ascii[first >> 6] >> (first & 63)) & 1))
+        first++;
+    if (!chain_split(e, head, sl->ascii, sl->mb, r0, &n0, &empty) || empty) {
+        free(r0), free(chain);
+        return;
+    }
+    int len = 0;
+    bool ended = false;
+    chain[0] = head;
+    while (len < CHAIN_MAX) {
+        int32_t next = step(e, chain[len], first);
+        e->error = 0;
+        if (next < 0 || next == chain[len])
+            break;   /* a loop is no chain (its mask is one state's anyway) */
+        gstate ns = e->states[next];
+        if (ns.n > h.n + 1 || !chain_split(e, next, sl->ascii, sl->mb, r1, &n1, &empty) || n1 != n0 ||
+            memcmp(r0, r1, n0 * sizeof *r0))
+            break;
+        chain[++len] = next;
+        if (empty) {
+            ended = true;
+            break;
+        }
+    }
+    /* without a known end, only the states from which no token reaches
+     * past the part seen */
+    int upto = ended ? len : len - 1 - sl->max_pre;
+    for (int j = 1; j <= upto; j++) {
+        gstate *c = &e->states[chain[j]];
+        if (c->chain_head >= 0)
+            continue;
+        c->chain_head = head;
+        c->chain_slice = (int8_t)k;
+        c->chain_room = ended ? (uint16_t)(len - j) : CHAIN_ANY;
+    }
+    if (upto > 0) {
+        gstate *c = &e->states[head];
+        c->chain_head = head;
+        c->chain_slice = (int8_t)k;
+        c->chain_room = ended ? (uint16_t)len : CHAIN_ANY;
+    }
+    free(r0), free(chain);
+}
+
+/* The mask of chain state sid from a cached one of its chain (the head, or
+ * the last state derived, when it has room for at least as much): 0, or -1
+ * when none is cached. */
+static int derive_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
+{
+    gstate s = e->states[sid];
+    int32_t hd = s.chain_head;
+    int32_t src = e->states[hd].chain_last;
+    if (src < 0 || !e->states[src].mask || e->states[src].chain_head != hd || e->states[src].chain_room < s.chain_room)
+        src = hd;
+    if (!e->states[src].mask)
+        return -1;
+    size_t words = tp_gmask_words(e->v->n);
+    memcpy(mask, e->states[src].mask, words * sizeof *mask);
+    unsigned from = s.chain_room, to = e->states[src].chain_room;
+    if (from != CHAIN_ANY && from < to) {
+        const gslice *sl = &e->v->sc->s[s.chain_slice];
+        for (uint32_t i = sl->pre_off[from + 1]; i < sl->pre_off[to + 1 < PRE_MORE + 1 ? to + 1 : PRE_MORE + 1]; i++) {
+            int32_t t = sl->by_pre[i];
+            mask[t >> 6] &= ~(1ull << (t & 63));
+        }
+    }
+    e->states[hd].chain_last = sid;
+    return 0;
+}
+
 /* The token mask of state sid, by one preorder walk of the trie. */
 static int build_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
 {
@@ -970,6 +1230,8 @@ static int build_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
     }
     if (e->states[sid].tok)
         token_tops_mask(e, sid, mask);
+    if (sl)
+        register_chain(e, sid, (int)(sl - e->v->sc->s), sl);
     return 0;
 }
 
@@ -1017,7 +1279,9 @@ int tp_gmatch_mask(tp_gmatch *m, uint64_t *mask, tp_err *err)
         memcpy(mask, s->mask, words * sizeof *mask);
         return 0;
     }
-    int rc = build_mask(e, m->state, mask);
+    int rc = s->chain_head >= 0 && s->chain_head != m->state && !derive_mask(e, m->state, mask)
+                 ? 0
+                 : build_mask(e, m->state, mask);
     if (rc) {
         e->error = 0;
         return tp_err_set(err, rc, rc == TP_ERANGE ? "grammar: the parser state limit was reached "
@@ -1035,9 +1299,9 @@ int tp_gmatch_mask(tp_gmatch *m, uint64_t *mask, tp_err *err)
     return 0;
 }
 
-void tp_grammar_apply_mask(const uint64_t *mask, const float *logits, float *out, int vocab)
+static void apply_words(const uint64_t *mask, const float *logits, float *out, int vocab, int w0)
 {
-    for (int w = 0; w * 64 < vocab; w++) {
+    for (int w = w0; w * 64 < vocab; w++) {
         uint64_t m = mask[w];
         int base = w * 64, n = vocab - base < 64 ? vocab - base : 64;
         if (m == ~0ull && n == 64) {
@@ -1047,6 +1311,39 @@ void tp_grammar_apply_mask(const uint64_t *mask, const float *logits, float *out
         for (int k = 0; k < n; k++)
             out[base + k] = (m >> k) & 1 ? logits[base + k] : -INFINITY;
     }
+}
+
+/* Eight lanes at a time: a 151k-token row is rewritten for every
+ * constrained token, so this is most of what a warm mask costs. */
+__attribute__((target("avx2"))) static void apply_avx2(const uint64_t *mask, const float *logits, float *out,
+                                                       int vocab)
+{
+    const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    int full = vocab / 64;
+    for (int w = 0; w < full; w++) {
+        uint64_t m = mask[w];
+        const float *l = logits + (size_t)w * 64;
+        float *o = out + (size_t)w * 64;
+        if (m == ~0ull) {
+            memcpy(o, l, 64 * sizeof *o);
+            continue;
+        }
+        for (int g = 0; g < 8; g++) {
+            __m256i b = _mm256_set1_epi32((int)((m >> (8 * g)) & 0xFF));
+            __m256 sel = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, bits), bits));
+            _mm256_storeu_ps(o + 8 * g, _mm256_blendv_ps(ninf, _mm256_loadu_ps(l + 8 * g), sel));
+        }
+    }
+    apply_words(mask, logits, out, vocab, full);
+}
+
+void tp_grammar_apply_mask(const uint64_t *mask, const float *logits, float *out, int vocab)
+{
+    if (__builtin_cpu_supports("avx2"))
+        apply_avx2(mask, logits, out, vocab);
+    else
+        apply_words(mask, logits, out, vocab, 0);
 }
 
 /* The state after bytes b[0, n) from sid; DEAD if refused. */
@@ -1145,6 +1442,8 @@ bool tp_gmatch_accepting(const tp_gmatch *m) { return m->finished || m->e->state
 bool tp_gmatch_done(const tp_gmatch *m) { return m->finished || m->e->states[m->state].done; }
 
 size_t tp_gmatch_n_accepted(const tp_gmatch *m) { return m->n_accepted; }
+
+size_t tp_gmatch_memory(const tp_gmatch *m) { return sizeof *m; }
 
 bool tp_gmatch_complete(const tp_gmatch *m, const uint8_t *text, size_t len, bool cut)
 {
