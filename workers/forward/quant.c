@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -571,9 +572,18 @@ static bool have_f16c(void)
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
+/* Asked once: tp_qmatmul_rows asks on every row range, and CPUID traps to
+ * the hypervisor in a VM (about 10 us on a KVM Zen 3 guest: at 2 threads,
+ * hundreds of ranges a token cost more than the second thread saved). */
 static bool have_avx2(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && have_f16c();
+    static _Atomic int known = -1; /* the CPU does not change under us */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k < 0) {
+        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && have_f16c();
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k;
 }
 
 bool tp_quant_have_simd(void) { return tp_quant_have_avx512() || have_avx2(); }
