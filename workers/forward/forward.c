@@ -1115,6 +1115,57 @@ static void attend_scalar(int hs, int pos, const float *qh, const float *const *
     }
 }
 
+/* attend_scalar with AVX2, for CPUs without AVX-512: every score and
+ * output element takes the same IEEE operations in the same order (a
+ * product, then a sum, never fused), lanes being positions for the scores
+ * (a key block holds an element of 16 positions side by side) and
+ * elements for the weighted sum, so the bits are the scalar path's. */
+__attribute__((target("avx2"))) static void attend_avx2(int hs, int pos, const float *qh, const float *const *kb,
+                                                       const float *const *vb, float *oh, float *att)
+{
+    int n = pos + 1;
+    __m256 sc = _mm256_set1_ps(sqrtf((float)hs));
+    /* A block's positions past pos hold whatever the page holds: computed,
+     * never stored. */
+    for (int t0 = 0; t0 < n; t0 += TP_KV_PAGE) {
+        const float *k = kb[t0 / TP_KV_PAGE];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        for (int i = 0; i < hs; i++) {
+            __m256 q = _mm256_set1_ps(qh[i]);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(q, _mm256_loadu_ps(k + (size_t)i * TP_KV_PAGE)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(q, _mm256_loadu_ps(k + (size_t)i * TP_KV_PAGE + 8)));
+        }
+        float s[TP_KV_PAGE];
+        _mm256_storeu_ps(s, _mm256_div_ps(a0, sc));
+        _mm256_storeu_ps(s + 8, _mm256_div_ps(a1, sc));
+        int m = n - t0 < TP_KV_PAGE ? n - t0 : TP_KV_PAGE;
+        memcpy(att + t0, s, (size_t)m * sizeof(float));
+    }
+    softmax(att, n);
+    int i0 = 0;
+    for (; i0 + 32 <= hs; i0 += 32) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        for (int t = 0; t < n; t++) {
+            const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs + i0;
+            __m256 a = _mm256_set1_ps(att[t]);
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(a, _mm256_loadu_ps(v)));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(a, _mm256_loadu_ps(v + 8)));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(a, _mm256_loadu_ps(v + 16)));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(a, _mm256_loadu_ps(v + 24)));
+        }
+        _mm256_storeu_ps(oh + i0, o0);
+        _mm256_storeu_ps(oh + i0 + 8, o1);
+        _mm256_storeu_ps(oh + i0 + 16, o2);
+        _mm256_storeu_ps(oh + i0 + 24, o3);
+    }
+    for (int i = i0; i < hs; i++) {
+        float o = 0.0f;
+        for (int t = 0; t < n; t++)
+            o += att[t] * vb[t / TP_KV_PAGE][(size_t)(t % TP_KV_PAGE) * hs + i];
+        oh[i] = o;
+    }
+}
+
 /* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
  * FMA chains, masked at the end): each score is one FMA chain over the
  * head's elements from 0, then divided by scale. kb[t / 16] is the head's
@@ -1209,6 +1260,8 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
         scores(att, qh, (const float *const *)kb, hs, n, scale);
         softmax(att, n);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
+    } else if (f->simd) {
+        attend_avx2(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
     } else {
         attend_scalar(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
     }
