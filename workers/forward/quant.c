@@ -117,6 +117,8 @@ void tp_qact_free(tp_qact *a)
     memset(a, 0, sizeof *a);
 }
 
+static bool have_avx2(void);
+
 /* Block b's scale d and sums of its two halves' quants h into the arrays
  * tp_qact keeps (both paths below). */
 static inline void block_stats(int b, float d, const int32_t h[2], float *dx, float *sum, int32_t *nsum32,
@@ -185,16 +187,65 @@ quantize_act_row_avx512(const float *x, int cols, int8_t *q, float *dx, float *s
     }
 }
 
-void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+/* quantize_act_row with AVX2 (the same operations per element as the
+ * AVX-512 one above, 8 lanes at a time): the same bits. */
+__attribute__((target("avx2"))) static void quantize_act_row_avx2(const float *x, int cols, int8_t *q, float *dx,
+                                                                 float *sum, int32_t *nsum32, int32_t *nsum16)
 {
-    static int avx = -1; /* the CPU does not change under us */
-    if (avx < 0)
-        avx = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, avx);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    /* packs interleave 128-bit lanes: this puts the 32 quants back in order */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < cols / 32; b++) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+            /* max_ps(a, m) is a > m ? a : m: a NaN is skipped as in the scalar loop */
+            m = _mm256_max_ps(_mm256_and_ps(v[k], absmask), m);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i qi[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256i ok = _mm256_castps_si256(_mm256_cmp_ps(r, r, _CMP_ORD_Q));
+            qi[k] = _mm256_and_si256(_mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi)), ok);
+        }
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_permutevar8x32_epi32(p, order));
+        int32_t h[2];
+        for (int k = 0; k < 2; k++) {
+            __m256i s8 = _mm256_add_epi32(qi[2 * k], qi[2 * k + 1]);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            h[k] = _mm_cvtsi128_si32(s4);
+        }
+        block_stats(b, d, h, dx, sum, nsum32, nsum16);
+    }
 }
 
-void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, bool avx512)
+void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
 {
+    static _Atomic int path = -1; /* the CPU does not change under us */
+    int p = atomic_load_explicit(&path, memory_order_relaxed);
+    if (p < 0) {
+        p = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? QACT_AVX512
+            : have_avx2()                                                             ? QACT_AVX2
+                                                                                      : QACT_SCALAR;
+        atomic_store_explicit(&path, p, memory_order_relaxed);
+    }
+    tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, p);
+}
+
+void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path)
+{
+    void (*row)(const float *, int, int8_t *, float *, float *, int32_t *, int32_t *) =
+        path == QACT_AVX512 ? quantize_act_row_avx512 : path == QACT_AVX2 ? quantize_act_row_avx2 : quantize_act_row;
     a->n_tok = n_tok;
     a->cols = cols;
     a->x = x;
@@ -204,7 +255,7 @@ void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, i
         return;
     size_t nb = (size_t)cols / 32;
     for (int t = 0; t < n_tok; t++)
-        (avx512 ? quantize_act_row_avx512 : quantize_act_row)(x + (size_t)t * (size_t)ldx, cols,
+        row(x + (size_t)t * (size_t)ldx, cols,
                                                               a->q + (size_t)t * (size_t)cols, a->dx + t * nb,
                                                               a->sum + t * nb, a->nsum32 + t * nb,
                                                               a->nsum16 + t * 2 * nb);
