@@ -38,6 +38,8 @@
 /* What one SwiGLU element (an expf and a division) costs, in
  * multiply-adds of a matmul, for the same threshold. */
 #define SWIGLU_MACS 16
+/* PART_MIN_MACS over this for work between matmuls (parts_between). */
+#define HELD_PART_DIV 16
 /* What a multiply-add of the VNNI panel kernels costs in f32 ones, for
  * PART_MIN_MACS (bench_quant: 3-8x F32 at decode, 2-2.5x batched). Split
  * as f32, 2 threads decoded 110M Q8_0 at 171 tok/s against 184 on one:
@@ -756,6 +758,20 @@ static int parts_for(const tp_forward *f, double macs)
     return p >= n ? n : p < 1 ? 1 : (int)p;
 }
 
+/* The same for the work between two matmuls of a step (attention,
+ * SwiGLU): the helpers are still spinning from the matmul before
+ * (tp_pool_hold), so a part costs a cache line or two, not a wake-up.
+ * Left on the calling thread, that work is what the others wait for: at
+ * batch 1 it was a tenth of a 110M Q8_0 step, which caps 2 threads at
+ * 1.8x and 16 at 7x. */
+static int parts_between(const tp_forward *f, double macs)
+{
+    long long min = f->part_min / HELD_PART_DIV;
+    double p = macs / (double)(min < 1 ? 1 : min);
+    int n = tp_forward_threads(f);
+    return p >= n ? n : p < 1 ? 1 : (int)p;
+}
+
 typedef struct mm_job {
     const tp_packed *w;
     const float *x;
@@ -1378,11 +1394,11 @@ static void attention_block(tp_forward *f, int l, int T)
         rope(f, k, c->kv_dim, s->tok_pos[t]);
         store_kv(f, l, s->tok_slot[t], s->tok_pos[t], k, v);
     }
-    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head */
+    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head, and an expf */
     for (int t = 0; t < T; t++)
-        macs += 2.0 * (s->tok_pos[t] + 1) * c->head_size * c->n_heads;
+        macs += (2.0 * c->head_size + SWIGLU_MACS) * (s->tok_pos[t] + 1) * c->n_heads;
     att_job aj = {f, l};
-    tp_pool_run(f->pool, T * c->n_heads, 1, parts_for(f, macs), attend_units, &aj);
+    tp_pool_run(f->pool, T * c->n_heads, 1, parts_between(f, macs), attend_units, &aj);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj,
                  c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
@@ -1422,7 +1438,7 @@ static void ffn_block(tp_forward *f, int l, int T)
     /* SwiGLU, packed [T][hidden] into proj: an expf per element, a share of
      * a batched step big enough to split too (elementwise: same bits) */
     swiglu_job sj = {s->h13, s->proj, h};
-    tp_pool_run(f->pool, T * (int)h, 64, parts_for(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range, &sj);
+    tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range, &sj);
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
                  c->dim);
