@@ -308,33 +308,27 @@ int main(int argc, char **argv)
         }
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
-    printf("%s batch-1 decode, %s, %d CPUs, load average %.2f -> %.2f; wall clock, median of %d x %d tokens\n",
-           shape, cpu, ncpu, load0, loadavg(), SAMPLES, tokens);
-    printf("  weights read per token (MB):");
-    for (size_t i = 0; i < ne; i++)
-        printf(" %s %.0f", e[i].type, e[i].bytes / 1e6);
-    printf("\n  %7s %10s", "threads", "probe GB/s");
-    for (size_t i = 0; i < ne; i++)
-        printf(" | %-6s tok/s  GB/s  /probe", e[i].type);
-    printf("\n");
-    double tps1[NT];
-    for (int c = 0; c < nc; c++) {
-        double pg = bench_median(probe[c], SAMPLES);
-        printf("  %7d %10.1f", counts[c], pg);
-        for (size_t i = 0; i < ne; i++) {
-            double t = bench_median(tps[c][i], SAMPLES), g = t * e[i].bytes / 1e9;
-            if (c == 0)
-                tps1[i] = t;
-            printf(" | %12.1f %5.1f %6.2f", t, g, g / pg);
-        }
-        printf("\n");
-    }
-    printf("  speed-up over %d thread(s):", counts[0]);
+    printf("%s batch-1 decode, %s, %d CPUs, load average %.2f -> %.2f\n"
+           "  wall clock, %d samples of %d tokens per cell (median; best in brackets); GB/s: tok/s x the weights\n"
+           "  a token reads; /probe: that over the DRAM read probe at the same thread count (median of its %d)\n",
+           shape, cpu, ncpu, load0, loadavg(), SAMPLES, tokens, SAMPLES);
+    printf("  %-7s %8s %7s %17s %7s %7s %8s\n", "type", "MB/token", "threads", "tok/s", "GB/s", "/probe", "speed-up");
     for (size_t i = 0; i < ne; i++) {
-        printf(" %s", e[i].type);
-        for (int c = 1; c < nc; c++)
-            printf(" %.2fx", bench_median(tps[c][i], SAMPLES) / tps1[i]);
+        double t1 = bench_median(tps[0][i], SAMPLES);
+        for (int c = 0; c < nc; c++) {
+            double t = bench_median(tps[c][i], SAMPLES), best = 0, g = t * e[i].bytes / 1e9;
+            for (int k = 0; k < SAMPLES; k++)
+                best = tps[c][i][k] > best ? tps[c][i][k] : best;
+            char mb[16] = "";
+            if (!c)
+                snprintf(mb, sizeof mb, "%.0f", e[i].bytes / 1e6);
+            printf("  %-7s %8s %7d %7.1f (%7.1f) %7.1f %7.2f %7.2fx\n", c ? "" : e[i].type, mb, counts[c], t, best, g,
+                   g / bench_median(probe[c], SAMPLES), t / t1);
+        }
     }
+    printf("  DRAM read probe (GB/s):");
+    for (int c = 0; c < nc; c++)
+        printf(" %d thread%s %.1f", counts[c], counts[c] > 1 ? "s" : "", bench_median(probe[c], SAMPLES));
     printf("\n");
     for (size_t i = 0; i < ne; i++) {
         tp_forward_free(e[i].f);
