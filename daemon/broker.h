@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include "tokpipe/config.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/toolcall.h"
@@ -259,6 +260,9 @@ void info_reply(broker *b, uint64_t req, tp_msg *r);
 /* The tool-call syntax of the model's chat template, as a tokenize worker's
  * READY said (TP_TC_NONE while none did). */
 tp_tc_family info_tool_family(const broker *b);
+/* The model's vocabulary as grammar token references see it: its size and
+ * the special tokens INFO lists, by text (for admission). */
+void info_gnames(const broker *b, tp_gnames *out);
 void info_free(broker *b);
 
 int spawn_init(broker *b, tp_err *err);

@@ -335,9 +335,11 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     verdict v = {0};
     char *gbnf = NULL, gfield[64];
     tp_err ge;
+    tp_gnames gn;
+    info_gnames(b, &gn);
     if (check_submit(b, s, &v) &&
-        ((s->tools.ptr && grammar_admit_tools(b->cfg, info_tool_family(b), s, &gbnf, gfield, sizeof gfield, &ge)) ||
-         (!gbnf && grammar_admit(b->cfg, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
+        ((s->tools.ptr && grammar_admit_tools(b->cfg, &gn, info_tool_family(b), s, &gbnf, gfield, sizeof gfield, &ge)) ||
+         (!gbnf && grammar_admit(b->cfg, &gn, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
         bad(&v, ge.code == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, gfield, "%s", ge.msg);
     if (v.status) {
         b->stats.jobs_rejected++;

@@ -16,18 +16,22 @@ static void schema_opts(const tp_config *c, tp_jschema_opts *o)
     o->max_gbnf_bytes = (size_t)c->grammar_max_bytes;
 }
 
-/* Compile once so that a grammar past the engine's limits is refused now. */
-static int compile_check(const tp_config *c, const char *gbnf, tp_err *e)
+/* Compile once so that a grammar past the engine's limits, or naming a
+ * token the model lacks, is refused now (never at generation). */
+static int compile_check(const tp_config *c, const tp_gnames *names, const char *gbnf, tp_err *e)
 {
     tp_grammar_limits gl;
     tp_config_grammar_limits(c, &gl, NULL);
     tp_grammar *g = NULL;
     int rc = tp_grammar_compile(gbnf, strlen(gbnf), &gl, &g, e);
+    if (!rc && tp_grammar_n_token_refs(g))
+        rc = tp_grammar_check_tokens(g, names, NULL, e);
     tp_grammar_free(g);
     return rc;
 }
 
-int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *field, size_t cap, tp_err *err)
+int grammar_admit(const tp_config *c, const tp_gnames *names, const tp_params *p, char **gbnf, char *field,
+                  size_t cap, tp_err *err)
 {
     *gbnf = NULL;
     const char *key = NULL;
@@ -51,7 +55,7 @@ int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *fie
     } else
         return 0;
     if (!rc)
-        rc = compile_check(c, *gbnf, &e);
+        rc = compile_check(c, names, *gbnf, &e);
     if (rc) {
         free(*gbnf);
         *gbnf = NULL;
@@ -67,8 +71,8 @@ static bool str_is(tp_str s, const char *lit)
     return s.ptr && s.len == strlen(lit) && !memcmp(s.ptr, lit, s.len);
 }
 
-int grammar_admit_tools(const tp_config *c, tp_tc_family f, const tp_m_submit *s, char **gbnf, char *field,
-                        size_t cap, tp_err *err)
+int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, const tp_m_submit *s,
+                        char **gbnf, char *field, size_t cap, tp_err *err)
 {
     *gbnf = NULL;
     bool named = str_is(s->tool_choice, "function");
@@ -90,7 +94,7 @@ int grammar_admit_tools(const tp_config *c, tp_tc_family f, const tp_m_submit *s
     tp_jschema_opts o;
     schema_opts(c, &o);
     int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, &o, gbnf, &e);
-    if (!rc && (rc = compile_check(c, *gbnf, &e)) != 0) {
+    if (!rc && (rc = compile_check(c, names, *gbnf, &e)) != 0) {
         free(*gbnf);
         *gbnf = NULL;
     }

@@ -5,6 +5,7 @@
 
 #include "tokpipe/config.h"
 #include "tokpipe/error.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/protocol.h"
 #include "tokpipe/toolcall.h"
 
@@ -12,10 +13,13 @@
  * *gbnf gets the GBNF text the sample stage will apply (json_schema and
  * json_mode compiled to GBNF here), malloc'd, caller frees; the text is
  * compiled once with the engine, under c's grammar.* limits, so a bad
- * schema or grammar is refused now, before any token. No constraint: 0
+ * schema or grammar is refused now, before any token; its token
+ * references (<|name|>, <[id]>) must resolve against names (the model's
+ * vocabulary size and the special tokens INFO lists). No constraint: 0
  * and *gbnf NULL. Failure: TP_EINVAL/TP_ERANGE, err says what is wrong and
  * field (cap bytes) names the key, e.g. "params.json_schema". */
-int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *field, size_t cap, tp_err *err);
+int grammar_admit(const tp_config *c, const tp_gnames *names, const tp_params *p, char **gbnf, char *field,
+                  size_t cap, tp_err *err);
 
 /* tool_choice "required" / "function" of SUBMIT s: *gbnf the grammar of a
  * call (of tool_choice_name only, for "function") in syntax f, compiled
@@ -23,7 +27,7 @@ int grammar_admit(const tp_config *c, const tp_params *p, char **gbnf, char *fie
  * job, a syntax that cannot be enforced, an unknown name or a schema the
  * compiler refuses: TP_EINVAL naming it, field set. Other tool_choice: 0,
  * *gbnf NULL. */
-int grammar_admit_tools(const tp_config *c, tp_tc_family f, const tp_m_submit *s, char **gbnf, char *field,
-                        size_t cap, tp_err *err);
+int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, const tp_m_submit *s,
+                        char **gbnf, char *field, size_t cap, tp_err *err);
 
 #endif

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "broker.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/sampler.h"
 #include "tokpipe/toolcall.h"
 
@@ -97,6 +98,21 @@ void info_on_ready(broker *b, const tp_m_ready *r)
 tp_tc_family info_tool_family(const broker *b)
 {
     return b->info ? b->info->tool_family : TP_TC_NONE;
+}
+
+static int find_special(void *ctx, const char *text, size_t len)
+{
+    const struct binfo *in = ctx;
+    for (size_t i = 0; in && i < in->n_special; i++)
+        if (in->pieces[i].len == len && !memcmp(in->pieces[i].ptr, text, len))
+            return in->special[i];
+    return -1;
+}
+
+void info_gnames(const broker *b, tp_gnames *out)
+{
+    const bworker *m = registry_model(b);
+    *out = (tp_gnames){m ? (int)m->vocab : 0, find_special, b->info};
 }
 
 static uint32_t u32_of(int v)

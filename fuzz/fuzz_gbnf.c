@@ -1,11 +1,13 @@
 /* libFuzzer target for the GBNF compiler and, on what compiles, the
  * runtime: any bytes as grammar text, under small limits (so a case costs
  * milliseconds, as the broker's limits bound a real one). A compiled
- * grammar then gets a matcher over a 256-byte vocabulary plus an EOS, and
+ * grammar then gets a matcher over a 256-byte vocabulary plus an EOS and
+ * two named control tokens (257 <|a|>, 258 [B], for token references), and
  * a walk of masks and accepts driven by the input's own bytes. Checks,
  * beyond the sanitizers: an error always has a message, the printed
  * grammar compiles again, each mask agrees with tp_gmatch_allows, every
- * allowed token is accepted, and EOS is allowed exactly when accepting. */
+ * allowed token is accepted, and EOS is allowed exactly when accepting
+ * (or, with token references, whenever accepting). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "tokpipe/grammar.h"
 
+#define N_TOK 259
 static tp_gvocab *vocab;   /* built once; the fuzzer's process is its main */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -20,17 +23,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     static uint8_t bytes[256];
-    const uint8_t *b[257];
-    size_t l[257];
+    const uint8_t *b[N_TOK];
+    size_t l[N_TOK];
     for (int i = 0; i < 256; i++) {
         bytes[i] = (uint8_t)i;
         b[i] = &bytes[i];
         l[i] = 1;
     }
-    b[256] = NULL;
-    l[256] = 0;
+    for (int i = 256; i < N_TOK; i++)
+        b[i] = NULL, l[i] = 0;
     int eos = 256;
-    if (tp_gvocab_new(257, b, l, &eos, 1, &vocab, NULL))
+    const int ids[] = {257, 258};
+    const char *names[] = {"<|a|>", "[B]"};
+    const size_t lens[] = {5, 3};
+    if (tp_gvocab_new(N_TOK, b, l, &eos, 1, &vocab, NULL) || tp_gvocab_name_tokens(vocab, 2, ids, names, lens, NULL))
         abort();
     return 0;
 }
@@ -73,13 +79,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (tp_gmatch_mask(m, mask, &err))
                 break;
             int n = 0;
-            for (int t = 0; t < 257; t++) {
+            for (int t = 0; t < N_TOK; t++) {
                 bool bit = (mask[t / 64] >> (t % 64)) & 1;
                 if (bit != tp_gmatch_allows(m, t))
                     abort();
                 n += bit;
             }
-            if (((mask[4] & 1) != 0) != tp_gmatch_accepting(m))
+            bool eos = (mask[4] & 1) != 0;
+            if (tp_grammar_n_token_refs(g) ? tp_gmatch_accepting(m) && !eos : eos != tp_gmatch_accepting(m))
                 abort();
             if (!n)
                 break;

@@ -202,7 +202,11 @@ class Constrained(object):
                  ({"grammar": "root ::= root \"a\""}, "params.grammar", "left recursion"),
                  ({"grammar": RECORD, "json_mode": True}, "params.json_mode", "grammar and json_mode"),
                  ({"grammar": RECORD, "json_schema": "{}"}, "params.json_schema", "grammar and json_schema"),
-                 ({"json_schema": "{not json"}, "params.json_schema", "json_schema")]
+                 ({"json_schema": "{not json"}, "params.json_schema", "json_schema"),
+                 # token references resolve against the model's vocabulary at admission
+                 ({"grammar": 'root ::= "a" <|python_tag|>'}, "params.grammar",
+                  "line 1 col 14: token <|python_tag|> is not a special token of the model's vocabulary"),
+                 ({"grammar": 'root ::= !<[512]>'}, "params.grammar", "token <[512]> is outside the vocabulary")]
         for params, field, words in cases:
             _, ack = self.d.send(dict(params, max_tokens=4))
             self.assertEqual(ack["status"], 400, (params, ack))
@@ -310,6 +314,22 @@ class RealVocabulary(unittest.TestCase):
                     self.assertEqual(ack["status"], 200, ack)
                     self.assertEqual(ids, r["tokens"])
                     self.assertEqual(fin["grammar_complete"], True)
+                # <think> and </think> are single tokens of the vocabulary: the
+                # grammar names them and the output holds those ids
+                think = 'root ::= <think> [a-z ]{1,30} </think> "\\n" "ok"\n'
+                ack, ids, text, fin = d.submit({"grammar": think, "seed": 4, "temperature": 1.0, "max_tokens": 80},
+                                               prompt="Hi")
+                self.assertEqual(ack["status"], 200, ack)
+                self.assertEqual((ids[0], fin["grammar_complete"]), (151667, True), (ids, text))
+                self.assertIn(151668, ids)
+                self.assertTrue(re.fullmatch(r"<think>[a-z ]{1,30}</think>\nok", text), text)
+                tfile = write(tmp, "think.gbnf", think)
+                ref = run_json(model, None, "--prompt", "Hi", "--grammar", tfile, "--seed", "4", "--temperature",
+                               "1.0", "--max-tokens", "80")[0]
+                self.assertEqual(ids, ref["tokens"])
+                _, ack = d.send({"grammar": 'root ::= <|python_tag|>', "max_tokens": 4}, prompt="Hi")
+                self.assertEqual((ack["status"], ack["field"]), (400, "params.grammar"), ack)
+                self.assertIn("token <|python_tag|> is not a special token", ack["error"])
             finally:
                 d.stop()
 

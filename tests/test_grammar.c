@@ -177,7 +177,12 @@ static void malformed_grammars_are_refused_naming_the_problem(void **state)
         {"::= \"a\"", "expected a rule name"},
         {"root ::= [z-a]", "out of order"},
         {"root ::= []", "empty character class"},
-        {"root ::= <|im_end|>", "not supported"},
+        {"root ::= <[x]>", "expected a token id in <[id]>"},
+        {"root ::= <[12>", "expected ]> after the token id"},
+        {"root ::= <|im_end|", "line 1 col 10: unterminated token reference"},
+        {"root ::= <\"\">", "empty token text"},
+        {"root ::= <\"ab>", "unterminated token text"},
+        {"root ::= ! <|x|>", "unexpected character"},
         {"root ::= \"a\"\n\n  x ::= y", "line 3 col 9: undefined rule y"},
         {"root ::= \"\xff\"", "invalid UTF-8"},
     };
@@ -477,6 +482,292 @@ static void partial_utf8_control_tokens_and_eos(void **state)
     tp_gvocab_free(v);
 }
 
+/* ---- token references ---- */
+
+typedef struct vocab_file {
+    tp_tokenizer *tok;
+    tp_gvocab *v;
+    int eog[16];
+    int n_eog;
+} vocab_file;
+
+static void open_vocab(const char *file, vocab_file *f)
+{
+    char path[4096];
+    tp_err err;
+    if (tp_tokenizer_open(model_path(file, path, sizeof path), 0, &f->tok, &err))
+        fail_msg("%s: %s", file, err.msg);
+    const int32_t *eog32;
+    f->n_eog = tp_tokenizer_eog_ids(f->tok, &eog32);
+    for (int i = 0; i < f->n_eog && i < 16; i++)
+        f->eog[i] = eog32[i];
+    if (tp_gvocab_from_tokenizer(f->tok, f->eog, f->n_eog, &f->v, &err))
+        fail_msg("vocab: %s", err.msg);
+}
+
+static void close_vocab(vocab_file *f)
+{
+    tp_gvocab_free(f->v);
+    tp_tokenizer_free(f->tok);
+}
+
+/* The one id text encodes to (specials matched), failing if it is not one. */
+static int one_token(const vocab_file *f, const char *text)
+{
+    int ids[64];
+    size_t n;
+    tp_err err;
+    if (tp_tokenizer_encode_ex(f->tok, text, strlen(text), TP_ENCODE_SPECIAL, ids, 64, &n, &err) || n != 1)
+        fail_msg("'%s' is not one token", text);
+    return ids[0];
+}
+
+/* The allowed ids of m's mask (at most cap), checking every bit against
+ * tp_gmatch_allows on the way; returns how many are allowed. */
+static int allowed(tp_gmatch *m, const tp_gvocab *v, int *ids, int cap)
+{
+    int n = tp_gvocab_size(v), k = 0;
+    uint64_t *mask = malloc(tp_gmask_words(n) * 8);
+    tp_err err;
+    if (tp_gmatch_mask(m, mask, &err))
+        fail_msg("mask: %s", err.msg);
+    for (int t = 0; t < n; t++) {
+        bool bit = (mask[t / 64] >> (t % 64)) & 1;
+        if (bit != tp_gmatch_allows(m, t))
+            fail_msg("token %d: mask %d, tp_gmatch_allows %d", t, bit, !bit);
+        if (bit && k < cap)
+            ids[k] = t;
+        k += bit;
+    }
+    free(mask);
+    return k;
+}
+
+static tp_gmatch *matcher_on(const char *gbnf, const tp_gvocab *v, tp_grammar **g, tp_gengine **e)
+{
+    tp_err err;
+    tp_gmatch *m;
+    *g = compile_ok(gbnf);
+    if (tp_gengine_new(*g, v, NULL, e, &err))
+        fail_msg("%s: %s", gbnf, err.msg);
+    assert_int_equal(tp_gmatch_new(*e, &m, &err), 0);
+    return m;
+}
+
+/* Llama 3's header markers are control tokens: the grammar names them, and
+ * there only they are allowed — not the same characters spelt by text
+ * tokens; elsewhere no control token is. <|eot_id|> ends generation, and
+ * named it is allowed before the grammar accepts. */
+static void control_tokens_named_by_text_on_llama3(void **state)
+{
+    (void)state;
+    vocab_file f;
+    open_vocab("hf-vocab/llama3-vocab.gguf", &f);
+    int sh = one_token(&f, "<|start_header_id|>"), eh = one_token(&f, "<|end_header_id|>");
+    int eot = one_token(&f, "<|eot_id|>"), lt = one_token(&f, "<");
+    assert_int_equal(tp_tokenizer_token_type(f.tok, sh), TP_TOKEN_CONTROL);
+    assert_int_equal(tp_tokenizer_token_type(f.tok, eot), TP_TOKEN_CONTROL);
+    assert_true(tp_gvocab_is_eog(f.v, eot));
+    tp_grammar *g;
+    tp_gengine *e;
+    tp_gmatch *m = matcher_on("root ::= <|start_header_id|> \"assistant\" <|end_header_id|> \"\\n\\n\" [a-z]+ "
+                              "<|eot_id|>", f.v, &g, &e);
+    int ids[8];
+    tp_err err;
+    assert_int_equal(allowed(m, f.v, ids, 8), 1);
+    assert_int_equal(ids[0], sh);
+    assert_int_equal(tp_gmatch_accept(m, lt, &err), TP_EINVAL);   /* "<" spelt in text does not start the token */
+    assert_int_equal(tp_gmatch_accept(m, sh, &err), 0);
+    assert_int_equal(tp_gmatch_accept(m, one_token(&f, "assistant"), &err), 0);
+    assert_int_equal(allowed(m, f.v, ids, 8), 1);
+    assert_int_equal(ids[0], eh);
+    assert_int_equal(tp_gmatch_accept(m, eh, &err), 0);
+    assert_int_equal(tp_gmatch_accept_bytes(m, (const uint8_t *)"\n\nok", 4, &err), 0);
+    int n = allowed(m, f.v, ids, 8);
+    assert_true(n > 100);   /* lowercase words and the named end, no other control token */
+    assert_true(tp_gmatch_allows(m, eot));
+    assert_false(tp_gmatch_allows(m, sh));
+    assert_false(tp_gmatch_allows(m, one_token(&f, "<|end_of_text|>")));
+    assert_false(tp_gmatch_accepting(m));
+    assert_int_equal(tp_gmatch_accept(m, eot, &err), 0);
+    assert_true(tp_gmatch_accepting(m));
+    assert_true(tp_gmatch_done(m));
+    tp_gmatch_free(m);
+    tp_gengine_free(e);
+    tp_grammar_free(g);
+    /* by id, and a name the vocabulary lacks is refused when bound to it */
+    m = matcher_on("root ::= <[128006]> \"x\"", f.v, &g, &e);
+    assert_int_equal(allowed(m, f.v, ids, 8), 1);
+    assert_int_equal(ids[0], sh);
+    tp_gmatch_free(m);
+    tp_gengine_free(e);
+    tp_grammar_free(g);
+    g = compile_ok("root ::= \"a\" |\n  <|python_tag|> \"{\"");
+    assert_int_equal(tp_gengine_new(g, f.v, NULL, &e, &err), TP_EINVAL);
+    assert_non_null(strstr(err.msg, "line 2 col 3: token <|python_tag|> is not a special token"));
+    tp_grammar_free(g);
+    g = compile_ok("root ::= <[128256]>");
+    assert_int_equal(tp_gengine_new(g, f.v, NULL, &e, &err), TP_EINVAL);
+    assert_non_null(strstr(err.msg, "token <[128256]> is outside the vocabulary (128256 tokens)"));
+    tp_grammar_free(g);
+    close_vocab(&f);
+}
+
+/* Qwen3's <think> / </think> are user-defined tokens that have text:
+ * !</think> takes any one token with text but </think> (a text token or
+ * <think> itself), never a control token nor an end of generation; the
+ * named </think> then leads on to the JSON. */
+static void negated_references_on_qwen3(void **state)
+{
+    (void)state;
+    vocab_file f;
+    open_vocab("hf-vocab/qwen3-vocab.gguf", &f);
+    int th = one_token(&f, "<think>"), eth = one_token(&f, "</think>");
+    int ims = one_token(&f, "<|im_start|>"), ime = one_token(&f, "<|im_end|>");
+    assert_int_equal(tp_tokenizer_token_type(f.tok, th), TP_TOKEN_USER_DEFINED);
+    assert_int_equal(tp_tokenizer_token_type(f.tok, ims), TP_TOKEN_CONTROL);
+    tp_grammar *g;
+    tp_gengine *e;
+    tp_gmatch *m = matcher_on("root ::= <think> (!</think>)* </think> \"\\n\" \"{\" [a-z]* \"}\"", f.v, &g, &e);
+    int ids[4];
+    tp_err err;
+    assert_int_equal(allowed(m, f.v, ids, 4), 1);
+    assert_int_equal(ids[0], th);
+    assert_int_equal(tp_gmatch_accept(m, one_token(&f, "<"), &err), TP_EINVAL);
+    assert_int_equal(tp_gmatch_accept(m, th, &err), 0);
+    int n_text = 0;
+    for (int t = 0; t < tp_gvocab_size(f.v); t++) {
+        size_t l;
+        tp_gvocab_bytes(f.v, t, &l);
+        n_text += l > 0 && !tp_gvocab_is_eog(f.v, t);
+    }
+    assert_int_equal(allowed(m, f.v, ids, 4), n_text);   /* every token with text, </think> by its name */
+    assert_false(tp_gmatch_allows(m, ims));
+    assert_false(tp_gmatch_allows(m, ime));
+    const char *words[] = {"Let", " me", " think", "<think>", "\xe2\x80\x94", "}"};
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++)
+        assert_int_equal(tp_gmatch_accept(m, one_token(&f, words[i]), &err), 0);
+    assert_int_equal(tp_gmatch_accept(m, eth, &err), 0);
+    assert_int_equal(allowed(m, f.v, ids, 4), 1);   /* the newline, as one token */
+    assert_int_equal(tp_gmatch_accept_bytes(m, (const uint8_t *)"\n{ab", 4, &err), 0);
+    assert_false(tp_gmatch_allows(m, eth));
+    assert_int_equal(tp_gmatch_accept(m, one_token(&f, "}"), &err), 0);
+    assert_true(tp_gmatch_done(m));
+    tp_gmatch_free(m);
+    tp_gengine_free(e);
+    tp_grammar_free(g);
+    /* the same text spelt as a literal is bytes, so a text token may spell it */
+    m = matcher_on("root ::= \"<think>\"", f.v, &g, &e);
+    assert_true(tp_gmatch_allows(m, one_token(&f, "<")));
+    assert_true(tp_gmatch_allows(m, th));
+    tp_gmatch_free(m);
+    tp_gengine_free(e);
+    tp_grammar_free(g);
+    close_vocab(&f);
+}
+
+/* tokpipe's <"text"> names a special token of another shape (Mistral's
+ * [TOOL_CALLS]); tp_grammar_token_ref writes each form and the compiler
+ * reads it back; printing keeps the references. */
+static void quoted_references_and_the_writer(void **state)
+{
+    (void)state;
+    /* 0 control "[TOOL_CALLS]", 1 EOS, 2 "[", 3 "TOOL", 4 "x", 5 "{" */
+    const char *toks[] = {NULL, NULL, "[", "TOOL", "x", "{"};
+    tp_gvocab *v = vocab_of(toks, 6, 1);
+    tp_err err;
+    const int id0 = 0;
+    const char *name = "[TOOL_CALLS]";
+    size_t nl = strlen(name);
+    assert_int_equal(tp_gvocab_name_tokens(v, 1, &id0, &name, &nl, &err), 0);
+    char *ref = tp_grammar_token_ref(name, nl, false);
+    assert_string_equal(ref, "<\"[TOOL_CALLS]\">");
+    char gbnf[256];
+    snprintf(gbnf, sizeof gbnf, "root ::= %s \"{\" | \"x\" !%s", ref, ref);
+    free(ref);
+    tp_grammar *g;
+    tp_gengine *e;
+    tp_gmatch *m = matcher_on(gbnf, v, &g, &e);
+    assert_int_equal(mask_of(m), (1u << 0) | (1u << 4));
+    tp_gmatch *c = tp_gmatch_clone(m);
+    assert_int_equal(tp_gmatch_accept(m, 0, &err), 0);
+    assert_int_equal(mask_of(m), 1u << 5);
+    assert_int_equal(tp_gmatch_accept(c, 4, &err), 0);
+    assert_int_equal(mask_of(c), (1u << 2) | (1u << 3) | (1u << 4) | (1u << 5));   /* text, not [TOOL_CALLS] */
+    assert_int_equal(tp_gmatch_accept(c, 0, &err), TP_EINVAL);
+    assert_int_equal(tp_gmatch_accept(c, 2, &err), 0);
+    assert_true(tp_gmatch_done(c));
+    char *printed = tp_grammar_print(g);
+    assert_non_null(strstr(printed, "<\"[TOOL_CALLS]\">"));
+    assert_non_null(strstr(printed, "!<\"[TOOL_CALLS]\">"));
+    tp_grammar *g2 = compile_ok(printed);
+    assert_int_equal(tp_grammar_n_token_refs(g2), 2);
+    free(printed);
+    tp_grammar_free(g2);
+    tp_gmatch_free(c);
+    tp_gmatch_free(m);
+    tp_gengine_free(e);
+    tp_grammar_free(g);
+    tp_gvocab_free(v);
+    const struct {
+        const char *text;
+        bool neg;
+        const char *want;
+    } w[] = {
+        {"<|python_tag|>", false, "<|python_tag|>"},
+        {"<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>", true,
+         "!<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"},
+        {"<a>b>", false, "<\"<a>b>\">"},
+        {"say \"hi\"\\\n", false, "<\"say \\\"hi\\\"\\\\\\x0A\">"},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++) {
+        char *r = tp_grammar_token_ref(w[i].text, strlen(w[i].text), w[i].neg);
+        assert_string_equal(r, w[i].want);
+        snprintf(gbnf, sizeof gbnf, "root ::= %s", r);
+        tp_grammar *gg = compile_ok(gbnf);
+        char *p = tp_grammar_print(gg);
+        assert_non_null(strstr(p, r));
+        free(p);
+        tp_grammar_free(gg);
+        free(r);
+    }
+}
+
+/* What the broker does at admission: resolve names against the special
+ * tokens INFO lists, ids against the vocabulary's size. */
+static int find_in_list(void *ctx, const char *text, size_t len)
+{
+    const char *const *names = ctx;
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && !memcmp(names[i], text, len))
+            return 100 + i;
+    return -1;
+}
+
+static void references_resolve_against_a_name_list(void **state)
+{
+    (void)state;
+    const char *names[] = {"<|a|>", "[B]", NULL};
+    tp_gnames nm = {200, find_in_list, (void *)names};
+    tp_grammar *g = compile_ok("root ::= <|a|> <\"[B]\"> !<[7]> <[199]>");
+    int32_t ids[4];
+    tp_err err;
+    assert_int_equal(tp_grammar_n_token_refs(g), 4);
+    assert_int_equal(tp_grammar_check_tokens(g, &nm, ids, &err), 0);
+    assert_int_equal(ids[0], 100);
+    assert_int_equal(ids[1], 101);
+    assert_int_equal(ids[2], 7);
+    assert_int_equal(ids[3], 199);
+    nm.n_vocab = 150;
+    assert_int_equal(tp_grammar_check_tokens(g, &nm, NULL, &err), TP_EINVAL);
+    assert_non_null(strstr(err.msg, "col 31: token <[199]> is outside the vocabulary (150 tokens)"));
+    tp_grammar_free(g);
+    g = compile_ok("root ::= \"x\" <|c|>");
+    assert_int_equal(tp_grammar_check_tokens(g, &nm, NULL, &err), TP_EINVAL);
+    assert_non_null(strstr(err.msg, "token <|c|> is not a special token"));
+    tp_grammar_free(g);
+}
+
 static void replaying_accepted_tokens_rebuilds_the_same_state(void **state)
 {
     (void)state;
@@ -540,6 +831,10 @@ int main(void)
         cmocka_unit_test(print_gives_normalized_gbnf_that_compiles_to_the_same_language),
         cmocka_unit_test(partial_utf8_control_tokens_and_eos),
         cmocka_unit_test(replaying_accepted_tokens_rebuilds_the_same_state),
+        cmocka_unit_test(control_tokens_named_by_text_on_llama3),
+        cmocka_unit_test(negated_references_on_qwen3),
+        cmocka_unit_test(quoted_references_and_the_writer),
+        cmocka_unit_test(references_resolve_against_a_name_list),
         cmocka_unit_test(state_limit_is_an_error_not_a_hang),
         cmocka_unit_test(masks_match_the_oracle_on_stories260k),
         cmocka_unit_test(masks_match_the_oracle_on_the_spm_vocabulary),

@@ -556,11 +556,7 @@ static void print_json(const run_job *j, const genopts *g)
     if (j->last.finish == TP_FINISH_EOS && j->gm && tp_gmatch_accepting(j->gm))
         cJSON_AddStringToObject(o, "finish_detail", "grammar");
     if (j->gm) {
-        /* the final text (after any stop cut) is a whole sentence */
-        tp_gmatch *m = NULL;
-        bool whole = !tp_gmatch_new(tp_gmatch_engine(j->gm), &m, NULL) &&
-                     !tp_gmatch_accept_bytes(m, (const uint8_t *)text, len, NULL) && tp_gmatch_accepting(m);
-        tp_gmatch_free(m);
+        bool whole = tp_gmatch_complete(j->gm, (const uint8_t *)text, len, j->last.finish == TP_FINISH_STOP_STRING);
         cJSON_AddBoolToObject(o, "grammar_complete", whole);
     }
     if (j->last.matched_str) {

@@ -87,6 +87,42 @@ int tp_grammar_n_rules(const tp_grammar *g);
  * Malloc'd NUL-terminated text, caller frees; NULL when out of memory. */
 char *tp_grammar_print(const tp_grammar *g);
 
+/* ---- token references ----
+ * A grammar may name single tokens, as llama.cpp's GBNF does: <[id]> is
+ * the token with that id; <text>, where text runs from < to the first >
+ * on the line (<|im_end|>, <think>, <｜tool▁calls▁begin｜>), the special
+ * (control or user-defined) token whose vocabulary text is exactly that;
+ * tokpipe's <"text">, with a literal's escapes, names a special token of
+ * any other shape ([TOOL_CALLS]); a leading ! (!<|end|>) matches any one
+ * token that has text, except that one. A reference matches that token id
+ * only, never the same characters spelt by other tokens; control tokens
+ * stay forbidden wherever the grammar does not name them. The names are
+ * resolved against a vocabulary (tp_gengine_new, tp_grammar_check_tokens):
+ * a grammar that names a token the vocabulary lacks is refused there. */
+
+/* The GBNF reference to the special token whose text is text[0, len)
+ * (valid UTF-8), negated or not, in the form the compiler reads:
+ * malloc'd NUL-terminated text, caller frees; NULL when out of memory. For
+ * grammar writers (tool-call syntaxes whose markers are control tokens). */
+char *tp_grammar_token_ref(const char *text, size_t len, bool negated);
+
+/* How many token references g has. */
+size_t tp_grammar_n_token_refs(const tp_grammar *g);
+
+/* A vocabulary as far as references need it: its size (<[id]> must be
+ * below it) and find(ctx, text, len), the id of the special token with
+ * that text or -1 (NULL: none has a name). */
+typedef struct tp_gnames {
+    int n_vocab;
+    int (*find)(void *ctx, const char *text, size_t len);
+    void *ctx;
+} tp_gnames;
+
+/* Resolve every token reference of g (ids, if not NULL, gets the id of
+ * each, tp_grammar_n_token_refs of them). TP_EINVAL naming the first that
+ * does not resolve, with its line and column. */
+int tp_grammar_check_tokens(const tp_grammar *g, const tp_gnames *names, int32_t *ids, tp_err *err);
+
 /* ---- vocabulary ---- */
 
 typedef struct tp_gvocab tp_gvocab;
@@ -105,6 +141,16 @@ int tp_gvocab_from_tokenizer(const struct tp_tokenizer *tok, const int *eog, int
  * lens[i] == 0 marks a token with no bytes (never allowed unless an eog). */
 int tp_gvocab_new(int n, const uint8_t *const *bytes, const size_t *lens, const int *eog, int n_eog,
                   tp_gvocab **out, tp_err *err);
+
+/* Give the special tokens ids[0, n) their texts (copied), for <text>
+ * references (tp_gvocab_from_tokenizer names every control, user-defined
+ * and unknown token by its piece). A later call adds to the names. */
+int tp_gvocab_name_tokens(tp_gvocab *v, int n, const int *ids, const char *const *texts, const size_t *lens,
+                          tp_err *err);
+
+/* The id of the special token named text[0, len), -1 if none (a
+ * tp_gnames find). */
+int tp_gvocab_find_name(void *v, const char *text, size_t len);
 
 void tp_gvocab_free(tp_gvocab *v);
 int tp_gvocab_size(const tp_gvocab *v);
@@ -173,6 +219,12 @@ int tp_gmatch_accept_bytes(tp_gmatch *m, const uint8_t *b, size_t n, tp_err *err
 bool tp_gmatch_accepting(const tp_gmatch *m);
 /* Accepting and no byte may follow, or an end-of-generation token taken. */
 bool tp_gmatch_done(const tp_gmatch *m);
+/* Whether a job's final text (text[0, len), after any stop cut; cut: a
+ * stop string cut it) is a whole sentence: the text replayed from the start
+ * — or, for a grammar with token references (no bytes of the text), m's
+ * own position when nothing was cut. */
+bool tp_gmatch_complete(const tp_gmatch *m, const uint8_t *text, size_t len, bool cut);
+
 /* Tokens accepted so far. */
 size_t tp_gmatch_n_accepted(const tp_gmatch *m);
 

@@ -13,6 +13,7 @@
  * byte-range sequences of its code points (the split of Rust regex-syntax's
  * Utf8Sequences: ranges cut where the encodings stop sharing a prefix), so
  * the runtime is a pure byte machine. Surrogates are not characters. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,17 +57,23 @@ typedef struct parser {
 
 /* ---- errors ---- */
 
+static void line_col(const parser *p, size_t at, size_t *line, size_t *col)
+{
+    *line = 1, *col = 1;
+    for (size_t i = 0; i < at && i < p->len; i++) {
+        if (p->s[i] == '\n')
+            ++*line, *col = 1;
+        else
+            ++*col;
+    }
+}
+
 static int fail(parser *p, size_t at, int code, const char *fmt, const char *a)
 {
     if (p->rc)
         return p->rc;
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < at && i < p->len; i++) {
-        if (p->s[i] == '\n')
-            line++, col = 1;
-        else
-            col++;
-    }
+    size_t line, col;
+    line_col(p, at, &line, &col);
     char msg[300];
     snprintf(msg, sizeof msg, fmt, a ? a : "");
     p->rc = tp_err_set(p->err, code, "grammar: line %zu col %zu: %s", line, col, msg);
@@ -489,6 +496,89 @@ static int parse_int(parser *p, int *out)
     return 0;
 }
 
+/* ---- token references ---- */
+
+/* <[id]>, <text> (llama.cpp's: the text is everything from < to the first
+ * >, both included, e.g. <|im_end|>) or tokpipe's <"text"> for a token
+ * text of any other shape (the string's escapes as a literal's); a leading
+ * ! negates. One GE_TOKEN element. */
+static int parse_token_ref(parser *p, seqv *q)
+{
+    size_t at = p->pos;
+    gtokref t = {.id = -1};
+    if (peek(p) == '!')
+        t.neg = 1, p->pos++;
+    size_t s0 = p->pos++;   /* the '<' */
+    if (peek(p) == '[') {
+        p->pos++;
+        long v = 0;
+        if (peek(p) < '0' || peek(p) > '9')
+            return fail(p, at, TP_EFORMAT, "expected a token id in <[id]>%s", NULL);
+        while (peek(p) >= '0' && peek(p) <= '9') {
+            v = v * 10 + (peek(p) - '0');
+            if (v > 0x3FFFFFFF)
+                return fail(p, at, TP_EFORMAT, "token id too large in <[id]>%s", NULL);
+            p->pos++;
+        }
+        if (peek(p) != ']' || p->pos + 1 >= p->len || p->s[p->pos + 1] != '>')
+            return fail(p, at, TP_EFORMAT, "expected ]> after the token id%s", NULL);
+        p->pos += 2;
+        t.id = (int32_t)v;
+    } else if (peek(p) == '"') {
+        p->pos++;
+        seqv bytes = {0};
+        while (!p->rc && peek(p) != '"') {
+            uint32_t cp;
+            if (at_end(p) || peek(p) == '\n') {
+                fail(p, at, TP_EFORMAT, "unterminated token text in <\"...\">%s", NULL);
+                break;
+            }
+            if (read_char(p, &cp))
+                break;
+            uint8_t b[4];
+            utf8_enc(cp, b);
+            for (int i = 0; i < utf8_len(cp); i++)
+                if (seq_push(p, &bytes, (gel){GE_BYTES, b[i]}))
+                    break;
+        }
+        if (!p->rc && (p->pos + 1 >= p->len || p->s[p->pos + 1] != '>'))
+            fail(p, at, TP_EFORMAT, "expected \"> after the token text%s", NULL);
+        if (!p->rc && !bytes.n)
+            fail(p, at, TP_EFORMAT, "empty token text in <\"\">%s", NULL);
+        if (!p->rc && !(t.text = malloc(bytes.n)))
+            oom(p);
+        if (p->rc) {
+            free(bytes.v);
+            return p->rc;
+        }
+        for (size_t i = 0; i < bytes.n; i++)
+            t.text[i] = (char)bytes.v[i].v;
+        t.len = bytes.n;
+        free(bytes.v);
+        p->pos += 2;
+    } else {
+        while (!at_end(p) && peek(p) != '>' && peek(p) != '\n')
+            p->pos++;
+        if (peek(p) != '>')
+            return fail(p, at, TP_EFORMAT, "unterminated token reference (expected > on the same line)%s", NULL);
+        p->pos++;
+        t.len = p->pos - s0;
+        if (!(t.text = malloc(t.len)))
+            return oom(p);
+        memcpy(t.text, p->s + s0, t.len);
+    }
+    tp_grammar *g = p->g;
+    if (gr_grow((void **)&g->toks, &g->cap_toks, g->n_toks + 1, sizeof *g->toks)) {
+        free(t.text);
+        return oom(p);
+    }
+    size_t line, col;
+    line_col(p, at, &line, &col);
+    t.line = (int)line, t.col = (int)col;
+    g->toks[g->n_toks] = t;
+    return seq_push(p, q, (gel){GE_TOKEN, (uint32_t)g->n_toks++});
+}
+
 /* ---- syntax ---- */
 
 static int parse_alternates(parser *p, int rule, int nested);
@@ -663,8 +753,8 @@ static int parse_sequence(parser *p, seqv *q, int nested)
                 p->g->rules[r].ref_at = s0;
             if (r >= 0)
                 seq_push(p, &atom, (gel){GE_REF, (uint32_t)r});
-        } else if (c == '<') {
-            return fail(p, at, TP_EFORMAT, "token references <...> are not supported%s", NULL);
+        } else if (c == '<' || (c == '!' && p->pos + 1 < p->len && p->s[p->pos + 1] == '<')) {
+            parse_token_ref(p, &atom);
         } else
             return p->rc;   /* end of the sequence: | ) newline or end */
         if (p->rc) {
@@ -880,12 +970,18 @@ void tp_grammar_free(tp_grammar *g)
         free(g->rules[i].alts);
     }
     free(g->rules);
+    for (size_t i = 0; i < g->n_toks; i++)
+        free(g->toks[i].text);
+    free(g->toks);
     free(g->el);
     free(g->sets);
     free(g);
 }
 
 int tp_grammar_n_rules(const tp_grammar *g) { return g->n_rules; }
+
+size_t tp_grammar_n_token_refs(const tp_grammar *g) { return g->n_toks; }
+
 
 /* ---- printing ---- */
 
@@ -995,6 +1091,45 @@ static int utf8_run(const tp_grammar *g, size_t e, uint32_t *lo, uint32_t *hi)
     return n;
 }
 
+/* A token reference as the compiler reads it back: <[id]>; <text> when the
+ * text is llama.cpp's shape (starts with <, ends with its only >, one
+ * line); else <"text"> with a literal's escapes. */
+static void print_token(sbuf *b, const char *text, size_t len, int32_t id, int neg)
+{
+    if (neg)
+        sb_add(b, "!");
+    if (!text) {
+        sb_add(b, "<[%d]>", (int)id);
+        return;
+    }
+    bool plain = len >= 2 && text[0] == '<' && text[len - 1] == '>' && !memchr(text, '>', len - 1) &&
+                 !memchr(text, '\n', len);
+    if (plain) {
+        sb_add(b, "%.*s", (int)len, text);
+        return;
+    }
+    sb_add(b, "<\"");
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == '"' || c == '\\')
+            sb_add(b, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F)
+            sb_add(b, "\\x%02X", c);
+        else
+            sb_add(b, "%c", c);
+    }
+    sb_add(b, "\">");
+}
+
+char *tp_grammar_token_ref(const char *text, size_t len, bool negated)
+{
+    sbuf b = {0};
+    print_token(&b, text, len, -1, negated);
+    if (b.bad)
+        free(b.s);
+    return b.bad ? NULL : b.s;
+}
+
 char *tp_grammar_print(const tp_grammar *g)
 {
     sbuf b = {0};
@@ -1012,6 +1147,10 @@ char *tp_grammar_print(const tp_grammar *g)
                 int n;
                 if (g->el[e].type == GE_REF) {
                     sb_add(&b, "%s", g->rules[g->el[e].v].name);
+                    e++;
+                } else if (g->el[e].type == GE_TOKEN) {
+                    const gtokref *t = &g->toks[g->el[e].v];
+                    print_token(&b, t->text, t->len, t->id, t->neg);
                     e++;
                 } else if ((n = utf8_run(g, e, &lo, &hi)) > 0) {
                     if (lo == hi)
@@ -1035,4 +1174,33 @@ char *tp_grammar_print(const tp_grammar *g)
         return b.bad ? NULL : strdup("");
     }
     return b.s;
+}
+
+int tp_grammar_check_tokens(const tp_grammar *g, const tp_gnames *names, int32_t *ids, tp_err *err)
+{
+    for (size_t i = 0; i < g->n_toks; i++) {
+        const gtokref *t = &g->toks[i];
+        int32_t id = t->id;
+        if (!t->text) {
+            if (id >= names->n_vocab)
+                return tp_err_set(err, TP_EINVAL,
+                                  "grammar: line %d col %d: token <[%d]> is outside the vocabulary (%d tokens)",
+                                  t->line, t->col, (int)id, names->n_vocab);
+        } else {
+            id = names->find ? names->find(names->ctx, t->text, t->len) : -1;
+            if (id < 0 || id >= names->n_vocab) {
+                sbuf b = {0};
+                print_token(&b, t->text, t->len, -1, 0);
+                int rc = tp_err_set(err, TP_EINVAL,
+                                    "grammar: line %d col %d: token %.200s is not a special token of the model's "
+                                    "vocabulary",
+                                    t->line, t->col, b.s && !b.bad ? b.s : "reference");
+                free(b.s);
+                return rc;
+            }
+        }
+        if (ids)
+            ids[i] = id;
+    }
+    return 0;
 }

@@ -68,6 +68,13 @@ struct tp_gvocab {
     uint64_t *eog;        /* bitset */
     int32_t *eog_ids;
     int n_eog;
+    uint64_t *text;       /* bitset: tokens with bytes that do not end generation (what !<x> takes) */
+    struct gname {        /* special tokens' texts, for <text> references */
+        char *text;
+        size_t len;
+        int32_t id;
+    } *names;
+    size_t n_names, cap_names;
 };
 
 static int cmp_tok(const void *a, const void *b, void *ctx)
@@ -161,10 +168,11 @@ int tp_gvocab_new(int n, const uint8_t *const *bytes, const size_t *lens, const 
         v->off = malloc(((size_t)n + 1) * sizeof *v->off);
         v->bytes = malloc(total ? total : 1);
         v->eog = calloc(tp_gmask_words(n), sizeof *v->eog);
+        v->text = calloc(tp_gmask_words(n), sizeof *v->text);
         v->eog_ids = malloc((size_t)(n_eog > 0 ? n_eog : 1) * sizeof *v->eog_ids);
         v->sc = calloc(1, sizeof *v->sc);
     }
-    if (!v || !v->off || !v->bytes || !v->eog || !v->eog_ids || !v->sc) {
+    if (!v || !v->off || !v->bytes || !v->eog || !v->text || !v->eog_ids || !v->sc) {
         tp_gvocab_free(v);
         return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
     }
@@ -181,6 +189,9 @@ int tp_gvocab_new(int n, const uint8_t *const *bytes, const size_t *lens, const 
             v->eog[eog[i] / 64] |= 1ull << (eog[i] % 64);
             v->eog_ids[v->n_eog++] = eog[i];
         }
+    for (int i = 0; i < n; i++)
+        if (lens[i] && !tp_gvocab_is_eog(v, i))
+            v->text[i / 64] |= 1ull << (i % 64);
     int rc = build_trie(v, err);
     if (rc) {
         tp_gvocab_free(v);
@@ -195,25 +206,68 @@ int tp_gvocab_from_tokenizer(const tp_tokenizer *tok, const int *eog, int n_eog,
     int n = tp_tokenizer_vocab_size(tok);
     const uint8_t **b = malloc((size_t)n * sizeof *b);
     size_t *l = malloc((size_t)n * sizeof *l);
-    if (!b || !l) {
-        free(b), free(l);
+    /* the special tokens' pieces, for <text> references */
+    int *sid = malloc((size_t)n * sizeof *sid);
+    const char **sp = malloc((size_t)n * sizeof *sp);
+    size_t *sl = malloc((size_t)n * sizeof *sl);
+    if (!b || !l || !sid || !sp || !sl) {
+        free(b), free(l), free(sid), free(sp), free(sl);
         return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
     }
+    int ns = 0;
     for (int i = 0; i < n; i++) {
         int ty = tp_tokenizer_token_type(tok, i);
         b[i] = tp_tokenizer_token_bytes(tok, -1, i, &l[i]);
         if (ty == TP_TOKEN_CONTROL || ty == TP_TOKEN_UNKNOWN || ty == TP_TOKEN_UNUSED || !b[i])
             l[i] = 0;
+        if (ty == TP_TOKEN_CONTROL || ty == TP_TOKEN_USER_DEFINED || ty == TP_TOKEN_UNKNOWN) {
+            sp[ns] = tp_tokenizer_piece(tok, i, &sl[ns]);
+            if (sp[ns] && sl[ns])
+                sid[ns++] = i;
+        }
     }
     int rc = tp_gvocab_new(n, b, l, eog, n_eog, out, err);
-    free(b), free(l);
+    if (!rc && (rc = tp_gvocab_name_tokens(*out, ns, sid, sp, sl, err))) {
+        tp_gvocab_free(*out);
+        *out = NULL;
+    }
+    free(b), free(l), free(sid), free(sp), free(sl);
     return rc;
+}
+
+int tp_gvocab_name_tokens(tp_gvocab *v, int n, const int *ids, const char *const *texts, const size_t *lens,
+                          tp_err *err)
+{
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= v->n)
+            return tp_err_set(err, TP_EINVAL, "grammar vocabulary: named token %d is outside the vocabulary", ids[i]);
+        char *t = malloc(lens[i] ? lens[i] : 1);
+        if (!t || gr_grow((void **)&v->names, &v->cap_names, v->n_names + 1, sizeof *v->names)) {
+            free(t);
+            return tp_err_set(err, TP_ENOMEM, "grammar vocabulary: out of memory");
+        }
+        memcpy(t, texts[i], lens[i]);
+        v->names[v->n_names++] = (struct gname){t, lens[i], ids[i]};
+    }
+    return 0;
+}
+
+int tp_gvocab_find_name(void *ctx, const char *text, size_t len)
+{
+    const tp_gvocab *v = ctx;
+    for (size_t i = 0; i < v->n_names; i++)
+        if (v->names[i].len == len && !memcmp(v->names[i].text, text, len))
+            return v->names[i].id;
+    return -1;
 }
 
 void tp_gvocab_free(tp_gvocab *v)
 {
     if (!v)
         return;
+    for (size_t i = 0; i < v->n_names; i++)
+        free(v->names[i].text);
+    free(v->names), free(v->text);
     free(v->bytes), free(v->off), free(v->next_same), free(v->nodes), free(v->eog), free(v->eog_ids);
     for (int i = 0; v->sc && i < v->sc->n; i++)
         free(v->sc->s[i].by_len[0]), free(v->sc->s[i].maxc);
@@ -257,6 +311,7 @@ typedef struct gstate {
     uint64_t *mask;       /* cached token mask, NULL until asked */
     uint32_t hash;
     uint8_t accepting, done;
+    uint8_t tok;          /* some stack has a token reference on top */
 } gstate;
 
 struct tp_gengine {
@@ -279,6 +334,7 @@ struct tp_gengine {
     int32_t *shash;
     size_t shash_cap;
     int32_t start;
+    int32_t *tok_ids;     /* each token reference's id in this vocabulary */
     /* scratch */
     int32_t *work, *outv;
     size_t cap_work, cap_out;
@@ -382,7 +438,7 @@ static int closure(tp_gengine *e, size_t nw, size_t *nout)
         if (el.type == GE_END) {
             if (push_work(e, &nw, nd.parent))
                 return e->error;
-        } else if (el.type == GE_BYTES) {
+        } else if (el.type == GE_BYTES || el.type == GE_TOKEN) {
             if (gr_grow((void **)&e->outv, &e->cap_out, *nout + 1, sizeof *e->outv))
                 return e->error = TP_ENOMEM;
             e->outv[(*nout)++] = id;
@@ -461,6 +517,9 @@ static int32_t intern_state(tp_gengine *e, size_t n)
     s->hash = h;
     s->accepting = e->outv[0] == 0;
     s->done = n == 1 && e->outv[0] == 0;
+    for (size_t i = 0; i < n; i++)
+        if (e->outv[i] && e->g->el[e->nodes[e->outv[i]].pos].type == GE_TOKEN)
+            s->tok = 1;
     memcpy(e->pool + e->n_pool, e->outv, n * sizeof *e->outv);
     e->n_pool += n;
     if (e->n_states * 2 > e->shash_cap) {
@@ -473,13 +532,18 @@ static int32_t intern_state(tp_gengine *e, size_t n)
     return id;
 }
 
-static int32_t compute_trans(tp_gengine *e, int32_t sid, unsigned b)
+static void next_gen(tp_gengine *e)
 {
-    const tp_grammar *g = e->g;
     if (++e->gen == 0) {   /* stamps wrapped: clear them */
         memset(e->visited, 0, e->n_nodes * sizeof *e->visited);
         e->gen = 1;
     }
+}
+
+static int32_t compute_trans(tp_gengine *e, int32_t sid, unsigned b)
+{
+    const tp_grammar *g = e->g;
+    next_gen(e);
     size_t nw = 0, nout = 0;
     gstate s = e->states[sid];
     for (uint32_t i = 0; i < s.n; i++) {
@@ -487,7 +551,7 @@ static int32_t compute_trans(tp_gengine *e, int32_t sid, unsigned b)
         if (id == 0)
             continue;
         gnode nd = e->nodes[id];
-        if (!gset_has(g->sets[g->el[nd.pos].v], b))
+        if (g->el[nd.pos].type != GE_BYTES || !gset_has(g->sets[g->el[nd.pos].v], b))
             continue;
         if (push_work(e, &nw, intern_node(e, nd.pos + 1, nd.parent)))
             return DEAD;
@@ -540,9 +604,16 @@ int tp_gengine_new(const tp_grammar *g, const tp_gvocab *v, const tp_gengine_lim
     else
         tp_gengine_limits_default(&e->lim);
     e->walk = malloc(((size_t)v->max_depth + 1) * sizeof *e->walk);
-    if (!e->walk || rehash_nodes(e, 1024) || rehash_states(e, 256)) {
+    e->tok_ids = malloc((g->n_toks ? g->n_toks : 1) * sizeof *e->tok_ids);
+    if (!e->walk || !e->tok_ids || rehash_nodes(e, 1024) || rehash_states(e, 256)) {
         tp_gengine_free(e);
         return tp_err_set(err, TP_ENOMEM, "grammar engine: out of memory");
+    }
+    tp_gnames names = {v->n, tp_gvocab_find_name, (void *)(uintptr_t)v};
+    int rc = tp_grammar_check_tokens(g, &names, e->tok_ids, err);
+    if (rc) {
+        tp_gengine_free(e);
+        return rc;
     }
     e->gen = 1;
     /* node 0: the empty stack */
@@ -575,7 +646,7 @@ void tp_gengine_free(tp_gengine *e)
         free(e->states[i].mask);
     }
     free(e->states), free(e->pool), free(e->shash), free(e->nodes), free(e->nhash), free(e->visited);
-    free(e->work), free(e->outv), free(e->walk);
+    free(e->work), free(e->outv), free(e->walk), free(e->tok_ids);
     free(e);
 }
 
@@ -768,6 +839,93 @@ static const gslice *slice_of(tp_gengine *e, int32_t sid, int *room)
     return get_slice(e->v, a, false);
 }
 
+static inline bool bit_of(const uint64_t *m, int32_t t) { return (m[t >> 6] >> (t & 63)) & 1; }
+
+/* Whether the token reference k, on top of a stack, takes token t. */
+static bool tok_takes(const tp_gengine *e, uint32_t k, int32_t t)
+{
+    int32_t id = e->tok_ids[k];
+    if (!e->g->toks[k].neg)
+        return t == id;
+    return t != id && bit_of(e->v->text, t);
+}
+
+/* Add to mask what the token references on top of sid's stacks take: each
+ * named id; for a negated one every token with text but its id (which stays
+ * as the rest of the state allows it). */
+static void token_tops_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
+{
+    const tp_grammar *g = e->g;
+    gstate s = e->states[sid];
+    const tp_gvocab *v = e->v;
+    int32_t neg_id = -1;   /* the one id negated, -2 when several differ */
+    bool neg_had = false;
+    for (uint32_t i = 0; i < s.n; i++) {
+        int32_t id = e->pool[s.off + i];
+        gel el = id ? g->el[e->nodes[id].pos] : (gel){GE_END, 0};
+        if (el.type != GE_TOKEN || !g->toks[el.v].neg)
+            continue;
+        int32_t x = e->tok_ids[el.v];
+        if (neg_id == -1) {
+            neg_id = x;
+            neg_had = bit_of(mask, x);
+        } else if (neg_id != x)
+            neg_id = -2;
+    }
+    if (neg_id != -1) {
+        size_t words = tp_gmask_words(v->n);
+        for (size_t w = 0; w < words; w++)
+            mask[w] |= v->text[w];
+        if (neg_id >= 0 && !neg_had)
+            mask[neg_id >> 6] &= ~(1ull << (neg_id & 63));
+    }
+    for (uint32_t i = 0; i < s.n; i++) {
+        int32_t id = e->pool[s.off + i];
+        gel el = id ? g->el[e->nodes[id].pos] : (gel){GE_END, 0};
+        if (el.type == GE_TOKEN && !g->toks[el.v].neg) {
+            int32_t t = e->tok_ids[el.v];
+            mask[t >> 6] |= 1ull << (t & 63);
+        }
+    }
+}
+
+/* The state after token t from sid through the token references on top of
+ * its stacks, joined with bs, the state its bytes lead to (DEAD: none).
+ * bs itself when no reference takes t. */
+static int32_t token_trans(tp_gengine *e, int32_t sid, int32_t t, int32_t bs)
+{
+    const tp_grammar *g = e->g;
+    next_gen(e);
+    size_t nw = 0, nout = 0;
+    gstate s = e->states[sid];
+    bool taken = false;
+    for (uint32_t i = 0; i < s.n; i++) {
+        int32_t id = e->pool[s.off + i];
+        if (!id)
+            continue;
+        gnode nd = e->nodes[id];
+        if (g->el[nd.pos].type != GE_TOKEN || !tok_takes(e, g->el[nd.pos].v, t))
+            continue;
+        taken = true;
+        if (push_work(e, &nw, intern_node(e, nd.pos + 1, nd.parent)))
+            return DEAD;
+    }
+    if (!taken)
+        return bs;
+    if (closure(e, nw, &nout))
+        return DEAD;
+    if (bs >= 0) {
+        gstate b = e->states[bs];
+        if (gr_grow((void **)&e->outv, &e->cap_out, nout + b.n, sizeof *e->outv)) {
+            e->error = TP_ENOMEM;
+            return DEAD;
+        }
+        memcpy(e->outv + nout, e->pool + b.off, b.n * sizeof *e->outv);
+        nout += b.n;
+    }
+    return intern_state(e, nout);
+}
+
 /* The token mask of state sid, by one preorder walk of the trie. */
 static int build_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
 {
@@ -802,7 +960,7 @@ static int build_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
             mask[t >> 6] |= 1ull << (t & 63);
         i++;
     }
-    /* end-of-generation ids: exactly when the grammar accepts */
+    /* end-of-generation ids: exactly when the grammar accepts (or names one) */
     for (int i = 0; i < v->n_eog; i++) {
         int32_t t = v->eog_ids[i];
         if (e->states[sid].accepting)
@@ -810,6 +968,8 @@ static int build_mask(tp_gengine *e, int32_t sid, uint64_t *mask)
         else
             mask[t >> 6] &= ~(1ull << (t & 63));
     }
+    if (e->states[sid].tok)
+        token_tops_mask(e, sid, mask);
     return 0;
 }
 
@@ -902,6 +1062,13 @@ bool tp_gmatch_allows(tp_gmatch *m, int32_t token)
     const tp_gvocab *v = m->e->v;
     if (m->finished || token < 0 || token >= v->n)
         return false;
+    const gstate *s = &m->e->states[m->state];
+    for (uint32_t i = 0; s->tok && i < s->n; i++) {
+        int32_t id = m->e->pool[s->off + i];
+        gel el = id ? m->e->g->el[m->e->nodes[id].pos] : (gel){GE_END, 0};
+        if (el.type == GE_TOKEN && tok_takes(m->e, el.v, token))
+            return true;
+    }
     if (tp_gvocab_is_eog(v, token))
         return m->e->states[m->state].accepting;
     size_t n;
@@ -920,6 +1087,23 @@ int tp_gmatch_accept(tp_gmatch *m, int32_t token, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "grammar: token %d after the end of the grammar", token);
     if (token < 0 || token >= v->n)
         return tp_err_set(err, TP_EINVAL, "grammar: token %d is outside the vocabulary", token);
+    if (m->e->states[m->state].tok) {
+        size_t n;
+        const uint8_t *b = tp_gvocab_bytes(v, token, &n);
+        int32_t bs = n && !tp_gvocab_is_eog(v, token) ? walk_bytes(m->e, m->state, b, n) : DEAD;
+        int32_t s = m->e->error ? DEAD : token_trans(m->e, m->state, token, bs);
+        if (m->e->error) {
+            int rc = m->e->error;
+            m->e->error = 0;
+            return tp_err_set(err, rc, rc == TP_ERANGE ? "grammar: the parser state limit was reached"
+                                                       : "grammar: out of memory");
+        }
+        if (s >= 0) {
+            m->state = s;
+            m->n_accepted++;
+            return 0;
+        }
+    }
     if (tp_gvocab_is_eog(v, token)) {
         if (!m->e->states[m->state].accepting)
             return tp_err_set(err, TP_EINVAL, "grammar: end-of-generation token %d before the grammar is complete",
@@ -961,3 +1145,14 @@ bool tp_gmatch_accepting(const tp_gmatch *m) { return m->finished || m->e->state
 bool tp_gmatch_done(const tp_gmatch *m) { return m->finished || m->e->states[m->state].done; }
 
 size_t tp_gmatch_n_accepted(const tp_gmatch *m) { return m->n_accepted; }
+
+bool tp_gmatch_complete(const tp_gmatch *m, const uint8_t *text, size_t len, bool cut)
+{
+    if (m->e->g->n_toks)
+        return !cut && tp_gmatch_accepting(m);
+    tp_gmatch *c = NULL;
+    bool whole = !tp_gmatch_new(m->e, &c, NULL) && !tp_gmatch_accept_bytes(c, text, len, NULL) &&
+                 tp_gmatch_accepting(c);
+    tp_gmatch_free(c);
+    return whole;
+}

@@ -11,12 +11,23 @@
 /* An element of a rule alternative. Alternatives are stored back to back in
  * one array, each ended by GE_END, so "the element after this one" is the
  * next index (a stack entry is just an element index). */
-enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2 };
+enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2, GE_TOKEN = 3 };
 
 typedef struct gel {
     uint32_t type : 2;
-    uint32_t v : 30;      /* GE_BYTES: byte set index; GE_REF: rule id */
+    uint32_t v : 30;      /* GE_BYTES: byte set index; GE_REF: rule id; GE_TOKEN: token reference */
 } gel;
+
+/* A token reference <[id]> / <text> / <"text">, ! for "any token but".
+ * Resolved to an id only against a vocabulary (tp_gengine_new,
+ * tp_grammar_check_tokens): the grammar stays vocabulary independent. */
+typedef struct gtokref {
+    char *text;           /* the token's text (NULL: by id) */
+    size_t len;
+    int32_t id;           /* by id; -1 by text */
+    int neg;
+    int line, col;        /* where it is written (errors name it) */
+} gtokref;
 
 typedef struct grule {
     char *name;
@@ -35,6 +46,8 @@ struct tp_grammar {
     int n_rules;
     size_t cap_rules;
     int root;
+    gtokref *toks;
+    size_t n_toks, cap_toks;
 };
 
 /* Make room for need elements of size bytes in *p (capacity *cap, doubled

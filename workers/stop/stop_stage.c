@@ -211,12 +211,9 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
         f->set |= TP_ACK_SEED, f->seed = j->seed;
     if (j->gm) {
         /* complete: the final text (after any stop cut) is a whole sentence */
-        tp_gmatch *c = NULL;
         f->set |= TP_FIN_GRAMMAR;
-        f->grammar_complete = !tp_gmatch_new(tp_gmatch_engine(j->gm), &c, NULL) &&
-                              !tp_gmatch_accept_bytes(c, (const uint8_t *)tp_stop_text(j->stop, &total), total, NULL) &&
-                              tp_gmatch_accepting(c);
-        tp_gmatch_free(c);
+        f->grammar_complete = tp_gmatch_complete(j->gm, (const uint8_t *)tp_stop_text(j->stop, &total), total,
+                                                 f->reason == TP_REASON_STOP_STRING);
         if (f->reason == TP_REASON_EOS && tp_gmatch_accepting(j->gm))
             f->detail = tp_str_of("grammar");
     }
