@@ -297,6 +297,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         p->grammar = (tp_str){j->gbnf, strlen(j->gbnf)};
         p->set |= TP_P_GRAMMAR;
     }
+    p->grammar_trigger = tp_str_of(j->gtrigger);
     /* the request's frames go away: the mode becomes one of our literals */
     if (p->set & TP_P_LOGPROBS_MODE)
         p->logprobs_mode = tp_str_of(tp_params_lpmode(p) == TP_LPMODE_PROCESSED ? "processed" : "raw");
@@ -334,12 +335,17 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     b->stats.jobs_submitted++;
     verdict v = {0};
     char *gbnf = NULL, gfield[64];
+    const char *trigger = NULL;
     tp_err ge;
     tp_gnames gn;
     info_gnames(b, &gn);
-    if (check_submit(b, s, &v) &&
-        ((s->tools.ptr && grammar_admit_tools(b->cfg, &gn, info_tool_family(b), s, &gbnf, gfield, sizeof gfield, &ge)) ||
-         (!gbnf && grammar_admit(b->cfg, &gn, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
+    if (s->params.grammar_trigger.ptr)
+        bad(&v, TP_ST_BAD_REQUEST, "params.grammar_trigger", "params.grammar_trigger: set by the broker (tool_choice "
+            "\"auto\"), not by producers");
+    else if (check_submit(b, s, &v) &&
+             ((s->tools.ptr && grammar_admit_tools(b->cfg, &gn, info_tool_family(b), info_think_open(b), s, &gbnf,
+                                                   &trigger, gfield, sizeof gfield, &ge)) ||
+              (!gbnf && grammar_admit(b->cfg, &gn, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
         bad(&v, ge.code == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, gfield, "%s", ge.msg);
     if (v.status) {
         b->stats.jobs_rejected++;
@@ -367,6 +373,7 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     if (j) {
         /* workers get the GBNF only, whatever the request said */
         j->gbnf = gbnf;
+        j->gtrigger = gbnf ? trigger : NULL;
         gbnf = NULL;
     }
     if (!j || copy_request(j, s, b->cfg)) {
@@ -459,6 +466,10 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
     s->tokens = table ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
     s->completion_tokens = (uint32_t)s->tokens.n;
     s->lp = joblp_status(j, s->tokens.n);
+    s->reasoning_content = jobsplit_reasoning(j);
+    const tp_tool_call *calls;
+    if ((s->n_tool_calls = jobsplit_calls(j, &calls)))
+        s->tool_calls = (tp_tool_call *)calls;
     if (done) {
         s->reason = j->reason;
         s->matched = j->matched;

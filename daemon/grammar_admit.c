@@ -71,17 +71,25 @@ static bool str_is(tp_str s, const char *lit)
     return s.ptr && s.len == strlen(lit) && !memcmp(s.ptr, lit, s.len);
 }
 
-int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, const tp_m_submit *s,
-                        char **gbnf, char *field, size_t cap, tp_err *err)
+int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, bool think_open,
+                        const tp_m_submit *s, char **gbnf, const char **trigger, char *field, size_t cap, tp_err *err)
 {
     *gbnf = NULL;
+    *trigger = NULL;
     bool named = str_is(s->tool_choice, "function");
-    if (!named && !str_is(s->tool_choice, "required"))
+    bool lazy = !named && !str_is(s->tool_choice, "required");
+    if (lazy && s->tool_choice.ptr && !str_is(s->tool_choice, "auto"))
+        return 0;   /* none */
+    const tp_params *p = &s->params;
+    bool other = ((p->set & TP_P_GRAMMAR) && p->grammar.ptr) || ((p->set & TP_P_JSON_SCHEMA) && p->json_schema.ptr) ||
+                 ((p->set & TP_P_JSON_MODE) && p->json_mode);
+    /* auto holds a call once it opens, where the syntax has a marker to
+     * wait for and the job has no constraint of its own; what cannot be
+     * held stays free (auto never refuses) */
+    if (lazy && (other || !tp_toolcall_trigger(f)))
         return 0;
     snprintf(field, cap, "tool_choice");
-    const tp_params *p = &s->params;
-    if (((p->set & TP_P_GRAMMAR) && p->grammar.ptr) || ((p->set & TP_P_JSON_SCHEMA) && p->json_schema.ptr) ||
-        ((p->set & TP_P_JSON_MODE) && p->json_mode))
+    if (other)
         return tp_err_set(err, TP_EINVAL,
                           "tool_choice: \"%s\" constrains the output to a call; it cannot go with a grammar, "
                           "json_schema or json_mode (response_format)",
@@ -93,12 +101,22 @@ int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family
     tp_err e;
     tp_jschema_opts o;
     schema_opts(c, &o);
-    int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, &o, gbnf, &e);
+    /* a thinking the prompt opened ends before the call (unless the job
+     * keeps the thinking in its content) */
+    bool after = think_open && (!(p->set & TP_P_PARSE_REASONING) || p->parse_reasoning);
+    tp_tcg_from from = lazy ? TP_TCG_LAZY : after ? TP_TCG_AFTER_THINK : TP_TCG_FIRST;
+    int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, from, names, &o, gbnf,
+                                 &e);
     if (!rc && (rc = compile_check(c, names, *gbnf, &e)) != 0) {
         free(*gbnf);
         *gbnf = NULL;
     }
+    if (rc && lazy) {
+        field[0] = '\0';
+        return rc == TP_ENOMEM ? tp_err_set(err, TP_ENOMEM, "out of memory") : 0;
+    }
     if (rc)
         return tp_err_set(err, rc == TP_ENOMEM || rc == TP_ERANGE ? rc : TP_EINVAL, "%s", e.msg);
+    *trigger = tp_toolcall_grammar_trigger(f, from);
     return 0;
 }

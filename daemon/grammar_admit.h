@@ -24,10 +24,15 @@ int grammar_admit(const tp_config *c, const tp_gnames *names, const tp_params *p
 /* tool_choice "required" / "function" of SUBMIT s: *gbnf the grammar of a
  * call (of tool_choice_name only, for "function") in syntax f, compiled
  * once under c's limits like any other. Another constraint in the same
- * job, a syntax that cannot be enforced, an unknown name or a schema the
- * compiler refuses: TP_EINVAL naming it, field set. Other tool_choice: 0,
- * *gbnf NULL. */
-int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, const tp_m_submit *s,
-                        char **gbnf, char *field, size_t cap, tp_err *err);
+ * job, an unknown name or a schema the compiler refuses: TP_EINVAL naming
+ * it, field set. "auto" (or none given): the same grammar from the
+ * syntax's trigger on, *trigger that text (static), where it can be held
+ * (a marker to wait for, no constraint of the job's own, schemas the
+ * compiler takes), else nothing: auto is never refused. think_open (the
+ * template's prompt opens the thinking): required / named hold the
+ * output from the thinking's end on (*trigger </think>). "none": 0, *gbnf
+ * NULL. */
+int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, bool think_open,
+                        const tp_m_submit *s, char **gbnf, const char **trigger, char *field, size_t cap, tp_err *err);
 
 #endif

@@ -23,6 +23,7 @@ struct binfo {
     char *piece_buf;
     bool chat_template;
     tp_tc_family tool_family;   /* the template's tool-call syntax (TP_TC_NONE: none or unknown) */
+    bool think_open;            /* its generation prompt opens the thinking */
     char weight_type[TP_PROTO_MAX_NAME + 1];
     bool from_vocab;         /* from a worker that holds the vocabulary */
     int32_t bos, eos;        /* its BOS / EOS (a forward-only worker guesses 1 / 2) */
@@ -80,6 +81,7 @@ void info_on_ready(broker *b, const tp_m_ready *r)
     /* only a tokenize worker loads the template: one that has it says so */
     in->chat_template = r->chat_template || (b->info && b->info->chat_template);
     in->tool_family = b->info ? b->info->tool_family : TP_TC_NONE;
+    in->think_open = r->tool_syntax.ptr ? r->think_open : b->info && b->info->think_open;
     for (int f = 0; r->tool_syntax.ptr && f < TP_TC_COUNT; f++)
         if (r->tool_syntax.len == strlen(tp_tc_family_name((tp_tc_family)f)) &&
             !memcmp(r->tool_syntax.ptr, tp_tc_family_name((tp_tc_family)f), r->tool_syntax.len))
@@ -93,6 +95,11 @@ void info_on_ready(broker *b, const tp_m_ready *r)
         memcpy(in->weight_type, b->info->weight_type, sizeof in->weight_type);
     info_free(b);
     b->info = in;
+}
+
+bool info_think_open(const broker *b)
+{
+    return b->info && b->info->think_open;
 }
 
 tp_tc_family info_tool_family(const broker *b)

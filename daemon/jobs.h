@@ -57,6 +57,7 @@ typedef struct bjob {
     int close_finish;               /* CLOSING: the STOP_CLOSE finish, said again to a replacement */
     char *close_error;
     char *gbnf;                     /* the job's grammar (params.grammar points here), or NULL */
+    const char *gtrigger;           /* static: it applies from this text on (tool_choice auto), or NULL */
     bool cancel;
     int32_t *out;
     uint32_t n_out, cap_out;
@@ -87,6 +88,7 @@ typedef struct bjob {
     int64_t done_ms;
     uint32_t context_refused;       /* the prompt did not fit: the context length (FINISH error_code) */
     struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
+    struct jobsplit *split;         /* reasoning and calls its events carried, for STATUS (jobsplit.c) */
     uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
@@ -164,5 +166,14 @@ void jobs_progress(bjob *j, int si);
 void joblp_on_token(bjob *j, const tp_m_token *t);
 tp_lp_cols joblp_status(const bjob *j, size_t n_tokens);
 void joblp_free(bjob *j);
+
+/* jobsplit.c: the reasoning and tool calls a job's events carried */
+void jobsplit_on_token(bjob *j, const tp_m_token *t);
+void jobsplit_on_finish(bjob *j, const tp_m_finish *f);
+tp_str jobsplit_reasoning(const bjob *j);   /* ptr NULL: none */
+/* The calls so far (running: as the TOKEN deltas built them; finished:
+ * FINISH's), valid until the job's next event. */
+size_t jobsplit_calls(bjob *j, const tp_tool_call **calls);
+void jobsplit_free(bjob *j);
 
 #endif

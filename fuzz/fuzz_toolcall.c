@@ -3,7 +3,9 @@
  * JSON / a JSON object for the member scanner, and as the variables JSON a
  * chat template renders from. Beyond the sanitizers it checks that feeding
  * in chunks gives the same content, reasoning and calls as feeding whole,
- * that a parsed call's arguments are JSON, and that no content is lost:
+ * that the call deltas joined are the calls, that a parsed call's
+ * arguments are JSON (all but the last: a call that streamed keeps what
+ * was generated when the text breaks off), and that no content is lost:
  * without calls, content + reasoning hold every byte that is not a
  * thinking marker. */
 #include <stdint.h>
@@ -48,6 +50,19 @@ static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t
         abort();
     const char *c, *r;
     size_t cn, rn, at = 0, k = 0;
+    /* the calls as their deltas build them */
+    char *dargs[8] = {0};
+    size_t dlen[8] = {0}, nd = 0;
+    const tp_tc_delta *dl;
+#define TAKE_DELTAS()                                                                                      \
+    for (size_t q = 0, nq = tp_tcsplit_deltas(s, &dl); q < nq; q++) {                                     \
+        if (dl[q].first && dl[q].index != nd++)                                                            \
+            abort();                                                                                       \
+        if (dl[q].index >= nd || !dl[q].id || !dl[q].name)                                                 \
+            abort();                                                                                       \
+        if (dl[q].index < 8)                                                                               \
+            add(&dargs[dl[q].index], &dlen[dl[q].index], dl[q].arguments, dl[q].arguments_len);           \
+    }
     while (at < n) {
         size_t step = nc ? (size_t)cuts[k++ % nc] % 17 + 1 : n;
         if (step > n - at)
@@ -56,21 +71,30 @@ static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t
             abort();
         add(&o->content, &o->cn, c, cn);
         add(&o->reasoning, &o->rn, r, rn);
+        TAKE_DELTAS();
         at += step;
     }
     if (tp_tcsplit_finish(s, NULL, 0, &c, &cn, &r, &rn))
         abort();
     add(&o->content, &o->cn, c, cn);
     add(&o->reasoning, &o->rn, r, rn);
+    TAKE_DELTAS();
+#undef TAKE_DELTAS
     const tp_tc_call *calls;
     o->n_calls = tp_tcsplit_calls(s, &calls);
+    if (nd != o->n_calls)
+        abort();   /* every call has its deltas */
     for (size_t i = 0; i < o->n_calls; i++) {
+        if (i < 8 && (dlen[i] != calls[i].arguments_len || (dlen[i] && memcmp(dargs[i], calls[i].arguments, dlen[i]))))
+            abort();   /* the fragments joined are the arguments */
         cJSON *j = cJSON_ParseWithLength(calls[i].arguments, calls[i].arguments_len);
-        if (!j || !calls[i].id || !calls[i].name[0])
+        if ((!j && i + 1 < o->n_calls) || !calls[i].id || !calls[i].name[0])
             abort();   /* a parsed call's arguments are JSON, it has an id and a name */
         cJSON_Delete(j);
         strncat(o->names, calls[i].name, sizeof o->names - strlen(o->names) - 1);
     }
+    for (size_t i = 0; i < 8; i++)
+        free(dargs[i]);
     tp_tcsplit_free(s);
 }
 
@@ -105,7 +129,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     jo.max_depth = 24;
     jo.max_gbnf_bytes = 1 << 18;
     char *g = NULL;
-    if (!tp_toolcall_grammar(f, (const char *)text, n, (data[1] & 4) ? "f" : NULL, data[1] & 8, &jo, &g, &e)) {
+    if (!tp_toolcall_grammar(f, (const char *)text, n, (data[1] & 4) ? "f" : NULL, data[1] & 8, (tp_tcg_from)((data[1] >> 4) % 3), NULL, &jo,
+                             &g, &e)) {
         tp_grammar_limits gl;
         tp_grammar_limits_default(&gl);
         gl.max_compile_ms = 600000;

@@ -187,6 +187,9 @@ static void free_choices(gw_call *c)
         gw_buf_free(&c->ch[i].text);
         gw_buf_free(&c->ch[i].reasoning);
         cJSON_Delete(c->ch[i].tool_calls);
+        for (size_t k = 0; k < c->ch[i].n_scalls; k++)
+            free(c->ch[i].scalls[k].id);
+        free(c->ch[i].scalls);
         free(c->ch[i].matched_buf);
         free(c->ch[i].error);
         gw_lp_free(&c->ch[i].lp);
@@ -546,8 +549,47 @@ static void deliver_reasoning(bridge *b, gw_call *c, size_t i, const char *s, si
         return;
     }
     if (c->oreq.stream) {
-        push(b, c, gw_delta_sse(c, b->g->model_name, i, s, n, NULL), false);
+        push(b, c, gw_delta_sse(c, b->g->model_name, i, s, n), false);
         ch->reasoning_sent = ch->reasoning.len;
+    }
+}
+
+/* Streaming: the part of call (id, name, arguments) not yet out, as
+ * OpenAI's chunks: its first chunk when it is new, then what its
+ * arguments add to the bytes already sent (TOKEN deltas carry a fragment;
+ * FINISH the whole, of which only the tail is new). */
+static void deliver_call(bridge *b, gw_call *c, size_t i, const tp_tool_call *t, bool whole)
+{
+    gw_choice *ch = &c->ch[i];
+    size_t k = 0;
+    while (k < ch->n_scalls && (strlen(ch->scalls[k].id) != t->id.len || memcmp(ch->scalls[k].id, t->id.ptr, t->id.len)))
+        k++;
+    if (k == ch->n_scalls) {
+        if (ch->n_scalls == ch->cap_scalls) {
+            size_t cap = ch->cap_scalls ? ch->cap_scalls * 2 : 4;
+            struct gw_scall *p = realloc(ch->scalls, cap * sizeof *p);
+            if (!p) {
+                fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
+                return;
+            }
+            ch->scalls = p;
+            ch->cap_scalls = cap;
+        }
+        char *id = strndup(t->id.ptr ? t->id.ptr : "", t->id.len);
+        if (!id) {
+            fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
+            return;
+        }
+        ch->scalls[ch->n_scalls++] = (struct gw_scall){id, 0};
+        push(b, c, gw_call_sse(c, b->g->model_name, i, k, t->id.ptr, t->id.len, t->name.ptr, t->name.len, "", 0),
+             false);
+    }
+    struct gw_scall *sc = &ch->scalls[k];
+    size_t from = whole ? sc->sent : 0;
+    if (t->arguments.len > from) {
+        push(b, c, gw_call_sse(c, b->g->model_name, i, k, NULL, 0, NULL, 0, t->arguments.ptr + from,
+                               t->arguments.len - from), false);
+        sc->sent += t->arguments.len - from;
     }
 }
 
@@ -706,6 +748,8 @@ static void on_event(bridge *b, tp_zmsg *z)
         deliver_text(b, c, i, &m.token.text, false, false);
         if (m.token.reasoning.len)
             deliver_reasoning(b, c, i, m.token.reasoning.ptr, m.token.reasoning.len);
+        for (size_t k = 0; c->oreq.stream && k < m.token.n_tool_calls; k++)
+            deliver_call(b, c, i, &m.token.tool_calls[k], false);
     } else {
         finish_split(b, c, i, &m.finish);
         /* only a stop string cuts accepted tokens' text */
@@ -723,8 +767,8 @@ static void on_event(bridge *b, tp_zmsg *z)
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
         ch->context_exceeded = m.finish.error_code.ptr && str_is(m.finish.error_code, TP_CODE_CONTEXT);
-        if (c->oreq.stream && ch->reason != TP_REASON_ERROR && ch->tool_calls)
-            push(b, c, gw_delta_sse(c, b->g->model_name, i, NULL, 0, ch->tool_calls), false);
+        for (size_t k = 0; c->oreq.stream && ch->reason != TP_REASON_ERROR && k < m.finish.n_tool_calls; k++)
+            deliver_call(b, c, i, &m.finish.tool_calls[k], true);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)
             push(b, c, gw_chunk_sse(c, b->g->model_name, i, NULL, 0, 0, 0, true), false);
         if (c->n_finished == c->n_ch)

@@ -58,6 +58,11 @@ typedef struct gw_choice {
     gw_buf reasoning;          /* the thinking text (TOKEN reasoning deltas, then FINISH's whole) */
     size_t reasoning_sent;     /* streaming: bytes of it already out */
     struct cJSON *tool_calls;  /* FINISH tool_calls in OpenAI's shape, NULL none */
+    struct gw_scall {          /* streaming: the calls whose first chunk is out, in index order */
+        char *id;
+        size_t sent;           /* bytes of its arguments out */
+    } *scalls;
+    size_t n_scalls, cap_scalls;
 } gw_choice;
 
 typedef struct gw_call {
@@ -150,11 +155,14 @@ char *gw_completion_json(const gw_call *c, const char *model);
 char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *text, size_t len, size_t lp_from,
                    size_t lp_to, bool final);
 char *gw_usage_sse(const gw_call *c, const char *model);
-/* A chat SSE event for choice i with delta {reasoning_content} (len bytes)
- * or, when calls is given, delta {tool_calls: [{index, id, type, function}]}
- * (calls in OpenAI's message shape, indexed in order). */
-char *gw_delta_sse(const gw_call *c, const char *model, size_t i, const char *reasoning, size_t len,
-                   const struct cJSON *calls);
+/* A chat SSE event for choice i with delta {reasoning_content} (len bytes). */
+char *gw_delta_sse(const gw_call *c, const char *model, size_t i, const char *reasoning, size_t len);
+/* A chat SSE event for choice i with delta {tool_calls: [{index, ...}]} as
+ * OpenAI streams calls: a call's first chunk {index, id, type: "function",
+ * function: {name, arguments: ""}} (id given), then {index, function:
+ * {arguments: fragment}} (id NULL). */
+char *gw_call_sse(const gw_call *c, const char *model, size_t i, size_t index, const char *id, size_t id_len,
+                  const char *name, size_t name_len, const char *args, size_t args_len);
 /* The finish_reason of choice ch: "tool_calls" when it made calls. */
 const char *gw_choice_finish(const gw_choice *ch);
 char *gw_health_json(const tp_m_stats_reply *s, int *status);

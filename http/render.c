@@ -371,27 +371,45 @@ char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *te
     return sse(o);
 }
 
-char *gw_delta_sse(const gw_call *c, const char *model, size_t i, const char *reasoning, size_t len,
-                   const cJSON *calls)
+static cJSON *delta_event(const gw_call *c, const char *model, size_t i, cJSON **d)
 {
     cJSON *o = head(c, model, "chat.completion.chunk");
     cJSON *arr = cJSON_AddArrayToObject(o, "choices");
     cJSON *x = cJSON_CreateObject();
     cJSON_AddNumberToObject(x, "index", (double)i);
-    cJSON *d = cJSON_AddObjectToObject(x, "delta");
-    cJSON_AddStringToObject(d, "role", "assistant");
-    if (calls) {
-        cJSON *tc = cJSON_Duplicate(calls, 1);
-        int k = 0;
-        for (cJSON *e = tc ? tc->child : NULL; e; e = e->next)
-            cJSON_AddItemToObject(e, "index", cJSON_CreateNumber(k++));
-        cJSON_AddItemToObject(d, "tool_calls", tc);
-    } else {
-        cJSON_AddItemToObject(d, "reasoning_content", text_item(reasoning, len));
-    }
+    *d = cJSON_AddObjectToObject(x, "delta");
+    cJSON_AddStringToObject(*d, "role", "assistant");
     cJSON_AddNullToObject(x, "logprobs");
     cJSON_AddNullToObject(x, "finish_reason");
     cJSON_AddItemToArray(arr, x);
+    return o;
+}
+
+char *gw_delta_sse(const gw_call *c, const char *model, size_t i, const char *reasoning, size_t len)
+{
+    cJSON *d;
+    cJSON *o = delta_event(c, model, i, &d);
+    cJSON_AddItemToObject(d, "reasoning_content", text_item(reasoning, len));
+    return sse(o);
+}
+
+char *gw_call_sse(const gw_call *c, const char *model, size_t i, size_t index, const char *id, size_t id_len,
+                  const char *name, size_t name_len, const char *args, size_t args_len)
+{
+    cJSON *d;
+    cJSON *o = delta_event(c, model, i, &d);
+    cJSON *tc = cJSON_AddArrayToObject(d, "tool_calls");
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "index", (double)index);
+    if (id) {
+        cJSON_AddItemToObject(e, "id", text_item(id, id_len));
+        cJSON_AddStringToObject(e, "type", "function");
+    }
+    cJSON *fn = cJSON_AddObjectToObject(e, "function");
+    if (id)
+        cJSON_AddItemToObject(fn, "name", text_item(name, name_len));
+    cJSON_AddItemToObject(fn, "arguments", text_item(args, args_len));
+    cJSON_AddItemToArray(tc, e);
     return sse(o);
 }
 

@@ -74,6 +74,8 @@ static const field params_fields[] = {
     {.key = "json_schema", .type = FT_STR, .off = P(json_schema), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
      .setbit = TP_P_JSON_SCHEMA},
     {.key = "json_mode", .type = FT_BOOL, .off = P(json_mode), .setbit = TP_P_JSON_MODE},
+    {.key = "grammar_trigger", .type = FT_STR, .off = P(grammar_trigger), .flags = FF_NONEMPTY,
+     .max = TP_PROTO_MAX_NAME},
     {.key = "parse_tool_calls", .type = FT_BOOL, .off = P(parse_tool_calls), .setbit = TP_P_PARSE_TOOL_CALLS},
     {.key = "parse_reasoning", .type = FT_BOOL, .off = P(parse_reasoning), .setbit = TP_P_PARSE_REASONING},
     {.key = "parallel_tool_calls", .type = FT_BOOL, .off = P(parallel_tool_calls),
@@ -155,7 +157,9 @@ static const field status_reply_f[] = {
     F_STR("text", SR(text), 0, TP_PROTO_MAX_TEXT), F_U64("text_len", SR(text_len), 0),
     F_STR("job_error", SR(job_error), 0, TP_PROTO_MAX_ERROR),
     F_U64("queue_us", SR(timings.queue_us), 0), F_U64("ttft_us", SR(timings.ttft_us), 0),
-    F_U64("total_us", SR(timings.total_us), 0), TOP_N(SR(lp.top_n)), END,
+    F_U64("total_us", SR(timings.total_us), 0), TOP_N(SR(lp.top_n)),
+    F_STR("reasoning_content", SR(reasoning_content), 0, TP_PROTO_MAX_TEXT),
+    {.key = "tool_calls", .type = FT_CALLS, .off = SR(tool_calls), .max = TP_PROTO_MAX_TOOL_CALLS}, END,
 };
 static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, LP_FRAMES(SR(lp)), {NULL, 0, 0, 0}};
 
@@ -257,7 +261,8 @@ static const field token_f[] = {
     F_U32("seq", M(token.seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("index", M(token.index), FF_REQUIRED, 0, UINT32_MAX),
     F_STR("text", M(token.text), FF_REQUIRED, TP_PROTO_MAX_TEXT), TOP_N(M(token.lp.top_n)), F_U64("pin", M(token.pin), 0),
-    F_STR("reasoning", M(token.reasoning), 0, TP_PROTO_MAX_TEXT), END,
+    F_STR("reasoning", M(token.reasoning), 0, TP_PROTO_MAX_TEXT),
+    {.key = "tool_calls", .type = FT_CALLS, .off = M(token.tool_calls), .max = TP_PROTO_MAX_TOOL_CALLS}, END,
 };
 static const pframe token_p[] = {{"ids", M(token.ids), 4, 0}, LP_FRAMES(M(token.lp)), {NULL, 0, 0, 0}};
 
@@ -305,6 +310,7 @@ static const field ready_f[] = {
     F_U32("max_batch_tokens", RD(max_batch_tokens), FF_REQUIRED, 0, UINT32_MAX),
     EOG_IDS(RD(eog_ids)), SPECIAL_IDS(RD(special_ids)), SPECIAL_PIECES(RD(special_pieces)),
     F_BOOL("chat_template", RD(chat_template), 0), F_STR("tool_syntax", RD(tool_syntax), 0, TP_PROTO_MAX_NAME),
+    F_BOOL("think_open", RD(think_open), 0),
     F_STR("weight_type", RD(weight_type), 0, TP_PROTO_MAX_NAME), END,
 };
 static const field welcome_f[] = {

@@ -97,12 +97,66 @@ static void text_is_kept_in_whole_deltas_up_to_the_cap(void **state)
     free(s);
 }
 
+/* A TOKEN event with the thinking delta r and the call deltas calls. */
+static void split_token(bjobs *b, const char *id, uint32_t seq, const char *r, tp_tool_call *calls, size_t n)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
+    int32_t tok = 1;
+    m.token = (tp_m_token){.job_id = tp_str_of(id), .seq = seq, .index = seq, .text = tp_str_of(""),
+                           .reasoning = tp_str_of(r), .tool_calls = calls, .n_tool_calls = n, .ids = {&tok, 1}};
+    const bjob *j;
+    jobs_on_event(b, &m, &j);
+}
+
+static tp_tool_call delta(const char *id, const char *name, const char *args)
+{
+    return (tp_tool_call){tp_str_of(id), tp_str_of(name), tp_str_of(args)};
+}
+
+/* STATUS of a running job: the thinking and the calls as the deltas up to
+ * last_seq built them; of a finished one: FINISH's */
+static void reasoning_and_calls_so_far_are_kept_for_status(void **state)
+{
+    fixture *f = *state;
+    bjob *j = jobs_new(&f->b, "tc", 2);
+    j->state = J_RUNNING;
+    assert_null(jobsplit_reasoning(j).ptr);
+    split_token(&f->b, "tc", 0, "Look", NULL, 0);
+    split_token(&f->b, "tc", 1, " it up.", NULL, 0);
+    tp_tool_call d1[] = {delta("call_a", "get_weather", ""), delta("call_a", "get_weather", "{\"ci")};
+    split_token(&f->b, "tc", 2, NULL, d1, 2);
+    tp_tool_call d2[] = {delta("call_a", "get_weather", "ty\": \"Paris\"}"), delta("call_b", "now", "{")};
+    split_token(&f->b, "tc", 3, NULL, d2, 2);
+    tp_str r = jobsplit_reasoning(j);
+    assert_int_equal(r.len, 11);
+    assert_memory_equal(r.ptr, "Look it up.", 11);
+    const tp_tool_call *c;
+    assert_int_equal(jobsplit_calls(j, &c), 2);
+    assert_int_equal(c[0].arguments.len, strlen("{\"city\": \"Paris\"}"));
+    assert_memory_equal(c[0].arguments.ptr, "{\"city\": \"Paris\"}", c[0].arguments.len);
+    assert_memory_equal(c[1].name.ptr, "now", 3);
+    assert_int_equal(c[1].arguments.len, 1);   /* unfinished so far */
+    /* FINISH: its whole calls and thinking */
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_EVT, TP_CMD_FINISH);
+    tp_tool_call whole[] = {delta("call_a", "get_weather", "{\"city\": \"Paris\"}"), delta("call_b", "now", "{}")};
+    m.finish = (tp_m_finish){.job_id = tp_str_of("tc"), .seq = 4, .reason = TP_REASON_EOS, .text = tp_str_of(""),
+                             .reasoning_content = tp_str_of("Look it up."), .tool_calls = whole, .n_tool_calls = 2};
+    const bjob *jj;
+    jobs_on_event(&f->b, &m, &jj);
+    assert_int_equal(jobsplit_calls(j, &c), 2);
+    assert_int_equal(c[1].arguments.len, 2);
+    assert_memory_equal(c[1].id.ptr, "call_b", 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(running_job_keeps_the_text_and_ids_its_events_carried, setup, teardown),
         cmocka_unit_test_setup_teardown(events_of_a_lost_stop_worker_are_filled_from_the_verdicts, setup, teardown),
         cmocka_unit_test_setup_teardown(text_is_kept_in_whole_deltas_up_to_the_cap, setup, teardown),
+        cmocka_unit_test_setup_teardown(reasoning_and_calls_so_far_are_kept_for_status, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

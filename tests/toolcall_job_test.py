@@ -51,9 +51,9 @@ BOUNDED = [{"type": "function", "function": {
 TOOLS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "openai_tools.cjs")
 
 
-def chain_model(path, start, chain, end):
+def chain_model(path, start, chain, end, vocab=QWEN3):
     """Greedy decoding after `start` gives chain, then end."""
-    subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", QWEN3,
+    subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "llama", "--vocab-from", vocab,
                     "--shape", "64x2x4", "--seed", "5", "--separate-output", "--out", path],
                    check=True, capture_output=True, timeout=300)
     _, tensors, _, _, _ = gguf_tiny.read_gguf(path)
@@ -125,7 +125,7 @@ class ModelThatCallsATool(unittest.TestCase):
     def test_generate_returns_the_call_and_the_thinking_apart(self):
         j = self.generate("--tools", self.tools_file)
         self.assertEqual(j["tokens"], self.chain)   # the end token ends it, unshown
-        self.assertEqual(j["finish_reason"], "eos")
+        self.assertEqual(j["finish_reason"], "tool_calls")   # as an OpenAI gateway says
         self.assertEqual(j["text"], "")
         self.assertEqual(j["reasoning_content"], THOUGHT)
         self.check_call(j["tool_calls"])
@@ -139,6 +139,7 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr.decode())
         r = json.loads(p.stdout)
         self.assertEqual((r["text"], r["reasoning_content"], r["prompt_tokens"]), ("", THOUGHT, j["prompt_tokens"]))
+        self.assertEqual((r["finish_reason"], r["tokens"]), ("tool_calls", j["tokens"]))
         self.check_call(r["tool_calls"])
 
     def test_tool_choice_none_leaves_the_call_text_as_content(self):
@@ -168,6 +169,23 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual(len(fin["tool_calls"]), 1)
         c = fin["tool_calls"][0]
         self.assertEqual((c["name"], c["arguments"]), ("get_weather", '{"city":"Paris"}'))
+        # the call streamed in TOKEN deltas as it was generated: its first
+        # delta once the name was whole, then its arguments piece by piece
+        built, pieces = {}, 0
+        for t in tokens:
+            for d in t.get("tool_calls", []):
+                k = built.setdefault(d["id"], {"name": d["name"], "arguments": ""})
+                self.assertEqual(k["name"], d["name"])
+                k["arguments"] += d.get("arguments", "")
+                pieces += 1
+        self.assertEqual(list(built), [c["id"]])
+        self.assertEqual(built[c["id"]], {"name": "get_weather", "arguments": c["arguments"]})
+        self.assertGreater(pieces, 3)
+        # STATUS reports them, and the thinking
+        cmd, st, _ = self.d.call(tpdaemon.CMD_STATUS, {"job_id": "zmq-tools"})
+        self.assertEqual(st["status"], 200, st)
+        self.assertEqual(st["reasoning_content"], THOUGHT)
+        self.assertEqual(st["tool_calls"], fin["tool_calls"])
         # a named function that is not offered, and a second constraint, are refused by name
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS), "tool_choice": "function",
@@ -180,6 +198,11 @@ class ModelThatCallsATool(unittest.TestCase):
             "params": {"json_mode": True}})
         self.assertEqual(ack["status"], 400, ack)
         self.assertIn("cannot go with a grammar, json_schema or json_mode", ack["error"])
+        # the lazy grammar's trigger is the broker's to set
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
+            "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS),
+            "params": {"grammar": "root ::= \"x\"", "grammar_trigger": "<tool_call>"}})
+        self.assertEqual((ack["status"], ack["field"]), (400, "params.grammar_trigger"), ack)
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "messages": [{"role": "user", "content": USER}], "tool_choice": "auto"})
         self.assertEqual(ack["status"], 400, ack)
@@ -235,6 +258,18 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual(reasoning, THOUGHT)
         self.assertEqual(finish, "tool_calls")
         self.check_call([calls[0]])
+        # as OpenAI streams calls: a first chunk with index, id, type, name
+        # and arguments "", then the arguments in pieces
+        chunks = [t for ev in sse_events(body) for c in ev["choices"] for t in c["delta"].get("tool_calls") or []]
+        self.assertEqual(chunks[0], {"index": 0, "id": calls[0]["id"], "type": "function",
+                                     "function": {"name": "get_weather", "arguments": ""}})
+        self.assertGreater(len(chunks), 3)
+        for t in chunks[1:]:
+            self.assertEqual(set(t), {"index", "function"})
+            self.assertEqual(set(t["function"]), {"arguments"})
+        # the assembled deltas equal the message (but the id)
+        msg = ch["message"]["tool_calls"][0]
+        self.assertEqual(calls[0]["function"], msg["function"])
         # refusals name the field
         st, body, _ = self.chat(tool_choice={"type": "function", "function": {"name": "get_time"}})
         self.assertEqual(st, 400, body)
@@ -313,6 +348,13 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertEqual((s["content"], s["reasoning"], s["finish"]), ("", THOUGHT, "tool_calls"))
         self.check_call(s["calls"])
         self.assertNotEqual(s["calls"][0]["id"], first["message"]["tool_calls"][0]["id"])
+        # the client's stream helper builds the same message from the deltas
+        h = out["helper"]
+        self.assertEqual(h["finish"], "tool_calls", h)
+        self.check_call(h["message"]["tool_calls"])
+        self.assertEqual(h["message"]["tool_calls"][0]["function"], first["message"]["tool_calls"][0]["function"])
+        self.assertIn(h["message"]["content"], (None, ""))
+        self.assertGreater(h["fragments"], 1)
         # the second turn (assistant calls + tool result) is accepted and answered
         self.assertIn("choices", out["second"], out["second"])
         self.assertIn(out["second"]["choices"][0]["finish_reason"], ("tool_calls", "stop"))

@@ -138,6 +138,10 @@ static int append_ids(job *j, tp_raw ids)
 static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
 {
     memset(p, 0, sizeof *p);
+    if (g->one_call) {
+        p->parallel_tool_calls = false;
+        p->set |= TP_P_PARALLEL_TOOL_CALLS;
+    }
     /* only what the command line gave: the rest takes the daemon's
      * configured defaults (generation.*) and limits */
     static const struct {
@@ -525,7 +529,10 @@ static void print_json(const job *j)
     for (size_t i = 0; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddItemToObject(o, "tokens", toks);
-    cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(j->reason));
+    /* a job that called ends for its calls, as an OpenAI gateway says */
+    bool called = j->tool_calls && cJSON_GetArraySize(j->tool_calls) && j->reason != TP_REASON_ERROR &&
+                  j->reason != TP_REASON_CANCELLED;
+    cJSON_AddStringToObject(o, "finish_reason", called ? "tool_calls" : tp_reason_name(j->reason));
     if (j->detail[0])
         cJSON_AddStringToObject(o, "finish_detail", j->detail);
     if (j->grammar_complete >= 0)

@@ -16,6 +16,7 @@
 #include "tokpipe/detok.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/forward.h"
+#include "tokpipe/glazy.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/model.h"
 #include "tokpipe/sampler.h"
@@ -65,7 +66,8 @@ typedef struct run_job {
     float *lp;
     tp_logprob *top;
     int top_n;
-    tp_gmatch *gm;       /* --grammar / --json-schema / --json-mode: the position */
+    tp_gmatch *gm;       /* --grammar / --json-schema / --json-mode / a tool call: the position */
+    tp_glazy *lazy;      /* --tool-choice auto: gm applies from the call's marker on */
     /* chat jobs: content, thinking and tool calls apart, as the stop stage does */
     tp_tcsplit *split;
     char *content;
@@ -82,6 +84,7 @@ typedef struct run_ctx {
     bool stream;         /* one prompt, plain text: print chunks as they come */
     FILE *dump;          /* --dump-logits, or NULL */
     char *gbnf;          /* the jobs' grammar, or NULL */
+    const char *gtrigger; /* static: it applies from this text on (tool_choice auto), or NULL */
     tp_gcache *gc;
     uint64_t *gmask;
     float *mrow;         /* the logits under the mask */
@@ -318,6 +321,8 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
     tp_sampler_params sp = sampler_params(g, ban, n_ban);
     if (c->gc && (rc = tp_gcache_matcher(c->gc, c->gbnf, strlen(c->gbnf), &j->gm, err)))
         return rc;
+    if (c->gtrigger && (rc = tp_glazy_new(j->gm, c->gtrigger, strlen(c->gtrigger), &j->lazy, err)))
+        return rc;
     if ((rc = tp_stop_new(&sc, &j->stop, err)) ||
         (rc = tp_sampler_new(&sp, c->vocab, j->ids, n, &j->sampler, err)) ||
         (rc = tp_detok_new(c->tok, j->ids[n - 1], &j->detok, err)) ||
@@ -335,6 +340,7 @@ static void job_free(run_job *j)
     tp_detok_free(j->detok);
     tp_stop_free(j->stop);
     tp_tcsplit_free(j->split);
+    tp_glazy_free(j->lazy);
     free(j->content);
 }
 
@@ -379,7 +385,8 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
     /* the grammar's mask before every selection step, as the sample stage */
     const float *row = logits;
     int rc = 0;
-    if (j->gm && !(rc = tp_gmatch_mask(j->gm, c->gmask, err))) {
+    tp_gmatch *gm = j->lazy ? tp_glazy_active(j->lazy) : j->gm;
+    if (gm && !(rc = tp_gmatch_mask(gm, c->gmask, err))) {
         tp_grammar_apply_mask(c->gmask, logits, c->mrow, c->vocab);
         row = c->mrow;
     }
@@ -413,7 +420,9 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
             if ((rc = tp_sampler_accept(j->sampler, cand, err)) ||
                 (rc = tp_detok_accept(j->detok, cand, err)))
                 return rc;
-            if (j->gm)
+            if (j->lazy && (rc = tp_glazy_accept(j->lazy, cand, err)))
+                return rc;
+            if (j->gm && !j->lazy)
                 tp_gmatch_accept(j->gm, cand, NULL);
         }
     }
@@ -421,18 +430,27 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
         const char *t, *r;
         size_t tn, rn;
         rc = st.finish != TP_FINISH_NONE ? tp_tcsplit_finish(j->split, st.chunk, st.chunk_len, &t, &tn, &r, &rn)
-                                         : tp_tcsplit_feed(j->split, st.chunk, st.chunk_len, &t, &tn, &r, &rn);
+                                         : tp_tcsplit_feed_token(j->split, st.accepted ? cand : -1, st.chunk,
+                                                                 st.chunk_len, &t, &tn, &r, &rn);
         if (rc || (rc = put_content(c, j, t, tn)))
             return tp_err_set(err, rc, "out of memory");
     } else if (c->stream && st.chunk_len) {
         fwrite(st.chunk, 1, st.chunk_len, stdout);
         fflush(stdout);
     }
-    /* a grammar with no continuation ends the job, as in the stop stage */
-    if (j->gm && st.finish == TP_FINISH_NONE && tp_gmatch_done(j->gm) && !tp_stop_end(j->stop, &st) &&
-        c->stream && st.chunk_len) {
-        fwrite(st.chunk, 1, st.chunk_len, stdout);
-        fflush(stdout);
+    /* a grammar with no continuation ends the job, as in the stop stage
+     * (which ends the splitter there too) */
+    if (j->gm && !j->lazy && st.finish == TP_FINISH_NONE && tp_gmatch_done(j->gm) && !tp_stop_end(j->stop, &st)) {
+        if (j->split) {
+            const char *t, *r;
+            size_t tn, rn;
+            if ((rc = tp_tcsplit_finish(j->split, st.chunk, st.chunk_len, &t, &tn, &r, &rn)) ||
+                (rc = put_content(c, j, t, tn)))
+                return tp_err_set(err, rc, "out of memory");
+        } else if (c->stream && st.chunk_len) {
+            fwrite(st.chunk, 1, st.chunk_len, stdout);
+            fflush(stdout);
+        }
     }
     if (st.finish != TP_FINISH_NONE)
         job_finish(c, j, &st);
@@ -550,12 +568,16 @@ static void print_json(const run_job *j, const genopts *g)
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     for (size_t i = j->n_prompt; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
-    cJSON_AddStringToObject(o, "finish_reason", tp_finish_reason_name(j->last.finish));
+    const tp_tc_call *tc;
+    bool called = j->split && tp_tcsplit_calls(j->split, &tc) && j->last.finish != TP_FINISH_ERROR &&
+                  j->last.finish != TP_FINISH_CANCELLED;
+    /* a job that called ends for its calls, as an OpenAI gateway says */
+    cJSON_AddStringToObject(o, "finish_reason", called ? "tool_calls" : tp_finish_reason_name(j->last.finish));
     if (j->last.finish == TP_FINISH_LENGTH)
         cJSON_AddStringToObject(o, "finish_detail", length_detail(j));
-    if (j->last.finish == TP_FINISH_EOS && j->gm && tp_gmatch_accepting(j->gm))
+    if (j->last.finish == TP_FINISH_EOS && j->gm && !j->lazy && tp_gmatch_accepting(j->gm))
         cJSON_AddStringToObject(o, "finish_detail", "grammar");
-    if (j->gm) {
+    if (j->gm && !j->lazy) {
         bool whole = tp_gmatch_complete(j->gm, (const uint8_t *)text, len, j->last.finish == TP_FINISH_STOP_STRING);
         cJSON_AddBoolToObject(o, "grammar_complete", whole);
     }
@@ -602,6 +624,71 @@ static void print_results(const run_ctx *c, const genopts *g)
     fflush(stdout);
 }
 
+/* The engine the jobs' grammar (c->gbnf) is matched with. */
+static int grammar_init(run_ctx *c, tp_err *err)
+{
+    const int *model_eos;
+    int n_model_eos = tp_model_eos_ids(c->model, &model_eos);
+    int eos[RUN_MAX_EOS];
+    int n_eos = tp_tokenizer_merge_eog(c->tok, model_eos, n_model_eos, eos, RUN_MAX_EOS);
+    int rc = tp_gcache_new(c->tok, eos, n_eos, NULL, NULL, 1, &c->gc, err);
+    if (rc)
+        return rc;
+    c->gmask = malloc(tp_gmask_words(c->vocab) * sizeof *c->gmask);
+    c->mrow = malloc((size_t)c->vocab * sizeof *c->mrow);
+    if (!c->gmask || !c->mrow)
+        return tp_err_set(err, TP_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* The special token (control, user-defined or unknown) whose piece is
+ * text: what the broker finds among the special tokens a worker's READY
+ * lists (the same ones, by the same rule, in the same order), so that a
+ * call grammar is the same here and through the daemon (a tp_gnames find). */
+static int find_special(void *ctx, const char *text, size_t len)
+{
+    const tp_tokenizer *tok = ctx;
+    size_t listed = 0;
+    for (int id = 0; id < tp_tokenizer_vocab_size(tok) && listed < TP_PROTO_MAX_SPECIAL; id++) {
+        int t = tp_tokenizer_token_type(tok, id);
+        size_t n;
+        const char *p = tp_tokenizer_piece(tok, id, &n);
+        if (!(t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) || !p ||
+            n > TP_PROTO_MAX_NAME || !tp_proto_utf8_valid(p, n))
+            continue;
+        listed++;
+        if (n == len && !memcmp(p, text, len))
+            return id;
+    }
+    return -1;
+}
+
+/* --tool-choice as the broker admits it: required / a named function hold
+ * the output to a call from its first token, auto from the call's marker
+ * on (where it can: else free, never an error), none leaves it free. */
+static int tool_grammar(run_ctx *c, const tp_tokenize_stage *st, const genopts *g, tp_err *err)
+{
+    const char *tc = g->tool_choice ? g->tool_choice : "auto";
+    if (!g->tools.ptr || !strcmp(tc, "none") || c->gbnf)
+        return 0;
+    tp_tc_syntax syn;
+    tp_tokenize_stage_syntax(st, &syn);
+    bool named = !strcmp(tc, "function"), lazy = !named && strcmp(tc, "required");
+    if (lazy && !tp_toolcall_trigger(syn.family))
+        return 0;
+    tp_gnames names = {c->vocab, find_special, c->tok};
+    tp_err e;
+    tp_tcg_from from = lazy ? TP_TCG_LAZY : syn.thinks && syn.think_open ? TP_TCG_AFTER_THINK : TP_TCG_FIRST;
+    int rc = tp_toolcall_grammar(syn.family, g->tools.ptr, g->tools.len, named ? g->tool_choice_name : NULL,
+                                 !g->one_call, from, &names, NULL, &c->gbnf, &e);
+    if (rc && lazy)
+        return rc == TP_ENOMEM ? tp_err_set(err, rc, "out of memory") : 0;
+    if (rc)
+        return tp_err_set(err, rc, "--tool-choice: %s", e.msg);
+    c->gtrigger = tp_toolcall_grammar_trigger(syn.family, from);
+    return grammar_init(c, err);
+}
+
 /* --message/--messages: render with the chat template exactly as the
  * tokenize stage does (same code), and stop on its end-of-turn ids too. */
 static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
@@ -611,10 +698,6 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     char *text = NULL, *bos = NULL, *eos = NULL;
     genopts *g = malloc(sizeof *g);
     int rc = g ? tp_tokenize_stage_new(c->tok, &st, err) : tp_err_set(err, TP_ENOMEM, "out of memory");
-    if (!rc && a->gen.tool_choice && (!strcmp(a->gen.tool_choice, "required") || !strcmp(a->gen.tool_choice, "function")))
-        rc = tp_err_set(err, TP_EINVAL, "--tool-choice: \"%s\" is not enforced by tokpipe run (the daemon's "
-                        "broker builds the call's grammar: use tokpipe generate); use auto or none",
-                        a->gen.tool_choice_name ? a->gen.tool_choice_name : a->gen.tool_choice);
     if (!rc) {
         const char *src = a->chat_template ? a->chat_template : a->tokenizer ? a->tokenizer : a->model;
         tp_err e;
@@ -640,6 +723,8 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     size_t len = 0;
     if (!rc)
         rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, a->gen.tools, &text, &len, err);
+    if (!rc)
+        rc = tool_grammar(c, st, &a->gen, err);
     if (!rc) {
         *g = a->gen;
         g->messages_json = NULL;
@@ -655,9 +740,10 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
         tp_tc_syntax syn;
         tp_tokenize_stage_syntax(st, &syn);
         bool none = a->gen.tool_choice && !strcmp(a->gen.tool_choice, "none");
-        tp_tcsplit_opts so = {.tools = a->gen.tools.ptr && !none, .reasoning = true, .parallel = true,
+        tp_tcsplit_opts so = {.tools = a->gen.tools.ptr && !none, .reasoning = true, .parallel = !a->gen.one_call,
                               .id_seed = tp_random_u64()};
-        rc = tp_tcsplit_new(&syn, &so, &c->jobs[0].split, err);
+        if (!(rc = tp_tcsplit_new(&syn, &so, &c->jobs[0].split, err)))
+            tp_tcsplit_controls(c->jobs[0].split, c->tok);
     }
     free(text);
     free(bos);
@@ -675,18 +761,8 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
         return rc;
     if ((rc = genopts_gbnf(&a->gen, &c->gbnf, err)))
         return rc;
-    if (c->gbnf) {
-        const int *model_eos;
-        int n_model_eos = tp_model_eos_ids(c->model, &model_eos);
-        int eos[RUN_MAX_EOS];
-        int n_eos = tp_tokenizer_merge_eog(c->tok, model_eos, n_model_eos, eos, RUN_MAX_EOS);
-        if ((rc = tp_gcache_new(c->tok, eos, n_eos, NULL, NULL, 1, &c->gc, err)))
-            return rc;
-        c->gmask = malloc(tp_gmask_words(c->vocab) * sizeof *c->gmask);
-        c->mrow = malloc((size_t)c->vocab * sizeof *c->mrow);
-        if (!c->gmask || !c->mrow)
-            return tp_err_set(err, TP_ENOMEM, "out of memory");
-    }
+    if (c->gbnf && (rc = grammar_init(c, err)))
+        return rc;
     c->jobs = calloc(a->gen.n_prompts + 1, sizeof *c->jobs);
     if (!c->jobs)
         return tp_err_set(err, TP_ENOMEM, "out of memory for %zu jobs", a->gen.n_prompts);

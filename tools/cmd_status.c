@@ -18,7 +18,8 @@ static const char usage_text[] =
     "holds back); once finished, the finish reason, matched stop, timings and the\n"
     "final text.\n"
     "  --json   one JSON object instead: status, job_id, state, prompt_tokens,\n"
-    "           completion_tokens, last_seq, text, text_len, tokens (ids so far);\n"
+    "           completion_tokens, last_seq, text, text_len, tokens (ids so far)\n"
+    "           [, reasoning_content][, tool_calls] (so far, for a chat job);\n"
     "           finished: also finish_reason, matched, queue_us, ttft_us, total_us\n"
     "           [, job_error]\n"
     "exit status: 0 known job, 1 unknown/expired job or daemon unreachable, 2 bad usage.\n\n" TP_CLIENT_ARGS_HELP;
@@ -45,6 +46,13 @@ static void print_human(const tp_msg *m)
         printf("(the daemon keeps the first %zu of %llu bytes)\n", s->text.len, (unsigned long long)s->text_len);
     printf("%s %s\n", done ? "text:" : "text so far:", text ? text : "\"\"");
     free(text);
+    static const char *const split_keys[] = {"reasoning_content", "tool_calls"};
+    for (size_t k = 0; k < 2; k++) {
+        char *v = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, split_keys[k]));
+        if (v)
+            printf("%s: %s\n", split_keys[k], v);
+        free(v);
+    }
     cJSON_Delete(j);
 }
 

@@ -100,6 +100,8 @@ cJSON *evfmt_event(const tp_msg *m)
         cJSON_AddItemToObject(o, "text", evfmt_str(t->text));
         if (t->reasoning.ptr)
             cJSON_AddItemToObject(o, "reasoning", evfmt_str(t->reasoning));
+        if (t->n_tool_calls)
+            cJSON_AddItemToObject(o, "tool_calls", evfmt_tool_calls(t->tool_calls, t->n_tool_calls));
         cJSON *lp = evfmt_logprobs(t->ids, &t->lp);
         if (lp)
             cJSON_AddItemToObject(o, "logprobs", lp);
@@ -160,6 +162,10 @@ cJSON *evfmt_status(const tp_msg *m)
     cJSON *lp = evfmt_logprobs(s->tokens, &s->lp);
     if (lp)
         cJSON_AddItemToObject(o, "logprobs", lp);
+    if (s->reasoning_content.ptr)
+        cJSON_AddItemToObject(o, "reasoning_content", evfmt_str(s->reasoning_content));
+    if (s->n_tool_calls)
+        cJSON_AddItemToObject(o, "tool_calls", evfmt_tool_calls(s->tool_calls, s->n_tool_calls));
     if (s->state != TP_STATE_FINISHED)
         return o;
     cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(s->reason));

@@ -22,7 +22,8 @@ cJSON *evfmt_ids(tp_raw r);
 cJSON *evfmt_tool_calls(const tp_tool_call *c, size_t n);
 
 /* A TOKEN or FINISH event as one JSON object:
- *   {"event":"token","job_id","seq","index","ids":[...],"text"[,"reasoning"]}
+ *   {"event":"token","job_id","seq","index","ids":[...],"text"[,"reasoning"][,"tool_calls"]}
+ *   (a token's tool_calls: call deltas, arguments the next fragment)
  *   {"event":"finish","job_id","seq","reason","matched","text","prompt_tokens",
  *    "completion_tokens","text_len","queue_us","ttft_us","total_us"[,"error"]
  *    [,"reasoning_content"][,"tool_calls"]} */

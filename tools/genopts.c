@@ -388,6 +388,8 @@ int genopts_check_prompt(const genopts *o, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "--prompt (or --message ROLE=TEXT / --messages FILE) is required");
     if ((o->tools.ptr || o->tool_choice) && !o->n_messages)
         return tp_err_set(err, TP_EINVAL, "--tools/--tool-choice: only with --message/--messages");
+    if (o->one_call && !o->tools.ptr)
+        return tp_err_set(err, TP_EINVAL, "--no-parallel-tool-calls: only with --tools");
     if (o->tool_choice && !o->tools.ptr)
         return tp_err_set(err, TP_EINVAL, "--tool-choice: only with --tools");
     return 0;
@@ -431,6 +433,10 @@ static int parse_bias(genopts *o, const char *v, tp_err *err)
 int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
 {
     const char *a = argv[*i];
+    if (!strcmp(a, "--no-parallel-tool-calls")) {
+        o->one_call = true;
+        return 1;
+    }
     if (!strcmp(a, "--tools") || !strcmp(a, "--tool-choice")) {
         if (*i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
@@ -561,6 +567,7 @@ void genopts_print_help(FILE *out)
           "                           may carry tool_calls / tool_call_id / name (OpenAI's shape)\n"
           "  --tools FILE             tools the model may call: an OpenAI tools JSON array\n"
           "  --tool-choice C          none, auto (default with --tools), required, or a function name\n"
+          "  --no-parallel-tool-calls one call at most (OpenAI's parallel_tool_calls: false)\n"
           "  --max-tokens N           most tokens to generate (default 256)\n"
           "  --min-tokens N           no EOS, stop id or stop string before N tokens (default 0)\n"
           "  --temperature T          0 = greedy (default 1.0)\n"

@@ -73,6 +73,7 @@ typedef struct genopts {
     tp_str tools;
     const char *tool_choice;       /* NULL | "none" | "auto" | "required" | "function" */
     const char *tool_choice_name;  /* tool_choice "function" */
+    bool one_call;                 /* --no-parallel-tool-calls: the job ends after its first call */
     void **owned;                  /* what the above point into (freed by genopts_free) */
     size_t n_owned;
 } genopts;

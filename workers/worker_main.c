@@ -50,6 +50,7 @@ typedef struct worker {
     volatile sig_atomic_t *quit;
     bool chat_template;                     /* a tokenize stage with a usable chat template */
     tp_tc_family tool_family;               /* its tool-call syntax (READY: the broker builds call grammars) */
+    bool think_open;                        /* ... whose generation prompt opens the thinking */
     int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
     tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
 } worker;
@@ -153,6 +154,7 @@ static int load_chat(worker *w, tp_err *err)
         if (w->stop)
             tp_stop_stage_set_syntax(w->stop, &syn);
         w->tool_family = syn.family;
+        w->think_open = syn.thinks && syn.think_open;
     }
     w->chat_template = w->tokenize && t != NULL;   /* for INFO: SUBMIT messages can be used */
     rc = w->tokenize ? tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err) : 0;
@@ -304,6 +306,7 @@ static int send_ready(worker *w)
     r->chat_template = w->chat_template;
     if (w->chat_template)
         r->tool_syntax = tp_str_of(tp_tc_family_name(w->tool_family));
+    r->think_open = w->chat_template && w->think_open;
     int32_t *sp_ids = w->sp_ids;
     tp_str *sp_pieces = w->sp_pieces;
     size_t n_sp = 0;

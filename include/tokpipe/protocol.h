@@ -337,6 +337,10 @@ typedef struct tp_params {
      * broker turns json_schema / json_mode into GBNF and sends workers
      * `grammar` only. */
     tp_str grammar;                  /* GBNF text (llama.cpp's dialect), root rule `root` */
+    tp_str grammar_trigger;          /* workers only (the broker sets it for tool_choice auto): the
+                                      * grammar applies from the first time the output holds this
+                                      * text (or generates the special token it names) on; the
+                                      * output before it is free (tp_glazy) */
     tp_str json_schema;              /* a JSON Schema as JSON text */
     bool json_mode;                  /* the output is one JSON object */
     /* How the stop stage splits the output (the broker sets the first two
@@ -431,6 +435,12 @@ typedef struct tp_m_status_reply {
     tp_str job_error;          /* reason error: what went wrong */
     tp_timings timings;
     tp_lp_cols lp;             /* the job asked for logprobs: one row per id of tokens */
+    /* Jobs whose output is split: what the events up to last_seq carried
+     * (running: the reasoning deltas joined, the calls as their deltas built
+     * them; finished: FINISH's). */
+    tp_str reasoning_content;  /* opt */
+    tp_tool_call *tool_calls;  /* opt */
+    size_t n_tool_calls;
 } tp_m_status_reply;
 
 typedef struct tp_trigger {    /* how often one stop string / id finished a job */
@@ -531,6 +541,10 @@ typedef struct tp_m_token {
     uint32_t index;        /* completion tokens accepted before this event */
     tp_str text;           /* UTF-8 delta, may be empty (held back) */
     tp_str reasoning;      /* opt: delta of the thinking text (params.parse_reasoning) */
+    tp_tool_call *tool_calls;  /* opt: call deltas (params.parse_tool_calls): each names its call
+                                * by id (and name); arguments is the next fragment of that
+                                * call's arguments; a call's first delta is the first with its id */
+    size_t n_tool_calls;
     tp_raw ids;            /* int32 frame: accepted token ids */
     tp_lp_cols lp;         /* the job asked for logprobs: one per id */
     uint64_t pin;          /* the STOP_OPEN pin of the publishing worker */
@@ -597,6 +611,7 @@ typedef struct tp_m_ready {
     size_t n_special_pieces;
     bool chat_template;
     tp_str tool_syntax;        /* the template's tool-call family (tp_tc_family_name), with chat_template */
+    bool think_open;           /* ... and its generation prompt opens the thinking (DeepSeek R1) */
     tp_str weight_type;
 } tp_m_ready;
 

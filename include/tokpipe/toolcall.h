@@ -71,9 +71,17 @@ void tp_toolcall_syntax(const struct tp_chat_template *t, const char *bos, const
 int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
                           size_t *len, tp_err *err);
 
-/* The text whose generation opens a call (what triggers a lazy grammar
- * under tool_choice auto), or NULL when a call starts the output. */
+/* The text whose generation opens a call, where a lazy grammar (tool_choice
+ * auto) starts: the family's opening marker (Llama 3.x: {"name", generic:
+ * {"tool_calls"); NULL for a syntax with no marker (Functionary v3.2). */
 const char *tp_toolcall_trigger(tp_tc_family f);
+
+/* The pieces of family f's call syntax that a vocabulary may hold as one
+ * special token ([TOOL_CALLS], <|START_ACTION|>, DeepSeek R1's markers,
+ * <tool_call>...): up to cap of them into out, how many. A control token
+ * renders as no text, so whoever splits the output feeds the splitter the
+ * piece's text where such a token was generated. */
+size_t tp_toolcall_control_pieces(tp_tc_family f, const char **out, size_t cap);
 
 /* The GBNF text (caller frees) of one valid call (parallel: one or more)
  * of the functions in tools_json (an OpenAI tools array; only: that one
@@ -81,13 +89,27 @@ const char *tp_toolcall_trigger(tp_tc_family f);
  * against its function's parameters schema (tp_jschema_to_gbnf under o's
  * limits, NULL = defaults; o's GBNF limit bounds the whole): what
  * tool_choice required / a named function holds the output to from its
- * first token. TP_EINVAL naming what cannot be held: a family whose call
- * marker is a control token (only Hermes/Qwen, Llama 3.x JSON and generic
- * are enforced), a parameters schema the compiler refuses (naming the tool
- * and the keyword), an only that is not offered. */
+ * first token (from TP_TCG_FIRST); from the end of a thinking the
+ * generation prompt opened (TP_TCG_AFTER_THINK: the grammar starts with
+ * </think>, so the model thinks freely first; DeepSeek R1); or from the
+ * call's marker (TP_TCG_LAZY, tool_choice auto: the grammar starts at
+ * tp_toolcall_trigger(f)). The sampler applies the latter two from
+ * tp_toolcall_grammar_trigger on (params.grammar_trigger). names:
+ * the vocabulary's special tokens (NULL: none); a marker piece it names is
+ * written as a token reference (<[TOOL_CALLS]>...). TP_EINVAL naming what
+ * cannot be held: a parameters schema the compiler refuses (naming the
+ * tool and the keyword), an only that is not offered, lazy for a syntax
+ * without a trigger. */
 struct tp_jschema_opts;
+struct tp_gnames;
+typedef enum tp_tcg_from { TP_TCG_FIRST, TP_TCG_AFTER_THINK, TP_TCG_LAZY } tp_tcg_from;
 int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
-                        const struct tp_jschema_opts *o, char **gbnf, tp_err *err);
+                        tp_tcg_from from, const struct tp_gnames *names, const struct tp_jschema_opts *o, char **gbnf,
+                        tp_err *err);
+
+/* The text from which such a grammar applies: NULL (TP_TCG_FIRST), the
+ * thinking's end, or the call's marker. */
+const char *tp_toolcall_grammar_trigger(tp_tc_family f, tp_tcg_from from);
 
 /* Check an OpenAI tools array: [{"type": "function", "function": {"name",
  * "description"?, "parameters"?, "strict"?}}, ...]; names [A-Za-z0-9_.-],
@@ -127,11 +149,41 @@ void tp_tcsplit_free(tp_tcsplit *s);
 int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                     const char **reasoning, size_t *reasoning_len);
 
+/* A control token renders as no text: the control tokens of tok that are
+ * pieces of the syntax ([TOOL_CALLS], <|START_ACTION|>, ...) are read as
+ * their text when tp_tcsplit_feed_token is given one. How many. */
+struct tp_tokenizer;
+int tp_tcsplit_controls(tp_tcsplit *s, const struct tp_tokenizer *tok);
+
+/* tp_tcsplit_feed of text (what the stop check released with token id),
+ * then, where id is one of those control tokens, its text. */
+int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
+                          size_t *content_len, const char **reasoning, size_t *reasoning_len);
+
 /* End of output, after the last len bytes of text (may be 0): parse what
  * is held; the last deltas as for feed. Held text that is not a
  * well-formed call becomes content. */
 int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                       const char **reasoning, size_t *reasoning_len);
+
+/* What the last feed or finish released of the calls, in order: each
+ * delta names its call (index, id, name; first: the call's first delta),
+ * and may carry a fragment of its arguments. The fragments of a call, joined, are its
+ * arguments in tp_tcsplit_calls: a call is streamed once its name is whole
+ * and its arguments byte by byte as they come, in the family's documented
+ * shape (other text is parsed at finish and released then, whole). A call
+ * whose name went out stays a call: if the text then breaks the syntax
+ * (or stops short), its arguments are what was generated up to there.
+ * Borrowed until the next feed, finish or free. */
+typedef struct tp_tc_delta {
+    size_t index;            /* the call's place in tp_tcsplit_calls */
+    const char *id, *name;
+    bool first;
+    const char *arguments;   /* a fragment (not NUL terminated) */
+    size_t arguments_len;
+} tp_tc_delta;
+
+size_t tp_tcsplit_deltas(const tp_tcsplit *s, const tp_tc_delta **deltas);
 
 /* After finish: the calls (borrowed, valid until free) and the whole
  * reasoning text. */

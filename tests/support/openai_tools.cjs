@@ -2,7 +2,7 @@
 // reads {"base": URL, "model": name, "tools": [...], "user": text} on stdin
 // and runs the tool loop a client writes: ask with tools (not streamed and
 // streamed, the streamed tool_calls deltas assembled as the client's docs
-// show), send the call's result back as a second turn, then tool_choice
+// show, and by the client's own stream helper), send the call's result back as a second turn, then tool_choice
 // "none", "required" and a named function (over bounded tools, so that
 // the constrained call ends), and a name not offered. Prints one JSON object with what each step got
 // (or the API error it raised). Run with NODE_PATH at the "openai" package.
@@ -44,6 +44,15 @@ async function main() {
       if (c.finish_reason) finish = c.finish_reason;
     }
     return { content, reasoning, calls, finish, chunks };
+  });
+  // the client's own stream helper assembles the deltas into a message
+  // (and checks their shape: index, a first chunk with id and name)
+  await step("helper", async () => {
+    const stream = client.beta.chat.completions.stream({ model, messages, tools, temperature: 0 });
+    const calls = [];
+    stream.on("tool_calls.function.arguments.delta", (e) => calls.push(e.arguments_delta));
+    const done = await stream.finalChatCompletion();
+    return { message: done.choices[0].message, finish: done.choices[0].finish_reason, fragments: calls.length };
   });
   const first = out.first && out.first.choices ? out.first.choices[0].message : null;
   if (first && first.tool_calls) {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokpipe/glazy.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
@@ -23,6 +24,7 @@ typedef struct sample_job {
     int top_n;             /* alternatives per logprob; -1: the job did not ask for logprobs */
     tp_logprobs_mode lp_mode;
     tp_gmatch *gm;         /* the job's grammar position, or NULL */
+    tp_glazy *lazy;        /* params.grammar_trigger: gm applies from the trigger on */
 } sample_job;
 
 #define LP_STRIDE TP_PROTO_MAX_TOP_LOGPROBS
@@ -91,6 +93,7 @@ void tp_sample_stage_set_grammar(tp_sample_stage *st, const tp_tokenizer *tok, c
 static void job_drop(tp_sample_stage *st, sample_job *j)
 {
     tp_sampler_free(j->s);
+    tp_glazy_free(j->lazy);
     tp_gcache_release(st->gc, j->gm);
     memset(j, 0, sizeof *j);
 }
@@ -182,6 +185,17 @@ static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampl
     return rc;
 }
 
+static int accept_grammar(sample_job *j, int32_t token, tp_err *e)
+{
+    return j->lazy ? tp_glazy_accept(j->lazy, token, e) : tp_gmatch_accept(j->gm, token, e);
+}
+
+/* The matcher that masks this step: a lazy grammar's only once triggered. */
+static tp_gmatch *masking(const sample_job *j)
+{
+    return j->lazy ? tp_glazy_active(j->lazy) : j->gm;
+}
+
 /* The job's grammar, and its position rebuilt from the tokens accepted so
  * far (a lost sampler's state, as the penalty window is). */
 static int open_grammar(tp_sample_stage *st, sample_job *j, const tp_m_sample_open *o, tp_err *e)
@@ -198,8 +212,11 @@ static int open_grammar(tp_sample_stage *st, sample_job *j, const tp_m_sample_op
         if (!st->gmask || !st->mrow)
             return tp_err_set(e, TP_ENOMEM, "sample: out of memory");
     }
+    const tp_str *t = &o->params.grammar_trigger;
+    if (t->ptr && (rc = tp_glazy_new(j->gm, t->ptr, t->len, &j->lazy, e)))
+        return rc;
     for (size_t i = 0; i < o->replay.n; i++)
-        if ((rc = tp_gmatch_accept(j->gm, tp_raw_i32(o->replay, i), e)))
+        if ((rc = accept_grammar(j, tp_raw_i32(o->replay, i), e)))
             return rc;
     return 0;
 }
@@ -248,16 +265,17 @@ int tp_sample_stage_pick(tp_sample_stage *st, uint32_t slot, uint32_t index, int
     int rc;
     if (accepted >= 0 && (rc = tp_sampler_accept(j->s, accepted, err)))
         return rc;
-    if (accepted >= 0 && j->gm && (rc = tp_gmatch_accept(j->gm, accepted, err)))
+    if (accepted >= 0 && j->gm && (rc = accept_grammar(j, accepted, err)))
         return rc;
     if (index != TP_SAMPLE_INDEX_TRACKED && index != tp_sampler_n_accepted(j->s))
         return tp_err_set(err, TP_ESTATE, "sample: slot %u: index %u but %zu tokens were accepted", slot, index,
                           tp_sampler_n_accepted(j->s));
     st->mrow_slot = -1;
-    if (j->gm) {
+    tp_gmatch *gm = masking(j);
+    if (gm) {
         /* the mask goes in before every selection step, so the draw is
          * from the constrained distribution itself */
-        if ((rc = tp_gmatch_mask(j->gm, st->gmask, err)))
+        if ((rc = tp_gmatch_mask(gm, st->gmask, err)))
             return rc;
         tp_grammar_apply_mask(st->gmask, logits, st->mrow, st->vocab);
         st->mrow_slot = slot;

@@ -32,6 +32,7 @@ typedef struct stop_job {
     tp_gmatch *gm;            /* the job's grammar position, or NULL */
     tp_tcsplit *split;        /* params.parse_tool_calls / parse_reasoning: content, thinking, calls */
     uint64_t content_len;     /* bytes of content published (FINISH text_len) */
+    bool deltas;              /* the splitter's last feed released call deltas not yet published */
 } stop_job;
 
 /* One candidate's logprob row from STOP_STEP (stride = the message's top_n). */
@@ -130,10 +131,24 @@ static stop_job *find_job(tp_stop_stage *st, uint32_t slot)
 
 /* ---- events ---------------------------------------------------------------- */
 
+/* The splitter's call deltas of this step as TOKEN tool_calls (id and name
+ * in each, arguments the fragment). */
+static size_t call_deltas(stop_job *j, tp_tool_call *out)
+{
+    const tp_tc_delta *d;
+    size_t n = j->split && j->deltas ? tp_tcsplit_deltas(j->split, &d) : 0;
+    j->deltas = false;
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < TP_PROTO_MAX_TOOL_CALLS; i++)
+        out[k++] = (tp_tool_call){tp_str_of(d[i].id), tp_str_of(d[i].name), {d[i].arguments, d[i].arguments_len}};
+    return k;
+}
+
 static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, const char *rs, size_t rlen,
                          const lp_row *lp, const tp_stage_io *io)
 {
     tp_msg ev;
+    tp_tool_call calls[TP_PROTO_MAX_TOOL_CALLS];
     float lpv = NAN;
     int32_t ids[TP_PROTO_MAX_TOP_LOGPROBS];
     float lps[TP_PROTO_MAX_TOP_LOGPROBS];
@@ -145,6 +160,8 @@ static int publish_token(stop_job *j, int32_t id, const char *text, size_t len, 
     ev.token.text = (tp_str){text, len};
     if (rlen)
         ev.token.reasoning = (tp_str){rs, rlen};
+    if ((ev.token.n_tool_calls = call_deltas(j, calls)))
+        ev.token.tool_calls = calls;
     j->content_len += len;
     ev.token.ids = (tp_raw){&id, 1};
     ev.token.pin = j->pin;
@@ -228,6 +245,17 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, const char *text, 
 
 /* ---- STOP_OPEN --------------------------------------------------------------- */
 
+/* Calls' ids differ per job but not per worker: a stop worker rebuilt
+ * after a loss replays the job and must name the calls it streamed as the
+ * lost one did (job id, submission time and seed are the job's own). */
+static uint64_t call_id_seed(const tp_m_stop_open *o)
+{
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (size_t i = 0; i < o->job_id.len; i++)
+        h = (h ^ (unsigned char)o->job_id.ptr[i]) * 1099511628211ull;
+    return h ^ o->t_submit_us ^ (o->params.seed * 0x9E3779B97F4A7C15ull);
+}
+
 static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_err *e)
 {
     const tp_params *p = &o->params;
@@ -274,16 +302,20 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
     int32_t prev = o->prev_token >= 0 ? o->prev_token : tp_tokenizer_bos_id(st->tok);
     if ((rc = tp_detok_new(st->tok, prev, &j->detok, e)))
         return rc;
-    if ((p->set & TP_P_GRAMMAR) && (rc = tp_gcache_matcher(st->gc, p->grammar.ptr, p->grammar.len, &j->gm, e)))
+    /* a lazy grammar (tool_choice auto) is the sampler's alone: the output
+     * before its trigger is no sentence of it */
+    if ((p->set & TP_P_GRAMMAR) && !p->grammar_trigger.ptr &&
+        (rc = tp_gcache_matcher(st->gc, p->grammar.ptr, p->grammar.len, &j->gm, e)))
         return rc;
     if (p->parse_tool_calls || p->parse_reasoning) {
         tp_tcsplit_opts so = {
             .tools = p->parse_tool_calls, .reasoning = p->parse_reasoning,
             .parallel = !(p->set & TP_P_PARALLEL_TOOL_CALLS) || p->parallel_tool_calls,
-            .id_seed = tp_random_u64(),
+            .id_seed = call_id_seed(o),
         };
         if ((rc = tp_tcsplit_new(&st->syntax, &so, &j->split, e)))
             return rc;
+        tp_tcsplit_controls(j->split, st->tok);
     }
     /* Rebuild after a lost stop worker: replay accepted tokens silently. */
     for (size_t i = 0; i < o->replay.n; i++) {
@@ -302,7 +334,7 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
              * published by the lost worker */
             const char *c, *r;
             size_t cn, rn;
-            if ((rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &c, &cn, &r, &rn)))
+            if ((rc = tp_tcsplit_feed_token(j->split, s.accepted ? id : -1, s.chunk, s.chunk_len, &c, &cn, &r, &rn)))
                 return tp_err_set(e, rc, "stop: out of memory");
             j->content_len += cn;
         }
@@ -390,9 +422,11 @@ static int feed_one(stop_job *j, int32_t cand, const lp_row *lp, uint8_t *acc, u
             tp_gmatch_accept(j->gm, cand, NULL);
         const char *text = s.chunk, *rs = "";
         size_t len = s.chunk_len, rlen = 0;
-        if (j->split && s.finish == TP_FINISH_NONE &&
-            (rc = tp_tcsplit_feed(j->split, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
-            return rc;
+        if (j->split && s.finish == TP_FINISH_NONE) {
+            if ((rc = tp_tcsplit_feed_token(j->split, cand, s.chunk, s.chunk_len, &text, &len, &rs, &rlen)))
+                return rc;
+            j->deltas = true;
+        }
         if (j->split && s.finish != TP_FINISH_NONE) {
             /* the last chunk goes to FINISH, which ends the splitter */
             if ((rc = publish_token(j, cand, "", 0, "", 0, lp, io)))

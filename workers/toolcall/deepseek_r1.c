@@ -6,11 +6,11 @@
 
 #include "tc_internal.h"
 
-#define CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+#define CALLS_BEGIN TC_DS_CALLS_BEGIN
+#define CALLS_END TC_DS_CALLS_END
+#define CALL_BEGIN TC_DS_CALL_BEGIN
+#define CALL_END TC_DS_CALL_END
+#define SEP TC_DS_SEP
 
 static const char *const open_m[] = {CALLS_BEGIN, NULL};
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "tc_internal.h"
+#include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 
 typedef struct gbuf {
@@ -99,18 +100,121 @@ static void renamed(gbuf *b, const char *g, const char *pre)
     }
 }
 
-/* A family can be held to a call when its markers are text: a marker that
- * is a control token ([TOOL_CALLS], <|python_tag|>, ...) has no bytes, and
- * the grammar engine never allows a token without bytes. Llama 3.x's plain
- * JSON call needs no marker. */
-static bool enforceable(tp_tc_family f)
+/* The pieces of the families' markers that a vocabulary may hold as one
+ * special token (Mistral's [TOOL_CALLS] is a control token, Qwen's
+ * <tool_call> an added one): written as a token reference when the
+ * vocabulary names them, so that the grammar asks for that token (a
+ * control token has no bytes the engine could match as text). */
+static const char *const control_pieces[] = {
+    "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|START_ACTION|>", "<|END_ACTION|>",
+    TC_DS_CALLS_BEGIN, TC_DS_CALLS_END, TC_DS_CALL_BEGIN, TC_DS_CALL_END, TC_DS_SEP, "</think>", "<|END_THINKING|>",
+    NULL};
+
+static bool in_shape(const tc_family_def *d, const char *piece)
 {
-    return f == TP_TC_HERMES || f == TP_TC_LLAMA3 || f == TP_TC_GENERIC;
+    const char *const shape[] = {d->calls_open, d->calls_sep, d->calls_close, d->call_open,
+                                 d->call_close, d->name_close, d->markers ? d->markers[0] : NULL,
+                                 d->markers && d->markers[0] ? d->markers[1] : NULL};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        if (shape[i] && strstr(shape[i], piece))
+            return true;
+    return false;
+}
+
+size_t tp_toolcall_control_pieces(tp_tc_family f, const char **out, size_t cap)
+{
+    const tc_family_def *d = tc_family(f);
+    size_t n = 0;
+    for (size_t i = 0; d && control_pieces[i]; i++)
+        if (in_shape(d, control_pieces[i]) && n < cap)
+            out[n++] = control_pieces[i];
+    return n;
+}
+
+const char *tp_toolcall_trigger(tp_tc_family f)
+{
+    const tc_family_def *d = tc_family(f);
+    if (!d || !d->calls_open || d->recipient_first)
+        return NULL;   /* Functionary v3.2: its first line says, there is no marker to wait for */
+    if (f == TP_TC_LLAMA3)
+        return "{\"name\"";
+    if (f == TP_TC_GENERIC)
+        return "{\"tool_calls\"";
+    return d->markers[0];
+}
+
+/* s as GBNF: literals, with each control piece the vocabulary names as a
+ * token reference, and (unless exact) each run of whitespace as tc-ws: a
+ * model spaces its calls its own way (Qwen writes <tool_call>{"name":...
+ * as often as the template's <tool_call>\n{"name": ...), and a grammar
+ * that insisted on one spacing would push it off its path. skip_ws: leave
+ * out s's leading whitespace (a lazy grammar starts at its trigger). */
+static void text_out(gbuf *b, const char *s, const tp_gnames *names, bool skip_ws, bool exact)
+{
+    while (skip_ws && (*s == ' ' || *s == '\n'))
+        s++;
+    char run[256];
+    size_t n = 0;
+    bool first = true;
+#define FLUSH()                                                                                                \
+    if (n) {                                                                                                   \
+        run[n] = 0;                                                                                            \
+        puts_(b, first ? "" : " ");                                                                            \
+        literal(b, run);                                                                                       \
+        first = false;                                                                                         \
+        n = 0;                                                                                                 \
+    }
+    while (*s) {
+        const char *hit = NULL;
+        for (size_t i = 0; names && names->find && control_pieces[i] && !hit; i++)
+            if (!strncmp(s, control_pieces[i], strlen(control_pieces[i])) &&
+                names->find(names->ctx, control_pieces[i], strlen(control_pieces[i])) >= 0)
+                hit = control_pieces[i];
+        if (hit) {
+            FLUSH();
+            char *ref = tp_grammar_token_ref(hit, strlen(hit), false);
+            if (!ref) {
+                b->oom = true;
+                return;
+            }
+            puts_(b, first ? "" : " ");
+            puts_(b, ref);
+            free(ref);
+            first = false;
+            s += strlen(hit);
+            continue;
+        }
+        if (!exact && (*s == ' ' || *s == '\n')) {
+            FLUSH();
+            while (*s == ' ' || *s == '\n')
+                s++;
+            puts_(b, first ? "tc-ws" : " tc-ws");
+            first = false;
+            continue;
+        }
+        if (n == sizeof run - 1)
+            FLUSH();
+        run[n++] = *s++;
+    }
+    FLUSH();
+#undef FLUSH
+    if (first)
+        puts_(b, "\"\"");
+}
+
+const char *tp_toolcall_grammar_trigger(tp_tc_family f, tp_tcg_from from)
+{
+    if (from == TP_TCG_LAZY)
+        return tp_toolcall_trigger(f);
+    if (from == TP_TCG_AFTER_THINK)
+        return f == TP_TC_COMMAND_R7B ? "<|END_THINKING|>" : "</think>";
+    return NULL;
 }
 
 int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, const char *only, bool parallel,
-                        const tp_jschema_opts *o, char **gbnf, tp_err *err)
+                        tp_tcg_from from, const tp_gnames *names, const tp_jschema_opts *o, char **gbnf, tp_err *err)
 {
+    bool lazy = from == TP_TCG_LAZY;
     *gbnf = NULL;
     const tc_family_def *d = tc_family(f);
     if (!d || !d->calls_open)
@@ -118,10 +222,8 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
     int rc = tp_tools_check(tools_json, len, err);
     if (rc)
         return rc;
-    if (!enforceable(f))
-        return tp_err_set(err, TP_EINVAL,
-                          "tool_choice: a constrained call in the %s syntax is not enforced (its call marker is a "
-                          "control token the grammar engine cannot emit); use \"auto\" or \"none\"",
+    if (lazy && !tp_toolcall_trigger(f))
+        return tp_err_set(err, TP_EINVAL, "tool_choice: the %s syntax has no marker a lazy grammar could wait for",
                           d->name);
     cJSON *a = cJSON_ParseWithLength(tools_json, len);
     if (!a)
@@ -158,18 +260,27 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
             puts_(&b, " | ");
         puts_(&b, "(");
         if (d->call_open[0]) {
-            literal(&b, d->call_open);
+            text_out(&b, d->call_open, names, false, false);
             puts_(&b, " ");
         }
-        char head[160];
-        snprintf(head, sizeof head, "{\"%s\": \"%s\", \"%s\": ", d->name_key, name, d->args_key);
-        literal(&b, head);
+        if (d->name_key) {
+            char head[192];
+            snprintf(head, sizeof head, "\"{\" tc-ws \"\\\"%s\\\"\" tc-ws \":\" tc-ws \"\\\"%s\\\"\" tc-ws \",\" tc-ws "
+                     "\"\\\"%s\\\"\" tc-ws \":\" tc-ws ", d->name_key, name, d->args_key);
+            puts_(&b, head);
+        } else {
+            /* the name stands outside the JSON (Functionary, DeepSeek R1):
+             * the newline after it is the parsers' end of the name */
+            literal(&b, name);
+            puts_(&b, " ");
+            text_out(&b, d->name_close, names, false, true);
+        }
         puts_(&b, " ");
         puts_(&b, pre);
-        puts_(&b, "root \"}\"");
+        puts_(&b, d->name_key ? "root tc-ws \"}\"" : "root");
         if (d->call_close[0]) {
             puts_(&b, " ");
-            literal(&b, d->call_close);
+            text_out(&b, d->call_close, names, false, false);
         }
         puts_(&b, ")");
     }
@@ -178,21 +289,28 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
         goto out;
     }
     puts_(&b, "\nroot ::= ");
+    if (from == TP_TCG_AFTER_THINK) {
+        /* the thinking the prompt opened ends first; the call follows */
+        text_out(&b, tp_toolcall_grammar_trigger(f, from), names, false, false);
+        puts_(&b, " tc-ws ");
+    }
     if (d->calls_open[0]) {
-        literal(&b, d->calls_open);
+        text_out(&b, d->calls_open, names, lazy || from == TP_TCG_AFTER_THINK, false);
         puts_(&b, " ");
     }
     puts_(&b, "call");
     if (parallel) {
         puts_(&b, " (");
-        literal(&b, d->calls_sep);
+        if (d->calls_sep[0])
+            text_out(&b, d->calls_sep, names, false, false);
         puts_(&b, " call)*");
     }
     if (d->calls_close[0]) {
         puts_(&b, " ");
-        literal(&b, d->calls_close);
+        text_out(&b, d->calls_close, names, false, false);
     }
-    puts_(&b, "\n");
+    /* bounded, so that a model held to a call cannot space forever */
+    puts_(&b, "\ntc-ws ::= [ \\t\\n]{0,4}\n");
     put(&b, rules.p ? rules.p : "", rules.n);
     if (b.oom || rules.oom)
         rc = tp_err_set(err, TP_ENOMEM, "out of memory");

@@ -292,7 +292,7 @@ char *tc_json_string(const char *s, size_t n, size_t *len)
 
 /* A function name as models write them: no space, control byte, quote or
  * backslash (what would break the name out of its JSON string). */
-static bool valid_name(const char *s, size_t n)
+bool tc_valid_name(const char *s, size_t n)
 {
     if (!n || n > 256)
         return false;
@@ -312,7 +312,7 @@ void tc_call_release(tp_tc_call *c)
 
 int tc_add_call(tc_out *o, const char *name, size_t name_len, const char *args, size_t args_len)
 {
-    if (!valid_name(name, name_len))
+    if (!tc_valid_name(name, name_len))
         return -1;
     if (o->n_calls == o->cap_calls) {
         size_t cap = o->cap_calls ? o->cap_calls * 2 : 4;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tc_internal.h"
+#include "tokpipe/tokenizer.h"
 
 enum { S_START, S_THINK, S_CONTENT_START, S_CONTENT, S_CALLS };
 
@@ -21,6 +22,24 @@ struct tp_tcsplit {
     tcbuf reasoning;         /* all of it */
     tc_out calls;
     uint64_t rng;
+    /* streaming: the scan of the call region (pend, from its marker), the
+     * calls found so far and this feed's deltas */
+    tc_scan scan;
+    struct ann {
+        char *id, *name;
+        size_t args_off, have;   /* the arguments' bytes in pend so far */
+        size_t sent;             /* of them, released in deltas */
+        bool no_args;            /* its call closed without arguments: they are {} */
+        bool emitted;            /* its first delta went out */
+    } *ann;
+    size_t n_ann, cap_ann;
+    tp_tc_delta *deltas;
+    size_t n_deltas, cap_deltas;
+    bool oom;
+    /* control tokens that are pieces of the syntax, read as their text */
+    int32_t ctl_id[8];
+    const char *ctl_text[8];
+    size_t n_ctl;
 };
 
 const tc_family_def *tc_family(tp_tc_family f)
@@ -39,12 +58,6 @@ const char *tp_tc_family_name(tp_tc_family f)
 {
     const tc_family_def *d = tc_family(f);
     return d ? d->name : "none";
-}
-
-const char *tp_toolcall_trigger(tp_tc_family f)
-{
-    const tc_family_def *d = tc_family(f);
-    return d && d->markers && !d->json_at_start && !d->recipient_first ? d->markers[0] : NULL;
 }
 
 int tp_tcsplit_new(const tp_tc_syntax *syn, const tp_tcsplit_opts *o, tp_tcsplit **out, tp_err *err)
@@ -80,6 +93,12 @@ void tp_tcsplit_free(tp_tcsplit *s)
         tc_call_release(&s->calls.calls[i]);
     free(s->calls.calls);
     tcb_free(&s->calls.content);
+    for (size_t i = 0; i < s->n_ann; i++) {
+        free(s->ann[i].id);
+        free(s->ann[i].name);
+    }
+    free(s->ann);
+    free(s->deltas);
     free(s);
 }
 
@@ -260,7 +279,7 @@ static void run(tp_tcsplit *s, bool at_end)
 static int take(tp_tcsplit *s, const char **content, size_t *content_len, const char **reasoning,
                 size_t *reasoning_len)
 {
-    if (s->pend.oom || s->out_content.oom || s->out_reasoning.oom || s->reasoning.oom || s->calls.oom)
+    if (s->pend.oom || s->out_content.oom || s->out_reasoning.oom || s->reasoning.oom || s->calls.oom || s->oom)
         return TP_ENOMEM;
     *content = s->out_content.len ? s->out_content.s : "";
     *content_len = s->out_content.len;
@@ -269,13 +288,123 @@ static int take(tp_tcsplit *s, const char **content, size_t *content_len, const 
     return 0;
 }
 
+static char id_char(tp_tcsplit *s);
+
+static char *new_id(tp_tcsplit *s)
+{
+    int k = s->fam->id_len;
+    size_t pre = k ? 0 : 5;
+    size_t len = pre + (size_t)(k ? k : 24);
+    char *id = malloc(len + 1);
+    if (!id)
+        return NULL;
+    memcpy(id, "call_", pre);
+    for (size_t c = pre; c < len; c++)
+        id[c] = id_char(s);
+    id[len] = 0;
+    return id;
+}
+
+static void add_delta(tp_tcsplit *s, size_t index, const char *id, const char *name, bool first, const char *args,
+                      size_t n)
+{
+    if (s->n_deltas == s->cap_deltas) {
+        size_t cap = s->cap_deltas ? s->cap_deltas * 2 : 4;
+        tp_tc_delta *d = realloc(s->deltas, cap * sizeof *d);
+        if (!d) {
+            s->oom = true;
+            return;
+        }
+        s->deltas = d;
+        s->cap_deltas = cap;
+    }
+    s->deltas[s->n_deltas++] = (tp_tc_delta){index, id, name, first, n ? args : "", n};
+}
+
+/* Scan the held call region on from where the last scan stopped: a call
+ * whose name became whole is announced, new argument bytes counted; emit:
+ * they go out as deltas now (at finish they go out from the final calls). */
+static void stream_calls(tp_tcsplit *s, bool emit)
+{
+    tc_scan_call c;
+    while (!s->oom && tc_stream_scan(s->fam, s->pend.s, s->pend.len, s->o.parallel, &s->scan, &c)) {
+        if (c.index == s->n_ann) {
+            size_t nl = c.name_len;
+            char *name = c.name_json ? tc_json_string(s->pend.s + c.name_off, c.name_len, &nl)
+                                     : strndup(s->pend.s + c.name_off, c.name_len);
+            if (name && !tc_valid_name(name, nl)) {
+                free(name);
+                s->scan.phase = TC_SCAN_DONE;   /* the parser will not take it: leave it to finish */
+                return;
+            }
+            if (s->n_ann == s->cap_ann) {
+                size_t cap = s->cap_ann ? s->cap_ann * 2 : 4;
+                struct ann *a = realloc(s->ann, cap * sizeof *a);
+                if (a) {
+                    s->ann = a;
+                    s->cap_ann = cap;
+                }
+            }
+            char *id = name ? new_id(s) : NULL;
+            if (!id || s->n_ann == s->cap_ann) {
+                free(name);
+                free(id);
+                s->oom = true;
+                return;
+            }
+            s->ann[s->n_ann++] = (struct ann){.id = id, .name = name};
+        }
+        struct ann *a = &s->ann[c.index];
+        if (c.has_args) {
+            a->args_off = c.args_off;
+            a->have = c.args_len;
+        }
+        a->no_args = c.args_done && !c.has_args;
+        if (emit && (!a->emitted || a->have > a->sent)) {
+            add_delta(s, c.index, a->id, a->name, !a->emitted, s->pend.s + a->args_off + a->sent, a->have - a->sent);
+            a->emitted = true;
+            a->sent = a->have;
+        }
+        if (!c.done)
+            return;
+    }
+}
+
+int tp_tcsplit_controls(tp_tcsplit *s, const struct tp_tokenizer *tok)
+{
+    const char *pieces[8];
+    size_t n = s->fam ? tp_toolcall_control_pieces(s->syn.family, pieces, 8) : 0;
+    s->n_ctl = 0;
+    for (size_t i = 0; i < n; i++) {
+        int id = tp_tokenizer_control_id(tok, pieces[i], strlen(pieces[i]));
+        if (id >= 0) {
+            s->ctl_id[s->n_ctl] = id;
+            s->ctl_text[s->n_ctl++] = pieces[i];
+        }
+    }
+    return (int)s->n_ctl;
+}
+
 int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                     const char **reasoning, size_t *reasoning_len)
 {
+    return tp_tcsplit_feed_token(s, -1, text, len, content, content_len, reasoning, reasoning_len);
+}
+
+int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
+                          size_t *content_len, const char **reasoning, size_t *reasoning_len)
+{
     s->out_content.len = s->out_reasoning.len = 0;
+    s->n_deltas = 0;
     tcb_put(&s->pend, text, len);
-    if (!s->pend.oom)
+    for (size_t i = 0; id >= 0 && i < s->n_ctl; i++)
+        if (s->ctl_id[i] == id)
+            tcb_puts(&s->pend, s->ctl_text[i]);
+    if (!s->pend.oom) {
         run(s, false);
+        if (s->state == S_CALLS)
+            stream_calls(s, true);
+    }
     return take(s, content, content_len, reasoning, reasoning_len);
 }
 
@@ -290,53 +419,98 @@ static char id_char(tp_tcsplit *s)
     return al[z % 62];
 }
 
-static int set_ids(tp_tcsplit *s)
+/* The parsed calls o continue what was streamed: each call that went out
+ * is there, under its name, its arguments starting with the bytes sent. */
+static bool continues(const tp_tcsplit *s, const tc_out *o)
 {
-    for (size_t i = 0; i < s->calls.n_calls; i++) {
-        int k = s->fam->id_len;
-        size_t pre = k ? 0 : 5;
-        size_t len = pre + (size_t)(k ? k : 24);
-        char *id = malloc(len + 1);
-        if (!id)
-            return TP_ENOMEM;
-        memcpy(id, "call_", pre);
-        for (size_t c = pre; c < len; c++)
-            id[c] = id_char(s);
-        id[len] = 0;
-        s->calls.calls[i].id = id;
+    for (size_t k = 0; k < s->n_ann; k++) {
+        const struct ann *a = &s->ann[k];
+        if (!a->emitted)
+            continue;
+        if (k >= o->n_calls)
+            return false;
+        const tp_tc_call *c = &o->calls[k];
+        if (strcmp(c->name, a->name) || c->arguments_len < a->sent ||
+            memcmp(c->arguments, s->pend.s + a->args_off, a->sent))
+            return false;
     }
-    return 0;
+    return true;
+}
+
+/* What streamed, as the final calls: the text broke the syntax (or
+ * stopped) after a call went out, and a call once out stays one. */
+static void streamed_calls(tp_tcsplit *s, tc_out *o)
+{
+    for (size_t k = 0; k < s->n_ann; k++) {
+        const struct ann *a = &s->ann[k];
+        if (tc_add_call(o, a->name, strlen(a->name), a->no_args ? NULL : a->have ? s->pend.s + a->args_off : "",
+                        a->have))
+            o->oom = true;
+    }
+}
+
+static void drop_calls(tc_out *o)
+{
+    for (size_t i = 0; i < o->n_calls; i++)
+        tc_call_release(&o->calls[i]);
+    free(o->calls);
+    o->calls = NULL;
+    o->n_calls = o->cap_calls = 0;
 }
 
 int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **content, size_t *content_len,
                       const char **reasoning, size_t *reasoning_len)
 {
     s->out_content.len = s->out_reasoning.len = 0;
+    s->n_deltas = 0;
     tcb_put(&s->pend, text, len);
     run(s, true);
     if (s->state == S_CALLS && s->pend.len) {
+        stream_calls(s, false);
+        bool streamed = s->n_ann && s->ann[0].emitted;
         tc_out o = {0};
         int rc = s->fam->parse(s->pend.s, s->pend.len, &o);
+        if (!rc && !o.oom && !s->o.parallel)
+            while (o.n_calls > 1)
+                tc_call_release(&o.calls[--o.n_calls]);
+        if ((rc || o.oom || !continues(s, &o)) && streamed) {
+            drop_calls(&o);
+            o.content.len = 0;
+            o.oom = false;
+            streamed_calls(s, &o);
+            rc = 0;
+        }
         if (rc || o.oom) {
             /* not calls after all: what was held is the model's text */
             emit_content(s, s->pend.len);
-            for (size_t i = 0; i < o.n_calls; i++)
-                tc_call_release(&o.calls[i]);
-            free(o.calls);
+            drop_calls(&o);
         } else {
             tcb_put(&s->out_content, o.content.s, o.content.len);
-            consume(s, s->pend.len);
-            if (!s->o.parallel)
-                while (o.n_calls > 1)
-                    tc_call_release(&o.calls[--o.n_calls]);
             s->calls.calls = o.calls;
             s->calls.n_calls = o.n_calls;
-            if (set_ids(s))
-                s->calls.oom = true;
+            for (size_t k = 0; k < o.n_calls; k++) {
+                tp_tc_call *c = &o.calls[k];
+                bool out = k < s->n_ann && s->ann[k].emitted;
+                c->id = k < s->n_ann ? strdup(s->ann[k].id) : new_id(s);
+                if (!c->id) {
+                    s->calls.oom = true;
+                    break;
+                }
+                size_t sent = out ? s->ann[k].sent : 0;
+                if (!out || c->arguments_len > sent)
+                    add_delta(s, k, c->id, c->name, !out, c->arguments + sent, c->arguments_len - sent);
+            }
+            s->pend.len = 0;
         }
         tcb_free(&o.content);
     }
     return take(s, content, content_len, reasoning, reasoning_len);
+}
+
+size_t tp_tcsplit_deltas(const tp_tcsplit *s, const tp_tc_delta **deltas)
+{
+    *deltas = s->deltas;
+    return s->n_deltas;
 }
 
 size_t tp_tcsplit_calls(const tp_tcsplit *s, const tp_tc_call **calls)

@@ -10,6 +10,13 @@
 
 #define TC_MAX_JSON_DEPTH 64
 
+/* DeepSeek R1's markers (fullwidth bar, U+2581 for the spaces) */
+#define TC_DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define TC_DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define TC_DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define TC_DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define TC_DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+
 /* A growable byte buffer; oom set once an allocation failed. */
 typedef struct tcbuf {
     char *s;
@@ -34,6 +41,9 @@ typedef struct tc_out {
 /* Add a call: name (n bytes, plain text), arguments (JSON text, an object;
  * NULL = "{}"). The id is set by the splitter. -1 when out of memory. */
 void tc_call_release(tp_tc_call *c);
+/* A function name as models write them (no space, control byte, quote or
+ * backslash; 1-256 bytes). */
+bool tc_valid_name(const char *s, size_t n);
 int tc_add_call(tc_out *o, const char *name, size_t name_len, const char *args, size_t args_len);
 
 /* ---- JSON scanning (the model's text is checked, never trusted) ---- */
@@ -75,8 +85,10 @@ typedef struct tc_family_def {
     const char *const *strip;     /* texts dropped from the content (NULL-terminated, may be NULL) */
     tc_parse_fn parse;
     int id_len;                   /* 0: "call_" + 24; else exactly this many [A-Za-z0-9] (Mistral) */
-    /* What tp_toolcall_grammar holds a constrained output to (the families
-     * whose markers are text; see grammar.c):
+    /* What tp_toolcall_grammar holds a constrained output to (grammar.c:
+     * whitespace in these free up to 4 characters, a piece the vocabulary
+     * holds as a special token asked for as that token), and the shape the
+     * streaming scanner follows (stream.c):
      *   calls_open CALL (calls_sep CALL)* calls_close
      *   CALL = call_open {"<name_key>": "NAME", "<args_key>": ARGS} call_close
      * or, where the name stands outside the JSON (name_key NULL),
@@ -96,5 +108,34 @@ const tc_family_def *tc_family(tp_tc_family f);
 /* <|python_tag|> text (Llama 3.x, Functionary v3.1): a JSON call, a
  * builtin's NAME.call(k=v, ...), or code for the python tool. */
 int tc_python_tag(const char *s, size_t n, tc_out *o, const char *const *args_keys);
+
+/* ---- streaming (stream.c) ---- */
+
+enum { TC_SCAN_START, TC_SCAN_NEXT, TC_SCAN_DONE };
+
+/* Where the scan of a call region stands: at off, the call numbered k
+ * comes next (phase START: the region's calls_open first; NEXT: a
+ * calls_sep first; DONE: the text left the family's shape, nothing more
+ * streams). */
+typedef struct tc_scan {
+    size_t off, k;
+    int phase;
+} tc_scan;
+
+/* The next call as far as the text shows it (offsets into the region). */
+typedef struct tc_scan_call {
+    size_t index;
+    bool named;              /* the name is whole: s[name_off..+name_len) */
+    bool name_json;          /* ... as a JSON string (quotes, escapes) */
+    size_t name_off, name_len;
+    bool has_args;           /* the arguments began: s[args_off..+args_len) so far */
+    bool args_done;          /* ... and are one whole JSON value (or the call closed without them) */
+    size_t args_off, args_len;
+    bool done;               /* the call and its close are whole: st moved past it */
+} tc_scan_call;
+
+/* The next call of region s[0..n) in d's shape: true with *c when its name
+ * is whole (c->done: st now stands after it). parallel false: one call. */
+bool tc_stream_scan(const tc_family_def *d, const char *s, size_t n, bool parallel, tc_scan *st, tc_scan_call *c);
 
 #endif

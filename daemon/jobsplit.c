@@ -1,0 +1,163 @@
+/* The thinking text and the tool calls a job's events carried, kept for
+ * STATUS (as the text is): a running job shows the calls as its TOKEN
+ * deltas built them so far, a finished one FINISH's whole. Only jobs whose
+ * output is split (params.parse_reasoning / parse_tool_calls) have any.
+ * Bounded like the text: the reasoning and each call's arguments up to
+ * TP_PROTO_MAX_TEXT bytes (whole deltas), TP_PROTO_MAX_TOOL_CALLS calls. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobs.h"
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+} sbuf;
+
+struct jobsplit {
+    sbuf reasoning;
+    struct scall {
+        sbuf id, name, args;
+    } *calls;
+    size_t n, cap;
+    tp_tool_call *view;   /* STATUS's array, pointing into calls */
+};
+
+static void sb_free(sbuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* Append unless that would pass TP_PROTO_MAX_TEXT (a delta is kept whole
+ * or not at all, so what is kept is a prefix on delta boundaries). */
+static void sb_add(sbuf *b, const char *s, size_t n)
+{
+    if (!n || b->len + n > TP_PROTO_MAX_TEXT)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void drop_calls(struct jobsplit *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        sb_free(&s->calls[i].id);
+        sb_free(&s->calls[i].name);
+        sb_free(&s->calls[i].args);
+    }
+    s->n = 0;
+}
+
+void jobsplit_free(bjob *j)
+{
+    if (!j->split)
+        return;
+    drop_calls(j->split);
+    free(j->split->calls);
+    free(j->split->view);
+    sb_free(&j->split->reasoning);
+    free(j->split);
+    j->split = NULL;
+}
+
+static struct jobsplit *get(bjob *j)
+{
+    if (!j->split)
+        j->split = calloc(1, sizeof *j->split);
+    return j->split;
+}
+
+/* The call with id, added at the end when it is new (NULL: no room). */
+static struct scall *call_of(struct jobsplit *s, tp_str id, tp_str name)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->calls[i].id.len == id.len && !memcmp(s->calls[i].id.p, id.ptr, id.len))
+            return &s->calls[i];
+    if (s->n == TP_PROTO_MAX_TOOL_CALLS)
+        return NULL;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 4;
+        struct scall *c = realloc(s->calls, cap * sizeof *c);
+        if (!c)
+            return NULL;
+        s->calls = c;
+        s->cap = cap;
+    }
+    struct scall *c = &s->calls[s->n];
+    memset(c, 0, sizeof *c);
+    sb_add(&c->id, id.ptr, id.len);
+    sb_add(&c->name, name.ptr, name.len);
+    if (c->id.len != id.len || c->name.len != name.len) {
+        sb_free(&c->id);
+        sb_free(&c->name);
+        return NULL;
+    }
+    s->n++;
+    return c;
+}
+
+void jobsplit_on_token(bjob *j, const tp_m_token *t)
+{
+    if (!t->reasoning.len && !t->n_tool_calls)
+        return;
+    struct jobsplit *s = get(j);
+    if (!s)
+        return;
+    sb_add(&s->reasoning, t->reasoning.ptr, t->reasoning.len);
+    for (size_t i = 0; i < t->n_tool_calls; i++) {
+        struct scall *c = call_of(s, t->tool_calls[i].id, t->tool_calls[i].name);
+        if (c)
+            sb_add(&c->args, t->tool_calls[i].arguments.ptr, t->tool_calls[i].arguments.len);
+    }
+}
+
+void jobsplit_on_finish(bjob *j, const tp_m_finish *f)
+{
+    if (!f->reasoning_content.len && !f->n_tool_calls && !j->split)
+        return;
+    struct jobsplit *s = get(j);
+    if (!s)
+        return;
+    s->reasoning.len = 0;
+    sb_add(&s->reasoning, f->reasoning_content.ptr, f->reasoning_content.len);
+    drop_calls(s);
+    for (size_t i = 0; i < f->n_tool_calls; i++) {
+        struct scall *c = call_of(s, f->tool_calls[i].id, f->tool_calls[i].name);
+        if (c)
+            sb_add(&c->args, f->tool_calls[i].arguments.ptr, f->tool_calls[i].arguments.len);
+    }
+}
+
+tp_str jobsplit_reasoning(const bjob *j)
+{
+    const struct jobsplit *s = j->split;
+    return s && s->reasoning.len ? (tp_str){s->reasoning.p, s->reasoning.len} : (tp_str){0};
+}
+
+size_t jobsplit_calls(bjob *j, const tp_tool_call **calls)
+{
+    struct jobsplit *s = j->split;
+    *calls = NULL;
+    if (!s || !s->n)
+        return 0;
+    tp_tool_call *v = realloc(s->view, s->n * sizeof *v);
+    if (!v)
+        return 0;
+    s->view = v;
+    for (size_t i = 0; i < s->n; i++) {
+        const struct scall *c = &s->calls[i];
+        v[i] = (tp_tool_call){{c->id.p, c->id.len}, {c->name.p, c->name.len}, {c->args.p ? c->args.p : "", c->args.len}};
+    }
+    *calls = v;
+    return s->n;
+}
