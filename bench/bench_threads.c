@@ -207,6 +207,20 @@ static void cpu_name(char *out, size_t n)
         fclose(f);
 }
 
+/* word is one of the comma-separated items of list. */
+static bool has_word(const char *list, const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == n && !strncmp(p, word, n))
+            return true;
+        p += k;
+        p += *p == ',';
+    }
+    return false;
+}
+
 static double loadavg(void)
 {
     FILE *f = fopen("/proc/loadavg", "r");
@@ -225,7 +239,8 @@ int main(int argc, char **argv)
         printf("usage: bench_threads [SHAPE]   (default stories110M; needs $BIN/tokpipe)\n"
                "  batch-1 decode per type at 1, 2, ... all CPUs (powers of two and the count), as tok/s,\n"
                "  GB/s of weights and the ratio to a DRAM read probe at the same thread count.\n"
-               "  $TP_BENCH_THREADS=1,2,4 picks the thread counts; $TP_BENCH_TOKENS the tokens per sample.\n");
+               "  $TP_BENCH_THREADS=1,2,4 picks the thread counts; $TP_BENCH_TOKENS the tokens per sample;\n"
+               "  $TP_BENCH_TYPES=Q8_0,F16 the types (default F32,F16,Q8_0,Q4_0,Q4_K_M).\n");
         return 0;
     }
     const char *shape = argc > 1 ? argv[1] : "stories110M", *bin = getenv("BIN");
@@ -263,10 +278,16 @@ int main(int argc, char **argv)
     FILE *fp = fopen(src, "wb");
     if (!fp || tp_synth_write_model(fp, &sh, 1, NULL, NULL, &err) || fclose(fp))
         die("write model", err.msg);
+    const char *types = getenv("TP_BENCH_TYPES");
     entry e[NT];
     memset(e, 0, sizeof e);
-    for (size_t i = 0; i < NT; i++) {
-        e[i].type = TYPES[i];
+    size_t ne = 0;
+    for (size_t k = 0; k < NT; k++)
+        if (!types || has_word(types, TYPES[k]))
+            e[ne++].type = TYPES[k];
+    if (!ne)
+        die("TP_BENCH_TYPES", "no known type (F32, F16, Q8_0, Q4_0, Q4_K_M)");
+    for (size_t i = 0; i < ne; i++) {
         snprintf(e[i].path, sizeof e[i].path, "%s/%s-%s.gguf", dir, shape, e[i].type);
         snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, e[i].type);
         if (system(cmd) != 0)
@@ -282,40 +303,34 @@ int main(int argc, char **argv)
     for (int s = 0; s < SAMPLES; s++)
         for (int c = 0; c < nc; c++) {
             probe[c][s] = probe_gbs(counts[c]);
-            for (size_t i = 0; i < NT; i++)
+            for (size_t i = 0; i < ne; i++)
                 tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
         }
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
-    printf("%s batch-1 decode, %s, %d CPUs, load average %.2f -> %.2f; wall clock, median of %d x %d tokens\n",
-           shape, cpu, ncpu, load0, loadavg(), SAMPLES, tokens);
-    printf("  weights read per token (MB):");
-    for (size_t i = 0; i < NT; i++)
-        printf(" %s %.0f", e[i].type, e[i].bytes / 1e6);
-    printf("\n  %7s %10s", "threads", "probe GB/s");
-    for (size_t i = 0; i < NT; i++)
-        printf(" | %-6s tok/s  GB/s  /probe", e[i].type);
-    printf("\n");
-    double tps1[NT];
-    for (int c = 0; c < nc; c++) {
-        double pg = bench_median(probe[c], SAMPLES);
-        printf("  %7d %10.1f", counts[c], pg);
-        for (size_t i = 0; i < NT; i++) {
-            double t = bench_median(tps[c][i], SAMPLES), g = t * e[i].bytes / 1e9;
-            if (c == 0)
-                tps1[i] = t;
-            printf(" | %12.1f %5.1f %6.2f", t, g, g / pg);
+    printf("%s batch-1 decode, %s, %d CPUs, load average %.2f -> %.2f\n"
+           "  wall clock, %d samples of %d tokens per cell (median; best in brackets); GB/s: tok/s x the weights\n"
+           "  a token reads; /probe: that over the DRAM read probe at the same thread count (median of its %d)\n",
+           shape, cpu, ncpu, load0, loadavg(), SAMPLES, tokens, SAMPLES);
+    printf("  %-7s %8s %7s %17s %7s %7s %8s\n", "type", "MB/token", "threads", "tok/s", "GB/s", "/probe", "speed-up");
+    for (size_t i = 0; i < ne; i++) {
+        double t1 = bench_median(tps[0][i], SAMPLES);
+        for (int c = 0; c < nc; c++) {
+            double t = bench_median(tps[c][i], SAMPLES), best = 0, g = t * e[i].bytes / 1e9;
+            for (int k = 0; k < SAMPLES; k++)
+                best = tps[c][i][k] > best ? tps[c][i][k] : best;
+            char mb[16] = "";
+            if (!c)
+                snprintf(mb, sizeof mb, "%.0f", e[i].bytes / 1e6);
+            printf("  %-7s %8s %7d %7.1f (%7.1f) %7.1f %7.2f %7.2fx\n", c ? "" : e[i].type, mb, counts[c], t, best, g,
+                   g / bench_median(probe[c], SAMPLES), t / t1);
         }
-        printf("\n");
     }
-    printf("  speed-up over %d thread(s):", counts[0]);
-    for (size_t i = 0; i < NT; i++) {
-        printf(" %s", e[i].type);
-        for (int c = 1; c < nc; c++)
-            printf(" %.2fx", bench_median(tps[c][i], SAMPLES) / tps1[i]);
-    }
+    printf("  DRAM read probe (GB/s):");
+    for (int c = 0; c < nc; c++)
+        printf(" %d thread%s %.1f", counts[c], counts[c] > 1 ? "s" : "", bench_median(probe[c], SAMPLES));
     printf("\n");
-    for (size_t i = 0; i < NT; i++) {
+    for (size_t i = 0; i < ne; i++) {
         tp_forward_free(e[i].f);
         tp_model_free(e[i].m);
         remove(e[i].path);

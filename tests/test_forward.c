@@ -129,6 +129,56 @@ static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
     free(ck);
 }
 
+/* Logits of a 20-token prefill and 6 decode steps of a model whose heads
+ * are 48 wide (a 32-element chunk and a tail) over two KV pages, with the
+ * CPU's vector kernels or the portable ones, on `threads` threads. */
+static void wide_head_logits(bool scalar, int threads, float *out)
+{
+    tiny_shape sh = {96, 64, 2, 2, 1, 23, 40, 1};
+    size_t size;
+    float *ck = tiny_llama_build(&sh, 7, 0.3f, &size);
+    tp_model *m;
+    tp_err e;
+    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    tp_forward *f;
+    assert_int_equal(tp_forward_new(m, 1, 0, 20, &f, &e), 0);
+    if (scalar)
+        tp_forward_use_scalar_for_tests(f);
+    assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+    tp_forward_split_all_for_tests(f);
+    int sid, toks[26];
+    for (int i = 0; i < 26; i++)
+        toks[i] = (i * 7 + 3) % 23;
+    assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
+    tp_fwd_item it = {sid, 0, toks, 20, false};
+    assert_int_equal(tp_forward_step(f, &it, 1, out, &e), 0);
+    for (int p = 20; p < 26; p++) {
+        tp_fwd_item d = {sid, p, &toks[p], 1, false};
+        assert_int_equal(tp_forward_step(f, &d, 1, out + (size_t)(p - 19) * 23, &e), 0);
+    }
+    tp_forward_free(f);
+    tp_model_free(m);
+    free(ck);
+}
+
+/* Without AVX-512 the vector path (AVX2 matmuls and attention) takes the
+ * portable path's operations in its order: the same bits, on 1 or 3
+ * threads. (The AVX-512 attention fuses its multiply-adds: other bits.) */
+static void avx2_path_gives_the_portable_bits(void **state)
+{
+    (void)state;
+    if (tp_kernels_have_avx512() || !tp_kernels_have_avx2())
+        skip();
+    float want[7 * 23], got[7 * 23];
+    wide_head_logits(true, 1, want);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        wide_head_logits(false, threads, got);
+        for (int k = 0; k < 7; k++)
+            if (memcmp(want + 23 * k, got + 23 * k, sizeof(float) * 23))
+                fail_msg("AVX2 path on %d thread(s): logits row %d differ from the portable path's", threads, k);
+    }
+}
+
 static void tiny_gqa_model_matches_double_reference(void **state)
 {
     (void)state;
@@ -686,6 +736,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernel_equals_sequential_fmaf_for_any_token_count),
         cmocka_unit_test(tiny_gqa_model_matches_double_reference),
+        cmocka_unit_test(avx2_path_gives_the_portable_bits),
         cmocka_unit_test(scalar_path_matches_double_reference),
         cmocka_unit_test(openblas_kernel_matches_double_reference),
         cmocka_unit_test(zero_blocks_give_normalized_embedding_logits),

@@ -149,12 +149,13 @@ static void check_type(uint32_t type, int rows, int cols)
     free(W); free(X); free(Y); free(Ys); free(Y1); free(deq);
 }
 
-/* Activation quantization: the AVX-512 and scalar paths give the same
- * quants, scales and sums, NaN, infinities, zeros and ties included. */
+/* Activation quantization: the AVX-512, AVX2 and scalar paths give the
+ * same quants, scales and sums, NaN, infinities, zeros and ties included. */
 static void activation_quantization_paths_agree(void **state)
 {
     (void)state;
-    if (!tp_quant_have_avx512())
+    bool avx512 = tp_quant_have_avx512(), avx2 = tp_quant_have_simd(); /* the AVX2 kernels need more than AVX2 */
+    if (!avx2)
         skip();
     enum { T = 9, C = 4096 };
     float *X = malloc(sizeof(float) * T * C);
@@ -169,13 +170,16 @@ static void activation_quantization_paths_agree(void **state)
     tp_qact a, b;
     assert_int_equal(tp_qact_init(&a, T, C), 0);
     assert_int_equal(tp_qact_init(&b, T, C), 0);
-    tp_qact_prepare_path(&a, TP_GGML_Q8_0, X, C, T, C, false);
-    tp_qact_prepare_path(&b, TP_GGML_Q8_0, X, C, T, C, true);
-    assert_memory_equal(a.q, b.q, (size_t)T * C);
-    assert_memory_equal(a.dx, b.dx, sizeof(float) * T * C / 32);
-    assert_memory_equal(a.sum, b.sum, sizeof(float) * T * C / 32);
-    assert_memory_equal(a.nsum32, b.nsum32, sizeof(int32_t) * T * C / 32);
-    assert_memory_equal(a.nsum16, b.nsum16, sizeof(int32_t) * T * C / 16);
+    tp_qact_prepare_path(&a, TP_GGML_Q8_0, X, C, T, C, QACT_SCALAR);
+    for (int path = QACT_AVX2; path <= (avx512 ? QACT_AVX512 : QACT_AVX2); path++) {
+        memset(b.q, 0x55, (size_t)T * C);
+        tp_qact_prepare_path(&b, TP_GGML_Q8_0, X, C, T, C, path);
+        assert_memory_equal(a.q, b.q, (size_t)T * C);
+        assert_memory_equal(a.dx, b.dx, sizeof(float) * T * C / 32);
+        assert_memory_equal(a.sum, b.sum, sizeof(float) * T * C / 32);
+        assert_memory_equal(a.nsum32, b.nsum32, sizeof(int32_t) * T * C / 32);
+        assert_memory_equal(a.nsum16, b.nsum16, sizeof(int32_t) * T * C / 16);
+    }
     tp_qact_free(&a);
     tp_qact_free(&b);
     free(X);

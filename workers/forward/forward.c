@@ -38,6 +38,8 @@
 /* What one SwiGLU element (an expf and a division) costs, in
  * multiply-adds of a matmul, for the same threshold. */
 #define SWIGLU_MACS 16
+/* PART_MIN_MACS over this for work between matmuls (parts_between). */
+#define HELD_PART_DIV 16
 /* What a multiply-add of the VNNI panel kernels costs in f32 ones, for
  * PART_MIN_MACS (bench_quant: 3-8x F32 at decode, 2-2.5x batched). Split
  * as f32, 2 threads decoded 110M Q8_0 at 171 tok/s against 184 on one:
@@ -756,6 +758,20 @@ static int parts_for(const tp_forward *f, double macs)
     return p >= n ? n : p < 1 ? 1 : (int)p;
 }
 
+/* The same for the work between two matmuls of a step (attention,
+ * SwiGLU): the helpers are still spinning from the matmul before
+ * (tp_pool_hold), so a part costs a cache line or two, not a wake-up.
+ * Left on the calling thread, that work is what the others wait for: at
+ * batch 1 it was a tenth of a 110M Q8_0 step, which caps 2 threads at
+ * 1.8x and 16 at 7x. */
+static int parts_between(const tp_forward *f, double macs)
+{
+    long long min = f->part_min / HELD_PART_DIV;
+    double p = macs / (double)(min < 1 ? 1 : min);
+    int n = tp_forward_threads(f);
+    return p >= n ? n : p < 1 ? 1 : (int)p;
+}
+
 typedef struct mm_job {
     const tp_packed *w;
     const float *x;
@@ -1115,6 +1131,57 @@ static void attend_scalar(int hs, int pos, const float *qh, const float *const *
     }
 }
 
+/* attend_scalar with AVX2, for CPUs without AVX-512: every score and
+ * output element takes the same IEEE operations in the same order (a
+ * product, then a sum, never fused), lanes being positions for the scores
+ * (a key block holds an element of 16 positions side by side) and
+ * elements for the weighted sum, so the bits are the scalar path's. */
+__attribute__((target("avx2"))) static void attend_avx2(int hs, int pos, const float *qh, const float *const *kb,
+                                                       const float *const *vb, float *oh, float *att)
+{
+    int n = pos + 1;
+    __m256 sc = _mm256_set1_ps(sqrtf((float)hs));
+    /* A block's positions past pos hold whatever the page holds: computed,
+     * never stored. */
+    for (int t0 = 0; t0 < n; t0 += TP_KV_PAGE) {
+        const float *k = kb[t0 / TP_KV_PAGE];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        for (int i = 0; i < hs; i++) {
+            __m256 q = _mm256_set1_ps(qh[i]);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(q, _mm256_loadu_ps(k + (size_t)i * TP_KV_PAGE)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(q, _mm256_loadu_ps(k + (size_t)i * TP_KV_PAGE + 8)));
+        }
+        float s[TP_KV_PAGE];
+        _mm256_storeu_ps(s, _mm256_div_ps(a0, sc));
+        _mm256_storeu_ps(s + 8, _mm256_div_ps(a1, sc));
+        int m = n - t0 < TP_KV_PAGE ? n - t0 : TP_KV_PAGE;
+        memcpy(att + t0, s, (size_t)m * sizeof(float));
+    }
+    softmax(att, n);
+    int i0 = 0;
+    for (; i0 + 32 <= hs; i0 += 32) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        for (int t = 0; t < n; t++) {
+            const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs + i0;
+            __m256 a = _mm256_set1_ps(att[t]);
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(a, _mm256_loadu_ps(v)));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(a, _mm256_loadu_ps(v + 8)));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(a, _mm256_loadu_ps(v + 16)));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(a, _mm256_loadu_ps(v + 24)));
+        }
+        _mm256_storeu_ps(oh + i0, o0);
+        _mm256_storeu_ps(oh + i0 + 8, o1);
+        _mm256_storeu_ps(oh + i0 + 16, o2);
+        _mm256_storeu_ps(oh + i0 + 24, o3);
+    }
+    for (int i = i0; i < hs; i++) {
+        float o = 0.0f;
+        for (int t = 0; t < n; t++)
+            o += att[t] * vb[t / TP_KV_PAGE][(size_t)(t % TP_KV_PAGE) * hs + i];
+        oh[i] = o;
+    }
+}
+
 /* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
  * FMA chains, masked at the end): each score is one FMA chain over the
  * head's elements from 0, then divided by scale. kb[t / 16] is the head's
@@ -1209,6 +1276,8 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
         scores(att, qh, (const float *const *)kb, hs, n, scale);
         softmax(att, n);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
+    } else if (f->simd) {
+        attend_avx2(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
     } else {
         attend_scalar(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
     }
@@ -1325,11 +1394,11 @@ static void attention_block(tp_forward *f, int l, int T)
         rope(f, k, c->kv_dim, s->tok_pos[t]);
         store_kv(f, l, s->tok_slot[t], s->tok_pos[t], k, v);
     }
-    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head */
+    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head, and an expf */
     for (int t = 0; t < T; t++)
-        macs += 2.0 * (s->tok_pos[t] + 1) * c->head_size * c->n_heads;
+        macs += (2.0 * c->head_size + SWIGLU_MACS) * (s->tok_pos[t] + 1) * c->n_heads;
     att_job aj = {f, l};
-    tp_pool_run(f->pool, T * c->n_heads, 1, parts_for(f, macs), attend_units, &aj);
+    tp_pool_run(f->pool, T * c->n_heads, 1, parts_between(f, macs), attend_units, &aj);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj,
                  c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
@@ -1369,7 +1438,7 @@ static void ffn_block(tp_forward *f, int l, int T)
     /* SwiGLU, packed [T][hidden] into proj: an expf per element, a share of
      * a batched step big enough to split too (elementwise: same bits) */
     swiglu_job sj = {s->h13, s->proj, h};
-    tp_pool_run(f->pool, T * (int)h, 64, parts_for(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range, &sj);
+    tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range, &sj);
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
                  c->dim);

@@ -58,7 +58,7 @@ struct tp_pool {
      * the release of a post */
     tp_pool_fn fn;
     void *arg;
-    int n_rows, align, units, chunk;
+    int n_rows, align, units, chunk, threads;
     unsigned long long jobs; /* jobs run on more than one thread */
     alignas(64) _Atomic uint32_t next;    /* next unclaimed unit */
     alignas(64) _Atomic uint32_t pending; /* helpers running or posted, | CALLER_SLEEPS */
@@ -102,15 +102,27 @@ static uint32_t spin_while(const tp_pool *p, _Atomic uint32_t *word, uint32_t va
     }
 }
 
-/* Claim and compute chunks until the job's units run out. */
+/* Claim and compute chunks until the job's units run out. A claim takes
+ * half a thread's share of what is left, at least p->chunk units ("guided"
+ * scheduling): each thread starts on one long contiguous run of the
+ * weights (the hardware prefetcher ramps up once per run, and a decode
+ * step streams every weight once), and the runs shrink towards the end so
+ * that a late thread still leaves little to wait for. */
 static void work(tp_pool *p, int worker)
 {
+    uint32_t u0 = atomic_load_explicit(&p->next, memory_order_relaxed);
     for (;;) {
-        uint32_t u0 = atomic_fetch_add_explicit(&p->next, (uint32_t)p->chunk, memory_order_relaxed);
         if (u0 >= (uint32_t)p->units)
             return;
-        long long r0 = (long long)u0 * p->align, r1 = r0 + (long long)p->chunk * p->align;
+        uint32_t n = ((uint32_t)p->units - u0) / (2u * (uint32_t)p->threads);
+        if (n < (uint32_t)p->chunk)
+            n = (uint32_t)p->chunk;
+        if (!atomic_compare_exchange_weak_explicit(&p->next, &u0, u0 + n, memory_order_relaxed,
+                                                   memory_order_relaxed))
+            continue; /* u0 is the new value */
+        long long r0 = (long long)u0 * p->align, r1 = r0 + (long long)n * p->align;
         p->fn(p->arg, (int)r0, (int)(r1 < p->n_rows ? r1 : p->n_rows), worker);
+        u0 = atomic_load_explicit(&p->next, memory_order_relaxed);
     }
 }
 
@@ -239,8 +251,8 @@ void tp_pool_run(tp_pool *p, int n_rows, int align, int max_threads, tp_pool_fn 
         return;
     }
     /* No helper is RUNNING here (the last job waited for them), so the job
-     * fields are ours to write. Chunks of about an eighth of a thread's
-     * share: few claims, and a late thread leaves little to wait for. */
+     * fields are ours to write. Claims shrink to about an eighth of a
+     * thread's share (work). */
     p->fn = fn;
     p->arg = arg;
     p->n_rows = n_rows;
@@ -249,6 +261,7 @@ void tp_pool_run(tp_pool *p, int n_rows, int align, int max_threads, tp_pool_fn 
     p->chunk = p->units / (threads * 8);
     if (p->chunk < 1)
         p->chunk = 1;
+    p->threads = threads;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, (uint32_t)(threads - 1), memory_order_relaxed);
     p->jobs++;

@@ -11,7 +11,8 @@
  * first, and callers give small jobs fewer parts (max_parts).
  *
  * Work is claimed, not dealt: the rows of a job are taken in chunks from
- * one atomic counter by the caller and the helpers it woke, and a helper
+ * one atomic counter by the caller and the helpers it woke (long runs
+ * first, shorter ones towards the end: pool.c work), and a helper
  * that has not woken up by the time the caller runs out of rows is called
  * off instead of waited for. On a shared host, where a helper's vCPU may be
  * busy with someone else's process, a job then degrades to about the

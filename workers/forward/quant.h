@@ -110,9 +110,10 @@ void tp_qact_free(tp_qact *a);
  * cols must fit the init sizes; cols a multiple of 32 for integer types.
  * Depends only on each token's own row. */
 void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols);
-/* The same with the path chosen (avx512 needs AVX-512 F and BW): the
- * same bits either way; tests compare them. */
-void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, bool avx512);
+/* The same with the path chosen (QACT_AVX512 needs AVX-512 F and BW,
+ * QACT_AVX2 AVX2): the same bits on every path; tests compare them. */
+enum { QACT_SCALAR, QACT_AVX2, QACT_AVX512 };
+void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path);
 
 /* THE ROW-RANGE ENTRY POINT. y[t * ldy + r] = W[r] . x[t] for t < a->n_tok
  * and r0 <= r < r1, with w->cols == a->cols and a prepared for w->type.
