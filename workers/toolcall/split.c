@@ -406,6 +406,8 @@ int tp_tcsplit_feed(tp_tcsplit *s, const char *text, size_t len, const char **co
  * U+FFFD, longer than its raw bytes). */
 static void put_text(tp_tcsplit *s, const char *text, size_t len)
 {
+    if (len == 0)
+        text = ""; /* a marker token comes with no text: NULL + 0 is undefined */
     size_t i = 0;
     while (s->n_mk && s->mk[0].at <= s->fed + (len - i)) {
         size_t k = s->mk[0].at > s->fed ? (size_t)(s->mk[0].at - s->fed) : 0;
