@@ -70,15 +70,6 @@ typedef struct setup {
     int *slot_of;
 } setup;
 
-/* Thread CPU time: the machine is shared, the forward runs on this one
- * thread, and time spent descheduled is neither side's. */
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* One pass of n_jobs jobs; returns generated tokens per CPU second;
  * *g_us: CPU microseconds per token spent on the grammar (mask, masked
  * row, accept, next document). */
@@ -87,7 +78,7 @@ static double run(setup *S, int n_jobs, bool constrained, int *docs, double *g_u
     double tg = 0;
     static bjob jobs[MAX_JOBS];
     tp_err e;
-    double t0 = cpu_now();
+    double t0 = bench_cpu_now();
     for (int j = 0; j < n_jobs; j++) {
         bjob *J = &jobs[j];
         memset(J, 0, sizeof *J);
@@ -121,17 +112,17 @@ static double run(setup *S, int n_jobs, bool constrained, int *docs, double *g_u
             bjob *J = &jobs[S->slot_of[i]];
             const float *l = S->logits + (size_t)i * (size_t)S->vocab;
             int32_t c;
-            double a = cpu_now();
+            double a = bench_cpu_now();
             if (J->gm) {
                 if (tp_gmatch_mask(J->gm, S->mask, &e))
                     die("mask", &e);
                 tp_grammar_apply_mask(S->mask, l, S->row, S->vocab);
                 l = S->row;
             }
-            tg += cpu_now() - a;
+            tg += bench_cpu_now() - a;
             if (tp_sampler_sample(J->smp, l, &c, &e) || tp_sampler_accept(J->smp, c, &e))
                 die("sample", &e);
-            a = cpu_now();
+            a = bench_cpu_now();
             if (J->gm && tp_gmatch_accept(J->gm, c, &e))
                 die("grammar accept", &e);
             J->ids[S->n_prompt + J->n_out++] = c;
@@ -143,12 +134,12 @@ static double run(setup *S, int n_jobs, bool constrained, int *docs, double *g_u
                 if (tp_gcache_matcher(S->gc, S->gbnf, strlen(S->gbnf), &J->gm, &e))
                     die("grammar", &e);
             }
-            tg += cpu_now() - a;
+            tg += bench_cpu_now() - a;
             if (J->n_out == GEN)
                 left--;
         }
     }
-    double dt = cpu_now() - t0;
+    double dt = bench_cpu_now() - t0;
     *g_us = tg / ((double)n_jobs * GEN) * 1e6;
     *docs = 0;
     for (int j = 0; j < n_jobs; j++) {

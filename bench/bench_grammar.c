@@ -196,15 +196,6 @@ static char *gen_grammar(int i)
 
 static int cmp_d(const void *a, const void *b) { return bench_cmp_double(a, b); }
 
-/* Thread CPU time: the machine is shared, and time spent descheduled is
- * not the engine's. */
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static double pct(double *v, size_t n, double p)
 {
     if (!n)
@@ -249,25 +240,25 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     for (int gi = 0; gi < N_GRAMMARS; gi++) {
         tp_grammar *g;
         tp_gengine *e;
-        t0 = cpu_now();
+        t0 = bench_cpu_now();
         if (tp_grammar_compile(grammars[gi], strlen(grammars[gi]), NULL, &g, &err) ||
             tp_gengine_new(g, v, NULL, &e, &err)) {
             printf("grammar %d: %s\n%s\n", gi, err.msg, grammars[gi]);
             exit(1);
         }
-        compile[gi] = cpu_now() - t0;
+        compile[gi] = bench_cpu_now() - t0;
         for (int d = 0; d < DOCS_PER_GRAMMAR; d++) {
             tp_gmatch *m;
             tp_gmatch_new(e, &m, &err);
             matcher_bytes = tp_gmatch_memory(m);
             for (int s = 0; s < MAX_DOC_TOKENS && !tp_gmatch_done(m); s++) {
                 size_t before = tp_gengine_memory(e);
-                double a = cpu_now();
+                double a = bench_cpu_now();
                 if (tp_gmatch_mask(m, mask, &err)) {
                     printf("grammar %d: %s\n", gi, err.msg);
                     exit(1);
                 }
-                double dt = cpu_now() - a;
+                double dt = bench_cpu_now() - a;
                 lat[n_lat++] = dt;
                 if (getenv("BENCH_SLOW") && dt > atof(getenv("BENCH_SLOW")) * 1e-6) {
                     int c = 0;
@@ -280,11 +271,11 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
                     cold[n_cold++] = dt;
                 /* the baseline: every token checked on its own, sometimes */
                 if ((n_lat % 97) == 0 && base_n < 40) {
-                    a = cpu_now();
+                    a = bench_cpu_now();
                     int cnt = 0;
                     for (int t = 0; t < n; t++)
                         cnt += tp_gmatch_allows(m, t);
-                    base_sum += cpu_now() - a;
+                    base_sum += bench_cpu_now() - a;
                     base_mask_sum += dt;
                     base_n++;
                     (void)cnt;
@@ -345,14 +336,14 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     size_t n_sc = 0;
     for (int r = 0; r < 20; r++)
         for (size_t k = 0; k < N_SCHEMAS; k++) {
-            double a = cpu_now();
+            double a = bench_cpu_now();
             char *gb = NULL;
             tp_grammar *g = NULL;
             tp_gengine *e = NULL;
             if (!tp_jschema_to_gbnf(schemas[k], strlen(schemas[k]), NULL, &gb, &err) &&
                 !tp_grammar_compile(gb, strlen(gb), NULL, &g, &err))
                 tp_gengine_new(g, v, NULL, &e, &err);
-            sc[n_sc++] = cpu_now() - a;
+            sc[n_sc++] = bench_cpu_now() - a;
             tp_gengine_free(e);
             tp_grammar_free(g);
             free(gb);

@@ -22,7 +22,8 @@
 
 #include "tokpipe/forward.h"
 #include "tokpipe/synth.h"
-#include "support/timing.h" /* bench_median */
+#include "support/decode.h"
+#include "support/timing.h" /* bench_cpu_now, bench_median, bench_list_has */
 
 #define SAMPLES 3
 #define PROMPT_LEN 16
@@ -41,13 +42,6 @@ static void die(const char *what, const char *msg)
 {
     fprintf(stderr, "bench_quant: %s: %s\n", what, msg);
     exit(1);
-}
-
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static long rss_kb(void)
@@ -72,32 +66,14 @@ typedef struct entry {
     double decode[SAMPLES], prefill[SAMPLES], batched[3][SAMPLES];
 } entry;
 
-static int tok_of(int i, int V) { return 3 + (i * 7919) % (V - 3); }
-
 /* Decode tokens/s of one sequence after a PROMPT_LEN prefill. */
 static double run_decode(entry *e)
 {
-    int V = tp_model_get_config(e->m)->vocab_size, sid, toks[PROMPT_LEN];
     tp_err err;
-    float *logits = malloc(sizeof(float) * V);
-    if (!logits || tp_forward_seq_open(e->f, &sid, &err))
-        die("decode", "no slot");
-    for (int i = 0; i < PROMPT_LEN; i++)
-        toks[i] = tok_of(i, V);
-    tp_fwd_item it = {sid, 0, toks, PROMPT_LEN, false};
-    if (tp_forward_step(e->f, &it, 1, logits, &err))
-        die("prefill", err.msg);
-    double t0 = cpu_now();
-    for (int k = 0; k < DECODE_TOKENS; k++) {
-        int tok = tok_of(k + 100, V);
-        tp_fwd_item d = {sid, PROMPT_LEN + k, &tok, 1, false};
-        if (tp_forward_step(e->f, &d, 1, logits, &err))
-            die("decode", err.msg);
-    }
-    double dt = cpu_now() - t0;
-    tp_forward_seq_close(e->f, sid);
-    free(logits);
-    return DECODE_TOKENS / dt;
+    double r = bench_decode_rate(e->f, tp_model_get_config(e->m)->vocab_size, PROMPT_LEN, DECODE_TOKENS, bench_cpu_now, &err);
+    if (r < 0)
+        die("decode", err.msg);
+    return r;
 }
 
 static double run_prefill(entry *e)
@@ -108,12 +84,12 @@ static double run_prefill(entry *e)
     if (!logits || tp_forward_seq_open(e->f, &sid, &err))
         die("prefill", "no slot");
     for (int i = 0; i < PREFILL_LEN; i++)
-        toks[i] = tok_of(i, V);
+        toks[i] = bench_tok_of(i, V);
     tp_fwd_item it = {sid, 0, toks, PREFILL_LEN, false};
-    double t0 = cpu_now();
+    double t0 = bench_cpu_now();
     if (tp_forward_step(e->f, &it, 1, logits, &err))
         die("prefill", err.msg);
-    double dt = cpu_now() - t0;
+    double dt = bench_cpu_now() - t0;
     tp_forward_seq_close(e->f, sid);
     free(logits);
     return PREFILL_LEN / dt;
@@ -132,7 +108,7 @@ static double run_batched(entry *e, int n)
         if (tp_forward_seq_open(e->f, &sid[s], &err))
             die("batched", err.msg);
         for (int i = 0; i < PROMPT_LEN; i++)
-            toks[s][i] = tok_of(i + 31 * s, V);
+            toks[s][i] = bench_tok_of(i + 31 * s, V);
     }
     for (int s0 = 0; s0 < n; s0 += 8) { /* prefill 8 sequences per step */
         int k = n - s0 < 8 ? n - s0 : 8;
@@ -141,30 +117,18 @@ static double run_batched(entry *e, int n)
         if (tp_forward_step(e->f, items, k, logits, &err))
             die("batched prefill", err.msg);
     }
-    double t0 = cpu_now();
+    double t0 = bench_cpu_now();
     for (int step = 0; step < BATCH_STEPS; step++) {
         for (int s = 0; s < n; s++)
             items[s] = (tp_fwd_item){sid[s], PROMPT_LEN + step, &toks[s][step], 1, false};
         if (tp_forward_step(e->f, items, n, logits, &err))
             die("batched", err.msg);
     }
-    double dt = cpu_now() - t0;
+    double dt = bench_cpu_now() - t0;
     for (int s = 0; s < n; s++)
         tp_forward_seq_close(e->f, sid[s]);
     free(logits);
     return (double)n * BATCH_STEPS / dt;
-}
-
-static bool type_listed(const char *list, const char *type)
-{
-    size_t len = strlen(type);
-    for (const char *p = list; *p;) {
-        size_t k = strcspn(p, ",");
-        if (k == len && !strncmp(p, type, len))
-            return true;
-        p += k + (p[k] == ',');
-    }
-    return false;
 }
 
 static void shape_run(const char *shape, const char *bin, const char *dir)
@@ -186,7 +150,7 @@ static void shape_run(const char *shape, const char *bin, const char *dir)
     const char *only = getenv("TP_BENCH_TYPES");
     size_t n = 0;
     for (size_t k = 0; k < NT; k++) {
-        if (k && only && !type_listed(only, TYPES[k]))
+        if (k && only && !bench_list_has(only, TYPES[k]))
             continue;
         size_t i = n++;
         e[i].type = TYPES[k];

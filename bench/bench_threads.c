@@ -25,7 +25,8 @@
 
 #include "tokpipe/forward.h"
 #include "tokpipe/synth.h"
-#include "support/timing.h" /* bench_now, bench_median */
+#include "support/decode.h"
+#include "support/timing.h" /* bench_now, bench_median, bench_list_has */
 
 #define SAMPLES 5
 #define PROMPT_LEN 8
@@ -159,34 +160,16 @@ static double token_bytes(const tp_model *m)
     return b;
 }
 
-static int tok_of(int i, int V) { return 3 + (i * 7919) % (V - 3); }
-
 /* Wall tokens/s of one sequence decoding n tokens after a short prompt. */
 static double run_decode(entry *e, int threads, int n)
 {
-    int V = tp_model_get_config(e->m)->vocab_size, sid, toks[PROMPT_LEN];
     tp_err err;
     if (tp_forward_set_threads(e->f, threads, &err))
         die("threads", err.msg);
-    float *logits = malloc(sizeof(float) * V);
-    if (!logits || tp_forward_seq_open(e->f, &sid, &err))
-        die("decode", "no slot");
-    for (int i = 0; i < PROMPT_LEN; i++)
-        toks[i] = tok_of(i, V);
-    tp_fwd_item it = {sid, 0, toks, PROMPT_LEN, false};
-    if (tp_forward_step(e->f, &it, 1, logits, &err))
-        die("prefill", err.msg);
-    double t0 = bench_now();
-    for (int k = 0; k < n; k++) {
-        int tok = tok_of(k + 100, V);
-        tp_fwd_item d = {sid, PROMPT_LEN + k, &tok, 1, false};
-        if (tp_forward_step(e->f, &d, 1, logits, &err))
-            die("decode", err.msg);
-    }
-    double dt = bench_now() - t0;
-    tp_forward_seq_close(e->f, sid);
-    free(logits);
-    return n / dt;
+    double r = bench_decode_rate(e->f, tp_model_get_config(e->m)->vocab_size, PROMPT_LEN, n, bench_now, &err);
+    if (r < 0)
+        die("decode", err.msg);
+    return r;
 }
 
 static void cpu_name(char *out, size_t n)
@@ -205,20 +188,6 @@ static void cpu_name(char *out, size_t n)
         }
     if (f)
         fclose(f);
-}
-
-/* word is one of the comma-separated items of list. */
-static bool has_word(const char *list, const char *word)
-{
-    size_t n = strlen(word);
-    for (const char *p = list; *p;) {
-        size_t k = strcspn(p, ",");
-        if (k == n && !strncmp(p, word, n))
-            return true;
-        p += k;
-        p += *p == ',';
-    }
-    return false;
 }
 
 static double loadavg(void)
@@ -283,7 +252,7 @@ int main(int argc, char **argv)
     memset(e, 0, sizeof e);
     size_t ne = 0;
     for (size_t k = 0; k < NT; k++)
-        if (!types || has_word(types, TYPES[k]))
+        if (!types || bench_list_has(types, TYPES[k]))
             e[ne++].type = TYPES[k];
     if (!ne)
         die("TP_BENCH_TYPES", "no known type (F32, F16, Q8_0, Q4_0, Q4_K_M)");

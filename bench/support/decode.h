@@ -1,0 +1,17 @@
+/* One sequence's batch-1 decode rate over a forward pass: the workload
+ * bench_quant and bench_threads both time. */
+#ifndef BENCH_SUPPORT_DECODE_H
+#define BENCH_SUPPORT_DECODE_H
+
+#include "tokpipe/forward.h"
+
+/* A spread of ids in [3, vocab): the benches' tokens (3 keeps clear of the
+ * usual control ids). */
+int bench_tok_of(int i, int vocab);
+
+/* Tokens per second, by clock, of one new sequence decoding n tokens after
+ * a prompt_len prefill (the prefill is not timed); negative with err set on
+ * failure. */
+double bench_decode_rate(tp_forward *f, int vocab, int prompt_len, int n, double (*clock)(void), tp_err *err);
+
+#endif
