@@ -108,7 +108,6 @@ int tp_buf_printf(tp_buf *b, const char *fmt, ...)
 void tp_buf_reset(tp_buf *b)
 {
     b->len = 0;
-    b->err = 0;
     if (b->data)
         b->data[0] = '\0';
 }

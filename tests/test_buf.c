@@ -103,7 +103,10 @@ static void a_sticky_failure_refuses_every_later_append(void **state)
     assert_int_equal(tp_buf_reserve(&b, 1), TP_ERANGE);
     assert_int_equal(b.len, 0);
     assert_int_equal(b.err, TP_ERANGE);
-    tp_buf_reset(&b);   /* a reset forgets it */
+    tp_buf_reset(&b);   /* emptying the text does not forget it */
+    assert_int_equal(b.err, TP_ERANGE);
+    assert_int_equal(tp_buf_puts(&b, "ab"), TP_ERANGE);
+    tp_buf_free(&b);    /* freeing does */
     assert_int_equal(b.err, 0);
     assert_int_equal(tp_buf_puts(&b, "ab"), 0);
     assert_string_equal(b.data, "ab");
@@ -192,7 +195,7 @@ static void printf_past_the_limit_leaves_the_text_unchanged(void **state)
     assert_int_equal(tp_buf_printf(&b, "%s", "123456789"), TP_ERANGE);
     assert_int_equal(b.len, 4);
     assert_string_equal(b.data, "head");
-    tp_buf_reset(&b);
+    tp_buf_free(&b);   /* forgets the failure, keeps the limit */
     assert_int_equal(tp_buf_puts(&b, "head"), 0);
     assert_int_equal(tp_buf_printf(&b, "%s", "12345678"), 0);   /* exactly 12 */
     assert_string_equal(b.data, "head12345678");

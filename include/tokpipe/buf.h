@@ -64,7 +64,9 @@ int tp_buf_reserve(tp_buf *b, size_t more);
  * inner buffer's failure passed on to the outer one). Returns b->err. */
 int tp_buf_fail(tp_buf *b, int code);
 
-/* Empty the text and forget a failure; the memory and settings stay. */
+/* Empty the text; the memory, settings and a recorded failure stay (the
+ * failure is forgotten by tp_buf_take and tp_buf_free only, so a caller
+ * that empties a buffer between uses still sees that a piece was lost). */
 void tp_buf_reset(tp_buf *b);
 
 /* The text, owned by the caller from now on (free()); "" when nothing was

@@ -9,20 +9,20 @@
 
 #include "tc_internal.h"
 
-static void key(tcbuf *b, const char *k)
+static void key(tp_buf *b, const char *k)
 {
-    tcb_put(b, ",\"", 2);
-    tcb_puts(b, k);
-    tcb_put(b, "\":", 2);
+    tp_buf_add(b, ",\"", 2);
+    tp_buf_puts(b, k);
+    tp_buf_add(b, "\":", 2);
 }
 
-static void str(tcbuf *b, tp_str s)
+static void str(tp_buf *b, tp_str s)
 {
-    tcb_json_str(b, s.ptr ? s.ptr : "", s.len);
+    tc_put_json_str(b, s.ptr ? s.ptr : "", s.len);
 }
 
 /* A call's arguments: OpenAI's string, or (object_args) the object it holds. */
-static int arguments(tcbuf *b, tp_str a, bool object, size_t i, size_t k, tp_err *err)
+static int arguments(tp_buf *b, tp_str a, bool object, size_t i, size_t k, tp_err *err)
 {
     if (!object) {
         str(b, a);
@@ -33,17 +33,17 @@ static int arguments(tcbuf *b, tp_str a, bool object, size_t i, size_t k, tp_err
     cJSON_Delete(j);
     if (!ok)
         return tp_err_set(err, TP_EINVAL, "messages[%zu].tool_calls[%zu].arguments: not a JSON object", i, k);
-    tcb_put(b, a.ptr, a.len);
+    tp_buf_add(b, a.ptr, a.len);
     return 0;
 }
 
-static int turn(tcbuf *b, const tp_tc_syntax *syn, const tp_chat_msg *m, size_t i, tp_err *err)
+static int turn(tp_buf *b, const tp_tc_syntax *syn, const tp_chat_msg *m, size_t i, tp_err *err)
 {
-    tcb_puts(b, i ? ",{\"role\":" : "{\"role\":");
+    tp_buf_puts(b, i ? ",{\"role\":" : "{\"role\":");
     str(b, m->role);
     key(b, "content");
     if (!m->content.len && m->n_tool_calls && syn->null_content)
-        tcb_puts(b, "null");   /* OpenAI's own: a turn of only calls */
+        tp_buf_puts(b, "null");   /* OpenAI's own: a turn of only calls */
     else
         str(b, m->content);
     if (m->name.ptr) {
@@ -57,41 +57,41 @@ static int turn(tcbuf *b, const tp_tc_syntax *syn, const tp_chat_msg *m, size_t 
     if (!m->n_tool_calls)
         return 0;
     key(b, "tool_calls");
-    tcb_put(b, "[", 1);
+    tp_buf_add(b, "[", 1);
     for (size_t k = 0; k < m->n_tool_calls; k++) {
         const tp_tool_call *c = &m->tool_calls[k];
-        tcb_puts(b, k ? ",{\"id\":" : "{\"id\":");
+        tp_buf_puts(b, k ? ",{\"id\":" : "{\"id\":");
         str(b, c->id);
-        tcb_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
+        tp_buf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
         str(b, c->name);
         key(b, "arguments");
         int rc = arguments(b, c->arguments, syn->object_args, i, k, err);
         if (rc)
             return rc;
-        tcb_puts(b, "}}");
+        tp_buf_puts(b, "}}");
     }
-    tcb_put(b, "]", 1);
+    tp_buf_add(b, "]", 1);
     return 0;
 }
 
 int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
                           size_t *len, tp_err *err)
 {
-    tcbuf b = {0};
-    tcb_puts(&b, "{\"messages\":[");
+    tp_buf b = {0};
+    tp_buf_puts(&b, "{\"messages\":[");
     for (size_t i = 0; i < n; i++) {
         int rc = turn(&b, syn, &msgs[i], i, err);
         if (!rc)
-            tcb_put(&b, "}", 1);
+            tp_buf_add(&b, "}", 1);
         if (rc) {
-            tcb_free(&b);
+            tp_buf_free(&b);
             return rc;
         }
     }
-    tcb_put(&b, "]", 1);
+    tp_buf_add(&b, "]", 1);
     if (tools.ptr) {
         key(&b, "tools");
-        tcb_put(&b, tools.ptr, tools.len);
+        tp_buf_add(&b, tools.ptr, tools.len);
         if (syn->family == TP_TC_FIREFUNCTION_V2) {
             /* its template prints `functions` (the tools as JSON text) and
              * `datetime` into its system prompt */
@@ -105,12 +105,12 @@ int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size
             str(&b, tp_str_of(when));
         }
     }
-    tcb_put(&b, "}", 1);
-    if (b.oom) {
-        tcb_free(&b);
+    tp_buf_add(&b, "}", 1);
+    if (b.err) {
+        tp_buf_free(&b);
         return tp_err_set(err, TP_ENOMEM, "tokenize: out of memory");
     }
-    *out = b.s;
+    *out = b.data;
     *len = b.len;
     return 0;
 }

@@ -54,7 +54,7 @@ static int parse(const char *s, size_t n, tc_out *o)
         i += strlen(CALLS_END);
     else if (i < n)
         return -1;
-    tcb_put(&o->content, s + i, n - i);
+    tp_buf_add(&o->content, s + i, n - i);
     return 0;
 }
 

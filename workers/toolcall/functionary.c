@@ -18,15 +18,15 @@ static int parse_v31(const char *s, size_t n, tc_out *o)
         const char *f = tc_find(s + i, n - i, "<function=");
         const char *py = tc_find(s + i, n - i, "<|python_tag|>");
         if (py && (!f || py < f)) {
-            tcb_put(&o->content, s + i, (size_t)(py - (s + i)));
+            tp_buf_add(&o->content, s + i, (size_t)(py - (s + i)));
             size_t at = (size_t)(py - s) + 14;
             return tc_python_tag(s + at, n - at, o, args_k);
         }
         if (!f) {
-            tcb_put(&o->content, s + i, n - i);
+            tp_buf_add(&o->content, s + i, n - i);
             break;
         }
-        tcb_put(&o->content, s + i, (size_t)(f - (s + i)));
+        tp_buf_add(&o->content, s + i, (size_t)(f - (s + i)));
         i = (size_t)(f - s) + 10;
         const char *gt = memchr(s + i, '>', n - i);
         if (!gt || gt == s + i)
@@ -61,7 +61,7 @@ static int parse_v32(const char *s, size_t n, tc_out *o)
         const char *next = tc_find(s + i, n - i, ">>>");
         size_t end = next ? (size_t)(next - s) : n;
         if (rlen == 3 && !memcmp(s + r0, "all", 3)) {
-            tcb_put(&o->content, s + i, end - i);
+            tp_buf_add(&o->content, s + i, end - i);
         } else if (rlen == 6 && !memcmp(s + r0, "python", 6)) {
             if (tc_python_tag(s + i, end - i, o, args_k))
                 return -1;

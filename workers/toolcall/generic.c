@@ -28,7 +28,7 @@ static int parse(const char *s, size_t n, tc_out *o)
         char *t = tc_json_string(m, mn, &len);
         if (!t)
             return -1;
-        tcb_put(&o->content, t, len);
+        tp_buf_add(&o->content, t, len);
         free(t);
         return 0;
     }

@@ -11,50 +11,20 @@
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 
-typedef struct gbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} gbuf;
-
-static void put(gbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void puts_(gbuf *b, const char *s)
-{
-    put(b, s, strlen(s));
-}
-
 /* s as a GBNF string literal (markers hold newlines and quotes). */
-static void literal(gbuf *b, const char *s)
+static void literal(tp_buf *b, const char *s)
 {
-    put(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
     for (; *s; s++) {
         if (*s == '\n')
-            puts_(b, "\\n");
+            tp_buf_puts(b, "\\n");
         else if (*s == '"' || *s == '\\') {
-            put(b, "\\", 1);
-            put(b, s, 1);
+            tp_buf_add(b, "\\", 1);
+            tp_buf_add(b, s, 1);
         } else
-            put(b, s, 1);
+            tp_buf_add(b, s, 1);
     }
-    put(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
 }
 
 static bool word_char(char c)
@@ -66,7 +36,7 @@ static bool word_char(char c)
  * prefix pre, so that each function's schema rules (all of them named
  * root, string, ... by the compiler) live side by side. Literals, classes,
  * repetition counts and comments are copied as they are. */
-static void renamed(gbuf *b, const char *g, const char *pre)
+static void renamed(tp_buf *b, const char *g, const char *pre)
 {
     const char *s = g;
     while (*s) {
@@ -78,23 +48,23 @@ static void renamed(gbuf *b, const char *g, const char *pre)
                 t += (*t == '\\' && t[1]) ? 2 : 1;
             if (*t)
                 t++;
-            put(b, s, (size_t)(t - s));
+            tp_buf_add(b, s, (size_t)(t - s));
             s = t;
         } else if (c == '{' || c == '#') {
             const char *t = s;
             while (*t && *t != (c == '{' ? '}' : '\n'))
                 t++;
-            put(b, s, (size_t)(t - s));
+            tp_buf_add(b, s, (size_t)(t - s));
             s = t;
         } else if (word_char(c)) {
             const char *t = s;
             while (word_char(*t))
                 t++;
-            puts_(b, pre);
-            put(b, s, (size_t)(t - s));
+            tp_buf_puts(b, pre);
+            tp_buf_add(b, s, (size_t)(t - s));
             s = t;
         } else {
-            put(b, s, 1);
+            tp_buf_add(b, s, 1);
             s++;
         }
     }
@@ -151,7 +121,7 @@ const char *tp_toolcall_trigger(tp_tc_family f)
  * as often as the template's <tool_call>\n{"name": ...), and a grammar
  * that insisted on one spacing would push it off its path. skip_ws: leave
  * out s's leading whitespace (a lazy grammar starts at its trigger). */
-static void text_out(gbuf *b, const char *s, const tp_gnames *names, bool skip_ws, bool exact)
+static void text_out(tp_buf *b, const char *s, const tp_gnames *names, bool skip_ws, bool exact)
 {
     while (skip_ws && (*s == ' ' || *s == '\n'))
         s++;
@@ -161,7 +131,7 @@ static void text_out(gbuf *b, const char *s, const tp_gnames *names, bool skip_w
 #define FLUSH()                                                                                                \
     if (n) {                                                                                                   \
         run[n] = 0;                                                                                            \
-        puts_(b, first ? "" : " ");                                                                            \
+        tp_buf_puts(b, first ? "" : " ");                                                                            \
         literal(b, run);                                                                                       \
         first = false;                                                                                         \
         n = 0;                                                                                                 \
@@ -176,11 +146,11 @@ static void text_out(gbuf *b, const char *s, const tp_gnames *names, bool skip_w
             FLUSH();
             char *ref = tp_grammar_token_ref(hit, strlen(hit), false);
             if (!ref) {
-                b->oom = true;
+                tp_buf_fail(b, TP_ENOMEM);
                 return;
             }
-            puts_(b, first ? "" : " ");
-            puts_(b, ref);
+            tp_buf_puts(b, first ? "" : " ");
+            tp_buf_puts(b, ref);
             free(ref);
             first = false;
             s += strlen(hit);
@@ -190,7 +160,7 @@ static void text_out(gbuf *b, const char *s, const tp_gnames *names, bool skip_w
             FLUSH();
             while (*s == ' ' || *s == '\n')
                 s++;
-            puts_(b, first ? "tc-ws" : " tc-ws");
+            tp_buf_puts(b, first ? "tc-ws" : " tc-ws");
             first = false;
             continue;
         }
@@ -201,7 +171,7 @@ static void text_out(gbuf *b, const char *s, const tp_gnames *names, bool skip_w
     FLUSH();
 #undef FLUSH
     if (first)
-        puts_(b, "\"\"");
+        tp_buf_puts(b, "\"\"");
 }
 
 const char *tp_toolcall_grammar_trigger(tp_tc_family f, tp_tcg_from from)
@@ -230,9 +200,9 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
     cJSON *a = cJSON_ParseWithLength(tools_json, len);
     if (!a)
         return tp_err_set(err, TP_ENOMEM, "out of memory");
-    gbuf b = {0}, rules = {0};
+    tp_buf b = {0}, rules = {0};
     int i = 0, n = 0;
-    puts_(&b, "call ::= ");
+    tp_buf_puts(&b, "call ::= ");
     for (const cJSON *t = a->child; t; t = t->next, i++) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
@@ -256,80 +226,80 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
         char pre[24];
         snprintf(pre, sizeof pre, "f%d-", i);
         renamed(&rules, g, pre);
-        puts_(&rules, "\n");
+        tp_buf_puts(&rules, "\n");
         free(g);
         if (n++)
-            puts_(&b, " | ");
-        puts_(&b, "(");
+            tp_buf_puts(&b, " | ");
+        tp_buf_puts(&b, "(");
         if (d->call_open[0]) {
             text_out(&b, d->call_open, names, false, false);
-            puts_(&b, " ");
+            tp_buf_puts(&b, " ");
         }
         if (d->name_key) {
             char head[192];
             snprintf(head, sizeof head, "\"{\" tc-ws \"\\\"%s\\\"\" tc-ws \":\" tc-ws \"\\\"%s\\\"\" tc-ws \",\" tc-ws "
                      "\"\\\"%s\\\"\" tc-ws \":\" tc-ws ", d->name_key, name, d->args_key);
-            puts_(&b, head);
+            tp_buf_puts(&b, head);
         } else {
             /* the name stands outside the JSON (Functionary, DeepSeek R1):
              * the newline after it is the parsers' end of the name */
             literal(&b, name);
-            puts_(&b, " ");
+            tp_buf_puts(&b, " ");
             text_out(&b, d->name_close, names, false, true);
         }
-        puts_(&b, " ");
-        puts_(&b, pre);
-        puts_(&b, d->name_key ? "root tc-ws \"}\"" : "root");
+        tp_buf_puts(&b, " ");
+        tp_buf_puts(&b, pre);
+        tp_buf_puts(&b, d->name_key ? "root tc-ws \"}\"" : "root");
         if (d->call_close[0]) {
-            puts_(&b, " ");
+            tp_buf_puts(&b, " ");
             text_out(&b, d->call_close, names, false, false);
         }
-        puts_(&b, ")");
+        tp_buf_puts(&b, ")");
     }
     if (!n) {
         rc = tp_err_set(err, TP_EINVAL, "tool_choice: function '%s' is not one of the offered tools", only);
         goto out;
     }
-    puts_(&b, "\nroot ::= ");
+    tp_buf_puts(&b, "\nroot ::= ");
     if (from == TP_TCG_AFTER_THINK) {
         /* the thinking the prompt opened ends first; the call follows */
         text_out(&b, tp_toolcall_grammar_trigger(f, from), names, false, false);
-        puts_(&b, " tc-ws ");
+        tp_buf_puts(&b, " tc-ws ");
     }
     if (lazy && d->recipient_first) {
         /* Functionary v3.2 waits for the >>> that opens a later segment */
         text_out(&b, d->calls_sep, names, false, true);
-        puts_(&b, " ");
+        tp_buf_puts(&b, " ");
     }
     if (d->calls_open[0]) {
         text_out(&b, d->calls_open, names, lazy || from == TP_TCG_AFTER_THINK, false);
-        puts_(&b, " ");
+        tp_buf_puts(&b, " ");
     }
-    puts_(&b, "call");
+    tp_buf_puts(&b, "call");
     if (parallel) {
-        puts_(&b, " (");
+        tp_buf_puts(&b, " (");
         if (d->calls_sep[0])
             text_out(&b, d->calls_sep, names, false, false);
-        puts_(&b, " call)*");
+        tp_buf_puts(&b, " call)*");
     }
     if (d->calls_close[0]) {
-        puts_(&b, " ");
+        tp_buf_puts(&b, " ");
         text_out(&b, d->calls_close, names, false, false);
     }
     /* bounded, so that a model held to a call cannot space forever */
-    puts_(&b, "\ntc-ws ::= [ \\t\\n]{0,4}\n");
-    put(&b, rules.p ? rules.p : "", rules.n);
-    if (b.oom || rules.oom)
+    tp_buf_puts(&b, "\ntc-ws ::= [ \\t\\n]{0,4}\n");
+    tp_buf_add(&b, rules.data ? rules.data : "", rules.len);
+    if (b.err || rules.err)
         rc = tp_err_set(err, TP_ENOMEM, "out of memory");
-    else if (b.n > (o ? o->max_gbnf_bytes : TP_JSCHEMA_DEF_MAX_GBNF_BYTES))
-        rc = tp_err_set(err, TP_ERANGE, "tools: the grammar of a call is %zu bytes, over the limit of %zu", b.n,
+    else if (b.len > (o ? o->max_gbnf_bytes : TP_JSCHEMA_DEF_MAX_GBNF_BYTES))
+        rc = tp_err_set(err, TP_ERANGE, "tools: the grammar of a call is %zu bytes, over the limit of %zu", b.len,
                         (size_t)(o ? o->max_gbnf_bytes : TP_JSCHEMA_DEF_MAX_GBNF_BYTES));
 out:
     cJSON_Delete(a);
-    free(rules.p);
+    free(rules.data);
     if (rc)
-        free(b.p);
+        free(b.data);
     else
-        *gbnf = b.p;
+        *gbnf = b.data;
     return rc;
 }

@@ -13,10 +13,10 @@ static int parse(const char *s, size_t n, tc_out *o)
     while (i < n) {
         const char *at = tc_find(s + i, n - i, "<tool_call>");
         if (!at) {
-            tcb_put(&o->content, s + i, n - i);
+            tp_buf_add(&o->content, s + i, n - i);
             break;
         }
-        tcb_put(&o->content, s + i, (size_t)(at - (s + i)));
+        tp_buf_add(&o->content, s + i, (size_t)(at - (s + i)));
         i = (size_t)(at - s) + 11;
         i += tc_ws(s + i, n - i);
         size_t v = tc_json_span(s + i, n - i);

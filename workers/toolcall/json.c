@@ -9,66 +9,34 @@
 
 #include "tc_internal.h"
 
-void tcb_put(tcbuf *b, const char *s, size_t n)
-{
-    if (b->oom || !n)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-void tcb_puts(tcbuf *b, const char *s)
-{
-    tcb_put(b, s, strlen(s));
-}
-
-void tcb_json_str(tcbuf *b, const char *s, size_t n)
+void tc_put_json_str(tp_buf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
-    tcb_put(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c >= 0x20 && c != '"' && c != '\\')
             continue;
-        tcb_put(b, s + run, i - run);
+        tp_buf_add(b, s + run, i - run);
         run = i + 1;
         char e[6] = {'\\', (char)c, 0};
         static const char ctl[] = "\n\t\r", letter[] = "ntr";
         const char *at = c ? strchr(ctl, c) : NULL;
         if (at) {
             e[1] = letter[at - ctl];
-            tcb_put(b, e, 2);
+            tp_buf_add(b, e, 2);
         } else if (c < 0x20) {
             memcpy(e, "\\u00", 4);
             e[4] = hex[c >> 4];
             e[5] = hex[c & 15];
-            tcb_put(b, e, 6);
+            tp_buf_add(b, e, 6);
         } else {
-            tcb_put(b, e, 2);
+            tp_buf_add(b, e, 2);
         }
     }
-    tcb_put(b, s + run, n - run);
-    tcb_put(b, "\"", 1);
-}
-
-void tcb_free(tcbuf *b)
-{
-    free(b->s);
-    memset(b, 0, sizeof *b);
+    tp_buf_add(b, s + run, n - run);
+    tp_buf_add(b, "\"", 1);
 }
 
 bool tc_starts(const char *s, size_t n, const char *lit)
@@ -400,6 +368,6 @@ int tc_marker_array(const char *s, size_t n, size_t skip, const char *close, tc_
         i += strlen(close);
     else if (close && i < n)
         return -1;
-    tcb_put(&o->content, s + i, n - i);
+    tp_buf_add(&o->content, s + i, n - i);
     return 0;
 }

@@ -28,8 +28,8 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
     if (!name_len || !tc_starts(s + i, n - i, ".call("))
         return -1;
     i += 6;
-    tcbuf a = {0};
-    tcb_put(&a, "{", 1);
+    tp_buf a = {0};
+    tp_buf_add(&a, "{", 1);
     bool first = true;
     for (;;) {
         while (i < n && s[i] == ' ')
@@ -42,10 +42,10 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
         if (i == k0 || i >= n || s[i] != '=')
             goto bad;
         if (!first)
-            tcb_put(&a, ", ", 2);
+            tp_buf_add(&a, ", ", 2);
         first = false;
-        tcb_json_str(&a, s + k0, i - k0);
-        tcb_put(&a, ": ", 2);
+        tc_put_json_str(&a, s + k0, i - k0);
+        tp_buf_add(&a, ": ", 2);
         i++;
         if (i < n && (s[i] == '"' || s[i] == '\'')) {
             char q = s[i++];
@@ -54,17 +54,17 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
                 i += s[i] == '\\' ? 2 : 1;
             if (i >= n)
                 goto bad;
-            tcb_json_str(&a, s + v0, i - v0);
+            tc_put_json_str(&a, s + v0, i - v0);
             i++;
         } else if (tc_starts(s + i, n - i, "True") || tc_starts(s + i, n - i, "False")) {
             bool t = s[i] == 'T';
-            tcb_put(&a, t ? "true" : "false", t ? 4 : 5);
+            tp_buf_add(&a, t ? "true" : "false", t ? 4 : 5);
             i += t ? 4 : 5;
         } else {
             size_t v = tc_json_span(s + i, n - i);
             if (!v || (s[i] != '-' && (s[i] < '0' || s[i] > '9')))
                 goto bad;
-            tcb_put(&a, s + i, v);
+            tp_buf_add(&a, s + i, v);
             i += v;
         }
         while (i < n && s[i] == ' ')
@@ -75,12 +75,12 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
     i++;
     if (i + tc_ws(s + i, n - i) != n)
         goto bad;
-    tcb_put(&a, "}", 1);
-    int rc = a.oom ? -1 : tc_add_call(o, s, name_len, a.s, a.len);
-    tcb_free(&a);
+    tp_buf_add(&a, "}", 1);
+    int rc = a.err ? -1 : tc_add_call(o, s, name_len, a.data, a.len);
+    tp_buf_free(&a);
     return rc;
 bad:
-    tcb_free(&a);
+    tp_buf_free(&a);
     return -1;
 }
 
@@ -98,12 +98,12 @@ int tc_python_tag(const char *s, size_t n, tc_out *o, const char *const *args_ke
         end--;
     if (end == i)
         return -1;
-    tcbuf a = {0};
-    tcb_put(&a, "{\"code\": ", 9);
-    tcb_json_str(&a, s + i, end - i);
-    tcb_put(&a, "}", 1);
-    int rc = a.oom ? -1 : tc_add_call(o, "python", 6, a.s, a.len);
-    tcb_free(&a);
+    tp_buf a = {0};
+    tp_buf_add(&a, "{\"code\": ", 9);
+    tc_put_json_str(&a, s + i, end - i);
+    tp_buf_add(&a, "}", 1);
+    int rc = a.err ? -1 : tc_add_call(o, "python", 6, a.data, a.len);
+    tp_buf_free(&a);
     return rc;
 }
 

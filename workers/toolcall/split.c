@@ -17,9 +17,9 @@ struct tp_tcsplit {
     const char *think_open, *think_close;
     int state;
     bool thought;            /* a thinking part ended: the answer's leading space goes */
-    tcbuf pend;              /* fed, not yet classified */
-    tcbuf out_content, out_reasoning;   /* this call's deltas */
-    tcbuf reasoning;         /* all of it */
+    tp_buf pend;              /* fed, not yet classified */
+    tp_buf out_content, out_reasoning;   /* this call's deltas */
+    tp_buf reasoning;         /* all of it */
     tc_out calls;
     uint64_t rng;
     /* streaming: the scan of the call region (pend, from its marker), the
@@ -95,14 +95,14 @@ void tp_tcsplit_free(tp_tcsplit *s)
 {
     if (!s)
         return;
-    tcb_free(&s->pend);
-    tcb_free(&s->out_content);
-    tcb_free(&s->out_reasoning);
-    tcb_free(&s->reasoning);
+    tp_buf_free(&s->pend);
+    tp_buf_free(&s->out_content);
+    tp_buf_free(&s->out_reasoning);
+    tp_buf_free(&s->reasoning);
     for (size_t i = 0; i < s->calls.n_calls; i++)
         tc_call_release(&s->calls.calls[i]);
     free(s->calls.calls);
-    tcb_free(&s->calls.content);
+    tp_buf_free(&s->calls.content);
     for (size_t i = 0; i < s->n_ann; i++) {
         free(s->ann[i].id);
         free(s->ann[i].name);
@@ -117,22 +117,22 @@ static void consume(tp_tcsplit *s, size_t n)
 {
     if (!n)
         return;
-    memmove(s->pend.s, s->pend.s + n, s->pend.len - n);
+    memmove(s->pend.data, s->pend.data + n, s->pend.len - n);
     s->pend.len -= n;
-    if (s->pend.s)
-        s->pend.s[s->pend.len] = 0;
+    if (s->pend.data)
+        s->pend.data[s->pend.len] = 0;
 }
 
 static void emit_reasoning(tp_tcsplit *s, size_t n)
 {
-    tcb_put(&s->out_reasoning, s->pend.s, n);
-    tcb_put(&s->reasoning, s->pend.s, n);
+    tp_buf_add(&s->out_reasoning, s->pend.data, n);
+    tp_buf_add(&s->reasoning, s->pend.data, n);
     consume(s, n);
 }
 
 static void emit_content(tp_tcsplit *s, size_t n)
 {
-    tcb_put(&s->out_content, s->pend.s, n);
+    tp_buf_add(&s->out_content, s->pend.data, n);
     consume(s, n);
 }
 
@@ -189,7 +189,7 @@ static size_t held_tail(const tp_tcsplit *s, const char *p, size_t n)
 static void run(tp_tcsplit *s, bool at_end)
 {
     for (;;) {
-        const char *p = s->pend.s ? s->pend.s : "";
+        const char *p = s->pend.data ? s->pend.data : "";
         size_t n = s->pend.len;
         switch (s->state) {
         case S_START: {
@@ -236,7 +236,7 @@ static void run(tp_tcsplit *s, bool at_end)
                 return;
             if (s->thought) {
                 consume(s, w);
-                p = s->pend.s ? s->pend.s : "";
+                p = s->pend.data ? s->pend.data : "";
                 n = s->pend.len;
                 w = 0;
             }
@@ -289,11 +289,11 @@ static void run(tp_tcsplit *s, bool at_end)
 static int take(tp_tcsplit *s, const char **content, size_t *content_len, const char **reasoning,
                 size_t *reasoning_len)
 {
-    if (s->pend.oom || s->out_content.oom || s->out_reasoning.oom || s->reasoning.oom || s->calls.oom || s->oom)
+    if (s->pend.err || s->out_content.err || s->out_reasoning.err || s->reasoning.err || s->calls.oom || s->oom)
         return TP_ENOMEM;
-    *content = s->out_content.len ? s->out_content.s : "";
+    *content = s->out_content.len ? s->out_content.data : "";
     *content_len = s->out_content.len;
-    *reasoning = s->out_reasoning.len ? s->out_reasoning.s : "";
+    *reasoning = s->out_reasoning.len ? s->out_reasoning.data : "";
     *reasoning_len = s->out_reasoning.len;
     return 0;
 }
@@ -337,11 +337,11 @@ static void add_delta(tp_tcsplit *s, size_t index, const char *id, const char *n
 static void stream_calls(tp_tcsplit *s, bool emit)
 {
     tc_scan_call c;
-    while (!s->oom && tc_stream_scan(s->fam, s->pend.s, s->pend.len, s->o.parallel, &s->scan, &c)) {
+    while (!s->oom && tc_stream_scan(s->fam, s->pend.data, s->pend.len, s->o.parallel, &s->scan, &c)) {
         if (c.index == s->n_ann) {
             size_t nl = c.name_len;
-            char *name = c.name_json ? tc_json_string(s->pend.s + c.name_off, c.name_len, &nl)
-                                     : strndup(s->pend.s + c.name_off, c.name_len);
+            char *name = c.name_json ? tc_json_string(s->pend.data + c.name_off, c.name_len, &nl)
+                                     : strndup(s->pend.data + c.name_off, c.name_len);
             if (name && !tc_valid_name(name, nl)) {
                 free(name);
                 s->scan.phase = TC_SCAN_DONE;   /* the parser will not take it: leave it to finish */
@@ -371,7 +371,7 @@ static void stream_calls(tp_tcsplit *s, bool emit)
         }
         a->no_args = c.args_done && !c.has_args;
         if (emit && (!a->emitted || a->have > a->sent)) {
-            add_delta(s, c.index, a->id, a->name, !a->emitted, s->pend.s + a->args_off + a->sent, a->have - a->sent);
+            add_delta(s, c.index, a->id, a->name, !a->emitted, s->pend.data + a->args_off + a->sent, a->have - a->sent);
             a->emitted = true;
             a->sent = a->have;
         }
@@ -413,13 +413,13 @@ static void put_text(tp_tcsplit *s, const char *text, size_t len)
         size_t k = s->mk[0].at > s->fed ? (size_t)(s->mk[0].at - s->fed) : 0;
         while (i + k < len && ((unsigned char)text[i + k] & 0xC0) == 0x80)
             k++;
-        tcb_put(&s->pend, text + i, k);
-        tcb_puts(&s->pend, s->mk[0].text);
+        tp_buf_add(&s->pend, text + i, k);
+        tp_buf_puts(&s->pend, s->mk[0].text);
         i += k;
         s->fed += k;
         memmove(s->mk, s->mk + 1, --s->n_mk * sizeof *s->mk);
     }
-    tcb_put(&s->pend, text + i, len - i);
+    tp_buf_add(&s->pend, text + i, len - i);
     s->fed += len - i;
 }
 
@@ -434,7 +434,8 @@ static const char *control_text(const tp_tcsplit *s, int32_t id)
 int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, size_t held,
                           const char **content, size_t *content_len, const char **reasoning, size_t *reasoning_len)
 {
-    s->out_content.len = s->out_reasoning.len = 0;
+    tp_buf_reset(&s->out_content);
+    tp_buf_reset(&s->out_reasoning);
     s->n_deltas = 0;
     put_text(s, text, len);
     const char *mt = control_text(s, id);
@@ -443,8 +444,8 @@ int tp_tcsplit_feed_token(tp_tcsplit *s, int32_t id, const char *text, size_t le
     if (mt && (held || s->n_mk) && s->n_mk < sizeof s->mk / sizeof *s->mk)
         s->mk[s->n_mk++] = (struct marker){s->fed + held, mt};
     else if (mt)
-        tcb_puts(&s->pend, mt);
-    if (!s->pend.oom) {
+        tp_buf_puts(&s->pend, mt);
+    if (!s->pend.err) {
         run(s, false);
         if (s->state == S_CALLS)
             stream_calls(s, true);
@@ -475,7 +476,7 @@ static bool continues(const tp_tcsplit *s, const tc_out *o)
             return false;
         const tp_tc_call *c = &o->calls[k];
         if (strcmp(c->name, a->name) || c->arguments_len < a->sent ||
-            memcmp(c->arguments, s->pend.s + a->args_off, a->sent))
+            memcmp(c->arguments, s->pend.data + a->args_off, a->sent))
             return false;
     }
     return true;
@@ -487,7 +488,7 @@ static void streamed_calls(tp_tcsplit *s, tc_out *o)
 {
     for (size_t k = 0; k < s->n_ann; k++) {
         const struct ann *a = &s->ann[k];
-        if (tc_add_call(o, a->name, strlen(a->name), a->no_args ? NULL : a->have ? s->pend.s + a->args_off : "",
+        if (tc_add_call(o, a->name, strlen(a->name), a->no_args ? NULL : a->have ? s->pend.data + a->args_off : "",
                         a->have))
             o->oom = true;
     }
@@ -511,26 +512,27 @@ int tp_tcsplit_finish(tp_tcsplit *s, const char *text, size_t len, const char **
 int tp_tcsplit_finish_token(tp_tcsplit *s, int32_t id, const char *text, size_t len, const char **content,
                             size_t *content_len, const char **reasoning, size_t *reasoning_len)
 {
-    s->out_content.len = s->out_reasoning.len = 0;
+    tp_buf_reset(&s->out_content);
+    tp_buf_reset(&s->out_reasoning);
     s->n_deltas = 0;
     put_text(s, text, len);
     /* a marker still waiting came after text a stop string cut */
     s->n_mk = 0;
     const char *mt = control_text(s, id);
     if (mt)
-        tcb_puts(&s->pend, mt);
+        tp_buf_puts(&s->pend, mt);
     run(s, true);
     if (s->state == S_CALLS && s->pend.len) {
         stream_calls(s, false);
         bool streamed = s->n_ann && s->ann[0].emitted;
         tc_out o = {0};
-        int rc = s->fam->parse(s->pend.s, s->pend.len, &o);
+        int rc = s->fam->parse(s->pend.data, s->pend.len, &o);
         if (!rc && !o.oom && !s->o.parallel)
             while (o.n_calls > 1)
                 tc_call_release(&o.calls[--o.n_calls]);
         if ((rc || o.oom || !continues(s, &o)) && streamed) {
             drop_calls(&o);
-            o.content.len = 0;
+            tp_buf_reset(&o.content);
             o.oom = false;
             streamed_calls(s, &o);
             rc = 0;
@@ -540,7 +542,7 @@ int tp_tcsplit_finish_token(tp_tcsplit *s, int32_t id, const char *text, size_t 
             emit_content(s, s->pend.len);
             drop_calls(&o);
         } else {
-            tcb_put(&s->out_content, o.content.s, o.content.len);
+            tp_buf_add(&s->out_content, o.content.data, o.content.len);
             s->calls.calls = o.calls;
             s->calls.n_calls = o.n_calls;
             for (size_t k = 0; k < o.n_calls; k++) {
@@ -555,9 +557,9 @@ int tp_tcsplit_finish_token(tp_tcsplit *s, int32_t id, const char *text, size_t 
                 if (!out || c->arguments_len > sent)
                     add_delta(s, k, c->id, c->name, !out, c->arguments + sent, c->arguments_len - sent);
             }
-            s->pend.len = 0;
+            tp_buf_reset(&s->pend);
         }
-        tcb_free(&o.content);
+        tp_buf_free(&o.content);
     }
     return take(s, content, content_len, reasoning, reasoning_len);
 }
@@ -577,5 +579,5 @@ size_t tp_tcsplit_calls(const tp_tcsplit *s, const tp_tc_call **calls)
 const char *tp_tcsplit_reasoning(const tp_tcsplit *s, size_t *len)
 {
     *len = s->reasoning.len;
-    return s->reasoning.len ? s->reasoning.s : "";
+    return s->reasoning.len ? s->reasoning.data : "";
 }

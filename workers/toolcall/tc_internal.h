@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "tokpipe/buf.h"
 #include "tokpipe/toolcall.h"
 
 #define TC_MAX_JSON_DEPTH 64
@@ -17,22 +18,13 @@
 #define TC_DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
 #define TC_DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
 
-/* A growable byte buffer; oom set once an allocation failed. */
-typedef struct tcbuf {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} tcbuf;
-
-void tcb_put(tcbuf *b, const char *s, size_t n);
-void tcb_puts(tcbuf *b, const char *s);
-/* s[0..n) as a JSON string (quotes, escapes; every byte kept). */
-void tcb_json_str(tcbuf *b, const char *s, size_t n);
-void tcb_free(tcbuf *b);
+/* s[0..n) appended to b as a JSON string (quotes, escapes; every byte
+ * kept). The buffers here are sticky: err says a piece was lost. */
+void tc_put_json_str(tp_buf *b, const char *s, size_t n);
 
 /* What a family parser produces from a region of output. */
 typedef struct tc_out {
-    tcbuf content;           /* the region's text that is not a call */
+    tp_buf content;          /* the region's text that is not a call */
     tp_tc_call *calls;
     size_t n_calls, cap_calls;
     bool oom;
