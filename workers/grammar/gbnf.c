@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "grammar_internal.h"
+#include "tokpipe/buf.h"
 #include "tokpipe/utf8.h"
 
 void tp_grammar_limits_default(tp_grammar_limits *l)
@@ -991,41 +992,15 @@ size_t tp_grammar_n_token_refs(const tp_grammar *g) { return g->n_toks; }
 
 /* ---- printing ---- */
 
-typedef struct sbuf {
-    char *s;
-    size_t n, cap;
-    int bad;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#include <stdarg.h>
-static void sb_add(sbuf *b, const char *fmt, ...)
-{
-    if (b->bad)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (gr_grow((void **)&b->s, &b->cap, b->n + (size_t)n + 1, 1)) {
-        b->bad = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)n;
-}
-
-static void print_byte(sbuf *b, unsigned c)
+static void print_byte(tp_buf *b, unsigned c)
 {
     if (c >= 0x21 && c < 0x7F && c != '\\' && c != ']' && c != '[' && c != '-' && c != '^' && c != '"')
-        sb_add(b, "%c", (char)c);
+        tp_buf_printf(b, "%c", (char)c);
     else
-        sb_add(b, "\\x%02X", c);
+        tp_buf_printf(b, "\\x%02X", c);
 }
 
-static void print_set(sbuf *b, const uint64_t *s)
+static void print_set(tp_buf *b, const uint64_t *s)
 {
     int n = 0;
     for (unsigned c = 0; c < 256; c++)
@@ -1034,13 +1009,13 @@ static void print_set(sbuf *b, const uint64_t *s)
         for (unsigned c = 0; c < 256; c++)
             if (gset_has(s, c)) {
                 if (c >= 0x20 && c < 0x7F && c != '"' && c != '\\')
-                    sb_add(b, "\"%c\"", (char)c);
+                    tp_buf_printf(b, "\"%c\"", (char)c);
                 else
-                    sb_add(b, "[\\x%02X]", c);
+                    tp_buf_printf(b, "[\\x%02X]", c);
             }
         return;
     }
-    sb_add(b, "[");
+    tp_buf_printf(b, "[");
     for (unsigned c = 0; c < 256;) {
         if (!gset_has(s, c)) {
             c++;
@@ -1051,12 +1026,12 @@ static void print_set(sbuf *b, const uint64_t *s)
             e++;
         print_byte(b, c);
         if (e > c) {
-            sb_add(b, "-");
+            tp_buf_printf(b, "-");
             print_byte(b, e);
         }
         c = e + 1;
     }
-    sb_add(b, "]");
+    tp_buf_printf(b, "]");
 }
 
 static void set_bounds(const uint64_t *s, unsigned *lo, unsigned *hi, int *contiguous)
@@ -1100,60 +1075,60 @@ static int utf8_run(const tp_grammar *g, size_t e, uint32_t *lo, uint32_t *hi)
 /* A token reference as the compiler reads it back: <[id]>; <text> when the
  * text is llama.cpp's shape (starts with <, ends with its only >, one
  * line); else <"text"> with a literal's escapes. */
-static void print_token(sbuf *b, const char *text, size_t len, int32_t id, int neg)
+static void print_token(tp_buf *b, const char *text, size_t len, int32_t id, int neg)
 {
     if (neg)
-        sb_add(b, "!");
+        tp_buf_printf(b, "!");
     if (!text) {
-        sb_add(b, "<[%d]>", (int)id);
+        tp_buf_printf(b, "<[%d]>", (int)id);
         return;
     }
     bool plain = len >= 2 && text[0] == '<' && text[len - 1] == '>' && !memchr(text, '>', len - 1);
     for (size_t i = 0; plain && i < len; i++)
         plain = (unsigned char)text[i] >= 0x20;
     if (plain) {
-        sb_add(b, "%.*s", (int)len, text);
+        tp_buf_printf(b, "%.*s", (int)len, text);
         return;
     }
-    sb_add(b, "<\"");
+    tp_buf_printf(b, "<\"");
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
         if (c == '"' || c == '\\')
-            sb_add(b, "\\%c", c);
+            tp_buf_printf(b, "\\%c", c);
         else if (c < 0x20 || c == 0x7F)
-            sb_add(b, "\\x%02X", c);
+            tp_buf_printf(b, "\\x%02X", c);
         else
-            sb_add(b, "%c", c);
+            tp_buf_printf(b, "%c", c);
     }
-    sb_add(b, "\">");
+    tp_buf_printf(b, "\">");
 }
 
 char *tp_grammar_token_ref(const char *text, size_t len, bool negated)
 {
-    sbuf b = {0};
+    tp_buf b = {0};
     print_token(&b, text, len, -1, negated);
-    if (b.bad)
-        free(b.s);
-    return b.bad ? NULL : b.s;
+    if (b.err)
+        free(b.data);
+    return b.err ? NULL : b.data;
 }
 
 char *tp_grammar_print(const tp_grammar *g)
 {
-    sbuf b = {0};
+    tp_buf b = {0};
     for (int r = 0; r < g->n_rules; r++) {
-        sb_add(&b, "%s ::=", g->rules[r].name);
+        tp_buf_printf(&b, "%s ::=", g->rules[r].name);
         for (int a = 0; a < g->rules[r].n_alts; a++) {
             if (a)
-                sb_add(&b, " |");
+                tp_buf_printf(&b, " |");
             size_t e = g->rules[r].alts[a];
             if (g->el[e].type == GE_END)
-                sb_add(&b, " \"\"");
+                tp_buf_printf(&b, " \"\"");
             while (g->el[e].type != GE_END) {
-                sb_add(&b, " ");
+                tp_buf_printf(&b, " ");
                 uint32_t lo, hi;
                 int n;
                 if (g->el[e].type == GE_REF) {
-                    sb_add(&b, "%s", g->rules[g->el[e].v].name);
+                    tp_buf_printf(&b, "%s", g->rules[g->el[e].v].name);
                     e++;
                 } else if (g->el[e].type == GE_TOKEN) {
                     const gtokref *t = &g->toks[g->el[e].v];
@@ -1161,9 +1136,9 @@ char *tp_grammar_print(const tp_grammar *g)
                     e++;
                 } else if ((n = utf8_run(g, e, &lo, &hi)) > 0) {
                     if (lo == hi)
-                        sb_add(&b, "\"\\U%08X\"", (unsigned)lo);
+                        tp_buf_printf(&b, "\"\\U%08X\"", (unsigned)lo);
                     else
-                        sb_add(&b, "[\\U%08X-\\U%08X]", (unsigned)lo, (unsigned)hi);
+                        tp_buf_printf(&b, "[\\U%08X-\\U%08X]", (unsigned)lo, (unsigned)hi);
                     e += (size_t)n;
                 } else {
                     /* bytes that are not a whole character cannot be spelt
@@ -1174,13 +1149,13 @@ char *tp_grammar_print(const tp_grammar *g)
                 }
             }
         }
-        sb_add(&b, "\n");
+        tp_buf_printf(&b, "\n");
     }
-    if (b.bad || !b.s) {
-        free(b.s);
-        return b.bad ? NULL : strdup("");
+    if (b.err || !b.data) {
+        free(b.data);
+        return b.err ? NULL : strdup("");
     }
-    return b.s;
+    return b.data;
 }
 
 int tp_grammar_check_tokens(const tp_grammar *g, const tp_gnames *names, int32_t *ids, tp_err *err)
@@ -1196,13 +1171,13 @@ int tp_grammar_check_tokens(const tp_grammar *g, const tp_gnames *names, int32_t
         } else {
             id = names->find ? names->find(names->ctx, t->text, t->len) : -1;
             if (id < 0 || id >= names->n_vocab) {
-                sbuf b = {0};
+                tp_buf b = {0};
                 print_token(&b, t->text, t->len, -1, 0);
                 int rc = tp_err_set(err, TP_EINVAL,
                                     "grammar: line %d col %d: token %.200s is not a special token of the model's "
                                     "vocabulary",
-                                    t->line, t->col, b.s && !b.bad ? b.s : "reference");
-                free(b.s);
+                                    t->line, t->col, b.data && !b.err ? b.data : "reference");
+                free(b.data);
                 return rc;
             }
         }

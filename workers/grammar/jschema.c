@@ -64,7 +64,7 @@ typedef struct jc {
     cJSON *root;
     tp_err *err;
     int rc;
-    sbuf out;
+    tp_buf out;
     memo *m;
     int nm, cm;
     int *idx;
@@ -134,9 +134,9 @@ static bool only_annotations(const cJSON *s, const char *except)
 
 /* ---- rules ------------------------------------------------------------- */
 
-static void rule(jc *c, const char *name, const sbuf *body)
+static void rule(jc *c, const char *name, const tp_buf *body)
 {
-    jsb_printf(&c->out, "%s ::= %s\n", name, body->p ? body->p : "\"\"");
+    tp_buf_printf(&c->out, "%s ::= %s\n", name, body->data ? body->data : "\"\"");
 }
 
 static uint64_t str_hash(const char *s)
@@ -203,9 +203,9 @@ static int memo_add(jc *c, char *key, int id)
 static int compile(jc *c, const cJSON *s, const char *where, bool left);
 
 /* the GBNF name of a compiled schema */
-static void ref(sbuf *b, int id)
+static void ref(tp_buf *b, int id)
 {
-    jsb_printf(b, "s%d", id);
+    tp_buf_printf(b, "s%d", id);
 }
 
 /* ---- $ref -------------------------------------------------------------- */
@@ -552,14 +552,14 @@ out:
 
 /* ---- enum / const values ----------------------------------------------- */
 
-static bool lit_value(jc *c, sbuf *b, const cJSON *v, int depth);
+static bool lit_value(jc *c, tp_buf *b, const cJSON *v, int depth);
 
-static void lit_number(sbuf *b, double d)
+static void lit_number(tp_buf *b, double d)
 {
     char t[64];
     if (d == floor(d) && fabs(d) < JS_EXACT) {
         if (d == 0) {
-            jsb_puts(b, "\"-\"? \"0\"");
+            tp_buf_puts(b, "\"-\"? \"0\"");
             return;
         }
         snprintf(t, sizeof t, "%.0f", d);
@@ -573,15 +573,15 @@ static void lit_number(sbuf *b, double d)
     jgb_lit(b, t, strlen(t));
 }
 
-static bool lit_value(jc *c, sbuf *b, const cJSON *v, int depth)
+static bool lit_value(jc *c, tp_buf *b, const cJSON *v, int depth)
 {
     if (depth > c->o->max_depth) {
         jfail(c, TP_ERANGE, "enum/const: a value nested deeper than %d", c->o->max_depth);
         return false;
     }
-    if (cJSON_IsNull(v)) jsb_puts(b, "\"null\"");
-    else if (cJSON_IsTrue(v)) jsb_puts(b, "\"true\"");
-    else if (cJSON_IsFalse(v)) jsb_puts(b, "\"false\"");
+    if (cJSON_IsNull(v)) tp_buf_puts(b, "\"null\"");
+    else if (cJSON_IsTrue(v)) tp_buf_puts(b, "\"true\"");
+    else if (cJSON_IsFalse(v)) tp_buf_puts(b, "\"false\"");
     else if (cJSON_IsNumber(v)) lit_number(b, v->valuedouble);
     else if (cJSON_IsString(v)) {
         if (!jgb_json_str(b, v->valuestring, strlen(v->valuestring), true)) {
@@ -590,21 +590,21 @@ static bool lit_value(jc *c, sbuf *b, const cJSON *v, int depth)
         }
     } else {
         bool obj = cJSON_IsObject(v);
-        jsb_puts(b, obj ? "\"{\" ws" : "\"[\" ws");
+        tp_buf_puts(b, obj ? "\"{\" ws" : "\"[\" ws");
         for (const cJSON *e = v->child; e; e = e->next) {
-            if (e != v->child) jsb_puts(b, " \",\" ws");
-            jsb_puts(b, " ");
+            if (e != v->child) tp_buf_puts(b, " \",\" ws");
+            tp_buf_puts(b, " ");
             if (obj) {
                 if (!jgb_json_str(b, e->string, strlen(e->string), true)) {
                     jfail(c, TP_EINVAL, "enum/const: a key that is not valid UTF-8");
                     return false;
                 }
-                jsb_puts(b, " ws \":\" ws ");
+                tp_buf_puts(b, " ws \":\" ws ");
             }
             if (!lit_value(c, b, e, depth + 1)) return false;
-            jsb_puts(b, " ws");
+            tp_buf_puts(b, " ws");
         }
-        jsb_puts(b, obj ? " \"}\"" : " \"]\"");
+        tp_buf_puts(b, obj ? " \"}\"" : " \"]\"");
     }
     return true;
 }
@@ -644,7 +644,7 @@ static bool enum_keeps(const cJSON *s, unsigned types, const cJSON *v)
     return true;
 }
 
-static int compile_enum(jc *c, const cJSON *s, unsigned types, sbuf *b)
+static int compile_enum(jc *c, const cJSON *s, unsigned types, tp_buf *b)
 {
     static const char *const ok[] = {"type", "enum", "const", "minLength", "maxLength", "minimum",
                                      "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems",
@@ -662,7 +662,7 @@ static int compile_enum(jc *c, const cJSON *s, unsigned types, sbuf *b)
             if (e && cn && w && !js_equal(v, cn)) continue;
             if (!enum_keeps(s, types, v)) continue;
             if (w && cn) continue; /* const already written */
-            if (n++) jsb_puts(b, " | ");
+            if (n++) tp_buf_puts(b, " | ");
             if (!lit_value(c, b, v, 0)) return FAIL;
         }
     }
@@ -672,10 +672,10 @@ static int compile_enum(jc *c, const cJSON *s, unsigned types, sbuf *b)
 /* ---- numbers ----------------------------------------------------------- */
 
 /* decimal strings without leading zeros of the integers in [a, b] */
-static void digits_same(sbuf *b, const char *A, const char *B, int n)
+static void digits_same(tp_buf *b, const char *A, const char *B, int n)
 {
     if (!n) {
-        jsb_puts(b, "\"\"");
+        tp_buf_puts(b, "\"\"");
         return;
     }
     if (!strncmp(A, B, (size_t)n)) {
@@ -683,41 +683,41 @@ static void digits_same(sbuf *b, const char *A, const char *B, int n)
         return;
     }
     if (A[0] == B[0]) {
-        jsb_printf(b, "\"%c\" ", A[0]);
+        tp_buf_printf(b, "\"%c\" ", A[0]);
         digits_same(b, A + 1, B + 1, n - 1);
         return;
     }
     bool zeros = strspn(A + 1, "0") >= (size_t)(n - 1);
     bool nines = strspn(B + 1, "9") >= (size_t)(n - 1);
     char lo = zeros ? A[0] : (char)(A[0] + 1), hi = nines ? B[0] : (char)(B[0] - 1);
-    jsb_puts(b, "(");
+    tp_buf_puts(b, "(");
     bool any = false;
     char buf[20];
     if (!zeros) {
-        jsb_printf(b, "\"%c\" ", A[0]);
+        tp_buf_printf(b, "\"%c\" ", A[0]);
         memset(buf, '9', (size_t)n - 1);
         digits_same(b, A + 1, buf, n - 1);
         any = true;
     }
     if (lo <= hi) {
-        if (any) jsb_puts(b, " | ");
-        if (lo == hi) jsb_printf(b, "\"%c\"", lo);
-        else jsb_printf(b, "[%c-%c]", lo, hi);
-        if (n > 1) jsb_printf(b, " [0-9]{%d}", n - 1);
+        if (any) tp_buf_puts(b, " | ");
+        if (lo == hi) tp_buf_printf(b, "\"%c\"", lo);
+        else tp_buf_printf(b, "[%c-%c]", lo, hi);
+        if (n > 1) tp_buf_printf(b, " [0-9]{%d}", n - 1);
         any = true;
     }
     if (!nines) {
-        if (any) jsb_puts(b, " | ");
-        jsb_printf(b, "\"%c\" ", B[0]);
+        if (any) tp_buf_puts(b, " | ");
+        tp_buf_printf(b, "\"%c\" ", B[0]);
         memset(buf, '0', (size_t)n - 1);
         digits_same(b, buf, B + 1, n - 1);
     }
-    jsb_puts(b, ")");
+    tp_buf_puts(b, ")");
 }
 
-static void digits_range(sbuf *b, long long a, long long z)
+static void digits_range(tp_buf *b, long long a, long long z)
 {
-    jsb_puts(b, "(");
+    tp_buf_puts(b, "(");
     bool any = false;
     long long p = 1;
     for (int d = 1; d <= TP_JSCHEMA_INT_DIGITS; d++, p *= 10) {
@@ -728,11 +728,11 @@ static void digits_range(sbuf *b, long long a, long long z)
         char A[24], B[24];
         snprintf(A, sizeof A, "%lld", lo);
         snprintf(B, sizeof B, "%lld", hi);
-        if (any) jsb_puts(b, " | ");
+        if (any) tp_buf_puts(b, " | ");
         digits_same(b, A, B, d);
         any = true;
     }
-    jsb_puts(b, ")");
+    tp_buf_puts(b, ")");
 }
 
 typedef struct bound {
@@ -742,14 +742,14 @@ typedef struct bound {
 
 /* y >= 0 with y's lower/upper bounds (integers); is_int: no fraction.
  * Returns false when no y fits. */
-static bool nonneg(sbuf *b, bound lo, bound hi, bool is_int, bool first)
+static bool nonneg(tp_buf *b, bound lo, bound hi, bool is_int, bool first)
 {
     long long a = lo.has ? (lo.excl ? lo.v + 1 : lo.v) : 0;
     if (a < 0) a = 0;
     long long z = hi.has ? (hi.excl ? hi.v - 1 : hi.v) : JS_MAX_INT;
     if (z > JS_MAX_INT) z = JS_MAX_INT;
     bool any = false;
-#define ALT() (jsb_puts(b, (any || !first) ? " | " : ""), any = true)
+#define ALT() (tp_buf_puts(b, (any || !first) ? " | " : ""), any = true)
     if (is_int) {
         if (a <= z) {
             ALT();
@@ -763,17 +763,17 @@ static bool nonneg(sbuf *b, bound lo, bound hi, bool is_int, bool first)
     if (a <= fz) {
         ALT();
         digits_range(b, a, fz);
-        jsb_puts(b, " frac?");
+        tp_buf_puts(b, " frac?");
     }
     /* just above an exclusive lower bound: a non-zero fraction */
     if (lo.has && lo.excl && lo.v >= 0 && (!hi.has || hi.v > lo.v) && lo.v <= JS_MAX_INT) {
         ALT();
-        jsb_printf(b, "\"%lld\" nzfrac", lo.v);
+        tp_buf_printf(b, "\"%lld\" nzfrac", lo.v);
     }
     /* an inclusive upper bound itself (its fraction all zeros) */
     if (hi.has && !hi.excl && hi.v >= 0 && hi.v <= JS_MAX_INT && hi.v >= a && !(lo.has && lo.excl && hi.v <= lo.v)) {
         ALT();
-        jsb_printf(b, "\"%lld\" ( \".\" \"0\"{1,16} )?", hi.v);
+        tp_buf_printf(b, "\"%lld\" ( \".\" \"0\"{1,16} )?", hi.v);
     }
 #undef ALT
     return any;
@@ -808,17 +808,17 @@ static int get_bound(jc *c, const cJSON *s, const char *kw, bool is_int, bool up
     return 0;
 }
 
-static int compile_number(jc *c, const cJSON *s, bool is_int, sbuf *b)
+static int compile_number(jc *c, const cJSON *s, bool is_int, tp_buf *b)
 {
     bound lo = {0}, hi = {0};
     if (get_bound(c, s, "minimum", is_int, false, false, &lo) || get_bound(c, s, "exclusiveMinimum", is_int, false, true, &lo) ||
         get_bound(c, s, "maximum", is_int, true, false, &hi) || get_bound(c, s, "exclusiveMaximum", is_int, true, true, &hi))
         return FAIL;
     if (!lo.has && !hi.has) {
-        jsb_puts(b, is_int ? "integer" : "number");
+        tp_buf_puts(b, is_int ? "integer" : "number");
         return 0;
     }
-    jsb_puts(b, "(");
+    tp_buf_puts(b, "(");
     /* x >= 0 */
     bool any = false;
     if (!(hi.has && (hi.v < 0 || (hi.v == 0 && hi.excl))))
@@ -828,16 +828,16 @@ static int compile_number(jc *c, const cJSON *s, bool is_int, sbuf *b)
         bound ylo = {true, false, 0}, yhi = {0};
         if (hi.has && hi.v <= 0) ylo = (bound){true, hi.excl, -hi.v};
         if (lo.has) yhi = (bound){true, lo.excl, -lo.v};
-        sbuf t;
-        jsb_init(&t, c->o->max_gbnf_bytes);
+        tp_buf t;
+        tp_buf_init(&t, c->o->max_gbnf_bytes);
         if (nonneg(&t, ylo, yhi, is_int, true)) {
-            jsb_printf(b, "%s\"-\" (%s)", any ? " | " : "", t.p);
+            tp_buf_printf(b, "%s\"-\" (%s)", any ? " | " : "", t.data);
             any = true;
         }
-        if (jsb_bad(&t)) b->over = true;
-        jsb_free(&t);
+        if (t.err) tp_buf_fail(b, TP_ERANGE);
+        tp_buf_free(&t);
     }
-    jsb_puts(b, ")");
+    tp_buf_puts(b, ")");
     return any ? 0 : NEVER;
 }
 
@@ -856,7 +856,7 @@ static int get_count(jc *c, const cJSON *s, const char *kw, long long dflt, long
 
 #define JS_UNBOUNDED (-1LL)
 
-static int compile_string(jc *c, const cJSON *s, sbuf *b)
+static int compile_string(jc *c, const cJSON *s, tp_buf *b)
 {
     long long mn, mx;
     if (get_count(c, s, "minLength", 0, &mn) || get_count(c, s, "maxLength", JS_UNBOUNDED, &mx)) return FAIL;
@@ -868,22 +868,22 @@ static int compile_string(jc *c, const cJSON *s, sbuf *b)
     if (pat && fmt) return jfail(c, TP_EINVAL, "pattern together with format '%.64s' is not supported", fmt->valuestring);
     size_t lo = 0, hi = SIZE_MAX;
     const char *what = NULL;
-    sbuf body;
-    jsb_init(&body, c->o->max_gbnf_bytes);
+    tp_buf body;
+    tp_buf_init(&body, c->o->max_gbnf_bytes);
     if (fmt) {
         if (fmt_lookup(fmt->valuestring, &c->fmt, &lo, &hi)) {
-            jsb_free(&body);
+            tp_buf_free(&body);
             return jfail(c, TP_EINVAL, "format '%.64s' is not supported (date, time, date-time, uuid, email, ipv4 are)",
                          fmt->valuestring);
         }
-        jsb_printf(&body, "fmt-%s", fmt->valuestring);
+        tp_buf_printf(&body, "fmt-%s", fmt->valuestring);
         what = "format";
     } else if (pat) {
         tp_err e;
         int rc = rx_compile_expr(pat->valuestring, strlen(pat->valuestring), true, "char", c->o->max_depth, &body, &lo,
                                  &hi, &e);
         if (rc) {
-            jsb_free(&body);
+            tp_buf_free(&body);
             return jfail(c, rc, "%s", e.msg);
         }
         what = "pattern";
@@ -892,24 +892,24 @@ static int compile_string(jc *c, const cJSON *s, sbuf *b)
         bool lo_ok = (size_t)mn <= lo, hi_ok = mx == JS_UNBOUNDED || (hi != SIZE_MAX && hi <= (size_t)mx);
         bool disjoint = (mx != JS_UNBOUNDED && lo > (size_t)mx) || (hi != SIZE_MAX && hi < (size_t)mn);
         if (disjoint) {
-            jsb_free(&body);
+            tp_buf_free(&body);
             return NEVER;
         }
         if (!lo_ok || !hi_ok) {
-            jsb_free(&body);
+            tp_buf_free(&body);
             return jfail(c, TP_EINVAL, "%s with minLength/maxLength: cannot enforce both (the %s allows %zu..%s characters)",
                          what, what, lo, hi == SIZE_MAX ? "unbounded" : "bounded");
         }
-        jsb_printf(b, "\"\\\"\" %s \"\\\"\"", body.p);
+        tp_buf_printf(b, "\"\\\"\" %s \"\\\"\"", body.data);
     } else if (!mn && mx == JS_UNBOUNDED) {
-        jsb_puts(b, "string");
+        tp_buf_puts(b, "string");
     } else {
-        jsb_puts(b, "\"\\\"\" ");
+        tp_buf_puts(b, "\"\\\"\" ");
         jgb_repeat(b, "char", mn, mx);
-        jsb_puts(b, " \"\\\"\"");
+        tp_buf_puts(b, " \"\\\"\"");
     }
-    if (jsb_bad(&body)) b->over = true;
-    jsb_free(&body);
+    if (body.err) tp_buf_fail(b, TP_ERANGE);
+    tp_buf_free(&body);
     return 0;
 }
 
@@ -929,8 +929,8 @@ static int notin(jc *c, const char *base, const char **names, int n, int depth, 
     if (depth > JS_MAX_KEY_BYTES)
         return jfail(c, TP_ERANGE, "properties: a key longer than %d bytes beside additional properties", JS_MAX_KEY_BYTES);
     int me = (*counter)++;
-    sbuf b;
-    jsb_init(&b, c->o->max_gbnf_bytes);
+    tp_buf b;
+    tp_buf_init(&b, c->o->max_gbnf_bytes);
     bool term = false;
     cset kids = {0};
     for (int i = 0; i < n; i++) {
@@ -945,7 +945,7 @@ static int notin(jc *c, const char *base, const char **names, int n, int depth, 
     /* the string may end here unless a name does */
     bool alt = false;
     if (!term) {
-        jsb_puts(&b, "\"\\\"\"");
+        tp_buf_puts(&b, "\"\\\"\"");
         alt = true;
     }
     /* a first character no name continues with, then anything: one negated
@@ -965,17 +965,17 @@ static int notin(jc *c, const char *base, const char **names, int n, int depth, 
         for (int i = 0; i < ex.n && ex.r[i][0] < 0x80; i++)
             jcs_add(&lo, ex.r[i][0], ex.r[i][1] < 0x80 ? ex.r[i][1] : 0x7F);
         if (lo.n) {
-            jsb_puts(&b, alt ? " | " : "");
+            tp_buf_puts(&b, alt ? " | " : "");
             jgb_class(&b, &lo);
-            jsb_puts(&b, " ktail");
+            tp_buf_puts(&b, " ktail");
             alt = true;
         }
         jcs_free(&lo);
-        jsb_puts(&b, alt ? " | knonascii ktail" : "knonascii ktail");
+        tp_buf_puts(&b, alt ? " | knonascii ktail" : "knonascii ktail");
     } else {
-        jsb_puts(&b, alt ? " | " : "");
+        tp_buf_puts(&b, alt ? " | " : "");
         jgb_class(&b, &ex);
-        jsb_puts(&b, " ktail");
+        tp_buf_puts(&b, " ktail");
     }
     alt = true;
     jcs_free(&ex);
@@ -986,15 +986,15 @@ static int notin(jc *c, const char *base, const char **names, int n, int depth, 
     for (int i = 0; i < 7; i++)
         if (!jcs_has(&kids, (unsigned char)esc_cp[i])) escs[ne++] = esc_ch[i];
     if (ne) {
-        jsb_puts(&b, " | \"\\\\\" [");
-        for (int i = 0; i < ne; i++) jsb_puts(&b, escs[i] == '"' ? "\\\"" : escs[i] == '\\' ? "\\\\" : (char[2]){escs[i], 0});
-        jsb_puts(&b, "] ktail");
+        tp_buf_puts(&b, " | \"\\\\\" [");
+        for (int i = 0; i < ne; i++) tp_buf_puts(&b, escs[i] == '"' ? "\\\"" : escs[i] == '\\' ? "\\\\" : (char[2]){escs[i], 0});
+        tp_buf_puts(&b, "] ktail");
     }
     /* each first character of a name: that character, then the names' rests */
     const char **rest = malloc((size_t)(n ? n : 1) * sizeof *rest);
     if (!rest) {
         jcs_free(&kids);
-        jsb_free(&b);
+        tp_buf_free(&b);
         return oom(c);
     }
     for (int r = 0; r < kids.n && !c->rc; r++)
@@ -1009,23 +1009,23 @@ static int notin(jc *c, const char *base, const char **names, int n, int depth, 
             if (child == FAIL) break;
             char e[8];
             size_t el = js_escape_cp(cp, e);
-            jsb_puts(&b, alt ? " | " : "");
+            tp_buf_puts(&b, alt ? " | " : "");
             jgb_lit(&b, e, el);
-            jsb_printf(&b, " %s-k%d", base, child);
+            tp_buf_printf(&b, " %s-k%d", base, child);
             alt = true;
         }
     free(rest);
     jcs_free(&kids);
     char name[64];
     snprintf(name, sizeof name, "%s-k%d", base, me);
-    if (!alt) jsb_puts(&b, "\"\\\"\"");
-    if (jsb_bad(&b)) c->out.over = true;
+    if (!alt) tp_buf_puts(&b, "\"\\\"\"");
+    if (b.err) tp_buf_fail(&c->out, TP_ERANGE);
     rule(c, name, &b);
-    jsb_free(&b);
+    tp_buf_free(&b);
     return c->rc ? FAIL : me;
 }
 
-static int compile_object(jc *c, const cJSON *s, int id, sbuf *b)
+static int compile_object(jc *c, const cJSON *s, int id, tp_buf *b)
 {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
@@ -1095,61 +1095,61 @@ static int compile_object(jc *c, const cJSON *s, int id, sbuf *b)
             }
         }
         int counter = 0;
-        sbuf x;
-        jsb_init(&x, c->o->max_gbnf_bytes);
+        tp_buf x;
+        tp_buf_init(&x, c->o->max_gbnf_bytes);
         if (nn) {
             int k0 = notin(c, base, names, nn, 0, &counter);
             if (k0 == FAIL) {
-                jsb_free(&x);
+                tp_buf_free(&x);
                 rc = FAIL;
                 goto out;
             }
-            jsb_printf(&x, "\"\\\"\" %s-k%d ws \":\" ws s%d", base, k0, apid);
+            tp_buf_printf(&x, "\"\\\"\" %s-k%d ws \":\" ws s%d", base, k0, apid);
         } else {
-            jsb_printf(&x, "\"\\\"\" kchar* \"\\\"\" ws \":\" ws s%d", apid);
+            tp_buf_printf(&x, "\"\\\"\" kchar* \"\\\"\" ws \":\" ws s%d", apid);
         }
         snprintf(extra, sizeof extra, "%s-x", base);
         rule(c, extra, &x);
-        jsb_free(&x);
+        tp_buf_free(&x);
     }
     /* T_i: the rest after something was written; F_i: nothing written yet */
     for (int i = n; i >= 0; i--) {
-        sbuf t, f;
-        jsb_init(&t, c->o->max_gbnf_bytes);
-        jsb_init(&f, c->o->max_gbnf_bytes);
+        tp_buf t, f;
+        tp_buf_init(&t, c->o->max_gbnf_bytes);
+        tp_buf_init(&f, c->o->max_gbnf_bytes);
         char name[64];
         if (i == n) {
             if (*extra) {
-                jsb_printf(&t, "( \",\" ws %s ws )*", extra);
-                jsb_printf(&f, "( %s ws ( \",\" ws %s ws )* )?", extra, extra);
+                tp_buf_printf(&t, "( \",\" ws %s ws )*", extra);
+                tp_buf_printf(&f, "( %s ws ( \",\" ws %s ws )* )?", extra, extra);
             } else {
-                jsb_puts(&t, "\"\"");
-                jsb_puts(&f, "\"\"");
+                tp_buf_puts(&t, "\"\"");
+                tp_buf_puts(&f, "\"\"");
             }
         } else {
-            sbuf k;
-            jsb_init(&k, 1u << 20);
+            tp_buf k;
+            tp_buf_init(&k, 1u << 20);
             jgb_json_str(&k, kvs[i].name, strlen(kvs[i].name), true);
-            jsb_printf(&k, " ws \":\" ws s%d ws", kvs[i].id);
+            tp_buf_printf(&k, " ws \":\" ws s%d ws", kvs[i].id);
             if (kvs[i].req) {
-                jsb_printf(&t, "\",\" ws %s %s-t%d", k.p, base, i + 1);
-                jsb_printf(&f, "%s %s-t%d", k.p, base, i + 1);
+                tp_buf_printf(&t, "\",\" ws %s %s-t%d", k.data, base, i + 1);
+                tp_buf_printf(&f, "%s %s-t%d", k.data, base, i + 1);
             } else {
-                jsb_printf(&t, "( \",\" ws %s )? %s-t%d", k.p, base, i + 1);
-                jsb_printf(&f, "%s %s-t%d | %s-f%d", k.p, base, i + 1, base, i + 1);
+                tp_buf_printf(&t, "( \",\" ws %s )? %s-t%d", k.data, base, i + 1);
+                tp_buf_printf(&f, "%s %s-t%d | %s-f%d", k.data, base, i + 1, base, i + 1);
             }
-            if (jsb_bad(&k)) c->out.over = true;
-            jsb_free(&k);
+            if (k.err) tp_buf_fail(&c->out, TP_ERANGE);
+            tp_buf_free(&k);
         }
         snprintf(name, sizeof name, "%s-t%d", base, i);
         rule(c, name, &t);
         snprintf(name, sizeof name, "%s-f%d", base, i);
         rule(c, name, &f);
-        if (jsb_bad(&t) || jsb_bad(&f)) c->out.over = true;
-        jsb_free(&t);
-        jsb_free(&f);
+        if (t.err || f.err) tp_buf_fail(&c->out, TP_ERANGE);
+        tp_buf_free(&t);
+        tp_buf_free(&f);
     }
-    jsb_printf(b, "\"{\" ws %s-f0 \"}\"", base);
+    tp_buf_printf(b, "\"{\" ws %s-f0 \"}\"", base);
 out:
     free(kvs);
     free(names);
@@ -1158,7 +1158,7 @@ out:
 
 /* ---- arrays ------------------------------------------------------------ */
 
-static int compile_array(jc *c, const cJSON *s, int id, sbuf *b)
+static int compile_array(jc *c, const cJSON *s, int id, tp_buf *b)
 {
     long long mn, mx;
     if (get_count(c, s, "minItems", 0, &mn) || get_count(c, s, "maxItems", JS_UNBOUNDED, &mx)) return FAIL;
@@ -1203,32 +1203,32 @@ static int compile_array(jc *c, const cJSON *s, int id, sbuf *b)
     snprintf(more, sizeof more, "( \",\" ws %s ws )", item);
     /* A_i: the rest after i elements were written */
     for (int i = k; i >= 1; i--) {
-        sbuf t;
-        jsb_init(&t, c->o->max_gbnf_bytes);
+        tp_buf t;
+        tp_buf_init(&t, c->o->max_gbnf_bytes);
         if (i == k) {
             long long rmin = mn > k ? mn - k : 0;
-            if (mx != JS_UNBOUNDED && mx - k == 0) jsb_puts(&t, "\"\"");
+            if (mx != JS_UNBOUNDED && mx - k == 0) tp_buf_puts(&t, "\"\"");
             else jgb_repeat(&t, more, rmin, mx == JS_UNBOUNDED ? -1 : mx - k);
         } else if (i < mn) {
-            jsb_printf(&t, "\",\" ws s%d ws %s-a%d", pid[i], base, i + 1);
+            tp_buf_printf(&t, "\",\" ws s%d ws %s-a%d", pid[i], base, i + 1);
         } else {
-            jsb_printf(&t, "( \",\" ws s%d ws %s-a%d )?", pid[i], base, i + 1);
+            tp_buf_printf(&t, "( \",\" ws s%d ws %s-a%d )?", pid[i], base, i + 1);
         }
         char name[64];
         snprintf(name, sizeof name, "%s-a%d", base, i);
         rule(c, name, &t);
-        if (jsb_bad(&t)) c->out.over = true;
-        jsb_free(&t);
+        if (t.err) tp_buf_fail(&c->out, TP_ERANGE);
+        tp_buf_free(&t);
     }
     if (mx == 0) {
-        jsb_puts(b, "\"[\" ws \"]\"");
+        tp_buf_puts(b, "\"[\" ws \"]\"");
     } else if (k > 0) {
-        jsb_printf(b, "\"[\" ws ( s%d ws %s-a1 )%s \"]\"", pid[0], base, mn ? "" : "?");
+        tp_buf_printf(b, "\"[\" ws ( s%d ws %s-a1 )%s \"]\"", pid[0], base, mn ? "" : "?");
     } else {
         long long rmin = mn ? mn - 1 : 0;
-        jsb_printf(b, "\"[\" ws ( %s ws ", item);
+        tp_buf_printf(b, "\"[\" ws ( %s ws ", item);
         jgb_repeat(b, more, rmin, mx == JS_UNBOUNDED ? -1 : mx - 1);
-        jsb_printf(b, " )%s \"]\"", mn ? "" : "?");
+        tp_buf_printf(b, " )%s \"]\"", mn ? "" : "?");
     }
     free(pid);
     return 0;
@@ -1319,7 +1319,7 @@ static int consts_distinct(jc *c, cJSON *const *br, int nb)
 
 /* ---- one schema -------------------------------------------------------- */
 
-static int compile_plain(jc *c, const cJSON *s, int id, sbuf *b)
+static int compile_plain(jc *c, const cJSON *s, int id, tp_buf *b)
 {
     for (const cJSON *k = s->child; k; k = k->next)
         if (!is_annotation(k->string) && !in_list(handled, k->string))
@@ -1342,29 +1342,29 @@ static int compile_plain(jc *c, const cJSON *s, int id, sbuf *b)
         } else if (!(types & bit)) {
             continue;
         }
-        sbuf x;
-        jsb_init(&x, c->o->max_gbnf_bytes);
+        tp_buf x;
+        tp_buf_init(&x, c->o->max_gbnf_bytes);
         int r = 0;
         switch (bit) {
         case T_OBJ: r = compile_object(c, s, id, &x); break;
         case T_ARR: r = compile_array(c, s, id, &x); break;
         case T_STR: r = compile_string(c, s, &x); break;
         case T_NUM: r = compile_number(c, s, is_int, &x); break;
-        case T_BOOL: jsb_puts(&x, "boolean"); break;
-        default: jsb_puts(&x, "null"); break;
+        case T_BOOL: tp_buf_puts(&x, "boolean"); break;
+        default: tp_buf_puts(&x, "null"); break;
         }
         if (r == 0) {
-            if (alts++) jsb_puts(b, " | ");
-            jsb_puts(b, x.p);
+            if (alts++) tp_buf_puts(b, " | ");
+            tp_buf_puts(b, x.data);
         }
-        if (jsb_bad(&x)) b->over = true;
-        jsb_free(&x);
+        if (x.err) tp_buf_fail(b, TP_ERANGE);
+        tp_buf_free(&x);
         if (r == FAIL) return FAIL;
     }
     return alts ? 0 : NEVER;
 }
 
-static int compile_body(jc *c, const cJSON *s, int id, sbuf *b)
+static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
 {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
@@ -1433,7 +1433,7 @@ static int compile_body(jc *c, const cJSON *s, int id, sbuf *b)
             goto out;
         }
         if (bid == NEVER) continue;
-        if (alts++) jsb_puts(b, " | ");
+        if (alts++) tp_buf_puts(b, " | ");
         ref(b, bid);
     }
     rc = alts ? 0 : NEVER;
@@ -1476,7 +1476,7 @@ static int compile_in(jc *c, const cJSON *s, const char *where)
             free(key);
             return oom(c);
         }
-        jsb_printf(&c->out, "s%d ::= value\n", id);
+        tp_buf_printf(&c->out, "s%d ::= value\n", id);
         return id;
     }
     if (cJSON_IsFalse(s)) return NEVER;
@@ -1509,27 +1509,27 @@ static int compile_in(jc *c, const cJSON *s, const char *where)
     }
     c->open[c->nopen++] = id;
     c->depth++;
-    sbuf b;
-    jsb_init(&b, c->o->max_gbnf_bytes);
+    tp_buf b;
+    tp_buf_init(&b, c->o->max_gbnf_bytes);
     int r = compile_body(c, s, id, &b);
     c->depth--;
     c->nopen--;
     if (r == FAIL || c->rc) {
-        jsb_free(&b);
+        tp_buf_free(&b);
         return FAIL;
     }
-    if (jsb_bad(&b)) c->out.over = true;
+    if (b.err) tp_buf_fail(&c->out, TP_ERANGE);
     char name[32];
     snprintf(name, sizeof name, "s%d", id);
     if (r == NEVER) {
         /* the rule may already be named by a recursive use: it matches nothing */
-        jsb_printf(&c->out, "%s ::= never\n", name);
+        tp_buf_printf(&c->out, "%s ::= never\n", name);
         c->never_rule = true;
         c->m[slot].id = NEVER;
     } else {
         rule(c, name, &b);
     }
-    jsb_free(&b);
+    tp_buf_free(&b);
     return r == NEVER ? NEVER : id;
 }
 
@@ -1570,23 +1570,23 @@ static int finish(jc *c, int root, char **gbnf)
      * class), so a subschema no value satisfies is refused, not written */
     if (c->never_rule)
         return tp_err_set(c->err, TP_EINVAL, "json schema: a subschema accepts no value (e.g. minimum above maximum)");
-    sbuf all;
-    jsb_init(&all, c->o->max_gbnf_bytes);
-    jsb_printf(&all, "root ::= s%d\n", root);
-    jsb_putn(&all, c->out.p ? c->out.p : "", c->out.n);
-    jsb_puts(&all, common_rules);
+    tp_buf all;
+    tp_buf_init(&all, c->o->max_gbnf_bytes);
+    tp_buf_printf(&all, "root ::= s%d\n", root);
+    tp_buf_add(&all, c->out.data ? c->out.data : "", c->out.len);
+    tp_buf_puts(&all, common_rules);
     fmt_rules(&all, c->fmt);
-    if (c->never_rule) jsb_puts(&all, "never ::= [^\\x00-\\U0010FFFF]\n");
-    if (c->out.oom || all.oom) {
-        jsb_free(&all);
+    if (c->never_rule) tp_buf_puts(&all, "never ::= [^\\x00-\\U0010FFFF]\n");
+    if (c->out.err == TP_ENOMEM || all.err == TP_ENOMEM) {
+        tp_buf_free(&all);
         return tp_err_set(c->err, TP_ENOMEM, "json schema: out of memory");
     }
-    if (c->out.over || all.over) {
-        jsb_free(&all);
+    if (c->out.err || all.err) {
+        tp_buf_free(&all);
         return tp_err_set(c->err, TP_ERANGE, "json schema: the grammar exceeds the limit of %zu bytes",
                           c->o->max_gbnf_bytes);
     }
-    *gbnf = jsb_take(&all);
+    *gbnf = tp_buf_take(&all);
     return 0;
 }
 
@@ -1596,7 +1596,7 @@ static void jc_free(jc *c)
     free(c->m);
     free(c->idx);
     free(c->open);
-    jsb_free(&c->out);
+    tp_buf_free(&c->out);
 }
 
 int tp_jschema_to_gbnf(const char *schema_json, size_t len, const tp_jschema_opts *o, char **gbnf,
@@ -1620,7 +1620,7 @@ int tp_jschema_to_gbnf(const char *schema_json, size_t len, const tp_jschema_opt
                               (size_t)(end - schema_json));
         }
     jc c = {.o = o, .root = root, .err = err};
-    jsb_init(&c.out, o->max_gbnf_bytes);
+    tp_buf_init(&c.out, o->max_gbnf_bytes);
     int r = compile(&c, root, NULL, true);
     int rc = finish(&c, r, gbnf);
     jc_free(&c);
@@ -1633,8 +1633,8 @@ int tp_jschema_json_mode_gbnf(char **gbnf, tp_err *err)
     tp_jschema_opts o;
     tp_jschema_opts_default(&o);
     jc c = {.o = &o, .err = err};
-    jsb_init(&c.out, o.max_gbnf_bytes);
-    jsb_puts(&c.out, "s0 ::= object\n");
+    tp_buf_init(&c.out, o.max_gbnf_bytes);
+    tp_buf_puts(&c.out, "s0 ::= object\n");
     int rc = finish(&c, 0, gbnf);
     jc_free(&c);
     return rc;

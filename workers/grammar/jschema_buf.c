@@ -9,81 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void jsb_init(sbuf *b, size_t limit)
-{
-    memset(b, 0, sizeof *b);
-    b->limit = limit;
-}
-
-void jsb_free(sbuf *b)
-{
-    free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
-}
-
-static bool jsb_reserve(sbuf *b, size_t more)
-{
-    if (jsb_bad(b)) return false;
-    if (b->n + more > b->limit) {
-        b->over = true;
-        return false;
-    }
-    if (b->n + more + 1 <= b->cap) return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + more + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = true;
-        return false;
-    }
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-void jsb_putn(sbuf *b, const char *s, size_t n)
-{
-    if (!jsb_reserve(b, n)) return;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-void jsb_puts(sbuf *b, const char *s)
-{
-    jsb_putn(b, s, strlen(s));
-}
-
-void jsb_printf(sbuf *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (k < 0) return;
-    if ((size_t)k < sizeof tmp) {
-        jsb_putn(b, tmp, (size_t)k);
-        return;
-    }
-    if (!jsb_reserve(b, (size_t)k)) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)k;
-}
-
-char *jsb_take(sbuf *b)
-{
-    if (!b->p) jsb_putn(b, "", 0);
-    char *p = b->p;
-    if (!p) p = calloc(1, 1);
-    b->p = NULL;
-    b->n = b->cap = 0;
-    return p;
-}
-
 void jcs_free(cset *s)
 {
     free(s->r);
@@ -199,33 +124,33 @@ int js_utf8_next(const unsigned char *s, size_t n, uint32_t *cp)
 
 /* one code point inside "..." or [...]: printable ASCII raw unless special
  * to GBNF, everything else as an escape so the GBNF text stays ASCII */
-static void jgb_cp(sbuf *b, uint32_t c, bool in_class)
+static void jgb_cp(tp_buf *b, uint32_t c, bool in_class)
 {
     /* only \\ \" \[ \] are escapes in llama.cpp's GBNF; '^' and '-' in a
      * class are written as \x escapes */
     bool special = c == '\\' || c == '"' || (in_class && (c == ']' || c == '[' || c == '^' || c == '-'));
     if (c >= 0x20 && c < 0x7F && !special) {
         char t = (char)c;
-        jsb_putn(b, &t, 1);
+        tp_buf_add(b, &t, 1);
         return;
     }
     if (c == '\\' || c == '"') {
-        jsb_puts(b, c == '"' ? "\\\"" : "\\\\");
+        tp_buf_puts(b, c == '"' ? "\\\"" : "\\\\");
         return;
     }
-    if (c < 0x100) jsb_printf(b, "\\x%02X", c);
-    else if (c < 0x10000) jsb_printf(b, "\\u%04X", c);
-    else jsb_printf(b, "\\U%08X", c);
+    if (c < 0x100) tp_buf_printf(b, "\\x%02X", c);
+    else if (c < 0x10000) tp_buf_printf(b, "\\u%04X", c);
+    else tp_buf_printf(b, "\\U%08X", c);
 }
 
-void jgb_lit_cp(sbuf *b, uint32_t c)
+void jgb_lit_cp(tp_buf *b, uint32_t c)
 {
-    jsb_putn(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
     jgb_cp(b, c, false);
-    jsb_putn(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
 }
 
-bool jgb_lit(sbuf *b, const char *s, size_t n)
+bool jgb_lit(tp_buf *b, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
@@ -234,27 +159,27 @@ bool jgb_lit(sbuf *b, const char *s, size_t n)
         if (!k) return false;
         i += (size_t)k;
     }
-    jsb_putn(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
     for (size_t i = 0; i < n;) {
         uint32_t c;
         i += (size_t)js_utf8_next(u + i, n - i, &c);
         jgb_cp(b, c, false);
     }
-    jsb_putn(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
     return true;
 }
 
-void jgb_class(sbuf *b, const cset *s)
+void jgb_class(tp_buf *b, const cset *s)
 {
-    jsb_putn(b, "[", 1);
+    tp_buf_add(b, "[", 1);
     for (int i = 0; i < s->n; i++) {
         jgb_cp(b, s->r[i][0], true);
         if (s->r[i][1] != s->r[i][0]) {
-            if (s->r[i][1] > s->r[i][0] + 1) jsb_putn(b, "-", 1);
+            if (s->r[i][1] > s->r[i][0] + 1) tp_buf_add(b, "-", 1);
             jgb_cp(b, s->r[i][1], true);
         }
     }
-    jsb_putn(b, "]", 1);
+    tp_buf_add(b, "]", 1);
 }
 
 size_t js_escape_cp(uint32_t c, char out[8])
@@ -287,7 +212,7 @@ static bool json_special(uint32_t c)
     return c < 0x20 || c == '"' || c == '\\';
 }
 
-bool jgb_json_class(sbuf *b, const cset *s)
+bool jgb_json_class(tp_buf *b, const cset *s)
 {
     cset raw = {0};
     for (int i = 0; i < s->n; i++) {
@@ -321,54 +246,54 @@ bool jgb_json_class(sbuf *b, const cset *s)
     }
     /* one element for the caller (who may quantify it): a lone class, or a group */
     bool group = parts > 1 || !raw.n;
-    if (group) jsb_puts(b, "(");
+    if (group) tp_buf_puts(b, "(");
     const char *sep = "";
     if (raw.n) {
         jgb_class(b, &raw);
         sep = " | ";
     }
     if (ns) {
-        jsb_printf(b, "%s\"\\\\\" [", sep);
-        for (int i = 0; i < ns; i++) jsb_puts(b, shorts[i] == '"' ? "\\\"" : shorts[i] == '\\' ? "\\\\" : (char[2]){shorts[i], 0});
-        jsb_puts(b, "]");
+        tp_buf_printf(b, "%s\"\\\\\" [", sep);
+        for (int i = 0; i < ns; i++) tp_buf_puts(b, shorts[i] == '"' ? "\\\"" : shorts[i] == '\\' ? "\\\\" : (char[2]){shorts[i], 0});
+        tp_buf_puts(b, "]");
         sep = " | ";
     }
     for (int h = 0; h < 2; h++) {
         if (!nn[h]) continue;
-        jsb_printf(b, "%s\"\\\\u00%d\" [%.*s]", sep, h, nn[h], nib[h]);
+        tp_buf_printf(b, "%s\"\\\\u00%d\" [%.*s]", sep, h, nn[h], nib[h]);
         sep = " | ";
     }
-    if (group) jsb_puts(b, ")");
+    if (group) tp_buf_puts(b, ")");
     jcs_free(&raw);
     return true;
 }
 
-bool jgb_json_lit(sbuf *b, const char *s, size_t n)
+bool jgb_json_lit(tp_buf *b, const char *s, size_t n)
 {
     return jgb_json_str(b, s, n, false);
 }
 
-bool jgb_json_str(sbuf *b, const char *s, size_t n, bool quotes)
+bool jgb_json_str(tp_buf *b, const char *s, size_t n, bool quotes)
 {
     const unsigned char *u = (const unsigned char *)s;
-    sbuf t;
-    jsb_init(&t, n * 6 + 16);
-    if (quotes) jsb_putn(&t, "\"", 1);
+    tp_buf t;
+    tp_buf_init(&t, n * 6 + 16);
+    if (quotes) tp_buf_add(&t, "\"", 1);
     for (size_t i = 0; i < n;) {
         uint32_t c;
         int k = js_utf8_next(u + i, n - i, &c);
         if (!k) {
-            jsb_free(&t);
+            tp_buf_free(&t);
             return false;
         }
         i += (size_t)k;
         char e[8];
-        jsb_putn(&t, e, js_escape_cp(c, e));
+        tp_buf_add(&t, e, js_escape_cp(c, e));
     }
-    if (quotes) jsb_putn(&t, "\"", 1);
-    if (t.oom) b->oom = true;
-    jgb_lit(b, t.p ? t.p : "", t.n);
-    jsb_free(&t);
+    if (quotes) tp_buf_add(&t, "\"", 1);
+    if (t.err == TP_ENOMEM) tp_buf_fail(b, TP_ENOMEM);
+    jgb_lit(b, t.data ? t.data : "", t.len);
+    tp_buf_free(&t);
     return true;
 }
 
@@ -377,49 +302,49 @@ bool jgb_json_str(sbuf *b, const char *s, size_t n, bool quotes)
 #define JS_REPEAT_SPLIT 1000
 #define JS_REPEAT_BLOCK 100
 
-static void rep_exact(sbuf *b, const char *elem, long long m)
+static void rep_exact(tp_buf *b, const char *elem, long long m)
 {
     if (m <= JS_REPEAT_SPLIT) {
-        jsb_printf(b, "%s{%lld}", elem, m);
+        tp_buf_printf(b, "%s{%lld}", elem, m);
         return;
     }
-    jsb_printf(b, "(%s{%d}){%lld}", elem, JS_REPEAT_BLOCK, m / JS_REPEAT_BLOCK);
-    if (m % JS_REPEAT_BLOCK) jsb_printf(b, " %s{%lld}", elem, m % JS_REPEAT_BLOCK);
+    tp_buf_printf(b, "(%s{%d}){%lld}", elem, JS_REPEAT_BLOCK, m / JS_REPEAT_BLOCK);
+    if (m % JS_REPEAT_BLOCK) tp_buf_printf(b, " %s{%lld}", elem, m % JS_REPEAT_BLOCK);
 }
 
 /* 0..d more, every count reachable exactly once: q whole blocks then up to
  * r, or fewer blocks then up to a block less one */
-static void rep_upto(sbuf *b, const char *elem, long long d)
+static void rep_upto(tp_buf *b, const char *elem, long long d)
 {
     if (d <= JS_REPEAT_SPLIT) {
-        jsb_printf(b, "%s{0,%lld}", elem, d);
+        tp_buf_printf(b, "%s{0,%lld}", elem, d);
         return;
     }
     long long q = d / JS_REPEAT_BLOCK, r = d % JS_REPEAT_BLOCK;
-    jsb_printf(b, "((%s{%d}){0,%lld} %s{0,%d} | (%s{%d}){%lld} %s{0,%lld})", elem, JS_REPEAT_BLOCK, q - 1, elem,
+    tp_buf_printf(b, "((%s{%d}){0,%lld} %s{0,%d} | (%s{%d}){%lld} %s{0,%lld})", elem, JS_REPEAT_BLOCK, q - 1, elem,
                JS_REPEAT_BLOCK - 1, elem, JS_REPEAT_BLOCK, q, elem, r);
 }
 
-void jgb_repeat(sbuf *b, const char *elem, long long m, long long M)
+void jgb_repeat(tp_buf *b, const char *elem, long long m, long long M)
 {
     if (M >= 0 && M <= JS_REPEAT_SPLIT) {
-        if (m == M) jsb_printf(b, "%s{%lld}", elem, m);
-        else jsb_printf(b, "%s{%lld,%lld}", elem, m, M);
+        if (m == M) tp_buf_printf(b, "%s{%lld}", elem, m);
+        else tp_buf_printf(b, "%s{%lld,%lld}", elem, m, M);
         return;
     }
     if (M < 0 && m <= JS_REPEAT_SPLIT) {
-        if (m == 0) jsb_printf(b, "%s*", elem);
-        else jsb_printf(b, "%s{%lld,}", elem, m);
+        if (m == 0) tp_buf_printf(b, "%s*", elem);
+        else tp_buf_printf(b, "%s{%lld,}", elem, m);
         return;
     }
-    jsb_puts(b, "(");
+    tp_buf_puts(b, "(");
     if (m) {
         rep_exact(b, elem, m);
-        jsb_puts(b, " ");
+        tp_buf_puts(b, " ");
     }
-    if (M < 0) jsb_printf(b, "%s*", elem);
+    if (M < 0) tp_buf_printf(b, "%s*", elem);
     else rep_upto(b, elem, M - m);
-    jsb_puts(b, ")");
+    tp_buf_puts(b, ")");
 }
 
 int js_begin(const char *what, const char *text, size_t len, const tp_jschema_opts **o, tp_jschema_opts *def,

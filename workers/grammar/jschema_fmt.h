@@ -12,6 +12,6 @@ enum { FMT_DATE = 1, FMT_TIME = 2, FMT_DT = 4, FMT_UUID = 8, FMT_IPV4 = 16, FMT_
 int fmt_lookup(const char *name, unsigned *needs, size_t *lo, size_t *hi);
 
 /* Append the rules of the groups in needs. */
-void fmt_rules(sbuf *b, unsigned needs);
+void fmt_rules(tp_buf *b, unsigned needs);
 
 #endif

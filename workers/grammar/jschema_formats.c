@@ -67,12 +67,12 @@ int fmt_lookup(const char *name, unsigned *needs, size_t *lo, size_t *hi)
     return -1;
 }
 
-void fmt_rules(sbuf *b, unsigned needs)
+void fmt_rules(tp_buf *b, unsigned needs)
 {
-    if (needs & FMT_DATE) jsb_puts(b, date_rules);
-    if (needs & FMT_TIME) jsb_puts(b, time_rules);
-    if (needs & FMT_DT) jsb_puts(b, dt_rules);
-    if (needs & FMT_UUID) jsb_puts(b, uuid_rules);
-    if (needs & FMT_IPV4) jsb_puts(b, ipv4_rules);
-    if (needs & FMT_EMAIL) jsb_puts(b, email_rules);
+    if (needs & FMT_DATE) tp_buf_puts(b, date_rules);
+    if (needs & FMT_TIME) tp_buf_puts(b, time_rules);
+    if (needs & FMT_DT) tp_buf_puts(b, dt_rules);
+    if (needs & FMT_UUID) tp_buf_puts(b, uuid_rules);
+    if (needs & FMT_IPV4) tp_buf_puts(b, ipv4_rules);
+    if (needs & FMT_EMAIL) tp_buf_puts(b, email_rules);
 }

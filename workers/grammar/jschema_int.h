@@ -8,27 +8,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tokpipe/buf.h"
 #include "tokpipe/error.h"
 
 #define JS_MAX_CP 0x10FFFFu
 
-/* Text under construction. Once `limit` bytes would be passed (or malloc
- * fails) the buffer stops growing and sets a flag; callers check jsb_bad()
- * at their convenience instead of after every write. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap, limit;
-    bool oom, over;
-} sbuf;
-
-void jsb_init(sbuf *b, size_t limit);
-void jsb_free(sbuf *b);
-void jsb_putn(sbuf *b, const char *s, size_t n);
-void jsb_puts(sbuf *b, const char *s);
-void jsb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static inline bool jsb_bad(const sbuf *b) { return b->oom || b->over; }
-/* Take the NUL-terminated text (caller frees); the buffer is left empty. */
-char *jsb_take(sbuf *b);
+/* Text under construction is a tp_buf with a limit (tp_buf_init):
+ * once the limit would be passed (or memory runs out) it stops growing
+ * and keeps the failure in err, which callers check at their convenience
+ * instead of after every write. */
 
 /* A set of code points as sorted, disjoint, non-adjacent ranges. */
 typedef struct cset {
@@ -52,16 +40,16 @@ int js_utf8_next(const unsigned char *s, size_t n, uint32_t *cp);
 
 /* GBNF string literal "..." of the code points in s (UTF-8, n bytes). Returns
  * false (writing nothing) when s is not valid UTF-8. */
-bool jgb_lit(sbuf *b, const char *s, size_t n);
+bool jgb_lit(tp_buf *b, const char *s, size_t n);
 /* GBNF literal of one code point. */
-void jgb_lit_cp(sbuf *b, uint32_t c);
+void jgb_lit_cp(tp_buf *b, uint32_t c);
 /* GBNF character class [..] of a non-empty set. */
-void jgb_class(sbuf *b, const cset *s);
+void jgb_class(tp_buf *b, const cset *s);
 
 /* elem repeated m..M times (M < 0: unbounded), as one GBNF element; large
  * counts are written as blocks so the engine's {m,n} cap is never hit and
  * every count in the range stays reachable. elem must be one element. */
-void jgb_repeat(sbuf *b, const char *elem, long long m, long long M);
+void jgb_repeat(tp_buf *b, const char *elem, long long m, long long M);
 
 /* JSON string contents: the canonical JSON text of one code point (the way
  * Python's json.dumps(ensure_ascii=False) writes it: \" \\ \b \f \n \r \t,
@@ -69,12 +57,12 @@ void jgb_repeat(sbuf *b, const char *elem, long long m, long long M);
 size_t js_escape_cp(uint32_t c, char out[8]);
 /* GBNF for one JSON string element whose decoded code point is in s,
  * canonically escaped; false when s is empty. */
-bool jgb_json_class(sbuf *b, const cset *s);
+bool jgb_json_class(tp_buf *b, const cset *s);
 /* GBNF literal of the canonical JSON-escaped form of UTF-8 text s (without
  * the quotes); false when s is not valid UTF-8. */
-bool jgb_json_lit(sbuf *b, const char *s, size_t n);
+bool jgb_json_lit(tp_buf *b, const char *s, size_t n);
 /* The same with the quotes: the literal of a whole JSON string. */
-bool jgb_json_str(sbuf *b, const char *s, size_t n, bool quotes);
+bool jgb_json_str(tp_buf *b, const char *s, size_t n, bool quotes);
 
 /* Regex -> GBNF expression (no rule header). json: the strings are JSON
  * string contents (each code point canonically escaped); raw: plain text.
@@ -82,7 +70,7 @@ bool jgb_json_str(sbuf *b, const char *s, size_t n, bool quotes);
  * unanchored sides. On success fills *minlen and *maxlen (code points, maxlen
  * SIZE_MAX if unbounded). max_depth bounds nesting, RX_MAX_ the expansion. */
 int rx_compile_expr(const char *re, size_t len, bool json, const char *anychar, int max_depth,
-                    sbuf *out, size_t *minlen, size_t *maxlen, tp_err *err);
+                    tp_buf *out, size_t *minlen, size_t *maxlen, tp_err *err);
 
 struct tp_jschema_opts;
 /* The checks both entry points start with: *o NULL -> defaults (in def),

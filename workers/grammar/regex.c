@@ -496,7 +496,7 @@ static void rx_measure(const rxp *p, int x, size_t *lo, size_t *hi, size_t *w)
 }
 
 typedef struct rxe {
-    sbuf *out;
+    tp_buf *out;
     bool json;
 } rxe;
 
@@ -520,28 +520,28 @@ static bool rx_emit_seq(const rxp *p, const rxe *e, const rxn *n, int from, int 
 {
     bool any = false;
     for (int k = from; k < to;) {
-        if (any) jsb_puts(e->out, " ");
+        if (any) tp_buf_puts(e->out, " ");
         any = true;
         if (single(&p->node[n->kid[k]])) {
             /* a run of plain characters is one literal */
-            sbuf t;
-            jsb_init(&t, 1u << 20);
+            tp_buf t;
+            tp_buf_init(&t, 1u << 20);
             while (k < to && single(&p->node[n->kid[k]])) {
                 char c[8];
                 uint32_t cp = p->node[n->kid[k]].set.r[0][0];
                 size_t len = e->json ? js_escape_cp(cp, c) : tp_utf8_put(cp, c);
-                jsb_putn(&t, c, len);
+                tp_buf_add(&t, c, len);
                 k++;
             }
-            bool ok = !jsb_bad(&t) && jgb_lit(e->out, t.p, t.n);
-            jsb_free(&t);
+            bool ok = !t.err && jgb_lit(e->out, t.data, t.len);
+            tp_buf_free(&t);
             if (!ok) return false;
             continue;
         }
         if (!rx_emit(p, e, n->kid[k])) return false;
         k++;
     }
-    if (!any) jsb_puts(e->out, "\"\"");
+    if (!any) tp_buf_puts(e->out, "\"\"");
     return true;
 }
 
@@ -551,34 +551,34 @@ static bool rx_emit(const rxp *p, const rxe *e, int x)
     switch (n->kind) {
     case RX_SET: return rx_emit_set(e, &n->set);
     case RX_SEQ:
-        if (n->nk > 1) jsb_puts(e->out, "(");
+        if (n->nk > 1) tp_buf_puts(e->out, "(");
         if (!rx_emit_seq(p, e, n, 0, n->nk)) return false;
-        if (n->nk > 1) jsb_puts(e->out, ")");
+        if (n->nk > 1) tp_buf_puts(e->out, ")");
         return true;
     case RX_ALT:
-        jsb_puts(e->out, "(");
+        tp_buf_puts(e->out, "(");
         for (int k = 0; k < n->nk; k++) {
-            if (k) jsb_puts(e->out, " | ");
+            if (k) tp_buf_puts(e->out, " | ");
             if (!rx_emit(p, e, n->kid[k])) return false;
         }
-        jsb_puts(e->out, ")");
+        tp_buf_puts(e->out, ")");
         return true;
     case RX_REP: {
         /* the repeated part as one element: a set is one already */
-        sbuf el;
-        jsb_init(&el, e->out->limit);
+        tp_buf el;
+        tp_buf_init(&el, e->out->max);
         rxe sub = {.out = &el, .json = e->json};
         bool bare = p->node[n->kid[0]].kind == RX_SET;
-        if (!bare) jsb_puts(&el, "(");
+        if (!bare) tp_buf_puts(&el, "(");
         bool ok = rx_emit(p, &sub, n->kid[0]);
-        if (!bare) jsb_puts(&el, ")");
-        if (ok && !jsb_bad(&el)) {
-            if (n->min == 0 && n->max == 1) jsb_printf(e->out, "%s?", el.p);
-            else if (n->min == 1 && n->max == -1) jsb_printf(e->out, "%s+", el.p);
-            else jgb_repeat(e->out, el.p, n->min, n->max);
+        if (!bare) tp_buf_puts(&el, ")");
+        if (ok && !el.err) {
+            if (n->min == 0 && n->max == 1) tp_buf_printf(e->out, "%s?", el.data);
+            else if (n->min == 1 && n->max == -1) tp_buf_printf(e->out, "%s+", el.data);
+            else jgb_repeat(e->out, el.data, n->min, n->max);
         }
-        if (jsb_bad(&el)) e->out->over = true;
-        jsb_free(&el);
+        if (el.err) tp_buf_fail(e->out, TP_ERANGE);
+        tp_buf_free(&el);
         return ok;
     }
     default: return true; /* anchors: handled at the top */
@@ -595,7 +595,7 @@ static void rx_free(rxp *p)
 }
 
 int rx_compile_expr(const char *re, size_t len, bool json, const char *anychar, int max_depth,
-                    sbuf *out, size_t *minlen, size_t *maxlen, tp_err *err)
+                    tp_buf *out, size_t *minlen, size_t *maxlen, tp_err *err)
 {
     rxp p = {.s = re, .n = len, .max_depth = max_depth, .err = err};
     int top = rx_alt(&p);
@@ -623,7 +623,7 @@ int rx_compile_expr(const char *re, size_t len, bool json, const char *anychar, 
     if (p.node[top].kind == RX_ALT) alts = p.node[top].kid, nalt = p.node[top].nk;
     rxe e = {.out = out, .json = json};
     *minlen = SIZE_MAX, *maxlen = 0;
-    if (nalt > 1) jsb_puts(out, "(");
+    if (nalt > 1) tp_buf_puts(out, "(");
     for (int a = 0; a < nalt; a++) {
         rxn *s = &p.node[alts[a]];
         int from = 0, to = s->nk;
@@ -646,19 +646,19 @@ int rx_compile_expr(const char *re, size_t len, bool json, const char *anychar, 
         if (!bol || !eol) ahi = SIZE_MAX;
         if (alo < *minlen) *minlen = alo;
         if (ahi > *maxlen) *maxlen = ahi;
-        if (a) jsb_puts(out, " | ");
-        if (!bol) jsb_printf(out, "%s* ", anychar);
+        if (a) tp_buf_puts(out, " | ");
+        if (!bol) tp_buf_printf(out, "%s* ", anychar);
         bool ok = rx_emit_seq(&p, &e, s, from, to);
-        if (!eol) jsb_printf(out, " %s*", anychar);
+        if (!eol) tp_buf_printf(out, " %s*", anychar);
         if (!ok) {
             rx_free(&p);
             return tp_err_set(err, TP_EINVAL, "pattern: a character class that matches nothing");
         }
     }
-    if (nalt > 1) jsb_puts(out, ")");
+    if (nalt > 1) tp_buf_puts(out, ")");
     rx_free(&p);
-    if (out->oom) return tp_err_set(err, TP_ENOMEM, "pattern: out of memory");
-    if (out->over) return tp_err_set(err, TP_ERANGE, "pattern: the grammar exceeds the size limit");
+    if (out->err == TP_ENOMEM) return tp_err_set(err, TP_ENOMEM, "pattern: out of memory");
+    if (out->err) return tp_err_set(err, TP_ERANGE, "pattern: the grammar exceeds the size limit");
     return 0;
 }
 
@@ -668,18 +668,18 @@ int tp_regex_to_gbnf(const char *re, size_t len, const tp_jschema_opts *o, char 
     tp_jschema_opts def;
     int rc0 = js_begin("regex", re, len, &o, &def, gbnf, err);
     if (rc0) return rc0;
-    sbuf b;
-    jsb_init(&b, o->max_gbnf_bytes);
-    jsb_puts(&b, "root ::= ");
+    tp_buf b;
+    tp_buf_init(&b, o->max_gbnf_bytes);
+    tp_buf_puts(&b, "root ::= ");
     size_t lo, hi;
     int rc = rx_compile_expr(re, len, false, "any", o->max_depth, &b, &lo, &hi, err);
-    jsb_puts(&b, "\nany ::= [\\x00-\\U0010FFFF]\n");
-    if (!rc && jsb_bad(&b))
-        rc = tp_err_set(err, b.oom ? TP_ENOMEM : TP_ERANGE, "regex: the grammar exceeds %zu bytes", o->max_gbnf_bytes);
+    tp_buf_puts(&b, "\nany ::= [\\x00-\\U0010FFFF]\n");
+    if (!rc && b.err)
+        rc = tp_err_set(err, b.err == TP_ENOMEM ? TP_ENOMEM : TP_ERANGE, "regex: the grammar exceeds %zu bytes", o->max_gbnf_bytes);
     if (rc) {
-        jsb_free(&b);
+        tp_buf_free(&b);
         return rc;
     }
-    *gbnf = jsb_take(&b);
+    *gbnf = tp_buf_take(&b);
     return 0;
 }
