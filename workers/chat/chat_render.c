@@ -29,7 +29,7 @@ typedef struct rctx {
     tp_chat_arena *ar;
     tp_err *err;
     int failed;
-    sbuf *out;
+    tp_buf *out;
     size_t max_output;
     long steps;
     int depth;
@@ -153,25 +153,26 @@ static int dict_set(rctx *c, val *d, val *k, val *v, int line)
     return 0;
 }
 
-/* A string built in an sbuf, copied into the arena. */
-static val *sb_val(rctx *c, sbuf *b, int line)
+/* A string built in an tp_buf, copied into the arena. */
+static val *sb_val(rctx *c, tp_buf *b, int line)
 {
-    if (b->failed == 2) {
-        sb_free(b);
+    if (b->err == TP_ERANGE) {
+        tp_buf_free(b);
         return rfail(c, TP_ERANGE, line, "a string longer than the %zu-byte output limit", c->max_output);
     }
-    if (b->failed) {
-        sb_free(b);
+    if (b->err) {
+        tp_buf_free(b);
         return oom(c, line);
     }
-    val *v = mk_str(c, b->s ? b->s : "", b->len, line);
-    sb_free(b);
+    val *v = mk_str(c, tp_buf_str(b), b->len, line);
+    tp_buf_free(b);
     return v;
 }
 
-static sbuf new_sb(rctx *c)
+static tp_buf new_sb(rctx *c)
 {
-    sbuf b = {.max = c->max_output};
+    tp_buf b;
+    tp_buf_init(&b, c->max_output);
     return b;
 }
 
@@ -457,10 +458,10 @@ static val *do_slice(rctx *c, val *v, val *a, val *b, val *s, int line)
         i += u8_len((unsigned char)v->str.s[i]);
     }
     offs[n] = v->str.n;
-    sbuf sb = new_sb(c);
+    tp_buf sb = new_sb(c);
     for (int64_t k = 0; k < cnt; k++) {
         int64_t ci = start + k * stp;
-        sb_put(&sb, v->str.s + offs[ci], offs[ci + 1] - offs[ci]);
+        tp_buf_add(&sb, v->str.s + offs[ci], offs[ci + 1] - offs[ci]);
     }
     free(offs);
     return sb_val(c, &sb, line);
@@ -472,9 +473,9 @@ static val *to_strv(rctx *c, val *v, int line)
 {
     if (v->type == V_STR)
         return v;
-    sbuf sb = new_sb(c);
+    tp_buf sb = new_sb(c);
     if (val_str(&sb, v)) {
-        sb_free(&sb);
+        tp_buf_free(&sb);
         return rfail(c, TP_EINVAL, line, "unsupported construct: converting a %s to text", type_name(v));
     }
     return sb_val(c, &sb, line);
@@ -496,16 +497,16 @@ static val *html_escape(rctx *c, val *v, int line)
     val *s = to_strv(c, v, line);
     if (!s)
         return NULL;
-    sbuf sb = new_sb(c);
+    tp_buf sb = new_sb(c);
     for (size_t i = 0; i < s->str.n; i++) {
         char ch = s->str.s[i];
         switch (ch) {
-        case '&': sb_puts(&sb, "&amp;"); break;
-        case '<': sb_puts(&sb, "&lt;"); break;
-        case '>': sb_puts(&sb, "&gt;"); break;
-        case '"': sb_puts(&sb, "&#34;"); break;
-        case '\'': sb_puts(&sb, "&#39;"); break;
-        default: sb_put(&sb, &ch, 1);
+        case '&': tp_buf_puts(&sb, "&amp;"); break;
+        case '<': tp_buf_puts(&sb, "&lt;"); break;
+        case '>': tp_buf_puts(&sb, "&gt;"); break;
+        case '"': tp_buf_puts(&sb, "&#34;"); break;
+        case '\'': tp_buf_puts(&sb, "&#39;"); break;
+        default: tp_buf_add(&sb, &ch, 1);
         }
     }
     val *r = sb_val(c, &sb, line);
@@ -641,7 +642,7 @@ static val *do_replace(rctx *c, val *v, val *old, val *new, val *count, int line
     if (old->type != V_STR || new->type != V_STR)
         return rfail(c, TP_EFORMAT, line, "replace() arguments must be str");
     int64_t max = count && count->type == V_INT ? count->i : -1;
-    sbuf sb = new_sb(c);
+    tp_buf sb = new_sb(c);
     const char *s = v->str.s;
     size_t n = v->str.n, i = 0;
     int64_t done = 0;
@@ -649,13 +650,13 @@ static val *do_replace(rctx *c, val *v, val *old, val *new, val *count, int line
         /* Python inserts new between every character and at both ends */
         while (i <= n) {
             if (max < 0 || done < max) {
-                sb_put(&sb, new->str.s, new->str.n);
+                tp_buf_add(&sb, new->str.s, new->str.n);
                 done++;
             }
             if (i == n)
                 break;
             size_t l = u8_len((unsigned char)s[i]);
-            sb_put(&sb, s + i, l);
+            tp_buf_add(&sb, s + i, l);
             i += l;
         }
         return sb_val(c, &sb, line);
@@ -663,11 +664,11 @@ static val *do_replace(rctx *c, val *v, val *old, val *new, val *count, int line
     while (i <= n) {
         const char *hit = (max < 0 || done < max) ? memmem(s + i, n - i, old->str.s, old->str.n) : NULL;
         if (!hit) {
-            sb_put(&sb, s + i, n - i);
+            tp_buf_add(&sb, s + i, n - i);
             break;
         }
-        sb_put(&sb, s + i, (size_t)(hit - (s + i)));
-        sb_put(&sb, new->str.s, new->str.n);
+        tp_buf_add(&sb, s + i, (size_t)(hit - (s + i)));
+        tp_buf_add(&sb, new->str.s, new->str.n);
         i = (size_t)(hit - s) + old->str.n;
         done++;
     }
@@ -791,9 +792,9 @@ static val *arith(rctx *c, const char *op, val *a, val *b, int line)
                 if (!(a = html_escape(c, a, line)) || !(b = html_escape(c, b, line)))
                     return NULL;
             }
-            sbuf sb = new_sb(c);
-            sb_put(&sb, a->str.s, a->str.n);
-            sb_put(&sb, b->str.s, b->str.n);
+            tp_buf sb = new_sb(c);
+            tp_buf_add(&sb, a->str.s, a->str.n);
+            tp_buf_add(&sb, b->str.s, b->str.n);
             val *r = sb_val(c, &sb, line);
             if (r)
                 r->str.safe = a->str.safe;
@@ -821,9 +822,9 @@ static val *arith(rctx *c, const char *op, val *a, val *b, int line)
         if (unit && (uint64_t)k > c->max_output / unit + 1)
             return rfail(c, TP_ERANGE, line, "repetition longer than the %zu-byte output limit", c->max_output);
         if (a->type == V_STR) {
-            sbuf sb = new_sb(c);
+            tp_buf sb = new_sb(c);
             for (int64_t i = 0; i < k; i++)
-                sb_put(&sb, a->str.s, a->str.n);
+                tp_buf_add(&sb, a->str.s, a->str.n);
             val *r = sb_val(c, &sb, line);
             if (r)
                 r->str.safe = a->str.safe;
@@ -1121,11 +1122,15 @@ static val *eval(rctx *c, frame *f, const node *x)
         if (!b)
             return NULL;
         if (!strcmp(x->name, "~")) {
-            sbuf sb = new_sb(c);
+            tp_buf sb = new_sb(c);
             if (val_str(&sb, a) || val_str(&sb, b)) {
-                sb_free(&sb);
-                return rfail(c, TP_EINVAL, x->line, "unsupported construct: '~' with a %s",
-                             val_str(&(sbuf){.max = 0}, a) ? type_name(a) : type_name(b));
+                tp_buf_free(&sb);
+                /* names a unless its text is empty: a limit of 0 fits only that */
+                tp_buf probe;
+                tp_buf_init(&probe, 0);
+                const char *bad = val_str(&probe, a) ? type_name(a) : type_name(b);
+                tp_buf_free(&probe);
+                return rfail(c, TP_EINVAL, x->line, "unsupported construct: '~' with a %s", bad);
             }
             return sb_val(c, &sb, x->line);
         }
@@ -1188,13 +1193,13 @@ static val *eval(rctx *c, frame *f, const node *x)
 
 static val *render_to_string(rctx *c, frame *f, node *const *body, size_t n, int line)
 {
-    sbuf *saved = c->out;
-    sbuf sb = new_sb(c);
+    tp_buf *saved = c->out;
+    tp_buf sb = new_sb(c);
     c->out = &sb;
     int rc = exec_body(c, f, body, n);
     c->out = saved;
     if (rc) {
-        sb_free(&sb);
+        tp_buf_free(&sb);
         return NULL;
     }
     return sb_val(c, &sb, line);
@@ -1482,10 +1487,10 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         for (size_t k = 0; k < nkw; k++)
             if (strcmp(kw[k], "indent"))
                 return rfail(c, TP_EINVAL, line, "unsupported construct: tojson(%s=...)", kw[k]);
-        sbuf sb = new_sb(c);
+        tp_buf sb = new_sb(c);
         int rc = val_json(&sb, v, indent, 0);
         if (rc) {
-            sb_free(&sb);
+            tp_buf_free(&sb);
             if (v->type == V_UNDEF)
                 return rfail(c, TP_EFORMAT, line, "tojson of an undefined value");
             return rfail(c, TP_EFORMAT, line, "tojson: a %s is not JSON serializable",
@@ -1561,21 +1566,21 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             safe |= items[k]->type == V_STR && items[k]->str.safe;
         if (sep && sep->str.safe)
             safe = 1;
-        sbuf sb = new_sb(c);
+        tp_buf sb = new_sb(c);
         for (size_t k = 0; k < n; k++) {
             val *it = items[k];
             if (attr && !(it = attr_path(c, it, attr, line))) {
-                sb_free(&sb);
+                tp_buf_free(&sb);
                 return NULL;
             }
             if (safe && !(it = html_escape(c, it, line))) {
-                sb_free(&sb);
+                tp_buf_free(&sb);
                 return NULL;
             }
             if (k && sep)
-                sb_put(&sb, sep->str.s, sep->str.n);
+                tp_buf_add(&sb, sep->str.s, sep->str.n);
             if (val_str(&sb, it)) {
-                sb_free(&sb);
+                tp_buf_free(&sb);
                 return rfail(c, TP_EINVAL, line, "unsupported construct: join of a %s", type_name(it));
             }
         }
@@ -1727,29 +1732,29 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
     }
     if (IS("indent")) {
         val *width = A(0, "width"), *first = A(1, "first"), *blank = A(2, "blank");
-        sbuf ind = new_sb(c);
+        tp_buf ind = new_sb(c);
         if (!width || width->type == V_INT) {
             int64_t w = width ? width->i : 4;
             for (int64_t k = 0; k < w && k < 1024; k++)
-                sb_put(&ind, " ", 1);
+                tp_buf_add(&ind, " ", 1);
         } else if (width->type == V_STR) {
-            sb_put(&ind, width->str.s, width->str.n);
+            tp_buf_add(&ind, width->str.s, width->str.n);
         } else {
             return rfail(c, TP_EFORMAT, line, "indent width must be an int or a string");
         }
         if (s->str.safe) {
-            sb_free(&ind);
+            tp_buf_free(&ind);
             return rfail(c, TP_EINVAL, line, "unsupported construct: |indent on a safe string");
         }
         /* Jinja: s += "\n"; lines = s.splitlines(); ... */
-        sbuf out = new_sb(c);
+        tp_buf out = new_sb(c);
         const char *p = s->str.s;
         size_t n = s->str.n, i = 0;
         int lineno = 0;
-        sbuf all = new_sb(c);
-        sb_put(&all, p, n);
-        sb_put(&all, "\n", 1);
-        p = all.s;
+        tp_buf all = new_sb(c);
+        tp_buf_add(&all, p, n);
+        tp_buf_add(&all, "\n", 1);
+        p = all.data;
         n = all.len;
         while (i < n) {
             size_t j = i, brk = 0;
@@ -1772,15 +1777,15 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             }
             int empty = j == i;
             if (lineno > 0)
-                sb_put(&out, "\n", 1);
+                tp_buf_add(&out, "\n", 1);
             if ((lineno > 0 || (first && truthy(first))) && (!empty || (blank && truthy(blank))))
-                sb_put(&out, ind.s ? ind.s : "", ind.len);
-            sb_put(&out, p + i, j - i);
+                tp_buf_add(&out, tp_buf_str(&ind), ind.len);
+            tp_buf_add(&out, p + i, j - i);
             lineno++;
             i = j + brk;
         }
-        sb_free(&all);
-        sb_free(&ind);
+        tp_buf_free(&all);
+        tp_buf_free(&ind);
         return sb_val(c, &out, line);
     }
 #undef A
@@ -1792,8 +1797,8 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
 
 static int emit(rctx *c, const char *s, size_t n, int line)
 {
-    if (sb_put(c->out, s, n)) {
-        if (c->out->failed == 2)
+    if (tp_buf_add(c->out, s, n)) {
+        if (c->out->err == TP_ERANGE)
             rfail(c, TP_ERANGE, line, "rendered text longer than %zu bytes", c->max_output);
         else
             oom(c, line);
@@ -1896,11 +1901,13 @@ static int exec_stmt(rctx *c, frame *f, const node *x)
             return emit(c, v->str.s, v->str.n, x->line);
         size_t before = c->out->len;
         if (val_str(c->out, v)) {
-            c->out->len = before;
+            c->out->len = before;   /* what a half-printed value wrote is dropped */
+            if (c->out->data)
+                c->out->data[before] = '\0';
             rfail(c, TP_EINVAL, x->line, "unsupported construct: printing a %s", type_name(v));
             return -1;
         }
-        if (c->out->failed) {
+        if (c->out->err) {
             emit(c, "", 0, x->line);
             rfail(c, TP_ERANGE, x->line, "rendered text longer than %zu bytes", c->max_output);
             return -1;
@@ -2365,7 +2372,8 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
     if (v->extra && !cJSON_IsObject(v->extra))
         return tp_err_set(err, TP_EINVAL, "chat template: extra variables must be a JSON object");
     tp_chat_arena ar = {.cap = TP_CHAT_MAX_MEMORY};
-    sbuf outb = {.max = v->max_output ? v->max_output : TP_CHAT_DEFAULT_OUTPUT};
+    tp_buf outb;
+    tp_buf_init(&outb, v->max_output ? v->max_output : TP_CHAT_DEFAULT_OUTPUT);
     frame globals = {0};
     rctx c = {.ar = &ar, .err = err, .out = &outb, .max_output = outb.max, .globals = &globals};
     tp_err_clear(err);
@@ -2409,16 +2417,16 @@ int tp_chat_template_render(const tp_chat_template *t, const tp_chat_vars *v, ch
 done:
     tp_chat_arena_free(&ar);
     if (rc || c.failed) {
-        sb_free(&outb);
+        tp_buf_free(&outb);
         if (!c.failed)
             tp_err_set(err, TP_ENOMEM, "chat template: out of memory");
         return err ? err->code : TP_EFORMAT;
     }
-    if (!outb.s && sb_put(&outb, "", 0)) {
-        sb_free(&outb);
+    if (!outb.data && tp_buf_add(&outb, "", 0)) {
+        tp_buf_free(&outb);
         return tp_err_set(err, TP_ENOMEM, "chat template: out of memory");
     }
-    *out = outb.s;
+    *out = outb.data;
     if (out_len)
         *out_len = outb.len;
     return 0;

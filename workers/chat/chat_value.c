@@ -50,46 +50,6 @@ void tp_chat_arena_free(tp_chat_arena *a)
     a->used = 0;
 }
 
-/* ---- string builder ------------------------------------------------------ */
-
-int sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->failed)
-        return -1;
-    if (b->len + n > b->max) {
-        b->failed = 2;
-        return -1;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *p = realloc(b->s, nc);
-        if (!p) {
-            b->failed = 1;
-            return -1;
-        }
-        b->s = p;
-        b->cap = nc;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return 0;
-}
-
-int sb_puts(sbuf *b, const char *s)
-{
-    return sb_put(b, s, strlen(s));
-}
-
-void sb_free(sbuf *b)
-{
-    free(b->s);
-    b->s = NULL;
-    b->len = b->cap = 0;
-}
-
 /* ---- numbers --------------------------------------------------------------- */
 
 /* Python's repr(float): the shortest digits that read back to x, in fixed
@@ -207,11 +167,11 @@ static int printable(unsigned cp)
     return 1;
 }
 
-static int repr_str(sbuf *b, const char *s, size_t n)
+static int repr_str(tp_buf *b, const char *s, size_t n)
 {
     int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
-    sb_put(b, &q, 1);
+    tp_buf_add(b, &q, 1);
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
         size_t l = u8_len(c);
@@ -220,13 +180,13 @@ static int repr_str(sbuf *b, const char *s, size_t n)
         if (c == (unsigned char)q || c == '\\') {
             tmp[0] = '\\';
             tmp[1] = (char)c;
-            sb_put(b, tmp, 2);
+            tp_buf_add(b, tmp, 2);
         } else if (c == '\n') {
-            sb_puts(b, "\\n");
+            tp_buf_puts(b, "\\n");
         } else if (c == '\r') {
-            sb_puts(b, "\\r");
+            tp_buf_puts(b, "\\r");
         } else if (c == '\t') {
-            sb_puts(b, "\\t");
+            tp_buf_puts(b, "\\t");
         } else if (!printable(cp)) {
             if (cp < 0x100)
                 snprintf(tmp, sizeof tmp, "\\x%02x", cp);
@@ -234,18 +194,18 @@ static int repr_str(sbuf *b, const char *s, size_t n)
                 snprintf(tmp, sizeof tmp, "\\u%04x", cp);
             else
                 snprintf(tmp, sizeof tmp, "\\U%08x", cp);
-            sb_puts(b, tmp);
+            tp_buf_puts(b, tmp);
         } else {
-            sb_put(b, s + i, l);
+            tp_buf_add(b, s + i, l);
         }
         i += l;
     }
-    return sb_put(b, &q, 1);
+    return tp_buf_add(b, &q, 1);
 }
 
-int val_repr(sbuf *b, const tp_chat_val *v);
+int val_repr(tp_buf *b, const tp_chat_val *v);
 
-int val_str(sbuf *b, const tp_chat_val *v)
+int val_str(tp_buf *b, const tp_chat_val *v)
 {
     char tmp[48];
     if (v->type == V_LIST && v->list.lazy)
@@ -254,17 +214,17 @@ int val_str(sbuf *b, const tp_chat_val *v)
     case V_UNDEF:
         return 0;
     case V_NONE:
-        return sb_puts(b, "None");
+        return tp_buf_puts(b, "None");
     case V_BOOL:
-        return sb_puts(b, v->b ? "True" : "False");
+        return tp_buf_puts(b, v->b ? "True" : "False");
     case V_INT:
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->i);
-        return sb_puts(b, tmp);
+        return tp_buf_puts(b, tmp);
     case V_FLOAT:
         fmt_float(v->f, tmp, sizeof tmp);
-        return sb_puts(b, tmp);
+        return tp_buf_puts(b, tmp);
     case V_STR:
-        return sb_put(b, v->str.s, v->str.n);
+        return tp_buf_add(b, v->str.s, v->str.n);
     case V_LIST:
     case V_DICT:
         return val_repr(b, v);
@@ -273,7 +233,7 @@ int val_str(sbuf *b, const tp_chat_val *v)
     }
 }
 
-int val_repr(sbuf *b, const tp_chat_val *v)
+int val_repr(tp_buf *b, const tp_chat_val *v)
 {
     if (v->type == V_LIST && v->list.lazy)
         return 1;
@@ -281,32 +241,32 @@ int val_repr(sbuf *b, const tp_chat_val *v)
     case V_STR:
         return repr_str(b, v->str.s, v->str.n);
     case V_LIST: {
-        sb_puts(b, v->list.tuple ? "(" : "[");
+        tp_buf_puts(b, v->list.tuple ? "(" : "[");
         for (size_t k = 0; k < v->list.n; k++) {
             if (k)
-                sb_puts(b, ", ");
+                tp_buf_puts(b, ", ");
             int rc = val_repr(b, v->list.v[k]);
             if (rc)
                 return rc;
         }
         if (v->list.tuple && v->list.n == 1)
-            sb_puts(b, ",");
-        return sb_puts(b, v->list.tuple ? ")" : "]");
+            tp_buf_puts(b, ",");
+        return tp_buf_puts(b, v->list.tuple ? ")" : "]");
     }
     case V_DICT: {
-        sb_puts(b, "{");
+        tp_buf_puts(b, "{");
         for (size_t k = 0; k < v->dict.n; k++) {
             if (k)
-                sb_puts(b, ", ");
+                tp_buf_puts(b, ", ");
             int rc = val_repr(b, v->dict.k[k]);
             if (!rc) {
-                sb_puts(b, ": ");
+                tp_buf_puts(b, ": ");
                 rc = val_repr(b, v->dict.v[k]);
             }
             if (rc)
                 return rc;
         }
-        return sb_puts(b, "}");
+        return tp_buf_puts(b, "}");
     }
     case V_UNDEF:
         return 1;
@@ -315,9 +275,9 @@ int val_repr(sbuf *b, const tp_chat_val *v)
     }
 }
 
-static int json_str(sbuf *b, const char *s, size_t n)
+static int json_str(tp_buf *b, const char *s, size_t n)
 {
-    sb_put(b, "\"", 1);
+    tp_buf_add(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -338,56 +298,56 @@ static int json_str(sbuf *b, const char *s, size_t n)
             }
         }
         if (esc) {
-            sb_put(b, s + run, i - run);
-            sb_puts(b, esc);
+            tp_buf_add(b, s + run, i - run);
+            tp_buf_puts(b, esc);
             run = i + 1;
         }
     }
-    sb_put(b, s + run, n - run);
-    return sb_put(b, "\"", 1);
+    tp_buf_add(b, s + run, n - run);
+    return tp_buf_add(b, "\"", 1);
 }
 
-static void json_nl(sbuf *b, int indent, int level)
+static void json_nl(tp_buf *b, int indent, int level)
 {
-    sb_put(b, "\n", 1);
+    tp_buf_add(b, "\n", 1);
     for (int k = 0; k < indent * level; k++)
-        sb_put(b, " ", 1);
+        tp_buf_add(b, " ", 1);
 }
 
 /* json.dumps(v, ensure_ascii=False, indent=indent or None); 1 = a value
  * JSON cannot hold (undefined, a macro, ...), 2 = too deep. */
-int val_json(sbuf *b, const tp_chat_val *v, int indent, int level)
+int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
 {
     char tmp[48];
     if (level > TP_CHAT_MAX_DEPTH)
         return 2;
     switch (v->type) {
     case V_NONE:
-        return sb_puts(b, "null");
+        return tp_buf_puts(b, "null");
     case V_BOOL:
-        return sb_puts(b, v->b ? "true" : "false");
+        return tp_buf_puts(b, v->b ? "true" : "false");
     case V_INT:
     case V_STR:
         if (v->type == V_STR)
             return json_str(b, v->str.s, v->str.n);
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->i);
-        return sb_puts(b, tmp);
+        return tp_buf_puts(b, tmp);
     case V_FLOAT:
         if (isnan(v->f))
-            return sb_puts(b, "NaN");
+            return tp_buf_puts(b, "NaN");
         if (isinf(v->f))
-            return sb_puts(b, v->f < 0 ? "-Infinity" : "Infinity");
+            return tp_buf_puts(b, v->f < 0 ? "-Infinity" : "Infinity");
         fmt_float(v->f, tmp, sizeof tmp);
-        return sb_puts(b, tmp);
+        return tp_buf_puts(b, tmp);
     case V_LIST:
         if (v->list.lazy)
             return 1;
         if (!v->list.n)
-            return sb_puts(b, "[]");
-        sb_puts(b, "[");
+            return tp_buf_puts(b, "[]");
+        tp_buf_puts(b, "[");
         for (size_t k = 0; k < v->list.n; k++) {
             if (k)
-                sb_puts(b, indent >= 0 ? "," : ", ");
+                tp_buf_puts(b, indent >= 0 ? "," : ", ");
             if (indent >= 0)
                 json_nl(b, indent, level + 1);
             int rc = val_json(b, v->list.v[k], indent, level + 1);
@@ -396,14 +356,14 @@ int val_json(sbuf *b, const tp_chat_val *v, int indent, int level)
         }
         if (indent >= 0)
             json_nl(b, indent, level);
-        return sb_puts(b, "]");
+        return tp_buf_puts(b, "]");
     case V_DICT:
         if (!v->dict.n)
-            return sb_puts(b, "{}");
-        sb_puts(b, "{");
+            return tp_buf_puts(b, "{}");
+        tp_buf_puts(b, "{");
         for (size_t k = 0; k < v->dict.n; k++) {
             if (k)
-                sb_puts(b, indent >= 0 ? "," : ", ");
+                tp_buf_puts(b, indent >= 0 ? "," : ", ");
             if (indent >= 0)
                 json_nl(b, indent, level + 1);
             const tp_chat_val *key = v->dict.k[k];
@@ -411,18 +371,19 @@ int val_json(sbuf *b, const tp_chat_val *v, int indent, int level)
             if (key->type == V_STR) {
                 rc = json_str(b, key->str.s, key->str.n);
             } else if (key->type == V_INT || key->type == V_FLOAT || key->type == V_BOOL || key->type == V_NONE) {
-                sbuf kb = {.max = 64};
+                tp_buf kb;
+                tp_buf_init(&kb, 64);
                 if (key->type == V_BOOL || key->type == V_NONE)
                     val_json(&kb, key, -1, 0);
                 else
                     val_str(&kb, key);
-                rc = json_str(b, kb.s ? kb.s : "", kb.len);
-                sb_free(&kb);
+                rc = json_str(b, tp_buf_str(&kb), kb.len);
+                tp_buf_free(&kb);
             } else {
                 return 1;
             }
             if (!rc) {
-                sb_puts(b, ": ");
+                tp_buf_puts(b, ": ");
                 rc = val_json(b, v->dict.v[k], indent, level + 1);
             }
             if (rc)
@@ -430,7 +391,7 @@ int val_json(sbuf *b, const tp_chat_val *v, int indent, int level)
         }
         if (indent >= 0)
             json_nl(b, indent, level);
-        return sb_puts(b, "}");
+        return tp_buf_puts(b, "}");
     default:
         return 1;
     }

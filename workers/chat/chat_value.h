@@ -3,17 +3,10 @@
 #define TOKPIPE_CHAT_VALUE_H
 
 #include "chat_internal.h"
+#include "tokpipe/buf.h"
 
-/* A growable string capped at max bytes; failed: 1 out of memory, 2 cap. */
-typedef struct sbuf {
-    char *s;
-    size_t len, cap, max;
-    int failed;
-} sbuf;
-
-int sb_put(sbuf *b, const char *s, size_t n);
-int sb_puts(sbuf *b, const char *s);
-void sb_free(sbuf *b);
+/* Strings are built in tp_buf buffers with a limit (the output limit):
+ * err TP_ERANGE past it, TP_ENOMEM out of memory, both sticky. */
 
 void fmt_float(double x, char *out, size_t cap);
 size_t u8_len(unsigned char c);
@@ -22,9 +15,9 @@ size_t u8_offset(const char *s, size_t n, size_t ci);
 
 /* Python str() / repr() / json.dumps(ensure_ascii=False, indent); non-zero
  * when v has no such form in the subset. indent < 0: one line. */
-int val_str(sbuf *b, const tp_chat_val *v);
-int val_repr(sbuf *b, const tp_chat_val *v);
-int val_json(sbuf *b, const tp_chat_val *v, int indent, int level);
+int val_str(tp_buf *b, const tp_chat_val *v);
+int val_repr(tp_buf *b, const tp_chat_val *v);
+int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level);
 
 int is_num(const tp_chat_val *v);
 double num_d(const tp_chat_val *v);
