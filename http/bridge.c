@@ -100,7 +100,7 @@ static void reply_context(bridge *b, gw_call *c, const char *msg, const char *pa
 static void push(bridge *b, gw_call *c, char *s, bool done)
 {
     pthread_mutex_lock(&b->g->lock);
-    if (s && gw_buf_add(&c->out, s, strlen(s)))
+    if (s && tp_buf_puts(&c->out, s))
         done = true;   /* out of memory: end the stream rather than lose bytes in its middle */
     if (done)
         c->out_done = true;
@@ -184,8 +184,8 @@ static int add_call(bridge *b, gw_call *c)
 static void free_choices(gw_call *c)
 {
     for (size_t i = 0; i < c->n_ch; i++) {
-        gw_buf_free(&c->ch[i].text);
-        gw_buf_free(&c->ch[i].reasoning);
+        tp_buf_free(&c->ch[i].text);
+        tp_buf_free(&c->ch[i].reasoning);
         cJSON_Delete(c->ch[i].tool_calls);
         for (size_t k = 0; k < c->ch[i].n_scalls; k++)
             free(c->ch[i].scalls[k].id);
@@ -535,7 +535,7 @@ static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t, bool 
     if (c->oreq.stream) {
         ch->lp_sent = to;
         push(b, c, gw_chunk_sse(c, b->g->model_name, i, t->ptr, t->len, from, to, false), false);
-    } else if (gw_buf_add(&ch->text, t->ptr, t->len)) {
+    } else if (tp_buf_add(&ch->text, t->ptr, t->len)) {
         fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
     }
 }
@@ -544,7 +544,7 @@ static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t, bool 
 static void deliver_reasoning(bridge *b, gw_call *c, size_t i, const char *s, size_t n)
 {
     gw_choice *ch = &c->ch[i];
-    if (gw_buf_add(&ch->reasoning, s, n)) {
+    if (tp_buf_add(&ch->reasoning, s, n)) {
         fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
         return;
     }
@@ -598,7 +598,7 @@ static void finish_split(bridge *b, gw_call *c, size_t i, const tp_m_finish *f)
 {
     gw_choice *ch = &c->ch[i];
     const tp_str *r = &f->reasoning_content;
-    if (r->len > ch->reasoning.len && !memcmp(r->ptr, ch->reasoning.p ? ch->reasoning.p : "", ch->reasoning.len))
+    if (r->len > ch->reasoning.len && !memcmp(r->ptr, ch->reasoning.data ? ch->reasoning.data : "", ch->reasoning.len))
         deliver_reasoning(b, c, i, r->ptr + ch->reasoning.len, r->len - ch->reasoning.len);
     if (f->n_tool_calls) {
         cJSON *a = cJSON_CreateArray();

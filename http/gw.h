@@ -19,20 +19,12 @@
 
 #include "lp.h"
 #include "oai.h"
+#include "tokpipe/buf.h"
 #include "tokpipe/config.h"
 #include "tokpipe/protocol.h"
 
 struct MHD_Connection;
 struct MHD_Daemon;
-
-/* A growable byte buffer (NUL-terminated when non-empty). */
-typedef struct gw_buf {
-    char *p;
-    size_t len, cap;
-} gw_buf;
-
-int gw_buf_add(gw_buf *b, const void *s, size_t n);   /* 0, or -1 out of memory */
-void gw_buf_free(gw_buf *b);
 
 typedef enum { GW_CALL_COMPLETION, GW_CALL_HEALTH, GW_CALL_METRICS } gw_call_kind;
 
@@ -42,7 +34,7 @@ typedef struct gw_choice {
     size_t prompt;             /* index into oreq.prompts */
     bool acked, finished;
     uint32_t next_seq;
-    gw_buf text;               /* non-streaming: the text so far */
+    tp_buf text;               /* non-streaming: the text so far */
     uint32_t prompt_tokens, completion_tokens;
     uint32_t cached_tokens; /* of the prompt, taken from a prefix cache (FINISH) */
     int reason;                /* TP_REASON_* once finished */
@@ -55,7 +47,7 @@ typedef struct gw_choice {
     size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */
     bool constrained;          /* FINISH said grammar_complete (a job with a grammar) */
     bool grammar_complete;     /* ... and the text is a whole document of it */
-    gw_buf reasoning;          /* the thinking text (TOKEN reasoning deltas, then FINISH's whole) */
+    tp_buf reasoning;          /* the thinking text (TOKEN reasoning deltas, then FINISH's whole) */
     size_t reasoning_sent;     /* streaming: bytes of it already out */
     struct cJSON *tool_calls;  /* FINISH tool_calls in OpenAI's shape, NULL none */
     struct gw_scall {          /* streaming: the calls whose first chunk is out, in index order */
@@ -92,7 +84,7 @@ typedef struct gw_call {
     size_t body_len;
     const char *content_type;
     int retry_after;           /* seconds, 0 = no Retry-After header */
-    gw_buf out;                /* streaming: SSE bytes not yet read by MHD */
+    tp_buf out;                /* streaming: SSE bytes not yet read by MHD */
     size_t out_off;
     bool out_done;             /* streaming: nothing more after out */
     bool suspended;            /* the connection waits for the bridge */

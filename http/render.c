@@ -14,30 +14,6 @@
  * every distinct label value is a time series the scraper keeps forever. */
 #define METRICS_MAX_TRIGGER_LABELS 50
 
-int gw_buf_add(gw_buf *b, const void *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
-}
-
-void gw_buf_free(gw_buf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
 const char *gw_finish_reason(int reason)
 {
     switch (reason) {
@@ -310,13 +286,13 @@ char *gw_completion_json(const gw_call *c, const char *model)
             if (!ch->text.len && ch->tool_calls)
                 cJSON_AddNullToObject(m, "content");
             else
-                cJSON_AddItemToObject(m, "content", text_item(ch->text.p, ch->text.len));
+                cJSON_AddItemToObject(m, "content", text_item(ch->text.data, ch->text.len));
             if (ch->reasoning.len)
-                cJSON_AddItemToObject(m, "reasoning_content", text_item(ch->reasoning.p, ch->reasoning.len));
+                cJSON_AddItemToObject(m, "reasoning_content", text_item(ch->reasoning.data, ch->reasoning.len));
             if (ch->tool_calls)
                 cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(ch->tool_calls, 1));
         } else {
-            cJSON_AddItemToObject(x, "text", text_item(ch->text.p, ch->text.len));
+            cJSON_AddItemToObject(x, "text", text_item(ch->text.data, ch->text.len));
         }
         add_logprobs(x, c, ch, 0, ch->lp.released);
         cJSON_AddStringToObject(x, "finish_reason", gw_choice_finish(ch));
@@ -456,29 +432,24 @@ char *gw_health_json(const tp_m_stats_reply *s, int *status)
 
 /* ---- /metrics ------------------------------------------------------------ */
 
-static void family(gw_buf *b, const char *name, const char *type, const char *help)
+static void family(tp_buf *b, const char *name, const char *type, const char *help)
 {
-    char line[512];
-    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-    gw_buf_add(b, line, (size_t)n);
+    tp_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void sample(gw_buf *b, const char *name, const char *labels, uint64_t v)
+static void sample(tp_buf *b, const char *name, const char *labels, uint64_t v)
 {
-    char line[512];
-    int n = snprintf(line, sizeof line, "%s%s%s%s %" PRIu64 "\n", name, labels ? "{" : "", labels ? labels : "",
-                     labels ? "}" : "", v);
-    gw_buf_add(b, line, (size_t)n);
+    tp_buf_printf(b, "%s%s%s%s %" PRIu64 "\n", name, labels ? "{" : "", labels ? labels : "", labels ? "}" : "", v);
 }
 
-static void one(gw_buf *b, const char *name, const char *type, const char *help, uint64_t v)
+static void one(tp_buf *b, const char *name, const char *type, const char *help, uint64_t v)
 {
     family(b, name, type, help);
     sample(b, name, NULL, v);
 }
 
 /* The forward workers' prefix caches (README "Prefix caching"). */
-static void prefix_cache(gw_buf *b, const tp_m_stats_reply *s)
+static void prefix_cache(tp_buf *b, const tp_m_stats_reply *s)
 {
     one(b, "tokpipe_prefix_cache_lookups_total", "counter", "Prompt chunks offered to a prefix cache",
         s->prefix_lookups);
@@ -488,10 +459,8 @@ static void prefix_cache(gw_buf *b, const tp_m_stats_reply *s)
         "Prompt tokens the forward workers were asked for (taken from the cache + computed)",
         s->prefix_prompt_tokens);
     family(b, "tokpipe_prefix_cache_hit_rate", "gauge", "hit_tokens / prompt_tokens (0 before any prompt)");
-    char line[128];
     double rate = s->prefix_prompt_tokens ? (double)s->prefix_hit_tokens / (double)s->prefix_prompt_tokens : 0.0;
-    int n = snprintf(line, sizeof line, "tokpipe_prefix_cache_hit_rate %.6f\n", rate);
-    gw_buf_add(b, line, (size_t)n);
+    tp_buf_printf(b, "tokpipe_prefix_cache_hit_rate %.6f\n", rate);
     one(b, "tokpipe_prefix_cache_evictions_total", "counter", "Cached KV pages given up for new ones",
         s->prefix_evictions);
     one(b, "tokpipe_prefix_cache_pages_used", "gauge", "KV pages held by running sequences", s->prefix_pages_used);
@@ -503,14 +472,14 @@ static void prefix_cache(gw_buf *b, const tp_m_stats_reply *s)
 }
 
 /* Label value escaping of the text format: backslash, quote, newline. */
-static void add_label_value(gw_buf *b, const char *s, size_t len)
+static void add_label_value(tp_buf *b, const char *s, size_t len)
 {
     for (size_t i = 0; i < len; i++) {
         const char *esc = s[i] == '\\' ? "\\\\" : s[i] == '"' ? "\\\"" : s[i] == '\n' ? "\\n" : NULL;
         if (esc)
-            gw_buf_add(b, esc, strlen(esc));
+            tp_buf_puts(b, esc);
         else
-            gw_buf_add(b, &s[i], 1);
+            tp_buf_add(b, &s[i], 1);
     }
 }
 
@@ -520,7 +489,7 @@ static int by_count_desc(const void *a, const void *b)
     return x->count < y->count ? 1 : x->count > y->count ? -1 : 0;
 }
 
-static void triggers(gw_buf *b, const tp_m_stats_reply *s)
+static void triggers(tp_buf *b, const tp_m_stats_reply *s)
 {
     tp_trigger **t = malloc((s->n_triggers ? s->n_triggers : 1) * sizeof *t);
     if (!t)
@@ -539,11 +508,9 @@ static void triggers(gw_buf *b, const tp_m_stats_reply *s)
                 other += t[i]->count;
                 continue;
             }
-            gw_buf_add(b, "tokpipe_stop_string_triggers_total{stop=\"", 41);
+            tp_buf_puts(b, "tokpipe_stop_string_triggers_total{stop=\"");
             add_label_value(b, t[i]->key.str.ptr, t[i]->key.str.len);
-            char tail[64];
-            int n = snprintf(tail, sizeof tail, "\"} %" PRIu64 "\n", t[i]->count);
-            gw_buf_add(b, tail, (size_t)n);
+            tp_buf_printf(b, "\"} %" PRIu64 "\n", t[i]->count);
         }
     family(b, "tokpipe_stop_id_triggers_total", "counter",
            "Jobs finished by each stop token id or EOS id (the most frequent ones)");
@@ -564,20 +531,16 @@ static void triggers(gw_buf *b, const tp_m_stats_reply *s)
 
 /* A broker histogram (µs buckets) as a Prometheus histogram in seconds:
  * cumulative _bucket{le} series, +Inf, _sum and _count. */
-static void histogram(gw_buf *b, const char *name, const char *help, const tp_hist *h)
+static void histogram(tp_buf *b, const char *name, const char *help, const tp_hist *h)
 {
     family(b, name, "histogram", help);
-    char line[192];
     uint64_t cum = 0;
     for (size_t i = 0; i < h->n_bounds; i++) {
         cum += h->buckets[i];
-        int n = snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name,
-                         (double)h->bounds_us[i] / 1e6, cum);
-        gw_buf_add(b, line, (size_t)n);
+        tp_buf_printf(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, (double)h->bounds_us[i] / 1e6, cum);
     }
-    int n = snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n%s_sum %.6f\n%s_count %" PRIu64 "\n",
-                     name, h->count, name, (double)h->sum_us / 1e6, name, h->count);
-    gw_buf_add(b, line, (size_t)n);
+    tp_buf_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n%s_sum %.6f\n%s_count %" PRIu64 "\n", name, h->count, name,
+                  (double)h->sum_us / 1e6, name, h->count);
 }
 
 static const char *const reason_names[TP_REASON_COUNT] = {"none", "stop_string", "stop_token", "eos",
@@ -585,12 +548,10 @@ static const char *const reason_names[TP_REASON_COUNT] = {"none", "stop_string",
 
 char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
 {
-    gw_buf b = {0};
+    tp_buf b = {0};
     char lab[64];
     family(&b, "tokpipe_uptime_seconds", "gauge", "Seconds since the broker started");
-    char line[96];
-    int n = snprintf(line, sizeof line, "tokpipe_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
-    gw_buf_add(&b, line, (size_t)n);
+    tp_buf_printf(&b, "tokpipe_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
     one(&b, "tokpipe_jobs_submitted_total", "counter", "SUBMIT requests seen by the broker", s->jobs_submitted);
     one(&b, "tokpipe_jobs_rejected_total", "counter",
         "SUBMITs refused (status other than 200, or a prompt found too long for the context)", s->jobs_rejected);
@@ -642,11 +603,9 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     one(&b, "tokpipe_recoveries_total", "counter", "Recoveries timed (worker loss to the job's next event)",
         s->recovery_count);
     family(&b, "tokpipe_recovery_seconds_total", "counter", "Sum of the recoveries' durations");
-    n = snprintf(line, sizeof line, "tokpipe_recovery_seconds_total %.3f\n", (double)s->recovery_ms_total / 1e3);
-    gw_buf_add(&b, line, (size_t)n);
+    tp_buf_printf(&b, "tokpipe_recovery_seconds_total %.3f\n", (double)s->recovery_ms_total / 1e3);
     family(&b, "tokpipe_recovery_max_seconds", "gauge", "Longest recovery since the broker started");
-    n = snprintf(line, sizeof line, "tokpipe_recovery_max_seconds %.3f\n", (double)s->recovery_ms_max / 1e3);
-    gw_buf_add(&b, line, (size_t)n);
+    tp_buf_printf(&b, "tokpipe_recovery_max_seconds %.3f\n", (double)s->recovery_ms_max / 1e3);
     one(&b, "tokpipe_events_duplicate_total", "counter", "Events dropped because their seq was already forwarded",
         s->events_duplicate);
     family(&b, "tokpipe_stage_failed", "gauge", "1 when the spawned workers of a stage cannot start (given up)");
@@ -663,5 +622,5 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     }
     one(&b, "tokpipe_http_client_disconnects_total", "counter",
         "Completions whose client went away before the end (their jobs were cancelled)", gc->client_gone);
-    return b.p;
+    return b.data;
 }

@@ -17,8 +17,7 @@
 
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_state {
-    gw_buf body;
-    bool too_big;
+    tp_buf body;          /* limited to http.max_body_bytes; err: refused */
     gw_call *call;        /* once handed to the bridge */
 } conn_state;
 
@@ -28,7 +27,7 @@ void gw_call_unref(gw_call *c)
         return;
     oai_request_free(&c->oreq);
     free(c->body);
-    gw_buf_free(&c->out);
+    tp_buf_free(&c->out);
     free(c);
 }
 
@@ -110,10 +109,12 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     size_t avail = c->out.len - c->out_off;
     if (avail) {
         n = (ssize_t)(avail < max ? avail : max);
-        memcpy(buf, c->out.p + c->out_off, (size_t)n);
+        memcpy(buf, c->out.data + c->out_off, (size_t)n);
         c->out_off += (size_t)n;
-        if (c->out_off == c->out.len)
-            c->out.len = c->out_off = 0;
+        if (c->out_off == c->out.len) {
+            tp_buf_reset(&c->out);
+            c->out_off = 0;
+        }
     } else if (c->out_done) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
     } else {
@@ -245,7 +246,7 @@ static enum MHD_Result start_call(gw *g, struct MHD_Connection *conn, conn_state
 
 static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_state *st, oai_kind kind)
 {
-    if (st->too_big) {
+    if (st->body.err) {
         char msg[96];
         snprintf(msg, sizeof msg, "the request body is larger than http.max_body_bytes (%d)",
                  g->cfg->http_max_body_bytes);
@@ -253,7 +254,7 @@ static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_stat
     }
     oai_request oreq;
     oai_error e;
-    if (oai_decode(kind, st->body.p ? st->body.p : "", st->body.len, &oreq, &e))
+    if (oai_decode(kind, tp_buf_str(&st->body), st->body.len, &oreq, &e))
         return send_error(g, conn, e.status, e.message, e.param, NULL);
     if (oreq.logprobs && !g->tok) {
         char msg[sizeof e.message];
@@ -276,14 +277,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         st = calloc(1, sizeof *st);
         if (!st)
             return MHD_NO;
+        tp_buf_init(&st->body, (size_t)g->cfg->http_max_body_bytes);
         *con_cls = st;
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (st->body.len + *upload_data_size > (size_t)g->cfg->http_max_body_bytes || st->too_big)
-            st->too_big = true;
-        else if (gw_buf_add(&st->body, upload_data, *upload_data_size))
-            st->too_big = true;
+        tp_buf_add(&st->body, upload_data, *upload_data_size);   /* past the limit: err, answered 413 */
         *upload_data_size = 0;
         return MHD_YES;
     }
@@ -331,7 +330,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         ssize_t r = write(g->wake_fd, &one, sizeof one);
         (void)r;
     }
-    gw_buf_free(&st->body);
+    tp_buf_free(&st->body);
     free(st);
     *con_cls = NULL;
 }
