@@ -8,52 +8,39 @@
 #include <string.h>
 
 #include "jobs.h"
+#include "tokpipe/buf.h"
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
+/* Each text is a lenient tp_buf limited to TP_PROTO_MAX_TEXT: a delta is
+ * kept whole or not at all (a refused one does not stop the later ones). */
 struct jobsplit {
-    sbuf reasoning;
+    tp_buf reasoning;
     struct scall {
-        sbuf id, name, args;
+        tp_buf id, name, args;
     } *calls;
     size_t n, cap;
     tp_tool_call *view;   /* STATUS's array, pointing into calls */
 };
 
-static void sb_free(sbuf *b)
+static void text_init(tp_buf *b)
 {
-    free(b->p);
-    memset(b, 0, sizeof *b);
+    tp_buf_init(b, TP_PROTO_MAX_TEXT);
+    b->lenient = true;
 }
 
-/* Append unless that would pass TP_PROTO_MAX_TEXT (a delta is kept whole
- * or not at all, so what is kept is a prefix on delta boundaries). */
-static void sb_add(sbuf *b, const char *s, size_t n)
+/* An empty delta adds nothing, not even the memory: a text never given
+ * stays NULL in STATUS's views. */
+static void text_add(tp_buf *b, const char *s, size_t n)
 {
-    if (!n || b->len + n > TP_PROTO_MAX_TEXT)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+    if (n)
+        tp_buf_add(b, s, n);
 }
 
 static void drop_calls(struct jobsplit *s)
 {
     for (size_t i = 0; i < s->n; i++) {
-        sb_free(&s->calls[i].id);
-        sb_free(&s->calls[i].name);
-        sb_free(&s->calls[i].args);
+        tp_buf_free(&s->calls[i].id);
+        tp_buf_free(&s->calls[i].name);
+        tp_buf_free(&s->calls[i].args);
     }
     s->n = 0;
 }
@@ -65,15 +52,15 @@ void jobsplit_free(bjob *j)
     drop_calls(j->split);
     free(j->split->calls);
     free(j->split->view);
-    sb_free(&j->split->reasoning);
+    tp_buf_free(&j->split->reasoning);
     free(j->split);
     j->split = NULL;
 }
 
 static struct jobsplit *get(bjob *j)
 {
-    if (!j->split)
-        j->split = calloc(1, sizeof *j->split);
+    if (!j->split && (j->split = calloc(1, sizeof *j->split)))
+        text_init(&j->split->reasoning);
     return j->split;
 }
 
@@ -81,7 +68,7 @@ static struct jobsplit *get(bjob *j)
 static struct scall *call_of(struct jobsplit *s, tp_str id, tp_str name)
 {
     for (size_t i = 0; i < s->n; i++)
-        if (s->calls[i].id.len == id.len && !memcmp(s->calls[i].id.p, id.ptr, id.len))
+        if (s->calls[i].id.len == id.len && !memcmp(s->calls[i].id.data, id.ptr, id.len))
             return &s->calls[i];
     if (s->n == TP_PROTO_MAX_TOOL_CALLS)
         return NULL;
@@ -94,12 +81,14 @@ static struct scall *call_of(struct jobsplit *s, tp_str id, tp_str name)
         s->cap = cap;
     }
     struct scall *c = &s->calls[s->n];
-    memset(c, 0, sizeof *c);
-    sb_add(&c->id, id.ptr, id.len);
-    sb_add(&c->name, name.ptr, name.len);
+    text_init(&c->id);
+    text_init(&c->name);
+    text_init(&c->args);
+    text_add(&c->id, id.ptr, id.len);
+    text_add(&c->name, name.ptr, name.len);
     if (c->id.len != id.len || c->name.len != name.len) {
-        sb_free(&c->id);
-        sb_free(&c->name);
+        tp_buf_free(&c->id);
+        tp_buf_free(&c->name);
         return NULL;
     }
     s->n++;
@@ -113,11 +102,11 @@ void jobsplit_on_token(bjob *j, const tp_m_token *t)
     struct jobsplit *s = get(j);
     if (!s)
         return;
-    sb_add(&s->reasoning, t->reasoning.ptr, t->reasoning.len);
+    text_add(&s->reasoning, t->reasoning.ptr, t->reasoning.len);
     for (size_t i = 0; i < t->n_tool_calls; i++) {
         struct scall *c = call_of(s, t->tool_calls[i].id, t->tool_calls[i].name);
         if (c)
-            sb_add(&c->args, t->tool_calls[i].arguments.ptr, t->tool_calls[i].arguments.len);
+            text_add(&c->args, t->tool_calls[i].arguments.ptr, t->tool_calls[i].arguments.len);
     }
 }
 
@@ -128,20 +117,20 @@ void jobsplit_on_finish(bjob *j, const tp_m_finish *f)
     struct jobsplit *s = get(j);
     if (!s)
         return;
-    s->reasoning.len = 0;
-    sb_add(&s->reasoning, f->reasoning_content.ptr, f->reasoning_content.len);
+    tp_buf_reset(&s->reasoning);
+    text_add(&s->reasoning, f->reasoning_content.ptr, f->reasoning_content.len);
     drop_calls(s);
     for (size_t i = 0; i < f->n_tool_calls; i++) {
         struct scall *c = call_of(s, f->tool_calls[i].id, f->tool_calls[i].name);
         if (c)
-            sb_add(&c->args, f->tool_calls[i].arguments.ptr, f->tool_calls[i].arguments.len);
+            text_add(&c->args, f->tool_calls[i].arguments.ptr, f->tool_calls[i].arguments.len);
     }
 }
 
 tp_str jobsplit_reasoning(const bjob *j)
 {
     const struct jobsplit *s = j->split;
-    return s && s->reasoning.len ? (tp_str){s->reasoning.p, s->reasoning.len} : (tp_str){0};
+    return s && s->reasoning.len ? (tp_str){s->reasoning.data, s->reasoning.len} : (tp_str){0};
 }
 
 size_t jobsplit_calls(bjob *j, const tp_tool_call **calls)
@@ -156,7 +145,7 @@ size_t jobsplit_calls(bjob *j, const tp_tool_call **calls)
     s->view = v;
     for (size_t i = 0; i < s->n; i++) {
         const struct scall *c = &s->calls[i];
-        v[i] = (tp_tool_call){{c->id.p, c->id.len}, {c->name.p, c->name.len}, {c->args.p ? c->args.p : "", c->args.len}};
+        v[i] = (tp_tool_call){{c->id.data, c->id.len}, {c->name.data, c->name.len}, {c->args.data ? c->args.data : "", c->args.len}};
     }
     *calls = v;
     return s->n;

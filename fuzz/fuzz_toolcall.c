@@ -15,27 +15,23 @@
 
 #include <cJSON.h>
 
+#include "tokpipe/buf.h"
 #include "tokpipe/chat_template.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 #include "tokpipe/toolcall.h"
 
 typedef struct out {
-    char *content, *reasoning;
-    size_t cn, rn;
+    tp_buf content, reasoning;
     size_t n_calls;
     char names[1024];
 } out;
 
-static void add(char **dst, size_t *n, const char *s, size_t len)
+/* out of memory ends the run: a lost piece would read as a finding */
+static void add(tp_buf *b, const char *s, size_t len)
 {
-    char *p = realloc(*dst, *n + len + 1);
-    if (!p)
+    if (tp_buf_add(b, s, len))
         abort();
-    memcpy(p + *n, s, len);
-    *n += len;
-    p[*n] = 0;
-    *dst = p;
 }
 
 static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t n, const uint8_t *cuts, size_t nc,
@@ -51,8 +47,8 @@ static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t
     const char *c, *r;
     size_t cn, rn, at = 0, k = 0;
     /* the calls as their deltas build them */
-    char *dargs[8] = {0};
-    size_t dlen[8] = {0}, nd = 0;
+    tp_buf dargs[8] = {0};
+    size_t nd = 0;
     const tp_tc_delta *dl;
 #define TAKE_DELTAS()                                                                                      \
     for (size_t q = 0, nq = tp_tcsplit_deltas(s, &dl); q < nq; q++) {                                     \
@@ -61,7 +57,7 @@ static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t
         if (dl[q].index >= nd || !dl[q].id || !dl[q].name)                                                 \
             abort();                                                                                       \
         if (dl[q].index < 8)                                                                               \
-            add(&dargs[dl[q].index], &dlen[dl[q].index], dl[q].arguments, dl[q].arguments_len);           \
+            add(&dargs[dl[q].index], dl[q].arguments, dl[q].arguments_len);                               \
     }
     while (at < n) {
         size_t step = nc ? (size_t)cuts[k++ % nc] % 17 + 1 : n;
@@ -69,15 +65,15 @@ static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t
             step = n - at;
         if (tp_tcsplit_feed(s, (const char *)d + at, step, &c, &cn, &r, &rn))
             abort();
-        add(&o->content, &o->cn, c, cn);
-        add(&o->reasoning, &o->rn, r, rn);
+        add(&o->content, c, cn);
+        add(&o->reasoning, r, rn);
         TAKE_DELTAS();
         at += step;
     }
     if (tp_tcsplit_finish(s, NULL, 0, &c, &cn, &r, &rn))
         abort();
-    add(&o->content, &o->cn, c, cn);
-    add(&o->reasoning, &o->rn, r, rn);
+    add(&o->content, c, cn);
+    add(&o->reasoning, r, rn);
     TAKE_DELTAS();
 #undef TAKE_DELTAS
     const tp_tc_call *calls;
@@ -85,7 +81,8 @@ static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t
     if (nd != o->n_calls)
         abort();   /* every call has its deltas */
     for (size_t i = 0; i < o->n_calls; i++) {
-        if (i < 8 && (dlen[i] != calls[i].arguments_len || (dlen[i] && memcmp(dargs[i], calls[i].arguments, dlen[i]))))
+        if (i < 8 && (dargs[i].len != calls[i].arguments_len ||
+                      (dargs[i].len && memcmp(dargs[i].data, calls[i].arguments, dargs[i].len))))
             abort();   /* the fragments joined are the arguments */
         cJSON *j = cJSON_ParseWithLength(calls[i].arguments, calls[i].arguments_len);
         if ((!j && i + 1 < o->n_calls) || !calls[i].id || !calls[i].name[0])
@@ -94,7 +91,7 @@ static void run(tp_tc_family f, bool thinks, bool open, const uint8_t *d, size_t
         strncat(o->names, calls[i].name, sizeof o->names - strlen(o->names) - 1);
     }
     for (size_t i = 0; i < 8; i++)
-        free(dargs[i]);
+        tp_buf_free(&dargs[i]);
     tp_tcsplit_free(s);
 }
 
@@ -112,13 +109,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     out whole, chunked;
     run(f, thinks, open, text, n, NULL, 0, &whole);
     run(f, thinks, open, text, n, cuts, nc, &chunked);
-    if (whole.cn != chunked.cn || whole.rn != chunked.rn || whole.n_calls != chunked.n_calls ||
-        (whole.cn && memcmp(whole.content, chunked.content, whole.cn)) ||
-        (whole.rn && memcmp(whole.reasoning, chunked.reasoning, whole.rn)) || strcmp(whole.names, chunked.names))
+    if (whole.content.len != chunked.content.len || whole.reasoning.len != chunked.reasoning.len ||
+        whole.n_calls != chunked.n_calls ||
+        (whole.content.len && memcmp(whole.content.data, chunked.content.data, whole.content.len)) ||
+        (whole.reasoning.len && memcmp(whole.reasoning.data, chunked.reasoning.data, whole.reasoning.len)) ||
+        strcmp(whole.names, chunked.names))
         abort();   /* streaming must not change the message */
-    if (!whole.n_calls && whole.cn + whole.rn > n)
+    if (!whole.n_calls && whole.content.len + whole.reasoning.len > n)
         abort();   /* nothing is made up */
-    free(whole.content), free(whole.reasoning), free(chunked.content), free(chunked.reasoning);
+    tp_buf_free(&whole.content), tp_buf_free(&whole.reasoning);
+    tp_buf_free(&chunked.content), tp_buf_free(&chunked.reasoning);
 
     tp_err e;
     (void)tp_tools_check((const char *)text, n, &e);

@@ -29,6 +29,7 @@
 #include "client.h"
 #include "evfmt.h"
 #include "genopts.h"
+#include "tokpipe/buf.h"
 #include "tokpipe/rand.h"
 
 const char cmd_generate_summary[] = "generate through the daemon: submit, stream the text (or --json)";
@@ -41,8 +42,8 @@ typedef struct job {
     uint64_t req;
     bool accepted, done, gap;
     uint32_t next_seq;
-    char *text;               /* final text (assembled from events or STATUS) */
-    size_t len, cap;
+    tp_buf text;              /* final text (assembled from events or STATUS); lenient: a
+                                 piece lost to memory is a gap that STATUS fills */
     int32_t *ids;
     size_t n_ids, cap_ids;
     size_t printed;           /* bytes of text already written to stdout */
@@ -104,21 +105,6 @@ static int usage(FILE *out, int rc)
     genopts_print_help(out);
     fputs(TP_CLIENT_ARGS_HELP, out);
     return rc;
-}
-
-static int append(job *j, const char *s, size_t n)
-{
-    if (j->len + n + 1 > j->cap) {
-        size_t cap = (j->len + n + 1) * 2;
-        char *p = realloc(j->text, cap);
-        if (!p)
-            return -1;
-        j->text = p, j->cap = cap;
-    }
-    memcpy(j->text + j->len, s, n);
-    j->len += n;
-    j->text[j->len] = '\0';
-    return 0;
 }
 
 static int append_ids(job *j, tp_raw ids)
@@ -279,21 +265,21 @@ static job *find_job(gen *s, tp_str id)
  * printed before must come out the same (it is not printed again). */
 static void check_reprint(job *j, size_t from)
 {
-    size_t end = j->len < j->was_len ? j->len : j->was_len;
-    if (from < end && memcmp(j->text + from, j->was + from, end - from))
+    size_t end = j->text.len < j->was_len ? j->text.len : j->was_len;
+    if (from < end && memcmp(j->text.data + from, j->was + from, end - from))
         j->diverged = true;
 }
 
 static void emit(gen *s, job *j, tp_str text)
 {
-    size_t from = j->len;
-    if (append(j, text.ptr, text.len))
+    size_t from = j->text.len;
+    if (tp_buf_add(&j->text, text.ptr, text.len))
         j->gap = true; /* out of memory: STATUS will supply the text */
     check_reprint(j, from);
-    if (s->stream && !j->gap && j->len > j->printed) {
-        fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
+    if (s->stream && !j->gap && j->text.len > j->printed) {
+        fwrite(j->text.data + j->printed, 1, j->text.len - j->printed, stdout);
         fflush(stdout);
-        j->printed = j->len;
+        j->printed = j->text.len;
     }
 }
 
@@ -351,8 +337,8 @@ static int catch_up(gen *s, job *j, tp_err *err)
         rc = tp_err_set(err, TP_ENOTFOUND, "job %s: tokpiped does not know it (%u %.*s): it restarted, or the job "
                         "expired", j->id, r.m.status, (int)r.m.error.len, r.m.error.ptr ? r.m.error.ptr : "");
     } else if (st->state == TP_STATE_FINISHED) {
-        j->len = 0, j->n_ids = 0;
-        if (append(j, st->text.ptr ? st->text.ptr : "", st->text.len) || append_ids(j, st->tokens))
+        tp_buf_reset(&j->text), j->n_ids = 0;
+        if (tp_buf_add(&j->text, st->text.ptr, st->text.len) || append_ids(j, st->tokens))
             rc = tp_err_set(err, TP_ENOMEM, "out of memory");
         j->reason = st->reason, j->prompt_tokens = st->prompt_tokens, j->cached_tokens = st->cached_tokens;
         cJSON_Delete(j->matched);
@@ -362,9 +348,9 @@ static int catch_up(gen *s, job *j, tp_err *err)
         check_reprint(j, 0);
         cJSON_Delete(j->logprobs);   /* the events had a gap: STATUS has them all */
         j->logprobs = evfmt_logprobs(st->tokens, &st->lp);
-        if (s->stream && j->printed <= j->len) {
-            fwrite(j->text + j->printed, 1, j->len - j->printed, stdout);
-            j->printed = j->len;
+        if (s->stream && j->printed <= j->text.len) {
+            fwrite(j->text.data + j->printed, 1, j->text.len - j->printed, stdout);
+            j->printed = j->text.len;
         }
     }
     tp_recv_free(&r);
@@ -401,10 +387,10 @@ static int resubmit(gen *s, job *j, size_t i, tp_err *err)
         char *w = realloc(j->was, j->printed + 1);
         if (!w)
             return tp_err_set(err, TP_ENOMEM, "out of memory");
-        memcpy(w, j->text, j->printed);
+        memcpy(w, j->text.data, j->printed);
         j->was = w, j->was_len = j->printed;
     }
-    j->len = 0, j->n_ids = 0, j->next_seq = 0, j->gap = false, j->reason = TP_REASON_NONE;
+    tp_buf_reset(&j->text), j->n_ids = 0, j->next_seq = 0, j->gap = false, j->reason = TP_REASON_NONE;
     /* a broker just started has no workers yet and answers 503: retry
      * for as long as --timeout allows */
     int timeout = s->a.timeout_ms > 0 ? s->a.timeout_ms : 5000;
@@ -525,7 +511,7 @@ static void print_json(const job *j)
         evfmt_print_line(stdout, o);
         return;
     }
-    cJSON_AddStringToObject(o, "text", j->text ? j->text : "");
+    cJSON_AddStringToObject(o, "text", tp_buf_str(&j->text));
     for (size_t i = 0; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddItemToObject(o, "tokens", toks);
@@ -562,7 +548,7 @@ static void print_results(const gen *s)
         else if (s->stream)
             putchar('\n');
         else
-            printf("%s\n", j->text ? j->text : "");
+            printf("%s\n", tp_buf_str(&j->text));
     }
     fflush(stdout);
 }
@@ -676,6 +662,8 @@ static int run(gen *s, tp_err *err)
     int rc = tp_client_open(&s->a, true, true, &s->c, err);
     if (!rc)
         tp_client_set_interrupt_fd(s->c, s->sigfd);
+    for (size_t i = 0; i < s->n; i++)
+        s->jobs[i].text.lenient = true;
     for (size_t i = 0; i < s->n && !rc; i++) {
         s->jobs[i].prompt = s->g.n_messages ? NULL : s->g.prompts[i];
         s->jobs[i].grammar_complete = -1;
@@ -723,7 +711,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "%stokpipe generate: %s\n", s.stream && s.jobs && s.jobs[0].printed && !s.results_out ? "\n" : "",
                 err.msg);
     for (size_t i = 0; s.jobs && i < s.n; i++)
-        free(s.jobs[i].text), free(s.jobs[i].ids), free(s.jobs[i].was), cJSON_Delete(s.jobs[i].matched),
+        tp_buf_free(&s.jobs[i].text), free(s.jobs[i].ids), free(s.jobs[i].was), cJSON_Delete(s.jobs[i].matched),
             cJSON_Delete(s.jobs[i].logprobs), cJSON_Delete(s.jobs[i].tool_calls), cJSON_Delete(s.jobs[i].reasoning);
     free(s.jobs);
     genopts_free(&s.g);

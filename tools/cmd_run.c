@@ -10,6 +10,7 @@
 #include "genopts.h"
 #include "tokload.h"
 #include "tools.h"
+#include "tokpipe/buf.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/toolcall.h"
 #include "tokpipe/chat_template.h"
@@ -70,8 +71,7 @@ typedef struct run_job {
     tp_glazy *lazy;      /* --tool-choice auto: gm applies from the call's marker on */
     /* chat jobs: content, thinking and tool calls apart, as the stop stage does */
     tp_tcsplit *split;
-    char *content;
-    size_t content_len;
+    tp_buf content;
 } run_job;
 
 typedef struct run_ctx {
@@ -341,7 +341,7 @@ static void job_free(run_job *j)
     tp_stop_free(j->stop);
     tp_tcsplit_free(j->split);
     tp_glazy_free(j->lazy);
-    free(j->content);
+    tp_buf_free(&j->content);
 }
 
 /* Content the splitter released: kept for the result, streamed. */
@@ -349,13 +349,8 @@ static int put_content(run_ctx *c, run_job *j, const char *s, size_t n)
 {
     if (!n)
         return 0;
-    char *p = realloc(j->content, j->content_len + n + 1);
-    if (!p)
+    if (tp_buf_add(&j->content, s, n))
         return TP_ENOMEM;
-    memcpy(p + j->content_len, s, n);
-    j->content = p;
-    j->content_len += n;
-    p[j->content_len] = 0;
     if (c->stream) {
         fwrite(s, 1, n, stdout);
         fflush(stdout);
@@ -535,8 +530,8 @@ static void print_logprobs(cJSON *o, const run_job *j)
 static const char *job_text(const run_job *j, size_t *len)
 {
     if (j->split) {
-        *len = j->content_len;
-        return j->content ? j->content : "";
+        *len = j->content.len;
+        return tp_buf_str(&j->content);
     }
     return tp_stop_text(j->stop, len);
 }
