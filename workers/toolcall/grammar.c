@@ -131,7 +131,7 @@ static void text_out(tp_buf *b, const char *s, const tp_gnames *names, bool skip
 #define FLUSH()                                                                                                \
     if (n) {                                                                                                   \
         run[n] = 0;                                                                                            \
-        tp_buf_puts(b, first ? "" : " ");                                                                            \
+        tp_buf_puts(b, first ? "" : " ");                                                                      \
         literal(b, run);                                                                                       \
         first = false;                                                                                         \
         n = 0;                                                                                                 \

@@ -17,9 +17,9 @@ struct tp_tcsplit {
     const char *think_open, *think_close;
     int state;
     bool thought;            /* a thinking part ended: the answer's leading space goes */
-    tp_buf pend;              /* fed, not yet classified */
-    tp_buf out_content, out_reasoning;   /* this call's deltas */
-    tp_buf reasoning;         /* all of it */
+    tp_buf pend;             /* fed, not yet classified */
+    tp_buf out_content, out_reasoning;  /* this call's deltas */
+    tp_buf reasoning;        /* all of it */
     tc_out calls;
     uint64_t rng;
     /* streaming: the scan of the call region (pend, from its marker), the
