@@ -114,6 +114,29 @@ static tp_tool_call delta(const char *id, const char *name, const char *args)
     return (tp_tool_call){tp_str_of(id), tp_str_of(name), tp_str_of(args)};
 }
 
+/* The thinking kept for STATUS is bounded like the text, in whole deltas,
+ * but a delta that does not fit does not stop a later one that does. */
+static void reasoning_keeps_each_delta_that_fits_under_the_cap(void **state)
+{
+    fixture *f = *state;
+    bjob *j = jobs_new(&f->b, "think", 5);
+    j->state = J_RUNNING;
+    size_t n = TP_PROTO_MAX_TEXT - 2;
+    char *s = malloc(n + 1);
+    assert_non_null(s);
+    memset(s, 'x', n);
+    s[n] = '\0';
+    split_token(&f->b, "think", 0, s, NULL, 0);
+    split_token(&f->b, "think", 1, "abc", NULL, 0);   /* 1 byte too many: refused whole */
+    split_token(&f->b, "think", 2, "de", NULL, 0);    /* exactly the cap: kept */
+    split_token(&f->b, "think", 3, "f", NULL, 0);     /* past it again */
+    tp_str r = jobsplit_reasoning(j);
+    assert_int_equal(r.len, TP_PROTO_MAX_TEXT);
+    assert_memory_equal(r.ptr, s, n);
+    assert_memory_equal(r.ptr + n, "de", 2);
+    free(s);
+}
+
 /* STATUS of a running job: the thinking and the calls as the deltas up to
  * last_seq built them; of a finished one: FINISH's */
 static void reasoning_and_calls_so_far_are_kept_for_status(void **state)
@@ -157,6 +180,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(events_of_a_lost_stop_worker_are_filled_from_the_verdicts, setup, teardown),
         cmocka_unit_test_setup_teardown(text_is_kept_in_whole_deltas_up_to_the_cap, setup, teardown),
         cmocka_unit_test_setup_teardown(reasoning_and_calls_so_far_are_kept_for_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(reasoning_keeps_each_delta_that_fits_under_the_cap, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
