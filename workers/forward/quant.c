@@ -364,14 +364,6 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
     return _cvtsh_ss(h);
 }
 
-/* How far ahead of its reads an AVX2 kernel asks for weights (bytes).
- * Decode streams every weight once and these kernels do little work per
- * byte, so on their own the loads wait on DRAM: 2 KB ahead (a few rows)
- * took a 110M Q8_0 decode step from 9.1 to 7.9 ms of CPU and F16 from 21
- * to 18 (Zen 3 KVM guest; 1 and 3 KB ahead did about as well). Past the
- * end of a range it touches the next rows: harmless. */
-#define AVX2_PREFETCH 2048
-
 /* The integer kernels below take four rows at a time, row k in lane k.
  * The scalar order is one chain of fused multiply-adds per row, a block
  * (or a 16-column sub-block) after another; one row alone waits on that
@@ -381,12 +373,15 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
  * a block are reduced by one horizontal tree. A range's last rows, when
  * fewer than four, repeat its first row in the spare lanes.
  *
- * Four rows read side by side are four streams a few hundred bytes apart,
- * which the hardware prefetcher follows worse than one: Q8_0 read 10 GB/s
- * from DRAM so, against 15 one row at a time. So the kernel asks for the
- * memory ahead itself, as one run (at least AVX2_PREFETCH_RUN bytes, and
- * at least the next four rows, ahead), as fast as it consumes its own:
- * back to 15-17 GB/s (one thread, Zen 3 KVM guest). */
+ * Decode streams every weight once and these kernels do little work per
+ * byte, so on their own the loads wait on DRAM; and four rows read side by
+ * side are four streams a few hundred bytes apart, which the hardware
+ * prefetcher follows worse than one (Q8_0 read 10 GB/s from DRAM so,
+ * against 15 one row at a time). So the kernels ask for the memory ahead
+ * themselves, as one run (at least AVX2_PREFETCH_RUN bytes, and at least
+ * the next four rows, ahead) as fast as they consume their own: 15-17 GB/s
+ * again (one thread, Zen 3 KVM guest). Past the end of a range the run
+ * touches the next rows: harmless. */
 #define AVX2_PREFETCH_RUN 4096
 
 typedef struct rows4 {
@@ -411,7 +406,7 @@ static inline rows4 rows4_at(const tp_wmat *w, int r, int r1)
 static inline void rows4_prefetch(rows4 *q, size_t done)
 {
     while (q->pf < q->pf_base + done) {
-        _mm_prefetch(q->pf, _MM_HINT_T0);
+        _mm_prefetch(q->pf, _MM_HINT_T1);
         q->pf += 64;
     }
 }
@@ -699,7 +694,7 @@ __attribute__((target("avx2,fma"))) static void qrows_int_avx2(const tp_wmat *w,
 }
 
 /* F16/BF16 weights converted exactly (vcvtph2ps; a bf16 is the top half
- * of its float), 4 rows at a time for 8 independent FMA chains. */
+ * of its float), 4 rows at a time (rows4) for 8 independent FMA chains. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 half8_avx2(const uint8_t *p, bool bf)
 {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -713,19 +708,16 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
 {
     int cols = w->cols, full = cols / 16 * 16;
     for (int r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? r1 - r : 4;
-        const uint8_t *row[4];
-        for (int i = 0; i < 4; i++)
-            row[i] = (const uint8_t *)w->data + (size_t)(r + (i < nr ? i : 0)) * w->row_bytes;
+        rows4 q = rows4_at(w, r, r1);
+        const uint8_t *const *row = q.p;
+        int nr = q.n;
         for (int t = 0; t < a->n_tok; t++) {
             const float *x = a->x + (size_t)t * (size_t)a->ldx;
             __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (int k = 0; k < full; k += 16) {
                 __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
                 size_t o = 2 * (size_t)k;
-                if (!(k & 31)) /* a line of each row every other step */
-                    for (int i = 0; i < 4; i++)
-                        _mm_prefetch((const char *)row[i] + o + AVX2_PREFETCH, _MM_HINT_T0);
+                rows4_prefetch(&q, 4 * (o + 32));
                 l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
                 h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
                 l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
