@@ -559,18 +559,21 @@ static inline void q4k_scales(const uint8_t *k, uint64_t *sc, uint64_t *m)
 }
 
 /* Q4_K (144-byte super-blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit
- * scales and mins, 128 bytes of nibbles) and Q6_K (210: ql[128], qh[64],
- * int8 scales[16], f16 d) straight from the file, as quant_k.c's unpacking
- * reads them: the same quants, the same float scale products (d * sc, then
- * x dx; -(dmin * m), then x dx), four rows in the lanes. Both multiply
- * unsigned quants (Q6_K's q + 32) and take the offset x the activation
- * sums off as integers. */
-__attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                 int ldy, int r0, int r1)
+ * scales and mins, 128 bytes of nibbles), Q5_K (176: the same with 32
+ * bytes of fifth bits before the nibbles, bit 2j + h of byte l for column
+ * l of sub-block 2j + h) and Q6_K (210: ql[128], qh[64], int8 scales[16],
+ * f16 d) straight from the file, as quant_k.c's unpacking reads them: the
+ * same quants, the same float scale products (d * sc, then x dx;
+ * -(dmin * m), then x dx), four rows in the lanes. All multiply unsigned
+ * quants (Q6_K's q + 32) and Q6_K takes 32 x the activation sums off as
+ * integers. bits is a constant in each instantiation. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const int bits)
 {
-    bool q6 = w->type == TP_GGML_Q6_K;
+    const bool q6 = bits == 6, q5 = bits == 5;
+    const size_t sbytes = q6 ? 210 : q5 ? 176 : 144, qs_at = q5 ? 48 : 16;
     int cols = w->cols, nb = cols / 32, nsb = cols / 256;
-    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), bit4 = _mm256_set1_epi8(0x10);
     for (int r = r0; r < r1; r += 4) {
         rows4 q = rows4_at(w, r, r1);
         for (int t = 0; t < a->n_tok; t++) {
@@ -580,8 +583,8 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat 
             __m128 acc = _mm_setzero_ps();
             for (int i = 0; i < nsb; i++) {
                 if (q6) {
-                    size_t o = (size_t)i * 210;
-                    rows4_prefetch(&q, 4 * (o + 210));
+                    size_t o = (size_t)i * sbytes;
+                    rows4_prefetch(&q, 4 * (o + sbytes));
                     __m128 d = half4(&q, o + 208), s[16];
                     __m256 lo[4], hi[4];
                     #pragma GCC unroll 4
@@ -619,8 +622,8 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat 
                                 acc = _mm_fmadd_ps(_mm_mul_ps(s[j + 1], dxb), _mm256_extractf128_ps(pf, 1), acc);
                             }
                 } else {
-                    size_t o = (size_t)i * 144;
-                    rows4_prefetch(&q, 4 * (o + 144));
+                    size_t o = (size_t)i * sbytes;
+                    rows4_prefetch(&q, 4 * (o + sbytes));
                     __m128 d = half4(&q, o), dmin = half4(&q, o + 2), sv[8], mv[8];
                     __m256 scs[4], mins[4];
                     #pragma GCC unroll 4
@@ -639,9 +642,16 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat 
                         __m256i p0[4], p1[4];
                         #pragma GCC unroll 4
                         for (int k = 0; k < 4; k++) {
-                            __m256i qq = _mm256_loadu_si256((const __m256i *)(q.p[k] + o + 16 + 32 * j));
-                            p0[k] = dot32u_parts(_mm256_and_si256(qq, low), x0);
-                            p1[k] = dot32u_parts(_mm256_and_si256(_mm256_srli_epi16(qq, 4), low), x1);
+                            __m256i qq = _mm256_loadu_si256((const __m256i *)(q.p[k] + o + qs_at + 32 * j));
+                            __m256i lo = _mm256_and_si256(qq, low), hi = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+                            if (q5) { /* bits 2j and 2j + 1 of each byte to bit 4 */
+                                __m256i qh = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(q.p[k] + o + 16)),
+                                                              _mm_cvtsi32_si128(2 * j));
+                                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bit4));
+                                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4));
+                            }
+                            p0[k] = dot32u_parts(lo, x0);
+                            p1[k] = dot32u_parts(hi, x1);
                         }
                         __m128i s[2] = {hsum4(p0[0], p0[1], p0[2], p0[3]), hsum4(p1[0], p1[1], p1[2], p1[3])};
                         for (int hh = 0; hh < 2; hh++) {
@@ -658,6 +668,17 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat 
             rows4_store(&q, acc, y + (size_t)t * (size_t)ldy + (size_t)r);
         }
     }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                 int ldy, int r0, int r1)
+{
+    if (w->type == TP_GGML_Q6_K)
+        k_rows(w, a, y, ldy, r0, r1, 6);
+    else if (w->type == TP_GGML_Q5_K)
+        k_rows(w, a, y, ldy, r0, r1, 5);
+    else
+        k_rows(w, a, y, ldy, r0, r1, 4);
 }
 
 /* Every other integer type: the scalar path's unpacking, AVX2 products. */
@@ -846,7 +867,7 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             tp_qrows_k_avx512(w, a, y, ldy, r0, r1);
             return;
         }
-        if (w->type != TP_GGML_Q5_K && simd && have_avx2()) {
+        if (simd && have_avx2()) {
             qrows_k_avx2(w, a, y, ldy, r0, r1);
             return;
         }
