@@ -328,33 +328,6 @@ TP_SCALAR_CLONES static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a
  * exact in any order; float lanes are the 16 of the scalar path, two
  * registers of 8. So the bits are those of the scalar path. ---- */
 
-/* Exact sum of w[i] * x[i] over n = 32 or 16 int8 pairs. maddubs takes an
- * unsigned and a signed operand: |w| and x carrying w's sign; a pair of
- * products is at most 2 * 128 * 127 (x never is -128: activations are
- * quantized to +-127), inside int16. */
-__attribute__((target("avx2"))) static inline int32_t hsum_i32x4(__m128i s)
-{
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
-__attribute__((target("avx2"))) static inline int32_t dot32_avx2(__m256i a, const int8_t *x)
-{
-    __m256i b = _mm256_loadu_si256((const __m256i *)x);
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
-                                  _mm256_set1_epi16(1));
-    return hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
-}
-
-__attribute__((target("avx2"))) static inline int32_t dot_i8_avx2(const int8_t *w, const int8_t *x, int n)
-{
-    if (n == 32)
-        return dot32_avx2(_mm256_loadu_si256((const __m256i *)w), x);
-    __m128i a = _mm_loadu_si128((const __m128i *)w), b = _mm_loadu_si128((const __m128i *)x);
-    return hsum_i32x4(_mm_madd_epi16(_mm_maddubs_epi16(_mm_sign_epi8(a, a), _mm_sign_epi8(b, a)), _mm_set1_epi16(1)));
-}
-
 /* A block's f16 scale, converted by the CPU (F16C: exact, as
  * tp_f16_to_f32; and no call out of AVX code in the inner loop). */
 __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *p)
@@ -449,13 +422,16 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m128 half4(c
 }
 
 /* 8-lane partial sums of q . x over 32 pairs, q unsigned (at most 63) and
- * x signed: maddubs's pairs stay inside int16 (2 * 63 * 127). */
+ * x signed: maddubs's pairs stay inside int16 (2 * 63 * 127). Sums of
+ * integer products are exact in any order. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i dot32u_parts(__m256i q, __m256i x)
 {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }
 
-/* The same for signed q: |q| and x carrying q's sign (see dot32_avx2). */
+/* The same for signed q: maddubs takes an unsigned and a signed operand,
+ * so |q| and x carrying q's sign; a pair is at most 2 * 128 * 127 (x is
+ * never -128: activations are quantized to +-127), inside int16. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i dot32_parts(__m256i q, __m256i x)
 {
     return dot32u_parts(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
@@ -469,51 +445,87 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i nibbles32(c
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
 }
 
-/* One block's 8-lane partial sums (Q4_0: of the unsigned nibbles). */
-__attribute__((target("avx2"), always_inline)) static inline __m256i q80_q40_dot(const uint8_t *blk, __m256i x, const bool q8)
+/* A Q5 block's 32 fifth bits (bit j: column j) as 0x10 in byte j. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i fifth_bits(const uint8_t *qh)
 {
-    return q8 ? dot32_parts(_mm256_loadu_si256((const __m256i *)(blk + 2)), x) : dot32u_parts(nibbles32(blk + 2), x);
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i byte_of = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), byte_of);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-/* Q8_0 (34-byte blocks: f16 d, 32 quants) and Q4_0 (18: f16 d, 16 bytes of
- * nibbles, q - 8) straight from the file's blocks. Q4_0 multiplies the
- * unsigned nibbles and takes 8 x the block's quant sum off after: the same
- * integer, without the sign trick. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q80_q40_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool q8)
+/* The 32-column block types (ggml's first ones), a block of each:
+ * f16 d, [f16 m,] [u32 qh,] quants: Q8_0 int8 (34 bytes), Q4_0 nibbles
+ * less 8 (18), Q4_1 nibbles + m (20), Q5_0 five bits less 16 (22), Q5_1
+ * five bits + m (24). In a block, columns 0..15 are the low nibbles,
+ * 16..31 the high ones. */
+typedef enum { LEG_Q8_0, LEG_Q4_0, LEG_Q4_1, LEG_Q5_0, LEG_Q5_1 } legacy_kind;
+
+/* One block's 8-lane partial sums of its quants (unsigned but for Q8_0's)
+ * with the activations. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i legacy_dot(const uint8_t *blk, __m256i x,
+                                                                               const legacy_kind kind)
 {
-    size_t bb = q8 ? 34 : 18;
+    if (kind == LEG_Q8_0)
+        return dot32_parts(_mm256_loadu_si256((const __m256i *)(blk + 2)), x);
+    bool m = kind == LEG_Q4_1 || kind == LEG_Q5_1, five = kind == LEG_Q5_0 || kind == LEG_Q5_1;
+    __m256i q = nibbles32(blk + 2 + (m ? 2 : 0) + (five ? 4 : 0));
+    if (five)
+        q = _mm256_or_si256(q, fifth_bits(blk + 2 + (m ? 2 : 0)));
+    return dot32u_parts(q, x);
+}
+
+/* Those types straight from the file's blocks. Q4_0 and Q5_0 multiply the
+ * unsigned quants and take 8 or 16 x the block's quant sum off after: the
+ * same integer, without the sign trick. Per block and row, as the scalar
+ * path: acc += (d * dx) * p, then, with a min, acc += (m * dx) * sum. kind
+ * is a constant in each instantiation. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const legacy_kind kind)
+{
+    static const size_t bytes[] = {34, 18, 20, 22, 24};
+    static const int off[] = {0, 8, 0, 16, 0};
+    const size_t bb = bytes[kind];
+    const bool has_min = kind == LEG_Q4_1 || kind == LEG_Q5_1;
     int cols = w->cols, nb = cols / 32;
     for (int r = r0; r < r1; r += 4) {
         rows4 q = rows4_at(w, r, r1);
         for (int t = 0; t < a->n_tok; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb;
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
             const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
             __m128 acc = _mm_setzero_ps();
             for (int b = 0; b < nb; b++) {
                 size_t o = (size_t)b * bb;
                 rows4_prefetch(&q, 4 * (o + bb));
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m128i s = hsum4(q80_q40_dot(q.p[0] + o, x, q8), q80_q40_dot(q.p[1] + o, x, q8),
-                                  q80_q40_dot(q.p[2] + o, x, q8), q80_q40_dot(q.p[3] + o, x, q8));
-                if (!q8)
-                    s = _mm_add_epi32(s, _mm_set1_epi32(8 * nsum[b]));
-                __m128 sc = _mm_mul_ps(half4(&q, o), _mm_set1_ps(dx[b]));
-                acc = _mm_fmadd_ps(sc, _mm_cvtepi32_ps(s), acc);
+                __m128i s = hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
+                                  legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
+                if (off[kind])
+                    s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * nsum[b]));
+                __m128 dxb = _mm_set1_ps(dx[b]);
+                acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o), dxb), _mm_cvtepi32_ps(s), acc);
+                if (has_min)
+                    acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o + 2), dxb), _mm_set1_ps(sum[b]), acc);
             }
             rows4_store(&q, acc, y + (size_t)t * (size_t)ldy + (size_t)r);
         }
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void qrows_q80_q40_avx2(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                       int ldy, int r0, int r1)
+__attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                      int ldy, int r0, int r1)
 {
-    if (w->type == TP_GGML_Q8_0)
-        q80_q40_rows(w, a, y, ldy, r0, r1, true);
-    else
-        q80_q40_rows(w, a, y, ldy, r0, r1, false);
+    switch (w->type) {
+    case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
+    case TP_GGML_Q4_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0); break;
+    case TP_GGML_Q4_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_1); break;
+    case TP_GGML_Q5_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_0); break;
+    case TP_GGML_Q5_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_1); break;
+    default: break;
+    }
 }
 
 /* Four rows by eight values each (row k's in s[k]) to eight vectors of
@@ -681,39 +693,6 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat 
         k_rows(w, a, y, ldy, r0, r1, 4);
 }
 
-/* Every other integer type: the scalar path's unpacking, AVX2 products. */
-__attribute__((target("avx2,fma"))) static void qrows_int_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
-                                                              int r0, int r1)
-{
-    bool has_min;
-    tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
-    int sub = w->type == TP_GGML_Q6_K ? 16 : 32;
-    int cols = w->cols, nch = (cols + 63) / 64, nb = cols / 32;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
-            float acc = 0.0f;
-            for (int c = 0; c < nch; c++) {
-                int8_t wq[64];
-                float ws[16], wm[16];
-                unpack(row, c, cols, wq, ws, wm);
-                int n = cols - 64 * c >= 64 ? 64 : 32;
-                for (int e0 = 0; e0 < n; e0 += sub) {
-                    int col = 64 * c + e0;
-                    int32_t p = dot_i8_avx2(wq + e0, xq + col, sub);
-                    float d = dx[col / 32];
-                    acc = fmaf(ws[e0 / 4] * d, (float)p, acc);
-                    if (has_min)
-                        acc = fmaf(wm[e0 / 4] * d, sum[col / 32], acc);
-                }
-            }
-            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
-        }
-    }
-}
-
 /* F16/BF16 weights converted exactly (vcvtph2ps; a bf16 is the top half
  * of its float), 4 rows at a time (rows4) for 8 independent FMA chains. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 half8_avx2(const uint8_t *p, bool bf)
@@ -842,23 +821,16 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
         else
             tp_qrows_f16_scalar(w, a, y, ldy, r0, r1);
         return;
-    case TP_GGML_Q8_0:
+    case TP_GGML_Q8_0: case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
         if (avx512 && w->panel) {
-            tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
+            if (w->type == TP_GGML_Q8_0)
+                tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
+            else
+                tp_qrows_q4_avx512(w, a, y, ldy, r0, r1);
             return;
         }
         if (simd && have_avx2()) {
-            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
-            return;
-        }
-        break;
-    case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
-        if (avx512 && w->panel) {
-            tp_qrows_q4_avx512(w, a, y, ldy, r0, r1);
-            return;
-        }
-        if (w->type == TP_GGML_Q4_0 && simd && have_avx2()) {
-            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
+            qrows_legacy_avx2(w, a, y, ldy, r0, r1);
             return;
         }
         break;
@@ -875,10 +847,7 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
     default:
         return;
     }
-    if (simd && have_avx2())
-        qrows_int_avx2(w, a, y, ldy, r0, r1);
-    else
-        qrows_int_scalar(w, a, y, ldy, r0, r1);
+    qrows_int_scalar(w, a, y, ldy, r0, r1);
 }
 
 void tp_wmat_dequant_row(const tp_wmat *w, int r, float *out)
