@@ -81,6 +81,11 @@ void bench_daemon_stop(bench_daemon *d)
     waitpid(d->pid, NULL, 0);
 }
 
+void bench_daemon_subscribe(bench_daemon *d, const char *prefix)
+{
+    zmq_setsockopt(d->sub, ZMQ_UNSUBSCRIBE, "", 0);
+    zmq_setsockopt(d->sub, ZMQ_SUBSCRIBE, prefix, strlen(prefix));
+}
 
 int bench_daemon_events(bench_daemon *d, const char *prefix, int n, int timeout_ms, bench_event_fn fn, void *ctx)
 {
