@@ -187,16 +187,10 @@ def metric(text, name, labels=""):
     raise AssertionError("no sample %s in /metrics" % key)
 
 
-@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
-class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
+class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
     @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-        cls.port = cls.d.port
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
+    def new_daemon(cls):
+        return Daemon()
 
     def setUp(self):
         wait_idle(self.port)   # the jobs a test cancelled must not be refused or counted in the next
@@ -566,16 +560,8 @@ class GatewayKeysAndDrain(unittest.TestCase):
             gw = subprocess.Popen([os.path.join(BIN, "tokpipe-http"), "--config", cfg2],
                                   stderr=subprocess.PIPE)
             try:
-                deadline = time.time() + 30
-                while True:
-                    try:
-                        st, _, _ = request(port2, "GET", "/health")
-                        if st == 200:
-                            break
-                    except OSError:
-                        pass
-                    self.assertLess(time.time(), deadline, "standalone gateway not up")
-                    time.sleep(0.1)
+                self.assertTrue(tpdaemon.wait_health(port2, 30, gone=lambda: gw.poll() is not None),
+                                "standalone gateway not up")
                 body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}
                 st, r, resp = post(port2, body)
                 self.assertEqual(st, 401, r)

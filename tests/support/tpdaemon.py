@@ -27,6 +27,7 @@ BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
 MODELS = os.path.abspath(os.environ.get("TP_MODELS", "../shared/models"))
 TOKPIPE = os.path.join(BIN, "tokpipe")
 TOKPIPED = os.path.join(BIN, "tokpiped")
+TOKPIPE_HTTP = os.path.join(BIN, "tokpipe-http")
 STORIES = os.path.join(MODELS, "stories260K.bin")
 TOK512 = os.path.join(MODELS, "tok512.bin")
 STAGES = ("tokenize", "forward", "sample", "stop")
@@ -286,6 +287,27 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def wait_health(port, timeout_s=60, healthy=True, gone=lambda: False):
+    """Until the gateway on port answers GET /health 200 (healthy=False: or
+    503 naming the missing stages): True, or False once timeout_s passed or
+    gone() says its process has exited."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            st, body = r.status, r.read()
+            c.close()
+            if st == 200 or (not healthy and st == 503 and b"missing" in body):
+                return True
+        except OSError:
+            pass
+        if time.time() > deadline or gone():
+            return False
+        time.sleep(0.1)
+
+
 class HttpDaemon(Daemon):
     """A Daemon that also starts its HTTP gateway (tokpipe-http) on a free
     loopback port (self.port; the config has `http:\n  port: N\n`), ready
@@ -296,22 +318,9 @@ class HttpDaemon(Daemon):
         self.port = free_port()
         super().__init__("http:\n  port: %d\n" % self.port + config, http=True, prefix=prefix,
                          stop_timeout_s=stop_timeout_s, **kw)
-        deadline = time.time() + 60
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-                c.request("GET", "/health")
-                r = c.getresponse()
-                st, body = r.status, r.read()
-                c.close()
-                if st == 200 or (not healthy and st == 503 and b"missing" in body):
-                    return
-            except OSError:
-                pass
-            if time.time() > deadline or self.proc.poll() is not None:
-                self.stop()
-                raise AssertionError("gateway not healthy; log: " + self.log_text())
-            time.sleep(0.1)
+        if not wait_health(self.port, healthy=healthy, gone=lambda: self.proc.poll() is not None):
+            self.stop()
+            raise AssertionError("gateway not healthy; log: " + self.log_text())
 
 
 class DaemonCase(unittest.TestCase):
@@ -332,3 +341,25 @@ class DaemonCase(unittest.TestCase):
         cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
         cls.sub = Subscriber(cls.ctx, cls.daemon.events)
         cls.daemon.wait_ready()
+
+
+class HttpDaemonCase(unittest.TestCase):
+    """A test class with one healthy HttpDaemon for all its tests: cls.d and
+    its gateway's port cls.port, stopped by a class cleanup (so cleanups a
+    subclass's setUpClass registers before calling this one, such as the
+    removal of a model it made, run after the stop). new_daemon() makes it;
+    override it for another config, model or HttpDaemon subclass. Skipped
+    when tokpipe-http is not built. Subclass it as tpdaemon.HttpDaemonCase
+    (see DaemonCase)."""
+
+    @classmethod
+    def new_daemon(cls):
+        return HttpDaemon()
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.access(TOKPIPE_HTTP, os.X_OK):
+            raise unittest.SkipTest("%s not built (run make)" % TOKPIPE_HTTP)
+        cls.d = cls.new_daemon()
+        cls.addClassCleanup(cls.d.stop)
+        cls.port = cls.d.port
