@@ -173,20 +173,9 @@ static int zmq_run(bench_daemon *d, const char *prefix, res *out)
 {
     double t0 = bench_now();
     zacc a = {{0}, 0};
-    for (int j = 0; j < JOBS; j++) {
-        tp_msg m;
-        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
-        char id[48];
-        snprintf(id, sizeof id, "%s-%d", prefix, j);
-        m.submit.job_id = tp_str_of(id);
-        m.submit.prompt_ids = (tp_raw){prompts[j], PROMPT_LEN};
-        m.submit.params.set = TP_P_TEMPERATURE | TP_P_MAX_TOKENS | TP_P_IGNORE_EOS;
-        m.submit.params.max_tokens = MAX_TOKENS;
-        m.submit.params.ignore_eos = true;
-        tp_err e;
-        if (tp_zsend_msg(d->dealer, NULL, 0, &m, &e))
+    for (int j = 0; j < JOBS; j++)
+        if (bench_daemon_submit(d, prefix, j, prompts[j], PROMPT_LEN, MAX_TOKENS))
             return -1;
-    }
     if (bench_daemon_events(d, prefix, JOBS, 20000, on_event, &a))
         return -1;
     double t_end = bench_now(), ttft[JOBS];
