@@ -26,7 +26,6 @@ import subprocess
 import sys
 import unittest
 
-import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import tpdaemon  # noqa: E402
@@ -46,14 +45,12 @@ def ids_frame(ids):
 class Limits(tpdaemon.HttpDaemonCase):
     @classmethod
     def new_daemon(cls):
-        return tpdaemon.HttpDaemon(chat_template=TEMPLATE, prefix="tp-limits-")
+        return tpdaemon.HttpDaemon(chat_template=TEMPLATE, prefix="tp-limits-", sub_all=True)
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.sub = tpdaemon.Subscriber(cls.d.zmq(), cls.d.events)
-        cls.sub.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        cls.sub.wait_heartbeat(cls.d.log_text)
+        cls.sub = cls.d.sub
         cls.n_jobs = 0
 
     def setUp(self):

@@ -153,10 +153,7 @@ class ModelThatCallsATool(tpdaemon.HttpDaemonCase):
         self.assertIn("<tool_call>", j["text"])
 
     def test_zeromq_events_carry_reasoning_deltas_and_finish_the_calls(self):
-        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
-        sub.subscribe("zmq-tools")
-        sub.subscribe("@heartbeat")
-        sub.wait_heartbeat(self.d.log_text)
+        sub = self.d.subscriber("zmq-tools")
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "job_id": "zmq-tools", "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS),
             "params": {"max_tokens": 64, "temperature": 0.0}})
@@ -317,10 +314,7 @@ class ModelThatCallsATool(tpdaemon.HttpDaemonCase):
                                            parallel_tool_calls=False)
             self.assertEqual([c["function"]["name"] for c in calls], [name])
         # over ZeroMQ, with tool_choice "function" and its name
-        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
-        sub.subscribe("zmq-named")
-        sub.subscribe("@heartbeat")
-        sub.wait_heartbeat(self.d.log_text)
+        sub = self.d.subscriber("zmq-named")
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "job_id": "zmq-named", "messages": [{"role": "user", "content": USER}], "tools": json.dumps(BOUNDED),
             "tool_choice": "function", "tool_choice_name": "get_time",

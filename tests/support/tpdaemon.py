@@ -175,11 +175,14 @@ class Daemon:
     config is YAML appended after runtime_dir, the model (model=None: none,
     config says) and, unless http=True, `http: enabled: false` (the default
     would open 127.0.0.1:8080 for every test daemon). ready=True: returns once
-    every stage has a worker (else stops it and raises). A `with` block stops
-    it; stop waits stop_timeout_s for a clean exit before it kills."""
+    every stage has a worker; sub_all=True: with self.sub, a Subscriber to
+    every event, in force (subscriber("")); either failing stops it and
+    raises. A `with` block stops it; stop waits stop_timeout_s for a clean
+    exit before it kills."""
 
     def __init__(self, config="", model=STORIES, tokenizer=TOK512, chat_template=None, endpoints=None,
-                 http=False, env=None, prefix="tp-test-", stop_timeout_s=15, start=True, ready=False):
+                 http=False, env=None, prefix="tp-test-", stop_timeout_s=15, start=True, ready=False,
+                 sub_all=False):
         self.dir = tempfile.mkdtemp(prefix=prefix)
         self.config = os.path.join(self.dir, "tokpipe.yaml")
         self.logpath = os.path.join(self.dir, "tokpiped.log")
@@ -188,7 +191,7 @@ class Daemon:
         if endpoints:
             self.front = endpoints.get("front", self.front)
             self.events = endpoints.get("events", self.events)
-        self.ctx = self.proc = self.log = self._prod = None
+        self.ctx = self.proc = self.log = self._prod = self.sub = None
         self.stop_timeout_s = stop_timeout_s
         self.env = env
         self.head = "runtime_dir: %s\n" % json.dumps(self.dir)
@@ -202,9 +205,12 @@ class Daemon:
             self.head += "http:\n  enabled: false\n"
         if start:
             self.start(config)
-        if start and ready:
+        if start and (ready or sub_all):
             try:
-                self.wait_ready()
+                if ready:
+                    self.wait_ready()
+                if sub_all:
+                    self.sub = self.subscriber("")
             except BaseException:
                 self.stop()
                 raise
@@ -245,6 +251,18 @@ class Daemon:
             self._prod = Producer(self.zmq(), self.front, self.log_text)
         return self._prod.call(cmd, hdr, *payload, timeout_ms=timeout_ms)
 
+    def subscriber(self, *topics):
+        """A Subscriber on this daemon's context to topics (job ids; "" is
+        every event) and heartbeats, returned once the subscription is in
+        force (a heartbeat came through it)."""
+        sub = Subscriber(self.zmq(), self.events)
+        for t in topics:
+            sub.subscribe(t)
+        if "" not in topics:
+            sub.subscribe("@heartbeat")   # last: the broker answers it at once
+        sub.wait_heartbeat(self.log_text)
+        return sub
+
     def wait_ready(self, timeout_s=60, dealer=None):
         """Until every stage has a live worker: STATS on a new DEALER each try
         (dealer() makes one; default plain to front), so a late reply to a try
@@ -274,7 +292,7 @@ class Daemon:
         """SIGTERM (SIGKILL after stop_timeout_s), then the directory goes."""
         if self.ctx is not None:
             self.ctx.destroy(linger=0)
-            self.ctx = self._prod = None
+            self.ctx = self._prod = self.sub = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
