@@ -502,15 +502,19 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
             got += chunk
         s.close()
         deadline = time.time() + 60
+        text = self.metrics_once_cancelled(before, deadline)
+        self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
+        wait_idle(self.port)
+
+    def metrics_once_cancelled(self, before, deadline):
+        """The /metrics text once more than `before` jobs finished cancelled."""
         while True:
             _, m, _ = request(self.port, "GET", "/metrics")
             text = m.decode()
             if metric(text, "tokpipe_jobs_finished_total", 'reason="cancelled"') > before:
-                break
+                return text
             self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
             time.sleep(0.05)
-        self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
-        wait_idle(self.port)
 
     def test_a_client_that_leaves_before_a_whole_completion_cancels_its_jobs(self):
         # not streamed: nothing is written until the end, so the gateway
@@ -531,13 +535,7 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
                 break
             self.assertLess(time.time(), deadline, "the jobs never ran")
         s.close()
-        while True:
-            _, m, _ = request(self.port, "GET", "/metrics")
-            text = m.decode()
-            if metric(text, "tokpipe_jobs_finished_total", 'reason="cancelled"') > before:
-                break
-            self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
-            time.sleep(0.05)
+        text = self.metrics_once_cancelled(before, deadline)
         self.assertEqual(metric(text, "tokpipe_http_client_disconnects_total"), gone + 1)
         wait_idle(self.port)
 
