@@ -32,6 +32,7 @@
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 #include "tokpipe/tokenizer.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define N_GRAMMARS 60
@@ -42,10 +43,7 @@ static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 static uint32_t rnd(uint32_t n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11) % n;
+    return bench_rand_below(&rng, n);
 }
 
 typedef struct buf {

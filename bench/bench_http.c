@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "support/bdaemon.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define JOBS 32
@@ -216,11 +217,10 @@ int main(void)
     if (system(cmd) != 0)
         return fprintf(stderr, "bench_http: mkmodel failed\n"), 1;
     uint64_t x = 88172645463325252ull;
-    for (int j = 0; j < JOBS; j++)
-        for (int k = 0; k < PROMPT_LEN; k++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            prompts[j][k] = k == 0 ? 1 : 400 + (int32_t)(x % 31000);
-        }
+    for (int j = 0; j < JOBS; j++) {
+        bench_random_ids(&x, prompts[j], PROMPT_LEN);
+        prompts[j][0] = 1;   /* BOS */
+    }
     int port = free_port();
     snprintf(cfg, sizeof cfg, "%s/c.yaml", dir);
     FILE *f = fopen(cfg, "w");

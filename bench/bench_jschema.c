@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/rand.h"
 #include "support/timing.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
@@ -32,10 +33,7 @@ static uint64_t rng = 0x2545F4914F6CDD1Dull;
 
 static uint32_t rnd(uint32_t n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11) % n;
+    return bench_rand_below(&rng, n);
 }
 
 static char *schemas[MAX_SCHEMAS];

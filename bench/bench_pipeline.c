@@ -27,6 +27,7 @@
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zwire.h"
 #include "support/bdaemon.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define PROMPT_LEN 16
@@ -241,11 +242,10 @@ int main(void)
         return 1;
     }
     uint64_t x = 88172645463325252ull;
-    for (int j = 0; j < MAX_JOBS; j++)
-        for (int k = 0; k < PROMPT_LEN; k++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            prompts[j][k] = k == 0 ? 1 : 400 + (int32_t)(x % 31000);
-        }
+    for (int j = 0; j < MAX_JOBS; j++) {
+        bench_random_ids(&x, prompts[j], PROMPT_LEN);
+        prompts[j][0] = 1;   /* BOS */
+    }
     /* the default deployment first; each other row changes one setting */
     const struct variant {
         const char *name;

@@ -29,6 +29,7 @@
 #include "tokpipe/protocol.h"
 #include "tokpipe/zwire.h"
 #include "support/bdaemon.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define MAX_PROMPT 2100
@@ -37,10 +38,7 @@ static uint64_t rng = 88172645463325252ull;
 
 static void fill(int32_t *ids, int n)
 {
-    for (int k = 0; k < n; k++) {
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        ids[k] = 400 + (int32_t)(rng % 31000);
-    }
+    bench_random_ids(&rng, ids, n);
 }
 
 typedef struct batch_out {
