@@ -32,6 +32,8 @@
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
 #include "tokpipe/tokenizer.h"
+#include "support/gvocab.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define N_GRAMMARS 60
@@ -42,10 +44,7 @@ static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 static uint32_t rnd(uint32_t n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11) % n;
+    return bench_rand_below(&rng, n);
 }
 
 typedef struct buf {
@@ -208,24 +207,11 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", models, file);
-    tp_tokenizer *tok;
+    double t_vocab;
+    tp_gvocab *v = bench_gvocab_open(file, path, &t_vocab);
+    if (!v)
+        return;
     tp_err err;
-    if (tp_tokenizer_open(path, 0, &tok, &err)) {
-        printf("%s: skipped (%s)\n", file, err.msg);
-        return;
-    }
-    const int32_t *eog32;
-    int n_eog = tp_tokenizer_eog_ids(tok, &eog32);
-    int eog[16];
-    for (int i = 0; i < n_eog && i < 16; i++)
-        eog[i] = eog32[i];
-    double t0 = bench_now();
-    tp_gvocab *v;
-    if (tp_gvocab_from_tokenizer(tok, eog, n_eog < 16 ? n_eog : 16, &v, &err)) {
-        printf("%s: %s\n", file, err.msg);
-        return;
-    }
-    double t_vocab = bench_now() - t0;
     int n = tp_gvocab_size(v);
     size_t words = tp_gmask_words(n);
     uint64_t *mask = malloc(words * 8);
@@ -240,7 +226,7 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     for (int gi = 0; gi < N_GRAMMARS; gi++) {
         tp_grammar *g;
         tp_gengine *e;
-        t0 = bench_cpu_now();
+        double t0 = bench_cpu_now();
         if (tp_grammar_compile(grammars[gi], strlen(grammars[gi]), NULL, &g, &err) ||
             tp_gengine_new(g, v, NULL, &e, &err)) {
             printf("grammar %d: %s\n%s\n", gi, err.msg, grammars[gi]);
@@ -356,7 +342,6 @@ static void bench_vocab(const char *models, const char *file, char **grammars)
     free(cold);
     free(mask);
     tp_gvocab_free(v);
-    tp_tokenizer_free(tok);
 }
 
 int main(int argc, char **argv)

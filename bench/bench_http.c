@@ -16,17 +16,14 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include "tokpipe/protocol.h"
-#include "tokpipe/zwire.h"
+#include "support/bdaemon.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define JOBS 32
@@ -159,61 +156,33 @@ static int http_run(int port, bool quiet, res *out)
 
 /* ---- over ZeroMQ ----------------------------------------------------------- */
 
-typedef struct zconn {
-    void *ctx, *dealer, *sub;
-} zconn;
+typedef struct zacc {
+    double first[JOBS];   /* first TOKEN event */
+    long total;           /* completion tokens, from FINISH */
+} zacc;
 
-static int zmq_run(zconn *z, const char *prefix, res *out)
+static void on_event(void *ctx, int j, const tp_msg *ev, double t)
 {
-    double t0 = bench_now(), first[JOBS] = {0};
-    long total = 0;
-    for (int j = 0; j < JOBS; j++) {
-        tp_msg m;
-        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
-        char id[48];
-        snprintf(id, sizeof id, "%s-%d", prefix, j);
-        m.submit.job_id = tp_str_of(id);
-        m.submit.prompt_ids = (tp_raw){prompts[j], PROMPT_LEN};
-        m.submit.params.set = TP_P_TEMPERATURE | TP_P_MAX_TOKENS | TP_P_IGNORE_EOS;
-        m.submit.params.max_tokens = MAX_TOKENS;
-        m.submit.params.ignore_eos = true;
-        tp_err e;
-        if (tp_zsend_msg(z->dealer, NULL, 0, &m, &e))
+    zacc *a = ctx;
+    if (ev->cmd == TP_CMD_TOKEN && !a->first[j])
+        a->first[j] = t;
+    if (ev->cmd == TP_CMD_FINISH)
+        a->total += ev->finish.completion_tokens;
+}
+
+static int zmq_run(bench_daemon *d, const char *prefix, res *out)
+{
+    double t0 = bench_now();
+    zacc a = {{0}, 0};
+    for (int j = 0; j < JOBS; j++)
+        if (bench_daemon_submit(d, prefix, j, prompts[j], PROMPT_LEN, MAX_TOKENS))
             return -1;
-    }
-    int finished = 0;
-    size_t plen = strlen(prefix);
-    while (finished < JOBS) {
-        zmq_pollitem_t it[2] = {{z->sub, 0, ZMQ_POLLIN, 0}, {z->dealer, 0, ZMQ_POLLIN, 0}};
-        if (zmq_poll(it, 2, 20000) <= 0)
-            return fprintf(stderr, "bench_http: zmq jobs stalled\n"), -1;
-        tp_zmsg zm;
-        if ((it[1].revents & ZMQ_POLLIN) && tp_zmsg_recv(z->dealer, &zm, 0) == 0)
-            tp_zmsg_close(&zm);
-        if (!(it[0].revents & ZMQ_POLLIN) || tp_zmsg_recv(z->sub, &zm, 0))
-            continue;
-        double t = bench_now();
-        tp_msg ev;
-        tp_err e;
-        if (tp_proto_decode(TP_FAM_EVT, zm.f, zm.n, &ev, &e) == 0 && ev.cmd != TP_CMD_HEARTBEAT) {
-            const tp_str *id = ev.cmd == TP_CMD_TOKEN ? &ev.token.job_id : &ev.finish.job_id;
-            if (id->len > plen + 1 && !memcmp(id->ptr, prefix, plen)) {
-                int j = atoi(id->ptr + plen + 1);
-                if (ev.cmd == TP_CMD_TOKEN && j >= 0 && j < JOBS && !first[j])
-                    first[j] = t;
-                if (ev.cmd == TP_CMD_FINISH) {
-                    finished++;
-                    total += ev.finish.completion_tokens;
-                }
-            }
-        }
-        tp_msg_clear(&ev);
-        tp_zmsg_close(&zm);
-    }
+    if (bench_daemon_events(d, prefix, JOBS, 20000, on_event, &a))
+        return -1;
     double t_end = bench_now(), ttft[JOBS];
     for (int j = 0; j < JOBS; j++)
-        ttft[j] = (first[j] - t0) * 1e3;
-    out->tok_s = (double)total / (t_end - t0);
+        ttft[j] = (a.first[j] - t0) * 1e3;
+    out->tok_s = (double)a.total / (t_end - t0);
     out->ttft_p50 = pct(ttft, JOBS, 0.5);
     out->ttft_p99 = pct(ttft, JOBS, 0.99);
     return 0;
@@ -248,11 +217,10 @@ int main(void)
     if (system(cmd) != 0)
         return fprintf(stderr, "bench_http: mkmodel failed\n"), 1;
     uint64_t x = 88172645463325252ull;
-    for (int j = 0; j < JOBS; j++)
-        for (int k = 0; k < PROMPT_LEN; k++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            prompts[j][k] = k == 0 ? 1 : 400 + (int32_t)(x % 31000);
-        }
+    for (int j = 0; j < JOBS; j++) {
+        bench_random_ids(&x, prompts[j], PROMPT_LEN);
+        prompts[j][0] = 1;   /* BOS */
+    }
     int port = free_port();
     snprintf(cfg, sizeof cfg, "%s/c.yaml", dir);
     FILE *f = fopen(cfg, "w");
@@ -264,28 +232,16 @@ int main(void)
     fclose(f);
     snprintf(front, sizeof front, "ipc://%s/rt/front.sock", dir);
     snprintf(events, sizeof events, "ipc://%s/rt/events.sock", dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        char exe[600];
-        snprintf(exe, sizeof exe, "%s/tokpiped", bin);
-        if (!freopen(getenv("TP_DAEMON_LOG") ? getenv("TP_DAEMON_LOG") : "/dev/null", "a", stderr))
-            _exit(126);
-        execl(exe, exe, "--config", cfg, (char *)NULL);
-        _exit(127);
+    bench_daemon d;
+    if (bench_daemon_start(&d, bin, cfg, front, events)) {
+        fprintf(stderr, "bench_http: the daemon did not come up\n");
+        bench_daemon_stop(&d);
+        return 1;
     }
-    zconn z = {zmq_ctx_new(), NULL, NULL};
-    z.dealer = zmq_socket(z.ctx, ZMQ_DEALER);
-    z.sub = zmq_socket(z.ctx, ZMQ_SUB);
-    int zero = 0, big = 1000000;
-    zmq_setsockopt(z.dealer, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(z.sub, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(z.sub, ZMQ_RCVHWM, &big, sizeof big);
-    zmq_setsockopt(z.sub, ZMQ_SUBSCRIBE, "bz", 2);
-    zmq_connect(z.dealer, front);
-    zmq_connect(z.sub, events);
-    /* up when a warm-up completion comes back through the gateway (which
-     * also means every stage has a worker) */
+    /* the HTTP jobs' events would otherwise queue up on the SUB socket
+     * between samples and be read inside the next ZeroMQ measurement */
+    bench_daemon_subscribe(&d, "bz");
+    /* the gateway is up when a warm-up completion comes back through it */
     res r;
     int ok = -1;
     for (int i = 0; i < 600 && ok; i++) {
@@ -293,18 +249,18 @@ int main(void)
         ok = http_run(port, true, &r);
     }
     if (ok) {
-        fprintf(stderr, "bench_http: the daemon or its gateway did not come up\n");
-        kill(pid, SIGTERM);
+        fprintf(stderr, "bench_http: the gateway did not come up\n");
+        bench_daemon_stop(&d);
         return 1;
     }
-    usleep(200000);   /* the SUB connection settles */
+    usleep(200000);   /* the new subscription settles */
     res h[SAMPLES], q[SAMPLES];
     double ratio[SAMPLES], tratio[SAMPLES];
     int rc = 0;
     for (int s = 0; s < SAMPLES && !rc; s++) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "bz%d", s);
-        rc = zmq_run(&z, prefix, &q[s]) || http_run(port, false, &h[s]);
+        rc = zmq_run(&d, prefix, &q[s]) || http_run(port, false, &h[s]);
         if (!rc) {
             ratio[s] = h[s].tok_s / q[s].tok_s;
             tratio[s] = h[s].ttft_p50 / q[s].ttft_p50;
@@ -324,11 +280,7 @@ int main(void)
         printf("  HTTP / ZeroMQ: tokens/s ratio %.2f, TTFT p50 ratio %.2f (medians of per-pair ratios)\n",
                bench_median(ratio, SAMPLES), bench_median(tratio, SAMPLES));
     }
-    zmq_close(z.dealer);
-    zmq_close(z.sub);
-    zmq_ctx_term(z.ctx);
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
+    bench_daemon_stop(&d);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
         return 1;

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/gvocab.h"
+#include "support/rand.h"
 #include "support/timing.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/jschema.h"
@@ -32,10 +34,7 @@ static uint64_t rng = 0x2545F4914F6CDD1Dull;
 
 static uint32_t rnd(uint32_t n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11) % n;
+    return bench_rand_below(&rng, n);
 }
 
 static char *schemas[MAX_SCHEMAS];
@@ -92,21 +91,10 @@ static double pct(double *v, int n, double p)
 
 static void run_vocab(const char *name, const char *path)
 {
-    tp_tokenizer *tok;
+    tp_gvocab *v = bench_gvocab_open(name, path, NULL);
+    if (!v)
+        return;
     tp_err e;
-    if (tp_tokenizer_open(path, 0, &tok, &e)) {
-        printf("%s: skipped (%s)\n", name, e.msg);
-        return;
-    }
-    const int32_t *eog32;
-    int n_eog = tp_tokenizer_eog_ids(tok, &eog32), eog[16];
-    for (int i = 0; i < n_eog && i < 16; i++) eog[i] = eog32[i];
-    tp_gvocab *v;
-    if (tp_gvocab_from_tokenizer(tok, eog, n_eog < 16 ? n_eog : 16, &v, &e)) {
-        printf("%s: %s\n", name, e.msg);
-        tp_tokenizer_free(tok);
-        return;
-    }
     int vocab = tp_gvocab_size(v);
     uint64_t *mask = calloc(tp_gmask_words(vocab), sizeof *mask);
     int *allowed = malloc((size_t)vocab * sizeof *allowed);
@@ -186,7 +174,6 @@ static void run_vocab(const char *name, const char *path)
     free(masks);
     free(walks);
     tp_gvocab_free(v);
-    tp_tokenizer_free(tok);
 }
 
 int main(void)

@@ -27,6 +27,7 @@
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zwire.h"
 #include "support/bdaemon.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define PROMPT_LEN 16
@@ -172,30 +173,6 @@ static int in_process(const tp_model *m, const tp_tokenizer *tok, int n_jobs, ru
 
 /* ---- through the daemon ------------------------------------------------------ */
 
-static int submit(bench_daemon *d, int j, const char *prefix)
-{
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
-    char id[48];
-    snprintf(id, sizeof id, "%s-%d", prefix, j);
-    m.submit.job_id = tp_str_of(id);
-    m.submit.prompt_ids = (tp_raw){prompts[j], PROMPT_LEN};
-    tp_params *p = &m.submit.params;
-    p->set = TP_P_TEMPERATURE | TP_P_MAX_TOKENS | TP_P_IGNORE_EOS;
-    p->temperature = 0;
-    p->max_tokens = MAX_TOKENS;
-    p->ignore_eos = true;
-    tp_wire w;
-    tp_err e;
-    if (tp_proto_encode(&m, &w, &e)) {
-        fprintf(stderr, "bench: %s\n", e.msg);
-        return -1;
-    }
-    int rc = tp_zsend(d->dealer, NULL, 0, &w, 0);
-    tp_wire_free(&w);
-    return rc;
-}
-
 typedef struct arrivals {
     double (*times)[MAX_TOKENS];
     int *n_tok;
@@ -215,7 +192,7 @@ static int pipeline(bench_daemon *d, int n_jobs, const char *prefix, run_stats *
     memset(n_tok, 0, sizeof n_tok);
     double t0 = bench_now();
     for (int j = 0; j < n_jobs; j++)
-        if (submit(d, j, prefix))
+        if (bench_daemon_submit(d, prefix, j, prompts[j], PROMPT_LEN, MAX_TOKENS))
             return -1;
     arrivals a = {times, n_tok};
     if (bench_daemon_events(d, prefix, n_jobs, 20000, on_event, &a))
@@ -265,11 +242,10 @@ int main(void)
         return 1;
     }
     uint64_t x = 88172645463325252ull;
-    for (int j = 0; j < MAX_JOBS; j++)
-        for (int k = 0; k < PROMPT_LEN; k++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            prompts[j][k] = k == 0 ? 1 : 400 + (int32_t)(x % 31000);
-        }
+    for (int j = 0; j < MAX_JOBS; j++) {
+        bench_random_ids(&x, prompts[j], PROMPT_LEN);
+        prompts[j][0] = 1;   /* BOS */
+    }
     /* the default deployment first; each other row changes one setting */
     const struct variant {
         const char *name;

@@ -29,6 +29,7 @@
 #include "tokpipe/protocol.h"
 #include "tokpipe/zwire.h"
 #include "support/bdaemon.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define MAX_PROMPT 2100
@@ -37,32 +38,7 @@ static uint64_t rng = 88172645463325252ull;
 
 static void fill(int32_t *ids, int n)
 {
-    for (int k = 0; k < n; k++) {
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        ids[k] = 400 + (int32_t)(rng % 31000);
-    }
-}
-
-static int submit(bench_daemon *d, const char *id, const int32_t *ids, int n, int max_tokens)
-{
-    tp_msg m;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
-    m.submit.job_id = tp_str_of(id);
-    m.submit.prompt_ids = (tp_raw){ids, (size_t)n};
-    tp_params *p = &m.submit.params;
-    p->set = TP_P_TEMPERATURE | TP_P_MAX_TOKENS | TP_P_IGNORE_EOS;
-    p->temperature = 0;
-    p->max_tokens = max_tokens;
-    p->ignore_eos = true;
-    tp_wire w;
-    tp_err e;
-    if (tp_proto_encode(&m, &w, &e)) {
-        fprintf(stderr, "bench_prefix: %s\n", e.msg);
-        return -1;
-    }
-    int rc = tp_zsend(d->dealer, NULL, 0, &w, 0);
-    tp_wire_free(&w);
-    return rc;
+    bench_random_ids(&rng, ids, n);
 }
 
 typedef struct batch_out {
@@ -93,12 +69,9 @@ static int batch(bench_daemon *d, const char *prefix, int32_t *const *ids, const
                  batch_out *out)
 {
     double t0 = bench_now();
-    char id[64];
-    for (int j = 0; j < n; j++) {
-        snprintf(id, sizeof id, "%s-%d", prefix, j);
-        if (submit(d, id, ids[j], n_ids[j], max_tokens))
+    for (int j = 0; j < n; j++)
+        if (bench_daemon_submit(d, prefix, j, ids[j], (size_t)n_ids[j], max_tokens))
             return -1;
-    }
     *out = (batch_out){0};
     firsts f = {{0}, out};
     if (bench_daemon_events(d, prefix, n, 300000, on_event, &f))

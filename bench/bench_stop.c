@@ -18,6 +18,7 @@
 
 #include "tokpipe/stop.h"
 #include "tokpipe/utf8.h"
+#include "support/rand.h"
 #include "support/timing.h"
 
 #define N_TOKENS 4096
@@ -29,10 +30,7 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 
 static uint32_t rnd(uint32_t n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11) % n;
+    return bench_rand_below(&rng, n);
 }
 
 static char rnd_char(void)

@@ -44,15 +44,9 @@ class Daemon(tpdaemon.Daemon):
     """Ready (every stage has a worker), with a SUB to every event."""
 
     def __init__(self, extra="", model=MODEL, tokenizer=TOKENIZER):
-        super().__init__(extra, model=model, tokenizer=tokenizer, prefix="tp-genapi-", stop_timeout_s=20, ready=True)
-        self.sub = tpdaemon.Subscriber(self.zmq(), self.events)
-        self.sub.subscribe("")
+        super().__init__(extra, model=model, tokenizer=tokenizer, prefix="tp-genapi-", stop_timeout_s=20, ready=True,
+                         sub_all=True)
         self.n_jobs = 0
-        try:
-            self.sub.wait_heartbeat(self.log_text)
-        except BaseException:
-            self.stop()
-            raise
 
     def submit(self, params, prompt=PROMPT, ids=None):
         """SUBMIT, then collect events until FINISH: (ack, tokens, finish)."""

@@ -45,16 +45,9 @@ class Daemon(tpdaemon.Daemon):
 
     def __init__(self, extra="", model=MODEL, tokenizer=TOKENIZER):
         super().__init__(extra, model=model, tokenizer=tokenizer, prefix="tp-grammar-", stop_timeout_s=20,
-                         ready=True)
-        self.sub = tpdaemon.Subscriber(self.zmq(), self.events)
-        self.sub.subscribe("")
+                         ready=True, sub_all=True)
         self.n_jobs = 0
         self.events_of, self.done = {}, {}
-        try:
-            self.sub.wait_heartbeat(self.log_text)
-        except BaseException:
-            self.stop()
-            raise
 
     def send(self, params, prompt=PROMPT):
         """SUBMIT only: (job id, ACK)."""

@@ -187,16 +187,10 @@ def metric(text, name, labels=""):
     raise AssertionError("no sample %s in /metrics" % key)
 
 
-@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
-class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
+class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
     @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-        cls.port = cls.d.port
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
+    def new_daemon(cls):
+        return Daemon()
 
     def setUp(self):
         wait_idle(self.port)   # the jobs a test cancelled must not be refused or counted in the next
@@ -508,15 +502,19 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
             got += chunk
         s.close()
         deadline = time.time() + 60
+        text = self.metrics_once_cancelled(before, deadline)
+        self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
+        wait_idle(self.port)
+
+    def metrics_once_cancelled(self, before, deadline):
+        """The /metrics text once more than `before` jobs finished cancelled."""
         while True:
             _, m, _ = request(self.port, "GET", "/metrics")
             text = m.decode()
             if metric(text, "tokpipe_jobs_finished_total", 'reason="cancelled"') > before:
-                break
+                return text
             self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
             time.sleep(0.05)
-        self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
-        wait_idle(self.port)
 
     def test_a_client_that_leaves_before_a_whole_completion_cancels_its_jobs(self):
         # not streamed: nothing is written until the end, so the gateway
@@ -537,13 +535,7 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
                 break
             self.assertLess(time.time(), deadline, "the jobs never ran")
         s.close()
-        while True:
-            _, m, _ = request(self.port, "GET", "/metrics")
-            text = m.decode()
-            if metric(text, "tokpipe_jobs_finished_total", 'reason="cancelled"') > before:
-                break
-            self.assertLess(time.time(), deadline, "no job was cancelled after the client left")
-            time.sleep(0.05)
+        text = self.metrics_once_cancelled(before, deadline)
         self.assertEqual(metric(text, "tokpipe_http_client_disconnects_total"), gone + 1)
         wait_idle(self.port)
 
@@ -566,16 +558,8 @@ class GatewayKeysAndDrain(unittest.TestCase):
             gw = subprocess.Popen([os.path.join(BIN, "tokpipe-http"), "--config", cfg2],
                                   stderr=subprocess.PIPE)
             try:
-                deadline = time.time() + 30
-                while True:
-                    try:
-                        st, _, _ = request(port2, "GET", "/health")
-                        if st == 200:
-                            break
-                    except OSError:
-                        pass
-                    self.assertLess(time.time(), deadline, "standalone gateway not up")
-                    time.sleep(0.1)
+                self.assertTrue(tpdaemon.wait_health(port2, 30, gone=lambda: gw.poll() is not None),
+                                "standalone gateway not up")
                 body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}
                 st, r, resp = post(port2, body)
                 self.assertEqual(st, 401, r)

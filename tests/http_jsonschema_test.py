@@ -18,6 +18,8 @@ import unittest
 import jsonschema
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
 from http_gateway_test import BIN, MODEL, TEMPLATE, TOK, Daemon, post, sse_events  # noqa: E402
 
 import http.client  # noqa: E402
@@ -57,16 +59,10 @@ def stream_text(port, body, path):
     return "".join(parts), final
 
 
-@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
-class StructuredOutputOverHttp(unittest.TestCase):
+class StructuredOutputOverHttp(tpdaemon.HttpDaemonCase):
     @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon(chat_template=TEMPLATE)
-        cls.port = cls.d.port
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
+    def new_daemon(cls):
+        return Daemon(chat_template=TEMPLATE)
 
     def text_of(self, r, chat):
         c = r["choices"][0]

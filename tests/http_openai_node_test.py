@@ -14,6 +14,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
 from http_gateway_test import BIN, MODEL, TEMPLATE, TOK, VOCAB, Daemon, lp_of, run_json  # noqa: E402
 
 NPM_DIR = os.path.abspath(os.path.join(os.environ.get("TP_BUILD_DIR", "build"), "npm"))
@@ -36,18 +38,17 @@ def ensure_client():
     return None
 
 
-@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
-class OfficialOpenAIClient(unittest.TestCase):
+class OfficialOpenAIClient(tpdaemon.HttpDaemonCase):
+    @classmethod
+    def new_daemon(cls):
+        return Daemon()
+
     @classmethod
     def setUpClass(cls):
         why = ensure_client()
         if why:
             raise unittest.SkipTest(why)
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
+        super().setUpClass()
 
     def client(self, requests, script=SCRIPT, port=None):
         inp = json.dumps({"base": "http://127.0.0.1:%d/v1" % (port or self.d.port), "requests": requests})

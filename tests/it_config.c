@@ -21,12 +21,6 @@
 
 #define SAMPLING "--temperature 0.8 --seed 5 --max-tokens 80 --repetition-penalty 1.5 --presence-penalty 0.5"
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 #define LEFT_OUT INT32_MIN
 
 /* SUBMIT "Tom and Sue" with SAMPLING's values and penalty_window = window
@@ -73,7 +67,7 @@ static char *finished_tokens(harness *h, const char *id)
         tp_zmsg_close(&z);
         if (out)
             return out;
-        sleep_ms(25);
+        harness_sleep_ms(25);
     }
     fail_msg("job %s did not finish", id);
     return NULL;

@@ -58,13 +58,6 @@ typedef struct jres {
     bool done;
 } jres;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Job i's request: even greedy, odd seeded; stop strings and max_tokens vary. */
 static void submit_job(harness *h, const char *id, int i)
 {
@@ -107,7 +100,7 @@ static void take_event(const char *jid, jres *res, const tp_msg *ev)
         fail_msg("job %s: event seq %u, want %lld (%s)", jid, seq, (long long)res->next_seq,
                  (int64_t)seq < res->next_seq ? "repeated" : "missing");
     if (res->next_seq < MAX_IDS + 2)
-        res->t_ev[res->next_seq] = now_ms();
+        res->t_ev[res->next_seq] = tp_now_ms();
     res->next_seq++;
     const tp_str *t = ev->cmd == TP_CMD_TOKEN ? &ev->token.text : &ev->finish.text;
     if (res->text_len + t->len < MAX_TEXT) {
@@ -138,29 +131,6 @@ static void take_event(const char *jid, jres *res, const tp_msg *ev)
     if (res->text_total != res->text_len)
         fail_msg("job %s: FINISH text_len %llu, the events carried %zu bytes", jid,
                  (unsigned long long)res->text_total, res->text_len);
-}
-
-/* The daemon's worker pids serving stage (its children, by command line). */
-static int pids_of(harness *h, const char *stage, pid_t *out, int cap)
-{
-    pid_t pids[32];
-    int n = harness_children(h, pids, 32), k = 0;
-    for (int i = 0; i < n && k < cap; i++) {
-        char path[64], args[512] = {0};
-        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
-        FILE *f = fopen(path, "r");
-        size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
-        if (f)
-            fclose(f);
-        for (size_t c = 0; c < len; c++)
-            if (!args[c])
-                args[c] = ' ';
-        char want[64];
-        snprintf(want, sizeof want, "--stage %s ", stage);
-        if (strstr(args, want))
-            out[k++] = pids[i];
-    }
-    return k;
 }
 
 /* What the broker's log says of worker process pid: 1 registered (its
@@ -265,14 +235,14 @@ static int run_round(harness *h, const char *tag, jres *res, const action *acts,
         snprintf(id, sizeof id, "%s-%d", tag, i);
         submit_job(h, id, i);
     }
-    int64_t t0 = now_ms();
+    int64_t t0 = tp_now_ms();
     int next_act = 0, done = 0, n_kills = 0, n_lost_before = 0;
     int64_t kills[8], last_look = -1000;
     bool said_wait = false;
     pid_t stopped = 0;
     int64_t cont_at = 0;
     while (done < N_JOBS || stopped) {
-        int64_t t = now_ms() - t0;
+        int64_t t = tp_now_ms() - t0;
         if (t > ROUND_TIMEOUT_MS)
             fail_msg("round %s: %d of %d jobs finished within %d ms (log in %s)", tag, done, N_JOBS,
                      ROUND_TIMEOUT_MS, h->dir);
@@ -280,7 +250,7 @@ static int run_round(harness *h, const char *tag, jres *res, const action *acts,
         if (next_act < n_acts && t >= acts[next_act].at_ms && !stopped && t - last_look >= 20) {
             const action *a = &acts[next_act];
             pid_t pids[8], reg[8];
-            int n = pids_of(h, a->stage, pids, 8), nr = 0;
+            int n = harness_children_serving(h, a->stage, pids, 8), nr = 0;
             for (int k = 0; k < n; k++)
                 if (reg_state(h, pids[k], NULL) == 1)
                     reg[nr++] = pids[k];
@@ -295,10 +265,10 @@ static int run_round(harness *h, const char *tag, jres *res, const action *acts,
                 next_act++;
                 said_wait = false;
                 if (n_kills < 8)
-                    kills[n_kills++] = now_ms();
+                    kills[n_kills++] = tp_now_ms();
                 if (a->sig == SIGSTOP) {
                     stopped = victim;
-                    cont_at = now_ms() + a->hold_ms;
+                    cont_at = tp_now_ms() + a->hold_ms;
                 }
             } else if (!said_wait) {
                 printf("# round %s: no registered %s worker at %d ms (respawning); waiting for one\n", tag,
@@ -306,7 +276,7 @@ static int run_round(harness *h, const char *tag, jres *res, const action *acts,
                 said_wait = true;
             }
         }
-        if (stopped && now_ms() >= cont_at) {
+        if (stopped && tp_now_ms() >= cont_at) {
             /* resumed before the broker gave up on it, it would just go on:
              * the story is a worker the broker declared lost coming back */
             int n_lost = 0;
@@ -315,12 +285,12 @@ static int run_round(harness *h, const char *tag, jres *res, const action *acts,
                 kill(stopped, SIGCONT);
                 printf("# round %s: SIGCONT to pid %d (the broker declared it lost)\n", tag, (int)stopped);
                 stopped = 0;
-            } else if (now_ms() - cont_at > LOST_TIMEOUT_MS) {
+            } else if (tp_now_ms() - cont_at > LOST_TIMEOUT_MS) {
                 kill(stopped, SIGCONT);
                 fail_msg("round %s: pid %d stopped %d ms, the broker did not declare it lost (log in %s)", tag,
-                         (int)stopped, (int)(now_ms() - cont_at), h->dir);
+                         (int)stopped, (int)(tp_now_ms() - cont_at), h->dir);
             } else {
-                cont_at = now_ms() + 20;
+                cont_at = tp_now_ms() + 20;
             }
         }
         zmq_pollitem_t it = {sub, 0, ZMQ_POLLIN, 0};
@@ -420,11 +390,11 @@ static void report_latency(const harness *h)
  * respawn registered. The last STATS read if it never does; 0 or -1. */
 static int stats_after_losses(harness *h, int want, tp_m_stats_reply *s)
 {
-    int64_t end = now_ms() + LOST_TIMEOUT_MS;
+    int64_t end = tp_now_ms() + LOST_TIMEOUT_MS;
     for (;;) {
         if (harness_stats(h, s))
             return -1;
-        if (s->workers_lost >= (uint64_t)want || now_ms() > end)
+        if (s->workers_lost >= (uint64_t)want || tp_now_ms() > end)
             return 0;
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);

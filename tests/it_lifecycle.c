@@ -20,19 +20,6 @@
 
 #include "support/daemon_harness.h"
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* hang detectors, not speed limits (ASan on a loaded 2-CPU machine) */
 #define WAIT_MS 30000
 
@@ -63,7 +50,7 @@ static void workers_reconnect_after_the_broker_restarts(void **state)
     /* crash the broker: no DISCONNECT, no cleanup */
     kill(h.pid, SIGKILL);
     waitpid(h.pid, NULL, 0);
-    sleep_ms(300);
+    harness_sleep_ms(300);
     assert_int_equal(harness_spawn_daemon(&h, true, NULL), 0);
     if (harness_wait_workers(&h, WAIT_MS))
         fail_msg("workers did not register with the restarted broker (see %s)", h.dir);
@@ -94,8 +81,8 @@ static void sigterm_lets_running_jobs_finish_then_exits_zero(void **state)
     /* the job is running (a fixed wait let a loaded machine send SIGTERM
      * before generate's SUBMIT, which the draining broker then refused) */
     tp_m_stats_reply s;
-    for (int64_t end = now_ms() + WAIT_MS; harness_stats(&h, &s) || s.jobs_active == 0; sleep_ms(5))
-        if (now_ms() > end)
+    for (int64_t end = tp_now_ms() + WAIT_MS; harness_stats(&h, &s) || s.jobs_active == 0; harness_sleep_ms(5))
+        if (tp_now_ms() > end)
             fail_msg("generate's job never reached the daemon (log in %s)", h.dir);
     kill(h.pid, SIGTERM);
     char out[65536];
@@ -184,13 +171,13 @@ static void admission_limit_answers_429_and_finished_jobs_expire(void **state)
     assert_int_equal(submit_status(&h, "a2", 400), TP_ST_OK);
     assert_int_equal(submit_status(&h, "a3", 400), TP_ST_OVERLOADED);
     int st = 0;
-    int64_t end = now_ms() + WAIT_MS;
-    while (!(status_of(&h, "a1", &st) == TP_ST_OK && st == TP_STATE_FINISHED) && now_ms() < end)
-        sleep_ms(25);
+    int64_t end = tp_now_ms() + WAIT_MS;
+    while (!(status_of(&h, "a1", &st) == TP_ST_OK && st == TP_STATE_FINISHED) && tp_now_ms() < end)
+        harness_sleep_ms(25);
     assert_int_equal(st, TP_STATE_FINISHED);   /* kept for STATUS ... */
-    int64_t seen = now_ms();
-    while (status_of(&h, "a1", &st) == TP_ST_OK && now_ms() < seen + WAIT_MS)
-        sleep_ms(25);
+    int64_t seen = tp_now_ms();
+    while (status_of(&h, "a1", &st) == TP_ST_OK && tp_now_ms() < seen + WAIT_MS)
+        harness_sleep_ms(25);
     assert_int_equal(status_of(&h, "a1", &st), TP_ST_NOT_FOUND);   /* ... until its TTL ends */
     assert_int_equal(harness_stop(&h), 0);
 }
@@ -215,7 +202,7 @@ static void a_second_daemon_on_the_same_sockets_refuses_to_start(void **state)
             waitpid(second, NULL, 0);
             fail_msg("a second tokpiped took over the first one's sockets and kept running");
         }
-        sleep_ms(20);
+        harness_sleep_ms(20);
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
         fail_msg("the second tokpiped exited with %d (raw status), want exit 1", st);

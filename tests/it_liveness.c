@@ -21,19 +21,6 @@
 
 #include "support/daemon_harness.h"
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* hang detectors, not speed limits (ASan on a loaded 2-CPU machine) */
 #define WAIT_MS 30000
 
@@ -58,11 +45,11 @@ static pid_t start_generate(harness *h, const char *errfile, int timeout_ms)
 /* Wait until the broker holds an active job (generate submitted it). */
 static void wait_active_job(harness *h)
 {
-    for (int64_t end = now_ms() + WAIT_MS; now_ms() < end;) {
+    for (int64_t end = tp_now_ms() + WAIT_MS; tp_now_ms() < end;) {
         tp_m_stats_reply st;
         if (harness_stats(h, &st) == 0 && st.jobs_active >= 1)
             return;
-        sleep_ms(10);
+        harness_sleep_ms(10);
     }
     fail_msg("generate's job never became active");
 }
@@ -70,17 +57,17 @@ static void wait_active_job(harness *h)
 /* Exit status of pid within limit_ms (fails the test otherwise); *took_ms. */
 static int wait_exit(pid_t pid, int limit_ms, int64_t *took_ms)
 {
-    int64_t t0 = now_ms();
+    int64_t t0 = tp_now_ms();
     int st;
     while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (now_ms() - t0 > limit_ms) {
+        if (tp_now_ms() - t0 > limit_ms) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             fail_msg("generate still waiting %d ms later", limit_ms);
         }
-        sleep_ms(10);
+        harness_sleep_ms(10);
     }
-    *took_ms = now_ms() - t0;
+    *took_ms = tp_now_ms() - t0;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -177,9 +164,9 @@ static int collect_beats(void *sub, int want, int ms, uint64_t skip, uint64_t *f
                          bool *stable)
 {
     int n = 0;
-    int64_t end = now_ms() + ms;
+    int64_t end = tp_now_ms() + ms;
     *stable = true;
-    for (int64_t left; n < want && (left = end - now_ms()) > 0;) {
+    for (int64_t left; n < want && (left = end - tp_now_ms()) > 0;) {
         zmq_pollitem_t it = {sub, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, (long)left) <= 0)
             break;

@@ -39,12 +39,6 @@
 
 static const char *const prompts[] = {"Once upon a time", "The cat sat", "Lily and Ben", "One day, a little bird"};
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* SUBMIT a greedy job; the reply's status (error text in *why). */
 static uint32_t submit_status(harness *h, const char *id, const char *prompt, int max_tokens, char *why, size_t cap)
 {
@@ -128,7 +122,7 @@ static char *wait_result(harness *h, const char *id, int timeout_ms)
     for (int waited = 0; status_json(h, id, &json) != TP_STATE_FINISHED; waited += 20) {
         if (waited > timeout_ms)
             fail_msg("job %s did not finish within %d ms (log in %s)", id, timeout_ms, h->dir);
-        sleep_ms(20);
+        harness_sleep_ms(20);
     }
     return json;
 }
@@ -309,7 +303,7 @@ static void wait_state(harness *h, const char *id, int want)
     for (int waited = 0; (st = status_json(h, id, NULL)) != want; waited += 10) {
         if (waited > WAIT_MS)
             fail_msg("job %s: state %d, want %d", id, st, want);
-        sleep_ms(10);
+        harness_sleep_ms(10);
     }
 }
 
@@ -338,7 +332,7 @@ static void jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_nex
     uint32_t st = submit_status(&h, "q-new", prompts[3], MAX_TOKENS, why, sizeof why);
     if (st != TP_ST_UNAVAILABLE || !strstr(why, "forward"))
         fail_msg("SUBMIT with no forward worker: status %u '%s', want 503 naming the forward stage", st, why);
-    sleep_ms(300);
+    harness_sleep_ms(300);
     const char *queued[] = {"q-0", "q-1"};
     for (int i = 0; i < 2; i++)
         if (status_json(&h, queued[i], NULL) != TP_STATE_QUEUED)
@@ -408,7 +402,7 @@ static void wait_log(harness *h, const char *what)
     for (int waited = 0; harness_sh(cmd, NULL) != 0; waited += 20) {
         if (waited > WAIT_MS)
             fail_msg("the broker never logged '%s' (see %s/tokpiped.log)", what, h->dir);
-        sleep_ms(20);
+        harness_sleep_ms(20);
     }
 }
 
@@ -420,7 +414,7 @@ static void kill_worker(harness *h, pid_t pid, uint64_t n)
     for (int waited = 0; stats(h).workers_lost < n; waited += 20) {
         if (waited > WAIT_MS)
             fail_msg("the killed worker was never declared lost (see %s)", h->dir);
-        sleep_ms(20);
+        harness_sleep_ms(20);
     }
 }
 

@@ -18,19 +18,6 @@
 
 #include "support/daemon_harness.h"
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* hang detectors, not speed limits (ASan on a loaded 2-CPU machine) */
 #define WAIT_MS 30000
 
@@ -148,8 +135,8 @@ static void malformed_frontend(harness *h)
     /* the DEALER reconnects (a request sent before may be dropped with
      * the old connection): the daemon answers again */
     tp_m_stats_reply s;
-    for (int64_t end = now_ms() + WAIT_MS; harness_stats(h, &s); sleep_ms(20))
-        if (now_ms() > end)
+    for (int64_t end = tp_now_ms() + WAIT_MS; harness_stats(h, &s); harness_sleep_ms(20))
+        if (tp_now_ms() > end)
             fail_msg("no STATS answer %d ms after the oversize frame", WAIT_MS);
 }
 
@@ -182,8 +169,8 @@ static void malformed_backend_and_events(harness *h)
      * fixed wait was too short on a loaded machine): again until counted */
     tp_m_stats_reply s;
     uint64_t before = harness_stats(h, &s) ? 0 : s.malformed_events;
-    for (int64_t end = now_ms() + WAIT_MS; harness_stats(h, &s) || s.malformed_events < before + 2;) {
-        if (now_ms() > end)
+    for (int64_t end = tp_now_ms() + WAIT_MS; harness_stats(h, &s) || s.malformed_events < before + 2;) {
+        if (tp_now_ms() > end)
             fail_msg("malformed events sent for %d ms, the broker counted %llu", WAIT_MS,
                      (unsigned long long)(s.malformed_events - before));
         zmq_send(p, "job", 3, ZMQ_SNDMORE);
@@ -191,7 +178,7 @@ static void malformed_backend_and_events(harness *h)
         zmq_send(p, "\x09", 1, ZMQ_SNDMORE);
         zmq_send(p, "\x80", 1, 0);
         zmq_send(p, "only-one-frame", 14, 0);
-        sleep_ms(50);
+        harness_sleep_ms(50);
     }
     zmq_close(p);
 }
@@ -209,7 +196,7 @@ static void daemon_survives_malformed_messages_and_keeps_serving(void **state)
              h.bin, h.config);
     FILE *bg = popen(cmd, "r");
     assert_non_null(bg);
-    sleep_ms(100);
+    harness_sleep_ms(100);
     malformed_frontend(&h);
     malformed_backend_and_events(&h);
     char out[65536];
@@ -392,7 +379,7 @@ static void cancel_finishes_the_job_and_status_reports_it(void **state)
     assert_int_equal(harness_start(&h, false, NULL), 0);
     void *sub = harness_subscribe(&h, "c-1");
     submit_long(&h, "c-1");
-    sleep_ms(5);
+    harness_sleep_ms(5);
     tp_zmsg z;
     tp_msg r;
     jobref(&h, TP_CMD_CANCEL, "c-1", &z, &r);
@@ -437,7 +424,7 @@ static void killed_worker_is_respawned_and_its_job_goes_on_there(void **state)
         snprintf(id, sizeof id, "k-%s", stages[s]);
         void *sub = harness_subscribe(&h, id);
         submit_long(&h, id);
-        sleep_ms(20);
+        harness_sleep_ms(20);
         pid_t victim = harness_child_serving(&h, stages[s]);
         assert_true(victim > 0);
         kill(victim, SIGKILL);
@@ -446,12 +433,12 @@ static void killed_worker_is_respawned_and_its_job_goes_on_there(void **state)
             fail_msg("job on the killed %s worker finished with %d, want length", stages[s], reason);
         zmq_close(sub);
         /* the respawned worker registers and serves a new job */
-        for (int64_t end = now_ms() + WAIT_MS; now_ms() < end;) {
+        for (int64_t end = tp_now_ms() + WAIT_MS; tp_now_ms() < end;) {
             tp_m_stats_reply st;
             if (harness_stats(&h, &st) == 0 && st.workers[0] && st.workers[1] && st.workers[2] && st.workers[3] &&
                 harness_child_serving(&h, stages[s]) > 0 && harness_child_serving(&h, stages[s]) != victim)
                 break;
-            sleep_ms(50);
+            harness_sleep_ms(50);
         }
         char cmd[1024], *out = NULL;
         snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout 10000 --prompt 'Hi' --max-tokens 5",

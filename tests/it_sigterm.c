@@ -22,12 +22,6 @@
 
 #include "support/daemon_harness.h"
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Wait for the daemon to exit: its exit status, 128 + signal if a signal
  * killed it, -1 if it still runs after timeout_ms. */
 static int wait_exit(harness *h, int timeout_ms)
@@ -38,7 +32,7 @@ static int wait_exit(harness *h, int timeout_ms)
             h->pid = 0;
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         }
-        sleep_ms(5);
+        harness_sleep_ms(5);
     }
     return -1;
 }
@@ -90,10 +84,10 @@ static void during_config_read(int iteration)
         if (fd < 0 && (errno != ENXIO || waited > 10000))
             fail_msg("tokpiped never opened its config: %s", strerror(errno));
         if (fd < 0)
-            sleep_ms(2);
+            harness_sleep_ms(2);
     }
     kill(h.pid, SIGTERM);
-    sleep_ms(iteration % 3);
+    harness_sleep_ms(iteration % 3);
     size_t len = strlen(yaml);
     assert_int_equal(write(fd, yaml, len), (ssize_t)len);
     close(fd);
@@ -131,9 +125,9 @@ static void during_startup(int iteration, int delay_ms)
     for (int waited = 0; !catches_sigterm(h.pid); waited++) {
         if (waited > 10000)
             fail_msg("tokpiped never installed its SIGTERM handler");
-        sleep_ms(1);
+        harness_sleep_ms(1);
     }
-    sleep_ms(delay_ms);
+    harness_sleep_ms(delay_ms);
     kill(h.pid, SIGTERM);
     expect_clean_exit(&h, "during startup", iteration);
 }
@@ -180,12 +174,12 @@ static void during_a_job(int iteration, int delay_ms, bool twice)
     for (int waited = 0; harness_stats(&h, &s) || s.jobs_active == 0; waited += 2) {
         if (waited > 10000)
             fail_msg("iteration %d: the job never reached the daemon", iteration);
-        sleep_ms(2);
+        harness_sleep_ms(2);
     }
-    sleep_ms(delay_ms);
+    harness_sleep_ms(delay_ms);
     kill(h.pid, SIGTERM);
     if (twice) {
-        sleep_ms(5);
+        harness_sleep_ms(5);
         kill(h.pid, SIGINT);
         kill(h.pid, SIGTERM);
     }
@@ -224,7 +218,7 @@ static void a_killed_tokpiped_leaves_no_worker(void **state)
     int left = 4;
     for (int waited = 0; left > 0 && waited < 30000; waited += 10) {
         left = harness_live_workers(&h);
-        sleep_ms(10);
+        harness_sleep_ms(10);
     }
     if (left)
         fail_msg("%d workers outlived the killed tokpiped by 30 s", left);

@@ -49,12 +49,6 @@ typedef struct snap {
     uint64_t text_len;
 } snap;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void log_event(evlog *l, const tp_msg *m)
 {
     uint32_t seq = m->cmd == TP_CMD_TOKEN ? m->token.seq : m->finish.seq;
@@ -182,7 +176,7 @@ static void status_of_a_running_job_is_a_prefix_of_its_result(void **state)
     /* the FINISH event can arrive before the job lets go of its workers */
     snap fin = status(&h, JOB);
     for (int i = 0; i < 3000 && fin.state != TP_STATE_FINISHED; i++)   /* 30 s: a hang detector */
-        snap_free(&fin), sleep_ms(10), fin = status(&h, JOB);
+        snap_free(&fin), harness_sleep_ms(10), fin = status(&h, JOB);
     drain_events(sub, l, 50);
 
     assert_int_equal(fin.state, TP_STATE_FINISHED);
@@ -233,7 +227,7 @@ static void status_command_shows_text_and_tokens_so_far(void **state)
     assert_int_equal(harness_sh(cmd, &early), 0);
     snap fin = status(&h, "st-cmd");
     for (int i = 0; i < 3000 && fin.state != TP_STATE_FINISHED; i++)   /* 30 s: a hang detector */
-        snap_free(&fin), sleep_ms(10), fin = status(&h, "st-cmd");
+        snap_free(&fin), harness_sleep_ms(10), fin = status(&h, "st-cmd");
     assert_int_equal(fin.state, TP_STATE_FINISHED);
     assert_int_equal(harness_sh(cmd, &late), 0);
     cJSON *e = cJSON_Parse(early), *f = cJSON_Parse(late);

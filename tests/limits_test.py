@@ -24,14 +24,12 @@ import os
 import struct
 import subprocess
 import sys
-import time
 import unittest
 
-import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import tpdaemon  # noqa: E402
-from tpdaemon import MODELS, TOKPIPE, free_port  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
 
 MODEL, TOKENIZER = tpdaemon.STORIES, tpdaemon.TOK512
 TEMPLATE = os.path.join(MODELS, "chat-templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
@@ -44,27 +42,15 @@ def ids_frame(ids):
     return struct.pack("<%di" % len(ids), *ids)
 
 
-class Limits(unittest.TestCase):
+class Limits(tpdaemon.HttpDaemonCase):
+    @classmethod
+    def new_daemon(cls):
+        return tpdaemon.HttpDaemon(chat_template=TEMPLATE, prefix="tp-limits-", sub_all=True)
+
     @classmethod
     def setUpClass(cls):
-        cls.port = free_port()
-        cls.d = tpdaemon.Daemon("http:\n  enabled: true\n  port: %d\n" % cls.port, http=True,
-                                chat_template=TEMPLATE, prefix="tp-limits-")
-        cls.addClassCleanup(cls.d.stop)
-        cls.d.wait_ready()
-        cls.sub = tpdaemon.Subscriber(cls.d.zmq(), cls.d.events)
-        cls.sub.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        cls.sub.wait_heartbeat(cls.d.log_text)
-        end = time.time() + 30
-        while True:   # the gateway listens once its process is up
-            try:
-                if cls.get("/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > end:
-                raise AssertionError("the gateway never answered /health\n" + cls.d.log_text())
-            time.sleep(0.2)
+        super().setUpClass()
+        cls.sub = cls.d.sub
         cls.n_jobs = 0
 
     def setUp(self):

@@ -8,22 +8,18 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_gateway_test import BIN, Daemon, metric, post, request, run_json, stream, wait_idle  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+import tpdaemon  # noqa: E402
+from http_gateway_test import Daemon, metric, post, request, run_json, stream, wait_idle  # noqa: E402
 
 PROMPT = ("Once upon a time there was a little girl named Lily. She loved to play outside in the sun "
           "with her friends. One day she saw a big red ball in the park")
 
 
-@unittest.skipUnless(os.path.exists(os.path.join(BIN, "tokpipe-http")), "bin/tokpipe-http not built")
-class PrefixCacheOverHttp(unittest.TestCase):
+class PrefixCacheOverHttp(tpdaemon.HttpDaemonCase):
     @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-        cls.port = cls.d.port
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
+    def new_daemon(cls):
+        return Daemon()
 
     def test_cached_tokens_on_every_response_and_the_text_never_changes(self):
         p = {"max_tokens": 20, "temperature": 0}

@@ -18,7 +18,7 @@
 #include "../workers/forward/kernels.h"
 #include "../workers/forward/quant.h"
 #include "support/batch_runs.h"
-#include "support/tiny_llama.h"
+#include "support/tiny_model.h"
 
 /* run.c (llama2.c 350e04f) greedy on stories260K.bin + tok512.bin, prompt
  * "Once upon a time" = 1 403 407 261 378: the 252 ids listed in
@@ -99,12 +99,10 @@ static void check_close(const float *got, const double *want, int n, double tol,
 static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
 {
     tiny_shape sh = {16, 40, 2, 4, 2, 23, 12, 1};
-    size_t size;
-    float *ck = tiny_llama_build(&sh, 5, 0.3f, &size);
-    tp_model *m;
-    tp_err e;
-    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    float *ck;
+    tp_model *m = tiny_model_new(&sh, 5, 0.3f, &ck);
     tp_forward *f;
+    tp_err e;
     assert_int_equal(tp_forward_new(m, 2, 0, 8, &f, &e), 0);
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
@@ -135,12 +133,10 @@ static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
 static void wide_head_logits(bool scalar, int threads, float *out)
 {
     tiny_shape sh = {96, 64, 2, 2, 1, 23, 40, 1};
-    size_t size;
-    float *ck = tiny_llama_build(&sh, 7, 0.3f, &size);
-    tp_model *m;
-    tp_err e;
-    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    float *ck;
+    tp_model *m = tiny_model_new(&sh, 7, 0.3f, &ck);
     tp_forward *f;
+    tp_err e;
     assert_int_equal(tp_forward_new(m, 1, 0, 20, &f, &e), 0);
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
@@ -217,10 +213,9 @@ static void zero_blocks_give_normalized_embedding_logits(void **state)
     float *g = w2 + 2 * 8 * d;
     const float G[4] = {1, 0.5f, 2, 1};
     memcpy(g, G, sizeof G);
-    tp_model *m;
-    tp_err e;
-    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    tp_model *m = tiny_model_load(ck, size);
     tp_forward *f;
+    tp_err e;
     assert_int_equal(tp_forward_new(m, 1, 0, 4, &f, &e), 0);
     int sid, tok = 1;
     tp_forward_seq_open(f, &sid, &e);
@@ -610,11 +605,8 @@ static void openblas_kernel_agrees_with_invariant_on_tiny_model(void **state)
 {
     (void)state;
     tiny_shape sh = {16, 40, 2, 4, 2, 23, 12, 1};
-    size_t size;
-    float *ck = tiny_llama_build(&sh, 9, 0.3f, &size);
-    tp_model *m;
-    tp_err e;
-    assert_int_equal(tp_model_from_memory(ck, size, &m, &e), 0);
+    float *ck;
+    tp_model *m = tiny_model_new(&sh, 9, 0.3f, &ck);
     kernels_agree(m, 4, 12, 1e-4);
     tp_model_free(m);
     free(ck);

@@ -15,30 +15,15 @@
 #include <string.h>
 
 #include "tokpipe/protocol.h"
+#include "support/proto_check.h"
 
 /* ---- helpers ---- */
-
-static bool str_is(tp_str s, const char *want)
-{
-    return s.ptr && s.len == strlen(want) && !memcmp(s.ptr, want, s.len);
-}
 
 #define assert_str(s, want)                                                                       \
     do {                                                                                          \
         if (!str_is((s), (want)))                                                                 \
             fail_msg("%s is '%.*s', expected '%s'", #s, (int)(s).len, (s).ptr ? (s).ptr : "", want); \
     } while (0)
-
-/* Encode m, then decode the frames into out (which borrows from w). */
-static void round_trip(const tp_msg *m, tp_wire *w, tp_msg *out)
-{
-    tp_err e = {0};
-    if (tp_proto_encode(m, w, &e))
-        fail_msg("encode failed: %s", e.msg);
-    if (tp_proto_decode(m->family, w->f, w->n, out, &e))
-        fail_msg("decode failed: %s", e.msg);
-    assert_int_equal(out->cmd, m->cmd);
-}
 
 /* A hand-built message: magic, command, header, payload frames. */
 typedef struct raw_msg {

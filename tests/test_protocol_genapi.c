@@ -15,20 +15,7 @@
 #include <string.h>
 
 #include "tokpipe/protocol.h"
-
-static bool str_is(tp_str s, const char *want)
-{
-    return s.ptr && s.len == strlen(want) && !memcmp(s.ptr, want, s.len);
-}
-
-static void round_trip(const tp_msg *m, tp_wire *w, tp_msg *out)
-{
-    tp_err e = {0};
-    if (tp_proto_encode(m, w, &e))
-        fail_msg("encode failed: %s", e.msg);
-    if (tp_proto_decode(m->family, w->f, w->n, out, &e))
-        fail_msg("decode failed: %s", e.msg);
-}
+#include "support/proto_check.h"
 
 static void pk_str(msgpack_packer *pk, const char *s)
 {

@@ -21,7 +21,7 @@ import jsonschema
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tpdaemon  # noqa: E402
-from tpdaemon import MODELS, TOKPIPE, free_port  # noqa: E402
+from tpdaemon import MODELS, TOKPIPE  # noqa: E402
 from http_gateway_test import request  # noqa: E402
 from toolcall_job_test import BOUNDED, chain_model, sse_events  # noqa: E402
 
@@ -136,10 +136,15 @@ class EveryFamily(unittest.TestCase):
                 self.assertNotIn("tool_calls", r)
 
 
-class DaemonAgreesWithRun(unittest.TestCase):
+class DaemonAgreesWithRun(tpdaemon.HttpDaemonCase):
+    @classmethod
+    def new_daemon(cls):
+        return tpdaemon.HttpDaemon(model=cls.model, tokenizer="", prefix="tp-tcfam-")
+
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="tp-tcfam-d-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
         cls.model = os.path.join(cls.dir, "qwen3.gguf")
         subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "qwen2", "--vocab-from",
                         os.path.join(MODELS, "hf-vocab", "qwen3-vocab.gguf"), "--shape", "64x2x4", "--seed", "7",
@@ -147,14 +152,7 @@ class DaemonAgreesWithRun(unittest.TestCase):
         cls.tools = os.path.join(cls.dir, "tools.json")
         with open(cls.tools, "w") as f:
             json.dump(BOUNDED, f)
-        cls.port = free_port()
-        cls.d = tpdaemon.Daemon("http:\n  port: %d\n" % cls.port, model=cls.model, tokenizer="", http=True,
-                                prefix="tp-tcfam-", ready=True)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        super().setUpClass()
 
     def both(self, *args):
         common = ["--json", "--temperature", "0", "--max-tokens", "120", "--seed", "5", "--message",

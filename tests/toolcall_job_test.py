@@ -27,7 +27,6 @@ import gguf_tiny  # noqa: E402
 import tpdaemon  # noqa: E402
 from tpdaemon import MODELS, TOKPIPE  # noqa: E402
 from http_gateway_test import request  # noqa: E402
-from tpdaemon import free_port  # noqa: E402
 from http_openai_node_test import MODULES, ensure_client  # noqa: E402
 
 QWEN3 = os.path.join(MODELS, "hf-vocab", "qwen3-vocab.gguf")
@@ -85,10 +84,16 @@ def sse_events(body):
             if line.startswith("data: ") and line != "data: [DONE]"]
 
 
-class ModelThatCallsATool(unittest.TestCase):
+class ModelThatCallsATool(tpdaemon.HttpDaemonCase):
+    @classmethod
+    def new_daemon(cls):
+        return tpdaemon.HttpDaemon("shutdown:\n  drain_timeout_ms: 60000\n", model=cls.model, tokenizer="",
+                                   prefix="tp-tools-")
+
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="tp-tools-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, ignore_errors=True)
         cls.model = os.path.join(cls.dir, "qwen3-calls.gguf")
         cls.chain = tpdaemon.tokenize(QWEN3, OUTPUT, "--special")
         start = tpdaemon.tokenize(QWEN3, "<|im_start|>assistant\n", "--special")[-1]
@@ -96,18 +101,10 @@ class ModelThatCallsATool(unittest.TestCase):
         assert len(set(cls.chain)) == len(cls.chain) and start not in cls.chain, cls.chain
         chain_model(cls.model, start, cls.chain, end)
         cls.end = end
-        cls.port = free_port()
         cls.tools_file = os.path.join(cls.dir, "tools.json")
         with open(cls.tools_file, "w") as f:
             json.dump(TOOLS, f)
-        cls.d = tpdaemon.Daemon("shutdown:\n  drain_timeout_ms: 60000\nhttp:\n  port: %d\n" % cls.port,
-                                model=cls.model, tokenizer="", http=True, prefix="tp-tools-", stop_timeout_s=90,
-                                ready=True)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        super().setUpClass()
 
     def generate(self, *args):
         p = subprocess.run([TOKPIPE, "generate", "--config", self.d.config, "--json", "--temperature", "0",
@@ -156,10 +153,7 @@ class ModelThatCallsATool(unittest.TestCase):
         self.assertIn("<tool_call>", j["text"])
 
     def test_zeromq_events_carry_reasoning_deltas_and_finish_the_calls(self):
-        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
-        sub.subscribe("zmq-tools")
-        sub.subscribe("@heartbeat")
-        sub.wait_heartbeat(self.d.log_text)
+        sub = self.d.subscriber("zmq-tools")
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "job_id": "zmq-tools", "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS),
             "params": {"max_tokens": 64, "temperature": 0.0}})
@@ -320,10 +314,7 @@ class ModelThatCallsATool(unittest.TestCase):
                                            parallel_tool_calls=False)
             self.assertEqual([c["function"]["name"] for c in calls], [name])
         # over ZeroMQ, with tool_choice "function" and its name
-        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
-        sub.subscribe("zmq-named")
-        sub.subscribe("@heartbeat")
-        sub.wait_heartbeat(self.d.log_text)
+        sub = self.d.subscriber("zmq-named")
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "job_id": "zmq-named", "messages": [{"role": "user", "content": USER}], "tools": json.dumps(BOUNDED),
             "tool_choice": "function", "tool_choice_name": "get_time",

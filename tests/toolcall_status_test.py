@@ -56,11 +56,8 @@ class StatusOfARunningJob(unittest.TestCase):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     def test_status_mid_job_is_a_prefix_of_finish(self):
-        sub = tpdaemon.Subscriber(self.d.zmq(), self.d.events)
+        sub = self.d.subscriber("tc-status")
         self.addCleanup(sub.sock.close, 0)
-        sub.subscribe("tc-status")
-        sub.subscribe("@heartbeat")
-        sub.wait_heartbeat(self.d.log_text)
         _, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "job_id": "tc-status", "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS),
             "params": {"max_tokens": MAX_TOKENS, "temperature": 0.0}})

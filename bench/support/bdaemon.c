@@ -81,6 +81,31 @@ void bench_daemon_stop(bench_daemon *d)
     waitpid(d->pid, NULL, 0);
 }
 
+int bench_daemon_submit(bench_daemon *d, const char *prefix, int j, const int32_t *ids, size_t n, int max_tokens)
+{
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    char id[64];
+    snprintf(id, sizeof id, "%s-%d", prefix, j);
+    m.submit.job_id = tp_str_of(id);
+    m.submit.prompt_ids = (tp_raw){ids, n};
+    tp_params *p = &m.submit.params;
+    p->set = TP_P_TEMPERATURE | TP_P_MAX_TOKENS | TP_P_IGNORE_EOS;
+    p->temperature = 0;
+    p->max_tokens = max_tokens;
+    p->ignore_eos = true;
+    tp_err e;
+    int rc = tp_zsend_msg(d->dealer, NULL, 0, &m, &e);
+    if (rc)
+        fprintf(stderr, "bench: submit %s: %s\n", id, e.msg);
+    return rc ? -1 : 0;
+}
+
+void bench_daemon_subscribe(bench_daemon *d, const char *prefix)
+{
+    zmq_setsockopt(d->sub, ZMQ_UNSUBSCRIBE, "", 0);
+    zmq_setsockopt(d->sub, ZMQ_SUBSCRIBE, prefix, strlen(prefix));
+}
 
 int bench_daemon_events(bench_daemon *d, const char *prefix, int n, int timeout_ms, bench_event_fn fn, void *ctx)
 {

@@ -24,6 +24,17 @@ int bench_daemon_call(bench_daemon *d, const tp_msg *m, tp_zmsg *z, tp_msg *r);
 
 void bench_daemon_stop(bench_daemon *d);
 
+/* Take only the events whose topic (job id) starts with prefix instead of
+ * all of them, so events of jobs submitted another way (over HTTP) do not
+ * queue up unread and get drained inside a later measurement. Takes effect
+ * after a short while, like any subscription. */
+void bench_daemon_subscribe(bench_daemon *d, const char *prefix);
+
+/* Submit job `prefix-j` (the naming bench_daemon_events reads): prompt
+ * ids[0..n), greedy, ignore_eos, max_tokens. 0, or -1 said on stderr. The
+ * ACK is read by bench_daemon_events. */
+int bench_daemon_submit(bench_daemon *d, const char *prefix, int j, const int32_t *ids, size_t n, int max_tokens);
+
 /* Called for each TOKEN / FINISH event of job `prefix-j`, at time t
  * (bench_now). */
 typedef void (*bench_event_fn)(void *ctx, int j, const tp_msg *ev, double t);

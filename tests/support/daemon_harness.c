@@ -19,14 +19,7 @@
  * a hang detector (it comes within milliseconds on a quiet machine). */
 #define SUBSCRIBE_WAIT_MS 20000
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
+void harness_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -177,7 +170,7 @@ int harness_wait_workers(harness *h, int timeout_ms)
         }
         if (harness_stats(h, &s) == 0 && s.workers[0] && s.workers[1] && s.workers[2] && s.workers[3])
             return 0;
-        sleep_ms(50);
+        harness_sleep_ms(50);
     }
     return -1;
 }
@@ -254,7 +247,7 @@ int harness_stop(harness *h)
         for (int i = 0; i < 300; i++) {
             if (waitpid(h->pid, &status, WNOHANG) == h->pid)
                 break;
-            sleep_ms(50);
+            harness_sleep_ms(50);
             status = -1;
         }
         if (status == -1) {
@@ -324,7 +317,7 @@ void *harness_subscribe(harness *h, const char *prefix)
     tp_zsec_client_apply(&h->sec, s, h->events, NULL);
     zmq_connect(s, h->events);
     bool heard = false;
-    for (int64_t end = now_ms() + SUBSCRIBE_WAIT_MS, left; !heard && (left = end - now_ms()) > 0;) {
+    for (int64_t end = tp_now_ms() + SUBSCRIBE_WAIT_MS, left; !heard && (left = end - tp_now_ms()) > 0;) {
         zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, (long)left) <= 0)
             break;
@@ -393,7 +386,7 @@ int harness_wait_stage(harness *h, int stage, uint64_t n, int timeout_ms)
         tp_m_stats_reply s;
         if (harness_stats(h, &s) == 0 && s.workers[stage] == n)
             return 0;
-        sleep_ms(20);
+        harness_sleep_ms(20);
     }
     return -1;
 }
@@ -427,24 +420,30 @@ int harness_live_workers(const harness *h)
     return n;
 }
 
-pid_t harness_child_serving(harness *h, const char *stage)
+int harness_children_serving(harness *h, const char *stage, pid_t *out, int cap)
 {
-    pid_t pids[16];
-    int n = harness_children(h, pids, 16);
-    for (int i = 0; i < n; i++) {
+    pid_t pids[32];
+    int n = harness_children(h, pids, 32), k = 0;
+    for (int i = 0; i < n && k < cap; i++) {
         char path[64], args[512] = {0};
         snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
         FILE *f = fopen(path, "r");
         size_t len = f ? fread(args, 1, sizeof args - 1, f) : 0;
         if (f)
             fclose(f);
-        for (size_t k = 0; k < len; k++)   /* NUL-separated arguments as one line */
-            if (!args[k])
-                args[k] = ' ';
+        for (size_t c = 0; c < len; c++)   /* NUL-separated arguments as one line */
+            if (!args[c])
+                args[c] = ' ';
         char want[64];
         snprintf(want, sizeof want, "--stage %s ", stage);
         if (strstr(args, want))
-            return pids[i];
+            out[k++] = pids[i];
     }
-    return -1;
+    return k;
+}
+
+pid_t harness_child_serving(harness *h, const char *stage)
+{
+    pid_t pid;
+    return harness_children_serving(h, stage, &pid, 1) == 1 ? pid : -1;
 }

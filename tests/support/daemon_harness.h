@@ -89,8 +89,14 @@ int harness_children(harness *h, pid_t *pids, int cap);
  * "forward"), or -1. */
 pid_t harness_child_serving(harness *h, const char *stage);
 
+/* All of them (up to cap) into out; how many. */
+int harness_children_serving(harness *h, const char *stage, pid_t *out, int cap);
+
 /* Read STATS into *s via a fresh request; 0 or -1. Borrowed strings are
  * not kept (counters only). */
 int harness_stats(harness *h, tp_m_stats_reply *s);
+
+/* Sleep ms milliseconds (a signal may cut it short: callers poll). */
+void harness_sleep_ms(int ms);
 
 #endif

@@ -27,6 +27,7 @@ BIN = os.path.abspath(os.environ.get("TP_BIN_DIR", "bin"))
 MODELS = os.path.abspath(os.environ.get("TP_MODELS", "../shared/models"))
 TOKPIPE = os.path.join(BIN, "tokpipe")
 TOKPIPED = os.path.join(BIN, "tokpiped")
+TOKPIPE_HTTP = os.path.join(BIN, "tokpipe-http")
 STORIES = os.path.join(MODELS, "stories260K.bin")
 TOK512 = os.path.join(MODELS, "tok512.bin")
 STAGES = ("tokenize", "forward", "sample", "stop")
@@ -174,11 +175,14 @@ class Daemon:
     config is YAML appended after runtime_dir, the model (model=None: none,
     config says) and, unless http=True, `http: enabled: false` (the default
     would open 127.0.0.1:8080 for every test daemon). ready=True: returns once
-    every stage has a worker (else stops it and raises). A `with` block stops
-    it; stop waits stop_timeout_s for a clean exit before it kills."""
+    every stage has a worker; sub_all=True: with self.sub, a Subscriber to
+    every event, in force (subscriber("")); either failing stops it and
+    raises. A `with` block stops it; stop waits stop_timeout_s for a clean
+    exit before it kills."""
 
     def __init__(self, config="", model=STORIES, tokenizer=TOK512, chat_template=None, endpoints=None,
-                 http=False, env=None, prefix="tp-test-", stop_timeout_s=15, start=True, ready=False):
+                 http=False, env=None, prefix="tp-test-", stop_timeout_s=15, start=True, ready=False,
+                 sub_all=False):
         self.dir = tempfile.mkdtemp(prefix=prefix)
         self.config = os.path.join(self.dir, "tokpipe.yaml")
         self.logpath = os.path.join(self.dir, "tokpiped.log")
@@ -187,7 +191,7 @@ class Daemon:
         if endpoints:
             self.front = endpoints.get("front", self.front)
             self.events = endpoints.get("events", self.events)
-        self.ctx = self.proc = self.log = self._prod = None
+        self.ctx = self.proc = self.log = self._prod = self.sub = None
         self.stop_timeout_s = stop_timeout_s
         self.env = env
         self.head = "runtime_dir: %s\n" % json.dumps(self.dir)
@@ -201,9 +205,12 @@ class Daemon:
             self.head += "http:\n  enabled: false\n"
         if start:
             self.start(config)
-        if start and ready:
+        if start and (ready or sub_all):
             try:
-                self.wait_ready()
+                if ready:
+                    self.wait_ready()
+                if sub_all:
+                    self.sub = self.subscriber("")
             except BaseException:
                 self.stop()
                 raise
@@ -244,6 +251,18 @@ class Daemon:
             self._prod = Producer(self.zmq(), self.front, self.log_text)
         return self._prod.call(cmd, hdr, *payload, timeout_ms=timeout_ms)
 
+    def subscriber(self, *topics):
+        """A Subscriber on this daemon's context to topics (job ids; "" is
+        every event) and heartbeats, returned once the subscription is in
+        force (a heartbeat came through it)."""
+        sub = Subscriber(self.zmq(), self.events)
+        for t in topics:
+            sub.subscribe(t)
+        if "" not in topics:
+            sub.subscribe("@heartbeat")   # last: the broker answers it at once
+        sub.wait_heartbeat(self.log_text)
+        return sub
+
     def wait_ready(self, timeout_s=60, dealer=None):
         """Until every stage has a live worker: STATS on a new DEALER each try
         (dealer() makes one; default plain to front), so a late reply to a try
@@ -273,7 +292,7 @@ class Daemon:
         """SIGTERM (SIGKILL after stop_timeout_s), then the directory goes."""
         if self.ctx is not None:
             self.ctx.destroy(linger=0)
-            self.ctx = self._prod = None
+            self.ctx = self._prod = self.sub = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -286,6 +305,27 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def wait_health(port, timeout_s=60, healthy=True, gone=lambda: False):
+    """Until the gateway on port answers GET /health 200 (healthy=False: or
+    503 naming the missing stages): True, or False once timeout_s passed or
+    gone() says its process has exited."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            st, body = r.status, r.read()
+            c.close()
+            if st == 200 or (not healthy and st == 503 and b"missing" in body):
+                return True
+        except OSError:
+            pass
+        if time.time() > deadline or gone():
+            return False
+        time.sleep(0.1)
+
+
 class HttpDaemon(Daemon):
     """A Daemon that also starts its HTTP gateway (tokpipe-http) on a free
     loopback port (self.port; the config has `http:\n  port: N\n`), ready
@@ -296,22 +336,9 @@ class HttpDaemon(Daemon):
         self.port = free_port()
         super().__init__("http:\n  port: %d\n" % self.port + config, http=True, prefix=prefix,
                          stop_timeout_s=stop_timeout_s, **kw)
-        deadline = time.time() + 60
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-                c.request("GET", "/health")
-                r = c.getresponse()
-                st, body = r.status, r.read()
-                c.close()
-                if st == 200 or (not healthy and st == 503 and b"missing" in body):
-                    return
-            except OSError:
-                pass
-            if time.time() > deadline or self.proc.poll() is not None:
-                self.stop()
-                raise AssertionError("gateway not healthy; log: " + self.log_text())
-            time.sleep(0.1)
+        if not wait_health(self.port, healthy=healthy, gone=lambda: self.proc.poll() is not None):
+            self.stop()
+            raise AssertionError("gateway not healthy; log: " + self.log_text())
 
 
 class DaemonCase(unittest.TestCase):
@@ -332,3 +359,25 @@ class DaemonCase(unittest.TestCase):
         cls.prod = Producer(cls.ctx, cls.daemon.front, cls.daemon.log_text)
         cls.sub = Subscriber(cls.ctx, cls.daemon.events)
         cls.daemon.wait_ready()
+
+
+class HttpDaemonCase(unittest.TestCase):
+    """A test class with one healthy HttpDaemon for all its tests: cls.d and
+    its gateway's port cls.port, stopped by a class cleanup (so cleanups a
+    subclass's setUpClass registers before calling this one, such as the
+    removal of a model it made, run after the stop). new_daemon() makes it;
+    override it for another config, model or HttpDaemon subclass. Skipped
+    when tokpipe-http is not built. Subclass it as tpdaemon.HttpDaemonCase
+    (see DaemonCase)."""
+
+    @classmethod
+    def new_daemon(cls):
+        return HttpDaemon()
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.access(TOKPIPE_HTTP, os.X_OK):
+            raise unittest.SkipTest("%s not built (run make)" % TOKPIPE_HTTP)
+        cls.d = cls.new_daemon()
+        cls.addClassCleanup(cls.d.stop)
+        cls.port = cls.d.port

@@ -328,33 +328,6 @@ TP_SCALAR_CLONES static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a
  * exact in any order; float lanes are the 16 of the scalar path, two
  * registers of 8. So the bits are those of the scalar path. ---- */
 
-/* Exact sum of w[i] * x[i] over n = 32 or 16 int8 pairs. maddubs takes an
- * unsigned and a signed operand: |w| and x carrying w's sign; a pair of
- * products is at most 2 * 128 * 127 (x never is -128: activations are
- * quantized to +-127), inside int16. */
-__attribute__((target("avx2"))) static inline int32_t hsum_i32x4(__m128i s)
-{
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
-__attribute__((target("avx2"))) static inline int32_t dot32_avx2(__m256i a, const int8_t *x)
-{
-    __m256i b = _mm256_loadu_si256((const __m256i *)x);
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
-                                  _mm256_set1_epi16(1));
-    return hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
-}
-
-__attribute__((target("avx2"))) static inline int32_t dot_i8_avx2(const int8_t *w, const int8_t *x, int n)
-{
-    if (n == 32)
-        return dot32_avx2(_mm256_loadu_si256((const __m256i *)w), x);
-    __m128i a = _mm_loadu_si128((const __m128i *)w), b = _mm_loadu_si128((const __m128i *)x);
-    return hsum_i32x4(_mm_madd_epi16(_mm_maddubs_epi16(_mm_sign_epi8(a, a), _mm_sign_epi8(b, a)), _mm_set1_epi16(1)));
-}
-
 /* A block's f16 scale, converted by the CPU (F16C: exact, as
  * tp_f16_to_f32; and no call out of AVX code in the inner loop). */
 __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *p)
@@ -364,204 +337,364 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
     return _cvtsh_ss(h);
 }
 
-/* Block b's 32 signed quants. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i q80_q40_quants(const uint8_t *blk, const bool q8)
-{
-    if (q8)
-        return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const __m128i low = _mm_set1_epi8(0x0f);
-    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
-    return _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low)),
-                           _mm256_set1_epi8(8));
-}
-
-/* The 8 int32 partial sums of a 32-pair product (see dot32_avx2). */
-__attribute__((target("avx2"), always_inline)) static inline __m256i dot32_parts(__m256i a, const int8_t *x)
-{
-    __m256i b = _mm256_loadu_si256((const __m256i *)x);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
-                             _mm256_set1_epi16(1));
-}
-
-/* How far ahead of its reads an AVX2 kernel asks for weights (bytes).
+/* The integer kernels below take four rows at a time, row k in lane k.
+ * The scalar order is one chain of fused multiply-adds per row, a block
+ * (or a 16-column sub-block) after another; one row alone waits on that
+ * chain (4 cycles a link on Zen 3) more than on its integer work. Four
+ * rows' chains side by side in one register keep each row's order, so
+ * the bits are the scalar path's, and the four exact integer products of
+ * a block are reduced by one horizontal tree. A range's last rows, when
+ * fewer than four, repeat its first row in the spare lanes.
+ *
  * Decode streams every weight once and these kernels do little work per
- * byte, so on their own the loads wait on DRAM: 2 KB ahead (a few rows)
- * took a 110M Q8_0 decode step from 9.1 to 7.9 ms of CPU and F16 from 21
- * to 18 (Zen 3 KVM guest; 1 and 3 KB ahead did about as well). Past the
- * end of a range it touches the next rows: harmless. */
-#define AVX2_PREFETCH 2048
-/* Four blocks at a time: their exact integer sums reduced together (one
- * horizontal tree for four), their scale products d * dx in one multiply,
- * then the row's one accumulator takes them in block order as always. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q80_q40_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool q8)
+ * byte, so on their own the loads wait on DRAM; and four rows read side by
+ * side are four streams a few hundred bytes apart, which the hardware
+ * prefetcher follows worse than one (Q8_0 read 10 GB/s from DRAM so,
+ * against 15 one row at a time). So the kernels ask for the memory ahead
+ * themselves, as one run (at least AVX2_PREFETCH_RUN bytes, and at least
+ * the next four rows, ahead) as fast as they consume their own: 15-17 GB/s
+ * again (one thread, Zen 3 KVM guest). Past the end of a range the run
+ * touches the next rows: harmless. */
+#define AVX2_PREFETCH_RUN 4096
+
+typedef struct rows4 {
+    const uint8_t *p[4];
+    int n;                    /* rows of the four that are real */
+    const char *pf, *pf_base; /* next line to ask for; where the run ahead starts */
+} rows4;
+
+static inline rows4 rows4_at(const tp_wmat *w, int r, int r1)
 {
-    size_t bb = q8 ? 34 : 18;
-    int cols = w->cols, nb = cols / 32, nb4 = nb / 4 * 4;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+    rows4 q;
+    q.n = r1 - r < 4 ? r1 - r : 4;
+    for (int k = 0; k < 4; k++)
+        q.p[k] = (const uint8_t *)w->data + (size_t)(r + (k < q.n ? k : 0)) * w->row_bytes;
+    size_t group = 4 * w->row_bytes;
+    q.pf = q.pf_base = (const char *)q.p[0] + (group < AVX2_PREFETCH_RUN ? AVX2_PREFETCH_RUN : group);
+    return q;
+}
+
+/* Ask for the run ahead up to done bytes into it (done: the bytes of the
+ * four rows read so far). */
+static inline void rows4_prefetch(rows4 *q, size_t done)
+{
+    while (q->pf < q->pf_base + done) {
+        _mm_prefetch(q->pf, _MM_HINT_T1);
+        q->pf += 64;
+    }
+}
+
+__attribute__((target("avx2"))) static inline void rows4_store(const rows4 *q, __m128 acc, float *y)
+{
+    if (q->n == 4) {
+        _mm_storeu_ps(y, acc);
+        return;
+    }
+    float v[4];
+    _mm_storeu_ps(v, acc);
+    memcpy(y, v, sizeof(float) * (size_t)q->n);
+}
+
+/* [P0, P1, P2, P3] from four rows' 8-lane partial sums: two horizontal
+ * adds leave row k's first four lanes summed in lane k of the low half and
+ * its last four in lane k of the high half. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i hsum4_halves(__m256i p0, __m256i p1, __m256i p2,
+                                                                                __m256i p3)
+{
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m128i hsum4(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
+{
+    __m256i h = hsum4_halves(p0, p1, p2, p3);
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* The f16 at the same offset of four rows, as floats (F16C: exact). */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m128 half4(const rows4 *q, size_t off)
+{
+    uint16_t h0, h1, h2, h3;
+    memcpy(&h0, q->p[0] + off, 2);
+    memcpy(&h1, q->p[1] + off, 2);
+    memcpy(&h2, q->p[2] + off, 2);
+    memcpy(&h3, q->p[3] + off, 2);
+    return _mm_cvtph_ps(_mm_insert_epi16(_mm_insert_epi16(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1), h2, 2), h3, 3));
+}
+
+/* 8-lane partial sums of q . x over 32 pairs, q unsigned (at most 63) and
+ * x signed: maddubs's pairs stay inside int16 (2 * 63 * 127). Sums of
+ * integer products are exact in any order. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot32u_parts(__m256i q, __m256i x)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+}
+
+/* The same for signed q: maddubs takes an unsigned and a signed operand,
+ * so |q| and x carrying q's sign; a pair is at most 2 * 128 * 127 (x is
+ * never -128: activations are quantized to +-127), inside int16. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot32_parts(__m256i q, __m256i x)
+{
+    return dot32u_parts(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+}
+
+/* A Q4_0 block's 16 bytes of nibbles as 32 unsigned quants in column
+ * order (low nibbles are columns 0..15, high ones 16..31). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+}
+
+/* A Q5 block's 32 fifth bits (bit j: column j) as 0x10 in byte j. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i fifth_bits(const uint8_t *qh)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i byte_of = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), byte_of);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* The 32-column block types (ggml's first ones), a block of each:
+ * f16 d, [f16 m,] [u32 qh,] quants: Q8_0 int8 (34 bytes), Q4_0 nibbles
+ * less 8 (18), Q4_1 nibbles + m (20), Q5_0 five bits less 16 (22), Q5_1
+ * five bits + m (24). In a block, columns 0..15 are the low nibbles,
+ * 16..31 the high ones. */
+typedef enum { LEG_Q8_0, LEG_Q4_0, LEG_Q4_1, LEG_Q5_0, LEG_Q5_1 } legacy_kind;
+
+/* One block's 8-lane partial sums of its quants (unsigned but for Q8_0's)
+ * with the activations. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i legacy_dot(const uint8_t *blk, __m256i x,
+                                                                               const legacy_kind kind)
+{
+    if (kind == LEG_Q8_0)
+        return dot32_parts(_mm256_loadu_si256((const __m256i *)(blk + 2)), x);
+    bool m = kind == LEG_Q4_1 || kind == LEG_Q5_1, five = kind == LEG_Q5_0 || kind == LEG_Q5_1;
+    __m256i q = nibbles32(blk + 2 + (m ? 2 : 0) + (five ? 4 : 0));
+    if (five)
+        q = _mm256_or_si256(q, fifth_bits(blk + 2 + (m ? 2 : 0)));
+    return dot32u_parts(q, x);
+}
+
+/* Those types straight from the file's blocks. Q4_0 and Q5_0 multiply the
+ * unsigned quants and take 8 or 16 x the block's quant sum off after: the
+ * same integer, without the sign trick. Per block and row, as the scalar
+ * path: acc += (d * dx) * p, then, with a min, acc += (m * dx) * sum. kind
+ * is a constant in each instantiation. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const legacy_kind kind)
+{
+    static const size_t bytes[] = {34, 18, 20, 22, 24};
+    static const int off[] = {0, 8, 0, 16, 0};
+    const size_t bb = bytes[kind];
+    const bool has_min = kind == LEG_Q4_1 || kind == LEG_Q5_1;
+    int cols = w->cols, nb = cols / 32;
+    for (int r = r0; r < r1; r += 4) {
+        rows4 q = rows4_at(w, r, r1);
         for (int t = 0; t < a->n_tok; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb;
-            float acc = 0.0f;
-            for (int b = 0; b < nb4; b += 4) {
-                const uint8_t *blk = row + (size_t)b * bb;
-                _mm_prefetch((const char *)blk + AVX2_PREFETCH, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + AVX2_PREFETCH + 64, _MM_HINT_T0);
-                __m256i p0 = dot32_parts(q80_q40_quants(blk, q8), xq + 32 * b);
-                __m256i p1 = dot32_parts(q80_q40_quants(blk + bb, q8), xq + 32 * b + 32);
-                __m256i p2 = dot32_parts(q80_q40_quants(blk + 2 * bb, q8), xq + 32 * b + 64);
-                __m256i p3 = dot32_parts(q80_q40_quants(blk + 3 * bb, q8), xq + 32 * b + 96);
-                __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-                __m128 pf = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-                uint16_t d16[4];
-                for (int k = 0; k < 4; k++)
-                    memcpy(&d16[k], blk + (size_t)k * bb, 2);
-                __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d16));
-                __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(dx + b));
-                float scf[4], pff[4];
-                _mm_storeu_ps(scf, sc);
-                _mm_storeu_ps(pff, pf);
-                for (int k = 0; k < 4; k++)
-                    acc = fmaf(scf[k], pff[k], acc);
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
+            __m128 acc = _mm_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                size_t o = (size_t)b * bb;
+                rows4_prefetch(&q, 4 * (o + bb));
+                __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
+                __m128i s = hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
+                                  legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
+                if (off[kind])
+                    s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * nsum[b]));
+                __m128 dxb = _mm_set1_ps(dx[b]);
+                acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o), dxb), _mm_cvtepi32_ps(s), acc);
+                if (has_min)
+                    acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o + 2), dxb), _mm_set1_ps(sum[b]), acc);
             }
-            for (int b = nb4; b < nb; b++) {
-                const uint8_t *blk = row + (size_t)b * bb;
-                int32_t p = dot32_avx2(q80_q40_quants(blk, q8), xq + 32 * b);
-                acc = fmaf(half_at(blk) * dx[b], (float)p, acc);
-            }
-            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+            rows4_store(&q, acc, y + (size_t)t * (size_t)ldy + (size_t)r);
         }
     }
 }
 
-/* Q8_0 (34-byte blocks: f16 d, 32 quants) and Q4_0 (18: f16 d, 16 bytes of
- * nibbles, columns 0..15 low, 16..31 high, q - 8) straight from the file's
- * blocks, no unpacking. */
-__attribute__((target("avx2,fma,f16c"))) static void qrows_q80_q40_avx2(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                       int ldy, int r0, int r1)
+__attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                      int ldy, int r0, int r1)
 {
-    if (w->type == TP_GGML_Q8_0)
-        q80_q40_rows(w, a, y, ldy, r0, r1, true);
-    else
-        q80_q40_rows(w, a, y, ldy, r0, r1, false);
+    switch (w->type) {
+    case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
+    case TP_GGML_Q4_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0); break;
+    case TP_GGML_Q4_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_1); break;
+    case TP_GGML_Q5_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_0); break;
+    case TP_GGML_Q5_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_1); break;
+    default: break;
+    }
 }
 
-/* The two 16-pair halves of a 32-pair product (Q6_K's scale is per 16). */
-__attribute__((target("avx2"))) static inline void dot2x16_avx2(__m256i a, const int8_t *x, int32_t p[2])
+/* Four rows by eight values each (row k's in s[k]) to eight vectors of
+ * four, value j's in out[j] (lane k: row k). */
+__attribute__((target("avx2"), always_inline)) static inline void transpose4x8(const __m256 s[4], __m128 out[8])
 {
-    __m256i b = _mm256_loadu_si256((const __m256i *)x);
-    __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
-                                  _mm256_set1_epi16(1));
-    p[0] = hsum_i32x4(_mm256_castsi256_si128(q));
-    p[1] = hsum_i32x4(_mm256_extracti128_si256(q, 1));
+    __m256 t0 = _mm256_unpacklo_ps(s[0], s[1]), t1 = _mm256_unpackhi_ps(s[0], s[1]);
+    __m256 t2 = _mm256_unpacklo_ps(s[2], s[3]), t3 = _mm256_unpackhi_ps(s[2], s[3]);
+    __m256 u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xee), _mm256_shuffle_ps(t1, t3, 0x44),
+                   _mm256_shuffle_ps(t1, t3, 0xee)};
+    for (int j = 0; j < 4; j++) {
+        out[j] = _mm256_castps256_ps128(u[j]);
+        out[j + 4] = _mm256_extractf128_ps(u[j], 1);
+    }
+}
+
+/* Eight bytes as eight floats. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 u8x8_ps(uint64_t v)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)));
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m256 i8x8_ps(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* A Q4_K super-block's eight 6-bit scales and eight 6-bit mins (12
+ * bytes: sub-blocks 0..3 in the low six bits of bytes 0..3 and 4..7, 4..7
+ * in the nibbles of bytes 8..11 with their top two bits in the top bits of
+ * bytes 0..7), as quant_k.c reads them, a byte each. */
+static inline void q4k_scales(const uint8_t *k, uint64_t *sc, uint64_t *m)
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, k, 4);
+    memcpy(&w1, k + 4, 4);
+    memcpy(&w2, k + 8, 4);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    *sc = (uint64_t)sc_hi << 32 | sc_lo;
+    *m = (uint64_t)m_hi << 32 | m_lo;
 }
 
 /* Q4_K (144-byte super-blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit
- * scales and mins, 128 bytes of nibbles) and Q6_K (210: ql[128], qh[64],
- * int8 scales[16], f16 d) straight from the file, as quant_k.c's unpacking
- * reads them: the same quants, the same float scale products. */
+ * scales and mins, 128 bytes of nibbles), Q5_K (176: the same with 32
+ * bytes of fifth bits before the nibbles, bit 2j + h of byte l for column
+ * l of sub-block 2j + h) and Q6_K (210: ql[128], qh[64], int8 scales[16],
+ * f16 d) straight from the file, as quant_k.c's unpacking reads them: the
+ * same quants, the same float scale products (d * sc, then x dx;
+ * -(dmin * m), then x dx), four rows in the lanes. All multiply unsigned
+ * quants (Q6_K's q + 32) and Q6_K takes 32 x the activation sums off as
+ * integers. bits is a constant in each instantiation. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const int bits)
+{
+    const bool q6 = bits == 6, q5 = bits == 5;
+    const size_t sbytes = q6 ? 210 : q5 ? 176 : 144, qs_at = q5 ? 48 : 16;
+    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), bit4 = _mm256_set1_epi8(0x10);
+    for (int r = r0; r < r1; r += 4) {
+        rows4 q = rows4_at(w, r, r1);
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            const int32_t *nsum16 = a->nsum16 + (size_t)t * 2 * (size_t)nb;
+            __m128 acc = _mm_setzero_ps();
+            for (int i = 0; i < nsb; i++) {
+                if (q6) {
+                    size_t o = (size_t)i * sbytes;
+                    rows4_prefetch(&q, 4 * (o + sbytes));
+                    __m128 d = half4(&q, o + 208), s[16];
+                    __m256 lo[4], hi[4];
+                    #pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const int8_t *sc = (const int8_t *)(q.p[k] + o + 192);
+                        lo[k] = i8x8_ps(sc);
+                        hi[k] = i8x8_ps(sc + 8);
+                    }
+                    transpose4x8(lo, s);
+                    transpose4x8(hi, s + 8);
+                    for (int j = 0; j < 16; j++)
+                        s[j] = _mm_mul_ps(d, s[j]);
+                    for (int h = 0; h < 2; h++)
+                        for (int sub = 0; sub < 2; sub++)
+                            for (int half = 0; half < 2; half++) {
+                                int col = 256 * i + 128 * h + 64 * sub + 32 * half, b = col / 32;
+                                __m256i x = _mm256_loadu_si256((const __m256i *)(xq + col)), p[4];
+                                #pragma GCC unroll 4
+                                for (int k = 0; k < 4; k++) {
+                                    const uint8_t *sb = q.p[k] + o;
+                                    __m256i ql = _mm256_loadu_si256((const __m256i *)(sb + 64 * h + 32 * half));
+                                    __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));
+                                    __m256i n = sub ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), low) : _mm256_and_si256(ql, low);
+                                    __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * sub + 2 * half), three);
+                                    p[k] = dot32u_parts(_mm256_or_si256(n, _mm256_slli_epi16(hb, 4)), x);
+                                }
+                                /* q - 32: 32 x each 16-column half's quant sum off (nsum16 is minus it) */
+                                __m256i s2 = _mm256_add_epi32(
+                                    hsum4_halves(p[0], p[1], p[2], p[3]),
+                                    _mm256_set_m128i(_mm_set1_epi32(32 * nsum16[2 * b + 1]), _mm_set1_epi32(32 * nsum16[2 * b])));
+                                __m256 pf = _mm256_cvtepi32_ps(s2);
+                                int j = 8 * h + 4 * sub + 2 * half;
+                                __m128 dxb = _mm_set1_ps(dx[b]);
+                                acc = _mm_fmadd_ps(_mm_mul_ps(s[j], dxb), _mm256_castps256_ps128(pf), acc);
+                                acc = _mm_fmadd_ps(_mm_mul_ps(s[j + 1], dxb), _mm256_extractf128_ps(pf, 1), acc);
+                            }
+                } else {
+                    size_t o = (size_t)i * sbytes;
+                    rows4_prefetch(&q, 4 * (o + sbytes));
+                    __m128 d = half4(&q, o), dmin = half4(&q, o + 2), sv[8], mv[8];
+                    __m256 scs[4], mins[4];
+                    #pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        uint64_t sc, m;
+                        q4k_scales(q.p[k] + o + 4, &sc, &m);
+                        scs[k] = u8x8_ps(sc);
+                        mins[k] = u8x8_ps(m);
+                    }
+                    transpose4x8(scs, sv);
+                    transpose4x8(mins, mv);
+                    const __m128 neg = _mm_set1_ps(-0.0f);
+                    for (int j = 0; j < 4; j++) {
+                        __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + 256 * i + 64 * j));
+                        __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + 256 * i + 64 * j + 32));
+                        __m256i p0[4], p1[4];
+                        #pragma GCC unroll 4
+                        for (int k = 0; k < 4; k++) {
+                            __m256i qq = _mm256_loadu_si256((const __m256i *)(q.p[k] + o + qs_at + 32 * j));
+                            __m256i lo = _mm256_and_si256(qq, low), hi = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+                            if (q5) { /* bits 2j and 2j + 1 of each byte to bit 4 */
+                                __m256i qh = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(q.p[k] + o + 16)),
+                                                              _mm_cvtsi32_si128(2 * j));
+                                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(qh, 4), bit4));
+                                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4));
+                            }
+                            p0[k] = dot32u_parts(lo, x0);
+                            p1[k] = dot32u_parts(hi, x1);
+                        }
+                        __m128i s[2] = {hsum4(p0[0], p0[1], p0[2], p0[3]), hsum4(p1[0], p1[1], p1[2], p1[3])};
+                        for (int hh = 0; hh < 2; hh++) {
+                            int jj = 2 * j + hh, b = 8 * i + jj;
+                            __m128 dxb = _mm_set1_ps(dx[b]);
+                            __m128 ws = _mm_mul_ps(_mm_mul_ps(d, sv[jj]), dxb);
+                            __m128 wm = _mm_mul_ps(_mm_xor_ps(_mm_mul_ps(dmin, mv[jj]), neg), dxb);
+                            acc = _mm_fmadd_ps(ws, _mm_cvtepi32_ps(s[hh]), acc);
+                            acc = _mm_fmadd_ps(wm, _mm_set1_ps(sum[b]), acc);
+                        }
+                    }
+                }
+            }
+            rows4_store(&q, acc, y + (size_t)t * (size_t)ldy + (size_t)r);
+        }
+    }
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
                                                                  int ldy, int r0, int r1)
 {
-    bool q6 = w->type == TP_GGML_Q6_K;
-    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
-    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), off32 = _mm256_set1_epi8(32);
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
-            float acc = 0.0f;
-            for (int i = 0; i < nsb; i++) {
-                if (q6) {
-                    const uint8_t *sb = row + (size_t)i * 210;
-                    const int8_t *sc = (const int8_t *)(sb + 192);
-                    float d = half_at(sb + 208);
-                    for (int h = 0; h < 2; h++) {
-                        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h));
-                        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h + 32));
-                        __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));
-                        for (int sub = 0; sub < 2; sub++) {
-                            __m256i n0 = sub ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low) : _mm256_and_si256(ql0, low);
-                            __m256i n1 = sub ? _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low) : _mm256_and_si256(ql1, low);
-                            __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * sub), three);
-                            __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * sub + 2), three);
-                            __m256i w0 = _mm256_sub_epi8(_mm256_or_si256(n0, _mm256_slli_epi16(h0, 4)), off32);
-                            __m256i w1 = _mm256_sub_epi8(_mm256_or_si256(n1, _mm256_slli_epi16(h1, 4)), off32);
-                            int col = 256 * i + 128 * h + 64 * sub;
-                            const int8_t *scs = sc + 8 * h + 4 * sub;
-                            int32_t p[4];
-                            dot2x16_avx2(w0, xq + col, p);
-                            dot2x16_avx2(w1, xq + col + 32, p + 2);
-                            for (int k = 0; k < 4; k++)
-                                acc = fmaf(d * (float)scs[k] * dx[(col + 16 * k) / 32], (float)p[k], acc);
-                        }
-                    }
-                } else {
-                    const uint8_t *sb = row + (size_t)i * 144;
-                    float d = half_at(sb), dmin = half_at(sb + 2);
-                    for (int j = 0; j < 4; j++) {
-                        __m256i q = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * j));
-                        __m256i wq[2] = {_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), low)};
-                        for (int hh = 0; hh < 2; hh++) {
-                            int jj = 2 * j + hh, sc, m;
-                            const uint8_t *k = sb + 4;
-                            if (jj < 4) {
-                                sc = k[jj] & 63;
-                                m = k[jj + 4] & 63;
-                            } else {
-                                sc = (k[jj + 4] & 0xf) | ((k[jj - 4] >> 6) << 4);
-                                m = (k[jj + 4] >> 4) | ((k[jj] >> 6) << 4);
-                            }
-                            int b = 8 * i + jj;
-                            int32_t p = dot32_avx2(wq[hh], xq + 32 * b);
-                            acc = fmaf(d * (float)sc * dx[b], (float)p, acc);
-                            acc = fmaf(-(dmin * (float)m) * dx[b], sum[b], acc);
-                        }
-                    }
-                }
-            }
-            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
-        }
-    }
-}
-
-/* Every other integer type: the scalar path's unpacking, AVX2 products. */
-__attribute__((target("avx2,fma"))) static void qrows_int_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
-                                                              int r0, int r1)
-{
-    bool has_min;
-    tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
-    int sub = w->type == TP_GGML_Q6_K ? 16 : 32;
-    int cols = w->cols, nch = (cols + 63) / 64, nb = cols / 32;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
-            float acc = 0.0f;
-            for (int c = 0; c < nch; c++) {
-                int8_t wq[64];
-                float ws[16], wm[16];
-                unpack(row, c, cols, wq, ws, wm);
-                int n = cols - 64 * c >= 64 ? 64 : 32;
-                for (int e0 = 0; e0 < n; e0 += sub) {
-                    int col = 64 * c + e0;
-                    int32_t p = dot_i8_avx2(wq + e0, xq + col, sub);
-                    float d = dx[col / 32];
-                    acc = fmaf(ws[e0 / 4] * d, (float)p, acc);
-                    if (has_min)
-                        acc = fmaf(wm[e0 / 4] * d, sum[col / 32], acc);
-                }
-            }
-            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
-        }
-    }
+    if (w->type == TP_GGML_Q6_K)
+        k_rows(w, a, y, ldy, r0, r1, 6);
+    else if (w->type == TP_GGML_Q5_K)
+        k_rows(w, a, y, ldy, r0, r1, 5);
+    else
+        k_rows(w, a, y, ldy, r0, r1, 4);
 }
 
 /* F16/BF16 weights converted exactly (vcvtph2ps; a bf16 is the top half
- * of its float), 4 rows at a time for 8 independent FMA chains. */
+ * of its float), 4 rows at a time (rows4) for 8 independent FMA chains. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 half8_avx2(const uint8_t *p, bool bf)
 {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -575,19 +708,16 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
 {
     int cols = w->cols, full = cols / 16 * 16;
     for (int r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? r1 - r : 4;
-        const uint8_t *row[4];
-        for (int i = 0; i < 4; i++)
-            row[i] = (const uint8_t *)w->data + (size_t)(r + (i < nr ? i : 0)) * w->row_bytes;
+        rows4 q = rows4_at(w, r, r1);
+        const uint8_t *const *row = q.p;
+        int nr = q.n;
         for (int t = 0; t < a->n_tok; t++) {
             const float *x = a->x + (size_t)t * (size_t)a->ldx;
             __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (int k = 0; k < full; k += 16) {
                 __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
                 size_t o = 2 * (size_t)k;
-                if (!(k & 31)) /* a line of each row every other step */
-                    for (int i = 0; i < 4; i++)
-                        _mm_prefetch((const char *)row[i] + o + AVX2_PREFETCH, _MM_HINT_T0);
+                rows4_prefetch(&q, 4 * (o + 32));
                 l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
                 h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
                 l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
@@ -691,23 +821,16 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
         else
             tp_qrows_f16_scalar(w, a, y, ldy, r0, r1);
         return;
-    case TP_GGML_Q8_0:
+    case TP_GGML_Q8_0: case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
         if (avx512 && w->panel) {
-            tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
+            if (w->type == TP_GGML_Q8_0)
+                tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
+            else
+                tp_qrows_q4_avx512(w, a, y, ldy, r0, r1);
             return;
         }
         if (simd && have_avx2()) {
-            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
-            return;
-        }
-        break;
-    case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
-        if (avx512 && w->panel) {
-            tp_qrows_q4_avx512(w, a, y, ldy, r0, r1);
-            return;
-        }
-        if (w->type == TP_GGML_Q4_0 && simd && have_avx2()) {
-            qrows_q80_q40_avx2(w, a, y, ldy, r0, r1);
+            qrows_legacy_avx2(w, a, y, ldy, r0, r1);
             return;
         }
         break;
@@ -716,7 +839,7 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             tp_qrows_k_avx512(w, a, y, ldy, r0, r1);
             return;
         }
-        if (w->type != TP_GGML_Q5_K && simd && have_avx2()) {
+        if (simd && have_avx2()) {
             qrows_k_avx2(w, a, y, ldy, r0, r1);
             return;
         }
@@ -724,10 +847,7 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
     default:
         return;
     }
-    if (simd && have_avx2())
-        qrows_int_avx2(w, a, y, ldy, r0, r1);
-    else
-        qrows_int_scalar(w, a, y, ldy, r0, r1);
+    qrows_int_scalar(w, a, y, ldy, r0, r1);
 }
 
 void tp_wmat_dequant_row(const tp_wmat *w, int r, float *out)
