@@ -153,7 +153,7 @@ static int dict_set(rctx *c, val *d, val *k, val *v, int line)
     return 0;
 }
 
-/* A string built in an tp_buf, copied into the arena. */
+/* A string built in a tp_buf, copied into the arena. */
 static val *sb_val(rctx *c, tp_buf *b, int line)
 {
     if (b->err == TP_ERANGE) {
