@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* First allocation: most buffers hold a line or a small document. */
-#define BUF_FIRST_CAP 64
+/* First allocation: most buffers hold a few lines or a small document. */
+#define BUF_FIRST_CAP 256
 
 void tp_buf_init(tp_buf *b, size_t max)
 {
@@ -56,6 +56,14 @@ int tp_buf_reserve(tp_buf *b, size_t more)
 
 int tp_buf_add(tp_buf *b, const void *s, size_t n)
 {
+    /* the common case first: it fits the memory and the limit */
+    if (!b->err && n < b->cap - b->len && (!b->capped || n <= b->max - b->len)) {
+        if (n)
+            memcpy(b->data + b->len, s, n);
+        b->len += n;
+        b->data[b->len] = '\0';
+        return 0;
+    }
     int rc = tp_buf_reserve(b, n);
     if (rc)
         return rc;
@@ -76,23 +84,33 @@ int tp_buf_vprintf(tp_buf *b, const char *fmt, va_list ap)
 {
     if (b->err)
         return b->err;
-    /* print into the spare room first: one pass when it fits */
+    /* One pass when the text fits where it is printed: the spare room when
+     * there is plenty, else a line on the stack (most prints are short,
+     * and a first print into an empty buffer would otherwise take two). */
+    char line[256];
     size_t room = b->data ? b->cap - b->len : 0;
+    bool direct = room > sizeof line;
+    char *dst = direct ? b->data + b->len : line;
+    size_t dn = direct ? room : sizeof line;
     va_list again;
     va_copy(again, ap);
-    int k = vsnprintf(room ? b->data + b->len : NULL, room, fmt, ap);
-    int rc = 0;
+    int k = vsnprintf(dst, dn, fmt, ap);
+    int rc;
     if (k < 0)
         rc = refuse(b, TP_EINVAL);
-    else if ((size_t)k >= room && !(rc = tp_buf_reserve(b, (size_t)k)))
+    else if (!direct && (size_t)k < dn)
+        rc = tp_buf_add(b, line, (size_t)k);
+    else if ((size_t)k < dn)
+        rc = b->capped && b->len + (size_t)k > b->max ? refuse(b, TP_ERANGE) : 0;   /* fitted the memory, not the limit */
+    else if (!(rc = tp_buf_reserve(b, (size_t)k)))
         vsnprintf(b->data + b->len, (size_t)k + 1, fmt, again);
-    else if (!rc && b->capped && b->len + (size_t)k > b->max)
-        rc = refuse(b, TP_ERANGE);   /* it fitted the memory, not the limit */
     va_end(again);
-    if (!rc)
-        b->len += (size_t)k;
-    if (b->data)
-        b->data[b->len] = '\0';   /* a refused print may have written there */
+    if (direct || (k >= 0 && (size_t)k >= dn)) {
+        if (!rc)
+            b->len += (size_t)k;
+        if (b->data)
+            b->data[b->len] = '\0';   /* a refused print may have written there */
+    }
     return rc;
 }
 

@@ -191,7 +191,7 @@ static void printf_past_the_limit_leaves_the_text_unchanged(void **state)
     tp_buf b;
     tp_buf_init(&b, 12);
     assert_int_equal(tp_buf_puts(&b, "head"), 0);
-    /* 9 bytes: fits the allocation (64) but not the limit (4 + 9 > 12) */
+    /* 9 bytes: fits the allocation but not the limit (4 + 9 > 12) */
     assert_int_equal(tp_buf_printf(&b, "%s", "123456789"), TP_ERANGE);
     assert_int_equal(b.len, 4);
     assert_string_equal(b.data, "head");
@@ -199,6 +199,27 @@ static void printf_past_the_limit_leaves_the_text_unchanged(void **state)
     assert_int_equal(tp_buf_puts(&b, "head"), 0);
     assert_int_equal(tp_buf_printf(&b, "%s", "12345678"), 0);   /* exactly 12 */
     assert_string_equal(b.data, "head12345678");
+    tp_buf_free(&b);
+
+    /* the same with room to spare in the allocation, where the text is
+     * printed in place before the limit is known to be passed */
+    char text[400];
+    memset(text, 'p', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    tp_buf_init(&b, 300);
+    assert_int_equal(tp_buf_puts(&b, "head"), 0);
+    assert_int_equal(tp_buf_reserve(&b, 290), 0);
+    assert_true(b.cap - b.len > 297);
+    assert_int_equal(tp_buf_printf(&b, "%.297s", text), TP_ERANGE);   /* 301 bytes */
+    assert_int_equal(b.len, 4);
+    assert_string_equal(b.data, "head");
+    tp_buf_free(&b);
+    assert_int_equal(tp_buf_puts(&b, "head"), 0);
+    assert_int_equal(tp_buf_reserve(&b, 290), 0);
+    assert_int_equal(tp_buf_printf(&b, "%.296s", text), 0);   /* exactly 300 */
+    assert_int_equal(b.len, 300);
+    assert_memory_equal(b.data + 4, text, 296);
+    assert_int_equal(b.data[300], '\0');
     tp_buf_free(&b);
 }
 

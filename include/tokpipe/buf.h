@@ -4,8 +4,9 @@
  * The struct is open: callers read data and len directly and embed the
  * buffer by value. `tp_buf b = {0}` is an empty buffer without a limit;
  * tp_buf_init gives one a limit. data is NULL until the first append (of
- * any length, 0 included) and from then on NUL-terminated at data[len], so
- * it can be used as a C string (tp_buf_str covers the NULL case).
+ * any length, 0 included) or reserve, and from then on NUL-terminated at
+ * data[len], so it can be used as a C string (tp_buf_str covers the NULL
+ * case).
  *
  * Failure policy, chosen per buffer:
  *  - a limit in bytes (tp_buf_init): an append that would take len past
@@ -31,7 +32,7 @@
 #include "tokpipe/error.h"
 
 typedef struct tp_buf {
-    char *data;    /* owned; NULL until the first append */
+    char *data;    /* owned; NULL until the first append or reserve */
     size_t len;    /* bytes in data, not counting the NUL */
     size_t cap;    /* bytes allocated */
     size_t max;    /* with capped: the most len may reach */
