@@ -477,6 +477,31 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i legacy_dot(
     return dot32u_parts(q, x);
 }
 
+/* Q4_0/Q4_1: [P0, P1, P2, P3] of a block of four rows' nibbles (at qs)
+ * with the activations x. Two rows share a register, each in one half:
+ * their low nibbles (columns 0..15) meet x's first 16 quants and their
+ * high nibbles x's last 16, the two products add as int16 (at most
+ * 4 * 15 * 127), and two horizontal adds and an unpack finish the four
+ * sums: fewer shuffles than a register per row, which is what bounded
+ * these kernels. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(const rows4 *q, size_t qs, const int8_t *x)
+{
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x));
+    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + 16)));
+    __m256i s[2];
+    for (int i = 0; i < 2; i++) {
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q->p[2 * i] + qs))),
+                                            _mm_loadu_si128((const __m128i *)(q->p[2 * i + 1] + qs)), 1);
+        __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v, low), xlo);
+        __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xhi);
+        s[i] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones); /* row 2i in the low half, 2i + 1 high */
+    }
+    __m256i h = _mm256_hadd_epi32(s[0], s[1]); /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
+    h = _mm256_hadd_epi32(h, h);               /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
+    return _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 /* Those types straight from the file's blocks. Q4_0 and Q5_0 multiply the
  * unsigned quants and take 8 or 16 x the block's quant sum off after: the
  * same integer, without the sign trick. Per block and row, as the scalar
@@ -501,8 +526,10 @@ legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r
                 size_t o = (size_t)b * bb;
                 rows4_prefetch(&q, 4 * (o + bb));
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m128i s = hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
-                                  legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
+                __m128i s = kind == LEG_Q4_0 || kind == LEG_Q4_1
+                                ? nib4_dot(&q, o + (kind == LEG_Q4_1 ? 4 : 2), xq + 32 * b)
+                                : hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
+                                        legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
                 if (off[kind])
                     s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * nsum[b]));
                 __m128 dxb = _mm_set1_ps(dx[b]);
