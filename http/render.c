@@ -350,8 +350,9 @@ char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *te
     cJSON_AddNumberToObject(x, "index", (double)i);
     if (chat) {
         cJSON *d = cJSON_AddObjectToObject(x, "delta");
-        if (!final)   /* every delta says who speaks: clients that join late need no state */
-            cJSON_AddStringToObject(d, "role", "assistant");
+        /* every delta says who speaks, the finishing one too (README "Chat"): clients that
+         * join late need no state */
+        cJSON_AddStringToObject(d, "role", "assistant");
         if (len || !final)
             cJSON_AddItemToObject(d, "content", text_item(text, len));
     } else {

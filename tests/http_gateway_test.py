@@ -654,6 +654,9 @@ class GatewayChat(unittest.TestCase):
             text = "".join(ch["delta"].get("content", "") for e in events[:-1] for ch in e["choices"])
             self.assertEqual(text, want["text"])
             self.assertTrue(all(e["object"] == "chat.completion.chunk" for e in events[:-1]))
+            # README "Chat": every delta carries role: assistant, the finishing chunk's too
+            self.assertEqual([ch["delta"].get("role") for e in events[:-1] for ch in e["choices"]],
+                             ["assistant"] * sum(len(e["choices"]) for e in events[:-1]))
             self.check_chat_logprobs(d, msgs, args)
         finally:
             d.stop()
