@@ -13,7 +13,7 @@ _Static_assert(offsetof(tp_lp_cols, top_n) == 0, "FF_LP_TOP_N reads the columns 
 static bool present(const table *t, const field *f, const char *base)
 {
     const char *p = base + f->off;
-    if (f->flags & FF_REQUIRED)
+    if (f->flags & (FF_REQUIRED | FF_ALWAYS))
         return true;
     /* PROTOCOL.md: top_n is there whenever the job asked for logprobs,
      * top_logprobs 0 included, so a reader never has to guess the width */

@@ -529,6 +529,35 @@ static void top_n_is_sent_whenever_logprob_frames_are_even_zero(void **state)
     tp_wire_free(&w);
 }
 
+/* PROTOCOL.md: every reply carries req ("copied from the request"; ERROR's
+ * "req is 0 if it could not be read"), so a client may read reply["req"]
+ * without a default; it is not an "opt" key. */
+static void replies_carry_req_even_when_zero(void **state)
+{
+    (void)state;
+    static const int cmds[] = {TP_CMD_ACK, TP_CMD_ERROR, TP_CMD_STATUS_REPLY, TP_CMD_STATS_REPLY,
+                               TP_CMD_INFO_REPLY};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, cmds[i]);
+        m.req = 0, m.status = cmds[i] == TP_CMD_ERROR ? 400 : 200;
+        m.error = tp_str_of("x: bad");
+        m.ack.job_id = tp_str_of("j");
+        if (cmds[i] == TP_CMD_STATUS_REPLY)
+            m.status_reply = (tp_m_status_reply){.job_id = tp_str_of("j"), .state = TP_STATE_QUEUED, .last_seq = -1};
+        if (cmds[i] == TP_CMD_INFO_REPLY)
+            m.info_reply = (tp_m_info_reply){.model_id = tp_str_of("m"), .bos_id = -1, .eos_id = -1};
+        tp_wire w;
+        tp_msg d;
+        round_trip(&m, &w, &d);
+        if (!header_has_key(&w, 2, "req"))
+            fail_msg("reply 0x%02x with req 0 has no req key", cmds[i]);
+        assert_int_equal(d.req, 0);
+        tp_msg_clear(&d);
+        tp_wire_free(&w);
+    }
+}
+
 static void finish_event_round_trips_reason_matched_counts_timings(void **state)
 {
     (void)state;
@@ -1521,6 +1550,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(submit_text_round_trips_every_param),
         cmocka_unit_test(submit_unset_params_are_not_sent),
+        cmocka_unit_test(replies_carry_req_even_when_zero),
         cmocka_unit_test(absent_array_keys_decode_to_empty_arrays_not_null),
         cmocka_unit_test(submit_token_ids_travel_as_raw_little_endian_frame),
         cmocka_unit_test(decoded_strings_borrow_the_frame),
