@@ -558,6 +558,36 @@ static void replies_carry_req_even_when_zero(void **state)
     }
 }
 
+/* PROTOCOL.md STATUS_REPLY: reason, matched (nil for length/eos-less
+ * finishes) and the three timings are there for a finished job, 0 and nil
+ * included, so a client can compare STATUS with FINISH key by key; a running
+ * job has none of them. */
+static void status_reply_of_a_finished_job_has_matched_nil_and_every_timing(void **state)
+{
+    (void)state;
+    static const char *finished_keys[] = {"reason", "matched", "queue_us", "ttft_us", "total_us"};
+    int32_t none[1];
+    for (int finished = 0; finished < 2; finished++) {
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS_REPLY);
+        m.req = 1, m.status = 200;
+        m.status_reply = (tp_m_status_reply){.job_id = tp_str_of("j"), .last_seq = 0, .text = tp_str_of(""),
+                                             .tokens = {none, 0}, .state = finished ? TP_STATE_FINISHED : TP_STATE_RUNNING};
+        if (finished)
+            m.status_reply.reason = TP_REASON_STOP_STRING, m.status_reply.timings.total_us = 9;
+        tp_wire w;
+        tp_msg d;
+        round_trip(&m, &w, &d);
+        for (size_t k = 0; k < sizeof finished_keys / sizeof finished_keys[0]; k++)
+            if (header_has_key(&w, 2, finished_keys[k]) != (finished == 1))
+                fail_msg("STATUS_REPLY (%s) %s %s", finished ? "finished" : "running",
+                         finished ? "lacks" : "has", finished_keys[k]);
+        assert_int_equal(d.status_reply.matched.kind, TP_MATCHED_NONE);
+        tp_msg_clear(&d);
+        tp_wire_free(&w);
+    }
+}
+
 static void finish_event_round_trips_reason_matched_counts_timings(void **state)
 {
     (void)state;
@@ -1551,6 +1581,7 @@ int main(void)
         cmocka_unit_test(submit_text_round_trips_every_param),
         cmocka_unit_test(submit_unset_params_are_not_sent),
         cmocka_unit_test(replies_carry_req_even_when_zero),
+        cmocka_unit_test(status_reply_of_a_finished_job_has_matched_nil_and_every_timing),
         cmocka_unit_test(absent_array_keys_decode_to_empty_arrays_not_null),
         cmocka_unit_test(submit_token_ids_travel_as_raw_little_endian_frame),
         cmocka_unit_test(decoded_strings_borrow_the_frame),
