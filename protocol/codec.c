@@ -163,9 +163,10 @@ static int get_int(dctx *c, const pathref *path, const msgpack_object *o, int64_
     }
     if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
         int64_t v = o->via.i64;
-        if (is_u64 || v < lo || v > hi)
-            return ferr(c, path, TP_EINVAL, "%lld is outside [%lld, %lld]", (long long)v,
-                        (long long)(is_u64 ? 0 : lo), (long long)(is_u64 ? INT64_MAX : hi));
+        if (is_u64)   /* a u64 takes all of [0, 2^64) (PROTOCOL.md's seed range) */
+            return ferr(c, path, TP_EINVAL, "%lld is outside [0, %llu]", (long long)v, (unsigned long long)UINT64_MAX);
+        if (v < lo || v > hi)
+            return ferr(c, path, TP_EINVAL, "%lld is outside [%lld, %lld]", (long long)v, (long long)lo, (long long)hi);
         *i_out = v;
         return 0;
     }

@@ -1283,7 +1283,7 @@ static void wrong_types_and_ranges_name_the_field(void **state)
         {"min_p", pack_1_5, 400, "params.min_p"},
         {"presence_penalty", pack_float, 400, "params.presence_penalty: 3 is outside [-2, 2]"},
         {"repetition_penalty", pack_zero, 400, "params.repetition_penalty: 0 is outside (0,"},
-        {"seed", pack_neg, 400, "params.seed: -1 is outside"},
+        {"seed", pack_neg, 400, "params.seed: -1 is outside [0, 18446744073709551615]"},
         {"stop", pack_int_stop, 400, "params.stop[0]: expected str, got integer"},
         {"stop", pack_empty_stop, 400, "params.stop[1]: empty string"},
         {"stop", pack_bad_utf8, 400, "params.stop[0]: invalid UTF-8"},
