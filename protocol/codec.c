@@ -727,8 +727,10 @@ static int decode_frames(dctx *c, tp_family family, const tp_frame *frames, size
         return ferr_at(c, "frames", TP_EFORMAT, "%zu frames, need at least %zu (magic, command, header)", n, at + 3);
     if (n > at + TP_PROTO_MAX_FRAMES)
         return ferr_at(c, "frames", TP_ERANGE, "%zu frames, at most %zu", n, at + (size_t)TP_PROTO_MAX_FRAMES);
-    if (frames[at + 1].len != 1)
+    if (frames[at + 1].len != 1) {
+        m->status = TP_ST_UNKNOWN_COMMAND;   /* PROTOCOL.md: F1 is one byte naming a command, else 501 */
         return ferr_at(c, "F1", TP_EFORMAT, "command frame of %zu bytes, must be 1", frames[at + 1].len);
+    }
     uint8_t cmd = *(const uint8_t *)frames[at + 1].data;
     const mdesc *d = schema_find(family, cmd);
     if (!d) {

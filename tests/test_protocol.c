@@ -872,7 +872,9 @@ static void bad_magic_or_version_is_505(void **state)
     raw_free(&r);
 }
 
-static void unknown_command_is_501_and_bad_command_frame_is_400(void **state)
+/* PROTOCOL.md "Rejection": F1 is one byte naming a known command (-> 501);
+ * a command frame of another length names no command either. */
+static void unknown_command_and_bad_command_frame_are_501(void **state)
 {
     (void)state;
     raw_msg r;
@@ -881,7 +883,9 @@ static void unknown_command_is_501_and_bad_command_frame_is_400(void **state)
     raw_header_done(&r);
     expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "0x55");
     r.f[1] = (tp_frame){"\x06\x06", 2};
-    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_BAD_REQUEST, "F1");
+    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "F1");
+    r.f[1] = (tp_frame){"", 0};
+    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "F1");
     raw_free(&r);
     /* An EVT1 command byte is not a WRK1 one. */
     raw_begin(&r, TP_MAGIC_WRK, TP_CMD_TOKENIZE + 0x0e);
@@ -1600,7 +1604,7 @@ int main(void)
         cmocka_unit_test(sample_messages_round_trip),
         cmocka_unit_test(stop_messages_round_trip),
         cmocka_unit_test(bad_magic_or_version_is_505),
-        cmocka_unit_test(unknown_command_is_501_and_bad_command_frame_is_400),
+        cmocka_unit_test(unknown_command_and_bad_command_frame_are_501),
         cmocka_unit_test(missing_header_and_too_many_frames_are_rejected),
         cmocka_unit_test(oversize_header_frame_is_413_before_parsing),
         cmocka_unit_test(ids_frame_not_a_multiple_of_four_is_rejected),
