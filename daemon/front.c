@@ -555,7 +555,11 @@ void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many
     tp_err_clear(&e);
     if (tp_proto_decode(TP_FAM_JOB, frames + first, n - first, &m, &e)) {
         b->stats.malformed_front++;
-        if (m.family == TP_FAM_JOB && m.cmd == TP_CMD_SUBMIT) {   /* a SUBMIT all the same */
+        /* a SUBMIT all the same (PROTOCOL.md STATS: the command byte said so), also when the
+         * frame count was refused before the decoder read that byte */
+        bool said_submit = n - first >= 2 && frames[first + 1].len == 1 &&
+                           *(const uint8_t *)frames[first + 1].data == TP_CMD_SUBMIT;
+        if (said_submit && m.status != TP_ST_BAD_VERSION) {
             b->stats.jobs_submitted++;
             b->stats.jobs_rejected++;
         }
