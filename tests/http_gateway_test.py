@@ -429,6 +429,11 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
         self.assertEqual(st["histograms"]["ttft_us"]["count"],
                          metric(after, "tokpipe_time_to_first_token_seconds_count"))
         self.assertEqual(sum(st["histograms"]["e2e_us"]["buckets"]), st["histograms"]["e2e_us"]["count"])
+        # README: /metrics has everything `tokpipe stats` has, the event counters included
+        for key, name in [("events_duplicate", "tokpipe_events_duplicate_total"),
+                          ("events_refused", "tokpipe_events_refused_total"),
+                          ("jobs_poisoned", "tokpipe_jobs_poisoned_total")]:
+            self.assertEqual(metric(after, name), st.get(key, 0), name)
 
     def test_stop_string_labels_are_capped_and_the_rest_folded(self):
         # 60 jobs, each stopped by its own 3-byte stop string (a different
