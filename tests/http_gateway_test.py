@@ -484,6 +484,11 @@ class GatewayAnswersLikeTokpipeRun(unittest.TestCase):
                         path="/v1/chat/completions")
         self.assertEqual(st, 400, r)
         self.assertEqual(r["error"]["param"], "messages")
+        # a turn the SUBMIT encoder refuses is named too, without the encoder's preamble
+        st, r, _ = post(self.port, {"messages": [{"role": "u" * 65, "content": "hi"}]}, path="/v1/chat/completions")
+        self.assertEqual(st, 400, r)
+        self.assertEqual(r["error"]["param"], "messages[0].role", r)
+        self.assertTrue(r["error"]["message"].startswith("messages[0].role: "), r)
         st, _, _ = request(self.port, "GET", "/v1/completions")
         self.assertEqual(st, 405)
         st, body, _ = request(self.port, "GET", "/v2/nothing")
