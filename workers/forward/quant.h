@@ -79,17 +79,22 @@ typedef struct tp_qact {
 
 /* A typed matrix repacked for the AVX-512 path (quant.h's layouts): row
  * group g (rows 16g..16g+15; past the last row, zero weights) at
- * data + g * group_bytes, its blocks of 32 columns block_bytes apart. */
+ * data + g * group_bytes, its blocks of 32 columns block_bytes apart.
+ * On a CPU with AVX2 but not AVX-512, Q4_0 has a panel of its own (rows4):
+ * groups of 4 rows, each block the 4 rows' f16 scales then their 16 bytes
+ * of nibbles in row order (72 bytes, the file's 4 x 18); past the last row
+ * the group's first row again. */
 typedef struct tp_qpanel {
     uint32_t type;
     int groups, blocks;
     size_t block_bytes, group_bytes, bytes;
     uint8_t *data; /* 32-byte aligned; blocks too */
     bool owned;    /* data is the panel's own mapping */
+    bool rows4;    /* the AVX2 Q4_0 layout */
 } tp_qpanel;
 
 /* Bytes of w's panel (a multiple of 32), 0 for a type without one or
- * without AVX-512. */
+ * without AVX-512 (AVX2: Q4_0 only). */
 size_t tp_qpanel_bytes(const tp_wmat *w);
 
 /* Build w->panel (no-op when tp_qpanel_bytes is 0) into mem, 32-byte
