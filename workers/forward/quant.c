@@ -798,7 +798,7 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
 {
     int cols = w->cols, full = cols / 16 * 16;
     for (int r = r0; r < r1; r += 4) {
-        rows4 q = rows4_at(w, r, r1, w->row_bytes); /* F16 has no panel */
+        rows4 q = rows4_at(w, r, r1, 32); /* a block: 16 columns */
         const uint8_t *const *row = q.p;
         int nr = q.n;
         for (int t = 0; t < a->n_tok; t++) {
@@ -806,8 +806,8 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
             __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (int k = 0; k < full; k += 16) {
                 __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-                size_t o = 2 * (size_t)k;
-                rows4_prefetch(&q, 4 * (o + 32));
+                size_t o = (size_t)(k / 16) * q.stride;
+                rows4_prefetch(&q, 128 * (size_t)(k / 16 + 1));
                 l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
                 h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
                 l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
@@ -1059,9 +1059,10 @@ static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_b
 {
     if (!tp_quant_have_avx512()) { /* AVX2: four rows' blocks side by side (tp_qpanel rows4) */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
-        if (!have_avx2() || !ti || w->type == TP_GGML_F16 || w->type == TP_GGML_BF16 || !tp_quant_type_ok(w->type))
+        bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
+        if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return 0;
-        *block_bytes = 4 * ti->block_bytes;
+        *block_bytes = 4 * (half ? 32 : ti->block_bytes); /* F16/BF16: blocks of 16 columns */
         /* whole cache lines, so the panel after it in a mapping starts on one */
         return (4 * w->row_bytes * (size_t)((w->rows + 3) / 4) + 63) / 64 * 64;
     }

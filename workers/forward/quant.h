@@ -85,8 +85,9 @@ typedef struct tp_qact {
  * the group's first row again), block b of row 4g + k at
  * data + g * group_bytes + b * block_bytes + k * (block_bytes / 4), so the
  * four rows the AVX2 kernels read together are one stream (in the
- * forward's huge-page mapping). Q4_0 puts a block's 4 f16 scales first
- * (8 bytes), then the rows' 16 bytes of nibbles in row order. */
+ * forward's huge-page mapping). F16/BF16 blocks are 16 columns (when the
+ * row is whole blocks). Q4_0 puts a block's 4 f16 scales first (8 bytes),
+ * then the rows' 16 bytes of nibbles in row order. */
 typedef struct tp_qpanel {
     uint32_t type;
     int groups, blocks;
@@ -96,8 +97,8 @@ typedef struct tp_qpanel {
     bool rows4;    /* the AVX2 layout */
 } tp_qpanel;
 
-/* Bytes of w's panel (a multiple of 32), 0 for a type without one (F16,
- * BF16, F32) or a CPU without AVX-512 or AVX2. */
+/* Bytes of w's panel (a multiple of 32), 0 for a type without one (F32;
+ * F16/BF16 under AVX-512) or a CPU without AVX-512 or AVX2. */
 size_t tp_qpanel_bytes(const tp_wmat *w);
 
 /* Build w->panel (no-op when tp_qpanel_bytes is 0) into mem, 32-byte
