@@ -11,9 +11,14 @@
  *
  * Models: random stories110M-shaped weights from `tokpipe mkmodel`'s
  * generator, converted with `tokpipe quantize` ($BIN, default bin/), in a
- * temporary directory. Samples interleave thread counts and types (paired),
- * each figure is the median of SAMPLES; times are wall clock (threads run
- * in parallel), so a busy machine shows: the load average is printed. */
+ * temporary directory. With the Llama 2 vocabulary of ../shared/models
+ * ($TP_MODELS) the files are llama.cpp-loadable GGUF, and llama.cpp decodes
+ * the same files beside tokpipe at every thread count (support/llamacpp.h:
+ * its prebuilt CPU build from npm): the ratio of the two is the issue's
+ * figure. Samples interleave thread counts, types and the two programs
+ * (paired; which goes first alternates), each figure is the median of
+ * SAMPLES; times are wall clock (threads run in parallel), so a busy machine
+ * shows: the load average is printed. */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,6 +31,7 @@
 #include "tokpipe/forward.h"
 #include "tokpipe/synth.h"
 #include "support/decode.h"
+#include "support/llamacpp.h"
 #include "support/timing.h" /* bench_now, bench_median, bench_list_has */
 
 #define SAMPLES 5
@@ -209,7 +215,10 @@ int main(int argc, char **argv)
                "  batch-1 decode per type at 1, 2, ... all CPUs (powers of two and the count), as tok/s,\n"
                "  GB/s of weights and the ratio to a DRAM read probe at the same thread count.\n"
                "  $TP_BENCH_THREADS=1,2,4 picks the thread counts; $TP_BENCH_TOKENS the tokens per sample;\n"
-               "  $TP_BENCH_TYPES=Q8_0,F16 the types (default F32,F16,Q8_0,Q4_0,Q4_K_M).\n");
+               "  $TP_BENCH_TYPES=Q8_0,F16 the types (default F32,F16,Q8_0,Q4_0,Q4_K_M).\n"
+               "  With $TP_MODELS (../shared/models) holding the Llama 2 vocabulary, llama.cpp (npm's\n"
+               "  node-llama-cpp prebuilt CPU build, installed into build/npm on first use) decodes the\n"
+               "  same files beside it: llama.cpp tok/s and tokpipe / llama.cpp. $TP_LLAMACPP=0: tokpipe alone.\n");
         return 0;
     }
     const char *shape = argc > 1 ? argv[1] : "stories110M", *bin = getenv("BIN");
@@ -240,13 +249,33 @@ int main(int argc, char **argv)
     if (tp_synth_parse_shape(shape, &sh, &err))
         die(shape, err.msg);
     sh.seq_len = MAX_POS;
-    char dir[] = "/tmp/tp-bench-threads-XXXXXX", src[600], cmd[2048];
+    char dir[] = "/tmp/tp-bench-threads-XXXXXX", src[600], cmd[2048], vocab[1024];
     if (!mkdtemp(dir))
         die("mkdtemp", "failed");
-    snprintf(src, sizeof src, "%s/%s.bin", dir, shape);
-    FILE *fp = fopen(src, "wb");
-    if (!fp || tp_synth_write_model(fp, &sh, 1, NULL, NULL, &err) || fclose(fp))
-        die("write model", err.msg);
+    /* A GGUF with a real vocabulary when there is one (llama.cpp loads no
+     * model without); else a llama2.c checkpoint, tokpipe alone. */
+    const char *models = getenv("TP_MODELS");
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    bool gguf = access(vocab, R_OK) == 0;
+    if (gguf) {
+        snprintf(src, sizeof src, "%s/%s.gguf", dir, shape);
+        snprintf(cmd, sizeof cmd, "%s/tokpipe mkmodel --format gguf --arch llama --vocab-from %s --shape %s --seed 1 --out %s",
+                 bin, vocab, shape, src);
+        if (system(cmd) != 0)
+            die("mkmodel", cmd);
+    } else {
+        snprintf(src, sizeof src, "%s/%s.bin", dir, shape);
+        FILE *fp = fopen(src, "wb");
+        if (!fp || tp_synth_write_model(fp, &sh, 1, NULL, NULL, &err) || fclose(fp))
+            die("write model", err.msg);
+    }
+    bench_llamacpp lc;
+    memset(&lc, 0, sizeof lc);
+    bool have_lc = false;
+    if (!gguf)
+        snprintf(lc.why, sizeof lc.why, "no %.600s (a GGUF vocabulary for llama.cpp's files)", vocab);
+    else
+        have_lc = bench_llamacpp_open(&lc) == 0;
     const char *types = getenv("TP_BENCH_TYPES");
     entry e[NT];
     memset(e, 0, sizeof e);
@@ -268,12 +297,18 @@ int main(int argc, char **argv)
     }
     remove(src);
 
-    double probe[MAX_T][SAMPLES], tps[MAX_T][NT][SAMPLES], load0 = loadavg();
+    double probe[MAX_T][SAMPLES], tps[MAX_T][NT][SAMPLES], lcs[MAX_T][NT][SAMPLES], load0 = loadavg();
     for (int s = 0; s < SAMPLES; s++)
         for (int c = 0; c < nc; c++) {
             probe[c][s] = probe_gbs(counts[c]);
-            for (size_t i = 0; i < ne; i++)
-                tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
+            for (size_t i = 0; i < ne; i++) {
+                if (!(s & 1))
+                    tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
+                if (have_lc && (lcs[c][i][s] = bench_llamacpp_decode(&lc, e[i].path, counts[c], PROMPT_LEN, tokens)) < 0)
+                    have_lc = false; /* lc.why says why; no ratio rather than half of one */
+                if (s & 1)
+                    tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
+            }
         }
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
@@ -281,7 +316,8 @@ int main(int argc, char **argv)
            "  wall clock, %d samples of %d tokens per cell (median; best in brackets); GB/s: tok/s x the weights\n"
            "  a token reads; /probe: that over the DRAM read probe at the same thread count (median of its %d)\n",
            shape, cpu, ncpu, load0, loadavg(), SAMPLES, tokens, SAMPLES);
-    printf("  %-7s %8s %7s %17s %7s %7s %8s\n", "type", "MB/token", "threads", "tok/s", "GB/s", "/probe", "speed-up");
+    printf("  %-7s %8s %7s %17s %7s %7s %8s %9s %8s\n", "type", "MB/token", "threads", "tok/s", "GB/s", "/probe",
+           "speed-up", "llama.cpp", "ratio");
     for (size_t i = 0; i < ne; i++) {
         double t1 = bench_median(tps[0][i], SAMPLES);
         for (int c = 0; c < nc; c++) {
@@ -291,14 +327,25 @@ int main(int argc, char **argv)
             char mb[16] = "";
             if (!c)
                 snprintf(mb, sizeof mb, "%.0f", e[i].bytes / 1e6);
-            printf("  %-7s %8s %7d %7.1f (%7.1f) %7.1f %7.2f %7.2fx\n", c ? "" : e[i].type, mb, counts[c], t, best, g,
+            printf("  %-7s %8s %7d %7.1f (%7.1f) %7.1f %7.2f %7.2fx", c ? "" : e[i].type, mb, counts[c], t, best, g,
                    g / bench_median(probe[c], SAMPLES), t / t1);
+            if (have_lc) {
+                double l = bench_median(lcs[c][i], SAMPLES);
+                printf(" %9.1f %7.2fx", l, t / l);
+            }
+            printf("\n");
         }
     }
     printf("  DRAM read probe (GB/s):");
     for (int c = 0; c < nc; c++)
         printf(" %d thread%s %.1f", counts[c], counts[c] > 1 ? "s" : "", bench_median(probe[c], SAMPLES));
     printf("\n");
+    if (have_lc)
+        printf("  llama.cpp: %s prebuilt CPU build (backend %s), the same files, the same prompt and tokens;\n"
+               "  its tok/s median of %d, ratio: tokpipe / llama.cpp\n",
+               BENCH_LLAMACPP_NPM, lc.backend, SAMPLES);
+    else
+        printf("  llama.cpp: not measured: %s\n", lc.why);
     for (size_t i = 0; i < ne; i++) {
         tp_forward_free(e[i].f);
         tp_model_free(e[i].m);

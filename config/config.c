@@ -313,11 +313,16 @@ static int set_dbl(struct walk *w, const struct key *k, const yaml_node_t *n)
         snprintf(msg, sizeof msg, "'%.60s' is not a number", s);
         return fail(w, n, TP_EINVAL, k->path, msg);
     }
-    if (v < k->dmin || v > k->dmax) {
-        if (k->dmin > 0 && k->dmin < 1e-200)
-            snprintf(msg, sizeof msg, "%g is outside (0, %g]", v, k->dmax);
-        else
-            snprintf(msg, sizeof msg, "%g is outside [%g, %g]", v, k->dmin, k->dmax);
+    /* the engine computes in float32 (PROTOCOL.md "Header rules"): a value is checked as written
+     * and as the float it becomes, or a default the wire refuses would fail every job */
+    double f = (double)(float)v;
+    bool bad32 = f < k->dmin || f > k->dmax || isinf(f);
+    if (v < k->dmin || v > k->dmax || bad32) {
+        int at = k->dmin > 0 && k->dmin < 1e-200 ? snprintf(msg, sizeof msg, "%g is outside (0, %g]", v, k->dmax)
+                                                 : snprintf(msg, sizeof msg, "%g is outside [%g, %g]", v, k->dmin,
+                                                            k->dmax);
+        if (bad32 && !(v < k->dmin || v > k->dmax))
+            snprintf(msg + at, sizeof msg - (size_t)at, " as a 32-bit float (it becomes %g)", f);
         return fail(w, n, TP_ERANGE, k->path, msg);
     }
     *(double *)((char *)w->cfg + k->off) = v;

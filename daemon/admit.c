@@ -67,6 +67,13 @@ static int chat_add_stop_ids(bjob *j, const tp_m_tokenized *t)
     return 0;
 }
 
+/* Does msg start with field name f followed by ':' or '[' (a field path)? */
+static bool field_prefix(tp_str msg, const char *f)
+{
+    size_t n = strlen(f);
+    return msg.len > n && !memcmp(msg.ptr, f, n) && (msg.ptr[n] == ':' || msg.ptr[n] == '[');
+}
+
 void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
 {
     bjob *j = jobs_by_slot(&b->jt, m->tokenized.slot);
@@ -77,7 +84,11 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
     jobs_progress(j, TP_SI_TOKENIZE);
     if (m->status != TP_ST_OK) {
         char why[TP_ERR_MSG_MAX];
-        snprintf(why, sizeof why, "tokenize: %.*s", (int)m->error.len, m->error.ptr);
+        /* a conversation the template cannot render is the request's fault and its
+         * message already names the field (PROTOCOL.md: the error starts with
+         * `messages: ` or `tools`); anything else is the tokenize stage's */
+        bool names_field = field_prefix(m->error, "messages") || field_prefix(m->error, "tools");
+        snprintf(why, sizeof why, "%s%.*s", names_field ? "" : "tokenize: ", (int)m->error.len, m->error.ptr);
         pin_fail(b, j, why);
         return;
     }

@@ -42,7 +42,7 @@ static void ack(broker *b, const reply_to *to, uint64_t req, uint32_t status, co
     m.status = status;
     m.error = tp_str_of(msg[0] ? msg : NULL);
     m.ack.job_id = tp_str_of(job_id);
-    m.ack.field = tp_str_of(field);
+    m.ack.field = tp_str_of(field && field[0] ? field : NULL);   /* "": no field at fault, none named */
     if (status != TP_ST_OK && m.error.len == 0)
         m.error = tp_str_of("rejected");
     reply(b, to, &m);
@@ -357,7 +357,7 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
         r.status = v.status;
         r.error = tp_str_of(v.msg[0] ? v.msg : "rejected");
         r.ack.job_id = tp_str_of(id);
-        r.ack.field = tp_str_of(v.field);
+        r.ack.field = tp_str_of(v.field[0] ? v.field : NULL);   /* 429/503 blame no field */
         r.ack.error_code = tp_str_of(v.code);
         r.ack.prompt_tokens = v.prompt_tokens;
         r.ack.context_length = v.context_length;
@@ -555,7 +555,11 @@ void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many
     tp_err_clear(&e);
     if (tp_proto_decode(TP_FAM_JOB, frames + first, n - first, &m, &e)) {
         b->stats.malformed_front++;
-        if (m.family == TP_FAM_JOB && m.cmd == TP_CMD_SUBMIT) {   /* a SUBMIT all the same */
+        /* a SUBMIT all the same (PROTOCOL.md STATS: the command byte said so), also when the
+         * frame count was refused before the decoder read that byte */
+        bool said_submit = n - first >= 2 && frames[first + 1].len == 1 &&
+                           *(const uint8_t *)frames[first + 1].data == TP_CMD_SUBMIT;
+        if (said_submit && m.status != TP_ST_BAD_VERSION) {
             b->stats.jobs_submitted++;
             b->stats.jobs_rejected++;
         }

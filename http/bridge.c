@@ -264,7 +264,8 @@ static void param_of_message(const char *msg, const char *field, char *out, size
             while (w > msg && w[-1] != ' ')
                 w--;
             size_t n = (size_t)(p - w);
-            if (n < sizeof f && (!strncmp(w, "params.", 7) || !strncmp(w, "prompt", 6))) {
+            if (n < sizeof f && (!strncmp(w, "params.", 7) || !strncmp(w, "prompt", 6) ||
+                                 !strncmp(w, "messages", 8) || !strncmp(w, "tool", 4))) {
                 memcpy(f, w, n);
                 f[n] = '\0';
                 break;
@@ -277,8 +278,8 @@ static void param_of_message(const char *msg, const char *field, char *out, size
 /* The encoder's message without its "encode SUBMIT: " preamble. */
 static const char *plain_message(const char *msg)
 {
-    const char *p = strstr(msg, "params.");
-    return p ? p : msg;
+    const char *p = strncmp(msg, "encode ", 7) ? NULL : strstr(msg, ": ");
+    return p ? p + 2 : msg;
 }
 
 /* The limits the broker applies (the same configuration), checked here

@@ -410,6 +410,12 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
         }
         if (!m->role.ptr || !m->role.len)
             return fail(e, 400, nm, "%s.role: required", nm);
+        /* PROTOCOL.md: content (null included) is required unless the turn carries calls */
+        if (!m->content.ptr && !m->n_tool_calls) {
+            char fn[96];
+            snprintf(fn, sizeof fn, "%s.content", nm);
+            return fail(e, 400, fn, "%s: required (a string, a list of text parts, or null)", fn);
+        }
         if (!m->content.ptr)
             m->content = (tp_str){strdup(""), 0};
         if (!m->content.ptr)

@@ -326,8 +326,9 @@ char *gw_chunk_sse(const gw_call *c, const char *model, size_t i, const char *te
     cJSON_AddNumberToObject(x, "index", (double)i);
     if (chat) {
         cJSON *d = cJSON_AddObjectToObject(x, "delta");
-        if (!final)   /* every delta says who speaks: clients that join late need no state */
-            cJSON_AddStringToObject(d, "role", "assistant");
+        /* every delta says who speaks, the finishing one too (README "Chat"): clients that
+         * join late need no state */
+        cJSON_AddStringToObject(d, "role", "assistant");
         if (len || !final)
             cJSON_AddItemToObject(d, "content", text_item(text, len));
     } else {
@@ -608,6 +609,8 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     tp_buf_printf(&b, "tokpipe_recovery_max_seconds %.3f\n", (double)s->recovery_ms_max / 1e3);
     one(&b, "tokpipe_events_duplicate_total", "counter", "Events dropped because their seq was already forwarded",
         s->events_duplicate);
+    one(&b, "tokpipe_events_refused_total", "counter",
+        "Events dropped for not carrying the pin of their job's current stop worker", s->events_refused);
     family(&b, "tokpipe_stage_failed", "gauge", "1 when the spawned workers of a stage cannot start (given up)");
     for (int i = 0; i < 4; i++) {
         snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);

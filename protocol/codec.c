@@ -163,9 +163,10 @@ static int get_int(dctx *c, const pathref *path, const msgpack_object *o, int64_
     }
     if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
         int64_t v = o->via.i64;
-        if (is_u64 || v < lo || v > hi)
-            return ferr(c, path, TP_EINVAL, "%lld is outside [%lld, %lld]", (long long)v,
-                        (long long)(is_u64 ? 0 : lo), (long long)(is_u64 ? INT64_MAX : hi));
+        if (is_u64)   /* a u64 takes all of [0, 2^64) (PROTOCOL.md's seed range) */
+            return ferr(c, path, TP_EINVAL, "%lld is outside [0, %llu]", (long long)v, (unsigned long long)UINT64_MAX);
+        if (v < lo || v > hi)
+            return ferr(c, path, TP_EINVAL, "%lld is outside [%lld, %lld]", (long long)v, (long long)lo, (long long)hi);
         *i_out = v;
         return 0;
     }
@@ -726,8 +727,10 @@ static int decode_frames(dctx *c, tp_family family, const tp_frame *frames, size
         return ferr_at(c, "frames", TP_EFORMAT, "%zu frames, need at least %zu (magic, command, header)", n, at + 3);
     if (n > at + TP_PROTO_MAX_FRAMES)
         return ferr_at(c, "frames", TP_ERANGE, "%zu frames, at most %zu", n, at + (size_t)TP_PROTO_MAX_FRAMES);
-    if (frames[at + 1].len != 1)
+    if (frames[at + 1].len != 1) {
+        m->status = TP_ST_UNKNOWN_COMMAND;   /* PROTOCOL.md: F1 is one byte naming a command, else 501 */
         return ferr_at(c, "F1", TP_EFORMAT, "command frame of %zu bytes, must be 1", frames[at + 1].len);
+    }
     uint8_t cmd = *(const uint8_t *)frames[at + 1].data;
     const mdesc *d = schema_find(family, cmd);
     if (!d) {

@@ -13,8 +13,11 @@ _Static_assert(offsetof(tp_lp_cols, top_n) == 0, "FF_LP_TOP_N reads the columns 
 static bool present(const table *t, const field *f, const char *base)
 {
     const char *p = base + f->off;
-    if (f->flags & FF_REQUIRED)
+    if (f->flags & (FF_REQUIRED | FF_ALWAYS))
         return true;
+    /* only STATUS_REPLY's fields carry it, and its base is the whole message */
+    if (f->flags & FF_FINISHED)
+        return ((const tp_msg *)(const void *)base)->status_reply.state == TP_STATE_FINISHED;
     /* PROTOCOL.md: top_n is there whenever the job asked for logprobs,
      * top_logprobs 0 included, so a reader never has to guess the width */
     if (f->flags & FF_LP_TOP_N)

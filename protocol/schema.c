@@ -21,6 +21,8 @@
 #define F_JOBID(k, o, fl) F_STR(k, o, (fl) | FF_JOBID, TP_PROTO_MAX_JOB_ID)
 
 #define REQ F_U64("req", M(req), 0)
+/* PROTOCOL.md: a reply copies req, 0 included, so a client can read it without a default */
+#define REQ_REPLY F_U64("req", M(req), FF_ALWAYS)
 #define TASK F_U64("task", M(task), FF_REQUIRED)
 #define STATUS F_U32("status", M(status), FF_REQUIRED, 100, 599)
 #define ERROR F_STR("error", M(error), 0, TP_PROTO_MAX_ERROR)
@@ -130,14 +132,14 @@ static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {N
 
 #define ERROR_CODE(o) F_STR("error_code", o, 0, TP_PROTO_MAX_NAME)
 static const field ack_f[] = {
-    REQ, STATUS, ERROR, F_JOBID("job_id", M(ack.job_id), FF_REQUIRED),
+    REQ_REPLY, STATUS, ERROR, F_JOBID("job_id", M(ack.job_id), FF_REQUIRED),
     F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME),
     {.key = "seed", .type = FT_U64, .off = M(ack.seed), .setbit = TP_ACK_SEED},
     ERROR_CODE(M(ack.error_code)), F_U32("prompt_tokens", M(ack.prompt_tokens), 0, 0, UINT32_MAX),
     F_U32("context_length", M(ack.context_length), 0, 0, UINT32_MAX), END,
 };
 static const field error_f[] = {
-    REQ, STATUS, F_STR("error", M(error), FF_REQUIRED, TP_PROTO_MAX_ERROR),
+    REQ_REPLY, STATUS, F_STR("error", M(error), FF_REQUIRED, TP_PROTO_MAX_ERROR),
     F_STR("field", M(ack.field), 0, TP_PROTO_MAX_NAME), ERROR_CODE(M(ack.error_code)),
     F_U32("prompt_tokens", M(ack.prompt_tokens), 0, 0, UINT32_MAX),
     F_U32("context_length", M(ack.context_length), 0, 0, UINT32_MAX), END,
@@ -146,18 +148,18 @@ static const field jobref_f[] = {REQ, F_JOBID("job_id", M(jobref.job_id), FF_REQ
 
 #define SR(m) M(status_reply.m)
 static const field status_reply_f[] = {
-    REQ, STATUS, ERROR, F_JOBID("job_id", SR(job_id), FF_REQUIRED),
+    REQ_REPLY, STATUS, ERROR, F_JOBID("job_id", SR(job_id), FF_REQUIRED),
     {.key = "state", .type = FT_STATE, .off = SR(state), .flags = FF_REQUIRED},
     F_U32("prompt_tokens", SR(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("completion_tokens", SR(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("cached_tokens", SR(cached_tokens), 0, 0, UINT32_MAX),
     F_I64("last_seq", SR(last_seq), FF_REQUIRED, -1, UINT32_MAX),
-    {.key = "reason", .type = FT_REASON, .off = SR(reason)},
-    {.key = "matched", .type = FT_MATCHED, .off = SR(matched)},
+    {.key = "reason", .type = FT_REASON, .off = SR(reason), .flags = FF_FINISHED},
+    {.key = "matched", .type = FT_MATCHED, .off = SR(matched), .flags = FF_FINISHED},
     F_STR("text", SR(text), 0, TP_PROTO_MAX_TEXT), F_U64("text_len", SR(text_len), 0),
     F_STR("job_error", SR(job_error), 0, TP_PROTO_MAX_ERROR),
-    F_U64("queue_us", SR(timings.queue_us), 0), F_U64("ttft_us", SR(timings.ttft_us), 0),
-    F_U64("total_us", SR(timings.total_us), 0), TOP_N(SR(lp.top_n)),
+    F_U64("queue_us", SR(timings.queue_us), FF_FINISHED), F_U64("ttft_us", SR(timings.ttft_us), FF_FINISHED),
+    F_U64("total_us", SR(timings.total_us), FF_FINISHED), TOP_N(SR(lp.top_n)),
     F_STR("reasoning_content", SR(reasoning_content), 0, TP_PROTO_MAX_TEXT),
     {.key = "tool_calls", .type = FT_CALLS, .off = SR(tool_calls), .max = TP_PROTO_MAX_TOOL_CALLS}, END,
 };
@@ -192,7 +194,7 @@ static const table hists_table = {hists_fields, -1};
 
 #define ST(m) M(stats_reply.m)
 static const field stats_reply_f[] = {
-    REQ, STATUS, ERROR,
+    REQ_REPLY, STATUS, ERROR,
     F_U64("uptime_ms", ST(uptime_ms), 0), F_U64("jobs_submitted", ST(jobs_submitted), 0),
     F_U64("jobs_rejected", ST(jobs_rejected), 0), F_U64("jobs_active", ST(jobs_active), 0),
     F_U64("jobs_finished", ST(jobs_finished), 0), F_U64("tokens_generated", ST(tokens_generated), 0),
@@ -245,7 +247,7 @@ static const table limits_table = {limits_fields, -1};
                            .max_elem = TP_PROTO_MAX_NAME}
 #define EOG_IDS(o) {.key = "eog_ids", .type = FT_I32S, .off = o, .ilo = 0, .ihi = INT32_MAX, .max = TP_PROTO_MAX_SPECIAL}
 static const field info_reply_f[] = {
-    REQ, STATUS, ERROR, F_STR("model_id", IR(model_id), FF_REQUIRED, TP_PROTO_MAX_MODEL_ID),
+    REQ_REPLY, STATUS, ERROR, F_STR("model_id", IR(model_id), FF_REQUIRED, TP_PROTO_MAX_MODEL_ID),
     F_U32("vocab_size", IR(vocab_size), FF_REQUIRED, 0, TP_PROTO_MAX_VOCAB),
     F_U32("context_length", IR(context_length), FF_REQUIRED, 0, UINT32_MAX),
     F_I32("bos_id", IR(bos_id), FF_REQUIRED, -1, INT32_MAX), F_I32("eos_id", IR(eos_id), FF_REQUIRED, -1, INT32_MAX),

@@ -36,6 +36,8 @@ enum {
     FF_JOBID = 1u << 2,     /* string must be a job id (or empty unless FF_NONEMPTY) */
     FF_LO_OPEN = 1u << 3,   /* FT_F64: lo is exclusive */
     FF_LP_TOP_N = 1u << 4,  /* tp_lp_cols.top_n: written whenever the logprob frames are (0 included) */
+    FF_ALWAYS = 1u << 5,    /* written even when 0, yet optional to read (a reply's req) */
+    FF_FINISHED = 1u << 6,  /* STATUS_REPLY: written exactly when its job finished (nil, 0 included) */
 };
 
 typedef struct table table;

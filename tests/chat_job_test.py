@@ -156,7 +156,8 @@ class ChatJobsEndOnTheTemplatesEndOfTurnToken(unittest.TestCase):
         try:
             rc, out, err = d.generate("--message", "system=not supported by gemma", "--message", "user=Hi")
             self.assertEqual(rc, 1, out)
-            self.assertIn("messages: ", err)
+            # PROTOCOL.md: the FINISH error starts with "messages: " (generate prints "failed: ERROR")
+            self.assertIn("failed: messages: ", err)
             self.assertIn("System role not supported", err)
         finally:
             d.stop()
@@ -166,7 +167,7 @@ class ChatJobsEndOnTheTemplatesEndOfTurnToken(unittest.TestCase):
         try:
             rc, out, err = d.generate("--message", "user=Hi")
             self.assertEqual(rc, 1, out)
-            self.assertIn("messages: no usable chat template", err)
+            self.assertIn("failed: messages: no usable chat template", err)
             self.assertIn("model.chat_template", err)
             rc, out, err = d.generate("--prompt", "Once upon a time")   # prompts still work
             self.assertEqual(rc, 0, err)

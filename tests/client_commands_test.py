@@ -404,6 +404,13 @@ class ClientCommands(unittest.TestCase):
         p = self.tokpipe("generate", "--prompt", "x", "--top-k", "many")
         self.assertEqual(p.returncode, 2)
         self.assertIn("--top-k", p.stderr.decode())
+        # a value the flag parser lets through but a SUBMIT may not carry is bad usage too (--help:
+        # exit 2), refused before anything is sent, naming the flag's field
+        for flags, field in ((("--max-tokens", "0"), "max_tokens"), (("--min-tokens", "5", "--max-tokens", "2"),
+                                                                     "min_tokens")):
+            p = self.tokpipe("generate", "--prompt", "x", *flags)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("tokpipe generate: params.%s: " % field, p.stderr.decode())
         p = self.tokpipe("status")
         self.assertEqual(p.returncode, 2)
 

@@ -348,6 +348,15 @@ class GeneratePartialRefusal(unittest.TestCase):
                     break
                 time.sleep(0.05)
             self.assertEqual(st.get("jobs_active", 0), 0)
+            # the ACK 429 itself: no request field is at fault, so it names none (PROTOCOL.md:
+            # `field` is the offending field's path, optional)
+            _, a1, _ = d.call(tpdaemon.CMD_SUBMIT, {"job_id": "busy-1", "prompt": PROMPT,
+                                                   "params": {"max_tokens": 2000, "ignore_eos": True}})
+            self.assertEqual(a1["status"], 200, a1)
+            _, a2, _ = d.call(tpdaemon.CMD_SUBMIT, {"job_id": "busy-2", "prompt": PROMPT})
+            d.call(0x03, {"job_id": "busy-1"})   # CANCEL
+            self.assertEqual(a2["status"], 429, a2)
+            self.assertNotIn("field", a2)
         finally:
             d.stop()
 

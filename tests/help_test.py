@@ -61,6 +61,14 @@ class HelpNamesEveryOption(unittest.TestCase):
     def test_worker(self):
         self.check([os.path.join(BIN, "tokpipe-worker")], "workers/worker_main.c")
 
+    def test_keygen_help_names_the_key_lists_of_each_role(self):
+        """README "CURVE": client keys go to client_keys, worker keys to
+        worker_keys (authorized_keys is the old setting tokpiped warns about)."""
+        rc, out = help_text(os.path.join(BIN, "tokpipe"), "keygen")
+        self.assertEqual(rc, 0)
+        self.assertIn("security.client_keys", out)
+        self.assertIn("security.worker_keys", out)
+
     def test_every_subcommand(self):
         cmds = sorted(re.match(r"tools/cmd_(\w+)\.c", p).group(1) for p in glob.glob("tools/cmd_*.c"))
         self.assertIn("run", cmds)

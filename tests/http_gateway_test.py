@@ -423,6 +423,11 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         self.assertEqual(st["histograms"]["ttft_us"]["count"],
                          metric(after, "tokpipe_time_to_first_token_seconds_count"))
         self.assertEqual(sum(st["histograms"]["e2e_us"]["buckets"]), st["histograms"]["e2e_us"]["count"])
+        # README: /metrics has everything `tokpipe stats` has, the event counters included
+        for key, name in [("events_duplicate", "tokpipe_events_duplicate_total"),
+                          ("events_refused", "tokpipe_events_refused_total"),
+                          ("jobs_poisoned", "tokpipe_jobs_poisoned_total")]:
+            self.assertEqual(metric(after, name), st.get(key, 0), name)
 
     def test_stop_string_labels_are_capped_and_the_rest_folded(self):
         # 60 jobs, each stopped by its own 3-byte stop string (a different
@@ -473,6 +478,11 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
                         path="/v1/chat/completions")
         self.assertEqual(st, 400, r)
         self.assertEqual(r["error"]["param"], "messages")
+        # a turn the SUBMIT encoder refuses is named too, without the encoder's preamble
+        st, r, _ = post(self.port, {"messages": [{"role": "u" * 65, "content": "hi"}]}, path="/v1/chat/completions")
+        self.assertEqual(st, 400, r)
+        self.assertEqual(r["error"]["param"], "messages[0].role", r)
+        self.assertTrue(r["error"]["message"].startswith("messages[0].role: "), r)
         st, _, _ = request(self.port, "GET", "/v1/completions")
         self.assertEqual(st, 405)
         st, body, _ = request(self.port, "GET", "/v2/nothing")
@@ -638,6 +648,9 @@ class GatewayChat(unittest.TestCase):
             text = "".join(ch["delta"].get("content", "") for e in events[:-1] for ch in e["choices"])
             self.assertEqual(text, want["text"])
             self.assertTrue(all(e["object"] == "chat.completion.chunk" for e in events[:-1]))
+            # README "Chat": every delta carries role: assistant, the finishing chunk's too
+            self.assertEqual([ch["delta"].get("role") for e in events[:-1] for ch in e["choices"]],
+                             ["assistant"] * sum(len(e["choices"]) for e in events[:-1]))
             self.check_chat_logprobs(d, msgs, args)
         finally:
             d.stop()

@@ -268,7 +268,7 @@ class Limits(tpdaemon.HttpDaemonCase):
         self.assertEqual(tokens, [])
         # rendered by the template it no longer fits what one prompt may be
         self.assertEqual(fin["reason"], "error")
-        self.assertTrue(fin["error"].startswith("tokenize: messages: "), fin)
+        self.assertTrue(fin["error"].startswith("messages: "), fin)
         self.assertIn("output limit", fin["error"])
         cmd, ack, _, _ = self.submit({"messages": [{"role": "user", "content": content + "a"}],
                                       "params": {"max_tokens": 4}})

@@ -256,5 +256,20 @@ class ProtocolEndToEnd(tpdaemon.DaemonCase):
         self.assertRegex(p.stdout.decode(), r"(length|eos|stop_string) \d+\n$")
 
 
+    def test_a_submit_refused_for_its_frames_counts_as_submitted_and_rejected(self):
+        """STATS jobs_submitted counts every SUBMIT, those answered with ERROR
+        because they could not be decoded included (the command byte said
+        SUBMIT): too many frames, or no header."""
+        _, before, _ = self.prod.call(0x06, {})
+        self.prod.send_raw([b"JOB1", b"\x01", msgpack.packb({"prompt": "x"})] + [b""] * 10)
+        cmd, rep, _ = self.prod.recv()
+        self.assertEqual((cmd, rep["status"]), (0x7F, 413))
+        self.prod.send_raw([b"JOB1", b"\x01"])
+        cmd, rep, _ = self.prod.recv()
+        self.assertEqual((cmd, rep["status"]), (0x7F, 400))
+        _, after, _ = self.prod.call(0x06, {})
+        for key in ("jobs_submitted", "jobs_rejected"):
+            self.assertEqual(after.get(key, 0) - before.get(key, 0), 2, key)
+
 if __name__ == "__main__":
     unittest.main()

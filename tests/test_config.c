@@ -105,6 +105,11 @@ static void out_of_range_value_is_named_with_its_line(void **state)
     (void)state;
     expect_error("\n\nbatching:\n  max_num_seqs: 0\n", "t.yaml:4:", "batching.max_num_seqs: 0 is outside [1, 4096]");
     expect_error("generation:\n  top_p: 1.5\n", "t.yaml:2:", "generation.top_p: 1.5 is outside (0, 1]");
+    /* the engine computes in float32 (PROTOCOL.md): a default the wire would refuse is refused here,
+     * not at every job's SAMPLE_OPEN */
+    expect_error("generation:\n  top_p: 1e-300\n", "t.yaml:2:",
+                 "generation.top_p: 1e-300 is outside (0, 1] as a 32-bit float (it becomes 0)");
+    expect_error("generation:\n  repetition_penalty: 1e-60\n", "t.yaml:2:", "as a 32-bit float");
     expect_error("generation:\n  temperature: -1\n", "generation.temperature", "outside");
     expect_error("heartbeat:\n  liveness: 99999999999999999999\n", "heartbeat.liveness", "not an integer");
 }

@@ -418,6 +418,8 @@ static void chat_turns_become_submit_messages(void **state)
     assert_memory_equal(r.messages[0].role.ptr, "system", 6);
     oai_request_free(&r);
     refused(OAI_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0]", "role: required");
+    /* PROTOCOL.md: a turn's content is required unless it carries tool_calls (null is content) */
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", "content: required");
     refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"weight\":\"bob\"}]}", 400,
             "messages[0].weight", "not supported");
     refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,

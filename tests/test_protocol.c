@@ -514,6 +514,65 @@ static void top_n_is_sent_whenever_logprob_frames_are_even_zero(void **state)
     tp_wire_free(&w);
 }
 
+/* PROTOCOL.md: every reply carries req ("copied from the request"; ERROR's
+ * "req is 0 if it could not be read"), so a client may read reply["req"]
+ * without a default; it is not an "opt" key. */
+static void replies_carry_req_even_when_zero(void **state)
+{
+    (void)state;
+    static const int cmds[] = {TP_CMD_ACK, TP_CMD_ERROR, TP_CMD_STATUS_REPLY, TP_CMD_STATS_REPLY,
+                               TP_CMD_INFO_REPLY};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, cmds[i]);
+        m.req = 0, m.status = cmds[i] == TP_CMD_ERROR ? 400 : 200;
+        m.error = tp_str_of("x: bad");
+        m.ack.job_id = tp_str_of("j");
+        if (cmds[i] == TP_CMD_STATUS_REPLY)
+            m.status_reply = (tp_m_status_reply){.job_id = tp_str_of("j"), .state = TP_STATE_QUEUED, .last_seq = -1};
+        if (cmds[i] == TP_CMD_INFO_REPLY)
+            m.info_reply = (tp_m_info_reply){.model_id = tp_str_of("m"), .bos_id = -1, .eos_id = -1};
+        tp_wire w;
+        tp_msg d;
+        round_trip(&m, &w, &d);
+        if (!header_has_key(&w, 2, "req"))
+            fail_msg("reply 0x%02x with req 0 has no req key", cmds[i]);
+        assert_int_equal(d.req, 0);
+        tp_msg_clear(&d);
+        tp_wire_free(&w);
+    }
+}
+
+/* PROTOCOL.md STATUS_REPLY: reason, matched (nil for length/eos-less
+ * finishes) and the three timings are there for a finished job, 0 and nil
+ * included, so a client can compare STATUS with FINISH key by key; a running
+ * job has none of them. */
+static void status_reply_of_a_finished_job_has_matched_nil_and_every_timing(void **state)
+{
+    (void)state;
+    static const char *finished_keys[] = {"reason", "matched", "queue_us", "ttft_us", "total_us"};
+    int32_t none[1];
+    for (int finished = 0; finished < 2; finished++) {
+        tp_msg m;
+        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS_REPLY);
+        m.req = 1, m.status = 200;
+        m.status_reply = (tp_m_status_reply){.job_id = tp_str_of("j"), .last_seq = 0, .text = tp_str_of(""),
+                                             .tokens = {none, 0}, .state = finished ? TP_STATE_FINISHED : TP_STATE_RUNNING};
+        if (finished)
+            m.status_reply.reason = TP_REASON_STOP_STRING, m.status_reply.timings.total_us = 9;
+        tp_wire w;
+        tp_msg d;
+        round_trip(&m, &w, &d);
+        for (size_t k = 0; k < sizeof finished_keys / sizeof finished_keys[0]; k++)
+            if (header_has_key(&w, 2, finished_keys[k]) != (finished == 1))
+                fail_msg("STATUS_REPLY (%s) %s %s", finished ? "finished" : "running",
+                         finished ? "lacks" : "has", finished_keys[k]);
+        assert_int_equal(d.status_reply.matched.kind, TP_MATCHED_NONE);
+        tp_msg_clear(&d);
+        tp_wire_free(&w);
+    }
+}
+
 static void finish_event_round_trips_reason_matched_counts_timings(void **state)
 {
     (void)state;
@@ -798,7 +857,9 @@ static void bad_magic_or_version_is_505(void **state)
     raw_free(&r);
 }
 
-static void unknown_command_is_501_and_bad_command_frame_is_400(void **state)
+/* PROTOCOL.md "Rejection": F1 is one byte naming a known command (-> 501);
+ * a command frame of another length names no command either. */
+static void unknown_command_and_bad_command_frame_are_501(void **state)
 {
     (void)state;
     raw_msg r;
@@ -807,7 +868,9 @@ static void unknown_command_is_501_and_bad_command_frame_is_400(void **state)
     raw_header_done(&r);
     expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "0x55");
     r.f[1] = (tp_frame){"\x06\x06", 2};
-    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_BAD_REQUEST, "F1");
+    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "F1");
+    r.f[1] = (tp_frame){"", 0};
+    expect_reject(TP_FAM_JOB, r.f, r.n, TP_ST_UNKNOWN_COMMAND, "F1");
     raw_free(&r);
     /* An EVT1 command byte is not a WRK1 one. */
     raw_begin(&r, TP_MAGIC_WRK, TP_CMD_TOKENIZE + 0x0e);
@@ -1209,7 +1272,7 @@ static void wrong_types_and_ranges_name_the_field(void **state)
         {"min_p", pack_1_5, 400, "params.min_p"},
         {"presence_penalty", pack_float, 400, "params.presence_penalty: 3 is outside [-2, 2]"},
         {"repetition_penalty", pack_zero, 400, "params.repetition_penalty: 0 is outside (0,"},
-        {"seed", pack_neg, 400, "params.seed: -1 is outside"},
+        {"seed", pack_neg, 400, "params.seed: -1 is outside [0, 18446744073709551615]"},
         {"stop", pack_int_stop, 400, "params.stop[0]: expected str, got integer"},
         {"stop", pack_empty_stop, 400, "params.stop[1]: empty string"},
         {"stop", pack_bad_utf8, 400, "params.stop[0]: invalid UTF-8"},
@@ -1506,6 +1569,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(submit_text_round_trips_every_param),
         cmocka_unit_test(submit_unset_params_are_not_sent),
+        cmocka_unit_test(replies_carry_req_even_when_zero),
+        cmocka_unit_test(status_reply_of_a_finished_job_has_matched_nil_and_every_timing),
         cmocka_unit_test(absent_array_keys_decode_to_empty_arrays_not_null),
         cmocka_unit_test(submit_token_ids_travel_as_raw_little_endian_frame),
         cmocka_unit_test(decoded_strings_borrow_the_frame),
@@ -1524,7 +1589,7 @@ int main(void)
         cmocka_unit_test(sample_messages_round_trip),
         cmocka_unit_test(stop_messages_round_trip),
         cmocka_unit_test(bad_magic_or_version_is_505),
-        cmocka_unit_test(unknown_command_is_501_and_bad_command_frame_is_400),
+        cmocka_unit_test(unknown_command_and_bad_command_frame_are_501),
         cmocka_unit_test(missing_header_and_too_many_frames_are_rejected),
         cmocka_unit_test(oversize_header_frame_is_413_before_parsing),
         cmocka_unit_test(ids_frame_not_a_multiple_of_four_is_rejected),

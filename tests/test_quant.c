@@ -98,6 +98,12 @@ static void check_type(uint32_t type, int rows, int cols)
     tp_qmatmul_rows(&w, &a, Ys, rows, 0, rows, false);
     if (memcmp(Y, Ys, sizeof(float) * T * rows))
         fail_msg("%s %dx%d: scalar and vector (AVX-512 or AVX2) paths differ", tn, rows, cols);
+    /* the file's blocks (no panel) give the same bits as the panel */
+    tp_wmat wf = w;
+    wf.panel = NULL;
+    tp_qmatmul_rows(&wf, &a, Ys, rows, 0, rows, avx);
+    if (memcmp(Y, Ys, sizeof(float) * T * rows))
+        fail_msg("%s %dx%d: the file's blocks and the panel differ", tn, rows, cols);
     /* any split by rows gives the same bits */
     for (int split = 1; split < rows; split += 7) {
         memset(Ys, 0, sizeof(float) * T * rows);

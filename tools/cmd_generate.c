@@ -690,6 +690,24 @@ static int run(gen *s, tp_err *err)
     return rc;
 }
 
+/* The SUBMIT every prompt would carry, encoded and dropped: a flag value the
+ * protocol refuses (--max-tokens 0) is bad usage, found before anything is
+ * sent, as the values the flag parser checks itself are. */
+static int check_submit(gen *s, tp_err *err)
+{
+    job probe;
+    memset(&probe, 0, sizeof probe);
+    snprintf(probe.id, sizeof probe.id, "probe");
+    probe.prompt = s->g.n_messages || !s->g.n_prompts ? NULL : s->g.prompts[0];
+    tp_msg m;
+    fill_submit(s, &probe, &m);
+    tp_wire w;
+    int rc = tp_proto_encode(&m, &w, err);
+    if (!rc)
+        tp_wire_free(&w);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     gen s;
@@ -701,6 +719,12 @@ int cmd_generate(int argc, char **argv)
         return usage(stdout, 0);
     if (rc < 0) {
         fprintf(stderr, "tokpipe generate: %s\n", err.msg);
+        return usage(stderr, 2);
+    }
+    if (check_submit(&s, &err)) {
+        const char *why = strstr(err.msg, ": ");   /* past the encoder's "encode SUBMIT" */
+        fprintf(stderr, "tokpipe generate: %s\n", why ? why + 2 : err.msg);
+        genopts_free(&s.g);
         return usage(stderr, 2);
     }
     s.n = s.g.n_messages ? 1 : s.g.n_prompts;

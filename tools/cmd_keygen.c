@@ -18,7 +18,8 @@ static void usage(FILE *out)
             "Existing files are never overwritten. The broker's pair goes to\n"
             "security.server_secret_key / server_public_key; a client's or worker's\n"
             "secret key to security.client_secret_key, and its PREFIX.pub line is added\n"
-            "to the broker's security.authorized_keys file.\n");
+            "to the broker's security.client_keys file (a client: producer, subscriber)\n"
+            "or security.worker_keys file (a stage worker).\n");
 }
 
 int cmd_keygen(int argc, char **argv)

@@ -300,7 +300,7 @@ static int make_panels(tp_forward *f)
  * the scalar path or an embedding lookup, brings its pages back). */
 static void drop_if_copied(const tp_forward *f, const tp_wmat *m)
 {
-    if (m->type == TP_GGML_F32 || (f->qavx512 && tp_qpanel_bytes(m)))
+    if (m->type == TP_GGML_F32 || ((f->qavx512 || f->qsimd) && tp_qpanel_bytes(m)))
         tp_model_drop_pages(f->model, m->data, m->row_bytes * (size_t)m->rows);
 }
 
@@ -332,7 +332,7 @@ static int pack_weights(tp_forward *f)
     }
     const tp_wmat *cls = &w->m.wcls;
     int rc = pack_group(&cls, 1, &f->cls, &f->tcls);
-    if (!rc && f->qavx512)
+    if (!rc && (f->qavx512 || f->qsimd)) /* AVX-512 panels, or AVX2's for Q4_0 */
         rc = make_panels(f);
     if (!rc)
         drop_copied(f);

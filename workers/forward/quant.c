@@ -358,24 +358,33 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
 #define AVX2_PREFETCH_RUN 4096
 
 typedef struct rows4 {
-    const uint8_t *p[4];
+    const uint8_t *p[4];      /* each row's first block */
+    size_t stride;            /* from a row's block to its next */
     int n;                    /* rows of the four that are real */
     const char *pf, *pf_base; /* next line to ask for; where the run ahead starts */
 } rows4;
 
-static inline rows4 rows4_at(const tp_wmat *w, int r, int r1)
+/* Rows r.. (up to four, below r1) of w, each block of bb bytes: in the
+ * file, or in w's AVX2 panel where the blocks of four rows alternate
+ * (tp_qpanel rows4, every type but Q4_0), a row's blocks 4 bb apart. */
+static inline rows4 rows4_at(const tp_wmat *w, int r, int r1, size_t bb)
 {
     rows4 q;
     q.n = r1 - r < 4 ? r1 - r : 4;
-    for (int k = 0; k < 4; k++)
-        q.p[k] = (const uint8_t *)w->data + (size_t)(r + (k < q.n ? k : 0)) * w->row_bytes;
+    bool panel = w->panel && w->panel->rows4 && w->type != TP_GGML_Q4_0;
+    q.stride = panel ? 4 * bb : bb;
+    for (int k = 0; k < 4; k++) {
+        size_t row = (size_t)(r + (k < q.n ? k : 0));
+        q.p[k] = panel ? w->panel->data + row / 4 * w->panel->group_bytes + row % 4 * bb
+                       : (const uint8_t *)w->data + row * w->row_bytes;
+    }
     size_t group = 4 * w->row_bytes;
     q.pf = q.pf_base = (const char *)q.p[0] + (group < AVX2_PREFETCH_RUN ? AVX2_PREFETCH_RUN : group);
     return q;
 }
 
 /* Ask for the run ahead up to done bytes into it (done: the bytes of the
- * four rows read so far). */
+ * four rows read so far, in either layout). */
 static inline void rows4_prefetch(rows4 *q, size_t done)
 {
     while (q->pf < q->pf_base + done) {
@@ -477,6 +486,80 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i legacy_dot(
     return dot32u_parts(q, x);
 }
 
+/* Q4_0/Q4_1: [P0, P1, P2, P3] of a block of four rows' nibbles (at qs)
+ * with the activations x. Two rows share a register, each in one half:
+ * their low nibbles (columns 0..15) meet x's first 16 quants and their
+ * high nibbles x's last 16, the two products add as int16 (at most
+ * 4 * 15 * 127), and two horizontal adds and an unpack finish the four
+ * sums: fewer shuffles than a register per row, which is what bounded
+ * these kernels. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_pairs(__m256i v01, __m256i v23, const int8_t *x)
+{
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x));
+    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + 16)));
+    __m256i v[2] = {v01, v23}, s[2];
+    for (int i = 0; i < 2; i++) {
+        __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v[i], low), xlo);
+        __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v[i], 4), low), xhi);
+        s[i] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones); /* row 2i in the low half, 2i + 1 high */
+    }
+    __m256i h = _mm256_hadd_epi32(s[0], s[1]); /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
+    h = _mm256_hadd_epi32(h, h);               /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
+    return _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* Two rows' 16 bytes at off in one register, the first in the low half. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i pair16(const uint8_t *a, const uint8_t *b)
+{
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(const rows4 *q, size_t qs, const int8_t *x)
+{
+    return nib4_pairs(pair16(q->p[0] + qs, q->p[1] + qs), pair16(q->p[2] + qs, q->p[3] + qs), x);
+}
+
+/* The AVX2 Q4_0 panel's block (tp_qpanel rows4): 4 scales, 4 x 16 bytes. */
+#define ROWS4_Q40_BLOCK 72
+
+/* Q4_0 from its AVX2 panel (tp_qpanel rows4): the file path's arithmetic,
+ * but a block's four scales are one load and its rows' nibbles two, already
+ * paired, and each group is one stream. Lanes of a group outside [r0, r1)
+ * are computed and not stored. */
+__attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                   int ldy, int r0, int r1)
+{
+    const tp_qpanel *pn = w->panel;
+    int cols = w->cols, nb = cols / 32;
+    for (int g = r0 / 4; 4 * g < r1; g++) {
+        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
+        int lo = r0 - 4 * g > 0 ? r0 - 4 * g : 0, hi = r1 - 4 * g < 4 ? r1 - 4 * g : 4;
+        const char *pf = (const char *)grp + AVX2_PREFETCH_RUN, *pf_end = pf;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb;
+            const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
+            __m128 acc = _mm_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = grp + (size_t)b * ROWS4_Q40_BLOCK;
+                for (pf_end += t ? 0 : ROWS4_Q40_BLOCK; pf < pf_end; pf += 64)
+                    _mm_prefetch(pf, _MM_HINT_T1);
+                __m128i s = nib4_pairs(_mm256_loadu_si256((const __m256i *)(blk + 8)),
+                                       _mm256_loadu_si256((const __m256i *)(blk + 40)), xq + 32 * b);
+                s = _mm_add_epi32(s, _mm_set1_epi32(8 * nsum[b]));
+                __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
+                acc = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx[b])), _mm_cvtepi32_ps(s), acc);
+            }
+            float v[4];
+            _mm_storeu_ps(v, acc);
+            for (int k = lo; k < hi; k++)
+                y[(size_t)t * (size_t)ldy + (size_t)(4 * g + k)] = v[k];
+        }
+    }
+}
+
 /* Those types straight from the file's blocks. Q4_0 and Q5_0 multiply the
  * unsigned quants and take 8 or 16 x the block's quant sum off after: the
  * same integer, without the sign trick. Per block and row, as the scalar
@@ -491,18 +574,20 @@ legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r
     const bool has_min = kind == LEG_Q4_1 || kind == LEG_Q5_1;
     int cols = w->cols, nb = cols / 32;
     for (int r = r0; r < r1; r += 4) {
-        rows4 q = rows4_at(w, r, r1);
+        rows4 q = rows4_at(w, r, r1, bb);
         for (int t = 0; t < a->n_tok; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
             const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
             const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
             __m128 acc = _mm_setzero_ps();
             for (int b = 0; b < nb; b++) {
-                size_t o = (size_t)b * bb;
-                rows4_prefetch(&q, 4 * (o + bb));
+                size_t o = (size_t)b * q.stride;
+                rows4_prefetch(&q, 4 * bb * (size_t)(b + 1));
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m128i s = hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
-                                  legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
+                __m128i s = kind == LEG_Q4_0 || kind == LEG_Q4_1
+                                ? nib4_dot(&q, o + (kind == LEG_Q4_1 ? 4 : 2), xq + 32 * b)
+                                : hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
+                                        legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
                 if (off[kind])
                     s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * nsum[b]));
                 __m128 dxb = _mm_set1_ps(dx[b]);
@@ -520,7 +605,12 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_
 {
     switch (w->type) {
     case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
-    case TP_GGML_Q4_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0); break;
+    case TP_GGML_Q4_0:
+        if (w->panel && w->panel->rows4)
+            q40_panel_rows(w, a, y, ldy, r0, r1);
+        else
+            legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0);
+        break;
     case TP_GGML_Q4_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_1); break;
     case TP_GGML_Q5_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_0); break;
     case TP_GGML_Q5_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_1); break;
@@ -587,7 +677,7 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
     int cols = w->cols, nb = cols / 32, nsb = cols / 256;
     const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), bit4 = _mm256_set1_epi8(0x10);
     for (int r = r0; r < r1; r += 4) {
-        rows4 q = rows4_at(w, r, r1);
+        rows4 q = rows4_at(w, r, r1, sbytes);
         for (int t = 0; t < a->n_tok; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
             const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
@@ -595,8 +685,8 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
             __m128 acc = _mm_setzero_ps();
             for (int i = 0; i < nsb; i++) {
                 if (q6) {
-                    size_t o = (size_t)i * sbytes;
-                    rows4_prefetch(&q, 4 * (o + sbytes));
+                    size_t o = (size_t)i * q.stride;
+                    rows4_prefetch(&q, 4 * sbytes * (size_t)(i + 1));
                     __m128 d = half4(&q, o + 208), s[16];
                     __m256 lo[4], hi[4];
                     #pragma GCC unroll 4
@@ -634,8 +724,8 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
                                 acc = _mm_fmadd_ps(_mm_mul_ps(s[j + 1], dxb), _mm256_extractf128_ps(pf, 1), acc);
                             }
                 } else {
-                    size_t o = (size_t)i * sbytes;
-                    rows4_prefetch(&q, 4 * (o + sbytes));
+                    size_t o = (size_t)i * q.stride;
+                    rows4_prefetch(&q, 4 * sbytes * (size_t)(i + 1));
                     __m128 d = half4(&q, o), dmin = half4(&q, o + 2), sv[8], mv[8];
                     __m256 scs[4], mins[4];
                     #pragma GCC unroll 4
@@ -708,7 +798,7 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
 {
     int cols = w->cols, full = cols / 16 * 16;
     for (int r = r0; r < r1; r += 4) {
-        rows4 q = rows4_at(w, r, r1);
+        rows4 q = rows4_at(w, r, r1, 32); /* a block: 16 columns */
         const uint8_t *const *row = q.p;
         int nr = q.n;
         for (int t = 0; t < a->n_tok; t++) {
@@ -716,8 +806,8 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
             __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (int k = 0; k < full; k += 16) {
                 __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-                size_t o = 2 * (size_t)k;
-                rows4_prefetch(&q, 4 * (o + 32));
+                size_t o = (size_t)(k / 16) * q.stride;
+                rows4_prefetch(&q, 128 * (size_t)(k / 16 + 1));
                 l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
                 h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
                 l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
@@ -967,7 +1057,16 @@ static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int
 
 static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_bytes)
 {
-    if (!tp_quant_have_avx512() || !tp_qpanel_format(w->type, f))
+    if (!tp_quant_have_avx512()) { /* AVX2: four rows' blocks side by side (tp_qpanel rows4) */
+        const tp_ggml_type_info *ti = tp_ggml_type(w->type);
+        bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
+        if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
+            return 0;
+        *block_bytes = 4 * (half ? 32 : ti->block_bytes); /* F16/BF16: blocks of 16 columns */
+        /* whole cache lines, so the panel after it in a mapping starts on one */
+        return (4 * w->row_bytes * (size_t)((w->rows + 3) / 4) + 63) / 64 * 64;
+    }
+    if (!tp_qpanel_format(w->type, f))
         return 0;
     *block_bytes = f->quant_bytes + 16 * (size_t)f->scale_bytes * (size_t)(32 / f->sub + f->has_min);
     return *block_bytes * (size_t)(w->cols / 32) * (size_t)((w->rows + 15) / 16);
@@ -1006,6 +1105,30 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
         p->owned = true;
     }
     p->data = mem;
+    if (!tp_quant_have_avx512()) { /* AVX2 (tp_qpanel rows4) */
+        size_t fb = bb / 4; /* the file's block */
+        p->rows4 = true;
+        p->groups = (w->rows + 3) / 4;
+        p->blocks = (int)(w->row_bytes / fb);
+        p->block_bytes = bb;
+        p->group_bytes = 4 * w->row_bytes;
+        for (int g = 0; g < p->groups; g++)
+            for (int k = 0; k < 4; k++) {
+                int r = 4 * g + k < w->rows ? 4 * g + k : 4 * g;
+                const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                for (int b = 0; b < p->blocks; b++) {
+                    uint8_t *blk = p->data + (size_t)g * p->group_bytes + (size_t)b * bb;
+                    if (w->type == TP_GGML_Q4_0) { /* scales together, nibbles paired */
+                        memcpy(blk + 2 * k, row + fb * (size_t)b, 2);
+                        memcpy(blk + 8 + 16 * k, row + fb * (size_t)b + 2, 16);
+                    } else {
+                        memcpy(blk + fb * (size_t)k, row + fb * (size_t)b, fb);
+                    }
+                }
+            }
+        w->panel = p;
+        return 0;
+    }
     for (int r = 0; r < w->rows; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
         uint8_t *grp = p->data + (size_t)(r / 16) * p->group_bytes;

@@ -79,17 +79,26 @@ typedef struct tp_qact {
 
 /* A typed matrix repacked for the AVX-512 path (quant.h's layouts): row
  * group g (rows 16g..16g+15; past the last row, zero weights) at
- * data + g * group_bytes, its blocks of 32 columns block_bytes apart. */
+ * data + g * group_bytes, its blocks of 32 columns block_bytes apart.
+ * On a CPU with AVX2 but not AVX-512 the panel (rows4) is the file's
+ * blocks of 4 rows side by side: group g (rows 4g..4g+3; past the last row
+ * the group's first row again), block b of row 4g + k at
+ * data + g * group_bytes + b * block_bytes + k * (block_bytes / 4), so the
+ * four rows the AVX2 kernels read together are one stream (in the
+ * forward's huge-page mapping). F16/BF16 blocks are 16 columns (when the
+ * row is whole blocks). Q4_0 puts a block's 4 f16 scales first (8 bytes),
+ * then the rows' 16 bytes of nibbles in row order. */
 typedef struct tp_qpanel {
     uint32_t type;
     int groups, blocks;
     size_t block_bytes, group_bytes, bytes;
     uint8_t *data; /* 32-byte aligned; blocks too */
     bool owned;    /* data is the panel's own mapping */
+    bool rows4;    /* the AVX2 layout */
 } tp_qpanel;
 
-/* Bytes of w's panel (a multiple of 32), 0 for a type without one or
- * without AVX-512. */
+/* Bytes of w's panel (a multiple of 32), 0 for a type without one (F32;
+ * F16/BF16 under AVX-512) or a CPU without AVX-512 or AVX2. */
 size_t tp_qpanel_bytes(const tp_wmat *w);
 
 /* Build w->panel (no-op when tp_qpanel_bytes is 0) into mem, 32-byte
