@@ -13,9 +13,8 @@
  * generator, converted with `tokpipe quantize` ($BIN, default bin/), in a
  * temporary directory. With the Llama 2 vocabulary of ../shared/models
  * ($TP_MODELS) the files are llama.cpp-loadable GGUF, and llama.cpp decodes
- * the same files beside tokpipe at every thread count (support/llamacpp.h:
- * its prebuilt CPU build from npm): the ratio of the two is the issue's
- * figure. Samples interleave thread counts, types and the two programs
+ * the same files beside tokpipe on one thread (support/llamacpp.h: its
+ * prebuilt CPU build from npm; why one thread: the note under the table). Samples interleave thread counts, types and the two programs
  * (paired; which goes first alternates), each figure is the median of
  * SAMPLES; times are wall clock (threads run in parallel), so a busy machine
  * shows: the load average is printed. */
@@ -218,7 +217,8 @@ int main(int argc, char **argv)
                "  $TP_BENCH_TYPES=Q8_0,F16 the types (default F32,F16,Q8_0,Q4_0,Q4_K_M).\n"
                "  With $TP_MODELS (../shared/models) holding the Llama 2 vocabulary, llama.cpp (npm's\n"
                "  node-llama-cpp prebuilt CPU build, installed into build/npm on first use) decodes the\n"
-               "  same files beside it: llama.cpp tok/s and tokpipe / llama.cpp. $TP_LLAMACPP=0: tokpipe alone.\n");
+               "  same files beside it on one thread: llama.cpp tok/s and tokpipe / llama.cpp.\n"
+               "  $TP_LLAMACPP=0: tokpipe alone.\n");
         return 0;
     }
     const char *shape = argc > 1 ? argv[1] : "stories110M", *bin = getenv("BIN");
