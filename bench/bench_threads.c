@@ -14,10 +14,11 @@
  * temporary directory. With the Llama 2 vocabulary of ../shared/models
  * ($TP_MODELS) the files are llama.cpp-loadable GGUF, and llama.cpp decodes
  * the same files beside tokpipe on one thread (support/llamacpp.h: its
- * prebuilt CPU build from npm; why one thread: the note under the table). Samples interleave thread counts, types and the two programs
- * (paired; which goes first alternates), each figure is the median of
- * SAMPLES; times are wall clock (threads run in parallel), so a busy machine
- * shows: the load average is printed. */
+ * prebuilt CPU build from npm; why one thread: the note under the table).
+ * Samples interleave thread counts, types and the two programs (paired;
+ * which goes first alternates), each figure is the median of SAMPLES;
+ * times are wall clock (threads run in parallel), so a busy machine shows:
+ * the load average is printed. */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
