@@ -36,6 +36,11 @@ int bench_llamacpp_open(bench_llamacpp *lc)
         snprintf(lc->why, sizeof lc->why, "nodejs/npm not installed (scripts/install-deps.sh)");
         return -1;
     }
+    /* node-llama-cpp's engines field; Debian 12's own nodejs is 18 */
+    if (system("node -e 'process.exit(+process.versions.node.split(\".\")[0] >= 20 ? 0 : 1)'") != 0) {
+        snprintf(lc->why, sizeof lc->why, "node-llama-cpp needs Node.js 20 or later (node --version)");
+        return -1;
+    }
     const char *build = getenv("TP_BUILD_DIR");
     char npm[1024];
     snprintf(npm, sizeof npm, "%s/npm", build ? build : "build");
