@@ -295,12 +295,15 @@ static int make_panels(tp_forward *f)
     return rc;
 }
 
+/* The typed kernels read panels (quant.h): AVX-512's, or AVX2's. */
+static bool uses_panels(const tp_forward *f) { return f->qavx512 || f->qsimd; }
+
 /* The kernels read packed f32 copies and panels, so the file's pages of
  * those matrices can leave memory (a matrix read again from the file, by
  * the scalar path or an embedding lookup, brings its pages back). */
 static void drop_if_copied(const tp_forward *f, const tp_wmat *m)
 {
-    if (m->type == TP_GGML_F32 || ((f->qavx512 || f->qsimd) && tp_qpanel_bytes(m)))
+    if (m->type == TP_GGML_F32 || (uses_panels(f) && tp_qpanel_bytes(m)))
         tp_model_drop_pages(f->model, m->data, m->row_bytes * (size_t)m->rows);
 }
 
@@ -332,7 +335,7 @@ static int pack_weights(tp_forward *f)
     }
     const tp_wmat *cls = &w->m.wcls;
     int rc = pack_group(&cls, 1, &f->cls, &f->tcls);
-    if (!rc && (f->qavx512 || f->qsimd)) /* AVX-512 panels, or AVX2's for Q4_0 */
+    if (!rc && uses_panels(f))
         rc = make_panels(f);
     if (!rc)
         drop_copied(f);

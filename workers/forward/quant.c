@@ -357,11 +357,35 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
  * touches the next rows: harmless. */
 #define AVX2_PREFETCH_RUN 4096
 
+/* The run ahead of a group of four rows: from its start, lines are asked
+ * for as far ahead as the group has been read. */
+typedef struct pf_run {
+    const char *next, *base; /* next line to ask for; where the run starts */
+} pf_run;
+
+/* The run for a group of group bytes starting at start: at least
+ * AVX2_PREFETCH_RUN bytes and at least the group itself ahead. */
+static inline pf_run pf_run_at(const void *start, size_t group)
+{
+    const char *b = (const char *)start + (group < AVX2_PREFETCH_RUN ? AVX2_PREFETCH_RUN : group);
+    return (pf_run){b, b};
+}
+
+/* Ask for the run up to done bytes into it (done: the bytes of the group
+ * read so far; asking again for less does nothing). */
+static inline void pf_run_to(pf_run *r, size_t done)
+{
+    while (r->next < r->base + done) {
+        _mm_prefetch(r->next, _MM_HINT_T1);
+        r->next += 64;
+    }
+}
+
 typedef struct rows4 {
-    const uint8_t *p[4];      /* each row's first block */
-    size_t stride;            /* from a row's block to its next */
-    int n;                    /* rows of the four that are real */
-    const char *pf, *pf_base; /* next line to ask for; where the run ahead starts */
+    const uint8_t *p[4]; /* each row's first block */
+    size_t stride;       /* from a row's block to its next */
+    int n;               /* rows of the four that are real */
+    pf_run pf;
 } rows4;
 
 /* Rows r.. (up to four, below r1) of w, each block of bb bytes: in the
@@ -378,19 +402,8 @@ static inline rows4 rows4_at(const tp_wmat *w, int r, int r1, size_t bb)
         q.p[k] = panel ? w->panel->data + row / 4 * w->panel->group_bytes + row % 4 * bb
                        : (const uint8_t *)w->data + row * w->row_bytes;
     }
-    size_t group = 4 * w->row_bytes;
-    q.pf = q.pf_base = (const char *)q.p[0] + (group < AVX2_PREFETCH_RUN ? AVX2_PREFETCH_RUN : group);
+    q.pf = pf_run_at(q.p[0], 4 * w->row_bytes);
     return q;
-}
-
-/* Ask for the run ahead up to done bytes into it (done: the bytes of the
- * four rows read so far, in either layout). */
-static inline void rows4_prefetch(rows4 *q, size_t done)
-{
-    while (q->pf < q->pf_base + done) {
-        _mm_prefetch(q->pf, _MM_HINT_T1);
-        q->pf += 64;
-    }
 }
 
 __attribute__((target("avx2"))) static inline void rows4_store(const rows4 *q, __m128 acc, float *y)
@@ -536,7 +549,7 @@ __attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wma
     for (int g = r0 / 4; 4 * g < r1; g++) {
         const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
         int lo = r0 - 4 * g > 0 ? r0 - 4 * g : 0, hi = r1 - 4 * g < 4 ? r1 - 4 * g : 4;
-        const char *pf = (const char *)grp + AVX2_PREFETCH_RUN, *pf_end = pf;
+        pf_run pf = pf_run_at(grp, pn->group_bytes);
         for (int t = 0; t < a->n_tok; t++) {
             const int8_t *xq = a->q + (size_t)t * (size_t)cols;
             const float *dx = a->dx + (size_t)t * (size_t)nb;
@@ -544,8 +557,7 @@ __attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wma
             __m128 acc = _mm_setzero_ps();
             for (int b = 0; b < nb; b++) {
                 const uint8_t *blk = grp + (size_t)b * ROWS4_Q40_BLOCK;
-                for (pf_end += t ? 0 : ROWS4_Q40_BLOCK; pf < pf_end; pf += 64)
-                    _mm_prefetch(pf, _MM_HINT_T1);
+                pf_run_to(&pf, ROWS4_Q40_BLOCK * (size_t)(b + 1));
                 __m128i s = nib4_pairs(_mm256_loadu_si256((const __m256i *)(blk + 8)),
                                        _mm256_loadu_si256((const __m256i *)(blk + 40)), xq + 32 * b);
                 s = _mm_add_epi32(s, _mm_set1_epi32(8 * nsum[b]));
@@ -582,7 +594,7 @@ legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r
             __m128 acc = _mm_setzero_ps();
             for (int b = 0; b < nb; b++) {
                 size_t o = (size_t)b * q.stride;
-                rows4_prefetch(&q, 4 * bb * (size_t)(b + 1));
+                pf_run_to(&q.pf, 4 * bb * (size_t)(b + 1));
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
                 __m128i s = kind == LEG_Q4_0 || kind == LEG_Q4_1
                                 ? nib4_dot(&q, o + (kind == LEG_Q4_1 ? 4 : 2), xq + 32 * b)
@@ -686,7 +698,7 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
             for (int i = 0; i < nsb; i++) {
                 if (q6) {
                     size_t o = (size_t)i * q.stride;
-                    rows4_prefetch(&q, 4 * sbytes * (size_t)(i + 1));
+                    pf_run_to(&q.pf, 4 * sbytes * (size_t)(i + 1));
                     __m128 d = half4(&q, o + 208), s[16];
                     __m256 lo[4], hi[4];
                     #pragma GCC unroll 4
@@ -725,7 +737,7 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
                             }
                 } else {
                     size_t o = (size_t)i * q.stride;
-                    rows4_prefetch(&q, 4 * sbytes * (size_t)(i + 1));
+                    pf_run_to(&q.pf, 4 * sbytes * (size_t)(i + 1));
                     __m128 d = half4(&q, o), dmin = half4(&q, o + 2), sv[8], mv[8];
                     __m256 scs[4], mins[4];
                     #pragma GCC unroll 4
@@ -807,7 +819,7 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
             for (int k = 0; k < full; k += 16) {
                 __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
                 size_t o = (size_t)(k / 16) * q.stride;
-                rows4_prefetch(&q, 128 * (size_t)(k / 16 + 1));
+                pf_run_to(&q.pf, 128 * (size_t)(k / 16 + 1));
                 l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
                 h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
                 l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
