@@ -13,10 +13,12 @@
  * generator, converted with `tokpipe quantize` ($BIN, default bin/), in a
  * temporary directory. With the Llama 2 vocabulary of ../shared/models
  * ($TP_MODELS) the files are llama.cpp-loadable GGUF, and llama.cpp decodes
- * the same files beside tokpipe on one thread (support/llamacpp.h: its
- * prebuilt CPU build from npm; why one thread: the note under the table).
- * Samples interleave thread counts, types and the two programs (paired;
- * which goes first alternates), each figure is the median of SAMPLES;
+ * the same files beside tokpipe at every thread count (support/llamacpp.h:
+ * its own llama-bench, built from source as its docs build it, with its own
+ * thread pool), the same workload: PROMPT_LEN tokens of context, then
+ * batch-1 decode steps. Samples interleave thread counts, types and the two
+ * programs (paired; which goes first alternates), each figure is the
+ * median of SAMPLES;
  * times are wall clock (threads run in parallel), so a busy machine shows:
  * the load average is printed. */
 #include <pthread.h>
@@ -216,9 +218,10 @@ int main(int argc, char **argv)
                "  GB/s of weights and the ratio to a DRAM read probe at the same thread count.\n"
                "  $TP_BENCH_THREADS=1,2,4 picks the thread counts; $TP_BENCH_TOKENS the tokens per sample;\n"
                "  $TP_BENCH_TYPES=Q8_0,F16 the types (default F32,F16,Q8_0,Q4_0,Q4_K_M).\n"
-               "  With $TP_MODELS (../shared/models) holding the Llama 2 vocabulary, llama.cpp (npm's\n"
-               "  node-llama-cpp prebuilt CPU build, installed into build/npm on first use) decodes the\n"
-               "  same files beside it on one thread: llama.cpp tok/s and tokpipe / llama.cpp.\n"
+               "  With $TP_MODELS (../shared/models) holding the Llama 2 vocabulary, llama.cpp (its\n"
+               "  llama-bench, built on first use into build/llamacpp from the source node-llama-cpp\n"
+               "  ships) decodes the same files beside it at every thread count: llama.cpp tok/s and\n"
+               "  tokpipe / llama.cpp.\n"
                "  $TP_LLAMACPP=0: tokpipe alone.\n");
         return 0;
     }
@@ -305,8 +308,7 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < ne; i++) {
                 if (!(s & 1))
                     tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
-                /* One thread only: see the note printed below the table. */
-                if (have_lc && counts[c] == 1 &&
+                if (have_lc &&
                     (lcs[c][i][s] = bench_llamacpp_decode(&lc, e[i].path, counts[c], PROMPT_LEN, tokens)) < 0)
                     have_lc = false; /* lc.why says why; no ratio rather than half of one */
                 if (s & 1)
@@ -332,11 +334,9 @@ int main(int argc, char **argv)
                 snprintf(mb, sizeof mb, "%.0f", e[i].bytes / 1e6);
             printf("  %-7s %8s %7d %7.1f (%7.1f) %7.1f %7.2f %7.2fx", c ? "" : e[i].type, mb, counts[c], t, best, g,
                    g / bench_median(probe[c], SAMPLES), t / t1);
-            if (have_lc && counts[c] == 1) {
+            if (have_lc) {
                 double l = bench_median(lcs[c][i], SAMPLES);
                 printf(" %9.1f %7.2fx", l, t / l);
-            } else if (have_lc) {
-                printf(" %9s %8s", "-", "-");
             }
             printf("\n");
         }
@@ -346,11 +346,11 @@ int main(int argc, char **argv)
         printf(" %d thread%s %.1f", counts[c], counts[c] > 1 ? "s" : "", bench_median(probe[c], SAMPLES));
     printf("\n");
     if (have_lc)
-        printf("  llama.cpp: %s prebuilt CPU build (backend %s), the same files, the same prompt and tokens;\n"
-               "  its tok/s median of %d, ratio: tokpipe / llama.cpp. One thread only: node-llama-cpp attaches\n"
-               "  no thread pool, so on more threads ggml starts a thread for every decode step (strace: 65\n"
-               "  thread starts in 64 steps), which llama.cpp's own programs do not: not its speed to compare.\n",
-               BENCH_LLAMACPP_NPM, lc.backend, SAMPLES);
+        printf("  llama.cpp: llama-bench at commit %.7s (the source %s ships), cmake %s;\n"
+               "  `llama-bench -p 0 -n %d -d %d -t THREADS -r 1` on the same files (%d decode steps after %d\n"
+               "  tokens of context, its own thread pool and defaults), one run per sample; its tok/s median\n"
+               "  of %d, ratio: tokpipe / llama.cpp.\n",
+               lc.commit, BENCH_LLAMACPP_NPM, BENCH_LLAMACPP_CMAKE, tokens, PROMPT_LEN, tokens, PROMPT_LEN, SAMPLES);
     else
         printf("  llama.cpp: not measured: %s\n", lc.why);
     for (size_t i = 0; i < ne; i++) {

@@ -11,6 +11,9 @@ PKGS=(
   json-schema-test-suite python3-jsonschema
   systemd
   libmicrohttpd-dev curl prometheus nodejs
+  # make bench builds llama.cpp's llama-bench from source (its baseline);
+  # build-essential brings the C++ compiler
+  git cmake
 )
 # Debian's nodejs needs its npm package; NodeSource's nodejs ships npm itself
 # (and conflicts with Debian's npm)

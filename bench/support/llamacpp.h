@@ -1,35 +1,33 @@
-/* llama.cpp as a paired baseline for the decode benches: its prebuilt CPU
- * build from npm (node-llama-cpp ships the CPU backends llama.cpp's release
- * build makes, one per x86-64 level, and ggml loads the best this CPU runs),
- * installed on first use into $TP_BUILD_DIR/npm (build/npm) the way the
- * tests install the openai client, and driven by
- * bench/support/llamacpp_decode.mjs. Both programs then read the same GGUF
- * file. */
+/* llama.cpp as a paired baseline for the decode benches, built the way its
+ * authors build it: its own llama-bench, compiled from source with cmake
+ * (Release, GGML_NATIVE=ON: -O3 -march=native), so that on any thread
+ * count it runs with llama.cpp's own thread pool and defaults. The source
+ * is the git bundle that the pinned npm package node-llama-cpp ships
+ * (llama/gitRelease.bundle): fetched once with `npm pack`, built once into
+ * $TP_BUILD_DIR/llamacpp/COMMIT (build/llamacpp), then reused. Both programs
+ * read the same GGUF file. */
 #ifndef BENCH_SUPPORT_LLAMACPP_H
 #define BENCH_SUPPORT_LLAMACPP_H
 
-#include <stdbool.h>
-
-/* The npm packages, pinned so that figures compare across runs. */
+/* The npm package holding the source, pinned so that figures compare
+ * across runs; the build's flags, as the benches print them. */
 #define BENCH_LLAMACPP_NPM "node-llama-cpp@3.22.1"
-#define BENCH_LLAMACPP_NPM_CPU "@node-llama-cpp/linux-x64@3.22.1"
+#define BENCH_LLAMACPP_CMAKE "-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON"
 
 typedef struct bench_llamacpp {
-    char modules[4200]; /* node_modules holding node-llama-cpp */
-    char script[4096];
-    char backend[64]; /* the CPU backend ggml loaded, once a run said */
+    char bench[4200]; /* the llama-bench built */
+    char commit[41];  /* llama.cpp's commit, from the bundle */
     char why[1024];   /* why not available, or why a run failed */
 } bench_llamacpp;
 
-/* 0 when llama.cpp can run here (installing it if it is not yet), else -1
- * with lc->why. $TP_LLAMACPP=0 turns it off; $TP_LLAMACPP_SCRIPT names the
- * script (default bench/support/llamacpp_decode.mjs, from the repository
- * root, where make bench runs). */
+/* 0 when llama-bench can run here (fetching and building it if it is not
+ * yet: minutes, once), else -1 with lc->why. $TP_LLAMACPP=0 turns it off. */
 int bench_llamacpp_open(bench_llamacpp *lc);
 
-/* llama.cpp's tokens per second for one sequence on threads threads:
- * tokens decode steps (logits and a greedy pick each) after a prompt_len
- * prompt, wall clock. Negative with lc->why on failure. */
-double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int prompt_len, int tokens);
+/* llama.cpp's tokens per second for one sequence on threads threads, as
+ * llama-bench measures it: tokens decode steps (batch 1, logits of each)
+ * after a depth-token context, neither model load nor the context timed.
+ * One llama-bench run, one sample. Negative with lc->why on failure. */
+double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int depth, int tokens);
 
 #endif
