@@ -14,8 +14,8 @@
  * temporary directory. With the Llama 2 vocabulary of ../shared/models
  * ($TP_MODELS) the files are llama.cpp-loadable GGUF, and llama.cpp decodes
  * the same files beside tokpipe at every thread count (support/llamacpp.h:
- * its own llama-bench, built from source as its docs build it, with its own
- * thread pool), the same workload: PROMPT_LEN tokens of context, then
+ * its own llama-bench, built from source as its docs build it, threads as
+ * that build runs them), the same workload: PROMPT_LEN tokens of context, then
  * batch-1 decode steps. Samples interleave thread counts, types and the two
  * programs (paired; which goes first alternates), each figure is the
  * median of SAMPLES;
@@ -346,10 +346,11 @@ int main(int argc, char **argv)
         printf(" %d thread%s %.1f", counts[c], counts[c] > 1 ? "s" : "", bench_median(probe[c], SAMPLES));
     printf("\n");
     if (have_lc)
-        printf("  llama.cpp: llama-bench at commit %.7s (the source %s ships), cmake %s;\n"
-               "  `llama-bench -p 0 -n %d -d %d -t THREADS -r 1` on the same files (%d decode steps after %d\n"
-               "  tokens of context, its own thread pool and defaults), one run per sample; its tok/s median\n"
-               "  of %d, ratio: tokpipe / llama.cpp.\n",
+        printf("  llama.cpp: its llama-bench at commit %.7s (the source %s ships), built with\n"
+               "  cmake %s; `llama-bench -p 0 -n %d -d %d -t THREADS -r 1`\n"
+               "  on the same files (%d decode steps after %d tokens of context; its defaults: the default\n"
+               "  build's OpenMP threads, which spin between steps, so a busy core costs it much), one run\n"
+               "  per sample; its tok/s median of %d, ratio: tokpipe / llama.cpp.\n",
                lc.commit, BENCH_LLAMACPP_NPM, BENCH_LLAMACPP_CMAKE, tokens, PROMPT_LEN, tokens, PROMPT_LEN, SAMPLES);
     else
         printf("  llama.cpp: not measured: %s\n", lc.why);
