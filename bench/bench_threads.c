@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "tokpipe/forward.h"
@@ -210,6 +211,31 @@ static double loadavg(void)
     return l;
 }
 
+/* CPU seconds the whole machine has spent busy (steal included: a core the
+ * hypervisor gave away is as taken) minus this process's and its waited-for
+ * children's (llama-bench): what other processes took. The load average
+ * cannot tell them from the bench's own threads. */
+static double others_cpu_s(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (!f)
+        return 0;
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                   &v[6], &v[7]);
+    fclose(f);
+    if (n != 8)
+        return 0;
+    double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK), own = 0;
+    struct rusage ru[2];
+    getrusage(RUSAGE_SELF, &ru[0]);
+    getrusage(RUSAGE_CHILDREN, &ru[1]);
+    for (int k = 0; k < 2; k++)
+        own += (double)ru[k].ru_utime.tv_sec + ru[k].ru_utime.tv_usec / 1e6 + (double)ru[k].ru_stime.tv_sec +
+               ru[k].ru_stime.tv_usec / 1e6;
+    return busy - own;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--help")) {
@@ -302,6 +328,7 @@ int main(int argc, char **argv)
     remove(src);
 
     double probe[MAX_T][SAMPLES], tps[MAX_T][NT][SAMPLES], lcs[MAX_T][NT][SAMPLES], load0 = loadavg();
+    double others0 = others_cpu_s(), wall0 = bench_now();
     for (int s = 0; s < SAMPLES; s++)
         for (int c = 0; c < nc; c++) {
             probe[c][s] = probe_gbs(counts[c]);
@@ -315,12 +342,20 @@ int main(int argc, char **argv)
                     tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
             }
         }
+    double others = (others_cpu_s() - others0) / (bench_now() - wall0); /* in CPUs */
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
-    printf("%s batch-1 decode, %s, %d CPUs, load average %.2f -> %.2f\n"
+    printf("%s batch-1 decode, %s, %d CPUs, load average %.2f -> %.2f, other processes %.0f%% of a CPU\n"
            "  wall clock, %d samples of %d tokens per cell (median; best in brackets); GB/s: tok/s x the weights\n"
            "  a token reads; /probe: that over the DRAM read probe at the same thread count (median of its %d)\n",
-           shape, cpu, ncpu, load0, loadavg(), SAMPLES, tokens, SAMPLES);
+           shape, cpu, ncpu, load0, loadavg(), others * 100, SAMPLES, tokens, SAMPLES);
+    /* Both programs' threads wait for each other at every matmul, so a
+     * core someone else holds stalls a step: llama.cpp's spinning threads
+     * most (on 2 vCPUs with one busy, its Q8_0 fell from ~150 to ~1 tok/s). */
+    if (others > 0.05)
+        printf("  BUSY MACHINE: other processes took %.0f%% of a CPU during the run; figures on as many threads\n"
+               "  as there are cores are not the programs' speed, and their ratios say nothing: rerun quiet\n",
+               others * 100);
     printf("  %-7s %8s %7s %17s %7s %7s %8s %9s %8s\n", "type", "MB/token", "threads", "tok/s", "GB/s", "/probe",
            "speed-up", "llama.cpp", "ratio");
     for (size_t i = 0; i < ne; i++) {
