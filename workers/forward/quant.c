@@ -395,7 +395,7 @@ static inline rows4 rows4_at(const tp_wmat *w, int r, int r1, size_t bb)
 {
     rows4 q;
     q.n = r1 - r < 4 ? r1 - r : 4;
-    bool panel = w->panel && w->panel->rows4 && w->type != TP_GGML_Q4_0;
+    bool panel = w->panel && w->panel->rows4 && w->panel->group_rows == 4 && w->type != TP_GGML_Q4_0;
     q.stride = panel ? 4 * bb : bb;
     for (int k = 0; k < 4; k++) {
         size_t row = (size_t)(r + (k < q.n ? k : 0));
@@ -784,10 +784,171 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
     }
 }
 
+/* The AVX2 K-type panels (tp_qpanel rows4, group_rows 8): a super-block
+ * of eight rows with the scales split out of the file's packing and set
+ * sub-block-major, so the kernel reads sub-block j's eight scales as one
+ * 8-byte load where the file path unpacks four rows' bit fields and
+ * transposes them every super-block. Eight rows in the lanes of a 256-bit
+ * accumulator: half the float work of four, and two of the rows' chains
+ * of multiply-adds per instruction. Same quants, same float products in
+ * the same order as the file path: the same bits.
+ *
+ * Q4_K (ROWS8_Q4K_BLOCK): f16 d[8], f16 -dmin[8] (negating is exact, and
+ * (-dmin) * m is -(dmin * m) to the bit), u8 sc[8 sub][8 rows], u8
+ * m[8][8], then per 64 columns j the eight rows' 32 bytes of nibbles
+ * (the file's qs[32 j..]). Q6_K (ROWS8_Q6K_BLOCK): f16 d[8], int8
+ * sc[16][8], then per 128 columns h the eight rows' ql[64 h..] (64
+ * bytes) and qh[32 h..] (32). Both as big as the file's, but for Q4_K's
+ * 32 bytes (unpacked scales: 2.8 %). */
+#define ROWS8_Q4K_BLOCK 1184
+#define ROWS8_Q6K_BLOCK 1680
+
+/* Eight rows' 8-lane partial sums (p[k]: row k) to [lanes 0..3 summed;
+ * lanes 4..7 summed], row k in lane k of each: whole 32-column sums are
+ * their sum; a Q6_K block's two 16-column halves are the two. */
+__attribute__((target("avx2"), always_inline)) static inline void hsum8_halves(const __m256i p[8], __m256i *lo,
+                                                                              __m256i *hi)
+{
+    __m256i e = hsum4_halves(p[0], p[1], p[2], p[3]), f = hsum4_halves(p[4], p[5], p[6], p[7]);
+    *lo = _mm256_permute2x128_si256(e, f, 0x20);
+    *hi = _mm256_permute2x128_si256(e, f, 0x31);
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m256i hsum8(const __m256i p[8])
+{
+    __m256i lo, hi;
+    hsum8_halves(p, &lo, &hi);
+    return _mm256_add_epi32(lo, hi);
+}
+
+/* Eight bytes (unsigned or signed) as eight floats. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 u8x8_at(const uint8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 half8_at(const uint8_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Lanes [lo, hi) of a group's eight results to y (row 8 g + k at y[k]). */
+__attribute__((target("avx2"), always_inline)) static inline void rows8_store(__m256 acc, float *y, int lo, int hi)
+{
+    if (lo == 0 && hi == 8) {
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
+    float v[8];
+    _mm256_storeu_ps(v, acc);
+    memcpy(y + lo, v + lo, sizeof(float) * (size_t)(hi - lo));
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void q4k_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                   int ldy, int r0, int r1)
+{
+    const tp_qpanel *pn = w->panel;
+    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int g = r0 / 8; 8 * g < r1; g++) {
+        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
+        int lo = r0 - 8 * g > 0 ? r0 - 8 * g : 0, hi = r1 - 8 * g < 8 ? r1 - 8 * g : 8;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
+            pf_run pf = pf_run_at(grp, pn->group_bytes);
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < nsb; i++) {
+                const uint8_t *sb = grp + (size_t)i * ROWS8_Q4K_BLOCK;
+                pf_run_to(&pf, ROWS8_Q4K_BLOCK * (size_t)(i + 1));
+                __m256 d = half8_at(sb), nm = half8_at(sb + 16);
+                for (int j = 0; j < 4; j++) {
+                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + 256 * i + 64 * j));
+                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + 256 * i + 64 * j + 32));
+                    __m256i p0[8], p1[8];
+                    #pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) {
+                        __m256i qq = _mm256_loadu_si256((const __m256i *)(sb + 160 + 256 * j + 32 * k));
+                        p0[k] = dot32u_parts(_mm256_and_si256(qq, low), x0);
+                        p1[k] = dot32u_parts(_mm256_and_si256(_mm256_srli_epi16(qq, 4), low), x1);
+                    }
+                    __m256i s[2] = {hsum8(p0), hsum8(p1)};
+                    for (int hh = 0; hh < 2; hh++) {
+                        int jj = 2 * j + hh, b = 8 * i + jj;
+                        __m256 dxb = _mm256_set1_ps(dx[b]);
+                        __m256 ws = _mm256_mul_ps(_mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * jj)), dxb);
+                        __m256 wm = _mm256_mul_ps(_mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * jj)), dxb);
+                        acc = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(s[hh]), acc);
+                        acc = _mm256_fmadd_ps(wm, _mm256_set1_ps(sum[b]), acc);
+                    }
+                }
+            }
+            rows8_store(acc, y + (size_t)t * (size_t)ldy + (size_t)(8 * g), lo, hi);
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void q6k_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                   int ldy, int r0, int r1)
+{
+    const tp_qpanel *pn = w->panel;
+    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+    for (int g = r0 / 8; 8 * g < r1; g++) {
+        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
+        int lo = r0 - 8 * g > 0 ? r0 - 8 * g : 0, hi = r1 - 8 * g < 8 ? r1 - 8 * g : 8;
+        for (int t = 0; t < a->n_tok; t++) {
+            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
+            const float *dx = a->dx + (size_t)t * (size_t)nb;
+            const int32_t *nsum16 = a->nsum16 + (size_t)t * 2 * (size_t)nb;
+            pf_run pf = pf_run_at(grp, pn->group_bytes);
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < nsb; i++) {
+                const uint8_t *sb = grp + (size_t)i * ROWS8_Q6K_BLOCK;
+                pf_run_to(&pf, ROWS8_Q6K_BLOCK * (size_t)(i + 1));
+                __m256 d = half8_at(sb);
+                for (int h = 0; h < 2; h++)
+                    for (int sub = 0; sub < 2; sub++)
+                        for (int half = 0; half < 2; half++) {
+                            int col = 256 * i + 128 * h + 64 * sub + 32 * half, b = col / 32, sh = 4 * sub + 2 * half;
+                            const uint8_t *rows = sb + 144 + 768 * h;
+                            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + col)), p[8];
+                            #pragma GCC unroll 8
+                            for (int k = 0; k < 8; k++) {
+                                __m256i ql = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 32 * half));
+                                __m256i qh = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 64));
+                                __m256i n = _mm256_and_si256(sub ? _mm256_srli_epi16(ql, 4) : ql, low);
+                                /* qh's two bits at sh to bits 4..5: within each byte either way */
+                                __m256i hb = sh <= 4 ? _mm256_slli_epi16(qh, 4 - sh) : _mm256_srli_epi16(qh, sh - 4);
+                                p[k] = dot32u_parts(_mm256_or_si256(n, _mm256_and_si256(hb, two)), x);
+                            }
+                            __m256i s0, s1;
+                            hsum8_halves(p, &s0, &s1);
+                            /* q - 32: 32 x each 16-column half's quant sum off (nsum16 is minus it) */
+                            s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(32 * nsum16[2 * b]));
+                            s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(32 * nsum16[2 * b + 1]));
+                            int j = 8 * h + sh;
+                            __m256 dxb = _mm256_set1_ps(dx[b]);
+                            __m256 w0 = _mm256_mul_ps(_mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 16 + 8 * j)), dxb);
+                            __m256 w1 = _mm256_mul_ps(_mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 24 + 8 * j)), dxb);
+                            acc = _mm256_fmadd_ps(w0, _mm256_cvtepi32_ps(s0), acc);
+                            acc = _mm256_fmadd_ps(w1, _mm256_cvtepi32_ps(s1), acc);
+                        }
+            }
+            rows8_store(acc, y + (size_t)t * (size_t)ldy + (size_t)(8 * g), lo, hi);
+        }
+    }
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
                                                                  int ldy, int r0, int r1)
 {
-    if (w->type == TP_GGML_Q6_K)
+    bool panel8 = w->panel && w->panel->rows4 && w->panel->group_rows == 8;
+    if (panel8 && w->type == TP_GGML_Q4_K)
+        q4k_panel_rows(w, a, y, ldy, r0, r1);
+    else if (panel8 && w->type == TP_GGML_Q6_K)
+        q6k_panel_rows(w, a, y, ldy, r0, r1);
+    else if (w->type == TP_GGML_Q6_K)
         k_rows(w, a, y, ldy, r0, r1, 6);
     else if (w->type == TP_GGML_Q5_K)
         k_rows(w, a, y, ldy, r0, r1, 5);
@@ -1067,6 +1228,35 @@ static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int
         put_scale(f, blk, 16 * n + r, wm[0]);
 }
 
+/* Row k of a group's super-block in the eight-row K layouts (ROWS8_*),
+ * from the file's super-block src. */
+static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
+{
+    if (type == TP_GGML_Q4_K) {
+        uint16_t dmin;
+        memcpy(blk + 2 * k, src, 2);
+        memcpy(&dmin, src + 2, 2);
+        dmin ^= 0x8000;
+        memcpy(blk + 16 + 2 * k, &dmin, 2);
+        uint64_t sc, m;
+        q4k_scales(src + 4, &sc, &m);
+        for (int j = 0; j < 8; j++) {
+            blk[32 + 8 * j + k] = (uint8_t)(sc >> 8 * j);
+            blk[96 + 8 * j + k] = (uint8_t)(m >> 8 * j);
+        }
+        for (int j = 0; j < 4; j++)
+            memcpy(blk + 160 + 256 * j + 32 * k, src + 16 + 32 * j, 32);
+        return;
+    }
+    memcpy(blk + 2 * k, src + 208, 2); /* Q6_K: ql[128], qh[64], sc[16], d */
+    for (int j = 0; j < 16; j++)
+        blk[16 + 8 * j + k] = src[192 + j];
+    for (int h = 0; h < 2; h++) {
+        memcpy(blk + 144 + 768 * h + 96 * k, src + 64 * h, 64);
+        memcpy(blk + 144 + 768 * h + 96 * k + 64, src + 128 + 32 * h, 32);
+    }
+}
+
 static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_bytes)
 {
     if (!tp_quant_have_avx512()) { /* AVX2: four rows' blocks side by side (tp_qpanel rows4) */
@@ -1074,8 +1264,12 @@ static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_b
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return 0;
-        *block_bytes = 4 * (half ? 32 : ti->block_bytes); /* F16/BF16: blocks of 16 columns */
         /* whole cache lines, so the panel after it in a mapping starts on one */
+        if (w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K) { /* eight rows a group */
+            *block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK : ROWS8_Q6K_BLOCK;
+            return (*block_bytes * (size_t)(w->cols / 256) * (size_t)((w->rows + 7) / 8) + 63) / 64 * 64;
+        }
+        *block_bytes = 4 * (half ? 32 : ti->block_bytes); /* F16/BF16: blocks of 16 columns */
         return (4 * w->row_bytes * (size_t)((w->rows + 3) / 4) + 63) / 64 * 64;
     }
     if (!tp_qpanel_format(w->type, f))
@@ -1117,9 +1311,27 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
         p->owned = true;
     }
     p->data = mem;
+    if (!tp_quant_have_avx512() && (w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K)) {
+        p->rows4 = true;
+        p->group_rows = 8;
+        p->groups = (w->rows + 7) / 8;
+        p->blocks = w->cols / 256;
+        p->group_bytes = bb * (size_t)p->blocks;
+        for (int g = 0; g < p->groups; g++)
+            for (int k = 0; k < 8; k++) {
+                int r = 8 * g + k < w->rows ? 8 * g + k : 8 * g;
+                const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                for (int i = 0; i < p->blocks; i++)
+                    rows8_put_k(w->type, row + (size_t)i * w->row_bytes / (size_t)p->blocks,
+                                p->data + (size_t)g * p->group_bytes + (size_t)i * bb, k);
+            }
+        w->panel = p;
+        return 0;
+    }
     if (!tp_quant_have_avx512()) { /* AVX2 (tp_qpanel rows4) */
         size_t fb = bb / 4; /* the file's block */
         p->rows4 = true;
+        p->group_rows = 4;
         p->groups = (w->rows + 3) / 4;
         p->blocks = (int)(w->row_bytes / fb);
         p->block_bytes = bb;
