@@ -485,37 +485,48 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i fifth_bits(
  * 16..31 the high ones. */
 typedef enum { LEG_Q8_0, LEG_Q4_0, LEG_Q4_1, LEG_Q5_0, LEG_Q5_1 } legacy_kind;
 
-/* One block's 8-lane partial sums of its quants (unsigned but for Q8_0's)
- * with the activations. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i legacy_dot(const uint8_t *blk, __m256i x,
-                                                                               const legacy_kind kind)
+/* Prefill and batched decode run a matmul over several tokens: the kernels
+ * take up to TOK_TILE of them per pass over a block of rows, so the work
+ * that depends on the weights alone (loading, unpacking nibbles, scales)
+ * is done once per block for all of them. Each token keeps its own
+ * accumulator and its own order: the bits of one token at a time. */
+#define TOK_TILE 4
+
+/* A block of four rows' quants ready for any number of tokens. Q8_0: v
+ * the quants' magnitudes, s the quants (their signs go onto x); Q5_0,
+ * Q5_1: v the unsigned quants; Q4_0, Q4_1 (two rows a register, see
+ * nib4_pairs): v the low and high nibbles of rows 0 and 1, then 2 and 3. */
+typedef struct w4 {
+    __m256i v[4], s[4];
+} w4;
+
+/* Q4_0/Q4_1: two rows share a register, each in one half: their low
+ * nibbles (columns 0..15) meet x's first 16 quants and their high nibbles
+ * x's last 16, the two products add as int16 (at most 4 * 15 * 127), and
+ * two horizontal adds and an unpack finish the four sums: fewer shuffles
+ * than a register per row, which is what bounded these kernels. v01, v23:
+ * rows 0 and 1's 16 bytes of nibbles, then 2 and 3's. */
+__attribute__((target("avx2"), always_inline)) static inline w4 nib4_prep(__m256i v01, __m256i v23)
 {
-    if (kind == LEG_Q8_0)
-        return dot32_parts(_mm256_loadu_si256((const __m256i *)(blk + 2)), x);
-    bool m = kind == LEG_Q4_1 || kind == LEG_Q5_1, five = kind == LEG_Q5_0 || kind == LEG_Q5_1;
-    __m256i q = nibbles32(blk + 2 + (m ? 2 : 0) + (five ? 4 : 0));
-    if (five)
-        q = _mm256_or_si256(q, fifth_bits(blk + 2 + (m ? 2 : 0)));
-    return dot32u_parts(q, x);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    w4 w;
+    w.v[0] = _mm256_and_si256(v01, low);
+    w.v[1] = _mm256_and_si256(_mm256_srli_epi16(v01, 4), low);
+    w.v[2] = _mm256_and_si256(v23, low);
+    w.v[3] = _mm256_and_si256(_mm256_srli_epi16(v23, 4), low);
+    return w;
 }
 
-/* Q4_0/Q4_1: [P0, P1, P2, P3] of a block of four rows' nibbles (at qs)
- * with the activations x. Two rows share a register, each in one half:
- * their low nibbles (columns 0..15) meet x's first 16 quants and their
- * high nibbles x's last 16, the two products add as int16 (at most
- * 4 * 15 * 127), and two horizontal adds and an unpack finish the four
- * sums: fewer shuffles than a register per row, which is what bounded
- * these kernels. */
-__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_pairs(__m256i v01, __m256i v23, const int8_t *x)
+/* [P0, P1, P2, P3] of nib4_prep's rows with the activations x. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(const w4 *w, const int8_t *x)
 {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x));
     __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + 16)));
-    __m256i v[2] = {v01, v23}, s[2];
-    for (int i = 0; i < 2; i++) {
-        __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v[i], low), xlo);
-        __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v[i], 4), low), xhi);
-        s[i] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones); /* row 2i in the low half, 2i + 1 high */
+    __m256i s[2];
+    for (int i = 0; i < 2; i++) { /* row 2i in the low half, 2i + 1 high */
+        __m256i lo = _mm256_maddubs_epi16(w->v[2 * i], xlo), hi = _mm256_maddubs_epi16(w->v[2 * i + 1], xhi);
+        s[i] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
     }
     __m256i h = _mm256_hadd_epi32(s[0], s[1]); /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
     h = _mm256_hadd_epi32(h, h);               /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
@@ -529,9 +540,42 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i pair16(cons
                                    _mm_loadu_si128((const __m128i *)b), 1);
 }
 
-__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(const rows4 *q, size_t qs, const int8_t *x)
+/* Block o (its first byte) of four rows of a kind, ready (w4). */
+__attribute__((target("avx2"), always_inline)) static inline w4 legacy_prep(const rows4 *q, size_t o,
+                                                                           const legacy_kind kind)
 {
-    return nib4_pairs(pair16(q->p[0] + qs, q->p[1] + qs), pair16(q->p[2] + qs, q->p[3] + qs), x);
+    w4 w;
+    if (kind == LEG_Q4_0 || kind == LEG_Q4_1) {
+        size_t qs = o + (kind == LEG_Q4_1 ? 4 : 2);
+        return nib4_prep(pair16(q->p[0] + qs, q->p[1] + qs), pair16(q->p[2] + qs, q->p[3] + qs));
+    }
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *blk = q->p[k] + o;
+        if (kind == LEG_Q8_0) {
+            w.s[k] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            w.v[k] = _mm256_sign_epi8(w.s[k], w.s[k]);
+        } else {
+            bool m = kind == LEG_Q5_1;
+            w.v[k] = _mm256_or_si256(nibbles32(blk + 6 + (m ? 2 : 0)), fifth_bits(blk + 2 + (m ? 2 : 0)));
+        }
+    }
+    return w;
+}
+
+/* [P0, P1, P2, P3]: the block's exact integer products with the
+ * activations x (32 quants), unsigned quants but for Q8_0 (dot32_parts's
+ * sign trick, the magnitudes made once). */
+__attribute__((target("avx2"), always_inline)) static inline __m128i legacy_dot4(const w4 *w, const int8_t *x32,
+                                                                               const legacy_kind kind)
+{
+    if (kind == LEG_Q4_0 || kind == LEG_Q4_1)
+        return nib4_dot(w, x32);
+    __m256i x = _mm256_loadu_si256((const __m256i *)x32), p[4];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        p[k] = dot32u_parts(w->v[k], kind == LEG_Q8_0 ? _mm256_sign_epi8(x, w->s[k]) : x);
+    return hsum4(p[0], p[1], p[2], p[3]);
 }
 
 /* The AVX2 Q4_0 panel's block (tp_qpanel rows4): 4 scales, 4 x 16 bytes. */
@@ -540,35 +584,51 @@ __attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(co
 /* Q4_0 from its AVX2 panel (tp_qpanel rows4): the file path's arithmetic,
  * but a block's four scales are one load and its rows' nibbles two, already
  * paired, and each group is one stream. Lanes of a group outside [r0, r1)
- * are computed and not stored. */
+ * are computed and not stored. nt tokens from t0 (a constant in each
+ * instantiation, at most TOK_TILE). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+               const int nt)
+{
+    int cols = a->cols, nb = cols / 32;
+    __m128 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (size_t)b * ROWS4_Q40_BLOCK;
+        pf_run_to(pf, ROWS4_Q40_BLOCK * (size_t)(b + 1));
+        w4 w = nib4_prep(_mm256_loadu_si256((const __m256i *)(blk + 8)), _mm256_loadu_si256((const __m256i *)(blk + 40)));
+        __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
+        #pragma GCC unroll 4
+        for (int tt = 0; tt < nt; tt++) {
+            size_t t = (size_t)(t0 + tt);
+            __m128i s = nib4_dot(&w, a->q + t * (size_t)cols + 32 * (size_t)b);
+            s = _mm_add_epi32(s, _mm_set1_epi32(8 * a->nsum32[t * (size_t)nb + (size_t)b]));
+            __m128 dxb = _mm_set1_ps(a->dx[t * (size_t)nb + (size_t)b]);
+            acc[tt] = _mm_fmadd_ps(_mm_mul_ps(d, dxb), _mm_cvtepi32_ps(s), acc[tt]);
+        }
+    }
+    for (int tt = 0; tt < nt; tt++) {
+        float v[4];
+        _mm_storeu_ps(v, acc[tt]);
+        for (int k = lo; k < hi; k++)
+            y[(size_t)(t0 + tt) * (size_t)ldy + (size_t)(4 * g + k)] = v[k];
+    }
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
                                                                    int ldy, int r0, int r1)
 {
     const tp_qpanel *pn = w->panel;
-    int cols = w->cols, nb = cols / 32;
     for (int g = r0 / 4; 4 * g < r1; g++) {
         const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
-        int lo = r0 - 4 * g > 0 ? r0 - 4 * g : 0, hi = r1 - 4 * g < 4 ? r1 - 4 * g : 4;
-        pf_run pf = pf_run_at(grp, pn->group_bytes);
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb;
-            const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
-            __m128 acc = _mm_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = grp + (size_t)b * ROWS4_Q40_BLOCK;
-                pf_run_to(&pf, ROWS4_Q40_BLOCK * (size_t)(b + 1));
-                __m128i s = nib4_pairs(_mm256_loadu_si256((const __m256i *)(blk + 8)),
-                                       _mm256_loadu_si256((const __m256i *)(blk + 40)), xq + 32 * b);
-                s = _mm_add_epi32(s, _mm_set1_epi32(8 * nsum[b]));
-                __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
-                acc = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx[b])), _mm_cvtepi32_ps(s), acc);
-            }
-            float v[4];
-            _mm_storeu_ps(v, acc);
-            for (int k = lo; k < hi; k++)
-                y[(size_t)t * (size_t)ldy + (size_t)(4 * g + k)] = v[k];
-        }
+        int lo = r0 - 4 * g > 0 ? r0 - 4 * g : 0, hi = r1 - 4 * g < 4 ? r1 - 4 * g : 4, t = 0;
+        pf_run pf = pf_run_at(grp, pn->group_bytes); /* once a group: later tokens find it cached */
+        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
+            q40_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
+        for (; t < a->n_tok; t++)
+            q40_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
     }
 }
 
@@ -576,39 +636,52 @@ __attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wma
  * unsigned quants and take 8 or 16 x the block's quant sum off after: the
  * same integer, without the sign trick. Per block and row, as the scalar
  * path: acc += (d * dx) * p, then, with a min, acc += (m * dx) * sum. kind
- * is a constant in each instantiation. */
+ * is a constant in each instantiation, and nt (tokens from t0, at most
+ * TOK_TILE). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const legacy_kind kind)
+legacy_tile(rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, const int nt, const legacy_kind kind)
 {
     static const size_t bytes[] = {34, 18, 20, 22, 24};
     static const int off[] = {0, 8, 0, 16, 0};
     const size_t bb = bytes[kind];
     const bool has_min = kind == LEG_Q4_1 || kind == LEG_Q5_1;
-    int cols = w->cols, nb = cols / 32;
-    for (int r = r0; r < r1; r += 4) {
-        rows4 q = rows4_at(w, r, r1, bb);
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
-            const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
-            __m128 acc = _mm_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                size_t o = (size_t)b * q.stride;
-                pf_run_to(&q.pf, 4 * bb * (size_t)(b + 1));
-                __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m128i s = kind == LEG_Q4_0 || kind == LEG_Q4_1
-                                ? nib4_dot(&q, o + (kind == LEG_Q4_1 ? 4 : 2), xq + 32 * b)
-                                : hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
-                                        legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
-                if (off[kind])
-                    s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * nsum[b]));
-                __m128 dxb = _mm_set1_ps(dx[b]);
-                acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o), dxb), _mm_cvtepi32_ps(s), acc);
-                if (has_min)
-                    acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o + 2), dxb), _mm_set1_ps(sum[b]), acc);
-            }
-            rows4_store(&q, acc, y + (size_t)t * (size_t)ldy + (size_t)r);
+    int cols = a->cols, nb = cols / 32;
+    __m128 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        size_t o = (size_t)b * q->stride;
+        pf_run_to(&q->pf, 4 * bb * (size_t)(b + 1));
+        w4 w = legacy_prep(q, o, kind);
+        __m128 d = half4(q, o), m = has_min ? half4(q, o + 2) : d;
+        #pragma GCC unroll 4
+        for (int tt = 0; tt < nt; tt++) {
+            size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
+            __m128i s = legacy_dot4(&w, a->q + t * (size_t)cols + 32 * (size_t)b, kind);
+            if (off[kind])
+                s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * a->nsum32[tb]));
+            __m128 dxb = _mm_set1_ps(a->dx[tb]);
+            acc[tt] = _mm_fmadd_ps(_mm_mul_ps(d, dxb), _mm_cvtepi32_ps(s), acc[tt]);
+            if (has_min)
+                acc[tt] = _mm_fmadd_ps(_mm_mul_ps(m, dxb), _mm_set1_ps(a->sum[tb]), acc[tt]);
         }
+    }
+    for (int tt = 0; tt < nt; tt++)
+        rows4_store(q, acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)r);
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const legacy_kind kind)
+{
+    static const size_t bytes[] = {34, 18, 20, 22, 24};
+    for (int r = r0; r < r1; r += 4) {
+        rows4 q = rows4_at(w, r, r1, bytes[kind]);
+        int t = 0;
+        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
+            legacy_tile(&q, a, y, ldy, r, t, TOK_TILE, kind);
+        for (; t < a->n_tok; t++)
+            legacy_tile(&q, a, y, ldy, r, t, 1, kind);
     }
 }
 
