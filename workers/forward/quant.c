@@ -917,99 +917,149 @@ __attribute__((target("avx2"), always_inline)) static inline void rows8_store(__
     memcpy(y + lo, v + lo, sizeof(float) * (size_t)(hi - lo));
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void q4k_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                   int ldy, int r0, int r1)
+/* Q4_K from its panel for nt tokens from t0 (a constant in each
+ * instantiation, at most TOK_TILE): a chunk's nibbles and scales made
+ * ready once for all of them. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+               const int nt)
 {
-    const tp_qpanel *pn = w->panel;
-    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
+    int cols = a->cols, nb = cols / 32, nsb = cols / 256;
     const __m256i low = _mm256_set1_epi8(0x0f);
-    for (int g = r0 / 8; 8 * g < r1; g++) {
-        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
-        int lo = r0 - 8 * g > 0 ? r0 - 8 * g : 0, hi = r1 - 8 * g < 8 ? r1 - 8 * g : 8;
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
-            pf_run pf = pf_run_at(grp, pn->group_bytes);
-            __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < nsb; i++) {
-                const uint8_t *sb = grp + (size_t)i * ROWS8_Q4K_BLOCK;
-                pf_run_to(&pf, ROWS8_Q4K_BLOCK * (size_t)(i + 1));
-                __m256 d = half8_at(sb), nm = half8_at(sb + 16);
-                for (int j = 0; j < 4; j++) {
-                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + 256 * i + 64 * j));
-                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + 256 * i + 64 * j + 32));
-                    __m256i p0[8], p1[8];
-                    #pragma GCC unroll 8
-                    for (int k = 0; k < 8; k++) {
+    __m256 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *sb = grp + (size_t)i * ROWS8_Q4K_BLOCK;
+        pf_run_to(pf, ROWS8_Q4K_BLOCK * (size_t)(i + 1));
+        __m256 d = half8_at(sb), nm = half8_at(sb + 16);
+        for (int j = 0; j < 4; j++) {
+            /* One token unpacks each row as it goes (sixteen unpacked
+             * vectors held for more tokens would not fit in registers) */
+            __m256i wl[8], wh[8];
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8 && nt > 1; k++) {
+                __m256i qq = _mm256_loadu_si256((const __m256i *)(sb + 160 + 256 * j + 32 * k));
+                wl[k] = _mm256_and_si256(qq, low);
+                wh[k] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+            }
+            __m256 ws[2], wm[2];
+            for (int hh = 0; hh < 2 && nt > 1; hh++) {
+                ws[hh] = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * (2 * j + hh)));
+                wm[hh] = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * (2 * j + hh)));
+            }
+            #pragma GCC unroll 4
+            for (int tt = 0; tt < nt; tt++) {
+                size_t t = (size_t)(t0 + tt);
+                const int8_t *xq = a->q + t * (size_t)cols + 256 * (size_t)i + 64 * (size_t)j;
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
+                __m256i p0[8], p1[8];
+                #pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    if (nt == 1) {
                         __m256i qq = _mm256_loadu_si256((const __m256i *)(sb + 160 + 256 * j + 32 * k));
-                        p0[k] = dot32u_parts(_mm256_and_si256(qq, low), x0);
-                        p1[k] = dot32u_parts(_mm256_and_si256(_mm256_srli_epi16(qq, 4), low), x1);
+                        wl[k] = _mm256_and_si256(qq, low);
+                        wh[k] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
                     }
-                    __m256i s[2] = {hsum8(p0), hsum8(p1)};
-                    for (int hh = 0; hh < 2; hh++) {
-                        int jj = 2 * j + hh, b = 8 * i + jj;
-                        __m256 dxb = _mm256_set1_ps(dx[b]);
-                        __m256 ws = _mm256_mul_ps(_mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * jj)), dxb);
-                        __m256 wm = _mm256_mul_ps(_mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * jj)), dxb);
-                        acc = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(s[hh]), acc);
-                        acc = _mm256_fmadd_ps(wm, _mm256_set1_ps(sum[b]), acc);
+                    p0[k] = dot32u_parts(wl[k], x0);
+                    p1[k] = dot32u_parts(wh[k], x1);
+                }
+                __m256i sm[2] = {hsum8(p0), hsum8(p1)};
+                for (int hh = 0; hh < 2; hh++) {
+                    size_t tb = t * (size_t)nb + 8 * (size_t)i + (size_t)(2 * j + hh);
+                    __m256 dxb = _mm256_set1_ps(a->dx[tb]);
+                    if (nt == 1) { /* fewer registers live across the integer work */
+                        ws[hh] = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * (2 * j + hh)));
+                        wm[hh] = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * (2 * j + hh)));
                     }
+                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws[hh], dxb), _mm256_cvtepi32_ps(sm[hh]), acc[tt]);
+                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(wm[hh], dxb), _mm256_set1_ps(a->sum[tb]), acc[tt]);
                 }
             }
-            rows8_store(acc, y + (size_t)t * (size_t)ldy + (size_t)(8 * g), lo, hi);
         }
     }
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)(8 * g), lo, hi);
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void q6k_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                   int ldy, int r0, int r1)
+/* Q6_K from its panel, as q4k_panel_tile. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+               const int nt)
+{
+    int cols = a->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+    __m256 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *sb = grp + (size_t)i * ROWS8_Q6K_BLOCK;
+        pf_run_to(pf, ROWS8_Q6K_BLOCK * (size_t)(i + 1));
+        __m256 d = half8_at(sb);
+        for (int h = 0; h < 2; h++)
+            for (int sub = 0; sub < 2; sub++)
+                for (int half = 0; half < 2; half++) {
+                    int col = 256 * i + 128 * h + 64 * sub + 32 * half, b = col / 32, sh = 4 * sub + 2 * half;
+                    const uint8_t *rows = sb + 144 + 768 * h;
+                    __m256i wq[8];
+                    #pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) {
+                        __m256i ql = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 32 * half));
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 64));
+                        __m256i n = _mm256_and_si256(sub ? _mm256_srli_epi16(ql, 4) : ql, low);
+                        /* qh's two bits at sh to bits 4..5: within each byte either way */
+                        __m256i hb = sh <= 4 ? _mm256_slli_epi16(qh, 4 - sh) : _mm256_srli_epi16(qh, sh - 4);
+                        wq[k] = _mm256_or_si256(n, _mm256_and_si256(hb, two));
+                    }
+                    int j = 8 * h + sh;
+                    __m256 w0 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 16 + 8 * j));
+                    __m256 w1 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 24 + 8 * j));
+                    #pragma GCC unroll 4
+                    for (int tt = 0; tt < nt; tt++) {
+                        size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
+                        __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + t * (size_t)cols + (size_t)col)), p[8];
+                        #pragma GCC unroll 8
+                        for (int k = 0; k < 8; k++)
+                            p[k] = dot32u_parts(wq[k], x);
+                        __m256i s0, s1;
+                        hsum8_halves(p, &s0, &s1);
+                        /* q - 32: 32 x each 16-column half's quant sum off (nsum16 is minus it) */
+                        s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(32 * a->nsum16[2 * tb]));
+                        s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(32 * a->nsum16[2 * tb + 1]));
+                        __m256 dxb = _mm256_set1_ps(a->dx[tb]);
+                        acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w0, dxb), _mm256_cvtepi32_ps(s0), acc[tt]);
+                        acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w1, dxb), _mm256_cvtepi32_ps(s1), acc[tt]);
+                    }
+                }
+    }
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)(8 * g), lo, hi);
+}
+
+/* The eight-row K panels: groups of eight rows, TOK_TILE tokens a pass. */
+__attribute__((target("avx2,fma,f16c"))) static void k_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                 int ldy, int r0, int r1)
 {
     const tp_qpanel *pn = w->panel;
-    int cols = w->cols, nb = cols / 32, nsb = cols / 256;
-    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+    bool q6 = w->type == TP_GGML_Q6_K;
     for (int g = r0 / 8; 8 * g < r1; g++) {
         const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
-        int lo = r0 - 8 * g > 0 ? r0 - 8 * g : 0, hi = r1 - 8 * g < 8 ? r1 - 8 * g : 8;
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb;
-            const int32_t *nsum16 = a->nsum16 + (size_t)t * 2 * (size_t)nb;
-            pf_run pf = pf_run_at(grp, pn->group_bytes);
-            __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < nsb; i++) {
-                const uint8_t *sb = grp + (size_t)i * ROWS8_Q6K_BLOCK;
-                pf_run_to(&pf, ROWS8_Q6K_BLOCK * (size_t)(i + 1));
-                __m256 d = half8_at(sb);
-                for (int h = 0; h < 2; h++)
-                    for (int sub = 0; sub < 2; sub++)
-                        for (int half = 0; half < 2; half++) {
-                            int col = 256 * i + 128 * h + 64 * sub + 32 * half, b = col / 32, sh = 4 * sub + 2 * half;
-                            const uint8_t *rows = sb + 144 + 768 * h;
-                            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + col)), p[8];
-                            #pragma GCC unroll 8
-                            for (int k = 0; k < 8; k++) {
-                                __m256i ql = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 32 * half));
-                                __m256i qh = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 64));
-                                __m256i n = _mm256_and_si256(sub ? _mm256_srli_epi16(ql, 4) : ql, low);
-                                /* qh's two bits at sh to bits 4..5: within each byte either way */
-                                __m256i hb = sh <= 4 ? _mm256_slli_epi16(qh, 4 - sh) : _mm256_srli_epi16(qh, sh - 4);
-                                p[k] = dot32u_parts(_mm256_or_si256(n, _mm256_and_si256(hb, two)), x);
-                            }
-                            __m256i s0, s1;
-                            hsum8_halves(p, &s0, &s1);
-                            /* q - 32: 32 x each 16-column half's quant sum off (nsum16 is minus it) */
-                            s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(32 * nsum16[2 * b]));
-                            s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(32 * nsum16[2 * b + 1]));
-                            int j = 8 * h + sh;
-                            __m256 dxb = _mm256_set1_ps(dx[b]);
-                            __m256 w0 = _mm256_mul_ps(_mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 16 + 8 * j)), dxb);
-                            __m256 w1 = _mm256_mul_ps(_mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 24 + 8 * j)), dxb);
-                            acc = _mm256_fmadd_ps(w0, _mm256_cvtepi32_ps(s0), acc);
-                            acc = _mm256_fmadd_ps(w1, _mm256_cvtepi32_ps(s1), acc);
-                        }
-            }
-            rows8_store(acc, y + (size_t)t * (size_t)ldy + (size_t)(8 * g), lo, hi);
-        }
+        int lo = r0 - 8 * g > 0 ? r0 - 8 * g : 0, hi = r1 - 8 * g < 8 ? r1 - 8 * g : 8, t = 0;
+        pf_run pf = pf_run_at(grp, pn->group_bytes); /* once a group: later tokens find it cached */
+        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
+            if (q6)
+                q6k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
+            else
+                q4k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
+        for (; t < a->n_tok; t++)
+            if (q6)
+                q6k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
+            else
+                q4k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
     }
 }
 
@@ -1017,10 +1067,8 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat 
                                                                  int ldy, int r0, int r1)
 {
     bool panel8 = w->panel && w->panel->rows4 && w->panel->group_rows == 8;
-    if (panel8 && w->type == TP_GGML_Q4_K)
-        q4k_panel_rows(w, a, y, ldy, r0, r1);
-    else if (panel8 && w->type == TP_GGML_Q6_K)
-        q6k_panel_rows(w, a, y, ldy, r0, r1);
+    if (panel8)
+        k_panel_rows(w, a, y, ldy, r0, r1);
     else if (w->type == TP_GGML_Q6_K)
         k_rows(w, a, y, ldy, r0, r1, 6);
     else if (w->type == TP_GGML_Q5_K)
