@@ -395,7 +395,7 @@ static inline rows4 rows4_at(const tp_wmat *w, int r, int r1, size_t bb)
 {
     rows4 q;
     q.n = r1 - r < 4 ? r1 - r : 4;
-    bool panel = w->panel && w->panel->rows4 && w->type != TP_GGML_Q4_0;
+    bool panel = w->panel && w->panel->rows4 && w->panel->group_rows == 4 && w->type != TP_GGML_Q4_0;
     q.stride = panel ? 4 * bb : bb;
     for (int k = 0; k < 4; k++) {
         size_t row = (size_t)(r + (k < q.n ? k : 0));
@@ -485,37 +485,48 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i fifth_bits(
  * 16..31 the high ones. */
 typedef enum { LEG_Q8_0, LEG_Q4_0, LEG_Q4_1, LEG_Q5_0, LEG_Q5_1 } legacy_kind;
 
-/* One block's 8-lane partial sums of its quants (unsigned but for Q8_0's)
- * with the activations. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i legacy_dot(const uint8_t *blk, __m256i x,
-                                                                               const legacy_kind kind)
+/* Prefill and batched decode run a matmul over several tokens: the kernels
+ * take up to TOK_TILE of them per pass over a block of rows, so the work
+ * that depends on the weights alone (loading, unpacking nibbles, scales)
+ * is done once per block for all of them. Each token keeps its own
+ * accumulator and its own order: the bits of one token at a time. */
+#define TOK_TILE 4
+
+/* A block of four rows' quants ready for any number of tokens. Q8_0: v
+ * the quants' magnitudes, s the quants (their signs go onto x); Q5_0,
+ * Q5_1: v the unsigned quants; Q4_0, Q4_1 (two rows a register, see
+ * nib4_pairs): v the low and high nibbles of rows 0 and 1, then 2 and 3. */
+typedef struct w4 {
+    __m256i v[4], s[4];
+} w4;
+
+/* Q4_0/Q4_1: two rows share a register, each in one half: their low
+ * nibbles (columns 0..15) meet x's first 16 quants and their high nibbles
+ * x's last 16, the two products add as int16 (at most 4 * 15 * 127), and
+ * two horizontal adds and an unpack finish the four sums: fewer shuffles
+ * than a register per row, which is what bounded these kernels. v01, v23:
+ * rows 0 and 1's 16 bytes of nibbles, then 2 and 3's. */
+__attribute__((target("avx2"), always_inline)) static inline w4 nib4_prep(__m256i v01, __m256i v23)
 {
-    if (kind == LEG_Q8_0)
-        return dot32_parts(_mm256_loadu_si256((const __m256i *)(blk + 2)), x);
-    bool m = kind == LEG_Q4_1 || kind == LEG_Q5_1, five = kind == LEG_Q5_0 || kind == LEG_Q5_1;
-    __m256i q = nibbles32(blk + 2 + (m ? 2 : 0) + (five ? 4 : 0));
-    if (five)
-        q = _mm256_or_si256(q, fifth_bits(blk + 2 + (m ? 2 : 0)));
-    return dot32u_parts(q, x);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    w4 w;
+    w.v[0] = _mm256_and_si256(v01, low);
+    w.v[1] = _mm256_and_si256(_mm256_srli_epi16(v01, 4), low);
+    w.v[2] = _mm256_and_si256(v23, low);
+    w.v[3] = _mm256_and_si256(_mm256_srli_epi16(v23, 4), low);
+    return w;
 }
 
-/* Q4_0/Q4_1: [P0, P1, P2, P3] of a block of four rows' nibbles (at qs)
- * with the activations x. Two rows share a register, each in one half:
- * their low nibbles (columns 0..15) meet x's first 16 quants and their
- * high nibbles x's last 16, the two products add as int16 (at most
- * 4 * 15 * 127), and two horizontal adds and an unpack finish the four
- * sums: fewer shuffles than a register per row, which is what bounded
- * these kernels. */
-__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_pairs(__m256i v01, __m256i v23, const int8_t *x)
+/* [P0, P1, P2, P3] of nib4_prep's rows with the activations x. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(const w4 *w, const int8_t *x)
 {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x));
     __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + 16)));
-    __m256i v[2] = {v01, v23}, s[2];
-    for (int i = 0; i < 2; i++) {
-        __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v[i], low), xlo);
-        __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v[i], 4), low), xhi);
-        s[i] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones); /* row 2i in the low half, 2i + 1 high */
+    __m256i s[2];
+    for (int i = 0; i < 2; i++) { /* row 2i in the low half, 2i + 1 high */
+        __m256i lo = _mm256_maddubs_epi16(w->v[2 * i], xlo), hi = _mm256_maddubs_epi16(w->v[2 * i + 1], xhi);
+        s[i] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
     }
     __m256i h = _mm256_hadd_epi32(s[0], s[1]); /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
     h = _mm256_hadd_epi32(h, h);               /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
@@ -529,9 +540,42 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i pair16(cons
                                    _mm_loadu_si128((const __m128i *)b), 1);
 }
 
-__attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(const rows4 *q, size_t qs, const int8_t *x)
+/* Block o (its first byte) of four rows of a kind, ready (w4). */
+__attribute__((target("avx2"), always_inline)) static inline w4 legacy_prep(const rows4 *q, size_t o,
+                                                                           const legacy_kind kind)
 {
-    return nib4_pairs(pair16(q->p[0] + qs, q->p[1] + qs), pair16(q->p[2] + qs, q->p[3] + qs), x);
+    w4 w;
+    if (kind == LEG_Q4_0 || kind == LEG_Q4_1) {
+        size_t qs = o + (kind == LEG_Q4_1 ? 4 : 2);
+        return nib4_prep(pair16(q->p[0] + qs, q->p[1] + qs), pair16(q->p[2] + qs, q->p[3] + qs));
+    }
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *blk = q->p[k] + o;
+        if (kind == LEG_Q8_0) {
+            w.s[k] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            w.v[k] = _mm256_sign_epi8(w.s[k], w.s[k]);
+        } else {
+            bool m = kind == LEG_Q5_1;
+            w.v[k] = _mm256_or_si256(nibbles32(blk + 6 + (m ? 2 : 0)), fifth_bits(blk + 2 + (m ? 2 : 0)));
+        }
+    }
+    return w;
+}
+
+/* [P0, P1, P2, P3]: the block's exact integer products with the
+ * activations x (32 quants), unsigned quants but for Q8_0 (dot32_parts's
+ * sign trick, the magnitudes made once). */
+__attribute__((target("avx2"), always_inline)) static inline __m128i legacy_dot4(const w4 *w, const int8_t *x32,
+                                                                               const legacy_kind kind)
+{
+    if (kind == LEG_Q4_0 || kind == LEG_Q4_1)
+        return nib4_dot(w, x32);
+    __m256i x = _mm256_loadu_si256((const __m256i *)x32), p[4];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        p[k] = dot32u_parts(w->v[k], kind == LEG_Q8_0 ? _mm256_sign_epi8(x, w->s[k]) : x);
+    return hsum4(p[0], p[1], p[2], p[3]);
 }
 
 /* The AVX2 Q4_0 panel's block (tp_qpanel rows4): 4 scales, 4 x 16 bytes. */
@@ -540,35 +584,51 @@ __attribute__((target("avx2"), always_inline)) static inline __m128i nib4_dot(co
 /* Q4_0 from its AVX2 panel (tp_qpanel rows4): the file path's arithmetic,
  * but a block's four scales are one load and its rows' nibbles two, already
  * paired, and each group is one stream. Lanes of a group outside [r0, r1)
- * are computed and not stored. */
+ * are computed and not stored. nt tokens from t0 (a constant in each
+ * instantiation, at most TOK_TILE). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+               const int nt)
+{
+    int cols = a->cols, nb = cols / 32;
+    __m128 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (size_t)b * ROWS4_Q40_BLOCK;
+        pf_run_to(pf, ROWS4_Q40_BLOCK * (size_t)(b + 1));
+        w4 w = nib4_prep(_mm256_loadu_si256((const __m256i *)(blk + 8)), _mm256_loadu_si256((const __m256i *)(blk + 40)));
+        __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
+        #pragma GCC unroll 4
+        for (int tt = 0; tt < nt; tt++) {
+            size_t t = (size_t)(t0 + tt);
+            __m128i s = nib4_dot(&w, a->q + t * (size_t)cols + 32 * (size_t)b);
+            s = _mm_add_epi32(s, _mm_set1_epi32(8 * a->nsum32[t * (size_t)nb + (size_t)b]));
+            __m128 dxb = _mm_set1_ps(a->dx[t * (size_t)nb + (size_t)b]);
+            acc[tt] = _mm_fmadd_ps(_mm_mul_ps(d, dxb), _mm_cvtepi32_ps(s), acc[tt]);
+        }
+    }
+    for (int tt = 0; tt < nt; tt++) {
+        float v[4];
+        _mm_storeu_ps(v, acc[tt]);
+        for (int k = lo; k < hi; k++)
+            y[(size_t)(t0 + tt) * (size_t)ldy + (size_t)(4 * g + k)] = v[k];
+    }
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
                                                                    int ldy, int r0, int r1)
 {
     const tp_qpanel *pn = w->panel;
-    int cols = w->cols, nb = cols / 32;
     for (int g = r0 / 4; 4 * g < r1; g++) {
         const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
-        int lo = r0 - 4 * g > 0 ? r0 - 4 * g : 0, hi = r1 - 4 * g < 4 ? r1 - 4 * g : 4;
-        pf_run pf = pf_run_at(grp, pn->group_bytes);
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb;
-            const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
-            __m128 acc = _mm_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = grp + (size_t)b * ROWS4_Q40_BLOCK;
-                pf_run_to(&pf, ROWS4_Q40_BLOCK * (size_t)(b + 1));
-                __m128i s = nib4_pairs(_mm256_loadu_si256((const __m256i *)(blk + 8)),
-                                       _mm256_loadu_si256((const __m256i *)(blk + 40)), xq + 32 * b);
-                s = _mm_add_epi32(s, _mm_set1_epi32(8 * nsum[b]));
-                __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
-                acc = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx[b])), _mm_cvtepi32_ps(s), acc);
-            }
-            float v[4];
-            _mm_storeu_ps(v, acc);
-            for (int k = lo; k < hi; k++)
-                y[(size_t)t * (size_t)ldy + (size_t)(4 * g + k)] = v[k];
-        }
+        int lo = r0 - 4 * g > 0 ? r0 - 4 * g : 0, hi = r1 - 4 * g < 4 ? r1 - 4 * g : 4, t = 0;
+        pf_run pf = pf_run_at(grp, pn->group_bytes); /* once a group: later tokens find it cached */
+        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
+            q40_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
+        for (; t < a->n_tok; t++)
+            q40_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
     }
 }
 
@@ -576,39 +636,52 @@ __attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wma
  * unsigned quants and take 8 or 16 x the block's quant sum off after: the
  * same integer, without the sign trick. Per block and row, as the scalar
  * path: acc += (d * dx) * p, then, with a min, acc += (m * dx) * sum. kind
- * is a constant in each instantiation. */
+ * is a constant in each instantiation, and nt (tokens from t0, at most
+ * TOK_TILE). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const legacy_kind kind)
+legacy_tile(rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, const int nt, const legacy_kind kind)
 {
     static const size_t bytes[] = {34, 18, 20, 22, 24};
     static const int off[] = {0, 8, 0, 16, 0};
     const size_t bb = bytes[kind];
     const bool has_min = kind == LEG_Q4_1 || kind == LEG_Q5_1;
-    int cols = w->cols, nb = cols / 32;
-    for (int r = r0; r < r1; r += 4) {
-        rows4 q = rows4_at(w, r, r1, bb);
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
-            const int32_t *nsum = a->nsum32 + (size_t)t * (size_t)nb;
-            __m128 acc = _mm_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                size_t o = (size_t)b * q.stride;
-                pf_run_to(&q.pf, 4 * bb * (size_t)(b + 1));
-                __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m128i s = kind == LEG_Q4_0 || kind == LEG_Q4_1
-                                ? nib4_dot(&q, o + (kind == LEG_Q4_1 ? 4 : 2), xq + 32 * b)
-                                : hsum4(legacy_dot(q.p[0] + o, x, kind), legacy_dot(q.p[1] + o, x, kind),
-                                        legacy_dot(q.p[2] + o, x, kind), legacy_dot(q.p[3] + o, x, kind));
-                if (off[kind])
-                    s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * nsum[b]));
-                __m128 dxb = _mm_set1_ps(dx[b]);
-                acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o), dxb), _mm_cvtepi32_ps(s), acc);
-                if (has_min)
-                    acc = _mm_fmadd_ps(_mm_mul_ps(half4(&q, o + 2), dxb), _mm_set1_ps(sum[b]), acc);
-            }
-            rows4_store(&q, acc, y + (size_t)t * (size_t)ldy + (size_t)r);
+    int cols = a->cols, nb = cols / 32;
+    __m128 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        size_t o = (size_t)b * q->stride;
+        pf_run_to(&q->pf, 4 * bb * (size_t)(b + 1));
+        w4 w = legacy_prep(q, o, kind);
+        __m128 d = half4(q, o), m = has_min ? half4(q, o + 2) : d;
+        #pragma GCC unroll 4
+        for (int tt = 0; tt < nt; tt++) {
+            size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
+            __m128i s = legacy_dot4(&w, a->q + t * (size_t)cols + 32 * (size_t)b, kind);
+            if (off[kind])
+                s = _mm_add_epi32(s, _mm_set1_epi32(off[kind] * a->nsum32[tb]));
+            __m128 dxb = _mm_set1_ps(a->dx[tb]);
+            acc[tt] = _mm_fmadd_ps(_mm_mul_ps(d, dxb), _mm_cvtepi32_ps(s), acc[tt]);
+            if (has_min)
+                acc[tt] = _mm_fmadd_ps(_mm_mul_ps(m, dxb), _mm_set1_ps(a->sum[tb]), acc[tt]);
         }
+    }
+    for (int tt = 0; tt < nt; tt++)
+        rows4_store(q, acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)r);
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const legacy_kind kind)
+{
+    static const size_t bytes[] = {34, 18, 20, 22, 24};
+    for (int r = r0; r < r1; r += 4) {
+        rows4 q = rows4_at(w, r, r1, bytes[kind]);
+        int t = 0;
+        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
+            legacy_tile(&q, a, y, ldy, r, t, TOK_TILE, kind);
+        for (; t < a->n_tok; t++)
+            legacy_tile(&q, a, y, ldy, r, t, 1, kind);
     }
 }
 
@@ -784,10 +857,219 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
     }
 }
 
+/* The AVX2 K-type panels (tp_qpanel rows4, group_rows 8): a super-block
+ * of eight rows with the scales split out of the file's packing and set
+ * sub-block-major, so the kernel reads sub-block j's eight scales as one
+ * 8-byte load where the file path unpacks four rows' bit fields and
+ * transposes them every super-block. Eight rows in the lanes of a 256-bit
+ * accumulator: half the float work of four, and two of the rows' chains
+ * of multiply-adds per instruction. Same quants, same float products in
+ * the same order as the file path: the same bits.
+ *
+ * Q4_K (ROWS8_Q4K_BLOCK): f16 d[8], f16 -dmin[8] (negating is exact, and
+ * (-dmin) * m is -(dmin * m) to the bit), u8 sc[8 sub][8 rows], u8
+ * m[8][8], then per 64 columns j the eight rows' 32 bytes of nibbles
+ * (the file's qs[32 j..]). Q6_K (ROWS8_Q6K_BLOCK): f16 d[8], int8
+ * sc[16][8], then per 128 columns h the eight rows' ql[64 h..] (64
+ * bytes) and qh[32 h..] (32). Both as big as the file's, but for Q4_K's
+ * 32 bytes (unpacked scales: 2.8 %). */
+#define ROWS8_Q4K_BLOCK 1184
+#define ROWS8_Q6K_BLOCK 1680
+
+/* Eight rows' 8-lane partial sums (p[k]: row k) to [lanes 0..3 summed;
+ * lanes 4..7 summed], row k in lane k of each: whole 32-column sums are
+ * their sum; a Q6_K block's two 16-column halves are the two. */
+__attribute__((target("avx2"), always_inline)) static inline void hsum8_halves(const __m256i p[8], __m256i *lo,
+                                                                              __m256i *hi)
+{
+    __m256i e = hsum4_halves(p[0], p[1], p[2], p[3]), f = hsum4_halves(p[4], p[5], p[6], p[7]);
+    *lo = _mm256_permute2x128_si256(e, f, 0x20);
+    *hi = _mm256_permute2x128_si256(e, f, 0x31);
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m256i hsum8(const __m256i p[8])
+{
+    __m256i lo, hi;
+    hsum8_halves(p, &lo, &hi);
+    return _mm256_add_epi32(lo, hi);
+}
+
+/* Eight bytes (unsigned or signed) as eight floats. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 u8x8_at(const uint8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 half8_at(const uint8_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Lanes [lo, hi) of a group's eight results to y (row 8 g + k at y[k]). */
+__attribute__((target("avx2"), always_inline)) static inline void rows8_store(__m256 acc, float *y, int lo, int hi)
+{
+    if (lo == 0 && hi == 8) {
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
+    float v[8];
+    _mm256_storeu_ps(v, acc);
+    memcpy(y + lo, v + lo, sizeof(float) * (size_t)(hi - lo));
+}
+
+/* Q4_K from its panel for nt tokens from t0 (a constant in each
+ * instantiation, at most TOK_TILE): a chunk's nibbles and scales made
+ * ready once for all of them. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+               const int nt)
+{
+    int cols = a->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *sb = grp + (size_t)i * ROWS8_Q4K_BLOCK;
+        pf_run_to(pf, ROWS8_Q4K_BLOCK * (size_t)(i + 1));
+        __m256 d = half8_at(sb), nm = half8_at(sb + 16);
+        for (int j = 0; j < 4; j++) {
+            /* One token unpacks each row as it goes (sixteen unpacked
+             * vectors held for more tokens would not fit in registers) */
+            __m256i wl[8], wh[8];
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8 && nt > 1; k++) {
+                __m256i qq = _mm256_loadu_si256((const __m256i *)(sb + 160 + 256 * j + 32 * k));
+                wl[k] = _mm256_and_si256(qq, low);
+                wh[k] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+            }
+            __m256 ws[2], wm[2];
+            for (int hh = 0; hh < 2 && nt > 1; hh++) {
+                ws[hh] = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * (2 * j + hh)));
+                wm[hh] = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * (2 * j + hh)));
+            }
+            #pragma GCC unroll 4
+            for (int tt = 0; tt < nt; tt++) {
+                size_t t = (size_t)(t0 + tt);
+                const int8_t *xq = a->q + t * (size_t)cols + 256 * (size_t)i + 64 * (size_t)j;
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
+                __m256i p0[8], p1[8];
+                #pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    if (nt == 1) {
+                        __m256i qq = _mm256_loadu_si256((const __m256i *)(sb + 160 + 256 * j + 32 * k));
+                        wl[k] = _mm256_and_si256(qq, low);
+                        wh[k] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+                    }
+                    p0[k] = dot32u_parts(wl[k], x0);
+                    p1[k] = dot32u_parts(wh[k], x1);
+                }
+                __m256i sm[2] = {hsum8(p0), hsum8(p1)};
+                for (int hh = 0; hh < 2; hh++) {
+                    size_t tb = t * (size_t)nb + 8 * (size_t)i + (size_t)(2 * j + hh);
+                    __m256 dxb = _mm256_set1_ps(a->dx[tb]);
+                    if (nt == 1) { /* fewer registers live across the integer work */
+                        ws[hh] = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * (2 * j + hh)));
+                        wm[hh] = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * (2 * j + hh)));
+                    }
+                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws[hh], dxb), _mm256_cvtepi32_ps(sm[hh]), acc[tt]);
+                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(wm[hh], dxb), _mm256_set1_ps(a->sum[tb]), acc[tt]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)(8 * g), lo, hi);
+}
+
+/* Q6_K from its panel, as q4k_panel_tile. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+               const int nt)
+{
+    int cols = a->cols, nb = cols / 32, nsb = cols / 256;
+    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+    __m256 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *sb = grp + (size_t)i * ROWS8_Q6K_BLOCK;
+        pf_run_to(pf, ROWS8_Q6K_BLOCK * (size_t)(i + 1));
+        __m256 d = half8_at(sb);
+        for (int h = 0; h < 2; h++)
+            for (int sub = 0; sub < 2; sub++)
+                for (int half = 0; half < 2; half++) {
+                    int col = 256 * i + 128 * h + 64 * sub + 32 * half, b = col / 32, sh = 4 * sub + 2 * half;
+                    const uint8_t *rows = sb + 144 + 768 * h;
+                    __m256i wq[8];
+                    #pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) {
+                        __m256i ql = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 32 * half));
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 64));
+                        __m256i n = _mm256_and_si256(sub ? _mm256_srli_epi16(ql, 4) : ql, low);
+                        /* qh's two bits at sh to bits 4..5: within each byte either way */
+                        __m256i hb = sh <= 4 ? _mm256_slli_epi16(qh, 4 - sh) : _mm256_srli_epi16(qh, sh - 4);
+                        wq[k] = _mm256_or_si256(n, _mm256_and_si256(hb, two));
+                    }
+                    int j = 8 * h + sh;
+                    __m256 w0 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 16 + 8 * j));
+                    __m256 w1 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 24 + 8 * j));
+                    #pragma GCC unroll 4
+                    for (int tt = 0; tt < nt; tt++) {
+                        size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
+                        __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + t * (size_t)cols + (size_t)col)), p[8];
+                        #pragma GCC unroll 8
+                        for (int k = 0; k < 8; k++)
+                            p[k] = dot32u_parts(wq[k], x);
+                        __m256i s0, s1;
+                        hsum8_halves(p, &s0, &s1);
+                        /* q - 32: 32 x each 16-column half's quant sum off (nsum16 is minus it) */
+                        s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(32 * a->nsum16[2 * tb]));
+                        s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(32 * a->nsum16[2 * tb + 1]));
+                        __m256 dxb = _mm256_set1_ps(a->dx[tb]);
+                        acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w0, dxb), _mm256_cvtepi32_ps(s0), acc[tt]);
+                        acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w1, dxb), _mm256_cvtepi32_ps(s1), acc[tt]);
+                    }
+                }
+    }
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)(8 * g), lo, hi);
+}
+
+/* The eight-row K panels: groups of eight rows, TOK_TILE tokens a pass. */
+__attribute__((target("avx2,fma,f16c"))) static void k_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                 int ldy, int r0, int r1)
+{
+    const tp_qpanel *pn = w->panel;
+    bool q6 = w->type == TP_GGML_Q6_K;
+    for (int g = r0 / 8; 8 * g < r1; g++) {
+        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
+        int lo = r0 - 8 * g > 0 ? r0 - 8 * g : 0, hi = r1 - 8 * g < 8 ? r1 - 8 * g : 8, t = 0;
+        pf_run pf = pf_run_at(grp, pn->group_bytes); /* once a group: later tokens find it cached */
+        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
+            if (q6)
+                q6k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
+            else
+                q4k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
+        for (; t < a->n_tok; t++)
+            if (q6)
+                q6k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
+            else
+                q4k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
+    }
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
                                                                  int ldy, int r0, int r1)
 {
-    if (w->type == TP_GGML_Q6_K)
+    bool panel8 = w->panel && w->panel->rows4 && w->panel->group_rows == 8;
+    if (panel8)
+        k_panel_rows(w, a, y, ldy, r0, r1);
+    else if (w->type == TP_GGML_Q6_K)
         k_rows(w, a, y, ldy, r0, r1, 6);
     else if (w->type == TP_GGML_Q5_K)
         k_rows(w, a, y, ldy, r0, r1, 5);
@@ -1067,6 +1349,35 @@ static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int
         put_scale(f, blk, 16 * n + r, wm[0]);
 }
 
+/* Row k of a group's super-block in the eight-row K layouts (ROWS8_*),
+ * from the file's super-block src. */
+static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
+{
+    if (type == TP_GGML_Q4_K) {
+        uint16_t dmin;
+        memcpy(blk + 2 * k, src, 2);
+        memcpy(&dmin, src + 2, 2);
+        dmin ^= 0x8000;
+        memcpy(blk + 16 + 2 * k, &dmin, 2);
+        uint64_t sc, m;
+        q4k_scales(src + 4, &sc, &m);
+        for (int j = 0; j < 8; j++) {
+            blk[32 + 8 * j + k] = (uint8_t)(sc >> 8 * j);
+            blk[96 + 8 * j + k] = (uint8_t)(m >> 8 * j);
+        }
+        for (int j = 0; j < 4; j++)
+            memcpy(blk + 160 + 256 * j + 32 * k, src + 16 + 32 * j, 32);
+        return;
+    }
+    memcpy(blk + 2 * k, src + 208, 2); /* Q6_K: ql[128], qh[64], sc[16], d */
+    for (int j = 0; j < 16; j++)
+        blk[16 + 8 * j + k] = src[192 + j];
+    for (int h = 0; h < 2; h++) {
+        memcpy(blk + 144 + 768 * h + 96 * k, src + 64 * h, 64);
+        memcpy(blk + 144 + 768 * h + 96 * k + 64, src + 128 + 32 * h, 32);
+    }
+}
+
 static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_bytes)
 {
     if (!tp_quant_have_avx512()) { /* AVX2: four rows' blocks side by side (tp_qpanel rows4) */
@@ -1074,8 +1385,12 @@ static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_b
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return 0;
-        *block_bytes = 4 * (half ? 32 : ti->block_bytes); /* F16/BF16: blocks of 16 columns */
         /* whole cache lines, so the panel after it in a mapping starts on one */
+        if (w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K) { /* eight rows a group */
+            *block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK : ROWS8_Q6K_BLOCK;
+            return (*block_bytes * (size_t)(w->cols / 256) * (size_t)((w->rows + 7) / 8) + 63) / 64 * 64;
+        }
+        *block_bytes = 4 * (half ? 32 : ti->block_bytes); /* F16/BF16: blocks of 16 columns */
         return (4 * w->row_bytes * (size_t)((w->rows + 3) / 4) + 63) / 64 * 64;
     }
     if (!tp_qpanel_format(w->type, f))
@@ -1117,9 +1432,27 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
         p->owned = true;
     }
     p->data = mem;
+    if (!tp_quant_have_avx512() && (w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K)) {
+        p->rows4 = true;
+        p->group_rows = 8;
+        p->groups = (w->rows + 7) / 8;
+        p->blocks = w->cols / 256;
+        p->group_bytes = bb * (size_t)p->blocks;
+        for (int g = 0; g < p->groups; g++)
+            for (int k = 0; k < 8; k++) {
+                int r = 8 * g + k < w->rows ? 8 * g + k : 8 * g;
+                const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                for (int i = 0; i < p->blocks; i++)
+                    rows8_put_k(w->type, row + (size_t)i * w->row_bytes / (size_t)p->blocks,
+                                p->data + (size_t)g * p->group_bytes + (size_t)i * bb, k);
+            }
+        w->panel = p;
+        return 0;
+    }
     if (!tp_quant_have_avx512()) { /* AVX2 (tp_qpanel rows4) */
         size_t fb = bb / 4; /* the file's block */
         p->rows4 = true;
+        p->group_rows = 4;
         p->groups = (w->rows + 3) / 4;
         p->blocks = (int)(w->row_bytes / fb);
         p->block_bytes = bb;
