@@ -40,12 +40,14 @@
 #define SWIGLU_MACS 16
 /* PART_MIN_MACS over this for work between matmuls (parts_between). */
 #define HELD_PART_DIV 16
-/* What a multiply-add of the VNNI panel kernels costs in f32 ones, for
- * PART_MIN_MACS (bench_quant: 3-8x F32 at decode, 2-2.5x batched). Split
- * as f32, 2 threads decoded 110M Q8_0 at 171 tok/s against 184 on one:
- * the wakes cost more than the halves of small matrices saved; counted at
- * a quarter, 186 on two. */
-#define PANEL_MAC_COST 0.25
+/* A typed multiply-add counts as a whole f32 one for PART_MIN_MACS, on
+ * the VNNI panels too, though their arithmetic is 3-8x cheaper: at batch
+ * 1 a part's time is the weights it streams, which is the same. They once
+ * counted a quarter, when every matmul's helpers were woken by futex (2
+ * threads decoded 110M Q8_0 at 171 tok/s split as f32 against 184 on
+ * one); helpers now spin inside a step (tp_pool_hold), and a quarter left
+ * a 1.0 B model's Q/K/V on 5 threads and its output projection on 4 of 16
+ * (issue 20's plateau from 8 threads). */
 /* Row ranges of a typed (quantized) matmul split start at multiples of
  * this: any split gives the same bits (quant.h), this keeps row blocks
  * whole and a range's output rows on whole cache lines. */
@@ -859,7 +861,7 @@ static void typed_rows(tp_forward *f, const typed_part *part, int n, int n_tok, 
         const tp_wmat *w = &part[k].w;
         j.start[k] = rows;
         rows += (w->rows + TYPED_ROW_ALIGN - 1) / TYPED_ROW_ALIGN * TYPED_ROW_ALIGN;
-        macs += (double)w->rows * w->cols * n_tok * (w->panel && f->qavx512 ? PANEL_MAC_COST : 1.0);
+        macs += (double)w->rows * w->cols * n_tok;
     }
     tp_pool_run(f->pool, rows, TYPED_ROW_ALIGN, parts_for(f, macs), qmm_rows, &j);
 }

@@ -581,13 +581,51 @@ __attribute__((target("avx2"), always_inline)) static inline __m128i legacy_dot4
 /* The AVX2 Q4_0 panel's block (tp_qpanel rows4): 4 scales, 4 x 16 bytes. */
 #define ROWS4_Q40_BLOCK 72
 
+/* A panel kernel's pass over one group of rows for a tile of tokens:
+ * grp the group, pf its prefetch run, y + row0 its first row's output,
+ * only lanes [lo, hi) stored, tokens from t0 (how many: the function's). */
+typedef void (*panel_tile_fn)(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo,
+                              int hi, int t0);
+
+/* Rows [r0, r1) from a panel of n-row groups: TOK_TILE tokens a pass
+ * (tile[0]), the rest one a pass (tile[1]). */
+static void panel_groups(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, int n,
+                         const panel_tile_fn tile[2])
+{
+    const tp_qpanel *pn = w->panel;
+    for (int g = r0 / n; n * g < r1; g++) {
+        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
+        int lo = r0 - n * g > 0 ? r0 - n * g : 0, hi = r1 - n * g < n ? r1 - n * g : n, t = 0;
+        pf_run pf = pf_run_at(grp, pn->group_bytes); /* once a group: later tokens find it cached */
+        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
+            tile[0](grp, &pf, a, y, ldy, n * g, lo, hi, t);
+        for (; t < a->n_tok; t++)
+            tile[1](grp, &pf, a, y, ldy, n * g, lo, hi, t);
+    }
+}
+
+/* The two instantiations of a tile kernel K(grp, pf, a, y, ldy, row0, lo,
+ * hi, t0, nt) for panel_groups, as NAME_tiles. */
+#define PANEL_TILES(NAME, K)                                                                                       \
+    __attribute__((target("avx2,fma,f16c"))) static void NAME##_4(const uint8_t *grp, pf_run *pf, const tp_qact *a,  \
+                                                                  float *y, int ldy, int row0, int lo, int hi, int t0) \
+    {                                                                                                              \
+        K(grp, pf, a, y, ldy, row0, lo, hi, t0, TOK_TILE);                                                         \
+    }                                                                                                              \
+    __attribute__((target("avx2,fma,f16c"))) static void NAME##_1(const uint8_t *grp, pf_run *pf, const tp_qact *a,  \
+                                                                  float *y, int ldy, int row0, int lo, int hi, int t0) \
+    {                                                                                                              \
+        K(grp, pf, a, y, ldy, row0, lo, hi, t0, 1);                                                                \
+    }                                                                                                              \
+    static const panel_tile_fn NAME##_tiles[2] = {NAME##_4, NAME##_1};
+
 /* Q4_0 from its AVX2 panel (tp_qpanel rows4): the file path's arithmetic,
  * but a block's four scales are one load and its rows' nibbles two, already
  * paired, and each group is one stream. Lanes of a group outside [r0, r1)
  * are computed and not stored. nt tokens from t0 (a constant in each
  * instantiation, at most TOK_TILE). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
                const int nt)
 {
     int cols = a->cols, nb = cols / 32;
@@ -613,24 +651,11 @@ q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
         float v[4];
         _mm_storeu_ps(v, acc[tt]);
         for (int k = lo; k < hi; k++)
-            y[(size_t)(t0 + tt) * (size_t)ldy + (size_t)(4 * g + k)] = v[k];
+            y[(size_t)(t0 + tt) * (size_t)ldy + (size_t)(row0 + k)] = v[k];
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void q40_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                   int ldy, int r0, int r1)
-{
-    const tp_qpanel *pn = w->panel;
-    for (int g = r0 / 4; 4 * g < r1; g++) {
-        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
-        int lo = r0 - 4 * g > 0 ? r0 - 4 * g : 0, hi = r1 - 4 * g < 4 ? r1 - 4 * g : 4, t = 0;
-        pf_run pf = pf_run_at(grp, pn->group_bytes); /* once a group: later tokens find it cached */
-        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
-            q40_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
-        for (; t < a->n_tok; t++)
-            q40_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
-    }
-}
+PANEL_TILES(q40_panel, q40_panel_tile)
 
 /* Those types straight from the file's blocks. Q4_0 and Q5_0 multiply the
  * unsigned quants and take 8 or 16 x the block's quant sum off after: the
@@ -692,7 +717,7 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_
     case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
     case TP_GGML_Q4_0:
         if (w->panel && w->panel->rows4)
-            q40_panel_rows(w, a, y, ldy, r0, r1);
+            panel_groups(w, a, y, ldy, r0, r1, 4, q40_panel_tiles);
         else
             legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0);
         break;
@@ -921,7 +946,7 @@ __attribute__((target("avx2"), always_inline)) static inline void rows8_store(__
  * instantiation, at most TOK_TILE): a chunk's nibbles and scales made
  * ready once for all of them. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
                const int nt)
 {
     int cols = a->cols, nb = cols / 32, nsb = cols / 256;
@@ -981,12 +1006,12 @@ q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
     }
     #pragma GCC unroll 4
     for (int tt = 0; tt < nt; tt++)
-        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)(8 * g), lo, hi);
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
 }
 
 /* Q6_K from its panel, as q4k_panel_tile. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int g, int lo, int hi, int t0,
+q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
                const int nt)
 {
     int cols = a->cols, nb = cols / 32, nsb = cols / 256;
@@ -1037,38 +1062,18 @@ q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
     }
     #pragma GCC unroll 4
     for (int tt = 0; tt < nt; tt++)
-        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)(8 * g), lo, hi);
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
 }
 
-/* The eight-row K panels: groups of eight rows, TOK_TILE tokens a pass. */
-__attribute__((target("avx2,fma,f16c"))) static void k_panel_rows(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                 int ldy, int r0, int r1)
-{
-    const tp_qpanel *pn = w->panel;
-    bool q6 = w->type == TP_GGML_Q6_K;
-    for (int g = r0 / 8; 8 * g < r1; g++) {
-        const uint8_t *grp = pn->data + (size_t)g * pn->group_bytes;
-        int lo = r0 - 8 * g > 0 ? r0 - 8 * g : 0, hi = r1 - 8 * g < 8 ? r1 - 8 * g : 8, t = 0;
-        pf_run pf = pf_run_at(grp, pn->group_bytes); /* once a group: later tokens find it cached */
-        for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
-            if (q6)
-                q6k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
-            else
-                q4k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, TOK_TILE);
-        for (; t < a->n_tok; t++)
-            if (q6)
-                q6k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
-            else
-                q4k_panel_tile(grp, &pf, a, y, ldy, g, lo, hi, t, 1);
-    }
-}
+PANEL_TILES(q4k_panel, q4k_panel_tile)
+PANEL_TILES(q6k_panel, q6k_panel_tile)
 
 __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
                                                                  int ldy, int r0, int r1)
 {
     bool panel8 = w->panel && w->panel->rows4 && w->panel->group_rows == 8;
     if (panel8)
-        k_panel_rows(w, a, y, ldy, r0, r1);
+        panel_groups(w, a, y, ldy, r0, r1, 8, w->type == TP_GGML_Q6_K ? q6k_panel_tiles : q4k_panel_tiles);
     else if (w->type == TP_GGML_Q6_K)
         k_rows(w, a, y, ldy, r0, r1, 6);
     else if (w->type == TP_GGML_Q5_K)
