@@ -16,7 +16,8 @@
  * the same files beside tokpipe at every thread count (support/llamacpp.h:
  * its own llama-bench, built from source as its docs build it, threads as
  * that build runs them), the same workload: PROMPT_LEN tokens of context, then
- * batch-1 decode steps. Samples interleave thread counts, types and the two
+ * batch-1 decode steps; and a PREFILL_LEN-token prompt in one step (prefill
+ * is what the many-token kernels do; llama-bench's pp test beside it). Samples interleave thread counts, types and the two
  * programs (paired; which goes first alternates), each figure is the
  * median of SAMPLES;
  * times are wall clock (threads run in parallel), so a busy machine shows:
@@ -39,7 +40,8 @@
 
 #define SAMPLES 5
 #define PROMPT_LEN 8
-#define MAX_POS 96
+#define PREFILL_LEN 128 /* the prefill table's prompt, one step */
+#define MAX_POS 160
 #define PROBE_BYTES ((size_t)1 << 30) /* 1 GiB: 30x a 32 MB L3 */
 #define MAX_T 64
 
@@ -181,6 +183,27 @@ static double run_decode(entry *e, int threads, int n)
     return r;
 }
 
+/* Tokens per second of a new sequence's PREFILL_LEN-token prompt taken in
+ * one step (logits of its last token), wall clock. */
+static double run_prefill(entry *e, int threads)
+{
+    tp_err err;
+    int V = tp_model_get_config(e->m)->vocab_size, sid, toks[PREFILL_LEN];
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    if (!logits || tp_forward_set_threads(e->f, threads, &err) || tp_forward_seq_open(e->f, &sid, &err))
+        die("prefill", "no memory, thread count or slot");
+    for (int i = 0; i < PREFILL_LEN; i++)
+        toks[i] = bench_tok_of(i, V);
+    tp_fwd_item it = {sid, 0, toks, PREFILL_LEN, false};
+    double t0 = bench_now();
+    if (tp_forward_step(e->f, &it, 1, logits, &err))
+        die("prefill", err.msg);
+    double dt = bench_now() - t0;
+    tp_forward_seq_close(e->f, sid);
+    free(logits);
+    return PREFILL_LEN / dt;
+}
+
 static void cpu_name(char *out, size_t n)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -271,7 +294,7 @@ int main(int argc, char **argv)
                "  With $TP_MODELS (../shared/models) holding the Llama 2 vocabulary, llama.cpp (its\n"
                "  llama-bench, built on first use into build/llamacpp from the source node-llama-cpp\n"
                "  ships) decodes the same files beside it at every thread count: llama.cpp tok/s and\n"
-               "  tokpipe / llama.cpp.\n"
+               "  tokpipe / llama.cpp. A second table: a 128-token prompt in one step (prefill), the same way.\n"
                "  $TP_LLAMACPP=0: tokpipe alone.\n");
         return 0;
     }
@@ -344,7 +367,7 @@ int main(int argc, char **argv)
         snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, e[i].type);
         if (system(cmd) != 0)
             die("quantize", cmd);
-        if (tp_model_load(e[i].path, &e[i].m, &err) || tp_forward_new(e[i].m, 1, MAX_POS, PROMPT_LEN, &e[i].f, &err))
+        if (tp_model_load(e[i].path, &e[i].m, &err) || tp_forward_new(e[i].m, 1, MAX_POS, PREFILL_LEN, &e[i].f, &err))
             die(e[i].path, err.msg);
         e[i].bytes = token_bytes(e[i].m);
         run_decode(&e[i], 1, 2); /* warm: every weight page touched */
@@ -352,6 +375,7 @@ int main(int argc, char **argv)
     remove(src);
 
     double probe[MAX_T][SAMPLES], tps[MAX_T][NT][SAMPLES], lcs[MAX_T][NT][SAMPLES], load0 = loadavg();
+    double pre[MAX_T][NT][SAMPLES], lcpre[MAX_T][NT][SAMPLES];
     double others0 = others_cpu_s(), wall0 = bench_now();
     for (int s = 0; s < SAMPLES; s++)
         for (int c = 0; c < nc; c++) {
@@ -371,6 +395,10 @@ int main(int argc, char **argv)
                         have_lc = false; /* lc.why says why; no ratio rather than half of one */
                     if (s & 1)
                         tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
+                    pre[c][i][s] = run_prefill(&e[i], counts[c]);
+                    if (have_lc &&
+                        (lcpre[c][i][s] = bench_llamacpp_prefill(&lc, e[i].path, counts[c], PREFILL_LEN)) < 0)
+                        have_lc = false;
                     if (quiet_since(o0, w0, k))
                         break;
                 }
@@ -407,6 +435,16 @@ int main(int argc, char **argv)
             printf("\n");
         }
     }
+    printf("  %d-token prefill (one step), tok/s:\n  %-7s %7s %9s %9s %8s\n", PREFILL_LEN, "type", "threads",
+           "tokpipe", "llama.cpp", "ratio");
+    for (size_t i = 0; i < ne; i++)
+        for (int c = 0; c < nc; c++) {
+            double t = bench_median(pre[c][i], SAMPLES);
+            printf("  %-7s %7d %9.1f", c ? "" : e[i].type, counts[c], t);
+            if (have_lc)
+                printf(" %9.1f %7.2fx", bench_median(lcpre[c][i], SAMPLES), t / bench_median(lcpre[c][i], SAMPLES));
+            printf("\n");
+        }
     printf("  DRAM read probe (GB/s):");
     for (int c = 0; c < nc; c++)
         printf(" %d thread%s %.1f", counts[c], counts[c] > 1 ? "s" : "", bench_median(probe[c], SAMPLES));
@@ -416,8 +454,10 @@ int main(int argc, char **argv)
                "  cmake %s; `llama-bench -p 0 -n %d -d %d -t THREADS -r 1`\n"
                "  on the same files (%d decode steps after %d tokens of context; its defaults: the default\n"
                "  build's OpenMP threads, which spin between steps, so a busy core costs it much), one run\n"
-               "  per sample; its tok/s median of %d, ratio: tokpipe / llama.cpp.\n",
-               lc.commit, BENCH_LLAMACPP_NPM, BENCH_LLAMACPP_CMAKE, tokens, PROMPT_LEN, tokens, PROMPT_LEN, SAMPLES);
+               "  per sample; its tok/s median of %d, ratio: tokpipe / llama.cpp. Prefill: `llama-bench -p %d\n"
+               "  -n 0` (one batch), beside tokpipe's prompt in one forward step, paired the same way.\n",
+               lc.commit, BENCH_LLAMACPP_NPM, BENCH_LLAMACPP_CMAKE, tokens, PROMPT_LEN, tokens, PROMPT_LEN, SAMPLES,
+               PREFILL_LEN);
     else
         printf("  llama.cpp: not measured: %s\n", lc.why);
     for (size_t i = 0; i < ne; i++) {

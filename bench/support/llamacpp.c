@@ -99,14 +99,14 @@ int bench_llamacpp_open(bench_llamacpp *lc)
     return 0;
 }
 
-double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int depth, int tokens)
+/* One llama-bench run of one test (args: its -p/-n/-d), its tok/s. -r 1:
+ * one sample per run, so that runs pair with tokpipe's samples.
+ * Everything else is llama-bench's default (thread pool polling, warm-up,
+ * mmap). */
+static double run_test(bench_llamacpp *lc, const char *gguf, int threads, const char *args)
 {
-    /* -p 0: no prompt test, only tg at depth; -r 1: one sample per run, so
-     * that runs pair with tokpipe's samples. Everything else is
-     * llama-bench's default (thread pool polling, warm-up, mmap). */
     char cmd[16384], out[16384] = "";
-    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -p 0 -n %d -d %d -t %d -r 1 -o json 2>&1", lc->bench, gguf, tokens,
-             depth, threads);
+    snprintf(cmd, sizeof cmd, "'%s' -m '%s' %s -t %d -r 1 -o json 2>&1", lc->bench, gguf, args, threads);
     FILE *p = popen(cmd, "r");
     if (!p) {
         snprintf(lc->why, sizeof lc->why, "cannot run %.600s", lc->bench);
@@ -123,4 +123,18 @@ double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, 
         return -1;
     }
     return rate;
+}
+
+double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int depth, int tokens)
+{
+    char args[64];
+    snprintf(args, sizeof args, "-p 0 -n %d -d %d", tokens, depth); /* -p 0: only the tg test, at depth */
+    return run_test(lc, gguf, threads, args);
+}
+
+double bench_llamacpp_prefill(bench_llamacpp *lc, const char *gguf, int threads, int tokens)
+{
+    char args[64];
+    snprintf(args, sizeof args, "-p %d -n 0", tokens);
+    return run_test(lc, gguf, threads, args);
 }

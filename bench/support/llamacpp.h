@@ -30,4 +30,8 @@ int bench_llamacpp_open(bench_llamacpp *lc);
  * One llama-bench run, one sample. Negative with lc->why on failure. */
 double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int depth, int tokens);
 
+/* The same for a tokens-token prompt processed at once (llama-bench's pp
+ * test, one batch as its default -b allows): tokens over its time. */
+double bench_llamacpp_prefill(bench_llamacpp *lc, const char *gguf, int threads, int tokens);
+
 #endif
