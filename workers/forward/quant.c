@@ -417,13 +417,18 @@ __attribute__((target("avx2"))) static inline void rows4_store(const rows4 *q, _
     memcpy(y, v, sizeof(float) * (size_t)q->n);
 }
 
-/* [P0, P1, P2, P3] from four rows' 8-lane partial sums: two horizontal
- * adds leave row k's first four lanes summed in lane k of the low half and
- * its last four in lane k of the high half. */
+/* [P0, P1, P2, P3] from four rows' 8-lane partial sums: row k's first
+ * four lanes summed in lane k of the low half and its last four in lane k
+ * of the high half. Unpacks and adds, not horizontal adds: on Zen 3 a
+ * vphaddd is three micro-ops, two of them shuffles, and the three of a
+ * tree were the kernels' busiest port; integer sums are exact in any
+ * order. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i hsum4_halves(__m256i p0, __m256i p1, __m256i p2,
                                                                                 __m256i p3)
 {
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    __m256i u01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+    __m256i u23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(u01, u23), _mm256_unpackhi_epi64(u01, u23));
 }
 
 __attribute__((target("avx2"), always_inline)) static inline __m128i hsum4(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
