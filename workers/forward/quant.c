@@ -456,14 +456,6 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i dot32u_part
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }
 
-/* The same for signed q: maddubs takes an unsigned and a signed operand,
- * so |q| and x carrying q's sign; a pair is at most 2 * 128 * 127 (x is
- * never -128: activations are quantized to +-127), inside int16. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i dot32_parts(__m256i q, __m256i x)
-{
-    return dot32u_parts(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-}
-
 /* A Q4_0 block's 16 bytes of nibbles as 32 unsigned quants in column
  * order (low nibbles are columns 0..15, high ones 16..31). */
 __attribute__((target("avx2"), always_inline)) static inline __m256i nibbles32(const uint8_t *qs)
@@ -569,8 +561,11 @@ __attribute__((target("avx2"), always_inline)) static inline w4 legacy_prep(cons
 }
 
 /* [P0, P1, P2, P3]: the block's exact integer products with the
- * activations x (32 quants), unsigned quants but for Q8_0 (dot32_parts's
- * sign trick, the magnitudes made once). */
+ * activations x (32 quants), unsigned quants but for Q8_0. Q8_0's are
+ * signed and maddubs takes an unsigned and a signed operand: |q| (made
+ * once, legacy_prep) and x carrying q's sign; a pair is then at most
+ * 2 * 128 * 127 (x is never -128: activations are quantized to +-127),
+ * inside int16. */
 __attribute__((target("avx2"), always_inline)) static inline __m128i legacy_dot4(const w4 *w, const int8_t *x32,
                                                                                const legacy_kind kind)
 {
