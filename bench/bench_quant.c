@@ -78,21 +78,11 @@ static double run_decode(entry *e)
 
 static double run_prefill(entry *e)
 {
-    int V = tp_model_get_config(e->m)->vocab_size, sid, toks[PREFILL_LEN];
     tp_err err;
-    float *logits = malloc(sizeof(float) * V);
-    if (!logits || tp_forward_seq_open(e->f, &sid, &err))
-        die("prefill", "no slot");
-    for (int i = 0; i < PREFILL_LEN; i++)
-        toks[i] = bench_tok_of(i, V);
-    tp_fwd_item it = {sid, 0, toks, PREFILL_LEN, false};
-    double t0 = bench_cpu_now();
-    if (tp_forward_step(e->f, &it, 1, logits, &err))
+    double r = bench_prefill_rate(e->f, tp_model_get_config(e->m)->vocab_size, PREFILL_LEN, bench_cpu_now, &err);
+    if (r < 0)
         die("prefill", err.msg);
-    double dt = bench_cpu_now() - t0;
-    tp_forward_seq_close(e->f, sid);
-    free(logits);
-    return PREFILL_LEN / dt;
+    return r;
 }
 
 /* Aggregate decode tokens/s of n sequences stepping together. */

@@ -184,24 +184,16 @@ static double run_decode(entry *e, int threads, int n)
 }
 
 /* Tokens per second of a new sequence's PREFILL_LEN-token prompt taken in
- * one step (logits of its last token), wall clock. */
+ * one step, wall clock. */
 static double run_prefill(entry *e, int threads)
 {
     tp_err err;
-    int V = tp_model_get_config(e->m)->vocab_size, sid, toks[PREFILL_LEN];
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    if (!logits || tp_forward_set_threads(e->f, threads, &err) || tp_forward_seq_open(e->f, &sid, &err))
-        die("prefill", "no memory, thread count or slot");
-    for (int i = 0; i < PREFILL_LEN; i++)
-        toks[i] = bench_tok_of(i, V);
-    tp_fwd_item it = {sid, 0, toks, PREFILL_LEN, false};
-    double t0 = bench_now();
-    if (tp_forward_step(e->f, &it, 1, logits, &err))
+    if (tp_forward_set_threads(e->f, threads, &err))
+        die("threads", err.msg);
+    double r = bench_prefill_rate(e->f, tp_model_get_config(e->m)->vocab_size, PREFILL_LEN, bench_now, &err);
+    if (r < 0)
         die("prefill", err.msg);
-    double dt = bench_now() - t0;
-    tp_forward_seq_close(e->f, sid);
-    free(logits);
-    return PREFILL_LEN / dt;
+    return r;
 }
 
 static void cpu_name(char *out, size_t n)

@@ -14,4 +14,9 @@ int bench_tok_of(int i, int vocab);
  * failure. */
 double bench_decode_rate(tp_forward *f, int vocab, int prompt_len, int n, double (*clock)(void), tp_err *err);
 
+/* Tokens per second, by clock, of one new sequence's prompt_len-token
+ * prompt taken in one step (the logits of its last token); negative with
+ * err set on failure. */
+double bench_prefill_rate(tp_forward *f, int vocab, int prompt_len, double (*clock)(void), tp_err *err);
+
 #endif
