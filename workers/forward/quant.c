@@ -357,8 +357,8 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
  * touches the next rows: harmless. */
 #define AVX2_PREFETCH_RUN 4096
 
-/* The run ahead of a group of four rows: from its start, lines are asked
- * for as far ahead as the group has been read. */
+/* The run ahead of a group of rows (four, or a panel's group): from its
+ * start, lines are asked for as far ahead as the group has been read. */
 typedef struct pf_run {
     const char *next, *base; /* next line to ask for; where the run starts */
 } pf_run;
@@ -390,12 +390,13 @@ typedef struct rows4 {
 
 /* Rows r.. (up to four, below r1) of w, each block of bb bytes: in the
  * file, or in w's AVX2 panel where the blocks of four rows alternate
- * (tp_qpanel rows4, every type but Q4_0), a row's blocks 4 bb apart. */
+ * (tp_qpanel group_rows 4, every type but Q4_0), a row's blocks 4 bb
+ * apart. */
 static inline rows4 rows4_at(const tp_wmat *w, int r, int r1, size_t bb)
 {
     rows4 q;
     q.n = r1 - r < 4 ? r1 - r : 4;
-    bool panel = w->panel && w->panel->rows4 && w->panel->group_rows == 4 && w->type != TP_GGML_Q4_0;
+    bool panel = w->panel && w->panel->group_rows == 4 && w->type != TP_GGML_Q4_0;
     q.stride = panel ? 4 * bb : bb;
     for (int k = 0; k < 4; k++) {
         size_t row = (size_t)(r + (k < q.n ? k : 0));
@@ -481,6 +482,7 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i fifth_bits(
  * five bits + m (24). In a block, columns 0..15 are the low nibbles,
  * 16..31 the high ones. */
 typedef enum { LEG_Q8_0, LEG_Q4_0, LEG_Q4_1, LEG_Q5_0, LEG_Q5_1 } legacy_kind;
+static const size_t LEG_BYTES[] = {34, 18, 20, 22, 24}; /* a block of each */
 
 /* Prefill and batched decode run a matmul over several tokens: the kernels
  * take up to TOK_TILE of them per pass over a block of rows, so the work
@@ -492,7 +494,7 @@ typedef enum { LEG_Q8_0, LEG_Q4_0, LEG_Q4_1, LEG_Q5_0, LEG_Q5_1 } legacy_kind;
 /* A block of four rows' quants ready for any number of tokens. Q8_0: v
  * the quants' magnitudes, s the quants (their signs go onto x); Q5_0,
  * Q5_1: v the unsigned quants; Q4_0, Q4_1 (two rows a register, see
- * nib4_pairs): v the low and high nibbles of rows 0 and 1, then 2 and 3. */
+ * nib4_prep): v the low and high nibbles of rows 0 and 1, then 2 and 3. */
 typedef struct w4 {
     __m256i v[4], s[4];
 } w4;
@@ -578,7 +580,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m128i legacy_dot4
     return hsum4(p[0], p[1], p[2], p[3]);
 }
 
-/* The AVX2 Q4_0 panel's block (tp_qpanel rows4): 4 scales, 4 x 16 bytes. */
+/* The AVX2 Q4_0 panel's block (tp_qpanel group_rows 4): 4 scales, 4 x 16
+ * bytes. */
 #define ROWS4_Q40_BLOCK 72
 
 /* A panel kernel's pass over one group of rows for a tile of tokens:
@@ -619,7 +622,7 @@ static void panel_groups(const tp_wmat *w, const tp_qact *a, float *y, int ldy, 
     }                                                                                                              \
     static const panel_tile_fn NAME##_tiles[2] = {NAME##_4, NAME##_1};
 
-/* Q4_0 from its AVX2 panel (tp_qpanel rows4): the file path's arithmetic,
+/* Q4_0 from its AVX2 panel (tp_qpanel group_rows 4): the file path's arithmetic,
  * but a block's four scales are one load and its rows' nibbles two, already
  * paired, and each group is one stream. Lanes of a group outside [r0, r1)
  * are computed and not stored. nt tokens from t0 (a constant in each
@@ -666,9 +669,8 @@ PANEL_TILES(q40_panel, q40_panel_tile)
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 legacy_tile(rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, const int nt, const legacy_kind kind)
 {
-    static const size_t bytes[] = {34, 18, 20, 22, 24};
     static const int off[] = {0, 8, 0, 16, 0};
-    const size_t bb = bytes[kind];
+    const size_t bb = LEG_BYTES[kind];
     const bool has_min = kind == LEG_Q4_1 || kind == LEG_Q5_1;
     int cols = a->cols, nb = cols / 32;
     __m128 acc[TOK_TILE];
@@ -699,9 +701,8 @@ legacy_tile(rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, const 
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const legacy_kind kind)
 {
-    static const size_t bytes[] = {34, 18, 20, 22, 24};
     for (int r = r0; r < r1; r += 4) {
-        rows4 q = rows4_at(w, r, r1, bytes[kind]);
+        rows4 q = rows4_at(w, r, r1, LEG_BYTES[kind]);
         int t = 0;
         for (; t + TOK_TILE <= a->n_tok; t += TOK_TILE)
             legacy_tile(&q, a, y, ldy, r, t, TOK_TILE, kind);
@@ -716,7 +717,7 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_
     switch (w->type) {
     case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
     case TP_GGML_Q4_0:
-        if (w->panel && w->panel->rows4)
+        if (w->panel && w->panel->group_rows == 4)
             panel_groups(w, a, y, ldy, r0, r1, 4, q40_panel_tiles);
         else
             legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0);
@@ -882,7 +883,7 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
     }
 }
 
-/* The AVX2 K-type panels (tp_qpanel rows4, group_rows 8): a super-block
+/* The AVX2 K-type panels (tp_qpanel group_rows 8): a super-block
  * of eight rows with the scales split out of the file's packing and set
  * sub-block-major, so the kernel reads sub-block j's eight scales as one
  * 8-byte load where the file path unpacks four rows' bit fields and
@@ -1071,7 +1072,7 @@ PANEL_TILES(q6k_panel, q6k_panel_tile)
 __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
                                                                  int ldy, int r0, int r1)
 {
-    bool panel8 = w->panel && w->panel->rows4 && w->panel->group_rows == 8;
+    bool panel8 = w->panel && w->panel->group_rows == 8;
     if (panel8)
         panel_groups(w, a, y, ldy, r0, r1, 8, w->type == TP_GGML_Q6_K ? q6k_panel_tiles : q4k_panel_tiles);
     else if (w->type == TP_GGML_Q6_K)
@@ -1383,39 +1384,71 @@ static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
     }
 }
 
-static size_t panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, size_t *block_bytes)
+/* Row k's file block src (fb bytes) into its place in block blk of a
+ * group of an AVX2 panel (tp_qpanel, group_rows 4 or 8). */
+static void avx2_put(uint32_t type, const uint8_t *src, size_t fb, uint8_t *blk, int k)
 {
-    if (!tp_quant_have_avx512()) { /* AVX2: four rows' blocks side by side (tp_qpanel rows4) */
+    if (type == TP_GGML_Q4_K || type == TP_GGML_Q6_K) {
+        rows8_put_k(type, src, blk, k);
+    } else if (type == TP_GGML_Q4_0) { /* scales together, nibbles paired */
+        memcpy(blk + 2 * k, src, 2);
+        memcpy(blk + 8 + 16 * k, src + 2, 16);
+    } else {
+        memcpy(blk + fb * (size_t)k, src, fb);
+    }
+}
+
+/* A panel's shape: groups of group_rows rows, each blocks blocks of
+ * block_bytes; file_block: the file's bytes behind one row's block (AVX2
+ * only: a block there is one of the file's, or 16 columns of F16/BF16);
+ * bytes in all. */
+typedef struct panel_shape {
+    int group_rows, blocks;
+    size_t file_block, block_bytes, bytes;
+} panel_shape;
+
+/* False for a matrix without a panel on this CPU. */
+static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
+{
+    if (!tp_quant_have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
+        bool k8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K; /* their own layouts, eight rows */
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
-            return 0;
+            return false;
+        sh->group_rows = k8 ? 8 : 4;
+        sh->file_block = half ? 32 : ti->block_bytes;
+        sh->block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK
+                        : w->type == TP_GGML_Q6_K ? ROWS8_Q6K_BLOCK
+                                                  : 4 * sh->file_block;
+        sh->blocks = (int)(w->row_bytes / sh->file_block);
+        size_t groups = (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
         /* whole cache lines, so the panel after it in a mapping starts on one */
-        if (w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K) { /* eight rows a group */
-            *block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK : ROWS8_Q6K_BLOCK;
-            return (*block_bytes * (size_t)(w->cols / 256) * (size_t)((w->rows + 7) / 8) + 63) / 64 * 64;
-        }
-        *block_bytes = 4 * (half ? 32 : ti->block_bytes); /* F16/BF16: blocks of 16 columns */
-        return (4 * w->row_bytes * (size_t)((w->rows + 3) / 4) + 63) / 64 * 64;
+        sh->bytes = (sh->block_bytes * (size_t)sh->blocks * groups + 63) / 64 * 64;
+        return true;
     }
     if (!tp_qpanel_format(w->type, f))
-        return 0;
-    *block_bytes = f->quant_bytes + 16 * (size_t)f->scale_bytes * (size_t)(32 / f->sub + f->has_min);
-    return *block_bytes * (size_t)(w->cols / 32) * (size_t)((w->rows + 15) / 16);
+        return false;
+    sh->group_rows = 16;
+    sh->file_block = 0;
+    sh->block_bytes = f->quant_bytes + 16 * (size_t)f->scale_bytes * (size_t)(32 / f->sub + f->has_min);
+    sh->blocks = w->cols / 32;
+    sh->bytes = sh->block_bytes * (size_t)sh->blocks * (size_t)((w->rows + 15) / 16);
+    return true;
 }
 
 size_t tp_qpanel_bytes(const tp_wmat *w)
 {
     tp_qpanel_fmt f;
-    size_t bb;
-    return panel_geometry(w, &f, &bb);
+    panel_shape sh;
+    return panel_geometry(w, &f, &sh) ? sh.bytes : 0;
 }
 
 int tp_qpanel_build(tp_wmat *w, void *mem)
 {
     tp_qpanel_fmt f;
-    size_t bb, bytes = w->panel ? 0 : panel_geometry(w, &f, &bb);
-    if (!bytes)
+    panel_shape sh;
+    if (w->panel || !panel_geometry(w, &f, &sh))
         return 0;
     bool has_min;
     tp_qunpack_fn unpack = unpack_fn(w->type, &has_min);
@@ -1423,13 +1456,14 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     if (!p)
         return TP_ENOMEM;
     p->type = w->type;
-    p->groups = (w->rows + 15) / 16;
-    p->blocks = w->cols / 32;
-    p->block_bytes = bb;
-    p->group_bytes = bb * (size_t)p->blocks;
-    p->bytes = bytes;
+    p->group_rows = sh.group_rows;
+    p->groups = (w->rows + sh.group_rows - 1) / sh.group_rows;
+    p->blocks = sh.blocks;
+    p->block_bytes = sh.block_bytes;
+    p->group_bytes = sh.block_bytes * (size_t)p->blocks;
+    p->bytes = sh.bytes;
     if (!mem) { /* anonymous zeroed memory, page-aligned */
-        mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        mem = mmap(NULL, sh.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (mem == MAP_FAILED) {
             free(p);
             return TP_ENOMEM;
@@ -1437,44 +1471,14 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
         p->owned = true;
     }
     p->data = mem;
-    if (!tp_quant_have_avx512() && (w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K)) {
-        p->rows4 = true;
-        p->group_rows = 8;
-        p->groups = (w->rows + 7) / 8;
-        p->blocks = w->cols / 256;
-        p->group_bytes = bb * (size_t)p->blocks;
+    if (sh.group_rows < 16) { /* AVX2; past the last row, the group's first row again */
         for (int g = 0; g < p->groups; g++)
-            for (int k = 0; k < 8; k++) {
-                int r = 8 * g + k < w->rows ? 8 * g + k : 8 * g;
+            for (int k = 0; k < sh.group_rows; k++) {
+                int r = sh.group_rows * g + k < w->rows ? sh.group_rows * g + k : sh.group_rows * g;
                 const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-                for (int i = 0; i < p->blocks; i++)
-                    rows8_put_k(w->type, row + (size_t)i * w->row_bytes / (size_t)p->blocks,
-                                p->data + (size_t)g * p->group_bytes + (size_t)i * bb, k);
-            }
-        w->panel = p;
-        return 0;
-    }
-    if (!tp_quant_have_avx512()) { /* AVX2 (tp_qpanel rows4) */
-        size_t fb = bb / 4; /* the file's block */
-        p->rows4 = true;
-        p->group_rows = 4;
-        p->groups = (w->rows + 3) / 4;
-        p->blocks = (int)(w->row_bytes / fb);
-        p->block_bytes = bb;
-        p->group_bytes = 4 * w->row_bytes;
-        for (int g = 0; g < p->groups; g++)
-            for (int k = 0; k < 4; k++) {
-                int r = 4 * g + k < w->rows ? 4 * g + k : 4 * g;
-                const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-                for (int b = 0; b < p->blocks; b++) {
-                    uint8_t *blk = p->data + (size_t)g * p->group_bytes + (size_t)b * bb;
-                    if (w->type == TP_GGML_Q4_0) { /* scales together, nibbles paired */
-                        memcpy(blk + 2 * k, row + fb * (size_t)b, 2);
-                        memcpy(blk + 8 + 16 * k, row + fb * (size_t)b + 2, 16);
-                    } else {
-                        memcpy(blk + fb * (size_t)k, row + fb * (size_t)b, fb);
-                    }
-                }
+                for (int b = 0; b < p->blocks; b++)
+                    avx2_put(w->type, row + sh.file_block * (size_t)b, sh.file_block,
+                             p->data + (size_t)g * p->group_bytes + (size_t)b * sh.block_bytes, k);
             }
         w->panel = p;
         return 0;

@@ -77,10 +77,10 @@ typedef struct tp_qact {
     size_t cap;      /* elements of q allocated */
 } tp_qact;
 
-/* A typed matrix repacked for the AVX-512 path (quant.h's layouts): row
+/* A typed matrix repacked for the AVX-512 path (quant.h's layouts, group_rows 16): row
  * group g (rows 16g..16g+15; past the last row, zero weights) at
  * data + g * group_bytes, its blocks of 32 columns block_bytes apart.
- * On a CPU with AVX2 but not AVX-512 the panel (rows4) is the file's
+ * On a CPU with AVX2 but not AVX-512 the panel (group_rows 4) is the file's
  * blocks of 4 rows side by side: group g (rows 4g..4g+3; past the last row
  * the group's first row again), block b of row 4g + k at
  * data + g * group_bytes + b * block_bytes + k * (block_bytes / 4), so the
@@ -97,8 +97,7 @@ typedef struct tp_qpanel {
     size_t block_bytes, group_bytes, bytes;
     uint8_t *data; /* 32-byte aligned; blocks too */
     bool owned;    /* data is the panel's own mapping */
-    bool rows4;    /* the AVX2 layouts */
-    int group_rows; /* AVX2: rows a group (4; Q4_K and Q6_K 8, their own layouts) */
+    int group_rows; /* 16: the AVX-512 layout; 4 or 8 (Q4_K, Q6_K): AVX2's */
 } tp_qpanel;
 
 /* Bytes of w's panel (a multiple of 32), 0 for a type without one (F32;
