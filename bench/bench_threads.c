@@ -15,11 +15,11 @@
  * ($TP_MODELS) the files are llama.cpp-loadable GGUF, and llama.cpp decodes
  * the same files beside tokpipe at every thread count (support/llamacpp.h:
  * its own llama-bench, built from source as its docs build it, threads as
- * that build runs them), the same workload: PROMPT_LEN tokens of context, then
- * batch-1 decode steps; and a PREFILL_LEN-token prompt in one step (prefill
- * is what the many-token kernels do; llama-bench's pp test beside it). Samples interleave thread counts, types and the two
- * programs (paired; which goes first alternates), each figure is the
- * median of SAMPLES;
+ * that build runs them), the same workload: PROMPT_LEN tokens of context,
+ * then batch-1 decode steps; and a PREFILL_LEN-token prompt in one step
+ * (what the many-token kernels do; llama-bench's pp test beside it).
+ * Samples interleave thread counts, types and the two programs (paired;
+ * which goes first alternates), each figure is the median of SAMPLES;
  * times are wall clock (threads run in parallel), so a busy machine shows:
  * the load average is printed. */
 #include <pthread.h>
@@ -380,17 +380,15 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < ne; i++)
                 for (int k = 0;; k++) {
                     double o0 = others_cpu_s(), w0 = bench_now();
-                    if (!(s & 1))
-                        tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
-                    if (have_lc &&
-                        (lcs[c][i][s] = bench_llamacpp_decode(&lc, e[i].path, counts[c], PROMPT_LEN, tokens)) < 0)
-                        have_lc = false; /* lc.why says why; no ratio rather than half of one */
-                    if (s & 1)
-                        tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
-                    pre[c][i][s] = run_prefill(&e[i], counts[c]);
-                    if (have_lc &&
-                        (lcpre[c][i][s] = bench_llamacpp_prefill(&lc, e[i].path, counts[c], PREFILL_LEN)) < 0)
-                        have_lc = false;
+                    for (int turn = 0; turn < 2; turn++) /* tokpipe first on even samples */
+                        if (turn == (s & 1)) {
+                            tps[c][i][s] = run_decode(&e[i], counts[c], tokens);
+                            pre[c][i][s] = run_prefill(&e[i], counts[c]);
+                        } else if (have_lc) { /* a failure: lc.why says why; no ratio rather than half of one */
+                            lcs[c][i][s] = bench_llamacpp_decode(&lc, e[i].path, counts[c], PROMPT_LEN, tokens);
+                            lcpre[c][i][s] = bench_llamacpp_prefill(&lc, e[i].path, counts[c], PREFILL_LEN);
+                            have_lc = lcs[c][i][s] > 0 && lcpre[c][i][s] > 0;
+                        }
                     if (quiet_since(o0, w0, k))
                         break;
                 }
@@ -431,10 +429,10 @@ int main(int argc, char **argv)
            "tokpipe", "llama.cpp", "ratio");
     for (size_t i = 0; i < ne; i++)
         for (int c = 0; c < nc; c++) {
-            double t = bench_median(pre[c][i], SAMPLES);
+            double t = bench_median(pre[c][i], SAMPLES), l = have_lc ? bench_median(lcpre[c][i], SAMPLES) : 0;
             printf("  %-7s %7d %9.1f", c ? "" : e[i].type, counts[c], t);
             if (have_lc)
-                printf(" %9.1f %7.2fx", bench_median(lcpre[c][i], SAMPLES), t / bench_median(lcpre[c][i], SAMPLES));
+                printf(" %9.1f %7.2fx", l, t / l);
             printf("\n");
         }
     printf("  DRAM read probe (GB/s):");

@@ -1,4 +1,4 @@
-/* llama.cpp as a paired baseline for the decode benches, built the way its
+/* llama.cpp as a paired baseline for the decode and prefill benches, built the way its
  * authors build it: its own llama-bench, compiled from source with cmake
  * (Release, GGML_NATIVE=ON: -O3 -march=native), so that on any thread
  * count it runs with llama.cpp's own thread pool and defaults. The source
