@@ -290,6 +290,10 @@ static tp_qunpack_fn unpack_fn(uint32_t type, bool *has_min)
     }
 }
 
+/* Tokens a scalar pass takes together: each weight block is unpacked once
+ * for all of them (once per token, unpacking was most of the time). */
+#define SCALAR_TOKENS 8
+
 TP_SCALAR_CLONES static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
     bool has_min;
@@ -298,27 +302,32 @@ TP_SCALAR_CLONES static void qrows_int_scalar(const tp_wmat *w, const tp_qact *a
     int cols = w->cols, nch = (cols + 63) / 64, nb = cols / 32;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb, *sum = a->sum + (size_t)t * (size_t)nb;
-            float acc = 0.0f;
+        for (int t0 = 0; t0 < a->n_tok; t0 += SCALAR_TOKENS) {
+            int nt = a->n_tok - t0 < SCALAR_TOKENS ? a->n_tok - t0 : SCALAR_TOKENS;
+            float acc[SCALAR_TOKENS] = {0};
             for (int c = 0; c < nch; c++) {
                 int8_t wq[64];
                 float ws[16], wm[16];
                 unpack(row, c, cols, wq, ws, wm);
                 int n = cols - 64 * c >= 64 ? 64 : 32;
-                for (int e0 = 0; e0 < n; e0 += sub) {
-                    int col = 64 * c + e0;
-                    int32_t p = 0;
-                    for (int i = 0; i < sub; i++)
-                        p += (int32_t)wq[e0 + i] * (int32_t)xq[col + i];
-                    float d = dx[col / 32];
-                    acc = fmaf(ws[e0 / 4] * d, (float)p, acc);
-                    if (has_min)
-                        acc = fmaf(wm[e0 / 4] * d, sum[col / 32], acc);
+                for (int k = 0; k < nt; k++) {
+                    size_t t = (size_t)(t0 + k);
+                    const int8_t *xq = a->q + t * (size_t)cols;
+                    const float *dx = a->dx + t * (size_t)nb, *sum = a->sum + t * (size_t)nb;
+                    for (int e0 = 0; e0 < n; e0 += sub) {
+                        int col = 64 * c + e0;
+                        int32_t p = 0;
+                        for (int i = 0; i < sub; i++)
+                            p += (int32_t)wq[e0 + i] * (int32_t)xq[col + i];
+                        float d = dx[col / 32];
+                        acc[k] = fmaf(ws[e0 / 4] * d, (float)p, acc[k]);
+                        if (has_min)
+                            acc[k] = fmaf(wm[e0 / 4] * d, sum[col / 32], acc[k]);
+                    }
                 }
             }
-            y[(size_t)t * (size_t)ldy + (size_t)r] = acc;
+            for (int k = 0; k < nt; k++)
+                y[(size_t)(t0 + k) * (size_t)ldy + (size_t)r] = acc[k];
         }
     }
 }
@@ -1177,15 +1186,25 @@ TP_SCALAR_CLONES void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, fl
     int cols = w->cols;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            const float *x = a->x + (size_t)t * (size_t)a->ldx;
-            float acc[16] = {0};
-            for (int k = 0; k < cols; k++) {
-                uint16_t h;
-                memcpy(&h, row + 2 * (size_t)k, 2);
-                acc[k % 16] = fmaf(x[k], bf ? tp_bf16_to_f32(h) : tp_f16_to_f32(h), acc[k % 16]);
+        for (int t0 = 0; t0 < a->n_tok; t0 += SCALAR_TOKENS) {
+            int nt = a->n_tok - t0 < SCALAR_TOKENS ? a->n_tok - t0 : SCALAR_TOKENS;
+            float acc[SCALAR_TOKENS][16] = {{0}};
+            for (int k0 = 0; k0 < cols; k0 += 256) {
+                int kn = cols - k0 < 256 ? cols - k0 : 256;
+                float wf[256];
+                for (int k = 0; k < kn; k++) {
+                    uint16_t h;
+                    memcpy(&h, row + 2 * (size_t)(k0 + k), 2);
+                    wf[k] = bf ? tp_bf16_to_f32(h) : tp_f16_to_f32(h);
+                }
+                for (int j = 0; j < nt; j++) {
+                    const float *x = a->x + (size_t)(t0 + j) * (size_t)a->ldx + k0;
+                    for (int k = 0; k < kn; k++)   /* k0 is a multiple of 16: lane (k0 + k) % 16 */
+                        acc[j][k % 16] = fmaf(x[k], wf[k], acc[j][k % 16]);
+                }
             }
-            y[(size_t)t * (size_t)ldy + (size_t)r] = reduce16(acc);
+            for (int j = 0; j < nt; j++)
+                y[(size_t)(t0 + j) * (size_t)ldy + (size_t)r] = reduce16(acc[j]);
         }
     }
 }
