@@ -399,13 +399,13 @@ typedef struct rows4 {
 
 /* Rows r.. (up to four, below r1) of w, each block of bb bytes: in the
  * file, or in w's AVX2 panel where the blocks of four rows alternate
- * (tp_qpanel group_rows 4, every type but Q4_0), a row's blocks 4 bb
- * apart. */
+ * (tp_qpanel group_rows 4: Q8_0, Q4_1, Q5_0, Q5_1, F16, BF16), a row's
+ * blocks 4 bb apart. */
 static inline rows4 rows4_at(const tp_wmat *w, int r, int r1, size_t bb)
 {
     rows4 q;
     q.n = r1 - r < 4 ? r1 - r : 4;
-    bool panel = w->panel && w->panel->group_rows == 4 && w->type != TP_GGML_Q4_0;
+    bool panel = w->panel && w->panel->group_rows == 4;
     q.stride = panel ? 4 * bb : bb;
     for (int k = 0; k < 4; k++) {
         size_t row = (size_t)(r + (k < q.n ? k : 0));
@@ -589,10 +589,6 @@ __attribute__((target("avx2"), always_inline)) static inline __m128i legacy_dot4
     return hsum4(p[0], p[1], p[2], p[3]);
 }
 
-/* The AVX2 Q4_0 panel's block (tp_qpanel group_rows 4): 4 scales, 4 x 16
- * bytes. */
-#define ROWS4_Q40_BLOCK 72
-
 /* A panel kernel's pass over one group of rows for a tile of tokens:
  * grp the group, pf its prefetch run, y + row0 its first row's output,
  * only lanes [lo, hi) stored, tokens from t0 (how many: the function's). */
@@ -631,43 +627,6 @@ static void panel_groups(const tp_wmat *w, const tp_qact *a, float *y, int ldy, 
     }                                                                                                              \
     static const panel_tile_fn NAME##_tiles[2] = {NAME##_4, NAME##_1};
 
-/* Q4_0 from its AVX2 panel (tp_qpanel group_rows 4): the file path's arithmetic,
- * but a block's four scales are one load and its rows' nibbles two, already
- * paired, and each group is one stream. Lanes of a group outside [r0, r1)
- * are computed and not stored. nt tokens from t0 (a constant in each
- * instantiation, at most TOK_TILE). */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
-               const int nt)
-{
-    int cols = a->cols, nb = cols / 32;
-    __m128 acc[TOK_TILE];
-    #pragma GCC unroll 4
-    for (int tt = 0; tt < nt; tt++)
-        acc[tt] = _mm_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = grp + (size_t)b * ROWS4_Q40_BLOCK;
-        pf_run_to(pf, ROWS4_Q40_BLOCK * (size_t)(b + 1));
-        w4 w = nib4_prep(_mm256_loadu_si256((const __m256i *)(blk + 8)), _mm256_loadu_si256((const __m256i *)(blk + 40)));
-        __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
-        #pragma GCC unroll 4
-        for (int tt = 0; tt < nt; tt++) {
-            size_t t = (size_t)(t0 + tt);
-            __m128i s = nib4_dot(&w, a->q + t * (size_t)cols + 32 * (size_t)b);
-            s = _mm_add_epi32(s, _mm_set1_epi32(8 * a->nsum32[t * (size_t)nb + (size_t)b]));
-            __m128 dxb = _mm_set1_ps(a->dx[t * (size_t)nb + (size_t)b]);
-            acc[tt] = _mm_fmadd_ps(_mm_mul_ps(d, dxb), _mm_cvtepi32_ps(s), acc[tt]);
-        }
-    }
-    for (int tt = 0; tt < nt; tt++) {
-        float v[4];
-        _mm_storeu_ps(v, acc[tt]);
-        for (int k = lo; k < hi; k++)
-            y[(size_t)(t0 + tt) * (size_t)ldy + (size_t)(row0 + k)] = v[k];
-    }
-}
-
-PANEL_TILES(q40_panel, q40_panel_tile)
 
 /* Those types straight from the file's blocks. Q4_0 and Q5_0 multiply the
  * unsigned quants and take 8 or 16 x the block's quant sum off after: the
@@ -720,23 +679,6 @@ legacy_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_wmat *w, const tp_qact *a, float *y,
-                                                                      int ldy, int r0, int r1)
-{
-    switch (w->type) {
-    case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
-    case TP_GGML_Q4_0:
-        if (w->panel && w->panel->group_rows == 4)
-            panel_groups(w, a, y, ldy, r0, r1, 4, q40_panel_tiles);
-        else
-            legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0);
-        break;
-    case TP_GGML_Q4_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_1); break;
-    case TP_GGML_Q5_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_0); break;
-    case TP_GGML_Q5_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_1); break;
-    default: break;
-    }
-}
 
 /* Four rows by eight values each (row k's in s[k]) to eight vectors of
  * four, value j's in out[j] (lane k: row k). */
@@ -903,8 +845,11 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
  *
  * Q4_K (ROWS8_Q4K_BLOCK): f16 d[8], f16 -dmin[8] (negating is exact, and
  * (-dmin) * m is -(dmin * m) to the bit), u8 sc[8 sub][8 rows], u8
- * m[8][8], then per 64 columns j the eight rows' 32 bytes of nibbles
- * (the file's qs[32 j..]). Q6_K (ROWS8_Q6K_BLOCK): f16 d[8], int8
+ * m[8][8], then per 64 columns j 256 bytes of nibbles: the file's
+ * qs[32 j..32 j + 31] of the eight rows interleaved four bytes at a time,
+ * as Q4_0's panel (ROWS8_Q40_BLOCK): row k's qs[32 j + 4 i..] in dword
+ * lane k of register i, so a sub-block's eight row sums come out in their
+ * lanes without horizontal adds. Q6_K (ROWS8_Q6K_BLOCK): f16 d[8], int8
  * sc[16][8], then per 128 columns h the eight rows' ql[64 h..] (64
  * bytes) and qh[32 h..] (32). Both as big as the file's, but for Q4_K's
  * 32 bytes (unpacked scales: 2.8 %). */
@@ -952,15 +897,96 @@ __attribute__((target("avx2"), always_inline)) static inline void rows8_store(__
     memcpy(y + lo, v + lo, sizeof(float) * (size_t)(hi - lo));
 }
 
+/* Q4_0's AVX2 panel (tp_qpanel group_rows 8): a block of eight rows is
+ * their f16 scales d[8], then four registers, row k's qs[4j..4j+3] in
+ * dword lane k of register j (the low nibbles are columns 4j.., the high
+ * ones 16 + 4j..). So each row's integer sum over the block comes out in
+ * its own lane with no horizontal adds: x's four quants for those columns
+ * broadcast to every lane, the eight products of a block (maddubs, pairs
+ * at most 2 * 15 * 127) summed as int16 (at most 30480) and widened once.
+ * A third of the file path's instructions a block and row, which bound
+ * Q4_0's decode; the bytes are the file's. */
+#define ROWS8_Q40_BLOCK 144
+
+/* Q4_0 from its panel, nt tokens from t0 (a constant in each instantiation,
+ * at most TOK_TILE). Lanes of a group outside [lo, hi) are computed and not
+ * stored. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
+               const int nt)
+{
+    int cols = a->cols, nb = cols / 32;
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (size_t)b * ROWS8_Q40_BLOCK;
+        pf_run_to(pf, ROWS8_Q40_BLOCK * (size_t)(b + 1));
+        __m256 d = half8_at(blk);
+        __m256i wl[4], wh[4];
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m256i qq = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+            wl[j] = _mm256_and_si256(qq, low);
+            wh[j] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+        }
+        #pragma GCC unroll 4
+        for (int tt = 0; tt < nt; tt++) {
+            size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
+            const int8_t *xq = a->q + t * (size_t)cols + 32 * (size_t)b;
+            __m256i s16 = _mm256_setzero_si256();
+            #pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                int32_t xl, xh;
+                memcpy(&xl, xq + 4 * j, 4);
+                memcpy(&xh, xq + 16 + 4 * j, 4);
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wl[j], _mm256_set1_epi32(xl)));
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wh[j], _mm256_set1_epi32(xh)));
+            }
+            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(8 * a->nsum32[tb]));
+            __m256 dxb = _mm256_set1_ps(a->dx[tb]);
+            acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(d, dxb), _mm256_cvtepi32_ps(s), acc[tt]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
+}
+
+PANEL_TILES(q40_panel, q40_panel_tile)
+
+__attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_wmat *w, const tp_qact *a, float *y,
+                                                                      int ldy, int r0, int r1)
+{
+    switch (w->type) {
+    case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
+    case TP_GGML_Q4_0:
+        if (w->panel && w->panel->group_rows == 8)
+            panel_groups(w, a, y, ldy, r0, r1, 8, q40_panel_tiles);
+        else
+            legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_0);
+        break;
+    case TP_GGML_Q4_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q4_1); break;
+    case TP_GGML_Q5_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_0); break;
+    case TP_GGML_Q5_1: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q5_1); break;
+    default: break;
+    }
+}
+
 /* Q4_K from its panel for nt tokens from t0 (a constant in each
- * instantiation, at most TOK_TILE): a chunk's nibbles and scales made
- * ready once for all of them. */
+ * instantiation, at most TOK_TILE). A 64-column chunk is two sub-blocks,
+ * low nibbles then high: each sub-block's eight registers made ready once
+ * for all the tokens, which take it in their own order (sub-block by
+ * sub-block). Each row's sum: eight maddubs of x's broadcast quad (pairs at
+ * most 2 * 15 * 127) added as int16 (at most 30480), widened once. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
                const int nt)
 {
     int cols = a->cols, nb = cols / 32, nsb = cols / 256;
-    const __m256i low = _mm256_set1_epi8(0x0f);
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256 acc[TOK_TILE];
     #pragma GCC unroll 4
     for (int tt = 0; tt < nt; tt++)
@@ -969,48 +995,31 @@ q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
         const uint8_t *sb = grp + (size_t)i * ROWS8_Q4K_BLOCK;
         pf_run_to(pf, ROWS8_Q4K_BLOCK * (size_t)(i + 1));
         __m256 d = half8_at(sb), nm = half8_at(sb + 16);
-        for (int j = 0; j < 4; j++) {
-            /* One token unpacks each row as it goes (sixteen unpacked
-             * vectors held for more tokens would not fit in registers) */
-            __m256i wl[8], wh[8];
+        for (int sub = 0; sub < 8; sub++) {
+            const uint8_t *qs = sb + 160 + 256 * (sub / 2);
+            __m256i wq[8];
             #pragma GCC unroll 8
-            for (int k = 0; k < 8 && nt > 1; k++) {
-                __m256i qq = _mm256_loadu_si256((const __m256i *)(sb + 160 + 256 * j + 32 * k));
-                wl[k] = _mm256_and_si256(qq, low);
-                wh[k] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+            for (int r = 0; r < 8; r++) {
+                __m256i qq = _mm256_loadu_si256((const __m256i *)(qs + 32 * r));
+                wq[r] = _mm256_and_si256(sub % 2 ? _mm256_srli_epi16(qq, 4) : qq, low);
             }
-            __m256 ws[2], wm[2];
-            for (int hh = 0; hh < 2 && nt > 1; hh++) {
-                ws[hh] = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * (2 * j + hh)));
-                wm[hh] = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * (2 * j + hh)));
-            }
+            __m256 ws = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * sub));
+            __m256 wm = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * sub));
             #pragma GCC unroll 4
             for (int tt = 0; tt < nt; tt++) {
-                size_t t = (size_t)(t0 + tt);
-                const int8_t *xq = a->q + t * (size_t)cols + 256 * (size_t)i + 64 * (size_t)j;
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
-                __m256i p0[8], p1[8];
+                size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + 8 * (size_t)i + (size_t)sub;
+                const int8_t *xq = a->q + t * (size_t)cols + 256 * (size_t)i + 32 * (size_t)sub;
+                __m256i s16 = _mm256_setzero_si256();
                 #pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    if (nt == 1) {
-                        __m256i qq = _mm256_loadu_si256((const __m256i *)(sb + 160 + 256 * j + 32 * k));
-                        wl[k] = _mm256_and_si256(qq, low);
-                        wh[k] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
-                    }
-                    p0[k] = dot32u_parts(wl[k], x0);
-                    p1[k] = dot32u_parts(wh[k], x1);
+                for (int r = 0; r < 8; r++) {
+                    int32_t xr;
+                    memcpy(&xr, xq + 4 * r, 4);
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[r], _mm256_set1_epi32(xr)));
                 }
-                __m256i sm[2] = {hsum8(p0), hsum8(p1)};
-                for (int hh = 0; hh < 2; hh++) {
-                    size_t tb = t * (size_t)nb + 8 * (size_t)i + (size_t)(2 * j + hh);
-                    __m256 dxb = _mm256_set1_ps(a->dx[tb]);
-                    if (nt == 1) { /* fewer registers live across the integer work */
-                        ws[hh] = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * (2 * j + hh)));
-                        wm[hh] = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * (2 * j + hh)));
-                    }
-                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws[hh], dxb), _mm256_cvtepi32_ps(sm[hh]), acc[tt]);
-                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(wm[hh], dxb), _mm256_set1_ps(a->sum[tb]), acc[tt]);
-                }
+                __m256 dxb = _mm256_set1_ps(a->dx[tb]);
+                acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws, dxb), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)),
+                                          acc[tt]);
+                acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(wm, dxb), _mm256_set1_ps(a->sum[tb]), acc[tt]);
             }
         }
     }
@@ -1391,7 +1400,8 @@ static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
             blk[96 + 8 * j + k] = (uint8_t)(m >> 8 * j);
         }
         for (int j = 0; j < 4; j++)
-            memcpy(blk + 160 + 256 * j + 32 * k, src + 16 + 32 * j, 32);
+            for (int i = 0; i < 8; i++)
+                memcpy(blk + 160 + 256 * j + 32 * i + 4 * k, src + 16 + 32 * j + 4 * i, 4);
         return;
     }
     memcpy(blk + 2 * k, src + 208, 2); /* Q6_K: ql[128], qh[64], sc[16], d */
@@ -1409,9 +1419,10 @@ static void avx2_put(uint32_t type, const uint8_t *src, size_t fb, uint8_t *blk,
 {
     if (type == TP_GGML_Q4_K || type == TP_GGML_Q6_K) {
         rows8_put_k(type, src, blk, k);
-    } else if (type == TP_GGML_Q4_0) { /* scales together, nibbles paired */
+    } else if (type == TP_GGML_Q4_0) { /* ROWS8_Q40_BLOCK */
         memcpy(blk + 2 * k, src, 2);
-        memcpy(blk + 8 + 16 * k, src + 2, 16);
+        for (int j = 0; j < 4; j++)
+            memcpy(blk + 16 + 32 * j + 4 * k, src + 2 + 4 * j, 4);
     } else {
         memcpy(blk + fb * (size_t)k, src, fb);
     }
@@ -1432,13 +1443,14 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
     if (!tp_quant_have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
-        bool k8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K; /* their own layouts, eight rows */
+        bool k8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K || w->type == TP_GGML_Q4_0; /* their own layouts, eight rows */
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return false;
         sh->group_rows = k8 ? 8 : 4;
         sh->file_block = half ? 32 : ti->block_bytes;
         sh->block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK
                         : w->type == TP_GGML_Q6_K ? ROWS8_Q6K_BLOCK
+                        : w->type == TP_GGML_Q4_0 ? ROWS8_Q40_BLOCK
                                                   : 4 * sh->file_block;
         sh->blocks = (int)(w->row_bytes / sh->file_block);
         size_t groups = (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
