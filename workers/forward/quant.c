@@ -1109,8 +1109,76 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 hal
     return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
 }
 
+/* One row's result from its two 8-lane chains (columns k % 16 < 8 in lo):
+ * the columns past the last whole 16 as the scalar path, then quant.h's
+ * tree, as reduce16. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline float
+f16_finish(__m256 lo, __m256 hi, const uint8_t *row, const float *x, int full, int cols, const bool bf)
+{
+    float acc[16];
+    _mm256_storeu_ps(acc, lo);
+    _mm256_storeu_ps(acc + 8, hi);
+    for (int k = full; k < cols; k++) {
+        uint16_t h;
+        memcpy(&h, row + 2 * (size_t)k, 2);
+        float wk = bf ? tp_bf16_to_f32(h) : half_at(row + 2 * (size_t)k);
+        acc[k % 16] = fmaf(x[k], wk, acc[k % 16]);
+    }
+    __m256 s8 = _mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
+}
+
+/* Several tokens (prefill, batched decode): a group's four rows by nt
+ * tokens from t0 (nt a constant, at most 3), one of a row's two 8-lane
+ * chains at a time (half: columns k % 16 < 8, or the others), so that
+ * twelve accumulators, a converted row register and the tokens' three x
+ * registers fit the sixteen. Each x load and each conversion then serves
+ * three or four multiply-adds, where one token a pass loaded or converted
+ * for every one (the loads bound it). Each (row, token, half) keeps its
+ * chain: the same bits. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+f16_tile(const rows4 *q, const tp_qact *a, int t0, const int nt, int half, __m256 acc[4][3], const bool bf)
+{
+    int full = a->cols / 16 * 16;
+    #pragma GCC unroll 3
+    for (int tt = 0; tt < nt; tt++)
+        acc[0][tt] = acc[1][tt] = acc[2][tt] = acc[3][tt] = _mm256_setzero_ps();
+    const float *x = a->x + (size_t)t0 * (size_t)a->ldx + 8 * half;
+    size_t ldx = (size_t)a->ldx;
+    for (int k = 0; k < full; k += 16) {
+        size_t o = (size_t)(k / 16) * q->stride + 16 * (size_t)half;
+        __m256 xv[3];
+        #pragma GCC unroll 3
+        for (int tt = 0; tt < nt; tt++)
+            xv[tt] = _mm256_loadu_ps(x + (size_t)tt * ldx + k);
+        #pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            __m256 wv = half8_avx2(q->p[i] + o, bf);
+            #pragma GCC unroll 3
+            for (int tt = 0; tt < nt; tt++)
+                acc[i][tt] = _mm256_fmadd_ps(xv[tt], wv, acc[i][tt]);
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+f16_tiles(const rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, const int nt, const bool bf)
+{
+    __m256 lo[4][3], hi[4][3];
+    f16_tile(q, a, t0, nt, 0, lo, bf);
+    f16_tile(q, a, t0, nt, 1, hi, bf);
+    int full = a->cols / 16 * 16;
+    for (int i = 0; i < q->n; i++)
+        for (int tt = 0; tt < nt; tt++)
+            y[(size_t)(t0 + tt) * (size_t)ldy + (size_t)(r + i)] =
+                f16_finish(lo[i][tt], hi[i][tt], q->p[i], a->x + (size_t)(t0 + tt) * (size_t)a->ldx, full, a->cols, bf);
+}
+
 /* bf is a constant in each instantiation: no branch in the inner loop,
- * and the 8 accumulators stay in registers. */
+ * and the 8 accumulators stay in registers. One token (decode) takes four
+ * rows a pass; more, f16_tile's three at a time. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool bf)
 {
@@ -1118,8 +1186,18 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
     for (int r = r0; r < r1; r += 4) {
         rows4 q = rows4_at(w, r, r1, 32); /* a block: 16 columns */
         const uint8_t *const *row = q.p;
-        int nr = q.n;
-        for (int t = 0; t < a->n_tok; t++) {
+        int nr = q.n, t = 0;
+        if (a->n_tok > 1) {
+            pf_run_to(&q.pf, 128 * (size_t)(full / 16));
+            for (t = 0; t + 3 <= a->n_tok; t += 3)
+                f16_tiles(&q, a, y, ldy, r, t, 3, bf);
+            if (a->n_tok - t == 2)
+                f16_tiles(&q, a, y, ldy, r, t, 2, bf);
+            else if (a->n_tok - t == 1)
+                f16_tiles(&q, a, y, ldy, r, t, 1, bf);
+            continue;
+        }
+        for (; t < a->n_tok; t++) {
             const float *x = a->x + (size_t)t * (size_t)a->ldx;
             __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             for (int k = 0; k < full; k += 16) {
@@ -1136,22 +1214,8 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
                 h3 = _mm256_fmadd_ps(x1, half8_avx2(row[3] + o + 16, bf), h3);
             }
             __m256 lo[4] = {l0, l1, l2, l3}, hi[4] = {h0, h1, h2, h3};
-            for (int i = 0; i < nr; i++) {
-                float acc[16];
-                _mm256_storeu_ps(acc, lo[i]);
-                _mm256_storeu_ps(acc + 8, hi[i]);
-                for (int k = full; k < cols; k++) {
-                    uint16_t h;
-                    memcpy(&h, row[i] + 2 * (size_t)k, 2);
-                    float wk = bf ? tp_bf16_to_f32(h) : half_at(row[i] + 2 * (size_t)k);
-                    acc[k % 16] = fmaf(x[k], wk, acc[k % 16]);
-                }
-                /* quant.h's tree, as reduce16 */
-                __m256 s8 = _mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8));
-                __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-                __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-                y[(size_t)t * (size_t)ldy + (size_t)(r + i)] = _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
-            }
+            for (int i = 0; i < nr; i++)
+                y[(size_t)t * (size_t)ldy + (size_t)(r + i)] = f16_finish(lo[i], hi[i], row[i], x, full, cols, bf);
         }
     }
 }
