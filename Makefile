@@ -91,7 +91,7 @@ TESTS      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .SECONDARY:
-.PHONY: all test asan fuzz check bench run deps clean install uninstall FORCE
+.PHONY: all test test-build asan fuzz fuzz-build check bench run deps clean install uninstall FORCE
 all: $(PROGRAMS)
 
 # Objects depend on the compile flags too: a new OPTFLAGS or SAN rebuilds.
@@ -168,6 +168,9 @@ $(BUILD)/bench/bench_forward: LDFLAGS += -fopenmp
 test: $(PROGRAMS) $(TESTS)
 	BUILD=$(BUILD) BIN=$(BIN) scripts/run-tests.sh
 
+# what `test` runs, built and not run (make check builds ahead with it)
+test-build: $(PROGRAMS) $(TESTS)
+
 asan:
 	$(MAKE) SAN=1 test
 
@@ -192,14 +195,24 @@ $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
 $(FUZZ_BUILD)/fuzz_oai_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_oai_request.o $(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
 
+fuzz-build: $(FUZZ_BINS)
+
 fuzz: $(FUZZ_BINS)
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-fuzz.sh $(FUZZ_BINS)
 
-# The three builds use every CPU (the tests themselves run one at a time).
+# The three builds use every CPU. The tests run one at a time and leave
+# much of the machine idle (one process computing, or processes waiting on
+# each other), so while a suite runs the next build goes on beside it at
+# the lowest priority (nice 19: it gets only what the tests leave); its
+# output goes to a log under build/, and the make after it builds whatever
+# it did not (and shows any error).
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 check: deps
-	$(MAKE) -j$(NPROC) test
-	$(MAKE) -j$(NPROC) asan
+	$(MAKE) -j$(NPROC) test-build
+	nice -n 19 $(MAKE) -j$(NPROC) SAN=1 test-build >$(BUILD)/ahead-asan.log 2>&1 & \
+	  $(MAKE) test; rc=$$?; wait; exit $$rc
+	nice -n 19 $(MAKE) -j$(NPROC) fuzz-build >$(BUILD)/ahead-fuzz.log 2>&1 & \
+	  $(MAKE) -j$(NPROC) asan; rc=$$?; wait; exit $$rc
 	$(MAKE) -j$(NPROC) fuzz FUZZ_SECONDS=$(CHECK_FUZZ_SECONDS)
 
 bench: all $(BENCHES)
