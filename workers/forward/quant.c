@@ -867,13 +867,6 @@ __attribute__((target("avx2"), always_inline)) static inline void hsum8_halves(c
     *hi = _mm256_permute2x128_si256(e, f, 0x31);
 }
 
-__attribute__((target("avx2"), always_inline)) static inline __m256i hsum8(const __m256i p[8])
-{
-    __m256i lo, hi;
-    hsum8_halves(p, &lo, &hi);
-    return _mm256_add_epi32(lo, hi);
-}
-
 /* Eight bytes (unsigned or signed) as eight floats. */
 __attribute__((target("avx2"), always_inline)) static inline __m256 u8x8_at(const uint8_t *p)
 {
