@@ -399,7 +399,7 @@ typedef struct rows4 {
 
 /* Rows r.. (up to four, below r1) of w, each block of bb bytes: in the
  * file, or in w's AVX2 panel where the blocks of four rows alternate
- * (tp_qpanel group_rows 4: Q8_0, Q4_1, Q5_0, Q5_1, F16, BF16), a row's
+ * (tp_qpanel group_rows 4: Q4_1, Q5_0, Q5_1, F16, BF16), a row's
  * blocks 4 bb apart. */
 static inline rows4 rows4_at(const tp_wmat *w, int r, int r1, size_t bb)
 {
@@ -890,15 +890,30 @@ __attribute__((target("avx2"), always_inline)) static inline void rows8_store(__
     memcpy(y + lo, v + lo, sizeof(float) * (size_t)(hi - lo));
 }
 
+/* Eight rows' exact sums over 32 columns, row k in lane k: w[r] holds
+ * the rows' unsigned quants (at most 15) of columns 4r..4r + 3, row k's
+ * in dword lane k, and x's quad r is broadcast to every lane. Pairs of
+ * maddubs are at most 2 * 15 * 127, the eight summed as int16 at most
+ * 30480, widened once. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i rows8_dot32(const __m256i w[8], const int8_t *x)
+{
+    __m256i s16 = _mm256_setzero_si256();
+    #pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+        int32_t xr;
+        memcpy(&xr, x + 4 * r, 4);
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[r], _mm256_set1_epi32(xr)));
+    }
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
 /* Q4_0's AVX2 panel (tp_qpanel group_rows 8): a block of eight rows is
  * their f16 scales d[8], then four registers, row k's qs[4j..4j+3] in
  * dword lane k of register j (the low nibbles are columns 4j.., the high
  * ones 16 + 4j..). So each row's integer sum over the block comes out in
- * its own lane with no horizontal adds: x's four quants for those columns
- * broadcast to every lane, the eight products of a block (maddubs, pairs
- * at most 2 * 15 * 127) summed as int16 (at most 30480) and widened once.
- * A third of the file path's instructions a block and row, which bound
- * Q4_0's decode; the bytes are the file's. */
+ * its own lane with no horizontal adds (rows8_dot32): about two thirds of
+ * the file path's instructions a block and row, which bound Q4_0's decode
+ * on AVX2; the bytes are the file's. */
 #define ROWS8_Q40_BLOCK 144
 
 /* Q4_0 from its panel, nt tokens from t0 (a constant in each instantiation,
@@ -909,7 +924,7 @@ q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
                const int nt)
 {
     int cols = a->cols, nb = cols / 32;
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 acc[TOK_TILE];
     #pragma GCC unroll 4
     for (int tt = 0; tt < nt; tt++)
@@ -918,27 +933,18 @@ q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
         const uint8_t *blk = grp + (size_t)b * ROWS8_Q40_BLOCK;
         pf_run_to(pf, ROWS8_Q40_BLOCK * (size_t)(b + 1));
         __m256 d = half8_at(blk);
-        __m256i wl[4], wh[4];
+        __m256i w[8]; /* low nibbles: columns 4j..; high: 16 + 4j.. = 4 (j + 4).. */
         #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             __m256i qq = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
-            wl[j] = _mm256_and_si256(qq, low);
-            wh[j] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
+            w[j] = _mm256_and_si256(qq, low);
+            w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(qq, 4), low);
         }
         #pragma GCC unroll 4
         for (int tt = 0; tt < nt; tt++) {
             size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
-            const int8_t *xq = a->q + t * (size_t)cols + 32 * (size_t)b;
-            __m256i s16 = _mm256_setzero_si256();
-            #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                int32_t xl, xh;
-                memcpy(&xl, xq + 4 * j, 4);
-                memcpy(&xh, xq + 16 + 4 * j, 4);
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wl[j], _mm256_set1_epi32(xl)));
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wh[j], _mm256_set1_epi32(xh)));
-            }
-            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(8 * a->nsum32[tb]));
+            __m256i s = _mm256_add_epi32(rows8_dot32(w, a->q + t * (size_t)cols + 32 * (size_t)b),
+                                         _mm256_set1_epi32(8 * a->nsum32[tb]));
             __m256 dxb = _mm256_set1_ps(a->dx[tb]);
             acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(d, dxb), _mm256_cvtepi32_ps(s), acc[tt]);
         }
@@ -950,11 +956,66 @@ q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
 
 PANEL_TILES(q40_panel, q40_panel_tile)
 
+/* Q8_0's AVX2 panel (tp_qpanel group_rows 8), as Q4_0's: f16 d[8], then
+ * eight registers, row k's q[4j..4j + 3] in dword lane k of register j.
+ * The quants are signed and maddubs takes one unsigned operand: |q| meets
+ * x carrying q's sign (pairs at most 2 * 128 * 127; x is never -128), so
+ * each register's products are widened on their own. Registers outside,
+ * tokens inside: |q| is made once for all the tokens. */
+#define ROWS8_Q80_BLOCK 272
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q80_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
+               const int nt)
+{
+    int cols = a->cols, nb = cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[TOK_TILE];
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        acc[tt] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (size_t)b * ROWS8_Q80_BLOCK;
+        pf_run_to(pf, ROWS8_Q80_BLOCK * (size_t)(b + 1));
+        __m256i s[TOK_TILE];
+        #pragma GCC unroll 4
+        for (int tt = 0; tt < nt; tt++)
+            s[tt] = _mm256_setzero_si256();
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)), u = _mm256_sign_epi8(q, q);
+            #pragma GCC unroll 4
+            for (int tt = 0; tt < nt; tt++) {
+                int32_t xr;
+                memcpy(&xr, a->q + (size_t)(t0 + tt) * (size_t)cols + 32 * (size_t)b + 4 * (size_t)j, 4);
+                __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(_mm256_set1_epi32(xr), q));
+                s[tt] = _mm256_add_epi32(s[tt], _mm256_madd_epi16(p, ones));
+            }
+        }
+        __m256 d = half8_at(blk);
+        #pragma GCC unroll 4
+        for (int tt = 0; tt < nt; tt++) {
+            __m256 dxb = _mm256_set1_ps(a->dx[(size_t)(t0 + tt) * (size_t)nb + (size_t)b]);
+            acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(d, dxb), _mm256_cvtepi32_ps(s[tt]), acc[tt]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
+}
+
+PANEL_TILES(q80_panel, q80_panel_tile)
+
 __attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_wmat *w, const tp_qact *a, float *y,
                                                                       int ldy, int r0, int r1)
 {
     switch (w->type) {
-    case TP_GGML_Q8_0: legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0); break;
+    case TP_GGML_Q8_0:
+        if (w->panel && w->panel->group_rows == 8)
+            panel_groups(w, a, y, ldy, r0, r1, 8, q80_panel_tiles);
+        else
+            legacy_rows(w, a, y, ldy, r0, r1, LEG_Q8_0);
+        break;
     case TP_GGML_Q4_0:
         if (w->panel && w->panel->group_rows == 8)
             panel_groups(w, a, y, ldy, r0, r1, 8, q40_panel_tiles);
@@ -972,14 +1033,13 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_
  * instantiation, at most TOK_TILE). A 64-column chunk is two sub-blocks,
  * low nibbles then high: each sub-block's eight registers made ready once
  * for all the tokens, which take it in their own order (sub-block by
- * sub-block). Each row's sum: eight maddubs of x's broadcast quad (pairs at
- * most 2 * 15 * 127) added as int16 (at most 30480), widened once. */
+ * sub-block); each row's sum in its lane (rows8_dot32). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
                const int nt)
 {
     int cols = a->cols, nb = cols / 32, nsb = cols / 256;
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 acc[TOK_TILE];
     #pragma GCC unroll 4
     for (int tt = 0; tt < nt; tt++)
@@ -1001,17 +1061,9 @@ q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
             #pragma GCC unroll 4
             for (int tt = 0; tt < nt; tt++) {
                 size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + 8 * (size_t)i + (size_t)sub;
-                const int8_t *xq = a->q + t * (size_t)cols + 256 * (size_t)i + 32 * (size_t)sub;
-                __m256i s16 = _mm256_setzero_si256();
-                #pragma GCC unroll 8
-                for (int r = 0; r < 8; r++) {
-                    int32_t xr;
-                    memcpy(&xr, xq + 4 * r, 4);
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[r], _mm256_set1_epi32(xr)));
-                }
+                __m256i s = rows8_dot32(wq, a->q + t * (size_t)cols + 256 * (size_t)i + 32 * (size_t)sub);
                 __m256 dxb = _mm256_set1_ps(a->dx[tb]);
-                acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws, dxb), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)),
-                                          acc[tt]);
+                acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws, dxb), _mm256_cvtepi32_ps(s), acc[tt]);
                 acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(wm, dxb), _mm256_set1_ps(a->sum[tb]), acc[tt]);
             }
         }
@@ -1476,9 +1528,9 @@ static void avx2_put(uint32_t type, const uint8_t *src, size_t fb, uint8_t *blk,
 {
     if (type == TP_GGML_Q4_K || type == TP_GGML_Q6_K) {
         rows8_put_k(type, src, blk, k);
-    } else if (type == TP_GGML_Q4_0) { /* ROWS8_Q40_BLOCK */
+    } else if (type == TP_GGML_Q4_0 || type == TP_GGML_Q8_0) { /* ROWS8_Q40_BLOCK, ROWS8_Q80_BLOCK */
         memcpy(blk + 2 * k, src, 2);
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < (int)(fb - 2) / 4; j++)
             memcpy(blk + 16 + 32 * j + 4 * k, src + 2 + 4 * j, 4);
     } else {
         memcpy(blk + fb * (size_t)k, src, fb);
@@ -1500,7 +1552,8 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
     if (!tp_quant_have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
-        bool k8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K || w->type == TP_GGML_Q4_0; /* their own layouts, eight rows */
+        bool k8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K || w->type == TP_GGML_Q4_0 ||
+                  w->type == TP_GGML_Q8_0; /* their own layouts, eight rows */
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return false;
         sh->group_rows = k8 ? 8 : 4;
@@ -1508,6 +1561,7 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
         sh->block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK
                         : w->type == TP_GGML_Q6_K ? ROWS8_Q6K_BLOCK
                         : w->type == TP_GGML_Q4_0 ? ROWS8_Q40_BLOCK
+                        : w->type == TP_GGML_Q8_0 ? ROWS8_Q80_BLOCK
                                                   : 4 * sh->file_block;
         sh->blocks = (int)(w->row_bytes / sh->file_block);
         size_t groups = (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
