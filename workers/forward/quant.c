@@ -882,6 +882,14 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 half8_a
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* One block's exact integer sums s, scaled: acc + (d * dx) * s, the
+ * scalar path's multiply-add. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 block_fma(__m256 acc, __m256 d, float dx,
+                                                                                __m256i s)
+{
+    return _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(s), acc);
+}
+
 /* Lanes [lo, hi) of a group's eight results to y (row 8 g + k at y[k]). */
 __attribute__((target("avx2"), always_inline)) static inline void rows8_store(__m256 acc, float *y, int lo, int hi)
 {
@@ -892,6 +900,15 @@ __attribute__((target("avx2"), always_inline)) static inline void rows8_store(__
     float v[8];
     _mm256_storeu_ps(v, acc);
     memcpy(y + lo, v + lo, sizeof(float) * (size_t)(hi - lo));
+}
+
+/* A tile's nt tokens' results from t0 (panel kernels: row0's group). */
+__attribute__((target("avx2"), always_inline)) static inline void
+rows8_store_tile(const __m256 acc[TOK_TILE], int nt, float *y, int ldy, int t0, int row0, int lo, int hi)
+{
+    #pragma GCC unroll 4
+    for (int tt = 0; tt < nt; tt++)
+        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
 }
 
 /* Eight rows' exact sums over 32 columns, row k in lane k: w[r] holds
@@ -949,13 +966,10 @@ q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
             size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
             __m256i s = _mm256_add_epi32(rows8_dot32(w, a->q + t * (size_t)cols + 32 * (size_t)b),
                                          _mm256_set1_epi32(8 * a->nsum32[tb]));
-            __m256 dxb = _mm256_set1_ps(a->dx[tb]);
-            acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(d, dxb), _mm256_cvtepi32_ps(s), acc[tt]);
+            acc[tt] = block_fma(acc[tt], d, a->dx[tb], s);
         }
     }
-    #pragma GCC unroll 4
-    for (int tt = 0; tt < nt; tt++)
-        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
+    rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
 
 PANEL_TILES(q40_panel, q40_panel_tile)
@@ -999,13 +1013,10 @@ q80_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
         __m256 d = half8_at(blk);
         #pragma GCC unroll 4
         for (int tt = 0; tt < nt; tt++) {
-            __m256 dxb = _mm256_set1_ps(a->dx[(size_t)(t0 + tt) * (size_t)nb + (size_t)b]);
-            acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(d, dxb), _mm256_cvtepi32_ps(s[tt]), acc[tt]);
+            acc[tt] = block_fma(acc[tt], d, a->dx[(size_t)(t0 + tt) * (size_t)nb + (size_t)b], s[tt]);
         }
     }
-    #pragma GCC unroll 4
-    for (int tt = 0; tt < nt; tt++)
-        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
+    rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
 
 PANEL_TILES(q80_panel, q80_panel_tile)
@@ -1072,9 +1083,7 @@ q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
             }
         }
     }
-    #pragma GCC unroll 4
-    for (int tt = 0; tt < nt; tt++)
-        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
+    rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
 
 /* Q6_K from its panel, as q4k_panel_tile. */
@@ -1128,9 +1137,7 @@ q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
                     }
                 }
     }
-    #pragma GCC unroll 4
-    for (int tt = 0; tt < nt; tt++)
-        rows8_store(acc[tt], y + (size_t)(t0 + tt) * (size_t)ldy + (size_t)row0, lo, hi);
+    rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
 
 PANEL_TILES(q4k_panel, q4k_panel_tile)
