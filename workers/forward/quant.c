@@ -1012,9 +1012,8 @@ q80_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
         }
         __m256 d = half8_at(blk);
         #pragma GCC unroll 4
-        for (int tt = 0; tt < nt; tt++) {
+        for (int tt = 0; tt < nt; tt++)
             acc[tt] = block_fma(acc[tt], d, a->dx[(size_t)(t0 + tt) * (size_t)nb + (size_t)b], s[tt]);
-        }
     }
     rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
@@ -1234,18 +1233,17 @@ f16_tiles(const rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, co
 
 /* bf is a constant in each instantiation: no branch in the inner loop,
  * and the 8 accumulators stay in registers. One token (decode) takes four
- * rows a pass; more, f16_tile's three at a time. */
+ * rows a pass; more, f16_tiles' three at a time. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool bf)
 {
     int cols = w->cols, full = cols / 16 * 16;
     for (int r = r0; r < r1; r += 4) {
         rows4 q = rows4_at(w, r, r1, 32); /* a block: 16 columns */
-        const uint8_t *const *row = q.p;
-        int nr = q.n, t = 0;
         if (a->n_tok > 1) {
             pf_run_to(&q.pf, 128 * (size_t)(full / 16));
-            for (t = 0; t + 3 <= a->n_tok; t += 3)
+            int t = 0;
+            for (; t + 3 <= a->n_tok; t += 3)
                 f16_tiles(&q, a, y, ldy, r, t, 3, bf);
             if (a->n_tok - t == 2)
                 f16_tiles(&q, a, y, ldy, r, t, 2, bf);
@@ -1253,26 +1251,25 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
                 f16_tiles(&q, a, y, ldy, r, t, 1, bf);
             continue;
         }
-        for (; t < a->n_tok; t++) {
-            const float *x = a->x + (size_t)t * (size_t)a->ldx;
-            __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
-            for (int k = 0; k < full; k += 16) {
-                __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-                size_t o = (size_t)(k / 16) * q.stride;
-                pf_run_to(&q.pf, 128 * (size_t)(k / 16 + 1));
-                l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
-                h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
-                l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
-                h1 = _mm256_fmadd_ps(x1, half8_avx2(row[1] + o + 16, bf), h1);
-                l2 = _mm256_fmadd_ps(x0, half8_avx2(row[2] + o, bf), l2);
-                h2 = _mm256_fmadd_ps(x1, half8_avx2(row[2] + o + 16, bf), h2);
-                l3 = _mm256_fmadd_ps(x0, half8_avx2(row[3] + o, bf), l3);
-                h3 = _mm256_fmadd_ps(x1, half8_avx2(row[3] + o + 16, bf), h3);
-            }
-            __m256 lo[4] = {l0, l1, l2, l3}, hi[4] = {h0, h1, h2, h3};
-            for (int i = 0; i < nr; i++)
-                y[(size_t)t * (size_t)ldy + (size_t)(r + i)] = f16_finish(lo[i], hi[i], row[i], x, full, cols, bf);
+        const uint8_t *const *row = q.p;
+        const float *x = a->x;
+        __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+        for (int k = 0; k < full; k += 16) {
+            __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+            size_t o = (size_t)(k / 16) * q.stride;
+            pf_run_to(&q.pf, 128 * (size_t)(k / 16 + 1));
+            l0 = _mm256_fmadd_ps(x0, half8_avx2(row[0] + o, bf), l0);
+            h0 = _mm256_fmadd_ps(x1, half8_avx2(row[0] + o + 16, bf), h0);
+            l1 = _mm256_fmadd_ps(x0, half8_avx2(row[1] + o, bf), l1);
+            h1 = _mm256_fmadd_ps(x1, half8_avx2(row[1] + o + 16, bf), h1);
+            l2 = _mm256_fmadd_ps(x0, half8_avx2(row[2] + o, bf), l2);
+            h2 = _mm256_fmadd_ps(x1, half8_avx2(row[2] + o + 16, bf), h2);
+            l3 = _mm256_fmadd_ps(x0, half8_avx2(row[3] + o, bf), l3);
+            h3 = _mm256_fmadd_ps(x1, half8_avx2(row[3] + o + 16, bf), h3);
         }
+        __m256 lo[4] = {l0, l1, l2, l3}, hi[4] = {h0, h1, h2, h3};
+        for (int i = 0; i < q.n; i++)
+            y[r + i] = f16_finish(lo[i], hi[i], row[i], x, full, cols, bf);
     }
 }
 
@@ -1503,6 +1500,14 @@ static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int
         put_scale(f, blk, 16 * n + r, wm[0]);
 }
 
+/* Row k's n bytes of quants src into an eight-row interleaved layout at
+ * dst: its bytes 4i..4i + 3 in dword lane k of the 32-byte register i. */
+static void put_quads(uint8_t *dst, const uint8_t *src, size_t n, int k)
+{
+    for (size_t i = 0; i < n / 4; i++)
+        memcpy(dst + 32 * i + 4 * (size_t)k, src + 4 * i, 4);
+}
+
 /* Row k of a group's super-block in the eight-row K layouts (ROWS8_*),
  * from the file's super-block src. */
 static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
@@ -1519,9 +1524,7 @@ static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
             blk[32 + 8 * j + k] = (uint8_t)(sc >> 8 * j);
             blk[96 + 8 * j + k] = (uint8_t)(m >> 8 * j);
         }
-        for (int j = 0; j < 4; j++)
-            for (int i = 0; i < 8; i++)
-                memcpy(blk + 160 + 256 * j + 32 * i + 4 * k, src + 16 + 32 * j + 4 * i, 4);
+        put_quads(blk + 160, src + 16, 128, k);
         return;
     }
     memcpy(blk + 2 * k, src + 208, 2); /* Q6_K: ql[128], qh[64], sc[16], d */
@@ -1541,8 +1544,7 @@ static void avx2_put(uint32_t type, const uint8_t *src, size_t fb, uint8_t *blk,
         rows8_put_k(type, src, blk, k);
     } else if (type == TP_GGML_Q4_0 || type == TP_GGML_Q8_0) { /* ROWS8_Q40_BLOCK, ROWS8_Q80_BLOCK */
         memcpy(blk + 2 * k, src, 2);
-        for (int j = 0; j < (int)(fb - 2) / 4; j++)
-            memcpy(blk + 16 + 32 * j + 4 * k, src + 2 + 4 * j, 4);
+        put_quads(blk + 16, src + 2, fb - 2, k);
     } else {
         memcpy(blk + fb * (size_t)k, src, fb);
     }
@@ -1563,11 +1565,11 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
     if (!tp_quant_have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
-        bool k8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K || w->type == TP_GGML_Q4_0 ||
-                  w->type == TP_GGML_Q8_0; /* their own layouts, eight rows */
+        bool rows8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K || w->type == TP_GGML_Q4_0 ||
+                     w->type == TP_GGML_Q8_0; /* their own layouts, eight rows */
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return false;
-        sh->group_rows = k8 ? 8 : 4;
+        sh->group_rows = rows8 ? 8 : 4;
         sh->file_block = half ? 32 : ti->block_bytes;
         sh->block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK
                         : w->type == TP_GGML_Q6_K ? ROWS8_Q6K_BLOCK
