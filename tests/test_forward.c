@@ -96,9 +96,11 @@ static void check_close(const float *got, const double *want, int n, double tol,
             fail_msg("%s: logit %d is %.7g, reference %.7g", what, i, got[i], want[i]);
 }
 
-static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
+/* hidden 40: gate, up and SwiGLU as three jobs; hidden 128 (whole packed
+ * row splits): one fused job, split over threads in ranges as small as
+ * the kernels allow. */
+static void tiny_model_matches_reference(tiny_shape sh, bool scalar, tp_fwd_kernel kernel, int threads)
 {
-    tiny_shape sh = {16, 40, 2, 4, 2, 23, 12, 1};
     float *ck;
     tp_model *m = tiny_model_new(&sh, 5, 0.3f, &ck);
     tp_forward *f;
@@ -107,6 +109,8 @@ static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
     assert_int_equal(tp_forward_set_kernel(f, kernel, &e), 0);
+    assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
+    tp_forward_split_all_for_tests(f);
     int sid, toks[9] = {1, 5, 22, 0, 7, 7, 13, 2, 9};
     assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
     float logits[23];
@@ -173,6 +177,14 @@ static void avx2_path_gives_the_portable_bits(void **state)
             if (memcmp(want + 23 * k, got + 23 * k, sizeof(float) * 23))
                 fail_msg("AVX2 path on %d thread(s): logits row %d differ from the portable path's", threads, k);
     }
+}
+
+static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
+{
+    static const tiny_shape shapes[] = {{16, 40, 2, 4, 2, 23, 12, 1}, {16, 128, 2, 4, 2, 23, 12, 1}};
+    for (int i = 0; i < 2; i++)
+        for (int threads = 1; threads <= 3; threads += 2)
+            tiny_model_matches_reference(shapes[i], scalar, kernel, threads);
 }
 
 static void tiny_gqa_model_matches_double_reference(void **state)

@@ -1415,6 +1415,12 @@ typedef struct swiglu_job {
     size_t h;
 } swiglu_job;
 
+static inline float swiglu(float gate, float up)
+{
+    gate *= 1.0f / (1.0f + expf(-gate));
+    return gate * up;
+}
+
 /* Elements [e0, e1) of the flattened [T][hidden] output. */
 static void swiglu_range(void *arg, int e0, int e1, int worker)
 {
@@ -1422,10 +1428,68 @@ static void swiglu_range(void *arg, int e0, int e1, int worker)
     const swiglu_job *j = arg;
     for (size_t e = (size_t)e0; e < (size_t)e1; e++) {
         size_t t = e / j->h, i = e % j->h;
-        float val = j->h13[t * 2 * j->h + i];
-        val *= 1.0f / (1.0f + expf(-val));
-        j->out[e] = val * j->h13[t * 2 * j->h + j->h + i];
+        j->out[e] = swiglu(j->h13[t * 2 * j->h + i], j->h13[t * 2 * j->h + j->h + i]);
     }
+}
+
+/* Gate, up and SwiGLU as one pool job over the hidden units: a range
+ * computes its rows of the gate and of the up matrix, then their SwiGLU,
+ * so no thread waits for another between the matmul and the SwiGLU (one
+ * synchronisation point a layer fewer: with many threads at batch 1 each
+ * one is a wait for the slowest). Every element is what the matmul and
+ * swiglu_range give apart: the same bits. */
+typedef struct ffn_up_job {
+    tp_forward *f;
+    const typed_part *part; /* gate and up, typed; NULL: the packed f32 w13 */
+    const tp_packed *w13;
+    const float *x;
+    int ldx, n_tok;
+    swiglu_job sj;
+} ffn_up_job;
+
+static void ffn_up_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const ffn_up_job *j = arg;
+    float *h13 = (float *)j->sj.h13;
+    int h = (int)j->sj.h, ldy = 2 * h;
+    if (j->part) {
+        tp_qmatmul_rows(&j->part[0].w, &j->f->qact, h13 + j->part[0].col, ldy, r0, r1, j->f->qsimd);
+        tp_qmatmul_rows(&j->part[1].w, &j->f->qact, h13 + j->part[1].col, ldy, r0, r1, j->f->qsimd);
+    } else {
+        tp_matmul_rows(j->w13, j->x, j->ldx, j->n_tok, h13, ldy, r0, r1, j->f->simd);
+        tp_matmul_rows(j->w13, j->x, j->ldx, j->n_tok, h13, ldy, h + r0, h + r1, j->f->simd);
+    }
+    for (int t = 0; t < j->n_tok; t++)
+        swiglu_range((void *)&j->sj, t * h + r0, t * h + r1, worker);
+}
+
+/* The fused job when the layer's gate and up allow it: both typed, of one
+ * kind, gate's columns first; or packed f32 with hidden a multiple of the
+ * packed row split (up's rows then start on one). OpenBLAS, mixed groups:
+ * apart. */
+static bool ffn_up_fused(tp_forward *f, int l, int T, int h)
+{
+    const packed_layer *pl = &f->layers[l];
+    const tp_model_config *c = &f->c;
+    scratch *s = &f->s;
+    ffn_up_job j = {.f = f, .x = s->xb, .ldx = c->dim, .n_tok = T, .sj = {s->h13, s->proj, (size_t)h}};
+    int align;
+    if (pl->tw13.n == 2 && !pl->tw13.part[0].p.p && !pl->tw13.part[1].p.p &&
+        typed_kind(&pl->tw13.part[0]) == typed_kind(&pl->tw13.part[1]) && pl->tw13.part[0].col == 0 &&
+        pl->tw13.part[1].col == h && pl->tw13.part[0].w.rows == h && pl->tw13.part[1].w.rows == h) {
+        j.part = pl->tw13.part;
+        align = TYPED_ROW_ALIGN;
+        tp_qact_prepare(&f->qact, j.part[0].w.type, s->xb, c->dim, T, c->dim);
+    } else if (pl->tw13.n == 0 && f->kernel != TP_FWD_KERNEL_OPENBLAS && h % TP_MATMUL_ROW_ALIGN == 0) {
+        j.w13 = &pl->w13;
+        align = TP_MATMUL_ROW_ALIGN;
+    } else {
+        return false;
+    }
+    double macs = 2.0 * h * c->dim * T + (double)T * h * SWIGLU_MACS;
+    tp_pool_run(f->pool, h, align, parts_for(f, macs), ffn_up_rows, &j);
+    return true;
 }
 
 static void ffn_block(tp_forward *f, int l, int T)
@@ -1436,14 +1500,18 @@ static void ffn_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
-    const float *w13[2] = {lw->w1, lw->w3};
-    const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
-    layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
-                 (int)(2 * h));
     /* SwiGLU, packed [T][hidden] into proj: an expf per element, a share of
-     * a batched step big enough to split too (elementwise: same bits) */
-    swiglu_job sj = {s->h13, s->proj, h};
-    tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range, &sj);
+     * a batched step big enough to split too (elementwise: same bits); with
+     * the matmul's rows where it can */
+    if (!ffn_up_fused(f, l, T, (int)h)) {
+        const float *w13[2] = {lw->w1, lw->w3};
+        const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
+        layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
+                     (int)(2 * h));
+        swiglu_job sj = {s->h13, s->proj, h};
+        tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range,
+                    &sj);
+    }
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
                  c->dim);
