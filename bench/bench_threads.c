@@ -287,7 +287,8 @@ int main(int argc, char **argv)
                "  llama-bench, built on first use into build/llamacpp from the source node-llama-cpp\n"
                "  ships) decodes the same files beside it at every thread count: llama.cpp tok/s and\n"
                "  tokpipe / llama.cpp. A second table: a 128-token prompt in one step (prefill), the same way.\n"
-               "  $TP_LLAMACPP=0: tokpipe alone.\n");
+               "  $TP_LLAMACPP=0: tokpipe alone; $TP_LLAMA_BENCH=PATH: a llama-bench built elsewhere\n"
+               "  ($TP_LLAMA_COMMIT, $TP_LLAMA_BUILD: what it is), as scripts/device-bench.sh runs it.\n");
         return 0;
     }
     const char *shape = argc > 1 ? argv[1] : "stories110M", *bin = getenv("BIN");
@@ -441,12 +442,12 @@ int main(int argc, char **argv)
     printf("\n");
     if (have_lc)
         printf("  llama.cpp: its llama-bench at commit %.7s (the source %s ships), built with\n"
-               "  cmake %s; `llama-bench -p 0 -n %d -d %d -t THREADS -r 1`\n"
+               "  %s; `llama-bench -p 0 -n %d -d %d -t THREADS -r 1`\n"
                "  on the same files (%d decode steps after %d tokens of context; its defaults: the default\n"
                "  build's OpenMP threads, which spin between steps, so a busy core costs it much), one run\n"
                "  per sample; its tok/s median of %d, ratio: tokpipe / llama.cpp. Prefill: `llama-bench -p %d\n"
                "  -n 0` (one batch), beside tokpipe's prompt in one forward step, paired the same way.\n",
-               lc.commit, BENCH_LLAMACPP_NPM, BENCH_LLAMACPP_CMAKE, tokens, PROMPT_LEN, tokens, PROMPT_LEN, SAMPLES,
+               lc.commit, BENCH_LLAMACPP_NPM, lc.build, tokens, PROMPT_LEN, tokens, PROMPT_LEN, SAMPLES,
                PREFILL_LEN);
     else
         printf("  llama.cpp: not measured: %s\n", lc.why);

@@ -37,6 +37,19 @@ int bench_llamacpp_open(bench_llamacpp *lc)
         snprintf(lc->why, sizeof lc->why, "off ($TP_LLAMACPP=0)");
         return -1;
     }
+    const char *pre = getenv("TP_LLAMA_BENCH");
+    if (pre && *pre) {
+        const char *commit = getenv("TP_LLAMA_COMMIT"), *build = getenv("TP_LLAMA_BUILD");
+        snprintf(lc->bench, sizeof lc->bench, "%s", pre);
+        snprintf(lc->commit, sizeof lc->commit, "%s", commit && *commit ? commit : "unknown");
+        snprintf(lc->build, sizeof lc->build, "%s", build && *build ? build : "(prebuilt: $TP_LLAMA_BUILD unset)");
+        if (access(lc->bench, X_OK)) {
+            snprintf(lc->why, sizeof lc->why, "$TP_LLAMA_BENCH %.600s is not an executable", pre);
+            return -1;
+        }
+        return 0;
+    }
+    snprintf(lc->build, sizeof lc->build, "cmake %s", BENCH_LLAMACPP_CMAKE);
     if (sh("command -v git >/dev/null && command -v cmake >/dev/null && command -v c++ >/dev/null")) {
         snprintf(lc->why, sizeof lc->why, "building it needs git, cmake and a C++ compiler (scripts/install-deps.sh)");
         return -1;

@@ -17,11 +17,15 @@
 typedef struct bench_llamacpp {
     char bench[4200]; /* the llama-bench built */
     char commit[41];  /* llama.cpp's commit, from the bundle */
+    char build[512];  /* how it was built, as the benches print it */
     char why[1024];   /* why not available, or why a run failed */
 } bench_llamacpp;
 
 /* 0 when llama-bench can run here (fetching and building it if it is not
- * yet: minutes, once), else -1 with lc->why. $TP_LLAMACPP=0 turns it off. */
+ * yet: minutes, once), else -1 with lc->why. $TP_LLAMACPP=0 turns it off.
+ * $TP_LLAMA_BENCH names a llama-bench built elsewhere instead, for a
+ * machine with no compiler (scripts/device-bench.sh carries one):
+ * $TP_LLAMA_COMMIT and $TP_LLAMA_BUILD say what it is, for the printout. */
 int bench_llamacpp_open(bench_llamacpp *lc);
 
 /* llama.cpp's tokens per second for one sequence on threads threads, as
