@@ -1201,6 +1201,26 @@ f16_finish(__m256 lo, __m256 hi, const uint8_t *row, const float *x, int full, i
     return _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
 }
 
+/* Four rows' results from their two chains each (lo[i], hi[i]: row i), when
+ * the columns end on a whole 16: f16_finish's tree (lanes j + (j + 8),
+ * then j + (j + 4), then 0 + 2 and 1 + 3, then those two) for the four
+ * at once, the same additions of the same pairs; row i in lane i. */
+__attribute__((target("avx2"), always_inline)) static inline __m128 f16_finish4(const __m256 lo[4], const __m256 hi[4])
+{
+    __m256 x0 = _mm256_add_ps(lo[0], hi[0]), x1 = _mm256_add_ps(lo[1], hi[1]);
+    __m256 x2 = _mm256_add_ps(lo[2], hi[2]), x3 = _mm256_add_ps(lo[3], hi[3]);
+    /* [s4 of row 0 | s4 of row 1], [row 2 | row 3] */
+    __m256 p01 = _mm256_add_ps(_mm256_permute2f128_ps(x0, x1, 0x20), _mm256_permute2f128_ps(x0, x1, 0x31));
+    __m256 p23 = _mm256_add_ps(_mm256_permute2f128_ps(x2, x3, 0x20), _mm256_permute2f128_ps(x2, x3, 0x31));
+    /* [u0 v0 u2 v2 | u1 v1 u3 v3]: u = s4[0] + s4[2], v = s4[1] + s4[3] */
+    __m256 uv = _mm256_add_ps(_mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* [r0 r2 r0 r2 | r1 r3 r1 r3]: r = u + v */
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(uv, uv, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(uv, uv, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+}
+
 /* Several tokens (prefill, batched decode): a group's four rows by nt
  * tokens from t0 (nt a constant, at most 3) over columns [k0, k1), one of a
  * row's two 8-lane chains at a time (half: columns k % 16 < 8, or the
@@ -1279,7 +1299,13 @@ f16_block(const rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, in
                 f16_tile_cols(q, a, t, 2, k0, k1, &acc[i], bf);
             else
                 f16_tile_cols(q, a, t, 1, k0, k1, &acc[i], bf);
-            if (k1 == full) /* the tile's last pass */
+            if (k1 == full && q->n == 4 && full == a->cols) /* the tile's last pass */
+                for (int tt = 0; tt < nt; tt++) {
+                    const __m256 lo[4] = {acc[i].c[0][0][tt], acc[i].c[0][1][tt], acc[i].c[0][2][tt], acc[i].c[0][3][tt]};
+                    const __m256 hi[4] = {acc[i].c[1][0][tt], acc[i].c[1][1][tt], acc[i].c[1][2][tt], acc[i].c[1][3][tt]};
+                    _mm_storeu_ps(y + (size_t)(t + tt) * (size_t)ldy + (size_t)r, f16_finish4(lo, hi));
+                }
+            else if (k1 == full)
                 for (int i2 = 0; i2 < q->n; i2++)
                     for (int tt = 0; tt < nt; tt++)
                         y[(size_t)(t + tt) * (size_t)ldy + (size_t)(r + i2)] =
