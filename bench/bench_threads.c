@@ -372,6 +372,9 @@ int main(int argc, char **argv)
     double others0 = others_cpu_s(), wall0 = bench_now();
     for (int s = 0; s < SAMPLES; s++)
         for (int c = 0; c < nc; c++) {
+            /* progress: a many-core run of a large shape takes minutes */
+            fprintf(stderr, "bench_threads: sample %d of %d, %d thread%s, %.0f s\n", s + 1, SAMPLES, counts[c],
+                    counts[c] > 1 ? "s" : "", bench_now() - wall0);
             for (int k = 0;; k++) {
                 double o0 = others_cpu_s(), w0 = bench_now();
                 probe[c][s] = probe_gbs(counts[c]);
