@@ -1415,12 +1415,6 @@ typedef struct swiglu_job {
     size_t h;
 } swiglu_job;
 
-static inline float swiglu(float gate, float up)
-{
-    gate *= 1.0f / (1.0f + expf(-gate));
-    return gate * up;
-}
-
 /* Elements [e0, e1) of the flattened [T][hidden] output. */
 static void swiglu_range(void *arg, int e0, int e1, int worker)
 {
@@ -1428,7 +1422,9 @@ static void swiglu_range(void *arg, int e0, int e1, int worker)
     const swiglu_job *j = arg;
     for (size_t e = (size_t)e0; e < (size_t)e1; e++) {
         size_t t = e / j->h, i = e % j->h;
-        j->out[e] = swiglu(j->h13[t * 2 * j->h + i], j->h13[t * 2 * j->h + j->h + i]);
+        float val = j->h13[t * 2 * j->h + i];
+        val *= 1.0f / (1.0f + expf(-val));
+        j->out[e] = val * j->h13[t * 2 * j->h + j->h + i];
     }
 }
 
@@ -1439,28 +1435,22 @@ static void swiglu_range(void *arg, int e0, int e1, int worker)
  * one is a wait for the slowest). Every element is what the matmul and
  * swiglu_range give apart: the same bits. */
 typedef struct ffn_up_job {
-    tp_forward *f;
-    const typed_part *part; /* gate and up, typed; NULL: the packed f32 w13 */
-    const tp_packed *w13;
-    const float *x;
-    int ldx, n_tok;
+    qmm_job q; /* gate and up typed (q.n 2, both starting at row 0), else */
+    mm_job m;  /* the packed f32 w13: gate rows, then up rows from hidden */
     swiglu_job sj;
 } ffn_up_job;
 
 static void ffn_up_rows(void *arg, int r0, int r1, int worker)
 {
-    (void)worker;
     const ffn_up_job *j = arg;
-    float *h13 = (float *)j->sj.h13;
-    int h = (int)j->sj.h, ldy = 2 * h;
-    if (j->part) {
-        tp_qmatmul_rows(&j->part[0].w, &j->f->qact, h13 + j->part[0].col, ldy, r0, r1, j->f->qsimd);
-        tp_qmatmul_rows(&j->part[1].w, &j->f->qact, h13 + j->part[1].col, ldy, r0, r1, j->f->qsimd);
+    int h = (int)j->sj.h;
+    if (j->q.n) {
+        qmm_rows((void *)&j->q, r0, r1, worker);
     } else {
-        tp_matmul_rows(j->w13, j->x, j->ldx, j->n_tok, h13, ldy, r0, r1, j->f->simd);
-        tp_matmul_rows(j->w13, j->x, j->ldx, j->n_tok, h13, ldy, h + r0, h + r1, j->f->simd);
+        mm_rows((void *)&j->m, r0, r1, worker);
+        mm_rows((void *)&j->m, h + r0, h + r1, worker);
     }
-    for (int t = 0; t < j->n_tok; t++)
+    for (int t = 0; t < j->m.n_tok; t++)
         swiglu_range((void *)&j->sj, t * h + r0, t * h + r1, worker);
 }
 
@@ -1473,16 +1463,17 @@ static bool ffn_up_fused(tp_forward *f, int l, int T, int h)
     const packed_layer *pl = &f->layers[l];
     const tp_model_config *c = &f->c;
     scratch *s = &f->s;
-    ffn_up_job j = {.f = f, .x = s->xb, .ldx = c->dim, .n_tok = T, .sj = {s->h13, s->proj, (size_t)h}};
+    ffn_up_job j = {.m = {.x = s->xb, .y = s->h13, .ldx = c->dim, .n_tok = T, .ldy = 2 * h, .simd = f->simd},
+                    .sj = {s->h13, s->proj, (size_t)h}};
     int align;
     if (pl->tw13.n == 2 && !pl->tw13.part[0].p.p && !pl->tw13.part[1].p.p &&
         typed_kind(&pl->tw13.part[0]) == typed_kind(&pl->tw13.part[1]) && pl->tw13.part[0].col == 0 &&
         pl->tw13.part[1].col == h && pl->tw13.part[0].w.rows == h && pl->tw13.part[1].w.rows == h) {
-        j.part = pl->tw13.part;
+        j.q = (qmm_job){.part = pl->tw13.part, .n = 2, .a = &f->qact, .y = s->h13, .ldy = 2 * h, .simd = f->qsimd};
         align = TYPED_ROW_ALIGN;
-        tp_qact_prepare(&f->qact, j.part[0].w.type, s->xb, c->dim, T, c->dim);
+        tp_qact_prepare(&f->qact, pl->tw13.part[0].w.type, s->xb, c->dim, T, c->dim);
     } else if (pl->tw13.n == 0 && f->kernel != TP_FWD_KERNEL_OPENBLAS && h % TP_MATMUL_ROW_ALIGN == 0) {
-        j.w13 = &pl->w13;
+        j.m.w = &pl->w13;
         align = TP_MATMUL_ROW_ALIGN;
     } else {
         return false;
