@@ -374,12 +374,6 @@ typedef struct pf_run {
 
 /* The run for a group of group bytes starting at start: at least
  * AVX2_PREFETCH_RUN bytes and at least the group itself ahead. */
-static inline pf_run pf_run_at(const void *start, size_t group)
-{
-    const char *b = (const char *)start + (group < AVX2_PREFETCH_RUN ? AVX2_PREFETCH_RUN : group);
-    return (pf_run){b, b};
-}
-
 /* The run exactly ahead bytes ahead of start: for a panel (one
  * contiguous stream) whose kernel does so little work per byte that a
  * nearer run serves it better. Decode, one thread, Zen 3, stories110M
@@ -393,6 +387,11 @@ static inline pf_run pf_run_ahead(const void *start, size_t ahead)
 {
     const char *b = (const char *)start + ahead;
     return (pf_run){b, b};
+}
+
+static inline pf_run pf_run_at(const void *start, size_t group)
+{
+    return pf_run_ahead(start, group < AVX2_PREFETCH_RUN ? AVX2_PREFETCH_RUN : group);
 }
 
 /* Ask for the run up to done bytes into it (done: the bytes of the group
@@ -1221,6 +1220,22 @@ __attribute__((target("avx2"), always_inline)) static inline __m128 f16_finish4(
     return _mm_unpacklo_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
 }
 
+/* A group's results for one token (x its activations) to yr[0..q->n):
+ * four rows at once when the columns end on a whole 16, else row by row
+ * (the tail and the tree: f16_finish). The same bits either way. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+f16_store_rows(const rows4 *q, const __m256 lo[4], const __m256 hi[4], const float *x, int cols, float *yr,
+               const bool bf)
+{
+    int full = cols / 16 * 16;
+    if (q->n == 4 && full == cols) {
+        _mm_storeu_ps(yr, f16_finish4(lo, hi));
+        return;
+    }
+    for (int i = 0; i < q->n; i++)
+        yr[i] = f16_finish(lo[i], hi[i], q->p[i], x, full, cols, bf);
+}
+
 /* Several tokens (prefill, batched decode): a group's four rows by nt
  * tokens from t0 (nt a constant, at most 3) over columns [k0, k1), one of a
  * row's two 8-lane chains at a time (half: columns k % 16 < 8, or the
@@ -1299,18 +1314,13 @@ f16_block(const rows4 *q, const tp_qact *a, float *y, int ldy, int r, int t0, in
                 f16_tile_cols(q, a, t, 2, k0, k1, &acc[i], bf);
             else
                 f16_tile_cols(q, a, t, 1, k0, k1, &acc[i], bf);
-            if (k1 == full && q->n == 4 && full == a->cols) /* the tile's last pass */
+            if (k1 == full) /* the tile's last pass */
                 for (int tt = 0; tt < nt; tt++) {
                     const __m256 lo[4] = {acc[i].c[0][0][tt], acc[i].c[0][1][tt], acc[i].c[0][2][tt], acc[i].c[0][3][tt]};
                     const __m256 hi[4] = {acc[i].c[1][0][tt], acc[i].c[1][1][tt], acc[i].c[1][2][tt], acc[i].c[1][3][tt]};
-                    _mm_storeu_ps(y + (size_t)(t + tt) * (size_t)ldy + (size_t)r, f16_finish4(lo, hi));
+                    f16_store_rows(q, lo, hi, a->x + (size_t)(t + tt) * (size_t)a->ldx, a->cols,
+                                   y + (size_t)(t + tt) * (size_t)ldy + (size_t)r, bf);
                 }
-            else if (k1 == full)
-                for (int i2 = 0; i2 < q->n; i2++)
-                    for (int tt = 0; tt < nt; tt++)
-                        y[(size_t)(t + tt) * (size_t)ldy + (size_t)(r + i2)] =
-                            f16_finish(acc[i].c[0][i2][tt], acc[i].c[1][i2][tt], q->p[i2],
-                                       a->x + (size_t)(t + tt) * (size_t)a->ldx, full, a->cols, bf);
         }
     }
 }
@@ -1348,9 +1358,8 @@ f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int
             l3 = _mm256_fmadd_ps(x0, half8_avx2(row[3] + o, bf), l3);
             h3 = _mm256_fmadd_ps(x1, half8_avx2(row[3] + o + 16, bf), h3);
         }
-        __m256 lo[4] = {l0, l1, l2, l3}, hi[4] = {h0, h1, h2, h3};
-        for (int i = 0; i < q.n; i++)
-            y[r + i] = f16_finish(lo[i], hi[i], row[i], x, full, cols, bf);
+        const __m256 lo[4] = {l0, l1, l2, l3}, hi[4] = {h0, h1, h2, h3};
+        f16_store_rows(&q, lo, hi, x, cols, y + r, bf);
     }
 }
 
