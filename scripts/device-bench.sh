@@ -48,16 +48,16 @@ src=$(ls -d build/llamacpp/*/src 2>/dev/null | head -n 1 || true)
 }
 tree=$(dirname "$src")
 commit=$(git -C "$src" rev-parse HEAD)
-variants="x64 sse42 sandybridge ivybridge piledriver haswell skylakex cannonlake cascadelake icelake cooperlake zen4
-          alderlake sapphirerapids"
 flags="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON"
-targets="llama-bench"
-for v in $variants; do targets="$targets ggml-cpu-$v"; done
-if [ ! -x "$tree/build-dl/bin/llama-bench" ] || [ ! -e "$tree/build-dl/bin/libggml-cpu-sapphirerapids.so" ]; then
+if [ ! -e "$tree/build-dl/.complete" ]; then
     echo "device-bench.sh: building llama-bench with every CPU variant (long, once): $tree/build-dl.log" >&2
+    # the variants are llama.cpp's own list, as its configured build names them
     { cmake -S "$src" -B "$tree/build-dl" $flags -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
           -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF &&
-          cmake --build "$tree/build-dl" --config Release -j "$(nproc)" --target $targets; } \
+          variants=$(cmake --build "$tree/build-dl" --target help | grep -o 'ggml-cpu-[a-z0-9_]*' | sort -u) &&
+          [ -n "$variants" ] &&
+          cmake --build "$tree/build-dl" --config Release -j "$(nproc)" --target llama-bench $variants &&
+          touch "$tree/build-dl/.complete"; } \
         >"$tree/build-dl.log" 2>&1 || { tail -n 20 "$tree/build-dl.log" >&2; exit 1; }
 fi
 
@@ -65,11 +65,10 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/real" "$out/lib" "$out/models/llama.cpp-vocab"
 cp build/bench/bench_threads bin/tokpipe "$tree/build-dl/bin/llama-bench" "$out/real/"
 strip "$out/real/"* 2>/dev/null || true
-# llama.cpp's libraries and CPU variants beside the loader: with the loader
+# llama.cpp's libraries and CPU variants beside the loader (with the loader
 # as the process image, llama.cpp looks for its backends in the loader's
-# directory
-# (each library once, under the name it is loaded by: its soname link, or
-# the file itself when it has none)
+# directory), each once, under the name it is loaded by: its soname link,
+# or the file itself when it has none
 for f in "$tree"/build-dl/bin/lib*.so*; do
     case "$(basename "$f")" in
     *.so) [ -L "$f" ] && continue ;;     # the link for linking against
