@@ -131,30 +131,33 @@ static void tiny_model_matches_reference(tiny_shape sh, bool scalar, tp_fwd_kern
     free(ck);
 }
 
-/* Logits of a 20-token prefill and 6 decode steps of a model whose heads
- * are 48 wide (a 32-element chunk and a tail) over two KV pages, with the
- * CPU's vector kernels or the portable ones, on `threads` threads. */
-static void wide_head_logits(bool scalar, int threads, float *out)
+/* Logits of a 70-token prefill and 6 decode steps (five key pages: the
+ * AVX2 scores' four-page pass and a rest) of a model whose heads are hs
+ * wide, with the CPU's vector kernels or the portable ones, on `threads`
+ * threads. hs 48: six 8-element chunks; 96: a 64-element pass and four
+ * chunks; 100: those and a 4-element tail. */
+#define WIDE_PROMPT 70
+static void wide_head_logits(int hs, bool scalar, int threads, float *out)
 {
-    tiny_shape sh = {96, 64, 2, 2, 1, 23, 40, 1};
+    tiny_shape sh = {2 * hs, 64, 2, 2, 1, 23, 80, 1};
     float *ck;
     tp_model *m = tiny_model_new(&sh, 7, 0.3f, &ck);
     tp_forward *f;
     tp_err e;
-    assert_int_equal(tp_forward_new(m, 1, 0, 20, &f, &e), 0);
+    assert_int_equal(tp_forward_new(m, 1, 0, WIDE_PROMPT, &f, &e), 0);
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
     assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
     tp_forward_split_all_for_tests(f);
-    int sid, toks[26];
-    for (int i = 0; i < 26; i++)
+    int sid, toks[WIDE_PROMPT + 6];
+    for (int i = 0; i < WIDE_PROMPT + 6; i++)
         toks[i] = (i * 7 + 3) % 23;
     assert_int_equal(tp_forward_seq_open(f, &sid, &e), 0);
-    tp_fwd_item it = {sid, 0, toks, 20, false};
+    tp_fwd_item it = {sid, 0, toks, WIDE_PROMPT, false};
     assert_int_equal(tp_forward_step(f, &it, 1, out, &e), 0);
-    for (int p = 20; p < 26; p++) {
+    for (int p = WIDE_PROMPT; p < WIDE_PROMPT + 6; p++) {
         tp_fwd_item d = {sid, p, &toks[p], 1, false};
-        assert_int_equal(tp_forward_step(f, &d, 1, out + (size_t)(p - 19) * 23, &e), 0);
+        assert_int_equal(tp_forward_step(f, &d, 1, out + (size_t)(p - WIDE_PROMPT + 1) * 23, &e), 0);
     }
     tp_forward_free(f);
     tp_model_free(m);
@@ -169,13 +172,18 @@ static void avx2_path_gives_the_portable_bits(void **state)
     (void)state;
     if (tp_kernels_have_avx512() || !tp_kernels_have_avx2())
         skip();
-    float want[7 * 23], got[7 * 23];
-    wide_head_logits(true, 1, want);
-    for (int threads = 1; threads <= 3; threads += 2) {
-        wide_head_logits(false, threads, got);
-        for (int k = 0; k < 7; k++)
-            if (memcmp(want + 23 * k, got + 23 * k, sizeof(float) * 23))
-                fail_msg("AVX2 path on %d thread(s): logits row %d differ from the portable path's", threads, k);
+    static const int widths[] = {48, 96, 100};
+    for (int w = 0; w < 3; w++) {
+        float want[7 * 23], got[7 * 23];
+        wide_head_logits(widths[w], true, 1, want);
+        for (int threads = 1; threads <= 3; threads += 2) {
+            wide_head_logits(widths[w], false, threads, got);
+            for (int k = 0; k < 7; k++)
+                if (memcmp(want + 23 * k, got + 23 * k, sizeof(float) * 23))
+                    fail_msg("AVX2 path, heads %d wide, on %d thread(s): logits row %d differ from the portable "
+                             "path's",
+                             widths[w], threads, k);
+        }
     }
 }
 

@@ -81,7 +81,7 @@ typedef struct scratch {
     float *x;      /* [T][dim] residual stream */
     float *xb;     /* [T][dim] normed input / attention output */
     float *qkv;    /* [T][dim + 2 kv_dim] */
-    float *h13;    /* [T][2 hidden] */
+    float *h13;    /* [T][2 hidden], or [T][dim] if wider */
     float *proj;   /* [T][max(dim, hidden)] output of wo / w2, and hidden for w2 */
     float *att;    /* [threads][max_pos] attention scores, one row per pool worker */
     const void **blk; /* [threads][2 pages_per_seq] a head's key and value blocks, per pool worker */
@@ -376,7 +376,9 @@ static int alloc_scratch(tp_forward *f)
     s->x = malloc(T * d * sizeof(float));
     s->xb = malloc(T * d * sizeof(float));
     s->qkv = malloc(T * qkv * sizeof(float));
-    s->h13 = malloc(T * 2 * h * sizeof(float));
+    /* h13 also takes w2's [T][dim] output (ffn_block): a model may have
+     * hidden < dim / 2 */
+    s->h13 = malloc(T * (2 * h > d ? 2 * h : d) * sizeof(float));
     s->proj = malloc(T * wide * sizeof(float));
     s->cls_in = malloc(T * d * sizeof(float));
     s->cls_out = malloc((size_t)CLS_CHUNK * (size_t)f->c.vocab_size * sizeof(float));
@@ -1136,49 +1138,94 @@ static void attend_scalar(int hs, int pos, const float *qh, const float *const *
     }
 }
 
+/* Scores of the nb (1..4) key blocks from kb of one head: position
+ * 16 b + l's score in s[16 b + l]. Eight chains (two a block) in flight
+ * where one block's two would wait on each add's latency; each score is
+ * still one chain of products summed over the head's elements from 0. */
+__attribute__((target("avx2"), always_inline)) static inline void scores_avx2(float *s, const float *qh,
+                                                                              const float *const *kb, int hs,
+                                                                              const int nb)
+{
+    __m256 a[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 2 * nb; j++)
+        a[j] = _mm256_setzero_ps();
+    for (int i = 0; i < hs; i++) {
+        __m256 q = _mm256_set1_ps(qh[i]);
+        #pragma GCC unroll 8
+        for (int j = 0; j < 2 * nb; j++)
+            a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(q, _mm256_loadu_ps(kb[j / 2] + (size_t)i * TP_KV_PAGE +
+                                                                           8 * (j % 2))));
+    }
+    float scale = sqrtf((float)hs);
+    #pragma GCC unroll 8
+    for (int j = 0; j < 2 * nb; j++)
+        _mm256_storeu_ps(s + 8 * j, _mm256_div_ps(a[j], _mm256_set1_ps(scale)));
+}
+
+/* Elements [i0, i0 + 8 nc) of the weighted sum over positions 0..n-1:
+ * nc (1..8) chains, one an 8-element chunk, each summed over t from 0. */
+__attribute__((target("avx2"), always_inline)) static inline void
+weighted_avx2(float *oh, const float *att, const float *const *vb, int hs, int n, int i0, const int nc)
+{
+    __m256 o[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < nc; j++)
+        o[j] = _mm256_setzero_ps();
+    for (int t = 0; t < n; t++) {
+        const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs + i0;
+        __m256 a = _mm256_set1_ps(att[t]);
+        #pragma GCC unroll 8
+        for (int j = 0; j < nc; j++)
+            o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(a, _mm256_loadu_ps(v + 8 * j)));
+    }
+    #pragma GCC unroll 8
+    for (int j = 0; j < nc; j++)
+        _mm256_storeu_ps(oh + i0 + 8 * j, o[j]);
+}
+
 /* attend_scalar with AVX2, for CPUs without AVX-512: every score and
  * output element takes the same IEEE operations in the same order (a
  * product, then a sum, never fused), lanes being positions for the scores
  * (a key block holds an element of 16 positions side by side) and
- * elements for the weighted sum, so the bits are the scalar path's. */
+ * elements for the weighted sum, so the bits are the scalar path's. Four
+ * key blocks and 64 output elements a pass: with a block or 32 elements
+ * (four chains) the adds' latency, not the loads, set the pace (the
+ * scores of 200 positions took 10 % of a stories110M token, one thread). */
 __attribute__((target("avx2"))) static void attend_avx2(int hs, int pos, const float *qh, const float *const *kb,
                                                        const float *const *vb, float *oh, float *att)
 {
-    int n = pos + 1;
-    __m256 sc = _mm256_set1_ps(sqrtf((float)hs));
+    int n = pos + 1, nblk = (n + TP_KV_PAGE - 1) / TP_KV_PAGE, b = 0;
     /* A block's positions past pos hold whatever the page holds: computed,
-     * never stored. */
-    for (int t0 = 0; t0 < n; t0 += TP_KV_PAGE) {
-        const float *k = kb[t0 / TP_KV_PAGE];
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-        for (int i = 0; i < hs; i++) {
-            __m256 q = _mm256_set1_ps(qh[i]);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(q, _mm256_loadu_ps(k + (size_t)i * TP_KV_PAGE)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(q, _mm256_loadu_ps(k + (size_t)i * TP_KV_PAGE + 8)));
+     * never stored (s has room for four whole blocks). */
+    float s[4 * TP_KV_PAGE];
+    while (b < nblk) {
+        int nb = nblk - b < 4 ? nblk - b : 4;
+        switch (nb) {
+        case 4: scores_avx2(s, qh, kb + b, hs, 4); break;
+        case 3: scores_avx2(s, qh, kb + b, hs, 3); break;
+        case 2: scores_avx2(s, qh, kb + b, hs, 2); break;
+        default: scores_avx2(s, qh, kb + b, hs, 1); break;
         }
-        float s[TP_KV_PAGE];
-        _mm256_storeu_ps(s, _mm256_div_ps(a0, sc));
-        _mm256_storeu_ps(s + 8, _mm256_div_ps(a1, sc));
-        int m = n - t0 < TP_KV_PAGE ? n - t0 : TP_KV_PAGE;
+        int t0 = b * TP_KV_PAGE, m = n - t0 < nb * TP_KV_PAGE ? n - t0 : nb * TP_KV_PAGE;
         memcpy(att + t0, s, (size_t)m * sizeof(float));
+        b += nb;
     }
     softmax(att, n);
     int i0 = 0;
-    for (; i0 + 32 <= hs; i0 += 32) {
-        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-        for (int t = 0; t < n; t++) {
-            const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs + i0;
-            __m256 a = _mm256_set1_ps(att[t]);
-            o0 = _mm256_add_ps(o0, _mm256_mul_ps(a, _mm256_loadu_ps(v)));
-            o1 = _mm256_add_ps(o1, _mm256_mul_ps(a, _mm256_loadu_ps(v + 8)));
-            o2 = _mm256_add_ps(o2, _mm256_mul_ps(a, _mm256_loadu_ps(v + 16)));
-            o3 = _mm256_add_ps(o3, _mm256_mul_ps(a, _mm256_loadu_ps(v + 24)));
-        }
-        _mm256_storeu_ps(oh + i0, o0);
-        _mm256_storeu_ps(oh + i0 + 8, o1);
-        _mm256_storeu_ps(oh + i0 + 16, o2);
-        _mm256_storeu_ps(oh + i0 + 24, o3);
+    for (; i0 + 64 <= hs; i0 += 64)
+        weighted_avx2(oh, att, vb, hs, n, i0, 8);
+    switch ((hs - i0) / 8) { /* the whole chunks left, in one pass */
+    case 7: weighted_avx2(oh, att, vb, hs, n, i0, 7); break;
+    case 6: weighted_avx2(oh, att, vb, hs, n, i0, 6); break;
+    case 5: weighted_avx2(oh, att, vb, hs, n, i0, 5); break;
+    case 4: weighted_avx2(oh, att, vb, hs, n, i0, 4); break;
+    case 3: weighted_avx2(oh, att, vb, hs, n, i0, 3); break;
+    case 2: weighted_avx2(oh, att, vb, hs, n, i0, 2); break;
+    case 1: weighted_avx2(oh, att, vb, hs, n, i0, 1); break;
+    default: break;
     }
+    i0 += (hs - i0) / 8 * 8;
     for (int i = i0; i < hs; i++) {
         float o = 0.0f;
         for (int t = 0; t < n; t++)
