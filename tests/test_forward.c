@@ -137,7 +137,7 @@ static void tiny_model_matches_reference(tiny_shape sh, bool scalar, tp_fwd_kern
  * threads. hs 48: six 8-element chunks; 96: a 64-element pass and four
  * chunks; 100: those and a 4-element tail. */
 #define WIDE_PROMPT 70
-static void wide_head_logits(int hs, bool scalar, int threads, float *out)
+static void wide_head_logits(int hs, bool kv16, bool scalar, int threads, float *out)
 {
     tiny_shape sh = {2 * hs, 64, 2, 2, 1, 23, 80, 1};
     float *ck;
@@ -145,6 +145,8 @@ static void wide_head_logits(int hs, bool scalar, int threads, float *out)
     tp_forward *f;
     tp_err e;
     assert_int_equal(tp_forward_new(m, 1, 0, WIDE_PROMPT, &f, &e), 0);
+    if (kv16)
+        assert_int_equal(tp_forward_set_kv_type(f, TP_KV_F16, &e), 0);
     if (scalar)
         tp_forward_use_scalar_for_tests(f);
     assert_int_equal(tp_forward_set_threads(f, threads, &e), 0);
@@ -164,27 +166,29 @@ static void wide_head_logits(int hs, bool scalar, int threads, float *out)
     free(ck);
 }
 
-/* Without AVX-512 the vector path (AVX2 matmuls and attention) takes the
- * portable path's operations in its order: the same bits, on 1 or 3
- * threads. (The AVX-512 attention fuses its multiply-adds: other bits.) */
+/* Without AVX-512 the vector path (AVX2 matmuls and attention, f32 or
+ * f16 cache) takes the portable path's operations in its order: the same
+ * bits, on 1 or 3 threads. (The AVX-512 attention fuses its
+ * multiply-adds: other bits.) */
 static void avx2_path_gives_the_portable_bits(void **state)
 {
     (void)state;
     if (tp_kernels_have_avx512() || !tp_kernels_have_avx2())
         skip();
     static const int widths[] = {48, 96, 100};
-    for (int w = 0; w < 3; w++) {
-        float want[7 * 23], got[7 * 23];
-        wide_head_logits(widths[w], true, 1, want);
-        for (int threads = 1; threads <= 3; threads += 2) {
-            wide_head_logits(widths[w], false, threads, got);
-            for (int k = 0; k < 7; k++)
-                if (memcmp(want + 23 * k, got + 23 * k, sizeof(float) * 23))
-                    fail_msg("AVX2 path, heads %d wide, on %d thread(s): logits row %d differ from the portable "
-                             "path's",
-                             widths[w], threads, k);
+    for (int kv16 = 0; kv16 < 2; kv16++)
+        for (int w = 0; w < 3; w++) {
+            float want[7 * 23], got[7 * 23];
+            wide_head_logits(widths[w], kv16, true, 1, want);
+            for (int threads = 1; threads <= 3; threads += 2) {
+                wide_head_logits(widths[w], kv16, false, threads, got);
+                for (int k = 0; k < 7; k++)
+                    if (memcmp(want + 23 * k, got + 23 * k, sizeof(float) * 23))
+                        fail_msg("AVX2 path, %s cache, heads %d wide, on %d thread(s): logits row %d differ from "
+                                 "the portable path's",
+                                 kv16 ? "f16" : "f32", widths[w], threads, k);
+            }
         }
-    }
 }
 
 static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
@@ -334,7 +338,7 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
                     size_t off = ((size_t)s * (DECODE + 1) + k) * V;
                     if (memcmp(alone + off, batched + off, sizeof(float) * V))
                         fail_msg("%s, kv %s, %d thread(s): sequence %d, logits row %d: %s differs from alone "
-                                 "on 1 thread", scalar ? "scalar" : "avx512", tp_kv_type_name(kv), threads, s, k,
+                                 "on 1 thread", scalar ? "scalar" : "vector", tp_kv_type_name(kv), threads, s, k,
                                  mode ? "batched" : "alone");
                 }
         }
@@ -364,15 +368,16 @@ static void kv_f16_is_batch_and_chunk_invariant_on_1_to_4_threads(void **state)
 
 /* ---- KV cache in f16 --------------------------------------------------- */
 
-__attribute__((target("avx512f"))) static uint16_t hw_f32_to_f16(float x)
+/* F16C's vcvtps2ph and vcvtph2ps (AVX-512's and the AVX2 kernels' own) */
+__attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float x)
 {
-    __m256i h = _mm512_cvtps_ph(_mm512_set1_ps(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return (uint16_t)_mm256_extract_epi16(h, 0);
+    __m128i h = _mm_cvtps_ph(_mm_set1_ps(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return (uint16_t)_mm_extract_epi16(h, 0);
 }
 
-__attribute__((target("avx512f"))) static float hw_f16_to_f32(uint16_t h)
+__attribute__((target("f16c"))) static float hw_f16_to_f32(uint16_t h)
 {
-    return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16((short)h)));
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16((short)h)));
 }
 
 static void check_conversion(uint32_t bits)
@@ -389,7 +394,7 @@ static void check_conversion(uint32_t bits)
 static void f16_conversions_equal_the_cpus_for_every_half_and_halfway_point(void **state)
 {
     (void)state;
-    if (!tp_kernels_have_avx512())
+    if (!__builtin_cpu_supports("f16c"))
         skip();
     for (uint32_t h = 0; h < 65536; h++) {
         float want = hw_f16_to_f32((uint16_t)h), got = tp_f16_to_f32((uint16_t)h);
@@ -421,7 +426,7 @@ static void f16_conversions_equal_the_cpus_for_every_half_and_halfway_point(void
  * tokens: the f16 cache's logits stay within KV16_TOL (absolute) of the
  * f32 cache's with the same argmax at every step. And greedy generation
  * from the f16 cache gives run.c's 252 ids. */
-#define KV16_TOL 5e-2 /* measured here: 0.023 at most, avx512 and scalar alike */
+#define KV16_TOL 5e-2 /* measured here: 0.023 at most, vector (avx512) and scalar alike */
 static void kv_f16_stays_close_to_f32(bool scalar)
 {
     tp_model *m = load_real("stories260K.bin");
@@ -451,14 +456,14 @@ static void kv_f16_stays_close_to_f32(bool scalar)
         }
         if (worst > KV16_TOL)
             fail_msg("%s: step %d: an f16-cache logit is %.3g from the f32 cache's (tolerance %g)",
-                     scalar ? "scalar" : "avx512", i, worst, KV16_TOL);
+                     scalar ? "scalar" : "vector", i, worst, KV16_TOL);
         same_argmax += argmax(la, V) == argmax(lb, V);
         ia = (tp_fwd_item){sa, 5 + i, &REF_IDS[i], 1, false};
         ib = (tp_fwd_item){sb, 5 + i, &REF_IDS[i], 1, false};
     }
     assert_int_equal(same_argmax, 252);
     print_message("kv f16 (%s): largest logit difference from f32 over 252 steps: %.3g\n",
-                  scalar ? "scalar" : "avx512", worst);
+                  scalar ? "scalar" : "vector", worst);
     /* free-running greedy from the f16 cache */
     tp_forward_seq_close(b, sb);
     tp_forward_seq_open(b, &sb, &e);

@@ -123,6 +123,7 @@ struct tp_forward {
     int *n_pub;        /* per slot: leading pages offered to the cache */
     tp_kv_type kv_type;
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
+    bool kv16_avx2;    /* else their AVX2 path (the portable bits) */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
@@ -582,6 +583,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->part_min = PART_MIN_MACS;
     f->qavx512 = f->avx512 && tp_quant_have_avx512();
     f->simd = tp_kernels_have_simd();
+    f->kv16_avx2 = f->simd && tp_kv16_have_avx2();
     f->qsimd = tp_quant_have_simd();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
@@ -687,6 +689,7 @@ void tp_forward_use_scalar_for_tests(tp_forward *f)
 {
     f->avx512 = false;
     f->kv16_avx512 = false;
+    f->kv16_avx2 = false;
     f->qavx512 = false;
     f->simd = false;
     f->qsimd = false;
@@ -1319,6 +1322,10 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
             tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
             softmax(att, n);
             tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
+        } else if (f->kv16_avx2) {
+            tp_kv16_scores_avx2(att, qh, k16, hs, n, scale);
+            softmax(att, n);
+            tp_kv16_weighted_sum_avx2(oh, att, v16, hs, n);
         } else {
             tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
             softmax(att, n);

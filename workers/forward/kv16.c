@@ -72,6 +72,103 @@ KV16_TARGET void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const 
     }
 }
 
+bool tp_kv16_have_avx2(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
+#define KV16_AVX2 __attribute__((target("avx2,f16c")))
+
+/* Eight halves as exact floats. */
+KV16_AVX2 static inline __m256 half8(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Scores of nb (1..4) whole key blocks from kb: eight chains (two a
+ * block) in flight where one block's two would wait on each add. */
+KV16_AVX2 __attribute__((always_inline)) static inline void scores_avx2(float *s, const float *qh,
+                                                                       const uint16_t *const *kb, int hs, float scale,
+                                                                       const int nb)
+{
+    __m256 a[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 2 * nb; j++)
+        a[j] = _mm256_setzero_ps();
+    for (int i = 0; i < hs; i++) {
+        __m256 q = _mm256_set1_ps(qh[i]);
+        #pragma GCC unroll 8
+        for (int j = 0; j < 2 * nb; j++)
+            a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(q, half8(kb[j / 2] + (size_t)i * 16 + 8 * (j % 2))));
+    }
+    #pragma GCC unroll 8
+    for (int j = 0; j < 2 * nb; j++)
+        _mm256_storeu_ps(s + 8 * j, _mm256_div_ps(a[j], _mm256_set1_ps(scale)));
+}
+
+KV16_AVX2 void tp_kv16_scores_avx2(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n,
+                                   float scale)
+{
+    int nblk = (n + 15) / 16;
+    float s[64]; /* positions past n in the last block: computed, not stored */
+    for (int b = 0; b < nblk;) {
+        int nb = nblk - b < 4 ? nblk - b : 4;
+        switch (nb) {
+        case 4: scores_avx2(s, qh, kblk + b, hs, scale, 4); break;
+        case 3: scores_avx2(s, qh, kblk + b, hs, scale, 3); break;
+        case 2: scores_avx2(s, qh, kblk + b, hs, scale, 2); break;
+        default: scores_avx2(s, qh, kblk + b, hs, scale, 1); break;
+        }
+        int t0 = 16 * b, m = n - t0 < 16 * nb ? n - t0 : 16 * nb;
+        memcpy(att + t0, s, (size_t)m * sizeof(float));
+        b += nb;
+    }
+}
+
+/* Elements [i0, i0 + 8 nc) of the weighted sum: nc (1..8) chains. */
+KV16_AVX2 __attribute__((always_inline)) static inline void weighted_avx2(float *oh, const float *att,
+                                                                         const uint16_t *const *vblk, int hs, int n,
+                                                                         int i0, const int nc)
+{
+    __m256 o[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < nc; j++)
+        o[j] = _mm256_setzero_ps();
+    for (int t = 0; t < n; t++) {
+        const uint16_t *v = vblk[t / 16] + (size_t)(t % 16) * (size_t)hs + i0;
+        __m256 a = _mm256_set1_ps(att[t]);
+        #pragma GCC unroll 8
+        for (int j = 0; j < nc; j++)
+            o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(a, half8(v + 8 * j)));
+    }
+    #pragma GCC unroll 8
+    for (int j = 0; j < nc; j++)
+        _mm256_storeu_ps(oh + i0 + 8 * j, o[j]);
+}
+
+KV16_AVX2 void tp_kv16_weighted_sum_avx2(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n)
+{
+    int i0 = 0;
+    for (; i0 + 64 <= hs; i0 += 64)
+        weighted_avx2(oh, att, vblk, hs, n, i0, 8);
+    switch ((hs - i0) / 8) { /* the whole chunks left, in one pass */
+    case 7: weighted_avx2(oh, att, vblk, hs, n, i0, 7); break;
+    case 6: weighted_avx2(oh, att, vblk, hs, n, i0, 6); break;
+    case 5: weighted_avx2(oh, att, vblk, hs, n, i0, 5); break;
+    case 4: weighted_avx2(oh, att, vblk, hs, n, i0, 4); break;
+    case 3: weighted_avx2(oh, att, vblk, hs, n, i0, 3); break;
+    case 2: weighted_avx2(oh, att, vblk, hs, n, i0, 2); break;
+    case 1: weighted_avx2(oh, att, vblk, hs, n, i0, 1); break;
+    default: break;
+    }
+    for (int i = i0 + (hs - i0) / 8 * 8; i < hs; i++) {
+        float o = 0.0f;
+        for (int t = 0; t < n; t++)
+            o += att[t] * tp_f16_to_f32(vblk[t / 16][(size_t)(t % 16) * (size_t)hs + (size_t)i]);
+        oh[i] = o;
+    }
+}
+
 void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n, float scale)
 {
     for (int t = 0; t < n; t++) {
