@@ -869,22 +869,13 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
  * as Q4_0's panel (ROWS8_Q40_BLOCK): row k's qs[32 j + 4 i..] in dword
  * lane k of register i, so a sub-block's eight row sums come out in their
  * lanes without horizontal adds. Q6_K (ROWS8_Q6K_BLOCK): f16 d[8], int8
- * sc[16][8], then per 128 columns h the eight rows' ql[64 h..] (64
- * bytes) and qh[32 h..] (32). Both as big as the file's, but for Q4_K's
- * 32 bytes (unpacked scales: 2.8 %). */
+ * sc[16][8], then per 128 columns h the eight rows' ql[64 h..64 h + 63]
+ * (512 bytes) and qh[32 h..32 h + 31] (256), each interleaved so: its
+ * half sub-blocks' row sums in their lanes too (row-major rows took 20 of
+ * a chunk's 45 instructions a token to sum across lanes). Both as big as
+ * the file's, but for Q4_K's 32 bytes (unpacked scales: 2.8 %). */
 #define ROWS8_Q4K_BLOCK 1184
 #define ROWS8_Q6K_BLOCK 1680
-
-/* Eight rows' 8-lane partial sums (p[k]: row k) to [lanes 0..3 summed;
- * lanes 4..7 summed], row k in lane k of each: whole 32-column sums are
- * their sum; a Q6_K block's two 16-column halves are the two. */
-__attribute__((target("avx2"), always_inline)) static inline void hsum8_halves(const __m256i p[8], __m256i *lo,
-                                                                              __m256i *hi)
-{
-    __m256i e = hsum4_halves(p[0], p[1], p[2], p[3]), f = hsum4_halves(p[4], p[5], p[6], p[7]);
-    *lo = _mm256_permute2x128_si256(e, f, 0x20);
-    *hi = _mm256_permute2x128_si256(e, f, 0x31);
-}
 
 /* Eight bytes (unsigned or signed) as eight floats. */
 __attribute__((target("avx2"), always_inline)) static inline __m256 u8x8_at(const uint8_t *p)
@@ -1100,13 +1091,18 @@ q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
     rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
 
-/* Q6_K from its panel, as q4k_panel_tile. */
+/* Q6_K from its panel. A 128-column half h is four 32-column chunks c:
+ * ql register r + 8 (c & 1), its low nibbles for c < 2 and high ones
+ * after, with qh register r's bits 2c..2c + 1 as bits 4..5, are row k's
+ * quants (q + 32, at most 63) of the chunk's columns 4r..4r + 3 in lane k.
+ * Registers 0..3 are the chunk's first 16-column sub-block, 4..7 its
+ * second: two maddubs pairs summed stay inside int16 (2 * 2 * 63 * 127). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
                const int nt)
 {
     int cols = a->cols, nb = cols / 32, nsb = cols / 256;
-    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     __m256 acc[TOK_TILE];
     #pragma GCC unroll 4
     for (int tt = 0; tt < nt; tt++)
@@ -1116,40 +1112,45 @@ q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
         pf_run_to(pf, ROWS8_Q6K_BLOCK * (size_t)(i + 1));
         __m256 d = half8_at(sb);
         for (int h = 0; h < 2; h++)
-            for (int sub = 0; sub < 2; sub++)
-                for (int half = 0; half < 2; half++) {
-                    int col = 256 * i + 128 * h + 64 * sub + 32 * half, b = col / 32, sh = 4 * sub + 2 * half;
-                    const uint8_t *rows = sb + 144 + 768 * h;
-                    __m256i wq[8];
-                    #pragma GCC unroll 8
-                    for (int k = 0; k < 8; k++) {
-                        __m256i ql = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 32 * half));
-                        __m256i qh = _mm256_loadu_si256((const __m256i *)(rows + 96 * k + 64));
-                        __m256i n = _mm256_and_si256(sub ? _mm256_srli_epi16(ql, 4) : ql, low);
-                        /* qh's two bits at sh to bits 4..5: within each byte either way */
-                        __m256i hb = sh <= 4 ? _mm256_slli_epi16(qh, 4 - sh) : _mm256_srli_epi16(qh, sh - 4);
-                        wq[k] = _mm256_or_si256(n, _mm256_and_si256(hb, two));
-                    }
-                    int j = 8 * h + sh;
-                    __m256 w0 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 16 + 8 * j));
-                    __m256 w1 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 24 + 8 * j));
-                    #pragma GCC unroll 4
-                    for (int tt = 0; tt < nt; tt++) {
-                        size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
-                        __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + t * (size_t)cols + (size_t)col)), p[8];
-                        #pragma GCC unroll 8
-                        for (int k = 0; k < 8; k++)
-                            p[k] = dot32u_parts(wq[k], x);
-                        __m256i s0, s1;
-                        hsum8_halves(p, &s0, &s1);
-                        /* q - 32: 32 x each 16-column half's quant sum off (nsum16 is minus it) */
-                        s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(32 * a->nsum16[2 * tb]));
-                        s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(32 * a->nsum16[2 * tb + 1]));
-                        __m256 dxb = _mm256_set1_ps(a->dx[tb]);
-                        acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w0, dxb), _mm256_cvtepi32_ps(s0), acc[tt]);
-                        acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w1, dxb), _mm256_cvtepi32_ps(s1), acc[tt]);
-                    }
+            #pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                int col = 256 * i + 128 * h + 32 * c, b = col / 32;
+                const uint8_t *ql = sb + 144 + 768 * h + 256 * (c & 1), *qh = sb + 144 + 768 * h + 512;
+                __m256i wq[8];
+                #pragma GCC unroll 8
+                for (int r = 0; r < 8; r++) {
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * r));
+                    __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 32 * r));
+                    __m256i n = _mm256_and_si256(c >= 2 ? _mm256_srli_epi16(l, 4) : l, low);
+                    /* qh's bits 2c..2c + 1 to bits 4..5: within each byte either way */
+                    __m256i hb = c < 2 ? _mm256_slli_epi16(u, 4 - 2 * c) : c == 2 ? u : _mm256_srli_epi16(u, 2);
+                    wq[r] = _mm256_or_si256(n, _mm256_and_si256(hb, two));
                 }
+                int j = 8 * h + 2 * c;
+                __m256 w0 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 16 + 8 * j));
+                __m256 w1 = _mm256_mul_ps(d, i8x8_ps((const int8_t *)sb + 24 + 8 * j));
+                #pragma GCC unroll 4
+                for (int tt = 0; tt < nt; tt++) {
+                    size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
+                    const int8_t *x = a->q + t * (size_t)cols + (size_t)col;
+                    __m256i s[4];
+                    #pragma GCC unroll 4
+                    for (int p = 0; p < 4; p++) {
+                        int32_t x0, x1;
+                        memcpy(&x0, x + 8 * p, 4);
+                        memcpy(&x1, x + 8 * p + 4, 4);
+                        s[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wq[2 * p], _mm256_set1_epi32(x0)),
+                                                                  _mm256_maddubs_epi16(wq[2 * p + 1], _mm256_set1_epi32(x1))),
+                                                 ones);
+                    }
+                    /* q - 32: 32 x each 16-column half's quant sum off (nsum16 is minus it) */
+                    __m256i s0 = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_set1_epi32(32 * a->nsum16[2 * tb]));
+                    __m256i s1 = _mm256_add_epi32(_mm256_add_epi32(s[2], s[3]), _mm256_set1_epi32(32 * a->nsum16[2 * tb + 1]));
+                    __m256 dxb = _mm256_set1_ps(a->dx[tb]);
+                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w0, dxb), _mm256_cvtepi32_ps(s0), acc[tt]);
+                    acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(w1, dxb), _mm256_cvtepi32_ps(s1), acc[tt]);
+                }
+            }
     }
     rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
@@ -1621,8 +1622,8 @@ static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
     for (int j = 0; j < 16; j++)
         blk[16 + 8 * j + k] = src[192 + j];
     for (int h = 0; h < 2; h++) {
-        memcpy(blk + 144 + 768 * h + 96 * k, src + 64 * h, 64);
-        memcpy(blk + 144 + 768 * h + 96 * k + 64, src + 128 + 32 * h, 32);
+        put_quads(blk + 144 + 768 * h, src + 64 * h, 64, k);
+        put_quads(blk + 144 + 768 * h + 512, src + 128 + 32 * h, 32, k);
     }
 }
 
