@@ -363,7 +363,10 @@ int main(int argc, char **argv)
         if (tp_model_load(e[i].path, &e[i].m, &err) || tp_forward_new(e[i].m, 1, MAX_POS, PREFILL_LEN, &e[i].f, &err))
             die(e[i].path, err.msg);
         e[i].bytes = token_bytes(e[i].m);
-        run_decode(&e[i], 1, 2); /* warm: every weight page touched */
+        /* warm: every weight page touched, and the KV pages a sample
+         * writes (a page's first write faults it in: llama.cpp clears its
+         * cache when it makes it, outside its timing too) */
+        run_decode(&e[i], 1, tokens);
     }
     remove(src);
 
