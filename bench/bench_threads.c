@@ -45,8 +45,10 @@
 #define PROBE_BYTES ((size_t)1 << 30) /* 1 GiB: 30x a 32 MB L3 */
 #define MAX_T 64
 
-static const char *const TYPES[] = {"F32", "F16", "Q8_0", "Q4_0", "Q4_K_M"};
+/* the first N_DEFAULT unless $TP_BENCH_TYPES names others */
+static const char *const TYPES[] = {"F32", "F16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"};
 #define NT (sizeof TYPES / sizeof TYPES[0])
+#define N_DEFAULT 5
 
 static void die(const char *what, const char *msg)
 {
@@ -282,7 +284,7 @@ int main(int argc, char **argv)
                "  batch-1 decode per type at 1, 2, ... all CPUs (powers of two and the count), as tok/s,\n"
                "  GB/s of weights and the ratio to a DRAM read probe at the same thread count.\n"
                "  $TP_BENCH_THREADS=1,2,4 picks the thread counts; $TP_BENCH_TOKENS the tokens per sample;\n"
-               "  $TP_BENCH_TYPES=Q8_0,F16 the types (default F32,F16,Q8_0,Q4_0,Q4_K_M).\n"
+               "  $TP_BENCH_TYPES=Q8_0,F16 the types (default F32,F16,Q8_0,Q4_0,Q4_K_M; also Q5_K_M, Q6_K).\n"
                "  With $TP_MODELS (../shared/models) holding the Llama 2 vocabulary, llama.cpp (its\n"
                "  llama-bench, built on first use into build/llamacpp from the source node-llama-cpp\n"
                "  ships) decodes the same files beside it at every thread count: llama.cpp tok/s and\n"
@@ -351,10 +353,10 @@ int main(int argc, char **argv)
     memset(e, 0, sizeof e);
     size_t ne = 0;
     for (size_t k = 0; k < NT; k++)
-        if (!types || bench_list_has(types, TYPES[k]))
+        if (types ? bench_list_has(types, TYPES[k]) : k < N_DEFAULT)
             e[ne++].type = TYPES[k];
     if (!ne)
-        die("TP_BENCH_TYPES", "no known type (F32, F16, Q8_0, Q4_0, Q4_K_M)");
+        die("TP_BENCH_TYPES", "no known type (F32, F16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K)");
     for (size_t i = 0; i < ne; i++) {
         snprintf(e[i].path, sizeof e[i].path, "%s/%s-%s.gguf", dir, shape, e[i].type);
         snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, e[i].path, e[i].type);

@@ -868,13 +868,17 @@ k_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, co
  * qs[32 j..32 j + 31] of the eight rows interleaved four bytes at a time,
  * as Q4_0's panel (ROWS8_Q40_BLOCK): row k's qs[32 j + 4 i..] in dword
  * lane k of register i, so a sub-block's eight row sums come out in their
- * lanes without horizontal adds. Q6_K (ROWS8_Q6K_BLOCK): f16 d[8], int8
+ * lanes without horizontal adds. Q5_K (ROWS8_Q5K_BLOCK): Q4_K's block, then
+ * the rows' qh[32] interleaved the same way (the fifth bits of register
+ * i's quants in register i). Q6_K (ROWS8_Q6K_BLOCK): f16 d[8], int8
  * sc[16][8], then per 128 columns h the eight rows' ql[64 h..64 h + 63]
  * (512 bytes) and qh[32 h..32 h + 31] (256), each interleaved so: its
  * half sub-blocks' row sums in their lanes too (row-major rows took 20 of
  * a chunk's 45 instructions a token to sum across lanes). Both as big as
- * the file's, but for Q4_K's 32 bytes (unpacked scales: 2.8 %). */
+ * the file's, but for Q4_K's and Q5_K's 32 bytes (unpacked scales: 2.8 %
+ * and 2.3 %). */
 #define ROWS8_Q4K_BLOCK 1184
+#define ROWS8_Q5K_BLOCK 1440
 #define ROWS8_Q6K_BLOCK 1680
 
 /* Eight bytes (unsigned or signed) as eight floats. */
@@ -1049,24 +1053,47 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_
     }
 }
 
-/* Q4_K from its panel for nt tokens from t0 (a constant in each
- * instantiation, at most TOK_TILE). A 64-column chunk is two sub-blocks,
- * low nibbles then high: each sub-block's eight registers made ready once
- * for all the tokens, which take it in their own order (sub-block by
- * sub-block); each row's sum in its lane (rows8_dot32). */
+/* rows8_dot32 for quants of up to 5 bits (at most 31): maddubs pairs
+ * are then at most 2 * 31 * 127, so four are summed as int16, not eight. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i rows8_dot32_5(const __m256i w[8], const int8_t *x)
+{
+    __m256i s[2];
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m256i s16 = _mm256_setzero_si256();
+        #pragma GCC unroll 4
+        for (int r = 4 * h; r < 4 * h + 4; r++) {
+            int32_t xr;
+            memcpy(&xr, x + 4 * r, 4);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[r], _mm256_set1_epi32(xr)));
+        }
+        s[h] = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    }
+    return _mm256_add_epi32(s[0], s[1]);
+}
+
+/* Q4_K (five false) or Q5_K from its panel for nt tokens from t0 (both
+ * constants in each instantiation, nt at most TOK_TILE). A 64-column
+ * chunk is two sub-blocks, low nibbles then high: each sub-block's eight
+ * registers made ready once for all the tokens, which take it in their
+ * own order (sub-block by sub-block); each row's sum in its lane
+ * (rows8_dot32). Q5_K's block (ROWS8_Q5K_BLOCK) is Q4_K's, then the
+ * eight rows' qh[32] interleaved as the nibbles are: bit sub of its
+ * register r is the fifth bit of the quants in register r. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
-               const int nt)
+k45_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
+               const int nt, const bool five)
 {
     int cols = a->cols, nb = cols / 32, nsb = cols / 256;
-    const __m256i low = _mm256_set1_epi8(0x0f);
+    const size_t bb = five ? ROWS8_Q5K_BLOCK : ROWS8_Q4K_BLOCK;
+    const __m256i low = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
     __m256 acc[TOK_TILE];
     #pragma GCC unroll 4
     for (int tt = 0; tt < nt; tt++)
         acc[tt] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *sb = grp + (size_t)i * ROWS8_Q4K_BLOCK;
-        pf_run_to(pf, ROWS8_Q4K_BLOCK * (size_t)(i + 1));
+        const uint8_t *sb = grp + (size_t)i * bb;
+        pf_run_to(pf, bb * (size_t)(i + 1));
         __m256 d = half8_at(sb), nm = half8_at(sb + 16);
         for (int sub = 0; sub < 8; sub++) {
             const uint8_t *qs = sb + 160 + 256 * (sub / 2);
@@ -1075,13 +1102,19 @@ q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
             for (int r = 0; r < 8; r++) {
                 __m256i qq = _mm256_loadu_si256((const __m256i *)(qs + 32 * r));
                 wq[r] = _mm256_and_si256(sub % 2 ? _mm256_srli_epi16(qq, 4) : qq, low);
+                if (five) { /* bit sub of each byte to bit 4: within the byte either way */
+                    __m256i u = _mm256_loadu_si256((const __m256i *)(sb + ROWS8_Q4K_BLOCK + 32 * r));
+                    u = sub <= 4 ? _mm256_slli_epi16(u, 4 - sub) : _mm256_srli_epi16(u, sub - 4);
+                    wq[r] = _mm256_or_si256(wq[r], _mm256_and_si256(u, bit4));
+                }
             }
             __m256 ws = _mm256_mul_ps(d, u8x8_at(sb + 32 + 8 * sub));
             __m256 wm = _mm256_mul_ps(nm, u8x8_at(sb + 96 + 8 * sub));
             #pragma GCC unroll 4
             for (int tt = 0; tt < nt; tt++) {
                 size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + 8 * (size_t)i + (size_t)sub;
-                __m256i s = rows8_dot32(wq, a->q + t * (size_t)cols + 256 * (size_t)i + 32 * (size_t)sub);
+                const int8_t *x = a->q + t * (size_t)cols + 256 * (size_t)i + 32 * (size_t)sub;
+                __m256i s = five ? rows8_dot32_5(wq, x) : rows8_dot32(wq, x);
                 __m256 dxb = _mm256_set1_ps(a->dx[tb]);
                 acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws, dxb), _mm256_cvtepi32_ps(s), acc[tt]);
                 acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(wm, dxb), _mm256_set1_ps(a->sum[tb]), acc[tt]);
@@ -1155,7 +1188,22 @@ q6k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
     rows8_store_tile(acc, nt, y, ldy, t0, row0, lo, hi);
 }
 
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q4k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
+               const int nt)
+{
+    k45_panel_tile(grp, pf, a, y, ldy, row0, lo, hi, t0, nt, false);
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q5k_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int ldy, int row0, int lo, int hi, int t0,
+               const int nt)
+{
+    k45_panel_tile(grp, pf, a, y, ldy, row0, lo, hi, t0, nt, true);
+}
+
 PANEL_TILES(q4k_panel, q4k_panel_tile)
+PANEL_TILES(q5k_panel, q5k_panel_tile)
 PANEL_TILES(q6k_panel, q6k_panel_tile)
 
 __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat *w, const tp_qact *a, float *y,
@@ -1163,7 +1211,10 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_k_avx2(const tp_wmat 
 {
     bool panel8 = w->panel && w->panel->group_rows == 8;
     if (panel8)
-        panel_groups(w, a, y, ldy, r0, r1, 8, w->type == TP_GGML_Q6_K ? q6k_panel_tiles : q4k_panel_tiles);
+        panel_groups(w, a, y, ldy, r0, r1, 8,
+                     w->type == TP_GGML_Q6_K   ? q6k_panel_tiles
+                     : w->type == TP_GGML_Q5_K ? q5k_panel_tiles
+                                               : q4k_panel_tiles);
     else if (w->type == TP_GGML_Q6_K)
         k_rows(w, a, y, ldy, r0, r1, 6);
     else if (w->type == TP_GGML_Q5_K)
@@ -1603,7 +1654,7 @@ static void put_quads(uint8_t *dst, const uint8_t *src, size_t n, int k)
  * from the file's super-block src. */
 static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
 {
-    if (type == TP_GGML_Q4_K) {
+    if (type == TP_GGML_Q4_K || type == TP_GGML_Q5_K) { /* Q5_K: qh[32] between the scales and qs */
         uint16_t dmin;
         memcpy(blk + 2 * k, src, 2);
         memcpy(&dmin, src + 2, 2);
@@ -1615,7 +1666,10 @@ static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
             blk[32 + 8 * j + k] = (uint8_t)(sc >> 8 * j);
             blk[96 + 8 * j + k] = (uint8_t)(m >> 8 * j);
         }
-        put_quads(blk + 160, src + 16, 128, k);
+        bool five = type == TP_GGML_Q5_K;
+        put_quads(blk + 160, src + (five ? 48 : 16), 128, k);
+        if (five)
+            put_quads(blk + ROWS8_Q4K_BLOCK, src + 16, 32, k);
         return;
     }
     memcpy(blk + 2 * k, src + 208, 2); /* Q6_K: ql[128], qh[64], sc[16], d */
@@ -1631,7 +1685,7 @@ static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
  * group of an AVX2 panel (tp_qpanel, group_rows 4 or 8). */
 static void avx2_put(uint32_t type, const uint8_t *src, size_t fb, uint8_t *blk, int k)
 {
-    if (type == TP_GGML_Q4_K || type == TP_GGML_Q6_K) {
+    if (type == TP_GGML_Q4_K || type == TP_GGML_Q5_K || type == TP_GGML_Q6_K) {
         rows8_put_k(type, src, blk, k);
     } else if (type == TP_GGML_Q4_0 || type == TP_GGML_Q8_0) { /* ROWS8_Q40_BLOCK, ROWS8_Q80_BLOCK */
         memcpy(blk + 2 * k, src, 2);
@@ -1656,13 +1710,15 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
     if (!tp_quant_have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
-        bool rows8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q6_K || w->type == TP_GGML_Q4_0 ||
+        bool rows8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q5_K || w->type == TP_GGML_Q6_K ||
+                     w->type == TP_GGML_Q4_0 ||
                      w->type == TP_GGML_Q8_0; /* their own layouts, eight rows */
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return false;
         sh->group_rows = rows8 ? 8 : 4;
         sh->file_block = half ? 32 : ti->block_bytes;
         sh->block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK
+                        : w->type == TP_GGML_Q5_K ? ROWS8_Q5K_BLOCK
                         : w->type == TP_GGML_Q6_K ? ROWS8_Q6K_BLOCK
                         : w->type == TP_GGML_Q4_0 ? ROWS8_Q40_BLOCK
                         : w->type == TP_GGML_Q8_0 ? ROWS8_Q80_BLOCK

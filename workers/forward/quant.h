@@ -86,19 +86,19 @@ typedef struct tp_qact {
  * data + g * group_bytes + b * block_bytes + k * (block_bytes / 4), so the
  * four rows the AVX2 kernels read together are one stream (in the
  * forward's huge-page mapping). F16/BF16 blocks are 16 columns (when the
- * row is whole blocks). Q8_0, Q4_0, Q4_K and Q6_K take eight rows a
+ * row is whole blocks). Q8_0, Q4_0, Q4_K, Q5_K and Q6_K take eight rows a
  * group (group_rows), a block (Q8_0, Q4_0) or super-block of the eight at
  * data + g * group_bytes + i * block_bytes in layouts of their own
  * (quant.c: ROWS8_Q80_BLOCK, ROWS8_Q40_BLOCK, ROWS8_Q4K_BLOCK,
- * ROWS8_Q6K_BLOCK): scales together and split out of the file's packing,
- * and the quants of all but Q6_K interleaved four bytes a row. */
+ * ROWS8_Q5K_BLOCK, ROWS8_Q6K_BLOCK): scales together and split out of the
+ * file's packing, and the quants interleaved four bytes a row. */
 typedef struct tp_qpanel {
     uint32_t type;
     int groups, blocks;
     size_t block_bytes, group_bytes, bytes;
     uint8_t *data; /* 32-byte aligned; blocks too */
     bool owned;    /* data is the panel's own mapping */
-    int group_rows; /* 16: the AVX-512 layout; 4 or 8 (Q8_0, Q4_0, Q4_K, Q6_K): AVX2's */
+    int group_rows; /* 16: the AVX-512 layout; 4 or 8 (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): AVX2's */
 } tp_qpanel;
 
 /* Bytes of w's panel (a multiple of 32), 0 for a type without one (F32;
