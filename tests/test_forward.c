@@ -394,7 +394,7 @@ static void check_conversion(uint32_t bits)
 static void f16_conversions_equal_the_cpus_for_every_half_and_halfway_point(void **state)
 {
     (void)state;
-    if (!__builtin_cpu_supports("f16c"))
+    if (!tp_quant_have_f16c())
         skip();
     for (uint32_t h = 0; h < 65536; h++) {
         float want = hw_f16_to_f32((uint16_t)h), got = tp_f16_to_f32((uint16_t)h);

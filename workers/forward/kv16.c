@@ -74,7 +74,7 @@ KV16_TARGET void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const 
 
 bool tp_kv16_have_avx2(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && tp_quant_have_f16c();
 }
 
 #define KV16_AVX2 __attribute__((target("avx2,f16c")))

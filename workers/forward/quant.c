@@ -1426,7 +1426,7 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_f16_avx2(const tp_wma
 
 /* F16C through CPUID: clang (the fuzz build) has no "f16c" for
  * __builtin_cpu_supports, gcc does; both ship cpuid.h. */
-static bool have_f16c(void)
+bool tp_quant_have_f16c(void)
 {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
@@ -1440,7 +1440,7 @@ static bool have_avx2(void)
     static _Atomic int known = -1; /* the CPU does not change under us */
     int k = atomic_load_explicit(&known, memory_order_relaxed);
     if (k < 0) {
-        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && have_f16c();
+        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && tp_quant_have_f16c();
         atomic_store_explicit(&known, k, memory_order_relaxed);
     }
     return k;

@@ -144,6 +144,9 @@ bool tp_quant_have_avx512(void);
 /* The CPU has vector typed kernels: AVX-512 (above) or AVX2 + FMA + F16C
  * (no panels: the file's blocks, same bits). tp_qmatmul_rows' simd. */
 bool tp_quant_have_simd(void);
+/* The CPU converts halves (F16C; by cpuid: clang's __builtin_cpu_supports
+ * does not know the feature). */
+bool tp_quant_have_f16c(void);
 
 /* Row r of w as floats (cols of them), exactly as ggml's dequantize_row_*
  * computes them (f32 arithmetic, no fused multiply-add). */
