@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <immintrin.h>
+#include <float.h>
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "tokpipe/forward.h"
 #include "../workers/forward/kernels.h"
 #include "../workers/forward/quant.h"
+#include "../workers/forward/vexp.h"
 #include "support/batch_runs.h"
 #include "support/tiny_model.h"
 
@@ -49,6 +51,80 @@ static void fill(float *x, size_t n, unsigned seed)
         s = s * 1664525u + 1013904223u;
         x[i] = (float)((int)(s >> 8) - (1 << 23)) / (float)(1 << 23);
     }
+}
+
+/* ---- e^x (vexp.h) -------------------------------------------------------- */
+
+__attribute__((target("avx2"))) static void vexp8_lanes(const float in[8], float out[8])
+{
+    _mm256_storeu_ps(out, tp_vexp8_avx2(_mm256_loadu_ps(in)));
+}
+
+static void vexp_check(const float *x, int n)
+{
+    float lanes[8];
+    for (int i0 = 0; i0 < n; i0 += 8) {
+        int m = n - i0 < 8 ? n - i0 : 8;
+        float in[8] = {0};
+        memcpy(in, x + i0, sizeof(float) * (size_t)m);
+        if (tp_kernels_have_avx2())
+            vexp8_lanes(in, lanes);
+        for (int k = 0; k < m; k++) {
+            float got = tp_vexp(in[k]);
+            if (isnan(in[k])) {
+                if (!isnan(got))
+                    fail_msg("e^NaN is %a", got);
+                continue;
+            }
+            if (tp_kernels_have_avx2() && memcmp(&got, &lanes[k], sizeof got))
+                fail_msg("e^%a: the vector lane gives %a, the portable function %a", in[k], lanes[k], got);
+            /* within an ulp of the true value (of the smallest subnormal's
+             * spacing below the normal range; past the largest float: inf) */
+            double want = exp((double)in[k]);
+            if (want > FLT_MAX) {
+                if (!(isinf(got) || got == FLT_MAX))
+                    fail_msg("e^%a is %a, want inf", in[k], got);
+                continue;
+            }
+            int ex;
+            frexp(want, &ex);
+            double ulp = ldexp(1.0, (ex - 24 < -149 ? -149 : ex - 24));
+            if (fabs((double)got - want) > ulp)
+                fail_msg("e^%a is %a, %.3g ulp from %a", in[k], got, fabs((double)got - want) / ulp, want);
+        }
+    }
+}
+
+/* The vector lanes give the portable function's bits, and both stay
+ * within an ulp of e^x: a fine sweep of every input that does not round
+ * to 0 or 1 or overflow, plus the edges. */
+static void vexp_lanes_equal_the_portable_function_within_an_ulp(void **state)
+{
+    (void)state;
+    enum { N = 1 << 16 };
+    float *x = malloc(sizeof(float) * N);
+    uint32_t lo, hi;
+    /* every 61st float of [-104, 89.5] by bit pattern, each sign */
+    for (int sign = 0; sign < 2; sign++) {
+        float a = sign ? 104.0f : 89.5f;
+        memcpy(&hi, &a, sizeof hi);
+        lo = 0x33000000u; /* 2^-25: below it e^x rounds to 1 */
+        int n = 0;
+        for (uint32_t b = lo; b <= hi; b += 61) {
+            uint32_t v = b | (sign ? 0x80000000u : 0);
+            memcpy(&x[n++], &v, sizeof v);
+            if (n == N) {
+                vexp_check(x, n);
+                n = 0;
+            }
+        }
+        vexp_check(x, n);
+    }
+    const float edges[] = {0.0f, -0.0f, 1.0f, -1.0f, 88.72283f, 88.72284f, 89.0f, -87.33654f, -103.27893f,
+                           -103.97208f, -104.0f, -150.0f, 1e-30f, -1e-30f, 0x1p-149f, FLT_MAX, -FLT_MAX,
+                           INFINITY, -INFINITY, NAN, -NAN, 0.5f, -0.5f, 0.3465736f};
+    vexp_check(edges, (int)(sizeof edges / sizeof edges[0]));
+    free(x);
 }
 
 static void kernel_equals_sequential_fmaf_for_any_token_count(void **state)
@@ -752,6 +828,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernel_equals_sequential_fmaf_for_any_token_count),
+        cmocka_unit_test(vexp_lanes_equal_the_portable_function_within_an_ulp),
         cmocka_unit_test(tiny_gqa_model_matches_double_reference),
         cmocka_unit_test(avx2_path_gives_the_portable_bits),
         cmocka_unit_test(scalar_path_matches_double_reference),

@@ -15,6 +15,7 @@
 #include "pool.h"
 #include "prefix_cache.h"
 #include "quant.h"
+#include "vexp.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -35,7 +36,7 @@
  * one thread on a hot 768x768 matvec (590K multiply-adds), so smaller jobs
  * stay on the calling thread. */
 #define PART_MIN_MACS 262144
-/* What one SwiGLU element (an expf and a division) costs, in
+/* What one SwiGLU element (an e^x and a division) costs, in
  * multiply-adds of a matmul, for the same threshold. */
 #define SWIGLU_MACS 16
 /* PART_MIN_MACS over this for work between matmuls (parts_between). */
@@ -124,6 +125,7 @@ struct tp_forward {
     tp_kv_type kv_type;
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     bool kv16_avx2;    /* else their AVX2 path (the portable bits) */
+    bool vexp8;        /* SwiGLU's and softmax's e^x eight lanes a time (vexp.h: the portable bits) */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
@@ -584,6 +586,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->qavx512 = f->avx512 && tp_quant_have_avx512();
     f->simd = tp_kernels_have_simd();
     f->kv16_avx2 = f->simd && tp_kv16_have_avx2();
+    f->vexp8 = f->simd && __builtin_cpu_supports("avx2");
     f->qsimd = tp_quant_have_simd();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
@@ -690,6 +693,7 @@ void tp_forward_use_scalar_for_tests(tp_forward *f)
     f->avx512 = false;
     f->kv16_avx512 = false;
     f->kv16_avx2 = false;
+    f->vexp8 = false;
     f->qavx512 = false;
     f->simd = false;
     f->qsimd = false;
@@ -1031,17 +1035,39 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
         o[j] = w[j] * (ss * x[j]);
 }
 
-static void softmax(float *x, int n)
+/* x[i] = e^(x[i] - max) for i in [i0, n), eight at a time. */
+__attribute__((target("avx2"))) static void exp_shifted_avx2(float *x, int n, float max)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, tp_vexp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max))));
+    for (; i < n; i++)
+        x[i] = tp_vexp(x[i] - max);
+}
+
+/* The sum is eight chains (element i in chain i % 8) and a fixed tree:
+ * one chain of n adds was its length times an add's latency. vexp8:
+ * e^x in vector lanes (the same bits). */
+static void softmax(float *x, int n, bool vexp8)
 {
     float max = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > max)
             max = x[i];
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
+    if (vexp8) {
+        exp_shifted_avx2(x, n, max);
+    } else {
+        for (int i = 0; i < n; i++)
+            x[i] = tp_vexp(x[i] - max);
     }
+    float a[8] = {0};
+    int i0 = 0;
+    for (; i0 + 8 <= n; i0 += 8)
+        for (int j = 0; j < 8; j++)
+            a[j] += x[i0 + j];
+    for (int j = 0; i0 + j < n; j++)
+        a[j] += x[i0 + j];
+    float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
     for (int i = 0; i < n; i++)
         x[i] /= sum;
 }
@@ -1157,7 +1183,7 @@ static void attend_scalar(int hs, int pos, const float *qh, const float *const *
             score += qh[i] * k[(size_t)i * TP_KV_PAGE];
         att[t] = score / scale;
     }
-    softmax(att, pos + 1);
+    softmax(att, pos + 1, false);
     memset(oh, 0, (size_t)hs * sizeof(float));
     for (int t = 0; t <= pos; t++) {
         const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs;
@@ -1240,7 +1266,7 @@ __attribute__((target("avx2"))) static void attend_avx2(int hs, int pos, const f
         memcpy(att + t0, s, (size_t)m * sizeof(float));
         b += nb;
     }
-    softmax(att, n);
+    softmax(att, n, true);
     int i0 = 0;
     for (; i0 + 64 <= hs; i0 += 64)
         weighted_avx2(oh, att, vb, hs, n, i0, 8);
@@ -1346,20 +1372,20 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
         const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
         if (f->kv16_avx512) {
             tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
-            softmax(att, n);
+            softmax(att, n, f->vexp8);
             tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
         } else if (f->kv16_avx2) {
             tp_kv16_scores_avx2(att, qh, k16, hs, n, scale);
-            softmax(att, n);
+            softmax(att, n, f->vexp8);
             tp_kv16_weighted_sum_avx2(oh, att, v16, hs, n);
         } else {
             tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
-            softmax(att, n);
+            softmax(att, n, f->vexp8);
             tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
         }
     } else if (f->avx512) {
         scores(att, qh, (const float *const *)kb, hs, n, scale);
-        softmax(att, n);
+        softmax(att, n, f->vexp8);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
     } else if (f->simd) {
         attend_avx2(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
@@ -1482,7 +1508,7 @@ static void attention_block(tp_forward *f, int l, int T)
         rope(f, k, c->kv_dim, s->tok_pos[t]);
         store_kv(f, l, s->tok_slot[t], s->tok_pos[t], k, v);
     }
-    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head, and an expf */
+    double macs = 0; /* scores and weighted sums: 2 * head_size per position per head, and an e^x */
     for (int t = 0; t < T; t++)
         macs += (2.0 * c->head_size + SWIGLU_MACS) * (s->tok_pos[t] + 1) * c->n_heads;
     att_job aj = {f, l};
@@ -1496,18 +1522,46 @@ typedef struct swiglu_job {
     const float *h13; /* [T][2 hidden]: gate, then up */
     float *out;       /* [T][hidden] */
     size_t h;
+    bool vexp8;       /* e^x eight lanes a time (the same bits) */
 } swiglu_job;
 
-/* Elements [e0, e1) of the flattened [T][hidden] output. */
+/* out = silu(g) * u over n elements: g * (1 / (1 + e^-g)) * u. */
+static void swiglu_scalar(const float *g, const float *u, float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float val = g[i];
+        val *= 1.0f / (1.0f + tp_vexp(-val));
+        out[i] = val * u[i];
+    }
+}
+
+__attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const float *u, float *out, size_t n)
+{
+    size_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 val = _mm256_loadu_ps(g + i);
+        __m256 e = tp_vexp8_avx2(_mm256_xor_ps(val, sign));
+        val = _mm256_mul_ps(val, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(val, _mm256_loadu_ps(u + i)));
+    }
+    swiglu_scalar(g + i, u + i, out + i, n - i);
+}
+
+/* Elements [e0, e1) of the flattened [T][hidden] output, a token's run
+ * at a time. */
 static void swiglu_range(void *arg, int e0, int e1, int worker)
 {
     (void)worker;
     const swiglu_job *j = arg;
-    for (size_t e = (size_t)e0; e < (size_t)e1; e++) {
-        size_t t = e / j->h, i = e % j->h;
-        float val = j->h13[t * 2 * j->h + i];
-        val *= 1.0f / (1.0f + expf(-val));
-        j->out[e] = val * j->h13[t * 2 * j->h + j->h + i];
+    for (size_t e = (size_t)e0; e < (size_t)e1;) {
+        size_t t = e / j->h, i = e % j->h, end = (t + 1) * j->h < (size_t)e1 ? (t + 1) * j->h : (size_t)e1;
+        const float *g = j->h13 + t * 2 * j->h + i;
+        if (j->vexp8)
+            swiglu_avx2(g, g + j->h, j->out + e, end - e);
+        else
+            swiglu_scalar(g, g + j->h, j->out + e, end - e);
+        e = end;
     }
 }
 
@@ -1547,7 +1601,7 @@ static bool ffn_up_fused(tp_forward *f, int l, int T, int h)
     const tp_model_config *c = &f->c;
     scratch *s = &f->s;
     ffn_up_job j = {.m = {.x = s->xb, .y = s->h13, .ldx = c->dim, .n_tok = T, .ldy = 2 * h, .simd = f->simd},
-                    .sj = {s->h13, s->proj, (size_t)h}};
+                    .sj = {s->h13, s->proj, (size_t)h, f->vexp8}};
     int align;
     if (pl->tw13.n == 2 && !pl->tw13.part[0].p.p && !pl->tw13.part[1].p.p &&
         typed_kind(&pl->tw13.part[0]) == typed_kind(&pl->tw13.part[1]) && pl->tw13.part[0].col == 0 &&
@@ -1574,7 +1628,7 @@ static void ffn_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
-    /* SwiGLU, packed [T][hidden] into proj: an expf per element, a share of
+    /* SwiGLU, packed [T][hidden] into proj: an e^x per element, a share of
      * a batched step big enough to split too (elementwise: same bits); with
      * the matmul's rows where it can */
     if (!ffn_up_fused(f, l, T, (int)h)) {
@@ -1582,7 +1636,7 @@ static void ffn_block(tp_forward *f, int l, int T)
         const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
         layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
                      (int)(2 * h));
-        swiglu_job sj = {s->h13, s->proj, h};
+        swiglu_job sj = {s->h13, s->proj, h, f->vexp8};
         tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range,
                     &sj);
     }
