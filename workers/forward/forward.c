@@ -9,6 +9,7 @@
  * opt-in alternative (tp_forward_set_kernel) for throughput at large
  * batches. */
 #include "tokpipe/forward.h"
+#include "attn_avx2.h"
 #include "blas.h"
 #include "kernels.h"
 #include "kv16.h"
@@ -124,7 +125,7 @@ struct tp_forward {
     int *n_pub;        /* per slot: leading pages offered to the cache */
     tp_kv_type kv_type;
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
-    bool kv16_avx2;    /* else their AVX2 path (the portable bits) */
+    bool kv16_avx2;    /* else AVX2 (attn_avx2.h: the portable bits) */
     bool vexp8;        /* SwiGLU's and softmax's e^x eight lanes a time (vexp.h: the portable bits) */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
@@ -585,7 +586,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->part_min = PART_MIN_MACS;
     f->qavx512 = f->avx512 && tp_quant_have_avx512();
     f->simd = tp_kernels_have_simd();
-    f->kv16_avx2 = f->simd && tp_kv16_have_avx2();
+    f->kv16_avx2 = f->simd && tp_quant_have_f16c();
     f->vexp8 = f->simd && __builtin_cpu_supports("avx2");
     f->qsimd = tp_quant_have_simd();
     int rc = alloc_pool(f, err);
@@ -1193,102 +1194,6 @@ static void attend_scalar(int hs, int pos, const float *qh, const float *const *
     }
 }
 
-/* Scores of the nb (1..4) key blocks from kb of one head: position
- * 16 b + l's score in s[16 b + l]. Eight chains (two a block) in flight
- * where one block's two would wait on each add's latency; each score is
- * still one chain of products summed over the head's elements from 0. */
-__attribute__((target("avx2"), always_inline)) static inline void scores_avx2(float *s, const float *qh,
-                                                                              const float *const *kb, int hs,
-                                                                              const int nb)
-{
-    __m256 a[8];
-    #pragma GCC unroll 8
-    for (int j = 0; j < 2 * nb; j++)
-        a[j] = _mm256_setzero_ps();
-    for (int i = 0; i < hs; i++) {
-        __m256 q = _mm256_set1_ps(qh[i]);
-        #pragma GCC unroll 8
-        for (int j = 0; j < 2 * nb; j++)
-            a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(q, _mm256_loadu_ps(kb[j / 2] + (size_t)i * TP_KV_PAGE +
-                                                                           8 * (j % 2))));
-    }
-    float scale = sqrtf((float)hs);
-    #pragma GCC unroll 8
-    for (int j = 0; j < 2 * nb; j++)
-        _mm256_storeu_ps(s + 8 * j, _mm256_div_ps(a[j], _mm256_set1_ps(scale)));
-}
-
-/* Elements [i0, i0 + 8 nc) of the weighted sum over positions 0..n-1:
- * nc (1..8) chains, one an 8-element chunk, each summed over t from 0. */
-__attribute__((target("avx2"), always_inline)) static inline void
-weighted_avx2(float *oh, const float *att, const float *const *vb, int hs, int n, int i0, const int nc)
-{
-    __m256 o[8];
-    #pragma GCC unroll 8
-    for (int j = 0; j < nc; j++)
-        o[j] = _mm256_setzero_ps();
-    for (int t = 0; t < n; t++) {
-        const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs + i0;
-        __m256 a = _mm256_set1_ps(att[t]);
-        #pragma GCC unroll 8
-        for (int j = 0; j < nc; j++)
-            o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(a, _mm256_loadu_ps(v + 8 * j)));
-    }
-    #pragma GCC unroll 8
-    for (int j = 0; j < nc; j++)
-        _mm256_storeu_ps(oh + i0 + 8 * j, o[j]);
-}
-
-/* attend_scalar with AVX2, for CPUs without AVX-512: every score and
- * output element takes the same IEEE operations in the same order (a
- * product, then a sum, never fused), lanes being positions for the scores
- * (a key block holds an element of 16 positions side by side) and
- * elements for the weighted sum, so the bits are the scalar path's. Four
- * key blocks and 64 output elements a pass: with a block or 32 elements
- * (four chains) the adds' latency, not the loads, set the pace (the
- * scores of 200 positions took 10 % of a stories110M token, one thread). */
-__attribute__((target("avx2"))) static void attend_avx2(int hs, int pos, const float *qh, const float *const *kb,
-                                                       const float *const *vb, float *oh, float *att)
-{
-    int n = pos + 1, nblk = (n + TP_KV_PAGE - 1) / TP_KV_PAGE, b = 0;
-    /* A block's positions past pos hold whatever the page holds: computed,
-     * never stored (s has room for four whole blocks). */
-    float s[4 * TP_KV_PAGE];
-    while (b < nblk) {
-        int nb = nblk - b < 4 ? nblk - b : 4;
-        switch (nb) {
-        case 4: scores_avx2(s, qh, kb + b, hs, 4); break;
-        case 3: scores_avx2(s, qh, kb + b, hs, 3); break;
-        case 2: scores_avx2(s, qh, kb + b, hs, 2); break;
-        default: scores_avx2(s, qh, kb + b, hs, 1); break;
-        }
-        int t0 = b * TP_KV_PAGE, m = n - t0 < nb * TP_KV_PAGE ? n - t0 : nb * TP_KV_PAGE;
-        memcpy(att + t0, s, (size_t)m * sizeof(float));
-        b += nb;
-    }
-    softmax(att, n, true);
-    int i0 = 0;
-    for (; i0 + 64 <= hs; i0 += 64)
-        weighted_avx2(oh, att, vb, hs, n, i0, 8);
-    switch ((hs - i0) / 8) { /* the whole chunks left, in one pass */
-    case 7: weighted_avx2(oh, att, vb, hs, n, i0, 7); break;
-    case 6: weighted_avx2(oh, att, vb, hs, n, i0, 6); break;
-    case 5: weighted_avx2(oh, att, vb, hs, n, i0, 5); break;
-    case 4: weighted_avx2(oh, att, vb, hs, n, i0, 4); break;
-    case 3: weighted_avx2(oh, att, vb, hs, n, i0, 3); break;
-    case 2: weighted_avx2(oh, att, vb, hs, n, i0, 2); break;
-    case 1: weighted_avx2(oh, att, vb, hs, n, i0, 1); break;
-    default: break;
-    }
-    i0 += (hs - i0) / 8 * 8;
-    for (int i = i0; i < hs; i++) {
-        float o = 0.0f;
-        for (int t = 0; t < n; t++)
-            o += att[t] * vb[t / TP_KV_PAGE][(size_t)(t % TP_KV_PAGE) * hs + i];
-        oh[i] = o;
-    }
-}
-
 /* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
  * FMA chains, masked at the end): each score is one FMA chain over the
  * head's elements from 0, then divided by scale. kb[t / 16] is the head's
@@ -1375,9 +1280,9 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
             softmax(att, n, f->vexp8);
             tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
         } else if (f->kv16_avx2) {
-            tp_kv16_scores_avx2(att, qh, k16, hs, n, scale);
+            tp_attn_scores_avx2(att, qh, kb, hs, n, scale, true);
             softmax(att, n, f->vexp8);
-            tp_kv16_weighted_sum_avx2(oh, att, v16, hs, n);
+            tp_attn_weighted_avx2(oh, att, vb, hs, n, true);
         } else {
             tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
             softmax(att, n, f->vexp8);
@@ -1387,8 +1292,10 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
         scores(att, qh, (const float *const *)kb, hs, n, scale);
         softmax(att, n, f->vexp8);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
-    } else if (f->simd) {
-        attend_avx2(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
+    } else if (f->simd) { /* AVX2 */
+        tp_attn_scores_avx2(att, qh, kb, hs, n, scale, false);
+        softmax(att, n, f->vexp8);
+        tp_attn_weighted_avx2(oh, att, vb, hs, n, false);
     } else {
         attend_scalar(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
     }

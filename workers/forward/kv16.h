@@ -28,15 +28,8 @@ void tp_kv16_scores_avx512(float *att, const float *qh, const uint16_t *const *k
  * over t in order; value_t at vblk[t / 16] + (t % 16) * hs. */
 void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n);
 
-/* The same with AVX2 and F16C (tp_kv16_have_avx2), in the portable
- * versions' order and operations (a product, then a sum, never fused):
- * their bits. Four key blocks and 64 value elements a pass. */
-bool tp_kv16_have_avx2(void);
-void tp_kv16_scores_avx2(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n, float scale);
-void tp_kv16_weighted_sum_avx2(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n);
-
 /* The portable versions (plain multiply-adds, as forward.c's scalar f32
- * attention). */
+ * attention; attn_avx2.h gives their bits with AVX2). */
 void tp_kv16_scores_scalar(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n, float scale);
 void tp_kv16_weighted_sum_scalar(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n);
 
