@@ -1163,6 +1163,16 @@ static void prefetch_kv(const tp_forward *f, int layer, int slot, int pos)
     }
 }
 
+/* Ask for a norm's weights one pool job before rmsnorm reads them: they
+ * are read once a step, so a whole step's weights have gone through the
+ * caches since, and rmsnorm runs on the calling thread while the others
+ * wait. */
+static void prefetch_norm(const float *w, int n)
+{
+    for (int j = 0; j < n; j += 16)
+        __builtin_prefetch(w + j, 0, 3);
+}
+
 /* A query head's KV blocks (kv head g of layer `layer`) of a sequence,
  * positions 0..n-1, resolved through its block table into kb / vb (one
  * pointer per page, in position order). */
@@ -1428,6 +1438,7 @@ static void attention_block(tp_forward *f, int l, int T)
     for (int t = 0; t < T; t++)
         macs += (2.0 * c->head_size + SWIGLU_MACS) * (s->tok_pos[t] + 1) * c->n_heads;
     att_job aj = {f, l};
+    prefetch_norm(lw->rms_ffn, c->dim);
     tp_pool_run(f->pool, T * c->n_heads, 1, parts_between(f, macs), attend_units, &aj);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj,
                  c->dim);
@@ -1556,6 +1567,8 @@ static void ffn_block(tp_forward *f, int l, int T)
         tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range,
                     &sj);
     }
+    const tp_model_weights *mw = tp_model_get_weights(f->model);
+    prefetch_norm(l + 1 < c->n_layers ? mw->layers[l + 1].rms_att : mw->rms_final, c->dim);
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
                  c->dim);
