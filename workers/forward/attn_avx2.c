@@ -2,12 +2,13 @@
  * instantiation of the inline bodies. */
 #include "attn_avx2.h"
 #include "quant.h" /* tp_f16_to_f32 */
+#include "tokpipe/forward.h" /* TP_FWD_PAGE */
 
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
-#define PAGE 16 /* positions a KV page holds (forward.c's TP_KV_PAGE) */
+#define PAGE TP_FWD_PAGE /* positions a KV page holds */
 #define ATTN_AVX2 __attribute__((target("avx2,f16c"), always_inline)) static inline
 
 /* Eight values from element i of a block, as exact floats. */

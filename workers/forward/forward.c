@@ -103,7 +103,8 @@ struct tp_forward {
     void *panels;   /* the integer parts' panels (make_panels) */
     size_t panels_len;
     bool qavx512;   /* typed kernels' AVX-512 path (needs VNNI too): panels */
-    bool simd, qsimd; /* f32 / typed matmuls: the CPU's vector kernels (AVX-512 or AVX2) */
+    bool simd, qsimd; /* f32 / typed matmuls: the CPU's vector kernels (AVX-512 or AVX2); simd
+                       * also SwiGLU's and the softmax's e^x in AVX2 lanes (vexp.h: the portable bits) */
     int slots, max_pos, max_tokens;
     int kv_pos; /* max_pos rounded up to a multiple of TP_KV_PAGE */
     /* Paged KV (prefix_cache.h): pages of TP_KV_PAGE (16) positions, each
@@ -126,7 +127,6 @@ struct tp_forward {
     tp_kv_type kv_type;
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     bool kv16_avx2;    /* else AVX2 (attn_avx2.h: the portable bits) */
-    bool vexp8;        /* SwiGLU's and softmax's e^x eight lanes a time (vexp.h: the portable bits) */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
@@ -587,7 +587,6 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->qavx512 = f->avx512 && tp_quant_have_avx512();
     f->simd = tp_kernels_have_simd();
     f->kv16_avx2 = f->simd && tp_quant_have_f16c();
-    f->vexp8 = f->simd && __builtin_cpu_supports("avx2");
     f->qsimd = tp_quant_have_simd();
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
@@ -694,7 +693,6 @@ void tp_forward_use_scalar_for_tests(tp_forward *f)
     f->avx512 = false;
     f->kv16_avx512 = false;
     f->kv16_avx2 = false;
-    f->vexp8 = false;
     f->qavx512 = false;
     f->simd = false;
     f->qsimd = false;
@@ -1024,20 +1022,26 @@ const tp_model *tp_forward_model(const tp_forward *f) { return f->model; }
 
 /* ---- per-token math (run.c) ------------------------------------------- */
 
-/* The sum of squares in eight chains (element j in chain j % 8) and a
- * fixed tree, on every path: one chain was dim adds in a row, each
- * waiting for the last (about a microsecond at dim 768 on Zen 3), on the
- * calling thread while the others wait. */
-static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+/* The sum of x[0..n) (square: of their squares) in eight chains (element
+ * i in chain i % 8) and a fixed tree, the same on every path: one chain
+ * was n adds in a row, each waiting for the last (rmsnorm: about a
+ * microsecond at dim 768 on Zen 3, on the calling thread while the other
+ * threads wait). */
+static inline float sum8(const float *x, int n, const bool square)
 {
     float a[8] = {0};
-    int j0 = 0;
-    for (; j0 + 8 <= n; j0 += 8)
+    int i0 = 0;
+    for (; i0 + 8 <= n; i0 += 8)
         for (int j = 0; j < 8; j++)
-            a[j] += x[j0 + j] * x[j0 + j];
-    for (int j = 0; j0 + j < n; j++)
-        a[j] += x[j0 + j] * x[j0 + j];
-    float ss = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+            a[j] += square ? x[i0 + j] * x[i0 + j] : x[i0 + j];
+    for (int j = 0; i0 + j < n; j++)
+        a[j] += square ? x[i0 + j] * x[i0 + j] : x[i0 + j];
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+{
+    float ss = sum8(x, n, true);
     ss /= (float)n;
     ss += eps;
     ss = 1.0f / sqrtf(ss);
@@ -1045,7 +1049,7 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
         o[j] = w[j] * (ss * x[j]);
 }
 
-/* x[i] = e^(x[i] - max) for i in [i0, n), eight at a time. */
+/* x[i] = e^(x[i] - max) for i in [0, n), eight at a time. */
 __attribute__((target("avx2"))) static void exp_shifted_avx2(float *x, int n, float max)
 {
     int i = 0;
@@ -1055,9 +1059,7 @@ __attribute__((target("avx2"))) static void exp_shifted_avx2(float *x, int n, fl
         x[i] = tp_vexp(x[i] - max);
 }
 
-/* The sum is eight chains (element i in chain i % 8) and a fixed tree:
- * one chain of n adds was its length times an add's latency. vexp8:
- * e^x in vector lanes (the same bits). */
+/* The sum by sum8. vexp8: e^x in vector lanes (the same bits). */
 static void softmax(float *x, int n, bool vexp8)
 {
     float max = x[0];
@@ -1070,14 +1072,7 @@ static void softmax(float *x, int n, bool vexp8)
         for (int i = 0; i < n; i++)
             x[i] = tp_vexp(x[i] - max);
     }
-    float a[8] = {0};
-    int i0 = 0;
-    for (; i0 + 8 <= n; i0 += 8)
-        for (int j = 0; j < 8; j++)
-            a[j] += x[i0 + j];
-    for (int j = 0; i0 + j < n; j++)
-        a[j] += x[i0 + j];
-    float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    float sum = sum8(x, n, false);
     for (int i = 0; i < n; i++)
         x[i] /= sum;
 }
@@ -1296,24 +1291,24 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
         const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
         if (f->kv16_avx512) {
             tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
-            softmax(att, n, f->vexp8);
+            softmax(att, n, f->simd);
             tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
         } else if (f->kv16_avx2) {
             tp_attn_scores_avx2(att, qh, kb, hs, n, scale, true);
-            softmax(att, n, f->vexp8);
+            softmax(att, n, f->simd);
             tp_attn_weighted_avx2(oh, att, vb, hs, n, true);
         } else {
             tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
-            softmax(att, n, f->vexp8);
+            softmax(att, n, f->simd);
             tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
         }
     } else if (f->avx512) {
         scores(att, qh, (const float *const *)kb, hs, n, scale);
-        softmax(att, n, f->vexp8);
+        softmax(att, n, f->simd);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
     } else if (f->simd) { /* AVX2 */
         tp_attn_scores_avx2(att, qh, kb, hs, n, scale, false);
-        softmax(att, n, f->vexp8);
+        softmax(att, n, f->simd);
         tp_attn_weighted_avx2(oh, att, vb, hs, n, false);
     } else {
         attend_scalar(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
@@ -1449,7 +1444,7 @@ typedef struct swiglu_job {
     const float *h13; /* [T][2 hidden]: gate, then up */
     float *out;       /* [T][hidden] */
     size_t h;
-    bool vexp8;       /* e^x eight lanes a time (the same bits) */
+    bool vexp8;       /* e^x eight lanes a time (the same bits): the forward's simd */
 } swiglu_job;
 
 /* out = silu(g) * u over n elements: g * (1 / (1 + e^-g)) * u. */
@@ -1528,7 +1523,7 @@ static bool ffn_up_fused(tp_forward *f, int l, int T, int h)
     const tp_model_config *c = &f->c;
     scratch *s = &f->s;
     ffn_up_job j = {.m = {.x = s->xb, .y = s->h13, .ldx = c->dim, .n_tok = T, .ldy = 2 * h, .simd = f->simd},
-                    .sj = {s->h13, s->proj, (size_t)h, f->vexp8}};
+                    .sj = {s->h13, s->proj, (size_t)h, f->simd}};
     int align;
     if (pl->tw13.n == 2 && !pl->tw13.part[0].p.p && !pl->tw13.part[1].p.p &&
         typed_kind(&pl->tw13.part[0]) == typed_kind(&pl->tw13.part[1]) && pl->tw13.part[0].col == 0 &&
@@ -1563,7 +1558,7 @@ static void ffn_block(tp_forward *f, int l, int T)
         const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
         layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
                      (int)(2 * h));
-        swiglu_job sj = {s->h13, s->proj, h, f->vexp8};
+        swiglu_job sj = {s->h13, s->proj, h, f->simd};
         tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range,
                     &sj);
     }

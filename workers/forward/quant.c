@@ -372,8 +372,6 @@ typedef struct pf_run {
     const char *next, *base; /* next line to ask for; where the run starts */
 } pf_run;
 
-/* The run for a group of group bytes starting at start: at least
- * AVX2_PREFETCH_RUN bytes and at least the group itself ahead. */
 /* The run exactly ahead bytes ahead of start: for a panel (one
  * contiguous stream) whose kernel does so little work per byte that a
  * nearer run serves it better. Decode, one thread, Zen 3, stories110M
@@ -389,6 +387,8 @@ static inline pf_run pf_run_ahead(const void *start, size_t ahead)
     return (pf_run){b, b};
 }
 
+/* The run for a group of group bytes starting at start: at least
+ * AVX2_PREFETCH_RUN bytes and at least the group itself ahead. */
 static inline pf_run pf_run_at(const void *start, size_t group)
 {
     return pf_run_ahead(start, group < AVX2_PREFETCH_RUN ? AVX2_PREFETCH_RUN : group);
@@ -922,20 +922,28 @@ rows8_store_tile(const __m256 acc[TOK_TILE], int nt, float *y, int ldy, int t0, 
 }
 
 /* Eight rows' exact sums over 32 columns, row k in lane k: w[r] holds
- * the rows' unsigned quants (at most 15) of columns 4r..4r + 3, row k's
- * in dword lane k, and x's quad r is broadcast to every lane. Pairs of
- * maddubs are at most 2 * 15 * 127, the eight summed as int16 at most
- * 30480, widened once. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i rows8_dot32(const __m256i w[8], const int8_t *x)
+ * the rows' unsigned quants of columns 4r..4r + 3, row k's in dword lane
+ * k, and x's quad r is broadcast to every lane. span (a constant: 8 or 4)
+ * maddubs are summed as int16 before widening: for 4-bit quants (at most
+ * 15) pairs are at most 2 * 15 * 127 and eight sum to 30480; 5-bit ones
+ * (at most 31) take four at a time (31496). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i rows8_dot32(const __m256i w[8], const int8_t *x,
+                                                                              const int span)
 {
-    __m256i s16 = _mm256_setzero_si256();
-    #pragma GCC unroll 8
-    for (int r = 0; r < 8; r++) {
-        int32_t xr;
-        memcpy(&xr, x + 4 * r, 4);
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[r], _mm256_set1_epi32(xr)));
+    __m256i s = _mm256_setzero_si256();
+    #pragma GCC unroll 2
+    for (int r0 = 0; r0 < 8; r0 += span) {
+        __m256i s16 = _mm256_setzero_si256();
+        #pragma GCC unroll 8
+        for (int r = r0; r < r0 + span; r++) {
+            int32_t xr;
+            memcpy(&xr, x + 4 * r, 4);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[r], _mm256_set1_epi32(xr)));
+        }
+        __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+        s = r0 ? _mm256_add_epi32(s, s32) : s32;
     }
-    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    return s;
 }
 
 /* Q4_0's AVX2 panel (tp_qpanel group_rows 8): a block of eight rows is
@@ -974,7 +982,7 @@ q40_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
         #pragma GCC unroll 4
         for (int tt = 0; tt < nt; tt++) {
             size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + (size_t)b;
-            __m256i s = _mm256_add_epi32(rows8_dot32(w, a->q + t * (size_t)cols + 32 * (size_t)b),
+            __m256i s = _mm256_add_epi32(rows8_dot32(w, a->q + t * (size_t)cols + 32 * (size_t)b, 8),
                                          _mm256_set1_epi32(8 * a->nsum32[tb]));
             acc[tt] = block_fma(acc[tt], d, a->dx[tb], s);
         }
@@ -1053,25 +1061,6 @@ __attribute__((target("avx2,fma,f16c"))) static void qrows_legacy_avx2(const tp_
     }
 }
 
-/* rows8_dot32 for quants of up to 5 bits (at most 31): maddubs pairs
- * are then at most 2 * 31 * 127, so four are summed as int16, not eight. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i rows8_dot32_5(const __m256i w[8], const int8_t *x)
-{
-    __m256i s[2];
-    #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        __m256i s16 = _mm256_setzero_si256();
-        #pragma GCC unroll 4
-        for (int r = 4 * h; r < 4 * h + 4; r++) {
-            int32_t xr;
-            memcpy(&xr, x + 4 * r, 4);
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[r], _mm256_set1_epi32(xr)));
-        }
-        s[h] = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    }
-    return _mm256_add_epi32(s[0], s[1]);
-}
-
 /* Q4_K (five false) or Q5_K from its panel for nt tokens from t0 (both
  * constants in each instantiation, nt at most TOK_TILE). A 64-column
  * chunk is two sub-blocks, low nibbles then high: each sub-block's eight
@@ -1113,8 +1102,7 @@ k45_panel_tile(const uint8_t *grp, pf_run *pf, const tp_qact *a, float *y, int l
             #pragma GCC unroll 4
             for (int tt = 0; tt < nt; tt++) {
                 size_t t = (size_t)(t0 + tt), tb = t * (size_t)nb + 8 * (size_t)i + (size_t)sub;
-                const int8_t *x = a->q + t * (size_t)cols + 256 * (size_t)i + 32 * (size_t)sub;
-                __m256i s = five ? rows8_dot32_5(wq, x) : rows8_dot32(wq, x);
+                __m256i s = rows8_dot32(wq, a->q + t * (size_t)cols + 256 * (size_t)i + 32 * (size_t)sub, five ? 4 : 8);
                 __m256 dxb = _mm256_set1_ps(a->dx[tb]);
                 acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(ws, dxb), _mm256_cvtepi32_ps(s), acc[tt]);
                 acc[tt] = _mm256_fmadd_ps(_mm256_mul_ps(wm, dxb), _mm256_set1_ps(a->sum[tb]), acc[tt]);
