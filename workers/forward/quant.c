@@ -1372,14 +1372,22 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 f16_rows_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, const bool bf)
 {
     int cols = w->cols, full = cols / 16 * 16;
+    if (a->n_tok > 1) {
+        /* Groups inside the block of tokens: its activations (F16_TOKENS
+         * x cols floats) stay in L2 while the range's groups stream past.
+         * Groups outside swept every token's x once a group, more than L2
+         * holds in a long prompt: by 128 tokens, 2048 x 768 65 -> 82
+         * GFLOP/s, 768 x 2048 65 -> 76 (Zen 3, one thread). */
+        for (int t = 0; t < a->n_tok; t += F16_TOKENS)
+            for (int r = r0; r < r1; r += 4) {
+                rows4 q = rows4_at(w, r, r1, 32); /* a block: 16 columns */
+                pf_run_to(&q.pf, 128 * (size_t)(full / 16));
+                f16_block(&q, a, y, ldy, r, t, a->n_tok - t < F16_TOKENS ? a->n_tok : t + F16_TOKENS, bf);
+            }
+        return;
+    }
     for (int r = r0; r < r1; r += 4) {
         rows4 q = rows4_at(w, r, r1, 32); /* a block: 16 columns */
-        if (a->n_tok > 1) {
-            pf_run_to(&q.pf, 128 * (size_t)(full / 16));
-            for (int t = 0; t < a->n_tok; t += F16_TOKENS)
-                f16_block(&q, a, y, ldy, r, t, a->n_tok - t < F16_TOKENS ? a->n_tok : t + F16_TOKENS, bf);
-            continue;
-        }
         if (w->panel && w->panel->group_rows == 4) /* the group's rows are one stream */
             q.pf = pf_run_ahead(q.p[0], F16_PANEL_AHEAD);
         const uint8_t *const *row = q.p;
