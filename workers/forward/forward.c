@@ -1545,7 +1545,8 @@ static bool ffn_up_fused(tp_forward *f, int l, int T, int h)
 static void ffn_block(tp_forward *f, int l, int T)
 {
     const tp_model_config *c = &f->c;
-    const tp_layer_weights *lw = &tp_model_get_weights(f->model)->layers[l];
+    const tp_model_weights *mw = tp_model_get_weights(f->model);
+    const tp_layer_weights *lw = &mw->layers[l];
     scratch *s = &f->s;
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
@@ -1562,7 +1563,6 @@ static void ffn_block(tp_forward *f, int l, int T)
         tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range,
                     &sj);
     }
-    const tp_model_weights *mw = tp_model_get_weights(f->model);
     prefetch_norm(l + 1 < c->n_layers ? mw->layers[l + 1].rms_att : mw->rms_final, c->dim);
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,

@@ -1700,25 +1700,32 @@ typedef struct panel_shape {
     size_t file_block, block_bytes, bytes;
 } panel_shape;
 
+/* Bytes of a block (super-block) of eight rows in the AVX2 layout of its
+ * own that type has, or 0 for a type in the file's blocks of four rows. */
+static size_t rows8_block_bytes(uint32_t type)
+{
+    switch (type) {
+    case TP_GGML_Q4_K: return ROWS8_Q4K_BLOCK;
+    case TP_GGML_Q5_K: return ROWS8_Q5K_BLOCK;
+    case TP_GGML_Q6_K: return ROWS8_Q6K_BLOCK;
+    case TP_GGML_Q4_0: return ROWS8_Q40_BLOCK;
+    case TP_GGML_Q8_0: return ROWS8_Q80_BLOCK;
+    default: return 0;
+    }
+}
+
 /* False for a matrix without a panel on this CPU. */
 static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
 {
     if (!tp_quant_have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
-        bool rows8 = w->type == TP_GGML_Q4_K || w->type == TP_GGML_Q5_K || w->type == TP_GGML_Q6_K ||
-                     w->type == TP_GGML_Q4_0 ||
-                     w->type == TP_GGML_Q8_0; /* their own layouts, eight rows */
+        size_t rows8 = rows8_block_bytes(w->type);
         if (!have_avx2() || !ti || !tp_quant_type_ok(w->type) || (half && w->cols % 16))
             return false;
         sh->group_rows = rows8 ? 8 : 4;
         sh->file_block = half ? 32 : ti->block_bytes;
-        sh->block_bytes = w->type == TP_GGML_Q4_K ? ROWS8_Q4K_BLOCK
-                        : w->type == TP_GGML_Q5_K ? ROWS8_Q5K_BLOCK
-                        : w->type == TP_GGML_Q6_K ? ROWS8_Q6K_BLOCK
-                        : w->type == TP_GGML_Q4_0 ? ROWS8_Q40_BLOCK
-                        : w->type == TP_GGML_Q8_0 ? ROWS8_Q80_BLOCK
-                                                  : 4 * sh->file_block;
+        sh->block_bytes = rows8 ? rows8 : 4 * sh->file_block;
         sh->blocks = (int)(w->row_bytes / sh->file_block);
         size_t groups = (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
         /* whole cache lines, so the panel after it in a mapping starts on one */

@@ -142,7 +142,7 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
 /* The CPU has what the AVX-512 typed kernels use (F, BW, VL, VNNI). */
 bool tp_quant_have_avx512(void);
 /* The CPU has vector typed kernels: AVX-512 (above) or AVX2 + FMA + F16C
- * (no panels: the file's blocks, same bits). tp_qmatmul_rows' simd. */
+ * (tp_qpanel's AVX2 layouts, same bits). tp_qmatmul_rows' simd. */
 bool tp_quant_have_simd(void);
 /* The CPU converts halves (F16C; by cpuid: clang's __builtin_cpu_supports
  * does not know the feature). */

@@ -19,8 +19,7 @@ float tp_vexp(float x)
     y = y < TP_VEXP_LIMIT ? y : TP_VEXP_LIMIT;
     y = y > -TP_VEXP_LIMIT ? y : -TP_VEXP_LIMIT;
     double k = floor(y + 0.5), t = (y - k) * TP_VEXP_LN2;
-    static const double c[] = {TP_VEXP_C8, TP_VEXP_C7, TP_VEXP_C6, TP_VEXP_C5, TP_VEXP_C4,
-                               TP_VEXP_C3, TP_VEXP_C2, TP_VEXP_C1, TP_VEXP_C0};
+    static const double c[] = TP_VEXP_HORNER;
     double p = TP_VEXP_C9;
     for (int i = 0; i < 9; i++)
         p = p * t + c[i];

@@ -39,6 +39,9 @@
 #define TP_VEXP_C2 0.5
 #define TP_VEXP_C1 1.0
 #define TP_VEXP_C0 1.0
+/* Horner's order after C9: one list for both paths */
+#define TP_VEXP_HORNER                                                                                   \
+    {TP_VEXP_C8, TP_VEXP_C7, TP_VEXP_C6, TP_VEXP_C5, TP_VEXP_C4, TP_VEXP_C3, TP_VEXP_C2, TP_VEXP_C1, TP_VEXP_C0}
 
 /* The portable e^x. */
 float tp_vexp(float x);
@@ -51,8 +54,7 @@ __attribute__((target("avx2"), always_inline)) static inline __m128 tp_vexp4_avx
     y = _mm256_max_pd(_mm256_min_pd(y, _mm256_set1_pd(TP_VEXP_LIMIT)), _mm256_set1_pd(-TP_VEXP_LIMIT));
     __m256d k = _mm256_floor_pd(_mm256_add_pd(y, _mm256_set1_pd(0.5)));
     __m256d t = _mm256_mul_pd(_mm256_sub_pd(y, k), _mm256_set1_pd(TP_VEXP_LN2));
-    static const double c[] = {TP_VEXP_C8, TP_VEXP_C7, TP_VEXP_C6, TP_VEXP_C5, TP_VEXP_C4,
-                               TP_VEXP_C3, TP_VEXP_C2, TP_VEXP_C1, TP_VEXP_C0};
+    static const double c[] = TP_VEXP_HORNER;
     __m256d p = _mm256_set1_pd(TP_VEXP_C9);
     #pragma GCC unroll 9
     for (int i = 0; i < 9; i++)
