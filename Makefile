@@ -53,7 +53,10 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 TEST_LIBS  := $(shell pkg-config --libs cmocka 2>/dev/null)
 
-CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPTFLAGS) $(SANFLAGS) \
+# -ffp-contract=off: a product and a sum stay two roundings unless the code
+# says fmaf; the portable kernels' bits (which every vector path gives) must
+# not depend on a compiler's default (gcc's -std=c11 has it off, clang's on).
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -ffp-contract=off $(OPTFLAGS) $(SANFLAGS) \
            -Iinclude -I$(BUILD)/gen $(PKG_CFLAGS) -MMD -MP
 # --as-needed explicitly: gcc drops it under -fsanitize, which made every
 # sanitizer build load libopenblas, whose thread pool starts at load with
@@ -177,7 +180,7 @@ asan:
 # Fuzz targets are built with clang's libFuzzer plus ASan/UBSan from their own
 # object tree so the normal build stays gcc.
 FUZZ_BUILD := build-fuzz
-FUZZ_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -O1 -g -DTP_NO_UNROLL \
+FUZZ_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -ffp-contract=off -O1 -g -DTP_NO_UNROLL \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                -Iinclude -I$(BUILD)/gen $(PKG_CFLAGS) -MMD -MP
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(LIB_SRC))

@@ -67,7 +67,7 @@ static void vexp_check(const float *x, int n)
         int m = n - i0 < 8 ? n - i0 : 8;
         float in[8] = {0};
         memcpy(in, x + i0, sizeof(float) * (size_t)m);
-        if (tp_kernels_have_avx2())
+        if (tp_isa_cpu() >= TP_ISA_AVX2)
             vexp8_lanes(in, lanes);
         for (int k = 0; k < m; k++) {
             float got = tp_vexp(in[k]);
@@ -76,7 +76,7 @@ static void vexp_check(const float *x, int n)
                     fail_msg("e^NaN is %a", got);
                 continue;
             }
-            if (tp_kernels_have_avx2() && memcmp(&got, &lanes[k], sizeof got))
+            if (tp_isa_cpu() >= TP_ISA_AVX2 && memcmp(&got, &lanes[k], sizeof got))
                 fail_msg("e^%a: the vector lane gives %a, the portable function %a", in[k], lanes[k], got);
             /* within an ulp of the true value (of the smallest subnormal's
              * spacing below the normal range; past the largest float: inf) */
@@ -213,7 +213,7 @@ static void tiny_model_matches_reference(tiny_shape sh, bool scalar, tp_fwd_kern
  * threads. hs 48: six 8-element chunks; 96: a 64-element pass and four
  * chunks; 100: those and a 4-element tail. */
 #define WIDE_PROMPT 70
-static void wide_head_logits(int hs, bool kv16, bool scalar, int threads, float *out)
+static tp_isa wide_head_logits(int hs, bool kv16, bool scalar, int threads, float *out)
 {
     tiny_shape sh = {2 * hs, 64, 2, 2, 1, 23, 80, 1};
     float *ck;
@@ -237,34 +237,55 @@ static void wide_head_logits(int hs, bool kv16, bool scalar, int threads, float 
         tp_fwd_item d = {sid, p, &toks[p], 1, false};
         assert_int_equal(tp_forward_step(f, &d, 1, out + (size_t)(p - WIDE_PROMPT + 1) * 23, &e), 0);
     }
+    tp_isa ran = tp_forward_isa(f);
     tp_forward_free(f);
     tp_model_free(m);
     free(ck);
+    return ran;
 }
 
-/* Without AVX-512 the vector path (AVX2 matmuls and attention, f32 or
- * f16 cache) takes the portable path's operations in its order: the same
- * bits, on 1 or 3 threads. (The AVX-512 attention fuses its
- * multiply-adds: other bits.) */
-static void avx2_path_gives_the_portable_bits(void **state)
+/* Each vector level (AVX2 matmuls and attention, or AVX-512's), f32 or
+ * f16 cache, takes the portable path's operations in its order: the same
+ * bits, on 1 or 3 threads. The level is capped (isa.h) so that a CPU with
+ * AVX-512 checks its AVX2 kernels too, and each forward is asked which
+ * level it really ran; a level the CPU lacks is skipped, visibly. */
+static void vector_level_gives_the_portable_bits(tp_isa level)
 {
-    (void)state;
-    if (tp_kernels_have_avx512() || !tp_kernels_have_avx2())
+    if (tp_isa_cpu() < level) {
+        print_message("skipped: this CPU has no %s\n", tp_isa_name(level));
         skip();
+    }
+    tp_isa before = tp_isa_active();
+    tp_isa_cap_for_tests(level);
     static const int widths[] = {48, 96, 100};
     for (int kv16 = 0; kv16 < 2; kv16++)
         for (int w = 0; w < 3; w++) {
             float want[7 * 23], got[7 * 23];
-            wide_head_logits(widths[w], kv16, true, 1, want);
+            assert_int_equal(wide_head_logits(widths[w], kv16, true, 1, want), TP_ISA_PORTABLE);
             for (int threads = 1; threads <= 3; threads += 2) {
-                wide_head_logits(widths[w], kv16, false, threads, got);
+                tp_isa ran = wide_head_logits(widths[w], kv16, false, threads, got);
+                if (ran != level)
+                    fail_msg("capped at %s, the forward ran %s", tp_isa_name(level), tp_isa_name(ran));
                 for (int k = 0; k < 7; k++)
                     if (memcmp(want + 23 * k, got + 23 * k, sizeof(float) * 23))
-                        fail_msg("AVX2 path, %s cache, heads %d wide, on %d thread(s): logits row %d differ from "
+                        fail_msg("%s path, %s cache, heads %d wide, on %d thread(s): logits row %d differ from "
                                  "the portable path's",
-                                 kv16 ? "f16" : "f32", widths[w], threads, k);
+                                 tp_isa_name(level), kv16 ? "f16" : "f32", widths[w], threads, k);
             }
         }
+    tp_isa_cap_for_tests(before);
+}
+
+static void avx2_path_gives_the_portable_bits(void **state)
+{
+    (void)state;
+    vector_level_gives_the_portable_bits(TP_ISA_AVX2);
+}
+
+static void avx512_path_gives_the_portable_bits(void **state)
+{
+    (void)state;
+    vector_level_gives_the_portable_bits(TP_ISA_AVX512);
 }
 
 static void tiny_gqa_model_matches_reference(bool scalar, tp_fwd_kernel kernel)
@@ -831,6 +852,7 @@ int main(void)
         cmocka_unit_test(vexp_lanes_equal_the_portable_function_within_an_ulp),
         cmocka_unit_test(tiny_gqa_model_matches_double_reference),
         cmocka_unit_test(avx2_path_gives_the_portable_bits),
+        cmocka_unit_test(avx512_path_gives_the_portable_bits),
         cmocka_unit_test(scalar_path_matches_double_reference),
         cmocka_unit_test(openblas_kernel_matches_double_reference),
         cmocka_unit_test(zero_blocks_give_normalized_embedding_logits),

@@ -45,7 +45,12 @@ static tp_wmat make_wmat(uint32_t type, const float *W, int rows, int cols)
     for (int r = 0; r < rows; r++)
         tp_quant_row(type, W + (size_t)r * cols, cols, d + rb * (size_t)r);
     tp_wmat w = {type, rows, cols, rb, d, NULL};
-    assert_int_equal(tp_qpanel_build(&w, NULL), 0); /* the AVX-512 path's layout, when it runs */
+    assert_int_equal(tp_qpanel_build(&w, NULL), 0); /* the layout of the level active (isa.h) */
+    /* the panel is the one the level's kernels read, so they are the ones
+     * checked: AVX-512's 16 rows with VNNI, AVX2's 4 or 8, none portable */
+    tp_isa isa = tp_isa_active();
+    if (w.panel && (isa == TP_ISA_PORTABLE || (w.panel->group_rows == 16) != tp_isa_have_vnni()))
+        fail_msg("%s: a panel of %d rows under the %s kernels", ti->name, w.panel->group_rows, tp_isa_name(isa));
     return w;
 }
 
@@ -90,13 +95,13 @@ static void check_type_tokens(uint32_t type, int rows, int cols, int T)
     tp_wmat w = make_wmat(type, W, rows, cols);
     tp_qact a;
     assert_int_equal(tp_qact_init(&a, T, cols), 0);
-    bool avx = tp_quant_have_simd();
+    bool avx = tp_isa_active() >= TP_ISA_AVX2;
     tp_qact_prepare(&a, type, X, cols, T, cols);
     tp_qmatmul_rows(&w, &a, Y, rows, 0, rows, avx);
     /* the portable path gives the same bits */
     tp_qmatmul_rows(&w, &a, Ys, rows, 0, rows, false);
     if (memcmp(Y, Ys, sizeof(float) * T * rows))
-        fail_msg("%s %dx%d: scalar and vector (AVX-512 or AVX2) paths differ", tn, rows, cols);
+        fail_msg("%s %dx%d: the scalar and %s paths differ", tn, rows, cols, tp_isa_name(tp_isa_active()));
     /* the file's blocks (no panel) give the same bits as the panel */
     tp_wmat wf = w;
     wf.panel = NULL;
@@ -159,7 +164,7 @@ static void check_type_tokens(uint32_t type, int rows, int cols, int T)
 static void activation_quantization_paths_agree(void **state)
 {
     (void)state;
-    bool avx512 = tp_quant_have_avx512(), avx2 = tp_quant_have_simd(); /* the AVX2 kernels need more than AVX2 */
+    bool avx512 = tp_isa_cpu() >= TP_ISA_AVX512, avx2 = tp_isa_cpu() >= TP_ISA_AVX2;
     if (!avx2)
         skip();
     enum { T = 9, C = 4096 };
@@ -192,9 +197,17 @@ static void activation_quantization_paths_agree(void **state)
 
 static void check_type(uint32_t type, int rows, int cols) { check_type_tokens(type, rows, cols, 13); }
 
-static void every_type_is_batch_invariant_split_invariant_and_path_invariant(void **state)
+/* Every type's kernels at one vector level (isa.h), against the portable
+ * path and themselves: the level is capped so a CPU with AVX-512 checks
+ * its AVX2 kernels too; a level the CPU lacks is skipped, visibly. */
+static void every_type_at_level(tp_isa level)
 {
-    (void)state;
+    if (tp_isa_cpu() < level) {
+        print_message("skipped: this CPU has no %s\n", tp_isa_name(level));
+        skip();
+    }
+    tp_isa before = tp_isa_active();
+    tp_isa_cap_for_tests(level);
     for (size_t i = 0; i < N_TYPES; i++) {
         uint32_t be = tp_ggml_type(TYPES[i])->block_elems;
         check_type(TYPES[i], 37, 512);
@@ -207,6 +220,25 @@ static void every_type_is_batch_invariant_split_invariant_and_path_invariant(voi
             check_type_tokens(TYPES[i], 6, 2072, 53);
         }
     }
+    tp_isa_cap_for_tests(before);
+}
+
+static void every_type_is_batch_split_and_path_invariant_portable(void **state)
+{
+    (void)state;
+    every_type_at_level(TP_ISA_PORTABLE);
+}
+
+static void every_type_is_batch_split_and_path_invariant_with_avx2(void **state)
+{
+    (void)state;
+    every_type_at_level(TP_ISA_AVX2);
+}
+
+static void every_type_is_batch_split_and_path_invariant_with_avx512(void **state)
+{
+    (void)state;
+    every_type_at_level(TP_ISA_AVX512);
 }
 
 /* ---- whole models ------------------------------------------------------ */
@@ -354,7 +386,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_half_converts_to_float_and_back_exactly),
-        cmocka_unit_test(every_type_is_batch_invariant_split_invariant_and_path_invariant),
+        cmocka_unit_test(every_type_is_batch_split_and_path_invariant_portable),
+        cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx2),
+        cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx512),
         cmocka_unit_test(activation_quantization_paths_agree),
         cmocka_unit_test(f16_file_from_llama_cpp_gives_the_f32_greedy_ids),
         cmocka_unit_test(q8_0_and_q4_0_files_from_llama_cpp_start_like_f32),

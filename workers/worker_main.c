@@ -23,6 +23,7 @@
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/grammar.h"
+#include "tokpipe/isa.h"
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
@@ -586,7 +587,10 @@ int main(int argc, char **argv)
         tp_config_free(&w.cfg);
         return TP_EXIT_BAD_MODEL;
     }
-    fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s\n", w.instance, stages, w.cfg.ep_back);
+    /* the kernels' level says nothing of the bits (isa.h: every level gives
+     * the portable path's), but it does of the speed */
+    fprintf(stderr, "tokpipe-worker %s: serving %s, broker %s, kernels %s\n", w.instance, stages, w.cfg.ep_back,
+            tp_isa_name(tp_isa_active()));
     rc = g_quit ? 0 : run(&w);
     free_stages(&w);
     tp_config_free(&w.cfg);

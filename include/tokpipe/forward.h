@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "tokpipe/error.h"
+#include "tokpipe/isa.h"
 #include "tokpipe/model.h"
 
 typedef struct tp_forward tp_forward;
@@ -172,6 +173,11 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
  * thread or its scratch cannot be had (the old count stays). */
 int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err);
 int tp_forward_threads(const tp_forward *f);
+
+/* The vector level this forward's kernels run (isa.h: tp_isa_active() when
+ * it was made; TP_ISA_PORTABLE after tp_forward_use_scalar_for_tests).
+ * Every level gives the same bits. */
+tp_isa tp_forward_isa(const tp_forward *f);
 
 /* The thread count to use when none is configured: the CPUs this process's
  * affinity mask allows (sched_getaffinity; e.g. taskset or systemd's

@@ -9,6 +9,7 @@
  * opt-in alternative (tp_forward_set_kernel) for throughput at large
  * batches. */
 #include "tokpipe/forward.h"
+#include "tokpipe/isa.h"
 #include "attn_avx2.h"
 #include "blas.h"
 #include "kernels.h"
@@ -130,7 +131,8 @@ struct tp_forward {
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
-    bool avx512;    /* chosen once: every step of this instance uses one path */
+    tp_isa isa;     /* chosen once (tp_isa_active): every step of this instance uses one path */
+    bool avx512;    /* isa >= TP_ISA_AVX512 */
     tp_fwd_kernel kernel;
     tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
     float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
@@ -581,13 +583,14 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->max_pos = max_pos;
     f->max_tokens = max_batch_tokens;
     f->kv_pos = (max_pos + TP_KV_PAGE - 1) / TP_KV_PAGE * TP_KV_PAGE;
-    f->avx512 = tp_kernels_have_avx512();
-    f->kv16_avx512 = f->avx512 && tp_kv16_have_avx512();
     f->part_min = PART_MIN_MACS;
-    f->qavx512 = f->avx512 && tp_quant_have_avx512();
-    f->simd = tp_kernels_have_simd();
-    f->kv16_avx2 = f->simd && tp_quant_have_f16c();
-    f->qsimd = tp_quant_have_simd();
+    f->isa = tp_isa_active();
+    f->avx512 = f->isa >= TP_ISA_AVX512;
+    f->kv16_avx512 = f->avx512;
+    f->qavx512 = f->avx512 && tp_isa_have_vnni();
+    f->simd = f->isa >= TP_ISA_AVX2;
+    f->kv16_avx2 = f->simd;
+    f->qsimd = f->simd;
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
@@ -686,10 +689,13 @@ int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
 
 int tp_forward_threads(const tp_forward *f) { return f->pool ? tp_pool_threads(f->pool) : 1; }
 
+tp_isa tp_forward_isa(const tp_forward *f) { return f->isa; }
+
 void tp_forward_split_all_for_tests(tp_forward *f) { f->part_min = 1; }
 
 void tp_forward_use_scalar_for_tests(tp_forward *f)
 {
+    f->isa = TP_ISA_PORTABLE;
     f->avx512 = false;
     f->kv16_avx512 = false;
     f->kv16_avx2 = false;
@@ -1209,9 +1215,11 @@ static void attend_scalar(int hs, int pos, const float *qh, const float *const *
 }
 
 /* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
- * FMA chains, masked at the end): each score is one FMA chain over the
- * head's elements from 0, then divided by scale. kb[t / 16] is the head's
- * key block [hs][16] holding position t. */
+ * chains, masked at the end): each score is one chain over the head's
+ * elements from 0, each product rounded and then added as attend_scalar
+ * does (an FMA would round once: other bits, and a job moved to a host
+ * without AVX-512 would change its stream), then divided by scale.
+ * kb[t / 16] is the head's key block [hs][16] holding position t. */
 __attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *const *kb, int hs,
                                                       int n, float scale)
 {
@@ -1230,10 +1238,10 @@ __attribute__((target("avx512f"))) static void scores(float *att, const float *q
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int i = 0; i < hs; i++, r0 += 16, r1 += 16, r2 += 16, r3 += 16) {
             __m512 q = _mm512_set1_ps(qh[i]);
-            a0 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[0], r0), a0);
-            a1 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[1], r1), a1);
-            a2 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[2], r2), a2);
-            a3 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m[3], r3), a3);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[0], r0)));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[1], r1)));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[2], r2)));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[3], r3)));
         }
         _mm512_mask_storeu_ps(att + t0, m[0], _mm512_div_ps(a0, sc));
         _mm512_mask_storeu_ps(att + t0 + 16, m[1], _mm512_div_ps(a1, sc));
@@ -1242,9 +1250,9 @@ __attribute__((target("avx512f"))) static void scores(float *att, const float *q
     }
 }
 
-/* oh[i] = sum over t of att[t] * v_t[i], each element one FMA chain over t
- * from 0, kept in registers 64 elements at a time; v_t at vb[t / 16] +
- * (t % 16) * hs. */
+/* oh[i] = sum over t of att[t] * v_t[i], each element one chain of
+ * multiply-then-add over t from 0 (attend_scalar's bits), kept in registers
+ * 64 elements at a time; v_t at vb[t / 16] + (t % 16) * hs. */
 __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const float *att, const float *const *vb,
                                                             int hs, int n)
 {
@@ -1259,10 +1267,10 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
         for (int t = 0; t < n; t++) {
             __m512 a = _mm512_set1_ps(att[t]);
             const float *v = vb[t >> 4] + (size_t)(t & 15) * (size_t)hs + c0;
-            a0 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[0], v), a0);
-            a1 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[1], v + o1), a1);
-            a2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[2], v + o2), a2);
-            a3 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m[3], v + o3), a3);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[0], v)));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[1], v + o1)));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[2], v + o2)));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[3], v + o3)));
         }
         _mm512_mask_storeu_ps(oh + c0, m[0], a0);
         _mm512_mask_storeu_ps(oh + c0 + 16, m[1], a1);

@@ -1,6 +1,7 @@
 /* Packed f32 matmul with a fixed per-element accumulation order. */
 #include "kernels.h"
 #include "tokpipe/error.h"
+#include "tokpipe/isa.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -236,27 +237,13 @@ static void matmul_avx2(const tp_packed *w, const float *x, int ldx, int n_tok, 
     }
 }
 
-bool tp_kernels_have_avx512(void)
-{
-    return __builtin_cpu_supports("avx512f");
-}
-
-bool tp_kernels_have_avx2(void)
-{
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-bool tp_kernels_have_simd(void)
-{
-    return tp_kernels_have_avx512() || tp_kernels_have_avx2();
-}
-
 void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
                       int pg1, bool simd)
 {
-    if (simd && tp_kernels_have_avx512()) {
+    tp_isa isa = simd ? tp_isa_active() : TP_ISA_PORTABLE;
+    if (isa >= TP_ISA_AVX512) {
         matmul_avx512(w, x, ldx, n_tok, y, ldy, pg0, pg1);
-    } else if (simd && tp_kernels_have_avx2()) {
+    } else if (isa >= TP_ISA_AVX2) {
         matmul_avx2(w, x, ldx, n_tok, y, ldy, pg0, pg1);
     } else {
         int r1 = pg1 * TP_PANEL < w->rows ? pg1 * TP_PANEL : w->rows;
@@ -273,5 +260,5 @@ void tp_matmul_rows(const tp_packed *w, const float *x, int ldx, int n_tok, floa
 
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy)
 {
-    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, tp_kernels_have_simd());
+    tp_matmul_panels(w, x, ldx, n_tok, y, ldy, 0, w->panels, true);
 }

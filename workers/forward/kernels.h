@@ -39,14 +39,14 @@ void tp_packed_free(tp_packed *w);
 
 /* y[t*ldy + r] = sum_k x[t*ldx + k] * W[r][k] for t < n_tok, r < rows, each
  * as fmaf(x, w, acc) over k in order from acc = 0. Uses AVX-512, else
- * AVX2 with FMA, when the CPU has it (same bits as the scalar path). */
+ * AVX2 with FMA, as tp_isa_active() allows (same bits as the scalar path). */
 void tp_matmul(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
 
 /* The same restricted to panels [pg0, pg1) (output rows pg0*16 up to
  * min(pg1*16, rows)); pg0 and pg1 must be 0, a multiple of 4 or panels (a
  * group boundary). Lets threads split a matmul by rows with bits identical
- * to the whole call. simd: the vector kernel the CPU has (AVX-512, else
- * AVX2 + FMA); false: the scalar path. Same bits either way. */
+ * to the whole call. simd: the vector kernel tp_isa_active() allows
+ * (AVX-512, else AVX2 + FMA); false: the scalar path. Same bits either way. */
 void tp_matmul_panels(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy, int pg0,
                       int pg1, bool simd);
 
@@ -63,9 +63,6 @@ void tp_matmul_rows(const tp_packed *w, const float *x, int ldx, int n_tok, floa
 /* The scalar path, always available (tests compare the two). */
 void tp_matmul_scalar(const tp_packed *w, const float *x, int ldx, int n_tok, float *y, int ldy);
 
-bool tp_kernels_have_avx512(void);
-bool tp_kernels_have_avx2(void); /* AVX2 and FMA */
-bool tp_kernels_have_simd(void); /* either: tp_matmul_panels has a vector kernel */
 
 /* Tests only: make a tp_forward use the portable scalar paths (what a CPU
  * without AVX-512 runs) from now on. Defined in forward.c. */

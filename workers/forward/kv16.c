@@ -6,12 +6,6 @@
 #include <immintrin.h>
 #include <string.h>
 
-bool tp_kv16_have_avx512(void)
-{
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-}
-
 #define KV16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 /* As forward.c's f32 scores(): 64 positions at a time, 4 FMA chains. A
@@ -34,10 +28,10 @@ KV16_TARGET void tp_kv16_scores_avx512(float *att, const float *qh, const uint16
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int i = 0; i < hs; i++, r0 += 16, r1 += 16, r2 += 16, r3 += 16) {
             __m512 q = _mm512_set1_ps(qh[i]);
-            a0 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r0)), a0);
-            a1 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r1)), a1);
-            a2 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r2)), a2);
-            a3 = _mm512_fmadd_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r3)), a3);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r0))));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r1))));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r2))));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(q, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r3))));
         }
         _mm512_mask_storeu_ps(att + t0, m[0], _mm512_div_ps(a0, sc));
         _mm512_mask_storeu_ps(att + t0 + 16, m[1], _mm512_div_ps(a1, sc));
@@ -60,10 +54,10 @@ KV16_TARGET void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const 
         for (int t = 0; t < n; t++) {
             __m512 a = _mm512_set1_ps(att[t]);
             const uint16_t *v = vblk[t >> 4] + (size_t)(t & 15) * (size_t)hs + c0;
-            a0 = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[0], v)), a0);
-            a1 = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[1], v + o1)), a1);
-            a2 = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[2], v + o2)), a2);
-            a3 = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[3], v + o3)), a3);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[0], v))));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[1], v + o1))));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[2], v + o2))));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(a, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[3], v + o3))));
         }
         _mm512_mask_storeu_ps(oh + c0, m[0], a0);
         _mm512_mask_storeu_ps(oh + c0 + 16, m[1], a1);

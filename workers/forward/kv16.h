@@ -9,8 +9,8 @@
  * Values are rounded to half once, when stored (round to nearest even,
  * quant.h's tp_f32_to_f16, equal to the hardware's vcvtps2ph); every later read
  * converts exactly, and the scores and weighted sums keep the f32 path's
- * fixed FMA order, so a sequence's logits still depend only on its own
- * tokens: batch and chunked-prefill invariance hold as with f32. */
+ * fixed order of multiply-then-add, so a sequence's logits still depend only
+ * on its own tokens: batch and chunked-prefill invariance hold as with f32. */
 #ifndef TOKPIPE_FORWARD_KV16_H
 #define TOKPIPE_FORWARD_KV16_H
 
@@ -18,13 +18,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The AVX-512 kernels below need F, BW and VL (masked 16-bit loads). */
-bool tp_kv16_have_avx512(void);
+/* The AVX-512 kernels below need F, BW and VL (masked 16-bit loads:
+ * tp_isa_active() at TP_ISA_AVX512). Each gives the portable kernel's bits:
+ * a product rounded, then added (no FMA), in the same order. */
 
-/* att[t] = (q . key_t) / scale for t < n, one FMA chain per score over the
+/* att[t] = (q . key_t) / scale for t < n, one chain per score over the
  * head's elements in order; key_t's element i at kblk[t / 16][i * 16 + t % 16]. */
 void tp_kv16_scores_avx512(float *att, const float *qh, const uint16_t *const *kblk, int hs, int n, float scale);
-/* oh[i] = sum over t < n of att[t] * value_t[i], one FMA chain per element
+/* oh[i] = sum over t < n of att[t] * value_t[i], one chain per element
  * over t in order; value_t at vblk[t / 16] + (t % 16) * hs. */
 void tp_kv16_weighted_sum_avx512(float *oh, const float *att, const uint16_t *const *vblk, int hs, int n);
 

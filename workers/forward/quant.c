@@ -4,6 +4,7 @@
 #include "quant.h"
 #include "kernels.h" /* TP_SCALAR_CLONES */
 #include "tokpipe/error.h"
+#include "tokpipe/isa.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -231,14 +232,8 @@ __attribute__((target("avx2"))) static void quantize_act_row_avx2(const float *x
 
 void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
 {
-    static _Atomic int path = -1; /* the CPU does not change under us */
-    int p = atomic_load_explicit(&path, memory_order_relaxed);
-    if (p < 0) {
-        p = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? QACT_AVX512
-            : have_avx2()                                                             ? QACT_AVX2
-                                                                                      : QACT_SCALAR;
-        atomic_store_explicit(&path, p, memory_order_relaxed);
-    }
+    tp_isa isa = tp_isa_active();
+    int p = isa >= TP_ISA_AVX512 ? QACT_AVX512 : isa >= TP_ISA_AVX2 ? QACT_AVX2 : QACT_SCALAR;
     tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, p);
 }
 
@@ -1428,21 +1423,8 @@ bool tp_quant_have_f16c(void)
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
-/* Asked once: tp_qmatmul_rows asks on every row range, and CPUID traps to
- * the hypervisor in a VM (about 10 us on a KVM Zen 3 guest: at 2 threads,
- * hundreds of ranges a token cost more than the second thread saved). */
-static bool have_avx2(void)
-{
-    static _Atomic int known = -1; /* the CPU does not change under us */
-    int k = atomic_load_explicit(&known, memory_order_relaxed);
-    if (k < 0) {
-        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && tp_quant_have_f16c();
-        atomic_store_explicit(&known, k, memory_order_relaxed);
-    }
-    return k;
-}
-
-bool tp_quant_have_simd(void) { return tp_quant_have_avx512() || have_avx2(); }
+/* The AVX2 kernels (AVX2, FMA and F16C: tp_isa.h's level). */
+static bool have_avx2(void) { return tp_isa_active() >= TP_ISA_AVX2; }
 
 TP_SCALAR_CLONES void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
 {
@@ -1473,17 +1455,14 @@ TP_SCALAR_CLONES void tp_qrows_f16_scalar(const tp_wmat *w, const tp_qact *a, fl
     }
 }
 
-bool tp_quant_have_avx512(void)
-{
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
+/* The AVX-512 kernels of the typed matrices: VNNI too. */
+static bool have_avx512(void) { return tp_isa_have_vnni(); }
 
 void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool simd)
 {
     if (r0 >= r1 || a->n_tok <= 0)
         return;
-    bool avx512 = simd && tp_quant_have_avx512(), avx2 = simd && !avx512 && have_avx2();
+    bool avx512 = simd && have_avx512(), avx2 = simd && !avx512 && have_avx2();
     switch (w->type) {
     case TP_GGML_F16:
     case TP_GGML_BF16:
@@ -1495,7 +1474,7 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             tp_qrows_f16_scalar(w, a, y, ldy, r0, r1);
         return;
     case TP_GGML_Q8_0: case TP_GGML_Q4_0: case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1:
-        if (avx512 && w->panel) {
+        if (avx512 && w->panel && w->panel->group_rows == 16) {
             if (w->type == TP_GGML_Q8_0)
                 tp_qrows_q8_avx512(w, a, y, ldy, r0, r1);
             else
@@ -1508,7 +1487,7 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
         }
         break;
     case TP_GGML_Q4_K: case TP_GGML_Q5_K: case TP_GGML_Q6_K:
-        if (avx512 && w->panel) {
+        if (avx512 && w->panel && w->panel->group_rows == 16) {
             tp_qrows_k_avx512(w, a, y, ldy, r0, r1);
             return;
         }
@@ -1717,7 +1696,7 @@ static size_t rows8_block_bytes(uint32_t type)
 /* False for a matrix without a panel on this CPU. */
 static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
 {
-    if (!tp_quant_have_avx512()) { /* AVX2: a group's rows side by side, block by block */
+    if (!have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
         size_t rows8 = rows8_block_bytes(w->type);

@@ -102,7 +102,8 @@ typedef struct tp_qpanel {
 } tp_qpanel;
 
 /* Bytes of w's panel (a multiple of 32), 0 for a type without one (F32;
- * F16/BF16 under AVX-512) or a CPU without AVX-512 or AVX2. */
+ * F16/BF16 under AVX-512) or under TP_ISA_PORTABLE. The layout is the one
+ * of the level tp_isa_active() gives now (AVX-512 with VNNI, else AVX2). */
 size_t tp_qpanel_bytes(const tp_wmat *w);
 
 /* Build w->panel (no-op when tp_qpanel_bytes is 0) into mem, 32-byte
@@ -132,18 +133,12 @@ void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, i
  * and r0 <= r < r1, with w->cols == a->cols and a prepared for w->type.
  * Any split of [0, rows) into ranges, run in any order or concurrently on
  * disjoint ranges, writes the same bits as one call over [0, rows); so does
- * any n_tok (see the canonical order above). simd selects the CPU's
- * vector path: AVX-512 (VNNI) where tp_quant_have_avx512() and, for
- * integer types, w->panel; else AVX2 where the CPU has it (the file's
- * blocks); false: the scalar path. Same bits either way.
- * Reads a and w only. */
+ * any n_tok (see the canonical order above). simd selects the vector
+ * path tp_isa_active() allows: AVX-512 (with VNNI) and, for integer types,
+ * a panel in its layout; else AVX2 (its panel, or the file's blocks);
+ * false: the scalar path. Same bits either way. Reads a and w only. */
 void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1, bool simd);
 
-/* The CPU has what the AVX-512 typed kernels use (F, BW, VL, VNNI). */
-bool tp_quant_have_avx512(void);
-/* The CPU has vector typed kernels: AVX-512 (above) or AVX2 + FMA + F16C
- * (tp_qpanel's AVX2 layouts, same bits). tp_qmatmul_rows' simd. */
-bool tp_quant_have_simd(void);
 /* The CPU converts halves (F16C; by cpuid: clang's __builtin_cpu_supports
  * does not know the feature). */
 bool tp_quant_have_f16c(void);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "grammar_internal.h"
+#include "tokpipe/isa.h"
 #include "tokpipe/tokenizer.h"
 
 #define UNKNOWN_STATE (-2)
@@ -1340,7 +1341,7 @@ __attribute__((target("avx2"))) static void apply_avx2(const uint64_t *mask, con
 
 void tp_grammar_apply_mask(const uint64_t *mask, const float *logits, float *out, int vocab)
 {
-    if (__builtin_cpu_supports("avx2"))
+    if (tp_isa_active() >= TP_ISA_AVX2)
         apply_avx2(mask, logits, out, vocab);
     else
         apply_words(mask, logits, out, vocab, 0);

@@ -2,6 +2,7 @@
  * sample_kernels.h). Blocks of 16 ids; ids past the vocabulary read as
  * -inf and are never written. */
 #include "sample_kernels.h"
+#include "tokpipe/isa.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -439,7 +440,7 @@ __attribute__((target("avx512f"))) static void expf_avx512(const float *x, float
 
 bool tp_smp_have_avx512(void)
 {
-    return __builtin_cpu_supports("avx512f");
+    return tp_isa_active() >= TP_ISA_AVX512;
 }
 
 int tp_smp_argmax(const tp_smp_view *v, bool avx512)
