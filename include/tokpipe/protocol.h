@@ -190,6 +190,7 @@ const char *tp_stage_name(unsigned stage_bit);
 /* Error codes (ACK and FINISH `error_code`): a machine-readable reason
  * beside the status and the message. */
 #define TP_CODE_CONTEXT "context_length_exceeded" /* the prompt does not fit the context */
+#define TP_CODE_PROMPT_SIZE "prompt_too_large"     /* a conversation renders past TP_PROTO_MAX_PROMPT bytes */
 #define TP_PROTO_MAX_BUCKETS 64             /* buckets of one STATS histogram */
 
 /* ---- payload arrays ----------------------------------------------------- */
