@@ -82,6 +82,16 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
     registry_tok_done(b, wi);
     j->tok_worker = -1;
     jobs_progress(j, TP_SI_TOKENIZE);
+    if (m->status == TP_ST_TOO_LARGE) {
+        /* the prompt (a conversation as the template renders it) is past
+         * what one prompt may be: the client's error, found after the ACK,
+         * as a prompt past the context is; the message names the field */
+        char why[TP_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "%.*s", (int)m->error.len, m->error.ptr);
+        j->rejected = TP_CODE_PROMPT_SIZE;
+        pin_fail(b, j, why);
+        return;
+    }
     if (m->status != TP_ST_OK) {
         char why[TP_ERR_MSG_MAX];
         /* a conversation the template cannot render is the request's fault and its
@@ -105,6 +115,7 @@ void admit_on_tokenized(broker *b, int wi, const tp_msg *m)
                  n, seq_len);
         /* FINISH says so with both counts and its own code, before any TOKEN */
         j->n_prompt = (uint32_t)n;
+        j->rejected = n ? TP_CODE_CONTEXT : NULL;
         j->context_refused = n ? seq_len : 0;
         pin_fail(b, j, why);
         return;
@@ -141,6 +152,7 @@ static bool admit(broker *b, bjob *j)
     if (j->n_prompt >= fw->seq_len) {
         char why[128];
         snprintf(why, sizeof why, "prompt: %u tokens, the model's context holds %u", j->n_prompt, fw->seq_len);
+        j->rejected = TP_CODE_CONTEXT;
         j->context_refused = fw->seq_len;
         pin_fail(b, j, why);
         return true;

@@ -19,8 +19,9 @@
 struct binfo {
     int32_t *eog, *special;
     size_t n_eog, n_special;
-    tp_str *pieces;          /* point into piece_buf */
-    char *piece_buf;
+    tp_str *pieces;          /* point into text */
+    unsigned char *text;     /* READY's special_text, as INFO_REPLY sends it on */
+    size_t text_len;
     bool chat_template;
     tp_tc_family tool_family;   /* the template's tool-call syntax (TP_TC_NONE: none or unknown) */
     bool think_open;            /* its generation prompt opens the thinking */
@@ -36,14 +37,14 @@ void info_free(broker *b)
     free(b->info->eog);
     free(b->info->special);
     free(b->info->pieces);
-    free(b->info->piece_buf);
+    free(b->info->text);
     free(b->info);
     b->info = NULL;
 }
 
 void info_on_ready(broker *b, const tp_m_ready *r)
 {
-    if (!r->n_eog_ids && !r->n_special_ids && !r->chat_template && !r->weight_type.len)
+    if (!r->n_eog_ids && !r->special_ids.n && !r->chat_template && !r->weight_type.len)
         return;
     /* a worker with the vocabulary (tokenize, stop) knows the end ids and
      * special tokens; a forward-only one only the model file's */
@@ -51,18 +52,16 @@ void info_on_ready(broker *b, const tp_m_ready *r)
     if (b->info && b->info->from_vocab && !vocab)
         return;
     struct binfo *in = calloc(1, sizeof *in);
-    size_t bytes = 1;
-    for (size_t i = 0; i < r->n_special_pieces; i++)
-        bytes += r->special_pieces[i].len;
+    size_t n_sp = r->special_ids.n;
     if (in) {
         in->eog = malloc((r->n_eog_ids + 1) * sizeof *in->eog);
-        in->special = malloc((r->n_special_ids + 1) * sizeof *in->special);
-        in->pieces = calloc(r->n_special_ids + 1, sizeof *in->pieces);
-        in->piece_buf = malloc(bytes);
+        in->special = malloc((n_sp + 1) * sizeof *in->special);
+        in->pieces = calloc(n_sp + 1, sizeof *in->pieces);
+        in->text = malloc(r->special_text.n + 1);
     }
-    if (!in || !in->eog || !in->special || !in->pieces || !in->piece_buf) {
+    if (!in || !in->eog || !in->special || !in->pieces || !in->text) {
         if (in) {
-            free(in->eog), free(in->special), free(in->pieces), free(in->piece_buf);
+            free(in->eog), free(in->special), free(in->pieces), free(in->text);
             free(in);
         }
         blog("INFO: out of memory for the model's special tokens");
@@ -70,14 +69,14 @@ void info_on_ready(broker *b, const tp_m_ready *r)
     }
     memcpy(in->eog, r->eog_ids, r->n_eog_ids * sizeof *in->eog);
     in->n_eog = r->n_eog_ids;
-    memcpy(in->special, r->special_ids, r->n_special_ids * sizeof *in->special);
-    in->n_special = r->n_special_ids;
-    char *w = in->piece_buf;
-    for (size_t i = 0; i < r->n_special_ids && i < r->n_special_pieces; i++) {
-        memcpy(w, r->special_pieces[i].ptr, r->special_pieces[i].len);
-        in->pieces[i] = (tp_str){w, r->special_pieces[i].len};
-        w += r->special_pieces[i].len;
-    }
+    for (size_t i = 0; i < n_sp; i++)
+        in->special[i] = tp_raw_i32(r->special_ids, i);
+    in->n_special = n_sp;
+    if (r->special_text.n)
+        memcpy(in->text, r->special_text.data, r->special_text.n);
+    in->text_len = r->special_text.n;
+    /* checked when READY was decoded: cannot fail */
+    tp_proto_special_split((tp_raw){in->special, n_sp}, (tp_raw){in->text, in->text_len}, in->pieces, NULL);
     /* only a tokenize worker loads the template: one that has it says so */
     in->chat_template = r->chat_template || (b->info && b->info->chat_template);
     in->tool_family = b->info ? b->info->tool_family : TP_TC_NONE;
@@ -144,8 +143,10 @@ void info_reply(broker *b, uint64_t req, tp_msg *r)
             o->context_length = b->workers[i].seq_len;
     if (b->info) {
         o->eog_ids = b->info->eog, o->n_eog_ids = b->info->n_eog;
-        o->special_ids = b->info->special, o->n_special_ids = b->info->n_special;
-        o->special_pieces = b->info->pieces, o->n_special_pieces = b->info->n_special;
+        if (b->info->n_special) {
+            o->special_ids = (tp_raw){b->info->special, b->info->n_special};
+            o->special_text = (tp_raw){b->info->text, b->info->text_len};
+        }
         o->chat_template = b->info->chat_template;
         o->weight_type = tp_str_of(b->info->weight_type);
     } else if (m && m->eos >= 0) {

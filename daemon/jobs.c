@@ -300,7 +300,7 @@ void jobs_mark_finished(bjobs *t, bjob *j)
     j->state = J_FINISHED;
     j->done_ms = tp_now_ms();
     t->n_active--;
-    if (j->context_refused) {
+    if (j->rejected) {
         /* the client's error, found after the ACK: a rejected request,
          * not a job that failed (PROTOCOL.md, jobs_rejected) */
         t->c.jobs_rejected++;
@@ -317,10 +317,10 @@ void jobs_mark_finished(bjobs *t, bjob *j)
         j->n_out = j->n_tok_ids;
     }
     t->c.tokens_generated += j->n_out;
-    if (j->reason > 0 && j->reason < TP_REASON_COUNT && !j->context_refused)
+    if (j->reason > 0 && j->reason < TP_REASON_COUNT && !j->rejected)
         t->c.finish[j->reason]++;
     count_trigger(&t->c, &j->matched);
-    if (!j->context_refused)
+    if (!j->rejected)
         metrics_on_finish(&t->metrics, &j->timings);
     /* the request copies and the running view are no longer needed:
      * STATUS of a finished job answers the verdicts' tokens */
@@ -439,9 +439,8 @@ bool jobs_own_finish(const bjob *j, int reason, const char *error, tp_msg *ev)
     f->timings.total_us = now > j->t_submit_wall ? now - j->t_submit_wall : 0;
     if (j->params.set & TP_P_SEED)
         f->set |= TP_ACK_SEED, f->seed = j->params.seed;
-    if (j->context_refused) {
-        f->error_code = tp_str_of(TP_CODE_CONTEXT);
+    f->error_code = tp_str_of(j->rejected);
+    if (j->context_refused)
         f->context_length = j->context_refused;
-    }
     return true;
 }

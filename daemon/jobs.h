@@ -86,7 +86,9 @@ typedef struct bjob {
     char *job_error;
     tp_timings timings;
     int64_t done_ms;
-    uint32_t context_refused;       /* the prompt did not fit: the context length (FINISH error_code) */
+    const char *rejected;           /* the client's error found after the ACK: its TP_CODE_* (FINISH
+                                     * error_code; STATS counts it in jobs_rejected), NULL if none */
+    uint32_t context_refused;       /* with TP_CODE_CONTEXT: the model's context length (FINISH) */
     struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
     struct jobsplit *split;         /* reasoning and calls its events carried, for STATUS (jobsplit.c) */
     uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */

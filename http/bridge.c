@@ -90,10 +90,21 @@ static void reply_error(bridge *b, gw_call *c, int status, const char *msg, cons
     reply(b, c, status, gw_error_json(status, msg, param), "application/json", retry);
 }
 
-/* A 400 context_length_exceeded (OpenAI's code): the prompt does not fit. */
-static void reply_context(bridge *b, gw_call *c, const char *msg, const char *param)
+/* A 400 with a string code: context_length_exceeded (OpenAI's code, the
+ * prompt does not fit the context) or prompt_too_large. */
+static void reply_rejected(bridge *b, gw_call *c, const char *msg, const char *param, const char *code)
 {
-    reply(b, c, 400, gw_error_json_code(400, msg, param, TP_CODE_CONTEXT), "application/json", 0);
+    reply(b, c, 400, gw_error_json_code(400, msg, param, code), "application/json", 0);
+}
+
+/* The TP_CODE_* of a FINISH error_code that says the client erred, or NULL. */
+static const char *rejected_code(tp_str code)
+{
+    if (code.ptr && str_is(code, TP_CODE_CONTEXT))
+        return TP_CODE_CONTEXT;
+    if (code.ptr && str_is(code, TP_CODE_PROMPT_SIZE))
+        return TP_CODE_PROMPT_SIZE;
+    return NULL;
 }
 
 /* Streaming: append SSE bytes (takes s) and wake the connection. */
@@ -463,7 +474,7 @@ static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
     if (st == 400 && m->cmd == TP_CMD_ACK && m->ack.error_code.ptr &&
         str_is(m->ack.error_code, TP_CODE_CONTEXT)) {
         cancel_jobs(b, c);
-        reply_context(b, c, msg, param);
+        reply_rejected(b, c, msg, param, TP_CODE_CONTEXT);
         return;
     }
     fail_call(b, c, http, msg, param, st == 429 ? 1 : 0);
@@ -635,14 +646,16 @@ static void finish_split(bridge *b, gw_call *c, size_t i, const tp_m_finish *f)
 static void fail_choice(bridge *b, gw_call *c, const gw_choice *ch)
 {
     const char *param = c->oreq.kind == OAI_CHAT ? "messages" : "prompt";
-    if (ch->context_exceeded && !(c->oreq.stream && c->replied)) {
-        /* the broker's "prompt: N tokens, the model's context holds M" */
-        cancel_jobs(b, c);
-        reply_context(b, c, ch->error ? ch->error : "the prompt does not fit the model's context", param);
-        return;
-    }
-    if (ch->context_exceeded) {
-        fail_call(b, c, 400, ch->error ? ch->error : "the prompt does not fit the model's context", param, 0);
+    if (ch->rejected) {
+        /* the broker's "prompt: N tokens, the model's context holds M", the
+         * tokenize stage's "messages: the conversation renders to N bytes, ..." */
+        const char *msg = ch->error ? ch->error : "the prompt is too long";
+        if (c->oreq.stream && c->replied) {
+            fail_call(b, c, 400, msg, param, 0);
+        } else {
+            cancel_jobs(b, c);
+            reply_rejected(b, c, msg, param, ch->rejected);
+        }
         return;
     }
     /* a conversation the chat template cannot render is the request's
@@ -728,7 +741,7 @@ static void on_event(bridge *b, tp_zmsg *z)
          * long for the context is a 400, not an error event) */
         ch->finished = true;
         ch->reason = m.finish.reason;
-        ch->context_exceeded = m.finish.error_code.ptr && str_is(m.finish.error_code, TP_CODE_CONTEXT);
+        ch->rejected = rejected_code(m.finish.error_code);
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
         fail_choice(b, c, ch);
@@ -767,7 +780,7 @@ static void on_event(bridge *b, tp_zmsg *z)
             ch->matched.kind = TP_MATCHED_NONE;
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
-        ch->context_exceeded = m.finish.error_code.ptr && str_is(m.finish.error_code, TP_CODE_CONTEXT);
+        ch->rejected = rejected_code(m.finish.error_code);
         for (size_t k = 0; c->oreq.stream && ch->reason != TP_REASON_ERROR && k < m.finish.n_tool_calls; k++)
             deliver_call(b, c, i, &m.finish.tool_calls[k], true);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)

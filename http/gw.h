@@ -41,7 +41,8 @@ typedef struct gw_choice {
     tp_matched matched;        /* matched.str points into matched_buf */
     char *matched_buf;
     char *error;               /* reason error: what went wrong */
-    bool context_exceeded;     /* error_code context_length_exceeded: the client's fault (400) */
+    const char *rejected;      /* FINISH error_code of the client's error found after the ACK
+                                * (TP_CODE_CONTEXT, TP_CODE_PROMPT_SIZE): a 400 with that code; else NULL */
     bool started;              /* its first event (TOKEN or a FINISH) came */
     gw_lp lp;                  /* the request asked for logprobs: its tokens */
     size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */

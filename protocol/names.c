@@ -1,5 +1,5 @@
 /* Wire names (finish reasons, job states, stages, commands) and the small
- * text checks of the protocol (job ids, UTF-8). */
+ * text checks of the protocol (job ids, UTF-8, the special tokens' frames). */
 #include "schema.h"
 
 static const char *const reason_names[TP_REASON_COUNT] = {
@@ -103,4 +103,33 @@ bool tp_proto_utf8_valid(const char *str, size_t len)
         i += need + 1;
     }
     return true;
+}
+
+int tp_proto_special_split(tp_raw ids, tp_raw text, tp_str *pieces, tp_err *err)
+{
+    const unsigned char *t = text.data;
+    size_t at = 0;
+    int32_t prev = -1;
+    for (size_t i = 0; i < ids.n; i++) {
+        int32_t id = tp_raw_i32(ids, i);
+        if (id <= prev || id >= (int32_t)TP_PROTO_MAX_VOCAB)
+            return tp_err_set(err, TP_EFORMAT, "special_ids[%zu]: %d after %d (ascending ids below %u)", i, id, prev,
+                              TP_PROTO_MAX_VOCAB);
+        prev = id;
+        if (at >= text.n)
+            return tp_err_set(err, TP_EFORMAT, "special_text: %zu pieces for %zu special_ids", i, ids.n);
+        size_t len = t[at++];
+        if (len > TP_PROTO_MAX_NAME || len > text.n - at)
+            return tp_err_set(err, TP_EFORMAT, "special_text: piece %zu of %zu bytes (at most %u, %zu left)", i, len,
+                              TP_PROTO_MAX_NAME, text.n - at);
+        if (!tp_proto_utf8_valid((const char *)t + at, len))
+            return tp_err_set(err, TP_EFORMAT, "special_text: piece %zu is not UTF-8", i);
+        if (pieces)
+            pieces[i] = (tp_str){(const char *)t + at, len};
+        at += len;
+    }
+    if (at != text.n)
+        return tp_err_set(err, TP_EFORMAT, "special_text: %zu bytes after the %zu pieces of special_ids", text.n - at,
+                          ids.n);
+    return 0;
 }

@@ -241,20 +241,18 @@ static const field limits_fields[] = {
     F_U32("max_schema_depth", offsetof(tp_m_info_limits, max_schema_depth), 0, 0, UINT32_MAX), END,
 };
 static const table limits_table = {limits_fields, -1};
-#define SPECIAL_IDS(o) {.key = "special_ids", .type = FT_I32S, .off = o, .ilo = 0, .ihi = INT32_MAX, \
-                        .max = TP_PROTO_MAX_SPECIAL}
-#define SPECIAL_PIECES(o) {.key = "special_pieces", .type = FT_STRS, .off = o, .max = TP_PROTO_MAX_SPECIAL, \
-                           .max_elem = TP_PROTO_MAX_NAME}
-#define EOG_IDS(o) {.key = "eog_ids", .type = FT_I32S, .off = o, .ilo = 0, .ihi = INT32_MAX, .max = TP_PROTO_MAX_SPECIAL}
+#define EOG_IDS(o) {.key = "eog_ids", .type = FT_I32S, .off = o, .ilo = 0, .ihi = INT32_MAX, .max = TP_PROTO_MAX_EOG}
 static const field info_reply_f[] = {
     REQ_REPLY, STATUS, ERROR, F_STR("model_id", IR(model_id), FF_REQUIRED, TP_PROTO_MAX_MODEL_ID),
     F_U32("vocab_size", IR(vocab_size), FF_REQUIRED, 0, TP_PROTO_MAX_VOCAB),
     F_U32("context_length", IR(context_length), FF_REQUIRED, 0, UINT32_MAX),
     F_I32("bos_id", IR(bos_id), FF_REQUIRED, -1, INT32_MAX), F_I32("eos_id", IR(eos_id), FF_REQUIRED, -1, INT32_MAX),
-    EOG_IDS(IR(eog_ids)), SPECIAL_IDS(IR(special_ids)), SPECIAL_PIECES(IR(special_pieces)),
+    EOG_IDS(IR(eog_ids)),
     F_BOOL("chat_template", IR(chat_template), 0), F_STR("weight_type", IR(weight_type), 0, TP_PROTO_MAX_NAME),
     {.key = "limits", .type = FT_MAP, .off = IR(limits), .flags = FF_REQUIRED, .sub = &limits_table}, END,
 };
+static const pframe info_reply_p[] = {{"special_ids", IR(special_ids), 4, 1}, {"special_text", IR(special_text), 1, 1},
+                                      {NULL, 0, 0, 0}};
 
 /* ---- EVT1 ---- */
 
@@ -310,11 +308,13 @@ static const field ready_f[] = {
     F_I32("eos_id", RD(eos_id), FF_REQUIRED, -1, INT32_MAX),
     F_U32("seq_len", RD(seq_len), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("max_batch_tokens", RD(max_batch_tokens), FF_REQUIRED, 0, UINT32_MAX),
-    EOG_IDS(RD(eog_ids)), SPECIAL_IDS(RD(special_ids)), SPECIAL_PIECES(RD(special_pieces)),
+    EOG_IDS(RD(eog_ids)),
     F_BOOL("chat_template", RD(chat_template), 0), F_STR("tool_syntax", RD(tool_syntax), 0, TP_PROTO_MAX_NAME),
     F_BOOL("think_open", RD(think_open), 0),
     F_STR("weight_type", RD(weight_type), 0, TP_PROTO_MAX_NAME), END,
 };
+static const pframe ready_p[] = {{"special_ids", RD(special_ids), 4, 1}, {"special_text", RD(special_text), 1, 1},
+                                 {NULL, 0, 0, 0}};
 static const field welcome_f[] = {
     F_U64("incarnation", M(welcome.incarnation), FF_REQUIRED),
     F_U32("heartbeat_ms", M(welcome.heartbeat_ms), FF_REQUIRED, 0, UINT32_MAX),
@@ -599,10 +599,7 @@ static int check_ready(tp_msg *m, tp_err *err)
 {
     if (!m->ready.stages)
         return tp_err_set(err, TP_EINVAL, "stages: empty");
-    if (m->ready.n_special_ids != m->ready.n_special_pieces)
-        return tp_err_set(err, TP_EFORMAT, "special_pieces: %zu pieces for %zu special_ids",
-                          m->ready.n_special_pieces, m->ready.n_special_ids);
-    return 0;
+    return tp_proto_special_split(m->ready.special_ids, m->ready.special_text, NULL, err);
 }
 
 static int check_tokenized(tp_msg *m, tp_err *err)
@@ -771,12 +768,12 @@ static const mdesc descs[] = {
     {TP_FAM_JOB, TP_CMD_STATS, "STATS", &T_stats, no_frames, 0, NULL},
     {TP_FAM_JOB, TP_CMD_STATS_REPLY, "STATS_REPLY", &T_stats_reply, no_frames, 1, check_stats_reply},
     {TP_FAM_JOB, TP_CMD_INFO, "INFO", &T_stats, no_frames, 0, NULL},
-    {TP_FAM_JOB, TP_CMD_INFO_REPLY, "INFO_REPLY", &T_info_reply, no_frames, 1, check_info_reply},
+    {TP_FAM_JOB, TP_CMD_INFO_REPLY, "INFO_REPLY", &T_info_reply, info_reply_p, 1, check_info_reply},
     {TP_FAM_JOB, TP_CMD_ERROR, "ERROR", &T_error, no_frames, 1, NULL},
     {TP_FAM_EVT, TP_CMD_TOKEN, "TOKEN", &T_token, token_p, 1, check_token_topic},
     {TP_FAM_EVT, TP_CMD_FINISH, "FINISH", &T_finish, no_frames, 1, check_finish_topic},
     {TP_FAM_EVT, TP_CMD_HEARTBEAT, "HEARTBEAT", &T_beat, no_frames, 1, check_beat_topic},
-    {TP_FAM_WRK, TP_CMD_READY, "READY", &T_ready, no_frames, 0, check_ready},
+    {TP_FAM_WRK, TP_CMD_READY, "READY", &T_ready, ready_p, 0, check_ready},
     {TP_FAM_WRK, TP_CMD_WELCOME, "WELCOME", &T_welcome, no_frames, 0, NULL},
     {TP_FAM_WRK, TP_CMD_HEARTBEAT, "HEARTBEAT", &T_heartbeat, no_frames, 0, NULL},
     {TP_FAM_WRK, TP_CMD_DISCONNECT, "DISCONNECT", &T_disconnect, no_frames, 0, NULL},
@@ -805,10 +802,7 @@ static int check_token_topic(tp_msg *m, tp_err *err)
 
 static int check_info_reply(tp_msg *m, tp_err *err)
 {
-    if (m->info_reply.n_special_ids != m->info_reply.n_special_pieces)
-        return tp_err_set(err, TP_EFORMAT, "special_pieces: %zu pieces for %zu special_ids",
-                          m->info_reply.n_special_pieces, m->info_reply.n_special_ids);
-    return 0;
+    return tp_proto_special_split(m->info_reply.special_ids, m->info_reply.special_text, NULL, err);
 }
 
 static int check_finish_topic(tp_msg *m, tp_err *err)

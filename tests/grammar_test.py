@@ -327,5 +327,91 @@ class RealVocabulary(unittest.TestCase):
                 d.stop()
 
 
+def gguf_kv_bytes(kv, kv_types):
+    """A tensorless GGUF v3 file of the metadata kv (typed as kv_types says;
+    arrays as (element type, list))."""
+    import struct
+    scalars = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+               12: "<d"}
+
+    def string(s):
+        b = s.encode("utf-8", errors="surrogateescape")
+        return struct.pack("<Q", len(b)) + b
+
+    def value(t, v):
+        if t == 8:
+            return string(v)
+        if t == 9:
+            et, items = v
+            return struct.pack("<IQ", et, len(items)) + b"".join(value(et, x) for x in items)
+        return struct.pack(scalars[t], v)
+
+    out = [b"GGUF", struct.pack("<IQQ", 3, 0, len(kv))]
+    for k, v in kv.items():
+        out += [string(k), struct.pack("<I", kv_types[k]), value(kv_types[k], v)]
+    return b"".join(out)
+
+
+class ThousandsOfControlTokens(unittest.TestCase):
+    """A vocabulary with more control tokens than the first 1024 (Gemma 3's
+    has some 6000 <unusedN>): Llama 2's SentencePiece vocabulary with 3000
+    control tokens <unused0> ... <unused2999> appended (ids 32000 ...)."""
+
+    N_EXTRA = 3000
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+        import gguf_tiny
+        src = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
+        if not os.access(TOKPIPED, os.X_OK) or not os.path.exists(src):
+            raise unittest.SkipTest("tokpiped or the Llama 2 vocabulary is missing")
+        g = gguf_tiny.Gguf(src)
+        kv = {k: v for k, v in g.kv.items() if k.startswith("tokenizer.") or k == "general.architecture"}
+        types = {k: g.kv_types[k] for k in kv}
+        extra = ["<unused%d>" % i for i in range(cls.N_EXTRA)]
+        cls.base = len(kv["tokenizer.ggml.tokens"])
+        kv["tokenizer.ggml.tokens"] = (8, kv["tokenizer.ggml.tokens"] + extra)
+        kv["tokenizer.ggml.scores"] = (6, kv["tokenizer.ggml.scores"] + [0.0] * len(extra))
+        kv["tokenizer.ggml.token_type"] = (5, kv["tokenizer.ggml.token_type"] + [3] * len(extra))   # control
+        cls.tmp = tempfile.TemporaryDirectory()
+        vocab = os.path.join(cls.tmp.name, "many-control.gguf")
+        with open(vocab, "wb") as f:
+            f.write(gguf_kv_bytes(kv, types))
+        cls.model = os.path.join(cls.tmp.name, "m.gguf")
+        tpdaemon.tokpipe("mkmodel", "--format", "gguf", "--arch", "llama", "--shape", "64x2x4", "--seed", "5",
+                         "--out", cls.model, "--vocab-from", vocab)
+        cls.d = Daemon(model=cls.model, tokenizer="")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        cls.tmp.cleanup()
+
+    def test_a_grammar_naming_a_control_token_past_the_first_1024_is_accepted_and_enforced(self):
+        for n in (2500, self.N_EXTRA - 1):
+            grammar = 'root ::= <unused%d> "ok"\n' % n
+            ack, ids, text, fin = self.d.submit({"grammar": grammar, "temperature": 0, "max_tokens": 8},
+                                                prompt="Hi")
+            self.assertEqual(ack["status"], 200, ack)
+            self.assertEqual(ids[0], self.base + n, (ids, text))
+            self.assertEqual(text, "ok", (ids, text))   # control tokens add no bytes
+            self.assertTrue(fin["grammar_complete"], fin)
+
+    def test_a_grammar_naming_a_token_the_vocabulary_lacks_is_still_refused(self):
+        _, ack = self.d.send({"grammar": 'root ::= <unused%d>' % self.N_EXTRA, "max_tokens": 4}, prompt="Hi")
+        self.assertEqual((ack["status"], ack["field"]), (400, "params.grammar"), ack)
+        self.assertIn("token <unused%d> is not a special token" % self.N_EXTRA, ack["error"])
+
+    def test_info_lists_every_control_token(self):
+        out = subprocess.run([TOKPIPE, "info", "--json", "--front", self.d.front], capture_output=True,
+                             text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        info = json.loads(out.stdout)
+        names = {t["piece"]: t["id"] for t in info["special_tokens"]}
+        self.assertEqual(len(names), 3 + self.N_EXTRA, sorted(names)[:5])
+        self.assertEqual(names["<unused%d>" % (self.N_EXTRA - 1)], self.base + self.N_EXTRA - 1)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -267,9 +267,8 @@ class Limits(tpdaemon.HttpDaemonCase):
         self.assertEqual(ack["status"], 200)
         self.assertEqual(tokens, [])
         # rendered by the template it no longer fits what one prompt may be
-        self.assertEqual(fin["reason"], "error")
-        self.assertTrue(fin["error"].startswith("messages: "), fin)
-        self.assertIn("output limit", fin["error"])
+        self.assertEqual((fin["reason"], fin.get("error_code")), ("error", "prompt_too_large"))
+        self.assertRegex(fin["error"], r"^messages: the conversation renders to \d+ bytes, a prompt holds %d$" % MIB)
         cmd, ack, _, _ = self.submit({"messages": [{"role": "user", "content": content + "a"}],
                                       "params": {"max_tokens": 4}})
         self.assert_refused(cmd, ack, "messages", (413,))
@@ -290,6 +289,51 @@ class Limits(tpdaemon.HttpDaemonCase):
         st, body = self.post({"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 4},
                              "/v1/chat/completions")
         self.assertEqual(st, 200, body)
+
+    def metrics(self):
+        st, data = self.get("/metrics")
+        self.assertEqual(st, 200)
+        out = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                key, val = line.rsplit(" ", 1)
+                out[key] = float(val)
+        return out
+
+    def test_a_conversation_rendered_past_the_prompt_limit_is_a_rejection_not_a_failed_job(self):
+        # 1 MiB of roles + contents (limits.max_prompt_bytes) is accepted;
+        # the template's turn markers take its rendering past the 1 MiB one
+        # prompt may be: the client's error, as a prompt past the context is
+        content = "a" * (MIB - len("user"))
+        before = self.stats()
+        cmd, ack, tokens, fin = self.submit({"messages": [{"role": "user", "content": content}],
+                                            "params": {"max_tokens": 4}})
+        self.assertEqual(ack["status"], 200)
+        self.assertEqual((tokens, fin["seq"]), ([], 0))
+        self.assertEqual((fin["reason"], fin.get("error_code")), ("error", "prompt_too_large"), fin)
+        rendered = len("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                       "<|im_end|>\n<|im_start|>user\n" + content + "<|im_end|>\n<|im_start|>assistant\n")
+        self.assertEqual(fin["error"], "messages: the conversation renders to %d bytes, a prompt holds %d"
+                         % (rendered, MIB))
+        after = self.stats()
+        self.assertEqual(after.get("jobs_rejected", 0), before.get("jobs_rejected", 0) + 1, "counted as a rejection")
+        self.assertEqual(after["finish"].get("error", 0), before["finish"].get("error", 0),
+                         "counted as a failed job")
+        self.assertEqual(after.get("jobs_finished", 0), before.get("jobs_finished", 0))
+        # over HTTP, streamed or not: a 400 naming messages, the length and
+        # the limit; /metrics counts a rejection, not an error finish
+        for stream in (False, True):
+            m0 = self.metrics()
+            st, body = self.post({"messages": [{"role": "user", "content": content}], "max_tokens": 4,
+                                  "stream": stream}, "/v1/chat/completions")
+            self.assert_http_error(st, body, 400, "messages")
+            self.assertEqual(body["error"]["code"], "prompt_too_large", body)
+            self.assertEqual(body["error"]["type"], "invalid_request_error", body)
+            self.assertEqual(body["error"]["message"], fin["error"])
+            m1 = self.metrics()
+            self.assertEqual(m1["tokpipe_jobs_rejected_total"], m0["tokpipe_jobs_rejected_total"] + 1)
+            err = 'tokpipe_jobs_finished_total{reason="error"}'
+            self.assertEqual(m1.get(err, 0), m0.get(err, 0), "counted as a failed job in /metrics")
 
     # ---- afterwards ----
 

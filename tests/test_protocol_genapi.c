@@ -298,13 +298,13 @@ static void info_and_its_reply_round_trip_with_model_and_limits(void **state)
     tp_wire_free(&w);
 
     int32_t eog[] = {1, 2}, sp[] = {0, 1, 2};
-    tp_str pieces[] = {tp_str_of("<unk>"), tp_str_of("<s>"), tp_str_of("</s>")};
+    static const char text[] = "\5<unk>\3<s>\4</s>";
     tp_msg_init(&m, TP_FAM_JOB, TP_CMD_INFO_REPLY);
     m.req = 5, m.status = 200;
     tp_m_info_reply *r = &m.info_reply;
     r->model_id = tp_str_of("llama2c dim=64"), r->vocab_size = 512, r->context_length = 512;
     r->bos_id = 1, r->eos_id = 2, r->eog_ids = eog, r->n_eog_ids = 2;
-    r->special_ids = sp, r->n_special_ids = 3, r->special_pieces = pieces, r->n_special_pieces = 3;
+    r->special_ids = (tp_raw){sp, 3}, r->special_text = (tp_raw){text, sizeof text - 1};
     r->weight_type = tp_str_of("f32");
     r->limits = (tp_m_info_limits){.max_tokens = 4096, .max_stop_strings = 1024, .max_logit_bias = 1024,
                                    .max_top_logprobs = 20};
@@ -312,16 +312,55 @@ static void info_and_its_reply_round_trip_with_model_and_limits(void **state)
     assert_true(str_is(d.info_reply.model_id, "llama2c dim=64"));
     assert_int_equal(d.info_reply.context_length, 512);
     assert_int_equal(d.info_reply.n_eog_ids, 2);
-    assert_true(str_is(d.info_reply.special_pieces[2], "</s>"));
+    tp_str got[3];
+    assert_int_equal(tp_proto_special_split(d.info_reply.special_ids, d.info_reply.special_text, got, NULL), 0);
+    assert_true(str_is(got[2], "</s>"));
+    assert_int_equal(tp_raw_i32(d.info_reply.special_ids, 2), 2);
     assert_false(d.info_reply.chat_template);
     assert_int_equal(d.info_reply.limits.max_tokens, 4096);
     assert_int_equal(d.info_reply.limits.max_top_logprobs, 20);
     tp_msg_clear(&d);
     tp_wire_free(&w);
-    r->n_special_pieces = 2;
+    r->special_text.n = 10;   /* two pieces */
     tp_err e;
     assert_int_not_equal(tp_proto_encode(&m, &w, &e), 0);
-    assert_non_null(strstr(e.msg, "special_pieces: 2 pieces for 3 special_ids"));
+    assert_non_null(strstr(e.msg, "special_text: 2 pieces for 3 special_ids"));
+    r->special_text.n = sizeof text - 1;
+    sp[2] = 1;   /* ids ascend */
+    assert_int_not_equal(tp_proto_encode(&m, &w, &e), 0);
+    assert_non_null(strstr(e.msg, "special_ids[2]: 1 after 1"));
+}
+
+/* A vocabulary's special tokens are bounded by the vocabulary, not by a
+ * header: 6000 of them (Gemma 3 has about as many) round trip in READY. */
+static void ready_carries_thousands_of_special_tokens(void **state)
+{
+    (void)state;
+    enum { N = 6000 };
+    static int32_t ids[N];
+    static char text[N * 16];
+    size_t len = 0;
+    for (int i = 0; i < N; i++) {
+        ids[i] = 32000 + i;
+        int n = snprintf(text + len + 1, sizeof text - len - 1, "<unused%d>", i);
+        text[len] = (char)n;
+        len += 1 + (size_t)n;
+    }
+    tp_msg m, d;
+    tp_wire w;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);
+    tp_m_ready *r = &m.ready;
+    r->stages = TP_STAGE_TOKENIZE, r->instance = tp_str_of("tokenize.0"), r->capacity = 4;
+    r->model_id = tp_str_of("m"), r->vocab_size = 32000 + N, r->bos_id = 1, r->eos_id = 2;
+    r->special_ids = (tp_raw){ids, N}, r->special_text = (tp_raw){text, len};
+    round_trip(&m, &w, &d);
+    static tp_str got[N];
+    assert_int_equal(d.ready.special_ids.n, N);
+    assert_int_equal(tp_proto_special_split(d.ready.special_ids, d.ready.special_text, got, NULL), 0);
+    assert_true(str_is(got[N - 1], "<unused5999>"));
+    assert_int_equal(tp_raw_i32(d.ready.special_ids, N - 1), 32000 + N - 1);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
 }
 
 static void ready_carries_eog_ids_special_tokens_template_and_weight_type(void **state)
@@ -329,15 +368,14 @@ static void ready_carries_eog_ids_special_tokens_template_and_weight_type(void *
     (void)state;
     int32_t eog[] = {2};
     int32_t sp[] = {1};
-    tp_str pieces[] = {tp_str_of("<s>")};
     tp_msg m, d;
     tp_wire w;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);
     tp_m_ready *r = &m.ready;
     r->stages = TP_STAGE_FORWARD, r->instance = tp_str_of("forward.0"), r->capacity = 4;
     r->model_id = tp_str_of("m"), r->bos_id = 1, r->eos_id = 2;
-    r->eog_ids = eog, r->n_eog_ids = 1, r->special_ids = sp, r->n_special_ids = 1;
-    r->special_pieces = pieces, r->n_special_pieces = 1, r->chat_template = true, r->weight_type = tp_str_of("q8_0");
+    r->eog_ids = eog, r->n_eog_ids = 1, r->special_ids = (tp_raw){sp, 1}, r->special_text = (tp_raw){"\3<s>", 4};
+    r->chat_template = true, r->weight_type = tp_str_of("q8_0");
     round_trip(&m, &w, &d);
     assert_int_equal(d.ready.eog_ids[0], 2);
     assert_true(d.ready.chat_template);
@@ -357,6 +395,7 @@ int main(void)
         cmocka_unit_test(status_reply_carries_logprob_rows_of_its_tokens),
         cmocka_unit_test(info_and_its_reply_round_trip_with_model_and_limits),
         cmocka_unit_test(ready_carries_eog_ids_special_tokens_template_and_weight_type),
+        cmocka_unit_test(ready_carries_thousands_of_special_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

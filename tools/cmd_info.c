@@ -42,14 +42,18 @@ static cJSON *info_json(const tp_m_info_reply *r)
     cJSON_AddNumberToObject(o, "eos_id", r->eos_id);
     cJSON_AddItemToObject(o, "eog_ids", ids_array(r->eog_ids, r->n_eog_ids));
     cJSON *sp = cJSON_AddArrayToObject(o, "special_tokens");
-    for (size_t i = 0; i < r->n_special_ids && i < r->n_special_pieces; i++) {
-        cJSON *e = cJSON_CreateObject();
-        char *p = strndup(r->special_pieces[i].ptr ? r->special_pieces[i].ptr : "", r->special_pieces[i].len);
-        cJSON_AddNumberToObject(e, "id", r->special_ids[i]);
-        cJSON_AddStringToObject(e, "piece", p ? p : "");
-        free(p);
-        cJSON_AddItemToArray(sp, e);
-    }
+    tp_str *pieces = r->special_ids.n ? malloc(r->special_ids.n * sizeof *pieces) : NULL;
+    /* decoding checked the frames */
+    if (pieces && !tp_proto_special_split(r->special_ids, r->special_text, pieces, NULL))
+        for (size_t i = 0; i < r->special_ids.n; i++) {
+            cJSON *e = cJSON_CreateObject();
+            char *p = strndup(pieces[i].ptr, pieces[i].len);
+            cJSON_AddNumberToObject(e, "id", tp_raw_i32(r->special_ids, i));
+            cJSON_AddStringToObject(e, "piece", p ? p : "");
+            free(p);
+            cJSON_AddItemToArray(sp, e);
+        }
+    free(pieces);
     cJSON_AddBoolToObject(o, "chat_template", r->chat_template);
     char *wt = strndup(r->weight_type.ptr ? r->weight_type.ptr : "", r->weight_type.len);
     cJSON_AddStringToObject(o, "weight_type", wt ? wt : "");

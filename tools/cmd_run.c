@@ -644,15 +644,13 @@ static int grammar_init(run_ctx *c, tp_err *err)
 static int find_special(void *ctx, const char *text, size_t len)
 {
     const tp_tokenizer *tok = ctx;
-    size_t listed = 0;
-    for (int id = 0; id < tp_tokenizer_vocab_size(tok) && listed < TP_PROTO_MAX_SPECIAL; id++) {
+    for (int id = 0; id < tp_tokenizer_vocab_size(tok); id++) {
         int t = tp_tokenizer_token_type(tok, id);
         size_t n;
         const char *p = tp_tokenizer_piece(tok, id, &n);
         if (!(t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) || !p ||
             n > TP_PROTO_MAX_NAME || !tp_proto_utf8_valid(p, n))
             continue;
-        listed++;
         if (n == len && !memcmp(p, text, len))
             return id;
     }

@@ -52,8 +52,10 @@ typedef struct worker {
     bool chat_template;                     /* a tokenize stage with a usable chat template */
     tp_tc_family tool_family;               /* its tool-call syntax (READY: the broker builds call grammars) */
     bool think_open;                        /* ... whose generation prompt opens the thinking */
-    int32_t sp_ids[TP_PROTO_MAX_SPECIAL];   /* READY's special tokens (scratch) */
-    tp_str sp_pieces[TP_PROTO_MAX_SPECIAL];
+    int32_t *sp_ids;                        /* READY's special tokens, built at the first READY */
+    unsigned char *sp_text;                 /* ... and their pieces (tp_proto_special_split) */
+    size_t n_sp, sp_text_len;
+    bool sp_built;
 } worker;
 
 static volatile sig_atomic_t g_quit;
@@ -252,6 +254,49 @@ static void free_stages(worker *w)
     tp_stop_stage_free(w->stop);
     tp_tokenizer_free(w->tok);
     tp_model_free(w->model);
+    free(w->sp_ids);
+    free(w->sp_text);
+    w->sp_ids = NULL, w->sp_text = NULL;
+    w->n_sp = w->sp_text_len = 0;
+    w->sp_built = false;
+}
+
+/* READY's special tokens: every control, user-defined and unknown token
+ * whose piece a grammar can name (UTF-8, at most TP_PROTO_MAX_NAME bytes),
+ * as many as the vocabulary has. -1 when out of memory. */
+static int build_specials(worker *w)
+{
+    if (w->sp_built || !w->tok)
+        return 0;
+    int vocab = tp_tokenizer_vocab_size(w->tok);
+    size_t n = 0, bytes = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int id = 0; id < vocab; id++) {
+            int t = tp_tokenizer_token_type(w->tok, id);
+            size_t len;
+            const char *piece = tp_tokenizer_piece(w->tok, id, &len);
+            if (!((t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) && piece &&
+                  len <= TP_PROTO_MAX_NAME && tp_proto_utf8_valid(piece, len)))
+                continue;
+            if (pass == 1) {
+                w->sp_ids[w->n_sp++] = id;
+                w->sp_text[w->sp_text_len++] = (unsigned char)len;
+                memcpy(w->sp_text + w->sp_text_len, piece, len);
+                w->sp_text_len += len;
+            }
+            n++, bytes += 1 + len;
+        }
+        if (pass == 0) {
+            free(w->sp_ids);
+            free(w->sp_text);
+            w->sp_ids = malloc((n + 1) * sizeof *w->sp_ids);
+            w->sp_text = malloc(bytes + 1);
+            if (!w->sp_ids || !w->sp_text)
+                return -1;
+        }
+    }
+    w->sp_built = true;
+    return 0;
 }
 
 static void reset_stages(worker *w)
@@ -308,21 +353,12 @@ static int send_ready(worker *w)
     if (w->chat_template)
         r->tool_syntax = tp_str_of(tp_tc_family_name(w->tool_family));
     r->think_open = w->chat_template && w->think_open;
-    int32_t *sp_ids = w->sp_ids;
-    tp_str *sp_pieces = w->sp_pieces;
-    size_t n_sp = 0;
-    for (int id = 0; w->tok && id < tp_tokenizer_vocab_size(w->tok) && n_sp < TP_PROTO_MAX_SPECIAL; id++) {
-        int t = tp_tokenizer_token_type(w->tok, id);
-        size_t len;
-        const char *piece = tp_tokenizer_piece(w->tok, id, &len);
-        if ((t == TP_TOKEN_CONTROL || t == TP_TOKEN_USER_DEFINED || t == TP_TOKEN_UNKNOWN) && piece &&
-            len <= TP_PROTO_MAX_NAME && tp_proto_utf8_valid(piece, len)) {
-            sp_ids[n_sp] = id;
-            sp_pieces[n_sp++] = (tp_str){piece, len};
-        }
+    if (build_specials(w))
+        fprintf(stderr, "tokpipe-worker %s: READY: out of memory for the special tokens\n", w->instance);
+    if (w->sp_built && w->n_sp) {
+        r->special_ids = (tp_raw){w->sp_ids, w->n_sp};
+        r->special_text = (tp_raw){w->sp_text, w->sp_text_len};
     }
-    r->special_ids = sp_ids, r->n_special_ids = n_sp;
-    r->special_pieces = sp_pieces, r->n_special_pieces = n_sp;
     tp_err e;
     int rc = tp_zsend_msg(w->dealer, NULL, 0, &m, &e);
     if (rc)

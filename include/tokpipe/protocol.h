@@ -185,11 +185,13 @@ const char *tp_stage_name(unsigned stage_bit);
 #define TP_PROTO_MAX_TOP_LOGPROBS 20        /* params.top_logprobs (OpenAI's cap) */
 #define TP_PROTO_MAX_TOOLS (1u << 20)       /* bytes of SUBMIT tools (JSON text) */
 #define TP_PROTO_MAX_TOOL_CALLS 128         /* tool calls in one message / one FINISH */
-#define TP_PROTO_MAX_SPECIAL 1024           /* special token ids in READY / INFO_REPLY */
+#define TP_PROTO_MAX_EOG 1024               /* eog_ids in READY / INFO_REPLY (special tokens: frames, see
+                                             * tp_proto_special_split) */
 
 /* Error codes (ACK and FINISH `error_code`): a machine-readable reason
  * beside the status and the message. */
 #define TP_CODE_CONTEXT "context_length_exceeded" /* the prompt does not fit the context */
+#define TP_CODE_PROMPT_SIZE "prompt_too_large"     /* a conversation renders past TP_PROTO_MAX_PROMPT bytes */
 #define TP_PROTO_MAX_BUCKETS 64             /* buckets of one STATS histogram */
 
 /* ---- payload arrays ----------------------------------------------------- */
@@ -523,10 +525,8 @@ typedef struct tp_m_info_reply {
     int32_t bos_id, eos_id;    /* -1 unknown */
     int32_t *eog_ids;          /* every id that ends generation (EOS included) */
     size_t n_eog_ids;
-    int32_t *special_ids;      /* control tokens, with their pieces (parallel) */
-    size_t n_special_ids;
-    tp_str *special_pieces;
-    size_t n_special_pieces;
+    tp_raw special_ids;        /* F3, opt: the control / user-defined / unknown tokens (i32) */
+    tp_raw special_text;       /* F4: their pieces (u8, tp_proto_special_split) */
     bool chat_template;        /* the model carries a chat template */
     tp_str weight_type;        /* e.g. "f32"; "" unknown */
     tp_m_info_limits limits;
@@ -605,10 +605,8 @@ typedef struct tp_m_ready {
     /* optional, for INFO (absent = unknown) */
     int32_t *eog_ids;          /* ids that end generation */
     size_t n_eog_ids;
-    int32_t *special_ids;      /* control tokens and their pieces (parallel) */
-    size_t n_special_ids;
-    tp_str *special_pieces;
-    size_t n_special_pieces;
+    tp_raw special_ids;        /* F3, opt: control tokens (i32) */
+    tp_raw special_text;       /* F4: their pieces (u8, tp_proto_special_split) */
     bool chat_template;
     tp_str tool_syntax;        /* the template's tool-call family (tp_tc_family_name), with chat_template */
     bool think_open;           /* ... and its generation prompt opens the thinking (DeepSeek R1) */
@@ -856,5 +854,15 @@ bool tp_job_id_valid(const char *s, size_t len);
 
 /* true if the bytes are valid UTF-8 (no surrogates, no overlongs). */
 bool tp_proto_utf8_valid(const char *s, size_t len);
+
+/* A vocabulary's special tokens (READY, INFO_REPLY) travel as two payload
+ * frames, so that how many there may be is bounded by the vocabulary
+ * (ascending ids below TP_PROTO_MAX_VOCAB), not by what one header holds:
+ * special_ids (i32, strictly ascending) and special_text, for each id in
+ * order its piece as one length byte (0..TP_PROTO_MAX_NAME) then that many
+ * bytes of UTF-8. Check the pair (special_text absent = no ids); with
+ * pieces non-NULL (ids.n entries) point each piece into text (borrowed as
+ * text is). */
+int tp_proto_special_split(tp_raw ids, tp_raw text, tp_str *pieces, tp_err *err);
 
 #endif

@@ -55,6 +55,10 @@ void tp_tokenize_stage_free(tp_tokenize_stage *st);
 struct tp_chat_template;
 int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, struct tp_chat_template *tmpl, const char *bos,
                                const char *eos, const char *why, tp_err *err);
+/* Bytes a TOKENIZE with messages renders into before it gives up: past
+ * TP_PROTO_MAX_PROMPT, so that a conversation too long for one prompt is
+ * refused (TOKENIZED 413) with its length. */
+#define TP_TOKENIZE_RENDER_ROOM (4u * TP_PROTO_MAX_PROMPT)
 /* Render msgs (and tools: a JSON array, ptr NULL = none) with the chat
  * template as a TOKENIZE with messages does; *out (caller frees) is the
  * prompt text to tokenize with control tokens parsed and nothing added.

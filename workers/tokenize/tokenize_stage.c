@@ -118,8 +118,9 @@ static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, 
     return io->reply(io->ctx, &r);
 }
 
-int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
-                             size_t *len, tp_err *err)
+/* Render as tp_tokenize_stage_render does, with room for max_output bytes. */
+static int render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, size_t max_output,
+                  char **out, size_t *len, tp_err *err)
 {
     if (!st->chat)
         return tp_err_set(err, TP_EINVAL, "messages: %s", st->chat_why);
@@ -137,12 +138,18 @@ int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msg
     if (rc)
         return tp_err_set(err, rc, "%s", e.msg);
     tp_chat_vars v = {.json = vars, .json_len = vlen, .bos_token = st->bos, .eos_token = st->eos,
-                      .add_generation_prompt = true, .max_output = TP_PROTO_MAX_PROMPT};
+                      .add_generation_prompt = true, .max_output = max_output};
     rc = tp_chat_template_render(st->chat, &v, out, len, &e);
     free(vars);
     if (rc)
         return tp_err_set(err, rc, "messages: %s", e.msg);
     return 0;
+}
+
+int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
+                             size_t *len, tp_err *err)
+{
+    return render(st, msgs, n, tools, TP_PROTO_MAX_PROMPT, out, len, err);
 }
 
 int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_stage_io *io)
@@ -157,9 +164,18 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     tp_err_clear(&e);
     unsigned flags = (t->add_bos ? TP_ENCODE_ADD_SPECIAL : 0) | (t->parse_special ? TP_ENCODE_SPECIAL : 0);
     if (t->n_messages) {
-        int rc = tp_tokenize_stage_render(st, t->messages, t->n_messages, t->tools, &rendered, &len, &e);
+        /* rendered with room past the limit, so that a conversation that
+         * does not fit is told by how much (a 413: the client's error) */
+        int rc = render(st, t->messages, t->n_messages, t->tools, TP_TOKENIZE_RENDER_ROOM, &rendered, &len, &e);
         if (rc)
             return reply_error(m, io, rc == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, e.msg);
+        if (len > TP_PROTO_MAX_PROMPT) {
+            char why[160];
+            snprintf(why, sizeof why, "messages: the conversation renders to %zu bytes, a prompt holds %u", len,
+                     TP_PROTO_MAX_PROMPT);
+            free(rendered);
+            return reply_error(m, io, TP_ST_TOO_LARGE, why);
+        }
         text = rendered;
         /* a rendered prompt carries its own BOS and turn tokens as text:
          * parse them, add nothing (what transformers' apply_chat_template does) */
