@@ -1,7 +1,6 @@
 /* tokpipe.yaml loader: libyaml document tree walked against one key table. */
 #include "tokpipe/config.h"
-#include "tokpipe/sampler.h"
-#include "tokpipe/grammar.h"
+#include "tokpipe/limits.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -686,17 +685,4 @@ int tp_config_load(const char *path, tp_config *cfg, tp_err *err)
     int rc = tp_config_parse(buf, len, path, cfg, err);
     free(buf);
     return rc;
-}
-
-void tp_config_grammar_limits(const tp_config *c, tp_grammar_limits *gl, tp_gengine_limits *el)
-{
-    tp_grammar_limits_default(gl);
-    gl->max_bytes = (size_t)c->grammar_max_bytes;
-    gl->max_rules = c->grammar_max_rules;
-    gl->max_compile_ms = c->grammar_max_compile_ms;
-    if (el) {
-        tp_gengine_limits_default(el);
-        el->max_states = c->grammar_max_states;
-        el->mask_bytes = (size_t)c->grammar_mask_cache_mb << 20;
-    }
 }

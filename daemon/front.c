@@ -466,9 +466,9 @@ static void on_status(broker *b, const reply_to *to, const tp_msg *m)
     s->tokens = table ? (tp_raw){j->out ? j->out : none, j->n_out} : (tp_raw){j->shown ? j->shown : none, j->n_shown};
     s->completion_tokens = (uint32_t)s->tokens.n;
     s->lp = joblp_status(j, s->tokens.n);
-    s->reasoning_content = jobsplit_reasoning(j);
+    s->reasoning_content = jobfields_reasoning(j);
     const tp_tool_call *calls;
-    if ((s->n_tool_calls = jobsplit_calls(j, &calls)))
+    if ((s->n_tool_calls = jobfields_calls(j, &calls)))
         s->tool_calls = (tp_tool_call *)calls;
     if (done) {
         s->reason = j->reason;

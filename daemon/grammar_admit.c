@@ -21,7 +21,7 @@ static void schema_opts(const tp_config *c, tp_jschema_opts *o)
 static int compile_check(const tp_config *c, const tp_gnames *names, const char *gbnf, tp_err *e)
 {
     tp_grammar_limits gl;
-    tp_config_grammar_limits(c, &gl, NULL);
+    tp_grammar_limits_from_config(c, &gl, NULL);
     tp_grammar *g = NULL;
     int rc = tp_grammar_compile(gbnf, strlen(gbnf), &gl, &g, e);
     if (!rc && tp_grammar_n_token_refs(g))

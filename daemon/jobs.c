@@ -48,7 +48,7 @@ static void job_clear(bjob *j)
     free(j->matched_buf);
     free(j->job_error);
     joblp_free(j);
-    jobsplit_free(j);
+    jobfields_free(j);
     memset(j, 0, sizeof *j);
 }
 
@@ -333,7 +333,7 @@ void jobs_mark_finished(bjobs *t, bjob *j)
 static void record_finish(bjobs *t, bjob *j, const tp_m_finish *f)
 {
     jobs_append_text(j, f->text.ptr, f->text.len);
-    jobsplit_on_finish(j, f);
+    jobfields_on_finish(j, f);
     j->reason = f->reason;
     j->timings = f->timings;
     if (f->matched.kind == TP_MATCHED_STR && (j->matched_buf = malloc(f->matched.str.len + 1))) {
@@ -411,7 +411,7 @@ int64_t jobs_on_event(bjobs *t, const tp_msg *ev, const bjob **job)
         jobs_append_text(j, ev->token.text.ptr, ev->token.text.len);
         append_shown(j, ev->token.index, ev->token.ids);
         joblp_on_token(j, &ev->token);
-        jobsplit_on_token(j, &ev->token);
+        jobfields_on_token(j, &ev->token);
         metrics_on_token(&t->metrics, &j->t_last_token_us, ev->token.ids.n);
         return resumed;
     }

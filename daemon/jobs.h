@@ -90,7 +90,7 @@ typedef struct bjob {
                                      * error_code; STATS counts it in jobs_rejected), NULL if none */
     uint32_t context_refused;       /* with TP_CODE_CONTEXT: the model's context length (FINISH) */
     struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
-    struct jobsplit *split;         /* reasoning and calls its events carried, for STATUS (jobsplit.c) */
+    struct jobfields *fields;       /* reasoning and calls its events carried, for STATUS (jobfields.c) */
     uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
 
@@ -169,13 +169,13 @@ void joblp_on_token(bjob *j, const tp_m_token *t);
 tp_lp_cols joblp_status(const bjob *j, size_t n_tokens);
 void joblp_free(bjob *j);
 
-/* jobsplit.c: the reasoning and tool calls a job's events carried */
-void jobsplit_on_token(bjob *j, const tp_m_token *t);
-void jobsplit_on_finish(bjob *j, const tp_m_finish *f);
-tp_str jobsplit_reasoning(const bjob *j);   /* ptr NULL: none */
+/* jobfields.c: the reasoning and tool calls a job's events carried */
+void jobfields_on_token(bjob *j, const tp_m_token *t);
+void jobfields_on_finish(bjob *j, const tp_m_finish *f);
+tp_str jobfields_reasoning(const bjob *j);   /* ptr NULL: none */
 /* The calls so far (running: as the TOKEN deltas built them; finished:
  * FINISH's), valid until the job's next event. */
-size_t jobsplit_calls(bjob *j, const tp_tool_call **calls);
-void jobsplit_free(bjob *j);
+size_t jobfields_calls(bjob *j, const tp_tool_call **calls);
+void jobfields_free(bjob *j);
 
 #endif

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ROUTE_PAGE TP_FWD_PAGE
 #define ROUTE_SLOTS (1u << 14) /* pages mirrored per worker (128 KiB) */
 /* "Clearly busier": more running jobs than the least loaded worker by
  * more than this plus half of that worker's count. */
@@ -36,7 +35,7 @@ struct route_mirror {
 /* The chain: h(k+1) = mix(h(k), page k's tokens); never 0. */
 static uint64_t chain(uint64_t h, const int32_t *t)
 {
-    for (int i = 0; i < ROUTE_PAGE; i++) {
+    for (int i = 0; i < TP_KV_PAGE; i++) {
         h ^= (uint64_t)(uint32_t)t[i];
         h *= 0x9E3779B97F4A7C15ull;
         h ^= h >> 29;
@@ -66,8 +65,8 @@ static struct route_mirror *mirror(broker *b, int wi, bool create)
 /* Full pages of ids[0..n) + more[0..n_more) (read as one sequence). */
 static void page_of(const int32_t *ids, uint32_t n, const int32_t *more, uint32_t k, int32_t *page)
 {
-    for (uint32_t i = 0; i < ROUTE_PAGE; i++) {
-        uint32_t p = k * ROUTE_PAGE + i;
+    for (uint32_t i = 0; i < TP_KV_PAGE; i++) {
+        uint32_t p = k * TP_KV_PAGE + i;
         page[i] = p < n ? ids[p] : more[p - n];
     }
 }
@@ -80,8 +79,8 @@ void route_note(broker *b, int wi, const int32_t *ids, uint32_t n, const int32_t
     if (!m)
         return;
     uint64_t h = CHAIN_SEED;
-    int32_t page[ROUTE_PAGE];
-    for (uint32_t k = 0; (k + 1) * ROUTE_PAGE <= n + n_more; k++) {
+    int32_t page[TP_KV_PAGE];
+    for (uint32_t k = 0; (k + 1) * TP_KV_PAGE <= n + n_more; k++) {
         page_of(ids, n, more, k, page);
         h = chain(h, page);
         m->key[h % ROUTE_SLOTS] = h;
@@ -97,8 +96,8 @@ static uint32_t held(broker *b, int wi, const int32_t *ids, uint32_t n)
         return 0;
     uint64_t h = CHAIN_SEED;
     uint32_t k = 0;
-    for (; (k + 1) * ROUTE_PAGE <= n - 1; k++) {
-        h = chain(h, ids + (size_t)k * ROUTE_PAGE);
+    for (; (k + 1) * TP_KV_PAGE <= n - 1; k++) {
+        h = chain(h, ids + (size_t)k * TP_KV_PAGE);
         if (m->key[h % ROUTE_SLOTS] != h)
             break;
     }

@@ -1,8 +1,14 @@
 """The daemon's files call only downward (tests/support/layers.py): no file
 of daemon/ calls a function of a file that, directly or around a loop,
 calls it, and none is over 700 lines. The checker itself is tried on two
-fixtures: the same three files with a circle and without."""
+fixtures: the same three files with a circle and without.
+
+The library's low layers include only downward: common/ nothing of the
+project above it, protocol/ itself and common/, config/ itself and
+common/, net/ (the protocol on sockets) those three; each public header
+counts as a file of the layer that owns it."""
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -16,6 +22,44 @@ FIXTURE = os.path.join(HERE, "support", "layers_fixture")
 def check(directory, *args):
     r = subprocess.run([sys.executable, CHECK, directory, *args], capture_output=True, text=True, timeout=60)
     return r.returncode, r.stdout + r.stderr
+
+
+# Which layer owns each public header of the low layers, and what each
+# layer may include. A header not listed belongs to a layer above these.
+OWNER = {"buf": "common", "error": "common", "rand": "common", "utf8": "common", "isa": "common",
+         "limits": "common", "protocol": "protocol", "config": "config", "zwire": "net", "zsec": "net"}
+MAY_INCLUDE = {"common": {"common"}, "protocol": {"common", "protocol"}, "config": {"common", "config"},
+               "net": {"common", "protocol", "config", "net"}}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def upward_includes():
+    """(file, header, its layer) for every include that goes up."""
+    files = []
+    for layer in MAY_INCLUDE:
+        d = os.path.join(ROOT, layer)
+        files += [(os.path.join(d, f), layer) for f in sorted(os.listdir(d)) if f.endswith((".c", ".h"))]
+    files += [(os.path.join(ROOT, "include", "tokpipe", h + ".h"), layer) for h, layer in OWNER.items()]
+    bad = []
+    for path, layer in files:
+        with open(path, encoding="utf-8") as f:
+            for inc in INCLUDE.findall(f.read()):
+                if "/" not in inc:  # the layer's own private header, beside it
+                    continue
+                name = os.path.splitext(os.path.basename(inc))[0]
+                owner = OWNER.get(name, "a layer above") if inc.startswith("tokpipe/") else "outside the library"
+                if owner not in MAY_INCLUDE[layer]:
+                    bad.append((os.path.relpath(path, ROOT), inc, owner))
+    return bad
+
+
+class Includes(unittest.TestCase):
+    def test_common_protocol_config_and_net_include_only_downward(self):
+        self.assertEqual(upward_includes(), [], "files including a header of a layer above theirs")
+
+    def test_every_header_owned_here_exists(self):
+        for h in OWNER:
+            self.assertTrue(os.path.exists(os.path.join(ROOT, "include", "tokpipe", h + ".h")), h)
 
 
 class Layers(unittest.TestCase):

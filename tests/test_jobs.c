@@ -130,7 +130,7 @@ static void reasoning_keeps_each_delta_that_fits_under_the_cap(void **state)
     split_token(&f->b, "think", 1, "abc", NULL, 0);   /* 1 byte too many: refused whole */
     split_token(&f->b, "think", 2, "de", NULL, 0);    /* exactly the cap: kept */
     split_token(&f->b, "think", 3, "f", NULL, 0);     /* past it again */
-    tp_str r = jobsplit_reasoning(j);
+    tp_str r = jobfields_reasoning(j);
     assert_int_equal(r.len, TP_PROTO_MAX_TEXT);
     assert_memory_equal(r.ptr, s, n);
     assert_memory_equal(r.ptr + n, "de", 2);
@@ -144,18 +144,18 @@ static void reasoning_and_calls_so_far_are_kept_for_status(void **state)
     fixture *f = *state;
     bjob *j = jobs_new(&f->b, "tc", 2);
     j->state = J_RUNNING;
-    assert_null(jobsplit_reasoning(j).ptr);
+    assert_null(jobfields_reasoning(j).ptr);
     split_token(&f->b, "tc", 0, "Look", NULL, 0);
     split_token(&f->b, "tc", 1, " it up.", NULL, 0);
     tp_tool_call d1[] = {delta("call_a", "get_weather", ""), delta("call_a", "get_weather", "{\"ci")};
     split_token(&f->b, "tc", 2, NULL, d1, 2);
     tp_tool_call d2[] = {delta("call_a", "get_weather", "ty\": \"Paris\"}"), delta("call_b", "now", "{")};
     split_token(&f->b, "tc", 3, NULL, d2, 2);
-    tp_str r = jobsplit_reasoning(j);
+    tp_str r = jobfields_reasoning(j);
     assert_int_equal(r.len, 11);
     assert_memory_equal(r.ptr, "Look it up.", 11);
     const tp_tool_call *c;
-    assert_int_equal(jobsplit_calls(j, &c), 2);
+    assert_int_equal(jobfields_calls(j, &c), 2);
     assert_int_equal(c[0].arguments.len, strlen("{\"city\": \"Paris\"}"));
     assert_memory_equal(c[0].arguments.ptr, "{\"city\": \"Paris\"}", c[0].arguments.len);
     assert_memory_equal(c[1].name.ptr, "now", 3);
@@ -168,7 +168,7 @@ static void reasoning_and_calls_so_far_are_kept_for_status(void **state)
                              .reasoning_content = tp_str_of("Look it up."), .tool_calls = whole, .n_tool_calls = 2};
     const bjob *jj;
     jobs_on_event(&f->b, &m, &jj);
-    assert_int_equal(jobsplit_calls(j, &c), 2);
+    assert_int_equal(jobfields_calls(j, &c), 2);
     assert_int_equal(c[1].arguments.len, 2);
     assert_memory_equal(c[1].id.ptr, "call_b", 6);
 }

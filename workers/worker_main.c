@@ -206,7 +206,7 @@ static int load_stages(worker *w, tp_err *err)
     if (w->sample) {
         tp_grammar_limits gl;
         tp_gengine_limits el;
-        tp_config_grammar_limits(c, &gl, &el);
+        tp_grammar_limits_from_config(c, &gl, &el);
         tp_sample_stage_set_grammar(w->sample, w->tok, &gl, &el);
     }
     if ((w->stages & (1u << TP_SI_FORWARD)) &&
@@ -237,7 +237,7 @@ static int load_stages(worker *w, tp_err *err)
             return rc;
         tp_grammar_limits gl;
         tp_gengine_limits el;
-        tp_config_grammar_limits(c, &gl, &el);
+        tp_grammar_limits_from_config(c, &gl, &el);
         tp_stop_stage_set_grammar_limits(w->stop, &gl, &el);
     }
     /* the stop stage reads the template too: its tool-call syntax */

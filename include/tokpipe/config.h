@@ -158,9 +158,4 @@ void tp_config_free(tp_config *cfg);
  * with up to cap pointers to them; returns how many there are. */
 size_t tp_config_strings(tp_config *cfg, char **out[], size_t cap);
 
-/* The grammar.* keys as the engine's limits (el may be NULL). */
-struct tp_grammar_limits;
-struct tp_gengine_limits;
-void tp_config_grammar_limits(const tp_config *c, struct tp_grammar_limits *gl, struct tp_gengine_limits *el);
-
 #endif

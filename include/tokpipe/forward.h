@@ -110,8 +110,9 @@ int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, 
  * computation of it. False when the cache is not in use. */
 bool tp_forward_seq_same_pages(const tp_forward *f, int a, int b, int pos);
 
-/* Positions per KV page: prefix hits are whole pages. */
-#define TP_FWD_PAGE 16
+/* Positions per KV page: one block of the key layout (16 positions per
+ * vector load), and the granularity of prefix hits (whole pages). */
+#define TP_KV_PAGE 16
 
 /* Most pages tp_forward_set_prefix_cache may add beyond the slots' own. */
 #define TP_FORWARD_MAX_EXTRA_PAGES (1 << 24)

@@ -46,16 +46,7 @@
 #include <stdint.h>
 
 #include "tokpipe/error.h"
-
-/* Defaults of tp_grammar_limits (also the config's grammar.* keys). */
-#define TP_GRAMMAR_DEFAULT_MAX_BYTES (256u * 1024)  /* GBNF text */
-#define TP_GRAMMAR_DEFAULT_MAX_RULES 4096           /* rules after lowering */
-#define TP_GRAMMAR_DEFAULT_MAX_NESTING 64           /* parentheses */
-#define TP_GRAMMAR_DEFAULT_MAX_ELEMENTS (1u << 20)  /* lowered elements (repetition expands) */
-#define TP_GRAMMAR_DEFAULT_MAX_REPEAT 10000         /* m and n of {m,n} */
-#define TP_GRAMMAR_DEFAULT_COMPILE_MS 200           /* compile wall time */
-#define TP_GRAMMAR_DEFAULT_MAX_STATES 65536         /* DFA states per engine */
-#define TP_GRAMMAR_DEFAULT_MASK_MB 64               /* mask cache per engine */
+#include "tokpipe/limits.h" /* the limits' defaults */
 
 typedef struct tp_grammar_limits {
     size_t max_bytes;
@@ -172,6 +163,11 @@ typedef struct tp_gengine_limits {
 } tp_gengine_limits;
 
 void tp_gengine_limits_default(tp_gengine_limits *l);
+
+/* The config's grammar.* keys as the compiler's limits and (el not NULL)
+ * the engine's. */
+struct tp_config;
+void tp_grammar_limits_from_config(const struct tp_config *c, tp_grammar_limits *gl, tp_gengine_limits *el);
 
 /* g and v are borrowed and must outlive the engine. limits NULL = defaults.
  * TP_EINVAL naming it when a token reference of g does not resolve in v. */

@@ -39,11 +39,10 @@
 #include <stdint.h>
 
 #include "tokpipe/error.h"
+#include "tokpipe/limits.h" /* the penalty window's */
 
 /* Defaults (tp_sampler_params_default). */
 #define TP_SAMPLER_DEFAULT_TEMPERATURE 1.0f
-#define TP_SAMPLER_DEFAULT_PENALTY_WINDOW 64 /* llama.cpp's repeat_last_n */
-#define TP_SAMPLER_MAX_PENALTY_WINDOW (1 << 20)
 #define TP_SAMPLER_MAX_BIAS 100.0f   /* logit_bias values lie in [-100, 100] */
 #define TP_SAMPLER_BAN_BIAS -100.0f  /* this bias (or less) bans the id */
 #define TP_SAMPLER_MAX_TOP_LOGPROBS 20 /* alternatives per token on the wire (OpenAI's cap) */

@@ -2,13 +2,12 @@
  * instantiation of the inline bodies. */
 #include "attn_avx2.h"
 #include "quant.h" /* tp_f16_to_f32 */
-#include "tokpipe/forward.h" /* TP_FWD_PAGE */
+#include "tokpipe/forward.h" /* TP_KV_PAGE */
 
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
-#define PAGE TP_FWD_PAGE /* positions a KV page holds */
 #define ATTN_AVX2 __attribute__((target("avx2,f16c"), always_inline)) static inline
 
 /* Eight values from element i of a block, as exact floats. */
@@ -37,7 +36,7 @@ ATTN_AVX2 void scores_blocks(float *s, const float *qh, const void *const *kb, i
         __m256 q = _mm256_set1_ps(qh[i]);
         #pragma GCC unroll 8
         for (int j = 0; j < 2 * nb; j++)
-            a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(q, load8(kb[j / 2], (size_t)i * PAGE + 8 * (j % 2), half)));
+            a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(q, load8(kb[j / 2], (size_t)i * TP_KV_PAGE + 8 * (j % 2), half)));
     }
     #pragma GCC unroll 8
     for (int j = 0; j < 2 * nb; j++)
@@ -47,8 +46,8 @@ ATTN_AVX2 void scores_blocks(float *s, const float *qh, const void *const *kb, i
 ATTN_AVX2 void scores(float *att, const float *qh, const void *const *kblk, int hs, int n, float scale,
                       const bool half)
 {
-    int nblk = (n + PAGE - 1) / PAGE;
-    float s[4 * PAGE]; /* positions past n in the last block: computed, not stored */
+    int nblk = (n + TP_KV_PAGE - 1) / TP_KV_PAGE;
+    float s[4 * TP_KV_PAGE]; /* positions past n in the last block: computed, not stored */
     for (int b = 0; b < nblk;) {
         int nb = nblk - b < 4 ? nblk - b : 4;
         switch (nb) {
@@ -57,7 +56,7 @@ ATTN_AVX2 void scores(float *att, const float *qh, const void *const *kblk, int 
         case 2: scores_blocks(s, qh, kblk + b, hs, scale, 2, half); break;
         default: scores_blocks(s, qh, kblk + b, hs, scale, 1, half); break;
         }
-        int t0 = PAGE * b, m = n - t0 < PAGE * nb ? n - t0 : PAGE * nb;
+        int t0 = TP_KV_PAGE * b, m = n - t0 < TP_KV_PAGE * nb ? n - t0 : TP_KV_PAGE * nb;
         memcpy(att + t0, s, (size_t)m * sizeof(float));
         b += nb;
     }
@@ -72,11 +71,11 @@ ATTN_AVX2 void weighted_chunks(float *oh, const float *att, const void *const *v
     for (int j = 0; j < nc; j++)
         o[j] = _mm256_setzero_ps();
     for (int t = 0; t < n; t++) {
-        size_t v = (size_t)(t % PAGE) * (size_t)hs + (size_t)i0;
+        size_t v = (size_t)(t % TP_KV_PAGE) * (size_t)hs + (size_t)i0;
         __m256 a = _mm256_set1_ps(att[t]);
         #pragma GCC unroll 8
         for (int j = 0; j < nc; j++)
-            o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(a, load8(vblk[t / PAGE], v + 8 * (size_t)j, half)));
+            o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(a, load8(vblk[t / TP_KV_PAGE], v + 8 * (size_t)j, half)));
     }
     #pragma GCC unroll 8
     for (int j = 0; j < nc; j++)
@@ -101,7 +100,7 @@ ATTN_AVX2 void weighted(float *oh, const float *att, const void *const *vblk, in
     for (int i = i0 + (hs - i0) / 8 * 8; i < hs; i++) {
         float o = 0.0f;
         for (int t = 0; t < n; t++)
-            o += att[t] * elem(vblk[t / PAGE], (size_t)(t % PAGE) * (size_t)hs + (size_t)i, half);
+            o += att[t] * elem(vblk[t / TP_KV_PAGE], (size_t)(t % TP_KV_PAGE) * (size_t)hs + (size_t)i, half);
         oh[i] = o;
     }
 }

@@ -246,8 +246,8 @@ static void take_cached(tp_forward_stage *st, tp_fwd_item *it, uint32_t slot)
  * of tokens, so a's pass caches what b needs. */
 static bool twins(const tp_forward_stage *st, const tp_fwd_item *a, const tp_fwd_item *b)
 {
-    return is_chunk(a) && is_chunk(b) && a->pos == b->pos && a->n_tokens >= TP_FWD_PAGE &&
-           b->n_tokens >= TP_FWD_PAGE && !memcmp(a->tokens, b->tokens, TP_FWD_PAGE * sizeof *a->tokens) &&
+    return is_chunk(a) && is_chunk(b) && a->pos == b->pos && a->n_tokens >= TP_KV_PAGE &&
+           b->n_tokens >= TP_KV_PAGE && !memcmp(a->tokens, b->tokens, TP_KV_PAGE * sizeof *a->tokens) &&
            tp_forward_seq_same_pages(st->fwd, a->seq_id, b->seq_id, a->pos);
 }
 

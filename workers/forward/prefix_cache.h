@@ -29,10 +29,6 @@
 
 #include "tokpipe/forward.h"
 
-/* Positions per KV page: one block of the key layout (16 positions per
- * vector load), and the granularity of prefix hits. */
-#define TP_KV_PAGE TP_FWD_PAGE
-
 typedef struct tp_pcache tp_pcache;
 
 /* Counters since tp_pcache_new (STATS, /metrics). */

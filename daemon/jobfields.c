@@ -1,4 +1,5 @@
-/* The thinking text and the tool calls a job's events carried, kept for
+/* A job's message fields beside its text: the thinking text and the tool
+ * calls its events carried, kept for
  * STATUS (as the text is): a running job shows the calls as its TOKEN
  * deltas built them so far, a finished one FINISH's whole. Only jobs whose
  * output is split (params.parse_reasoning / parse_tool_calls) have any.
@@ -12,7 +13,7 @@
 
 /* Each text is a lenient tp_buf limited to TP_PROTO_MAX_TEXT: a delta is
  * kept whole or not at all (a refused one does not stop the later ones). */
-struct jobsplit {
+struct jobfields {
     tp_buf reasoning;
     struct scall {
         tp_buf id, name, args;
@@ -35,7 +36,7 @@ static void text_add(tp_buf *b, const char *s, size_t n)
         tp_buf_add(b, s, n);
 }
 
-static void drop_calls(struct jobsplit *s)
+static void drop_calls(struct jobfields *s)
 {
     for (size_t i = 0; i < s->n; i++) {
         tp_buf_free(&s->calls[i].id);
@@ -45,27 +46,27 @@ static void drop_calls(struct jobsplit *s)
     s->n = 0;
 }
 
-void jobsplit_free(bjob *j)
+void jobfields_free(bjob *j)
 {
-    if (!j->split)
+    if (!j->fields)
         return;
-    drop_calls(j->split);
-    free(j->split->calls);
-    free(j->split->view);
-    tp_buf_free(&j->split->reasoning);
-    free(j->split);
-    j->split = NULL;
+    drop_calls(j->fields);
+    free(j->fields->calls);
+    free(j->fields->view);
+    tp_buf_free(&j->fields->reasoning);
+    free(j->fields);
+    j->fields = NULL;
 }
 
-static struct jobsplit *get(bjob *j)
+static struct jobfields *get(bjob *j)
 {
-    if (!j->split && (j->split = calloc(1, sizeof *j->split)))
-        text_init(&j->split->reasoning);
-    return j->split;
+    if (!j->fields && (j->fields = calloc(1, sizeof *j->fields)))
+        text_init(&j->fields->reasoning);
+    return j->fields;
 }
 
 /* The call with id, added at the end when it is new (NULL: no room). */
-static struct scall *call_of(struct jobsplit *s, tp_str id, tp_str name)
+static struct scall *call_of(struct jobfields *s, tp_str id, tp_str name)
 {
     for (size_t i = 0; i < s->n; i++)
         if (s->calls[i].id.len == id.len && !memcmp(s->calls[i].id.data, id.ptr, id.len))
@@ -95,11 +96,11 @@ static struct scall *call_of(struct jobsplit *s, tp_str id, tp_str name)
     return c;
 }
 
-void jobsplit_on_token(bjob *j, const tp_m_token *t)
+void jobfields_on_token(bjob *j, const tp_m_token *t)
 {
     if (!t->reasoning.len && !t->n_tool_calls)
         return;
-    struct jobsplit *s = get(j);
+    struct jobfields *s = get(j);
     if (!s)
         return;
     text_add(&s->reasoning, t->reasoning.ptr, t->reasoning.len);
@@ -110,11 +111,11 @@ void jobsplit_on_token(bjob *j, const tp_m_token *t)
     }
 }
 
-void jobsplit_on_finish(bjob *j, const tp_m_finish *f)
+void jobfields_on_finish(bjob *j, const tp_m_finish *f)
 {
-    if (!f->reasoning_content.len && !f->n_tool_calls && !j->split)
+    if (!f->reasoning_content.len && !f->n_tool_calls && !j->fields)
         return;
-    struct jobsplit *s = get(j);
+    struct jobfields *s = get(j);
     if (!s)
         return;
     tp_buf_reset(&s->reasoning);
@@ -127,15 +128,15 @@ void jobsplit_on_finish(bjob *j, const tp_m_finish *f)
     }
 }
 
-tp_str jobsplit_reasoning(const bjob *j)
+tp_str jobfields_reasoning(const bjob *j)
 {
-    const struct jobsplit *s = j->split;
+    const struct jobfields *s = j->fields;
     return s && s->reasoning.len ? (tp_str){s->reasoning.data, s->reasoning.len} : (tp_str){0};
 }
 
-size_t jobsplit_calls(bjob *j, const tp_tool_call **calls)
+size_t jobfields_calls(bjob *j, const tp_tool_call **calls)
 {
-    struct jobsplit *s = j->split;
+    struct jobfields *s = j->fields;
     *calls = NULL;
     if (!s || !s->n)
         return 0;
