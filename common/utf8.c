@@ -132,3 +132,17 @@ size_t tp_utf8_put(uint32_t cp, char out[4])
     out[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
 }
+
+size_t tp_utf8_get(const uint8_t *b, size_t n, uint32_t *cp)
+{
+    size_t sub;
+    bool incomplete;
+    size_t k = n ? tp_utf8_seq(b, n, &sub, &incomplete) : 0;
+    if (!k)
+        return 0;
+    uint32_t v = k == 1 ? b[0] : b[0] & (0x7Fu >> k);
+    for (size_t i = 1; i < k; i++)
+        v = v << 6 | (b[i] & 0x3Fu);
+    *cp = v;
+    return k;
+}

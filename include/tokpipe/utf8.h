@@ -32,6 +32,11 @@ size_t tp_utf8_unfinished_tail(const uint8_t *b, size_t n);
  * bytes written. An unfinished sequence at the end counts as ill-formed. */
 size_t tp_utf8_replace(const uint8_t *b, size_t n, char *out);
 
+/* The code point of the well-formed sequence at b[0] (of n bytes) into
+ * *cp; returns its length 1..4, or 0 (cp untouched) if b does not start
+ * with a whole well-formed sequence (tp_utf8_seq's rules). */
+size_t tp_utf8_get(const uint8_t *b, size_t n, uint32_t *cp);
+
 /* Write code point cp (<= 0x10FFFF; the caller checks) as 1-4 UTF-8 bytes
  * to out; returns how many. */
 size_t tp_utf8_put(uint32_t cp, char out[4]);

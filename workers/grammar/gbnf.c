@@ -197,21 +197,6 @@ static int add_alt(parser *p, int r, const seqv *q)
 
 static int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
 
-static void utf8_enc(uint32_t c, uint8_t *b)
-{
-    switch (utf8_len(c)) {
-    case 1: b[0] = (uint8_t)c; break;
-    case 2: b[0] = (uint8_t)(0xC0 | c >> 6); b[1] = (uint8_t)(0x80 | (c & 0x3F)); break;
-    case 3:
-        b[0] = (uint8_t)(0xE0 | c >> 12); b[1] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
-        b[2] = (uint8_t)(0x80 | (c & 0x3F));
-        break;
-    default:
-        b[0] = (uint8_t)(0xF0 | c >> 18); b[1] = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
-        b[2] = (uint8_t)(0x80 | ((c >> 6) & 0x3F)); b[3] = (uint8_t)(0x80 | (c & 0x3F));
-    }
-}
-
 typedef struct bseq {
     uint8_t lo[4], hi[4];
     int n;
@@ -238,8 +223,8 @@ static int split_same_len(bseqv *out, uint32_t lo, uint32_t hi)
     if (gr_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v))
         return -1;
     bseq *s = &out->v[out->n++];
-    utf8_enc(lo, s->lo);
-    utf8_enc(hi, s->hi);
+    tp_utf8_put(lo, (char *)s->lo);
+    tp_utf8_put(hi, (char *)s->hi);
     s->n = n;
     return 0;
 }
@@ -463,22 +448,10 @@ static int read_char(parser *p, uint32_t *cp)
         *cp = (uint32_t)c;
         return 0;
     }
-    int n = c >= 0xF0 && c < 0xF5 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
-    if (c >= 0xF5)
-        n = 0;
-    if (!n || p->pos + (size_t)n > p->len)
+    size_t n = tp_utf8_get((const uint8_t *)p->s + p->pos, p->len - p->pos, cp);
+    if (!n)
         return fail(p, at, TP_EFORMAT, "invalid UTF-8%s", NULL);
-    uint32_t v = (uint32_t)c & (n == 2 ? 0x1F : n == 3 ? 0x0F : 0x07);
-    for (int i = 1; i < n; i++) {
-        unsigned char b = (unsigned char)p->s[p->pos + (size_t)i];
-        if ((b & 0xC0) != 0x80)
-            return fail(p, at, TP_EFORMAT, "invalid UTF-8%s", NULL);
-        v = v << 6 | (b & 0x3F);
-    }
-    if ((n == 3 && v < 0x800) || (n == 4 && (v < 0x10000 || v > 0x10FFFF)) || (v >= 0xD800 && v <= 0xDFFF))
-        return fail(p, at, TP_EFORMAT, "invalid UTF-8%s", NULL);
-    p->pos += (size_t)n;
-    *cp = v;
+    p->pos += n;
     return 0;
 }
 
@@ -538,8 +511,8 @@ static int parse_token_ref(parser *p, seqv *q)
             if (read_char(p, &cp))
                 break;
             uint8_t b[4];
-            utf8_enc(cp, b);
-            for (int i = 0; i < utf8_len(cp); i++)
+            size_t nb = tp_utf8_put(cp, (char *)b);
+            for (size_t i = 0; i < nb; i++)
                 if (seq_push(p, &bytes, (gel){GE_BYTES, b[i]}))
                     break;
         }
@@ -669,8 +642,8 @@ static int parse_sequence(parser *p, seqv *q, int nested)
                 if (read_char(p, &cp))
                     break;
                 uint8_t b[4];
-                utf8_enc(cp, b);
-                for (int i = 0; i < utf8_len(cp) && !p->rc; i++) {
+                size_t nb = tp_utf8_put(cp, (char *)b);
+                for (size_t i = 0; i < nb && !p->rc; i++) {
                     int k = byte_set(p, b[i], b[i]);
                     if (k >= 0)
                         seq_push(p, &atom, (gel){GE_BYTES, (uint32_t)k});

@@ -17,6 +17,7 @@
 
 #include "grammar_internal.h"
 #include "tokpipe/isa.h"
+#include "tokpipe/utf8.h"
 #include "tokpipe/tokenizer.h"
 
 #define UNKNOWN_STATE (-2)
@@ -752,18 +753,11 @@ static int slice_chars(const uint8_t *b, size_t n, const uint64_t a[2], bool mb)
             i++;
             continue;
         }
-        int k = c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
-        if (!mb || !k || i + (size_t)k > n)
+        uint32_t cp;
+        size_t k = mb ? tp_utf8_get(b + i, n - i, &cp) : 0;
+        if (!k)
             return -1;
-        uint32_t cp = c & (0x7Fu >> k);
-        for (int j = 1; j < k; j++) {
-            if ((b[i + (size_t)j] & 0xC0) != 0x80)
-                return -1;
-            cp = cp << 6 | (b[i + (size_t)j] & 0x3F);
-        }
-        if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
-            return -1;
-        i += (size_t)k;
+        i += k;
     }
     return n > 0 ? chars : -1;
 }

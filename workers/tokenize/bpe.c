@@ -11,6 +11,7 @@
  * (llama.cpp replaces it by U+000B before matching). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokpipe/bpe.h"
+#include "tokpipe/utf8.h"
 
 #include <pcre2.h>
 #include <stdio.h>
@@ -486,15 +487,9 @@ int tp_bpe_new(const char *const *pieces, const size_t *lens, int n, const char 
     for (size_t r = 0; !rc && r < n_merges; r++)
         table_put(&b->merges, (int32_t)r, false);
     for (int c = 0; c < 256; c++) {
-        uint32_t cp = byte_to_cp(c);
-        if (cp < 0x80) {
-            b->enc[c][0] = (char)cp;
-            b->enc_len[c] = 1;
-        } else { /* all below U+0800: two bytes */
-            b->enc[c][0] = (char)(0xC0 | (cp >> 6));
-            b->enc[c][1] = (char)(0x80 | (cp & 0x3F));
-            b->enc_len[c] = 2;
-        }
+        char u[4];
+        b->enc_len[c] = (uint8_t)tp_utf8_put(byte_to_cp(c), u); /* all below U+0800: 1 or 2 bytes */
+        memcpy(b->enc[c], u, b->enc_len[c]);
     }
     if (rc) {
         tp_bpe_free(b);
