@@ -1,8 +1,12 @@
 """The daemon's files call only downward (tests/support/layers.py): no file
 of daemon/ calls a function of a file that, directly or around a loop,
 calls it, and none is over 700 lines. The checker itself is tried on two
-fixtures: the same three files with a circle and without."""
+fixtures: the same three files with a circle and without. The model room
+(model/) sits below the stages: it includes only public headers and its
+own, and its internal arch.h is read by nobody above it."""
+import glob
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -46,6 +50,31 @@ class Layers(unittest.TestCase):
         rc, out = check(os.path.join(FIXTURE, "floors"), "--max-lines", "5")
         self.assertEqual(rc, 1, out)
         self.assertIn("loop.c: 10 lines, the limit is 5", out)
+
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+class ModelRoom(unittest.TestCase):
+    def includes(self, path):
+        with open(path, encoding="utf-8") as f:
+            return INCLUDE.findall(f.read())
+
+    def test_model_includes_only_public_headers_and_its_own(self):
+        files = glob.glob(os.path.join(ROOT, "model", "*.[ch]"))
+        self.assertTrue(files, "model/ has sources")
+        for path in files:
+            for inc in self.includes(path):
+                ok = inc.startswith("tokpipe/") or os.path.exists(os.path.join(ROOT, "model", inc))
+                self.assertTrue(ok, "%s includes \"%s\", which is neither a public header nor model/'s"
+                                % (os.path.relpath(path, ROOT), inc))
+
+    def test_nothing_above_model_reads_its_internal_header(self):
+        for top in ("common", "protocol", "config", "workers", "daemon", "http", "tools"):
+            for path in glob.glob(os.path.join(ROOT, top, "**", "*.[ch]"), recursive=True):
+                for inc in self.includes(path):
+                    self.assertNotIn("model/", inc, "%s reaches into model/'s internals with \"%s\""
+                                     % (os.path.relpath(path, ROOT), inc))
 
 
 if __name__ == "__main__":

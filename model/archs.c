@@ -1,0 +1,29 @@
+/* The architecture table: one line per model/arch_*.c. */
+#include "arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+extern const tp_arch tp_arch_llama, tp_arch_qwen2;
+
+const tp_arch *const tp_archs[] = {
+    &tp_arch_llama,
+    &tp_arch_qwen2,
+};
+const int tp_n_archs = sizeof tp_archs / sizeof tp_archs[0];
+
+const tp_arch *tp_arch_find(const char *name, size_t len)
+{
+    for (int i = 0; i < tp_n_archs; i++)
+        if (strlen(tp_archs[i]->name) == len && !memcmp(tp_archs[i]->name, name, len))
+            return tp_archs[i];
+    return NULL;
+}
+
+void tp_arch_names(char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < tp_n_archs && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", tp_archs[i]->name);
+}
