@@ -34,19 +34,49 @@ enum {
     TP_AT_OPTIONAL = 1u << 1, /* llama.cpp's TENSOR_NOT_REQUIRED; mkmodel leaves it out */
 };
 
+/* Rows of a fused matrix that one field views (phi3's attn_qkv: wq, wk,
+ * wv; its ffn_up: gate then up). */
+typedef struct tp_arch_part {
+    uint8_t rows; /* tp_arch_size */
+    size_t f32, typed;
+} tp_arch_part;
+
+#define TP_AT_MAX_PARTS 3
+
 /* One tensor of block N, "blk.N.<name>", GGUF shape [ne0, ne1] (ne0 the
  * width of a row). f32 / typed: offsetof the tp_layer_weights fields it
- * fills (typed: its tp_wmat; matrices only). */
+ * fills (typed: its tp_wmat; matrices only). A fused matrix (n_parts > 0)
+ * has as many rows as its parts together and fills each part's fields
+ * with a view of its rows, in order. */
 typedef struct tp_arch_tensor {
     const char *name;
     uint8_t ne0, ne1; /* tp_arch_size */
     uint8_t flags;    /* TP_AT_* */
     size_t f32, typed;
+    uint8_t n_parts;
+    tp_arch_part parts[TP_AT_MAX_PARTS];
 } tp_arch_tensor;
 
 #define TP_AT_MAT(nm, a, b, field, fl)                                                                  \
-    { nm, a, b, TP_AT_MATRIX | (fl), offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field) }
-#define TP_AT_VEC(nm, a, field, fl) { nm, a, TP_SZ_NONE, fl, offsetof(tp_layer_weights, field), 0 }
+    { nm, a, b, TP_AT_MATRIX | (fl), offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field), \
+      0, {{0, 0, 0}} }
+#define TP_AT_VEC(nm, a, field, fl) { nm, a, TP_SZ_NONE, fl, offsetof(tp_layer_weights, field), 0, 0, {{0, 0, 0}} }
+#define TP_AT_PART(r, field) { r, offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field) }
+#define TP_AT_FUSED2(nm, a, r0, f0, r1, f1)                                                              \
+    { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 2, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1)} }
+#define TP_AT_FUSED3(nm, a, r0, f0, r1, f1, r2, f2)                                                      \
+    { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 3, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1), TP_AT_PART(r2, f2)} }
+
+/* The model's sizes by tp_arch_size (sizes[TP_SZ_NONE] is 0). */
+typedef struct tp_arch_sizes {
+    int v[TP_SZ_HEAD + 1];
+} tp_arch_sizes;
+
+tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size);
+
+/* The shape of t in those sizes: ne1 0 for a vector; a fused matrix's ne1
+ * is its parts' rows together. */
+void tp_arch_shape(const tp_arch_tensor *t, const tp_arch_sizes *z, int *ne0, int *ne1);
 
 enum {
     /* head_size from {arch}.attention.key_length (default dim / n_heads),

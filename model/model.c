@@ -523,36 +523,40 @@ static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
     return 0;
 }
 
-static int arch_size(const tp_model_config *c, int size)
-{
-    switch (size) {
-    case TP_SZ_EMBD: return c->dim;
-    case TP_SZ_Q: return c->q_dim;
-    case TP_SZ_KV: return c->kv_dim;
-    case TP_SZ_FF: return c->hidden_dim;
-    case TP_SZ_HEAD: return c->head_size;
-    default: return 0;
-    }
-}
-
 /* Block l's tensors as its architecture lists them (model/arch_*.c). */
 static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw, tp_err *err)
 {
     char name[96];
+    const tp_model_config *c = &m->cfg;
+    tp_arch_sizes z = tp_arch_sizes_of(c->dim, c->q_dim, c->kv_dim, c->hidden_dim, c->head_size);
     for (int i = 0; i < m->arch->n_block; i++) {
         const tp_arch_tensor *t = &m->arch->block[i];
         snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
         /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
-        int ne0 = arch_size(&m->cfg, t->ne0), ne1 = arch_size(&m->cfg, t->ne1);
+        int ne0, ne1;
+        tp_arch_shape(t, &z, &ne0, &ne1);
         bool optional = t->flags & TP_AT_OPTIONAL;
-        const float **dst = (const float **)((char *)lw + t->f32);
-        int rc = (t->flags & TP_AT_MATRIX)
-                     ? gguf_matrix_opt(m, g, name, ne0, ne1, optional, (tp_wmat *)((char *)lw + t->typed), dst, err)
-                     : gguf_tensor_opt(m, g, name, ne0, ne1, optional, dst, err);
+        tp_wmat whole;
+        const float *whole_f32;
+        const float **dst = t->n_parts ? &whole_f32 : (const float **)((char *)lw + t->f32);
+        tp_wmat *wdst = t->n_parts ? &whole : (tp_wmat *)((char *)lw + t->typed);
+        int rc = (t->flags & TP_AT_MATRIX) ? gguf_matrix_opt(m, g, name, ne0, ne1, optional, wdst, dst, err)
+                                           : gguf_tensor_opt(m, g, name, ne0, ne1, optional, dst, err);
         if (rc == TP_ENOTFOUND && optional)
             continue;
         if (rc)
             return rc;
+        /* a fused matrix: each part views its rows (any type: rows are
+         * whole blocks, row_bytes apart) */
+        for (int p = 0, row = 0; p < t->n_parts; p++) {
+            int rows = z.v[t->parts[p].rows];
+            tp_wmat *part = (tp_wmat *)((char *)lw + t->parts[p].typed);
+            *part = whole;
+            part->rows = rows;
+            part->data = (const uint8_t *)whole.data + (size_t)row * whole.row_bytes;
+            *(const float **)((char *)lw + t->parts[p].f32) = whole_f32 ? whole_f32 + (size_t)row * ne0 : NULL;
+            row += rows;
+        }
     }
     if (lw->bq || lw->bk || lw->bv)
         m->cfg.attn_bias = true;

@@ -45,18 +45,6 @@ static sizes sizes_of(const tp_synth_shape *s, const tp_synth_gguf *o)
     return (sizes){s->dim, s->hidden_dim, hs, hs * s->n_heads, hs * s->n_kv_heads};
 }
 
-static int size_of(const sizes *z, int size)
-{
-    switch (size) {
-    case TP_SZ_EMBD: return z->d;
-    case TP_SZ_Q: return z->q;
-    case TP_SZ_KV: return z->kvd;
-    case TP_SZ_FF: return z->h;
-    case TP_SZ_HEAD: return z->hs;
-    default: return 0;
-    }
-}
-
 typedef struct rng {
     uint64_t s;
 } rng;
@@ -136,10 +124,12 @@ static int tensor(builder *b, const char *name, int ne0, int ne1, enum fill fill
 static size_t total_floats(const tp_synth_shape *s, int vocab, const tp_arch *a, const tp_synth_gguf *o)
 {
     sizes z = sizes_of(s, o);
+    tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
     size_t layer = 0;
     for (int i = 0; i < a->n_block; i++) {
-        size_t ne1 = a->block[i].ne1 ? (size_t)size_of(&z, a->block[i].ne1) : 1;
-        layer += (size_t)size_of(&z, a->block[i].ne0) * ne1;
+        int ne0, ne1;
+        tp_arch_shape(&a->block[i], &az, &ne0, &ne1);
+        layer += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1);
     }
     size_t d = (size_t)z.d, V = (size_t)vocab;
     return V * d * (o->separate_output ? 2 : 1) + d + (size_t)z.hs / 2 + (size_t)s->n_layers * layer;
@@ -198,13 +188,16 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
         rc = tp_gguf_add_tensor(b->w, "rope_freqs.weight", 0, 1, &ne, ff, ne * sizeof(float), err);
     }
     char name[NAME_MAX_LEN];
+    tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
     for (int l = 0; !rc && l < s->n_layers; l++)
         for (int i = 0; !rc && i < a->arch->n_block; i++) {
             const tp_arch_tensor *t = &a->arch->block[i];
             if (t->flags & TP_AT_OPTIONAL)
                 continue;
             snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
-            rc = tensor(b, name, size_of(&z, t->ne0), size_of(&z, t->ne1), fill_of(t), err);
+            int ne0, ne1;
+            tp_arch_shape(t, &az, &ne0, &ne1);
+            rc = tensor(b, name, ne0, ne1, fill_of(t), err);
         }
     return rc;
 }

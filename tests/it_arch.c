@@ -1,4 +1,4 @@
-/* Process story: random-weight qwen2, qwen3 and Llama 3 GGUF models (written by
+/* Process story: random-weight qwen2, qwen3, phi3 and Llama 3 GGUF models (written by
  * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama or
  * byte-level BPE GPT-2 vocabulary) served by the real tokpiped and workers give, token for
  * token, what `tokpipe run` computes in one process, for concurrent greedy
@@ -47,6 +47,9 @@ static const arch_case CASES[] = {
     /* qwen3: heads wider than dim / heads (Qwen3-0.6B's 128 for 64) */
     {"qwen3", "64x2x4x2", "--head-dim 32", SPM, NULL},
     {"qwen3", "256x2x4x2", "--head-dim 128", SPM, "Q4_K_M"},
+    /* phi3: fused attn_qkv and gate/up */
+    {"phi3", "64x2x4x2", "--separate-output", SPM, NULL},
+    {"phi3", "256x2x4x2", "", SPM, "Q8_0"},
 };
 
 /* Write the case's model into dir; its path in out. */
@@ -179,7 +182,14 @@ static void qwen3_jobs_in_the_daemon_equal_in_process_run(void **state)
     arch_equals_run(&CASES[7], "");
 }
 
-static void small_batches_and_chunks_change_nothing_for_qwen2_qwen3_and_llama3(void **state)
+static void phi3_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    arch_equals_run(&CASES[8], "");
+    arch_equals_run(&CASES[9], "");
+}
+
+static void small_batches_and_chunks_change_nothing_for_every_architecture(void **state)
 {
     (void)state;
     const char *tiny = "batching:\n  max_num_seqs: 3\n  prefill_chunk: 7\n  micro_batches: 1\n"
@@ -187,6 +197,7 @@ static void small_batches_and_chunks_change_nothing_for_qwen2_qwen3_and_llama3(v
     arch_equals_run(&CASES[0], tiny);
     arch_equals_run(&CASES[1], tiny);
     arch_equals_run(&CASES[6], tiny);
+    arch_equals_run(&CASES[8], tiny);
 }
 
 int main(void)
@@ -198,7 +209,8 @@ int main(void)
         cmocka_unit_test(gpt2_vocabulary_models_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(qwen3_jobs_in_the_daemon_equal_in_process_run),
-        cmocka_unit_test(small_batches_and_chunks_change_nothing_for_qwen2_qwen3_and_llama3),
+        cmocka_unit_test(phi3_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(small_batches_and_chunks_change_nothing_for_every_architecture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 
 #include "tokpipe/gguf_write.h"
 #include "tokpipe/model.h"
+#include "tokpipe/synth.h"
 
 #define D 8
 #define H 16
@@ -198,11 +199,49 @@ static void qwen3_without_or_with_misshapen_qk_norms_or_epsilon_is_refused_namin
     expect_refused(&g, "'blk.0.attn_q_norm.weight' is not used by the qwen2 architecture");
 }
 
+/* phi3's fused matrices: each part a view of its rows, in order. */
+static void phi3_fused_matrices_give_each_part_its_rows(void **state)
+{
+    (void)state;
+    char vocab[512], path[] = "/tmp/tp_test_arch_phi3.XXXXXX";
+    const char *models = getenv("TP_MODELS");
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {"phi3", vocab, false, false, 0};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel phi3: %s", e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    if (rc)
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_PHI3);
+    assert_int_equal(c->rope_style, TP_ROPE_NEOX);
+    const tp_layer_weights *lw = &tp_model_get_weights(m)->layers[1];
+    int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
+    assert_int_equal(lw->m.wq.rows, d);
+    assert_int_equal(lw->m.wk.rows, kvd);
+    assert_int_equal(lw->m.wv.rows, kvd);
+    assert_ptr_equal(lw->wk, lw->wq + (size_t)d * d);
+    assert_ptr_equal(lw->wv, lw->wk + (size_t)kvd * d);
+    assert_ptr_equal(lw->m.wv.data, (const char *)lw->m.wq.data + (size_t)(d + kvd) * lw->m.wq.row_bytes);
+    assert_int_equal(lw->m.w1.rows, h);
+    assert_int_equal(lw->m.w3.rows, h);
+    assert_ptr_equal(lw->w3, lw->w1 + (size_t)h * d); /* gate first, then up */
+    tp_model_free(m);
+}
+
 static void an_unknown_architecture_is_refused_with_the_list_of_those_supported(void **state)
 {
     (void)state;
     spec s = {.arch = "gemma7"};
-    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3)");
+    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3)");
 }
 
 static void qwen2_without_a_bias_is_refused_naming_it(void **state)
@@ -331,6 +370,7 @@ int main(void)
         cmocka_unit_test(qwen3_loads_with_qk_norms_and_the_head_size_of_key_length),
         cmocka_unit_test(qwen3_without_or_with_misshapen_qk_norms_or_epsilon_is_refused_naming_it),
         cmocka_unit_test(an_unknown_architecture_is_refused_with_the_list_of_those_supported),
+        cmocka_unit_test(phi3_fused_matrices_give_each_part_its_rows),
         cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
         cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
         cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),

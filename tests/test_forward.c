@@ -431,12 +431,10 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
     tp_model_free(m);
 }
 
-/* A random qwen3 (mkmodel's writer): heads of 32 where dim / heads is 16,
- * Q/K norms, NEOX RoPE; the same invariance on every path and cache type. */
-static void qwen3_is_batch_chunk_and_thread_invariant(void **state)
+/* A random model of arch (mkmodel's writer), loaded. */
+static tp_model *synth_model(const char *arch, int head_dim)
 {
-    (void)state;
-    char vocab[512], path[] = "/tmp/tp_test_forward_qwen3.XXXXXX";
+    char vocab[512], path[] = "/tmp/tp_test_forward_arch.XXXXXX";
     model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", vocab, sizeof vocab);
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -444,20 +442,39 @@ static void qwen3_is_batch_chunk_and_thread_invariant(void **state)
     tp_synth_shape sh;
     tp_err e;
     assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {"qwen3", vocab, false, false, 32};
+    tp_synth_gguf o = {arch, vocab, false, false, head_dim};
     if (tp_synth_write_gguf(path, &sh, 9, &o, &e))
-        fail_msg("mkmodel qwen3: %s", e.msg);
+        fail_msg("mkmodel %s: %s", arch, e.msg);
     tp_model *m = NULL;
     int rc = tp_model_load(path, &m, &e);
     unlink(path); /* the mapping stays */
     if (rc)
         fail_msg("%s", e.msg);
+    return m;
+}
+
+/* A random qwen3: heads of 32 where dim / heads is 16, Q/K norms, NEOX
+ * RoPE; the same invariance on every path and cache type. */
+static void qwen3_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model("qwen3", 32);
     assert_int_equal(tp_model_get_config(m)->q_dim, 128);
     assert_true(tp_model_get_config(m)->qk_norm);
     for (int scalar = 0; scalar < 2; scalar++) {
         model_batch_invariance(m, scalar, TP_KV_F32);
         model_batch_invariance(m, scalar, TP_KV_F16);
     }
+    tp_model_free(m);
+}
+
+/* A random phi3: fused Q/K/V and gate/up matrices read as row views. */
+static void phi3_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model("phi3", 0);
+    model_batch_invariance(m, false, TP_KV_F32);
+    model_batch_invariance(m, false, TP_KV_F16);
     tp_model_free(m);
 }
 
@@ -890,6 +907,7 @@ int main(void)
         cmocka_unit_test(step_rejects_bad_items_naming_them),
         cmocka_unit_test(rewinding_a_sequence_recomputes_the_same_logits),
         cmocka_unit_test(qwen3_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(phi3_is_batch_chunk_and_thread_invariant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

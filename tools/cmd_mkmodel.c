@@ -1,5 +1,5 @@
 /* tokpipe mkmodel: write a llama2.c checkpoint or a GGUF model (llama,
- * Llama 3, qwen2, qwen3: model/archs.c) of a real model shape with seeded random weights (and
+ * Llama 3, qwen2, qwen3, phi3: model/archs.c) of a real model shape with seeded random weights (and
  * optionally a matching synthetic tokenizer), so speed and architectures
  * can be tested at sizes and kinds whose real weights are not available. */
 #include "tools.h"
@@ -20,7 +20,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: tokpipe mkmodel --shape SHAPE --seed N --out FILE [--tokenizer-out FILE]\n"
-            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3 --vocab-from FILE.gguf\n"
+            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3 --vocab-from FILE.gguf\n"
             "                       --shape SHAPE --seed N --out FILE [--separate-output] [--head-dim N]\n"
             "\n"
             "Writes a llama2.c (version 0) checkpoint with weights uniform in +-0.5/sqrt(fan-in)\n"
@@ -47,7 +47,8 @@ static void usage(FILE *out)
             "  --arch ARCH            gguf only: llama (Llama 2 RoPE, base 10000), llama3 (base 500000,\n"
             "                         Llama 3.1 RoPE scaling as llama.cpp's rope_freqs.weight tensor),\n"
             "                         qwen2 (Q/K/V biases, NEOX RoPE, base 1e6), qwen3 (RMSNorm of each\n"
-            "                         Q and K head, NEOX RoPE, base 1e6); default llama\n"
+            "                         Q and K head, NEOX RoPE, base 1e6), phi3 (fused attn_qkv and\n"
+            "                         gate/up ffn_up, NEOX RoPE); default llama\n"
             "  --vocab-from FILE      gguf only (required): copy FILE's tokenizer.* metadata (tokens,\n"
             "                         scores, token types, merges, special ids, chat template); the\n"
             "                         vocabulary size is its token count\n"

@@ -1,6 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
- * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling), `qwen2` and `qwen3`
- * architectures (model/arch_*.c, one file each; model/archs.c lists them).
+ * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling), `qwen2`, `qwen3` and
+ * `phi3` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -33,6 +33,7 @@ typedef enum tp_model_arch {
     TP_ARCH_LLAMA = 1, /* llama2.c checkpoints and GGUF "llama" */
     TP_ARCH_QWEN2 = 2, /* GGUF "qwen2": Q/K/V biases, NEOX RoPE */
     TP_ARCH_QWEN3 = 3, /* GGUF "qwen3": Q/K RMSNorm per head, NEOX RoPE, head_size from key_length */
+    TP_ARCH_PHI3 = 4,  /* GGUF "phi3": fused attn_qkv and gate/up ffn_up, NEOX RoPE */
 } tp_model_arch;
 
 /* Which elements of a head RoPE rotates together (llama.cpp's rope types).

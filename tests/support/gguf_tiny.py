@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / qwen2 / qwen3 architectures, written from the GGUF spec and
+for the llama / Llama 3 / qwen2 / qwen3 / phi3 architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -116,7 +116,7 @@ class Model:
         self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
         # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
-        self.neox = self.arch in ("qwen2", "qwen3")
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3")
         self.freq_div = np.ones(self.hs // 2)
         if "rope_freqs.weight" in self.w:
             self.freq_div = self.w["rope_freqs.weight"].copy()
@@ -144,10 +144,11 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def logits(self, ids, neox=None, qk_norm=True):
+    def logits(self, ids, neox=None, qk_norm=True, up_first=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
-        leaves out Qwen3's per-head RMSNorm of Q and K (for tests that it
-        matters)."""
+        leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
+        Phi-3's fused gate/up the wrong way round (for tests that they
+        matter)."""
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
@@ -157,7 +158,14 @@ class Model:
         for l in range(self.n_layers):
             b = "blk.%d." % l
             h = self.rmsnorm(x, w[b + "attn_norm.weight"])
-            q, k, v = (h @ w[b + n + ".weight"].T + w.get(b + n + ".bias", 0.0) for n in ("attn_q", "attn_k", "attn_v"))
+            if b + "attn_qkv.weight" in w:
+                # Phi-3: one matrix, Q's rows then K's then V's
+                qkv = h @ w[b + "attn_qkv.weight"].T
+                nq, nk = self.n_heads * hs, self.n_kv * hs
+                q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
+            else:
+                q, k, v = (h @ w[b + n + ".weight"].T + w.get(b + n + ".bias", 0.0)
+                           for n in ("attn_q", "attn_k", "attn_v"))
             q, k = q.reshape(T, self.n_heads, hs), k.reshape(T, self.n_kv, hs)
             if qk_norm and b + "attn_q_norm.weight" in w:
                 # Qwen3: each head of Q and K RMS-normed over its hs elements, before RoPE
@@ -175,7 +183,15 @@ class Model:
                 out[:, hd, :] = sc @ v[:, kv, :]
             x = x + out.reshape(T, self.n_heads * hs) @ w[b + "attn_output.weight"].T
             h = self.rmsnorm(x, w[b + "ffn_norm.weight"])
-            g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            if b + "ffn_gate.weight" in w:
+                g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            else:
+                # Phi-3: ffn_up holds the gate's rows, then the up projection's
+                gu = h @ w[b + "ffn_up.weight"].T
+                ff = gu.shape[1] // 2
+                g, u = gu[:, :ff], gu[:, ff:]
+                if up_first:
+                    g, u = u, g
             x = x + (g / (1 + np.exp(-g)) * u) @ w[b + "ffn_down.weight"].T
         x = self.rmsnorm(x, w["output_norm.weight"])
         return x @ w.get("output.weight", w["token_embd.weight"]).T
