@@ -13,7 +13,7 @@
 #   make uninstall  remove them again (a config you edited stays)
 #
 # Layout is discovered, not listed: every .c under common/ protocol/ config/
-# net/ and workers/<stage>/ goes into the library; tools/cmd_NAME.c becomes the
+# net/ model/ and workers/<stage>/ go into the library; tools/cmd_NAME.c becomes the
 # subcommand `tokpipe NAME`; tests/test_*.c and tests/it_*.c are test binaries;
 # fuzz/fuzz_*.c are fuzz targets; bench/bench_*.c are benchmarks.
 
@@ -64,7 +64,7 @@ CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -ffp-contract=off $(OPTF
 LDFLAGS += $(SANFLAGS) -Wl,--as-needed
 LDLIBS  += $(PKG_LIBS) -lm -lpthread
 
-LIB_SRC    := $(wildcard common/*.c protocol/*.c config/*.c net/*.c workers/*/*.c)
+LIB_SRC    := $(wildcard common/*.c protocol/*.c config/*.c net/*.c model/*.c workers/*/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
 DLIB_SRC   := $(filter-out daemon/main.c,$(DAEMON_SRC))
 WORKER_SRC := $(wildcard workers/*.c)

@@ -1,14 +1,14 @@
 """tokpipe's forward pass against an independent numpy reference
 (tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
 each architecture's kind, grouped-query attention, SwiGLU, biases) on the
-real stories260K.gguf and on random-weight llama, Llama 3 and qwen2 models
-written by `tokpipe mkmodel`.
+real stories260K.gguf and on random-weight llama, Llama 3, qwen2, qwen3
+and phi3 models written by `tokpipe mkmodel`.
 
 Tolerance: tokpipe computes in float32, the reference in float64; every
 logit of every sampled position must agree within 1e-5 * (1 + max |logit|)
 of that row (observed: 2e-7 to 1.2e-6). Each test also checks that the
 mistake it guards against (the other RoPE kind, no biases, no Llama 3
-scaling) moves the logits by more than ten times that, so it can fail;
+scaling, no Q/K norm, Phi-3's gate and up swapped) moves the logits by more than ten times that, so it can fail;
 Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
 of several hundred tokens."""
 import os
@@ -115,6 +115,34 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         path = self.mkmodel("qwen2bpe", "--arch", "qwen2", "--shape", "64x2x4x2", vocab=GPT2)
         model = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
         self.assertEqual(model.w["token_embd.weight"].shape[0], 50257)
+
+    def test_qwen3_with_qk_norm_and_a_head_size_of_its_own_matches(self):
+        # heads of 32 where dim / heads is 16: wq widens to 128, wo narrows back
+        path = self.mkmodel("qwen3", "--arch", "qwen3", "--shape", "64x2x4x2", "--head-dim", "32")
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, qk_norm=False))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
+        self.assertEqual(model.hs, 32)
+        self.assertEqual(model.w["blk.0.attn_q.weight"].shape, (128, 64))
+        self.assertEqual(model.w["blk.1.attn_output.weight"].shape, (64, 128))
+        self.assertEqual(model.w["blk.1.attn_k_norm.weight"].shape, (32,))
+        self.assertNotIn("blk.0.attn_q.bias", model.w)
+        self.assertEqual(model.meta["qwen3.attention.key_length"], 32)
+
+    def test_qwen3_with_heads_of_dim_over_heads_and_a_byte_level_vocabulary_matches(self):
+        path = self.mkmodel("qwen3bpe", "--arch", "qwen3", "--shape", "64x2x4x1", vocab=GPT2)
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, qk_norm=False))
+        self.assertEqual(model.hs, 16)
+
+    def test_phi3_with_fused_qkv_and_gate_up_matches(self):
+        path = self.mkmodel("phi3", "--arch", "phi3", "--shape", "64x2x4x2", "--separate-output")
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, up_first=True))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
+        # [dim, q + 2 kv] and [dim, 2 hidden] as llama.cpp's converter writes them
+        self.assertEqual(model.w["blk.0.attn_qkv.weight"].shape, (64 + 2 * 32, 64))
+        hidden = model.meta["phi3.feed_forward_length"]
+        self.assertEqual(model.w["blk.1.ffn_up.weight"].shape, (2 * hidden, 64))
+        self.assertNotIn("blk.0.ffn_gate.weight", model.w)
+        self.assertNotIn("blk.0.attn_q.weight", model.w)
 
 
 if __name__ == "__main__":

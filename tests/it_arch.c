@@ -1,4 +1,4 @@
-/* Process story: random-weight qwen2 and Llama 3 GGUF models (written by
+/* Process story: random-weight qwen2, qwen3, phi3 and Llama 3 GGUF models (written by
  * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama or
  * byte-level BPE GPT-2 vocabulary) served by the real tokpiped and workers give, token for
  * token, what `tokpipe run` computes in one process, for concurrent greedy
@@ -44,6 +44,12 @@ static const arch_case CASES[] = {
     {"llama3", "128x2x4x1", "", GPT2, NULL},
     {"qwen2", "256x2x4x2", "", SPM, "Q4_K_M"},
     {"llama3", "256x2x4x1", "--separate-output", SPM, "Q8_0"},
+    /* qwen3: heads wider than dim / heads (Qwen3-0.6B's 128 for 64) */
+    {"qwen3", "64x2x4x2", "--head-dim 32", SPM, NULL},
+    {"qwen3", "256x2x4x2", "--head-dim 128", SPM, "Q4_K_M"},
+    /* phi3: fused attn_qkv and gate/up */
+    {"phi3", "64x2x4x2", "--separate-output", SPM, NULL},
+    {"phi3", "256x2x4x2", "", SPM, "Q8_0"},
 };
 
 /* Write the case's model into dir; its path in out. */
@@ -129,7 +135,7 @@ static void run_batch_equals_each_alone(const arch_case *c, const char *sampling
     rmdir(dir);
 }
 
-static void run_batches_equal_each_prompt_alone_for_qwen2_and_llama3(void **state)
+static void run_batches_equal_each_prompt_alone_for_every_architecture(void **state)
 {
     (void)state;
     /* SentencePiece and BPE vocabularies; loading a BPE vocabulary costs
@@ -169,24 +175,42 @@ static void quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run(void *
     arch_equals_run(&CASES[5], "");
 }
 
-static void small_batches_and_chunks_change_nothing_for_qwen2_and_llama3(void **state)
+static void qwen3_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    arch_equals_run(&CASES[6], "");
+    arch_equals_run(&CASES[7], "");
+}
+
+static void phi3_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    arch_equals_run(&CASES[8], "");
+    arch_equals_run(&CASES[9], "");
+}
+
+static void small_batches_and_chunks_change_nothing_for_every_architecture(void **state)
 {
     (void)state;
     const char *tiny = "batching:\n  max_num_seqs: 3\n  prefill_chunk: 7\n  micro_batches: 1\n"
                        "  max_batch_tokens: 16\nkv:\n  slots: 3\n";
     arch_equals_run(&CASES[0], tiny);
     arch_equals_run(&CASES[1], tiny);
+    arch_equals_run(&CASES[6], tiny);
+    arch_equals_run(&CASES[8], tiny);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(run_batches_equal_each_prompt_alone_for_qwen2_and_llama3),
+        cmocka_unit_test(run_batches_equal_each_prompt_alone_for_every_architecture),
         cmocka_unit_test(qwen2_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(llama3_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(gpt2_vocabulary_models_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run),
-        cmocka_unit_test(small_batches_and_chunks_change_nothing_for_qwen2_and_llama3),
+        cmocka_unit_test(qwen3_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(phi3_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(small_batches_and_chunks_change_nothing_for_every_architecture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

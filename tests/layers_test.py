@@ -6,7 +6,10 @@ fixtures: the same three files with a circle and without.
 The library's low layers include only downward: common/ nothing of the
 project above it, protocol/ itself and common/, config/ itself and
 common/, net/ (the protocol on sockets) those three; each public header
-counts as a file of the layer that owns it."""
+counts as a file of the layer that owns it. The model room (model/) sits
+below the stages: it includes only public headers and its own, and its
+internal arch.h is read by nobody above it."""
+import glob
 import os
 import re
 import subprocess
@@ -90,6 +93,28 @@ class Layers(unittest.TestCase):
         rc, out = check(os.path.join(FIXTURE, "floors"), "--max-lines", "5")
         self.assertEqual(rc, 1, out)
         self.assertIn("loop.c: 10 lines, the limit is 5", out)
+
+
+class ModelRoom(unittest.TestCase):
+    def includes(self, path):
+        with open(path, encoding="utf-8") as f:
+            return INCLUDE.findall(f.read())
+
+    def test_model_includes_only_public_headers_and_its_own(self):
+        files = glob.glob(os.path.join(ROOT, "model", "*.[ch]"))
+        self.assertTrue(files, "model/ has sources")
+        for path in files:
+            for inc in self.includes(path):
+                ok = inc.startswith("tokpipe/") or os.path.exists(os.path.join(ROOT, "model", inc))
+                self.assertTrue(ok, "%s includes \"%s\", which is neither a public header nor model/'s"
+                                % (os.path.relpath(path, ROOT), inc))
+
+    def test_nothing_above_model_reads_its_internal_header(self):
+        for top in ("common", "protocol", "config", "workers", "daemon", "http", "tools"):
+            for path in glob.glob(os.path.join(ROOT, top, "**", "*.[ch]"), recursive=True):
+                for inc in self.includes(path):
+                    self.assertNotIn("model/", inc, "%s reaches into model/'s internals with \"%s\""
+                                     % (os.path.relpath(path, ROOT), inc))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-/* Loader rules for GGUF architectures: llama (with Llama 3 RoPE scaling)
- * and qwen2 load with the right RoPE kind, biases and frequency divisors;
+/* Loader rules for GGUF architectures: llama (with Llama 3 RoPE scaling),
+ * qwen2 and qwen3 load with the right RoPE kind, biases, Q/K norms, head
+ * size and frequency divisors;
  * a missing, misshapen or unexpected tensor, an unknown architecture or
  * scaling kind, or an inconsistent head size is refused with a message
  * naming it. The files are built with the GGUF writer. */
@@ -16,6 +17,7 @@
 
 #include "tokpipe/gguf_write.h"
 #include "tokpipe/model.h"
+#include "tokpipe/synth.h"
 
 #define D 8
 #define H 16
@@ -32,6 +34,9 @@ typedef struct spec {
     bool biases;
     bool rope_freqs;
     float rope_freq0;      /* first rope_freqs entry */
+    bool qk_norm;          /* attn_q_norm / attn_k_norm of the head size */
+    int head_dim;          /* 0: D / HEADS; else written as attention.key_length */
+    bool no_eps;           /* leave attention.layer_norm_rms_epsilon out */
     void (*keys)(tp_gguf_writer *w);
 } spec;
 
@@ -59,13 +64,18 @@ static int load(const spec *s, tp_model **m, tp_err *err)
     char k[96];
     const char *a = s->arch;
     assert_int_equal(tp_gguf_set_str(w, "general.architecture", a, &e), 0);
-#define KEY(x) (snprintf(k, sizeof k, "%s.%s", strcmp(a, "qwen2") ? "llama" : "qwen2", x), k)
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", strncmp(a, "qwen", 4) ? "llama" : a, x), k)
     tp_gguf_set_u32(w, KEY("embedding_length"), D, &e);
     tp_gguf_set_u32(w, KEY("feed_forward_length"), H, &e);
     tp_gguf_set_u32(w, KEY("block_count"), 1, &e);
     tp_gguf_set_u32(w, KEY("attention.head_count"), HEADS, &e);
     tp_gguf_set_u32(w, KEY("attention.head_count_kv"), KV, &e);
     tp_gguf_set_u32(w, KEY("context_length"), 64, &e);
+    if (!s->no_eps)
+        tp_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f, &e);
+    int hd = s->head_dim ? s->head_dim : HS;
+    if (s->head_dim)
+        tp_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)hd, &e);
 #undef KEY
     if (s->keys)
         s->keys(w);
@@ -81,8 +91,9 @@ static int load(const spec *s, tp_model **m, tp_err *err)
         assert_int_equal(tp_gguf_add_tensor(w, "rope_freqs.weight", 0, 1, &ne, ff, ne * 4, &e), 0);
     }
     const struct { const char *n; int ne0, ne1; } L[] = {
-        {"blk.0.attn_norm.weight", D, 0}, {"blk.0.attn_q.weight", D, D}, {"blk.0.attn_k.weight", D, KV * HS},
-        {"blk.0.attn_v.weight", D, KV * HS}, {"blk.0.attn_output.weight", D, D}, {"blk.0.ffn_norm.weight", D, 0},
+        {"blk.0.attn_norm.weight", D, 0}, {"blk.0.attn_q.weight", D, HEADS * hd}, {"blk.0.attn_k.weight", D, KV * hd},
+        {"blk.0.attn_v.weight", D, KV * hd}, {"blk.0.attn_output.weight", HEADS * hd, D},
+        {"blk.0.ffn_norm.weight", D, 0},
         {"blk.0.ffn_gate.weight", D, H}, {"blk.0.ffn_down.weight", H, D}, {"blk.0.ffn_up.weight", D, H},
     };
     for (size_t i = 0; i < sizeof L / sizeof L[0]; i++)
@@ -91,6 +102,10 @@ static int load(const spec *s, tp_model **m, tp_err *err)
         tensor(w, s, "blk.0.attn_q.bias", D, 0);
         tensor(w, s, "blk.0.attn_k.bias", KV * HS, 0);
         tensor(w, s, "blk.0.attn_v.bias", KV * HS, 0);
+    }
+    if (s->qk_norm) {
+        tensor(w, s, "blk.0.attn_q_norm.weight", hd, 0);
+        tensor(w, s, "blk.0.attn_k_norm.weight", hd, 0);
     }
     if (s->extra)
         tensor(w, s, s->extra, D, 0);
@@ -135,6 +150,98 @@ static void qwen2_loads_with_biases_and_neox_rope(void **state)
     assert_null(w->rope_freqs);
     assert_non_null(strstr(tp_model_identity(m), "gguf qwen2 "));
     tp_model_free(m);
+}
+
+static void qwen3_loads_with_qk_norms_and_the_head_size_of_key_length(void **state)
+{
+    (void)state;
+    spec s = {.arch = "qwen3", .qk_norm = true, .head_dim = 8};
+    tp_model *m;
+    tp_err e;
+    if (load(&s, &m, &e))
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_QWEN3);
+    assert_int_equal(c->rope_style, TP_ROPE_NEOX);
+    assert_true(c->qk_norm);
+    assert_false(c->attn_bias);
+    assert_int_equal(c->head_size, 8);
+    assert_int_equal(c->q_dim, HEADS * 8);
+    assert_int_equal(c->kv_dim, KV * 8);
+    assert_int_equal(c->dim, D);
+    assert_true(fabsf(c->norm_eps - 1e-6f) < 1e-12f);
+    const tp_model_weights *w = tp_model_get_weights(m);
+    assert_non_null(w->layers[0].q_norm);
+    assert_non_null(w->layers[0].k_norm);
+    assert_int_equal(w->layers[0].m.wo.cols, HEADS * 8);
+    tp_model_free(m);
+    spec plain = {.arch = "qwen3", .qk_norm = true}; /* no key_length: dim / heads */
+    if (load(&plain, &m, &e))
+        fail_msg("%s", e.msg);
+    assert_int_equal(tp_model_get_config(m)->head_size, HS);
+    tp_model_free(m);
+}
+
+static void qwen3_without_or_with_misshapen_qk_norms_or_epsilon_is_refused_naming_it(void **state)
+{
+    (void)state;
+    spec a = {.arch = "qwen3", .qk_norm = true, .head_dim = 8, .skip = "blk.0.attn_q_norm.weight"};
+    expect_refused(&a, "tensor 'blk.0.attn_q_norm.weight' is missing");
+    spec b = {.arch = "qwen3", .qk_norm = true, .head_dim = 8, .bad_shape = "blk.0.attn_k_norm.weight"};
+    expect_refused(&b, "tensor 'blk.0.attn_k_norm.weight' has shape [9, 1] (1 dims), expected [8, 1]");
+    spec c = {.arch = "qwen3", .qk_norm = true, .head_dim = 8, .bad_shape = "blk.0.attn_output.weight"};
+    expect_refused(&c, "tensor 'blk.0.attn_output.weight' has shape [17, 8] (2 dims), expected [16, 8]");
+    spec d = {.arch = "qwen3", .qk_norm = true, .no_eps = true};
+    expect_refused(&d, "qwen3.attention.layer_norm_rms_epsilon");
+    spec f = {.arch = "qwen3", .qk_norm = true, .biases = true};
+    expect_refused(&f, "'blk.0.attn_q.bias' is not used by the qwen3 architecture");
+    spec g = {.arch = "qwen2", .biases = true, .qk_norm = true};
+    expect_refused(&g, "'blk.0.attn_q_norm.weight' is not used by the qwen2 architecture");
+}
+
+/* phi3's fused matrices: each part a view of its rows, in order. */
+static void phi3_fused_matrices_give_each_part_its_rows(void **state)
+{
+    (void)state;
+    char vocab[512], path[] = "/tmp/tp_test_arch_phi3.XXXXXX";
+    const char *models = getenv("TP_MODELS");
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {"phi3", vocab, false, false, 0};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel phi3: %s", e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    if (rc)
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_PHI3);
+    assert_int_equal(c->rope_style, TP_ROPE_NEOX);
+    const tp_layer_weights *lw = &tp_model_get_weights(m)->layers[1];
+    int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
+    assert_int_equal(lw->m.wq.rows, d);
+    assert_int_equal(lw->m.wk.rows, kvd);
+    assert_int_equal(lw->m.wv.rows, kvd);
+    assert_ptr_equal(lw->wk, lw->wq + (size_t)d * d);
+    assert_ptr_equal(lw->wv, lw->wk + (size_t)kvd * d);
+    assert_ptr_equal(lw->m.wv.data, (const char *)lw->m.wq.data + (size_t)(d + kvd) * lw->m.wq.row_bytes);
+    assert_int_equal(lw->m.w1.rows, h);
+    assert_int_equal(lw->m.w3.rows, h);
+    assert_ptr_equal(lw->w3, lw->w1 + (size_t)h * d); /* gate first, then up */
+    tp_model_free(m);
+}
+
+static void an_unknown_architecture_is_refused_with_the_list_of_those_supported(void **state)
+{
+    (void)state;
+    spec s = {.arch = "gemma7"};
+    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3)");
 }
 
 static void qwen2_without_a_bias_is_refused_naming_it(void **state)
@@ -260,6 +367,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(qwen2_loads_with_biases_and_neox_rope),
         cmocka_unit_test(qwen2_without_a_bias_is_refused_naming_it),
+        cmocka_unit_test(qwen3_loads_with_qk_norms_and_the_head_size_of_key_length),
+        cmocka_unit_test(qwen3_without_or_with_misshapen_qk_norms_or_epsilon_is_refused_naming_it),
+        cmocka_unit_test(an_unknown_architecture_is_refused_with_the_list_of_those_supported),
+        cmocka_unit_test(phi3_fused_matrices_give_each_part_its_rows),
         cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
         cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
         cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),

@@ -14,12 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tokpipe/forward.h"
 #include "../workers/forward/kernels.h"
 #include "../workers/forward/quant.h"
 #include "../workers/forward/vexp.h"
+#include "tokpipe/synth.h"
 #include "support/batch_runs.h"
+#include "support/model_files.h"
 #include "support/tiny_model.h"
 
 /* run.c (llama2.c 350e04f) greedy on stories260K.bin + tok512.bin, prompt
@@ -414,9 +417,8 @@ static void stories260k_gguf_greedy_gives_the_same_ids(void **state)
 
 /* ---- batch invariance -------------------------------------------------- */
 
-static void batch_invariance(bool scalar, tp_kv_type kv)
+static void model_batch_invariance(tp_model *m, bool scalar, tp_kv_type kv)
 {
-    tp_model *m = load_real("stories260K.bin");
     int V = tp_model_get_config(m)->vocab_size;
     size_t n = (size_t)NSEQ * (DECODE + 1) * V;
     float *alone = malloc(sizeof(float) * n), *batched = calloc(n, sizeof(float));
@@ -434,13 +436,66 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
                 for (int k = 0; k <= DECODE; k++) {
                     size_t off = ((size_t)s * (DECODE + 1) + k) * V;
                     if (memcmp(alone + off, batched + off, sizeof(float) * V))
-                        fail_msg("%s, kv %s, %d thread(s): sequence %d, logits row %d: %s differs from alone "
-                                 "on 1 thread", scalar ? "scalar" : "vector", tp_kv_type_name(kv), threads, s, k,
-                                 mode ? "batched" : "alone");
+                        fail_msg("%s, %s, kv %s, %d thread(s): sequence %d, logits row %d: %s differs from "
+                                 "alone on 1 thread", tp_model_identity(m), scalar ? "scalar" : "vector",
+                                 tp_kv_type_name(kv), threads, s, k, mode ? "batched" : "alone");
                 }
         }
     free(alone);
     free(batched);
+}
+
+static void batch_invariance(bool scalar, tp_kv_type kv)
+{
+    tp_model *m = load_real("stories260K.bin");
+    model_batch_invariance(m, scalar, kv);
+    tp_model_free(m);
+}
+
+/* A random model of arch (mkmodel's writer), loaded. */
+static tp_model *synth_model(const char *arch, int head_dim)
+{
+    char vocab[512], path[] = "/tmp/tp_test_forward_arch.XXXXXX";
+    model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", vocab, sizeof vocab);
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {arch, vocab, false, false, head_dim};
+    if (tp_synth_write_gguf(path, &sh, 9, &o, &e))
+        fail_msg("mkmodel %s: %s", arch, e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path); /* the mapping stays */
+    if (rc)
+        fail_msg("%s", e.msg);
+    return m;
+}
+
+/* A random qwen3: heads of 32 where dim / heads is 16, Q/K norms, NEOX
+ * RoPE; the same invariance on every path and cache type. */
+static void qwen3_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model("qwen3", 32);
+    assert_int_equal(tp_model_get_config(m)->q_dim, 128);
+    assert_true(tp_model_get_config(m)->qk_norm);
+    for (int scalar = 0; scalar < 2; scalar++) {
+        model_batch_invariance(m, scalar, TP_KV_F32);
+        model_batch_invariance(m, scalar, TP_KV_F16);
+    }
+    tp_model_free(m);
+}
+
+/* A random phi3: fused Q/K/V and gate/up matrices read as row views. */
+static void phi3_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model("phi3", 0);
+    model_batch_invariance(m, false, TP_KV_F32);
+    model_batch_invariance(m, false, TP_KV_F16);
     tp_model_free(m);
 }
 
@@ -873,6 +928,8 @@ int main(void)
         cmocka_unit_test(kv_pool_exhaustion_is_an_error_not_a_crash),
         cmocka_unit_test(step_rejects_bad_items_naming_them),
         cmocka_unit_test(rewinding_a_sequence_recomputes_the_same_logits),
+        cmocka_unit_test(qwen3_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(phi3_is_batch_chunk_and_thread_invariant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

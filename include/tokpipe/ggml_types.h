@@ -8,6 +8,7 @@
 #ifndef TOKPIPE_GGML_TYPES_H
 #define TOKPIPE_GGML_TYPES_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "tokpipe/error.h"
@@ -38,5 +39,10 @@ const tp_ggml_type_info *tp_ggml_type(uint32_t id);
  * dimension is 0, ne[0] is not a whole number of blocks or the size
  * overflows. */
 int tp_ggml_nbytes(uint32_t type, int n_dims, const uint64_t *ne, uint64_t *nbytes, tp_err *err);
+
+/* True for the types a weight matrix may have in a file tokpipe loads
+ * (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): the
+ * loader refuses the others by name, the forward's kernels read these. */
+bool tp_ggml_matrix_type_ok(uint32_t type);
 
 #endif

@@ -1,5 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
- * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling) and `qwen2` architectures.
+ * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling), `qwen2`, `qwen3` and
+ * `phi3` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -24,13 +25,15 @@ typedef struct tp_model tp_model;
 
 typedef enum tp_model_format {
     TP_MODEL_LLAMA2C = 1, /* karpathy/llama2.c legacy (version 0) checkpoint */
-    TP_MODEL_GGUF = 2,    /* GGUF v3, general.architecture llama or qwen2; F32, F16,
+    TP_MODEL_GGUF = 2,    /* GGUF v3, an architecture of model/archs.c; F32, F16,
                            * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K */
 } tp_model_format;
 
 typedef enum tp_model_arch {
     TP_ARCH_LLAMA = 1, /* llama2.c checkpoints and GGUF "llama" */
     TP_ARCH_QWEN2 = 2, /* GGUF "qwen2": Q/K/V biases, NEOX RoPE */
+    TP_ARCH_QWEN3 = 3, /* GGUF "qwen3": Q/K RMSNorm per head, NEOX RoPE, head_size from key_length */
+    TP_ARCH_PHI3 = 4,  /* GGUF "phi3": fused attn_qkv and gate/up ffn_up, NEOX RoPE */
 } tp_model_arch;
 
 /* Which elements of a head RoPE rotates together (llama.cpp's rope types).
@@ -51,7 +54,9 @@ typedef struct tp_model_config {
     int n_kv_heads;   /* < n_heads: grouped-query attention */
     int vocab_size;
     int seq_len;      /* maximum context the model was built for */
-    int head_size;    /* dim / n_heads */
+    int head_size;    /* dim / n_heads, or {arch}.attention.key_length (qwen3) */
+    int q_dim;        /* head_size * n_heads: wq's rows, wo's columns (== dim
+                       * unless key_length says otherwise) */
     int kv_dim;       /* head_size * n_kv_heads */
     float norm_eps;   /* RMSNorm epsilon (1e-5 for llama2.c) */
     float rope_theta; /* RoPE base (10000 for llama2.c) */
@@ -59,6 +64,7 @@ typedef struct tp_model_config {
     tp_model_arch arch;
     tp_rope_style rope_style;
     bool attn_bias;   /* bq/bk/bv present (qwen2) */
+    bool qk_norm;     /* q_norm/k_norm: RMSNorm of each Q and K head before RoPE (qwen3) */
 } tp_model_config;
 
 /* One weight matrix [rows][cols] as the file stores it: ggml type
@@ -83,15 +89,16 @@ typedef struct tp_wmat {
  * (.m) is always filled. Norm vectors are always F32. */
 typedef struct tp_layer_weights {
     const float *rms_att; /* [dim] */
-    const float *wq;      /* [dim][dim] */
+    const float *wq;      /* [q_dim][dim] */
     const float *wk;      /* [kv_dim][dim] */
     const float *wv;      /* [kv_dim][dim] */
-    const float *wo;      /* [dim][dim] */
+    const float *wo;      /* [dim][q_dim] */
     const float *rms_ffn; /* [dim] */
     const float *w1;      /* [hidden][dim] (gate) */
     const float *w2;      /* [dim][hidden] (down) */
     const float *w3;      /* [hidden][dim] (up) */
-    const float *bq, *bk, *bv; /* [dim], [kv_dim], [kv_dim]; NULL without attn_bias */
+    const float *bq, *bk, *bv; /* [q_dim], [kv_dim], [kv_dim]; NULL without attn_bias */
+    const float *q_norm, *k_norm; /* [head_size] each; NULL without qk_norm */
     struct { tp_wmat wq, wk, wv, wo, w1, w2, w3; } m;
 } tp_layer_weights;
 

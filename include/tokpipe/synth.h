@@ -45,16 +45,21 @@ int tp_synth_write_tokenizer(FILE *fp, int vocab_size, tp_err *err);
 
 /* A random-weight GGUF model (F32 tensors, llama.cpp's names and keys). */
 typedef struct tp_synth_gguf {
-    const char *arch;        /* "llama" (Llama 2 RoPE, base 10000), "llama3"
+    const char *arch;        /* an architecture of model/archs.c ("llama":
+                              * Llama 2 RoPE, base 10000; "qwen2": Q/K/V
+                              * biases, NEOX RoPE, base 1e6; "qwen3": Q/K
+                              * norms, base 1e6, ...) or "llama3"
                               * (general.architecture llama, base 500000,
                               * llama3 RoPE scaling: factor 8, low 1, high 4,
-                              * original context 8192) or "qwen2" (Q/K/V
-                              * biases, NEOX RoPE, base 1e6) */
+                              * original context 8192) */
     const char *vocab_from;  /* GGUF whose tokenizer.* metadata is copied; its
                               * token count is the vocabulary size (required) */
     bool separate_output;    /* write output.weight (else tied to token_embd) */
     bool rope_scaling_keys;  /* llama3: write llama.rope.scaling.* keys instead
                               * of llama.cpp's rope_freqs.weight tensor */
+    int head_dim;            /* 0: dim / n_heads; else the head size, written as
+                              * attention.key_length (architectures that read
+                              * it: qwen3) */
 } tp_synth_gguf;
 
 /* Write the model of shape s (its vocab_size is ignored) to path: matrix

@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / qwen2 architectures, written from the GGUF spec and
+for the llama / Llama 3 / qwen2 / qwen3 / phi3 architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -111,10 +111,12 @@ class Model:
         self.n_kv = m.get(p + "attention.head_count_kv", self.n_heads)
         self.eps = m.get(p + "attention.layer_norm_rms_epsilon", 1e-5)
         self.theta = m.get(p + "rope.freq_base", 10000.0)
-        self.hs = self.dim // self.n_heads
+        # the head size: attention.key_length where given (Qwen3: 128 with
+        # dim / heads 64), else dim / heads
+        self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
-        # converter so adjacent pairs rotate), NEOX (halves) for qwen2.
-        self.neox = self.arch == "qwen2"
+        # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3")
         self.freq_div = np.ones(self.hs // 2)
         if "rope_freqs.weight" in self.w:
             self.freq_div = self.w["rope_freqs.weight"].copy()
@@ -142,8 +144,11 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def logits(self, ids, neox=None):
-        """Logits at every position of ids (causal), [T, vocab]."""
+    def logits(self, ids, neox=None, qk_norm=True, up_first=False):
+        """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
+        leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
+        Phi-3's fused gate/up the wrong way round (for tests that they
+        matter)."""
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
@@ -153,9 +158,21 @@ class Model:
         for l in range(self.n_layers):
             b = "blk.%d." % l
             h = self.rmsnorm(x, w[b + "attn_norm.weight"])
-            q, k, v = (h @ w[b + n + ".weight"].T + w.get(b + n + ".bias", 0.0) for n in ("attn_q", "attn_k", "attn_v"))
-            q = self.rope(q.reshape(T, self.n_heads, hs), pos, neox)
-            k = self.rope(k.reshape(T, self.n_kv, hs), pos, neox)
+            if b + "attn_qkv.weight" in w:
+                # Phi-3: one matrix, Q's rows then K's then V's
+                qkv = h @ w[b + "attn_qkv.weight"].T
+                nq, nk = self.n_heads * hs, self.n_kv * hs
+                q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
+            else:
+                q, k, v = (h @ w[b + n + ".weight"].T + w.get(b + n + ".bias", 0.0)
+                           for n in ("attn_q", "attn_k", "attn_v"))
+            q, k = q.reshape(T, self.n_heads, hs), k.reshape(T, self.n_kv, hs)
+            if qk_norm and b + "attn_q_norm.weight" in w:
+                # Qwen3: each head of Q and K RMS-normed over its hs elements, before RoPE
+                q = self.rmsnorm(q, w[b + "attn_q_norm.weight"])
+                k = self.rmsnorm(k, w[b + "attn_k_norm.weight"])
+            q = self.rope(q, pos, neox)
+            k = self.rope(k, pos, neox)
             v = v.reshape(T, self.n_kv, hs)
             out = np.empty((T, self.n_heads, hs))
             for hd in range(self.n_heads):
@@ -164,9 +181,17 @@ class Model:
                 sc = np.exp(sc - sc.max(axis=1, keepdims=True))
                 sc /= sc.sum(axis=1, keepdims=True)
                 out[:, hd, :] = sc @ v[:, kv, :]
-            x = x + out.reshape(T, self.dim) @ w[b + "attn_output.weight"].T
+            x = x + out.reshape(T, self.n_heads * hs) @ w[b + "attn_output.weight"].T
             h = self.rmsnorm(x, w[b + "ffn_norm.weight"])
-            g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            if b + "ffn_gate.weight" in w:
+                g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            else:
+                # Phi-3: ffn_up holds the gate's rows, then the up projection's
+                gu = h @ w[b + "ffn_up.weight"].T
+                ff = gu.shape[1] // 2
+                g, u = gu[:, :ff], gu[:, ff:]
+                if up_first:
+                    g, u = u, g
             x = x + (g / (1 + np.exp(-g)) * u) @ w[b + "ffn_down.weight"].T
         x = self.rmsnorm(x, w["output_norm.weight"])
         return x @ w.get("output.weight", w["token_embd.weight"]).T

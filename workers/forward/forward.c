@@ -338,6 +338,8 @@ static int pack_weights(tp_forward *f)
             return TP_ENOMEM;
     if (!tp_model_all_f32(f->model)) {
         int wide = f->c.dim > f->c.hidden_dim ? f->c.dim : f->c.hidden_dim;
+        if (f->c.q_dim > wide) /* wo's input */
+            wide = f->c.q_dim;
         if (tp_qact_init(&f->qact, f->max_tokens, wide))
             return TP_ENOMEM;
     }
@@ -377,10 +379,11 @@ static int make_rope(tp_forward *f)
 static int alloc_scratch(tp_forward *f)
 {
     size_t T = (size_t)f->max_tokens, d = (size_t)f->c.dim, h = (size_t)f->c.hidden_dim;
-    size_t qkv = d + 2 * (size_t)f->c.kv_dim, wide = d > h ? d : h;
+    size_t q = (size_t)f->c.q_dim, qkv = q + 2 * (size_t)f->c.kv_dim, wide = d > h ? d : h;
     scratch *s = &f->s;
     s->x = malloc(T * d * sizeof(float));
-    s->xb = malloc(T * d * sizeof(float));
+    /* xb: a token's normed x [dim], or its heads' attention [q_dim] */
+    s->xb = malloc(T * (q > d ? q : d) * sizeof(float));
     s->qkv = malloc(T * qkv * sizeof(float));
     /* h13 also takes w2's [T][dim] output (ffn_block): a model may have
      * hidden < dim / 2 */
@@ -1330,12 +1333,12 @@ static void attend_units(void *arg, int u0, int u1, int worker)
     const att_job *j = arg;
     const tp_forward *f = j->f;
     const scratch *s = &f->s;
-    size_t d = (size_t)f->c.dim, qs = d + 2 * (size_t)f->c.kv_dim;
+    size_t q = (size_t)f->c.q_dim, qs = q + 2 * (size_t)f->c.kv_dim;
     float *att = s->att + (size_t)worker * (size_t)f->max_pos;
     const void **blk = s->blk + (size_t)worker * 2 * (size_t)f->pps;
     for (int u = u0; u < u1; u++) {
         int t = u / f->c.n_heads, h = u % f->c.n_heads;
-        attend(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, s->qkv + (size_t)t * qs, s->xb + (size_t)t * d, att,
+        attend(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, s->qkv + (size_t)t * qs, s->xb + (size_t)t * q, att,
                blk);
     }
 }
@@ -1414,26 +1417,35 @@ static void attention_block(tp_forward *f, int l, int T)
     const tp_model_config *c = &f->c;
     const tp_layer_weights *lw = &tp_model_get_weights(f->model)->layers[l];
     scratch *s = &f->s;
-    size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qs = d + 2 * kvd;
+    size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qd = (size_t)c->q_dim, qs = qd + 2 * kvd;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
     if (T <= 4) /* decode: a prompt's chunk writes whole lines in a row */
         for (int t = 0; t < T; t++)
             prefetch_kv(f, l, s->tok_slot[t], s->tok_pos[t]);
     const float *qkv_w[3] = {lw->wq, lw->wk, lw->wv};
-    const int qkv_rows[3] = {c->dim, c->kv_dim, c->kv_dim};
+    const int qkv_rows[3] = {c->q_dim, c->kv_dim, c->kv_dim};
     layer_matmul(f, &f->layers[l].qkv, &f->layers[l].tqkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv,
                  (int)qs);
     /* Store every token's k and v before any attention, so a prefill token
      * sees the earlier tokens of its own chunk. */
     for (int t = 0; t < T; t++) {
-        float *q = s->qkv + t * qs, *k = q + d, *v = k + kvd;
+        float *q = s->qkv + t * qs, *k = q + qd, *v = k + kvd;
         if (c->attn_bias) {
-            if (lw->bq) add_rows(q, lw->bq, d);
+            if (lw->bq) add_rows(q, lw->bq, qd);
             if (lw->bk) add_rows(k, lw->bk, kvd);
             if (lw->bv) add_rows(v, lw->bv, kvd);
         }
-        rope(f, q, c->dim, s->tok_pos[t]);
+        if (c->qk_norm) /* qwen3: each head RMS-normed before RoPE (model/arch_qwen3.c) */
+            for (int h = 0; h < c->n_heads; h++) {
+                float *qh = q + (size_t)h * c->head_size;
+                rmsnorm(qh, qh, lw->q_norm, c->head_size, c->norm_eps);
+                if (h < c->n_kv_heads) {
+                    float *kh = k + (size_t)h * c->head_size;
+                    rmsnorm(kh, kh, lw->k_norm, c->head_size, c->norm_eps);
+                }
+            }
+        rope(f, q, c->q_dim, s->tok_pos[t]);
         rope(f, k, c->kv_dim, s->tok_pos[t]);
         store_kv(f, l, s->tok_slot[t], s->tok_pos[t], k, v);
     }
@@ -1443,7 +1455,7 @@ static void attention_block(tp_forward *f, int l, int T)
     att_job aj = {f, l};
     prefetch_norm(lw->rms_ffn, c->dim);
     tp_pool_run(f->pool, T * c->n_heads, 1, parts_between(f, macs), attend_units, &aj);
-    layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->dim, T, s->proj,
+    layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->q_dim, T, s->proj,
                  c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
 }

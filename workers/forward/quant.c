@@ -78,13 +78,7 @@ uint16_t tp_f32_to_bf16(float f)
 
 bool tp_quant_type_ok(uint32_t type)
 {
-    switch (type) {
-    case TP_GGML_F16: case TP_GGML_BF16: case TP_GGML_Q8_0: case TP_GGML_Q4_0: case TP_GGML_Q4_1:
-    case TP_GGML_Q5_0: case TP_GGML_Q5_1: case TP_GGML_Q4_K: case TP_GGML_Q5_K: case TP_GGML_Q6_K:
-        return true;
-    default:
-        return false;
-    }
+    return type != TP_GGML_F32 && tp_ggml_matrix_type_ok(type); /* one list: the model's */
 }
 
 static bool is_float_type(uint32_t type) { return type == TP_GGML_F16 || type == TP_GGML_BF16; }

@@ -54,3 +54,15 @@ int tp_ggml_nbytes(uint32_t type, int n_dims, const uint64_t *ne, uint64_t *nbyt
     *nbytes = n;
     return 0;
 }
+
+bool tp_ggml_matrix_type_ok(uint32_t type)
+{
+    switch (type) {
+    case TP_GGML_F32: case TP_GGML_F16: case TP_GGML_BF16: case TP_GGML_Q8_0: case TP_GGML_Q4_0:
+    case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1: case TP_GGML_Q4_K: case TP_GGML_Q5_K:
+    case TP_GGML_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}

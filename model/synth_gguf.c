@@ -1,9 +1,14 @@
-/* Seeded random GGUF models of the llama / Llama 3 / qwen2 architectures,
- * with a vocabulary copied from another GGUF file. */
+/* Seeded random GGUF models of the architectures of model/archs.c (and
+ * Llama 3: llama with its RoPE scaling), with a vocabulary copied from
+ * another GGUF file. The tensors written are the ones the architecture's
+ * file lists as required, in its order, under its shapes. */
 #include "tokpipe/synth.h"
 #include "tokpipe/gguf.h"
 #include "tokpipe/gguf_write.h"
 #include "tokpipe/model.h"
+#include "arch.h"
+
+#include <stdio.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,17 +26,24 @@
 #define L3_HIGH 4.0
 #define L3_ORIG_CTX 8192
 
+/* What --arch names: an architecture of the table, or llama3. */
 typedef struct arch_defaults {
-    const char *flag, *gguf_arch;
+    const tp_arch *arch;
     float theta, eps;
-    bool bias, llama3;
+    bool llama3;
 } arch_defaults;
 
-static const arch_defaults ARCHES[] = {
-    {"llama", "llama", 10000.0f, 1e-5f, false, false},
-    {"llama3", "llama", 500000.0f, 1e-5f, false, true},
-    {"qwen2", "qwen2", 1000000.0f, 1e-6f, true, false},
-};
+/* The sizes of a random model: heads of dim / n_heads (a shape may name
+ * another head size for architectures that read attention.key_length). */
+typedef struct sizes {
+    int d, h, hs, q, kvd;
+} sizes;
+
+static sizes sizes_of(const tp_synth_shape *s, const tp_synth_gguf *o)
+{
+    int hs = o->head_dim ? o->head_dim : s->dim / s->n_heads;
+    return (sizes){s->dim, s->hidden_dim, hs, hs * s->n_heads, hs * s->n_kv_heads};
+}
 
 typedef struct rng {
     uint64_t s;
@@ -86,6 +98,15 @@ typedef struct builder {
 
 enum fill { MATRIX, NORM, BIAS };
 
+/* llama.cpp's converter: norms near 1, biases and matrices near 0. */
+static enum fill fill_of(const tp_arch_tensor *t)
+{
+    size_t n = strlen(t->name);
+    if (t->flags & TP_AT_MATRIX)
+        return MATRIX;
+    return n > 5 && !strcmp(t->name + n - 5, ".bias") ? BIAS : NORM;
+}
+
 static int tensor(builder *b, const char *name, int ne0, int ne1, enum fill fill, tp_err *err)
 {
     size_t n = (size_t)ne0 * (size_t)(ne1 ? ne1 : 1);
@@ -100,19 +121,26 @@ static int tensor(builder *b, const char *name, int ne0, int ne1, enum fill fill
     return tp_gguf_add_tensor(b->w, name, 0 /* F32 */, ne1 ? 2 : 1, ne, p, n * sizeof(float), err);
 }
 
-static size_t total_floats(const tp_synth_shape *s, int vocab, const tp_synth_gguf *o)
+static size_t total_floats(const tp_synth_shape *s, int vocab, const tp_arch *a, const tp_synth_gguf *o)
 {
-    size_t d = (size_t)s->dim, h = (size_t)s->hidden_dim, hs = d / (size_t)s->n_heads;
-    size_t kvd = hs * (size_t)s->n_kv_heads, V = (size_t)vocab;
-    size_t layer = 2 * d + 2 * d * d + 2 * kvd * d + 3 * h * d + d + 2 * kvd;
-    return V * d * (o->separate_output ? 2 : 1) + d + hs / 2 + (size_t)s->n_layers * layer;
+    sizes z = sizes_of(s, o);
+    tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
+    size_t layer = 0;
+    for (int i = 0; i < a->n_block; i++) {
+        int ne0, ne1;
+        tp_arch_shape(&a->block[i], &az, &ne0, &ne1);
+        layer += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1);
+    }
+    size_t d = (size_t)z.d, V = (size_t)vocab;
+    return V * d * (o->separate_output ? 2 : 1) + d + (size_t)z.hs / 2 + (size_t)s->n_layers * layer;
 }
 
 static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o,
                     tp_err *err)
 {
     char k[96];
-    const char *p = a->gguf_arch;
+    const char *p = a->arch->name;
+    sizes z = sizes_of(s, o);
     int rc = tp_gguf_set_str(b->w, "general.architecture", p, err);
     if (!rc) rc = tp_gguf_set_str(b->w, "general.name", "tokpipe mkmodel random weights", err);
     if (!rc) rc = tp_gguf_set_u32(b->w, "general.file_type", 0 /* all F32 */, err);
@@ -123,7 +151,11 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("feed_forward_length"), (uint32_t)s->hidden_dim, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count"), (uint32_t)s->n_heads, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count_kv"), (uint32_t)s->n_kv_heads, err);
-    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.dimension_count"), (uint32_t)(s->dim / s->n_heads), err);
+    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.dimension_count"), (uint32_t)z.hs, err);
+    if (!rc && (a->arch->flags & TP_ARCHF_HEAD_DIM_KEY)) { /* as the converter writes head_dim */
+        rc = tp_gguf_set_u32(b->w, KEY("attention.key_length"), (uint32_t)z.hs, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.value_length"), (uint32_t)z.hs, err);
+    }
     if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.freq_base"), a->theta, err);
     if (!rc) rc = tp_gguf_set_f32(b->w, KEY("attention.layer_norm_rms_epsilon"), a->eps, err);
     if (!rc && a->llama3 && o->rope_scaling_keys) {
@@ -142,7 +174,8 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
 static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaults *a, const tp_synth_gguf *o,
                    tp_err *err)
 {
-    int d = s->dim, h = s->hidden_dim, hs = s->dim / s->n_heads, kvd = hs * s->n_kv_heads;
+    sizes z = sizes_of(s, o);
+    int d = z.d, hs = z.hs;
     int rc = tensor(b, "token_embd.weight", d, V, MATRIX, err);
     if (!rc) rc = tensor(b, "output_norm.weight", d, 0, NORM, err);
     if (!rc && o->separate_output)
@@ -154,42 +187,60 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
         uint64_t ne = (uint64_t)hs / 2;
         rc = tp_gguf_add_tensor(b->w, "rope_freqs.weight", 0, 1, &ne, ff, ne * sizeof(float), err);
     }
-    struct { const char *name; int ne0, ne1; enum fill fill; bool bias; } L[] = {
-        {"attn_norm.weight", d, 0, NORM, false},   {"attn_q.weight", d, d, MATRIX, false},
-        {"attn_k.weight", d, kvd, MATRIX, false},  {"attn_v.weight", d, kvd, MATRIX, false},
-        {"attn_q.bias", d, 0, BIAS, true},         {"attn_k.bias", kvd, 0, BIAS, true},
-        {"attn_v.bias", kvd, 0, BIAS, true},       {"attn_output.weight", d, d, MATRIX, false},
-        {"ffn_norm.weight", d, 0, NORM, false},    {"ffn_gate.weight", d, h, MATRIX, false},
-        {"ffn_down.weight", h, d, MATRIX, false},  {"ffn_up.weight", d, h, MATRIX, false},
-    };
     char name[NAME_MAX_LEN];
+    tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
     for (int l = 0; !rc && l < s->n_layers; l++)
-        for (size_t i = 0; !rc && i < sizeof L / sizeof L[0]; i++) {
-            if (L[i].bias && !a->bias)
+        for (int i = 0; !rc && i < a->arch->n_block; i++) {
+            const tp_arch_tensor *t = &a->arch->block[i];
+            if (t->flags & TP_AT_OPTIONAL)
                 continue;
-            snprintf(name, sizeof name, "blk.%d.%s", l, L[i].name);
-            rc = tensor(b, name, L[i].ne0, L[i].ne1, L[i].fill, err);
+            snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
+            int ne0, ne1;
+            tp_arch_shape(t, &az, &ne0, &ne1);
+            rc = tensor(b, name, ne0, ne1, fill_of(t), err);
         }
     return rc;
+}
+
+/* --arch: a name of the table (its typical RoPE base and epsilon), or
+ * llama3. */
+static int pick_arch(const char *flag, arch_defaults *out, tp_err *err)
+{
+    bool llama3 = flag && !strcmp(flag, "llama3");
+    const tp_arch *a = llama3 ? tp_arch_find("llama", 5) : flag ? tp_arch_find(flag, strlen(flag)) : NULL;
+    if (!a) {
+        char names[256];
+        size_t n = (size_t)snprintf(names, sizeof names, "llama, llama3");
+        for (int i = 0; i < tp_n_archs && n < sizeof names; i++)
+            if (strcmp(tp_archs[i]->name, "llama"))
+                n += (size_t)snprintf(names + n, sizeof names - n, ", %s", tp_archs[i]->name);
+        return tp_err_set(err, TP_EINVAL, "mkmodel: architecture '%s' is not one of %s", flag ? flag : "(none)",
+                          names);
+    }
+    *out = (arch_defaults){a, llama3 ? 500000.0f : a->mk_rope_base, a->mk_norm_eps, llama3};
+    return 0;
 }
 
 int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed, const tp_synth_gguf *o,
                         tp_err *err)
 {
-    const arch_defaults *a = NULL;
-    for (size_t i = 0; i < sizeof ARCHES / sizeof ARCHES[0]; i++)
-        if (o->arch && !strcmp(o->arch, ARCHES[i].flag))
-            a = &ARCHES[i];
-    if (!a)
-        return tp_err_set(err, TP_EINVAL, "mkmodel: architecture '%s' is not one of llama, llama3, qwen2",
-                          o->arch ? o->arch : "(none)");
-    if (!o->vocab_from)
-        return tp_err_set(err, TP_EINVAL, "mkmodel: a GGUF model needs a vocabulary file (--vocab-from)");
-    int V = 0;
-    int rc = vocab_size_of(o->vocab_from, &V, err);
+    arch_defaults ad = {NULL, 0, 0, false};
+    int rc = pick_arch(o->arch, &ad, err);
     if (rc)
         return rc;
-    builder b = {NULL, NULL, 0, total_floats(s, V, o), {seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull}};
+    const arch_defaults *a = &ad;
+    if (!o->vocab_from)
+        return tp_err_set(err, TP_EINVAL, "mkmodel: a GGUF model needs a vocabulary file (--vocab-from)");
+    if (o->head_dim && (!(a->arch->flags & TP_ARCHF_HEAD_DIM_KEY) || o->head_dim < 2 || o->head_dim % 2 ||
+                        o->head_dim > 4096))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --head-dim %d: %s", o->head_dim,
+                          (a->arch->flags & TP_ARCHF_HEAD_DIM_KEY) ? "must be even, 2..4096"
+                          : "this architecture's head size is dim / heads (it does not read key_length)");
+    int V = 0;
+    rc = vocab_size_of(o->vocab_from, &V, err);
+    if (rc)
+        return rc;
+    builder b = {NULL, NULL, 0, total_floats(s, V, a->arch, o), {seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull}};
     if (!b.r.s)
         b.r.s = 1;
     b.buf = malloc(b.cap * sizeof(float));

@@ -1,7 +1,11 @@
-/* Model loading: llama2.c checkpoints and GGUF v3 llama/qwen2 files, mmap'ed. */
+/* Model loading: llama2.c checkpoints and GGUF v3 files of the
+ * architectures of model/archs.c, mmap'ed. What differs between
+ * architectures is in their model/arch_*.c; this file reads what they
+ * name. */
 #include "tokpipe/model.h"
+#include "tokpipe/ggml_types.h"
 #include "tokpipe/gguf.h"
-#include "quant.h"
+#include "arch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,7 +55,8 @@ struct tp_model {
     float *scores;
     int32_t *types;
     char tok_model[32];
-    char arch_name[16];    /* GGUF metadata prefix: "llama", "qwen2" */
+    char arch_name[16];    /* GGUF metadata prefix: "llama", "qwen2", ... */
+    const tp_arch *arch;   /* GGUF: its entry in model/archs.c */
     float *rope_freqs;     /* [head_size / 2] or NULL */
     bool *tensor_used;     /* GGUF: which directory entries the loader took */
 };
@@ -76,13 +81,19 @@ static int validate_config(tp_model_config *c, tp_err *err)
     if (!rc) rc = check_range("seq_len", c->seq_len, 1, MAX_SEQ, err);
     if (rc)
         return rc;
-    if (c->dim % c->n_heads)
+    if (c->head_size) { /* given by the file (attention.key_length) */
+        if ((rc = check_range("head size", c->head_size, 1, MAX_HIDDEN / c->n_heads, err)))
+            return rc;
+    } else if (c->dim % c->n_heads) {
         return tp_err_set(err, TP_EFORMAT, "model header: dim %d is not a multiple of n_heads %d", c->dim,
                           c->n_heads);
+    } else {
+        c->head_size = c->dim / c->n_heads;
+    }
     if (c->n_heads % c->n_kv_heads)
         return tp_err_set(err, TP_EFORMAT, "model header: n_heads %d is not a multiple of n_kv_heads %d",
                           c->n_heads, c->n_kv_heads);
-    c->head_size = c->dim / c->n_heads;
+    c->q_dim = c->head_size * c->n_heads;
     if (c->head_size % 2)
         return tp_err_set(err, TP_EFORMAT, "model header: head size %d is odd (RoPE rotates pairs)",
                           c->head_size);
@@ -250,19 +261,6 @@ static int gguf_float(const tp_gguf *g, const char *key, double def, float *out,
     return 0;
 }
 
-/* The architectures this loader knows: GGUF metadata prefix, RoPE style. */
-typedef struct arch_info {
-    const char *name;
-    tp_model_arch arch;
-    tp_rope_style rope;
-    bool attn_bias; /* Q/K/V biases required (optional elsewhere, as llama.cpp) */
-} arch_info;
-
-static const arch_info ARCHS[] = {
-    {"llama", TP_ARCH_LLAMA, TP_ROPE_ADJACENT, false},
-    {"qwen2", TP_ARCH_QWEN2, TP_ROPE_NEOX, true},
-};
-
 static const char *akey(const tp_model *m, const char *suffix, char *buf)
 {
     snprintf(buf, MAX_KEY, "%s.%s", m->arch_name, suffix);
@@ -284,7 +282,7 @@ static int gguf_find(tp_model *m, const tp_gguf *g, const char *name, int ne0, i
     const tp_gguf_tensor *t = tp_gguf_tensor_find(g, name);
     if (!t)
         return optional ? TP_ENOTFOUND : tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' is missing", name);
-    if (t->type != TP_GGML_F32 && !(matrix && tp_quant_type_ok(t->type))) {
+    if (t->type != TP_GGML_F32 && !(matrix && tp_ggml_matrix_type_ok(t->type))) {
         const tp_ggml_type_info *ti = tp_ggml_type(t->type);
         return tp_err_set(err, TP_EFORMAT, "gguf: tensor '%s' has ggml type %s (%u), which tokpipe does not "
                           "read %s", name, ti ? ti->name : "unknown", t->type,
@@ -320,16 +318,22 @@ static int gguf_tensor_opt(tp_model *m, const tp_gguf *g, const char *name, int 
 
 /* A matrix [ne1 rows][ne0 cols] of any type this reader knows, read in
  * place; *f32 is set too when it is F32 (else NULL). */
-static int gguf_matrix(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, tp_wmat *wm,
-                       const float **f32, tp_err *err)
+static int gguf_matrix_opt(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, bool optional,
+                           tp_wmat *wm, const float **f32, tp_err *err)
 {
     const tp_gguf_tensor *t;
-    int rc = gguf_find(m, g, name, ne0, ne1, false, true, &t, err);
+    int rc = gguf_find(m, g, name, ne0, ne1, optional, true, &t, err);
     if (rc)
         return rc;
     *wm = (tp_wmat){t->type, ne1, ne0, (size_t)(t->nbytes / (uint64_t)ne1), t->data, NULL};
     *f32 = t->type == TP_GGML_F32 ? t->data : NULL;
     return 0;
+}
+
+static int gguf_matrix(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, tp_wmat *wm,
+                       const float **f32, tp_err *err)
+{
+    return gguf_matrix_opt(m, g, name, ne0, ne1, false, wm, f32, err);
 }
 
 static int gguf_tensor(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, const float **out,
@@ -344,15 +348,19 @@ static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
     int rc = tp_gguf_get_str(g, "general.architecture", &arch, err);
     if (rc)
         return rc;
-    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
-        if (arch.len == strlen(ARCHS[i].name) && !memcmp(arch.ptr, ARCHS[i].name, arch.len)) {
-            snprintf(m->arch_name, sizeof m->arch_name, "%s", ARCHS[i].name);
-            m->cfg.arch = ARCHS[i].arch;
-            m->cfg.rope_style = ARCHS[i].rope;
-            return 0;
-        }
-    return tp_err_set(err, TP_EFORMAT, "gguf: general.architecture '%.*s' is not supported (supported: llama, "
-                      "qwen2)", (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    const tp_arch *a = tp_arch_find(arch.ptr, arch.len);
+    if (!a) {
+        char names[256];
+        tp_arch_names(names, sizeof names);
+        return tp_err_set(err, TP_EFORMAT, "gguf: general.architecture '%.*s' is not supported (supported: %s)",
+                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr, names);
+    }
+    m->arch = a;
+    snprintf(m->arch_name, sizeof m->arch_name, "%s", a->name);
+    m->cfg.arch = a->id;
+    m->cfg.rope_style = a->rope;
+    m->cfg.qk_norm = (a->flags & TP_ARCHF_QK_NORM) != 0;
+    return 0;
 }
 
 static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
@@ -361,15 +369,24 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
     if (rc)
         return rc;
     tp_model_config *c = &m->cfg;
+    const tp_arch *a = m->arch;
     char k[MAX_KEY];
     rc = gguf_int(g, akey(m, "embedding_length", k), 0, true, &c->dim, err);
     if (!rc) rc = gguf_int(g, akey(m, "feed_forward_length", k), 0, true, &c->hidden_dim, err);
     if (!rc) rc = gguf_int(g, akey(m, "block_count", k), 0, true, &c->n_layers, err);
     if (!rc) rc = gguf_int(g, akey(m, "attention.head_count", k), 0, true, &c->n_heads, err);
     if (!rc) rc = gguf_int(g, akey(m, "attention.head_count_kv", k), c->n_heads, false, &c->n_kv_heads, err);
-    if (!rc) rc = gguf_int(g, akey(m, "context_length", k), 2048, false, &c->seq_len, err);
-    if (!rc) rc = gguf_float(g, akey(m, "attention.layer_norm_rms_epsilon", k), 1e-5, &c->norm_eps, err);
-    if (!rc) rc = gguf_float(g, akey(m, "rope.freq_base", k), 10000.0, &c->rope_theta, err);
+    if (!rc) rc = gguf_int(g, akey(m, "context_length", k), a->context, false, &c->seq_len, err);
+    if (!rc && (a->flags & TP_ARCHF_EPS_REQUIRED)) {
+        double eps = 0;
+        rc = tp_gguf_get_float(g, akey(m, "attention.layer_norm_rms_epsilon", k), &eps, err);
+        c->norm_eps = (float)eps;
+    } else if (!rc) {
+        rc = gguf_float(g, akey(m, "attention.layer_norm_rms_epsilon", k), a->norm_eps, &c->norm_eps, err);
+    }
+    if (!rc) rc = gguf_float(g, akey(m, "rope.freq_base", k), a->rope_base, &c->rope_theta, err);
+    if (!rc && (a->flags & TP_ARCHF_HEAD_DIM_KEY))
+        rc = gguf_int(g, akey(m, "attention.key_length", k), 0, false, &c->head_size, err);
     if (rc)
         return rc;
     const tp_gguf_tensor *emb = tp_gguf_tensor_find(g, "token_embd.weight");
@@ -379,16 +396,18 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
     c->shared_classifier = tp_gguf_tensor_find(g, "output.weight") == NULL;
     if ((rc = validate_config(c, err)))
         return rc;
-    /* Both keys default to the head size; other values are other
-     * architectures (partial RoPE, head_dim != dim / n_heads). */
+    /* The keys default to the head size; other values are other
+     * architectures (partial RoPE, value heads of another size, and
+     * head_dim != dim / n_heads where the architecture does not read it). */
     const char *same[] = {"rope.dimension_count", "attention.key_length", "attention.value_length"};
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
         int v = c->head_size;
         if ((rc = gguf_int(g, akey(m, same[i], k), c->head_size, false, &v, err)))
             return rc;
         if (v != c->head_size)
-            return tp_err_set(err, TP_EFORMAT, "gguf: %s %d != head size %d (embedding_length / head_count) "
-                              "is not supported", k, v, c->head_size);
+            return tp_err_set(err, TP_EFORMAT, "gguf: %s %d != head size %d (%s) is not supported", k, v,
+                              c->head_size, (a->flags & TP_ARCHF_HEAD_DIM_KEY) ? "attention.key_length"
+                                            : "embedding_length / head_count");
     }
     return 0;
 }
@@ -504,42 +523,45 @@ static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
     return 0;
 }
 
+/* Block l's tensors as its architecture lists them (model/arch_*.c). */
 static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw, tp_err *err)
 {
+    char name[96];
     const tp_model_config *c = &m->cfg;
-    char name[64];
-    int d = c->dim, kvd = c->kv_dim, h = c->hidden_dim;
-    /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
-    struct { const char *suffix; int ne0, ne1; const float **dst; tp_wmat *wm; } t[] = {
-        {"attn_norm", d, 0, &lw->rms_att, NULL},   {"attn_q", d, d, &lw->wq, &lw->m.wq},
-        {"attn_k", d, kvd, &lw->wk, &lw->m.wk},      {"attn_v", d, kvd, &lw->wv, &lw->m.wv},
-        {"attn_output", d, d, &lw->wo, &lw->m.wo},   {"ffn_norm", d, 0, &lw->rms_ffn, NULL},
-        {"ffn_gate", d, h, &lw->w1, &lw->m.w1},      {"ffn_down", h, d, &lw->w2, &lw->m.w2},
-        {"ffn_up", d, h, &lw->w3, &lw->m.w3},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].suffix);
-        int rc = t[i].wm ? gguf_matrix(m, g, name, t[i].ne0, t[i].ne1, t[i].wm, t[i].dst, err)
-                         : gguf_tensor(m, g, name, t[i].ne0, t[i].ne1, t[i].dst, err);
-        if (rc)
-            return rc;
-    }
-    struct { const char *suffix; int n; const float **dst; } b[] = {
-        {"attn_q", d, &lw->bq}, {"attn_k", kvd, &lw->bk}, {"attn_v", kvd, &lw->bv},
-    };
-    bool required = false;
-    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
-        if (ARCHS[i].arch == c->arch)
-            required = ARCHS[i].attn_bias;
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
-        snprintf(name, sizeof name, "blk.%d.%s.bias", l, b[i].suffix);
-        int rc = gguf_tensor_opt(m, g, name, b[i].n, 0, !required, b[i].dst, err);
-        if (rc == TP_ENOTFOUND)
+    tp_arch_sizes z = tp_arch_sizes_of(c->dim, c->q_dim, c->kv_dim, c->hidden_dim, c->head_size);
+    for (int i = 0; i < m->arch->n_block; i++) {
+        const tp_arch_tensor *t = &m->arch->block[i];
+        snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
+        /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
+        int ne0, ne1;
+        tp_arch_shape(t, &z, &ne0, &ne1);
+        bool optional = t->flags & TP_AT_OPTIONAL;
+        tp_wmat whole;
+        const float *whole_f32;
+        const float **dst = t->n_parts ? &whole_f32 : (const float **)((char *)lw + t->f32);
+        tp_wmat *wdst = t->n_parts ? &whole : (tp_wmat *)((char *)lw + t->typed);
+        int rc = (t->flags & TP_AT_MATRIX) ? gguf_matrix_opt(m, g, name, ne0, ne1, optional, wdst, dst, err)
+                                           : gguf_tensor_opt(m, g, name, ne0, ne1, optional, dst, err);
+        if (rc == TP_ENOTFOUND && optional)
             continue;
         if (rc)
             return rc;
-        m->cfg.attn_bias = true;
+        /* a fused matrix: each part views its rows (any type: rows are
+         * whole blocks, row_bytes apart) */
+        for (int p = 0, row = 0; p < t->n_parts; p++) {
+            int rows = z.v[t->parts[p].rows];
+            tp_wmat *part = (tp_wmat *)((char *)lw + t->parts[p].typed);
+            *part = whole;
+            part->rows = rows;
+            part->data = (const uint8_t *)whole.data + (size_t)row * whole.row_bytes;
+            *(const float **)((char *)lw + t->parts[p].f32) = whole_f32 ? whole_f32 + (size_t)row * ne0 : NULL;
+            row += rows;
+        }
     }
+    if (lw->bq || lw->bk || lw->bv)
+        m->cfg.attn_bias = true;
+    if (m->cfg.qk_norm && (!lw->q_norm || !lw->k_norm)) /* a bug in an arch file: the flag needs both */
+        return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no attn_q_norm / attn_k_norm", l);
     return 0;
 }
 

@@ -1,0 +1,119 @@
+/* The GGUF architectures the loader knows, one file each (model/arch_*.c,
+ * as llama.cpp's src/models/<arch>.cpp), listed once in model/archs.c.
+ *
+ * An architecture is data: its name (general.architecture, and the prefix
+ * of its {arch}.* keys), the hyper-parameter defaults llama.cpp's
+ * load_hparams gives its keys, the tensors of one block with their shapes
+ * in the model's sizes (llama.cpp's load_tensors), and the flags the
+ * forward reads (RoPE kind, Q/K norms, ...; tp_model_config). Adding one
+ * is a new arch_NAME.c and a line in archs.c's table; mkmodel writes a
+ * random file of it from the same description.
+ *
+ * Internal to model/: the loader (model.c) and the writer of random
+ * files (synth_gguf.c) read it; nothing above model/ does. */
+#ifndef TOKPIPE_MODEL_ARCH_H
+#define TOKPIPE_MODEL_ARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokpipe/model.h"
+
+/* A size a tensor's shape is given in, resolved from the config. */
+typedef enum tp_arch_size {
+    TP_SZ_NONE = 0, /* ne1 of a vector */
+    TP_SZ_EMBD,     /* dim: {arch}.embedding_length */
+    TP_SZ_Q,        /* q_dim: head_size * n_heads */
+    TP_SZ_KV,       /* kv_dim: head_size * n_kv_heads */
+    TP_SZ_FF,       /* hidden_dim: {arch}.feed_forward_length */
+    TP_SZ_HEAD,     /* head_size */
+} tp_arch_size;
+
+enum {
+    TP_AT_MATRIX = 1u << 0,   /* a weight matrix: any type of tp_ggml_matrix_type_ok (else F32) */
+    TP_AT_OPTIONAL = 1u << 1, /* llama.cpp's TENSOR_NOT_REQUIRED; mkmodel leaves it out */
+};
+
+/* Rows of a fused matrix that one field views (phi3's attn_qkv: wq, wk,
+ * wv; its ffn_up: gate then up). */
+typedef struct tp_arch_part {
+    uint8_t rows; /* tp_arch_size */
+    size_t f32, typed;
+} tp_arch_part;
+
+#define TP_AT_MAX_PARTS 3
+
+/* One tensor of block N, "blk.N.<name>", GGUF shape [ne0, ne1] (ne0 the
+ * width of a row). f32 / typed: offsetof the tp_layer_weights fields it
+ * fills (typed: its tp_wmat; matrices only). A fused matrix (n_parts > 0)
+ * has as many rows as its parts together and fills each part's fields
+ * with a view of its rows, in order. */
+typedef struct tp_arch_tensor {
+    const char *name;
+    uint8_t ne0, ne1; /* tp_arch_size */
+    uint8_t flags;    /* TP_AT_* */
+    size_t f32, typed;
+    uint8_t n_parts;
+    tp_arch_part parts[TP_AT_MAX_PARTS];
+} tp_arch_tensor;
+
+#define TP_AT_MAT(nm, a, b, field, fl)                                                                  \
+    { nm, a, b, TP_AT_MATRIX | (fl), offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field), \
+      0, {{0, 0, 0}} }
+#define TP_AT_VEC(nm, a, field, fl) { nm, a, TP_SZ_NONE, fl, offsetof(tp_layer_weights, field), 0, 0, {{0, 0, 0}} }
+#define TP_AT_PART(r, field) { r, offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field) }
+#define TP_AT_FUSED2(nm, a, r0, f0, r1, f1)                                                              \
+    { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 2, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1)} }
+#define TP_AT_FUSED3(nm, a, r0, f0, r1, f1, r2, f2)                                                      \
+    { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 3, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1), TP_AT_PART(r2, f2)} }
+
+/* The model's sizes by tp_arch_size (sizes[TP_SZ_NONE] is 0). */
+typedef struct tp_arch_sizes {
+    int v[TP_SZ_HEAD + 1];
+} tp_arch_sizes;
+
+tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size);
+
+/* The shape of t in those sizes: ne1 0 for a vector; a fused matrix's ne1
+ * is its parts' rows together. */
+void tp_arch_shape(const tp_arch_tensor *t, const tp_arch_sizes *z, int *ne0, int *ne1);
+
+enum {
+    /* head_size from {arch}.attention.key_length (default dim / n_heads),
+     * which may differ from dim / n_heads; without it a key_length other
+     * than dim / n_heads is refused */
+    TP_ARCHF_HEAD_DIM_KEY = 1u << 0,
+    /* blk.N.attn_q_norm / attn_k_norm: RMSNorm of each Q and K head */
+    TP_ARCHF_QK_NORM = 1u << 1,
+    /* {arch}.attention.layer_norm_rms_epsilon must be given (llama.cpp's
+     * get_key without a default) */
+    TP_ARCHF_EPS_REQUIRED = 1u << 2,
+};
+
+typedef struct tp_arch {
+    const char *name;    /* general.architecture, the {arch}. key prefix */
+    tp_model_arch id;
+    tp_rope_style rope;  /* llama.cpp's llama_model_rope_type for it */
+    unsigned flags;      /* TP_ARCHF_* */
+    /* defaults of keys a file may leave out */
+    double norm_eps;     /* attention.layer_norm_rms_epsilon */
+    double rope_base;    /* rope.freq_base */
+    int context;         /* context_length */
+    const tp_arch_tensor *block; /* the tensors of one block */
+    int n_block;
+    /* mkmodel: what a typical model of the kind writes (Meta's / Qwen's
+     * published configs), for random files */
+    float mk_rope_base, mk_norm_eps;
+} tp_arch;
+
+/* The table (model/archs.c), in the order "supported: ..." lists them. */
+extern const tp_arch *const tp_archs[];
+extern const int tp_n_archs;
+
+/* The architecture named name[0..len), or NULL. */
+const tp_arch *tp_arch_find(const char *name, size_t len);
+
+/* "llama, qwen2, ...": every name in the table, for refusals. */
+void tp_arch_names(char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,32 @@
+/* qwen2: Qwen 1.5 / 2 / 2.5 (llama.cpp's src/models/qwen2.cpp; LLM_ARCH_QWEN2
+ * in llama-model.cpp): llama's block with Q/K/V biases, required, and
+ * NEOX RoPE (each head's halves rotate together). */
+#include "arch.h"
+
+static const tp_arch_tensor BLOCK[] = {
+    TP_AT_VEC("attn_norm.weight", TP_SZ_EMBD, rms_att, 0),
+    TP_AT_MAT("attn_q.weight", TP_SZ_EMBD, TP_SZ_Q, wq, 0),
+    TP_AT_MAT("attn_k.weight", TP_SZ_EMBD, TP_SZ_KV, wk, 0),
+    TP_AT_MAT("attn_v.weight", TP_SZ_EMBD, TP_SZ_KV, wv, 0),
+    TP_AT_VEC("attn_q.bias", TP_SZ_Q, bq, 0),
+    TP_AT_VEC("attn_k.bias", TP_SZ_KV, bk, 0),
+    TP_AT_VEC("attn_v.bias", TP_SZ_KV, bv, 0),
+    TP_AT_MAT("attn_output.weight", TP_SZ_Q, TP_SZ_EMBD, wo, 0),
+    TP_AT_VEC("ffn_norm.weight", TP_SZ_EMBD, rms_ffn, 0),
+    TP_AT_MAT("ffn_gate.weight", TP_SZ_EMBD, TP_SZ_FF, w1, 0),
+    TP_AT_MAT("ffn_down.weight", TP_SZ_FF, TP_SZ_EMBD, w2, 0),
+    TP_AT_MAT("ffn_up.weight", TP_SZ_EMBD, TP_SZ_FF, w3, 0),
+};
+
+const tp_arch tp_arch_qwen2 = {
+    .name = "qwen2",
+    .id = TP_ARCH_QWEN2,
+    .rope = TP_ROPE_NEOX,
+    .norm_eps = 1e-5,
+    .rope_base = 10000.0,
+    .context = 2048,
+    .block = BLOCK,
+    .n_block = sizeof BLOCK / sizeof BLOCK[0],
+    .mk_rope_base = 1000000.0f,
+    .mk_norm_eps = 1e-6f,
+};

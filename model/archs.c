@@ -1,0 +1,50 @@
+/* The architecture table: one line per model/arch_*.c. */
+#include "arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+extern const tp_arch tp_arch_llama, tp_arch_qwen2, tp_arch_qwen3, tp_arch_phi3;
+
+const tp_arch *const tp_archs[] = {
+    &tp_arch_llama,
+    &tp_arch_qwen2,
+    &tp_arch_qwen3,
+    &tp_arch_phi3,
+};
+const int tp_n_archs = sizeof tp_archs / sizeof tp_archs[0];
+
+const tp_arch *tp_arch_find(const char *name, size_t len)
+{
+    for (int i = 0; i < tp_n_archs; i++)
+        if (strlen(tp_archs[i]->name) == len && !memcmp(tp_archs[i]->name, name, len))
+            return tp_archs[i];
+    return NULL;
+}
+
+void tp_arch_names(char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < tp_n_archs && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", tp_archs[i]->name);
+}
+
+tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size)
+{
+    tp_arch_sizes z = {{0}};
+    z.v[TP_SZ_EMBD] = dim;
+    z.v[TP_SZ_Q] = q_dim;
+    z.v[TP_SZ_KV] = kv_dim;
+    z.v[TP_SZ_FF] = hidden_dim;
+    z.v[TP_SZ_HEAD] = head_size;
+    return z;
+}
+
+void tp_arch_shape(const tp_arch_tensor *t, const tp_arch_sizes *z, int *ne0, int *ne1)
+{
+    *ne0 = z->v[t->ne0];
+    *ne1 = z->v[t->ne1];
+    for (int i = 0; i < t->n_parts; i++)
+        *ne1 += z->v[t->parts[i].rows];
+}
