@@ -515,9 +515,8 @@ static void print_json(const job *j)
     for (size_t i = 0; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddItemToObject(o, "tokens", toks);
-    /* a job that called ends for its calls, as an OpenAI gateway says */
-    bool called = j->tool_calls && cJSON_GetArraySize(j->tool_calls) && j->reason != TP_REASON_ERROR &&
-                  j->reason != TP_REASON_CANCELLED;
+    /* a job that ended for its calls says so, as an OpenAI gateway does */
+    bool called = tp_reason_ends_in_calls(j->reason, j->tool_calls ? (size_t)cJSON_GetArraySize(j->tool_calls) : 0);
     cJSON_AddStringToObject(o, "finish_reason", called ? "tool_calls" : tp_reason_name(j->reason));
     if (j->detail[0])
         cJSON_AddStringToObject(o, "finish_detail", j->detail);

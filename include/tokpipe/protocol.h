@@ -132,6 +132,14 @@ enum {
 const char *tp_reason_name(int reason);
 /* Parse a wire name (len bytes); -1 if unknown. */
 int tp_reason_parse(const char *s, size_t len);
+/* Whether a job that finished for reason with n_calls tool calls (FINISH
+ * tool_calls) ended for its calls: what an OpenAI API answers as
+ * finish_reason "tool_calls" (the gateway, run and generate --json). Only
+ * when the model ended the output itself (stop_string, stop_token, eos)
+ * after at least one call. A length finish stays "length", calls or not:
+ * the output was cut, and the last call may be cut mid-arguments, not
+ * JSON (OpenAI answers "length" too); the calls before it are whole. */
+bool tp_reason_ends_in_calls(int reason, size_t n_calls);
 
 /* Job states in STATUS_REPLY. */
 enum {
