@@ -50,6 +50,7 @@ typedef struct gw_choice {
     tp_buf reasoning;          /* the thinking text (TOKEN reasoning deltas, then FINISH's whole) */
     size_t reasoning_sent;     /* streaming: bytes of it already out */
     struct cJSON *tool_calls;  /* FINISH tool_calls in OpenAI's shape, NULL none */
+    bool tool_calls_cut;       /* FINISH tool_calls_cut: a call is not whole */
     struct gw_scall {          /* streaming: the calls whose first chunk is out, in index order */
         char *id;
         size_t sent;           /* bytes of its arguments out */

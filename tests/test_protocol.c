@@ -1143,6 +1143,16 @@ static void finish_carries_tool_calls_and_reasoning(void **state)
     assert_str(d.finish.tool_calls[0].id, "call_abc");
     assert_str(d.finish.tool_calls[0].arguments, "{\"n\": 9007199254740993}");
     assert_str(d.finish.reasoning_content, "thinking");
+    assert_false(d.finish.tool_calls_cut);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    /* a call the output stopped inside: FINISH says so */
+    m.finish.reason = TP_REASON_LENGTH;
+    calls[0].arguments = tp_str_of("{\"n\": 90");
+    m.finish.tool_calls_cut = true;
+    round_trip(&m, &w, &d);
+    assert_true(d.finish.tool_calls_cut);
+    assert_str(d.finish.tool_calls[0].arguments, "{\"n\": 90");
     tp_msg_clear(&d);
     tp_wire_free(&w);
     tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
@@ -1510,20 +1520,23 @@ static void names_round_trip(void **state)
 }
 
 /* OpenAI's "tool_calls" is for an output the model ended itself after its
- * calls: a length finish cut it (maybe mid-arguments), and a job with no
- * call, cancelled or failed ends for that. */
+ * calls, each whole: a length finish cut it (maybe mid-arguments), a stop
+ * string may cut a call, and a job with no call, cancelled or failed
+ * ends for that. */
 static void only_a_model_ended_job_with_calls_ends_in_calls(void **state)
 {
     (void)state;
     const bool want[TP_REASON_COUNT] = {
         [TP_REASON_STOP_STRING] = true, [TP_REASON_STOP_TOKEN] = true, [TP_REASON_EOS] = true};
     for (int r = 0; r < TP_REASON_COUNT; r++) {
-        if (tp_reason_ends_in_calls(r, 2) != want[r])
+        if (tp_reason_ends_in_calls(r, 2, false) != want[r])
             fail_msg("%s with 2 calls: ends in calls should be %d", tp_reason_name(r), want[r]);
-        if (tp_reason_ends_in_calls(r, 0))
+        if (tp_reason_ends_in_calls(r, 0, false))
             fail_msg("%s with no call ends in calls", tp_reason_name(r));
+        if (tp_reason_ends_in_calls(r, 2, true))
+            fail_msg("%s with a call not whole ends in calls", tp_reason_name(r));
     }
-    assert_false(tp_reason_ends_in_calls(TP_REASON_LENGTH, 1));
+    assert_false(tp_reason_ends_in_calls(TP_REASON_LENGTH, 1, false));
 }
 
 /* The UTF-8 check against Python's rules, spot-checked on the classic
