@@ -776,6 +776,7 @@ static void on_event(bridge *b, tp_zmsg *z)
         ch->completion_tokens = m.finish.completion_tokens;
         ch->constrained = (m.finish.set & TP_FIN_GRAMMAR) != 0;
         ch->grammar_complete = ch->constrained && m.finish.grammar_complete;
+        ch->tool_calls_cut = m.finish.tool_calls_cut;
         if (keep_matched(ch, &m.finish.matched))
             ch->matched.kind = TP_MATCHED_NONE;
         if (m.finish.job_error.ptr)

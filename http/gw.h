@@ -51,6 +51,7 @@ typedef struct gw_choice {
     tp_buf reasoning;          /* the thinking text (TOKEN reasoning deltas, then FINISH's whole) */
     size_t reasoning_sent;     /* streaming: bytes of it already out */
     struct cJSON *tool_calls;  /* FINISH tool_calls in OpenAI's shape, NULL none */
+    bool tool_calls_cut;       /* FINISH tool_calls_cut: a call is not whole */
     struct gw_scall {          /* streaming: the calls whose first chunk is out, in index order */
         char *id;
         size_t sent;           /* bytes of its arguments out */
@@ -156,7 +157,8 @@ char *gw_delta_sse(const gw_call *c, const char *model, size_t i, const char *re
  * {arguments: fragment}} (id NULL). */
 char *gw_call_sse(const gw_call *c, const char *model, size_t i, size_t index, const char *id, size_t id_len,
                   const char *name, size_t name_len, const char *args, size_t args_len);
-/* The finish_reason of choice ch: "tool_calls" when it made calls. */
+/* The finish_reason of choice ch: "tool_calls" when it ended for its calls,
+ * each whole (tp_reason_ends_in_calls: a length finish stays "length"). */
 const char *gw_choice_finish(const gw_choice *ch);
 char *gw_health_json(const tp_m_stats_reply *s, int *status);
 char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc);

@@ -32,8 +32,8 @@ const char *gw_finish_reason(int reason)
 
 const char *gw_choice_finish(const gw_choice *ch)
 {
-    if (ch->tool_calls && cJSON_GetArraySize(ch->tool_calls) && ch->reason != TP_REASON_ERROR &&
-        ch->reason != TP_REASON_CANCELLED)
+    if (tp_reason_ends_in_calls(ch->reason, ch->tool_calls ? (size_t)cJSON_GetArraySize(ch->tool_calls) : 0,
+                                ch->tool_calls_cut))
         return "tool_calls";
     return gw_finish_reason(ch->reason);
 }

@@ -24,6 +24,12 @@ int tp_reason_parse(const char *s, size_t len)
     return name_index(reason_names, TP_REASON_COUNT, s, len);
 }
 
+bool tp_reason_ends_in_calls(int reason, size_t n_calls, bool cut)
+{
+    return n_calls > 0 && !cut &&
+           (reason == TP_REASON_STOP_STRING || reason == TP_REASON_STOP_TOKEN || reason == TP_REASON_EOS);
+}
+
 static const char *const state_names[] = {"unknown", "queued", "running", "finished"};
 
 const char *tp_state_name(int state)

@@ -284,6 +284,7 @@ static const field finish_f[] = {
     {.key = "grammar_complete", .type = FT_BOOL, .off = FI(grammar_complete), .setbit = TP_FIN_GRAMMAR},
     F_STR("reasoning_content", FI(reasoning_content), 0, TP_PROTO_MAX_TEXT),
     {.key = "tool_calls", .type = FT_CALLS, .off = FI(tool_calls), .max = TP_PROTO_MAX_TOOL_CALLS},
+    {.key = "tool_calls_cut", .type = FT_BOOL, .off = FI(tool_calls_cut)},
     END,
 };
 

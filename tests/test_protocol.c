@@ -1143,6 +1143,16 @@ static void finish_carries_tool_calls_and_reasoning(void **state)
     assert_str(d.finish.tool_calls[0].id, "call_abc");
     assert_str(d.finish.tool_calls[0].arguments, "{\"n\": 9007199254740993}");
     assert_str(d.finish.reasoning_content, "thinking");
+    assert_false(d.finish.tool_calls_cut);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    /* a call the output stopped inside: FINISH says so */
+    m.finish.reason = TP_REASON_LENGTH;
+    calls[0].arguments = tp_str_of("{\"n\": 90");
+    m.finish.tool_calls_cut = true;
+    round_trip(&m, &w, &d);
+    assert_true(d.finish.tool_calls_cut);
+    assert_str(d.finish.tool_calls[0].arguments, "{\"n\": 90");
     tp_msg_clear(&d);
     tp_wire_free(&w);
     tp_msg_init(&m, TP_FAM_EVT, TP_CMD_TOKEN);
@@ -1509,6 +1519,26 @@ static void names_round_trip(void **state)
     assert_string_equal(tp_stage_name(TP_STAGE_SAMPLE), "sample");
 }
 
+/* OpenAI's "tool_calls" is for an output the model ended itself after its
+ * calls, each whole: a length finish cut it (maybe mid-arguments), a stop
+ * string may cut a call, and a job with no call, cancelled or failed
+ * ends for that. */
+static void only_a_model_ended_job_with_calls_ends_in_calls(void **state)
+{
+    (void)state;
+    const bool want[TP_REASON_COUNT] = {
+        [TP_REASON_STOP_STRING] = true, [TP_REASON_STOP_TOKEN] = true, [TP_REASON_EOS] = true};
+    for (int r = 0; r < TP_REASON_COUNT; r++) {
+        if (tp_reason_ends_in_calls(r, 2, false) != want[r])
+            fail_msg("%s with 2 calls: ends in calls should be %d", tp_reason_name(r), want[r]);
+        if (tp_reason_ends_in_calls(r, 0, false))
+            fail_msg("%s with no call ends in calls", tp_reason_name(r));
+        if (tp_reason_ends_in_calls(r, 2, true))
+            fail_msg("%s with a call not whole ends in calls", tp_reason_name(r));
+    }
+    assert_false(tp_reason_ends_in_calls(TP_REASON_LENGTH, 1, false));
+}
+
 /* The UTF-8 check against Python's rules, spot-checked on the classic
  * boundary cases (overlong, surrogate, > U+10FFFF, truncated). */
 static void utf8_validation_follows_rfc3629(void **state)
@@ -1608,6 +1638,7 @@ int main(void)
         cmocka_unit_test(encode_refuses_what_decode_would_reject),
         cmocka_unit_test(ready_rejects_unknown_or_repeated_stages),
         cmocka_unit_test(names_round_trip),
+        cmocka_unit_test(only_a_model_ended_job_with_calls_ends_in_calls),
         cmocka_unit_test(utf8_validation_follows_rfc3629),
         cmocka_unit_test(fuzz_seeds_written_by_python_decode),
         cmocka_unit_test(submit_messages_round_trip_and_tokenized_carries_stop_ids),

@@ -25,6 +25,7 @@ typedef struct result {
     char ids[8][64];
     size_t n_early;          /* calls whose first delta came before finish */
     size_t args_early;       /* argument bytes released before finish */
+    bool whole;              /* tp_tcsplit_calls_whole */
 } result;
 
 static void cat(char *dst, const char *s, size_t n)
@@ -98,6 +99,7 @@ static void split(tp_tc_family f, bool thinks, bool think_open, const char *text
     take_deltas(s, &t);
     const tp_tc_call *calls;
     r->n_calls = tp_tcsplit_calls(s, &calls);
+    r->whole = tp_tcsplit_calls_whole(s);
     /* the deltas joined are the message's calls */
     assert_int_equal(t.n, r->n_calls);
     for (size_t i = 0; i < r->n_calls && i < 8; i++) {
@@ -125,6 +127,7 @@ static void check(tp_tc_family f, bool thinks, bool think_open, const char *text
     assert_string_equal(r->content, b.content);
     assert_string_equal(r->reasoning, b.reasoning);
     assert_int_equal(r->n_calls, b.n_calls);
+    assert_int_equal(r->whole, b.whole);
     for (size_t i = 0; i < r->n_calls; i++) {
         assert_string_equal(r->names[i], b.names[i]);
         assert_string_equal(r->args[i], b.args[i]);
@@ -148,6 +151,7 @@ static void hermes_parses_parallel_calls_as_qwen_documents_them(void **state)
     assert_string_equal(r.names[1], "get_temperature_date");
     assert_string_equal(r.args[1], "{\"location\": \"San Francisco, CA, USA\", \"date\": \"2024-10-01\"}");
     assert_string_equal(r.content, "");
+    assert_true(r.whole);
     assert_string_not_equal(r.ids[0], r.ids[1]);
     assert_true(!strncmp(r.ids[0], "call_", 5) && strlen(r.ids[0]) == 29);
 }
@@ -189,10 +193,22 @@ static void a_call_broken_after_its_name_keeps_what_was_generated(void **state)
     assert_string_equal(r.names[0], "f");
     assert_string_equal(r.args[0], "{\"a\": ");
     assert_string_equal(r.content, "Here: ");
+    assert_false(r.whole);
     /* cut short (max_tokens): the arguments so far */
     check(TP_TC_MISTRAL, false, false, "[TOOL_CALLS][{\"name\": \"g\", \"arguments\": {\"q\": \"Par", &r);
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.args[0], "{\"q\": \"Par");
+    assert_false(r.whole);
+    /* the calls before the cut stay whole; the splitter says one is not */
+    check(TP_TC_HERMES, false, false,
+          "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call><tool_call>{\"name\": \"f\", "
+          "\"arguments\": {\"a\": 2}}</tool_call><tool_call>{\"name\": \"f\", \"arguments\": {\"a\":",
+          &r);
+    assert_int_equal(r.n_calls, 3);
+    assert_string_equal(r.args[0], "{\"a\": 1}");
+    assert_string_equal(r.args[1], "{\"a\": 2}");
+    assert_string_equal(r.args[2], "{\"a\":");
+    assert_false(r.whole);
 }
 
 /* Byte by byte, each call's first delta comes as soon as its name is whole

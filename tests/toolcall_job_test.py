@@ -166,6 +166,7 @@ class ModelThatCallsATool(tpdaemon.HttpDaemonCase):
         self.assertEqual(len(fin["tool_calls"]), 1)
         c = fin["tool_calls"][0]
         self.assertEqual((c["name"], c["arguments"]), ("get_weather", '{"city":"Paris"}'))
+        self.assertNotIn("tool_calls_cut", fin)   # the call is whole
         # the call streamed in TOKEN deltas as it was generated: its first
         # delta once the name was whole, then its arguments piece by piece
         built, pieces = {}, 0

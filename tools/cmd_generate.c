@@ -61,6 +61,7 @@ typedef struct job {
     int grammar_complete;     /* FINISH grammar_complete: 1, 0, or -1 absent */
     cJSON *logprobs;          /* --logprobs: one entry per TOKEN id, as `run --json` */
     cJSON *tool_calls;        /* FINISH tool_calls (OpenAI's shape) */
+    bool tool_calls_cut;      /* FINISH tool_calls_cut: a call is not whole */
     cJSON *reasoning;         /* FINISH reasoning_content */
 } job;
 
@@ -317,6 +318,7 @@ static void on_event(gen *s, const tp_msg *m)
     cJSON_Delete(j->tool_calls);
     cJSON_Delete(j->reasoning);
     j->tool_calls = m->finish.n_tool_calls ? evfmt_tool_calls(m->finish.tool_calls, m->finish.n_tool_calls) : NULL;
+    j->tool_calls_cut = m->finish.tool_calls_cut;
     j->reasoning = m->finish.reasoning_content.ptr ? evfmt_str(m->finish.reasoning_content) : NULL;
     j->done = !j->gap;
 }
@@ -515,9 +517,9 @@ static void print_json(const job *j)
     for (size_t i = 0; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddItemToObject(o, "tokens", toks);
-    /* a job that called ends for its calls, as an OpenAI gateway says */
-    bool called = j->tool_calls && cJSON_GetArraySize(j->tool_calls) && j->reason != TP_REASON_ERROR &&
-                  j->reason != TP_REASON_CANCELLED;
+    /* a job that ended for its calls says so, as an OpenAI gateway does */
+    bool called = tp_reason_ends_in_calls(j->reason, j->tool_calls ? (size_t)cJSON_GetArraySize(j->tool_calls) : 0,
+                                          j->tool_calls_cut);
     cJSON_AddStringToObject(o, "finish_reason", called ? "tool_calls" : tp_reason_name(j->reason));
     if (j->detail[0])
         cJSON_AddStringToObject(o, "finish_detail", j->detail);

@@ -565,9 +565,10 @@ static void print_json(const run_job *j, const genopts *g)
     for (size_t i = j->n_prompt; i < j->n_ids; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(j->ids[i]));
     const tp_tc_call *tc;
-    bool called = j->split && tp_tcsplit_calls(j->split, &tc) && j->last.finish != TP_FINISH_ERROR &&
-                  j->last.finish != TP_FINISH_CANCELLED;
-    /* a job that called ends for its calls, as an OpenAI gateway says */
+    /* a job that ended for its calls says so, as an OpenAI gateway does
+     * (tp_finish_reason numbers as the wire's reasons) */
+    bool called = j->split && tp_reason_ends_in_calls((int)j->last.finish, tp_tcsplit_calls(j->split, &tc),
+                                                      !tp_tcsplit_calls_whole(j->split));
     cJSON_AddStringToObject(o, "finish_reason", called ? "tool_calls" : tp_finish_reason_name(j->last.finish));
     if (j->last.finish == TP_FINISH_LENGTH)
         cJSON_AddStringToObject(o, "finish_detail", length_detail(j));

@@ -138,6 +138,8 @@ cJSON *evfmt_event(const tp_msg *m)
         cJSON_AddItemToObject(o, "reasoning_content", evfmt_str(f->reasoning_content));
     if (f->n_tool_calls)
         cJSON_AddItemToObject(o, "tool_calls", evfmt_tool_calls(f->tool_calls, f->n_tool_calls));
+    if (f->tool_calls_cut)
+        cJSON_AddTrueToObject(o, "tool_calls_cut");
     return o;
 }
 

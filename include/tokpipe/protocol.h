@@ -132,6 +132,16 @@ enum {
 const char *tp_reason_name(int reason);
 /* Parse a wire name (len bytes); -1 if unknown. */
 int tp_reason_parse(const char *s, size_t len);
+/* Whether a job that finished for reason with n_calls tool calls (FINISH
+ * tool_calls; cut: FINISH tool_calls_cut, a call is not whole) ended for
+ * its calls: what an OpenAI API answers as finish_reason "tool_calls"
+ * (the gateway, run and generate --json). Only when the model ended the
+ * output itself (stop_string, stop_token, eos) after at least one call,
+ * every call whole. A length finish stays "length", calls or not: the
+ * output was cut, and the last call may be cut mid-arguments, not JSON
+ * (OpenAI answers "length" too); the calls before it are whole. A call a
+ * stop string cut (or whose syntax broke) leaves the reason's own name. */
+bool tp_reason_ends_in_calls(int reason, size_t n_calls, bool cut);
 
 /* Job states in STATUS_REPLY. */
 enum {
@@ -586,6 +596,8 @@ typedef struct tp_m_finish {
     tp_str reasoning_content;  /* opt: the whole thinking text (params.parse_reasoning) */
     tp_tool_call *tool_calls;  /* opt: the calls parsed from the output (params.parse_tool_calls) */
     size_t n_tool_calls;
+    bool tool_calls_cut;       /* opt (sent when true): a call is not whole, its arguments what was
+                                * generated when the text broke its syntax or the output stopped */
 } tp_m_finish;
 
 /* ---- WRK1 messages ------------------------------------------------------ */

@@ -197,6 +197,11 @@ size_t tp_tcsplit_deltas(const tp_tcsplit *s, const tp_tc_delta **deltas);
 /* After finish: the calls (borrowed, valid until free) and the whole
  * reasoning text. */
 size_t tp_tcsplit_calls(const tp_tcsplit *s, const tp_tc_call **calls);
+/* After finish: whether every call is whole (its arguments the JSON the
+ * family's syntax closed); false when a call that had streamed was kept
+ * as it stood because the text broke its syntax or the output stopped
+ * inside it (a length finish, a stop string). */
+bool tp_tcsplit_calls_whole(const tp_tcsplit *s);
 const char *tp_tcsplit_reasoning(const tp_tcsplit *s, size_t *len);
 
 #endif

@@ -209,6 +209,7 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, int32_t last, cons
             calls[i] = (tp_tool_call){tp_str_of(tc[i].id), tp_str_of(tc[i].name), {tc[i].arguments, tc[i].arguments_len}};
         f->tool_calls = calls;
         f->n_tool_calls = n < TP_PROTO_MAX_TOOL_CALLS ? n : TP_PROTO_MAX_TOOL_CALLS;
+        f->tool_calls_cut = n && !tp_tcsplit_calls_whole(j->split);
         const char *all = tp_tcsplit_reasoning(j->split, &rlen);
         if (rlen)
             f->reasoning_content = (tp_str){all, rlen > TP_PROTO_MAX_TEXT ? TP_PROTO_MAX_TEXT : rlen};

@@ -21,6 +21,7 @@ struct tp_tcsplit {
     tp_buf out_content, out_reasoning;  /* this call's deltas */
     tp_buf reasoning;        /* all of it */
     tc_out calls;
+    bool cut;                /* finish kept the streamed calls as they stood: one is not whole */
     uint64_t rng;
     /* streaming: the scan of the call region (pend, from its marker), the
      * calls found so far and this feed's deltas */
@@ -535,6 +536,7 @@ int tp_tcsplit_finish_token(tp_tcsplit *s, int32_t id, const char *text, size_t 
             tp_buf_reset(&o.content);
             o.oom = false;
             streamed_calls(s, &o);
+            s->cut = true;
             rc = 0;
         }
         if (rc || o.oom) {
@@ -574,6 +576,11 @@ size_t tp_tcsplit_calls(const tp_tcsplit *s, const tp_tc_call **calls)
 {
     *calls = s->calls.calls;
     return s->calls.n_calls;
+}
+
+bool tp_tcsplit_calls_whole(const tp_tcsplit *s)
+{
+    return !s->cut;
 }
 
 const char *tp_tcsplit_reasoning(const tp_tcsplit *s, size_t *len)
