@@ -21,18 +21,29 @@
 
 struct tp_chat_template;
 
+/* The tool-call families, one line each: X(ID, name) makes TP_TC_ID and
+ * names its definition, tc_<name> in workers/toolcall/ (the family's own
+ * file says how to detect, parse, stream and constrain it). The order is
+ * the detector's: a template is of the first family whose markers it
+ * writes, so the more specific come first. A new family is its file and
+ * a line here. */
+#define TP_TC_FAMILIES(X)                                                                                    \
+    X(DEEPSEEK_R1, deepseek_r1)         /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ... */ \
+    X(COMMAND_R7B, command_r7b)         /* <|START_ACTION|>[{"tool_name", "parameters"}]<|END_ACTION|> */  \
+    X(FUNCTIONARY_V32, functionary_v32) /* (>>>)NAME\n{...}; >>>all\ntext */                                \
+    X(FUNCTIONARY_V31, functionary_v31) /* <function=NAME>{...}</function>; <|python_tag|>code */          \
+    X(MISTRAL, mistral)                 /* Mistral Nemo: [TOOL_CALLS][{"name", "arguments", "id"}] */       \
+    X(FIREFUNCTION_V2, firefunction_v2) /* functools[{"name", "arguments"}, ...] */                         \
+    X(HERMES, hermes)                   /* Hermes 2/3, Qwen 2.5/3: <tool_call>{"name", "arguments"}</tool_call> */ \
+    X(LLAMA3, llama3)                   /* Llama 3.1-3.3: {"name", "parameters"}; <|python_tag|> */         \
+    X(COMMAND_R_PLUS, command_r_plus)   /* Action: ```json\n[{"tool_name", "parameters"}]\n``` */          \
+    X(GENERIC, generic)                 /* {"tool_calls": [{"name", "arguments"}]} | {"response": ...} */
+
 typedef enum tp_tc_family {
-    TP_TC_NONE = 0,          /* the template has no tool support */
-    TP_TC_GENERIC,           /* {"tool_calls": [{"name", "arguments"}]} | {"response": ...} */
-    TP_TC_HERMES,            /* Hermes 2/3, Qwen 2.5/3: <tool_call>{"name", "arguments"}</tool_call> */
-    TP_TC_LLAMA3,            /* Llama 3.1-3.3: {"name", "parameters"}; <|python_tag|> */
-    TP_TC_MISTRAL,           /* Mistral Nemo: [TOOL_CALLS][{"name", "arguments", "id"}] */
-    TP_TC_FUNCTIONARY_V31,   /* <function=NAME>{...}</function>; <|python_tag|>code */
-    TP_TC_FUNCTIONARY_V32,   /* (>>>)NAME\n{...}; >>>all\ntext */
-    TP_TC_COMMAND_R7B,       /* <|START_ACTION|>[{"tool_name", "parameters"}]<|END_ACTION|> */
-    TP_TC_COMMAND_R_PLUS,    /* Action: ```json\n[{"tool_name", "parameters"}]\n``` */
-    TP_TC_DEEPSEEK_R1,       /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json ...``` */
-    TP_TC_FIREFUNCTION_V2,   /* functools[{"name", "arguments"}, ...] */
+    TP_TC_NONE = 0, /* the template has no tool support */
+#define TP_TC_ENUM_(id, name) TP_TC_##id,
+    TP_TC_FAMILIES(TP_TC_ENUM_)
+#undef TP_TC_ENUM_
     TP_TC_COUNT
 } tp_tc_family;
 

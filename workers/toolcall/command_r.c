@@ -36,11 +36,15 @@ static int parse_rplus(const char *s, size_t n, tc_out *o)
     return 0;
 }
 
+static const char *const rplus_detect_all[] = {"Action:", "tool_name", NULL};
+static const char *const rplus_detect_any[] = {"directly-answer", "directly_answer", NULL};
+
 const tc_family_def tc_command_r7b = {
-    .name = "command_r7b", .markers = r7b_m, .strip = r7b_strip, .parse = parse_r7b,
+    .name = "command_r7b", .detect_all = r7b_m, .think_open = "<|START_THINKING|>",
+    .think_close = "<|END_THINKING|>", .markers = r7b_m, .strip = r7b_strip, .parse = parse_r7b,
     .calls_open = "<|START_ACTION|>[", .calls_sep = ", ", .calls_close = "]<|END_ACTION|>", .call_open = "",
     .call_close = "", .name_key = "tool_name", .args_key = "parameters"};
 const tc_family_def tc_command_r_plus = {
-    .name = "command_r_plus", .markers = rplus_m, .parse = parse_rplus, .calls_open = "Action: ```json\n[",
+    .name = "command_r_plus", .detect_all = rplus_detect_all, .detect_any = rplus_detect_any, .markers = rplus_m, .parse = parse_rplus, .calls_open = "Action: ```json\n[",
     .calls_sep = ", ", .calls_close = "]\n```", .call_open = "", .call_close = "", .name_key = "tool_name",
     .args_key = "parameters"};

@@ -92,9 +92,8 @@ int tp_toolcall_chat_vars(const tp_tc_syntax *syn, const tp_chat_msg *msgs, size
     if (tools.ptr) {
         key(&b, "tools");
         tp_buf_add(&b, tools.ptr, tools.len);
-        if (syn->family == TP_TC_FIREFUNCTION_V2) {
-            /* its template prints `functions` (the tools as JSON text) and
-             * `datetime` into its system prompt */
+        const tc_family_def *fam = tc_family(syn->family);
+        if (fam && fam->tools_as_functions) {
             char when[64];
             time_t now = time(NULL);
             struct tm tm;

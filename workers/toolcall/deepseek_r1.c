@@ -59,6 +59,6 @@ static int parse(const char *s, size_t n, tc_out *o)
 }
 
 const tc_family_def tc_deepseek_r1 = {
-    .name = "deepseek_r1", .markers = open_m, .parse = parse, .calls_open = CALLS_BEGIN, .calls_sep = "\n",
+    .name = "deepseek_r1", .detect_all = open_m, .markers = open_m, .parse = parse, .calls_open = CALLS_BEGIN, .calls_sep = "\n",
     .calls_close = CALLS_END, .call_open = CALL_BEGIN "function" SEP, .name_close = "\n```json\n",
     .call_close = "\n```" CALL_END};

@@ -17,29 +17,7 @@ static bool has(const char *s, size_t n, const char *lit)
 void tp_toolcall_detect(const char *src, size_t len, tp_tc_syntax *out)
 {
     memset(out, 0, sizeof *out);
-    tp_tc_family f = TP_TC_NONE;
-    if (has(src, len, "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"))
-        f = TP_TC_DEEPSEEK_R1;
-    else if (has(src, len, "<|START_ACTION|>"))
-        f = TP_TC_COMMAND_R7B;
-    else if (has(src, len, ">>>all"))
-        f = TP_TC_FUNCTIONARY_V32;
-    else if (has(src, len, "<function=") && has(src, len, "<|start_header_id|>"))
-        f = TP_TC_FUNCTIONARY_V31;
-    else if (has(src, len, "[TOOL_CALLS]"))
-        f = TP_TC_MISTRAL;
-    else if (has(src, len, "functools["))
-        f = TP_TC_FIREFUNCTION_V2;
-    else if (has(src, len, "<tool_call>"))
-        f = TP_TC_HERMES;
-    else if (has(src, len, "<|start_header_id|>") && (has(src, len, "<|python_tag|>") || has(src, len, "ipython")) &&
-             has(src, len, "tools"))
-        f = TP_TC_LLAMA3;
-    else if (has(src, len, "Action:") && has(src, len, "tool_name") && (has(src, len, "directly-answer") || has(src, len, "directly_answer")))
-        f = TP_TC_COMMAND_R_PLUS;
-    else if (has(src, len, "tools"))
-        f = TP_TC_GENERIC;
-    out->family = f;
+    out->family = tc_family_detect(src, len);
     out->thinks = has(src, len, "<think>") || has(src, len, "</think>") || has(src, len, "<|START_THINKING|>");
 }
 

@@ -11,5 +11,6 @@ static int parse(const char *s, size_t n, tc_out *o)
     return tc_marker_array(s, n, 9, NULL, o, name_k, args_k);   /* from the '[' */
 }
 
-const tc_family_def tc_firefunction_v2 = {.name = "firefunction_v2", .markers = open_m, .parse = parse,
+const tc_family_def tc_firefunction_v2 = {.name = "firefunction_v2", .detect_all = open_m, .markers = open_m,
+    .parse = parse, .tools_as_functions = true,
     .calls_open = " functools[", .calls_sep = ", ", .calls_close = "]", .call_open = "", .call_close = "", .name_key = "name", .args_key = "arguments"};

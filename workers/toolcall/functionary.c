@@ -77,9 +77,12 @@ static int parse_v32(const char *s, size_t n, tc_out *o)
     return 0;
 }
 
+static const char *const v31_detect[] = {"<function=", "<|start_header_id|>", NULL};
+static const char *const v32_detect[] = {">>>all", NULL};
+
 const tc_family_def tc_functionary_v31 = {
-    .name = "functionary_v3.1", .markers = v31_m, .parse = parse_v31, .calls_open = "", .calls_sep = "",
+    .name = "functionary_v3.1", .detect_all = v31_detect, .markers = v31_m, .parse = parse_v31, .calls_open = "", .calls_sep = "",
     .calls_close = "", .call_open = "<function=", .name_close = ">", .call_close = "</function>"};
 const tc_family_def tc_functionary_v32 = {
-    .name = "functionary_v3.2", .markers = v32_m, .recipient_first = true, .parse = parse_v32, .calls_open = "",
+    .name = "functionary_v3.2", .detect_all = v32_detect, .markers = v32_m, .recipient_first = true, .parse = parse_v32, .calls_open = "",
     .calls_sep = ">>>", .calls_close = "", .call_open = "", .name_close = "\n", .call_close = ""};

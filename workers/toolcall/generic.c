@@ -35,5 +35,9 @@ static int parse(const char *s, size_t n, tc_out *o)
     return tc_call_object(o, s + i, v, name_k, args_k) ? 0 : -1;
 }
 
-const tc_family_def tc_generic = {.name = "generic", .json_at_start = true, .parse = parse,
+static const char *const detect_m[] = {"tools", NULL};
+
+/* The lazy grammar's trigger is exact: its grammar spells calls_open so. */
+const tc_family_def tc_generic = {.name = "generic", .detect_all = detect_m, .json_at_start = true, .parse = parse,
+    .trigger = "{\"tool_calls\"",
     .calls_open = "{\"tool_calls\": [", .calls_sep = ", ", .calls_close = "]}", .call_open = "", .call_close = "", .name_key = "name", .args_key = "arguments"};

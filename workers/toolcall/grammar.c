@@ -106,13 +106,7 @@ const char *tp_toolcall_trigger(tp_tc_family f)
     const tc_family_def *d = tc_family(f);
     if (!d || !d->calls_open)
         return NULL;
-    /* the space: whatever whitespace the call grammar's tc-ws lets in
-     * after its "{" */
-    if (f == TP_TC_LLAMA3)
-        return "{ \"name\"";
-    if (f == TP_TC_GENERIC)
-        return "{\"tool_calls\"";   /* exact: its grammar spells calls_open so */
-    return d->markers[0];   /* Functionary v3.2: >>>, the start of each segment after the first */
+    return d->trigger ? d->trigger : d->markers[0];
 }
 
 /* s as GBNF: literals, with each control piece the vocabulary names as a
@@ -179,7 +173,7 @@ const char *tp_toolcall_grammar_trigger(tp_tc_family f, tp_tcg_from from)
     if (from == TP_TCG_LAZY)
         return tp_toolcall_trigger(f);
     if (from == TP_TCG_AFTER_THINK)
-        return f == TP_TC_COMMAND_R7B ? "<|END_THINKING|>" : "</think>";
+        return tc_family(f) && tc_family(f)->think_close ? tc_family(f)->think_close : "</think>";
     return NULL;
 }
 

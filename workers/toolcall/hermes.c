@@ -33,5 +33,5 @@ static int parse(const char *s, size_t n, tc_out *o)
     return 0;
 }
 
-const tc_family_def tc_hermes = {.name = "hermes", .markers = open_m, .parse = parse,
+const tc_family_def tc_hermes = {.name = "hermes", .detect_all = open_m, .markers = open_m, .parse = parse,
     .calls_open = "", .calls_sep = "\n", .calls_close = "", .call_open = "<tool_call>\n", .call_close = "\n</tool_call>", .name_key = "name", .args_key = "arguments"};

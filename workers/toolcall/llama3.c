@@ -126,5 +126,11 @@ static int parse(const char *s, size_t n, tc_out *o)
     return o->n_calls ? 0 : -1;
 }
 
-const tc_family_def tc_llama3 = {.name = "llama3", .markers = open_m, .json_at_start = true, .parse = parse,
+static const char *const detect_all[] = {"<|start_header_id|>", "tools", NULL};
+static const char *const detect_any[] = {"<|python_tag|>", "ipython", NULL};
+
+/* The trigger's space: whatever whitespace the call grammar's tc-ws lets
+ * in after its "{". */
+const tc_family_def tc_llama3 = {.name = "llama3", .detect_all = detect_all, .detect_any = detect_any,
+    .markers = open_m, .json_at_start = true, .parse = parse, .trigger = "{ \"name\"",
     .calls_open = "", .calls_sep = "; ", .calls_close = "", .call_open = "", .call_close = "", .name_key = "name", .args_key = "parameters"};

@@ -11,5 +11,5 @@ static int parse(const char *s, size_t n, tc_out *o)
     return tc_marker_array(s, n, 12, NULL, o, name_k, args_k);
 }
 
-const tc_family_def tc_mistral = {.name = "mistral", .markers = open_m, .parse = parse, .id_len = 9,
+const tc_family_def tc_mistral = {.name = "mistral", .detect_all = open_m, .markers = open_m, .parse = parse, .id_len = 9,
     .calls_open = "[TOOL_CALLS][", .calls_sep = ", ", .calls_close = "]", .call_open = "", .call_close = "", .name_key = "name", .args_key = "arguments"};

@@ -53,18 +53,6 @@ struct tp_tcsplit {
     size_t n_mk;
 };
 
-const tc_family_def *tc_family(tp_tc_family f)
-{
-    static const tc_family_def *const table[TP_TC_COUNT] = {
-        [TP_TC_GENERIC] = &tc_generic,           [TP_TC_HERMES] = &tc_hermes,
-        [TP_TC_LLAMA3] = &tc_llama3,             [TP_TC_MISTRAL] = &tc_mistral,
-        [TP_TC_FUNCTIONARY_V31] = &tc_functionary_v31, [TP_TC_FUNCTIONARY_V32] = &tc_functionary_v32,
-        [TP_TC_COMMAND_R7B] = &tc_command_r7b,   [TP_TC_COMMAND_R_PLUS] = &tc_command_r_plus,
-        [TP_TC_DEEPSEEK_R1] = &tc_deepseek_r1,   [TP_TC_FIREFUNCTION_V2] = &tc_firefunction_v2,
-    };
-    return f > TP_TC_NONE && f < TP_TC_COUNT ? table[f] : NULL;
-}
-
 const char *tp_tc_family_name(tp_tc_family f)
 {
     const tc_family_def *d = tc_family(f);
@@ -79,13 +67,9 @@ int tp_tcsplit_new(const tp_tc_syntax *syn, const tp_tcsplit_opts *o, tp_tcsplit
     s->syn = *syn;
     s->o = *o;
     s->fam = o->tools ? tc_family(syn->family) : NULL;
-    if (syn->family == TP_TC_COMMAND_R7B) {
-        s->think_open = "<|START_THINKING|>";
-        s->think_close = "<|END_THINKING|>";
-    } else {
-        s->think_open = "<think>";
-        s->think_close = "</think>";
-    }
+    const tc_family_def *fam = tc_family(syn->family);
+    s->think_open = fam && fam->think_open ? fam->think_open : "<think>";
+    s->think_close = fam && fam->think_close ? fam->think_close : "</think>";
     s->rng = o->id_seed ^ 0x9E3779B97F4A7C15ull;
     s->state = S_START;
     *out = s;

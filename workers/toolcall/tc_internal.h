@@ -71,12 +71,20 @@ typedef int (*tc_parse_fn)(const char *s, size_t n, tc_out *o);
 
 typedef struct tc_family_def {
     const char *name;
+    /* A template is of this family when it writes every text of
+     * detect_all and (if given) one of detect_any (both NULL-terminated);
+     * TP_TC_FAMILIES' order decides between families. */
+    const char *const *detect_all, *const *detect_any;
     const char *const *markers;   /* texts that open a call anywhere in the content (NULL-terminated) */
     bool json_at_start;           /* an output that starts with '{' may be a call */
     bool recipient_first;         /* Functionary v3.2: the output starts with a recipient line */
     const char *const *strip;     /* texts dropped from the content (NULL-terminated, may be NULL) */
     tc_parse_fn parse;
     int id_len;                   /* 0: "call_" + 24; else exactly this many [A-Za-z0-9] (Mistral) */
+    const char *think_open, *think_close; /* its thinking's markers (NULL: <think> and </think>) */
+    const char *trigger;          /* where tool_choice auto's lazy grammar starts (NULL: markers[0]) */
+    bool tools_as_functions;      /* its template reads `functions` (the tools as JSON text) and
+                                   * `datetime` beside `tools` (Firefunction v2) */
     /* What tp_toolcall_grammar holds a constrained output to (grammar.c:
      * whitespace in these free up to 4 characters, a piece the vocabulary
      * holds as a special token asked for as that token), and the shape the
@@ -92,10 +100,14 @@ typedef struct tc_family_def {
     const char *call_open, *call_close, *name_key, *args_key, *name_close;
 } tc_family_def;
 
-extern const tc_family_def tc_generic, tc_hermes, tc_llama3, tc_mistral, tc_functionary_v31, tc_functionary_v32,
-    tc_command_r7b, tc_command_r_plus, tc_deepseek_r1, tc_firefunction_v2;
+#define TC_EXTERN_(id, name) extern const tc_family_def tc_##name;
+TP_TC_FAMILIES(TC_EXTERN_)
+#undef TC_EXTERN_
 
+/* The definition of family f (families.c), NULL for TP_TC_NONE. */
 const tc_family_def *tc_family(tp_tc_family f);
+/* The family whose markers template source src writes (TP_TC_NONE: none). */
+tp_tc_family tc_family_detect(const char *src, size_t len);
 
 /* <|python_tag|> text (Llama 3.x, Functionary v3.1): a JSON call, a
  * builtin's NAME.call(k=v, ...), or code for the python tool. */
