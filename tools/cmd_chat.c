@@ -66,6 +66,8 @@ static const char usage_text[] =
     "  --hide-thinking     do not show the model's thinking\n"
     "  --verbose           a status line after every reply (tokens, cached, tokens/s)\n"
     "                      (on a terminal it is always shown)\n"
+    "  --show-prompt       in process: each turn's rendered prompt on stderr, between\n"
+    "                      a line '--- prompt ---' and a line '--- end ---'\n"
     "\n"
     "At the prompt: a line ending in \\ goes on on the next line;\n"
     "  /reset           forget the conversation (the system message stays)\n"
@@ -95,7 +97,7 @@ typedef struct chat {
     genopts g;               /* sampling flags, --tools, --messages */
     tp_client_args a;
     const char *model_path, *tok_path, *template_path, *system;
-    bool hide_thinking, verbose, tty_in, tty_out;
+    bool hide_thinking, verbose, show_prompt, tty_in, tty_out;
     cJSON *history;          /* the messages (role, content, tool_calls, ...) */
     char *tools;             /* --tools text, or NULL */
     size_t tools_len;
@@ -406,6 +408,12 @@ static int local_turn(chat *ch, const genopts *conv, reply *r, tp_err *err)
     int rc = tp_tokenize_stage_render(ch->st, conv->messages, conv->n_messages, conv->tools, &text, &len, err);
     if (rc)
         return rc;
+    if (ch->show_prompt) {
+        fputs("--- prompt ---\n", stderr);
+        fwrite(text, 1, len, stderr);
+        fputs("\n--- end ---\n", stderr);
+        fflush(stderr);
+    }
     int seq_len = tp_model_get_config(ch->model)->seq_len;
     local_job j = {.seq = -1};
     size_t cap = len + 3 > (size_t)seq_len ? len + 3 : (size_t)seq_len;
@@ -880,6 +888,10 @@ static int parse(chat *ch, int argc, char **argv, tp_err *err)
             ch->verbose = true;
             continue;
         }
+        if (!strcmp(f, "--show-prompt")) {
+            ch->show_prompt = true;
+            continue;
+        }
         bool valued = !strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--template") ||
                       !strcmp(f, "--system");
         if (!valued)
@@ -902,8 +914,9 @@ static int parse(chat *ch, int argc, char **argv, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "--grammar/--json-schema/--json-mode: not for a conversation");
     if (ch->g.json || ch->g.logprobs)
         return tp_err_set(err, TP_EINVAL, "--json/--logprobs: not for a conversation");
-    if ((ch->tok_path || ch->template_path) && !ch->model_path)
-        return tp_err_set(err, TP_EINVAL, "--tokenizer/--template: only with --model (the daemon has its own)");
+    if ((ch->tok_path || ch->template_path || ch->show_prompt) && !ch->model_path)
+        return tp_err_set(err, TP_EINVAL, "--tokenizer/--template/--show-prompt: only with --model (the daemon renders "
+                          "with its own template)");
     return 0;
 }
 
