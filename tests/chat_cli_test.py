@@ -61,11 +61,11 @@ def load(path):
         return json.load(f)
 
 
-def render(messages):
+def render(messages, **kw):
     with open(TEMPLATE, encoding="utf-8") as f:
         source = f.read()
     return oracle_env().from_string(source).render(messages=messages, add_generation_prompt=True,
-                                                   bos_token="<s>", eos_token="</s>")
+                                                   bos_token="<s>", eos_token="</s>", **kw)
 
 
 class ChatInProcess(unittest.TestCase):
@@ -123,6 +123,17 @@ class ChatInProcess(unittest.TestCase):
                             stdin=b"Again\n")
         self.assertEqual(rc, 0, err)
         self.assertEqual(prompts_of(err)[0], render(hc[:4]))
+
+    def test_tools_are_offered_in_the_prompt(self):
+        from chat_template_test import WEATHER_TOOL
+        tools = os.path.join(self.dir, "tools.json")
+        with open(tools, "w") as f:
+            json.dump([WEATHER_TOOL], f)
+        rc, out, err = chat("--model", STORIES, "--template", TEMPLATE, "--tools", tools, "--show-prompt", *GREEDY,
+                            stdin=b"Weather in Paris?\n")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(prompts_of(err)[0], render([{"role": "user", "content": "Weather in Paris?"}],
+                                                    tools=[WEATHER_TOOL]))
 
     def test_multi_line_input_and_help(self):
         saved = os.path.join(self.dir, "m.json")
