@@ -97,6 +97,7 @@ class ChatInProcess(unittest.TestCase):
         st = status_lines(err)
         self.assertEqual(len(st), 2, err)
         self.assertGreater(st[1][0], st[0][0])
+        self.assertGreater(st[1][1], 0, "in process too, turn 2 takes the pages of turn 1: " + err)
 
     def test_a_model_without_a_template_is_named_with_the_way_out(self):
         rc, out, err = chat("--model", STORIES, stdin=b"Hi\n")

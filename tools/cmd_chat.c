@@ -486,8 +486,14 @@ static int local_turn(chat *ch, const genopts *conv, reply *r, tp_err *err)
     if (!rc && !(rc = tp_stop_new(&sc, &j.stop, err)) &&
         !(rc = tp_sampler_new(&sp, ch->vocab, j.ids, n, &j.sampler, err)) &&
         !(rc = tp_detok_new(ch->tok, j.ids[n - 1], &j.detok, err)) &&
-        !(rc = tp_tcsplit_new(&syn, &so, &j.split, err)) && !(rc = tp_forward_seq_open(ch->fwd, &j.seq, err)))
+        !(rc = tp_tcsplit_new(&syn, &so, &j.split, err)) && !(rc = tp_forward_seq_open(ch->fwd, &j.seq, err))) {
         tp_tcsplit_controls(j.split, ch->tok);
+        /* the forward pass's prefix cache keeps the pages of the turns
+         * before (exact: the same logits as computing them again) */
+        int took = tp_forward_seq_reuse(ch->fwd, j.seq, 0, (const int *)j.ids, (int)n, true);
+        j.n_fed = took > 0 ? (size_t)took : 0;
+        r->cached_tokens = (uint32_t)j.n_fed;
+    }
 
     float *logits = rc ? NULL : malloc(sizeof *logits * (size_t)ch->vocab);
     if (!rc && !logits)
