@@ -19,7 +19,7 @@
 
 CC       ?= cc
 FUZZ_CC  ?= clang
-PKGS     := libzmq msgpack openblas yaml-0.1 libsystemd libcjson libpcre2-8 libutf8proc libmicrohttpd
+PKGS     := libzmq msgpack openblas yaml-0.1 libsystemd libcjson libpcre2-8 libutf8proc libmicrohttpd libedit
 SAN      ?= 0
 FUZZ_SECONDS ?= 30
 # make check's share per target: a smoke run that keeps CI under 20 minutes

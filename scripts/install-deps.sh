@@ -6,10 +6,12 @@ set -euo pipefail
 PKGS=(
   build-essential pkg-config clang libclang-rt-14-dev
   libzmq3-dev libmsgpack-dev libopenblas-dev libyaml-dev libsystemd-dev
-  libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev
+  libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libedit-dev
   python3 python3-zmq python3-msgpack python3-sentencepiece python3-numpy python3-jinja2
   json-schema-test-suite python3-jsonschema
   systemd
+  # tokpipe chat's tests drive it in a real terminal
+  tmux
   libmicrohttpd-dev curl prometheus nodejs
   # make bench builds llama.cpp's llama-bench from source (its baseline);
   # build-essential brings the C++ compiler

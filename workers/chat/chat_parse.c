@@ -20,7 +20,7 @@ typedef struct parser {
 /* Filters, tests and the statements the renderer implements: anything else
  * is refused at parse time. */
 static const char *const FILTERS[] = {
-    "abs", "capitalize", "count", "d", "default", "e", "escape", "first", "float", "indent", "int",
+    "abs", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first", "float", "indent", "int",
     "items", "join", "last", "length", "list", "lower", "map", "reject", "rejectattr", "replace",
     "reverse", "safe", "select", "selectattr", "string", "tojson", "trim", "unique", "upper", NULL,
 };

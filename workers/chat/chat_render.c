@@ -694,6 +694,113 @@ static val *ascii_case(rctx *c, val *v, int mode, int line, const char *what)
     return r;
 }
 
+static val *items_of(rctx *c, val *d, int line);
+
+/* Python's str.lower() for dictsort's case-insensitive keys: ASCII and
+ * Latin-1 letters folded here; text with another code point that has a case
+ * (Latin Extended, Greek, Cyrillic, ...) is refused rather than ordered
+ * differently from Python. Other values are returned as they are. */
+static val *fold_key(rctx *c, val *v, int line)
+{
+    if (v->type != V_STR)
+        return v;
+    val *r = mk_str(c, v->str.s, v->str.n, line);
+    if (!r)
+        return NULL;
+    unsigned char *d = (unsigned char *)r->str.s;
+    for (size_t i = 0; i < r->str.n;) {
+        size_t l = u8_len(d[i]);
+        if (l == 1) {
+            if (d[i] >= 'A' && d[i] <= 'Z')
+                d[i] = (unsigned char)(d[i] + 32);
+        } else if (l == 2 && i + 1 < r->str.n) {
+            uint32_t cp = ((uint32_t)(d[i] & 0x1f) << 6) | (d[i + 1] & 0x3f);
+            if (cp >= 0xc0 && cp <= 0xde && cp != 0xd7) {   /* À..Þ -> à..þ, not × */
+                cp += 0x20;
+                d[i + 1] = (unsigned char)(0x80 | (cp & 0x3f));
+            } else if (cp >= 0x100) {
+                return rfail(c, TP_EINVAL, line, "unsupported construct: dictsort of keys with cased letters past Latin-1");
+            }
+        } else if (l == 3 && i + 2 < r->str.n) {
+            uint32_t cp = ((uint32_t)(d[i] & 0x0f) << 12) | ((uint32_t)(d[i + 1] & 0x3f) << 6) | (d[i + 2] & 0x3f);
+            if ((cp >= 0x10a0 && cp <= 0x10ff) || (cp >= 0x13a0 && cp <= 0x13ff) || (cp >= 0x1c80 && cp <= 0x1cbf) ||
+                (cp >= 0x1e00 && cp <= 0x1fff) || (cp >= 0x2100 && cp <= 0x218f) || (cp >= 0x24b6 && cp <= 0x24cf) ||
+                (cp >= 0x2c00 && cp <= 0x2d2f) || (cp >= 0xa640 && cp <= 0xa7ff) || (cp >= 0xff21 && cp <= 0xff3a))
+                return rfail(c, TP_EINVAL, line, "unsupported construct: dictsort of keys with cased letters past Latin-1");
+        } else if (l == 4) {
+            return rfail(c, TP_EINVAL, line, "unsupported construct: dictsort of keys with cased letters past Latin-1");
+        }
+        i += l;
+    }
+    return r;
+}
+
+/* Jinja's dictsort: sorted(d.items(), key=item[pos] (lowered unless
+ * case_sensitive), reverse=reverse). A stable merge sort, so equal keys keep
+ * the dict's order either way, as Python's sorted(reverse=True) does. */
+static val *do_dictsort(rctx *c, val *v, val *case_sensitive, val *by, val *reverse, int line)
+{
+    size_t pos;
+    if (!by || (by->type == V_STR && by->str.n == 3 && !memcmp(by->str.s, "key", 3)))
+        pos = 0;
+    else if (by->type == V_STR && by->str.n == 5 && !memcmp(by->str.s, "value", 5))
+        pos = 1;
+    else
+        return rfail(c, TP_EFORMAT, line, "You can only sort by either \"key\" or \"value\"");
+    if (v->type == V_UNDEF)
+        return rfail(c, TP_EFORMAT, line, "dictsort of an undefined value");
+    if (v->type != V_DICT)
+        return rfail(c, TP_EFORMAT, line, "'%s' object has no attribute 'items'", type_name(v));
+    val *l = items_of(c, v, line);
+    size_t n = v->dict.n;
+    if (!l || n < 2)
+        return l;
+    int cs = case_sensitive && truthy(case_sensitive), rev = reverse && truthy(reverse);
+    val **key = tp_chat_alloc(c->ar, n * sizeof *key), **tmp = tp_chat_alloc(c->ar, n * sizeof *tmp);
+    val **ktmp = tp_chat_alloc(c->ar, n * sizeof *ktmp);
+    if (!key || !tmp || !ktmp)
+        return oom(c, line);
+    for (size_t k = 0; k < n; k++) {
+        key[k] = l->list.v[k]->list.v[pos];
+        if (!cs && !(key[k] = fold_key(c, key[k], line)))
+            return NULL;
+    }
+    val **it = l->list.v;
+    for (size_t w = 1; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            size_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) {
+                int res;
+                if (step(c, line))
+                    return NULL;
+                if (rev ? val_order(key[i], key[j], &res) : val_order(key[j], key[i], &res))
+                    return rfail(c, TP_EFORMAT, line, "'<' not supported between instances of '%s' and '%s'",
+                                 type_name(key[j]), type_name(key[i]));
+                /* take the right one only when it sorts strictly first */
+                if (res < 0) {
+                    ktmp[o] = key[j];
+                    tmp[o++] = it[j++];
+                } else {
+                    ktmp[o] = key[i];
+                    tmp[o++] = it[i++];
+                }
+            }
+            while (i < mid) {
+                ktmp[o] = key[i];
+                tmp[o++] = it[i++];
+            }
+            while (j < hi) {
+                ktmp[o] = key[j];
+                tmp[o++] = it[j++];
+            }
+        }
+        memcpy(it, tmp, n * sizeof *it);
+        memcpy(key, ktmp, n * sizeof *key);
+    }
+    return l;
+}
+
 /* Items of an iterable: list items, dict keys, string characters. */
 static int iter_items(rctx *c, val *v, val ***items, size_t *n, int line)
 {
@@ -1505,6 +1612,8 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             return rfail(c, TP_EFORMAT, line, "|items expects a mapping, got %s", type_name(v));
         return items_of(c, v, line);
     }
+    if (IS("dictsort"))
+        return do_dictsort(c, v, A(0, "case_sensitive"), A(1, "by"), A(2, "reverse"), line);
     if (IS("length") || IS("count")) {
         switch (v->type) {
         case V_UNDEF: return mk_int(c, 0, line);
