@@ -72,6 +72,7 @@ typedef struct jc {
     int next;
     int depth;
     unsigned fmt;
+    int nstr; /* string rules written by compile_string_dfa */
     bool never_rule;
     /* rules being compiled (a stack) and where the ones still at their
      * left edge (nothing written yet) begin: naming one of those again is
@@ -856,6 +857,38 @@ static int get_count(jc *c, const cJSON *s, const char *kw, long long dflt, long
 
 #define JS_UNBOUNDED (-1LL)
 
+/* A format and/or pattern that must hold with the lengths mn..mx (SIZE_MAX:
+ * no bound): each a DFA, both intersected, written as rules (jschema_dfa.c). */
+static int compile_string_dfa(jc *c, const char *fmt, const char *pat, size_t mn, size_t mx, tp_buf *b)
+{
+    tp_err e = {0};
+    jdfa *x = NULL, *y = NULL, *z = NULL;
+    const char *what = fmt && pat ? "format with pattern" : fmt ? "format with minLength/maxLength"
+                                                                : "pattern with minLength/maxLength";
+    int rc = 0;
+    if (fmt) {
+        const char *re = fmt_regex(fmt);
+        rc = rx_compile_dfa(re, strlen(re), c->o->max_depth, JS_MAX_DFA_STATES, &x, &e);
+    }
+    if (!rc && pat) rc = rx_compile_dfa(pat, strlen(pat), c->o->max_depth, JS_MAX_DFA_STATES, fmt ? &y : &x, &e);
+    if (!rc && x && y && !(z = jdfa_product(x, y, JS_MAX_DFA_STATES, &e))) rc = e.code ? e.code : TP_ENOMEM;
+    if (!rc) {
+        tp_buf expr;
+        tp_buf_init(&expr, 256);
+        char base[32];
+        snprintf(base, sizeof base, "str%d", c->nstr++);
+        rc = jdfa_write(z ? z : x, mn, mx, base, JS_MAX_LEN_RULES, &c->out, &expr, &e);
+        if (!rc) tp_buf_printf(b, "\"\\\"\" %s \"\\\"\"", expr.data);
+        tp_buf_free(&expr);
+    }
+    jdfa_free(x);
+    jdfa_free(y);
+    jdfa_free(z);
+    if (rc == 1) return NEVER;
+    if (rc) return jfail(c, rc, "%s: %s", what, e.msg);
+    return 0;
+}
+
 static int compile_string(jc *c, const cJSON *s, tp_buf *b)
 {
     long long mn, mx;
@@ -865,41 +898,38 @@ static int compile_string(jc *c, const cJSON *s, tp_buf *b)
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
     if (pat && !cJSON_IsString(pat)) return jfail(c, TP_EINVAL, "pattern: expected a string");
     if (fmt && !cJSON_IsString(fmt)) return jfail(c, TP_EINVAL, "format: expected a string");
-    if (pat && fmt) return jfail(c, TP_EINVAL, "pattern together with format '%.64s' is not supported", fmt->valuestring);
     size_t lo = 0, hi = SIZE_MAX;
-    const char *what = NULL;
+    unsigned needs = 0;
+    if (fmt && fmt_lookup(fmt->valuestring, &needs, &lo, &hi))
+        return jfail(c, TP_EINVAL, "format '%.64s' is not supported (date, time, date-time, uuid, email, ipv4 are)",
+                     fmt->valuestring);
     tp_buf body;
     tp_buf_init(&body, c->o->max_gbnf_bytes);
-    if (fmt) {
-        if (fmt_lookup(fmt->valuestring, &c->fmt, &lo, &hi)) {
-            tp_buf_free(&body);
-            return jfail(c, TP_EINVAL, "format '%.64s' is not supported (date, time, date-time, uuid, email, ipv4 are)",
-                         fmt->valuestring);
-        }
-        tp_buf_printf(&body, "fmt-%s", fmt->valuestring);
-        what = "format";
-    } else if (pat) {
+    if (pat) {
         tp_err e;
-        int rc = rx_compile_expr(pat->valuestring, strlen(pat->valuestring), true, "char", c->o->max_depth, &body, &lo,
-                                 &hi, &e);
+        size_t plo, phi;
+        int rc = rx_compile_expr(pat->valuestring, strlen(pat->valuestring), true, "char", c->o->max_depth, &body, &plo,
+                                 &phi, &e);
         if (rc) {
             tp_buf_free(&body);
             return jfail(c, rc, "%s", e.msg);
         }
-        what = "pattern";
+        if (!fmt) lo = plo, hi = phi;
     }
-    if (what) {
-        bool lo_ok = (size_t)mn <= lo, hi_ok = mx == JS_UNBOUNDED || (hi != SIZE_MAX && hi <= (size_t)mx);
-        bool disjoint = (mx != JS_UNBOUNDED && lo > (size_t)mx) || (hi != SIZE_MAX && hi < (size_t)mn);
-        if (disjoint) {
-            tp_buf_free(&body);
-            return NEVER;
-        }
-        if (!lo_ok || !hi_ok) {
-            tp_buf_free(&body);
-            return jfail(c, TP_EINVAL, "%s with minLength/maxLength: cannot enforce both (the %s allows %zu..%s characters)",
-                         what, what, lo, hi == SIZE_MAX ? "unbounded" : "bounded");
-        }
+    size_t umx = mx == JS_UNBOUNDED ? SIZE_MAX : (size_t)mx;
+    bool always = (size_t)mn <= lo && (umx == SIZE_MAX || (hi != SIZE_MAX && hi <= umx));
+    if ((fmt || pat) && ((umx != SIZE_MAX && lo > umx) || (hi != SIZE_MAX && hi < (size_t)mn))) {
+        tp_buf_free(&body); /* the lengths exclude every string of the format or pattern */
+        return NEVER;
+    }
+    int r = 0;
+    if ((fmt || pat) && (!always || (fmt && pat))) {
+        /* all must hold: the intersection of their automata within the lengths */
+        r = compile_string_dfa(c, fmt ? fmt->valuestring : NULL, pat ? pat->valuestring : NULL, (size_t)mn, umx, b);
+    } else if (fmt) {
+        c->fmt |= needs;
+        tp_buf_printf(b, "\"\\\"\" fmt-%s \"\\\"\"", fmt->valuestring);
+    } else if (pat) {
         tp_buf_printf(b, "\"\\\"\" %s \"\\\"\"", body.data);
     } else if (!mn && mx == JS_UNBOUNDED) {
         tp_buf_puts(b, "string");
@@ -910,7 +940,7 @@ static int compile_string(jc *c, const cJSON *s, tp_buf *b)
     }
     if (body.err) tp_buf_fail(b, TP_ERANGE);
     tp_buf_free(&body);
-    return 0;
+    return r;
 }
 
 /* ---- objects ----------------------------------------------------------- */
@@ -1575,7 +1605,11 @@ static int finish(jc *c, int root, char **gbnf)
     tp_buf_printf(&all, "root ::= s%d\n", root);
     tp_buf_add(&all, c->out.data ? c->out.data : "", c->out.len);
     tp_buf_puts(&all, common_rules);
-    fmt_rules(&all, c->fmt);
+    tp_err fe = {0};
+    if (fmt_rules(&all, c->fmt, c->o->max_depth, &fe)) {
+        tp_buf_free(&all);
+        return tp_err_set(c->err, fe.code, "json schema: %s", fe.msg);
+    }
     if (c->never_rule) tp_buf_puts(&all, "never ::= [^\\x00-\\U0010FFFF]\n");
     if (c->out.err == TP_ENOMEM || all.err == TP_ENOMEM) {
         tp_buf_free(&all);
