@@ -474,7 +474,42 @@ static void jschema_refuses_what_it_cannot_enforce_naming_it(void **state)
         {"{\"type\":", "not valid JSON"},
         {"{} x", "text after the JSON value"},
     };
-    for (size_t i = 0; i < sizeof kws / sizeof kws[0]; i++) expect_refused(kws[i][0], kws[i][1]);
+    for (size_t i = 0; i < sizeof kws / sizeof kws[0]; i++) {
+        expect_refused(kws[i][0], kws[i][1]);
+        /* every refusal of a schema that parses says where, and what is there */
+        char *g = NULL;
+        tp_err err = {0};
+        tp_jschema_to_gbnf(kws[i][0], strlen(kws[i][0]), NULL, &g, &err);
+        if (!strstr(kws[i][1], "JSON") && !strstr(err.msg, " (at \""))
+            fail_msg("schema %s: refusal '%s' names no JSON pointer", kws[i][0], err.msg);
+    }
+}
+
+/* the pointer (RFC 6901: ~0 for ~, ~1 for /) and the value, nested and
+ * behind merging too */
+static void jschema_refusals_name_the_pointer_and_the_value(void **state)
+{
+    (void)state;
+    static const char *const cs[][2] = {
+        {"{\"type\":\"strnig\"}", "(at \"/type\": \"strnig\")"},
+        {"{\"properties\":{\"a\":{\"items\":{\"type\":\"strnig\"}}}}", "(at \"/properties/a/items/type\": \"strnig\")"},
+        {"{\"properties\":{\"a/b~c\":{\"type\":[\"string\",7]}}}", "(at \"/properties/a~1b~0c/type/1\": 7)"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{\"items\":{\"type\":\"x\"}}}}]}", "(at \"/allOf/0/properties/a/items/type\": \"x\")"},
+        {"{\"$defs\":{\"p\":{\"properties\":{\"n\":{\"minimum\":\"1\"}}}},\"$ref\":\"#/$defs/p\"}",
+         "(at \"/$defs/p/properties/n/minimum\": \"1\")"},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"minLength\":-1}]}", "(at \"/anyOf/1/minLength\": -1)"},
+        {"{\"prefixItems\":[{},{\"multipleOf\":3}]}", "(at \"/prefixItems/1/multipleOf\": 3)"},
+        {"{\"type\":\"string\",\"format\":\"uri\"}", "(at \"/format\": \"uri\")"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "(at \"/pattern\": \"(a)\\\\1\")"},
+        {"{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", "(at \"/oneOf/1\": {\"minimum\":2})"},
+        {"{\"properties\":{\"x\":{\"type\":\"integer\",\"minimum\":5,\"maximum\":1}},\"required\":[\"x\"]}",
+         "(at \"/properties/x\": {\"type\":\"integer\",\"minimum\":5,\"maximum\":1})"},
+        {"[1]", "(at \"\": [1])"},
+        /* a long value is cut, with an ellipsis */
+        {"{\"properties\":{\"d\":{\"not\":{\"description\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}}}}",
+         "(at \"/properties/d/not\": {\"description\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\u2026)"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) expect_refused(cs[i][0], cs[i][1]);
 }
 
 static void jschema_annotations_are_fine(void **state)
@@ -614,6 +649,7 @@ int main(void)
         cmocka_unit_test(jschema_patterns),
         cmocka_unit_test(jschema_formats_and_patterns_hold_with_lengths_and_each_other),
         cmocka_unit_test(jschema_refuses_what_it_cannot_enforce_naming_it),
+        cmocka_unit_test(jschema_refusals_name_the_pointer_and_the_value),
         cmocka_unit_test(jschema_annotations_are_fine),
         cmocka_unit_test(jschema_hostile_input_is_bounded),
         cmocka_unit_test(regex_to_gbnf_matches_in_full),

@@ -1605,7 +1605,7 @@ static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
         for (int x = 0; x < nb; x++)
             for (int y = x + 1; y < nb; y++)
                 if (!disjoint(c, br[x], br[y])) {
-                    rc = jfail(c, cJSON_GetArrayItem(any, x), TP_EINVAL, "oneOf: branches %d and %d may both match; only oneOf with branches "
+                    rc = jfail(c, cJSON_GetArrayItem(any, y), TP_EINVAL, "oneOf: branches %d and %d may both match; only oneOf with branches "
                                              "that exclude each other (types, constants, required/forbidden keys) is supported",
                                x, y);
                     goto out;
