@@ -540,6 +540,9 @@ static void jschema_hostile_input_is_bounded(void **state)
     assert_int_equal(tp_jschema_to_gbnf(deep, k, NULL, &g, &err), TP_ERANGE);
     assert_non_null(strstr(err.msg, "deeper"));
     free(deep);
+    /* automata for a format/pattern with lengths: bounded in steps, not only states */
+    expect_refused("{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^(.|..){0,2000}$\"}", "steps to build");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"^[ab]{0,4000}$\",\"minLength\":1}", "grammar rules");
     /* a schema past the byte limit */
     tp_jschema_opts o;
     tp_jschema_opts_default(&o);

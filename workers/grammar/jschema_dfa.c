@@ -293,7 +293,7 @@ jdfa *jdfa_from_nfa(const jnfa *a, int start, int accept, int max_states, tp_err
     if (sub_intern(&ss, &map, buf, nb) < 0) goto oom;
     /* each subset in id order becomes DFA state id: its transitions go to
      * the subsets of the elementary intervals of its edges' sets */
-    size_t cbd = 0;
+    size_t cbd = 0, work = 0;
     int cedges = 0;
     for (int id = 0; id < ss.n; id++) {
         if (ss.n > max_states) {
@@ -333,6 +333,15 @@ jdfa *jdfa_from_nfa(const jnfa *a, int start, int accept, int max_states, tp_err
                 }
             }
         if (!ne) continue;
+        /* a pattern like (.|..){0,2000} has subsets that grow with the
+         * state count: bound the whole construction, not only its states */
+        work += nm + (size_t)ne + nbd;
+        if (work > JS_MAX_DFA_WORK) {
+            jdfa_free(d);
+            d = NULL;
+            tp_err_set(err, TP_ERANGE, "the automaton takes more than %d steps to build", JS_MAX_DFA_WORK);
+            goto out;
+        }
         qsort(bd, nbd, sizeof *bd, cmp_u32);
         size_t u = 0;
         for (size_t i = 0; i < nbd; i++)
@@ -549,9 +558,13 @@ static bool grouped(const jdfa *d, const int *cl, int s, int ncl, cset *by, int 
     return true;
 }
 
-/* the minimal DFA of d's language (caller frees); NULL out of memory */
-static jdfa *jdfa_minimize(const jdfa *d)
+/* the minimal DFA of d's language (caller frees); NULL out of memory, or
+ * with *big when refining would take more than JS_MAX_DFA_WORK steps (a
+ * long chain refines one state per round): then d is used as it is */
+static jdfa *jdfa_minimize(const jdfa *d, bool *big)
 {
+    size_t work = 0;
+    *big = false;
     int n = d->n;
     int *cl = malloc((size_t)n * sizeof *cl), *ncl = malloc((size_t)n * sizeof *ncl), *used = malloc((size_t)n * sizeof *used);
     cset *by = calloc((size_t)n, sizeof *by);
@@ -561,6 +574,12 @@ static jdfa *jdfa_minimize(const jdfa *d)
     bool ok = cl && ncl && used && by && sg;
     for (int s = 0; ok && s < n; s++) cl[s] = d->acc[s];
     for (int prev = -1; ok;) {
+        work += (size_t)n + (size_t)d->nt;
+        if (work > JS_MAX_DFA_WORK) {
+            *big = true;
+            ok = false;
+            break;
+        }
         for (int s = 0; ok && s < n; s++) {
             tp_buf b;
             tp_buf_init(&b, (size_t)1 << 30);
@@ -709,9 +728,10 @@ static int write_min(const jdfa *d, size_t lo, size_t hi, const char *base, int 
 int jdfa_write(const jdfa *d, size_t lo, size_t hi, const char *base, int max_rules, tp_buf *rules, tp_buf *expr,
                tp_err *err)
 {
-    jdfa *m = jdfa_minimize(d);
-    if (!m) return tp_err_set(err, TP_ENOMEM, "out of memory");
-    int rc = write_min(m, lo, hi, base, max_rules, rules, expr, err);
+    bool big;
+    jdfa *m = jdfa_minimize(d, &big);
+    if (!m && !big) return tp_err_set(err, TP_ENOMEM, "out of memory");
+    int rc = write_min(m ? m : d, lo, hi, base, max_rules, rules, expr, err);
     jdfa_free(m);
     return rc;
 }

@@ -126,6 +126,7 @@ int jdfa_write(const jdfa *d, size_t lo, size_t hi, const char *base, int max_ru
 int rx_compile_dfa(const char *re, size_t len, int max_depth, int max_states, jdfa **out, tp_err *err);
 
 #define JS_MAX_DFA_STATES 4096     /* states of one string keyword's automaton, or of two intersected */
+#define JS_MAX_DFA_WORK 4000000   /* subset members, edges and boundaries visited building one DFA */
 #define JS_MAX_LEN_STATES 100000   /* (state, count) pairs explored for minLength/maxLength */
 #define JS_MAX_LEN_RULES 3000      /* rules written for one string with its lengths */
 

@@ -639,13 +639,15 @@ static int rx_nfa(const rxp *p, jnfa *a, int x, int from)
             jnfa_edge(a, rx_nfa(p, a, n->kid[0], loop), loop, NULL);
             return loop;
         }
+        /* the optional copies each may stop at one end state: closures
+         * stay small (a chain of x? would hold every later copy in each) */
+        end = jnfa_state(a);
         for (long k = n->min; k < n->max; k++) {
-            end = jnfa_state(a);
             jnfa_edge(a, cur, end, NULL);
-            jnfa_edge(a, rx_nfa(p, a, n->kid[0], cur), end, NULL);
-            cur = end;
+            cur = rx_nfa(p, a, n->kid[0], cur);
         }
-        return cur;
+        jnfa_edge(a, cur, end, NULL);
+        return end;
     }
     default: return from; /* anchors: at the ends, handled by the caller */
     }
