@@ -97,7 +97,7 @@ typedef struct jc {
 #define JS_ERR_POINTER_BYTES 160 /* its JSON pointer, likewise */
 
 /* the JSON pointer (RFC 6901) of node `at` under n, by identity, appended
- * to p (length *len); false when not there */
+ * to p; false (p as it was) when not there */
 static bool path_to(const cJSON *n, const cJSON *at, tp_buf *p)
 {
     if (n == at) return true;
@@ -160,11 +160,10 @@ static bool locate(const jc *c, const cJSON *at, tp_buf *p, int hops)
 
 /* " (at \"POINTER\": VALUE)" for node at, or for the innermost schema being
  * compiled that can be located when at itself cannot */
-static void where(const jc *c, const cJSON *at, char *out, size_t cap)
+static void refusal_at(const jc *c, const cJSON *at, char *out, size_t cap)
 {
     tp_buf p;
     tp_buf_init(&p, 1u << 16);
-    tp_buf_puts(&p, "");
     bool found = locate(c, at, &p, 0);
     for (int i = c->nopen - 1; !found && i >= 0; i--) {
         p.len = 0;
@@ -205,7 +204,7 @@ static int jfail(jc *c, const cJSON *at, int code, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        if (code != TP_ENOMEM) where(c, at, loc, sizeof loc);
+        if (code != TP_ENOMEM) refusal_at(c, at, loc, sizeof loc);
         c->rc = code;
         tp_err_set(c->err, code, "json schema: %s%s", msg, loc);
     }
@@ -1756,13 +1755,13 @@ static int finish(jc *c, int root, char **gbnf)
     if (root == FAIL) return c->rc;
     char loc[JS_ERR_POINTER_BYTES + JS_ERR_VALUE_BYTES + 64];
     if (root == NEVER) {
-        where(c, c->root, loc, sizeof loc);
+        refusal_at(c, c->root, loc, sizeof loc);
         return tp_err_set(c->err, TP_EINVAL, "json schema: accepts no value at all%s", loc);
     }
     /* GBNF has no element that matches nothing (the engine refuses an empty
      * class), so a subschema no value satisfies is refused, not written */
     if (c->never_rule) {
-        where(c, c->never_at, loc, sizeof loc);
+        refusal_at(c, c->never_at, loc, sizeof loc);
         return tp_err_set(c->err, TP_EINVAL, "json schema: a subschema accepts no value (e.g. minimum above maximum)%s", loc);
     }
     tp_buf all;

@@ -544,7 +544,7 @@ static int cmp_sig(const void *a, const void *b)
 
 /* state s's transitions grouped by the class of their target: the union of
  * the sets going to each class, in class order */
-static bool grouped(const jdfa *d, const int *cl, int s, int ncl, cset *by, int *used, int *nu)
+static bool grouped(const jdfa *d, const int *cl, int s, cset *by, int *used, int *nu)
 {
     *nu = 0;
     for (int t = d->first[s]; t < d->first[s + 1]; t++) {
@@ -553,7 +553,6 @@ static bool grouped(const jdfa *d, const int *cl, int s, int ncl, cset *by, int 
         jcs_add_set(&by[k], &d->t[t].set);
         if (by[k].oom) return false;
     }
-    (void)ncl;
     qsort(used, (size_t)*nu, sizeof *used, cmp_int);
     return true;
 }
@@ -586,7 +585,7 @@ static jdfa *jdfa_minimize(const jdfa *d, bool *big)
             uint32_t w = (uint32_t)cl[s];
             tp_buf_add(&b, &w, sizeof w);
             int nu;
-            ok = grouped(d, cl, s, n, by, used, &nu);
+            ok = grouped(d, cl, s, by, used, &nu);
             for (int i = 0; ok && i < nu; i++) {
                 int k = used[i];
                 w = (uint32_t)k;
@@ -631,8 +630,6 @@ static jdfa *jdfa_minimize(const jdfa *d, bool *big)
         for (int k = 0; ok && k < classes; k++) {
             int s = rep[k];
             if (dfa_state(m, d->acc[s]) < 0) break;
-            int tmp[1];
-            (void)tmp;
             /* the sets to each target class, merged */
             for (int t = d->first[s]; t < d->first[s + 1]; t++) jcs_add_set(&by[cl[d->t[t].to]], &d->t[t].set);
             for (int t = d->first[s]; t < d->first[s + 1]; t++) {
