@@ -409,6 +409,27 @@ static void jschema_formats_and_patterns_hold_with_lengths_and_each_other(void *
     }
 }
 
+/* Pydantic's EmailStr with max_length 254: the longest address fits, one
+ * character more does not, and the engine takes the grammar within its
+ * default limits (compile_schema) */
+static void jschema_email_at_its_longest(void **state)
+{
+    (void)state;
+    gbt *o = compile_schema("{\"type\":\"string\",\"format\":\"email\",\"maxLength\":254,\"title\":\"Email\"}");
+    char s[300];
+    for (int len = 253; len <= 255; len++) {
+        /* 64 characters, "@", and labels "a." ending in "b" or "bc" */
+        int n = snprintf(s, sizeof s, "\"%.64s@", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz");
+        int d = len - 65;
+        for (int k = 0; k < (d - 1) / 2; k++) n += snprintf(s + n, sizeof s - (size_t)n, "a.");
+        n += snprintf(s + n, sizeof s - (size_t)n, "%s\"", d % 2 ? "b" : "bc");
+        if (n - 2 != len) fail_msg("the test built %d characters, not %d", n - 2, len);
+        int r = gbt_match(o, s, (size_t)n);
+        if (r != (len <= 254)) fail_msg("an address of %d characters %s", len, r == 1 ? "accepted" : "rejected");
+    }
+    gbt_free(o);
+}
+
 static void jschema_patterns(void **state)
 {
     (void)state;
@@ -651,6 +672,7 @@ int main(void)
         cmocka_unit_test(jschema_formats_are_exact),
         cmocka_unit_test(jschema_patterns),
         cmocka_unit_test(jschema_formats_and_patterns_hold_with_lengths_and_each_other),
+        cmocka_unit_test(jschema_email_at_its_longest),
         cmocka_unit_test(jschema_refuses_what_it_cannot_enforce_naming_it),
         cmocka_unit_test(jschema_refusals_name_the_pointer_and_the_value),
         cmocka_unit_test(jschema_annotations_are_fine),
