@@ -297,6 +297,38 @@ static void gemma3_reads_its_window_pattern_local_base_and_scale(void **state)
     tp_model_free(m);
 }
 
+/* llama.cpp's f_attention_scale for the 27B, told by its block count (62
+ * for gemma3, 46 for gemma2): 1 / sqrt(dim / heads), not of the head size
+ * (gemma_pytorch's query_pre_attn_scalar) */
+static void gemma_27b_block_counts_scale_q_by_dim_over_heads(void **state)
+{
+    (void)state;
+    const char *arch[2] = {"gemma3", "gemma2"}, *shape[2] = {"64x62x4x2", "64x46x4x2"};
+    const char *models = getenv("TP_MODELS");
+    char vocab[512];
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    for (int a = 0; a < 2; a++) {
+        char path[] = "/tmp/tp_test_arch_gemma.XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        tp_synth_shape sh;
+        tp_err e;
+        assert_int_equal(tp_synth_parse_shape(shape[a], &sh, &e), 0);
+        tp_synth_gguf o = {arch[a], vocab, false, false, 32, 0};
+        if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+            fail_msg("mkmodel %s: %s", arch[a], e.msg);
+        tp_model *m = NULL;
+        int rc = tp_model_load(path, &m, &e);
+        unlink(path);
+        if (rc)
+            fail_msg("%s", e.msg);
+        assert_int_equal(tp_model_get_config(m)->head_size, 32);
+        assert_true(tp_model_get_config(m)->attn_scale == 1.0f / sqrtf(16.0f));
+        tp_model_free(m);
+    }
+}
+
 /* gemma2's defaults: a window of 4096 on every other block, the global
  * RoPE, scores capped at 50 and logits at 30 */
 static void gemma2_defaults_to_llama_cpps_window_and_soft_caps(void **state)
@@ -456,6 +488,7 @@ int main(void)
         cmocka_unit_test(phi3_fused_matrices_give_each_part_its_rows),
         cmocka_unit_test(gemma3_reads_its_window_pattern_local_base_and_scale),
         cmocka_unit_test(gemma2_defaults_to_llama_cpps_window_and_soft_caps),
+        cmocka_unit_test(gemma_27b_block_counts_scale_q_by_dim_over_heads),
         cmocka_unit_test(gemma_without_post_norms_epsilon_or_a_window_is_refused_naming_it),
         cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
         cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
