@@ -88,6 +88,22 @@ enum {
     /* {arch}.attention.layer_norm_rms_epsilon must be given (llama.cpp's
      * get_key without a default) */
     TP_ARCHF_EPS_REQUIRED = 1u << 2,
+    /* Gemma: token embeddings times sqrt(dim) (llama.cpp's inp_scaled) */
+    TP_ARCHF_EMBD_SCALE = 1u << 3,
+    /* blk.N.post_attention_norm / post_ffw_norm: RMSNorm of the attention's
+     * and the FFN's output before each residual add */
+    TP_ARCHF_POST_NORMS = 1u << 4,
+    /* the FFN's gate through GELU (tanh approximation), not SiLU
+     * (LLM_FFN_GELU, LLM_FFN_PAR) */
+    TP_ARCHF_GELU = 1u << 5,
+    /* Q times llama.cpp's f_attention_scale before the scores: 1 /
+     * sqrt(head_size), or 1 / sqrt(dim / heads) for the kind's largest
+     * model (big_layers) */
+    TP_ARCHF_Q_SCALE = 1u << 6,
+    /* {arch}.attn_logit_softcapping: scores become c * tanh(score / c) */
+    TP_ARCHF_ATTN_SOFTCAP = 1u << 7,
+    /* {arch}.final_logit_softcapping: logits become c * tanh(logit / c) */
+    TP_ARCHF_FINAL_SOFTCAP = 1u << 8,
 };
 
 typedef struct tp_arch {
@@ -99,11 +115,21 @@ typedef struct tp_arch {
     double norm_eps;     /* attention.layer_norm_rms_epsilon */
     double rope_base;    /* rope.freq_base */
     int context;         /* context_length */
+    /* sliding-window attention (llama.cpp's LLAMA_SWA_TYPE_STANDARD and
+     * set_swa_pattern): with a window, layer l slides when swa_pattern &&
+     * l % swa_pattern < swa_pattern - 1. swa_window: attention.sliding_window's
+     * default; 0: the key may be absent, and then no layer slides (gemma3) */
+    int swa_pattern, swa_window;
+    double swa_rope_base; /* sliding layers' RoPE base, unscaled (gemma3's
+                           * 10000); 0: the global base and scaling */
+    double attn_softcap, final_softcap; /* the softcapping keys' defaults */
+    int big_layers;       /* TP_ARCHF_Q_SCALE: block_count of the 27B */
     const tp_arch_tensor *block; /* the tensors of one block */
     int n_block;
     /* mkmodel: what a typical model of the kind writes (Meta's / Qwen's
      * published configs), for random files */
     float mk_rope_base, mk_norm_eps;
+    int mk_sliding_window;
 } tp_arch;
 
 /* The table (model/archs.c), in the order "supported: ..." lists them. */

@@ -4,13 +4,15 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const tp_arch tp_arch_llama, tp_arch_qwen2, tp_arch_qwen3, tp_arch_phi3;
+extern const tp_arch tp_arch_llama, tp_arch_qwen2, tp_arch_qwen3, tp_arch_phi3, tp_arch_gemma3, tp_arch_gemma2;
 
 const tp_arch *const tp_archs[] = {
     &tp_arch_llama,
     &tp_arch_qwen2,
     &tp_arch_qwen3,
     &tp_arch_phi3,
+    &tp_arch_gemma3,
+    &tp_arch_gemma2,
 };
 const int tp_n_archs = sizeof tp_archs / sizeof tp_archs[0];
 

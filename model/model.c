@@ -360,7 +360,55 @@ static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
     m->cfg.arch = a->id;
     m->cfg.rope_style = a->rope;
     m->cfg.qk_norm = (a->flags & TP_ARCHF_QK_NORM) != 0;
+    m->cfg.embd_scale = (a->flags & TP_ARCHF_EMBD_SCALE) != 0;
+    m->cfg.post_norms = (a->flags & TP_ARCHF_POST_NORMS) != 0;
+    m->cfg.ffn_act = (a->flags & TP_ARCHF_GELU) ? TP_FFN_GELU_TANH : TP_FFN_SILU;
     return 0;
+}
+
+bool tp_model_layer_slides(const tp_model_config *c, int l)
+{
+    return c->swa_window > 0 && c->swa_pattern > 0 && l % c->swa_pattern < c->swa_pattern - 1;
+}
+
+static int softcap(const tp_gguf *g, const char *key, double dflt, float *out, tp_err *err)
+{
+    int rc = gguf_float(g, key, dflt, out, err);
+    if (!rc && !(*out >= 0 && *out < 1e9f))
+        rc = tp_err_set(err, TP_EFORMAT, "gguf: %s = %g is not 0 (none) or positive", key, (double)*out);
+    return rc;
+}
+
+/* Gemma's keys, as llama.cpp's load_hparams reads them (model/arch.h):
+ * the sliding window and its pattern, the sliding layers' RoPE base, the
+ * scale of Q and the soft-capping. */
+static int gguf_gemma(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_config *c = &m->cfg;
+    const tp_arch *a = m->arch;
+    char k[MAX_KEY];
+    int rc = 0;
+    if (a->swa_pattern) {
+        int w = a->swa_window;
+        if ((rc = gguf_int(g, akey(m, "attention.sliding_window", k), a->swa_window, false, &w, err)))
+            return rc;
+        if (w < 0 || (w == 0 && a->swa_window)) /* gemma2's 0 would hide every key, even a query's own */
+            return tp_err_set(err, TP_EFORMAT, "gguf: %s = %d is not a window", k, w);
+        if (w > 0) {
+            c->swa_window = w;
+            c->swa_pattern = a->swa_pattern;
+            c->rope_theta_swa = a->swa_rope_base ? (float)a->swa_rope_base : c->rope_theta;
+            c->rope_swa_scaled = !a->swa_rope_base;
+        }
+    }
+    if (a->flags & TP_ARCHF_Q_SCALE) /* gemma_pytorch's query_pre_attn_scalar, as llama.cpp derives it */
+        c->attn_scale = c->n_layers == a->big_layers ? 1.0f / sqrtf((float)(c->dim / c->n_heads))
+                                                     : 1.0f / sqrtf((float)c->head_size);
+    if (a->flags & TP_ARCHF_ATTN_SOFTCAP)
+        rc = softcap(g, akey(m, "attn_logit_softcapping", k), a->attn_softcap, &c->attn_softcap, err);
+    if (!rc && (a->flags & TP_ARCHF_FINAL_SOFTCAP))
+        rc = softcap(g, akey(m, "final_logit_softcapping", k), a->final_softcap, &c->final_softcap, err);
+    return rc;
 }
 
 static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
@@ -409,7 +457,7 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
                               c->head_size, (a->flags & TP_ARCHF_HEAD_DIM_KEY) ? "attention.key_length"
                                             : "embedding_length / head_count");
     }
-    return 0;
+    return gguf_gemma(m, g, err);
 }
 
 static bool str_is(tp_gguf_str s, const char *z)
@@ -562,6 +610,8 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
         m->cfg.attn_bias = true;
     if (m->cfg.qk_norm && (!lw->q_norm || !lw->k_norm)) /* a bug in an arch file: the flag needs both */
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no attn_q_norm / attn_k_norm", l);
+    if (m->cfg.post_norms && (!lw->rms_att_post || !lw->rms_ffn_post))
+        return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no post_attention_norm / post_ffw_norm", l);
     return 0;
 }
 

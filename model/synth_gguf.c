@@ -158,6 +158,13 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
     }
     if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.freq_base"), a->theta, err);
     if (!rc) rc = tp_gguf_set_f32(b->w, KEY("attention.layer_norm_rms_epsilon"), a->eps, err);
+    if (!rc && a->arch->swa_pattern) /* as the converter writes Gemma's sliding_window */
+        rc = tp_gguf_set_u32(b->w, KEY("attention.sliding_window"),
+                             (uint32_t)(o->sliding_window ? o->sliding_window : a->arch->mk_sliding_window), err);
+    if (!rc && (a->arch->flags & TP_ARCHF_ATTN_SOFTCAP))
+        rc = tp_gguf_set_f32(b->w, KEY("attn_logit_softcapping"), (float)a->arch->attn_softcap, err);
+    if (!rc && (a->arch->flags & TP_ARCHF_FINAL_SOFTCAP) && a->arch->final_softcap > 0)
+        rc = tp_gguf_set_f32(b->w, KEY("final_logit_softcapping"), (float)a->arch->final_softcap, err);
     if (!rc && a->llama3 && o->rope_scaling_keys) {
         rc = tp_gguf_set_str(b->w, KEY("rope.scaling.type"), "llama3", err);
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.factor"), (float)L3_FACTOR, err);
@@ -236,6 +243,9 @@ int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed
         return tp_err_set(err, TP_EINVAL, "mkmodel: --head-dim %d: %s", o->head_dim,
                           (a->arch->flags & TP_ARCHF_HEAD_DIM_KEY) ? "must be even, 2..4096"
                           : "this architecture's head size is dim / heads (it does not read key_length)");
+    if (o->sliding_window && (!a->arch->swa_pattern || o->sliding_window < 1))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --sliding-window %d: %s", o->sliding_window,
+                          a->arch->swa_pattern ? "must be positive" : "this architecture has no sliding window");
     int V = 0;
     rc = vocab_size_of(o->vocab_from, &V, err);
     if (rc)

@@ -50,6 +50,12 @@ static const arch_case CASES[] = {
     /* phi3: fused attn_qkv and gate/up */
     {"phi3", "64x2x4x2", "--separate-output", SPM, NULL},
     {"phi3", "256x2x4x2", "", SPM, "Q8_0"},
+    /* gemma3: windows of 8 on blocks 0-4 (40 generated tokens outgrow
+     * them), block 5 global; gemma2: soft-capping, every other block
+     * sliding */
+    {"gemma3", "64x6x4x2", "--head-dim 32 --sliding-window 8", SPM, NULL},
+    {"gemma3", "256x2x4x2", "--head-dim 64 --sliding-window 16", SPM, "Q4_K_M"},
+    {"gemma2", "64x2x4x2", "--sliding-window 8", SPM, NULL},
 };
 
 /* Write the case's model into dir; its path in out. */
@@ -189,6 +195,14 @@ static void phi3_jobs_in_the_daemon_equal_in_process_run(void **state)
     arch_equals_run(&CASES[9], "");
 }
 
+static void gemma3_and_gemma2_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    arch_equals_run(&CASES[10], "");
+    arch_equals_run(&CASES[11], "");
+    arch_equals_run(&CASES[12], "");
+}
+
 static void small_batches_and_chunks_change_nothing_for_every_architecture(void **state)
 {
     (void)state;
@@ -198,6 +212,8 @@ static void small_batches_and_chunks_change_nothing_for_every_architecture(void 
     arch_equals_run(&CASES[1], tiny);
     arch_equals_run(&CASES[6], tiny);
     arch_equals_run(&CASES[8], tiny);
+    arch_equals_run(&CASES[10], tiny);
+    arch_equals_run(&CASES[12], tiny);
 }
 
 int main(void)
@@ -210,6 +226,7 @@ int main(void)
         cmocka_unit_test(quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(qwen3_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(phi3_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(gemma3_and_gemma2_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(small_batches_and_chunks_change_nothing_for_every_architecture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

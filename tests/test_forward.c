@@ -453,7 +453,7 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
 }
 
 /* A random model of arch (mkmodel's writer), loaded. */
-static tp_model *synth_model(const char *arch, int head_dim)
+static tp_model *synth_model_window(const char *arch, int head_dim, int window)
 {
     char vocab[512], path[] = "/tmp/tp_test_forward_arch.XXXXXX";
     model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", vocab, sizeof vocab);
@@ -463,7 +463,7 @@ static tp_model *synth_model(const char *arch, int head_dim)
     tp_synth_shape sh;
     tp_err e;
     assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {arch, vocab, false, false, head_dim};
+    tp_synth_gguf o = {arch, vocab, false, false, head_dim, window};
     if (tp_synth_write_gguf(path, &sh, 9, &o, &e))
         fail_msg("mkmodel %s: %s", arch, e.msg);
     tp_model *m = NULL;
@@ -473,6 +473,8 @@ static tp_model *synth_model(const char *arch, int head_dim)
         fail_msg("%s", e.msg);
     return m;
 }
+
+static tp_model *synth_model(const char *arch, int head_dim) { return synth_model_window(arch, head_dim, 0); }
 
 /* A random qwen3: heads of 32 where dim / heads is 16, Q/K norms, NEOX
  * RoPE; the same invariance on every path and cache type. */
@@ -497,6 +499,29 @@ static void phi3_is_batch_chunk_and_thread_invariant(void **state)
     model_batch_invariance(m, false, TP_KV_F32);
     model_batch_invariance(m, false, TP_KV_F16);
     tp_model_free(m);
+}
+
+/* Random gemma3 and gemma2 with windows of 4 (gemma3's two blocks slide,
+ * with RoPE base 10000; gemma2's block 1 sees everything): the prompts of
+ * up to 12 and 6 decode steps outgrow the window, so a window starts inside
+ * a page and, with decode, past the first one. */
+static void gemma3_and_gemma2_are_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    const char *arch[2] = {"gemma3", "gemma2"};
+    for (int a = 0; a < 2; a++) {
+        tp_model *m = synth_model_window(arch[a], a ? 0 : 32, 4);
+        const tp_model_config *c = tp_model_get_config(m);
+        assert_int_equal(c->swa_window, 4);
+        assert_true(tp_model_layer_slides(c, 0));
+        assert_int_equal(tp_model_layer_slides(c, 1), a == 0);
+        assert_true(c->post_norms && c->embd_scale && c->ffn_act == TP_FFN_GELU_TANH);
+        for (int scalar = 0; scalar < 2; scalar++) {
+            model_batch_invariance(m, scalar, TP_KV_F32);
+            model_batch_invariance(m, scalar, TP_KV_F16);
+        }
+        tp_model_free(m);
+    }
 }
 
 static void batched_mixed_prefill_and_decode_logits_equal_alone_bitwise(void **state)
@@ -929,6 +954,7 @@ int main(void)
         cmocka_unit_test(step_rejects_bad_items_naming_them),
         cmocka_unit_test(rewinding_a_sequence_recomputes_the_same_logits),
         cmocka_unit_test(qwen3_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(gemma3_and_gemma2_are_batch_chunk_and_thread_invariant),
         cmocka_unit_test(phi3_is_batch_chunk_and_thread_invariant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
