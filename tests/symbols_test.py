@@ -15,7 +15,8 @@ MODULE_PREFIXES = {
     "tc_": "workers/toolcall/tc_internal.h",
     "cv_": "workers/chat/chat_value.h",
     "jgb_": "workers/grammar/jschema_int.h", "jcs_": "workers/grammar/jschema_int.h",
-    "js_": "workers/grammar/jschema_int.h", "fmt_": "workers/grammar/jschema_fmt.h",
+    "js_": "workers/grammar/jschema_int.h", "jdfa_": "workers/grammar/jschema_int.h",
+    "jnfa_": "workers/grammar/jschema_int.h", "fmt_": "workers/grammar/jschema_fmt.h",
     "rx_": "workers/grammar/jschema_int.h",
     "schema_": "protocol/schema.h", "mp_": "protocol/schema.h",
 }
