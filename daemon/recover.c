@@ -36,17 +36,21 @@ static int busy_stage(const bjob *j, int wi)
     return -1;
 }
 
-/* Was j's work in the task worker wi was computing (its oldest owed one,
- * broker.h: bowed) at stage si? Jobs of tasks still queued there, or
- * merely pinned to it, were not being processed. A worker that owed
- * nothing computed nothing. */
+/* Was j's work (at stage si) in the task worker w was computing when it
+ * was lost? A worker answers its owed tasks in order (broker.h: bowed), so
+ * a hung one, whose answers still leave, was computing its oldest; one
+ * that died may have answered a few more that its death swallowed, so it
+ * was computing any of them. Jobs merely pinned to it computed nothing
+ * there, and a worker that owed nothing computed nothing. */
 static bool in_computed_task(const bworker *w, const bjob *j, int si)
 {
-    if (!w->n_owed || w->owed[0].si != si)
-        return false;
-    for (uint32_t k = 0; k < w->owed[0].n; k++)
-        if (w->owed[0].slots[k] == j->slot)
-            return true;
+    for (size_t t = 0; t < (w->hung ? 1 : w->n_owed) && t < w->n_owed; t++) {
+        if (w->owed[t].si != si)
+            continue;
+        for (uint32_t k = 0; k < w->owed[t].n; k++)
+            if (w->owed[t].slots[k] == j->slot)
+                return true;
+    }
     return false;
 }
 

@@ -159,11 +159,14 @@ static bjob *ready_suspect(broker *b, int wi)
     return NULL;
 }
 
-static bool build_step(broker *b, int wi)
+/* A step at forward worker wi: of `alone` only when given, else of the
+ * first suspect there, else of the READY jobs step_size allows. */
+static bool build_step(broker *b, int wi, bjob *alone)
 {
     bworker *w = &b->workers[wi];
     bcols *c = &b->cols;
-    bjob *alone = ready_suspect(b, wi);
+    if (!alone)
+        alone = ready_suspect(b, wi);
     if (alone && w->steps_inflight)
         return false;
     uint32_t max_items = alone ? 1 : step_size(b, wi);
@@ -222,12 +225,47 @@ static bool build_step(broker *b, int wi)
     return true;
 }
 
+/* A job that lost a stop worker while its verdicts were computed there
+ * (recover.c) has its next verdicts computed alone, as a suspect's step
+ * is: its candidates go to that worker when no worker of the step cycle
+ * owes anything, and no step goes anywhere until they are answered. A
+ * crash or hang of the stop worker meanwhile is then surely its doing,
+ * even when the dead worker's last answers never left it. True while such
+ * a job holds the steps back. */
+static bool stop_suspect_alone(broker *b)
+{
+    bjob *s = NULL;
+    for (uint32_t i = 0; i < b->jt.cap && !s; i++) {
+        bjob *j = &b->jt.jobs[i];
+        if (j->state == J_RUNNING && jobs_suspect(j) && j->loss_stage == TP_SI_STOP && !j->cancel &&
+            registry_usable(b, j->stp) && registry_usable(b, j->fwd) && j->smp >= 0)
+            s = j;
+    }
+    if (!s)
+        return false;
+    bool quiet = true;
+    for (int wi = 0; wi < B_MAX_WORKERS && quiet; wi++) {
+        const bworker *w = &b->workers[wi];
+        quiet = !w->live || !(w->stages & (TP_STAGE_FORWARD | TP_STAGE_SAMPLE | TP_STAGE_STOP)) ||
+                (w->n_owed == 0 && w->steps_inflight == 0);
+    }
+    if (s->stop_resend) {
+        if (quiet)
+            pin_stop_resend(b, s, s->stp);
+    } else if (quiet && s->phase == P_READY && s->n_cand == s->n_verd) {
+        build_step(b, s->fwd, s);
+    }
+    return true;
+}
+
 void step_run(broker *b)
 {
+    if (b->stats.workers_lost && stop_suspect_alone(b))
+        return;
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         bworker *w = &b->workers[wi];
         while (registry_usable(b, wi) && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
-               !w->step_suspect && build_step(b, wi))
+               !w->step_suspect && build_step(b, wi, NULL))
             ;
     }
 }
