@@ -141,9 +141,13 @@ static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint3
     return nt;
 }
 
+/* May j join a step at wi? Not while candidates of it wait to go to its
+ * stop worker again (stop_resend): a stop worker takes a job's candidates
+ * in order. */
 static bool ready_at(const bjob *j, int wi)
 {
-    return j->state == J_RUNNING && j->fwd == wi && j->phase == P_READY && !j->cancel && j->smp >= 0;
+    return j->state == J_RUNNING && j->fwd == wi && j->phase == P_READY && !j->cancel && j->smp >= 0 &&
+           !j->stop_resend;
 }
 
 /* A job that lost a worker processing it (recover.c) is stepped alone, with
@@ -235,11 +239,15 @@ static bool build_step(broker *b, int wi, bjob *alone)
 static bool stop_suspect_alone(broker *b)
 {
     bjob *s = NULL;
-    for (uint32_t i = 0; i < b->jt.cap && !s; i++) {
+    for (uint32_t i = 0; i < b->jt.cap; i++) {
         bjob *j = &b->jt.jobs[i];
-        if (j->state == J_RUNNING && jobs_suspect(j) && j->loss_stage == TP_SI_STOP && !j->cancel &&
-            registry_usable(b, j->stp) && registry_usable(b, j->fwd) && j->smp >= 0)
+        if (j->state != J_RUNNING)
+            continue;
+        bool held = jobs_suspect(j) && j->loss_stage == TP_SI_STOP && !j->cancel;
+        if (held && !s && registry_usable(b, j->stp) && registry_usable(b, j->fwd) && j->smp >= 0)
             s = j;
+        else if (!held && j->stop_resend && registry_usable(b, j->stp))
+            pin_stop_resend(b, j, j->stp);   /* no longer a stop suspect (forgiven, or lost a worker elsewhere since) */
     }
     if (!s)
         return false;
@@ -252,16 +260,21 @@ static bool stop_suspect_alone(broker *b)
     if (s->stop_resend) {
         if (quiet)
             pin_stop_resend(b, s, s->stp);
-    } else if (quiet && s->phase == P_READY && s->n_cand == s->n_verd) {
-        build_step(b, s->fwd, s);
+        return true;
     }
+    if (s->phase == P_FORWARD || s->phase == P_SAMPLE || s->n_cand > s->n_verd)
+        return true;   /* its step or its verdicts are being computed */
+    if (s->phase != P_READY)
+        return false;
+    if (quiet)
+        build_step(b, s->fwd, s);
     return true;
 }
 
 void step_run(broker *b)
 {
     if (b->stats.workers_lost && stop_suspect_alone(b))
-        return;
+        return;   /* a stop suspect's verdicts are computed alone */
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         bworker *w = &b->workers[wi];
         while (registry_usable(b, wi) && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
@@ -320,8 +333,8 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         uint32_t k = 0;
         for (uint32_t i = 0; i < n; i++) {
             bjob *j = jobs_by_slot(&b->jt, slots[i]);
-            if (!j || j->stp != wi)
-                continue;
+            if (!j || j->stp != wi || j->stop_resend)
+                continue;   /* (a job's earlier candidates go first: pin_stop_resend sends this one too) */
             if (sel)
                 sel[k] = i;
             c->slots[k] = slots[i];
