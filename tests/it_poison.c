@@ -1,10 +1,11 @@
 /* Process story: poison jobs that hang or crash a stage worker part way
  * through their sequence, each time they reach it again (the worker's
  * TP_TEST_POISON hook), among innocent jobs in flight with them. The
- * broker (spawning its workers) notices a forward worker that stopped
- * answering by the step deadline (recovery.step_timeout_s: the heartbeat
- * here would take 100 s), kills and replaces it; a crashed stop worker by
- * its closed connection. The jobs of the task the worker was computing are
+ * broker (spawning its workers) notices a forward or stop worker that
+ * stopped answering by the step deadline (recovery.step_timeout_s: the
+ * heartbeat here would take 100 s), kills and replaces it; a crashed stop
+ * worker by its closed connection. A stopped worker's late answer, once
+ * it runs again, is refused and counted. The jobs of the task the worker was computing are
  * tried alone; the poison job ends in `error` naming the stage after it
  * took down a worker while alone twice, within a bounded time, while the
  * innocent jobs finish exactly as `tokpipe run` and the daemon serves new
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -275,12 +277,95 @@ static void a_job_that_crashes_its_stop_worker_part_way_ends_naming_the_stage(vo
     assert_int_equal(harness_stop(&h), 0);
 }
 
+/* The poison job hangs the stop worker at its fourth candidate: the stop
+ * worker every job shares stops answering, so all of them wait for the
+ * step deadline (4 s); the hung worker is killed, the jobs whose verdicts
+ * it owed are replayed, the suspect's alone, and the poison job ends after
+ * it hung a worker alone twice. */
+static void a_job_that_hangs_its_stop_worker_ends_naming_the_stage(void **state)
+{
+    (void)state;
+    harness h;
+    start_poisoned(&h, "stop:hang:3:poison", POISON_YAML(4));
+    double t0 = now_s();
+    submit_innocents(&h, "beside", 4, 120);
+    submit_greedy(&h, "poison", POISON_PROMPT, 200);
+    expect_poison(&h, "poison", "stop");
+    double took = now_s() - t0;
+    if (took > 45.0)
+        fail_msg("the poison job took %.1f s to end, want under 45 (log in %s)", took, h.dir);
+    tp_m_stats_reply s = stats(&h);
+    if (s.workers_hung > 3 || s.workers_hung < 2)
+        fail_msg("%llu stop workers hung, want 2 or 3 (log in %s)", (unsigned long long)s.workers_hung, h.dir);
+    expect_innocents(&h, "beside", 4, 120);
+    submit_innocents(&h, "after", 2, MAX_TOKENS);
+    expect_innocents(&h, "after", 2, MAX_TOKENS);
+    s = stats(&h);
+    assert_int_equal(s.jobs_poisoned, 1);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 1);
+    assert_int_equal(s.jobs_finished, 7);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+/* A forward worker stopped (SIGSTOP) with a job's step owed, started by
+ * hand (`tokpiped --no-spawn`): lost at its step deadline, 3 s, though its
+ * heartbeat would last 100 s, and counted as hung; the job runs on the next
+ * forward worker exactly as `tokpipe run`. Run again, the stopped worker
+ * answers the step on the registration the broker dropped: the answer is
+ * refused and counted, and the worker registers anew. */
+static void a_stopped_forward_worker_is_lost_at_its_step_deadline_and_its_late_answer_refused(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start_ex(&h, false, POISON_YAML(3), true, NULL))
+        fail_msg("daemon did not start");
+    pid_t w[5] = {harness_worker(&h, "tokenize"), harness_worker(&h, "forward"), harness_worker(&h, "sample"),
+                  harness_worker(&h, "stop"), 0};
+    if (harness_wait_workers(&h, WAIT_MS))
+        fail_msg("workers did not register (see %s)", h.dir);
+    kill(w[1], SIGSTOP);
+    double t0 = now_s();
+    submit_greedy(&h, "held", prompts[0], MAX_TOKENS);
+    if (harness_wait_stage(&h, TP_SI_FORWARD, 0, WAIT_MS))
+        fail_msg("the stopped forward worker was never declared lost (see %s)", h.dir);
+    double took = now_s() - t0;
+    if (took > 20.0)
+        fail_msg("the stopped forward worker was lost after %.1f s, want its 3 s step deadline", took);
+    tp_m_stats_reply s = stats(&h);
+    assert_int_equal(s.workers_hung, 1);
+    assert_int_equal(s.replies_refused, 0);
+    w[4] = harness_worker(&h, "forward");
+    char *got = wait_result(&h, "held", WAIT_MS), *want = run_json(&h, prompts[0], MAX_TOKENS);
+    if (strcmp(got, want))
+        fail_msg("the job of the hung worker differs from tokpipe run\n daemon: %s\n    run: %s", got, want);
+    free(got);
+    free(want);
+    kill(w[1], SIGCONT);
+    for (int waited = 0; stats(&h).replies_refused < 1; waited += 50) {
+        if (waited > WAIT_MS)
+            fail_msg("the resumed worker's late answer was not refused and counted (see %s)", h.dir);
+        harness_sleep_ms(50);
+    }
+    if (harness_wait_stage(&h, TP_SI_FORWARD, 2, WAIT_MS))
+        fail_msg("the resumed forward worker did not register again (see %s)", h.dir);
+    s = stats(&h);
+    assert_int_equal(s.jobs_finished, 1);
+    assert_int_equal(s.finish[TP_REASON_ERROR], 0);
+    for (int i = 0; i < 5; i++) {
+        kill(w[i], SIGTERM);
+        waitpid(w[i], NULL, 0);
+    }
+    assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_job_that_hangs_its_forward_worker_ends_naming_the_stage),
         cmocka_unit_test(a_job_that_crashes_its_stop_worker_part_way_ends_naming_the_stage),
+        cmocka_unit_test(a_job_that_hangs_its_stop_worker_ends_naming_the_stage),
+        cmocka_unit_test(a_stopped_forward_worker_is_lost_at_its_step_deadline_and_its_late_answer_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
