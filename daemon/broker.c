@@ -306,6 +306,8 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i] && !strncmp(eps[i], "ipc://", 6))
             unlink(eps[i] + 6);
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        registry_drop(b, i);   /* the tasks each still owed */
     jobs_free(&b->jt);
     route_free(b);
     step_free(b);

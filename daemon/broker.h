@@ -58,6 +58,18 @@
 
 /* ---- workers ---------------------------------------------------------------- */
 
+/* A task a worker owes the answer to (TOKENIZE, STEP, SAMPLE, STOP_STEP),
+ * noted as it is queued (outbox.c). A worker answers its tasks in order,
+ * so the oldest one owed is the one it is computing: the one a crash or a
+ * hang happened in (recover.c), and the one its step deadline runs for. */
+typedef struct bowed {
+    uint64_t task;
+    int64_t sent_ms;
+    int si;                         /* TP_SI_* of the work */
+    uint32_t n;                     /* the slots of its jobs (owned) */
+    uint32_t *slots;
+} bowed;
+
 typedef struct bworker {
     bool live;
     uint8_t ident[B_IDENT_MAX];
@@ -79,6 +91,10 @@ typedef struct bworker {
     bool gone;                      /* lost at the next safe point (recover_reap): a send failed, ... */
     const char *gone_why;           /* ... or this (static text; NULL = the connection closed) */
     uint64_t cache[TP_CACHE_COUNT]; /* forward: its prefix cache, from its last STEP_RESULT (0s: none) */
+    bowed *owed;                    /* tasks owed, oldest first (registry_drop frees) */
+    size_t n_owed, cap_owed;
+    int64_t last_answer_ms;         /* its last answer to an owed task */
+    bool hung;                      /* gone because it stopped answering in the middle of a task */
 } bworker;
 
 /* Counters for STATS (the job table keeps those of finished jobs). */
@@ -89,6 +105,9 @@ typedef struct bstats {
     uint64_t workers_lost, events_duplicate, events_refused;
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
     uint64_t jobs_poisoned;         /* jobs ended because they lost B_POISON_TRIES workers (recover.c) */
+    uint64_t workers_hung;          /* workers lost past their step deadline or silent while owing an answer */
+    uint64_t replies_refused;       /* answers from a worker no longer registered (declared lost) */
+    double answer_ms[TP_SI_COUNT];  /* moving average of a task's answer time per stage (step deadline) */
 } bstats;
 
 /* ---- spawned worker processes ------------------------------------------------- */
@@ -203,8 +222,10 @@ void step_free(broker *b);
 /* ---- recover.c: lost workers, replay, poison jobs --------------------------------- */
 void recover_run(broker *b, int64_t now);
 /* died: the worker's process ended (its connection closed, or it said
- * DISCONNECT), which is what a job that crashes workers does; a hung or
- * re-registered worker's loss counts against no job (recover.c). */
+ * DISCONNECT), which is what a job that crashes workers does, or it hung
+ * in the middle of a task (bworker.hung: past its step deadline, or silent
+ * while it owed an answer); a re-registered worker's loss, or a silent
+ * one's that owed nothing, counts against no job (recover.c). */
 void recover_worker_lost(broker *b, int wi, const char *cause, bool died);
 void recover_lose(broker *b, int wi, const char *why, bool died);
 void recover_reap(broker *b);
@@ -214,6 +235,10 @@ void recover_lost_finish(broker *b, int64_t now);
 void pin_forward(broker *b, bjob *j, int f);
 void pin_sample(broker *b, bjob *j, int s);
 void pin_stop(broker *b, bjob *j, int t);
+/* Send j's candidates that await verdicts (from n_verd on) to stop worker
+ * t again: pin_stop does, except for a stop-stage suspect, whose
+ * stop_resend step.c sends alone. */
+void pin_stop_resend(broker *b, bjob *j, int t);
 void pin_release(broker *b, bjob *j, int finish, const char *error);
 uint64_t pin_slot_cmd(broker *b, int wi, uint8_t cmd, uint32_t slot);
 bool pin_can_decode_ahead(const broker *b, const bjob *j);
@@ -250,6 +275,12 @@ void registry_tick(broker *b, int64_t now);
 void registry_lose(broker *b, int wi, const char *why);
 void registry_drop(broker *b, int wi);
 void registry_tok_done(broker *b, int wi);
+/* Worker wi answered task m (TOKENIZED, STEP_RESULT, SAMPLED, VERDICTS):
+ * that task and any owed before it are no longer owed. */
+void registry_answered(broker *b, int wi, const tp_msg *m);
+/* How long a task of stage si may go unanswered: recovery.step_timeout_s,
+ * or step_timeout_factor times the stage's usual answer time if longer. */
+int64_t registry_step_limit_ms(const broker *b, int si);
 int registry_find(broker *b, const void *ident, size_t len);
 bool registry_usable(const broker *b, int wi);
 int registry_count(const broker *b, unsigned stage_bit);
@@ -269,6 +300,9 @@ void info_free(broker *b);
 
 int spawn_init(broker *b, tp_err *err);
 void spawn_tick(broker *b, int64_t now);
+/* SIGKILL the spawned worker process registered as instance (a hung one:
+ * it reads no DISCONNECT); spawn_tick starts another. False if none. */
+bool spawn_kill(broker *b, const char *instance);
 void spawn_stop_all(broker *b, int timeout_ms);
 void spawn_free(broker *b);
 

@@ -505,6 +505,8 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;
     s->jobs_poisoned = st->jobs_poisoned;
+    s->workers_hung = st->workers_hung;
+    s->replies_refused = st->replies_refused;
     memcpy(s->recovered, st->recovered, sizeof s->recovered);
     s->recovery_count = jc->recovery_n;
     s->recovery_ms_total = jc->recovery_ms_sum;

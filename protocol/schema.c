@@ -211,6 +211,7 @@ static const field stats_reply_f[] = {
     F_U64("kv_slots_total", ST(kv_slots_total), 0),
     {.key = "histograms", .type = FT_MAP, .off = ST(hist), .sub = &hists_table},
     F_U64("workers_lost", ST(workers_lost), 0), F_U64("jobs_poisoned", ST(jobs_poisoned), 0),
+    F_U64("workers_hung", ST(workers_hung), 0), F_U64("replies_refused", ST(replies_refused), 0),
     F_U64("recovered_tokenize", ST(recovered[0]), 0), F_U64("recovered_forward", ST(recovered[1]), 0),
     F_U64("recovered_sample", ST(recovered[2]), 0), F_U64("recovered_stop", ST(recovered[3]), 0),
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),

@@ -426,7 +426,9 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         # README: /metrics has everything `tokpipe stats` has, the event counters included
         for key, name in [("events_duplicate", "tokpipe_events_duplicate_total"),
                           ("events_refused", "tokpipe_events_refused_total"),
-                          ("jobs_poisoned", "tokpipe_jobs_poisoned_total")]:
+                          ("jobs_poisoned", "tokpipe_jobs_poisoned_total"),
+                          ("workers_hung", "tokpipe_workers_hung_total"),
+                          ("replies_refused", "tokpipe_replies_refused_total")]:
             self.assertEqual(metric(after, name), st.get(key, 0), name)
 
     def test_stop_string_labels_are_capped_and_the_rest_folded(self):

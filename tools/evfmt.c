@@ -237,6 +237,7 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"zap_refused", s->zap_refused}, {"jobs_running", s->jobs_running}, {"jobs_waiting", s->jobs_waiting},
         {"kv_slots_used", s->kv_slots_used}, {"kv_slots_total", s->kv_slots_total},
         {"workers_lost", s->workers_lost}, {"jobs_poisoned", s->jobs_poisoned},
+        {"workers_hung", s->workers_hung}, {"replies_refused", s->replies_refused},
         {"recovered_tokenize", s->recovered[0]}, {"recovered_forward", s->recovered[1]},
         {"recovered_sample", s->recovered[2]}, {"recovered_stop", s->recovered[3]},
         {"recovery_count", s->recovery_count}, {"recovery_ms_total", s->recovery_ms_total},
