@@ -3,6 +3,17 @@
  * floors below (broker.h) and is the only file that sends, draining the
  * outbox they fill after each message and tick. */
 #include "broker.h"
+#include "front.h"
+#include "info.h"
+#include "log.h"
+#include "outbox.h"
+#include "pin.h"
+#include "recover.h"
+#include "registry.h"
+#include "route.h"
+#include "sched.h"
+#include "spawn.h"
+#include "step.h"
 
 #include <errno.h>
 #include <malloc.h>

@@ -6,7 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "front.h"
+#include "admit.h"
+#include "info.h"
+#include "metrics.h"
+#include "outbox.h"
+#include "pin.h"
+#include "registry.h"
+#include "sched.h"
 #include "grammar_admit.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/stop.h"

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "outbox.h"
+#include "log.h"
 #include "tokpipe/zwire.h"
 
 static int push(broker *b, int sock, int wi, const tp_frame *prefix, size_t n_prefix, const tp_msg *m, tp_err *e)

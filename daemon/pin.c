@@ -6,7 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "pin.h"
+#include "choose.h"
+#include "log.h"
+#include "outbox.h"
+#include "registry.h"
+#include "route.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 

@@ -5,7 +5,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "broker.h"
+#include "recover.h"
+#include "choose.h"
+#include "log.h"
+#include "pin.h"
+#include "registry.h"
+#include "route.h"
+#include "spawn.h"
 #include "tokpipe/zwire.h"
 
 static void note_loss(bjob *j, int64_t now)

@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "registry.h"
+#include "log.h"
+#include "outbox.h"
 #include "tokpipe/zwire.h"
 
 #define MAX_MALFORMED 16   /* per worker, then DISCONNECT */

@@ -16,7 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "broker.h"
+#include "spawn.h"
+#include "log.h"
 #include "tokpipe/zwire.h"
 
 #define HEALTHY_MS 10000   /* a child that ran this long resets its backoff */

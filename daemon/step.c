@@ -20,7 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "step.h"
+#include "log.h"
+#include "outbox.h"
+#include "pin.h"
+#include "registry.h"
 #include "tokpipe/zwire.h"
 
 static int cols_reserve(bcols *c, size_t n, size_t n_tokens, size_t n_logits)
