@@ -67,7 +67,7 @@ void out_msg_free(bout_msg *x)
  * as it should: it is lost at the next safe point, like one a send failed
  * to. */
 /* The work m asks of a worker, and the slots of its jobs: what the worker
- * owes an answer to (broker.h, bowed). Other commands (OPEN, CLOSE) are
+ * owes an answer to (state.h, bowed). Other commands (OPEN, CLOSE) are
  * quick bookkeeping: their RESULT is not waited for. */
 static int owed_stage(const tp_msg *m, tp_raw *slots, uint32_t *one)
 {

@@ -43,7 +43,7 @@ static int busy_stage(const bjob *j, int wi)
 }
 
 /* Was j's work (at stage si) in the task worker w was computing when it
- * was lost? A worker answers its owed tasks in order (broker.h: bowed), so
+ * was lost? A worker answers its owed tasks in order (state.h: bowed), so
  * a hung one, whose answers still leave, was computing its oldest; one
  * that died may have answered a few more that its death swallowed, so it
  * was computing any of them. Jobs merely pinned to it computed nothing
