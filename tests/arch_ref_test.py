@@ -1,14 +1,16 @@
 """tokpipe's forward pass against an independent numpy reference
 (tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
 each architecture's kind, grouped-query attention, SwiGLU, biases) on the
-real stories260K.gguf and on random-weight llama, Llama 3, qwen2, qwen3
-and phi3 models written by `tokpipe mkmodel`.
+real stories260K.gguf and on random-weight llama, Llama 3, Mixtral (llama
+with experts), qwen2, qwen3, phi3 and qwen3moe models written by `tokpipe
+mkmodel`.
 
 Tolerance: tokpipe computes in float32, the reference in float64; every
 logit of every sampled position must agree within 1e-5 * (1 + max |logit|)
 of that row (observed: 2e-7 to 1.2e-6). Each test also checks that the
 mistake it guards against (the other RoPE kind, no biases, no Llama 3
-scaling, no Q/K norm, Phi-3's gate and up swapped) moves the logits by more than ten times that, so it can fail;
+scaling, no Q/K norm, Phi-3's gate and up swapped, the experts' top-k weights
+not renormalised or one expert too few) moves the logits by more than ten times that, so it can fail;
 Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
 of several hundred tokens."""
 import os
@@ -143,6 +145,27 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.1.ffn_up.weight"].shape, (2 * hidden, 64))
         self.assertNotIn("blk.0.ffn_gate.weight", model.w)
         self.assertNotIn("blk.0.attn_q.weight", model.w)
+
+    def test_qwen3moe_experts_match(self):
+        path = self.mkmodel("qwen3moe", "--arch", "qwen3moe", "--shape", "64x2x4x2", "--head-dim", "32",
+                            "--experts", "8", "--experts-used", "3", "--expert-ff", "64")
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, renorm=False))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, top=2))
+        # llama.cpp's shapes: the router [dim, n_expert], experts [dim, ff, n_expert]
+        self.assertEqual(model.w["blk.0.ffn_gate_inp.weight"].shape, (8, 64))
+        self.assertEqual(model.w["blk.1.ffn_gate_exps.weight"].shape, (8, 64, 64))
+        self.assertEqual(model.w["blk.1.ffn_down_exps.weight"].shape, (8, 64, 64))
+        self.assertEqual(model.meta["qwen3moe.expert_feed_forward_length"], 64)
+        self.assertNotIn("blk.0.ffn_gate.weight", model.w)
+
+    def test_mixtral_llama_with_experts_matches(self):
+        path = self.mkmodel("mixtral", "--arch", "mixtral", "--shape", "64x2x4x2", "--expert-ff", "96")
+        model = self.check(path, wrong=lambda m, ids: m.logits(ids, renorm=False))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, neox=True))
+        self.assertEqual(model.arch, "llama")
+        self.assertEqual((model.meta["llama.expert_count"], model.meta["llama.expert_used_count"]), (8, 2))
+        self.assertEqual(model.w["blk.0.ffn_up_exps.weight"].shape, (8, 96, 64))
+        self.assertNotIn("blk.0.ffn_up.weight", model.w)
 
 
 if __name__ == "__main__":

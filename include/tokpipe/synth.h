@@ -60,6 +60,10 @@ typedef struct tp_synth_gguf {
     int head_dim;            /* 0: dim / n_heads; else the head size, written as
                               * attention.key_length (architectures that read
                               * it: qwen3) */
+    /* experts: 0 gives the architecture's kind (dense, or qwen3moe's and
+     * "mixtral"'s (llama with llama.expert_count) 8 experts, 2 used, of
+     * the shape's hidden width each); n_expert > 0 on llama writes Mixtral */
+    int n_expert, n_expert_used, expert_ff;
 } tp_synth_gguf;
 
 /* Write the model of shape s (its vocab_size is ignored) to path: matrix
