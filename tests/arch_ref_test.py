@@ -158,6 +158,15 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.meta["qwen3moe.expert_feed_forward_length"], 64)
         self.assertNotIn("blk.0.ffn_gate.weight", model.w)
 
+    def test_qwen3moe_equal_router_scores_take_the_lower_experts(self):
+        path = self.mkmodel("qwen3moe_ties", "--arch", "qwen3moe", "--shape", "64x2x4x2", "--experts", "8",
+                            "--experts-used", "3", "--expert-ff", "64")
+        # a zero router in block 0: every expert scores the same for every token
+        _, tensors, _, _, _ = gguf_tiny.read_gguf(path)
+        with open(path, "r+b") as f:
+            gguf_tiny.write_tensor(f, tensors, "blk.0.ffn_gate_inp.weight", np.zeros((8, 64)))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, ties_high=True))
+
     def test_mixtral_llama_with_experts_matches(self):
         path = self.mkmodel("mixtral", "--arch", "mixtral", "--shape", "64x2x4x2", "--expert-ff", "96")
         model = self.check(path, wrong=lambda m, ids: m.logits(ids, renorm=False))

@@ -149,8 +149,10 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def moe(self, h, b, renorm=True, top=None):
-        """The mixture of experts of block prefix b on rows h [T, dim]."""
+    def moe(self, h, b, renorm=True, top=None, ties_high=False):
+        """The mixture of experts of block prefix b on rows h [T, dim];
+        equal probabilities take the lower expert first (ties_high: the
+        higher, for a test that it matters)."""
         w = self.w
         top = self.n_used if top is None else top
         lg = h @ w[b + "ffn_gate_inp.weight"].T  # [T, n_expert]
@@ -160,14 +162,15 @@ class Model:
         out = np.zeros_like(h)
         for t in range(h.shape[0]):
             # stable: equal probabilities keep the lower index first
-            chosen = sorted(range(self.n_expert), key=lambda e: -p[t, e])[:top]
+            order = range(self.n_expert - 1, -1, -1) if ties_high else range(self.n_expert)
+            chosen = sorted(order, key=lambda e: -p[t, e])[:top]
             ws = p[t, chosen] / (p[t, chosen].sum() if renorm else 1.0)
             for e, we in zip(chosen, ws):
                 g, u = gate[e] @ h[t], up[e] @ h[t]
                 out[t] += we * (down[e] @ (g / (1 + np.exp(-g)) * u))
         return out
 
-    def logits(self, ids, neox=None, qk_norm=True, up_first=False, renorm=True, top=None):
+    def logits(self, ids, neox=None, qk_norm=True, up_first=False, renorm=True, top=None, ties_high=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
         Phi-3's fused gate/up the wrong way round, renorm=False leaves the
@@ -208,7 +211,7 @@ class Model:
             x = x + out.reshape(T, self.n_heads * hs) @ w[b + "attn_output.weight"].T
             h = self.rmsnorm(x, w[b + "ffn_norm.weight"])
             if self.n_expert:
-                x = x + self.moe(h, b, renorm, top)
+                x = x + self.moe(h, b, renorm, top, ties_high)
                 continue
             if b + "ffn_gate.weight" in w:
                 g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
