@@ -14,6 +14,7 @@
 #ifndef TOKPIPE_MODEL_ARCH_H
 #define TOKPIPE_MODEL_ARCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,11 +28,20 @@ typedef enum tp_arch_size {
     TP_SZ_KV,       /* kv_dim: head_size * n_kv_heads */
     TP_SZ_FF,       /* hidden_dim: {arch}.feed_forward_length */
     TP_SZ_HEAD,     /* head_size */
+    TP_SZ_FF_EXP,   /* expert_ff: one expert's hidden width (model.h) */
+    TP_SZ_EXPERTS,  /* n_expert: {arch}.expert_count */
+    TP_SZ_COUNT
 } tp_arch_size;
 
 enum {
     TP_AT_MATRIX = 1u << 0,   /* a weight matrix: any type of tp_ggml_matrix_type_ok (else F32) */
     TP_AT_OPTIONAL = 1u << 1, /* llama.cpp's TENSOR_NOT_REQUIRED; mkmodel leaves it out */
+    /* a 3-D [ne0, ne1, n_expert] (ne2 TP_SZ_EXPERTS) matrix of experts (llama.cpp's
+     * ffn_*_exps): typed is the offsetof a const tp_wmat * field, which
+     * the loader points at n_expert views of [ne1][ne0], one an expert */
+    TP_AT_EXPERTS = 1u << 2,
+    TP_AT_DENSE = 1u << 3, /* only in a model without experts (expert_count 0) */
+    TP_AT_MOE = 1u << 4,   /* only in a model with experts */
 };
 
 /* Rows of a fused matrix that one field views (phi3's attn_qkv: wq, wk,
@@ -67,16 +77,29 @@ typedef struct tp_arch_tensor {
 #define TP_AT_FUSED3(nm, a, r0, f0, r1, f1, r2, f2)                                                      \
     { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 3, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1), TP_AT_PART(r2, f2)} }
 
+/* The experts of a MoE FFN: the router ffn_gate_inp [dim, n_expert] (a
+ * matrix of any type, as llama.cpp reads it) and three 3-D expert
+ * tensors, in a model with experts only. */
+#define TP_AT_EXPS(nm, a, b, field)                                                                       \
+    { nm, a, b, TP_AT_MATRIX | TP_AT_EXPERTS | TP_AT_MOE, 0, offsetof(tp_layer_weights, field), 0, {{0, 0, 0}} }
+
 /* The model's sizes by tp_arch_size (sizes[TP_SZ_NONE] is 0). */
 typedef struct tp_arch_sizes {
-    int v[TP_SZ_HEAD + 1];
+    int v[TP_SZ_COUNT];
 } tp_arch_sizes;
 
+/* (The expert sizes are 0; tp_arch_sizes_moe sets them.) */
 tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size);
+void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff);
+
+/* Whether block entry t is in a model with (moe) or without experts. */
+bool tp_arch_tensor_in(const tp_arch_tensor *t, bool moe);
 
 /* The shape of t in those sizes: ne1 0 for a vector; a fused matrix's ne1
  * is its parts' rows together. */
 void tp_arch_shape(const tp_arch_tensor *t, const tp_arch_sizes *z, int *ne0, int *ne1);
+/* ne2 of t: n_expert for a 3-D expert tensor, else 0. */
+int tp_arch_ne2(const tp_arch_tensor *t, const tp_arch_sizes *z);
 
 enum {
     /* head_size from {arch}.attention.key_length (default dim / n_heads),
@@ -104,6 +127,13 @@ enum {
     TP_ARCHF_ATTN_SOFTCAP = 1u << 7,
     /* {arch}.final_logit_softcapping: logits become c * tanh(logit / c) */
     TP_ARCHF_FINAL_SOFTCAP = 1u << 8,
+    /* experts required ({arch}.expert_count > 0, expert_used_count > 0):
+     * llama.cpp's "n_expert must be > 0" */
+    TP_ARCHF_MOE = 1u << 9,
+    /* one expert's width is {arch}.expert_feed_forward_length, default
+     * feed_forward_length / expert_used_count (llama.cpp's n_ff_exp);
+     * without the flag it is feed_forward_length (llama's Mixtral) */
+    TP_ARCHF_EXPERT_FF_KEY = 1u << 10,
 };
 
 typedef struct tp_arch {
@@ -130,6 +160,7 @@ typedef struct tp_arch {
      * published configs), for random files */
     float mk_rope_base, mk_norm_eps;
     int mk_sliding_window;
+    int mk_experts, mk_experts_used; /* mkmodel's defaults for a MoE kind (0: dense) */
 } tp_arch;
 
 /* The table (model/archs.c), in the order "supported: ..." lists them. */

@@ -1,19 +1,21 @@
 """tokpipe's forward pass against an independent numpy reference
 (tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
 each architecture's kind, grouped-query attention, SwiGLU, biases) on the
-real stories260K.gguf and on random-weight llama, Llama 3, qwen2, qwen3,
-phi3, gemma3 and gemma2 models written by `tokpipe mkmodel`.
+real stories260K.gguf and on random-weight llama, Llama 3, Mixtral (llama
+with experts), qwen2, qwen3, phi3, qwen3moe, gemma3 and gemma2 models written
+by `tokpipe mkmodel`.
 
 Tolerance: tokpipe computes in float32, the reference in float64; every
 logit of every sampled position must agree within 1e-5 * (1 + max |logit|)
 of that row (observed: 2e-7 to 1.2e-6). Each test also checks that the
 mistake it guards against (the other RoPE kind, no biases, no Llama 3
-scaling, no Q/K norm, Phi-3's gate and up swapped; for Gemma no sliding
-window, the global RoPE base on sliding layers, no post-norms, SiLU for
-GELU, no soft-capping) moves the logits by more than ten times that, so it
-can fail; Llama 3 scaling only slows low-frequency pairs, so its test runs
-a prompt of several hundred tokens, and Gemma's runs one of more than twice
-the window."""
+scaling, no Q/K norm, Phi-3's gate and up swapped, the experts' top-k weights
+not renormalised or one expert too few; for Gemma no sliding window, the
+global RoPE base on sliding layers, no post-norms, SiLU for GELU, no
+soft-capping) moves the logits by more than ten times that, so it can fail;
+Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
+of several hundred tokens, and Gemma's runs one of more than twice the
+window."""
 import os
 import sys
 import tempfile
@@ -187,6 +189,35 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.attn_cap, 50.0)
         self.assertEqual(model.final_cap, 30.0)
         self.assertNotIn("blk.0.attn_q_norm.weight", model.w)
+    def test_qwen3moe_experts_match(self):
+        path = self.mkmodel("qwen3moe", "--arch", "qwen3moe", "--shape", "64x2x4x2", "--head-dim", "32",
+                            "--experts", "8", "--experts-used", "3", "--expert-ff", "64")
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, renorm=False))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, top=2))
+        # llama.cpp's shapes: the router [dim, n_expert], experts [dim, ff, n_expert]
+        self.assertEqual(model.w["blk.0.ffn_gate_inp.weight"].shape, (8, 64))
+        self.assertEqual(model.w["blk.1.ffn_gate_exps.weight"].shape, (8, 64, 64))
+        self.assertEqual(model.w["blk.1.ffn_down_exps.weight"].shape, (8, 64, 64))
+        self.assertEqual(model.meta["qwen3moe.expert_feed_forward_length"], 64)
+        self.assertNotIn("blk.0.ffn_gate.weight", model.w)
+
+    def test_qwen3moe_equal_router_scores_take_the_lower_experts(self):
+        path = self.mkmodel("qwen3moe_ties", "--arch", "qwen3moe", "--shape", "64x2x4x2", "--experts", "8",
+                            "--experts-used", "3", "--expert-ff", "64")
+        # a zero router in block 0: every expert scores the same for every token
+        _, tensors, _, _, _ = gguf_tiny.read_gguf(path)
+        with open(path, "r+b") as f:
+            gguf_tiny.write_tensor(f, tensors, "blk.0.ffn_gate_inp.weight", np.zeros((8, 64)))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, ties_high=True))
+
+    def test_mixtral_llama_with_experts_matches(self):
+        path = self.mkmodel("mixtral", "--arch", "mixtral", "--shape", "64x2x4x2", "--expert-ff", "96")
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, renorm=False))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, neox=True))
+        self.assertEqual(model.arch, "llama")
+        self.assertEqual((model.meta["llama.expert_count"], model.meta["llama.expert_used_count"]), (8, 2))
+        self.assertEqual(model.w["blk.0.ffn_up_exps.weight"].shape, (8, 96, 64))
+        self.assertNotIn("blk.0.ffn_up.weight", model.w)
 
 
 if __name__ == "__main__":

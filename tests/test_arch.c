@@ -217,7 +217,7 @@ static void phi3_fused_matrices_give_each_part_its_rows(void **state)
     tp_synth_shape sh;
     tp_err e;
     assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {"phi3", vocab, false, false, 0, 0};
+    tp_synth_gguf o = {.arch = "phi3", .vocab_from = vocab};
     if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
         fail_msg("mkmodel phi3: %s", e.msg);
     tp_model *m = NULL;
@@ -242,11 +242,55 @@ static void phi3_fused_matrices_give_each_part_its_rows(void **state)
     tp_model_free(m);
 }
 
+/* qwen3moe's 3-D expert tensors: expert e of each a view of the
+ * [rows][cols] at e * rows rows into the file's tensor; the router a
+ * matrix [n_expert][dim]; no dense FFN. */
+static void qwen3moe_experts_are_views_of_the_3d_tensors(void **state)
+{
+    (void)state;
+    char vocab[512], path[] = "/tmp/tp_test_arch_moe.XXXXXX";
+    const char *models = getenv("TP_MODELS");
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {.arch = "qwen3moe", .vocab_from = vocab, .n_expert = 5, .n_expert_used = 2, .expert_ff = 96};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel qwen3moe: %s", e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    if (rc)
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_QWEN3MOE);
+    assert_int_equal(c->n_expert, 5);
+    assert_int_equal(c->n_expert_used, 2);
+    assert_int_equal(c->expert_ff, 96);
+    const tp_layer_weights *lw = &tp_model_get_weights(m)->layers[1];
+    assert_int_equal(lw->m.wr.rows, 5);
+    assert_int_equal(lw->m.wr.cols, c->dim);
+    assert_non_null(lw->wr);
+    assert_null(lw->m.w1.data);
+    for (int x = 0; x < 5; x++) {
+        assert_int_equal(lw->w1_exps[x].rows, 96);
+        assert_int_equal(lw->w1_exps[x].cols, c->dim);
+        assert_int_equal(lw->w2_exps[x].rows, c->dim);
+        assert_int_equal(lw->w2_exps[x].cols, 96);
+        assert_ptr_equal(lw->w3_exps[x].data, (const char *)lw->w3_exps[0].data + (size_t)x * 96 * lw->w3_exps[0].row_bytes);
+    }
+    assert_non_null(strstr(tp_model_identity(m), "experts=5/2/96"));
+    tp_model_free(m);
+}
+
 static void an_unknown_architecture_is_refused_with_the_list_of_those_supported(void **state)
 {
     (void)state;
     spec s = {.arch = "gemma7"};
-    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2)");
+    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe)");
 }
 
 static void window_16(tp_gguf_writer *w)
@@ -315,7 +359,7 @@ static void gemma_27b_block_counts_scale_q_by_dim_over_heads(void **state)
         tp_synth_shape sh;
         tp_err e;
         assert_int_equal(tp_synth_parse_shape(shape[a], &sh, &e), 0);
-        tp_synth_gguf o = {arch[a], vocab, false, false, 32, 0};
+        tp_synth_gguf o = {.arch = arch[a], .vocab_from = vocab, .head_dim = 32};
         if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
             fail_msg("mkmodel %s: %s", arch[a], e.msg);
         tp_model *m = NULL;
@@ -490,6 +534,7 @@ int main(void)
         cmocka_unit_test(gemma2_defaults_to_llama_cpps_window_and_soft_caps),
         cmocka_unit_test(gemma_27b_block_counts_scale_q_by_dim_over_heads),
         cmocka_unit_test(gemma_without_post_norms_epsilon_or_a_window_is_refused_naming_it),
+        cmocka_unit_test(qwen3moe_experts_are_views_of_the_3d_tensors),
         cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
         cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
         cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),

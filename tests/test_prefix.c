@@ -215,7 +215,7 @@ static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
     tp_synth_shape sh;
     tp_err e;
     assert_int_equal(tp_synth_parse_shape("64x6x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {"gemma3", vocab, false, false, 32, 20};
+    tp_synth_gguf o = {.arch = "gemma3", .vocab_from = vocab, .head_dim = 32, .sliding_window = 20};
     if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
         fail_msg("mkmodel gemma3: %s", e.msg);
     tp_model *m = NULL;

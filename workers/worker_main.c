@@ -370,7 +370,8 @@ static int send_ready(worker *w)
     r->eog_ids = eog32;
     r->n_eog_ids = (size_t)w->n_eos;
     const tp_model_weights *mw = tp_model_get_weights(w->model);
-    const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
+    const tp_layer_weights *l0 = mw && mw->layers ? &mw->layers[0] : NULL;
+    const tp_ggml_type_info *wt = l0 ? tp_ggml_type(l0->w1_exps ? l0->w1_exps[0].type : l0->m.w1.type) : NULL;
     r->weight_type = tp_str_of(wt ? wt->name : "");
     r->chat_template = w->chat_template;
     if (w->chat_template)

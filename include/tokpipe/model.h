@@ -1,6 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
- * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling), `qwen2`, `qwen3`,
- * `phi3`, `gemma2` and `gemma3` architectures (model/arch_*.c, one file each; model/archs.c lists them).
+ * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling, and Mixtral's experts),
+ * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2` and `gemma3` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -36,6 +36,7 @@ typedef enum tp_model_arch {
     TP_ARCH_PHI3 = 4,  /* GGUF "phi3": fused attn_qkv and gate/up ffn_up, NEOX RoPE */
     TP_ARCH_GEMMA3 = 5, /* GGUF "gemma3": scaled embeddings, post-norms, GELU, Q/K norms, sliding windows */
     TP_ARCH_GEMMA2 = 6, /* GGUF "gemma2": gemma3 without Q/K norms, with soft-capping */
+    TP_ARCH_QWEN3MOE = 7, /* GGUF "qwen3moe": qwen3's attention, a mixture of experts FFN */
 } tp_model_arch;
 
 /* The FFN's gate activation: SwiGLU's SiLU or GELU (tanh approximation). */
@@ -85,6 +86,14 @@ typedef struct tp_model_config {
     int swa_pattern;  /* layer l slides when l % swa_pattern < swa_pattern - 1 */
     float rope_theta_swa;  /* sliding layers' RoPE base */
     bool rope_swa_scaled;  /* rope_freqs also slow the sliding layers' pairs (not gemma3's) */
+    /* A mixture of experts FFN (qwen3moe; llama with llama.expert_count,
+     * Mixtral) when n_expert > 0: each token's FFN is the weighted sum of
+     * n_expert_used of n_expert SwiGLU experts of width expert_ff (the
+     * router's softmax, its top n_expert_used renormalised to sum 1:
+     * workers/forward/moe.h); hidden_dim is then unused. */
+    int n_expert;       /* {arch}.expert_count, 0: a dense FFN */
+    int n_expert_used;  /* {arch}.expert_used_count */
+    int expert_ff;      /* one expert's hidden width */
 } tp_model_config;
 
 /* Whether layer l of c attends through a sliding window (swa_window). */
@@ -123,7 +132,14 @@ typedef struct tp_layer_weights {
     const float *bq, *bk, *bv; /* [q_dim], [kv_dim], [kv_dim]; NULL without attn_bias */
     const float *q_norm, *k_norm; /* [head_size] each; NULL without qk_norm */
     const float *rms_att_post, *rms_ffn_post; /* [dim] each; NULL without post_norms */
-    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3; } m;
+    /* experts (n_expert > 0; else NULL, and w1, w2, w3 are the FFN):
+     * the router [n_expert][dim] (wr F32, else NULL; m.wr always), and
+     * per expert e its gate w1_exps[e] [expert_ff][dim], down w2_exps[e]
+     * [dim][expert_ff], up w3_exps[e] [expert_ff][dim]: views of the
+     * file's 3-D blk.N.ffn_{gate,down,up}_exps, arrays owned by the model */
+    const float *wr;
+    const tp_wmat *w1_exps, *w2_exps, *w3_exps;
+    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr; } m;
 } tp_layer_weights;
 
 typedef struct tp_model_weights {

@@ -63,6 +63,10 @@ typedef struct tp_synth_gguf {
                               * it: qwen3, gemma2, gemma3) */
     int sliding_window;      /* gemma2, gemma3: attention.sliding_window; 0: the
                               * architecture's typical one (gemma3 512, gemma2 4096) */
+    /* experts: 0 gives the architecture's kind (dense, or qwen3moe's and
+     * "mixtral"'s (llama with llama.expert_count) 8 experts, 2 used, of
+     * the shape's hidden width each); n_expert > 0 on llama writes Mixtral */
+    int n_expert, n_expert_used, expert_ff;
 } tp_synth_gguf;
 
 /* Write the model of shape s (its vocab_size is ignored) to path: matrix

@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / qwen2 / qwen3 / phi3 / gemma2 / gemma3 architectures, written from the GGUF spec and
+for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -116,7 +116,7 @@ class Model:
         self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
         # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
-        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3")
         # Gemma 2 / 3 (gemma_pytorch, HF's modeling_gemma2/3, llama.cpp's
         # load_hparams): embeddings times sqrt(dim); Q scaled by
         # query_pre_attn_scalar^-0.5 (head_dim, or dim / heads for the 27B:
@@ -141,6 +141,11 @@ class Model:
             self.sliding = lambda l: l % 6 != 5
             self.local_theta = 10000.0
             self.final_cap = m.get(p + "final_logit_softcapping", 0.0)
+        # experts (Mixtral's llama, qwen3moe): softmax over all of them, the
+        # top expert_used_count renormalised to sum 1 (the published
+        # MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock with norm_topk_prob)
+        self.n_expert = m.get(p + "expert_count", 0)
+        self.n_used = m.get(p + "expert_used_count", 0)
         self.freq_div = np.ones(self.hs // 2)
         if "rope_freqs.weight" in self.w:
             self.freq_div = self.w["rope_freqs.weight"].copy()
@@ -170,16 +175,38 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
+    def moe(self, h, b, renorm=True, top=None, ties_high=False):
+        """The mixture of experts of block prefix b on rows h [T, dim];
+        equal probabilities take the lower expert first (ties_high: the
+        higher, for a test that it matters)."""
+        w = self.w
+        top = self.n_used if top is None else top
+        lg = h @ w[b + "ffn_gate_inp.weight"].T  # [T, n_expert]
+        p = np.exp(lg - lg.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        gate, up, down = (w[b + n + "_exps.weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            # stable: equal probabilities keep the lower index first
+            order = range(self.n_expert - 1, -1, -1) if ties_high else range(self.n_expert)
+            chosen = sorted(order, key=lambda e: -p[t, e])[:top]
+            ws = p[t, chosen] / (p[t, chosen].sum() if renorm else 1.0)
+            for e, we in zip(chosen, ws):
+                g, u = gate[e] @ h[t], up[e] @ h[t]
+                out[t] += we * (down[e] @ (g / (1 + np.exp(-g)) * u))
+        return out
+
     def logits(self, ids, neox=None, qk_norm=True, up_first=False, window=True, local_theta=True,
-               post_norm=True, gelu=True, softcap=True):
+               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
         Phi-3's fused gate/up the wrong way round; for Gemma window=False
         lets every layer see the whole context, local_theta=False turns the
         sliding layers with the global base, post_norm=False leaves out the
         norms after attention and FFN, gelu=False gates with SiLU,
-        softcap=False leaves out the soft-capping (for tests that they
-        matter)."""
+        softcap=False leaves out the soft-capping; for experts renorm=False
+        leaves the top-k weights as the softmax gave them, top=N takes N
+        experts instead of expert_used_count (for tests that they matter)."""
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
@@ -228,6 +255,9 @@ class Model:
                 a = self.rmsnorm(a, w[b + "post_attention_norm.weight"])
             x = x + a
             h = self.rmsnorm(x, w[b + "ffn_norm.weight"])
+            if self.n_expert:
+                x = x + self.moe(h, b, renorm, top, ties_high)
+                continue
             if b + "ffn_gate.weight" in w:
                 g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
             else:

@@ -14,6 +14,7 @@
 #include "blas.h"
 #include "kernels.h"
 #include "kv16.h"
+#include "moe.h"
 #include "pool.h"
 #include "prefix_cache.h"
 #include "quant.h"
@@ -138,6 +139,7 @@ struct tp_forward {
     tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
     float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
     tp_pool *pool;  /* compute threads (1 = none started) */
+    tp_moe *moe;    /* the experts of a MoE model (moe.h), else NULL */
     long long part_min; /* PART_MIN_MACS; tests lower it to split everything */
     scratch s;
 };
@@ -191,6 +193,8 @@ static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
     const tp_wmat *wo = &lw->m.wo, *w2 = &lw->m.w2;
     int rc = pack_group(qkv, 3, &pl->qkv, &pl->tqkv);
     if (!rc) rc = pack_group(&wo, 1, &pl->wo, &pl->two);
+    if (lw->w1_exps) /* experts instead of w1, w2, w3: moe.c */
+        return rc;
     if (!rc) rc = pack_group(w13, 2, &pl->w13, &pl->tw13);
     if (!rc) rc = pack_group(&w2, 1, &pl->w2, &pl->tw2);
     return rc;
@@ -606,7 +610,8 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->kv16_avx2 = f->simd;
     f->qsimd = f->simd;
     int rc = alloc_pool(f, err);
-    if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
+    if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f) ||
+                tp_moe_new(model, max_batch_tokens, uses_panels(f), &f->moe)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
     if (!rc)
         rc = tp_forward_set_threads(f, 1, err);
@@ -623,6 +628,7 @@ void tp_forward_free(tp_forward *f)
     if (!f)
         return;
     tp_pool_free(f->pool);
+    tp_moe_free(f->moe);
     if (f->layers)
         for (int l = 0; l < f->c.n_layers; l++) {
             tp_packed_free(&f->layers[l].qkv);
@@ -1645,6 +1651,13 @@ static void ffn_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
+    if (f->moe) { /* experts (moe.h), their weighted sum into h13 as [T][dim] */
+        tp_moe_run r = {f->pool, f->part_min, f->simd, f->qsimd};
+        tp_moe_ffn(f->moe, &r, l, s->xb, T, s->h13);
+        prefetch_norm(l + 1 < c->n_layers ? mw->layers[l + 1].rms_att : mw->rms_final, c->dim);
+        add_rows(s->x, s->h13, (size_t)T * d);
+        return;
+    }
     /* SwiGLU, packed [T][hidden] into proj: an e^x per element, a share of
      * a batched step big enough to split too (elementwise: same bits); with
      * the matmul's rows where it can */
