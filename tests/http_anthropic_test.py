@@ -26,7 +26,7 @@ import jsonschema
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 import tpdaemon  # noqa: E402
-from http_gateway_test import BIN, TEMPLATE, Daemon, metric, post, request  # noqa: E402
+from http_gateway_test import TEMPLATE, Daemon, metric, post, request, wait_idle  # noqa: E402
 from http_openai_node_test import NPM_DIR, MODULES  # noqa: E402
 import toolcall_job_test as tc  # noqa: E402
 
@@ -40,8 +40,8 @@ def ensure_sdk():
     if os.path.exists(os.path.join(MODULES, "@anthropic-ai", "sdk", "package.json")):
         return None
     os.makedirs(NPM_DIR, exist_ok=True)
-    p = subprocess.run(["npm", "install", "--prefix", NPM_DIR, "--no-audit", "--no-fund", "--silent",
-                        "@anthropic-ai/sdk@0"], capture_output=True, text=True, timeout=300)
+    cmd = ["npm", "install", "--prefix", NPM_DIR, "--no-audit", "--no-fund", "--silent", "@anthropic-ai/sdk@1"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         return "npm install @anthropic-ai/sdk failed (no registry?): " + (p.stderr or p.stdout)[-300:]
     return None
@@ -159,6 +159,23 @@ class MessagesOnStories(tpdaemon.HttpDaemonCase):
         st, r, _ = post(self.port, body, path="/v1/messages")
         self.assertEqual(st, 200, r)
         self.assertEqual(text_of(r), self.chat(max_tokens=20)["choices"][0]["message"]["content"])
+
+    def test_cache_read_input_tokens_are_the_prefix_cache_hits(self):
+        system = ("Once upon a time there was a little girl named Lily. She loved to play outside in the sun "
+                  "with her friends. One day she saw a big red ball in the park.")
+        body = self.message(max_tokens=10, system=system)
+        st, cold, _ = post(self.port, body, path="/v1/messages")
+        self.assertEqual(st, 200, cold)
+        wait_idle(self.port)
+        got = run_sdk(self.port, [{"name": "warm", "kind": "create", "body": body},
+                                  {"name": "stream", "kind": "stream", "body": body}])
+        n = cold["usage"]["input_tokens"] + cold["usage"]["cache_read_input_tokens"]
+        self.assertGreater(n, 32, "the prompt must span whole pages")
+        pages = (n - 1) // 16 * 16   # prefix_http_test: the last prompt token is always computed
+        for u in (got["warm"]["usage"], got["stream"]["message"]["usage"]):
+            self.assertEqual((u["cache_read_input_tokens"], u["input_tokens"]), (pages, n - pages), u)
+        self.assertEqual(text_of(got["warm"]), text_of(cold))
+        self.assertEqual(got["stream"]["text"], text_of(cold))
 
     def test_refusals_are_anthropic_errors_naming_the_field(self):
         msgs = [{"role": "user", "content": "hi"}]
