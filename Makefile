@@ -197,6 +197,9 @@ $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
 # the gateway's request decoder lives beside the gateway, not in the library
 $(FUZZ_BUILD)/fuzz_oai_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_oai_request.o $(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
+$(FUZZ_BUILD)/fuzz_anthropic_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_anthropic_request.o $(FUZZ_BUILD)/obj/http/anthropic.o \
+		$(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
 
 fuzz-build: $(FUZZ_BINS)
 

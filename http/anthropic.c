@@ -424,6 +424,9 @@ static int translate(bool count, const cJSON *root, cJSON *req, oai_error *e)
         while (i < n && strcmp(plain_fields[i].anthropic, k))
             i++;
         if (i < n && (count ? plain_fields[i].count : plain_fields[i].messages)) {
+            /* cJSON would print an overflowing number (1e999) as null */
+            if (cJSON_IsNumber(f) && !isfinite(f->valuedouble))
+                return fail(e, 400, k, "%s: the number given is not finite", k);
             if (!cJSON_IsNull(f))
                 cJSON_AddItemToObject(req, plain_fields[i].openai, cJSON_Duplicate(f, 1));
         } else if (!strcmp(k, "system")) {

@@ -204,6 +204,11 @@ class MessagesOnStories(tpdaemon.HttpDaemonCase):
         self.assertEqual((st, json.loads(out)["error"]["type"]), (405, "invalid_request_error"), out)
         st, out, r = request(self.port, "POST", "/v1/messages", b"{not json")
         self.assertEqual((st, json.loads(out)["type"]), (400, "error"), out)
+        # a number past a double is no missing field (cJSON would read it as null)
+        st, out, r = request(self.port, "POST", "/v1/messages",
+                             b'{"max_tokens": 1e999, "messages": [{"role": "user", "content": "hi"}]}')
+        self.assertEqual(st, 400, out)
+        self.assertTrue(json.loads(out)["error"]["message"].startswith("max_tokens: "), out)
         # a prompt past the context: the client's error (400), not a retryable 5xx
         st, r, _ = post(self.port, {"messages": [{"role": "user", "content": "Once upon a time " * 150}],
                                     "max_tokens": 4}, path="/v1/messages")
