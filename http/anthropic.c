@@ -427,6 +427,8 @@ static int translate(bool count, const cJSON *root, cJSON *req, oai_error *e)
             /* cJSON would print an overflowing number (1e999) as null */
             if (cJSON_IsNumber(f) && !isfinite(f->valuedouble))
                 return fail(e, 400, k, "%s: the number given is not finite", k);
+            if (!strcmp(k, "stop_sequences") && !cJSON_IsArray(f) && !cJSON_IsNull(f))
+                return fail(e, 400, k, "stop_sequences: expected a list of strings");
             if (!cJSON_IsNull(f))
                 cJSON_AddItemToObject(req, plain_fields[i].openai, cJSON_Duplicate(f, 1));
         } else if (!strcmp(k, "system")) {
