@@ -591,17 +591,14 @@ static void ant_param(const char *field, char *out, size_t cap)
     anthropic_name(f, out, cap);
 }
 
-static bool made_calls(const gw_choice *ch)
-{
-    return ch->tool_calls && cJSON_GetArraySize(ch->tool_calls) && ch->reason != TP_REASON_ERROR &&
-           ch->reason != TP_REASON_CANCELLED;
-}
-
-/* stop_reason and stop_sequence */
+/* stop_reason and stop_sequence: tool_use when the job ended for its
+ * calls, each whole (the rule the chat endpoint's "tool_calls" follows);
+ * a length finish is max_tokens, calls or not */
 static void add_stop(cJSON *o, const gw_choice *ch)
 {
-    const char *r = ch->reason == TP_REASON_LENGTH ? "max_tokens"
-                    : made_calls(ch)               ? "tool_use"
+    size_t n_calls = ch->tool_calls ? (size_t)cJSON_GetArraySize(ch->tool_calls) : 0;
+    const char *r = ch->reason == TP_REASON_LENGTH                                   ? "max_tokens"
+                    : tp_reason_ends_in_calls(ch->reason, n_calls, ch->tool_calls_cut) ? "tool_use"
                     : ch->reason == TP_REASON_STOP_STRING ? "stop_sequence"
                                                           : "end_turn";
     cJSON_AddStringToObject(o, "stop_reason", r);

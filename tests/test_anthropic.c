@@ -254,10 +254,22 @@ static void results_are_content_blocks_with_a_stop_reason_and_usage(void **state
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "content")), 1);
     cJSON_Delete(j);
     release(&ch);
-    finished(&c, &ch, TP_REASON_LENGTH, "", "", NULL);
+    /* a call a stop string cut is no finished call: the stop says why it ended */
+    finished(&c, &ch, TP_REASON_STOP_STRING, "", "", cJSON_Parse("[{\"id\":\"c\",\"function\":{\"name\":\"f\","
+                                                                 "\"arguments\":\"{\\\"a\"}}]"));
+    ch.tool_calls_cut = true;
+    ch.matched.kind = TP_MATCHED_STR;
+    ch.matched_buf = (char *)"\"";
+    j = body_of(&c);
+    assert_string_equal(str_at(j, "stop_reason"), "stop_sequence");
+    cJSON_Delete(j);
+    release(&ch);
+    /* cut by max_tokens: max_tokens, calls or not */
+    finished(&c, &ch, TP_REASON_LENGTH, "", "", cJSON_Parse("[{\"id\":\"c\",\"function\":{\"name\":\"f\","
+                                                           "\"arguments\":\"{}\"}}]"));
     j = body_of(&c);
     assert_string_equal(str_at(j, "stop_reason"), "max_tokens");
-    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "content")), 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "content")), 1);
     cJSON_Delete(j);
     release(&ch);
 
