@@ -855,8 +855,20 @@ static char *ant_close(gw_call *c, const char *model)
     return event("message_stop", o);
 }
 
+static int decode_messages(const char *body, size_t len, oai_request *out, oai_error *e)
+{
+    return gw_anthropic_decode(false, body, len, out, e);
+}
+
+static int decode_count(const char *body, size_t len, oai_request *out, oai_error *e)
+{
+    return gw_anthropic_decode(true, body, len, out, e);
+}
+
 const gw_api gw_api_messages = {
+    .path = "/v1/messages",
     .endpoint = GW_EP_MESSAGES,
+    .decode = decode_messages,
     .id_prefix = "msg_",
     .error = ant_error,
     .stream_error = ant_stream_error,
@@ -872,7 +884,9 @@ const gw_api gw_api_messages = {
 
 /* never streamed: the decoder takes no stream field */
 const gw_api gw_api_count_tokens = {
+    .path = "/v1/messages/count_tokens",
     .endpoint = GW_EP_COUNT_TOKENS,
+    .decode = decode_count,
     .id_prefix = "msg_",
     .error = ant_error,
     .stream_error = ant_stream_error,

@@ -87,7 +87,11 @@ struct gw_call;
  * memory, or nothing to send where noted). The stream functions may keep
  * per-choice state in the choice (blk, scalls[].block). */
 typedef struct gw_api {
+    const char *path;          /* "/v1/chat/completions": POST only */
     gw_endpoint endpoint;
+    /* the request body as the job it asks for (as oai_decode: 0, or -1 with
+     * e naming the field in this API's terms) */
+    int (*decode)(const char *body, size_t len, oai_request *out, oai_error *e);
     const char *id_prefix;     /* of the response id: "cmpl-", "chatcmpl-", "msg_" */
     /* an error body; code a string code (context_length_exceeded) or NULL */
     char *(*error)(int status, const char *message, const char *param, const char *code);
@@ -113,8 +117,10 @@ typedef struct gw_api {
     char *(*close)(struct gw_call *c, const char *model);
 } gw_api;
 
-/* openai.c, anthropic.c */
+/* openai.c, anthropic.c; server.c routes by gw_apis (NULL-terminated):
+ * an API is its file and its lines there */
 extern const gw_api gw_api_completions, gw_api_chat, gw_api_messages, gw_api_count_tokens;
+extern const gw_api *const gw_apis[];
 
 typedef struct gw_call {
     /* set by the HTTP side before it is queued, then read-only */
@@ -182,8 +188,8 @@ typedef struct gw {
 
 /* An Anthropic Messages request body (count: POST /v1/messages/count_tokens)
  * as the chat job the same conversation asks for at /v1/chat/completions
- * (anthropic.c); as oai_decode, the error naming the field in Anthropic's
- * terms. */
+ * (anthropic.c; gw_api_messages.decode); as oai_decode, the error naming
+ * the field in Anthropic's terms. */
 int gw_anthropic_decode(bool count, const char *body, size_t len, oai_request *out, oai_error *e);
 
 /* Take a reference off a call; frees it at zero. Caller holds gw.lock. */

@@ -52,8 +52,20 @@ static char *oai_close(gw_call *c, const char *model)
     return s;
 }
 
+static int decode_completions(const char *body, size_t len, oai_request *out, oai_error *e)
+{
+    return oai_decode(OAI_COMPLETIONS, body, len, out, e);
+}
+
+static int decode_chat(const char *body, size_t len, oai_request *out, oai_error *e)
+{
+    return oai_decode(OAI_CHAT, body, len, out, e);
+}
+
 const gw_api gw_api_completions = {
+    .path = "/v1/completions",
     .endpoint = GW_EP_COMPLETIONS,
+    .decode = decode_completions,
     .id_prefix = "cmpl-",
     .error = gw_error_json_code,
     .stream_error = oai_stream_error,
@@ -67,7 +79,9 @@ const gw_api gw_api_completions = {
 };
 
 const gw_api gw_api_chat = {
+    .path = "/v1/chat/completions",
     .endpoint = GW_EP_CHAT,
+    .decode = decode_chat,
     .id_prefix = "chatcmpl-",
     .error = gw_error_json_code,
     .stream_error = oai_stream_error,

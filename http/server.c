@@ -15,6 +15,9 @@
 
 #define SSE_BLOCK 65536
 
+/* The APIs, by path. */
+const gw_api *const gw_apis[] = {&gw_api_completions, &gw_api_chat, &gw_api_messages, &gw_api_count_tokens, NULL};
+
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_state {
     tp_buf body;          /* limited to http.max_body_bytes; err: refused */
@@ -266,12 +269,7 @@ static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_stat
     }
     oai_request oreq;
     oai_error e;
-    const char *body = tp_buf_str(&st->body);
-    int rc = st->ep == GW_EP_COMPLETIONS ? oai_decode(OAI_COMPLETIONS, body, st->body.len, &oreq, &e)
-             : st->ep == GW_EP_CHAT      ? oai_decode(OAI_CHAT, body, st->body.len, &oreq, &e)
-                                         : gw_anthropic_decode(st->ep == GW_EP_COUNT_TOKENS, body, st->body.len,
-                                                               &oreq, &e);
-    if (rc)
+    if (st->api->decode(tp_buf_str(&st->body), st->body.len, &oreq, &e))
         return send_error(g, conn, st, e.status, e.message, e.param, NULL);
     if (oreq.logprobs && !g->tok) {
         char msg[sizeof e.message];
@@ -310,10 +308,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     for (int ep = 0; ep < GW_EP_OTHER; ep++)
         if (!strcmp(url, gw_endpoint_name((gw_endpoint)ep)))
             st->ep = (gw_endpoint)ep;
-    const gw_api *apis[GW_EP_COUNT] = {[GW_EP_COMPLETIONS] = &gw_api_completions, [GW_EP_CHAT] = &gw_api_chat,
-                                       [GW_EP_MESSAGES] = &gw_api_messages,
-                                       [GW_EP_COUNT_TOKENS] = &gw_api_count_tokens};
-    st->api = apis[st->ep];
+    st->api = NULL;
+    for (size_t i = 0; gw_apis[i]; i++)
+        if (!strcmp(url, gw_apis[i]->path))
+            st->api = gw_apis[i];
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     bool v1 = !strncmp(url, "/v1/", 4);
     if (v1 && !authorized(g, conn))
