@@ -544,6 +544,17 @@ static void histogram(tp_buf *b, const char *name, const char *help, const tp_hi
                   (double)h->sum_us / 1e6, name, h->count);
 }
 
+const char *gw_endpoint_name(gw_endpoint ep)
+{
+    static const char *const names[GW_EP_COUNT] = {
+        [GW_EP_COMPLETIONS] = "/v1/completions", [GW_EP_CHAT] = "/v1/chat/completions",
+        [GW_EP_MESSAGES] = "/v1/messages",       [GW_EP_COUNT_TOKENS] = "/v1/messages/count_tokens",
+        [GW_EP_MODELS] = "/v1/models",           [GW_EP_HEALTH] = "/health",
+        [GW_EP_METRICS] = "/metrics",            [GW_EP_OTHER] = "other",
+    };
+    return (unsigned)ep < GW_EP_COUNT ? names[ep] : "other";
+}
+
 static const char *const reason_names[TP_REASON_COUNT] = {"none", "stop_string", "stop_token", "eos",
                                                           "length", "cancelled", "error"};
 
@@ -622,11 +633,12 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     }
     one(&b, "tokpipe_zap_refused_total", "counter", "CURVE handshakes refused (client key not authorized)",
         s->zap_refused);
-    family(&b, "tokpipe_http_responses_total", "counter", "Responses of this gateway by status class");
-    for (int k = 2; k <= 5; k++) {
-        snprintf(lab, sizeof lab, "code=\"%dxx\"", k);
-        sample(&b, "tokpipe_http_responses_total", lab, gc->requests[k]);
-    }
+    family(&b, "tokpipe_http_responses_total", "counter", "Responses of this gateway by endpoint and status class");
+    for (int ep = 0; ep < GW_EP_COUNT; ep++)
+        for (int k = 2; k <= 5; k++) {
+            snprintf(lab, sizeof lab, "endpoint=\"%s\",code=\"%dxx\"", gw_endpoint_name((gw_endpoint)ep), k);
+            sample(&b, "tokpipe_http_responses_total", lab, gc->requests[ep][k]);
+        }
     one(&b, "tokpipe_http_client_disconnects_total", "counter",
         "Completions whose client went away before the end (their jobs were cancelled)", gc->client_gone);
     return b.data;

@@ -582,6 +582,11 @@ class GatewayKeysAndDrain(unittest.TestCase):
                 self.assertEqual(st, 200, r)
                 st, r, _ = post(port2, body, headers={"Authorization": "Bearer sk-test-123"})
                 self.assertEqual(st, 200, r)
+                # Anthropic's clients send x-api-key; /v1/messages answers in its error shape
+                st, r, _ = post(port2, body, headers={"x-api-key": "sk-other"})
+                self.assertEqual(st, 200, r)
+                st, r, _ = post(port2, {"max_tokens": 5}, path="/v1/messages", headers={"x-api-key": "sk-wrong"})
+                self.assertEqual((st, r["type"], r["error"]["type"]), (401, "error", "authentication_error"), r)
             finally:
                 gw.send_signal(signal.SIGTERM)
                 self.assertEqual(gw.wait(30), 0, gw.stderr.read())
