@@ -21,6 +21,7 @@
 #include "tokpipe/grammar.h"
 #include "tokpipe/model.h"
 #include "tokpipe/sampler.h"
+#include "tokpipe/spec.h"
 #include "tokpipe/stop.h"
 #include "tokpipe/tokenizer.h"
 
@@ -63,6 +64,7 @@ typedef struct run_job {
     bool done;
     tp_stop_step last;   /* the finishing step */
     size_t context;      /* nonzero: max_tokens was lowered to fit this context */
+    int32_t max_tokens;  /* the stop stage's (the context's room included) */
     /* --logprobs: per accepted token its logprob and top_n alternatives */
     float *lp;
     tp_logprob *top;
@@ -72,6 +74,12 @@ typedef struct run_job {
     /* chat jobs: content, thinking and tool calls apart, as the stop stage does */
     tp_tcsplit *split;
     tp_buf content;
+    /* --speculative: this step's verify item is ids[n_ids - 1] and the
+     * guesses (spec_tok), its logits one row per position (spec_rows) */
+    tp_spec spec;
+    int32_t spec_tok[TP_SPEC_MAX_DRAFT + 1];
+    int n_guess;
+    float *spec_rows;
 } run_job;
 
 typedef struct run_ctx {
@@ -88,6 +96,8 @@ typedef struct run_ctx {
     tp_gcache *gc;
     uint64_t *gmask;
     float *mrow;         /* the logits under the mask */
+    tp_spec_mode spec;   /* --speculative */
+    int spec_n_max;
 } run_ctx;
 
 static void usage(FILE *out)
@@ -309,6 +319,7 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
                     tp_detok_control_stops(c->tok, g->stops, lens, g->n_stops, stop_ids + g->n_stop_ids);
     if (n + (size_t)sc.max_tokens >= (size_t)seq_len)
         j->context = (size_t)seq_len;
+    j->max_tokens = sc.max_tokens;
     if (g->logprobs) {
         size_t most = (size_t)sc.max_tokens;
         j->top_n = g->top_logprobs;
@@ -318,6 +329,10 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
         if (!j->lp || !j->top)
             return tp_err_set(err, TP_ENOMEM, "out of memory for logprobs");
     }
+    tp_spec_init(&j->spec, c->spec != TP_SPEC_OFF ? c->spec_n_max : 0);
+    if (c->spec != TP_SPEC_OFF &&
+        !(j->spec_rows = malloc(sizeof *j->spec_rows * (size_t)(c->spec_n_max + 1) * (size_t)c->vocab)))
+        return tp_err_set(err, TP_ENOMEM, "out of memory for the verify step's logits");
     tp_sampler_params sp = sampler_params(g, ban, n_ban);
     if (c->gc && (rc = tp_gcache_matcher(c->gc, c->gbnf, strlen(c->gbnf), &j->gm, err)))
         return rc;
@@ -336,6 +351,7 @@ static void job_free(run_job *j)
     free(j->ids);
     free(j->lp);
     free(j->top);
+    free(j->spec_rows);
     tp_sampler_free(j->sampler);
     tp_detok_free(j->detok);
     tp_stop_free(j->stop);
@@ -453,39 +469,103 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
     return 0;
 }
 
-/* Build one step: every running job's unfed ids (a decode token, or the
- * next prompt chunk), within the step's token budget. */
-static int plan_step(run_ctx *c, tp_fwd_item *items, run_job **owner)
+/* How many guesses job j verifies in this step (0: none), written after
+ * its last token into spec_tok: prompt lookup over its own tokens, as
+ * many as the controller asks for and the job, its slot and the step's
+ * budget can still take. */
+static int plan_guesses(run_ctx *c, run_job *j, int decoding, int budget)
 {
-    int n = 0, budget = RUN_STEP_TOKENS;
+    j->n_guess = 0;
+    if (c->spec != TP_SPEC_NGRAM || j->n_ids - j->n_fed != 1)
+        return 0;
+    /* room: tokens the job may still accept after this step's own one,
+     * positions its slot still has, and the step's budget */
+    long left = (long)j->max_tokens - tp_stop_completion_tokens(j->stop) - 1;
+    long slot = (long)tp_forward_max_positions(c->fwd) - (long)j->n_ids;
+    long room = left < slot ? left : slot;
+    if (room > budget - 1)
+        room = budget - 1;
+    int k = tp_spec_want(&j->spec, decoding, room > 0 ? (int)room : 0);
+    if (k <= 0)
+        return 0;
+    j->spec_tok[0] = j->ids[j->n_ids - 1];
+    j->n_guess = (int)tp_ngram_guess(j->ids, j->n_ids, (size_t)k, j->spec_tok + 1);
+    return j->n_guess;
+}
+
+/* Build one step: every running job's unfed ids (a decode token, or the
+ * next prompt chunk), within the step's token budget; a speculating job's
+ * decode token comes with its guesses, one verify item. */
+static int plan_step(run_ctx *c, tp_fwd_item *items, float **rows, run_job **owner)
+{
+    int n = 0, budget = RUN_STEP_TOKENS, decoding = 0;
+    for (size_t i = 0; i < c->n_jobs; i++)
+        decoding += !c->jobs[i].done && c->jobs[i].n_ids - c->jobs[i].n_fed == 1;
     for (size_t i = 0; i < c->n_jobs && budget > 0; i++) {
         run_job *j = &c->jobs[i];
         if (j->done)
             continue;
+        if (plan_guesses(c, j, decoding, budget) > 0) {
+            items[n] = (tp_fwd_item){.seq_id = j->seq, .pos = (int)j->n_fed, .tokens = (const int *)j->spec_tok,
+                                     .n_tokens = 1 + j->n_guess};
+            rows[n] = j->spec_rows;
+            owner[n++] = j;
+            budget -= 1 + j->n_guess;
+            continue;
+        }
         int want = (int)(j->n_ids - j->n_fed);
         int take = want < budget ? want : budget;
         items[n] = (tp_fwd_item){.seq_id = j->seq, .pos = (int)j->n_fed,
                                  .tokens = (const int *)&j->ids[j->n_fed], .n_tokens = take,
                                  .skip_logits = take < want};
+        rows[n] = NULL;
         owner[n++] = j;
         budget -= take;
     }
     return n;
 }
 
+/* A verify step's outcome: position i is sampled (and stop-checked) from
+ * row i exactly as a plain step would, while every earlier position's
+ * sampled token equalled its guess, so row i's context is the job's own;
+ * the first token that differs is kept too. Guesses past it are rolled
+ * back from the KV. */
+static int job_verify(run_ctx *c, run_job *j, const genopts *g, tp_err *err)
+{
+    int rc = 0, taken = 0;
+    j->n_fed++; /* the job's own last token */
+    for (int i = 0; i <= j->n_guess && rc == 0; i++) {
+        size_t before = j->n_ids;
+        rc = job_decide(c, j, j->spec_rows + (size_t)i * (size_t)c->vocab, g, err);
+        if (rc || j->done || i == j->n_guess || j->n_ids == before || j->ids[j->n_ids - 1] != j->spec_tok[1 + i])
+            break;
+        taken++;
+        j->n_fed++; /* the guess is the job's token: its KV stays */
+    }
+    tp_spec_result(&j->spec, j->n_guess, taken);
+    if (rc == 0 && !j->done && tp_forward_seq_truncate(c->fwd, j->seq, (int)j->n_fed))
+        rc = tp_err_set(err, TP_ESTATE, "rolling sequence %d back to %zu failed", j->seq, j->n_fed);
+    return rc;
+}
+
 static int generate(run_ctx *c, const genopts *g, tp_err *err)
 {
     tp_fwd_item *items = calloc(c->n_jobs, sizeof *items);
     run_job **owner = calloc(c->n_jobs, sizeof *owner);
+    float **rows = calloc(c->n_jobs, sizeof *rows);
     float *logits = malloc(sizeof *logits * c->n_jobs * (size_t)c->vocab);
     int rc = 0;
-    if (!items || !owner || !logits)
+    if (!items || !owner || !rows || !logits)
         rc = tp_err_set(err, TP_ENOMEM, "out of memory for %zu jobs", c->n_jobs);
     int n;
-    while (rc == 0 && (n = plan_step(c, items, owner)) > 0) {
-        if ((rc = tp_forward_step(c->fwd, items, n, logits, err)))
+    while (rc == 0 && (n = plan_step(c, items, rows, owner)) > 0) {
+        if ((rc = tp_forward_step_verify(c->fwd, items, n, logits, c->spec ? rows : NULL, err)))
             break;
         for (int i = 0; i < n && rc == 0; i++) {
+            if (rows[i]) {
+                rc = job_verify(c, owner[i], g, err);
+                continue;
+            }
             owner[i]->n_fed += (size_t)items[i].n_tokens;
             if (!items[i].skip_logits)
                 rc = job_decide(c, owner[i], logits + (size_t)i * (size_t)c->vocab, g, err);
@@ -493,6 +573,7 @@ static int generate(run_ctx *c, const genopts *g, tp_err *err)
     }
     free(items);
     free(owner);
+    free(rows);
     free(logits);
     return rc;
 }
@@ -596,6 +677,10 @@ static void print_json(const run_job *j, const genopts *g)
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)g->seed);
     cJSON_AddRawToObject(o, "seed", seed);
+    if (j->spec.n_max) {
+        cJSON_AddNumberToObject(o, "draft_tokens", (double)j->spec.drafted);
+        cJSON_AddNumberToObject(o, "draft_accepted", (double)j->spec.accepted);
+    }
     if (j->lp)
         print_logprobs(o, j);
     if (j->split)
@@ -754,6 +839,14 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
     int rc = load_engine(c, a, err);
     if (rc)
         return rc;
+    c->spec = (tp_spec_mode)a->gen.spec_mode;
+    c->spec_n_max = a->gen.spec_n_max ? a->gen.spec_n_max : TP_SPEC_DEFAULT_N_MAX;
+    if (c->spec == TP_SPEC_DRAFT)
+        return tp_err_set(err, TP_EINVAL, a->gen.draft_model ? "--speculative draft: draft models are not "
+                          "supported yet (use ngram)" : "--speculative draft: no draft model (--draft-model FILE)");
+    if (c->spec != TP_SPEC_OFF && a->kernel != TP_FWD_KERNEL_INVARIANT)
+        return tp_err_set(err, TP_EINVAL, "--speculative: needs the invariant kernel (its output would "
+                          "depend on the step's shape with --kernel openblas)");
     if ((rc = genopts_gbnf(&a->gen, &c->gbnf, err)))
         return rc;
     if (c->gbnf && (rc = grammar_init(c, err)))

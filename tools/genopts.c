@@ -12,6 +12,7 @@
 #include "tokpipe/protocol.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/sampler.h"
+#include "tokpipe/spec.h"
 #include "tokpipe/toolcall.h"
 
 void genopts_init(genopts *o)
@@ -437,6 +438,29 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
         o->one_call = true;
         return 1;
     }
+    if (!strcmp(a, "--speculative") || !strcmp(a, "--draft-max") || !strcmp(a, "--draft-model")) {
+        if (*i + 1 >= argc)
+            return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
+        const char *v = argv[++*i];
+        if (!strcmp(a, "--draft-model")) {
+            o->draft_model = v;
+            return 1;
+        }
+        if (!strcmp(a, "--speculative")) {
+            tp_spec_mode m;
+            int rc = tp_spec_mode_parse(v, &m, err);
+            if (rc)
+                return tp_err_set(err, rc, "--speculative: '%s' is not off, ngram or draft", v);
+            o->spec_mode = (int)m;
+            return 1;
+        }
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (!*v || *end || n < 1 || n > TP_SPEC_MAX_DRAFT)
+            return tp_err_set(err, TP_EINVAL, "--draft-max: '%s' is not a number in 1..%d", v, TP_SPEC_MAX_DRAFT);
+        o->spec_n_max = (int32_t)n;
+        return 1;
+    }
     if (!strcmp(a, "--tools") || !strcmp(a, "--tool-choice")) {
         if (*i + 1 >= argc)
             return tp_err_set(err, TP_EINVAL, "%s needs a value", a);
@@ -596,10 +620,15 @@ void genopts_print_help(FILE *out)
           "                           start rule root)\n"
           "  --json-schema FILE       constrain the output to JSON valid for this JSON Schema\n"
           "  --json-mode              constrain the output to one JSON object\n"
+          "  --speculative MODE       off (default), ngram (guess from the job's own tokens) or draft\n"
+          "                           (a draft model): the same output, in fewer forward steps\n"
+          "  --draft-max N            guesses per verify step, 1-16 (default 8); k adapts below it\n"
+          "  --draft-model FILE       the draft model of --speculative draft\n"
           "  --json                   one JSON line per prompt: prompt, text, tokens, finish_reason,\n"
           "                           finish_detail, matched, prompt_tokens, cached_tokens (prompt\n"
           "                           tokens taken from the daemon's prefix cache; run: 0),\n"
           "                           completion_tokens, seed, logprobs (with --logprobs),\n"
-          "                           grammar_complete (with a grammar)\n",
+          "                           grammar_complete (with a grammar), draft_tokens and\n"
+          "                           draft_accepted (guesses verified and accepted)\n",
           out);
 }

@@ -74,6 +74,11 @@ typedef struct genopts {
     const char *tool_choice;       /* NULL | "none" | "auto" | "required" | "function" */
     const char *tool_choice_name;  /* tool_choice "function" */
     bool one_call;                 /* --no-parallel-tool-calls: the job ends after its first call */
+    /* --speculative MODE, --draft-max N, --draft-model FILE (tokpipe/spec.h):
+     * the output is the same either way, only faster */
+    int spec_mode;                 /* tp_spec_mode; TP_SPEC_OFF unless given */
+    int32_t spec_n_max;            /* 1..TP_SPEC_MAX_DRAFT; 0 = the default */
+    const char *draft_model;
     void **owned;                  /* what the above point into (freed by genopts_free) */
     size_t n_owned;
 } genopts;

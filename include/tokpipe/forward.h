@@ -75,6 +75,13 @@ int tp_forward_seq_open(tp_forward *f, int *seq_id, tp_err *err);
 /* Release a sequence's slot. TP_ENOTFOUND if seq_id is not open. */
 int tp_forward_seq_close(tp_forward *f, int seq_id);
 
+/* Roll an open sequence back to its first len positions (0..its length):
+ * the rejected positions of a verify step. Pages wholly past len are let
+ * go at once (a cached one stays in the cache); the next step feeds from
+ * len. TP_ENOTFOUND if seq_id is not open, TP_EINVAL for a len outside
+ * 0..the length. */
+int tp_forward_seq_truncate(tp_forward *f, int seq_id, int len);
+
 /* Current length (positions filled) of an open sequence, or -1. */
 int tp_forward_seq_length(const tp_forward *f, int seq_id);
 
@@ -154,6 +161,16 @@ void tp_forward_prefix_stats(const tp_forward *f, tp_fwd_prefix_stats *out);
  * item, and no sequence changes. On success each sequence's length becomes
  * pos + n_tokens. */
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err);
+
+/* tp_forward_step with verify items (speculative decoding, tokpipe/spec.h).
+ * all_logits may be NULL (then it is tp_forward_step); else all_logits[i]
+ * non-NULL makes item i a verify item: it receives n_tokens rows of
+ * vocab_size logits, row j the ones after tokens[j], each bit-identical to
+ * what feeding the tokens one step at a time gives; the item's row of
+ * logits is then not written and its skip_logits is ignored. Only with the
+ * invariant kernel (TP_EINVAL otherwise). */
+int tp_forward_step_verify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                           float *const *all_logits, tp_err *err);
 
 /* Most compute threads one tp_forward runs. */
 #define TP_FORWARD_MAX_THREADS 256

@@ -1036,6 +1036,19 @@ bool tp_forward_seq_same_pages(const tp_forward *f, int a, int b, int pos)
            !memcmp(seq_table(f, a), seq_table(f, b), (size_t)nb * sizeof(int));
 }
 
+int tp_forward_seq_truncate(tp_forward *f, int seq_id, int len)
+{
+    if (seq_id < 0 || seq_id >= f->slots || f->seq_len[seq_id] < 0)
+        return TP_ENOTFOUND;
+    if (len < 0 || len > f->seq_len[seq_id])
+        return TP_EINVAL;
+    drop_pages(f, seq_id, (len + TP_KV_PAGE - 1) / TP_KV_PAGE);
+    if (f->n_pub[seq_id] > len / TP_KV_PAGE)
+        f->n_pub[seq_id] = len / TP_KV_PAGE;
+    f->seq_len[seq_id] = len;
+    return 0;
+}
+
 int tp_forward_seq_length(const tp_forward *f, int seq_id)
 {
     if (seq_id < 0 || seq_id >= f->slots)
@@ -1399,6 +1412,9 @@ static void attend_units(void *arg, int u0, int u1, int worker)
 
 /* ---- the step ---------------------------------------------------------- */
 
+/* Item i's verify rows (tp_forward_step_verify), or NULL. */
+#define ROWS(all, i) ((all) ? (all)[i] : NULL)
+
 static int check_item(tp_forward *f, const tp_fwd_item *it, int i, tp_err *err)
 {
     if (it->seq_id < 0 || it->seq_id >= f->slots || f->seq_len[it->seq_id] < 0)
@@ -1424,8 +1440,8 @@ static int check_item(tp_forward *f, const tp_fwd_item *it, int i, tp_err *err)
     return 0;
 }
 
-static int check_items(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, int *n_tok,
-                       tp_err *err)
+static int check_items(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                       float *const *all, int *n_tok, tp_err *err)
 {
     if (n_items < 0 || (n_items > 0 && !items))
         return tp_err_set(err, TP_EINVAL, "forward: bad item list (%d items)", n_items);
@@ -1433,8 +1449,11 @@ static int check_items(tp_forward *f, const tp_fwd_item *items, int n_items, flo
     int rc = 0;
     for (int i = 0; i < n_items && !rc; i++) {
         rc = check_item(f, &items[i], i, err);
-        if (!rc && !items[i].skip_logits && !logits)
+        if (!rc && !items[i].skip_logits && !ROWS(all, i) && !logits)
             rc = tp_err_set(err, TP_EINVAL, "forward: item %d wants logits but the logits buffer is NULL", i);
+        if (!rc && ROWS(all, i) && f->kernel != TP_FWD_KERNEL_INVARIANT)
+            rc = tp_err_set(err, TP_EINVAL, "forward: item %d: a verify step needs the invariant "
+                            "kernel", i);
         total += rc ? 0 : items[i].n_tokens;
     }
     for (int i = 0; i < n_items; i++)
@@ -1703,38 +1722,59 @@ static void cls_matmul(tp_forward *f, const float *x, int n, float *y, int ldy)
         matmul(f, &f->cls, x, f->c.dim, n, y, ldy);
 }
 
-static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits)
+/* Where the next classifier row goes, walking the items in the order their
+ * rows were made: a verify item's rows in turn, else the step's row i. */
+static float *next_dst(const tp_fwd_item *items, float *logits, float *const *all, size_t V, int *i, int *j)
+{
+    while (!ROWS(all, *i) && items[*i].skip_logits)
+        ++*i;
+    const tp_fwd_item *it = &items[*i];
+    if (!ROWS(all, *i))
+        return logits + (size_t)(*i)++ * V;
+    float *dst = all[*i] + (size_t)(*j)++ * V;
+    if (*j == it->n_tokens) {
+        ++*i;
+        *j = 0;
+    }
+    return dst;
+}
+
+static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, float *const *all)
 {
     scratch *s = &f->s;
     size_t d = (size_t)f->c.dim, V = (size_t)f->c.vocab_size;
     const float *rms_final = tp_model_get_weights(f->model)->rms_final;
     int rows = 0, t = 0;
+    bool verify = false;
     for (int i = 0; i < n_items; i++) {
-        t += items[i].n_tokens;
-        if (!items[i].skip_logits)
-            rmsnorm(s->cls_in + (size_t)rows++ * d, s->x + (size_t)(t - 1) * d, rms_final, f->c.dim,
+        /* a verify item's every row: each rmsnorm and classifier row is the
+         * one a single-token step gives that position (rows never interact) */
+        int first = ROWS(all, i) ? 0 : items[i].skip_logits ? items[i].n_tokens : items[i].n_tokens - 1;
+        for (int j = first; j < items[i].n_tokens; j++)
+            rmsnorm(s->cls_in + (size_t)rows++ * d, s->x + (size_t)(t + j) * d, rms_final, f->c.dim,
                     f->c.norm_eps);
+        verify |= ROWS(all, i) != NULL;
+        t += items[i].n_tokens;
     }
     if (!rows)
         return;
-    if (f->kernel == TP_FWD_KERNEL_OPENBLAS) {
+    if (f->kernel == TP_FWD_KERNEL_OPENBLAS) { /* no verify items (check_items) */
         classify_blas(f, items, n_items, logits, rows);
         return;
     }
     /* Rows of items that want logits are contiguous in the output when none
      * skips; otherwise compute CLS_CHUNK rows at a time into scratch and
      * scatter (same bits: rows never interact in the kernel). */
-    if (rows == n_items) {
+    if (rows == n_items && !verify) {
         cls_matmul(f, s->cls_in, rows, logits, (int)V);
         return;
     }
-    int r = 0;
-    for (int i = 0; r < rows;) {
+    int i = 0, j = 0;
+    for (int r = 0; r < rows;) {
         int n = rows - r < CLS_CHUNK ? rows - r : CLS_CHUNK;
         cls_matmul(f, s->cls_in + (size_t)r * d, n, s->cls_out, (int)V);
-        for (int k = 0; k < n; i++)
-            if (!items[i].skip_logits)
-                memcpy(logits + (size_t)i * V, s->cls_out + (size_t)k++ * V, V * sizeof(float));
+        for (int k = 0; k < n; k++)
+            memcpy(next_dst(items, logits, all, V, &i, &j), s->cls_out + (size_t)k * V, V * sizeof(float));
         r += n;
     }
 }
@@ -1745,7 +1785,7 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
  * item's end (a rewind) are let go. Cannot run out of pages: the pool has
  * a page for every position of every slot, and a page nobody holds is
  * free or evictable (prefix_cache.h). */
-static int prepare_pages(tp_forward *f, const tp_fwd_item *it)
+static int prepare_pages(tp_forward *f, const tp_fwd_item *it, bool verify)
 {
     int seq = it->seq_id, end = it->pos + it->n_tokens, *t = seq_table(f, seq);
     drop_pages(f, seq, (end + TP_KV_PAGE - 1) / TP_KV_PAGE);
@@ -1772,7 +1812,7 @@ static int prepare_pages(tp_forward *f, const tp_fwd_item *it)
     int32_t *rec = f->seq_tok + (size_t)seq * (size_t)f->kv_pos;
     for (int j = 0; j < it->n_tokens; j++)
         rec[it->pos + j] = it->tokens[j];
-    if (it->n_tokens > 1 || it->skip_logits)
+    if ((it->n_tokens > 1 || it->skip_logits) && !verify) /* a verify step is decode */
         tp_pcache_count_prefill(f->pc, it->n_tokens);
     return 0;
 }
@@ -1798,12 +1838,18 @@ static void publish_pages(tp_forward *f, int seq)
 
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err)
 {
+    return tp_forward_step_verify(f, items, n_items, logits, NULL, err);
+}
+
+int tp_forward_step_verify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                           float *const *all, tp_err *err)
+{
     int T = 0;
-    int rc = check_items(f, items, n_items, logits, &T, err);
+    int rc = check_items(f, items, n_items, logits, all, &T, err);
     if (rc || T == 0)
         return rc;
     for (int i = 0; i < n_items; i++)
-        if (prepare_pages(f, &items[i]))
+        if (prepare_pages(f, &items[i], ROWS(all, i) != NULL))
             return tp_err_set(err, TP_EFULL, "forward: no free KV page for item %d (every page is held)", i);
     if (f->kernel == TP_FWD_KERNEL_OPENBLAS) /* process-wide: set it for this instance every step */
         f->blas.set_num_threads(tp_forward_threads(f));
@@ -1813,11 +1859,12 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
         attention_block(f, l, T);
         ffn_block(f, l, T);
     }
-    classify(f, items, n_items, logits);
-    if (f->c.final_softcap) /* Gemma 2 */
-        for (int i = 0; i < n_items; i++)
-            if (!items[i].skip_logits)
-                softcap(logits + (size_t)i * f->c.vocab_size, f->c.vocab_size, f->c.final_softcap);
+    classify(f, items, n_items, logits, all);
+    for (int i = 0; i < n_items && f->c.final_softcap; i++) /* Gemma 2 */
+        if (ROWS(all, i))
+            softcap(all[i], items[i].n_tokens * f->c.vocab_size, f->c.final_softcap);
+        else if (!items[i].skip_logits)
+            softcap(logits + (size_t)i * f->c.vocab_size, f->c.vocab_size, f->c.final_softcap);
     tp_pool_hold(f->pool, false);
     for (int i = 0; i < n_items; i++) {
         f->seq_len[items[i].seq_id] = items[i].pos + items[i].n_tokens;
