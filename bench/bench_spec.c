@@ -1,0 +1,251 @@
+/* make bench: speculative decoding's two figures, as ratios measured in
+ * this run.
+ *
+ * 1. The cost of one verify step of k+1 positions against one decode step,
+ *    batch 1, on memory-bound shapes (random f32 stories42M / stories110M:
+ *    weight bytes per token decide a decode step). Paired: the two steps
+ *    take turns at the same position (rolled back after each), median of
+ *    the per-sample ratios. Printed for k+1 = 2..9; the target is k+1 = 5
+ *    <= 1.25.
+ * 2. Prompt lookup end to end on a "rewrite this text" workload: the
+ *    prompt holds a text and asks for it again (stories260K, the one
+ *    trained model here: its greedy continuation of the text's opening
+ *    retells it), greedy, 200 tokens, with speculation on and off taking
+ *    turns; the tokens must be equal. stories260K is far too small to be
+ *    memory-bound (its weights live in L2, a verify step costs about k+1
+ *    decode steps), so its wall-clock ratio is printed as measured and,
+ *    beside it, the speedup the same verify steps give on the memory-bound
+ *    shape: plain steps / sum over verify steps of part 1's cost ratio for
+ *    that step's size.
+ *
+ * Environment: TP_BENCH_SHAPES (default stories42M,stories110M),
+ * TP_BENCH_THREADS (default: the forward's default), TP_MODELS. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tokpipe/forward.h"
+#include "tokpipe/model.h"
+#include "tokpipe/sampler.h"
+#include "tokpipe/spec.h"
+#include "tokpipe/synth.h"
+#include "support/timing.h"
+
+#define SAMPLES 7
+#define REPS 8          /* steps per sample and kind */
+#define PROMPT 64
+#define MAX_POS 128
+#define MAX_K1 9        /* verify sizes 2..MAX_K1 */
+#define GEN 200
+#define TEXT 150
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_spec: %s: %s\n", what, why);
+    exit(1);
+}
+
+static int threads(void)
+{
+    const char *t = getenv("TP_BENCH_THREADS");
+    return t && atoi(t) > 0 ? atoi(t) : tp_forward_default_threads();
+}
+
+/* ---- 1. the verify step's cost ------------------------------------------- */
+
+/* Seconds of REPS steps of n tokens at pos (rolled back after each). */
+static double steps(tp_forward *f, int sid, int pos, int n, int vocab, float *rows)
+{
+    int toks[MAX_K1];
+    for (int i = 0; i < n; i++)
+        toks[i] = 3 + (i * 7919 + pos) % (vocab - 3);
+    tp_err e;
+    tp_fwd_item it = {sid, pos, toks, n, false};
+    float *all[1] = {rows};
+    double t0 = bench_now();
+    for (int r = 0; r < REPS; r++) {
+        if (tp_forward_step_verify(f, &it, 1, rows, n > 1 ? all : NULL, &e))
+            die("step", e.msg);
+        tp_forward_seq_truncate(f, sid, pos);
+    }
+    return bench_now() - t0;
+}
+
+/* cost[n] for n = 2..MAX_K1: a verify step of n positions / a decode step. */
+static void verify_cost(const char *shape, double *cost)
+{
+    tp_synth_shape sh;
+    tp_err e;
+    if (tp_synth_parse_shape(shape, &sh, &e))
+        die(shape, e.msg);
+    sh.seq_len = MAX_POS;
+    char path[] = "/tmp/tp-bench-spec-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!fp || tp_synth_write_model(fp, &sh, 1, NULL, NULL, &e) || fclose(fp))
+        die("write model", e.msg);
+    tp_model *m;
+    tp_forward *f;
+    if (tp_model_load(path, &m, &e) || tp_forward_new(m, 1, MAX_POS, PROMPT, &f, &e) ||
+        tp_forward_set_threads(f, threads(), &e))
+        die(path, e.msg);
+    remove(path);
+    int vocab = sh.vocab_size, sid, toks[PROMPT];
+    float *rows = malloc(sizeof *rows * MAX_K1 * (size_t)vocab);
+    if (!rows)
+        die("rows", "out of memory");
+    for (int i = 0; i < PROMPT; i++)
+        toks[i] = 3 + (i * 31) % (vocab - 3);
+    tp_fwd_item it = {0, 0, toks, PROMPT, true};
+    if (tp_forward_seq_open(f, &sid, &e) || (it.seq_id = sid, tp_forward_step(f, &it, 1, NULL, &e)))
+        die("prompt", e.msg);
+    steps(f, sid, PROMPT, 1, vocab, rows); /* warm */
+    steps(f, sid, PROMPT, MAX_K1, vocab, rows);
+    for (int n = 2; n <= MAX_K1; n++) {
+        double r[SAMPLES];
+        for (int s = 0; s < SAMPLES; s++) {
+            double one = steps(f, sid, PROMPT, 1, vocab, rows);
+            double ver = steps(f, sid, PROMPT, n, vocab, rows);
+            one = (one + steps(f, sid, PROMPT, 1, vocab, rows)) / 2;
+            r[s] = ver / one;
+        }
+        cost[n] = bench_median(r, SAMPLES);
+    }
+    printf("  %-12s %d threads: verify step / decode step, batch 1:", shape, threads());
+    for (int n = 2; n <= MAX_K1; n++)
+        printf(" %d:%.2f", n, cost[n]);
+    printf("   (k+1 = 5: %.2f, target <= 1.25)\n", cost[5]);
+    free(rows);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+/* ---- 2. prompt lookup on a rewrite workload ------------------------------ */
+
+typedef struct gen_run {
+    int32_t out[GEN];
+    int steps;               /* forward steps */
+    int sizes[MAX_K1 + 1];   /* verify steps by positions (1: plain) */
+    double secs;
+} gen_run;
+
+/* Greedy generation of GEN tokens after ids[0, n), with prompt lookup of
+ * at most n_max guesses (0: off); the same loop as tokpipe run's. */
+static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int n_max, gen_run *g)
+{
+    tp_err e;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(n + GEN + MAX_K1));
+    float *rows = malloc(sizeof *rows * MAX_K1 * (size_t)vocab);
+    tp_sampler_params p = tp_sampler_params_default();
+    p.temperature = 0;
+    tp_sampler *s;
+    int sid;
+    if (!ids || !rows || tp_sampler_new(&p, vocab, prompt, (size_t)n, &s, &e) || tp_forward_seq_open(f, &sid, &e))
+        die("generate", "setup failed");
+    memcpy(ids, prompt, sizeof *ids * (size_t)n);
+    memset(g, 0, sizeof *g);
+    tp_spec sp;
+    tp_spec_init(&sp, n_max);
+    size_t len = (size_t)n, fed = 0;
+    int made = 0;
+    double t0 = bench_now();
+    while (made < GEN) {
+        int32_t toks[MAX_K1];
+        int k = 0;
+        if (fed == len - 1) {
+            int want = tp_spec_want(&sp, 1, GEN - made - 1 < MAX_K1 - 1 ? GEN - made - 1 : MAX_K1 - 1);
+            k = want ? (int)tp_ngram_guess(ids, len, (size_t)want, toks + 1) : 0;
+        }
+        tp_fwd_item it;
+        float *all[1] = {rows};
+        if (k) {
+            toks[0] = ids[len - 1];
+            it = (tp_fwd_item){sid, (int)fed, (const int *)toks, k + 1, false};
+        } else {
+            it = (tp_fwd_item){sid, (int)fed, (const int *)(ids + fed), (int)(len - fed), false};
+        }
+        if (tp_forward_step_verify(f, &it, 1, rows, k ? all : NULL, &e))
+            die("step", e.msg);
+        g->steps++;
+        g->sizes[k + 1]++;
+        fed = (size_t)it.pos + (k ? 1 : (size_t)it.n_tokens);
+        int taken = 0;
+        for (int i = 0; i <= k && made < GEN; i++) {
+            int32_t c;
+            if (tp_sampler_sample(s, rows + (size_t)i * vocab, &c, &e) || tp_sampler_accept(s, c, &e))
+                die("sample", e.msg);
+            ids[len++] = g->out[made++] = c;
+            if (i == k || c != toks[1 + i])
+                break;
+            taken++;
+            fed++;
+        }
+        if (k) {
+            tp_spec_result(&sp, k, taken);
+            tp_forward_seq_truncate(f, sid, (int)fed);
+        }
+    }
+    g->secs = bench_now() - t0;
+    tp_forward_seq_close(f, sid);
+    tp_sampler_free(s);
+    free(ids);
+    free(rows);
+}
+
+static void rewrite(const double *cost)
+{
+    const char *dir = getenv("TP_MODELS");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stories260K.bin", dir ? dir : "../shared/models");
+    tp_model *m;
+    tp_forward *f;
+    tp_err e;
+    if (tp_model_load(path, &m, &e) || tp_forward_new(m, 1, 0, 512, &f, &e))
+        die(path, e.msg);
+    int vocab = tp_model_get_config(m)->vocab_size;
+    /* the text: the model's own story after an opening; the workload: the
+     * text, then the opening again, to be continued (retold) */
+    const int32_t opening[] = {1, 365, 1211 % 512, 304, 403, 407, 261, 378};
+    int no = (int)(sizeof opening / sizeof *opening);
+    gen_run text, on, off;
+    generate(f, vocab, opening, no, 0, &text);
+    int32_t prompt[TEXT + 2 * 8];
+    memcpy(prompt, opening, sizeof opening);
+    memcpy(prompt + no, text.out, sizeof *prompt * TEXT);
+    memcpy(prompt + no + TEXT, opening + 1, sizeof *prompt * (size_t)(no - 1));
+    int np = no + TEXT + no - 1;
+    double r[SAMPLES];
+    for (int s = 0; s < SAMPLES; s++) {
+        generate(f, vocab, prompt, np, 0, &off);
+        generate(f, vocab, prompt, np, TP_SPEC_DEFAULT_N_MAX, &on);
+        if (memcmp(on.out, off.out, sizeof on.out))
+            die("rewrite", "speculation changed the tokens");
+        r[s] = off.secs / on.secs;
+    }
+    double measured = bench_median(r, SAMPLES), projected = 0;
+    for (int n = 1; n <= MAX_K1; n++)
+        projected += on.sizes[n] * (n == 1 ? 1.0 : cost[n]);
+    int accepted = GEN - on.steps;
+    printf("  rewrite workload (stories260K, greedy, %d tokens): %d steps with prompt lookup vs %d without "
+           "(%.2f tokens per step, %d guesses taken)\n",
+           GEN, on.steps, off.steps, (double)GEN / on.steps, accepted);
+    printf("    end-to-end speedup, measured on stories260K (compute-bound, not the target's shape): %.2fx\n",
+           measured);
+    printf("    the same steps on the memory-bound shape (part 1's costs): %.2fx (target >= 1.8)\n",
+           off.steps / projected);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+int main(void)
+{
+    const char *shapes = getenv("TP_BENCH_SHAPES");
+    char list[256];
+    snprintf(list, sizeof list, "%s", shapes ? shapes : "stories42M,stories110M");
+    double cost[MAX_K1 + 1] = {0};
+    for (char *save, *sh = strtok_r(list, ",", &save); sh; sh = strtok_r(NULL, ",", &save))
+        verify_cost(sh, cost); /* the last shape's costs project part 2 */
+    rewrite(cost);
+    return 0;
+}
