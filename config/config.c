@@ -28,6 +28,8 @@ struct key {
  * link it); test_config checks they are tp_fwd_kernel_parse's. */
 const char *const tp_config_kernel_names[] = {"invariant", "openblas", NULL};
 const char *const tp_config_kv_type_names[] = {"f32", "f16", NULL};
+/* tp_spec_mode's names, in its order (test_config checks them) */
+const char *const tp_config_spec_mode_names[] = {"off", "ngram", "draft", NULL};
 
 #define OFF(f) offsetof(tp_config, f)
 #define KI(p, f, lo, hi) {p, K_INT, OFF(f), lo, hi, 0, 0, NULL}
@@ -61,6 +63,9 @@ static const struct key keys[] = {
     KI("batching.prefill_chunk", prefill_chunk, 1, 65536),
     KI("batching.micro_batches", micro_batches, 1, 8),
     KB("batching.decode_ahead", decode_ahead),
+    KE("speculative.mode", spec_mode, tp_config_spec_mode_names),
+    KI("speculative.n_max", spec_n_max, 1, 16),
+    KS("speculative.draft_model", spec_draft_model),
     KI("kv.slots", kv_slots, 1, 4096),
     KI("kv.max_pos", kv_max_pos, 0, 1 << 20),
     KE("kv.kv_type", kv_type, tp_config_kv_type_names),
@@ -147,6 +152,7 @@ static const struct { size_t off; const char *v; } str_fields[] = {
     {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
     {OFF(client_secret_key), ""}, {OFF(client_keys), ""}, {OFF(worker_keys), ""},
     {OFF(http_listen), "127.0.0.1"}, {OFF(http_api_key_file), ""}, {OFF(http_model_name), ""},
+    {OFF(spec_draft_model), ""},
 };
 #define N_STRS (sizeof str_fields / sizeof str_fields[0])
 
@@ -175,6 +181,8 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->prefill_chunk = 128;
     cfg->micro_batches = 2;
     cfg->decode_ahead = true;
+    cfg->spec_mode = 0;
+    cfg->spec_n_max = 8;
     cfg->kv_slots = 64;
     cfg->kv_max_pos = 0;
     cfg->prefix_cache = true;

@@ -120,6 +120,15 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
+    const tp_spec_params *sp = &p->speculative;
+    bool draft = sp->set & TP_SPEC_P_MODE ? sp->mode.len == 5 && !memcmp(sp->mode.ptr, "draft", 5)
+                                          : c->spec_mode == TP_SPEC_DRAFT;
+    if (draft)
+        return bad(v, TP_ST_BAD_REQUEST, "params.speculative.mode",
+                   *c->spec_draft_model ? "params.speculative.mode: draft: draft-model workers are not supported "
+                                          "yet (use ngram)"
+                                        : "params.speculative.mode: draft needs a draft model and none is "
+                                          "configured (speculative.draft_model)");
     /* the limit counts distinct strings: copies of one match as one */
     if (p->n_stop > (size_t)c->max_stop_strings) {
         const char **ss = calloc(p->n_stop, sizeof *ss);
@@ -308,6 +317,9 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
     /* the request's frames go away: the mode becomes one of our literals */
     if (p->set & TP_P_LOGPROBS_MODE)
         p->logprobs_mode = tp_str_of(tp_params_lpmode(p) == TP_LPMODE_PROCESSED ? "processed" : "raw");
+    if (p->speculative.set & TP_SPEC_P_MODE)
+        p->speculative.mode = tp_str_of(p->speculative.mode.len == 5 && !memcmp(p->speculative.mode.ptr, "ngram", 5)
+                                            ? "ngram" : "off");
     if (!(p->set & TP_P_SEED)) {   /* reported in ACK and FINISH, so the job can be replayed */
         p->seed = tp_random_u64();
         p->set |= TP_P_SEED;
@@ -508,6 +520,10 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->forward_steps = st->forward_steps;
     s->forward_rows = st->forward_rows;
     s->forward_tokens = st->forward_tokens;
+    s->spec_drafted = st->spec_drafted;
+    s->spec_accepted = st->spec_accepted;
+    s->spec_verify_steps = st->spec_verify_steps;
+    s->spec_verify_tokens = st->spec_verify_tokens;
     s->zap_refused = tp_zsec_server_refused(b->zsec);
     s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;

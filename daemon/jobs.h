@@ -11,6 +11,7 @@
 
 #include "tokpipe/error.h"
 #include "tokpipe/protocol.h"
+#include "tokpipe/spec.h"
 #include "metrics.h"
 
 enum { J_FREE = 0, J_TOKENIZE, J_ADMIT, J_RUNNING, J_CLOSING, J_FINISHED };
@@ -47,6 +48,9 @@ typedef struct bjob {
                                      * prompt + cands is what the KV cache holds (or will) */
     uint32_t cap_cands;
     uint32_t n_verd;                /* candidates with a verdict; cands[n_verd..n_cand) await theirs */
+    tp_spec spec;                   /* speculative decoding's controller (n_max 0: off) */
+    int32_t guess[TP_SPEC_MAX_DRAFT]; /* the guesses its step in flight verifies */
+    uint32_t n_guess;
     uint32_t n_tok_ids;             /* ids carried by the TOKEN events forwarded to subscribers */
     int64_t lost_ms;                /* when the job lost a worker it still misses (0 = none) */
     uint8_t losses;                 /* workers of loss_stage lost while they processed this job alone, */

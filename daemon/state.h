@@ -85,6 +85,9 @@ typedef struct bstats {
     uint64_t jobs_submitted, jobs_rejected, events_published;
     uint64_t malformed_front, malformed_back, malformed_events;
     uint64_t forward_steps, forward_rows, forward_tokens;
+    /* speculative decoding: guesses verified and taken, verify steps and the
+     * candidates they gave (tokens per verify step) */
+    uint64_t spec_drafted, spec_accepted, spec_verify_steps, spec_verify_tokens;
     uint64_t workers_lost, events_duplicate, events_refused;
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
     uint64_t jobs_poisoned;         /* jobs ended because they lost B_POISON_TRIES workers (recover.c) */
@@ -109,9 +112,11 @@ typedef struct bchild {
 typedef struct bcols {
     uint32_t *slots, *pos, *ntok, *index;
     uint8_t *flags;
-    int32_t *tokens, *acc, *cands;
+    int32_t *tokens, *acc, *cands, *guess;
     float *logits;
     size_t cap, tok_cap, logit_cap;
+    int32_t *ids;                   /* a job's prompt + candidates, for prompt lookup */
+    size_t ids_cap;
 } bcols;
 
 /* Messages the floors under broker.c have built, in the order they were

@@ -31,9 +31,9 @@ static int cols_reserve(bcols *c, size_t n, size_t n_tokens, size_t n_logits)
 {
     if (n > c->cap) {
         size_t nc = n * 2;
-        void *p[7] = {realloc(c->slots, nc * 4), realloc(c->pos, nc * 4), realloc(c->ntok, nc * 4),
+        void *p[8] = {realloc(c->slots, nc * 4), realloc(c->pos, nc * 4), realloc(c->ntok, nc * 4),
                       realloc(c->index, nc * 4), realloc(c->flags, nc), realloc(c->acc, nc * 4),
-                      realloc(c->cands, nc * 4)};
+                      realloc(c->cands, nc * 4), realloc(c->guess, nc * 4)};
         /* realloc failure leaves the old block valid: keep whichever we got */
         if (p[0]) c->slots = p[0];
         if (p[1]) c->pos = p[1];
@@ -42,7 +42,8 @@ static int cols_reserve(bcols *c, size_t n, size_t n_tokens, size_t n_logits)
         if (p[4]) c->flags = p[4];
         if (p[5]) c->acc = p[5];
         if (p[6]) c->cands = p[6];
-        for (int i = 0; i < 7; i++)
+        if (p[7]) c->guess = p[7];
+        for (int i = 0; i < 8; i++)
             if (!p[i])
                 return TP_ENOMEM;
         c->cap = nc;
@@ -74,8 +75,10 @@ void step_free(broker *b)
     free(c->flags);
     free(c->acc);
     free(c->cands);
+    free(c->guess);
     free(c->tokens);
     free(c->logits);
+    free(c->ids);
     memset(c, 0, sizeof *c);
 }
 
@@ -145,6 +148,59 @@ static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint3
     return nt;
 }
 
+/* Speculative decoding: the guesses j's decode item verifies in this step
+ * (into j->guess, 0..n_guess), by prompt lookup over its prompt and
+ * candidates: as many as its controller asks for and its max_tokens, its
+ * forward worker's context and the step's budget leave room for.
+ * `running`: the jobs decoding at the worker (a big batch is compute-bound:
+ * nobody guesses). */
+static uint32_t plan_guesses(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
+{
+    j->n_guess = 0;
+    if (!j->spec.n_max || feed_left(j) != 1 || j->pending < 0)
+        return 0;
+    uint32_t total = j->n_prompt + j->n_cand;
+    long left = (long)j->params.max_tokens - (long)j->n_cand - 1;
+    long room = seq_len ? (long)seq_len - (long)total : left;
+    if (left < room)
+        room = left;
+    if ((long)budget - 1 < room)
+        room = (long)budget - 1;
+    int k = tp_spec_want(&j->spec, (int)running, room > 0 ? (int)room : 0);
+    if (k <= 0)
+        return 0;
+    bcols *c = &b->cols;
+    if (total > c->ids_cap) {
+        int32_t *ids = realloc(c->ids, (size_t)total * 2 * sizeof *ids);
+        if (!ids)
+            return 0;
+        c->ids = ids;
+        c->ids_cap = (size_t)total * 2;
+    }
+    memcpy(c->ids, j->prompt, (size_t)j->n_prompt * sizeof *c->ids);
+    memcpy(c->ids + j->n_prompt, j->cands, (size_t)j->n_cand * sizeof *c->ids);
+    j->n_guess = (uint32_t)tp_ngram_guess(c->ids, total, (size_t)k, j->guess);
+    return j->n_guess;
+}
+
+/* A verify item's result: m candidates came for j's guesses (the chain
+ * stopped at the first that differed from its guess), so m - 1 guesses
+ * were taken and their positions stay in the KV; the next item starts
+ * after them (the forward worker overwrites the rest). */
+static void spec_settle(broker *b, bjob *j, uint32_t m)
+{
+    if (!j->n_guess)
+        return;
+    uint32_t taken = m > 0 ? m - 1 : 0;
+    j->n_fed += taken;
+    tp_spec_result(&j->spec, (int)j->n_guess, (int)taken);
+    b->stats.spec_drafted += j->n_guess;
+    b->stats.spec_accepted += taken;
+    b->stats.spec_verify_steps++;
+    b->stats.spec_verify_tokens += m;
+    j->n_guess = 0;
+}
+
 /* May j join a step at wi? Not while candidates of it wait to go to its
  * stop worker again (stop_resend): a stop worker takes a job's candidates
  * in order. */
@@ -185,8 +241,10 @@ static bool build_step(broker *b, int wi, bjob *alone)
         budget = w->max_batch_tokens;
     if (cols_reserve(c, max_items, budget, 0))
         return false;
-    uint32_t n = 0, n_tokens = 0;
+    uint32_t n = 0, n_tokens = 0, running = 0;
     uint64_t step = ++b->next_step;
+    for (uint32_t i = 0; i < b->jt.cap; i++)
+        running += b->jt.jobs[i].state == J_RUNNING && b->jt.jobs[i].fwd == wi;
     /* decode items first (running jobs never wait behind a prompt), then
      * prompt chunks in admission order */
     for (int pass = 0; pass < 2; pass++) {
@@ -198,6 +256,15 @@ static bool build_step(broker *b, int wi, bjob *alone)
             if (prefill != (pass == 1))
                 continue;
             uint32_t nt = add_item(c, n, n_tokens, j, budget - n_tokens, b->cfg->prefill_chunk);
+            /* (a prefill, e.g. after a lost worker, verifies nothing: guesses
+             * of a dropped step are forgotten here) */
+            uint32_t g = prefill ? (j->n_guess = 0) : plan_guesses(b, j, w->seq_len, running, budget - n_tokens);
+            if (g) {   /* the decode token, then the guesses: a verify item */
+                memcpy(c->tokens + n_tokens + nt, j->guess, g * sizeof *j->guess);
+                c->ntok[n] = nt + g;
+                c->flags[n] |= TP_ITEM_VERIFY;
+                n_tokens += g;
+            }
             j->phase = P_FORWARD;
             j->step = step;
             if (w->stages & TP_STAGE_SAMPLE)   /* the STEP carries it to the fused sampler */
@@ -442,17 +509,23 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
             continue;
         if (cols_reserve(c, r->n, 0, (size_t)r->n * v))
             return;
-        uint32_t k = 0;
+        uint32_t k = 0, t = 0;
         bool whole = true;   /* every row, in order: forward the frame as is */
+        bool guessed = false;
         for (uint32_t i = 0; i < r->n; i++) {
             bjob *j = step_job(b, tp_raw_u32(r->slots, i), step, P_SAMPLE);
             if (!j || j->smp != wi) {
                 whole = false;
                 continue;
             }
+            /* a verify item's rows follow each other: row t's guess is the
+             * token fed after it */
+            t = k > 0 && c->slots[k - 1] == j->slot ? t + 1 : 0;
             c->slots[k] = j->slot;
             c->index[k] = j->n_cand;
             c->acc[k] = j->acc_for_sampler;
+            c->guess[k] = t < j->n_guess ? j->guess[t] : -1;
+            guessed |= c->guess[k] >= 0;
             j->acc_for_sampler = -1;
             whole = whole && k == i;
             k++;
@@ -475,6 +548,8 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
         m.sample.index = (tp_raw){c->index, k};
         m.sample.accepted = (tp_raw){c->acc, k};
         m.sample.logits = whole ? (tp_raw){r->out.data, (size_t)k * v} : (tp_raw){c->logits, (size_t)k * v};
+        if (guessed)
+            m.sample.guess = (tp_raw){c->guess, k};
         out_worker(b, wi, &m);
     }
 }
@@ -549,16 +624,29 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     /* output items move on; then whoever is still in FORWARD had none */
     picked p;
     bool ok = picked_init(&p, r->n);
+    bjob *prev = NULL;   /* a sampled verify item's candidates follow each other */
+    uint32_t got = 0;
     for (uint32_t i = 0; ok && i < r->n; i++) {
-        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_FORWARD);
+        uint32_t slot = tp_raw_u32(r->slots, i);
+        bjob *j = prev && prev->slot == slot && r->sampled ? prev : step_job(b, slot, r->step, P_FORWARD);
+        if (j != prev) {
+            if (prev && r->sampled)
+                spec_settle(b, prev, got);
+            prev = NULL;
+            got = 0;
+        }
         if (!j || j->fwd != wi)
             continue;
-        jobs_progress(j, TP_SI_FORWARD);
+        if (got++ == 0)
+            jobs_progress(j, TP_SI_FORWARD);
+        prev = j;
         if (r->sampled)
             picked_add(b, &p, j, i, tp_raw_i32(r->out, i));
         else
-            j->phase = P_SAMPLE;
+            j->phase = P_SAMPLE;   /* (a verify item's later rows: found no more in P_FORWARD) */
     }
+    if (prev && r->sampled)
+        spec_settle(b, prev, got);
     release_quiet_items(b, wi, r->step);
     if (r->sampled)
         picked_send(b, &p, r->step, &r->lp);
@@ -576,13 +664,26 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
     }
     picked p;
     bool ok = picked_init(&p, r->n);
+    bjob *prev = NULL;   /* a verify item's candidates follow each other */
+    uint32_t got = 0;
     for (uint32_t i = 0; ok && i < r->n; i++) {
-        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_SAMPLE);
+        uint32_t slot = tp_raw_u32(r->slots, i);
+        bjob *j = prev && prev->slot == slot ? prev : step_job(b, slot, r->step, P_SAMPLE);
+        if (j != prev) {
+            if (prev)
+                spec_settle(b, prev, got);
+            prev = NULL;
+            got = 0;
+        }
         if (!j || j->smp != wi)
             continue;
-        jobs_progress(j, TP_SI_SAMPLE);
+        if (got++ == 0)
+            jobs_progress(j, TP_SI_SAMPLE);
+        prev = j;
         picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i));
     }
+    if (prev)
+        spec_settle(b, prev, got);
     picked_send(b, &p, r->step, &r->lp);
     picked_free(&p);
 }

@@ -37,6 +37,15 @@
 
 /* ---- generation parameters ---- */
 
+static const field spec_fields[] = {
+    {.key = "mode", .type = FT_STR, .off = offsetof(tp_spec_params, mode), .flags = FF_NONEMPTY,
+     .max = TP_PROTO_MAX_NAME, .setbit = TP_SPEC_P_MODE},
+    {.key = "n_max", .type = FT_I32, .off = offsetof(tp_spec_params, n_max), .ilo = 1, .ihi = 16,
+     .setbit = TP_SPEC_P_N_MAX},
+    END,
+};
+static const table spec_table = {spec_fields, (long)offsetof(tp_spec_params, set)};
+
 static const field params_fields[] = {
     {.key = "max_tokens", .type = FT_I32, .off = P(max_tokens), .ilo = 1, .ihi = INT32_MAX, .setbit = TP_P_MAX_TOKENS},
     {.key = "min_tokens", .type = FT_I32, .off = P(min_tokens), .ilo = 0, .ihi = INT32_MAX, .setbit = TP_P_MIN_TOKENS},
@@ -82,6 +91,7 @@ static const field params_fields[] = {
     {.key = "parse_reasoning", .type = FT_BOOL, .off = P(parse_reasoning), .setbit = TP_P_PARSE_REASONING},
     {.key = "parallel_tool_calls", .type = FT_BOOL, .off = P(parallel_tool_calls),
      .setbit = TP_P_PARALLEL_TOOL_CALLS},
+    {.key = "speculative", .type = FT_MAP, .off = P(speculative), .sub = &spec_table},
     END,
 };
 static const table params_table = {params_fields, (long)P(set)};
@@ -206,6 +216,8 @@ static const field stats_reply_f[] = {
      .max = TP_PROTO_MAX_TRIGGERS},
     F_U64("triggers_other", ST(triggers_other), 0), F_U64("forward_steps", ST(forward_steps), 0),
     F_U64("forward_rows", ST(forward_rows), 0), F_U64("forward_tokens", ST(forward_tokens), 0),
+    F_U64("spec_drafted", ST(spec_drafted), 0), F_U64("spec_accepted", ST(spec_accepted), 0),
+    F_U64("spec_verify_steps", ST(spec_verify_steps), 0), F_U64("spec_verify_tokens", ST(spec_verify_tokens), 0),
     F_U64("zap_refused", ST(zap_refused), 0), F_U64("jobs_running", ST(jobs_running), 0),
     F_U64("jobs_waiting", ST(jobs_waiting), 0), F_U64("kv_slots_used", ST(kv_slots_used), 0),
     F_U64("kv_slots_total", ST(kv_slots_total), 0),
@@ -392,7 +404,8 @@ static const field sample_f[] = {
 };
 static const pframe sample_p[] = {
     {"slots", M(sample.slots), 4, 0}, {"index", M(sample.index), 4, 0},
-    {"accepted", M(sample.accepted), 4, 0}, {"logits", M(sample.logits), 4, 0}, {NULL, 0, 0, 0},
+    {"accepted", M(sample.accepted), 4, 0}, {"logits", M(sample.logits), 4, 0}, {"guess", M(sample.guess), 4, 1},
+    {NULL, 0, 0, 0},
 };
 
 static const field sampled_f[] = {TASK, STATUS, ERROR, STEPNO(M(sampled.step)),
@@ -448,6 +461,12 @@ int tp_params_lpmode(const tp_params *p)
 
 static int params_check(const tp_params *p, const char *path, tp_err *err)
 {
+    const tp_str *sm = &p->speculative.mode;
+    if ((p->speculative.set & TP_SPEC_P_MODE) &&
+        !((sm->len == 3 && !memcmp(sm->ptr, "off", 3)) || (sm->len == 5 && !memcmp(sm->ptr, "ngram", 5)) ||
+          (sm->len == 5 && !memcmp(sm->ptr, "draft", 5))))
+        return tp_err_set(err, TP_EINVAL, "%s.speculative.mode: '%.*s' is not off, ngram or draft", path,
+                          (int)(sm->len > 32 ? 32 : sm->len), sm->ptr);
     if ((p->set & TP_P_LOGPROBS_MODE) &&
         !((p->logprobs_mode.len == 3 && !memcmp(p->logprobs_mode.ptr, "raw", 3)) ||
           tp_params_lpmode(p) == TP_LPMODE_PROCESSED))
@@ -683,6 +702,8 @@ static int check_sample(tp_msg *m, tp_err *err)
     int rc;
     if ((rc = want_count(s->slots, s->n, "slots", err)) || (rc = want_count(s->index, s->n, "index", err)) ||
         (rc = want_count(s->accepted, s->n, "accepted", err)))
+        return rc;
+    if (s->guess.data && (rc = want_count(s->guess, s->n, "guess", err)))
         return rc;
     return want_count(s->logits, (size_t)s->n * s->vocab, "logits", err);
 }

@@ -29,6 +29,7 @@
 #include "client.h"
 #include "evfmt.h"
 #include "genopts.h"
+#include "tokpipe/spec.h"
 #include "tokpipe/buf.h"
 #include "tokpipe/rand.h"
 
@@ -171,6 +172,10 @@ static void fill_params(const genopts *g, tp_params *p, tp_str *stops)
             p->logit_bias = (tp_logit_bias){(int32_t *)g->bias_ids, (float *)g->bias_values, g->n_bias};
     if (g->truncate_prompt_tokens)
         p->set |= TP_P_TRUNCATE_PROMPT, p->truncate_prompt_tokens = g->truncate_prompt_tokens;
+    if (g->spec_given)
+        p->speculative.set |= TP_SPEC_P_MODE, p->speculative.mode = tp_str_of(tp_spec_mode_name(g->spec_mode));
+    if (g->spec_n_max)
+        p->speculative.set |= TP_SPEC_P_N_MAX, p->speculative.n_max = g->spec_n_max;
     /* sent as given: the daemon compiles and checks them */
     if (g->grammar)
         p->set |= TP_P_GRAMMAR, p->grammar = (tp_str){g->grammar, g->grammar_len};

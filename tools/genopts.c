@@ -452,6 +452,7 @@ int genopts_parse_one(genopts *o, int argc, char **argv, int *i, tp_err *err)
             if (rc)
                 return tp_err_set(err, rc, "--speculative: '%s' is not off, ngram or draft", v);
             o->spec_mode = (int)m;
+            o->spec_given = true;
             return 1;
         }
         char *end;

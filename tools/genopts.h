@@ -77,6 +77,7 @@ typedef struct genopts {
     /* --speculative MODE, --draft-max N, --draft-model FILE (tokpipe/spec.h):
      * the output is the same either way, only faster */
     int spec_mode;                 /* tp_spec_mode; TP_SPEC_OFF unless given */
+    bool spec_given;               /* --speculative was given (generate: else the daemon's default) */
     int32_t spec_n_max;            /* 1..TP_SPEC_MAX_DRAFT; 0 = the default */
     const char *draft_model;
     void **owned;                  /* what the above point into (freed by genopts_free) */

@@ -63,6 +63,9 @@ typedef struct tp_config {
     int prefill_chunk;
     int micro_batches;
     bool decode_ahead;       /* feed a candidate before its stop verdict (see sched.c) */
+    int spec_mode;           /* speculative.mode: a job's default (tp_spec_mode: off, ngram, draft) */
+    int spec_n_max;          /* speculative.n_max: guesses per verify step, 1..16 */
+    char *spec_draft_model;  /* speculative.draft_model: "" = none (draft jobs are refused) */
     int kv_slots;
     int kv_max_pos;          /* 0 = the model's seq_len */
     int kv_type;             /* tp_kv_type: 0 f32 (default), 1 f16 */
@@ -151,6 +154,7 @@ extern const char *const tp_config_kernel_names[];
 /* The names kv.kv_type accepts, indexed by tp_kv_type value ("f32",
  * "f16"), NULL-terminated. */
 extern const char *const tp_config_kv_type_names[];
+extern const char *const tp_config_spec_mode_names[];
 
 /* "tokenize", "forward", "sample", "stop" for an index. */
 const char *tp_config_stage_name(int si);

@@ -320,6 +320,14 @@ typedef struct tp_logit_bias {
 /* logprobs_mode values. */
 enum { TP_LPMODE_RAW = 0, TP_LPMODE_PROCESSED = 1 };
 
+/* params.speculative: {mode, n_max} (tokpipe/spec.h); set bits below. */
+enum { TP_SPEC_P_MODE = 1u << 0, TP_SPEC_P_N_MAX = 1u << 1 };
+typedef struct tp_spec_params {
+    uint32_t set;                    /* TP_SPEC_P_* bits; 0 = not given (the config's default) */
+    tp_str mode;                     /* "off" | "ngram" | "draft" */
+    int32_t n_max;                   /* guesses per verify step, 1..16 */
+} tp_spec_params;
+
 typedef struct tp_params {
     uint32_t set;                    /* TP_P_* bits */
     int32_t max_tokens;              /* >= 1 */
@@ -360,6 +368,7 @@ typedef struct tp_params {
     bool parse_tool_calls;           /* tool-call text becomes FINISH tool_calls, never TOKEN text */
     bool parse_reasoning;            /* <think> text becomes TOKEN reasoning / FINISH reasoning_content */
     bool parallel_tool_calls;        /* default true; false: the job ends after its first call */
+    tp_spec_params speculative;      /* speculative decoding: the output is the same either way */
 } tp_params;
 
 /* TP_LPMODE_* of p (raw when logprobs_mode is absent). */
@@ -496,6 +505,10 @@ typedef struct tp_m_stats_reply {
     uint64_t forward_steps;        /* STEPs sent to forward workers */
     uint64_t forward_rows;         /* sequences in them (rows per step = the batch) */
     uint64_t forward_tokens;       /* tokens in them (decode + prefill) */
+    uint64_t spec_drafted;         /* speculative decoding: guesses verified */
+    uint64_t spec_accepted;        /* of those, taken */
+    uint64_t spec_verify_steps;    /* verify items (a job's token and its guesses) */
+    uint64_t spec_verify_tokens;   /* candidates they gave */
     uint64_t zap_refused;          /* CURVE clients refused by the ZAP handler */
     uint64_t jobs_running;         /* admitted (pinned to workers) now */
     uint64_t jobs_waiting;         /* tokenizing or waiting for admission now */
@@ -667,6 +680,7 @@ typedef struct tp_m_slot {     /* SEQ_OPEN, SEQ_CLOSE, SAMPLE_CLOSE */
 /* STEP item flags (u8 column). */
 enum {
     TP_ITEM_OUTPUT = 1u << 0,  /* produce logits (or a candidate) after the item's last token */
+    TP_ITEM_VERIFY = 1u << 1,  /* speculative decoding: output after every token of the item */
 };
 
 typedef struct tp_m_step {
@@ -724,6 +738,9 @@ typedef struct tp_m_sample {
     tp_raw index;              /* u32[n] completion tokens accepted so far */
     tp_raw accepted;           /* i32[n] accepted since the last SAMPLE, -1 none */
     tp_raw logits;             /* f32[n*vocab] */
+    tp_raw guess;              /* i32[n] or absent: the token fed after row i's position (a verify
+                                * item's next row of the same slot follows while the candidate
+                                * equals it), -1 none */
 } tp_m_sample;
 
 typedef struct tp_m_sampled {

@@ -15,7 +15,15 @@
  * first page equals an earlier item's in the same STEP (same position,
  * same cached pages before it) waits for a second pass: the first pass
  * computes the earlier item and caches its full pages, then the waiting
- * chunk takes them from the cache and only its rest is computed. */
+ * chunk takes them from the cache and only its rest is computed.
+ *
+ * Speculative decoding: an item flagged TP_ITEM_VERIFY (the job's last
+ * token and the guesses after it) is never offered to the cache and gives
+ * a row of output after each of its tokens, in order (its slot repeated in
+ * STEP_RESULT's slots). With the sample stage in this process its rows are
+ * sampled as a chain: row r + 1 only while row r's candidate equals the
+ * token fed after it (tp_sample_stage_pick accepting row r's candidate
+ * first), so the candidates are exactly those of one plain step each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +56,13 @@ struct tp_forward_stage {
     tp_fwd_item *pass;
     uint32_t *row_item;
     bool *twin;
+    /* verify items: item_verify[i] per item (after trimming); their rows
+     * (vrows, vrows_cap rows), and the output when they make it outgrow the
+     * item-sized buffers (obuf; out_slots and cands grown to out_cap) */
+    bool *item_verify;
+    float *vrows, *obuf;
+    size_t vrows_cap, obuf_cap, out_cap;
+    float **all;
 };
 
 static int alloc_scratch(tp_forward_stage *st)
@@ -67,6 +82,11 @@ static int alloc_scratch(tp_forward_stage *st)
     st->pass = calloc(n, sizeof *st->pass);
     st->row_item = calloc(n, sizeof *st->row_item);
     st->twin = calloc(n, sizeof *st->twin);
+    st->item_verify = calloc(n, sizeof *st->item_verify);
+    st->all = calloc(n, sizeof *st->all);
+    st->out_cap = n;
+    if (!st->item_verify || !st->all)
+        return TP_ENOMEM;
     return st->slot_of && st->used && st->items && st->tokens && st->logits && st->out_slots && st->cands &&
                    st->item_slot && st->item_acc && st->hit_slots && st->hits && st->pass && st->row_item &&
                    st->twin
@@ -124,6 +144,10 @@ void tp_forward_stage_free(tp_forward_stage *st)
     free(st->pass);
     free(st->row_item);
     free(st->twin);
+    free(st->item_verify);
+    free(st->all);
+    free(st->vrows);
+    free(st->obuf);
     free(st);
 }
 
@@ -257,16 +281,31 @@ static bool twins(const tp_forward_stage *st, const tp_fwd_item *a, const tp_fwd
 static int run_passes(tp_forward_stage *st, uint32_t n_items, uint32_t *n_rows, tp_err *e)
 {
     uint32_t n = 0;
+    size_t vr = 0;
     for (uint32_t i = 0; i < n_items; i++) {
         st->twin[i] = false;
-        for (uint32_t k = 0; k < i && !st->twin[i]; k++)
-            st->twin[i] = !st->twin[k] && twins(st, &st->items[k], &st->items[i]);
+        for (uint32_t k = 0; k < i && !st->twin[i] && !st->item_verify[i]; k++)
+            st->twin[i] = !st->twin[k] && !st->item_verify[k] && twins(st, &st->items[k], &st->items[i]);
         if (!st->twin[i]) {
             st->row_item[n] = i;
+            vr += st->item_verify[i] ? (size_t)st->items[i].n_tokens : 0;
             st->pass[n++] = st->items[i];
         }
     }
-    int rc = tp_forward_step(st->fwd, st->pass, (int)n, st->logits, e);
+    if (vr > st->vrows_cap) {
+        float *p = realloc(st->vrows, vr * (size_t)st->vocab * sizeof *p);
+        if (!p)
+            return tp_err_set(e, TP_ENOMEM, "forward: out of memory for %zu verify rows", vr);
+        st->vrows = p;
+        st->vrows_cap = vr;
+    }
+    /* verify items (never twins: all in this pass) get their rows in vrows */
+    vr = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        st->all[r] = st->item_verify[st->row_item[r]] ? st->vrows + vr * (size_t)st->vocab : NULL;
+        vr += st->all[r] ? (size_t)st->pass[r].n_tokens : 0;
+    }
+    int rc = tp_forward_step_verify(st->fwd, st->pass, (int)n, st->logits, vr ? st->all : NULL, e);
     uint32_t first = n;
     for (uint32_t i = 0; i < n_items && !rc; i++) {
         if (!st->twin[i])
@@ -321,6 +360,9 @@ static int build_items(tp_forward_stage *st, const tp_m_step *s, uint32_t *n_ite
         };
         st->item_slot[i] = slot;
         st->item_acc[i] = s->accepted.data ? tp_raw_i32(s->accepted, i) : -1;
+        st->item_verify[i] = (tp_raw_u8(s->flags, i) & TP_ITEM_VERIFY) != 0;
+        if (st->item_verify[i])
+            st->items[i].skip_logits = false;
         off += nt;
     }
     for (uint32_t i = 0; i < s->n; i++)
@@ -333,17 +375,73 @@ static int build_items(tp_forward_stage *st, const tp_m_step *s, uint32_t *n_ite
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->n; i++) {
         tp_fwd_item it = st->items[i];
-        if (is_chunk(&it))
+        if (is_chunk(&it) && !st->item_verify[i])
             take_cached(st, &it, st->item_slot[i]);
         if (it.n_tokens == 0)
             continue;   /* wholly cached, and no output wanted */
         st->items[n] = it;
         st->item_slot[n] = st->item_slot[i];
         st->item_acc[n] = st->item_acc[i];
+        st->item_verify[n] = st->item_verify[i];
         n++;
     }
     *n_items = n;
     return 0;
+}
+
+/* Room for n output rows: out_slots and cands, and obuf when rows (the
+ * verify rows go there without a sampler in this process). */
+static int grow_out(tp_forward_stage *st, size_t n, bool rows)
+{
+    if (n > st->out_cap) {
+        uint32_t *sl = realloc(st->out_slots, n * sizeof *sl);
+        if (sl)
+            st->out_slots = sl;
+        int32_t *c = realloc(st->cands, n * sizeof *c);
+        if (c)
+            st->cands = c;
+        if (!sl || !c)
+            return TP_ENOMEM;
+        st->out_cap = n;
+    }
+    if (rows && n > st->obuf_cap) {
+        float *o = realloc(st->obuf, n * (size_t)st->vocab * sizeof *o);
+        if (!o)
+            return TP_ENOMEM;
+        st->obuf = o;
+        st->obuf_cap = n;
+    }
+    return 0;
+}
+
+/* A verify item's output: its rows (to out), or with the sampler here the
+ * chain of candidates: row t + 1 is sampled only while row t's candidate
+ * equals the token the item fed after it, that candidate accepted first
+ * (the rows past the first mismatch saw a context the job does not have). */
+static void out_verify(tp_forward_stage *st, bool sample, const tp_fwd_item *it, const float *rows, uint32_t slot,
+                       int32_t acc, float *out, uint32_t *n_out)
+{
+    size_t v = (size_t)st->vocab;
+    if (!sample) {
+        memcpy(out + (size_t)*n_out * v, rows, (size_t)it->n_tokens * v * sizeof *rows);
+        for (int t = 0; t < it->n_tokens; t++)
+            st->out_slots[(*n_out)++] = slot;
+        return;
+    }
+    for (int t = 0; t < it->n_tokens; t++) {
+        const float *row = rows + (size_t)t * v;
+        int32_t *c = &st->cands[*n_out];
+        tp_err e;
+        if (tp_sample_stage_pick(st->sampler, slot, TP_SAMPLE_INDEX_TRACKED, acc, row, c, &e)) {
+            fprintf(stderr, "forward: sample: %s\n", e.msg);
+            *c = -1;
+        }
+        tp_sample_stage_lp_item(st->sampler, *n_out, slot, row, *c);
+        st->out_slots[(*n_out)++] = slot;
+        if (*c < 0 || t + 1 == it->n_tokens || *c != it->tokens[t + 1])
+            return;
+        acc = *c;
+    }
 }
 
 static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
@@ -361,16 +459,30 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
     if (run_passes(st, n_items, &n_rows, &e))
         return step_error(m, io, TP_ST_BAD_REQUEST, e.msg);
     /* Compact the output rows to the front (row r -> row n_out <= r), in
-     * pass order. */
+     * pass order; with verify items, every row goes to obuf instead (they
+     * make more rows than items). */
+    size_t v = (size_t)st->vocab, total = 0;
+    bool verify = false;
+    for (uint32_t r = 0; r < n_rows; r++) {
+        uint32_t i = st->row_item[r];
+        verify |= st->item_verify[i];
+        total += st->items[i].skip_logits ? 0 : st->item_verify[i] ? (size_t)st->items[i].n_tokens : 1;
+    }
+    if (grow_out(st, total, verify && !s->sample))
+        return step_error(m, io, TP_ST_INTERNAL, "STEP: out of memory for the verify rows");
+    float *out = verify && !s->sample ? st->obuf : st->logits;
     uint32_t n_out = 0;
-    size_t v = (size_t)st->vocab;
-    if (s->sample && tp_sample_stage_lp_reset(st->sampler, n_rows))
+    if (s->sample && tp_sample_stage_lp_reset(st->sampler, (uint32_t)(total ? total : 1)))
         return step_error(m, io, TP_ST_INTERNAL, "STEP: out of memory for logprobs");
     for (uint32_t r = 0; r < n_rows; r++) {
         uint32_t i = st->row_item[r];
         if (st->items[i].skip_logits)
             continue;
         uint32_t slot = st->item_slot[i];
+        if (st->item_verify[i]) {
+            out_verify(st, s->sample, &st->pass[r], st->all[r], slot, st->item_acc[i], out, &n_out);
+            continue;
+        }
         float *row = st->logits + (size_t)r * v;
         if (s->sample) {
             int32_t acc = st->item_acc[i];
@@ -381,8 +493,8 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
                 st->cands[n_out] = -1;
             }
             tp_sample_stage_lp_item(st->sampler, n_out, slot, row, st->cands[n_out]);
-        } else if (n_out != r) {
-            memmove(st->logits + (size_t)n_out * v, row, v * sizeof *row);
+        } else if (out != st->logits || n_out != r) {
+            memmove(out + (size_t)n_out * v, row, v * sizeof *row);
         }
         st->out_slots[n_out++] = slot;
     }
@@ -393,7 +505,7 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
     r.step_result.sampled = s->sample;
     r.step_result.vocab = s->sample ? 0 : (uint32_t)st->vocab;
     r.step_result.slots = (tp_raw){st->out_slots, n_out};
-    r.step_result.out = s->sample ? (tp_raw){st->cands, n_out} : (tp_raw){st->logits, (size_t)n_out * v};
+    r.step_result.out = s->sample ? (tp_raw){st->cands, n_out} : (tp_raw){out, (size_t)n_out * v};
     if (s->sample)
         r.step_result.lp = tp_sample_stage_lp_cols(st->sampler, n_out);
     r.step_result.cached_slots = st->hit_slots;

@@ -381,27 +381,43 @@ static int sample(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
     if (grow_out(st, s->n ? s->n : 1) || tp_sample_stage_lp_reset(st, s->n ? s->n : 1))
         return TP_ENOMEM;
     size_t v = (size_t)st->vocab;
+    uint32_t n_out = 0;
+    bool chain_broken = false;
     for (uint32_t i = 0; i < s->n; i++) {
+        /* a verify item's rows (guess: speculative decoding) are a chain:
+         * row i follows row i - 1 of the same slot only while that row's
+         * candidate equalled its guess, accepted first; the rest of the
+         * chain is skipped */
+        uint32_t slot = tp_raw_u32(s->slots, i);
+        bool chained = s->guess.data && i > 0 && tp_raw_u32(s->slots, i - 1) == slot &&
+                       tp_raw_i32(s->guess, i - 1) >= 0;
+        if (chained && (n_out == 0 || st->o_slots[n_out - 1] != slot || chain_broken))
+            continue;
+        chain_broken = false;
         const char *src = (const char *)s->logits.data + (size_t)i * v * sizeof(float);
         const float *row = (const float *)(const void *)src;
         if ((uintptr_t)src % _Alignof(float)) {
             memcpy(st->row, src, v * sizeof(float));
             row = st->row;
         }
-        st->o_slots[i] = tp_raw_u32(s->slots, i);
+        st->o_slots[n_out] = slot;
+        uint32_t index = chained ? TP_SAMPLE_INDEX_TRACKED : tp_raw_u32(s->index, i);
+        int32_t acc = chained ? st->o_cands[n_out - 1] : tp_raw_i32(s->accepted, i);
         /* one job's failure must not fail its batch mates: candidate -1
          * makes the stop stage finish that job with an error */
-        if (tp_sample_stage_pick(st, st->o_slots[i], tp_raw_u32(s->index, i), tp_raw_i32(s->accepted, i), row,
-                                 &st->o_cands[i], &e)) {
+        if (tp_sample_stage_pick(st, slot, index, acc, row, &st->o_cands[n_out], &e)) {
             fprintf(stderr, "sample: %s\n", e.msg);
-            st->o_cands[i] = -1;
+            st->o_cands[n_out] = -1;
         }
-        tp_sample_stage_lp_item(st, i, st->o_slots[i], row, st->o_cands[i]);
+        tp_sample_stage_lp_item(st, n_out, slot, row, st->o_cands[n_out]);
+        int32_t g = s->guess.data ? tp_raw_i32(s->guess, i) : -1;
+        chain_broken = g < 0 || st->o_cands[n_out] != g;
+        n_out++;
     }
-    r.sampled.lp = tp_sample_stage_lp_cols(st, s->n);
-    r.sampled.n = s->n;
-    r.sampled.slots = (tp_raw){st->o_slots, s->n};
-    r.sampled.candidates = (tp_raw){st->o_cands, s->n};
+    r.sampled.lp = tp_sample_stage_lp_cols(st, n_out);
+    r.sampled.n = n_out;
+    r.sampled.slots = (tp_raw){st->o_slots, n_out};
+    r.sampled.candidates = (tp_raw){st->o_cands, n_out};
     return io->reply(io->ctx, &r);
 }
 

@@ -1,0 +1,135 @@
+/* Process story: speculative decoding through the daemon. Jobs with
+ * params.speculative ngram (and jobs that speculate by the config's
+ * default) give, token for token, what `tokpipe run` computes in one
+ * process, with separate and with fused sampling, small batches and
+ * without decoding ahead; mixed with jobs that do not speculate; the
+ * broker's counters show guesses were verified and taken. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/daemon_harness.h"
+#include "support/run_compare.h"
+
+#define SPEC " --speculative ngram"
+
+/* Each group by its own `tokpipe generate` process; run gets the same
+ * arguments (and speculates too: test_spec / spec_test show that changes
+ * nothing in process). */
+static const char *const groups[] = {
+    "--prompt 'Once upon a time' --prompt 'The cat sat on the mat. The cat sat on the mat. The cat sat on the' "
+    "--temperature 0 --max-tokens 90" SPEC,
+    "--prompt 'One day, a little bird' --prompt 'Tom had a red ball' --temperature 0.9 --seed 7 --max-tokens 60 "
+    "--stop '.'" SPEC " --draft-max 3",
+    "--prompt 'The sun was' --temperature 1.0 --seed 11 --top-k 20 --top-p 0.9 --max-tokens 120 --stop-id 400" SPEC,
+    "--prompt 'Lily wanted to play with her toys. She saw a big box. Lily wanted to play' --temperature 0 "
+    "--max-tokens 70 --stop ' box' --include-stop" SPEC " --draft-max 16",
+    "--prompt 'A boy' --temperature 0.7 --seed 3 --min-tokens 10 --max-tokens 50 --repetition-penalty 1.2" SPEC,
+    /* no speculation: plain items beside the verify items */
+    "--prompt 'Tom and Sue' --temperature 0.8 --seed 5 --max-tokens 80 --presence-penalty 0.5",
+    "--prompt 'Once upon a time, there was a dog' --temperature 0 --ignore-eos --max-tokens 150 --logprobs "
+    "--top-logprobs 2" SPEC,
+};
+#define N_GROUPS (sizeof groups / sizeof groups[0])
+
+static void spec_jobs_match_run(bool tcp, const char *extra, const char *const *g, size_t n)
+{
+    harness h;
+    if (harness_start(&h, tcp, extra))
+        fail_msg("daemon did not start (%s)", tcp ? "tcp" : "ipc");
+    char model[1200], cmd[4096];
+    snprintf(model, sizeof model, "--model %s/stories260K.bin --tokenizer %s/tok512.bin", h.models, h.models);
+    /* a first job shows the guesses are verified and taken here */
+    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --timeout 20000 %s >/dev/null", h.bin, h.config, g[0]);
+    assert_int_equal(harness_sh(cmd, NULL), 0);
+    tp_m_stats_reply st;
+    assert_int_equal(harness_stats(&h, &st), 0);
+    if (!st.spec_verify_steps || !st.spec_accepted)
+        fail_msg("%s: %llu verify steps, %llu guesses taken", extra ? extra : "plain",
+                 (unsigned long long)st.spec_verify_steps, (unsigned long long)st.spec_accepted);
+    daemon_equals_run(&h, g, n, 30000, model, extra ? extra : "plain");
+}
+
+/* draft without a draft model: refused, naming the field */
+static void draft_without_a_draft_model_is_refused(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start(&h, false, NULL))
+        fail_msg("daemon did not start");
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --timeout 20000 --prompt hi --speculative draft 2>&1",
+             h.bin, h.config);
+    int rc = harness_sh(cmd, &out);
+    assert_int_equal(harness_stop(&h), 0);
+    assert_int_not_equal(rc, 0);
+    if (!out || !strstr(out, "params.speculative.mode") || !strstr(out, "draft model"))
+        fail_msg("generate --speculative draft said: %s", out ? out : "(nothing)");
+    free(out);
+}
+
+static void speculating_jobs_equal_in_process_run(void **state)
+{
+    (void)state;
+    spec_jobs_match_run(false, NULL, groups, N_GROUPS);
+}
+
+static void speculating_jobs_with_fused_sampling_equal_in_process_run(void **state)
+{
+    (void)state;
+    spec_jobs_match_run(true, "  fuse: [\"forward,sample\"]\n", groups, N_GROUPS);
+}
+
+static void speculating_in_small_batches_without_decoding_ahead_changes_nothing(void **state)
+{
+    (void)state;
+    spec_jobs_match_run(false, "batching:\n  max_num_seqs: 3\n  prefill_chunk: 7\n  micro_batches: 1\n"
+                               "  max_batch_tokens: 16\n  decode_ahead: false\nkv:\n  slots: 3\n",
+                        groups, N_GROUPS);
+}
+
+/* The config's default speculates for jobs that say nothing; run is told. */
+static void the_configured_default_speculates_and_changes_nothing(void **state)
+{
+    (void)state;
+    static const char *const plain[] = {
+        "--prompt 'The cat sat on the mat. The cat sat on the mat. The cat sat on the' --temperature 0 "
+        "--max-tokens 100 --ignore-eos",
+        "--prompt 'Lily and Ben' --temperature 0.8 --seed 9 --max-tokens 60",
+    };
+    harness h;
+    if (harness_start(&h, false, "speculative:\n  mode: ngram\n  n_max: 5\n"))
+        fail_msg("daemon did not start");
+    char model[1200];
+    snprintf(model, sizeof model, "--model %s/stories260K.bin --tokenizer %s/tok512.bin", h.models, h.models);
+    /* the broker's counters, read before daemon_equals_run stops it */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --timeout 20000 %s >/dev/null", h.bin, h.config,
+             plain[0]);
+    assert_int_equal(harness_sh(cmd, NULL), 0);
+    tp_m_stats_reply st;
+    assert_int_equal(harness_stats(&h, &st), 0);
+    print_message("drafted %llu, accepted %llu in %llu verify steps\n", (unsigned long long)st.spec_drafted,
+                  (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_verify_steps);
+    assert_true(st.spec_verify_steps > 0);
+    assert_true(st.spec_accepted > 0);
+    assert_true(st.spec_accepted <= st.spec_drafted);
+    daemon_equals_run(&h, plain, 2, 30000, model, "config default");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(speculating_jobs_equal_in_process_run),
+        cmocka_unit_test(speculating_jobs_with_fused_sampling_equal_in_process_run),
+        cmocka_unit_test(speculating_in_small_batches_without_decoding_ahead_changes_nothing),
+        cmocka_unit_test(the_configured_default_speculates_and_changes_nothing),
+        cmocka_unit_test(draft_without_a_draft_model_is_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
