@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "admit.h"
+#include "guess.h"
 #include "choose.h"
 #include "log.h"
 #include "outbox.h"
@@ -174,12 +175,7 @@ static bool admit(broker *b, bjob *j)
         j->params.seed = tp_random_u64();
         j->params.set |= TP_P_SEED;
     }
-    /* speculative decoding: the job's choice, else the config's */
-    const tp_spec_params *sp = &j->params.speculative;
-    bool ngram = sp->set & TP_SPEC_P_MODE ? sp->mode.len == 5 && !memcmp(sp->mode.ptr, "ngram", 5)
-                                          : b->cfg->spec_mode == TP_SPEC_NGRAM;
-    tp_spec_init(&j->spec, ngram ? (sp->set & TP_SPEC_P_N_MAX ? sp->n_max : b->cfg->spec_n_max) : 0);
-    j->n_guess = 0;
+    guess_init(b, j);
     j->state = J_RUNNING;
     j->phase = P_READY;
     j->t_start_wall = tp_wall_us();

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "step.h"
+#include "guess.h"
 #include "log.h"
 #include "outbox.h"
 #include "pin.h"
@@ -148,59 +149,6 @@ static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint3
     return nt;
 }
 
-/* Speculative decoding: the guesses j's decode item verifies in this step
- * (into j->guess, 0..n_guess), by prompt lookup over its prompt and
- * candidates: as many as its controller asks for and its max_tokens, its
- * forward worker's context and the step's budget leave room for.
- * `running`: the jobs decoding at the worker (a big batch is compute-bound:
- * nobody guesses). */
-static uint32_t plan_guesses(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
-{
-    j->n_guess = 0;
-    if (!j->spec.n_max || feed_left(j) != 1 || j->pending < 0)
-        return 0;
-    uint32_t total = j->n_prompt + j->n_cand;
-    long left = (long)j->params.max_tokens - (long)j->n_cand - 1;
-    long room = seq_len ? (long)seq_len - (long)total : left;
-    if (left < room)
-        room = left;
-    if ((long)budget - 1 < room)
-        room = (long)budget - 1;
-    int k = tp_spec_want(&j->spec, (int)running, room > 0 ? (int)room : 0);
-    if (k <= 0)
-        return 0;
-    bcols *c = &b->cols;
-    if (total > c->ids_cap) {
-        int32_t *ids = realloc(c->ids, (size_t)total * 2 * sizeof *ids);
-        if (!ids)
-            return 0;
-        c->ids = ids;
-        c->ids_cap = (size_t)total * 2;
-    }
-    memcpy(c->ids, j->prompt, (size_t)j->n_prompt * sizeof *c->ids);
-    memcpy(c->ids + j->n_prompt, j->cands, (size_t)j->n_cand * sizeof *c->ids);
-    j->n_guess = (uint32_t)tp_ngram_guess(c->ids, total, (size_t)k, j->guess);
-    return j->n_guess;
-}
-
-/* A verify item's result: m candidates came for j's guesses (the chain
- * stopped at the first that differed from its guess), so m - 1 guesses
- * were taken and their positions stay in the KV; the next item starts
- * after them (the forward worker overwrites the rest). */
-static void spec_settle(broker *b, bjob *j, uint32_t m)
-{
-    if (!j->n_guess)
-        return;
-    uint32_t taken = m > 0 ? m - 1 : 0;
-    j->n_fed += taken;
-    tp_spec_result(&j->spec, (int)j->n_guess, (int)taken);
-    b->stats.spec_drafted += j->n_guess;
-    b->stats.spec_accepted += taken;
-    b->stats.spec_verify_steps++;
-    b->stats.spec_verify_tokens += m;
-    j->n_guess = 0;
-}
-
 /* May j join a step at wi? Not while candidates of it wait to go to its
  * stop worker again (stop_resend): a stop worker takes a job's candidates
  * in order. */
@@ -258,7 +206,7 @@ static bool build_step(broker *b, int wi, bjob *alone)
             uint32_t nt = add_item(c, n, n_tokens, j, budget - n_tokens, b->cfg->prefill_chunk);
             /* (a prefill, e.g. after a lost worker, verifies nothing: guesses
              * of a dropped step are forgotten here) */
-            uint32_t g = prefill ? (j->n_guess = 0) : plan_guesses(b, j, w->seq_len, running, budget - n_tokens);
+            uint32_t g = prefill ? (j->n_guess = 0) : guess_plan(b, j, w->seq_len, running, budget - n_tokens);
             if (g) {   /* the decode token, then the guesses: a verify item */
                 memcpy(c->tokens + n_tokens + nt, j->guess, g * sizeof *j->guess);
                 c->ntok[n] = nt + g;
@@ -624,29 +572,20 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     /* output items move on; then whoever is still in FORWARD had none */
     picked p;
     bool ok = picked_init(&p, r->n);
-    bjob *prev = NULL;   /* a sampled verify item's candidates follow each other */
-    uint32_t got = 0;
+    guess_rows rj = {0};
     for (uint32_t i = 0; ok && i < r->n; i++) {
-        uint32_t slot = tp_raw_u32(r->slots, i);
-        bjob *j = prev && prev->slot == slot && r->sampled ? prev : step_job(b, slot, r->step, P_FORWARD);
-        if (j != prev) {
-            if (prev && r->sampled)
-                spec_settle(b, prev, got);
-            prev = NULL;
-            got = 0;
-        }
+        bjob *j = guess_row_job(b, &rj, tp_raw_u32(r->slots, i), r->step, P_FORWARD, r->sampled);
         if (!j || j->fwd != wi)
             continue;
-        if (got++ == 0)
+        if (rj.got++ == 0)
             jobs_progress(j, TP_SI_FORWARD);
-        prev = j;
+        rj.j = j;
         if (r->sampled)
             picked_add(b, &p, j, i, tp_raw_i32(r->out, i));
         else
             j->phase = P_SAMPLE;   /* (a verify item's later rows: found no more in P_FORWARD) */
     }
-    if (prev && r->sampled)
-        spec_settle(b, prev, got);
+    guess_row_job(b, &rj, UINT32_MAX, 0, P_FORWARD, r->sampled);
     release_quiet_items(b, wi, r->step);
     if (r->sampled)
         picked_send(b, &p, r->step, &r->lp);
@@ -664,26 +603,17 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
     }
     picked p;
     bool ok = picked_init(&p, r->n);
-    bjob *prev = NULL;   /* a verify item's candidates follow each other */
-    uint32_t got = 0;
+    guess_rows rj = {0};
     for (uint32_t i = 0; ok && i < r->n; i++) {
-        uint32_t slot = tp_raw_u32(r->slots, i);
-        bjob *j = prev && prev->slot == slot ? prev : step_job(b, slot, r->step, P_SAMPLE);
-        if (j != prev) {
-            if (prev)
-                spec_settle(b, prev, got);
-            prev = NULL;
-            got = 0;
-        }
+        bjob *j = guess_row_job(b, &rj, tp_raw_u32(r->slots, i), r->step, P_SAMPLE, true);
         if (!j || j->smp != wi)
             continue;
-        if (got++ == 0)
+        if (rj.got++ == 0)
             jobs_progress(j, TP_SI_SAMPLE);
-        prev = j;
+        rj.j = j;
         picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i));
     }
-    if (prev)
-        spec_settle(b, prev, got);
+    guess_row_job(b, &rj, UINT32_MAX, 0, P_SAMPLE, true);
     picked_send(b, &p, r->step, &r->lp);
     picked_free(&p);
 }

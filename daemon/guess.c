@@ -1,0 +1,87 @@
+/* Speculative decoding at the broker (tokpipe/spec.h): which jobs guess,
+ * what they guess, and what a verify item's result leaves.
+ *
+ * A decode item of a speculating job carries its last candidate and the
+ * guesses prompt lookup makes from its prompt and candidates (STEP flag
+ * TP_ITEM_VERIFY); the forward stage gives a row per position, the sample
+ * stage samples them as a chain while each candidate equals its guess, so
+ * the candidates are exactly those plain steps would give, and the stop
+ * stage checks them one at a time as always. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "guess.h"
+
+void guess_init(broker *b, bjob *j)
+{
+    const tp_spec_params *sp = &j->params.speculative;
+    bool ngram = sp->set & TP_SPEC_P_MODE ? sp->mode.len == 5 && !memcmp(sp->mode.ptr, "ngram", 5)
+                                          : b->cfg->spec_mode == TP_SPEC_NGRAM;
+    tp_spec_init(&j->spec, ngram ? (sp->set & TP_SPEC_P_N_MAX ? sp->n_max : b->cfg->spec_n_max) : 0);
+    j->n_guess = 0;
+}
+
+/* Speculative decoding: the guesses j's decode item verifies in this step
+ * (into j->guess, 0..n_guess), by prompt lookup over its prompt and
+ * candidates: as many as its controller asks for and its max_tokens, its
+ * forward worker's context and the step's budget leave room for.
+ * `running`: the jobs decoding at the worker (a big batch is compute-bound:
+ * nobody guesses). */
+uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
+{
+    j->n_guess = 0;
+    if (!j->spec.n_max || j->n_prompt + j->n_cand - j->n_fed != 1 || j->pending < 0)
+        return 0;
+    uint32_t total = j->n_prompt + j->n_cand;
+    long left = (long)j->params.max_tokens - (long)j->n_cand - 1;
+    long room = seq_len ? (long)seq_len - (long)total : left;
+    if (left < room)
+        room = left;
+    if ((long)budget - 1 < room)
+        room = (long)budget - 1;
+    int k = tp_spec_want(&j->spec, (int)running, room > 0 ? (int)room : 0);
+    if (k <= 0)
+        return 0;
+    bcols *c = &b->cols;
+    if (total > c->ids_cap) {
+        int32_t *ids = realloc(c->ids, (size_t)total * 2 * sizeof *ids);
+        if (!ids)
+            return 0;
+        c->ids = ids;
+        c->ids_cap = (size_t)total * 2;
+    }
+    memcpy(c->ids, j->prompt, (size_t)j->n_prompt * sizeof *c->ids);
+    memcpy(c->ids + j->n_prompt, j->cands, (size_t)j->n_cand * sizeof *c->ids);
+    j->n_guess = (uint32_t)tp_ngram_guess(c->ids, total, (size_t)k, j->guess);
+    return j->n_guess;
+}
+
+/* A verify item's result: m candidates came for j's guesses (the chain
+ * stopped at the first that differed from its guess), so m - 1 guesses
+ * were taken and their positions stay in the KV; the next item starts
+ * after them (the forward worker overwrites the rest). */
+void guess_settle(broker *b, bjob *j, uint32_t m)
+{
+    if (!j->n_guess)
+        return;
+    uint32_t taken = m > 0 ? m - 1 : 0;
+    j->n_fed += taken;
+    tp_spec_result(&j->spec, (int)j->n_guess, (int)taken);
+    b->stats.spec_drafted += j->n_guess;
+    b->stats.spec_accepted += taken;
+    b->stats.spec_verify_steps++;
+    b->stats.spec_verify_tokens += m;
+    j->n_guess = 0;
+}
+
+
+bjob *guess_row_job(broker *b, guess_rows *rj, uint32_t slot, uint64_t step, int phase, bool chain)
+{
+    if (rj->j && rj->j->slot == slot && chain)
+        return rj->j;
+    if (rj->j && chain)
+        guess_settle(b, rj->j, rj->got);
+    *rj = (guess_rows){0};
+    bjob *j = slot == UINT32_MAX ? NULL : jobs_by_slot(&b->jt, slot);
+    return j && j->state == J_RUNNING && j->step == step && j->phase == phase ? j : NULL;
+}
