@@ -9,9 +9,12 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "support/daemon_harness.h"
 #include "support/run_compare.h"
@@ -122,6 +125,85 @@ static void the_configured_default_speculates_and_changes_nothing(void **state)
     daemon_equals_run(&h, plain, 2, 30000, model, "config default");
 }
 
+/* A worker of `stage` killed (SIGKILL) while speculating jobs run: tokpiped
+ * starts another, the jobs move there (their state rebuilt from the job
+ * record: prompt + candidates), and their tokens are those of tokpipe run. */
+static void killed_worker_changes_nothing(const char *stage)
+{
+    harness h;
+    if (harness_start(&h, false, "heartbeat:\n  interval_ms: 100\n  liveness: 50\n"))
+        fail_msg("daemon did not start");
+    const char *args = "--prompt 'The cat sat on the mat. The cat sat on the mat. The cat sat on the' "
+                       "--prompt 'Once upon a time' --prompt 'Lily and Ben went to the park' --prompt 'One day' "
+                       "--prompt 'The dog ran. The dog ran. The dog' --prompt 'Tim had a red ball' --temperature 0.6 --seed 21 --max-tokens 400 --ignore-eos"
+                       " --speculative ngram --logprobs";
+    char cmd[4096], out[600], done[600];
+    snprintf(out, sizeof out, "%s/spec-gen.json", h.dir);
+    snprintf(done, sizeof done, "%s/spec-gen.done", h.dir);
+    snprintf(cmd, sizeof cmd, "(%s/tokpipe generate --config %s --timeout 30000 --json %s > %s 2>&1; touch %s) &",
+             h.bin, h.config, args, out, done);
+    /* mid-job: the victim is stopped from the start and let run a
+     * millisecond at a time until some verify steps went through */
+    pid_t pid = harness_child_serving(&h, stage);
+    if (pid <= 0)
+        fail_msg("no %s worker to kill", stage);
+    kill(pid, SIGSTOP);
+    assert_int_equal(harness_sh(cmd, NULL), 0);
+    tp_m_stats_reply st;
+    for (int tries = 0; harness_stats(&h, &st) == 0 && st.spec_verify_steps < 5; tries++) {
+        if (tries > 5000 || st.jobs_finished)
+            fail_msg("%s: %llu verify steps, %llu jobs finished: not mid-job", stage,
+                     (unsigned long long)st.spec_verify_steps, (unsigned long long)st.jobs_finished);
+        kill(pid, SIGCONT);
+        harness_sleep_ms(1);
+        kill(pid, SIGSTOP);
+        harness_sleep_ms(2);
+    }
+    kill(pid, SIGKILL);
+    struct stat sb;
+    for (int waited = 0; stat(done, &sb) != 0; waited += 20) {
+        if (waited > 60000)
+            fail_msg("%s: generate did not finish (see %s)", stage, h.dir);
+        harness_sleep_ms(20);
+    }
+    assert_int_equal(harness_stats(&h, &st), 0);
+    char *got = NULL, *want = NULL;
+    snprintf(cmd, sizeof cmd, "cat %s", out);
+    harness_sh(cmd, &got);
+    assert_int_equal(harness_stop(&h), 0);
+    print_message("%s: pid %d, lost %llu, verify steps %llu, jobs finished %llu\n", stage, (int)pid,
+                  (unsigned long long)st.workers_lost, (unsigned long long)st.spec_verify_steps,
+                  (unsigned long long)st.jobs_finished);
+    if (st.workers_lost < 1)
+        fail_msg("%s: the killed worker was not lost (finished before it?)", stage);
+    snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json %s "
+             "2>/dev/null", h.bin, h.models, h.models, args);
+    assert_int_equal(harness_sh(cmd, &want), 0);
+    char what[64];
+    snprintf(what, sizeof what, "killed %s worker", stage);
+    compare_run_lines(what, got ? got : "", want ? want : "");
+    free(got);
+    free(want);
+}
+
+static void a_killed_forward_worker_changes_nothing(void **state)
+{
+    (void)state;
+    killed_worker_changes_nothing("forward");
+}
+
+static void a_killed_sample_worker_changes_nothing(void **state)
+{
+    (void)state;
+    killed_worker_changes_nothing("sample");
+}
+
+static void a_killed_stop_worker_changes_nothing(void **state)
+{
+    (void)state;
+    killed_worker_changes_nothing("stop");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -130,6 +212,9 @@ int main(void)
         cmocka_unit_test(speculating_in_small_batches_without_decoding_ahead_changes_nothing),
         cmocka_unit_test(the_configured_default_speculates_and_changes_nothing),
         cmocka_unit_test(draft_without_a_draft_model_is_refused),
+        cmocka_unit_test(a_killed_forward_worker_changes_nothing),
+        cmocka_unit_test(a_killed_sample_worker_changes_nothing),
+        cmocka_unit_test(a_killed_stop_worker_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
