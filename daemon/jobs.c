@@ -433,6 +433,8 @@ bool jobs_own_finish(const bjob *j, int reason, const char *error, tp_msg *ev)
     f->job_error = tp_str_of(reason == TP_REASON_ERROR ? (error ? error : "error") : NULL);
     f->prompt_tokens = j->n_prompt;
     f->cached_tokens = j->cached;
+    f->draft_tokens = j->spec.drafted < UINT32_MAX ? (uint32_t)j->spec.drafted : UINT32_MAX;
+    f->draft_accepted = j->spec.accepted < UINT32_MAX ? (uint32_t)j->spec.accepted : UINT32_MAX;
     f->completion_tokens = j->n_tok_ids;   /* the ids subscribers were sent, exactly */
     f->text_len = jobs_text_total(j);
     f->timings.queue_us = j->t_start_wall > j->t_submit_wall ? j->t_start_wall - j->t_submit_wall : 0;

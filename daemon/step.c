@@ -342,8 +342,11 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     uint32_t *sel = with_lp ? malloc((n ? n : 1) * sizeof *sel) : NULL;
     if (with_lp && !sel)
         with_lp = false;   /* out of memory: the tokens still go on, without logprobs */
-    /* each row's cached_tokens, for its FINISH (none when out of memory) */
+    /* each row's cached_tokens and draft counts, for its FINISH (none when
+     * out of memory; no draft counts when no job of the step speculates) */
     int32_t *cached = malloc((n ? n : 1) * sizeof *cached);
+    int32_t *drafts = malloc((n ? n : 1) * 2 * sizeof *drafts);
+    bool spec = false;
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
             continue;
@@ -359,6 +362,11 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
             c->slots[k] = slots[i];
             if (cached)
                 cached[k] = (int32_t)j->cached;
+            if (drafts) {
+                drafts[k] = j->spec.drafted < INT32_MAX ? (int32_t)j->spec.drafted : INT32_MAX;
+                drafts[n + k] = j->spec.accepted < INT32_MAX ? (int32_t)j->spec.accepted : INT32_MAX;
+                spec |= j->spec.n_max > 0;
+            }
             c->cands[k++] = cands[i];
         }
         if (!k)
@@ -372,6 +380,12 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         m.stop_step.candidates = (tp_raw){c->cands, k};
         m.stop_step.cached = cached;
         m.stop_step.n_cached = cached ? k : 0;
+        if (drafts && spec) {
+            m.stop_step.draft_tokens = drafts;
+            m.stop_step.n_draft_tokens = k;
+            m.stop_step.draft_accepted = drafts + n;
+            m.stop_step.n_draft_accepted = k;
+        }
         lp_pick pk = {0};
         if (with_lp && !pick_lp(lp, src, sel, k, &pk, &m.stop_step.lp))
             m.stop_step.lp = (tp_lp_cols){0};
@@ -382,6 +396,7 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     }
     free(sel);
     free(cached);
+    free(drafts);
 }
 
 /* A new candidate c of job j: queue it for its verdict and make it the

@@ -290,6 +290,7 @@ static const field finish_f[] = {
     F_U32("prompt_tokens", FI(prompt_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("completion_tokens", FI(completion_tokens), FF_REQUIRED, 0, UINT32_MAX),
     F_U32("cached_tokens", FI(cached_tokens), 0, 0, UINT32_MAX),
+    F_U32("draft_tokens", FI(draft_tokens), 0, 0, UINT32_MAX), F_U32("draft_accepted", FI(draft_accepted), 0, 0, UINT32_MAX),
     F_U64("text_len", FI(text_len), FF_REQUIRED), F_U64("queue_us", FI(timings.queue_us), FF_REQUIRED),
     F_U64("ttft_us", FI(timings.ttft_us), FF_REQUIRED), F_U64("total_us", FI(timings.total_us), FF_REQUIRED),
     F_U64("pin", FI(pin), 0),     {.key = "seed", .type = FT_U64, .off = FI(seed), .setbit = TP_ACK_SEED}, ERROR_CODE(FI(error_code)),
@@ -437,6 +438,10 @@ static const field stop_step_f[] = {TASK, STEPNO(M(stop_step.step)),
                                     COUNT("n", M(stop_step.n), 1, TP_PROTO_MAX_ITEMS), TOP_N(M(stop_step.lp.top_n)),
                                     {.key = "cached", .type = FT_I32S, .off = M(stop_step.cached), .ilo = 0,
                                      .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
+                                    {.key = "draft_tokens", .type = FT_I32S, .off = M(stop_step.draft_tokens),
+                                     .ilo = 0, .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
+                                    {.key = "draft_accepted", .type = FT_I32S, .off = M(stop_step.draft_accepted),
+                                     .ilo = 0, .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
                                     END};
 static const pframe stop_step_p[] = {
     {"slots", M(stop_step.slots), 4, 0}, {"candidates", M(stop_step.candidates), 4, 0}, LP_FRAMES(M(stop_step.lp)),

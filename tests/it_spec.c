@@ -47,9 +47,16 @@ static void spec_jobs_match_run(bool tcp, const char *extra, const char *const *
         fail_msg("daemon did not start (%s)", tcp ? "tcp" : "ipc");
     char model[1200], cmd[4096];
     snprintf(model, sizeof model, "--model %s/stories260K.bin --tokenizer %s/tok512.bin", h.models, h.models);
-    /* a first job shows the guesses are verified and taken here */
-    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --timeout 20000 %s >/dev/null", h.bin, h.config, g[0]);
-    assert_int_equal(harness_sh(cmd, NULL), 0);
+    /* a first job shows the guesses are verified and taken here, and
+     * FINISH (generate --json) counts them */
+    char *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --timeout 20000 --json %s", h.bin, h.config, g[0]);
+    assert_int_equal(harness_sh(cmd, &out), 0);
+    const char *d = out ? strstr(out, "\"draft_accepted\":") : NULL;
+    if (!d || atoi(d + strlen("\"draft_accepted\":")) <= 0 || !strstr(out, "\"draft_tokens\":"))
+        fail_msg("%s: generate --json has no draft counts or none accepted: %s", extra ? extra : "plain",
+                 out ? out : "");
+    free(out);
     tp_m_stats_reply st;
     assert_int_equal(harness_stats(&h, &st), 0);
     if (!st.spec_verify_steps || !st.spec_accepted)

@@ -55,6 +55,8 @@ typedef struct job {
     int reason;
     uint32_t prompt_tokens, completion_tokens;
     uint32_t cached_tokens;   /* of the prompt, taken from the forward worker's prefix cache */
+    uint32_t draft_tokens, draft_accepted; /* speculative decoding's guesses, verified and taken */
+    bool spec;                /* it speculated (asked, or FINISH counted guesses): --json says how much */
     cJSON *matched;           /* string, id or null (as in `run --json`) */
     char error[TP_PROTO_MAX_ERROR + 1];   /* reason error: what went wrong */
     uint32_t rejected;        /* the ACK's status when the SUBMIT was refused, else 0 */
@@ -213,6 +215,7 @@ static int submit_all(gen *s, tp_err *err)
 {
     for (size_t i = 0; i < s->n; i++) {
         s->jobs[i].seed = (s->g.given & (1u << GO_SEED)) ? s->g.seed : tp_random_u64();
+        s->jobs[i].spec = s->g.spec_given && s->g.spec_mode != TP_SPEC_OFF;
         tp_msg m;
         fill_submit(s, &s->jobs[i], &m);
         int rc = tp_client_send(s->c, &m, &s->jobs[i].req, err);
@@ -314,6 +317,9 @@ static void on_event(gen *s, const tp_msg *m)
              m->finish.job_error.ptr ? m->finish.job_error.ptr : "");
     j->prompt_tokens = m->finish.prompt_tokens;
     j->cached_tokens = m->finish.cached_tokens;
+    j->draft_tokens = m->finish.draft_tokens;
+    j->draft_accepted = m->finish.draft_accepted;
+    j->spec |= j->draft_tokens > 0;
     j->completion_tokens = m->finish.completion_tokens;
     if (m->finish.set & TP_ACK_SEED)
         j->seed = m->finish.seed;
@@ -537,6 +543,10 @@ static void print_json(const job *j)
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)j->seed);
     cJSON_AddRawToObject(o, "seed", seed);
+    if (j->spec) {   /* as tokpipe run --json */
+        cJSON_AddNumberToObject(o, "draft_tokens", j->draft_tokens);
+        cJSON_AddNumberToObject(o, "draft_accepted", j->draft_accepted);
+    }
     if (j->logprobs)
         cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(j->logprobs, 1));
     if (j->reasoning)

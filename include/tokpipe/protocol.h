@@ -597,6 +597,8 @@ typedef struct tp_m_finish {
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
     uint32_t cached_tokens; /* opt: prompt tokens taken from a prefix cache (< prompt_tokens) */
+    uint32_t draft_tokens;  /* opt: speculative decoding's guesses verified for the job */
+    uint32_t draft_accepted; /* opt: of those, taken */
     uint64_t text_len;     /* bytes of the final text */
     tp_timings timings;
     uint32_t set;          /* TP_ACK_SEED: seed is present; TP_FIN_GRAMMAR: grammar_complete is */
@@ -781,6 +783,10 @@ typedef struct tp_m_stop_step {
     tp_lp_cols lp;             /* the candidates' logprobs, passed on to TOKEN */
     int32_t *cached;           /* opt: per row, the job's prompt tokens taken from a prefix cache */
     size_t n_cached;
+    int32_t *draft_tokens;     /* opt: per row, the job's guesses verified so far (speculative decoding) */
+    size_t n_draft_tokens;
+    int32_t *draft_accepted;   /* opt: per row, of those, taken */
+    size_t n_draft_accepted;
 } tp_m_stop_step;
 
 typedef struct tp_m_verdicts {

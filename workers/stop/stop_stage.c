@@ -24,6 +24,7 @@ typedef struct stop_job {
     uint64_t pin;             /* from STOP_OPEN, in every event */
     uint32_t prompt_tokens;
     uint32_t cached_tokens;   /* of them, taken from a prefix cache (STOP_OPEN / STOP_STEP) */
+    uint32_t draft_tokens, draft_accepted; /* speculative decoding's counts (STOP_STEP), for FINISH */
     uint64_t t_submit_us, t_start_us, t_first_us;
     int top_n;                /* logprob alternatives in TOKEN events; -1: no logprobs */
     bool has_seed;
@@ -218,6 +219,8 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, int32_t last, cons
     f->job_error = tp_str_of(error);
     f->prompt_tokens = j->prompt_tokens;
     f->cached_tokens = j->cached_tokens < j->prompt_tokens ? j->cached_tokens : 0;
+    f->draft_tokens = j->draft_tokens;
+    f->draft_accepted = j->draft_accepted;
     f->completion_tokens = (uint32_t)tp_stop_completion_tokens(j->stop);
     size_t total;
     tp_stop_text(j->stop, &total);
@@ -472,6 +475,8 @@ static int stop_step(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
         }
         if (s->n_cached == s->n)
             j->cached_tokens = (uint32_t)s->cached[i];
+        if (s->n_draft_tokens == s->n && s->n_draft_accepted == s->n)
+            j->draft_tokens = (uint32_t)s->draft_tokens[i], j->draft_accepted = (uint32_t)s->draft_accepted[i];
         lp_row lp = {s->lp.logprobs.data != NULL, 0.0f, &s->lp, i};
         if (lp.present)
             lp.logprob = tp_raw_f32(s->lp.logprobs, i);
