@@ -378,6 +378,8 @@ static const struct {
     {"top_k", "top_k", true, false},
     {"stop_sequences", "stop", true, false},
     {"stream", "stream", true, false},
+    {"speculative", "speculative", true, false},   /* tokpipe's, as on every endpoint */
+    {"speculative.n_max", "speculative.n_max", true, false},
 };
 
 /* The Anthropic name of a chat request's field in an oai.c message or

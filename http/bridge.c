@@ -767,6 +767,8 @@ static void on_event(bridge *b, tp_zmsg *z)
         ch->reason = m.finish.reason;
         ch->prompt_tokens = m.finish.prompt_tokens;
         ch->cached_tokens = m.finish.cached_tokens;
+        ch->draft_tokens = m.finish.draft_tokens;
+        ch->draft_accepted = m.finish.draft_accepted;
         ch->completion_tokens = m.finish.completion_tokens;
         ch->constrained = (m.finish.set & TP_FIN_GRAMMAR) != 0;
         ch->grammar_complete = ch->constrained && m.finish.grammar_complete;

@@ -53,6 +53,7 @@ typedef struct gw_choice {
     tp_buf text;               /* non-streaming: the text so far */
     uint32_t prompt_tokens, completion_tokens;
     uint32_t cached_tokens; /* of the prompt, taken from a prefix cache (FINISH) */
+    uint32_t draft_tokens, draft_accepted; /* speculative decoding's guesses, verified and taken (FINISH) */
     int reason;                /* TP_REASON_* once finished */
     tp_matched matched;        /* matched.str points into matched_buf */
     char *matched_buf;

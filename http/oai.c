@@ -611,6 +611,51 @@ static int decode_tools(const cJSON *v, const char *body, size_t len, oai_reques
     return 0;
 }
 
+/* `speculative: {mode, n_max}` (tokpipe's SUBMIT params.speculative), and
+ * llama.cpp's flat `speculative.n_max` (its `speculative.n_min` and
+ * `speculative.p_min` are taken and have no effect: k adapts by itself). */
+static int decode_speculative(const cJSON *v, const char *k, tp_params *pp, oai_error *e)
+{
+    if (cJSON_IsNull(v))
+        return 0;
+    int64_t x;
+    tp_spec_params *sp = &pp->speculative;
+    if (!strcmp(k, "speculative.n_max")) {
+        if (get_int(v, k, 1, 16, &x, e))
+            return -1;
+        sp->n_max = (int32_t)x;
+        sp->set |= TP_SPEC_P_N_MAX;
+        return 0;
+    }
+    if (strcmp(k, "speculative")) {   /* n_min, p_min */
+        if (!cJSON_IsNumber(v))
+            return fail(e, 400, k, "%s: expected a number", k);
+        return 0;
+    }
+    if (!cJSON_IsObject(v))
+        return fail(e, 400, k, "speculative: expected an object {mode, n_max}");
+    for (const cJSON *it = v->child; it; it = it->next) {
+        char name[64];
+        snprintf(name, sizeof name, "speculative.%.40s", it->string);
+        if (!strcmp(it->string, "mode")) {
+            static const char *const modes[] = {"off", "ngram", "draft"};
+            size_t m = 0;
+            while (m < 3 && !(cJSON_IsString(it) && !strcmp(it->valuestring, modes[m])))
+                m++;
+            if (m == 3)
+                return fail(e, 400, name, "%s: expected \"off\", \"ngram\" or \"draft\"", name);
+            sp->mode = tp_str_of(modes[m]);
+            sp->set |= TP_SPEC_P_MODE;
+        } else if (!strcmp(it->string, "n_max") || !strcmp(it->string, "n_min") || !strcmp(it->string, "p_min")) {
+            if (decode_speculative(it, name, pp, e))
+                return -1;
+        } else {
+            return fail(e, 400, name, "%s: unknown field", name);
+        }
+    }
+    return 0;
+}
+
 static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
 {
     const char *k = v->string;
@@ -735,6 +780,9 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         }
         return 0;
     }
+    if (!strncmp(k, "speculative", 11) && (!k[11] || !strcmp(k + 11, ".n_max") || !strcmp(k + 11, ".n_min") ||
+                                           !strcmp(k + 11, ".p_min")))
+        return decode_speculative(v, k, pp, e);
     if (!strcmp(k, "response_format"))
         return decode_response_format(v, r, e);
     if (!strcmp(k, "grammar")) {

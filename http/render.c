@@ -153,6 +153,29 @@ static cJSON *usage(const gw_call *c)
     return u;
 }
 
+/* llama.cpp's `timings`, as far as speculative decoding goes: guesses
+ * verified (draft_n) and taken (draft_n_accepted) over the choices. Only
+ * when the request asked for speculation or some job speculated (the
+ * config's default). */
+static void add_timings(cJSON *o, const gw_call *c)
+{
+    uint64_t n = 0, acc = 0, pred = 0;
+    for (size_t i = 0; i < c->n_ch; i++) {
+        n += c->ch[i].draft_tokens;
+        acc += c->ch[i].draft_accepted;
+        pred += c->ch[i].completion_tokens;
+    }
+    const tp_spec_params *sp = &c->oreq.params.speculative;
+    if (!n && !(sp->set & TP_SPEC_P_MODE && sp->mode.len == 5 && !memcmp(sp->mode.ptr, "ngram", 5)))
+        return;
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    if (!t)
+        return;
+    cJSON_AddNumberToObject(t, "predicted_n", (double)pred);
+    cJSON_AddNumberToObject(t, "draft_n", (double)n);
+    cJSON_AddNumberToObject(t, "draft_n_accepted", (double)acc);
+}
+
 static cJSON *text_item(const char *text, size_t len)
 {
     /* cJSON copies C strings: the text is NUL-free valid UTF-8 except in
@@ -300,6 +323,7 @@ char *gw_completion_json(const gw_call *c, const char *model)
         cJSON_AddItemToArray(arr, x);
     }
     cJSON_AddItemToObject(o, "usage", usage(c));
+    add_timings(o, c);
     return print_free(o);
 }
 
@@ -395,6 +419,7 @@ char *gw_usage_sse(const gw_call *c, const char *model)
     cJSON *o = head(c, model, c->oreq.kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
     cJSON_AddArrayToObject(o, "choices");
     cJSON_AddItemToObject(o, "usage", usage(c));
+    add_timings(o, c);
     return sse(o);
 }
 
