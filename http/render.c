@@ -615,6 +615,12 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     one(&b, "tokpipe_forward_rows_total", "counter", "Sequences in those STEPs (rows / steps = mean batch)",
         s->forward_rows);
     one(&b, "tokpipe_forward_tokens_total", "counter", "Tokens in those STEPs (decode + prefill)", s->forward_tokens);
+    one(&b, "tokpipe_spec_drafted_total", "counter", "Speculative decoding: guesses verified", s->spec_drafted);
+    one(&b, "tokpipe_spec_accepted_total", "counter", "Speculative decoding: guesses taken", s->spec_accepted);
+    one(&b, "tokpipe_spec_verify_steps_total", "counter", "Speculative decoding: verify items (a job's token and its "
+        "guesses)", s->spec_verify_steps);
+    one(&b, "tokpipe_spec_verify_tokens_total", "counter", "Speculative decoding: tokens the verify items gave "
+        "(/ verify steps = tokens per verify step)", s->spec_verify_tokens);
     one(&b, "tokpipe_jobs_running", "gauge", "Jobs admitted to workers now", s->jobs_running);
     one(&b, "tokpipe_jobs_waiting", "gauge", "Jobs tokenizing or waiting for admission now", s->jobs_waiting);
     one(&b, "tokpipe_kv_slots_used", "gauge", "KV cache slots (sequences) held by forward workers", s->kv_slots_used);

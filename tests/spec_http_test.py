@@ -62,6 +62,13 @@ class SpeculativeOverHttp(tpdaemon.HttpDaemonCase):
         self.assertGreater(t["draft_n_accepted"], 0, t)
         self.assertLessEqual(t["draft_n_accepted"], t["draft_n"])
         self.assertEqual(t["predicted_n"], 90)
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request("GET", "/metrics")
+        m = dict(line.rsplit(" ", 1) for line in c.getresponse().read().decode().splitlines()
+                 if line.startswith("tokpipe_spec_"))
+        c.close()
+        self.assertGreater(float(m["tokpipe_spec_accepted_total"]), 0, m)
+        self.assertGreater(float(m["tokpipe_spec_verify_tokens_total"]), float(m["tokpipe_spec_verify_steps_total"]))
 
     def test_flat_n_max_is_taken(self):
         st, r = post(self.port, dict(self.BODY, **{"speculative.n_max": 3, "speculative.n_min": 0,
