@@ -18,6 +18,10 @@
  *    shape: plain steps / sum over verify steps of part 1's cost ratio for
  *    that step's size.
  *
+ * 3. The cost where nothing is accepted: greedy decoding on the random
+ *    memory-bound shape (its guesses, when prompt lookup finds any, fail),
+ *    speculation on against off, paired; the target is <= 3%.
+ *
  * Environment: TP_BENCH_SHAPES (default stories42M,stories110M),
  * TP_BENCH_THREADS (default: the forward's default), TP_MODELS. */
 #include <stdio.h>
@@ -35,7 +39,7 @@
 #define SAMPLES 7
 #define REPS 8          /* steps per sample and kind */
 #define PROMPT 64
-#define MAX_POS 128
+#define MAX_POS 320
 #define MAX_K1 9        /* verify sizes 2..MAX_K1 */
 #define GEN 200
 #define TEXT 150
@@ -72,8 +76,21 @@ static double steps(tp_forward *f, int sid, int pos, int n, int vocab, float *ro
     return bench_now() - t0;
 }
 
+typedef struct gen_run {
+    int32_t out[GEN];
+    int steps;               /* forward steps */
+    int sizes[MAX_K1 + 1];   /* verify steps by positions (1: plain) */
+    double secs;
+} gen_run;
+
+static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int n_max, gen_run *g);
+
+/* 3: on the shape's forward, greedy decoding with prompt lookup on and off
+ * from a prompt of no repeats: the guesses (if any) fail. */
+static void nothing_accepted(tp_forward *f, int vocab, const char *shape);
+
 /* cost[n] for n = 2..MAX_K1: a verify step of n positions / a decode step. */
-static void verify_cost(const char *shape, double *cost)
+static void verify_cost(const char *shape, double *cost, bool last)
 {
     tp_synth_shape sh;
     tp_err e;
@@ -116,6 +133,9 @@ static void verify_cost(const char *shape, double *cost)
     for (int n = 2; n <= MAX_K1; n++)
         printf(" %d:%.2f", n, cost[n]);
     printf("   (k+1 = 5: %.2f, target <= 1.25)\n", cost[5]);
+    tp_forward_seq_close(f, sid);
+    if (last)
+        nothing_accepted(f, vocab, shape);
     free(rows);
     tp_forward_free(f);
     tp_model_free(m);
@@ -123,12 +143,6 @@ static void verify_cost(const char *shape, double *cost)
 
 /* ---- 2. prompt lookup on a rewrite workload ------------------------------ */
 
-typedef struct gen_run {
-    int32_t out[GEN];
-    int steps;               /* forward steps */
-    int sizes[MAX_K1 + 1];   /* verify steps by positions (1: plain) */
-    double secs;
-} gen_run;
 
 /* Greedy generation of GEN tokens after ids[0, n), with prompt lookup of
  * at most n_max guesses (0: off); the same loop as tokpipe run's. */
@@ -193,6 +207,29 @@ static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int
     free(rows);
 }
 
+static void nothing_accepted(tp_forward *f, int vocab, const char *shape)
+{
+    int32_t prompt[PROMPT];
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = 3 + (i * 7919) % (vocab - 3);
+    gen_run on, off;
+    double r[SAMPLES];
+    generate(f, vocab, prompt, PROMPT, 0, &off); /* warm */
+    for (int s = 0; s < SAMPLES; s++) {
+        generate(f, vocab, prompt, PROMPT, 0, &off);
+        generate(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, &on);
+        if (memcmp(on.out, off.out, sizeof on.out))
+            die("nothing accepted", "speculation changed the tokens");
+        r[s] = on.secs / off.secs;
+    }
+    int verify = 0;
+    for (int n = 2; n <= MAX_K1; n++)
+        verify += on.sizes[n];
+    printf("  %-12s nothing accepted (random weights, greedy, %d tokens): %d verify steps, %d guesses taken; "
+           "time with / without speculation %.3f (target <= 1.03)\n",
+           shape, GEN, verify, GEN - on.steps, bench_median(r, SAMPLES));
+}
+
 static void rewrite(const double *cost)
 {
     const char *dir = getenv("TP_MODELS");
@@ -244,8 +281,11 @@ int main(void)
     char list[256];
     snprintf(list, sizeof list, "%s", shapes ? shapes : "stories42M,stories110M");
     double cost[MAX_K1 + 1] = {0};
-    for (char *save, *sh = strtok_r(list, ",", &save); sh; sh = strtok_r(NULL, ",", &save))
-        verify_cost(sh, cost); /* the last shape's costs project part 2 */
+    char *save, *next, *sh = strtok_r(list, ",", &save);
+    for (; sh; sh = next) {
+        next = strtok_r(NULL, ",", &save);
+        verify_cost(sh, cost, next == NULL); /* the last shape's costs project part 2 */
+    }
     rewrite(cost);
     return 0;
 }
