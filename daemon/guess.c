@@ -30,7 +30,9 @@ void guess_init(broker *b, bjob *j)
 uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
 {
     j->n_guess = 0;
-    if (!j->spec.n_max || j->n_prompt + j->n_cand - j->n_fed != 1 || j->pending < 0)
+    /* (workers.forward_kernel openblas, 1, cannot verify: its rows depend on the step) */
+    if (!j->spec.n_max || j->n_prompt + j->n_cand - j->n_fed != 1 || j->pending < 0 ||
+        b->cfg->forward_kernel != 0)
         return 0;
     uint32_t total = j->n_prompt + j->n_cand;
     long left = (long)j->params.max_tokens - (long)j->n_cand - 1;

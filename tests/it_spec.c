@@ -132,6 +132,26 @@ static void the_configured_default_speculates_and_changes_nothing(void **state)
     daemon_equals_run(&h, plain, 2, 30000, model, "config default");
 }
 
+/* The OpenBLAS kernel's rows depend on the step, so it never verifies:
+ * a speculating job runs as a plain one (no guesses sent). */
+static void the_openblas_kernel_does_not_verify(void **state)
+{
+    (void)state;
+    harness h;
+    if (harness_start(&h, false, "  forward_kernel: openblas\n"))
+        fail_msg("daemon did not start");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --timeout 20000 %s >/dev/null 2>&1", h.bin, h.config,
+             groups[0]);
+    int rc = harness_sh(cmd, NULL);
+    tp_m_stats_reply st;
+    assert_int_equal(harness_stats(&h, &st), 0);
+    assert_int_equal(harness_stop(&h), 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(st.spec_verify_steps, 0);
+    assert_int_equal(st.finish[TP_REASON_ERROR], 0);
+}
+
 /* A worker of `stage` killed (SIGKILL) while speculating jobs run: tokpiped
  * starts another, the jobs move there (their state rebuilt from the job
  * record: prompt + candidates), and their tokens are those of tokpipe run. */
@@ -219,6 +239,7 @@ int main(void)
         cmocka_unit_test(speculating_in_small_batches_without_decoding_ahead_changes_nothing),
         cmocka_unit_test(the_configured_default_speculates_and_changes_nothing),
         cmocka_unit_test(draft_without_a_draft_model_is_refused),
+        cmocka_unit_test(the_openblas_kernel_does_not_verify),
         cmocka_unit_test(a_killed_forward_worker_changes_nothing),
         cmocka_unit_test(a_killed_sample_worker_changes_nothing),
         cmocka_unit_test(a_killed_stop_worker_changes_nothing),

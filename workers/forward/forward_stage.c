@@ -363,6 +363,12 @@ static int build_items(tp_forward_stage *st, const tp_m_step *s, uint32_t *n_ite
         st->item_verify[i] = (tp_raw_u8(s->flags, i) & TP_ITEM_VERIFY) != 0;
         if (st->item_verify[i])
             st->items[i].skip_logits = false;
+        /* only the invariant kernel verifies (its rows equal plain steps');
+         * else the job's own token alone: one candidate, no guess taken */
+        if (st->item_verify[i] && tp_forward_kernel(st->fwd) != TP_FWD_KERNEL_INVARIANT) {
+            st->item_verify[i] = false;
+            st->items[i].n_tokens = 1;
+        }
         off += nt;
     }
     for (uint32_t i = 0; i < s->n; i++)
