@@ -62,6 +62,9 @@ static void spec_jobs_match_run(bool tcp, const char *extra, const char *const *
     if (!st.spec_verify_steps || !st.spec_accepted)
         fail_msg("%s: %llu verify steps, %llu guesses taken", extra ? extra : "plain",
                  (unsigned long long)st.spec_verify_steps, (unsigned long long)st.spec_accepted);
+    if (st.workers_lost)
+        fail_msg("%s: %llu workers lost (crashed? see %s)", extra ? extra : "plain",
+                 (unsigned long long)st.workers_lost, h.dir);
     daemon_equals_run(&h, g, n, 30000, model, extra ? extra : "plain");
 }
 
