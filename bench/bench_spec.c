@@ -8,20 +8,19 @@
  *    the per-sample ratios. Printed for k+1 = 2..9; the target is k+1 = 5
  *    <= 1.25.
  * 2. Prompt lookup end to end on a "rewrite this text" workload: the
- *    prompt holds a text and asks for it again (stories260K, the one
- *    trained model here: its greedy continuation of the text's opening
- *    retells it), greedy, 200 tokens, with speculation on and off taking
- *    turns; the tokens must be equal. stories260K is far too small to be
+ *    prompt holds a text and its opening again, to be continued
+ *    (stories260K, the one trained model here, retells it only loosely:
+ *    the figure is as good as the model copies), greedy, 200 tokens, with
+ *    speculation on and off taking turns; the tokens must be equal. stories260K is far too small to be
  *    memory-bound (its weights live in L2, a verify step costs about k+1
  *    decode steps), so its wall-clock ratio is printed as measured and,
  *    beside it, the speedup the same verify steps give on the memory-bound
  *    shape: plain steps / sum over verify steps of part 1's cost ratio for
  *    that step's size.
- *
  * 3. The cost where nothing is accepted: sampling at temperature 1 on the
  *    random memory-bound shape with a guesser that proposes whenever the
- *    controller asks and is always wrong,
- *    speculation on against off, paired; the target is <= 3%.
+ *    controller asks and is always wrong, speculation on against off,
+ *    paired; the target is <= 3%.
  *    And greedy on the same shape, whose random weights fall into a loop:
  *    the wall-clock speedup where most guesses are taken.
  *
