@@ -360,9 +360,19 @@ static void on_event(broker *b, tp_zmsg *z)
         tp_msg_clear(&m);
         return;
     }
-    for (size_t i = 0; i < z->n; i++)
-        zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
-                 ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
+    if (m.cmd == TP_CMD_FINISH) {
+        /* how much of the prompt came from a prefix cache is the broker's
+         * to say (step.c sums what the forward workers reported): the
+         * one field of a FINISH the stop worker does not know */
+        const bjob *fj = jobs_find(&b->jt, m.finish.job_id.ptr, m.finish.job_id.len);
+        m.finish.cached_tokens = fj ? fj->cached : 0;
+        if (tp_zsend_msg(b->xpub, NULL, 0, &m, &e))
+            blog("job %.*s: FINISH not published: %s", (int)m.finish.job_id.len, m.finish.job_id.ptr, e.msg);
+    } else {
+        for (size_t i = 0; i < z->n; i++)
+            zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
+                     ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
+    }
     b->stats.events_published++;
     const bjob *j = NULL;
     int64_t resumed = jobs_on_event(&b->jt, &m, &j);

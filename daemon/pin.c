@@ -268,7 +268,6 @@ void pin_stop(broker *b, bjob *j, int t)
     uint32_t ctx = j->fwd >= 0 ? b->workers[j->fwd].seq_len : model ? model->seq_len : 0;
     if (ctx && j->n_prompt + (uint32_t)j->params.max_tokens >= ctx)
         o->context_length = ctx;
-    o->cached_tokens = j->cached;
     j->open_task[2] = m.task;
     out_worker(b, t, &m);
     /* the verdicts after the replayed tokens come again */

@@ -327,8 +327,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     uint32_t *sel = with_lp ? malloc((n ? n : 1) * sizeof *sel) : NULL;
     if (with_lp && !sel)
         with_lp = false;   /* out of memory: the tokens still go on, without logprobs */
-    /* each row's cached_tokens, for its FINISH (none when out of memory) */
-    int32_t *cached = malloc((n ? n : 1) * sizeof *cached);
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
             continue;
@@ -342,8 +340,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
             if (sel)
                 sel[k] = i;
             c->slots[k] = slots[i];
-            if (cached)
-                cached[k] = (int32_t)j->cached;
             c->cands[k++] = cands[i];
         }
         if (!k)
@@ -355,8 +351,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         m.stop_step.n = k;
         m.stop_step.slots = (tp_raw){c->slots, k};
         m.stop_step.candidates = (tp_raw){c->cands, k};
-        m.stop_step.cached = cached;
-        m.stop_step.n_cached = cached ? k : 0;
         lp_pick pk = {0};
         if (with_lp && !pick_lp(lp, src, sel, k, &pk, &m.stop_step.lp))
             m.stop_step.lp = (tp_lp_cols){0};
@@ -366,7 +360,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         free(pk.ids);
     }
     free(sel);
-    free(cached);
 }
 
 /* A new candidate c of job j: queue it for its verdict and make it the

@@ -139,7 +139,7 @@ static cJSON *usage(const gw_call *c)
     for (size_t i = 0; i < c->n_ch; i++) {
         if (i % (size_t)c->oreq.n == 0) {
             prompt += c->ch[i].prompt_tokens;
-            cached += c->ch[i].cached_tokens < c->ch[i].prompt_tokens ? c->ch[i].cached_tokens : 0;
+            cached += c->ch[i].cached_tokens; /* below prompt_tokens: the protocol checks FINISH */
         }
         completion += c->ch[i].completion_tokens;
     }

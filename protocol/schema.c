@@ -409,8 +409,7 @@ static const field stop_open_f[] = {
     F_I32("prev_token", SO(prev_token), FF_REQUIRED, -1, INT32_MAX),
     F_U32("next_seq", SO(next_seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED),
-    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX),
-    F_U32("cached_tokens", SO(cached_tokens), 0, 0, UINT32_MAX), END,
+    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX), END,
 };
 static const pframe stop_open_p[] = {{"replay", SO(replay), 4, 0}, {NULL, 0, 0, 0}};
 
@@ -422,8 +421,6 @@ static const field stop_close_f[] = {
 
 static const field stop_step_f[] = {TASK, STEPNO(M(stop_step.step)),
                                     COUNT("n", M(stop_step.n), 1, TP_PROTO_MAX_ITEMS), TOP_N(M(stop_step.lp.top_n)),
-                                    {.key = "cached", .type = FT_I32S, .off = M(stop_step.cached), .ilo = 0,
-                                     .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
                                     END};
 static const pframe stop_step_p[] = {
     {"slots", M(stop_step.slots), 4, 0}, {"candidates", M(stop_step.candidates), 4, 0}, LP_FRAMES(M(stop_step.lp)),
@@ -556,6 +553,9 @@ static int check_status_reply(tp_msg *m, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame present for an unknown job");
     if (done && !r->tokens.data)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame missing for a finished job");
+    if (r->cached_tokens && r->cached_tokens >= r->prompt_tokens)
+        return tp_err_set(err, TP_EINVAL, "cached_tokens: %u of %u prompt tokens (at most prompt_tokens - 1)",
+                          r->cached_tokens, r->prompt_tokens);
     return check_lp(&r->lp, r->tokens.n, err);
 }
 
@@ -594,6 +594,10 @@ static int check_finish(tp_msg *m, tp_err *err)
 {
     if (m->finish.reason == TP_REASON_NONE)
         return tp_err_set(err, TP_EINVAL, "reason: 'none' is not a finish reason");
+    /* at least the prompt's last position is always computed */
+    if (m->finish.cached_tokens && m->finish.cached_tokens >= m->finish.prompt_tokens)
+        return tp_err_set(err, TP_EINVAL, "cached_tokens: %u of %u prompt tokens (at most prompt_tokens - 1)",
+                          m->finish.cached_tokens, m->finish.prompt_tokens);
     return 0;
 }
 
@@ -718,8 +722,6 @@ static int check_stop_step(tp_msg *m, tp_err *err)
     int rc = want_count(m->stop_step.slots, m->stop_step.n, "slots", err);
     if (!rc)
         rc = check_lp(&m->stop_step.lp, m->stop_step.n, err);
-    if (!rc && m->stop_step.n_cached && m->stop_step.n_cached != m->stop_step.n)
-        rc = tp_err_set(err, TP_EINVAL, "cached: %zu counts for %u rows", m->stop_step.n_cached, m->stop_step.n);
     return rc ? rc : want_count(m->stop_step.candidates, m->stop_step.n, "candidates", err);
 }
 

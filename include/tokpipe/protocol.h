@@ -583,7 +583,8 @@ typedef struct tp_m_finish {
     tp_str job_error;      /* reason error: message */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
-    uint32_t cached_tokens; /* opt: prompt tokens taken from a prefix cache (< prompt_tokens) */
+    uint32_t cached_tokens; /* opt: prompt tokens taken from a prefix cache (< prompt_tokens): the
+                            * broker's count, which it writes into the stop worker's FINISH */
     uint64_t text_len;     /* bytes of the final text */
     tp_timings timings;
     uint32_t set;          /* TP_ACK_SEED: seed is present; TP_FIN_GRAMMAR: grammar_complete is */
@@ -747,7 +748,6 @@ typedef struct tp_m_stop_open {
     uint32_t context_length;   /* opt: max_tokens was lowered to fit this context */
     uint64_t pin;              /* random, nonzero: echoed in every event of the job, so the
                                 * broker believes only the worker the job is pinned to */
-    uint32_t cached_tokens;    /* opt: prompt tokens taken from a prefix cache so far */
 } tp_m_stop_open;
 
 typedef struct tp_m_stop_close {
@@ -762,8 +762,6 @@ typedef struct tp_m_stop_step {
     tp_raw slots;              /* u32[n] */
     tp_raw candidates;         /* i32[n] */
     tp_lp_cols lp;             /* the candidates' logprobs, passed on to TOKEN */
-    int32_t *cached;           /* opt: per row, the job's prompt tokens taken from a prefix cache */
-    size_t n_cached;
 } tp_m_stop_step;
 
 typedef struct tp_m_verdicts {

@@ -23,7 +23,6 @@ typedef struct stop_job {
     uint32_t seq;             /* next event seq */
     uint64_t pin;             /* from STOP_OPEN, in every event */
     uint32_t prompt_tokens;
-    uint32_t cached_tokens;   /* of them, taken from a prefix cache (STOP_OPEN / STOP_STEP) */
     uint64_t t_submit_us, t_start_us, t_first_us;
     int top_n;                /* logprob alternatives in TOKEN events; -1: no logprobs */
     bool has_seed;
@@ -217,7 +216,6 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, int32_t last, cons
     f->text = (tp_str){text, len};
     f->job_error = tp_str_of(error);
     f->prompt_tokens = j->prompt_tokens;
-    f->cached_tokens = j->cached_tokens < j->prompt_tokens ? j->cached_tokens : 0;
     f->completion_tokens = (uint32_t)tp_stop_completion_tokens(j->stop);
     size_t total;
     tp_stop_text(j->stop, &total);
@@ -372,7 +370,6 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
     j->seq = o->next_seq;
     j->pin = o->pin;
     j->prompt_tokens = o->prompt_tokens;
-    j->cached_tokens = o->cached_tokens;
     j->t_submit_us = o->t_submit_us;
     j->t_start_us = o->t_start_us;
     j->top_n = o->params.logprobs ? o->params.top_logprobs : -1;
@@ -470,8 +467,6 @@ static int stop_step(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
             st->v_fin[i] = TP_REASON_ERROR;
             continue;
         }
-        if (s->n_cached == s->n)
-            j->cached_tokens = (uint32_t)s->cached[i];
         lp_row lp = {s->lp.logprobs.data != NULL, 0.0f, &s->lp, i};
         if (lp.present)
             lp.logprob = tp_raw_f32(s->lp.logprobs, i);
