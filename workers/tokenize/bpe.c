@@ -12,6 +12,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokpipe/bpe.h"
 #include "tokpipe/utf8.h"
+#include "tokpipe/heap.h"
 
 #include <pcre2.h>
 #include <stdio.h>
@@ -523,43 +524,13 @@ struct work {
     char *key;               /* scratch "left right" */
 };
 
-static bool cand_before(const struct cand *a, const struct cand *b)
+static bool cand_before(const struct cand *a, const struct cand *b, void *unused)
 {
+    (void)unused;
     return a->rank != b->rank ? a->rank < b->rank : a->left < b->left;
 }
 
-static void push(struct work *k, struct cand c)
-{
-    size_t i = k->nheap++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!cand_before(&c, &k->heap[up]))
-            break;
-        k->heap[i] = k->heap[up];
-        i = up;
-    }
-    k->heap[i] = c;
-}
-
-static struct cand pop(struct work *k)
-{
-    struct cand top = k->heap[0], last = k->heap[--k->nheap];
-    size_t i = 0, n = k->nheap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && cand_before(&k->heap[c + 1], &k->heap[c]))
-            c++;
-        if (!cand_before(&k->heap[c], &last))
-            break;
-        k->heap[i] = k->heap[c];
-        i = c;
-    }
-    if (n)
-        k->heap[i] = last;
-    return top;
-}
+TP_HEAP_DEFINE(static, cands, struct cand, cand_before, void *)
 
 static void try_merge(struct work *k, int l, int r)
 {
@@ -573,7 +544,7 @@ static void try_merge(struct work *k, int l, int r)
     memcpy(k->key + a->len + 1, k->w + c->start, c->len);
     int rank = table_find(&k->b->merges, k->key, a->len + 1 + c->len);
     if (rank >= 0)
-        push(k, (struct cand){rank, l, r, a->len, c->len});
+        cands_push(k->heap, &k->nheap, (struct cand){rank, l, r, a->len, c->len}, NULL);
 }
 
 static int emit(int id, int *out, size_t cap, size_t *n_out, tp_err *err)
@@ -604,7 +575,7 @@ static int encode_word(struct work *k, size_t wlen, int *out, size_t cap, size_t
     for (int i = 0; i + 1 < ns; i++)
         try_merge(k, i, i + 1);
     while (k->nheap) {
-        struct cand c = pop(k);
+        struct cand c = cands_pop(k->heap, &k->nheap, NULL);
         struct sym *l = &k->sym[c.left], *r = &k->sym[c.right];
         if (l->next != c.right || l->len != c.llen || r->len != c.rlen)
             continue;
