@@ -87,6 +87,7 @@ typedef struct bstats {
     uint64_t malformed_front, malformed_back, malformed_events;
     uint64_t forward_steps, forward_rows, forward_tokens;
     uint64_t workers_lost, events_duplicate, events_refused;
+    uint64_t worker_msgs_refused;   /* back messages from an identity not registered (registry.c) */
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
     uint64_t jobs_poisoned;         /* jobs ended because they lost B_POISON_TRIES workers (recover.c) */
 } bstats;

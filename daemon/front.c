@@ -511,6 +511,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->recovery_ms_max = jc->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
     s->events_refused = st->events_refused;
+    s->worker_msgs_refused = st->worker_msgs_refused;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, jc->finish, sizeof s->finish);

@@ -197,6 +197,7 @@ int registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames
          * runs again (its late results are for jobs already re-queued):
          * make it register again */
         if (m->cmd != TP_CMD_DISCONNECT) {
+            b->stats.worker_msgs_refused++;
             if (m->cmd != TP_CMD_HEARTBEAT)
                 blog("ignored %s from an unregistered worker; told to send READY", tp_cmd_name(TP_FAM_WRK, m->cmd));
             send_raw(b, ident, TP_CMD_DISCONNECT, "unknown worker: send READY");

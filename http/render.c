@@ -611,6 +611,9 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
         s->events_duplicate);
     one(&b, "tokpipe_events_refused_total", "counter",
         "Events dropped for not carrying the pin of their job's current stop worker", s->events_refused);
+    one(&b, "tokpipe_worker_messages_refused_total", "counter",
+        "Worker messages refused for coming from a worker not registered (late, after it was lost)",
+        s->worker_msgs_refused);
     family(&b, "tokpipe_stage_failed", "gauge", "1 when the spawned workers of a stage cannot start (given up)");
     for (int i = 0; i < 4; i++) {
         snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);

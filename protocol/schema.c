@@ -216,7 +216,7 @@ static const field stats_reply_f[] = {
     F_U64("recovery_count", ST(recovery_count), 0), F_U64("recovery_ms_total", ST(recovery_ms_total), 0),
     F_U64("recovery_ms_max", ST(recovery_ms_max), 0), F_U64("events_duplicate", ST(events_duplicate), 0),
     {.key = "stages_failed", .type = FT_STAGES, .off = ST(stages_failed)},
-    F_U64("events_refused", ST(events_refused), 0),
+    F_U64("events_refused", ST(events_refused), 0), F_U64("worker_msgs_refused", ST(worker_msgs_refused), 0),
     F_U64("prefix_lookups", ST(prefix_lookups), 0), F_U64("prefix_hit_tokens", ST(prefix_hit_tokens), 0),
     F_U64("prefix_prompt_tokens", ST(prefix_prompt_tokens), 0), F_U64("prefix_evictions", ST(prefix_evictions), 0),
     F_U64("prefix_pages_used", ST(prefix_pages_used), 0), F_U64("prefix_pages_cached", ST(prefix_pages_cached), 0),

@@ -426,6 +426,7 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         # README: /metrics has everything `tokpipe stats` has, the event counters included
         for key, name in [("events_duplicate", "tokpipe_events_duplicate_total"),
                           ("events_refused", "tokpipe_events_refused_total"),
+                          ("worker_msgs_refused", "tokpipe_worker_messages_refused_total"),
                           ("jobs_poisoned", "tokpipe_jobs_poisoned_total")]:
             self.assertEqual(metric(after, name), st.get(key, 0), name)
 

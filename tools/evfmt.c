@@ -241,7 +241,7 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"recovered_sample", s->recovered[2]}, {"recovered_stop", s->recovered[3]},
         {"recovery_count", s->recovery_count}, {"recovery_ms_total", s->recovery_ms_total},
         {"recovery_ms_max", s->recovery_ms_max}, {"events_duplicate", s->events_duplicate},
-        {"events_refused", s->events_refused},
+        {"events_refused", s->events_refused}, {"worker_msgs_refused", s->worker_msgs_refused},
         {"prefix_lookups", s->prefix_lookups}, {"prefix_hit_tokens", s->prefix_hit_tokens},
         {"prefix_prompt_tokens", s->prefix_prompt_tokens}, {"prefix_evictions", s->prefix_evictions},
         {"prefix_pages_used", s->prefix_pages_used}, {"prefix_pages_cached", s->prefix_pages_cached},
