@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -177,6 +178,11 @@ class Cluster(unittest.TestCase):
         remove_leftovers()
         cls.tmp = tempfile.TemporaryDirectory(prefix="tpn-")
         Cluster.dir = cls.tmp.name
+
+        def on_term(signum, frame):   # run-tests.sh's timeout: leave no namespace behind
+            cluster("down", check=False)
+            os._exit(128 + signum)
+        signal.signal(signal.SIGTERM, on_term)
         try:
             cluster("up")
         except subprocess.CalledProcessError as e:
