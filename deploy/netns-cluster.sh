@@ -138,7 +138,8 @@ wait_registered() {   # every stage has NW workers, within 60 s
   for _ in $(seq 1 120); do
     if s=$(stats 2>/dev/null) && python3 - "$want" "$STAGES" "$s" <<'EOF'
 import json, sys
-want, stages, s = int(sys.argv[1]), sys.argv[2].split(), json.loads(sys.argv[3])
+want, s = int(sys.argv[1]), json.loads(sys.argv[3])
+stages = [st for entry in sys.argv[2].split() for st in entry.replace(":", ",").split(",")]
 sys.exit(0 if all(s["workers"].get(st, 0) >= want for st in stages) else 1)
 EOF
     then return 0; fi
@@ -151,6 +152,8 @@ up() {
   command -v ip >/dev/null || die "ip (iproute2) not found"
   [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
   down
+  # a failed start leaves nothing behind
+  trap 'rc=$?; [ $rc -eq 0 ] || down; exit $rc' EXIT
   rm -rf "$DIR"
   net_up
   keys
@@ -163,6 +166,7 @@ up() {
     done
   done
   wait_registered || { status >&2 || true; die "workers did not all register within 60 s (logs in $DIR)"; }
+  trap - EXIT
   echo "netns-cluster: up: broker $NET.1, $NW worker hosts, client $NET.100 (configs and logs in $DIR)"
 }
 
