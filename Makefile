@@ -149,6 +149,11 @@ $(BUILD)/tests/test_oai: $(BUILD)/obj/tests/test_oai.o $(call obj,http/oai.c htt
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
+$(BUILD)/tests/test_anthropic: $(BUILD)/obj/tests/test_anthropic.o $(call obj,http/anthropic.c http/oai.c http/lp.c) \
+		$(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(BSUP_SRC) $(DLIB_SRC)) $(LIB)
 	@mkdir -p $(dir $@)
@@ -196,6 +201,9 @@ $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
 
 # the gateway's request decoder lives beside the gateway, not in the library
 $(FUZZ_BUILD)/fuzz_oai_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_oai_request.o $(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
+$(FUZZ_BUILD)/fuzz_anthropic_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_anthropic_request.o $(FUZZ_BUILD)/obj/http/anthropic.o \
+		$(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
 
 fuzz-build: $(FUZZ_BINS)

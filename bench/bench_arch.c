@@ -97,7 +97,7 @@ int main(void)
     const char *arch[N_MODELS] = {NULL, "llama", "llama3", "qwen2"};
     for (int m = 1; m < N_MODELS; m++) {
         snprintf(path[m], sizeof path[m], "%s/%s.gguf", dir, arch[m]);
-        tp_synth_gguf o = {arch[m], vocab_path, false, false};
+        tp_synth_gguf o = {.arch = arch[m], .vocab_from = vocab_path};
         if (tp_synth_write_gguf(path[m], &s, 1, &o, &e))
             die(arch[m], &e);
     }

@@ -246,7 +246,7 @@ int main(int argc, char **argv)
         char vocab[4096], dir[] = "/tmp/tp_bench_constrained.XXXXXX";
         snprintf(vocab, sizeof vocab, "%s/hf-vocab/qwen3-vocab.gguf", models);
         tp_synth_shape sh;
-        tp_synth_gguf o = {"qwen2", vocab, false, false};
+        tp_synth_gguf o = {.arch = "qwen2", .vocab_from = vocab};
         if (access(vocab, R_OK) || !mkdtemp(dir)) {
             printf("qwen3 vocabulary: skipped (no %s)\n", vocab);
             return 0;

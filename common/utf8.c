@@ -146,3 +146,24 @@ size_t tp_utf8_get(const uint8_t *b, size_t n, uint32_t *cp)
     *cp = v;
     return k;
 }
+
+size_t tp_utf8_char_len(uint8_t lead)
+{
+    return lead < 0x80 ? 1 : (lead & 0xe0) == 0xc0 ? 2 : (lead & 0xf0) == 0xe0 ? 3 : (lead & 0xf8) == 0xf0 ? 4 : 1;
+}
+
+size_t tp_utf8_count(const char *s, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i += tp_utf8_char_len((uint8_t)s[i]))
+        k++;
+    return k;
+}
+
+size_t tp_utf8_offset(const char *s, size_t n, size_t ci)
+{
+    size_t i = 0;
+    for (; ci > 0 && i < n; ci--)
+        i += tp_utf8_char_len((uint8_t)s[i]);
+    return i < n ? i : n;
+}

@@ -100,6 +100,8 @@ static const struct key keys[] = {
     KI("heartbeat.reconnect_max_ms", reconnect_max_ms, 1, 3600000),
     KI("shutdown.drain_timeout_ms", drain_timeout_ms, 0, 3600000),
     KI("recovery.deadline_ms", recovery_deadline_ms, 0, 3600000),
+    KI("recovery.step_timeout_s", step_timeout_s, 1, 86400),
+    KI("recovery.step_timeout_factor", step_timeout_factor, 2, 10000),
     KB("security.curve", curve),
     KS("security.server_secret_key", server_secret_key),
     KS("security.server_public_key", server_public_key),
@@ -214,6 +216,8 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->http_max_body_bytes = 8 << 20;
     cfg->http_timeout_ms = 10000;
     cfg->recovery_deadline_ms = 30000;
+    cfg->step_timeout_s = 30;
+    cfg->step_timeout_factor = 20;
     return 0;
 }
 

@@ -6,7 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "admit.h"
+#include "choose.h"
+#include "log.h"
+#include "outbox.h"
+#include "pin.h"
+#include "registry.h"
+#include "route.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 

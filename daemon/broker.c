@@ -3,6 +3,17 @@
  * floors below (broker.h) and is the only file that sends, draining the
  * outbox they fill after each message and tick. */
 #include "broker.h"
+#include "front.h"
+#include "info.h"
+#include "log.h"
+#include "outbox.h"
+#include "pin.h"
+#include "recover.h"
+#include "registry.h"
+#include "route.h"
+#include "sched.h"
+#include "spawn.h"
+#include "step.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -306,6 +317,8 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i] && !strncmp(eps[i], "ipc://", 6))
             unlink(eps[i] + 6);
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        registry_drop(b, i);   /* the tasks each still owed */
     jobs_free(&b->jt);
     route_free(b);
     step_free(b);

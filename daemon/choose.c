@@ -1,7 +1,8 @@
 /* Worker choice: which worker of a stage takes a job. The least loaded one
  * with room, the first registered on a tie. route_prefix.c, beside this
  * file, chooses a forward worker by the prefix it caches. */
-#include "broker.h"
+#include "choose.h"
+#include "registry.h"
 
 static int pick_worker(broker *b, unsigned stage, int (*load)(const bworker *))
 {

@@ -6,7 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "front.h"
+#include "admit.h"
+#include "info.h"
+#include "metrics.h"
+#include "outbox.h"
+#include "pin.h"
+#include "registry.h"
+#include "sched.h"
 #include "grammar_admit.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/stop.h"
@@ -505,13 +512,14 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->stages_failed = b->stages_failed;
     s->workers_lost = st->workers_lost;
     s->jobs_poisoned = st->jobs_poisoned;
+    s->workers_hung = st->workers_hung;
+    s->replies_refused = st->replies_refused;
     memcpy(s->recovered, st->recovered, sizeof s->recovered);
     s->recovery_count = jc->recovery_n;
     s->recovery_ms_total = jc->recovery_ms_sum;
     s->recovery_ms_max = jc->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
     s->events_refused = st->events_refused;
-    s->worker_msgs_refused = st->worker_msgs_refused;
     for (int i = 0; i < 4; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, jc->finish, sizeof s->finish);

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "info.h"
+#include "log.h"
+#include "registry.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/sampler.h"
 #include "tokpipe/toolcall.h"

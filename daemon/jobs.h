@@ -52,6 +52,7 @@ typedef struct bjob {
     uint8_t losses;                 /* workers of loss_stage lost while they processed this job alone, */
     int8_t loss_stage;              /* without progress there since (recover.c: poison jobs) */
     bool suspect;                   /* lost a worker processing it since: tried alone (recover.c) */
+    bool stop_resend;               /* its candidates awaiting verdicts wait to go to its new stop worker */
     int64_t recover_t0;             /* a loss not yet followed by an event (recovery latency) */
     int close_stp;                  /* CLOSING: the stop worker that publishes FINISH, -1 none */
     int close_finish;               /* CLOSING: the STOP_CLOSE finish, said again to a replacement */

@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "broker.h"
+#include "log.h"
 
 void blog(const char *fmt, ...)
 {

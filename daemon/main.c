@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "spawn.h"
 
 static volatile sig_atomic_t g_quit;
 

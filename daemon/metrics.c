@@ -1,7 +1,7 @@
 /* Latency histograms and load gauges for STATS (metrics.h). */
 #include "metrics.h"
+#include "state.h"
 
-#include "broker.h"
 #include "tokpipe/zwire.h"
 
 /* Prometheus-style latency buckets (µs): from a fast decode step on a tiny

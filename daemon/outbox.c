@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "outbox.h"
+#include "log.h"
+#include "tokpipe/zwire.h"
 
 static int push(broker *b, int sock, int wi, const tp_frame *prefix, size_t n_prefix, const tp_msg *m, tp_err *e)
 {
@@ -64,6 +66,55 @@ void out_msg_free(bout_msg *x)
 /* A message that cannot even be encoded means the worker cannot be served
  * as it should: it is lost at the next safe point, like one a send failed
  * to. */
+/* The work m asks of a worker, and the slots of its jobs: what the worker
+ * owes an answer to (state.h, bowed). Other commands (OPEN, CLOSE) are
+ * quick bookkeeping: their RESULT is not waited for. */
+static int owed_stage(const tp_msg *m, tp_raw *slots, uint32_t *one)
+{
+    switch (m->cmd) {
+    case TP_CMD_TOKENIZE:
+        *one = m->tokenize.slot;
+        *slots = (tp_raw){one, 1};
+        return TP_SI_TOKENIZE;
+    case TP_CMD_STEP:
+        *slots = m->step.slots;
+        return TP_SI_FORWARD;
+    case TP_CMD_SAMPLE:
+        *slots = m->sample.slots;
+        return TP_SI_SAMPLE;
+    case TP_CMD_STOP_STEP:
+        *slots = m->stop_step.slots;
+        return TP_SI_STOP;
+    default:
+        return -1;
+    }
+}
+
+/* Note that worker wi owes the answer to m. Out of memory: not noted, so
+ * that task has no deadline (the heartbeat still watches the worker). */
+static void owe(bworker *w, const tp_msg *m)
+{
+    tp_raw slots;
+    uint32_t one;
+    int si = owed_stage(m, &slots, &one);
+    if (si < 0)
+        return;
+    if (w->n_owed == w->cap_owed) {
+        size_t nc = w->cap_owed ? w->cap_owed * 2 : 8;
+        bowed *o = realloc(w->owed, nc * sizeof *o);
+        if (!o)
+            return;
+        w->owed = o;
+        w->cap_owed = nc;
+    }
+    uint32_t *s = malloc((slots.n ? slots.n : 1) * sizeof *s);
+    if (!s)
+        return;
+    for (size_t i = 0; i < slots.n; i++)
+        s[i] = tp_raw_u32(slots, i);
+    w->owed[w->n_owed++] = (bowed){m->task, tp_now_ms(), si, (uint32_t)slots.n, s};
+}
+
 int out_worker(broker *b, int wi, const tp_msg *m)
 {
     bworker *w = &b->workers[wi];
@@ -73,6 +124,8 @@ int out_worker(broker *b, int wi, const tp_msg *m)
     if (rc) {
         blog("to worker %s: %s", w->instance, e.msg);
         w->gone = true;
+    } else {
+        owe(w, m);
     }
     return rc;
 }

@@ -6,7 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "pin.h"
+#include "choose.h"
+#include "log.h"
+#include "outbox.h"
+#include "registry.h"
+#include "route.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
 
@@ -209,6 +214,28 @@ void pin_sample(broker *b, bjob *j, int s)
  * again. A job that reached max_tokens with its last TOKEN forwarded but
  * not its FINISH has that candidate checked again: the TOKEN repeated is
  * dropped by seq (jobs_event_wanted), the FINISH goes out. */
+void pin_stop_resend(broker *b, bjob *j, int t)
+{
+    uint32_t k = j->n_verd;
+    j->stop_resend = false;
+    if (j->n_cand <= k)
+        return;
+    tp_msg st;
+    tp_msg_init(&st, TP_FAM_WRK, TP_CMD_STOP_STEP);
+    st.task = out_task(b);
+    st.stop_step.step = ++b->next_step;
+    st.stop_step.n = j->n_cand - k;
+    uint32_t *slots = malloc((j->n_cand - k) * sizeof *slots);
+    if (slots) {
+        for (uint32_t i = 0; i < j->n_cand - k; i++)
+            slots[i] = j->slot;
+        st.stop_step.slots = (tp_raw){slots, j->n_cand - k};
+        st.stop_step.candidates = (tp_raw){j->cands + k, j->n_cand - k};
+        out_worker(b, t, &st);
+        free(slots);
+    }
+}
+
 void pin_stop(broker *b, bjob *j, int t)
 {
     uint32_t k = j->n_tok_ids < j->n_cand ? j->n_tok_ids : j->n_cand;
@@ -250,22 +277,11 @@ void pin_stop(broker *b, bjob *j, int t)
         j->n_out = k;
     while (j->n_out < k)
         jobs_append_out(j, j->cands[j->n_out]);
-    if (j->n_cand > k) {
-        tp_msg st;
-        tp_msg_init(&st, TP_FAM_WRK, TP_CMD_STOP_STEP);
-        st.task = out_task(b);
-        st.stop_step.step = ++b->next_step;
-        st.stop_step.n = j->n_cand - k;
-        uint32_t *slots = malloc((j->n_cand - k) * sizeof *slots);
-        if (slots) {
-            for (uint32_t i = 0; i < j->n_cand - k; i++)
-                slots[i] = j->slot;
-            st.stop_step.slots = (tp_raw){slots, j->n_cand - k};
-            st.stop_step.candidates = (tp_raw){j->cands + k, j->n_cand - k};
-            out_worker(b, t, &st);
-            free(slots);
-        }
-    }
+    /* a job the stop stage lost a worker on has its verdicts computed
+     * alone: step.c sends them once nothing else is owed there */
+    j->stop_resend = j->n_cand > k;
+    if (j->stop_resend && !(j->state == J_RUNNING && jobs_suspect(j) && j->loss_stage == TP_SI_STOP))
+        pin_stop_resend(b, j, t);
     if (j->state == J_CLOSING) {
         j->close_stp = t;
         j->closing_since = tp_now_ms();

@@ -5,7 +5,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "broker.h"
+#include "recover.h"
+#include "choose.h"
+#include "log.h"
+#include "pin.h"
+#include "registry.h"
+#include "route.h"
+#include "spawn.h"
 #include "tokpipe/zwire.h"
 
 static void note_loss(bjob *j, int64_t now)
@@ -36,13 +42,32 @@ static int busy_stage(const bjob *j, int wi)
     return -1;
 }
 
+/* Was j's work (at stage si) in the task worker w was computing when it
+ * was lost? A worker answers its owed tasks in order (state.h: bowed), so
+ * a hung one, whose answers still leave, was computing its oldest; one
+ * that died may have answered a few more that its death swallowed, so it
+ * was computing any of them. Jobs merely pinned to it computed nothing
+ * there, and a worker that owed nothing computed nothing. */
+static bool in_computed_task(const bworker *w, const bjob *j, int si)
+{
+    for (size_t t = 0; t < (w->hung ? 1 : w->n_owed) && t < w->n_owed; t++) {
+        if (w->owed[t].si != si)
+            continue;
+        for (uint32_t k = 0; k < w->owed[t].n; k++)
+            if (w->owed[t].slots[k] == j->slot)
+                return true;
+    }
+    return false;
+}
+
 /* Worker wi was processing j when it was lost. j becomes a suspect, tried
  * apart from other jobs from now on (choose.c, step.c), until it gets a
  * result of that stage (jobs_progress). The loss counts against j only when
- * the worker died and j was the one job whose work was there (counts):
- * which of several jobs brought a worker down is not known, a worker
+ * the worker died or hung (past its step deadline, or silent while it owed
+ * an answer) and j was the one job in the task it was computing (counts):
+ * which of several jobs brought a worker down is not known, and a worker
  * killed from outside while a batch is in flight says nothing about any of
- * them, and one that missed its heartbeats may only be slow. True when j
+ * them; tried alone, a job that does it again is known. True when j
  * is now a poison job (B_POISON_TRIES such losses at one stage without a
  * result there in between), with why saying so. */
 static bool charge(bjob *j, int si, bool counts, const char *cause, char *why, size_t cap)
@@ -89,11 +114,15 @@ void recover_worker_lost(broker *b, int wi, const char *cause, bool died)
     w->live = false;   /* nothing more is sent to it */
     int64_t now = tp_now_ms();
     int busy = 0;
-    for (uint32_t i = 0; i < b->jt.cap; i++)
-        busy += busy_stage(&b->jt.jobs[i], wi) >= 0;
+    for (uint32_t i = 0; i < b->jt.cap; i++) {
+        int si = busy_stage(&b->jt.jobs[i], wi);
+        busy += si >= 0 && in_computed_task(w, &b->jt.jobs[i], si);
+    }
     for (uint32_t i = 0; i < b->jt.cap; i++) {
         bjob *j = &b->jt.jobs[i];
         int si = busy_stage(j, wi);
+        if (si >= 0 && !in_computed_task(w, j, si))
+            si = -1;   /* queued there, not computed: simply moves */
         char why[TP_PROTO_MAX_ERROR];
         bool poison = si >= 0 && charge(j, si, died && busy == 1, cause, why, sizeof why);
         if (j->state == J_TOKENIZE && j->tok_worker == wi) {
@@ -141,12 +170,20 @@ void recover_worker_lost(broker *b, int wi, const char *cause, bool died)
     recover_run(b, now);
 }
 
-/* Lose worker wi: it is told (in case it still runs) and its jobs move. */
+/* Lose worker wi: it is told (in case it still runs) and its jobs move. A
+ * hung worker reads nothing: one tokpiped started is killed, so that it
+ * is started again. */
 void recover_lose(broker *b, int wi, const char *why, bool died)
 {
-    if (!b->workers[wi].live)
+    bworker *w = &b->workers[wi];
+    if (!w->live)
         return;
     registry_lose(b, wi, why);
+    if (w->hung) {
+        b->stats.workers_hung++;
+        if (b->spawn && spawn_kill(b, w->instance))
+            blog("worker %s killed: hung", w->instance);
+    }
     recover_worker_lost(b, wi, why, died);
 }
 
@@ -158,7 +195,7 @@ void recover_reap(broker *b)
     for (int i = 0; i < B_MAX_WORKERS; i++)
         if (b->workers[i].live && b->workers[i].gone)
             recover_lose(b, i, b->workers[i].gone_why ? b->workers[i].gone_why : "connection closed",
-                         !b->workers[i].gone_why);
+                         !b->workers[i].gone_why || b->workers[i].hung);
 }
 
 /* A closing job whose stop worker never published its FINISH (the event

@@ -6,9 +6,12 @@
  * closed connection needs the socket's answer at once.) */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "registry.h"
+#include "log.h"
+#include "outbox.h"
 #include "tokpipe/zwire.h"
 
 #define MAX_MALFORMED 16   /* per worker, then DISCONNECT */
@@ -71,7 +74,43 @@ void registry_lose(broker *b, int wi, const char *why)
 
 void registry_drop(broker *b, int wi)
 {
-    memset(&b->workers[wi], 0, sizeof b->workers[wi]);
+    bworker *w = &b->workers[wi];
+    for (size_t i = 0; i < w->n_owed; i++)
+        free(w->owed[i].slots);
+    free(w->owed);
+    memset(w, 0, sizeof *w);
+}
+
+/* The moving average of answer times per stage: 1/8 of each new one. */
+#define ANSWER_EWMA 0.125
+
+void registry_answered(broker *b, int wi, const tp_msg *m)
+{
+    bworker *w = &b->workers[wi];
+    size_t k = 0;
+    while (k < w->n_owed && w->owed[k].task != m->task)
+        k++;
+    if (k == w->n_owed)
+        return;   /* not a task it owes (noted out of memory, or answered twice) */
+    int64_t now = tp_now_ms();
+    /* it started on this task when it sent its last answer, unless the
+     * task came later */
+    int64_t start = w->owed[k].sent_ms > w->last_answer_ms ? w->owed[k].sent_ms : w->last_answer_ms;
+    double *avg = &b->stats.answer_ms[w->owed[k].si];
+    *avg = *avg ? *avg + ANSWER_EWMA * ((double)(now - start) - *avg) : (double)(now - start);
+    w->last_answer_ms = now;
+    /* answered in order: what came before it was skipped, not pending */
+    for (size_t i = 0; i <= k; i++)
+        free(w->owed[i].slots);
+    memmove(w->owed, w->owed + k + 1, (w->n_owed - k - 1) * sizeof *w->owed);
+    w->n_owed -= k + 1;
+}
+
+int64_t registry_step_limit_ms(const broker *b, int si)
+{
+    int64_t floor_ms = (int64_t)b->cfg->step_timeout_s * 1000;
+    double usual = b->stats.answer_ms[si] * b->cfg->step_timeout_factor;
+    return usual > (double)floor_ms ? (int64_t)usual : floor_ms;
 }
 
 /* A TOKENIZE task of worker wi ended (answered, or its job went). */
@@ -197,7 +236,8 @@ int registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames
          * runs again (its late results are for jobs already re-queued):
          * make it register again */
         if (m->cmd != TP_CMD_DISCONNECT) {
-            b->stats.worker_msgs_refused++;
+            if (m->cmd != TP_CMD_HEARTBEAT && m->cmd != TP_CMD_READY)
+                b->stats.replies_refused++;
             if (m->cmd != TP_CMD_HEARTBEAT)
                 blog("ignored %s from an unregistered worker; told to send READY", tp_cmd_name(TP_FAM_WRK, m->cmd));
             send_raw(b, ident, TP_CMD_DISCONNECT, "unknown worker: send READY");
@@ -209,18 +249,36 @@ int registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames
         b->stats.workers_lost++;
         return REG_LOST;
     }
+    if (m->cmd == TP_CMD_TOKENIZED || m->cmd == TP_CMD_STEP_RESULT || m->cmd == TP_CMD_SAMPLED ||
+        m->cmd == TP_CMD_VERDICTS)
+        registry_answered(b, wi, m);
     return m->cmd == TP_CMD_HEARTBEAT ? REG_DONE : REG_RESULT;
 }
 
-/* Workers silent for `liveness` heartbeat intervals are gone. */
+/* Workers silent for `liveness` heartbeat intervals are gone; so are those
+ * that owe the answer to a task past its step deadline, even if they send
+ * heartbeats. Either one that stopped in the middle of a task is hung:
+ * its loss counts against the job it was computing (recover.c). */
 void registry_tick(broker *b, int64_t now)
 {
     int64_t dead_after = (int64_t)b->cfg->heartbeat_ms * b->cfg->liveness;
     for (int i = 0; i < B_MAX_WORKERS; i++) {
         bworker *w = &b->workers[i];
-        if (w->live && !w->gone && now - w->last_recv > dead_after) {
+        if (!w->live || w->gone)
+            continue;
+        if (w->n_owed) {
+            const bowed *o = &w->owed[0];
+            int64_t start = o->sent_ms > w->last_answer_ms ? o->sent_ms : w->last_answer_ms;
+            if (now - start > registry_step_limit_ms(b, o->si)) {
+                w->gone = w->hung = true;
+                w->gone_why = "step deadline: no answer to its task";
+                continue;
+            }
+        }
+        if (now - w->last_recv > dead_after) {
             w->gone = true;
-            w->gone_why = "heartbeat expired";
+            w->hung = w->n_owed > 0;
+            w->gone_why = w->hung ? "heartbeat expired in the middle of a task" : "heartbeat expired";
         }
     }
 }

@@ -16,7 +16,8 @@
  * only makes a choice worse, never an output different (the worker checks
  * every page key in full). A worker that restarted (new incarnation)
  * starts with an empty mirror, as its cache does. */
-#include "broker.h"
+#include "route.h"
+#include "choose.h"
 #include "tokpipe/forward.h"
 
 #include <stdlib.h>

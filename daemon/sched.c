@@ -2,7 +2,11 @@
  * the jobs that lost a worker (recover.c), then admits waiting jobs in
  * order (admit.c), then sends the steps that are due (step.c); it runs
  * after every result, request and tick. */
-#include "broker.h"
+#include "sched.h"
+#include "admit.h"
+#include "log.h"
+#include "recover.h"
+#include "step.h"
 #include "tokpipe/zwire.h"
 
 void sched_run(broker *b)

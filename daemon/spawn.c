@@ -16,7 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "broker.h"
+#include "spawn.h"
+#include "log.h"
 #include "tokpipe/zwire.h"
 
 #define HEALTHY_MS 10000   /* a child that ran this long resets its backoff */
@@ -72,12 +73,20 @@ int spawn_init(broker *b, tp_err *err)
     return 0;
 }
 
+/* The --instance name of child c (what its READY says). */
+static void child_instance(const bchild *c, char *buf, size_t cap)
+{
+    char stages[64];
+    stage_list(c->stages, stages, sizeof stages);
+    snprintf(buf, cap, "%s.%d", c->stages ? stages : "http", c->index);
+}
+
 static pid_t start_child(broker *b, bchild *c)
 {
     char bin[PATH_MAX], stages[64], instance[96];
     worker_binary(b, c->stages ? "tokpipe-worker" : "tokpipe-http", bin, sizeof bin);
     stage_list(c->stages, stages, sizeof stages);
-    snprintf(instance, sizeof instance, "%s.%d", c->stages ? stages : "http", c->index);
+    child_instance(c, instance, sizeof instance);
     char *argv[9];
     int a = 0;
     argv[a++] = bin;
@@ -181,6 +190,20 @@ void spawn_tick(broker *b, int64_t now)
                 c->respawn_at = now + c->backoff_ms;
         }
     }
+}
+
+bool spawn_kill(broker *b, const char *instance)
+{
+    for (int i = 0; i < b->n_children; i++) {
+        bchild *c = &b->children[i];
+        char name[96];
+        child_instance(c, name, sizeof name);
+        if (c->stages && c->pid > 0 && !strcmp(name, instance)) {
+            kill(c->pid, SIGKILL);   /* reap() sees it exit and starts another */
+            return true;
+        }
+    }
+    return false;
 }
 
 static int running(const broker *b)

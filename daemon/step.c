@@ -20,7 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
+#include "step.h"
+#include "log.h"
+#include "outbox.h"
+#include "pin.h"
+#include "registry.h"
 #include "tokpipe/zwire.h"
 
 static int cols_reserve(bcols *c, size_t n, size_t n_tokens, size_t n_logits)
@@ -141,9 +145,13 @@ static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint3
     return nt;
 }
 
+/* May j join a step at wi? Not while candidates of it wait to go to its
+ * stop worker again (stop_resend): a stop worker takes a job's candidates
+ * in order. */
 static bool ready_at(const bjob *j, int wi)
 {
-    return j->state == J_RUNNING && j->fwd == wi && j->phase == P_READY && !j->cancel && j->smp >= 0;
+    return j->state == J_RUNNING && j->fwd == wi && j->phase == P_READY && !j->cancel && j->smp >= 0 &&
+           !j->stop_resend;
 }
 
 /* A job that lost a worker processing it (recover.c) is stepped alone, with
@@ -159,11 +167,14 @@ static bjob *ready_suspect(broker *b, int wi)
     return NULL;
 }
 
-static bool build_step(broker *b, int wi)
+/* A step at forward worker wi: of `alone` only when given, else of the
+ * first suspect there, else of the READY jobs step_size allows. */
+static bool build_step(broker *b, int wi, bjob *alone)
 {
     bworker *w = &b->workers[wi];
     bcols *c = &b->cols;
-    bjob *alone = ready_suspect(b, wi);
+    if (!alone)
+        alone = ready_suspect(b, wi);
     if (alone && w->steps_inflight)
         return false;
     uint32_t max_items = alone ? 1 : step_size(b, wi);
@@ -222,12 +233,56 @@ static bool build_step(broker *b, int wi)
     return true;
 }
 
+/* A job that lost a stop worker while its verdicts were computed there
+ * (recover.c) has its next verdicts computed alone, as a suspect's step
+ * is: its candidates go to that worker when no worker of the step cycle
+ * owes anything, and no step goes anywhere until they are answered. A
+ * crash or hang of the stop worker meanwhile is then surely its doing,
+ * even when the dead worker's last answers never left it. True while such
+ * a job holds the steps back. */
+static bool stop_suspect_alone(broker *b)
+{
+    bjob *s = NULL;
+    for (uint32_t i = 0; i < b->jt.cap; i++) {
+        bjob *j = &b->jt.jobs[i];
+        if (j->state != J_RUNNING)
+            continue;
+        bool held = jobs_suspect(j) && j->loss_stage == TP_SI_STOP && !j->cancel;
+        if (held && !s && registry_usable(b, j->stp) && registry_usable(b, j->fwd) && j->smp >= 0)
+            s = j;
+        else if (!held && j->stop_resend && registry_usable(b, j->stp))
+            pin_stop_resend(b, j, j->stp);   /* no longer a stop suspect (forgiven, or lost a worker elsewhere since) */
+    }
+    if (!s)
+        return false;
+    bool quiet = true;
+    for (int wi = 0; wi < B_MAX_WORKERS && quiet; wi++) {
+        const bworker *w = &b->workers[wi];
+        quiet = !w->live || !(w->stages & (TP_STAGE_FORWARD | TP_STAGE_SAMPLE | TP_STAGE_STOP)) ||
+                (w->n_owed == 0 && w->steps_inflight == 0);
+    }
+    if (s->stop_resend) {
+        if (quiet)
+            pin_stop_resend(b, s, s->stp);
+        return true;
+    }
+    if (s->phase == P_FORWARD || s->phase == P_SAMPLE || s->n_cand > s->n_verd)
+        return true;   /* its step or its verdicts are being computed */
+    if (s->phase != P_READY)
+        return false;
+    if (quiet)
+        build_step(b, s->fwd, s);
+    return true;
+}
+
 void step_run(broker *b)
 {
+    if (b->stats.workers_lost && stop_suspect_alone(b))
+        return;   /* a stop suspect's verdicts are computed alone */
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         bworker *w = &b->workers[wi];
         while (registry_usable(b, wi) && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
-               !w->step_suspect && build_step(b, wi))
+               !w->step_suspect && build_step(b, wi, NULL))
             ;
     }
 }
@@ -282,8 +337,8 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         uint32_t k = 0;
         for (uint32_t i = 0; i < n; i++) {
             bjob *j = jobs_by_slot(&b->jt, slots[i]);
-            if (!j || j->stp != wi)
-                continue;
+            if (!j || j->stp != wi || j->stop_resend)
+                continue;   /* (a job's earlier candidates go first: pin_stop_resend sends this one too) */
             if (sel)
                 sel[k] = i;
             c->slots[k] = slots[i];

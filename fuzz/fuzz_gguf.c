@@ -71,7 +71,15 @@ static void read_typed(const tp_model *m)
     const tp_layer_weights *l = &w->layers[tp_model_get_config(m)->n_layers - 1];
     const tp_wmat *v[] = {&l->m.wq, &l->m.wk, &l->m.wv, &l->m.wo, &l->m.w1, &l->m.w2, &l->m.w3};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        read_last_row(v[i]);
+        if (v[i]->rows) /* a MoE model has experts instead of w1, w2, w3 */
+            read_last_row(v[i]);
+    int ne = tp_model_get_config(m)->n_expert;
+    if (ne) {
+        read_last_row(&l->m.wr);
+        read_last_row(&l->w1_exps[ne - 1]);
+        read_last_row(&l->w2_exps[ne - 1]);
+        read_last_row(&l->w3_exps[ne - 1]);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

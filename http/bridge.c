@@ -87,14 +87,15 @@ static void reply(bridge *b, gw_call *c, int status, char *body, const char *cty
 
 static void reply_error(bridge *b, gw_call *c, int status, const char *msg, const char *param, int retry)
 {
-    reply(b, c, status, gw_error_json(status, msg, param), "application/json", retry);
+    reply(b, c, status, c->api ? c->api->error(status, msg, param, NULL) : gw_error_json(status, msg, param),
+          "application/json", retry);
 }
 
 /* A 400 with a string code: context_length_exceeded (OpenAI's code, the
  * prompt does not fit the context) or prompt_too_large. */
 static void reply_rejected(bridge *b, gw_call *c, const char *msg, const char *param, const char *code)
 {
-    reply(b, c, 400, gw_error_json_code(400, msg, param, code), "application/json", 0);
+    reply(b, c, 400, c->api->error(400, msg, param, code), "application/json", 0);
 }
 
 /* The TP_CODE_* of a FINISH error_code that says the client erred, or NULL. */
@@ -147,13 +148,7 @@ static void fail_call(bridge *b, gw_call *c, int status, const char *msg, const 
     cancel_jobs(b, c);
     if (c->oreq.stream && c->replied) {
         /* the 200 and some chunks are out: say it in the stream */
-        char *j = gw_error_json(status, msg, param);
-        size_t n = j ? strlen(j) + 32 : 0;
-        char *s = j ? malloc(n) : NULL;
-        if (s)
-            snprintf(s, n, "data: %s\n\ndata: [DONE]\n\n", j);
-        free(j);
-        push(b, c, s, true);
+        push(b, c, c->api->stream_error(status, msg, param), true);
         return;
     }
     reply_error(b, c, status, msg, param, retry);
@@ -174,6 +169,8 @@ static void start_stream(bridge *b, gw_call *c)
     c->replied = true;
     wake_locked(c);
     pthread_mutex_unlock(&b->g->lock);
+    if (c->api->open)
+        push(b, c, c->api->open(c, b->g->model_name), false);
 }
 
 /* ---- the call table ------------------------------------------------------ */
@@ -264,7 +261,7 @@ static void send_stats(bridge *b, gw_call *c)
 
 /* The field an encoder or broker message names: the word before ": "
  * ("encode SUBMIT: params.top_p: 1.5 is outside (0, 1]" -> "top_p"). */
-static void param_of_message(const char *msg, const char *field, char *out, size_t cap)
+static void param_of_message(const gw_call *c, const char *msg, const char *field, char *out, size_t cap)
 {
     char f[TP_PROTO_MAX_NAME + 1] = "";
     if (field && field[0]) {
@@ -283,7 +280,7 @@ static void param_of_message(const char *msg, const char *field, char *out, size
             }
         }
     }
-    oai_param_of_field(f, out, cap);
+    c->api->param(f, out, cap);
 }
 
 /* The encoder's message without its "encode SUBMIT: " preamble. */
@@ -321,11 +318,11 @@ static bool within_limits(bridge *b, gw_call *c)
     for (size_t i = 0; i < p->n_stop; i++)
         if (p->stop[i].len > (size_t)cfg->max_stop_len) {
             /* the broker's words for it (daemon/front.c) */
-            char field[32];
-            snprintf(field, sizeof field, "stop[%zu]", i);
-            snprintf(msg, sizeof msg, "params.%s: %zu bytes, the limit is %d", field, p->stop[i].len,
-                     cfg->max_stop_len);
-            fail_call(b, c, 413, msg, field, 0);
+            char field[48], param[64];
+            snprintf(field, sizeof field, "params.stop[%zu]", i);
+            c->api->param(field, param, sizeof param);
+            snprintf(msg, sizeof msg, "%s: %zu bytes, the limit is %d", field, p->stop[i].len, cfg->max_stop_len);
+            fail_call(b, c, 413, msg, param, 0);
             return false;
         }
     return true;
@@ -386,7 +383,7 @@ static void submit_all(bridge *b, gw_call *c)
         }
         if (rc && rc != TP_EIO) {   /* our encoder refused it: a bad value */
             char param[64];
-            param_of_message(e.msg, NULL, param, sizeof param);
+            param_of_message(c, e.msg, NULL, param, sizeof param);
             fail_call(b, c, 400, plain_message(e.msg), param, 0);
             return;
         }
@@ -461,7 +458,7 @@ static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
     char fieldbuf[TP_PROTO_MAX_NAME + 1] = "";
     if (m->cmd == TP_CMD_ACK && m->ack.field.ptr)
         snprintf(fieldbuf, sizeof fieldbuf, "%.*s", (int)m->ack.field.len, m->ack.field.ptr), field = fieldbuf;
-    param_of_message(msg, field, param, sizeof param);
+    param_of_message(c, msg, field, param, sizeof param);
     /* a constraint refused at admission is named as the request gave it
      * (response_format rather than the SUBMIT key it became) */
     if (c->oreq.constraint_param[0] &&
@@ -546,7 +543,7 @@ static void deliver_text(bridge *b, gw_call *c, size_t i, const tp_str *t, bool 
         return;   /* held back: nothing that can no longer change */
     if (c->oreq.stream) {
         ch->lp_sent = to;
-        push(b, c, gw_chunk_sse(c, b->g->model_name, i, t->ptr, t->len, from, to, false), false);
+        push(b, c, c->api->text(c, b->g->model_name, i, t->ptr, t->len, from, to), false);
     } else if (tp_buf_add(&ch->text, t->ptr, t->len)) {
         fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
     }
@@ -561,7 +558,7 @@ static void deliver_reasoning(bridge *b, gw_call *c, size_t i, const char *s, si
         return;
     }
     if (c->oreq.stream) {
-        push(b, c, gw_delta_sse(c, b->g->model_name, i, s, n), false);
+        push(b, c, c->api->reasoning(c, b->g->model_name, i, s, n), false);
         ch->reasoning_sent = ch->reasoning.len;
     }
 }
@@ -592,15 +589,15 @@ static void deliver_call(bridge *b, gw_call *c, size_t i, const tp_tool_call *t,
             fail_call(b, c, 500, "gateway: out of memory", NULL, 0);
             return;
         }
-        ch->scalls[ch->n_scalls++] = (struct gw_scall){id, 0};
-        push(b, c, gw_call_sse(c, b->g->model_name, i, k, t->id.ptr, t->id.len, t->name.ptr, t->name.len, "", 0),
+        ch->scalls[ch->n_scalls++] = (struct gw_scall){id, 0, 0};
+        push(b, c, c->api->call(c, b->g->model_name, i, k, t->id.ptr, t->id.len, t->name.ptr, t->name.len, "", 0),
              false);
     }
     struct gw_scall *sc = &ch->scalls[k];
     size_t from = whole ? sc->sent : 0;
     if (t->arguments.len > from) {
-        push(b, c, gw_call_sse(c, b->g->model_name, i, k, NULL, 0, NULL, 0, t->arguments.ptr + from,
-                               t->arguments.len - from), false);
+        push(b, c, c->api->call(c, b->g->model_name, i, k, NULL, 0, NULL, 0, t->arguments.ptr + from,
+                                t->arguments.len - from), false);
         sc->sent += t->arguments.len - from;
     }
 }
@@ -685,13 +682,10 @@ static void all_finished(bridge *b, gw_call *c)
             fail_choice(b, c, &c->ch[i]);
             return;
         }
-    if (c->oreq.stream) {
-        if (c->oreq.include_usage)
-            push(b, c, gw_usage_sse(c, b->g->model_name), false);
-        push(b, c, strdup("data: [DONE]\n\n"), true);
-    } else {
-        reply(b, c, 200, gw_completion_json(c, b->g->model_name), "application/json", 0);
-    }
+    if (c->oreq.stream)
+        push(b, c, c->api->close(c, b->g->model_name), true);
+    else
+        reply(b, c, 200, c->api->body(c, b->g->model_name), "application/json", 0);
 }
 
 static void on_event(bridge *b, tp_zmsg *z)
@@ -785,7 +779,7 @@ static void on_event(bridge *b, tp_zmsg *z)
         for (size_t k = 0; c->oreq.stream && ch->reason != TP_REASON_ERROR && k < m.finish.n_tool_calls; k++)
             deliver_call(b, c, i, &m.finish.tool_calls[k], true);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)
-            push(b, c, gw_chunk_sse(c, b->g->model_name, i, NULL, 0, 0, 0, true), false);
+            push(b, c, c->api->finish(c, b->g->model_name, i), false);
         if (c->n_finished == c->n_ch)
             all_finished(b, c);
     }

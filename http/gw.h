@@ -28,6 +28,22 @@ struct MHD_Daemon;
 
 typedef enum { GW_CALL_COMPLETION, GW_CALL_HEALTH, GW_CALL_METRICS } gw_call_kind;
 
+/* The endpoints /metrics counts responses of (the label endpoint=). */
+typedef enum {
+    GW_EP_COMPLETIONS,
+    GW_EP_CHAT,
+    GW_EP_MESSAGES,
+    GW_EP_COUNT_TOKENS,
+    GW_EP_MODELS,
+    GW_EP_HEALTH,
+    GW_EP_METRICS,
+    GW_EP_OTHER,
+    GW_EP_COUNT
+} gw_endpoint;
+
+/* Streamed content blocks (APIs that stream by blocks: Anthropic). */
+typedef enum { GW_BLK_NONE, GW_BLK_THINKING, GW_BLK_TEXT, GW_BLK_TOOL } gw_block;
+
 /* One job of a completion: choice `index` of the response. Bridge only. */
 typedef struct gw_choice {
     char job_id[TP_PROTO_MAX_JOB_ID + 1];
@@ -55,16 +71,64 @@ typedef struct gw_choice {
     struct gw_scall {          /* streaming: the calls whose first chunk is out, in index order */
         char *id;
         size_t sent;           /* bytes of its arguments out */
+        size_t block;          /* APIs that stream by blocks: the call's block index */
     } *scalls;
     size_t n_scalls, cap_scalls;
+    gw_block blk;              /* streaming by blocks: the open block (GW_BLK_NONE: none) */
+    size_t blk_at;             /* ... its index */
+    size_t n_blk;              /* blocks started */
 } gw_choice;
+
+struct gw_call;
+
+/* One API the gateway speaks: how its answers look. The bridge runs every
+ * call's jobs the same way whatever its API and hands the results to
+ * these; each returns a malloc'd NUL-terminated string (NULL: out of
+ * memory, or nothing to send where noted). The stream functions may keep
+ * per-choice state in the choice (blk, scalls[].block). */
+typedef struct gw_api {
+    const char *path;          /* "/v1/chat/completions": POST only */
+    gw_endpoint endpoint;
+    /* the request body as the job it asks for (as oai_decode: 0, or -1 with
+     * e naming the field in this API's terms) */
+    int (*decode)(const char *body, size_t len, oai_request *out, oai_error *e);
+    const char *id_prefix;     /* of the response id: "cmpl-", "chatcmpl-", "msg_" */
+    /* an error body; code a string code (context_length_exceeded) or NULL */
+    char *(*error)(int status, const char *message, const char *param, const char *code);
+    /* the same as the SSE bytes that end a stream whose 200 is out */
+    char *(*stream_error)(int status, const char *message, const char *param);
+    /* the request's name of a SUBMIT field ("params.stop[1]" -> "stop[1]") */
+    void (*param)(const char *field, char *out, size_t cap);
+    /* the whole answer once every choice finished (not streaming) */
+    char *(*body)(const struct gw_call *c, const char *model);
+    /* streaming: the first events once the 200 is decided (NULL: none) */
+    char *(*open)(struct gw_call *c, const char *model);
+    /* choice i's text delta with its logprobs entries [lp_from, lp_to) */
+    char *(*text)(struct gw_call *c, const char *model, size_t i, const char *text, size_t len, size_t lp_from,
+                  size_t lp_to);
+    /* choice i's thinking delta */
+    char *(*reasoning)(struct gw_call *c, const char *model, size_t i, const char *s, size_t len);
+    /* choice i's call k: its start (id given, args "") or a fragment of its arguments (id NULL) */
+    char *(*call)(struct gw_call *c, const char *model, size_t i, size_t k, const char *id, size_t id_len,
+                  const char *name, size_t name_len, const char *args, size_t args_len);
+    /* choice i finished (its finish fields are set) */
+    char *(*finish)(struct gw_call *c, const char *model, size_t i);
+    /* every choice finished: the stream's last bytes */
+    char *(*close)(struct gw_call *c, const char *model);
+} gw_api;
+
+/* openai.c, anthropic.c; server.c routes by gw_apis (NULL-terminated):
+ * an API is its file and its lines there */
+extern const gw_api gw_api_completions, gw_api_chat, gw_api_messages, gw_api_count_tokens;
+extern const gw_api *const gw_apis[];
 
 typedef struct gw_call {
     /* set by the HTTP side before it is queued, then read-only */
     struct gw *g;
     gw_call_kind kind;
+    const gw_api *api;         /* completions: the API it answers in */
     oai_request oreq;
-    char id[48];               /* "cmpl-..." / "chatcmpl-..." */
+    char id[48];               /* "cmpl-..." / "chatcmpl-..." / "msg_..." */
     int64_t created;           /* unix seconds */
     struct MHD_Connection *conn;
     int client_fd;             /* polled for a hang-up while suspended */
@@ -97,7 +161,7 @@ typedef struct gw_call {
 
 /* Counters of the gateway itself (under gw.lock), shown in /metrics. */
 typedef struct gw_counters {
-    uint64_t requests[6];      /* by status class: 2xx..5xx at [2..5] */
+    uint64_t requests[GW_EP_COUNT][6];   /* by endpoint and status class: 2xx..5xx at [2..5] */
     uint64_t client_gone;      /* completions whose client left early */
 } gw_counters;
 
@@ -121,6 +185,12 @@ typedef struct gw {
     volatile sig_atomic_t quit;
     struct MHD_Daemon *mhd;
 } gw;
+
+/* An Anthropic Messages request body (count: POST /v1/messages/count_tokens)
+ * as the chat job the same conversation asks for at /v1/chat/completions
+ * (anthropic.c; gw_api_messages.decode); as oai_decode, the error naming
+ * the field in Anthropic's terms. */
+int gw_anthropic_decode(bool count, const char *body, size_t len, oai_request *out, oai_error *e);
 
 /* Take a reference off a call; frees it at zero. Caller holds gw.lock. */
 void gw_call_unref(gw_call *c);
@@ -162,6 +232,8 @@ char *gw_call_sse(const gw_call *c, const char *model, size_t i, size_t index, c
 const char *gw_choice_finish(const gw_choice *ch);
 char *gw_health_json(const tp_m_stats_reply *s, int *status);
 char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc);
+/* The endpoint label of /metrics ("/v1/chat/completions", "other"). */
+const char *gw_endpoint_name(gw_endpoint ep);
 const char *gw_finish_reason(int reason);
 
 #endif

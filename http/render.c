@@ -566,6 +566,17 @@ static void histogram(tp_buf *b, const char *name, const char *help, const tp_hi
                   (double)h->sum_us / 1e6, name, h->count);
 }
 
+const char *gw_endpoint_name(gw_endpoint ep)
+{
+    static const char *const names[GW_EP_COUNT] = {
+        [GW_EP_COMPLETIONS] = "/v1/completions", [GW_EP_CHAT] = "/v1/chat/completions",
+        [GW_EP_MESSAGES] = "/v1/messages",       [GW_EP_COUNT_TOKENS] = "/v1/messages/count_tokens",
+        [GW_EP_MODELS] = "/v1/models",           [GW_EP_HEALTH] = "/health",
+        [GW_EP_METRICS] = "/metrics",            [GW_EP_OTHER] = "other",
+    };
+    return (unsigned)ep < GW_EP_COUNT ? names[ep] : "other";
+}
+
 static const char *const reason_names[TP_REASON_COUNT] = {"none", "stop_string", "stop_token", "eos",
                                                           "length", "cancelled", "error"};
 
@@ -619,6 +630,10 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
         s->workers_lost);
     one(&b, "tokpipe_jobs_poisoned_total", "counter",
         "Jobs ended in error because the workers processing them kept being lost (poison jobs)", s->jobs_poisoned);
+    one(&b, "tokpipe_workers_hung_total", "counter",
+        "Workers lost because they stopped answering in the middle of a task (step deadline)", s->workers_hung);
+    one(&b, "tokpipe_replies_refused_total", "counter", "Stage answers from worker registrations already dropped",
+        s->replies_refused);
     family(&b, "tokpipe_jobs_recovered_total", "counter", "Jobs moved to another worker after a loss, per stage");
     for (int i = 0; i < 4; i++) {
         snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);
@@ -634,9 +649,6 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
         s->events_duplicate);
     one(&b, "tokpipe_events_refused_total", "counter",
         "Events dropped for not carrying the pin of their job's current stop worker", s->events_refused);
-    one(&b, "tokpipe_worker_messages_refused_total", "counter",
-        "Worker messages refused for coming from a worker not registered (late, after it was lost)",
-        s->worker_msgs_refused);
     family(&b, "tokpipe_stage_failed", "gauge", "1 when the spawned workers of a stage cannot start (given up)");
     for (int i = 0; i < 4; i++) {
         snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);
@@ -644,11 +656,12 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     }
     one(&b, "tokpipe_zap_refused_total", "counter", "CURVE handshakes refused (client key not authorized)",
         s->zap_refused);
-    family(&b, "tokpipe_http_responses_total", "counter", "Responses of this gateway by status class");
-    for (int k = 2; k <= 5; k++) {
-        snprintf(lab, sizeof lab, "code=\"%dxx\"", k);
-        sample(&b, "tokpipe_http_responses_total", lab, gc->requests[k]);
-    }
+    family(&b, "tokpipe_http_responses_total", "counter", "Responses of this gateway by endpoint and status class");
+    for (int ep = 0; ep < GW_EP_COUNT; ep++)
+        for (int k = 2; k <= 5; k++) {
+            snprintf(lab, sizeof lab, "endpoint=\"%s\",code=\"%dxx\"", gw_endpoint_name((gw_endpoint)ep), k);
+            sample(&b, "tokpipe_http_responses_total", lab, gc->requests[ep][k]);
+        }
     one(&b, "tokpipe_http_client_disconnects_total", "counter",
         "Completions whose client went away before the end (their jobs were cancelled)", gc->client_gone);
     return b.data;

@@ -15,10 +15,15 @@
 
 #define SSE_BLOCK 65536
 
+/* The APIs, by path. */
+const gw_api *const gw_apis[] = {&gw_api_completions, &gw_api_chat, &gw_api_messages, &gw_api_count_tokens, NULL};
+
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_state {
     tp_buf body;          /* limited to http.max_body_bytes; err: refused */
     gw_call *call;        /* once handed to the bridge */
+    gw_endpoint ep;       /* what the URL names (for /metrics) */
+    const gw_api *api;    /* its API (errors in its shape); NULL: OpenAI's shape */
 } conn_state;
 
 void gw_call_unref(gw_call *c)
@@ -51,19 +56,19 @@ int gw_submit_call(gw *g, gw_call *c)
     return 0;
 }
 
-static void count_status(gw *g, int status)
+static void count_status(gw *g, gw_endpoint ep, int status)
 {
     int k = status / 100;
     if (k >= 2 && k <= 5) {
         pthread_mutex_lock(&g->lock);
-        g->counters.requests[k]++;
+        g->counters.requests[ep][k]++;
         pthread_mutex_unlock(&g->lock);
     }
 }
 
 /* Queue a complete response; takes body (NULL: out of memory -> 500). */
-static enum MHD_Result send_body(gw *g, struct MHD_Connection *conn, int status, char *body, const char *ctype,
-                                 int retry_after, const char *allow)
+static enum MHD_Result send_body(gw *g, struct MHD_Connection *conn, const conn_state *st, int status, char *body,
+                                 const char *ctype, int retry_after, const char *allow)
 {
     if (!body) {
         status = 500;
@@ -89,14 +94,16 @@ static enum MHD_Result send_body(gw *g, struct MHD_Connection *conn, int status,
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
     MHD_destroy_response(r);
-    count_status(g, status);
+    count_status(g, st->ep, status);
     return ret;
 }
 
-static enum MHD_Result send_error(gw *g, struct MHD_Connection *conn, int status, const char *msg,
-                                  const char *param, const char *allow)
+/* An error in the shape of the API the URL names. */
+static enum MHD_Result send_error(gw *g, struct MHD_Connection *conn, const conn_state *st, int status,
+                                  const char *msg, const char *param, const char *allow)
 {
-    return send_body(g, conn, status, gw_error_json(status, msg, param), "application/json", 0, allow);
+    char *body = st->api ? st->api->error(status, msg, param, NULL) : gw_error_json(status, msg, param);
+    return send_body(g, conn, st, status, body, "application/json", 0, allow);
 }
 
 /* SSE bytes as the bridge makes them: suspend while there are none. */
@@ -136,7 +143,7 @@ static void sse_free(void *cls)
 }
 
 /* The bridge resumed the connection: answer with what it wrote. */
-static enum MHD_Result answer_call(gw *g, struct MHD_Connection *conn, gw_call *c)
+static enum MHD_Result answer_call(gw *g, struct MHD_Connection *conn, const conn_state *st, gw_call *c)
 {
     pthread_mutex_lock(&g->lock);
     int status = c->status;
@@ -156,7 +163,7 @@ static enum MHD_Result answer_call(gw *g, struct MHD_Connection *conn, gw_call *
         return MHD_YES;
     }
     if (!stream)
-        return send_body(g, conn, status, body, ctype, retry, NULL);
+        return send_body(g, conn, st, status, body, ctype, retry, NULL);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, sse_reader, c, sse_free);
     if (!r) {
         sse_free(c);
@@ -167,20 +174,26 @@ static enum MHD_Result answer_call(gw *g, struct MHD_Connection *conn, gw_call *
     MHD_add_response_header(r, "X-Accel-Buffering", "no");   /* nginx: pass events at once */
     enum MHD_Result ret = MHD_queue_response(conn, 200, r);
     MHD_destroy_response(r);
-    count_status(g, 200);
+    count_status(g, st->ep, 200);
     return ret;
 }
 
+/* Authorization: Bearer KEY (OpenAI's clients) or x-api-key: KEY
+ * (Anthropic's), on every endpoint. */
 static bool authorized(gw *g, struct MHD_Connection *conn)
 {
     if (!g->api_keys)
         return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7))
+    if (h && !strncasecmp(h, "Bearer ", 7)) {
+        h += 7;
+        while (*h == ' ')
+            h++;
+    } else {
+        h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+    }
+    if (!h)
         return false;
-    h += 7;
-    while (*h == ' ')
-        h++;
     for (size_t i = 0; i < g->n_api_keys; i++) {
         /* compare every byte whatever the first difference: no timing hint */
         const char *k = g->api_keys[i];
@@ -206,10 +219,11 @@ static enum MHD_Result start_call(gw *g, struct MHD_Connection *conn, conn_state
     if (!c) {
         if (oreq)
             oai_request_free(oreq);
-        return send_error(g, conn, 500, "gateway: out of memory", NULL, NULL);
+        return send_error(g, conn, st, 500, "gateway: out of memory", NULL, NULL);
     }
     c->g = g;
     c->kind = kind;
+    c->api = st->api;
     if (oreq)
         c->oreq = *oreq;
     c->created = unix_now();
@@ -221,11 +235,11 @@ static enum MHD_Result start_call(gw *g, struct MHD_Connection *conn, conn_state
     pthread_mutex_lock(&g->lock);
     c->no = ++g->next_call_no;
     pthread_mutex_unlock(&g->lock);
-    snprintf(c->id, sizeof c->id, "%s-%llx%06llx", c->oreq.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
+    snprintf(c->id, sizeof c->id, "%s%llx%06llx", c->api ? c->api->id_prefix : "",
              (unsigned long long)c->created, (unsigned long long)c->no);
     if (gw_submit_call(g, c)) {
         gw_call_unref(c);
-        return send_error(g, conn, 503, "the gateway is shutting down", NULL, NULL);
+        return send_error(g, conn, st, 503, "the gateway is shutting down", NULL, NULL);
     }
     st->call = c;
     pthread_mutex_lock(&g->lock);
@@ -241,27 +255,28 @@ static enum MHD_Result start_call(gw *g, struct MHD_Connection *conn, conn_state
         return MHD_YES;
     }
     pthread_mutex_unlock(&g->lock);
-    return answer_call(g, conn, c);
+    return answer_call(g, conn, st, c);
 }
 
-static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_state *st, oai_kind kind)
+/* A job-making endpoint: its API's decoder, then the bridge. */
+static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_state *st)
 {
     if (st->body.err) {
         char msg[96];
         snprintf(msg, sizeof msg, "the request body is larger than http.max_body_bytes (%d)",
                  g->cfg->http_max_body_bytes);
-        return send_error(g, conn, 413, msg, NULL, NULL);
+        return send_error(g, conn, st, 413, msg, NULL, NULL);
     }
     oai_request oreq;
     oai_error e;
-    if (oai_decode(kind, tp_buf_str(&st->body), st->body.len, &oreq, &e))
-        return send_error(g, conn, e.status, e.message, e.param, NULL);
+    if (st->api->decode(tp_buf_str(&st->body), st->body.len, &oreq, &e))
+        return send_error(g, conn, st, e.status, e.message, e.param, NULL);
     if (oreq.logprobs && !g->tok) {
         char msg[sizeof e.message];
         snprintf(msg, sizeof msg, "logprobs: the gateway cannot read the model's vocabulary for token texts (%s)",
                  g->tok_error ? g->tok_error : "none loaded");
         oai_request_free(&oreq);
-        return send_error(g, conn, 501, msg, "logprobs", NULL);
+        return send_error(g, conn, st, 501, msg, "logprobs", NULL);
     }
     return start_call(g, conn, st, GW_CALL_COMPLETION, &oreq);
 }
@@ -287,27 +302,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (st->call)
-        return answer_call(g, conn, st->call);
+        return answer_call(g, conn, st, st->call);
 
+    st->ep = GW_EP_OTHER;
+    for (int ep = 0; ep < GW_EP_OTHER; ep++)
+        if (!strcmp(url, gw_endpoint_name((gw_endpoint)ep)))
+            st->ep = (gw_endpoint)ep;
+    st->api = NULL;
+    for (size_t i = 0; gw_apis[i]; i++)
+        if (!strcmp(url, gw_apis[i]->path))
+            st->api = gw_apis[i];
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     bool v1 = !strncmp(url, "/v1/", 4);
     if (v1 && !authorized(g, conn))
-        return send_error(g, conn, 401, "a valid API key is needed (Authorization: Bearer KEY)", NULL, NULL);
-    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
+        return send_error(g, conn, st, 401,
+                          "a valid API key is needed (Authorization: Bearer KEY, or x-api-key: KEY)", NULL, NULL);
+    if (st->api) {
         if (!post)
-            return send_error(g, conn, 405, "use POST", NULL, "POST");
-        return completions(g, conn, st, url[4] == 'c' && url[5] == 'h' ? OAI_CHAT : OAI_COMPLETIONS);
+            return send_error(g, conn, st, 405, "use POST", NULL, "POST");
+        return completions(g, conn, st);
     }
-    if (!strcmp(url, "/v1/models") || !strcmp(url, "/health") || !strcmp(url, "/metrics")) {
+    if (st->ep == GW_EP_MODELS || st->ep == GW_EP_HEALTH || st->ep == GW_EP_METRICS) {
         if (!get && strcmp(method, "HEAD"))
-            return send_error(g, conn, 405, "use GET", NULL, "GET, HEAD");
-        if (url[1] == 'v')
-            return send_body(g, conn, 200, gw_models_json(g->model_name, g->started), "application/json", 0, NULL);
-        return start_call(g, conn, st, url[1] == 'h' ? GW_CALL_HEALTH : GW_CALL_METRICS, NULL);
+            return send_error(g, conn, st, 405, "use GET", NULL, "GET, HEAD");
+        if (st->ep == GW_EP_MODELS)
+            return send_body(g, conn, st, 200, gw_models_json(g->model_name, g->started), "application/json", 0,
+                             NULL);
+        return start_call(g, conn, st, st->ep == GW_EP_HEALTH ? GW_CALL_HEALTH : GW_CALL_METRICS, NULL);
     }
     char msg[160];
     snprintf(msg, sizeof msg, "no such endpoint: %s %.100s", method, url);
-    return send_error(g, conn, 404, msg, NULL, NULL);
+    return send_error(g, conn, st, 404, msg, NULL, NULL);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,

@@ -14,6 +14,7 @@
 #ifndef TOKPIPE_MODEL_ARCH_H
 #define TOKPIPE_MODEL_ARCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,11 +28,20 @@ typedef enum tp_arch_size {
     TP_SZ_KV,       /* kv_dim: head_size * n_kv_heads */
     TP_SZ_FF,       /* hidden_dim: {arch}.feed_forward_length */
     TP_SZ_HEAD,     /* head_size */
+    TP_SZ_FF_EXP,   /* expert_ff: one expert's hidden width (model.h) */
+    TP_SZ_EXPERTS,  /* n_expert: {arch}.expert_count */
+    TP_SZ_COUNT
 } tp_arch_size;
 
 enum {
     TP_AT_MATRIX = 1u << 0,   /* a weight matrix: any type of tp_ggml_matrix_type_ok (else F32) */
     TP_AT_OPTIONAL = 1u << 1, /* llama.cpp's TENSOR_NOT_REQUIRED; mkmodel leaves it out */
+    /* a 3-D [ne0, ne1, n_expert] (ne2 TP_SZ_EXPERTS) matrix of experts (llama.cpp's
+     * ffn_*_exps): typed is the offsetof a const tp_wmat * field, which
+     * the loader points at n_expert views of [ne1][ne0], one an expert */
+    TP_AT_EXPERTS = 1u << 2,
+    TP_AT_DENSE = 1u << 3, /* only in a model without experts (expert_count 0) */
+    TP_AT_MOE = 1u << 4,   /* only in a model with experts */
 };
 
 /* Rows of a fused matrix that one field views (phi3's attn_qkv: wq, wk,
@@ -67,16 +77,29 @@ typedef struct tp_arch_tensor {
 #define TP_AT_FUSED3(nm, a, r0, f0, r1, f1, r2, f2)                                                      \
     { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 3, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1), TP_AT_PART(r2, f2)} }
 
+/* The experts of a MoE FFN: the router ffn_gate_inp [dim, n_expert] (a
+ * matrix of any type, as llama.cpp reads it) and three 3-D expert
+ * tensors, in a model with experts only. */
+#define TP_AT_EXPS(nm, a, b, field)                                                                       \
+    { nm, a, b, TP_AT_MATRIX | TP_AT_EXPERTS | TP_AT_MOE, 0, offsetof(tp_layer_weights, field), 0, {{0, 0, 0}} }
+
 /* The model's sizes by tp_arch_size (sizes[TP_SZ_NONE] is 0). */
 typedef struct tp_arch_sizes {
-    int v[TP_SZ_HEAD + 1];
+    int v[TP_SZ_COUNT];
 } tp_arch_sizes;
 
+/* (The expert sizes are 0; tp_arch_sizes_moe sets them.) */
 tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size);
+void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff);
+
+/* Whether block entry t is in a model with (moe) or without experts. */
+bool tp_arch_tensor_in(const tp_arch_tensor *t, bool moe);
 
 /* The shape of t in those sizes: ne1 0 for a vector; a fused matrix's ne1
  * is its parts' rows together. */
 void tp_arch_shape(const tp_arch_tensor *t, const tp_arch_sizes *z, int *ne0, int *ne1);
+/* ne2 of t: n_expert for a 3-D expert tensor, else 0. */
+int tp_arch_ne2(const tp_arch_tensor *t, const tp_arch_sizes *z);
 
 enum {
     /* head_size from {arch}.attention.key_length (default dim / n_heads),
@@ -88,6 +111,29 @@ enum {
     /* {arch}.attention.layer_norm_rms_epsilon must be given (llama.cpp's
      * get_key without a default) */
     TP_ARCHF_EPS_REQUIRED = 1u << 2,
+    /* Gemma: token embeddings times sqrt(dim) (llama.cpp's inp_scaled) */
+    TP_ARCHF_EMBD_SCALE = 1u << 3,
+    /* blk.N.post_attention_norm / post_ffw_norm: RMSNorm of the attention's
+     * and the FFN's output before each residual add */
+    TP_ARCHF_POST_NORMS = 1u << 4,
+    /* the FFN's gate through GELU (tanh approximation), not SiLU
+     * (LLM_FFN_GELU, LLM_FFN_PAR) */
+    TP_ARCHF_GELU = 1u << 5,
+    /* Q times llama.cpp's f_attention_scale before the scores: 1 /
+     * sqrt(head_size), or 1 / sqrt(dim / heads) for the kind's largest
+     * model (big_layers) */
+    TP_ARCHF_Q_SCALE = 1u << 6,
+    /* {arch}.attn_logit_softcapping: scores become c * tanh(score / c) */
+    TP_ARCHF_ATTN_SOFTCAP = 1u << 7,
+    /* {arch}.final_logit_softcapping: logits become c * tanh(logit / c) */
+    TP_ARCHF_FINAL_SOFTCAP = 1u << 8,
+    /* experts required ({arch}.expert_count > 0, expert_used_count > 0):
+     * llama.cpp's "n_expert must be > 0" */
+    TP_ARCHF_MOE = 1u << 9,
+    /* one expert's width is {arch}.expert_feed_forward_length, default
+     * feed_forward_length / expert_used_count (llama.cpp's n_ff_exp);
+     * without the flag it is feed_forward_length (llama's Mixtral) */
+    TP_ARCHF_EXPERT_FF_KEY = 1u << 10,
 };
 
 typedef struct tp_arch {
@@ -99,11 +145,22 @@ typedef struct tp_arch {
     double norm_eps;     /* attention.layer_norm_rms_epsilon */
     double rope_base;    /* rope.freq_base */
     int context;         /* context_length */
+    /* sliding-window attention (llama.cpp's LLAMA_SWA_TYPE_STANDARD and
+     * set_swa_pattern): with a window, layer l slides when swa_pattern &&
+     * l % swa_pattern < swa_pattern - 1. swa_window: attention.sliding_window's
+     * default; 0: the key may be absent, and then no layer slides (gemma3) */
+    int swa_pattern, swa_window;
+    double swa_rope_base; /* sliding layers' RoPE base, unscaled (gemma3's
+                           * 10000); 0: the global base and scaling */
+    double attn_softcap, final_softcap; /* the softcapping keys' defaults */
+    int big_layers;       /* TP_ARCHF_Q_SCALE: block_count of the 27B */
     const tp_arch_tensor *block; /* the tensors of one block */
     int n_block;
     /* mkmodel: what a typical model of the kind writes (Meta's / Qwen's
      * published configs), for random files */
     float mk_rope_base, mk_norm_eps;
+    int mk_sliding_window;
+    int mk_experts, mk_experts_used; /* mkmodel's defaults for a MoE kind (0: dense) */
 } tp_arch;
 
 /* The table (model/archs.c), in the order "supported: ..." lists them. */

@@ -4,13 +4,17 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const tp_arch tp_arch_llama, tp_arch_qwen2, tp_arch_qwen3, tp_arch_phi3;
+extern const tp_arch tp_arch_llama, tp_arch_qwen2, tp_arch_qwen3, tp_arch_phi3, tp_arch_gemma3, tp_arch_gemma2,
+    tp_arch_qwen3moe;
 
 const tp_arch *const tp_archs[] = {
     &tp_arch_llama,
     &tp_arch_qwen2,
     &tp_arch_qwen3,
     &tp_arch_phi3,
+    &tp_arch_gemma3,
+    &tp_arch_gemma2,
+    &tp_arch_qwen3moe,
 };
 const int tp_n_archs = sizeof tp_archs / sizeof tp_archs[0];
 
@@ -39,6 +43,22 @@ tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, i
     z.v[TP_SZ_FF] = hidden_dim;
     z.v[TP_SZ_HEAD] = head_size;
     return z;
+}
+
+void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff)
+{
+    z->v[TP_SZ_EXPERTS] = n_expert;
+    z->v[TP_SZ_FF_EXP] = expert_ff;
+}
+
+bool tp_arch_tensor_in(const tp_arch_tensor *t, bool moe)
+{
+    return moe ? !(t->flags & TP_AT_DENSE) : !(t->flags & TP_AT_MOE);
+}
+
+int tp_arch_ne2(const tp_arch_tensor *t, const tp_arch_sizes *z)
+{
+    return (t->flags & TP_AT_EXPERTS) ? z->v[TP_SZ_EXPERTS] : 0;
 }
 
 void tp_arch_shape(const tp_arch_tensor *t, const tp_arch_sizes *z, int *ne0, int *ne1)

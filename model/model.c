@@ -24,6 +24,7 @@
 #define MAX_LAYERS 1024
 #define MAX_VOCAB (1 << 22)
 #define MAX_SEQ (1 << 20)
+#define MAX_EXPERTS 512 /* llama.cpp's LLAMA_MAX_EXPERTS */
 #define LLAMA2C_HEADER_BYTES 28
 #define LLAMA2C_V1_MAGIC 0x616b3432u /* "ak42": newer llama2.c export versions */
 #define HASH_BYTES 4096
@@ -59,6 +60,7 @@ struct tp_model {
     const tp_arch *arch;   /* GGUF: its entry in model/archs.c */
     float *rope_freqs;     /* [head_size / 2] or NULL */
     bool *tensor_used;     /* GGUF: which directory entries the loader took */
+    tp_wmat *exps;         /* [n_layers][3][n_expert] the experts' views, or NULL */
 };
 
 static int check_range(const char *field, long long v, long long lo, long long hi, tp_err *err)
@@ -276,7 +278,7 @@ static int tensor_index(const tp_gguf *g, const tp_gguf_tensor *t)
  * reads (F32, or any typed-kernel type when matrix); marks it used.
  * Unknown types are refused by name. Missing: TP_ENOTFOUND if optional,
  * else TP_EFORMAT. */
-static int gguf_find(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, bool optional,
+static int gguf_find(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, int ne2, bool optional,
                      bool matrix, const tp_gguf_tensor **out, tp_err *err)
 {
     const tp_gguf_tensor *t = tp_gguf_tensor_find(g, name);
@@ -289,8 +291,14 @@ static int gguf_find(tp_model *m, const tp_gguf *g, const char *name, int ne0, i
                           matrix ? "(it reads f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K)"
                                  : "for a vector (only f32)");
     }
-    uint32_t want_dims = ne1 ? 2 : 1;
-    bool ok = t->n_dims == want_dims && t->dims[0] == (uint64_t)ne0 && (!ne1 || t->dims[1] == (uint64_t)ne1);
+    uint32_t want_dims = ne2 ? 3 : ne1 ? 2 : 1;
+    bool ok = t->n_dims == want_dims && t->dims[0] == (uint64_t)ne0 && (!ne1 || t->dims[1] == (uint64_t)ne1) &&
+              (!ne2 || t->dims[2] == (uint64_t)ne2);
+    if (!ok && ne2)
+        return tp_err_set(err, TP_EFORMAT,
+                          "gguf: tensor '%s' has shape [%llu, %llu, %llu] (%u dims), expected [%d, %d, %d]", name,
+                          (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
+                          (unsigned long long)t->dims[2], t->n_dims, ne0, ne1, ne2);
     if (!ok)
         return tp_err_set(err, TP_EFORMAT,
                           "gguf: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%d, %d]", name,
@@ -310,7 +318,7 @@ static int gguf_tensor_opt(tp_model *m, const tp_gguf *g, const char *name, int 
                            const float **out, tp_err *err)
 {
     const tp_gguf_tensor *t;
-    int rc = gguf_find(m, g, name, ne0, ne1, optional, false, &t, err);
+    int rc = gguf_find(m, g, name, ne0, ne1, 0, optional, false, &t, err);
     if (!rc)
         *out = t->data;
     return rc;
@@ -322,11 +330,28 @@ static int gguf_matrix_opt(tp_model *m, const tp_gguf *g, const char *name, int 
                            tp_wmat *wm, const float **f32, tp_err *err)
 {
     const tp_gguf_tensor *t;
-    int rc = gguf_find(m, g, name, ne0, ne1, optional, true, &t, err);
+    int rc = gguf_find(m, g, name, ne0, ne1, 0, optional, true, &t, err);
     if (rc)
         return rc;
     *wm = (tp_wmat){t->type, ne1, ne0, (size_t)(t->nbytes / (uint64_t)ne1), t->data, NULL};
     *f32 = t->type == TP_GGML_F32 ? t->data : NULL;
+    return 0;
+}
+
+/* A 3-D matrix of experts [ne2][ne1 rows][ne0 cols] (any matrix type,
+ * one for all experts as ggml stores it) as ne2 views of [ne1][ne0], read
+ * in place: expert e's rows follow expert e - 1's. */
+static int gguf_experts(tp_model *m, const tp_gguf *g, const char *name, int ne0, int ne1, int ne2, tp_wmat *out,
+                        tp_err *err)
+{
+    const tp_gguf_tensor *t;
+    int rc = gguf_find(m, g, name, ne0, ne1, ne2, false, true, &t, err);
+    if (rc)
+        return rc;
+    size_t row_bytes = (size_t)(t->nbytes / ((uint64_t)ne1 * (uint64_t)ne2));
+    for (int e = 0; e < ne2; e++)
+        out[e] = (tp_wmat){t->type, ne1, ne0, row_bytes,
+                           (const uint8_t *)t->data + (size_t)e * (size_t)ne1 * row_bytes, NULL};
     return 0;
 }
 
@@ -360,7 +385,95 @@ static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
     m->cfg.arch = a->id;
     m->cfg.rope_style = a->rope;
     m->cfg.qk_norm = (a->flags & TP_ARCHF_QK_NORM) != 0;
+    m->cfg.embd_scale = (a->flags & TP_ARCHF_EMBD_SCALE) != 0;
+    m->cfg.post_norms = (a->flags & TP_ARCHF_POST_NORMS) != 0;
+    m->cfg.ffn_act = (a->flags & TP_ARCHF_GELU) ? TP_FFN_GELU_TANH : TP_FFN_SILU;
     return 0;
+}
+
+bool tp_model_layer_slides(const tp_model_config *c, int l)
+{
+    return c->swa_window > 0 && c->swa_pattern > 0 && l % c->swa_pattern < c->swa_pattern - 1;
+}
+
+static int softcap(const tp_gguf *g, const char *key, double dflt, float *out, tp_err *err)
+{
+    int rc = gguf_float(g, key, dflt, out, err);
+    if (!rc && !(*out >= 0 && *out < 1e9f))
+        rc = tp_err_set(err, TP_EFORMAT, "gguf: %s = %g is not 0 (none) or positive", key, (double)*out);
+    return rc;
+}
+
+/* Gemma's keys, as llama.cpp's load_hparams reads them (model/arch.h):
+ * the sliding window and its pattern, the sliding layers' RoPE base, the
+ * scale of Q and the soft-capping. */
+static int gguf_gemma(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_config *c = &m->cfg;
+    const tp_arch *a = m->arch;
+    char k[MAX_KEY];
+    int rc = 0;
+    if (a->swa_pattern) {
+        int w = a->swa_window;
+        if ((rc = gguf_int(g, akey(m, "attention.sliding_window", k), a->swa_window, false, &w, err)))
+            return rc;
+        if (w < 0 || (w == 0 && a->swa_window)) /* gemma2's 0 would hide every key, even a query's own */
+            return tp_err_set(err, TP_EFORMAT, "gguf: %s = %d is not a window", k, w);
+        if (w > 0) {
+            c->swa_window = w;
+            c->swa_pattern = a->swa_pattern;
+            c->rope_theta_swa = a->swa_rope_base ? (float)a->swa_rope_base : c->rope_theta;
+            c->rope_swa_scaled = !a->swa_rope_base;
+        }
+    }
+    if (a->flags & TP_ARCHF_Q_SCALE) /* gemma_pytorch's query_pre_attn_scalar, as llama.cpp derives it */
+        c->attn_scale = c->n_layers == a->big_layers ? 1.0f / sqrtf((float)(c->dim / c->n_heads))
+                                                     : 1.0f / sqrtf((float)c->head_size);
+    if (a->flags & TP_ARCHF_ATTN_SOFTCAP)
+        rc = softcap(g, akey(m, "attn_logit_softcapping", k), a->attn_softcap, &c->attn_softcap, err);
+    if (!rc && (a->flags & TP_ARCHF_FINAL_SOFTCAP))
+        rc = softcap(g, akey(m, "final_logit_softcapping", k), a->final_softcap, &c->final_softcap, err);
+    return rc;
+}
+
+/* Experts as llama.cpp's load_hparams reads them: expert_count and
+ * expert_used_count (default 0), at most LLAMA_MAX_EXPERTS, used <= count;
+ * an architecture that needs them refuses 0, one without expert tensors
+ * refuses experts. One expert's width: expert_feed_forward_length (default
+ * feed_forward_length / expert_used_count) where the architecture reads
+ * it, else feed_forward_length. */
+static int gguf_experts_config(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_config *c = &m->cfg;
+    const tp_arch *a = m->arch;
+    char k[MAX_KEY];
+    int rc = gguf_int(g, akey(m, "expert_count", k), 0, false, &c->n_expert, err);
+    if (!rc) rc = gguf_int(g, akey(m, "expert_used_count", k), 0, false, &c->n_expert_used, err);
+    if (!rc) rc = check_range(akey(m, "expert_count", k), c->n_expert, 0, MAX_EXPERTS, err);
+    if (rc)
+        return rc;
+    if (!c->n_expert) {
+        if (a->flags & TP_ARCHF_MOE)
+            return tp_err_set(err, TP_EFORMAT, "gguf: %s.expert_count must be > 0 for %s", m->arch_name,
+                              m->arch_name);
+        c->n_expert_used = 0;
+        return 0;
+    }
+    bool has_moe = false;
+    for (int i = 0; i < a->n_block; i++)
+        has_moe = has_moe || (a->block[i].flags & TP_AT_MOE);
+    if (!has_moe)
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s.expert_count %d: the %s architecture has no experts",
+                          m->arch_name, c->n_expert, m->arch_name);
+    if ((rc = check_range(akey(m, "expert_used_count", k), c->n_expert_used, 1, c->n_expert, err)))
+        return rc;
+    c->expert_ff = c->hidden_dim;
+    if (a->flags & TP_ARCHF_EXPERT_FF_KEY)
+        rc = gguf_int(g, akey(m, "expert_feed_forward_length", k), c->hidden_dim / c->n_expert_used, false,
+                      &c->expert_ff, err);
+    if (!rc)
+        rc = check_range("expert feed_forward_length", c->expert_ff, 1, MAX_HIDDEN, err);
+    return rc;
 }
 
 static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
@@ -387,6 +500,8 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
     if (!rc) rc = gguf_float(g, akey(m, "rope.freq_base", k), a->rope_base, &c->rope_theta, err);
     if (!rc && (a->flags & TP_ARCHF_HEAD_DIM_KEY))
         rc = gguf_int(g, akey(m, "attention.key_length", k), 0, false, &c->head_size, err);
+    if (!rc)
+        rc = gguf_experts_config(m, g, err);
     if (rc)
         return rc;
     const tp_gguf_tensor *emb = tp_gguf_tensor_find(g, "token_embd.weight");
@@ -409,7 +524,7 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
                               c->head_size, (a->flags & TP_ARCHF_HEAD_DIM_KEY) ? "attention.key_length"
                                             : "embedding_length / head_count");
     }
-    return 0;
+    return gguf_gemma(m, g, err);
 }
 
 static bool str_is(tp_gguf_str s, const char *z)
@@ -529,12 +644,26 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     char name[96];
     const tp_model_config *c = &m->cfg;
     tp_arch_sizes z = tp_arch_sizes_of(c->dim, c->q_dim, c->kv_dim, c->hidden_dim, c->head_size);
+    tp_arch_sizes_moe(&z, c->n_expert, c->expert_ff);
+    int n_exps = 0;
     for (int i = 0; i < m->arch->n_block; i++) {
         const tp_arch_tensor *t = &m->arch->block[i];
+        if (!tp_arch_tensor_in(t, c->n_expert > 0))
+            continue;
         snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
         /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
         int ne0, ne1;
         tp_arch_shape(t, &z, &ne0, &ne1);
+        if (t->flags & TP_AT_EXPERTS) {
+            if (n_exps == 3) /* a bug in an arch file: three expert tensors a block */
+                return tp_err_set(err, TP_EFORMAT, "gguf: more than three expert tensors in block %d", l);
+            tp_wmat *views = m->exps + ((size_t)l * 3 + (size_t)n_exps++) * (size_t)c->n_expert;
+            int rc = gguf_experts(m, g, name, ne0, ne1, tp_arch_ne2(t, &z), views, err);
+            if (rc)
+                return rc;
+            *(const tp_wmat **)((char *)lw + t->typed) = views;
+            continue;
+        }
         bool optional = t->flags & TP_AT_OPTIONAL;
         tp_wmat whole;
         const float *whole_f32;
@@ -562,6 +691,10 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
         m->cfg.attn_bias = true;
     if (m->cfg.qk_norm && (!lw->q_norm || !lw->k_norm)) /* a bug in an arch file: the flag needs both */
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no attn_q_norm / attn_k_norm", l);
+    if (m->cfg.post_norms && (!lw->rms_att_post || !lw->rms_ffn_post))
+        return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no post_attention_norm / post_ffw_norm", l);
+    if (c->n_expert && (!lw->w1_exps || !lw->w2_exps || !lw->w3_exps || !lw->m.wr.data)) /* likewise */
+        return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no router or expert tensors", l);
     return 0;
 }
 
@@ -585,6 +718,11 @@ static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
     if (!m->tensor_used)
         return tp_err_set(err, TP_ENOMEM, "model: out of memory");
     int rc = alloc_layers(m, err);
+    if (!rc && c->n_expert) {
+        m->exps = calloc((size_t)c->n_layers * 3 * (size_t)c->n_expert, sizeof *m->exps);
+        if (!m->exps)
+            rc = tp_err_set(err, TP_ENOMEM, "model: out of memory for %d experts' views", c->n_expert);
+    }
     if (!rc) rc = gguf_matrix(m, g, "token_embd.weight", c->dim, c->vocab_size, &m->w.m.token_embedding,
                               &m->w.token_embedding, err);
     if (!rc) rc = gguf_tensor(m, g, "output_norm.weight", c->dim, 0, &m->w.rms_final, err);
@@ -734,6 +872,11 @@ static void make_identity(tp_model *m)
              "%s%s%s dim=%d hidden=%d layers=%d heads=%d kv_heads=%d vocab=%d seq=%d size=%zu h=%016llx",
              m->format == TP_MODEL_GGUF ? "gguf" : "llama2c", m->arch_name[0] ? " " : "", m->arch_name, c->dim, c->hidden_dim, c->n_layers,
              c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len, m->size, (unsigned long long)h);
+    if (c->n_expert) { /* after h: identities of dense models stay as they were */
+        size_t n = strlen(m->identity);
+        snprintf(m->identity + n, sizeof m->identity - n, " experts=%d/%d/%d", c->n_expert, c->n_expert_used,
+                 c->expert_ff);
+    }
 }
 
 int tp_model_from_memory(const void *data, size_t size, tp_model **out, tp_err *err)
@@ -805,6 +948,7 @@ void tp_model_free(tp_model *m)
         return;
     tp_gguf_free(m->gguf);
     free(m->layers);
+    free(m->exps);
     free(m->rope_freqs);
     free(m->tensor_used);
     free(m->pieces);
@@ -844,6 +988,11 @@ bool tp_model_all_f32(const tp_model *m)
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
             if (v[i]->type != TP_GGML_F32)
                 return false;
+        if (m->cfg.n_expert && (w->layers[l].m.wr.type != TP_GGML_F32 ||
+                                w->layers[l].w1_exps[0].type != TP_GGML_F32 ||
+                                w->layers[l].w2_exps[0].type != TP_GGML_F32 ||
+                                w->layers[l].w3_exps[0].type != TP_GGML_F32))
+            return false; /* one type a 3-D tensor: its first expert's */
     }
     return true;
 }

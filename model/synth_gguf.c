@@ -26,11 +26,13 @@
 #define L3_HIGH 4.0
 #define L3_ORIG_CTX 8192
 
-/* What --arch names: an architecture of the table, or llama3. */
+/* What --arch names: an architecture of the table, llama3, or mixtral
+ * (llama with experts). n_expert 0: dense. */
 typedef struct arch_defaults {
     const tp_arch *arch;
     float theta, eps;
     bool llama3;
+    int n_expert, n_expert_used, expert_ff;
 } arch_defaults;
 
 /* The sizes of a random model: heads of dim / n_heads (a shape may name
@@ -107,9 +109,9 @@ static enum fill fill_of(const tp_arch_tensor *t)
     return n > 5 && !strcmp(t->name + n - 5, ".bias") ? BIAS : NORM;
 }
 
-static int tensor(builder *b, const char *name, int ne0, int ne1, enum fill fill, tp_err *err)
+static int tensor(builder *b, const char *name, int ne0, int ne1, int ne2, enum fill fill, tp_err *err)
 {
-    size_t n = (size_t)ne0 * (size_t)(ne1 ? ne1 : 1);
+    size_t n = (size_t)ne0 * (size_t)(ne1 ? ne1 : 1) * (size_t)(ne2 ? ne2 : 1);
     if (n > b->cap - b->used)
         return tp_err_set(err, TP_EINVAL, "mkmodel: tensor budget exceeded at %s", name); /* a bug here */
     float *p = b->buf + b->used;
@@ -117,19 +119,30 @@ static int tensor(builder *b, const char *name, int ne0, int ne1, enum fill fill
     for (size_t i = 0; i < n; i++)
         p[i] = (fill == NORM ? 1.0f : 0.0f) + scale * uniform(&b->r);
     b->used += n;
-    uint64_t ne[2] = {(uint64_t)ne0, (uint64_t)ne1};
-    return tp_gguf_add_tensor(b->w, name, 0 /* F32 */, ne1 ? 2 : 1, ne, p, n * sizeof(float), err);
+    uint64_t ne[3] = {(uint64_t)ne0, (uint64_t)ne1, (uint64_t)ne2};
+    return tp_gguf_add_tensor(b->w, name, 0 /* F32 */, ne2 ? 3 : ne1 ? 2 : 1, ne, p, n * sizeof(float), err);
 }
 
-static size_t total_floats(const tp_synth_shape *s, int vocab, const tp_arch *a, const tp_synth_gguf *o)
+static tp_arch_sizes arch_sizes(const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o)
 {
     sizes z = sizes_of(s, o);
     tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
+    tp_arch_sizes_moe(&az, a->n_expert, a->expert_ff);
+    return az;
+}
+
+static size_t total_floats(const tp_synth_shape *s, int vocab, const arch_defaults *ad, const tp_synth_gguf *o)
+{
+    sizes z = sizes_of(s, o);
+    tp_arch_sizes az = arch_sizes(s, ad, o);
+    const tp_arch *a = ad->arch;
     size_t layer = 0;
     for (int i = 0; i < a->n_block; i++) {
-        int ne0, ne1;
+        int ne0, ne1, ne2 = tp_arch_ne2(&a->block[i], &az);
+        if (!tp_arch_tensor_in(&a->block[i], ad->n_expert > 0))
+            continue;
         tp_arch_shape(&a->block[i], &az, &ne0, &ne1);
-        layer += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1);
+        layer += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1) * (size_t)(ne2 ? ne2 : 1);
     }
     size_t d = (size_t)z.d, V = (size_t)vocab;
     return V * d * (o->separate_output ? 2 : 1) + d + (size_t)z.hs / 2 + (size_t)s->n_layers * layer;
@@ -148,7 +161,9 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("context_length"), (uint32_t)s->seq_len, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("embedding_length"), (uint32_t)s->dim, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("block_count"), (uint32_t)s->n_layers, err);
-    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("feed_forward_length"), (uint32_t)s->hidden_dim, err);
+    /* an architecture without expert_feed_forward_length (llama) sizes its experts by this */
+    int ff = a->n_expert && !(a->arch->flags & TP_ARCHF_EXPERT_FF_KEY) ? a->expert_ff : s->hidden_dim;
+    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("feed_forward_length"), (uint32_t)ff, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count"), (uint32_t)s->n_heads, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count_kv"), (uint32_t)s->n_kv_heads, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.dimension_count"), (uint32_t)z.hs, err);
@@ -158,12 +173,25 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
     }
     if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.freq_base"), a->theta, err);
     if (!rc) rc = tp_gguf_set_f32(b->w, KEY("attention.layer_norm_rms_epsilon"), a->eps, err);
+    if (!rc && a->arch->swa_pattern) /* as the converter writes Gemma's sliding_window */
+        rc = tp_gguf_set_u32(b->w, KEY("attention.sliding_window"),
+                             (uint32_t)(o->sliding_window ? o->sliding_window : a->arch->mk_sliding_window), err);
+    if (!rc && (a->arch->flags & TP_ARCHF_ATTN_SOFTCAP))
+        rc = tp_gguf_set_f32(b->w, KEY("attn_logit_softcapping"), (float)a->arch->attn_softcap, err);
+    if (!rc && (a->arch->flags & TP_ARCHF_FINAL_SOFTCAP) && a->arch->final_softcap > 0)
+        rc = tp_gguf_set_f32(b->w, KEY("final_logit_softcapping"), (float)a->arch->final_softcap, err);
     if (!rc && a->llama3 && o->rope_scaling_keys) {
         rc = tp_gguf_set_str(b->w, KEY("rope.scaling.type"), "llama3", err);
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.factor"), (float)L3_FACTOR, err);
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.low_freq_factor"), (float)L3_LOW, err);
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.high_freq_factor"), (float)L3_HIGH, err);
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"), L3_ORIG_CTX, err);
+    }
+    if (!rc && a->n_expert) { /* as llama.cpp's converter writes them */
+        rc = tp_gguf_set_u32(b->w, KEY("expert_count"), (uint32_t)a->n_expert, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("expert_used_count"), (uint32_t)a->n_expert_used, err);
+        if (!rc && (a->arch->flags & TP_ARCHF_EXPERT_FF_KEY))
+            rc = tp_gguf_set_u32(b->w, KEY("expert_feed_forward_length"), (uint32_t)a->expert_ff, err);
     }
 #undef KEY
     if (!rc)
@@ -176,10 +204,10 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
 {
     sizes z = sizes_of(s, o);
     int d = z.d, hs = z.hs;
-    int rc = tensor(b, "token_embd.weight", d, V, MATRIX, err);
-    if (!rc) rc = tensor(b, "output_norm.weight", d, 0, NORM, err);
+    int rc = tensor(b, "token_embd.weight", d, V, 0, MATRIX, err);
+    if (!rc) rc = tensor(b, "output_norm.weight", d, 0, 0, NORM, err);
     if (!rc && o->separate_output)
-        rc = tensor(b, "output.weight", d, V, MATRIX, err);
+        rc = tensor(b, "output.weight", d, V, 0, MATRIX, err);
     if (!rc && a->llama3 && !o->rope_scaling_keys) {
         float *ff = b->buf + b->used;
         tp_rope_llama3_divisors(hs, a->theta, L3_FACTOR, L3_LOW, L3_HIGH, L3_ORIG_CTX, ff);
@@ -188,44 +216,68 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
         rc = tp_gguf_add_tensor(b->w, "rope_freqs.weight", 0, 1, &ne, ff, ne * sizeof(float), err);
     }
     char name[NAME_MAX_LEN];
-    tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
+    tp_arch_sizes az = arch_sizes(s, a, o);
     for (int l = 0; !rc && l < s->n_layers; l++)
         for (int i = 0; !rc && i < a->arch->n_block; i++) {
             const tp_arch_tensor *t = &a->arch->block[i];
-            if (t->flags & TP_AT_OPTIONAL)
+            if ((t->flags & TP_AT_OPTIONAL) || !tp_arch_tensor_in(t, a->n_expert > 0))
                 continue;
             snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
             int ne0, ne1;
             tp_arch_shape(t, &az, &ne0, &ne1);
-            rc = tensor(b, name, ne0, ne1, fill_of(t), err);
+            rc = tensor(b, name, ne0, ne1, tp_arch_ne2(t, &az), fill_of(t), err);
         }
     return rc;
 }
 
-/* --arch: a name of the table (its typical RoPE base and epsilon), or
- * llama3. */
-static int pick_arch(const char *flag, arch_defaults *out, tp_err *err)
+/* --arch: a name of the table (its typical RoPE base and epsilon), llama3
+ * or mixtral (llama, 8 experts, 2 used); o's expert counts over the
+ * kind's. */
+static int pick_arch(const char *flag, const tp_synth_shape *s, const tp_synth_gguf *o, arch_defaults *out,
+                     tp_err *err)
 {
-    bool llama3 = flag && !strcmp(flag, "llama3");
-    const tp_arch *a = llama3 ? tp_arch_find("llama", 5) : flag ? tp_arch_find(flag, strlen(flag)) : NULL;
+    bool llama3 = flag && !strcmp(flag, "llama3"), mixtral = flag && !strcmp(flag, "mixtral");
+    const tp_arch *a = llama3 || mixtral ? tp_arch_find("llama", 5) : flag ? tp_arch_find(flag, strlen(flag)) : NULL;
     if (!a) {
         char names[256];
         size_t n = (size_t)snprintf(names, sizeof names, "llama, llama3");
         for (int i = 0; i < tp_n_archs && n < sizeof names; i++)
             if (strcmp(tp_archs[i]->name, "llama"))
                 n += (size_t)snprintf(names + n, sizeof names - n, ", %s", tp_archs[i]->name);
+        if (n < sizeof names)
+            snprintf(names + n, sizeof names - n, ", mixtral");
         return tp_err_set(err, TP_EINVAL, "mkmodel: architecture '%s' is not one of %s", flag ? flag : "(none)",
                           names);
     }
-    *out = (arch_defaults){a, llama3 ? 500000.0f : a->mk_rope_base, a->mk_norm_eps, llama3};
+    *out = (arch_defaults){a, llama3 ? 500000.0f : a->mk_rope_base, a->mk_norm_eps, llama3, 0, 0, 0};
+    int ne = mixtral ? 8 : a->mk_experts, used = mixtral ? 2 : a->mk_experts_used;
+    if (o->n_expert)
+        ne = o->n_expert;
+    if (o->n_expert_used)
+        used = o->n_expert_used;
+    if (!ne)
+        return o->n_expert_used || o->expert_ff
+                   ? tp_err_set(err, TP_EINVAL, "mkmodel: --experts-used / --expert-ff need experts (--experts)")
+                   : 0;
+    bool moe_ok = false;
+    for (int i = 0; i < a->n_block; i++)
+        moe_ok = moe_ok || (a->block[i].flags & TP_AT_MOE);
+    if (!moe_ok || llama3)
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --arch %s has no experts", flag);
+    if (ne < 1 || ne > 512 || used < 1 || used > ne)
+        return tp_err_set(err, TP_EINVAL, "mkmodel: %d experts, %d used: want 1 <= used <= experts <= 512", ne,
+                          used);
+    out->n_expert = ne;
+    out->n_expert_used = used;
+    out->expert_ff = o->expert_ff ? o->expert_ff : s->hidden_dim;
     return 0;
 }
 
 int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed, const tp_synth_gguf *o,
                         tp_err *err)
 {
-    arch_defaults ad = {NULL, 0, 0, false};
-    int rc = pick_arch(o->arch, &ad, err);
+    arch_defaults ad = {NULL, 0, 0, false, 0, 0, 0};
+    int rc = pick_arch(o->arch, s, o, &ad, err);
     if (rc)
         return rc;
     const arch_defaults *a = &ad;
@@ -236,11 +288,14 @@ int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed
         return tp_err_set(err, TP_EINVAL, "mkmodel: --head-dim %d: %s", o->head_dim,
                           (a->arch->flags & TP_ARCHF_HEAD_DIM_KEY) ? "must be even, 2..4096"
                           : "this architecture's head size is dim / heads (it does not read key_length)");
+    if (o->sliding_window && (!a->arch->swa_pattern || o->sliding_window < 1))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --sliding-window %d: %s", o->sliding_window,
+                          a->arch->swa_pattern ? "must be positive" : "this architecture has no sliding window");
     int V = 0;
     rc = vocab_size_of(o->vocab_from, &V, err);
     if (rc)
         return rc;
-    builder b = {NULL, NULL, 0, total_floats(s, V, a->arch, o), {seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull}};
+    builder b = {NULL, NULL, 0, total_floats(s, V, a, o), {seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull}};
     if (!b.r.s)
         b.r.s = 1;
     b.buf = malloc(b.cap * sizeof(float));

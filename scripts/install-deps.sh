@@ -23,6 +23,22 @@ PKGS=(
 # (and conflicts with Debian's npm)
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 
+# The official API clients the HTTP tests drive (openai, @anthropic-ai/sdk),
+# into $BUILD/npm where those tests look. Best effort: without the npm
+# registry a test tries again itself, and skips saying why.
+npm_clients() {
+  local dir="${TP_BUILD_DIR:-$(cd "$(dirname "$0")/.." && pwd)/build}/npm" need=()
+  command -v npm >/dev/null 2>&1 || return 0
+  [ -f "$dir/node_modules/openai/package.json" ] || need+=(openai@4)
+  [ -f "$dir/node_modules/@anthropic-ai/sdk/package.json" ] || need+=(@anthropic-ai/sdk@1)
+  [ ${#need[@]} -eq 0 ] && return 0
+  echo "install-deps: npm install ${need[*]} into $dir" >&2
+  mkdir -p "$dir"
+  npm install --prefix "$dir" --no-audit --no-fund --silent "${need[@]}" >&2 ||
+    echo "install-deps: npm install failed (no registry?); the tests that need it skip" >&2
+}
+trap npm_clients EXIT
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

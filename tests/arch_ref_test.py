@@ -1,16 +1,21 @@
 """tokpipe's forward pass against an independent numpy reference
 (tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
 each architecture's kind, grouped-query attention, SwiGLU, biases) on the
-real stories260K.gguf and on random-weight llama, Llama 3, qwen2, qwen3
-and phi3 models written by `tokpipe mkmodel`.
+real stories260K.gguf and on random-weight llama, Llama 3, Mixtral (llama
+with experts), qwen2, qwen3, phi3, qwen3moe, gemma3 and gemma2 models written
+by `tokpipe mkmodel`.
 
 Tolerance: tokpipe computes in float32, the reference in float64; every
 logit of every sampled position must agree within 1e-5 * (1 + max |logit|)
 of that row (observed: 2e-7 to 1.2e-6). Each test also checks that the
 mistake it guards against (the other RoPE kind, no biases, no Llama 3
-scaling, no Q/K norm, Phi-3's gate and up swapped) moves the logits by more than ten times that, so it can fail;
+scaling, no Q/K norm, Phi-3's gate and up swapped, the experts' top-k weights
+not renormalised or one expert too few; for Gemma no sliding window, the
+global RoPE base on sliding layers, no post-norms, SiLU for GELU, no
+soft-capping) moves the logits by more than ten times that, so it can fail;
 Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
-of several hundred tokens."""
+of several hundred tokens, and Gemma's runs one of more than twice the
+window."""
 import os
 import sys
 import tempfile
@@ -60,15 +65,17 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         return max(np.max(np.abs(ref[len(ctx) - 1] - got)) / (1 + np.max(np.abs(ref[len(ctx) - 1])))
                    for ctx, got in rows)
 
-    def check(self, path, wrong=None, prompt=PROMPT):
+    def check(self, path, wrong=None, prompt=PROMPT, wrongs=None):
+        """wrongs: {name: reference with that mistake}, each of which must
+        miss tokpipe's logits by more than ten times the tolerance."""
         model, ids, rows = self.dump(path, prompt=prompt)
         ref = model.logits(ids)
         err = self.worst(ref, rows)
         self.assertLess(err, REL_TOL, "%s: tokpipe's logits differ from the reference by %.3g" % (path, err))
-        if wrong:
-            bad = self.worst(wrong(model, ids), rows)
-            self.assertGreater(bad, 10 * REL_TOL, "%s: the reference cannot tell the mistake apart" % path)
-        return model
+        for name, bad_ref in (wrongs or {}).items() if not wrong else {"mistake": wrong}.items():
+            bad = self.worst(bad_ref(model, ids), rows)
+            self.assertGreater(bad, 10 * REL_TOL, "%s: the reference cannot tell %s apart" % (path, name))
+        return model, ids
 
     def test_stories260k_gguf_matches(self):
         self.check(os.path.join(MODELS, "stories260K.gguf"),
@@ -76,7 +83,7 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
 
     def test_llama_with_grouped_query_attention_and_separate_output_matches(self):
         path = self.mkmodel("llama", "--arch", "llama", "--shape", "64x2x4x2", "--separate-output")
-        model = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=True))
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=True))
         self.assertIn("output.weight", model.w)
         self.assertNotIn("blk.0.attn_q.bias", model.w)
 
@@ -86,7 +93,7 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         def unscaled(m, ids):
             m.freq_div = np.ones_like(m.freq_div)
             return m.logits(ids)
-        model = self.check(path, wrong=unscaled, prompt=" ".join([PROMPT] * 40))
+        model, _ = self.check(path, wrong=unscaled, prompt=" ".join([PROMPT] * 40))
         div = model.w["rope_freqs.weight"]
         self.assertTrue(np.any(div == 1.0) and np.any(div == 8.0) and np.any((div > 1) & (div < 8)),
                         "the shape exercises all three bands of the scaling: %s" % div)
@@ -94,7 +101,7 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
 
     def test_llama3_rope_scaling_keys_match(self):
         path = self.mkmodel("llama3k", "--arch", "llama3", "--shape", "128x2x4x1", "--rope-scaling-keys")
-        model = self.check(path)
+        model, _ = self.check(path)
         self.assertNotIn("rope_freqs.weight", model.w)
         self.assertEqual(model.meta["llama.rope.scaling.type"], "llama3")
         self.assertGreater(np.max(model.freq_div), 1.0)
@@ -106,20 +113,20 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
             for k in [k for k in m.w if k.endswith(".bias")]:
                 del m.w[k]
             return m.logits(ids)
-        model = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
         self.check(path, wrong=no_bias)
         self.assertIn("blk.1.attn_v.bias", model.w)
         self.assertNotIn("output.weight", model.w)
 
     def test_qwen2_with_a_byte_level_bpe_vocabulary_matches(self):
         path = self.mkmodel("qwen2bpe", "--arch", "qwen2", "--shape", "64x2x4x2", vocab=GPT2)
-        model = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
         self.assertEqual(model.w["token_embd.weight"].shape[0], 50257)
 
     def test_qwen3_with_qk_norm_and_a_head_size_of_its_own_matches(self):
         # heads of 32 where dim / heads is 16: wq widens to 128, wo narrows back
         path = self.mkmodel("qwen3", "--arch", "qwen3", "--shape", "64x2x4x2", "--head-dim", "32")
-        model = self.check(path, wrong=lambda m, ids: m.logits(ids, qk_norm=False))
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, qk_norm=False))
         self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
         self.assertEqual(model.hs, 32)
         self.assertEqual(model.w["blk.0.attn_q.weight"].shape, (128, 64))
@@ -130,12 +137,12 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
 
     def test_qwen3_with_heads_of_dim_over_heads_and_a_byte_level_vocabulary_matches(self):
         path = self.mkmodel("qwen3bpe", "--arch", "qwen3", "--shape", "64x2x4x1", vocab=GPT2)
-        model = self.check(path, wrong=lambda m, ids: m.logits(ids, qk_norm=False))
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, qk_norm=False))
         self.assertEqual(model.hs, 16)
 
     def test_phi3_with_fused_qkv_and_gate_up_matches(self):
         path = self.mkmodel("phi3", "--arch", "phi3", "--shape", "64x2x4x2", "--separate-output")
-        model = self.check(path, wrong=lambda m, ids: m.logits(ids, up_first=True))
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, up_first=True))
         self.check(path, wrong=lambda m, ids: m.logits(ids, neox=False))
         # [dim, q + 2 kv] and [dim, 2 hidden] as llama.cpp's converter writes them
         self.assertEqual(model.w["blk.0.attn_qkv.weight"].shape, (64 + 2 * 32, 64))
@@ -143,6 +150,74 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.1.ffn_up.weight"].shape, (2 * hidden, 64))
         self.assertNotIn("blk.0.ffn_gate.weight", model.w)
         self.assertNotIn("blk.0.attn_q.weight", model.w)
+
+    # Gemma's prompt: more than twice the test models' window of 16 tokens
+    LONG = " ".join([PROMPT] * 5)
+    GEMMA_WRONGS = {
+        "no sliding window": lambda m, ids: m.logits(ids, window=False),
+        "the global RoPE base on sliding layers": lambda m, ids: m.logits(ids, local_theta=False),
+        "no post-norms": lambda m, ids: m.logits(ids, post_norm=False),
+        "SiLU for GELU": lambda m, ids: m.logits(ids, gelu=False),
+        "no Q/K norms": lambda m, ids: m.logits(ids, qk_norm=False),
+    }
+
+    def test_gemma3_with_sliding_windows_post_norms_and_gelu_matches(self):
+        # six blocks: 0-4 slide (window 16, base 10000), 5 sees everything (base 1e6)
+        path = self.mkmodel("gemma3", "--arch", "gemma3", "--shape", "64x6x4x2", "--head-dim", "32",
+                            "--sliding-window", "16")
+        model, ids = self.check(path, prompt=self.LONG, wrongs=self.GEMMA_WRONGS)
+        self.assertGreater(len(ids), 2 * 16 + 5, "the prompt outgrows the window twice")
+        self.assertEqual(model.meta["gemma3.attention.sliding_window"], 16)
+        self.assertEqual(model.theta, 1000000.0)
+        self.assertEqual(model.w["blk.5.post_ffw_norm.weight"].shape, (64,))
+        self.assertEqual(model.w["blk.0.post_attention_norm.weight"].shape, (64,))
+        self.assertEqual(model.w["blk.0.attn_q_norm.weight"].shape, (32,))
+        self.assertNotIn("gemma3.final_logit_softcapping", model.meta)
+
+    def test_gemma3_with_a_window_wider_than_the_prompt_and_a_byte_level_vocabulary_matches(self):
+        path = self.mkmodel("gemma3bpe", "--arch", "gemma3", "--shape", "64x2x4x1", vocab=GPT2)
+        # mkmodel writes its typical 512: the prompt stays inside it
+        model, _ = self.check(path, wrongs={"no post-norms": lambda m, ids: m.logits(ids, post_norm=False)})
+        self.assertEqual(model.window, 512)
+
+    def test_gemma2_with_soft_capping_and_alternating_windows_matches(self):
+        path = self.mkmodel("gemma2", "--arch", "gemma2", "--shape", "64x4x4x2", "--sliding-window", "16")
+        wrongs = dict(self.GEMMA_WRONGS)
+        del wrongs["no Q/K norms"], wrongs["the global RoPE base on sliding layers"]
+        wrongs["no soft-capping"] = lambda m, ids: m.logits(ids, softcap=False)
+        model, _ = self.check(path, prompt=self.LONG, wrongs=wrongs)
+        self.assertEqual(model.attn_cap, 50.0)
+        self.assertEqual(model.final_cap, 30.0)
+        self.assertNotIn("blk.0.attn_q_norm.weight", model.w)
+    def test_qwen3moe_experts_match(self):
+        path = self.mkmodel("qwen3moe", "--arch", "qwen3moe", "--shape", "64x2x4x2", "--head-dim", "32",
+                            "--experts", "8", "--experts-used", "3", "--expert-ff", "64")
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, renorm=False))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, top=2))
+        # llama.cpp's shapes: the router [dim, n_expert], experts [dim, ff, n_expert]
+        self.assertEqual(model.w["blk.0.ffn_gate_inp.weight"].shape, (8, 64))
+        self.assertEqual(model.w["blk.1.ffn_gate_exps.weight"].shape, (8, 64, 64))
+        self.assertEqual(model.w["blk.1.ffn_down_exps.weight"].shape, (8, 64, 64))
+        self.assertEqual(model.meta["qwen3moe.expert_feed_forward_length"], 64)
+        self.assertNotIn("blk.0.ffn_gate.weight", model.w)
+
+    def test_qwen3moe_equal_router_scores_take_the_lower_experts(self):
+        path = self.mkmodel("qwen3moe_ties", "--arch", "qwen3moe", "--shape", "64x2x4x2", "--experts", "8",
+                            "--experts-used", "3", "--expert-ff", "64")
+        # a zero router in block 0: every expert scores the same for every token
+        _, tensors, _, _, _ = gguf_tiny.read_gguf(path)
+        with open(path, "r+b") as f:
+            gguf_tiny.write_tensor(f, tensors, "blk.0.ffn_gate_inp.weight", np.zeros((8, 64)))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, ties_high=True))
+
+    def test_mixtral_llama_with_experts_matches(self):
+        path = self.mkmodel("mixtral", "--arch", "mixtral", "--shape", "64x2x4x2", "--expert-ff", "96")
+        model, _ = self.check(path, wrong=lambda m, ids: m.logits(ids, renorm=False))
+        self.check(path, wrong=lambda m, ids: m.logits(ids, neox=True))
+        self.assertEqual(model.arch, "llama")
+        self.assertEqual((model.meta["llama.expert_count"], model.meta["llama.expert_used_count"]), (8, 2))
+        self.assertEqual(model.w["blk.0.ffn_up_exps.weight"].shape, (8, 96, 64))
+        self.assertNotIn("blk.0.ffn_up.weight", model.w)
 
 
 if __name__ == "__main__":

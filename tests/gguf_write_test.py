@@ -90,8 +90,8 @@ class WrittenGgufReadsBackIndependently(unittest.TestCase):
             (["--format", "gguf", "--shape", "64x1"], "--vocab-from"),
             (["--format", "gguf", "--vocab-from", VOCABS[0], "--tokenizer-out", out + ".tok", "--shape", "64x1"],
              "--tokenizer-out does not apply to --format gguf"),
-            (["--format", "gguf", "--vocab-from", VOCABS[0], "--arch", "gemma2", "--shape", "64x1"],
-             "architecture 'gemma2' is not one of llama, llama3, qwen2"),
+            (["--format", "gguf", "--vocab-from", VOCABS[0], "--arch", "gemma7", "--shape", "64x1"],
+             "architecture 'gemma7' is not one of llama, llama3, qwen2"),
             (["--format", "safetensors", "--shape", "64x1"], "--format 'safetensors'"),
             (["--format", "gguf", "--vocab-from", "/nonexistent.gguf", "--shape", "64x1"], "/nonexistent.gguf"),
         ]

@@ -439,8 +439,9 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         # README: /metrics has everything `tokpipe stats` has, the event counters included
         for key, name in [("events_duplicate", "tokpipe_events_duplicate_total"),
                           ("events_refused", "tokpipe_events_refused_total"),
-                          ("worker_msgs_refused", "tokpipe_worker_messages_refused_total"),
-                          ("jobs_poisoned", "tokpipe_jobs_poisoned_total")]:
+                          ("jobs_poisoned", "tokpipe_jobs_poisoned_total"),
+                          ("workers_hung", "tokpipe_workers_hung_total"),
+                          ("replies_refused", "tokpipe_replies_refused_total")]:
             self.assertEqual(metric(after, name), st.get(key, 0), name)
 
     def test_stop_string_labels_are_capped_and_the_rest_folded(self):
@@ -627,6 +628,11 @@ class GatewayKeysAndDrain(unittest.TestCase):
                 self.assertEqual(st, 200, r)
                 st, r, _ = post(port2, body, headers={"Authorization": "Bearer sk-test-123"})
                 self.assertEqual(st, 200, r)
+                # Anthropic's clients send x-api-key; /v1/messages answers in its error shape
+                st, r, _ = post(port2, body, headers={"x-api-key": "sk-other"})
+                self.assertEqual(st, 200, r)
+                st, r, _ = post(port2, {"max_tokens": 5}, path="/v1/messages", headers={"x-api-key": "sk-wrong"})
+                self.assertEqual((st, r["type"], r["error"]["type"]), (401, "error", "authentication_error"), r)
             finally:
                 gw.send_signal(signal.SIGTERM)
                 self.assertEqual(gw.wait(30), 0, gw.stderr.read())

@@ -89,6 +89,34 @@ class StructuredOutputOverHttp(tpdaemon.HttpDaemonCase):
                 self.assertTrue(in_order(PERSON, doc), text)
                 self.assertEqual(text, text.strip())
 
+    def test_a_format_with_lengths_or_a_pattern_gives_valid_documents(self):
+        # Pydantic's EmailStr with max_length writes format and maxLength together
+        schema = {"type": "object", "properties": {
+            "email": {"type": "string", "format": "email", "maxLength": 24},
+            "day": {"type": "string", "format": "date", "pattern": "^20[0-4]"},
+            "ip": {"type": "string", "format": "ipv4", "minLength": 12},
+            "code": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "minLength": 3, "maxLength": 9}},
+            "required": ["email", "day", "ip", "code"], "additionalProperties": False}
+        v = V(schema, format_checker=V.FORMAT_CHECKER)
+        email = re.compile(r"^([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*|\"[ !#-\[\]-~]+\")@"
+                           r"([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9.]+\])$")
+        done = 0
+        for seed in range(6):
+            st, r, _ = post(self.port, {"prompt": "Once upon a time", "max_tokens": 600, "temperature": 1.0, "seed": seed,
+                                        "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": schema}}})
+            self.assertEqual(st, 200, r)
+            c = r["choices"][0]
+            if c["finish_reason"] != "stop":
+                self.assertIs(c["grammar_complete"], False)
+                continue
+            doc = json.loads(c["text"])
+            self.assertEqual([e.message for e in v.iter_errors(doc)], [], c["text"])
+            self.assertLessEqual(len(doc["email"]), 24, c["text"])
+            self.assertRegex(doc["email"], email)
+            self.assertGreaterEqual(len(doc["ip"]), 12, c["text"])
+            done += 1
+        self.assertGreater(done, 0, "no document finished within max_tokens")
+
     def test_greedy_equals_tokpipe_run_and_streamed_equals_non_streamed(self):
         schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 500},
                                                    "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
@@ -160,6 +188,9 @@ class StructuredOutputOverHttp(tpdaemon.HttpDaemonCase):
             ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "format": "uri"}}}},
              "response_format", "format 'uri'"),
             ({"prompt": "x", "json_schema": {"type": "array", "uniqueItems": True}}, "json_schema", "uniqueItems"),
+            ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "object", "properties": {"a": {"type": "array", "items": {"type": "strnig"}}}}}}},
+             "response_format", '(at "/properties/a/items/type": "strnig")'),
             ({"prompt": "x", "grammar": "root ::= undefined-rule"}, "grammar", "undefined-rule"),
             ({"prompt": "x", "grammar": "root ::= \"a\" <|im_end|>"}, "grammar",
              "token <|im_end|> is not a special token of the model's vocabulary"),

@@ -1,4 +1,4 @@
-/* Process story: random-weight qwen2, qwen3, phi3 and Llama 3 GGUF models (written by
+/* Process story: random-weight qwen2, qwen3, phi3, Llama 3, qwen3moe and Mixtral GGUF models (written by
  * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama or
  * byte-level BPE GPT-2 vocabulary) served by the real tokpiped and workers give, token for
  * token, what `tokpipe run` computes in one process, for concurrent greedy
@@ -50,6 +50,17 @@ static const arch_case CASES[] = {
     /* phi3: fused attn_qkv and gate/up */
     {"phi3", "64x2x4x2", "--separate-output", SPM, NULL},
     {"phi3", "256x2x4x2", "", SPM, "Q8_0"},
+    /* gemma3: windows of 8 on blocks 0-4 (40 generated tokens outgrow
+     * them), block 5 global; gemma2: soft-capping, every other block
+     * sliding */
+    {"gemma3", "64x6x4x2", "--head-dim 32 --sliding-window 8", SPM, NULL},
+    {"gemma3", "256x2x4x2", "--head-dim 64 --sliding-window 16", SPM, "Q4_K_M"},
+    {"gemma2", "64x2x4x2", "--sliding-window 8", SPM, NULL},
+    /* experts: qwen3moe and Mixtral (llama with llama.expert_count) */
+    {"qwen3moe", "64x2x4x2", "--head-dim 32 --experts 8 --experts-used 3 --expert-ff 64", SPM, NULL},
+    {"qwen3moe", "256x2x4x2", "--experts 8 --experts-used 2 --expert-ff 256", SPM, "Q8_0"},
+    {"qwen3moe", "256x2x4x2", "--experts 6 --experts-used 4 --expert-ff 256", SPM, "Q4_K_M"},
+    {"mixtral", "64x2x4x2", "--experts 4 --expert-ff 96", SPM, NULL},
 };
 
 /* Write the case's model into dir; its path in out. */
@@ -189,6 +200,21 @@ static void phi3_jobs_in_the_daemon_equal_in_process_run(void **state)
     arch_equals_run(&CASES[9], "");
 }
 
+static void gemma3_and_gemma2_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    arch_equals_run(&CASES[10], "");
+    arch_equals_run(&CASES[11], "");
+    arch_equals_run(&CASES[12], "");
+}
+
+static void moe_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    for (int i = 13; i <= 16; i++)
+        arch_equals_run(&CASES[i], "");
+}
+
 static void small_batches_and_chunks_change_nothing_for_every_architecture(void **state)
 {
     (void)state;
@@ -198,6 +224,9 @@ static void small_batches_and_chunks_change_nothing_for_every_architecture(void 
     arch_equals_run(&CASES[1], tiny);
     arch_equals_run(&CASES[6], tiny);
     arch_equals_run(&CASES[8], tiny);
+    arch_equals_run(&CASES[10], tiny);
+    arch_equals_run(&CASES[12], tiny);
+    arch_equals_run(&CASES[16], tiny);
 }
 
 int main(void)
@@ -210,6 +239,8 @@ int main(void)
         cmocka_unit_test(quantized_qwen2_and_llama3_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(qwen3_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(phi3_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(gemma3_and_gemma2_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(moe_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(small_batches_and_chunks_change_nothing_for_every_architecture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -272,6 +272,13 @@ SCHEMAS = [
      "items": {"type": "number"}, "minItems": 2, "maxItems": 6},
     {"allOf": [{"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["a"]},
                {"properties": {"b": {"const": [1, {"x": None}]}}, "required": ["b"]}]},
+    {"type": "object", "properties": {
+        "email": {"type": "string", "format": "email", "maxLength": 20},
+        "ip": {"type": "string", "format": "ipv4", "minLength": 13},
+        "day": {"type": "string", "format": "date", "pattern": "-02-"},
+        "at": {"type": "string", "format": "time", "maxLength": 12},
+        "code": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "minLength": 3, "maxLength": 7}},
+     "required": ["email", "ip", "day", "at", "code"], "additionalProperties": False},
     {},
 ]
 
@@ -328,7 +335,9 @@ class JsonschemaOracleTest(unittest.TestCase):
         for schema, word in [({"not": {}}, "'not'"), ({"type": "string", "format": "hostname"}, "hostname"),
                              ({"type": "array", "uniqueItems": True}, "uniqueItems"),
                              ({"type": "string", "pattern": "(a)\\1"}, "backreference"),
-                             ({"$ref": "#"}, "left recursion")]:
+                             ({"$ref": "#"}, "left recursion"),
+                             ({"properties": {"a": {"items": {"type": "strnig"}}}},
+                              '(at "/properties/a/items/type": "strnig")')]:
             rc, out, err = compile_schema(schema)
             self.assertEqual(rc, 2, json.dumps(schema))
             self.assertEqual(out, "")

@@ -76,6 +76,31 @@ class Layers(unittest.TestCase):
         for low in ("jobs.c", "joblp.c", "metrics.c", "log.c", "outbox.c"):
             self.assertLessEqual(floors[low], 1, out)
 
+    def test_each_daemon_file_includes_only_the_headers_of_floors_under_it(self):
+        rc, out = check(os.path.join(ROOT, "daemon"))
+        self.assertEqual(rc, 0, out)
+        floors = {f: int(line.split(":")[0].split()[1]) for line in out.splitlines() for f in line.split(":")[1].split()}
+        source_of = {"route.h": "route_prefix.c", "outbox.h": "outbox.c"}  # a header named for its floor, not its file
+        d = os.path.join(ROOT, "daemon")
+        headers = [h for h in os.listdir(d) if h.endswith(".h")]
+        self.assertNotIn("broker.h", [h for h in headers if len(open(os.path.join(d, h)).read()) > 4000],
+                         "broker.h holds the top floor's functions only")
+        for f, floor in floors.items():
+            with open(os.path.join(d, f), encoding="utf-8") as fh:
+                incs = [i for i in INCLUDE.findall(fh.read()) if "/" not in i]
+            for inc in incs:
+                src = source_of.get(inc, inc[:-2] + ".c")
+                # jobs.h is the job table's, whose files are jobs.c, joblp.c and jobfields.c
+                if inc == "state.h" or src == f or src not in floors or (inc == "jobs.h" and f.startswith("job")):
+                    continue
+                self.assertLess(floors[src], floor, "%s (floor %d) includes %s of %s (floor %d)"
+                                % (f, floor, inc, src, floors[src]))
+        # the broker's state is in state.h; every floor's functions in its own header
+        for c in floors:
+            h = {"route_prefix.c": "route.h"}.get(c, c[:-2] + ".h")
+            if c not in ("main.c", "joblp.c", "jobfields.c"):
+                self.assertIn(h, headers, "%s has no header of its own" % c)
+
     def test_a_circle_is_found_and_named_with_its_calls(self):
         rc, out = check(os.path.join(FIXTURE, "circle"))
         self.assertEqual(rc, 1, out)

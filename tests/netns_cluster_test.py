@@ -221,7 +221,7 @@ class Cluster(unittest.TestCase):
         after = wait_rejoined(self, before["workers_lost"])
         lost = after["workers_lost"] - before["workers_lost"]
         moved = sum(after["recovered_" + st] - before["recovered_" + st] for st in STAGES)
-        refused = {k: after.get(k, 0) - before.get(k, 0) for k in ["worker_msgs_refused", "events_refused"]}
+        refused = {k: after.get(k, 0) - before.get(k, 0) for k in ["replies_refused", "events_refused"]}
         print("netns_cluster_test: %d workers lost, %d jobs moved, late messages refused %s"
               % (lost, moved, refused), file=sys.stderr)
         self.assertGreaterEqual(lost, len(STAGES), "the cut host's workers were not declared lost")
@@ -246,7 +246,7 @@ class Cluster(unittest.TestCase):
             cluster("restore", host)
         b.finish(self)
         after = stats()
-        for k in ["workers_lost", "worker_msgs_refused", "events_refused"] + ["recovered_" + s for s in STAGES]:
+        for k in ["workers_lost", "replies_refused", "events_refused"] + ["recovered_" + s for s in STAGES]:
             self.assertEqual(after.get(k, 0), before.get(k, 0), "a %.2f s flap changed %s" % (length, k))
 
 

@@ -9,8 +9,8 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,6 +37,7 @@ typedef struct spec {
     bool qk_norm;          /* attn_q_norm / attn_k_norm of the head size */
     int head_dim;          /* 0: D / HEADS; else written as attention.key_length */
     bool no_eps;           /* leave attention.layer_norm_rms_epsilon out */
+    bool post_norms;       /* post_attention_norm / post_ffw_norm (Gemma) */
     void (*keys)(tp_gguf_writer *w);
 } spec;
 
@@ -64,7 +65,7 @@ static int load(const spec *s, tp_model **m, tp_err *err)
     char k[96];
     const char *a = s->arch;
     assert_int_equal(tp_gguf_set_str(w, "general.architecture", a, &e), 0);
-#define KEY(x) (snprintf(k, sizeof k, "%s.%s", strncmp(a, "qwen", 4) ? "llama" : a, x), k)
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", strncmp(a, "qwen", 4) && strncmp(a, "gemma", 5) ? "llama" : a, x), k)
     tp_gguf_set_u32(w, KEY("embedding_length"), D, &e);
     tp_gguf_set_u32(w, KEY("feed_forward_length"), H, &e);
     tp_gguf_set_u32(w, KEY("block_count"), 1, &e);
@@ -106,6 +107,10 @@ static int load(const spec *s, tp_model **m, tp_err *err)
     if (s->qk_norm) {
         tensor(w, s, "blk.0.attn_q_norm.weight", hd, 0);
         tensor(w, s, "blk.0.attn_k_norm.weight", hd, 0);
+    }
+    if (s->post_norms) {
+        tensor(w, s, "blk.0.post_attention_norm.weight", D, 0);
+        tensor(w, s, "blk.0.post_ffw_norm.weight", D, 0);
     }
     if (s->extra)
         tensor(w, s, s->extra, D, 0);
@@ -212,7 +217,7 @@ static void phi3_fused_matrices_give_each_part_its_rows(void **state)
     tp_synth_shape sh;
     tp_err e;
     assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {"phi3", vocab, false, false, 0};
+    tp_synth_gguf o = {.arch = "phi3", .vocab_from = vocab};
     if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
         fail_msg("mkmodel phi3: %s", e.msg);
     tp_model *m = NULL;
@@ -237,11 +242,165 @@ static void phi3_fused_matrices_give_each_part_its_rows(void **state)
     tp_model_free(m);
 }
 
+/* qwen3moe's 3-D expert tensors: expert e of each a view of the
+ * [rows][cols] at e * rows rows into the file's tensor; the router a
+ * matrix [n_expert][dim]; no dense FFN. */
+static void qwen3moe_experts_are_views_of_the_3d_tensors(void **state)
+{
+    (void)state;
+    char vocab[512], path[] = "/tmp/tp_test_arch_moe.XXXXXX";
+    const char *models = getenv("TP_MODELS");
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {.arch = "qwen3moe", .vocab_from = vocab, .n_expert = 5, .n_expert_used = 2, .expert_ff = 96};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel qwen3moe: %s", e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    if (rc)
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_QWEN3MOE);
+    assert_int_equal(c->n_expert, 5);
+    assert_int_equal(c->n_expert_used, 2);
+    assert_int_equal(c->expert_ff, 96);
+    const tp_layer_weights *lw = &tp_model_get_weights(m)->layers[1];
+    assert_int_equal(lw->m.wr.rows, 5);
+    assert_int_equal(lw->m.wr.cols, c->dim);
+    assert_non_null(lw->wr);
+    assert_null(lw->m.w1.data);
+    for (int x = 0; x < 5; x++) {
+        assert_int_equal(lw->w1_exps[x].rows, 96);
+        assert_int_equal(lw->w1_exps[x].cols, c->dim);
+        assert_int_equal(lw->w2_exps[x].rows, c->dim);
+        assert_int_equal(lw->w2_exps[x].cols, 96);
+        assert_ptr_equal(lw->w3_exps[x].data, (const char *)lw->w3_exps[0].data + (size_t)x * 96 * lw->w3_exps[0].row_bytes);
+    }
+    assert_non_null(strstr(tp_model_identity(m), "experts=5/2/96"));
+    tp_model_free(m);
+}
+
 static void an_unknown_architecture_is_refused_with_the_list_of_those_supported(void **state)
 {
     (void)state;
     spec s = {.arch = "gemma7"};
-    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3)");
+    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe)");
+}
+
+static void window_16(tp_gguf_writer *w)
+{
+    tp_err e;
+    assert_int_equal(tp_gguf_set_u32(w, "gemma3.attention.sliding_window", 16, &e), 0);
+}
+
+static void gemma2_window_0(tp_gguf_writer *w)
+{
+    tp_err e;
+    assert_int_equal(tp_gguf_set_u32(w, "gemma2.attention.sliding_window", 0, &e), 0);
+}
+
+static const tp_model_config *loaded(const spec *s, tp_model **m)
+{
+    tp_err e;
+    if (load(s, m, &e))
+        fail_msg("%s: %s", s->arch, e.msg);
+    return tp_model_get_config(*m);
+}
+
+/* gemma3 as llama.cpp's load_hparams reads it: with attention.sliding_window
+ * five blocks of six slide, turning with base 10000 unscaled; Q scaled by
+ * 1 / sqrt(head size); no soft-capping unless final_logit_softcapping says */
+static void gemma3_reads_its_window_pattern_local_base_and_scale(void **state)
+{
+    (void)state;
+    spec s = {.arch = "gemma3", .qk_norm = true, .post_norms = true, .head_dim = 8, .keys = window_16};
+    tp_model *m;
+    const tp_model_config *c = loaded(&s, &m);
+    assert_int_equal(c->arch, TP_ARCH_GEMMA3);
+    assert_int_equal(c->rope_style, TP_ROPE_NEOX);
+    assert_int_equal(c->swa_window, 16);
+    assert_int_equal(c->swa_pattern, 6);
+    for (int l = 0; l < 12; l++)
+        assert_int_equal(tp_model_layer_slides(c, l), l % 6 != 5);
+    assert_true(c->rope_theta_swa == 10000.0f && !c->rope_swa_scaled);
+    assert_true(c->attn_scale == 1.0f / sqrtf(8.0f));
+    assert_true(c->attn_softcap == 0 && c->final_softcap == 0);
+    assert_true(c->embd_scale && c->post_norms && c->qk_norm && c->ffn_act == TP_FFN_GELU_TANH);
+    assert_non_null(tp_model_get_weights(m)->layers[0].rms_ffn_post);
+    tp_model_free(m);
+    spec none = {.arch = "gemma3", .qk_norm = true, .post_norms = true}; /* no window key: no layer slides */
+    c = loaded(&none, &m);
+    assert_int_equal(c->swa_window, 0);
+    assert_false(tp_model_layer_slides(c, 0));
+    tp_model_free(m);
+}
+
+/* llama.cpp's f_attention_scale for the 27B, told by its block count (62
+ * for gemma3, 46 for gemma2): 1 / sqrt(dim / heads), not of the head size
+ * (gemma_pytorch's query_pre_attn_scalar) */
+static void gemma_27b_block_counts_scale_q_by_dim_over_heads(void **state)
+{
+    (void)state;
+    const char *arch[2] = {"gemma3", "gemma2"}, *shape[2] = {"64x62x4x2", "64x46x4x2"};
+    const char *models = getenv("TP_MODELS");
+    char vocab[512];
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    for (int a = 0; a < 2; a++) {
+        char path[] = "/tmp/tp_test_arch_gemma.XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        tp_synth_shape sh;
+        tp_err e;
+        assert_int_equal(tp_synth_parse_shape(shape[a], &sh, &e), 0);
+        tp_synth_gguf o = {.arch = arch[a], .vocab_from = vocab, .head_dim = 32};
+        if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+            fail_msg("mkmodel %s: %s", arch[a], e.msg);
+        tp_model *m = NULL;
+        int rc = tp_model_load(path, &m, &e);
+        unlink(path);
+        if (rc)
+            fail_msg("%s", e.msg);
+        assert_int_equal(tp_model_get_config(m)->head_size, 32);
+        assert_true(tp_model_get_config(m)->attn_scale == 1.0f / sqrtf(16.0f));
+        tp_model_free(m);
+    }
+}
+
+/* gemma2's defaults: a window of 4096 on every other block, the global
+ * RoPE, scores capped at 50 and logits at 30 */
+static void gemma2_defaults_to_llama_cpps_window_and_soft_caps(void **state)
+{
+    (void)state;
+    spec s = {.arch = "gemma2", .post_norms = true};
+    tp_model *m;
+    const tp_model_config *c = loaded(&s, &m);
+    assert_int_equal(c->arch, TP_ARCH_GEMMA2);
+    assert_int_equal(c->swa_window, 4096);
+    assert_true(tp_model_layer_slides(c, 0) && !tp_model_layer_slides(c, 1) && tp_model_layer_slides(c, 2));
+    assert_true(c->rope_theta_swa == c->rope_theta && c->rope_swa_scaled);
+    assert_true(c->attn_softcap == 50.0f && c->final_softcap == 30.0f);
+    assert_false(c->qk_norm);
+    tp_model_free(m);
+}
+
+static void gemma_without_post_norms_epsilon_or_a_window_is_refused_naming_it(void **state)
+{
+    (void)state;
+    spec a = {.arch = "gemma3", .qk_norm = true, .post_norms = true, .skip = "blk.0.post_ffw_norm.weight"};
+    expect_refused(&a, "blk.0.post_ffw_norm.weight");
+    spec b = {.arch = "gemma3", .qk_norm = true, .post_norms = true, .no_eps = true};
+    expect_refused(&b, "gemma3.attention.layer_norm_rms_epsilon");
+    spec c = {.arch = "gemma2", .post_norms = true, .keys = gemma2_window_0};
+    expect_refused(&c, "gemma2.attention.sliding_window = 0 is not a window");
+    spec d = {.arch = "gemma2", .post_norms = true, .qk_norm = true};
+    expect_refused(&d, "'blk.0.attn_q_norm.weight' is not used by the gemma2 architecture");
 }
 
 static void qwen2_without_a_bias_is_refused_naming_it(void **state)
@@ -275,8 +434,8 @@ static void llama_loads_adjacent_rope_and_optional_biases(void **state)
 static void unknown_architecture_and_unused_tensor_are_refused_by_name(void **state)
 {
     (void)state;
-    spec s = {.arch = "gemma2"};
-    expect_refused(&s, "general.architecture 'gemma2' is not supported");
+    spec s = {.arch = "mamba"};
+    expect_refused(&s, "general.architecture 'mamba' is not supported");
     spec t = {.arch = "llama", .extra = "blk.0.attn_output.bias"};
     expect_refused(&t, "'blk.0.attn_output.bias' is not used by the llama architecture");
 }
@@ -371,6 +530,11 @@ int main(void)
         cmocka_unit_test(qwen3_without_or_with_misshapen_qk_norms_or_epsilon_is_refused_naming_it),
         cmocka_unit_test(an_unknown_architecture_is_refused_with_the_list_of_those_supported),
         cmocka_unit_test(phi3_fused_matrices_give_each_part_its_rows),
+        cmocka_unit_test(gemma3_reads_its_window_pattern_local_base_and_scale),
+        cmocka_unit_test(gemma2_defaults_to_llama_cpps_window_and_soft_caps),
+        cmocka_unit_test(gemma_27b_block_counts_scale_q_by_dim_over_heads),
+        cmocka_unit_test(gemma_without_post_norms_epsilon_or_a_window_is_refused_naming_it),
+        cmocka_unit_test(qwen3moe_experts_are_views_of_the_3d_tensors),
         cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
         cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
         cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),

@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 #include "tokpipe/forward.h"
+#include "tokpipe/isa.h"
 #include "../workers/forward/kernels.h"
+#include "../workers/forward/moe.h"
 #include "../workers/forward/quant.h"
 #include "../workers/forward/vexp.h"
 #include "tokpipe/synth.h"
@@ -452,8 +454,8 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
     tp_model_free(m);
 }
 
-/* A random model of arch (mkmodel's writer), loaded. */
-static tp_model *synth_model(const char *arch, int head_dim)
+/* A random model of arch (mkmodel's writer) with o's options, loaded. */
+static tp_model *synth_model_with(tp_synth_gguf o)
 {
     char vocab[512], path[] = "/tmp/tp_test_forward_arch.XXXXXX";
     model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", vocab, sizeof vocab);
@@ -463,15 +465,25 @@ static tp_model *synth_model(const char *arch, int head_dim)
     tp_synth_shape sh;
     tp_err e;
     assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {arch, vocab, false, false, head_dim};
+    o.vocab_from = vocab;
     if (tp_synth_write_gguf(path, &sh, 9, &o, &e))
-        fail_msg("mkmodel %s: %s", arch, e.msg);
+        fail_msg("mkmodel %s: %s", o.arch, e.msg);
     tp_model *m = NULL;
     int rc = tp_model_load(path, &m, &e);
     unlink(path); /* the mapping stays */
     if (rc)
         fail_msg("%s", e.msg);
     return m;
+}
+
+static tp_model *synth_model(const char *arch, int head_dim)
+{
+    return synth_model_with((tp_synth_gguf){.arch = arch, .head_dim = head_dim});
+}
+
+static tp_model *synth_model_window(const char *arch, int head_dim, int window)
+{
+    return synth_model_with((tp_synth_gguf){.arch = arch, .head_dim = head_dim, .sliding_window = window});
 }
 
 /* A random qwen3: heads of 32 where dim / heads is 16, Q/K norms, NEOX
@@ -496,6 +508,112 @@ static void phi3_is_batch_chunk_and_thread_invariant(void **state)
     tp_model *m = synth_model("phi3", 0);
     model_batch_invariance(m, false, TP_KV_F32);
     model_batch_invariance(m, false, TP_KV_F16);
+    tp_model_free(m);
+}
+
+/* Random gemma3 and gemma2 with windows of 4 (gemma3's two blocks slide,
+ * with RoPE base 10000; gemma2's block 1 sees everything): the prompts of
+ * up to 12 and 6 decode steps outgrow the window, so a window starts inside
+ * a page and, with decode, past the first one. */
+static void gemma3_and_gemma2_are_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    const char *arch[2] = {"gemma3", "gemma2"};
+    for (int a = 0; a < 2; a++) {
+        tp_model *m = synth_model_window(arch[a], a ? 0 : 32, 4);
+        const tp_model_config *c = tp_model_get_config(m);
+        assert_int_equal(c->swa_window, 4);
+        assert_true(tp_model_layer_slides(c, 0));
+        assert_int_equal(tp_model_layer_slides(c, 1), a == 0);
+        assert_true(c->post_norms && c->embd_scale && c->ffn_act == TP_FFN_GELU_TANH);
+        for (int scalar = 0; scalar < 2; scalar++) {
+            model_batch_invariance(m, scalar, TP_KV_F32);
+            model_batch_invariance(m, scalar, TP_KV_F16);
+        }
+        tp_model_free(m);
+    }
+}
+
+/* qwen3moe, 8 experts, 3 a token: NSEQ sequences' tokens in one step
+ * share experts (NSEQ * 3 > 8), so an expert's matmul runs over rows of
+ * several jobs; each job's logits stay those it has alone, on 1-4
+ * threads, prefilled whole or in chunks, on every path. */
+static void qwen3moe_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "qwen3moe", .head_dim = 32, .n_expert = 8,
+                                                   .n_expert_used = 3, .expert_ff = 64});
+    assert_int_equal(tp_model_get_config(m)->n_expert, 8);
+    assert_true(NSEQ * 3 > 8);
+    for (int scalar = 0; scalar < 2; scalar++)
+        model_batch_invariance(m, scalar, TP_KV_F32);
+    model_batch_invariance(m, false, TP_KV_F16);
+    tp_model_free(m);
+}
+
+static void mixtral_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "mixtral", .n_expert = 4, .n_expert_used = 2,
+                                                   .expert_ff = 96});
+    assert_int_equal(tp_model_get_config(m)->expert_ff, 96);
+    model_batch_invariance(m, false, TP_KV_F32);
+    tp_model_free(m);
+}
+
+/* The MoE FFN alone: a token's output row is the same bits in a step of
+ * 9 tokens that share experts (checked) as alone, on 1 and 3 threads, and
+ * its experts come by rank with weights that sum to 1. */
+static void moe_rows_are_the_same_alone_or_sharing_experts(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "qwen3moe", .head_dim = 32, .n_expert = 8,
+                                                   .n_expert_used = 3, .expert_ff = 64});
+    const tp_model_config *c = tp_model_get_config(m);
+    enum { T = 9 };
+    int d = c->dim, k = c->n_expert_used;
+    float *x = malloc(sizeof(float) * T * (size_t)d), *all = malloc(sizeof(float) * T * (size_t)d),
+          *one = malloc(sizeof(float) * (size_t)d);
+    uint32_t r = 12345;
+    for (int i = 0; i < T * d; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = (float)((double)(r >> 8) / (1 << 24) - 0.5);
+    }
+    tp_moe *moe = NULL;
+    assert_int_equal(tp_moe_new(m, T, true, &moe), 0);
+    assert_non_null(moe);
+    tp_err e;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        tp_pool *pool = NULL;
+        assert_int_equal(tp_pool_new(threads, &pool, &e), 0);
+        tp_moe_run run = {pool, 1, tp_isa_active() >= TP_ISA_AVX2, tp_isa_active() >= TP_ISA_AVX2};
+        tp_moe_ffn(moe, &run, 1, x, T, all);
+        int uses[8] = {0}, shared = 0;
+        for (int t = 0; t < T; t++) {
+            const int *ex;
+            const float *w;
+            tp_moe_last_choice(moe, t, &ex, &w);
+            float sum = 0;
+            for (int q = 0; q < k; q++) {
+                shared += uses[ex[q]]++ == 1;
+                sum += w[q];
+                if (q)
+                    assert_true(w[q] <= w[q - 1]);
+            }
+            assert_true(fabsf(sum - 1.0f) < 1e-6f);
+        }
+        assert_true(shared > 0);
+        for (int t = 0; t < T; t++) {
+            tp_moe_ffn(moe, &run, 1, x + (size_t)t * d, 1, one);
+            if (memcmp(one, all + (size_t)t * d, sizeof(float) * (size_t)d))
+                fail_msg("%d thread(s): token %d's MoE row differs alone and among %d", threads, t, T);
+        }
+        tp_pool_free(pool);
+    }
+    tp_moe_free(moe);
+    free(x);
+    free(all);
+    free(one);
     tp_model_free(m);
 }
 
@@ -929,7 +1047,11 @@ int main(void)
         cmocka_unit_test(step_rejects_bad_items_naming_them),
         cmocka_unit_test(rewinding_a_sequence_recomputes_the_same_logits),
         cmocka_unit_test(qwen3_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(gemma3_and_gemma2_are_batch_chunk_and_thread_invariant),
         cmocka_unit_test(phi3_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(qwen3moe_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(mixtral_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(moe_rows_are_the_same_alone_or_sharing_experts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

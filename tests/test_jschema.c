@@ -276,6 +276,160 @@ static void jschema_formats_are_exact(void **state)
     CHECK(cs);
 }
 
+/* ---- formats and patterns that must hold with lengths or each other ---- */
+
+static unsigned long long rng_state = 88172645463325252ull;
+static unsigned rnd(unsigned n)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (unsigned)(rng_state % n);
+}
+
+static size_t cp_count(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* the JSON string of UTF-8 text s (canonical escapes) */
+static void json_quote(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+    out[o++] = '"';
+    for (; *s && o + 8 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') out[o++] = '\\', out[o++] = (char)c;
+        else if (c == '\n') out[o++] = '\\', out[o++] = 'n';
+        else if (c < 0x20) o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        else out[o++] = (char)c;
+    }
+    out[o++] = '"';
+    out[o] = 0;
+}
+
+/* a random edit of s: delete, insert or replace a character, or repeat a
+ * stretch (so lengths reach the bounds) */
+static void mutate(char *s, size_t cap)
+{
+    static const char *const pieces[] = {"0", "1", "2", "5", "9", ":", "-", ".", "T", "Z", "z", "+", "@", "a",
+                                         "b", "[", "]", "\"", "\\", " ", "\xc3\xa9", "x-y", "aa.", "00"};
+    size_t n = strlen(s);
+    unsigned op = rnd(4);
+    size_t at = n ? rnd((unsigned)n + 1) : 0;
+    while (at < n && ((unsigned char)s[at] & 0xC0) == 0x80) at++;
+    if (op == 0 && at < n) {
+        size_t k = 1;
+        while (at + k < n && ((unsigned char)s[at + k] & 0xC0) == 0x80) k++;
+        memmove(s + at, s + at + k, n - at - k + 1);
+        return;
+    }
+    const char *ins = pieces[rnd(sizeof pieces / sizeof pieces[0])];
+    char rep[64];
+    if (op == 3 && at < n) {
+        size_t k = 1 + rnd(8);
+        if (at + k > n) k = n - at;
+        while (at + k < n && ((unsigned char)s[at + k] & 0xC0) == 0x80) k++;
+        memcpy(rep, s + at, k < sizeof rep ? k : sizeof rep - 1);
+        rep[k < sizeof rep ? k : sizeof rep - 1] = 0;
+        ins = rep;
+    }
+    size_t k = strlen(ins);
+    if (n + k + 1 >= cap) return;
+    if (op == 2 && at < n && (unsigned char)s[at] < 0x80 && (unsigned char)*ins < 0x80) s[at] = *ins;
+    else {
+        memmove(s + at + k, s + at, n - at + 1);
+        memcpy(s + at, ins, k);
+    }
+}
+
+/* The oracle: a string is in {format, pattern, minLength, maxLength} iff
+ * the format alone accepts it, the pattern alone accepts it, and its
+ * length in characters is within the bounds: each alone is compiled by the
+ * plain path (checked above), counted here. */
+static void jschema_formats_and_patterns_hold_with_lengths_and_each_other(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *fmt, *pat;
+        long mn, mx; /* -1: absent */
+        const char *seeds[4];
+    } cs[] = {
+        {"email", NULL, -1, 20, {"joe.bloggs@example.com", "a@b", "\"a b\"@x-y.z", "a@[1.2.3.4]"}},
+        {"email", NULL, 8, 30, {"joe.bloggs@example.com", "a@b.c", "\"a b\"@x-y.z", "ab@[10.20.30.40]"}},
+        {"email", NULL, 12, -1, {"joe@example.com", "a@b", "a.b@c", "x@[1.2.3.4]"}},
+        {"email", "^[a-z.]+@example\\\\.com$", -1, 24, {"joe.bloggs@example.com", "a@example.com", "a..b@example.com", NULL}},
+        {"time", NULL, 16, -1, {"08:30:06Z", "12:00:00.123+05:30", "23:59:60.1z", NULL}},
+        {"date", "^20", -1, -1, {"2024-02-29", "1999-01-01", "2000-02-29", NULL}},
+        {"date", "[13579]$", -1, -1, {"2024-02-29", "2023-12-31", "2023-12-01", NULL}},
+        {"time", NULL, 10, 14, {"08:30:06Z", "12:00:00.123+05:30", "23:59:60z", "08:30:06.5Z"}},
+        {"date-time", NULL, -1, 25, {"1963-06-19T08:30:06.283185Z", "2024-02-29t23:59:60+00:00", "2000-01-01T00:00:00Z", NULL}},
+        {"ipv4", NULL, 9, 11, {"192.168.0.1", "10.0.0.1", "1.2.3.4", "255.255.255.255"}},
+        {"ipv4", "^10\\\\.", 8, -1, {"10.0.0.1", "10.200.3.4", "1.2.3.4", NULL}},
+        {"uuid", "^[0-9a-f-]*$", -1, -1, {"2eb8aa08-aa98-11ea-b4aa-73b441d16380", "2EB8AA08-AA98-11EA-B4AA-73B441D16380", NULL, NULL}},
+        {NULL, "^[a-z]+(-[a-z]+)*$", 3, 9, {"abc", "a-b-c", "abcdefghij", "x-yz"}},
+        {NULL, "\\\"", 2, 4, {"a\"b", "\"\"", "\\\"", "abc"}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        char schema[512], one[512];
+        int n = snprintf(schema, sizeof schema, "{\"type\":\"string\"");
+        if (cs[i].fmt) n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"format\":\"%s\"", cs[i].fmt);
+        if (cs[i].pat) n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"pattern\":\"%s\"", cs[i].pat);
+        if (cs[i].mn >= 0) n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"minLength\":%ld", cs[i].mn);
+        if (cs[i].mx >= 0) n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"maxLength\":%ld", cs[i].mx);
+        snprintf(schema + n, sizeof schema - (size_t)n, "}");
+        gbt *all = compile_schema(schema), *f = NULL, *p = NULL;
+        if (cs[i].fmt) {
+            snprintf(one, sizeof one, "{\"type\":\"string\",\"format\":\"%s\"}", cs[i].fmt);
+            f = compile_schema(one);
+        }
+        if (cs[i].pat) {
+            snprintf(one, sizeof one, "{\"type\":\"string\",\"pattern\":\"%s\"}", cs[i].pat);
+            p = compile_schema(one);
+        }
+        int yes = 0, no = 0;
+        for (int k = 0; k < 3000; k++) {
+            char s[256], q[1600];
+            const char *seed = cs[i].seeds[rnd(4)];
+            snprintf(s, sizeof s, "%s", seed ? seed : cs[i].seeds[0]);
+            for (unsigned m = rnd(6); m; m--) mutate(s, 80);
+            json_quote(s, q, sizeof q);
+            size_t len = cp_count(s);
+            int want = (!f || gbt_match(f, q, strlen(q)) == 1) && (!p || gbt_match(p, q, strlen(q)) == 1) &&
+                       (cs[i].mn < 0 || len >= (size_t)cs[i].mn) && (cs[i].mx < 0 || len <= (size_t)cs[i].mx);
+            int got = gbt_match(all, q, strlen(q));
+            if (got != want) fail_msg("schema %s: %s %s, the format/pattern alone and the length say %s", schema, q,
+                                      got == 1 ? "accepted" : got ? "undecided" : "rejected", want ? "valid" : "invalid");
+            want ? yes++ : no++;
+        }
+        if (yes < 50 || no < 50) fail_msg("schema %s: only %d valid and %d invalid strings tried", schema, yes, no);
+        gbt_free(all);
+        gbt_free(f);
+        gbt_free(p);
+    }
+}
+
+/* Pydantic's EmailStr with max_length 254: the longest address fits, one
+ * character more does not, and the engine takes the grammar within its
+ * default limits (compile_schema) */
+static void jschema_email_at_its_longest(void **state)
+{
+    (void)state;
+    gbt *o = compile_schema("{\"type\":\"string\",\"format\":\"email\",\"maxLength\":254,\"title\":\"Email\"}");
+    char s[300];
+    for (int len = 253; len <= 255; len++) {
+        /* 64 characters, "@", and labels "a." ending in "b" or "bc" */
+        int n = snprintf(s, sizeof s, "\"%.64s@", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz");
+        int d = len - 65;
+        for (int k = 0; k < (d - 1) / 2; k++) n += snprintf(s + n, sizeof s - (size_t)n, "a.");
+        n += snprintf(s + n, sizeof s - (size_t)n, "%s\"", d % 2 ? "b" : "bc");
+        if (n - 2 != len) fail_msg("the test built %d characters, not %d", n - 2, len);
+        int r = gbt_match(o, s, (size_t)n);
+        if (r != (len <= 254)) fail_msg("an address of %d characters %s", len, r == 1 ? "accepted" : "rejected");
+    }
+    gbt_free(o);
+}
+
 static void jschema_patterns(void **state)
 {
     (void)state;
@@ -319,8 +473,8 @@ static void jschema_refuses_what_it_cannot_enforce_naming_it(void **state)
         {"{\"type\":\"number\",\"multipleOf\":2}", "'multipleOf'"},
         {"{\"unevaluatedProperties\":false}", "'unevaluatedProperties'"},
         {"{\"type\":\"string\",\"format\":\"uri\"}", "format 'uri'"},
-        {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":20}", "format with minLength/maxLength"},
-        {"{\"type\":\"string\",\"pattern\":\"^a+$\",\"maxLength\":5}", "pattern with minLength/maxLength"},
+        {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":100000}", "format with minLength/maxLength: the lengths need"},
+        {"{\"type\":\"string\",\"pattern\":\"^.*a.{15}$\",\"maxLength\":40}", "pattern with minLength/maxLength: more than"},
         {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreference"},
         {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "word boundary"},
@@ -341,7 +495,42 @@ static void jschema_refuses_what_it_cannot_enforce_naming_it(void **state)
         {"{\"type\":", "not valid JSON"},
         {"{} x", "text after the JSON value"},
     };
-    for (size_t i = 0; i < sizeof kws / sizeof kws[0]; i++) expect_refused(kws[i][0], kws[i][1]);
+    for (size_t i = 0; i < sizeof kws / sizeof kws[0]; i++) {
+        expect_refused(kws[i][0], kws[i][1]);
+        /* every refusal of a schema that parses says where, and what is there */
+        char *g = NULL;
+        tp_err err = {0};
+        tp_jschema_to_gbnf(kws[i][0], strlen(kws[i][0]), NULL, &g, &err);
+        if (!strstr(kws[i][1], "JSON") && !strstr(err.msg, " (at \""))
+            fail_msg("schema %s: refusal '%s' names no JSON pointer", kws[i][0], err.msg);
+    }
+}
+
+/* the pointer (RFC 6901: ~0 for ~, ~1 for /) and the value, nested and
+ * behind merging too */
+static void jschema_refusals_name_the_pointer_and_the_value(void **state)
+{
+    (void)state;
+    static const char *const cs[][2] = {
+        {"{\"type\":\"strnig\"}", "(at \"/type\": \"strnig\")"},
+        {"{\"properties\":{\"a\":{\"items\":{\"type\":\"strnig\"}}}}", "(at \"/properties/a/items/type\": \"strnig\")"},
+        {"{\"properties\":{\"a/b~c\":{\"type\":[\"string\",7]}}}", "(at \"/properties/a~1b~0c/type/1\": 7)"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{\"items\":{\"type\":\"x\"}}}}]}", "(at \"/allOf/0/properties/a/items/type\": \"x\")"},
+        {"{\"$defs\":{\"p\":{\"properties\":{\"n\":{\"minimum\":\"1\"}}}},\"$ref\":\"#/$defs/p\"}",
+         "(at \"/$defs/p/properties/n/minimum\": \"1\")"},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"minLength\":-1}]}", "(at \"/anyOf/1/minLength\": -1)"},
+        {"{\"prefixItems\":[{},{\"multipleOf\":3}]}", "(at \"/prefixItems/1/multipleOf\": 3)"},
+        {"{\"type\":\"string\",\"format\":\"uri\"}", "(at \"/format\": \"uri\")"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "(at \"/pattern\": \"(a)\\\\1\")"},
+        {"{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", "(at \"/oneOf/1\": {\"minimum\":2})"},
+        {"{\"properties\":{\"x\":{\"type\":\"integer\",\"minimum\":5,\"maximum\":1}},\"required\":[\"x\"]}",
+         "(at \"/properties/x\": {\"type\":\"integer\",\"minimum\":5,\"maximum\":1})"},
+        {"[1]", "(at \"\": [1])"},
+        /* a long value is cut, with an ellipsis */
+        {"{\"properties\":{\"d\":{\"not\":{\"description\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}}}}",
+         "(at \"/properties/d/not\": {\"description\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\u2026)"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) expect_refused(cs[i][0], cs[i][1]);
 }
 
 static void jschema_annotations_are_fine(void **state)
@@ -372,6 +561,9 @@ static void jschema_hostile_input_is_bounded(void **state)
     assert_int_equal(tp_jschema_to_gbnf(deep, k, NULL, &g, &err), TP_ERANGE);
     assert_non_null(strstr(err.msg, "deeper"));
     free(deep);
+    /* automata for a format/pattern with lengths: bounded in steps, not only states */
+    expect_refused("{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^(.|..){0,2000}$\"}", "steps to build");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"^[ab]{0,4000}$\",\"minLength\":1}", "grammar rules");
     /* a schema past the byte limit */
     tp_jschema_opts o;
     tp_jschema_opts_default(&o);
@@ -479,7 +671,10 @@ int main(void)
         cmocka_unit_test(jschema_large_counts_stay_exact),
         cmocka_unit_test(jschema_formats_are_exact),
         cmocka_unit_test(jschema_patterns),
+        cmocka_unit_test(jschema_formats_and_patterns_hold_with_lengths_and_each_other),
+        cmocka_unit_test(jschema_email_at_its_longest),
         cmocka_unit_test(jschema_refuses_what_it_cannot_enforce_naming_it),
+        cmocka_unit_test(jschema_refusals_name_the_pointer_and_the_value),
         cmocka_unit_test(jschema_annotations_are_fine),
         cmocka_unit_test(jschema_hostile_input_is_bounded),
         cmocka_unit_test(regex_to_gbnf_matches_in_full),

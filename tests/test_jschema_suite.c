@@ -193,9 +193,12 @@ static int mask_walk(tally *t, tp_gengine *eng, const char *inst)
     return ok;
 }
 
-static void skip_kw(tally *t, const char *msg)
+static void skip_kw(tally *t, const char *full)
 {
-    char kw[48];
+    char kw[48], msg[TP_ERR_MSG_MAX];
+    /* the keyword, not where the refusal points: " (at \"/ptr\": value)" */
+    const char *at = strstr(full, " (at \"");
+    snprintf(msg, sizeof msg, "%.*s", at ? (int)(at - full) : (int)strlen(full), full);
     const char *q = strchr(msg, '\'');
     const char *p = strstr(msg, "json schema: ");
     if (q && strchr(q + 1, '\'') && strchr(q + 1, '\'') - q < 40) {

@@ -12,8 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tokpipe/forward.h"
+#include "tokpipe/synth.h"
 #include "tokpipe/stage.h"
 #include "../workers/forward/prefix_cache.h"
 
@@ -146,9 +148,8 @@ static job_out reference(const tp_model *m, tp_kv_type kv, const int *prompt, in
 
 /* Jobs sharing prefixes in several orders on one forward with the cache:
  * each equals the reference, and each hit is the shared whole pages. */
-static void check_model(const char *file, tp_kv_type kv, int threads, bool scalar)
+static void check_loaded(tp_model *m, const char *file, tp_kv_type kv, int threads, bool scalar)
 {
-    tp_model *m = load_real(file);
     int vocab = tp_model_get_config(m)->vocab_size;
     char what[256];
     int base[MAXLEN], other[MAXLEN];
@@ -189,6 +190,43 @@ static void check_model(const char *file, tp_kv_type kv, int threads, bool scala
     assert_int_equal(st.page_tokens, TP_KV_PAGE);
     assert_true(st.pages_cached > 0 && st.pages_used == 0);
     tp_forward_free(f);
+}
+
+static void check_model(const char *file, tp_kv_type kv, int threads, bool scalar)
+{
+    tp_model *m = load_real(file);
+    check_loaded(m, file, kv, threads, scalar);
+    tp_model_free(m);
+}
+
+/* A random gemma3 (mkmodel's writer) of six blocks, five of them sliding
+ * with a window of 20 (not a whole number of pages): a restored prefix
+ * gives what a cold run computes though its jobs outgrow the window many
+ * times. */
+static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
+{
+    (void)state;
+    const char *dir = getenv("TP_MODELS");
+    char vocab[4096], path[] = "/tmp/tp_test_prefix_gemma3.XXXXXX";
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", dir ? dir : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x6x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {.arch = "gemma3", .vocab_from = vocab, .head_dim = 32, .sliding_window = 20};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel gemma3: %s", e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    if (rc)
+        fail_msg("%s", e.msg);
+    assert_int_equal(tp_model_get_config(m)->swa_window, 20);
+    check_loaded(m, "gemma3 window 20", TP_KV_F32, 1, false);
+    check_loaded(m, "gemma3 window 20", TP_KV_F16, 2, false);
+    check_loaded(m, "gemma3 window 20", TP_KV_F32, 1, true);
     tp_model_free(m);
 }
 
@@ -478,6 +516,7 @@ int main(void)
         cmocka_unit_test(pcache_evicts_least_recent_unheld_leaves_only),
         cmocka_unit_test(reuse_is_bitwise_exact_on_stories260k_f32),
         cmocka_unit_test(reuse_is_bitwise_exact_on_every_gguf_weight_type),
+        cmocka_unit_test(reuse_is_bitwise_exact_with_sliding_windows),
         cmocka_unit_test(running_jobs_share_pages_and_a_rewind_copies_instead_of_writing),
         cmocka_unit_test(eviction_under_pressure_keeps_the_pool_bounded_and_results_exact),
         cmocka_unit_test(the_cache_can_be_sized_turned_off_and_is_unused_with_openblas),

@@ -1,5 +1,5 @@
 /* tokpipe mkmodel: write a llama2.c checkpoint or a GGUF model (llama,
- * Llama 3, qwen2, qwen3, phi3: model/archs.c) of a real model shape with seeded random weights (and
+ * Llama 3, Mixtral, qwen2, qwen3, phi3, qwen3moe, gemma3, gemma2: model/archs.c) of a real model shape with seeded random weights (and
  * optionally a matching synthetic tokenizer), so speed and architectures
  * can be tested at sizes and kinds whose real weights are not available. */
 #include "tools.h"
@@ -20,8 +20,10 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: tokpipe mkmodel --shape SHAPE --seed N --out FILE [--tokenizer-out FILE]\n"
-            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3 --vocab-from FILE.gguf\n"
-            "                       --shape SHAPE --seed N --out FILE [--separate-output] [--head-dim N]\n"
+            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3|qwen3moe|mixtral|gemma3|gemma2\n"
+            "                       --vocab-from FILE.gguf --shape SHAPE --seed N --out FILE\n"
+            "                       [--separate-output] [--head-dim N] [--experts N --experts-used K]\n"
+            "                       [--expert-ff N] [--sliding-window N]\n"
             "\n"
             "Writes a llama2.c (version 0) checkpoint with weights uniform in +-0.5/sqrt(fan-in)\n"
             "drawn from a generator seeded with N (same seed, same bytes), RMSNorm weights 1,\n"
@@ -48,13 +50,23 @@ static void usage(FILE *out)
             "                         Llama 3.1 RoPE scaling as llama.cpp's rope_freqs.weight tensor),\n"
             "                         qwen2 (Q/K/V biases, NEOX RoPE, base 1e6), qwen3 (RMSNorm of each\n"
             "                         Q and K head, NEOX RoPE, base 1e6), phi3 (fused attn_qkv and\n"
-            "                         gate/up ffn_up, NEOX RoPE); default llama\n"
+            "                         gate/up ffn_up, NEOX RoPE), qwen3moe (qwen3's attention, a mixture\n"
+            "                         of experts FFN), mixtral (llama with experts), gemma3 (scaled\n"
+            "                         embeddings, post-norms, GELU, Q/K norms, 5 of 6 layers sliding\n"
+            "                         with base 10000, global base 1e6), gemma2 (no Q/K norms,\n"
+            "                         soft-capping, every other layer sliding); default llama\n"
             "  --vocab-from FILE      gguf only (required): copy FILE's tokenizer.* metadata (tokens,\n"
             "                         scores, token types, merges, special ids, chat template); the\n"
             "                         vocabulary size is its token count\n"
             "  --separate-output      gguf only: write output.weight (default: tied to token_embd)\n"
-            "  --head-dim N           gguf qwen3 only: heads of N (attention.key_length) instead of\n"
+            "  --sliding-window N     gguf gemma3/gemma2 only: attention.sliding_window (default 512 /\n"
+            "                         4096)\n"
+            "  --head-dim N           gguf qwen3/gemma only: heads of N (attention.key_length) instead of\n"
             "                         DIM/HEADS, as Qwen3's 128 with DIM/HEADS 64\n"
+            "  --experts N            gguf qwen3moe, mixtral, llama: N experts (expert_count; default 8\n"
+            "                         for qwen3moe and mixtral)\n"
+            "  --experts-used K       the experts each token takes (expert_used_count; default 2)\n"
+            "  --expert-ff N          one expert's hidden width (default the shape's hidden width)\n"
             "  --rope-scaling-keys    gguf llama3 only: write llama.rope.scaling.* keys instead of\n"
             "                         the rope_freqs.weight tensor\n"
             "  --quiet                no progress on stderr\n");
@@ -116,13 +128,16 @@ int cmd_mkmodel(int argc, char **argv)
         {"format", required_argument, 0, 'f'}, {"arch", required_argument, 0, 'a'},
         {"vocab-from", required_argument, 0, 'V'}, {"separate-output", no_argument, 0, 'O'},
         {"rope-scaling-keys", no_argument, 0, 'R'}, {"head-dim", required_argument, 0, 'H'},
+        {"sliding-window", required_argument, 0, 'W'},
+        {"experts", required_argument, 0, 'E'}, {"experts-used", required_argument, 0, 'K'},
+        {"expert-ff", required_argument, 0, 'F'},
         {0, 0, 0, 0},
     };
     const char *shape = NULL, *out = NULL, *tok_out = NULL, *format = "llama2c";
     long long seed = -1, vocab = 0, seq = 0;
     bool quiet = false;
-    tp_synth_gguf g = {NULL, NULL, false, false, 0};
-    long long head_dim = 0;
+    tp_synth_gguf g = {.arch = NULL};
+    long long head_dim = 0, window = 0, n_exp = 0, n_used = 0, exp_ff = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -137,6 +152,10 @@ int cmd_mkmodel(int argc, char **argv)
         case 'O': g.separate_output = true; break;
         case 'R': g.rope_scaling_keys = true; break;
         case 'H': if (parse_int("--head-dim", optarg, 2, 4096, &head_dim)) return 2; break;
+        case 'W': if (parse_int("--sliding-window", optarg, 1, 1 << 20, &window)) return 2; break;
+        case 'E': if (parse_int("--experts", optarg, 1, 512, &n_exp)) return 2; break;
+        case 'K': if (parse_int("--experts-used", optarg, 1, 512, &n_used)) return 2; break;
+        case 'F': if (parse_int("--expert-ff", optarg, 1, 1 << 18, &exp_ff)) return 2; break;
         case 'h': usage(stdout); return 0;
         case 'S': if (parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2; break;
         case 'v': if (parse_int("--vocab", optarg, 354, 1 << 22, &vocab)) return 2; break;
@@ -159,7 +178,8 @@ int cmd_mkmodel(int argc, char **argv)
                                  : g.arch ? "--arch" : g.vocab_from ? "--vocab-from"
                                  : g.separate_output ? "--separate-output"
                                  : g.rope_scaling_keys ? "--rope-scaling-keys"
-                                 : head_dim ? "--head-dim" : NULL;
+                                 : head_dim ? "--head-dim" : window ? "--sliding-window" : n_exp ? "--experts"
+                                 : n_used ? "--experts-used" : exp_ff ? "--expert-ff" : NULL;
     if (misplaced) {
         fprintf(stderr, "tokpipe mkmodel: %s does not apply to --format %s\n", misplaced, format);
         return 2;
@@ -179,6 +199,10 @@ int cmd_mkmodel(int argc, char **argv)
     if (seq)
         s.seq_len = (int)seq;
     g.head_dim = (int)head_dim;
+    g.sliding_window = (int)window;
+    g.n_expert = (int)n_exp;
+    g.n_expert_used = (int)n_used;
+    g.expert_ff = (int)exp_ff;
     if (gguf) {
         if (!g.arch)
             g.arch = "llama";

@@ -29,6 +29,28 @@
 #include "tokpipe/zwire.h"
 
 #define TP_WORKER_MAX_EOS 32
+#define POISON_MAX_MARKED 16
+
+/* Test hook (tests/it_poison.c), off unless $TP_TEST_POISON is set to
+ * STAGE:ACTION:AT:MARK. It makes this worker hang (ACTION `hang`: answer
+ * nothing, heartbeats included, until SIGTERM) or crash (`crash`: SIGKILL
+ * itself) on the message that brings a marked job to AT, every time, as a
+ * job that breaks a stage at some point of its sequence would:
+ *   forward  a job whose prompt's first chunk holds token id MARK, on the
+ *            STEP whose item would take its sequence past AT positions;
+ *   stop     a job whose id contains MARK, on the STOP_STEP with its
+ *            candidate number AT (0 = the first; replayed ones count). */
+typedef struct poison_hook {
+    int si;                          /* TP_SI_FORWARD or TP_SI_STOP; -1: off */
+    bool crash;
+    uint32_t at;
+    int32_t token;                   /* forward's MARK */
+    char id_part[TP_PROTO_MAX_JOB_ID + 1];   /* stop's MARK */
+    struct {
+        uint32_t slot, index;        /* stop: candidates of the job seen so far */
+    } marked[POISON_MAX_MARKED];
+    int n_marked;
+} poison_hook;
 
 typedef struct worker {
     tp_config cfg;
@@ -56,6 +78,7 @@ typedef struct worker {
     unsigned char *sp_text;                 /* ... and their pieces (tp_proto_special_split) */
     size_t n_sp, sp_text_len;
     bool sp_built;
+    poison_hook poison;                     /* tests only: $TP_TEST_POISON */
 } worker;
 
 static volatile sig_atomic_t g_quit;
@@ -347,7 +370,8 @@ static int send_ready(worker *w)
     r->eog_ids = eog32;
     r->n_eog_ids = (size_t)w->n_eos;
     const tp_model_weights *mw = tp_model_get_weights(w->model);
-    const tp_ggml_type_info *wt = mw && mw->layers ? tp_ggml_type(mw->layers[0].m.w1.type) : NULL;
+    const tp_layer_weights *l0 = mw && mw->layers ? &mw->layers[0] : NULL;
+    const tp_ggml_type_info *wt = l0 ? tp_ggml_type(l0->w1_exps ? l0->w1_exps[0].type : l0->m.w1.type) : NULL;
     r->weight_type = tp_str_of(wt ? wt->name : "");
     r->chat_template = w->chat_template;
     if (w->chat_template)
@@ -381,6 +405,101 @@ static void send_simple(worker *w, uint8_t cmd, const char *reason)
     w->last_send = tp_now_ms();
 }
 
+/* ---- the poison test hook (poison_hook) -------------------------------------- */
+
+/* $TP_TEST_POISON into h; 0, or -1 when it is set but malformed. */
+static int poison_parse(poison_hook *h, const char *spec)
+{
+    memset(h, 0, sizeof *h);
+    h->si = -1;
+    if (!spec || !*spec)
+        return 0;
+    char stage[16], action[16], mark[TP_PROTO_MAX_JOB_ID + 1];
+    unsigned at;
+    if (sscanf(spec, "%15[^:]:%15[^:]:%u:%64s", stage, action, &at, mark) != 4)
+        return -1;
+    h->si = !strcmp(stage, "forward") ? TP_SI_FORWARD : !strcmp(stage, "stop") ? TP_SI_STOP : -1;
+    h->crash = !strcmp(action, "crash");
+    h->at = at;
+    h->token = (int32_t)atoi(mark);
+    snprintf(h->id_part, sizeof h->id_part, "%s", mark);
+    return h->si < 0 || (!h->crash && strcmp(action, "hang")) ? -1 : 0;
+}
+
+static int poison_find(const poison_hook *h, uint32_t slot)
+{
+    for (int i = 0; i < h->n_marked; i++)
+        if (h->marked[i].slot == slot)
+            return i;
+    return -1;
+}
+
+static void poison_unmark(poison_hook *h, uint32_t slot)
+{
+    int i = poison_find(h, slot);
+    if (i >= 0)
+        h->marked[i] = h->marked[--h->n_marked];
+}
+
+static void poison_mark(poison_hook *h, uint32_t slot, uint32_t index)
+{
+    if (poison_find(h, slot) < 0 && h->n_marked < POISON_MAX_MARKED)
+        h->marked[h->n_marked++].slot = slot;
+    int i = poison_find(h, slot);
+    if (i >= 0)
+        h->marked[i].index = index;
+}
+
+/* Does m bring a marked job to the hook's point? Marks jobs as it goes. */
+static bool poison_due(poison_hook *h, const tp_msg *m)
+{
+    if (h->si == TP_SI_FORWARD) {
+        if (m->cmd == TP_CMD_SEQ_OPEN || m->cmd == TP_CMD_SEQ_CLOSE)
+            poison_unmark(h, m->slot.slot);
+        if (m->cmd != TP_CMD_STEP)
+            return false;
+        size_t off = 0;
+        for (uint32_t i = 0; i < m->step.n; i++) {
+            uint32_t slot = tp_raw_u32(m->step.slots, i), pos = tp_raw_u32(m->step.pos, i);
+            uint32_t nt = tp_raw_u32(m->step.ntok, i);
+            for (uint32_t k = 0; pos == 0 && k < nt; k++)
+                if (tp_raw_i32(m->step.tokens, off + k) == h->token)
+                    poison_mark(h, slot, 0);
+            off += nt;
+            if (poison_find(h, slot) >= 0 && pos + nt > h->at)
+                return true;
+        }
+        return false;
+    }
+    if (m->cmd == TP_CMD_STOP_OPEN) {
+        poison_unmark(h, m->stop_open.slot);
+        if (m->stop_open.job_id.len && memmem(m->stop_open.job_id.ptr, m->stop_open.job_id.len, h->id_part,
+                                              strlen(h->id_part)))
+            poison_mark(h, m->stop_open.slot, (uint32_t)m->stop_open.replay.n);
+    } else if (m->cmd == TP_CMD_STOP_CLOSE) {
+        poison_unmark(h, m->stop_close.slot);
+    } else if (m->cmd == TP_CMD_STOP_STEP) {
+        for (uint32_t i = 0; i < m->stop_step.n; i++) {
+            int k = poison_find(h, tp_raw_u32(m->stop_step.slots, i));
+            if (k >= 0 && h->marked[k].index++ >= h->at)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* The hook fires: crash, or hang until told to quit (the message is then
+ * dropped unanswered). */
+static void poison_fire(worker *w, const tp_msg *m)
+{
+    fprintf(stderr, "tokpipe-worker %s: TP_TEST_POISON: %s on %s\n", w->instance, w->poison.crash ? "crash" : "hang",
+            tp_cmd_name(TP_FAM_WRK, m->cmd));
+    if (w->poison.crash)
+        raise(SIGKILL);
+    while (!*w->quit)
+        pause();
+}
+
 /* ---- serving ------------------------------------------------------------- */
 
 enum { SERVE_AGAIN, SERVE_RECONNECT, SERVE_QUIT };
@@ -388,6 +507,10 @@ enum { SERVE_AGAIN, SERVE_RECONNECT, SERVE_QUIT };
 static int dispatch(worker *w, const tp_msg *m)
 {
     tp_stage_io io = {io_reply, io_publish, w};
+    if (w->poison.si >= 0 && poison_due(&w->poison, m)) {
+        poison_fire(w, m);
+        return 0;
+    }
     int rc = TP_ENOTFOUND;
     if (rc == TP_ENOTFOUND && w->tokenize)
         rc = tp_tokenize_stage_handle(w->tokenize, m, &io);
@@ -605,6 +728,14 @@ int main(int argc, char **argv)
     }
     if (!*w.instance)
         snprintf(w.instance, sizeof w.instance, "%.40s.%d", stages, (int)getpid());
+    if (poison_parse(&w.poison, getenv("TP_TEST_POISON"))) {
+        fprintf(stderr, "tokpipe-worker: TP_TEST_POISON: want STAGE:hang|crash:AT:MARK (forward or stop)\n");
+        tp_config_free(&w.cfg);
+        return 2;
+    }
+    if ((w.poison.si == TP_SI_FORWARD && !(w.stages & TP_STAGE_FORWARD)) ||
+        (w.poison.si == TP_SI_STOP && !(w.stages & TP_STAGE_STOP)))
+        w.poison.si = -1;   /* the hook is for another stage's workers */
     w.heartbeat_ms = w.cfg.heartbeat_ms;
     w.liveness = w.cfg.liveness;
     w.quit = &g_quit;

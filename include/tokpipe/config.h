@@ -95,6 +95,9 @@ typedef struct tp_config {
     int reconnect_init_ms, reconnect_max_ms;
     int drain_timeout_ms;
     int recovery_deadline_ms;     /* a job waits this long for a worker of a stage it lost */
+    int step_timeout_s;           /* a worker owing an answer to a task this long (or step_timeout_factor
+                                   * times its stage's usual answer time, if longer) is lost: hung */
+    int step_timeout_factor;
 
     /* security (zsec.h): CURVE on tcp endpoints; key paths, "" = unset */
     bool curve;

@@ -1,6 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
- * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling), `qwen2`, `qwen3` and
- * `phi3` architectures (model/arch_*.c, one file each; model/archs.c lists them).
+ * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling, and Mixtral's experts),
+ * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2` and `gemma3` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -34,7 +34,16 @@ typedef enum tp_model_arch {
     TP_ARCH_QWEN2 = 2, /* GGUF "qwen2": Q/K/V biases, NEOX RoPE */
     TP_ARCH_QWEN3 = 3, /* GGUF "qwen3": Q/K RMSNorm per head, NEOX RoPE, head_size from key_length */
     TP_ARCH_PHI3 = 4,  /* GGUF "phi3": fused attn_qkv and gate/up ffn_up, NEOX RoPE */
+    TP_ARCH_GEMMA3 = 5, /* GGUF "gemma3": scaled embeddings, post-norms, GELU, Q/K norms, sliding windows */
+    TP_ARCH_GEMMA2 = 6, /* GGUF "gemma2": gemma3 without Q/K norms, with soft-capping */
+    TP_ARCH_QWEN3MOE = 7, /* GGUF "qwen3moe": qwen3's attention, a mixture of experts FFN */
 } tp_model_arch;
+
+/* The FFN's gate activation: SwiGLU's SiLU or GELU (tanh approximation). */
+typedef enum tp_ffn_act {
+    TP_FFN_SILU = 0,
+    TP_FFN_GELU_TANH = 1,
+} tp_ffn_act;
 
 /* Which elements of a head RoPE rotates together (llama.cpp's rope types).
  * ADJACENT: (2i, 2i+1), llama.cpp LLAMA_ROPE_TYPE_NORM, as llama2.c and
@@ -65,7 +74,30 @@ typedef struct tp_model_config {
     tp_rope_style rope_style;
     bool attn_bias;   /* bq/bk/bv present (qwen2) */
     bool qk_norm;     /* q_norm/k_norm: RMSNorm of each Q and K head before RoPE (qwen3) */
+    /* Gemma (model/arch_gemma3.c, arch_gemma2.c); zero for the others */
+    bool embd_scale;  /* token embeddings times sqrtf(dim) */
+    bool post_norms;  /* rms_att_post / rms_ffn_post: RMSNorm of the attention's and
+                       * the FFN's output before each residual add */
+    tp_ffn_act ffn_act;
+    float attn_scale; /* Q times this before the scores (llama.cpp's f_attention_scale);
+                       * 0: scores divided by sqrt(head_size) */
+    float attn_softcap, final_softcap; /* 0, or a score / a logit s becomes c * tanh(s / c) */
+    int swa_window;   /* 0, or a sliding layer's query at p sees keys p - swa_window + 1 .. p */
+    int swa_pattern;  /* layer l slides when l % swa_pattern < swa_pattern - 1 */
+    float rope_theta_swa;  /* sliding layers' RoPE base */
+    bool rope_swa_scaled;  /* rope_freqs also slow the sliding layers' pairs (not gemma3's) */
+    /* A mixture of experts FFN (qwen3moe; llama with llama.expert_count,
+     * Mixtral) when n_expert > 0: each token's FFN is the weighted sum of
+     * n_expert_used of n_expert SwiGLU experts of width expert_ff (the
+     * router's softmax, its top n_expert_used renormalised to sum 1:
+     * workers/forward/moe.h); hidden_dim is then unused. */
+    int n_expert;       /* {arch}.expert_count, 0: a dense FFN */
+    int n_expert_used;  /* {arch}.expert_used_count */
+    int expert_ff;      /* one expert's hidden width */
 } tp_model_config;
+
+/* Whether layer l of c attends through a sliding window (swa_window). */
+bool tp_model_layer_slides(const tp_model_config *c, int l);
 
 /* One weight matrix [rows][cols] as the file stores it: ggml type
  * (TP_GGML_* of ggml_types.h: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
@@ -99,7 +131,15 @@ typedef struct tp_layer_weights {
     const float *w3;      /* [hidden][dim] (up) */
     const float *bq, *bk, *bv; /* [q_dim], [kv_dim], [kv_dim]; NULL without attn_bias */
     const float *q_norm, *k_norm; /* [head_size] each; NULL without qk_norm */
-    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3; } m;
+    const float *rms_att_post, *rms_ffn_post; /* [dim] each; NULL without post_norms */
+    /* experts (n_expert > 0; else NULL, and w1, w2, w3 are the FFN):
+     * the router [n_expert][dim] (wr F32, else NULL; m.wr always), and
+     * per expert e its gate w1_exps[e] [expert_ff][dim], down w2_exps[e]
+     * [dim][expert_ff], up w3_exps[e] [expert_ff][dim]: views of the
+     * file's 3-D blk.N.ffn_{gate,down,up}_exps, arrays owned by the model */
+    const float *wr;
+    const tp_wmat *w1_exps, *w2_exps, *w3_exps;
+    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr; } m;
 } tp_layer_weights;
 
 typedef struct tp_model_weights {

@@ -48,7 +48,8 @@ typedef struct tp_synth_gguf {
     const char *arch;        /* an architecture of model/archs.c ("llama":
                               * Llama 2 RoPE, base 10000; "qwen2": Q/K/V
                               * biases, NEOX RoPE, base 1e6; "qwen3": Q/K
-                              * norms, base 1e6, ...) or "llama3"
+                              * norms, base 1e6, ...; "gemma3": base 1e6, local
+                              * 10000, window 512) or "llama3"
                               * (general.architecture llama, base 500000,
                               * llama3 RoPE scaling: factor 8, low 1, high 4,
                               * original context 8192) */
@@ -59,7 +60,13 @@ typedef struct tp_synth_gguf {
                               * of llama.cpp's rope_freqs.weight tensor */
     int head_dim;            /* 0: dim / n_heads; else the head size, written as
                               * attention.key_length (architectures that read
-                              * it: qwen3) */
+                              * it: qwen3, gemma2, gemma3) */
+    int sliding_window;      /* gemma2, gemma3: attention.sliding_window; 0: the
+                              * architecture's typical one (gemma3 512, gemma2 4096) */
+    /* experts: 0 gives the architecture's kind (dense, or qwen3moe's and
+     * "mixtral"'s (llama with llama.expert_count) 8 experts, 2 used, of
+     * the shape's hidden width each); n_expert > 0 on llama writes Mixtral */
+    int n_expert, n_expert_used, expert_ff;
 } tp_synth_gguf;
 
 /* Write the model of shape s (its vocab_size is ignored) to path: matrix

@@ -37,6 +37,14 @@ size_t tp_utf8_replace(const uint8_t *b, size_t n, char *out);
  * with a whole well-formed sequence (tp_utf8_seq's rules). */
 size_t tp_utf8_get(const uint8_t *b, size_t n, uint32_t *cp);
 
+/* Walking text known to be UTF-8 (checked where it came in) by its lead
+ * bytes: a character's length 1..4 from its first byte (1 for a byte that
+ * leads nothing, so a walk over anything ends); the characters of s[0, n);
+ * the byte offset of character ci (n when past the end). */
+size_t tp_utf8_char_len(uint8_t lead);
+size_t tp_utf8_count(const char *s, size_t n);
+size_t tp_utf8_offset(const char *s, size_t n, size_t ci);
+
 /* Write code point cp (<= 0x10FFFF; the caller checks) as 1-4 UTF-8 bytes
  * to out; returns how many. */
 size_t tp_utf8_put(uint32_t cp, char out[4]);

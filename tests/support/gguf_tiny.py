@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / qwen2 / qwen3 / phi3 architectures, written from the GGUF spec and
+for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -116,7 +116,36 @@ class Model:
         self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
         # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
-        self.neox = self.arch in ("qwen2", "qwen3", "phi3")
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3")
+        # Gemma 2 / 3 (gemma_pytorch, HF's modeling_gemma2/3, llama.cpp's
+        # load_hparams): embeddings times sqrt(dim); Q scaled by
+        # query_pre_attn_scalar^-0.5 (head_dim, or dim / heads for the 27B:
+        # 46 / 62 blocks); a sliding window on layers i % 2 == 0 (gemma2) or
+        # i % 6 != 5 (gemma3, which needs the key, and turns those layers with
+        # base 10000 unscaled); soft-capping tanh(x / c) * c of scores
+        # (gemma2, default 50) and final logits (gemma2 default 30)
+        self.gemma = self.arch in ("gemma2", "gemma3")
+        self.window, self.local_theta, self.attn_cap, self.final_cap = 0, None, 0.0, 0.0
+        self.q_scale = 1 / math.sqrt(self.hs)
+        if self.gemma:
+            big = {"gemma2": 46, "gemma3": 62}[self.arch]
+            if self.n_layers == big:
+                self.q_scale = 1 / math.sqrt(self.dim // self.n_heads)
+        if self.arch == "gemma2":
+            self.window = m.get(p + "attention.sliding_window", 4096)
+            self.sliding = lambda l: l % 2 == 0
+            self.attn_cap = m.get(p + "attn_logit_softcapping", 50.0)
+            self.final_cap = m.get(p + "final_logit_softcapping", 30.0)
+        elif self.arch == "gemma3":
+            self.window = m.get(p + "attention.sliding_window", 0)
+            self.sliding = lambda l: l % 6 != 5
+            self.local_theta = 10000.0
+            self.final_cap = m.get(p + "final_logit_softcapping", 0.0)
+        # experts (Mixtral's llama, qwen3moe): softmax over all of them, the
+        # top expert_used_count renormalised to sum 1 (the published
+        # MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock with norm_topk_prob)
+        self.n_expert = m.get(p + "expert_count", 0)
+        self.n_used = m.get(p + "expert_used_count", 0)
         self.freq_div = np.ones(self.hs // 2)
         if "rope_freqs.weight" in self.w:
             self.freq_div = self.w["rope_freqs.weight"].copy()
@@ -129,10 +158,12 @@ class Model:
     def rmsnorm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def rope(self, x, pos, neox):
+    def rope(self, x, pos, neox, theta=None, freq_div=None):
         """x: [T, heads, hs]; rotate by pos * theta^(-2i/hs) / divisor_i."""
         half = self.hs // 2
-        inv = self.theta ** (-2.0 * np.arange(half) / self.hs) / self.freq_div
+        theta = self.theta if theta is None else theta
+        freq_div = self.freq_div if freq_div is None else freq_div
+        inv = theta ** (-2.0 * np.arange(half) / self.hs) / freq_div
         ang = np.outer(pos, inv)[:, None, :]
         c, s = np.cos(ang), np.sin(ang)
         if neox:
@@ -144,19 +175,54 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def logits(self, ids, neox=None, qk_norm=True, up_first=False):
+    def moe(self, h, b, renorm=True, top=None, ties_high=False):
+        """The mixture of experts of block prefix b on rows h [T, dim];
+        equal probabilities take the lower expert first (ties_high: the
+        higher, for a test that it matters)."""
+        w = self.w
+        top = self.n_used if top is None else top
+        lg = h @ w[b + "ffn_gate_inp.weight"].T  # [T, n_expert]
+        p = np.exp(lg - lg.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        gate, up, down = (w[b + n + "_exps.weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            # stable: equal probabilities keep the lower index first
+            order = range(self.n_expert - 1, -1, -1) if ties_high else range(self.n_expert)
+            chosen = sorted(order, key=lambda e: -p[t, e])[:top]
+            ws = p[t, chosen] / (p[t, chosen].sum() if renorm else 1.0)
+            for e, we in zip(chosen, ws):
+                g, u = gate[e] @ h[t], up[e] @ h[t]
+                out[t] += we * (down[e] @ (g / (1 + np.exp(-g)) * u))
+        return out
+
+    def logits(self, ids, neox=None, qk_norm=True, up_first=False, window=True, local_theta=True,
+               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
-        Phi-3's fused gate/up the wrong way round (for tests that they
-        matter)."""
+        Phi-3's fused gate/up the wrong way round; for Gemma window=False
+        lets every layer see the whole context, local_theta=False turns the
+        sliding layers with the global base, post_norm=False leaves out the
+        norms after attention and FFN, gelu=False gates with SiLU,
+        softcap=False leaves out the soft-capping; for experts renorm=False
+        leaves the top-k weights as the softmax gave them, top=N takes N
+        experts instead of expert_used_count (for tests that they matter)."""
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
+        if self.gemma:
+            x = x * math.sqrt(self.dim)
         pos = np.arange(T)
         group = self.n_heads // self.n_kv
         mask = np.triu(np.full((T, T), -np.inf), 1)
+        # a key at p0 is hidden from a query at p1 when p1 - p0 >= window
+        far = np.where(pos[:, None] - pos[None, :] >= max(self.window, 1), -np.inf, 0.0)
         for l in range(self.n_layers):
             b = "blk.%d." % l
+            slides = self.window > 0 and self.sliding(l)
+            theta, div = None, None
+            if slides and self.local_theta and local_theta:
+                theta, div = self.local_theta, np.ones(hs // 2)
             h = self.rmsnorm(x, w[b + "attn_norm.weight"])
             if b + "attn_qkv.weight" in w:
                 # Phi-3: one matrix, Q's rows then K's then V's
@@ -171,18 +237,27 @@ class Model:
                 # Qwen3: each head of Q and K RMS-normed over its hs elements, before RoPE
                 q = self.rmsnorm(q, w[b + "attn_q_norm.weight"])
                 k = self.rmsnorm(k, w[b + "attn_k_norm.weight"])
-            q = self.rope(q, pos, neox)
-            k = self.rope(k, pos, neox)
+            q = self.rope(q, pos, neox, theta, div)
+            k = self.rope(k, pos, neox, theta, div)
             v = v.reshape(T, self.n_kv, hs)
             out = np.empty((T, self.n_heads, hs))
             for hd in range(self.n_heads):
                 kv = hd // group
-                sc = q[:, hd, :] @ k[:, kv, :].T / math.sqrt(hs) + mask
+                sc = q[:, hd, :] * self.q_scale @ k[:, kv, :].T
+                if self.attn_cap and softcap:
+                    sc = np.tanh(sc / self.attn_cap) * self.attn_cap
+                sc = sc + mask + (far if slides and window else 0.0)
                 sc = np.exp(sc - sc.max(axis=1, keepdims=True))
                 sc /= sc.sum(axis=1, keepdims=True)
                 out[:, hd, :] = sc @ v[:, kv, :]
-            x = x + out.reshape(T, self.n_heads * hs) @ w[b + "attn_output.weight"].T
+            a = out.reshape(T, self.n_heads * hs) @ w[b + "attn_output.weight"].T
+            if post_norm and b + "post_attention_norm.weight" in w:
+                a = self.rmsnorm(a, w[b + "post_attention_norm.weight"])
+            x = x + a
             h = self.rmsnorm(x, w[b + "ffn_norm.weight"])
+            if self.n_expert:
+                x = x + self.moe(h, b, renorm, top, ties_high)
+                continue
             if b + "ffn_gate.weight" in w:
                 g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
             else:
@@ -192,9 +267,20 @@ class Model:
                 g, u = gu[:, :ff], gu[:, ff:]
                 if up_first:
                     g, u = u, g
-            x = x + (g / (1 + np.exp(-g)) * u) @ w[b + "ffn_down.weight"].T
+            if self.gemma and gelu:
+                # GELU, tanh approximation
+                act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+            else:
+                act = g / (1 + np.exp(-g))
+            f = (act * u) @ w[b + "ffn_down.weight"].T
+            if post_norm and b + "post_ffw_norm.weight" in w:
+                f = self.rmsnorm(f, w[b + "post_ffw_norm.weight"])
+            x = x + f
         x = self.rmsnorm(x, w["output_norm.weight"])
-        return x @ w.get("output.weight", w["token_embd.weight"]).T
+        out = x @ w.get("output.weight", w["token_embd.weight"]).T
+        if self.final_cap and softcap:
+            out = np.tanh(out / self.final_cap) * self.final_cap
+        return out
 
 
 def llama3_divisors(hs, theta, factor, low, high, orig):

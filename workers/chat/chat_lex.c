@@ -16,17 +16,10 @@ size_t tp_chat_ws_at(const char *s, size_t n, size_t i)
         return 1;
     if (c < 0x80)
         return 0;
-    unsigned cp;
-    size_t len;
-    if ((c & 0xe0) == 0xc0 && i + 1 < n) {
-        cp = ((c & 0x1fu) << 6) | (s[i + 1] & 0x3fu);
-        len = 2;
-    } else if ((c & 0xf0) == 0xe0 && i + 2 < n) {
-        cp = ((c & 0x0fu) << 12) | ((s[i + 1] & 0x3fu) << 6) | (s[i + 2] & 0x3fu);
-        len = 3;
-    } else {
+    uint32_t cp;
+    size_t len = tp_utf8_get((const uint8_t *)s + i, n - i, &cp);
+    if (!len)
         return 0;
-    }
     if (cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
         cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000)
         return len;

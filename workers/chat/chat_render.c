@@ -128,7 +128,7 @@ static val *mk_list(rctx *c, size_t n, int line)
 static int dict_set(rctx *c, val *d, val *k, val *v, int line)
 {
     for (size_t i = 0; i < d->dict.n; i++)
-        if (val_eq(d->dict.k[i], k)) {
+        if (cv_eq(d->dict.k[i], k)) {
             d->dict.v[i] = v;
             return 0;
         }
@@ -285,7 +285,7 @@ static val *get_attr(rctx *c, val *v, const char *name, int line)
             return method(c, v, m, line);
         /* fall through */
     case V_NS: {
-        const val *x = dict_gets(v, name, strlen(name));
+        const val *x = cv_dict_gets(v, name, strlen(name));
         return x ? (val *)x : mk_undef(c, NULL, line);
     }
     case V_STR:
@@ -360,7 +360,7 @@ static val *get_item(rctx *c, val *v, val *key, int line)
     if (v->type == V_UNDEF)
         return undef_use(c, v, line);
     if (v->type == V_DICT || v->type == V_NS) {
-        const val *x = dict_get(v, key);
+        const val *x = cv_dict_get(v, key);
         if (x)
             return (val *)x;
         if (key->type == V_STR && v->type == V_DICT)
@@ -371,15 +371,15 @@ static val *get_item(rctx *c, val *v, val *key, int line)
         return mk_undef(c, NULL, line);
     if ((v->type == V_LIST || v->type == V_STR) && (key->type == V_INT || key->type == V_BOOL)) {
         if (v->type == V_LIST) {
-            long i = norm_index(num_i(key), v->list.n);
+            long i = norm_index(cv_num_i(key), v->list.n);
             return i < 0 ? mk_undef(c, NULL, line) : v->list.v[i];
         }
-        size_t nc = u8_count(v->str.s, v->str.n);
-        long i = norm_index(num_i(key), nc);
+        size_t nc = tp_utf8_count(v->str.s, v->str.n);
+        long i = norm_index(cv_num_i(key), nc);
         if (i < 0)
             return mk_undef(c, NULL, line);
-        size_t a = u8_offset(v->str.s, v->str.n, (size_t)i);
-        return mk_str(c, v->str.s + a, u8_len((unsigned char)v->str.s[a]), line);
+        size_t a = tp_utf8_offset(v->str.s, v->str.n, (size_t)i);
+        return mk_str(c, v->str.s + a, tp_utf8_char_len((unsigned char)v->str.s[a]), line);
     }
     if (key->type == V_STR)
         return attr_of_key(c, v, key, line);
@@ -391,10 +391,10 @@ static int slice_bound(rctx *c, val *b, int64_t *out, int line)
     if (!b || b->type == V_NONE)
         return 1;
     if (b->type != V_INT && b->type != V_BOOL) {
-        rfail(c, TP_EFORMAT, line, "slice indices must be integers, not %s", type_name(b));
+        rfail(c, TP_EFORMAT, line, "slice indices must be integers, not %s", cv_type_name(b));
         return -1;
     }
-    *out = num_i(b);
+    *out = cv_num_i(b);
     return 0;
 }
 
@@ -403,8 +403,8 @@ static val *do_slice(rctx *c, val *v, val *a, val *b, val *s, int line)
     if (v->type == V_UNDEF)
         return undef_use(c, v, line);
     if ((v->type != V_LIST && v->type != V_STR) || (v->type == V_LIST && v->list.lazy))
-        return rfail(c, TP_EFORMAT, line, "cannot slice a %s", type_name(v));
-    int64_t n = v->type == V_LIST ? (int64_t)v->list.n : (int64_t)u8_count(v->str.s, v->str.n);
+        return rfail(c, TP_EFORMAT, line, "cannot slice a %s", cv_type_name(v));
+    int64_t n = v->type == V_LIST ? (int64_t)v->list.n : (int64_t)tp_utf8_count(v->str.s, v->str.n);
     int64_t start = 0, stop = 0, stp = 1;
     int r;
     if ((r = slice_bound(c, s, &stp, line)) < 0)
@@ -444,8 +444,8 @@ static val *do_slice(rctx *c, val *v, val *a, val *b, val *s, int line)
         return o;
     }
     if (stp == 1) {
-        size_t x = u8_offset(v->str.s, v->str.n, (size_t)start);
-        size_t y = cnt ? u8_offset(v->str.s, v->str.n, (size_t)(start + cnt)) : x;
+        size_t x = tp_utf8_offset(v->str.s, v->str.n, (size_t)start);
+        size_t y = cnt ? tp_utf8_offset(v->str.s, v->str.n, (size_t)(start + cnt)) : x;
         return mk_str(c, v->str.s + x, y - x, line);
     }
     /* general step: index the code points once */
@@ -455,7 +455,7 @@ static val *do_slice(rctx *c, val *v, val *a, val *b, val *s, int line)
     size_t i = 0;
     for (int64_t k = 0; k < n; k++) {
         offs[k] = i;
-        i += u8_len((unsigned char)v->str.s[i]);
+        i += tp_utf8_char_len((unsigned char)v->str.s[i]);
     }
     offs[n] = v->str.n;
     tp_buf sb = new_sb(c);
@@ -474,9 +474,9 @@ static val *to_strv(rctx *c, val *v, int line)
     if (v->type == V_STR)
         return v;
     tp_buf sb = new_sb(c);
-    if (val_str(&sb, v)) {
+    if (cv_str(&sb, v)) {
         tp_buf_free(&sb);
-        return rfail(c, TP_EINVAL, line, "unsupported construct: converting a %s to text", type_name(v));
+        return rfail(c, TP_EINVAL, line, "unsupported construct: converting a %s to text", cv_type_name(v));
     }
     return sb_val(c, &sb, line);
 }
@@ -521,9 +521,9 @@ static int has_ws_char(const char *chars, size_t nc, const char *s, size_t n, si
         *len = tp_chat_ws_at(s, n, i);
         return *len > 0;
     }
-    size_t l = u8_len((unsigned char)s[i]);
+    size_t l = tp_utf8_char_len((unsigned char)s[i]);
     for (size_t k = 0; k < nc;) {
-        size_t lk = u8_len((unsigned char)chars[k]);
+        size_t lk = tp_utf8_char_len((unsigned char)chars[k]);
         if (lk == l && !memcmp(chars + k, s + i, l)) {
             *len = l;
             return 1;
@@ -606,7 +606,7 @@ static val *do_split(rctx *c, val *v, val *sep, val *maxsplit, int line)
             }
             size_t j = i;
             while (j < n && !tp_chat_ws_at(s, n, j))
-                j += u8_len((unsigned char)s[j]);
+                j += tp_utf8_char_len((unsigned char)s[j]);
             ADD(s + i, j - i);
             done++;
             i = j;
@@ -655,7 +655,7 @@ static val *do_replace(rctx *c, val *v, val *old, val *new, val *count, int line
             }
             if (i == n)
                 break;
-            size_t l = u8_len((unsigned char)s[i]);
+            size_t l = tp_utf8_char_len((unsigned char)s[i]);
             tp_buf_add(&sb, s + i, l);
             i += l;
         }
@@ -709,7 +709,7 @@ static val *fold_key(rctx *c, val *v, int line)
         return NULL;
     unsigned char *d = (unsigned char *)r->str.s;
     for (size_t i = 0; i < r->str.n;) {
-        size_t l = u8_len(d[i]);
+        size_t l = tp_utf8_char_len(d[i]);
         if (l == 1) {
             if (d[i] >= 'A' && d[i] <= 'Z')
                 d[i] = (unsigned char)(d[i] + 32);
@@ -750,12 +750,12 @@ static val *do_dictsort(rctx *c, val *v, val *case_sensitive, val *by, val *reve
     if (v->type == V_UNDEF)
         return rfail(c, TP_EFORMAT, line, "dictsort of an undefined value");
     if (v->type != V_DICT)
-        return rfail(c, TP_EFORMAT, line, "'%s' object has no attribute 'items'", type_name(v));
+        return rfail(c, TP_EFORMAT, line, "'%s' object has no attribute 'items'", cv_type_name(v));
     val *l = items_of(c, v, line);
     size_t n = v->dict.n;
     if (!l || n < 2)
         return l;
-    int cs = case_sensitive && truthy(case_sensitive), rev = reverse && truthy(reverse);
+    int cs = case_sensitive && cv_truthy(case_sensitive), rev = reverse && cv_truthy(reverse);
     val **key = tp_chat_alloc(c->ar, n * sizeof *key), **tmp = tp_chat_alloc(c->ar, n * sizeof *tmp);
     val **ktmp = tp_chat_alloc(c->ar, n * sizeof *ktmp);
     if (!key || !tmp || !ktmp)
@@ -774,9 +774,9 @@ static val *do_dictsort(rctx *c, val *v, val *case_sensitive, val *by, val *reve
                 int res;
                 if (step(c, line))
                     return NULL;
-                if (rev ? val_order(key[i], key[j], &res) : val_order(key[j], key[i], &res))
+                if (rev ? cv_order(key[i], key[j], &res) : cv_order(key[j], key[i], &res))
                     return rfail(c, TP_EFORMAT, line, "'<' not supported between instances of '%s' and '%s'",
-                                 type_name(key[j]), type_name(key[i]));
+                                 cv_type_name(key[j]), cv_type_name(key[i]));
                 /* take the right one only when it sorts strictly first */
                 if (res < 0) {
                     ktmp[o] = key[j];
@@ -828,7 +828,7 @@ static int iter_items(rctx *c, val *v, val ***items, size_t *n, int line)
         *n = v->dict.n;
         return 0;
     case V_STR: {
-        size_t nc = u8_count(v->str.s, v->str.n);
+        size_t nc = tp_utf8_count(v->str.s, v->str.n);
         val **o = nc ? tp_chat_alloc(c->ar, nc * sizeof *o) : NULL;
         if (nc && !o) {
             oom(c, line);
@@ -836,7 +836,7 @@ static int iter_items(rctx *c, val *v, val ***items, size_t *n, int line)
         }
         size_t i = 0;
         for (size_t k = 0; k < nc; k++) {
-            size_t l = u8_len((unsigned char)v->str.s[i]);
+            size_t l = tp_utf8_char_len((unsigned char)v->str.s[i]);
             if (!(o[k] = mk_str(c, v->str.s + i, l, line)))
                 return -1;
             i += l;
@@ -846,7 +846,7 @@ static int iter_items(rctx *c, val *v, val ***items, size_t *n, int line)
         return 0;
     }
     default:
-        rfail(c, TP_EFORMAT, line, "'%s' object is not iterable", type_name(v));
+        rfail(c, TP_EFORMAT, line, "'%s' object is not iterable", cv_type_name(v));
         return -1;
     }
 }
@@ -855,26 +855,26 @@ static int contains(rctx *c, val *hay, val *needle, int line)
 {
     if (hay->type == V_STR) {
         if (needle->type != V_STR) {
-            rfail(c, TP_EFORMAT, line, "'in <string>' requires string as left operand, not %s", type_name(needle));
+            rfail(c, TP_EFORMAT, line, "'in <string>' requires string as left operand, not %s", cv_type_name(needle));
             return -1;
         }
         return needle->str.n == 0 || memmem(hay->str.s, hay->str.n, needle->str.s, needle->str.n) != NULL;
     }
     if (hay->type == V_DICT)
-        return dict_get(hay, needle) != NULL;
+        return cv_dict_get(hay, needle) != NULL;
     if (hay->type == V_LIST && hay->list.lazy) {
         rfail(c, TP_EINVAL, line, "unsupported construct: 'in' on a generator");
         return -1;
     }
     if (hay->type == V_LIST) {
         for (size_t k = 0; k < hay->list.n; k++)
-            if (val_eq(hay->list.v[k], needle))
+            if (cv_eq(hay->list.v[k], needle))
                 return 1;
         return 0;
     }
     if (hay->type == V_UNDEF)
         return 0;
-    rfail(c, TP_EFORMAT, line, "argument of type '%s' is not iterable", type_name(hay));
+    rfail(c, TP_EFORMAT, line, "argument of type '%s' is not iterable", cv_type_name(hay));
     return -1;
 }
 
@@ -922,7 +922,7 @@ static val *arith(rctx *c, const char *op, val *a, val *b, int line)
     }
     if (!strcmp(op, "*") && ((a->type == V_STR || (a->type == V_LIST && !a->list.lazy)) &&
                              (b->type == V_INT || b->type == V_BOOL))) {
-        int64_t k = num_i(b);
+        int64_t k = cv_num_i(b);
         if (k < 0)
             k = 0;
         size_t unit = a->type == V_STR ? a->str.n : a->list.n;
@@ -944,17 +944,17 @@ static val *arith(rctx *c, const char *op, val *a, val *b, int line)
     }
     if (!strcmp(op, "*") && (b->type == V_STR || b->type == V_LIST) && (a->type == V_INT || a->type == V_BOOL))
         return arith(c, op, b, a, line);
-    if (!is_num(a) || !is_num(b))
-        return rfail(c, TP_EFORMAT, line, "unsupported operand type(s) for %s: '%s' and '%s'", op, type_name(a),
-                     type_name(b));
+    if (!cv_is_num(a) || !cv_is_num(b))
+        return rfail(c, TP_EFORMAT, line, "unsupported operand type(s) for %s: '%s' and '%s'", op, cv_type_name(a),
+                     cv_type_name(b));
     int fl = a->type == V_FLOAT || b->type == V_FLOAT;
     if (!strcmp(op, "/")) {
-        if (num_d(b) == 0)
+        if (cv_num_d(b) == 0)
             return rfail(c, TP_EFORMAT, line, "division by zero");
-        return mk_float(c, num_d(a) / num_d(b), line);
+        return mk_float(c, cv_num_d(a) / cv_num_d(b), line);
     }
     if (fl) {
-        double x = num_d(a), y = num_d(b), r;
+        double x = cv_num_d(a), y = cv_num_d(b), r;
         if (!strcmp(op, "+"))
             r = x + y;
         else if (!strcmp(op, "-"))
@@ -970,7 +970,7 @@ static val *arith(rctx *c, const char *op, val *a, val *b, int line)
             return rfail(c, TP_EINVAL, line, "unsupported construct: float '%s'", op);
         return mk_float(c, r, line);
     }
-    int64_t x = num_i(a), y = num_i(b), r;
+    int64_t x = cv_num_i(a), y = cv_num_i(b), r;
     if (!strcmp(op, "+")) {
         if (__builtin_add_overflow(x, y, &r))
             return rfail(c, TP_ERANGE, line, "integer overflow");
@@ -1094,7 +1094,7 @@ static val *call_val(rctx *c, val *callee, val **args, size_t npos, const char *
             return rfail(c, TP_EFORMAT, line, "'%s' is undefined", callee->undef.name);
         return rfail(c, TP_EINVAL, line, "unsupported construct: calling an undefined method or value");
     default:
-        return rfail(c, TP_EFORMAT, line, "'%s' object is not callable", type_name(callee));
+        return rfail(c, TP_EFORMAT, line, "'%s' object is not callable", cv_type_name(callee));
     }
 }
 
@@ -1128,7 +1128,7 @@ static val *eval_cmp(rctx *c, frame *f, const node *x)
         const char *op = x->ops[k];
         int ok;
         if (!strcmp(op, "==") || !strcmp(op, "!=")) {
-            ok = val_eq(l, r) == (op[0] == '=');
+            ok = cv_eq(l, r) == (op[0] == '=');
         } else if (!strcmp(op, "in") || !strcmp(op, "not in")) {
             int in = contains(c, r, l, x->line);
             if (in < 0)
@@ -1140,9 +1140,9 @@ static val *eval_cmp(rctx *c, frame *f, const node *x)
             if (r->type == V_UNDEF)
                 return undef_use(c, r, x->line);
             int res;
-            if (val_order(l, r, &res))
+            if (cv_order(l, r, &res))
                 return rfail(c, TP_EFORMAT, x->line, "'%s' not supported between instances of '%s' and '%s'", op,
-                             type_name(l), type_name(r));
+                             cv_type_name(l), cv_type_name(r));
             ok = !strcmp(op, "<") ? res < 0 : !strcmp(op, "<=") ? res <= 0 : !strcmp(op, ">") ? res > 0 : res >= 0;
         }
         if (!ok)
@@ -1213,16 +1213,16 @@ static val *eval(rctx *c, frame *f, const node *x)
             return NULL;
         if (v->type == V_UNDEF)
             return undef_use(c, v, x->line);
-        if (!is_num(v))
+        if (!cv_is_num(v))
             return rfail(c, TP_EFORMAT, x->line, "bad operand type for unary %c: '%s'", x->kind == N_NEG ? '-' : '+',
-                         type_name(v));
+                         cv_type_name(v));
         if (x->kind == N_POS)
             return v->type == V_BOOL ? mk_int(c, v->b, x->line) : v;
         if (v->type == V_FLOAT)
             return mk_float(c, -v->f, x->line);
-        if (num_i(v) == INT64_MIN)
+        if (cv_num_i(v) == INT64_MIN)
             return rfail(c, TP_ERANGE, x->line, "integer overflow");
-        return mk_int(c, -num_i(v), x->line);
+        return mk_int(c, -cv_num_i(v), x->line);
     }
     case N_BIN: {
         val *a = eval(c, f, x->a), *b = a ? eval(c, f, x->b) : NULL;
@@ -1230,12 +1230,12 @@ static val *eval(rctx *c, frame *f, const node *x)
             return NULL;
         if (!strcmp(x->name, "~")) {
             tp_buf sb = new_sb(c);
-            if (val_str(&sb, a) || val_str(&sb, b)) {
+            if (cv_str(&sb, a) || cv_str(&sb, b)) {
                 tp_buf_free(&sb);
                 /* names a unless its text is empty: a limit of 0 fits only that */
                 tp_buf probe;
                 tp_buf_init(&probe, 0);
-                const char *bad = val_str(&probe, a) ? type_name(a) : type_name(b);
+                const char *bad = cv_str(&probe, a) ? cv_type_name(a) : cv_type_name(b);
                 tp_buf_free(&probe);
                 return rfail(c, TP_EINVAL, x->line, "unsupported construct: '~' with a %s", bad);
             }
@@ -1245,19 +1245,19 @@ static val *eval(rctx *c, frame *f, const node *x)
     }
     case N_AND: {
         val *a = eval(c, f, x->a);
-        if (!a || !truthy(a))
+        if (!a || !cv_truthy(a))
             return a;
         return eval(c, f, x->b);
     }
     case N_OR: {
         val *a = eval(c, f, x->a);
-        if (!a || truthy(a))
+        if (!a || cv_truthy(a))
             return a;
         return eval(c, f, x->b);
     }
     case N_NOT: {
         val *a = eval(c, f, x->a);
-        return a ? mk_bool(c, !truthy(a)) : NULL;
+        return a ? mk_bool(c, !cv_truthy(a)) : NULL;
     }
     case N_CMP:
         return eval_cmp(c, f, x);
@@ -1265,7 +1265,7 @@ static val *eval(rctx *c, frame *f, const node *x)
         val *t = eval(c, f, x->b);
         if (!t)
             return NULL;
-        if (truthy(t))
+        if (cv_truthy(t))
             return eval(c, f, x->a);
         return x->c ? eval(c, f, x->c) : mk_undef(c, NULL, x->line);
     }
@@ -1388,7 +1388,7 @@ static val *call_method(rctx *c, val *m, val **args, size_t npos, const char **k
             return l;
         }
         if (!strcmp(nm, "get") && npos >= 1 && npos <= 2 && !nkw) {
-            const val *v = dict_get(self, args[0]);
+            const val *v = cv_dict_get(self, args[0]);
             return v ? (val *)v : npos == 2 ? args[1] : c->none;
         }
     } else if (self->type == V_STR) {
@@ -1426,7 +1426,7 @@ static val *call_method(rctx *c, val *m, val **args, size_t npos, const char **k
             return apply_filter(c, NULL, "join", args[0], &self, 1, NULL, NULL, 0, line);
     }
 #undef A
-    return rfail(c, TP_EINVAL, line, "unsupported construct: method %s.%s() with these arguments", type_name(self), nm);
+    return rfail(c, TP_EINVAL, line, "unsupported construct: method %s.%s() with these arguments", cv_type_name(self), nm);
 }
 
 /* ---- tests ----------------------------------------------------------------- */
@@ -1447,7 +1447,7 @@ static int apply_test(rctx *c, const char *name, val *v, val **args, size_t n, i
     if (IS("string"))
         return v->type == V_STR;
     if (IS("number"))
-        return is_num(v);
+        return cv_is_num(v);
     if (IS("integer"))
         return v->type == V_INT;
     if (IS("float"))
@@ -1489,24 +1489,24 @@ static int apply_test(rctx *c, const char *name, val *v, val **args, size_t n, i
     }
     val *a = args[0];
     if (IS("eq") || IS("equalto") || IS("=="))
-        return val_eq(v, a);
+        return cv_eq(v, a);
     if (IS("ne") || IS("!="))
-        return !val_eq(v, a);
+        return !cv_eq(v, a);
     if (IS("in"))
         return contains(c, a, v, line);
     if (IS("sameas"))
         return v == a || (v->type == V_NONE && a->type == V_NONE) ||
                (v->type == V_BOOL && a->type == V_BOOL && v->b == a->b);
     if (IS("divisibleby")) {
-        if (!is_num(v) || !is_num(a) || a->type == V_FLOAT || v->type == V_FLOAT || num_i(a) == 0) {
+        if (!cv_is_num(v) || !cv_is_num(a) || a->type == V_FLOAT || v->type == V_FLOAT || cv_num_i(a) == 0) {
             rfail(c, TP_EFORMAT, line, "test 'divisibleby' needs non-zero integers");
             return -1;
         }
-        return num_i(v) % num_i(a) == 0;
+        return cv_num_i(v) % cv_num_i(a) == 0;
     }
     int res;
-    if (v->type == V_UNDEF || a->type == V_UNDEF || val_order(v, a, &res)) {
-        rfail(c, TP_EFORMAT, line, "test '%s' compares a %s with a %s", name, type_name(v), type_name(a));
+    if (v->type == V_UNDEF || a->type == V_UNDEF || cv_order(v, a, &res)) {
+        rfail(c, TP_EFORMAT, line, "test '%s' compares a %s with a %s", name, cv_type_name(v), cv_type_name(a));
         return -1;
     }
     if (IS("lt") || IS("lessthan") || IS("<"))
@@ -1554,7 +1554,7 @@ static val *generator(rctx *c, val *v, int falsy_empty, val ***items, size_t *n,
 {
     *items = NULL;
     *n = 0;
-    if ((!falsy_empty || truthy(v)) && iter_items(c, v, items, n, line))
+    if ((!falsy_empty || cv_truthy(v)) && iter_items(c, v, items, n, line))
         return NULL;
     val *l = mk_list(c, *n, line);
     if (l)
@@ -1579,7 +1579,7 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
     }
     if (IS("default") || IS("d")) {
         val *dv = A(0, "default_value"), *boolean = A(1, "boolean");
-        int use = v->type == V_UNDEF || (boolean && truthy(boolean) && !truthy(v));
+        int use = v->type == V_UNDEF || (boolean && cv_truthy(boolean) && !cv_truthy(v));
         if (use)
             return dv ? dv : mk_str(c, "", 0, line);
         return v;
@@ -1590,12 +1590,12 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         if (ind && ind->type == V_INT)
             indent = (int)(ind->i < 0 ? 0 : ind->i > 64 ? 64 : ind->i);
         else if (ind && ind->type != V_NONE)
-            return rfail(c, TP_EINVAL, line, "unsupported construct: tojson indent of type %s", type_name(ind));
+            return rfail(c, TP_EINVAL, line, "unsupported construct: tojson indent of type %s", cv_type_name(ind));
         for (size_t k = 0; k < nkw; k++)
             if (strcmp(kw[k], "indent"))
                 return rfail(c, TP_EINVAL, line, "unsupported construct: tojson(%s=...)", kw[k]);
         tp_buf sb = new_sb(c);
-        int rc = val_json(&sb, v, indent, 0);
+        int rc = cv_json(&sb, v, indent, 0);
         if (rc) {
             tp_buf_free(&sb);
             if (v->type == V_UNDEF)
@@ -1609,7 +1609,7 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         if (v->type == V_UNDEF)
             return mk_list(c, 0, line);
         if (v->type != V_DICT)
-            return rfail(c, TP_EFORMAT, line, "|items expects a mapping, got %s", type_name(v));
+            return rfail(c, TP_EFORMAT, line, "|items expects a mapping, got %s", cv_type_name(v));
         return items_of(c, v, line);
     }
     if (IS("dictsort"))
@@ -1617,13 +1617,13 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
     if (IS("length") || IS("count")) {
         switch (v->type) {
         case V_UNDEF: return mk_int(c, 0, line);
-        case V_STR: return mk_int(c, (int64_t)u8_count(v->str.s, v->str.n), line);
+        case V_STR: return mk_int(c, (int64_t)tp_utf8_count(v->str.s, v->str.n), line);
         case V_LIST:
             if (v->list.lazy)
                 return rfail(c, TP_EFORMAT, line, "object of type 'generator' has no len()");
             return mk_int(c, (int64_t)v->list.n, line);
         case V_DICT: return mk_int(c, (int64_t)v->dict.n, line);
-        default: return rfail(c, TP_EFORMAT, line, "object of type '%s' has no len()", type_name(v));
+        default: return rfail(c, TP_EFORMAT, line, "object of type '%s' has no len()", cv_type_name(v));
         }
     }
     if (IS("list")) {
@@ -1688,9 +1688,9 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             }
             if (k && sep)
                 tp_buf_add(&sb, sep->str.s, sep->str.n);
-            if (val_str(&sb, it)) {
+            if (cv_str(&sb, it)) {
                 tp_buf_free(&sb);
-                return rfail(c, TP_EINVAL, line, "unsupported construct: join of a %s", type_name(it));
+                return rfail(c, TP_EINVAL, line, "unsupported construct: join of a %s", cv_type_name(it));
             }
         }
         val *r = sb_val(c, &sb, line);
@@ -1756,7 +1756,7 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             val *x = by_attr ? attr_path(c, items[k], args[0], line) : items[k];
             if (!x)
                 return NULL;
-            int r = tname[0] ? apply_test(c, tname, x, args + t0 + 1, npos - t0 - 1, line) : truthy(x);
+            int r = tname[0] ? apply_test(c, tname, x, args + t0 + 1, npos - t0 - 1, line) : cv_truthy(x);
             if (r < 0)
                 return NULL;
             if (r == want)
@@ -1777,14 +1777,14 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
         size_t m = 0;
         for (size_t k = 0; k < n; k++) {
             val *key = items[k];
-            if (!(cs && truthy(cs)) && key->type == V_STR && !(key = ascii_case(c, key, 0, line, "unique")))
+            if (!(cs && cv_truthy(cs)) && key->type == V_STR && !(key = ascii_case(c, key, 0, line, "unique")))
                 return NULL;
             int seen = 0;
             for (size_t j = 0; j < k && !seen; j++) {
                 val *o = items[j];
-                if (!(cs && truthy(cs)) && o->type == V_STR && !(o = ascii_case(c, o, 0, line, "unique")))
+                if (!(cs && cv_truthy(cs)) && o->type == V_STR && !(o = ascii_case(c, o, 0, line, "unique")))
                     return NULL;
-                seen = val_eq(o, key);
+                seen = cv_eq(o, key);
             }
             if (!seen)
                 l->list.v[m++] = items[k];
@@ -1794,20 +1794,20 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
     }
     if (IS("int") || IS("float") || IS("abs")) {
         if (IS("abs")) {
-            if (!is_num(v))
-                return rfail(c, TP_EFORMAT, line, "bad operand type for abs(): '%s'", type_name(v));
+            if (!cv_is_num(v))
+                return rfail(c, TP_EFORMAT, line, "bad operand type for abs(): '%s'", cv_type_name(v));
             if (v->type == V_FLOAT)
                 return mk_float(c, v->f < 0 ? -v->f : v->f, line);
-            int64_t i = num_i(v);
+            int64_t i = cv_num_i(v);
             return i == INT64_MIN ? rfail(c, TP_ERANGE, line, "integer overflow") : mk_int(c, i < 0 ? -i : i, line);
         }
         if (IS("float"))
-            return is_num(v) ? mk_float(c, num_d(v), line)
-                             : rfail(c, TP_EINVAL, line, "unsupported construct: |float of a %s", type_name(v));
+            return cv_is_num(v) ? mk_float(c, cv_num_d(v), line)
+                             : rfail(c, TP_EINVAL, line, "unsupported construct: |float of a %s", cv_type_name(v));
         if (v->type == V_FLOAT)
             return mk_int(c, (int64_t)v->f, line);
-        return is_num(v) ? mk_int(c, num_i(v), line)
-                         : rfail(c, TP_EINVAL, line, "unsupported construct: |int of a %s", type_name(v));
+        return cv_is_num(v) ? mk_int(c, cv_num_i(v), line)
+                         : rfail(c, TP_EINVAL, line, "unsupported construct: |int of a %s", cv_type_name(v));
     }
     /* string filters: the value as text first (Jinja's soft_str) */
     if (IS("string")) {
@@ -1887,7 +1887,7 @@ static val *apply_filter(rctx *c, frame *f, const char *name, val *v, val **args
             int empty = j == i;
             if (lineno > 0)
                 tp_buf_add(&out, "\n", 1);
-            if ((lineno > 0 || (first && truthy(first))) && (!empty || (blank && truthy(blank))))
+            if ((lineno > 0 || (first && cv_truthy(first))) && (!empty || (blank && cv_truthy(blank))))
                 tp_buf_add(&out, tp_buf_str(&ind), ind.len);
             tp_buf_add(&out, p + i, j - i);
             lineno++;
@@ -1923,7 +1923,7 @@ static int bind_targets(rctx *c, frame *fr, const node *x, val *it)
     if (x->n_targets == 1)
         return frame_set(c, fr, x->targets[0], it, x->line);
     if (it->type != V_LIST || it->list.n != x->n_targets) {
-        rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", type_name(it), x->n_targets);
+        rfail(c, TP_EFORMAT, x->line, "cannot unpack a %s into %zu loop variables", cv_type_name(it), x->n_targets);
         return -1;
     }
     for (size_t t = 0; t < x->n_targets; t++)
@@ -1963,7 +1963,7 @@ static int exec_for(rctx *c, frame *f, const node *x)
             val *ok = eval(c, &fr, x->b);
             if (!ok)
                 return -1;
-            if (truthy(ok))
+            if (cv_truthy(ok))
                 kept[nk++] = items[k];
         }
     }
@@ -2009,11 +2009,11 @@ static int exec_stmt(rctx *c, frame *f, const node *x)
         if (v->type == V_STR)
             return emit(c, v->str.s, v->str.n, x->line);
         size_t before = c->out->len;
-        if (val_str(c->out, v)) {
+        if (cv_str(c->out, v)) {
             c->out->len = before;   /* what a half-printed value wrote is dropped */
             if (c->out->data)
                 c->out->data[before] = '\0';
-            rfail(c, TP_EINVAL, x->line, "unsupported construct: printing a %s", type_name(v));
+            rfail(c, TP_EINVAL, x->line, "unsupported construct: printing a %s", cv_type_name(v));
             return -1;
         }
         if (c->out->err) {
@@ -2027,7 +2027,7 @@ static int exec_stmt(rctx *c, frame *f, const node *x)
         val *t = eval(c, f, x->a);
         if (!t)
             return -1;
-        if (truthy(t))
+        if (cv_truthy(t))
             return exec_body(c, f, x->body, x->n_body);
         return exec_body(c, f, x->body2, x->n_body2);
     }

@@ -54,7 +54,7 @@ void tp_chat_arena_free(tp_chat_arena *a)
 
 /* Python's repr(float): the shortest digits that read back to x, in fixed
  * notation for decimal exponents -4..15, else d.ddde+XX. */
-void fmt_float(double x, char *out, size_t cap)
+void cv_fmt_float(double x, char *out, size_t cap)
 {
     if (isnan(x)) {
         snprintf(out, cap, "nan");
@@ -116,40 +116,10 @@ void fmt_float(double x, char *out, size_t cap)
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
 
-size_t u8_len(unsigned char c)
-{
-    return c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
-}
-
-size_t u8_count(const char *s, size_t n)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n; i += u8_len((unsigned char)s[i]))
-        k++;
-    return k;
-}
-
-/* Byte offset of code point index ci (clamped to n). */
-size_t u8_offset(const char *s, size_t n, size_t ci)
-{
-    size_t i = 0;
-    while (ci > 0 && i < n) {
-        i += u8_len((unsigned char)s[i]);
-        ci--;
-    }
-    return i < n ? i : n;
-}
-
 static unsigned u8_decode(const char *s, size_t n, size_t i)
 {
-    unsigned char c = (unsigned char)s[i];
-    size_t l = u8_len(c);
-    if (l == 1 || i + l > n)
-        return c;
-    unsigned cp = c & (l == 2 ? 0x1f : l == 3 ? 0x0f : 0x07);
-    for (size_t k = 1; k < l; k++)
-        cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3f);
-    return cp;
+    uint32_t cp;
+    return tp_utf8_get((const uint8_t *)s + i, n - i, &cp) ? cp : (unsigned char)s[i];
 }
 
 /* ---- Python str(), repr(), json.dumps ------------------------------------------ */
@@ -174,7 +144,7 @@ static int repr_str(tp_buf *b, const char *s, size_t n)
     tp_buf_add(b, &q, 1);
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
-        size_t l = u8_len(c);
+        size_t l = tp_utf8_char_len(c);
         unsigned cp = u8_decode(s, n, i);
         char tmp[16];
         if (c == (unsigned char)q || c == '\\') {
@@ -203,9 +173,9 @@ static int repr_str(tp_buf *b, const char *s, size_t n)
     return tp_buf_add(b, &q, 1);
 }
 
-int val_repr(tp_buf *b, const tp_chat_val *v);
+int cv_repr(tp_buf *b, const tp_chat_val *v);
 
-int val_str(tp_buf *b, const tp_chat_val *v)
+int cv_str(tp_buf *b, const tp_chat_val *v)
 {
     char tmp[48];
     if (v->type == V_LIST && v->list.lazy)
@@ -221,19 +191,19 @@ int val_str(tp_buf *b, const tp_chat_val *v)
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->i);
         return tp_buf_puts(b, tmp);
     case V_FLOAT:
-        fmt_float(v->f, tmp, sizeof tmp);
+        cv_fmt_float(v->f, tmp, sizeof tmp);
         return tp_buf_puts(b, tmp);
     case V_STR:
         return tp_buf_add(b, v->str.s, v->str.n);
     case V_LIST:
     case V_DICT:
-        return val_repr(b, v);
+        return cv_repr(b, v);
     default:
         return 1;   /* not printable in the subset */
     }
 }
 
-int val_repr(tp_buf *b, const tp_chat_val *v)
+int cv_repr(tp_buf *b, const tp_chat_val *v)
 {
     if (v->type == V_LIST && v->list.lazy)
         return 1;
@@ -245,7 +215,7 @@ int val_repr(tp_buf *b, const tp_chat_val *v)
         for (size_t k = 0; k < v->list.n; k++) {
             if (k)
                 tp_buf_puts(b, ", ");
-            int rc = val_repr(b, v->list.v[k]);
+            int rc = cv_repr(b, v->list.v[k]);
             if (rc)
                 return rc;
         }
@@ -258,10 +228,10 @@ int val_repr(tp_buf *b, const tp_chat_val *v)
         for (size_t k = 0; k < v->dict.n; k++) {
             if (k)
                 tp_buf_puts(b, ", ");
-            int rc = val_repr(b, v->dict.k[k]);
+            int rc = cv_repr(b, v->dict.k[k]);
             if (!rc) {
                 tp_buf_puts(b, ": ");
-                rc = val_repr(b, v->dict.v[k]);
+                rc = cv_repr(b, v->dict.v[k]);
             }
             if (rc)
                 return rc;
@@ -271,7 +241,7 @@ int val_repr(tp_buf *b, const tp_chat_val *v)
     case V_UNDEF:
         return 1;
     default:
-        return val_str(b, v);
+        return cv_str(b, v);
     }
 }
 
@@ -316,7 +286,7 @@ static void json_nl(tp_buf *b, int indent, int level)
 
 /* json.dumps(v, ensure_ascii=False, indent=indent or None); 1 = a value
  * JSON cannot hold (undefined, a macro, ...), 2 = too deep. */
-int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
+int cv_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
 {
     char tmp[48];
     if (level > TP_CHAT_MAX_DEPTH)
@@ -337,7 +307,7 @@ int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
             return tp_buf_puts(b, "NaN");
         if (isinf(v->f))
             return tp_buf_puts(b, v->f < 0 ? "-Infinity" : "Infinity");
-        fmt_float(v->f, tmp, sizeof tmp);
+        cv_fmt_float(v->f, tmp, sizeof tmp);
         return tp_buf_puts(b, tmp);
     case V_LIST:
         if (v->list.lazy)
@@ -350,7 +320,7 @@ int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
                 tp_buf_puts(b, indent >= 0 ? "," : ", ");
             if (indent >= 0)
                 json_nl(b, indent, level + 1);
-            int rc = val_json(b, v->list.v[k], indent, level + 1);
+            int rc = cv_json(b, v->list.v[k], indent, level + 1);
             if (rc)
                 return rc;
         }
@@ -374,9 +344,9 @@ int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
                 tp_buf kb;
                 tp_buf_init(&kb, 64);
                 if (key->type == V_BOOL || key->type == V_NONE)
-                    val_json(&kb, key, -1, 0);
+                    cv_json(&kb, key, -1, 0);
                 else
-                    val_str(&kb, key);
+                    cv_str(&kb, key);
                 rc = json_str(b, tp_buf_str(&kb), kb.len);
                 tp_buf_free(&kb);
             } else {
@@ -384,7 +354,7 @@ int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
             }
             if (!rc) {
                 tp_buf_puts(b, ": ");
-                rc = val_json(b, v->dict.v[k], indent, level + 1);
+                rc = cv_json(b, v->dict.v[k], indent, level + 1);
             }
             if (rc)
                 return rc;
@@ -399,30 +369,30 @@ int val_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
 
 /* ---- comparisons ----------------------------------------------------------- */
 
-int is_num(const tp_chat_val *v)
+int cv_is_num(const tp_chat_val *v)
 {
     return v->type == V_INT || v->type == V_FLOAT || v->type == V_BOOL;
 }
 
-double num_d(const tp_chat_val *v)
+double cv_num_d(const tp_chat_val *v)
 {
     return v->type == V_FLOAT ? v->f : v->type == V_INT ? (double)v->i : (double)v->b;
 }
 
-int64_t num_i(const tp_chat_val *v)
+int64_t cv_num_i(const tp_chat_val *v)
 {
     return v->type == V_INT ? v->i : (int64_t)v->b;
 }
 
-const tp_chat_val *dict_get(const tp_chat_val *d, const tp_chat_val *key)
+const tp_chat_val *cv_dict_get(const tp_chat_val *d, const tp_chat_val *key)
 {
     for (size_t k = 0; k < d->dict.n; k++)
-        if (val_eq(d->dict.k[k], key))
+        if (cv_eq(d->dict.k[k], key))
             return d->dict.v[k];
     return NULL;
 }
 
-const tp_chat_val *dict_gets(const tp_chat_val *d, const char *key, size_t n)
+const tp_chat_val *cv_dict_gets(const tp_chat_val *d, const char *key, size_t n)
 {
     for (size_t k = 0; k < d->dict.n; k++) {
         const tp_chat_val *kk = d->dict.k[k];
@@ -432,12 +402,12 @@ const tp_chat_val *dict_gets(const tp_chat_val *d, const char *key, size_t n)
     return NULL;
 }
 
-int val_eq(const tp_chat_val *a, const tp_chat_val *b)
+int cv_eq(const tp_chat_val *a, const tp_chat_val *b)
 {
-    if (is_num(a) && is_num(b)) {
+    if (cv_is_num(a) && cv_is_num(b)) {
         if (a->type == V_FLOAT || b->type == V_FLOAT)
-            return num_d(a) == num_d(b);
-        return num_i(a) == num_i(b);
+            return cv_num_d(a) == cv_num_d(b);
+        return cv_num_i(a) == cv_num_i(b);
     }
     if (a->type != b->type) {
         return 0;
@@ -454,15 +424,15 @@ int val_eq(const tp_chat_val *a, const tp_chat_val *b)
         if (a->list.n != b->list.n || a->list.tuple != b->list.tuple)
             return 0;
         for (size_t k = 0; k < a->list.n; k++)
-            if (!val_eq(a->list.v[k], b->list.v[k]))
+            if (!cv_eq(a->list.v[k], b->list.v[k]))
                 return 0;
         return 1;
     case V_DICT:
         if (a->dict.n != b->dict.n)
             return 0;
         for (size_t k = 0; k < a->dict.n; k++) {
-            const tp_chat_val *o = dict_get(b, a->dict.k[k]);
-            if (!o || !val_eq(a->dict.v[k], o))
+            const tp_chat_val *o = cv_dict_get(b, a->dict.k[k]);
+            if (!o || !cv_eq(a->dict.v[k], o))
                 return 0;
         }
         return 1;
@@ -474,12 +444,12 @@ int val_eq(const tp_chat_val *a, const tp_chat_val *b)
 /* Python ordering: numbers with numbers, strings with strings (by code
  * point, which UTF-8 byte order preserves), lists element-wise. 0 ok with
  * *res <0/0/>0; 1 = not comparable (a TypeError in Python). */
-int val_order(const tp_chat_val *a, const tp_chat_val *b, int *res)
+int cv_order(const tp_chat_val *a, const tp_chat_val *b, int *res)
 {
-    if (is_num(a) && is_num(b)) {
-        double x = num_d(a), y = num_d(b);
+    if (cv_is_num(a) && cv_is_num(b)) {
+        double x = cv_num_d(a), y = cv_num_d(b);
         if (a->type != V_FLOAT && b->type != V_FLOAT) {
-            int64_t p = num_i(a), q = num_i(b);
+            int64_t p = cv_num_i(a), q = cv_num_i(b);
             *res = p < q ? -1 : p > q;
         } else {
             *res = x < y ? -1 : x > y;
@@ -495,9 +465,9 @@ int val_order(const tp_chat_val *a, const tp_chat_val *b, int *res)
     if (a->type == V_LIST && b->type == V_LIST && a->list.tuple == b->list.tuple && !a->list.lazy &&
         !b->list.lazy) {
         for (size_t k = 0; k < a->list.n && k < b->list.n; k++) {
-            if (val_eq(a->list.v[k], b->list.v[k]))
+            if (cv_eq(a->list.v[k], b->list.v[k]))
                 continue;
-            return val_order(a->list.v[k], b->list.v[k], res);
+            return cv_order(a->list.v[k], b->list.v[k], res);
         }
         *res = a->list.n < b->list.n ? -1 : a->list.n > b->list.n;
         return 0;
@@ -505,7 +475,7 @@ int val_order(const tp_chat_val *a, const tp_chat_val *b, int *res)
     return 1;
 }
 
-int truthy(const tp_chat_val *v)
+int cv_truthy(const tp_chat_val *v)
 {
     switch (v->type) {
     case V_UNDEF:
@@ -528,7 +498,7 @@ int truthy(const tp_chat_val *v)
     }
 }
 
-const char *type_name(const tp_chat_val *v)
+const char *cv_type_name(const tp_chat_val *v)
 {
     static const char *const N[] = {"undefined", "NoneType", "bool", "int", "float", "str", "list",
                                     "dict", "Namespace", "macro", "method", "function", "LoopContext"};

@@ -14,6 +14,7 @@
 #include "blas.h"
 #include "kernels.h"
 #include "kv16.h"
+#include "moe.h"
 #include "pool.h"
 #include "prefix_cache.h"
 #include "quant.h"
@@ -129,6 +130,7 @@ struct tp_forward {
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     bool kv16_avx2;    /* else AVX2 (attn_avx2.h: the portable bits) */
     float *rope_cos, *rope_sin; /* [max_pos][head_size / 2] */
+    float *rope_cos_swa, *rope_sin_swa; /* the same for sliding layers (rope_theta_swa), or NULL */
     int *seq_len;   /* per slot; -1 = free */
     int *seen;      /* per slot, step validation marks */
     tp_isa isa;     /* chosen once (tp_isa_active): every step of this instance uses one path */
@@ -137,6 +139,7 @@ struct tp_forward {
     tp_blas blas;   /* loaded at the first OpenBLAS opt-in */
     float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
     tp_pool *pool;  /* compute threads (1 = none started) */
+    tp_moe *moe;    /* the experts of a MoE model (moe.h), else NULL */
     long long part_min; /* PART_MIN_MACS; tests lower it to split everything */
     scratch s;
 };
@@ -190,6 +193,8 @@ static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
     const tp_wmat *wo = &lw->m.wo, *w2 = &lw->m.w2;
     int rc = pack_group(qkv, 3, &pl->qkv, &pl->tqkv);
     if (!rc) rc = pack_group(&wo, 1, &pl->wo, &pl->two);
+    if (lw->w1_exps) /* experts instead of w1, w2, w3: moe.c */
+        return rc;
     if (!rc) rc = pack_group(w13, 2, &pl->w13, &pl->tw13);
     if (!rc) rc = pack_group(&w2, 1, &pl->w2, &pl->tw2);
     return rc;
@@ -355,25 +360,35 @@ static int pack_weights(tp_forward *f)
 /* RoPE tables computed as run.c does per position, once; a model's
  * frequency divisors (Llama 3 scaling) slow each pair as llama.cpp's
  * freq_factors do. */
-static int make_rope(tp_forward *f)
+static int rope_table(const tp_forward *f, float theta, const float *ff, float **cos_out, float **sin_out)
 {
-    const float *ff = tp_model_get_weights(f->model)->rope_freqs;
     int hs = f->c.head_size, half = hs / 2;
     size_t n = (size_t)f->max_pos * (size_t)half;
-    f->rope_cos = malloc(n * sizeof(float));
-    f->rope_sin = malloc(n * sizeof(float));
-    if (!f->rope_cos || !f->rope_sin)
+    float *co = *cos_out = malloc(n * sizeof(float)), *si = *sin_out = malloc(n * sizeof(float));
+    if (!co || !si)
         return TP_ENOMEM;
     for (int pos = 0; pos < f->max_pos; pos++)
         for (int j = 0; j < half; j++) {
-            float freq = 1.0f / powf(f->c.rope_theta, (float)(2 * j) / (float)hs);
+            float freq = 1.0f / powf(theta, (float)(2 * j) / (float)hs);
             float val = (float)pos * freq;
             if (ff)
                 val = (float)pos * (freq / ff[j]);
-            f->rope_cos[(size_t)pos * half + j] = cosf(val);
-            f->rope_sin[(size_t)pos * half + j] = sinf(val);
+            co[(size_t)pos * half + j] = cosf(val);
+            si[(size_t)pos * half + j] = sinf(val);
         }
     return 0;
+}
+
+/* Sliding layers may turn with a base of their own, unscaled (gemma3's
+ * rope_freq_base_train_swa): a second table. */
+static int make_rope(tp_forward *f)
+{
+    const float *ff = tp_model_get_weights(f->model)->rope_freqs;
+    int rc = rope_table(f, f->c.rope_theta, ff, &f->rope_cos, &f->rope_sin);
+    if (!rc && f->c.swa_window)
+        rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, &f->rope_cos_swa,
+                        &f->rope_sin_swa);
+    return rc;
 }
 
 static int alloc_scratch(tp_forward *f)
@@ -595,7 +610,8 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->kv16_avx2 = f->simd;
     f->qsimd = f->simd;
     int rc = alloc_pool(f, err);
-    if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f)))
+    if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f) ||
+                tp_moe_new(model, max_batch_tokens, uses_panels(f), &f->moe)))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
     if (!rc)
         rc = tp_forward_set_threads(f, 1, err);
@@ -612,6 +628,7 @@ void tp_forward_free(tp_forward *f)
     if (!f)
         return;
     tp_pool_free(f->pool);
+    tp_moe_free(f->moe);
     if (f->layers)
         for (int l = 0; l < f->c.n_layers; l++) {
             tp_packed_free(&f->layers[l].qkv);
@@ -639,6 +656,8 @@ void tp_forward_free(tp_forward *f)
     tp_blas_close(&f->blas);
     free(f->rope_cos);
     free(f->rope_sin);
+    free(f->rope_cos_swa);
+    free(f->rope_sin_swa);
     free(f->seq_len);
     free(f->seen);
     scratch *s = &f->s;
@@ -1086,12 +1105,15 @@ static void softmax(float *x, int n, bool vexp8)
         x[i] /= sum;
 }
 
-/* Rotate the heads of vec (n = heads * head_size) for position pos: pairs
- * (2j, 2j+1) or, for NEOX models, (j, j + head_size/2) (model.h). */
-static void rope(const tp_forward *f, float *vec, int n, int pos)
+/* Rotate the heads of vec (n = heads * head_size) for position pos in
+ * layer `layer`: pairs (2j, 2j+1) or, for NEOX models, (j, j + head_size/2)
+ * (model.h); a sliding layer by its own table where it has one. */
+static void rope(const tp_forward *f, float *vec, int n, int pos, int layer)
 {
     int half = f->c.head_size / 2;
-    const float *cs = f->rope_cos + (size_t)pos * half, *sn = f->rope_sin + (size_t)pos * half;
+    bool swa = f->rope_cos_swa && tp_model_layer_slides(&f->c, layer);
+    const float *cs = (swa ? f->rope_cos_swa : f->rope_cos) + (size_t)pos * half;
+    const float *sn = (swa ? f->rope_sin_swa : f->rope_sin) + (size_t)pos * half;
     if (f->c.rope_style == TP_ROPE_NEOX) {
         for (int h = 0; h < n; h += f->c.head_size)
             for (int j = 0; j < half; j++) {
@@ -1178,38 +1200,42 @@ static void prefetch_norm(const float *w, int n)
 }
 
 /* A query head's KV blocks (kv head g of layer `layer`) of a sequence,
- * positions 0..n-1, resolved through its block table into kb / vb (one
- * pointer per page, in position order). */
-static void head_blocks(const tp_forward *f, int layer, int slot, int g, int n, const void **kb, const void **vb)
+ * the pages from page0 holding positions up to end - 1, resolved through
+ * its block table into kb / vb (one pointer per page, in position order,
+ * kb[0] for page0). */
+static void head_blocks(const tp_forward *f, int layer, int slot, int g, int page0, int end, const void **kb,
+                        const void **vb)
 {
     const int *t = seq_table(f, slot);
     size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
-    for (int b = 0; b * TP_KV_PAGE < n; b++) {
+    for (int b = page0; b * TP_KV_PAGE < end; b++) {
         size_t off = block_offset(f, t[b], layer, g) * es;
-        kb[b] = (const uint8_t *)f->kcache + off;
-        vb[b] = (const uint8_t *)f->vcache + off;
+        kb[b - page0] = (const uint8_t *)f->kcache + off;
+        vb[b - page0] = (const uint8_t *)f->vcache + off;
     }
 }
 
-/* Attention of one query head qh at position pos over its sequence's
- * positions 0..pos (key and value blocks kb / vb); writes head_size floats
- * to oh, using att (max_pos floats) as scratch. Each score and output
- * element has a fixed summation order that depends only on head_size and
- * pos, never on the batch, the pages or which thread runs the head. */
-static void attend_scalar(int hs, int pos, const float *qh, const float *const *kb, const float *const *vb,
-                          float *oh, float *att)
+/* Attention of one query head qh over n positions (key and value blocks
+ * kb / vb), in two halves around the softmax: the scores (att, n floats)
+ * and the weighted sum of the values (head_size floats to oh). Each score
+ * and output element has a fixed summation order that depends only on
+ * head_size and n, never on the batch, the pages or which thread runs the
+ * head. */
+static void scores_scalar(float *att, const float *qh, const float *const *kb, int hs, int n, float scale)
 {
-    float scale = sqrtf((float)hs);
-    for (int t = 0; t <= pos; t++) {
+    for (int t = 0; t < n; t++) {
         const float *k = kb[t / TP_KV_PAGE] + t % TP_KV_PAGE;
         float score = 0.0f;
         for (int i = 0; i < hs; i++)
             score += qh[i] * k[(size_t)i * TP_KV_PAGE];
         att[t] = score / scale;
     }
-    softmax(att, pos + 1, false);
+}
+
+static void weighted_sum_scalar(float *oh, const float *att, const float *const *vb, int hs, int n)
+{
     memset(oh, 0, (size_t)hs * sizeof(float));
-    for (int t = 0; t <= pos; t++) {
+    for (int t = 0; t < n; t++) {
         const float *v = vb[t / TP_KV_PAGE] + (size_t)(t % TP_KV_PAGE) * hs;
         float a = att[t];
         for (int i = 0; i < hs; i++)
@@ -1219,7 +1245,7 @@ static void attend_scalar(int hs, int pos, const float *qh, const float *const *
 
 /* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
  * chains, masked at the end): each score is one chain over the head's
- * elements from 0, each product rounded and then added as attend_scalar
+ * elements from 0, each product rounded and then added as scores_scalar
  * does (an FMA would round once: other bits, and a job moved to a host
  * without AVX-512 would change its stream), then divided by scale.
  * kb[t / 16] is the head's key block [hs][16] holding position t. */
@@ -1254,7 +1280,7 @@ __attribute__((target("avx512f"))) static void scores(float *att, const float *q
 }
 
 /* oh[i] = sum over t of att[t] * v_t[i], each element one chain of
- * multiply-then-add over t from 0 (attend_scalar's bits), kept in registers
+ * multiply-then-add over t from 0 (weighted_sum_scalar's bits), kept in registers
  * 64 elements at a time; v_t at vb[t / 16] + (t % 16) * hs. */
 __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const float *att, const float *const *vb,
                                                             int hs, int n)
@@ -1287,42 +1313,70 @@ typedef struct att_job {
     int layer;
 } att_job;
 
+/* x[i] = c * tanh(x[i] / c) for i in [0, n) (Gemma 2's soft-capping),
+ * tanh(y) as 2 / (1 + e^-2y) - 1 with vexp.h's e^x: the same bits on every
+ * path and host. */
+static void softcap(float *x, int n, float c)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = c * (2.0f / (1.0f + tp_vexp(-2.0f * (x[i] / c))) - 1.0f);
+}
+
+/* Between the scores and the weighted sum: soft-capping, then the softmax
+ * over the visible positions [lo, n); the hidden ones weigh 0 (a value
+ * times +-0 adds nothing: the sum's bits are those of starting at lo). */
+static void scores_to_weights(const tp_forward *f, float *att, int lo, int n)
+{
+    if (f->c.attn_softcap)
+        softcap(att + lo, n - lo, f->c.attn_softcap);
+    softmax(att + lo, n - lo, f->simd);
+    for (int t = 0; t < lo; t++)
+        att[t] = 0.0f;
+}
+
 /* One query head of one token over its sequence's cache, f32 or (kv16.h)
  * half keys and values: the same layout and summation order either way,
- * halves converted exactly as they are read. */
+ * halves converted exactly as they are read. A sliding layer reads from
+ * the page that holds its window's first position. */
 static void attend(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
                    float *att, const void **blk)
 {
-    int hs = f->c.head_size, kv_mul = f->c.n_heads / f->c.n_kv_heads, n = pos + 1;
+    int hs = f->c.head_size, kv_mul = f->c.n_heads / f->c.n_kv_heads;
+    int first = tp_model_layer_slides(&f->c, layer) ? pos - f->c.swa_window + 1 : 0;
+    int page0 = first > 0 ? first / TP_KV_PAGE : 0, base = page0 * TP_KV_PAGE;
+    int n = pos + 1 - base, lo = first > base ? first - base : 0; /* positions base .. pos, visible from lo */
     const void **kb = blk, **vb = blk + f->pps;
-    head_blocks(f, layer, slot, h / kv_mul, n, kb, vb);
+    head_blocks(f, layer, slot, h / kv_mul, page0, pos + 1, kb, vb);
     const float *qh = q + (size_t)h * hs;
-    float *oh = out + (size_t)h * hs, scale = sqrtf((float)hs);
+    /* Gemma scales Q instead (attention_block): dividing by 1 is exact */
+    float *oh = out + (size_t)h * hs, scale = f->c.attn_scale ? 1.0f : sqrtf((float)hs);
     if (f->kv_type == TP_KV_F16) {
         const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
         if (f->kv16_avx512) {
             tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
-            softmax(att, n, f->simd);
+            scores_to_weights(f, att, lo, n);
             tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
         } else if (f->kv16_avx2) {
             tp_attn_scores_avx2(att, qh, kb, hs, n, scale, true);
-            softmax(att, n, f->simd);
+            scores_to_weights(f, att, lo, n);
             tp_attn_weighted_avx2(oh, att, vb, hs, n, true);
         } else {
             tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
-            softmax(att, n, f->simd);
+            scores_to_weights(f, att, lo, n);
             tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
         }
     } else if (f->avx512) {
         scores(att, qh, (const float *const *)kb, hs, n, scale);
-        softmax(att, n, f->simd);
+        scores_to_weights(f, att, lo, n);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
     } else if (f->simd) { /* AVX2 */
         tp_attn_scores_avx2(att, qh, kb, hs, n, scale, false);
-        softmax(att, n, f->simd);
+        scores_to_weights(f, att, lo, n);
         tp_attn_weighted_avx2(oh, att, vb, hs, n, false);
     } else {
-        attend_scalar(hs, pos, qh, (const float *const *)kb, (const float *const *)vb, oh, att);
+        scores_scalar(att, qh, (const float *const *)kb, hs, n, scale);
+        scores_to_weights(f, att, lo, n);
+        weighted_sum_scalar(oh, att, (const float *const *)vb, hs, n);
     }
 }
 
@@ -1400,7 +1454,11 @@ static void embed(tp_forward *f, const tp_fwd_item *items, int n_items)
     int t = 0;
     for (int i = 0; i < n_items; i++)
         for (int j = 0; j < items[i].n_tokens; j++, t++) {
-            tp_wmat_dequant_row(emb, items[i].tokens[j], f->s.x + (size_t)t * d); /* one row, any type */
+            float *x = f->s.x + (size_t)t * d;
+            tp_wmat_dequant_row(emb, items[i].tokens[j], x); /* one row, any type */
+            if (f->c.embd_scale) /* Gemma: llama.cpp's ggml_scale by sqrtf(n_embd) */
+                for (size_t k = 0; k < d; k++)
+                    x[k] *= sqrtf((float)d);
             f->s.tok_slot[t] = items[i].seq_id;
             f->s.tok_pos[t] = items[i].pos + j;
         }
@@ -1445,8 +1503,11 @@ static void attention_block(tp_forward *f, int l, int T)
                     rmsnorm(kh, kh, lw->k_norm, c->head_size, c->norm_eps);
                 }
             }
-        rope(f, q, c->q_dim, s->tok_pos[t]);
-        rope(f, k, c->kv_dim, s->tok_pos[t]);
+        rope(f, q, c->q_dim, s->tok_pos[t], l);
+        rope(f, k, c->kv_dim, s->tok_pos[t], l);
+        if (c->attn_scale) /* Gemma: Q scaled after RoPE (llama.cpp's f_attention_scale) */
+            for (size_t i = 0; i < qd; i++)
+                q[i] *= c->attn_scale;
         store_kv(f, l, s->tok_slot[t], s->tok_pos[t], k, v);
     }
     double macs = 0; /* scores and weighted sums: 2 * head_size per position per head, and an e^x */
@@ -1457,6 +1518,9 @@ static void attention_block(tp_forward *f, int l, int T)
     tp_pool_run(f->pool, T * c->n_heads, 1, parts_between(f, macs), attend_units, &aj);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->q_dim, T, s->proj,
                  c->dim);
+    if (c->post_norms) /* Gemma: the attention's output normed before the residual add */
+        for (int t = 0; t < T; t++)
+            rmsnorm(s->proj + t * d, s->proj + t * d, lw->rms_att_post, c->dim, c->norm_eps);
     add_rows(s->x, s->proj, (size_t)T * d);
 }
 
@@ -1465,7 +1529,21 @@ typedef struct swiglu_job {
     float *out;       /* [T][hidden] */
     size_t h;
     bool vexp8;       /* e^x eight lanes a time (the same bits): the forward's simd */
+    bool gelu;        /* the gate through GELU (Gemma), not SiLU */
 } swiglu_job;
+
+/* out = gelu(g) * u over n elements, GELU's tanh approximation (ggml's
+ * and gemma_pytorch's) 0.5 g (1 + tanh(a)), a = sqrt(2 / pi) (g + 0.044715
+ * g^3), computed as g * (1 / (1 + e^-2a)), the same function, with
+ * vexp.h's e^x: the same bits on every path and host. */
+static void geglu_scalar(const float *g, const float *u, float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float val = g[i], a = 0.7978845608028654f * (val + 0.044715f * val * val * val);
+        val *= 1.0f / (1.0f + tp_vexp(-2.0f * a));
+        out[i] = val * u[i];
+    }
+}
 
 /* out = silu(g) * u over n elements: g * (1 / (1 + e^-g)) * u. */
 static void swiglu_scalar(const float *g, const float *u, float *out, size_t n)
@@ -1499,7 +1577,9 @@ static void swiglu_range(void *arg, int e0, int e1, int worker)
     for (size_t e = (size_t)e0; e < (size_t)e1;) {
         size_t t = e / j->h, i = e % j->h, end = (t + 1) * j->h < (size_t)e1 ? (t + 1) * j->h : (size_t)e1;
         const float *g = j->h13 + t * 2 * j->h + i;
-        if (j->vexp8)
+        if (j->gelu)
+            geglu_scalar(g, g + j->h, j->out + e, end - e);
+        else if (j->vexp8)
             swiglu_avx2(g, g + j->h, j->out + e, end - e);
         else
             swiglu_scalar(g, g + j->h, j->out + e, end - e);
@@ -1543,7 +1623,7 @@ static bool ffn_up_fused(tp_forward *f, int l, int T, int h)
     const tp_model_config *c = &f->c;
     scratch *s = &f->s;
     ffn_up_job j = {.m = {.x = s->xb, .y = s->h13, .ldx = c->dim, .n_tok = T, .ldy = 2 * h, .simd = f->simd},
-                    .sj = {s->h13, s->proj, (size_t)h, f->simd}};
+                    .sj = {s->h13, s->proj, (size_t)h, f->simd, c->ffn_act == TP_FFN_GELU_TANH}};
     int align;
     if (pl->tw13.n == 2 && !pl->tw13.part[0].p.p && !pl->tw13.part[1].p.p &&
         typed_kind(&pl->tw13.part[0]) == typed_kind(&pl->tw13.part[1]) && pl->tw13.part[0].col == 0 &&
@@ -1571,6 +1651,13 @@ static void ffn_block(tp_forward *f, int l, int T)
     size_t d = (size_t)c->dim, h = (size_t)c->hidden_dim;
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_ffn, c->dim, c->norm_eps);
+    if (f->moe) { /* experts (moe.h), their weighted sum into h13 as [T][dim] */
+        tp_moe_run r = {f->pool, f->part_min, f->simd, f->qsimd};
+        tp_moe_ffn(f->moe, &r, l, s->xb, T, s->h13);
+        prefetch_norm(l + 1 < c->n_layers ? mw->layers[l + 1].rms_att : mw->rms_final, c->dim);
+        add_rows(s->x, s->h13, (size_t)T * d);
+        return;
+    }
     /* SwiGLU, packed [T][hidden] into proj: an e^x per element, a share of
      * a batched step big enough to split too (elementwise: same bits); with
      * the matmul's rows where it can */
@@ -1579,7 +1666,7 @@ static void ffn_block(tp_forward *f, int l, int T)
         const int w13_rows[2] = {c->hidden_dim, c->hidden_dim};
         layer_matmul(f, &f->layers[l].w13, &f->layers[l].tw13, w13, w13_rows, 2, s->xb, c->dim, T, s->h13,
                      (int)(2 * h));
-        swiglu_job sj = {s->h13, s->proj, h, f->simd};
+        swiglu_job sj = {s->h13, s->proj, h, f->simd, c->ffn_act == TP_FFN_GELU_TANH};
         tp_pool_run(f->pool, T * (int)h, 64, parts_between(f, (double)T * (double)h * SWIGLU_MACS), swiglu_range,
                     &sj);
     }
@@ -1587,6 +1674,9 @@ static void ffn_block(tp_forward *f, int l, int T)
     /* w2 reads proj ([T][hidden]) and writes into h13, reused as [T][dim]. */
     layer_matmul(f, &f->layers[l].w2, &f->layers[l].tw2, &lw->w2, &c->dim, 1, s->proj, c->hidden_dim, T, s->h13,
                  c->dim);
+    if (c->post_norms)
+        for (int t = 0; t < T; t++)
+            rmsnorm(s->h13 + t * d, s->h13 + t * d, lw->rms_ffn_post, c->dim, c->norm_eps);
     add_rows(s->x, s->h13, (size_t)T * d);
 }
 
@@ -1724,6 +1814,10 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
         ffn_block(f, l, T);
     }
     classify(f, items, n_items, logits);
+    if (f->c.final_softcap) /* Gemma 2 */
+        for (int i = 0; i < n_items; i++)
+            if (!items[i].skip_logits)
+                softcap(logits + (size_t)i * f->c.vocab_size, f->c.vocab_size, f->c.final_softcap);
     tp_pool_hold(f->pool, false);
     for (int i = 0; i < n_items; i++) {
         f->seq_len[items[i].seq_id] = items[i].pos + items[i].n_tokens;

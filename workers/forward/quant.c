@@ -250,6 +250,23 @@ void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, i
                                                               a->nsum16 + t * 2 * nb);
 }
 
+tp_qact tp_qact_rows(const tp_qact *a, int t0, int n)
+{
+    tp_qact v = *a;
+    size_t t = (size_t)t0, nb = (size_t)a->cols / 32;
+    v.n_tok = n;
+    v.x = a->x ? a->x + t * (size_t)a->ldx : NULL;
+    if (!a->is_float) {
+        v.q = a->q + t * (size_t)a->cols;
+        v.dx = a->dx + t * nb;
+        v.sum = a->sum + t * nb;
+        v.nsum32 = a->nsum32 + t * nb;
+        v.nsum16 = a->nsum16 + t * 2 * nb;
+    }
+    v.cap = 0; /* a view: not to be prepared or freed */
+    return v;
+}
+
 /* The fixed reduction tree of quant.h. */
 static float reduce16(const float a[16])
 {

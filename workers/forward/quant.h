@@ -129,6 +129,12 @@ void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_
 enum { QACT_SCALAR, QACT_AVX2, QACT_AVX512 };
 void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path);
 
+/* Tokens [t0, t0 + n) of prepared activations a, as activations of their
+ * own (borrowing a's buffers): what preparing those rows alone gives,
+ * since preparation depends on each token's row only. For the experts of
+ * a MoE FFN, each reading its tokens' rows of one preparation. */
+tp_qact tp_qact_rows(const tp_qact *a, int t0, int n);
+
 /* THE ROW-RANGE ENTRY POINT. y[t * ldy + r] = W[r] . x[t] for t < a->n_tok
  * and r0 <= r < r1, with w->cols == a->cols and a prepared for w->type.
  * Any split of [0, rows) into ranges, run in any order or concurrently on

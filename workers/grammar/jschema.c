@@ -72,32 +72,185 @@ typedef struct jc {
     int next;
     int depth;
     unsigned fmt;
+    int nstr; /* string rules written by compile_string_dfa */
     bool never_rule;
     /* rules being compiled (a stack) and where the ones still at their
      * left edge (nothing written yet) begin: naming one of those again is
      * left recursion, which no grammar engine can run */
     int *open;
     int nopen, copen, left_base;
+    /* where refusals point: the schemas being compiled (innermost last),
+     * the copies merging made of the user's nodes (copy -> original), and
+     * the first subschema that accepts nothing */
+    const cJSON **sch;
+    struct origin {
+        const cJSON *copy, *orig;
+    } *orig;
+    size_t norig, corig;
+    const cJSON *never_at;
+    cJSON **keep;
+    size_t nkeep, ckeep;
+    bool orig_lost; /* copies forgotten (out of memory) */
 } jc;
 
-static int jfail(jc *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int jfail(jc *c, int code, const char *fmt, ...)
+#define JS_ERR_VALUE_BYTES 60    /* the offending value in a refusal, cut with an ellipsis */
+#define JS_ERR_POINTER_BYTES 160 /* its JSON pointer, likewise */
+
+/* the JSON pointer (RFC 6901) of node `at` under n, by identity, appended
+ * to p; false (p as it was) when not there */
+static bool path_to(const cJSON *n, const cJSON *at, tp_buf *p)
+{
+    if (n == at) return true;
+    int i = 0;
+    for (const cJSON *k = n->child; k; k = k->next, i++) {
+        size_t mark = p->len;
+        tp_buf_puts(p, "/");
+        if (cJSON_IsArray(n)) {
+            tp_buf_printf(p, "%d", i);
+        } else {
+            for (const char *q = k->string; q && *q; q++)
+                tp_buf_puts(p, *q == '~' ? "~0" : *q == '/' ? "~1" : (char[2]){*q, 0});
+        }
+        if (path_to(k, at, p)) return true;
+        p->len = mark;
+        if (p->data) p->data[mark] = 0;
+    }
+    return false;
+}
+
+/* where `at` is in the user's schema: itself, or the node merging copied it
+ * from (a copy of a copy too) */
+static bool locate(const jc *c, const cJSON *at, tp_buf *p, int hops)
+{
+    if (!at || !c->root || hops > 8) return false;
+    if (path_to(c->root, at, p)) return true;
+    for (size_t i = 0; i < c->norig; i++) {
+        /* a node inside a copied tree: the same position in the original */
+        const cJSON *cp = c->orig[i].copy, *og = c->orig[i].orig;
+        tp_buf sub;
+        tp_buf_init(&sub, 4096);
+        bool in = path_to(cp, at, &sub);
+        if (in) {
+            const cJSON *o = og;
+            /* walk the same steps (members by position) in the original */
+            const cJSON *x = cp;
+            bool ok = true;
+            while (x != at && ok) {
+                const cJSON *k = x->child, *ko = o->child;
+                ok = false;
+                for (; k && ko; k = k->next, ko = ko->next) {
+                    tp_buf t;
+                    tp_buf_init(&t, 4096);
+                    bool here = path_to(k, at, &t);
+                    tp_buf_free(&t);
+                    if (here) {
+                        x = k, o = ko, ok = true;
+                        break;
+                    }
+                }
+            }
+            tp_buf_free(&sub);
+            if (ok && locate(c, o, p, hops + 1)) return true;
+            continue;
+        }
+        tp_buf_free(&sub);
+    }
+    return false;
+}
+
+/* " (at \"POINTER\": VALUE)" for node at, or for the innermost schema being
+ * compiled that can be located when at itself cannot */
+static void refusal_at(const jc *c, const cJSON *at, char *out, size_t cap)
+{
+    tp_buf p;
+    tp_buf_init(&p, 1u << 16);
+    bool found = locate(c, at, &p, 0);
+    for (int i = c->nopen - 1; !found && i >= 0; i--) {
+        p.len = 0;
+        if (p.data) p.data[0] = 0;
+        found = locate(c, c->sch[i], &p, 0);
+        if (found) at = at ? at : c->sch[i];
+    }
+    char *v = at ? cJSON_PrintUnformatted(at) : NULL;
+    char vb[JS_ERR_VALUE_BYTES + 8] = "";
+    if (v) {
+        size_t n = strlen(v), k = n;
+        if (n > JS_ERR_VALUE_BYTES) {
+            k = JS_ERR_VALUE_BYTES;
+            while (k && ((unsigned char)v[k] & 0xC0) == 0x80) k--;
+        }
+        snprintf(vb, sizeof vb, "%.*s%s", (int)k, v, k < n ? "\u2026" : "");
+    }
+    const char *ptr = p.data ? p.data : "";
+    size_t pn = strlen(ptr), pk = pn;
+    if (pn > JS_ERR_POINTER_BYTES) {
+        pk = JS_ERR_POINTER_BYTES;
+        while (pk && ((unsigned char)ptr[pk] & 0xC0) == 0x80) pk--;
+    }
+    if (!found) snprintf(out, cap, "%s%s%s", v ? " (value " : "", vb, v ? ")" : "");
+    else snprintf(out, cap, " (at \"%.*s%s\"%s%s)", (int)pk, ptr, pk < pn ? "\u2026" : "", v ? ": " : "", vb);
+    free(v);
+    tp_buf_free(&p);
+}
+
+/* Record a refusal (the first one wins): the message, then the JSON pointer
+ * of the offending node at in the user's schema and its value. */
+static int jfail(jc *c, const cJSON *at, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int jfail(jc *c, const cJSON *at, int code, const char *fmt, ...)
 {
     if (!c->rc) {
-        char msg[TP_ERR_MSG_MAX];
+        char msg[TP_ERR_MSG_MAX], loc[JS_ERR_POINTER_BYTES + JS_ERR_VALUE_BYTES + 64] = "";
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        if (code != TP_ENOMEM) refusal_at(c, at, loc, sizeof loc);
         c->rc = code;
-        tp_err_set(c->err, code, "json schema: %s", msg);
+        tp_err_set(c->err, code, "json schema: %s%s", msg, loc);
     }
     return FAIL;
 }
 
+/* a merged schema, kept until the end: the copies in it stay valid for
+ * locating refusals (deleted at once, and copies forgotten, without memory) */
+static void keep(jc *c, cJSON *m)
+{
+    if (!m) return;
+    if (c->nkeep == c->ckeep) {
+        size_t cap = c->ckeep ? c->ckeep * 2 : 16;
+        cJSON **k = realloc(c->keep, cap * sizeof *k);
+        if (!k) {
+            cJSON_Delete(m);
+            c->norig = 0;
+            c->orig_lost = true;
+            return;
+        }
+        c->keep = k;
+        c->ckeep = cap;
+    }
+    c->keep[c->nkeep++] = m;
+}
+
+/* a copy of n made while merging, remembered so refusals inside it point at
+ * the user's node (caller deletes the copy) */
+static cJSON *dup_from(jc *c, const cJSON *n)
+{
+    cJSON *d = cJSON_Duplicate(n, true);
+    if (!d || c->orig_lost) return d;
+    if (c->norig == c->corig) {
+        size_t cap = c->corig ? c->corig * 2 : 64;
+        void *o = realloc(c->orig, cap * sizeof *c->orig);
+        if (!o) return d; /* only the pointers of refusals suffer */
+        c->orig = o;
+        c->corig = cap;
+    }
+    c->orig[c->norig++] = (struct origin){d, n};
+    return d;
+}
+
 static int oom(jc *c)
 {
-    return jfail(c, TP_ENOMEM, "out of memory");
+    return jfail(c, NULL, TP_ENOMEM, "out of memory");
 }
 
 /* ---- keywords ---------------------------------------------------------- */
@@ -210,16 +363,17 @@ static void ref(tp_buf *b, int id)
 
 /* ---- $ref -------------------------------------------------------------- */
 
-static const cJSON *resolve(jc *c, const char *r)
+static const cJSON *resolve(jc *c, const cJSON *rn)
 {
+    const char *r = rn->valuestring;
     if (r[0] != '#') {
-        jfail(c, TP_EINVAL, "$ref '%.200s': only local references ('#' or '#/...') are supported", r);
+        jfail(c, rn, TP_EINVAL, "$ref '%.200s': only local references ('#' or '#/...') are supported", r);
         return NULL;
     }
     const cJSON *n = c->root;
     const char *p = r + 1;
     if (*p && *p != '/') {
-        jfail(c, TP_EINVAL, "$ref '%.200s': anchors are not supported, use a JSON pointer '#/...'", r);
+        jfail(c, rn, TP_EINVAL, "$ref '%.200s': anchors are not supported, use a JSON pointer '#/...'", r);
         return NULL;
     }
     while (*p == '/') {
@@ -236,7 +390,7 @@ static const cJSON *resolve(jc *c, const char *r)
                 p += 2;
             }
             if (k + 1 >= sizeof tok) {
-                jfail(c, TP_EINVAL, "$ref '%.200s': a path segment is too long", r);
+                jfail(c, rn, TP_EINVAL, "$ref '%.200s': a path segment is too long", r);
                 return NULL;
             }
             tok[k++] = ch;
@@ -252,7 +406,7 @@ static const cJSON *resolve(jc *c, const char *r)
             n = NULL;
         }
         if (!n) {
-            jfail(c, TP_EINVAL, "$ref '%.200s': no such location in the schema", r);
+            jfail(c, rn, TP_EINVAL, "$ref '%.200s': no such location in the schema", r);
             return NULL;
         }
     }
@@ -281,7 +435,7 @@ static unsigned types_of(jc *c, const cJSON *s)
         for (size_t i = 0; cJSON_IsString(one) && i < sizeof type_names / sizeof type_names[0]; i++)
             if (!strcmp(one->valuestring, type_names[i].name)) b = type_names[i].bit;
         if (!b) {
-            jfail(c, TP_EINVAL, "type: expected one of null, boolean, object, array, number, integer, string");
+            jfail(c, one, TP_EINVAL, "type: expected one of null, boolean, object, array, number, integer, string");
             return 0;
         }
         bits |= b;
@@ -308,14 +462,14 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n);
 static int flatten(jc *c, const cJSON *s, const cJSON **out, int n, int depth)
 {
     if (c->rc) return FAIL;
-    if (depth > c->o->max_depth) return jfail(c, TP_ERANGE, "$ref/allOf nested deeper than %d (a cycle?)", c->o->max_depth);
+    if (depth > c->o->max_depth) return jfail(c, s, TP_ERANGE, "$ref/allOf nested deeper than %d (a cycle?)", c->o->max_depth);
     if (cJSON_IsTrue(s)) return n;
     if (cJSON_IsFalse(s)) return -1;
-    if (!cJSON_IsObject(s)) return jfail(c, TP_EINVAL, "a schema must be an object or a boolean");
+    if (!cJSON_IsObject(s)) return jfail(c, s, TP_EINVAL, "a schema must be an object or a boolean");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
     if (!r && !all) {
-        if (n >= JS_MAX_MERGE) return jfail(c, TP_ERANGE, "allOf: more than %d schemas to merge", JS_MAX_MERGE);
+        if (n >= JS_MAX_MERGE) return jfail(c, s, TP_ERANGE, "allOf: more than %d schemas to merge", JS_MAX_MERGE);
         out[n] = s;
         return n + 1;
     }
@@ -325,17 +479,17 @@ static int flatten(jc *c, const cJSON *s, const cJSON **out, int n, int depth)
     for (const cJSON *k = s->child; k; k = k->next)
         if (strcmp(k->string, "$ref") && strcmp(k->string, "allOf") && !is_annotation(k->string)) rest = true;
     if (rest) {
-        if (n >= JS_MAX_MERGE) return jfail(c, TP_ERANGE, "allOf: more than %d schemas to merge", JS_MAX_MERGE);
+        if (n >= JS_MAX_MERGE) return jfail(c, s, TP_ERANGE, "allOf: more than %d schemas to merge", JS_MAX_MERGE);
         out[n++] = s;
     }
     if (r) {
-        if (!cJSON_IsString(r)) return jfail(c, TP_EINVAL, "$ref: expected a string");
-        const cJSON *t = resolve(c, r->valuestring);
+        if (!cJSON_IsString(r)) return jfail(c, r, TP_EINVAL, "$ref: expected a string");
+        const cJSON *t = resolve(c, r);
         if (!t) return FAIL;
         n = flatten(c, t, out, n, depth + 1);
     }
     if (n >= 0 && all) {
-        if (!cJSON_IsArray(all) || !all->child) return jfail(c, TP_EINVAL, "allOf: expected a non-empty array");
+        if (!cJSON_IsArray(all) || !all->child) return jfail(c, all, TP_EINVAL, "allOf: expected a non-empty array");
         for (const cJSON *a = all->child; a && n >= 0; a = a->next) n = flatten(c, a, out, n, depth + 1);
     }
     return n;
@@ -357,7 +511,7 @@ static double num_or(const cJSON *s, const char *k, double dflt, bool *has)
  * and add it to dst under key (or as array item when key is NULL) */
 static bool merge_sub(jc *c, cJSON *dst, const char *key, const cJSON **l, int n)
 {
-    cJSON *m = n == 1 ? cJSON_Duplicate(l[0], true) : merge_all(c, l, n);
+    cJSON *m = n == 1 ? dup_from(c, l[0]) : merge_all(c, l, n);
     if (!m) {
         if (!c->rc) oom(c);
         return false;
@@ -372,7 +526,7 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n)
 {
     if (++c->depth > c->o->max_depth) {
         c->depth--;
-        jfail(c, TP_ERANGE, "schemas nested deeper than %d", c->o->max_depth);
+        jfail(c, list[0], TP_ERANGE, "schemas nested deeper than %d", c->o->max_depth);
         return NULL;
     }
     const cJSON **mem = malloc(JS_MAX_MERGE * sizeof *mem);
@@ -424,12 +578,12 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n)
     for (int i = 0; i < k; i++) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(mem[i], "required");
         if (r && !cJSON_IsArray(r)) {
-            jfail(c, TP_EINVAL, "required: expected an array of strings");
+            jfail(c, r, TP_EINVAL, "required: expected an array of strings");
             goto fail;
         }
         for (const cJSON *q = r ? r->child : NULL; q; q = q->next) {
             if (!cJSON_IsString(q)) {
-                jfail(c, TP_EINVAL, "required: expected an array of strings");
+                jfail(c, q, TP_EINVAL, "required: expected an array of strings");
                 goto fail;
             }
             if (!req && !(req = cJSON_AddArrayToObject(res, "required"))) goto oom;
@@ -474,7 +628,7 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n)
                 if (has && (!any || (h ? v < best : v > best))) best = v, any = true;
                 const cJSON *raw = cJSON_GetObjectItemCaseSensitive(mem[i], *kw);
                 if (raw && !has) {
-                    jfail(c, TP_EINVAL, "%s: expected a number", *kw);
+                    jfail(c, raw, TP_EINVAL, "%s: expected a number", *kw);
                     goto fail;
                 }
             }
@@ -487,7 +641,7 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n)
         const cJSON *cn = cJSON_GetObjectItemCaseSensitive(mem[i], "const");
         cJSON one = {0};
         if (e && !cJSON_IsArray(e)) {
-            jfail(c, TP_EINVAL, "enum: expected an array");
+            jfail(c, e, TP_EINVAL, "enum: expected an array");
             goto fail;
         }
         for (int w = 0; w < 2; w++) {
@@ -505,7 +659,7 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n)
             }
             /* keep the values also in set */
             if ((double)cJSON_GetArraySize(vals) * (w ? cJSON_GetArraySize(set) : 1) > 1e6) {
-                jfail(c, TP_ERANGE, "allOf: enums too large to intersect");
+                jfail(c, e, TP_ERANGE, "allOf: enums too large to intersect");
                 goto fail;
             }
             cJSON *keep = cJSON_CreateArray();
@@ -531,9 +685,9 @@ static cJSON *merge_all(jc *c, const cJSON **list, int n)
                 continue;
             const cJSON *have = cJSON_GetObjectItemCaseSensitive(res, kw);
             if (!have) {
-                cJSON_AddItemToObject(res, kw, cJSON_Duplicate(q, true));
+                cJSON_AddItemToObject(res, kw, dup_from(c, q));
             } else if (!js_equal(have, q)) {
-                jfail(c, TP_EINVAL, "allOf: two different '%s' cannot both be enforced", kw);
+                jfail(c, q, TP_EINVAL, "allOf: two different '%s' cannot both be enforced", kw);
                 goto fail;
             }
         }
@@ -576,7 +730,7 @@ static void lit_number(tp_buf *b, double d)
 static bool lit_value(jc *c, tp_buf *b, const cJSON *v, int depth)
 {
     if (depth > c->o->max_depth) {
-        jfail(c, TP_ERANGE, "enum/const: a value nested deeper than %d", c->o->max_depth);
+        jfail(c, v, TP_ERANGE, "enum/const: a value nested deeper than %d", c->o->max_depth);
         return false;
     }
     if (cJSON_IsNull(v)) tp_buf_puts(b, "\"null\"");
@@ -585,7 +739,7 @@ static bool lit_value(jc *c, tp_buf *b, const cJSON *v, int depth)
     else if (cJSON_IsNumber(v)) lit_number(b, v->valuedouble);
     else if (cJSON_IsString(v)) {
         if (!jgb_json_str(b, v->valuestring, strlen(v->valuestring), true)) {
-            jfail(c, TP_EINVAL, "enum/const: a string that is not valid UTF-8");
+            jfail(c, v, TP_EINVAL, "enum/const: a string that is not valid UTF-8");
             return false;
         }
     } else {
@@ -596,7 +750,7 @@ static bool lit_value(jc *c, tp_buf *b, const cJSON *v, int depth)
             tp_buf_puts(b, " ");
             if (obj) {
                 if (!jgb_json_str(b, e->string, strlen(e->string), true)) {
-                    jfail(c, TP_EINVAL, "enum/const: a key that is not valid UTF-8");
+                    jfail(c, e, TP_EINVAL, "enum/const: a key that is not valid UTF-8");
                     return false;
                 }
                 tp_buf_puts(b, " ws \":\" ws ");
@@ -651,10 +805,10 @@ static int compile_enum(jc *c, const cJSON *s, unsigned types, tp_buf *b)
                                      "maxItems", NULL};
     for (const cJSON *k = s->child; k; k = k->next)
         if (!is_annotation(k->string) && !in_list(ok, k->string))
-            return jfail(c, TP_EINVAL, "enum/const together with '%s' is not supported", k->string);
+            return jfail(c, k, TP_EINVAL, "enum/const together with '%s' is not supported", k->string);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(s, "enum");
     const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
-    if (e && !cJSON_IsArray(e)) return jfail(c, TP_EINVAL, "enum: expected an array");
+    if (e && !cJSON_IsArray(e)) return jfail(c, e, TP_EINVAL, "enum: expected an array");
     int n = 0;
     for (int w = 0; w < 2; w++) {
         const cJSON *v = w ? (e ? e->child : NULL) : cn;
@@ -784,13 +938,13 @@ static int get_bound(jc *c, const cJSON *s, const char *kw, bool is_int, bool up
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, kw);
     if (!v) return 0;
-    if (!cJSON_IsNumber(v)) return jfail(c, TP_EINVAL, "%s: expected a number", kw);
+    if (!cJSON_IsNumber(v)) return jfail(c, v, TP_EINVAL, "%s: expected a number", kw);
     double d = v->valuedouble;
-    if (!isfinite(d)) return jfail(c, TP_EINVAL, "%s: not a finite number", kw);
+    if (!isfinite(d)) return jfail(c, v, TP_EINVAL, "%s: not a finite number", kw);
     if (fabs(d) >= JS_EXACT && fabs(d) <= 1e17)
-        return jfail(c, TP_EINVAL, "%s: %.17g is beyond 2^53 and cannot be read exactly", kw, d);
+        return jfail(c, v, TP_EINVAL, "%s: %.17g is beyond 2^53 and cannot be read exactly", kw, d);
     if (d != floor(d)) {
-        if (!is_int) return jfail(c, TP_EINVAL, "%s: a non-integer bound on a number is not supported", kw);
+        if (!is_int) return jfail(c, v, TP_EINVAL, "%s: a non-integer bound on a number is not supported", kw);
         /* an integer x > 1.5 is x >= 2 */
         d = upper ? floor(d) : ceil(d);
         excl = false;
@@ -849,12 +1003,44 @@ static int get_count(jc *c, const cJSON *s, const char *kw, long long dflt, long
     *out = dflt;
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
-        return jfail(c, TP_EINVAL, "%s: expected a non-negative integer", kw);
+        return jfail(c, v, TP_EINVAL, "%s: expected a non-negative integer", kw);
     *out = v->valuedouble > 1e15 ? (long long)1e15 : (long long)v->valuedouble;
     return 0;
 }
 
 #define JS_UNBOUNDED (-1LL)
+
+/* A format and/or pattern that must hold with the lengths mn..mx (SIZE_MAX:
+ * no bound): each a DFA, both intersected, written as rules (jschema_dfa.c). */
+static int compile_string_dfa(jc *c, const cJSON *at, const char *fmt, const char *pat, size_t mn, size_t mx, tp_buf *b)
+{
+    tp_err e = {0};
+    jdfa *x = NULL, *y = NULL, *z = NULL;
+    const char *what = fmt && pat ? "format with pattern" : fmt ? "format with minLength/maxLength"
+                                                                : "pattern with minLength/maxLength";
+    int rc = 0;
+    if (fmt) {
+        const char *re = fmt_regex(fmt);
+        rc = rx_compile_dfa(re, strlen(re), c->o->max_depth, JS_MAX_DFA_STATES, &x, &e);
+    }
+    if (!rc && pat) rc = rx_compile_dfa(pat, strlen(pat), c->o->max_depth, JS_MAX_DFA_STATES, fmt ? &y : &x, &e);
+    if (!rc && x && y && !(z = jdfa_product(x, y, JS_MAX_DFA_STATES, &e))) rc = e.code ? e.code : TP_ENOMEM;
+    if (!rc) {
+        tp_buf expr;
+        tp_buf_init(&expr, 256);
+        char base[32];
+        snprintf(base, sizeof base, "str%d", c->nstr++);
+        rc = jdfa_write(z ? z : x, mn, mx, base, JS_MAX_LEN_RULES, &c->out, &expr, &e);
+        if (!rc) tp_buf_printf(b, "\"\\\"\" %s \"\\\"\"", expr.data);
+        tp_buf_free(&expr);
+    }
+    jdfa_free(x);
+    jdfa_free(y);
+    jdfa_free(z);
+    if (rc == 1) return NEVER;
+    if (rc) return jfail(c, at, rc, "%s: %s", what, e.msg);
+    return 0;
+}
 
 static int compile_string(jc *c, const cJSON *s, tp_buf *b)
 {
@@ -863,43 +1049,40 @@ static int compile_string(jc *c, const cJSON *s, tp_buf *b)
     if (mx != JS_UNBOUNDED && mn > mx) return NEVER;
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
-    if (pat && !cJSON_IsString(pat)) return jfail(c, TP_EINVAL, "pattern: expected a string");
-    if (fmt && !cJSON_IsString(fmt)) return jfail(c, TP_EINVAL, "format: expected a string");
-    if (pat && fmt) return jfail(c, TP_EINVAL, "pattern together with format '%.64s' is not supported", fmt->valuestring);
+    if (pat && !cJSON_IsString(pat)) return jfail(c, pat, TP_EINVAL, "pattern: expected a string");
+    if (fmt && !cJSON_IsString(fmt)) return jfail(c, fmt, TP_EINVAL, "format: expected a string");
     size_t lo = 0, hi = SIZE_MAX;
-    const char *what = NULL;
+    unsigned needs = 0;
+    if (fmt && fmt_lookup(fmt->valuestring, &needs, &lo, &hi))
+        return jfail(c, fmt, TP_EINVAL, "format '%.64s' is not supported (date, time, date-time, uuid, email, ipv4 are)",
+                     fmt->valuestring);
     tp_buf body;
     tp_buf_init(&body, c->o->max_gbnf_bytes);
-    if (fmt) {
-        if (fmt_lookup(fmt->valuestring, &c->fmt, &lo, &hi)) {
-            tp_buf_free(&body);
-            return jfail(c, TP_EINVAL, "format '%.64s' is not supported (date, time, date-time, uuid, email, ipv4 are)",
-                         fmt->valuestring);
-        }
-        tp_buf_printf(&body, "fmt-%s", fmt->valuestring);
-        what = "format";
-    } else if (pat) {
+    if (pat) {
         tp_err e;
-        int rc = rx_compile_expr(pat->valuestring, strlen(pat->valuestring), true, "char", c->o->max_depth, &body, &lo,
-                                 &hi, &e);
+        size_t plo, phi;
+        int rc = rx_compile_expr(pat->valuestring, strlen(pat->valuestring), true, "char", c->o->max_depth, &body, &plo,
+                                 &phi, &e);
         if (rc) {
             tp_buf_free(&body);
-            return jfail(c, rc, "%s", e.msg);
+            return jfail(c, pat, rc, "%s", e.msg);
         }
-        what = "pattern";
+        if (!fmt) lo = plo, hi = phi;
     }
-    if (what) {
-        bool lo_ok = (size_t)mn <= lo, hi_ok = mx == JS_UNBOUNDED || (hi != SIZE_MAX && hi <= (size_t)mx);
-        bool disjoint = (mx != JS_UNBOUNDED && lo > (size_t)mx) || (hi != SIZE_MAX && hi < (size_t)mn);
-        if (disjoint) {
-            tp_buf_free(&body);
-            return NEVER;
-        }
-        if (!lo_ok || !hi_ok) {
-            tp_buf_free(&body);
-            return jfail(c, TP_EINVAL, "%s with minLength/maxLength: cannot enforce both (the %s allows %zu..%s characters)",
-                         what, what, lo, hi == SIZE_MAX ? "unbounded" : "bounded");
-        }
+    size_t umx = mx == JS_UNBOUNDED ? SIZE_MAX : (size_t)mx;
+    bool always = (size_t)mn <= lo && (umx == SIZE_MAX || (hi != SIZE_MAX && hi <= umx));
+    if ((fmt || pat) && ((umx != SIZE_MAX && lo > umx) || (hi != SIZE_MAX && hi < (size_t)mn))) {
+        tp_buf_free(&body); /* the lengths exclude every string of the format or pattern */
+        return NEVER;
+    }
+    int r = 0;
+    if ((fmt || pat) && (!always || (fmt && pat))) {
+        /* all must hold: the intersection of their automata within the lengths */
+        r = compile_string_dfa(c, pat ? pat : fmt, fmt ? fmt->valuestring : NULL, pat ? pat->valuestring : NULL, (size_t)mn, umx, b);
+    } else if (fmt) {
+        c->fmt |= needs;
+        tp_buf_printf(b, "\"\\\"\" fmt-%s \"\\\"\"", fmt->valuestring);
+    } else if (pat) {
         tp_buf_printf(b, "\"\\\"\" %s \"\\\"\"", body.data);
     } else if (!mn && mx == JS_UNBOUNDED) {
         tp_buf_puts(b, "string");
@@ -910,7 +1093,7 @@ static int compile_string(jc *c, const cJSON *s, tp_buf *b)
     }
     if (body.err) tp_buf_fail(b, TP_ERANGE);
     tp_buf_free(&body);
-    return 0;
+    return r;
 }
 
 /* ---- objects ----------------------------------------------------------- */
@@ -927,7 +1110,7 @@ typedef struct kv {
 static int notin(jc *c, const char *base, const char **names, int n, int depth, int *counter)
 {
     if (depth > JS_MAX_KEY_BYTES)
-        return jfail(c, TP_ERANGE, "properties: a key longer than %d bytes beside additional properties", JS_MAX_KEY_BYTES);
+        return jfail(c, NULL, TP_ERANGE, "properties: a key longer than %d bytes beside additional properties", JS_MAX_KEY_BYTES);
     int me = (*counter)++;
     tp_buf b;
     tp_buf_init(&b, c->o->max_gbnf_bytes);
@@ -1030,10 +1213,10 @@ static int compile_object(jc *c, const cJSON *s, int id, tp_buf *b)
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
-    if (props && !cJSON_IsObject(props)) return jfail(c, TP_EINVAL, "properties: expected an object");
-    if (req && !cJSON_IsArray(req)) return jfail(c, TP_EINVAL, "required: expected an array of strings");
+    if (props && !cJSON_IsObject(props)) return jfail(c, props, TP_EINVAL, "properties: expected an object");
+    if (req && !cJSON_IsArray(req)) return jfail(c, req, TP_EINVAL, "required: expected an array of strings");
     for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
-        if (!cJSON_IsString(r)) return jfail(c, TP_EINVAL, "required: expected an array of strings");
+        if (!cJSON_IsString(r)) return jfail(c, r, TP_EINVAL, "required: expected an array of strings");
     int nprops = cJSON_GetArraySize(props), nreq = cJSON_GetArraySize(req);
     kv *kvs = calloc((size_t)(nprops + nreq + 1), sizeof *kvs);
     const char **names = calloc((size_t)(nprops + nreq + 1), sizeof *names);
@@ -1088,7 +1271,7 @@ static int compile_object(jc *c, const cJSON *s, int id, tp_buf *b)
             for (size_t len = strlen(p); len;) {
                 int k = js_utf8_next((const unsigned char *)p, len, &cp);
                 if (!k) {
-                    rc = jfail(c, TP_EINVAL, "properties: a key that is not valid UTF-8");
+                    rc = jfail(c, (props ? cJSON_GetObjectItemCaseSensitive(props, names[i]) : NULL) ? cJSON_GetObjectItemCaseSensitive(props, names[i]) : req, TP_EINVAL, "properties: a key that is not valid UTF-8");
                     goto out;
                 }
                 p += k, len -= (size_t)k;
@@ -1163,11 +1346,11 @@ static int compile_array(jc *c, const cJSON *s, int id, tp_buf *b)
     long long mn, mx;
     if (get_count(c, s, "minItems", 0, &mn) || get_count(c, s, "maxItems", JS_UNBOUNDED, &mx)) return FAIL;
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
-    if (u && !cJSON_IsFalse(u)) return jfail(c, TP_EINVAL, "uniqueItems: true is not supported");
+    if (u && !cJSON_IsFalse(u)) return jfail(c, u, TP_EINVAL, "uniqueItems: true is not supported");
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
-    if (pre && !cJSON_IsArray(pre)) return jfail(c, TP_EINVAL, "prefixItems: expected an array of schemas");
-    if (cJSON_IsArray(items)) return jfail(c, TP_EINVAL, "items: an array (draft 2019 form) is not supported, use prefixItems");
+    if (pre && !cJSON_IsArray(pre)) return jfail(c, pre, TP_EINVAL, "prefixItems: expected an array of schemas");
+    if (cJSON_IsArray(items)) return jfail(c, items, TP_EINVAL, "items: an array (draft 2019 form) is not supported, use prefixItems");
     int np = cJSON_GetArraySize(pre);
     int *pid = calloc((size_t)np + 1, sizeof *pid);
     if (!pid) return oom(c);
@@ -1295,7 +1478,7 @@ static int consts_distinct(jc *c, cJSON *const *br, int nb)
         for (const cJSON *f = cJSON_IsObject(b) ? b->child : NULL; f && plain; f = f->next)
             plain = is_annotation(f->string) || !strcmp(f->string, "enum") || !strcmp(f->string, "const");
         if (!plain || (e && k) || (e && !cJSON_IsArray(e))) {
-            rc = jfail(c, TP_EINVAL, "oneOf: %d branches are too many to prove that they exclude each other (only "
+            rc = jfail(c, b, TP_EINVAL, "oneOf: %d branches are too many to prove that they exclude each other (only "
                                      "when all are const/enum)", nb);
             break;
         }
@@ -1304,7 +1487,7 @@ static int consts_distinct(jc *c, cJSON *const *br, int nb)
             if (!t) rc = oom(c);
             else if (memo_find(&seen, t) >= 0) {
                 free(t);
-                rc = jfail(c, TP_EINVAL, "oneOf: two branches allow the same value (it must match only one): not supported");
+                rc = jfail(c, v, TP_EINVAL, "oneOf: two branches allow the same value (it must match only one): not supported");
             } else if (memo_add(&seen, t, 0) < 0) {
                 free(t);
                 rc = oom(c);
@@ -1323,9 +1506,9 @@ static int compile_plain(jc *c, const cJSON *s, int id, tp_buf *b)
 {
     for (const cJSON *k = s->child; k; k = k->next)
         if (!is_annotation(k->string) && !in_list(handled, k->string))
-            return jfail(c, TP_EINVAL, "keyword '%.64s' is not supported", k->string);
+            return jfail(c, k, TP_EINVAL, "keyword '%.64s' is not supported", k->string);
     const cJSON *pid = cJSON_GetObjectItemCaseSensitive(s, "$id");
-    if (pid && s != c->root) return jfail(c, TP_EINVAL, "$id: only on the root schema");
+    if (pid && s != c->root) return jfail(c, pid, TP_EINVAL, "$id: only on the root schema");
     unsigned types = types_of(c, s);
     if (!types) return FAIL;
     if (types & 128) return NEVER;
@@ -1369,8 +1552,8 @@ static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
     if (r && only_annotations(s, "$ref")) {
-        if (!cJSON_IsString(r)) return jfail(c, TP_EINVAL, "$ref: expected a string");
-        const cJSON *t = resolve(c, r->valuestring);
+        if (!cJSON_IsString(r)) return jfail(c, r, TP_EINVAL, "$ref: expected a string");
+        const cJSON *t = resolve(c, r);
         if (!t) return FAIL;
         int tid = compile(c, t, r->valuestring, true);
         if (tid >= 0) ref(b, tid);
@@ -1381,7 +1564,7 @@ static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
         cJSON *m = merge_all(c, one, 1);
         if (!m) return FAIL;
         int mid = compile(c, m, "allOf", true);
-        cJSON_Delete(m);
+        keep(c, m);
         if (mid >= 0) ref(b, mid);
         return mid < 0 ? mid : 0;
     }
@@ -1389,7 +1572,7 @@ static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
     const char *kw = "anyOf";
     if (!any) any = cJSON_GetObjectItemCaseSensitive(s, kw = "oneOf");
     if (!any) return compile_plain(c, s, id, b);
-    if (!cJSON_IsArray(any) || !any->child) return jfail(c, TP_EINVAL, "%s: expected a non-empty array", kw);
+    if (!cJSON_IsArray(any) || !any->child) return jfail(c, any, TP_EINVAL, "%s: expected a non-empty array", kw);
     /* the siblings of anyOf/oneOf apply to every branch */
     cJSON *rest = cJSON_Duplicate(s, true);
     if (!rest) return oom(c);
@@ -1408,7 +1591,7 @@ static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
          * the properties that tell the branches apart */
         bool direct = plain && !(cJSON_IsObject(a) && (cJSON_GetObjectItemCaseSensitive(a, "$ref") ||
                                                       cJSON_GetObjectItemCaseSensitive(a, "allOf")));
-        br[i] = direct ? cJSON_Duplicate(a, true) : merge_all(c, two + (plain ? 1 : 0), plain ? 1 : 2);
+        br[i] = direct ? dup_from(c, a) : merge_all(c, two + (plain ? 1 : 0), plain ? 1 : 2);
         if (!br[i]) {
             rc = c->rc ? FAIL : oom(c);
             goto out;
@@ -1421,7 +1604,7 @@ static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
         for (int x = 0; x < nb; x++)
             for (int y = x + 1; y < nb; y++)
                 if (!disjoint(c, br[x], br[y])) {
-                    rc = jfail(c, TP_EINVAL, "oneOf: branches %d and %d may both match; only oneOf with branches "
+                    rc = jfail(c, cJSON_GetArrayItem(any, y), TP_EINVAL, "oneOf: branches %d and %d may both match; only oneOf with branches "
                                              "that exclude each other (types, constants, required/forbidden keys) is supported",
                                x, y);
                     goto out;
@@ -1438,7 +1621,7 @@ static int compile_body(jc *c, const cJSON *s, int id, tp_buf *b)
     }
     rc = alts ? 0 : NEVER;
 out:
-    for (i = 0; i < nb; i++) cJSON_Delete(br[i]);
+    for (i = 0; i < nb; i++) keep(c, br[i]);
     free(br);
     cJSON_Delete(rest);
     return rc;
@@ -1481,16 +1664,16 @@ static int compile_in(jc *c, const cJSON *s, const char *where)
     }
     if (cJSON_IsFalse(s)) return NEVER;
     if (!cJSON_IsObject(s))
-        return jfail(c, TP_EINVAL, "%s%sa schema must be an object or a boolean", where ? where : "",
+        return jfail(c, s, TP_EINVAL, "%s%sa schema must be an object or a boolean", where ? where : "",
                      where ? ": " : "");
-    if (c->depth >= c->o->max_depth) return jfail(c, TP_ERANGE, "schemas nested deeper than %d", c->o->max_depth);
+    if (c->depth >= c->o->max_depth) return jfail(c, s, TP_ERANGE, "schemas nested deeper than %d", c->o->max_depth);
     char *key = cJSON_PrintUnformatted(s);
     if (!key) return oom(c);
     int i = memo_find(c, key);
     if (i >= 0) {
         free(key);
         if (left_recursive(c, c->m[i].id))
-            return jfail(c, TP_EINVAL, "%s%sa $ref cycle that writes nothing before it repeats (left recursion)",
+            return jfail(c, s, TP_EINVAL, "%s%sa $ref cycle that writes nothing before it repeats (left recursion)",
                          where ? where : "", where ? ": " : "");
         return c->m[i].id;
     }
@@ -1505,8 +1688,12 @@ static int compile_in(jc *c, const cJSON *s, const char *where)
         int *o = realloc(c->open, (size_t)cn * sizeof *o);
         if (!o) return oom(c);
         c->open = o;
+        const cJSON **w = realloc(c->sch, (size_t)cn * sizeof *w);
+        if (!w) return oom(c);
+        c->sch = w;
         c->copen = cn;
     }
+    c->sch[c->nopen] = s;
     c->open[c->nopen++] = id;
     c->depth++;
     tp_buf b;
@@ -1524,6 +1711,7 @@ static int compile_in(jc *c, const cJSON *s, const char *where)
     if (r == NEVER) {
         /* the rule may already be named by a recursive use: it matches nothing */
         tp_buf_printf(&c->out, "%s ::= never\n", name);
+        if (!c->never_rule) c->never_at = s;
         c->never_rule = true;
         c->m[slot].id = NEVER;
     } else {
@@ -1565,17 +1753,27 @@ static int text_depth(const char *s, size_t n)
 static int finish(jc *c, int root, char **gbnf)
 {
     if (root == FAIL) return c->rc;
-    if (root == NEVER) return tp_err_set(c->err, TP_EINVAL, "json schema: accepts no value at all");
+    char loc[JS_ERR_POINTER_BYTES + JS_ERR_VALUE_BYTES + 64];
+    if (root == NEVER) {
+        refusal_at(c, c->root, loc, sizeof loc);
+        return tp_err_set(c->err, TP_EINVAL, "json schema: accepts no value at all%s", loc);
+    }
     /* GBNF has no element that matches nothing (the engine refuses an empty
      * class), so a subschema no value satisfies is refused, not written */
-    if (c->never_rule)
-        return tp_err_set(c->err, TP_EINVAL, "json schema: a subschema accepts no value (e.g. minimum above maximum)");
+    if (c->never_rule) {
+        refusal_at(c, c->never_at, loc, sizeof loc);
+        return tp_err_set(c->err, TP_EINVAL, "json schema: a subschema accepts no value (e.g. minimum above maximum)%s", loc);
+    }
     tp_buf all;
     tp_buf_init(&all, c->o->max_gbnf_bytes);
     tp_buf_printf(&all, "root ::= s%d\n", root);
     tp_buf_add(&all, c->out.data ? c->out.data : "", c->out.len);
     tp_buf_puts(&all, common_rules);
-    fmt_rules(&all, c->fmt);
+    tp_err fe = {0};
+    if (fmt_rules(&all, c->fmt, c->o->max_depth, &fe)) {
+        tp_buf_free(&all);
+        return tp_err_set(c->err, fe.code, "json schema: %s", fe.msg);
+    }
     if (c->never_rule) tp_buf_puts(&all, "never ::= [^\\x00-\\U0010FFFF]\n");
     if (c->out.err == TP_ENOMEM || all.err == TP_ENOMEM) {
         tp_buf_free(&all);
@@ -1592,6 +1790,10 @@ static int finish(jc *c, int root, char **gbnf)
 
 static void jc_free(jc *c)
 {
+    for (size_t i = 0; i < c->nkeep; i++) cJSON_Delete(c->keep[i]);
+    free(c->keep);
+    free(c->orig);
+    free(c->sch);
     for (int i = 0; i < c->nm; i++) free(c->m[i].key);
     free(c->m);
     free(c->idx);

@@ -78,6 +78,58 @@ struct tp_jschema_opts;
 int js_begin(const char *what, const char *text, size_t len, const struct tp_jschema_opts **o,
              struct tp_jschema_opts *def, char **gbnf, tp_err *err);
 
+/* ---- automata over code points (jschema_dfa.c) ----
+ * For string keywords that must all hold (a format or pattern with
+ * minLength/maxLength, a format with a pattern): each language becomes a
+ * DFA, two are intersected, and the strings of the result within the
+ * lengths are written as GBNF rules. */
+
+typedef struct jnfa_e {
+    int from, to;
+    bool eps; /* no set: an epsilon edge */
+    cset set;
+} jnfa_e;
+
+/* A Thompson NFA under construction; errors (out of memory) stick in oom. */
+typedef struct jnfa {
+    jnfa_e *e;
+    int ne, ce;
+    int n; /* states 0 .. n-1 */
+    bool oom;
+} jnfa;
+
+int jnfa_state(jnfa *a);
+/* an edge on the code points of set (copied), NULL: epsilon */
+void jnfa_edge(jnfa *a, int from, int to, const cset *set);
+void jnfa_free(jnfa *a);
+
+/* A DFA over code points: state 0 starts, a state's transition sets are
+ * disjoint, never a surrogate. Opaque. */
+typedef struct jdfa jdfa;
+void jdfa_free(jdfa *d);
+/* Subset construction (caller frees); NULL with err when it needs more
+ * than max_states states (TP_ERANGE) or memory. */
+jdfa *jdfa_from_nfa(const jnfa *a, int start, int accept, int max_states, tp_err *err);
+/* The strings both accept (caller frees); NULL as jdfa_from_nfa. */
+jdfa *jdfa_product(const jdfa *x, const jdfa *y, int max_states, tp_err *err);
+/* Append to rules the GBNF rules `BASE-N` (and `BASE-cN` for character
+ * sets) of the strings of d with lo..hi code points (hi SIZE_MAX: no
+ * bound), each code point canonically JSON-escaped, and the start rule's
+ * name to expr. Returns 0, 1 when no string qualifies (nothing written),
+ * or a negative TP_E code with err (more than max_rules rules or
+ * JS_MAX_LEN_STATES pairs of state and count). */
+int jdfa_write(const jdfa *d, size_t lo, size_t hi, const char *base, int max_rules, tp_buf *rules, tp_buf *expr,
+               tp_err *err);
+
+/* Regex -> DFA (caller frees *out): the same language rx_compile_expr
+ * writes, over code points. */
+int rx_compile_dfa(const char *re, size_t len, int max_depth, int max_states, jdfa **out, tp_err *err);
+
+#define JS_MAX_DFA_STATES 4096     /* states of one string keyword's automaton, or of two intersected */
+#define JS_MAX_DFA_WORK 4000000   /* subset members, edges and boundaries visited building one DFA */
+#define JS_MAX_LEN_STATES 100000   /* (state, count) pairs explored for minLength/maxLength */
+#define JS_MAX_LEN_RULES 3000      /* rules written for one string with its lengths */
+
 #define RX_MAX_REPEAT 100000       /* largest {m,n} bound in a pattern */
 #define RX_MAX_EXPANSION 200000    /* pattern size with every repetition unrolled */
 

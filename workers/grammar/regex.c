@@ -594,27 +594,134 @@ static void rx_free(rxp *p)
     free(p->node);
 }
 
+/* parse and check a pattern: the tree's top node, or the error code */
+static int rx_parse(rxp *p, int *top)
+{
+    *top = rx_alt(p);
+    if (*top >= 0 && p->i < p->n) rx_fail(p, TP_EINVAL, "pattern: %s (at offset %u)", "unmatched )");
+    if (p->rc) return p->rc;
+    for (int k = 0; k < p->nn; k++)
+        if (p->node[k].set.oom) return tp_err_set(p->err, TP_ENOMEM, "pattern: out of memory");
+    size_t lo, hi, w;
+    rx_measure(p, *top, &lo, &hi, &w);
+    if (w > RX_MAX_EXPANSION)
+        return tp_err_set(p->err, TP_ERANGE, "pattern: expands to more than %d parts with its repetitions unrolled",
+                          RX_MAX_EXPANSION);
+    return 0;
+}
+
+/* ---- regex -> NFA ------------------------------------------------------ */
+
+/* the NFA of node x from state `from`; returns its end state */
+static int rx_nfa(const rxp *p, jnfa *a, int x, int from)
+{
+    const rxn *n = &p->node[x];
+    int end;
+    switch (n->kind) {
+    case RX_SET:
+        end = jnfa_state(a);
+        jnfa_edge(a, from, end, &n->set);
+        return end;
+    case RX_SEQ:
+        for (int k = 0; k < n->nk; k++) from = rx_nfa(p, a, n->kid[k], from);
+        return from;
+    case RX_ALT:
+        end = jnfa_state(a);
+        for (int k = 0; k < n->nk; k++) jnfa_edge(a, rx_nfa(p, a, n->kid[k], from), end, NULL);
+        return end;
+    case RX_REP: {
+        int cur = from;
+        for (long k = 0; k < n->min; k++) cur = rx_nfa(p, a, n->kid[0], cur);
+        if (n->max < 0) {
+            /* a fresh loop state: nothing before it can re-enter */
+            int loop = jnfa_state(a);
+            jnfa_edge(a, cur, loop, NULL);
+            jnfa_edge(a, rx_nfa(p, a, n->kid[0], loop), loop, NULL);
+            return loop;
+        }
+        /* the optional copies each may stop at one end state: closures
+         * stay small (a chain of x? would hold every later copy in each) */
+        end = jnfa_state(a);
+        for (long k = n->min; k < n->max; k++) {
+            jnfa_edge(a, cur, end, NULL);
+            cur = rx_nfa(p, a, n->kid[0], cur);
+        }
+        jnfa_edge(a, cur, end, NULL);
+        return end;
+    }
+    default: return from; /* anchors: at the ends, handled by the caller */
+    }
+}
+
+int rx_compile_dfa(const char *re, size_t len, int max_depth, int max_states, jdfa **out, tp_err *err)
+{
+    rxp p = {.s = re, .n = len, .max_depth = max_depth, .err = err};
+    int top;
+    *out = NULL;
+    int rc = rx_parse(&p, &top);
+    if (rc) {
+        rx_free(&p);
+        return rc;
+    }
+    jnfa a = {0};
+    cset any = {0};
+    jcs_negate(&any);
+    int start = jnfa_state(&a), accept = jnfa_state(&a);
+    /* the top alternatives (sequences), each with its anchors at its ends only */
+    int one[1] = {top};
+    const int *alts = one;
+    int nalt = 1;
+    if (p.node[top].kind == RX_ALT) alts = p.node[top].kid, nalt = p.node[top].nk;
+    for (int i = 0; i < nalt && !rc; i++) {
+        const rxn *s = &p.node[alts[i]];
+        int from = 0, to = s->nk;
+        bool bol = to > 0 && p.node[s->kid[0]].kind == RX_BOL;
+        if (bol) from++;
+        bool eol = to > from && p.node[s->kid[to - 1]].kind == RX_EOL;
+        if (eol) to--;
+        int cur = start;
+        if (!bol) { /* ECMA's search: anything before */
+            int l = jnfa_state(&a);
+            jnfa_edge(&a, cur, l, NULL);
+            jnfa_edge(&a, l, l, &any);
+            cur = l;
+        }
+        for (int k = from; k < to; k++) {
+            int kid = s->kid[k];
+            if (has_anchor(&p, kid)) {
+                rc = tp_err_set(err, TP_EINVAL, "pattern: an anchor ^ or $ inside the pattern is not supported (only at its ends)");
+                break;
+            }
+            cur = rx_nfa(&p, &a, kid, cur);
+        }
+        if (!eol) {
+            int l = jnfa_state(&a);
+            jnfa_edge(&a, cur, l, NULL);
+            jnfa_edge(&a, l, l, &any);
+            cur = l;
+        }
+        jnfa_edge(&a, cur, accept, NULL);
+    }
+    if (!rc && (a.oom || any.oom)) rc = tp_err_set(err, TP_ENOMEM, "pattern: out of memory");
+    if (!rc) {
+        *out = jdfa_from_nfa(&a, start, accept, max_states, err);
+        if (!*out) rc = err && err->code ? err->code : TP_ENOMEM;
+    }
+    jcs_free(&any);
+    jnfa_free(&a);
+    rx_free(&p);
+    return rc;
+}
+
 int rx_compile_expr(const char *re, size_t len, bool json, const char *anychar, int max_depth,
                     tp_buf *out, size_t *minlen, size_t *maxlen, tp_err *err)
 {
     rxp p = {.s = re, .n = len, .max_depth = max_depth, .err = err};
-    int top = rx_alt(&p);
-    if (top >= 0 && p.i < p.n) rx_fail(&p, TP_EINVAL, "pattern: %s (at offset %u)", "unmatched )");
-    if (p.rc) {
+    int top;
+    int rc0 = rx_parse(&p, &top);
+    if (rc0) {
         rx_free(&p);
-        return p.rc;
-    }
-    for (int k = 0; k < p.nn; k++)
-        if (p.node[k].set.oom) {
-            rx_free(&p);
-            return tp_err_set(err, TP_ENOMEM, "pattern: out of memory");
-        }
-    size_t lo, hi, w;
-    rx_measure(&p, top, &lo, &hi, &w);
-    if (w > RX_MAX_EXPANSION) {
-        rx_free(&p);
-        return tp_err_set(err, TP_ERANGE, "pattern: expands to more than %d parts with its repetitions unrolled",
-                          RX_MAX_EXPANSION);
+        return rc0;
     }
     /* the top alternatives, each with its anchors at its ends only */
     int one[1] = {top};

@@ -1,0 +1,440 @@
+/* The mixture-of-experts FFN (moe.h): routing, the grouping of a step's
+ * tokens by expert, the experts' matmuls on the pool, the weighted sum. */
+#include "moe.h"
+#include "tokpipe/ggml_types.h"
+#include "kernels.h"
+#include "quant.h"
+#include "vexp.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Typed matmuls split at multiples of this (forward.c's TYPED_ROW_ALIGN). */
+#define TYPED_ALIGN 16
+/* What one SwiGLU element costs in multiply-adds (forward.c's SWIGLU_MACS). */
+#define SWIGLU_MACS 16
+/* llama.cpp clamps the top-k weights' sum at F16's smallest normal. */
+#define MIN_WEIGHT_SUM 6.103515625e-5f
+
+/* One of gate, up, down (or the router) of a layer: per expert (one
+ * for the router) the file's view with its panel, or a packed F32 copy. */
+typedef struct exp_mat {
+    int n;
+    tp_wmat *w;    /* [n] */
+    tp_packed *p;  /* [n] when F32 */
+    int kind;      /* typed: 0 integer (quantized input), 1 F16/BF16 (float input) */
+} exp_mat;
+
+typedef struct moe_layer {
+    exp_mat router, gate, up, down;
+} moe_layer;
+
+struct tp_moe {
+    const tp_model *model;
+    int dim, ne, k, ff, max_tok;
+    moe_layer *layers;
+    tp_qact qx[2];  /* the router's / gate and up's input by kind: [T * k][dim] */
+    tp_qact qd[2];  /* down's input by kind: [T * k][ff] */
+    float *logits;  /* [T][ne], then the router's probabilities */
+    int *sel;       /* [T][k] experts by rank */
+    float *wt;      /* [T][k] their weights */
+    int *row;       /* [T][k] the gathered row of (token, rank) */
+    int *cnt, *off, *active, *start; /* [ne]: rows of each expert, first row; active experts, their job rows */
+    int n_active;
+    float *xg;      /* [T * k][dim] each row's input, grouped by expert */
+    float *h;       /* [T * k][2 ff] gate, up */
+    float *a;       /* [T * k][ff] SwiGLU */
+    float *y;       /* [T * k][dim] the expert's output */
+};
+
+/* ---- setup ------------------------------------------------------------- */
+
+static int mat_init(exp_mat *m, const tp_wmat *src, int n, bool panels, const tp_model *model)
+{
+    m->n = n;
+    m->w = calloc((size_t)n, sizeof *m->w);
+    if (!m->w)
+        return TP_ENOMEM;
+    memcpy(m->w, src, (size_t)n * sizeof *m->w);
+    m->kind = src->type == TP_GGML_F16 || src->type == TP_GGML_BF16;
+    if (src->type == TP_GGML_F32) {
+        m->p = calloc((size_t)n, sizeof *m->p);
+        if (!m->p)
+            return TP_ENOMEM;
+        for (int e = 0; e < n; e++) {
+            const float *d = m->w[e].data;
+            if (tp_pack(&d, &m->w[e].rows, 1, m->w[e].cols, &m->p[e]))
+                return TP_ENOMEM;
+            tp_model_drop_pages(model, d, m->w[e].row_bytes * (size_t)m->w[e].rows);
+        }
+        return 0;
+    }
+    for (int e = 0; panels && e < n; e++) {
+        if (!tp_qpanel_bytes(&m->w[e]))
+            continue;
+        if (tp_qpanel_build(&m->w[e], NULL))
+            return TP_ENOMEM;
+        tp_model_drop_pages(model, m->w[e].data, m->w[e].row_bytes * (size_t)m->w[e].rows);
+    }
+    return 0;
+}
+
+static void mat_free(exp_mat *m)
+{
+    for (int e = 0; e < m->n; e++) {
+        if (m->p)
+            tp_packed_free(&m->p[e]);
+        if (m->w)
+            tp_qpanel_free(&m->w[e]);
+    }
+    free(m->w);
+    free(m->p);
+}
+
+int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
+{
+    *out = NULL;
+    const tp_model_config *c = tp_model_get_config(model);
+    if (!c->n_expert)
+        return 0;
+    tp_moe *m = calloc(1, sizeof *m);
+    if (!m)
+        return TP_ENOMEM;
+    m->model = model;
+    m->dim = c->dim;
+    m->ne = c->n_expert;
+    m->k = c->n_expert_used;
+    m->ff = c->expert_ff;
+    m->max_tok = max_tokens;
+    size_t T = (size_t)max_tokens, R = T * (size_t)m->k, d = (size_t)m->dim, ff = (size_t)m->ff;
+    size_t ne = (size_t)m->ne;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    int rc = m->layers ? 0 : TP_ENOMEM;
+    bool int_in = false, int_down = false;
+    const tp_model_weights *w = tp_model_get_weights(model);
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        const tp_layer_weights *lw = &w->layers[l];
+        moe_layer *L = &m->layers[l];
+        rc = mat_init(&L->router, &lw->m.wr, 1, panels, model);
+        if (!rc) rc = mat_init(&L->gate, lw->w1_exps, m->ne, panels, model);
+        if (!rc) rc = mat_init(&L->up, lw->w3_exps, m->ne, panels, model);
+        if (!rc) rc = mat_init(&L->down, lw->w2_exps, m->ne, panels, model);
+        if (!rc) {
+            int_in = int_in || (!L->router.p && !L->router.kind) || (!L->gate.p && !L->gate.kind) ||
+                     (!L->up.p && !L->up.kind);
+            int_down = int_down || (!L->down.p && !L->down.kind);
+        }
+    }
+    if (!rc && int_in) rc = tp_qact_init(&m->qx[0], (int)R, m->dim);
+    if (!rc && int_down) rc = tp_qact_init(&m->qd[0], (int)R, m->ff);
+    if (!rc) {
+        m->logits = malloc(T * ne * sizeof *m->logits);
+        m->sel = malloc(R * sizeof *m->sel);
+        m->wt = malloc(R * sizeof *m->wt);
+        m->row = malloc(R * sizeof *m->row);
+        m->cnt = malloc(ne * sizeof *m->cnt);
+        m->off = malloc(ne * sizeof *m->off);
+        m->active = malloc(ne * sizeof *m->active);
+        m->start = malloc((ne + 1) * sizeof *m->start);
+        m->xg = malloc(R * d * sizeof *m->xg);
+        m->h = malloc(R * 2 * ff * sizeof *m->h);
+        m->a = malloc(R * ff * sizeof *m->a);
+        m->y = malloc(R * d * sizeof *m->y);
+        if (!m->logits || !m->sel || !m->wt || !m->row || !m->cnt || !m->off || !m->active || !m->start ||
+            !m->xg || !m->h || !m->a || !m->y)
+            rc = TP_ENOMEM;
+    }
+    if (rc) {
+        tp_moe_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void tp_moe_free(tp_moe *m)
+{
+    if (!m)
+        return;
+    if (m->layers)
+        for (int l = 0; l < tp_model_get_config(m->model)->n_layers; l++) {
+            mat_free(&m->layers[l].router);
+            mat_free(&m->layers[l].gate);
+            mat_free(&m->layers[l].up);
+            mat_free(&m->layers[l].down);
+        }
+    free(m->layers);
+    tp_qact_free(&m->qx[0]);
+    tp_qact_free(&m->qd[0]);
+    free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->cnt); free(m->off); free(m->active);
+    free(m->start); free(m->xg); free(m->h); free(m->a); free(m->y);
+    free(m);
+}
+
+void tp_moe_last_choice(const tp_moe *m, int t, const int **experts, const float **weights)
+{
+    *experts = m->sel + (size_t)t * (size_t)m->k;
+    *weights = m->wt + (size_t)t * (size_t)m->k;
+}
+
+/* ---- a step ------------------------------------------------------------ */
+
+static int parts_for(const tp_moe_run *r, double macs)
+{
+    double p = macs / (double)(r->part_min < 1 ? 1 : r->part_min);
+    int n = tp_pool_threads(r->pool);
+    return p >= n ? n : p < 1 ? 1 : (int)p;
+}
+
+static int align_of(const exp_mat *m) { return m->p ? TP_MATMUL_ROW_ALIGN : TYPED_ALIGN; }
+
+/* Rows [lo, hi) of expert e's matrix over its n input rows from t0 (x:
+ * [.][ldx] F32; qa: the typed input by kind), into y ([n][ldy]). */
+static void mat_rows(const exp_mat *m, int e, const float *x, int ldx, const tp_qact *qa, int t0, int n, float *y,
+                     int ldy, int lo, int hi, const tp_moe_run *r)
+{
+    if (m->p) {
+        tp_matmul_rows(&m->p[e], x + (size_t)t0 * (size_t)ldx, ldx, n, y, ldy, lo, hi, r->simd);
+        return;
+    }
+    tp_qact v = tp_qact_rows(&qa[m->kind], t0, n);
+    tp_qmatmul_rows(&m->w[e], &v, y, ldy, lo, hi, r->qsimd);
+}
+
+/* Prepare a typed matrix's input x ([n][cols]) in qa[kind]. */
+static void prepare(const exp_mat *m, tp_qact *qa, const float *x, int n, int cols)
+{
+    if (!m->p)
+        tp_qact_prepare(&qa[m->kind], m->w[0].type, x, cols, n, cols);
+}
+
+typedef struct router_job {
+    const tp_moe *m;
+    const exp_mat *mat;
+    const float *x;
+    int n_tok;
+    const tp_moe_run *r;
+} router_job;
+
+static void router_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const router_job *j = arg;
+    mat_rows(j->mat, 0, j->x, j->m->dim, j->m->qx, 0, j->n_tok, j->m->logits, j->m->ne, r0, r1, j->r);
+}
+
+/* Softmax over the experts (e^x by tp_vexp, the sum in index order), the
+ * top k by probability (ties: the lower index), their weights renormalised. */
+static void route_token(tp_moe *m, int t)
+{
+    float *p = m->logits + (size_t)t * (size_t)m->ne;
+    int *sel = m->sel + (size_t)t * (size_t)m->k;
+    float *wt = m->wt + (size_t)t * (size_t)m->k;
+    float max = p[0], sum = 0;
+    for (int e = 1; e < m->ne; e++)
+        if (p[e] > max)
+            max = p[e];
+    for (int e = 0; e < m->ne; e++) {
+        p[e] = tp_vexp(p[e] - max);
+        sum += p[e];
+    }
+    for (int e = 0; e < m->ne; e++)
+        p[e] /= sum;
+    float wsum = 0;
+    for (int r = 0; r < m->k; r++) {
+        int best = -1;
+        for (int e = 0; e < m->ne; e++) {
+            bool taken = false;
+            for (int q = 0; q < r && !taken; q++)
+                taken = sel[q] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) /* strictly: an equal later one stays behind */
+                best = e;
+        }
+        sel[r] = best;
+        wt[r] = p[best];
+        wsum += wt[r];
+    }
+    if (wsum < MIN_WEIGHT_SUM)
+        wsum = MIN_WEIGHT_SUM;
+    for (int r = 0; r < m->k; r++)
+        wt[r] /= wsum;
+}
+
+/* Group the rows (token, rank) by expert, token order within one; copy
+ * each row's input. */
+static void group(tp_moe *m, const float *x, int T)
+{
+    int k = m->k;
+    memset(m->cnt, 0, (size_t)m->ne * sizeof *m->cnt);
+    for (int i = 0; i < T * k; i++)
+        m->cnt[m->sel[i]]++;
+    m->n_active = 0;
+    for (int e = 0, o = 0; e < m->ne; o += m->cnt[e++]) {
+        m->off[e] = o;
+        if (m->cnt[e])
+            m->active[m->n_active++] = e;
+    }
+    int *next = m->start; /* scratch until the jobs set it */
+    memcpy(next, m->off, (size_t)m->ne * sizeof *next);
+    size_t d = (size_t)m->dim;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < k; r++) {
+            int g = next[m->sel[t * k + r]]++;
+            m->row[t * k + r] = g;
+            memcpy(m->xg + (size_t)g * d, x + (size_t)t * d, d * sizeof(float));
+        }
+}
+
+/* Each active expert's rows of a job at start[i], rows of rows each,
+ * aligned; returns the job's rows. */
+static int layout(tp_moe *m, int rows, int align)
+{
+    int s = 0;
+    for (int i = 0; i < m->n_active; i++) {
+        m->start[i] = s;
+        s += (rows + align - 1) / align * align;
+    }
+    m->start[m->n_active] = s;
+    return s;
+}
+
+typedef struct exp_job {
+    tp_moe *m;
+    const moe_layer *L;
+    const tp_moe_run *r;
+} exp_job;
+
+/* out = silu(g) * u over n elements: g * (1 / (1 + e^-g)) * u (forward.c's). */
+static void swiglu_scalar(const float *g, const float *u, float *out, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float val = g[i];
+        val *= 1.0f / (1.0f + tp_vexp(-val));
+        out[i] = val * u[i];
+    }
+}
+
+__attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const float *u, float *out, int n)
+{
+    int i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 val = _mm256_loadu_ps(g + i);
+        __m256 e = tp_vexp8_avx2(_mm256_xor_ps(val, sign));
+        val = _mm256_mul_ps(val, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(val, _mm256_loadu_ps(u + i)));
+    }
+    swiglu_scalar(g + i, u + i, out + i, n - i);
+}
+
+/* The piece [lo, hi) of active expert i's rows (of rows) that job rows
+ * [r0, r1) cover; false when none. */
+static bool piece(const tp_moe *m, int i, int rows, int r0, int r1, int *lo, int *hi)
+{
+    *lo = r0 > m->start[i] ? r0 - m->start[i] : 0;
+    *hi = r1 - m->start[i] < rows ? r1 - m->start[i] : rows;
+    return *lo < *hi;
+}
+
+/* Gate and up rows [lo, hi) of each expert over its tokens, then their
+ * SwiGLU: no wait between the matmuls and the SwiGLU. */
+static void up_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const exp_job *j = arg;
+    tp_moe *m = j->m;
+    int ff = m->ff, lo, hi;
+    for (int i = 0; i < m->n_active && m->start[i] < r1; i++) {
+        if (!piece(m, i, ff, r0, r1, &lo, &hi))
+            continue;
+        int e = m->active[i], t0 = m->off[e], n = m->cnt[e];
+        float *h = m->h + (size_t)t0 * 2 * (size_t)ff;
+        mat_rows(&j->L->gate, e, m->xg, m->dim, m->qx, t0, n, h, 2 * ff, lo, hi, j->r);
+        mat_rows(&j->L->up, e, m->xg, m->dim, m->qx, t0, n, h + ff, 2 * ff, lo, hi, j->r);
+        for (int g = 0; g < n; g++) {
+            const float *hg = h + (size_t)g * 2 * (size_t)ff;
+            float *ag = m->a + (size_t)(t0 + g) * (size_t)ff;
+            if (j->r->simd)
+                swiglu_avx2(hg + lo, hg + ff + lo, ag + lo, hi - lo);
+            else
+                swiglu_scalar(hg + lo, hg + ff + lo, ag + lo, hi - lo);
+        }
+    }
+}
+
+static void down_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const exp_job *j = arg;
+    tp_moe *m = j->m;
+    int lo, hi;
+    for (int i = 0; i < m->n_active && m->start[i] < r1; i++) {
+        if (!piece(m, i, m->dim, r0, r1, &lo, &hi))
+            continue;
+        int e = m->active[i], t0 = m->off[e];
+        mat_rows(&j->L->down, e, m->a, m->ff, m->qd, t0, m->cnt[e], m->y + (size_t)t0 * (size_t)m->dim, m->dim, lo,
+                 hi, j->r);
+    }
+}
+
+typedef struct sum_job {
+    const tp_moe *m;
+    float *out;
+} sum_job;
+
+/* Tokens [t0, t1): the weighted outputs in rank order, each product
+ * rounded, then added (the build keeps them apart: -ffp-contract=off). */
+static void sum_rows(void *arg, int t0, int t1, int worker)
+{
+    (void)worker;
+    const sum_job *j = arg;
+    const tp_moe *m = j->m;
+    size_t d = (size_t)m->dim;
+    for (int t = t0; t < t1; t++) {
+        float *o = j->out + (size_t)t * d;
+        const int *row = m->row + (size_t)t * (size_t)m->k;
+        const float *wt = m->wt + (size_t)t * (size_t)m->k;
+        const float *y0 = m->y + (size_t)row[0] * d;
+        for (size_t i = 0; i < d; i++)
+            o[i] = wt[0] * y0[i];
+        for (int r = 1; r < m->k; r++) {
+            const float *y = m->y + (size_t)row[r] * d;
+            float w = wt[r];
+            for (size_t i = 0; i < d; i++) {
+                float term = w * y[i];
+                o[i] = o[i] + term;
+            }
+        }
+    }
+}
+
+void tp_moe_ffn(tp_moe *m, const tp_moe_run *r, int l, const float *x, int T, float *out)
+{
+    const moe_layer *L = &m->layers[l];
+    int R = T * m->k;
+    double d = m->dim, ff = m->ff;
+    /* route */
+    router_job rj = {m, &L->router, x, T, r};
+    prepare(&L->router, m->qx, x, T, m->dim);
+    tp_pool_run(r->pool, m->ne, align_of(&L->router), parts_for(r, (double)m->ne * d * T), router_rows, &rj);
+    for (int t = 0; t < T; t++)
+        route_token(m, t);
+    group(m, x, T);
+    /* gate, up, SwiGLU: experts and rows split together */
+    exp_job j = {m, L, r};
+    prepare(&L->gate, m->qx, m->xg, R, m->dim);
+    if (!L->up.p && (L->gate.p || L->up.kind != L->gate.kind))
+        prepare(&L->up, m->qx, m->xg, R, m->dim);
+    int align = align_of(&L->gate) > align_of(&L->up) ? align_of(&L->gate) : align_of(&L->up);
+    int rows = layout(m, m->ff, align);
+    tp_pool_run(r->pool, rows, align, parts_for(r, 2.0 * ff * d * R + (double)R * ff * SWIGLU_MACS), up_rows, &j);
+    /* down */
+    prepare(&L->down, m->qd, m->a, R, m->ff);
+    rows = layout(m, m->dim, align_of(&L->down));
+    tp_pool_run(r->pool, rows, align_of(&L->down), parts_for(r, ff * d * R), down_rows, &j);
+    /* combine */
+    sum_job sj = {m, out};
+    tp_pool_run(r->pool, T, 1, parts_for(r, (double)R * d * SWIGLU_MACS), sum_rows, &sj);
+}
