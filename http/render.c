@@ -449,6 +449,28 @@ static void one(tp_buf *b, const char *name, const char *type, const char *help,
     sample(b, name, NULL, v);
 }
 
+/* The signals the Gateway API Inference Extension's endpoint picker scrapes
+ * from a model server (its model server protocol: TotalQueuedRequests,
+ * TotalRunningRequests, KVCacheUtilization), under the vLLM names it reads
+ * by default, so replicas of tokpipe can sit in one InferencePool (README
+ * "Behind a Kubernetes inference gateway"). KV cache use is a fraction:
+ * sequences held over the slots of the live forward workers (a job holds
+ * one slot for its life; with none free, jobs wait). vllm:gpu_cache_usage_perc
+ * is the same under the name older pickers read. */
+static void inference_gateway(tp_buf *b, const tp_m_stats_reply *s)
+{
+    double use = s->kv_slots_total ? (double)s->kv_slots_used / (double)s->kv_slots_total : 0.0;
+    one(b, "vllm:num_requests_waiting", "gauge", "Jobs waiting: tokenizing or waiting for admission (TotalQueuedRequests)",
+        s->jobs_waiting);
+    one(b, "vllm:num_requests_running", "gauge", "Jobs admitted to workers now (TotalRunningRequests)",
+        s->jobs_running);
+    family(b, "vllm:kv_cache_usage_perc", "gauge",
+           "KV cache use, 0-1: slots held over the live forward workers' slots (KVCacheUtilization)");
+    tp_buf_printf(b, "vllm:kv_cache_usage_perc %.6f\n", use);
+    family(b, "vllm:gpu_cache_usage_perc", "gauge", "vllm:kv_cache_usage_perc under its older name");
+    tp_buf_printf(b, "vllm:gpu_cache_usage_perc %.6f\n", use);
+}
+
 /* The forward workers' prefix caches (README "Prefix caching"). */
 static void prefix_cache(tp_buf *b, const tp_m_stats_reply *s)
 {
@@ -594,6 +616,7 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     one(&b, "tokpipe_jobs_waiting", "gauge", "Jobs tokenizing or waiting for admission now", s->jobs_waiting);
     one(&b, "tokpipe_kv_slots_used", "gauge", "KV cache slots (sequences) held by forward workers", s->kv_slots_used);
     one(&b, "tokpipe_kv_slots_capacity", "gauge", "KV cache slots of the live forward workers", s->kv_slots_total);
+    inference_gateway(&b, s);
     prefix_cache(&b, s);
     histogram(&b, "tokpipe_queue_time_seconds", "Time from SUBMIT to a job's first forward step",
               &s->hist[TP_HIST_QUEUE]);
