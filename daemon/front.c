@@ -301,8 +301,8 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
     p->grammar = p->json_schema = (tp_str){0};
     p->json_mode = false;
     if (j->gbnf) {
-        p->grammar = (tp_str){j->gbnf, strlen(j->gbnf)};
-        p->set |= TP_P_GRAMMAR;
+        p->gbnf = (tp_str){j->gbnf, strlen(j->gbnf)};
+        p->set |= TP_P_GBNF;
     }
     p->grammar_trigger = tp_str_of(j->gtrigger);
     /* the request's frames go away: the mode becomes one of our literals */
@@ -346,7 +346,10 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     tp_err ge;
     tp_gnames gn;
     info_gnames(b, &gn);
-    if (s->params.grammar_trigger.ptr)
+    if (s->params.gbnf.ptr)
+        bad(&v, TP_ST_BAD_REQUEST, "params.gbnf", "params.gbnf: set by the broker (what params.grammar, json_schema, "
+            "json_mode or tool_choice compile to), not by producers");
+    else if (s->params.grammar_trigger.ptr)
         bad(&v, TP_ST_BAD_REQUEST, "params.grammar_trigger", "params.grammar_trigger: set by the broker (tool_choice "
             "\"auto\"), not by producers");
     else if (check_submit(b, s, &v) &&

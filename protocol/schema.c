@@ -76,6 +76,8 @@ static const field params_fields[] = {
     {.key = "json_schema", .type = FT_STR, .off = P(json_schema), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
      .setbit = TP_P_JSON_SCHEMA},
     {.key = "json_mode", .type = FT_BOOL, .off = P(json_mode), .setbit = TP_P_JSON_MODE},
+    {.key = "gbnf", .type = FT_STR, .off = P(gbnf), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
+     .setbit = TP_P_GBNF},
     {.key = "grammar_trigger", .type = FT_STR, .off = P(grammar_trigger), .flags = FF_NONEMPTY,
      .max = TP_PROTO_MAX_NAME},
     {.key = "parse_tool_calls", .type = FT_BOOL, .off = P(parse_tool_calls), .setbit = TP_P_PARSE_TOOL_CALLS},

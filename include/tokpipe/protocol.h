@@ -307,6 +307,7 @@ enum {
     TP_P_PARSE_TOOL_CALLS = 1u << 21,
     TP_P_PARSE_REASONING = 1u << 22,
     TP_P_PARALLEL_TOOL_CALLS = 1u << 23,
+    TP_P_GBNF = 1u << 27,
 };
 
 /* params.logit_bias: token id -> bias, as parallel arrays (owned by the
@@ -346,9 +347,12 @@ typedef struct tp_params {
     tp_logit_bias logit_bias;        /* <= TP_PROTO_MAX_LOGIT_BIAS entries (vocabulary: broker) */
     int32_t truncate_prompt_tokens;  /* >= 1: keep only the last N prompt tokens */
     /* Structured output, at most one of the three (limits: broker). The
-     * broker turns json_schema / json_mode into GBNF and sends workers
-     * `grammar` only. */
+     * broker compiles whichever the producer gave (or tool_choice) and
+     * sends workers `gbnf` only. */
     tp_str grammar;                  /* GBNF text (llama.cpp's dialect), root rule `root` */
+    tp_str gbnf;                     /* workers only (the broker sets it): the GBNF the stages
+                                      * apply, what grammar, json_schema, json_mode or tool_choice
+                                      * compiled to at admission */
     tp_str grammar_trigger;          /* workers only (the broker sets it for tool_choice auto): the
                                       * grammar applies from the first time the output holds this
                                       * text (or generates the special token it names) on; the

@@ -200,11 +200,11 @@ static tp_gmatch *masking(const sample_job *j)
  * far (a lost sampler's state, as the penalty window is). */
 static int open_grammar(tp_sample_stage *st, sample_job *j, const tp_m_sample_open *o, tp_err *e)
 {
-    int rc = tp_gcache_matcher(st->gc, o->params.grammar.ptr, o->params.grammar.len, &j->gm, e);
+    int rc = tp_gcache_matcher(st->gc, o->params.gbnf.ptr, o->params.gbnf.len, &j->gm, e);
     if (rc)
         return rc;
     if (tp_gcache_vocab_size(st->gc) != st->vocab)
-        return tp_err_set(e, TP_EINVAL, "params.grammar: the tokenizer has %d tokens, the model %d",
+        return tp_err_set(e, TP_EINVAL, "params.gbnf: the tokenizer has %d tokens, the model %d",
                           tp_gcache_vocab_size(st->gc), st->vocab);
     if (!st->gmask) {
         st->gmask = malloc(tp_gmask_words(st->vocab) * sizeof *st->gmask);
@@ -236,7 +236,7 @@ static int sample_open(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *
     tp_err_clear(&e);
     if (open_sampler(st, o, &j->s, &e))
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
-    if ((o->params.set & TP_P_GRAMMAR) && open_grammar(st, j, o, &e)) {
+    if ((o->params.set & TP_P_GBNF) && open_grammar(st, j, o, &e)) {
         job_drop(st, j);
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
     }

@@ -305,8 +305,8 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
         return rc;
     /* a lazy grammar (tool_choice auto) is the sampler's alone: the output
      * before its trigger is no sentence of it */
-    if ((p->set & TP_P_GRAMMAR) && !p->grammar_trigger.ptr &&
-        (rc = tp_gcache_matcher(st->gc, p->grammar.ptr, p->grammar.len, &j->gm, e)))
+    if ((p->set & TP_P_GBNF) && !p->grammar_trigger.ptr &&
+        (rc = tp_gcache_matcher(st->gc, p->gbnf.ptr, p->gbnf.len, &j->gm, e)))
         return rc;
     if (p->parse_tool_calls || p->parse_reasoning) {
         tp_tcsplit_opts so = {
