@@ -652,6 +652,18 @@ out:
     return rc;
 }
 
+int tp_config_find(const char *path, tp_config *cfg, const char **used, tp_err *err)
+{
+    if (!path && access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
+        path = TP_CONFIG_DEFAULT_PATH;
+    if (used)
+        *used = path;
+    if (path)
+        return tp_config_load(path, cfg, err);
+    int rc = tp_config_defaults(cfg, err);
+    return rc ? rc : tp_config_resolve(cfg, err);
+}
+
 int tp_config_load(const char *path, tp_config *cfg, tp_err *err)
 {
     memset(cfg, 0, sizeof *cfg);

@@ -121,12 +121,10 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (!config && access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
-        config = TP_CONFIG_DEFAULT_PATH;
     tp_config cfg;
     tp_err e;
     tp_err_clear(&e);
-    int rc = config ? tp_config_load(config, &cfg, &e) : tp_config_defaults(&cfg, &e) || tp_config_resolve(&cfg, &e);
+    int rc = tp_config_find(config, &cfg, &config, &e);
     if (rc) {
         fprintf(stderr, "tokpipe-http: %s\n", e.msg);
         return TP_EXIT_BAD_CONFIG;

@@ -456,12 +456,7 @@ int tp_endpoints_resolve(const char *config_path, const char *front, const char 
     tp_config cfg;
     int rc;
     memset(ep, 0, sizeof *ep);
-    if (config_path)
-        rc = tp_config_load(config_path, &cfg, err);
-    else if (access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
-        rc = tp_config_load(TP_CONFIG_DEFAULT_PATH, &cfg, err);
-    else if (!(rc = tp_config_defaults(&cfg, err)))
-        rc = tp_config_resolve(&cfg, err);
+    rc = tp_config_find(config_path, &cfg, NULL, err);
     if (rc)
         return rc;
     rc = copy_ep(ep->front, sizeof ep->front, front ? front : cfg.ep_front, "front", err);

@@ -24,6 +24,7 @@
 #include "tokpipe/stage.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/isa.h"
+#include "tokpipe/proc.h"
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
@@ -692,11 +693,7 @@ int main(int argc, char **argv)
 {
     /* first thing: a SIGTERM while the config or the model loads must end
      * the worker cleanly, not by the default action */
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    tp_proc_on_quit(on_signal);
     static worker w;
     const char *config = NULL, *stages = NULL;
     int pr = parse_args(&w, argc, argv, &config, &stages);
@@ -718,9 +715,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpipe-worker: --stage: %s\n", e.msg);
         return 2;
     }
-    int rc = config || access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0
-                 ? tp_config_load(config ? config : TP_CONFIG_DEFAULT_PATH, &w.cfg, &e)
-                 : tp_config_defaults(&w.cfg, &e) || tp_config_resolve(&w.cfg, &e);
+    int rc = tp_config_find(config, &w.cfg, &config, &e);
     if (rc || (rc = tp_zsec_client_load(&w.cfg, &w.sec, &e))) {
         fprintf(stderr, "tokpipe-worker: %s\n", e.msg);
         tp_config_free(&w.cfg);

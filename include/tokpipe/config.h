@@ -127,6 +127,11 @@ int tp_config_defaults(tp_config *cfg, tp_err *err);
  * *cfg is freed and zeroed and err names the file, line and key. */
 int tp_config_load(const char *path, tp_config *cfg, tp_err *err);
 
+/* How every program finds its configuration: the file at path when given,
+ * else TP_CONFIG_DEFAULT_PATH when readable, else the built-in defaults
+ * (resolved). *used (may be NULL) gets the file read, or NULL. */
+int tp_config_find(const char *path, tp_config *cfg, const char **used, tp_err *err);
+
 /* The same from a YAML text in memory (name is used in error messages). */
 int tp_config_parse(const char *yaml, size_t len, const char *name, tp_config *cfg, tp_err *err);
 
