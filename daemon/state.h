@@ -89,7 +89,7 @@ typedef struct bstats {
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
     uint64_t jobs_poisoned;         /* jobs ended because they lost B_POISON_TRIES workers (recover.c) */
     uint64_t workers_hung;          /* workers lost past their step deadline or silent while owing an answer */
-    uint64_t replies_refused;       /* answers from a worker no longer registered (declared lost) */
+    uint64_t replies_refused;       /* answers and heartbeats from a worker no longer registered (declared lost) */
     double answer_ms[TP_SI_COUNT];  /* moving average of a task's answer time per stage (step deadline) */
 } bstats;
 

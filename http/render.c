@@ -632,7 +632,7 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
         "Jobs ended in error because the workers processing them kept being lost (poison jobs)", s->jobs_poisoned);
     one(&b, "tokpipe_workers_hung_total", "counter",
         "Workers lost because they stopped answering in the middle of a task (step deadline)", s->workers_hung);
-    one(&b, "tokpipe_replies_refused_total", "counter", "Stage answers from worker registrations already dropped",
+    one(&b, "tokpipe_replies_refused_total", "counter", "Stage answers and heartbeats from worker registrations already dropped",
         s->replies_refused);
     family(&b, "tokpipe_jobs_recovered_total", "counter", "Jobs moved to another worker after a loss, per stage");
     for (int i = 0; i < 4; i++) {

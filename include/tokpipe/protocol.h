@@ -515,7 +515,7 @@ typedef struct tp_m_stats_reply {
     uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
     uint64_t jobs_poisoned;        /* jobs ended because workers kept being lost while processing them */
     uint64_t workers_hung;         /* workers lost past their step deadline, or silent while they owed an answer */
-    uint64_t replies_refused;      /* stage answers from a worker registration the broker had dropped */
+    uint64_t replies_refused;      /* answers and heartbeats from a worker registration the broker had dropped */
     /* Prefix cache (PROTOCOL.md STATS_REPLY): counters summed over the
      * forward workers' reports, gauges over the live ones. */
     uint64_t prefix_lookups;       /* prompt chunks offered to a cache */
