@@ -137,6 +137,8 @@ class StandbyTest(unittest.TestCase):
 
     def test_primary_killed_under_load_backup_takes_over_and_generate_completes(self):
         wait_for(lambda: "-> active" in self.primary.text(), 10, "the primary active\n" + self.diag())
+        # (a backup that never saw an active primary never takes over: the pattern's BACKUP state)
+        wait_for(lambda: "-> passive" in self.backup.text(), 10, "the backup passive\n" + self.diag())
         self.start_workers()
         wait_for(lambda: self.all_stages(self.primary), 30, "workers at the primary\n" + self.diag())
         args = sum((["--prompt", x] for x in PROMPTS), []) + GEN
