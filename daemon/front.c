@@ -14,6 +14,7 @@
 #include "pin.h"
 #include "registry.h"
 #include "sched.h"
+#include "standby.h"
 #include "grammar_admit.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/stop.h"
@@ -581,6 +582,18 @@ void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many
         r.status = m.status ? m.status : TP_ST_BAD_REQUEST;
         r.error = tp_str_of(e.msg[0] ? e.msg : "malformed request");
         r.ack.field = tp_str_of(m.bad_field[0] ? m.bad_field : NULL);
+        reply(b, &to, &r);
+        tp_msg_clear(&m);
+        return;
+    }
+    if ((m.cmd == TP_CMD_SUBMIT || m.cmd == TP_CMD_CANCEL || m.cmd == TP_CMD_STATUS) && !standby_client_request(b)) {
+        /* Binary Star: a passive broker refuses, so the client tries the
+         * other one (PROTOCOL.md "Standby broker") */
+        tp_msg r;
+        tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ERROR);
+        r.req = m.req;
+        r.status = TP_ST_UNAVAILABLE;
+        r.error = tp_str_of(TP_STANDBY_PASSIVE_ERROR);
         reply(b, &to, &r);
         tp_msg_clear(&m);
         return;

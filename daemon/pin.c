@@ -231,6 +231,8 @@ void pin_stop_resend(broker *b, bjob *j, int t)
             slots[i] = j->slot;
         st.stop_step.slots = (tp_raw){slots, j->n_cand - k};
         st.stop_step.candidates = (tp_raw){j->cands + k, j->n_cand - k};
+        /* with the rows the sampler sent: their TOKEN events carry them */
+        st.stop_step.lp = joblp_candidates(j, k, j->n_cand);
         out_worker(b, t, &st);
         free(slots);
     }

@@ -170,6 +170,7 @@ typedef struct broker {
     struct binfo *info;             /* INFO: the model's optional READY keys (info.c) */
     unsigned stages_failed;         /* TP_STAGE_* of spawned workers given up on */
     int64_t refused_log_ms;         /* last log line about a refused event */
+    struct bstandby *standby;       /* standby.c: the Binary Star pair; NULL = alone */
 
     /* The model the config names, as read by the broker at start: every
      * worker's READY must match it (model_id[0] == 0: the file is not

@@ -489,9 +489,11 @@ static bool picked_init(picked *p, uint32_t n)
     return p->slots && p->cands && p->src;
 }
 
-static void picked_add(broker *b, picked *p, bjob *j, uint32_t i, int32_t c)
+static void picked_add(broker *b, picked *p, bjob *j, uint32_t i, int32_t c, const tp_lp_cols *lp)
 {
     on_candidate(b, j, c);
+    if (j->n_cand && j->cands[j->n_cand - 1] == c)
+        joblp_on_candidate(j, j->n_cand - 1, lp, i);
     p->src[p->k] = i;
     p->slots[p->k] = j->slot;
     p->cands[p->k++] = c;
@@ -548,7 +550,7 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
             continue;
         jobs_progress(j, TP_SI_FORWARD);
         if (r->sampled)
-            picked_add(b, &p, j, i, tp_raw_i32(r->out, i));
+            picked_add(b, &p, j, i, tp_raw_i32(r->out, i), &r->lp);
         else
             j->phase = P_SAMPLE;
     }
@@ -574,7 +576,7 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
         if (!j || j->smp != wi)
             continue;
         jobs_progress(j, TP_SI_SAMPLE);
-        picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i));
+        picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i), &r->lp);
     }
     picked_send(b, &p, r->step, &r->lp);
     picked_free(&p);

@@ -115,6 +115,13 @@ enum {
     TP_ST_BAD_VERSION = 505,    /* F0 is not this family's magic+version */
 };
 
+/* The error text of a passive standby broker's 503 (to a SUBMIT, CANCEL or
+ * STATUS) and of its DISCONNECT to a worker's READY: the other broker of
+ * the pair serves (PROTOCOL.md "Standby broker"). A client sends the
+ * request again, to the other broker. */
+#define TP_STANDBY_PASSIVE_ERROR "standby: passive broker, the other one serves"
+
+
 /* ---- finish reasons (same numbering as tp_finish_reason in stop.h) ------ */
 
 enum {
