@@ -23,6 +23,11 @@ struct tp_deltanet {
     float *conv;        /* [max_tokens][conv_dim] q, k (normed, q scaled) and v after the conv */
     float *out;         /* [max_tokens][value_dim] */
     int *run_start;     /* [max_tokens + 1] first token of each sequence's run in a step */
+    int *run_snap;      /* [max_tokens] the run's token after which the state is kept, or -1 */
+    float *kept;        /* [slots][slot_n] the state kept at a page boundary this step */
+    int *kept_at;       /* [slots] its position, -1: none */
+    float **snap;       /* [n_pages] a cache page's snapshot, or NULL */
+    int n_pages, n_snaps, max_snaps;
 };
 
 int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_deltanet **out)
@@ -61,12 +66,15 @@ int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_d
     dn->conv = malloc(T * (size_t)dn->conv_dim * sizeof(float));
     dn->out = malloc(T * (size_t)dn->value_dim * sizeof(float));
     dn->run_start = malloc((T + 1) * sizeof(int));
-    if (!dn->state || !dn->saved || !dn->saved_pos || !dn->proj || !dn->conv || !dn->out || !dn->run_start) {
+    dn->run_snap = malloc((T + 1) * sizeof(int));
+    dn->kept = malloc((size_t)kv_slots * dn->slot_n * sizeof(float) + 1);
+    dn->kept_at = malloc((size_t)kv_slots * sizeof(int));
+    if (!dn->run_snap || !dn->kept || !dn->kept_at || !dn->state || !dn->saved || !dn->saved_pos || !dn->proj || !dn->conv || !dn->out || !dn->run_start) {
         tp_deltanet_free(dn);
         return TP_ENOMEM;
     }
     for (int i = 0; i < kv_slots; i++)
-        dn->saved_pos[i] = -1;
+        dn->saved_pos[i] = dn->kept_at[i] = -1;
     *out = dn;
     return 0;
 }
@@ -83,6 +91,12 @@ void tp_deltanet_free(tp_deltanet *dn)
     free(dn->conv);
     free(dn->out);
     free(dn->run_start);
+    free(dn->run_snap);
+    free(dn->kept);
+    free(dn->kept_at);
+    for (int i = 0; dn->snap && i < dn->n_pages; i++)
+        free(dn->snap[i]);
+    free(dn->snap);
     free(dn);
 }
 
@@ -104,6 +118,7 @@ void tp_deltanet_start(tp_deltanet *dn, int slot, int pos, int len)
         memset(st, 0, bytes);
     else if (pos != len) /* a retried step: its start's state */
         memcpy(st, sv, bytes);
+    dn->kept_at[slot] = -1;
     if (dn->saved_pos[slot] != pos) {
         memcpy(sv, st, bytes);
         dn->saved_pos[slot] = pos;
@@ -224,28 +239,105 @@ static void head_run(const unit_job *j, int t0, int t1, int h)
     }
 }
 
+/* The state kept this step: slot's conv state of layer rec, S of head h
+ * of layer rec (h < 0: the conv state). */
+static float *kept_part(tp_deltanet *dn, int slot, int rec, int h)
+{
+    float *k = dn->kept + (size_t)slot * dn->slot_n;
+    if (h < 0)
+        return k + (size_t)rec * dn->conv_n;
+    return k + (size_t)dn->n_rec * dn->conv_n + (size_t)rec * dn->s_n + (size_t)h * (size_t)dn->hd * (size_t)dn->hd;
+}
+
 static void units(void *arg, int u0, int u1, int worker)
 {
     (void)worker;
     const unit_job *j = arg;
     for (int u = u0; u < u1; u++) {
         int r = u / j->dn->vh, h = u % j->dn->vh;
-        head_run(j, j->dn->run_start[r], j->dn->run_start[r + 1], h);
+        tp_deltanet *dn = j->dn;
+        int t0 = dn->run_start[r], t1 = dn->run_start[r + 1], ts = dn->run_snap[r];
+        size_t hn = (size_t)dn->hd * (size_t)dn->hd;
+        if (ts < 0) {
+            head_run(j, t0, t1, h);
+            continue;
+        }
+        head_run(j, t0, ts + 1, h);
+        const float *S = slot_state(dn, dn->state, j->tok_slot[t0]) + (size_t)dn->n_rec * dn->conv_n +
+                         (size_t)j->rec * dn->s_n + (size_t)h * hn;
+        memcpy(kept_part(dn, j->tok_slot[t0], j->rec, h), S, hn * sizeof(float));
+        head_run(j, ts + 1, t1, h);
     }
 }
 
 void tp_deltanet_layer(tp_deltanet *dn, tp_pool *pool, int max_threads, const tp_layer_weights *lw, int l,
-                       const int *tok_slot, int n_tok)
+                       const int *tok_slot, const int *tok_pos, int n_tok)
 {
     int rec = dn->rec_index[l], pw = tp_deltanet_proj_width(dn), n_runs = 0;
     for (int t = 0; t < n_tok; t++) {
-        if (!t || tok_slot[t] != tok_slot[t - 1])
-            dn->run_start[n_runs++] = t;
+        if (!t || tok_slot[t] != tok_slot[t - 1]) {
+            dn->run_start[n_runs] = t;
+            dn->run_snap[n_runs++] = -1;
+        }
         float *cs = slot_state(dn, dn->state, tok_slot[t]) + (size_t)rec * dn->conv_n;
         conv_token(dn, lw->ssm_conv1d, cs, dn->proj + (size_t)t * (size_t)pw,
                    dn->conv + (size_t)t * (size_t)dn->conv_dim);
+        if ((tok_pos[t] + 1) % TP_DN_PAGE == 0 && dn->snap) { /* the last boundary of the run wins */
+            dn->run_snap[n_runs - 1] = t;
+            memcpy(kept_part(dn, tok_slot[t], rec, -1), cs, dn->conv_n * sizeof(float));
+            dn->kept_at[tok_slot[t]] = tok_pos[t] + 1;
+        }
     }
     dn->run_start[n_runs] = n_tok;
     unit_job j = {dn, lw, rec, tok_slot, n_runs};
     tp_pool_run(pool, n_runs * dn->vh, 1, max_threads, units, &j);
+}
+
+int tp_deltanet_pages(tp_deltanet *dn, int n_pages, size_t budget)
+{
+    for (int i = 0; dn->snap && i < dn->n_pages; i++)
+        free(dn->snap[i]);
+    free(dn->snap);
+    dn->snap = calloc((size_t)n_pages + 1, sizeof *dn->snap);
+    if (!dn->snap)
+        return TP_ENOMEM;
+    dn->n_pages = n_pages;
+    dn->n_snaps = 0;
+    size_t one = dn->slot_n * sizeof(float), most = one ? budget / one : 0;
+    dn->max_snaps = most > (size_t)n_pages ? n_pages : (int)most;
+    return 0;
+}
+
+void tp_deltanet_page_drop(tp_deltanet *dn, int page)
+{
+    if (!dn->snap || page < 0 || page >= dn->n_pages || !dn->snap[page])
+        return;
+    free(dn->snap[page]);
+    dn->snap[page] = NULL;
+    dn->n_snaps--;
+}
+
+int tp_deltanet_kept_at(const tp_deltanet *dn, int slot) { return dn->kept_at[slot]; }
+
+void tp_deltanet_keep(tp_deltanet *dn, int slot, int page)
+{
+    if (!dn->snap || page < 0 || page >= dn->n_pages || dn->kept_at[slot] < 0)
+        return;
+    if (!dn->snap[page]) {
+        if (dn->n_snaps >= dn->max_snaps || !(dn->snap[page] = malloc(dn->slot_n * sizeof(float))))
+            return; /* over the budget: this prefix will be computed again */
+        dn->n_snaps++;
+    }
+    memcpy(dn->snap[page], dn->kept + (size_t)slot * dn->slot_n, dn->slot_n * sizeof(float));
+}
+
+bool tp_deltanet_has(const tp_deltanet *dn, int page)
+{
+    return dn->snap && page >= 0 && page < dn->n_pages && dn->snap[page];
+}
+
+void tp_deltanet_restore(tp_deltanet *dn, int slot, int page)
+{
+    memcpy(slot_state(dn, dn->state, slot), dn->snap[page], dn->slot_n * sizeof(float));
+    dn->saved_pos[slot] = -1;
 }

@@ -36,6 +36,9 @@
 #include "tokpipe/model.h"
 #include "pool.h"
 
+/* positions per cache page (forward.h's TP_KV_PAGE) */
+#define TP_DN_PAGE 16
+
 typedef struct tp_deltanet tp_deltanet;
 
 /* State for kv_slots sequences of a hybrid model (c->full_attn_interval
@@ -71,6 +74,33 @@ float *tp_deltanet_out(tp_deltanet *dn);
  * from tp_deltanet_proj's rows into tp_deltanet_out's; the states move
  * on, on at most max_threads threads of pool. */
 void tp_deltanet_layer(tp_deltanet *dn, tp_pool *pool, int max_threads, const tp_layer_weights *lw, int l,
-                       const int *tok_slot, int n_tok);
+                       const int *tok_slot, const int *tok_pos, int n_tok);
+
+/* PREFIX CACHE SNAPSHOTS. A step keeps, per sequence, the state after
+ * the last page boundary it crosses (a position p with (p + 1) % page ==
+ * 0); tp_deltanet_keep then files it under the cache page that ends
+ * there, and a prefix hit that ends at such a page restores it
+ * (tp_deltanet_restore): exactly the state a cold run has there, since
+ * the state after a position depends only on the tokens up to it.
+ * Snapshots take at most budget bytes (the KV pool's size): past that a
+ * page gets none (its prefix is computed again). */
+
+/* n_pages cache pages, snapshots of at most budget bytes; drops every
+ * snapshot (the pool was mapped again). TP_ENOMEM. */
+int tp_deltanet_pages(tp_deltanet *dn, int n_pages, size_t budget);
+
+/* Cache page `page` now holds other positions: its snapshot goes. */
+void tp_deltanet_page_drop(tp_deltanet *dn, int page);
+
+/* After a step: the position (a multiple of page) slot's state was kept
+ * at in this step, or -1. */
+int tp_deltanet_kept_at(const tp_deltanet *dn, int slot);
+
+/* File slot's kept state under cache page `page` (which ends there). */
+void tp_deltanet_keep(tp_deltanet *dn, int slot, int page);
+
+/* Whether page has a snapshot; restore it into slot's state. */
+bool tp_deltanet_has(const tp_deltanet *dn, int page);
+void tp_deltanet_restore(tp_deltanet *dn, int slot, int page);
 
 #endif

@@ -485,6 +485,8 @@ static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
     /* a new pool: cached pages of the old one are gone */
     tp_pcache_free(f->pc);
     f->pc = pc;
+    if (f->dn && tp_deltanet_pages(f->dn, f->n_pages, 2 * bytes)) /* and so are their states */
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d pages' DeltaNet snapshots", f->n_pages);
     return 0;
 }
 
@@ -639,7 +641,8 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f) ||
                 tp_moe_new(model, max_batch_tokens, uses_panels(f), &f->moe) ||
-                tp_deltanet_new(c, kv_slots, max_batch_tokens, &f->dn)))
+                tp_deltanet_new(c, kv_slots, max_batch_tokens, &f->dn) ||
+                (f->dn && tp_deltanet_pages(f->dn, f->n_pages, 2 * f->pool_bytes))))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
     if (!rc)
         rc = tp_forward_set_threads(f, 1, err);
@@ -1018,9 +1021,7 @@ int tp_forward_seq_close(tp_forward *f, int seq_id)
  * bits, which OpenBLAS would not reproduce (tp_forward_set_kernel). */
 static bool cache_usable(const tp_forward *f)
 {
-    /* a hybrid model's DeltaNet state at a page boundary is not kept: its
-     * pages alone cannot restore a prefix */
-    return f->cache_on && f->kernel == TP_FWD_KERNEL_INVARIANT && !f->dn;
+    return f->cache_on && f->kernel == TP_FWD_KERNEL_INVARIANT;
 }
 
 int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, int n_tokens, bool keep_last)
@@ -1043,6 +1044,19 @@ int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, 
         return 0;
     int *t = seq_table(f, seq_id);
     int32_t *rec = f->seq_tok + (size_t)seq_id * (size_t)f->kv_pos;
+    if (f->dn) { /* a hybrid: the hit must end at a page with the DeltaNet state there (deltanet.h) */
+        int best = 0, prev = pos / TP_KV_PAGE ? t[pos / TP_KV_PAGE - 1] : -1;
+        for (int take = TP_KV_PAGE - in, n = 0; n + take <= limit; n += take, take = TP_KV_PAGE) {
+            int p0 = pos + n, b = p0 / TP_KV_PAGE;
+            for (int i = 0; i < take; i++)
+                rec[p0 + i] = tokens[n + i];
+            if ((prev = tp_pcache_lookup(f->pc, prev, rec + (size_t)b * TP_KV_PAGE)) < 0)
+                break;
+            if (tp_deltanet_has(f->dn, prev))
+                best = n + take;
+        }
+        limit = best;
+    }
     for (int take = TP_KV_PAGE - in; got + take <= limit; got += take, take = TP_KV_PAGE) {
         int p0 = pos + got, b = p0 / TP_KV_PAGE;
         for (int i = 0; i < take; i++)
@@ -1057,6 +1071,8 @@ int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, 
         f->n_pub[seq_id] = b + 1;
     }
     f->seq_len[seq_id] = pos + got;
+    if (f->dn && got)
+        tp_deltanet_restore(f->dn, seq_id, t[(pos + got) / TP_KV_PAGE - 1]);
     tp_pcache_count_lookup(f->pc, got);
     tp_pcache_count_prefill(f->pc, got);
     return got;
@@ -1592,7 +1608,7 @@ static void deltanet_block(tp_forward *f, int l, int T)
     layer_matmul(f, &f->layers[l].ba, &f->layers[l].tba, ba_w, ba_rows, 2, s->xb, c->dim, T, proj + cd + vd, pw);
     /* per (token, value head): the state's three passes and a norm */
     double macs = (double)T * c->ssm_v_heads * (4.0 * c->ssm_head_dim * c->ssm_head_dim);
-    tp_deltanet_layer(f->dn, f->pool, parts_between(f, macs), lw, l, s->tok_slot, T);
+    tp_deltanet_layer(f->dn, f->pool, parts_between(f, macs), lw, l, s->tok_slot, s->tok_pos, T);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wssm_out, &c->dim, 1, tp_deltanet_out(f->dn), vd,
                  T, s->proj, c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
@@ -1834,6 +1850,8 @@ static int prepare_pages(tp_forward *f, const tp_fwd_item *it)
         int p = tp_pcache_alloc(f->pc);
         if (p < 0)
             return TP_EFULL;
+        if (f->dn) /* its positions are rewritten: a state kept at its end is not theirs */
+            tp_deltanet_page_drop(f->dn, p);
         /* unreferenced first, so an old page nobody else holds may come back
          * as p itself with its bytes intact */
         if (old >= 0 && p != old && b * TP_KV_PAGE < it->pos) {
@@ -1868,6 +1886,9 @@ static void publish_pages(tp_forward *f, int seq)
         }
         f->n_pub[seq] = b + 1;
     }
+    int kept = f->dn ? tp_deltanet_kept_at(f->dn, seq) : -1;
+    if (kept > 0 && kept / TP_KV_PAGE <= f->n_pub[seq]) /* the state at that page's end, for prefix hits */
+        tp_deltanet_keep(f->dn, seq, t[kept / TP_KV_PAGE - 1]);
 }
 
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err)
