@@ -214,6 +214,12 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("ssm.inner_size"),
                                       (uint32_t)(ssm.ssm_head_dim * ssm.ssm_v_heads), err);
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("full_attention_interval"), (uint32_t)ssm.full_attn_interval, err);
+        /* llama.cpp requires IMROPE's sections (Qwen 3.5: 11, 11, 10 of 32 pairs); a text turns
+         * every section by its position alike */
+        int half = rope_dim_of(&z, a) / 2, s0 = (half + 2) / 3;
+        int32_t sec[4] = {s0, s0 < half - s0 ? s0 : half - s0, 0, 0};
+        sec[2] = half - sec[0] - sec[1];
+        if (!rc) rc = tp_gguf_set_arr_i32(b->w, KEY("rope.dimension_sections"), sec, 4, err);
     }
     if (!rc && (a->arch->flags & TP_ARCHF_HEAD_DIM_KEY)) { /* as the converter writes head_dim */
         rc = tp_gguf_set_u32(b->w, KEY("attention.key_length"), (uint32_t)z.hs, err);
