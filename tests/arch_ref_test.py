@@ -219,6 +219,28 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.0.ffn_up_exps.weight"].shape, (8, 96, 64))
         self.assertNotIn("blk.0.ffn_up.weight", model.w)
 
+    def test_qwen35_gated_deltanet_and_gated_attention_match(self):
+        """Qwen 3.5: six Gated DeltaNet layers and two gated attention ones
+        (every fourth), value heads twice the key heads, partial RoPE."""
+        path = self.mkmodel("qwen35", "--arch", "qwen35", "--shape", "64x8x4x2", "--head-dim", "32")
+        model, _ = self.check(path, wrongs={
+            "no attention gate": lambda m, ids: m.logits(ids, attn_gate=False),
+            "no gate on the DeltaNet's norm": lambda m, ids: m.logits(ids, gate_norm=False),
+            "a plain linear attention for the delta rule": lambda m, ids: m.logits(ids, delta=False),
+            "a RoPE over the whole head": lambda m, ids: (setattr(m, "rot", m.hs), m.logits(ids))[1],
+        })
+        self.assertEqual(model.meta["qwen35.rope.dimension_count"], 8)
+        self.assertEqual((model.ssm_kh, model.ssm_vh, model.ssm_hd), (2, 4, 32))
+        self.assertEqual(model.w["blk.0.ssm_conv1d.weight"].shape, (2 * 64 + 128, 4))
+        self.assertEqual(model.w["blk.3.attn_q.weight"].shape, (2 * 4 * 32, 64))
+        self.assertNotIn("blk.3.attn_qkv.weight", model.w)
+        self.assertNotIn("blk.0.attn_q.weight", model.w)
+
+    def test_qwen35_with_a_long_prompt_and_its_own_vocabulary_matches(self):
+        path = self.mkmodel("qwen35_bpe", "--arch", "qwen35", "--shape", "64x4x4x4",
+                            vocab=os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-qwen35.gguf"))
+        self.check(path, prompt=PROMPT * 6)
+
 
 if __name__ == "__main__":
     unittest.main()

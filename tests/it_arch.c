@@ -1,4 +1,4 @@
-/* Process story: random-weight qwen2, qwen3, phi3, Llama 3, qwen3moe and Mixtral GGUF models (written by
+/* Process story: random-weight qwen2, qwen3, phi3, Llama 3, qwen3moe, Mixtral and qwen35 GGUF models (written by
  * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama or
  * byte-level BPE GPT-2 vocabulary) served by the real tokpiped and workers give, token for
  * token, what `tokpipe run` computes in one process, for concurrent greedy
@@ -61,6 +61,10 @@ static const arch_case CASES[] = {
     {"qwen3moe", "256x2x4x2", "--experts 8 --experts-used 2 --expert-ff 256", SPM, "Q8_0"},
     {"qwen3moe", "256x2x4x2", "--experts 6 --experts-used 4 --expert-ff 256", SPM, "Q4_K_M"},
     {"mixtral", "64x2x4x2", "--experts 4 --expert-ff 96", SPM, NULL},
+    /* qwen35: three Gated DeltaNet blocks of four (their state per
+     * sequence), a gated attention block with partial RoPE */
+    {"qwen35", "64x8x4x2", "--head-dim 32", SPM, NULL},
+    {"qwen35", "256x4x4x2", "", SPM, "Q8_0"},
 };
 
 /* Write the case's model into dir; its path in out. */

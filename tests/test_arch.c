@@ -290,7 +290,7 @@ static void an_unknown_architecture_is_refused_with_the_list_of_those_supported(
 {
     (void)state;
     spec s = {.arch = "gemma7"};
-    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe)");
+    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe, qwen35)");
 }
 
 static void window_16(tp_gguf_writer *w)

@@ -20,7 +20,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: tokpipe mkmodel --shape SHAPE --seed N --out FILE [--tokenizer-out FILE]\n"
-            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3|qwen3moe|mixtral|gemma3|gemma2\n"
+            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3|qwen3moe|mixtral|gemma3|gemma2|qwen35\n"
             "                       --vocab-from FILE.gguf --shape SHAPE --seed N --out FILE\n"
             "                       [--separate-output] [--head-dim N] [--experts N --experts-used K]\n"
             "                       [--expert-ff N] [--sliding-window N]\n"
@@ -54,7 +54,8 @@ static void usage(FILE *out)
             "                         of experts FFN), mixtral (llama with experts), gemma3 (scaled\n"
             "                         embeddings, post-norms, GELU, Q/K norms, 5 of 6 layers sliding\n"
             "                         with base 10000, global base 1e6), gemma2 (no Q/K norms,\n"
-            "                         soft-capping, every other layer sliding); default llama\n"
+            "                         soft-capping, every other layer sliding), qwen35 (DeltaNet, every\n"
+            "                         4th layer gated attention); default llama\n"
             "  --vocab-from FILE      gguf only (required): copy FILE's tokenizer.* metadata (tokens,\n"
             "                         scores, token types, merges, special ids, chat template); the\n"
             "                         vocabulary size is its token count\n"

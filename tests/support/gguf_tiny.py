@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 architectures, written from the GGUF spec and
+for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 / qwen35 architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -116,7 +116,17 @@ class Model:
         self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
         # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
-        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3")
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3", "qwen35")
+        # Qwen 3.5 (HF's modeling_qwen3_5 / Qwen3-Next): partial RoPE over the
+        # first rope.dimension_count elements of a head; Gated DeltaNet
+        # layers unless (l + 1) % full_attention_interval == 0
+        self.rot = m.get(p + "rope.dimension_count", self.hs)
+        self.hybrid = self.arch == "qwen35"
+        if self.hybrid:
+            self.interval = m.get(p + "full_attention_interval", 4)
+            self.ssm_hd = m[p + "ssm.state_size"]
+            self.ssm_kh = m[p + "ssm.group_count"]
+            self.ssm_vh = m[p + "ssm.time_step_rank"]
         # Gemma 2 / 3 (gemma_pytorch, HF's modeling_gemma2/3, llama.cpp's
         # load_hparams): embeddings times sqrt(dim); Q scaled by
         # query_pre_attn_scalar^-0.5 (head_dim, or dim / heads for the 27B:
@@ -159,7 +169,15 @@ class Model:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
     def rope(self, x, pos, neox, theta=None, freq_div=None):
-        """x: [T, heads, hs]; rotate by pos * theta^(-2i/hs) / divisor_i."""
+        """x: [T, heads, hs]; rotate by pos * theta^(-2i/hs) / divisor_i
+        (partial RoPE: the first rot elements, i over rot / 2)."""
+        if self.rot != self.hs:
+            r = self.rot
+            inv = self.theta ** (-2.0 * np.arange(r // 2) / r)
+            ang = np.outer(pos, inv)[:, None, :]
+            c, s = np.cos(ang), np.sin(ang)
+            a, b = x[..., :r // 2], x[..., r // 2:r]
+            return np.concatenate([a * c - b * s, a * s + b * c, x[..., r:]], axis=-1)
         half = self.hs // 2
         theta = self.theta if theta is None else theta
         freq_div = self.freq_div if freq_div is None else freq_div
@@ -196,8 +214,50 @@ class Model:
                 out[t] += we * (down[e] @ (g / (1 + np.exp(-g)) * u))
         return out
 
+    def deltanet(self, h, b, gate_norm=True, delta=True):
+        """A Gated DeltaNet layer of block prefix b on rows h [T, dim] of one
+        sequence from its start (HF's Qwen3NextGatedDeltaNet with
+        torch_recurrent_gated_delta_rule): the causal depthwise conv over
+        q, k, v, SiLU, q and k L2-normed, q / sqrt(head), per value head
+        S = e^g S + k (beta (v - S^T k))^T, o = S^T q, RMSNorm(o) * silu(z).
+        Value head h reads key head h % key heads (llama.cpp's repeat).
+        gate_norm=False leaves out silu(z), delta=False adds k v^T
+        without subtracting S^T k (for tests that they matter)."""
+        w, T = self.w, h.shape[0]
+        hd, kh, vh = self.ssm_hd, self.ssm_kh, self.ssm_vh
+        kd = hd * kh
+        mixed = h @ w[b + "attn_qkv.weight"].T  # [T, conv]
+        z = h @ w[b + "attn_gate.weight"].T
+        beta = 1 / (1 + np.exp(-(h @ w[b + "ssm_beta.weight"].T)))
+        alpha = h @ w[b + "ssm_alpha.weight"].T + w[b + "ssm_dt.bias"]
+        g = np.log1p(np.exp(alpha)) * w[b + "ssm_a"]  # softplus, times -exp(A_log)
+        kern = w[b + "ssm_conv1d.weight"]  # [conv, K]
+        K = kern.shape[1]
+        padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
+        conv = np.stack([(padded[t:t + K] * kern.T).sum(axis=0) for t in range(T)])
+        conv = conv / (1 + np.exp(-conv))
+        q, k, v = conv[:, :kd], conv[:, kd:2 * kd], conv[:, 2 * kd:]
+        q, k, v = q.reshape(T, kh, hd), k.reshape(T, kh, hd), v.reshape(T, vh, hd)
+        l2 = lambda a: a / np.maximum(np.sqrt((a * a).sum(axis=-1, keepdims=True)), self.eps)
+        q, k = l2(q) / math.sqrt(hd), l2(k)
+        out = np.empty((T, vh, hd))
+        for hv in range(vh):
+            S = np.zeros((hd, hd))
+            for t in range(T):
+                qt, kt = q[t, hv % kh], k[t, hv % kh]
+                S = S * np.exp(g[t, hv])
+                d = (v[t, hv] - (S.T @ kt if delta else 0)) * beta[t, hv]
+                S = S + np.outer(kt, d)
+                out[t, hv] = S.T @ qt
+        o = self.rmsnorm(out, w[b + "ssm_norm.weight"])
+        if gate_norm:
+            zz = z.reshape(T, vh, hd)
+            o = o * (zz / (1 + np.exp(-zz)))
+        return o.reshape(T, vh * hd) @ w[b + "ssm_out.weight"].T
+
     def logits(self, ids, neox=None, qk_norm=True, up_first=False, window=True, local_theta=True,
-               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False):
+               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False,
+               attn_gate=True, gate_norm=True, delta=True, all_attention=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
         Phi-3's fused gate/up the wrong way round; for Gemma window=False
@@ -224,7 +284,19 @@ class Model:
             if slides and self.local_theta and local_theta:
                 theta, div = self.local_theta, np.ones(hs // 2)
             h = self.rmsnorm(x, w[b + "attn_norm.weight"])
-            if b + "attn_qkv.weight" in w:
+            if self.hybrid and (l + 1) % self.interval != 0:
+                x = x + self.deltanet(h, b, gate_norm, delta)
+                h = self.rmsnorm(x, w[b + "post_attention_norm.weight"])
+                g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+                x = x + ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down.weight"].T
+                continue
+            gates = None
+            if self.hybrid:
+                # Qwen 3.5's gated attention: per head its query, then its gate
+                qg = (h @ w[b + "attn_q.weight"].T).reshape(T, self.n_heads, 2, hs)
+                q, gates = qg[:, :, 0, :].reshape(T, -1), qg[:, :, 1, :].reshape(T, -1)
+                k, v = (h @ w[b + n + ".weight"].T for n in ("attn_k", "attn_v"))
+            elif b + "attn_qkv.weight" in w:
                 # Phi-3: one matrix, Q's rows then K's then V's
                 qkv = h @ w[b + "attn_qkv.weight"].T
                 nq, nk = self.n_heads * hs, self.n_kv * hs
@@ -250,7 +322,16 @@ class Model:
                 sc = np.exp(sc - sc.max(axis=1, keepdims=True))
                 sc /= sc.sum(axis=1, keepdims=True)
                 out[:, hd, :] = sc @ v[:, kv, :]
-            a = out.reshape(T, self.n_heads * hs) @ w[b + "attn_output.weight"].T
+            out = out.reshape(T, self.n_heads * hs)
+            if gates is not None and attn_gate:
+                out = out / (1 + np.exp(-gates))
+            a = out @ w[b + "attn_output.weight"].T
+            if self.hybrid:
+                x = x + a
+                h = self.rmsnorm(x, w[b + "post_attention_norm.weight"])
+                g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+                x = x + ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down.weight"].T
+                continue
             if post_norm and b + "post_attention_norm.weight" in w:
                 a = self.rmsnorm(a, w[b + "post_attention_norm.weight"])
             x = x + a

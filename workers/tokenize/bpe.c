@@ -45,6 +45,12 @@ static const struct rules RULES[] = {
     {"gpt2", {RE_GPT2}},
     {"llama3", {RE_CONTRACTIONS_CI RE_LLAMA3_TAIL("{1,3}")}},
     {"qwen2", {RE_CONTRACTIONS_CI RE_LLAMA3_TAIL("")}},
+    /* Qwen 3.5 (its tokenizer.json): qwen2's, with combining marks
+     * (\p{M}) joining the letters of a word and kept out of the
+     * punctuation run */
+    {"qwen35",
+     {RE_CONTRACTIONS_CI "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^" WS
+                         "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"}},
     {"deepseek-llm",
      {"[\\r\\n]",
       /* DeepSeek's own letter class (its tokenizer.json): the cased letters */
@@ -89,6 +95,7 @@ static const struct {
     {"command-r", "starcoder", false},  {"smollm", "starcoder", false},
     {"codeshell", "starcoder", false},  {"exaone", "starcoder", false},
     {"minerva-7b", "starcoder", false}, {"qwen2", "qwen2", false},
+    {"qwen35", "qwen35", false},
     {"stablelm2", "qwen2", false},      {"megrez", "qwen2", false},
 };
 
@@ -146,7 +153,7 @@ int tp_pretok_new(const char *name, size_t len, tp_pretok **out, bool *ignore_me
     if (!r)
         return tp_err_set(err, TP_EFORMAT,
                           "tokenizer.ggml.pre '%.*s' is not a known pre-tokenizer (known: gpt-2, "
-                          "llama-bpe, qwen2, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, "
+                          "llama-bpe, qwen2, qwen35, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, "
                           "default and their llama.cpp aliases)",
                           (int)(len > 64 ? 64 : len), name);
     tp_pretok *p = calloc(1, sizeof *p);
