@@ -35,10 +35,9 @@
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
 /* Multiply-adds a job must have per thread to be worth waking one: 1 MB
- * of f32 weights at batch 1. A passive wake costs microseconds, tens on a
- * loaded host; limits.md 0.1 measured passive 2-thread waits at about 1.1x
- * one thread on a hot 768x768 matvec (590K multiply-adds), so smaller jobs
- * stay on the calling thread. */
+ * of f32 weights at batch 1. A passive wake costs microseconds (tens on a
+ * loaded host), as much as a few hundred thousand multiply-adds, so
+ * smaller jobs stay on the calling thread (research/limits.md 0.1). */
 #define PART_MIN_MACS 262144
 /* What one SwiGLU element (an e^x and a division) costs, in
  * multiply-adds of a matmul, for the same threshold. */
@@ -46,13 +45,9 @@
 /* PART_MIN_MACS over this for work between matmuls (parts_between). */
 #define HELD_PART_DIV 16
 /* A typed multiply-add counts as a whole f32 one for PART_MIN_MACS, on
- * the VNNI panels too, though their arithmetic is 3-8x cheaper: at batch
- * 1 a part's time is the weights it streams, which is the same. They once
- * counted a quarter, when every matmul's helpers were woken by futex (2
- * threads decoded 110M Q8_0 at 171 tok/s split as f32 against 184 on
- * one); helpers now spin inside a step (tp_pool_hold), and a quarter left
- * a 1.0 B model's Q/K/V on 5 threads and its output projection on 4 of 16
- * (issue 20's plateau from 8 threads). */
+ * the VNNI panels too, though their arithmetic is cheaper: at batch 1 a
+ * part's time is the weights it streams, and a weight is a weight. (Counted
+ * as less, large models' smaller matrices were left on too few threads.) */
 /* Row ranges of a typed (quantized) matmul split start at multiples of
  * this: any split gives the same bits (quant.h), this keeps row blocks
  * whole and a range's output rows on whole cache lines. */
@@ -1104,9 +1099,8 @@ const tp_model *tp_forward_model(const tp_forward *f) { return f->model; }
 
 /* The sum of x[0..n) (square: of their squares) in eight chains (element
  * i in chain i % 8) and a fixed tree, the same on every path: one chain
- * was n adds in a row, each waiting for the last (rmsnorm: about a
- * microsecond at dim 768 on Zen 3, on the calling thread while the other
- * threads wait). */
+ * is n adds in a row, each waiting for the last, on the calling thread
+ * while the other threads wait. */
 static inline float sum8(const float *x, int n, const bool square)
 {
     float a[8] = {0};
@@ -1221,10 +1215,9 @@ static void store_kv(const tp_forward *f, int layer, int slot, int pos, const fl
 /* Ask for the lines store_kv will write for one position: a key is one
  * element in each of head_size lines (its block holds 16 positions
  * side by side), lines attention last touched a whole step ago, out of
- * cache. Stored cold they cost 2.9-3.8 us a layer and token on the
- * calling thread while the other threads wait for attention; asked for
- * before the QKV matmul, 2.0-2.5 (stories110M shape, two threads, Zen 3,
- * pages already touched). */
+ * cache. Stored cold, their misses come one after another on the calling
+ * thread while the other threads wait for attention; asked for before
+ * the QKV matmul, they arrive while it runs. */
 static void prefetch_kv(const tp_forward *f, int layer, int slot, int pos)
 {
     size_t hs = (size_t)f->c.head_size, in = (size_t)(pos % TP_KV_PAGE);

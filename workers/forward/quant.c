@@ -355,7 +355,7 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
 /* The integer kernels below take four rows at a time, row k in lane k.
  * The scalar order is one chain of fused multiply-adds per row, a block
  * (or a 16-column sub-block) after another; one row alone waits on that
- * chain (4 cycles a link on Zen 3) more than on its integer work. Four
+ * chain (an FMA's latency a link) more than on its integer work. Four
  * rows' chains side by side in one register keep each row's order, so
  * the bits are the scalar path's, and the four exact integer products of
  * a block are reduced by one horizontal tree. A range's last rows, when
