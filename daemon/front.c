@@ -354,9 +354,9 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
         bad(&v, TP_ST_BAD_REQUEST, "params.grammar_trigger", "params.grammar_trigger: set by the broker (tool_choice "
             "\"auto\"), not by producers");
     else if (check_submit(b, s, &v) &&
-             ((s->tools.ptr && grammar_admit_tools(b->cfg, &gn, info_tool_family(b), info_think_open(b), s, &gbnf,
+             ((s->tools.ptr && grammar_admit_tools(b->cfg, &gn, &b->gmemo, info_tool_family(b), info_think_open(b), s, &gbnf,
                                                    &trigger, gfield, sizeof gfield, &ge)) ||
-              (!gbnf && grammar_admit(b->cfg, &gn, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
+              (!gbnf && grammar_admit(b->cfg, &gn, &b->gmemo, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
         bad(&v, ge.code == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, gfield, "%s", ge.msg);
     if (v.status) {
         b->stats.jobs_rejected++;

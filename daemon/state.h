@@ -19,6 +19,7 @@
 #include "tokpipe/toolcall.h"
 #include "tokpipe/zsec.h"
 #include <zmq.h>
+#include "grammar_admit.h"
 #include "jobs.h"
 #include "metrics.h"
 
@@ -161,6 +162,7 @@ typedef struct broker {
     uint64_t next_task, next_step, next_auto_id;
 
     bstats stats;
+    grammar_memo gmemo;             /* grammars admission compiled (grammar_admit.h) */
     bcols cols;                     /* scratch of step.c */
     boutbox out;
 
