@@ -1045,14 +1045,27 @@ static char *resp_close(gw_call *c, const char *model)
     return done(acc, oom_);
 }
 
-static char *resp_stream_error(int status, const char *message, const char *param)
+/* OpenAI's error body with the field named as this API's request names
+ * it (the bridge says "messages" of the job's conversation: here input) */
+static char *resp_error(int status, const char *message, const char *param, const char *code)
 {
+    char p[64], m[TP_PROTO_MAX_ERROR + 160];
+    resp_name(param ? param : "", p, sizeof p);
+    resp_name(message, m, sizeof m);
+    return gw_error_json_code(status, m, p, code);
+}
+
+static char *resp_stream_error(int status, const char *message_in, const char *param_in)
+{
+    char param[64], message[TP_PROTO_MAX_ERROR + 160];
+    resp_name(param_in ? param_in : "", param, sizeof param);
+    resp_name(message_in, message, sizeof message);
     cJSON *o = ev("error");
     char code[16];
     snprintf(code, sizeof code, "%d", status);
     cJSON_AddStringToObject(o, "code", code);
     cJSON_AddStringToObject(o, "message", message);
-    if (param && param[0])
+    if (param[0])
         cJSON_AddStringToObject(o, "param", param);
     else
         cJSON_AddNullToObject(o, "param");
@@ -1074,7 +1087,7 @@ const gw_api gw_api_responses = {
     .endpoint = GW_EP_RESPONSES,
     .decode_in = decode_responses,
     .id_prefix = ID_PREFIX,
-    .error = gw_error_json_code,
+    .error = resp_error,
     .stream_error = resp_stream_error,
     .param = resp_param,
     .body = resp_body,
