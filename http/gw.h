@@ -35,6 +35,7 @@ typedef enum {
     GW_EP_MESSAGES,
     GW_EP_COUNT_TOKENS,
     GW_EP_RESPONSES,           /* POST /v1/responses, GET and DELETE /v1/responses/{id} */
+    GW_EP_EMBEDDINGS,
     GW_EP_MODELS,
     GW_EP_HEALTH,
     GW_EP_METRICS,
@@ -80,6 +81,8 @@ typedef struct gw_choice {
     size_t n_blk;              /* blocks started */
     uint64_t n_events;         /* streaming: events out (APIs that number them: sequence_number) */
     size_t text_item, reasoning_item;  /* streaming by items (Responses): output index + 1, 0 = none yet */
+    float *embd;               /* an embedding job: FINISH's vector (n_embd floats), NULL none */
+    size_t n_embd;
 } gw_choice;
 
 struct gw_call;
@@ -122,11 +125,15 @@ typedef struct gw_api {
     char *(*finish)(struct gw_call *c, const char *model, size_t i);
     /* every choice finished: the stream's last bytes */
     char *(*close)(struct gw_call *c, const char *model);
+    /* optional: every choice finished, not streaming: 0, or the 4xx of a
+     * request the results show wrong (message and param filled) */
+    int (*refuse)(const struct gw_call *c, char *msg, size_t msg_cap, char *param, size_t param_cap);
 } gw_api;
 
 /* openai.c, anthropic.c; server.c routes by gw_apis (NULL-terminated):
  * an API is its file and its lines there */
-extern const gw_api gw_api_completions, gw_api_chat, gw_api_messages, gw_api_count_tokens, gw_api_responses;
+extern const gw_api gw_api_completions, gw_api_chat, gw_api_messages, gw_api_count_tokens, gw_api_responses,
+    gw_api_embeddings;
 extern const gw_api *const gw_apis[];
 
 typedef struct gw_call {

@@ -17,7 +17,7 @@
 
 /* The APIs, by path. */
 const gw_api *const gw_apis[] = {&gw_api_completions, &gw_api_chat, &gw_api_messages, &gw_api_count_tokens,
-                                  &gw_api_responses, NULL};
+                                  &gw_api_responses, &gw_api_embeddings, NULL};
 
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_state {

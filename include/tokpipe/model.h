@@ -94,7 +94,15 @@ typedef struct tp_model_config {
     int n_expert;       /* {arch}.expert_count, 0: a dense FFN */
     int n_expert_used;  /* {arch}.expert_used_count */
     int expert_ff;      /* one expert's hidden width */
+    /* {arch}.pooling_type (llama.cpp's enum llama_pooling_type): how an
+     * embedding model pools its hidden states into one vector;
+     * TP_POOL_NONE when the file does not say (a generative model) */
+    int pooling;
 } tp_model_config;
+
+/* Pooling of hidden states into an embedding (the GGUF's pooling_type
+ * numbers; llama.cpp's LLAMA_POOLING_TYPE_*). */
+enum { TP_POOL_NONE = 0, TP_POOL_MEAN = 1, TP_POOL_CLS = 2, TP_POOL_LAST = 3 };
 
 /* Whether layer l of c attends through a sliding window (swa_window). */
 bool tp_model_layer_slides(const tp_model_config *c, int l);
