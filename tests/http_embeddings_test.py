@@ -92,7 +92,15 @@ class EmbeddingsOfAQwen3EmbeddingModel(tpdaemon.HttpDaemonCase):
             self.assertTrue(np.array_equal(vec(a), vec(b)))
         # a long input: several prefill chunks
         long_ids = (ids[1] * 40)[:400]
-        self.check(vec(self.embed({"input": long_ids})["data"][0]), long_ids)
+        first = vec(self.embed({"input": long_ids})["data"][0])
+        self.check(first, long_ids)
+        # again: whole pages of it come from the prefix cache, the same vector
+        st, m0, _ = request(self.port, "GET", "/metrics")
+        again = vec(self.embed({"input": long_ids})["data"][0])
+        st, m1, _ = request(self.port, "GET", "/metrics")
+        hits = [metric(m.decode(), "tokpipe_prefix_cache_hit_tokens_total") for m in (m0, m1)]
+        self.assertGreaterEqual(hits[1] - hits[0], 256, hits)
+        self.assertLess(np.abs(again - first).max(), 1e-6)
 
     def test_concurrent_requests_batched_in_the_forward_stage_give_the_reference(self):
         inputs = [tpdaemon.tokenize(self.model, "Input number %d is here" % k) for k in range(12)]
@@ -175,6 +183,10 @@ class EmbeddingsPooledAsAsked(tpdaemon.HttpDaemonCase):
             for d, ids in zip(r["data"], inputs):
                 want = gguf_tiny.embedding(self.ref, ids, "last" if pooling == "model" else pooling)
                 self.assertLess(np.abs(vec(d) - want).max(), TOL, (pooling, ids))
+        # mean pooling again: computed whole (the cache keeps no hidden states), the same vector
+        st, a, _ = post(self.port, {"input": inputs[1], "pooling": "mean"}, path="/v1/embeddings")
+        st, b, _ = post(self.port, {"input": inputs[1], "pooling": "mean"}, path="/v1/embeddings")
+        self.assertLess(np.abs(vec(a["data"][0]) - vec(b["data"][0])).max(), 1e-6)
         # a generating job next to embedding jobs is unchanged by them
         st, c, _ = post(self.port, {"prompt": [1, 400, 300], "max_tokens": 5, "temperature": 0}, path="/v1/completions")
         self.assertEqual(st, 200, c)
