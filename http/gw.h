@@ -226,9 +226,10 @@ bool gw_rstore_delete(gw_rstore *s, const char *id);
 /* How many are stored and their bytes (for tests and /metrics). */
 void gw_rstore_usage(gw_rstore *s, size_t *count, size_t *bytes);
 
-/* GET or DELETE /v1/responses/{id} (responses.c): the body (malloc'd, NULL
- * out of memory) and its status. */
-char *gw_responses_stored(gw *g, bool del, const char *id, int *status);
+/* GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items
+ * (path: what follows "/v1/responses/"; responses.c): the body (malloc'd,
+ * NULL out of memory) and its status (404 none such, 405 another method). */
+char *gw_responses_stored(gw *g, const char *method, const char *path, int *status);
 
 /* Take a reference off a call; frees it at zero. Caller holds gw.lock. */
 void gw_call_unref(gw_call *c);

@@ -817,26 +817,121 @@ static char *resp_body(const gw_call *c, const char *model)
     return print_free(o);
 }
 
-char *gw_responses_stored(gw *g, bool del, const char *id, int *status)
+/* A stored conversation's turns as input items: messages (input_text
+ * parts; output_text for assistant turns), an assistant turn's calls as
+ * function_call items, tool turns as function_call_output. */
+static cJSON *items_of(const cJSON *turns, const char *id)
 {
-    char msg[192];
-    if (del ? gw_rstore_delete(g->responses, id) : gw_rstore_get(g->responses, id, NULL, NULL)) {
-        *status = 200;
-        if (!del) {
-            char *r = NULL;
-            gw_rstore_get(g->responses, id, &r, NULL);
-            return r;
+    cJSON *data = cJSON_CreateArray();
+    size_t k = 0;
+    for (const cJSON *t = turns ? turns->child : NULL; t; t = t->next) {
+        const cJSON *role = item(t, "role"), *content = item(t, "content");
+        const char *r = cJSON_IsString(role) ? role->valuestring : "user";
+        char iid[160];
+        if (!strcmp(r, "tool")) {
+            cJSON *o = cJSON_CreateObject();
+            snprintf(iid, sizeof iid, "fco_%s_%zu", id + strlen(ID_PREFIX), k++);
+            cJSON_AddStringToObject(o, "id", iid);
+            cJSON_AddStringToObject(o, "type", "function_call_output");
+            cJSON_AddStringToObject(o, "call_id", call_str(t, "tool_call_id"));
+            cJSON_AddStringToObject(o, "output", cJSON_IsString(content) ? content->valuestring : "");
+            cJSON_AddItemToArray(data, o);
+            continue;
         }
-        cJSON *o = cJSON_CreateObject();
+        bool text = cJSON_IsString(content) ? content->valuestring[0] != '\0' : cJSON_IsArray(content);
+        if (text || !item(t, "tool_calls")) {
+            cJSON *o = cJSON_CreateObject(), *parts;
+            snprintf(iid, sizeof iid, "msg_%s_in%zu", id + strlen(ID_PREFIX), k++);
+            cJSON_AddStringToObject(o, "id", iid);
+            cJSON_AddStringToObject(o, "type", "message");
+            cJSON_AddStringToObject(o, "role", r);
+            cJSON_AddStringToObject(o, "status", "completed");
+            parts = cJSON_AddArrayToObject(o, "content");
+            const char *kind = strcmp(r, "assistant") ? "input_text" : "output_text";
+            for (const cJSON *p = cJSON_IsArray(content) ? content->child : NULL; p; p = p->next) {
+                cJSON *q = cJSON_CreateObject();
+                cJSON_AddStringToObject(q, "type", kind);
+                cJSON_AddStringToObject(q, "text", call_str(p, "text"));
+                cJSON_AddItemToArray(parts, q);
+            }
+            if (cJSON_IsString(content)) {
+                cJSON *q = cJSON_CreateObject();
+                cJSON_AddStringToObject(q, "type", kind);
+                cJSON_AddStringToObject(q, "text", content->valuestring);
+                cJSON_AddItemToArray(parts, q);
+            }
+            cJSON_AddItemToArray(data, o);
+        }
+        for (const cJSON *c = item(t, "tool_calls") ? item(t, "tool_calls")->child : NULL; c; c = c->next) {
+            cJSON *o = cJSON_CreateObject();
+            snprintf(iid, sizeof iid, "fc_%s_in%zu", id + strlen(ID_PREFIX), k++);
+            cJSON_AddStringToObject(o, "id", iid);
+            cJSON_AddStringToObject(o, "type", "function_call");
+            cJSON_AddStringToObject(o, "status", "completed");
+            cJSON_AddStringToObject(o, "call_id", call_str(c, "id"));
+            cJSON_AddStringToObject(o, "name", call_str(c, "name"));
+            cJSON_AddStringToObject(o, "arguments", call_str(c, "arguments"));
+            cJSON_AddItemToArray(data, o);
+        }
+    }
+    return data;
+}
+
+char *gw_responses_stored(gw *g, const char *method, const char *path, int *status)
+{
+    char msg[256], id[128];
+    const char *slash = strchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) : strlen(path);
+    bool items = slash && !strcmp(slash, "/input_items");
+    bool del = !strcmp(method, "DELETE");
+    snprintf(id, sizeof id, "%.*s", (int)(n < sizeof id - 1 ? n : sizeof id - 1), path);
+    if ((slash && !items) || n >= sizeof id) {
+        *status = 404;
+        snprintf(msg, sizeof msg, "no such endpoint: %s /v1/responses/%.100s", method, path);
+        return gw_error_json_code(404, msg, NULL, NULL);
+    }
+    if ((items || !del) && strcmp(method, "GET")) {
+        *status = 405;
+        return gw_error_json_code(405, items ? "use GET" : "use GET or DELETE", NULL, NULL);
+    }
+    char *conv = NULL;
+    bool found = del ? gw_rstore_delete(g->responses, id) : gw_rstore_get(g->responses, id, NULL, &conv);
+    if (!found) {
+        *status = 404;
+        snprintf(msg, sizeof msg, "No response found with id '%.64s' (never stored, deleted, or past "
+                 "http.responses_max_count / responses_max_bytes)", id);
+        return gw_error_json_code(404, msg, NULL, NULL);
+    }
+    *status = 200;
+    cJSON *o = cJSON_CreateObject();
+    if (del) {
         cJSON_AddStringToObject(o, "id", id);
         cJSON_AddStringToObject(o, "object", "response");
         cJSON_AddTrueToObject(o, "deleted");
-        return print_free(o);
+    } else if (items) {
+        /* the input: the conversation less its last turn (the response's output) */
+        cJSON *turns = conv ? cJSON_Parse(conv) : NULL;
+        cJSON_Delete(cJSON_DetachItemFromArray(turns, cJSON_GetArraySize(turns) - 1));
+        cJSON *data = items_of(turns, id);
+        cJSON_Delete(turns);
+        cJSON_AddStringToObject(o, "object", "list");
+        cJSON_AddItemToObject(o, "data", data);
+        const cJSON *first = cJSON_GetArrayItem(data, 0), *last = cJSON_GetArrayItem(data, cJSON_GetArraySize(data) - 1);
+        if (first)
+            cJSON_AddStringToObject(o, "first_id", call_str(first, "id")), cJSON_AddStringToObject(o, "last_id", call_str(last, "id"));
+        else
+            cJSON_AddNullToObject(o, "first_id"), cJSON_AddNullToObject(o, "last_id");
+        cJSON_AddFalseToObject(o, "has_more");
+    } else {
+        free(conv);
+        char *r = NULL;
+        cJSON_Delete(o);
+        if (!gw_rstore_get(g->responses, id, &r, NULL))   /* deleted in between */
+            return gw_responses_stored(g, method, path, status);
+        return r;
     }
-    *status = 404;
-    snprintf(msg, sizeof msg, "No response found with id '%.64s' (never stored, deleted, or past "
-             "http.responses_max_count / responses_max_bytes)", id);
-    return gw_error_json_code(404, msg, NULL, NULL);
+    free(conv);
+    return print_free(o);
 }
 
 /* ---- streaming: the typed events --------------------------------------- */

@@ -322,12 +322,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!strncmp(url, "/v1/responses/", 14) && url[14]) {   /* a stored response */
         st->ep = GW_EP_RESPONSES;
         st->api = &gw_api_responses;
-        bool del = !strcmp(method, "DELETE");
-        if (!get && !del)
-            return send_error(g, conn, st, 405, "use GET or DELETE", NULL, "GET, DELETE");
         int status;
-        char *body = gw_responses_stored(g, del, url + 14, &status);
-        return send_body(g, conn, st, status, body, "application/json", 0, NULL);
+        char *body = gw_responses_stored(g, method, url + 14, &status);
+        return send_body(g, conn, st, status, body, "application/json", 0,
+                         status != 405 ? NULL : strchr(url + 14, '/') ? "GET" : "GET, DELETE");
     }
     if (st->api) {
         if (!post)

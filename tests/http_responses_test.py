@@ -165,6 +165,15 @@ class ResponsesOnStories(tpdaemon.HttpDaemonCase):
                 {"role": "assistant", "content": text_of(one)}, {"role": "user", "content": "And then?"}]
         self.check_same(two, self.chat(conv, max_tokens=12, temperature=0))
         self.check_stream(got["two_stream"], two)
+        # its input items: the conversation it continued (the first turn, its answer) and its own input
+        st, out, _ = request(self.port, "GET", "/v1/responses/%s/input_items" % two["id"])
+        self.assertEqual(st, 200, out)
+        listed = json.loads(out)
+        self.assertEqual([(i["type"], i["role"], i["content"][0]["text"]) for i in listed["data"]],
+                         [("message", "user", self.USER), ("message", "assistant", text_of(one)),
+                          ("message", "user", "And then?")])
+        self.assertEqual((listed["object"], listed["has_more"], listed["first_id"]),
+                         ("list", False, listed["data"][0]["id"]))
         conv += [{"role": "assistant", "content": text_of(two)}, {"role": "user", "content": "The end."}]
         self.check_same(three, self.chat(conv, max_tokens=8, temperature=0))
         # the second turn's prompt begins with the first's: whole pages of it come from the prefix cache
@@ -203,6 +212,8 @@ class ResponsesOnStories(tpdaemon.HttpDaemonCase):
         self.assertEqual(got["r0_del_again"]["error"]["status"], 404)
         st, out, _ = request(self.port, "PUT", "/v1/responses/" + got["r2"]["id"], b"{}")
         self.assertEqual(st, 405, out)
+        st, out, _ = request(self.port, "GET", "/v1/responses/" + got["r2"]["id"] + "/nope")
+        self.assertEqual(st, 404, out)
 
     def test_text_format_json_schema_holds_the_output_to_the_schema(self):
         schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
@@ -329,6 +340,12 @@ class ResponsesWithAToolCallingModel(tpdaemon.HttpDaemonCase):
                              [(c["function"]["name"], c["function"]["arguments"]) for c in want.get("tool_calls") or []])
             self.assertEqual(text_of(r), want["content"] or "")
         self.assertGreater(loop["second"]["usage"]["input_tokens_details"]["cached_tokens"], 0)
+        st, out, _ = request(self.port, "GET", "/v1/responses/%s/input_items" % loop["second"]["id"])
+        listed = json.loads(out)["data"]
+        self.assertEqual([i["type"] for i in listed], ["message", "function_call", "function_call_output"], listed)
+        self.assertEqual((listed[1]["call_id"], listed[1]["name"], listed[1]["arguments"]),
+                         (call["call_id"], "get_weather", call["arguments"]))
+        self.assertEqual((listed[2]["call_id"], listed[2]["output"]), (call["call_id"], "{\"temp\": 21}"))
         # streamed: the typed events build the same response
         s = got["stream"]
         self.assertNotIn("error", s, s)
