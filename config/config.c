@@ -126,6 +126,8 @@ static const struct key keys[] = {
     KI("http.max_connections", http_max_connections, 1, 65536),
     KI("http.max_body_bytes", http_max_body_bytes, 1024, 64 << 20),
     KI("http.timeout_ms", http_timeout_ms, 100, 600000),
+    KI("http.responses_max_count", http_responses_max_count, 0, 1 << 20),
+    KI("http.responses_max_bytes", http_responses_max_bytes, 0, 1 << 30),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -227,6 +229,8 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->http_max_connections = 256;
     cfg->http_max_body_bytes = 8 << 20;
     cfg->http_timeout_ms = 10000;
+    cfg->http_responses_max_count = 1024;
+    cfg->http_responses_max_bytes = 64 << 20;
     cfg->recovery_deadline_ms = 30000;
     cfg->step_timeout_s = 30;
     cfg->step_timeout_factor = 20;

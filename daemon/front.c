@@ -313,6 +313,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         p->seed = tp_random_u64();
         p->set |= TP_P_SEED;
     }
+    j->embed = s->embed.ptr ? (uint8_t)tp_pool_parse(s->embed) : 0;
     if (s->n_messages) {
         if (tp_chat_msgs_dup(s->messages, s->n_messages, s->tools, &j->messages, &j->tools))
             return TP_ENOMEM;

@@ -60,6 +60,7 @@ typedef struct bjob {
     char *gbnf;                     /* the job's grammar (params.grammar points here), or NULL */
     const char *gtrigger;           /* static: it applies from this text on (tool_choice auto), or NULL */
     bool cancel;
+    uint8_t embed;                  /* an embedding job: SEQ_OPEN's pool (SUBMIT embed), 0 a generating job */
     int32_t *out;
     uint32_t n_out, cap_out;
     int engine_reason;              /* from VERDICTS, before the FINISH event */

@@ -157,7 +157,13 @@ void pin_forward(broker *b, bjob *j, int f)
         j->cached = 0;
     if (j->phase == P_FORWARD)
         j->phase = P_READY;
-    j->open_task[0] = pin_slot_cmd(b, f, TP_CMD_SEQ_OPEN, j->slot);
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_SEQ_OPEN);
+    m.task = out_task(b);
+    m.slot.slot = j->slot;
+    m.slot.pool = j->embed;   /* an embedding job: the worker pools its hidden states */
+    out_worker(b, f, &m);
+    j->open_task[0] = m.task;
     if (again) {
         b->stats.recovered[TP_SI_FORWARD]++;
         log_recovery(b, j, TP_SI_FORWARD, f, j->n_prompt + j->n_cand);

@@ -140,7 +140,8 @@ static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint3
         uint32_t p = j->n_fed + k;
         c->tokens[n_tokens + k] = p < j->n_prompt ? j->prompt[p] : j->cands[p - j->n_prompt];
     }
-    c->flags[n] = nt == left ? TP_ITEM_OUTPUT : 0;
+    /* the last prompt chunk: logits, or an embedding job's vector (it ends there) */
+    c->flags[n] = nt == left ? (j->embed ? TP_ITEM_EMBED : TP_ITEM_OUTPUT) : 0;
     c->ntok[n] = nt;
     return nt;
 }
@@ -562,6 +563,30 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     picked_free(&p);
 }
 
+/* EMBEDDED (before its STEP's STEP_RESULT): each embedding job it names
+ * is done: the broker publishes its FINISH with the vector (reason length,
+ * detail "embedding", no completion tokens) and lets go of its workers. */
+static void on_embedded(broker *b, int wi, const tp_msg *m)
+{
+    const tp_m_embedded *r = &m->embedded;
+    for (uint32_t i = 0; i < r->n; i++) {
+        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_FORWARD);
+        if (!j || j->fwd != wi || !j->embed)
+            continue;
+        jobs_progress(j, TP_SI_FORWARD);
+        tp_msg ev;
+        if (jobs_own_finish(j, TP_REASON_LENGTH, NULL, &ev)) {
+            ev.finish.detail = tp_str_of("embedding");
+            ev.finish.embedding = (tp_raw){(const float *)r->embd.data + (size_t)i * r->dim, r->dim};
+            out_event(b, &ev);
+            const bjob *resumed;
+            jobs_on_event(&b->jt, &ev, &resumed);
+            j->result_ready = true;
+        }
+        pin_release(b, j, TP_REASON_NONE, NULL);
+    }
+}
+
 static void on_sampled(broker *b, int wi, const tp_msg *m)
 {
     const tp_m_sampled *r = &m->sampled;
@@ -642,6 +667,9 @@ void step_on_result(broker *b, int wi, const tp_msg *m)
     switch (m->cmd) {
     case TP_CMD_STEP_RESULT:
         on_step_result(b, wi, m);
+        break;
+    case TP_CMD_EMBEDDED:
+        on_embedded(b, wi, m);
         break;
     case TP_CMD_SAMPLED:
         on_sampled(b, wi, m);

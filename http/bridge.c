@@ -200,6 +200,7 @@ static void free_choices(gw_call *c)
         free(c->ch[i].scalls);
         free(c->ch[i].matched_buf);
         free(c->ch[i].error);
+        free(c->ch[i].embd);
         gw_lp_free(&c->ch[i].lp);
     }
     free(c->ch);
@@ -370,6 +371,7 @@ static void submit_all(bridge *b, gw_call *c)
         else
             m.submit.prompt_ids = (tp_raw){p->ids, p->n_ids};
         m.submit.params = c->oreq.params;
+        m.submit.embed = tp_str_of(c->oreq.embed);
         /* choice j of a prompt: seed + j, so n > 1 gives n different samples
          * that each replay alone with that seed */
         if (c->oreq.has_seed)
@@ -682,7 +684,11 @@ static void all_finished(bridge *b, gw_call *c)
             fail_choice(b, c, &c->ch[i]);
             return;
         }
-    if (c->oreq.stream)
+    char msg[256], param[64];
+    int st = !c->oreq.stream && c->api->refuse ? c->api->refuse(c, msg, sizeof msg, param, sizeof param) : 0;
+    if (st)
+        reply_error(b, c, st, msg, param, 0);
+    else if (c->oreq.stream)
         push(b, c, c->api->close(c, b->g->model_name), true);
     else
         reply(b, c, 200, c->api->body(c, b->g->model_name), "application/json", 0);
@@ -776,6 +782,10 @@ static void on_event(bridge *b, tp_zmsg *z)
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
         ch->rejected = rejected_code(m.finish.error_code);
+        if (m.finish.embedding.n && (ch->embd = malloc(m.finish.embedding.n * sizeof *ch->embd))) {
+            tp_raw_copy(ch->embd, m.finish.embedding, sizeof *ch->embd);
+            ch->n_embd = m.finish.embedding.n;
+        }
         for (size_t k = 0; c->oreq.stream && ch->reason != TP_REASON_ERROR && k < m.finish.n_tool_calls; k++)
             deliver_call(b, c, i, &m.finish.tool_calls[k], true);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)

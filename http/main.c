@@ -142,7 +142,8 @@ int main(int argc, char **argv)
     g.model_name = model;
     pthread_mutex_init(&g.lock, NULL);
     g.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    rc = !cfg.http_listen || !model ? tp_err_set(&e, TP_ENOMEM, "out of memory")
+    g.responses = gw_rstore_new((size_t)cfg.http_responses_max_count, (size_t)cfg.http_responses_max_bytes);
+    rc = !cfg.http_listen || !model || !g.responses ? tp_err_set(&e, TP_ENOMEM, "out of memory")
          : g.wake_fd < 0           ? tp_err_set(&e, TP_EIO, "eventfd: %s", strerror(errno))
                                    : 0;
     /* token texts for logprobs: the vocabulary the workers read (model.tokenizer,
@@ -213,6 +214,7 @@ int main(int argc, char **argv)
     free(g.api_keys);
     free(model);
     tp_tokenizer_free(tok);
+    gw_rstore_free(g.responses);
     if (g.wake_fd >= 0)
         close(g.wake_fd);
     tp_config_free(&cfg);

@@ -889,6 +889,7 @@ void oai_request_free(oai_request *r)
     free((void *)r->tools.ptr);
     free(r->tool_choice);
     free(r->tool_choice_name);
+    free(r->api_state);
     memset(r, 0, sizeof *r);
 }
 

@@ -571,6 +571,7 @@ const char *gw_endpoint_name(gw_endpoint ep)
     static const char *const names[GW_EP_COUNT] = {
         [GW_EP_COMPLETIONS] = "/v1/completions", [GW_EP_CHAT] = "/v1/chat/completions",
         [GW_EP_MESSAGES] = "/v1/messages",       [GW_EP_COUNT_TOKENS] = "/v1/messages/count_tokens",
+        [GW_EP_RESPONSES] = "/v1/responses",   [GW_EP_EMBEDDINGS] = "/v1/embeddings",
         [GW_EP_MODELS] = "/v1/models",           [GW_EP_HEALTH] = "/health",
         [GW_EP_METRICS] = "/metrics",            [GW_EP_OTHER] = "other",
     };

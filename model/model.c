@@ -551,6 +551,10 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
         rc = gguf_hybrid(m, g, err);
     if (!rc)
         rc = gguf_experts_config(m, g, err);
+    if (!rc)
+        rc = gguf_int(g, akey(m, "pooling_type", k), TP_POOL_NONE, false, &c->pooling, err);
+    if (!rc && (c->pooling < TP_POOL_NONE || c->pooling > TP_POOL_LAST))
+        c->pooling = TP_POOL_NONE;   /* rank (a reranker's head) and others: not an embedding we compute */
     if (rc)
         return rc;
     const tp_gguf_tensor *emb = tp_gguf_tensor_find(g, "token_embd.weight");

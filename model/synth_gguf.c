@@ -247,6 +247,8 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc && (a->arch->flags & TP_ARCHF_EXPERT_FF_KEY))
             rc = tp_gguf_set_u32(b->w, KEY("expert_feed_forward_length"), (uint32_t)a->expert_ff, err);
     }
+    if (!rc && o->pooling > 0)
+        rc = tp_gguf_set_u32(b->w, KEY("pooling_type"), (uint32_t)o->pooling, err);
 #undef KEY
     if (!rc)
         rc = tp_gguf_copy_kv_from_file(b->w, o->vocab_from, "tokenizer.", err);

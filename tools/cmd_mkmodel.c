@@ -22,7 +22,7 @@ static void usage(FILE *out)
             "usage: tokpipe mkmodel --shape SHAPE --seed N --out FILE [--tokenizer-out FILE]\n"
             "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3|qwen3moe|mixtral|gemma3|gemma2|qwen35\n"
             "                       --vocab-from FILE.gguf --shape SHAPE --seed N --out FILE\n"
-            "                       [--separate-output] [--head-dim N] [--experts N --experts-used K]\n"
+            "                       [--separate-output] [--head-dim N] [--experts N --experts-used K] [--pooling P]\n"
             "                       [--expert-ff N] [--sliding-window N]\n"
             "\n"
             "Writes a llama2.c (version 0) checkpoint with weights uniform in +-0.5/sqrt(fan-in)\n"
@@ -60,6 +60,7 @@ static void usage(FILE *out)
             "                         scores, token types, merges, special ids, chat template); the\n"
             "                         vocabulary size is its token count\n"
             "  --separate-output      gguf only: write output.weight (default: tied to token_embd)\n"
+            "  --pooling mean|cls|last  gguf only: write {arch}.pooling_type, as an embedding model's file\n"
             "  --sliding-window N     gguf gemma3/gemma2 only: attention.sliding_window (default 512 /\n"
             "                         4096)\n"
             "  --head-dim N           gguf qwen3/gemma only: heads of N (attention.key_length) instead of\n"
@@ -131,7 +132,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"rope-scaling-keys", no_argument, 0, 'R'}, {"head-dim", required_argument, 0, 'H'},
         {"sliding-window", required_argument, 0, 'W'},
         {"experts", required_argument, 0, 'E'}, {"experts-used", required_argument, 0, 'K'},
-        {"expert-ff", required_argument, 0, 'F'},
+        {"expert-ff", required_argument, 0, 'F'}, {"pooling", required_argument, 0, 'P'},
         {0, 0, 0, 0},
     };
     const char *shape = NULL, *out = NULL, *tok_out = NULL, *format = "llama2c";
@@ -157,6 +158,18 @@ int cmd_mkmodel(int argc, char **argv)
         case 'E': if (parse_int("--experts", optarg, 1, 512, &n_exp)) return 2; break;
         case 'K': if (parse_int("--experts-used", optarg, 1, 512, &n_used)) return 2; break;
         case 'F': if (parse_int("--expert-ff", optarg, 1, 1 << 18, &exp_ff)) return 2; break;
+        case 'P': {
+            static const char *const pools[] = {"mean", "cls", "last"};   /* TP_POOL_MEAN.. */
+            g.pooling = 0;
+            for (int i = 0; i < 3; i++)
+                if (!strcmp(optarg, pools[i]))
+                    g.pooling = i + 1;
+            if (!g.pooling) {
+                fprintf(stderr, "tokpipe mkmodel: --pooling '%s' is not mean, cls or last\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h': usage(stdout); return 0;
         case 'S': if (parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2; break;
         case 'v': if (parse_int("--vocab", optarg, 354, 1 << 22, &vocab)) return 2; break;
@@ -180,7 +193,8 @@ int cmd_mkmodel(int argc, char **argv)
                                  : g.separate_output ? "--separate-output"
                                  : g.rope_scaling_keys ? "--rope-scaling-keys"
                                  : head_dim ? "--head-dim" : window ? "--sliding-window" : n_exp ? "--experts"
-                                 : n_used ? "--experts-used" : exp_ff ? "--expert-ff" : NULL;
+                                 : n_used ? "--experts-used" : exp_ff ? "--expert-ff"
+                                 : g.pooling ? "--pooling" : NULL;
     if (misplaced) {
         fprintf(stderr, "tokpipe mkmodel: %s does not apply to --format %s\n", misplaced, format);
         return 2;

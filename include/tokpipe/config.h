@@ -125,6 +125,8 @@ typedef struct tp_config {
     int http_max_connections;
     int http_max_body_bytes;
     int http_timeout_ms;       /* broker reply wait before answering 503 */
+    int http_responses_max_count;  /* stored /v1/responses kept (LRU), 0 = none */
+    int http_responses_max_bytes;  /* ... and their bytes in all */
 } tp_config;
 
 enum { TP_STANDBY_NONE = 0, TP_STANDBY_PRIMARY, TP_STANDBY_BACKUP };

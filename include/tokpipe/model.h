@@ -112,10 +112,19 @@ typedef struct tp_model_config {
     int ssm_head_dim;    /* {arch}.ssm.state_size: a key / value head's size */
     int ssm_k_heads;     /* {arch}.ssm.group_count: Q / K heads */
     int ssm_v_heads;     /* {arch}.ssm.time_step_rank: V heads (a multiple of the K heads) */
+    /* {arch}.pooling_type (llama.cpp's enum llama_pooling_type): how an
+     * embedding model pools its hidden states into one vector;
+     * TP_POOL_NONE when the file does not say (a generative model) */
+    int pooling;
 } tp_model_config;
 
 /* Whether layer l of c is a Gated DeltaNet (recurrent) layer. */
 bool tp_model_layer_recurrent(const tp_model_config *c, int l);
+
+
+/* Pooling of hidden states into an embedding (the GGUF's pooling_type
+ * numbers; llama.cpp's LLAMA_POOLING_TYPE_*). */
+enum { TP_POOL_NONE = 0, TP_POOL_MEAN = 1, TP_POOL_CLS = 2, TP_POOL_LAST = 3 };
 
 /* Whether layer l of c attends through a sliding window (swa_window). */
 bool tp_model_layer_slides(const tp_model_config *c, int l);

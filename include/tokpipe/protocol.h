@@ -88,6 +88,7 @@ enum {
     TP_CMD_SEQ_CLOSE = 0x21,    /* B->W */
     TP_CMD_STEP = 0x22,         /* B->W */
     TP_CMD_STEP_RESULT = 0x23,  /* W->B */
+    TP_CMD_EMBEDDED = 0x24,     /* W->B: before a STEP_RESULT, the embeddings its STEP asked for */
     /* WRK1: sample stage */
     TP_CMD_SAMPLE_OPEN = 0x30,  /* B->W */
     TP_CMD_SAMPLE_CLOSE = 0x31, /* B->W */
@@ -414,6 +415,7 @@ typedef struct tp_m_submit {
     tp_str tools;            /* opt, with messages: JSON array of OpenAI tools (the template's `tools`) */
     tp_str tool_choice;      /* opt: "auto" (default) | "none" | "required" | "function" */
     tp_str tool_choice_name; /* tool_choice "function": the function to call */
+    tp_str embed;            /* opt: an embedding job, its pooling: "mean" | "last" | "cls" | "model" */
 } tp_m_submit;
 
 /* Bits of tp_m_ack.set / tp_m_finish.set for keys whose 0 is a value. */
@@ -612,6 +614,7 @@ typedef struct tp_m_finish {
     size_t n_tool_calls;
     bool tool_calls_cut;       /* opt (sent when true): a call is not whole, its arguments what was
                                 * generated when the text broke its syntax or the output stopped */
+    tp_raw embedding;          /* opt frame F3, an embedding job's: f32[dim], the pooled hidden state */
 } tp_m_finish;
 
 /* ---- WRK1 messages ------------------------------------------------------ */
@@ -674,12 +677,28 @@ typedef struct tp_m_tokenized {
 
 typedef struct tp_m_slot {     /* SEQ_OPEN, SEQ_CLOSE, SAMPLE_CLOSE */
     uint32_t slot;
+    uint32_t pool;             /* SEQ_OPEN opt: an embedding job's pooling, TP_POOL_* of model.h or
+                                * TP_POOL_MODEL (0: none, a generating job) */
 } tp_m_slot;
 
 /* STEP item flags (u8 column). */
 enum {
     TP_ITEM_OUTPUT = 1u << 0,  /* produce logits (or a candidate) after the item's last token */
+    TP_ITEM_EMBED = 1u << 1,   /* an embedding job's last chunk: its pooled vector in EMBEDDED */
 };
+
+/* SUBMIT embed as SEQ_OPEN pool: "mean" 1, "cls" 2, "last" 3 (TP_POOL_*
+ * of model.h), "model" TP_POOL_MODEL (the model's own); -1 none of them. */
+#define TP_POOL_MODEL 4
+int tp_pool_parse(tp_str s);
+
+typedef struct tp_m_embedded {
+    uint64_t step;             /* the STEP it answers (its STEP_RESULT follows) */
+    uint32_t n;                /* items that asked for their embedding, in STEP order */
+    uint32_t dim;              /* floats per embedding */
+    tp_raw slots;              /* u32[n] */
+    tp_raw embd;               /* f32[n*dim]: each the pooled final-normed hidden state */
+} tp_m_embedded;
 
 typedef struct tp_m_step {
     uint64_t step;
@@ -812,6 +831,7 @@ typedef struct tp_msg {
         tp_m_slot slot;
         tp_m_step step;
         tp_m_step_result step_result;
+        tp_m_embedded embedded;
         tp_m_sample_open sample_open;
         tp_m_sample sample;
         tp_m_sampled sampled;

@@ -257,7 +257,7 @@ class Model:
 
     def logits(self, ids, neox=None, qk_norm=True, up_first=False, window=True, local_theta=True,
                post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False,
-               attn_gate=True, gate_norm=True, delta=True, all_attention=False):
+               attn_gate=True, gate_norm=True, delta=True, all_attention=False, hidden=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
         Phi-3's fused gate/up the wrong way round; for Gemma window=False
@@ -266,7 +266,9 @@ class Model:
         norms after attention and FFN, gelu=False gates with SiLU,
         softcap=False leaves out the soft-capping; for experts renorm=False
         leaves the top-k weights as the softmax gave them, top=N takes N
-        experts instead of expert_used_count (for tests that they matter)."""
+        experts instead of expert_used_count (for tests that they matter).
+        hidden=True: the hidden states after the final norm instead, [T, dim]
+        (what an embedding pools)."""
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
@@ -358,10 +360,20 @@ class Model:
                 f = self.rmsnorm(f, w[b + "post_ffw_norm.weight"])
             x = x + f
         x = self.rmsnorm(x, w["output_norm.weight"])
+        if hidden:
+            return x
         out = x @ w.get("output.weight", w["token_embd.weight"]).T
         if self.final_cap and softcap:
             out = np.tanh(out / self.final_cap) * self.final_cap
         return out
+
+
+def embedding(model, ids, pooling):
+    """The pooled, L2-normalized embedding of ids: pooling "mean", "last"
+    or "cls" over the final-normed hidden states (float64)."""
+    h = model.logits(ids, hidden=True)
+    v = h.mean(axis=0) if pooling == "mean" else h[-1] if pooling == "last" else h[0]
+    return v / np.linalg.norm(v)
 
 
 def llama3_divisors(hs, theta, factor, low, high, orig):

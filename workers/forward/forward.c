@@ -1822,6 +1822,37 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
     }
 }
 
+/* Embeddings: the items' final-normed hidden states pooled as pools[i]
+ * asks (NULL: none). -1: out of memory (the pooled vectors untouched). */
+static int pool(tp_forward *f, const tp_fwd_item *items, int n_items, const tp_fwd_pool *pools)
+{
+    if (!pools)
+        return 0;
+    size_t d = (size_t)f->c.dim;
+    const float *rms_final = tp_model_get_weights(f->model)->rms_final;
+    float *h = NULL;
+    for (int i = 0, t0 = 0; i < n_items; t0 += items[i++].n_tokens) {
+        const tp_fwd_item *it = &items[i];
+        const tp_fwd_pool *pl = &pools[i];
+        if (pl->pool == TP_POOL_NONE || !pl->pooled)
+            continue;
+        if (!h && !(h = malloc(d * sizeof *h)))
+            return -1;
+        int from = it->n_tokens - 1, to = it->n_tokens;   /* LAST */
+        if (pl->pool == TP_POOL_MEAN)
+            from = 0;
+        else if (pl->pool == TP_POOL_CLS)
+            from = 0, to = it->pos == 0 ? 1 : 0;
+        for (int k = from; k < to; k++) {
+            rmsnorm(h, f->s.x + (size_t)(t0 + k) * d, rms_final, f->c.dim, f->c.norm_eps);
+            for (size_t j = 0; j < d; j++)
+                pl->pooled[j] = pl->pool == TP_POOL_MEAN ? pl->pooled[j] + h[j] : h[j];
+        }
+    }
+    free(h);
+    return 0;
+}
+
 /* Give item `it` writable pages for its positions and record its tokens.
  * A page it writes that is shared (cached, or held by another sequence:
  * only after a rewind) is replaced by a private copy of it; pages past the
@@ -1886,6 +1917,12 @@ static void publish_pages(tp_forward *f, int seq)
 
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err)
 {
+    return tp_forward_step_pooled(f, items, n_items, logits, NULL, err);
+}
+
+int tp_forward_step_pooled(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                           const tp_fwd_pool *pools, tp_err *err)
+{
     int T = 0;
     int rc = check_items(f, items, n_items, logits, &T, err);
     if (rc || T == 0)
@@ -1907,6 +1944,8 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
             attention_block(f, l, T);
         ffn_block(f, l, T);
     }
+    if (pool(f, items, n_items, pools))
+        rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory for an embedding");
     classify(f, items, n_items, logits);
     if (f->c.final_softcap) /* Gemma 2 */
         for (int i = 0; i < n_items; i++)
@@ -1917,5 +1956,5 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
         f->seq_len[items[i].seq_id] = items[i].pos + items[i].n_tokens;
         publish_pages(f, items[i].seq_id);
     }
-    return 0;
+    return rc;
 }
