@@ -132,8 +132,12 @@ static void send_cancel(bridge *b, const gw_choice *ch)
     m.req = REQ_CANCEL_BIT;
     m.jobref.job_id = tp_str_of(ch->job_id);
     tp_err e;
-    if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
-        log_line("cancel: %s", e.msg);
+    /* a standby pair: the DEALER deals two sends to both brokers in turn,
+     * so the active one gets it (the passive one refuses; with one broker
+     * up, the second finds the job gone: both replies are ignored) */
+    for (int k = 0; k < (b->standby ? 2 : 1); k++)
+        if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
+            log_line("cancel: %s", e.msg);
 }
 
 /* Cancel the call's jobs that may still run (accepted and not finished). */
@@ -259,8 +263,14 @@ static void send_stats(bridge *b, gw_call *c)
     tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
     m.req = c->no << REQ_SHIFT;
     tp_err e;
-    if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
-        reply_error(b, c, 503, e.msg, NULL, 0);
+    /* a standby pair: one to each broker (the DEALER deals in turn); the
+     * passive one's answer has no workers (on_stats waits for the other) */
+    c->stats_left = b->standby ? 2 : 1;
+    for (int k = 0; k < c->stats_left; k++)
+        if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e)) {
+            reply_error(b, c, 503, e.msg, NULL, 0);
+            return;
+        }
 }
 
 /* The field an encoder or broker message names: the word before ": "
@@ -567,8 +577,18 @@ static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
     fail_call(b, c, http, msg, param, st == 429 ? 1 : 0);
 }
 
+static bool no_workers(const tp_m_stats_reply *s)
+{
+    for (int k = 0; k < 4; k++)
+        if (s->workers[k])
+            return false;
+    return true;
+}
+
 static void on_stats(bridge *b, gw_call *c, const tp_msg *m)
 {
+    if (c->stats_left-- > 1 && (m->cmd != TP_CMD_STATS_REPLY || m->status != 200 || no_workers(&m->stats_reply)))
+        return;   /* maybe the passive broker of a pair: the other's answer follows */
     if (m->cmd != TP_CMD_STATS_REPLY || m->status != 200) {
         reply_error(b, c, 503, "tokpiped did not answer STATS", NULL, 0);
         return;

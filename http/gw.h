@@ -149,6 +149,7 @@ typedef struct gw_call {
     bool watch_fd;
     int64_t deadline_ms;       /* ACK / STATS reply wait */
     bool waiting;              /* queued until the broker's first heartbeat */
+    int stats_left;            /* STATS replies to come (a standby pair: one from each broker) */
 
     /* shared: under gw.lock */
     int status;                /* HTTP status of the answer, 0 = not known yet */

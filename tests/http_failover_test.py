@@ -181,6 +181,14 @@ class HttpFailoverTest(unittest.TestCase):
                                    stderr=log)
         if not tpdaemon.wait_health(self.port, 30, gone=lambda: self.gw.poll() is not None):
             raise AssertionError("gateway not healthy" + self.diag())
+        # STATS goes to both brokers: the passive one's (no workers) is not the answer
+        for _ in range(6):
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            self.assertEqual(r.status, 200, r.read())
+            r.read()
+            c.close()
 
     def diag(self):
         with open(self.gwlog, "rb") as f:
