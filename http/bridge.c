@@ -7,7 +7,13 @@
  * the SUB socket subscribes to that prefix once, then to the heartbeat
  * topic: the first heartbeat proves the subscription is in force, so no
  * job of this gateway can lose its first events, and no per-job
- * subscription dance is needed. */
+ * subscription dance is needed.
+ *
+ * A standby pair (standby.peer_front/peer_events): both fronts on the
+ * DEALER, both event streams on the SUB. A broker lost (heartbeats stop, or
+ * a new incarnation heartbeats) costs no client anything: its open jobs are
+ * submitted again with their ids, params and first-ACK seeds, and the
+ * replayed events whose seq was already forwarded are dropped. */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
