@@ -838,6 +838,8 @@ static void on_event(bridge *b, tp_zmsg *z)
     }
     size_t i = (size_t)(ch - c->ch);
     uint32_t seq = m.cmd == TP_CMD_TOKEN ? m.token.seq : m.finish.seq;
+    if (ch->resubmitted && ch->next_seq == 0 && ch->skip && seq == ch->skip)
+        ch->next_seq = seq;   /* the broker thought lost goes on (a late heartbeat; our SUBMIT met a 409) */
     if (seq != ch->next_seq) {
         /* PUB/SUB dropped events (a slow gateway past the high-water mark):
          * the text would have a hole, so say so instead */
