@@ -62,6 +62,12 @@ typedef struct gw_choice {
     const char *rejected;      /* FINISH error_code of the client's error found after the ACK
                                 * (TP_CODE_CONTEXT, TP_CODE_PROMPT_SIZE): a 400 with that code; else NULL */
     bool started;              /* its first event (TOKEN or a FINISH) came */
+    uint64_t seed;             /* the seed its first ACK reported (seeded), resubmitted with the job */
+    bool seeded;
+    uint32_t skip;             /* after a resubmission: events of seq < skip were forwarded already */
+    bool resubmitted;          /* submitted again to a broker that took over (or restarted) */
+    int64_t resend_ms;         /* SUBMIT again at this time (a passive or not yet ready broker); 0 = no */
+    int64_t sent_ms;           /* its last SUBMIT */
     gw_lp lp;                  /* the request asked for logprobs: its tokens */
     size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */
     bool constrained;          /* FINISH said grammar_complete (a job with a grammar) */
@@ -157,6 +163,7 @@ typedef struct gw_call {
     bool watch_fd;
     int64_t deadline_ms;       /* ACK / STATS reply wait */
     bool waiting;              /* queued until the broker's first heartbeat */
+    int stats_left;            /* STATS replies to come (a standby pair: one from each broker) */
 
     /* shared: under gw.lock */
     int status;                /* HTTP status of the answer, 0 = not known yet */
@@ -177,6 +184,8 @@ typedef struct gw_call {
 typedef struct gw_counters {
     uint64_t requests[GW_EP_COUNT][6];   /* by endpoint and status class: 2xx..5xx at [2..5] */
     uint64_t client_gone;      /* completions whose client left early */
+    uint64_t streams_resumed;  /* streams whose jobs were resubmitted after a lost broker */
+    uint64_t jobs_resubmitted; /* jobs submitted again (same id and seed) after a lost broker */
 } gw_counters;
 
 typedef struct gw {

@@ -665,5 +665,10 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
         }
     one(&b, "tokpipe_http_client_disconnects_total", "counter",
         "Completions whose client went away before the end (their jobs were cancelled)", gc->client_gone);
+    one(&b, "tokpipe_http_streams_resumed_total", "counter",
+        "Streams whose jobs were submitted again (same id and seed) after their broker was lost, "
+        "going on where they stopped", gc->streams_resumed);
+    one(&b, "tokpipe_http_jobs_resubmitted_total", "counter",
+        "Jobs submitted again (same id and seed) after their broker was lost", gc->jobs_resubmitted);
     return b.data;
 }
