@@ -134,8 +134,9 @@ static uint32_t pick_type(const target *tg, const otensor *o, int n_layers)
         return TP_GGML_F32;
     uint32_t t = tg->type;
     if (tg->mix_m) {
-        /* llama.cpp matches "ffn_down": the experts' ffn_down_exps too */
-        bool down = strstr(o->name, "ffn_down.weight") != NULL || strstr(o->name, "ffn_down_exps.weight") != NULL, v = strstr(o->name, "attn_v.weight") != NULL;
+        /* llama.cpp matches "ffn_down": the experts' ffn_down_exps and ffn_down_shexp too */
+        bool down = strstr(o->name, "ffn_down.weight") != NULL || strstr(o->name, "ffn_down_exps.weight") != NULL ||
+                    strstr(o->name, "ffn_down_shexp.weight") != NULL, v = strstr(o->name, "attn_v.weight") != NULL;
         if (!strcmp(o->name, "output.weight"))
             t = fits(TP_GGML_Q6_K, o->ne[0]) ? TP_GGML_Q6_K : TP_GGML_Q8_0;
         else if ((down || v) && more_bits(layer_of(o->name), n_layers))
