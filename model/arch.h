@@ -36,6 +36,7 @@ typedef enum tp_arch_size {
     TP_SZ_SSM_VH,   /* ssm_v_heads */
     TP_SZ_SSM_HEAD, /* ssm_head_dim */
     TP_SZ_SSM_K,    /* ssm_conv_kernel */
+    TP_SZ_FF_SHEXP, /* shexp_ff: the shared expert's hidden width (model.h) */
     TP_SZ_COUNT
 } tp_arch_size;
 
@@ -102,6 +103,9 @@ typedef struct tp_arch_sizes {
 tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size);
 void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff);
 
+/* The shared expert's width (0 without one). */
+void tp_arch_sizes_shexp(tp_arch_sizes *z, int shexp_ff);
+
 /* The sizes of a hybrid model's DeltaNet layers (model.h). */
 void tp_arch_sizes_ssm(tp_arch_sizes *z, const tp_model_config *c);
 
@@ -157,6 +161,10 @@ enum {
     TP_ARCHF_ATTN_GATE = 1u << 12,
     /* rope.dimension_count may be less than the head size (partial RoPE) */
     TP_ARCHF_ROPE_DIM = 1u << 13,
+    /* a shared expert beside the routed ones (qwen35moe): its width
+     * {arch}.expert_shared_feed_forward_length, default
+     * feed_forward_length (llama.cpp's n_ff_shexp) */
+    TP_ARCHF_SHEXP = 1u << 14,
 };
 
 typedef struct tp_arch {

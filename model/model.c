@@ -518,6 +518,10 @@ static int gguf_experts_config(tp_model *m, const tp_gguf *g, tp_err *err)
                       &c->expert_ff, err);
     if (!rc)
         rc = check_range("expert feed_forward_length", c->expert_ff, 1, MAX_HIDDEN, err);
+    if (!rc && (a->flags & TP_ARCHF_SHEXP)) /* llama.cpp's n_ff_shexp, else n_ff */
+        rc = gguf_int(g, akey(m, "expert_shared_feed_forward_length", k), c->hidden_dim, false, &c->shexp_ff, err);
+    if (!rc && (a->flags & TP_ARCHF_SHEXP))
+        rc = check_range("expert shared feed_forward_length", c->shexp_ff, 1, MAX_HIDDEN, err);
     return rc;
 }
 
@@ -698,6 +702,7 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     const tp_model_config *c = &m->cfg;
     tp_arch_sizes z = tp_arch_sizes_of(c->dim, c->q_dim, c->kv_dim, c->hidden_dim, c->head_size);
     tp_arch_sizes_moe(&z, c->n_expert, c->expert_ff);
+    tp_arch_sizes_shexp(&z, c->shexp_ff);
     tp_arch_sizes_ssm(&z, c);
     bool recurrent = tp_model_layer_recurrent(c, l);
     int n_exps = 0;
@@ -750,6 +755,8 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no post_attention_norm / post_ffw_norm", l);
     if (c->n_expert && (!lw->w1_exps || !lw->w2_exps || !lw->w3_exps || !lw->m.wr.data)) /* likewise */
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no router or expert tensors", l);
+    if (c->shexp_ff && (!lw->m.w1_shexp.data || !lw->m.w2_shexp.data || !lw->m.w3_shexp.data || !lw->shexp_gate))
+        return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no shared expert tensors", l); /* likewise */
     return 0;
 }
 
@@ -931,6 +938,9 @@ static void make_identity(tp_model *m)
         size_t n = strlen(m->identity);
         snprintf(m->identity + n, sizeof m->identity - n, " experts=%d/%d/%d", c->n_expert, c->n_expert_used,
                  c->expert_ff);
+        n = strlen(m->identity);
+        if (c->shexp_ff)
+            snprintf(m->identity + n, sizeof m->identity - n, " shexp=%d", c->shexp_ff);
     }
 }
 
@@ -1048,6 +1058,10 @@ bool tp_model_all_f32(const tp_model *m)
                                 w->layers[l].w2_exps[0].type != TP_GGML_F32 ||
                                 w->layers[l].w3_exps[0].type != TP_GGML_F32))
             return false; /* one type a 3-D tensor: its first expert's */
+        if (m->cfg.shexp_ff && (w->layers[l].m.w1_shexp.type != TP_GGML_F32 ||
+                                w->layers[l].m.w2_shexp.type != TP_GGML_F32 ||
+                                w->layers[l].m.w3_shexp.type != TP_GGML_F32))
+            return false;
     }
     return true;
 }

@@ -33,6 +33,7 @@ typedef struct arch_defaults {
     float theta, eps;
     bool llama3;
     int n_expert, n_expert_used, expert_ff;
+    int shexp_ff; /* TP_ARCHF_SHEXP: the shared expert's width */
 } arch_defaults;
 
 /* The sizes of a random model: heads of dim / n_heads (a shape may name
@@ -162,6 +163,7 @@ static tp_arch_sizes arch_sizes(const tp_synth_shape *s, const arch_defaults *a,
     sizes z = sizes_of(s, o);
     tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
     tp_arch_sizes_moe(&az, a->n_expert, a->expert_ff);
+    tp_arch_sizes_shexp(&az, a->shexp_ff);
     tp_model_config c = ssm_of(s, a, o);
     tp_arch_sizes_ssm(&az, &c);
     return az;
@@ -246,6 +248,8 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("expert_used_count"), (uint32_t)a->n_expert_used, err);
         if (!rc && (a->arch->flags & TP_ARCHF_EXPERT_FF_KEY))
             rc = tp_gguf_set_u32(b->w, KEY("expert_feed_forward_length"), (uint32_t)a->expert_ff, err);
+        if (!rc && a->shexp_ff)
+            rc = tp_gguf_set_u32(b->w, KEY("expert_shared_feed_forward_length"), (uint32_t)a->shexp_ff, err);
     }
     if (!rc && o->pooling > 0)
         rc = tp_gguf_set_u32(b->w, KEY("pooling_type"), (uint32_t)o->pooling, err);
@@ -307,7 +311,9 @@ static int pick_arch(const char *flag, const tp_synth_shape *s, const tp_synth_g
         return tp_err_set(err, TP_EINVAL, "mkmodel: architecture '%s' is not one of %s", flag ? flag : "(none)",
                           names);
     }
-    *out = (arch_defaults){a, llama3 ? 500000.0f : a->mk_rope_base, a->mk_norm_eps, llama3, 0, 0, 0};
+    *out = (arch_defaults){a, llama3 ? 500000.0f : a->mk_rope_base, a->mk_norm_eps, llama3, 0, 0, 0, 0};
+    if (o->shexp_ff && !(a->flags & TP_ARCHF_SHEXP))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --arch %s has no shared expert (--shared-ff)", flag);
     int ne = mixtral ? 8 : a->mk_experts, used = mixtral ? 2 : a->mk_experts_used;
     if (o->n_expert)
         ne = o->n_expert;
@@ -328,13 +334,15 @@ static int pick_arch(const char *flag, const tp_synth_shape *s, const tp_synth_g
     out->n_expert = ne;
     out->n_expert_used = used;
     out->expert_ff = o->expert_ff ? o->expert_ff : s->hidden_dim;
+    if (a->flags & TP_ARCHF_SHEXP) /* Qwen3.5-35B-A3B's shared expert is as wide as one routed */
+        out->shexp_ff = o->shexp_ff ? o->shexp_ff : out->expert_ff;
     return 0;
 }
 
 int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed, const tp_synth_gguf *o,
                         tp_err *err)
 {
-    arch_defaults ad = {NULL, 0, 0, false, 0, 0, 0};
+    arch_defaults ad = {NULL, 0, 0, false, 0, 0, 0, 0};
     int rc = pick_arch(o->arch, s, o, &ad, err);
     if (rc)
         return rc;

@@ -2,7 +2,7 @@
 (tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
 each architecture's kind, grouped-query attention, SwiGLU, biases) on the
 real stories260K.gguf and on random-weight llama, Llama 3, Mixtral (llama
-with experts), qwen2, qwen3, phi3, qwen3moe, gemma3 and gemma2 models written
+with experts), qwen2, qwen3, phi3, qwen3moe, gemma3, gemma2, qwen35 and qwen35moe models written
 by `tokpipe mkmodel`.
 
 Tolerance: tokpipe computes in float32, the reference in float64; every
@@ -235,6 +235,27 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.3.attn_q.weight"].shape, (2 * 4 * 32, 64))
         self.assertNotIn("blk.3.attn_qkv.weight", model.w)
         self.assertNotIn("blk.0.attn_q.weight", model.w)
+
+    def test_qwen35moe_experts_and_gated_shared_expert_match(self):
+        """Qwen 3.5 MoE: qwen35's hybrid layers, each FFN 8 experts (3 a
+        token, renormalised) and a shared expert wider than one of them,
+        gated by sigmoid(x . ffn_gate_inp_shexp)."""
+        path = self.mkmodel("qwen35moe", "--arch", "qwen35moe", "--shape", "64x4x4x2", "--head-dim", "32",
+                            "--experts", "8", "--experts-used", "3", "--expert-ff", "64", "--shared-ff", "96")
+        model, _ = self.check(path, wrongs={
+            "no shared expert": lambda m, ids: m.logits(ids, shexp=False),
+            "a shared expert without its sigmoid gate": lambda m, ids: m.logits(ids, shexp_gate=False),
+            "the top-k weights not renormalised": lambda m, ids: m.logits(ids, renorm=False),
+            "no attention gate": lambda m, ids: m.logits(ids, attn_gate=False),
+        })
+        # llama.cpp's shapes: the shared expert [dim, shexp_ff], its gate [dim]
+        self.assertEqual(model.meta["qwen35moe.expert_shared_feed_forward_length"], 96)
+        self.assertEqual(model.w["blk.0.ffn_gate_shexp.weight"].shape, (96, 64))
+        self.assertEqual(model.w["blk.0.ffn_down_shexp.weight"].shape, (64, 96))
+        self.assertEqual(model.w["blk.3.ffn_gate_inp_shexp.weight"].shape, (64,))
+        self.assertEqual(model.w["blk.3.ffn_up_exps.weight"].shape, (8, 64, 64))
+        self.assertNotIn("blk.0.ffn_gate.weight", model.w)
+        self.assertIn("blk.0.ssm_conv1d.weight", model.w)
 
     def test_qwen35_with_a_long_prompt_and_its_own_vocabulary_matches(self):
         path = self.mkmodel("qwen35_bpe", "--arch", "qwen35", "--shape", "64x4x4x4",

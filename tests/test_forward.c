@@ -608,6 +608,29 @@ static void qwen35_retried_step_recomputes_the_same_logits_and_other_rewinds_are
     tp_model_free(m);
 }
 
+/* qwen35moe: qwen35's hybrid blocks (0-2 Gated DeltaNet, 3 gated
+ * attention), each FFN 8 experts, 3 a token, and a shared expert wider
+ * than one of them that every token takes: each sequence's logits the
+ * same alone or batched (sharing experts), whole or in chunks, on 1-4
+ * threads, every path and cache type. */
+static void qwen35moe_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35moe", .head_dim = 32, .n_expert = 8,
+                                                     .n_expert_used = 3, .expert_ff = 64, .shexp_ff = 96},
+                                     "64x4x4x2");
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_QWEN35MOE);
+    assert_true(tp_model_layer_recurrent(c, 0) && !tp_model_layer_recurrent(c, 3));
+    assert_int_equal(c->n_expert, 8);
+    assert_int_equal(c->shexp_ff, 96);
+    for (int scalar = 0; scalar < 2; scalar++) {
+        model_batch_invariance(m, scalar, TP_KV_F32);
+        model_batch_invariance(m, scalar, TP_KV_F16);
+    }
+    tp_model_free(m);
+}
+
 static void mixtral_is_batch_chunk_and_thread_invariant(void **state)
 {
     (void)state;
@@ -621,11 +644,8 @@ static void mixtral_is_batch_chunk_and_thread_invariant(void **state)
 /* The MoE FFN alone: a token's output row is the same bits in a step of
  * 9 tokens that share experts (checked) as alone, on 1 and 3 threads, and
  * its experts come by rank with weights that sum to 1. */
-static void moe_rows_are_the_same_alone_or_sharing_experts(void **state)
+static void moe_rows_alone_or_sharing_experts(tp_model *m)
 {
-    (void)state;
-    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "qwen3moe", .head_dim = 32, .n_expert = 8,
-                                                   .n_expert_used = 3, .expert_ff = 64});
     const tp_model_config *c = tp_model_get_config(m);
     enum { T = 9 };
     int d = c->dim, k = c->n_expert_used;
@@ -671,6 +691,26 @@ static void moe_rows_are_the_same_alone_or_sharing_experts(void **state)
     free(x);
     free(all);
     free(one);
+}
+
+static void moe_rows_are_the_same_alone_or_sharing_experts(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "qwen3moe", .head_dim = 32, .n_expert = 8,
+                                                   .n_expert_used = 3, .expert_ff = 64});
+    moe_rows_alone_or_sharing_experts(m);
+    tp_model_free(m);
+}
+
+/* The same with qwen35moe's gated shared expert after the routed sum:
+ * its matmuls over the step's rows keep each row's bits too. */
+static void moe_rows_with_a_shared_expert_are_the_same_alone_or_together(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35moe", .head_dim = 32, .n_expert = 8,
+                                                     .n_expert_used = 3, .expert_ff = 64, .shexp_ff = 96},
+                                     "64x4x4x2");
+    moe_rows_alone_or_sharing_experts(m);
     tp_model_free(m);
 }
 
@@ -1107,10 +1147,12 @@ int main(void)
         cmocka_unit_test(gemma3_and_gemma2_are_batch_chunk_and_thread_invariant),
         cmocka_unit_test(phi3_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen3moe_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(qwen35moe_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(mixtral_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen35_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen35_retried_step_recomputes_the_same_logits_and_other_rewinds_are_refused),
         cmocka_unit_test(moe_rows_are_the_same_alone_or_sharing_experts),
+        cmocka_unit_test(moe_rows_with_a_shared_expert_are_the_same_alone_or_together),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
  * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling, and Mixtral's experts),
- * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2`, `gemma3` and `qwen35` architectures (model/arch_*.c, one file each; model/archs.c lists them).
+ * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2`, `gemma3`, `qwen35` and `qwen35moe` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -38,6 +38,7 @@ typedef enum tp_model_arch {
     TP_ARCH_GEMMA2 = 6, /* GGUF "gemma2": gemma3 without Q/K norms, with soft-capping */
     TP_ARCH_QWEN3MOE = 7, /* GGUF "qwen3moe": qwen3's attention, a mixture of experts FFN */
     TP_ARCH_QWEN35 = 8, /* GGUF "qwen35": Gated DeltaNet layers, every full_attn_interval-th a gated attention */
+    TP_ARCH_QWEN35MOE = 9, /* GGUF "qwen35moe": qwen35's layers, experts and a gated shared expert for the FFN */
 } tp_model_arch;
 
 /* The FFN's gate activation: SwiGLU's SiLU or GELU (tanh approximation). */
@@ -95,6 +96,10 @@ typedef struct tp_model_config {
     int n_expert;       /* {arch}.expert_count, 0: a dense FFN */
     int n_expert_used;  /* {arch}.expert_used_count */
     int expert_ff;      /* one expert's hidden width */
+    /* qwen35moe's shared expert: a SwiGLU FFN of width shexp_ff every
+     * token takes beside its routed experts, its output times
+     * sigmoid(x . shexp_gate) added after theirs (moe.h); 0: none */
+    int shexp_ff;       /* {arch}.expert_shared_feed_forward_length */
     /* RoPE turns the first rope_dim elements of each head (llama.cpp's
      * n_rot, rope.dimension_count; == head_size but for partial RoPE, as
      * qwen35's 64 of 256), pair frequencies theta^(-2i/rope_dim) */
@@ -169,6 +174,10 @@ typedef struct tp_layer_weights {
      * file's 3-D blk.N.ffn_{gate,down,up}_exps, arrays owned by the model */
     const float *wr;
     const tp_wmat *w1_exps, *w2_exps, *w3_exps;
+    /* the shared expert (shexp_ff > 0; else NULL): its gate w1_shexp and
+     * up w3_shexp [shexp_ff][dim], down w2_shexp [dim][shexp_ff], and the
+     * vector of its sigmoid gate, shexp_gate [dim] (F32) */
+    const float *w1_shexp, *w2_shexp, *w3_shexp, *shexp_gate;
     /* a Gated DeltaNet layer (tp_model_layer_recurrent; else NULL, and
      * wq .. wo NULL too): with key_dim = ssm_head_dim * ssm_k_heads,
      * value_dim = ssm_head_dim * ssm_v_heads and conv_dim = 2 key_dim +
@@ -179,7 +188,8 @@ typedef struct tp_layer_weights {
      * (-exp(A_log)) [ssm_v_heads], ssm_norm [ssm_head_dim] */
     const float *wqkv_lin, *wz, *wbeta, *walpha, *wssm_out;
     const float *ssm_conv1d, *ssm_dt, *ssm_a, *ssm_norm;
-    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr, wqkv_lin, wz, wbeta, walpha, wssm_out; } m;
+    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr, wqkv_lin, wz, wbeta, walpha, wssm_out;
+             tp_wmat w1_shexp, w2_shexp, w3_shexp; } m;
 } tp_layer_weights;
 
 typedef struct tp_model_weights {

@@ -69,6 +69,8 @@ typedef struct tp_synth_gguf {
     int n_expert, n_expert_used, expert_ff;
     int pooling;             /* > 0: {arch}.pooling_type (TP_POOL_* of model.h), as an
                               * embedding model's converted GGUF says it (Qwen3-Embedding: 3, last) */
+    int shexp_ff;            /* qwen35moe: the shared expert's width
+                              * (expert_shared_feed_forward_length); 0: expert_ff */
 } tp_synth_gguf;
 
 /* Write the model of shape s (its vocab_size is ignored) to path: matrix

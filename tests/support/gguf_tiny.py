@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 / qwen35 architectures, written from the GGUF spec and
+for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 / qwen35 / qwen35moe architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -116,12 +116,12 @@ class Model:
         self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
         # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
-        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3", "qwen35")
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3", "qwen35", "qwen35moe")
         # Qwen 3.5 (HF's modeling_qwen3_5 / Qwen3-Next): partial RoPE over the
         # first rope.dimension_count elements of a head; Gated DeltaNet
         # layers unless (l + 1) % full_attention_interval == 0
         self.rot = m.get(p + "rope.dimension_count", self.hs)
-        self.hybrid = self.arch == "qwen35"
+        self.hybrid = self.arch in ("qwen35", "qwen35moe")
         if self.hybrid:
             self.interval = m.get(p + "full_attention_interval", 4)
             self.ssm_hd = m[p + "ssm.state_size"]
@@ -193,10 +193,13 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def moe(self, h, b, renorm=True, top=None, ties_high=False):
+    def moe(self, h, b, renorm=True, top=None, ties_high=False, shexp=True, shexp_gate=True):
         """The mixture of experts of block prefix b on rows h [T, dim];
         equal probabilities take the lower expert first (ties_high: the
-        higher, for a test that it matters)."""
+        higher, for a test that it matters). Qwen 3.5 MoE (HF's
+        Qwen3NextSparseMoeBlock): a shared expert every token takes, its
+        output times sigmoid(h . shared_expert_gate) added to the routed
+        sum (shexp=False leaves it out, shexp_gate=False ungated)."""
         w = self.w
         top = self.n_used if top is None else top
         lg = h @ w[b + "ffn_gate_inp.weight"].T  # [T, n_expert]
@@ -212,7 +215,21 @@ class Model:
             for e, we in zip(chosen, ws):
                 g, u = gate[e] @ h[t], up[e] @ h[t]
                 out[t] += we * (down[e] @ (g / (1 + np.exp(-g)) * u))
+        if shexp and b + "ffn_gate_inp_shexp.weight" in w:
+            g, u = h @ w[b + "ffn_gate_shexp.weight"].T, h @ w[b + "ffn_up_shexp.weight"].T
+            y = ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down_shexp.weight"].T
+            if shexp_gate:
+                y = y / (1 + np.exp(-(h @ w[b + "ffn_gate_inp_shexp.weight"])))[:, None]
+            out += y
         return out
+
+    def hybrid_ffn(self, h, b, renorm, top, ties_high, shexp, shexp_gate):
+        """Qwen 3.5's FFN: SwiGLU, or qwen35moe's experts."""
+        w = self.w
+        if self.n_expert:
+            return self.moe(h, b, renorm, top, ties_high, shexp, shexp_gate)
+        g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+        return ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down.weight"].T
 
     def deltanet(self, h, b, gate_norm=True, delta=True):
         """A Gated DeltaNet layer of block prefix b on rows h [T, dim] of one
@@ -257,7 +274,8 @@ class Model:
 
     def logits(self, ids, neox=None, qk_norm=True, up_first=False, window=True, local_theta=True,
                post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False,
-               attn_gate=True, gate_norm=True, delta=True, all_attention=False, hidden=False):
+               attn_gate=True, gate_norm=True, delta=True, all_attention=False, shexp=True, shexp_gate=True,
+               hidden=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
         Phi-3's fused gate/up the wrong way round; for Gemma window=False
@@ -266,9 +284,10 @@ class Model:
         norms after attention and FFN, gelu=False gates with SiLU,
         softcap=False leaves out the soft-capping; for experts renorm=False
         leaves the top-k weights as the softmax gave them, top=N takes N
-        experts instead of expert_used_count (for tests that they matter).
-        hidden=True: the hidden states after the final norm instead, [T, dim]
-        (what an embedding pools)."""
+        experts instead of expert_used_count (for tests that they matter);
+        shexp=False leaves qwen35moe's shared expert out, shexp_gate=False
+        adds it without its sigmoid gate. hidden=True: the hidden states
+        after the final norm instead, [T, dim] (what an embedding pools)."""
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
@@ -289,8 +308,7 @@ class Model:
             if self.hybrid and (l + 1) % self.interval != 0:
                 x = x + self.deltanet(h, b, gate_norm, delta)
                 h = self.rmsnorm(x, w[b + "post_attention_norm.weight"])
-                g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
-                x = x + ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down.weight"].T
+                x = x + self.hybrid_ffn(h, b, renorm, top, ties_high, shexp, shexp_gate)
                 continue
             gates = None
             if self.hybrid:
@@ -331,8 +349,7 @@ class Model:
             if self.hybrid:
                 x = x + a
                 h = self.rmsnorm(x, w[b + "post_attention_norm.weight"])
-                g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
-                x = x + ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down.weight"].T
+                x = x + self.hybrid_ffn(h, b, renorm, top, ties_high, shexp, shexp_gate)
                 continue
             if post_norm and b + "post_attention_norm.weight" in w:
                 a = self.rmsnorm(a, w[b + "post_attention_norm.weight"])
