@@ -84,15 +84,30 @@ static void logprobs_survive(const char *const *stages, size_t n_stages, const c
         char cmd[2048];
         snprintf(cmd, sizeof cmd, "%s/tokpipe generate --config %s --json --timeout %d %s", h.bin, h.config, WAIT_MS,
                  group);
+        tp_m_stats_reply before;
+        assert_int_equal(harness_stats(&h, &before), 0);
         FILE *p = popen(cmd, "r");
         assert_non_null(p);
         harness_sleep_ms(delay_ms[r]);
-        killed += kill_stages(&h, stages, n_stages);
+        int now_killed = kill_stages(&h, stages, n_stages);
+        killed += now_killed;
         size_t cap = 1 << 18, len = fread(got[r] = calloc(1, cap), 1, cap - 1, p);
         got[r][len] = '\0';
         int st = pclose(p);
         if (st != 0)
             fail_msg("%s: generate of round %d failed (status %d): %s", what, r, st, got[r]);
+        /* the next round starts once the broker has seen this round's
+         * losses and their replacements registered: a loss it had not seen
+         * yet would leave a dead worker counted as live */
+        for (int waited = 0;; waited += 20) {
+            tp_m_stats_reply now;
+            assert_int_equal(harness_stats(&h, &now), 0);
+            if (now.workers_lost >= before.workers_lost + (uint64_t)now_killed)
+                break;
+            if (waited > WAIT_MS)
+                fail_msg("%s: the broker did not see the %d workers killed (see %s)", what, now_killed, h.dir);
+            harness_sleep_ms(20);
+        }
         if (harness_wait_workers(&h, WAIT_MS))
             fail_msg("%s: the killed workers did not come back (see %s)", what, h.dir);
     }
