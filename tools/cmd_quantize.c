@@ -137,6 +137,11 @@ static uint32_t pick_type(const target *tg, const otensor *o, int n_layers)
     /* llama-quantize leaves the MoE router (ffn_gate_inp) in F32 */
     if (o->n_dims < 2 || strstr(o->name, "ffn_gate_inp.weight"))
         return TP_GGML_F32;
+    /* llama-quantize quantizes only names ending in "weight": gpt-oss's
+     * 2-D expert biases (ffn_*_exps.bias) stay F32 */
+    size_t nl = strlen(o->name);
+    if (nl < 6 || strcmp(o->name + nl - 6, "weight"))
+        return TP_GGML_F32;
     uint32_t t = tg->type;
     if (tg->experts_only && o->n_dims < 3)
         t = TP_GGML_Q8_0;
