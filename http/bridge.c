@@ -365,6 +365,8 @@ static void submit_all(bridge *b, gw_call *c)
                 m.submit.tool_choice = tp_str_of(c->oreq.tool_choice);
             if (c->oreq.tool_choice_name)
                 m.submit.tool_choice_name = tp_str_of(c->oreq.tool_choice_name);
+            if (c->oreq.reasoning_effort)
+                m.submit.reasoning_effort = tp_str_of(c->oreq.reasoning_effort);
         } else if (p->text)
             m.submit.prompt = (tp_str){p->text, p->text_len};
         else
