@@ -255,6 +255,18 @@ static void run(tp_tcsplit *s, bool at_end)
             size_t mlen = 0;
             bool strip = false;
             const char *m = earliest(s, p, n, &mlen, &strip);
+            if (!m && at_end && s->frame && s->frame->channels) {
+                /* a framed output cut inside a header (a length finish
+                 * after <|start|>): the header's start is no content */
+                size_t cut = 0;
+                for (const char *const *l = s->frame->strip; l && *l; l++) {
+                    size_t t = tail_prefix(p, n, *l);
+                    cut = t > cut ? t : cut;
+                }
+                emit_content(s, n - cut);
+                consume(s, cut);
+                return;
+            }
             if (!m) {
                 emit_content(s, at_end ? n : n - held_tail(s, p, n));
                 return;
