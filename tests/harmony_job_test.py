@@ -128,6 +128,28 @@ class HarmonyTurnsAsOpenAIReturnsThem(tpdaemon.HttpDaemonCase):
         self.assertEqual(msg["message"]["content"], want)
         self.assertEqual((content, reasoning, calls), (want, "Use the tool.", []))
 
+    def test_required_and_named_tool_choice_hold_the_output_to_a_call(self):
+        # the random model is held to harmony's call message from its first token
+        import copy
+        import jsonschema
+        from toolcall_job_test import BOUNDED
+        BOUNDED = copy.deepcopy(BOUNDED)
+        for t in BOUNDED:   # the harmony template prints each tool's description
+            t["function"]["description"] = "A tool"
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED}
+        for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+            msg, (content, _, calls, finish) = self.both(tools=BOUNDED, tool_choice=choice,
+                                                         parallel_tool_calls=False)
+            self.assertEqual(msg["finish_reason"], "tool_calls", msg)
+            got = msg["message"]["tool_calls"]
+            self.assertEqual(len(got), 1, msg)
+            f = got[0]["function"]
+            self.assertIn(f["name"], schemas)
+            if choice != "required":
+                self.assertEqual(f["name"], "get_time")
+            jsonschema.validate(json.loads(f["arguments"]), schemas[f["name"]])
+            self.assertEqual((content, calls, finish), ("", [f], "tool_calls"))
+
     def test_reasoning_effort_reaches_the_template(self):
         # the first token's logprob: the same prompt gives the same bits, another word another value
         def first(**kw):

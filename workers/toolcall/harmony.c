@@ -130,6 +130,6 @@ static int parse(const char *s, size_t n, tc_out *o)
 const tc_family_def tc_harmony = {
     .name = "harmony", .detect_all = detect_all, .markers = markers, .strip = strip, .parse = parse,
     .think_open = "<|channel|>analysis<|message|>", .think_close = "<|end|>", .trigger = CALL_OPEN,
-    .channels = true,
+    .channels = true, .exact_space = true,
     .calls_open = "", .calls_sep = START, .calls_close = "", .call_open = CALL_OPEN, .name_close = NAME_CLOSE,
     .call_close = ""};
