@@ -11,8 +11,8 @@
  * So a block is an int8 block with a power-of-two scale: the canonical
  * order of quant.h as for Q8_0 (acc = fmaf(d * dx, P, acc) per block of
  * 32), its integer dot products exact. The AVX2 kernel decodes the codes
- * with one byte shuffle and follows that order, eight rows a vector; the
- * file's blocks are read in place (no panel). */
+ * with a byte shuffle (two rows a register) and follows that order, eight
+ * rows a vector; the file's blocks are read in place (no panel). */
 #include "quant.h"
 #include "quant_avx.h"
 
@@ -21,6 +21,8 @@
 #include <string.h>
 
 #define MXFP4_BYTES 17
+/* tokens the AVX2 kernel takes together */
+#define TOKENS 4
 
 static const int8_t KVALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
@@ -50,66 +52,92 @@ void tp_qunpack_mxfp4(const uint8_t *row, int c, int n_cols, int8_t w[64], float
     }
 }
 
-/* The 32 int8 weights of one block, in column order. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i decode32(const uint8_t *blk, __m256i table)
+/* The codes plus 12, unsigned (0..24), for the byte multiply-add's
+ * unsigned side: w . x = (w + 12) . x - 12 * sum(x), the activation block's
+ * sum being tp_qact's (nsum32: its negative). Integer, so exact. */
+static const uint8_t KVALUES_U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+/* Eight scale bytes (the low byte of each lane) as tp_e8m0_to_f32_half
+ * gives them: the bits (e - 1) << 23, or 0x00200000 << e below 2. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 scales8(__m256i e)
 {
-    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 1));
-    __m128i m = _mm_set1_epi8(0x0f);
-    __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m), _mm_and_si128(qs, m));
-    return _mm256_shuffle_epi8(table, idx);
+    e = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+    __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, small));
 }
 
-/* Eight lanes of 32-bit partial sums of w . x (signed by signed): |w| times
- * x with w's sign, pairs to 16 bits (|w| <= 12: no saturation), then to
- * 32 bits. Exact. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i dot32(__m256i w, __m256i x)
+/* Two rows' block b as 32-bit sums of (w + 12) * x, four a row: row k's
+ * codes in the low lane, row k + 1's in the high one, the low nibbles
+ * against columns 0..15 (xlo, in both lanes), the high ones against
+ * 16..31. Each 16-bit sum is at most 4 * 24 * 127: no saturation. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot_pair(const uint8_t *q0, const uint8_t *q1,
+                                                                            __m256i table, __m256i xlo, __m256i xhi)
 {
-    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                        _mm_loadu_si128((const __m128i *)q1), 1);
+    __m256i wlo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, m));
+    __m256i whi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), m));
+    __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo, xlo), _mm256_maddubs_epi16(whi, xhi));
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-/* The sums of eight vectors' lanes, vector i's in lane i (integer: exact). */
-__attribute__((target("avx2"), always_inline)) static inline __m256i hsum8(const __m256i p[8])
-{
-    __m256i s01 = _mm256_hadd_epi32(p[0], p[1]), s23 = _mm256_hadd_epi32(p[2], p[3]);
-    __m256i s45 = _mm256_hadd_epi32(p[4], p[5]), s67 = _mm256_hadd_epi32(p[6], p[7]);
-    __m256i a = _mm256_hadd_epi32(s01, s23), b = _mm256_hadd_epi32(s45, s67);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
 /* Rows [r0, r1) eight at a time (past r1 the group's last row again, not
- * stored); per token the blocks in column order, each lane one row's
- * accumulator: acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
+ * stored), up to four tokens together (a block decoded once for them);
+ * per token the blocks in column order, each lane one row's accumulator:
+ * acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
 __attribute__((target("avx2,fma"))) void tp_qrows_mxfp4_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
                                                             int r0, int r1)
 {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     int nb = w->cols / 32;
     for (int g = r0; g < r1; g += 8) {
         const uint8_t *row[8];
         int n = r1 - g < 8 ? r1 - g : 8;
         for (int k = 0; k < 8; k++)
             row[k] = (const uint8_t *)w->data + (size_t)(g + (k < n ? k : n - 1)) * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            const int8_t *xq = a->q + (size_t)t * (size_t)a->cols;
-            const float *dx = a->dx + (size_t)t * (size_t)nb;
-            __m256 acc = _mm256_setzero_ps();
+        /* the eight rows' scale bytes gathered a block at a time, from
+         * offsets within the group (the loader bounds a row far below 2^27
+         * bytes) */
+        const __m256i roff = _mm256_setr_epi32(0, (int)(row[1] - row[0]), (int)(row[2] - row[0]),
+                                               (int)(row[3] - row[0]), (int)(row[4] - row[0]),
+                                               (int)(row[5] - row[0]), (int)(row[6] - row[0]),
+                                               (int)(row[7] - row[0]));
+        for (int t0 = 0; t0 < a->n_tok; t0 += TOKENS) {
+            int nt = a->n_tok - t0 < TOKENS ? a->n_tok - t0 : TOKENS;
+            __m256 acc[TOKENS];
+            for (int t = 0; t < TOKENS; t++)
+                acc[t] = _mm256_setzero_ps();
             for (int b = 0; b < nb; b++) {
-                __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-                __m256i p[8];
-                float d[8];
-                for (int k = 0; k < 8; k++) {
-                    const uint8_t *blk = row[k] + (size_t)b * MXFP4_BYTES;
-                    p[k] = dot32(decode32(blk, table), x);
-                    d[k] = tp_e8m0_to_f32_half(blk[0]);
+                size_t off = (size_t)b * MXFP4_BYTES;
+                __m256 d = scales8(_mm256_i32gather_epi32((const int *)(const void *)(row[0] + off), roff, 1));
+                off++;
+                for (int t = 0; t < nt; t++) {
+                    size_t tok = (size_t)(t0 + t), blk = tok * (size_t)nb + (size_t)b;
+                    const int8_t *xq = a->q + tok * (size_t)a->cols + 32 * (size_t)b;
+                    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xq));
+                    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 16)));
+                    __m256i p0 = dot_pair(row[0] + off, row[1] + off, table, xlo, xhi);
+                    __m256i p1 = dot_pair(row[2] + off, row[3] + off, table, xlo, xhi);
+                    __m256i p2 = dot_pair(row[4] + off, row[5] + off, table, xlo, xhi);
+                    __m256i p3 = dot_pair(row[6] + off, row[7] + off, table, xlo, xhi);
+                    /* lanes: rows 0 2 4 6 | 1 3 5 7, then in order */
+                    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+                    h = _mm256_permutevar8x32_epi32(h, order);
+                    h = _mm256_add_epi32(h, _mm256_set1_epi32(12 * a->nsum32[blk]));
+                    __m256 s = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[blk]));
+                    acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(h), acc[t]);
                 }
-                __m256 s = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_set1_ps(dx[b]));
-                acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(hsum8(p)), acc);
             }
-            float out[8];
-            _mm256_storeu_ps(out, acc);
-            for (int k = 0; k < n; k++)
-                y[(size_t)t * (size_t)ldy + (size_t)(g + k)] = out[k];
+            for (int t = 0; t < nt; t++) {
+                float out[8];
+                _mm256_storeu_ps(out, acc[t]);
+                for (int k = 0; k < n; k++)
+                    y[(size_t)(t0 + t) * (size_t)ldy + (size_t)(g + k)] = out[k];
+            }
         }
     }
 }
