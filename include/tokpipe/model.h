@@ -108,7 +108,7 @@ typedef struct tp_model_config {
      * yarn_factor and r_j is ggml's ramp between the correction dims of
      * yarn_beta_fast and yarn_beta_slow rotations in yarn_orig_ctx; cos
      * and sin are scaled by yarn_attn_factor * (1 + 0.1 ln yarn_factor).
-     * Every layer, sliding or not. */
+     * Every layer but sliding ones that turn unscaled (rope_swa_scaled false). */
     float yarn_factor;
     int yarn_orig_ctx;
     float yarn_beta_fast, yarn_beta_slow, yarn_attn_factor;

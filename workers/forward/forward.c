@@ -360,13 +360,15 @@ static int pack_weights(tp_forward *f)
 /* RoPE tables computed as run.c does per position, once; a model's
  * frequency divisors (Llama 3 scaling) slow each pair as llama.cpp's
  * freq_factors do. */
-static int rope_table(const tp_forward *f, float theta, const float *ff, float **cos_out, float **sin_out)
+static int rope_table(const tp_forward *f, float theta, const float *ff, bool scaled, float **cos_out,
+                      float **sin_out)
 {
     int hs = f->c.head_size, half = hs / 2;
     size_t n = (size_t)f->max_pos * (size_t)half;
     float *co = *cos_out = malloc(n * sizeof(float)), *si = *sin_out = malloc(n * sizeof(float));
-    float *ramp = f->c.yarn_factor ? malloc((size_t)half * sizeof(float)) : NULL, mscale = 1.0f;
-    if (!co || !si || (f->c.yarn_factor && !ramp)) {
+    bool yarn = scaled && f->c.yarn_factor > 0;
+    float *ramp = yarn ? malloc((size_t)half * sizeof(float)) : NULL, mscale = 1.0f;
+    if (!co || !si || (yarn && !ramp)) {
         free(ramp);
         return TP_ENOMEM;
     }
@@ -392,10 +394,10 @@ static int rope_table(const tp_forward *f, float theta, const float *ff, float *
 static int make_rope(tp_forward *f)
 {
     const float *ff = tp_model_get_weights(f->model)->rope_freqs;
-    int rc = rope_table(f, f->c.rope_theta, ff, &f->rope_cos, &f->rope_sin);
+    int rc = rope_table(f, f->c.rope_theta, ff, true, &f->rope_cos, &f->rope_sin);
     if (!rc && f->c.swa_window)
-        rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, &f->rope_cos_swa,
-                        &f->rope_sin_swa);
+        rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, f->c.rope_swa_scaled,
+                        &f->rope_cos_swa, &f->rope_sin_swa);
     return rc;
 }
 
