@@ -140,7 +140,8 @@ static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint3
         uint32_t p = j->n_fed + k;
         c->tokens[n_tokens + k] = p < j->n_prompt ? j->prompt[p] : j->cands[p - j->n_prompt];
     }
-    c->flags[n] = nt == left ? TP_ITEM_OUTPUT : 0;
+    /* the last prompt chunk: logits, or an embedding job's vector (it ends there) */
+    c->flags[n] = nt == left ? (j->embed ? TP_ITEM_EMBED : TP_ITEM_OUTPUT) : 0;
     c->ntok[n] = nt;
     return nt;
 }
@@ -327,8 +328,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     uint32_t *sel = with_lp ? malloc((n ? n : 1) * sizeof *sel) : NULL;
     if (with_lp && !sel)
         with_lp = false;   /* out of memory: the tokens still go on, without logprobs */
-    /* each row's cached_tokens, for its FINISH (none when out of memory) */
-    int32_t *cached = malloc((n ? n : 1) * sizeof *cached);
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
             continue;
@@ -342,8 +341,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
             if (sel)
                 sel[k] = i;
             c->slots[k] = slots[i];
-            if (cached)
-                cached[k] = (int32_t)j->cached;
             c->cands[k++] = cands[i];
         }
         if (!k)
@@ -355,8 +352,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         m.stop_step.n = k;
         m.stop_step.slots = (tp_raw){c->slots, k};
         m.stop_step.candidates = (tp_raw){c->cands, k};
-        m.stop_step.cached = cached;
-        m.stop_step.n_cached = cached ? k : 0;
         lp_pick pk = {0};
         if (with_lp && !pick_lp(lp, src, sel, k, &pk, &m.stop_step.lp))
             m.stop_step.lp = (tp_lp_cols){0};
@@ -366,7 +361,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         free(pk.ids);
     }
     free(sel);
-    free(cached);
 }
 
 /* A new candidate c of job j: queue it for its verdict and make it the
@@ -496,9 +490,11 @@ static bool picked_init(picked *p, uint32_t n)
     return p->slots && p->cands && p->src;
 }
 
-static void picked_add(broker *b, picked *p, bjob *j, uint32_t i, int32_t c)
+static void picked_add(broker *b, picked *p, bjob *j, uint32_t i, int32_t c, const tp_lp_cols *lp)
 {
     on_candidate(b, j, c);
+    if (j->n_cand && j->cands[j->n_cand - 1] == c)
+        joblp_on_candidate(j, j->n_cand - 1, lp, i);
     p->src[p->k] = i;
     p->slots[p->k] = j->slot;
     p->cands[p->k++] = c;
@@ -555,7 +551,7 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
             continue;
         jobs_progress(j, TP_SI_FORWARD);
         if (r->sampled)
-            picked_add(b, &p, j, i, tp_raw_i32(r->out, i));
+            picked_add(b, &p, j, i, tp_raw_i32(r->out, i), &r->lp);
         else
             j->phase = P_SAMPLE;
     }
@@ -565,6 +561,30 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     else
         send_sample(b, r->step, r);
     picked_free(&p);
+}
+
+/* EMBEDDED (before its STEP's STEP_RESULT): each embedding job it names
+ * is done: the broker publishes its FINISH with the vector (reason length,
+ * detail "embedding", no completion tokens) and lets go of its workers. */
+static void on_embedded(broker *b, int wi, const tp_msg *m)
+{
+    const tp_m_embedded *r = &m->embedded;
+    for (uint32_t i = 0; i < r->n; i++) {
+        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_FORWARD);
+        if (!j || j->fwd != wi || !j->embed)
+            continue;
+        jobs_progress(j, TP_SI_FORWARD);
+        tp_msg ev;
+        if (jobs_own_finish(j, TP_REASON_LENGTH, NULL, &ev)) {
+            ev.finish.detail = tp_str_of("embedding");
+            ev.finish.embedding = (tp_raw){(const float *)r->embd.data + (size_t)i * r->dim, r->dim};
+            out_event(b, &ev);
+            const bjob *resumed;
+            jobs_on_event(&b->jt, &ev, &resumed);
+            j->result_ready = true;
+        }
+        pin_release(b, j, TP_REASON_NONE, NULL);
+    }
 }
 
 static void on_sampled(broker *b, int wi, const tp_msg *m)
@@ -581,7 +601,7 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
         if (!j || j->smp != wi)
             continue;
         jobs_progress(j, TP_SI_SAMPLE);
-        picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i));
+        picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i), &r->lp);
     }
     picked_send(b, &p, r->step, &r->lp);
     picked_free(&p);
@@ -647,6 +667,9 @@ void step_on_result(broker *b, int wi, const tp_msg *m)
     switch (m->cmd) {
     case TP_CMD_STEP_RESULT:
         on_step_result(b, wi, m);
+        break;
+    case TP_CMD_EMBEDDED:
+        on_embedded(b, wi, m);
         break;
     case TP_CMD_SAMPLED:
         on_sampled(b, wi, m);

@@ -902,6 +902,7 @@ void oai_request_free(oai_request *r)
     free(r->tool_choice);
     free(r->reasoning_effort);
     free(r->tool_choice_name);
+    free(r->api_state);
     memset(r, 0, sizeof *r);
 }
 

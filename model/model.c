@@ -25,6 +25,9 @@
 #define MAX_VOCAB (1 << 22)
 #define MAX_SEQ (1 << 20)
 #define MAX_EXPERTS 512 /* llama.cpp's LLAMA_MAX_EXPERTS */
+#define MAX_CONV_KERNEL 16 /* a DeltaNet conv1d's width (Qwen 3.5: 4) */
+#define MAX_SSM_HEAD 1024  /* a DeltaNet head's size (Qwen 3.5: 128) */
+#define MAX_SSM_HEADS 1024
 #define LLAMA2C_HEADER_BYTES 28
 #define LLAMA2C_V1_MAGIC 0x616b3432u /* "ak42": newer llama2.c export versions */
 #define HASH_BYTES 4096
@@ -100,6 +103,11 @@ static int validate_config(tp_model_config *c, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "model header: head size %d is odd (RoPE rotates pairs)",
                           c->head_size);
     c->kv_dim = c->head_size * c->n_kv_heads;
+    if (!c->rope_dim)
+        c->rope_dim = c->head_size;
+    if (c->rope_dim < 2 || c->rope_dim > c->head_size || c->rope_dim % 2)
+        return tp_err_set(err, TP_EFORMAT, "model header: RoPE dimension count %d is not an even number in "
+                          "2..%d (the head size)", c->rope_dim, c->head_size);
     if (!(c->norm_eps > 0 && c->norm_eps < 1))
         return tp_err_set(err, TP_EFORMAT, "model header: RMSNorm epsilon %g is outside (0, 1)",
                           (double)c->norm_eps);
@@ -392,6 +400,43 @@ static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
         m->cfg.ffn_act = TP_FFN_SWIGLU_OAI;
         m->cfg.moe_softmax_topk = true;
     }
+    m->cfg.attn_gate = (a->flags & TP_ARCHF_ATTN_GATE) != 0;
+    return 0;
+}
+
+bool tp_model_layer_recurrent(const tp_model_config *c, int l)
+{
+    return c->full_attn_interval > 0 && (l + 1) % c->full_attn_interval != 0;
+}
+
+/* A hybrid model's DeltaNet sizes, as llama.cpp's load_hparams reads
+ * LLM_ARCH_QWEN35's: the ssm.* keys required, full_attention_interval
+ * default 4. A value head is a key head's size (inner_size = state_size
+ * * time_step_rank), and the value heads a multiple of the key heads. */
+static int gguf_hybrid(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_config *c = &m->cfg;
+    char k[MAX_KEY];
+    int inner = 0;
+    int rc = gguf_int(g, akey(m, "ssm.conv_kernel", k), 0, true, &c->ssm_conv_kernel, err);
+    if (!rc) rc = check_range(k, c->ssm_conv_kernel, 2, MAX_CONV_KERNEL, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.state_size", k), 0, true, &c->ssm_head_dim, err);
+    if (!rc) rc = check_range(k, c->ssm_head_dim, 1, MAX_SSM_HEAD, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.group_count", k), 0, true, &c->ssm_k_heads, err);
+    if (!rc) rc = check_range(k, c->ssm_k_heads, 1, MAX_SSM_HEADS, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.time_step_rank", k), 0, true, &c->ssm_v_heads, err);
+    if (!rc) rc = check_range(k, c->ssm_v_heads, 1, MAX_SSM_HEADS, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.inner_size", k), 0, true, &inner, err);
+    if (!rc) rc = gguf_int(g, akey(m, "full_attention_interval", k), 4, false, &c->full_attn_interval, err);
+    if (!rc) rc = check_range(k, c->full_attn_interval, 1, MAX_LAYERS, err);
+    if (rc)
+        return rc;
+    if (inner != c->ssm_head_dim * c->ssm_v_heads)
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s.ssm.inner_size %d != state_size %d * time_step_rank %d",
+                          m->arch_name, inner, c->ssm_head_dim, c->ssm_v_heads);
+    if (c->ssm_v_heads % c->ssm_k_heads)
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s.ssm.time_step_rank %d is not a multiple of group_count %d",
+                          m->arch_name, c->ssm_v_heads, c->ssm_k_heads);
     return 0;
 }
 
@@ -477,6 +522,10 @@ static int gguf_experts_config(tp_model *m, const tp_gguf *g, tp_err *err)
                       &c->expert_ff, err);
     if (!rc)
         rc = check_range("expert feed_forward_length", c->expert_ff, 1, MAX_HIDDEN, err);
+    if (!rc && (a->flags & TP_ARCHF_SHEXP)) /* llama.cpp's n_ff_shexp, else n_ff */
+        rc = gguf_int(g, akey(m, "expert_shared_feed_forward_length", k), c->hidden_dim, false, &c->shexp_ff, err);
+    if (!rc && (a->flags & TP_ARCHF_SHEXP))
+        rc = check_range("expert shared feed_forward_length", c->shexp_ff, 1, MAX_HIDDEN, err);
     return rc;
 }
 
@@ -504,8 +553,16 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
     if (!rc) rc = gguf_float(g, akey(m, "rope.freq_base", k), a->rope_base, &c->rope_theta, err);
     if (!rc && (a->flags & TP_ARCHF_HEAD_DIM_KEY))
         rc = gguf_int(g, akey(m, "attention.key_length", k), 0, false, &c->head_size, err);
+    if (!rc && (a->flags & TP_ARCHF_ROPE_DIM))
+        rc = gguf_int(g, akey(m, "rope.dimension_count", k), 0, false, &c->rope_dim, err);
+    if (!rc && (a->flags & TP_ARCHF_HYBRID))
+        rc = gguf_hybrid(m, g, err);
     if (!rc)
         rc = gguf_experts_config(m, g, err);
+    if (!rc)
+        rc = gguf_int(g, akey(m, "pooling_type", k), TP_POOL_NONE, false, &c->pooling, err);
+    if (!rc && (c->pooling < TP_POOL_NONE || c->pooling > TP_POOL_LAST))
+        c->pooling = TP_POOL_NONE;   /* rank (a reranker's head) and others: not an embedding we compute */
     if (rc)
         return rc;
     const tp_gguf_tensor *emb = tp_gguf_tensor_find(g, "token_embd.weight");
@@ -519,7 +576,7 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
      * architectures (partial RoPE, value heads of another size, and
      * head_dim != dim / n_heads where the architecture does not read it). */
     const char *same[] = {"rope.dimension_count", "attention.key_length", "attention.value_length"};
-    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+    for (size_t i = (a->flags & TP_ARCHF_ROPE_DIM) ? 1 : 0; i < sizeof same / sizeof same[0]; i++) {
         int v = c->head_size;
         if ((rc = gguf_int(g, akey(m, same[i], k), c->head_size, false, &v, err)))
             return rc;
@@ -698,10 +755,13 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     tp_arch_sizes z = tp_arch_sizes_of(c->dim, c->q_dim, c->kv_dim, c->hidden_dim, c->head_size);
     tp_arch_sizes_moe(&z, c->n_expert, c->expert_ff);
     tp_arch_sizes_heads(&z, c->n_heads);
+    tp_arch_sizes_shexp(&z, c->shexp_ff);
+    tp_arch_sizes_ssm(&z, c);
+    bool recurrent = tp_model_layer_recurrent(c, l);
     int n_exps = 0;
     for (int i = 0; i < m->arch->n_block; i++) {
         const tp_arch_tensor *t = &m->arch->block[i];
-        if (!tp_arch_tensor_in(t, c->n_expert > 0))
+        if (!tp_arch_tensor_in(t, c->n_expert > 0, recurrent))
             continue;
         snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
         /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
@@ -742,12 +802,14 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     }
     if (lw->bq || lw->bk || lw->bv)
         m->cfg.attn_bias = true;
-    if (m->cfg.qk_norm && (!lw->q_norm || !lw->k_norm)) /* a bug in an arch file: the flag needs both */
+    if (m->cfg.qk_norm && !recurrent && (!lw->q_norm || !lw->k_norm)) /* a bug in an arch file: the flag needs both */
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no attn_q_norm / attn_k_norm", l);
     if (m->cfg.post_norms && (!lw->rms_att_post || !lw->rms_ffn_post))
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no post_attention_norm / post_ffw_norm", l);
     if (c->n_expert && (!lw->w1_exps || !lw->w2_exps || !lw->w3_exps || !lw->m.wr.data)) /* likewise */
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no router or expert tensors", l);
+    if (c->shexp_ff && (!lw->m.w1_shexp.data || !lw->m.w2_shexp.data || !lw->m.w3_shexp.data || !lw->shexp_gate))
+        return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no shared expert tensors", l); /* likewise */
     return 0;
 }
 
@@ -929,6 +991,9 @@ static void make_identity(tp_model *m)
         size_t n = strlen(m->identity);
         snprintf(m->identity + n, sizeof m->identity - n, " experts=%d/%d/%d", c->n_expert, c->n_expert_used,
                  c->expert_ff);
+        n = strlen(m->identity);
+        if (c->shexp_ff)
+            snprintf(m->identity + n, sizeof m->identity - n, " shexp=%d", c->shexp_ff);
     }
 }
 
@@ -1046,6 +1111,10 @@ bool tp_model_all_f32(const tp_model *m)
                                 w->layers[l].w2_exps[0].type != TP_GGML_F32 ||
                                 w->layers[l].w3_exps[0].type != TP_GGML_F32))
             return false; /* one type a 3-D tensor: its first expert's */
+        if (m->cfg.shexp_ff && (w->layers[l].m.w1_shexp.type != TP_GGML_F32 ||
+                                w->layers[l].m.w2_shexp.type != TP_GGML_F32 ||
+                                w->layers[l].m.w3_shexp.type != TP_GGML_F32))
+            return false;
     }
     return true;
 }

@@ -1,4 +1,4 @@
-/* Process story: random-weight qwen2, qwen3, phi3, Llama 3, qwen3moe, Mixtral and gpt-oss GGUF models (written by
+/* Process story: random-weight qwen2, qwen3, phi3, Llama 3, qwen3moe, Mixtral, qwen35, qwen35moe and gpt-oss GGUF models (written by
  * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama or
  * byte-level BPE GPT-2 vocabulary) served by the real tokpiped and workers give, token for
  * token, what `tokpipe run` computes in one process, for concurrent greedy
@@ -61,6 +61,15 @@ static const arch_case CASES[] = {
     {"qwen3moe", "256x2x4x2", "--experts 8 --experts-used 2 --expert-ff 256", SPM, "Q8_0"},
     {"qwen3moe", "256x2x4x2", "--experts 6 --experts-used 4 --expert-ff 256", SPM, "Q4_K_M"},
     {"mixtral", "64x2x4x2", "--experts 4 --expert-ff 96", SPM, NULL},
+    /* qwen35: three Gated DeltaNet blocks of four (their state per
+     * sequence), a gated attention block with partial RoPE */
+    {"qwen35", "64x8x4x2", "--head-dim 32", SPM, NULL},
+    {"qwen35", "256x4x4x2", "", SPM, "Q8_0"},
+    /* qwen35moe: qwen35's blocks, each FFN experts and a gated shared
+     * expert (wider than one routed; as wide, quantized) */
+    {"qwen35moe", "64x4x4x2", "--head-dim 32 --experts 8 --experts-used 3 --expert-ff 64 --shared-ff 96", SPM, NULL},
+    {"qwen35moe", "256x4x4x2", "--experts 8 --experts-used 2 --expert-ff 256", SPM, "Q8_0"},
+    {"qwen35moe", "256x4x4x2", "--experts 6 --experts-used 4 --expert-ff 256", SPM, "Q4_K_M"},
     /* gpt-oss: sinks, biases, YaRN, windows of 8 on blocks 0 and 2;
      * its experts in MXFP4 (llama.cpp's MXFP4_MOE mix) and every matrix
      * MXFP4 */
@@ -224,11 +233,20 @@ static void moe_jobs_in_the_daemon_equal_in_process_run(void **state)
         arch_equals_run(&CASES[i], "");
 }
 
+/* qwen35 and qwen35moe: the DeltaNet state per sequence in the forward
+ * worker, the experts and the shared expert, F32 and quantized */
+static void hybrid_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    for (int i = 17; i <= 21; i++)
+        arch_equals_run(&CASES[i], "");
+}
+
 /* gpt-oss in F32, with MXFP4 experts (MXFP4_MOE) and all-MXFP4 matrices */
 static void gpt_oss_jobs_in_the_daemon_equal_in_process_run(void **state)
 {
     (void)state;
-    for (int i = 17; i <= 19; i++)
+    for (int i = 22; i <= 24; i++)
         arch_equals_run(&CASES[i], "");
 }
 
@@ -245,7 +263,9 @@ static void small_batches_and_chunks_change_nothing_for_every_architecture(void 
     arch_equals_run(&CASES[12], tiny);
     arch_equals_run(&CASES[16], tiny);
     arch_equals_run(&CASES[17], tiny);
-    arch_equals_run(&CASES[18], tiny);
+    arch_equals_run(&CASES[19], tiny);
+    arch_equals_run(&CASES[22], tiny);
+    arch_equals_run(&CASES[23], tiny);
 }
 
 int main(void)
@@ -260,6 +280,7 @@ int main(void)
         cmocka_unit_test(phi3_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(gemma3_and_gemma2_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(moe_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(hybrid_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(gpt_oss_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(small_batches_and_chunks_change_nothing_for_every_architecture),
     };

@@ -134,8 +134,10 @@ static int layer_of(const char *name)
  * mixes, then its fallback for rows that do not fit the block). */
 static uint32_t pick_type(const target *tg, const otensor *o, int n_layers)
 {
-    /* llama-quantize leaves the MoE router (ffn_gate_inp) in F32 */
-    if (o->n_dims < 2 || strstr(o->name, "ffn_gate_inp.weight"))
+    /* llama-quantize leaves the MoE router (ffn_gate_inp) in F32, and a
+     * DeltaNet layer's conv kernel (ssm_conv1d: the loader reads it as F32
+     * rows of conv_kernel weights) */
+    if (o->n_dims < 2 || strstr(o->name, "ffn_gate_inp.weight") || strstr(o->name, "ssm_conv1d.weight"))
         return TP_GGML_F32;
     /* llama-quantize quantizes only names ending in "weight": gpt-oss's
      * 2-D expert biases (ffn_*_exps.bias) stay F32 */
@@ -146,8 +148,9 @@ static uint32_t pick_type(const target *tg, const otensor *o, int n_layers)
     if (tg->experts_only && o->n_dims < 3)
         t = TP_GGML_Q8_0;
     if (tg->mix_m) {
-        /* llama.cpp matches "ffn_down": the experts' ffn_down_exps too */
-        bool down = strstr(o->name, "ffn_down.weight") != NULL || strstr(o->name, "ffn_down_exps.weight") != NULL, v = strstr(o->name, "attn_v.weight") != NULL;
+        /* llama.cpp matches "ffn_down": the experts' ffn_down_exps and ffn_down_shexp too */
+        bool down = strstr(o->name, "ffn_down.weight") != NULL || strstr(o->name, "ffn_down_exps.weight") != NULL ||
+                    strstr(o->name, "ffn_down_shexp.weight") != NULL, v = strstr(o->name, "attn_v.weight") != NULL;
         if (!strcmp(o->name, "output.weight"))
             t = fits(TP_GGML_Q6_K, o->ne[0]) ? TP_GGML_Q6_K : TP_GGML_Q8_0;
         else if ((down || v) && more_bits(layer_of(o->name), n_layers))

@@ -50,6 +50,16 @@ typedef struct tp_fwd_item {
     bool skip_logits;  /* true: no logits (e.g. a non-final prefill chunk) */
 } tp_fwd_item;
 
+/* An item's embedding (pool: TP_POOL_* of model.h, NONE: none): the hidden
+ * states after the final norm, pooled into pooled[dim] (caller-owned):
+ * MEAN adds each of the item's tokens' (the caller keeps the count and
+ * divides), CLS writes position 0's when the item holds it, LAST writes
+ * the item's last token's. */
+typedef struct tp_fwd_pool {
+    int pool;
+    float *pooled;
+} tp_fwd_pool;
+
 /* Pack the model's weights for the kernel and allocate the KV pool:
  * kv_slots sequences of up to max_pos positions each (0 = the model's
  * seq_len), and scratch for up to max_batch_tokens tokens per step. The
@@ -154,6 +164,11 @@ void tp_forward_prefix_stats(const tp_forward *f, tp_fwd_prefix_stats *out);
  * item, and no sequence changes. On success each sequence's length becomes
  * pos + n_tokens. */
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err);
+
+/* tp_forward_step, and item i's embedding as pools[i] says (pools NULL:
+ * none). TP_ENOMEM when a pooling could not get its scratch. */
+int tp_forward_step_pooled(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                           const tp_fwd_pool *pools, tp_err *err);
 
 /* Most compute threads one tp_forward runs. */
 #define TP_FORWARD_MAX_THREADS 256

@@ -1,6 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
  * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling, and Mixtral's experts),
- * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2`, `gemma3` and `gpt-oss` architectures (model/arch_*.c, one file each; model/archs.c lists them).
+ * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2`, `gemma3`, `qwen35`, `qwen35moe` and `gpt-oss` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -37,7 +37,9 @@ typedef enum tp_model_arch {
     TP_ARCH_GEMMA3 = 5, /* GGUF "gemma3": scaled embeddings, post-norms, GELU, Q/K norms, sliding windows */
     TP_ARCH_GEMMA2 = 6, /* GGUF "gemma2": gemma3 without Q/K norms, with soft-capping */
     TP_ARCH_QWEN3MOE = 7, /* GGUF "qwen3moe": qwen3's attention, a mixture of experts FFN */
-    TP_ARCH_GPTOSS = 8,   /* GGUF "gpt-oss": sinks, biases, alternating windows, YaRN, experts */
+    TP_ARCH_QWEN35 = 8, /* GGUF "qwen35": Gated DeltaNet layers, every full_attn_interval-th a gated attention */
+    TP_ARCH_QWEN35MOE = 9, /* GGUF "qwen35moe": qwen35's layers, experts and a gated shared expert for the FFN */
+    TP_ARCH_GPTOSS = 10,  /* GGUF "gpt-oss": sinks, biases, alternating windows, YaRN, experts */
 } tp_model_arch;
 
 /* The FFN's gate activation: SwiGLU's SiLU or GELU (tanh approximation). */
@@ -112,7 +114,40 @@ typedef struct tp_model_config {
     float yarn_factor;
     int yarn_orig_ctx;
     float yarn_beta_fast, yarn_beta_slow, yarn_attn_factor;
+    /* qwen35moe's shared expert: a SwiGLU FFN of width shexp_ff every
+     * token takes beside its routed experts, its output times
+     * sigmoid(x . shexp_gate) added after theirs (moe.h); 0: none */
+    int shexp_ff;       /* {arch}.expert_shared_feed_forward_length */
+    /* RoPE turns the first rope_dim elements of each head (llama.cpp's
+     * n_rot, rope.dimension_count; == head_size but for partial RoPE, as
+     * qwen35's 64 of 256), pair frequencies theta^(-2i/rope_dim) */
+    int rope_dim;
+    /* qwen35's gated attention: wq's rows are, per head, its query then
+     * its gate (2 * q_dim rows); the attention's output is multiplied by
+     * sigmoid(gate) before wo */
+    bool attn_gate;
+    /* Hybrid models (qwen35, model/arch_qwen35.c): layer l is a Gated
+     * DeltaNet layer (linear attention with a recurrent state per
+     * sequence, workers/forward/deltanet.h) unless (l + 1) %
+     * full_attn_interval == 0; 0: no DeltaNet layer. */
+    int full_attn_interval;
+    int ssm_conv_kernel; /* {arch}.ssm.conv_kernel: the causal conv1d's width */
+    int ssm_head_dim;    /* {arch}.ssm.state_size: a key / value head's size */
+    int ssm_k_heads;     /* {arch}.ssm.group_count: Q / K heads */
+    int ssm_v_heads;     /* {arch}.ssm.time_step_rank: V heads (a multiple of the K heads) */
+    /* {arch}.pooling_type (llama.cpp's enum llama_pooling_type): how an
+     * embedding model pools its hidden states into one vector;
+     * TP_POOL_NONE when the file does not say (a generative model) */
+    int pooling;
 } tp_model_config;
+
+/* Whether layer l of c is a Gated DeltaNet (recurrent) layer. */
+bool tp_model_layer_recurrent(const tp_model_config *c, int l);
+
+
+/* Pooling of hidden states into an embedding (the GGUF's pooling_type
+ * numbers; llama.cpp's LLAMA_POOLING_TYPE_*). */
+enum { TP_POOL_NONE = 0, TP_POOL_MEAN = 1, TP_POOL_CLS = 2, TP_POOL_LAST = 3 };
 
 /* Whether layer l of c attends through a sliding window (swa_window). */
 bool tp_model_layer_slides(const tp_model_config *c, int l);
@@ -162,7 +197,22 @@ typedef struct tp_layer_weights {
      * projection's bias [dim], the router's bias [n_expert] and the
      * experts' biases: gate and up [n_expert][expert_ff], down [n_expert][dim] */
     const float *sinks, *bo, *br, *b1_exps, *b2_exps, *b3_exps;
-    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr; } m;
+    /* the shared expert (shexp_ff > 0; else NULL): its gate w1_shexp and
+     * up w3_shexp [shexp_ff][dim], down w2_shexp [dim][shexp_ff], and the
+     * vector of its sigmoid gate, shexp_gate [dim] (F32) */
+    const float *w1_shexp, *w2_shexp, *w3_shexp, *shexp_gate;
+    /* a Gated DeltaNet layer (tp_model_layer_recurrent; else NULL, and
+     * wq .. wo NULL too): with key_dim = ssm_head_dim * ssm_k_heads,
+     * value_dim = ssm_head_dim * ssm_v_heads and conv_dim = 2 key_dim +
+     * value_dim, wqkv_lin [conv_dim][dim] (q, k, v mixed, before the
+     * conv), wz [value_dim][dim] (the output norm's gate), wbeta and
+     * walpha [ssm_v_heads][dim], wssm_out [dim][value_dim]; ssm_conv1d
+     * [conv_dim][ssm_conv_kernel], ssm_dt (alpha's bias) and ssm_a
+     * (-exp(A_log)) [ssm_v_heads], ssm_norm [ssm_head_dim] */
+    const float *wqkv_lin, *wz, *wbeta, *walpha, *wssm_out;
+    const float *ssm_conv1d, *ssm_dt, *ssm_a, *ssm_norm;
+    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr, wqkv_lin, wz, wbeta, walpha, wssm_out;
+             tp_wmat w1_shexp, w2_shexp, w3_shexp; } m;
 } tp_layer_weights;
 
 typedef struct tp_model_weights {

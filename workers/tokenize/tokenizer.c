@@ -5,6 +5,7 @@
  * heap of candidate pairs, so encoding is O(n log n) instead of llama2.c's
  * O(n^2) rescans while picking exactly the same merge at every step. */
 #include "tokpipe/tokenizer.h"
+#include "tokpipe/heap.h"
 
 #include "tokpipe/bpe.h"
 
@@ -758,38 +759,7 @@ static bool pair_before(const struct pair *a, const struct pair *b, const struct
     return sym[a->left].start < sym[b->left].start;
 }
 
-static void heap_push(struct enc *e, struct pair p)
-{
-    size_t i = e->nheap++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!pair_before(&p, &e->heap[up], e->sym))
-            break;
-        e->heap[i] = e->heap[up];
-        i = up;
-    }
-    e->heap[i] = p;
-}
-
-static struct pair heap_pop(struct enc *e)
-{
-    struct pair top = e->heap[0], last = e->heap[--e->nheap];
-    size_t i = 0, n = e->nheap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && pair_before(&e->heap[c + 1], &e->heap[c], e->sym))
-            c++;
-        if (!pair_before(&e->heap[c], &last, e->sym))
-            break;
-        e->heap[i] = e->heap[c];
-        i = c;
-    }
-    if (n)
-        e->heap[i] = last;
-    return top;
-}
+TP_HEAP_DEFINE(static, pairs, struct pair, pair_before, const struct sym *)
 
 static void try_pair(struct enc *e, int l, int r)
 {
@@ -799,7 +769,7 @@ static void try_pair(struct enc *e, int l, int r)
     int id = lookup(e->t, e->w + e->sym[l].start, n);
     if (id < 0 || !(e->t->score[id] > TOK_MERGE_FLOOR))
         return;
-    heap_push(e, (struct pair){e->t->score[id], l, r, id, e->sym[l].len, e->sym[r].len});
+    pairs_push(e->heap, &e->nheap, (struct pair){e->t->score[id], l, r, id, e->sym[l].len, e->sym[r].len}, e->sym);
 }
 
 /* Split w into code points the way llama2.c does: a lead byte plus up to
@@ -833,7 +803,7 @@ static void merge_all(struct enc *e, int ns)
     for (int i = 0; i + 1 < ns; i++)
         try_pair(e, i, i + 1);
     while (e->nheap) {
-        struct pair p = heap_pop(e);
+        struct pair p = pairs_pop(e->heap, &e->nheap, e->sym);
         struct sym *l = &e->sym[p.left], *r = &e->sym[p.right];
         if (l->next != p.right || l->len != p.llen || r->len != p.rlen || l->id < 0)
             continue;

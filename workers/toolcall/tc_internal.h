@@ -18,9 +18,6 @@
 #define TC_DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
 #define TC_DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
 
-/* s[0..n) appended to b as a JSON string (quotes, escapes; every byte
- * kept). The buffers here are sticky: err says a piece was lost. */
-void tc_put_json_str(tp_buf *b, const char *s, size_t n);
 
 /* What a family parser produces from a region of output. */
 typedef struct tc_out {
