@@ -319,6 +319,9 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
             return TP_ENOMEM;
         j->n_messages = s->n_messages;
         j->prompt_len = 0;
+        if (s->reasoning_effort.ptr) /* the protocol checked it is one of three words */
+            snprintf(j->reasoning_effort, sizeof j->reasoning_effort, "%.*s", (int)s->reasoning_effort.len,
+                     s->reasoning_effort.ptr);
         chat_output(p, s);
     } else if ((s->prompt.ptr != NULL)) {
         if (!(j->prompt_text = malloc(s->prompt.len + 1)))

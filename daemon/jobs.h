@@ -30,6 +30,7 @@ typedef struct bjob {
     tp_chat_msg *messages;  /* SUBMIT's conversation (one block: tp_chat_msgs_dup), for TOKENIZE */
     size_t n_messages;
     tp_str tools;           /* SUBMIT's tools (in the messages block) */
+    char reasoning_effort[8]; /* SUBMIT's ("low", "medium", "high"; checked), "" none */
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */

@@ -386,6 +386,8 @@ static int submit_one(bridge *b, gw_call *c, size_t i)
             m.submit.tool_choice = tp_str_of(c->oreq.tool_choice);
         if (c->oreq.tool_choice_name)
             m.submit.tool_choice_name = tp_str_of(c->oreq.tool_choice_name);
+        if (c->oreq.reasoning_effort)
+            m.submit.reasoning_effort = tp_str_of(c->oreq.reasoning_effort);
     } else if (p->text)
         m.submit.prompt = (tp_str){p->text, p->text_len};
     else

@@ -30,6 +30,7 @@ typedef enum tp_arch_size {
     TP_SZ_HEAD,     /* head_size */
     TP_SZ_FF_EXP,   /* expert_ff: one expert's hidden width (model.h) */
     TP_SZ_EXPERTS,  /* n_expert: {arch}.expert_count */
+    TP_SZ_HEADS,    /* n_heads: {arch}.attention.head_count (gpt-oss's sinks) */
     TP_SZ_Q2,       /* 2 q_dim: a gated query's rows (qwen35) */
     TP_SZ_SSM_CONV, /* conv_dim: 2 key_dim + value_dim of a DeltaNet layer */
     TP_SZ_SSM_V,    /* value_dim: ssm_head_dim * ssm_v_heads */
@@ -82,6 +83,9 @@ typedef struct tp_arch_tensor {
     { nm, a, b, TP_AT_MATRIX | (fl), offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field), \
       0, {{0, 0, 0}} }
 #define TP_AT_VEC(nm, a, field, fl) { nm, a, TP_SZ_NONE, fl, offsetof(tp_layer_weights, field), 0, 0, {{0, 0, 0}} }
+/* An F32 tensor [ne1][ne0] that is not a weight matrix (gpt-oss's expert
+ * biases, [n_expert][width]). */
+#define TP_AT_F32_2D(nm, a, b, field, fl) { nm, a, b, fl, offsetof(tp_layer_weights, field), 0, 0, {{0, 0, 0}} }
 #define TP_AT_PART(r, field) { r, offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field) }
 #define TP_AT_FUSED2(nm, a, r0, f0, r1, f1)                                                              \
     { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 2, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1)} }
@@ -102,6 +106,8 @@ typedef struct tp_arch_sizes {
 /* (The expert sizes are 0; tp_arch_sizes_moe sets them.) */
 tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size);
 void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff);
+/* (TP_SZ_HEADS is 0 too; this sets it.) */
+void tp_arch_sizes_heads(tp_arch_sizes *z, int n_heads);
 
 /* The shared expert's width (0 without one). */
 void tp_arch_sizes_shexp(tp_arch_sizes *z, int shexp_ff);
@@ -165,6 +171,9 @@ enum {
      * {arch}.expert_shared_feed_forward_length, default
      * feed_forward_length (llama.cpp's n_ff_shexp) */
     TP_ARCHF_SHEXP = 1u << 14,
+    /* gpt-oss's experts: swiglu_oai (TP_FFN_SWIGLU_OAI) and the softmax
+     * over the top k router logits (tp_model_config.moe_softmax_topk) */
+    TP_ARCHF_OAI_MOE = 1u << 15,
 };
 
 typedef struct tp_arch {
@@ -192,6 +201,8 @@ typedef struct tp_arch {
     float mk_rope_base, mk_norm_eps;
     int mk_sliding_window;
     int mk_experts, mk_experts_used; /* mkmodel's defaults for a MoE kind (0: dense) */
+    float mk_yarn_factor;  /* > 0: mkmodel writes rope.scaling.type yarn with this factor */
+    int mk_yarn_orig_ctx;  /* and rope.scaling.original_context_length */
 } tp_arch;
 
 /* The table (model/archs.c), in the order "supported: ..." lists them. */

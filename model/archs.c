@@ -5,7 +5,7 @@
 #include <string.h>
 
 extern const tp_arch tp_arch_llama, tp_arch_qwen2, tp_arch_qwen3, tp_arch_phi3, tp_arch_gemma3, tp_arch_gemma2,
-    tp_arch_qwen3moe, tp_arch_qwen35, tp_arch_qwen35moe;
+    tp_arch_qwen3moe, tp_arch_qwen35, tp_arch_qwen35moe, tp_arch_gptoss;
 
 const tp_arch *const tp_archs[] = {
     &tp_arch_llama,
@@ -17,6 +17,7 @@ const tp_arch *const tp_archs[] = {
     &tp_arch_qwen3moe,
     &tp_arch_qwen35,
     &tp_arch_qwen35moe,
+    &tp_arch_gptoss,
 };
 const int tp_n_archs = sizeof tp_archs / sizeof tp_archs[0];
 
@@ -63,6 +64,8 @@ void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff)
     z->v[TP_SZ_EXPERTS] = n_expert;
     z->v[TP_SZ_FF_EXP] = expert_ff;
 }
+
+void tp_arch_sizes_heads(tp_arch_sizes *z, int n_heads) { z->v[TP_SZ_HEADS] = n_heads; }
 
 void tp_arch_sizes_shexp(tp_arch_sizes *z, int shexp_ff)
 {

@@ -396,6 +396,10 @@ static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
     m->cfg.embd_scale = (a->flags & TP_ARCHF_EMBD_SCALE) != 0;
     m->cfg.post_norms = (a->flags & TP_ARCHF_POST_NORMS) != 0;
     m->cfg.ffn_act = (a->flags & TP_ARCHF_GELU) ? TP_FFN_GELU_TANH : TP_FFN_SILU;
+    if (a->flags & TP_ARCHF_OAI_MOE) {
+        m->cfg.ffn_act = TP_FFN_SWIGLU_OAI;
+        m->cfg.moe_softmax_topk = true;
+    }
     m->cfg.attn_gate = (a->flags & TP_ARCHF_ATTN_GATE) != 0;
     return 0;
 }
@@ -596,6 +600,27 @@ static int positive(const char *key, double v, tp_err *err)
     return 0;
 }
 
+/* ggml_rope_yarn_corr_dim: the dimension whose pair turns n_rot times in
+ * n_ctx_orig positions */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base)
+{
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * 3.14159265358979323846f)) / (2 * logf(base));
+}
+
+void tp_rope_yarn(const tp_model_config *c, float theta, float *ramp, float *mscale)
+{
+    int n = c->head_size;
+    float lo = floorf(yarn_corr_dim(n, c->yarn_orig_ctx, c->yarn_beta_fast, theta));
+    float hi = ceilf(yarn_corr_dim(n, c->yarn_orig_ctx, c->yarn_beta_slow, theta));
+    lo = lo > 0 ? lo : 0;
+    hi = hi < (float)(n - 1) ? hi : (float)(n - 1);
+    for (int j = 0; j < n / 2; j++) {
+        float y = ((float)j - lo) / fmaxf(0.001f, hi - lo);
+        ramp[j] = 1 - fminf(1, fmaxf(0, y));
+    }
+    *mscale = c->yarn_attn_factor * (1.0f + 0.1f * logf(c->yarn_factor));
+}
+
 void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
                              double orig_ctx, float *out)
 {
@@ -611,6 +636,29 @@ void tp_rope_llama3_divisors(int head_size, double theta, double factor, double 
             out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
         }
     }
+}
+
+/* YaRN from {arch}.rope.scaling.* keys as llama.cpp reads them (model.h):
+ * factor (freq_scale = 1 / factor), original_context_length (default the
+ * context length), yarn_beta_fast (32), yarn_beta_slow (1),
+ * yarn_attn_factor (1). */
+static int gguf_yarn(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_config *c = &m->cfg;
+    char k[MAX_KEY];
+    int rc = gguf_float(g, akey(m, "rope.scaling.factor", k), 0.0, &c->yarn_factor, err);
+    if (!rc && !(c->yarn_factor >= 1.0f && c->yarn_factor < 1e6f))
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s = %g: YaRN needs a factor >= 1", k, (double)c->yarn_factor);
+    if (!rc) rc = gguf_int(g, akey(m, "rope.scaling.original_context_length", k), c->seq_len, false,
+                           &c->yarn_orig_ctx, err);
+    if (!rc) rc = check_range(k, c->yarn_orig_ctx, 1, 1 << 24, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.yarn_beta_fast", k), 32.0, &c->yarn_beta_fast, err);
+    if (!rc) rc = positive(k, c->yarn_beta_fast, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.yarn_beta_slow", k), 1.0, &c->yarn_beta_slow, err);
+    if (!rc) rc = positive(k, c->yarn_beta_slow, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.yarn_attn_factor", k), 1.0, &c->yarn_attn_factor, err);
+    if (!rc) rc = positive(k, c->yarn_attn_factor, err);
+    return rc;
 }
 
 /* Llama 3 scaling from {arch}.rope.scaling.* keys, with Meta's defaults. */
@@ -639,9 +687,10 @@ static int llama3_factors(tp_model *m, const tp_gguf *g, float *ff, tp_err *err)
 
 /* RoPE frequency divisors: llama.cpp stores Llama 3's as the tensor
  * rope_freqs.weight; files may instead carry {arch}.rope.scaling.type =
- * llama3 (with its factors) or linear (one factor, or the older
- * {arch}.rope.scale_linear). Scaling kinds that change more than the
- * frequencies (yarn, longrope) are refused by name. */
+ * llama3 (with its factors), linear (one factor, or the older
+ * {arch}.rope.scale_linear) or yarn (its keys in the config: the forward
+ * blends each pair's angle and scales cos and sin, model.h). Other kinds
+ * (longrope) are refused by name. */
 static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
 {
     char k[MAX_KEY];
@@ -660,13 +709,16 @@ static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
     if ((rc = gguf_float(g, akey(m, "rope.scale_linear", k), 1.0, &linear, err)) || (rc = positive(k, linear, err)))
         return rc;
     bool llama3 = str_is(type, "llama3");
-    if (str_is(type, "linear")) {
+    if (str_is(type, "yarn")) {
+        if ((rc = gguf_yarn(m, g, err)))
+            return rc;
+    } else if (str_is(type, "linear")) {
         if ((rc = gguf_float(g, akey(m, "rope.scaling.factor", k), 1.0, &linear, err)) ||
             (rc = positive(k, linear, err)))
             return rc;
     } else if (!llama3 && !str_is(type, "none")) {
         return tp_err_set(err, TP_EFORMAT, "gguf: %s.rope.scaling.type '%.*s' is not supported (none, linear, "
-                          "llama3)", m->arch_name, (int)(type.len > 32 ? 32 : type.len), type.ptr);
+                          "llama3, yarn)", m->arch_name, (int)(type.len > 32 ? 32 : type.len), type.ptr);
     }
     if (!tensor && !llama3 && linear == 1.0f)
         return 0;
@@ -702,6 +754,7 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     const tp_model_config *c = &m->cfg;
     tp_arch_sizes z = tp_arch_sizes_of(c->dim, c->q_dim, c->kv_dim, c->hidden_dim, c->head_size);
     tp_arch_sizes_moe(&z, c->n_expert, c->expert_ff);
+    tp_arch_sizes_heads(&z, c->n_heads);
     tp_arch_sizes_shexp(&z, c->shexp_ff);
     tp_arch_sizes_ssm(&z, c);
     bool recurrent = tp_model_layer_recurrent(c, l);

@@ -163,6 +163,7 @@ static tp_arch_sizes arch_sizes(const tp_synth_shape *s, const arch_defaults *a,
     sizes z = sizes_of(s, o);
     tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
     tp_arch_sizes_moe(&az, a->n_expert, a->expert_ff);
+    tp_arch_sizes_heads(&az, s->n_heads);
     tp_arch_sizes_shexp(&az, a->shexp_ff);
     tp_model_config c = ssm_of(s, a, o);
     tp_arch_sizes_ssm(&az, &c);
@@ -242,6 +243,12 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.low_freq_factor"), (float)L3_LOW, err);
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.high_freq_factor"), (float)L3_HIGH, err);
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"), L3_ORIG_CTX, err);
+    }
+    if (!rc && a->arch->mk_yarn_factor > 0) { /* gpt-oss's config.json rope_scaling, converted */
+        rc = tp_gguf_set_str(b->w, KEY("rope.scaling.type"), "yarn", err);
+        if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.factor"), a->arch->mk_yarn_factor, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"),
+                                      (uint32_t)a->arch->mk_yarn_orig_ctx, err);
     }
     if (!rc && a->n_expert) { /* as llama.cpp's converter writes them */
         rc = tp_gguf_set_u32(b->w, KEY("expert_count"), (uint32_t)a->n_expert, err);

@@ -128,6 +128,7 @@ static const field submit_f[] = {
     F_STR("tools", M(submit.tools), 0, TP_PROTO_MAX_TOOLS),
     F_STR("tool_choice", M(submit.tool_choice), 0, TP_PROTO_MAX_NAME),
     F_STR("tool_choice_name", M(submit.tool_choice_name), FF_NONEMPTY, TP_PROTO_MAX_NAME * 4),
+    F_STR("reasoning_effort", M(submit.reasoning_effort), FF_NONEMPTY, TP_PROTO_MAX_NAME),
     F_STR("embed", M(submit.embed), FF_NONEMPTY, TP_PROTO_MAX_NAME),
     END,
 };
@@ -343,6 +344,7 @@ static const field tokenize_f[] = {
     {.key = "messages", .type = FT_MSGS, .off = M(tokenize.messages), .flags = FF_NONEMPTY,
      .max = TP_PROTO_MAX_MESSAGES, .max_elem = TP_PROTO_MAX_PROMPT},
     F_STR("tools", M(tokenize.tools), 0, TP_PROTO_MAX_TOOLS),
+    F_STR("reasoning_effort", M(tokenize.reasoning_effort), FF_NONEMPTY, TP_PROTO_MAX_NAME),
     END,
 };
 static const field tokenized_f[] = {
@@ -511,6 +513,12 @@ static bool str_is(tp_str s, const char *lit)
 /* tools go with messages (a template renders them); tool_choice with tools. */
 static int check_tools(const tp_m_submit *s, tp_err *err)
 {
+    if (s->reasoning_effort.ptr && !s->n_messages)
+        return tp_err_set(err, TP_EINVAL, "reasoning_effort: only with messages (the chat template reads it)");
+    if (s->reasoning_effort.ptr && !str_is(s->reasoning_effort, "low") && !str_is(s->reasoning_effort, "medium") &&
+        !str_is(s->reasoning_effort, "high"))
+        return tp_err_set(err, TP_EINVAL, "reasoning_effort: \"%.*s\" is not one of low, medium, high",
+                          (int)s->reasoning_effort.len, s->reasoning_effort.ptr);
     if (s->tools.ptr && !s->n_messages)
         return tp_err_set(err, TP_EINVAL, "tools: only with messages (the chat template renders them)");
     if (s->tool_choice_name.ptr && !str_is(s->tool_choice, "function"))

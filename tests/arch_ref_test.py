@@ -2,7 +2,7 @@
 (tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
 each architecture's kind, grouped-query attention, SwiGLU, biases) on the
 real stories260K.gguf and on random-weight llama, Llama 3, Mixtral (llama
-with experts), qwen2, qwen3, phi3, qwen3moe, gemma3, gemma2, qwen35 and qwen35moe models written
+with experts), qwen2, qwen3, phi3, qwen3moe, gemma3, gemma2, qwen35, qwen35moe and gpt-oss models written
 by `tokpipe mkmodel`.
 
 Tolerance: tokpipe computes in float32, the reference in float64; every
@@ -12,7 +12,9 @@ mistake it guards against (the other RoPE kind, no biases, no Llama 3
 scaling, no Q/K norm, Phi-3's gate and up swapped, the experts' top-k weights
 not renormalised or one expert too few; for Gemma no sliding window, the
 global RoPE base on sliding layers, no post-norms, SiLU for GELU, no
-soft-capping) moves the logits by more than ten times that, so it can fail;
+soft-capping; for gpt-oss no sinks, no YaRN, the softmax over all experts,
+SiLU for swiglu_oai, no window) moves the logits by more than ten times
+that, so it can fail;
 Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
 of several hundred tokens, and Gemma's runs one of more than twice the
 window."""
@@ -219,6 +221,30 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.0.ffn_up_exps.weight"].shape, (8, 96, 64))
         self.assertNotIn("blk.0.ffn_up.weight", model.w)
 
+    def test_gpt_oss_matches(self):
+        # a window of 4 so the sliding layers hide most of the prompt
+        path = self.mkmodel("gpt-oss", "--arch", "gpt-oss", "--shape", "64x2x4x2", "--head-dim", "32",
+                            "--experts", "8", "--experts-used", "3", "--expert-ff", "64", "--sliding-window", "4")
+        wrongs = {
+            "no sinks": lambda m, ids: m.logits(ids, sinks=False),
+            "no YaRN": lambda m, ids: m.logits(ids, yarn=False),
+            "the softmax over all experts": lambda m, ids: m.logits(ids, softmax_all=True),
+            "SiLU for swiglu_oai": lambda m, ids: m.logits(ids, plain_swiglu=True),
+            "no sliding window": lambda m, ids: m.logits(ids, window=False),
+            "adjacent-pair RoPE": lambda m, ids: m.logits(ids, neox=False),
+        }
+        model, _ = self.check(path, wrongs=wrongs)
+        meta = model.meta
+        self.assertEqual(meta["gpt-oss.rope.scaling.type"], "yarn")
+        self.assertEqual((meta["gpt-oss.rope.scaling.factor"], meta["gpt-oss.rope.scaling.original_context_length"]),
+                         (32.0, 4096))
+        self.assertEqual(meta["gpt-oss.attention.sliding_window"], 4)
+        # llama.cpp's shapes: sinks [n_head], expert biases [ff, n_expert]
+        self.assertEqual(model.w["blk.0.attn_sinks.weight"].shape, (4,))
+        self.assertEqual(model.w["blk.1.ffn_gate_exps.bias"].shape, (8, 64))
+        self.assertEqual(model.w["blk.1.ffn_down_exps.bias"].shape, (8, 64))
+        self.assertEqual(model.w["blk.0.attn_output.bias"].shape, (64,))
+        self.assertNotIn("blk.0.ffn_norm.weight", model.w)
     def test_qwen35_gated_deltanet_and_gated_attention_match(self):
         """Qwen 3.5: six Gated DeltaNet layers and two gated attention ones
         (every fourth), value heads twice the key heads, partial RoPE."""

@@ -337,7 +337,7 @@ static void an_unknown_architecture_is_refused_with_the_list_of_those_supported(
 {
     (void)state;
     spec s = {.arch = "gemma7"};
-    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe, qwen35, qwen35moe)");
+    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe, qwen35, qwen35moe, gpt-oss)");
 }
 
 static void window_16(tp_gguf_writer *w)
@@ -514,10 +514,44 @@ static void llama3_keys(tp_gguf_writer *w)
     tp_gguf_set_u32(w, "llama.rope.scaling.original_context_length", 8192, &e);
 }
 
+/* YaRN without its factor (llama.cpp's rope_freq_scale_train would be 1 /
+ * 0) */
 static void yarn_keys(tp_gguf_writer *w)
 {
     tp_err e;
     tp_gguf_set_str(w, "llama.rope.scaling.type", "yarn", &e);
+}
+
+static void longrope_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_str(w, "llama.rope.scaling.type", "longrope", &e);
+}
+
+static void yarn_factor_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_str(w, "llama.rope.scaling.type", "yarn", &e);
+    tp_gguf_set_f32(w, "llama.rope.scaling.factor", 4.0f, &e);
+    tp_gguf_set_u32(w, "llama.rope.scaling.original_context_length", 64, &e);
+    tp_gguf_set_f32(w, "llama.rope.scaling.yarn_beta_fast", 16.0f, &e);
+}
+
+/* YaRN's keys as llama.cpp reads them: the factor, the original context,
+ * beta_fast and beta_slow (defaults 32 and 1), the attention factor (1). */
+static void yarn_scaling_reads_its_keys(void **state)
+{
+    (void)state;
+    spec y = {.arch = "llama", .keys = yarn_factor_keys};
+    tp_model *m;
+    tp_err e;
+    if (load(&y, &m, &e))
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_true(c->yarn_factor == 4.0f && c->yarn_orig_ctx == 64);
+    assert_true(c->yarn_beta_fast == 16.0f && c->yarn_beta_slow == 1.0f && c->yarn_attn_factor == 1.0f);
+    assert_null(tp_model_get_weights(m)->rope_freqs);
+    tp_model_free(m);
 }
 
 static void key_length_keys(tp_gguf_writer *w)
@@ -561,7 +595,9 @@ static void unsupported_rope_scaling_and_head_size_are_refused_by_name(void **st
 {
     (void)state;
     spec y = {.arch = "llama", .keys = yarn_keys};
-    expect_refused(&y, "llama.rope.scaling.type 'yarn' is not supported");
+    expect_refused(&y, "llama.rope.scaling.factor = 0: YaRN needs a factor >= 1");
+    spec lr = {.arch = "llama", .keys = longrope_keys};
+    expect_refused(&lr, "llama.rope.scaling.type 'longrope' is not supported");
     spec k = {.arch = "llama", .keys = key_length_keys};
     expect_refused(&k, "llama.attention.key_length 8 != head size 4");
     spec q = {.arch = "qwen2", .biases = true, .skip = "blk.0.ffn_up.weight"};
@@ -588,6 +624,7 @@ int main(void)
         cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),
         cmocka_unit_test(rope_scaling_keys_give_llama3_and_linear_divisors),
         cmocka_unit_test(unsupported_rope_scaling_and_head_size_are_refused_by_name),
+        cmocka_unit_test(yarn_scaling_reads_its_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -556,6 +556,28 @@ static void qwen3moe_is_batch_chunk_and_thread_invariant(void **state)
     tp_model_free(m);
 }
 
+/* gpt-oss: sinks in every softmax, windows of 4 on block 0 (prompts of up
+ * to 12 and the decode steps outgrow them), YaRN, biases, 8 experts with
+ * 3 a token through swiglu_oai; the same invariance on every path and
+ * cache type. */
+static void gpt_oss_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "gpt-oss", .head_dim = 32, .n_expert = 8,
+                                                   .n_expert_used = 3, .expert_ff = 64, .sliding_window = 4});
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->swa_window, 4);
+    assert_true(tp_model_layer_slides(c, 0) && !tp_model_layer_slides(c, 1));
+    assert_true(c->ffn_act == TP_FFN_SWIGLU_OAI && c->moe_softmax_topk);
+    assert_true(c->yarn_factor == 32.0f && c->yarn_orig_ctx == 4096);
+    assert_non_null(tp_model_get_weights(m)->layers[1].sinks);
+    for (int scalar = 0; scalar < 2; scalar++) {
+        model_batch_invariance(m, scalar, TP_KV_F32);
+        model_batch_invariance(m, scalar, TP_KV_F16);
+    }
+    tp_model_free(m);
+}
+
 /* qwen35: blocks 0-2 Gated DeltaNet (the recurrent state per sequence,
  * value heads twice the key heads), block 3 gated attention with partial
  * RoPE: each sequence's logits are the same alone or batched, prefilled
@@ -1149,6 +1171,7 @@ int main(void)
         cmocka_unit_test(qwen3moe_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen35moe_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(mixtral_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(gpt_oss_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen35_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen35_retried_step_recomputes_the_same_logits_and_other_rewinds_are_refused),
         cmocka_unit_test(moe_rows_are_the_same_alone_or_sharing_experts),

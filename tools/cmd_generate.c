@@ -197,6 +197,8 @@ static void fill_submit(gen *s, const job *j, tp_msg *m)
         m->submit.tool_choice = tp_str_of(s->g.tool_choice);
     if (s->g.tool_choice_name)
         m->submit.tool_choice_name = tp_str_of(s->g.tool_choice_name);
+    if (s->g.reasoning_effort.ptr)
+        m->submit.reasoning_effort = s->g.reasoning_effort;
     m->submit.params.set |= TP_P_SEED;
     m->submit.params.seed = j->seed;
 }

@@ -1,5 +1,5 @@
 /* tokpipe mkmodel: write a llama2.c checkpoint or a GGUF model (llama,
- * Llama 3, Mixtral, qwen2, qwen3, phi3, qwen3moe, gemma3, gemma2, qwen35, qwen35moe: model/archs.c) of a real model shape with seeded random weights (and
+ * Llama 3, Mixtral, qwen2, qwen3, phi3, qwen3moe, gemma3, gemma2, qwen35, qwen35moe, gpt-oss: model/archs.c) of a real model shape with seeded random weights (and
  * optionally a matching synthetic tokenizer), so speed and architectures
  * can be tested at sizes and kinds whose real weights are not available. */
 #include "tools.h"
@@ -20,7 +20,8 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: tokpipe mkmodel --shape SHAPE --seed N --out FILE [--tokenizer-out FILE]\n"
-            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3|qwen3moe|mixtral|gemma3|gemma2|qwen35|qwen35moe\n"
+            "       tokpipe mkmodel --format gguf --arch llama|llama3|qwen2|qwen3|phi3|qwen3moe|mixtral|gemma3|gemma2|\n"
+            "                       qwen35|qwen35moe|gpt-oss\n"
             "                       --vocab-from FILE.gguf --shape SHAPE --seed N --out FILE\n"
             "                       [--separate-output] [--head-dim N] [--experts N --experts-used K]\n"
             "                       [--expert-ff N] [--shared-ff N] [--sliding-window N] [--pooling P]\n"
@@ -55,19 +56,21 @@ static void usage(FILE *out)
             "                         embeddings, post-norms, GELU, Q/K norms, 5 of 6 layers sliding\n"
             "                         with base 10000, global base 1e6), gemma2 (no Q/K norms,\n"
             "                         soft-capping, every other layer sliding), qwen35 (DeltaNet, every\n"
-            "                         4th layer gated attention), qwen35moe; default llama\n"
+            "                         4th layer gated attention), qwen35moe, gpt-oss (attention sinks,\n"
+            "                         biases, every other layer sliding (128), YaRN RoPE (factor 32 of\n"
+            "                         4096, base 150000), 8 experts, 4 used, swiglu_oai); default llama\n"
             "  --vocab-from FILE      gguf only (required): copy FILE's tokenizer.* metadata (tokens,\n"
             "                         scores, token types, merges, special ids, chat template); the\n"
             "                         vocabulary size is its token count\n"
             "  --separate-output      gguf only: write output.weight (default: tied to token_embd)\n"
             "  --pooling mean|cls|last  gguf only: write {arch}.pooling_type, as an embedding model's file\n"
-            "  --sliding-window N     gguf gemma3/gemma2 only: attention.sliding_window (default 512 /\n"
-            "                         4096)\n"
-            "  --head-dim N           gguf qwen3/gemma only: heads of N (attention.key_length) instead of\n"
+            "  --sliding-window N     gguf gemma3/gemma2/gpt-oss only: attention.sliding_window (default\n"
+            "                         512 / 4096 / 128)\n"
+            "  --head-dim N           gguf qwen3/gemma/gpt-oss only: heads of N (attention.key_length) instead of\n"
             "                         DIM/HEADS, as Qwen3's 128 with DIM/HEADS 64\n"
-            "  --experts N            gguf qwen3moe, mixtral, llama: N experts (expert_count; default 8\n"
-            "                         for qwen3moe and mixtral)\n"
-            "  --experts-used K       the experts each token takes (expert_used_count; default 2)\n"
+            "  --experts N            gguf qwen3moe, mixtral, gpt-oss, llama: N experts (expert_count;\n"
+            "                         default 8 for qwen3moe, mixtral and gpt-oss)\n"
+            "  --experts-used K       the experts each token takes (expert_used_count; default 2, gpt-oss 4)\n"
             "  --expert-ff N          one expert's hidden width (default the shape's hidden width)\n"
             "  --shared-ff N          qwen35moe's shared expert's width (default --expert-ff)\n"
             "  --rope-scaling-keys    gguf llama3 only: write llama.rope.scaling.* keys instead of\n"

@@ -717,7 +717,8 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     }
     size_t len = 0;
     if (!rc)
-        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, a->gen.tools, &text, &len, err);
+        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, a->gen.tools, a->gen.reasoning_effort,
+                                      &text, &len, err);
     if (!rc)
         rc = tool_grammar(c, st, &a->gen, err);
     if (!rc) {

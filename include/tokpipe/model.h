@@ -1,6 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
  * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling, and Mixtral's experts),
- * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2`, `gemma3`, `qwen35` and `qwen35moe` architectures (model/arch_*.c, one file each; model/archs.c lists them).
+ * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2`, `gemma3`, `qwen35`, `qwen35moe` and `gpt-oss` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -26,7 +26,7 @@ typedef struct tp_model tp_model;
 typedef enum tp_model_format {
     TP_MODEL_LLAMA2C = 1, /* karpathy/llama2.c legacy (version 0) checkpoint */
     TP_MODEL_GGUF = 2,    /* GGUF v3, an architecture of model/archs.c; F32, F16,
-                           * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K */
+                           * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4 */
 } tp_model_format;
 
 typedef enum tp_model_arch {
@@ -39,12 +39,16 @@ typedef enum tp_model_arch {
     TP_ARCH_QWEN3MOE = 7, /* GGUF "qwen3moe": qwen3's attention, a mixture of experts FFN */
     TP_ARCH_QWEN35 = 8, /* GGUF "qwen35": Gated DeltaNet layers, every full_attn_interval-th a gated attention */
     TP_ARCH_QWEN35MOE = 9, /* GGUF "qwen35moe": qwen35's layers, experts and a gated shared expert for the FFN */
+    TP_ARCH_GPTOSS = 10,  /* GGUF "gpt-oss": sinks, biases, alternating windows, YaRN, experts */
 } tp_model_arch;
 
 /* The FFN's gate activation: SwiGLU's SiLU or GELU (tanh approximation). */
 typedef enum tp_ffn_act {
     TP_FFN_SILU = 0,
     TP_FFN_GELU_TANH = 1,
+    /* gpt-oss (ggml's swiglu_oai): g = min(g, 7), u = clamp(u, -7, 7),
+     * out = g / (1 + e^(-1.702 g)) * (u + 1) */
+    TP_FFN_SWIGLU_OAI = 2,
 } tp_ffn_act;
 
 /* Which elements of a head RoPE rotates together (llama.cpp's rope types).
@@ -96,6 +100,20 @@ typedef struct tp_model_config {
     int n_expert;       /* {arch}.expert_count, 0: a dense FFN */
     int n_expert_used;  /* {arch}.expert_used_count */
     int expert_ff;      /* one expert's hidden width */
+    /* gpt-oss: the top n_expert_used router logits first, then a softmax
+     * over those alone (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT);
+     * false: the softmax over all, the top k renormalised */
+    bool moe_softmax_topk;
+    /* YaRN RoPE ({arch}.rope.scaling.type yarn; ggml's rope_yarn): with
+     * yarn_factor > 0, pair j turns by theta_i (1 - r_j) + theta_e r_j
+     * where theta_e = pos * base^(-2j/head_size), theta_i = theta_e /
+     * yarn_factor and r_j is ggml's ramp between the correction dims of
+     * yarn_beta_fast and yarn_beta_slow rotations in yarn_orig_ctx; cos
+     * and sin are scaled by yarn_attn_factor * (1 + 0.1 ln yarn_factor).
+     * Every layer but sliding ones that turn unscaled (rope_swa_scaled false). */
+    float yarn_factor;
+    int yarn_orig_ctx;
+    float yarn_beta_fast, yarn_beta_slow, yarn_attn_factor;
     /* qwen35moe's shared expert: a SwiGLU FFN of width shexp_ff every
      * token takes beside its routed experts, its output times
      * sigmoid(x . shexp_gate) added after theirs (moe.h); 0: none */
@@ -174,6 +192,11 @@ typedef struct tp_layer_weights {
      * file's 3-D blk.N.ffn_{gate,down,up}_exps, arrays owned by the model */
     const float *wr;
     const tp_wmat *w1_exps, *w2_exps, *w3_exps;
+    /* gpt-oss; NULL for the others: attention sinks [n_heads] (a learned
+     * logit per head that joins each softmax's denominator), the output
+     * projection's bias [dim], the router's bias [n_expert] and the
+     * experts' biases: gate and up [n_expert][expert_ff], down [n_expert][dim] */
+    const float *sinks, *bo, *br, *b1_exps, *b2_exps, *b3_exps;
     /* the shared expert (shexp_ff > 0; else NULL): its gate w1_shexp and
      * up w3_shexp [shexp_ff][dim], down w2_shexp [dim][shexp_ff], and the
      * vector of its sigmoid gate, shexp_gate [dim] (F32) */
@@ -234,6 +257,13 @@ typedef struct tp_model_vocab {
  * it from rope.scaling.* keys, mkmodel writes it. */
 void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
                              double orig_ctx, float *out);
+
+/* YaRN (model.h's yarn_* of c, c->yarn_factor > 0) for pairs of base
+ * theta as ggml's rope_yarn computes it, in f32: ramp[j] (head_size / 2 of
+ * them) the share of pair j's unscaled angle (1: extrapolated, 0:
+ * interpolated, ggml's rope_yarn_ramp between the floor and ceiling of
+ * the correction dims), *mscale what cos and sin are multiplied by. */
+void tp_rope_yarn(const tp_model_config *c, float theta, float *ramp, float *mscale);
 
 /* Open and mmap path (read-only), detect the format from its first bytes and
  * validate it. On success *out is owned by the caller (tp_model_free). */

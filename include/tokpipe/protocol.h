@@ -415,6 +415,8 @@ typedef struct tp_m_submit {
     tp_str tools;            /* opt, with messages: JSON array of OpenAI tools (the template's `tools`) */
     tp_str tool_choice;      /* opt: "auto" (default) | "none" | "required" | "function" */
     tp_str tool_choice_name; /* tool_choice "function": the function to call */
+    tp_str reasoning_effort; /* opt, with messages: "low" | "medium" | "high", the template's
+                              * `reasoning_effort` (OpenAI's field; gpt-oss's harmony reads it) */
     tp_str embed;            /* opt: an embedding job, its pooling: "mean" | "last" | "cls" | "model" */
 } tp_m_submit;
 
@@ -666,6 +668,7 @@ typedef struct tp_m_tokenize {
     tp_chat_msg *messages;   /* n_messages > 0: render these with the chat template */
     size_t n_messages;       /* instead of text (then empty) */
     tp_str tools;            /* opt: JSON array, the template's `tools` */
+    tp_str reasoning_effort; /* opt: the template's `reasoning_effort` (SUBMIT's) */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {

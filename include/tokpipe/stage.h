@@ -86,13 +86,14 @@ int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, struct tp_chat_template *t
  * TP_PROTO_MAX_PROMPT, so that a conversation too long for one prompt is
  * refused (TOKENIZED 413) with its length. */
 #define TP_TOKENIZE_RENDER_ROOM (4u * TP_PROTO_MAX_PROMPT)
-/* Render msgs (and tools: a JSON array, ptr NULL = none) with the chat
+/* Render msgs (and tools: a JSON array, ptr NULL = none; reasoning_effort:
+ * the template's variable, ptr NULL = none) with the chat
  * template as a TOKENIZE with messages does; *out (caller frees) is the
  * prompt text to tokenize with control tokens parsed and nothing added.
  * Errors start "messages: ", "messages[i]...: " or "tools...: " (tools
  * malformed, or a template with no tool support). */
 int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools,
-                             char **out, size_t *len, tp_err *err);
+                             tp_str reasoning_effort, char **out, size_t *len, tp_err *err);
 /* The tool-call syntax of the template set by tp_tokenize_stage_set_chat
  * (family none without a template). */
 struct tp_tc_syntax;

@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 / qwen35 / qwen35moe architectures, written from the GGUF spec and
+for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 / qwen35 / qwen35moe / gpt-oss architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -116,7 +116,8 @@ class Model:
         self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
         # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
-        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3", "qwen35", "qwen35moe")
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3", "qwen35", "qwen35moe",
+                                  "gpt-oss")
         # Qwen 3.5 (HF's modeling_qwen3_5 / Qwen3-Next): partial RoPE over the
         # first rope.dimension_count elements of a head; Gated DeltaNet
         # layers unless (l + 1) % full_attention_interval == 0
@@ -151,6 +152,17 @@ class Model:
             self.sliding = lambda l: l % 6 != 5
             self.local_theta = 10000.0
             self.final_cap = m.get(p + "final_logit_softcapping", 0.0)
+        # gpt-oss (OpenAI's reference model.py; HF's modeling_gpt_oss): every
+        # other layer (i % 2 == 0) sees the last sliding_window positions; a
+        # learned sink logit per head joins each softmax; YaRN RoPE
+        self.oss = self.arch == "gpt-oss"
+        if self.oss:
+            self.window = m[p + "attention.sliding_window"]
+            self.sliding = lambda l: l % 2 == 0
+        self.yarn = None
+        if m.get(p + "rope.scaling.type") == "yarn":
+            self.yarn = (m[p + "rope.scaling.factor"], m.get(p + "rope.scaling.original_context_length"),
+                         m.get(p + "rope.scaling.yarn_beta_fast", 32.0), m.get(p + "rope.scaling.yarn_beta_slow", 1.0))
         # experts (Mixtral's llama, qwen3moe): softmax over all of them, the
         # top expert_used_count renormalised to sum 1 (the published
         # MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock with norm_topk_prob)
@@ -182,8 +194,11 @@ class Model:
         theta = self.theta if theta is None else theta
         freq_div = self.freq_div if freq_div is None else freq_div
         inv = theta ** (-2.0 * np.arange(half) / self.hs) / freq_div
+        mscale = 1.0
+        if self.yarn:
+            inv, mscale = yarn(inv, self.hs, theta, *self.yarn)
         ang = np.outer(pos, inv)[:, None, :]
-        c, s = np.cos(ang), np.sin(ang)
+        c, s = np.cos(ang) * mscale, np.sin(ang) * mscale
         if neox:
             a, b = x[..., :half], x[..., half:]
             return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
@@ -221,6 +236,36 @@ class Model:
             if shexp_gate:
                 y = y / (1 + np.exp(-(h @ w[b + "ffn_gate_inp_shexp.weight"])))[:, None]
             out += y
+        return out
+
+    def moe_oss(self, h, b, softmax_all=False, plain_swiglu=False):
+        """gpt-oss's experts: router logits plus its bias, the top k (ties:
+        the lower index) softmaxed among themselves (softmax_all: their
+        shares of the softmax over all experts, for a test that it matters); each
+        expert's gate and up with their biases through swiglu_oai (the gate
+        at most 7, the up within +-7, g * sigmoid(1.702 g) * (u + 1);
+        plain_swiglu: SiLU(g) * u), down plus its bias."""
+        w = self.w
+        lg = h @ w[b + "ffn_gate_inp.weight"].T + w[b + "ffn_gate_inp.bias"]
+        gate, up, down = (w[b + n + "_exps.weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        gb, ub, db = (w[b + n + "_exps.bias"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            chosen = sorted(range(self.n_expert), key=lambda e: -lg[t, e])[:self.n_used]
+            if softmax_all:
+                p = np.exp(lg[t] - lg[t].max())
+                ws = p[chosen] / p.sum()
+            else:
+                z = np.exp(lg[t, chosen] - lg[t, chosen].max())
+                ws = z / z.sum()
+            for e, we in zip(chosen, ws):
+                g, u = gate[e] @ h[t] + gb[e], up[e] @ h[t] + ub[e]
+                if plain_swiglu:
+                    a = g / (1 + np.exp(-g)) * u
+                else:
+                    g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+                    a = g / (1 + np.exp(-1.702 * g)) * (u + 1)
+                out[t] += we * (down[e] @ a + db[e])
         return out
 
     def hybrid_ffn(self, h, b, renorm, top, ties_high, shexp, shexp_gate):
@@ -273,9 +318,9 @@ class Model:
         return o.reshape(T, vh * hd) @ w[b + "ssm_out.weight"].T
 
     def logits(self, ids, neox=None, qk_norm=True, up_first=False, window=True, local_theta=True,
-               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False,
-               attn_gate=True, gate_norm=True, delta=True, all_attention=False, shexp=True, shexp_gate=True,
-               hidden=False):
+               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False, sinks=True,
+               yarn=True, softmax_all=False, plain_swiglu=False, attn_gate=True, gate_norm=True, delta=True,
+               all_attention=False, shexp=True, shexp_gate=True, hidden=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
         Phi-3's fused gate/up the wrong way round; for Gemma window=False
@@ -285,9 +330,24 @@ class Model:
         softcap=False leaves out the soft-capping; for experts renorm=False
         leaves the top-k weights as the softmax gave them, top=N takes N
         experts instead of expert_used_count (for tests that they matter);
+        for gpt-oss sinks=False leaves out the attention sinks, yarn=False
+        the YaRN scaling, softmax_all / plain_swiglu as moe_oss says;
         shexp=False leaves qwen35moe's shared expert out, shexp_gate=False
         adds it without its sigmoid gate. hidden=True: the hidden states
         after the final norm instead, [T, dim] (what an embedding pools)."""
+        saved = self.yarn
+        if not yarn:
+            self.yarn = None
+        try:
+            return self._logits(ids, neox, qk_norm, up_first, window, local_theta, post_norm, gelu, softcap, renorm,
+                                top, ties_high, sinks, softmax_all, plain_swiglu, attn_gate, gate_norm, delta,
+                                all_attention, shexp, shexp_gate, hidden)
+        finally:
+            self.yarn = saved
+
+    def _logits(self, ids, neox, qk_norm, up_first, window, local_theta, post_norm, gelu, softcap, renorm, top,
+                ties_high, sinks, softmax_all, plain_swiglu, attn_gate, gate_norm, delta, all_attention, shexp,
+                shexp_gate, hidden):
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
@@ -339,13 +399,26 @@ class Model:
                 if self.attn_cap and softcap:
                     sc = np.tanh(sc / self.attn_cap) * self.attn_cap
                 sc = sc + mask + (far if slides and window else 0.0)
-                sc = np.exp(sc - sc.max(axis=1, keepdims=True))
-                sc /= sc.sum(axis=1, keepdims=True)
+                if self.oss and sinks:
+                    # the sink: one more logit in each row's softmax, weighing no value
+                    sink = w[b + "attn_sinks.weight"][hd]
+                    mx = np.maximum(sc.max(axis=1, keepdims=True), sink)
+                    e = np.exp(sc - mx)
+                    sc = e / (e.sum(axis=1, keepdims=True) + np.exp(sink - mx))
+                else:
+                    sc = np.exp(sc - sc.max(axis=1, keepdims=True))
+                    sc /= sc.sum(axis=1, keepdims=True)
                 out[:, hd, :] = sc @ v[:, kv, :]
             out = out.reshape(T, self.n_heads * hs)
             if gates is not None and attn_gate:
                 out = out / (1 + np.exp(-gates))
-            a = out @ w[b + "attn_output.weight"].T
+            a = out @ w[b + "attn_output.weight"].T + w.get(b + "attn_output.bias", 0.0)
+            if self.oss:
+                # the converter's post_attention_norm is the FFN's input norm
+                x = x + a
+                x = x + self.moe_oss(self.rmsnorm(x, w[b + "post_attention_norm.weight"]), b, softmax_all,
+                                     plain_swiglu)
+                continue
             if self.hybrid:
                 x = x + a
                 h = self.rmsnorm(x, w[b + "post_attention_norm.weight"])
@@ -383,6 +456,20 @@ class Model:
         if self.final_cap and softcap:
             out = np.tanh(out / self.final_cap) * self.final_cap
         return out
+
+
+def yarn(inv, hs, theta, factor, orig, beta_fast, beta_slow):
+    """YaRN (Peng et al. 2023) as llama.cpp applies it (ggml's rope_yarn):
+    pair j's frequency blends its own (extrapolation) and 1 / factor of it
+    (interpolation) by a ramp that is 1 below the correction dimension of
+    beta_fast rotations in orig positions (floored) and 0 above that of
+    beta_slow (ceiled); cos and sin scaled by 1 + 0.1 ln factor."""
+    def corr(rot):
+        return hs * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+    lo, hi = max(0.0, math.floor(corr(beta_fast))), min(hs - 1.0, math.ceil(corr(beta_slow)))
+    j = np.arange(hs // 2)
+    ramp = 1 - np.clip((j - lo) / max(0.001, hi - lo), 0, 1)
+    return inv / factor * (1 - ramp) + inv * ramp, 1 + 0.1 * math.log(factor)
 
 
 def embedding(model, ids, pooling):

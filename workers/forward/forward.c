@@ -379,22 +379,32 @@ static int pack_weights(tp_forward *f)
 /* RoPE tables computed as run.c does per position, once; a model's
  * frequency divisors (Llama 3 scaling) slow each pair as llama.cpp's
  * freq_factors do. */
-static int rope_table(const tp_forward *f, float theta, const float *ff, float **cos_out, float **sin_out)
+static int rope_table(const tp_forward *f, float theta, const float *ff, bool scaled, float **cos_out,
+                      float **sin_out)
 {
     int hs = f->c.rope_dim, half = hs / 2; /* partial RoPE: the first rope_dim of a head */
     size_t n = (size_t)f->max_pos * (size_t)half;
     float *co = *cos_out = malloc(n * sizeof(float)), *si = *sin_out = malloc(n * sizeof(float));
-    if (!co || !si)
+    bool yarn = scaled && f->c.yarn_factor > 0;
+    float *ramp = yarn ? malloc((size_t)half * sizeof(float)) : NULL, mscale = 1.0f;
+    if (!co || !si || (yarn && !ramp)) {
+        free(ramp);
         return TP_ENOMEM;
+    }
+    if (ramp) /* YaRN (model.h): ggml's rope_yarn, the ramp per pair computed once */
+        tp_rope_yarn(&f->c, theta, ramp, &mscale);
     for (int pos = 0; pos < f->max_pos; pos++)
         for (int j = 0; j < half; j++) {
             float freq = 1.0f / powf(theta, (float)(2 * j) / (float)hs);
             float val = (float)pos * freq;
             if (ff)
                 val = (float)pos * (freq / ff[j]);
-            co[(size_t)pos * half + j] = cosf(val);
-            si[(size_t)pos * half + j] = sinf(val);
+            if (ramp)
+                val = (val / f->c.yarn_factor) * (1 - ramp[j]) + val * ramp[j];
+            co[(size_t)pos * half + j] = cosf(val) * mscale;
+            si[(size_t)pos * half + j] = sinf(val) * mscale;
         }
+    free(ramp);
     return 0;
 }
 
@@ -403,10 +413,10 @@ static int rope_table(const tp_forward *f, float theta, const float *ff, float *
 static int make_rope(tp_forward *f)
 {
     const float *ff = tp_model_get_weights(f->model)->rope_freqs;
-    int rc = rope_table(f, f->c.rope_theta, ff, &f->rope_cos, &f->rope_sin);
+    int rc = rope_table(f, f->c.rope_theta, ff, true, &f->rope_cos, &f->rope_sin);
     if (!rc && f->c.swa_window)
-        rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, &f->rope_cos_swa,
-                        &f->rope_sin_swa);
+        rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, f->c.rope_swa_scaled,
+                        &f->rope_cos_swa, &f->rope_sin_swa);
     return rc;
 }
 
@@ -1367,14 +1377,37 @@ static void softcap(float *x, int n, float c)
         x[i] = c * (2.0f / (1.0f + tp_vexp(-2.0f * (x[i] / c))) - 1.0f);
 }
 
+/* The softmax with an attention sink (gpt-oss): the sink s joins the max
+ * and the denominator, e^(s - max), and weighs no value. */
+static void softmax_sink(float *x, int n, float sink, bool vexp8)
+{
+    float max = sink;
+    for (int i = 0; i < n; i++)
+        if (x[i] > max)
+            max = x[i];
+    if (vexp8) {
+        exp_shifted_avx2(x, n, max);
+    } else {
+        for (int i = 0; i < n; i++)
+            x[i] = tp_vexp(x[i] - max);
+    }
+    float sum = sum8(x, n, false) + tp_vexp(sink - max);
+    for (int i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
 /* Between the scores and the weighted sum: soft-capping, then the softmax
- * over the visible positions [lo, n); the hidden ones weigh 0 (a value
- * times +-0 adds nothing: the sum's bits are those of starting at lo). */
-static void scores_to_weights(const tp_forward *f, float *att, int lo, int n)
+ * over the visible positions [lo, n) (with the head's sink where the
+ * model has them: sink non-NULL); the hidden ones weigh 0 (a value times
+ * +-0 adds nothing: the sum's bits are those of starting at lo). */
+static void scores_to_weights(const tp_forward *f, float *att, int lo, int n, const float *sink)
 {
     if (f->c.attn_softcap)
         softcap(att + lo, n - lo, f->c.attn_softcap);
-    softmax(att + lo, n - lo, f->simd);
+    if (sink)
+        softmax_sink(att + lo, n - lo, *sink, f->simd);
+    else
+        softmax(att + lo, n - lo, f->simd);
     for (int t = 0; t < lo; t++)
         att[t] = 0.0f;
 }
@@ -1393,34 +1426,35 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
     const void **kb = blk, **vb = blk + f->pps;
     head_blocks(f, layer, slot, h / kv_mul, page0, pos + 1, kb, vb);
     const float *qh = q + (size_t)h * hs;
+    const float *sinks = tp_model_get_weights(f->model)->layers[layer].sinks, *sink = sinks ? sinks + h : NULL;
     /* Gemma scales Q instead (attention_block): dividing by 1 is exact */
     float *oh = out + (size_t)h * hs, scale = f->c.attn_scale ? 1.0f : sqrtf((float)hs);
     if (f->kv_type == TP_KV_F16) {
         const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
         if (f->kv16_avx512) {
             tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
-            scores_to_weights(f, att, lo, n);
+            scores_to_weights(f, att, lo, n, sink);
             tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
         } else if (f->kv16_avx2) {
             tp_attn_scores_avx2(att, qh, kb, hs, n, scale, true);
-            scores_to_weights(f, att, lo, n);
+            scores_to_weights(f, att, lo, n, sink);
             tp_attn_weighted_avx2(oh, att, vb, hs, n, true);
         } else {
             tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
-            scores_to_weights(f, att, lo, n);
+            scores_to_weights(f, att, lo, n, sink);
             tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
         }
     } else if (f->avx512) {
         scores(att, qh, (const float *const *)kb, hs, n, scale);
-        scores_to_weights(f, att, lo, n);
+        scores_to_weights(f, att, lo, n, sink);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
     } else if (f->simd) { /* AVX2 */
         tp_attn_scores_avx2(att, qh, kb, hs, n, scale, false);
-        scores_to_weights(f, att, lo, n);
+        scores_to_weights(f, att, lo, n, sink);
         tp_attn_weighted_avx2(oh, att, vb, hs, n, false);
     } else {
         scores_scalar(att, qh, (const float *const *)kb, hs, n, scale);
-        scores_to_weights(f, att, lo, n);
+        scores_to_weights(f, att, lo, n, sink);
         weighted_sum_scalar(oh, att, (const float *const *)vb, hs, n);
     }
 }
@@ -1576,6 +1610,9 @@ static void attention_block(tp_forward *f, int l, int T)
             s->xb[i] *= 1.0f / (1.0f + tp_vexp(-f->gate[i]));
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->q_dim, T, s->proj,
                  c->dim);
+    if (lw->bo) /* gpt-oss: the output projection's bias */
+        for (int t = 0; t < T; t++)
+            add_rows(s->proj + t * d, lw->bo, d);
     if (c->post_norms) /* Gemma: the attention's output normed before the residual add */
         for (int t = 0; t < T; t++)
             rmsnorm(s->proj + t * d, s->proj + t * d, lw->rms_att_post, c->dim, c->norm_eps);

@@ -8,6 +8,7 @@
 #include "vexp.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,8 @@ typedef struct exp_mat {
 
 typedef struct moe_layer {
     exp_mat router, gate, up, down;
+    /* gpt-oss's biases (model.h), else NULL */
+    const float *br, *b_gate, *b_up, *b_down;
     exp_mat sh_gate, sh_up, sh_down; /* the shared expert (n 1), when shexp_ff */
     const float *sh_vec;             /* [dim] its sigmoid gate's weights */
 } moe_layer;
@@ -37,6 +40,8 @@ typedef struct moe_layer {
 struct tp_moe {
     const tp_model *model;
     int dim, ne, k, ff, max_tok;
+    bool topk_softmax; /* gpt-oss's gating (model.h's moe_softmax_topk) */
+    bool oai;          /* swiglu_oai, not SwiGLU */
     moe_layer *layers;
     tp_qact qx[2];  /* the router's / gate and up's input by kind: [T * k][dim] */
     tp_qact qd[2];  /* down's input by kind: [T * k][ff] */
@@ -117,6 +122,8 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
     m->k = c->n_expert_used;
     m->ff = c->expert_ff;
     m->max_tok = max_tokens;
+    m->topk_softmax = c->moe_softmax_topk;
+    m->oai = c->ffn_act == TP_FFN_SWIGLU_OAI;
     m->sff = c->shexp_ff;
     size_t T = (size_t)max_tokens, R = T * (size_t)m->k, d = (size_t)m->dim, ff = (size_t)m->ff;
     size_t ne = (size_t)m->ne;
@@ -127,6 +134,10 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
     for (int l = 0; !rc && l < c->n_layers; l++) {
         const tp_layer_weights *lw = &w->layers[l];
         moe_layer *L = &m->layers[l];
+        L->br = lw->br;
+        L->b_gate = lw->b1_exps;
+        L->b_up = lw->b3_exps;
+        L->b_down = lw->b2_exps;
         rc = mat_init(&L->router, &lw->m.wr, 1, panels, model);
         if (!rc) rc = mat_init(&L->gate, lw->w1_exps, m->ne, panels, model);
         if (!rc) rc = mat_init(&L->up, lw->w3_exps, m->ne, panels, model);
@@ -261,8 +272,40 @@ static void router_rows(void *arg, int r0, int r1, int worker)
 
 /* Softmax over the experts (e^x by tp_vexp, the sum in index order), the
  * top k by probability (ties: the lower index), their weights renormalised. */
+/* The top k router logits (ties: the lower index), then their softmax
+ * alone (gpt-oss: llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT),
+ * e^x by tp_vexp and the sum in rank order. */
+static void route_token_topk(tp_moe *m, int t)
+{
+    const float *p = m->logits + (size_t)t * (size_t)m->ne;
+    int *sel = m->sel + (size_t)t * (size_t)m->k;
+    float *wt = m->wt + (size_t)t * (size_t)m->k;
+    for (int r = 0; r < m->k; r++) {
+        int best = -1;
+        for (int e = 0; e < m->ne; e++) {
+            bool taken = false;
+            for (int q = 0; q < r && !taken; q++)
+                taken = sel[q] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        sel[r] = best;
+    }
+    float max = p[sel[0]], sum = 0;
+    for (int r = 0; r < m->k; r++) {
+        wt[r] = tp_vexp(p[sel[r]] - max);
+        sum += wt[r];
+    }
+    for (int r = 0; r < m->k; r++)
+        wt[r] /= sum;
+}
+
 static void route_token(tp_moe *m, int t)
 {
+    if (m->topk_softmax) {
+        route_token_topk(m, t);
+        return;
+    }
     float *p = m->logits + (size_t)t * (size_t)m->ne;
     int *sel = m->sel + (size_t)t * (size_t)m->k;
     float *wt = m->wt + (size_t)t * (size_t)m->k;
@@ -363,6 +406,25 @@ __attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const fl
     swiglu_scalar(g + i, u + i, out + i, n - i);
 }
 
+/* ggml's swiglu_oai (gpt-oss): the gate clamped above at 7, the up to
+ * [-7, 7]; out = g / (1 + e^(-1.702 g)) * (u + 1), e^x by tp_vexp. */
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
+static void swiglu_oai(const float *g, const float *u, float *out, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float x = fminf(g[i], OAI_LIMIT), y = fminf(fmaxf(u[i], -OAI_LIMIT), OAI_LIMIT);
+        float glu = x / (1.0f + tp_vexp(OAI_ALPHA * -x));
+        out[i] = glu * (y + 1.0f);
+    }
+}
+
+static void add_bias(float *y, const float *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += b[i];
+}
+
 /* The piece [lo, hi) of active expert i's rows (of rows) that job rows
  * [r0, r1) cover; false when none. */
 static bool piece(const tp_moe *m, int i, int rows, int r0, int r1, int *lo, int *hi)
@@ -388,9 +450,15 @@ static void up_rows(void *arg, int r0, int r1, int worker)
         mat_rows(&j->L->gate, e, m->xg, m->dim, m->qx, t0, n, h, 2 * ff, lo, hi, j->r);
         mat_rows(&j->L->up, e, m->xg, m->dim, m->qx, t0, n, h + ff, 2 * ff, lo, hi, j->r);
         for (int g = 0; g < n; g++) {
-            const float *hg = h + (size_t)g * 2 * (size_t)ff;
+            float *hg = h + (size_t)g * 2 * (size_t)ff;
             float *ag = m->a + (size_t)(t0 + g) * (size_t)ff;
-            if (j->r->simd)
+            if (j->L->b_gate) /* gpt-oss's biases, row by row */
+                add_bias(hg + lo, j->L->b_gate + (size_t)e * (size_t)ff + lo, hi - lo);
+            if (j->L->b_up)
+                add_bias(hg + ff + lo, j->L->b_up + (size_t)e * (size_t)ff + lo, hi - lo);
+            if (m->oai)
+                swiglu_oai(hg + lo, hg + ff + lo, ag + lo, hi - lo);
+            else if (j->r->simd)
                 swiglu_avx2(hg + lo, hg + ff + lo, ag + lo, hi - lo);
             else
                 swiglu_scalar(hg + lo, hg + ff + lo, ag + lo, hi - lo);
@@ -408,8 +476,10 @@ static void down_rows(void *arg, int r0, int r1, int worker)
         if (!piece(m, i, m->dim, r0, r1, &lo, &hi))
             continue;
         int e = m->active[i], t0 = m->off[e];
-        mat_rows(&j->L->down, e, m->a, m->ff, m->qd, t0, m->cnt[e], m->y + (size_t)t0 * (size_t)m->dim, m->dim, lo,
-                 hi, j->r);
+        float *y = m->y + (size_t)t0 * (size_t)m->dim;
+        mat_rows(&j->L->down, e, m->a, m->ff, m->qd, t0, m->cnt[e], y, m->dim, lo, hi, j->r);
+        for (int g = 0; j->L->b_down && g < m->cnt[e]; g++)
+            add_bias(y + (size_t)g * (size_t)m->dim + lo, j->L->b_down + (size_t)e * (size_t)m->dim + lo, hi - lo);
     }
 }
 
@@ -517,6 +587,8 @@ void tp_moe_ffn(tp_moe *m, const tp_moe_run *r, int l, const float *x, int T, fl
     router_job rj = {m, &L->router, x, T, r};
     prepare(&L->router, m->qx, x, T, m->dim);
     tp_pool_run(r->pool, m->ne, align_of(&L->router), parts_for(r, (double)m->ne * d * T), router_rows, &rj);
+    for (int t = 0; L->br && t < T; t++) /* gpt-oss: the router's bias */
+        add_bias(m->logits + (size_t)t * (size_t)m->ne, L->br, m->ne);
     for (int t = 0; t < T; t++)
         route_token(m, t);
     group(m, x, T);

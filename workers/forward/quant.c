@@ -292,6 +292,7 @@ static tp_qunpack_fn unpack_fn(uint32_t type, bool *has_min)
     case TP_GGML_Q4_K: return tp_qunpack_q4_k;
     case TP_GGML_Q5_K: return tp_qunpack_q5_k;
     case TP_GGML_Q6_K: return tp_qunpack_q6_k;
+    case TP_GGML_MXFP4: return tp_qunpack_mxfp4;
     default: return NULL;
     }
 }
@@ -1501,6 +1502,12 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             return;
         }
         break;
+    case TP_GGML_MXFP4: /* the file's blocks on AVX2 and AVX-512 CPUs alike */
+        if (simd && have_avx2()) {
+            tp_qrows_mxfp4_avx2(w, a, y, ldy, r0, r1);
+            return;
+        }
+        break;
     default:
         return;
     }
@@ -1559,6 +1566,7 @@ void tp_quant_row(uint32_t type, const float *x, int n, void *out)
     case TP_GGML_Q4_K: tp_quantize_q4_k(x, n, o); return;
     case TP_GGML_Q5_K: tp_quantize_q5_k(x, n, o); return;
     case TP_GGML_Q6_K: tp_quantize_q6_k(x, n, o); return;
+    case TP_GGML_MXFP4: tp_quantize_mxfp4(x, n, o); return;
     default: return;
     }
 }
@@ -1701,6 +1709,8 @@ static size_t rows8_block_bytes(uint32_t type)
 /* False for a matrix without a panel on this CPU. */
 static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
 {
+    if (w->type == TP_GGML_MXFP4) /* its kernel reads the file (quant_mxfp4.c) */
+        return false;
     if (!have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;

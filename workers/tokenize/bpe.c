@@ -33,6 +33,16 @@
 #define RE_LLAMA3_TAIL(digits)                                                                  \
     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" digits "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS \
     "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+/* o200k (gpt-4o, gpt-oss; llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O): words
+ * as an optional non-letter, upper/title-case letters then lower-case
+ * ones (or the other way round), a contraction in either case; digits by
+ * three; punctuation runs with their newlines or slashes. */
+#define RE_O200K_UP "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
+#define RE_O200K_LO "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+#define RE_O200K                                                                                        \
+    "[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "*" RE_O200K_LO "+" RE_CONTRACTIONS_CI "?"                      \
+    "|[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "+" RE_O200K_LO "*" RE_CONTRACTIONS_CI "?"                     \
+    "|\\p{N}{1,3}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
 /* CJK ideographs, U+0800..U+4E00 and Hangul, minus whitespace. */
 #define RE_CJK "(?:(?![" WS "])[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}])+"
 
@@ -43,6 +53,7 @@ struct rules {
 
 static const struct rules RULES[] = {
     {"gpt2", {RE_GPT2}},
+    {"gpt-4o", {RE_O200K}},
     {"llama3", {RE_CONTRACTIONS_CI RE_LLAMA3_TAIL("{1,3}")}},
     {"qwen2", {RE_CONTRACTIONS_CI RE_LLAMA3_TAIL("")}},
     /* Qwen 3.5 (its tokenizer.json): qwen2's, with combining marks
@@ -97,6 +108,7 @@ static const struct {
     {"minerva-7b", "starcoder", false}, {"qwen2", "qwen2", false},
     {"qwen35", "qwen35", false},
     {"stablelm2", "qwen2", false},      {"megrez", "qwen2", false},
+    {"gpt-4o", "gpt-4o", false},        {"llama4", "gpt-4o", false},
 };
 
 struct tp_pretok {
@@ -153,7 +165,7 @@ int tp_pretok_new(const char *name, size_t len, tp_pretok **out, bool *ignore_me
     if (!r)
         return tp_err_set(err, TP_EFORMAT,
                           "tokenizer.ggml.pre '%.*s' is not a known pre-tokenizer (known: gpt-2, "
-                          "llama-bpe, qwen2, qwen35, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, "
+                          "llama-bpe, qwen2, qwen35, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, gpt-4o, "
                           "default and their llama.cpp aliases)",
                           (int)(len > 64 ? 64 : len), name);
     tp_pretok *p = calloc(1, sizeof *p);

@@ -32,6 +32,8 @@ static const char *const EOG_TEXTS[] = {
     /* fill-in-the-middle padding/repo/file separators end generation too */
     "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
     "<|file_sep|>",
+    /* gpt-oss's harmony: a final answer, a tool call */
+    "<|return|>", "<|call|>",
 };
 static const char *const EOT_TEXTS[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
@@ -259,6 +261,38 @@ static bool has_id(const int32_t *ids, int n, int32_t id)
     return false;
 }
 
+/* A harmony vocabulary (gpt-oss: <|return|>, <|call|> and <|end|> end a
+ * turn): as llama.cpp's load_vocab does, <|end|> ends a message, not the
+ * generation (the analysis channel ends with it, then the answer comes),
+ * and it and the frame's other tokens (<|channel|>, <|message|>,
+ * <|start|>, <|constrain|>) render as their text, user-defined, for the
+ * splitter (workers/toolcall/harmony.c) to read. */
+static void harmony_frame(tp_tokenizer *t, const tp_vocab_spec *v)
+{
+    int end = -1, ret = -1, call = -1;
+    for (int i = 0; i < t->n_eog; i++) {
+        int id = t->eog[i];
+        end = piece_is(v, id, "<|end|>") ? id : end;
+        ret = piece_is(v, id, "<|return|>") ? id : ret;
+        call = piece_is(v, id, "<|call|>") ? id : call;
+    }
+    if (end < 0 || ret < 0 || call < 0 || end == t->eos)
+        return;
+    int k = 0;
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] != end)
+            t->eog[k++] = t->eog[i];
+    t->n_eog = k;
+    static const char *const frame[] = {"<|end|>", "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+    for (int id = 0; id < t->n; id++)
+        for (size_t f = 0; f < sizeof frame / sizeof frame[0]; f++)
+            if (piece_is(v, id, frame[f])) {
+                t->type[id] = TP_TOKEN_USER_DEFINED;
+                t->bytes[id] = (const uint8_t *)(t->blob + t->off[id]);
+                t->nbytes[id] = t->len[id];
+            }
+}
+
 /* The end-of-generation set, as llama.cpp builds it: eos, eot (named or
  * found by text), eom, and every token whose text marks an end of turn;
  * those text-found tokens become control tokens whatever the file says. */
@@ -286,6 +320,7 @@ static int build_eog(tp_tokenizer *t, const tp_vocab_spec *v, tp_err *err)
             break;
         }
     }
+    harmony_frame(t, v);
     for (int i = 0; i < t->n_eog; i++)
         if (t->type[t->eog[i]] == TP_TOKEN_NORMAL || t->type[t->eog[i]] == TP_TOKEN_USER_DEFINED) {
             t->type[t->eog[i]] = TP_TOKEN_CONTROL;

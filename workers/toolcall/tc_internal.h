@@ -79,6 +79,10 @@ typedef struct tc_family_def {
     tc_parse_fn parse;
     int id_len;                   /* 0: "call_" + 24; else exactly this many [A-Za-z0-9] (Mistral) */
     const char *think_open, *think_close; /* its thinking's markers (NULL: <think> and </think>) */
+    bool channels;                /* the output is framed in the family's messages (gpt-oss's
+                                   * harmony): its strip texts are dropped even without tools */
+    bool exact_space;             /* the grammar keeps its markers' spaces as written (harmony's
+                                   * headers: "commentary to=" is one space, never none) */
     const char *trigger;          /* where tool_choice auto's lazy grammar starts (NULL: markers[0]) */
     bool tools_as_functions;      /* its template reads `functions` (the tools as JSON text) and
                                    * `datetime` beside `tools` (Firefunction v2) */
