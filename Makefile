@@ -149,6 +149,10 @@ $(BUILD)/tests/test_oai: $(BUILD)/obj/tests/test_oai.o $(call obj,http/oai.c htt
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
+$(BUILD)/tests/test_rstore: $(BUILD)/obj/tests/test_rstore.o $(call obj,http/rstore.c) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
 $(BUILD)/tests/test_anthropic: $(BUILD)/obj/tests/test_anthropic.o $(call obj,http/anthropic.c http/oai.c http/lp.c) \
 		$(LIB)
 	@mkdir -p $(dir $@)

@@ -148,3 +148,37 @@ void tp_buf_free(tp_buf *b)
     b->len = b->cap = 0;
     b->err = 0;
 }
+
+size_t tp_json_escape(uint8_t c, char out[6])
+{
+    static const char hex[] = "0123456789abcdef";
+    const char *named = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f"
+                      : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+    if (named) {
+        memcpy(out, named, 2);
+        return 2;
+    }
+    if (c >= 0x20)
+        return 0;
+    memcpy(out, "\\u00", 4);
+    out[4] = hex[c >> 4];
+    out[5] = hex[c & 15];
+    return 6;
+}
+
+int tp_buf_json_str(tp_buf *b, const char *s, size_t n)
+{
+    tp_buf_add(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        char e[6];
+        size_t k = tp_json_escape((uint8_t)s[i], e);
+        if (k) {
+            tp_buf_add(b, s + run, i - run);
+            tp_buf_add(b, e, k);
+            run = i + 1;
+        }
+    }
+    tp_buf_add(b, s + run, n - run);
+    return tp_buf_add(b, "\"", 1);
+}

@@ -30,6 +30,7 @@ const char *const tp_config_kernel_names[] = {"invariant", "openblas", NULL};
 const char *const tp_config_kv_type_names[] = {"f32", "f16", NULL};
 /* tp_spec_mode's names, in its order (test_config checks them) */
 const char *const tp_config_spec_mode_names[] = {"off", "ngram", "draft", NULL};
+const char *const tp_config_standby_roles[] = {"none", "primary", "backup", NULL};
 
 #define OFF(f) offsetof(tp_config, f)
 #define KI(p, f, lo, hi) {p, K_INT, OFF(f), lo, hi, 0, 0, NULL}
@@ -114,6 +115,14 @@ static const struct key keys[] = {
     KS("security.client_keys", client_keys),
     KS("security.worker_keys", worker_keys),
     KS("security.client_secret_key", client_secret_key),
+    KE("standby.role", standby_role, tp_config_standby_roles),
+    KS("standby.state", standby_state),
+    KS("standby.peer_state", standby_peer_state),
+    KI("standby.failover_ms", standby_failover_ms, 100, 600000),
+    KS("standby.peer_front", peer_front),
+    KS("standby.peer_back", peer_back),
+    KS("standby.peer_events", peer_events),
+    KS("standby.peer_publish", peer_publish),
     KB("http.enabled", http_enabled),
     KS("http.listen", http_listen),
     KI("http.port", http_port, 1, 65535),
@@ -122,6 +131,8 @@ static const struct key keys[] = {
     KI("http.max_connections", http_max_connections, 1, 65536),
     KI("http.max_body_bytes", http_max_body_bytes, 1024, 64 << 20),
     KI("http.timeout_ms", http_timeout_ms, 100, 600000),
+    KI("http.responses_max_count", http_responses_max_count, 0, 1 << 20),
+    KI("http.responses_max_bytes", http_responses_max_bytes, 0, 1 << 30),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -151,6 +162,8 @@ static const struct { size_t off; const char *v; } str_fields[] = {
     {OFF(tokenizer_path), "../shared/models/tok512.bin"}, {OFF(chat_template_path), ""}, {OFF(worker_binary), ""},
     {OFF(server_secret_key), ""}, {OFF(server_public_key), ""}, {OFF(authorized_keys), ""},
     {OFF(client_secret_key), ""}, {OFF(client_keys), ""}, {OFF(worker_keys), ""},
+    {OFF(standby_state), ""}, {OFF(standby_peer_state), ""}, {OFF(peer_front), ""}, {OFF(peer_back), ""},
+    {OFF(peer_events), ""}, {OFF(peer_publish), ""},
     {OFF(http_listen), "127.0.0.1"}, {OFF(http_api_key_file), ""}, {OFF(http_model_name), ""},
     {OFF(spec_draft_model), ""},
 };
@@ -218,11 +231,14 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->reconnect_init_ms = 100;
     cfg->reconnect_max_ms = 8000;
     cfg->drain_timeout_ms = 10000;
+    cfg->standby_failover_ms = 2000;
     cfg->http_enabled = true;
     cfg->http_port = 8080;
     cfg->http_max_connections = 256;
     cfg->http_max_body_bytes = 8 << 20;
     cfg->http_timeout_ms = 10000;
+    cfg->http_responses_max_count = 1024;
+    cfg->http_responses_max_bytes = 64 << 20;
     cfg->recovery_deadline_ms = 30000;
     cfg->step_timeout_s = 30;
     cfg->step_timeout_factor = 20;
@@ -610,6 +626,9 @@ int tp_config_resolve(tp_config *cfg, tp_err *err)
         (rc = resolve_ep(&cfg->ep_events, cfg->runtime_dir, "events", err)) ||
         (rc = resolve_ep(&cfg->ep_publish, cfg->runtime_dir, "publish", err)))
         return rc;
+    if (cfg->standby_role && (!*cfg->standby_state || !*cfg->standby_peer_state))
+        return tp_err_set(err, TP_EINVAL, "standby.role %s needs standby.state and standby.peer_state",
+                          tp_config_standby_roles[cfg->standby_role]);
     return 0;
 }
 
@@ -658,6 +677,18 @@ out:
     if (rc)
         tp_config_free(cfg);
     return rc;
+}
+
+int tp_config_find(const char *path, tp_config *cfg, const char **used, tp_err *err)
+{
+    if (!path && access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
+        path = TP_CONFIG_DEFAULT_PATH;
+    if (used)
+        *used = path;
+    if (path)
+        return tp_config_load(path, cfg, err);
+    int rc = tp_config_defaults(cfg, err);
+    return rc ? rc : tp_config_resolve(cfg, err);
 }
 
 int tp_config_load(const char *path, tp_config *cfg, tp_err *err)

@@ -33,6 +33,8 @@ static void dispatch_tokenize(broker *b, bjob *j)
     m.tokenize.messages = j->messages;
     m.tokenize.n_messages = j->n_messages;
     m.tokenize.tools = j->tools;
+    if (j->reasoning_effort[0])
+        m.tokenize.reasoning_effort = tp_str_of(j->reasoning_effort);
     if (out_worker(b, wi, &m))
         return;   /* it is marked gone: lost at the next safe point, the prompt goes elsewhere */
     j->tok_worker = wi;

@@ -13,6 +13,7 @@
 #include "route.h"
 #include "sched.h"
 #include "spawn.h"
+#include "standby.h"
 #include "step.h"
 
 #include <errno.h>
@@ -127,6 +128,8 @@ static void reap(broker *b)
  * quiet broker from a dead or restarted one by it. */
 static void publish_beat(broker *b)
 {
+    if (!standby_serving(b))
+        return;   /* a passive broker is silent: subscribers hear the active one */
     tp_msg ev;
     tp_msg_init(&ev, TP_FAM_EVT, TP_CMD_HEARTBEAT);
     ev.beat.incarnation = b->incarnation;
@@ -251,6 +254,7 @@ static int load_model_ref(broker *b, tp_err *err)
     snprintf(b->model_id, sizeof b->model_id, "%s", tp_model_identity(m));
     b->model_vocab = (uint32_t)mc->vocab_size;
     b->model_seq_len = (uint32_t)mc->seq_len;
+    b->model_hybrid = mc->full_attn_interval > 0;
     tp_model_free(m);
     return 0;
 }
@@ -283,6 +287,8 @@ int broker_init(broker *b, tp_config *cfg, tp_err *err)
         !(b->xsub = make_socket(b, ZMQ_XSUB, cfg->ep_publish, TP_ZSEC_WORKER, err, &rc)) ||
         !(b->xpub = make_socket(b, ZMQ_XPUB, cfg->ep_events, TP_ZSEC_CLIENT, err, &rc)))
         return rc;
+    if ((rc = standby_open(b, err)))
+        return rc;
     /* A worker's connection closing is seen at once: the monitor reports
      * the disconnect (without saying whose), and the broker then probes
      * every worker until the ROUTER refuses the dead one (EHOSTUNREACH). */
@@ -308,6 +314,7 @@ void broker_free(broker *b)
     for (size_t i = 0; i < 4; i++)
         if (socks[i])
             zmq_close(socks[i]);
+    standby_close(b);
     info_free(b);
     tp_zsec_server_free(b->zsec);
     if (b->zctx)
@@ -360,9 +367,19 @@ static void on_event(broker *b, tp_zmsg *z)
         tp_msg_clear(&m);
         return;
     }
-    for (size_t i = 0; i < z->n; i++)
-        zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
-                 ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
+    if (m.cmd == TP_CMD_FINISH) {
+        /* how much of the prompt came from a prefix cache is the broker's
+         * to say (step.c sums what the forward workers reported): the
+         * one field of a FINISH the stop worker does not know */
+        const bjob *fj = jobs_find(&b->jt, m.finish.job_id.ptr, m.finish.job_id.len);
+        m.finish.cached_tokens = fj ? fj->cached : 0;
+        if (tp_zsend_msg(b->xpub, NULL, 0, &m, &e))
+            blog("job %.*s: FINISH not published: %s", (int)m.finish.job_id.len, m.finish.job_id.ptr, e.msg);
+    } else {
+        for (size_t i = 0; i < z->n; i++)
+            zmq_send(b->xpub, z->f[i].len ? z->f[i].data : "", z->f[i].len,
+                     ZMQ_DONTWAIT | (i + 1 < z->n ? ZMQ_SNDMORE : 0));
+    }
     b->stats.events_published++;
     const bjob *j = NULL;
     int64_t resumed = jobs_on_event(&b->jt, &m, &j);
@@ -384,6 +401,14 @@ static void on_backend(broker *b, tp_zmsg *z)
         recover_worker_lost(b, wi, "it disconnected", true);
         break;
     case REG_READY:
+        if (!standby_serving(b)) {   /* a passive broker: the worker tries the other one */
+            tp_msg d;
+            tp_msg_init(&d, TP_FAM_WRK, TP_CMD_DISCONNECT);
+            d.disconnect.reason = tp_str_of(TP_STANDBY_PASSIVE_ERROR);
+            tp_err e;
+            tp_zsend_msg(b->back, &z->f[0], 1, &d, &e);
+            break;
+        }
         if (wi >= 0)
             recover_worker_lost(b, wi, "it registered again", false);
         if (registry_on_ready(b, &z->f[0], &m.ready))
@@ -462,22 +487,40 @@ static void say_status(broker *b)
     sd_notify(0, st);
 }
 
+/* DISCONNECT to every worker (they register anew, here or elsewhere). */
+static void disconnect_workers(broker *b, const char *why)
+{
+    for (int i = 0; i < B_MAX_WORKERS; i++)
+        if (b->workers[i].live) {
+            tp_msg m;
+            tp_msg_init(&m, TP_FAM_WRK, TP_CMD_DISCONNECT);
+            m.disconnect.reason = tp_str_of(why);
+            out_worker(b, i, &m);
+        }
+    flush(b);
+}
+
 int broker_run(broker *b)
 {
     sd_notify(0, "READY=1\nSTATUS=broker ready, waiting for workers");
     blog("listening: front %s, back %s, events %s, publish %s", b->cfg->ep_front, b->cfg->ep_back,
                b->cfg->ep_events, b->cfg->ep_publish);
     int64_t last_tick = 0, last_status = 0;
+    bool serving = standby_serving(b);
     publish_beat(b);
     while (!b->done) {
         if (*b->quit && !b->draining)
             start_drain(b);
-        zmq_pollitem_t it[6] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
+        zmq_pollitem_t it[7] = {{b->front, 0, ZMQ_POLLIN, 0}, {b->back, 0, ZMQ_POLLIN, 0},
                                 {b->xsub, 0, ZMQ_POLLIN, 0}, {b->xpub, 0, ZMQ_POLLIN, 0},
                                 {b->back_mon, 0, ZMQ_POLLIN, 0},
-                                {tp_zsec_server_socket(b->zsec), 0, ZMQ_POLLIN, 0}};
+                                {tp_zsec_server_socket(b->zsec), 0, ZMQ_POLLIN, 0},
+                                {standby_socket(b), 0, ZMQ_POLLIN, 0}};
+        if (!b->zsec)
+            it[5] = it[6];
         bool probing = tp_now_ms() < b->probe_until;
-        int n = zmq_poll(it, b->zsec ? 6 : 5, probing ? 5 : b->beat_asked ? B_BEAT_MIN_GAP_MS : 50);
+        int n = zmq_poll(it, 5 + (b->zsec != NULL) + (b->standby != NULL),
+                         probing ? 5 : b->beat_asked ? B_BEAT_MIN_GAP_MS : 50);
         if (n < 0 && errno != EINTR)
             break;
         /* events first: a lost stop worker's last events are then known
@@ -489,7 +532,7 @@ int broker_run(broker *b)
                 drain_socket(b, it[i].socket, i);
         if (n > 0 && (it[4].revents & ZMQ_POLLIN))
             on_monitor(b);
-        if (n > 0 && (it[5].revents & ZMQ_POLLIN))
+        if (n > 0 && b->zsec && (it[5].revents & ZMQ_POLLIN))
             tp_zsec_server_handle(b->zsec);
         if (probing)
             probe_workers(b);
@@ -518,6 +561,14 @@ int broker_run(broker *b)
                 b->trimmed = true;
             }
         }
+        standby_tick(b, now);
+        if (serving != standby_serving(b)) {
+            serving = !serving;
+            if (serving)
+                publish_beat(b);   /* subscribers hear the new active broker at once */
+            else
+                disconnect_workers(b, TP_STANDBY_PASSIVE_ERROR);   /* they go to the active one */
+        }
         beat_tick(b, now);
         if (now - last_status >= 5000) {
             last_status = now;
@@ -525,14 +576,7 @@ int broker_run(broker *b)
         }
     }
     /* tell every worker, then stop the processes we started */
-    for (int i = 0; i < B_MAX_WORKERS; i++)
-        if (b->workers[i].live) {
-            tp_msg m;
-            tp_msg_init(&m, TP_FAM_WRK, TP_CMD_DISCONNECT);
-            m.disconnect.reason = tp_str_of("broker shutting down");
-            out_worker(b, i, &m);
-        }
-    flush(b);
+    disconnect_workers(b, "broker shutting down");
     if (b->spawn)
         spawn_stop_all(b, 3000);
     blog("stopped");

@@ -14,6 +14,7 @@
 #include "pin.h"
 #include "registry.h"
 #include "sched.h"
+#include "standby.h"
 #include "grammar_admit.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/stop.h"
@@ -310,8 +311,8 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
     p->grammar = p->json_schema = (tp_str){0};
     p->json_mode = false;
     if (j->gbnf) {
-        p->grammar = (tp_str){j->gbnf, strlen(j->gbnf)};
-        p->set |= TP_P_GRAMMAR;
+        p->gbnf = (tp_str){j->gbnf, strlen(j->gbnf)};
+        p->set |= TP_P_GBNF;
     }
     p->grammar_trigger = tp_str_of(j->gtrigger);
     /* the request's frames go away: the mode becomes one of our literals */
@@ -324,11 +325,15 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
         p->seed = tp_random_u64();
         p->set |= TP_P_SEED;
     }
+    j->embed = s->embed.ptr ? (uint8_t)tp_pool_parse(s->embed) : 0;
     if (s->n_messages) {
         if (tp_chat_msgs_dup(s->messages, s->n_messages, s->tools, &j->messages, &j->tools))
             return TP_ENOMEM;
         j->n_messages = s->n_messages;
         j->prompt_len = 0;
+        if (s->reasoning_effort.ptr) /* the protocol checked it is one of three words */
+            snprintf(j->reasoning_effort, sizeof j->reasoning_effort, "%.*s", (int)s->reasoning_effort.len,
+                     s->reasoning_effort.ptr);
         chat_output(p, s);
     } else if ((s->prompt.ptr != NULL)) {
         if (!(j->prompt_text = malloc(s->prompt.len + 1)))
@@ -358,13 +363,16 @@ static void on_submit(broker *b, const reply_to *to, const tp_msg *m)
     tp_err ge;
     tp_gnames gn;
     info_gnames(b, &gn);
-    if (s->params.grammar_trigger.ptr)
+    if (s->params.gbnf.ptr)
+        bad(&v, TP_ST_BAD_REQUEST, "params.gbnf", "params.gbnf: set by the broker (what params.grammar, json_schema, "
+            "json_mode or tool_choice compile to), not by producers");
+    else if (s->params.grammar_trigger.ptr)
         bad(&v, TP_ST_BAD_REQUEST, "params.grammar_trigger", "params.grammar_trigger: set by the broker (tool_choice "
             "\"auto\"), not by producers");
     else if (check_submit(b, s, &v) &&
-             ((s->tools.ptr && grammar_admit_tools(b->cfg, &gn, info_tool_family(b), info_think_open(b), s, &gbnf,
+             ((s->tools.ptr && grammar_admit_tools(b->cfg, &gn, &b->gmemo, info_tool_family(b), info_think_open(b), s, &gbnf,
                                                    &trigger, gfield, sizeof gfield, &ge)) ||
-              (!gbnf && grammar_admit(b->cfg, &gn, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
+              (!gbnf && grammar_admit(b->cfg, &gn, &b->gmemo, &s->params, &gbnf, gfield, sizeof gfield, &ge))))
         bad(&v, ge.code == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, gfield, "%s", ge.msg);
     if (v.status) {
         b->stats.jobs_rejected++;
@@ -594,6 +602,18 @@ void front_on_message(broker *b, const tp_frame *frames, size_t n, bool too_many
         r.status = m.status ? m.status : TP_ST_BAD_REQUEST;
         r.error = tp_str_of(e.msg[0] ? e.msg : "malformed request");
         r.ack.field = tp_str_of(m.bad_field[0] ? m.bad_field : NULL);
+        reply(b, &to, &r);
+        tp_msg_clear(&m);
+        return;
+    }
+    if ((m.cmd == TP_CMD_SUBMIT || m.cmd == TP_CMD_CANCEL || m.cmd == TP_CMD_STATUS) && !standby_client_request(b)) {
+        /* Binary Star: a passive broker refuses, so the client tries the
+         * other one (PROTOCOL.md "Standby broker") */
+        tp_msg r;
+        tp_msg_init(&r, TP_FAM_JOB, TP_CMD_ERROR);
+        r.req = m.req;
+        r.status = TP_ST_UNAVAILABLE;
+        r.error = tp_str_of(TP_STANDBY_PASSIVE_ERROR);
         reply(b, &to, &r);
         tp_msg_clear(&m);
         return;

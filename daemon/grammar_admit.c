@@ -18,20 +18,40 @@ static void schema_opts(const tp_config *c, tp_jschema_opts *o)
 
 /* Compile once so that a grammar past the engine's limits, or naming a
  * token the model lacks, is refused now (never at generation). */
-static int compile_check(const tp_config *c, const tp_gnames *names, const char *gbnf, tp_err *e)
+static uint64_t fnv1a(const char *s, size_t n, uint64_t h)
 {
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int compile_check(const tp_config *c, const tp_gnames *names, grammar_memo *memo, const char *gbnf, tp_err *e)
+{
+    size_t len = strlen(gbnf);
+    uint64_t h1 = fnv1a(gbnf, len, 0xcbf29ce484222325ull), h2 = fnv1a(gbnf, len, 0x84222325cbf29ce4ull);
+    for (size_t i = 0; i < GRAMMAR_MEMO_SIZE; i++)
+        if (memo->e[i].len == len && memo->e[i].h1 == h1 && memo->e[i].h2 == h2 && len) {
+            memo->hits++;
+            return 0;
+        }
+    memo->compiles++;
+    int rc = 0;
     tp_grammar_limits gl;
     tp_grammar_limits_from_config(c, &gl, NULL);
     tp_grammar *g = NULL;
-    int rc = tp_grammar_compile(gbnf, strlen(gbnf), &gl, &g, e);
+    rc = tp_grammar_compile(gbnf, len, &gl, &g, e);
     if (!rc && tp_grammar_n_token_refs(g))
         rc = tp_grammar_check_tokens(g, names, NULL, e);
     tp_grammar_free(g);
+    if (!rc) {
+        size_t k = memo->next++ % GRAMMAR_MEMO_SIZE;
+        memo->e[k].h1 = h1, memo->e[k].h2 = h2, memo->e[k].len = len;
+    }
     return rc;
 }
 
-int grammar_admit(const tp_config *c, const tp_gnames *names, const tp_params *p, char **gbnf, char *field,
-                  size_t cap, tp_err *err)
+int grammar_admit(const tp_config *c, const tp_gnames *names, grammar_memo *memo, const tp_params *p, char **gbnf,
+                  char *field, size_t cap, tp_err *err)
 {
     *gbnf = NULL;
     const char *key = NULL;
@@ -55,7 +75,7 @@ int grammar_admit(const tp_config *c, const tp_gnames *names, const tp_params *p
     } else
         return 0;
     if (!rc)
-        rc = compile_check(c, names, *gbnf, &e);
+        rc = compile_check(c, names, memo, *gbnf, &e);
     if (rc) {
         free(*gbnf);
         *gbnf = NULL;
@@ -71,8 +91,9 @@ static bool str_is(tp_str s, const char *lit)
     return s.ptr && s.len == strlen(lit) && !memcmp(s.ptr, lit, s.len);
 }
 
-int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family f, bool think_open,
-                        const tp_m_submit *s, char **gbnf, const char **trigger, char *field, size_t cap, tp_err *err)
+int grammar_admit_tools(const tp_config *c, const tp_gnames *names, grammar_memo *memo, tp_tc_family f,
+                        bool think_open, const tp_m_submit *s, char **gbnf, const char **trigger, char *field,
+                        size_t cap, tp_err *err)
 {
     *gbnf = NULL;
     *trigger = NULL;
@@ -107,7 +128,7 @@ int grammar_admit_tools(const tp_config *c, const tp_gnames *names, tp_tc_family
     tp_tcg_from from = lazy ? TP_TCG_LAZY : after ? TP_TCG_AFTER_THINK : TP_TCG_FIRST;
     int rc = tp_toolcall_grammar(f, s->tools.ptr, s->tools.len, named ? only : NULL, parallel, from, names, &o, gbnf,
                                  &e);
-    if (!rc && (rc = compile_check(c, names, *gbnf, &e)) != 0) {
+    if (!rc && (rc = compile_check(c, names, memo, *gbnf, &e)) != 0) {
         free(*gbnf);
         *gbnf = NULL;
     }

@@ -30,9 +30,11 @@ void guess_init(broker *b, bjob *j)
 uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
 {
     j->n_guess = 0;
-    /* (workers.forward_kernel openblas, 1, cannot verify: its rows depend on the step) */
+    /* (workers.forward_kernel openblas, 1, cannot verify: its rows depend on
+     * the step; nor a hybrid model: its recurrent state cannot roll back past
+     * a step's start, and its forward stage would verify nothing either) */
     if (!j->spec.n_max || j->n_prompt + j->n_cand - j->n_fed != 1 || j->pending < 0 ||
-        b->cfg->forward_kernel != 0)
+        b->cfg->forward_kernel != 0 || b->model_hybrid)
         return 0;
     uint32_t total = j->n_prompt + j->n_cand;
     long left = (long)j->params.max_tokens - (long)j->n_cand - 1;
@@ -56,6 +58,46 @@ uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint
     memcpy(c->ids + j->n_prompt, j->cands, (size_t)j->n_cand * sizeof *c->ids);
     j->n_guess = (uint32_t)tp_ngram_guess(c->ids, total, (size_t)k, j->guess);
     return j->n_guess;
+}
+
+uint32_t guess_running(broker *b, int wi)
+{
+    uint32_t running = 0;
+    for (uint32_t i = 0; i < b->jt.cap; i++)
+        running += b->jt.jobs[i].state == J_RUNNING && b->jt.jobs[i].fwd == wi;
+    return running;
+}
+
+uint32_t guess_item(broker *b, bjob *j, uint32_t n, uint32_t at, bool prefill, uint32_t seq_len, uint32_t running,
+                    uint32_t budget)
+{
+    bcols *c = &b->cols;
+    uint32_t g = prefill ? (j->n_guess = 0) : guess_plan(b, j, seq_len, running, budget);
+    if (g) {
+        memcpy(c->tokens + at, j->guess, g * sizeof *j->guess);
+        c->ntok[n] += g;
+        c->flags[n] |= TP_ITEM_VERIFY;
+    }
+    return g;
+}
+
+bool guess_draft_row(int32_t *d, uint32_t n, uint32_t k, const bjob *j)
+{
+    if (d) {
+        d[k] = j->spec.drafted < INT32_MAX ? (int32_t)j->spec.drafted : INT32_MAX;
+        d[n + k] = j->spec.accepted < INT32_MAX ? (int32_t)j->spec.accepted : INT32_MAX;
+    }
+    return j->spec.n_max > 0;
+}
+
+void guess_draft_cols(tp_m_stop_step *s, int32_t *d, uint32_t n, uint32_t k)
+{
+    if (!d)
+        return;
+    s->draft_tokens = d;
+    s->n_draft_tokens = k;
+    s->draft_accepted = d + n;
+    s->n_draft_accepted = k;
 }
 
 /* A verify item's result: m candidates came for j's guesses (the chain
@@ -86,4 +128,18 @@ bjob *guess_row_job(broker *b, guess_rows *rj, uint32_t slot, uint64_t step, int
     *rj = (guess_rows){0};
     bjob *j = slot == UINT32_MAX ? NULL : jobs_by_slot(&b->jt, slot);
     return j && j->state == J_RUNNING && j->step == step && j->phase == phase ? j : NULL;
+}
+
+void guess_row_seen(guess_rows *rj, bjob *j, int si)
+{
+    rj->j = j;
+    if (rj->got++ == 0)
+        jobs_progress(j, si);
+}
+
+bool guess_sample_row(bcols *c, uint32_t k, const bjob *j, uint32_t *t)
+{
+    *t = k > 0 && c->slots[k - 1] == j->slot ? *t + 1 : 0;
+    c->guess[k] = *t < j->n_guess ? j->guess[*t] : -1;
+    return c->guess[k] >= 0;
 }

@@ -96,6 +96,8 @@ void info_on_ready(broker *b, const tp_m_ready *r)
         memcpy(in->weight_type, b->info->weight_type, sizeof in->weight_type);
     info_free(b);
     b->info = in;
+    /* admission checked token references against the old names */
+    memset(&b->gmemo, 0, sizeof b->gmemo);
 }
 
 bool info_think_open(const broker *b)

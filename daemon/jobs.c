@@ -48,6 +48,7 @@ static void job_clear(bjob *j)
     free(j->matched_buf);
     free(j->job_error);
     joblp_free(j);
+    joblp_cand_free(j);
     jobfields_free(j);
     memset(j, 0, sizeof *j);
 }
@@ -300,6 +301,7 @@ void jobs_mark_finished(bjobs *t, bjob *j)
     j->state = J_FINISHED;
     j->done_ms = tp_now_ms();
     t->n_active--;
+    joblp_cand_free(j);   /* no candidate is sent to a stop worker again */
     if (j->rejected) {
         /* the client's error, found after the ACK: a rejected request,
          * not a job that failed (PROTOCOL.md, jobs_rejected) */

@@ -31,6 +31,7 @@ typedef struct bjob {
     tp_chat_msg *messages;  /* SUBMIT's conversation (one block: tp_chat_msgs_dup), for TOKENIZE */
     size_t n_messages;
     tp_str tools;           /* SUBMIT's tools (in the messages block) */
+    char reasoning_effort[8]; /* SUBMIT's ("low", "medium", "high"; checked), "" none */
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */
@@ -64,6 +65,7 @@ typedef struct bjob {
     char *gbnf;                     /* the job's grammar (params.grammar points here), or NULL */
     const char *gtrigger;           /* static: it applies from this text on (tool_choice auto), or NULL */
     bool cancel;
+    uint8_t embed;                  /* an embedding job: SEQ_OPEN's pool (SUBMIT embed), 0 a generating job */
     int32_t *out;
     uint32_t n_out, cap_out;
     int engine_reason;              /* from VERDICTS, before the FINISH event */
@@ -95,6 +97,7 @@ typedef struct bjob {
                                      * error_code; STATS counts it in jobs_rejected), NULL if none */
     uint32_t context_refused;       /* with TP_CODE_CONTEXT: the model's context length (FINISH) */
     struct joblp *lp;               /* logprobs its TOKEN events carried, for STATUS (joblp.c) */
+    struct jobclp *clp;             /* logprobs the sampler sent with its candidates (joblp.c) */
     struct jobfields *fields;       /* reasoning and calls its events carried, for STATUS (jobfields.c) */
     uint64_t t_last_token_us;       /* metrics: arrival of its last TOKEN event */
 } bjob;
@@ -173,6 +176,15 @@ void jobs_progress(bjob *j, int si);
 void joblp_on_token(bjob *j, const tp_m_token *t);
 tp_lp_cols joblp_status(const bjob *j, size_t n_tokens);
 void joblp_free(bjob *j);
+/* The row `row` of lp, the sampler's for j's candidate `index`: kept (jobs
+ * that asked for logprobs only) so a candidate sent to a new stop worker
+ * carries it again. */
+void joblp_on_candidate(bjob *j, uint32_t index, const tp_lp_cols *lp, size_t row);
+/* The kept rows of candidates [from, to) (a NaN logprob where none came),
+ * borrowed until the next joblp_on_candidate; no frames when the last has
+ * none. */
+tp_lp_cols joblp_candidates(const bjob *j, uint32_t from, uint32_t to);
+void joblp_cand_free(bjob *j);
 
 /* jobfields.c: the reasoning and tool calls a job's events carried */
 void jobfields_on_token(bjob *j, const tp_m_token *t);

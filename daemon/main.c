@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "tokpipe/proc.h"
 #include "spawn.h"
 
 static volatile sig_atomic_t g_quit;
@@ -36,30 +37,9 @@ static void usage(FILE *out)
             TP_CONFIG_DEFAULT_PATH);
 }
 
-/* First thing in main: from here on SIGTERM/SIGINT only ask for a clean
- * exit, whatever phase of startup they hit. SA_RESTART keeps a blocking
- * read (a config on a slow filesystem or a pipe) or waitpid from failing
- * with EINTR; poll-based waits return early anyway and see the flag. The
- * signals are unblocked in case the parent blocked them across exec. */
-static void install_signals(void)
-{
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigprocmask(SIG_UNBLOCK, &set, NULL);
-}
-
 int main(int argc, char **argv)
 {
-    install_signals();
+    tp_proc_on_quit(on_signal);
     const char *config = NULL;
     bool spawn = true;
     for (int i = 1; i < argc; i++) {
@@ -76,12 +56,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!config && access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
-        config = TP_CONFIG_DEFAULT_PATH;
     tp_config cfg;
     tp_err e;
     tp_err_clear(&e);
-    int rc = config ? tp_config_load(config, &cfg, &e) : tp_config_defaults(&cfg, &e) || tp_config_resolve(&cfg, &e);
+    int rc = tp_config_find(config, &cfg, &config, &e);
     if (rc) {
         fprintf(stderr, "tokpiped: %s\n", e.msg);
         return 2;

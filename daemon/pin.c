@@ -157,7 +157,13 @@ void pin_forward(broker *b, bjob *j, int f)
         j->cached = 0;
     if (j->phase == P_FORWARD)
         j->phase = P_READY;
-    j->open_task[0] = pin_slot_cmd(b, f, TP_CMD_SEQ_OPEN, j->slot);
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_SEQ_OPEN);
+    m.task = out_task(b);
+    m.slot.slot = j->slot;
+    m.slot.pool = j->embed;   /* an embedding job: the worker pools its hidden states */
+    out_worker(b, f, &m);
+    j->open_task[0] = m.task;
     if (again) {
         b->stats.recovered[TP_SI_FORWARD]++;
         log_recovery(b, j, TP_SI_FORWARD, f, j->n_prompt + j->n_cand);
@@ -231,6 +237,8 @@ void pin_stop_resend(broker *b, bjob *j, int t)
             slots[i] = j->slot;
         st.stop_step.slots = (tp_raw){slots, j->n_cand - k};
         st.stop_step.candidates = (tp_raw){j->cands + k, j->n_cand - k};
+        /* with the rows the sampler sent: their TOKEN events carry them */
+        st.stop_step.lp = joblp_candidates(j, k, j->n_cand);
         out_worker(b, t, &st);
         free(slots);
     }
@@ -268,7 +276,6 @@ void pin_stop(broker *b, bjob *j, int t)
     uint32_t ctx = j->fwd >= 0 ? b->workers[j->fwd].seq_len : model ? model->seq_len : 0;
     if (ctx && j->n_prompt + (uint32_t)j->params.max_tokens >= ctx)
         o->context_length = ctx;
-    o->cached_tokens = j->cached;
     j->open_task[2] = m.task;
     out_worker(b, t, &m);
     /* the verdicts after the replayed tokens come again */

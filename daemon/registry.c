@@ -236,8 +236,8 @@ int registry_on_message(broker *b, const tp_frame *ident, const tp_frame *frames
          * runs again (its late results are for jobs already re-queued):
          * make it register again */
         if (m->cmd != TP_CMD_DISCONNECT) {
-            if (m->cmd != TP_CMD_HEARTBEAT && m->cmd != TP_CMD_READY)
-                b->stats.replies_refused++;
+            /* late: its answers and heartbeats, after a partition healed */
+            b->stats.replies_refused++;
             if (m->cmd != TP_CMD_HEARTBEAT)
                 blog("ignored %s from an unregistered worker; told to send READY", tp_cmd_name(TP_FAM_WRK, m->cmd));
             send_raw(b, ident, TP_CMD_DISCONNECT, "unknown worker: send READY");

@@ -23,6 +23,7 @@ void sched_on_result(broker *b, int wi, const tp_msg *m)
         admit_on_tokenized(b, wi, m);
         break;
     case TP_CMD_STEP_RESULT:
+    case TP_CMD_EMBEDDED:
     case TP_CMD_SAMPLED:
     case TP_CMD_VERDICTS:
     case TP_CMD_RESULT:

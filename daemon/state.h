@@ -19,6 +19,7 @@
 #include "tokpipe/toolcall.h"
 #include "tokpipe/zsec.h"
 #include <zmq.h>
+#include "grammar_admit.h"
 #include "jobs.h"
 #include "metrics.h"
 
@@ -92,7 +93,7 @@ typedef struct bstats {
     uint64_t recovered[4];          /* jobs moved to another worker, per stage (TP_SI_*) */
     uint64_t jobs_poisoned;         /* jobs ended because they lost B_POISON_TRIES workers (recover.c) */
     uint64_t workers_hung;          /* workers lost past their step deadline or silent while owing an answer */
-    uint64_t replies_refused;       /* answers from a worker no longer registered (declared lost) */
+    uint64_t replies_refused;       /* answers and heartbeats from a worker no longer registered (declared lost) */
     double answer_ms[TP_SI_COUNT];  /* moving average of a task's answer time per stage (step deadline) */
 } bstats;
 
@@ -166,6 +167,7 @@ typedef struct broker {
     uint64_t next_task, next_step, next_auto_id;
 
     bstats stats;
+    grammar_memo gmemo;             /* grammars admission compiled (grammar_admit.h) */
     bcols cols;                     /* scratch of step.c */
     boutbox out;
 
@@ -175,12 +177,14 @@ typedef struct broker {
     struct binfo *info;             /* INFO: the model's optional READY keys (info.c) */
     unsigned stages_failed;         /* TP_STAGE_* of spawned workers given up on */
     int64_t refused_log_ms;         /* last log line about a refused event */
+    struct bstandby *standby;       /* standby.c: the Binary Star pair; NULL = alone */
 
     /* The model the config names, as read by the broker at start: every
      * worker's READY must match it (model_id[0] == 0: the file is not
      * readable here, so the first worker's model is the reference). */
     char model_id[TP_PROTO_MAX_MODEL_ID + 1];
     uint32_t model_vocab, model_seq_len;
+    bool model_hybrid;              /* full_attn_interval > 0 (qwen35): nobody guesses (guess.c) */
 } broker;
 
 #define B_POISON_TRIES 2          /* workers a job may lose while they process it */

@@ -144,7 +144,8 @@ static uint32_t add_item(bcols *c, uint32_t n, uint32_t n_tokens, bjob *j, uint3
         uint32_t p = j->n_fed + k;
         c->tokens[n_tokens + k] = p < j->n_prompt ? j->prompt[p] : j->cands[p - j->n_prompt];
     }
-    c->flags[n] = nt == left ? TP_ITEM_OUTPUT : 0;
+    /* the last prompt chunk: logits, or an embedding job's vector (it ends there) */
+    c->flags[n] = nt == left ? (j->embed ? TP_ITEM_EMBED : TP_ITEM_OUTPUT) : 0;
     c->ntok[n] = nt;
     return nt;
 }
@@ -189,10 +190,8 @@ static bool build_step(broker *b, int wi, bjob *alone)
         budget = w->max_batch_tokens;
     if (cols_reserve(c, max_items, budget, 0))
         return false;
-    uint32_t n = 0, n_tokens = 0, running = 0;
+    uint32_t n = 0, n_tokens = 0, running = guess_running(b, wi);
     uint64_t step = ++b->next_step;
-    for (uint32_t i = 0; i < b->jt.cap; i++)
-        running += b->jt.jobs[i].state == J_RUNNING && b->jt.jobs[i].fwd == wi;
     /* decode items first (running jobs never wait behind a prompt), then
      * prompt chunks in admission order */
     for (int pass = 0; pass < 2; pass++) {
@@ -204,15 +203,7 @@ static bool build_step(broker *b, int wi, bjob *alone)
             if (prefill != (pass == 1))
                 continue;
             uint32_t nt = add_item(c, n, n_tokens, j, budget - n_tokens, b->cfg->prefill_chunk);
-            /* (a prefill, e.g. after a lost worker, verifies nothing: guesses
-             * of a dropped step are forgotten here) */
-            uint32_t g = prefill ? (j->n_guess = 0) : guess_plan(b, j, w->seq_len, running, budget - n_tokens);
-            if (g) {   /* the decode token, then the guesses: a verify item */
-                memcpy(c->tokens + n_tokens + nt, j->guess, g * sizeof *j->guess);
-                c->ntok[n] = nt + g;
-                c->flags[n] |= TP_ITEM_VERIFY;
-                n_tokens += g;
-            }
+            n_tokens += guess_item(b, j, n, n_tokens + nt, prefill, w->seq_len, running, budget - n_tokens);
             j->phase = P_FORWARD;
             j->step = step;
             if (w->stages & TP_STAGE_SAMPLE)   /* the STEP carries it to the fused sampler */
@@ -342,10 +333,7 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
     uint32_t *sel = with_lp ? malloc((n ? n : 1) * sizeof *sel) : NULL;
     if (with_lp && !sel)
         with_lp = false;   /* out of memory: the tokens still go on, without logprobs */
-    /* each row's cached_tokens and draft counts, for its FINISH (none when
-     * out of memory; no draft counts when no job of the step speculates) */
-    int32_t *cached = malloc((n ? n : 1) * sizeof *cached);
-    int32_t *drafts = malloc((n ? n : 1) * 2 * sizeof *drafts);
+    int32_t *drafts = malloc((n ? n : 1) * 2 * sizeof *drafts);   /* guess_draft_row */
     bool spec = false;
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         if (!registry_usable(b, wi) || !(b->workers[wi].stages & TP_STAGE_STOP))
@@ -360,13 +348,7 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
             if (sel)
                 sel[k] = i;
             c->slots[k] = slots[i];
-            if (cached)
-                cached[k] = (int32_t)j->cached;
-            if (drafts) {
-                drafts[k] = j->spec.drafted < INT32_MAX ? (int32_t)j->spec.drafted : INT32_MAX;
-                drafts[n + k] = j->spec.accepted < INT32_MAX ? (int32_t)j->spec.accepted : INT32_MAX;
-                spec |= j->spec.n_max > 0;
-            }
+            spec |= guess_draft_row(drafts, n, k, j);
             c->cands[k++] = cands[i];
         }
         if (!k)
@@ -378,14 +360,7 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         m.stop_step.n = k;
         m.stop_step.slots = (tp_raw){c->slots, k};
         m.stop_step.candidates = (tp_raw){c->cands, k};
-        m.stop_step.cached = cached;
-        m.stop_step.n_cached = cached ? k : 0;
-        if (drafts && spec) {
-            m.stop_step.draft_tokens = drafts;
-            m.stop_step.n_draft_tokens = k;
-            m.stop_step.draft_accepted = drafts + n;
-            m.stop_step.n_draft_accepted = k;
-        }
+        guess_draft_cols(&m.stop_step, spec ? drafts : NULL, n, k);
         lp_pick pk = {0};
         if (with_lp && !pick_lp(lp, src, sel, k, &pk, &m.stop_step.lp))
             m.stop_step.lp = (tp_lp_cols){0};
@@ -395,7 +370,6 @@ static void send_candidates(broker *b, uint64_t step, const uint32_t *slots, con
         free(pk.ids);
     }
     free(sel);
-    free(cached);
     free(drafts);
 }
 
@@ -473,22 +447,17 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
         if (cols_reserve(c, r->n, 0, (size_t)r->n * v))
             return;
         uint32_t k = 0, t = 0;
-        bool whole = true;   /* every row, in order: forward the frame as is */
-        bool guessed = false;
+        bool whole = true, guessed = false;   /* whole: every row, in order: forward the frame as is */
         for (uint32_t i = 0; i < r->n; i++) {
             bjob *j = step_job(b, tp_raw_u32(r->slots, i), step, P_SAMPLE);
             if (!j || j->smp != wi) {
                 whole = false;
                 continue;
             }
-            /* a verify item's rows follow each other: row t's guess is the
-             * token fed after it */
-            t = k > 0 && c->slots[k - 1] == j->slot ? t + 1 : 0;
+            guessed |= guess_sample_row(c, k, j, &t);
             c->slots[k] = j->slot;
             c->index[k] = j->n_cand;
             c->acc[k] = j->acc_for_sampler;
-            c->guess[k] = t < j->n_guess ? j->guess[t] : -1;
-            guessed |= c->guess[k] >= 0;
             j->acc_for_sampler = -1;
             whole = whole && k == i;
             k++;
@@ -511,8 +480,7 @@ static void send_sample(broker *b, uint64_t step, const tp_m_step_result *r)
         m.sample.index = (tp_raw){c->index, k};
         m.sample.accepted = (tp_raw){c->acc, k};
         m.sample.logits = whole ? (tp_raw){r->out.data, (size_t)k * v} : (tp_raw){c->logits, (size_t)k * v};
-        if (guessed)
-            m.sample.guess = (tp_raw){c->guess, k};
+        m.sample.guess = guessed ? (tp_raw){c->guess, k} : (tp_raw){0};
         out_worker(b, wi, &m);
     }
 }
@@ -534,9 +502,11 @@ static bool picked_init(picked *p, uint32_t n)
     return p->slots && p->cands && p->src;
 }
 
-static void picked_add(broker *b, picked *p, bjob *j, uint32_t i, int32_t c)
+static void picked_add(broker *b, picked *p, bjob *j, uint32_t i, int32_t c, const tp_lp_cols *lp)
 {
     on_candidate(b, j, c);
+    if (j->n_cand && j->cands[j->n_cand - 1] == c)
+        joblp_on_candidate(j, j->n_cand - 1, lp, i);
     p->src[p->k] = i;
     p->slots[p->k] = j->slot;
     p->cands[p->k++] = c;
@@ -592,11 +562,9 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
         bjob *j = guess_row_job(b, &rj, tp_raw_u32(r->slots, i), r->step, P_FORWARD, r->sampled);
         if (!j || j->fwd != wi)
             continue;
-        if (rj.got++ == 0)
-            jobs_progress(j, TP_SI_FORWARD);
-        rj.j = j;
+        guess_row_seen(&rj, j, TP_SI_FORWARD);
         if (r->sampled)
-            picked_add(b, &p, j, i, tp_raw_i32(r->out, i));
+            picked_add(b, &p, j, i, tp_raw_i32(r->out, i), &r->lp);
         else
             j->phase = P_SAMPLE;   /* (a verify item's later rows: found no more in P_FORWARD) */
     }
@@ -607,6 +575,30 @@ static void on_step_result(broker *b, int wi, const tp_msg *m)
     else
         send_sample(b, r->step, r);
     picked_free(&p);
+}
+
+/* EMBEDDED (before its STEP's STEP_RESULT): each embedding job it names
+ * is done: the broker publishes its FINISH with the vector (reason length,
+ * detail "embedding", no completion tokens) and lets go of its workers. */
+static void on_embedded(broker *b, int wi, const tp_msg *m)
+{
+    const tp_m_embedded *r = &m->embedded;
+    for (uint32_t i = 0; i < r->n; i++) {
+        bjob *j = step_job(b, tp_raw_u32(r->slots, i), r->step, P_FORWARD);
+        if (!j || j->fwd != wi || !j->embed)
+            continue;
+        jobs_progress(j, TP_SI_FORWARD);
+        tp_msg ev;
+        if (jobs_own_finish(j, TP_REASON_LENGTH, NULL, &ev)) {
+            ev.finish.detail = tp_str_of("embedding");
+            ev.finish.embedding = (tp_raw){(const float *)r->embd.data + (size_t)i * r->dim, r->dim};
+            out_event(b, &ev);
+            const bjob *resumed;
+            jobs_on_event(&b->jt, &ev, &resumed);
+            j->result_ready = true;
+        }
+        pin_release(b, j, TP_REASON_NONE, NULL);
+    }
 }
 
 static void on_sampled(broker *b, int wi, const tp_msg *m)
@@ -623,10 +615,8 @@ static void on_sampled(broker *b, int wi, const tp_msg *m)
         bjob *j = guess_row_job(b, &rj, tp_raw_u32(r->slots, i), r->step, P_SAMPLE, true);
         if (!j || j->smp != wi)
             continue;
-        if (rj.got++ == 0)
-            jobs_progress(j, TP_SI_SAMPLE);
-        rj.j = j;
-        picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i));
+        guess_row_seen(&rj, j, TP_SI_SAMPLE);
+        picked_add(b, &p, j, i, tp_raw_i32(r->candidates, i), &r->lp);
     }
     guess_row_job(b, &rj, UINT32_MAX, 0, P_SAMPLE, true);
     picked_send(b, &p, r->step, &r->lp);
@@ -693,6 +683,9 @@ void step_on_result(broker *b, int wi, const tp_msg *m)
     switch (m->cmd) {
     case TP_CMD_STEP_RESULT:
         on_step_result(b, wi, m);
+        break;
+    case TP_CMD_EMBEDDED:
+        on_embedded(b, wi, m);
         break;
     case TP_CMD_SAMPLED:
         on_sampled(b, wi, m);

@@ -80,6 +80,11 @@ static void read_typed(const tp_model *m)
         read_last_row(&l->w2_exps[ne - 1]);
         read_last_row(&l->w3_exps[ne - 1]);
     }
+    if (tp_model_get_config(m)->shexp_ff) { /* qwen35moe's shared expert */
+        read_last_row(&l->m.w1_shexp);
+        read_last_row(&l->m.w2_shexp);
+        read_last_row(&l->m.w3_shexp);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

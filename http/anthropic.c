@@ -614,7 +614,7 @@ static void add_stop(cJSON *o, const gw_choice *ch)
  * (input = input_tokens + cache_read_input_tokens + cache_creation_input_tokens). */
 static void add_usage(cJSON *u, const gw_choice *ch, bool input)
 {
-    uint32_t cached = ch->cached_tokens < ch->prompt_tokens ? ch->cached_tokens : 0;
+    uint32_t cached = ch->cached_tokens; /* below prompt_tokens: the protocol checks FINISH */
     if (input) {
         cJSON_AddNumberToObject(u, "input_tokens", (double)(ch->prompt_tokens - cached));
         cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0);

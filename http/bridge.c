@@ -7,7 +7,13 @@
  * the SUB socket subscribes to that prefix once, then to the heartbeat
  * topic: the first heartbeat proves the subscription is in force, so no
  * job of this gateway can lose its first events, and no per-job
- * subscription dance is needed. */
+ * subscription dance is needed.
+ *
+ * A standby pair (standby.peer_front/peer_events): both fronts on the
+ * DEALER, both event streams on the SUB. A broker lost (heartbeats stop, or
+ * a new incarnation heartbeats) costs no client anything: its open jobs are
+ * submitted again with their ids, params and first-ACK seeds, and the
+ * replayed events whose seq was already forwarded are dropped. */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -29,6 +35,8 @@
 #define REQ_CANCEL_BIT (UINT64_C(1) << 63)
 #define REQ_SHIFT 12                 /* low bits: 0 = STATS, i + 1 = SUBMIT of choice i */
 #define POLL_MS 100
+#define RESEND_MS 50                 /* a passive (or not yet ready) broker refused a SUBMIT: again after */
+#define REACK_MS 1000                /* a resubmitted job not ACKed: SUBMIT again (a 409 says it got there) */
 #define MAX_POLL_FDS 1024
 
 typedef struct bridge {
@@ -36,6 +44,8 @@ typedef struct bridge {
     void *zctx, *dealer, *sub;
     char prefix[16];                 /* "h1a2b3c4d-": every job id of this run */
     bool ready;                      /* first heartbeat seen */
+    bool standby;                    /* a standby pair: the front and events of both brokers */
+    bool lost;                       /* jobs resubmitted after a silence: the next incarnation is expected */
     uint64_t incarnation;
     int64_t last_beat_ms, silence_ms;
     gw_call **calls;                 /* calls the bridge holds a reference to */
@@ -128,8 +138,12 @@ static void send_cancel(bridge *b, const gw_choice *ch)
     m.req = REQ_CANCEL_BIT;
     m.jobref.job_id = tp_str_of(ch->job_id);
     tp_err e;
-    if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
-        log_line("cancel: %s", e.msg);
+    /* a standby pair: the DEALER deals two sends to both brokers in turn,
+     * so the active one gets it (the passive one refuses; with one broker
+     * up, the second finds the job gone: both replies are ignored) */
+    for (int k = 0; k < (b->standby ? 2 : 1); k++)
+        if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
+            log_line("cancel: %s", e.msg);
 }
 
 /* Cancel the call's jobs that may still run (accepted and not finished). */
@@ -200,6 +214,7 @@ static void free_choices(gw_call *c)
         free(c->ch[i].scalls);
         free(c->ch[i].matched_buf);
         free(c->ch[i].error);
+        free(c->ch[i].embd);
         gw_lp_free(&c->ch[i].lp);
     }
     free(c->ch);
@@ -255,8 +270,14 @@ static void send_stats(bridge *b, gw_call *c)
     tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATS);
     m.req = c->no << REQ_SHIFT;
     tp_err e;
-    if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e))
-        reply_error(b, c, 503, e.msg, NULL, 0);
+    /* a standby pair: one to each broker (the DEALER deals in turn); the
+     * passive one's answer has no workers (on_stats waits for the other) */
+    c->stats_left = b->standby ? 2 : 1;
+    for (int k = 0; k < c->stats_left; k++)
+        if (tp_zsend_msg(b->dealer, NULL, 0, &m, &e)) {
+            reply_error(b, c, 503, e.msg, NULL, 0);
+            return;
+        }
 }
 
 /* The field an encoder or broker message names: the word before ": "
@@ -346,51 +367,126 @@ static void fail_header(bridge *b, gw_call *c, const tp_m_submit *s, const char 
     fail_call(b, c, 413, msg, field, 0);
 }
 
+/* SUBMIT choice i of c: its prompt and params as the request gave them,
+ * and once an ACK reported it, that seed (a resubmission replays the job).
+ * 0 sent; -1 the call failed (answered); 1 the socket refused it now. */
+static int submit_one(bridge *b, gw_call *c, size_t i)
+{
+    gw_choice *ch = &c->ch[i];
+    const oai_prompt *p = c->oreq.n_prompts ? &c->oreq.prompts[ch->prompt] : NULL;
+    tp_msg m;
+    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
+    m.req = (c->no << REQ_SHIFT) | (i + 1);
+    m.submit.job_id = tp_str_of(ch->job_id);
+    if (!p) {
+        m.submit.messages = c->oreq.messages;
+        m.submit.n_messages = c->oreq.n_messages;
+        m.submit.tools = c->oreq.tools;
+        if (c->oreq.tool_choice)
+            m.submit.tool_choice = tp_str_of(c->oreq.tool_choice);
+        if (c->oreq.tool_choice_name)
+            m.submit.tool_choice_name = tp_str_of(c->oreq.tool_choice_name);
+        if (c->oreq.reasoning_effort)
+            m.submit.reasoning_effort = tp_str_of(c->oreq.reasoning_effort);
+    } else if (p->text)
+        m.submit.prompt = (tp_str){p->text, p->text_len};
+    else
+        m.submit.prompt_ids = (tp_raw){p->ids, p->n_ids};
+    m.submit.params = c->oreq.params;
+    m.submit.embed = tp_str_of(c->oreq.embed);
+    /* choice j of a prompt: seed + j, so n > 1 gives n different samples
+     * that each replay alone with that seed */
+    if (c->oreq.has_seed)
+        m.submit.params.seed += i % (size_t)c->oreq.n;
+    if (ch->seeded) {
+        m.submit.params.set |= TP_P_SEED;
+        m.submit.params.seed = ch->seed;
+    }
+    ch->sent_ms = tp_now_ms();
+    tp_err e;
+    tp_err_clear(&e);
+    int rc = tp_zsend_msg(b->dealer, NULL, 0, &m, &e);
+    if (rc == TP_ERANGE && strstr(e.msg, "header: ")) {
+        fail_header(b, c, &m.submit, strstr(e.msg, "header: "));
+        return -1;
+    }
+    if (rc && rc != TP_EIO) {   /* our encoder refused it: a bad value */
+        char param[64];
+        param_of_message(c, e.msg, NULL, param, sizeof param);
+        fail_call(b, c, 400, plain_message(e.msg), param, 0);
+        return -1;
+    }
+    if (rc && !ch->resubmitted) {
+        fail_call(b, c, 503, e.msg, NULL, 0);
+        return -1;
+    }
+    return rc ? 1 : 0;
+}
+
 static void submit_all(bridge *b, gw_call *c)
 {
     if (!within_limits(b, c))
         return;
+    for (size_t i = 0; i < c->n_ch; i++)
+        if (submit_one(b, c, i) < 0)
+            return;
+}
+
+/* The broker that had c's jobs is lost (gone silent, or a new incarnation
+ * heartbeats): submit each unfinished one again, same id, params and seed,
+ * to whichever broker serves now. Jobs are deterministic, so the new run's
+ * events repeat the old ones: those of seq < skip were forwarded already
+ * and are dropped (on_event), and the client's stream goes on unbroken. */
+static void resubmit_call(bridge *b, gw_call *c)
+{
+    int64_t now = tp_now_ms();
+    size_t n = 0;
     for (size_t i = 0; i < c->n_ch; i++) {
         gw_choice *ch = &c->ch[i];
-        const oai_prompt *p = c->oreq.n_prompts ? &c->oreq.prompts[ch->prompt] : NULL;
-        tp_msg m;
-        tp_msg_init(&m, TP_FAM_JOB, TP_CMD_SUBMIT);
-        m.req = (c->no << REQ_SHIFT) | (i + 1);
-        m.submit.job_id = tp_str_of(ch->job_id);
-        if (!p) {
-            m.submit.messages = c->oreq.messages;
-            m.submit.n_messages = c->oreq.n_messages;
-            m.submit.tools = c->oreq.tools;
-            if (c->oreq.tool_choice)
-                m.submit.tool_choice = tp_str_of(c->oreq.tool_choice);
-            if (c->oreq.tool_choice_name)
-                m.submit.tool_choice_name = tp_str_of(c->oreq.tool_choice_name);
-        } else if (p->text)
-            m.submit.prompt = (tp_str){p->text, p->text_len};
-        else
-            m.submit.prompt_ids = (tp_raw){p->ids, p->n_ids};
-        m.submit.params = c->oreq.params;
-        /* choice j of a prompt: seed + j, so n > 1 gives n different samples
-         * that each replay alone with that seed */
-        if (c->oreq.has_seed)
-            m.submit.params.seed += i % (size_t)c->oreq.n;
-        tp_err e;
-        tp_err_clear(&e);
-        int rc = tp_zsend_msg(b->dealer, NULL, 0, &m, &e);
-        if (rc == TP_ERANGE && strstr(e.msg, "header: ")) {
-            fail_header(b, c, &m.submit, strstr(e.msg, "header: "));
-            return;
+        if (ch->finished)
+            continue;
+        if (ch->next_seq > ch->skip)
+            ch->skip = ch->next_seq;
+        ch->next_seq = 0;
+        if (ch->acked) {
+            ch->acked = false;
+            c->n_acked--;
         }
-        if (rc && rc != TP_EIO) {   /* our encoder refused it: a bad value */
-            char param[64];
-            param_of_message(c, e.msg, NULL, param, sizeof param);
-            fail_call(b, c, 400, plain_message(e.msg), param, 0);
+        ch->resubmitted = true;
+        ch->resend_ms = 0;
+        n++;
+    }
+    if (!n)
+        return;
+    c->deadline_ms = now + b->g->cfg->http_timeout_ms;   /* for the new ACKs (sweep) */
+    pthread_mutex_lock(&b->g->lock);
+    b->g->counters.jobs_resubmitted += n;
+    if (c->oreq.stream)
+        b->g->counters.streams_resumed++;
+    pthread_mutex_unlock(&b->g->lock);
+    for (size_t i = 0; i < c->n_ch; i++) {
+        gw_choice *ch = &c->ch[i];
+        if (!ch->finished && submit_one(b, c, i) > 0)
+            ch->resend_ms = now + RESEND_MS;
+        if (call_over(c))
             return;
+    }
+}
+
+static void resubmit_open(bridge *b, const char *why)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < b->n_calls; i++) {
+        gw_call *c = b->calls[i];
+        if (c->n_ch && !call_over(c) && !c->cancelled) {
+            resubmit_call(b, c);
+            n++;
         }
-        if (rc) {
-            fail_call(b, c, 503, e.msg, NULL, 0);
-            return;
-        }
+    }
+    if (n) {
+        char line[200];
+        snprintf(line, sizeof line, "%s: %zu call(s) submitted again (same job ids and seeds)", why, n);
+        log_line("%s", line);
     }
 }
 
@@ -443,9 +539,23 @@ static void start_call(bridge *b, gw_call *c)
 static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
 {
     gw_choice *ch = &c->ch[i];
-    if (m->status == 200 && m->cmd == TP_CMD_ACK) {
+    bool passive = m->status == TP_ST_UNAVAILABLE && str_is(m->error, TP_STANDBY_PASSIVE_ERROR);
+    if ((passive && b->standby) || (ch->resubmitted && m->status == TP_ST_UNAVAILABLE)) {
+        /* a passive standby broker: the DEALER takes the other one next; a
+         * broker that just took over may have no workers yet (sweep gives
+         * up at the deadline) */
+        ch->resend_ms = tp_now_ms() + RESEND_MS;
+        return;
+    }
+    /* a resubmission that meets its own job: an earlier SUBMIT of ours got there */
+    bool ours = ch->resubmitted && m->status == TP_ST_CONFLICT;
+    if ((m->status == 200 && m->cmd == TP_CMD_ACK) || ours) {
         ch->acked = true;
         c->n_acked++;
+        if (!ours && !ch->seeded && (m->ack.set & TP_ACK_SEED)) {
+            ch->seed = m->ack.seed;
+            ch->seeded = true;
+        }
         if (c->cancelled)   /* the call failed meanwhile: this job is not wanted */
             send_cancel(b, ch);
         /* a stream's 200 waits for every job's first event (on_event): a
@@ -477,8 +587,18 @@ static void on_ack(bridge *b, gw_call *c, size_t i, const tp_msg *m)
     fail_call(b, c, http, msg, param, st == 429 ? 1 : 0);
 }
 
+static bool no_workers(const tp_m_stats_reply *s)
+{
+    for (int k = 0; k < 4; k++)
+        if (s->workers[k])
+            return false;
+    return true;
+}
+
 static void on_stats(bridge *b, gw_call *c, const tp_msg *m)
 {
+    if (c->stats_left-- > 1 && (m->cmd != TP_CMD_STATS_REPLY || m->status != 200 || no_workers(&m->stats_reply)))
+        return;   /* maybe the passive broker of a pair: the other's answer follows */
     if (m->cmd != TP_CMD_STATS_REPLY || m->status != 200) {
         reply_error(b, c, 503, "tokpiped did not answer STATS", NULL, 0);
         return;
@@ -682,7 +802,11 @@ static void all_finished(bridge *b, gw_call *c)
             fail_choice(b, c, &c->ch[i]);
             return;
         }
-    if (c->oreq.stream)
+    char msg[256], param[64];
+    int st = !c->oreq.stream && c->api->refuse ? c->api->refuse(c, msg, sizeof msg, param, sizeof param) : 0;
+    if (st)
+        reply_error(b, c, st, msg, param, 0);
+    else if (c->oreq.stream)
         push(b, c, c->api->close(c, b->g->model_name), true);
     else
         reply(b, c, 200, c->api->body(c, b->g->model_name), "application/json", 0);
@@ -697,12 +821,12 @@ static void on_event(bridge *b, tp_zmsg *z)
         return;
     }
     if (m.cmd == TP_CMD_HEARTBEAT) {
-        if (b->ready && m.beat.incarnation != b->incarnation) {
-            /* a new broker knows none of our jobs: they will never finish */
-            for (size_t i = 0; i < b->n_calls; i++)
-                if (b->calls[i]->n_ch && !call_over(b->calls[i]))
-                    fail_call(b, b->calls[i], 503, "tokpiped restarted: the job is lost", NULL, 0);
-        }
+        if (b->ready && m.beat.incarnation != b->incarnation && !b->lost)
+            /* a new broker knows none of our jobs: run them again there */
+            resubmit_open(b, "tokpiped restarted (a new incarnation heartbeats)");
+        /* after a silence the jobs went out already: to this broker, or
+         * (passive refusals) they go on trying until it serves */
+        b->lost = false;
         b->ready = true;
         b->incarnation = m.beat.incarnation;
         b->last_beat_ms = tp_now_ms();
@@ -722,6 +846,8 @@ static void on_event(bridge *b, tp_zmsg *z)
     }
     size_t i = (size_t)(ch - c->ch);
     uint32_t seq = m.cmd == TP_CMD_TOKEN ? m.token.seq : m.finish.seq;
+    if (ch->resubmitted && ch->next_seq == 0 && ch->skip && seq == ch->skip)
+        ch->next_seq = seq;   /* the broker thought lost goes on (a late heartbeat; our SUBMIT met a 409) */
     if (seq != ch->next_seq) {
         /* PUB/SUB dropped events (a slow gateway past the high-water mark):
          * the text would have a hole, so say so instead */
@@ -730,6 +856,10 @@ static void on_event(bridge *b, tp_zmsg *z)
         return;
     }
     ch->next_seq++;
+    if (seq < ch->skip) {   /* a resubmitted job's replay of what was forwarded */
+        tp_msg_clear(&m);
+        return;
+    }
     if (c->oreq.stream && !c->replied && m.cmd == TP_CMD_FINISH && m.finish.reason == TP_REASON_ERROR) {
         /* before the 200: the error is the answer's status (a prompt too
          * long for the context is a 400, not an error event) */
@@ -778,6 +908,10 @@ static void on_event(bridge *b, tp_zmsg *z)
         if (m.finish.job_error.ptr)
             ch->error = strndup(m.finish.job_error.ptr, m.finish.job_error.len);
         ch->rejected = rejected_code(m.finish.error_code);
+        if (m.finish.embedding.n && (ch->embd = malloc(m.finish.embedding.n * sizeof *ch->embd))) {
+            tp_raw_copy(ch->embd, m.finish.embedding, sizeof *ch->embd);
+            ch->n_embd = m.finish.embedding.n;
+        }
         for (size_t k = 0; c->oreq.stream && ch->reason != TP_REASON_ERROR && k < m.finish.n_tool_calls; k++)
             deliver_call(b, c, i, &m.finish.tool_calls[k], true);
         if (c->oreq.stream && ch->reason != TP_REASON_ERROR)
@@ -841,6 +975,15 @@ static void sweep(bridge *b, zmq_pollitem_t *fds, gw_call **fd_call, size_t n_fd
         }
     }
     int64_t now = tp_now_ms();
+    bool silent = b->ready && b->silence_ms && now - b->last_beat_ms > b->silence_ms;
+    if (silent && b->standby) {
+        /* the active broker is lost: the other one takes over on our
+         * requests (Binary Star), and the heartbeats it sends end this */
+        if (!b->lost)
+            resubmit_open(b, "no heartbeat from tokpiped: the broker is lost, to its standby");
+        b->lost = true;
+        silent = false;
+    }
     for (size_t k = 0; k < b->n_calls;) {
         gw_call *c = b->calls[k];
         pthread_mutex_lock(&b->g->lock);
@@ -860,8 +1003,21 @@ static void sweep(bridge *b, zmq_pollitem_t *fds, gw_call **fd_call, size_t n_fd
                      b->g->cfg->http_timeout_ms);
             fail_call(b, c, 503, msg, NULL, 0);
         }
-        if (!gone && b->ready && b->silence_ms && now - b->last_beat_ms > b->silence_ms && !call_over(c))
+        if (!gone && silent && !call_over(c))
             fail_call(b, c, 503, "no heartbeat from tokpiped: the broker is gone", NULL, 0);
+        for (size_t i = 0; !gone && !call_over(c) && !c->cancelled && i < c->n_ch; i++) {
+            gw_choice *ch = &c->ch[i];
+            if (ch->acked || ch->finished)
+                continue;
+            bool again = ch->resend_ms && now >= ch->resend_ms;
+            /* a resubmission to a broker lost before it answered */
+            again |= ch->resubmitted && !ch->resend_ms && now - ch->sent_ms > REACK_MS;
+            if (again) {
+                ch->resend_ms = 0;
+                if (submit_one(b, c, i) > 0)
+                    ch->resend_ms = now + RESEND_MS;
+            }
+        }
         if (gone) {
             drop_call(b, k);
             continue;
@@ -894,10 +1050,27 @@ static int open_sockets(bridge *b, tp_err *err)
     if ((rc = tp_zsec_client_apply(&sec, b->dealer, cfg->ep_front, err)) ||
         (rc = tp_zsec_client_apply(&sec, b->sub, cfg->ep_events, err)))
         return rc;
+    b->standby = cfg->peer_front && *cfg->peer_front && cfg->peer_events && *cfg->peer_events;
+    if (b->standby) {
+        /* requests only to a broker with a live connection, not queued
+         * for a dead one; and never a bridge blocked when both are down */
+        int ms = POLL_MS, one = 1;
+        zmq_setsockopt(b->dealer, ZMQ_IMMEDIATE, &one, sizeof one);
+        zmq_setsockopt(b->dealer, ZMQ_SNDTIMEO, &ms, sizeof ms);
+    }
     if (zmq_connect(b->dealer, cfg->ep_front))
         return tp_err_set(err, TP_EIO, "connect %s: %s", cfg->ep_front, zmq_strerror(errno));
     if (zmq_connect(b->sub, cfg->ep_events))
         return tp_err_set(err, TP_EIO, "connect %s: %s", cfg->ep_events, zmq_strerror(errno));
+    /* a standby pair: both fronts, both event streams (a passive broker
+     * publishes nothing; the heartbeats are the active one's) */
+    if (b->standby && ((rc = tp_zsec_client_apply(&sec, b->dealer, cfg->peer_front, err)) ||
+                       (rc = tp_zsec_client_apply(&sec, b->sub, cfg->peer_events, err))))
+        return rc;
+    if (b->standby && zmq_connect(b->dealer, cfg->peer_front))
+        return tp_err_set(err, TP_EIO, "connect %s: %s", cfg->peer_front, zmq_strerror(errno));
+    if (b->standby && zmq_connect(b->sub, cfg->peer_events))
+        return tp_err_set(err, TP_EIO, "connect %s: %s", cfg->peer_events, zmq_strerror(errno));
     uint32_t r;
     if (getrandom(&r, sizeof r, 0) != sizeof r)
         r = (uint32_t)getpid() * 2654435761u;

@@ -34,6 +34,8 @@ typedef enum {
     GW_EP_CHAT,
     GW_EP_MESSAGES,
     GW_EP_COUNT_TOKENS,
+    GW_EP_RESPONSES,           /* POST /v1/responses, GET and DELETE /v1/responses/{id} */
+    GW_EP_EMBEDDINGS,
     GW_EP_MODELS,
     GW_EP_HEALTH,
     GW_EP_METRICS,
@@ -61,6 +63,12 @@ typedef struct gw_choice {
     const char *rejected;      /* FINISH error_code of the client's error found after the ACK
                                 * (TP_CODE_CONTEXT, TP_CODE_PROMPT_SIZE): a 400 with that code; else NULL */
     bool started;              /* its first event (TOKEN or a FINISH) came */
+    uint64_t seed;             /* the seed its first ACK reported (seeded), resubmitted with the job */
+    bool seeded;
+    uint32_t skip;             /* after a resubmission: events of seq < skip were forwarded already */
+    bool resubmitted;          /* submitted again to a broker that took over (or restarted) */
+    int64_t resend_ms;         /* SUBMIT again at this time (a passive or not yet ready broker); 0 = no */
+    int64_t sent_ms;           /* its last SUBMIT */
     gw_lp lp;                  /* the request asked for logprobs: its tokens */
     size_t lp_sent;            /* streaming: entries [0, lp_sent) are out */
     bool constrained;          /* FINISH said grammar_complete (a job with a grammar) */
@@ -78,9 +86,14 @@ typedef struct gw_choice {
     gw_block blk;              /* streaming by blocks: the open block (GW_BLK_NONE: none) */
     size_t blk_at;             /* ... its index */
     size_t n_blk;              /* blocks started */
+    uint64_t n_events;         /* streaming: events out (APIs that number them: sequence_number) */
+    size_t text_item, reasoning_item;  /* streaming by items (Responses): output index + 1, 0 = none yet */
+    float *embd;               /* an embedding job: FINISH's vector (n_embd floats), NULL none */
+    size_t n_embd;
 } gw_choice;
 
 struct gw_call;
+struct gw;
 
 /* One API the gateway speaks: how its answers look. The bridge runs every
  * call's jobs the same way whatever its API and hands the results to
@@ -93,6 +106,9 @@ typedef struct gw_api {
     /* the request body as the job it asks for (as oai_decode: 0, or -1 with
      * e naming the field in this API's terms) */
     int (*decode)(const char *body, size_t len, oai_request *out, oai_error *e);
+    /* when set, used in place of decode: a request that refers to the
+     * gateway's state (a stored response's conversation) */
+    int (*decode_in)(struct gw *g, const char *body, size_t len, oai_request *out, oai_error *e);
     const char *id_prefix;     /* of the response id: "cmpl-", "chatcmpl-", "msg_" */
     /* an error body; code a string code (context_length_exceeded) or NULL */
     char *(*error)(int status, const char *message, const char *param, const char *code);
@@ -116,11 +132,15 @@ typedef struct gw_api {
     char *(*finish)(struct gw_call *c, const char *model, size_t i);
     /* every choice finished: the stream's last bytes */
     char *(*close)(struct gw_call *c, const char *model);
+    /* optional: every choice finished, not streaming: 0, or the 4xx of a
+     * request the results show wrong (message and param filled) */
+    int (*refuse)(const struct gw_call *c, char *msg, size_t msg_cap, char *param, size_t param_cap);
 } gw_api;
 
 /* openai.c, anthropic.c; server.c routes by gw_apis (NULL-terminated):
  * an API is its file and its lines there */
-extern const gw_api gw_api_completions, gw_api_chat, gw_api_messages, gw_api_count_tokens;
+extern const gw_api gw_api_completions, gw_api_chat, gw_api_messages, gw_api_count_tokens, gw_api_responses,
+    gw_api_embeddings;
 extern const gw_api *const gw_apis[];
 
 typedef struct gw_call {
@@ -144,6 +164,7 @@ typedef struct gw_call {
     bool watch_fd;
     int64_t deadline_ms;       /* ACK / STATS reply wait */
     bool waiting;              /* queued until the broker's first heartbeat */
+    int stats_left;            /* STATS replies to come (a standby pair: one from each broker) */
 
     /* shared: under gw.lock */
     int status;                /* HTTP status of the answer, 0 = not known yet */
@@ -164,6 +185,8 @@ typedef struct gw_call {
 typedef struct gw_counters {
     uint64_t requests[GW_EP_COUNT][6];   /* by endpoint and status class: 2xx..5xx at [2..5] */
     uint64_t client_gone;      /* completions whose client left early */
+    uint64_t streams_resumed;  /* streams whose jobs were resubmitted after a lost broker */
+    uint64_t jobs_resubmitted; /* jobs submitted again (same id and seed) after a lost broker */
 } gw_counters;
 
 typedef struct gw {
@@ -182,6 +205,8 @@ typedef struct gw {
     gw_counters counters;
     uint64_t next_call_no;
 
+    struct gw_rstore *responses;   /* stored /v1/responses (rstore.c: its own lock) */
+
     int64_t started;               /* unix seconds: the model's "created" in /v1/models */
     volatile sig_atomic_t quit;
     struct MHD_Daemon *mhd;
@@ -192,6 +217,29 @@ typedef struct gw {
  * (anthropic.c; gw_api_messages.decode); as oai_decode, the error naming
  * the field in Anthropic's terms. */
 int gw_anthropic_decode(bool count, const char *body, size_t len, oai_request *out, oai_error *e);
+
+/* Stored responses (rstore.c): at most max_count of them and max_bytes of
+ * their texts, the least recently used (stored or read) going first; one
+ * lock of its own, so either thread may call. NULL from new: out of memory. */
+typedef struct gw_rstore gw_rstore;
+gw_rstore *gw_rstore_new(size_t max_count, size_t max_bytes);
+void gw_rstore_free(gw_rstore *s);
+/* Copies id, the response object and the conversation (JSON texts) in,
+ * replacing one of the same id; one larger than max_bytes is not kept.
+ * Returns 0, or -1 out of memory. */
+int gw_rstore_put(gw_rstore *s, const char *id, const char *response, const char *conversation);
+/* Copies of the stored texts (caller frees; either out may be NULL): true
+ * when id is stored, and it becomes the most recently used. */
+bool gw_rstore_get(gw_rstore *s, const char *id, char **response, char **conversation);
+/* true when id was stored (and is no more). */
+bool gw_rstore_delete(gw_rstore *s, const char *id);
+/* How many are stored and their bytes (for tests and /metrics). */
+void gw_rstore_usage(gw_rstore *s, size_t *count, size_t *bytes);
+
+/* GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items
+ * (path: what follows "/v1/responses/"; responses.c): the body (malloc'd,
+ * NULL out of memory) and its status (404 none such, 405 another method). */
+char *gw_responses_stored(gw *g, const char *method, const char *path, int *status);
 
 /* Take a reference off a call; frees it at zero. Caller holds gw.lock. */
 void gw_call_unref(gw_call *c);

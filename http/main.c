@@ -121,12 +121,10 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (!config && access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
-        config = TP_CONFIG_DEFAULT_PATH;
     tp_config cfg;
     tp_err e;
     tp_err_clear(&e);
-    int rc = config ? tp_config_load(config, &cfg, &e) : tp_config_defaults(&cfg, &e) || tp_config_resolve(&cfg, &e);
+    int rc = tp_config_find(config, &cfg, &config, &e);
     if (rc) {
         fprintf(stderr, "tokpipe-http: %s\n", e.msg);
         return TP_EXIT_BAD_CONFIG;
@@ -144,7 +142,8 @@ int main(int argc, char **argv)
     g.model_name = model;
     pthread_mutex_init(&g.lock, NULL);
     g.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    rc = !cfg.http_listen || !model ? tp_err_set(&e, TP_ENOMEM, "out of memory")
+    g.responses = gw_rstore_new((size_t)cfg.http_responses_max_count, (size_t)cfg.http_responses_max_bytes);
+    rc = !cfg.http_listen || !model || !g.responses ? tp_err_set(&e, TP_ENOMEM, "out of memory")
          : g.wake_fd < 0           ? tp_err_set(&e, TP_EIO, "eventfd: %s", strerror(errno))
                                    : 0;
     /* token texts for logprobs: the vocabulary the workers read (model.tokenizer,
@@ -215,6 +214,7 @@ int main(int argc, char **argv)
     free(g.api_keys);
     free(model);
     tp_tokenizer_free(tok);
+    gw_rstore_free(g.responses);
     if (g.wake_fd >= 0)
         close(g.wake_fd);
     tp_config_free(&cfg);

@@ -688,6 +688,18 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         pp->set |= TP_P_PARALLEL_TOOL_CALLS;
         return get_bool(v, k, &pp->parallel_tool_calls, e);
     }
+    if (!strcmp(k, "reasoning_effort")) { /* OpenAI's reasoning models' field; the template reads it */
+        if (r->kind != OAI_CHAT)
+            return fail(e, 400, k, "%s: only for /v1/chat/completions", k);
+        if (cJSON_IsNull(v))
+            return 0;
+        if (!cJSON_IsString(v) || (strcmp(v->valuestring, "low") && strcmp(v->valuestring, "medium") &&
+                                   strcmp(v->valuestring, "high")))
+            return fail(e, 400, k, "reasoning_effort: expected \"low\", \"medium\" or \"high\"");
+        free(r->reasoning_effort); /* a repeated key: the last one */
+        r->reasoning_effort = NULL;
+        return copy_text(v->valuestring, k, &r->reasoning_effort, NULL, e);
+    }
     if (!strcmp(k, "max_tokens") || !strcmp(k, "max_completion_tokens"))
         return opt_int32(v, k, TP_P_MAX_TOKENS, 1, &pp->max_tokens, pp, e);
     if (!strcmp(k, "min_tokens"))
@@ -936,7 +948,9 @@ void oai_request_free(oai_request *r)
     free(r->json_schema);
     free((void *)r->tools.ptr);
     free(r->tool_choice);
+    free(r->reasoning_effort);
     free(r->tool_choice_name);
+    free(r->api_state);
     memset(r, 0, sizeof *r);
 }
 

@@ -72,6 +72,10 @@ typedef struct oai_request {
     tp_str tools;            /* chat: the tools array's JSON text as sent (owned), ptr NULL = none */
     char *tool_choice;       /* "none" | "auto" | "required" | "function" (NULL: not given) */
     char *tool_choice_name;  /* tool_choice "function": the function's name */
+    char *reasoning_effort;  /* chat: "low" | "medium" | "high" (NULL: not given), the template's */
+    const char *embed;       /* an embedding request: SUBMIT embed, the pooling (static), NULL none */
+    char *api_state;         /* what a translating API keeps of its own request for its
+                              * answers (JSON text, owned; NULL none: oai_decode sets none) */
 } oai_request;
 
 typedef struct oai_error {

@@ -139,7 +139,7 @@ static cJSON *usage(const gw_call *c)
     for (size_t i = 0; i < c->n_ch; i++) {
         if (i % (size_t)c->oreq.n == 0) {
             prompt += c->ch[i].prompt_tokens;
-            cached += c->ch[i].cached_tokens < c->ch[i].prompt_tokens ? c->ch[i].cached_tokens : 0;
+            cached += c->ch[i].cached_tokens; /* below prompt_tokens: the protocol checks FINISH */
         }
         completion += c->ch[i].completion_tokens;
     }
@@ -474,6 +474,28 @@ static void one(tp_buf *b, const char *name, const char *type, const char *help,
     sample(b, name, NULL, v);
 }
 
+/* The signals the Gateway API Inference Extension's endpoint picker scrapes
+ * from a model server (its model server protocol: TotalQueuedRequests,
+ * TotalRunningRequests, KVCacheUtilization), under the vLLM names it reads
+ * by default, so replicas of tokpipe can sit in one InferencePool (README
+ * "Behind a Kubernetes inference gateway"). KV cache use is a fraction:
+ * sequences held over the slots of the live forward workers (a job holds
+ * one slot for its life; with none free, jobs wait). vllm:gpu_cache_usage_perc
+ * is the same under the name older pickers read. */
+static void inference_gateway(tp_buf *b, const tp_m_stats_reply *s)
+{
+    double use = s->kv_slots_total ? (double)s->kv_slots_used / (double)s->kv_slots_total : 0.0;
+    one(b, "vllm:num_requests_waiting", "gauge", "Jobs waiting: tokenizing or waiting for admission (TotalQueuedRequests)",
+        s->jobs_waiting);
+    one(b, "vllm:num_requests_running", "gauge", "Jobs admitted to workers now (TotalRunningRequests)",
+        s->jobs_running);
+    family(b, "vllm:kv_cache_usage_perc", "gauge",
+           "KV cache use, 0-1: slots held over the live forward workers' slots (KVCacheUtilization)");
+    tp_buf_printf(b, "vllm:kv_cache_usage_perc %.6f\n", use);
+    family(b, "vllm:gpu_cache_usage_perc", "gauge", "vllm:kv_cache_usage_perc under its older name");
+    tp_buf_printf(b, "vllm:gpu_cache_usage_perc %.6f\n", use);
+}
+
 /* The forward workers' prefix caches (README "Prefix caching"). */
 static void prefix_cache(tp_buf *b, const tp_m_stats_reply *s)
 {
@@ -574,6 +596,7 @@ const char *gw_endpoint_name(gw_endpoint ep)
     static const char *const names[GW_EP_COUNT] = {
         [GW_EP_COMPLETIONS] = "/v1/completions", [GW_EP_CHAT] = "/v1/chat/completions",
         [GW_EP_MESSAGES] = "/v1/messages",       [GW_EP_COUNT_TOKENS] = "/v1/messages/count_tokens",
+        [GW_EP_RESPONSES] = "/v1/responses",   [GW_EP_EMBEDDINGS] = "/v1/embeddings",
         [GW_EP_MODELS] = "/v1/models",           [GW_EP_HEALTH] = "/health",
         [GW_EP_METRICS] = "/metrics",            [GW_EP_OTHER] = "other",
     };
@@ -625,6 +648,7 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     one(&b, "tokpipe_jobs_waiting", "gauge", "Jobs tokenizing or waiting for admission now", s->jobs_waiting);
     one(&b, "tokpipe_kv_slots_used", "gauge", "KV cache slots (sequences) held by forward workers", s->kv_slots_used);
     one(&b, "tokpipe_kv_slots_capacity", "gauge", "KV cache slots of the live forward workers", s->kv_slots_total);
+    inference_gateway(&b, s);
     prefix_cache(&b, s);
     histogram(&b, "tokpipe_queue_time_seconds", "Time from SUBMIT to a job's first forward step",
               &s->hist[TP_HIST_QUEUE]);
@@ -640,7 +664,7 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
         "Jobs ended in error because the workers processing them kept being lost (poison jobs)", s->jobs_poisoned);
     one(&b, "tokpipe_workers_hung_total", "counter",
         "Workers lost because they stopped answering in the middle of a task (step deadline)", s->workers_hung);
-    one(&b, "tokpipe_replies_refused_total", "counter", "Stage answers from worker registrations already dropped",
+    one(&b, "tokpipe_replies_refused_total", "counter", "Stage answers and heartbeats from worker registrations already dropped",
         s->replies_refused);
     family(&b, "tokpipe_jobs_recovered_total", "counter", "Jobs moved to another worker after a loss, per stage");
     for (int i = 0; i < 4; i++) {
@@ -672,5 +696,10 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
         }
     one(&b, "tokpipe_http_client_disconnects_total", "counter",
         "Completions whose client went away before the end (their jobs were cancelled)", gc->client_gone);
+    one(&b, "tokpipe_http_streams_resumed_total", "counter",
+        "Streams whose jobs were submitted again (same id and seed) after their broker was lost, "
+        "going on where they stopped", gc->streams_resumed);
+    one(&b, "tokpipe_http_jobs_resubmitted_total", "counter",
+        "Jobs submitted again (same id and seed) after their broker was lost", gc->jobs_resubmitted);
     return b.data;
 }

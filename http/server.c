@@ -16,7 +16,8 @@
 #define SSE_BLOCK 65536
 
 /* The APIs, by path. */
-const gw_api *const gw_apis[] = {&gw_api_completions, &gw_api_chat, &gw_api_messages, &gw_api_count_tokens, NULL};
+const gw_api *const gw_apis[] = {&gw_api_completions, &gw_api_chat, &gw_api_messages, &gw_api_count_tokens,
+                                  &gw_api_responses, &gw_api_embeddings, NULL};
 
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_state {
@@ -269,7 +270,8 @@ static enum MHD_Result completions(gw *g, struct MHD_Connection *conn, conn_stat
     }
     oai_request oreq;
     oai_error e;
-    if (st->api->decode(tp_buf_str(&st->body), st->body.len, &oreq, &e))
+    if (st->api->decode_in ? st->api->decode_in(g, tp_buf_str(&st->body), st->body.len, &oreq, &e)
+                           : st->api->decode(tp_buf_str(&st->body), st->body.len, &oreq, &e))
         return send_error(g, conn, st, e.status, e.message, e.param, NULL);
     if (oreq.logprobs && !g->tok) {
         char msg[sizeof e.message];
@@ -317,6 +319,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (v1 && !authorized(g, conn))
         return send_error(g, conn, st, 401,
                           "a valid API key is needed (Authorization: Bearer KEY, or x-api-key: KEY)", NULL, NULL);
+    if (!strncmp(url, "/v1/responses/", 14) && url[14]) {   /* a stored response */
+        st->ep = GW_EP_RESPONSES;
+        st->api = &gw_api_responses;
+        int status;
+        char *body = gw_responses_stored(g, method, url + 14, &status);
+        return send_body(g, conn, st, status, body, "application/json", 0,
+                         status != 405 ? NULL : strchr(url + 14, '/') ? "GET" : "GET, DELETE");
+    }
     if (st->api) {
         if (!post)
             return send_error(g, conn, st, 405, "use POST", NULL, "POST");

@@ -30,6 +30,14 @@ typedef enum tp_arch_size {
     TP_SZ_HEAD,     /* head_size */
     TP_SZ_FF_EXP,   /* expert_ff: one expert's hidden width (model.h) */
     TP_SZ_EXPERTS,  /* n_expert: {arch}.expert_count */
+    TP_SZ_HEADS,    /* n_heads: {arch}.attention.head_count (gpt-oss's sinks) */
+    TP_SZ_Q2,       /* 2 q_dim: a gated query's rows (qwen35) */
+    TP_SZ_SSM_CONV, /* conv_dim: 2 key_dim + value_dim of a DeltaNet layer */
+    TP_SZ_SSM_V,    /* value_dim: ssm_head_dim * ssm_v_heads */
+    TP_SZ_SSM_VH,   /* ssm_v_heads */
+    TP_SZ_SSM_HEAD, /* ssm_head_dim */
+    TP_SZ_SSM_K,    /* ssm_conv_kernel */
+    TP_SZ_FF_SHEXP, /* shexp_ff: the shared expert's hidden width (model.h) */
     TP_SZ_COUNT
 } tp_arch_size;
 
@@ -42,6 +50,10 @@ enum {
     TP_AT_EXPERTS = 1u << 2,
     TP_AT_DENSE = 1u << 3, /* only in a model without experts (expert_count 0) */
     TP_AT_MOE = 1u << 4,   /* only in a model with experts */
+    /* hybrid models (TP_ARCHF_HYBRID): only in a Gated DeltaNet layer /
+     * only in a full-attention layer (tp_model_layer_recurrent) */
+    TP_AT_RECURRENT = 1u << 5,
+    TP_AT_FULL_ATTN = 1u << 6,
 };
 
 /* Rows of a fused matrix that one field views (phi3's attn_qkv: wq, wk,
@@ -71,6 +83,9 @@ typedef struct tp_arch_tensor {
     { nm, a, b, TP_AT_MATRIX | (fl), offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field), \
       0, {{0, 0, 0}} }
 #define TP_AT_VEC(nm, a, field, fl) { nm, a, TP_SZ_NONE, fl, offsetof(tp_layer_weights, field), 0, 0, {{0, 0, 0}} }
+/* An F32 tensor [ne1][ne0] that is not a weight matrix (gpt-oss's expert
+ * biases, [n_expert][width]). */
+#define TP_AT_F32_2D(nm, a, b, field, fl) { nm, a, b, fl, offsetof(tp_layer_weights, field), 0, 0, {{0, 0, 0}} }
 #define TP_AT_PART(r, field) { r, offsetof(tp_layer_weights, field), offsetof(tp_layer_weights, m.field) }
 #define TP_AT_FUSED2(nm, a, r0, f0, r1, f1)                                                              \
     { nm, a, TP_SZ_NONE, TP_AT_MATRIX, 0, 0, 2, {TP_AT_PART(r0, f0), TP_AT_PART(r1, f1)} }
@@ -91,9 +106,18 @@ typedef struct tp_arch_sizes {
 /* (The expert sizes are 0; tp_arch_sizes_moe sets them.) */
 tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, int head_size);
 void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff);
+/* (TP_SZ_HEADS is 0 too; this sets it.) */
+void tp_arch_sizes_heads(tp_arch_sizes *z, int n_heads);
 
-/* Whether block entry t is in a model with (moe) or without experts. */
-bool tp_arch_tensor_in(const tp_arch_tensor *t, bool moe);
+/* The shared expert's width (0 without one). */
+void tp_arch_sizes_shexp(tp_arch_sizes *z, int shexp_ff);
+
+/* The sizes of a hybrid model's DeltaNet layers (model.h). */
+void tp_arch_sizes_ssm(tp_arch_sizes *z, const tp_model_config *c);
+
+/* Whether block entry t is in a model with (moe) or without experts, in
+ * a Gated DeltaNet layer (recurrent) or not. */
+bool tp_arch_tensor_in(const tp_arch_tensor *t, bool moe, bool recurrent);
 
 /* The shape of t in those sizes: ne1 0 for a vector; a fused matrix's ne1
  * is its parts' rows together. */
@@ -134,6 +158,22 @@ enum {
      * feed_forward_length / expert_used_count (llama.cpp's n_ff_exp);
      * without the flag it is feed_forward_length (llama's Mixtral) */
     TP_ARCHF_EXPERT_FF_KEY = 1u << 10,
+    /* Gated DeltaNet layers beside full-attention ones (qwen35): the
+     * {arch}.ssm.* keys (conv_kernel, inner_size, state_size,
+     * time_step_rank, group_count) required, full_attention_interval
+     * (default 4) */
+    TP_ARCHF_HYBRID = 1u << 11,
+    /* wq gives each head's query and its output gate (model.h attn_gate) */
+    TP_ARCHF_ATTN_GATE = 1u << 12,
+    /* rope.dimension_count may be less than the head size (partial RoPE) */
+    TP_ARCHF_ROPE_DIM = 1u << 13,
+    /* a shared expert beside the routed ones (qwen35moe): its width
+     * {arch}.expert_shared_feed_forward_length, default
+     * feed_forward_length (llama.cpp's n_ff_shexp) */
+    TP_ARCHF_SHEXP = 1u << 14,
+    /* gpt-oss's experts: swiglu_oai (TP_FFN_SWIGLU_OAI) and the softmax
+     * over the top k router logits (tp_model_config.moe_softmax_topk) */
+    TP_ARCHF_OAI_MOE = 1u << 15,
 };
 
 typedef struct tp_arch {
@@ -161,6 +201,8 @@ typedef struct tp_arch {
     float mk_rope_base, mk_norm_eps;
     int mk_sliding_window;
     int mk_experts, mk_experts_used; /* mkmodel's defaults for a MoE kind (0: dense) */
+    float mk_yarn_factor;  /* > 0: mkmodel writes rope.scaling.type yarn with this factor */
+    int mk_yarn_orig_ctx;  /* and rope.scaling.original_context_length */
 } tp_arch;
 
 /* The table (model/archs.c), in the order "supported: ..." lists them. */

@@ -5,7 +5,7 @@
 #include <string.h>
 
 extern const tp_arch tp_arch_llama, tp_arch_qwen2, tp_arch_qwen3, tp_arch_phi3, tp_arch_gemma3, tp_arch_gemma2,
-    tp_arch_qwen3moe;
+    tp_arch_qwen3moe, tp_arch_qwen35, tp_arch_qwen35moe, tp_arch_gptoss;
 
 const tp_arch *const tp_archs[] = {
     &tp_arch_llama,
@@ -15,6 +15,9 @@ const tp_arch *const tp_archs[] = {
     &tp_arch_gemma3,
     &tp_arch_gemma2,
     &tp_arch_qwen3moe,
+    &tp_arch_qwen35,
+    &tp_arch_qwen35moe,
+    &tp_arch_gptoss,
 };
 const int tp_n_archs = sizeof tp_archs / sizeof tp_archs[0];
 
@@ -42,7 +45,18 @@ tp_arch_sizes tp_arch_sizes_of(int dim, int q_dim, int kv_dim, int hidden_dim, i
     z.v[TP_SZ_KV] = kv_dim;
     z.v[TP_SZ_FF] = hidden_dim;
     z.v[TP_SZ_HEAD] = head_size;
+    z.v[TP_SZ_Q2] = 2 * q_dim;
     return z;
+}
+
+void tp_arch_sizes_ssm(tp_arch_sizes *z, const tp_model_config *c)
+{
+    int key = c->ssm_head_dim * c->ssm_k_heads, value = c->ssm_head_dim * c->ssm_v_heads;
+    z->v[TP_SZ_SSM_CONV] = 2 * key + value;
+    z->v[TP_SZ_SSM_V] = value;
+    z->v[TP_SZ_SSM_VH] = c->ssm_v_heads;
+    z->v[TP_SZ_SSM_HEAD] = c->ssm_head_dim;
+    z->v[TP_SZ_SSM_K] = c->ssm_conv_kernel;
 }
 
 void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff)
@@ -51,8 +65,17 @@ void tp_arch_sizes_moe(tp_arch_sizes *z, int n_expert, int expert_ff)
     z->v[TP_SZ_FF_EXP] = expert_ff;
 }
 
-bool tp_arch_tensor_in(const tp_arch_tensor *t, bool moe)
+void tp_arch_sizes_heads(tp_arch_sizes *z, int n_heads) { z->v[TP_SZ_HEADS] = n_heads; }
+
+void tp_arch_sizes_shexp(tp_arch_sizes *z, int shexp_ff)
 {
+    z->v[TP_SZ_FF_SHEXP] = shexp_ff;
+}
+
+bool tp_arch_tensor_in(const tp_arch_tensor *t, bool moe, bool recurrent)
+{
+    if (t->flags & (recurrent ? TP_AT_FULL_ATTN : TP_AT_RECURRENT))
+        return false;
     return moe ? !(t->flags & TP_AT_DENSE) : !(t->flags & TP_AT_MOE);
 }
 

@@ -20,6 +20,8 @@ static const tp_ggml_type_info TYPES[] = {
     {TP_GGML_F64, "f64", 1, 8},          {TP_GGML_IQ1_M, "iq1_m", 256, 56},
     {TP_GGML_BF16, "bf16", 1, 2},        {TP_GGML_TQ1_0, "tq1_0", 256, 54},
     {TP_GGML_TQ2_0, "tq2_0", 256, 66},
+    /* block_mxfp4: an E8M0 scale byte, 16 bytes of E2M1 codes */
+    {TP_GGML_MXFP4, "mxfp4", 32, 17},
 };
 
 const tp_ggml_type_info *tp_ggml_type(uint32_t id)
@@ -60,7 +62,7 @@ bool tp_ggml_matrix_type_ok(uint32_t type)
     switch (type) {
     case TP_GGML_F32: case TP_GGML_F16: case TP_GGML_BF16: case TP_GGML_Q8_0: case TP_GGML_Q4_0:
     case TP_GGML_Q4_1: case TP_GGML_Q5_0: case TP_GGML_Q5_1: case TP_GGML_Q4_K: case TP_GGML_Q5_K:
-    case TP_GGML_Q6_K:
+    case TP_GGML_Q6_K: case TP_GGML_MXFP4:
         return true;
     default:
         return false;

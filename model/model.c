@@ -25,6 +25,9 @@
 #define MAX_VOCAB (1 << 22)
 #define MAX_SEQ (1 << 20)
 #define MAX_EXPERTS 512 /* llama.cpp's LLAMA_MAX_EXPERTS */
+#define MAX_CONV_KERNEL 16 /* a DeltaNet conv1d's width (Qwen 3.5: 4) */
+#define MAX_SSM_HEAD 1024  /* a DeltaNet head's size (Qwen 3.5: 128) */
+#define MAX_SSM_HEADS 1024
 #define LLAMA2C_HEADER_BYTES 28
 #define LLAMA2C_V1_MAGIC 0x616b3432u /* "ak42": newer llama2.c export versions */
 #define HASH_BYTES 4096
@@ -100,6 +103,11 @@ static int validate_config(tp_model_config *c, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "model header: head size %d is odd (RoPE rotates pairs)",
                           c->head_size);
     c->kv_dim = c->head_size * c->n_kv_heads;
+    if (!c->rope_dim)
+        c->rope_dim = c->head_size;
+    if (c->rope_dim < 2 || c->rope_dim > c->head_size || c->rope_dim % 2)
+        return tp_err_set(err, TP_EFORMAT, "model header: RoPE dimension count %d is not an even number in "
+                          "2..%d (the head size)", c->rope_dim, c->head_size);
     if (!(c->norm_eps > 0 && c->norm_eps < 1))
         return tp_err_set(err, TP_EFORMAT, "model header: RMSNorm epsilon %g is outside (0, 1)",
                           (double)c->norm_eps);
@@ -388,6 +396,47 @@ static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
     m->cfg.embd_scale = (a->flags & TP_ARCHF_EMBD_SCALE) != 0;
     m->cfg.post_norms = (a->flags & TP_ARCHF_POST_NORMS) != 0;
     m->cfg.ffn_act = (a->flags & TP_ARCHF_GELU) ? TP_FFN_GELU_TANH : TP_FFN_SILU;
+    if (a->flags & TP_ARCHF_OAI_MOE) {
+        m->cfg.ffn_act = TP_FFN_SWIGLU_OAI;
+        m->cfg.moe_softmax_topk = true;
+    }
+    m->cfg.attn_gate = (a->flags & TP_ARCHF_ATTN_GATE) != 0;
+    return 0;
+}
+
+bool tp_model_layer_recurrent(const tp_model_config *c, int l)
+{
+    return c->full_attn_interval > 0 && (l + 1) % c->full_attn_interval != 0;
+}
+
+/* A hybrid model's DeltaNet sizes, as llama.cpp's load_hparams reads
+ * LLM_ARCH_QWEN35's: the ssm.* keys required, full_attention_interval
+ * default 4. A value head is a key head's size (inner_size = state_size
+ * * time_step_rank), and the value heads a multiple of the key heads. */
+static int gguf_hybrid(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_config *c = &m->cfg;
+    char k[MAX_KEY];
+    int inner = 0;
+    int rc = gguf_int(g, akey(m, "ssm.conv_kernel", k), 0, true, &c->ssm_conv_kernel, err);
+    if (!rc) rc = check_range(k, c->ssm_conv_kernel, 2, MAX_CONV_KERNEL, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.state_size", k), 0, true, &c->ssm_head_dim, err);
+    if (!rc) rc = check_range(k, c->ssm_head_dim, 1, MAX_SSM_HEAD, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.group_count", k), 0, true, &c->ssm_k_heads, err);
+    if (!rc) rc = check_range(k, c->ssm_k_heads, 1, MAX_SSM_HEADS, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.time_step_rank", k), 0, true, &c->ssm_v_heads, err);
+    if (!rc) rc = check_range(k, c->ssm_v_heads, 1, MAX_SSM_HEADS, err);
+    if (!rc) rc = gguf_int(g, akey(m, "ssm.inner_size", k), 0, true, &inner, err);
+    if (!rc) rc = gguf_int(g, akey(m, "full_attention_interval", k), 4, false, &c->full_attn_interval, err);
+    if (!rc) rc = check_range(k, c->full_attn_interval, 1, MAX_LAYERS, err);
+    if (rc)
+        return rc;
+    if (inner != c->ssm_head_dim * c->ssm_v_heads)
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s.ssm.inner_size %d != state_size %d * time_step_rank %d",
+                          m->arch_name, inner, c->ssm_head_dim, c->ssm_v_heads);
+    if (c->ssm_v_heads % c->ssm_k_heads)
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s.ssm.time_step_rank %d is not a multiple of group_count %d",
+                          m->arch_name, c->ssm_v_heads, c->ssm_k_heads);
     return 0;
 }
 
@@ -473,6 +522,10 @@ static int gguf_experts_config(tp_model *m, const tp_gguf *g, tp_err *err)
                       &c->expert_ff, err);
     if (!rc)
         rc = check_range("expert feed_forward_length", c->expert_ff, 1, MAX_HIDDEN, err);
+    if (!rc && (a->flags & TP_ARCHF_SHEXP)) /* llama.cpp's n_ff_shexp, else n_ff */
+        rc = gguf_int(g, akey(m, "expert_shared_feed_forward_length", k), c->hidden_dim, false, &c->shexp_ff, err);
+    if (!rc && (a->flags & TP_ARCHF_SHEXP))
+        rc = check_range("expert shared feed_forward_length", c->shexp_ff, 1, MAX_HIDDEN, err);
     return rc;
 }
 
@@ -500,8 +553,16 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
     if (!rc) rc = gguf_float(g, akey(m, "rope.freq_base", k), a->rope_base, &c->rope_theta, err);
     if (!rc && (a->flags & TP_ARCHF_HEAD_DIM_KEY))
         rc = gguf_int(g, akey(m, "attention.key_length", k), 0, false, &c->head_size, err);
+    if (!rc && (a->flags & TP_ARCHF_ROPE_DIM))
+        rc = gguf_int(g, akey(m, "rope.dimension_count", k), 0, false, &c->rope_dim, err);
+    if (!rc && (a->flags & TP_ARCHF_HYBRID))
+        rc = gguf_hybrid(m, g, err);
     if (!rc)
         rc = gguf_experts_config(m, g, err);
+    if (!rc)
+        rc = gguf_int(g, akey(m, "pooling_type", k), TP_POOL_NONE, false, &c->pooling, err);
+    if (!rc && (c->pooling < TP_POOL_NONE || c->pooling > TP_POOL_LAST))
+        c->pooling = TP_POOL_NONE;   /* rank (a reranker's head) and others: not an embedding we compute */
     if (rc)
         return rc;
     const tp_gguf_tensor *emb = tp_gguf_tensor_find(g, "token_embd.weight");
@@ -515,7 +576,7 @@ static int gguf_config(tp_model *m, const tp_gguf *g, tp_err *err)
      * architectures (partial RoPE, value heads of another size, and
      * head_dim != dim / n_heads where the architecture does not read it). */
     const char *same[] = {"rope.dimension_count", "attention.key_length", "attention.value_length"};
-    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+    for (size_t i = (a->flags & TP_ARCHF_ROPE_DIM) ? 1 : 0; i < sizeof same / sizeof same[0]; i++) {
         int v = c->head_size;
         if ((rc = gguf_int(g, akey(m, same[i], k), c->head_size, false, &v, err)))
             return rc;
@@ -539,6 +600,27 @@ static int positive(const char *key, double v, tp_err *err)
     return 0;
 }
 
+/* ggml_rope_yarn_corr_dim: the dimension whose pair turns n_rot times in
+ * n_ctx_orig positions */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base)
+{
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * 3.14159265358979323846f)) / (2 * logf(base));
+}
+
+void tp_rope_yarn(const tp_model_config *c, float theta, float *ramp, float *mscale)
+{
+    int n = c->head_size;
+    float lo = floorf(yarn_corr_dim(n, c->yarn_orig_ctx, c->yarn_beta_fast, theta));
+    float hi = ceilf(yarn_corr_dim(n, c->yarn_orig_ctx, c->yarn_beta_slow, theta));
+    lo = lo > 0 ? lo : 0;
+    hi = hi < (float)(n - 1) ? hi : (float)(n - 1);
+    for (int j = 0; j < n / 2; j++) {
+        float y = ((float)j - lo) / fmaxf(0.001f, hi - lo);
+        ramp[j] = 1 - fminf(1, fmaxf(0, y));
+    }
+    *mscale = c->yarn_attn_factor * (1.0f + 0.1f * logf(c->yarn_factor));
+}
+
 void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
                              double orig_ctx, float *out)
 {
@@ -554,6 +636,29 @@ void tp_rope_llama3_divisors(int head_size, double theta, double factor, double 
             out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
         }
     }
+}
+
+/* YaRN from {arch}.rope.scaling.* keys as llama.cpp reads them (model.h):
+ * factor (freq_scale = 1 / factor), original_context_length (default the
+ * context length), yarn_beta_fast (32), yarn_beta_slow (1),
+ * yarn_attn_factor (1). */
+static int gguf_yarn(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    tp_model_config *c = &m->cfg;
+    char k[MAX_KEY];
+    int rc = gguf_float(g, akey(m, "rope.scaling.factor", k), 0.0, &c->yarn_factor, err);
+    if (!rc && !(c->yarn_factor >= 1.0f && c->yarn_factor < 1e6f))
+        return tp_err_set(err, TP_EFORMAT, "gguf: %s = %g: YaRN needs a factor >= 1", k, (double)c->yarn_factor);
+    if (!rc) rc = gguf_int(g, akey(m, "rope.scaling.original_context_length", k), c->seq_len, false,
+                           &c->yarn_orig_ctx, err);
+    if (!rc) rc = check_range(k, c->yarn_orig_ctx, 1, 1 << 24, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.yarn_beta_fast", k), 32.0, &c->yarn_beta_fast, err);
+    if (!rc) rc = positive(k, c->yarn_beta_fast, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.yarn_beta_slow", k), 1.0, &c->yarn_beta_slow, err);
+    if (!rc) rc = positive(k, c->yarn_beta_slow, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.yarn_attn_factor", k), 1.0, &c->yarn_attn_factor, err);
+    if (!rc) rc = positive(k, c->yarn_attn_factor, err);
+    return rc;
 }
 
 /* Llama 3 scaling from {arch}.rope.scaling.* keys, with Meta's defaults. */
@@ -582,9 +687,10 @@ static int llama3_factors(tp_model *m, const tp_gguf *g, float *ff, tp_err *err)
 
 /* RoPE frequency divisors: llama.cpp stores Llama 3's as the tensor
  * rope_freqs.weight; files may instead carry {arch}.rope.scaling.type =
- * llama3 (with its factors) or linear (one factor, or the older
- * {arch}.rope.scale_linear). Scaling kinds that change more than the
- * frequencies (yarn, longrope) are refused by name. */
+ * llama3 (with its factors), linear (one factor, or the older
+ * {arch}.rope.scale_linear) or yarn (its keys in the config: the forward
+ * blends each pair's angle and scales cos and sin, model.h). Other kinds
+ * (longrope) are refused by name. */
 static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
 {
     char k[MAX_KEY];
@@ -603,13 +709,16 @@ static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
     if ((rc = gguf_float(g, akey(m, "rope.scale_linear", k), 1.0, &linear, err)) || (rc = positive(k, linear, err)))
         return rc;
     bool llama3 = str_is(type, "llama3");
-    if (str_is(type, "linear")) {
+    if (str_is(type, "yarn")) {
+        if ((rc = gguf_yarn(m, g, err)))
+            return rc;
+    } else if (str_is(type, "linear")) {
         if ((rc = gguf_float(g, akey(m, "rope.scaling.factor", k), 1.0, &linear, err)) ||
             (rc = positive(k, linear, err)))
             return rc;
     } else if (!llama3 && !str_is(type, "none")) {
         return tp_err_set(err, TP_EFORMAT, "gguf: %s.rope.scaling.type '%.*s' is not supported (none, linear, "
-                          "llama3)", m->arch_name, (int)(type.len > 32 ? 32 : type.len), type.ptr);
+                          "llama3, yarn)", m->arch_name, (int)(type.len > 32 ? 32 : type.len), type.ptr);
     }
     if (!tensor && !llama3 && linear == 1.0f)
         return 0;
@@ -645,10 +754,14 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     const tp_model_config *c = &m->cfg;
     tp_arch_sizes z = tp_arch_sizes_of(c->dim, c->q_dim, c->kv_dim, c->hidden_dim, c->head_size);
     tp_arch_sizes_moe(&z, c->n_expert, c->expert_ff);
+    tp_arch_sizes_heads(&z, c->n_heads);
+    tp_arch_sizes_shexp(&z, c->shexp_ff);
+    tp_arch_sizes_ssm(&z, c);
+    bool recurrent = tp_model_layer_recurrent(c, l);
     int n_exps = 0;
     for (int i = 0; i < m->arch->n_block; i++) {
         const tp_arch_tensor *t = &m->arch->block[i];
-        if (!tp_arch_tensor_in(t, c->n_expert > 0))
+        if (!tp_arch_tensor_in(t, c->n_expert > 0, recurrent))
             continue;
         snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
         /* GGUF dims are [cols, rows]: ne0 is the input width of a matrix. */
@@ -689,12 +802,14 @@ static int gguf_layer(tp_model *m, const tp_gguf *g, int l, tp_layer_weights *lw
     }
     if (lw->bq || lw->bk || lw->bv)
         m->cfg.attn_bias = true;
-    if (m->cfg.qk_norm && (!lw->q_norm || !lw->k_norm)) /* a bug in an arch file: the flag needs both */
+    if (m->cfg.qk_norm && !recurrent && (!lw->q_norm || !lw->k_norm)) /* a bug in an arch file: the flag needs both */
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no attn_q_norm / attn_k_norm", l);
     if (m->cfg.post_norms && (!lw->rms_att_post || !lw->rms_ffn_post))
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no post_attention_norm / post_ffw_norm", l);
     if (c->n_expert && (!lw->w1_exps || !lw->w2_exps || !lw->w3_exps || !lw->m.wr.data)) /* likewise */
         return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no router or expert tensors", l);
+    if (c->shexp_ff && (!lw->m.w1_shexp.data || !lw->m.w2_shexp.data || !lw->m.w3_shexp.data || !lw->shexp_gate))
+        return tp_err_set(err, TP_EFORMAT, "gguf: block %d has no shared expert tensors", l); /* likewise */
     return 0;
 }
 
@@ -876,6 +991,9 @@ static void make_identity(tp_model *m)
         size_t n = strlen(m->identity);
         snprintf(m->identity + n, sizeof m->identity - n, " experts=%d/%d/%d", c->n_expert, c->n_expert_used,
                  c->expert_ff);
+        n = strlen(m->identity);
+        if (c->shexp_ff)
+            snprintf(m->identity + n, sizeof m->identity - n, " shexp=%d", c->shexp_ff);
     }
 }
 
@@ -993,6 +1111,10 @@ bool tp_model_all_f32(const tp_model *m)
                                 w->layers[l].w2_exps[0].type != TP_GGML_F32 ||
                                 w->layers[l].w3_exps[0].type != TP_GGML_F32))
             return false; /* one type a 3-D tensor: its first expert's */
+        if (m->cfg.shexp_ff && (w->layers[l].m.w1_shexp.type != TP_GGML_F32 ||
+                                w->layers[l].m.w2_shexp.type != TP_GGML_F32 ||
+                                w->layers[l].m.w3_shexp.type != TP_GGML_F32))
+            return false;
     }
     return true;
 }

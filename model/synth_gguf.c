@@ -33,6 +33,7 @@ typedef struct arch_defaults {
     float theta, eps;
     bool llama3;
     int n_expert, n_expert_used, expert_ff;
+    int shexp_ff; /* TP_ARCHF_SHEXP: the shared expert's width */
 } arch_defaults;
 
 /* The sizes of a random model: heads of dim / n_heads (a shape may name
@@ -98,14 +99,18 @@ typedef struct builder {
     rng r;
 } builder;
 
-enum fill { MATRIX, NORM, BIAS };
+enum fill { MATRIX, NORM, BIAS, DECAY };
 
-/* llama.cpp's converter: norms near 1, biases and matrices near 0. */
+/* llama.cpp's converter: norms near 1, biases and matrices near 0; a
+ * DeltaNet's conv kernel like a matrix, its ssm_a (-exp(A_log)) negative
+ * (a decay e^(softplus(.) * a) below 1). */
 static enum fill fill_of(const tp_arch_tensor *t)
 {
     size_t n = strlen(t->name);
-    if (t->flags & TP_AT_MATRIX)
+    if ((t->flags & TP_AT_MATRIX) || !strcmp(t->name, "ssm_conv1d.weight"))
         return MATRIX;
+    if (!strcmp(t->name, "ssm_a"))
+        return DECAY;
     return n > 5 && !strcmp(t->name + n - 5, ".bias") ? BIAS : NORM;
 }
 
@@ -117,10 +122,40 @@ static int tensor(builder *b, const char *name, int ne0, int ne1, int ne2, enum 
     float *p = b->buf + b->used;
     float scale = fill == MATRIX ? 0.5f / sqrtf((float)ne0) : fill == NORM ? 0.25f : 0.5f;
     for (size_t i = 0; i < n; i++)
-        p[i] = (fill == NORM ? 1.0f : 0.0f) + scale * uniform(&b->r);
+        p[i] = (fill == NORM ? 1.0f : fill == DECAY ? -1.0f : 0.0f) + scale * uniform(&b->r);
     b->used += n;
     uint64_t ne[3] = {(uint64_t)ne0, (uint64_t)ne1, (uint64_t)ne2};
     return tp_gguf_add_tensor(b->w, name, 0 /* F32 */, ne2 ? 3 : ne1 ? 2 : 1, ne, p, n * sizeof(float), err);
+}
+
+/* A hybrid kind's DeltaNet layers (TP_ARCHF_HYBRID): heads of the
+ * attention's head size, as many value heads as query heads and key
+ * heads as KV heads (Qwen 3.5's 4B: 16 and 32 of 128, 16 and 4 of 256),
+ * a conv of 4, and full attention every SYNTH_FULL_ATTN-th layer. */
+#define SYNTH_CONV_KERNEL 4
+#define SYNTH_FULL_ATTN 4
+
+static tp_model_config ssm_of(const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o)
+{
+    tp_model_config c = {0};
+    if (!(a->arch->flags & TP_ARCHF_HYBRID))
+        return c;
+    c.ssm_head_dim = sizes_of(s, o).hs;
+    c.ssm_k_heads = s->n_kv_heads;
+    c.ssm_v_heads = s->n_heads;
+    c.ssm_conv_kernel = SYNTH_CONV_KERNEL;
+    c.full_attn_interval = SYNTH_FULL_ATTN;
+    return c;
+}
+
+/* Partial RoPE (TP_ARCHF_ROPE_DIM): a quarter of the head, as Qwen 3.5
+ * (64 of 256), at least one pair. */
+static int rope_dim_of(const sizes *z, const arch_defaults *a)
+{
+    if (!(a->arch->flags & TP_ARCHF_ROPE_DIM))
+        return z->hs;
+    int r = z->hs / 4 / 2 * 2;
+    return r < 2 ? 2 : r;
 }
 
 static tp_arch_sizes arch_sizes(const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o)
@@ -128,6 +163,10 @@ static tp_arch_sizes arch_sizes(const tp_synth_shape *s, const arch_defaults *a,
     sizes z = sizes_of(s, o);
     tp_arch_sizes az = tp_arch_sizes_of(z.d, z.q, z.kvd, z.h, z.hs);
     tp_arch_sizes_moe(&az, a->n_expert, a->expert_ff);
+    tp_arch_sizes_heads(&az, s->n_heads);
+    tp_arch_sizes_shexp(&az, a->shexp_ff);
+    tp_model_config c = ssm_of(s, a, o);
+    tp_arch_sizes_ssm(&az, &c);
     return az;
 }
 
@@ -136,16 +175,18 @@ static size_t total_floats(const tp_synth_shape *s, int vocab, const arch_defaul
     sizes z = sizes_of(s, o);
     tp_arch_sizes az = arch_sizes(s, ad, o);
     const tp_arch *a = ad->arch;
-    size_t layer = 0;
-    for (int i = 0; i < a->n_block; i++) {
-        int ne0, ne1, ne2 = tp_arch_ne2(&a->block[i], &az);
-        if (!tp_arch_tensor_in(&a->block[i], ad->n_expert > 0))
-            continue;
-        tp_arch_shape(&a->block[i], &az, &ne0, &ne1);
-        layer += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1) * (size_t)(ne2 ? ne2 : 1);
-    }
+    tp_model_config ssm = ssm_of(s, ad, o);
+    size_t layers = 0;
+    for (int l = 0; l < s->n_layers; l++)
+        for (int i = 0; i < a->n_block; i++) {
+            int ne0, ne1, ne2 = tp_arch_ne2(&a->block[i], &az);
+            if (!tp_arch_tensor_in(&a->block[i], ad->n_expert > 0, tp_model_layer_recurrent(&ssm, l)))
+                continue;
+            tp_arch_shape(&a->block[i], &az, &ne0, &ne1);
+            layers += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1) * (size_t)(ne2 ? ne2 : 1);
+        }
     size_t d = (size_t)z.d, V = (size_t)vocab;
-    return V * d * (o->separate_output ? 2 : 1) + d + (size_t)z.hs / 2 + (size_t)s->n_layers * layer;
+    return V * d * (o->separate_output ? 2 : 1) + d + (size_t)z.hs / 2 + layers;
 }
 
 static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o,
@@ -166,7 +207,23 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("feed_forward_length"), (uint32_t)ff, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count"), (uint32_t)s->n_heads, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count_kv"), (uint32_t)s->n_kv_heads, err);
-    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.dimension_count"), (uint32_t)z.hs, err);
+    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.dimension_count"), (uint32_t)rope_dim_of(&z, a), err);
+    tp_model_config ssm = ssm_of(s, a, o);
+    if (!rc && ssm.full_attn_interval) { /* as llama.cpp's converter writes Qwen 3.5's */
+        rc = tp_gguf_set_u32(b->w, KEY("ssm.conv_kernel"), (uint32_t)ssm.ssm_conv_kernel, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("ssm.state_size"), (uint32_t)ssm.ssm_head_dim, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("ssm.group_count"), (uint32_t)ssm.ssm_k_heads, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("ssm.time_step_rank"), (uint32_t)ssm.ssm_v_heads, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("ssm.inner_size"),
+                                      (uint32_t)(ssm.ssm_head_dim * ssm.ssm_v_heads), err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("full_attention_interval"), (uint32_t)ssm.full_attn_interval, err);
+        /* llama.cpp requires IMROPE's sections (Qwen 3.5: 11, 11, 10 of 32 pairs); a text turns
+         * every section by its position alike */
+        int half = rope_dim_of(&z, a) / 2, s0 = (half + 2) / 3;
+        int32_t sec[4] = {s0, s0 < half - s0 ? s0 : half - s0, 0, 0};
+        sec[2] = half - sec[0] - sec[1];
+        if (!rc) rc = tp_gguf_set_arr_i32(b->w, KEY("rope.dimension_sections"), sec, 4, err);
+    }
     if (!rc && (a->arch->flags & TP_ARCHF_HEAD_DIM_KEY)) { /* as the converter writes head_dim */
         rc = tp_gguf_set_u32(b->w, KEY("attention.key_length"), (uint32_t)z.hs, err);
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.value_length"), (uint32_t)z.hs, err);
@@ -187,12 +244,22 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.high_freq_factor"), (float)L3_HIGH, err);
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"), L3_ORIG_CTX, err);
     }
+    if (!rc && a->arch->mk_yarn_factor > 0) { /* gpt-oss's config.json rope_scaling, converted */
+        rc = tp_gguf_set_str(b->w, KEY("rope.scaling.type"), "yarn", err);
+        if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.factor"), a->arch->mk_yarn_factor, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"),
+                                      (uint32_t)a->arch->mk_yarn_orig_ctx, err);
+    }
     if (!rc && a->n_expert) { /* as llama.cpp's converter writes them */
         rc = tp_gguf_set_u32(b->w, KEY("expert_count"), (uint32_t)a->n_expert, err);
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("expert_used_count"), (uint32_t)a->n_expert_used, err);
         if (!rc && (a->arch->flags & TP_ARCHF_EXPERT_FF_KEY))
             rc = tp_gguf_set_u32(b->w, KEY("expert_feed_forward_length"), (uint32_t)a->expert_ff, err);
+        if (!rc && a->shexp_ff)
+            rc = tp_gguf_set_u32(b->w, KEY("expert_shared_feed_forward_length"), (uint32_t)a->shexp_ff, err);
     }
+    if (!rc && o->pooling > 0)
+        rc = tp_gguf_set_u32(b->w, KEY("pooling_type"), (uint32_t)o->pooling, err);
 #undef KEY
     if (!rc)
         rc = tp_gguf_copy_kv_from_file(b->w, o->vocab_from, "tokenizer.", err);
@@ -217,10 +284,12 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
     }
     char name[NAME_MAX_LEN];
     tp_arch_sizes az = arch_sizes(s, a, o);
+    tp_model_config ssm = ssm_of(s, a, o);
     for (int l = 0; !rc && l < s->n_layers; l++)
         for (int i = 0; !rc && i < a->arch->n_block; i++) {
             const tp_arch_tensor *t = &a->arch->block[i];
-            if ((t->flags & TP_AT_OPTIONAL) || !tp_arch_tensor_in(t, a->n_expert > 0))
+            if ((t->flags & TP_AT_OPTIONAL) ||
+                !tp_arch_tensor_in(t, a->n_expert > 0, tp_model_layer_recurrent(&ssm, l)))
                 continue;
             snprintf(name, sizeof name, "blk.%d.%s", l, t->name);
             int ne0, ne1;
@@ -249,7 +318,9 @@ static int pick_arch(const char *flag, const tp_synth_shape *s, const tp_synth_g
         return tp_err_set(err, TP_EINVAL, "mkmodel: architecture '%s' is not one of %s", flag ? flag : "(none)",
                           names);
     }
-    *out = (arch_defaults){a, llama3 ? 500000.0f : a->mk_rope_base, a->mk_norm_eps, llama3, 0, 0, 0};
+    *out = (arch_defaults){a, llama3 ? 500000.0f : a->mk_rope_base, a->mk_norm_eps, llama3, 0, 0, 0, 0};
+    if (o->shexp_ff && !(a->flags & TP_ARCHF_SHEXP))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --arch %s has no shared expert (--shared-ff)", flag);
     int ne = mixtral ? 8 : a->mk_experts, used = mixtral ? 2 : a->mk_experts_used;
     if (o->n_expert)
         ne = o->n_expert;
@@ -270,13 +341,15 @@ static int pick_arch(const char *flag, const tp_synth_shape *s, const tp_synth_g
     out->n_expert = ne;
     out->n_expert_used = used;
     out->expert_ff = o->expert_ff ? o->expert_ff : s->hidden_dim;
+    if (a->flags & TP_ARCHF_SHEXP) /* Qwen3.5-35B-A3B's shared expert is as wide as one routed */
+        out->shexp_ff = o->shexp_ff ? o->shexp_ff : out->expert_ff;
     return 0;
 }
 
 int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed, const tp_synth_gguf *o,
                         tp_err *err)
 {
-    arch_defaults ad = {NULL, 0, 0, false, 0, 0, 0};
+    arch_defaults ad = {NULL, 0, 0, false, 0, 0, 0, 0};
     int rc = pick_arch(o->arch, s, o, &ad, err);
     if (rc)
         return rc;

@@ -30,6 +30,14 @@ bool tp_reason_ends_in_calls(int reason, size_t n_calls, bool cut)
            (reason == TP_REASON_STOP_STRING || reason == TP_REASON_STOP_TOKEN || reason == TP_REASON_EOS);
 }
 
+static const char *const pool_names[] = {"mean", "cls", "last", "model"};
+
+int tp_pool_parse(tp_str s)
+{
+    int i = s.ptr ? name_index(pool_names, 4, s.ptr, s.len) : -1;
+    return i < 0 ? -1 : i + 1;
+}
+
 static const char *const state_names[] = {"unknown", "queued", "running", "finished"};
 
 const char *tp_state_name(int state)

@@ -85,6 +85,8 @@ static const field params_fields[] = {
     {.key = "json_schema", .type = FT_STR, .off = P(json_schema), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
      .setbit = TP_P_JSON_SCHEMA},
     {.key = "json_mode", .type = FT_BOOL, .off = P(json_mode), .setbit = TP_P_JSON_MODE},
+    {.key = "gbnf", .type = FT_STR, .off = P(gbnf), .flags = FF_NONEMPTY, .max = TP_PROTO_MAX_GRAMMAR,
+     .setbit = TP_P_GBNF},
     {.key = "grammar_trigger", .type = FT_STR, .off = P(grammar_trigger), .flags = FF_NONEMPTY,
      .max = TP_PROTO_MAX_NAME},
     {.key = "parse_tool_calls", .type = FT_BOOL, .off = P(parse_tool_calls), .setbit = TP_P_PARSE_TOOL_CALLS},
@@ -136,6 +138,8 @@ static const field submit_f[] = {
     F_STR("tools", M(submit.tools), 0, TP_PROTO_MAX_TOOLS),
     F_STR("tool_choice", M(submit.tool_choice), 0, TP_PROTO_MAX_NAME),
     F_STR("tool_choice_name", M(submit.tool_choice_name), FF_NONEMPTY, TP_PROTO_MAX_NAME * 4),
+    F_STR("reasoning_effort", M(submit.reasoning_effort), FF_NONEMPTY, TP_PROTO_MAX_NAME),
+    F_STR("embed", M(submit.embed), FF_NONEMPTY, TP_PROTO_MAX_NAME),
     END,
 };
 static const pframe submit_p[] = {{"prompt_ids", M(submit.prompt_ids), 4, 1}, {NULL, 0, 0, 0}};
@@ -301,6 +305,7 @@ static const field finish_f[] = {
     {.key = "tool_calls_cut", .type = FT_BOOL, .off = FI(tool_calls_cut)},
     END,
 };
+static const pframe finish_p[] = {{"embedding", M(finish.embedding), 4, 1}, {NULL, 0, 0, 0}};
 
 static const field beat_f[] = {
     F_U64("incarnation", M(beat.incarnation), FF_REQUIRED), F_U64("uptime_ms", M(beat.uptime_ms), FF_REQUIRED),
@@ -352,6 +357,7 @@ static const field tokenize_f[] = {
     {.key = "messages", .type = FT_MSGS, .off = M(tokenize.messages), .flags = FF_NONEMPTY,
      .max = TP_PROTO_MAX_MESSAGES, .max_elem = TP_PROTO_MAX_PROMPT},
     F_STR("tools", M(tokenize.tools), 0, TP_PROTO_MAX_TOOLS),
+    F_STR("reasoning_effort", M(tokenize.reasoning_effort), FF_NONEMPTY, TP_PROTO_MAX_NAME),
     END,
 };
 static const field tokenized_f[] = {
@@ -362,7 +368,14 @@ static const field tokenized_f[] = {
 };
 static const pframe tokenized_p[] = {{"ids", M(tokenized.ids), 4, 1}, {NULL, 0, 0, 0}};
 
-static const field slot_f[] = {TASK, SLOT(M(slot.slot)), END};
+static const field slot_f[] = {TASK, SLOT(M(slot.slot)), F_U32("pool", M(slot.pool), 0, 0, TP_POOL_MODEL), END};
+
+static const field embedded_f[] = {
+    TASK, STATUS, ERROR, STEPNO(M(embedded.step)), COUNT("n", M(embedded.n), 1, TP_PROTO_MAX_ITEMS),
+    COUNT("dim", M(embedded.dim), 1, TP_PROTO_MAX_VOCAB), END,
+};
+static const pframe embedded_p[] = {{"slots", M(embedded.slots), 4, 0}, {"embd", M(embedded.embd), 4, 0},
+                                    {NULL, 0, 0, 0}};
 
 #define SP(m) M(step.m)
 static const field step_f[] = {
@@ -423,8 +436,7 @@ static const field stop_open_f[] = {
     F_I32("prev_token", SO(prev_token), FF_REQUIRED, -1, INT32_MAX),
     F_U32("next_seq", SO(next_seq), FF_REQUIRED, 0, UINT32_MAX),
     F_U64("t_submit_us", SO(t_submit_us), FF_REQUIRED), F_U64("t_start_us", SO(t_start_us), FF_REQUIRED),
-    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX),
-    F_U32("cached_tokens", SO(cached_tokens), 0, 0, UINT32_MAX), END,
+    F_U64("pin", SO(pin), 0),     F_U32("context_length", SO(context_length), 0, 0, UINT32_MAX), END,
 };
 static const pframe stop_open_p[] = {{"replay", SO(replay), 4, 0}, {NULL, 0, 0, 0}};
 
@@ -436,8 +448,6 @@ static const field stop_close_f[] = {
 
 static const field stop_step_f[] = {TASK, STEPNO(M(stop_step.step)),
                                     COUNT("n", M(stop_step.n), 1, TP_PROTO_MAX_ITEMS), TOP_N(M(stop_step.lp.top_n)),
-                                    {.key = "cached", .type = FT_I32S, .off = M(stop_step.cached), .ilo = 0,
-                                     .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
                                     {.key = "draft_tokens", .type = FT_I32S, .off = M(stop_step.draft_tokens),
                                      .ilo = 0, .ihi = INT32_MAX, .max = TP_PROTO_MAX_ITEMS},
                                     {.key = "draft_accepted", .type = FT_I32S, .off = M(stop_step.draft_accepted),
@@ -527,6 +537,12 @@ static bool str_is(tp_str s, const char *lit)
 /* tools go with messages (a template renders them); tool_choice with tools. */
 static int check_tools(const tp_m_submit *s, tp_err *err)
 {
+    if (s->reasoning_effort.ptr && !s->n_messages)
+        return tp_err_set(err, TP_EINVAL, "reasoning_effort: only with messages (the chat template reads it)");
+    if (s->reasoning_effort.ptr && !str_is(s->reasoning_effort, "low") && !str_is(s->reasoning_effort, "medium") &&
+        !str_is(s->reasoning_effort, "high"))
+        return tp_err_set(err, TP_EINVAL, "reasoning_effort: \"%.*s\" is not one of low, medium, high",
+                          (int)s->reasoning_effort.len, s->reasoning_effort.ptr);
     if (s->tools.ptr && !s->n_messages)
         return tp_err_set(err, TP_EINVAL, "tools: only with messages (the chat template renders them)");
     if (s->tool_choice_name.ptr && !str_is(s->tool_choice, "function"))
@@ -549,6 +565,11 @@ static int check_submit(tp_msg *m, tp_err *err)
 {
     tp_m_submit *s = &m->submit;
     bool ids = s->prompt_ids.data != NULL;
+    if (s->embed.ptr && tp_pool_parse(s->embed) < 0)
+        return tp_err_set(err, TP_EINVAL, "embed: '%.*s' is not mean, last, cls or model", (int)s->embed.len,
+                          s->embed.ptr);
+    if (s->embed.ptr && s->n_messages)
+        return tp_err_set(err, TP_EFORMAT, "embed: an embedding job takes a prompt (text or prompt_ids), not messages");
     if (s->n_messages && (s->prompt.ptr || ids))
         return tp_err_set(err, TP_EFORMAT, "messages: give either messages or a prompt (text or prompt_ids), not both");
     int rc = check_tools(s, err);
@@ -580,6 +601,9 @@ static int check_status_reply(tp_msg *m, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame present for an unknown job");
     if (done && !r->tokens.data)
         return tp_err_set(err, TP_EFORMAT, "tokens: frame missing for a finished job");
+    if (r->cached_tokens && r->cached_tokens >= r->prompt_tokens)
+        return tp_err_set(err, TP_EINVAL, "cached_tokens: %u of %u prompt tokens (at most prompt_tokens - 1)",
+                          r->cached_tokens, r->prompt_tokens);
     return check_lp(&r->lp, r->tokens.n, err);
 }
 
@@ -618,6 +642,10 @@ static int check_finish(tp_msg *m, tp_err *err)
 {
     if (m->finish.reason == TP_REASON_NONE)
         return tp_err_set(err, TP_EINVAL, "reason: 'none' is not a finish reason");
+    /* at least the prompt's last position is always computed */
+    if (m->finish.cached_tokens && m->finish.cached_tokens >= m->finish.prompt_tokens)
+        return tp_err_set(err, TP_EINVAL, "cached_tokens: %u of %u prompt tokens (at most prompt_tokens - 1)",
+                          m->finish.cached_tokens, m->finish.prompt_tokens);
     return 0;
 }
 
@@ -692,6 +720,13 @@ static int check_step_result(tp_msg *m, tp_err *err)
     return want_count(r->out, r->sampled ? r->n : (size_t)r->n * r->vocab, "out", err);
 }
 
+static int check_embedded(tp_msg *m, tp_err *err)
+{
+    tp_m_embedded *r = &m->embedded;
+    int rc = want_count(r->slots, r->n, "slots", err);
+    return rc ? rc : want_count(r->embd, (size_t)r->n * r->dim, "embd", err);
+}
+
 static int check_sample_open(tp_msg *m, tp_err *err)
 {
     if (m->sample_open.context.n > TP_PROTO_MAX_IDS)
@@ -744,8 +779,6 @@ static int check_stop_step(tp_msg *m, tp_err *err)
     int rc = want_count(m->stop_step.slots, m->stop_step.n, "slots", err);
     if (!rc)
         rc = check_lp(&m->stop_step.lp, m->stop_step.n, err);
-    if (!rc && m->stop_step.n_cached && m->stop_step.n_cached != m->stop_step.n)
-        rc = tp_err_set(err, TP_EINVAL, "cached: %zu counts for %u rows", m->stop_step.n_cached, m->stop_step.n);
     return rc ? rc : want_count(m->stop_step.candidates, m->stop_step.n, "candidates", err);
 }
 
@@ -783,7 +816,8 @@ static const table T_submit = {submit_f, -1}, T_ack = {ack_f, (long)M(ack.set)},
                    T_step_result = {step_result_f, -1}, T_sample_open = {sample_open_f, -1},
                    T_sample = {sample_f, -1}, T_sampled = {sampled_f, -1}, T_stop_open = {stop_open_f, -1},
                    T_stop_close = {stop_close_f, -1}, T_stop_step = {stop_step_f, -1},
-                   T_verdicts = {verdicts_f, -1}, T_info_reply = {info_reply_f, -1};
+                   T_verdicts = {verdicts_f, -1}, T_info_reply = {info_reply_f, -1},
+                   T_embedded = {embedded_f, -1};
 
 static const pframe no_frames[] = {{NULL, 0, 0, 0}};
 
@@ -799,7 +833,7 @@ static const mdesc descs[] = {
     {TP_FAM_JOB, TP_CMD_INFO_REPLY, "INFO_REPLY", &T_info_reply, info_reply_p, 1, check_info_reply},
     {TP_FAM_JOB, TP_CMD_ERROR, "ERROR", &T_error, no_frames, 1, NULL},
     {TP_FAM_EVT, TP_CMD_TOKEN, "TOKEN", &T_token, token_p, 1, check_token_topic},
-    {TP_FAM_EVT, TP_CMD_FINISH, "FINISH", &T_finish, no_frames, 1, check_finish_topic},
+    {TP_FAM_EVT, TP_CMD_FINISH, "FINISH", &T_finish, finish_p, 1, check_finish_topic},
     {TP_FAM_EVT, TP_CMD_HEARTBEAT, "HEARTBEAT", &T_beat, no_frames, 1, check_beat_topic},
     {TP_FAM_WRK, TP_CMD_READY, "READY", &T_ready, ready_p, 0, check_ready},
     {TP_FAM_WRK, TP_CMD_WELCOME, "WELCOME", &T_welcome, no_frames, 0, NULL},
@@ -812,6 +846,7 @@ static const mdesc descs[] = {
     {TP_FAM_WRK, TP_CMD_SEQ_CLOSE, "SEQ_CLOSE", &T_slot, no_frames, 0, NULL},
     {TP_FAM_WRK, TP_CMD_STEP, "STEP", &T_step, step_p, 0, check_step},
     {TP_FAM_WRK, TP_CMD_STEP_RESULT, "STEP_RESULT", &T_step_result, step_result_p, 0, check_step_result},
+    {TP_FAM_WRK, TP_CMD_EMBEDDED, "EMBEDDED", &T_embedded, embedded_p, 0, check_embedded},
     {TP_FAM_WRK, TP_CMD_SAMPLE_OPEN, "SAMPLE_OPEN", &T_sample_open, sample_open_p, 0, check_sample_open},
     {TP_FAM_WRK, TP_CMD_SAMPLE_CLOSE, "SAMPLE_CLOSE", &T_slot, no_frames, 0, NULL},
     {TP_FAM_WRK, TP_CMD_SAMPLE, "SAMPLE", &T_sample, sample_p, 0, check_sample},

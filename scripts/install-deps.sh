@@ -10,6 +10,8 @@ PKGS=(
   python3 python3-zmq python3-msgpack python3-sentencepiece python3-numpy python3-jinja2
   json-schema-test-suite python3-jsonschema
   systemd
+  # tests/netns_cluster_test.py makes network namespaces (ip netns)
+  iproute2
   # tokpipe chat's tests drive it in a real terminal
   tmux
   libmicrohttpd-dev curl prometheus nodejs

@@ -2,7 +2,7 @@
 (tests/support/gguf_tiny.py: its own GGUF reader, float64 RMSNorm, RoPE of
 each architecture's kind, grouped-query attention, SwiGLU, biases) on the
 real stories260K.gguf and on random-weight llama, Llama 3, Mixtral (llama
-with experts), qwen2, qwen3, phi3, qwen3moe, gemma3 and gemma2 models written
+with experts), qwen2, qwen3, phi3, qwen3moe, gemma3, gemma2, qwen35, qwen35moe and gpt-oss models written
 by `tokpipe mkmodel`.
 
 Tolerance: tokpipe computes in float32, the reference in float64; every
@@ -12,7 +12,9 @@ mistake it guards against (the other RoPE kind, no biases, no Llama 3
 scaling, no Q/K norm, Phi-3's gate and up swapped, the experts' top-k weights
 not renormalised or one expert too few; for Gemma no sliding window, the
 global RoPE base on sliding layers, no post-norms, SiLU for GELU, no
-soft-capping) moves the logits by more than ten times that, so it can fail;
+soft-capping; for gpt-oss no sinks, no YaRN, the softmax over all experts,
+SiLU for swiglu_oai, no window) moves the logits by more than ten times
+that, so it can fail;
 Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
 of several hundred tokens, and Gemma's runs one of more than twice the
 window."""
@@ -218,6 +220,73 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual((model.meta["llama.expert_count"], model.meta["llama.expert_used_count"]), (8, 2))
         self.assertEqual(model.w["blk.0.ffn_up_exps.weight"].shape, (8, 96, 64))
         self.assertNotIn("blk.0.ffn_up.weight", model.w)
+
+    def test_gpt_oss_matches(self):
+        # a window of 4 so the sliding layers hide most of the prompt
+        path = self.mkmodel("gpt-oss", "--arch", "gpt-oss", "--shape", "64x2x4x2", "--head-dim", "32",
+                            "--experts", "8", "--experts-used", "3", "--expert-ff", "64", "--sliding-window", "4")
+        wrongs = {
+            "no sinks": lambda m, ids: m.logits(ids, sinks=False),
+            "no YaRN": lambda m, ids: m.logits(ids, yarn=False),
+            "the softmax over all experts": lambda m, ids: m.logits(ids, softmax_all=True),
+            "SiLU for swiglu_oai": lambda m, ids: m.logits(ids, plain_swiglu=True),
+            "no sliding window": lambda m, ids: m.logits(ids, window=False),
+            "adjacent-pair RoPE": lambda m, ids: m.logits(ids, neox=False),
+        }
+        model, _ = self.check(path, wrongs=wrongs)
+        meta = model.meta
+        self.assertEqual(meta["gpt-oss.rope.scaling.type"], "yarn")
+        self.assertEqual((meta["gpt-oss.rope.scaling.factor"], meta["gpt-oss.rope.scaling.original_context_length"]),
+                         (32.0, 4096))
+        self.assertEqual(meta["gpt-oss.attention.sliding_window"], 4)
+        # llama.cpp's shapes: sinks [n_head], expert biases [ff, n_expert]
+        self.assertEqual(model.w["blk.0.attn_sinks.weight"].shape, (4,))
+        self.assertEqual(model.w["blk.1.ffn_gate_exps.bias"].shape, (8, 64))
+        self.assertEqual(model.w["blk.1.ffn_down_exps.bias"].shape, (8, 64))
+        self.assertEqual(model.w["blk.0.attn_output.bias"].shape, (64,))
+        self.assertNotIn("blk.0.ffn_norm.weight", model.w)
+    def test_qwen35_gated_deltanet_and_gated_attention_match(self):
+        """Qwen 3.5: six Gated DeltaNet layers and two gated attention ones
+        (every fourth), value heads twice the key heads, partial RoPE."""
+        path = self.mkmodel("qwen35", "--arch", "qwen35", "--shape", "64x8x4x2", "--head-dim", "32")
+        model, _ = self.check(path, wrongs={
+            "no attention gate": lambda m, ids: m.logits(ids, attn_gate=False),
+            "no gate on the DeltaNet's norm": lambda m, ids: m.logits(ids, gate_norm=False),
+            "a plain linear attention for the delta rule": lambda m, ids: m.logits(ids, delta=False),
+            "a RoPE over the whole head": lambda m, ids: (setattr(m, "rot", m.hs), m.logits(ids))[1],
+        })
+        self.assertEqual(model.meta["qwen35.rope.dimension_count"], 8)
+        self.assertEqual((model.ssm_kh, model.ssm_vh, model.ssm_hd), (2, 4, 32))
+        self.assertEqual(model.w["blk.0.ssm_conv1d.weight"].shape, (2 * 64 + 128, 4))
+        self.assertEqual(model.w["blk.3.attn_q.weight"].shape, (2 * 4 * 32, 64))
+        self.assertNotIn("blk.3.attn_qkv.weight", model.w)
+        self.assertNotIn("blk.0.attn_q.weight", model.w)
+
+    def test_qwen35moe_experts_and_gated_shared_expert_match(self):
+        """Qwen 3.5 MoE: qwen35's hybrid layers, each FFN 8 experts (3 a
+        token, renormalised) and a shared expert wider than one of them,
+        gated by sigmoid(x . ffn_gate_inp_shexp)."""
+        path = self.mkmodel("qwen35moe", "--arch", "qwen35moe", "--shape", "64x4x4x2", "--head-dim", "32",
+                            "--experts", "8", "--experts-used", "3", "--expert-ff", "64", "--shared-ff", "96")
+        model, _ = self.check(path, wrongs={
+            "no shared expert": lambda m, ids: m.logits(ids, shexp=False),
+            "a shared expert without its sigmoid gate": lambda m, ids: m.logits(ids, shexp_gate=False),
+            "the top-k weights not renormalised": lambda m, ids: m.logits(ids, renorm=False),
+            "no attention gate": lambda m, ids: m.logits(ids, attn_gate=False),
+        })
+        # llama.cpp's shapes: the shared expert [dim, shexp_ff], its gate [dim]
+        self.assertEqual(model.meta["qwen35moe.expert_shared_feed_forward_length"], 96)
+        self.assertEqual(model.w["blk.0.ffn_gate_shexp.weight"].shape, (96, 64))
+        self.assertEqual(model.w["blk.0.ffn_down_shexp.weight"].shape, (64, 96))
+        self.assertEqual(model.w["blk.3.ffn_gate_inp_shexp.weight"].shape, (64,))
+        self.assertEqual(model.w["blk.3.ffn_up_exps.weight"].shape, (8, 64, 64))
+        self.assertNotIn("blk.0.ffn_gate.weight", model.w)
+        self.assertIn("blk.0.ssm_conv1d.weight", model.w)
+
+    def test_qwen35_with_a_long_prompt_and_its_own_vocabulary_matches(self):
+        path = self.mkmodel("qwen35_bpe", "--arch", "qwen35", "--shape", "64x4x4x4",
+                            vocab=os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-qwen35.gguf"))
+        self.check(path, prompt=PROMPT * 6)
 
 
 if __name__ == "__main__":

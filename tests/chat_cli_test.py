@@ -239,7 +239,9 @@ class ChatInATerminal(unittest.TestCase):
         while time.time() < end:
             f = self.tmux("display-message", "-p", "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}")
             dead, status, sig = (f.stdout.decode().strip().split(":") + ["", "", ""])[:3]
-            if dead == "1":
+            # tmux may see the pane's end (its terminal closed) before it
+            # has reaped the process: the status comes a moment later
+            if dead == "1" and (status or sig):
                 return status, sig
             time.sleep(0.1)
         self.fail("tokpipe chat did not end:\n" + self.screen())

@@ -173,5 +173,36 @@ class MakeInstall(unittest.TestCase):
         self.assertEqual(left, [], "uninstall left files behind")
 
 
+class HostConfigs(unittest.TestCase):
+    """deploy/host-config.sh renders deploy/host.yaml.in for each role of a
+    multi-host deployment (README "Several hosts"; deploy/netns-cluster.sh
+    and tests/netns_cluster_test.py run them): every placeholder filled,
+    and a client's file is one tokpipe reads (it then only misses a broker)."""
+
+    def test_every_role_renders_a_config_tokpipe_reads(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name in ["broker", "client", "worker"]:
+                subprocess.run([os.path.join(BIN, "tokpipe"), "keygen", "--out", os.path.join(d, name)],
+                               check=True, capture_output=True, timeout=30)
+            for role in ["broker", "worker", "client"]:
+                p = subprocess.run(["deploy/host-config.sh", role, "127.0.0.1", d, "/m/model.gguf"],
+                                   capture_output=True, text=True, timeout=30)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertNotIn("@", p.stdout, role)
+                self.assertIn("back: tcp://127.0.0.1:5556", p.stdout, role)
+                with open(os.path.join(d, role + ".yaml"), "w", encoding="utf-8") as f:
+                    f.write(p.stdout)
+            p = subprocess.run([os.path.join(BIN, "tokpipe"), "stats", "--timeout", "200",
+                                "--config", os.path.join(d, "client.yaml")], capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("no reply from tcp://127.0.0.1:5555", p.stderr)
+
+    def test_a_bad_role_is_refused(self):
+        p = subprocess.run(["deploy/host-config.sh", "gateway", "127.0.0.1", "/etc/tokpipe"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("ROLE is broker, worker or client", p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

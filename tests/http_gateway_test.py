@@ -12,6 +12,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -177,6 +178,20 @@ def wait_idle(port, timeout=120):
         if time.time() > deadline:
             raise AssertionError("jobs still active after %d s" % timeout)
         time.sleep(0.05)
+
+
+def promtool_check(test, text):
+    """/metrics passes `promtool check metrics` (when installed), except
+    that the inference gateway's vllm: names carry the colon it lints
+    against: those names are what the endpoint picker reads."""
+    if not shutil.which("promtool"):
+        return
+    p = subprocess.run(["promtool", "check", "metrics"], input=text if isinstance(text, bytes) else text.encode(),
+                       capture_output=True, text=False)
+    out = (p.stdout + p.stderr).decode()
+    rest = [l for l in out.splitlines() if not re.match(r"^vllm:\w+ metric names should not contain ':'$", l)]
+    test.assertEqual(rest, [], out)
+    test.assertIn(p.returncode, (0, 3), out)   # 3: lint problems (only the colons, above)
 
 
 def metric(text, name, labels=""):
@@ -390,9 +405,7 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         wait_idle(self.port)
         st, before, _ = request(self.port, "GET", "/metrics")
         self.assertEqual(st, 200)
-        if shutil.which("promtool"):
-            p = subprocess.run(["promtool", "check", "metrics"], input=before, capture_output=True)
-            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        promtool_check(self, before)
         before = before.decode()
         st, r, _ = post(self.port, {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0,
                                     "stop": [" girl"]})
@@ -453,9 +466,7 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         old = [l for l in before.decode().splitlines() if l.startswith("tokpipe_stop_string_triggers_total{")]
         old_total = sum(float(l.split()[-1]) for l in old) + metric(before.decode(), "tokpipe_stop_triggers_other_total")
         self.assertEqual(total - old_total, len(stops), "a trigger was lost from the string counters")
-        if shutil.which("promtool"):
-            p = subprocess.run(["promtool", "check", "metrics"], input=after.encode(), capture_output=True)
-            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        promtool_check(self, after)
 
     def test_health_and_models(self):
         st, body, _ = request(self.port, "GET", "/health")
@@ -516,6 +527,41 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         deadline = time.time() + 60
         text = self.metrics_once_cancelled(before, deadline)
         self.assertGreaterEqual(metric(text, "tokpipe_http_client_disconnects_total"), 1)
+        wait_idle(self.port)
+
+    def test_metrics_carry_what_a_kubernetes_inference_gateway_reads(self):
+        # issue 37: the endpoint picker of the Gateway API Inference
+        # Extension reads vllm:num_requests_waiting, vllm:num_requests_running
+        # and vllm:kv_cache_usage_perc (a fraction) by default
+        wait_idle(self.port)
+        _, m, _ = request(self.port, "GET", "/metrics")
+        idle = m.decode()
+        for name in ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                     "vllm:gpu_cache_usage_perc"]:
+            self.assertIn("# TYPE %s gauge\n" % name, idle, name)
+            self.assertEqual(metric(idle, name), 0, name)
+        s = socket.create_connection(("127.0.0.1", self.port))
+        body = json.dumps({"prompt": "Once upon a time", "n": 4, "max_tokens": 450, "ignore_eos": True,
+                           "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        while b"data: " not in got:
+            chunk = s.recv(4096)
+            self.assertTrue(chunk, "stream closed before the first event")
+            got += chunk
+        _, m, _ = request(self.port, "GET", "/metrics")
+        busy = m.decode()
+        s.close()
+        promtool_check(self, busy)
+        self.assertEqual(metric(busy, "vllm:num_requests_running"), metric(busy, "tokpipe_jobs_running"))
+        self.assertEqual(metric(busy, "vllm:num_requests_waiting"), metric(busy, "tokpipe_jobs_waiting"))
+        self.assertGreaterEqual(metric(busy, "vllm:num_requests_running"), 1, "a streaming job is not running")
+        use = metric(busy, "tokpipe_kv_slots_used") / metric(busy, "tokpipe_kv_slots_capacity")
+        self.assertAlmostEqual(metric(busy, "vllm:kv_cache_usage_perc"), use, places=5)
+        self.assertAlmostEqual(metric(busy, "vllm:gpu_cache_usage_perc"), use, places=5)
+        self.assertGreater(use, 0, "the running jobs hold no KV slot")
+        self.assertLessEqual(use, 1)
         wait_idle(self.port)
 
     def metrics_once_cancelled(self, before, deadline):

@@ -1,7 +1,8 @@
 """A job gives the same bytes on every CPU path: `tokpipe run` under each
 vector level this CPU has (TP_ISA caps it: portable, avx2, avx512), sampled
 with logprobs, on the real stories260K in every weight type llama.cpp wrote
-and on a random model in the K-quant mixes, both KV cache types. This is
+and on a random model in the K-quant mixes and a random gpt-oss in
+MXFP4 (its experts, or every matrix), both KV cache types. This is
 what lets a job move between workers on different CPUs (recovery, a
 cluster of mixed hosts) without its stream changing."""
 import os
@@ -61,6 +62,18 @@ class EveryCpuPathGivesTheSameBytes(unittest.TestCase):
         for t in ("Q4_K_M", "Q5_K_M", "Q6_K", "Q4_1", "Q5_0"):
             out = os.path.join(cls.tmp.name, f"rand-{t}.gguf")
             subprocess.run([TOKPIPE, "quantize", base, out, "--type", t, "--quiet"],
+                           check=True, capture_output=True, timeout=120)
+            cls.models.append(out)
+        # gpt-oss (sinks, YaRN, windows, its experts) with MXFP4 experts, and all in MXFP4
+        oss = os.path.join(cls.tmp.name, "oss.gguf")
+        subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--arch", "gpt-oss", "--vocab-from",
+                        os.path.join(MODELS, "stories260K.gguf"), "--shape", "128x2x4x2", "--head-dim", "32",
+                        "--experts", "8", "--experts-used", "3", "--expert-ff", "128", "--sliding-window", "8",
+                        "--seq-len", "256", "--seed", "5", "--out", oss],
+                       check=True, capture_output=True, timeout=120)
+        for t in ("MXFP4_MOE", "MXFP4"):
+            out = os.path.join(cls.tmp.name, f"oss-{t}.gguf")
+            subprocess.run([TOKPIPE, "quantize", oss, out, "--type", t, "--quiet"],
                            check=True, capture_output=True, timeout=120)
             cls.models.append(out)
 

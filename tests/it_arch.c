@@ -1,9 +1,9 @@
-/* Process story: random-weight qwen2, qwen3, phi3, Llama 3, qwen3moe and Mixtral GGUF models (written by
+/* Process story: random-weight qwen2, qwen3, phi3, Llama 3, qwen3moe, Mixtral, qwen35, qwen35moe and gpt-oss GGUF models (written by
  * `tokpipe mkmodel --format gguf`, with llama.cpp's SentencePiece Llama or
  * byte-level BPE GPT-2 vocabulary) served by the real tokpiped and workers give, token for
  * token, what `tokpipe run` computes in one process, for concurrent greedy
  * and seeded jobs with stops, also with tiny batches and prefill chunks and
- * quantized (Q4_K_M, Q8_0) by `tokpipe quantize`;
+ * quantized (Q4_K_M, Q8_0, MXFP4_MOE, MXFP4) by `tokpipe quantize`;
  * and `tokpipe run` gives each prompt of a batch what it gives it alone. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,6 +61,24 @@ static const arch_case CASES[] = {
     {"qwen3moe", "256x2x4x2", "--experts 8 --experts-used 2 --expert-ff 256", SPM, "Q8_0"},
     {"qwen3moe", "256x2x4x2", "--experts 6 --experts-used 4 --expert-ff 256", SPM, "Q4_K_M"},
     {"mixtral", "64x2x4x2", "--experts 4 --expert-ff 96", SPM, NULL},
+    /* qwen35: three Gated DeltaNet blocks of four (their state per
+     * sequence), a gated attention block with partial RoPE */
+    {"qwen35", "64x8x4x2", "--head-dim 32", SPM, NULL},
+    {"qwen35", "256x4x4x2", "", SPM, "Q8_0"},
+    /* qwen35moe: qwen35's blocks, each FFN experts and a gated shared
+     * expert (wider than one routed; as wide, quantized) */
+    {"qwen35moe", "64x4x4x2", "--head-dim 32 --experts 8 --experts-used 3 --expert-ff 64 --shared-ff 96", SPM, NULL},
+    {"qwen35moe", "256x4x4x2", "--experts 8 --experts-used 2 --expert-ff 256", SPM, "Q8_0"},
+    {"qwen35moe", "256x4x4x2", "--experts 6 --experts-used 4 --expert-ff 256", SPM, "Q4_K_M"},
+    /* gpt-oss: sinks, biases, YaRN, windows of 8 on blocks 0 and 2;
+     * its experts in MXFP4 (llama.cpp's MXFP4_MOE mix) and every matrix
+     * MXFP4 */
+    {"gpt-oss", "64x4x4x2", "--head-dim 32 --experts 8 --experts-used 3 --expert-ff 64 --sliding-window 8", SPM,
+     NULL},
+    {"gpt-oss", "256x2x4x2", "--head-dim 64 --experts 8 --experts-used 4 --expert-ff 256 --sliding-window 8", SPM,
+     "MXFP4_MOE"},
+    {"gpt-oss", "128x2x4x2", "--head-dim 32 --experts 4 --experts-used 2 --expert-ff 128 --sliding-window 8", SPM,
+     "MXFP4"},
 };
 
 /* Write the case's model into dir; its path in out. */
@@ -215,6 +233,23 @@ static void moe_jobs_in_the_daemon_equal_in_process_run(void **state)
         arch_equals_run(&CASES[i], "");
 }
 
+/* qwen35 and qwen35moe: the DeltaNet state per sequence in the forward
+ * worker, the experts and the shared expert, F32 and quantized */
+static void hybrid_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    for (int i = 17; i <= 21; i++)
+        arch_equals_run(&CASES[i], "");
+}
+
+/* gpt-oss in F32, with MXFP4 experts (MXFP4_MOE) and all-MXFP4 matrices */
+static void gpt_oss_jobs_in_the_daemon_equal_in_process_run(void **state)
+{
+    (void)state;
+    for (int i = 22; i <= 24; i++)
+        arch_equals_run(&CASES[i], "");
+}
+
 static void small_batches_and_chunks_change_nothing_for_every_architecture(void **state)
 {
     (void)state;
@@ -227,6 +262,10 @@ static void small_batches_and_chunks_change_nothing_for_every_architecture(void 
     arch_equals_run(&CASES[10], tiny);
     arch_equals_run(&CASES[12], tiny);
     arch_equals_run(&CASES[16], tiny);
+    arch_equals_run(&CASES[17], tiny);
+    arch_equals_run(&CASES[19], tiny);
+    arch_equals_run(&CASES[22], tiny);
+    arch_equals_run(&CASES[23], tiny);
 }
 
 int main(void)
@@ -241,6 +280,8 @@ int main(void)
         cmocka_unit_test(phi3_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(gemma3_and_gemma2_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(moe_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(hybrid_jobs_in_the_daemon_equal_in_process_run),
+        cmocka_unit_test(gpt_oss_jobs_in_the_daemon_equal_in_process_run),
         cmocka_unit_test(small_batches_and_chunks_change_nothing_for_every_architecture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "support/daemon_harness.h"
+#include "support/job_results.h"
 #include "tokpipe/config.h"
 
 /* hang detectors, not speed limits (a loaded 2-CPU machine) */
@@ -70,89 +71,6 @@ static void submit_greedy(harness *h, const char *id, const char *prompt, int ma
     tp_zmsg_close(&z);
 }
 
-static tp_m_stats_reply stats(harness *h)
-{
-    tp_m_stats_reply s;
-    if (harness_stats(h, &s))
-        fail_msg("STATS: no reply");
-    return s;
-}
-
-/* STATUS of id: its state; for a finished job the fields `tokpipe run
- * --json` prints (and its error), as one JSON line (malloc'd) in *json. */
-static int status_json(harness *h, const char *id, char **json)
-{
-    tp_msg m, r;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
-    m.jobref.job_id = tp_str_of(id);
-    tp_zmsg z;
-    if (harness_call(h, &m, &z, &r))
-        fail_msg("STATUS %s: no reply", id);
-    if (r.status != TP_ST_OK)
-        fail_msg("STATUS %s: status %u %.*s", id, r.status, (int)r.error.len, r.error.ptr);
-    const tp_m_status_reply *st = &r.status_reply;
-    int state = st->state;
-    if (json && state == TP_STATE_FINISHED) {
-        char *text = strndup(st->text.ptr ? st->text.ptr : "", st->text.len);
-        int32_t *ids = malloc((st->tokens.n ? st->tokens.n : 1) * sizeof *ids);
-        assert_true(text && ids);
-        for (size_t i = 0; i < st->tokens.n; i++)
-            ids[i] = tp_raw_i32(st->tokens, i);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "text", text);
-        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(ids, (int)st->tokens.n));
-        cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(st->reason));
-        cJSON_AddNumberToObject(o, "prompt_tokens", st->prompt_tokens);
-        cJSON_AddNumberToObject(o, "completion_tokens", st->completion_tokens);
-        if (st->reason == TP_REASON_ERROR) {
-            char *err = strndup(st->job_error.ptr ? st->job_error.ptr : "", st->job_error.len);
-            cJSON_AddStringToObject(o, "error", err);
-            free(err);
-        }
-        *json = cJSON_PrintUnformatted(o);
-        cJSON_Delete(o);
-        free(text);
-        free(ids);
-    }
-    tp_msg_clear(&r);
-    tp_zmsg_close(&z);
-    return state;
-}
-
-static char *wait_result(harness *h, const char *id, int timeout_ms)
-{
-    char *json = NULL;
-    for (int waited = 0; status_json(h, id, &json) != TP_STATE_FINISHED; waited += 50) {
-        if (waited > timeout_ms)
-            fail_msg("job %s did not finish within %d ms (log in %s)", id, timeout_ms, h->dir);
-        harness_sleep_ms(50);
-    }
-    return json;
-}
-
-/* What `tokpipe run` gives for prompt in one process, in status_json's shape. */
-static char *run_json(const harness *h, const char *prompt, int max_tokens)
-{
-    char cmd[2048], *out = NULL;
-    snprintf(cmd, sizeof cmd,
-             "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json --prompt '%s' "
-             "--temperature 0 --max-tokens %d 2>/dev/null",
-             h->bin, h->models, h->models, prompt, max_tokens);
-    if (harness_sh(cmd, &out) != 0)
-        fail_msg("tokpipe run failed: %s", out ? out : "");
-    cJSON *all = cJSON_Parse(out);
-    if (!all)
-        fail_msg("tokpipe run printed no JSON: %s", out);
-    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
-    cJSON *o = cJSON_CreateObject();
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        cJSON_AddItemToObject(o, fields[i], cJSON_Duplicate(cJSON_GetObjectItem(all, fields[i]), 1));
-    char *json = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    cJSON_Delete(all);
-    free(out);
-    return json;
-}
 
 static void submit_innocents(harness *h, const char *prefix, int n, int max_tokens)
 {
@@ -169,7 +87,7 @@ static void expect_innocents(harness *h, const char *prefix, int n, int max_toke
     for (int i = 0; i < n; i++) {
         char id[32];
         snprintf(id, sizeof id, "%s-%d", prefix, i);
-        char *got = wait_result(h, id, WAIT_MS), *want = run_json(h, prompts[i % 4], max_tokens);
+        char *got = jr_wait_result(h, id, WAIT_MS), *want = jr_run_json(h, prompts[i % 4], max_tokens);
         if (strcmp(got, want))
             fail_msg("innocent job %s differs from tokpipe run\n daemon: %s\n    run: %s", id, got, want);
         free(got);
@@ -180,7 +98,7 @@ static void expect_innocents(harness *h, const char *prefix, int n, int max_toke
 /* The poison job ends in error saying the stage lost two workers. */
 static void expect_poison(harness *h, const char *id, const char *stage)
 {
-    char *got = wait_result(h, id, WAIT_MS), want[96];
+    char *got = jr_wait_result(h, id, WAIT_MS), want[96];
     snprintf(want, sizeof want, "%s worker lost twice while processing this job", stage);
     if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, want))
         fail_msg("the poison job ended %s, want an error saying '%s' (log in %s)", got, want, h->dir);
@@ -236,7 +154,7 @@ static void a_job_that_hangs_its_forward_worker_ends_naming_the_stage(void **sta
     /* the daemon goes on serving with a new forward worker */
     submit_innocents(&h, "after", 2, MAX_TOKENS);
     expect_innocents(&h, "after", 2, MAX_TOKENS);
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     assert_int_equal(s.jobs_poisoned, 1);
     assert_int_equal(s.finish[TP_REASON_ERROR], 1);
     assert_int_equal(s.jobs_finished, 7);
@@ -259,7 +177,7 @@ static void a_job_that_crashes_its_stop_worker_part_way_ends_naming_the_stage(vo
     submit_innocents(&h, "more", 4, 120);
     expect_poison(&h, "poison", "stop");
     double took = now_s() - t0;
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     /* the first crash may be in a batch, the next two are alone */
     if (s.workers_lost > 3)
         fail_msg("%llu stop workers were lost, want 3 at most: the poison job was not tried alone (log in %s)",
@@ -270,7 +188,7 @@ static void a_job_that_crashes_its_stop_worker_part_way_ends_naming_the_stage(vo
     expect_innocents(&h, "more", 4, 120);
     submit_innocents(&h, "after", 2, MAX_TOKENS);
     expect_innocents(&h, "after", 2, MAX_TOKENS);
-    s = stats(&h);
+    s = jr_stats(&h);
     assert_int_equal(s.jobs_poisoned, 1);
     assert_int_equal(s.finish[TP_REASON_ERROR], 1);
     assert_int_equal(s.jobs_finished, 11);
@@ -294,13 +212,13 @@ static void a_job_that_hangs_its_stop_worker_ends_naming_the_stage(void **state)
     double took = now_s() - t0;
     if (took > 45.0)
         fail_msg("the poison job took %.1f s to end, want under 45 (log in %s)", took, h.dir);
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     if (s.workers_hung > 3 || s.workers_hung < 2)
         fail_msg("%llu stop workers hung, want 2 or 3 (log in %s)", (unsigned long long)s.workers_hung, h.dir);
     expect_innocents(&h, "beside", 4, 120);
     submit_innocents(&h, "after", 2, MAX_TOKENS);
     expect_innocents(&h, "after", 2, MAX_TOKENS);
-    s = stats(&h);
+    s = jr_stats(&h);
     assert_int_equal(s.jobs_poisoned, 1);
     assert_int_equal(s.finish[TP_REASON_ERROR], 1);
     assert_int_equal(s.jobs_finished, 7);
@@ -331,24 +249,24 @@ static void a_stopped_forward_worker_is_lost_at_its_step_deadline_and_its_late_a
     double took = now_s() - t0;
     if (took > 20.0)
         fail_msg("the stopped forward worker was lost after %.1f s, want its 3 s step deadline", took);
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     assert_int_equal(s.workers_hung, 1);
     assert_int_equal(s.replies_refused, 0);
     w[4] = harness_worker(&h, "forward");
-    char *got = wait_result(&h, "held", WAIT_MS), *want = run_json(&h, prompts[0], MAX_TOKENS);
+    char *got = jr_wait_result(&h, "held", WAIT_MS), *want = jr_run_json(&h, prompts[0], MAX_TOKENS);
     if (strcmp(got, want))
         fail_msg("the job of the hung worker differs from tokpipe run\n daemon: %s\n    run: %s", got, want);
     free(got);
     free(want);
     kill(w[1], SIGCONT);
-    for (int waited = 0; stats(&h).replies_refused < 1; waited += 50) {
+    for (int waited = 0; jr_stats(&h).replies_refused < 1; waited += 50) {
         if (waited > WAIT_MS)
             fail_msg("the resumed worker's late answer was not refused and counted (see %s)", h.dir);
         harness_sleep_ms(50);
     }
     if (harness_wait_stage(&h, TP_SI_FORWARD, 2, WAIT_MS))
         fail_msg("the resumed forward worker did not register again (see %s)", h.dir);
-    s = stats(&h);
+    s = jr_stats(&h);
     assert_int_equal(s.jobs_finished, 1);
     assert_int_equal(s.finish[TP_REASON_ERROR], 0);
     for (int i = 0; i < 5; i++) {

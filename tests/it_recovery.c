@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "support/daemon_harness.h"
+#include "support/job_results.h"
 #include "tokpipe/config.h"
 #include "tokpipe/model.h"
 
@@ -67,93 +68,10 @@ static void submit_greedy(harness *h, const char *id, const char *prompt, int ma
         fail_msg("SUBMIT %s: status %u %s", id, st, why);
 }
 
-static tp_m_stats_reply stats(harness *h)
-{
-    tp_m_stats_reply s;
-    if (harness_stats(h, &s))
-        fail_msg("STATS: no reply");
-    return s;
-}
-
-/* STATUS of id: its state, and for a finished job the fields `tokpipe run
- * --json` prints, as one JSON line (malloc'd) in *json. */
-static int status_json(harness *h, const char *id, char **json)
-{
-    tp_msg m, r;
-    tp_msg_init(&m, TP_FAM_JOB, TP_CMD_STATUS);
-    m.jobref.job_id = tp_str_of(id);
-    tp_zmsg z;
-    if (harness_call(h, &m, &z, &r))
-        fail_msg("STATUS %s: no reply", id);
-    if (r.status != TP_ST_OK)
-        fail_msg("STATUS %s: status %u %.*s", id, r.status, (int)r.error.len, r.error.ptr);
-    const tp_m_status_reply *st = &r.status_reply;
-    int state = st->state;
-    if (json && state == TP_STATE_FINISHED) {
-        char *text = strndup(st->text.ptr ? st->text.ptr : "", st->text.len);
-        int32_t *ids = malloc((st->tokens.n ? st->tokens.n : 1) * sizeof *ids);
-        assert_true(text && ids);
-        for (size_t i = 0; i < st->tokens.n; i++)
-            ids[i] = tp_raw_i32(st->tokens, i);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "text", text);
-        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(ids, (int)st->tokens.n));
-        cJSON_AddStringToObject(o, "finish_reason", tp_reason_name(st->reason));
-        cJSON_AddNumberToObject(o, "prompt_tokens", st->prompt_tokens);
-        cJSON_AddNumberToObject(o, "completion_tokens", st->completion_tokens);
-        if (st->reason == TP_REASON_ERROR) {
-            char *err = strndup(st->job_error.ptr ? st->job_error.ptr : "", st->job_error.len);
-            cJSON_AddStringToObject(o, "error", err);
-            free(err);
-        }
-        *json = cJSON_PrintUnformatted(o);
-        cJSON_Delete(o);
-        free(text);
-        free(ids);
-    }
-    tp_msg_clear(&r);
-    tp_zmsg_close(&z);
-    return state;
-}
-
-static char *wait_result(harness *h, const char *id, int timeout_ms)
-{
-    char *json = NULL;
-    for (int waited = 0; status_json(h, id, &json) != TP_STATE_FINISHED; waited += 20) {
-        if (waited > timeout_ms)
-            fail_msg("job %s did not finish within %d ms (log in %s)", id, timeout_ms, h->dir);
-        harness_sleep_ms(20);
-    }
-    return json;
-}
-
-/* What `tokpipe run` gives for prompt in one process, in status_json's shape. */
-static char *run_json(const harness *h, const char *prompt, int max_tokens)
-{
-    char cmd[2048], *out = NULL;
-    snprintf(cmd, sizeof cmd,
-             "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json --prompt '%s' "
-             "--temperature 0 --max-tokens %d 2>/dev/null",
-             h->bin, h->models, h->models, prompt, max_tokens);
-    if (harness_sh(cmd, &out) != 0)
-        fail_msg("tokpipe run failed: %s", out ? out : "");
-    cJSON *all = cJSON_Parse(out);
-    if (!all)
-        fail_msg("tokpipe run printed no JSON: %s", out);
-    const char *fields[] = {"text", "tokens", "finish_reason", "prompt_tokens", "completion_tokens"};
-    cJSON *o = cJSON_CreateObject();
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        cJSON_AddItemToObject(o, fields[i], cJSON_Duplicate(cJSON_GetObjectItem(all, fields[i]), 1));
-    char *json = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    cJSON_Delete(all);
-    free(out);
-    return json;
-}
 
 static void expect_like_run(harness *h, const char *id, const char *prompt, int max_tokens)
 {
-    char *got = wait_result(h, id, WAIT_MS), *want = run_json(h, prompt, max_tokens);
+    char *got = jr_wait_result(h, id, WAIT_MS), *want = jr_run_json(h, prompt, max_tokens);
     if (strcmp(got, want))
         fail_msg("job %s differs from tokpipe run\n daemon: %s\n    run: %s", id, got, want);
     free(got);
@@ -202,7 +120,7 @@ static void submit_to_stopped_tokenizer(harness *h, pid_t tok, const char *prefi
         snprintf(id, sizeof id, "%s-%zu", prefix, i);
         submit_greedy(h, id, prompts[i], MAX_TOKENS);
     }
-    tp_m_stats_reply s = stats(h);
+    tp_m_stats_reply s = jr_stats(h);
     if (s.workers[TP_SI_TOKENIZE] != 1)
         fail_msg("the stopped tokenize worker was lost before the jobs reached it: the machine is too slow for this "
                  "test's heartbeat");
@@ -218,7 +136,7 @@ static void jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost(void **sta
     if (harness_wait_stage(&h, TP_SI_TOKENIZE, 0, WAIT_MS))
         fail_msg("the stopped tokenize worker was never declared lost");
     /* nothing failed: the jobs wait for a tokenize worker */
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     assert_int_equal(s.jobs_active, 3);
     assert_int_equal(s.jobs_finished, 0);
     pid_t tok2 = harness_worker(&h, "tokenize");
@@ -249,7 +167,7 @@ static void jobs_at_a_stopped_tokenize_worker_finish_after_it_is_lost(void **sta
         snprintf(id, sizeof id, "n-%zu", i);
         expect_like_run(&h, id, prompts[i], MAX_TOKENS);
     }
-    s = stats(&h);
+    s = jr_stats(&h);
     assert_int_equal(s.jobs_submitted, 7);
     assert_int_equal(s.jobs_finished, 7);
     assert_int_equal(s.jobs_active, 0);
@@ -273,7 +191,7 @@ static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
     for (size_t i = 0; i < 3; i++) {
         char id[32];
         snprintf(id, sizeof id, "k-%zu", i);
-        free(wait_result(&h, id, 20000));
+        free(jr_wait_result(&h, id, 20000));
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -290,7 +208,7 @@ static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
         snprintf(id, sizeof id, "k-%zu", i);
         expect_like_run(&h, id, prompts[i], MAX_TOKENS);
     }
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     assert_int_equal(s.workers[TP_SI_TOKENIZE], 1);
     assert_int_equal(s.jobs_finished, 3);
     assert_int_equal(s.finish[TP_REASON_ERROR], 0);
@@ -300,7 +218,7 @@ static void jobs_at_a_killed_tokenize_worker_move_to_the_other_one(void **state)
 static void wait_state(harness *h, const char *id, int want)
 {
     int st = TP_STATE_UNKNOWN;
-    for (int waited = 0; (st = status_json(h, id, NULL)) != want; waited += 10) {
+    for (int waited = 0; (st = jr_status_json(h, id, NULL)) != want; waited += 10) {
         if (waited > WAIT_MS)
             fail_msg("job %s: state %d, want %d", id, st, want);
         harness_sleep_ms(10);
@@ -335,9 +253,9 @@ static void jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_nex
     harness_sleep_ms(300);
     const char *queued[] = {"q-0", "q-1"};
     for (int i = 0; i < 2; i++)
-        if (status_json(&h, queued[i], NULL) != TP_STATE_QUEUED)
+        if (jr_status_json(&h, queued[i], NULL) != TP_STATE_QUEUED)
             fail_msg("job %s did not wait for a forward worker", queued[i]);
-    if (status_json(&h, "q-run", NULL) != TP_STATE_RUNNING)
+    if (jr_status_json(&h, "q-run", NULL) != TP_STATE_RUNNING)
         fail_msg("the job at the killed forward worker did not wait for another one");
     /* ... and all run, the recovered one first, once a forward worker
      * registers, each giving the tokens of an undisturbed run */
@@ -345,7 +263,7 @@ static void jobs_at_the_lost_only_forward_worker_and_those_queued_run_on_the_nex
     expect_like_run(&h, "q-run", prompts[0], MAX_TOKENS);
     for (int i = 0; i < 2; i++)
         expect_like_run(&h, queued[i], prompts[i + 1], MAX_TOKENS);
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     assert_int_equal(s.jobs_finished, 3);
     assert_int_equal(s.finish[TP_REASON_ERROR], 0);
     assert_true(s.workers_lost >= 1);
@@ -369,7 +287,7 @@ static void a_job_without_a_stop_worker_past_the_recovery_deadline_ends_naming_t
     wait_state(&h, "d-0", TP_STATE_RUNNING);
     kill(stp, SIGKILL);
     waitpid(stp, NULL, 0);
-    char *got = wait_result(&h, "d-0", WAIT_MS);
+    char *got = jr_wait_result(&h, "d-0", WAIT_MS);
     if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, "recovery: no stop worker within 500 ms"))
         fail_msg("a job without a stop worker past the deadline: %s, want an error naming the stop stage", got);
     cJSON *o = cJSON_Parse(got);
@@ -411,7 +329,7 @@ static void kill_worker(harness *h, pid_t pid, uint64_t n)
 {
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    for (int waited = 0; stats(h).workers_lost < n; waited += 20) {
+    for (int waited = 0; jr_stats(h).workers_lost < n; waited += 20) {
         if (waited > WAIT_MS)
             fail_msg("the killed worker was never declared lost (see %s)", h->dir);
         harness_sleep_ms(20);
@@ -436,7 +354,7 @@ static void innocents_are_served(harness *h, const char *prefix, int n)
 /* The job ended in error naming the stage and that it lost two workers. */
 static void expect_poison(harness *h, const char *id, const char *stage)
 {
-    char *got = wait_result(h, id, WAIT_MS), want[96];
+    char *got = jr_wait_result(h, id, WAIT_MS), want[96];
     snprintf(want, sizeof want, "%s worker lost twice while processing this job", stage);
     if (!strstr(got, "\"finish_reason\":\"error\"") || !strstr(got, want))
         fail_msg("the poison job ended %s, want an error saying '%s'", got, want);
@@ -482,7 +400,7 @@ static void a_job_that_kills_each_tokenize_worker_it_reaches_ends_after_two(void
     kill_worker(&h, t2, 2);
     expect_poison(&h, "poison", "tokenize");
     innocents_are_served(&h, "after", 4);
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     assert_int_equal(s.jobs_poisoned, 1);
     assert_int_equal(s.recovered[TP_SI_TOKENIZE], 1);   /* handed on once, not twice */
     assert_int_equal(s.workers_lost, 2);
@@ -509,7 +427,7 @@ static void a_job_that_kills_each_forward_worker_it_reaches_ends_after_two(void 
     kill_worker(&h, f2, 2);
     expect_poison(&h, "poison-f", "forward");
     innocents_are_served(&h, "after", 2);
-    tp_m_stats_reply s = stats(&h);
+    tp_m_stats_reply s = jr_stats(&h);
     assert_int_equal(s.jobs_poisoned, 1);
     assert_int_equal(s.finish[TP_REASON_ERROR], 1);
     assert_int_equal(s.jobs_finished, 7);
@@ -619,7 +537,7 @@ static void a_tokenize_worker_that_registers_again_gets_the_prompt_again(void **
     assert_string_equal(text, prompts[0]);
     assert_int_equal(slot2, slot1);
     assert_int_not_equal(task2, task1);
-    assert_int_equal(stats(&h).workers[TP_SI_TOKENIZE], 1);
+    assert_int_equal(jr_stats(&h).workers[TP_SI_TOKENIZE], 1);
     /* the answer to the forgotten task is wrong on purpose and must not be
      * used; then the right one: "Once upon a time" with BOS, as
      * shared/models/README.md gives it for tok512 */

@@ -30,7 +30,7 @@ def check(directory, *args):
 # Which layer owns each public header of the low layers, and what each
 # layer may include. A header not listed belongs to a layer above these.
 OWNER = {"buf": "common", "error": "common", "rand": "common", "utf8": "common", "isa": "common",
-         "limits": "common", "protocol": "protocol", "config": "config", "zwire": "net", "zsec": "net"}
+         "limits": "common", "heap": "common", "proc": "common", "protocol": "protocol", "config": "config", "zwire": "net", "zsec": "net"}
 MAY_INCLUDE = {"common": {"common"}, "protocol": {"common", "protocol"}, "config": {"common", "config"},
                "net": {"common", "protocol", "config", "net"}}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -28,9 +28,9 @@ QDIR = os.path.join(MODELS, "gguf-quant")
 # ggml type id -> (name, elements per block, bytes per block)
 TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 8: ("Q8_0", 32, 34),
          2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24),
-         12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
+         12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 39: ("MXFP4", 32, 17)}
 FTYPE = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9,
-         "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "Q4_K_M": 15, "Q5_K_M": 17}
+         "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "Q4_K_M": 15, "Q5_K_M": 17, "MXFP4": 38}
 
 # ---- GGUF files (the header read by tests/support/gguf_tiny.py) -----------
 
@@ -145,6 +145,15 @@ def dequant(typ, raw):
                 for k, (q, si) in enumerate(((q1, i), (q2, i + 2), (q3, i + 4), (q4, i + 6))):
                     out[:, 128 * n + l + 32 * k] = (d * s[:, si]) * q.astype(F32)
         return out.ravel()
+    if name == "MXFP4":
+        # block_mxfp4: e (E8M0), qs[16]; kvalues_mxfp4 (E2M1 doubled) at
+        # GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128), low nibbles first
+        b = blocks(raw, 17)
+        kv = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=F32)
+        d = np.ldexp(np.ones(b.shape[0], dtype=F32), b[:, 0].astype(np.int32) - 128).astype(F32)
+        qs = b[:, 1:].astype(np.int64)
+        x = np.concatenate([kv[qs & 0xF], kv[qs >> 4]], axis=1)
+        return (x * d[:, None]).ravel()
     raise ValueError(name)
 
 
@@ -221,7 +230,7 @@ class QuantizedWeights(unittest.TestCase):
                 got = dequant(typ, r.raw(name)[2])
                 err = float(np.max(np.abs(got - want)))
                 # a few steps of the coarsest grid (4 bits over the range)
-                bound = {"F16": 1e-3, "BF16": 1e-2}.get(TYPES[typ][0], 0.25) * float(np.max(np.abs(want)))
+                bound = {"F16": 1e-3, "BF16": 1e-2, "MXFP4": 0.3}.get(TYPES[typ][0], 0.25) * float(np.max(np.abs(want)))
                 self.assertLessEqual(err, bound + 1e-7, "%s %s (%s)" % (t, name, TYPES[typ][0]))
 
     def test_headers_follow_gguf_conventions(self):

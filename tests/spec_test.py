@@ -154,5 +154,36 @@ class SpeculationChangesNothing(unittest.TestCase):
         self.assertIn("--draft-max", p.stderr)
 
 
+@unittest.skipUnless(os.path.exists(TOKPIPE), "bin/tokpipe not built")
+class HybridModelsDoNotGuess(unittest.TestCase):
+    """A hybrid model (qwen35: Gated DeltaNet layers, whose recurrent state
+    cannot roll back past a step's start) never verifies guesses: with
+    --speculative ngram its output is the same bytes and it drafts 0."""
+
+    def test_qwen35_with_speculative_ngram_drafts_nothing(self):
+        spm = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "qwen35.gguf")
+            subprocess.run([TOKPIPE, "mkmodel", "--format", "gguf", "--vocab-from", spm, "--seed", "7", "--out",
+                            path, "--arch", "qwen35", "--shape", "64x8x4x2", "--head-dim", "32"],
+                           check=True, capture_output=True, timeout=120)
+            args = [TOKPIPE, "run", "--model", path, "--prompt", REPEAT, "--prompt", PROMPTS[1],
+                    "--temperature", "0", "--max-tokens", "40", "--ignore-eos", "--seed", "1"]
+            for extra in ([], ["--json"]):
+                off = subprocess.run([*args, *extra], capture_output=True, timeout=120)
+                on = subprocess.run([*args, *extra, "--speculative", "ngram"], capture_output=True, timeout=120)
+                self.assertEqual(off.returncode, 0, off.stderr)
+                self.assertEqual(on.returncode, 0, on.stderr)
+                if not extra:
+                    self.assertEqual(on.stdout, off.stdout)
+                    continue
+                offj = [json.loads(line) for line in off.stdout.splitlines() if line.strip()]
+                onj = [json.loads(line) for line in on.stdout.splitlines() if line.strip()]
+                self.assertEqual(len(onj), 2)
+                for a, b in zip(onj, offj):
+                    self.assertEqual((a["draft_tokens"], a["draft_accepted"]), (0, 0))
+                    self.assertEqual({k: v for k, v in a.items() if k not in ("draft_tokens", "draft_accepted")}, b)
+
+
 if __name__ == "__main__":
     unittest.main()

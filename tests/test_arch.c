@@ -286,11 +286,58 @@ static void qwen3moe_experts_are_views_of_the_3d_tensors(void **state)
     tp_model_free(m);
 }
 
+/* qwen35moe: qwen35's hybrid blocks with experts and a shared expert of
+ * expert_shared_feed_forward_length, its gate a [dim] vector; no dense FFN. */
+static void qwen35moe_loads_experts_and_the_shared_expert_in_every_block(void **state)
+{
+    (void)state;
+    char vocab[512], path[] = "/tmp/tp_test_arch_q35moe.XXXXXX";
+    const char *models = getenv("TP_MODELS");
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x4x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {.arch = "qwen35moe", .vocab_from = vocab, .head_dim = 32, .n_expert = 4, .n_expert_used = 2,
+                       .expert_ff = 32, .shexp_ff = 96};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel qwen35moe: %s", e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    if (rc)
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_QWEN35MOE);
+    assert_int_equal(c->full_attn_interval, 4);
+    assert_true(c->attn_gate);
+    assert_int_equal(c->n_expert, 4);
+    assert_int_equal(c->expert_ff, 32);
+    assert_int_equal(c->shexp_ff, 96);
+    for (int l = 0; l < 4; l++) {
+        const tp_layer_weights *lw = &tp_model_get_weights(m)->layers[l];
+        assert_int_equal(lw->wqkv_lin != NULL, l != 3); /* DeltaNet blocks 0-2, attention 3 */
+        assert_null(lw->m.w1.data);
+        assert_int_equal(lw->w1_exps[3].rows, 32);
+        assert_int_equal(lw->m.w1_shexp.rows, 96);
+        assert_int_equal(lw->m.w1_shexp.cols, c->dim);
+        assert_int_equal(lw->m.w3_shexp.rows, 96);
+        assert_int_equal(lw->m.w2_shexp.rows, c->dim);
+        assert_int_equal(lw->m.w2_shexp.cols, 96);
+        assert_non_null(lw->w2_shexp);
+        assert_non_null(lw->shexp_gate);
+    }
+    assert_non_null(strstr(tp_model_identity(m), "experts=4/2/32 shexp=96"));
+    tp_model_free(m);
+}
+
 static void an_unknown_architecture_is_refused_with_the_list_of_those_supported(void **state)
 {
     (void)state;
     spec s = {.arch = "gemma7"};
-    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe)");
+    expect_refused(&s, "general.architecture 'gemma7' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3, gemma2, qwen3moe, qwen35, qwen35moe, gpt-oss)");
 }
 
 static void window_16(tp_gguf_writer *w)
@@ -467,10 +514,44 @@ static void llama3_keys(tp_gguf_writer *w)
     tp_gguf_set_u32(w, "llama.rope.scaling.original_context_length", 8192, &e);
 }
 
+/* YaRN without its factor (llama.cpp's rope_freq_scale_train would be 1 /
+ * 0) */
 static void yarn_keys(tp_gguf_writer *w)
 {
     tp_err e;
     tp_gguf_set_str(w, "llama.rope.scaling.type", "yarn", &e);
+}
+
+static void longrope_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_str(w, "llama.rope.scaling.type", "longrope", &e);
+}
+
+static void yarn_factor_keys(tp_gguf_writer *w)
+{
+    tp_err e;
+    tp_gguf_set_str(w, "llama.rope.scaling.type", "yarn", &e);
+    tp_gguf_set_f32(w, "llama.rope.scaling.factor", 4.0f, &e);
+    tp_gguf_set_u32(w, "llama.rope.scaling.original_context_length", 64, &e);
+    tp_gguf_set_f32(w, "llama.rope.scaling.yarn_beta_fast", 16.0f, &e);
+}
+
+/* YaRN's keys as llama.cpp reads them: the factor, the original context,
+ * beta_fast and beta_slow (defaults 32 and 1), the attention factor (1). */
+static void yarn_scaling_reads_its_keys(void **state)
+{
+    (void)state;
+    spec y = {.arch = "llama", .keys = yarn_factor_keys};
+    tp_model *m;
+    tp_err e;
+    if (load(&y, &m, &e))
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_true(c->yarn_factor == 4.0f && c->yarn_orig_ctx == 64);
+    assert_true(c->yarn_beta_fast == 16.0f && c->yarn_beta_slow == 1.0f && c->yarn_attn_factor == 1.0f);
+    assert_null(tp_model_get_weights(m)->rope_freqs);
+    tp_model_free(m);
 }
 
 static void key_length_keys(tp_gguf_writer *w)
@@ -514,7 +595,9 @@ static void unsupported_rope_scaling_and_head_size_are_refused_by_name(void **st
 {
     (void)state;
     spec y = {.arch = "llama", .keys = yarn_keys};
-    expect_refused(&y, "llama.rope.scaling.type 'yarn' is not supported");
+    expect_refused(&y, "llama.rope.scaling.factor = 0: YaRN needs a factor >= 1");
+    spec lr = {.arch = "llama", .keys = longrope_keys};
+    expect_refused(&lr, "llama.rope.scaling.type 'longrope' is not supported");
     spec k = {.arch = "llama", .keys = key_length_keys};
     expect_refused(&k, "llama.attention.key_length 8 != head size 4");
     spec q = {.arch = "qwen2", .biases = true, .skip = "blk.0.ffn_up.weight"};
@@ -535,11 +618,13 @@ int main(void)
         cmocka_unit_test(gemma_27b_block_counts_scale_q_by_dim_over_heads),
         cmocka_unit_test(gemma_without_post_norms_epsilon_or_a_window_is_refused_naming_it),
         cmocka_unit_test(qwen3moe_experts_are_views_of_the_3d_tensors),
+        cmocka_unit_test(qwen35moe_loads_experts_and_the_shared_expert_in_every_block),
         cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
         cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
         cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),
         cmocka_unit_test(rope_scaling_keys_give_llama3_and_linear_divisors),
         cmocka_unit_test(unsupported_rope_scaling_and_head_size_are_refused_by_name),
+        cmocka_unit_test(yarn_scaling_reads_its_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -75,6 +75,24 @@ static void llama3_splits_as_its_regex_says(void **state)
     tp_pretok_free(p);
 }
 
+/* gpt-oss's o200k (tokenizer.ggml.pre gpt-4o), derived by hand from the
+ * regex in its tokenizer.json (tiktoken's o200k_base) */
+static void gpt4o_splits_cased_words_and_digits_by_three(void **state)
+{
+    (void)state;
+    bool ign = true;
+    tp_pretok *p = pretok("gpt-4o", &ign);
+    assert_false(ign);
+    expect_split(p, "Hello world", "Hello| world");
+    expect_split(p, "HELLOworld camelCase", "HELLOworld| camel|Case");
+    expect_split(p, "I'M here, y'all", "I'M| here|,| y|'all"); /* 'all: no contraction */
+    expect_split(p, "1234567", "123|456|7");
+    expect_split(p, "a  b", "a| | b");
+    expect_split(p, "foo/bar\n\nok", "foo|/bar|\n\n|ok");
+    expect_split(p, "end!!!\n", "end|!!!\n");
+    tp_pretok_free(p);
+}
+
 static void qwen2_splits_digits_one_by_one(void **state)
 {
     (void)state;
@@ -210,7 +228,8 @@ static void every_named_rule_set_compiles(void **state)
     (void)state;
     const char *names[] = {"default", "gpt-2", "llama3", "llama-v3", "llama-bpe", "falcon3",
                            "dbrx", "smaug-bpe", "qwen2", "stablelm2", "deepseek-llm",
-                           "deepseek-coder", "deepseek-v3", "falcon", "starcoder", "refact", "smollm", "mpt"};
+                           "deepseek-coder", "deepseek-v3", "falcon", "starcoder", "refact", "smollm", "mpt",
+                           "gpt-4o", "llama4"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         tp_pretok *p = pretok(names[i], NULL);
         char got[256];
@@ -288,6 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(llama3_splits_as_its_regex_says),
         cmocka_unit_test(qwen2_splits_digits_one_by_one),
+        cmocka_unit_test(gpt4o_splits_cased_words_and_digits_by_three),
         cmocka_unit_test(pcre2_rules_equal_the_hand_evaluated_regex),
         cmocka_unit_test(deepseek_v3_splits_as_its_regexes_say),
         cmocka_unit_test(deepseek_v3_rules_equal_the_hand_evaluated_regexes),

@@ -308,9 +308,56 @@ static void fail_keeps_the_first_failure(void **state)
     tp_buf_free(&b);
 }
 
+/* Every byte through tp_buf_json_str, checked against JSON's grammar
+ * (RFC 8259 section 7) by decoding the result back: short escapes where
+ * JSON has one, \u00xx for the other controls, the rest as it came. */
+static void json_strings_escape_exactly_what_json_must_and_decode_back(void **state)
+{
+    (void)state;
+    char in[256];
+    for (int c = 0; c < 256; c++)
+        in[c] = (char)c;
+    tp_buf b;
+    tp_buf_init(&b, 4096);
+    assert_int_equal(tp_buf_json_str(&b, in, sizeof in), 0);
+    const char *o = b.data;
+    assert_int_equal(o[0], '"');
+    char back[256];
+    size_t k = 0, i = 1;
+    for (; i + 1 < b.len; k++) {
+        unsigned char c = (unsigned char)o[i];
+        assert_true(c >= 0x20 && c != '"');   /* nothing raw that JSON forbids */
+        if (c != '\\') {
+            back[k] = o[i++];
+            continue;
+        }
+        const char *named = strchr("\"\\/bfnrt", o[i + 1]);
+        if (o[i + 1] == 'u') {
+            unsigned v;
+            assert_int_equal(sscanf(o + i + 2, "%4x", &v), 1);
+            assert_true(v < 0x20 && v != '\b' && v != '\f' && v != '\n' && v != '\r' && v != '\t');
+            back[k] = (char)v;
+            i += 6;
+        } else {
+            assert_non_null(named);
+            back[k] = "\"\\/\b\f\n\r\t"[named - "\"\\/bfnrt"];
+            i += 2;
+        }
+    }
+    assert_int_equal(o[b.len - 1], '"');
+    assert_int_equal(k, 256);
+    assert_memory_equal(back, in, 256);
+    tp_buf_reset(&b);
+    tp_buf_json_str(&b, "\xc3\xa9\n", 3);   /* UTF-8 stays as it is */
+    assert_int_equal(b.len, 6);
+    assert_memory_equal(b.data, "\"\xc3\xa9\\n\"", 6);
+    tp_buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(json_strings_escape_exactly_what_json_must_and_decode_back),
         cmocka_unit_test(appends_of_every_size_keep_every_byte),
         cmocka_unit_test(one_large_append_and_single_bytes_agree),
         cmocka_unit_test(exactly_the_limit_fits_and_one_more_byte_is_refused),

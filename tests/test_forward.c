@@ -454,8 +454,8 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
     tp_model_free(m);
 }
 
-/* A random model of arch (mkmodel's writer) with o's options, loaded. */
-static tp_model *synth_model_with(tp_synth_gguf o)
+/* A random model of arch (mkmodel's writer) with o's options and shape, loaded. */
+static tp_model *synth_model_shaped(tp_synth_gguf o, const char *shape)
 {
     char vocab[512], path[] = "/tmp/tp_test_forward_arch.XXXXXX";
     model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", vocab, sizeof vocab);
@@ -464,7 +464,7 @@ static tp_model *synth_model_with(tp_synth_gguf o)
     close(fd);
     tp_synth_shape sh;
     tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
+    assert_int_equal(tp_synth_parse_shape(shape, &sh, &e), 0);
     o.vocab_from = vocab;
     if (tp_synth_write_gguf(path, &sh, 9, &o, &e))
         fail_msg("mkmodel %s: %s", o.arch, e.msg);
@@ -474,6 +474,11 @@ static tp_model *synth_model_with(tp_synth_gguf o)
     if (rc)
         fail_msg("%s", e.msg);
     return m;
+}
+
+static tp_model *synth_model_with(tp_synth_gguf o)
+{
+    return synth_model_shaped(o, "64x2x4x2");
 }
 
 static tp_model *synth_model(const char *arch, int head_dim)
@@ -551,6 +556,103 @@ static void qwen3moe_is_batch_chunk_and_thread_invariant(void **state)
     tp_model_free(m);
 }
 
+/* gpt-oss: sinks in every softmax, windows of 4 on block 0 (prompts of up
+ * to 12 and the decode steps outgrow them), YaRN, biases, 8 experts with
+ * 3 a token through swiglu_oai; the same invariance on every path and
+ * cache type. */
+static void gpt_oss_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "gpt-oss", .head_dim = 32, .n_expert = 8,
+                                                   .n_expert_used = 3, .expert_ff = 64, .sliding_window = 4});
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->swa_window, 4);
+    assert_true(tp_model_layer_slides(c, 0) && !tp_model_layer_slides(c, 1));
+    assert_true(c->ffn_act == TP_FFN_SWIGLU_OAI && c->moe_softmax_topk);
+    assert_true(c->yarn_factor == 32.0f && c->yarn_orig_ctx == 4096);
+    assert_non_null(tp_model_get_weights(m)->layers[1].sinks);
+    for (int scalar = 0; scalar < 2; scalar++) {
+        model_batch_invariance(m, scalar, TP_KV_F32);
+        model_batch_invariance(m, scalar, TP_KV_F16);
+    }
+    tp_model_free(m);
+}
+
+/* qwen35: blocks 0-2 Gated DeltaNet (the recurrent state per sequence,
+ * value heads twice the key heads), block 3 gated attention with partial
+ * RoPE: each sequence's logits are the same alone or batched, prefilled
+ * whole or in chunks, on 1-4 threads, on every path and cache type. */
+static void qwen35_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35", .head_dim = 32}, "64x4x4x2");
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_true(tp_model_layer_recurrent(c, 0) && tp_model_layer_recurrent(c, 2));
+    assert_false(tp_model_layer_recurrent(c, 3));
+    assert_int_equal(c->ssm_v_heads, 2 * c->ssm_k_heads);
+    assert_true(c->attn_gate && c->rope_dim == 8);
+    for (int scalar = 0; scalar < 2; scalar++) {
+        model_batch_invariance(m, scalar, TP_KV_F32);
+        model_batch_invariance(m, scalar, TP_KV_F16);
+    }
+    tp_model_free(m);
+}
+
+/* A hybrid model's DeltaNet state is kept at each step's start: a retried
+ * step (the same pos again) gives the same logits; a rewind to anywhere
+ * else is refused by name, and pos 0 starts the state again. */
+static void qwen35_retried_step_recomputes_the_same_logits_and_other_rewinds_are_refused(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35", .head_dim = 32}, "64x4x4x2");
+    tp_forward *f;
+    tp_err e;
+    assert_int_equal(tp_forward_new(m, 1, 32, 8, &f, &e), 0);
+    int a;
+    tp_forward_seq_open(f, &a, &e);
+    float first[32000], again[32000];
+    tp_fwd_item it = {a, 0, PROMPT, 5, false};
+    assert_int_equal(tp_forward_step(f, &it, 1, first, &e), 0);
+    int next = 300;
+    tp_fwd_item d = {a, 5, &next, 1, false};
+    assert_int_equal(tp_forward_step(f, &d, 1, first, &e), 0);
+    assert_int_equal(tp_forward_step(f, &d, 1, again, &e), 0); /* retried */
+    assert_memory_equal(first, again, sizeof first);
+    tp_fwd_item back = {a, 3, &PROMPT[3], 1, false};
+    assert_int_equal(tp_forward_step(f, &back, 1, again, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "DeltaNet"));
+    tp_fwd_item restart = {a, 0, PROMPT, 5, false};
+    float cold[32000];
+    assert_int_equal(tp_forward_step(f, &it, 1, cold, &e), 0);
+    assert_int_equal(tp_forward_step(f, &restart, 1, again, &e), 0);
+    assert_memory_equal(cold, again, sizeof cold);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+/* qwen35moe: qwen35's hybrid blocks (0-2 Gated DeltaNet, 3 gated
+ * attention), each FFN 8 experts, 3 a token, and a shared expert wider
+ * than one of them that every token takes: each sequence's logits the
+ * same alone or batched (sharing experts), whole or in chunks, on 1-4
+ * threads, every path and cache type. */
+static void qwen35moe_is_batch_chunk_and_thread_invariant(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35moe", .head_dim = 32, .n_expert = 8,
+                                                     .n_expert_used = 3, .expert_ff = 64, .shexp_ff = 96},
+                                     "64x4x4x2");
+    const tp_model_config *c = tp_model_get_config(m);
+    assert_int_equal(c->arch, TP_ARCH_QWEN35MOE);
+    assert_true(tp_model_layer_recurrent(c, 0) && !tp_model_layer_recurrent(c, 3));
+    assert_int_equal(c->n_expert, 8);
+    assert_int_equal(c->shexp_ff, 96);
+    for (int scalar = 0; scalar < 2; scalar++) {
+        model_batch_invariance(m, scalar, TP_KV_F32);
+        model_batch_invariance(m, scalar, TP_KV_F16);
+    }
+    tp_model_free(m);
+}
+
 static void mixtral_is_batch_chunk_and_thread_invariant(void **state)
 {
     (void)state;
@@ -564,11 +666,8 @@ static void mixtral_is_batch_chunk_and_thread_invariant(void **state)
 /* The MoE FFN alone: a token's output row is the same bits in a step of
  * 9 tokens that share experts (checked) as alone, on 1 and 3 threads, and
  * its experts come by rank with weights that sum to 1. */
-static void moe_rows_are_the_same_alone_or_sharing_experts(void **state)
+static void moe_rows_alone_or_sharing_experts(tp_model *m)
 {
-    (void)state;
-    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "qwen3moe", .head_dim = 32, .n_expert = 8,
-                                                   .n_expert_used = 3, .expert_ff = 64});
     const tp_model_config *c = tp_model_get_config(m);
     enum { T = 9 };
     int d = c->dim, k = c->n_expert_used;
@@ -614,6 +713,26 @@ static void moe_rows_are_the_same_alone_or_sharing_experts(void **state)
     free(x);
     free(all);
     free(one);
+}
+
+static void moe_rows_are_the_same_alone_or_sharing_experts(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_with((tp_synth_gguf){.arch = "qwen3moe", .head_dim = 32, .n_expert = 8,
+                                                   .n_expert_used = 3, .expert_ff = 64});
+    moe_rows_alone_or_sharing_experts(m);
+    tp_model_free(m);
+}
+
+/* The same with qwen35moe's gated shared expert after the routed sum:
+ * its matmuls over the step's rows keep each row's bits too. */
+static void moe_rows_with_a_shared_expert_are_the_same_alone_or_together(void **state)
+{
+    (void)state;
+    tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35moe", .head_dim = 32, .n_expert = 8,
+                                                     .n_expert_used = 3, .expert_ff = 64, .shexp_ff = 96},
+                                     "64x4x4x2");
+    moe_rows_alone_or_sharing_experts(m);
     tp_model_free(m);
 }
 
@@ -1050,8 +1169,13 @@ int main(void)
         cmocka_unit_test(gemma3_and_gemma2_are_batch_chunk_and_thread_invariant),
         cmocka_unit_test(phi3_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen3moe_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(qwen35moe_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(mixtral_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(gpt_oss_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(qwen35_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(qwen35_retried_step_recomputes_the_same_logits_and_other_rewinds_are_refused),
         cmocka_unit_test(moe_rows_are_the_same_alone_or_sharing_experts),
+        cmocka_unit_test(moe_rows_with_a_shared_expert_are_the_same_alone_or_together),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

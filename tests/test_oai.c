@@ -147,6 +147,24 @@ static void bad_fields_are_refused_by_name(void **state)
     refused(OAI_CHAT, "{\"model\":\"m\"}", 400, "messages", "required");
 }
 
+/* reasoning_effort (OpenAI's field for reasoning models; gpt-oss's
+ * template reads it): low, medium or high, chat only, null absent. */
+static void reasoning_effort_is_one_of_three_words_for_chat(void **state)
+{
+    (void)state;
+    oai_request r;
+    decode_ok(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":\"high\"}", &r);
+    assert_string_equal(r.reasoning_effort, "high");
+    oai_request_free(&r);
+    decode_ok(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":null}", &r);
+    assert_null(r.reasoning_effort);
+    oai_request_free(&r);
+    refused(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":\"max\"}", 400,
+            "reasoning_effort", "low");
+    refused(OAI_COMPLETIONS, "{\"prompt\":\"x\",\"reasoning_effort\":\"low\"}", 400, "reasoning_effort",
+            "chat/completions");
+}
+
 static void neutral_openai_fields_are_accepted(void **state)
 {
     (void)state;
@@ -501,6 +519,7 @@ int main(void)
         cmocka_unit_test(prompts_come_as_text_lists_and_token_ids),
         cmocka_unit_test(bad_fields_are_refused_by_name),
         cmocka_unit_test(neutral_openai_fields_are_accepted),
+        cmocka_unit_test(reasoning_effort_is_one_of_three_words_for_chat),
         cmocka_unit_test(response_format_and_llama_cpp_constraints_decode),
         cmocka_unit_test(choices_are_capped),
         cmocka_unit_test(logprobs_map_onto_submit_params),

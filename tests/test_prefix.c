@@ -230,6 +230,73 @@ static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
     tp_model_free(m);
 }
 
+/* A hybrid model's prefix hit must end at a page whose DeltaNet state was
+ * kept: a step keeps the state after the last page boundary it crosses.
+ * Each job equals a cold run bit for bit, and takes what was kept. */
+static void check_hybrid(tp_model *m, tp_kv_type kv, int threads, bool scalar)
+{
+    int vocab = tp_model_get_config(m)->vocab_size;
+    char what[256];
+    int base[MAXLEN], other[MAXLEN];
+    make_prompt(base, 150, 11, vocab);
+    memcpy(other, base, sizeof other);
+    make_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens */
+    struct {
+        const int *p;
+        int n, chunk, want_hit;
+    } seq[] = {
+        {base, 100, 100, 0},   /* cold: keeps the state at 96 (page 5) only */
+        /* chunks of 16, each offered alone: pages 0-4 have no state, so
+         * they are computed (each step keeping its end's); page 5 has one */
+        {base, 100, 16, 16},
+        {base, 40, 40, 32},    /* pages 0 and 1, restored at 32 */
+        {other, 120, 128, 32}, /* diverges in page 2: the state at 32 */
+        {base, 150, 150, 96},  /* pages 0-5 (page 6 was filled by generated tokens) */
+    };
+    tp_forward *f = new_fwd(m, 2, MAXLEN + 16, kv, threads, scalar, true);
+    for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        job_out want = reference(m, kv, seq[i].p, seq[i].n);
+        job_out got = run_job(f, seq[i].p, seq[i].n, seq[i].chunk, true, false, NULL);
+        snprintf(what, sizeof what, "qwen35 kv %s, %d thread(s)%s, job %zu", tp_kv_type_name(kv), threads,
+                 scalar ? " scalar" : "", i);
+        assert_same_job(&got, &want, vocab, what);
+        if (got.hit != seq[i].want_hit)
+            fail_msg("%s: %d tokens from the cache, want %d", what, got.hit, seq[i].want_hit);
+        job_out_free(&want);
+        job_out_free(&got);
+    }
+    tp_forward_free(f);
+}
+
+/* A random qwen35 of eight blocks, six Gated DeltaNet: a restored prefix
+ * restores their conv and recurrent state at the page where the hit ends,
+ * exactly. */
+static void reuse_is_bitwise_exact_with_deltanet_state(void **state)
+{
+    (void)state;
+    const char *dir = getenv("TP_MODELS");
+    char vocab[4096], path[] = "/tmp/tp_test_prefix_qwen35.XXXXXX";
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", dir ? dir : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x8x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {.arch = "qwen35", .vocab_from = vocab, .head_dim = 32};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel qwen35: %s", e.msg);
+    tp_model *m = NULL;
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    if (rc)
+        fail_msg("%s", e.msg);
+    check_hybrid(m, TP_KV_F32, 1, false);
+    check_hybrid(m, TP_KV_F16, 2, false);
+    check_hybrid(m, TP_KV_F32, 1, true);
+    tp_model_free(m);
+}
+
 static void reuse_is_bitwise_exact_on_stories260k_f32(void **state)
 {
     (void)state;
@@ -517,6 +584,7 @@ int main(void)
         cmocka_unit_test(reuse_is_bitwise_exact_on_stories260k_f32),
         cmocka_unit_test(reuse_is_bitwise_exact_on_every_gguf_weight_type),
         cmocka_unit_test(reuse_is_bitwise_exact_with_sliding_windows),
+        cmocka_unit_test(reuse_is_bitwise_exact_with_deltanet_state),
         cmocka_unit_test(running_jobs_share_pages_and_a_rewind_copies_instead_of_writing),
         cmocka_unit_test(eviction_under_pressure_keeps_the_pool_bounded_and_results_exact),
         cmocka_unit_test(the_cache_can_be_sized_turned_off_and_is_unused_with_openblas),

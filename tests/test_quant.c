@@ -1,5 +1,5 @@
 /* Typed weights (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
- * Q6_K): the kernels' batch invariance, row-range splits and scalar ==
+ * Q6_K, MXFP4): the kernels' batch invariance, row-range splits and scalar ==
  * AVX-512 bits, closeness to a float reference, the half/bfloat16
  * conversions, and whole-model runs of the llama.cpp-written stories260K
  * files (F16 greedy == F32 greedy; batch invariance for 1 to 4 threads).
@@ -22,7 +22,8 @@
 #include "support/batch_runs.h"
 
 static const uint32_t TYPES[] = {TP_GGML_F16, TP_GGML_BF16, TP_GGML_Q8_0, TP_GGML_Q4_0, TP_GGML_Q4_1,
-                                 TP_GGML_Q5_0, TP_GGML_Q5_1, TP_GGML_Q4_K, TP_GGML_Q5_K, TP_GGML_Q6_K};
+                                 TP_GGML_Q5_0, TP_GGML_Q5_1, TP_GGML_Q4_K, TP_GGML_Q5_K, TP_GGML_Q6_K,
+                                 TP_GGML_MXFP4};
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 static void fill(float *x, size_t n, unsigned seed, float scale)
@@ -193,6 +194,113 @@ static void activation_quantization_paths_agree(void **state)
     tp_qact_free(&a);
     tp_qact_free(&b);
     free(X);
+}
+
+/* ---- MXFP4 against ggml's reference (ggml-quants.c), transcribed ---- */
+
+static const int8_t GGML_KVALUES_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ggml_e8m0_to_fp32_half */
+static float ggml_e8m0_half(uint8_t x)
+{
+    uint32_t bits = x < 2 ? 0x00200000u << x : (uint32_t)(x - 1) << 23;
+    float r;
+    memcpy(&r, &bits, 4);
+    return r;
+}
+
+/* dequantize_row_mxfp4 */
+static void ggml_dequantize_row_mxfp4(const uint8_t *x, float *y, int k)
+{
+    for (int i = 0; i < k / 32; i++) {
+        const uint8_t *blk = x + 17 * i;
+        const float d = ggml_e8m0_half(blk[0]);
+        for (int j = 0; j < 16; ++j) {
+            const int8_t x0 = GGML_KVALUES_MXFP4[blk[1 + j] & 0x0F];
+            const int8_t x1 = GGML_KVALUES_MXFP4[blk[1 + j] >> 4];
+            y[i * 32 + j + 0] = x0 * d;
+            y[i * 32 + j + 16] = x1 * d;
+        }
+    }
+}
+
+/* quantize_row_mxfp4_ref with best_index_mxfp4 */
+static void ggml_quantize_row_mxfp4(const float *x, uint8_t *y, int k)
+{
+    for (int i = 0; i < k / 32; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (amax < fabsf(x[i * 32 + j]))
+                amax = fabsf(x[i * 32 + j]);
+        const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float d = ggml_e8m0_half(e);
+        uint8_t *blk = y + 17 * i;
+        blk[0] = e;
+        for (int j = 0; j < 16; ++j) {
+            int idx[2];
+            for (int h = 0; h < 2; h++) {
+                float v = x[i * 32 + 16 * h + j];
+                int best = 0;
+                float best_err = fabsf(GGML_KVALUES_MXFP4[0] * d - v);
+                for (int q = 1; q < 16; q++) {
+                    float err = fabsf(GGML_KVALUES_MXFP4[q] * d - v);
+                    if (err < best_err) {
+                        best = q;
+                        best_err = err;
+                    }
+                }
+                idx[h] = best;
+            }
+            blk[1 + j] = (uint8_t)(idx[0] | idx[1] << 4);
+        }
+    }
+}
+
+/* Every scale byte (subnormal 2^-128 and 2^-127 to 2^126) with every code
+ * in both nibbles: the dequantized bits are ggml's; the quantizer writes
+ * ggml's bytes; the scale is the power of two E8M0 says. */
+static void mxfp4_dequantizes_and_quantizes_as_ggml(void **state)
+{
+    (void)state;
+    enum { COLS = 256 * 32 };
+    uint8_t *blocks = malloc(256 * 17);
+    float *ours = malloc(sizeof(float) * COLS), *ref = malloc(sizeof(float) * COLS);
+    uint32_t s = 7;
+    for (int e = 0; e < 256; e++) {
+        blocks[17 * e] = (uint8_t)e;
+        for (int j = 0; j < 16; j++) {
+            s = s * 1664525u + 1013904223u;
+            blocks[17 * e + 1 + j] = j < 16 && e % 2 ? (uint8_t)(j | (15 - j) << 4) : (uint8_t)(s >> 24);
+        }
+        if (ggml_e8m0_half((uint8_t)e) != ldexpf(1.0f, e - 128))
+            fail_msg("e8m0 %d is not 2^%d", e, e - 128);
+        if (tp_e8m0_to_f32_half((uint8_t)e) != ggml_e8m0_half((uint8_t)e))
+            fail_msg("e8m0 %d: %a, ggml %a", e, tp_e8m0_to_f32_half((uint8_t)e), ggml_e8m0_half((uint8_t)e));
+    }
+    tp_wmat w = {TP_GGML_MXFP4, 1, COLS, 256 * 17, blocks, NULL};
+    tp_wmat_dequant_row(&w, 0, ours);
+    ggml_dequantize_row_mxfp4(blocks, ref, COLS);
+    for (int i = 0; i < COLS; i++) {
+        uint32_t a, b;
+        memcpy(&a, &ours[i], 4);
+        memcpy(&b, &ref[i], 4);
+        if (a != b)
+            fail_msg("mxfp4 element %d (e %d): %a, ggml %a", i, i / 32, ours[i], ref[i]);
+    }
+    /* the quantizer: wide ranges, zeros, ties between codes */
+    float *x = malloc(sizeof(float) * 64 * 32);
+    fill(x, 64 * 32, 9, 1.0f);
+    for (int b = 0; b < 64; b++)
+        for (int j = 0; j < 32; j++)
+            x[32 * b + j] *= ldexpf(1.0f, b - 40);
+    for (int j = 0; j < 32; j++)
+        x[j] = 0.0f, x[32 + j] = 0.5f * (float)(j - 16);
+    uint8_t *q1 = malloc(64 * 17), *q2 = malloc(64 * 17);
+    tp_quant_row(TP_GGML_MXFP4, x, 64 * 32, q1);
+    ggml_quantize_row_mxfp4(x, q2, 64 * 32);
+    assert_memory_equal(q1, q2, 64 * 17);
+    free(x); free(q1); free(q2);
+    free(blocks); free(ours); free(ref);
 }
 
 static void check_type(uint32_t type, int rows, int cols) { check_type_tokens(type, rows, cols, 13); }
@@ -390,6 +498,7 @@ int main(void)
         cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx2),
         cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx512),
         cmocka_unit_test(activation_quantization_paths_agree),
+        cmocka_unit_test(mxfp4_dequantizes_and_quantizes_as_ggml),
         cmocka_unit_test(f16_file_from_llama_cpp_gives_the_f32_greedy_ids),
         cmocka_unit_test(q8_0_and_q4_0_files_from_llama_cpp_start_like_f32),
         cmocka_unit_test(llama_cpp_quantized_files_are_batch_invariant),

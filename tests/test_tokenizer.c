@@ -742,10 +742,66 @@ static void end_of_turn_texts_join_the_end_of_generation_ids(void **state)
     tp_tokenizer_free(t);
 }
 
+/* gpt-oss's harmony vocabulary: <|return|> and <|call|> end generation,
+ * <|end|> only a message (the answer follows the analysis), and it and the
+ * frame's tokens render as their text, as llama.cpp's load_vocab makes
+ * them; the same texts in a vocabulary without <|return|> / <|call|>
+ * (Phi-3's <|end|>) keep ending generation. */
+static void harmony_frame_tokens_render_and_only_return_and_call_end(void **state)
+{
+    (void)state;
+    const char *pieces[] = {"a", "b", "<|return|>", "<|call|>", "<|end|>", "<|channel|>", "<|message|>", "<|start|>",
+                            "<|constrain|>"};
+    enum { N = sizeof pieces / sizeof pieces[0] };
+    size_t lens[N];
+    int32_t types[N];
+    for (int i = 0; i < N; i++) {
+        lens[i] = strlen(pieces[i]);
+        types[i] = i < 2 ? TP_TOKEN_NORMAL : TP_TOKEN_CONTROL;
+    }
+    for (int harmony = 0; harmony < 2; harmony++) {
+        /* without harmony: <|return|> and <|call|> are plain tokens */
+        tp_vocab_spec v = {.kind = TP_TOKENIZER_BPE, .n = N, .pieces = pieces, .lens = lens,
+                           .types = types, .bos_id = -1, .eos_id = 2, .unk_id = -1, .eot_id = -1, .eom_id = -1,
+                           .add_bos = 0, .add_eos = 0};
+        const char *alt[N];
+        memcpy(alt, pieces, sizeof alt);
+        if (!harmony)
+            alt[3] = "<|calls|>";
+        v.pieces = alt;
+        size_t alens[N];
+        for (int i = 0; i < N; i++)
+            alens[i] = strlen(alt[i]);
+        v.lens = alens;
+        tp_tokenizer *t;
+        tp_err e;
+        assert_int_equal(tp_tokenizer_new(&v, &t, &e), 0);
+        const int32_t *eog;
+        int n = tp_tokenizer_eog_ids(t, &eog);
+        bool end_ends = false, call_ends = false;
+        for (int i = 0; i < n; i++) {
+            end_ends |= eog[i] == 4;
+            call_ends |= eog[i] == 3;
+        }
+        assert_int_equal(end_ends, !harmony);
+        assert_int_equal(call_ends, harmony);
+        size_t k;
+        for (int id = 4; id < N; id++) {
+            const uint8_t *b = tp_tokenizer_token_bytes(t, -1, id, &k);
+            if (harmony && (k != lens[id] || memcmp(b, pieces[id], k)))
+                fail_msg("%s renders as %zu bytes", pieces[id], k);
+            if (!harmony && id == 4)
+                assert_int_equal(k, 0);
+        }
+        tp_tokenizer_free(t);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(load_tok512_has_llama2c_special_tokens),
+        cmocka_unit_test(harmony_frame_tokens_render_and_only_return_and_call_end),
         cmocka_unit_test(longest_prompt_fits_one_tokenized_reply),
         cmocka_unit_test(load_llama2_tokenizer_infers_32000_tokens),
         cmocka_unit_test(load_rejects_truncated_file_naming_the_token),

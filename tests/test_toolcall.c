@@ -423,6 +423,83 @@ static void without_tools_the_call_text_is_content(void **state)
     tp_tcsplit_free(s);
 }
 
+/* gpt-oss's harmony (OpenAI's harmony docs): the analysis channel is the
+ * reasoning, the final channel the content, a commentary message with a
+ * recipient a call (as the model writes it, the recipient after the
+ * channel, and as the template renders past calls, before it); a
+ * commentary message without one is a preamble: content. */
+static void harmony_channels_split_into_reasoning_content_and_calls(void **state)
+{
+    (void)state;
+    result r;
+    check(TP_TC_HARMONY, true, false,
+          "<|channel|>analysis<|message|>User says hi. Respond.<|end|><|start|>assistant<|channel|>final<|message|>"
+          "Hello! How can I help?",
+          &r);
+    assert_string_equal(r.reasoning, "User says hi. Respond.");
+    assert_string_equal(r.content, "Hello! How can I help?");
+    assert_int_equal(r.n_calls, 0);
+    check(TP_TC_HARMONY, true, false,
+          "<|channel|>analysis<|message|>Need to use function get_weather.<|end|><|start|>assistant<|channel|>"
+          "commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"San Francisco\"}",
+          &r);
+    assert_string_equal(r.reasoning, "Need to use function get_weather.");
+    assert_string_equal(r.content, "");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.args[0], "{\"location\":\"San Francisco\"}");
+    assert_true(r.whole);
+    assert_int_equal(r.n_early, 1); /* the model's form streams */
+    /* the template's form: the recipient in the role header */
+    check(TP_TC_HARMONY, true, false,
+          " to=functions.get_weather<|channel|>commentary json<|message|>{\"location\": \"Paris\"}", &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.args[0], "{\"location\": \"Paris\"}");
+    assert_string_equal(r.content, "");
+    /* a preamble on the commentary channel, then the call */
+    check(TP_TC_HARMONY, true, false,
+          "<|channel|>analysis<|message|>Tell the user first.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+          "Checking the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+          "<|constrain|>json<|message|>{}",
+          &r);
+    assert_string_equal(r.reasoning, "Tell the user first.");
+    assert_string_equal(r.content, "Checking the weather.");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.args[0], "{}");
+    /* no analysis (low effort can skip it): the final channel alone */
+    check(TP_TC_HARMONY, true, false, "<|channel|>final<|message|>4", &r);
+    assert_string_equal(r.content, "4");
+    assert_string_equal(r.reasoning, "");
+}
+
+/* Without tools the harmony frame still goes: reasoning and content as
+ * with them, a call's text is content. */
+static void harmony_frame_is_dropped_without_tools(void **state)
+{
+    (void)state;
+    tp_tc_syntax syn = {.family = TP_TC_HARMONY, .thinks = true};
+    tp_tcsplit_opts o = {.tools = false, .reasoning = true};
+    tp_tcsplit *s;
+    tp_err e;
+    const char *c, *rs;
+    size_t cn, rn;
+    const char *t = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Done.";
+    char content[256] = "", reasoning[256] = "";
+    assert_int_equal(tp_tcsplit_new(&syn, &o, &s, &e), 0);
+    for (size_t i = 0; t[i]; i++) {
+        assert_int_equal(tp_tcsplit_feed(s, t + i, 1, &c, &cn, &rs, &rn), 0);
+        strncat(content, c, cn);
+        strncat(reasoning, rs, rn);
+    }
+    assert_int_equal(tp_tcsplit_finish(s, NULL, 0, &c, &cn, &rs, &rn), 0);
+    strncat(content, c, cn);
+    strncat(reasoning, rs, rn);
+    assert_string_equal(content, "Done.");
+    assert_string_equal(reasoning, "Think.");
+    tp_tcsplit_free(s);
+}
+
 static void one_call_when_parallel_calls_are_off(void **state)
 {
     (void)state;
@@ -470,6 +547,7 @@ static void templates_are_detected_as_their_family(void **state)
         {"fireworks-ai-llama-3-firefunction-v2.jinja", TP_TC_FIREFUNCTION_V2, false, false, false},
         {"google-gemma-2-2b-it.jinja", TP_TC_NONE, false, false, false},
         {"microsoft-Phi-3.5-mini-instruct.jinja", TP_TC_NONE, false, false, false},
+        {"openai-gpt-oss-120b.jinja", TP_TC_HARMONY, true, false, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char path[1024];
@@ -658,6 +736,8 @@ static const struct {
                             "\"arguments\": {\"city\": \"Paris\"}}]"},
     {TP_TC_GENERIC, "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"get_weather\", "
                     "\"arguments\": {\"city\": \"Paris\"}}]}"},
+    {TP_TC_HARMONY, "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|start|>assistant<|channel|>"
+                    "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}"},
 };
 
 /* Required, named and lazy grammars of every family take its canonical
@@ -898,6 +978,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hermes_parses_parallel_calls_as_qwen_documents_them),
+        cmocka_unit_test(harmony_channels_split_into_reasoning_content_and_calls),
+        cmocka_unit_test(harmony_frame_is_dropped_without_tools),
         cmocka_unit_test(hermes_keeps_text_before_and_markers_inside_strings),
         cmocka_unit_test(hermes_malformed_call_stays_content),
         cmocka_unit_test(a_call_broken_after_its_name_keeps_what_was_generated),

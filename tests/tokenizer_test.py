@@ -138,6 +138,15 @@ class TokenizeCommand(unittest.TestCase):
             with self.subTest(vocab=name):
                 self.check_vectors(name, 46)
 
+    def test_llama_cpp_vectors_match_for_qwen35(self):
+        """Qwen 3.5's pre-tokenizer (tokenizer.ggml.pre qwen35): qwen2's
+        rules with combining marks inside words; llama.cpp's 50 vectors."""
+        self.check_vectors("qwen35", 50)
+
+    def test_random_texts_round_trip_exactly_on_qwen35(self):
+        texts = [t for t in random_texts(11, 400, UNICODE_ALPHABET) if t]
+        self.check_round_trip("qwen35", os.path.join(VOCABS, "ggml-vocab-qwen35.gguf"), texts)
+
     def check_round_trip(self, name, path, texts, dropped=""):
         """encode then --decode gives each text back (less the characters
         the vocabulary has no token for)."""

@@ -201,6 +201,9 @@ class ModelThatCallsATool(tpdaemon.HttpDaemonCase):
             "messages": [{"role": "user", "content": USER}], "tools": json.dumps(TOOLS),
             "params": {"grammar": "root ::= \"x\"", "grammar_trigger": "<tool_call>"}})
         self.assertEqual((ack["status"], ack["field"]), (400, "params.grammar_trigger"), ack)
+        # and so is the compiled grammar: params.grammar is always the producer's own text
+        cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {"prompt": "Hi", "params": {"gbnf": "root ::= \"x\""}})
+        self.assertEqual((ack["status"], ack["field"]), (400, "params.gbnf"), ack)
         cmd, ack, _ = self.d.call(tpdaemon.CMD_SUBMIT, {
             "messages": [{"role": "user", "content": USER}], "tool_choice": "auto"})
         self.assertEqual(ack["status"], 400, ack)

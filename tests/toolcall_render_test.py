@@ -37,6 +37,7 @@ TOOL_TEMPLATES = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": False,
     "llama-cpp-deepseek-r1": False,
     "fireworks-ai-llama-3-firefunction-v2": False,
+    "openai-gpt-oss-120b": True,                              # arguments | tojson (harmony)
 }
 NO_TOOLS = ["google-gemma-2-2b-it", "microsoft-Phi-3.5-mini-instruct"]
 
@@ -142,6 +143,22 @@ class ToolConversationsRenderAsJinja2(unittest.TestCase):
                 # raises, and so does tokpipe (checked above)
                 self.assertEqual(ok, name != "llama-cpp-deepseek-r1")
         self.assertGreaterEqual(rendered, 10)   # parallel calls: all but the Llama 3.x templates
+
+    def test_reasoning_effort_reaches_the_template_as_openai_passes_it(self):
+        # gpt-oss's harmony writes "Reasoning: <effort>" (default medium)
+        name = "openai-gpt-oss-120b"
+        if not os.path.exists(os.path.join(TEMPLATES, name + ".jinja")):
+            self.skipTest(name + " not in " + TEMPLATES)
+        conv = [{"role": "user", "content": "What is 2 + 2?"}]
+        for effort in ("low", "medium", "high", None):
+            req = {"messages": conv}
+            if effort:
+                req["reasoning_effort"] = effort
+            p = tokpipe_openai(name, req)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            want = jinja(name, dict(req))
+            self.assertEqual(p.stdout.decode(), want)
+            self.assertIn("Reasoning: %s" % (effort or "medium"), want)
 
     def test_a_template_without_tool_support_refuses_tools(self):
         for name in NO_TOOLS:

@@ -22,6 +22,7 @@ struct tp_client {
     void *monitor;          /* PAIR receiving the SUB socket's handshake events */
     char *front;
     char *events;
+    char *peer_front, *peer_events;   /* the standby peer's, or NULL */
     tp_zsec_client sec;
     int timeout_ms;
     uint64_t next_req;
@@ -74,8 +75,15 @@ static int open_sockets(tp_client *c, tp_err *err)
         int rc = tp_zsec_client_apply(&c->sec, c->dealer, c->front, err);
         if (rc)
             return rc;
+        /* a standby pair: requests only to a broker with a live
+         * connection (not queued for a dead one) */
+        if (c->peer_front && set_int(c->dealer, ZMQ_IMMEDIATE, 1))
+            return zerr(err, "cannot connect to frontend", c->front);
         if (zmq_connect(c->dealer, c->front))
             return zerr(err, "cannot connect to frontend", c->front);
+        if (c->peer_front && ((rc = tp_zsec_client_apply(&c->sec, c->dealer, c->peer_front, err)) ||
+                              zmq_connect(c->dealer, c->peer_front)))
+            return rc ? rc : zerr(err, "cannot connect to frontend", c->peer_front);
     }
     if (c->events) {
         c->sub = zmq_socket(c->ctx, ZMQ_SUB);
@@ -88,6 +96,10 @@ static int open_sockets(tp_client *c, tp_err *err)
             return rc;
         if (zmq_connect(c->sub, c->events))
             return zerr(err, "cannot connect to events", c->events);
+        /* a passive broker publishes nothing: the events are the active one's */
+        if (c->peer_events && ((rc = tp_zsec_client_apply(&c->sec, c->sub, c->peer_events, err)) ||
+                               zmq_connect(c->sub, c->peer_events)))
+            return rc ? rc : zerr(err, "cannot connect to events", c->peer_events);
     }
     return 0;
 }
@@ -104,6 +116,10 @@ int tp_client_new(const tp_client_opts *o, tp_client **out, tp_err *err)
     c->ctx = zmq_ctx_new();
     c->front = o->front ? strdup(o->front) : NULL;
     c->events = o->events ? strdup(o->events) : NULL;
+    if (o->front && o->peer_front && *o->peer_front)
+        c->peer_front = strdup(o->peer_front);
+    if (o->events && o->peer_events && *o->peer_events)
+        c->peer_events = strdup(o->peer_events);
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
         seed = (uint64_t)time(NULL) ^ (uint64_t)getpid();
@@ -137,6 +153,8 @@ void tp_client_free(tp_client *c)
         zmq_ctx_term(c->ctx);
     free(c->front);
     free(c->events);
+    free(c->peer_front);
+    free(c->peer_events);
     memset(&c->sec, 0, sizeof c->sec);
     free(c);
 }
@@ -265,17 +283,32 @@ int tp_client_recv_reply(tp_client *c, tp_recv *reply, tp_err *err)
     return 0;
 }
 
+bool tp_client_passive_refusal(const tp_msg *r)
+{
+    size_t n = strlen(TP_STANDBY_PASSIVE_ERROR);
+    return r->status == TP_ST_UNAVAILABLE && r->error.len == n && !memcmp(r->error.ptr, TP_STANDBY_PASSIVE_ERROR, n);
+}
+
 int tp_client_call(tp_client *c, tp_msg *m, tp_recv *reply, tp_err *err)
 {
-    uint64_t req;
-    int rc = tp_client_send(c, m, &req, err);
-    while (!rc) {
-        rc = tp_client_recv_reply(c, reply, err);
-        if (rc || reply->m.req == req || (reply->m.cmd == TP_CMD_ERROR && reply->m.req == 0))
+    /* a passive standby broker's refusal: again (the DEALER takes the
+     * other connection next), until the active one answers or, while the
+     * backup waits out failover_ms, for as long as a reply may take */
+    int64_t until = tp_now_ms() + c->timeout_ms;
+    for (;;) {
+        uint64_t req;
+        int rc = tp_client_send(c, m, &req, err);
+        while (!rc) {
+            rc = tp_client_recv_reply(c, reply, err);
+            if (rc || reply->m.req == req || (reply->m.cmd == TP_CMD_ERROR && reply->m.req == 0))
+                break;
+            tp_recv_free(reply); /* a late reply to an earlier request */
+        }
+        if (rc || !c->peer_front || !tp_client_passive_refusal(&reply->m) || tp_now_ms() >= until)
             return rc;
-        tp_recv_free(reply); /* a late reply to an earlier request */
+        tp_recv_free(reply);
+        usleep(50 * 1000);
     }
-    return rc;
 }
 
 int tp_client_subscribe(tp_client *c, const char *prefix, tp_err *err)
@@ -456,17 +489,16 @@ int tp_endpoints_resolve(const char *config_path, const char *front, const char 
     tp_config cfg;
     int rc;
     memset(ep, 0, sizeof *ep);
-    if (config_path)
-        rc = tp_config_load(config_path, &cfg, err);
-    else if (access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0)
-        rc = tp_config_load(TP_CONFIG_DEFAULT_PATH, &cfg, err);
-    else if (!(rc = tp_config_defaults(&cfg, err)))
-        rc = tp_config_resolve(&cfg, err);
+    rc = tp_config_find(config_path, &cfg, NULL, err);
     if (rc)
         return rc;
     rc = copy_ep(ep->front, sizeof ep->front, front ? front : cfg.ep_front, "front", err);
     if (!rc)
         rc = copy_ep(ep->events, sizeof ep->events, events ? events : cfg.ep_events, "events", err);
+    if (!rc && !front && strlen(cfg.peer_front) < sizeof ep->peer_front)
+        strcpy(ep->peer_front, cfg.peer_front);
+    if (!rc && !events && strlen(cfg.peer_events) < sizeof ep->peer_events)
+        strcpy(ep->peer_events, cfg.peer_events);
     if (!rc)
         rc = tp_zsec_client_load(&cfg, &ep->sec, err);
     tp_config_free(&cfg);
@@ -515,7 +547,8 @@ int tp_client_open(const tp_client_args *a, bool front, bool events, tp_client *
     int rc = tp_endpoints_resolve(a->config, a->front, a->events, &ep, err);
     if (rc)
         return rc;
-    tp_client_opts o = {front ? ep.front : NULL, events ? ep.events : NULL, a->timeout_ms, &ep.sec};
+    tp_client_opts o = {front ? ep.front : NULL, events ? ep.events : NULL, a->timeout_ms, &ep.sec, ep.peer_front,
+                        ep.peer_events};
     rc = tp_client_new(&o, out, err);
     memset(&ep.sec, 0, sizeof ep.sec);
     return rc;

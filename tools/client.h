@@ -34,7 +34,16 @@ typedef struct tp_client_opts {
     const char *events;
     int timeout_ms;     /* every request / connection wait; <= 0 = 5000 */
     const tp_zsec_client *sec;  /* CURVE keys for tcp endpoints; NULL = plain */
+    /* the other broker of a standby pair (NULL or "": none): the client
+     * connects to both; a request goes to one with a live connection, and
+     * one a passive broker refuses goes again, to the other */
+    const char *peer_front;
+    const char *peer_events;
 } tp_client_opts;
+
+/* A passive standby broker's refusal (TP_STANDBY_PASSIVE_ERROR): send the
+ * request again, it goes to the other broker. tp_client_call does. */
+bool tp_client_passive_refusal(const tp_msg *r);
 
 /* Create the sockets and connect (connection happens in the background;
  * ZeroMQ retries). *out owned by the caller (tp_client_free). */
@@ -114,6 +123,8 @@ const char *tp_client_events(const tp_client *c);
 typedef struct tp_endpoints {
     char front[512];
     char events[512];
+    char peer_front[512];   /* standby.peer_front / peer_events ("" = none; not with --front / --events) */
+    char peer_events[512];
     tp_zsec_client sec;   /* the config's security.* client side */
 } tp_endpoints;
 

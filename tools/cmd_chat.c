@@ -405,7 +405,8 @@ static int local_turn(chat *ch, const genopts *conv, reply *r, tp_err *err)
     const genopts *g = &ch->g;
     char *text = NULL;
     size_t len = 0;
-    int rc = tp_tokenize_stage_render(ch->st, conv->messages, conv->n_messages, conv->tools, &text, &len, err);
+    int rc = tp_tokenize_stage_render(ch->st, conv->messages, conv->n_messages, conv->tools, (tp_str){NULL, 0}, &text,
+                                      &len, err);
     if (rc)
         return rc;
     if (ch->show_prompt) {

@@ -136,7 +136,7 @@ static int render_openai(tp_chat_template **t, const char *bos, const char *eos,
         *t = NULL;   /* the stage's */
     }
     if (!rc)
-        rc = tp_tokenize_stage_render(st, g->messages, g->n_messages, g->tools, &out, &olen, &e);
+        rc = tp_tokenize_stage_render(st, g->messages, g->n_messages, g->tools, g->reasoning_effort, &out, &olen, &e);
     if (rc)
         fprintf(stderr, "tokpipe chat-template: %s\n", e.msg);
     else

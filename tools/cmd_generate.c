@@ -204,6 +204,8 @@ static void fill_submit(gen *s, const job *j, tp_msg *m)
         m->submit.tool_choice = tp_str_of(s->g.tool_choice);
     if (s->g.tool_choice_name)
         m->submit.tool_choice_name = tp_str_of(s->g.tool_choice_name);
+    if (s->g.reasoning_effort.ptr)
+        m->submit.reasoning_effort = s->g.reasoning_effort;
     m->submit.params.set |= TP_P_SEED;
     m->submit.params.seed = j->seed;
 }
@@ -222,6 +224,7 @@ static int submit_all(gen *s, tp_err *err)
         if (rc)
             return rc;
     }
+    int again = 0;
     for (size_t got = 0; got < s->n; got++) {
         tp_recv r;
         int rc = tp_client_recv_reply(s->c, &r, err);
@@ -231,7 +234,14 @@ static int submit_all(gen *s, tp_err *err)
             job *j = &s->jobs[i];
             if (j->req != r.m.req && !(r.m.req == 0 && r.m.cmd == TP_CMD_ERROR))
                 continue;
-            if (r.m.status == TP_ST_OK && r.m.cmd == TP_CMD_ACK) {
+            if (tp_client_passive_refusal(&r.m) && again++ < 200) {
+                /* a passive standby broker: to the other one (the DEALER's next connection) */
+                tp_msg m;
+                fill_submit(s, j, &m);
+                usleep(20 * 1000);
+                rc = tp_client_send(s->c, &m, &j->req, err);
+                got--;
+            } else if (r.m.status == TP_ST_OK && r.m.cmd == TP_CMD_ACK) {
                 j->accepted = true;
                 if (r.m.ack.set & TP_ACK_SEED)   /* a broker that does not say keeps the one sent */
                     j->seed = r.m.ack.seed;
@@ -245,6 +255,8 @@ static int submit_all(gen *s, tp_err *err)
             break;
         }
         tp_recv_free(&r);
+        if (rc)
+            return rc;
     }
     return 0;
 }

@@ -27,6 +27,7 @@ const char cmd_quantize_summary[] = "write a model as GGUF in F16, BF16, Q8_0, Q
 enum {
     FT_ALL_F32 = 0, FT_F16 = 1, FT_Q4_0 = 2, FT_Q4_1 = 3, FT_Q8_0 = 7, FT_Q5_0 = 8, FT_Q5_1 = 9,
     FT_Q6_K = 18, FT_Q4_K_S = 14, FT_Q4_K_M = 15, FT_Q5_K_S = 16, FT_Q5_K_M = 17, FT_BF16 = 32,
+    FT_MXFP4_MOE = 38,
 };
 
 typedef struct target {
@@ -34,16 +35,18 @@ typedef struct target {
     uint32_t type;     /* the type of most 2-D tensors */
     uint32_t ftype;    /* general.file_type */
     bool mix_m;        /* llama.cpp's _M rules: output Q6_K, some attn_v / ffn_down Q6_K */
+    bool experts_only; /* type only for 3-D expert tensors, Q8_0 elsewhere (MXFP4_MOE) */
 } target;
 
 static const target TARGETS[] = {
-    {"F32", TP_GGML_F32, FT_ALL_F32, false},   {"F16", TP_GGML_F16, FT_F16, false},
-    {"BF16", TP_GGML_BF16, FT_BF16, false},    {"Q8_0", TP_GGML_Q8_0, FT_Q8_0, false},
-    {"Q4_0", TP_GGML_Q4_0, FT_Q4_0, false},    {"Q4_1", TP_GGML_Q4_1, FT_Q4_1, false},
-    {"Q5_0", TP_GGML_Q5_0, FT_Q5_0, false},    {"Q5_1", TP_GGML_Q5_1, FT_Q5_1, false},
-    {"Q4_K", TP_GGML_Q4_K, FT_Q4_K_S, false},  {"Q5_K", TP_GGML_Q5_K, FT_Q5_K_S, false},
-    {"Q6_K", TP_GGML_Q6_K, FT_Q6_K, false},    {"Q4_K_M", TP_GGML_Q4_K, FT_Q4_K_M, true},
-    {"Q5_K_M", TP_GGML_Q5_K, FT_Q5_K_M, true},
+    {"F32", TP_GGML_F32, FT_ALL_F32, false, false},   {"F16", TP_GGML_F16, FT_F16, false, false},
+    {"BF16", TP_GGML_BF16, FT_BF16, false, false},    {"Q8_0", TP_GGML_Q8_0, FT_Q8_0, false, false},
+    {"Q4_0", TP_GGML_Q4_0, FT_Q4_0, false, false},    {"Q4_1", TP_GGML_Q4_1, FT_Q4_1, false, false},
+    {"Q5_0", TP_GGML_Q5_0, FT_Q5_0, false, false},    {"Q5_1", TP_GGML_Q5_1, FT_Q5_1, false, false},
+    {"Q4_K", TP_GGML_Q4_K, FT_Q4_K_S, false, false},  {"Q5_K", TP_GGML_Q5_K, FT_Q5_K_S, false, false},
+    {"Q6_K", TP_GGML_Q6_K, FT_Q6_K, false, false},    {"Q4_K_M", TP_GGML_Q4_K, FT_Q4_K_M, true, false},
+    {"Q5_K_M", TP_GGML_Q5_K, FT_Q5_K_M, true, false},  {"MXFP4", TP_GGML_MXFP4, FT_MXFP4_MOE, false, false},
+    {"MXFP4_MOE", TP_GGML_MXFP4, FT_MXFP4_MOE, false, true},
 };
 
 static void usage(FILE *out)
@@ -62,7 +65,9 @@ static void usage(FILE *out)
             "                       Q4_K, Q5_K, Q6_K: every matrix in that type (llama-quantize\n"
             "                       --pure); Q4_K_M, Q5_K_M: llama.cpp's mixes (output.weight\n"
             "                       Q6_K; attn_v and ffn_down Q6_K in the first and last eighth\n"
-            "                       of the layers and every third between; the rest Q4_K/Q5_K)\n"
+            "                       of the layers and every third between; the rest Q4_K/Q5_K);\n"
+            "                       MXFP4: every matrix MXFP4; MXFP4_MOE: llama.cpp's gpt-oss\n"
+            "                       mix (the 3-D expert tensors MXFP4, the other matrices Q8_0)\n"
             "  --vocab-from FILE    copy FILE's tokenizer.* metadata into OUT (a llama2.c input\n"
             "                       has no vocabulary of its own; without it OUT needs\n"
             "                       --tokenizer at run time)\n"
@@ -129,13 +134,23 @@ static int layer_of(const char *name)
  * mixes, then its fallback for rows that do not fit the block). */
 static uint32_t pick_type(const target *tg, const otensor *o, int n_layers)
 {
-    /* llama-quantize leaves the MoE router (ffn_gate_inp) in F32 */
-    if (o->n_dims < 2 || strstr(o->name, "ffn_gate_inp.weight"))
+    /* llama-quantize leaves the MoE router (ffn_gate_inp) in F32, and a
+     * DeltaNet layer's conv kernel (ssm_conv1d: the loader reads it as F32
+     * rows of conv_kernel weights) */
+    if (o->n_dims < 2 || strstr(o->name, "ffn_gate_inp.weight") || strstr(o->name, "ssm_conv1d.weight"))
+        return TP_GGML_F32;
+    /* llama-quantize quantizes only names ending in "weight": gpt-oss's
+     * 2-D expert biases (ffn_*_exps.bias) stay F32 */
+    size_t nl = strlen(o->name);
+    if (nl < 6 || strcmp(o->name + nl - 6, "weight"))
         return TP_GGML_F32;
     uint32_t t = tg->type;
+    if (tg->experts_only && o->n_dims < 3)
+        t = TP_GGML_Q8_0;
     if (tg->mix_m) {
-        /* llama.cpp matches "ffn_down": the experts' ffn_down_exps too */
-        bool down = strstr(o->name, "ffn_down.weight") != NULL || strstr(o->name, "ffn_down_exps.weight") != NULL, v = strstr(o->name, "attn_v.weight") != NULL;
+        /* llama.cpp matches "ffn_down": the experts' ffn_down_exps and ffn_down_shexp too */
+        bool down = strstr(o->name, "ffn_down.weight") != NULL || strstr(o->name, "ffn_down_exps.weight") != NULL ||
+                    strstr(o->name, "ffn_down_shexp.weight") != NULL, v = strstr(o->name, "attn_v.weight") != NULL;
         if (!strcmp(o->name, "output.weight"))
             t = fits(TP_GGML_Q6_K, o->ne[0]) ? TP_GGML_Q6_K : TP_GGML_Q8_0;
         else if ((down || v) && more_bits(layer_of(o->name), n_layers))
@@ -143,7 +158,7 @@ static uint32_t pick_type(const target *tg, const otensor *o, int n_layers)
     }
     if (!fits(t, o->ne[0])) {
         t = t == TP_GGML_Q4_K ? TP_GGML_Q5_0 : t == TP_GGML_Q5_K ? TP_GGML_Q5_1
-          : t == TP_GGML_Q6_K ? TP_GGML_Q8_0 : t;
+          : t == TP_GGML_Q6_K || t == TP_GGML_MXFP4 ? TP_GGML_Q8_0 : t;
         if (!fits(t, o->ne[0]))
             t = TP_GGML_F16;
     }
@@ -383,7 +398,7 @@ int cmd_quantize(int argc, char **argv)
             tg = &TARGETS[i];
     if (!tg) {
         fprintf(stderr, "tokpipe quantize: unknown --type '%s' (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
-                "Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M)\n", type);
+                "Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M, MXFP4, MXFP4_MOE)\n", type);
         return 2;
     }
     return run(argv[optind], argv[optind + 1], tg, vocab_from, quiet);

@@ -476,7 +476,10 @@ static int job_decide(run_ctx *c, run_job *j, const float *logits, const genopts
 static int plan_guesses(run_ctx *c, run_job *j, int decoding, int budget)
 {
     j->n_guess = 0;
-    if (c->spec != TP_SPEC_NGRAM || j->n_ids - j->n_fed != 1)
+    /* (not on a hybrid model: its recurrent state cannot roll back past a
+     * step's start, tp_forward_seq_truncate) */
+    if (c->spec != TP_SPEC_NGRAM || j->n_ids - j->n_fed != 1 ||
+        tp_model_get_config(c->model)->full_attn_interval > 0)
         return 0;
     /* room: tokens the job may still accept after this step's own one,
      * positions its slot still has, and the step's budget */
@@ -802,7 +805,8 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     }
     size_t len = 0;
     if (!rc)
-        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, a->gen.tools, &text, &len, err);
+        rc = tp_tokenize_stage_render(st, a->gen.messages, a->gen.n_messages, a->gen.tools, a->gen.reasoning_effort,
+                                      &text, &len, err);
     if (!rc)
         rc = tool_grammar(c, st, &a->gen, err);
     if (!rc) {

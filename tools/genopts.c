@@ -248,6 +248,12 @@ int genopts_conversation(genopts *o, const char *text, size_t len, tp_err *err)
 static int parse_messages(genopts *o, cJSON *j, const char *path, tp_err *err)
 {
     o->messages_json = j;
+    const cJSON *effort = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "reasoning_effort") : NULL;
+    if (effort && !cJSON_IsNull(effort)) {
+        if (!cJSON_IsString(effort))
+            return tp_err_set(err, TP_EINVAL, "--messages: %s: reasoning_effort: expected a string", path);
+        o->reasoning_effort = tp_str_of(effort->valuestring); /* lives in messages_json */
+    }
     const cJSON *arr = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "messages") : j;
     if (!cJSON_IsArray(arr))
         return tp_err_set(err, TP_EINVAL, "--messages: %s: expected [{\"role\": .., \"content\": ..}, ...]", path);

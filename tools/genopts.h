@@ -71,6 +71,7 @@ typedef struct genopts {
     bool json_mode;
     /* --tools FILE (an OpenAI tools array) and --tool-choice */
     tp_str tools;
+    tp_str reasoning_effort;  /* a conversation object's "reasoning_effort" (the template's), ptr NULL none */
     const char *tool_choice;       /* NULL | "none" | "auto" | "required" | "function" */
     const char *tool_choice_name;  /* tool_choice "function" */
     bool one_call;                 /* --no-parallel-tool-calls: the job ends after its first call */

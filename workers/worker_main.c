@@ -24,6 +24,7 @@
 #include "tokpipe/stage.h"
 #include "tokpipe/grammar.h"
 #include "tokpipe/isa.h"
+#include "tokpipe/proc.h"
 #include "tokpipe/tokenizer.h"
 #include "tokpipe/zsec.h"
 #include "tokpipe/zwire.h"
@@ -66,6 +67,7 @@ typedef struct worker {
     tp_sample_stage *sample;
     tp_stop_stage *stop;
     void *zctx, *dealer, *pub;
+    int attempt;                     /* connections tried: odd ones go to standby.peer_back, if set */
     uint64_t incarnation;
     int heartbeat_ms, liveness;
     int64_t last_recv, last_send;
@@ -567,9 +569,11 @@ static int serve_connection(worker *w)
     if (!w->dealer)
         return SERVE_QUIT;
     set_common_opts(w, w->dealer);
-    if (tp_zsec_client_apply(&w->sec, w->dealer, w->cfg.ep_back, NULL) ||
-        zmq_connect(w->dealer, w->cfg.ep_back)) {
-        fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.ep_back, zmq_strerror(errno));
+    /* a standby pair: one broker at a time, the other when this one is
+     * lost or passive (it says DISCONNECT) */
+    const char *ep = *w->cfg.peer_back && (w->attempt & 1) ? w->cfg.peer_back : w->cfg.ep_back;
+    if (tp_zsec_client_apply(&w->sec, w->dealer, ep, NULL) || zmq_connect(w->dealer, ep)) {
+        fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, ep, zmq_strerror(errno));
         zmq_close(w->dealer);
         w->dealer = NULL;
         return SERVE_QUIT;
@@ -630,6 +634,14 @@ static int run(worker *w)
                     zmq_strerror(errno));
             return 1;
         }
+        /* both brokers of a standby pair: the one the job is pinned to
+         * keeps its events, the other refuses them */
+        if (*w->cfg.peer_publish && (tp_zsec_client_apply(&w->sec, w->pub, w->cfg.peer_publish, NULL) ||
+                                     zmq_connect(w->pub, w->cfg.peer_publish))) {
+            fprintf(stderr, "tokpipe-worker %s: connect %s: %s\n", w->instance, w->cfg.peer_publish,
+                    zmq_strerror(errno));
+            return 1;
+        }
     }
     int backoff = w->cfg.reconnect_init_ms;
     int rc = 0;
@@ -641,6 +653,8 @@ static int run(worker *w)
         /* a connection that lived a while resets the backoff */
         if (tp_now_ms() - t0 > 10 * (int64_t)w->heartbeat_ms)
             backoff = w->cfg.reconnect_init_ms;
+        if (*w->cfg.peer_back && (++w->attempt & 1))
+            continue;   /* the other broker of the pair at once; the backoff after both */
         for (int slept = 0; slept < backoff && !g_quit; slept += 50)
             sleep_ms(50);
         if (g_quit)
@@ -692,11 +706,7 @@ int main(int argc, char **argv)
 {
     /* first thing: a SIGTERM while the config or the model loads must end
      * the worker cleanly, not by the default action */
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    tp_proc_on_quit(on_signal);
     static worker w;
     const char *config = NULL, *stages = NULL;
     int pr = parse_args(&w, argc, argv, &config, &stages);
@@ -718,9 +728,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tokpipe-worker: --stage: %s\n", e.msg);
         return 2;
     }
-    int rc = config || access(TP_CONFIG_DEFAULT_PATH, R_OK) == 0
-                 ? tp_config_load(config ? config : TP_CONFIG_DEFAULT_PATH, &w.cfg, &e)
-                 : tp_config_defaults(&w.cfg, &e) || tp_config_resolve(&w.cfg, &e);
+    int rc = tp_config_find(config, &w.cfg, &config, &e);
     if (rc || (rc = tp_zsec_client_load(&w.cfg, &w.sec, &e))) {
         fprintf(stderr, "tokpipe-worker: %s\n", e.msg);
         tp_config_free(&w.cfg);

@@ -28,6 +28,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tokpipe/error.h"
 
@@ -53,6 +54,13 @@ int tp_buf_puts(tp_buf *b, const char *s);
 
 /* Append printf-style output, whatever its length. A format error is
  * TP_EINVAL. */
+/* JSON's escape of byte c (\" \\ \b \f \n \r \t, \u00xx for the other
+ * control bytes) into out; its length, 0 when c stands for itself. */
+size_t tp_json_escape(uint8_t c, char out[6]);
+/* s[0, n) appended as a JSON string: quotes, tp_json_escape's escapes,
+ * every other byte as it is (UTF-8 stays UTF-8). */
+int tp_buf_json_str(tp_buf *b, const char *s, size_t n);
+
 int tp_buf_printf(tp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int tp_buf_vprintf(tp_buf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 

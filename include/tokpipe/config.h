@@ -111,6 +111,14 @@ typedef struct tp_config {
     char *worker_keys;         /* broker: keys admitted on back + publish */
     char *client_secret_key;   /* clients and workers */
 
+    /* standby: a Binary Star pair of brokers (daemon/standby.c) */
+    int standby_role;          /* TP_STANDBY_NONE, _PRIMARY, _BACKUP */
+    char *standby_state;       /* this broker's state endpoint (PUB, bound) */
+    char *standby_peer_state;  /* the peer's state endpoint (SUB, connected) */
+    int standby_failover_ms;   /* the backup takes over after this long without the primary, on a client request */
+    char *peer_front, *peer_back, *peer_events, *peer_publish;   /* the peer broker's endpoints ("" = none):
+                                                                 * clients and workers try them second */
+
     /* http: the OpenAI-compatible gateway (bin/tokpipe-http) */
     bool http_enabled;         /* tokpiped spawns and supervises the gateway */
     char *http_listen;         /* IPv4 address to bind, e.g. "127.0.0.1" */
@@ -120,7 +128,12 @@ typedef struct tp_config {
     int http_max_connections;
     int http_max_body_bytes;
     int http_timeout_ms;       /* broker reply wait before answering 503 */
+    int http_responses_max_count;  /* stored /v1/responses kept (LRU), 0 = none */
+    int http_responses_max_bytes;  /* ... and their bytes in all */
 } tp_config;
+
+enum { TP_STANDBY_NONE = 0, TP_STANDBY_PRIMARY, TP_STANDBY_BACKUP };
+extern const char *const tp_config_standby_roles[];   /* "none", "primary", "backup" */
 
 /* Fill *cfg with the built-in defaults (no file read; endpoints empty until
  * tp_config_resolve). Returns TP_ENOMEM or 0. */
@@ -129,6 +142,11 @@ int tp_config_defaults(tp_config *cfg, tp_err *err);
 /* Defaults overridden by the YAML file at path, then resolved. On failure
  * *cfg is freed and zeroed and err names the file, line and key. */
 int tp_config_load(const char *path, tp_config *cfg, tp_err *err);
+
+/* How every program finds its configuration: the file at path when given,
+ * else TP_CONFIG_DEFAULT_PATH when readable, else the built-in defaults
+ * (resolved). *used (may be NULL) gets the file read, or NULL. */
+int tp_config_find(const char *path, tp_config *cfg, const char **used, tp_err *err);
 
 /* The same from a YAML text in memory (name is used in error messages). */
 int tp_config_parse(const char *yaml, size_t len, const char *name, tp_config *cfg, tp_err *err);

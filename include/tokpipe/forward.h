@@ -50,6 +50,16 @@ typedef struct tp_fwd_item {
     bool skip_logits;  /* true: no logits (e.g. a non-final prefill chunk) */
 } tp_fwd_item;
 
+/* An item's embedding (pool: TP_POOL_* of model.h, NONE: none): the hidden
+ * states after the final norm, pooled into pooled[dim] (caller-owned):
+ * MEAN adds each of the item's tokens' (the caller keeps the count and
+ * divides), CLS writes position 0's when the item holds it, LAST writes
+ * the item's last token's. */
+typedef struct tp_fwd_pool {
+    int pool;
+    float *pooled;
+} tp_fwd_pool;
+
 /* Pack the model's weights for the kernel and allocate the KV pool:
  * kv_slots sequences of up to max_pos positions each (0 = the model's
  * seq_len), and scratch for up to max_batch_tokens tokens per step. The
@@ -79,7 +89,8 @@ int tp_forward_seq_close(tp_forward *f, int seq_id);
  * the rejected positions of a verify step. Pages wholly past len are let
  * go at once (a cached one stays in the cache); the next step feeds from
  * len. TP_ENOTFOUND if seq_id is not open, TP_EINVAL for a len outside
- * 0..the length. */
+ * 0..the length, and for any len but the length on a hybrid model
+ * (full_attn_interval > 0: its recurrent state cannot go back). */
 int tp_forward_seq_truncate(tp_forward *f, int seq_id, int len);
 
 /* Current length (positions filled) of an open sequence, or -1. */
@@ -168,9 +179,19 @@ int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float 
  * vocab_size logits, row j the ones after tokens[j], each bit-identical to
  * what feeding the tokens one step at a time gives; the item's row of
  * logits is then not written and its skip_logits is ignored. Only with the
- * invariant kernel (TP_EINVAL otherwise). */
+ * invariant kernel and not on a hybrid model (TP_EINVAL otherwise). */
 int tp_forward_step_verify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
                            float *const *all_logits, tp_err *err);
+
+/* tp_forward_step, and item i's embedding as pools[i] says (pools NULL:
+ * none). TP_ENOMEM when a pooling could not get its scratch. */
+int tp_forward_step_pooled(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                           const tp_fwd_pool *pools, tp_err *err);
+
+/* Both: verify items as tp_forward_step_verify's all says, embeddings as
+ * tp_forward_step_pooled's pools says (either NULL). */
+int tp_forward_step_full(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                         float *const *all, const tp_fwd_pool *pools, tp_err *err);
 
 /* Most compute threads one tp_forward runs. */
 #define TP_FORWARD_MAX_THREADS 256

@@ -21,7 +21,7 @@ enum {
     TP_GGML_IQ3_XXS = 18, TP_GGML_IQ1_S = 19, TP_GGML_IQ4_NL = 20, TP_GGML_IQ3_S = 21,
     TP_GGML_IQ2_S = 22, TP_GGML_IQ4_XS = 23, TP_GGML_I8 = 24, TP_GGML_I16 = 25,
     TP_GGML_I32 = 26, TP_GGML_I64 = 27, TP_GGML_F64 = 28, TP_GGML_IQ1_M = 29,
-    TP_GGML_BF16 = 30, TP_GGML_TQ1_0 = 34, TP_GGML_TQ2_0 = 35,
+    TP_GGML_BF16 = 30, TP_GGML_TQ1_0 = 34, TP_GGML_TQ2_0 = 35, TP_GGML_MXFP4 = 39,
 };
 
 typedef struct tp_ggml_type_info {
@@ -41,7 +41,7 @@ const tp_ggml_type_info *tp_ggml_type(uint32_t id);
 int tp_ggml_nbytes(uint32_t type, int n_dims, const uint64_t *ne, uint64_t *nbytes, tp_err *err);
 
 /* True for the types a weight matrix may have in a file tokpipe loads
- * (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): the
+ * (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4): the
  * loader refuses the others by name, the forward's kernels read these. */
 bool tp_ggml_matrix_type_ok(uint32_t type);
 

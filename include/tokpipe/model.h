@@ -1,6 +1,6 @@
 /* Decoder model weights: llama2.c checkpoints and GGUF v3 files of the
  * `llama` (Llama 1-3, incl. Llama 3's RoPE scaling, and Mixtral's experts),
- * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2` and `gemma3` architectures (model/arch_*.c, one file each; model/archs.c lists them).
+ * `qwen2`, `qwen3`, `phi3`, `qwen3moe`, `gemma2`, `gemma3`, `qwen35`, `qwen35moe` and `gpt-oss` architectures (model/arch_*.c, one file each; model/archs.c lists them).
  *
  * A tp_model is the validated, read-only view of one weights file: its
  * shape (tp_model_config), pointers to every weight tensor (into an mmap of
@@ -26,7 +26,7 @@ typedef struct tp_model tp_model;
 typedef enum tp_model_format {
     TP_MODEL_LLAMA2C = 1, /* karpathy/llama2.c legacy (version 0) checkpoint */
     TP_MODEL_GGUF = 2,    /* GGUF v3, an architecture of model/archs.c; F32, F16,
-                           * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K */
+                           * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4 */
 } tp_model_format;
 
 typedef enum tp_model_arch {
@@ -37,12 +37,18 @@ typedef enum tp_model_arch {
     TP_ARCH_GEMMA3 = 5, /* GGUF "gemma3": scaled embeddings, post-norms, GELU, Q/K norms, sliding windows */
     TP_ARCH_GEMMA2 = 6, /* GGUF "gemma2": gemma3 without Q/K norms, with soft-capping */
     TP_ARCH_QWEN3MOE = 7, /* GGUF "qwen3moe": qwen3's attention, a mixture of experts FFN */
+    TP_ARCH_QWEN35 = 8, /* GGUF "qwen35": Gated DeltaNet layers, every full_attn_interval-th a gated attention */
+    TP_ARCH_QWEN35MOE = 9, /* GGUF "qwen35moe": qwen35's layers, experts and a gated shared expert for the FFN */
+    TP_ARCH_GPTOSS = 10,  /* GGUF "gpt-oss": sinks, biases, alternating windows, YaRN, experts */
 } tp_model_arch;
 
 /* The FFN's gate activation: SwiGLU's SiLU or GELU (tanh approximation). */
 typedef enum tp_ffn_act {
     TP_FFN_SILU = 0,
     TP_FFN_GELU_TANH = 1,
+    /* gpt-oss (ggml's swiglu_oai): g = min(g, 7), u = clamp(u, -7, 7),
+     * out = g / (1 + e^(-1.702 g)) * (u + 1) */
+    TP_FFN_SWIGLU_OAI = 2,
 } tp_ffn_act;
 
 /* Which elements of a head RoPE rotates together (llama.cpp's rope types).
@@ -94,7 +100,54 @@ typedef struct tp_model_config {
     int n_expert;       /* {arch}.expert_count, 0: a dense FFN */
     int n_expert_used;  /* {arch}.expert_used_count */
     int expert_ff;      /* one expert's hidden width */
+    /* gpt-oss: the top n_expert_used router logits first, then a softmax
+     * over those alone (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT);
+     * false: the softmax over all, the top k renormalised */
+    bool moe_softmax_topk;
+    /* YaRN RoPE ({arch}.rope.scaling.type yarn; ggml's rope_yarn): with
+     * yarn_factor > 0, pair j turns by theta_i (1 - r_j) + theta_e r_j
+     * where theta_e = pos * base^(-2j/head_size), theta_i = theta_e /
+     * yarn_factor and r_j is ggml's ramp between the correction dims of
+     * yarn_beta_fast and yarn_beta_slow rotations in yarn_orig_ctx; cos
+     * and sin are scaled by yarn_attn_factor * (1 + 0.1 ln yarn_factor).
+     * Every layer but sliding ones that turn unscaled (rope_swa_scaled false). */
+    float yarn_factor;
+    int yarn_orig_ctx;
+    float yarn_beta_fast, yarn_beta_slow, yarn_attn_factor;
+    /* qwen35moe's shared expert: a SwiGLU FFN of width shexp_ff every
+     * token takes beside its routed experts, its output times
+     * sigmoid(x . shexp_gate) added after theirs (moe.h); 0: none */
+    int shexp_ff;       /* {arch}.expert_shared_feed_forward_length */
+    /* RoPE turns the first rope_dim elements of each head (llama.cpp's
+     * n_rot, rope.dimension_count; == head_size but for partial RoPE, as
+     * qwen35's 64 of 256), pair frequencies theta^(-2i/rope_dim) */
+    int rope_dim;
+    /* qwen35's gated attention: wq's rows are, per head, its query then
+     * its gate (2 * q_dim rows); the attention's output is multiplied by
+     * sigmoid(gate) before wo */
+    bool attn_gate;
+    /* Hybrid models (qwen35, model/arch_qwen35.c): layer l is a Gated
+     * DeltaNet layer (linear attention with a recurrent state per
+     * sequence, workers/forward/deltanet.h) unless (l + 1) %
+     * full_attn_interval == 0; 0: no DeltaNet layer. */
+    int full_attn_interval;
+    int ssm_conv_kernel; /* {arch}.ssm.conv_kernel: the causal conv1d's width */
+    int ssm_head_dim;    /* {arch}.ssm.state_size: a key / value head's size */
+    int ssm_k_heads;     /* {arch}.ssm.group_count: Q / K heads */
+    int ssm_v_heads;     /* {arch}.ssm.time_step_rank: V heads (a multiple of the K heads) */
+    /* {arch}.pooling_type (llama.cpp's enum llama_pooling_type): how an
+     * embedding model pools its hidden states into one vector;
+     * TP_POOL_NONE when the file does not say (a generative model) */
+    int pooling;
 } tp_model_config;
+
+/* Whether layer l of c is a Gated DeltaNet (recurrent) layer. */
+bool tp_model_layer_recurrent(const tp_model_config *c, int l);
+
+
+/* Pooling of hidden states into an embedding (the GGUF's pooling_type
+ * numbers; llama.cpp's LLAMA_POOLING_TYPE_*). */
+enum { TP_POOL_NONE = 0, TP_POOL_MEAN = 1, TP_POOL_CLS = 2, TP_POOL_LAST = 3 };
 
 /* Whether layer l of c attends through a sliding window (swa_window). */
 bool tp_model_layer_slides(const tp_model_config *c, int l);
@@ -139,7 +192,27 @@ typedef struct tp_layer_weights {
      * file's 3-D blk.N.ffn_{gate,down,up}_exps, arrays owned by the model */
     const float *wr;
     const tp_wmat *w1_exps, *w2_exps, *w3_exps;
-    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr; } m;
+    /* gpt-oss; NULL for the others: attention sinks [n_heads] (a learned
+     * logit per head that joins each softmax's denominator), the output
+     * projection's bias [dim], the router's bias [n_expert] and the
+     * experts' biases: gate and up [n_expert][expert_ff], down [n_expert][dim] */
+    const float *sinks, *bo, *br, *b1_exps, *b2_exps, *b3_exps;
+    /* the shared expert (shexp_ff > 0; else NULL): its gate w1_shexp and
+     * up w3_shexp [shexp_ff][dim], down w2_shexp [dim][shexp_ff], and the
+     * vector of its sigmoid gate, shexp_gate [dim] (F32) */
+    const float *w1_shexp, *w2_shexp, *w3_shexp, *shexp_gate;
+    /* a Gated DeltaNet layer (tp_model_layer_recurrent; else NULL, and
+     * wq .. wo NULL too): with key_dim = ssm_head_dim * ssm_k_heads,
+     * value_dim = ssm_head_dim * ssm_v_heads and conv_dim = 2 key_dim +
+     * value_dim, wqkv_lin [conv_dim][dim] (q, k, v mixed, before the
+     * conv), wz [value_dim][dim] (the output norm's gate), wbeta and
+     * walpha [ssm_v_heads][dim], wssm_out [dim][value_dim]; ssm_conv1d
+     * [conv_dim][ssm_conv_kernel], ssm_dt (alpha's bias) and ssm_a
+     * (-exp(A_log)) [ssm_v_heads], ssm_norm [ssm_head_dim] */
+    const float *wqkv_lin, *wz, *wbeta, *walpha, *wssm_out;
+    const float *ssm_conv1d, *ssm_dt, *ssm_a, *ssm_norm;
+    struct { tp_wmat wq, wk, wv, wo, w1, w2, w3, wr, wqkv_lin, wz, wbeta, walpha, wssm_out;
+             tp_wmat w1_shexp, w2_shexp, w3_shexp; } m;
 } tp_layer_weights;
 
 typedef struct tp_model_weights {
@@ -184,6 +257,13 @@ typedef struct tp_model_vocab {
  * it from rope.scaling.* keys, mkmodel writes it. */
 void tp_rope_llama3_divisors(int head_size, double theta, double factor, double low, double high,
                              double orig_ctx, float *out);
+
+/* YaRN (model.h's yarn_* of c, c->yarn_factor > 0) for pairs of base
+ * theta as ggml's rope_yarn computes it, in f32: ramp[j] (head_size / 2 of
+ * them) the share of pair j's unscaled angle (1: extrapolated, 0:
+ * interpolated, ggml's rope_yarn_ramp between the floor and ceiling of
+ * the correction dims), *mscale what cos and sin are multiplied by. */
+void tp_rope_yarn(const tp_model_config *c, float theta, float *ramp, float *mscale);
 
 /* Open and mmap path (read-only), detect the format from its first bytes and
  * validate it. On success *out is owned by the caller (tp_model_free). */

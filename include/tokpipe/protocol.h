@@ -88,6 +88,7 @@ enum {
     TP_CMD_SEQ_CLOSE = 0x21,    /* B->W */
     TP_CMD_STEP = 0x22,         /* B->W */
     TP_CMD_STEP_RESULT = 0x23,  /* W->B */
+    TP_CMD_EMBEDDED = 0x24,     /* W->B: before a STEP_RESULT, the embeddings its STEP asked for */
     /* WRK1: sample stage */
     TP_CMD_SAMPLE_OPEN = 0x30,  /* B->W */
     TP_CMD_SAMPLE_CLOSE = 0x31, /* B->W */
@@ -114,6 +115,13 @@ enum {
     TP_ST_UNAVAILABLE = 503,    /* draining, or no worker for a needed stage */
     TP_ST_BAD_VERSION = 505,    /* F0 is not this family's magic+version */
 };
+
+/* The error text of a passive standby broker's 503 (to a SUBMIT, CANCEL or
+ * STATUS) and of its DISCONNECT to a worker's READY: the other broker of
+ * the pair serves (PROTOCOL.md "Standby broker"). A client sends the
+ * request again, to the other broker. */
+#define TP_STANDBY_PASSIVE_ERROR "standby: passive broker, the other one serves"
+
 
 /* ---- finish reasons (same numbering as tp_finish_reason in stop.h) ------ */
 
@@ -307,6 +315,7 @@ enum {
     TP_P_PARSE_TOOL_CALLS = 1u << 21,
     TP_P_PARSE_REASONING = 1u << 22,
     TP_P_PARALLEL_TOOL_CALLS = 1u << 23,
+    TP_P_GBNF = 1u << 27,
 };
 
 /* params.logit_bias: token id -> bias, as parallel arrays (owned by the
@@ -354,9 +363,12 @@ typedef struct tp_params {
     tp_logit_bias logit_bias;        /* <= TP_PROTO_MAX_LOGIT_BIAS entries (vocabulary: broker) */
     int32_t truncate_prompt_tokens;  /* >= 1: keep only the last N prompt tokens */
     /* Structured output, at most one of the three (limits: broker). The
-     * broker turns json_schema / json_mode into GBNF and sends workers
-     * `grammar` only. */
+     * broker compiles whichever the producer gave (or tool_choice) and
+     * sends workers `gbnf` only. */
     tp_str grammar;                  /* GBNF text (llama.cpp's dialect), root rule `root` */
+    tp_str gbnf;                     /* workers only (the broker sets it): the GBNF the stages
+                                      * apply, what grammar, json_schema, json_mode or tool_choice
+                                      * compiled to at admission */
     tp_str grammar_trigger;          /* workers only (the broker sets it for tool_choice auto): the
                                       * grammar applies from the first time the output holds this
                                       * text (or generates the special token it names) on; the
@@ -412,6 +424,9 @@ typedef struct tp_m_submit {
     tp_str tools;            /* opt, with messages: JSON array of OpenAI tools (the template's `tools`) */
     tp_str tool_choice;      /* opt: "auto" (default) | "none" | "required" | "function" */
     tp_str tool_choice_name; /* tool_choice "function": the function to call */
+    tp_str reasoning_effort; /* opt, with messages: "low" | "medium" | "high", the template's
+                              * `reasoning_effort` (OpenAI's field; gpt-oss's harmony reads it) */
+    tp_str embed;            /* opt: an embedding job, its pooling: "mean" | "last" | "cls" | "model" */
 } tp_m_submit;
 
 /* Bits of tp_m_ack.set / tp_m_finish.set for keys whose 0 is a value. */
@@ -524,7 +539,7 @@ typedef struct tp_m_stats_reply {
     uint64_t events_refused;       /* events not from the stop worker their job is pinned to */
     uint64_t jobs_poisoned;        /* jobs ended because workers kept being lost while processing them */
     uint64_t workers_hung;         /* workers lost past their step deadline, or silent while they owed an answer */
-    uint64_t replies_refused;      /* stage answers from a worker registration the broker had dropped */
+    uint64_t replies_refused;      /* answers and heartbeats from a worker registration the broker had dropped */
     /* Prefix cache (PROTOCOL.md STATS_REPLY): counters summed over the
      * forward workers' reports, gauges over the live ones. */
     uint64_t prefix_lookups;       /* prompt chunks offered to a cache */
@@ -596,7 +611,8 @@ typedef struct tp_m_finish {
     tp_str job_error;      /* reason error: message */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
-    uint32_t cached_tokens; /* opt: prompt tokens taken from a prefix cache (< prompt_tokens) */
+    uint32_t cached_tokens; /* opt: prompt tokens taken from a prefix cache (< prompt_tokens): the
+                            * broker's count, which it writes into the stop worker's FINISH */
     uint32_t draft_tokens;  /* opt: speculative decoding's guesses verified for the job */
     uint32_t draft_accepted; /* opt: of those, taken */
     uint64_t text_len;     /* bytes of the final text */
@@ -615,6 +631,7 @@ typedef struct tp_m_finish {
     size_t n_tool_calls;
     bool tool_calls_cut;       /* opt (sent when true): a call is not whole, its arguments what was
                                 * generated when the text broke its syntax or the output stopped */
+    tp_raw embedding;          /* opt frame F3, an embedding job's: f32[dim], the pooled hidden state */
 } tp_m_finish;
 
 /* ---- WRK1 messages ------------------------------------------------------ */
@@ -666,6 +683,7 @@ typedef struct tp_m_tokenize {
     tp_chat_msg *messages;   /* n_messages > 0: render these with the chat template */
     size_t n_messages;       /* instead of text (then empty) */
     tp_str tools;            /* opt: JSON array, the template's `tools` */
+    tp_str reasoning_effort; /* opt: the template's `reasoning_effort` (SUBMIT's) */
 } tp_m_tokenize;
 
 typedef struct tp_m_tokenized {
@@ -677,13 +695,29 @@ typedef struct tp_m_tokenized {
 
 typedef struct tp_m_slot {     /* SEQ_OPEN, SEQ_CLOSE, SAMPLE_CLOSE */
     uint32_t slot;
+    uint32_t pool;             /* SEQ_OPEN opt: an embedding job's pooling, TP_POOL_* of model.h or
+                                * TP_POOL_MODEL (0: none, a generating job) */
 } tp_m_slot;
 
 /* STEP item flags (u8 column). */
 enum {
     TP_ITEM_OUTPUT = 1u << 0,  /* produce logits (or a candidate) after the item's last token */
-    TP_ITEM_VERIFY = 1u << 1,  /* speculative decoding: output after every token of the item */
+    TP_ITEM_EMBED = 1u << 1,   /* an embedding job's last chunk: its pooled vector in EMBEDDED */
+    TP_ITEM_VERIFY = 1u << 2,  /* speculative decoding: output after every token of the item */
 };
+
+/* SUBMIT embed as SEQ_OPEN pool: "mean" 1, "cls" 2, "last" 3 (TP_POOL_*
+ * of model.h), "model" TP_POOL_MODEL (the model's own); -1 none of them. */
+#define TP_POOL_MODEL 4
+int tp_pool_parse(tp_str s);
+
+typedef struct tp_m_embedded {
+    uint64_t step;             /* the STEP it answers (its STEP_RESULT follows) */
+    uint32_t n;                /* items that asked for their embedding, in STEP order */
+    uint32_t dim;              /* floats per embedding */
+    tp_raw slots;              /* u32[n] */
+    tp_raw embd;               /* f32[n*dim]: each the pooled final-normed hidden state */
+} tp_m_embedded;
 
 typedef struct tp_m_step {
     uint64_t step;
@@ -766,7 +800,6 @@ typedef struct tp_m_stop_open {
     uint32_t context_length;   /* opt: max_tokens was lowered to fit this context */
     uint64_t pin;              /* random, nonzero: echoed in every event of the job, so the
                                 * broker believes only the worker the job is pinned to */
-    uint32_t cached_tokens;    /* opt: prompt tokens taken from a prefix cache so far */
 } tp_m_stop_open;
 
 typedef struct tp_m_stop_close {
@@ -781,8 +814,6 @@ typedef struct tp_m_stop_step {
     tp_raw slots;              /* u32[n] */
     tp_raw candidates;         /* i32[n] */
     tp_lp_cols lp;             /* the candidates' logprobs, passed on to TOKEN */
-    int32_t *cached;           /* opt: per row, the job's prompt tokens taken from a prefix cache */
-    size_t n_cached;
     int32_t *draft_tokens;     /* opt: per row, the job's guesses verified so far (speculative decoding) */
     size_t n_draft_tokens;
     int32_t *draft_accepted;   /* opt: per row, of those, taken */
@@ -826,6 +857,7 @@ typedef struct tp_msg {
         tp_m_slot slot;
         tp_m_step step;
         tp_m_step_result step_result;
+        tp_m_embedded embedded;
         tp_m_sample_open sample_open;
         tp_m_sample sample;
         tp_m_sampled sampled;

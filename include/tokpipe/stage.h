@@ -38,6 +38,33 @@ static inline int tp_stage_result(const tp_stage_io *io, const tp_msg *m, uint32
 }
 
 /* ---- tokenize ---------------------------------------------------------- */
+/* The jobs a stage holds, by the broker's slot number (the stages' common
+ * skeleton, workers/stage/slots.c): a fixed table of capacity entries of
+ * size bytes, each beginning with a tp_slot, zeroed when free. */
+typedef struct tp_slot {
+    bool used;
+    uint32_t slot;
+} tp_slot;
+
+typedef struct tp_slots {
+    unsigned char *e;
+    size_t size;
+    int capacity;
+} tp_slots;
+
+/* TP_ENOMEM or 0; tp_slots_free(NULL-safe on a zeroed t) frees the table. */
+int tp_slots_init(tp_slots *t, int capacity, size_t size);
+void tp_slots_free(tp_slots *t);
+/* The job of slot, or NULL. */
+void *tp_slots_find(const tp_slots *t, uint32_t slot);
+/* Where an OPEN of slot goes: the job it already has (*reopen true: drop
+ * it first, a re-open replaces the job), else a free entry; NULL when the
+ * table is full. The entry counts as taken once tp_slots_take marks it. */
+void *tp_slots_open(const tp_slots *t, uint32_t slot, bool *reopen);
+void tp_slots_take(void *entry, uint32_t slot);
+/* Entry i (0 <= i < capacity), taken or not: for walking the table. */
+void *tp_slots_at(const tp_slots *t, int i);
+
 typedef struct tp_tokenize_stage tp_tokenize_stage;
 /* tok is borrowed and must outlive the stage (NULL: a stage that only
  * renders, tp_tokenize_stage_render). */
@@ -59,13 +86,14 @@ int tp_tokenize_stage_set_chat(tp_tokenize_stage *st, struct tp_chat_template *t
  * TP_PROTO_MAX_PROMPT, so that a conversation too long for one prompt is
  * refused (TOKENIZED 413) with its length. */
 #define TP_TOKENIZE_RENDER_ROOM (4u * TP_PROTO_MAX_PROMPT)
-/* Render msgs (and tools: a JSON array, ptr NULL = none) with the chat
+/* Render msgs (and tools: a JSON array, ptr NULL = none; reasoning_effort:
+ * the template's variable, ptr NULL = none) with the chat
  * template as a TOKENIZE with messages does; *out (caller frees) is the
  * prompt text to tokenize with control tokens parsed and nothing added.
  * Errors start "messages: ", "messages[i]...: " or "tools...: " (tools
  * malformed, or a template with no tool support). */
 int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools,
-                             char **out, size_t *len, tp_err *err);
+                             tp_str reasoning_effort, char **out, size_t *len, tp_err *err);
 /* The tool-call syntax of the template set by tp_tokenize_stage_set_chat
  * (family none without a template). */
 struct tp_tc_syntax;

@@ -67,6 +67,10 @@ typedef struct tp_synth_gguf {
      * "mixtral"'s (llama with llama.expert_count) 8 experts, 2 used, of
      * the shape's hidden width each); n_expert > 0 on llama writes Mixtral */
     int n_expert, n_expert_used, expert_ff;
+    int pooling;             /* > 0: {arch}.pooling_type (TP_POOL_* of model.h), as an
+                              * embedding model's converted GGUF says it (Qwen3-Embedding: 3, last) */
+    int shexp_ff;            /* qwen35moe: the shared expert's width
+                              * (expert_shared_feed_forward_length); 0: expert_ff */
 } tp_synth_gguf;
 
 /* Write the model of shape s (its vocab_size is ignored) to path: matrix

@@ -28,6 +28,7 @@ struct tp_chat_template;
  * writes, so the more specific come first. A new family is its file and
  * a line here. */
 #define TP_TC_FAMILIES(X)                                                                                    \
+    X(HARMONY, harmony)                 /* gpt-oss: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...} */ \
     X(DEEPSEEK_R1, deepseek_r1)         /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ... */ \
     X(COMMAND_R7B, command_r7b)         /* <|START_ACTION|>[{"tool_name", "parameters"}]<|END_ACTION|> */  \
     X(FUNCTIONARY_V32, functionary_v32) /* (>>>)NAME\n{...}; >>>all\ntext */                                \

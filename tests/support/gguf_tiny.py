@@ -1,5 +1,5 @@
 """A tiny, independent GGUF v3 reader and a numpy float64 reference forward
-for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 architectures, written from the GGUF spec and
+for the llama / Llama 3 / Mixtral / qwen2 / qwen3 / phi3 / qwen3moe / gemma2 / gemma3 / qwen35 / qwen35moe / gpt-oss architectures, written from the GGUF spec and
 the models' published definitions (not from tokpipe's C code): the test
 oracle for tokpipe's GGUF writer, loader and forward pass."""
 import math
@@ -116,7 +116,18 @@ class Model:
         self.hs = m.get(p + "attention.key_length", self.dim // self.n_heads)
         # llama.cpp: LLAMA_ROPE_TYPE_NORM for llama (Q/K rows permuted by the
         # converter so adjacent pairs rotate), NEOX (halves) for qwen2 and qwen3.
-        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3")
+        self.neox = self.arch in ("qwen2", "qwen3", "phi3", "qwen3moe", "gemma2", "gemma3", "qwen35", "qwen35moe",
+                                  "gpt-oss")
+        # Qwen 3.5 (HF's modeling_qwen3_5 / Qwen3-Next): partial RoPE over the
+        # first rope.dimension_count elements of a head; Gated DeltaNet
+        # layers unless (l + 1) % full_attention_interval == 0
+        self.rot = m.get(p + "rope.dimension_count", self.hs)
+        self.hybrid = self.arch in ("qwen35", "qwen35moe")
+        if self.hybrid:
+            self.interval = m.get(p + "full_attention_interval", 4)
+            self.ssm_hd = m[p + "ssm.state_size"]
+            self.ssm_kh = m[p + "ssm.group_count"]
+            self.ssm_vh = m[p + "ssm.time_step_rank"]
         # Gemma 2 / 3 (gemma_pytorch, HF's modeling_gemma2/3, llama.cpp's
         # load_hparams): embeddings times sqrt(dim); Q scaled by
         # query_pre_attn_scalar^-0.5 (head_dim, or dim / heads for the 27B:
@@ -141,6 +152,17 @@ class Model:
             self.sliding = lambda l: l % 6 != 5
             self.local_theta = 10000.0
             self.final_cap = m.get(p + "final_logit_softcapping", 0.0)
+        # gpt-oss (OpenAI's reference model.py; HF's modeling_gpt_oss): every
+        # other layer (i % 2 == 0) sees the last sliding_window positions; a
+        # learned sink logit per head joins each softmax; YaRN RoPE
+        self.oss = self.arch == "gpt-oss"
+        if self.oss:
+            self.window = m[p + "attention.sliding_window"]
+            self.sliding = lambda l: l % 2 == 0
+        self.yarn = None
+        if m.get(p + "rope.scaling.type") == "yarn":
+            self.yarn = (m[p + "rope.scaling.factor"], m.get(p + "rope.scaling.original_context_length"),
+                         m.get(p + "rope.scaling.yarn_beta_fast", 32.0), m.get(p + "rope.scaling.yarn_beta_slow", 1.0))
         # experts (Mixtral's llama, qwen3moe): softmax over all of them, the
         # top expert_used_count renormalised to sum 1 (the published
         # MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock with norm_topk_prob)
@@ -159,13 +181,24 @@ class Model:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
     def rope(self, x, pos, neox, theta=None, freq_div=None):
-        """x: [T, heads, hs]; rotate by pos * theta^(-2i/hs) / divisor_i."""
+        """x: [T, heads, hs]; rotate by pos * theta^(-2i/hs) / divisor_i
+        (partial RoPE: the first rot elements, i over rot / 2)."""
+        if self.rot != self.hs:
+            r = self.rot
+            inv = self.theta ** (-2.0 * np.arange(r // 2) / r)
+            ang = np.outer(pos, inv)[:, None, :]
+            c, s = np.cos(ang), np.sin(ang)
+            a, b = x[..., :r // 2], x[..., r // 2:r]
+            return np.concatenate([a * c - b * s, a * s + b * c, x[..., r:]], axis=-1)
         half = self.hs // 2
         theta = self.theta if theta is None else theta
         freq_div = self.freq_div if freq_div is None else freq_div
         inv = theta ** (-2.0 * np.arange(half) / self.hs) / freq_div
+        mscale = 1.0
+        if self.yarn:
+            inv, mscale = yarn(inv, self.hs, theta, *self.yarn)
         ang = np.outer(pos, inv)[:, None, :]
-        c, s = np.cos(ang), np.sin(ang)
+        c, s = np.cos(ang) * mscale, np.sin(ang) * mscale
         if neox:
             a, b = x[..., :half], x[..., half:]
             return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
@@ -175,10 +208,13 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def moe(self, h, b, renorm=True, top=None, ties_high=False):
+    def moe(self, h, b, renorm=True, top=None, ties_high=False, shexp=True, shexp_gate=True):
         """The mixture of experts of block prefix b on rows h [T, dim];
         equal probabilities take the lower expert first (ties_high: the
-        higher, for a test that it matters)."""
+        higher, for a test that it matters). Qwen 3.5 MoE (HF's
+        Qwen3NextSparseMoeBlock): a shared expert every token takes, its
+        output times sigmoid(h . shared_expert_gate) added to the routed
+        sum (shexp=False leaves it out, shexp_gate=False ungated)."""
         w = self.w
         top = self.n_used if top is None else top
         lg = h @ w[b + "ffn_gate_inp.weight"].T  # [T, n_expert]
@@ -194,10 +230,97 @@ class Model:
             for e, we in zip(chosen, ws):
                 g, u = gate[e] @ h[t], up[e] @ h[t]
                 out[t] += we * (down[e] @ (g / (1 + np.exp(-g)) * u))
+        if shexp and b + "ffn_gate_inp_shexp.weight" in w:
+            g, u = h @ w[b + "ffn_gate_shexp.weight"].T, h @ w[b + "ffn_up_shexp.weight"].T
+            y = ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down_shexp.weight"].T
+            if shexp_gate:
+                y = y / (1 + np.exp(-(h @ w[b + "ffn_gate_inp_shexp.weight"])))[:, None]
+            out += y
         return out
 
+    def moe_oss(self, h, b, softmax_all=False, plain_swiglu=False):
+        """gpt-oss's experts: router logits plus its bias, the top k (ties:
+        the lower index) softmaxed among themselves (softmax_all: their
+        shares of the softmax over all experts, for a test that it matters); each
+        expert's gate and up with their biases through swiglu_oai (the gate
+        at most 7, the up within +-7, g * sigmoid(1.702 g) * (u + 1);
+        plain_swiglu: SiLU(g) * u), down plus its bias."""
+        w = self.w
+        lg = h @ w[b + "ffn_gate_inp.weight"].T + w[b + "ffn_gate_inp.bias"]
+        gate, up, down = (w[b + n + "_exps.weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        gb, ub, db = (w[b + n + "_exps.bias"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            chosen = sorted(range(self.n_expert), key=lambda e: -lg[t, e])[:self.n_used]
+            if softmax_all:
+                p = np.exp(lg[t] - lg[t].max())
+                ws = p[chosen] / p.sum()
+            else:
+                z = np.exp(lg[t, chosen] - lg[t, chosen].max())
+                ws = z / z.sum()
+            for e, we in zip(chosen, ws):
+                g, u = gate[e] @ h[t] + gb[e], up[e] @ h[t] + ub[e]
+                if plain_swiglu:
+                    a = g / (1 + np.exp(-g)) * u
+                else:
+                    g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+                    a = g / (1 + np.exp(-1.702 * g)) * (u + 1)
+                out[t] += we * (down[e] @ a + db[e])
+        return out
+
+    def hybrid_ffn(self, h, b, renorm, top, ties_high, shexp, shexp_gate):
+        """Qwen 3.5's FFN: SwiGLU, or qwen35moe's experts."""
+        w = self.w
+        if self.n_expert:
+            return self.moe(h, b, renorm, top, ties_high, shexp, shexp_gate)
+        g, u = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+        return ((g / (1 + np.exp(-g))) * u) @ w[b + "ffn_down.weight"].T
+
+    def deltanet(self, h, b, gate_norm=True, delta=True):
+        """A Gated DeltaNet layer of block prefix b on rows h [T, dim] of one
+        sequence from its start (HF's Qwen3NextGatedDeltaNet with
+        torch_recurrent_gated_delta_rule): the causal depthwise conv over
+        q, k, v, SiLU, q and k L2-normed, q / sqrt(head), per value head
+        S = e^g S + k (beta (v - S^T k))^T, o = S^T q, RMSNorm(o) * silu(z).
+        Value head h reads key head h % key heads (llama.cpp's repeat).
+        gate_norm=False leaves out silu(z), delta=False adds k v^T
+        without subtracting S^T k (for tests that they matter)."""
+        w, T = self.w, h.shape[0]
+        hd, kh, vh = self.ssm_hd, self.ssm_kh, self.ssm_vh
+        kd = hd * kh
+        mixed = h @ w[b + "attn_qkv.weight"].T  # [T, conv]
+        z = h @ w[b + "attn_gate.weight"].T
+        beta = 1 / (1 + np.exp(-(h @ w[b + "ssm_beta.weight"].T)))
+        alpha = h @ w[b + "ssm_alpha.weight"].T + w[b + "ssm_dt.bias"]
+        g = np.log1p(np.exp(alpha)) * w[b + "ssm_a"]  # softplus, times -exp(A_log)
+        kern = w[b + "ssm_conv1d.weight"]  # [conv, K]
+        K = kern.shape[1]
+        padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
+        conv = np.stack([(padded[t:t + K] * kern.T).sum(axis=0) for t in range(T)])
+        conv = conv / (1 + np.exp(-conv))
+        q, k, v = conv[:, :kd], conv[:, kd:2 * kd], conv[:, 2 * kd:]
+        q, k, v = q.reshape(T, kh, hd), k.reshape(T, kh, hd), v.reshape(T, vh, hd)
+        l2 = lambda a: a / np.maximum(np.sqrt((a * a).sum(axis=-1, keepdims=True)), self.eps)
+        q, k = l2(q) / math.sqrt(hd), l2(k)
+        out = np.empty((T, vh, hd))
+        for hv in range(vh):
+            S = np.zeros((hd, hd))
+            for t in range(T):
+                qt, kt = q[t, hv % kh], k[t, hv % kh]
+                S = S * np.exp(g[t, hv])
+                d = (v[t, hv] - (S.T @ kt if delta else 0)) * beta[t, hv]
+                S = S + np.outer(kt, d)
+                out[t, hv] = S.T @ qt
+        o = self.rmsnorm(out, w[b + "ssm_norm.weight"])
+        if gate_norm:
+            zz = z.reshape(T, vh, hd)
+            o = o * (zz / (1 + np.exp(-zz)))
+        return o.reshape(T, vh * hd) @ w[b + "ssm_out.weight"].T
+
     def logits(self, ids, neox=None, qk_norm=True, up_first=False, window=True, local_theta=True,
-               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False):
+               post_norm=True, gelu=True, softcap=True, renorm=True, top=None, ties_high=False, sinks=True,
+               yarn=True, softmax_all=False, plain_swiglu=False, attn_gate=True, gate_norm=True, delta=True,
+               all_attention=False, shexp=True, shexp_gate=True, hidden=False):
         """Logits at every position of ids (causal), [T, vocab]. qk_norm=False
         leaves out Qwen3's per-head RMSNorm of Q and K, up_first=True reads
         Phi-3's fused gate/up the wrong way round; for Gemma window=False
@@ -206,7 +329,25 @@ class Model:
         norms after attention and FFN, gelu=False gates with SiLU,
         softcap=False leaves out the soft-capping; for experts renorm=False
         leaves the top-k weights as the softmax gave them, top=N takes N
-        experts instead of expert_used_count (for tests that they matter)."""
+        experts instead of expert_used_count (for tests that they matter);
+        for gpt-oss sinks=False leaves out the attention sinks, yarn=False
+        the YaRN scaling, softmax_all / plain_swiglu as moe_oss says;
+        shexp=False leaves qwen35moe's shared expert out, shexp_gate=False
+        adds it without its sigmoid gate. hidden=True: the hidden states
+        after the final norm instead, [T, dim] (what an embedding pools)."""
+        saved = self.yarn
+        if not yarn:
+            self.yarn = None
+        try:
+            return self._logits(ids, neox, qk_norm, up_first, window, local_theta, post_norm, gelu, softcap, renorm,
+                                top, ties_high, sinks, softmax_all, plain_swiglu, attn_gate, gate_norm, delta,
+                                all_attention, shexp, shexp_gate, hidden)
+        finally:
+            self.yarn = saved
+
+    def _logits(self, ids, neox, qk_norm, up_first, window, local_theta, post_norm, gelu, softcap, renorm, top,
+                ties_high, sinks, softmax_all, plain_swiglu, attn_gate, gate_norm, delta, all_attention, shexp,
+                shexp_gate, hidden):
         neox = self.neox if neox is None else neox
         w, T, hs = self.w, len(ids), self.hs
         x = w["token_embd.weight"][ids]
@@ -224,7 +365,18 @@ class Model:
             if slides and self.local_theta and local_theta:
                 theta, div = self.local_theta, np.ones(hs // 2)
             h = self.rmsnorm(x, w[b + "attn_norm.weight"])
-            if b + "attn_qkv.weight" in w:
+            if self.hybrid and (l + 1) % self.interval != 0:
+                x = x + self.deltanet(h, b, gate_norm, delta)
+                h = self.rmsnorm(x, w[b + "post_attention_norm.weight"])
+                x = x + self.hybrid_ffn(h, b, renorm, top, ties_high, shexp, shexp_gate)
+                continue
+            gates = None
+            if self.hybrid:
+                # Qwen 3.5's gated attention: per head its query, then its gate
+                qg = (h @ w[b + "attn_q.weight"].T).reshape(T, self.n_heads, 2, hs)
+                q, gates = qg[:, :, 0, :].reshape(T, -1), qg[:, :, 1, :].reshape(T, -1)
+                k, v = (h @ w[b + n + ".weight"].T for n in ("attn_k", "attn_v"))
+            elif b + "attn_qkv.weight" in w:
                 # Phi-3: one matrix, Q's rows then K's then V's
                 qkv = h @ w[b + "attn_qkv.weight"].T
                 nq, nk = self.n_heads * hs, self.n_kv * hs
@@ -247,10 +399,31 @@ class Model:
                 if self.attn_cap and softcap:
                     sc = np.tanh(sc / self.attn_cap) * self.attn_cap
                 sc = sc + mask + (far if slides and window else 0.0)
-                sc = np.exp(sc - sc.max(axis=1, keepdims=True))
-                sc /= sc.sum(axis=1, keepdims=True)
+                if self.oss and sinks:
+                    # the sink: one more logit in each row's softmax, weighing no value
+                    sink = w[b + "attn_sinks.weight"][hd]
+                    mx = np.maximum(sc.max(axis=1, keepdims=True), sink)
+                    e = np.exp(sc - mx)
+                    sc = e / (e.sum(axis=1, keepdims=True) + np.exp(sink - mx))
+                else:
+                    sc = np.exp(sc - sc.max(axis=1, keepdims=True))
+                    sc /= sc.sum(axis=1, keepdims=True)
                 out[:, hd, :] = sc @ v[:, kv, :]
-            a = out.reshape(T, self.n_heads * hs) @ w[b + "attn_output.weight"].T
+            out = out.reshape(T, self.n_heads * hs)
+            if gates is not None and attn_gate:
+                out = out / (1 + np.exp(-gates))
+            a = out @ w[b + "attn_output.weight"].T + w.get(b + "attn_output.bias", 0.0)
+            if self.oss:
+                # the converter's post_attention_norm is the FFN's input norm
+                x = x + a
+                x = x + self.moe_oss(self.rmsnorm(x, w[b + "post_attention_norm.weight"]), b, softmax_all,
+                                     plain_swiglu)
+                continue
+            if self.hybrid:
+                x = x + a
+                h = self.rmsnorm(x, w[b + "post_attention_norm.weight"])
+                x = x + self.hybrid_ffn(h, b, renorm, top, ties_high, shexp, shexp_gate)
+                continue
             if post_norm and b + "post_attention_norm.weight" in w:
                 a = self.rmsnorm(a, w[b + "post_attention_norm.weight"])
             x = x + a
@@ -277,10 +450,34 @@ class Model:
                 f = self.rmsnorm(f, w[b + "post_ffw_norm.weight"])
             x = x + f
         x = self.rmsnorm(x, w["output_norm.weight"])
+        if hidden:
+            return x
         out = x @ w.get("output.weight", w["token_embd.weight"]).T
         if self.final_cap and softcap:
             out = np.tanh(out / self.final_cap) * self.final_cap
         return out
+
+
+def yarn(inv, hs, theta, factor, orig, beta_fast, beta_slow):
+    """YaRN (Peng et al. 2023) as llama.cpp applies it (ggml's rope_yarn):
+    pair j's frequency blends its own (extrapolation) and 1 / factor of it
+    (interpolation) by a ramp that is 1 below the correction dimension of
+    beta_fast rotations in orig positions (floored) and 0 above that of
+    beta_slow (ceiled); cos and sin scaled by 1 + 0.1 ln factor."""
+    def corr(rot):
+        return hs * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+    lo, hi = max(0.0, math.floor(corr(beta_fast))), min(hs - 1.0, math.ceil(corr(beta_slow)))
+    j = np.arange(hs // 2)
+    ramp = 1 - np.clip((j - lo) / max(0.001, hi - lo), 0, 1)
+    return inv / factor * (1 - ramp) + inv * ramp, 1 + 0.1 * math.log(factor)
+
+
+def embedding(model, ids, pooling):
+    """The pooled, L2-normalized embedding of ids: pooling "mean", "last"
+    or "cls" over the final-normed hidden states (float64)."""
+    h = model.logits(ids, hidden=True)
+    v = h.mean(axis=0) if pooling == "mean" else h[-1] if pooling == "last" else h[0]
+    return v / np.linalg.norm(v)
 
 
 def llama3_divisors(hs, theta, factor, low, high, orig):

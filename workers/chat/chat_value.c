@@ -245,38 +245,6 @@ int cv_repr(tp_buf *b, const tp_chat_val *v)
     }
 }
 
-static int json_str(tp_buf *b, const char *s, size_t n)
-{
-    tp_buf_add(b, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *esc = NULL;
-        char tmp[8];
-        switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
-        default:
-            if (c < 0x20) {
-                snprintf(tmp, sizeof tmp, "\\u%04x", c);
-                esc = tmp;
-            }
-        }
-        if (esc) {
-            tp_buf_add(b, s + run, i - run);
-            tp_buf_puts(b, esc);
-            run = i + 1;
-        }
-    }
-    tp_buf_add(b, s + run, n - run);
-    return tp_buf_add(b, "\"", 1);
-}
-
 static void json_nl(tp_buf *b, int indent, int level)
 {
     tp_buf_add(b, "\n", 1);
@@ -299,7 +267,7 @@ int cv_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
     case V_INT:
     case V_STR:
         if (v->type == V_STR)
-            return json_str(b, v->str.s, v->str.n);
+            return tp_buf_json_str(b, v->str.s, v->str.n);
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->i);
         return tp_buf_puts(b, tmp);
     case V_FLOAT:
@@ -339,7 +307,7 @@ int cv_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
             const tp_chat_val *key = v->dict.k[k];
             int rc;
             if (key->type == V_STR) {
-                rc = json_str(b, key->str.s, key->str.n);
+                rc = tp_buf_json_str(b, key->str.s, key->str.n);
             } else if (key->type == V_INT || key->type == V_FLOAT || key->type == V_BOOL || key->type == V_NONE) {
                 tp_buf kb;
                 tp_buf_init(&kb, 64);
@@ -347,7 +315,7 @@ int cv_json(tp_buf *b, const tp_chat_val *v, int indent, int level)
                     cv_json(&kb, key, -1, 0);
                 else
                     cv_str(&kb, key);
-                rc = json_str(b, tp_buf_str(&kb), kb.len);
+                rc = tp_buf_json_str(b, tp_buf_str(&kb), kb.len);
                 tp_buf_free(&kb);
             } else {
                 return 1;

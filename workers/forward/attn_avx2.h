@@ -7,9 +7,7 @@
  * are one block [head_size][16] and its values [16][head_size]. kblk[b] /
  * vblk[b] is the head's block of page b of the sequence (the block table
  * resolved). Four key blocks and 64 value elements a pass: with a block or
- * 32 elements (four chains) the adds' latency, not the loads, set the pace
- * (the scores of 200 positions took 10 % of a stories110M token on one
- * thread, Zen 3). */
+ * 32 elements (four chains) the adds' latency, not the loads, set the pace. */
 #ifndef TOKPIPE_FORWARD_ATTN_AVX2_H
 #define TOKPIPE_FORWARD_ATTN_AVX2_H
 

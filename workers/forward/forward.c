@@ -12,6 +12,7 @@
 #include "tokpipe/isa.h"
 #include "attn_avx2.h"
 #include "blas.h"
+#include "deltanet.h"
 #include "kernels.h"
 #include "kv16.h"
 #include "moe.h"
@@ -34,10 +35,9 @@
 #define MAX_BATCH_TOKENS_LIMIT 65536
 #define MAX_SLOTS_LIMIT 65536
 /* Multiply-adds a job must have per thread to be worth waking one: 1 MB
- * of f32 weights at batch 1. A passive wake costs microseconds, tens on a
- * loaded host; limits.md 0.1 measured passive 2-thread waits at about 1.1x
- * one thread on a hot 768x768 matvec (590K multiply-adds), so smaller jobs
- * stay on the calling thread. */
+ * of f32 weights at batch 1. A passive wake costs microseconds (tens on a
+ * loaded host), as much as a few hundred thousand multiply-adds, so
+ * smaller jobs stay on the calling thread (research/limits.md 0.1). */
 #define PART_MIN_MACS 262144
 /* What one SwiGLU element (an e^x and a division) costs, in
  * multiply-adds of a matmul, for the same threshold. */
@@ -45,13 +45,9 @@
 /* PART_MIN_MACS over this for work between matmuls (parts_between). */
 #define HELD_PART_DIV 16
 /* A typed multiply-add counts as a whole f32 one for PART_MIN_MACS, on
- * the VNNI panels too, though their arithmetic is 3-8x cheaper: at batch
- * 1 a part's time is the weights it streams, which is the same. They once
- * counted a quarter, when every matmul's helpers were woken by futex (2
- * threads decoded 110M Q8_0 at 171 tok/s split as f32 against 184 on
- * one); helpers now spin inside a step (tp_pool_hold), and a quarter left
- * a 1.0 B model's Q/K/V on 5 threads and its output projection on 4 of 16
- * (issue 20's plateau from 8 threads). */
+ * the VNNI panels too, though their arithmetic is cheaper: at batch 1 a
+ * part's time is the weights it streams, and a weight is a weight. (Counted
+ * as less, large models' smaller matrices were left on too few threads.) */
 /* Row ranges of a typed (quantized) matmul split start at multiples of
  * this: any split gives the same bits (quant.h), this keeps row blocks
  * whole and a range's output rows on whole cache lines. */
@@ -73,12 +69,15 @@ typedef struct typed_group {
     typed_part part[3];
 } typed_group;
 
+/* A Gated DeltaNet layer (deltanet.h) packs wqkv_lin and wz as qkv,
+ * wbeta and walpha as ba, wssm_out as wo. */
 typedef struct packed_layer {
     tp_packed qkv; /* rows: q (dim), k (kv_dim), v (kv_dim) */
     tp_packed wo;
+    tp_packed ba;
     tp_packed w13; /* rows: w1 (hidden), w3 (hidden) */
     tp_packed w2;
-    typed_group tqkv, two, tw13, tw2;
+    typed_group tqkv, two, tw13, tw2, tba;
 } packed_layer;
 
 typedef struct scratch {
@@ -140,6 +139,8 @@ struct tp_forward {
     float *cls_all; /* OpenBLAS kernel only: [min(slots, max_tokens)][vocab] */
     tp_pool *pool;  /* compute threads (1 = none started) */
     tp_moe *moe;    /* the experts of a MoE model (moe.h), else NULL */
+    tp_deltanet *dn; /* a hybrid model's DeltaNet layers and states (deltanet.h), else NULL */
+    float *gate;    /* attn_gate: [max_tokens][q_dim] each head's output gate */
     long long part_min; /* PART_MIN_MACS; tests lower it to split everything */
     scratch s;
 };
@@ -191,6 +192,18 @@ static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
     const tp_wmat *qkv[3] = {&lw->m.wq, &lw->m.wk, &lw->m.wv};
     const tp_wmat *w13[2] = {&lw->m.w1, &lw->m.w3};
     const tp_wmat *wo = &lw->m.wo, *w2 = &lw->m.w2;
+    if (lw->wqkv_lin || lw->m.wqkv_lin.data) { /* a DeltaNet layer */
+        const tp_wmat *in[2] = {&lw->m.wqkv_lin, &lw->m.wz}, *ba[2] = {&lw->m.wbeta, &lw->m.walpha};
+        qkv[0] = in[0];
+        qkv[1] = in[1];
+        wo = &lw->m.wssm_out;
+        int rc = pack_group(ba, 2, &pl->ba, &pl->tba);
+        if (!rc) rc = pack_group(qkv, 2, &pl->qkv, &pl->tqkv);
+        if (!rc) rc = pack_group(&wo, 1, &pl->wo, &pl->two);
+        if (!rc) rc = pack_group(w13, 2, &pl->w13, &pl->tw13);
+        if (!rc) rc = pack_group(&w2, 1, &pl->w2, &pl->tw2);
+        return rc;
+    }
     int rc = pack_group(qkv, 3, &pl->qkv, &pl->tqkv);
     if (!rc) rc = pack_group(&wo, 1, &pl->wo, &pl->two);
     if (lw->w1_exps) /* experts instead of w1, w2, w3: moe.c */
@@ -276,7 +289,7 @@ static uint8_t *map_aligned(size_t len, size_t huge)
  * be under a huge page). */
 static int make_panels(tp_forward *f)
 {
-    panel_job *job = malloc(sizeof *job * (size_t)(3 * (4 * f->c.n_layers + 1)));
+    panel_job *job = malloc(sizeof *job * (size_t)(3 * (5 * f->c.n_layers + 1)));
     if (!job)
         return TP_ENOMEM;
     int nj = 0;
@@ -284,6 +297,7 @@ static int make_panels(tp_forward *f)
     for (int l = 0; l < f->c.n_layers; l++) {
         packed_layer *pl = &f->layers[l];
         panel_jobs(&pl->tqkv, job, &nj, &total);
+        panel_jobs(&pl->tba, job, &nj, &total);
         panel_jobs(&pl->two, job, &nj, &total);
         panel_jobs(&pl->tw13, job, &nj, &total);
         panel_jobs(&pl->tw2, job, &nj, &total);
@@ -325,9 +339,12 @@ static void drop_copied(const tp_forward *f)
     const tp_model_weights *w = tp_model_get_weights(f->model);
     for (int l = 0; l < f->c.n_layers; l++) {
         const tp_layer_weights *lw = &w->layers[l];
-        const tp_wmat *m[7] = {&lw->m.wq, &lw->m.wk, &lw->m.wv, &lw->m.wo, &lw->m.w1, &lw->m.w2, &lw->m.w3};
-        for (int i = 0; i < 7; i++)
-            drop_if_copied(f, m[i]);
+        const tp_wmat *m[12] = {&lw->m.wq, &lw->m.wk, &lw->m.wv, &lw->m.wo, &lw->m.w1, &lw->m.w2,
+                                &lw->m.w3, &lw->m.wqkv_lin, &lw->m.wz, &lw->m.wbeta, &lw->m.walpha,
+                                &lw->m.wssm_out};
+        for (int i = 0; i < 12; i++)
+            if (m[i]->data)
+                drop_if_copied(f, m[i]);
     }
     drop_if_copied(f, &w->m.wcls);
 }
@@ -345,6 +362,8 @@ static int pack_weights(tp_forward *f)
         int wide = f->c.dim > f->c.hidden_dim ? f->c.dim : f->c.hidden_dim;
         if (f->c.q_dim > wide) /* wo's input */
             wide = f->c.q_dim;
+        if (f->c.ssm_head_dim * f->c.ssm_v_heads > wide) /* wssm_out's */
+            wide = f->c.ssm_head_dim * f->c.ssm_v_heads;
         if (tp_qact_init(&f->qact, f->max_tokens, wide))
             return TP_ENOMEM;
     }
@@ -360,22 +379,32 @@ static int pack_weights(tp_forward *f)
 /* RoPE tables computed as run.c does per position, once; a model's
  * frequency divisors (Llama 3 scaling) slow each pair as llama.cpp's
  * freq_factors do. */
-static int rope_table(const tp_forward *f, float theta, const float *ff, float **cos_out, float **sin_out)
+static int rope_table(const tp_forward *f, float theta, const float *ff, bool scaled, float **cos_out,
+                      float **sin_out)
 {
-    int hs = f->c.head_size, half = hs / 2;
+    int hs = f->c.rope_dim, half = hs / 2; /* partial RoPE: the first rope_dim of a head */
     size_t n = (size_t)f->max_pos * (size_t)half;
     float *co = *cos_out = malloc(n * sizeof(float)), *si = *sin_out = malloc(n * sizeof(float));
-    if (!co || !si)
+    bool yarn = scaled && f->c.yarn_factor > 0;
+    float *ramp = yarn ? malloc((size_t)half * sizeof(float)) : NULL, mscale = 1.0f;
+    if (!co || !si || (yarn && !ramp)) {
+        free(ramp);
         return TP_ENOMEM;
+    }
+    if (ramp) /* YaRN (model.h): ggml's rope_yarn, the ramp per pair computed once */
+        tp_rope_yarn(&f->c, theta, ramp, &mscale);
     for (int pos = 0; pos < f->max_pos; pos++)
         for (int j = 0; j < half; j++) {
             float freq = 1.0f / powf(theta, (float)(2 * j) / (float)hs);
             float val = (float)pos * freq;
             if (ff)
                 val = (float)pos * (freq / ff[j]);
-            co[(size_t)pos * half + j] = cosf(val);
-            si[(size_t)pos * half + j] = sinf(val);
+            if (ramp)
+                val = (val / f->c.yarn_factor) * (1 - ramp[j]) + val * ramp[j];
+            co[(size_t)pos * half + j] = cosf(val) * mscale;
+            si[(size_t)pos * half + j] = sinf(val) * mscale;
         }
+    free(ramp);
     return 0;
 }
 
@@ -384,17 +413,18 @@ static int rope_table(const tp_forward *f, float theta, const float *ff, float *
 static int make_rope(tp_forward *f)
 {
     const float *ff = tp_model_get_weights(f->model)->rope_freqs;
-    int rc = rope_table(f, f->c.rope_theta, ff, &f->rope_cos, &f->rope_sin);
+    int rc = rope_table(f, f->c.rope_theta, ff, true, &f->rope_cos, &f->rope_sin);
     if (!rc && f->c.swa_window)
-        rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, &f->rope_cos_swa,
-                        &f->rope_sin_swa);
+        rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, f->c.rope_swa_scaled,
+                        &f->rope_cos_swa, &f->rope_sin_swa);
     return rc;
 }
 
 static int alloc_scratch(tp_forward *f)
 {
     size_t T = (size_t)f->max_tokens, d = (size_t)f->c.dim, h = (size_t)f->c.hidden_dim;
-    size_t q = (size_t)f->c.q_dim, qkv = q + 2 * (size_t)f->c.kv_dim, wide = d > h ? d : h;
+    size_t q = (size_t)f->c.q_dim, qkv = q * (f->c.attn_gate ? 2 : 1) + 2 * (size_t)f->c.kv_dim;
+    size_t wide = d > h ? d : h;
     scratch *s = &f->s;
     s->x = malloc(T * d * sizeof(float));
     /* xb: a token's normed x [dim], or its heads' attention [q_dim] */
@@ -408,6 +438,8 @@ static int alloc_scratch(tp_forward *f)
     s->cls_out = malloc((size_t)CLS_CHUNK * (size_t)f->c.vocab_size * sizeof(float));
     s->tok_slot = malloc(T * sizeof(int));
     s->tok_pos = malloc(T * sizeof(int));
+    if (f->c.attn_gate && !(f->gate = malloc(T * q * sizeof(float))))
+        return TP_ENOMEM;
     bool ok = s->x && s->xb && s->qkv && s->h13 && s->proj && s->cls_in && s->cls_out && s->tok_slot &&
               s->tok_pos;
     return ok ? 0 : TP_ENOMEM;
@@ -458,6 +490,8 @@ static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
     /* a new pool: cached pages of the old one are gone */
     tp_pcache_free(f->pc);
     f->pc = pc;
+    if (f->dn && tp_deltanet_pages(f->dn, f->n_pages, 2 * bytes)) /* and so are their states */
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d pages' DeltaNet snapshots", f->n_pages);
     return 0;
 }
 
@@ -611,7 +645,9 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     f->qsimd = f->simd;
     int rc = alloc_pool(f, err);
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f) ||
-                tp_moe_new(model, max_batch_tokens, uses_panels(f), &f->moe)))
+                tp_moe_new(model, max_batch_tokens, uses_panels(f), &f->moe) ||
+                tp_deltanet_new(c, kv_slots, max_batch_tokens, &f->dn) ||
+                (f->dn && tp_deltanet_pages(f->dn, f->n_pages, 2 * f->pool_bytes))))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
     if (!rc)
         rc = tp_forward_set_threads(f, 1, err);
@@ -629,6 +665,8 @@ void tp_forward_free(tp_forward *f)
         return;
     tp_pool_free(f->pool);
     tp_moe_free(f->moe);
+    tp_deltanet_free(f->dn);
+    free(f->gate);
     if (f->layers)
         for (int l = 0; l < f->c.n_layers; l++) {
             tp_packed_free(&f->layers[l].qkv);
@@ -639,6 +677,8 @@ void tp_forward_free(tp_forward *f)
             typed_group_free(&f->layers[l].two);
             typed_group_free(&f->layers[l].tw13);
             typed_group_free(&f->layers[l].tw2);
+            tp_packed_free(&f->layers[l].ba);
+            typed_group_free(&f->layers[l].tba);
         }
     free(f->layers);
     tp_packed_free(&f->cls);
@@ -947,6 +987,8 @@ int tp_forward_seq_open(tp_forward *f, int *seq_id, tp_err *err)
     for (int i = 0; i < f->slots; i++)
         if (f->seq_len[i] < 0) {
             f->seq_len[i] = 0;
+            if (f->dn)
+                tp_deltanet_reset(f->dn, i);
             *seq_id = i;
             return 0;
         }
@@ -1007,6 +1049,19 @@ int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, 
         return 0;
     int *t = seq_table(f, seq_id);
     int32_t *rec = f->seq_tok + (size_t)seq_id * (size_t)f->kv_pos;
+    if (f->dn) { /* a hybrid: the hit must end at a page with the DeltaNet state there (deltanet.h) */
+        int best = 0, prev = pos / TP_KV_PAGE ? t[pos / TP_KV_PAGE - 1] : -1;
+        for (int take = TP_KV_PAGE - in, n = 0; n + take <= limit; n += take, take = TP_KV_PAGE) {
+            int p0 = pos + n, b = p0 / TP_KV_PAGE;
+            for (int i = 0; i < take; i++)
+                rec[p0 + i] = tokens[n + i];
+            if ((prev = tp_pcache_lookup(f->pc, prev, rec + (size_t)b * TP_KV_PAGE)) < 0)
+                break;
+            if (tp_deltanet_has(f->dn, prev))
+                best = n + take;
+        }
+        limit = best;
+    }
     for (int take = TP_KV_PAGE - in; got + take <= limit; got += take, take = TP_KV_PAGE) {
         int p0 = pos + got, b = p0 / TP_KV_PAGE;
         for (int i = 0; i < take; i++)
@@ -1021,6 +1076,8 @@ int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, 
         f->n_pub[seq_id] = b + 1;
     }
     f->seq_len[seq_id] = pos + got;
+    if (f->dn && got)
+        tp_deltanet_restore(f->dn, seq_id, t[(pos + got) / TP_KV_PAGE - 1]);
     tp_pcache_count_lookup(f->pc, got);
     tp_pcache_count_prefill(f->pc, got);
     return got;
@@ -1041,6 +1098,8 @@ int tp_forward_seq_truncate(tp_forward *f, int seq_id, int len)
     if (seq_id < 0 || seq_id >= f->slots || f->seq_len[seq_id] < 0)
         return TP_ENOTFOUND;
     if (len < 0 || len > f->seq_len[seq_id])
+        return TP_EINVAL;
+    if (f->dn && len != f->seq_len[seq_id]) /* the recurrent state cannot go back (deltanet.h) */
         return TP_EINVAL;
     drop_pages(f, seq_id, (len + TP_KV_PAGE - 1) / TP_KV_PAGE);
     if (f->n_pub[seq_id] > len / TP_KV_PAGE)
@@ -1065,9 +1124,8 @@ const tp_model *tp_forward_model(const tp_forward *f) { return f->model; }
 
 /* The sum of x[0..n) (square: of their squares) in eight chains (element
  * i in chain i % 8) and a fixed tree, the same on every path: one chain
- * was n adds in a row, each waiting for the last (rmsnorm: about a
- * microsecond at dim 768 on Zen 3, on the calling thread while the other
- * threads wait). */
+ * is n adds in a row, each waiting for the last, on the calling thread
+ * while the other threads wait. */
 static inline float sum8(const float *x, int n, const bool square)
 {
     float a[8] = {0};
@@ -1123,7 +1181,7 @@ static void softmax(float *x, int n, bool vexp8)
  * (model.h); a sliding layer by its own table where it has one. */
 static void rope(const tp_forward *f, float *vec, int n, int pos, int layer)
 {
-    int half = f->c.head_size / 2;
+    int half = f->c.rope_dim / 2;
     bool swa = f->rope_cos_swa && tp_model_layer_slides(&f->c, layer);
     const float *cs = (swa ? f->rope_cos_swa : f->rope_cos) + (size_t)pos * half;
     const float *sn = (swa ? f->rope_sin_swa : f->rope_sin) + (size_t)pos * half;
@@ -1182,10 +1240,9 @@ static void store_kv(const tp_forward *f, int layer, int slot, int pos, const fl
 /* Ask for the lines store_kv will write for one position: a key is one
  * element in each of head_size lines (its block holds 16 positions
  * side by side), lines attention last touched a whole step ago, out of
- * cache. Stored cold they cost 2.9-3.8 us a layer and token on the
- * calling thread while the other threads wait for attention; asked for
- * before the QKV matmul, 2.0-2.5 (stories110M shape, two threads, Zen 3,
- * pages already touched). */
+ * cache. Stored cold, their misses come one after another on the calling
+ * thread while the other threads wait for attention; asked for before
+ * the QKV matmul, they arrive while it runs. */
 static void prefetch_kv(const tp_forward *f, int layer, int slot, int pos)
 {
     size_t hs = (size_t)f->c.head_size, in = (size_t)(pos % TP_KV_PAGE);
@@ -1335,14 +1392,37 @@ static void softcap(float *x, int n, float c)
         x[i] = c * (2.0f / (1.0f + tp_vexp(-2.0f * (x[i] / c))) - 1.0f);
 }
 
+/* The softmax with an attention sink (gpt-oss): the sink s joins the max
+ * and the denominator, e^(s - max), and weighs no value. */
+static void softmax_sink(float *x, int n, float sink, bool vexp8)
+{
+    float max = sink;
+    for (int i = 0; i < n; i++)
+        if (x[i] > max)
+            max = x[i];
+    if (vexp8) {
+        exp_shifted_avx2(x, n, max);
+    } else {
+        for (int i = 0; i < n; i++)
+            x[i] = tp_vexp(x[i] - max);
+    }
+    float sum = sum8(x, n, false) + tp_vexp(sink - max);
+    for (int i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
 /* Between the scores and the weighted sum: soft-capping, then the softmax
- * over the visible positions [lo, n); the hidden ones weigh 0 (a value
- * times +-0 adds nothing: the sum's bits are those of starting at lo). */
-static void scores_to_weights(const tp_forward *f, float *att, int lo, int n)
+ * over the visible positions [lo, n) (with the head's sink where the
+ * model has them: sink non-NULL); the hidden ones weigh 0 (a value times
+ * +-0 adds nothing: the sum's bits are those of starting at lo). */
+static void scores_to_weights(const tp_forward *f, float *att, int lo, int n, const float *sink)
 {
     if (f->c.attn_softcap)
         softcap(att + lo, n - lo, f->c.attn_softcap);
-    softmax(att + lo, n - lo, f->simd);
+    if (sink)
+        softmax_sink(att + lo, n - lo, *sink, f->simd);
+    else
+        softmax(att + lo, n - lo, f->simd);
     for (int t = 0; t < lo; t++)
         att[t] = 0.0f;
 }
@@ -1361,34 +1441,35 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
     const void **kb = blk, **vb = blk + f->pps;
     head_blocks(f, layer, slot, h / kv_mul, page0, pos + 1, kb, vb);
     const float *qh = q + (size_t)h * hs;
+    const float *sinks = tp_model_get_weights(f->model)->layers[layer].sinks, *sink = sinks ? sinks + h : NULL;
     /* Gemma scales Q instead (attention_block): dividing by 1 is exact */
     float *oh = out + (size_t)h * hs, scale = f->c.attn_scale ? 1.0f : sqrtf((float)hs);
     if (f->kv_type == TP_KV_F16) {
         const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
         if (f->kv16_avx512) {
             tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
-            scores_to_weights(f, att, lo, n);
+            scores_to_weights(f, att, lo, n, sink);
             tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
         } else if (f->kv16_avx2) {
             tp_attn_scores_avx2(att, qh, kb, hs, n, scale, true);
-            scores_to_weights(f, att, lo, n);
+            scores_to_weights(f, att, lo, n, sink);
             tp_attn_weighted_avx2(oh, att, vb, hs, n, true);
         } else {
             tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
-            scores_to_weights(f, att, lo, n);
+            scores_to_weights(f, att, lo, n, sink);
             tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
         }
     } else if (f->avx512) {
         scores(att, qh, (const float *const *)kb, hs, n, scale);
-        scores_to_weights(f, att, lo, n);
+        scores_to_weights(f, att, lo, n, sink);
         weighted_sum(oh, att, (const float *const *)vb, hs, n);
     } else if (f->simd) { /* AVX2 */
         tp_attn_scores_avx2(att, qh, kb, hs, n, scale, false);
-        scores_to_weights(f, att, lo, n);
+        scores_to_weights(f, att, lo, n, sink);
         tp_attn_weighted_avx2(oh, att, vb, hs, n, false);
     } else {
         scores_scalar(att, qh, (const float *const *)kb, hs, n, scale);
-        scores_to_weights(f, att, lo, n);
+        scores_to_weights(f, att, lo, n, sink);
         weighted_sum_scalar(oh, att, (const float *const *)vb, hs, n);
     }
 }
@@ -1400,7 +1481,7 @@ static void attend_units(void *arg, int u0, int u1, int worker)
     const att_job *j = arg;
     const tp_forward *f = j->f;
     const scratch *s = &f->s;
-    size_t q = (size_t)f->c.q_dim, qs = q + 2 * (size_t)f->c.kv_dim;
+    size_t q = (size_t)f->c.q_dim, qs = q * (f->c.attn_gate ? 2 : 1) + 2 * (size_t)f->c.kv_dim;
     float *att = s->att + (size_t)worker * (size_t)f->max_pos;
     const void **blk = s->blk + (size_t)worker * 2 * (size_t)f->pps;
     for (int u = u0; u < u1; u++) {
@@ -1430,6 +1511,9 @@ static int check_item(tp_forward *f, const tp_fwd_item *it, int i, tp_err *err)
     if (it->pos < 0 || it->pos > len)
         return tp_err_set(err, TP_EINVAL, "forward: item %d: pos %d outside 0..%d (sequence %d's length)", i,
                           it->pos, len, it->seq_id);
+    if (f->dn && !tp_deltanet_can_start(f->dn, it->seq_id, it->pos, len))
+        return tp_err_set(err, TP_EINVAL, "forward: item %d: pos %d: sequence %d's DeltaNet state is at %d and "
+                          "can go back only to 0 or its last step's start", i, it->pos, it->seq_id, len);
     if (it->n_tokens > f->max_pos - it->pos)
         return tp_err_set(err, TP_EFULL, "forward: item %d: sequence %d needs %lld positions, its KV slot "
                           "holds %d", i, it->seq_id, (long long)it->pos + it->n_tokens, f->max_pos);
@@ -1454,6 +1538,9 @@ static int check_items(tp_forward *f, const tp_fwd_item *items, int n_items, flo
         if (!rc && ROWS(all, i) && f->kernel != TP_FWD_KERNEL_INVARIANT)
             rc = tp_err_set(err, TP_EINVAL, "forward: item %d: a verify step needs the invariant "
                             "kernel", i);
+        if (!rc && ROWS(all, i) && f->dn)
+            rc = tp_err_set(err, TP_EINVAL, "forward: item %d: no verify step on a hybrid model (its "
+                            "recurrent state cannot be rolled back)", i);
         total += rc ? 0 : items[i].n_tokens;
     }
     for (int i = 0; i < n_items; i++)
@@ -1494,20 +1581,27 @@ static void attention_block(tp_forward *f, int l, int T)
     const tp_model_config *c = &f->c;
     const tp_layer_weights *lw = &tp_model_get_weights(f->model)->layers[l];
     scratch *s = &f->s;
-    size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qd = (size_t)c->q_dim, qs = qd + 2 * kvd;
+    size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, qd = (size_t)c->q_dim;
+    size_t qr = c->attn_gate ? 2 * qd : qd, qs = qr + 2 * kvd; /* a gated query's rows hold its gates */
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
     if (T <= 4) /* decode: a prompt's chunk writes whole lines in a row */
         for (int t = 0; t < T; t++)
             prefetch_kv(f, l, s->tok_slot[t], s->tok_pos[t]);
     const float *qkv_w[3] = {lw->wq, lw->wk, lw->wv};
-    const int qkv_rows[3] = {c->q_dim, c->kv_dim, c->kv_dim};
+    const int qkv_rows[3] = {(int)qr, c->kv_dim, c->kv_dim};
     layer_matmul(f, &f->layers[l].qkv, &f->layers[l].tqkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv,
                  (int)qs);
     /* Store every token's k and v before any attention, so a prefill token
      * sees the earlier tokens of its own chunk. */
     for (int t = 0; t < T; t++) {
-        float *q = s->qkv + t * qs, *k = q + qd, *v = k + kvd;
+        float *q = s->qkv + t * qs, *k = q + qr, *v = k + kvd;
+        if (c->attn_gate) /* per head [query, gate]: the gates aside, the queries packed */
+            for (int h = 0; h < c->n_heads; h++) {
+                size_t hs = (size_t)c->head_size;
+                memcpy(f->gate + t * qd + h * hs, q + (2 * h + 1) * hs, hs * sizeof(float));
+                memmove(q + h * hs, q + 2 * h * hs, hs * sizeof(float));
+            }
         if (c->attn_bias) {
             if (lw->bq) add_rows(q, lw->bq, qd);
             if (lw->bk) add_rows(k, lw->bk, kvd);
@@ -1535,11 +1629,42 @@ static void attention_block(tp_forward *f, int l, int T)
     att_job aj = {f, l};
     prefetch_norm(lw->rms_ffn, c->dim);
     tp_pool_run(f->pool, T * c->n_heads, 1, parts_between(f, macs), attend_units, &aj);
+    if (c->attn_gate) /* qwen35: the output times sigmoid(gate) */
+        for (size_t i = 0; i < (size_t)T * qd; i++)
+            s->xb[i] *= 1.0f / (1.0f + tp_vexp(-f->gate[i]));
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->q_dim, T, s->proj,
                  c->dim);
+    if (lw->bo) /* gpt-oss: the output projection's bias */
+        for (int t = 0; t < T; t++)
+            add_rows(s->proj + t * d, lw->bo, d);
     if (c->post_norms) /* Gemma: the attention's output normed before the residual add */
         for (int t = 0; t < T; t++)
             rmsnorm(s->proj + t * d, s->proj + t * d, lw->rms_att_post, c->dim, c->norm_eps);
+    add_rows(s->x, s->proj, (size_t)T * d);
+}
+
+/* A Gated DeltaNet layer (deltanet.h): the projections here, the
+ * recurrence in deltanet.c, then ssm_out and the residual add. */
+static void deltanet_block(tp_forward *f, int l, int T)
+{
+    const tp_model_config *c = &f->c;
+    const tp_layer_weights *lw = &tp_model_get_weights(f->model)->layers[l];
+    scratch *s = &f->s;
+    size_t d = (size_t)c->dim;
+    int vd = c->ssm_head_dim * c->ssm_v_heads, cd = vd + 2 * c->ssm_head_dim * c->ssm_k_heads;
+    int pw = tp_deltanet_proj_width(f->dn);
+    float *proj = tp_deltanet_proj(f->dn);
+    for (int t = 0; t < T; t++)
+        rmsnorm(s->xb + t * d, s->x + t * d, lw->rms_att, c->dim, c->norm_eps);
+    const float *in_w[2] = {lw->wqkv_lin, lw->wz}, *ba_w[2] = {lw->wbeta, lw->walpha};
+    const int in_rows[2] = {cd, vd}, ba_rows[2] = {c->ssm_v_heads, c->ssm_v_heads};
+    layer_matmul(f, &f->layers[l].qkv, &f->layers[l].tqkv, in_w, in_rows, 2, s->xb, c->dim, T, proj, pw);
+    layer_matmul(f, &f->layers[l].ba, &f->layers[l].tba, ba_w, ba_rows, 2, s->xb, c->dim, T, proj + cd + vd, pw);
+    /* per (token, value head): the state's three passes and a norm */
+    double macs = (double)T * c->ssm_v_heads * (4.0 * c->ssm_head_dim * c->ssm_head_dim);
+    tp_deltanet_layer(f->dn, f->pool, parts_between(f, macs), lw, l, s->tok_slot, s->tok_pos, T);
+    layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wssm_out, &c->dim, 1, tp_deltanet_out(f->dn), vd,
+                 T, s->proj, c->dim);
     add_rows(s->x, s->proj, (size_t)T * d);
 }
 
@@ -1779,6 +1904,37 @@ static void classify(tp_forward *f, const tp_fwd_item *items, int n_items, float
     }
 }
 
+/* Embeddings: the items' final-normed hidden states pooled as pools[i]
+ * asks (NULL: none). -1: out of memory (the pooled vectors untouched). */
+static int pool(tp_forward *f, const tp_fwd_item *items, int n_items, const tp_fwd_pool *pools)
+{
+    if (!pools)
+        return 0;
+    size_t d = (size_t)f->c.dim;
+    const float *rms_final = tp_model_get_weights(f->model)->rms_final;
+    float *h = NULL;
+    for (int i = 0, t0 = 0; i < n_items; t0 += items[i++].n_tokens) {
+        const tp_fwd_item *it = &items[i];
+        const tp_fwd_pool *pl = &pools[i];
+        if (pl->pool == TP_POOL_NONE || !pl->pooled)
+            continue;
+        if (!h && !(h = malloc(d * sizeof *h)))
+            return -1;
+        int from = it->n_tokens - 1, to = it->n_tokens;   /* LAST */
+        if (pl->pool == TP_POOL_MEAN)
+            from = 0;
+        else if (pl->pool == TP_POOL_CLS)
+            from = 0, to = it->pos == 0 ? 1 : 0;
+        for (int k = from; k < to; k++) {
+            rmsnorm(h, f->s.x + (size_t)(t0 + k) * d, rms_final, f->c.dim, f->c.norm_eps);
+            for (size_t j = 0; j < d; j++)
+                pl->pooled[j] = pl->pool == TP_POOL_MEAN ? pl->pooled[j] + h[j] : h[j];
+        }
+    }
+    free(h);
+    return 0;
+}
+
 /* Give item `it` writable pages for its positions and record its tokens.
  * A page it writes that is shared (cached, or held by another sequence:
  * only after a rewind) is replaced by a private copy of it; pages past the
@@ -1800,6 +1956,8 @@ static int prepare_pages(tp_forward *f, const tp_fwd_item *it, bool verify)
         int p = tp_pcache_alloc(f->pc);
         if (p < 0)
             return TP_EFULL;
+        if (f->dn) /* its positions are rewritten: a state kept at its end is not theirs */
+            tp_deltanet_page_drop(f->dn, p);
         /* unreferenced first, so an old page nobody else holds may come back
          * as p itself with its bytes intact */
         if (old >= 0 && p != old && b * TP_KV_PAGE < it->pos) {
@@ -1834,15 +1992,30 @@ static void publish_pages(tp_forward *f, int seq)
         }
         f->n_pub[seq] = b + 1;
     }
+    int kept = f->dn ? tp_deltanet_kept_at(f->dn, seq) : -1;
+    if (kept > 0 && kept / TP_KV_PAGE <= f->n_pub[seq]) /* the state at that page's end, for prefix hits */
+        tp_deltanet_keep(f->dn, seq, t[kept / TP_KV_PAGE - 1]);
 }
 
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err)
 {
-    return tp_forward_step_verify(f, items, n_items, logits, NULL, err);
+    return tp_forward_step_full(f, items, n_items, logits, NULL, NULL, err);
 }
 
 int tp_forward_step_verify(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
                            float *const *all, tp_err *err)
+{
+    return tp_forward_step_full(f, items, n_items, logits, all, NULL, err);
+}
+
+int tp_forward_step_pooled(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                           const tp_fwd_pool *pools, tp_err *err)
+{
+    return tp_forward_step_full(f, items, n_items, logits, NULL, pools, err);
+}
+
+int tp_forward_step_full(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits,
+                         float *const *all, const tp_fwd_pool *pools, tp_err *err)
 {
     int T = 0;
     int rc = check_items(f, items, n_items, logits, all, &T, err);
@@ -1855,10 +2028,18 @@ int tp_forward_step_verify(tp_forward *f, const tp_fwd_item *items, int n_items,
         f->blas.set_num_threads(tp_forward_threads(f));
     embed(f, items, n_items);
     tp_pool_hold(f->pool, true); /* helpers spin between this step's jobs, then sleep */
+    if (f->dn)
+        for (int i = 0; i < n_items; i++)
+            tp_deltanet_start(f->dn, items[i].seq_id, items[i].pos, f->seq_len[items[i].seq_id]);
     for (int l = 0; l < f->c.n_layers; l++) {
-        attention_block(f, l, T);
+        if (f->dn && tp_model_layer_recurrent(&f->c, l))
+            deltanet_block(f, l, T);
+        else
+            attention_block(f, l, T);
         ffn_block(f, l, T);
     }
+    if (pool(f, items, n_items, pools))
+        rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory for an embedding");
     classify(f, items, n_items, logits, all);
     for (int i = 0; i < n_items && f->c.final_softcap; i++) /* Gemma 2 */
         if (ROWS(all, i))
@@ -1870,5 +2051,5 @@ int tp_forward_step_verify(tp_forward *f, const tp_fwd_item *items, int n_items,
         f->seq_len[items[i].seq_id] = items[i].pos + items[i].n_tokens;
         publish_pages(f, items[i].seq_id);
     }
-    return 0;
+    return rc;
 }

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "tokpipe/forward.h"
+#include "tokpipe/model.h"
 #include "tokpipe/stage.h"
 
 struct tp_forward_stage {
@@ -63,6 +64,16 @@ struct tp_forward_stage {
     float *vrows, *obuf;
     size_t vrows_cap, obuf_cap, out_cap;
     float **all;
+    /* embeddings: per seq_id its pooling (TP_POOL_*, NONE: a generating
+     * job) and the pooled vector so far (dim floats); per item whether it
+     * asked for the vector (TP_ITEM_EMBED); the EMBEDDED columns */
+    int dim, model_pool;
+    int *pool_of;
+    float *pooled;
+    tp_fwd_pool *item_pool, *pass_pool;   /* parallel to items[], pass[] */
+    bool *item_embed;
+    uint32_t *emb_slots;
+    float *emb_out;
 };
 
 static int alloc_scratch(tp_forward_stage *st)
@@ -85,11 +96,17 @@ static int alloc_scratch(tp_forward_stage *st)
     st->item_verify = calloc(n, sizeof *st->item_verify);
     st->all = calloc(n, sizeof *st->all);
     st->out_cap = n;
-    if (!st->item_verify || !st->all)
-        return TP_ENOMEM;
+    st->pool_of = calloc(n, sizeof *st->pool_of);
+    st->pooled = calloc(n * (size_t)st->dim, sizeof *st->pooled);
+    st->item_embed = calloc(n, sizeof *st->item_embed);
+    st->item_pool = calloc(n, sizeof *st->item_pool);
+    st->pass_pool = calloc(n, sizeof *st->pass_pool);
+    st->emb_slots = calloc(n, sizeof *st->emb_slots);
+    st->emb_out = calloc(n * (size_t)st->dim, sizeof *st->emb_out);
     return st->slot_of && st->used && st->items && st->tokens && st->logits && st->out_slots && st->cands &&
                    st->item_slot && st->item_acc && st->hit_slots && st->hits && st->pass && st->row_item &&
-                   st->twin
+                   st->twin && st->pool_of && st->pooled && st->item_embed && st->item_pool &&
+                   st->pass_pool && st->emb_slots && st->emb_out && st->item_verify && st->all
                ? 0
                : TP_ENOMEM;
 }
@@ -114,6 +131,10 @@ int tp_forward_stage_new(const tp_model *model, int kv_slots, int max_pos, int m
     st->max_batch_tokens = max_batch_tokens;
     st->threads = threads;
     st->vocab = tp_model_get_config(model)->vocab_size;
+    st->dim = tp_model_get_config(model)->dim;
+    /* a model whose file names no pooling: its last token's state, as
+     * decoder embedding models (Qwen3-Embedding) pool */
+    st->model_pool = tp_model_get_config(model)->pooling ? tp_model_get_config(model)->pooling : TP_POOL_LAST;
     int rc = make_forward(st, err);
     if (!rc && alloc_scratch(st))
         rc = tp_err_set(err, TP_ENOMEM, "forward stage: out of memory for %d sequences", kv_slots);
@@ -148,6 +169,13 @@ void tp_forward_stage_free(tp_forward_stage *st)
     free(st->all);
     free(st->vrows);
     free(st->obuf);
+    free(st->pool_of);
+    free(st->pooled);
+    free(st->item_embed);
+    free(st->item_pool);
+    free(st->pass_pool);
+    free(st->emb_slots);
+    free(st->emb_out);
     free(st);
 }
 
@@ -226,6 +254,7 @@ static int seq_open(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io
     }
     st->used[seq] = true;
     st->slot_of[seq] = slot;
+    st->pool_of[seq] = m->slot.pool == TP_POOL_MODEL ? st->model_pool : (int)m->slot.pool;
     return tp_stage_result(io, m, TP_ST_OK, NULL);
 }
 
@@ -252,10 +281,21 @@ static bool is_chunk(const tp_fwd_item *it)
     return it->n_tokens > 1 || it->skip_logits;   /* decode items are 1 token with output */
 }
 
-/* Offer a prompt chunk to the cache: *it keeps what is left to compute. */
-static void take_cached(tp_forward_stage *st, tp_fwd_item *it, uint32_t slot)
+/* Mean and CLS pooling read hidden states the cache does not keep: their
+ * chunks are computed whole. */
+static bool cacheable(const tp_fwd_pool *p)
 {
-    int got = tp_forward_seq_reuse(st->fwd, it->seq_id, it->pos, it->tokens, it->n_tokens, !it->skip_logits);
+    return p->pool != TP_POOL_MEAN && p->pool != TP_POOL_CLS;
+}
+
+/* Offer a prompt chunk to the cache: *it keeps what is left to compute
+ * (its last token when it wants output or a last-token embedding). */
+static void take_cached(tp_forward_stage *st, tp_fwd_item *it, const tp_fwd_pool *p, uint32_t slot)
+{
+    if (!cacheable(p))
+        return;
+    int got = tp_forward_seq_reuse(st->fwd, it->seq_id, it->pos, it->tokens, it->n_tokens,
+                                   !it->skip_logits || p->pool == TP_POOL_LAST);
     if (got <= 0)
         return;
     st->hit_slots[st->n_hits] = (int32_t)slot;
@@ -268,9 +308,11 @@ static void take_cached(tp_forward_stage *st, tp_fwd_item *it, uint32_t slot)
 /* Item b can wait for item a (earlier in the step): both chunks start at
  * the same position after the same cached pages with the same first page
  * of tokens, so a's pass caches what b needs. */
-static bool twins(const tp_forward_stage *st, const tp_fwd_item *a, const tp_fwd_item *b)
+static bool twins(const tp_forward_stage *st, uint32_t ia, uint32_t ib)
 {
-    return is_chunk(a) && is_chunk(b) && a->pos == b->pos && a->n_tokens >= TP_KV_PAGE &&
+    const tp_fwd_item *a = &st->items[ia], *b = &st->items[ib];
+    return is_chunk(a) && is_chunk(b) && cacheable(&st->item_pool[ia]) && cacheable(&st->item_pool[ib]) &&
+           a->pos == b->pos && a->n_tokens >= TP_KV_PAGE &&
            b->n_tokens >= TP_KV_PAGE && !memcmp(a->tokens, b->tokens, TP_KV_PAGE * sizeof *a->tokens) &&
            tp_forward_seq_same_pages(st->fwd, a->seq_id, b->seq_id, a->pos);
 }
@@ -285,10 +327,11 @@ static int run_passes(tp_forward_stage *st, uint32_t n_items, uint32_t *n_rows, 
     for (uint32_t i = 0; i < n_items; i++) {
         st->twin[i] = false;
         for (uint32_t k = 0; k < i && !st->twin[i] && !st->item_verify[i]; k++)
-            st->twin[i] = !st->twin[k] && !st->item_verify[k] && twins(st, &st->items[k], &st->items[i]);
+            st->twin[i] = !st->twin[k] && !st->item_verify[k] && twins(st, k, i);
         if (!st->twin[i]) {
             st->row_item[n] = i;
             vr += st->item_verify[i] ? (size_t)st->items[i].n_tokens : 0;
+            st->pass_pool[n] = st->item_pool[i];
             st->pass[n++] = st->items[i];
         }
     }
@@ -305,20 +348,21 @@ static int run_passes(tp_forward_stage *st, uint32_t n_items, uint32_t *n_rows, 
         st->all[r] = st->item_verify[st->row_item[r]] ? st->vrows + vr * (size_t)st->vocab : NULL;
         vr += st->all[r] ? (size_t)st->pass[r].n_tokens : 0;
     }
-    int rc = tp_forward_step_verify(st->fwd, st->pass, (int)n, st->logits, vr ? st->all : NULL, e);
+    int rc = tp_forward_step_full(st->fwd, st->pass, (int)n, st->logits, vr ? st->all : NULL, st->pass_pool, e);
     uint32_t first = n;
     for (uint32_t i = 0; i < n_items && !rc; i++) {
         if (!st->twin[i])
             continue;
-        take_cached(st, &st->items[i], st->item_slot[i]);
+        take_cached(st, &st->items[i], &st->item_pool[i], st->item_slot[i]);
         if (st->items[i].n_tokens == 0)
             continue;   /* wholly cached now, no output wanted */
         st->row_item[n] = i;
+        st->pass_pool[n] = st->item_pool[i];
         st->pass[n++] = st->items[i];
     }
     if (!rc && n > first)
-        rc = tp_forward_step(st->fwd, st->pass + first, (int)(n - first),
-                             st->logits + (size_t)first * (size_t)st->vocab, e);
+        rc = tp_forward_step_pooled(st->fwd, st->pass + first, (int)(n - first),
+                                    st->logits + (size_t)first * (size_t)st->vocab, st->pass_pool + first, e);
     *n_rows = n;
     return rc;
 }
@@ -358,14 +402,20 @@ static int build_items(tp_forward_stage *st, const tp_m_step *s, uint32_t *n_ite
             .n_tokens = (int)nt,
             .skip_logits = !(tp_raw_u8(s->flags, i) & TP_ITEM_OUTPUT),
         };
+        st->item_pool[i] = (tp_fwd_pool){st->pool_of[seq], st->pooled + (size_t)seq * (size_t)st->dim};
+        st->item_embed[i] = (tp_raw_u8(s->flags, i) & TP_ITEM_EMBED) != 0;
+        if (st->item_pool[i].pool != TP_POOL_NONE && st->items[i].pos == 0)   /* a (re)start: pool anew */
+            memset(st->item_pool[i].pooled, 0, (size_t)st->dim * sizeof(float));
         st->item_slot[i] = slot;
         st->item_acc[i] = s->accepted.data ? tp_raw_i32(s->accepted, i) : -1;
         st->item_verify[i] = (tp_raw_u8(s->flags, i) & TP_ITEM_VERIFY) != 0;
         if (st->item_verify[i])
             st->items[i].skip_logits = false;
-        /* only the invariant kernel verifies (its rows equal plain steps');
+        /* only the invariant kernel verifies (its rows equal plain steps'),
+         * and not on a hybrid model (its recurrent state cannot roll back);
          * else the job's own token alone: one candidate, no guess taken */
-        if (st->item_verify[i] && tp_forward_kernel(st->fwd) != TP_FWD_KERNEL_INVARIANT) {
+        if (st->item_verify[i] && (tp_forward_kernel(st->fwd) != TP_FWD_KERNEL_INVARIANT ||
+                                   tp_model_get_config(st->model)->full_attn_interval > 0)) {
             st->item_verify[i] = false;
             st->items[i].n_tokens = 1;
         }
@@ -382,13 +432,15 @@ static int build_items(tp_forward_stage *st, const tp_m_step *s, uint32_t *n_ite
     for (uint32_t i = 0; i < s->n; i++) {
         tp_fwd_item it = st->items[i];
         if (is_chunk(&it) && !st->item_verify[i])
-            take_cached(st, &it, st->item_slot[i]);
+            take_cached(st, &it, &st->item_pool[i], st->item_slot[i]);
         if (it.n_tokens == 0)
             continue;   /* wholly cached, and no output wanted */
         st->items[n] = it;
         st->item_slot[n] = st->item_slot[i];
         st->item_acc[n] = st->item_acc[i];
         st->item_verify[n] = st->item_verify[i];
+        st->item_embed[n] = st->item_embed[i];
+        st->item_pool[n] = st->item_pool[i];
         n++;
     }
     *n_items = n;
@@ -450,6 +502,35 @@ static void out_verify(tp_forward_stage *st, bool sample, const tp_fwd_item *it,
     }
 }
 
+/* EMBEDDED for the items that asked for their embedding (none: nothing
+ * sent): the pooled vector, a mean divided by the positions it summed. */
+static int send_embedded(tp_forward_stage *st, const tp_msg *m, uint32_t n_items, const tp_stage_io *io)
+{
+    uint32_t n = 0;
+    size_t d = (size_t)st->dim;
+    for (uint32_t i = 0; i < n_items; i++) {
+        const tp_fwd_item *it = &st->items[i];
+        const tp_fwd_pool *p = &st->item_pool[i];
+        if (!st->item_embed[i] || p->pool == TP_POOL_NONE)
+            continue;
+        float *out = st->emb_out + (size_t)n * d;
+        float div = p->pool == TP_POOL_MEAN ? (float)(it->pos + it->n_tokens) : 1.0f;
+        for (size_t j = 0; j < d; j++)
+            out[j] = p->pooled[j] / div;
+        st->emb_slots[n++] = st->item_slot[i];
+    }
+    if (!n)
+        return 0;
+    tp_msg r;
+    tp_msg_init_reply(&r, m, TP_CMD_EMBEDDED, TP_ST_OK, NULL);
+    r.embedded.step = m->step.step;
+    r.embedded.n = n;
+    r.embedded.dim = (uint32_t)d;
+    r.embedded.slots = (tp_raw){st->emb_slots, n};
+    r.embedded.embd = (tp_raw){st->emb_out, n * d};
+    return io->reply(io->ctx, &r);
+}
+
 static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     const tp_m_step *s = &m->step;
@@ -504,6 +585,8 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
         }
         st->out_slots[n_out++] = slot;
     }
+    if (send_embedded(st, m, n_items, io))
+        return step_error(m, io, TP_ST_INTERNAL, "STEP: EMBEDDED not sent");
     tp_msg r;
     tp_msg_init_reply(&r, m, TP_CMD_STEP_RESULT, TP_ST_OK, NULL);
     r.step_result.step = s->step;

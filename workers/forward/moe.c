@@ -1,5 +1,6 @@
 /* The mixture-of-experts FFN (moe.h): routing, the grouping of a step's
- * tokens by expert, the experts' matmuls on the pool, the weighted sum. */
+ * tokens by expert, the experts' matmuls on the pool, the weighted sum,
+ * and a shared expert's gated output after it (qwen35moe). */
 #include "moe.h"
 #include "tokpipe/ggml_types.h"
 #include "kernels.h"
@@ -7,6 +8,7 @@
 #include "vexp.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,11 +31,17 @@ typedef struct exp_mat {
 
 typedef struct moe_layer {
     exp_mat router, gate, up, down;
+    /* gpt-oss's biases (model.h), else NULL */
+    const float *br, *b_gate, *b_up, *b_down;
+    exp_mat sh_gate, sh_up, sh_down; /* the shared expert (n 1), when shexp_ff */
+    const float *sh_vec;             /* [dim] its sigmoid gate's weights */
 } moe_layer;
 
 struct tp_moe {
     const tp_model *model;
     int dim, ne, k, ff, max_tok;
+    bool topk_softmax; /* gpt-oss's gating (model.h's moe_softmax_topk) */
+    bool oai;          /* swiglu_oai, not SwiGLU */
     moe_layer *layers;
     tp_qact qx[2];  /* the router's / gate and up's input by kind: [T * k][dim] */
     tp_qact qd[2];  /* down's input by kind: [T * k][ff] */
@@ -47,6 +55,12 @@ struct tp_moe {
     float *h;       /* [T * k][2 ff] gate, up */
     float *a;       /* [T * k][ff] SwiGLU */
     float *y;       /* [T * k][dim] the expert's output */
+    /* the shared expert (sff > 0): every token's rows in token order */
+    int sff;
+    tp_qact qs[2];  /* down's input by kind: [T][sff] */
+    float *hs;      /* [T][2 sff] gate, up */
+    float *as;      /* [T][sff] SwiGLU */
+    float *ys;      /* [T][dim] its output, before the gate */
 };
 
 /* ---- setup ------------------------------------------------------------- */
@@ -108,15 +122,22 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
     m->k = c->n_expert_used;
     m->ff = c->expert_ff;
     m->max_tok = max_tokens;
+    m->topk_softmax = c->moe_softmax_topk;
+    m->oai = c->ffn_act == TP_FFN_SWIGLU_OAI;
+    m->sff = c->shexp_ff;
     size_t T = (size_t)max_tokens, R = T * (size_t)m->k, d = (size_t)m->dim, ff = (size_t)m->ff;
     size_t ne = (size_t)m->ne;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     int rc = m->layers ? 0 : TP_ENOMEM;
-    bool int_in = false, int_down = false;
+    bool int_in = false, int_down = false, int_sh = false;
     const tp_model_weights *w = tp_model_get_weights(model);
     for (int l = 0; !rc && l < c->n_layers; l++) {
         const tp_layer_weights *lw = &w->layers[l];
         moe_layer *L = &m->layers[l];
+        L->br = lw->br;
+        L->b_gate = lw->b1_exps;
+        L->b_up = lw->b3_exps;
+        L->b_down = lw->b2_exps;
         rc = mat_init(&L->router, &lw->m.wr, 1, panels, model);
         if (!rc) rc = mat_init(&L->gate, lw->w1_exps, m->ne, panels, model);
         if (!rc) rc = mat_init(&L->up, lw->w3_exps, m->ne, panels, model);
@@ -126,6 +147,25 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
                      (!L->up.p && !L->up.kind);
             int_down = int_down || (!L->down.p && !L->down.kind);
         }
+        if (!rc && m->sff) {
+            L->sh_vec = lw->shexp_gate;
+            rc = mat_init(&L->sh_gate, &lw->m.w1_shexp, 1, panels, model);
+            if (!rc) rc = mat_init(&L->sh_up, &lw->m.w3_shexp, 1, panels, model);
+            if (!rc) rc = mat_init(&L->sh_down, &lw->m.w2_shexp, 1, panels, model);
+            if (!rc) {
+                int_in = int_in || (!L->sh_gate.p && !L->sh_gate.kind) || (!L->sh_up.p && !L->sh_up.kind);
+                int_sh = int_sh || (!L->sh_down.p && !L->sh_down.kind);
+            }
+        }
+    }
+    if (!rc && int_sh) rc = tp_qact_init(&m->qs[0], max_tokens, m->sff);
+    if (!rc && m->sff) {
+        size_t sff = (size_t)m->sff;
+        m->hs = malloc(T * 2 * sff * sizeof *m->hs);
+        m->as = malloc(T * sff * sizeof *m->as);
+        m->ys = malloc(T * d * sizeof *m->ys);
+        if (!m->hs || !m->as || !m->ys)
+            rc = TP_ENOMEM;
     }
     if (!rc && int_in) rc = tp_qact_init(&m->qx[0], (int)R, m->dim);
     if (!rc && int_down) rc = tp_qact_init(&m->qd[0], (int)R, m->ff);
@@ -164,10 +204,15 @@ void tp_moe_free(tp_moe *m)
             mat_free(&m->layers[l].gate);
             mat_free(&m->layers[l].up);
             mat_free(&m->layers[l].down);
+            mat_free(&m->layers[l].sh_gate);
+            mat_free(&m->layers[l].sh_up);
+            mat_free(&m->layers[l].sh_down);
         }
     free(m->layers);
     tp_qact_free(&m->qx[0]);
     tp_qact_free(&m->qd[0]);
+    tp_qact_free(&m->qs[0]);
+    free(m->hs); free(m->as); free(m->ys);
     free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->cnt); free(m->off); free(m->active);
     free(m->start); free(m->xg); free(m->h); free(m->a); free(m->y);
     free(m);
@@ -227,8 +272,40 @@ static void router_rows(void *arg, int r0, int r1, int worker)
 
 /* Softmax over the experts (e^x by tp_vexp, the sum in index order), the
  * top k by probability (ties: the lower index), their weights renormalised. */
+/* The top k router logits (ties: the lower index), then their softmax
+ * alone (gpt-oss: llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT),
+ * e^x by tp_vexp and the sum in rank order. */
+static void route_token_topk(tp_moe *m, int t)
+{
+    const float *p = m->logits + (size_t)t * (size_t)m->ne;
+    int *sel = m->sel + (size_t)t * (size_t)m->k;
+    float *wt = m->wt + (size_t)t * (size_t)m->k;
+    for (int r = 0; r < m->k; r++) {
+        int best = -1;
+        for (int e = 0; e < m->ne; e++) {
+            bool taken = false;
+            for (int q = 0; q < r && !taken; q++)
+                taken = sel[q] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        sel[r] = best;
+    }
+    float max = p[sel[0]], sum = 0;
+    for (int r = 0; r < m->k; r++) {
+        wt[r] = tp_vexp(p[sel[r]] - max);
+        sum += wt[r];
+    }
+    for (int r = 0; r < m->k; r++)
+        wt[r] /= sum;
+}
+
 static void route_token(tp_moe *m, int t)
 {
+    if (m->topk_softmax) {
+        route_token_topk(m, t);
+        return;
+    }
     float *p = m->logits + (size_t)t * (size_t)m->ne;
     int *sel = m->sel + (size_t)t * (size_t)m->k;
     float *wt = m->wt + (size_t)t * (size_t)m->k;
@@ -329,6 +406,25 @@ __attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const fl
     swiglu_scalar(g + i, u + i, out + i, n - i);
 }
 
+/* ggml's swiglu_oai (gpt-oss): the gate clamped above at 7, the up to
+ * [-7, 7]; out = g / (1 + e^(-1.702 g)) * (u + 1), e^x by tp_vexp. */
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
+static void swiglu_oai(const float *g, const float *u, float *out, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float x = fminf(g[i], OAI_LIMIT), y = fminf(fmaxf(u[i], -OAI_LIMIT), OAI_LIMIT);
+        float glu = x / (1.0f + tp_vexp(OAI_ALPHA * -x));
+        out[i] = glu * (y + 1.0f);
+    }
+}
+
+static void add_bias(float *y, const float *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += b[i];
+}
+
 /* The piece [lo, hi) of active expert i's rows (of rows) that job rows
  * [r0, r1) cover; false when none. */
 static bool piece(const tp_moe *m, int i, int rows, int r0, int r1, int *lo, int *hi)
@@ -354,9 +450,15 @@ static void up_rows(void *arg, int r0, int r1, int worker)
         mat_rows(&j->L->gate, e, m->xg, m->dim, m->qx, t0, n, h, 2 * ff, lo, hi, j->r);
         mat_rows(&j->L->up, e, m->xg, m->dim, m->qx, t0, n, h + ff, 2 * ff, lo, hi, j->r);
         for (int g = 0; g < n; g++) {
-            const float *hg = h + (size_t)g * 2 * (size_t)ff;
+            float *hg = h + (size_t)g * 2 * (size_t)ff;
             float *ag = m->a + (size_t)(t0 + g) * (size_t)ff;
-            if (j->r->simd)
+            if (j->L->b_gate) /* gpt-oss's biases, row by row */
+                add_bias(hg + lo, j->L->b_gate + (size_t)e * (size_t)ff + lo, hi - lo);
+            if (j->L->b_up)
+                add_bias(hg + ff + lo, j->L->b_up + (size_t)e * (size_t)ff + lo, hi - lo);
+            if (m->oai)
+                swiglu_oai(hg + lo, hg + ff + lo, ag + lo, hi - lo);
+            else if (j->r->simd)
                 swiglu_avx2(hg + lo, hg + ff + lo, ag + lo, hi - lo);
             else
                 swiglu_scalar(hg + lo, hg + ff + lo, ag + lo, hi - lo);
@@ -374,18 +476,71 @@ static void down_rows(void *arg, int r0, int r1, int worker)
         if (!piece(m, i, m->dim, r0, r1, &lo, &hi))
             continue;
         int e = m->active[i], t0 = m->off[e];
-        mat_rows(&j->L->down, e, m->a, m->ff, m->qd, t0, m->cnt[e], m->y + (size_t)t0 * (size_t)m->dim, m->dim, lo,
-                 hi, j->r);
+        float *y = m->y + (size_t)t0 * (size_t)m->dim;
+        mat_rows(&j->L->down, e, m->a, m->ff, m->qd, t0, m->cnt[e], y, m->dim, lo, hi, j->r);
+        for (int g = 0; j->L->b_down && g < m->cnt[e]; g++)
+            add_bias(y + (size_t)g * (size_t)m->dim + lo, j->L->b_down + (size_t)e * (size_t)m->dim + lo, hi - lo);
     }
 }
+
+/* The shared expert over all T tokens (one matrix each, every row of a
+ * token its own: row-invariant as the routed experts'): gate and up rows
+ * [r0, r1) then their SwiGLU; down rows [r0, r1). */
+typedef struct sh_job {
+    tp_moe *m;
+    const moe_layer *L;
+    const float *x;
+    int T;
+    const tp_moe_run *r;
+} sh_job;
+
+static void sh_up_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const sh_job *j = arg;
+    tp_moe *m = j->m;
+    int sff = m->sff;
+    if (r1 > sff)
+        r1 = sff;
+    if (r0 >= r1)
+        return;
+    mat_rows(&j->L->sh_gate, 0, j->x, m->dim, m->qx, 0, j->T, m->hs, 2 * sff, r0, r1, j->r);
+    mat_rows(&j->L->sh_up, 0, j->x, m->dim, m->qx, 0, j->T, m->hs + sff, 2 * sff, r0, r1, j->r);
+    for (int t = 0; t < j->T; t++) {
+        const float *ht = m->hs + (size_t)t * 2 * (size_t)sff;
+        float *at = m->as + (size_t)t * (size_t)sff;
+        if (j->r->simd)
+            swiglu_avx2(ht + r0, ht + sff + r0, at + r0, r1 - r0);
+        else
+            swiglu_scalar(ht + r0, ht + sff + r0, at + r0, r1 - r0);
+    }
+}
+
+static void sh_down_rows(void *arg, int r0, int r1, int worker)
+{
+    (void)worker;
+    const sh_job *j = arg;
+    tp_moe *m = j->m;
+    if (r1 > m->dim)
+        r1 = m->dim;
+    if (r0 < r1)
+        mat_rows(&j->L->sh_down, 0, m->as, m->sff, m->qs, 0, j->T, m->ys, m->dim, r0, r1, j->r);
+}
+
+static int round_up(int n, int a) { return (n + a - 1) / a * a; }
 
 typedef struct sum_job {
     const tp_moe *m;
     float *out;
+    const float *x;      /* the FFN's input, for the shared expert's gate */
+    const float *sh_vec; /* NULL without a shared expert */
 } sum_job;
 
 /* Tokens [t0, t1): the weighted outputs in rank order, each product
- * rounded, then added (the build keeps them apart: -ffp-contract=off). */
+ * rounded, then added (the build keeps them apart: -ffp-contract=off);
+ * then the shared expert's output times sigmoid(x . sh_vec) (the dot in
+ * index order, one token's alone), rounded, added last, as llama.cpp's
+ * ggml_add(moe_out, ffn_shexp * gate). */
 static void sum_rows(void *arg, int t0, int t1, int worker)
 {
     (void)worker;
@@ -407,6 +562,19 @@ static void sum_rows(void *arg, int t0, int t1, int worker)
                 o[i] = o[i] + term;
             }
         }
+        if (!j->sh_vec)
+            continue;
+        const float *xt = j->x + (size_t)t * d, *ys = m->ys + (size_t)t * d;
+        float dot = 0;
+        for (size_t i = 0; i < d; i++) {
+            float p = xt[i] * j->sh_vec[i];
+            dot = dot + p;
+        }
+        float g = 1.0f / (1.0f + tp_vexp(-dot));
+        for (size_t i = 0; i < d; i++) {
+            float term = g * ys[i];
+            o[i] = o[i] + term;
+        }
     }
 }
 
@@ -419,6 +587,8 @@ void tp_moe_ffn(tp_moe *m, const tp_moe_run *r, int l, const float *x, int T, fl
     router_job rj = {m, &L->router, x, T, r};
     prepare(&L->router, m->qx, x, T, m->dim);
     tp_pool_run(r->pool, m->ne, align_of(&L->router), parts_for(r, (double)m->ne * d * T), router_rows, &rj);
+    for (int t = 0; L->br && t < T; t++) /* gpt-oss: the router's bias */
+        add_bias(m->logits + (size_t)t * (size_t)m->ne, L->br, m->ne);
     for (int t = 0; t < T; t++)
         route_token(m, t);
     group(m, x, T);
@@ -434,7 +604,21 @@ void tp_moe_ffn(tp_moe *m, const tp_moe_run *r, int l, const float *x, int T, fl
     prepare(&L->down, m->qd, m->a, R, m->ff);
     rows = layout(m, m->dim, align_of(&L->down));
     tp_pool_run(r->pool, rows, align_of(&L->down), parts_for(r, ff * d * R), down_rows, &j);
+    /* the shared expert: every token, after the routed ones (qx, qs free again) */
+    if (m->sff) {
+        sh_job sh = {m, L, x, T, r};
+        double sff = m->sff;
+        prepare(&L->sh_gate, m->qx, x, T, m->dim);
+        if (!L->sh_up.p && (L->sh_gate.p || L->sh_up.kind != L->sh_gate.kind))
+            prepare(&L->sh_up, m->qx, x, T, m->dim);
+        int a = align_of(&L->sh_gate) > align_of(&L->sh_up) ? align_of(&L->sh_gate) : align_of(&L->sh_up);
+        tp_pool_run(r->pool, round_up(m->sff, a), a, parts_for(r, 2.0 * sff * d * T + T * sff * SWIGLU_MACS),
+                    sh_up_rows, &sh);
+        prepare(&L->sh_down, m->qs, m->as, T, m->sff);
+        a = align_of(&L->sh_down);
+        tp_pool_run(r->pool, round_up(m->dim, a), a, parts_for(r, sff * d * T), sh_down_rows, &sh);
+    }
     /* combine */
-    sum_job sj = {m, out};
+    sum_job sj = {m, out, x, m->sff ? L->sh_vec : NULL};
     tp_pool_run(r->pool, T, 1, parts_for(r, (double)R * d * SWIGLU_MACS), sum_rows, &sj);
 }

@@ -8,6 +8,11 @@
  *                                               F16's smallest normal)
  *   out = sum over rank r of w_r * down_e(silu(gate_e x) * up_e x)
  *
+ * and with a shared expert (qwen35moe, shexp_ff > 0; llama.cpp's
+ * qwen35moe build_layer_ffn), after that sum:
+ *
+ *   out += sigmoid(x . gate_inp_shexp) * down_s(silu(gate_s x) * up_s x)
+ *
  * BATCH INVARIANCE, as the dense FFN keeps it. Each token's router logits
  * are a row of a row-invariant matmul (kernels.h, quant.h); its softmax
  * (e^x by tp_vexp; the sum over experts in index order), its top k and
@@ -18,14 +23,18 @@
  * to it, and a row's bits do not depend on the others. The k outputs are
  * summed in rank order (descending weight, ties by lower index, as
  * llama.cpp's sorted top-k), each term w_r * y_r rounded, then added:
- * out = ((w_0 y_0 + w_1 y_1) + w_2 y_2) + ... So a token's bits are the
+ * out = ((w_0 y_0 + w_1 y_1) + w_2 y_2) + ...; the shared expert's
+ * gate, up and down are each one row-invariant matmul over all the
+ * step's tokens, its gate's dot product one token's alone (index order),
+ * and g * y_s is rounded, then added last. So a token's bits are the
  * same alone or among any others, for any chunking of its prompt.
  *
  * THREADS. Gate/up (with their SwiGLU) and down are each one pool job
  * whose rows are the active experts' output rows side by side (each
  * expert's aligned to the kernels' row blocks): the pool splits over
  * experts and rows at once, and every row is computed as in one call, so
- * the thread count changes no bit either. */
+ * the thread count changes no bit either (the shared expert's jobs split
+ * its rows alike). */
 #ifndef TOKPIPE_FORWARD_MOE_H
 #define TOKPIPE_FORWARD_MOE_H
 

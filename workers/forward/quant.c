@@ -292,6 +292,7 @@ static tp_qunpack_fn unpack_fn(uint32_t type, bool *has_min)
     case TP_GGML_Q4_K: return tp_qunpack_q4_k;
     case TP_GGML_Q5_K: return tp_qunpack_q5_k;
     case TP_GGML_Q6_K: return tp_qunpack_q6_k;
+    case TP_GGML_MXFP4: return tp_qunpack_mxfp4;
     default: return NULL;
     }
 }
@@ -355,7 +356,7 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
 /* The integer kernels below take four rows at a time, row k in lane k.
  * The scalar order is one chain of fused multiply-adds per row, a block
  * (or a 16-column sub-block) after another; one row alone waits on that
- * chain (4 cycles a link on Zen 3) more than on its integer work. Four
+ * chain (an FMA's latency a link) more than on its integer work. Four
  * rows' chains side by side in one register keep each row's order, so
  * the bits are the scalar path's, and the four exact integer products of
  * a block are reduced by one horizontal tree. A range's last rows, when
@@ -364,12 +365,10 @@ __attribute__((target("avx2,f16c"))) static inline float half_at(const uint8_t *
  * Decode streams every weight once and these kernels do little work per
  * byte, so on their own the loads wait on DRAM; and four rows read side by
  * side are four streams a few hundred bytes apart, which the hardware
- * prefetcher follows worse than one (Q8_0 read 10 GB/s from DRAM so,
- * against 15 one row at a time). So the kernels ask for the memory ahead
- * themselves, as one run (at least AVX2_PREFETCH_RUN bytes, and at least
- * the next four rows, ahead) as fast as they consume their own: 15-17 GB/s
- * again (one thread, Zen 3 KVM guest). Past the end of a range the run
- * touches the next rows: harmless. */
+ * prefetcher follows worse than one. So the kernels ask for the memory
+ * ahead themselves, as one run (at least AVX2_PREFETCH_RUN bytes, and at
+ * least the next four rows, ahead) as fast as they consume their own.
+ * Past the end of a range the run touches the next rows: harmless. */
 #define AVX2_PREFETCH_RUN 4096
 
 /* The run ahead of a group of rows (four, or a panel's group): from its
@@ -379,11 +378,9 @@ typedef struct pf_run {
 } pf_run;
 
 /* The run exactly ahead bytes ahead of start: for a panel (one
- * contiguous stream) whose kernel does so little work per byte that a
- * nearer run serves it better. Decode, one thread, Zen 3, stories110M
- * shape, paired runs against the 4 KB-or-more run: F16 1 KB ahead +9%
- * (+5% on two threads), Q8_0 1.5 KB +13% (+4%); Q4_0 and Q4_K, which
- * unpack their quants, lost 7-10% at 1 KB and gained nothing at 2 KB. */
+ * contiguous stream) whose kernel does so little work per byte (F16, Q8_0)
+ * that a nearer run keeps fewer lines in flight and serves it better; the
+ * types that unpack their quants keep the longer run. */
 #define F16_PANEL_AHEAD 1024
 #define Q80_PANEL_AHEAD 1536
 
@@ -449,10 +446,9 @@ __attribute__((target("avx2"))) static inline void rows4_store(const rows4 *q, _
 
 /* [P0, P1, P2, P3] from four rows' 8-lane partial sums: row k's first
  * four lanes summed in lane k of the low half and its last four in lane k
- * of the high half. Unpacks and adds, not horizontal adds: on Zen 3 a
- * vphaddd is three micro-ops, two of them shuffles, and the three of a
- * tree were the kernels' busiest port; integer sums are exact in any
- * order. */
+ * of the high half. Unpacks and adds, not horizontal adds: a vphaddd is
+ * three micro-ops, two of them shuffles on one port, which a tree of them
+ * makes the kernels' bottleneck; integer sums are exact in any order. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i hsum4_halves(__m256i p0, __m256i p1, __m256i p2,
                                                                                 __m256i p3)
 {
@@ -1339,9 +1335,8 @@ f16_tile_cols(const rows4 *q, const tp_qact *a, int t0, const int nt, int k0, in
  * reads over F16_COLS columns, its four rows (8 KB) and three tokens' x
  * (12 KB), stay in L1 for the second half and the next tile, where whole
  * rows of a wider matrix did not (ffn_down's 2048 columns: 16 KB of rows
- * and 24 KB of x a tile): a 768 x 2048 matrix by 128 tokens 55 -> 70
- * GFLOP/s on Zen 3. The chains wait in acc between passes; a narrower
- * matrix is one pass, as before. */
+ * and 24 KB of x a tile). The chains wait in acc between passes; a
+ * narrower matrix is one pass. */
 #define F16_TOKENS 48
 #define F16_COLS 1024
 
@@ -1507,6 +1502,12 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             return;
         }
         break;
+    case TP_GGML_MXFP4: /* the file's blocks on AVX2 and AVX-512 CPUs alike */
+        if (simd && have_avx2()) {
+            tp_qrows_mxfp4_avx2(w, a, y, ldy, r0, r1);
+            return;
+        }
+        break;
     default:
         return;
     }
@@ -1565,6 +1566,7 @@ void tp_quant_row(uint32_t type, const float *x, int n, void *out)
     case TP_GGML_Q4_K: tp_quantize_q4_k(x, n, o); return;
     case TP_GGML_Q5_K: tp_quantize_q5_k(x, n, o); return;
     case TP_GGML_Q6_K: tp_quantize_q6_k(x, n, o); return;
+    case TP_GGML_MXFP4: tp_quantize_mxfp4(x, n, o); return;
     default: return;
     }
 }
@@ -1707,6 +1709,8 @@ static size_t rows8_block_bytes(uint32_t type)
 /* False for a matrix without a panel on this CPU. */
 static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
 {
+    if (w->type == TP_GGML_MXFP4) /* its kernel reads the file (quant_mxfp4.c) */
+        return false;
     if (!have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;

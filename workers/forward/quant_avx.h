@@ -11,10 +11,10 @@
 
 #define TP_QTARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 /* Decode streams the weights from DRAM, and a chunk's work holds the core
- * long enough that the out-of-order window covers only ~10 cache lines in
- * flight: without software prefetch a Q8_0 row stream ran at 8 GB/s where
- * a plain read runs at 24. Asking 16-32 KB ahead into L2 (T1: L2 tracks
- * more misses than L1) gave 21-24 GB/s on a Zen 4; 2 KB into L1 gave 8-9. */
+ * long enough that the out-of-order window covers only a few cache lines
+ * in flight, a third of what a plain read keeps going. So the kernels ask
+ * tens of KB ahead into L2 (T1: L2 tracks more misses than L1; a short
+ * run into L1 is no better than none). */
 #define TP_QPF 32768
 #define TP_QPF_HINT _MM_HINT_T1
 #define TP_QTB 6 /* tokens per tile: 2 rows x 6 accumulators + the unpacked chunks stay in registers */

@@ -184,26 +184,8 @@ void jgb_class(tp_buf *b, const cset *s)
 
 size_t js_escape_cp(uint32_t c, char out[8])
 {
-    const char *e = NULL;
-    switch (c) {
-    case '"': e = "\\\""; break;
-    case '\\': e = "\\\\"; break;
-    case '\b': e = "\\b"; break;
-    case '\f': e = "\\f"; break;
-    case '\n': e = "\\n"; break;
-    case '\r': e = "\\r"; break;
-    case '\t': e = "\\t"; break;
-    default: break;
-    }
-    if (e) {
-        memcpy(out, e, 3);
-        return 2;
-    }
-    if (c < 0x20) {
-        snprintf(out, 8, "\\u%04x", c);
-        return 6;
-    }
-    return tp_utf8_put(c, out);
+    size_t k = c < 0x80 ? tp_json_escape((uint8_t)c, out) : 0;
+    return k ? k : tp_utf8_put(c, out);
 }
 
 

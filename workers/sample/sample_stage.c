@@ -18,8 +18,7 @@
 #define GCACHE_MAX 32   /* grammars a worker keeps compiled; an unused one goes for a new one */
 
 typedef struct sample_job {
-    bool used;
-    uint32_t slot;
+    tp_slot at;            /* first: the stage's slot table (stage.h) */
     tp_sampler *s;
     int top_n;             /* alternatives per logprob; -1: the job did not ask for logprobs */
     tp_logprobs_mode lp_mode;
@@ -30,10 +29,10 @@ typedef struct sample_job {
 #define LP_STRIDE TP_PROTO_MAX_TOP_LOGPROBS
 
 struct tp_sample_stage {
-    int capacity, vocab;
+    int vocab;
     const int *eos;
     int n_eos;
-    sample_job *jobs;
+    tp_slots jobs;         /* of sample_job */
     float *row;            /* aligned copy of an unaligned logits row */
     uint32_t *o_slots;
     int32_t *o_cands;
@@ -58,15 +57,12 @@ int tp_sample_stage_new(int capacity, int vocab_size, const int *eos_ids, int n_
                         tp_err *err)
 {
     tp_sample_stage *st = calloc(1, sizeof *st);
-    if (st) {
-        st->jobs = calloc((size_t)capacity, sizeof *st->jobs);
+    if (st && !tp_slots_init(&st->jobs, capacity, sizeof(sample_job)))
         st->row = malloc((size_t)vocab_size * sizeof *st->row);
-    }
-    if (!st || !st->jobs || !st->row) {
+    if (!st || !st->row) {
         tp_sample_stage_free(st);
         return tp_err_set(err, TP_ENOMEM, "sample stage: out of memory");
     }
-    st->capacity = capacity;
     st->vocab = vocab_size;
     st->eos = eos_ids;
     st->n_eos = n_eos;
@@ -100,18 +96,19 @@ static void job_drop(tp_sample_stage *st, sample_job *j)
 
 void tp_sample_stage_reset(tp_sample_stage *st)
 {
-    for (int i = 0; i < st->capacity; i++)
-        if (st->jobs[i].used)
-            job_drop(st, &st->jobs[i]);
+    for (int i = 0; i < st->jobs.capacity; i++) {
+        sample_job *j = tp_slots_at(&st->jobs, i);
+        if (j->at.used)
+            job_drop(st, j);
+    }
 }
 
 void tp_sample_stage_free(tp_sample_stage *st)
 {
     if (!st)
         return;
-    if (st->jobs)
-        tp_sample_stage_reset(st);
-    free(st->jobs);
+    tp_sample_stage_reset(st);
+    tp_slots_free(&st->jobs);
     free(st->row);
     free(st->o_slots);
     free(st->o_cands);
@@ -125,13 +122,7 @@ void tp_sample_stage_free(tp_sample_stage *st)
     free(st);
 }
 
-static sample_job *find_job(tp_sample_stage *st, uint32_t slot)
-{
-    for (int i = 0; i < st->capacity; i++)
-        if (st->jobs[i].used && st->jobs[i].slot == slot)
-            return &st->jobs[i];
-    return NULL;
-}
+static sample_job *find_job(tp_sample_stage *st, uint32_t slot) { return tp_slots_find(&st->jobs, slot); }
 
 static int open_sampler(tp_sample_stage *st, const tp_m_sample_open *o, tp_sampler **out, tp_err *e)
 {
@@ -200,11 +191,11 @@ static tp_gmatch *masking(const sample_job *j)
  * far (a lost sampler's state, as the penalty window is). */
 static int open_grammar(tp_sample_stage *st, sample_job *j, const tp_m_sample_open *o, tp_err *e)
 {
-    int rc = tp_gcache_matcher(st->gc, o->params.grammar.ptr, o->params.grammar.len, &j->gm, e);
+    int rc = tp_gcache_matcher(st->gc, o->params.gbnf.ptr, o->params.gbnf.len, &j->gm, e);
     if (rc)
         return rc;
     if (tp_gcache_vocab_size(st->gc) != st->vocab)
-        return tp_err_set(e, TP_EINVAL, "params.grammar: the tokenizer has %d tokens, the model %d",
+        return tp_err_set(e, TP_EINVAL, "params.gbnf: the tokenizer has %d tokens, the model %d",
                           tp_gcache_vocab_size(st->gc), st->vocab);
     if (!st->gmask) {
         st->gmask = malloc(tp_gmask_words(st->vocab) * sizeof *st->gmask);
@@ -224,24 +215,21 @@ static int open_grammar(tp_sample_stage *st, sample_job *j, const tp_m_sample_op
 static int sample_open(tp_sample_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     const tp_m_sample_open *o = &m->sample_open;
-    sample_job *j = find_job(st, o->slot);
-    if (j)   /* a re-open replaces the job */
+    bool reopen;
+    sample_job *j = tp_slots_open(&st->jobs, o->slot, &reopen);
+    if (reopen)
         job_drop(st, j);
-    for (int i = 0; !j && i < st->capacity; i++)
-        if (!st->jobs[i].used)
-            j = &st->jobs[i];
     if (!j)
         return tp_stage_result(io, m, TP_ST_OVERLOADED, "sample: no room for another job");
     tp_err e;
     tp_err_clear(&e);
     if (open_sampler(st, o, &j->s, &e))
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
-    if ((o->params.set & TP_P_GRAMMAR) && open_grammar(st, j, o, &e)) {
+    if ((o->params.set & TP_P_GBNF) && open_grammar(st, j, o, &e)) {
         job_drop(st, j);
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
     }
-    j->used = true;
-    j->slot = o->slot;
+    tp_slots_take(j, o->slot);
     j->top_n = o->params.logprobs ? o->params.top_logprobs : -1;
     j->lp_mode = tp_params_lpmode(&o->params) == TP_LPMODE_PROCESSED ? TP_LOGPROBS_PROCESSED : TP_LOGPROBS_RAW;
     return tp_stage_result(io, m, TP_ST_OK, NULL);

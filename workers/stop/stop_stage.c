@@ -15,15 +15,13 @@
 #include "tokpipe/zwire.h"
 
 typedef struct stop_job {
-    bool used;
-    uint32_t slot;
+    tp_slot at;               /* first: the stage's slot table (stage.h) */
     char job_id[TP_PROTO_MAX_JOB_ID + 1];
     tp_stop *stop;
     tp_detok *detok;
     uint32_t seq;             /* next event seq */
     uint64_t pin;             /* from STOP_OPEN, in every event */
     uint32_t prompt_tokens;
-    uint32_t cached_tokens;   /* of them, taken from a prefix cache (STOP_OPEN / STOP_STEP) */
     uint32_t draft_tokens, draft_accepted; /* speculative decoding's counts (STOP_STEP), for FINISH */
     uint64_t t_submit_us, t_start_us, t_first_us;
     int top_n;                /* logprob alternatives in TOKEN events; -1: no logprobs */
@@ -50,7 +48,7 @@ struct tp_stop_stage {
     int n_eos;
     tp_stop_stage_limits lim;
     tp_tc_syntax syntax;       /* the model's tool-call syntax (family none: calls stay text) */
-    stop_job *jobs;            /* lim.capacity entries */
+    tp_slots jobs;             /* lim.capacity stop_jobs */
     uint32_t *v_slots;         /* VERDICTS columns */
     uint8_t *v_acc, *v_fin;
     size_t v_cap;
@@ -61,7 +59,7 @@ int tp_stop_stage_new(const tp_tokenizer *tok, const int *eos_ids, int n_eos, co
                       tp_stop_stage **out, tp_err *err)
 {
     tp_stop_stage *st = calloc(1, sizeof *st);
-    if (!st || !(st->jobs = calloc((size_t)lim->capacity, sizeof *st->jobs))) {
+    if (!st || tp_slots_init(&st->jobs, lim->capacity, sizeof(stop_job))) {
         free(st);
         return tp_err_set(err, TP_ENOMEM, "stop stage: out of memory");
     }
@@ -103,32 +101,27 @@ static void job_free(tp_stop_stage *st, stop_job *j)
 
 void tp_stop_stage_reset(tp_stop_stage *st)
 {
-    for (int i = 0; i < st->lim.capacity; i++)
-        if (st->jobs[i].used)
-            job_free(st, &st->jobs[i]);
+    for (int i = 0; i < st->jobs.capacity; i++) {
+        stop_job *j = tp_slots_at(&st->jobs, i);
+        if (j->at.used)
+            job_free(st, j);
+    }
 }
 
 void tp_stop_stage_free(tp_stop_stage *st)
 {
     if (!st)
         return;
-    if (st->jobs)
-        tp_stop_stage_reset(st);
+    tp_stop_stage_reset(st);
     tp_gcache_free(st->gc);
-    free(st->jobs);
+    tp_slots_free(&st->jobs);
     free(st->v_slots);
     free(st->v_acc);
     free(st->v_fin);
     free(st);
 }
 
-static stop_job *find_job(tp_stop_stage *st, uint32_t slot)
-{
-    for (int i = 0; i < st->lim.capacity; i++)
-        if (st->jobs[i].used && st->jobs[i].slot == slot)
-            return &st->jobs[i];
-    return NULL;
-}
+static stop_job *find_job(tp_stop_stage *st, uint32_t slot) { return tp_slots_find(&st->jobs, slot); }
 
 /* ---- events ---------------------------------------------------------------- */
 
@@ -218,7 +211,6 @@ static int publish_finish(stop_job *j, const tp_stop_step *s, int32_t last, cons
     f->text = (tp_str){text, len};
     f->job_error = tp_str_of(error);
     f->prompt_tokens = j->prompt_tokens;
-    f->cached_tokens = j->cached_tokens < j->prompt_tokens ? j->cached_tokens : 0;
     f->draft_tokens = j->draft_tokens;
     f->draft_accepted = j->draft_accepted;
     f->completion_tokens = (uint32_t)tp_stop_completion_tokens(j->stop);
@@ -310,8 +302,8 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
         return rc;
     /* a lazy grammar (tool_choice auto) is the sampler's alone: the output
      * before its trigger is no sentence of it */
-    if ((p->set & TP_P_GRAMMAR) && !p->grammar_trigger.ptr &&
-        (rc = tp_gcache_matcher(st->gc, p->grammar.ptr, p->grammar.len, &j->gm, e)))
+    if ((p->set & TP_P_GBNF) && !p->grammar_trigger.ptr &&
+        (rc = tp_gcache_matcher(st->gc, p->gbnf.ptr, p->gbnf.len, &j->gm, e)))
         return rc;
     if (p->parse_tool_calls || p->parse_reasoning) {
         tp_tcsplit_opts so = {
@@ -352,12 +344,10 @@ static int open_job(tp_stop_stage *st, const tp_m_stop_open *o, stop_job *j, tp_
 static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     const tp_m_stop_open *o = &m->stop_open;
-    stop_job *j = find_job(st, o->slot);
-    if (j)
+    bool reopen;
+    stop_job *j = tp_slots_open(&st->jobs, o->slot, &reopen);
+    if (reopen)
         job_free(st, j);   /* a re-open replaces the job */
-    for (int i = 0; !j && i < st->lim.capacity; i++)
-        if (!st->jobs[i].used)
-            j = &st->jobs[i];
     if (!j)
         return tp_stage_result(io, m, TP_ST_OVERLOADED, "stop: no room for another job");
     if (o->job_id.len > TP_PROTO_MAX_JOB_ID)
@@ -368,14 +358,12 @@ static int stop_open(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
         job_free(st, j);
         return tp_stage_result(io, m, TP_ST_BAD_REQUEST, e.msg);
     }
-    j->used = true;
-    j->slot = o->slot;
+    tp_slots_take(j, o->slot);
     memcpy(j->job_id, o->job_id.ptr, o->job_id.len);
     j->job_id[o->job_id.len] = '\0';
     j->seq = o->next_seq;
     j->pin = o->pin;
     j->prompt_tokens = o->prompt_tokens;
-    j->cached_tokens = o->cached_tokens;
     j->t_submit_us = o->t_submit_us;
     j->t_start_us = o->t_start_us;
     j->top_n = o->params.logprobs ? o->params.top_logprobs : -1;
@@ -473,8 +461,6 @@ static int stop_step(tp_stop_stage *st, const tp_msg *m, const tp_stage_io *io)
             st->v_fin[i] = TP_REASON_ERROR;
             continue;
         }
-        if (s->n_cached == s->n)
-            j->cached_tokens = (uint32_t)s->cached[i];
         if (s->n_draft_tokens == s->n && s->n_draft_accepted == s->n)
             j->draft_tokens = (uint32_t)s->draft_tokens[i], j->draft_accepted = (uint32_t)s->draft_accepted[i];
         lp_row lp = {s->lp.logprobs.data != NULL, 0.0f, &s->lp, i};

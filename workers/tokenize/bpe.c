@@ -12,6 +12,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokpipe/bpe.h"
 #include "tokpipe/utf8.h"
+#include "tokpipe/heap.h"
 
 #include <pcre2.h>
 #include <stdio.h>
@@ -32,6 +33,16 @@
 #define RE_LLAMA3_TAIL(digits)                                                                  \
     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" digits "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS \
     "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+/* o200k (gpt-4o, gpt-oss; llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O): words
+ * as an optional non-letter, upper/title-case letters then lower-case
+ * ones (or the other way round), a contraction in either case; digits by
+ * three; punctuation runs with their newlines or slashes. */
+#define RE_O200K_UP "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
+#define RE_O200K_LO "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+#define RE_O200K                                                                                        \
+    "[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "*" RE_O200K_LO "+" RE_CONTRACTIONS_CI "?"                      \
+    "|[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "+" RE_O200K_LO "*" RE_CONTRACTIONS_CI "?"                     \
+    "|\\p{N}{1,3}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
 /* CJK ideographs, U+0800..U+4E00 and Hangul, minus whitespace. */
 #define RE_CJK "(?:(?![" WS "])[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}])+"
 
@@ -42,8 +53,15 @@ struct rules {
 
 static const struct rules RULES[] = {
     {"gpt2", {RE_GPT2}},
+    {"gpt-4o", {RE_O200K}},
     {"llama3", {RE_CONTRACTIONS_CI RE_LLAMA3_TAIL("{1,3}")}},
     {"qwen2", {RE_CONTRACTIONS_CI RE_LLAMA3_TAIL("")}},
+    /* Qwen 3.5 (its tokenizer.json): qwen2's, with combining marks
+     * (\p{M}) joining the letters of a word and kept out of the
+     * punctuation run */
+    {"qwen35",
+     {RE_CONTRACTIONS_CI "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^" WS
+                         "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"}},
     {"deepseek-llm",
      {"[\\r\\n]",
       /* DeepSeek's own letter class (its tokenizer.json): the cased letters */
@@ -88,7 +106,9 @@ static const struct {
     {"command-r", "starcoder", false},  {"smollm", "starcoder", false},
     {"codeshell", "starcoder", false},  {"exaone", "starcoder", false},
     {"minerva-7b", "starcoder", false}, {"qwen2", "qwen2", false},
+    {"qwen35", "qwen35", false},
     {"stablelm2", "qwen2", false},      {"megrez", "qwen2", false},
+    {"gpt-4o", "gpt-4o", false},        {"llama4", "gpt-4o", false},
 };
 
 struct tp_pretok {
@@ -145,7 +165,7 @@ int tp_pretok_new(const char *name, size_t len, tp_pretok **out, bool *ignore_me
     if (!r)
         return tp_err_set(err, TP_EFORMAT,
                           "tokenizer.ggml.pre '%.*s' is not a known pre-tokenizer (known: gpt-2, "
-                          "llama-bpe, qwen2, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, "
+                          "llama-bpe, qwen2, qwen35, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, gpt-4o, "
                           "default and their llama.cpp aliases)",
                           (int)(len > 64 ? 64 : len), name);
     tp_pretok *p = calloc(1, sizeof *p);
@@ -523,43 +543,13 @@ struct work {
     char *key;               /* scratch "left right" */
 };
 
-static bool cand_before(const struct cand *a, const struct cand *b)
+static bool cand_before(const struct cand *a, const struct cand *b, void *unused)
 {
+    (void)unused;
     return a->rank != b->rank ? a->rank < b->rank : a->left < b->left;
 }
 
-static void push(struct work *k, struct cand c)
-{
-    size_t i = k->nheap++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!cand_before(&c, &k->heap[up]))
-            break;
-        k->heap[i] = k->heap[up];
-        i = up;
-    }
-    k->heap[i] = c;
-}
-
-static struct cand pop(struct work *k)
-{
-    struct cand top = k->heap[0], last = k->heap[--k->nheap];
-    size_t i = 0, n = k->nheap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && cand_before(&k->heap[c + 1], &k->heap[c]))
-            c++;
-        if (!cand_before(&k->heap[c], &last))
-            break;
-        k->heap[i] = k->heap[c];
-        i = c;
-    }
-    if (n)
-        k->heap[i] = last;
-    return top;
-}
+TP_HEAP_DEFINE(static, cands, struct cand, cand_before, void *)
 
 static void try_merge(struct work *k, int l, int r)
 {
@@ -573,7 +563,7 @@ static void try_merge(struct work *k, int l, int r)
     memcpy(k->key + a->len + 1, k->w + c->start, c->len);
     int rank = table_find(&k->b->merges, k->key, a->len + 1 + c->len);
     if (rank >= 0)
-        push(k, (struct cand){rank, l, r, a->len, c->len});
+        cands_push(k->heap, &k->nheap, (struct cand){rank, l, r, a->len, c->len}, NULL);
 }
 
 static int emit(int id, int *out, size_t cap, size_t *n_out, tp_err *err)
@@ -604,7 +594,7 @@ static int encode_word(struct work *k, size_t wlen, int *out, size_t cap, size_t
     for (int i = 0; i + 1 < ns; i++)
         try_merge(k, i, i + 1);
     while (k->nheap) {
-        struct cand c = pop(k);
+        struct cand c = cands_pop(k->heap, &k->nheap, NULL);
         struct sym *l = &k->sym[c.left], *r = &k->sym[c.right];
         if (l->next != c.right || l->len != c.llen || r->len != c.rlen)
             continue;

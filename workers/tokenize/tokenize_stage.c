@@ -118,9 +118,30 @@ static int reply_error(const tp_msg *m, const tp_stage_io *io, uint32_t status, 
     return io->reply(io->ctx, &r);
 }
 
+/* The variables' JSON object (*vars, *vlen bytes, ending in '}') with
+ * "reasoning_effort": effort as its last member, as OpenAI's API passes
+ * the request's field to gpt-oss's template. effort is one of three
+ * words (the protocol checked): no escaping. */
+static int add_effort(char **vars, size_t *vlen, tp_str effort)
+{
+    size_t n = *vlen;
+    while (n && (*vars)[n - 1] != '}')
+        n--;
+    if (!n)
+        return TP_EINVAL;
+    char *v = realloc(*vars, n + effort.len + 32);
+    if (!v)
+        return TP_ENOMEM;
+    *vars = v;
+    bool empty = n >= 2 && v[n - 2] == '{';
+    *vlen = n - 1 + (size_t)sprintf(v + n - 1, "%s\"reasoning_effort\":\"%.*s\"}", empty ? "" : ",", (int)effort.len,
+                                    effort.ptr);
+    return 0;
+}
+
 /* Render as tp_tokenize_stage_render does, with room for max_output bytes. */
-static int render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, size_t max_output,
-                  char **out, size_t *len, tp_err *err)
+static int render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, tp_str effort,
+                  size_t max_output, char **out, size_t *len, tp_err *err)
 {
     if (!st->chat)
         return tp_err_set(err, TP_EINVAL, "messages: %s", st->chat_why);
@@ -137,6 +158,10 @@ static int render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n
     int rc = tp_toolcall_chat_vars(&st->syntax, msgs, n, tools, &vars, &vlen, &e);
     if (rc)
         return tp_err_set(err, rc, "%s", e.msg);
+    if (effort.ptr && (rc = add_effort(&vars, &vlen, effort))) {
+        free(vars);
+        return tp_err_set(err, rc, "tokenize stage: out of memory");
+    }
     tp_chat_vars v = {.json = vars, .json_len = vlen, .bos_token = st->bos, .eos_token = st->eos,
                       .add_generation_prompt = true, .max_output = max_output};
     rc = tp_chat_template_render(st->chat, &v, out, len, &e);
@@ -146,10 +171,10 @@ static int render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n
     return 0;
 }
 
-int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools, char **out,
-                             size_t *len, tp_err *err)
+int tp_tokenize_stage_render(const tp_tokenize_stage *st, const tp_chat_msg *msgs, size_t n, tp_str tools,
+                             tp_str reasoning_effort, char **out, size_t *len, tp_err *err)
 {
-    return render(st, msgs, n, tools, TP_PROTO_MAX_PROMPT, out, len, err);
+    return render(st, msgs, n, tools, reasoning_effort, TP_PROTO_MAX_PROMPT, out, len, err);
 }
 
 int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_stage_io *io)
@@ -166,7 +191,8 @@ int tp_tokenize_stage_handle(tp_tokenize_stage *st, const tp_msg *m, const tp_st
     if (t->n_messages) {
         /* rendered with room past the limit, so that a conversation that
          * does not fit is told by how much (a 413: the client's error) */
-        int rc = render(st, t->messages, t->n_messages, t->tools, TP_TOKENIZE_RENDER_ROOM, &rendered, &len, &e);
+        int rc = render(st, t->messages, t->n_messages, t->tools, t->reasoning_effort, TP_TOKENIZE_RENDER_ROOM,
+                        &rendered, &len, &e);
         if (rc)
             return reply_error(m, io, rc == TP_ENOMEM ? TP_ST_INTERNAL : TP_ST_BAD_REQUEST, e.msg);
         if (len > TP_PROTO_MAX_PROMPT) {

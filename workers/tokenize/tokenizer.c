@@ -5,6 +5,7 @@
  * heap of candidate pairs, so encoding is O(n log n) instead of llama2.c's
  * O(n^2) rescans while picking exactly the same merge at every step. */
 #include "tokpipe/tokenizer.h"
+#include "tokpipe/heap.h"
 
 #include "tokpipe/bpe.h"
 
@@ -31,6 +32,8 @@ static const char *const EOG_TEXTS[] = {
     /* fill-in-the-middle padding/repo/file separators end generation too */
     "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
     "<|file_sep|>",
+    /* gpt-oss's harmony: a final answer, a tool call */
+    "<|return|>", "<|call|>",
 };
 static const char *const EOT_TEXTS[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
@@ -258,6 +261,38 @@ static bool has_id(const int32_t *ids, int n, int32_t id)
     return false;
 }
 
+/* A harmony vocabulary (gpt-oss: <|return|>, <|call|> and <|end|> end a
+ * turn): as llama.cpp's load_vocab does, <|end|> ends a message, not the
+ * generation (the analysis channel ends with it, then the answer comes),
+ * and it and the frame's other tokens (<|channel|>, <|message|>,
+ * <|start|>, <|constrain|>) render as their text, user-defined, for the
+ * splitter (workers/toolcall/harmony.c) to read. */
+static void harmony_frame(tp_tokenizer *t, const tp_vocab_spec *v)
+{
+    int end = -1, ret = -1, call = -1;
+    for (int i = 0; i < t->n_eog; i++) {
+        int id = t->eog[i];
+        end = piece_is(v, id, "<|end|>") ? id : end;
+        ret = piece_is(v, id, "<|return|>") ? id : ret;
+        call = piece_is(v, id, "<|call|>") ? id : call;
+    }
+    if (end < 0 || ret < 0 || call < 0 || end == t->eos)
+        return;
+    int k = 0;
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] != end)
+            t->eog[k++] = t->eog[i];
+    t->n_eog = k;
+    static const char *const frame[] = {"<|end|>", "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+    for (int id = 0; id < t->n; id++)
+        for (size_t f = 0; f < sizeof frame / sizeof frame[0]; f++)
+            if (piece_is(v, id, frame[f])) {
+                t->type[id] = TP_TOKEN_USER_DEFINED;
+                t->bytes[id] = (const uint8_t *)(t->blob + t->off[id]);
+                t->nbytes[id] = t->len[id];
+            }
+}
+
 /* The end-of-generation set, as llama.cpp builds it: eos, eot (named or
  * found by text), eom, and every token whose text marks an end of turn;
  * those text-found tokens become control tokens whatever the file says. */
@@ -285,6 +320,7 @@ static int build_eog(tp_tokenizer *t, const tp_vocab_spec *v, tp_err *err)
             break;
         }
     }
+    harmony_frame(t, v);
     for (int i = 0; i < t->n_eog; i++)
         if (t->type[t->eog[i]] == TP_TOKEN_NORMAL || t->type[t->eog[i]] == TP_TOKEN_USER_DEFINED) {
             t->type[t->eog[i]] = TP_TOKEN_CONTROL;
@@ -723,38 +759,7 @@ static bool pair_before(const struct pair *a, const struct pair *b, const struct
     return sym[a->left].start < sym[b->left].start;
 }
 
-static void heap_push(struct enc *e, struct pair p)
-{
-    size_t i = e->nheap++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!pair_before(&p, &e->heap[up], e->sym))
-            break;
-        e->heap[i] = e->heap[up];
-        i = up;
-    }
-    e->heap[i] = p;
-}
-
-static struct pair heap_pop(struct enc *e)
-{
-    struct pair top = e->heap[0], last = e->heap[--e->nheap];
-    size_t i = 0, n = e->nheap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && pair_before(&e->heap[c + 1], &e->heap[c], e->sym))
-            c++;
-        if (!pair_before(&e->heap[c], &last, e->sym))
-            break;
-        e->heap[i] = e->heap[c];
-        i = c;
-    }
-    if (n)
-        e->heap[i] = last;
-    return top;
-}
+TP_HEAP_DEFINE(static, pairs, struct pair, pair_before, const struct sym *)
 
 static void try_pair(struct enc *e, int l, int r)
 {
@@ -764,7 +769,7 @@ static void try_pair(struct enc *e, int l, int r)
     int id = lookup(e->t, e->w + e->sym[l].start, n);
     if (id < 0 || !(e->t->score[id] > TOK_MERGE_FLOOR))
         return;
-    heap_push(e, (struct pair){e->t->score[id], l, r, id, e->sym[l].len, e->sym[r].len});
+    pairs_push(e->heap, &e->nheap, (struct pair){e->t->score[id], l, r, id, e->sym[l].len, e->sym[r].len}, e->sym);
 }
 
 /* Split w into code points the way llama2.c does: a lead byte plus up to
@@ -798,7 +803,7 @@ static void merge_all(struct enc *e, int ns)
     for (int i = 0; i + 1 < ns; i++)
         try_pair(e, i, i + 1);
     while (e->nheap) {
-        struct pair p = heap_pop(e);
+        struct pair p = pairs_pop(e->heap, &e->nheap, e->sym);
         struct sym *l = &e->sym[p.left], *r = &e->sym[p.right];
         if (l->next != p.right || l->len != p.llen || r->len != p.rlen || l->id < 0)
             continue;

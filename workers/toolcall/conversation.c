@@ -18,7 +18,7 @@ static void key(tp_buf *b, const char *k)
 
 static void str(tp_buf *b, tp_str s)
 {
-    tc_put_json_str(b, s.ptr ? s.ptr : "", s.len);
+    tp_buf_json_str(b, s.ptr ? s.ptr : "", s.len);
 }
 
 /* A call's arguments: OpenAI's string, or (object_args) the object it holds. */

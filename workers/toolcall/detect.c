@@ -19,6 +19,10 @@ void tp_toolcall_detect(const char *src, size_t len, tp_tc_syntax *out)
     memset(out, 0, sizeof *out);
     out->family = tc_family_detect(src, len);
     out->thinks = has(src, len, "<think>") || has(src, len, "</think>") || has(src, len, "<|START_THINKING|>");
+    /* harmony: the analysis channel */
+    const tc_family_def *d = tc_family(out->family);
+    if (d && d->channels && d->think_open && has(src, len, d->think_open))
+        out->thinks = true;
 }
 
 /* The probe turns: a user asks, the assistant calls probe_fn with

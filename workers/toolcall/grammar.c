@@ -226,7 +226,7 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
             tp_buf_puts(&b, " | ");
         tp_buf_puts(&b, "(");
         if (d->call_open[0]) {
-            text_out(&b, d->call_open, names, false, false);
+            text_out(&b, d->call_open, names, false, d->exact_space);
             tp_buf_puts(&b, " ");
         }
         if (d->name_key) {
@@ -246,7 +246,7 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
         tp_buf_puts(&b, d->name_key ? "root tc-ws \"}\"" : "root");
         if (d->call_close[0]) {
             tp_buf_puts(&b, " ");
-            text_out(&b, d->call_close, names, false, false);
+            text_out(&b, d->call_close, names, false, d->exact_space);
         }
         tp_buf_puts(&b, ")");
     }
@@ -273,7 +273,7 @@ int tp_toolcall_grammar(tp_tc_family f, const char *tools_json, size_t len, cons
     if (parallel) {
         tp_buf_puts(&b, " (");
         if (d->calls_sep[0])
-            text_out(&b, d->calls_sep, names, false, false);
+            text_out(&b, d->calls_sep, names, false, d->exact_space);
         tp_buf_puts(&b, " call)*");
     }
     if (d->calls_close[0]) {

@@ -9,35 +9,6 @@
 
 #include "tc_internal.h"
 
-void tc_put_json_str(tp_buf *b, const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    tp_buf_add(b, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        tp_buf_add(b, s + run, i - run);
-        run = i + 1;
-        char e[6] = {'\\', (char)c, 0};
-        static const char ctl[] = "\n\t\r", letter[] = "ntr";
-        const char *at = c ? strchr(ctl, c) : NULL;
-        if (at) {
-            e[1] = letter[at - ctl];
-            tp_buf_add(b, e, 2);
-        } else if (c < 0x20) {
-            memcpy(e, "\\u00", 4);
-            e[4] = hex[c >> 4];
-            e[5] = hex[c & 15];
-            tp_buf_add(b, e, 6);
-        } else {
-            tp_buf_add(b, e, 2);
-        }
-    }
-    tp_buf_add(b, s + run, n - run);
-    tp_buf_add(b, "\"", 1);
-}
 
 bool tc_starts(const char *s, size_t n, const char *lit)
 {

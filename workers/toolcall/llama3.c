@@ -44,7 +44,7 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
         if (!first)
             tp_buf_add(&a, ", ", 2);
         first = false;
-        tc_put_json_str(&a, s + k0, i - k0);
+        tp_buf_json_str(&a, s + k0, i - k0);
         tp_buf_add(&a, ": ", 2);
         i++;
         if (i < n && (s[i] == '"' || s[i] == '\'')) {
@@ -54,7 +54,7 @@ static int builtin_call(const char *s, size_t n, tc_out *o)
                 i += s[i] == '\\' ? 2 : 1;
             if (i >= n)
                 goto bad;
-            tc_put_json_str(&a, s + v0, i - v0);
+            tp_buf_json_str(&a, s + v0, i - v0);
             i++;
         } else if (tc_starts(s + i, n - i, "True") || tc_starts(s + i, n - i, "False")) {
             bool t = s[i] == 'T';
@@ -100,7 +100,7 @@ int tc_python_tag(const char *s, size_t n, tc_out *o, const char *const *args_ke
         return -1;
     tp_buf a = {0};
     tp_buf_add(&a, "{\"code\": ", 9);
-    tc_put_json_str(&a, s + i, end - i);
+    tp_buf_json_str(&a, s + i, end - i);
     tp_buf_add(&a, "}", 1);
     int rc = a.err ? -1 : tc_add_call(o, "python", 6, a.data, a.len);
     tp_buf_free(&a);

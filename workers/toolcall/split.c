@@ -14,6 +14,7 @@ struct tp_tcsplit {
     tp_tc_syntax syn;
     tp_tcsplit_opts o;
     const tc_family_def *fam;
+    const tc_family_def *frame;  /* a family whose frame is stripped with or without tools (channels) */
     const char *think_open, *think_close;
     int state;
     bool thought;            /* a thinking part ended: the answer's leading space goes */
@@ -70,6 +71,7 @@ int tp_tcsplit_new(const tp_tc_syntax *syn, const tp_tcsplit_opts *o, tp_tcsplit
     const tc_family_def *fam = tc_family(syn->family);
     s->think_open = fam && fam->think_open ? fam->think_open : "<think>";
     s->think_close = fam && fam->think_close ? fam->think_close : "</think>";
+    s->frame = o->tools ? s->fam : fam && fam->channels ? fam : NULL;
     s->rng = o->id_seed ^ 0x9E3779B97F4A7C15ull;
     s->state = S_START;
     *out = s;
@@ -143,7 +145,7 @@ static const char *earliest(const tp_tcsplit *s, const char *p, size_t n, size_t
 {
     const char *best = NULL;
     for (int pass = 0; pass < 2; pass++) {
-        const char *const *list = !s->fam ? NULL : pass ? s->fam->strip : s->fam->markers;
+        const char *const *list = pass ? (s->frame ? s->frame->strip : NULL) : s->fam ? s->fam->markers : NULL;
         for (; list && *list; list++) {
             const char *at = tc_find(p, n, *list);
             if (at && (!best || at < best)) {
@@ -160,7 +162,7 @@ static size_t held_tail(const tp_tcsplit *s, const char *p, size_t n)
 {
     size_t hold = 0;
     for (int pass = 0; pass < 2; pass++) {
-        const char *const *list = !s->fam ? NULL : pass ? s->fam->strip : s->fam->markers;
+        const char *const *list = pass ? (s->frame ? s->frame->strip : NULL) : s->fam ? s->fam->markers : NULL;
         for (; list && *list; list++) {
             size_t t = tail_prefix(p, n, *list);
             if (t > hold)
@@ -253,6 +255,18 @@ static void run(tp_tcsplit *s, bool at_end)
             size_t mlen = 0;
             bool strip = false;
             const char *m = earliest(s, p, n, &mlen, &strip);
+            if (!m && at_end && s->frame && s->frame->channels) {
+                /* a framed output cut inside a header (a length finish
+                 * after <|start|>): the header's start is no content */
+                size_t cut = 0;
+                for (const char *const *l = s->frame->strip; l && *l; l++) {
+                    size_t t = tail_prefix(p, n, *l);
+                    cut = t > cut ? t : cut;
+                }
+                emit_content(s, n - cut);
+                consume(s, cut);
+                return;
+            }
             if (!m) {
                 emit_content(s, at_end ? n : n - held_tail(s, p, n));
                 return;

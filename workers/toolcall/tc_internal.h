@@ -18,9 +18,6 @@
 #define TC_DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
 #define TC_DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
 
-/* s[0..n) appended to b as a JSON string (quotes, escapes; every byte
- * kept). The buffers here are sticky: err says a piece was lost. */
-void tc_put_json_str(tp_buf *b, const char *s, size_t n);
 
 /* What a family parser produces from a region of output. */
 typedef struct tc_out {
@@ -82,6 +79,10 @@ typedef struct tc_family_def {
     tc_parse_fn parse;
     int id_len;                   /* 0: "call_" + 24; else exactly this many [A-Za-z0-9] (Mistral) */
     const char *think_open, *think_close; /* its thinking's markers (NULL: <think> and </think>) */
+    bool channels;                /* the output is framed in the family's messages (gpt-oss's
+                                   * harmony): its strip texts are dropped even without tools */
+    bool exact_space;             /* the grammar keeps its markers' spaces as written (harmony's
+                                   * headers: "commentary to=" is one space, never none) */
     const char *trigger;          /* where tool_choice auto's lazy grammar starts (NULL: markers[0]) */
     bool tools_as_functions;      /* its template reads `functions` (the tools as JSON text) and
                                    * `datetime` beside `tools` (Firefunction v2) */

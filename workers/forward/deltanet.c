@@ -1,0 +1,343 @@
+/* Gated DeltaNet layers and their per-sequence state (deltanet.h). */
+#include "deltanet.h"
+#include "vexp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DN_HEAD 1024 /* model.c's MAX_SSM_HEAD */
+
+struct tp_deltanet {
+    tp_model_config c;
+    int n_rec;          /* DeltaNet layers */
+    int *rec_index;     /* [n_layers] a layer's index among them, or -1 */
+    int slots, max_tokens;
+    int conv_dim, key_dim, value_dim, hd, kh, vh, kw;
+    size_t conv_n, s_n; /* floats of one layer's conv state, of its S */
+    size_t slot_n;      /* floats of a slot's state: every layer's conv and S */
+    float *state;       /* [slots][slot_n] */
+    float *saved;       /* [slots][slot_n] the state at the slot's last step's start */
+    int *saved_pos;     /* [slots] that start, -1: none */
+    float *proj;        /* [max_tokens][conv_dim + value_dim + 2 vh] */
+    float *conv;        /* [max_tokens][conv_dim] q, k (normed, q scaled) and v after the conv */
+    float *out;         /* [max_tokens][value_dim] */
+    int *run_start;     /* [max_tokens + 1] first token of each sequence's run in a step */
+    int *run_snap;      /* [max_tokens] the run's token after which the state is kept, or -1 */
+    float *kept;        /* [slots][slot_n] the state kept at a page boundary this step */
+    int *kept_at;       /* [slots] its position, -1: none */
+    float **snap;       /* [n_pages] a cache page's snapshot, or NULL */
+    int n_pages, n_snaps, max_snaps;
+};
+
+int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_deltanet **out)
+{
+    *out = NULL;
+    if (c->full_attn_interval <= 0)
+        return 0;
+    tp_deltanet *dn = calloc(1, sizeof *dn);
+    if (!dn)
+        return TP_ENOMEM;
+    dn->c = *c;
+    dn->slots = kv_slots;
+    dn->max_tokens = max_tokens;
+    dn->hd = c->ssm_head_dim;
+    dn->kh = c->ssm_k_heads;
+    dn->vh = c->ssm_v_heads;
+    dn->kw = c->ssm_conv_kernel;
+    dn->key_dim = dn->hd * dn->kh;
+    dn->value_dim = dn->hd * dn->vh;
+    dn->conv_dim = 2 * dn->key_dim + dn->value_dim;
+    dn->rec_index = malloc((size_t)c->n_layers * sizeof(int));
+    if (!dn->rec_index) {
+        free(dn);
+        return TP_ENOMEM;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        dn->rec_index[l] = tp_model_layer_recurrent(c, l) ? dn->n_rec++ : -1;
+    dn->conv_n = (size_t)(dn->kw - 1) * (size_t)dn->conv_dim;
+    dn->s_n = (size_t)dn->vh * (size_t)dn->hd * (size_t)dn->hd;
+    dn->slot_n = (size_t)dn->n_rec * (dn->conv_n + dn->s_n);
+    size_t T = (size_t)max_tokens;
+    dn->state = calloc((size_t)kv_slots * dn->slot_n + 1, sizeof(float));
+    dn->saved = calloc((size_t)kv_slots * dn->slot_n + 1, sizeof(float));
+    dn->saved_pos = malloc((size_t)kv_slots * sizeof(int));
+    dn->proj = malloc(T * (size_t)tp_deltanet_proj_width(dn) * sizeof(float));
+    dn->conv = malloc(T * (size_t)dn->conv_dim * sizeof(float));
+    dn->out = malloc(T * (size_t)dn->value_dim * sizeof(float));
+    dn->run_start = malloc((T + 1) * sizeof(int));
+    dn->run_snap = malloc((T + 1) * sizeof(int));
+    dn->kept = malloc((size_t)kv_slots * dn->slot_n * sizeof(float) + 1);
+    dn->kept_at = malloc((size_t)kv_slots * sizeof(int));
+    if (!dn->run_snap || !dn->kept || !dn->kept_at || !dn->state || !dn->saved || !dn->saved_pos || !dn->proj || !dn->conv || !dn->out || !dn->run_start) {
+        tp_deltanet_free(dn);
+        return TP_ENOMEM;
+    }
+    for (int i = 0; i < kv_slots; i++)
+        dn->saved_pos[i] = dn->kept_at[i] = -1;
+    *out = dn;
+    return 0;
+}
+
+void tp_deltanet_free(tp_deltanet *dn)
+{
+    if (!dn)
+        return;
+    free(dn->rec_index);
+    free(dn->state);
+    free(dn->saved);
+    free(dn->saved_pos);
+    free(dn->proj);
+    free(dn->conv);
+    free(dn->out);
+    free(dn->run_start);
+    free(dn->run_snap);
+    free(dn->kept);
+    free(dn->kept_at);
+    for (int i = 0; dn->snap && i < dn->n_pages; i++)
+        free(dn->snap[i]);
+    free(dn->snap);
+    free(dn);
+}
+
+static float *slot_state(const tp_deltanet *dn, float *base, int slot)
+{
+    return base + (size_t)slot * dn->slot_n;
+}
+
+bool tp_deltanet_can_start(const tp_deltanet *dn, int slot, int pos, int len)
+{
+    return pos == len || pos == 0 || pos == dn->saved_pos[slot];
+}
+
+void tp_deltanet_start(tp_deltanet *dn, int slot, int pos, int len)
+{
+    float *st = slot_state(dn, dn->state, slot), *sv = slot_state(dn, dn->saved, slot);
+    size_t bytes = dn->slot_n * sizeof(float);
+    if (pos == 0)
+        memset(st, 0, bytes);
+    else if (pos != len) /* a retried step: its start's state */
+        memcpy(st, sv, bytes);
+    dn->kept_at[slot] = -1;
+    if (dn->saved_pos[slot] != pos) {
+        memcpy(sv, st, bytes);
+        dn->saved_pos[slot] = pos;
+    }
+}
+
+void tp_deltanet_reset(tp_deltanet *dn, int slot)
+{
+    memset(slot_state(dn, dn->state, slot), 0, dn->slot_n * sizeof(float));
+    dn->saved_pos[slot] = -1;
+}
+
+int tp_deltanet_proj_width(const tp_deltanet *dn) { return dn->conv_dim + dn->value_dim + 2 * dn->vh; }
+float *tp_deltanet_proj(tp_deltanet *dn) { return dn->proj; }
+float *tp_deltanet_out(tp_deltanet *dn) { return dn->out; }
+
+/* x * (1 / (1 + e^-x)), as the forward's SwiGLU */
+static float silu(float x) { return x * (1.0f / (1.0f + tp_vexp(-x))); }
+
+/* The sum of squares of x[0..n) in index order. */
+static float sum_sq(const float *x, int n)
+{
+    float s = 0;
+    for (int i = 0; i < n; i++)
+        s += x[i] * x[i];
+    return s;
+}
+
+/* The conv (and SiLU, and q/k's L2 norm) of one token of a sequence whose
+ * conv state (the previous kw - 1 inputs, oldest first) is cs: out
+ * [conv_dim]; cs moves on by this token's input. */
+static void conv_token(const tp_deltanet *dn, const float *w, float *cs, const float *in, float *out)
+{
+    int kw = dn->kw, C = dn->conv_dim;
+    for (int ch = 0; ch < C; ch++) {
+        const float *wc = w + (size_t)ch * (size_t)kw;
+        float acc = 0;
+        for (int j = 0; j < kw - 1; j++)
+            acc += cs[(size_t)j * (size_t)C + ch] * wc[j];
+        acc += in[ch] * wc[kw - 1];
+        out[ch] = silu(acc);
+    }
+    if (kw > 1) {
+        memmove(cs, cs + C, (size_t)(kw - 2) * (size_t)C * sizeof(float));
+        memcpy(cs + (size_t)(kw - 2) * (size_t)C, in, (size_t)C * sizeof(float));
+    }
+    /* q and k heads: x / max(|x|, eps) (ggml_l2_norm); q then times
+     * 1 / sqrt(head_dim) (build_delta_net's scale) */
+    float qscale = 1.0f / sqrtf((float)dn->hd);
+    for (int h = 0; h < 2 * dn->kh; h++) {
+        float *x = out + (size_t)h * (size_t)dn->hd;
+        float nrm = sqrtf(sum_sq(x, dn->hd)), eps = dn->c.norm_eps;
+        float sc = 1.0f / (nrm > eps ? nrm : eps);
+        for (int i = 0; i < dn->hd; i++)
+            x[i] *= sc;
+        if (h < dn->kh)
+            for (int i = 0; i < dn->hd; i++)
+                x[i] *= qscale;
+    }
+}
+
+typedef struct unit_job {
+    tp_deltanet *dn;
+    const tp_layer_weights *lw;
+    int rec;          /* the layer's index among the DeltaNet layers */
+    const int *tok_slot;
+    int n_runs;
+} unit_job;
+
+/* Value head h of one sequence's run of tokens [t0, t1): the delta rule
+ * token by token, then the gated output norm. */
+static void head_run(const unit_job *j, int t0, int t1, int h)
+{
+    tp_deltanet *dn = j->dn;
+    const tp_layer_weights *lw = j->lw;
+    int hd = dn->hd, pw = tp_deltanet_proj_width(dn);
+    float *S = slot_state(dn, dn->state, j->tok_slot[t0]) + (size_t)dn->n_rec * dn->conv_n +
+               (size_t)j->rec * dn->s_n + (size_t)h * (size_t)hd * (size_t)hd;
+    float kv[MAX_DN_HEAD], o[MAX_DN_HEAD];
+    for (int t = t0; t < t1; t++) {
+        const float *p = dn->proj + (size_t)t * (size_t)pw, *x = dn->conv + (size_t)t * (size_t)dn->conv_dim;
+        const float *z = p + dn->conv_dim, *b = z + dn->value_dim, *a = b + dn->vh;
+        const float *q = x + (size_t)(h % dn->kh) * (size_t)hd, *k = q + dn->key_dim,
+                    *v = x + 2 * (size_t)dn->key_dim + (size_t)h * (size_t)hd;
+        float ab = a[h] + lw->ssm_dt[h];
+        float sp = ab > 20.0f ? ab : (float)log1p((double)tp_vexp(ab)); /* softplus, as torch's threshold */
+        float decay = tp_vexp(sp * lw->ssm_a[h]);
+        float beta = 1.0f / (1.0f + tp_vexp(-b[h]));
+        for (size_t i = 0; i < (size_t)hd * (size_t)hd; i++)
+            S[i] *= decay;
+        for (int c = 0; c < hd; c++)
+            kv[c] = 0;
+        for (int r = 0; r < hd; r++) {
+            const float *row = S + (size_t)r * (size_t)hd;
+            for (int c = 0; c < hd; c++)
+                kv[c] += row[c] * k[r];
+        }
+        for (int c = 0; c < hd; c++)
+            kv[c] = (v[c] - kv[c]) * beta;
+        for (int r = 0; r < hd; r++) {
+            float *row = S + (size_t)r * (size_t)hd;
+            for (int c = 0; c < hd; c++)
+                row[c] += k[r] * kv[c];
+        }
+        for (int c = 0; c < hd; c++)
+            o[c] = 0;
+        for (int r = 0; r < hd; r++) {
+            const float *row = S + (size_t)r * (size_t)hd;
+            for (int c = 0; c < hd; c++)
+                o[c] += row[c] * q[r];
+        }
+        /* RMSNorm(o, ssm_norm) * silu(z) */
+        float ss = 1.0f / sqrtf(sum_sq(o, hd) / (float)hd + dn->c.norm_eps);
+        float *y = dn->out + (size_t)t * (size_t)dn->value_dim + (size_t)h * (size_t)hd;
+        const float *zh = z + (size_t)h * (size_t)hd;
+        for (int c = 0; c < hd; c++)
+            y[c] = lw->ssm_norm[c] * (ss * o[c]) * silu(zh[c]);
+    }
+}
+
+/* The state kept this step: slot's conv state of layer rec, S of head h
+ * of layer rec (h < 0: the conv state). */
+static float *kept_part(tp_deltanet *dn, int slot, int rec, int h)
+{
+    float *k = dn->kept + (size_t)slot * dn->slot_n;
+    if (h < 0)
+        return k + (size_t)rec * dn->conv_n;
+    return k + (size_t)dn->n_rec * dn->conv_n + (size_t)rec * dn->s_n + (size_t)h * (size_t)dn->hd * (size_t)dn->hd;
+}
+
+static void units(void *arg, int u0, int u1, int worker)
+{
+    (void)worker;
+    const unit_job *j = arg;
+    for (int u = u0; u < u1; u++) {
+        int r = u / j->dn->vh, h = u % j->dn->vh;
+        tp_deltanet *dn = j->dn;
+        int t0 = dn->run_start[r], t1 = dn->run_start[r + 1], ts = dn->run_snap[r];
+        size_t hn = (size_t)dn->hd * (size_t)dn->hd;
+        if (ts < 0) {
+            head_run(j, t0, t1, h);
+            continue;
+        }
+        head_run(j, t0, ts + 1, h);
+        const float *S = slot_state(dn, dn->state, j->tok_slot[t0]) + (size_t)dn->n_rec * dn->conv_n +
+                         (size_t)j->rec * dn->s_n + (size_t)h * hn;
+        memcpy(kept_part(dn, j->tok_slot[t0], j->rec, h), S, hn * sizeof(float));
+        head_run(j, ts + 1, t1, h);
+    }
+}
+
+void tp_deltanet_layer(tp_deltanet *dn, tp_pool *pool, int max_threads, const tp_layer_weights *lw, int l,
+                       const int *tok_slot, const int *tok_pos, int n_tok)
+{
+    int rec = dn->rec_index[l], pw = tp_deltanet_proj_width(dn), n_runs = 0;
+    for (int t = 0; t < n_tok; t++) {
+        if (!t || tok_slot[t] != tok_slot[t - 1]) {
+            dn->run_start[n_runs] = t;
+            dn->run_snap[n_runs++] = -1;
+        }
+        float *cs = slot_state(dn, dn->state, tok_slot[t]) + (size_t)rec * dn->conv_n;
+        conv_token(dn, lw->ssm_conv1d, cs, dn->proj + (size_t)t * (size_t)pw,
+                   dn->conv + (size_t)t * (size_t)dn->conv_dim);
+        if ((tok_pos[t] + 1) % TP_DN_PAGE == 0 && dn->snap) { /* the last boundary of the run wins */
+            dn->run_snap[n_runs - 1] = t;
+            memcpy(kept_part(dn, tok_slot[t], rec, -1), cs, dn->conv_n * sizeof(float));
+            dn->kept_at[tok_slot[t]] = tok_pos[t] + 1;
+        }
+    }
+    dn->run_start[n_runs] = n_tok;
+    unit_job j = {dn, lw, rec, tok_slot, n_runs};
+    tp_pool_run(pool, n_runs * dn->vh, 1, max_threads, units, &j);
+}
+
+int tp_deltanet_pages(tp_deltanet *dn, int n_pages, size_t budget)
+{
+    for (int i = 0; dn->snap && i < dn->n_pages; i++)
+        free(dn->snap[i]);
+    free(dn->snap);
+    dn->snap = calloc((size_t)n_pages + 1, sizeof *dn->snap);
+    if (!dn->snap)
+        return TP_ENOMEM;
+    dn->n_pages = n_pages;
+    dn->n_snaps = 0;
+    size_t one = dn->slot_n * sizeof(float), most = one ? budget / one : 0;
+    dn->max_snaps = most > (size_t)n_pages ? n_pages : (int)most;
+    return 0;
+}
+
+void tp_deltanet_page_drop(tp_deltanet *dn, int page)
+{
+    if (!dn->snap || page < 0 || page >= dn->n_pages || !dn->snap[page])
+        return;
+    free(dn->snap[page]);
+    dn->snap[page] = NULL;
+    dn->n_snaps--;
+}
+
+int tp_deltanet_kept_at(const tp_deltanet *dn, int slot) { return dn->kept_at[slot]; }
+
+void tp_deltanet_keep(tp_deltanet *dn, int slot, int page)
+{
+    if (!dn->snap || page < 0 || page >= dn->n_pages || dn->kept_at[slot] < 0)
+        return;
+    if (!dn->snap[page]) {
+        if (dn->n_snaps >= dn->max_snaps || !(dn->snap[page] = malloc(dn->slot_n * sizeof(float))))
+            return; /* over the budget: this prefix will be computed again */
+        dn->n_snaps++;
+    }
+    memcpy(dn->snap[page], dn->kept + (size_t)slot * dn->slot_n, dn->slot_n * sizeof(float));
+}
+
+bool tp_deltanet_has(const tp_deltanet *dn, int page)
+{
+    return dn->snap && page >= 0 && page < dn->n_pages && dn->snap[page];
+}
+
+void tp_deltanet_restore(tp_deltanet *dn, int slot, int page)
+{
+    memcpy(slot_state(dn, dn->state, slot), dn->snap[page], dn->slot_n * sizeof(float));
+    dn->saved_pos[slot] = -1;
+}

@@ -1,0 +1,178 @@
+/* MXFP4 weights (ggml's block_mxfp4, GGML_TYPE_MXFP4 = 39; OCP's
+ * microscaling FP4, gpt-oss's experts): blocks of 32 values, one E8M0
+ * scale byte e, then 16 bytes of 4-bit E2M1 codes (columns 0..15 the low
+ * nibbles of qs[0..15], columns 16..31 their high nibbles). ggml reads a
+ * code through kvalues_mxfp4, the E2M1 values doubled as int8
+ * {0, 1, 2, 3, 4, 6, 8, 12, and their negatives}, and halves the scale to
+ * match (GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128)):
+ *
+ *   w = kvalues_mxfp4[code] * 2^(e - 128)
+ *
+ * So a block is an int8 block with a power-of-two scale: the canonical
+ * order of quant.h as for Q8_0 (acc = fmaf(d * dx, P, acc) per block of
+ * 32), its integer dot products exact. The AVX2 kernel decodes the codes
+ * with a byte shuffle (two rows a register) and follows that order, eight
+ * rows a vector; the file's blocks are read in place (no panel). */
+#include "quant.h"
+#include "quant_avx.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define MXFP4_BYTES 17
+/* tokens the AVX2 kernel takes together */
+#define TOKENS 4
+
+static const int8_t KVALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+float tp_e8m0_to_f32_half(uint8_t e)
+{
+    /* 2^(e - 128): below e = 2 a subnormal (ggml's 0x00200000 << e) */
+    uint32_t bits = e < 2 ? UINT32_C(0x00200000) << e : (uint32_t)(e - 1) << 23;
+    float d;
+    memcpy(&d, &bits, 4);
+    return d;
+}
+
+void tp_qunpack_mxfp4(const uint8_t *row, int c, int n_cols, int8_t w[64], float ws[16], float wm[16])
+{
+    int nb = n_cols - 64 * c >= 64 ? 2 : 1;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (size_t)(2 * c + b) * MXFP4_BYTES;
+        float d = tp_e8m0_to_f32_half(blk[0]);
+        for (int j = 0; j < 16; j++) {
+            w[32 * b + j] = KVALUES[blk[1 + j] & 0x0f];
+            w[32 * b + 16 + j] = KVALUES[blk[1 + j] >> 4];
+        }
+        for (int l = 0; l < 8; l++) {
+            ws[8 * b + l] = d;
+            wm[8 * b + l] = 0.0f;
+        }
+    }
+}
+
+/* The codes plus 12, unsigned (0..24), for the byte multiply-add's
+ * unsigned side: w . x = (w + 12) . x - 12 * sum(x), the activation block's
+ * sum being tp_qact's (nsum32: its negative). Integer, so exact. */
+static const uint8_t KVALUES_U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+/* Eight scale bytes (the low byte of each lane) as tp_e8m0_to_f32_half
+ * gives them: the bits (e - 1) << 23, or 0x00200000 << e below 2. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 scales8(__m256i e)
+{
+    e = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+    __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, small));
+}
+
+/* Two rows' block b as 32-bit sums of (w + 12) * x, four a row: row k's
+ * codes in the low lane, row k + 1's in the high one, the low nibbles
+ * against columns 0..15 (xlo, in both lanes), the high ones against
+ * 16..31. Each 16-bit sum is at most 4 * 24 * 127: no saturation. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot_pair(const uint8_t *q0, const uint8_t *q1,
+                                                                            __m256i table, __m256i xlo, __m256i xhi)
+{
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                        _mm_loadu_si128((const __m128i *)q1), 1);
+    __m256i wlo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, m));
+    __m256i whi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), m));
+    __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo, xlo), _mm256_maddubs_epi16(whi, xhi));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* Rows [r0, r1) eight at a time (past r1 the group's last row again, not
+ * stored), up to four tokens together (a block decoded once for them);
+ * per token the blocks in column order, each lane one row's accumulator:
+ * acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
+__attribute__((target("avx2,fma"))) void tp_qrows_mxfp4_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
+                                                            int r0, int r1)
+{
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int nb = w->cols / 32;
+    for (int g = r0; g < r1; g += 8) {
+        const uint8_t *row[8];
+        int n = r1 - g < 8 ? r1 - g : 8;
+        for (int k = 0; k < 8; k++)
+            row[k] = (const uint8_t *)w->data + (size_t)(g + (k < n ? k : n - 1)) * w->row_bytes;
+        /* the eight rows' scale bytes gathered a block at a time, from
+         * offsets within the group (the loader bounds a row far below 2^27
+         * bytes) */
+        const __m256i roff = _mm256_setr_epi32(0, (int)(row[1] - row[0]), (int)(row[2] - row[0]),
+                                               (int)(row[3] - row[0]), (int)(row[4] - row[0]),
+                                               (int)(row[5] - row[0]), (int)(row[6] - row[0]),
+                                               (int)(row[7] - row[0]));
+        for (int t0 = 0; t0 < a->n_tok; t0 += TOKENS) {
+            int nt = a->n_tok - t0 < TOKENS ? a->n_tok - t0 : TOKENS;
+            __m256 acc[TOKENS];
+            for (int t = 0; t < TOKENS; t++)
+                acc[t] = _mm256_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                size_t off = (size_t)b * MXFP4_BYTES;
+                __m256 d = scales8(_mm256_i32gather_epi32((const int *)(const void *)(row[0] + off), roff, 1));
+                off++;
+                for (int t = 0; t < nt; t++) {
+                    size_t tok = (size_t)(t0 + t), blk = tok * (size_t)nb + (size_t)b;
+                    const int8_t *xq = a->q + tok * (size_t)a->cols + 32 * (size_t)b;
+                    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xq));
+                    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 16)));
+                    __m256i p0 = dot_pair(row[0] + off, row[1] + off, table, xlo, xhi);
+                    __m256i p1 = dot_pair(row[2] + off, row[3] + off, table, xlo, xhi);
+                    __m256i p2 = dot_pair(row[4] + off, row[5] + off, table, xlo, xhi);
+                    __m256i p3 = dot_pair(row[6] + off, row[7] + off, table, xlo, xhi);
+                    /* lanes: rows 0 2 4 6 | 1 3 5 7, then in order */
+                    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+                    h = _mm256_permutevar8x32_epi32(h, order);
+                    h = _mm256_add_epi32(h, _mm256_set1_epi32(12 * a->nsum32[blk]));
+                    __m256 s = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[blk]));
+                    acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(h), acc[t]);
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                float out[8];
+                _mm256_storeu_ps(out, acc[t]);
+                for (int k = 0; k < n; k++)
+                    y[(size_t)(t0 + t) * (size_t)ldy + (size_t)(g + k)] = out[k];
+            }
+        }
+    }
+}
+
+/* The nearest code to x at scale d (ggml's best_index_mxfp4: the first of
+ * equal errors). */
+static int best_index(float x, float d)
+{
+    int best = 0;
+    float best_err = fabsf((float)KVALUES[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        float err = fabsf((float)KVALUES[i] * d - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+/* ggml's quantize_row_mxfp4_ref: e = floor(log2(max|x|)) - 2 + 127 (0 for
+ * an all-zero block), each value the nearest code at 2^(e - 128). */
+void tp_quantize_mxfp4(const float *x, int n, uint8_t *out)
+{
+    for (int b = 0; b < n / 32; b++, x += 32, out += MXFP4_BYTES) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            if (amax < fabsf(x[i]))
+                amax = fabsf(x[i]);
+        float le = amax > 0.0f ? floorf(log2f(amax)) - 2 + 127 : 0.0f;
+        /* ggml casts straight to uint8_t; a finite float's exponent keeps this in range */
+        uint8_t e = le < 0.0f ? 0 : le > 254.0f ? 254 : (uint8_t)le;
+        float d = tp_e8m0_to_f32_half(e);
+        out[0] = e;
+        for (int j = 0; j < 16; j++)
+            out[1 + j] = (uint8_t)(best_index(x[j], d) | best_index(x[16 + j], d) << 4);
+    }
+}
