@@ -7,6 +7,7 @@ model is sent is python3-jinja2 rendering the conversation that /save wrote
 (the way chat_template_test.py renders templates)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -233,8 +234,9 @@ class ChatInATerminal(unittest.TestCase):
         self.addCleanup(self.tmux, "kill-server")
         self.wait_for("> ")
 
-    def exited(self, timeout_s=30):
-        """How the command ended: (status, signal), or a failure if it did not."""
+    def exited(self, timeout_s=30, fail=True):
+        """How the command ended: (status, signal), or a failure (None with
+        fail False) if it did not."""
         end = time.time() + timeout_s
         while time.time() < end:
             f = self.tmux("display-message", "-p", "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}")
@@ -244,6 +246,8 @@ class ChatInATerminal(unittest.TestCase):
             if dead == "1" and (status or sig):
                 return status, sig
             time.sleep(0.1)
+        if not fail:
+            return None
         self.fail("tokpipe chat did not end:\n" + self.screen())
 
     def test_ctrl_c_cancels_the_reply_and_the_next_turn_works(self):
@@ -272,9 +276,15 @@ class ChatInATerminal(unittest.TestCase):
     def test_ctrl_c_at_the_prompt_ends_and_reset_works(self):
         self.start("--max-tokens", "4")
         self.tmux("send-keys", "/reset", "Enter")
-        self.wait_for("[conversation reset]")
+        # the fresh prompt, so the key reaches the line editor, not the
+        # moment between two reads while it sets the terminal up
+        self.wait_for(lambda s: re.search(r"\[conversation reset\][ \t]*\n>[ \t]*\n*$", s))
         self.tmux("send-keys", "C-c")
-        status, sig = self.exited()
+        ended = self.exited(timeout_s=10, fail=False)
+        if ended is None:   # a loaded machine can lose the first keystroke in that set-up: a person presses again
+            self.tmux("send-keys", "C-c")
+            ended = self.exited()
+        status, sig = ended
         self.assertTrue(sig == "2" or status == "130", (status, sig))
 
 
