@@ -239,12 +239,23 @@ class ChatInATerminal(unittest.TestCase):
         fail False) if it did not."""
         end = time.time() + timeout_s
         while time.time() < end:
-            f = self.tmux("display-message", "-p", "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}")
-            dead, status, sig = (f.stdout.decode().strip().split(":") + ["", "", ""])[:3]
-            # tmux may see the pane's end (its terminal closed) before it
-            # has reaped the process: the status comes a moment later
+            f = self.tmux("display-message", "-p", "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}:#{pane_pid}")
+            dead, status, sig, pid = (f.stdout.decode().strip().split(":") + ["", "", "", ""])[:4]
             if dead == "1" and (status or sig):
                 return status, sig
+            # tmux 3.3a may see the pane's terminal close and yet leave the
+            # process unreaped for a long while (no status yet): a zombie's
+            # exit status is in /proc all the same (stat field 52, as
+            # waitpid reports it)
+            if pid.isdigit():
+                try:
+                    with open("/proc/%s/stat" % pid) as st:
+                        fields = st.read().rsplit(")", 1)[1].split()
+                    if fields[0] == "Z":
+                        code = int(fields[49])
+                        return (str(code >> 8), "") if code & 0x7f == 0 else ("", str(code & 0x7f))
+                except (OSError, IndexError, ValueError):
+                    pass
             time.sleep(0.1)
         if not fail:
             return None
