@@ -199,10 +199,10 @@ class HttpFailoverTest(unittest.TestCase):
         sb.StandbyTest.start_workers(self)
 
     def test_primary_killed_mid_stream_every_stream_goes_on_byte_identical(self):
-        sb.wait_for(lambda: "-> active" in self.primary.text(), 10, "the primary active")
-        sb.wait_for(lambda: "-> passive" in self.backup.text(), 10, "the backup passive")
+        sb.wait_for(lambda: "-> active" in self.primary.text(), 60, "the primary active")
+        sb.wait_for(lambda: "-> passive" in self.backup.text(), 60, "the backup passive")
         self.start_workers()
-        sb.wait_for(lambda: sb.StandbyTest.all_stages(self, self.primary), 30, "workers at the primary")
+        sb.wait_for(lambda: sb.StandbyTest.all_stages(self, self.primary), 90, "workers at the primary")
         self.start_gateway()
 
         t0 = time.time()

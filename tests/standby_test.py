@@ -136,9 +136,9 @@ class StandbyTest(unittest.TestCase):
         return "\n--- primary\n%s\n--- backup\n%s" % (self.primary.text()[-3000:], self.backup.text()[-3000:])
 
     def test_primary_killed_under_load_backup_takes_over_and_generate_completes(self):
-        wait_for(lambda: "-> active" in self.primary.text(), 10, "the primary active\n" + self.diag())
+        wait_for(lambda: "-> active" in self.primary.text(), 60, "the primary active\n" + self.diag())
         # (a backup that never saw an active primary never takes over: the pattern's BACKUP state)
-        wait_for(lambda: "-> passive" in self.backup.text(), 10, "the backup passive\n" + self.diag())
+        wait_for(lambda: "-> passive" in self.backup.text(), 60, "the backup passive\n" + self.diag())
         self.start_workers()
         wait_for(lambda: self.all_stages(self.primary), 30, "workers at the primary\n" + self.diag())
         args = sum((["--prompt", x] for x in PROMPTS), []) + GEN
@@ -179,8 +179,8 @@ class StandbyTest(unittest.TestCase):
         self.assertEqual(json.loads(p.stdout.splitlines()[0])["tokens"], json.loads(want_lines[0])["tokens"])
 
     def test_backup_without_client_traffic_does_not_take_over(self):
-        wait_for(lambda: "-> active" in self.primary.text(), 10, "the primary active\n" + self.diag())
-        wait_for(lambda: "-> passive" in self.backup.text(), 10, "the backup passive\n" + self.diag())
+        wait_for(lambda: "-> active" in self.primary.text(), 60, "the primary active\n" + self.diag())
+        wait_for(lambda: "-> passive" in self.backup.text(), 60, "the backup passive\n" + self.diag())
         self.primary.kill()
         time.sleep(3 * FAILOVER_MS / 1000)
         self.assertNotIn("-> active", self.backup.text(), "took over without a client\n" + self.diag())
