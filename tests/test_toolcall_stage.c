@@ -37,7 +37,8 @@ static void cat(char *dst, size_t cap, const char *s, size_t n)
 {
     size_t l = strlen(dst);
     assert_true(l + n < cap);
-    memcpy(dst + l, s, n);
+    if (n)   /* an event's absent text is (NULL, 0) */
+        memcpy(dst + l, s, n);
     dst[l + n] = 0;
 }
 
