@@ -1689,29 +1689,6 @@ static void geglu_scalar(const float *g, const float *u, float *out, size_t n)
     }
 }
 
-/* out = silu(g) * u over n elements: g * (1 / (1 + e^-g)) * u. */
-static void swiglu_scalar(const float *g, const float *u, float *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float val = g[i];
-        val *= 1.0f / (1.0f + tp_vexp(-val));
-        out[i] = val * u[i];
-    }
-}
-
-__attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const float *u, float *out, size_t n)
-{
-    size_t i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 val = _mm256_loadu_ps(g + i);
-        __m256 e = tp_vexp8_avx2(_mm256_xor_ps(val, sign));
-        val = _mm256_mul_ps(val, _mm256_div_ps(one, _mm256_add_ps(one, e)));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(val, _mm256_loadu_ps(u + i)));
-    }
-    swiglu_scalar(g + i, u + i, out + i, n - i);
-}
-
 /* Elements [e0, e1) of the flattened [T][hidden] output, a token's run
  * at a time. */
 static void swiglu_range(void *arg, int e0, int e1, int worker)
@@ -1723,10 +1700,8 @@ static void swiglu_range(void *arg, int e0, int e1, int worker)
         const float *g = j->h13 + t * 2 * j->h + i;
         if (j->gelu)
             geglu_scalar(g, g + j->h, j->out + e, end - e);
-        else if (j->vexp8)
-            swiglu_avx2(g, g + j->h, j->out + e, end - e);
         else
-            swiglu_scalar(g, g + j->h, j->out + e, end - e);
+            tp_swiglu(g, g + j->h, j->out + e, end - e, j->vexp8);
         e = end;
     }
 }

@@ -383,29 +383,6 @@ typedef struct exp_job {
     const tp_moe_run *r;
 } exp_job;
 
-/* out = silu(g) * u over n elements: g * (1 / (1 + e^-g)) * u (forward.c's). */
-static void swiglu_scalar(const float *g, const float *u, float *out, int n)
-{
-    for (int i = 0; i < n; i++) {
-        float val = g[i];
-        val *= 1.0f / (1.0f + tp_vexp(-val));
-        out[i] = val * u[i];
-    }
-}
-
-__attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const float *u, float *out, int n)
-{
-    int i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 val = _mm256_loadu_ps(g + i);
-        __m256 e = tp_vexp8_avx2(_mm256_xor_ps(val, sign));
-        val = _mm256_mul_ps(val, _mm256_div_ps(one, _mm256_add_ps(one, e)));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(val, _mm256_loadu_ps(u + i)));
-    }
-    swiglu_scalar(g + i, u + i, out + i, n - i);
-}
-
 /* ggml's swiglu_oai (gpt-oss): the gate clamped above at 7, the up to
  * [-7, 7]; out = g / (1 + e^(-1.702 g)) * (u + 1), e^x by tp_vexp. */
 #define OAI_ALPHA 1.702f
@@ -458,10 +435,8 @@ static void up_rows(void *arg, int r0, int r1, int worker)
                 add_bias(hg + ff + lo, j->L->b_up + (size_t)e * (size_t)ff + lo, hi - lo);
             if (m->oai)
                 swiglu_oai(hg + lo, hg + ff + lo, ag + lo, hi - lo);
-            else if (j->r->simd)
-                swiglu_avx2(hg + lo, hg + ff + lo, ag + lo, hi - lo);
             else
-                swiglu_scalar(hg + lo, hg + ff + lo, ag + lo, hi - lo);
+                tp_swiglu(hg + lo, hg + ff + lo, ag + lo, (size_t)(hi - lo), j->r->simd);
         }
     }
 }
@@ -509,10 +484,7 @@ static void sh_up_rows(void *arg, int r0, int r1, int worker)
     for (int t = 0; t < j->T; t++) {
         const float *ht = m->hs + (size_t)t * 2 * (size_t)sff;
         float *at = m->as + (size_t)t * (size_t)sff;
-        if (j->r->simd)
-            swiglu_avx2(ht + r0, ht + sff + r0, at + r0, r1 - r0);
-        else
-            swiglu_scalar(ht + r0, ht + sff + r0, at + r0, r1 - r0);
+        tp_swiglu(ht + r0, ht + sff + r0, at + r0, (size_t)(r1 - r0), j->r->simd);
     }
 }
 

@@ -20,6 +20,8 @@
 #ifndef TOKPIPE_FORWARD_VEXP_H
 #define TOKPIPE_FORWARD_VEXP_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -45,6 +47,10 @@
 
 /* The portable e^x. */
 float tp_vexp(float x);
+
+/* SwiGLU: out[i] = silu(g[i]) * u[i] for i < n, e^x as tp_vexp; lanes:
+ * eight a time in AVX2 (the caller's CPU has it), the same bits. */
+void tp_swiglu(const float *g, const float *u, float *out, size_t n, bool lanes);
 
 #if defined(__x86_64__) || defined(__i386__)
 /* Four lanes of the steps above, in double. */
