@@ -109,17 +109,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     out whole, chunked;
     run(f, thinks, open, text, n, NULL, 0, &whole);
     run(f, thinks, open, text, n, cuts, nc, &chunked);
-    /* KNOWN (issue 38): harmony keeps a "<|start|>assistant" header that no
-     * <|channel|> follows as content when it sees the output whole, and
-     * drops it when the header comes in pieces; until its splitter gives
-     * one answer both ways, harmony is fuzzed for memory errors and made-up
-     * text only */
-    bool same_split = f != TP_TC_HARMONY;
-    if (same_split && (whole.content.len != chunked.content.len || whole.reasoning.len != chunked.reasoning.len ||
+    if (whole.content.len != chunked.content.len || whole.reasoning.len != chunked.reasoning.len ||
         whole.n_calls != chunked.n_calls ||
         (whole.content.len && memcmp(whole.content.data, chunked.content.data, whole.content.len)) ||
         (whole.reasoning.len && memcmp(whole.reasoning.data, chunked.reasoning.data, whole.reasoning.len)) ||
-        strcmp(whole.names, chunked.names)))
+        strcmp(whole.names, chunked.names))
         abort();   /* streaming must not change the message */
     if (!whole.n_calls && whole.content.len + whole.reasoning.len > n)
         abort();   /* nothing is made up */

@@ -14,11 +14,17 @@ fuzz_one() {   # $1 = target binary; its summary goes to $FUZZ_BUILD/NAME.log
   name=$(basename "$1")
   work="$FUZZ_BUILD/corpus/$name"; mkdir -p "$work"
   seeds="fuzz/corpus/$name"; [ -d "$seeds" ] || seeds=""
+  local rc=0
   {
     echo "== fuzz $name for ${FUZZ_SECONDS}s"
+    # the whole output is kept aside: on a failure its crash report (the
+    # sanitizer's stack, the artifact's name) is what a reader needs
     "$1" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix="$FUZZ_BUILD/" "$work" $seeds 2>&1 | tail -n 12
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz $name: FAILED"; exit 1; }
+        -artifact_prefix="$FUZZ_BUILD/" "$work" $seeds > "$FUZZ_BUILD/$name.full" 2>&1 || rc=$?
+    if [ "$rc" -eq 0 ]; then tail -n 12 "$FUZZ_BUILD/$name.full"; else
+      grep -v -e '^#[0-9]* *\(NEW\|REDUCE\|pulse\|INITED\|RELOAD\)' "$FUZZ_BUILD/$name.full" | tail -n 80
+      echo "fuzz $name: FAILED"; exit 1
+    fi
   } > "$FUZZ_BUILD/$name.log" 2>&1
 }
 

@@ -467,6 +467,20 @@ static void harmony_channels_split_into_reasoning_content_and_calls(void **state
     assert_string_equal(r.content, "Checking the weather.");
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.args[0], "{}");
+    /* the recipient in a later role header: whole and byte by byte alike
+     * (in pieces "<|start|>assistant" must not be dropped as frame before
+     * " to=" shows it opens a call) */
+    check(TP_TC_HARMONY, true, false,
+          "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.get_weather"
+          "<|channel|>commentary json<|message|>{\"location\": \"Oslo\"}",
+          &r);
+    assert_string_equal(r.content, "Checking.");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.args[0], "{\"location\": \"Oslo\"}");
+    /* a header that opens no call is text, whole or in pieces */
+    check(TP_TC_HARMONY, true, false, "Hi<|start|>assistant to=functib\"}", &r);
+    assert_int_equal(r.n_calls, 0);
     /* no analysis (low effort can skip it): the final channel alone */
     check(TP_TC_HARMONY, true, false, "<|channel|>final<|message|>4", &r);
     assert_string_equal(r.content, "4");

@@ -172,6 +172,18 @@ static size_t held_tail(const tp_tcsplit *s, const char *p, size_t n)
     return hold;
 }
 
+/* Does a marker still to come begin at p (p[0..n) a proper prefix of it)?
+ * Seen whole, a marker wins over strip text at the same byte (harmony's
+ * "<|start|>assistant" opens a call when " to=" follows it): in pieces the
+ * strip text must wait until the marker is ruled out. */
+static bool marker_may_follow(const tp_tcsplit *s, const char *p, size_t n)
+{
+    for (const char *const *l = s->fam ? s->fam->markers : NULL; l && *l; l++)
+        if (prefix_of(p, n, *l))
+            return true;
+    return false;
+}
+
 /* Advance the state machine over pend; at_end: no more text comes. */
 static void run(tp_tcsplit *s, bool at_end)
 {
@@ -272,6 +284,8 @@ static void run(tp_tcsplit *s, bool at_end)
                 return;
             }
             emit_content(s, (size_t)(m - p));
+            if (strip && !at_end && marker_may_follow(s, m, n - (size_t)(m - p)))
+                return;
             if (strip) {
                 consume(s, mlen);
                 break;

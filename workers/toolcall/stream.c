@@ -321,7 +321,9 @@ bool tc_stream_scan(const tc_family_def *d, const char *s, size_t n, bool parall
     if (st->phase == TC_SCAN_DONE || !d->calls_open)
         return false;
     if (st->phase == TC_SCAN_START) {
-        if (d->recipient_first && tc_starts(s, n, d->calls_sep))
+        /* a frame's header may open the first call too (harmony's
+         * "<|start|>assistant" before "<|channel|>commentary to=") */
+        if ((d->recipient_first || d->channels) && tc_starts(s, n, d->calls_sep))
             i += strlen(d->calls_sep);
         r = lit_match(s, n, &i, d->calls_open);
         if (r == LIT_FAIL)
