@@ -37,11 +37,12 @@ for bin in "$@"; do
   names+=("$(basename "$bin")")
 done
 wait || true
-failed=0
+failed=""
 for name in "${names[@]}"; do
   log="$FUZZ_BUILD/$name.log"
   cat "$log" 2>/dev/null || echo "fuzz $name: FAILED (no log)"
   # a target that crashed, leaked or timed out says so on its last line
-  { [ -r "$log" ] && ! grep -q "^fuzz $name: FAILED" "$log"; } || failed=1
+  { [ -r "$log" ] && ! grep -q "^fuzz $name: FAILED" "$log"; } || failed="$failed $name"
 done
-[ "$failed" -eq 0 ] || { echo "run-fuzz: a target failed (its log above)"; exit 1; }
+# named last, where a log cut to its tail still shows them
+[ -z "$failed" ] || { echo "run-fuzz: failed:$failed (their logs above)"; exit 1; }
