@@ -37,12 +37,15 @@ for bin in "$@"; do
   names+=("$(basename "$bin")")
 done
 wait || true
+# the passing targets' logs first, then the failing ones' and their names,
+# so that a log cut to its tail (as CI keeps it) still shows the crash
 failed=""
 for name in "${names[@]}"; do
   log="$FUZZ_BUILD/$name.log"
-  cat "$log" 2>/dev/null || echo "fuzz $name: FAILED (no log)"
   # a target that crashed, leaked or timed out says so on its last line
-  { [ -r "$log" ] && ! grep -q "^fuzz $name: FAILED" "$log"; } || failed="$failed $name"
+  if [ -r "$log" ] && ! grep -q "^fuzz $name: FAILED" "$log"; then cat "$log"; else failed="$failed $name"; fi
 done
-# named last, where a log cut to its tail still shows them
+for name in $failed; do
+  cat "$FUZZ_BUILD/$name.log" 2>/dev/null || echo "fuzz $name: FAILED (no log)"
+done
 [ -z "$failed" ] || { echo "run-fuzz: failed:$failed (their logs above)"; exit 1; }
