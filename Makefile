@@ -75,6 +75,8 @@ TEST_SRC   := $(wildcard tests/test_*.c tests/it_*.c)
 TSUP_SRC   := $(wildcard tests/support/*.c)
 FUZZ_SRC   := $(wildcard fuzz/fuzz_*.c)
 BENCH_SRC  := $(wildcard bench/bench_*.c)
+# benches of whole processes (daemons, gateway, clients) are Python scripts
+BENCH_PY   := $(wildcard bench/bench_*.py)
 BSUP_SRC   := $(wildcard bench/support/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -231,7 +233,7 @@ check: deps
 	$(MAKE) -j$(NPROC) fuzz FUZZ_SECONDS=$(CHECK_FUZZ_SECONDS)
 
 bench: all $(BENCHES)
-	BUILD=$(BUILD) BIN=$(BIN) scripts/run-bench.sh $(BENCHES)
+	BUILD=$(BUILD) BIN=$(BIN) scripts/run-bench.sh $(BENCHES) $(BENCH_PY)
 
 run: deps
 	$(MAKE) all

@@ -4,5 +4,8 @@
 set -eu
 for b in "$@"; do
   echo "== $(basename "$b")"
-  "$b"
+  case "$b" in
+    *.py) TP_BIN_DIR="${BIN:-bin}" TP_BUILD_DIR="${BUILD:-build}" /usr/bin/python3 "$b" ;;
+    *) "$b" ;;
+  esac
 done

@@ -52,10 +52,13 @@ class Call(threading.Thread):
     """POST one chat completion; a stream is read event by event: content
     (concatenated deltas), finish_reason, usage; first_at/done_at times."""
 
-    def __init__(self, port, k):
+    def __init__(self, port, k, body=None):
         super().__init__(daemon=True)
         self.port, self.k = port, k
+        self.body = body or body_of(k)
+        self.stream = self.body["stream"]
         self.status = None
+        self.chunk_at = []   # when each streamed chunk came
         self.content, self.finish, self.usage, self.error = "", None, None, None
         self.chunks = 0
         self.done_at = None
@@ -63,11 +66,11 @@ class Call(threading.Thread):
     def run(self):
         try:
             c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-            c.request("POST", "/v1/chat/completions", json.dumps(body_of(self.k)),
+            c.request("POST", "/v1/chat/completions", json.dumps(self.body),
                       {"Content-Type": "application/json"})
             r = c.getresponse()
             self.status = r.status
-            if not REQUESTS[self.k][0]:
+            if not self.stream:
                 j = json.loads(r.read())
                 ch = j["choices"][0]
                 self.content, self.finish, self.usage = ch["message"]["content"], ch["finish_reason"], j["usage"]
@@ -87,6 +90,7 @@ class Call(threading.Thread):
                     for ch in ev.get("choices", []):
                         self.content += ch.get("delta", {}).get("content") or ""
                         self.chunks += 1
+                        self.chunk_at.append(time.time())
                         if ch.get("finish_reason"):
                             self.finish = ch["finish_reason"]
             c.close()
@@ -104,15 +108,16 @@ class Call(threading.Thread):
                 "error": self.error}
 
 
-def run_all(port, kill=None):
-    calls = [Call(port, k) for k in range(len(REQUESTS))]
+def run_all(port, kill=None, bodies=None):
+    bodies = bodies or [body_of(k) for k in range(len(REQUESTS))]
+    calls = [Call(port, k, b) for k, b in enumerate(bodies)]
     for c in calls:
         c.start()
     killed_at = None
     if kill:
         # every stream under way (some content out) and none done
         end = time.time() + 30
-        while time.time() < end and not all(c.chunks >= 3 for c in calls if REQUESTS[c.k][0]):
+        while time.time() < end and not all(c.chunks >= 3 for c in calls if c.stream):
             time.sleep(0.01)
         killed_at = kill()
     for c in calls:
