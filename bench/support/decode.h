@@ -19,4 +19,10 @@ double bench_decode_rate(tp_forward *f, int vocab, int prompt_len, int n, double
  * err set on failure. */
 double bench_prefill_rate(tp_forward *f, int vocab, int prompt_len, double (*clock)(void), tp_err *err);
 
+/* Tokens per second, by clock, of seqs new sequences decoding together:
+ * their prompt_len-token prompts in one step (not timed), then n steps of
+ * one token each for every sequence (seqs * n tokens). Negative with err
+ * set on failure. The forward needs seqs KV slots. */
+double bench_batched_rate(tp_forward *f, int vocab, int seqs, int prompt_len, int n, double (*clock)(void), tp_err *err);
+
 #endif

@@ -47,6 +47,10 @@ int bench_llamacpp_open(bench_llamacpp *lc)
             snprintf(lc->why, sizeof lc->why, "$TP_LLAMA_BENCH %.600s is not an executable", pre);
             return -1;
         }
+        /* llama-batched-bench beside it, if it was carried too */
+        const char *slash = strrchr(lc->bench, '/');
+        snprintf(lc->batched, sizeof lc->batched, "%.*sllama-batched-bench", slash ? (int)(slash - lc->bench + 1) : 0,
+                 lc->bench);
         return 0;
     }
     snprintf(lc->build, sizeof lc->build, "cmake %s", BENCH_LLAMACPP_CMAKE);
@@ -87,7 +91,8 @@ int bench_llamacpp_open(bench_llamacpp *lc)
     char tree[PATH_MAX + 64];
     snprintf(tree, sizeof tree, "%s/%.12s", root, lc->commit);
     snprintf(lc->bench, sizeof lc->bench, "%s/build/bin/llama-bench", tree);
-    if (!access(lc->bench, X_OK))
+    snprintf(lc->batched, sizeof lc->batched, "%s/build/bin/llama-batched-bench", tree);
+    if (!access(lc->bench, X_OK) && !access(lc->batched, X_OK))
         return 0;
     mkdir(tree, 0755);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -102,10 +107,11 @@ int bench_llamacpp_open(bench_llamacpp *lc)
     snprintf(cmd, sizeof cmd,
              "cd '%s' && { { [ -d src ] || { rm -rf src.tmp && git clone -q '%s' src.tmp && mv src.tmp src; }; } && "
              "cmake -S src -B build %s -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
-             "-DLLAMA_BUILD_SERVER=OFF && cmake --build build --config Release --target llama-bench -j %ld; "
+             "-DLLAMA_BUILD_SERVER=OFF && cmake --build build --config Release --target llama-bench llama-batched-bench "
+             "-j %ld; "
              "} >build.log 2>&1 || { tail -n 20 build.log >&2; false; }",
              tree, bundle, BENCH_LLAMACPP_CMAKE, ncpu > 0 ? ncpu : 1);
-    if (sh(cmd) || access(lc->bench, X_OK)) {
+    if (sh(cmd) || access(lc->bench, X_OK) || access(lc->batched, X_OK)) {
         snprintf(lc->why, sizeof lc->why, "building llama-bench failed (%.600s/build.log)", tree);
         return -1;
     }
@@ -150,4 +156,32 @@ double bench_llamacpp_prefill(bench_llamacpp *lc, const char *gguf, int threads,
     char args[64];
     snprintf(args, sizeof args, "-p %d -n 0", tokens);
     return run_test(lc, gguf, threads, args);
+}
+
+double bench_llamacpp_batched(bench_llamacpp *lc, const char *gguf, int threads, int seqs, int prompt, int tokens)
+{
+    if (access(lc->batched, X_OK)) {
+        snprintf(lc->why, sizeof lc->why, "no llama-batched-bench at %.600s", lc->batched);
+        return -1;
+    }
+    /* -c: room for every sequence's prompt and tokens, unshared */
+    char cmd[16384], out[16384] = "";
+    snprintf(cmd, sizeof cmd,
+             "'%s' -m '%s' -c %d -npp %d -ntg %d -npl %d -t %d --output-format jsonl 2>/dev/null", lc->batched, gguf,
+             seqs * (prompt + tokens) + 64, prompt, tokens, seqs, threads);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        snprintf(lc->why, sizeof lc->why, "cannot run %.600s", lc->batched);
+        return -1;
+    }
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    const char *r = strstr(out, "\"speed_tg\": ");
+    double rate = r ? strtod(r + 12, NULL) : -1;
+    if (rc != 0 || !(rate > 0) || !isfinite(rate)) {
+        snprintf(lc->why, sizeof lc->why, "llama-batched-bench run failed (exit %d): %.400s", rc, out);
+        return -1;
+    }
+    return rate;
 }

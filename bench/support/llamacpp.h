@@ -16,6 +16,7 @@
 
 typedef struct bench_llamacpp {
     char bench[4200]; /* the llama-bench built */
+    char batched[4200]; /* the llama-batched-bench built beside it */
     char commit[41];  /* llama.cpp's commit, from the bundle */
     char build[512];  /* how it was built, as the benches print it */
     char why[1024];   /* why not available, or why a run failed */
@@ -37,5 +38,10 @@ double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, 
 /* The same for a tokens-token prompt processed at once (llama-bench's pp
  * test, one batch as its default -b allows): tokens over its time. */
 double bench_llamacpp_prefill(bench_llamacpp *lc, const char *gguf, int threads, int tokens);
+
+/* llama.cpp's decode tokens per second over seqs sequences decoding at once
+ * (llama-batched-bench's S_TG: each sequence a prompt-token prompt, then
+ * tokens steps of one token each, all sequences in every step). */
+double bench_llamacpp_batched(bench_llamacpp *lc, const char *gguf, int threads, int seqs, int prompt, int tokens);
 
 #endif
