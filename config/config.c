@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -666,9 +667,17 @@ int tp_config_parse(const char *yaml, size_t len, const char *name, tp_config *c
         yaml_parser_delete(&parser);
         goto out;
     }
+    const char *tok0 = cfg->tokenizer_path, *model0 = cfg->model_path;
     rc = parse_doc(&doc, name, cfg, err);
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
+    /* The default tokenizer goes with the default model: a GGUF model named
+     * without a tokenizer brings its own vocabulary (tok512.bin beside it
+     * would fail, or worse, fit) */
+    size_t ml = strlen(cfg->model_path);
+    if (!rc && cfg->tokenizer_path == tok0 && cfg->model_path != model0 && ml >= 5 &&
+        !strcasecmp(cfg->model_path + ml - 5, ".gguf"))
+        rc = set_str(&cfg->tokenizer_path, "", err);
     if (!rc)
         rc = check_all(cfg, err);
     if (!rc)

@@ -80,6 +80,27 @@ static void file_overrides_only_the_keys_it_names(void **state)
     tp_config_free(&c);
 }
 
+/* A GGUF model named without a tokenizer reads its own vocabulary; a
+ * tokenizer named beside it is kept, even the default's file. */
+static void a_gguf_model_brings_its_vocabulary(void **state)
+{
+    (void)state;
+    tp_config c;
+    tp_err e;
+    if (parse("model:\n  path: /models/Qwen3-8B-Q4_K_M.GGUF\n", &c, &e))
+        fail_msg("%s", e.msg);
+    assert_string_equal(c.tokenizer_path, "");
+    tp_config_free(&c);
+    if (parse("model:\n  path: /m.gguf\n  tokenizer: ../shared/models/tok512.bin\n", &c, &e))
+        fail_msg("%s", e.msg);
+    assert_string_equal(c.tokenizer_path, "../shared/models/tok512.bin");
+    tp_config_free(&c);
+    if (parse("model:\n  tokenizer: /v.gguf\n", &c, &e))   /* the default model stays itself */
+        fail_msg("%s", e.msg);
+    assert_string_equal(c.tokenizer_path, "/v.gguf");
+    tp_config_free(&c);
+}
+
 static void empty_file_gives_defaults(void **state)
 {
     (void)state;
@@ -319,6 +340,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shipped_yaml_equals_builtin_defaults),
         cmocka_unit_test(file_overrides_only_the_keys_it_names),
+        cmocka_unit_test(a_gguf_model_brings_its_vocabulary),
         cmocka_unit_test(empty_file_gives_defaults),
         cmocka_unit_test(unknown_key_is_named_with_its_line),
         cmocka_unit_test(out_of_range_value_is_named_with_its_line),

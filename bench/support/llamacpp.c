@@ -185,3 +185,56 @@ double bench_llamacpp_batched(bench_llamacpp *lc, const char *gguf, int threads,
     }
     return rate;
 }
+
+/* The directory llama-bench is in (the build's bin/, its libraries too). */
+static void bin_dir(const bench_llamacpp *lc, char *out, size_t n)
+{
+    const char *slash = strrchr(lc->bench, '/');
+    snprintf(out, n, "%.*s", slash ? (int)(slash - lc->bench) : 1, slash ? lc->bench : ".");
+}
+
+int bench_llamacpp_oracle_open(bench_llamacpp *lc, const char *src)
+{
+    char dir[4000], tree[4100], cmd[32768];
+    bin_dir(lc, dir, sizeof dir);
+    snprintf(lc->greedy, sizeof lc->greedy, "%.3900s/llamacpp_greedy", dir);
+    /* the tree's headers: build/bin/ is two below the tree, src/ beside build/ */
+    snprintf(tree, sizeof tree, "%.3900s/../../src", dir);
+    snprintf(cmd, sizeof cmd,
+             "cc -O2 -std=c11 '%.1000s' -I'%s/include' -I'%s/ggml/include' -L'%s' -lllama -lggml -lggml-base "
+             "-Wl,-rpath,'%s' -lm -o '%.4100s' 2>&1 | tail -n 5 >&2",
+             src, tree, tree, dir, dir, lc->greedy);
+    if (sh(cmd) || access(lc->greedy, X_OK)) {
+        snprintf(lc->why, sizeof lc->why, "building %.300s against %.600s failed", src, dir);
+        return -1;
+    }
+    return 0;
+}
+
+int bench_llamacpp_greedy(bench_llamacpp *lc, const char *gguf, const int *ids, int n, int steps, int *out_ids,
+                          double *out_lp)
+{
+    size_t cap = 64 + (size_t)n * 12 + strlen(lc->greedy) + strlen(gguf);
+    char *cmd = malloc(cap);
+    if (!cmd)
+        return -1;
+    int at = snprintf(cmd, cap, "'%s' '%s' %d ", lc->greedy, gguf, steps);
+    for (int i = 0; i < n; i++)
+        at += snprintf(cmd + at, cap - (size_t)at, "%s%d", i ? "," : "", ids[i]);
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    if (!p) {
+        snprintf(lc->why, sizeof lc->why, "cannot run %.600s", lc->greedy);
+        return -1;
+    }
+    int got = 0;
+    while (got < steps && fscanf(p, "%d %lf", &out_ids[got], &out_lp[got]) == 2)
+        got++;
+    int rc = pclose(p);
+    if (rc || got != steps) {
+        snprintf(lc->why, sizeof lc->why, "llamacpp_greedy on %.600s: %d of %d steps (exit %d)", gguf, got, steps,
+                 rc);
+        return -1;
+    }
+    return 0;
+}

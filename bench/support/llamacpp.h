@@ -17,6 +17,7 @@
 typedef struct bench_llamacpp {
     char bench[4200]; /* the llama-bench built */
     char batched[4200]; /* the llama-batched-bench built beside it */
+    char greedy[4200];  /* bench/oracle/llamacpp_greedy built against it */
     char commit[41];  /* llama.cpp's commit, from the bundle */
     char build[512];  /* how it was built, as the benches print it */
     char why[1024];   /* why not available, or why a run failed */
@@ -43,5 +44,14 @@ double bench_llamacpp_prefill(bench_llamacpp *lc, const char *gguf, int threads,
  * (llama-batched-bench's S_TG: each sequence a prompt-token prompt, then
  * tokens steps of one token each, all sequences in every step). */
 double bench_llamacpp_batched(bench_llamacpp *lc, const char *gguf, int threads, int seqs, int prompt, int tokens);
+
+/* Build the greedy oracle src (bench/oracle/llamacpp_greedy.c) against the
+ * llama.cpp lc opened (its headers and libllama): 0, or -1 with lc->why. */
+int bench_llamacpp_oracle_open(bench_llamacpp *lc, const char *src);
+
+/* llama.cpp's greedy continuation of the n-token prompt ids: steps argmax
+ * ids and their log-probabilities (F32 KV cache). 0, or -1 with lc->why. */
+int bench_llamacpp_greedy(bench_llamacpp *lc, const char *gguf, const int *ids, int n, int steps, int *out_ids,
+                          double *out_lp);
 
 #endif
