@@ -32,6 +32,7 @@
 #include "tokpipe/model.h"
 #include "support/decode.h"
 #include "support/llamacpp.h"
+#include "support/mkgguf.h"
 #include "support/timing.h"
 
 #define SAMPLES 3
@@ -191,7 +192,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *bin = getenv("BIN"), *models = getenv("TP_MODELS"), *pick = getenv("TP_BENCH_MODELS");
     bin = bin ? bin : "bin";
-    char vocab[1024], dir[] = "/tmp/tp-bench-models-XXXXXX", cmd[4096], src[700], cpu[256];
+    char vocab[1024], dir[] = "/tmp/tp-bench-models-XXXXXX", src[700], cpu[256];
     snprintf(vocab, sizeof vocab, "%s/" VOCAB_FILE, models ? models : "../shared/models");
     if (access(vocab, R_OK)) {
         printf("bench_models: skipped: no %s (the vocabulary llama.cpp's files need)\n", vocab);
@@ -217,12 +218,7 @@ int main(int argc, char **argv)
             continue;
         snprintf(src, sizeof src, "%s/%s-F32.gguf", dir, c->name);
         fprintf(stderr, "bench_models: writing %s (%s %s)\n", c->name, c->shape, c->flags);
-        snprintf(cmd, sizeof cmd,
-                 "%s/tokpipe mkmodel --format gguf --arch %s --vocab-from %s --shape %s %s --seed 1 --separate-output "
-                 "--quiet --out %s",
-                 bin, c->arch, vocab, c->shape, c->flags, src);
-        if (system(cmd) != 0)
-            die("mkmodel", cmd);
+        bench_mkgguf(bin, c->arch, vocab, c->shape, c->flags, "--seed 1 --separate-output", src);
         char types[64];
         snprintf(types, sizeof types, "%s", c->types);
         entry e[4];
@@ -233,9 +229,7 @@ int main(int argc, char **argv)
             x->c = c;
             x->type = c->types + (t - types);
             snprintf(x->path, sizeof x->path, "%s/%s-%s.gguf", dir, c->name, t);
-            snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, x->path, t);
-            if (system(cmd) != 0)
-                die("quantize", cmd);
+            bench_quantize(bin, src, t, x->path);
         }
         remove(src);
         for (int i = 0; i < ne; i++) {

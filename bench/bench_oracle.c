@@ -21,6 +21,7 @@
 #include "tokpipe/model.h"
 #include "support/decode.h"
 #include "support/llamacpp.h"
+#include "support/mkgguf.h"
 #include "support/timing.h"
 
 #define PROMPT 100
@@ -99,7 +100,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *bin = getenv("BIN"), *models = getenv("TP_MODELS"), *pick = getenv("TP_BENCH_MODELS");
     bin = bin ? bin : "bin";
-    char vocab[1024], dir[] = "/tmp/tp-bench-oracle-XXXXXX", cmd[4096], src[700];
+    char vocab[1024], dir[] = "/tmp/tp-bench-oracle-XXXXXX", src[700];
     snprintf(vocab, sizeof vocab, "%s/" VOCAB_FILE, models ? models : "../shared/models");
     bench_llamacpp lc;
     memset(&lc, 0, sizeof lc);
@@ -125,20 +126,13 @@ int main(int argc, char **argv)
         if (pick && !bench_list_has(pick, c->arch))
             continue;
         snprintf(src, sizeof src, "%s/%s.gguf", dir, c->arch);
-        snprintf(cmd, sizeof cmd,
-                 "%s/tokpipe mkmodel --format gguf --arch %s --vocab-from %s --shape %s %s --seq-len 512 --seed 7 "
-                 "--quiet --out %s",
-                 bin, c->arch, vocab, c->shape, c->flags, src);
-        if (system(cmd) != 0)
-            die("mkmodel", cmd);
+        bench_mkgguf(bin, c->arch, vocab, c->shape, c->flags, "--seq-len 512 --seed 7", src);
         char types[64];
         snprintf(types, sizeof types, "%s", c->types);
         for (char *t = strtok(types, ","); t; t = strtok(NULL, ",")) {
             char path[800];
             snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, c->arch, t);
-            snprintf(cmd, sizeof cmd, "%s/tokpipe quantize %s %s --type %s --quiet", bin, src, path, t);
-            if (system(cmd) != 0)
-                die("quantize", cmd);
+            bench_quantize(bin, src, t, path);
             int a[STEPS], b[STEPS];
             double la[STEPS], lb[STEPS];
             tokpipe_greedy(path, prompt, a, la);

@@ -118,30 +118,38 @@ int bench_llamacpp_open(bench_llamacpp *lc)
     return 0;
 }
 
+/* Run cmd (one of llama.cpp's bench programs, JSON out) and read the
+ * number after key in what it prints: the rate, or -1 with lc->why. */
+static double run_rate(bench_llamacpp *lc, const char *cmd, const char *key)
+{
+    char out[16384] = "";
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        snprintf(lc->why, sizeof lc->why, "cannot run %.600s", cmd);
+        return -1;
+    }
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    const char *r = strstr(out, key);
+    double rate = r ? strtod(r + strlen(key), NULL) : -1;
+    if (rc != 0 || !(rate > 0) || !isfinite(rate)) {
+        out[strcspn(out, "\n")] = 0;
+        snprintf(lc->why, sizeof lc->why, "%.200s failed (exit %d): %.400s", cmd, rc, out);
+        return -1;
+    }
+    return rate;
+}
+
 /* One llama-bench run of one test (args: its -p/-n/-d), its tok/s. -r 1:
  * one sample per run, so that runs pair with tokpipe's samples.
  * Everything else is llama-bench's default (thread pool polling, warm-up,
  * mmap). */
 static double run_test(bench_llamacpp *lc, const char *gguf, int threads, const char *args)
 {
-    char cmd[16384], out[16384] = "";
+    char cmd[16384];
     snprintf(cmd, sizeof cmd, "'%s' -m '%s' %s -t %d -r 1 -o json 2>&1", lc->bench, gguf, args, threads);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        snprintf(lc->why, sizeof lc->why, "cannot run %.600s", lc->bench);
-        return -1;
-    }
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int rc = pclose(p);
-    const char *r = strstr(out, "\"avg_ts\":");
-    double rate = r ? strtod(r + 9, NULL) : -1;
-    if (rc != 0 || !(rate > 0) || !isfinite(rate)) {
-        out[strcspn(out, "\n")] = 0;
-        snprintf(lc->why, sizeof lc->why, "llama-bench run failed: %.400s", out);
-        return -1;
-    }
-    return rate;
+    return run_rate(lc, cmd, "\"avg_ts\":");
 }
 
 double bench_llamacpp_decode(bench_llamacpp *lc, const char *gguf, int threads, int depth, int tokens)
@@ -165,25 +173,11 @@ double bench_llamacpp_batched(bench_llamacpp *lc, const char *gguf, int threads,
         return -1;
     }
     /* -c: room for every sequence's prompt and tokens, unshared */
-    char cmd[16384], out[16384] = "";
+    char cmd[16384];
     snprintf(cmd, sizeof cmd,
              "'%s' -m '%s' -c %d -npp %d -ntg %d -npl %d -t %d --output-format jsonl 2>/dev/null", lc->batched, gguf,
              seqs * (prompt + tokens) + 64, prompt, tokens, seqs, threads);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        snprintf(lc->why, sizeof lc->why, "cannot run %.600s", lc->batched);
-        return -1;
-    }
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int rc = pclose(p);
-    const char *r = strstr(out, "\"speed_tg\": ");
-    double rate = r ? strtod(r + 12, NULL) : -1;
-    if (rc != 0 || !(rate > 0) || !isfinite(rate)) {
-        snprintf(lc->why, sizeof lc->why, "llama-batched-bench run failed (exit %d): %.400s", rc, out);
-        return -1;
-    }
-    return rate;
+    return run_rate(lc, cmd, "\"speed_tg\": ");
 }
 
 /* The directory llama-bench is in (the build's bin/, its libraries too). */
