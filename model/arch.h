@@ -203,6 +203,7 @@ typedef struct tp_arch {
     int mk_experts, mk_experts_used; /* mkmodel's defaults for a MoE kind (0: dense) */
     float mk_yarn_factor;  /* > 0: mkmodel writes rope.scaling.type yarn with this factor */
     int mk_yarn_orig_ctx;  /* and rope.scaling.original_context_length */
+    bool mk_output;        /* mkmodel always writes output.weight (llama.cpp requires it) */
 } tp_arch;
 
 /* The table (model/archs.c), in the order "supported: ..." lists them. */

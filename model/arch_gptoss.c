@@ -57,4 +57,5 @@ const tp_arch tp_arch_gptoss = {
     .mk_experts_used = 4,
     .mk_yarn_factor = 32.0f,
     .mk_yarn_orig_ctx = 4096,
+    .mk_output = true,
 };

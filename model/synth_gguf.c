@@ -186,7 +186,7 @@ static size_t total_floats(const tp_synth_shape *s, int vocab, const arch_defaul
             layers += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1) * (size_t)(ne2 ? ne2 : 1);
         }
     size_t d = (size_t)z.d, V = (size_t)vocab;
-    return V * d * (o->separate_output ? 2 : 1) + d + (size_t)z.hs / 2 + layers;
+    return V * d * (o->separate_output || ad->arch->mk_output ? 2 : 1) + d + (size_t)z.hs / 2 + layers;
 }
 
 static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o,
@@ -273,7 +273,7 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
     int d = z.d, hs = z.hs;
     int rc = tensor(b, "token_embd.weight", d, V, 0, MATRIX, err);
     if (!rc) rc = tensor(b, "output_norm.weight", d, 0, 0, NORM, err);
-    if (!rc && o->separate_output)
+    if (!rc && (o->separate_output || a->arch->mk_output))
         rc = tensor(b, "output.weight", d, V, 0, MATRIX, err);
     if (!rc && a->llama3 && !o->rope_scaling_keys) {
         float *ff = b->buf + b->used;

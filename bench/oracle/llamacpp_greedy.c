@@ -4,8 +4,9 @@
  *
  *   llamacpp_greedy MODEL.gguf STEPS ID,ID,...   (the prompt's token ids)
  *
- * prints one line per step: the argmax id and its log-probability (the
- * logit minus the log-sum-exp of the row, in double), after the prompt in
+ * prints one line per step: the argmax id, its log-probability (the logit
+ * minus the log-sum-exp of the row, in double) and its lead over the
+ * runner-up's logit (a near tie explains a different argmax), after the prompt in
  * one batch and then one token at a time. The KV cache is F32 (llama.cpp's
  * default F16 would round what tokpipe keeps exactly); no sampler. */
 #include <math.h>
@@ -64,14 +65,18 @@ int main(int argc, char **argv)
             return 1;
         }
         const float *l = llama_get_logits_ith(ctx, -1);
-        int best = 0;
+        int best = 0, second = -1;
         for (int i = 1; i < nv; i++)
-            if (l[i] > l[best])
+            if (l[i] > l[best]) {
+                second = best;
                 best = i;
+            } else if (second < 0 || l[i] > l[second]) {
+                second = i;
+            }
         double sum = 0;
         for (int i = 0; i < nv; i++)
             sum += exp((double)l[i] - (double)l[best]);
-        printf("%d %.9g\n", best, -log(sum));
+        printf("%d %.9g %.9g\n", best, -log(sum), (double)l[best] - (double)l[second]);
         toks[0] = best;
         b = llama_batch_get_one(toks, 1);
     }

@@ -206,7 +206,7 @@ int bench_llamacpp_oracle_open(bench_llamacpp *lc, const char *src)
 }
 
 int bench_llamacpp_greedy(bench_llamacpp *lc, const char *gguf, const int *ids, int n, int steps, int *out_ids,
-                          double *out_lp)
+                          double *out_lp, double *out_lead)
 {
     size_t cap = 64 + (size_t)n * 12 + strlen(lc->greedy) + strlen(gguf);
     char *cmd = malloc(cap);
@@ -222,7 +222,7 @@ int bench_llamacpp_greedy(bench_llamacpp *lc, const char *gguf, const int *ids, 
         return -1;
     }
     int got = 0;
-    while (got < steps && fscanf(p, "%d %lf", &out_ids[got], &out_lp[got]) == 2)
+    while (got < steps && fscanf(p, "%d %lf %lf", &out_ids[got], &out_lp[got], &out_lead[got]) == 3)
         got++;
     int rc = pclose(p);
     if (rc || got != steps) {

@@ -50,8 +50,9 @@ double bench_llamacpp_batched(bench_llamacpp *lc, const char *gguf, int threads,
 int bench_llamacpp_oracle_open(bench_llamacpp *lc, const char *src);
 
 /* llama.cpp's greedy continuation of the n-token prompt ids: steps argmax
- * ids and their log-probabilities (F32 KV cache). 0, or -1 with lc->why. */
+ * ids, their log-probabilities and their logits' lead over the runner-up
+ * (F32 KV cache). 0, or -1 with lc->why. */
 int bench_llamacpp_greedy(bench_llamacpp *lc, const char *gguf, const int *ids, int n, int steps, int *out_ids,
-                          double *out_lp);
+                          double *out_lp, double *out_lead);
 
 #endif
