@@ -18,6 +18,7 @@
 #include "tokpipe/synth.h"
 #include "tokpipe/stage.h"
 #include "../workers/forward/prefix_cache.h"
+#include "support/model_files.h"
 
 void tp_forward_use_scalar_for_tests(tp_forward *f);
 void tp_forward_split_all_for_tests(tp_forward *f);
@@ -206,23 +207,11 @@ static void check_model(const char *file, tp_kv_type kv, int threads, bool scala
 static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
 {
     (void)state;
-    const char *dir = getenv("TP_MODELS");
-    char vocab[4096], path[] = "/tmp/tp_test_prefix_gemma3.XXXXXX";
-    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", dir ? dir : "../shared/models");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
     tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x6x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "gemma3", .vocab_from = vocab, .head_dim = 32, .sliding_window = 20};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "gemma3", .head_dim = 32, .sliding_window = 20},
+                                   "64x6x4x2", 3, &e);
+    if (!m)
         fail_msg("mkmodel gemma3: %s", e.msg);
-    tp_model *m = NULL;
-    int rc = tp_model_load(path, &m, &e);
-    unlink(path);
-    if (rc)
-        fail_msg("%s", e.msg);
     assert_int_equal(tp_model_get_config(m)->swa_window, 20);
     check_loaded(m, "gemma3 window 20", TP_KV_F32, 1, false);
     check_loaded(m, "gemma3 window 20", TP_KV_F16, 2, false);
@@ -274,23 +263,10 @@ static void check_hybrid(tp_model *m, tp_kv_type kv, int threads, bool scalar)
 static void reuse_is_bitwise_exact_with_deltanet_state(void **state)
 {
     (void)state;
-    const char *dir = getenv("TP_MODELS");
-    char vocab[4096], path[] = "/tmp/tp_test_prefix_qwen35.XXXXXX";
-    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", dir ? dir : "../shared/models");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
     tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x8x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "qwen35", .vocab_from = vocab, .head_dim = 32};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "qwen35", .head_dim = 32}, "64x8x4x2", 3, &e);
+    if (!m)
         fail_msg("mkmodel qwen35: %s", e.msg);
-    tp_model *m = NULL;
-    int rc = tp_model_load(path, &m, &e);
-    unlink(path);
-    if (rc)
-        fail_msg("%s", e.msg);
     check_hybrid(m, TP_KV_F32, 1, false);
     check_hybrid(m, TP_KV_F16, 2, false);
     check_hybrid(m, TP_KV_F32, 1, true);

@@ -2,6 +2,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 void model_file_path(const char *name, char *buf, size_t cap)
 {
@@ -27,4 +28,25 @@ void *model_file_read(const char *name, size_t *size)
     fclose(fp);
     *size = (size_t)n;
     return buf;
+}
+
+tp_model *synth_model_load(tp_synth_gguf o, const char *shape, uint64_t seed, tp_err *err)
+{
+    char vocab[4096], path[] = "/tmp/tp_test_synth.XXXXXX";
+    if (!o.vocab_from) {
+        model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", vocab, sizeof vocab);
+        o.vocab_from = vocab;
+    }
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        tp_err_set(err, TP_EIO, "mkstemp failed");
+        return NULL;
+    }
+    close(fd);
+    tp_synth_shape sh;
+    tp_model *m = NULL;
+    if (!tp_synth_parse_shape(shape, &sh, err) && !tp_synth_write_gguf(path, &sh, seed, &o, err))
+        tp_model_load(path, &m, err);
+    unlink(path);
+    return m;
 }

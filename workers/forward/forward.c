@@ -140,6 +140,7 @@ struct tp_forward {
     int n_parts;       /* slots * part_pps + extra_pages, 0 without sliding layers */
     int *sw_from;      /* per slot: blocks from here on claim their parts (earlier ones let go) */
     int *walk;         /* [pps] seq_reuse's scratch: the cached pages found */
+    bool keep_windows; /* tests: sliding layers' KV in the page, never let go (the old way) */
     tp_kv_type kv_type;
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     bool kv16_avx2;    /* else AVX2 (attn_avx2.h: the portable bits) */
@@ -466,11 +467,13 @@ static int alloc_scratch(tp_forward *f)
 static int layout_layers(tp_forward *f)
 {
     int L = f->c.n_layers, n_page = 0, n_part = 0;
+    free(f->kv_index);
+    free(f->kv_part);
     f->kv_index = malloc((size_t)L * sizeof *f->kv_index);
     f->kv_part = calloc((size_t)L, sizeof *f->kv_part);
     if (!f->kv_index || !f->kv_part)
         return TP_ENOMEM;
-    bool parts = f->c.swa_window > 0 && f->c.swa_window < f->max_pos;
+    bool parts = f->c.swa_window > 0 && f->c.swa_window < f->max_pos && !f->keep_windows;
     for (int l = 0; l < L; l++) {
         if (tp_model_layer_recurrent(&f->c, l))
             f->kv_index[l] = -1;
@@ -865,6 +868,19 @@ int tp_forward_threads(const tp_forward *f) { return f->pool ? tp_pool_threads(f
 tp_isa tp_forward_isa(const tp_forward *f) { return f->isa; }
 
 void tp_forward_split_all_for_tests(tp_forward *f) { f->part_min = 1; }
+
+/* Sliding layers' KV kept in the page for every position, as before
+ * window parts: the reference the window rule must equal. Only while no
+ * sequence is open; a new pool (the cache's pages are gone). */
+int tp_forward_keep_windows_for_tests(tp_forward *f, tp_err *err)
+{
+    if (first_open(f) >= 0)
+        return tp_err_set(err, TP_ESTATE, "forward: a sequence is open");
+    f->keep_windows = true;
+    if (layout_layers(f))
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory");
+    return map_kv(f, f->kv_type, err);
+}
 
 void tp_forward_use_scalar_for_tests(tp_forward *f)
 {
