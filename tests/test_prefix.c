@@ -219,6 +219,65 @@ static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
     tp_model_free(m);
 }
 
+/* Sliding layers' window parts (forward.h, tp_fwd_kv_stats): a random
+ * gemma3 (window 20) on steps of 16 tokens, so a slot keeps 4 parts and
+ * the pool has 8 for 2 slots. A prompt run again takes its cached pages,
+ * whose window parts the cache kept; after a flood of other jobs took
+ * that memory, the pages are still cached but their parts are gone, and
+ * the hit is cut to where the next query's window has them (here: none).
+ * The prompt computed again gives its parts back to the cached pages. With
+ * extra pages the cache keeps enough parts and the hit is whole. Every job
+ * equals a cold run bit for bit. */
+static void hits_on_sliding_layers_end_where_their_window_parts_are_kept(void **state)
+{
+    (void)state;
+    tp_err e;
+    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "gemma3", .head_dim = 32, .sliding_window = 20},
+                                   "64x6x4x2", 3, &e);
+    if (!m)
+        fail_msg("mkmodel gemma3: %s", e.msg);
+    int vocab = tp_model_get_config(m)->vocab_size;
+    int base[MAXLEN], flood[MAXLEN];
+    make_prompt(base, 100, 11, vocab);
+    make_prompt(flood, 150, 12, vocab);
+    job_out want = reference(m, TP_KV_F32, base, 100), wflood = reference(m, TP_KV_F32, flood, 150);
+    for (int extra = 0; extra <= 40; extra += 40) {
+        tp_forward *f;
+        if (tp_forward_new(m, 2, MAXLEN + 16, 16, &f, &e) || tp_forward_set_prefix_cache(f, true, extra, &e))
+            fail_msg("%s", e.msg);
+        tp_fwd_kv_stats ks;
+        tp_forward_kv_stats(f, &ks);
+        assert_int_equal(ks.parts_total, 2 * 4 + extra);
+        struct {
+            const int *p;
+            int n, want_hit, want_hit_extra;
+            const job_out *ref;
+        } jobs[] = {
+            {base, 100, 0, 0, &want},
+            {base, 100, 96, 96, &want},  /* blocks 4 and 5 (positions 77..95) kept their parts */
+            {flood, 150, 0, 0, &wflood}, /* 10 parts' worth: every part of base's is taken */
+            {base, 100, 0, 96, &want},   /* cut: the window of every page end lost its parts */
+            {base, 100, 96, 96, &want},  /* the run before gave them back */
+        };
+        for (size_t i = 0; i < sizeof jobs / sizeof jobs[0]; i++) {
+            char what[128];
+            snprintf(what, sizeof what, "gemma3 window 20, %d extra pages, job %zu", extra, i);
+            job_out got = run_job(f, jobs[i].p, jobs[i].n, 16, true, false, NULL);
+            assert_same_job(&got, jobs[i].ref, vocab, what);
+            int wh = extra ? jobs[i].want_hit_extra : jobs[i].want_hit;
+            if (got.hit != wh)
+                fail_msg("%s: %d tokens from the cache, want %d", what, got.hit, wh);
+            job_out_free(&got);
+        }
+        tp_forward_kv_stats(f, &ks);
+        assert_int_equal(ks.parts_held, 0);
+        tp_forward_free(f);
+    }
+    job_out_free(&want);
+    job_out_free(&wflood);
+    tp_model_free(m);
+}
+
 /* A hybrid model's prefix hit must end at a page whose DeltaNet state was
  * kept: a step keeps the state after the last page boundary it crosses.
  * Each job equals a cold run bit for bit, and takes what was kept. */
@@ -426,6 +485,55 @@ static void the_cache_can_be_sized_turned_off_and_is_unused_with_openblas(void *
     tp_model_free(m);
 }
 
+/* Window parts alone: a page's part lives while claimed; let go, it stays
+ * with a cached page (freed with any other) until a part is wanted, the
+ * least recently released first; a publish that finds the page cached
+ * hands the part over when the cached page has none. */
+static void pcache_parts_stay_with_cached_pages_until_wanted(void **state)
+{
+    (void)state;
+    tp_pcache *pc = tp_pcache_new(4, true);
+    assert_non_null(pc);
+    assert_int_equal(tp_pcache_set_parts(pc, 2), 0);
+    int32_t k1[TP_KV_PAGE] = {1}, k2[TP_KV_PAGE] = {2};
+    int a = tp_pcache_alloc(pc), b = tp_pcache_alloc(pc);
+    int pa = tp_pcache_part_claim(pc, a), pb = tp_pcache_part_claim(pc, b);
+    assert_true(pa >= 0 && pb >= 0 && pa != pb);
+    assert_int_equal(tp_pcache_part_claim(pc, a), pa); /* a second claim, the same part */
+    assert_int_equal(tp_pcache_parts_claimed(pc), 2);
+    int c = tp_pcache_alloc(pc);
+    assert_int_equal(tp_pcache_part_claim(pc, c), -1); /* all claimed */
+    assert_int_equal(tp_pcache_publish(pc, a, -1, k1), a);
+    assert_int_equal(tp_pcache_publish(pc, b, a, k2), b);
+    tp_pcache_part_release(pc, a);
+    tp_pcache_part_release(pc, a);
+    tp_pcache_part_release(pc, b);
+    assert_int_equal(tp_pcache_parts_claimed(pc), 0);
+    assert_int_equal(tp_pcache_part(pc, a), pa);      /* cached: kept */
+    assert_int_equal(tp_pcache_part_claim(pc, c), pa); /* released first, taken first */
+    assert_int_equal(tp_pcache_part(pc, a), -1);
+    assert_int_equal(tp_pcache_part(pc, b), pb);
+    /* a page written again with a's key: publish finds a, which has no
+     * part; the writer's part goes to a */
+    tp_pcache_unref(pc, a);
+    tp_pcache_unref(pc, b);
+    int d = tp_pcache_alloc(pc);
+    assert_int_equal(tp_pcache_part_claim(pc, d), pb);
+    assert_int_equal(tp_pcache_part(pc, b), -1);
+    assert_int_equal(tp_pcache_publish(pc, d, -1, k1), a);
+    tp_pcache_part_move(pc, d, a);
+    tp_pcache_unref(pc, d);
+    assert_int_equal(tp_pcache_part(pc, a), pb);
+    assert_int_equal(tp_pcache_parts_claimed(pc), 2); /* a's (moved) and c's */
+    tp_pcache_part_release(pc, c);                     /* c is not cached: freed */
+    tp_pcache_unref(pc, c);
+    assert_int_equal(tp_pcache_parts_claimed(pc), 1);
+    tp_pcache_part_release(pc, a);
+    tp_pcache_unref(pc, a);
+    assert_int_equal(tp_pcache_part(pc, a), pb);      /* still cached */
+    tp_pcache_free(pc);
+}
+
 /* The page bookkeeping alone: keys compare exactly, only leaves nobody
  * holds are evicted, least recently used first. */
 static void pcache_evicts_least_recent_unheld_leaves_only(void **state)
@@ -557,9 +665,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pcache_evicts_least_recent_unheld_leaves_only),
+        cmocka_unit_test(pcache_parts_stay_with_cached_pages_until_wanted),
         cmocka_unit_test(reuse_is_bitwise_exact_on_stories260k_f32),
         cmocka_unit_test(reuse_is_bitwise_exact_on_every_gguf_weight_type),
         cmocka_unit_test(reuse_is_bitwise_exact_with_sliding_windows),
+        cmocka_unit_test(hits_on_sliding_layers_end_where_their_window_parts_are_kept),
         cmocka_unit_test(reuse_is_bitwise_exact_with_deltanet_state),
         cmocka_unit_test(running_jobs_share_pages_and_a_rewind_copies_instead_of_writing),
         cmocka_unit_test(eviction_under_pressure_keeps_the_pool_bounded_and_results_exact),
