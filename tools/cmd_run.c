@@ -99,9 +99,9 @@ typedef struct run_ctx {
     float *mrow;         /* the logits under the mask */
     tp_spec_mode spec;   /* --speculative */
     int spec_n_max;
-    bool kv_stats;       /* --kv-stats: the peak below, printed at the end */
-    size_t kv_peak;      /* most KV bytes the sequences held after a step */
-    long kv_peak_pos;    /* positions they held then */
+    bool kv_stats;       /* --kv-stats: what follows, printed at the end */
+    size_t kv_peak, kv_last; /* most KV bytes the sequences held after a step; after the last one */
+    long kv_peak_pos, kv_last_pos; /* positions they held then */
 } run_ctx;
 
 static void usage(FILE *out)
@@ -127,9 +127,9 @@ static void usage(FILE *out)
           "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n"
           "  --chat-template FILE     template for --message/--messages (default: the GGUF\n"
           "                           tokenizer's or model's tokenizer.chat_template)\n"
-          "  --kv-stats               print to stderr the most KV cache memory the sequences held\n"
-          "                           after a step and its bytes per position of context (sliding\n"
-          "                           layers keep only their window, DeltaNet layers none)\n",
+          "  --kv-stats               print to stderr the KV cache memory the sequences held after\n"
+          "                           the last step (and at most), per position of context\n"
+          "                           (sliding layers keep only their window, DeltaNet layers none)\n",
           out);
     genopts_print_help(out);
 }
@@ -575,16 +575,18 @@ static void kv_sample(run_ctx *c)
         c->kv_peak = st.held_bytes;
         c->kv_peak_pos = pos;
     }
+    c->kv_last = st.held_bytes;
+    c->kv_last_pos = pos;
 }
 
 static void kv_print(const run_ctx *c)
 {
     tp_fwd_kv_stats st;
     tp_forward_kv_stats(c->fwd, &st);
-    fprintf(stderr, "tokpipe run: kv %zu bytes held at most, at %ld positions (%.1f bytes a position); a page "
-            "of 16 positions %zu bytes, window parts %zu bytes (window %d)\n", c->kv_peak, c->kv_peak_pos,
-            c->kv_peak_pos ? (double)c->kv_peak / (double)c->kv_peak_pos : 0.0, st.page_bytes, st.part_bytes,
-            st.window);
+    fprintf(stderr, "tokpipe run: kv held after the last step %zu bytes at %ld positions (%.1f a position), "
+            "at most %zu bytes at %ld; a page of 16 positions %zu bytes, a window part %zu bytes (window %d)\n",
+            c->kv_last, c->kv_last_pos, c->kv_last_pos ? (double)c->kv_last / (double)c->kv_last_pos : 0.0,
+            c->kv_peak, c->kv_peak_pos, st.page_bytes, st.part_bytes, st.window);
 }
 
 static int generate(run_ctx *c, const genopts *g, tp_err *err)
