@@ -455,14 +455,7 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
 }
 
 /* A random model of arch (mkmodel's writer) with o's options and shape, loaded. */
-static tp_model *synth_model_shaped(tp_synth_gguf o, const char *shape)
-{
-    tp_err e;
-    tp_model *m = synth_model_load(o, shape, 9, &e);
-    if (!m)
-        fail_msg("mkmodel %s: %s", o.arch, e.msg);
-    return m;
-}
+static tp_model *synth_model_shaped(tp_synth_gguf o, const char *shape) { return synth_model_load(o, shape, 9); }
 
 static tp_model *synth_model_with(tp_synth_gguf o)
 {

@@ -18,6 +18,7 @@
 #include "tokpipe/synth.h"
 #include "tokpipe/stage.h"
 #include "../workers/forward/prefix_cache.h"
+#include "support/greedy.h"
 #include "support/model_files.h"
 
 void tp_forward_use_scalar_for_tests(tp_forward *f);
@@ -36,26 +37,6 @@ static tp_model *load_real(const char *name)
     if (tp_model_load(path, &m, &e))
         fail_msg("cannot load %s: %s", path, e.msg);
     return m;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-/* A prompt of n ids in [1, vocab) from a seed; prompts with the same seed
- * share their prefix. */
-static void make_prompt(int *p, int n, unsigned seed, int vocab)
-{
-    uint32_t s = seed * 2654435761u + 7;
-    for (int i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        p[i] = 1 + (int)((s >> 8) % (uint32_t)(vocab - 1));
-    }
 }
 
 /* What a job saw: the logits after its prompt and after each generated
@@ -154,9 +135,9 @@ static void check_loaded(tp_model *m, const char *file, tp_kv_type kv, int threa
     int vocab = tp_model_get_config(m)->vocab_size;
     char what[256];
     int base[MAXLEN], other[MAXLEN];
-    make_prompt(base, 150, 11, vocab);
+    seeded_prompt(base, 150, 11, vocab);
     memcpy(other, base, sizeof other);
-    make_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens: 2 pages */
+    seeded_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens: 2 pages */
     struct {
         const int *p;
         int n, chunk, want_hit;
@@ -201,17 +182,19 @@ static void check_model(const char *file, tp_kv_type kv, int threads, bool scala
 }
 
 /* A random gemma3 (mkmodel's writer) of six blocks, five of them sliding
- * with a window of 20 (not a whole number of pages): a restored prefix
+ * with a window of 20 (not a whole number of pages). */
+static tp_model *gemma3_window_20(void)
+{
+    return synth_model_load((tp_synth_gguf){.arch = "gemma3", .head_dim = 32, .sliding_window = 20}, "64x6x4x2", 3);
+}
+
+/* gemma3_window_20: a restored prefix
  * gives what a cold run computes though its jobs outgrow the window many
  * times. */
 static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
 {
     (void)state;
-    tp_err e;
-    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "gemma3", .head_dim = 32, .sliding_window = 20},
-                                   "64x6x4x2", 3, &e);
-    if (!m)
-        fail_msg("mkmodel gemma3: %s", e.msg);
+    tp_model *m = gemma3_window_20();
     assert_int_equal(tp_model_get_config(m)->swa_window, 20);
     check_loaded(m, "gemma3 window 20", TP_KV_F32, 1, false);
     check_loaded(m, "gemma3 window 20", TP_KV_F16, 2, false);
@@ -231,15 +214,12 @@ static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
 static void hits_on_sliding_layers_end_where_their_window_parts_are_kept(void **state)
 {
     (void)state;
+    tp_model *m = gemma3_window_20();
     tp_err e;
-    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "gemma3", .head_dim = 32, .sliding_window = 20},
-                                   "64x6x4x2", 3, &e);
-    if (!m)
-        fail_msg("mkmodel gemma3: %s", e.msg);
     int vocab = tp_model_get_config(m)->vocab_size;
     int base[MAXLEN], flood[MAXLEN];
-    make_prompt(base, 100, 11, vocab);
-    make_prompt(flood, 150, 12, vocab);
+    seeded_prompt(base, 100, 11, vocab);
+    seeded_prompt(flood, 150, 12, vocab);
     job_out want = reference(m, TP_KV_F32, base, 100), wflood = reference(m, TP_KV_F32, flood, 150);
     for (int extra = 0; extra <= 40; extra += 40) {
         tp_forward *f;
@@ -286,9 +266,9 @@ static void check_hybrid(tp_model *m, tp_kv_type kv, int threads, bool scalar)
     int vocab = tp_model_get_config(m)->vocab_size;
     char what[256];
     int base[MAXLEN], other[MAXLEN];
-    make_prompt(base, 150, 11, vocab);
+    seeded_prompt(base, 150, 11, vocab);
     memcpy(other, base, sizeof other);
-    make_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens */
+    seeded_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens */
     struct {
         const int *p;
         int n, chunk, want_hit;
@@ -322,10 +302,7 @@ static void check_hybrid(tp_model *m, tp_kv_type kv, int threads, bool scalar)
 static void reuse_is_bitwise_exact_with_deltanet_state(void **state)
 {
     (void)state;
-    tp_err e;
-    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "qwen35", .head_dim = 32}, "64x8x4x2", 3, &e);
-    if (!m)
-        fail_msg("mkmodel qwen35: %s", e.msg);
+    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "qwen35", .head_dim = 32}, "64x8x4x2", 3);
     check_hybrid(m, TP_KV_F32, 1, false);
     check_hybrid(m, TP_KV_F16, 2, false);
     check_hybrid(m, TP_KV_F32, 1, true);
@@ -362,7 +339,7 @@ static void running_jobs_share_pages_and_a_rewind_copies_instead_of_writing(void
     tp_model *m = load_real("stories260K.bin");
     int vocab = tp_model_get_config(m)->vocab_size;
     int p[MAXLEN];
-    make_prompt(p, 90, 21, vocab);
+    seeded_prompt(p, 90, 21, vocab);
     tp_forward *f = new_fwd(m, 3, MAXLEN + 16, TP_KV_F32, 1, false, true);
     int a, b;
     job_out ja = run_job(f, p, 90, 64, true, true, &a);
@@ -418,13 +395,13 @@ static void eviction_under_pressure_keeps_the_pool_bounded_and_results_exact(voi
     int vocab = tp_model_get_config(m)->vocab_size;
     tp_forward *f = new_fwd(m, 2, 128, TP_KV_F32, 1, false, true);
     int p[MAXLEN];
-    make_prompt(p, 70, 100, vocab);
+    seeded_prompt(p, 70, 100, vocab);
     job_out first = run_job(f, p, 70, 70, true, false, NULL);
     job_out again = run_job(f, p, 70, 70, true, false, NULL);
     assert_int_equal(again.hit, 64);
     for (unsigned s = 0; s < 6; s++) {
         int q[MAXLEN];
-        make_prompt(q, 100, 200 + s, vocab);
+        seeded_prompt(q, 100, 200 + s, vocab);
         job_out o = run_job(f, q, 100, 100, true, false, NULL);
         job_out_free(&o);
     }
@@ -452,7 +429,7 @@ static void the_cache_can_be_sized_turned_off_and_is_unused_with_openblas(void *
     tp_model *m = load_real("stories260K.bin");
     int vocab = tp_model_get_config(m)->vocab_size;
     int p[MAXLEN];
-    make_prompt(p, 50, 5, vocab);
+    seeded_prompt(p, 50, 5, vocab);
     tp_forward *f = new_fwd(m, 1, 64, TP_KV_F32, 1, false, false);
     job_out a = run_job(f, p, 50, 50, true, false, NULL), b = run_job(f, p, 50, 50, true, false, NULL);
     assert_int_equal(b.hit, 0);
@@ -618,8 +595,8 @@ static void twin_chunks_of_one_step_are_computed_once(void **state)
     tp_err e;
     assert_int_equal(tp_forward_stage_new(m, 4, 128, 256, 1, &st, &e), 0);
     int p[40], q[40];
-    make_prompt(p, 40, 31, vocab);
-    make_prompt(q, 40, 32, vocab);
+    seeded_prompt(p, 40, 31, vocab);
+    seeded_prompt(q, 40, 32, vocab);
     tp_stage_io quiet = {ignore, ignore, NULL};
     for (uint32_t slot = 0; slot < 4; slot++) {
         tp_msg o;

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "tokpipe/forward.h"
+#include "support/greedy.h"
 #include "support/model_files.h"
 
 void tp_forward_split_all_for_tests(tp_forward *f);
@@ -32,32 +33,7 @@ int tp_forward_keep_windows_for_tests(tp_forward *f, tp_err *err);
 #define MAX_POS 176
 #define STEP_TOKENS 88 /* the chunks of one step: 48 + 1 + 33 */
 
-static tp_model *model(tp_synth_gguf o, const char *shape)
-{
-    tp_err e;
-    tp_model *m = synth_model_load(o, shape, 5, &e);
-    if (!m)
-        fail_msg("mkmodel %s: %s", o.arch, e.msg);
-    return m;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-static void make_prompt(int *p, int n, unsigned seed, int vocab)
-{
-    uint32_t s = seed * 2654435761u + 7;
-    for (int i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        p[i] = 1 + (int)((s >> 8) % (uint32_t)(vocab - 1));
-    }
-}
+static tp_model *model(tp_synth_gguf o, const char *shape) { return synth_model_load(o, shape, 5); }
 
 static tp_forward *new_fwd(const tp_model *m, int slots, int step_tokens, bool keep, tp_kv_type kv, int threads)
 {
@@ -164,7 +140,7 @@ static void check_model(const tp_model *m, const char *name)
         size_t kept_bytes = 0;
         for (int i = 0; i < NJOBS; i++) {
             want[i].rows = malloc(sizeof(float) * (DEC + 1) * (size_t)vocab);
-            make_prompt(want[i].prompt, PLEN, 31 + (unsigned)i, vocab);
+            seeded_prompt(want[i].prompt, PLEN, 31 + (unsigned)i, vocab);
             want[i].chunk = PLEN;
             tp_forward *ref = new_fwd(m, 1, PLEN, true, kt, 1);
             run_jobs(ref, &want[i], 1, vocab, "reference");
@@ -251,7 +227,7 @@ static void verify_rollback_stays_within_the_window_and_farther_back_is_refused(
     tp_model *m = model((tp_synth_gguf){.arch = "gemma3", .head_dim = 32, .sliding_window = 20}, "64x6x4x2");
     int vocab = tp_model_get_config(m)->vocab_size;
     int prompt[PLEN];
-    make_prompt(prompt, PLEN, 77, vocab);
+    seeded_prompt(prompt, PLEN, 77, vocab);
     float *rows[2], *out[2];
     for (int k = 0; k < 2; k++) {
         rows[k] = malloc(sizeof(float) * 5 * (size_t)vocab);
@@ -321,7 +297,7 @@ static void qwen35_keeps_kv_only_for_its_attention_layers(void **state)
     assert_int_equal(tp_forward_page_bytes(fh), one_layer);
     assert_int_equal(sh.pool_bytes * 4, sd.pool_bytes);
     int prompt[PLEN], s;
-    make_prompt(prompt, PLEN, 5, c->vocab_size);
+    seeded_prompt(prompt, PLEN, 5, c->vocab_size);
     tp_err e;
     assert_int_equal(tp_forward_seq_open(fh, &s, &e), 0);
     tp_fwd_item it = {s, 0, prompt, 100, true};
