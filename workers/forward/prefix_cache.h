@@ -1,8 +1,9 @@
 /* Private to the forward stage (and its tests): the KV pool's pages and the
  * prefix cache over them.
  *
- * The KV pool is cut into pages of TP_KV_PAGE positions (every layer's
- * keys and values of those positions); a sequence's block table lists its
+ * The KV pool is cut into pages of TP_KV_PAGE positions (the keys and
+ * values of those positions in every layer that keeps them all; sliding
+ * layers' in the page's window part, below); a sequence's block table lists its
  * pages in position order. This module owns the pages' bookkeeping, never
  * their bytes: reference counts, a free list, and the cache.
  *
