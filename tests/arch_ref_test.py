@@ -19,6 +19,7 @@ Llama 3 scaling only slows low-frequency pairs, so its test runs a prompt
 of several hundred tokens, and Gemma's runs one of more than twice the
 window."""
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -32,6 +33,8 @@ from tpdaemon import MODELS, tokpipe  # noqa: E402
 SPM = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-llama-spm.gguf")
 GPT2 = os.path.join(MODELS, "llama.cpp-vocab", "ggml-vocab-gpt-2.gguf")
 REL_TOL = 1e-5
+KV_LINE = re.compile(r"kv held after the last step (?P<held>\d+) bytes at (?P<pos>\d+) positions .* a page of 16 "
+                     r"positions (?P<page>\d+) bytes, a window part (?P<part>\d+) bytes \(window (?P<window>\d+)\)")
 PROMPT = "Once upon a time, in a land far away"
 
 
@@ -51,8 +54,11 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
 
     def dump(self, path, n=5, prompt=PROMPT):
         out = os.path.join(self.tmp.name, "logits.bin")
-        tokpipe("run", "--model", path, "--prompt", prompt, "--max-tokens", str(n), "--temperature", "0",
-                "--ignore-eos", "--dump-logits", out)
+        p = tokpipe("run", "--model", path, "--prompt", prompt, "--max-tokens", str(n), "--temperature", "0",
+                    "--ignore-eos", "--dump-logits", out, "--kv-stats")
+        m = KV_LINE.search(p.stderr)
+        self.assertIsNotNone(m, "tokpipe run --kv-stats: " + p.stderr)
+        self.kv = {k: int(v) for k, v in m.groupdict().items()}
         model = gguf_tiny.Model(path)
         vocab = model.w["token_embd.weight"].shape[0]
         rows = gguf_tiny.read_dump(out, vocab)
@@ -163,6 +169,22 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         "no Q/K norms": lambda m, ids: m.logits(ids, qk_norm=False),
     }
 
+    def assert_window_kept(self, window, n_slide, n_full, kv_dim):
+        """After the last decode step the sliding layers keep the parts of
+        the pages from the window of that step's query on (forward.h's
+        rule: at most 2 for a window of 16 or less), the others every page;
+        less than keeping every position."""
+        kv = self.kv
+        self.assertEqual(kv["window"], window)
+        self.assertEqual(kv["page"], 2 * 4 * 16 * kv_dim * n_full)
+        self.assertEqual(kv["part"], 2 * 4 * 16 * kv_dim * n_slide)
+        pages = (kv["pos"] + 15) // 16
+        self.assertGreater(kv["pos"], 2 * window + 16, "the job outgrows the window twice and a page")
+        parts = (kv["held"] - pages * kv["page"]) // kv["part"]
+        self.assertEqual(kv["held"], pages * kv["page"] + parts * kv["part"])
+        self.assertLessEqual(parts, 2, "sliding layers keep only their window's pages")
+        self.assertLess(parts, pages)
+
     def test_gemma3_with_sliding_windows_post_norms_and_gelu_matches(self):
         # six blocks: 0-4 slide (window 16, base 10000), 5 sees everything (base 1e6)
         path = self.mkmodel("gemma3", "--arch", "gemma3", "--shape", "64x6x4x2", "--head-dim", "32",
@@ -175,6 +197,7 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.0.post_attention_norm.weight"].shape, (64,))
         self.assertEqual(model.w["blk.0.attn_q_norm.weight"].shape, (32,))
         self.assertNotIn("gemma3.final_logit_softcapping", model.meta)
+        self.assert_window_kept(16, 5, 1, 2 * 32)
 
     def test_gemma3_with_a_window_wider_than_the_prompt_and_a_byte_level_vocabulary_matches(self):
         path = self.mkmodel("gemma3bpe", "--arch", "gemma3", "--shape", "64x2x4x1", vocab=GPT2)
@@ -191,6 +214,8 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.attn_cap, 50.0)
         self.assertEqual(model.final_cap, 30.0)
         self.assertNotIn("blk.0.attn_q_norm.weight", model.w)
+        self.assert_window_kept(16, 2, 2, 2 * 16)
+
     def test_qwen3moe_experts_match(self):
         path = self.mkmodel("qwen3moe", "--arch", "qwen3moe", "--shape", "64x2x4x2", "--head-dim", "32",
                             "--experts", "8", "--experts-used", "3", "--expert-ff", "64")
@@ -222,7 +247,7 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertNotIn("blk.0.ffn_up.weight", model.w)
 
     def test_gpt_oss_matches(self):
-        # a window of 4 so the sliding layers hide most of the prompt
+        # a window of 4 so the sliding layers hide most of the (long) prompt
         path = self.mkmodel("gpt-oss", "--arch", "gpt-oss", "--shape", "64x2x4x2", "--head-dim", "32",
                             "--experts", "8", "--experts-used", "3", "--expert-ff", "64", "--sliding-window", "4")
         wrongs = {
@@ -233,7 +258,7 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
             "no sliding window": lambda m, ids: m.logits(ids, window=False),
             "adjacent-pair RoPE": lambda m, ids: m.logits(ids, neox=False),
         }
-        model, _ = self.check(path, wrongs=wrongs)
+        model, _ = self.check(path, prompt=self.LONG, wrongs=wrongs)
         meta = model.meta
         self.assertEqual(meta["gpt-oss.rope.scaling.type"], "yarn")
         self.assertEqual((meta["gpt-oss.rope.scaling.factor"], meta["gpt-oss.rope.scaling.original_context_length"]),
@@ -245,6 +270,8 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.1.ffn_down_exps.bias"].shape, (8, 64))
         self.assertEqual(model.w["blk.0.attn_output.bias"].shape, (64,))
         self.assertNotIn("blk.0.ffn_norm.weight", model.w)
+        self.assert_window_kept(4, 1, 1, 2 * 32)
+
     def test_qwen35_gated_deltanet_and_gated_attention_match(self):
         """Qwen 3.5: six Gated DeltaNet layers and two gated attention ones
         (every fourth), value heads twice the key heads, partial RoPE."""
@@ -261,6 +288,9 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertEqual(model.w["blk.3.attn_q.weight"].shape, (2 * 4 * 32, 64))
         self.assertNotIn("blk.3.attn_qkv.weight", model.w)
         self.assertNotIn("blk.0.attn_q.weight", model.w)
+        # KV for the two attention blocks only (3 and 7): the DeltaNet ones keep their state instead
+        self.assertEqual((self.kv["page"], self.kv["part"]), (2 * 4 * 16 * 2 * 32 * 2, 0))
+        self.assertEqual(self.kv["held"], (self.kv["pos"] + 15) // 16 * self.kv["page"])
 
     def test_qwen35moe_experts_and_gated_shared_expert_match(self):
         """Qwen 3.5 MoE: qwen35's hybrid layers, each FFN 8 experts (3 a

@@ -455,26 +455,7 @@ static void batch_invariance(bool scalar, tp_kv_type kv)
 }
 
 /* A random model of arch (mkmodel's writer) with o's options and shape, loaded. */
-static tp_model *synth_model_shaped(tp_synth_gguf o, const char *shape)
-{
-    char vocab[512], path[] = "/tmp/tp_test_forward_arch.XXXXXX";
-    model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", vocab, sizeof vocab);
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
-    tp_err e;
-    assert_int_equal(tp_synth_parse_shape(shape, &sh, &e), 0);
-    o.vocab_from = vocab;
-    if (tp_synth_write_gguf(path, &sh, 9, &o, &e))
-        fail_msg("mkmodel %s: %s", o.arch, e.msg);
-    tp_model *m = NULL;
-    int rc = tp_model_load(path, &m, &e);
-    unlink(path); /* the mapping stays */
-    if (rc)
-        fail_msg("%s", e.msg);
-    return m;
-}
+static tp_model *synth_model_shaped(tp_synth_gguf o, const char *shape) { return synth_model_load(o, shape, 9); }
 
 static tp_model *synth_model_with(tp_synth_gguf o)
 {

@@ -18,6 +18,8 @@
 #include "tokpipe/synth.h"
 #include "tokpipe/stage.h"
 #include "../workers/forward/prefix_cache.h"
+#include "support/greedy.h"
+#include "support/model_files.h"
 
 void tp_forward_use_scalar_for_tests(tp_forward *f);
 void tp_forward_split_all_for_tests(tp_forward *f);
@@ -35,26 +37,6 @@ static tp_model *load_real(const char *name)
     if (tp_model_load(path, &m, &e))
         fail_msg("cannot load %s: %s", path, e.msg);
     return m;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-/* A prompt of n ids in [1, vocab) from a seed; prompts with the same seed
- * share their prefix. */
-static void make_prompt(int *p, int n, unsigned seed, int vocab)
-{
-    uint32_t s = seed * 2654435761u + 7;
-    for (int i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        p[i] = 1 + (int)((s >> 8) % (uint32_t)(vocab - 1));
-    }
 }
 
 /* What a job saw: the logits after its prompt and after each generated
@@ -153,9 +135,9 @@ static void check_loaded(tp_model *m, const char *file, tp_kv_type kv, int threa
     int vocab = tp_model_get_config(m)->vocab_size;
     char what[256];
     int base[MAXLEN], other[MAXLEN];
-    make_prompt(base, 150, 11, vocab);
+    seeded_prompt(base, 150, 11, vocab);
     memcpy(other, base, sizeof other);
-    make_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens: 2 pages */
+    seeded_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens: 2 pages */
     struct {
         const int *p;
         int n, chunk, want_hit;
@@ -200,33 +182,79 @@ static void check_model(const char *file, tp_kv_type kv, int threads, bool scala
 }
 
 /* A random gemma3 (mkmodel's writer) of six blocks, five of them sliding
- * with a window of 20 (not a whole number of pages): a restored prefix
+ * with a window of 20 (not a whole number of pages). */
+static tp_model *gemma3_window_20(void)
+{
+    return synth_model_load((tp_synth_gguf){.arch = "gemma3", .head_dim = 32, .sliding_window = 20}, "64x6x4x2", 3);
+}
+
+/* gemma3_window_20: a restored prefix
  * gives what a cold run computes though its jobs outgrow the window many
  * times. */
 static void reuse_is_bitwise_exact_with_sliding_windows(void **state)
 {
     (void)state;
-    const char *dir = getenv("TP_MODELS");
-    char vocab[4096], path[] = "/tmp/tp_test_prefix_gemma3.XXXXXX";
-    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", dir ? dir : "../shared/models");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
-    tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x6x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "gemma3", .vocab_from = vocab, .head_dim = 32, .sliding_window = 20};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
-        fail_msg("mkmodel gemma3: %s", e.msg);
-    tp_model *m = NULL;
-    int rc = tp_model_load(path, &m, &e);
-    unlink(path);
-    if (rc)
-        fail_msg("%s", e.msg);
+    tp_model *m = gemma3_window_20();
     assert_int_equal(tp_model_get_config(m)->swa_window, 20);
     check_loaded(m, "gemma3 window 20", TP_KV_F32, 1, false);
     check_loaded(m, "gemma3 window 20", TP_KV_F16, 2, false);
     check_loaded(m, "gemma3 window 20", TP_KV_F32, 1, true);
+    tp_model_free(m);
+}
+
+/* Sliding layers' window parts (forward.h, tp_fwd_kv_stats): a random
+ * gemma3 (window 20) on steps of 16 tokens, so a slot keeps 4 parts and
+ * the pool has 8 for 2 slots. A prompt run again takes its cached pages,
+ * whose window parts the cache kept; after a flood of other jobs took
+ * that memory, the pages are still cached but their parts are gone, and
+ * the hit is cut to where the next query's window has them (here: none).
+ * The prompt computed again gives its parts back to the cached pages. With
+ * extra pages the cache keeps enough parts and the hit is whole. Every job
+ * equals a cold run bit for bit. */
+static void hits_on_sliding_layers_end_where_their_window_parts_are_kept(void **state)
+{
+    (void)state;
+    tp_model *m = gemma3_window_20();
+    tp_err e;
+    int vocab = tp_model_get_config(m)->vocab_size;
+    int base[MAXLEN], flood[MAXLEN];
+    seeded_prompt(base, 100, 11, vocab);
+    seeded_prompt(flood, 150, 12, vocab);
+    job_out want = reference(m, TP_KV_F32, base, 100), wflood = reference(m, TP_KV_F32, flood, 150);
+    for (int extra = 0; extra <= 40; extra += 40) {
+        tp_forward *f;
+        if (tp_forward_new(m, 2, MAXLEN + 16, 16, &f, &e) || tp_forward_set_prefix_cache(f, true, extra, &e))
+            fail_msg("%s", e.msg);
+        tp_fwd_kv_stats ks;
+        tp_forward_kv_stats(f, &ks);
+        assert_int_equal(ks.parts_total, 2 * 4 + extra);
+        struct {
+            const int *p;
+            int n, want_hit, want_hit_extra;
+            const job_out *ref;
+        } jobs[] = {
+            {base, 100, 0, 0, &want},
+            {base, 100, 96, 96, &want},  /* blocks 4 and 5 (positions 77..95) kept their parts */
+            {flood, 150, 0, 0, &wflood}, /* 10 parts' worth: every part of base's is taken */
+            {base, 100, 0, 96, &want},   /* cut: the window of every page end lost its parts */
+            {base, 100, 96, 96, &want},  /* the run before gave them back */
+        };
+        for (size_t i = 0; i < sizeof jobs / sizeof jobs[0]; i++) {
+            char what[128];
+            snprintf(what, sizeof what, "gemma3 window 20, %d extra pages, job %zu", extra, i);
+            job_out got = run_job(f, jobs[i].p, jobs[i].n, 16, true, false, NULL);
+            assert_same_job(&got, jobs[i].ref, vocab, what);
+            int wh = extra ? jobs[i].want_hit_extra : jobs[i].want_hit;
+            if (got.hit != wh)
+                fail_msg("%s: %d tokens from the cache, want %d", what, got.hit, wh);
+            job_out_free(&got);
+        }
+        tp_forward_kv_stats(f, &ks);
+        assert_int_equal(ks.parts_held, 0);
+        tp_forward_free(f);
+    }
+    job_out_free(&want);
+    job_out_free(&wflood);
     tp_model_free(m);
 }
 
@@ -238,9 +266,9 @@ static void check_hybrid(tp_model *m, tp_kv_type kv, int threads, bool scalar)
     int vocab = tp_model_get_config(m)->vocab_size;
     char what[256];
     int base[MAXLEN], other[MAXLEN];
-    make_prompt(base, 150, 11, vocab);
+    seeded_prompt(base, 150, 11, vocab);
     memcpy(other, base, sizeof other);
-    make_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens */
+    seeded_prompt(other + 37, 100, 12, vocab); /* shares 37 tokens */
     struct {
         const int *p;
         int n, chunk, want_hit;
@@ -274,23 +302,7 @@ static void check_hybrid(tp_model *m, tp_kv_type kv, int threads, bool scalar)
 static void reuse_is_bitwise_exact_with_deltanet_state(void **state)
 {
     (void)state;
-    const char *dir = getenv("TP_MODELS");
-    char vocab[4096], path[] = "/tmp/tp_test_prefix_qwen35.XXXXXX";
-    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", dir ? dir : "../shared/models");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
-    tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x8x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "qwen35", .vocab_from = vocab, .head_dim = 32};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
-        fail_msg("mkmodel qwen35: %s", e.msg);
-    tp_model *m = NULL;
-    int rc = tp_model_load(path, &m, &e);
-    unlink(path);
-    if (rc)
-        fail_msg("%s", e.msg);
+    tp_model *m = synth_model_load((tp_synth_gguf){.arch = "qwen35", .head_dim = 32}, "64x8x4x2", 3);
     check_hybrid(m, TP_KV_F32, 1, false);
     check_hybrid(m, TP_KV_F16, 2, false);
     check_hybrid(m, TP_KV_F32, 1, true);
@@ -327,7 +339,7 @@ static void running_jobs_share_pages_and_a_rewind_copies_instead_of_writing(void
     tp_model *m = load_real("stories260K.bin");
     int vocab = tp_model_get_config(m)->vocab_size;
     int p[MAXLEN];
-    make_prompt(p, 90, 21, vocab);
+    seeded_prompt(p, 90, 21, vocab);
     tp_forward *f = new_fwd(m, 3, MAXLEN + 16, TP_KV_F32, 1, false, true);
     int a, b;
     job_out ja = run_job(f, p, 90, 64, true, true, &a);
@@ -383,13 +395,13 @@ static void eviction_under_pressure_keeps_the_pool_bounded_and_results_exact(voi
     int vocab = tp_model_get_config(m)->vocab_size;
     tp_forward *f = new_fwd(m, 2, 128, TP_KV_F32, 1, false, true);
     int p[MAXLEN];
-    make_prompt(p, 70, 100, vocab);
+    seeded_prompt(p, 70, 100, vocab);
     job_out first = run_job(f, p, 70, 70, true, false, NULL);
     job_out again = run_job(f, p, 70, 70, true, false, NULL);
     assert_int_equal(again.hit, 64);
     for (unsigned s = 0; s < 6; s++) {
         int q[MAXLEN];
-        make_prompt(q, 100, 200 + s, vocab);
+        seeded_prompt(q, 100, 200 + s, vocab);
         job_out o = run_job(f, q, 100, 100, true, false, NULL);
         job_out_free(&o);
     }
@@ -417,7 +429,7 @@ static void the_cache_can_be_sized_turned_off_and_is_unused_with_openblas(void *
     tp_model *m = load_real("stories260K.bin");
     int vocab = tp_model_get_config(m)->vocab_size;
     int p[MAXLEN];
-    make_prompt(p, 50, 5, vocab);
+    seeded_prompt(p, 50, 5, vocab);
     tp_forward *f = new_fwd(m, 1, 64, TP_KV_F32, 1, false, false);
     job_out a = run_job(f, p, 50, 50, true, false, NULL), b = run_job(f, p, 50, 50, true, false, NULL);
     assert_int_equal(b.hit, 0);
@@ -448,6 +460,55 @@ static void the_cache_can_be_sized_turned_off_and_is_unused_with_openblas(void *
     job_out_free(&d);
     tp_forward_free(f);
     tp_model_free(m);
+}
+
+/* Window parts alone: a page's part lives while claimed; let go, it stays
+ * with a cached page (freed with any other) until a part is wanted, the
+ * least recently released first; a publish that finds the page cached
+ * hands the part over when the cached page has none. */
+static void pcache_parts_stay_with_cached_pages_until_wanted(void **state)
+{
+    (void)state;
+    tp_pcache *pc = tp_pcache_new(4, true);
+    assert_non_null(pc);
+    assert_int_equal(tp_pcache_set_parts(pc, 2), 0);
+    int32_t k1[TP_KV_PAGE] = {1}, k2[TP_KV_PAGE] = {2};
+    int a = tp_pcache_alloc(pc), b = tp_pcache_alloc(pc);
+    int pa = tp_pcache_part_claim(pc, a), pb = tp_pcache_part_claim(pc, b);
+    assert_true(pa >= 0 && pb >= 0 && pa != pb);
+    assert_int_equal(tp_pcache_part_claim(pc, a), pa); /* a second claim, the same part */
+    assert_int_equal(tp_pcache_parts_claimed(pc), 2);
+    int c = tp_pcache_alloc(pc);
+    assert_int_equal(tp_pcache_part_claim(pc, c), -1); /* all claimed */
+    assert_int_equal(tp_pcache_publish(pc, a, -1, k1), a);
+    assert_int_equal(tp_pcache_publish(pc, b, a, k2), b);
+    tp_pcache_part_release(pc, a);
+    tp_pcache_part_release(pc, a);
+    tp_pcache_part_release(pc, b);
+    assert_int_equal(tp_pcache_parts_claimed(pc), 0);
+    assert_int_equal(tp_pcache_part(pc, a), pa);      /* cached: kept */
+    assert_int_equal(tp_pcache_part_claim(pc, c), pa); /* released first, taken first */
+    assert_int_equal(tp_pcache_part(pc, a), -1);
+    assert_int_equal(tp_pcache_part(pc, b), pb);
+    /* a page written again with a's key: publish finds a, which has no
+     * part; the writer's part goes to a */
+    tp_pcache_unref(pc, a);
+    tp_pcache_unref(pc, b);
+    int d = tp_pcache_alloc(pc);
+    assert_int_equal(tp_pcache_part_claim(pc, d), pb);
+    assert_int_equal(tp_pcache_part(pc, b), -1);
+    assert_int_equal(tp_pcache_publish(pc, d, -1, k1), a);
+    tp_pcache_part_move(pc, d, a);
+    tp_pcache_unref(pc, d);
+    assert_int_equal(tp_pcache_part(pc, a), pb);
+    assert_int_equal(tp_pcache_parts_claimed(pc), 2); /* a's (moved) and c's */
+    tp_pcache_part_release(pc, c);                     /* c is not cached: freed */
+    tp_pcache_unref(pc, c);
+    assert_int_equal(tp_pcache_parts_claimed(pc), 1);
+    tp_pcache_part_release(pc, a);
+    tp_pcache_unref(pc, a);
+    assert_int_equal(tp_pcache_part(pc, a), pb);      /* still cached */
+    tp_pcache_free(pc);
 }
 
 /* The page bookkeeping alone: keys compare exactly, only leaves nobody
@@ -534,8 +595,8 @@ static void twin_chunks_of_one_step_are_computed_once(void **state)
     tp_err e;
     assert_int_equal(tp_forward_stage_new(m, 4, 128, 256, 1, &st, &e), 0);
     int p[40], q[40];
-    make_prompt(p, 40, 31, vocab);
-    make_prompt(q, 40, 32, vocab);
+    seeded_prompt(p, 40, 31, vocab);
+    seeded_prompt(q, 40, 32, vocab);
     tp_stage_io quiet = {ignore, ignore, NULL};
     for (uint32_t slot = 0; slot < 4; slot++) {
         tp_msg o;
@@ -581,9 +642,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pcache_evicts_least_recent_unheld_leaves_only),
+        cmocka_unit_test(pcache_parts_stay_with_cached_pages_until_wanted),
         cmocka_unit_test(reuse_is_bitwise_exact_on_stories260k_f32),
         cmocka_unit_test(reuse_is_bitwise_exact_on_every_gguf_weight_type),
         cmocka_unit_test(reuse_is_bitwise_exact_with_sliding_windows),
+        cmocka_unit_test(hits_on_sliding_layers_end_where_their_window_parts_are_kept),
         cmocka_unit_test(reuse_is_bitwise_exact_with_deltanet_state),
         cmocka_unit_test(running_jobs_share_pages_and_a_rewind_copies_instead_of_writing),
         cmocka_unit_test(eviction_under_pressure_keeps_the_pool_bounded_and_results_exact),

@@ -48,6 +48,7 @@ typedef struct run_args {
     tp_kv_type kv_type;
     const char *dump_logits;
     const char *chat_template;
+    bool kv_stats;       /* --kv-stats */
     genopts gen;
 } run_args;
 
@@ -98,6 +99,9 @@ typedef struct run_ctx {
     float *mrow;         /* the logits under the mask */
     tp_spec_mode spec;   /* --speculative */
     int spec_n_max;
+    bool kv_stats;       /* --kv-stats: what follows, printed at the end */
+    size_t kv_peak, kv_last; /* most KV bytes the sequences held after a step; after the last one */
+    long kv_peak_pos, kv_last_pos; /* positions they held then */
 } run_ctx;
 
 static void usage(FILE *out)
@@ -122,7 +126,10 @@ static void usage(FILE *out)
           "                           position write the context and its logits to FILE as\n"
           "                           int32 n, int32 ids[n], float32 logits[vocab] (little endian)\n"
           "  --chat-template FILE     template for --message/--messages (default: the GGUF\n"
-          "                           tokenizer's or model's tokenizer.chat_template)\n",
+          "                           tokenizer's or model's tokenizer.chat_template)\n"
+          "  --kv-stats               print to stderr the KV cache memory the sequences held after\n"
+          "                           the last step (and at most), per position of context\n"
+          "                           (sliding layers keep only their window, DeltaNet layers none)\n",
           out);
     genopts_print_help(out);
 }
@@ -139,6 +146,10 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
         if (rc == 1)
             continue;
         const char *f = argv[i];
+        if (!strcmp(f, "--kv-stats")) {
+            a->kv_stats = true;
+            continue;
+        }
         if ((!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--threads") ||
              !strcmp(f, "--kernel") || !strcmp(f, "--kv-type") || !strcmp(f, "--dump-logits") ||
              !strcmp(f, "--chat-template")) &&
@@ -551,6 +562,33 @@ static int job_verify(run_ctx *c, run_job *j, const genopts *g, tp_err *err)
     return rc;
 }
 
+/* --kv-stats: the KV the open sequences hold now, kept when the most. */
+static void kv_sample(run_ctx *c)
+{
+    tp_fwd_kv_stats st;
+    tp_forward_kv_stats(c->fwd, &st);
+    long pos = 0;
+    for (size_t i = 0; i < c->n_jobs; i++)
+        if (c->jobs[i].seq >= 0)
+            pos += tp_forward_seq_length(c->fwd, c->jobs[i].seq);
+    if (st.held_bytes >= c->kv_peak) {
+        c->kv_peak = st.held_bytes;
+        c->kv_peak_pos = pos;
+    }
+    c->kv_last = st.held_bytes;
+    c->kv_last_pos = pos;
+}
+
+static void kv_print(const run_ctx *c)
+{
+    tp_fwd_kv_stats st;
+    tp_forward_kv_stats(c->fwd, &st);
+    fprintf(stderr, "tokpipe run: kv held after the last step %zu bytes at %ld positions (%.1f a position), "
+            "at most %zu bytes at %ld; a page of 16 positions %zu bytes, a window part %zu bytes (window %d)\n",
+            c->kv_last, c->kv_last_pos, c->kv_last_pos ? (double)c->kv_last / (double)c->kv_last_pos : 0.0,
+            c->kv_peak, c->kv_peak_pos, st.page_bytes, st.part_bytes, st.window);
+}
+
 static int generate(run_ctx *c, const genopts *g, tp_err *err)
 {
     tp_fwd_item *items = calloc(c->n_jobs, sizeof *items);
@@ -564,6 +602,8 @@ static int generate(run_ctx *c, const genopts *g, tp_err *err)
     while (rc == 0 && (n = plan_step(c, items, rows, owner)) > 0) {
         if ((rc = tp_forward_step_verify(c->fwd, items, n, logits, c->spec ? rows : NULL, err)))
             break;
+        if (c->kv_stats)
+            kv_sample(c);
         for (int i = 0; i < n && rc == 0; i++) {
             if (rows[i]) {
                 rc = job_verify(c, owner[i], g, err);
@@ -845,6 +885,7 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
         return rc;
     c->spec = (tp_spec_mode)a->gen.spec_mode;
     c->spec_n_max = a->gen.spec_n_max ? a->gen.spec_n_max : TP_SPEC_DEFAULT_N_MAX;
+    c->kv_stats = a->kv_stats;
     if (c->spec == TP_SPEC_DRAFT)
         return tp_err_set(err, TP_EINVAL, a->gen.draft_model ? "--speculative draft: draft models are not "
                           "supported yet (use ngram)" : "--speculative draft: no draft model (--draft-model FILE)");
@@ -885,6 +926,8 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     fprintf(stderr, "tokpipe run: %zu prompt(s), %ld tokens in %.3f s (%.1f tokens/s)\n",
             c->n_jobs, tokens, s, s > 0 ? (double)tokens / s : 0.0);
+    if (c->kv_stats)
+        kv_print(c);
     return 0;
 }
 

@@ -68,8 +68,10 @@ typedef struct tp_fwd_pool {
  * big as the file's) of the integer-typed ones; F16/BF16 are read in
  * place from the model's mmap (workers/forward/quant.h). The file's pages
  * of copied matrices are given back (tp_model_drop_pages). Plus the KV
- * pool: 2 * kv_slots * n_layers * max_pos * kv_dim values (max_pos rounded
- * up to 16), floats until tp_forward_set_kv_type picks halves, mapped
+ * pool: 2 * kv_slots * n_kv_layers * max_pos * kv_dim values (max_pos
+ * rounded up to 16; n_kv_layers: the layers that keep every position, not
+ * DeltaNet or sliding ones), and the sliding layers' window parts
+ * (tp_fwd_kv_stats: about W + max_batch_tokens positions a slot), floats until tp_forward_set_kv_type picks halves, mapped
  * lazily (pages never written cost no memory), in pages of 16 positions
  * that also hold the prefix cache (tp_forward_seq_reuse; on by default).
  * *out is owned by the caller (tp_forward_free). */
@@ -89,8 +91,12 @@ int tp_forward_seq_close(tp_forward *f, int seq_id);
  * the rejected positions of a verify step. Pages wholly past len are let
  * go at once (a cached one stays in the cache); the next step feeds from
  * len. TP_ENOTFOUND if seq_id is not open, TP_EINVAL for a len outside
- * 0..the length, and for any len but the length on a hybrid model
- * (full_attn_interval > 0: its recurrent state cannot go back). */
+ * 0..the length, for any len but the length on a hybrid model
+ * (full_attn_interval > 0: its recurrent state cannot go back), and on a
+ * model with sliding layers for a len (other than 0) whose window reaches
+ * back before the window of the last step's first position: those keys
+ * were let go (tp_forward_kv_stats). A len at or after the last step's
+ * start is always fine. */
 int tp_forward_seq_truncate(tp_forward *f, int seq_id, int len);
 
 /* Current length (positions filled) of an open sequence, or -1. */
@@ -118,7 +124,9 @@ int tp_forward_seq_length(const tp_forward *f, int seq_id);
  * computing every position. 0 whenever the conditions do not hold (cache
  * off, OpenBLAS kernel, pos not the sequence's length, a sequence whose
  * earlier full pages are not all cached, fewer tokens than complete the
- * next page). */
+ * next page). A hit ends only where the next query has what it reads:
+ * on a hybrid model the DeltaNet state there, with sliding layers the
+ * window parts of the cached pages its window reaches (tp_fwd_kv_stats). */
 int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, int n_tokens, bool keep_last);
 
 /* Do open sequences a and b both have length pos (a multiple of 16) and
@@ -145,8 +153,38 @@ bool tp_forward_seq_same_pages(const tp_forward *f, int a, int b, int pos);
 int tp_forward_set_prefix_cache(tp_forward *f, bool on, int extra_pages, tp_err *err);
 bool tp_forward_prefix_cache(const tp_forward *f);
 
-/* Bytes of one page: keys and values of 16 positions in every layer. */
+/* Bytes of one page: keys and values of 16 positions in every layer that
+ * keeps them (a DeltaNet layer keeps none), its window part included. */
 size_t tp_forward_page_bytes(const tp_forward *f);
+
+/* KV memory. A page holds the layers that keep every position; on a model
+ * with sliding-window layers (swa_window W less than max_pos) those
+ * layers' keys and values are a page's "window part", kept apart: a
+ * sequence keeps the parts only of the pages that a query at or after
+ * its last step's first position q can still see (positions from
+ * q - W + 1 on; so after a long prompt and decode, about W + 16
+ * positions, plus the last step's length), and lets the earlier ones go
+ * for other sequences' use. Steps going back before q are refused (see
+ * tp_forward_step). The parts are a pool of their own, big enough for
+ * every slot's window, a step of max_batch_tokens and the prefix cache's
+ * extra pages; a cached page keeps a part nobody needs only until that
+ * memory is wanted, and a prefix hit is cut where a part it would need
+ * is gone (tp_forward_seq_reuse). Logits are the same bits either way. */
+typedef struct tp_fwd_kv_stats {
+    size_t held_bytes;   /* KV held by open sequences now: their pages (a shared one once) and the parts they keep */
+    size_t pool_bytes;   /* pages and parts as mapped (lazily: untouched memory costs nothing) */
+    size_t page_bytes;   /* keys and values of 16 positions of the layers that keep every position */
+    size_t part_bytes;   /* the same of the sliding layers (0: no parts) */
+    uint32_t pages_held, pages_total;
+    uint32_t parts_held, parts_total;
+    int window;          /* W when the sliding layers' KV is in parts, else 0 */
+} tp_fwd_kv_stats;
+
+void tp_forward_kv_stats(const tp_forward *f, tp_fwd_kv_stats *out);
+
+/* Bytes of KV one open sequence holds: its pages, shared ones too, and
+ * the parts it keeps; 0 when seq_id is not open. */
+size_t tp_forward_seq_kv_bytes(const tp_forward *f, int seq_id);
 
 typedef struct tp_fwd_prefix_stats {
     bool enabled;
@@ -170,7 +208,9 @@ void tp_forward_prefix_stats(const tp_forward *f, tp_fwd_prefix_stats *out);
  * max_batch_tokens tokens in total, or a sequence that would run past its
  * slot's max_pos (TP_EFULL) fails the whole call with a message naming the
  * item, and no sequence changes. On success each sequence's length becomes
- * pos + n_tokens. */
+ * pos + n_tokens. With sliding layers a pos before the sequence's last
+ * step's first position may be refused (TP_EINVAL): 0 and anything from
+ * that position on are always fine (tp_fwd_kv_stats). */
 int tp_forward_step(tp_forward *f, const tp_fwd_item *items, int n_items, float *logits, tp_err *err);
 
 /* tp_forward_step with verify items (speculative decoding, tokpipe/spec.h).

@@ -31,14 +31,6 @@ tp_model *load_real(const char *name)
     return m;
 }
 
-int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
 
 void run_alone(tp_model *m, float *out, int V, int threads, bool scalar, tp_kv_type kv)
 {

@@ -9,6 +9,7 @@
 
 #include "tokpipe/forward.h"
 #include "tokpipe/model.h"
+#include "greedy.h"
 
 #define NSEQ 8
 #define DECODE 6
@@ -19,7 +20,6 @@ extern const int PLEN[NSEQ];
 /* $TP_MODELS/name (or name itself when absolute); fails the test if it
  * does not load. */
 tp_model *load_real(const char *name);
-int argmax(const float *x, int n);
 
 /* out[s][k] (V logits each): sequence s after its prompt (k = 0) and after
  * each of DECODE greedy steps; each sequence alone in a pool of its own. */

@@ -125,6 +125,22 @@ struct tp_forward {
     int *table;        /* [slot][pps] page ids, -1 = none */
     int32_t *seq_tok;  /* [slot][kv_pos] the token at each position (page keys) */
     int *n_pub;        /* per slot: leading pages offered to the cache */
+    /* Layers and where their KV lives. A page holds only the layers that
+     * keep every position (a DeltaNet layer keeps none: its memory is its
+     * state, deltanet.h); sliding layers keep theirs in the page's window
+     * part (prefix_cache.h), [part][layer][kv_head]... as a page, which a
+     * sequence lets go once no query of its can see the page (claims). */
+    int *kv_index;     /* [layer] its place among the page's or the part's layers; -1: no KV */
+    bool *kv_part;     /* [layer] its KV in window parts */
+    int window;        /* swa_window when some layer's KV is in parts, else 0 */
+    void *kpart, *vpart; /* the parts' keys and values, as kcache / vcache */
+    size_t part_pool_bytes; /* of each of kpart and vpart */
+    size_t part_elems; /* values per part in each */
+    int part_pps;      /* parts one sequence may claim at once (alloc_pool) */
+    int n_parts;       /* slots * part_pps + extra_pages, 0 without sliding layers */
+    int *sw_from;      /* per slot: blocks from here on claim their parts (earlier ones let go) */
+    int *walk;         /* [pps] seq_reuse's scratch: the cached pages found */
+    bool keep_windows; /* tests: sliding layers' KV in the page, never let go (the old way) */
     tp_kv_type kv_type;
     bool kv16_avx512;  /* the f16 attention kernels' AVX-512 path */
     bool kv16_avx2;    /* else AVX2 (attn_avx2.h: the portable bits) */
@@ -445,6 +461,41 @@ static int alloc_scratch(tp_forward *f)
     return ok ? 0 : TP_ENOMEM;
 }
 
+/* Sort the layers: which keep KV in the page, which in the window part
+ * (sliding layers, when a sequence can outgrow the window: else their
+ * parts would never be let go), which none (DeltaNet). */
+static int layout_layers(tp_forward *f)
+{
+    int L = f->c.n_layers, n_page = 0, n_part = 0;
+    free(f->kv_index);
+    free(f->kv_part);
+    f->kv_index = malloc((size_t)L * sizeof *f->kv_index);
+    f->kv_part = calloc((size_t)L, sizeof *f->kv_part);
+    if (!f->kv_index || !f->kv_part)
+        return TP_ENOMEM;
+    bool parts = f->c.swa_window > 0 && f->c.swa_window < f->max_pos && !f->keep_windows;
+    for (int l = 0; l < L; l++) {
+        if (tp_model_layer_recurrent(&f->c, l))
+            f->kv_index[l] = -1;
+        else if (parts && tp_model_layer_slides(&f->c, l))
+            f->kv_part[l] = true, f->kv_index[l] = n_part++;
+        else
+            f->kv_index[l] = n_page++;
+    }
+    f->page_elems = (size_t)n_page * (size_t)f->c.kv_dim * TP_KV_PAGE;
+    f->part_elems = (size_t)n_part * (size_t)f->c.kv_dim * TP_KV_PAGE;
+    f->window = n_part ? f->c.swa_window : 0;
+    /* A sequence claims the parts of blocks first_block(q) .. its last,
+     * q its last step's first position (what a retry or a verify's
+     * rollback may still ask for): at most W - 1 positions before q and
+     * the step's n after it, n <= max_batch_tokens, over whole pages:
+     * floor((n + W - 2) / 16) + 2 blocks. */
+    int n = f->max_tokens < f->max_pos ? f->max_tokens : f->max_pos;
+    long most = n_part ? ((long)n + f->window - 2) / TP_KV_PAGE + 2 : 0;
+    f->part_pps = most > f->pps ? f->pps : (int)most;
+    return 0;
+}
+
 static void *map_pool(size_t bytes)
 {
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -456,6 +507,14 @@ static void unmap_pool(void *p, size_t bytes)
 {
     if (p)
         munmap(p, bytes ? bytes : 1);
+}
+
+/* DeltaNet snapshots may take what the pool took when every layer had its
+ * KV in the page (a dense model's pool of this shape). */
+static size_t snap_budget(const tp_forward *f)
+{
+    size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    return 2 * (size_t)f->n_pages * (size_t)f->c.n_layers * (size_t)f->c.kv_dim * TP_KV_PAGE * es;
 }
 
 /* Map the key and value caches for kv_type t; the old ones stay until the
@@ -472,25 +531,39 @@ static int map_kv(tp_forward *f, tp_kv_type t, tp_err *err)
     /* Anonymous maps: page aligned (a 64-byte key row never straddles into
      * another page) and lazily zeroed, so untouched slots cost no RAM. */
     size_t bytes = (size_t)n * esize;
-    void *k = map_pool(bytes), *v = map_pool(bytes);
-    tp_pcache *pc = k && v ? tp_pcache_new(f->n_pages, f->cache_on) : NULL;
+    int n_parts = f->part_elems ? f->slots * f->part_pps + f->extra_pages : 0;
+    size_t pbytes = (size_t)n_parts * f->part_elems * esize; /* at most n_pages pages' worth: fits too */
+    void *k = map_pool(bytes), *v = map_pool(bytes), *kp = map_pool(pbytes), *vp = map_pool(pbytes);
+    tp_pcache *pc = k && v && kp && vp ? tp_pcache_new(f->n_pages, f->cache_on) : NULL;
+    if (pc && tp_pcache_set_parts(pc, n_parts)) {
+        tp_pcache_free(pc);
+        pc = NULL;
+    }
     if (!pc) {
         unmap_pool(k, bytes);
         unmap_pool(v, bytes);
+        unmap_pool(kp, pbytes);
+        unmap_pool(vp, pbytes);
         return tp_err_set(err, TP_ENOMEM, "forward: cannot allocate a KV pool of %d slots x %d positions "
-                          "(%.1f MB, kv_type %s)", f->slots, f->max_pos, 2.0 * (double)bytes / 1e6,
+                          "(%.1f MB, kv_type %s)", f->slots, f->max_pos, 2.0 * (double)(bytes + pbytes) / 1e6,
                           tp_kv_type_name(t));
     }
     unmap_pool(f->kcache, f->pool_bytes);
     unmap_pool(f->vcache, f->pool_bytes);
+    unmap_pool(f->kpart, f->part_pool_bytes);
+    unmap_pool(f->vpart, f->part_pool_bytes);
     f->kcache = k;
     f->vcache = v;
     f->pool_bytes = bytes;
+    f->kpart = kp;
+    f->vpart = vp;
+    f->part_pool_bytes = pbytes;
+    f->n_parts = n_parts;
     f->kv_type = t;
     /* a new pool: cached pages of the old one are gone */
     tp_pcache_free(f->pc);
     f->pc = pc;
-    if (f->dn && tp_deltanet_pages(f->dn, f->n_pages, 2 * bytes)) /* and so are their states */
+    if (f->dn && tp_deltanet_pages(f->dn, f->n_pages, snap_budget(f))) /* and so are their states */
         return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d pages' DeltaNet snapshots", f->n_pages);
     return 0;
 }
@@ -499,8 +572,9 @@ static int alloc_pool(tp_forward *f, tp_err *err)
 {
     f->pps = f->kv_pos / TP_KV_PAGE;
     f->n_pages = f->slots * f->pps;
-    f->page_elems = (size_t)f->c.n_layers * (size_t)f->c.kv_dim * TP_KV_PAGE;
     f->cache_on = true;
+    if (layout_layers(f))
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory");
     int rc = map_kv(f, TP_KV_F32, err);
     if (rc)
         return rc;
@@ -510,7 +584,9 @@ static int alloc_pool(tp_forward *f, tp_err *err)
     f->table = malloc(n * (size_t)f->pps * sizeof *f->table);
     f->seq_tok = malloc(n * (size_t)f->kv_pos * sizeof *f->seq_tok);
     f->n_pub = calloc(n, sizeof *f->n_pub);
-    if (!f->seq_len || !f->seen || !f->table || !f->seq_tok || !f->n_pub)
+    f->sw_from = calloc(n, sizeof *f->sw_from);
+    f->walk = malloc((size_t)f->pps * sizeof *f->walk);
+    if (!f->seq_len || !f->seen || !f->table || !f->seq_tok || !f->n_pub || !f->sw_from || !f->walk)
         return tp_err_set(err, TP_ENOMEM, "forward: out of memory for %d sequence slots", f->slots);
     for (int i = 0; i < f->slots; i++)
         f->seq_len[i] = -1;
@@ -587,7 +663,39 @@ bool tp_forward_prefix_cache(const tp_forward *f) { return f->cache_on; }
 
 size_t tp_forward_page_bytes(const tp_forward *f)
 {
-    return 2 * f->page_elems * (f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float));
+    return 2 * (f->page_elems + f->part_elems) * (f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+void tp_forward_kv_stats(const tp_forward *f, tp_fwd_kv_stats *out)
+{
+    size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    tp_pcache_stats st;
+    tp_pcache_get_stats(f->pc, &st);
+    *out = (tp_fwd_kv_stats){
+        .page_bytes = 2 * f->page_elems * es,
+        .part_bytes = 2 * f->part_elems * es,
+        .pages_held = st.pages_used,
+        .parts_held = (uint32_t)tp_pcache_parts_claimed(f->pc),
+        .parts_total = (uint32_t)f->n_parts,
+        .pages_total = (uint32_t)f->n_pages,
+        .window = f->window,
+    };
+    out->held_bytes = out->pages_held * out->page_bytes + out->parts_held * out->part_bytes;
+    out->pool_bytes = 2 * (f->pool_bytes + f->part_pool_bytes);
+}
+
+size_t tp_forward_seq_kv_bytes(const tp_forward *f, int seq_id)
+{
+    if (seq_id < 0 || seq_id >= f->slots || f->seq_len[seq_id] < 0)
+        return 0;
+    size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float), pages = 0, parts = 0;
+    const int *t = f->table + (size_t)seq_id * (size_t)f->pps;
+    for (int b = 0; b < f->pps; b++)
+        if (t[b] >= 0) {
+            pages++;
+            parts += f->n_parts && b >= f->sw_from[seq_id];
+        }
+    return 2 * es * (pages * f->page_elems + parts * f->part_elems);
 }
 
 void tp_forward_prefix_stats(const tp_forward *f, tp_fwd_prefix_stats *out)
@@ -647,7 +755,7 @@ int tp_forward_new(const tp_model *model, int kv_slots, int max_pos, int max_bat
     if (!rc && (pack_weights(f) || make_rope(f) || alloc_scratch(f) ||
                 tp_moe_new(model, max_batch_tokens, uses_panels(f), &f->moe) ||
                 tp_deltanet_new(c, kv_slots, max_batch_tokens, &f->dn) ||
-                (f->dn && tp_deltanet_pages(f->dn, f->n_pages, 2 * f->pool_bytes))))
+                (f->dn && tp_deltanet_pages(f->dn, f->n_pages, snap_budget(f)))))
         rc = tp_err_set(err, TP_ENOMEM, "forward: out of memory packing weights or allocating scratch");
     if (!rc)
         rc = tp_forward_set_threads(f, 1, err);
@@ -688,7 +796,13 @@ void tp_forward_free(tp_forward *f)
     tp_qact_free(&f->qact);
     unmap_pool(f->kcache, f->pool_bytes);
     unmap_pool(f->vcache, f->pool_bytes);
+    unmap_pool(f->kpart, f->part_pool_bytes);
+    unmap_pool(f->vpart, f->part_pool_bytes);
     tp_pcache_free(f->pc);
+    free(f->kv_index);
+    free(f->kv_part);
+    free(f->sw_from);
+    free(f->walk);
     free(f->table);
     free(f->seq_tok);
     free(f->n_pub);
@@ -754,6 +868,19 @@ int tp_forward_threads(const tp_forward *f) { return f->pool ? tp_pool_threads(f
 tp_isa tp_forward_isa(const tp_forward *f) { return f->isa; }
 
 void tp_forward_split_all_for_tests(tp_forward *f) { f->part_min = 1; }
+
+/* Sliding layers' KV kept in the page for every position, as before
+ * window parts: the reference the window rule must equal. Only while no
+ * sequence is open; a new pool (the cache's pages are gone). */
+int tp_forward_keep_windows_for_tests(tp_forward *f, tp_err *err)
+{
+    if (first_open(f) >= 0)
+        return tp_err_set(err, TP_ESTATE, "forward: a sequence is open");
+    f->keep_windows = true;
+    if (layout_layers(f))
+        return tp_err_set(err, TP_ENOMEM, "forward: out of memory");
+    return map_kv(f, f->kv_type, err);
+}
 
 void tp_forward_use_scalar_for_tests(tp_forward *f)
 {
@@ -987,6 +1114,7 @@ int tp_forward_seq_open(tp_forward *f, int *seq_id, tp_err *err)
     for (int i = 0; i < f->slots; i++)
         if (f->seq_len[i] < 0) {
             f->seq_len[i] = 0;
+            f->sw_from[i] = 0;
             if (f->dn)
                 tp_deltanet_reset(f->dn, i);
             *seq_id = i;
@@ -1000,17 +1128,55 @@ static int *seq_table(const tp_forward *f, int seq)
     return f->table + (size_t)seq * (size_t)f->pps;
 }
 
-/* Let go of seq's pages from block `from` on (cached ones stay cached). */
+/* Let go of seq's pages from block `from` on, and of their window parts
+ * (cached ones stay cached). */
 static void drop_pages(tp_forward *f, int seq, int from)
 {
     int *t = seq_table(f, seq);
     for (int b = from; b < f->pps; b++)
         if (t[b] >= 0) {
+            if (f->n_parts && b >= f->sw_from[seq])
+                tp_pcache_part_release(f->pc, t[b]);
             tp_pcache_unref(f->pc, t[b]);
             t[b] = -1;
         }
     if (f->n_pub[seq] > from)
         f->n_pub[seq] = from;
+    if (f->sw_from[seq] > from) /* pages written there again claim their parts */
+        f->sw_from[seq] = from;
+}
+
+/* THE WINDOW RULE. A sliding layer's query at q sees positions q - W + 1
+ * .. q, so of the pages it reads the first is first_block(q). A sequence
+ * claims the window parts of its blocks from first_block(q) on, q the
+ * first position of its last step (tp_forward_step): later steps, a retry
+ * of that step and a verify's rollback (tp_forward_seq_truncate, never
+ * before the step's start) all query at q or after, and never read the
+ * parts of earlier blocks, which are let go. A step going back further
+ * (other than to 0, a restart) is refused: the keys it would need are
+ * gone. Exact: what a query reads is what it read with every part kept. */
+static int first_block(const tp_forward *f, int q)
+{
+    int first = q - f->window + 1;
+    return first > 0 ? first / TP_KV_PAGE : 0;
+}
+
+/* May seq (parts let go before block sw_from) resume at pos? */
+static bool window_kept(const tp_forward *f, int seq, int pos)
+{
+    return !f->n_parts || pos == 0 || first_block(f, pos) >= f->sw_from[seq];
+}
+
+/* Let go of seq's parts of the blocks before `to`. */
+static void release_parts(tp_forward *f, int seq, int to)
+{
+    if (!f->n_parts || to <= f->sw_from[seq])
+        return;
+    const int *t = seq_table(f, seq);
+    for (int b = f->sw_from[seq]; b < to; b++)
+        if (t[b] >= 0)
+            tp_pcache_part_release(f->pc, t[b]);
+    f->sw_from[seq] = to;
 }
 
 int tp_forward_seq_close(tp_forward *f, int seq_id)
@@ -1049,31 +1215,50 @@ int tp_forward_seq_reuse(tp_forward *f, int seq_id, int pos, const int *tokens, 
         return 0;
     int *t = seq_table(f, seq_id);
     int32_t *rec = f->seq_tok + (size_t)seq_id * (size_t)f->kv_pos;
-    if (f->dn) { /* a hybrid: the hit must end at a page with the DeltaNet state there (deltanet.h) */
-        int best = 0, prev = pos / TP_KV_PAGE ? t[pos / TP_KV_PAGE - 1] : -1;
-        for (int take = TP_KV_PAGE - in, n = 0; n + take <= limit; n += take, take = TP_KV_PAGE) {
-            int p0 = pos + n, b = p0 / TP_KV_PAGE;
-            for (int i = 0; i < take; i++)
-                rec[p0 + i] = tokens[n + i];
-            if ((prev = tp_pcache_lookup(f->pc, prev, rec + (size_t)b * TP_KV_PAGE)) < 0)
-                break;
-            if (tp_deltanet_has(f->dn, prev))
-                best = n + take;
-        }
-        limit = best;
-    }
-    for (int take = TP_KV_PAGE - in; got + take <= limit; got += take, take = TP_KV_PAGE) {
-        int p0 = pos + got, b = p0 / TP_KV_PAGE;
+    /* The cached pages that follow, walk[k] for block b0 + k; a hit may
+     * end after page k only where what the next query needs is there: on
+     * a hybrid the DeltaNet state at its end (deltanet.h); with sliding
+     * layers the window parts of the pages its window reaches (the cache
+     * keeps a released part only until its memory is needed: prefix_cache.h).
+     * The sequence's own pages before b0 that the window reaches are
+     * claimed (window_kept), so only the cached ones are looked at. */
+    int b0 = pos / TP_KV_PAGE, k = 0, best = 0, best_k = 0, prev = b0 ? t[b0 - 1] : -1;
+    for (int take = TP_KV_PAGE - in, n = 0; n + take <= limit; n += take, take = TP_KV_PAGE, k++) {
+        int p0 = pos + n, b = p0 / TP_KV_PAGE;
         for (int i = 0; i < take; i++)
-            rec[p0 + i] = tokens[got + i];
-        int p = tp_pcache_lookup(f->pc, b ? t[b - 1] : -1, rec + (size_t)b * TP_KV_PAGE);
-        if (p < 0)
+            rec[p0 + i] = tokens[n + i];
+        if ((prev = tp_pcache_lookup(f->pc, prev, rec + (size_t)b * TP_KV_PAGE)) < 0)
             break;
+        f->walk[k] = prev;
+        bool ok = !f->dn || tp_deltanet_has(f->dn, prev);
+        int fb = first_block(f, p0 + take);
+        for (int j = fb > b0 ? fb - b0 : 0; ok && f->n_parts && j <= k; j++)
+            ok = tp_pcache_part(f->pc, f->walk[j]) >= 0;
+        if (ok) {
+            best = n + take;
+            best_k = k + 1;
+        }
+    }
+    got = best;
+    for (int j = 0; j < best_k; j++) {
+        int b = b0 + j, p = f->walk[j];
         tp_pcache_ref(f->pc, p);
-        if (t[b] >= 0)
+        if (t[b] >= 0) { /* the partly filled page the hit replaces */
+            if (f->n_parts && b >= f->sw_from[seq_id])
+                tp_pcache_part_release(f->pc, t[b]);
             tp_pcache_unref(f->pc, t[b]);
+        }
         t[b] = p;
         f->n_pub[seq_id] = b + 1;
+    }
+    if (got && f->n_parts) { /* claims as after a step at pos + got: the next query is there */
+        int fb = first_block(f, pos + got);
+        for (int b = f->sw_from[seq_id]; b < (fb < b0 ? fb : b0); b++)
+            tp_pcache_part_release(f->pc, t[b]);
+        for (int b = fb > b0 ? fb : b0; b < b0 + best_k; b++)
+            tp_pcache_part_claim(f->pc, t[b]); /* has one: takes nothing */
+        if (fb > f->sw_from[seq_id])
+            f->sw_from[seq_id] = fb;
     }
     f->seq_len[seq_id] = pos + got;
     if (f->dn && got)
@@ -1100,6 +1285,8 @@ int tp_forward_seq_truncate(tp_forward *f, int seq_id, int len)
     if (len < 0 || len > f->seq_len[seq_id])
         return TP_EINVAL;
     if (f->dn && len != f->seq_len[seq_id]) /* the recurrent state cannot go back (deltanet.h) */
+        return TP_EINVAL;
+    if (!window_kept(f, seq_id, len)) /* its window's parts were let go (first_block) */
         return TP_EINVAL;
     drop_pages(f, seq_id, (len + TP_KV_PAGE - 1) / TP_KV_PAGE);
     if (f->n_pub[seq_id] > len / TP_KV_PAGE)
@@ -1205,12 +1392,22 @@ static void rope(const tp_forward *f, float *vec, int n, int pos, int layer)
         }
 }
 
-/* Offset (in values) of KV head g's block of layer `layer` in page p: the
- * same for keys and values, both kv_dim * 16 values per layer. */
-static size_t block_offset(const tp_forward *f, int p, int layer, int g)
+/* Where KV head g's block of layer `layer` for page p's positions is:
+ * its offset (in values, the same for keys and values, both kv_dim * 16
+ * values per layer) in *k and *v, the page's own caches or, for a sliding
+ * layer, those of the page's window part (which the caller claims). */
+static size_t block_offset(const tp_forward *f, int p, int layer, int g, uint8_t **k, uint8_t **v)
 {
-    return (size_t)p * f->page_elems + ((size_t)layer * (size_t)f->c.kv_dim + (size_t)g * (size_t)f->c.head_size) *
-                                           TP_KV_PAGE;
+    size_t in = ((size_t)f->kv_index[layer] * (size_t)f->c.kv_dim + (size_t)g * (size_t)f->c.head_size) *
+                TP_KV_PAGE;
+    if (f->kv_part[layer]) {
+        *k = f->kpart;
+        *v = f->vpart;
+        return (size_t)tp_pcache_part(f->pc, p) * f->part_elems + in;
+    }
+    *k = f->kcache;
+    *v = f->vcache;
+    return (size_t)p * f->page_elems + in;
 }
 
 /* Write one position's keys and values (kv_dim floats each) into a
@@ -1220,16 +1417,17 @@ static void store_kv(const tp_forward *f, int layer, int slot, int pos, const fl
     size_t hs = (size_t)f->c.head_size, in = (size_t)(pos % TP_KV_PAGE);
     int p = seq_table(f, slot)[pos / TP_KV_PAGE];
     for (int g = 0; g < f->c.n_kv_heads; g++) {
-        size_t ko = block_offset(f, p, layer, g) + in, vo = block_offset(f, p, layer, g) + in * hs;
+        uint8_t *kc, *vc;
+        size_t off = block_offset(f, p, layer, g, &kc, &vc), ko = off + in, vo = off + in * hs;
         const float *kg = k + (size_t)g * hs, *vg = v + (size_t)g * hs;
         if (f->kv_type == TP_KV_F16) {
-            uint16_t *kd = (uint16_t *)f->kcache + ko, *vd = (uint16_t *)f->vcache + vo;
+            uint16_t *kd = (uint16_t *)(void *)kc + ko, *vd = (uint16_t *)(void *)vc + vo;
             for (size_t j = 0; j < hs; j++) {
                 kd[j * 16] = tp_f32_to_f16(kg[j]);
                 vd[j] = tp_f32_to_f16(vg[j]);
             }
         } else {
-            float *kd = (float *)f->kcache + ko, *vd = (float *)f->vcache + vo;
+            float *kd = (float *)(void *)kc + ko, *vd = (float *)(void *)vc + vo;
             for (size_t j = 0; j < hs; j++)
                 kd[j * 16] = kg[j];
             memcpy(vd, vg, hs * sizeof(float));
@@ -1250,8 +1448,9 @@ static void prefetch_kv(const tp_forward *f, int layer, int slot, int pos)
     size_t kstep = 64 / (TP_KV_PAGE * es) ? 64 / (TP_KV_PAGE * es) : 1; /* key rows a line */
     int p = seq_table(f, slot)[pos / TP_KV_PAGE];
     for (int g = 0; g < f->c.n_kv_heads; g++) {
-        size_t off = block_offset(f, p, layer, g);
-        const char *kd = (const char *)f->kcache + (off + in) * es, *vd = (const char *)f->vcache + (off + in * hs) * es;
+        uint8_t *kc, *vc;
+        size_t off = block_offset(f, p, layer, g, &kc, &vc);
+        const char *kd = (const char *)kc + (off + in) * es, *vd = (const char *)vc + (off + in * hs) * es;
         for (size_t j = 0; j < hs; j += kstep)
             __builtin_prefetch(kd + j * TP_KV_PAGE * es, 1, 3);
         for (size_t b = 0; b < hs * es; b += 64)
@@ -1279,9 +1478,10 @@ static void head_blocks(const tp_forward *f, int layer, int slot, int g, int pag
     const int *t = seq_table(f, slot);
     size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     for (int b = page0; b * TP_KV_PAGE < end; b++) {
-        size_t off = block_offset(f, t[b], layer, g) * es;
-        kb[b - page0] = (const uint8_t *)f->kcache + off;
-        vb[b - page0] = (const uint8_t *)f->vcache + off;
+        uint8_t *kc, *vc;
+        size_t off = block_offset(f, t[b], layer, g, &kc, &vc) * es;
+        kb[b - page0] = kc + off;
+        vb[b - page0] = vc + off;
     }
 }
 
@@ -1511,6 +1711,10 @@ static int check_item(tp_forward *f, const tp_fwd_item *it, int i, tp_err *err)
     if (it->pos < 0 || it->pos > len)
         return tp_err_set(err, TP_EINVAL, "forward: item %d: pos %d outside 0..%d (sequence %d's length)", i,
                           it->pos, len, it->seq_id);
+    if (!window_kept(f, it->seq_id, it->pos))
+        return tp_err_set(err, TP_EINVAL, "forward: item %d: pos %d: sequence %d's sliding layers let go of "
+                          "positions before %d (a step may go back to 0 or within its last step)", i, it->pos,
+                          it->seq_id, f->sw_from[it->seq_id] * TP_KV_PAGE);
     if (f->dn && !tp_deltanet_can_start(f->dn, it->seq_id, it->pos, len))
         return tp_err_set(err, TP_EINVAL, "forward: item %d: pos %d: sequence %d's DeltaNet state is at %d and "
                           "can go back only to 0 or its last step's start", i, it->pos, it->seq_id, len);
@@ -1916,29 +2120,45 @@ static int pool(tp_forward *f, const tp_fwd_item *items, int n_items, const tp_f
  * item's end (a rewind) are let go. Cannot run out of pages: the pool has
  * a page for every position of every slot, and a page nobody holds is
  * free or evictable (prefix_cache.h). */
+/* Copy page (or part) `from`'s bytes to `to` in the caches k and v, n bytes a page. */
+static void copy_page(uint8_t *k, uint8_t *v, size_t n, int to, int from)
+{
+    memcpy(k + (size_t)to * n, k + (size_t)from * n, n);
+    memcpy(v + (size_t)to * n, v + (size_t)from * n, n);
+}
+
 static int prepare_pages(tp_forward *f, const tp_fwd_item *it, bool verify)
 {
     int seq = it->seq_id, end = it->pos + it->n_tokens, *t = seq_table(f, seq);
+    size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    if (it->pos == 0 && f->sw_from[seq] > 0) /* a restart after parts were let go: every page anew */
+        drop_pages(f, seq, 0);
+    release_parts(f, seq, first_block(f, it->pos)); /* the window rule: the step's first query decides */
     drop_pages(f, seq, (end + TP_KV_PAGE - 1) / TP_KV_PAGE);
     if (f->n_pub[seq] > it->pos / TP_KV_PAGE)
         f->n_pub[seq] = it->pos / TP_KV_PAGE;
     for (int b = it->pos / TP_KV_PAGE; b <= (end - 1) / TP_KV_PAGE; b++) {
-        int old = t[b];
+        int old = t[b], old_part = -1; /* b >= sw_from: a held page's part is claimed */
         if (old >= 0 && !tp_pcache_shared(f->pc, old))
             continue;
-        if (old >= 0)
+        if (old >= 0) {
+            old_part = tp_pcache_part(f->pc, old);
+            if (f->n_parts)
+                tp_pcache_part_release(f->pc, old);
             tp_pcache_unref(f->pc, old);
+        }
         int p = tp_pcache_alloc(f->pc);
-        if (p < 0)
+        if (p < 0 || (f->n_parts && tp_pcache_part_claim(f->pc, p) < 0))
             return TP_EFULL;
         if (f->dn) /* its positions are rewritten: a state kept at its end is not theirs */
             tp_deltanet_page_drop(f->dn, p);
-        /* unreferenced first, so an old page nobody else holds may come back
-         * as p itself with its bytes intact */
-        if (old >= 0 && p != old && b * TP_KV_PAGE < it->pos) {
-            size_t es = f->kv_type == TP_KV_F16 ? sizeof(uint16_t) : sizeof(float), n = f->page_elems * es;
-            memcpy((uint8_t *)f->kcache + (size_t)p * n, (uint8_t *)f->kcache + (size_t)old * n, n);
-            memcpy((uint8_t *)f->vcache + (size_t)p * n, (uint8_t *)f->vcache + (size_t)old * n, n);
+        /* unreferenced first, so an old page (part) nobody else holds may
+         * come back as p (p's part) itself with its bytes intact */
+        if (old >= 0 && b * TP_KV_PAGE < it->pos) {
+            if (p != old)
+                copy_page(f->kcache, f->vcache, f->page_elems * es, p, old);
+            if (f->n_parts && tp_pcache_part(f->pc, p) != old_part)
+                copy_page(f->kpart, f->vpart, f->part_elems * es, tp_pcache_part(f->pc, p), old_part);
         }
         t[b] = p;
     }
@@ -1962,6 +2182,8 @@ static void publish_pages(tp_forward *f, int seq)
     for (int b = f->n_pub[seq]; b < f->seq_len[seq] / TP_KV_PAGE; b++) {
         int p = tp_pcache_publish(f->pc, t[b], b ? t[b - 1] : -1, rec + (size_t)b * TP_KV_PAGE);
         if (p != t[b]) {
+            if (f->n_parts && b >= f->sw_from[seq]) /* the same bits: keep what is there, or bring ours */
+                tp_pcache_part_move(f->pc, t[b], p);
             tp_pcache_unref(f->pc, t[b]);
             t[b] = p;
         }

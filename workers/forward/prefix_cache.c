@@ -1,6 +1,7 @@
 /* KV pages and the prefix cache over them (prefix_cache.h). */
 #include "prefix_cache.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,14 @@ struct tp_pcache {
     int n_free;
     uint64_t clock;
     tp_pcache_stats st;
+    /* window parts (prefix_cache.h); n_parts 0: none */
+    int n_parts, parts_claimed;
+    int *part;         /* [page] its part, or -1 */
+    int *claims;       /* [page] claims on its part */
+    int *owner;        /* [part] its page, or -1 when free */
+    uint64_t *released; /* [part] when its last claim went: LRU among unclaimed parts */
+    int *part_free;    /* free parts, the most recently freed on top */
+    int n_part_free;
 };
 
 tp_pcache *tp_pcache_new(int n_pages, bool cache)
@@ -74,7 +83,46 @@ void tp_pcache_free(tp_pcache *pc)
     free(pc->next);
     free(pc->bucket);
     free(pc->free_stack);
+    free(pc->part);
+    free(pc->claims);
+    free(pc->owner);
+    free(pc->released);
+    free(pc->part_free);
     free(pc);
+}
+
+int tp_pcache_set_parts(tp_pcache *pc, int n_parts)
+{
+    if (n_parts <= 0)
+        return 0;
+    size_t n = (size_t)pc->n, k = (size_t)n_parts;
+    pc->part = malloc(n * sizeof *pc->part);
+    pc->claims = calloc(n, sizeof *pc->claims);
+    pc->owner = malloc(k * sizeof *pc->owner);
+    pc->released = calloc(k, sizeof *pc->released);
+    pc->part_free = malloc(k * sizeof *pc->part_free);
+    if (!pc->part || !pc->claims || !pc->owner || !pc->released || !pc->part_free)
+        return TP_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        pc->part[i] = -1;
+    for (int i = 0; i < n_parts; i++) { /* part 0 on top, as pages */
+        pc->owner[i] = -1;
+        pc->part_free[i] = n_parts - 1 - i;
+    }
+    pc->n_parts = pc->n_part_free = n_parts;
+    return 0;
+}
+
+/* Page p (held by nobody now) gives its part back. */
+static void part_free(tp_pcache *pc, int p)
+{
+    if (!pc->n_parts || pc->part[p] < 0)
+        return;
+    assert(pc->claims[p] == 0);
+    int k = pc->part[p];
+    pc->owner[k] = -1;
+    pc->part[p] = -1;
+    pc->part_free[pc->n_part_free++] = k;
 }
 
 bool tp_pcache_enabled(const tp_pcache *pc) { return pc->cache; }
@@ -140,6 +188,7 @@ int tp_pcache_alloc(tp_pcache *pc)
         if (p < 0)
             return -1;
         uncache(pc, p);
+        part_free(pc, p);
         pc->st.evictions++;
     }
     pc->ref[p] = 1;
@@ -158,9 +207,83 @@ void tp_pcache_unref(tp_pcache *pc, int p)
     if (--pc->ref[p] > 0)
         return;
     pc->st.pages_used--;
-    if (!pc->cached[p])
+    if (!pc->cached[p]) {
+        part_free(pc, p);
         pc->free_stack[pc->n_free++] = p;
+    }
 }
+
+int tp_pcache_part(const tp_pcache *pc, int p) { return pc->n_parts ? pc->part[p] : -1; }
+
+/* The unclaimed part released longest ago (its page is cached: an
+ * unclaimed part of any other page was freed), or -1. A linear scan, as
+ * lru_victim. */
+static int part_victim(const tp_pcache *pc)
+{
+    int best = -1;
+    for (int k = 0; k < pc->n_parts; k++) {
+        int o = pc->owner[k];
+        if (o >= 0 && pc->claims[o] == 0 && (best < 0 || pc->released[k] < pc->released[best]))
+            best = k;
+    }
+    return best;
+}
+
+int tp_pcache_part_claim(tp_pcache *pc, int p)
+{
+    if (!pc->n_parts)
+        return -1;
+    if (pc->part[p] < 0) {
+        int k;
+        if (pc->n_part_free > 0) {
+            k = pc->part_free[--pc->n_part_free];
+        } else {
+            if ((k = part_victim(pc)) < 0)
+                return -1;
+            pc->part[pc->owner[k]] = -1;
+        }
+        pc->owner[k] = p;
+        pc->part[p] = k;
+    }
+    if (pc->claims[p]++ == 0)
+        pc->parts_claimed++;
+    return pc->part[p];
+}
+
+void tp_pcache_part_release(tp_pcache *pc, int p)
+{
+    if (!pc->n_parts)
+        return;
+    assert(pc->part[p] >= 0 && pc->claims[p] > 0);
+    if (--pc->claims[p] > 0)
+        return;
+    pc->parts_claimed--;
+    if (pc->cached[p])
+        pc->released[pc->part[p]] = ++pc->clock;
+    else
+        part_free(pc, p);
+}
+
+void tp_pcache_part_move(tp_pcache *pc, int from, int to)
+{
+    if (!pc->n_parts || from == to)
+        return;
+    if (pc->part[to] >= 0) {
+        tp_pcache_part_release(pc, from);
+        tp_pcache_part_claim(pc, to); /* has one: takes nothing */
+        return;
+    }
+    assert(pc->claims[from] == 1 && !pc->cached[from] && pc->claims[to] == 0);
+    int k = pc->part[from];
+    pc->part[from] = -1;
+    pc->claims[from] = 0;
+    pc->part[to] = k;
+    pc->owner[k] = to;
+    pc->claims[to] = 1;
+}
+
+int tp_pcache_parts_total(const tp_pcache *pc) { return pc->n_parts; }
+int tp_pcache_parts_claimed(const tp_pcache *pc) { return pc->parts_claimed; }
 
 bool tp_pcache_shared(const tp_pcache *pc, int p)
 {

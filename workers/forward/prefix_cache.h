@@ -1,8 +1,9 @@
 /* Private to the forward stage (and its tests): the KV pool's pages and the
  * prefix cache over them.
  *
- * The KV pool is cut into pages of TP_KV_PAGE positions (every layer's
- * keys and values of those positions); a sequence's block table lists its
+ * The KV pool is cut into pages of TP_KV_PAGE positions (the keys and
+ * values of those positions in every layer that keeps them all; sliding
+ * layers' in the page's window part, below); a sequence's block table lists its
  * pages in position order. This module owns the pages' bookkeeping, never
  * their bytes: reference counts, a free list, and the cache.
  *
@@ -80,6 +81,46 @@ int tp_pcache_lookup(tp_pcache *pc, int parent, const int32_t *tokens);
  * the same bits, since a position's KV depends only on the tokens up to
  * it). With the cache off, returns p unchanged. */
 int tp_pcache_publish(tp_pcache *pc, int p, int parent, const int32_t *tokens);
+
+/* WINDOW PARTS. A model with sliding-window layers keeps those layers'
+ * keys and values apart from the page: a page's window part (a page of
+ * its own in a second, smaller pool) holds the sliding layers of its 16
+ * positions, and may be let go while the page (the other layers) stays.
+ * A holder that still needs a page's sliding layers "claims" its part;
+ * a sequence claims the parts of the pages its next queries can see
+ * (forward.c) and releases the rest. A part nobody claims is freed at
+ * once unless its page is cached: then it stays with the page until its
+ * memory is needed for another part (least recently released first), so
+ * a prefix hit can still use it; a cached page may thus have no part
+ * (tp_pcache_part < 0), and a hit that would need it is cut (forward.c).
+ * A page that is freed or evicted frees its part. Without parts
+ * (tp_pcache_set_parts never called, or 0) these calls do nothing. */
+
+/* Give the pool n_parts window parts, all free (only on a new pool, before
+ * any page is handed out). TP_ENOMEM. */
+int tp_pcache_set_parts(tp_pcache *pc, int n_parts);
+
+/* Page p's window part, or -1 (none: never had one, or let go). */
+int tp_pcache_part(const tp_pcache *pc, int p);
+
+/* One more claim on page p's part, giving it one when it has none (a free
+ * part, else the least recently released unclaimed one, taken from its
+ * page; its bytes are then undefined). Returns the part, or -1 when every
+ * part is claimed (the caller sized the parts so that cannot happen). */
+int tp_pcache_part_claim(tp_pcache *pc, int p);
+
+/* One claim fewer on p's part (which must have one). */
+void tp_pcache_part_release(tp_pcache *pc, int p);
+
+/* The caller's claim on page from's part moves to page to, which holds
+ * the same positions' bits (tp_pcache_publish gave it for from): to's own
+ * part is claimed when it has one, else from's part is handed to it.
+ * from must be held by the caller alone and not cached. */
+void tp_pcache_part_move(tp_pcache *pc, int from, int to);
+
+/* Parts in all, and parts claimed by at least one holder. */
+int tp_pcache_parts_total(const tp_pcache *pc);
+int tp_pcache_parts_claimed(const tp_pcache *pc);
 
 /* Count a reuse attempt that took n_tokens positions from the cache. */
 void tp_pcache_count_lookup(tp_pcache *pc, int n_tokens);
