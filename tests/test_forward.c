@@ -579,6 +579,38 @@ static void qwen35_is_batch_chunk_and_thread_invariant(void **state)
     tp_model_free(m);
 }
 
+/* The DeltaNet state's passes run 8 (AVX2) or 16 (AVX-512) columns at a
+ * time and the rest one by one: heads of 36 and 40 (tails on both paths)
+ * give the portable path's logits on every level the CPU has, capped. */
+static void qwen35_state_passes_give_the_portable_bits_on_every_level(void **state)
+{
+    (void)state;
+    static const int hds[] = {36, 40};
+    for (int i = 0; i < 2; i++) {
+        tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35", .head_dim = hds[i]}, "64x4x4x2");
+        int V = tp_model_get_config(m)->vocab_size;
+        size_t n = (size_t)NSEQ * (DECODE + 1) * V;
+        float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+        run_alone(m, want, V, 1, true, TP_KV_F32);
+        tp_isa before = tp_isa_active();
+        for (tp_isa level = TP_ISA_AVX2; level <= TP_ISA_AVX512; level++) {
+            if (tp_isa_cpu() < level) {
+                print_message("%s: not on this CPU, not checked\n", tp_isa_name(level));
+                continue;
+            }
+            tp_isa_cap_for_tests(level);
+            run_alone(m, got, V, 2, false, TP_KV_F32);
+            if (memcmp(want, got, sizeof(float) * n))
+                fail_msg("qwen35, heads of %d: the %s path's logits differ from the portable path's", hds[i],
+                         tp_isa_name(level));
+        }
+        tp_isa_cap_for_tests(before);
+        free(want);
+        free(got);
+        tp_model_free(m);
+    }
+}
+
 /* A hybrid model's DeltaNet state is kept at each step's start: a retried
  * step (the same pos again) gives the same logits; a rewind to anywhere
  * else is refused by name, and pos 0 starts the state again. */
@@ -1154,6 +1186,7 @@ int main(void)
         cmocka_unit_test(mixtral_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(gpt_oss_is_batch_chunk_and_thread_invariant),
         cmocka_unit_test(qwen35_is_batch_chunk_and_thread_invariant),
+        cmocka_unit_test(qwen35_state_passes_give_the_portable_bits_on_every_level),
         cmocka_unit_test(qwen35_retried_step_recomputes_the_same_logits_and_other_rewinds_are_refused),
         cmocka_unit_test(moe_rows_are_the_same_alone_or_sharing_experts),
         cmocka_unit_test(moe_rows_with_a_shared_expert_are_the_same_alone_or_together),

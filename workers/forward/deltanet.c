@@ -2,6 +2,7 @@
 #include "deltanet.h"
 #include "vexp.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ struct tp_deltanet {
     int *kept_at;       /* [slots] its position, -1: none */
     float **snap;       /* [n_pages] a cache page's snapshot, or NULL */
     int n_pages, n_snaps, max_snaps;
+    tp_isa isa;         /* the vector level of the state's two passes (same bits at each) */
 };
 
 int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_deltanet **out)
@@ -39,6 +41,7 @@ int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_d
     if (!dn)
         return TP_ENOMEM;
     dn->c = *c;
+    dn->isa = tp_isa_active();
     dn->slots = kv_slots;
     dn->max_tokens = max_tokens;
     dn->hd = c->ssm_head_dim;
@@ -180,6 +183,117 @@ static void conv_token(const tp_deltanet *dn, const float *w, float *cs, const f
     }
 }
 
+/* The delta rule's two passes over a head's state S [hd][hd], each one
+ * read of S (the four loops of its definition fused in pairs):
+ *
+ *   decay_read:  S *= decay;        kv = S^T k
+ *   write_read:  S += k kv^T;       o  = S^T q
+ *
+ * Every column c is its own chain: a product then a sum (never fused),
+ * rows in order, so the portable loop and the AVX2 / AVX-512 lanes give
+ * the same bits (the vector paths only run several columns at once). */
+/* Columns [c0, hd): the portable path (c0 0), and a vector path's tail.
+ * Rows outer, so that S is read in order; each column's chain is still
+ * rows in order. */
+static void decay_read_from(float *S, int hd, int c0, float decay, const float *k, float *kv)
+{
+    for (int c = c0; c < hd; c++)
+        kv[c] = 0;
+    for (int r = 0; r < hd; r++) {
+        float *row = S + (size_t)r * (size_t)hd;
+        for (int c = c0; c < hd; c++) {
+            float x = row[c] * decay;
+            row[c] = x;
+            kv[c] += x * k[r];
+        }
+    }
+}
+
+static void write_read_from(float *S, int hd, int c0, const float *k, const float *kv, const float *q, float *o)
+{
+    for (int c = c0; c < hd; c++)
+        o[c] = 0;
+    for (int r = 0; r < hd; r++) {
+        float *row = S + (size_t)r * (size_t)hd;
+        for (int c = c0; c < hd; c++) {
+            float x = row[c] + k[r] * kv[c];
+            row[c] = x;
+            o[c] += x * q[r];
+        }
+    }
+}
+
+__attribute__((target("avx2"))) static void decay_read_avx2(float *S, int hd, float decay, const float *k, float *kv)
+{
+    __m256 d = _mm256_set1_ps(decay);
+    int c = 0;
+    for (; c + 8 <= hd; c += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int r = 0; r < hd; r++) {
+            float *p = S + (size_t)r * (size_t)hd + c;
+            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p), d);
+            _mm256_storeu_ps(p, x);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_set1_ps(k[r])));
+        }
+        _mm256_storeu_ps(kv + c, acc);
+    }
+    decay_read_from(S, hd, c, decay, k, kv);
+}
+
+__attribute__((target("avx2"))) static void write_read_avx2(float *S, int hd, const float *k, const float *kv,
+                                                            const float *q, float *o)
+{
+    int c = 0;
+    for (; c + 8 <= hd; c += 8) {
+        __m256 acc = _mm256_setzero_ps(), v = _mm256_loadu_ps(kv + c);
+        for (int r = 0; r < hd; r++) {
+            float *p = S + (size_t)r * (size_t)hd + c;
+            __m256 x = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(_mm256_set1_ps(k[r]), v));
+            _mm256_storeu_ps(p, x);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_set1_ps(q[r])));
+        }
+        _mm256_storeu_ps(o + c, acc);
+    }
+    write_read_from(S, hd, c, k, kv, q, o);
+}
+
+__attribute__((target("avx512f"))) static void decay_read_avx512(float *S, int hd, float decay, const float *k,
+                                                                 float *kv)
+{
+    __m512 d = _mm512_set1_ps(decay);
+    int c = 0;
+    for (; c + 16 <= hd; c += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int r = 0; r < hd; r++) {
+            float *p = S + (size_t)r * (size_t)hd + c;
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p), d);
+            _mm512_storeu_ps(p, x);
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(x, _mm512_set1_ps(k[r])));
+        }
+        _mm512_storeu_ps(kv + c, acc);
+    }
+    decay_read_from(S, hd, c, decay, k, kv);
+}
+
+__attribute__((target("avx512f"))) static void write_read_avx512(float *S, int hd, const float *k, const float *kv,
+                                                                 const float *q, float *o)
+{
+    int c = 0;
+    for (; c + 16 <= hd; c += 16) {
+        __m512 acc = _mm512_setzero_ps(), v = _mm512_loadu_ps(kv + c);
+        for (int r = 0; r < hd; r++) {
+            float *p = S + (size_t)r * (size_t)hd + c;
+            __m512 x = _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(_mm512_set1_ps(k[r]), v));
+            _mm512_storeu_ps(p, x);
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(x, _mm512_set1_ps(q[r])));
+        }
+        _mm512_storeu_ps(o + c, acc);
+    }
+    write_read_from(S, hd, c, k, kv, q, o);
+}
+
+void tp_deltanet_set_isa(tp_deltanet *dn, tp_isa isa) { dn->isa = isa; }
+
 typedef struct unit_job {
     tp_deltanet *dn;
     const tp_layer_weights *lw;
@@ -207,29 +321,20 @@ static void head_run(const unit_job *j, int t0, int t1, int h)
         float sp = ab > 20.0f ? ab : (float)log1p((double)tp_vexp(ab)); /* softplus, as torch's threshold */
         float decay = tp_vexp(sp * lw->ssm_a[h]);
         float beta = 1.0f / (1.0f + tp_vexp(-b[h]));
-        for (size_t i = 0; i < (size_t)hd * (size_t)hd; i++)
-            S[i] *= decay;
-        for (int c = 0; c < hd; c++)
-            kv[c] = 0;
-        for (int r = 0; r < hd; r++) {
-            const float *row = S + (size_t)r * (size_t)hd;
-            for (int c = 0; c < hd; c++)
-                kv[c] += row[c] * k[r];
-        }
+        if (dn->isa >= TP_ISA_AVX512)
+            decay_read_avx512(S, hd, decay, k, kv);
+        else if (dn->isa >= TP_ISA_AVX2)
+            decay_read_avx2(S, hd, decay, k, kv);
+        else
+            decay_read_from(S, hd, 0, decay, k, kv);
         for (int c = 0; c < hd; c++)
             kv[c] = (v[c] - kv[c]) * beta;
-        for (int r = 0; r < hd; r++) {
-            float *row = S + (size_t)r * (size_t)hd;
-            for (int c = 0; c < hd; c++)
-                row[c] += k[r] * kv[c];
-        }
-        for (int c = 0; c < hd; c++)
-            o[c] = 0;
-        for (int r = 0; r < hd; r++) {
-            const float *row = S + (size_t)r * (size_t)hd;
-            for (int c = 0; c < hd; c++)
-                o[c] += row[c] * q[r];
-        }
+        if (dn->isa >= TP_ISA_AVX512)
+            write_read_avx512(S, hd, k, kv, q, o);
+        else if (dn->isa >= TP_ISA_AVX2)
+            write_read_avx2(S, hd, k, kv, q, o);
+        else
+            write_read_from(S, hd, 0, k, kv, q, o);
         /* RMSNorm(o, ssm_norm) * silu(z) */
         float ss = 1.0f / sqrtf(sum_sq(o, hd) / (float)hd + dn->c.norm_eps);
         float *y = dn->out + (size_t)t * (size_t)dn->value_dim + (size_t)h * (size_t)hd;

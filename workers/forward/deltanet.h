@@ -33,6 +33,7 @@
 
 #include <stdbool.h>
 
+#include "tokpipe/isa.h"
 #include "tokpipe/model.h"
 #include "pool.h"
 
@@ -102,5 +103,9 @@ void tp_deltanet_keep(tp_deltanet *dn, int slot, int page);
 /* Whether page has a snapshot; restore it into slot's state. */
 bool tp_deltanet_has(const tp_deltanet *dn, int page);
 void tp_deltanet_restore(tp_deltanet *dn, int slot, int page);
+
+/* The vector level of the state's passes (tp_isa_active() when made; the
+ * forward's own, which its tests may lower): every level, the same bits. */
+void tp_deltanet_set_isa(tp_deltanet *dn, tp_isa isa);
 
 #endif

@@ -891,6 +891,8 @@ void tp_forward_use_scalar_for_tests(tp_forward *f)
     f->qavx512 = false;
     f->simd = false;
     f->qsimd = false;
+    if (f->dn)
+        tp_deltanet_set_isa(f->dn, TP_ISA_PORTABLE);
 }
 
 /* ---- matmul backends --------------------------------------------------- */
