@@ -155,7 +155,7 @@ $(BUILD)/tests/test_rstore: $(BUILD)/obj/tests/test_rstore.o $(call obj,http/rst
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TEST_LIBS)
-$(BUILD)/tests/test_anthropic: $(BUILD)/obj/tests/test_anthropic.o $(call obj,http/anthropic.c http/oai.c http/lp.c) \
+$(BUILD)/tests/test_anthropic: $(BUILD)/obj/tests/test_anthropic.o $(call obj,http/anthropic.c http/apijson.c http/oai.c http/lp.c) \
 		$(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
@@ -209,7 +209,7 @@ $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
 $(FUZZ_BUILD)/fuzz_oai_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_oai_request.o $(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
 $(FUZZ_BUILD)/fuzz_anthropic_request: $(FUZZ_BUILD)/obj/fuzz/fuzz_anthropic_request.o $(FUZZ_BUILD)/obj/http/anthropic.o \
-		$(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
+		$(FUZZ_BUILD)/obj/http/apijson.o $(FUZZ_BUILD)/obj/http/oai.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
 
 fuzz-build: $(FUZZ_BINS)

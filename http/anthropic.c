@@ -17,38 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apijson.h"
 #include "gw.h"
 
 /* ---- requests ------------------------------------------------------------ */
-
-static int fail(oai_error *e, int status, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static bool is_type(const cJSON *block, const char *type)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(block, "type");
     return cJSON_IsString(t) && !strcmp(t->valuestring, type);
-}
-
-/* Only the keys in `allowed` (NULL-terminated) may be in object o. */
-static int known_keys(const cJSON *o, const char *const *allowed, const char *nm, oai_error *e)
-{
-    for (const cJSON *f = o->child; f; f = f->next) {
-        int k = 0;
-        while (allowed[k] && strcmp(allowed[k], f->string))
-            k++;
-        if (!allowed[k])
-            return fail(e, 400, nm, "%s.%.40s: unknown field", nm, f->string);
-    }
-    return 0;
 }
 
 /* A text block {type: "text", text} as OpenAI's text part (cache_control
@@ -58,13 +35,13 @@ static int text_part(const cJSON *block, const char *nm, cJSON *parts, oai_error
     static const char *const keys[] = {"type", "text", "cache_control", "citations", NULL};
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(block, "text");
     if (!cJSON_IsString(t))
-        return fail(e, 400, nm, "%s.text: expected a string", nm);
-    if (known_keys(block, keys, nm, e))
+        return aj_fail(e, 400, nm, "%s.text: expected a string", nm);
+    if (aj_known_keys(block, keys, nm, e))
         return -1;
     cJSON *p = cJSON_CreateObject();
     cJSON_AddItemToArray(parts, p);
     if (!cJSON_AddStringToObject(p, "type", "text") || !cJSON_AddStringToObject(p, "text", t->valuestring))
-        return fail(e, 500, NULL, "out of memory");
+        return aj_fail(e, 500, NULL, "out of memory");
     return 0;
 }
 
@@ -74,7 +51,7 @@ static cJSON *text_content(const cJSON *v, const char *nm, oai_error *e)
     if (cJSON_IsString(v))
         return cJSON_CreateString(v->valuestring);
     if (!cJSON_IsArray(v)) {
-        fail(e, 400, nm, "%s: expected a string or a list of text blocks", nm);
+        aj_fail(e, 400, nm, "%s: expected a string or a list of text blocks", nm);
         return NULL;
     }
     cJSON *parts = cJSON_CreateArray();
@@ -83,7 +60,7 @@ static cJSON *text_content(const cJSON *v, const char *nm, oai_error *e)
         char bn[96];
         snprintf(bn, sizeof bn, "%s[%d]", nm, j);
         if (!is_type(b, "text")) {
-            fail(e, 400, bn, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here", bn);
+            aj_fail(e, 400, bn, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here", bn);
             cJSON_Delete(parts);
             return NULL;
         }
@@ -97,29 +74,6 @@ static cJSON *text_content(const cJSON *v, const char *nm, oai_error *e)
 
 /* The name of the call tool_use_id answers: the function a tool turn is
  * the result of (templates that show it get it as the tool turn's name). */
-static const char *call_name(const cJSON *out_msgs, const char *id)
-{
-    for (const cJSON *m = out_msgs->child; m; m = m->next) {
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        for (const cJSON *c = calls ? calls->child : NULL; c; c = c->next) {
-            const cJSON *cid = cJSON_GetObjectItemCaseSensitive(c, "id");
-            if (cJSON_IsString(cid) && !strcmp(cid->valuestring, id)) {
-                const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
-                const cJSON *n = cJSON_GetObjectItemCaseSensitive(f, "name");
-                return cJSON_IsString(n) ? n->valuestring : NULL;
-            }
-        }
-    }
-    return NULL;
-}
-
-static cJSON *new_turn(cJSON *out, const char *role)
-{
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(out, m);
-    cJSON_AddStringToObject(m, "role", role);
-    return m;
-}
 
 /* A user turn: runs of text blocks -> user turns, each tool_result -> a tool turn. */
 static int user_turn(const cJSON *content, const char *nm, cJSON *out, oai_error *e)
@@ -131,38 +85,38 @@ static int user_turn(const cJSON *content, const char *nm, cJSON *out, oai_error
         snprintf(bn, sizeof bn, "%s.content[%d]", nm, j);
         if (is_type(b, "text")) {
             if (!parts)
-                cJSON_AddItemToObject(new_turn(out, "user"), "content", parts = cJSON_CreateArray());
+                cJSON_AddItemToObject(aj_new_turn(out, "user"), "content", parts = cJSON_CreateArray());
             if (text_part(b, bn, parts, e))
                 return -1;
             continue;
         }
         if (!is_type(b, "tool_result"))
-            return fail(e, 400, bn, "%s.type: expected text or tool_result in a user turn", bn);
+            return aj_fail(e, 400, bn, "%s.type: expected text or tool_result in a user turn", bn);
         static const char *const keys[] = {"type", "tool_use_id", "content", "is_error", "cache_control", NULL};
-        if (known_keys(b, keys, bn, e))
+        if (aj_known_keys(b, keys, bn, e))
             return -1;
         parts = NULL;
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "tool_use_id");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(b, "content");
         const cJSON *err = cJSON_GetObjectItemCaseSensitive(b, "is_error");
         if (!cJSON_IsString(id) || !id->valuestring[0])
-            return fail(e, 400, bn, "%s.tool_use_id: required, the id of the tool_use block it answers", bn);
+            return aj_fail(e, 400, bn, "%s.tool_use_id: required, the id of the tool_use block it answers", bn);
         if (err && !cJSON_IsBool(err))
-            return fail(e, 400, bn, "%s.is_error: expected true or false", bn);
+            return aj_fail(e, 400, bn, "%s.is_error: expected true or false", bn);
         char cn[112];
         snprintf(cn, sizeof cn, "%s.content", bn);
         cJSON *text = c ? text_content(c, cn, e) : cJSON_CreateString("");
         if (!text)
             return -1;
-        cJSON *m = new_turn(out, "tool");
+        cJSON *m = aj_new_turn(out, "tool");
         cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
-        const char *name = call_name(out, id->valuestring);
+        const char *name = aj_call_name(out, id->valuestring);
         if (name)
             cJSON_AddStringToObject(m, "name", name);
         cJSON_AddItemToObject(m, "content", text);
     }
     if (!content->child)
-        cJSON_AddStringToObject(new_turn(out, "user"), "content", "");
+        cJSON_AddStringToObject(aj_new_turn(out, "user"), "content", "");
     return 0;
 }
 
@@ -171,7 +125,7 @@ static int user_turn(const cJSON *content, const char *nm, cJSON *out, oai_error
  * template (as Anthropic drops it from the context). */
 static int assistant_turn(const cJSON *content, const char *nm, cJSON *out, oai_error *e)
 {
-    cJSON *m = new_turn(out, "assistant");
+    cJSON *m = aj_new_turn(out, "assistant");
     cJSON *parts = cJSON_CreateArray(), *calls = NULL;
     cJSON_AddItemToObject(m, "content", parts);
     int j = 0;
@@ -185,15 +139,15 @@ static int assistant_turn(const cJSON *content, const char *nm, cJSON *out, oai_
             continue;
         } else if (is_type(b, "tool_use")) {
             static const char *const keys[] = {"type", "id", "name", "input", "cache_control", NULL};
-            if (known_keys(b, keys, bn, e))
+            if (aj_known_keys(b, keys, bn, e))
                 return -1;
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "id");
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(b, "name");
             const cJSON *input = cJSON_GetObjectItemCaseSensitive(b, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name) || !name->valuestring[0])
-                return fail(e, 400, bn, "%s: a tool_use block needs an id and a name (strings)", bn);
+                return aj_fail(e, 400, bn, "%s: a tool_use block needs an id and a name (strings)", bn);
             if (!cJSON_IsObject(input))
-                return fail(e, 400, bn, "%s.input: expected an object", bn);
+                return aj_fail(e, 400, bn, "%s.input: expected an object", bn);
             char *args = cJSON_PrintUnformatted(input);
             if (!calls)
                 cJSON_AddItemToObject(m, "tool_calls", calls = cJSON_CreateArray());
@@ -205,11 +159,11 @@ static int assistant_turn(const cJSON *content, const char *nm, cJSON *out, oai_
             cJSON_AddStringToObject(fn, "name", name->valuestring);
             if (!args || !cJSON_AddStringToObject(fn, "arguments", args)) {
                 free(args);
-                return fail(e, 500, NULL, "out of memory");
+                return aj_fail(e, 500, NULL, "out of memory");
             }
             free(args);
         } else {
-            return fail(e, 400, bn, "%s.type: expected text, tool_use or thinking in an assistant turn", bn);
+            return aj_fail(e, 400, bn, "%s.type: expected text, tool_use or thinking in an assistant turn", bn);
         }
     }
     /* OpenAI's shape of a turn of only calls */
@@ -221,27 +175,27 @@ static int assistant_turn(const cJSON *content, const char *nm, cJSON *out, oai_
 static int translate_messages(const cJSON *v, cJSON *out, oai_error *e)
 {
     if (!cJSON_IsArray(v) || !v->child)
-        return fail(e, 400, "messages", "messages: expected a non-empty list of {role, content}");
+        return aj_fail(e, 400, "messages", "messages: expected a non-empty list of {role, content}");
     int i = 0;
     for (const cJSON *it = v->child; it; it = it->next, i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "messages[%d]", i);
         static const char *const keys[] = {"role", "content", NULL};
         if (!cJSON_IsObject(it))
-            return fail(e, 400, nm, "%s: expected an object {role, content}", nm);
-        if (known_keys(it, keys, nm, e))
+            return aj_fail(e, 400, nm, "%s: expected an object {role, content}", nm);
+        if (aj_known_keys(it, keys, nm, e))
             return -1;
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
         bool user = cJSON_IsString(role) && !strcmp(role->valuestring, "user");
         if (!user && !(cJSON_IsString(role) && !strcmp(role->valuestring, "assistant")))
-            return fail(e, 400, nm, "%s.role: expected \"user\" or \"assistant\"", nm);
+            return aj_fail(e, 400, nm, "%s.role: expected \"user\" or \"assistant\"", nm);
         if (cJSON_IsString(content)) {
-            cJSON_AddStringToObject(new_turn(out, role->valuestring), "content", content->valuestring);
+            cJSON_AddStringToObject(aj_new_turn(out, role->valuestring), "content", content->valuestring);
             continue;
         }
         if (!cJSON_IsArray(content))
-            return fail(e, 400, nm, "%s.content: required, a string or a list of content blocks", nm);
+            return aj_fail(e, 400, nm, "%s.content: required, a string or a list of content blocks", nm);
         if (user ? user_turn(content, nm, out, e) : assistant_turn(content, nm, out, e))
             return -1;
     }
@@ -253,7 +207,7 @@ static int translate_messages(const cJSON *v, cJSON *out, oai_error *e)
 static int translate_tools(const cJSON *v, cJSON *req, oai_error *e)
 {
     if (!cJSON_IsArray(v))
-        return fail(e, 400, "tools", "tools: expected a list of {name, description, input_schema}");
+        return aj_fail(e, 400, "tools", "tools: expected a list of {name, description, input_schema}");
     cJSON *out = cJSON_AddArrayToObject(req, "tools");
     int i = 0;
     for (const cJSON *t = v->child; t; t = t->next, i++) {
@@ -261,22 +215,22 @@ static int translate_tools(const cJSON *v, cJSON *req, oai_error *e)
         snprintf(nm, sizeof nm, "tools[%d]", i);
         static const char *const keys[] = {"type", "name", "description", "input_schema", "cache_control", NULL};
         if (!cJSON_IsObject(t))
-            return fail(e, 400, nm, "%s: expected an object {name, description, input_schema}", nm);
+            return aj_fail(e, 400, nm, "%s: expected an object {name, description, input_schema}", nm);
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
         if (type && !is_type(t, "custom"))
-            return fail(e, 400, nm, "%s.type: only client tools (\"custom\") are supported, not Anthropic's server tools",
+            return aj_fail(e, 400, nm, "%s.type: only client tools (\"custom\") are supported, not Anthropic's server tools",
                         nm);
-        if (known_keys(t, keys, nm, e))
+        if (aj_known_keys(t, keys, nm, e))
             return -1;
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
         const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
         const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
         if (!cJSON_IsString(name))
-            return fail(e, 400, nm, "%s.name: required, a string", nm);
+            return aj_fail(e, 400, nm, "%s.name: required, a string", nm);
         if (desc && !cJSON_IsString(desc))
-            return fail(e, 400, nm, "%s.description: expected a string", nm);
+            return aj_fail(e, 400, nm, "%s.description: expected a string", nm);
         if (!cJSON_IsObject(schema))
-            return fail(e, 400, nm, "%s.input_schema: required, a JSON Schema object", nm);
+            return aj_fail(e, 400, nm, "%s.input_schema: required, a JSON Schema object", nm);
         cJSON *f = cJSON_CreateObject(), *fn = cJSON_CreateObject();
         cJSON_AddItemToArray(out, f);
         cJSON_AddStringToObject(f, "type", "function");
@@ -298,25 +252,25 @@ static int translate_tool_choice(const cJSON *v, cJSON *req, oai_error *e)
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(v, "disable_parallel_tool_use");
     if (!cJSON_IsObject(v) || !cJSON_IsString(type))
-        return fail(e, 400, k, "tool_choice: expected {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
+        return aj_fail(e, 400, k, "tool_choice: expected {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
     static const char *const keys[] = {"type", "name", "disable_parallel_tool_use", NULL};
-    if (known_keys(v, keys, k, e))
+    if (aj_known_keys(v, keys, k, e))
         return -1;
     const char *t = type->valuestring;
     if (dp && !cJSON_IsBool(dp))
-        return fail(e, 400, k, "tool_choice.disable_parallel_tool_use: expected true or false");
+        return aj_fail(e, 400, k, "tool_choice.disable_parallel_tool_use: expected true or false");
     if (!strcmp(t, "tool")) {
         if (!cJSON_IsString(name))
-            return fail(e, 400, k, "tool_choice.name: required with type \"tool\"");
+            return aj_fail(e, 400, k, "tool_choice.name: required with type \"tool\"");
         cJSON *c = cJSON_AddObjectToObject(req, k);
         cJSON_AddStringToObject(c, "type", "function");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", name->valuestring);
     } else if (!strcmp(t, "auto") || !strcmp(t, "any") || !strcmp(t, "none")) {
         if (name)
-            return fail(e, 400, k, "tool_choice.name: only with type \"tool\"");
+            return aj_fail(e, 400, k, "tool_choice.name: only with type \"tool\"");
         cJSON_AddStringToObject(req, k, !strcmp(t, "any") ? "required" : t);
     } else {
-        return fail(e, 400, k, "tool_choice.type: '%.40s' is not auto, any, tool or none", t);
+        return aj_fail(e, 400, k, "tool_choice.type: '%.40s' is not auto, any, tool or none", t);
     }
     if (cJSON_IsTrue(dp))
         cJSON_AddFalseToObject(req, "parallel_tool_calls");
@@ -333,21 +287,21 @@ static int check_thinking(const cJSON *v, const cJSON *max_tokens, oai_error *e)
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
     const cJSON *budget = cJSON_GetObjectItemCaseSensitive(v, "budget_tokens");
     if (!cJSON_IsObject(v) || !cJSON_IsString(type))
-        return fail(e, 400, k, "thinking: expected {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
+        return aj_fail(e, 400, k, "thinking: expected {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
     if (!strcmp(type->valuestring, "disabled")) {
         static const char *const keys[] = {"type", NULL};
-        return known_keys(v, keys, k, e);
+        return aj_known_keys(v, keys, k, e);
     }
     if (strcmp(type->valuestring, "enabled"))
-        return fail(e, 400, k, "thinking.type: '%.40s' is not enabled or disabled", type->valuestring);
+        return aj_fail(e, 400, k, "thinking.type: '%.40s' is not enabled or disabled", type->valuestring);
     static const char *const keys[] = {"type", "budget_tokens", NULL};
-    if (known_keys(v, keys, k, e))
+    if (aj_known_keys(v, keys, k, e))
         return -1;
     if (!cJSON_IsNumber(budget) || budget->valuedouble != floor(budget->valuedouble) ||
         budget->valuedouble < 1024)
-        return fail(e, 400, k, "thinking.budget_tokens: required, an integer >= 1024");
+        return aj_fail(e, 400, k, "thinking.budget_tokens: required, an integer >= 1024");
     if (cJSON_IsNumber(max_tokens) && budget->valuedouble >= max_tokens->valuedouble)
-        return fail(e, 400, k, "thinking.budget_tokens: must be less than max_tokens");
+        return aj_fail(e, 400, k, "thinking.budget_tokens: must be less than max_tokens");
     return 0;
 }
 
@@ -356,13 +310,13 @@ static int check_metadata(const cJSON *v, oai_error *e)
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsObject(v))
-        return fail(e, 400, "metadata", "metadata: expected an object {user_id}");
+        return aj_fail(e, 400, "metadata", "metadata: expected an object {user_id}");
     static const char *const keys[] = {"user_id", NULL};
-    if (known_keys(v, keys, "metadata", e))
+    if (aj_known_keys(v, keys, "metadata", e))
         return -1;
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(v, "user_id");
     if (u && !cJSON_IsString(u) && !cJSON_IsNull(u))
-        return fail(e, 400, "metadata", "metadata.user_id: expected a string");
+        return aj_fail(e, 400, "metadata", "metadata.user_id: expected a string");
     return 0;
 }
 
@@ -414,23 +368,23 @@ static void anthropic_name(const char *in, char *out, size_t cap)
 static int translate(bool count, const cJSON *root, cJSON *req, oai_error *e)
 {
     if (!cJSON_IsObject(root))
-        return fail(e, 400, NULL, "the request body must be a JSON object");
+        return aj_fail(e, 400, NULL, "the request body must be a JSON object");
     const cJSON *max_tokens = cJSON_GetObjectItemCaseSensitive(root, "max_tokens");
     const cJSON *system = NULL, *messages = NULL;
     for (const cJSON *f = root->child; f; f = f->next) {
         const char *k = f->string;
         for (const cJSON *p = root->child; p != f; p = p->next)
             if (!strcmp(p->string, k))
-                return fail(e, 400, k, "%s: given twice", k);
+                return aj_fail(e, 400, k, "%s: given twice", k);
         size_t i = 0, n = sizeof plain_fields / sizeof plain_fields[0];
         while (i < n && strcmp(plain_fields[i].anthropic, k))
             i++;
         if (i < n && (count ? plain_fields[i].count : plain_fields[i].messages)) {
             /* cJSON would print an overflowing number (1e999) as null */
             if (cJSON_IsNumber(f) && !isfinite(f->valuedouble))
-                return fail(e, 400, k, "%s: the number given is not finite", k);
+                return aj_fail(e, 400, k, "%s: the number given is not finite", k);
             if (!strcmp(k, "stop_sequences") && !cJSON_IsArray(f) && !cJSON_IsNull(f))
-                return fail(e, 400, k, "stop_sequences: expected a list of strings");
+                return aj_fail(e, 400, k, "stop_sequences: expected a list of strings");
             if (!cJSON_IsNull(f))
                 cJSON_AddItemToObject(req, plain_fields[i].openai, cJSON_Duplicate(f, 1));
         } else if (!strcmp(k, "system")) {
@@ -450,20 +404,20 @@ static int translate(bool count, const cJSON *root, cJSON *req, oai_error *e)
             if (check_metadata(f, e))
                 return -1;
         } else {
-            return fail(e, 400, k, "%s: unknown field%s", k, count ? " (count_tokens takes model, messages, "
+            return aj_fail(e, 400, k, "%s: unknown field%s", k, count ? " (count_tokens takes model, messages, "
                         "system, tools, tool_choice, thinking)" : "");
         }
     }
     if (!count && (!max_tokens || cJSON_IsNull(max_tokens)))
-        return fail(e, 400, "max_tokens", "max_tokens: required");
+        return aj_fail(e, 400, "max_tokens", "max_tokens: required");
     if (!messages)
-        return fail(e, 400, "messages", "messages: required");
+        return aj_fail(e, 400, "messages", "messages: required");
     cJSON *out = cJSON_AddArrayToObject(req, "messages");
     if (system) {
         cJSON *c = text_content(system, "system", e);
         if (!c)
             return -1;
-        cJSON_AddItemToObject(new_turn(out, "system"), "content", c);
+        cJSON_AddItemToObject(aj_new_turn(out, "system"), "content", c);
     }
     if (translate_messages(messages, out, e))
         return -1;
@@ -479,14 +433,14 @@ int gw_anthropic_decode(bool count, const char *body, size_t len, oai_request *o
     memset(e, 0, sizeof *e);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
-        return fail(e, 400, NULL, "the request body is not valid JSON");
+        return aj_fail(e, 400, NULL, "the request body is not valid JSON");
     cJSON *req = cJSON_CreateObject();
-    int rc = req ? translate(count, root, req, e) : fail(e, 500, NULL, "out of memory");
+    int rc = req ? translate(count, root, req, e) : aj_fail(e, 500, NULL, "out of memory");
     char *text = rc ? NULL : cJSON_PrintUnformatted(req);
     cJSON_Delete(root);
     cJSON_Delete(req);
     if (!rc && !text)
-        rc = fail(e, 500, NULL, "out of memory");
+        rc = aj_fail(e, 500, NULL, "out of memory");
     if (!rc && oai_decode(OAI_CHAT, text, strlen(text), out, e)) {
         char buf[sizeof e->message];
         anthropic_name(e->param, buf, sizeof e->param);
@@ -500,22 +454,6 @@ int gw_anthropic_decode(bool count, const char *body, size_t len, oai_request *o
 }
 
 /* ---- responses ----------------------------------------------------------- */
-
-static char *print_free(cJSON *o)
-{
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    return s;
-}
-
-/* len bytes as a JSON string (cJSON takes C strings) */
-static cJSON *text_of(const char *s, size_t len)
-{
-    char *z = strndup(s ? s : "", len);
-    cJSON *j = z ? cJSON_CreateString(z) : NULL;
-    free(z);
-    return j;
-}
 
 static const char *error_type(int status)
 {
@@ -565,12 +503,12 @@ static cJSON *error_object(int status, const char *message, const char *param)
 static char *ant_error(int status, const char *message, const char *param, const char *code)
 {
     (void)code;
-    return print_free(error_object(status, message, param));
+    return aj_print_free(error_object(status, message, param));
 }
 
 static char *event(const char *name, cJSON *o)
 {
-    char *j = print_free(o);
+    char *j = aj_print_free(o);
     if (!j)
         return NULL;
     size_t n = strlen(j) + strlen(name) + 20;
@@ -655,14 +593,14 @@ static char *ant_body(const gw_call *c, const char *model)
     if (ch->reasoning.len) {
         cJSON *b = cJSON_CreateObject();
         cJSON_AddStringToObject(b, "type", "thinking");
-        cJSON_AddItemToObject(b, "thinking", text_of(ch->reasoning.data, ch->reasoning.len));
+        cJSON_AddItemToObject(b, "thinking", aj_text_of(ch->reasoning.data, ch->reasoning.len));
         cJSON_AddStringToObject(b, "signature", "");
         cJSON_AddItemToArray(content, b);
     }
     if (ch->text.len) {
         cJSON *b = cJSON_CreateObject();
         cJSON_AddStringToObject(b, "type", "text");
-        cJSON_AddItemToObject(b, "text", text_of(ch->text.data, ch->text.len));
+        cJSON_AddItemToObject(b, "text", aj_text_of(ch->text.data, ch->text.len));
         cJSON_AddItemToArray(content, b);
     }
     for (const cJSON *t = ch->tool_calls ? ch->tool_calls->child : NULL; t; t = t->next) {
@@ -676,7 +614,7 @@ static char *ant_body(const gw_call *c, const char *model)
     }
     add_stop(o, ch);
     add_usage(cJSON_AddObjectToObject(o, "usage"), ch, true);
-    return print_free(o);
+    return aj_print_free(o);
 }
 
 static char *count_body(const gw_call *c, const char *model)
@@ -684,7 +622,7 @@ static char *count_body(const gw_call *c, const char *model)
     (void)model;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "input_tokens", (double)c->ch[0].prompt_tokens);
-    return print_free(o);
+    return aj_print_free(o);
 }
 
 /* ---- streaming: the named events ------------------------------------------ */
@@ -749,7 +687,7 @@ static void delta(size_t index, const char *type, const char *key, const char *s
     cJSON_AddNumberToObject(o, "index", (double)index);
     cJSON_AddItemToObject(o, "delta", d);
     cJSON_AddStringToObject(d, "type", type);
-    cJSON_AddItemToObject(d, key, text_of(s, len));
+    cJSON_AddItemToObject(d, key, aj_text_of(s, len));
     append(acc, oom, event("content_block_delta", o));
 }
 
@@ -822,8 +760,8 @@ static char *ant_call(gw_call *c, const char *model, size_t i, size_t k, const c
     if (id) {
         cJSON *b = cJSON_CreateObject();
         cJSON_AddStringToObject(b, "type", "tool_use");
-        cJSON_AddItemToObject(b, "id", text_of(id, id_len));
-        cJSON_AddItemToObject(b, "name", text_of(name, name_len));
+        cJSON_AddItemToObject(b, "id", aj_text_of(id, id_len));
+        cJSON_AddItemToObject(b, "name", aj_text_of(name, name_len));
         cJSON_AddObjectToObject(b, "input");
         ch->scalls[k].block = open_block(ch, GW_BLK_TOOL, b, &acc, &oom);
     }

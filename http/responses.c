@@ -26,45 +26,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apijson.h"
 #include "gw.h"
 
 #define ID_PREFIX "resp_"
 
 /* ---- requests ------------------------------------------------------------ */
 
-static int fail(oai_error *e, int status, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static int oom(oai_error *e)
 {
-    return fail(e, 500, NULL, "out of memory");
+    return aj_fail(e, 500, NULL, "out of memory");
 }
 
 static const char *type_of(const cJSON *o)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
     return cJSON_IsString(t) ? t->valuestring : NULL;
-}
-
-/* Only the keys in `allowed` (NULL-terminated) may be in object o. */
-static int known_keys(const cJSON *o, const char *const *allowed, const char *nm, oai_error *e)
-{
-    for (const cJSON *f = o->child; f; f = f->next) {
-        int k = 0;
-        while (allowed[k] && strcmp(allowed[k], f->string))
-            k++;
-        if (!allowed[k])
-            return fail(e, 400, nm, "%s.%.40s: unknown field", nm, f->string);
-    }
-    return 0;
 }
 
 static const cJSON *item(const cJSON *o, const char *k)
@@ -79,7 +56,7 @@ static cJSON *content_of(const cJSON *v, const char *nm, oai_error *e)
     if (cJSON_IsString(v))
         return cJSON_CreateString(v->valuestring);
     if (!cJSON_IsArray(v)) {
-        fail(e, 400, nm, "%s: expected a string or a list of input_text parts", nm);
+        aj_fail(e, 400, nm, "%s: expected a string or a list of input_text parts", nm);
         return NULL;
     }
     cJSON *parts = cJSON_CreateArray();
@@ -91,10 +68,10 @@ static cJSON *content_of(const cJSON *v, const char *nm, oai_error *e)
         static const char *const keys[] = {"type", "text", "annotations", "logprobs", NULL};
         const cJSON *text = item(p, "text");
         if (!t || (strcmp(t, "input_text") && strcmp(t, "output_text"))) {
-            fail(e, 400, pn, "%s.type: only input_text and output_text parts are supported here", pn);
+            aj_fail(e, 400, pn, "%s.type: only input_text and output_text parts are supported here", pn);
         } else if (!cJSON_IsString(text)) {
-            fail(e, 400, pn, "%s.text: expected a string", pn);
-        } else if (!known_keys(p, keys, pn, e)) {
+            aj_fail(e, 400, pn, "%s.text: expected a string", pn);
+        } else if (!aj_known_keys(p, keys, pn, e)) {
             cJSON *q = cJSON_CreateObject();
             cJSON_AddItemToArray(parts, q);
             cJSON_AddStringToObject(q, "type", "text");
@@ -107,46 +84,24 @@ static cJSON *content_of(const cJSON *v, const char *nm, oai_error *e)
     return parts;
 }
 
-static cJSON *new_turn(cJSON *out, const char *role)
-{
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(out, m);
-    cJSON_AddStringToObject(m, "role", role);
-    return m;
-}
-
-/* The name of the function call_id called (the tool turn's name). */
-static const char *call_name(const cJSON *turns, const char *id)
-{
-    for (const cJSON *m = turns->child; m; m = m->next)
-        for (const cJSON *c = item(m, "tool_calls") ? item(m, "tool_calls")->child : NULL; c; c = c->next) {
-            const cJSON *cid = item(c, "id");
-            if (cJSON_IsString(cid) && !strcmp(cid->valuestring, id)) {
-                const cJSON *n = item(item(c, "function"), "name");
-                return cJSON_IsString(n) ? n->valuestring : NULL;
-            }
-        }
-    return NULL;
-}
-
 static int message_item(const cJSON *it, const char *nm, cJSON *out, cJSON **assistant, oai_error *e)
 {
     static const char *const keys[] = {"type", "role", "content", "id", "status", NULL};
-    if (known_keys(it, keys, nm, e))
+    if (aj_known_keys(it, keys, nm, e))
         return -1;
     const cJSON *role = item(it, "role");
     const char *r = cJSON_IsString(role) ? role->valuestring : "";
     if (strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "system") && strcmp(r, "developer"))
-        return fail(e, 400, nm, "%s.role: expected user, assistant, system or developer", nm);
+        return aj_fail(e, 400, nm, "%s.role: expected user, assistant, system or developer", nm);
     char cn[96];
     snprintf(cn, sizeof cn, "%s.content", nm);
     const cJSON *content = item(it, "content");
     if (!content)
-        return fail(e, 400, nm, "%s: required", cn);
+        return aj_fail(e, 400, nm, "%s: required", cn);
     cJSON *c = content_of(content, cn, e);
     if (!c)
         return -1;
-    cJSON *m = new_turn(out, !strcmp(r, "developer") ? "system" : r);
+    cJSON *m = aj_new_turn(out, !strcmp(r, "developer") ? "system" : r);
     cJSON_AddItemToObject(m, "content", c);
     *assistant = strcmp(r, "assistant") ? NULL : m;
     return 0;
@@ -157,17 +112,17 @@ static int message_item(const cJSON *it, const char *nm, cJSON *out, cJSON **ass
 static int call_item(const cJSON *it, const char *nm, cJSON *out, cJSON **assistant, oai_error *e)
 {
     static const char *const keys[] = {"type", "id", "call_id", "name", "arguments", "status", NULL};
-    if (known_keys(it, keys, nm, e))
+    if (aj_known_keys(it, keys, nm, e))
         return -1;
     const cJSON *id = item(it, "call_id"), *name = item(it, "name"), *args = item(it, "arguments");
     if (!cJSON_IsString(id) || !id->valuestring[0])
-        return fail(e, 400, nm, "%s.call_id: required, a string", nm);
+        return aj_fail(e, 400, nm, "%s.call_id: required, a string", nm);
     if (!cJSON_IsString(name) || !name->valuestring[0])
-        return fail(e, 400, nm, "%s.name: required, a string", nm);
+        return aj_fail(e, 400, nm, "%s.name: required, a string", nm);
     if (!cJSON_IsString(args))
-        return fail(e, 400, nm, "%s.arguments: required, the call's arguments as JSON text", nm);
+        return aj_fail(e, 400, nm, "%s.arguments: required, the call's arguments as JSON text", nm);
     if (!*assistant) {
-        *assistant = new_turn(out, "assistant");
+        *assistant = aj_new_turn(out, "assistant");
         cJSON_AddNullToObject(*assistant, "content");
     }
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(*assistant, "tool_calls");
@@ -187,15 +142,15 @@ static int call_item(const cJSON *it, const char *nm, cJSON *out, cJSON **assist
 static int output_item(const cJSON *it, const char *nm, cJSON *out, oai_error *e)
 {
     static const char *const keys[] = {"type", "id", "call_id", "output", "status", NULL};
-    if (known_keys(it, keys, nm, e))
+    if (aj_known_keys(it, keys, nm, e))
         return -1;
     const cJSON *id = item(it, "call_id"), *o = item(it, "output");
     if (!cJSON_IsString(id) || !id->valuestring[0])
-        return fail(e, 400, nm, "%s.call_id: required, the call_id of the function_call it answers", nm);
+        return aj_fail(e, 400, nm, "%s.call_id: required, the call_id of the function_call it answers", nm);
     if (!cJSON_IsString(o))
-        return fail(e, 400, nm, "%s.output: required, a string", nm);
-    const char *name = call_name(out, id->valuestring);
-    cJSON *m = new_turn(out, "tool");
+        return aj_fail(e, 400, nm, "%s.output: required, a string", nm);
+    const char *name = aj_call_name(out, id->valuestring);
+    cJSON *m = aj_new_turn(out, "tool");
     cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
     if (name)
         cJSON_AddStringToObject(m, "name", name);
@@ -208,21 +163,21 @@ static int output_item(const cJSON *it, const char *nm, cJSON *out, oai_error *e
 static int translate_input(const cJSON *v, cJSON *out, oai_error *e)
 {
     if (cJSON_IsString(v)) {
-        cJSON_AddStringToObject(new_turn(out, "user"), "content", v->valuestring);
+        cJSON_AddStringToObject(aj_new_turn(out, "user"), "content", v->valuestring);
         return 0;
     }
     if (!cJSON_IsArray(v))
-        return fail(e, 400, "input", "input: expected a string or a list of items");
+        return aj_fail(e, 400, "input", "input: expected a string or a list of items");
     cJSON *assistant = NULL;   /* the assistant turn a function_call joins */
     int i = 0;
     for (const cJSON *it = v->child; it; it = it->next, i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "input[%d]", i);
         if (!cJSON_IsObject(it))
-            return fail(e, 400, nm, "%s: expected an item object", nm);
+            return aj_fail(e, 400, nm, "%s: expected an item object", nm);
         const char *t = type_of(it);
         if (item(it, "type") && !t)
-            return fail(e, 400, nm, "%s.type: expected a string", nm);
+            return aj_fail(e, 400, nm, "%s.type: expected a string", nm);
         int rc;
         if (!t || !strcmp(t, "message")) {
             rc = message_item(it, nm, out, &assistant, e);
@@ -234,9 +189,9 @@ static int translate_input(const cJSON *v, cJSON *out, oai_error *e)
         } else if (!strcmp(t, "reasoning")) {
             static const char *const keys[] = {"type", "id", "summary", "content", "encrypted_content", "status",
                                                NULL};
-            rc = known_keys(it, keys, nm, e);
+            rc = aj_known_keys(it, keys, nm, e);
         } else {
-            rc = fail(e, 400, nm, "%s.type: '%.40s' is not message, function_call, function_call_output or reasoning",
+            rc = aj_fail(e, 400, nm, "%s.type: '%.40s' is not message, function_call, function_call_output or reasoning",
                       nm, t);
         }
         if (rc)
@@ -250,19 +205,19 @@ static int translate_input(const cJSON *v, cJSON *out, oai_error *e)
 static int translate_tools(const cJSON *v, cJSON *req, oai_error *e)
 {
     if (!cJSON_IsArray(v))
-        return fail(e, 400, "tools", "tools: expected a list of function tools");
+        return aj_fail(e, 400, "tools", "tools: expected a list of function tools");
     cJSON *out = cJSON_AddArrayToObject(req, "tools");
     int i = 0;
     for (const cJSON *t = v->child; t; t = t->next, i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "tools[%d]", i);
         if (!cJSON_IsObject(t))
-            return fail(e, 400, nm, "%s: expected an object {type: \"function\", name, parameters}", nm);
+            return aj_fail(e, 400, nm, "%s: expected an object {type: \"function\", name, parameters}", nm);
         const char *type = type_of(t);
         if (!type || strcmp(type, "function"))
-            return fail(e, 400, nm, "%s.type: only function tools are supported", nm);
+            return aj_fail(e, 400, nm, "%s.type: only function tools are supported", nm);
         static const char *const keys[] = {"type", "name", "description", "parameters", "strict", NULL};
-        if (known_keys(t, keys, nm, e))
+        if (aj_known_keys(t, keys, nm, e))
             return -1;
         cJSON *f = cJSON_CreateObject(), *fn = cJSON_CreateObject();
         cJSON_AddItemToArray(out, f);
@@ -286,12 +241,12 @@ static int translate_tool_choice(const cJSON *v, cJSON *req, oai_error *e)
     const char *t = type_of(v);
     const cJSON *name = item(v, "name");
     if (!cJSON_IsObject(v) || !t || strcmp(t, "function"))
-        return fail(e, 400, k, "tool_choice: expected none, auto, required or {\"type\": \"function\", \"name\"}");
+        return aj_fail(e, 400, k, "tool_choice: expected none, auto, required or {\"type\": \"function\", \"name\"}");
     static const char *const keys[] = {"type", "name", NULL};
-    if (known_keys(v, keys, k, e))
+    if (aj_known_keys(v, keys, k, e))
         return -1;
     if (!cJSON_IsString(name))
-        return fail(e, 400, k, "tool_choice.name: required, a string");
+        return aj_fail(e, 400, k, "tool_choice.name: required, a string");
     cJSON *c = cJSON_AddObjectToObject(req, k);
     cJSON_AddStringToObject(c, "type", "function");
     cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", name->valuestring);
@@ -304,32 +259,32 @@ static int translate_text(const cJSON *v, cJSON *req, oai_error *e)
 {
     const char *k = "text";
     if (!cJSON_IsObject(v))
-        return fail(e, 400, k, "text: expected an object {format}");
+        return aj_fail(e, 400, k, "text: expected an object {format}");
     static const char *const keys[] = {"format", "verbosity", NULL};
-    if (known_keys(v, keys, k, e))
+    if (aj_known_keys(v, keys, k, e))
         return -1;
     const cJSON *verb = item(v, "verbosity");
     if (verb && !cJSON_IsNull(verb) && !(cJSON_IsString(verb) && !strcmp(verb->valuestring, "medium")))
-        return fail(e, 400, "text.verbosity", "text.verbosity: only medium (the model's own) is supported");
+        return aj_fail(e, 400, "text.verbosity", "text.verbosity: only medium (the model's own) is supported");
     const cJSON *f = item(v, "format");
     if (!f || cJSON_IsNull(f))
         return 0;
     const char *t = type_of(f);
     k = "text.format";
     if (!cJSON_IsObject(f) || !t)
-        return fail(e, 400, k, "text.format: expected an object with a type");
+        return aj_fail(e, 400, k, "text.format: expected an object with a type");
     if (!strcmp(t, "text") || !strcmp(t, "json_object")) {
         static const char *const tk[] = {"type", NULL};
-        if (known_keys(f, tk, k, e))
+        if (aj_known_keys(f, tk, k, e))
             return -1;
         if (!strcmp(t, "json_object"))
             cJSON_AddStringToObject(cJSON_AddObjectToObject(req, "response_format"), "type", "json_object");
         return 0;
     }
     if (strcmp(t, "json_schema"))
-        return fail(e, 400, k, "text.format.type: '%.40s' is not text, json_object or json_schema", t);
+        return aj_fail(e, 400, k, "text.format.type: '%.40s' is not text, json_object or json_schema", t);
     static const char *const sk[] = {"type", "name", "schema", "description", "strict", NULL};
-    if (known_keys(f, sk, k, e))
+    if (aj_known_keys(f, sk, k, e))
         return -1;
     cJSON *rf = cJSON_AddObjectToObject(req, "response_format"), *js = cJSON_CreateObject();
     cJSON_AddStringToObject(rf, "type", "json_schema");
@@ -346,9 +301,9 @@ static int check_reasoning(const cJSON *v, oai_error *e)
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsObject(v))
-        return fail(e, 400, k, "reasoning: expected an object {effort, summary}");
+        return aj_fail(e, 400, k, "reasoning: expected an object {effort, summary}");
     static const char *const keys[] = {"effort", "summary", "generate_summary", NULL};
-    if (known_keys(v, keys, k, e))
+    if (aj_known_keys(v, keys, k, e))
         return -1;
     static const char *const efforts[] = {"minimal", "low", "medium", "high", NULL};
     static const char *const summaries[] = {"auto", "concise", "detailed", NULL};
@@ -361,7 +316,7 @@ static int check_reasoning(const cJSON *v, oai_error *e)
         while (cJSON_IsString(x) && allowed[j][a] && strcmp(allowed[j][a], x->valuestring))
             a++;
         if (!cJSON_IsString(x) || !allowed[j][a])
-            return fail(e, 400, "reasoning", "reasoning.%s: expected %s", keys[j],
+            return aj_fail(e, 400, "reasoning", "reasoning.%s: expected %s", keys[j],
                         j ? "auto, concise or detailed" : "minimal, low, medium or high");
     }
     return 0;
@@ -471,34 +426,34 @@ static cJSON *echo_of(const cJSON *root)
 static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_error *e)
 {
     if (!cJSON_IsObject(root))
-        return fail(e, 400, NULL, "the request body must be a JSON object");
+        return aj_fail(e, 400, NULL, "the request body must be a JSON object");
     const cJSON *input = NULL, *instructions = NULL, *prev = NULL, *store = NULL;
     for (const cJSON *f = root->child; f; f = f->next) {
         const char *k = f->string;
         for (const cJSON *p = root->child; p != f; p = p->next)
             if (!strcmp(p->string, k))
-                return fail(e, 400, k, "%s: given twice", k);
+                return aj_fail(e, 400, k, "%s: given twice", k);
         size_t i = 0, n = sizeof plain_fields / sizeof plain_fields[0];
         while (i < n && strcmp(plain_fields[i].resp, k))
             i++;
         if (i < n) {
             if (cJSON_IsNumber(f) && !isfinite(f->valuedouble))
-                return fail(e, 400, k, "%s: the number given is not finite", k);
+                return aj_fail(e, 400, k, "%s: the number given is not finite", k);
             if (!cJSON_IsNull(f))
                 cJSON_AddItemToObject(req, plain_fields[i].chat, cJSON_Duplicate(f, 1));
         } else if (!strcmp(k, "input")) {
             input = f;
         } else if (!strcmp(k, "instructions")) {
             if (!cJSON_IsString(f) && !cJSON_IsNull(f))
-                return fail(e, 400, k, "instructions: expected a string");
+                return aj_fail(e, 400, k, "instructions: expected a string");
             instructions = f;
         } else if (!strcmp(k, "previous_response_id")) {
             if (!cJSON_IsString(f) && !cJSON_IsNull(f))
-                return fail(e, 400, k, "previous_response_id: expected a string");
+                return aj_fail(e, 400, k, "previous_response_id: expected a string");
             prev = cJSON_IsString(f) ? f : NULL;
         } else if (!strcmp(k, "store")) {
             if (!cJSON_IsBool(f) && !cJSON_IsNull(f))
-                return fail(e, 400, k, "store: expected true or false");
+                return aj_fail(e, 400, k, "store: expected true or false");
             store = f;
         } else if (!strcmp(k, "tools")) {
             if (translate_tools(f, req, e))
@@ -514,18 +469,18 @@ static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_err
                 return -1;
         } else if (!strcmp(k, "metadata")) {
             if (!cJSON_IsObject(f) && !cJSON_IsNull(f))
-                return fail(e, 400, k, "metadata: expected an object of strings");
+                return aj_fail(e, 400, k, "metadata: expected an object of strings");
             for (const cJSON *m = cJSON_IsObject(f) ? f->child : NULL; m; m = m->next)
                 if (!cJSON_IsString(m))
-                    return fail(e, 400, k, "metadata.%.40s: expected a string", m->string);
+                    return aj_fail(e, 400, k, "metadata.%.40s: expected a string", m->string);
         } else if (!is_neutral(f)) {
-            return fail(e, 400, k, "%s: %s", k, item(root, k) && (!strcmp(k, "truncation") ||
+            return aj_fail(e, 400, k, "%s: %s", k, item(root, k) && (!strcmp(k, "truncation") ||
                         !strcmp(k, "background") || !strcmp(k, "include") || !strcmp(k, "service_tier"))
                         ? "only its neutral value is supported" : "unknown field");
         }
     }
     if (!input && !prev)
-        return fail(e, 400, "input", "input: required");
+        return aj_fail(e, 400, "input", "input: required");
     cJSON *conv = cJSON_AddArrayToObject(state, "conv");
     cJSON_AddItemToObject(state, "echo", echo_of(root));
     cJSON_AddBoolToObject(state, "store", !cJSON_IsFalse(store));
@@ -539,7 +494,7 @@ static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_err
             cJSON_Delete(turns);
             if (!text && g->responses && gw_rstore_get(g->responses, prev->valuestring, NULL, NULL))
                 return oom(e);
-            return fail(e, 400, "previous_response_id",
+            return aj_fail(e, 400, "previous_response_id",
                         "previous_response_id: no stored response '%.64s' (never stored, deleted, or past "
                         "http.responses_max_count / responses_max_bytes)", prev->valuestring);
         }
@@ -550,10 +505,10 @@ static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_err
     if (input && translate_input(input, conv, e))
         return -1;
     if (!conv->child)
-        return fail(e, 400, "input", "input: no turns (an empty list and no previous_response_id)");
+        return aj_fail(e, 400, "input", "input: no turns (an empty list and no previous_response_id)");
     cJSON *msgs = cJSON_AddArrayToObject(req, "messages");
     if (cJSON_IsString(instructions))
-        cJSON_AddStringToObject(new_turn(msgs, "system"), "content", instructions->valuestring);
+        cJSON_AddStringToObject(aj_new_turn(msgs, "system"), "content", instructions->valuestring);
     for (const cJSON *t = conv->child; t; t = t->next)
         cJSON_AddItemToArray(msgs, cJSON_Duplicate(t, 1));
     return 0;
@@ -565,7 +520,7 @@ static int decode_responses(gw *g, const char *body, size_t len, oai_request *ou
     memset(e, 0, sizeof *e);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
-        return fail(e, 400, NULL, "the request body is not valid JSON");
+        return aj_fail(e, 400, NULL, "the request body is not valid JSON");
     cJSON *req = cJSON_CreateObject(), *state = cJSON_CreateObject();
     int rc = req && state ? translate(g, root, req, state, e) : oom(e);
     char *text = rc ? NULL : cJSON_PrintUnformatted(req);
@@ -593,21 +548,6 @@ static int decode_responses(gw *g, const char *body, size_t len, oai_request *ou
 
 /* ---- responses ----------------------------------------------------------- */
 
-static char *print_free(cJSON *o)
-{
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    return s;
-}
-
-static cJSON *text_of(const char *s, size_t len)
-{
-    char *z = strndup(s ? s : "", len);
-    cJSON *j = z ? cJSON_CreateString(z) : NULL;
-    free(z);
-    return j;
-}
-
 /* An output item's id: kind ("msg", "fc", "rs") and its index in the output. */
 static cJSON *item_id(const gw_call *c, const char *kind, size_t index)
 {
@@ -631,7 +571,7 @@ static cJSON *text_part(const char *s, size_t len)
 {
     cJSON *p = cJSON_CreateObject();
     cJSON_AddStringToObject(p, "type", "output_text");
-    cJSON_AddItemToObject(p, "text", text_of(s, len));
+    cJSON_AddItemToObject(p, "text", aj_text_of(s, len));
     cJSON_AddArrayToObject(p, "annotations");
     cJSON_AddArrayToObject(p, "logprobs");
     return p;
@@ -660,7 +600,7 @@ static cJSON *reasoning_item_out(const gw_call *c, size_t index, const gw_choice
     if (done) {
         cJSON *p = cJSON_CreateObject();
         cJSON_AddStringToObject(p, "type", "reasoning_text");
-        cJSON_AddItemToObject(p, "text", text_of(ch->reasoning.data, ch->reasoning.len));
+        cJSON_AddItemToObject(p, "text", aj_text_of(ch->reasoning.data, ch->reasoning.len));
         cJSON_AddItemToArray(content, p);
     }
     return r;
@@ -792,9 +732,9 @@ static void keep(const gw_call *c, const cJSON *o, const gw_choice *ch)
         cJSON_Delete(state);
         return;
     }
-    cJSON *turn = new_turn(conv, "assistant");
+    cJSON *turn = aj_new_turn(conv, "assistant");
     if (ch->text.len)
-        cJSON_AddItemToObject(turn, "content", text_of(ch->text.data, ch->text.len));
+        cJSON_AddItemToObject(turn, "content", aj_text_of(ch->text.data, ch->text.len));
     else
         cJSON_AddNullToObject(turn, "content");
     if (ch->tool_calls && ch->tool_calls->child)
@@ -814,7 +754,7 @@ static char *resp_body(const gw_call *c, const char *model)
     cJSON *o = response_of(c, model, &c->ch[0]);
     if (o)
         keep(c, o, &c->ch[0]);
-    return print_free(o);
+    return aj_print_free(o);
 }
 
 /* A stored conversation's turns as input items: messages (input_text
@@ -931,7 +871,7 @@ char *gw_responses_stored(gw *g, const char *method, const char *path, int *stat
         return r;
     }
     free(conv);
-    return print_free(o);
+    return aj_print_free(o);
 }
 
 /* ---- streaming: the typed events --------------------------------------- */
@@ -940,7 +880,7 @@ static void append(char **acc, bool *oom_, const char *name, cJSON *o, gw_choice
 {
     if (o && ch)
         cJSON_AddNumberToObject(o, "sequence_number", (double)ch->n_events++);
-    char *j = print_free(o);
+    char *j = aj_print_free(o);
     size_t a = *acc ? strlen(*acc) : 0, n = j ? strlen(j) + strlen(name) + 20 : 0;
     char *p = j ? realloc(*acc, a + n + 1) : NULL;
     if (!p) {
@@ -1034,7 +974,7 @@ static char *resp_text(gw_call *c, const char *model, size_t i, const char *text
     if (!ch->text_item)
         open_message(c, ch, &acc, &oom_);
     cJSON *o = item_ev("response.output_text.delta", c, "msg", ch->text_item - 1, true);
-    cJSON_AddItemToObject(o, "delta", text_of(text, len));
+    cJSON_AddItemToObject(o, "delta", aj_text_of(text, len));
     cJSON_AddArrayToObject(o, "logprobs");
     append(&acc, &oom_, "response.output_text.delta", o, ch);
     return done(acc, oom_);
@@ -1054,7 +994,7 @@ static char *resp_reasoning(gw_call *c, const char *model, size_t i, const char 
         item_added(&acc, &oom_, ch, at, reasoning_item_out(c, at, ch, false));
     }
     cJSON *o = item_ev("response.reasoning_text.delta", c, "rs", ch->reasoning_item - 1, true);
-    cJSON_AddItemToObject(o, "delta", text_of(s, len));
+    cJSON_AddItemToObject(o, "delta", aj_text_of(s, len));
     append(&acc, &oom_, "response.reasoning_text.delta", o, ch);
     return done(acc, oom_);
 }
@@ -1079,7 +1019,7 @@ static char *resp_call(gw_call *c, const char *model, size_t i, size_t k, const 
     }
     if (args_len) {
         cJSON *o = item_ev("response.function_call_arguments.delta", c, "fc", ch->scalls[k].block, false);
-        cJSON_AddItemToObject(o, "delta", text_of(args, args_len));
+        cJSON_AddItemToObject(o, "delta", aj_text_of(args, args_len));
         append(&acc, &oom_, "response.function_call_arguments.delta", o, ch);
     }
     return done(acc, oom_);
@@ -1095,7 +1035,7 @@ static char *resp_finish(gw_call *c, const char *model, size_t i)
     if (ch->reasoning_item) {
         size_t at = ch->reasoning_item - 1;
         cJSON *o = item_ev("response.reasoning_text.done", c, "rs", at, true);
-        cJSON_AddItemToObject(o, "text", text_of(ch->reasoning.data, ch->reasoning.len));
+        cJSON_AddItemToObject(o, "text", aj_text_of(ch->reasoning.data, ch->reasoning.len));
         append(&acc, &oom_, "response.reasoning_text.done", o, ch);
         item_done(&acc, &oom_, ch, at, reasoning_item_out(c, at, ch, true));
     }
@@ -1104,7 +1044,7 @@ static char *resp_finish(gw_call *c, const char *model, size_t i)
     if (ch->text_item) {
         size_t at = ch->text_item - 1;
         cJSON *o = item_ev("response.output_text.done", c, "msg", at, true);
-        cJSON_AddItemToObject(o, "text", text_of(ch->text.data, ch->text.len));
+        cJSON_AddItemToObject(o, "text", aj_text_of(ch->text.data, ch->text.len));
         cJSON_AddArrayToObject(o, "logprobs");
         append(&acc, &oom_, "response.output_text.done", o, ch);
         o = item_ev("response.content_part.done", c, "msg", at, true);
