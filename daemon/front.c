@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "front.h"
+#include "guess.h"
 #include "admit.h"
 #include "info.h"
 #include "metrics.h"
@@ -121,15 +122,10 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
-    const tp_spec_params *sp = &p->speculative;
-    bool draft = sp->set & TP_SPEC_P_MODE ? sp->mode.len == 5 && !memcmp(sp->mode.ptr, "draft", 5)
-                                          : c->spec_mode == TP_SPEC_DRAFT;
-    if (draft)
+    if (guess_mode(b, p) == TP_SPEC_DRAFT && !*c->spec_draft_model)
         return bad(v, TP_ST_BAD_REQUEST, "params.speculative.mode",
-                   *c->spec_draft_model ? "params.speculative.mode: draft: draft-model workers are not supported "
-                                          "yet (use ngram)"
-                                        : "params.speculative.mode: draft needs a draft model and none is "
-                                          "configured (speculative.draft_model)");
+                   "params.speculative.mode: draft needs a draft model and none is configured "
+                   "(speculative.draft_model)");
     /* the limit counts distinct strings: copies of one match as one */
     if (p->n_stop > (size_t)c->max_stop_strings) {
         const char **ss = calloc(p->n_stop, sizeof *ss);
