@@ -122,7 +122,7 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
-    if (guess_mode(b, p) == TP_SPEC_DRAFT && !*c->spec_draft_model)
+    if (guess_mode(c, p) == TP_SPEC_DRAFT && !*c->spec_draft_model)
         return bad(v, TP_ST_BAD_REQUEST, "params.speculative.mode",
                    "params.speculative.mode: draft needs a draft model and none is configured "
                    "(speculative.draft_model)");
@@ -315,8 +315,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
     if (p->set & TP_P_LOGPROBS_MODE)
         p->logprobs_mode = tp_str_of(tp_params_lpmode(p) == TP_LPMODE_PROCESSED ? "processed" : "raw");
     if (p->speculative.set & TP_SPEC_P_MODE)
-        p->speculative.mode = tp_str_of(p->speculative.mode.len == 5 && !memcmp(p->speculative.mode.ptr, "ngram", 5)
-                                            ? "ngram" : "off");
+        p->speculative.mode = tp_str_of(tp_spec_mode_name(guess_mode(c, p)));
     if (!(p->set & TP_P_SEED)) {   /* reported in ACK and FINISH, so the job can be replayed */
         p->seed = tp_random_u64();
         p->set |= TP_P_SEED;
@@ -540,7 +539,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->recovery_ms_max = jc->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
     s->events_refused = st->events_refused;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, jc->finish, sizeof s->finish);
     tp_trigger trig[sizeof jc->triggers / sizeof jc->triggers[0]];

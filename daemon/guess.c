@@ -13,11 +13,11 @@
 
 #include "guess.h"
 
-tp_spec_mode guess_mode(const broker *b, const tp_params *p)
+tp_spec_mode guess_mode(const tp_config *cfg, const tp_params *p)
 {
     const tp_spec_params *sp = &p->speculative;
     if (!(sp->set & TP_SPEC_P_MODE))
-        return (tp_spec_mode)b->cfg->spec_mode;
+        return (tp_spec_mode)cfg->spec_mode;
     tp_spec_mode m = TP_SPEC_OFF;
     char name[8];
     snprintf(name, sizeof name, "%.*s", (int)(sp->mode.len < sizeof name ? sp->mode.len : 0), sp->mode.ptr);
@@ -28,7 +28,7 @@ tp_spec_mode guess_mode(const broker *b, const tp_params *p)
 void guess_init(broker *b, bjob *j)
 {
     const tp_spec_params *sp = &j->params.speculative;
-    tp_spec_mode mode = guess_mode(b, &j->params);
+    tp_spec_mode mode = guess_mode(b->cfg, &j->params);
     tp_spec_init(&j->spec, mode != TP_SPEC_OFF ? (sp->set & TP_SPEC_P_N_MAX ? sp->n_max : b->cfg->spec_n_max) : 0);
     j->n_guess = 0;
     j->draft_mode = mode == TP_SPEC_DRAFT;

@@ -5,7 +5,7 @@
 #include "state.h"
 
 /* The speculative mode p asks for, else the config's. */
-tp_spec_mode guess_mode(const broker *b, const tp_params *p);
+tp_spec_mode guess_mode(const tp_config *cfg, const tp_params *p);
 
 /* At admission: the job's speculative mode and n_max, else the config's. */
 void guess_init(broker *b, bjob *j);

@@ -182,7 +182,7 @@ static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, LP_FRAMES(
 static const field stats_f[] = {REQ, END};
 
 static const field workers_fields[] = {
-    F_U64("tokenize", 0, 0), F_U64("forward", 8, 0), F_U64("sample", 16, 0), F_U64("stop", 24, 0), END,
+    F_U64("tokenize", 0, 0), F_U64("forward", 8, 0), F_U64("sample", 16, 0), F_U64("stop", 24, 0), F_U64("draft", 32, 0), END,
 };
 static const table workers_table = {workers_fields, -1};
 static const field finish_fields[] = {

@@ -517,7 +517,7 @@ typedef struct tp_m_stats_reply {
     uint64_t malformed_front;      /* dropped/ERRORed frontend messages */
     uint64_t malformed_back;       /* dropped backend messages */
     uint64_t malformed_events;     /* dropped event messages (XSUB side) */
-    uint64_t workers[4];           /* live workers per stage: tokenize, forward, sample, stop */
+    uint64_t workers[5];           /* live workers per stage: tokenize, forward, sample, stop, draft */
     uint64_t finish[TP_REASON_COUNT]; /* finished jobs per reason */
     tp_trigger *triggers;          /* per stop string / stop id */
     size_t n_triggers;

@@ -167,6 +167,23 @@ class Subscriber:
         raise AssertionError("no FINISH for %s within %d s" % (job, timeout_s))
 
 
+def worker_pid(daemon_pid, stage):
+    """The pid of tokpiped's child serving stage (its --stage list)."""
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == daemon_pid and b"--stage" in args and args[args.index(b"--stage") + 1] == stage.encode():
+            return int(p)
+    return None
+
+
 class Daemon:
     """tokpiped on a config of its own, in a new temporary directory that is
     also its runtime_dir (ipc endpoints <dir>/front.sock, <dir>/events.sock
