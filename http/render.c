@@ -166,7 +166,7 @@ static void add_timings(cJSON *o, const gw_call *c)
         pred += c->ch[i].completion_tokens;
     }
     const tp_spec_params *sp = &c->oreq.params.speculative;
-    if (!n && !(sp->set & TP_SPEC_P_MODE && sp->mode.len == 5 && !memcmp(sp->mode.ptr, "ngram", 5)))
+    if (!n && !(sp->set & TP_SPEC_P_MODE && !(sp->mode.len == 3 && !memcmp(sp->mode.ptr, "off", 3))))
         return;
     cJSON *t = cJSON_AddObjectToObject(o, "timings");
     if (!t)

@@ -88,20 +88,7 @@ class DraftModelKeepsTheStream(SpeculationKeepsTheStream):
         path = cls.DRAFT_MODEL(cls.tmp.name) if callable(cls.DRAFT_MODEL) else cls.DRAFT_MODEL
         cls.CONFIG = "speculative:\n  draft_model: %s\nworkers:\n  draft: 1\n" % path
         super().setUpClass()
-        cls.wait_draft_worker()
-
-    @classmethod
-    def wait_draft_worker(cls, but=None, timeout_s=60):
-        """Until a draft worker (another pid than `but`) is registered:
-        its pid."""
-        end = time.time() + timeout_s
-        while time.time() < end:
-            pid = tpdaemon.worker_pid(cls.daemon.proc.pid, "draft")
-            st = cls.daemon.wait_ready()
-            if pid and pid != but and st["workers"].get("draft", 0) > 0:
-                return pid
-            time.sleep(0.1)
-        raise AssertionError("no draft worker registered\n" + cls.daemon.log_text())
+        cls.daemon.wait_worker("draft")
 
     def test_draft_worker_killed_in_the_middle_of_a_job(self):
         """kill -9 of the draft worker after a job's first tokens: the job
@@ -139,7 +126,7 @@ class DraftModelKeepsTheStream(SpeculationKeepsTheStream):
                 t.pop("pin", None)
             self.assertEqual(spec_t, plain_t[1:], seed)
             self.assertEqual(strip(fin), strip(plain_f), seed)
-            self.wait_draft_worker(but=pid)
+            self.daemon.wait_worker("draft", but=pid)
         # the new worker serves: a greedy job after it takes guesses again
         _, fin = self.events("knext-0", {"temperature": 0, "max_tokens": 120, "ignore_eos": True,
                                          "speculative": self.SPEC}, "Once upon a time")
@@ -162,6 +149,23 @@ class RandomDraftKeepsTheStream(DraftModelKeepsTheStream):
     """A random draft model: its guesses are wrong, the job backs off."""
     DRAFT_MODEL = staticmethod(random_draft_model)
     TAKES = False
+
+
+class DraftModelOfAnotherVocabulary(unittest.TestCase):
+    def test_tokpiped_refuses_it_at_start_naming_both_sizes(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "v600.bin")
+            subprocess.run([tpdaemon.TOKPIPE, "mkmodel", "--shape", "32x2", "--vocab", "600", "--seed", "3", "--out",
+                            path], check=True, capture_output=True, timeout=120)
+            d = tpdaemon.Daemon("speculative:\n  draft_model: %s\n" % path, prefix="tp-spec-vocab-")
+            try:
+                self.assertNotEqual(d.proc.wait(30), 0, "tokpiped started with a draft model of 600 tokens")
+                log = d.log_text()
+            finally:
+                d.stop()
+        self.assertIn("600", log)
+        self.assertIn("512", log)
+        self.assertIn("vocabulary", log)
 
 
 if __name__ == "__main__":

@@ -305,6 +305,18 @@ class Daemon:
                 raise AssertionError("workers never registered within %d s\n%s" % (timeout_s, self.log_text()))
             time.sleep(0.1)
 
+    def wait_worker(self, stage, but=None, timeout_s=60):
+        """Until a spawned worker of stage (its --stage list; another pid
+        than `but`) runs and STATS counts one of the stage: its pid. For a
+        stage wait_ready does not wait for (draft)."""
+        end = time.time() + timeout_s
+        while time.time() < end:
+            pid = worker_pid(self.proc.pid, stage)
+            if pid and pid != but and self.wait_ready()["workers"].get(stage, 0) > 0:
+                return pid
+            time.sleep(0.1)
+        raise AssertionError("no %s worker registered\n%s" % (stage, self.log_text()))
+
     def stop(self):
         """SIGTERM (SIGKILL after stop_timeout_s), then the directory goes."""
         if self.ctx is not None:
