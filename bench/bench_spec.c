@@ -259,6 +259,23 @@ static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int
     free(rows);
 }
 
+/* SAMPLES paired runs of GEN tokens after prompt[0, n), speculation off
+ * and on (n_max; wrong, draft as generate's), whose tokens must be equal:
+ * the median of off's time / on's (the speedup); *on and *off the last. */
+static double paired(tp_forward *f, int vocab, const int32_t *prompt, int n, int n_max, float temp, bool wrong,
+                     tp_forward *draft, gen_run *on, gen_run *off, const char *what)
+{
+    double r[SAMPLES];
+    for (int s = 0; s < SAMPLES; s++) {
+        generate(f, vocab, prompt, n, 0, temp, false, NULL, off);
+        generate(f, vocab, prompt, n, n_max, temp, wrong, draft, on);
+        if (memcmp(on->out, off->out, sizeof on->out))
+            die(what, "speculation changed the tokens");
+        r[s] = off->secs / on->secs;
+    }
+    return bench_median(r, SAMPLES);   /* (odd SAMPLES: 1 / it is the median of on / off) */
+}
+
 static void nothing_accepted(tp_forward *f, int vocab, const char *shape)
 {
     /* sampling at temperature 1 from random weights (nearly uniform over
@@ -268,34 +285,21 @@ static void nothing_accepted(tp_forward *f, int vocab, const char *shape)
     for (int i = 0; i < PROMPT; i++)
         prompt[i] = 3 + (i % 8 * 7919) % (vocab - 3);
     gen_run on, off;
-    double r[SAMPLES];
     generate(f, vocab, prompt, PROMPT, 0, 1.0f, false, NULL, &off); /* warm */
-    for (int s = 0; s < SAMPLES; s++) {
-        generate(f, vocab, prompt, PROMPT, 0, 1.0f, false, NULL, &off);
-        generate(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 1.0f, true, NULL, &on);
-        if (memcmp(on.out, off.out, sizeof on.out))
-            die("nothing accepted", "speculation changed the tokens");
-        r[s] = on.secs / off.secs;
-    }
+    double none = 1 / paired(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 1.0f, true, NULL, &on, &off,
+                             "nothing accepted");
     int verify = 0;
     for (int n = 2; n <= MAX_K1; n++)
         verify += on.sizes[n];
-    double none = bench_median(r, SAMPLES);
     int taken = GEN - on.steps;
     printf("  %-12s nothing accepted (random weights, temperature 1, wrong guesses, %d tokens): %d verify steps, "
            "%d guesses taken; time with / without speculation %.3f (target <= 1.03)\n",
            shape, GEN, verify, taken, none);
     /* and greedy: random weights fall into a loop, whose repeats prompt
      * lookup proposes; wall-clock speedup on the memory-bound shape */
-    for (int s = 0; s < SAMPLES; s++) {
-        generate(f, vocab, prompt, PROMPT, 0, 0, false, NULL, &off);
-        generate(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 0, false, NULL, &on);
-        if (memcmp(on.out, off.out, sizeof on.out))
-            die("greedy loop", "speculation changed the tokens");
-        r[s] = off.secs / on.secs;
-    }
+    double loop = paired(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 0, false, NULL, &on, &off, "greedy loop");
     printf("  %-12s repetitive output (random weights, greedy: it loops, %d tokens): %d steps with prompt lookup vs "
-           "%d without, speedup %.2fx\n", shape, GEN, on.steps, off.steps, bench_median(r, SAMPLES));
+           "%d without, speedup %.2fx\n", shape, GEN, on.steps, off.steps, loop);
 }
 
 /* ---- 4. a draft model ---------------------------------------------------- */
@@ -400,16 +404,10 @@ static void draft_model(tp_forward *f, int vocab, const char *shape, const doubl
     for (int i = 0; i < PROMPT; i++)
         prompt[i] = 3 + (i % 8 * 7919) % (vocab - 3);
     gen_run on, off;
-    generate(f, vocab, prompt, PROMPT, 0, 1.0f, false, NULL, &off); /* warm */
-    for (int s = 0; s < SAMPLES; s++) {
-        generate(f, vocab, prompt, PROMPT, 0, 1.0f, false, NULL, &off);
-        generate(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 1.0f, false, d, &on);
-        if (memcmp(on.out, off.out, sizeof on.out))
-            die("draft, nothing accepted", "speculation changed the tokens");
-        r[s] = off.secs / on.secs;
-    }
+    double speed = paired(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 1.0f, false, d, &on, &off,
+                          "draft, nothing accepted");
     printf("    nothing accepted (random draft, temperature 1, %d tokens): %d guesses, %d taken; speed with / without "
-           "the draft %.3fx (target >= 0.97)\n", GEN, on.drafted, on.accepted, bench_median(r, SAMPLES));
+           "the draft %.3fx (target >= 0.97)\n", GEN, on.drafted, on.accepted, speed);
     free(rows);
     tp_forward_free(d);
     tp_model_free(dm);
@@ -437,15 +435,8 @@ static void rewrite(const double *cost)
     memcpy(prompt + no, text.out, sizeof *prompt * TEXT);
     memcpy(prompt + no + TEXT, opening + 1, sizeof *prompt * (size_t)(no - 1));
     int np = no + TEXT + no - 1;
-    double r[SAMPLES];
-    for (int s = 0; s < SAMPLES; s++) {
-        generate(f, vocab, prompt, np, 0, 0, false, NULL, &off);
-        generate(f, vocab, prompt, np, TP_SPEC_DEFAULT_N_MAX, 0, false, NULL, &on);
-        if (memcmp(on.out, off.out, sizeof on.out))
-            die("rewrite", "speculation changed the tokens");
-        r[s] = off.secs / on.secs;
-    }
-    double measured = bench_median(r, SAMPLES), projected = 0;
+    double measured = paired(f, vocab, prompt, np, TP_SPEC_DEFAULT_N_MAX, 0, false, NULL, &on, &off, "rewrite"),
+           projected = 0;
     for (int n = 1; n <= MAX_K1; n++)
         projected += on.sizes[n] * (n == 1 ? 1.0 : cost[n]);
     int accepted = GEN - on.steps;
