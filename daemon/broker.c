@@ -253,9 +253,9 @@ static int load_draft_ref(broker *b, tp_err *err)
     if (rc)
         return tp_err_set(err, rc, "speculative.draft_model %s: %s", path, e.msg);
     snprintf(b->draft_model_id, sizeof b->draft_model_id, "%s", tp_model_identity(m));
-    int vocab = tp_model_get_config(m)->vocab_size;
+    rc = b->model_vocab ? tp_draft_check((int)b->model_vocab, m, path, err) : 0;
     tp_model_free(m);
-    return b->model_vocab ? tp_draft_vocab_check((int)b->model_vocab, vocab, path, err) : 0;
+    return rc;
 }
 
 /* Read the model the config names, as a worker would, for the reference

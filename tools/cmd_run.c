@@ -877,7 +877,7 @@ static int load_draft(run_ctx *c, const run_args *a, tp_err *err)
     int rc = tp_model_load(path, &c->draft_model, &e);
     if (rc)
         return tp_err_set(err, rc, "--draft-model %s: %s", path, e.msg);
-    if ((rc = tp_draft_vocab_check(c->vocab, tp_model_get_config(c->draft_model)->vocab_size, path, err)) ||
+    if ((rc = tp_draft_check(c->vocab, c->draft_model, path, err)) ||
         (rc = tp_forward_new(c->draft_model, tp_forward_kv_slots(c->fwd), 0, RUN_STEP_TOKENS, &c->draft, err)))
         return rc;
     return tp_forward_set_threads(c->draft, tp_forward_threads(c->fwd), err);

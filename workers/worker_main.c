@@ -211,8 +211,7 @@ static int load_draft(worker *w, tp_err *err)
     int rc = tp_model_load(c->spec_draft_model, &w->draft_model, &e);
     if (rc)
         return tp_err_set(err, rc, "speculative.draft_model %s: %s", c->spec_draft_model, e.msg);
-    if ((rc = tp_draft_vocab_check(tp_model_get_config(w->model)->vocab_size,
-                                   tp_model_get_config(w->draft_model)->vocab_size, c->spec_draft_model, err)))
+    if ((rc = tp_draft_check(tp_model_get_config(w->model)->vocab_size, w->draft_model, c->spec_draft_model, err)))
         return rc;
     return tp_draft_stage_new(w->draft_model, c->kv_slots, 0, c->max_batch_tokens, c->forward_threads, &w->draft,
                               err);

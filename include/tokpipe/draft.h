@@ -45,4 +45,10 @@ int tp_draft_propose(tp_forward *f, const tp_draft_item *items, int n, int32_t *
  * (e.g. the draft model's path), else 0. */
 int tp_draft_vocab_check(int target_vocab, int draft_vocab, const char *what, tp_err *err);
 
+/* Whether draft may draft for a target of target_vocab tokens: its
+ * vocabulary (tp_draft_vocab_check), and not a hybrid model (its
+ * recurrent state cannot roll back the guesses not taken): TP_EINVAL
+ * naming what, else 0. */
+int tp_draft_check(int target_vocab, const tp_model *draft, const char *what, tp_err *err);
+
 #endif

@@ -95,6 +95,15 @@ out:
     return rc;
 }
 
+int tp_draft_check(int target_vocab, const tp_model *draft, const char *what, tp_err *err)
+{
+    const tp_model_config *c = tp_model_get_config(draft);
+    if (c->full_attn_interval > 0)
+        return tp_err_set(err, TP_EINVAL, "draft model %s: a hybrid model (recurrent layers) cannot roll back the "
+                          "guesses the target does not take", what);
+    return tp_draft_vocab_check(target_vocab, c->vocab_size, what, err);
+}
+
 int tp_draft_vocab_check(int target_vocab, int draft_vocab, const char *what, tp_err *err)
 {
     if (draft_vocab == target_vocab)
