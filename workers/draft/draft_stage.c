@@ -28,6 +28,8 @@ struct tp_draft_stage {
     int *ngot;
     uint32_t *ngot_col;
     size_t cap;
+    int32_t *tokens;   /* the message's tokens, aligned (a frame's bytes need not be) */
+    size_t tok_cap;
 };
 
 int tp_draft_stage_new(const tp_model *draft, int kv_slots, int max_pos, int max_batch_tokens, int threads,
@@ -88,11 +90,19 @@ void tp_draft_stage_free(tp_draft_stage *st)
     free(st->out);
     free(st->ngot);
     free(st->ngot_col);
+    free(st->tokens);
     free(st);
 }
 
-static int grow(tp_draft_stage *st, size_t n)
+static int grow(tp_draft_stage *st, size_t n, size_t n_tokens)
 {
+    if (n_tokens > st->tok_cap) {
+        int32_t *t = realloc(st->tokens, n_tokens * sizeof *t);
+        if (!t)
+            return TP_ENOMEM;
+        st->tokens = t;
+        st->tok_cap = n_tokens;
+    }
     if (n <= st->cap)
         return 0;
     void *p[5] = {realloc(st->items, n * sizeof *st->items),
@@ -134,10 +144,12 @@ static int draft(tp_draft_stage *st, const tp_msg *m, const tp_stage_io *io)
 {
     const tp_m_draft *q = &m->draft;
     tp_msg r;
-    if (grow(st, q->n)) {
+    if (grow(st, q->n, q->n_tokens)) {
         tp_msg_init_reply(&r, m, TP_CMD_DRAFTED, TP_ST_INTERNAL, "draft: out of memory");
         return io->reply(io->ctx, &r);
     }
+    for (size_t i = 0; i < q->n_tokens; i++)
+        st->tokens[i] = tp_raw_i32(q->tokens, i);
     size_t at = 0;
     int n = 0;
     int *which = st->ngot;   /* (scratch until the call: the message item of each served one) */
@@ -147,7 +159,7 @@ static int draft(tp_draft_stage *st, const tp_msg *m, const tp_stage_io *io)
         st->ngot_col[i] = 0;
         if (seq >= 0) {
             st->items[n] = (tp_draft_item){.seq_id = seq, .pos = (int)tp_raw_u32(q->pos, i),
-                                           .tokens = (const int32_t *)q->tokens.data + at, .n_tokens = (int)nt,
+                                           .tokens = st->tokens + at, .n_tokens = (int)nt,
                                            .k = (int)tp_raw_u32(q->k, i)};
             which[n++] = (int)i;
         }
