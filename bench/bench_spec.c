@@ -23,6 +23,20 @@
  *    paired; the target is <= 3%.
  *    And greedy on the same shape, whose random weights fall into a loop:
  *    the wall-clock speedup where most guesses are taken.
+ * 4. A draft model (mode draft): on the memory-bound shape with a random
+ *    draft of about 1/8 its size and the same vocabulary
+ *    (TP_BENCH_DRAFT_SHAPE, default stories15M: 1/7.3 of stories110M's
+ *    weights), the measured cost of a draft step against a target decode
+ *    step, and from part 1's verify costs the speedup a draft of this cost
+ *    gives at acceptance 0.5, 0.7 and 0.9 (per guess, independent: a verify
+ *    step of k guesses yields (1 - a^(k+1)) / (1 - a) tokens and costs k
+ *    draft steps and one verify step of k + 1; the best k); the time with
+ *    nothing accepted (the random draft guessing for sampling at
+ *    temperature 1, its guesses always wrong) against off, paired (target
+ *    >= 0.97x of off's speed); and acceptance measured on the one trained
+ *    model, stories260K, drafting for itself (its greedy guesses are its
+ *    own choices; sampled ones are not) and drafted for by a random model
+ *    of its vocabulary.
  *
  * Environment: TP_BENCH_SHAPES (default stories42M,stories110M),
  * TP_BENCH_THREADS (default: the forward's default), TP_MODELS. */
@@ -31,6 +45,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tokpipe/draft.h"
 #include "tokpipe/forward.h"
 #include "tokpipe/model.h"
 #include "tokpipe/sampler.h"
@@ -82,36 +97,49 @@ typedef struct gen_run {
     int32_t out[GEN];
     int steps;               /* forward steps */
     int sizes[MAX_K1 + 1];   /* verify steps by positions (1: plain) */
+    int drafted, accepted;   /* guesses verified, taken */
     double secs;
 } gen_run;
 
 static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int n_max, float temp, bool wrong,
-                     gen_run *g);
+                     tp_forward *draft, gen_run *g);
 
 /* 3: on the shape's forward, sampling with speculation on (guesses always
- * wrong) and off. */
+ * wrong) and off; 4: a draft model's figures there. */
 static void nothing_accepted(tp_forward *f, int vocab, const char *shape);
+static void draft_model(tp_forward *f, int vocab, const char *shape, const double *cost);
 
-/* cost[n] for n = 2..MAX_K1: a verify step of n positions / a decode step. */
-static void verify_cost(const char *shape, double *cost, bool last)
+/* A random model of shape (vocab > 0: that vocabulary size, seed: its
+ * weights) and a forward of one sequence over it. */
+static tp_model *synth_forward(const char *shape, int vocab, int seed, tp_forward **f)
 {
     tp_synth_shape sh;
     tp_err e;
     if (tp_synth_parse_shape(shape, &sh, &e))
         die(shape, e.msg);
     sh.seq_len = MAX_POS;
+    if (vocab > 0)
+        sh.vocab_size = vocab;
     char path[] = "/tmp/tp-bench-spec-XXXXXX";
     int fd = mkstemp(path);
     FILE *fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!fp || tp_synth_write_model(fp, &sh, 1, NULL, NULL, &e) || fclose(fp))
+    if (!fp || tp_synth_write_model(fp, &sh, (uint64_t)seed, NULL, NULL, &e) || fclose(fp))
         die("write model", e.msg);
     tp_model *m;
-    tp_forward *f;
-    if (tp_model_load(path, &m, &e) || tp_forward_new(m, 1, MAX_POS, PROMPT, &f, &e) ||
-        tp_forward_set_threads(f, threads(), &e))
+    if (tp_model_load(path, &m, &e) || tp_forward_new(m, 1, MAX_POS, PROMPT, f, &e) ||
+        tp_forward_set_threads(*f, threads(), &e))
         die(path, e.msg);
     remove(path);
-    int vocab = sh.vocab_size, sid, toks[PROMPT];
+    return m;
+}
+
+/* cost[n] for n = 2..MAX_K1: a verify step of n positions / a decode step. */
+static void verify_cost(const char *shape, double *cost, bool last)
+{
+    tp_forward *f;
+    tp_model *m = synth_forward(shape, 0, 1, &f);
+    tp_err e;
+    int vocab = tp_model_get_config(m)->vocab_size, sid, toks[PROMPT];
     float *rows = malloc(sizeof *rows * MAX_K1 * (size_t)vocab);
     if (!rows)
         die("rows", "out of memory");
@@ -137,8 +165,10 @@ static void verify_cost(const char *shape, double *cost, bool last)
         printf(" %d:%.2f", n, cost[n]);
     printf("   (k+1 = 5: %.2f, target <= 1.25)\n", cost[5]);
     tp_forward_seq_close(f, sid);
-    if (last)
+    if (last) {
         nothing_accepted(f, vocab, shape);
+        draft_model(f, vocab, shape, cost);
+    }
     free(rows);
     tp_forward_free(f);
     tp_model_free(m);
@@ -148,9 +178,10 @@ static void verify_cost(const char *shape, double *cost, bool last)
 
 
 /* Generation of GEN tokens after ids[0, n) (temperature temp, seed 7), with prompt lookup of
- * at most n_max guesses (0: off); the same loop as tokpipe run's. */
+ * at most n_max guesses (0: off), or draft's guesses (a tp_forward of a
+ * draft model, its sequence 0 free); the same loop as tokpipe run's. */
 static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int n_max, float temp, bool wrong,
-                     gen_run *g)
+                     tp_forward *draft, gen_run *g)
 {
     tp_err e;
     int32_t *ids = malloc(sizeof *ids * (size_t)(n + GEN + MAX_K1));
@@ -166,7 +197,10 @@ static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int
     memset(g, 0, sizeof *g);
     tp_spec sp;
     tp_spec_init(&sp, n_max);
-    size_t len = (size_t)n, fed = 0;
+    size_t len = (size_t)n, fed = 0, dfed = 0;
+    int dsid = -1;
+    if (draft && tp_forward_seq_open(draft, &dsid, &e))
+        die("draft", e.msg);
     int made = 0;
     double t0 = bench_now();
     while (made < GEN) {
@@ -174,7 +208,13 @@ static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int
         int k = 0;
         if (fed == len - 1) {
             int want = tp_spec_want(&sp, 1, GEN - made - 1 < MAX_K1 - 1 ? GEN - made - 1 : MAX_K1 - 1);
-            k = want ? (int)tp_ngram_guess(ids, len, (size_t)want, toks + 1) : 0;
+            k = want && !draft ? (int)tp_ngram_guess(ids, len, (size_t)want, toks + 1) : 0;
+            if (want && draft) {   /* the draft model, fed what it does not hold yet */
+                tp_draft_item di = {dsid, (int)dfed, ids + dfed, (int)(len - dfed), want};
+                if (tp_draft_propose(draft, &di, 1, toks + 1, &k, &e))
+                    die("draft", e.msg);
+                dfed = len;
+            }
             for (int i = 0; wrong && i < want; i++, k = want)   /* a guesser that is always wrong */
                 toks[1 + i] = (ids[len - 1] + 1 + i) % vocab;
         }
@@ -205,13 +245,35 @@ static void generate(tp_forward *f, int vocab, const int32_t *prompt, int n, int
         if (k) {
             tp_spec_result(&sp, k, taken);
             tp_forward_seq_truncate(f, sid, (int)fed);
+            dfed += (size_t)(taken < k - 1 ? taken : k - 1);   /* its guesses the target took */
         }
     }
     g->secs = bench_now() - t0;
+    g->drafted = (int)sp.drafted;
+    g->accepted = (int)sp.accepted;
+    if (draft)
+        tp_forward_seq_close(draft, dsid);
     tp_forward_seq_close(f, sid);
     tp_sampler_free(s);
     free(ids);
     free(rows);
+}
+
+/* SAMPLES paired runs of GEN tokens after prompt[0, n), speculation off
+ * and on (n_max; wrong, draft as generate's), whose tokens must be equal:
+ * the median of off's time / on's (the speedup); *on and *off the last. */
+static double paired(tp_forward *f, int vocab, const int32_t *prompt, int n, int n_max, float temp, bool wrong,
+                     tp_forward *draft, gen_run *on, gen_run *off, const char *what)
+{
+    double r[SAMPLES];
+    for (int s = 0; s < SAMPLES; s++) {
+        generate(f, vocab, prompt, n, 0, temp, false, NULL, off);
+        generate(f, vocab, prompt, n, n_max, temp, wrong, draft, on);
+        if (memcmp(on->out, off->out, sizeof on->out))
+            die(what, "speculation changed the tokens");
+        r[s] = off->secs / on->secs;
+    }
+    return bench_median(r, SAMPLES);   /* (odd SAMPLES: 1 / it is the median of on / off) */
 }
 
 static void nothing_accepted(tp_forward *f, int vocab, const char *shape)
@@ -223,34 +285,132 @@ static void nothing_accepted(tp_forward *f, int vocab, const char *shape)
     for (int i = 0; i < PROMPT; i++)
         prompt[i] = 3 + (i % 8 * 7919) % (vocab - 3);
     gen_run on, off;
-    double r[SAMPLES];
-    generate(f, vocab, prompt, PROMPT, 0, 1.0f, false, &off); /* warm */
-    for (int s = 0; s < SAMPLES; s++) {
-        generate(f, vocab, prompt, PROMPT, 0, 1.0f, false, &off);
-        generate(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 1.0f, true, &on);
-        if (memcmp(on.out, off.out, sizeof on.out))
-            die("nothing accepted", "speculation changed the tokens");
-        r[s] = on.secs / off.secs;
-    }
+    generate(f, vocab, prompt, PROMPT, 0, 1.0f, false, NULL, &off); /* warm */
+    double none = 1 / paired(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 1.0f, true, NULL, &on, &off,
+                             "nothing accepted");
     int verify = 0;
     for (int n = 2; n <= MAX_K1; n++)
         verify += on.sizes[n];
-    double none = bench_median(r, SAMPLES);
     int taken = GEN - on.steps;
     printf("  %-12s nothing accepted (random weights, temperature 1, wrong guesses, %d tokens): %d verify steps, "
            "%d guesses taken; time with / without speculation %.3f (target <= 1.03)\n",
            shape, GEN, verify, taken, none);
     /* and greedy: random weights fall into a loop, whose repeats prompt
      * lookup proposes; wall-clock speedup on the memory-bound shape */
-    for (int s = 0; s < SAMPLES; s++) {
-        generate(f, vocab, prompt, PROMPT, 0, 0, false, &off);
-        generate(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 0, false, &on);
-        if (memcmp(on.out, off.out, sizeof on.out))
-            die("greedy loop", "speculation changed the tokens");
-        r[s] = off.secs / on.secs;
-    }
+    double loop = paired(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 0, false, NULL, &on, &off, "greedy loop");
     printf("  %-12s repetitive output (random weights, greedy: it loops, %d tokens): %d steps with prompt lookup vs "
-           "%d without, speedup %.2fx\n", shape, GEN, on.steps, off.steps, bench_median(r, SAMPLES));
+           "%d without, speedup %.2fx\n", shape, GEN, on.steps, off.steps, loop);
+}
+
+/* ---- 4. a draft model ---------------------------------------------------- */
+
+static double pow_k(double a, int k)
+{
+    double p = 1;
+    while (k-- > 0)
+        p *= a;
+    return p;
+}
+
+/* Acceptance of stories260K's guesses for itself and of a random draft of
+ * its vocabulary: greedy and sampled, GEN tokens after an opening. */
+static void draft_acceptance(void)
+{
+    const char *dir = getenv("TP_MODELS");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stories260K.bin", dir ? dir : "../shared/models");
+    tp_model *m, *dm;
+    tp_forward *f, *self, *rnd;
+    tp_err e;
+    if (tp_model_load(path, &m, &e) || tp_forward_new(m, 1, 0, 512, &f, &e) || tp_forward_new(m, 1, 0, 512, &self, &e))
+        die(path, e.msg);
+    dm = synth_forward("32x2", 512, 7, &rnd);
+    int vocab = tp_model_get_config(m)->vocab_size;
+    const int32_t opening[] = {1, 365, 1211 % 512, 304, 403, 407, 261, 378};
+    tp_forward *drafts[2] = {self, rnd};
+    const char *names[2] = {"stories260K drafting for itself", "a random 32x2 draft of its vocabulary"};
+    for (int d = 0; d < 2; d++) {
+        gen_run on, off;
+        printf("  draft acceptance on stories260K, %s:", names[d]);
+        for (int t = 0; t < 2; t++) {
+            float temp = t ? 0.8f : 0;
+            generate(f, vocab, opening, 8, 0, temp, false, NULL, &off);
+            generate(f, vocab, opening, 8, TP_SPEC_DEFAULT_N_MAX, temp, false, drafts[d], &on);
+            if (memcmp(on.out, off.out, sizeof on.out))
+                die("draft acceptance", "speculation changed the tokens");
+            printf(" %s %d of %d guesses taken (%.2f), %.2f tokens per step;", t ? "temperature 0.8" : "greedy",
+                   on.accepted, on.drafted, on.drafted ? (double)on.accepted / on.drafted : 0.0,
+                   (double)GEN / on.steps);
+        }
+        printf("\n");
+    }
+    tp_forward_free(rnd);
+    tp_model_free(dm);
+    tp_forward_free(self);
+    tp_forward_free(f);
+    tp_model_free(m);
+}
+
+static void draft_model(tp_forward *f, int vocab, const char *shape, const double *cost)
+{
+    const char *dshape = getenv("TP_BENCH_DRAFT_SHAPE");
+    dshape = dshape ? dshape : "stories15M";
+    tp_forward *d;
+    tp_model *dm = synth_forward(dshape, vocab, 2, &d);
+    size_t tw = 0, dw = 0;   /* (weights: what a memory-bound step reads) */
+    const tp_model_config *tc = tp_model_get_config(tp_forward_model(f)), *dc = tp_model_get_config(dm);
+    tw = (size_t)tc->n_layers * (size_t)tc->dim * (size_t)(4 * tc->dim + 3 * tc->hidden_dim) + (size_t)tc->vocab_size * tc->dim;
+    dw = (size_t)dc->n_layers * (size_t)dc->dim * (size_t)(4 * dc->dim + 3 * dc->hidden_dim) + (size_t)dc->vocab_size * dc->dim;
+    /* the cost of a draft step: one token on the draft, paired with one on
+     * the target, both at position PROMPT of a prompt */
+    int toks[PROMPT], ts, ds;
+    tp_err e;
+    float *rows = malloc(sizeof *rows * MAX_K1 * (size_t)vocab);
+    for (int i = 0; i < PROMPT; i++)
+        toks[i] = 3 + (i * 31) % (vocab - 3);
+    tp_fwd_item it = {0, 0, toks, PROMPT, true};
+    if (!rows || tp_forward_seq_open(f, &ts, &e) || tp_forward_seq_open(d, &ds, &e) ||
+        (it.seq_id = ts, tp_forward_step(f, &it, 1, NULL, &e)) || (it.seq_id = ds, tp_forward_step(d, &it, 1, NULL, &e)))
+        die("draft", e.msg);
+    double r[SAMPLES];
+    steps(d, ds, PROMPT, 1, vocab, rows); /* warm */
+    for (int s = 0; s < SAMPLES; s++) {
+        double one = steps(f, ts, PROMPT, 1, vocab, rows), dr = steps(d, ds, PROMPT, 1, vocab, rows);
+        one = (one + steps(f, ts, PROMPT, 1, vocab, rows)) / 2;
+        r[s] = dr / one;
+    }
+    tp_forward_seq_close(f, ts);
+    tp_forward_seq_close(d, ds);
+    double cd = bench_median(r, SAMPLES);
+    printf("  %-12s draft %s (%.2f of its weights, same vocabulary): draft step / decode step %.3f\n", shape, dshape,
+           (double)dw / (double)tw, cd);
+    /* the speedup at acceptance a: tokens per verify step over its cost
+     * in decode steps (k draft steps, one verify step of k + 1), best k */
+    printf("    speedup it would give (from these costs), acceptance per guess:");
+    for (int i = 0; i < 3; i++) {
+        double a = (double[]){0.5, 0.7, 0.9}[i], best = 0;
+        int bk = 0;
+        for (int k = 1; k + 1 <= MAX_K1; k++) {
+            double tokens = (1 - pow_k(a, k + 1)) / (1 - a), sp = tokens / (k * cd + cost[k + 1]);
+            if (sp > best)
+                best = sp, bk = k;
+        }
+        printf(" %.1f: %.2fx (k = %d);", a, best, bk);
+    }
+    printf("\n");
+    /* nothing accepted: the random draft's guesses for sampling at
+     * temperature 1 are always wrong; on against off, paired */
+    int32_t prompt[PROMPT];
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = 3 + (i % 8 * 7919) % (vocab - 3);
+    gen_run on, off;
+    double speed = paired(f, vocab, prompt, PROMPT, TP_SPEC_DEFAULT_N_MAX, 1.0f, false, d, &on, &off,
+                          "draft, nothing accepted");
+    printf("    nothing accepted (random draft, temperature 1, %d tokens): %d guesses, %d taken; speed with / without "
+           "the draft %.3fx (target >= 0.97)\n", GEN, on.drafted, on.accepted, speed);
+    free(rows);
+    tp_forward_free(d);
+    tp_model_free(dm);
 }
 
 static void rewrite(const double *cost)
@@ -269,21 +429,14 @@ static void rewrite(const double *cost)
     const int32_t opening[] = {1, 365, 1211 % 512, 304, 403, 407, 261, 378};
     int no = (int)(sizeof opening / sizeof *opening);
     gen_run text, on, off;
-    generate(f, vocab, opening, no, 0, 0, false, &text);
+    generate(f, vocab, opening, no, 0, 0, false, NULL, &text);
     int32_t prompt[TEXT + 2 * 8];
     memcpy(prompt, opening, sizeof opening);
     memcpy(prompt + no, text.out, sizeof *prompt * TEXT);
     memcpy(prompt + no + TEXT, opening + 1, sizeof *prompt * (size_t)(no - 1));
     int np = no + TEXT + no - 1;
-    double r[SAMPLES];
-    for (int s = 0; s < SAMPLES; s++) {
-        generate(f, vocab, prompt, np, 0, 0, false, &off);
-        generate(f, vocab, prompt, np, TP_SPEC_DEFAULT_N_MAX, 0, false, &on);
-        if (memcmp(on.out, off.out, sizeof on.out))
-            die("rewrite", "speculation changed the tokens");
-        r[s] = off.secs / on.secs;
-    }
-    double measured = bench_median(r, SAMPLES), projected = 0;
+    double measured = paired(f, vocab, prompt, np, TP_SPEC_DEFAULT_N_MAX, 0, false, NULL, &on, &off, "rewrite"),
+           projected = 0;
     for (int n = 1; n <= MAX_K1; n++)
         projected += on.sizes[n] * (n == 1 ? 1.0 : cost[n]);
     int accepted = GEN - on.steps;
@@ -310,5 +463,6 @@ int main(void)
         verify_cost(sh, cost, next == NULL); /* the last shape's costs project part 2 */
     }
     rewrite(cost);
+    draft_acceptance();
     return 0;
 }

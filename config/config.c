@@ -55,6 +55,7 @@ static const struct key keys[] = {
     KI("workers.forward", stage_count[TP_SI_FORWARD], 0, 64),
     KI("workers.sample", stage_count[TP_SI_SAMPLE], 0, 64),
     KI("workers.stop", stage_count[TP_SI_STOP], 0, 64),
+    KI("workers.draft", stage_count[TP_SI_DRAFT], 0, 64),
     {"workers.fuse", K_STRLIST, OFF(fuse), 0, TP_CONFIG_MAX_GROUPS, 0, 0, NULL},
     KI("workers.forward_threads", forward_threads, 0, TP_CONFIG_MAX_FORWARD_THREADS),
     KE("workers.forward_kernel", forward_kernel, tp_config_kernel_names),
@@ -68,6 +69,7 @@ static const struct key keys[] = {
     KE("speculative.mode", spec_mode, tp_config_spec_mode_names),
     KI("speculative.n_max", spec_n_max, 1, 16),
     KS("speculative.draft_model", spec_draft_model),
+    KI("speculative.draft_timeout_ms", spec_draft_timeout_ms, 1, 600000),
     KI("kv.slots", kv_slots, 1, 4096),
     KI("kv.max_pos", kv_max_pos, 0, 1 << 20),
     KE("kv.kv_type", kv_type, tp_config_kv_type_names),
@@ -137,7 +139,7 @@ static const struct key keys[] = {
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
-static const char *const stage_names[TP_SI_COUNT] = {"tokenize", "forward", "sample", "stop"};
+static const char *const stage_names[TP_SI_COUNT] = {"tokenize", "forward", "sample", "stop", "draft"};
 
 const char *tp_config_stage_name(int si)
 {
@@ -197,6 +199,7 @@ int tp_config_defaults(tp_config *cfg, tp_err *err)
     cfg->decode_ahead = true;
     cfg->spec_mode = 0;
     cfg->spec_n_max = 8;
+    cfg->spec_draft_timeout_ms = 200;
     cfg->kv_slots = 64;
     cfg->kv_max_pos = 0;
     cfg->prefix_cache = true;
@@ -543,6 +546,9 @@ static int check_all(tp_config *c, tp_err *err)
                                   stage_names[s]);
             cnt = c->stage_count[s];
         }
+        if ((bits & (1u << TP_SI_DRAFT)) && bits != 1u << TP_SI_DRAFT)
+            return tp_err_set(err, TP_EINVAL, "%s: workers.fuse[%zu]: the draft stage runs its own model and fuses "
+                              "with no other stage", f, i);
         seen |= bits;
     }
     return 0;
@@ -559,7 +565,7 @@ int tp_config_parse_stages(const char *list, unsigned *bits, tp_err *err)
             if (strlen(stage_names[s]) == n && !strncmp(p, stage_names[s], n))
                 found = s;
         if (found < 0)
-            return tp_err_set(err, TP_EINVAL, "unknown stage '%.*s' (tokenize, forward, sample, stop)",
+            return tp_err_set(err, TP_EINVAL, "unknown stage '%.*s' (tokenize, forward, sample, stop, draft)",
                               (int)(n > 40 ? 40 : n), p);
         *bits |= 1u << found;
         if (!p[n])
@@ -585,7 +591,7 @@ int tp_config_groups(const tp_config *cfg, tp_worker_group *out, int cap)
             out[n++] = (tp_worker_group){bits, cnt};
     }
     for (int s = 0; s < TP_SI_COUNT && n < cap; s++)
-        if (!(fused & (1u << s)) && cfg->stage_count[s] > 0)
+        if (!(fused & (1u << s)) && cfg->stage_count[s] > 0 && (s != TP_SI_DRAFT || *cfg->spec_draft_model))
             out[n++] = (tp_worker_group){1u << s, cfg->stage_count[s]};
     return n;
 }

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tokpipe/draft.h"
 #include "tokpipe/model.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
@@ -233,6 +234,30 @@ static void *make_socket(broker *b, int type, const char *ep, tp_zsec_role role,
     return s;
 }
 
+/* speculative.draft_model, read as a draft worker would: one whose
+ * vocabulary is not the target's stops tokpiped at start, naming both
+ * sizes (its guesses would be ids of another vocabulary). */
+static int load_draft_ref(broker *b, tp_err *err)
+{
+    const char *path = b->cfg->spec_draft_model;
+    if (!*path)
+        return 0;
+    tp_model *m = NULL;
+    tp_err e;
+    tp_err_clear(&e);
+    int rc = tp_model_load(path, &m, &e);
+    if (rc == TP_EIO) {
+        blog("speculative.draft_model: %s: not readable here; draft workers are checked as they register", e.msg);
+        return 0;
+    }
+    if (rc)
+        return tp_err_set(err, rc, "speculative.draft_model %s: %s", path, e.msg);
+    snprintf(b->draft_model_id, sizeof b->draft_model_id, "%s", tp_model_identity(m));
+    rc = b->model_vocab ? tp_draft_check((int)b->model_vocab, m, path, err) : 0;
+    tp_model_free(m);
+    return rc;
+}
+
 /* Read the model the config names, as a worker would, for the reference
  * every READY must match: a corrupt file stops tokpiped at start, naming
  * it, instead of leaving a broker that looks healthy while its workers
@@ -256,7 +281,7 @@ static int load_model_ref(broker *b, tp_err *err)
     b->model_seq_len = (uint32_t)mc->seq_len;
     b->model_hybrid = mc->full_attn_interval > 0;
     tp_model_free(m);
-    return 0;
+    return load_draft_ref(b, err);
 }
 
 static void zsec_log(void *ctx, const char *line)
@@ -480,10 +505,11 @@ static void drain_tick(broker *b, int64_t now)
 
 static void say_status(broker *b)
 {
-    char st[200];
-    snprintf(st, sizeof st, "STATUS=workers tokenize %d forward %d sample %d stop %d; %d active jobs",
+    char st[240];
+    snprintf(st, sizeof st, "STATUS=workers tokenize %d forward %d sample %d stop %d draft %d; %d active jobs",
              registry_count(b, TP_STAGE_TOKENIZE), registry_count(b, TP_STAGE_FORWARD),
-             registry_count(b, TP_STAGE_SAMPLE), registry_count(b, TP_STAGE_STOP), b->jt.n_active);
+             registry_count(b, TP_STAGE_SAMPLE), registry_count(b, TP_STAGE_STOP), registry_count(b, TP_STAGE_DRAFT),
+             b->jt.n_active);
     sd_notify(0, st);
 }
 

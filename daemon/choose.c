@@ -27,6 +27,7 @@ static int pick_worker(broker *b, unsigned stage, int (*load)(const bworker *))
 static int load_tok(const bworker *w) { return w->tok_suspect ? (int)w->capacity : w->tok_inflight; }
 static int load_smp(const bworker *w) { return w->n_smp; }
 static int load_stp(const bworker *w) { return w->n_stp; }
+static int load_dft(const bworker *w) { return w->n_dft; }
 
 int choose_tokenize(broker *b, bool alone)
 {
@@ -61,6 +62,11 @@ int choose_forward(broker *b)
 int choose_stop(broker *b)
 {
     return pick_worker(b, TP_STAGE_STOP, load_stp);
+}
+
+int choose_draft(broker *b)
+{
+    return pick_worker(b, TP_STAGE_DRAFT, load_dft);
 }
 
 /* The sampler of a job on forward worker f: f itself when it samples in

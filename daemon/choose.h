@@ -10,5 +10,6 @@ int choose_forward(broker *b);
 bool choose_forward_can_take(broker *b, int i);   /* a forward worker with room for a new job */
 int choose_sample(broker *b, int f);
 int choose_stop(broker *b);
+int choose_draft(broker *b);   /* the least loaded draft worker with room, -1 none */
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "front.h"
+#include "guess.h"
 #include "admit.h"
 #include "info.h"
 #include "metrics.h"
@@ -121,15 +122,10 @@ static bool check_params(broker *b, const tp_params *p, uint32_t vocab, verdict 
     if (p->min_tokens > p->max_tokens)
         return bad(v, TP_ST_BAD_REQUEST, "params.min_tokens", "params.min_tokens: %d > max_tokens %d",
                    p->min_tokens, p->max_tokens);
-    const tp_spec_params *sp = &p->speculative;
-    bool draft = sp->set & TP_SPEC_P_MODE ? sp->mode.len == 5 && !memcmp(sp->mode.ptr, "draft", 5)
-                                          : c->spec_mode == TP_SPEC_DRAFT;
-    if (draft)
+    if (guess_mode(c, p) == TP_SPEC_DRAFT && !*c->spec_draft_model)
         return bad(v, TP_ST_BAD_REQUEST, "params.speculative.mode",
-                   *c->spec_draft_model ? "params.speculative.mode: draft: draft-model workers are not supported "
-                                          "yet (use ngram)"
-                                        : "params.speculative.mode: draft needs a draft model and none is "
-                                          "configured (speculative.draft_model)");
+                   "params.speculative.mode: draft needs a draft model and none is configured "
+                   "(speculative.draft_model)");
     /* the limit counts distinct strings: copies of one match as one */
     if (p->n_stop > (size_t)c->max_stop_strings) {
         const char **ss = calloc(p->n_stop, sizeof *ss);
@@ -319,8 +315,7 @@ static int copy_request(bjob *j, const tp_m_submit *s, const tp_config *c)
     if (p->set & TP_P_LOGPROBS_MODE)
         p->logprobs_mode = tp_str_of(tp_params_lpmode(p) == TP_LPMODE_PROCESSED ? "processed" : "raw");
     if (p->speculative.set & TP_SPEC_P_MODE)
-        p->speculative.mode = tp_str_of(p->speculative.mode.len == 5 && !memcmp(p->speculative.mode.ptr, "ngram", 5)
-                                            ? "ngram" : "off");
+        p->speculative.mode = tp_str_of(tp_spec_mode_name(guess_mode(c, p)));
     if (!(p->set & TP_P_SEED)) {   /* reported in ACK and FINISH, so the job can be replayed */
         p->seed = tp_random_u64();
         p->set |= TP_P_SEED;
@@ -544,7 +539,7 @@ static void on_stats(broker *b, const reply_to *to, const tp_msg *m)
     s->recovery_ms_max = jc->recovery_ms_max;
     s->events_duplicate = st->events_duplicate;
     s->events_refused = st->events_refused;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         s->workers[i] = (uint64_t)registry_count(b, 1u << i);
     memcpy(s->finish, jc->finish, sizeof s->finish);
     tp_trigger trig[sizeof jc->triggers / sizeof jc->triggers[0]];

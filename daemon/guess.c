@@ -7,34 +7,47 @@
  * stage samples them as a chain while each candidate equals its guess, so
  * the candidates are exactly those plain steps would give, and the stop
  * stage checks them one at a time as always. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "guess.h"
 
+tp_spec_mode guess_mode(const tp_config *cfg, const tp_params *p)
+{
+    const tp_spec_params *sp = &p->speculative;
+    if (!(sp->set & TP_SPEC_P_MODE))
+        return (tp_spec_mode)cfg->spec_mode;
+    tp_spec_mode m = TP_SPEC_OFF;
+    char name[8];
+    snprintf(name, sizeof name, "%.*s", (int)(sp->mode.len < sizeof name ? sp->mode.len : 0), sp->mode.ptr);
+    tp_spec_mode_parse(name, &m, NULL);   /* (the codec let only the three names through) */
+    return m;
+}
+
 void guess_init(broker *b, bjob *j)
 {
     const tp_spec_params *sp = &j->params.speculative;
-    bool ngram = sp->set & TP_SPEC_P_MODE ? sp->mode.len == 5 && !memcmp(sp->mode.ptr, "ngram", 5)
-                                          : b->cfg->spec_mode == TP_SPEC_NGRAM;
-    tp_spec_init(&j->spec, ngram ? (sp->set & TP_SPEC_P_N_MAX ? sp->n_max : b->cfg->spec_n_max) : 0);
+    tp_spec_mode mode = guess_mode(b->cfg, &j->params);
+    tp_spec_init(&j->spec, mode != TP_SPEC_OFF ? (sp->set & TP_SPEC_P_N_MAX ? sp->n_max : b->cfg->spec_n_max) : 0);
     j->n_guess = 0;
+    j->draft_mode = mode == TP_SPEC_DRAFT;
 }
 
-/* Speculative decoding: the guesses j's decode item verifies in this step
- * (into j->guess, 0..n_guess), by prompt lookup over its prompt and
- * candidates: as many as its controller asks for and its max_tokens, its
- * forward worker's context and the step's budget leave room for.
- * `running`: the jobs decoding at the worker (a big batch is compute-bound:
- * nobody guesses). */
-uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
+/* Can j guess in this step at all: a decode item, and a model and kernel
+ * that verify? (workers.forward_kernel openblas, 1, cannot verify: its
+ * rows depend on the step; nor a hybrid model: its recurrent state cannot
+ * roll back past a step's start, and its forward stage would verify
+ * nothing either) */
+static bool may_guess(const broker *b, const bjob *j)
 {
-    j->n_guess = 0;
-    /* (workers.forward_kernel openblas, 1, cannot verify: its rows depend on
-     * the step; nor a hybrid model: its recurrent state cannot roll back past
-     * a step's start, and its forward stage would verify nothing either) */
-    if (!j->spec.n_max || j->n_prompt + j->n_cand - j->n_fed != 1 || j->pending < 0 ||
-        b->cfg->forward_kernel != 0 || b->model_hybrid)
+    return j->spec.n_max && j->n_prompt + j->n_cand - j->n_fed == 1 && j->pending >= 0 &&
+           b->cfg->forward_kernel == 0 && !b->model_hybrid;
+}
+
+int guess_want(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
+{
+    if (!may_guess(b, j))
         return 0;
     uint32_t total = j->n_prompt + j->n_cand;
     long left = (long)j->params.max_tokens - (long)j->n_cand - 1;
@@ -43,9 +56,40 @@ uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint
         room = left;
     if ((long)budget - 1 < room)
         room = (long)budget - 1;
-    int k = tp_spec_want(&j->spec, (int)running, room > 0 ? (int)room : 0);
+    return tp_spec_want(&j->spec, (int)running, room > 0 ? (int)room : 0);
+}
+
+/* A draft job's guesses: those its draft worker proposed for this very
+ * position (draft.c asked, and tp_spec_want was counted, then), as many as
+ * the step's budget still holds; none when they did not come in time. */
+static uint32_t take_drafted(const broker *b, bjob *j, uint32_t budget)
+{
+    uint32_t total = j->n_prompt + j->n_cand, n = 0;
+    if (j->draft_for == total && may_guess(b, j)) {
+        n = j->n_drafted < budget - 1 ? j->n_drafted : budget - 1;
+        memcpy(j->guess, j->drafted, n * sizeof *j->guess);
+        j->draft_base = total;
+        j->draft_got = j->n_drafted;
+    }
+    j->draft_for = 0;
+    return n;
+}
+
+/* Speculative decoding: the guesses j's decode item verifies in this step
+ * (into j->guess, 0..n_guess): a draft job's from its draft worker, else
+ * by prompt lookup over its prompt and candidates, as many as its
+ * controller asks for and its max_tokens, its forward worker's context and
+ * the step's budget leave room for. `running`: the jobs decoding at the
+ * worker (a big batch is compute-bound: nobody guesses). */
+uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget)
+{
+    j->n_guess = 0;
+    if (j->draft_mode)
+        return j->n_guess = take_drafted(b, j, budget);
+    int k = guess_want(b, j, seq_len, running, budget);
     if (k <= 0)
         return 0;
+    uint32_t total = j->n_prompt + j->n_cand;
     bcols *c = &b->cols;
     if (total > c->ids_cap) {
         int32_t *ids = realloc(c->ids, (size_t)total * 2 * sizeof *ids);
@@ -110,6 +154,14 @@ void guess_settle(broker *b, bjob *j, uint32_t m)
         return;
     uint32_t taken = m > 0 ? m - 1 : 0;
     j->n_fed += taken;
+    if (j->draft_mode && j->draft_base && j->draft_task == 0) {
+        /* the draft worker fed its guesses but the last: those taken stay
+         * the job's there too */
+        uint32_t kept = j->draft_got > 0 && taken > j->draft_got - 1 ? j->draft_got - 1 : taken;
+        if (j->draft_fed == j->draft_base)
+            j->draft_fed += kept;
+    }
+    j->draft_base = 0;
     tp_spec_result(&j->spec, (int)j->n_guess, (int)taken);
     b->stats.spec_drafted += j->n_guess;
     b->stats.spec_accepted += taken;

@@ -4,8 +4,18 @@
 
 #include "state.h"
 
+/* The speculative mode p asks for, else the config's. */
+tp_spec_mode guess_mode(const tp_config *cfg, const tp_params *p);
+
 /* At admission: the job's speculative mode and n_max, else the config's. */
 void guess_init(broker *b, bjob *j);
+
+/* How many guesses j may verify in this step: 0 unless it decodes and
+ * the model and kernel verify, else its controller's k (tp_spec_want: a
+ * paused job's wait counts down) within what its max_tokens, context
+ * (seq_len) and the step's budget leave. For a draft job draft.c asks it
+ * once per position, before the step. */
+int guess_want(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget);
 
 /* The guesses j's decode item verifies in this step (into j->guess). */
 uint32_t guess_plan(broker *b, bjob *j, uint32_t seq_len, uint32_t running, uint32_t budget);

@@ -46,8 +46,9 @@ void info_free(broker *b)
 
 void info_on_ready(broker *b, const tp_m_ready *r)
 {
-    if (!r->n_eog_ids && !r->special_ids.n && !r->chat_template && !r->weight_type.len)
-        return;
+    if ((!r->n_eog_ids && !r->special_ids.n && !r->chat_template && !r->weight_type.len) ||
+        r->stages == TP_STAGE_DRAFT)
+        return;   /* (a draft worker's READY speaks for the draft model) */
     /* a worker with the vocabulary (tokenize, stop) knows the end ids and
      * special tokens; a forward-only one only the model file's */
     bool vocab = r->stages & (TP_STAGE_TOKENIZE | TP_STAGE_STOP);

@@ -141,7 +141,7 @@ bjob *jobs_new(bjobs *t, const char *id, size_t len)
     j->id[len] = '\0';
     j->slot = slot;
     j->state = J_ADMIT;
-    j->fwd = j->smp = j->stp = j->tok_worker = j->close_stp = -1;
+    j->fwd = j->smp = j->stp = j->dft = j->tok_worker = j->close_stp = -1;
     j->pending = j->acc_for_sampler = -1;
     j->last_seq = -1;
     j->seqno = t->next_seqno++;

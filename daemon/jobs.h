@@ -35,7 +35,7 @@ typedef struct bjob {
     int32_t *prompt;
     uint32_t n_prompt;
     /* running */
-    int fwd, smp, stp;              /* worker indexes, -1 none */
+    int fwd, smp, stp;              /* worker indexes, -1 none (dft: below) */
     int tok_worker;
     uint64_t tok_task;
     uint32_t n_fed;                 /* positions in the KV cache */
@@ -52,6 +52,17 @@ typedef struct bjob {
     tp_spec spec;                   /* speculative decoding's controller (n_max 0: off) */
     int32_t guess[TP_SPEC_MAX_DRAFT]; /* the guesses its step in flight verifies */
     uint32_t n_guess;
+    /* speculative mode draft (draft.c): its guesses come from a draft worker */
+    bool draft_mode;
+    int dft;                        /* its draft worker, -1 none */
+    uint32_t draft_fed;             /* tokens of prompt + cands the draft worker holds (or will) */
+    uint64_t draft_task;            /* the DRAFT it awaits the answer of, 0 none */
+    int64_t draft_sent_ms;
+    uint32_t draft_for;             /* prompt + cands the guesses below continue, 0 none */
+    uint32_t n_drafted;             /* 0..TP_SPEC_MAX_DRAFT (0 for draft_for: no guesses in that step) */
+    int32_t drafted[TP_SPEC_MAX_DRAFT];
+    uint32_t draft_base, draft_got; /* of the guesses in flight: what they continue, how many came */
+    uint8_t draft_losses;           /* draft workers lost while drafting for it (B_POISON_TRIES: no more) */
     uint32_t n_tok_ids;             /* ids carried by the TOKEN events forwarded to subscribers */
     int64_t lost_ms;                /* when the job lost a worker it still misses (0 = none) */
     uint8_t losses;                 /* workers of loss_stage lost while they processed this job alone, */

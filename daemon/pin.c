@@ -8,6 +8,7 @@
 
 #include "pin.h"
 #include "choose.h"
+#include "drafting.h"
 #include "log.h"
 #include "outbox.h"
 #include "registry.h"
@@ -79,6 +80,7 @@ void pin_release(broker *b, bjob *j, int finish, const char *error)
         pin_slot_cmd(b, j->smp, TP_CMD_SAMPLE_CLOSE, j->slot);
         b->workers[j->smp].n_smp--;
     }
+    drafting_release(b, j);
     bool stop_live = registry_usable(b, j->stp);
     if (stop_live)
         send_stop_close(b, j, finish, error);

@@ -7,6 +7,7 @@
 
 #include "recover.h"
 #include "choose.h"
+#include "drafting.h"
 #include "log.h"
 #include "pin.h"
 #include "registry.h"
@@ -112,6 +113,7 @@ void recover_worker_lost(broker *b, int wi, const char *cause, bool died)
 {
     bworker *w = &b->workers[wi];
     w->live = false;   /* nothing more is sent to it */
+    drafting_lost(b, wi);   /* (no job waits for a draft worker: its jobs draft elsewhere later) */
     int64_t now = tp_now_ms();
     int busy = 0;
     for (uint32_t i = 0; i < b->jt.cap; i++) {

@@ -40,14 +40,15 @@ int registry_count(const broker *b, unsigned stage_bit)
     return n;
 }
 
-/* The model every model-bearing worker must share (the first live one). */
+/* The model every model-bearing worker must share (the first live one;
+ * a draft worker runs a model of its own). */
 const bworker *registry_model(const broker *b)
 {
     for (int i = 0; i < B_MAX_WORKERS; i++)
         if (b->workers[i].live && b->workers[i].model_id[0] && (b->workers[i].stages & TP_STAGE_FORWARD))
             return &b->workers[i];
     for (int i = 0; i < B_MAX_WORKERS; i++)
-        if (b->workers[i].live && b->workers[i].model_id[0])
+        if (b->workers[i].live && b->workers[i].model_id[0] && b->workers[i].stages != TP_STAGE_DRAFT)
             return &b->workers[i];
     return NULL;
 }
@@ -138,6 +139,21 @@ static bool ready_valid(const broker *b, const tp_m_ready *r, const char *model,
     const char *ref = b->model_id[0] ? b->model_id : w ? w->model_id : NULL;
     uint32_t vocab = b->model_id[0] ? b->model_vocab : w ? w->vocab : 0;
     uint32_t seq = b->model_id[0] ? b->model_seq_len : 0;
+    if (r->stages & TP_STAGE_DRAFT) {
+        /* a draft worker runs speculative.draft_model, whose vocabulary
+         * must be the target's: its guesses are the target's token ids */
+        ref = b->draft_model_id[0] ? b->draft_model_id : NULL;
+        seq = 0;
+        if (r->stages != TP_STAGE_DRAFT) {
+            snprintf(why, cap, "the draft stage fuses with no other stage");
+            return false;
+        }
+        if (vocab && r->vocab_size != vocab) {
+            snprintf(why, cap, "draft model '%s': its vocabulary has %u tokens, the target model's has %u", model,
+                     r->vocab_size, vocab);
+            return false;
+        }
+    }
     if (!model[0])
         snprintf(why, cap, "READY has an empty model_id");
     else if (ref && strcmp(model, ref))

@@ -4,6 +4,7 @@
  * after every result, request and tick. */
 #include "sched.h"
 #include "admit.h"
+#include "drafting.h"
 #include "log.h"
 #include "recover.h"
 #include "step.h"
@@ -29,6 +30,12 @@ void sched_on_result(broker *b, int wi, const tp_msg *m)
     case TP_CMD_RESULT:
         step_on_result(b, wi, m);
         break;
+    case TP_CMD_DRAFTED:
+        if (b->workers[wi].stages & TP_STAGE_DRAFT) {
+            drafting_on_result(b, wi, m);
+            break;
+        }
+        __attribute__((fallthrough));   /* only a draft worker drafts */
     default:
         b->stats.malformed_back++;
         blog("worker %s sent %s, which workers do not send", b->workers[wi].instance, tp_cmd_name(TP_FAM_WRK, m->cmd));

@@ -66,7 +66,7 @@ typedef struct bworker {
     int32_t bos, eos;
     uint32_t worker_no;
     int64_t last_recv, last_send;
-    int n_fwd, n_smp, n_stp;        /* jobs pinned per stage */
+    int n_fwd, n_smp, n_stp, n_dft; /* jobs pinned per stage */
     int tok_inflight;
     int steps_inflight;
     bool tok_suspect;               /* a TOKENIZE of a job that lost workers before: takes no other */
@@ -185,6 +185,7 @@ typedef struct broker {
     char model_id[TP_PROTO_MAX_MODEL_ID + 1];
     uint32_t model_vocab, model_seq_len;
     bool model_hybrid;              /* full_attn_interval > 0 (qwen35): nobody guesses (guess.c) */
+    char draft_model_id[TP_PROTO_MAX_MODEL_ID + 1];   /* speculative.draft_model's, "" = not read here */
 } broker;
 
 #define B_POISON_TRIES 2          /* workers a job may lose while they process it */

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "step.h"
+#include "drafting.h"
 #include "guess.h"
 #include "log.h"
 #include "outbox.h"
@@ -285,10 +286,11 @@ void step_run(broker *b)
 {
     if (b->stats.workers_lost && stop_suspect_alone(b))
         return;   /* a stop suspect's verdicts are computed alone */
+    drafting_run(b);   /* draft jobs about to decode ask for their guesses first */
     for (int wi = 0; wi < B_MAX_WORKERS; wi++) {
         bworker *w = &b->workers[wi];
         while (registry_usable(b, wi) && (w->stages & TP_STAGE_FORWARD) && w->steps_inflight < b->cfg->micro_batches &&
-               !w->step_suspect && build_step(b, wi, NULL))
+               !w->step_suspect && !drafting_holds(b, wi) && build_step(b, wi, NULL))
             ;
     }
 }

@@ -166,7 +166,7 @@ static void add_timings(cJSON *o, const gw_call *c)
         pred += c->ch[i].completion_tokens;
     }
     const tp_spec_params *sp = &c->oreq.params.speculative;
-    if (!n && !(sp->set & TP_SPEC_P_MODE && sp->mode.len == 5 && !memcmp(sp->mode.ptr, "ngram", 5)))
+    if (!n && !(sp->set & TP_SPEC_P_MODE && !(sp->mode.len == 3 && !memcmp(sp->mode.ptr, "off", 3))))
         return;
     cJSON *t = cJSON_AddObjectToObject(o, "timings");
     if (!t)
@@ -423,7 +423,9 @@ char *gw_usage_sse(const gw_call *c, const char *model)
     return sse(o);
 }
 
-static const char *const stage_names[4] = {"tokenize", "forward", "sample", "stop"};
+/* the four every job needs (health), then the draft stage (speculative
+ * decoding's, optional) */
+static const char *const stage_names[5] = {"tokenize", "forward", "sample", "stop", "draft"};
 
 char *gw_health_json(const tp_m_stats_reply *s, int *status)
 {
@@ -629,7 +631,7 @@ char *gw_metrics_text(const tp_m_stats_reply *s, const gw_counters *gc)
     sample(&b, "tokpipe_malformed_messages_total", "socket=\"back\"", s->malformed_back);
     sample(&b, "tokpipe_malformed_messages_total", "socket=\"events\"", s->malformed_events);
     family(&b, "tokpipe_workers", "gauge", "Live registered workers per stage");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         snprintf(lab, sizeof lab, "stage=\"%s\"", stage_names[i]);
         sample(&b, "tokpipe_workers", lab, s->workers[i]);
     }

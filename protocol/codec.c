@@ -405,7 +405,7 @@ static int decode_u64s(dctx *c, const field *f, char *dst, const msgpack_object 
 
 static int decode_stages(dctx *c, char *dst, const msgpack_object *o, const pathref *path)
 {
-    int rc = want_array(c, path, o, 4);
+    int rc = want_array(c, path, o, 5);
     if (rc)
         return rc;
     unsigned bits = 0;
@@ -416,7 +416,7 @@ static int decode_stages(dctx *c, char *dst, const msgpack_object *o, const path
             return rc;
         int bit = tp_stage_parse(s.ptr, s.len);
         if (bit < 0)
-            return ferr(c, &p, TP_EINVAL, "'%.*s' is not one of tokenize, forward, sample, stop", (int)s.len, s.ptr);
+            return ferr(c, &p, TP_EINVAL, "'%.*s' is not one of tokenize, forward, sample, stop, draft", (int)s.len, s.ptr);
         if (bits & (unsigned)bit)
             return ferr(c, &p, TP_EINVAL, "stage '%.*s' given twice", (int)s.len, s.ptr);
         bits |= (unsigned)bit;

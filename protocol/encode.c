@@ -117,10 +117,10 @@ static int pack_array_field(msgpack_packer *pk, const field *f, const char *p)
 static int pack_stages(msgpack_packer *pk, unsigned bits)
 {
     int n = 0;
-    for (unsigned b = 1; b <= TP_STAGE_STOP; b <<= 1)
+    for (unsigned b = 1; b <= TP_STAGE_DRAFT; b <<= 1)
         n += (bits & b) != 0;
     int rc = msgpack_pack_array(pk, (size_t)n);
-    for (unsigned b = 1; b <= TP_STAGE_STOP && !rc; b <<= 1)
+    for (unsigned b = 1; b <= TP_STAGE_DRAFT && !rc; b <<= 1)
         if (bits & b)
             rc = pack_str(pk, tp_stage_name(b), strlen(tp_stage_name(b)));
     return rc;

@@ -50,11 +50,12 @@ int tp_state_parse(const char *s, size_t len)
     return name_index(state_names, 4, s, len);
 }
 
-static const char *const stage_names[] = {"tokenize", "forward", "sample", "stop"};
+static const char *const stage_names[] = {"tokenize", "forward", "sample", "stop", "draft"};
+#define N_STAGES (sizeof stage_names / sizeof *stage_names)
 
 const char *tp_stage_name(unsigned stage_bit)
 {
-    for (int i = 0; i < 4; i++)
+    for (size_t i = 0; i < N_STAGES; i++)
         if (stage_bit == 1u << i)
             return stage_names[i];
     return NULL;
@@ -62,7 +63,7 @@ const char *tp_stage_name(unsigned stage_bit)
 
 int tp_stage_parse(const char *s, size_t len)
 {
-    int i = name_index(stage_names, 4, s, len);
+    int i = name_index(stage_names, (int)N_STAGES, s, len);
     return i < 0 ? -1 : 1 << i;
 }
 

@@ -182,7 +182,7 @@ static const pframe status_reply_p[] = {{"tokens", SR(tokens), 4, 1}, LP_FRAMES(
 static const field stats_f[] = {REQ, END};
 
 static const field workers_fields[] = {
-    F_U64("tokenize", 0, 0), F_U64("forward", 8, 0), F_U64("sample", 16, 0), F_U64("stop", 24, 0), END,
+    F_U64("tokenize", 0, 0), F_U64("forward", 8, 0), F_U64("sample", 16, 0), F_U64("stop", 24, 0), F_U64("draft", 32, 0), END,
 };
 static const table workers_table = {workers_fields, -1};
 static const field finish_fields[] = {
@@ -463,6 +463,20 @@ static const field verdicts_f[] = {TASK, STATUS, ERROR, STEPNO(M(verdicts.step))
 static const pframe verdicts_p[] = {
     {"slots", M(verdicts.slots), 4, 1}, {"accepted", M(verdicts.accepted), 1, 1},
     {"finish", M(verdicts.finish), 1, 1}, {NULL, 0, 0, 0},
+};
+
+static const field draft_f[] = {
+    TASK, COUNT("n", M(draft.n), 1, TP_PROTO_MAX_ITEMS), COUNT("n_tokens", M(draft.n_tokens), 1, TP_PROTO_MAX_IDS), END,
+};
+static const pframe draft_p[] = {
+    {"slots", M(draft.slots), 4, 0}, {"pos", M(draft.pos), 4, 0}, {"ntok", M(draft.ntok), 4, 0},
+    {"k", M(draft.k), 4, 0}, {"tokens", M(draft.tokens), 4, 0}, {NULL, 0, 0, 0},
+};
+
+static const field drafted_f[] = {TASK, STATUS, ERROR, COUNT("n", M(drafted.n), 0, TP_PROTO_MAX_ITEMS), END};
+static const pframe drafted_p[] = {
+    {"slots", M(drafted.slots), 4, 1}, {"ngot", M(drafted.ngot), 4, 1}, {"guesses", M(drafted.guesses), 4, 1},
+    {NULL, 0, 0, 0},
 };
 
 /* ---- cross-field rules ---- */
@@ -800,6 +814,62 @@ static int check_verdicts(tp_msg *m, tp_err *err)
     return 0;
 }
 
+/* Items' counts (u32[n] each) and their concatenated payload: every count
+ * in lo..hi, their sum the payload's length. */
+static int check_runs(tp_raw counts, uint32_t lo, uint32_t hi, size_t payload, const char *what, tp_err *err)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < counts.n; i++) {
+        uint32_t k = tp_raw_u32(counts, i);
+        if (k < lo || k > hi)
+            return tp_err_set(err, TP_EINVAL, "%s[%zu]: %u is outside %u..%u", what, i, k, lo, hi);
+        sum += k;
+    }
+    if (sum != payload)
+        return tp_err_set(err, TP_EFORMAT, "%s: sum %llu differs from the %zu ids", what, (unsigned long long)sum,
+                          payload);
+    return 0;
+}
+
+static int check_draft(tp_msg *m, tp_err *err)
+{
+    tp_m_draft *d = &m->draft;
+    int rc;
+    if ((rc = want_count(d->slots, d->n, "slots", err)) || (rc = want_count(d->pos, d->n, "pos", err)) ||
+        (rc = want_count(d->ntok, d->n, "ntok", err)) || (rc = want_count(d->k, d->n, "k", err)) ||
+        (rc = want_count(d->tokens, d->n_tokens, "tokens", err)) ||
+        (rc = check_runs(d->ntok, 1, TP_PROTO_MAX_IDS, d->tokens.n, "ntok", err)))
+        return rc;
+    for (size_t i = 0; i < d->n; i++) {
+        uint32_t k = tp_raw_u32(d->k, i);
+        if (k < 1 || k > TP_PROTO_MAX_DRAFT)
+            return tp_err_set(err, TP_EINVAL, "k[%zu]: %u is outside 1..%u", i, k, TP_PROTO_MAX_DRAFT);
+        for (size_t j = 0; j < i; j++)
+            if (tp_raw_u32(d->slots, j) == tp_raw_u32(d->slots, i))
+                return tp_err_set(err, TP_EINVAL, "slots[%zu]: slot %u is in the message twice", i,
+                                  tp_raw_u32(d->slots, i));
+    }
+    for (size_t i = 0; i < d->tokens.n; i++)
+        if (tp_raw_i32(d->tokens, i) < 0)
+            return tp_err_set(err, TP_EINVAL, "tokens[%zu]: negative id %d", i, (int)tp_raw_i32(d->tokens, i));
+    return 0;
+}
+
+static int check_drafted(tp_msg *m, tp_err *err)
+{
+    tp_m_drafted *d = &m->drafted;
+    int rc = ok_frames(m, &d->slots, err);
+    if (rc || m->status != TP_ST_OK)
+        return rc;
+    if ((rc = want_count(d->slots, d->n, "slots", err)) || (rc = want_count(d->ngot, d->n, "ngot", err)) ||
+        (rc = check_runs(d->ngot, 0, TP_PROTO_MAX_DRAFT, d->guesses.n, "ngot", err)))
+        return rc;
+    for (size_t i = 0; i < d->guesses.n; i++)
+        if (tp_raw_i32(d->guesses, i) < 0)
+            return tp_err_set(err, TP_EINVAL, "guesses[%zu]: negative id %d", i, (int)tp_raw_i32(d->guesses, i));
+    return 0;
+}
+
 static int check_token_topic(tp_msg *m, tp_err *err);
 static int check_info_reply(tp_msg *m, tp_err *err);
 static int check_finish_topic(tp_msg *m, tp_err *err);
@@ -817,7 +887,7 @@ static const table T_submit = {submit_f, -1}, T_ack = {ack_f, (long)M(ack.set)},
                    T_sample = {sample_f, -1}, T_sampled = {sampled_f, -1}, T_stop_open = {stop_open_f, -1},
                    T_stop_close = {stop_close_f, -1}, T_stop_step = {stop_step_f, -1},
                    T_verdicts = {verdicts_f, -1}, T_info_reply = {info_reply_f, -1},
-                   T_embedded = {embedded_f, -1};
+                   T_embedded = {embedded_f, -1}, T_draft = {draft_f, -1}, T_drafted = {drafted_f, -1};
 
 static const pframe no_frames[] = {{NULL, 0, 0, 0}};
 
@@ -855,6 +925,9 @@ static const mdesc descs[] = {
     {TP_FAM_WRK, TP_CMD_STOP_CLOSE, "STOP_CLOSE", &T_stop_close, no_frames, 0, check_stop_close},
     {TP_FAM_WRK, TP_CMD_STOP_STEP, "STOP_STEP", &T_stop_step, stop_step_p, 0, check_stop_step},
     {TP_FAM_WRK, TP_CMD_VERDICTS, "VERDICTS", &T_verdicts, verdicts_p, 0, check_verdicts},
+    {TP_FAM_WRK, TP_CMD_DRAFT, "DRAFT", &T_draft, draft_p, 0, check_draft},
+    {TP_FAM_WRK, TP_CMD_DRAFTED, "DRAFTED", &T_drafted, drafted_p, 0, check_drafted},
+    {TP_FAM_WRK, TP_CMD_DRAFT_CLOSE, "DRAFT_CLOSE", &T_slot, no_frames, 0, NULL},
 };
 
 static int check_token_topic(tp_msg *m, tp_err *err)

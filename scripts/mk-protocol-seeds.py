@@ -75,6 +75,10 @@ seeds = {
  'sampled': frames(1, [b'WRK1', b'\x33', P({'task': 2, 'step': 1, 'status': 200, 'n': 1}), u32(1), i32(7)]),
  'stop_close': frames(1, [b'WRK1', b'\x41', P({'task': 3, 'slot': 1, 'finish': 'cancelled'})]),
  'stop_step': frames(1, [b'WRK1', b'\x42', P({'task': 3, 'step': 1, 'n': 1}), u32(1), i32(13)]),
+ 'draft': frames(1, [b'WRK1', b'\x50', P({'task': 4, 'n': 2, 'n_tokens': 4}), u32(1, 2), u32(0, 9), u32(3, 1),
+                     u32(4, 2), i32(1, 50, 60, 70)]),
+ 'drafted': frames(1, [b'WRK1', b'\x51', P({'task': 4, 'status': 200, 'n': 2}), u32(1, 2), u32(4, 0), i32(5, 6, 7, 8)]),
+ 'draft_close': frames(1, [b'WRK1', b'\x52', P({'task': 5, 'slot': 1})]),
 }
 os.makedirs(out, exist_ok=True)
 for k, v in seeds.items():

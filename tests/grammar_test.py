@@ -223,23 +223,6 @@ class Fused(Constrained, unittest.TestCase):
     EXTRA = "workers:\n  fuse: [\"forward,sample\"]\n"
 
 
-def worker_pid(daemon_pid, stage):
-    """The pid of tokpiped's child serving stage."""
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % p) as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open("/proc/%s/cmdline" % p, "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if ppid == daemon_pid and b"--stage" in args and args[args.index(b"--stage") + 1] == stage.encode():
-            return int(p)
-    return None
-
-
 class Recovery(unittest.TestCase):
     def test_a_sample_worker_killed_mid_document_is_replaced_without_changing_a_token(self):
         if not os.access(TOKPIPED, os.X_OK):
@@ -253,7 +236,7 @@ class Recovery(unittest.TestCase):
                            "1.0", "--max-tokens", "400")[0]
         d = Daemon("heartbeat:\n  interval_ms: 100\n  liveness: 20\nworkers:\n  respawn_init_ms: 100\n")
         try:
-            old = worker_pid(d.proc.pid, "sample")
+            old = tpdaemon.worker_pid(d.proc.pid, "sample")
             self.assertIsNotNone(old, "no sample worker found")
             job_id, ack = d.send(params)
             self.assertEqual(ack["status"], 200, ack)
@@ -276,7 +259,7 @@ class Recovery(unittest.TestCase):
             self.assertEqual(text, ref["text"])
             self.assertEqual(fin["grammar_complete"], False)   # max_tokens ended it mid-story
             self.assertLess(len(tpdaemon.ids_of(first[4])), 400, "the job ended before the worker was stopped")
-            new = worker_pid(d.proc.pid, "sample")
+            new = tpdaemon.worker_pid(d.proc.pid, "sample")
             self.assertNotIn(new, (None, old), "no new sample worker")
         finally:
             d.stop()

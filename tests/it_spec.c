@@ -3,7 +3,9 @@
  * default) give, token for token, what `tokpipe run` computes in one
  * process, with separate and with fused sampling, small batches and
  * without decoding ahead; mixed with jobs that do not speculate; the
- * broker's counters show guesses were verified and taken. */
+ * broker's counters show guesses were verified and taken. A worker of any
+ * stage killed mid-job, the draft stage's (mode draft, stories260K drafting
+ * for itself) included, changes nothing either. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -157,39 +159,61 @@ static void the_openblas_kernel_does_not_verify(void **state)
 
 /* A worker of `stage` killed (SIGKILL) while speculating jobs run: tokpiped
  * starts another, the jobs move there (their state rebuilt from the job
- * record: prompt + candidates), and their tokens are those of tokpipe run. */
+ * record: prompt + candidates), and their tokens are those of tokpipe run.
+ * The draft stage's jobs (mode draft) step without guesses meanwhile and
+ * are fed to the new draft worker from the start. */
 static void killed_worker_changes_nothing(const char *stage)
 {
     harness h;
-    if (harness_start(&h, false, "heartbeat:\n  interval_ms: 100\n  liveness: 50\n"))
+    bool draft = !strcmp(stage, "draft");
+    char extra[1400];
+    int at = snprintf(extra, sizeof extra, "heartbeat:\n  interval_ms: 100\n  liveness: 50\n");
+    const char *models = getenv("TP_MODELS");
+    if (draft)   /* (the harness's default models directory, as it resolves it) */
+        snprintf(extra + at, sizeof extra - (size_t)at, "speculative:\n  draft_model: %s/stories260K.bin\n",
+                 models ? models : "../shared/models");
+    if (harness_start(&h, false, extra))
         fail_msg("daemon did not start");
-    const char *args = "--prompt 'The cat sat on the mat. The cat sat on the mat. The cat sat on the' "
-                       "--prompt 'Once upon a time' --prompt 'Lily and Ben went to the park' --prompt 'One day' "
-                       "--prompt 'The dog ran. The dog ran. The dog' --prompt 'Tim had a red ball' --temperature 0.6 --seed 21 --max-tokens 400 --ignore-eos"
-                       " --speculative ngram --logprobs";
+    char args[1600];
+    snprintf(args, sizeof args, "--prompt 'The cat sat on the mat. The cat sat on the mat. The cat sat on the' "
+             "--prompt 'Once upon a time' --prompt 'Lily and Ben went to the park' --prompt 'One day' "
+             "--prompt 'The dog ran. The dog ran. The dog' --prompt 'Tim had a red ball' --temperature 0.6 --seed 21 "
+             "--max-tokens 400 --ignore-eos --speculative %s --logprobs", draft ? "draft" : "ngram");
     char cmd[4096], out[600], done[600];
     snprintf(out, sizeof out, "%s/spec-gen.json", h.dir);
     snprintf(done, sizeof done, "%s/spec-gen.done", h.dir);
     snprintf(cmd, sizeof cmd, "(%s/tokpipe generate --config %s --timeout 30000 --json %s > %s 2>&1; touch %s) &",
              h.bin, h.config, args, out, done);
     /* mid-job: the victim is stopped from the start and let run a
-     * millisecond at a time until some verify steps went through */
+     * millisecond at a time until some verify steps went through (a draft
+     * worker runs freely, its jobs would not wait for one that slow: the
+     * forward worker is held back instead) */
     pid_t pid = harness_child_serving(&h, stage);
     if (pid <= 0)
         fail_msg("no %s worker to kill", stage);
-    kill(pid, SIGSTOP);
-    assert_int_equal(harness_sh(cmd, NULL), 0);
     tp_m_stats_reply st;
+    /* (the jobs need no draft worker: one not registered yet would be
+     * spared the jobs' drafts, not killed in the middle of them) */
+    for (int waited = 0; draft && harness_stats(&h, &st) == 0 && !st.workers[4]; waited += 20) {
+        if (waited > 30000)
+            fail_msg("the draft worker never registered (see %s)", h.dir);
+        harness_sleep_ms(20);
+    }
+    pid_t held = draft ? harness_child_serving(&h, "forward") : pid;
+    kill(held, SIGSTOP);
+    assert_int_equal(harness_sh(cmd, NULL), 0);
     for (int tries = 0; harness_stats(&h, &st) == 0 && st.spec_verify_steps < 5; tries++) {
         if (tries > 5000 || st.jobs_finished)
             fail_msg("%s: %llu verify steps, %llu jobs finished: not mid-job", stage,
                      (unsigned long long)st.spec_verify_steps, (unsigned long long)st.jobs_finished);
-        kill(pid, SIGCONT);
+        kill(held, SIGCONT);
         harness_sleep_ms(1);
-        kill(pid, SIGSTOP);
+        kill(held, SIGSTOP);
         harness_sleep_ms(2);
     }
     kill(pid, SIGKILL);
+    if (held != pid)
+        kill(held, SIGCONT);
     struct stat sb;
     for (int waited = 0; stat(done, &sb) != 0; waited += 20) {
         if (waited > 60000)
@@ -207,7 +231,7 @@ static void killed_worker_changes_nothing(const char *stage)
     if (st.workers_lost < 1)
         fail_msg("%s: the killed worker was not lost (finished before it?)", stage);
     snprintf(cmd, sizeof cmd, "%s/tokpipe run --model %s/stories260K.bin --tokenizer %s/tok512.bin --json %s "
-             "2>/dev/null", h.bin, h.models, h.models, args);
+             "--draft-model %s/stories260K.bin 2>/dev/null", h.bin, h.models, h.models, args, h.models);
     assert_int_equal(harness_sh(cmd, &want), 0);
     char what[64];
     snprintf(what, sizeof what, "killed %s worker", stage);
@@ -234,6 +258,12 @@ static void a_killed_stop_worker_changes_nothing(void **state)
     killed_worker_changes_nothing("stop");
 }
 
+static void a_killed_draft_worker_changes_nothing(void **state)
+{
+    (void)state;
+    killed_worker_changes_nothing("draft");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -246,6 +276,7 @@ int main(void)
         cmocka_unit_test(a_killed_forward_worker_changes_nothing),
         cmocka_unit_test(a_killed_sample_worker_changes_nothing),
         cmocka_unit_test(a_killed_stop_worker_changes_nothing),
+        cmocka_unit_test(a_killed_draft_worker_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

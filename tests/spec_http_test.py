@@ -105,5 +105,54 @@ class SpeculativeOverHttp(tpdaemon.HttpDaemonCase):
             self.assertEqual(r["error"]["param"], param, r)
 
 
+class DraftModelOverHttp(tpdaemon.HttpDaemonCase):
+    """Mode draft with stories260K drafting for itself: n choices, stops,
+    streamed or not, the same as without speculation; timings counts."""
+
+    @classmethod
+    def new_daemon(cls):
+        return tpdaemon.HttpDaemon("speculative:\n  draft_model: %s\n" % MODEL, model=MODEL, tokenizer=TOK,
+                                   chat_template=TEMPLATE)
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.d.wait_worker("draft")
+
+    def test_n_choices_with_stops_equal_plain_streamed_or_not(self):
+        drafted = 0
+        for seed in range(4):
+            body = {"prompt": PROMPT, "max_tokens": 80, "temperature": 0.8 if seed else 0, "seed": seed, "n": 3,
+                    "stop": [" dog", "mat."], "logprobs": 2}
+            st, plain = post(self.port, body)
+            self.assertEqual(st, 200, plain)
+            st, r = post(self.port, dict(body, speculative={"mode": "draft", "n_max": 4 + seed}))
+            self.assertEqual(st, 200, r)
+            self.assertEqual(len(r["choices"]), 3)
+            for a, b in zip(r["choices"], plain["choices"]):
+                self.assertEqual(a, b, seed)
+            drafted += r["timings"]["draft_n"]
+            self.assertLessEqual(r["timings"]["draft_n_accepted"], r["timings"]["draft_n"])
+            stream = dict(body, stream=True, stream_options={"include_usage": True})
+            st, ev = post(self.port, dict(stream, speculative={"mode": "draft"}))
+            self.assertEqual(st, 200, ev)
+            st, pev = post(self.port, stream)
+            self.assertEqual(st, 200, pev)
+            # each choice's chunks in order (the choices' interleaving is the jobs' race)
+            by_index = lambda es: [[c for e in es for c in e.get("choices", []) if c["index"] == i]  # noqa: E731
+                                   for i in range(3)]
+            self.assertEqual(by_index(ev), by_index(pev), seed)
+            self.assertIn("timings", ev[-1])  # the usage chunk, last
+            self.assertNotIn("timings", pev[-1])
+        self.assertGreater(drafted, 0)
+
+    def test_greedy_self_draft_takes_its_guesses(self):
+        body = dict(SpeculativeOverHttp.BODY, speculative={"mode": "draft"})
+        st, r = post(self.port, body)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["text"], run_text(90, False))
+        self.assertGreater(r["timings"]["draft_n_accepted"], 40, r["timings"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -880,6 +880,72 @@ static void unknown_command_and_bad_command_frame_are_501(void **state)
     raw_free(&r);
 }
 
+/* DRAFT / DRAFTED (speculative decoding's draft stage): round trip, and
+ * what validation refuses, encoding as decoding would. */
+static void draft_and_drafted_round_trip_and_are_validated(void **state)
+{
+    (void)state;
+    uint32_t slots[] = {4, 9}, pos[] = {0, 17}, ntok[] = {3, 1}, k[] = {4, 16};
+    int32_t tokens[] = {1, 50, 60, 70};
+    tp_msg m, d;
+    tp_wire w;
+    tp_err e;
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_DRAFT);
+    m.task = 8;
+    m.draft = (tp_m_draft){.n = 2, .n_tokens = 4, .slots = {slots, 2}, .pos = {pos, 2}, .ntok = {ntok, 2},
+                           .k = {k, 2}, .tokens = {tokens, 4}};
+    round_trip(&m, &w, &d);
+    assert_int_equal(w.n, 8);
+    assert_int_equal(tp_raw_u32(d.draft.pos, 1), 17);
+    assert_int_equal(tp_raw_u32(d.draft.k, 1), 16);
+    assert_int_equal(tp_raw_i32(d.draft.tokens, 3), 70);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    k[1] = 17;   /* more guesses than TP_PROTO_MAX_DRAFT */
+    assert_int_equal(tp_proto_encode(&m, &w, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "k[1]"));
+    k[1] = 0;
+    assert_int_equal(tp_proto_encode(&m, &w, &e), TP_EINVAL);
+    k[1] = 2, slots[1] = 4;   /* one job twice */
+    assert_int_equal(tp_proto_encode(&m, &w, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "twice"));
+    slots[1] = 9, ntok[1] = 2;   /* counts that do not add up to the tokens */
+    assert_int_equal(tp_proto_encode(&m, &w, &e), TP_EFORMAT);
+    ntok[1] = 1, tokens[2] = -3;
+    assert_int_equal(tp_proto_encode(&m, &w, &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "tokens[2]"));
+
+    uint32_t ngot[] = {3, 0};
+    int32_t guesses[] = {5, 6, 7};
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_DRAFTED);
+    m.task = 8, m.status = 200;
+    m.drafted = (tp_m_drafted){.n = 2, .slots = {slots, 2}, .ngot = {ngot, 2}, .guesses = {guesses, 3}};
+    round_trip(&m, &w, &d);
+    assert_int_equal(tp_raw_u32(d.drafted.ngot, 0), 3);
+    assert_int_equal(tp_raw_i32(d.drafted.guesses, 2), 7);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+    ngot[1] = 1;   /* four guesses said, three sent */
+    assert_int_equal(tp_proto_encode(&m, &w, &e), TP_EFORMAT);
+    ngot[1] = 0, guesses[0] = -1;
+    assert_int_equal(tp_proto_encode(&m, &w, &e), TP_EINVAL);
+    /* a failed draft: no payload */
+    m.status = 500, m.error = tp_str_of("draft: out of memory");
+    m.drafted = (tp_m_drafted){0};
+    round_trip(&m, &w, &d);
+    assert_null(d.drafted.slots.data);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+
+    tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);   /* the draft stage in READY */
+    m.ready = (tp_m_ready){.stages = TP_STAGE_DRAFT, .instance = tp_str_of("draft.0"), .capacity = 8,
+                           .model_id = tp_str_of("draft.bin"), .vocab_size = 512, .seq_len = 512};
+    round_trip(&m, &w, &d);
+    assert_int_equal(d.ready.stages, TP_STAGE_DRAFT);
+    tp_msg_clear(&d);
+    tp_wire_free(&w);
+}
+
 static void missing_header_and_too_many_frames_are_rejected(void **state)
 {
     (void)state;
@@ -1616,6 +1682,7 @@ int main(void)
         cmocka_unit_test(worker_control_messages_round_trip),
         cmocka_unit_test(tokenize_and_open_close_round_trip),
         cmocka_unit_test(step_and_step_result_round_trip),
+        cmocka_unit_test(draft_and_drafted_round_trip_and_are_validated),
         cmocka_unit_test(sample_messages_round_trip),
         cmocka_unit_test(stop_messages_round_trip),
         cmocka_unit_test(bad_magic_or_version_is_505),

@@ -3,7 +3,9 @@
  * step and rollback on stories260K: every position's logits of a verify
  * item are bit-identical to feeding the tokens one step at a time, with
  * rejected guesses rolled back in between, across KV page boundaries and
- * next to plain items in the same step. */
+ * next to plain items in the same step; and the draft model's guesses
+ * (tp_draft_propose): the greedy chain a token-at-a-time oracle gives,
+ * batched, chunked and fed incrementally. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokpipe/draft.h"
 #include "tokpipe/forward.h"
 #include "tokpipe/model.h"
 #include "tokpipe/spec.h"
@@ -288,6 +291,81 @@ static void verify_needs_the_invariant_kernel(void **state)
     engine_close(&g);
 }
 
+/* ---- the draft model ----------------------------------------------------- */
+
+/* The oracle: ids fed one token at a time on a sequence of its own, then
+ * k times the argmax (lowest id on a tie) fed back. */
+static void greedy_chain(engine *g, const int *ids, int n, int k, int32_t *out)
+{
+    tp_err e;
+    int sid, tok;
+    float *row = malloc(sizeof *row * (size_t)g->vocab);
+    assert_int_equal(tp_forward_seq_open(g->f, &sid, &e), 0);
+    for (int i = 0; i < n + k - 1; i++) {
+        tok = i < n ? ids[i] : out[i - n];
+        tp_fwd_item it = {sid, i, &tok, 1, i < n - 1};
+        assert_int_equal(tp_forward_step(g->f, &it, 1, row, &e), 0);
+        if (i >= n - 1) {
+            int best = 0;
+            for (int v = 1; v < g->vocab; v++)
+                if (row[v] > row[best])
+                    best = v;
+            out[i - n + 1] = best;
+        }
+    }
+    tp_forward_seq_close(g->f, sid);
+    free(row);
+}
+
+static void draft_guesses_are_the_greedy_chain_batched_chunked_and_incremental(void **state)
+{
+    (void)state;
+    engine g;
+    engine_open(&g, 6);   /* max_batch_tokens 64: a 100-token feed takes two chunks */
+    enum { LONG = 100 };
+    int32_t ids[LONG + 8], want[TP_SPEC_MAX_DRAFT], got[3 * TP_SPEC_MAX_DRAFT];
+    for (int i = 0; i < LONG; i++)
+        ids[i] = i < 8 ? PROMPT[i] : (i * 53 + 7) % g.vocab;
+    tp_err e;
+    int seq[3], ngot[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(tp_forward_seq_open(g.f, &seq[i], &e), 0);
+    tp_draft_item it[3] = {{seq[0], 0, ids, LONG, 5}, {seq[1], 0, PROMPT, 8, 1}, {seq[2], 0, ids + 3, 8, 16}};
+    assert_int_equal(tp_draft_propose(g.f, it, 3, got, ngot, &e), 0);
+    const int ks[3] = {5, 1, 16};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ngot[i], ks[i]);
+        greedy_chain(&g, it[i].tokens, it[i].n_tokens, ks[i], want);
+        if (memcmp(got + i * TP_SPEC_MAX_DRAFT, want, (size_t)ks[i] * sizeof *want))
+            fail_msg("item %d: the draft's guesses differ from the greedy chain", i);
+        /* it holds its tokens and every guess but the last */
+        assert_int_equal(tp_forward_seq_length(g.f, seq[i]), it[i].n_tokens + ks[i] - 1);
+    }
+    /* the job took two of item 0's guesses, then sampled another token:
+     * the draft keeps what is the job's and is fed the rest */
+    memcpy(ids + LONG, got, 2 * sizeof *got);
+    ids[LONG + 2] = (got[2] + 1) % g.vocab;
+    tp_draft_item next[2] = {{seq[0], LONG + 2, ids + LONG + 2, 1, 3}, {seq[1], 99, PROMPT, 1, 2}};
+    assert_int_equal(tp_draft_propose(g.f, next, 2, got, ngot, &e), 0);
+    assert_int_equal(ngot[0], 3);
+    greedy_chain(&g, ids, LONG + 3, 3, want);
+    assert_memory_equal(got, want, 3 * sizeof *want);
+    assert_int_equal(ngot[1], 0);   /* a pos past what it holds: not served, left as it was */
+    assert_int_equal(tp_forward_seq_length(g.f, seq[1]), 8);
+    engine_close(&g);
+}
+
+static void draft_model_of_another_vocabulary_is_refused(void **state)
+{
+    (void)state;
+    tp_err e;
+    assert_int_equal(tp_draft_vocab_check(512, 512, "d.bin", &e), 0);
+    assert_int_equal(tp_draft_vocab_check(512, 600, "d.bin", &e), TP_EINVAL);
+    assert_non_null(strstr(e.msg, "600"));
+    assert_non_null(strstr(e.msg, "512"));
+    assert_non_null(strstr(e.msg, "d.bin"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +379,8 @@ int main(void)
         cmocka_unit_test(mode_names_round_trip),
         cmocka_unit_test(verify_rows_equal_single_steps_with_rollbacks),
         cmocka_unit_test(verify_needs_the_invariant_kernel),
+        cmocka_unit_test(draft_guesses_are_the_greedy_chain_batched_chunked_and_incremental),
+        cmocka_unit_test(draft_model_of_another_vocabulary_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@
 #include "tokpipe/grammar.h"
 #include "tokpipe/model.h"
 #include "tokpipe/sampler.h"
+#include "tokpipe/draft.h"
 #include "tokpipe/spec.h"
 #include "tokpipe/stop.h"
 #include "tokpipe/tokenizer.h"
@@ -81,6 +82,10 @@ typedef struct run_job {
     int32_t spec_tok[TP_SPEC_MAX_DRAFT + 1];
     int n_guess;
     float *spec_rows;
+    /* --speculative draft: its sequence in the draft model, whose first
+     * draft_fed positions are the job's ids */
+    int dseq;
+    size_t draft_fed;
 } run_job;
 
 typedef struct run_ctx {
@@ -102,6 +107,8 @@ typedef struct run_ctx {
     bool kv_stats;       /* --kv-stats: what follows, printed at the end */
     size_t kv_peak, kv_last; /* most KV bytes the sequences held after a step; after the last one */
     long kv_peak_pos, kv_last_pos; /* positions they held then */
+    tp_model *draft_model;   /* --draft-model (--speculative draft) */
+    tp_forward *draft;       /* ... its KV: a sequence per job */
 } run_ctx;
 
 static void usage(FILE *out)
@@ -352,7 +359,8 @@ static int job_init(run_ctx *c, run_job *j, const char *prompt, const genopts *g
     if ((rc = tp_stop_new(&sc, &j->stop, err)) ||
         (rc = tp_sampler_new(&sp, c->vocab, j->ids, n, &j->sampler, err)) ||
         (rc = tp_detok_new(c->tok, j->ids[n - 1], &j->detok, err)) ||
-        (rc = tp_forward_seq_open(c->fwd, &j->seq, err)))
+        (rc = tp_forward_seq_open(c->fwd, &j->seq, err)) ||
+        (c->draft && (rc = tp_forward_seq_open(c->draft, &j->dseq, err))))
         return rc;
     return 0;
 }
@@ -489,21 +497,39 @@ static int plan_guesses(run_ctx *c, run_job *j, int decoding, int budget)
     j->n_guess = 0;
     /* (not on a hybrid model: its recurrent state cannot roll back past a
      * step's start, tp_forward_seq_truncate) */
-    if (c->spec != TP_SPEC_NGRAM || j->n_ids - j->n_fed != 1 ||
-        tp_model_get_config(c->model)->full_attn_interval > 0)
+    if (c->spec == TP_SPEC_OFF || j->n_ids - j->n_fed != 1 || tp_model_get_config(c->model)->full_attn_interval > 0)
         return 0;
     /* room: tokens the job may still accept after this step's own one,
-     * positions its slot still has, and the step's budget */
+     * positions its slot still has (and the draft model's, which holds
+     * all guesses but the last), and the step's budget */
     long left = (long)j->max_tokens - tp_stop_completion_tokens(j->stop) - 1;
     long slot = (long)tp_forward_max_positions(c->fwd) - (long)j->n_ids;
     long room = left < slot ? left : slot;
+    if (c->draft && room > (long)tp_forward_max_positions(c->draft) - (long)j->n_ids + 1)
+        room = (long)tp_forward_max_positions(c->draft) - (long)j->n_ids + 1;
     if (room > budget - 1)
         room = budget - 1;
     int k = tp_spec_want(&j->spec, decoding, room > 0 ? (int)room : 0);
     if (k <= 0)
         return 0;
     j->spec_tok[0] = j->ids[j->n_ids - 1];
-    j->n_guess = (int)tp_ngram_guess(j->ids, j->n_ids, (size_t)k, j->spec_tok + 1);
+    if (c->spec == TP_SPEC_NGRAM) {
+        j->n_guess = (int)tp_ngram_guess(j->ids, j->n_ids, (size_t)k, j->spec_tok + 1);
+        return j->n_guess;
+    }
+    /* the draft model, fed the job's ids it does not hold yet */
+    int32_t guesses[TP_SPEC_MAX_DRAFT];
+    int got = 0;
+    tp_draft_item it = {.seq_id = j->dseq, .pos = (int)j->draft_fed, .tokens = j->ids + j->draft_fed,
+                        .n_tokens = (int)(j->n_ids - j->draft_fed), .k = k};
+    tp_err e;
+    if (tp_draft_propose(c->draft, &it, 1, guesses, &got, &e) || got == 0) {
+        j->draft_fed = 0;   /* (a failed step: from the start next time) */
+        return 0;
+    }
+    j->draft_fed = j->n_ids;
+    memcpy(j->spec_tok + 1, guesses, (size_t)got * sizeof *guesses);
+    j->n_guess = got;
     return j->n_guess;
 }
 
@@ -557,6 +583,8 @@ static int job_verify(run_ctx *c, run_job *j, const genopts *g, tp_err *err)
         j->n_fed++; /* the guess is the job's token: its KV stays */
     }
     tp_spec_result(&j->spec, j->n_guess, taken);
+    if (c->draft)   /* the draft model fed its guesses but the last: those taken are the job's */
+        j->draft_fed += (size_t)(taken < j->n_guess - 1 ? taken : j->n_guess - 1);
     if (rc == 0 && !j->done && tp_forward_seq_truncate(c->fwd, j->seq, (int)j->n_fed))
         rc = tp_err_set(err, TP_ESTATE, "rolling sequence %d back to %zu failed", j->seq, j->n_fed);
     return rc;
@@ -878,6 +906,23 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
     return rc;
 }
 
+/* --speculative draft: --draft-model, refused unless its vocabulary is
+ * the model's, with a sequence per job as the model's forward has. */
+static int load_draft(run_ctx *c, const run_args *a, tp_err *err)
+{
+    const char *path = a->gen.draft_model;
+    if (!path)
+        return tp_err_set(err, TP_EINVAL, "--speculative draft: no draft model (--draft-model FILE)");
+    tp_err e;
+    int rc = tp_model_load(path, &c->draft_model, &e);
+    if (rc)
+        return tp_err_set(err, rc, "--draft-model %s: %s", path, e.msg);
+    if ((rc = tp_draft_check(c->vocab, c->draft_model, path, err)) ||
+        (rc = tp_forward_new(c->draft_model, tp_forward_kv_slots(c->fwd), 0, RUN_STEP_TOKENS, &c->draft, err)))
+        return rc;
+    return tp_forward_set_threads(c->draft, tp_forward_threads(c->fwd), err);
+}
+
 static int run_all(run_ctx *c, const run_args *a, tp_err *err)
 {
     int rc = load_engine(c, a, err);
@@ -886,9 +931,8 @@ static int run_all(run_ctx *c, const run_args *a, tp_err *err)
     c->spec = (tp_spec_mode)a->gen.spec_mode;
     c->spec_n_max = a->gen.spec_n_max ? a->gen.spec_n_max : TP_SPEC_DEFAULT_N_MAX;
     c->kv_stats = a->kv_stats;
-    if (c->spec == TP_SPEC_DRAFT)
-        return tp_err_set(err, TP_EINVAL, a->gen.draft_model ? "--speculative draft: draft models are not "
-                          "supported yet (use ngram)" : "--speculative draft: no draft model (--draft-model FILE)");
+    if (c->spec == TP_SPEC_DRAFT && (rc = load_draft(c, a, err)))
+        return rc;
     if (c->spec != TP_SPEC_OFF && a->kernel != TP_FWD_KERNEL_INVARIANT)
         return tp_err_set(err, TP_EINVAL, "--speculative: needs the invariant kernel (its output would "
                           "depend on the step's shape with --kernel openblas)");
@@ -962,6 +1006,8 @@ int cmd_run(int argc, char **argv)
     free(c.gmask);
     free(c.mrow);
     tp_forward_free(c.fwd);
+    tp_forward_free(c.draft);
+    tp_model_free(c.draft_model);
     tp_tokenizer_free(c.tok);
     tp_model_free(c.model);
     genopts_free(&a.gen);

@@ -251,10 +251,10 @@ cJSON *evfmt_stats(const tp_msg *m)
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);
     cJSON *w = cJSON_AddObjectToObject(o, "workers");
-    for (unsigned b = 0; b < 4; b++)
+    for (unsigned b = 0; b < 5; b++)
         cJSON_AddNumberToObject(w, tp_stage_name(1u << b), (double)s->workers[b]);
     cJSON *failed = cJSON_AddArrayToObject(o, "stages_failed");
-    for (unsigned b = 0; b < 4; b++)
+    for (unsigned b = 0; b < 5; b++)
         if (s->stages_failed & (1u << b))
             cJSON_AddItemToArray(failed, cJSON_CreateString(tp_stage_name(1u << b)));
     cJSON *f = cJSON_AddObjectToObject(o, "finish");

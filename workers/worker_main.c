@@ -19,6 +19,7 @@
 #include "tokpipe/toolcall.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
+#include "tokpipe/draft.h"
 #include "tokpipe/ggml_types.h"
 #include "tokpipe/model.h"
 #include "tokpipe/stage.h"
@@ -66,6 +67,8 @@ typedef struct worker {
     tp_forward_stage *forward;
     tp_sample_stage *sample;
     tp_stop_stage *stop;
+    tp_model *draft_model;           /* the draft stage's (speculative.draft_model) */
+    tp_draft_stage *draft;
     void *zctx, *dealer, *pub;
     int attempt;                     /* connections tried: odd ones go to standby.peer_back, if set */
     uint64_t incarnation;
@@ -94,11 +97,12 @@ static void on_signal(int sig)
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: tokpipe-worker --stage tokenize|forward|sample|stop[,...] [--config FILE] [--instance NAME]\n"
+            "usage: tokpipe-worker --stage tokenize|forward|sample|stop|draft[,...] [--config FILE] [--instance NAME]\n"
             "\n"
             "Serve one or more pipeline stages for tokpiped: connect to the broker's backend\n"
             "endpoint (from the config), register, and process tasks until SIGTERM/SIGINT.\n"
-            "Several stages in one process (e.g. forward,sample) skip a hop.\n"
+            "Several stages in one process (e.g. forward,sample) skip a hop. The draft stage\n"
+            "(speculative decoding's guesses) runs speculative.draft_model, alone in its process.\n"
             "\n"
             "  --stage LIST     stages to serve, joined by ',' or ':', optional .N suffix (required;\n"
             "                   --stages is the same)\n"
@@ -193,6 +197,26 @@ static int load_chat(worker *w, tp_err *err)
     return rc;
 }
 
+/* The draft stage: speculative.draft_model, refused unless its
+ * vocabulary is the target model's (w->model). It serves no other stage:
+ * its READY speaks for the draft model. */
+static int load_draft(worker *w, tp_err *err)
+{
+    const tp_config *c = &w->cfg;
+    if (w->stages != (1u << TP_SI_DRAFT))
+        return tp_err_set(err, TP_EINVAL, "--stage: the draft stage runs its own model and fuses with no other stage");
+    if (!*c->spec_draft_model)
+        return tp_err_set(err, TP_EINVAL, "the draft stage needs speculative.draft_model (none is configured)");
+    tp_err e;
+    int rc = tp_model_load(c->spec_draft_model, &w->draft_model, &e);
+    if (rc)
+        return tp_err_set(err, rc, "speculative.draft_model %s: %s", c->spec_draft_model, e.msg);
+    if ((rc = tp_draft_check(tp_model_get_config(w->model)->vocab_size, w->draft_model, c->spec_draft_model, err)))
+        return rc;
+    return tp_draft_stage_new(w->draft_model, c->kv_slots, 0, c->max_batch_tokens, c->forward_threads, &w->draft,
+                              err);
+}
+
 /* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
  * vocabulary (the model file itself for GGUF models). */
 static int load_stages(worker *w, tp_err *err)
@@ -201,6 +225,8 @@ static int load_stages(worker *w, tp_err *err)
     int rc = tp_model_load(c->model_path, &w->model, err);
     if (rc)
         return rc;
+    if (w->stages & (1u << TP_SI_DRAFT))
+        return load_draft(w, err);
     const tp_model_config *mc = tp_model_get_config(w->model);
     /* a GGUF model's vocabulary names its end-of-generation ids, which the
      * sampler needs too (min_tokens bans them) */
@@ -277,6 +303,8 @@ static void free_stages(worker *w)
     tp_forward_stage_free(w->forward);
     tp_sample_stage_free(w->sample);
     tp_stop_stage_free(w->stop);
+    tp_draft_stage_free(w->draft);
+    tp_model_free(w->draft_model);
     tp_tokenizer_free(w->tok);
     tp_model_free(w->model);
     free(w->sp_ids);
@@ -332,6 +360,8 @@ static void reset_stages(worker *w)
         tp_sample_stage_reset(w->sample);
     if (w->stop)
         tp_stop_stage_reset(w->stop);
+    if (w->draft)
+        tp_draft_stage_reset(w->draft);
 }
 
 static void set_common_opts(worker *w, void *s)
@@ -349,19 +379,26 @@ static int send_ready(worker *w)
     tp_msg m;
     tp_msg_init(&m, TP_FAM_WRK, TP_CMD_READY);
     tp_m_ready *r = &m.ready;
-    const tp_model_config *mc = tp_model_get_config(w->model);
+    /* a draft worker speaks for its draft model: the broker checks its
+     * vocabulary against the target's */
+    const tp_model *model = w->draft ? w->draft_model : w->model;
+    const tp_model_config *mc = tp_model_get_config(model);
     r->stages = w->stages;
     r->instance = tp_str_of(w->instance);
     r->incarnation = w->incarnation;
-    r->capacity = w->forward ? (uint32_t)tp_forward_stage_kv_slots(w->forward) : (uint32_t)w->cfg.max_concurrent_jobs;
+    r->capacity = w->forward ? (uint32_t)tp_forward_stage_kv_slots(w->forward)
+                  : w->draft ? (uint32_t)tp_draft_stage_kv_slots(w->draft)
+                             : (uint32_t)w->cfg.max_concurrent_jobs;
     r->heartbeat_ms = (uint32_t)w->cfg.heartbeat_ms;
-    r->model_id = tp_str_of(tp_model_identity(w->model));
+    r->model_id = tp_str_of(tp_model_identity(model));
     if (r->model_id.len > TP_PROTO_MAX_MODEL_ID)
         r->model_id.len = TP_PROTO_MAX_MODEL_ID;
     r->vocab_size = (uint32_t)mc->vocab_size;
     r->bos_id = w->tok ? tp_tokenizer_bos_id(w->tok) : 1;
     r->eos_id = w->tok ? tp_tokenizer_eos_id(w->tok) : 2;
-    r->seq_len = w->forward ? (uint32_t)tp_forward_stage_max_positions(w->forward) : (uint32_t)mc->seq_len;
+    r->seq_len = w->forward ? (uint32_t)tp_forward_stage_max_positions(w->forward)
+                 : w->draft ? (uint32_t)tp_draft_stage_max_positions(w->draft)
+                            : (uint32_t)mc->seq_len;
     r->max_batch_tokens = w->forward ? (uint32_t)tp_forward_stage_max_batch_tokens(w->forward) : 0;
     /* For INFO: the ids that end generation (the stop stage's set), the
      * weights' type (the first layer's FFN, the bulk of a model whose
@@ -371,7 +408,7 @@ static int send_ready(worker *w)
         eog32[i] = w->eos[i];
     r->eog_ids = eog32;
     r->n_eog_ids = (size_t)w->n_eos;
-    const tp_model_weights *mw = tp_model_get_weights(w->model);
+    const tp_model_weights *mw = tp_model_get_weights(model);
     const tp_layer_weights *l0 = mw && mw->layers ? &mw->layers[0] : NULL;
     const tp_ggml_type_info *wt = l0 ? tp_ggml_type(l0->w1_exps ? l0->w1_exps[0].type : l0->m.w1.type) : NULL;
     r->weight_type = tp_str_of(wt ? wt->name : "");
@@ -522,6 +559,8 @@ static int dispatch(worker *w, const tp_msg *m)
         rc = tp_sample_stage_handle(w->sample, m, &io);
     if (rc == TP_ENOTFOUND && w->stop)
         rc = tp_stop_stage_handle(w->stop, m, &io);
+    if (rc == TP_ENOTFOUND && w->draft)
+        rc = tp_draft_stage_handle(w->draft, m, &io);
     if (rc == TP_ENOTFOUND)
         fprintf(stderr, "tokpipe-worker %s: %s is not for a stage served here; ignored\n", w->instance,
                 tp_cmd_name(TP_FAM_WRK, m->cmd));

@@ -24,8 +24,10 @@
  * (config does not link the forward library; test_config checks they agree) */
 #define TP_CONFIG_MAX_FORWARD_THREADS 256
 
-/* The four pipeline stages, as indexes. */
-enum { TP_SI_TOKENIZE = 0, TP_SI_FORWARD, TP_SI_SAMPLE, TP_SI_STOP, TP_SI_COUNT };
+/* The pipeline stages, as indexes: the four every job goes through, and
+ * the draft stage of speculative decoding (a draft model's guesses; its
+ * workers load speculative.draft_model, and a job goes on without them). */
+enum { TP_SI_TOKENIZE = 0, TP_SI_FORWARD, TP_SI_SAMPLE, TP_SI_STOP, TP_SI_DRAFT, TP_SI_COUNT };
 
 /* One kind of worker process the daemon spawns: a set of stages served by
  * one process (one stage unless fused), and how many such processes. */
@@ -66,6 +68,7 @@ typedef struct tp_config {
     int spec_mode;           /* speculative.mode: a job's default (tp_spec_mode: off, ngram, draft) */
     int spec_n_max;          /* speculative.n_max: guesses per verify step, 1..16 */
     char *spec_draft_model;  /* speculative.draft_model: "" = none (draft jobs are refused) */
+    int spec_draft_timeout_ms; /* speculative.draft_timeout_ms: a step waits this long for its guesses */
     int kv_slots;
     int kv_max_pos;          /* 0 = the model's seq_len */
     int kv_type;             /* tp_kv_type: 0 f32 (default), 1 f16 */
@@ -158,7 +161,8 @@ int tp_config_resolve(tp_config *cfg, tp_err *err);
 
 /* The worker process kinds to spawn, from stage counts and fuse lists:
  * each fuse entry is one group (its stages' counts must agree), every other
- * stage with count > 0 is its own group. Returns the number of groups. */
+ * stage with count > 0 is its own group; the draft stage only with a
+ * speculative.draft_model. Returns the number of groups. */
 int tp_config_groups(const tp_config *cfg, tp_worker_group *out, int cap);
 
 /* Parse a stage list "forward,sample" into bits (1u << TP_SI_*); TP_EINVAL
@@ -174,7 +178,7 @@ extern const char *const tp_config_kernel_names[];
 extern const char *const tp_config_kv_type_names[];
 extern const char *const tp_config_spec_mode_names[];
 
-/* "tokenize", "forward", "sample", "stop" for an index. */
+/* "tokenize", "forward", "sample", "stop", "draft" for an index. */
 const char *tp_config_stage_name(int si);
 
 void tp_config_free(tp_config *cfg);

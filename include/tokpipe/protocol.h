@@ -99,6 +99,10 @@ enum {
     TP_CMD_STOP_CLOSE = 0x41,   /* B->W */
     TP_CMD_STOP_STEP = 0x42,    /* B->W */
     TP_CMD_VERDICTS = 0x43,     /* W->B */
+    /* draft stage (speculative decoding with a draft model) */
+    TP_CMD_DRAFT = 0x50,        /* B->W */
+    TP_CMD_DRAFTED = 0x51,      /* W->B */
+    TP_CMD_DRAFT_CLOSE = 0x52,  /* B->W */
 };
 
 /* ---- status codes (HTTP-like, in every reply) --------------------------- */
@@ -166,8 +170,9 @@ enum {
     TP_STAGE_FORWARD = 1u << 1,
     TP_STAGE_SAMPLE = 1u << 2,
     TP_STAGE_STOP = 1u << 3,
+    TP_STAGE_DRAFT = 1u << 4,   /* a draft model's guesses (speculative decoding): its own model */
 };
-/* "tokenize", "forward", "sample", "stop" for one bit; NULL otherwise. */
+/* "tokenize", "forward", "sample", "stop", "draft" for one bit; NULL otherwise. */
 const char *tp_stage_name(unsigned stage_bit);
 
 /* ---- hard caps (config limits may be lower, never higher) --------------- */
@@ -512,7 +517,7 @@ typedef struct tp_m_stats_reply {
     uint64_t malformed_front;      /* dropped/ERRORed frontend messages */
     uint64_t malformed_back;       /* dropped backend messages */
     uint64_t malformed_events;     /* dropped event messages (XSUB side) */
-    uint64_t workers[4];           /* live workers per stage: tokenize, forward, sample, stop */
+    uint64_t workers[5];           /* live workers per stage: tokenize, forward, sample, stop, draft */
     uint64_t finish[TP_REASON_COUNT]; /* finished jobs per reason */
     tp_trigger *triggers;          /* per stop string / stop id */
     size_t n_triggers;
@@ -693,7 +698,7 @@ typedef struct tp_m_tokenized {
     size_t n_stop_ids;         /* for the job's stop_token_ids */
 } tp_m_tokenized;
 
-typedef struct tp_m_slot {     /* SEQ_OPEN, SEQ_CLOSE, SAMPLE_CLOSE */
+typedef struct tp_m_slot {     /* SEQ_OPEN, SEQ_CLOSE, SAMPLE_CLOSE, DRAFT_CLOSE */
     uint32_t slot;
     uint32_t pool;             /* SEQ_OPEN opt: an embedding job's pooling, TP_POOL_* of model.h or
                                 * TP_POOL_MODEL (0: none, a generating job) */
@@ -820,6 +825,27 @@ typedef struct tp_m_stop_step {
     size_t n_draft_accepted;
 } tp_m_stop_step;
 
+/* DRAFT: per item (a job, by slot), the draft worker's sequence of the
+ * job is kept up to pos and ntok tokens are fed after it; then k guesses
+ * follow greedily (argmax of the draft model). */
+#define TP_PROTO_MAX_DRAFT 16      /* guesses per item (spec.h TP_SPEC_MAX_DRAFT) */
+typedef struct tp_m_draft {
+    uint32_t n;                /* items */
+    uint32_t n_tokens;         /* sum of ntok */
+    tp_raw slots;              /* u32[n], each once */
+    tp_raw pos;                /* u32[n] position of the item's first token */
+    tp_raw ntok;               /* u32[n] >= 1 */
+    tp_raw k;                  /* u32[n] guesses wanted, 1..TP_PROTO_MAX_DRAFT */
+    tp_raw tokens;             /* i32[n_tokens], items' tokens concatenated */
+} tp_m_draft;
+
+typedef struct tp_m_drafted {
+    uint32_t n;                /* items, in DRAFT order */
+    tp_raw slots;              /* u32[n] */
+    tp_raw ngot;               /* u32[n] guesses of the item, 0..its k (0: the worker could not) */
+    tp_raw guesses;            /* i32[sum ngot], items' guesses concatenated */
+} tp_m_drafted;
+
 typedef struct tp_m_verdicts {
     uint64_t step;
     uint32_t n;
@@ -865,6 +891,8 @@ typedef struct tp_msg {
         tp_m_stop_close stop_close;
         tp_m_stop_step stop_step;
         tp_m_verdicts verdicts;
+        tp_m_draft draft;
+        tp_m_drafted drafted;
     };
     char bad_field[TP_PROTO_MAX_NAME + 1]; /* decode failure: the offending field path, or "" */
     void *owned_;          /* decoder allocations; freed by tp_msg_clear */

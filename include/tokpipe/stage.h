@@ -190,4 +190,19 @@ void tp_stop_stage_set_syntax(tp_stop_stage *st, const struct tp_tc_syntax *syn)
 void tp_stop_stage_reset(tp_stop_stage *st);
 void tp_stop_stage_free(tp_stop_stage *st);
 
+/* ---- draft -------------------------------------------------------------- */
+/* Speculative decoding's draft model (tokpipe/draft.h): DRAFT and
+ * DRAFT_CLOSE. draft is borrowed (the draft model, not the target: the
+ * worker checked its vocabulary against the target's); kv_slots jobs of up
+ * to max_pos positions (0 = the model's seq_len), threads as for
+ * tp_forward_stage_new. */
+typedef struct tp_draft_stage tp_draft_stage;
+int tp_draft_stage_new(const tp_model *draft, int kv_slots, int max_pos, int max_batch_tokens, int threads,
+                       tp_draft_stage **out, tp_err *err);
+int tp_draft_stage_handle(tp_draft_stage *st, const tp_msg *m, const tp_stage_io *io);
+int tp_draft_stage_kv_slots(const tp_draft_stage *st);
+int tp_draft_stage_max_positions(const tp_draft_stage *st);
+void tp_draft_stage_reset(tp_draft_stage *st);
+void tp_draft_stage_free(tp_draft_stage *st);
+
 #endif

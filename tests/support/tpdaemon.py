@@ -167,6 +167,23 @@ class Subscriber:
         raise AssertionError("no FINISH for %s within %d s" % (job, timeout_s))
 
 
+def worker_pid(daemon_pid, stage):
+    """The pid of tokpiped's child serving stage (its --stage list)."""
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == daemon_pid and b"--stage" in args and args[args.index(b"--stage") + 1] == stage.encode():
+            return int(p)
+    return None
+
+
 class Daemon:
     """tokpiped on a config of its own, in a new temporary directory that is
     also its runtime_dir (ipc endpoints <dir>/front.sock, <dir>/events.sock
@@ -287,6 +304,18 @@ class Daemon:
             if time.time() > end:
                 raise AssertionError("workers never registered within %d s\n%s" % (timeout_s, self.log_text()))
             time.sleep(0.1)
+
+    def wait_worker(self, stage, but=None, timeout_s=60):
+        """Until a spawned worker of stage (its --stage list; another pid
+        than `but`) runs and STATS counts one of the stage: its pid. For a
+        stage wait_ready does not wait for (draft)."""
+        end = time.time() + timeout_s
+        while time.time() < end:
+            pid = worker_pid(self.proc.pid, stage)
+            if pid and pid != but and self.wait_ready()["workers"].get(stage, 0) > 0:
+                return pid
+            time.sleep(0.1)
+        raise AssertionError("no %s worker registered\n%s" % (stage, self.log_text()))
 
     def stop(self):
         """SIGTERM (SIGKILL after stop_timeout_s), then the directory goes."""
