@@ -84,54 +84,92 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i dot_pair(co
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
+/* The eight rows' scale bytes of the block at off, as tp_e8m0_to_f32_half
+ * gives them: byte loads composed in a register (a gather costs more on
+ * the CPUs measured, and the loads are one cache line each). */
+__attribute__((target("avx2"), always_inline)) static inline __m256 block_scales(const uint8_t *const *row, size_t off)
+{
+    uint64_t e8 = (uint64_t)row[0][off] | (uint64_t)row[1][off] << 8 | (uint64_t)row[2][off] << 16 |
+                  (uint64_t)row[3][off] << 24 | (uint64_t)row[4][off] << 32 | (uint64_t)row[5][off] << 40 |
+                  (uint64_t)row[6][off] << 48 | (uint64_t)row[7][off] << 56;
+    return scales8(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e8)));
+}
+
+/* Eight rows' integer sums of block b against token tok, as floats times
+ * the block's scale (d, the rows') and the token's (dx): the term each
+ * row's accumulator takes, acc = fmaf(d * dx, (float)P, acc), the scalar
+ * path's bits. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256
+block_term(const uint8_t *const *row, const tp_qact *a, int nb, int b, size_t off, size_t tok, __m256 d,
+           __m256i table, __m256 acc)
+{
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    size_t blk = tok * (size_t)nb + (size_t)b;
+    const int8_t *xq = a->q + tok * (size_t)a->cols + 32 * (size_t)b;
+    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xq));
+    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 16)));
+    __m256i p0 = dot_pair(row[0] + off, row[1] + off, table, xlo, xhi);
+    __m256i p1 = dot_pair(row[2] + off, row[3] + off, table, xlo, xhi);
+    __m256i p2 = dot_pair(row[4] + off, row[5] + off, table, xlo, xhi);
+    __m256i p3 = dot_pair(row[6] + off, row[7] + off, table, xlo, xhi);
+    /* lanes: rows 0 2 4 6 | 1 3 5 7, then in order */
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    h = _mm256_permutevar8x32_epi32(h, order);
+    h = _mm256_add_epi32(h, _mm256_set1_epi32(12 * a->nsum32[blk]));
+    __m256 s = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[blk]));
+    return _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(h), acc);
+}
+
+/* Eight rows for one token (decode) and for four (a block decoded once for
+ * them), the accumulators named so that they stay in registers. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void rows8_one(const uint8_t *const *row,
+                                                                               const tp_qact *a, int nb, int t0,
+                                                                               __m256i table, __m256 *out)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        size_t off = (size_t)b * MXFP4_BYTES;
+        acc = block_term(row, a, nb, b, off + 1, (size_t)t0, block_scales(row, off), table, acc);
+    }
+    out[0] = acc;
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void rows8_four(const uint8_t *const *row,
+                                                                                const tp_qact *a, int nb, int t0,
+                                                                                __m256i table, __m256 *out)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int b = 0; b < nb; b++) {
+        size_t off = (size_t)b * MXFP4_BYTES;
+        __m256 d = block_scales(row, off);
+        a0 = block_term(row, a, nb, b, off + 1, (size_t)t0, d, table, a0);
+        a1 = block_term(row, a, nb, b, off + 1, (size_t)t0 + 1, d, table, a1);
+        a2 = block_term(row, a, nb, b, off + 1, (size_t)t0 + 2, d, table, a2);
+        a3 = block_term(row, a, nb, b, off + 1, (size_t)t0 + 3, d, table, a3);
+    }
+    out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
+}
+
 /* Rows [r0, r1) eight at a time (past r1 the group's last row again, not
- * stored), up to four tokens together (a block decoded once for them);
- * per token the blocks in column order, each lane one row's accumulator:
- * acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
+ * stored), up to four tokens together (a block decoded once for them). */
 __attribute__((target("avx2,fma"))) void tp_qrows_mxfp4_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
                                                             int r0, int r1)
 {
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U));
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     int nb = w->cols / 32;
     for (int g = r0; g < r1; g += 8) {
         const uint8_t *row[8];
         int n = r1 - g < 8 ? r1 - g : 8;
         for (int k = 0; k < 8; k++)
             row[k] = (const uint8_t *)w->data + (size_t)(g + (k < n ? k : n - 1)) * w->row_bytes;
-        /* the eight rows' scale bytes gathered a block at a time, from
-         * offsets within the group (the loader bounds a row far below 2^27
-         * bytes) */
-        const __m256i roff = _mm256_setr_epi32(0, (int)(row[1] - row[0]), (int)(row[2] - row[0]),
-                                               (int)(row[3] - row[0]), (int)(row[4] - row[0]),
-                                               (int)(row[5] - row[0]), (int)(row[6] - row[0]),
-                                               (int)(row[7] - row[0]));
         for (int t0 = 0; t0 < a->n_tok; t0 += TOKENS) {
             int nt = a->n_tok - t0 < TOKENS ? a->n_tok - t0 : TOKENS;
             __m256 acc[TOKENS];
-            for (int t = 0; t < TOKENS; t++)
-                acc[t] = _mm256_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                size_t off = (size_t)b * MXFP4_BYTES;
-                __m256 d = scales8(_mm256_i32gather_epi32((const int *)(const void *)(row[0] + off), roff, 1));
-                off++;
-                for (int t = 0; t < nt; t++) {
-                    size_t tok = (size_t)(t0 + t), blk = tok * (size_t)nb + (size_t)b;
-                    const int8_t *xq = a->q + tok * (size_t)a->cols + 32 * (size_t)b;
-                    __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xq));
-                    __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 16)));
-                    __m256i p0 = dot_pair(row[0] + off, row[1] + off, table, xlo, xhi);
-                    __m256i p1 = dot_pair(row[2] + off, row[3] + off, table, xlo, xhi);
-                    __m256i p2 = dot_pair(row[4] + off, row[5] + off, table, xlo, xhi);
-                    __m256i p3 = dot_pair(row[6] + off, row[7] + off, table, xlo, xhi);
-                    /* lanes: rows 0 2 4 6 | 1 3 5 7, then in order */
-                    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-                    h = _mm256_permutevar8x32_epi32(h, order);
-                    h = _mm256_add_epi32(h, _mm256_set1_epi32(12 * a->nsum32[blk]));
-                    __m256 s = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[blk]));
-                    acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(h), acc[t]);
-                }
-            }
+            if (nt == TOKENS)
+                rows8_four(row, a, nb, t0, table, acc);
+            else /* a group's last one to three tokens one at a time: the same terms */
+                for (int t = 0; t < nt; t++)
+                    rows8_one(row, a, nb, t0 + t, table, acc + t);
             for (int t = 0; t < nt; t++) {
                 float out[8];
                 _mm256_storeu_ps(out, acc[t]);
