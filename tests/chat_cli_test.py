@@ -270,6 +270,11 @@ class ChatInATerminal(unittest.TestCase):
         self.wait_for(lambda s: len(s.split("> Hi", 1)[-1].strip()) > 3)
         self.tmux("send-keys", "C-c")
         self.wait_for("[cancelled]")
+        # the chat says so when it asks; the broker counts the job's FINISH
+        # when the cancel reaches it (a moment later on a loaded machine)
+        end = time.time() + 15
+        while stats(self.d.config)["finish"].get("cancelled", 0) == before and time.time() < end:
+            time.sleep(0.1)
         self.assertEqual(stats(self.d.config)["finish"].get("cancelled", 0), before + 1, "STATS counted no cancel")
         # the next turn runs to its end
         self.tmux("send-keys", "Again", "Enter")
