@@ -66,6 +66,9 @@ void metrics_fill(const broker *b, tp_m_stats_reply *s)
             s->prefix_pages_cached += w->cache[TP_CACHE_PAGES_CACHED];
             s->prefix_pages_total += w->cache[TP_CACHE_PAGES_TOTAL];
             s->prefix_bytes += w->cache[TP_CACHE_PAGES_CACHED] * w->cache[TP_CACHE_PAGE_BYTES];
+            /* as of its last step; a worker whose sequences all closed since holds none */
+            s->kv_bytes_held += w->n_fwd ? w->cache[TP_CACHE_KV_HELD] : 0;
+            s->kv_bytes_pool += w->cache[TP_CACHE_KV_POOL];
         }
     }
     for (int h = 0; h < TP_HIST_COUNT; h++) {

@@ -519,6 +519,9 @@ static void prefix_cache(tp_buf *b, const tp_m_stats_reply *s)
     one(b, "tokpipe_prefix_cache_pages_capacity", "gauge", "KV pages of the live forward workers' pools",
         s->prefix_pages_total);
     one(b, "tokpipe_prefix_cache_bytes", "gauge", "Bytes of the cached KV pages", s->prefix_bytes);
+    one(b, "tokpipe_kv_bytes_held", "gauge",
+        "Bytes of KV the running sequences hold (a sliding-window layer only its window)", s->kv_bytes_held);
+    one(b, "tokpipe_kv_bytes_capacity", "gauge", "Bytes of the live forward workers' KV pools", s->kv_bytes_pool);
 }
 
 /* Label value escaping of the text format: backslash, quote, newline. */

@@ -237,7 +237,8 @@ static const field stats_reply_f[] = {
     F_U64("prefix_lookups", ST(prefix_lookups), 0), F_U64("prefix_hit_tokens", ST(prefix_hit_tokens), 0),
     F_U64("prefix_prompt_tokens", ST(prefix_prompt_tokens), 0), F_U64("prefix_evictions", ST(prefix_evictions), 0),
     F_U64("prefix_pages_used", ST(prefix_pages_used), 0), F_U64("prefix_pages_cached", ST(prefix_pages_cached), 0),
-    F_U64("prefix_pages_total", ST(prefix_pages_total), 0), F_U64("prefix_bytes", ST(prefix_bytes), 0), END,
+    F_U64("prefix_pages_total", ST(prefix_pages_total), 0), F_U64("prefix_bytes", ST(prefix_bytes), 0),
+    F_U64("kv_bytes_held", ST(kv_bytes_held), 0), F_U64("kv_bytes_pool", ST(kv_bytes_pool), 0), END,
 };
 
 #define IR(m) M(info_reply.m)

@@ -540,6 +540,7 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
                      "vllm:gpu_cache_usage_perc"]:
             self.assertIn("# TYPE %s gauge\n" % name, idle, name)
             self.assertEqual(metric(idle, name), 0, name)
+        self.assertEqual(metric(idle, "tokpipe_kv_bytes_held"), 0)
         s = socket.create_connection(("127.0.0.1", self.port))
         body = json.dumps({"prompt": "Once upon a time", "n": 4, "max_tokens": 450, "ignore_eos": True,
                            "stream": True}).encode()
@@ -562,6 +563,9 @@ class GatewayAnswersLikeTokpipeRun(tpdaemon.HttpDaemonCase):
         self.assertAlmostEqual(metric(busy, "vllm:gpu_cache_usage_perc"), use, places=5)
         self.assertGreater(use, 0, "the running jobs hold no KV slot")
         self.assertLessEqual(use, 1)
+        held = metric(busy, "tokpipe_kv_bytes_held")
+        self.assertGreater(held, 0, "the running jobs hold no KV bytes")
+        self.assertLessEqual(held, metric(busy, "tokpipe_kv_bytes_capacity"))
         wait_idle(self.port)
 
     def metrics_once_cancelled(self, before, deadline):

@@ -247,6 +247,7 @@ cJSON *evfmt_stats(const tp_msg *m)
         {"prefix_prompt_tokens", s->prefix_prompt_tokens}, {"prefix_evictions", s->prefix_evictions},
         {"prefix_pages_used", s->prefix_pages_used}, {"prefix_pages_cached", s->prefix_pages_cached},
         {"prefix_pages_total", s->prefix_pages_total}, {"prefix_bytes", s->prefix_bytes},
+        {"kv_bytes_held", s->kv_bytes_held}, {"kv_bytes_pool", s->kv_bytes_pool},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         cJSON_AddNumberToObject(o, c[i].k, (double)c[i].v);

@@ -555,6 +555,8 @@ typedef struct tp_m_stats_reply {
     uint64_t prefix_pages_cached;  /* KV pages in the cache now (held or not) */
     uint64_t prefix_pages_total;   /* KV pages of the pools */
     uint64_t prefix_bytes;         /* bytes of the cached pages */
+    uint64_t kv_bytes_held;        /* KV the running sequences hold now (a sliding layer only its window) */
+    uint64_t kv_bytes_pool;        /* the live forward workers' KV pools */
 } tp_m_stats_reply;
 
 typedef struct tp_m_info_limits {   /* INFO_REPLY limits (the broker's configuration) */
@@ -757,7 +759,9 @@ typedef struct tp_m_step_result {
 /* Indexes of STEP_RESULT `cache` (a forward worker's prefix cache). */
 enum {
     TP_CACHE_LOOKUPS = 0, TP_CACHE_HIT_TOKENS, TP_CACHE_PROMPT_TOKENS, TP_CACHE_EVICTIONS, TP_CACHE_PAGES_USED,
-    TP_CACHE_PAGES_CACHED, TP_CACHE_PAGES_TOTAL, TP_CACHE_PAGE_BYTES, TP_CACHE_COUNT
+    TP_CACHE_PAGES_CACHED, TP_CACHE_PAGES_TOTAL, TP_CACHE_PAGE_BYTES,
+    TP_CACHE_KV_HELD, TP_CACHE_KV_POOL, /* the worker's KV: bytes its open sequences hold, bytes of its pools */
+    TP_CACHE_COUNT
 };
 
 typedef struct tp_m_sample_open {

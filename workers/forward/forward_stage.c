@@ -601,9 +601,15 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
     r.step_result.n_cached_slots = st->n_hits;
     r.step_result.cached = st->hits;
     r.step_result.n_cached = st->n_hits;
-    uint64_t cache[TP_CACHE_COUNT];
+    uint64_t cache[TP_CACHE_COUNT] = {0};
     tp_fwd_prefix_stats ps;
     tp_forward_prefix_stats(st->fwd, &ps);
+    tp_fwd_kv_stats ks;
+    tp_forward_kv_stats(st->fwd, &ks);
+    cache[TP_CACHE_KV_HELD] = ks.held_bytes;
+    cache[TP_CACHE_KV_POOL] = ks.pool_bytes;
+    r.step_result.cache = cache;
+    r.step_result.n_cache = TP_CACHE_COUNT;
     if (ps.enabled) {
         cache[TP_CACHE_LOOKUPS] = ps.lookups;
         cache[TP_CACHE_HIT_TOKENS] = ps.hit_tokens;
@@ -613,8 +619,6 @@ static int step(tp_forward_stage *st, const tp_msg *m, const tp_stage_io *io)
         cache[TP_CACHE_PAGES_CACHED] = ps.pages_cached;
         cache[TP_CACHE_PAGES_TOTAL] = ps.pages_total;
         cache[TP_CACHE_PAGE_BYTES] = ps.page_bytes;
-        r.step_result.cache = cache;
-        r.step_result.n_cache = TP_CACHE_COUNT;
     }
     return io->reply(io->ctx, &r);
 }
