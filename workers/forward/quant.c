@@ -1502,7 +1502,11 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             return;
         }
         break;
-    case TP_GGML_MXFP4: /* the file's blocks on AVX2 and AVX-512 CPUs alike */
+    case TP_GGML_MXFP4: /* the file's blocks read in place */
+        if (avx512) {
+            tp_qrows_mxfp4_avx512(w, a, y, ldy, r0, r1);
+            return;
+        }
         if (simd && have_avx2()) {
             tp_qrows_mxfp4_avx2(w, a, y, ldy, r0, r1);
             return;

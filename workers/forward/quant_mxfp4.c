@@ -12,7 +12,8 @@
  * order of quant.h as for Q8_0 (acc = fmaf(d * dx, P, acc) per block of
  * 32), its integer dot products exact. The AVX2 kernel decodes the codes
  * with a byte shuffle (two rows a register) and follows that order, eight
- * rows a vector; the file's blocks are read in place (no panel). */
+ * rows a vector; the AVX-512 one (VNNI's byte dot products) sixteen rows;
+ * the file's blocks are read in place (no panel). */
 #include "quant.h"
 #include "quant_avx.h"
 
@@ -176,6 +177,92 @@ __attribute__((target("avx2,fma"))) void tp_qrows_mxfp4_avx2(const tp_wmat *w, c
                 for (int k = 0; k < n; k++)
                     y[(size_t)(t0 + t) * (size_t)ldy + (size_t)(g + k)] = out[k];
             }
+        }
+    }
+}
+
+/* ---- AVX-512 (VNNI): sixteen rows a vector ------------------------------ */
+
+#define ISA512 "avx512f,avx512bw,avx512vnni"
+
+/* The sixteen rows' scale bytes of the block at off, as block_scales. */
+__attribute__((target(ISA512), always_inline)) static inline __m512 block_scales16(const uint8_t *const *row,
+                                                                                  size_t off)
+{
+    uint64_t lo = 0, hi = 0;
+    for (int k = 0; k < 8; k++) {
+        lo |= (uint64_t)row[k][off] << (8 * k);
+        hi |= (uint64_t)row[8 + k][off] << (8 * k);
+    }
+    __m512i e = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)hi, (long long)lo));
+    __m512i norm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, norm, sub));
+}
+
+/* Rows j, j + 4, j + 8, j + 12 (one a 128-bit lane) of block b: four
+ * 32-bit sums of (w + 12) * x a row (VNNI: exact, no saturation). */
+__attribute__((target(ISA512), always_inline)) static inline __m512i dot_four(const uint8_t *const *row, int j,
+                                                                             size_t off, __m512i table, __m512i xlo,
+                                                                             __m512i xhi)
+{
+    const __m512i m = _mm512_set1_epi8(0x0f);
+    __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[j] + off)));
+    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 4] + off)), 1);
+    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 8] + off)), 2);
+    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 12] + off)), 3);
+    __m512i wlo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m));
+    __m512i whi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m));
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, xlo), whi, xhi);
+}
+
+/* The sixteen rows' accumulators take block b of token tok: as block_term,
+ * sixteen lanes (the four partial sums of a row added in a fixed tree: an
+ * integer sum, the same whatever the order). */
+__attribute__((target(ISA512), always_inline)) static inline __m512
+block_term16(const uint8_t *const *row, const tp_qact *a, int nb, int b, size_t off, size_t tok, __m512 d,
+             __m512i table, __m512 acc)
+{
+    size_t blk = tok * (size_t)nb + (size_t)b;
+    const int8_t *xq = a->q + tok * (size_t)a->cols + 32 * (size_t)b;
+    __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xq));
+    __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq + 16)));
+    __m512i p0 = dot_four(row, 0, off, table, xlo, xhi), p1 = dot_four(row, 1, off, table, xlo, xhi);
+    __m512i p2 = dot_four(row, 2, off, table, xlo, xhi), p3 = dot_four(row, 3, off, table, xlo, xhi);
+    /* lane k of p_j is row j + 4k: (a0 b0 a1 b1) + (a2 b2 a3 b3), then the
+     * halves, leave lane k = rows 4k .. 4k + 3 in order */
+    __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
+    __m512i h = _mm512_add_epi32(_mm512_unpacklo_epi64(t, u), _mm512_unpackhi_epi64(t, u));
+    h = _mm512_add_epi32(h, _mm512_set1_epi32(12 * a->nsum32[blk]));
+    __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[blk]));
+    return _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(h), acc);
+}
+
+/* Rows [r0, r1) sixteen at a time (past r1 the group's last row again,
+ * not stored), a token at a time: per token the blocks in column order,
+ * acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
+__attribute__((target(ISA512))) void tp_qrows_mxfp4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
+                                                          int r0, int r1)
+{
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_U));
+    int nb = w->cols / 32;
+    for (int g = r0; g < r1; g += 16) {
+        const uint8_t *row[16];
+        int n = r1 - g < 16 ? r1 - g : 16;
+        for (int k = 0; k < 16; k++)
+            row[k] = (const uint8_t *)w->data + (size_t)(g + (k < n ? k : n - 1)) * w->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                size_t off = (size_t)b * MXFP4_BYTES;
+                acc = block_term16(row, a, nb, b, off + 1, (size_t)t, block_scales16(row, off), table, acc);
+            }
+            float out[16];
+            _mm512_storeu_ps(out, acc);
+            for (int k = 0; k < n; k++)
+                y[(size_t)t * (size_t)ldy + (size_t)(g + k)] = out[k];
         }
     }
 }
