@@ -523,9 +523,7 @@ static void picked_send(broker *b, const picked *p, uint64_t step, const tp_lp_c
 
 static void picked_free(picked *p)
 {
-    free(p->slots);
-    free(p->cands);
-    free(p->src);
+    free(p->slots), free(p->cands), free(p->src);
 }
 
 /* Prompt positions the worker took from its prefix cache, per job (only

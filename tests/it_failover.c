@@ -439,7 +439,7 @@ static void jobs_stream_on_unchanged_while_workers_of_every_stage_die(void **sta
         hit += run_round(&h, tag, got, acts, 3, &rng);
         expect_same(tag, ref, got);
         /* the killed workers are back before the next round */
-        for (int si = 0; si < TP_SI_COUNT; si++)
+        for (int si = 0; si < TP_SI_DRAFT; si++) /* no draft model here: no draft workers */
             if (harness_wait_stage(&h, si, 2, BACK_TIMEOUT_MS))
                 fail_msg("stage %d did not get its workers back (log in %s)", si, h.dir);
     }
@@ -477,7 +477,7 @@ static void jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one(
         snprintf(tag, sizeof tag, "o%d", k);
         hit += run_round(&h, tag, got, &a, 1, &rng);
         expect_same(tag, ref, got);
-        for (int si = 0; si < TP_SI_COUNT; si++)
+        for (int si = 0; si < TP_SI_DRAFT; si++) /* no draft model here: no draft workers */
             if (harness_wait_stage(&h, si, 1, BACK_TIMEOUT_MS))
                 fail_msg("stage %d did not get its worker back (log in %s)", si, h.dir);
     }
@@ -492,7 +492,7 @@ static void jobs_ride_out_the_respawn_of_each_stages_only_worker_and_a_hung_one(
         snprintf(tag, sizeof tag, "hung%d", k);
         hit += run_round(&h, tag, got, &a, 1, &rng);
         expect_same(tag, ref, got);
-        for (int si = 0; si < TP_SI_COUNT; si++)
+        for (int si = 0; si < TP_SI_DRAFT; si++) /* no draft model here: no draft workers */
             if (harness_wait_stage(&h, si, 1, BACK_TIMEOUT_MS))
                 fail_msg("stage %d did not get its worker back (log in %s)", si, h.dir);
     }
