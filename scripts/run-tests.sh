@@ -19,10 +19,13 @@ PY=/usr/bin/python3   # Debian's python, where python3-zmq/msgpack live
 LIMIT=${TP_TEST_TIMEOUT:-300}
 
 passed=0; failed=0; failed_names=()
-log=$(mktemp); trap 'rm -f "$log"' EXIT
+log=$(mktemp)
 
+times=$(mktemp); trap 'rm -f "$log" "$times"' EXIT
+started=$SECONDS
 count() {   # $1 = name, $2 = exit code; reads cmocka/unittest summaries in $log
   local p f
+  echo "$((SECONDS - started)) $1" >>"$times"; started=$SECONDS
   p=$(grep -oE '\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
   f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$log" | awk '{s+=$4} END {print s+0}')
   if grep -qE '^Ran [0-9]+ test' "$log"; then
@@ -39,7 +42,7 @@ count() {   # $1 = name, $2 = exit code; reads cmocka/unittest summaries in $log
 for t in "$BUILD"/tests/*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
-  echo "== $name"
+  echo "== $name"; started=$SECONDS
   timeout -k 10 "$LIMIT" "$t" >"$log" 2>&1; rc=$?
   [ "$rc" -eq 124 ] && echo "run-tests: $name did not finish in ${LIMIT}s" >>"$log"
   cat "$log"
@@ -54,7 +57,7 @@ if grep -qw avx512bw /proc/cpuinfo 2>/dev/null; then
   for name in test_prefix test_logprobs test_arch it_quant; do
     t="$BUILD/tests/$name"
     [ -x "$t" ] || continue
-    echo "== $name (TP_ISA=avx2)"
+    echo "== $name (TP_ISA=avx2)"; started=$SECONDS
     TP_ISA=avx2 timeout -k 10 "$LIMIT" "$t" >"$log" 2>&1; rc=$?
     [ "$rc" -eq 124 ] && echo "run-tests: $name did not finish in ${LIMIT}s" >>"$log"
     cat "$log"
@@ -64,13 +67,15 @@ fi
 
 for t in tests/*_test.py; do
   [ -e "$t" ] || continue
-  echo "== $t"
+  echo "== $t"; started=$SECONDS
   timeout -k 10 "$LIMIT" "$PY" -m unittest -v "$t" >"$log" 2>&1; rc=$?
   [ "$rc" -eq 124 ] && echo "run-tests: $t did not finish in ${LIMIT}s" >>"$log"
   cat "$log"
   count "$t" "$rc"
 done
 
+# where the time went (CI has a budget): the slowest ten
+echo "slowest (s):" $(sort -rn "$times" | head -n 10 | awk '{printf "%s %s;", $2, $1}')
 [ ${#failed_names[@]} -gt 0 ] && echo "failing: ${failed_names[*]}"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
