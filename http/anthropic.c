@@ -35,13 +35,13 @@ static int text_part(const cJSON *block, const char *nm, cJSON *parts, oai_error
     static const char *const keys[] = {"type", "text", "cache_control", "citations", NULL};
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(block, "text");
     if (!cJSON_IsString(t))
-        return aj_fail(e, 400, nm, "%s.text: expected a string", nm);
+        return oai_fail(e, 400, nm, "%s.text: expected a string", nm);
     if (aj_known_keys(block, keys, nm, e))
         return -1;
     cJSON *p = cJSON_CreateObject();
     cJSON_AddItemToArray(parts, p);
     if (!cJSON_AddStringToObject(p, "type", "text") || !cJSON_AddStringToObject(p, "text", t->valuestring))
-        return aj_fail(e, 500, NULL, "out of memory");
+        return oai_fail(e, 500, NULL, "out of memory");
     return 0;
 }
 
@@ -51,7 +51,7 @@ static cJSON *text_content(const cJSON *v, const char *nm, oai_error *e)
     if (cJSON_IsString(v))
         return cJSON_CreateString(v->valuestring);
     if (!cJSON_IsArray(v)) {
-        aj_fail(e, 400, nm, "%s: expected a string or a list of text blocks", nm);
+        oai_fail(e, 400, nm, "%s: expected a string or a list of text blocks", nm);
         return NULL;
     }
     cJSON *parts = cJSON_CreateArray();
@@ -60,7 +60,7 @@ static cJSON *text_content(const cJSON *v, const char *nm, oai_error *e)
         char bn[96];
         snprintf(bn, sizeof bn, "%s[%d]", nm, j);
         if (!is_type(b, "text")) {
-            aj_fail(e, 400, bn, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here", bn);
+            oai_fail(e, 400, bn, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here", bn);
             cJSON_Delete(parts);
             return NULL;
         }
@@ -91,7 +91,7 @@ static int user_turn(const cJSON *content, const char *nm, cJSON *out, oai_error
             continue;
         }
         if (!is_type(b, "tool_result"))
-            return aj_fail(e, 400, bn, "%s.type: expected text or tool_result in a user turn", bn);
+            return oai_fail(e, 400, bn, "%s.type: expected text or tool_result in a user turn", bn);
         static const char *const keys[] = {"type", "tool_use_id", "content", "is_error", "cache_control", NULL};
         if (aj_known_keys(b, keys, bn, e))
             return -1;
@@ -100,9 +100,9 @@ static int user_turn(const cJSON *content, const char *nm, cJSON *out, oai_error
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(b, "content");
         const cJSON *err = cJSON_GetObjectItemCaseSensitive(b, "is_error");
         if (!cJSON_IsString(id) || !id->valuestring[0])
-            return aj_fail(e, 400, bn, "%s.tool_use_id: required, the id of the tool_use block it answers", bn);
+            return oai_fail(e, 400, bn, "%s.tool_use_id: required, the id of the tool_use block it answers", bn);
         if (err && !cJSON_IsBool(err))
-            return aj_fail(e, 400, bn, "%s.is_error: expected true or false", bn);
+            return oai_fail(e, 400, bn, "%s.is_error: expected true or false", bn);
         char cn[112];
         snprintf(cn, sizeof cn, "%s.content", bn);
         cJSON *text = c ? text_content(c, cn, e) : cJSON_CreateString("");
@@ -145,9 +145,9 @@ static int assistant_turn(const cJSON *content, const char *nm, cJSON *out, oai_
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(b, "name");
             const cJSON *input = cJSON_GetObjectItemCaseSensitive(b, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name) || !name->valuestring[0])
-                return aj_fail(e, 400, bn, "%s: a tool_use block needs an id and a name (strings)", bn);
+                return oai_fail(e, 400, bn, "%s: a tool_use block needs an id and a name (strings)", bn);
             if (!cJSON_IsObject(input))
-                return aj_fail(e, 400, bn, "%s.input: expected an object", bn);
+                return oai_fail(e, 400, bn, "%s.input: expected an object", bn);
             char *args = cJSON_PrintUnformatted(input);
             if (!calls)
                 cJSON_AddItemToObject(m, "tool_calls", calls = cJSON_CreateArray());
@@ -159,11 +159,11 @@ static int assistant_turn(const cJSON *content, const char *nm, cJSON *out, oai_
             cJSON_AddStringToObject(fn, "name", name->valuestring);
             if (!args || !cJSON_AddStringToObject(fn, "arguments", args)) {
                 free(args);
-                return aj_fail(e, 500, NULL, "out of memory");
+                return oai_fail(e, 500, NULL, "out of memory");
             }
             free(args);
         } else {
-            return aj_fail(e, 400, bn, "%s.type: expected text, tool_use or thinking in an assistant turn", bn);
+            return oai_fail(e, 400, bn, "%s.type: expected text, tool_use or thinking in an assistant turn", bn);
         }
     }
     /* OpenAI's shape of a turn of only calls */
@@ -175,27 +175,27 @@ static int assistant_turn(const cJSON *content, const char *nm, cJSON *out, oai_
 static int translate_messages(const cJSON *v, cJSON *out, oai_error *e)
 {
     if (!cJSON_IsArray(v) || !v->child)
-        return aj_fail(e, 400, "messages", "messages: expected a non-empty list of {role, content}");
+        return oai_fail(e, 400, "messages", "messages: expected a non-empty list of {role, content}");
     int i = 0;
     for (const cJSON *it = v->child; it; it = it->next, i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "messages[%d]", i);
         static const char *const keys[] = {"role", "content", NULL};
         if (!cJSON_IsObject(it))
-            return aj_fail(e, 400, nm, "%s: expected an object {role, content}", nm);
+            return oai_fail(e, 400, nm, "%s: expected an object {role, content}", nm);
         if (aj_known_keys(it, keys, nm, e))
             return -1;
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
         bool user = cJSON_IsString(role) && !strcmp(role->valuestring, "user");
         if (!user && !(cJSON_IsString(role) && !strcmp(role->valuestring, "assistant")))
-            return aj_fail(e, 400, nm, "%s.role: expected \"user\" or \"assistant\"", nm);
+            return oai_fail(e, 400, nm, "%s.role: expected \"user\" or \"assistant\"", nm);
         if (cJSON_IsString(content)) {
             cJSON_AddStringToObject(aj_new_turn(out, role->valuestring), "content", content->valuestring);
             continue;
         }
         if (!cJSON_IsArray(content))
-            return aj_fail(e, 400, nm, "%s.content: required, a string or a list of content blocks", nm);
+            return oai_fail(e, 400, nm, "%s.content: required, a string or a list of content blocks", nm);
         if (user ? user_turn(content, nm, out, e) : assistant_turn(content, nm, out, e))
             return -1;
     }
@@ -207,7 +207,7 @@ static int translate_messages(const cJSON *v, cJSON *out, oai_error *e)
 static int translate_tools(const cJSON *v, cJSON *req, oai_error *e)
 {
     if (!cJSON_IsArray(v))
-        return aj_fail(e, 400, "tools", "tools: expected a list of {name, description, input_schema}");
+        return oai_fail(e, 400, "tools", "tools: expected a list of {name, description, input_schema}");
     cJSON *out = cJSON_AddArrayToObject(req, "tools");
     int i = 0;
     for (const cJSON *t = v->child; t; t = t->next, i++) {
@@ -215,10 +215,10 @@ static int translate_tools(const cJSON *v, cJSON *req, oai_error *e)
         snprintf(nm, sizeof nm, "tools[%d]", i);
         static const char *const keys[] = {"type", "name", "description", "input_schema", "cache_control", NULL};
         if (!cJSON_IsObject(t))
-            return aj_fail(e, 400, nm, "%s: expected an object {name, description, input_schema}", nm);
+            return oai_fail(e, 400, nm, "%s: expected an object {name, description, input_schema}", nm);
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
         if (type && !is_type(t, "custom"))
-            return aj_fail(e, 400, nm, "%s.type: only client tools (\"custom\") are supported, not Anthropic's server tools",
+            return oai_fail(e, 400, nm, "%s.type: only client tools (\"custom\") are supported, not Anthropic's server tools",
                         nm);
         if (aj_known_keys(t, keys, nm, e))
             return -1;
@@ -226,11 +226,11 @@ static int translate_tools(const cJSON *v, cJSON *req, oai_error *e)
         const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
         const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
         if (!cJSON_IsString(name))
-            return aj_fail(e, 400, nm, "%s.name: required, a string", nm);
+            return oai_fail(e, 400, nm, "%s.name: required, a string", nm);
         if (desc && !cJSON_IsString(desc))
-            return aj_fail(e, 400, nm, "%s.description: expected a string", nm);
+            return oai_fail(e, 400, nm, "%s.description: expected a string", nm);
         if (!cJSON_IsObject(schema))
-            return aj_fail(e, 400, nm, "%s.input_schema: required, a JSON Schema object", nm);
+            return oai_fail(e, 400, nm, "%s.input_schema: required, a JSON Schema object", nm);
         cJSON *f = cJSON_CreateObject(), *fn = cJSON_CreateObject();
         cJSON_AddItemToArray(out, f);
         cJSON_AddStringToObject(f, "type", "function");
@@ -252,25 +252,25 @@ static int translate_tool_choice(const cJSON *v, cJSON *req, oai_error *e)
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(v, "disable_parallel_tool_use");
     if (!cJSON_IsObject(v) || !cJSON_IsString(type))
-        return aj_fail(e, 400, k, "tool_choice: expected {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
+        return oai_fail(e, 400, k, "tool_choice: expected {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
     static const char *const keys[] = {"type", "name", "disable_parallel_tool_use", NULL};
     if (aj_known_keys(v, keys, k, e))
         return -1;
     const char *t = type->valuestring;
     if (dp && !cJSON_IsBool(dp))
-        return aj_fail(e, 400, k, "tool_choice.disable_parallel_tool_use: expected true or false");
+        return oai_fail(e, 400, k, "tool_choice.disable_parallel_tool_use: expected true or false");
     if (!strcmp(t, "tool")) {
         if (!cJSON_IsString(name))
-            return aj_fail(e, 400, k, "tool_choice.name: required with type \"tool\"");
+            return oai_fail(e, 400, k, "tool_choice.name: required with type \"tool\"");
         cJSON *c = cJSON_AddObjectToObject(req, k);
         cJSON_AddStringToObject(c, "type", "function");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", name->valuestring);
     } else if (!strcmp(t, "auto") || !strcmp(t, "any") || !strcmp(t, "none")) {
         if (name)
-            return aj_fail(e, 400, k, "tool_choice.name: only with type \"tool\"");
+            return oai_fail(e, 400, k, "tool_choice.name: only with type \"tool\"");
         cJSON_AddStringToObject(req, k, !strcmp(t, "any") ? "required" : t);
     } else {
-        return aj_fail(e, 400, k, "tool_choice.type: '%.40s' is not auto, any, tool or none", t);
+        return oai_fail(e, 400, k, "tool_choice.type: '%.40s' is not auto, any, tool or none", t);
     }
     if (cJSON_IsTrue(dp))
         cJSON_AddFalseToObject(req, "parallel_tool_calls");
@@ -287,21 +287,21 @@ static int check_thinking(const cJSON *v, const cJSON *max_tokens, oai_error *e)
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
     const cJSON *budget = cJSON_GetObjectItemCaseSensitive(v, "budget_tokens");
     if (!cJSON_IsObject(v) || !cJSON_IsString(type))
-        return aj_fail(e, 400, k, "thinking: expected {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
+        return oai_fail(e, 400, k, "thinking: expected {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
     if (!strcmp(type->valuestring, "disabled")) {
         static const char *const keys[] = {"type", NULL};
         return aj_known_keys(v, keys, k, e);
     }
     if (strcmp(type->valuestring, "enabled"))
-        return aj_fail(e, 400, k, "thinking.type: '%.40s' is not enabled or disabled", type->valuestring);
+        return oai_fail(e, 400, k, "thinking.type: '%.40s' is not enabled or disabled", type->valuestring);
     static const char *const keys[] = {"type", "budget_tokens", NULL};
     if (aj_known_keys(v, keys, k, e))
         return -1;
     if (!cJSON_IsNumber(budget) || budget->valuedouble != floor(budget->valuedouble) ||
         budget->valuedouble < 1024)
-        return aj_fail(e, 400, k, "thinking.budget_tokens: required, an integer >= 1024");
+        return oai_fail(e, 400, k, "thinking.budget_tokens: required, an integer >= 1024");
     if (cJSON_IsNumber(max_tokens) && budget->valuedouble >= max_tokens->valuedouble)
-        return aj_fail(e, 400, k, "thinking.budget_tokens: must be less than max_tokens");
+        return oai_fail(e, 400, k, "thinking.budget_tokens: must be less than max_tokens");
     return 0;
 }
 
@@ -310,13 +310,13 @@ static int check_metadata(const cJSON *v, oai_error *e)
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsObject(v))
-        return aj_fail(e, 400, "metadata", "metadata: expected an object {user_id}");
+        return oai_fail(e, 400, "metadata", "metadata: expected an object {user_id}");
     static const char *const keys[] = {"user_id", NULL};
     if (aj_known_keys(v, keys, "metadata", e))
         return -1;
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(v, "user_id");
     if (u && !cJSON_IsString(u) && !cJSON_IsNull(u))
-        return aj_fail(e, 400, "metadata", "metadata.user_id: expected a string");
+        return oai_fail(e, 400, "metadata", "metadata.user_id: expected a string");
     return 0;
 }
 
@@ -368,23 +368,23 @@ static void anthropic_name(const char *in, char *out, size_t cap)
 static int translate(bool count, const cJSON *root, cJSON *req, oai_error *e)
 {
     if (!cJSON_IsObject(root))
-        return aj_fail(e, 400, NULL, "the request body must be a JSON object");
+        return oai_fail(e, 400, NULL, "the request body must be a JSON object");
     const cJSON *max_tokens = cJSON_GetObjectItemCaseSensitive(root, "max_tokens");
     const cJSON *system = NULL, *messages = NULL;
     for (const cJSON *f = root->child; f; f = f->next) {
         const char *k = f->string;
         for (const cJSON *p = root->child; p != f; p = p->next)
             if (!strcmp(p->string, k))
-                return aj_fail(e, 400, k, "%s: given twice", k);
+                return oai_fail(e, 400, k, "%s: given twice", k);
         size_t i = 0, n = sizeof plain_fields / sizeof plain_fields[0];
         while (i < n && strcmp(plain_fields[i].anthropic, k))
             i++;
         if (i < n && (count ? plain_fields[i].count : plain_fields[i].messages)) {
             /* cJSON would print an overflowing number (1e999) as null */
             if (cJSON_IsNumber(f) && !isfinite(f->valuedouble))
-                return aj_fail(e, 400, k, "%s: the number given is not finite", k);
+                return oai_fail(e, 400, k, "%s: the number given is not finite", k);
             if (!strcmp(k, "stop_sequences") && !cJSON_IsArray(f) && !cJSON_IsNull(f))
-                return aj_fail(e, 400, k, "stop_sequences: expected a list of strings");
+                return oai_fail(e, 400, k, "stop_sequences: expected a list of strings");
             if (!cJSON_IsNull(f))
                 cJSON_AddItemToObject(req, plain_fields[i].openai, cJSON_Duplicate(f, 1));
         } else if (!strcmp(k, "system")) {
@@ -404,14 +404,14 @@ static int translate(bool count, const cJSON *root, cJSON *req, oai_error *e)
             if (check_metadata(f, e))
                 return -1;
         } else {
-            return aj_fail(e, 400, k, "%s: unknown field%s", k, count ? " (count_tokens takes model, messages, "
+            return oai_fail(e, 400, k, "%s: unknown field%s", k, count ? " (count_tokens takes model, messages, "
                         "system, tools, tool_choice, thinking)" : "");
         }
     }
     if (!count && (!max_tokens || cJSON_IsNull(max_tokens)))
-        return aj_fail(e, 400, "max_tokens", "max_tokens: required");
+        return oai_fail(e, 400, "max_tokens", "max_tokens: required");
     if (!messages)
-        return aj_fail(e, 400, "messages", "messages: required");
+        return oai_fail(e, 400, "messages", "messages: required");
     cJSON *out = cJSON_AddArrayToObject(req, "messages");
     if (system) {
         cJSON *c = text_content(system, "system", e);
@@ -433,14 +433,14 @@ int gw_anthropic_decode(bool count, const char *body, size_t len, oai_request *o
     memset(e, 0, sizeof *e);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
-        return aj_fail(e, 400, NULL, "the request body is not valid JSON");
+        return oai_fail(e, 400, NULL, "the request body is not valid JSON");
     cJSON *req = cJSON_CreateObject();
-    int rc = req ? translate(count, root, req, e) : aj_fail(e, 500, NULL, "out of memory");
+    int rc = req ? translate(count, root, req, e) : oai_fail(e, 500, NULL, "out of memory");
     char *text = rc ? NULL : cJSON_PrintUnformatted(req);
     cJSON_Delete(root);
     cJSON_Delete(req);
     if (!rc && !text)
-        rc = aj_fail(e, 500, NULL, "out of memory");
+        rc = oai_fail(e, 500, NULL, "out of memory");
     if (!rc && oai_decode(OAI_CHAT, text, strlen(text), out, e)) {
         char buf[sizeof e->message];
         anthropic_name(e->param, buf, sizeof e->param);

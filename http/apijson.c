@@ -1,6 +1,5 @@
 #include "apijson.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,17 +28,6 @@ cJSON *aj_new_turn(cJSON *out, const char *role)
     return m;
 }
 
-int aj_fail(oai_error *e, int status, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 int aj_known_keys(const cJSON *o, const char *const *allowed, const char *nm, oai_error *e)
 {
     for (const cJSON *f = o->child; f; f = f->next) {
@@ -47,7 +35,7 @@ int aj_known_keys(const cJSON *o, const char *const *allowed, const char *nm, oa
         while (allowed[k] && strcmp(allowed[k], f->string))
             k++;
         if (!allowed[k])
-            return aj_fail(e, 400, nm, "%s.%.40s: unknown field", nm, f->string);
+            return oai_fail(e, 400, nm, "%s.%.40s: unknown field", nm, f->string);
     }
     return 0;
 }

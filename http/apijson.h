@@ -18,10 +18,6 @@ cJSON *aj_text_of(const char *s, size_t len);
 /* A new {"role": role} object appended to the array out. */
 cJSON *aj_new_turn(cJSON *out, const char *role);
 
-/* e filled (status, param, message from fmt); -1. */
-int aj_fail(oai_error *e, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
 /* 0 when every field of the object o is one of allowed (NULL ended), else
  * a 400 naming nm.field. */
 int aj_known_keys(const cJSON *o, const char *const *allowed, const char *nm, oai_error *e);

@@ -15,23 +15,11 @@
  * little-endian float32 bytes, base64. */
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gw.h"
-
-static int fail(oai_error *e, int status, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* what the response needs of the request: {"base64": bool, "dimensions": N} */
 static int decode_embeddings(const char *body, size_t len, oai_request *out, oai_error *e)
@@ -40,13 +28,13 @@ static int decode_embeddings(const char *body, size_t len, oai_request *out, oai
     memset(e, 0, sizeof *e);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
-        return fail(e, 400, NULL, "the request body is not valid JSON");
+        return oai_fail(e, 400, NULL, "the request body is not valid JSON");
     cJSON *req = cJSON_CreateObject(), *state = cJSON_CreateObject();
     const char *pool = "model";
     int rc = 0;
     const cJSON *input = NULL;
     if (!cJSON_IsObject(root))
-        rc = fail(e, 400, NULL, "the request body must be a JSON object");
+        rc = oai_fail(e, 400, NULL, "the request body must be a JSON object");
     for (const cJSON *f = rc ? NULL : root->child; f && !rc; f = f->next) {
         const char *k = f->string;
         if (!strcmp(k, "input")) {
@@ -57,13 +45,13 @@ static int decode_embeddings(const char *body, size_t len, oai_request *out, oai
         } else if (!strcmp(k, "encoding_format")) {
             if (!cJSON_IsNull(f) && !(cJSON_IsString(f) && (!strcmp(f->valuestring, "float") ||
                                                              !strcmp(f->valuestring, "base64"))))
-                rc = fail(e, 400, k, "encoding_format: expected float or base64");
+                rc = oai_fail(e, 400, k, "encoding_format: expected float or base64");
             else
                 cJSON_AddBoolToObject(state, "base64", cJSON_IsString(f) && !strcmp(f->valuestring, "base64"));
         } else if (!strcmp(k, "dimensions")) {
             if (!cJSON_IsNull(f) && (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) ||
                                      f->valuedouble < 1 || f->valuedouble > 1 << 20))
-                rc = fail(e, 400, k, "dimensions: expected an integer >= 1");
+                rc = oai_fail(e, 400, k, "dimensions: expected an integer >= 1");
             else if (!cJSON_IsNull(f))
                 cJSON_AddNumberToObject(state, "dimensions", f->valuedouble);
         } else if (!strcmp(k, "pooling")) {   /* tokpipe's: the model's own unless asked */
@@ -72,15 +60,15 @@ static int decode_embeddings(const char *body, size_t len, oai_request *out, oai
             while (cJSON_IsString(f) && i < 4 && strcmp(pools[i], f->valuestring))
                 i++;
             if (!cJSON_IsString(f) || i == 4)
-                rc = fail(e, 400, k, "pooling: expected mean, last, cls or model");
+                rc = oai_fail(e, 400, k, "pooling: expected mean, last, cls or model");
             else
                 pool = pools[i];
         } else {
-            rc = fail(e, 400, k, "%s: unknown field", k);
+            rc = oai_fail(e, 400, k, "%s: unknown field", k);
         }
     }
     if (!rc && !input)
-        rc = fail(e, 400, "input", "input: required");
+        rc = oai_fail(e, 400, "input", "input: required");
     if (!rc) {
         cJSON_AddItemToObject(req, "prompt", cJSON_Duplicate(input, 1));
         cJSON_AddNumberToObject(req, "max_tokens", 1);   /* the job ends after its prompt */
@@ -91,7 +79,7 @@ static int decode_embeddings(const char *body, size_t len, oai_request *out, oai
     cJSON_Delete(req);
     cJSON_Delete(state);
     if (!rc && (!text || !st))
-        rc = fail(e, 500, NULL, "out of memory");
+        rc = oai_fail(e, 500, NULL, "out of memory");
     if (!rc && oai_decode(OAI_COMPLETIONS, text, strlen(text), out, e)) {
         if (!strncmp(e->param, "prompt", 6)) {   /* "prompt[2]" -> "input[2]" */
             char p[sizeof e->param];

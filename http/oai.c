@@ -10,7 +10,7 @@
 
 #include "tokpipe/toolcall.h"
 
-static int fail(oai_error *e, int status, const char *param, const char *fmt, ...)
+int oai_fail(oai_error *e, int status, const char *param, const char *fmt, ...)
 {
     e->status = status;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
@@ -23,7 +23,7 @@ static int fail(oai_error *e, int status, const char *param, const char *fmt, ..
 
 static int oom(oai_error *e)
 {
-    return fail(e, 500, NULL, "out of memory");
+    return oai_fail(e, 500, NULL, "out of memory");
 }
 
 /* JSON numbers are doubles: an integer must be integral and, for exactness,
@@ -31,12 +31,12 @@ static int oom(oai_error *e)
 static int get_int(const cJSON *v, const char *name, double lo, double hi, int64_t *out, oai_error *e)
 {
     if (!cJSON_IsNumber(v))
-        return fail(e, 400, name, "%s: expected an integer", name);
+        return oai_fail(e, 400, name, "%s: expected an integer", name);
     double d = v->valuedouble;
     if (!isfinite(d) || d != floor(d))
-        return fail(e, 400, name, "%s: %g is not an integer", name, d);
+        return oai_fail(e, 400, name, "%s: %g is not an integer", name, d);
     if (d < lo || d > hi)
-        return fail(e, 400, name, "%s: %.0f is outside [%.0f, %.0f]", name, d, lo, hi);
+        return oai_fail(e, 400, name, "%s: %.0f is outside [%.0f, %.0f]", name, d, lo, hi);
     *out = (int64_t)d;
     return 0;
 }
@@ -44,7 +44,7 @@ static int get_int(const cJSON *v, const char *name, double lo, double hi, int64
 static int get_num(const cJSON *v, const char *name, double *out, oai_error *e)
 {
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return fail(e, 400, name, "%s: expected a number", name);
+        return oai_fail(e, 400, name, "%s: expected a number", name);
     *out = v->valuedouble;
     return 0;
 }
@@ -52,7 +52,7 @@ static int get_num(const cJSON *v, const char *name, double *out, oai_error *e)
 static int get_bool(const cJSON *v, const char *name, bool *out, oai_error *e)
 {
     if (!cJSON_IsBool(v))
-        return fail(e, 400, name, "%s: expected true or false", name);
+        return oai_fail(e, 400, name, "%s: expected true or false", name);
     *out = cJSON_IsTrue(v);
     return 0;
 }
@@ -61,7 +61,7 @@ static int copy_text(const char *s, const char *name, char **out, size_t *len, o
 {
     size_t l = strlen(s);
     if (!tp_proto_utf8_valid(s, l))
-        return fail(e, 400, name, "%s: not valid UTF-8", name);
+        return oai_fail(e, 400, name, "%s: not valid UTF-8", name);
     *out = malloc(l + 1);
     if (!*out)
         return oom(e);
@@ -75,9 +75,9 @@ static int decode_ids(const cJSON *arr, const char *name, oai_prompt *p, oai_err
 {
     int n = cJSON_GetArraySize(arr);
     if (n < 1)
-        return fail(e, 400, name, "%s: an empty list of token ids", name);
+        return oai_fail(e, 400, name, "%s: an empty list of token ids", name);
     if ((size_t)n > TP_PROTO_MAX_IDS)
-        return fail(e, 413, name, "%s: more than %u token ids", name, TP_PROTO_MAX_IDS);
+        return oai_fail(e, 413, name, "%s: more than %u token ids", name, TP_PROTO_MAX_IDS);
     p->ids = malloc((size_t)n * sizeof *p->ids);
     if (!p->ids)
         return oom(e);
@@ -97,7 +97,7 @@ static int decode_ids(const cJSON *arr, const char *name, oai_prompt *p, oai_err
 static int add_prompt(oai_request *r, oai_error *e, oai_prompt **p)
 {
     if (r->n_prompts >= OAI_MAX_PROMPTS)
-        return fail(e, 400, "prompt", "prompt: more than %d prompts", OAI_MAX_PROMPTS);
+        return oai_fail(e, 400, "prompt", "prompt: more than %d prompts", OAI_MAX_PROMPTS);
     if (!r->prompts) {
         r->prompts = calloc(OAI_MAX_PROMPTS, sizeof *r->prompts);
         if (!r->prompts)
@@ -116,7 +116,7 @@ static int decode_prompt(const cJSON *v, oai_request *r, oai_error *e)
         return copy_text(v->valuestring, "prompt", &p->text, &p->text_len, e);
     }
     if (!cJSON_IsArray(v) || !v->child)
-        return fail(e, 400, "prompt", "prompt: expected a string, a list of strings or a list of token ids");
+        return oai_fail(e, 400, "prompt", "prompt: expected a string, a list of strings or a list of token ids");
     if (cJSON_IsNumber(v->child)) {   /* one prompt as token ids */
         if (add_prompt(r, e, &p))
             return -1;
@@ -135,7 +135,7 @@ static int decode_prompt(const cJSON *v, oai_request *r, oai_error *e)
             if (decode_ids(it, nm, p, e))
                 return -1;
         } else {
-            return fail(e, 400, nm, "%s: expected a string or a list of token ids", nm);
+            return oai_fail(e, 400, nm, "%s: expected a string or a list of token ids", nm);
         }
     }
     return 0;
@@ -147,9 +147,9 @@ static int decode_stop(const cJSON *v, tp_params *pp, oai_error *e)
         return 0;
     int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
     if (n < 0)
-        return fail(e, 400, "stop", "stop: expected a string or a list of strings");
+        return oai_fail(e, 400, "stop", "stop: expected a string or a list of strings");
     if (n > TP_PROTO_MAX_STOP)
-        return fail(e, 400, "stop", "stop: more than %d strings", TP_PROTO_MAX_STOP);
+        return oai_fail(e, 400, "stop", "stop: more than %d strings", TP_PROTO_MAX_STOP);
     pp->set |= TP_P_STOP;
     if (!n)
         return 0;
@@ -161,7 +161,7 @@ static int decode_stop(const cJSON *v, tp_params *pp, oai_error *e)
         char nm[64];
         snprintf(nm, sizeof nm, cJSON_IsString(v) ? "stop" : "stop[%d]", i);
         if (!cJSON_IsString(it))
-            return fail(e, 400, nm, "%s: expected a string", nm);
+            return oai_fail(e, 400, nm, "%s: expected a string", nm);
         char *s;
         size_t len;
         if (copy_text(it->valuestring, nm, &s, &len, e))
@@ -176,10 +176,10 @@ static int decode_stop_ids(const cJSON *v, tp_params *pp, oai_error *e)
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsArray(v))
-        return fail(e, 400, "stop_token_ids", "stop_token_ids: expected a list of token ids");
+        return oai_fail(e, 400, "stop_token_ids", "stop_token_ids: expected a list of token ids");
     int n = cJSON_GetArraySize(v);
     if (n > TP_PROTO_MAX_STOP_IDS)
-        return fail(e, 400, "stop_token_ids", "stop_token_ids: more than %d ids", TP_PROTO_MAX_STOP_IDS);
+        return oai_fail(e, 400, "stop_token_ids", "stop_token_ids: more than %d ids", TP_PROTO_MAX_STOP_IDS);
     pp->set |= TP_P_STOP_TOKEN_IDS;
     if (!n)
         return 0;
@@ -229,10 +229,10 @@ static int decode_logit_bias(const cJSON *v, tp_params *pp, oai_error *e)
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsObject(v))
-        return fail(e, 400, "logit_bias", "logit_bias: expected an object of token id -> bias");
+        return oai_fail(e, 400, "logit_bias", "logit_bias: expected an object of token id -> bias");
     int n = cJSON_GetArraySize(v);
     if (n > TP_PROTO_MAX_LOGIT_BIAS)
-        return fail(e, 400, "logit_bias", "logit_bias: more than %d entries", TP_PROTO_MAX_LOGIT_BIAS);
+        return oai_fail(e, 400, "logit_bias", "logit_bias: more than %d entries", TP_PROTO_MAX_LOGIT_BIAS);
     if (!n)
         return 0;
     tp_logit_bias *lb = &pp->logit_bias;
@@ -246,7 +246,7 @@ static int decode_logit_bias(const cJSON *v, tp_params *pp, oai_error *e)
         char *end;
         long id = strtol(it->string, &end, 10);
         if (!it->string[0] || *end || id < 0 || id > INT32_MAX)
-            return fail(e, 400, "logit_bias", "%s: the key must be a token id", nm);
+            return oai_fail(e, 400, "logit_bias", "%s: the key must be a token id", nm);
         double b = 0;
         if (get_num(it, nm, &b, e))
             return -1;
@@ -266,13 +266,13 @@ static int decode_content(const cJSON *c, const char *nm, char **out, size_t *le
     if (cJSON_IsNull(c))
         return copy_text("", nm, out, len, e);
     if (!cJSON_IsArray(c))
-        return fail(e, 400, nm, "%s: expected a string or a list of text parts", nm);
+        return oai_fail(e, 400, nm, "%s: expected a string or a list of text parts", nm);
     size_t total = 0;
     for (const cJSON *p = c->child; p; p = p->next) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
         if (!cJSON_IsString(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
-            return fail(e, 400, nm, "%s: only text parts ({\"type\": \"text\", \"text\": ...}) are supported", nm);
+            return oai_fail(e, 400, nm, "%s: only text parts ({\"type\": \"text\", \"text\": ...}) are supported", nm);
         total += strlen(t->valuestring);
     }
     char *s = malloc(total + 1);
@@ -288,7 +288,7 @@ static int decode_content(const cJSON *c, const char *nm, char **out, size_t *le
     *out = s;
     *len = at;
     if (!tp_proto_utf8_valid(s, at))
-        return fail(e, 400, nm, "%s: not valid UTF-8", nm);
+        return oai_fail(e, 400, nm, "%s: not valid UTF-8", nm);
     return 0;
 }
 
@@ -303,9 +303,9 @@ static int decode_calls(const cJSON *v, const char *nm, tp_chat_msg *m, oai_erro
         return 0;
     int n = cJSON_GetArraySize(v);
     if (!cJSON_IsArray(v) || n > TP_PROTO_MAX_TOOL_CALLS)
-        return fail(e, 400, fn, "%s: expected a list of at most %d calls", fn, TP_PROTO_MAX_TOOL_CALLS);
+        return oai_fail(e, 400, fn, "%s: expected a list of at most %d calls", fn, TP_PROTO_MAX_TOOL_CALLS);
     if (m->tool_calls)
-        return fail(e, 400, fn, "%s: given twice", fn);
+        return oai_fail(e, 400, fn, "%s: given twice", fn);
     m->tool_calls = calloc((size_t)n + 1, sizeof *m->tool_calls);
     if (!m->tool_calls)
         return oom(e);
@@ -319,12 +319,12 @@ static int decode_calls(const cJSON *v, const char *nm, tp_chat_msg *m, oai_erro
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
         if (!cJSON_IsObject(c) || (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function"))))
-            return fail(e, 400, cn, "%s: expected {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}",
+            return oai_fail(e, 400, cn, "%s: expected {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}",
                         cn);
         if (!cJSON_IsString(name) || !name->valuestring[0])
-            return fail(e, 400, cn, "%s.function.name: expected a non-empty string", cn);
+            return oai_fail(e, 400, cn, "%s.function.name: expected a non-empty string", cn);
         if (id && !cJSON_IsString(id))
-            return fail(e, 400, cn, "%s.id: expected a string", cn);
+            return oai_fail(e, 400, cn, "%s.id: expected a string", cn);
         tp_tool_call *t = &m->tool_calls[m->n_tool_calls++];
         char *s = NULL;
         size_t len = 0;
@@ -338,7 +338,7 @@ static int decode_calls(const cJSON *v, const char *nm, tp_chat_msg *m, oai_erro
         if (cJSON_IsObject(args) && !(printed = cJSON_PrintUnformatted(args)))
             return oom(e);
         if (args && !cJSON_IsString(args) && !printed)
-            return fail(e, 400, cn, "%s.function.arguments: expected a JSON string", cn);
+            return oai_fail(e, 400, cn, "%s.function.arguments: expected a JSON string", cn);
         int rc = copy_text(printed ? printed : args ? args->valuestring : "{}", cn, &s, &len, e);
         free(printed);
         if (rc)
@@ -351,10 +351,10 @@ static int decode_calls(const cJSON *v, const char *nm, tp_chat_msg *m, oai_erro
 static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
 {
     if (!cJSON_IsArray(v) || !v->child)
-        return fail(e, 400, "messages", "messages: expected a non-empty list of messages");
+        return oai_fail(e, 400, "messages", "messages: expected a non-empty list of messages");
     int n = cJSON_GetArraySize(v);
     if (n > OAI_MAX_MESSAGES)
-        return fail(e, 400, "messages", "messages: more than %d turns", OAI_MAX_MESSAGES);
+        return oai_fail(e, 400, "messages", "messages: more than %d turns", OAI_MAX_MESSAGES);
     r->messages = calloc((size_t)n, sizeof *r->messages);
     if (!r->messages)
         return oom(e);
@@ -363,7 +363,7 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
         char nm[64];
         snprintf(nm, sizeof nm, "messages[%d]", i);
         if (!cJSON_IsObject(it))
-            return fail(e, 400, nm, "%s: expected an object {role, content}", nm);
+            return oai_fail(e, 400, nm, "%s: expected an object {role, content}", nm);
         tp_chat_msg *m = &r->messages[r->n_messages++];
         for (const cJSON *f = it->child; f; f = f->next) {
             if (!strcmp(f->string, "tool_calls")) {
@@ -378,7 +378,7 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
                 char *s = NULL;
                 size_t len = 0;
                 if (!cJSON_IsString(f))
-                    return fail(e, 400, fn, "%s: expected a string", fn);
+                    return oai_fail(e, 400, fn, "%s: expected a string", fn);
                 if (copy_text(f->valuestring, fn, &s, &len, e))
                     return -1;
                 free((void *)dst->ptr);
@@ -391,7 +391,7 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
             size_t len = 0;
             if (!strcmp(f->string, "role")) {
                 if (!cJSON_IsString(f))
-                    return fail(e, 400, fn, "%s: expected a string", fn);
+                    return oai_fail(e, 400, fn, "%s: expected a string", fn);
                 if (copy_text(f->valuestring, fn, &s, &len, e))
                     return -1;
                 free((void *)m->role.ptr);
@@ -404,17 +404,17 @@ static int decode_messages(const cJSON *v, oai_request *r, oai_error *e)
                 free((void *)m->content.ptr);
                 m->content = (tp_str){s, len};
             } else {
-                return fail(e, 400, fn, "%s: not supported (a turn has role, content, name, tool_call_id, tool_calls)",
+                return oai_fail(e, 400, fn, "%s: not supported (a turn has role, content, name, tool_call_id, tool_calls)",
                             fn);
             }
         }
         if (!m->role.ptr || !m->role.len)
-            return fail(e, 400, nm, "%s.role: required", nm);
+            return oai_fail(e, 400, nm, "%s.role: required", nm);
         /* PROTOCOL.md: content (null included) is required unless the turn carries calls */
         if (!m->content.ptr && !m->n_tool_calls) {
             char fn[96];
             snprintf(fn, sizeof fn, "%s.content", nm);
-            return fail(e, 400, fn, "%s: required (a string, a list of text parts, or null)", fn);
+            return oai_fail(e, 400, fn, "%s: required (a string, a list of text parts, or null)", fn);
         }
         if (!m->content.ptr)
             m->content = (tp_str){strdup(""), 0};
@@ -433,13 +433,13 @@ static int decode_logprobs(const cJSON *v, oai_request *r, oai_error *e)
         return 0;
     if (r->kind == OAI_CHAT) {
         if (!cJSON_IsTrue(v))
-            return fail(e, 400, "logprobs", "logprobs: expected true or false");
+            return oai_fail(e, 400, "logprobs", "logprobs: expected true or false");
         r->logprobs = true;
         return 0;
     }
     int64_t x;
     if (!cJSON_IsNumber(v))
-        return fail(e, 400, "logprobs", "logprobs: expected an integer in [0, %d] (alternatives per token) or null",
+        return oai_fail(e, 400, "logprobs", "logprobs: expected an integer in [0, %d] (alternatives per token) or null",
                     OAI_MAX_LEGACY_LOGPROBS);
     if (get_int(v, "logprobs", 0, OAI_MAX_LEGACY_LOGPROBS, &x, e))
         return -1;
@@ -460,7 +460,7 @@ static int neutral(const cJSON *v, const char *name, const oai_request *r, oai_e
     if (!strcmp(name, "suffix"))
         ok = ok || (cJSON_IsString(v) && !v->valuestring[0]);
     if (!ok)
-        return fail(e, 400, name, "%s: not supported by tokpipe (only its neutral value is accepted)", name);
+        return oai_fail(e, 400, name, "%s: not supported by tokpipe (only its neutral value is accepted)", name);
     return 0;
 }
 
@@ -472,7 +472,7 @@ static int set_constraint(oai_request *r, const char *param, char *grammar, char
     if (r->constraint_param[0]) {
         free(grammar);
         free(schema);
-        return fail(e, 400, param, "%s and %s: only one output constraint per request", r->constraint_param, param);
+        return oai_fail(e, 400, param, "%s and %s: only one output constraint per request", r->constraint_param, param);
     }
     snprintf(r->constraint_param, sizeof r->constraint_param, "%s", param);
     r->grammar = grammar;
@@ -485,7 +485,7 @@ static int set_constraint(oai_request *r, const char *param, char *grammar, char
 static int schema_text(const cJSON *v, const char *param, const char *what, oai_error *e, char **out)
 {
     if (!cJSON_IsObject(v) && !cJSON_IsBool(v))
-        return fail(e, 400, param, "%s: expected a JSON Schema (an object or a boolean)", what);
+        return oai_fail(e, 400, param, "%s: expected a JSON Schema (an object or a boolean)", what);
     *out = cJSON_PrintUnformatted(v);
     return *out ? 0 : oom(e);
 }
@@ -500,10 +500,10 @@ static int decode_response_format(const cJSON *v, oai_request *r, oai_error *e)
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsObject(v))
-        return fail(e, 400, k, "response_format: expected an object with a type");
+        return oai_fail(e, 400, k, "response_format: expected an object with a type");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
     if (!cJSON_IsString(type))
-        return fail(e, 400, k, "response_format.type: required, one of text, json_object, json_schema");
+        return oai_fail(e, 400, k, "response_format.type: required, one of text, json_object, json_schema");
     const char *t = type->valuestring;
     const cJSON *js = NULL, *schema = NULL;
     for (const cJSON *f = v->child; f; f = f->next) {
@@ -514,7 +514,7 @@ static int decode_response_format(const cJSON *v, oai_request *r, oai_error *e)
         else if (!strcmp(t, "json_object") && !strcmp(f->string, "schema"))
             schema = f;
         else
-            return fail(e, 400, k, "response_format.%s: unknown field for type %s", f->string, t);
+            return oai_fail(e, 400, k, "response_format.%s: unknown field for type %s", f->string, t);
     }
     if (!strcmp(t, "text"))
         return 0;
@@ -527,24 +527,24 @@ static int decode_response_format(const cJSON *v, oai_request *r, oai_error *e)
         return set_constraint(r, k, NULL, text, false, e);
     }
     if (strcmp(t, "json_schema"))
-        return fail(e, 400, k, "response_format.type: '%.64s' is not text, json_object or json_schema", t);
+        return oai_fail(e, 400, k, "response_format.type: '%.64s' is not text, json_object or json_schema", t);
     if (!cJSON_IsObject(js))
-        return fail(e, 400, k, "response_format.json_schema: required, an object with name and schema");
+        return oai_fail(e, 400, k, "response_format.json_schema: required, an object with name and schema");
     for (const cJSON *f = js->child; f; f = f->next) {
         if (!strcmp(f->string, "schema")) {
             schema = f;
         } else if (!strcmp(f->string, "name") || !strcmp(f->string, "description")) {
             if (!cJSON_IsString(f) && !cJSON_IsNull(f))
-                return fail(e, 400, k, "response_format.json_schema.%s: expected a string", f->string);
+                return oai_fail(e, 400, k, "response_format.json_schema.%s: expected a string", f->string);
         } else if (!strcmp(f->string, "strict")) {
             if (!cJSON_IsBool(f) && !cJSON_IsNull(f))
-                return fail(e, 400, k, "response_format.json_schema.strict: expected a boolean");
+                return oai_fail(e, 400, k, "response_format.json_schema.strict: expected a boolean");
         } else {
-            return fail(e, 400, k, "response_format.json_schema.%s: unknown field", f->string);
+            return oai_fail(e, 400, k, "response_format.json_schema.%s: unknown field", f->string);
         }
     }
     if (!schema || cJSON_IsNull(schema))
-        return fail(e, 400, k, "response_format.json_schema.schema: required");
+        return oai_fail(e, 400, k, "response_format.json_schema.schema: required");
     if (schema_text(schema, k, "response_format.json_schema.schema", e, &text))
         return -1;
     return set_constraint(r, k, NULL, text, false, e);
@@ -567,12 +567,12 @@ static int decode_tool_choice(const cJSON *v, oai_request *r, oai_error *e)
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
     if (cJSON_IsObject(v) && cJSON_IsString(type) && !strcmp(type->valuestring, "function") && cJSON_IsString(name)) {
         if (!name->valuestring[0] || strlen(name->valuestring) > 64)
-            return fail(e, 400, "tool_choice", "tool_choice.function.name: expected 1-64 characters");
+            return oai_fail(e, 400, "tool_choice", "tool_choice.function.name: expected 1-64 characters");
         if (copy_text(name->valuestring, "tool_choice", &r->tool_choice_name, NULL, e))
             return -1;
         return copy_text("function", "tool_choice", &r->tool_choice, NULL, e);
     }
-    return fail(e, 400, "tool_choice", "tool_choice: expected \"none\", \"auto\", \"required\" or "
+    return oai_fail(e, 400, "tool_choice", "tool_choice: expected \"none\", \"auto\", \"required\" or "
                 "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 }
 
@@ -583,7 +583,7 @@ static int decode_tools(const cJSON *v, const char *body, size_t len, oai_reques
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsArray(v))
-        return fail(e, 400, "tools", "tools: expected a list of {\"type\": \"function\", \"function\": {...}}");
+        return oai_fail(e, 400, "tools", "tools: expected a list of {\"type\": \"function\", \"function\": {...}}");
     if (!v->child)
         return 0;   /* no tools: as if none were sent */
     const char *span;
@@ -604,7 +604,7 @@ static int decode_tools(const cJSON *v, const char *body, size_t len, oai_reques
     }
     free(printed);
     if (rc)
-        return fail(e, 400, "tools", "%s", te.msg);
+        return oai_fail(e, 400, "tools", "%s", te.msg);
     if (!copy)
         return oom(e);
     r->tools = (tp_str){copy, n};
@@ -629,11 +629,11 @@ static int decode_speculative(const cJSON *v, const char *k, tp_params *pp, oai_
     }
     if (strcmp(k, "speculative")) {   /* n_min, p_min */
         if (!cJSON_IsNumber(v))
-            return fail(e, 400, k, "%s: expected a number", k);
+            return oai_fail(e, 400, k, "%s: expected a number", k);
         return 0;
     }
     if (!cJSON_IsObject(v))
-        return fail(e, 400, k, "speculative: expected an object {mode, n_max}");
+        return oai_fail(e, 400, k, "speculative: expected an object {mode, n_max}");
     for (const cJSON *it = v->child; it; it = it->next) {
         char name[64];
         snprintf(name, sizeof name, "speculative.%.40s", it->string);
@@ -643,14 +643,14 @@ static int decode_speculative(const cJSON *v, const char *k, tp_params *pp, oai_
             while (m < 3 && !(cJSON_IsString(it) && !strcmp(it->valuestring, modes[m])))
                 m++;
             if (m == 3)
-                return fail(e, 400, name, "%s: expected \"off\", \"ngram\" or \"draft\"", name);
+                return oai_fail(e, 400, name, "%s: expected \"off\", \"ngram\" or \"draft\"", name);
             sp->mode = tp_str_of(modes[m]);
             sp->set |= TP_SPEC_P_MODE;
         } else if (!strcmp(it->string, "n_max") || !strcmp(it->string, "n_min") || !strcmp(it->string, "p_min")) {
             if (decode_speculative(it, name, pp, e))
                 return -1;
         } else {
-            return fail(e, 400, name, "%s: unknown field", name);
+            return oai_fail(e, 400, name, "%s: unknown field", name);
         }
     }
     return 0;
@@ -663,22 +663,22 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
     int64_t x;
     if (!strcmp(k, "model")) {
         if (!cJSON_IsString(v))
-            return fail(e, 400, k, "model: expected a string");
+            return oai_fail(e, 400, k, "model: expected a string");
         return copy_text(v->valuestring, k, &r->model, NULL, e);
     }
     if (!strcmp(k, "prompt")) {
         if (r->kind == OAI_CHAT)
-            return fail(e, 400, k, "prompt: not a chat completions field (use messages, or /v1/completions)");
+            return oai_fail(e, 400, k, "prompt: not a chat completions field (use messages, or /v1/completions)");
         return decode_prompt(v, r, e);
     }
     if (!strcmp(k, "messages")) {
         if (r->kind != OAI_CHAT)
-            return fail(e, 400, k, "messages: only for /v1/chat/completions");
+            return oai_fail(e, 400, k, "messages: only for /v1/chat/completions");
         return decode_messages(v, r, e);
     }
     if (!strcmp(k, "tools") || !strcmp(k, "tool_choice") || !strcmp(k, "parallel_tool_calls")) {
         if (r->kind != OAI_CHAT)
-            return fail(e, 400, k, "%s: only for /v1/chat/completions", k);
+            return oai_fail(e, 400, k, "%s: only for /v1/chat/completions", k);
         if (!strcmp(k, "tool_choice"))
             return decode_tool_choice(v, r, e);
         if (!strcmp(k, "tools"))
@@ -690,12 +690,12 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
     }
     if (!strcmp(k, "reasoning_effort")) { /* OpenAI's reasoning models' field; the template reads it */
         if (r->kind != OAI_CHAT)
-            return fail(e, 400, k, "%s: only for /v1/chat/completions", k);
+            return oai_fail(e, 400, k, "%s: only for /v1/chat/completions", k);
         if (cJSON_IsNull(v))
             return 0;
         if (!cJSON_IsString(v) || (strcmp(v->valuestring, "low") && strcmp(v->valuestring, "medium") &&
                                    strcmp(v->valuestring, "high")))
-            return fail(e, 400, k, "reasoning_effort: expected \"low\", \"medium\" or \"high\"");
+            return oai_fail(e, 400, k, "reasoning_effort: expected \"low\", \"medium\" or \"high\"");
         free(r->reasoning_effort); /* a repeated key: the last one */
         r->reasoning_effort = NULL;
         return copy_text(v->valuestring, k, &r->reasoning_effort, NULL, e);
@@ -753,7 +753,7 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         if (cJSON_IsNull(v))
             return 0;
         if (r->kind != OAI_CHAT)
-            return fail(e, 400, k, "top_logprobs: a chat completions field (/v1/completions takes logprobs: N)");
+            return oai_fail(e, 400, k, "top_logprobs: a chat completions field (/v1/completions takes logprobs: N)");
         if (get_int(v, k, 0, OAI_MAX_CHAT_TOP_LOGPROBS, &x, e))
             return -1;
         r->top_logprobs = (int)x;
@@ -783,10 +783,10 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         if (cJSON_IsNull(v))
             return 0;
         if (!cJSON_IsObject(v))
-            return fail(e, 400, k, "stream_options: expected an object");
+            return oai_fail(e, 400, k, "stream_options: expected an object");
         for (const cJSON *it = v->child; it; it = it->next) {
             if (strcmp(it->string, "include_usage"))
-                return fail(e, 400, "stream_options", "stream_options.%s: unknown field", it->string);
+                return oai_fail(e, 400, "stream_options", "stream_options.%s: unknown field", it->string);
             if (!cJSON_IsNull(it) && get_bool(it, "stream_options.include_usage", &r->include_usage, e))
                 return -1;
         }
@@ -801,7 +801,7 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
         if (cJSON_IsNull(v))
             return 0;
         if (!cJSON_IsString(v) || !v->valuestring[0])
-            return fail(e, 400, k, "grammar: expected GBNF text (a non-empty string)");
+            return oai_fail(e, 400, k, "grammar: expected GBNF text (a non-empty string)");
         char *g = strdup(v->valuestring);
         if (!g)
             return oom(e);
@@ -817,13 +817,13 @@ static int decode_field(const cJSON *v, oai_request *r, oai_error *e)
     }
     if (!strcmp(k, "user")) {
         if (!cJSON_IsString(v) && !cJSON_IsNull(v))
-            return fail(e, 400, k, "user: expected a string");
+            return oai_fail(e, 400, k, "user: expected a string");
         return 0;
     }
     for (int i = 0; neutral_fields[i]; i++)
         if (!strcmp(k, neutral_fields[i]))
             return neutral(v, k, r, e);
-    return fail(e, 400, k, "%s: unknown field", k);
+    return oai_fail(e, 400, k, "%s: unknown field", k);
 }
 
 /* cJSON keeps C strings, so an escaped NUL would silently cut a prompt or
@@ -849,13 +849,13 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
     out->kind = kind;
     out->n = 1;
     if (has_escaped_nul(body, len))
-        return fail(e, 400, NULL, "the request body holds a \\u0000 (NUL) character, which tokpipe does not take");
+        return oai_fail(e, 400, NULL, "the request body holds a \\u0000 (NUL) character, which tokpipe does not take");
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
-        return fail(e, 400, NULL, "the request body is not valid JSON");
+        return oai_fail(e, 400, NULL, "the request body is not valid JSON");
     int rc = 0;
     if (!cJSON_IsObject(root))
-        rc = fail(e, 400, NULL, "the request body must be a JSON object");
+        rc = oai_fail(e, 400, NULL, "the request body must be a JSON object");
     /* n first: best_of is checked against it */
     const cJSON *nv = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "n") : NULL;
     if (!rc && nv)
@@ -863,7 +863,7 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
     for (const cJSON *it = rc ? NULL : root->child; it && !rc; it = it->next) {
         for (const cJSON *p = root->child; p != it; p = p->next)
             if (!strcmp(p->string, it->string)) {
-                rc = fail(e, 400, it->string, "%s: given twice", it->string);
+                rc = oai_fail(e, 400, it->string, "%s: given twice", it->string);
                 break;
             }
         if (!rc && strcmp(it->string, "n"))
@@ -875,17 +875,17 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
     if (!rc && out->tool_choice && !out->tools.ptr) {
         /* OpenAI: tool_choice none without tools is harmless; auto is not */
         if (strcmp(out->tool_choice, "none"))
-            rc = fail(e, 400, "tool_choice", "tool_choice: only with tools");
+            rc = oai_fail(e, 400, "tool_choice", "tool_choice: only with tools");
         free(out->tool_choice);
         free(out->tool_choice_name);
         out->tool_choice = out->tool_choice_name = NULL;
     }
     if (!rc && kind == OAI_COMPLETIONS && !out->n_prompts)
-        rc = fail(e, 400, "prompt", "prompt: required");
+        rc = oai_fail(e, 400, "prompt", "prompt: required");
     if (!rc && kind == OAI_CHAT && !out->n_messages)
-        rc = fail(e, 400, "messages", "messages: required");
+        rc = oai_fail(e, 400, "messages", "messages: required");
     if (!rc && kind == OAI_CHAT && out->top_logprobs && !out->logprobs)
-        rc = fail(e, 400, "top_logprobs", "top_logprobs: only allowed with logprobs: true");
+        rc = oai_fail(e, 400, "top_logprobs", "top_logprobs: only allowed with logprobs: true");
     if (!rc && out->logprobs) {
         out->params.logprobs = true;
         out->params.top_logprobs = out->top_logprobs;
@@ -904,9 +904,9 @@ int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oa
         out->params.set |= TP_P_JSON_MODE;
     }
     if (!rc && out->include_usage && !out->stream)
-        rc = fail(e, 400, "stream_options", "stream_options: only allowed with stream: true");
+        rc = oai_fail(e, 400, "stream_options", "stream_options: only allowed with stream: true");
     if (!rc && (out->n_prompts ? out->n_prompts : 1) * (size_t)out->n > OAI_MAX_CHOICES)
-        rc = fail(e, 400, "n", "n: %zu prompts x %d choices is more than %d jobs", out->n_prompts, out->n,
+        rc = oai_fail(e, 400, "n", "n: %zu prompts x %d choices is more than %d jobs", out->n_prompts, out->n,
                   OAI_MAX_CHOICES);
     cJSON_Delete(root);
     if (rc)

@@ -89,6 +89,10 @@ typedef struct oai_error {
  * returns -1 with *e naming the field; *out is then empty. */
 int oai_decode(oai_kind kind, const char *body, size_t len, oai_request *out, oai_error *e);
 
+/* e filled (status, param, the message from fmt) for a refusal; -1. The
+ * other API translators refuse with it too. */
+int oai_fail(oai_error *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 void oai_request_free(oai_request *r);
 
 /* The OpenAI parameter name for a SUBMIT field path from the broker or the

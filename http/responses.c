@@ -35,7 +35,7 @@
 
 static int oom(oai_error *e)
 {
-    return aj_fail(e, 500, NULL, "out of memory");
+    return oai_fail(e, 500, NULL, "out of memory");
 }
 
 static const char *type_of(const cJSON *o)
@@ -56,7 +56,7 @@ static cJSON *content_of(const cJSON *v, const char *nm, oai_error *e)
     if (cJSON_IsString(v))
         return cJSON_CreateString(v->valuestring);
     if (!cJSON_IsArray(v)) {
-        aj_fail(e, 400, nm, "%s: expected a string or a list of input_text parts", nm);
+        oai_fail(e, 400, nm, "%s: expected a string or a list of input_text parts", nm);
         return NULL;
     }
     cJSON *parts = cJSON_CreateArray();
@@ -68,9 +68,9 @@ static cJSON *content_of(const cJSON *v, const char *nm, oai_error *e)
         static const char *const keys[] = {"type", "text", "annotations", "logprobs", NULL};
         const cJSON *text = item(p, "text");
         if (!t || (strcmp(t, "input_text") && strcmp(t, "output_text"))) {
-            aj_fail(e, 400, pn, "%s.type: only input_text and output_text parts are supported here", pn);
+            oai_fail(e, 400, pn, "%s.type: only input_text and output_text parts are supported here", pn);
         } else if (!cJSON_IsString(text)) {
-            aj_fail(e, 400, pn, "%s.text: expected a string", pn);
+            oai_fail(e, 400, pn, "%s.text: expected a string", pn);
         } else if (!aj_known_keys(p, keys, pn, e)) {
             cJSON *q = cJSON_CreateObject();
             cJSON_AddItemToArray(parts, q);
@@ -92,12 +92,12 @@ static int message_item(const cJSON *it, const char *nm, cJSON *out, cJSON **ass
     const cJSON *role = item(it, "role");
     const char *r = cJSON_IsString(role) ? role->valuestring : "";
     if (strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "system") && strcmp(r, "developer"))
-        return aj_fail(e, 400, nm, "%s.role: expected user, assistant, system or developer", nm);
+        return oai_fail(e, 400, nm, "%s.role: expected user, assistant, system or developer", nm);
     char cn[96];
     snprintf(cn, sizeof cn, "%s.content", nm);
     const cJSON *content = item(it, "content");
     if (!content)
-        return aj_fail(e, 400, nm, "%s: required", cn);
+        return oai_fail(e, 400, nm, "%s: required", cn);
     cJSON *c = content_of(content, cn, e);
     if (!c)
         return -1;
@@ -116,11 +116,11 @@ static int call_item(const cJSON *it, const char *nm, cJSON *out, cJSON **assist
         return -1;
     const cJSON *id = item(it, "call_id"), *name = item(it, "name"), *args = item(it, "arguments");
     if (!cJSON_IsString(id) || !id->valuestring[0])
-        return aj_fail(e, 400, nm, "%s.call_id: required, a string", nm);
+        return oai_fail(e, 400, nm, "%s.call_id: required, a string", nm);
     if (!cJSON_IsString(name) || !name->valuestring[0])
-        return aj_fail(e, 400, nm, "%s.name: required, a string", nm);
+        return oai_fail(e, 400, nm, "%s.name: required, a string", nm);
     if (!cJSON_IsString(args))
-        return aj_fail(e, 400, nm, "%s.arguments: required, the call's arguments as JSON text", nm);
+        return oai_fail(e, 400, nm, "%s.arguments: required, the call's arguments as JSON text", nm);
     if (!*assistant) {
         *assistant = aj_new_turn(out, "assistant");
         cJSON_AddNullToObject(*assistant, "content");
@@ -146,9 +146,9 @@ static int output_item(const cJSON *it, const char *nm, cJSON *out, oai_error *e
         return -1;
     const cJSON *id = item(it, "call_id"), *o = item(it, "output");
     if (!cJSON_IsString(id) || !id->valuestring[0])
-        return aj_fail(e, 400, nm, "%s.call_id: required, the call_id of the function_call it answers", nm);
+        return oai_fail(e, 400, nm, "%s.call_id: required, the call_id of the function_call it answers", nm);
     if (!cJSON_IsString(o))
-        return aj_fail(e, 400, nm, "%s.output: required, a string", nm);
+        return oai_fail(e, 400, nm, "%s.output: required, a string", nm);
     const char *name = aj_call_name(out, id->valuestring);
     cJSON *m = aj_new_turn(out, "tool");
     cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
@@ -167,17 +167,17 @@ static int translate_input(const cJSON *v, cJSON *out, oai_error *e)
         return 0;
     }
     if (!cJSON_IsArray(v))
-        return aj_fail(e, 400, "input", "input: expected a string or a list of items");
+        return oai_fail(e, 400, "input", "input: expected a string or a list of items");
     cJSON *assistant = NULL;   /* the assistant turn a function_call joins */
     int i = 0;
     for (const cJSON *it = v->child; it; it = it->next, i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "input[%d]", i);
         if (!cJSON_IsObject(it))
-            return aj_fail(e, 400, nm, "%s: expected an item object", nm);
+            return oai_fail(e, 400, nm, "%s: expected an item object", nm);
         const char *t = type_of(it);
         if (item(it, "type") && !t)
-            return aj_fail(e, 400, nm, "%s.type: expected a string", nm);
+            return oai_fail(e, 400, nm, "%s.type: expected a string", nm);
         int rc;
         if (!t || !strcmp(t, "message")) {
             rc = message_item(it, nm, out, &assistant, e);
@@ -191,7 +191,7 @@ static int translate_input(const cJSON *v, cJSON *out, oai_error *e)
                                                NULL};
             rc = aj_known_keys(it, keys, nm, e);
         } else {
-            rc = aj_fail(e, 400, nm, "%s.type: '%.40s' is not message, function_call, function_call_output or reasoning",
+            rc = oai_fail(e, 400, nm, "%s.type: '%.40s' is not message, function_call, function_call_output or reasoning",
                       nm, t);
         }
         if (rc)
@@ -205,17 +205,17 @@ static int translate_input(const cJSON *v, cJSON *out, oai_error *e)
 static int translate_tools(const cJSON *v, cJSON *req, oai_error *e)
 {
     if (!cJSON_IsArray(v))
-        return aj_fail(e, 400, "tools", "tools: expected a list of function tools");
+        return oai_fail(e, 400, "tools", "tools: expected a list of function tools");
     cJSON *out = cJSON_AddArrayToObject(req, "tools");
     int i = 0;
     for (const cJSON *t = v->child; t; t = t->next, i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "tools[%d]", i);
         if (!cJSON_IsObject(t))
-            return aj_fail(e, 400, nm, "%s: expected an object {type: \"function\", name, parameters}", nm);
+            return oai_fail(e, 400, nm, "%s: expected an object {type: \"function\", name, parameters}", nm);
         const char *type = type_of(t);
         if (!type || strcmp(type, "function"))
-            return aj_fail(e, 400, nm, "%s.type: only function tools are supported", nm);
+            return oai_fail(e, 400, nm, "%s.type: only function tools are supported", nm);
         static const char *const keys[] = {"type", "name", "description", "parameters", "strict", NULL};
         if (aj_known_keys(t, keys, nm, e))
             return -1;
@@ -241,12 +241,12 @@ static int translate_tool_choice(const cJSON *v, cJSON *req, oai_error *e)
     const char *t = type_of(v);
     const cJSON *name = item(v, "name");
     if (!cJSON_IsObject(v) || !t || strcmp(t, "function"))
-        return aj_fail(e, 400, k, "tool_choice: expected none, auto, required or {\"type\": \"function\", \"name\"}");
+        return oai_fail(e, 400, k, "tool_choice: expected none, auto, required or {\"type\": \"function\", \"name\"}");
     static const char *const keys[] = {"type", "name", NULL};
     if (aj_known_keys(v, keys, k, e))
         return -1;
     if (!cJSON_IsString(name))
-        return aj_fail(e, 400, k, "tool_choice.name: required, a string");
+        return oai_fail(e, 400, k, "tool_choice.name: required, a string");
     cJSON *c = cJSON_AddObjectToObject(req, k);
     cJSON_AddStringToObject(c, "type", "function");
     cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", name->valuestring);
@@ -259,20 +259,20 @@ static int translate_text(const cJSON *v, cJSON *req, oai_error *e)
 {
     const char *k = "text";
     if (!cJSON_IsObject(v))
-        return aj_fail(e, 400, k, "text: expected an object {format}");
+        return oai_fail(e, 400, k, "text: expected an object {format}");
     static const char *const keys[] = {"format", "verbosity", NULL};
     if (aj_known_keys(v, keys, k, e))
         return -1;
     const cJSON *verb = item(v, "verbosity");
     if (verb && !cJSON_IsNull(verb) && !(cJSON_IsString(verb) && !strcmp(verb->valuestring, "medium")))
-        return aj_fail(e, 400, "text.verbosity", "text.verbosity: only medium (the model's own) is supported");
+        return oai_fail(e, 400, "text.verbosity", "text.verbosity: only medium (the model's own) is supported");
     const cJSON *f = item(v, "format");
     if (!f || cJSON_IsNull(f))
         return 0;
     const char *t = type_of(f);
     k = "text.format";
     if (!cJSON_IsObject(f) || !t)
-        return aj_fail(e, 400, k, "text.format: expected an object with a type");
+        return oai_fail(e, 400, k, "text.format: expected an object with a type");
     if (!strcmp(t, "text") || !strcmp(t, "json_object")) {
         static const char *const tk[] = {"type", NULL};
         if (aj_known_keys(f, tk, k, e))
@@ -282,7 +282,7 @@ static int translate_text(const cJSON *v, cJSON *req, oai_error *e)
         return 0;
     }
     if (strcmp(t, "json_schema"))
-        return aj_fail(e, 400, k, "text.format.type: '%.40s' is not text, json_object or json_schema", t);
+        return oai_fail(e, 400, k, "text.format.type: '%.40s' is not text, json_object or json_schema", t);
     static const char *const sk[] = {"type", "name", "schema", "description", "strict", NULL};
     if (aj_known_keys(f, sk, k, e))
         return -1;
@@ -301,7 +301,7 @@ static int check_reasoning(const cJSON *v, oai_error *e)
     if (cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsObject(v))
-        return aj_fail(e, 400, k, "reasoning: expected an object {effort, summary}");
+        return oai_fail(e, 400, k, "reasoning: expected an object {effort, summary}");
     static const char *const keys[] = {"effort", "summary", "generate_summary", NULL};
     if (aj_known_keys(v, keys, k, e))
         return -1;
@@ -316,7 +316,7 @@ static int check_reasoning(const cJSON *v, oai_error *e)
         while (cJSON_IsString(x) && allowed[j][a] && strcmp(allowed[j][a], x->valuestring))
             a++;
         if (!cJSON_IsString(x) || !allowed[j][a])
-            return aj_fail(e, 400, "reasoning", "reasoning.%s: expected %s", keys[j],
+            return oai_fail(e, 400, "reasoning", "reasoning.%s: expected %s", keys[j],
                         j ? "auto, concise or detailed" : "minimal, low, medium or high");
     }
     return 0;
@@ -426,34 +426,34 @@ static cJSON *echo_of(const cJSON *root)
 static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_error *e)
 {
     if (!cJSON_IsObject(root))
-        return aj_fail(e, 400, NULL, "the request body must be a JSON object");
+        return oai_fail(e, 400, NULL, "the request body must be a JSON object");
     const cJSON *input = NULL, *instructions = NULL, *prev = NULL, *store = NULL;
     for (const cJSON *f = root->child; f; f = f->next) {
         const char *k = f->string;
         for (const cJSON *p = root->child; p != f; p = p->next)
             if (!strcmp(p->string, k))
-                return aj_fail(e, 400, k, "%s: given twice", k);
+                return oai_fail(e, 400, k, "%s: given twice", k);
         size_t i = 0, n = sizeof plain_fields / sizeof plain_fields[0];
         while (i < n && strcmp(plain_fields[i].resp, k))
             i++;
         if (i < n) {
             if (cJSON_IsNumber(f) && !isfinite(f->valuedouble))
-                return aj_fail(e, 400, k, "%s: the number given is not finite", k);
+                return oai_fail(e, 400, k, "%s: the number given is not finite", k);
             if (!cJSON_IsNull(f))
                 cJSON_AddItemToObject(req, plain_fields[i].chat, cJSON_Duplicate(f, 1));
         } else if (!strcmp(k, "input")) {
             input = f;
         } else if (!strcmp(k, "instructions")) {
             if (!cJSON_IsString(f) && !cJSON_IsNull(f))
-                return aj_fail(e, 400, k, "instructions: expected a string");
+                return oai_fail(e, 400, k, "instructions: expected a string");
             instructions = f;
         } else if (!strcmp(k, "previous_response_id")) {
             if (!cJSON_IsString(f) && !cJSON_IsNull(f))
-                return aj_fail(e, 400, k, "previous_response_id: expected a string");
+                return oai_fail(e, 400, k, "previous_response_id: expected a string");
             prev = cJSON_IsString(f) ? f : NULL;
         } else if (!strcmp(k, "store")) {
             if (!cJSON_IsBool(f) && !cJSON_IsNull(f))
-                return aj_fail(e, 400, k, "store: expected true or false");
+                return oai_fail(e, 400, k, "store: expected true or false");
             store = f;
         } else if (!strcmp(k, "tools")) {
             if (translate_tools(f, req, e))
@@ -469,18 +469,18 @@ static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_err
                 return -1;
         } else if (!strcmp(k, "metadata")) {
             if (!cJSON_IsObject(f) && !cJSON_IsNull(f))
-                return aj_fail(e, 400, k, "metadata: expected an object of strings");
+                return oai_fail(e, 400, k, "metadata: expected an object of strings");
             for (const cJSON *m = cJSON_IsObject(f) ? f->child : NULL; m; m = m->next)
                 if (!cJSON_IsString(m))
-                    return aj_fail(e, 400, k, "metadata.%.40s: expected a string", m->string);
+                    return oai_fail(e, 400, k, "metadata.%.40s: expected a string", m->string);
         } else if (!is_neutral(f)) {
-            return aj_fail(e, 400, k, "%s: %s", k, item(root, k) && (!strcmp(k, "truncation") ||
+            return oai_fail(e, 400, k, "%s: %s", k, item(root, k) && (!strcmp(k, "truncation") ||
                         !strcmp(k, "background") || !strcmp(k, "include") || !strcmp(k, "service_tier"))
                         ? "only its neutral value is supported" : "unknown field");
         }
     }
     if (!input && !prev)
-        return aj_fail(e, 400, "input", "input: required");
+        return oai_fail(e, 400, "input", "input: required");
     cJSON *conv = cJSON_AddArrayToObject(state, "conv");
     cJSON_AddItemToObject(state, "echo", echo_of(root));
     cJSON_AddBoolToObject(state, "store", !cJSON_IsFalse(store));
@@ -494,7 +494,7 @@ static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_err
             cJSON_Delete(turns);
             if (!text && g->responses && gw_rstore_get(g->responses, prev->valuestring, NULL, NULL))
                 return oom(e);
-            return aj_fail(e, 400, "previous_response_id",
+            return oai_fail(e, 400, "previous_response_id",
                         "previous_response_id: no stored response '%.64s' (never stored, deleted, or past "
                         "http.responses_max_count / responses_max_bytes)", prev->valuestring);
         }
@@ -505,7 +505,7 @@ static int translate(gw *g, const cJSON *root, cJSON *req, cJSON *state, oai_err
     if (input && translate_input(input, conv, e))
         return -1;
     if (!conv->child)
-        return aj_fail(e, 400, "input", "input: no turns (an empty list and no previous_response_id)");
+        return oai_fail(e, 400, "input", "input: no turns (an empty list and no previous_response_id)");
     cJSON *msgs = cJSON_AddArrayToObject(req, "messages");
     if (cJSON_IsString(instructions))
         cJSON_AddStringToObject(aj_new_turn(msgs, "system"), "content", instructions->valuestring);
@@ -520,7 +520,7 @@ static int decode_responses(gw *g, const char *body, size_t len, oai_request *ou
     memset(e, 0, sizeof *e);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
-        return aj_fail(e, 400, NULL, "the request body is not valid JSON");
+        return oai_fail(e, 400, NULL, "the request body is not valid JSON");
     cJSON *req = cJSON_CreateObject(), *state = cJSON_CreateObject();
     int rc = req && state ? translate(g, root, req, state, e) : oom(e);
     char *text = rc ? NULL : cJSON_PrintUnformatted(req);
