@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "tokpipe/chat_template.h"
 #include "tokpipe/gguf.h"
@@ -64,15 +66,49 @@ int tp_chat_gguf_info(const tp_gguf *g, char **tmpl, char **bos, char **eos, tp_
     return 0;
 }
 
+/* A GGUF file's template: the file mapped, not read (a model file may be
+ * many gigabytes; only its metadata is looked at, and its pages are shared
+ * with the forward worker's mapping of the same file). */
+static int gguf_template(FILE *f, const char *path, tp_chat_template **out, tp_err *err)
+{
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0)
+        return tp_err_set(err, TP_EIO, "%s: %s", path, strerror(errno));
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fileno(f), 0);
+    if (map == MAP_FAILED)
+        return tp_err_set(err, TP_EIO, "%s: mmap: %s", path, strerror(errno));
+    tp_gguf *g = NULL;
+    char *text = NULL, *bos = NULL, *eos = NULL;
+    tp_err e;
+    int rc = tp_gguf_parse(map, (size_t)st.st_size, &g, &e);
+    if (!rc)
+        rc = tp_chat_gguf_info(g, &text, &bos, &eos, &e);
+    tp_gguf_free(g);
+    munmap(map, (size_t)st.st_size);
+    free(bos);
+    free(eos);
+    if (rc) {
+        free(text);
+        return tp_err_set(err, rc, "%s: %s", path, e.msg);
+    }
+    rc = tp_chat_template_new(text, strlen(text), out, &e);
+    free(text);
+    return rc ? tp_err_set(err, rc, "%s: tokenizer.chat_template: %s", path, e.msg) : 0;
+}
+
 int tp_chat_template_load(const char *path, bool gguf_only, tp_chat_template **out, tp_err *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return tp_err_set(err, TP_EIO, "%s: %s", path, strerror(errno));
     char magic[4];
-    if (gguf_only && (fread(magic, 1, 4, f) != 4 || memcmp(magic, "GGUF", 4))) {
+    bool gguf = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (gguf || gguf_only) {
+        int rc = gguf ? gguf_template(f, path, out, err)
+                      : tp_err_set(err, TP_ENOTFOUND, "%s is not a GGUF file, so it has no tokenizer.chat_template",
+                                   path);
         fclose(f);
-        return tp_err_set(err, TP_ENOTFOUND, "%s is not a GGUF file, so it has no tokenizer.chat_template", path);
+        return rc;
     }
     rewind(f);
     char *buf = NULL;
@@ -80,8 +116,6 @@ int tp_chat_template_load(const char *path, bool gguf_only, tp_chat_template **o
     int rc = 0;
     for (;;) {
         if (len == cap) {
-            /* a GGUF model file is read whole: a vocabulary-only or small
-             * model is the common case for a template source */
             size_t nc = cap ? cap * 2 : 1u << 16;
             char *nb = realloc(buf, nc + 1);
             if (!nb) {
@@ -95,7 +129,7 @@ int tp_chat_template_load(const char *path, bool gguf_only, tp_chat_template **o
         len += got;
         if (got == 0)
             break;
-        if (len >= 4 && memcmp(buf, "GGUF", 4) && len > TP_CHAT_MAX_TEMPLATE) {
+        if (len > TP_CHAT_MAX_TEMPLATE) {
             rc = tp_err_set(err, TP_ERANGE, "%s: a template of more than %u bytes", path, TP_CHAT_MAX_TEMPLATE);
             break;
         }
@@ -107,32 +141,7 @@ int tp_chat_template_load(const char *path, bool gguf_only, tp_chat_template **o
         free(buf);
         return rc;
     }
-    if (len >= 4 && !memcmp(buf, "GGUF", 4)) {
-        tp_gguf *g = NULL;
-        char *text = NULL, *bos = NULL, *eos = NULL;
-        tp_err e;
-        rc = tp_gguf_parse(buf, len, &g, &e);
-        if (!rc)
-            rc = tp_chat_gguf_info(g, &text, &bos, &eos, &e);
-        tp_gguf_free(g);
-        free(buf);
-        free(bos);
-        free(eos);
-        if (rc) {
-            free(text);
-            return tp_err_set(err, rc, "%s: %s", path, e.msg);
-        }
-        rc = tp_chat_template_new(text, strlen(text), out, &e);
-        free(text);
-        if (rc)
-            return tp_err_set(err, rc, "%s: tokenizer.chat_template: %s", path, e.msg);
-        return 0;
-    }
     tp_err e;
-    if (gguf_only) {
-        free(buf);
-        return tp_err_set(err, TP_ENOTFOUND, "%s is not a GGUF file, so it has no tokenizer.chat_template", path);
-    }
     rc = tp_chat_template_new(buf, len, out, &e);
     free(buf);
     if (rc)
