@@ -254,7 +254,7 @@ int main(int argc, char **argv)
         snprintf(path, sizeof path, "%s/q.gguf", dir);
         tp_tokenizer *tok;
         if (tp_synth_parse_shape("stories260K", &sh, &e) || tp_synth_write_gguf(path, &sh, 3, &o, &e) ||
-            tp_model_load(path, &S.model, &e) || tp_model_load_tokenizer(path, &tok, &e))
+            tp_model_load(path, &S.model, &e) || tp_tokenizer_open(path, 0, &tok, &e))
             die("random qwen3-vocabulary model", &e);
         unlink(path);
         rmdir(dir);

@@ -6,6 +6,7 @@
 
 #include "tokpipe/gguf.h"
 #include "tokpipe/model.h"
+#include "tokpipe/vocab.h"
 #include "../workers/forward/quant.h"
 
 static void walk(const tp_gguf *g)
@@ -99,14 +100,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tp_tokenizer *t;
     if (tp_model_from_memory(data, size, &m, &e) == 0) {
         read_typed(m);
-        tp_model_vocab v;
-        if (tp_model_vocab_get(m, &v, NULL) == 0 && v.n > 0)
-            (void)*(volatile const char *)(v.piece_lens[v.n - 1] ? v.pieces[v.n - 1] : "");
+        const tp_gguf_vocab *v;
+        if (tp_model_vocab_get(m, &v, NULL) == 0 && v->spec.n > 0)
+            (void)*(volatile const char *)(v->spec.lens[v->spec.n - 1] ? v->spec.pieces[v->spec.n - 1] : "");
         if (tp_model_tokenizer(m, &t, NULL) == 0)
             tp_tokenizer_free(t);
         tp_model_free(m);
     }
-    if (tp_model_tokenizer_from_memory(data, size, &t, NULL) == 0) { /* vocab-only path */
+    if (tp_tokenizer_from_gguf_mem(data, size, &t, NULL) == 0) { /* vocab-only path */
         int ids[16];
         size_t n;
         tp_tokenizer_encode(t, "Once upon a time", 16, true, ids, 16, &n, NULL);

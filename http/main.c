@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "gw.h"
+#include "tokpipe/load.h"
 
 #define SHUTDOWN_FLUSH_MS 5000   /* at most this long for open answers to go out */
 
@@ -154,10 +155,15 @@ int main(int argc, char **argv)
     if (!rc) {
         tp_err te;
         tp_err_clear(&te);
-        const char *vpath = cfg.tokenizer_path && cfg.tokenizer_path[0] ? cfg.tokenizer_path : cfg.model_path;
-        if (tp_tokenizer_open(vpath, 0, &tok, &te)) {
+        tp_load_spec ls = {.model = cfg.model_path, .tokenizer = cfg.tokenizer_path, .what = TP_LOAD_TOKENIZER};
+        tp_loaded ld;
+        if (tp_load(&ls, &ld, &te)) {
             snprintf(tok_error, sizeof tok_error, "%s", te.msg);
             fprintf(stderr, "tokpipe-http: logprobs unavailable: %s\n", te.msg);
+        } else {
+            tok = ld.tok;
+            ld.tok = NULL;
+            tp_loaded_free(&ld);
         }
         g.tok = tok;
         g.tok_error = tok_error;

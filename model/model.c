@@ -5,6 +5,7 @@
 #include "tokpipe/model.h"
 #include "tokpipe/ggml_types.h"
 #include "tokpipe/gguf.h"
+#include "tokpipe/vocab.h"
 #include "arch.h"
 
 #include <errno.h>
@@ -53,12 +54,7 @@ struct tp_model {
     char identity[256];
     /* GGUF vocabulary (NULL pieces when absent) */
     tp_gguf *gguf;
-    tp_model_vocab vocab;
-    const char **pieces;
-    size_t *piece_lens;
-    float *scores;
-    int32_t *types;
-    char tok_model[32];
+    tp_gguf_vocab vocab;   /* spec.n 0 when the file has none */
     char arch_name[16];    /* GGUF metadata prefix: "llama", "qwen2", ... */
     const tp_arch *arch;   /* GGUF: its entry in model/archs.c */
     float *rope_freqs;     /* [head_size / 2] or NULL */
@@ -860,102 +856,36 @@ static int gguf_weights(tp_model *m, const tp_gguf *g, tp_err *err)
     return gguf_no_unused(m, g, err);
 }
 
-static int gguf_vocab_ids(tp_model *m, const tp_gguf *g, tp_err *err)
-{
-    tp_model_vocab *v = &m->vocab;
-    int rc = gguf_int(g, "tokenizer.ggml.bos_token_id", 1, false, &v->bos_id, err);
-    if (!rc) rc = gguf_int(g, "tokenizer.ggml.eos_token_id", 2, false, &v->eos_id, err);
-    if (!rc) rc = gguf_int(g, "tokenizer.ggml.unknown_token_id", 0, false, &v->unk_id, err);
-    if (rc)
-        return rc;
-    int V = m->cfg.vocab_size ? m->cfg.vocab_size : MAX_VOCAB;
-    if (v->bos_id < 0 || v->bos_id >= V || v->eos_id < 0 || v->eos_id >= V || v->unk_id < 0 || v->unk_id >= V)
-        return tp_err_set(err, TP_EFORMAT, "gguf: special token ids bos=%d eos=%d unk=%d outside vocab 0..%d",
-                          v->bos_id, v->eos_id, v->unk_id, V - 1);
-    /* a sampled BOS ends a TinyStories story; but a vocabulary without a
-     * BOS (Qwen's) gets the default id 1, an ordinary token ('"' there),
-     * which must not end generation */
-    int64_t given;
-    tp_err ignore;
-    m->n_eos = 0;
-    if (tp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &given, &ignore) == 0)
-        m->eos[m->n_eos++] = v->bos_id;
-    if (!m->n_eos || v->eos_id != v->bos_id)
-        m->eos[m->n_eos++] = v->eos_id;
-    return 0;
-}
-
-static int gguf_numbers(const tp_gguf *g, const char *key, uint32_t want_type, int n, void *dst, tp_err *err)
-{
-    uint32_t type;
-    uint64_t count;
-    const uint8_t *raw;
-    int rc = tp_gguf_get_array(g, key, &type, &count, &raw, err);
-    if (rc == TP_ENOTFOUND) {
-        tp_err_clear(err);
-        return 0;
-    }
-    if (rc)
-        return rc;
-    if (type != want_type || count != (uint64_t)n)
-        return tp_err_set(err, TP_EFORMAT, "gguf: %s has %llu elements of type %u, expected %d of type %u",
-                          key, (unsigned long long)count, type, n, want_type);
-    memcpy(dst, raw, (size_t)n * 4);
-    return 0;
-}
-
+/* The file's vocabulary, from the one reader (vocab.c). A sampled BOS ends
+ * a TinyStories story; but a vocabulary without a BOS (Qwen's) gets
+ * SentencePiece's default id 1 nowhere, and a BPE vocabulary's default
+ * is none: only ids the file names end generation. */
 static int gguf_vocab(tp_model *m, const tp_gguf *g, tp_err *err)
 {
-    int rc = m->cfg.vocab_size ? gguf_vocab_ids(m, g, err) : 0;
-    if (rc)
-        return rc;
-    tp_gguf_str *toks;
-    uint64_t n;
-    rc = tp_gguf_get_str_array(g, "tokenizer.ggml.tokens", &toks, &n, err);
-    if (rc == TP_ENOTFOUND) {
+    int V = m->cfg.vocab_size;
+    int rc = tp_gguf_vocab_read(g, &m->vocab, err);
+    if (rc == TP_ENOTFOUND) { /* weights only: the tokenizer is a separate file */
         tp_err_clear(err);
+        m->n_eos = 0;
+        if (V > 2)
+            m->eos[m->n_eos++] = 2;
         return 0;
     }
-    if (rc)
-        return rc;
-    if (!m->cfg.vocab_size && n >= 1 && n <= MAX_VOCAB)
-        m->cfg.vocab_size = (int)n; /* vocab-only file: the token list decides */
-    int V = m->cfg.vocab_size;
-    if (n != (uint64_t)V) {
-        free(toks);
-        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.tokens has %llu entries, the model has %d",
-                          (unsigned long long)n, V);
+    if (rc) {
+        char msg[TP_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
+        return tp_err_set(err, rc, "gguf: %s", msg);
     }
-    m->pieces = malloc((size_t)V * sizeof *m->pieces);
-    m->piece_lens = malloc((size_t)V * sizeof *m->piece_lens);
-    m->scores = calloc((size_t)V, sizeof *m->scores);
-    m->types = malloc((size_t)V * sizeof *m->types);
-    if (!m->pieces || !m->piece_lens || !m->scores || !m->types) {
-        free(toks);
-        return tp_err_set(err, TP_ENOMEM, "gguf: out of memory for a %d-token vocabulary", V);
-    }
-    for (int i = 0; i < V; i++) {
-        m->pieces[i] = toks[i].ptr;
-        m->piece_lens[i] = (size_t)toks[i].len;
-        m->types[i] = 1;
-    }
-    free(toks);
-    if (!m->n_eos && (rc = gguf_vocab_ids(m, g, err))) /* vocab-only: ids checked against n now */
-        return rc;
-    rc = gguf_numbers(g, "tokenizer.ggml.scores", TP_GGUF_F32, V, m->scores, err);
-    if (!rc) rc = gguf_numbers(g, "tokenizer.ggml.token_type", TP_GGUF_I32, V, m->types, err);
-    if (rc)
-        return rc;
-    tp_gguf_str tm = {"", 0};
-    if (tp_gguf_get_str(g, "tokenizer.ggml.model", &tm, NULL) == 0)
-        snprintf(m->tok_model, sizeof m->tok_model, "%.*s", (int)(tm.len > 31 ? 31 : tm.len), tm.ptr);
-    tp_model_vocab *v = &m->vocab;
-    v->n = V;
-    v->pieces = m->pieces;
-    v->piece_lens = m->piece_lens;
-    v->scores = m->scores;
-    v->types = m->types;
-    v->model = m->tok_model;
+    const tp_vocab_spec *v = &m->vocab.spec;
+    if (!V)
+        m->cfg.vocab_size = v->n; /* vocab-only file: the token list decides */
+    else if (v->n != V)
+        return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.tokens has %d entries, the model has %d", v->n, V);
+    m->n_eos = 0;
+    if (m->vocab.bos_given && v->bos_id >= 0)
+        m->eos[m->n_eos++] = v->bos_id;
+    if (v->eos_id >= 0 && (!m->n_eos || v->eos_id != v->bos_id))
+        m->eos[m->n_eos++] = v->eos_id;
     return 0;
 }
 
@@ -1040,8 +970,8 @@ static int map_file(const char *path, void **map, size_t *size, tp_err *err)
 int tp_model_load(const char *path, tp_model **out, tp_err *err)
 {
     *out = NULL;
-    void *map;
-    size_t size;
+    void *map = NULL;
+    size_t size = 0;
     int rc = map_file(path, &map, &size, err);
     if (rc)
         return rc;
@@ -1069,10 +999,7 @@ void tp_model_free(tp_model *m)
     free(m->exps);
     free(m->rope_freqs);
     free(m->tensor_used);
-    free(m->pieces);
-    free(m->piece_lens);
-    free(m->scores);
-    free(m->types);
+    tp_gguf_vocab_release(&m->vocab);
     if (m->map)
         munmap(m->map, m->map_size);
     free(m);
@@ -1128,78 +1055,17 @@ int tp_model_eos_ids(const tp_model *m, const int **ids)
 int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err)
 {
     *out = NULL;
-    tp_model_vocab v;
-    memset(&v, 0, sizeof v);
+    const tp_gguf_vocab *v;
     int rc = tp_model_vocab_get(m, &v, err);
-    if (rc)
-        return rc;
-    /* the tokenizer module reads tokenizer.ggml.* itself (merges, pre,
-     * special ids, add_bos/add_eos), for both vocabulary kinds */
-    return tp_tokenizer_from_gguf(m->gguf, out, err);
+    return rc ? rc : tp_gguf_vocab_tokenizer(v, out, err);
 }
 
-/* Vocabulary-only view of a GGUF file: no tensors or shape required. */
-static int vocab_only(tp_model *m, tp_err *err)
-{
-    if (m->size < 4 || memcmp(m->data, "GGUF", 4))
-        return tp_err_set(err, TP_EFORMAT, "not a GGUF file (llama2.c tokenizers are separate "
-                          "tokenizer.bin files)");
-    int rc = tp_gguf_parse(m->data, m->size, &m->gguf, err);
-    if (!rc)
-        rc = gguf_vocab(m, m->gguf, err);
-    if (!rc && !m->pieces)
-        rc = tp_err_set(err, TP_ENOTFOUND, "gguf: no tokenizer.ggml.tokens in this file");
-    return rc;
-}
-
-/* Vocabulary-only model over data; takes ownership of map (may be NULL). */
-static int tokenizer_from(const void *data, size_t size, void *map, tp_tokenizer **out, tp_err *err)
-{
-    tp_model *m = calloc(1, sizeof *m);
-    if (!m) {
-        if (map)
-            munmap(map, size);
-        return tp_err_set(err, TP_ENOMEM, "model: out of memory");
-    }
-    m->data = data;
-    m->size = size;
-    m->map = map;
-    m->map_size = size;
-    m->format = TP_MODEL_GGUF;
-    int rc = vocab_only(m, err);
-    if (!rc)
-        rc = tp_model_tokenizer(m, out, err);
-    tp_model_free(m);
-    return rc;
-}
-
-int tp_model_tokenizer_from_memory(const void *data, size_t size, tp_tokenizer **out, tp_err *err)
+int tp_model_vocab_get(const tp_model *m, const tp_gguf_vocab **out, tp_err *err)
 {
     *out = NULL;
-    return tokenizer_from(data, size, NULL, out, err);
-}
-
-int tp_model_load_tokenizer(const char *path, tp_tokenizer **out, tp_err *err)
-{
-    *out = NULL;
-    void *map;
-    size_t size;
-    int rc = map_file(path, &map, &size, err);
-    if (!rc)
-        rc = tokenizer_from(map, size, map, out, err);
-    if (rc && err) {
-        char msg[TP_ERR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        tp_err_set(err, rc, "%s: %s", path, msg);
-    }
-    return rc;
-}
-
-int tp_model_vocab_get(const tp_model *m, tp_model_vocab *out, tp_err *err)
-{
-    if (!m->pieces)
+    if (!m->vocab.spec.n)
         return tp_err_set(err, TP_ENOTFOUND, "model: %s file has no embedded vocabulary",
                           m->format == TP_MODEL_GGUF ? "this GGUF" : "a llama2.c");
-    *out = m->vocab;
+    *out = &m->vocab;
     return 0;
 }

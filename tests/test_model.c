@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "tokpipe/model.h"
+#include "tokpipe/vocab.h"
 #include "support/model_files.h"
 #include "support/tiny_model.h"
 
@@ -45,7 +46,7 @@ static void llama2c_header_gives_the_readme_shape(void **state)
     assert_int_equal(eos[1], 2);
     assert_int_equal(tp_model_get_format(m), TP_MODEL_LLAMA2C);
     assert_non_null(strstr(tp_model_identity(m), "llama2c dim=64 hidden=172 layers=5 heads=8 kv_heads=4"));
-    tp_model_vocab v;
+    const tp_gguf_vocab *v;
     tp_err e;
     assert_int_equal(tp_model_vocab_get(m, &v, &e), TP_ENOTFOUND);
     tp_model_free(m);
@@ -81,16 +82,17 @@ static void gguf_gives_same_shape_weights_and_embedded_vocab(void **state)
         assert_memory_equal(x->rms_att, y->rms_att, d * 4);
         assert_memory_equal(x->rms_ffn, y->rms_ffn, d * 4);
     }
-    tp_model_vocab v;
+    const tp_gguf_vocab *v;
     tp_err e;
     assert_int_equal(tp_model_vocab_get(g, &v, &e), 0);
-    assert_int_equal(v.n, 512);
-    assert_int_equal(v.bos_id, 1);
-    assert_int_equal(v.eos_id, 2);
-    assert_string_equal(v.model, "llama");
-    assert_int_equal(v.piece_lens[3], 6);
-    assert_memory_equal(v.pieces[3], "<0x00>", 6);
-    assert_int_equal(v.types[3], 6); /* byte token */
+    assert_int_equal(v->spec.n, 512);
+    assert_int_equal(v->spec.bos_id, 1);
+    assert_int_equal(v->spec.eos_id, 2);
+    assert_int_equal(v->spec.kind, TP_TOKENIZER_SPM);
+    assert_string_equal(v->model, "llama");
+    assert_int_equal(v->spec.lens[3], 6);
+    assert_memory_equal(v->spec.pieces[3], "<0x00>", 6);
+    assert_int_equal(v->spec.types[3], 6); /* byte token */
     const int *eos;
     assert_int_equal(tp_model_eos_ids(g, &eos), 2);
     assert_int_equal(eos[0], 1);
@@ -214,7 +216,7 @@ static void vocab_only_gguf_files_give_a_tokenizer(void **state)
     tp_tokenizer *t;
     tp_err e;
     model_file_path("llama.cpp-vocab/ggml-vocab-llama-spm.gguf", path, sizeof path);
-    assert_int_equal(tp_model_load_tokenizer(path, &t, &e), 0);
+    assert_int_equal(tp_tokenizer_open(path, 0, &t, &e), 0);
     int ids[64];
     size_t n;
     encode(t, "Hello world", false, ids, &n);
@@ -224,7 +226,7 @@ static void vocab_only_gguf_files_give_a_tokenizer(void **state)
     assert_int_equal(tp_tokenizer_vocab_size(t), 32000);
     tp_tokenizer_free(t);
     model_file_path("llama.cpp-vocab/ggml-vocab-gpt-2.gguf", path, sizeof path);
-    assert_int_equal(tp_model_load_tokenizer(path, &t, &e), 0);
+    assert_int_equal(tp_tokenizer_open(path, 0, &t, &e), 0);
     assert_int_equal(tp_tokenizer_kind(t), TP_TOKENIZER_BPE);
     encode(t, "Hello world", false, ids, &n);
     const int want_bpe[] = {15496, 995}; /* the gpt-2 file's own .out vector */
@@ -232,8 +234,9 @@ static void vocab_only_gguf_files_give_a_tokenizer(void **state)
     assert_memory_equal(ids, want_bpe, sizeof want_bpe);
     tp_tokenizer_free(t);
     model_file_path("stories260K.bin", path, sizeof path);
-    assert_int_equal(tp_model_load_tokenizer(path, &t, &e), TP_EFORMAT);
-    assert_non_null(strstr(e.msg, "not a GGUF file"));
+    /* a checkpoint is neither a GGUF vocabulary nor a tokenizer.bin */
+    assert_int_equal(tp_tokenizer_open(path, 0, &t, &e), TP_EFORMAT);
+    assert_non_null(strstr(e.msg, "stories260K.bin"));
 }
 
 static void missing_file_is_an_io_error_naming_the_path(void **state)

@@ -27,7 +27,7 @@
 #include "client.h"
 #include "evfmt.h"
 #include "genopts.h"
-#include "tokload.h"
+#include "tokpipe/load.h"
 #include "tokpipe/buf.h"
 #include "tokpipe/chat_template.h"
 #include "tokpipe/detok.h"
@@ -105,8 +105,9 @@ typedef struct chat {
     unsigned turn;
     bool at_line_start;      /* stdout: nothing printed since the last newline */
     /* in process */
-    tp_model *model;
-    tp_tokenizer *tok;
+    tp_loaded files;         /* the model, its vocabulary and its template */
+    tp_model *model;         /* files' */
+    tp_tokenizer *tok;       /* files' */
     tp_forward *fwd;
     tp_tokenize_stage *st;
     int vocab;
@@ -306,46 +307,19 @@ static int save_file(chat *ch, const char *path, tp_err *err)
 
 static int engine_open(chat *ch, tp_err *err)
 {
-    int rc = tp_model_load(ch->model_path, &ch->model, err);
+    tp_load_spec ls = {.model = ch->model_path, .tokenizer = ch->tok_path, .chat_template = ch->template_path,
+                       .tokenizer_opt = "--tokenizer FILE", .template_opt = "--template FILE",
+                       .what = TP_LOAD_MODEL | TP_LOAD_TOKENIZER | TP_LOAD_TEMPLATE_REQUIRED};
+    int rc = tp_load(&ls, &ch->files, err);
     if (rc)
         return rc;
+    ch->model = ch->files.model;
+    ch->tok = ch->files.tok;
     ch->vocab = tp_model_get_config(ch->model)->vocab_size;
-    if (ch->tok_path)
-        rc = tools_tokenizer_open(ch->tok_path, &ch->tok, err);
-    else if ((rc = tp_model_tokenizer(ch->model, &ch->tok, err)) == TP_ENOTFOUND)
-        return tp_err_set(err, TP_EINVAL, "%s has no embedded vocabulary: pass --tokenizer FILE", ch->model_path);
-    if (rc)
+    if ((rc = tp_tokenize_stage_new(ch->tok, &ch->st, err)))
         return rc;
-    if (tp_tokenizer_vocab_size(ch->tok) != ch->vocab)
-        return tp_err_set(err, TP_EINVAL, "tokenizer has %d tokens but the model's vocabulary is %d",
-                          tp_tokenizer_vocab_size(ch->tok), ch->vocab);
-    /* the template: --template, else the tokenizer's or the model's GGUF */
-    tp_chat_template *t = NULL;
-    const char *src = ch->template_path ? ch->template_path : ch->tok_path ? ch->tok_path : ch->model_path;
-    tp_err e;
-    rc = tp_chat_template_load(src, !ch->template_path, &t, &e);
-    if (rc == TP_ENOTFOUND && !ch->template_path && src != ch->model_path)
-        rc = tp_chat_template_load(ch->model_path, true, &t, &e);
-    if (rc == TP_ENOTFOUND && !ch->template_path)
-        return tp_err_set(err, TP_EINVAL, "%s has no chat template: give one with --template FILE (a .jinja file, "
-                          "e.g. from the model's tokenizer_config.json, or a GGUF that has one)", ch->model_path);
-    if (rc)
-        return tp_err_set(err, rc, "%s", e.msg);
-    if ((rc = tp_tokenize_stage_new(ch->tok, &ch->st, err))) {
-        tp_chat_template_free(t);
-        return rc;
-    }
-    char *bt[2] = {NULL, NULL};
-    int ids[2] = {tp_tokenizer_bos_id(ch->tok), tp_tokenizer_eos_id(ch->tok)};
-    for (int k = 0; k < 2; k++) {
-        size_t len = 0;
-        const char *p = ids[k] >= 0 ? tp_tokenizer_piece(ch->tok, ids[k], &len) : NULL;
-        if (p)
-            bt[k] = strndup(p, len);
-    }
-    rc = tp_tokenize_stage_set_chat(ch->st, t, bt[0], bt[1], NULL, err);
-    free(bt[0]);
-    free(bt[1]);
+    rc = tp_tokenize_stage_set_chat(ch->st, ch->files.tmpl, ch->files.bos_text, ch->files.eos_text, NULL, err);
+    ch->files.tmpl = NULL; /* the stage's now */
     if (rc)
         return rc;
     if ((rc = tp_forward_new(ch->model, 1, 0, CHAT_STEP_TOKENS, &ch->fwd, err)))
@@ -357,8 +331,7 @@ static void engine_close(chat *ch)
 {
     tp_forward_free(ch->fwd);
     tp_tokenize_stage_free(ch->st);
-    tp_tokenizer_free(ch->tok);
-    tp_model_free(ch->model);
+    tp_loaded_free(&ch->files);
 }
 
 /* One turn's job: the same stages as `tokpipe run --messages`. */

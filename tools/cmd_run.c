@@ -8,12 +8,12 @@
  * invariant). It is the reference the pipeline's output is compared with. */
 #include "evfmt.h"
 #include "genopts.h"
-#include "tokload.h"
 #include "tools.h"
 #include "tokpipe/buf.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/toolcall.h"
 #include "tokpipe/chat_template.h"
+#include "tokpipe/load.h"
 #include "tokpipe/detok.h"
 #include "tokpipe/stage.h"
 #include "tokpipe/forward.h"
@@ -89,8 +89,9 @@ typedef struct run_job {
 } run_job;
 
 typedef struct run_ctx {
-    tp_model *model;
-    tp_tokenizer *tok;
+    tp_loaded files;     /* the model, its vocabulary and (for --message) its template */
+    tp_model *model;     /* files' */
+    tp_tokenizer *tok;   /* files' */
     tp_forward *fwd;
     run_job *jobs;
     size_t n_jobs;
@@ -195,21 +196,15 @@ static int parse_args(int argc, char **argv, run_args *a, tp_err *err)
 
 static int load_engine(run_ctx *c, const run_args *a, tp_err *err)
 {
-    int rc = tp_model_load(a->model, &c->model, err);
+    tp_load_spec ls = {.model = a->model, .tokenizer = a->tokenizer, .chat_template = a->chat_template,
+                       .tokenizer_opt = "--tokenizer FILE", .template_opt = "--chat-template FILE",
+                       .what = TP_LOAD_MODEL | TP_LOAD_TOKENIZER | (a->gen.n_messages ? TP_LOAD_TEMPLATE : 0)};
+    int rc = tp_load(&ls, &c->files, err);
     if (rc)
         return rc;
-    const tp_model_config *cfg = tp_model_get_config(c->model);
-    c->vocab = cfg->vocab_size;
-    if (a->tokenizer)
-        rc = tools_tokenizer_open(a->tokenizer, &c->tok, err);
-    else if ((rc = tp_model_tokenizer(c->model, &c->tok, err)) == TP_ENOTFOUND)
-        return tp_err_set(err, TP_EINVAL, "%s has no embedded vocabulary: pass --tokenizer FILE",
-                          a->model);
-    if (rc)
-        return rc;
-    if (tp_tokenizer_vocab_size(c->tok) != c->vocab)
-        return tp_err_set(err, TP_EINVAL, "tokenizer has %d tokens but the model's vocabulary is %d",
-                          tp_tokenizer_vocab_size(c->tok), c->vocab);
+    c->model = c->files.model;
+    c->tok = c->files.tok;
+    c->vocab = tp_model_get_config(c->model)->vocab_size;
     rc = tp_forward_new(c->model, a->gen.n_messages ? 1 : (int)a->gen.n_prompts, 0, RUN_STEP_TOKENS, &c->fwd, err);
     if (rc == 0)
         rc = tp_forward_set_threads(c->fwd, a->threads ? a->threads : tp_forward_default_threads(), err);
@@ -845,31 +840,14 @@ static int tool_grammar(run_ctx *c, const tp_tokenize_stage *st, const genopts *
 static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
 {
     tp_tokenize_stage *st = NULL;
-    tp_chat_template *t = NULL;
-    char *text = NULL, *bos = NULL, *eos = NULL;
+    char *text = NULL;
     genopts *g = malloc(sizeof *g);
     int rc = g ? tp_tokenize_stage_new(c->tok, &st, err) : tp_err_set(err, TP_ENOMEM, "out of memory");
+    if (!rc && !c->files.tmpl)
+        rc = tp_err_set(err, TP_EINVAL, "--message/--messages: %s", c->files.template_why);
     if (!rc) {
-        const char *src = a->chat_template ? a->chat_template : a->tokenizer ? a->tokenizer : a->model;
-        tp_err e;
-        int lrc = tp_chat_template_load(src, !a->chat_template, &t, &e);
-        if (lrc == TP_ENOTFOUND && !a->chat_template && src != a->model)
-            lrc = tp_chat_template_load(a->model, true, &t, &e);
-        if (lrc)
-            rc = tp_err_set(err, TP_EINVAL, "--message/--messages: %s%s", e.msg,
-                            a->chat_template ? "" : " (pass --chat-template FILE)");
-    }
-    int ids[2] = {tp_tokenizer_bos_id(c->tok), tp_tokenizer_eos_id(c->tok)};
-    char **texts[2] = {&bos, &eos};
-    for (int k = 0; k < 2 && !rc; k++) {
-        size_t len = 0;
-        const char *p = ids[k] >= 0 ? tp_tokenizer_piece(c->tok, ids[k], &len) : NULL;
-        if (p && !(*texts[k] = strndup(p, len)))
-            rc = tp_err_set(err, TP_ENOMEM, "out of memory");
-    }
-    if (!rc) {
-        rc = tp_tokenize_stage_set_chat(st, t, bos, eos, NULL, err);
-        t = NULL;   /* the stage's now */
+        rc = tp_tokenize_stage_set_chat(st, c->files.tmpl, c->files.bos_text, c->files.eos_text, NULL, err);
+        c->files.tmpl = NULL;   /* the stage's now */
     }
     size_t len = 0;
     if (!rc)
@@ -898,10 +876,7 @@ static int chat_job_init(run_ctx *c, const run_args *a, tp_err *err)
             tp_tcsplit_controls(c->jobs[0].split, c->tok);
     }
     free(text);
-    free(bos);
-    free(eos);
     free(g);
-    tp_chat_template_free(t);
     tp_tokenize_stage_free(st);
     return rc;
 }
@@ -1008,8 +983,7 @@ int cmd_run(int argc, char **argv)
     tp_forward_free(c.fwd);
     tp_forward_free(c.draft);
     tp_model_free(c.draft_model);
-    tp_tokenizer_free(c.tok);
-    tp_model_free(c.model);
+    tp_loaded_free(&c.files);
     genopts_free(&a.gen);
     return rc ? 1 : 0;
 }

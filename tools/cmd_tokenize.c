@@ -1,6 +1,5 @@
 /* tokpipe tokenize: text lines -> token ids, or ids -> text with --decode. */
 #include "tools.h"
-#include "tokload.h"
 #include "tokpipe/tokenizer.h"
 
 #include <errno.h>
@@ -185,7 +184,7 @@ int cmd_tokenize(int argc, char **argv)
     tp_tokenizer *tok = NULL;
     tp_err err;
     tp_err_clear(&err);
-    if (tools_tokenizer_open(path, &tok, &err)) {
+    if (tp_tokenizer_open(path, 0, &tok, &err)) {
         fprintf(stderr, "tokpipe tokenize: %s\n", err.msg);
         return 1;
     }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "tokpipe/chat_template.h"
+#include "tokpipe/load.h"
 #include "tokpipe/toolcall.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/config.h"
@@ -148,53 +149,26 @@ static int io_publish(void *ctx, const tp_msg *m)
 
 /* ---- setup --------------------------------------------------------------- */
 
-/* The chat template for SUBMIT messages: model.chat_template if set (a
- * file the operator named must load), else the GGUF vocabulary's or
- * model's own tokenizer.chat_template; without one, messages are refused
- * and the reason says what to set. */
-static int load_chat(worker *w, tp_err *err)
+/* The chat template for SUBMIT messages (tp_load's: model.chat_template
+ * if set, else the vocabulary's or model's own tokenizer.chat_template);
+ * without one, messages are refused and the reason says what to set. The
+ * stage takes the template; the stop stage reads its tool-call syntax. */
+static int load_chat(worker *w, tp_loaded *ld, tp_err *err)
 {
-    const tp_config *c = &w->cfg;
-    bool override = c->chat_template_path && c->chat_template_path[0];
-    const char *src = override ? c->chat_template_path
-                    : c->tokenizer_path && c->tokenizer_path[0] ? c->tokenizer_path : c->model_path;
-    tp_chat_template *t = NULL;
-    tp_err e;
-    char why[TP_ERR_MSG_MAX] = "";
-    int rc = tp_chat_template_load(src, !override, &t, &e);
-    if (rc == TP_ENOTFOUND && !override && src != c->model_path)   /* a tokenizer.bin beside a GGUF model */
-        rc = tp_chat_template_load(c->model_path, true, &t, &e);
-    if (rc && override)
-        return tp_err_set(err, rc, "model.chat_template: %s", e.msg);
-    if (rc)
-        snprintf(why, sizeof why, "no usable chat template (%.380s); set model.chat_template to a template file",
-                 e.msg);
-    char *text[2] = {NULL, NULL};
-    int ids[2] = {tp_tokenizer_bos_id(w->tok), tp_tokenizer_eos_id(w->tok)};
-    for (int k = 0; k < 2; k++) {
-        size_t len = 0;
-        const char *p = ids[k] >= 0 ? tp_tokenizer_piece(w->tok, ids[k], &len) : NULL;
-        if (p && !(text[k] = strndup(p, len))) {
-            free(text[0]);
-            tp_chat_template_free(t);
-            return tp_err_set(err, TP_ENOMEM, "out of memory");
-        }
-    }
-    if (t && (w->stop || w->tokenize)) {
+    tp_chat_template *t = ld->tmpl;
+    if (t) {
         tp_tc_syntax syn;
-        tp_toolcall_syntax(t, text[0], text[1], &syn);
+        tp_toolcall_syntax(t, ld->bos_text, ld->eos_text, &syn);
         if (w->stop)
             tp_stop_stage_set_syntax(w->stop, &syn);
         w->tool_family = syn.family;
         w->think_open = syn.thinks && syn.think_open;
     }
     w->chat_template = w->tokenize && t != NULL;   /* for INFO: SUBMIT messages can be used */
-    rc = w->tokenize ? tp_tokenize_stage_set_chat(w->tokenize, t, text[0], text[1], why, err) : 0;
     if (!w->tokenize)
-        tp_chat_template_free(t);
-    free(text[0]);
-    free(text[1]);
-    return rc;
+        return 0;
+    ld->tmpl = NULL;
+    return tp_tokenize_stage_set_chat(w->tokenize, t, ld->bos_text, ld->eos_text, ld->template_why, err);
 }
 
 /* The draft stage: speculative.draft_model, refused unless its
@@ -218,32 +192,42 @@ static int load_draft(worker *w, tp_err *err)
 }
 
 /* model.tokenizer: a llama2.c tokenizer.bin, or any GGUF file that embeds a
- * vocabulary (the model file itself for GGUF models). */
-static int load_stages(worker *w, tp_err *err)
+ * vocabulary (the model file itself for GGUF models). The draft stage
+ * loads its own model beside the target's (whose vocabulary it must
+ * share). */
+static int load_files(worker *w, tp_loaded *ld, tp_err *err)
 {
     const tp_config *c = &w->cfg;
-    int rc = tp_model_load(c->model_path, &w->model, err);
+    bool text = w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP));
+    tp_load_spec ls = {.model = c->model_path, .tokenizer = c->tokenizer_path,
+                       .chat_template = c->chat_template_path, .what = TP_LOAD_MODEL};
+    if (text)
+        ls.what |= TP_LOAD_TOKENIZER | TP_LOAD_TEMPLATE;
+    else if (w->stages & (1u << TP_SI_SAMPLE))
+        ls.what |= TP_LOAD_TOKENIZER_IF_ANY; /* a sampler without one only refuses grammar jobs */
+    int rc = tp_load(&ls, ld, err);
     if (rc)
         return rc;
-    if (w->stages & (1u << TP_SI_DRAFT))
-        return load_draft(w, err);
-    const tp_model_config *mc = tp_model_get_config(w->model);
-    /* a GGUF model's vocabulary names its end-of-generation ids, which the
-     * sampler needs too (min_tokens bans them) */
-    bool gguf = tp_model_get_format(w->model) == TP_MODEL_GGUF;
-    bool need_tok = (w->stages & ((1u << TP_SI_TOKENIZE) | (1u << TP_SI_STOP))) ||
-                    (gguf && (w->stages & (1u << TP_SI_SAMPLE)));
-    if (need_tok || (w->stages & (1u << TP_SI_SAMPLE))) {
-        /* an empty model.tokenizer means the vocabulary embedded in the model */
-        rc = c->tokenizer_path && c->tokenizer_path[0] ? tp_tokenizer_open(c->tokenizer_path, mc->vocab_size, &w->tok, err)
-                                  : tp_model_tokenizer(w->model, &w->tok, err);
-        /* a sampler without one only refuses grammar jobs */
-        if (rc && need_tok)
-            return rc;
-        if (rc)
-            fprintf(stderr, "tokpipe-worker %s: no vocabulary for grammars (%s)\n", w->instance, err->msg);
-        rc = 0;
+    w->model = ld->model;
+    w->tok = ld->tok;
+    ld->model = NULL;
+    ld->tok = NULL;
+    if (!w->tok && (w->stages & (1u << TP_SI_SAMPLE))) {
+        /* a GGUF model's vocabulary names its end-of-generation ids, which
+         * the sampler needs too (min_tokens bans them) */
+        if (tp_model_get_format(w->model) == TP_MODEL_GGUF)
+            return tp_err_set(err, TP_EINVAL, "%s", ld->tokenizer_why);
+        fprintf(stderr, "tokpipe-worker %s: no vocabulary for grammars (%s)\n", w->instance, ld->tokenizer_why);
     }
+    return 0;
+}
+
+/* The stages this worker runs, over the model and vocabulary loaded. */
+static int build_stages(worker *w, tp_loaded *ld, tp_err *err)
+{
+    const tp_config *c = &w->cfg;
+    const tp_model_config *mc = tp_model_get_config(w->model);
+    int rc;
     if ((w->stages & (1u << TP_SI_TOKENIZE)) && (rc = tp_tokenize_stage_new(w->tok, &w->tokenize, err)))
         return rc;
     const int *model_eos;
@@ -291,10 +275,22 @@ static int load_stages(worker *w, tp_err *err)
         tp_grammar_limits_from_config(c, &gl, &el);
         tp_stop_stage_set_grammar_limits(w->stop, &gl, &el);
     }
-    /* the stop stage reads the template too: its tool-call syntax */
-    if ((w->tokenize || w->stop) && (rc = load_chat(w, err)))
+    return w->tokenize || w->stop ? load_chat(w, ld, err) : 0;
+}
+
+static int load_stages(worker *w, tp_err *err)
+{
+    tp_loaded ld;
+    int rc = load_files(w, &ld, err);
+    if (rc)
         return rc;
-    return 0;
+    if (w->stages & (1u << TP_SI_DRAFT)) {
+        tp_loaded_free(&ld);
+        return load_draft(w, err);
+    }
+    rc = build_stages(w, &ld, err);
+    tp_loaded_free(&ld);
+    return rc;
 }
 
 static void free_stages(worker *w)

@@ -235,18 +235,6 @@ bool tp_model_all_f32(const tp_model *m);
  * the file again if touched. No-op for a model not mapped from a file. */
 void tp_model_drop_pages(const tp_model *m, const void *p, size_t n);
 
-/* The vocabulary embedded in a GGUF file (tokenizer.ggml.*). Pieces point
- * into the file and are not NUL terminated; arrays are owned by the model. */
-typedef struct tp_model_vocab {
-    int n;
-    const char *const *pieces;
-    const size_t *piece_lens;
-    const float *scores;   /* zeros if the file has none */
-    const int32_t *types;  /* SentencePiece token types; 1 (normal) if absent */
-    int bos_id, eos_id, unk_id;
-    const char *model;     /* tokenizer.ggml.model, e.g. "llama" (NUL terminated) */
-} tp_model_vocab;
-
 #define TP_MODEL_MAX_EOS 4
 
 /* Llama 3.1's RoPE scaling (Meta's rope_type "llama3") as the divisors of
@@ -286,27 +274,23 @@ const tp_model_weights *tp_model_get_weights(const tp_model *m);
 const char *tp_model_identity(const tp_model *m);
 
 /* The ids that end a generated sequence. For llama2.c TinyStories models
- * {1 (BOS), 2 (EOS)}: run.c stops when BOS is sampled. For GGUF, its
- * tokenizer.ggml.bos_token_id and eos_token_id (defaults 1 and 2), without
- * duplicates. Returns the count (1..TP_MODEL_MAX_EOS); *ids is borrowed. */
+ * {1 (BOS), 2 (EOS)}: run.c stops when BOS is sampled. For GGUF, the
+ * tokenizer.ggml.bos_token_id the file names (not a default) and its EOS id,
+ * without duplicates; {2} for a GGUF file without a vocabulary. Returns the
+ * count (0..TP_MODEL_MAX_EOS); *ids is borrowed. */
 int tp_model_eos_ids(const tp_model *m, const int **ids);
 
-/* The embedded vocabulary: 0 and *out filled for GGUF files that carry
+/* The embedded vocabulary (vocab.h: the one reader of tokenizer.ggml.*):
+ * 0 and *out borrowed (valid while m lives) for GGUF files that carry
  * tokenizer.ggml.tokens; TP_ENOTFOUND otherwise (llama2.c checkpoints keep
  * their tokenizer in a separate file). */
-int tp_model_vocab_get(const tp_model *m, tp_model_vocab *out, tp_err *err);
+struct tp_gguf_vocab;
+int tp_model_vocab_get(const tp_model *m, const struct tp_gguf_vocab **out, tp_err *err);
 
-/* A tokenizer built from the embedded vocabulary (tp_tokenizer_from_vocab);
- * *out is owned by the caller and independent of m. TP_ENOTFOUND without
- * an embedded vocabulary; TP_EFORMAT if tokenizer.ggml.model is not the
- * SentencePiece "llama" kind. */
+/* A tokenizer built from the embedded vocabulary; *out is owned by the
+ * caller and independent of m. TP_ENOTFOUND without an embedded
+ * vocabulary; TP_EFORMAT if tokenizer.ggml.model is neither "llama" nor
+ * "gpt2". Vocabulary files: tp_tokenizer_open. */
 int tp_model_tokenizer(const tp_model *m, tp_tokenizer **out, tp_err *err);
-
-/* The same from any GGUF file that embeds a vocabulary, with or without
- * tensors (e.g. llama.cpp's vocab-only ggml-vocab-*.gguf files). */
-int tp_model_load_tokenizer(const char *path, tp_tokenizer **out, tp_err *err);
-
-/* Same from a caller-owned GGUF image in memory (for fuzzing and tests). */
-int tp_model_tokenizer_from_memory(const void *data, size_t size, tp_tokenizer **out, tp_err *err);
 
 #endif

@@ -1,9 +1,12 @@
-/* GGUF tokenizer.ggml.* metadata -> tp_tokenizer (see tokenizer.h).
+/* A GGUF file's vocabulary (tokenizer.ggml.*) and the tokenizer built from
+ * it (see vocab.h).
  *
- * The one reader of a GGUF file's vocabulary: the tools, the worker and the
- * model loader all come here, so a new key is read in one place. */
+ * The one reader of those keys: the model loader keeps what it reads for
+ * its end ids and its tokenizer, the tools, the worker and the gateway open
+ * vocabulary files here, so a new key is read in one place. */
 #include "tokpipe/gguf.h"
 #include "tokpipe/tokenizer.h"
+#include "tokpipe/vocab.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -87,15 +90,7 @@ static bool is_phi3(const tp_gguf *g)
     return strstr(low, "phi-3") || strstr(low, "phi3");
 }
 
-struct arrays {
-    tp_gguf_str *toks, *merges;
-    const char **pieces, **mpieces;
-    size_t *lens, *mlens;
-    float *scores;
-    int32_t *types;
-};
-
-static void arrays_free(struct arrays *a)
+static void arrays_free(tp_gguf_vocab *a)
 {
     free(a->toks);
     free(a->merges);
@@ -107,26 +102,25 @@ static void arrays_free(struct arrays *a)
     free(a->types);
 }
 
-static int read_model(const tp_gguf *g, tp_vocab_spec *v, tp_err *err)
+/* A tokenizer.ggml.model tokpipe cannot tokenize leaves kind 0: the model
+ * still loads (its weights need no tokenizer); tp_gguf_vocab_tokenizer
+ * refuses it by name. */
+static void read_model(const tp_gguf *g, tp_gguf_vocab *a)
 {
     tp_gguf_str name;
-    int rc = tp_gguf_get_str(g, "tokenizer.ggml.model", &name, err);
-    if (rc)
-        return rc;
-    if (name.len == 5 && !memcmp(name.ptr, "llama", 5))
-        v->kind = TP_TOKENIZER_SPM;
-    else if (name.len == 4 && !memcmp(name.ptr, "gpt2", 4))
-        v->kind = TP_TOKENIZER_BPE;
-    else
-        return tp_err_set(err, TP_EFORMAT,
-                          "tokenizer.ggml.model '%.*s' is not supported (only 'llama', "
-                          "SentencePiece, and 'gpt2', byte-level BPE)",
-                          (int)(name.len > 32 ? 32 : name.len), name.ptr);
-    return 0;
+    if (tp_gguf_get_str(g, "tokenizer.ggml.model", &name, NULL))
+        return;
+    snprintf(a->model, sizeof a->model, "%.*s", (int)(name.len < sizeof a->model - 1 ? name.len : sizeof a->model - 1),
+             name.ptr);
+    if (!strcmp(a->model, "llama"))
+        a->spec.kind = TP_TOKENIZER_SPM;
+    else if (!strcmp(a->model, "gpt2"))
+        a->spec.kind = TP_TOKENIZER_BPE;
 }
 
-static int read_merges(const tp_gguf *g, tp_vocab_spec *v, struct arrays *a, tp_err *err)
+static int read_merges(const tp_gguf *g, tp_gguf_vocab *a, tp_err *err)
 {
+    tp_vocab_spec *v = &a->spec;
     uint64_t nm = 0;
     int rc = tp_gguf_get_str_array(g, "tokenizer.ggml.merges", &a->merges, &nm, err);
     if (rc)
@@ -155,8 +149,9 @@ static int read_merges(const tp_gguf *g, tp_vocab_spec *v, struct arrays *a, tp_
     return 0;
 }
 
-static int read_tokens(const tp_gguf *g, tp_vocab_spec *v, struct arrays *a, tp_err *err)
+static int read_tokens(const tp_gguf *g, tp_gguf_vocab *a, tp_err *err)
 {
+    tp_vocab_spec *v = &a->spec;
     uint64_t n = 0;
     int rc = tp_gguf_get_str_array(g, "tokenizer.ggml.tokens", &a->toks, &n, err);
     if (rc)
@@ -192,14 +187,17 @@ static int read_tokens(const tp_gguf *g, tp_vocab_spec *v, struct arrays *a, tp_
     return 0;
 }
 
-static int read_ids(const tp_gguf *g, tp_vocab_spec *v, tp_err *err)
+static int read_ids(const tp_gguf *g, tp_gguf_vocab *a, tp_err *err)
 {
+    tp_vocab_spec *v = &a->spec;
     bool spm = v->kind == TP_TOKENIZER_SPM;
     /* llama.cpp's defaults for SentencePiece files: BOS 1, EOS 2, UNK 0 */
     v->bos_id = spm && v->n > 1 ? 1 : -1;
     v->eos_id = spm && v->n > 2 ? 2 : -1;
     v->unk_id = spm ? 0 : -1;
     v->eot_id = v->eom_id = -1;
+    int64_t given;
+    a->bos_given = tp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &given, NULL) == 0;
     int rc = opt_id(g, "tokenizer.ggml.bos_token_id", v->n, &v->bos_id, err);
     if (!rc)
         rc = opt_id(g, "tokenizer.ggml.eos_token_id", v->n, &v->eos_id, err);
@@ -218,25 +216,45 @@ static int read_ids(const tp_gguf *g, tp_vocab_spec *v, tp_err *err)
     return rc;
 }
 
+int tp_gguf_vocab_read(const tp_gguf *g, tp_gguf_vocab *out, tp_err *err)
+{
+    memset(out, 0, sizeof *out);
+    read_model(g, out);
+    int rc = read_tokens(g, out, err);
+    if (!rc && out->spec.kind == TP_TOKENIZER_BPE)
+        rc = read_merges(g, out, err);
+    if (!rc)
+        rc = read_ids(g, out, err);
+    out->spec.rstrip_specials = is_phi3(g);
+    if (rc)
+        tp_gguf_vocab_release(out);
+    return rc;
+}
+
+void tp_gguf_vocab_release(tp_gguf_vocab *v)
+{
+    arrays_free(v);
+    memset(v, 0, sizeof *v);
+}
+
+int tp_gguf_vocab_tokenizer(const tp_gguf_vocab *v, tp_tokenizer **out, tp_err *err)
+{
+    *out = NULL;
+    if (!v->spec.kind)
+        return tp_err_set(err, TP_EFORMAT,
+                          "tokenizer.ggml.model '%s' is not supported (only 'llama', "
+                          "SentencePiece, and 'gpt2', byte-level BPE)", v->model);
+    return tp_tokenizer_new(&v->spec, out, err);
+}
+
 int tp_tokenizer_from_gguf(const tp_gguf *g, tp_tokenizer **out, tp_err *err)
 {
     *out = NULL;
-    tp_vocab_spec v;
-    memset(&v, 0, sizeof v);
-    struct arrays a;
-    memset(&a, 0, sizeof a);
-    int rc = read_model(g, &v, err);
+    tp_gguf_vocab v;
+    int rc = tp_gguf_vocab_read(g, &v, err);
     if (!rc)
-        rc = read_tokens(g, &v, &a, err);
-    if (!rc && v.kind == TP_TOKENIZER_BPE)
-        rc = read_merges(g, &v, &a, err);
-    if (!rc)
-        rc = read_ids(g, &v, err);
-    if (!rc) {
-        v.rstrip_specials = is_phi3(g);
-        rc = tp_tokenizer_new(&v, out, err);
-    }
-    arrays_free(&a);
+        rc = tp_gguf_vocab_tokenizer(&v, out, err);
+    tp_gguf_vocab_release(&v);
     return rc;
 }
 
