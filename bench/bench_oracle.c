@@ -41,7 +41,7 @@ static const ocase CASES[] = {
     {"llama", "256x4x4x2", "", "F32,Q8_0,Q4_K_M"},
     {"qwen2", "256x4x4x2", "", "F32,Q8_0"},
     {"qwen3", "256x4x4x2", "--head-dim 64", "F32,Q8_0,Q4_K_M"},
-    {"phi3", "256x4", "", "F32,Q8_0,Q4_K_M"},
+    {"phi3", "256x4", "--longrope 64 --rope-dim 48", "F32,Q8_0,Q4_K_M"}, /* Phi-3.5 / Phi-4-mini */
     {"gemma3", "256x6x4x2", "--sliding-window " WINDOW, "F32,Q8_0,Q4_K_M"},
     {"gemma2", "256x4x4x2", "--sliding-window " WINDOW, "F32,Q8_0"},
     {"mixtral", "256x4", "--experts 4 --experts-used 2", "F32,Q8_0,Q4_K_M"},

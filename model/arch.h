@@ -174,6 +174,9 @@ enum {
     /* gpt-oss's experts: swiglu_oai (TP_FFN_SWIGLU_OAI) and the softmax
      * over the top k router logits (tp_model_config.moe_softmax_topk) */
     TP_ARCHF_OAI_MOE = 1u << 15,
+    /* LongRoPE: the optional rope_factors_long / rope_factors_short.weight
+     * and rope.scaling.attn_factor (phi3; model.h rope_orig_ctx) */
+    TP_ARCHF_LONGROPE = 1u << 16,
 };
 
 typedef struct tp_arch {
@@ -204,6 +207,7 @@ typedef struct tp_arch {
     float mk_yarn_factor;  /* > 0: mkmodel writes rope.scaling.type yarn with this factor */
     int mk_yarn_orig_ctx;  /* and rope.scaling.original_context_length */
     bool mk_output;        /* mkmodel always writes output.weight (llama.cpp requires it) */
+    int mk_rope_quarters;  /* TP_ARCHF_ROPE_DIM: mkmodel turns this many quarters of a head (0: all) */
 } tp_arch;
 
 /* The table (model/archs.c), in the order "supported: ..." lists them. */

@@ -6,8 +6,9 @@
  * silu(first half) * second half). NEOX RoPE, no biases, the epsilon
  * required. llama.cpp turns Phi's sliding window off (it reads
  * attention.sliding_window and sets no window), so the key is left to be
- * ignored; LongRoPE's rope_factors_long / _short tensors are refused as
- * unused. */
+ * ignored. Phi-3.5-mini and Phi-4-mini carry LongRoPE (rope_factors_long /
+ * _short.weight, rope.scaling.attn_factor: model.h rope_orig_ctx), and
+ * Phi-4-mini turns 96 of a head's 128 (rope.dimension_count). */
 #include "arch.h"
 
 static const tp_arch_tensor BLOCK[] = {
@@ -23,7 +24,7 @@ const tp_arch tp_arch_phi3 = {
     .name = "phi3",
     .id = TP_ARCH_PHI3,
     .rope = TP_ROPE_NEOX,
-    .flags = TP_ARCHF_EPS_REQUIRED,
+    .flags = TP_ARCHF_EPS_REQUIRED | TP_ARCHF_ROPE_DIM | TP_ARCHF_LONGROPE,
     .rope_base = 10000.0,
     .context = 2048,
     .block = BLOCK,

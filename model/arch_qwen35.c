@@ -60,4 +60,5 @@ const tp_arch tp_arch_qwen35 = {
     .n_block = sizeof BLOCK / sizeof BLOCK[0],
     .mk_rope_base = 10000000.0f,
     .mk_norm_eps = 1e-6f,
+    .mk_rope_quarters = 1, /* 64 of 256 */
 };

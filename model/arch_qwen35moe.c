@@ -59,6 +59,7 @@ const tp_arch tp_arch_qwen35moe = {
     .n_block = sizeof BLOCK / sizeof BLOCK[0],
     .mk_rope_base = 10000000.0f,
     .mk_norm_eps = 1e-6f,
+    .mk_rope_quarters = 1,
     .mk_experts = 8,
     .mk_experts_used = 2,
 };

@@ -57,7 +57,8 @@ struct tp_model {
     tp_gguf_vocab vocab;   /* spec.n 0 when the file has none */
     char arch_name[16];    /* GGUF metadata prefix: "llama", "qwen2", ... */
     const tp_arch *arch;   /* GGUF: its entry in model/archs.c */
-    float *rope_freqs;     /* [head_size / 2] or NULL */
+    float *rope_freqs;     /* [rope_dim / 2] or NULL */
+    float *rope_long, *rope_short; /* LongRoPE's [rope_dim / 2], or NULL */
     bool *tensor_used;     /* GGUF: which directory entries the loader took */
     tp_wmat *exps;         /* [n_layers][3][n_expert] the experts' views, or NULL */
 };
@@ -687,10 +688,64 @@ static int llama3_factors(tp_model *m, const tp_gguf *g, float *ff, tp_err *err)
  * {arch}.rope.scale_linear) or yarn (its keys in the config: the forward
  * blends each pair's angle and scales cos and sin, model.h). Other kinds
  * (longrope) are refused by name. */
+/* Positive finite divisors of a float tensor, copied (the file's may be
+ * unaligned); *out NULL when the optional tensor is absent. */
+static int rope_divisors(tp_model *m, const tp_gguf *g, const char *name, int half, float **out, tp_err *err)
+{
+    const float *t = NULL;
+    *out = NULL;
+    int rc = gguf_tensor_opt(m, g, name, half, 0, true, &t, err);
+    if (rc == TP_ENOTFOUND) {
+        tp_err_clear(err);
+        return 0;
+    }
+    if (rc)
+        return rc;
+    if (!(*out = malloc((size_t)half * sizeof **out)))
+        return tp_err_set(err, TP_ENOMEM, "model: out of memory");
+    for (int i = 0; i < half; i++) {
+        float v;
+        memcpy(&v, t + i, 4);
+        if (!(v > 0 && isfinite(v)))
+            return tp_err_set(err, TP_EFORMAT, "gguf: %s[%d] = %g is not positive", name, i, (double)v);
+        (*out)[i] = v;
+    }
+    return 0;
+}
+
+/* LongRoPE (Phi-3.5, Phi-4-mini; model.h rope_orig_ctx): the two factor
+ * sets as llama.cpp loads them (both optional, one tensor each for all
+ * layers), the original context (default: the model's) and the attention
+ * factor. */
+static int gguf_longrope(tp_model *m, const tp_gguf *g, tp_err *err)
+{
+    char k[MAX_KEY];
+    tp_model_config *c = &m->cfg;
+    c->rope_attn_factor = 1.0f;
+    c->rope_orig_ctx = c->seq_len;
+    if (!(m->arch->flags & TP_ARCHF_LONGROPE))
+        return 0;
+    int half = c->rope_dim / 2;
+    int rc = rope_divisors(m, g, "rope_factors_long.weight", half, &m->rope_long, err);
+    if (!rc) rc = rope_divisors(m, g, "rope_factors_short.weight", half, &m->rope_short, err);
+    if (!rc) rc = gguf_float(g, akey(m, "rope.scaling.attn_factor", k), 1.0, &c->rope_attn_factor, err);
+    if (!rc) rc = positive(k, c->rope_attn_factor, err);
+    if (!rc) rc = gguf_int(g, akey(m, "rope.scaling.original_context_length", k), c->seq_len, false,
+                           &c->rope_orig_ctx, err);
+    if (!rc && c->rope_orig_ctx < 1)
+        rc = tp_err_set(err, TP_EFORMAT, "gguf: %s = %d is not a positive context", k, c->rope_orig_ctx);
+    m->w.rope_long = m->rope_long;
+    m->w.rope_short = m->rope_short;
+    return rc;
+}
+
 static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
 {
     char k[MAX_KEY];
-    int half = m->cfg.head_size / 2;
+    int half = m->cfg.rope_dim / 2; /* llama.cpp's n_rot / 2 pairs */
+    int rc0 = gguf_longrope(m, g, err);
+    if (rc0)
+        return rc0;
     const float *tensor = NULL;
     int rc = gguf_tensor_opt(m, g, "rope_freqs.weight", half, 0, true, &tensor, err);
     if (rc && rc != TP_ENOTFOUND)
@@ -712,6 +767,8 @@ static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
         if ((rc = gguf_float(g, akey(m, "rope.scaling.factor", k), 1.0, &linear, err)) ||
             (rc = positive(k, linear, err)))
             return rc;
+    } else if ((m->arch->flags & TP_ARCHF_LONGROPE) && (str_is(type, "longrope") || str_is(type, "su"))) {
+        /* the factors are the tensors gguf_longrope read */
     } else if (!llama3 && !str_is(type, "none")) {
         return tp_err_set(err, TP_EFORMAT, "gguf: %s.rope.scaling.type '%.*s' is not supported (none, linear, "
                           "llama3, yarn)", m->arch_name, (int)(type.len > 32 ? 32 : type.len), type.ptr);
@@ -998,6 +1055,8 @@ void tp_model_free(tp_model *m)
     free(m->layers);
     free(m->exps);
     free(m->rope_freqs);
+    free(m->rope_long);
+    free(m->rope_short);
     free(m->tensor_used);
     tp_gguf_vocab_release(&m->vocab);
     if (m->map)

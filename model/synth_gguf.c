@@ -150,12 +150,22 @@ static tp_model_config ssm_of(const tp_synth_shape *s, const arch_defaults *a, c
 
 /* Partial RoPE (TP_ARCHF_ROPE_DIM): a quarter of the head, as Qwen 3.5
  * (64 of 256), at least one pair. */
-static int rope_dim_of(const sizes *z, const arch_defaults *a)
+static int rope_dim_of(const sizes *z, const arch_defaults *a, const tp_synth_gguf *o)
 {
-    if (!(a->arch->flags & TP_ARCHF_ROPE_DIM))
+    if (o->rope_dim)
+        return o->rope_dim;
+    if (!(a->arch->flags & TP_ARCHF_ROPE_DIM) || !a->arch->mk_rope_quarters)
         return z->hs;
-    int r = z->hs / 4 / 2 * 2;
+    int r = z->hs * a->arch->mk_rope_quarters / 4 / 2 * 2;
     return r < 2 ? 2 : r;
+}
+
+/* LongRoPE's factors (o->longrope_orig): short ones near 1, long ones
+ * growing to 40 over the pairs, the shape of Phi-3.5-mini's lists. */
+static float longrope_factor(int i, int half, bool lng)
+{
+    float x = (float)i / (float)(half > 1 ? half - 1 : 1);
+    return lng ? 1.0f + 39.0f * x * x : 1.0f + 0.1f * x;
 }
 
 static tp_arch_sizes arch_sizes(const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o)
@@ -186,7 +196,7 @@ static size_t total_floats(const tp_synth_shape *s, int vocab, const arch_defaul
             layers += (size_t)ne0 * (size_t)(ne1 ? ne1 : 1) * (size_t)(ne2 ? ne2 : 1);
         }
     size_t d = (size_t)z.d, V = (size_t)vocab;
-    return V * d * (o->separate_output || ad->arch->mk_output ? 2 : 1) + d + (size_t)z.hs / 2 + layers;
+    return V * d * (o->separate_output || ad->arch->mk_output ? 2 : 1) + d + (size_t)z.hs / 2 * 3 + layers;
 }
 
 static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a, const tp_synth_gguf *o,
@@ -207,7 +217,7 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("feed_forward_length"), (uint32_t)ff, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count"), (uint32_t)s->n_heads, err);
     if (!rc) rc = tp_gguf_set_u32(b->w, KEY("attention.head_count_kv"), (uint32_t)s->n_kv_heads, err);
-    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.dimension_count"), (uint32_t)rope_dim_of(&z, a), err);
+    if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.dimension_count"), (uint32_t)rope_dim_of(&z, a, o), err);
     tp_model_config ssm = ssm_of(s, a, o);
     if (!rc && ssm.full_attn_interval) { /* as llama.cpp's converter writes Qwen 3.5's */
         rc = tp_gguf_set_u32(b->w, KEY("ssm.conv_kernel"), (uint32_t)ssm.ssm_conv_kernel, err);
@@ -219,7 +229,7 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("full_attention_interval"), (uint32_t)ssm.full_attn_interval, err);
         /* llama.cpp requires IMROPE's sections (Qwen 3.5: 11, 11, 10 of 32 pairs); a text turns
          * every section by its position alike */
-        int half = rope_dim_of(&z, a) / 2, s0 = (half + 2) / 3;
+        int half = rope_dim_of(&z, a, o) / 2, s0 = (half + 2) / 3;
         int32_t sec[4] = {s0, s0 < half - s0 ? s0 : half - s0, 0, 0};
         sec[2] = half - sec[0] - sec[1];
         if (!rc) rc = tp_gguf_set_arr_i32(b->w, KEY("rope.dimension_sections"), sec, 4, err);
@@ -249,6 +259,13 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.factor"), a->arch->mk_yarn_factor, err);
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"),
                                       (uint32_t)a->arch->mk_yarn_orig_ctx, err);
+    }
+    if (!rc && o->longrope_orig) { /* convert_hf_to_gguf.py's Phi3MiniModel */
+        double scale = (double)s->seq_len / o->longrope_orig;
+        float attn = scale > 1 ? (float)sqrt(1 + log(scale) / log((double)o->longrope_orig)) : 1.0f;
+        rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.attn_factor"), attn, err);
+        if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"),
+                                      (uint32_t)o->longrope_orig, err);
     }
     if (!rc && a->n_expert) { /* as llama.cpp's converter writes them */
         rc = tp_gguf_set_u32(b->w, KEY("expert_count"), (uint32_t)a->n_expert, err);
@@ -281,6 +298,16 @@ static int tensors(builder *b, const tp_synth_shape *s, int V, const arch_defaul
         b->used += (size_t)hs / 2;
         uint64_t ne = (uint64_t)hs / 2;
         rc = tp_gguf_add_tensor(b->w, "rope_freqs.weight", 0, 1, &ne, ff, ne * sizeof(float), err);
+    }
+    for (int k = 0; !rc && o->longrope_orig && k < 2; k++) {
+        int half = rope_dim_of(&z, a, o) / 2;
+        float *ff = b->buf + b->used;
+        for (int i = 0; i < half; i++)
+            ff[i] = longrope_factor(i, half, k == 0);
+        b->used += (size_t)half;
+        uint64_t ne = (uint64_t)half;
+        rc = tp_gguf_add_tensor(b->w, k == 0 ? "rope_factors_long.weight" : "rope_factors_short.weight", 0, 1, &ne,
+                                ff, ne * sizeof(float), err);
     }
     char name[NAME_MAX_LEN];
     tp_arch_sizes az = arch_sizes(s, a, o);
@@ -364,6 +391,15 @@ int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed
     if (o->sliding_window && (!a->arch->swa_pattern || o->sliding_window < 1))
         return tp_err_set(err, TP_EINVAL, "mkmodel: --sliding-window %d: %s", o->sliding_window,
                           a->arch->swa_pattern ? "must be positive" : "this architecture has no sliding window");
+    sizes z = sizes_of(s, o);
+    if (o->rope_dim && (!(a->arch->flags & TP_ARCHF_ROPE_DIM) || o->rope_dim < 2 || o->rope_dim % 2 ||
+                        o->rope_dim > z.hs))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --rope-dim %d: %s %d", o->rope_dim,
+                          (a->arch->flags & TP_ARCHF_ROPE_DIM) ? "must be even, 2.. the head size"
+                                                               : "this architecture turns the whole head of",
+                          z.hs);
+    if (o->longrope_orig && !(a->arch->flags & TP_ARCHF_LONGROPE))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --longrope: only phi3 files carry LongRoPE");
     int V = 0;
     rc = vocab_size_of(o->vocab_from, &V, err);
     if (rc)

@@ -159,6 +159,39 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertNotIn("blk.0.ffn_gate.weight", model.w)
         self.assertNotIn("blk.0.attn_q.weight", model.w)
 
+    @staticmethod
+    def altered(**attrs):
+        """A reference with the model's attributes changed for one call."""
+        def run(m, ids):
+            saved = {k: getattr(m, k) for k in attrs}
+            try:
+                for k, v in attrs.items():
+                    setattr(m, k, v(m) if callable(v) else v)
+                return m.logits(ids)
+            finally:
+                for k, v in saved.items():
+                    setattr(m, k, v)
+        return run
+
+    def test_phi3_longrope_and_partial_rope_match(self):
+        """Phi-3.5 / Phi-4-mini as converted: LongRoPE factors, the
+        attention factor, 96 of 128 turned (here 12 of 16). The file's
+        context (1024) is past its original one (64): the long factors."""
+        path = self.mkmodel("phi3long", "--arch", "phi3", "--shape", "64x2x4x2", "--longrope", "64",
+                            "--rope-dim", "12")
+        model, _ = self.check(path, wrongs={
+            "the short factors": self.altered(freq_div=lambda m: m.longrope[1]),
+            "no factors": self.altered(freq_div=lambda m: np.ones(6)),
+            "no attention factor": self.altered(rope_attn=1.0),
+            "the whole head turned": self.altered(rot=16, freq_div=lambda m: np.ones(8)),
+        })
+        self.assertEqual(model.w["rope_factors_long.weight"].shape, (6,))
+        self.assertAlmostEqual(model.meta["phi3.rope.scaling.attn_factor"], (1 + np.log(16) / np.log(64)) ** 0.5,
+                               places=6)
+        # within the original context: the short factors, no attention factor
+        path = self.mkmodel("phi3short", "--arch", "phi3", "--shape", "64x2x4x2", "--longrope", "1024")
+        self.check(path, wrongs={"the long factors": self.altered(freq_div=lambda m: m.longrope[0])})
+
     # Gemma's prompt: more than twice the test models' window of 16 tokens
     LONG = " ".join([PROMPT] * 5)
     GEMMA_WRONGS = {

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tokpipe/gguf.h"
 #include "tokpipe/gguf_write.h"
 #include "tokpipe/model.h"
 #include "tokpipe/synth.h"
@@ -240,6 +241,63 @@ static void phi3_fused_matrices_give_each_part_its_rows(void **state)
     assert_int_equal(lw->m.w3.rows, h);
     assert_ptr_equal(lw->w3, lw->w1 + (size_t)h * d); /* gate first, then up */
     tp_model_free(m);
+}
+
+/* Phi-3.5 / Phi-4-mini's LongRoPE as converted: both factor sets read,
+ * the original context and attention factor; partial RoPE; a factor that
+ * is not positive is refused naming the tensor and the entry. */
+static void phi3_longrope_factors_and_partial_rope_are_read(void **state)
+{
+    (void)state;
+    char vocab[512], path[] = "/tmp/tp_test_arch_phi3l.XXXXXX";
+    const char *models = getenv("TP_MODELS");
+    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    tp_synth_shape sh;
+    tp_err e;
+    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
+    tp_synth_gguf o = {.arch = "phi3", .vocab_from = vocab, .rope_dim = 12, .longrope_orig = 64};
+    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
+        fail_msg("mkmodel phi3: %s", e.msg);
+    tp_model *m = NULL;
+    if (tp_model_load(path, &m, &e))
+        fail_msg("%s", e.msg);
+    const tp_model_config *c = tp_model_get_config(m);
+    const tp_model_weights *w = tp_model_get_weights(m);
+    assert_int_equal(c->rope_dim, 12);
+    assert_int_equal(c->rope_orig_ctx, 64);
+    assert_true(fabsf(c->rope_attn_factor - sqrtf(1 + logf(1024.0f / 64) / logf(64))) < 1e-6f);
+    assert_non_null(w->rope_long);
+    assert_non_null(w->rope_short);
+    assert_null(w->rope_freqs);
+    assert_true(w->rope_long[0] == 1.0f && w->rope_long[5] == 40.0f && w->rope_short[5] > 1.0f);
+    tp_model_free(m);
+    /* the first long factor made 0 in the file */
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    size_t n = (size_t)ftell(f);
+    uint8_t *img = malloc(n);
+    assert_non_null(img);
+    rewind(f);
+    assert_int_equal(fread(img, 1, n, f), n);
+    tp_gguf *g = NULL;
+    assert_int_equal(tp_gguf_parse(img, n, &g, &e), 0);
+    const tp_gguf_tensor *t = tp_gguf_tensor_find(g, "rope_factors_long.weight");
+    assert_non_null(t);
+    long at = (long)((const uint8_t *)t->data - img);
+    tp_gguf_free(g);
+    free(img);
+    float zero = 0.0f;
+    assert_int_equal(fseek(f, at, SEEK_SET), 0);
+    assert_int_equal(fwrite(&zero, 4, 1, f), 1);
+    fclose(f);
+    int rc = tp_model_load(path, &m, &e);
+    unlink(path);
+    assert_int_equal(rc, TP_EFORMAT);
+    assert_non_null(strstr(e.msg, "rope_factors_long.weight[0] = 0 is not positive"));
 }
 
 /* qwen3moe's 3-D expert tensors: expert e of each a view of the
@@ -622,6 +680,7 @@ int main(void)
         cmocka_unit_test(llama_loads_adjacent_rope_and_optional_biases),
         cmocka_unit_test(unknown_architecture_and_unused_tensor_are_refused_by_name),
         cmocka_unit_test(rope_freqs_tensor_becomes_the_divisors),
+        cmocka_unit_test(phi3_longrope_factors_and_partial_rope_are_read),
         cmocka_unit_test(rope_scaling_keys_give_llama3_and_linear_divisors),
         cmocka_unit_test(unsupported_rope_scaling_and_head_size_are_refused_by_name),
         cmocka_unit_test(yarn_scaling_reads_its_keys),

@@ -76,6 +76,12 @@ static void usage(FILE *out)
             "  --shared-ff N          qwen35moe's shared expert's width (default --expert-ff)\n"
             "  --rope-scaling-keys    gguf llama3 only: write llama.rope.scaling.* keys instead of\n"
             "                         the rope_freqs.weight tensor\n"
+            "  --rope-dim N           gguf phi3/qwen35 only: RoPE turns the first N of a head's elements\n"
+            "                         (rope.dimension_count; Phi-4-mini 96 of 128; default all, qwen35 a quarter)\n"
+            "  --longrope ORIG        gguf phi3 only: LongRoPE as Phi-3.5 / Phi-4-mini carry it\n"
+            "                         (rope_factors_long / _short, original context ORIG, attn_factor\n"
+            "                         sqrt(1 + ln(seq / ORIG) / ln ORIG)); a forward serving more than ORIG\n"
+            "                         positions takes the long factors\n"
             "  --quiet                no progress on stderr\n");
 }
 
@@ -139,13 +145,14 @@ int cmd_mkmodel(int argc, char **argv)
         {"experts", required_argument, 0, 'E'}, {"experts-used", required_argument, 0, 'K'},
         {"expert-ff", required_argument, 0, 'F'}, {"shared-ff", required_argument, 0, 'X'},
         {"pooling", required_argument, 0, 'P'},
+        {"rope-dim", required_argument, 0, 'D'}, {"longrope", required_argument, 0, 'L'},
         {0, 0, 0, 0},
     };
     const char *shape = NULL, *out = NULL, *tok_out = NULL, *format = "llama2c";
     long long seed = -1, vocab = 0, seq = 0;
     bool quiet = false;
     tp_synth_gguf g = {.arch = NULL};
-    long long head_dim = 0, window = 0, n_exp = 0, n_used = 0, exp_ff = 0, sh_ff = 0;
+    long long head_dim = 0, window = 0, n_exp = 0, n_used = 0, exp_ff = 0, sh_ff = 0, rope_dim = 0, lrope = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -177,6 +184,8 @@ int cmd_mkmodel(int argc, char **argv)
             break;
         }
         case 'X': if (parse_int("--shared-ff", optarg, 1, 1 << 18, &sh_ff)) return 2; break;
+        case 'D': if (parse_int("--rope-dim", optarg, 2, 4096, &rope_dim)) return 2; break;
+        case 'L': if (parse_int("--longrope", optarg, 1, 1 << 20, &lrope)) return 2; break;
         case 'h': usage(stdout); return 0;
         case 'S': if (parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2; break;
         case 'v': if (parse_int("--vocab", optarg, 354, 1 << 22, &vocab)) return 2; break;
@@ -201,7 +210,7 @@ int cmd_mkmodel(int argc, char **argv)
                                  : g.rope_scaling_keys ? "--rope-scaling-keys"
                                  : head_dim ? "--head-dim" : window ? "--sliding-window" : n_exp ? "--experts"
                                  : n_used ? "--experts-used" : exp_ff ? "--expert-ff" : sh_ff ? "--shared-ff"
-                                 : g.pooling ? "--pooling" : NULL;
+                                 : g.pooling ? "--pooling" : rope_dim ? "--rope-dim" : lrope ? "--longrope" : NULL;
     if (misplaced) {
         fprintf(stderr, "tokpipe mkmodel: %s does not apply to --format %s\n", misplaced, format);
         return 2;
@@ -226,6 +235,8 @@ int cmd_mkmodel(int argc, char **argv)
     g.n_expert_used = (int)n_used;
     g.expert_ff = (int)exp_ff;
     g.shexp_ff = (int)sh_ff;
+    g.rope_dim = (int)rope_dim;
+    g.longrope_orig = (int)lrope;
     if (gguf) {
         if (!g.arch)
             g.arch = "llama";

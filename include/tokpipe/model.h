@@ -122,6 +122,13 @@ typedef struct tp_model_config {
      * n_rot, rope.dimension_count; == head_size but for partial RoPE, as
      * qwen35's 64 of 256), pair frequencies theta^(-2i/rope_dim) */
     int rope_dim;
+    /* LongRoPE (Phi-3.5, Phi-4-mini: rope_factors_long / _short.weight):
+     * a forward serving more than rope_orig_ctx positions divides each
+     * pair's frequency by rope_long's factor, else by rope_short's (as
+     * llama.cpp chooses by n_ctx); cos and sin of every layer are scaled
+     * by rope_attn_factor ({arch}.rope.scaling.attn_factor, default 1) */
+    int rope_orig_ctx;
+    float rope_attn_factor;
     /* qwen35's gated attention: wq's rows are, per head, its query then
      * its gate (2 * q_dim rows); the attention's output is multiplied by
      * sigmoid(gate) before wo */
@@ -224,6 +231,9 @@ typedef struct tp_model_weights {
      * linear scaling: the file's rope_freqs.weight, or computed from its
      * rope.scaling.* keys); NULL = all 1. */
     const float *rope_freqs;
+    /* [rope_dim / 2] LongRoPE's divisors for long and short contexts (see
+     * rope_orig_ctx), or NULL; rope_freqs wins where both are given */
+    const float *rope_long, *rope_short;
     struct { tp_wmat token_embedding, wcls; } m; /* typed views, always filled */
 } tp_model_weights;
 

@@ -71,6 +71,11 @@ typedef struct tp_synth_gguf {
                               * embedding model's converted GGUF says it (Qwen3-Embedding: 3, last) */
     int shexp_ff;            /* qwen35moe: the shared expert's width
                               * (expert_shared_feed_forward_length); 0: expert_ff */
+    int rope_dim;            /* partial RoPE (qwen35, phi3): rope.dimension_count;
+                              * 0: the architecture's (qwen35 a quarter of a head) */
+    int longrope_orig;       /* phi3: > 0 writes LongRoPE as Phi-3.5 / Phi-4-mini's
+                              * converted files carry it: rope_factors_long / _short,
+                              * original_context_length this, attn_factor from it */
 } tp_synth_gguf;
 
 /* Write the model of shape s (its vocab_size is ignored) to path: matrix

@@ -168,7 +168,17 @@ class Model:
         # MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock with norm_topk_prob)
         self.n_expert = m.get(p + "expert_count", 0)
         self.n_used = m.get(p + "expert_used_count", 0)
-        self.freq_div = np.ones(self.hs // 2)
+        self.freq_div = np.ones(self.rot // 2)
+        # LongRoPE (Phi-3.5, Phi-4-mini; llama.cpp's get_rope_factors): a
+        # context past original_context_length takes the long factors (what
+        # `tokpipe run` serves is the model's whole context), else the short;
+        # cos and sin times rope.scaling.attn_factor
+        self.rope_attn = m.get(p + "rope.scaling.attn_factor", 1.0)
+        self.longrope = None
+        if "rope_factors_long.weight" in self.w:
+            self.longrope = (self.w["rope_factors_long.weight"].copy(), self.w["rope_factors_short.weight"].copy())
+            orig = m.get(p + "rope.scaling.original_context_length", m[p + "context_length"])
+            self.freq_div = self.longrope[0 if m[p + "context_length"] > orig else 1]
         if "rope_freqs.weight" in self.w:
             self.freq_div = self.w["rope_freqs.weight"].copy()
         elif m.get(p + "rope.scaling.type") == "llama3":
@@ -185,18 +195,20 @@ class Model:
         (partial RoPE: the first rot elements, i over rot / 2)."""
         if self.rot != self.hs:
             r = self.rot
-            inv = self.theta ** (-2.0 * np.arange(r // 2) / r)
+            div = self.freq_div if freq_div is None else freq_div
+            inv = self.theta ** (-2.0 * np.arange(r // 2) / r) / div
             ang = np.outer(pos, inv)[:, None, :]
-            c, s = np.cos(ang), np.sin(ang)
+            c, s = np.cos(ang) * self.rope_attn, np.sin(ang) * self.rope_attn
             a, b = x[..., :r // 2], x[..., r // 2:r]
             return np.concatenate([a * c - b * s, a * s + b * c, x[..., r:]], axis=-1)
         half = self.hs // 2
         theta = self.theta if theta is None else theta
         freq_div = self.freq_div if freq_div is None else freq_div
         inv = theta ** (-2.0 * np.arange(half) / self.hs) / freq_div
-        mscale = 1.0
+        mscale = self.rope_attn
         if self.yarn:
-            inv, mscale = yarn(inv, self.hs, theta, *self.yarn)
+            inv, ymscale = yarn(inv, self.hs, theta, *self.yarn)
+            mscale *= ymscale
         ang = np.outer(pos, inv)[:, None, :]
         c, s = np.cos(ang) * mscale, np.sin(ang) * mscale
         if neox:

@@ -409,6 +409,8 @@ static int rope_table(const tp_forward *f, float theta, const float *ff, bool sc
     }
     if (ramp) /* YaRN (model.h): ggml's rope_yarn, the ramp per pair computed once */
         tp_rope_yarn(&f->c, theta, ramp, &mscale);
+    if (f->c.rope_attn_factor > 0 && f->c.rope_attn_factor != 1.0f) /* ggml's attn_factor: LongRoPE's */
+        mscale *= f->c.rope_attn_factor;
     for (int pos = 0; pos < f->max_pos; pos++)
         for (int j = 0; j < half; j++) {
             float freq = 1.0f / powf(theta, (float)(2 * j) / (float)hs);
@@ -428,7 +430,10 @@ static int rope_table(const tp_forward *f, float theta, const float *ff, bool sc
  * rope_freq_base_train_swa): a second table. */
 static int make_rope(tp_forward *f)
 {
-    const float *ff = tp_model_get_weights(f->model)->rope_freqs;
+    const tp_model_weights *w = tp_model_get_weights(f->model);
+    /* LongRoPE: the factors of the context this forward serves, fixed for
+     * its life so a sequence's keys all turned alike (llama.cpp: by n_ctx) */
+    const float *ff = w->rope_freqs ? w->rope_freqs : f->max_pos > f->c.rope_orig_ctx ? w->rope_long : w->rope_short;
     int rc = rope_table(f, f->c.rope_theta, ff, true, &f->rope_cos, &f->rope_sin);
     if (!rc && f->c.swa_window)
         rc = rope_table(f, f->c.rope_theta_swa, f->c.rope_swa_scaled ? ff : NULL, f->c.rope_swa_scaled,
