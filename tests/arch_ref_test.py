@@ -313,7 +313,7 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
             "no attention gate": lambda m, ids: m.logits(ids, attn_gate=False),
             "no gate on the DeltaNet's norm": lambda m, ids: m.logits(ids, gate_norm=False),
             "a plain linear attention for the delta rule": lambda m, ids: m.logits(ids, delta=False),
-            "a RoPE over the whole head": lambda m, ids: (setattr(m, "rot", m.hs), m.logits(ids))[1],
+            "a RoPE over the whole head": self.altered(rot=lambda m: m.hs, freq_div=lambda m: np.ones(m.hs // 2)),
         })
         self.assertEqual(model.meta["qwen35.rope.dimension_count"], 8)
         self.assertEqual((model.ssm_kh, model.ssm_vh, model.ssm_hd), (2, 4, 32))
