@@ -42,7 +42,7 @@ static const ocase CASES[] = {
     {"qwen2", "256x4x4x2", "", "F32,Q8_0"},
     {"qwen3", "256x4x4x2", "--head-dim 64", "F32,Q8_0,Q4_K_M"},
     {"phi3", "256x4", "--longrope 64 --rope-dim 48", "F32,Q8_0,Q4_K_M"}, /* Phi-3.5 / Phi-4-mini */
-    {"gemma3", "256x6x4x2", "--sliding-window " WINDOW, "F32,Q8_0,Q4_K_M"},
+    {"gemma3", "256x6x4x2", "--sliding-window " WINDOW " --rope-linear 8", "F32,Q8_0,Q4_K_M"}, /* 4B-27B */
     {"gemma2", "256x4x4x2", "--sliding-window " WINDOW, "F32,Q8_0"},
     {"mixtral", "256x4", "--experts 4 --experts-used 2", "F32,Q8_0,Q4_K_M"},
     {"qwen3moe", "256x4x4x2", "--experts 8 --experts-used 2 --expert-ff 256", "F32,Q8_0,Q4_K_M"},

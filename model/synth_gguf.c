@@ -260,6 +260,10 @@ static int metadata(builder *b, const tp_synth_shape *s, const arch_defaults *a,
         if (!rc) rc = tp_gguf_set_u32(b->w, KEY("rope.scaling.original_context_length"),
                                       (uint32_t)a->arch->mk_yarn_orig_ctx, err);
     }
+    if (!rc && o->rope_linear > 0) {
+        rc = tp_gguf_set_str(b->w, KEY("rope.scaling.type"), "linear", err);
+        if (!rc) rc = tp_gguf_set_f32(b->w, KEY("rope.scaling.factor"), o->rope_linear, err);
+    }
     if (!rc && o->longrope_orig) { /* convert_hf_to_gguf.py's Phi3MiniModel */
         double scale = (double)s->seq_len / o->longrope_orig;
         float attn = scale > 1 ? (float)sqrt(1 + log(scale) / log((double)o->longrope_orig)) : 1.0f;
@@ -398,6 +402,10 @@ int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed
                           (a->arch->flags & TP_ARCHF_ROPE_DIM) ? "must be even, 2.. the head size"
                                                                : "this architecture turns the whole head of",
                           z.hs);
+    if (o->rope_linear && (!(o->rope_linear >= 1 && o->rope_linear <= 1e6) || a->llama3 || a->arch->mk_yarn_factor > 0))
+        return tp_err_set(err, TP_EINVAL, "mkmodel: --rope-linear %g: %s", (double)o->rope_linear,
+                          o->rope_linear >= 1 && o->rope_linear <= 1e6 ? "this architecture's files scale RoPE their own way"
+                                                                      : "must be a factor of 1 or more");
     if (o->longrope_orig && !(a->arch->flags & TP_ARCHF_LONGROPE))
         return tp_err_set(err, TP_EINVAL, "mkmodel: --longrope: only phi3 files carry LongRoPE");
     int V = 0;

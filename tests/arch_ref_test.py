@@ -232,6 +232,19 @@ class ForwardMatchesNumpyReference(unittest.TestCase):
         self.assertNotIn("gemma3.final_logit_softcapping", model.meta)
         self.assert_window_kept(16, 5, 1, 2 * 32)
 
+    def test_gemma3_4b_and_up_with_linear_rope_scaling_on_the_global_layers_matches(self):
+        """Gemma 3 4B-27B: rope.scaling.type linear, factor 8, which slows
+        the global layers' positions only (llama.cpp's
+        rope_freq_scale_train_swa = 1: the sliding ones turn as before)."""
+        path = self.mkmodel("gemma3lin", "--arch", "gemma3", "--shape", "64x6x4x2", "--head-dim", "32",
+                            "--sliding-window", "16", "--rope-linear", "8")
+        model, _ = self.check(path, prompt=self.LONG, wrongs={
+            "no scaling": self.altered(freq_div=lambda m: np.ones(16)),
+            "the sliding layers scaled too": self.altered(local_theta=None),
+        })
+        self.assertEqual(model.meta["gemma3.rope.scaling.type"], "linear")
+        self.assertEqual(list(model.freq_div), [8.0] * 16)
+
     def test_gemma3_with_a_window_wider_than_the_prompt_and_a_byte_level_vocabulary_matches(self):
         path = self.mkmodel("gemma3bpe", "--arch", "gemma3", "--shape", "64x2x4x1", vocab=GPT2)
         # mkmodel writes its typical 512: the prompt stays inside it

@@ -78,6 +78,8 @@ static void usage(FILE *out)
             "                         the rope_freqs.weight tensor\n"
             "  --rope-dim N           gguf phi3/qwen35 only: RoPE turns the first N of a head's elements\n"
             "                         (rope.dimension_count; Phi-4-mini 96 of 128; default all, qwen35 a quarter)\n"
+            "  --rope-linear F        gguf: rope.scaling.type linear, factor F (Gemma 3 4B-27B: 8; gemma3\n"
+            "                         turns its sliding layers unscaled)\n"
             "  --longrope ORIG        gguf phi3 only: LongRoPE as Phi-3.5 / Phi-4-mini carry it\n"
             "                         (rope_factors_long / _short, original context ORIG, attn_factor\n"
             "                         sqrt(1 + ln(seq / ORIG) / ln ORIG)); a forward serving more than ORIG\n"
@@ -146,6 +148,7 @@ int cmd_mkmodel(int argc, char **argv)
         {"expert-ff", required_argument, 0, 'F'}, {"shared-ff", required_argument, 0, 'X'},
         {"pooling", required_argument, 0, 'P'},
         {"rope-dim", required_argument, 0, 'D'}, {"longrope", required_argument, 0, 'L'},
+        {"rope-linear", required_argument, 0, 'I'},
         {0, 0, 0, 0},
     };
     const char *shape = NULL, *out = NULL, *tok_out = NULL, *format = "llama2c";
@@ -186,6 +189,15 @@ int cmd_mkmodel(int argc, char **argv)
         case 'X': if (parse_int("--shared-ff", optarg, 1, 1 << 18, &sh_ff)) return 2; break;
         case 'D': if (parse_int("--rope-dim", optarg, 2, 4096, &rope_dim)) return 2; break;
         case 'L': if (parse_int("--longrope", optarg, 1, 1 << 20, &lrope)) return 2; break;
+        case 'I': {
+            char *end;
+            g.rope_linear = strtof(optarg, &end);
+            if (end == optarg || *end || !(g.rope_linear >= 1 && g.rope_linear <= 1e6)) {
+                fprintf(stderr, "tokpipe mkmodel: --rope-linear '%s' is not a factor in 1..1e6\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h': usage(stdout); return 0;
         case 'S': if (parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2; break;
         case 'v': if (parse_int("--vocab", optarg, 354, 1 << 22, &vocab)) return 2; break;
@@ -210,7 +222,8 @@ int cmd_mkmodel(int argc, char **argv)
                                  : g.rope_scaling_keys ? "--rope-scaling-keys"
                                  : head_dim ? "--head-dim" : window ? "--sliding-window" : n_exp ? "--experts"
                                  : n_used ? "--experts-used" : exp_ff ? "--expert-ff" : sh_ff ? "--shared-ff"
-                                 : g.pooling ? "--pooling" : rope_dim ? "--rope-dim" : lrope ? "--longrope" : NULL;
+                                 : g.pooling ? "--pooling" : rope_dim ? "--rope-dim" : lrope ? "--longrope"
+                                 : g.rope_linear > 0 ? "--rope-linear" : NULL;
     if (misplaced) {
         fprintf(stderr, "tokpipe mkmodel: %s does not apply to --format %s\n", misplaced, format);
         return 2;

@@ -73,6 +73,8 @@ typedef struct tp_synth_gguf {
                               * (expert_shared_feed_forward_length); 0: expert_ff */
     int rope_dim;            /* partial RoPE (qwen35, phi3): rope.dimension_count;
                               * 0: the architecture's (qwen35 a quarter of a head) */
+    float rope_linear;       /* > 1: rope.scaling.type linear with this factor (Gemma 3
+                              * 4B-27B: 8, on the global layers only) */
     int longrope_orig;       /* phi3: > 0 writes LongRoPE as Phi-3.5 / Phi-4-mini's
                               * converted files carry it: rope_factors_long / _short,
                               * original_context_length this, attn_factor from it */

@@ -181,6 +181,8 @@ class Model:
             self.freq_div = self.longrope[0 if m[p + "context_length"] > orig else 1]
         if "rope_freqs.weight" in self.w:
             self.freq_div = self.w["rope_freqs.weight"].copy()
+        elif m.get(p + "rope.scaling.type") == "linear":   # positions slowed by the factor
+            self.freq_div = np.full(self.rot // 2, m.get(p + "rope.scaling.factor", 1.0))
         elif m.get(p + "rope.scaling.type") == "llama3":
             self.freq_div = llama3_divisors(self.hs, self.theta, m.get(p + "rope.scaling.factor", 8.0),
                                             m.get(p + "rope.scaling.low_freq_factor", 1.0),
