@@ -62,7 +62,8 @@ static int load_template(const tp_load_spec *s, tp_loaded *l, tp_err *err)
     if (rc && (s->what & TP_LOAD_TEMPLATE_REQUIRED))
         return tp_err_set(err, rc, "%s", e.msg);
     if (rc)
-        snprintf(l->template_why, sizeof l->template_why, "no usable chat template (%.380s); give one with %s", e.msg, opt);
+        snprintf(l->template_why, sizeof l->template_why, "no usable chat template (%.380s); give one with %s",
+                 e.msg, opt);
     return 0;
 }
 

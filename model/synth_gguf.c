@@ -402,10 +402,10 @@ int tp_synth_write_gguf(const char *path, const tp_synth_shape *s, uint64_t seed
                           (a->arch->flags & TP_ARCHF_ROPE_DIM) ? "must be even, 2.. the head size"
                                                                : "this architecture turns the whole head of",
                           z.hs);
-    if (o->rope_linear && (!(o->rope_linear >= 1 && o->rope_linear <= 1e6) || a->llama3 || a->arch->mk_yarn_factor > 0))
+    bool factor_ok = o->rope_linear >= 1 && o->rope_linear <= 1e6;
+    if (o->rope_linear && (!factor_ok || a->llama3 || a->arch->mk_yarn_factor > 0))
         return tp_err_set(err, TP_EINVAL, "mkmodel: --rope-linear %g: %s", (double)o->rope_linear,
-                          o->rope_linear >= 1 && o->rope_linear <= 1e6 ? "this architecture's files scale RoPE their own way"
-                                                                      : "must be a factor of 1 or more");
+                          factor_ok ? "this architecture's files scale RoPE their own way" : "must be 1 or more");
     if (o->longrope_orig && !(a->arch->flags & TP_ARCHF_LONGROPE))
         return tp_err_set(err, TP_EINVAL, "mkmodel: --longrope: only phi3 files carry LongRoPE");
     int V = 0;

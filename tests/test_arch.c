@@ -205,11 +205,11 @@ static void qwen3_without_or_with_misshapen_qk_norms_or_epsilon_is_refused_namin
     expect_refused(&g, "'blk.0.attn_q_norm.weight' is not used by the qwen2 architecture");
 }
 
-/* phi3's fused matrices: each part a view of its rows, in order. */
-static void phi3_fused_matrices_give_each_part_its_rows(void **state)
+/* mkmodel's file of shape and o (seed 3, the Llama 2 vocabulary) at path,
+ * a mkstemp template. */
+static void synth_write(char *path, const char *shape, tp_synth_gguf *o)
 {
-    (void)state;
-    char vocab[512], path[] = "/tmp/tp_test_arch_phi3.XXXXXX";
+    char vocab[512];
     const char *models = getenv("TP_MODELS");
     snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
     int fd = mkstemp(path);
@@ -217,10 +217,19 @@ static void phi3_fused_matrices_give_each_part_its_rows(void **state)
     close(fd);
     tp_synth_shape sh;
     tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "phi3", .vocab_from = vocab};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
-        fail_msg("mkmodel phi3: %s", e.msg);
+    assert_int_equal(tp_synth_parse_shape(shape, &sh, &e), 0);
+    o->vocab_from = vocab;
+    if (tp_synth_write_gguf(path, &sh, 3, o, &e))
+        fail_msg("mkmodel %s: %s", o->arch, e.msg);
+}
+
+/* phi3's fused matrices: each part a view of its rows, in order. */
+static void phi3_fused_matrices_give_each_part_its_rows(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/tp_test_arch_phi3.XXXXXX";
+    tp_err e;
+    synth_write(path, "64x2x4x2", &(tp_synth_gguf){.arch = "phi3"});
     tp_model *m = NULL;
     int rc = tp_model_load(path, &m, &e);
     unlink(path);
@@ -249,18 +258,9 @@ static void phi3_fused_matrices_give_each_part_its_rows(void **state)
 static void phi3_longrope_factors_and_partial_rope_are_read(void **state)
 {
     (void)state;
-    char vocab[512], path[] = "/tmp/tp_test_arch_phi3l.XXXXXX";
-    const char *models = getenv("TP_MODELS");
-    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
+    char path[] = "/tmp/tp_test_arch_phi3l.XXXXXX";
     tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "phi3", .vocab_from = vocab, .rope_dim = 12, .longrope_orig = 64};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
-        fail_msg("mkmodel phi3: %s", e.msg);
+    synth_write(path, "64x2x4x2", &(tp_synth_gguf){.arch = "phi3", .rope_dim = 12, .longrope_orig = 64});
     tp_model *m = NULL;
     if (tp_model_load(path, &m, &e))
         fail_msg("%s", e.msg);
@@ -306,18 +306,10 @@ static void phi3_longrope_factors_and_partial_rope_are_read(void **state)
 static void qwen3moe_experts_are_views_of_the_3d_tensors(void **state)
 {
     (void)state;
-    char vocab[512], path[] = "/tmp/tp_test_arch_moe.XXXXXX";
-    const char *models = getenv("TP_MODELS");
-    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
+    char path[] = "/tmp/tp_test_arch_moe.XXXXXX";
     tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x2x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "qwen3moe", .vocab_from = vocab, .n_expert = 5, .n_expert_used = 2, .expert_ff = 96};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
-        fail_msg("mkmodel qwen3moe: %s", e.msg);
+    synth_write(path, "64x2x4x2",
+                &(tp_synth_gguf){.arch = "qwen3moe", .n_expert = 5, .n_expert_used = 2, .expert_ff = 96});
     tp_model *m = NULL;
     int rc = tp_model_load(path, &m, &e);
     unlink(path);
@@ -349,19 +341,10 @@ static void qwen3moe_experts_are_views_of_the_3d_tensors(void **state)
 static void qwen35moe_loads_experts_and_the_shared_expert_in_every_block(void **state)
 {
     (void)state;
-    char vocab[512], path[] = "/tmp/tp_test_arch_q35moe.XXXXXX";
-    const char *models = getenv("TP_MODELS");
-    snprintf(vocab, sizeof vocab, "%s/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", models ? models : "../shared/models");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    tp_synth_shape sh;
+    char path[] = "/tmp/tp_test_arch_q35moe.XXXXXX";
     tp_err e;
-    assert_int_equal(tp_synth_parse_shape("64x4x4x2", &sh, &e), 0);
-    tp_synth_gguf o = {.arch = "qwen35moe", .vocab_from = vocab, .head_dim = 32, .n_expert = 4, .n_expert_used = 2,
-                       .expert_ff = 32, .shexp_ff = 96};
-    if (tp_synth_write_gguf(path, &sh, 3, &o, &e))
-        fail_msg("mkmodel qwen35moe: %s", e.msg);
+    synth_write(path, "64x4x4x2", &(tp_synth_gguf){.arch = "qwen35moe", .head_dim = 32, .n_expert = 4,
+                                                   .n_expert_used = 2, .expert_ff = 32, .shexp_ff = 96});
     tp_model *m = NULL;
     int rc = tp_model_load(path, &m, &e);
     unlink(path);
