@@ -32,6 +32,7 @@
 #include "tokpipe/model.h"
 #include "support/decode.h"
 #include "support/llamacpp.h"
+#include "support/membw.h"
 #include "support/mkgguf.h"
 #include "support/timing.h"
 
@@ -210,6 +211,13 @@ int main(int argc, char **argv)
     printf("  decode: batch 1 after %d tokens, %d steps; prefill %d tokens in one step; batched %d sequences;\n"
            "  tok/s, median of %d paired samples\n",
            DEPTH, TOKENS, PREFILL, BATCH, SAMPLES);
+    /* batch-1 decode reads every weight once per token: it cannot beat
+     * the memory's stream, whoever computes it */
+    double bw[2] = {bench_stream_gbps(1), ncpu > 1 ? bench_stream_gbps(ncpu) : 0};
+    printf("  memory: a read-only stream of 512 MB runs at %.1f GB/s on 1 thread", bw[0]);
+    if (nc > 1)
+        printf(", %.1f GB/s on %d", bw[1], ncpu);
+    printf(" (the ceiling of batch-1 decode)\n");
     printf("  %-34s %9s %9s %8s\n", "", "tokpipe", "llama.cpp", "ratio");
 
     for (size_t k = 0; k < NCASES; k++) {
@@ -269,10 +277,12 @@ int main(int argc, char **argv)
                 printf(", a token reads %.0f MB (%.2f of the file)", x->active / 1e6, x->active / x->total);
             printf("\n");
             for (int ci = 0; ci < nc; ci++) {
-                char label[64], extra[64] = "";
+                char label[64], extra[128] = "";
                 snprintf(label, sizeof label, "decode, %d thread%s", counts[ci], counts[ci] > 1 ? "s" : "");
-                snprintf(extra, sizeof extra, "   %.1f GB/s of weights",
-                         bench_median(d[ci], SAMPLES) * x->active / 1e9);
+                double gb = bench_median(d[ci], SAMPLES) * x->active / 1e9;
+                double lgb = ok ? bench_median(ld[ci], SAMPLES) * x->active / 1e9 : 0;
+                snprintf(extra, sizeof extra, "   %.1f / %.1f GB/s of weights, %.0f%% / %.0f%% of the stream", gb,
+                         lgb, bw[ci] > 0 ? 100 * gb / bw[ci] : 0, bw[ci] > 0 ? 100 * lgb / bw[ci] : 0);
                 row(label, d[ci], ld[ci], ok, extra);
                 snprintf(label, sizeof label, "%s, %d thread%s", c->moe ? "batched 32" : "prefill 512", counts[ci],
                          counts[ci] > 1 ? "s" : "");
