@@ -303,6 +303,51 @@ static void mxfp4_dequantizes_and_quantizes_as_ggml(void **state)
     free(blocks); free(ours); free(ref);
 }
 
+/* MXFP4's vector kernels against the portable path on raw blocks: scale
+ * bytes 0 (2^-128, subnormal) to 229, random codes, and tokens whose
+ * activation scales fall from 2^-7 to 2^-103, so that d * dx is subnormal
+ * (rounded) or zero for the small scales: the AVX-512 panel computes it
+ * as dx scaled by a power of two, which must round as the product does.
+ * 37 rows (a partial group of 16), 10 blocks (a partial line of scales). */
+static void mxfp4_kernels_agree_on_subnormal_and_large_scales(void **state)
+{
+    (void)state;
+    enum { ROWS = 37, COLS = 320, T = 13, RB = COLS / 32 * 17 };
+    uint8_t *d = malloc((size_t)ROWS * RB);
+    uint32_t s = 3;
+    for (int i = 0; i < ROWS * RB; i++) {
+        s = s * 1664525u + 1013904223u;
+        int r = i / RB, b = i % RB / 17; /* a row's scales within 2^10: a small term is not lost in the sum */
+        d[i] = (uint8_t)(i % RB % 17 ? s >> 24 : (uint32_t)(r * 11 % 221 + b));
+    }
+    float *X = malloc(sizeof(float) * T * COLS), *Ys = malloc(sizeof(float) * T * ROWS);
+    float *Yv = malloc(sizeof(float) * T * ROWS);
+    fill(X, (size_t)T * COLS, 4, 1.0f);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < COLS; k++)
+            X[t * COLS + k] = ldexpf(X[t * COLS + k], -8 * t);
+    tp_qact a;
+    assert_int_equal(tp_qact_init(&a, T, COLS), 0);
+    tp_qact_prepare(&a, TP_GGML_MXFP4, X, COLS, T, COLS);
+    tp_wmat w = {TP_GGML_MXFP4, ROWS, COLS, RB, d, NULL};
+    tp_qmatmul_rows(&w, &a, Ys, ROWS, 0, ROWS, false);
+    tp_isa before = tp_isa_active();
+    for (tp_isa level = TP_ISA_AVX2; level <= TP_ISA_AVX512 && level <= tp_isa_cpu(); level++) {
+        tp_isa_cap_for_tests(level);
+        assert_int_equal(tp_qpanel_build(&w, NULL), 0);
+        memset(Yv, 0x55, sizeof(float) * T * ROWS);
+        tp_qmatmul_rows(&w, &a, Yv, ROWS, 0, ROWS, true);
+        for (int i = 0; i < T * ROWS; i++)
+            if (memcmp(&Ys[i], &Yv[i], 4))
+                fail_msg("mxfp4 %s: token %d row %d: %a, portable %a", tp_isa_name(level), i / ROWS, i % ROWS,
+                         Yv[i], Ys[i]);
+        tp_qpanel_free(&w);
+    }
+    tp_isa_cap_for_tests(before);
+    tp_qact_free(&a);
+    free(d); free(X); free(Ys); free(Yv);
+}
+
 static void check_type(uint32_t type, int rows, int cols) { check_type_tokens(type, rows, cols, 13); }
 
 /* Every type's kernels at one vector level (isa.h), against the portable
@@ -499,6 +544,7 @@ int main(void)
         cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx512),
         cmocka_unit_test(activation_quantization_paths_agree),
         cmocka_unit_test(mxfp4_dequantizes_and_quantizes_as_ggml),
+        cmocka_unit_test(mxfp4_kernels_agree_on_subnormal_and_large_scales),
         cmocka_unit_test(f16_file_from_llama_cpp_gives_the_f32_greedy_ids),
         cmocka_unit_test(q8_0_and_q4_0_files_from_llama_cpp_start_like_f32),
         cmocka_unit_test(llama_cpp_quantized_files_are_batch_invariant),

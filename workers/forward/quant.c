@@ -1502,8 +1502,8 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             return;
         }
         break;
-    case TP_GGML_MXFP4: /* the file's blocks read in place */
-        if (avx512) {
+    case TP_GGML_MXFP4: /* AVX-512 from its panel; AVX2 reads the file's blocks */
+        if (avx512 && w->panel && w->panel->group_rows == 16) {
             tp_qrows_mxfp4_avx512(w, a, y, ldy, r0, r1);
             return;
         }
@@ -1693,7 +1693,7 @@ static void avx2_put(uint32_t type, const uint8_t *src, size_t fb, uint8_t *blk,
  * bytes in all. */
 typedef struct panel_shape {
     int group_rows, blocks;
-    size_t file_block, block_bytes, bytes;
+    size_t file_block, block_bytes, group_bytes, bytes;
 } panel_shape;
 
 /* Bytes of a block (super-block) of eight rows in the AVX2 layout of its
@@ -1713,8 +1713,17 @@ static size_t rows8_block_bytes(uint32_t type)
 /* False for a matrix without a panel on this CPU. */
 static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
 {
-    if (w->type == TP_GGML_MXFP4) /* its kernel reads the file (quant_mxfp4.c) */
-        return false;
+    if (w->type == TP_GGML_MXFP4) { /* AVX-512: quant_mxfp4.c's panel; AVX2 reads the file */
+        if (!have_avx512() || w->cols % 32)
+            return false;
+        sh->group_rows = 16;
+        sh->file_block = 0;
+        sh->blocks = w->cols / 32;
+        sh->block_bytes = 256;
+        sh->group_bytes = tp_mxfp4_panel_group_bytes(sh->blocks);
+        sh->bytes = sh->group_bytes * (size_t)((w->rows + 15) / 16);
+        return true;
+    }
     if (!have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
@@ -1727,7 +1736,8 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
         sh->blocks = (int)(w->row_bytes / sh->file_block);
         size_t groups = (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
         /* whole cache lines, so the panel after it in a mapping starts on one */
-        sh->bytes = (sh->block_bytes * (size_t)sh->blocks * groups + 63) / 64 * 64;
+        sh->group_bytes = sh->block_bytes * (size_t)sh->blocks;
+        sh->bytes = (sh->group_bytes * groups + 63) / 64 * 64;
         return true;
     }
     if (!tp_qpanel_format(w->type, f))
@@ -1736,7 +1746,8 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
     sh->file_block = 0;
     sh->block_bytes = f->quant_bytes + 16 * (size_t)f->scale_bytes * (size_t)(32 / f->sub + f->has_min);
     sh->blocks = w->cols / 32;
-    sh->bytes = sh->block_bytes * (size_t)sh->blocks * (size_t)((w->rows + 15) / 16);
+    sh->group_bytes = sh->block_bytes * (size_t)sh->blocks;
+    sh->bytes = sh->group_bytes * (size_t)((w->rows + 15) / 16);
     return true;
 }
 
@@ -1763,7 +1774,7 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     p->groups = (w->rows + sh.group_rows - 1) / sh.group_rows;
     p->blocks = sh.blocks;
     p->block_bytes = sh.block_bytes;
-    p->group_bytes = sh.block_bytes * (size_t)p->blocks;
+    p->group_bytes = sh.group_bytes;
     p->bytes = sh.bytes;
     if (!mem) { /* anonymous zeroed memory, page-aligned */
         mem = mmap(NULL, sh.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1774,6 +1785,13 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
         p->owned = true;
     }
     p->data = mem;
+    if (w->type == TP_GGML_MXFP4) { /* rows past the last stay zero: code 0 */
+        for (int r = 0; r < w->rows; r++)
+            tp_mxfp4_panel_put_row(p->data + (size_t)(r / 16) * p->group_bytes, p->blocks, r % 16,
+                                   (const uint8_t *)w->data + (size_t)r * w->row_bytes);
+        w->panel = p;
+        return 0;
+    }
     if (sh.group_rows < 16) { /* AVX2; past the last row, the group's first row again */
         for (int g = 0; g < p->groups; g++)
             for (int k = 0; k < sh.group_rows; k++) {

@@ -14,7 +14,7 @@
  *   Q6_K 256: u8 ql[128], u8 qh[64], int8 scales[16] (per 16), f16 d
  *                                                     w = d * sc * (q - 32)
  *   MXFP4 32: u8 e (E8M0), u8 qs[16] (E2M1 codes)    w = kv[q] * 2^(e - 128)
- *             (quant_mxfp4.c; no panel: the AVX2 and AVX-512 kernels read the file)
+ *             (quant_mxfp4.c: a panel of its own for AVX-512; AVX2 reads the file)
  *
  * BATCH INVARIANCE. Every output element y[t][r] is computed from row r of
  * the weights and row t of the activations alone, by an order that depends
@@ -187,9 +187,14 @@ void tp_qunpack_mxfp4(const uint8_t *row, int c, int n_cols, int8_t w[64], float
 
 /* MXFP4's scale byte as ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128). */
 float tp_e8m0_to_f32_half(uint8_t e);
-/* MXFP4 rows on AVX2 from the file's blocks (tp_qmatmul_rows' contract). */
+/* MXFP4 rows (tp_qmatmul_rows' contract): on AVX2 from the file's blocks,
+ * on AVX-512 from the panel (group_rows 16) of quant_mxfp4.c's layout. */
 void tp_qrows_mxfp4_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_mxfp4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
+/* That panel: a group's bytes for rows of blocks blocks of 32 columns (a
+ * multiple of 64), and row r (of 16) of a zeroed group from the file's row. */
+size_t tp_mxfp4_panel_group_bytes(int blocks);
+void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int r, const uint8_t *row);
 
 /* AVX-512 row ranges per family (same contract as tp_qmatmul_rows; the
  * integer ones read w->panel). */

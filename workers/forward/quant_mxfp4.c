@@ -12,8 +12,8 @@
  * order of quant.h as for Q8_0 (acc = fmaf(d * dx, P, acc) per block of
  * 32), its integer dot products exact. The AVX2 kernel decodes the codes
  * with a byte shuffle (two rows a register) and follows that order, eight
- * rows a vector; the AVX-512 one (VNNI's byte dot products) sixteen rows;
- * the file's blocks are read in place (no panel). */
+ * rows a vector, reading the file's blocks in place; the AVX-512 one
+ * (VNNI's byte dot products) sixteen rows from a panel made at load. */
 #include "quant.h"
 #include "quant_avx.h"
 
@@ -181,89 +181,138 @@ __attribute__((target("avx2,fma"))) void tp_qrows_mxfp4_avx2(const tp_wmat *w, c
     }
 }
 
-/* ---- AVX-512 (VNNI): sixteen rows a vector ------------------------------ */
+/* ---- AVX-512 (VNNI): a panel of sixteen rows -------------------------
+ *
+ * The panel (tp_qpanel, group_rows 16): group g (rows 16g..16g+15; past
+ * the last row, zero bytes: weights 0) at data + g * group_bytes, block b
+ * of 32 columns at 256 b: the sixteen rows' codes in quant.h's 4-bit
+ * layout (quad k = columns 4k..4k+3, 16 rows x 4 bytes, in vector k / 2's
+ * nibble k % 2), so a vpdpbusd gives sixteen rows' sums side by side with
+ * no horizontal reduction. After the group's blocks, at 256 * blocks,
+ * each block's sixteen scales as e - 128 (int8; row r's at 16 b + r), the
+ * group rounded up to a cache line: the file's bytes per weight. */
 
 #define ISA512 "avx512f,avx512bw,avx512vnni"
+#define PANEL_CODES 256
 
-/* The sixteen rows' scale bytes of the block at off, as block_scales. */
-__attribute__((target(ISA512), always_inline)) static inline __m512 block_scales16(const uint8_t *const *row,
-                                                                                  size_t off)
+size_t tp_mxfp4_panel_group_bytes(int blocks)
 {
-    uint64_t lo = 0, hi = 0;
-    for (int k = 0; k < 8; k++) {
-        lo |= (uint64_t)row[k][off] << (8 * k);
-        hi |= (uint64_t)row[8 + k][off] << (8 * k);
+    return (size_t)PANEL_CODES * (size_t)blocks + ((size_t)blocks * 16 + 63) / 64 * 64;
+}
+
+void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int r, const uint8_t *row)
+{
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = row + (size_t)b * MXFP4_BYTES;
+        uint8_t *codes = grp + (size_t)b * PANEL_CODES;
+        grp[(size_t)PANEL_CODES * (size_t)blocks + 16 * (size_t)b + (size_t)r] = (uint8_t)(blk[0] - 128);
+        for (int c = 0; c < 32; c++) {
+            int code = c < 16 ? blk[1 + c] & 0x0f : blk[1 + c - 16] >> 4, k = c / 4;
+            codes[64 * (k / 2) + 4 * r + c % 4] |= (uint8_t)(code << (4 * (k % 2)));
+        }
     }
-    __m512i e = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)hi, (long long)lo));
-    __m512i norm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, norm, sub));
 }
 
-/* Rows j, j + 4, j + 8, j + 12 (one a 128-bit lane) of block b: four
- * 32-bit sums of (w + 12) * x a row (VNNI: exact, no saturation). */
-__attribute__((target(ISA512), always_inline)) static inline __m512i dot_four(const uint8_t *const *row, int j,
-                                                                             size_t off, __m512i table, __m512i xlo,
-                                                                             __m512i xhi)
+/* A tile: G groups (1 or 2) x T tokens (1..TP_QTB) from t0. Per block and
+ * quad vector, the codes are decoded once (a byte shuffle to w + 12) for
+ * the T tokens, each token's activation quads broadcast once for the G
+ * groups; per block, acc = fmaf(d * dx, (float)P, acc), d * dx as
+ * vscalefps(dx, e - 128): dx times a power of two rounded once, the
+ * product tp_e8m0_to_f32_half(e) * dx of the scalar path (d is exact, a
+ * subnormal too), so the bits are the scalar path's. */
+__attribute__((target(ISA512), always_inline)) static inline void
+ptile(const tp_qpanel *p, int g0, const tp_qact *a, int t0, float *y, size_t ldy, int r0, int r1, const int G,
+      const int T)
 {
-    const __m512i m = _mm512_set1_epi8(0x0f);
-    __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[j] + off)));
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 4] + off)), 1);
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 8] + off)), 2);
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 12] + off)), 3);
-    __m512i wlo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m));
-    __m512i whi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m));
-    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, xlo), whi, xhi);
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_U));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[2][TP_QTB];
+    TP_QUNROLL for (int g = 0; g < G; g++)
+        TP_QUNROLL for (int t = 0; t < T; t++)
+            acc[g][t] = _mm512_setzero_ps();
+    const int nb = p->blocks, cols = a->cols;
+    const size_t gb = p->group_bytes;
+    const uint8_t *base = p->data + (size_t)g0 * gb, *exps = base + (size_t)PANEL_CODES * (size_t)nb;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = base + (size_t)b * PANEL_CODES;
+        /* see TP_QPF: every line of each group's stream asked for once, TP_QPF ahead */
+        TP_QUNROLL for (int g = 0; g < G; g++) {
+            for (int o = 0; o < PANEL_CODES; o += 64)
+                _mm_prefetch((const char *)blk + (size_t)g * gb + o + TP_QPF, TP_QPF_HINT);
+            if (b % 4 == 0)
+                _mm_prefetch((const char *)exps + (size_t)g * gb + 16 * (size_t)b + TP_QPF, TP_QPF_HINT);
+        }
+        __m512i ia[2][TP_QTB];
+        TP_QUNROLL for (int t = 0; t < T; t++) {
+            __m512i init = _mm512_set1_epi32(12 * a->nsum32[(size_t)(t0 + t) * (size_t)nb + (size_t)b]);
+            TP_QUNROLL for (int g = 0; g < G; g++)
+                ia[g][t] = init;
+        }
+        TP_QUNROLL for (int v = 0; v < 4; v++) {
+            __m512i lo[2], hi[2];
+            TP_QUNROLL for (int g = 0; g < G; g++) {
+                __m512i q = _mm512_loadu_si512((const void *)(blk + (size_t)g * gb + 64 * (size_t)v));
+                lo[g] = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m4));
+                hi[g] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+            }
+            TP_QUNROLL for (int t = 0; t < T; t++) {
+                const int8_t *xq = a->q + (size_t)(t0 + t) * (size_t)cols + 32 * (size_t)b + 8 * (size_t)v;
+                int32_t x0, x1;
+                memcpy(&x0, xq, 4);
+                memcpy(&x1, xq + 4, 4);
+                __m512i xb0 = _mm512_set1_epi32(x0), xb1 = _mm512_set1_epi32(x1);
+                TP_QUNROLL for (int g = 0; g < G; g++)
+                    ia[g][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[g][t], lo[g], xb0), hi[g], xb1);
+            }
+        }
+        __m512 ex[2];
+        TP_QUNROLL for (int g = 0; g < G; g++)
+            ex[g] = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(exps + (size_t)g * gb + 16 * (size_t)b))));
+        TP_QUNROLL for (int t = 0; t < T; t++) {
+            __m512 dx = _mm512_set1_ps(a->dx[(size_t)(t0 + t) * (size_t)nb + (size_t)b]);
+            TP_QUNROLL for (int g = 0; g < G; g++)
+                acc[g][t] = _mm512_fmadd_ps(_mm512_scalef_ps(dx, ex[g]), _mm512_cvtepi32_ps(ia[g][t]), acc[g][t]);
+        }
+    }
+    TP_QUNROLL for (int g = 0; g < G; g++) {
+        int lo = 16 * (g0 + g), a0 = r0 > lo ? r0 - lo : 0, a1 = r1 - lo < 16 ? r1 - lo : 16;
+        __mmask16 m = (__mmask16)(((1u << a1) - 1) & ~((1u << a0) - 1));
+        TP_QUNROLL for (int t = 0; t < T; t++)
+            _mm512_mask_storeu_ps(y + (size_t)t * ldy + (size_t)lo, m, acc[g][t]);
+    }
 }
 
-/* The sixteen rows' accumulators take block b of token tok: as block_term,
- * sixteen lanes (the four partial sums of a row added in a fixed tree: an
- * integer sum, the same whatever the order). */
-__attribute__((target(ISA512), always_inline)) static inline __m512
-block_term16(const uint8_t *const *row, const tp_qact *a, int nb, int b, size_t off, size_t tok, __m512 d,
-             __m512i table, __m512 acc)
-{
-    size_t blk = tok * (size_t)nb + (size_t)b;
-    const int8_t *xq = a->q + tok * (size_t)a->cols + 32 * (size_t)b;
-    __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xq));
-    __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq + 16)));
-    __m512i p0 = dot_four(row, 0, off, table, xlo, xhi), p1 = dot_four(row, 1, off, table, xlo, xhi);
-    __m512i p2 = dot_four(row, 2, off, table, xlo, xhi), p3 = dot_four(row, 3, off, table, xlo, xhi);
-    /* lane k of p_j is row j + 4k: (a0 b0 a1 b1) + (a2 b2 a3 b3), then the
-     * halves, leave lane k = rows 4k .. 4k + 3 in order */
-    __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
-    __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
-    __m512i h = _mm512_add_epi32(_mm512_unpacklo_epi64(t, u), _mm512_unpackhi_epi64(t, u));
-    h = _mm512_add_epi32(h, _mm512_set1_epi32(12 * a->nsum32[blk]));
-    __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[blk]));
-    return _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(h), acc);
-}
-
-/* Rows [r0, r1) sixteen at a time (past r1 the group's last row again,
- * not stored), a token at a time: per token the blocks in column order,
- * acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
+/* Rows [r0, r1) from the panel: decode (one token) two groups a tile; more
+ * tokens, tiles of up to two groups x TP_QTB tokens. */
 __attribute__((target(ISA512))) void tp_qrows_mxfp4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
                                                           int r0, int r1)
 {
-    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_U));
-    int nb = w->cols / 32;
-    for (int g = r0; g < r1; g += 16) {
-        const uint8_t *row[16];
-        int n = r1 - g < 16 ? r1 - g : 16;
-        for (int k = 0; k < 16; k++)
-            row[k] = (const uint8_t *)w->data + (size_t)(g + (k < n ? k : n - 1)) * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                size_t off = (size_t)b * MXFP4_BYTES;
-                acc = block_term16(row, a, nb, b, off + 1, (size_t)t, block_scales16(row, off), table, acc);
+    const tp_qpanel *p = w->panel;
+    size_t ld = (size_t)ldy;
+    int g1 = (r1 + 15) / 16;
+    for (int g = r0 / 16; g < g1;) {
+        int two = g1 - g >= 2;
+        for (int t0 = 0; t0 < a->n_tok;) {
+            int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;
+            float *yt = y + (size_t)t0 * ld;
+            switch (tb * 2 + two) {
+            case 2: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 1); break;
+            case 3: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 1); break;
+            case 4: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 2); break;
+            case 5: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 2); break;
+            case 6: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 3); break;
+            case 7: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 3); break;
+            case 8: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 4); break;
+            case 9: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 4); break;
+            case 10: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 5); break;
+            case 11: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 5); break;
+            case 12: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 6); break;
+            default: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 6); break;
             }
-            float out[16];
-            _mm512_storeu_ps(out, acc);
-            for (int k = 0; k < n; k++)
-                y[(size_t)t * (size_t)ldy + (size_t)(g + k)] = out[k];
+            t0 += tb;
         }
+        g += two ? 2 : 1;
     }
 }
 
