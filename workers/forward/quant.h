@@ -192,7 +192,7 @@ float tp_e8m0_to_f32_half(uint8_t e);
 void tp_qrows_mxfp4_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_mxfp4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 /* That panel: a group's bytes for rows of blocks blocks of 32 columns (a
- * multiple of 64), and row r (of 16) of a zeroed group from the file's row. */
+ * multiple of 64), and row r (of 16) of a group from the file's row. */
 size_t tp_mxfp4_panel_group_bytes(int blocks);
 void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int r, const uint8_t *row);
 

@@ -206,10 +206,14 @@ void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int r, const uint8_t *row)
         const uint8_t *blk = row + (size_t)b * MXFP4_BYTES;
         uint8_t *codes = grp + (size_t)b * PANEL_CODES;
         grp[(size_t)PANEL_CODES * (size_t)blocks + 16 * (size_t)b + (size_t)r] = (uint8_t)(blk[0] - 128);
-        for (int c = 0; c < 32; c++) {
-            int code = c < 16 ? blk[1 + c] & 0x0f : blk[1 + c - 16] >> 4, k = c / 4;
-            codes[64 * (k / 2) + 4 * r + c % 4] |= (uint8_t)(code << (4 * (k % 2)));
-        }
+        /* vector v, byte j of the row: columns 8v + j (low nibble) and 8v + 4 + j */
+        for (int v = 0; v < 4; v++)
+            for (int j = 0; j < 4; j++) {
+                int c0 = 8 * v + j, c1 = c0 + 4;
+                int lo = c0 < 16 ? blk[1 + c0] & 0x0f : blk[1 + c0 - 16] >> 4;
+                int hi = c1 < 16 ? blk[1 + c1] & 0x0f : blk[1 + c1 - 16] >> 4;
+                codes[64 * v + 4 * r + j] = (uint8_t)(lo | hi << 4);
+            }
     }
 }
 
