@@ -383,19 +383,6 @@ typedef struct exp_job {
     const tp_moe_run *r;
 } exp_job;
 
-/* ggml's swiglu_oai (gpt-oss): the gate clamped above at 7, the up to
- * [-7, 7]; out = g / (1 + e^(-1.702 g)) * (u + 1), e^x by tp_vexp. */
-#define OAI_ALPHA 1.702f
-#define OAI_LIMIT 7.0f
-static void swiglu_oai(const float *g, const float *u, float *out, int n)
-{
-    for (int i = 0; i < n; i++) {
-        float x = fminf(g[i], OAI_LIMIT), y = fminf(fmaxf(u[i], -OAI_LIMIT), OAI_LIMIT);
-        float glu = x / (1.0f + tp_vexp(OAI_ALPHA * -x));
-        out[i] = glu * (y + 1.0f);
-    }
-}
-
 static void add_bias(float *y, const float *b, int n)
 {
     for (int i = 0; i < n; i++)
@@ -434,7 +421,7 @@ static void up_rows(void *arg, int r0, int r1, int worker)
             if (j->L->b_up)
                 add_bias(hg + ff + lo, j->L->b_up + (size_t)e * (size_t)ff + lo, hi - lo);
             if (m->oai)
-                swiglu_oai(hg + lo, hg + ff + lo, ag + lo, hi - lo);
+                tp_swiglu_oai(hg + lo, hg + ff + lo, ag + lo, (size_t)(hi - lo), j->r->simd);
             else
                 tp_swiglu(hg + lo, hg + ff + lo, ag + lo, (size_t)(hi - lo), j->r->simd);
         }
