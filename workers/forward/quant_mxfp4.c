@@ -225,8 +225,8 @@ void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int r, const uint8_t *row)
  * product tp_e8m0_to_f32_half(e) * dx of the scalar path (d is exact, a
  * subnormal too), so the bits are the scalar path's. */
 __attribute__((target(ISA512), always_inline)) static inline void
-ptile(const tp_qpanel *p, int g0, const tp_qact *a, int t0, float *y, size_t ldy, int r0, int r1, const int G,
-      const int T)
+ptile(const tp_qpanel *p, int g0, const tp_qact *a, int t0, float *y, size_t ldy, int r0, int r1,
+      const uint8_t *pf_end, const int G, const int T)
 {
     const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_U));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -239,12 +239,16 @@ ptile(const tp_qpanel *p, int g0, const tp_qact *a, int t0, float *y, size_t ldy
     const uint8_t *base = p->data + (size_t)g0 * gb, *exps = base + (size_t)PANEL_CODES * (size_t)nb;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = base + (size_t)b * PANEL_CODES;
-        /* see TP_QPF: every line of each group's stream asked for once, TP_QPF ahead */
+        /* see TP_QPF: every line of each group's stream asked for once,
+         * TP_QPF ahead, up to the range's end (past it: another matrix's
+         * or none; that line would be read for nothing) */
         TP_QUNROLL for (int g = 0; g < G; g++) {
-            for (int o = 0; o < PANEL_CODES; o += 64)
-                _mm_prefetch((const char *)blk + (size_t)g * gb + o + TP_QPF, TP_QPF_HINT);
-            if (b % 4 == 0)
-                _mm_prefetch((const char *)exps + (size_t)g * gb + 16 * (size_t)b + TP_QPF, TP_QPF_HINT);
+            const uint8_t *q = blk + (size_t)g * gb + TP_QPF, *e = exps + (size_t)g * gb + 16 * (size_t)b + TP_QPF;
+            if (q < pf_end)
+                for (int o = 0; o < PANEL_CODES; o += 64)
+                    _mm_prefetch((const char *)q + o, TP_QPF_HINT);
+            if (b % 4 == 0 && e < pf_end)
+                _mm_prefetch((const char *)e, TP_QPF_HINT);
         }
         __m512i ia[2][TP_QTB];
         TP_QUNROLL for (int t = 0; t < T; t++) {
@@ -295,24 +299,25 @@ __attribute__((target(ISA512))) void tp_qrows_mxfp4_avx512(const tp_wmat *w, con
     const tp_qpanel *p = w->panel;
     size_t ld = (size_t)ldy;
     int g1 = (r1 + 15) / 16;
+    const uint8_t *end = p->data + (size_t)g1 * p->group_bytes;
     for (int g = r0 / 16; g < g1;) {
         int two = g1 - g >= 2;
         for (int t0 = 0; t0 < a->n_tok;) {
             int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;
             float *yt = y + (size_t)t0 * ld;
             switch (tb * 2 + two) {
-            case 2: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 1); break;
-            case 3: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 1); break;
-            case 4: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 2); break;
-            case 5: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 2); break;
-            case 6: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 3); break;
-            case 7: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 3); break;
-            case 8: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 4); break;
-            case 9: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 4); break;
-            case 10: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 5); break;
-            case 11: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 5); break;
-            case 12: ptile(p, g, a, t0, yt, ld, r0, r1, 1, 6); break;
-            default: ptile(p, g, a, t0, yt, ld, r0, r1, 2, 6); break;
+            case 2: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 1); break;
+            case 3: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 1); break;
+            case 4: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 2); break;
+            case 5: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 2); break;
+            case 6: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 3); break;
+            case 7: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 3); break;
+            case 8: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 4); break;
+            case 9: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 4); break;
+            case 10: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 5); break;
+            case 11: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 5); break;
+            case 12: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 6); break;
+            default: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 6); break;
             }
             t0 += tb;
         }
