@@ -1502,13 +1502,16 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             return;
         }
         break;
-    case TP_GGML_MXFP4: /* AVX-512 from its panel; AVX2 reads the file's blocks */
+    case TP_GGML_MXFP4: /* from its panel of the level's rows; AVX2 without one reads the file's blocks */
         if (avx512 && w->panel && w->panel->group_rows == 16) {
             tp_qrows_mxfp4_avx512(w, a, y, ldy, r0, r1);
             return;
         }
         if (simd && have_avx2()) {
-            tp_qrows_mxfp4_avx2(w, a, y, ldy, r0, r1);
+            if (w->panel && w->panel->group_rows == 8)
+                tp_qrows_mxfp4_avx2_panel(w, a, y, ldy, r0, r1);
+            else
+                tp_qrows_mxfp4_avx2(w, a, y, ldy, r0, r1);
             return;
         }
         break;
@@ -1713,15 +1716,15 @@ static size_t rows8_block_bytes(uint32_t type)
 /* False for a matrix without a panel on this CPU. */
 static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
 {
-    if (w->type == TP_GGML_MXFP4) { /* AVX-512: quant_mxfp4.c's panel; AVX2 reads the file */
-        if (!have_avx512() || w->cols % 32)
+    if (w->type == TP_GGML_MXFP4) { /* quant_mxfp4.c's panels: 16 rows a group, or 8 for AVX2 */
+        if (!have_avx2() || w->cols % 32)
             return false;
-        sh->group_rows = 16;
+        sh->group_rows = have_avx512() ? 16 : 8;
         sh->file_block = 0;
         sh->blocks = w->cols / 32;
-        sh->block_bytes = 256;
-        sh->group_bytes = tp_mxfp4_panel_group_bytes(sh->blocks);
-        sh->bytes = sh->group_bytes * (size_t)((w->rows + 15) / 16);
+        sh->block_bytes = 16 * (size_t)sh->group_rows;
+        sh->group_bytes = tp_mxfp4_panel_group_bytes(sh->blocks, sh->group_rows);
+        sh->bytes = sh->group_bytes * (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
         return true;
     }
     if (!have_avx512()) { /* AVX2: a group's rows side by side, block by block */
@@ -1787,8 +1790,8 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     p->data = mem;
     if (w->type == TP_GGML_MXFP4) { /* rows past the last stay zero: code 0 */
         for (int r = 0; r < w->rows; r++)
-            tp_mxfp4_panel_put_row(p->data + (size_t)(r / 16) * p->group_bytes, p->blocks, r % 16,
-                                   (const uint8_t *)w->data + (size_t)r * w->row_bytes);
+            tp_mxfp4_panel_put_row(p->data + (size_t)(r / sh.group_rows) * p->group_bytes, p->blocks,
+                                   sh.group_rows, r % sh.group_rows, (const uint8_t *)w->data + (size_t)r * w->row_bytes);
         w->panel = p;
         return 0;
     }

@@ -14,7 +14,7 @@
  *   Q6_K 256: u8 ql[128], u8 qh[64], int8 scales[16] (per 16), f16 d
  *                                                     w = d * sc * (q - 32)
  *   MXFP4 32: u8 e (E8M0), u8 qs[16] (E2M1 codes)    w = kv[q] * 2^(e - 128)
- *             (quant_mxfp4.c: a panel of its own for AVX-512; AVX2 reads the file)
+ *             (quant_mxfp4.c: panels of its own, 16 rows for AVX-512, 8 for AVX2)
  *
  * BATCH INVARIANCE. Every output element y[t][r] is computed from row r of
  * the weights and row t of the activations alone, by an order that depends
@@ -93,14 +93,16 @@ typedef struct tp_qact {
  * data + g * group_bytes + i * block_bytes in layouts of their own
  * (quant.c: ROWS8_Q80_BLOCK, ROWS8_Q40_BLOCK, ROWS8_Q4K_BLOCK,
  * ROWS8_Q5K_BLOCK, ROWS8_Q6K_BLOCK): scales together and split out of the
- * file's packing, and the quants interleaved four bytes a row. */
+ * file's packing, and the quants interleaved four bytes a row. MXFP4's
+ * panels, of 16 rows (AVX-512) or 8 (AVX2), are quant_mxfp4.c's own:
+ * block_bytes of codes a block, then the group's scales. */
 typedef struct tp_qpanel {
     uint32_t type;
     int groups, blocks;
     size_t block_bytes, group_bytes, bytes;
     uint8_t *data; /* 32-byte aligned; blocks too */
     bool owned;    /* data is the panel's own mapping */
-    int group_rows; /* 16: the AVX-512 layout; 4 or 8 (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): AVX2's */
+    int group_rows; /* 16: the AVX-512 layout; 4 or 8 (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4): AVX2's */
 } tp_qpanel;
 
 /* Bytes of w's panel (a multiple of 32), 0 for a type without one (F32;
@@ -187,14 +189,17 @@ void tp_qunpack_mxfp4(const uint8_t *row, int c, int n_cols, int8_t w[64], float
 
 /* MXFP4's scale byte as ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128). */
 float tp_e8m0_to_f32_half(uint8_t e);
-/* MXFP4 rows (tp_qmatmul_rows' contract): on AVX2 from the file's blocks,
- * on AVX-512 from the panel (group_rows 16) of quant_mxfp4.c's layout. */
+/* MXFP4 rows (tp_qmatmul_rows' contract): AVX2 from the file's blocks or
+ * from the panel of eight rows (group_rows 8), AVX-512 from the panel of
+ * sixteen (quant_mxfp4.c's layout). */
 void tp_qrows_mxfp4_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
+void tp_qrows_mxfp4_avx2_panel(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_mxfp4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
-/* That panel: a group's bytes for rows of blocks blocks of 32 columns (a
- * multiple of 64), and row r (of 16) of a group from the file's row. */
-size_t tp_mxfp4_panel_group_bytes(int blocks);
-void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int r, const uint8_t *row);
+/* That panel of n (8 or 16) rows a group: a group's bytes for rows of
+ * blocks blocks of 32 columns (a multiple of 64), and row r (< n) of a
+ * group from the file's row. */
+size_t tp_mxfp4_panel_group_bytes(int blocks, int n);
+void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int n, int r, const uint8_t *row);
 
 /* AVX-512 row ranges per family (same contract as tp_qmatmul_rows; the
  * integer ones read w->panel). */
