@@ -284,20 +284,6 @@ static void panel_jobs(typed_group *g, panel_job *job, int *n, size_t *total)
     }
 }
 
-/* Anonymous memory of len bytes (a multiple of huge) aligned to huge. */
-static uint8_t *map_aligned(size_t len, size_t huge)
-{
-    void *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-        return NULL;
-    uint8_t *a = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1)), *end = (uint8_t *)m + len + huge;
-    if (a > (uint8_t *)m)
-        munmap(m, (size_t)(a - (uint8_t *)m));
-    if (end > a + len)
-        munmap(a + len, (size_t)(end - (a + len)));
-    return a;
-}
-
 /* Panels for the integer parts (quant.h), all in one mapping laid out in
  * the order a step reads them (the kernels' prefetch past the end of one
  * panel runs into the next one read): decode streams them every token, and
@@ -321,14 +307,11 @@ static int make_panels(tp_forward *f)
     panel_jobs(&f->tcls, job, &nj, &total);
     int rc = 0;
     if (total) {
-        size_t huge = (size_t)2 << 20, len = (total + huge - 1) / huge * huge;
-        uint8_t *a = map_aligned(len, huge);
+        size_t len;
+        uint8_t *a = tp_qpanel_map(total, &len);
         if (!a) {
             rc = TP_ENOMEM;
         } else {
-#ifdef MADV_HUGEPAGE
-            madvise(a, len, MADV_HUGEPAGE);
-#endif
             f->panels = a;
             f->panels_len = len;
             rc = build_panels(job, nj, a);

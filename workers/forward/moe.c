@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* Typed matmuls split at multiples of this (forward.c's TYPED_ROW_ALIGN). */
 #define TYPED_ALIGN 16
@@ -43,6 +44,8 @@ struct tp_moe {
     bool topk_softmax; /* gpt-oss's gating (model.h's moe_softmax_topk) */
     bool oai;          /* swiglu_oai, not SwiGLU */
     moe_layer *layers;
+    uint8_t *panels; /* the typed matrices' panels (tp_qpanel_map), or NULL */
+    size_t panels_len;
     tp_qact qx[2];  /* the router's / gate and up's input by kind: [T * k][dim] */
     tp_qact qd[2];  /* down's input by kind: [T * k][ff] */
     float *logits;  /* [T][ne], then the router's probabilities */
@@ -65,7 +68,7 @@ struct tp_moe {
 
 /* ---- setup ------------------------------------------------------------- */
 
-static int mat_init(exp_mat *m, const tp_wmat *src, int n, bool panels, const tp_model *model)
+static int mat_init(exp_mat *m, const tp_wmat *src, int n, const tp_model *model)
 {
     m->n = n;
     m->w = calloc((size_t)n, sizeof *m->w);
@@ -85,14 +88,71 @@ static int mat_init(exp_mat *m, const tp_wmat *src, int n, bool panels, const tp
         }
         return 0;
     }
-    for (int e = 0; panels && e < n; e++) {
-        if (!tp_qpanel_bytes(&m->w[e]))
-            continue;
-        if (tp_qpanel_build(&m->w[e], NULL))
-            return TP_ENOMEM;
-        tp_model_drop_pages(model, m->w[e].data, m->w[e].row_bytes * (size_t)m->w[e].rows);
+    return 0;
+}
+
+/* A layer's typed matrices: e < 0 the router and the shared expert's,
+ * else expert e's gate, up and down (the kernels' prefetches stop at a
+ * matrix's end, so the order is free). */
+static int layer_mats(moe_layer *L, int e, exp_mat **out)
+{
+    int n = 0;
+    if (e < 0) {
+        out[n++] = &L->router;
+        out[n++] = &L->sh_gate;
+        out[n++] = &L->sh_up;
+        out[n++] = &L->sh_down;
+        return n;
+    }
+    out[n++] = &L->gate;
+    out[n++] = &L->up;
+    out[n++] = &L->down;
+    return n;
+}
+
+/* The typed matrices' panels, all in one mapping of huge pages (decode
+ * reads a few experts' panels of each layer: under 4 KB pages, most of
+ * its lines were TLB misses); off: the bytes laid out so far. A first
+ * pass (base NULL) only counts. */
+static int layer_panels(tp_moe *m, moe_layer *L, uint8_t *base, size_t *off)
+{
+    for (int e = -1; e < m->ne; e++) {
+        exp_mat *mats[4];
+        int n = layer_mats(L, e, mats);
+        for (int i = 0; i < n; i++) {
+            exp_mat *mt = mats[i];
+            int k = e < 0 ? 0 : e;
+            if (!mt->w || mt->p || k >= mt->n)
+                continue;
+            size_t b = tp_qpanel_bytes(&mt->w[k]);
+            if (!b)
+                continue;
+            if (base) {
+                if (tp_qpanel_build(&mt->w[k], base + *off))
+                    return TP_ENOMEM;
+                tp_model_drop_pages(m->model, mt->w[k].data, mt->w[k].row_bytes * (size_t)mt->w[k].rows);
+            }
+            *off += b;
+        }
     }
     return 0;
+}
+
+static int make_panels(tp_moe *m, int n_layers)
+{
+    size_t total = 0;
+    for (int l = 0; l < n_layers; l++)
+        layer_panels(m, &m->layers[l], NULL, &total);
+    if (!total)
+        return 0;
+    m->panels = tp_qpanel_map(total, &m->panels_len);
+    if (!m->panels)
+        return TP_ENOMEM;
+    size_t off = 0;
+    int rc = 0;
+    for (int l = 0; !rc && l < n_layers; l++)
+        rc = layer_panels(m, &m->layers[l], m->panels, &off);
+    return rc;
 }
 
 static void mat_free(exp_mat *m)
@@ -138,10 +198,10 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
         L->b_gate = lw->b1_exps;
         L->b_up = lw->b3_exps;
         L->b_down = lw->b2_exps;
-        rc = mat_init(&L->router, &lw->m.wr, 1, panels, model);
-        if (!rc) rc = mat_init(&L->gate, lw->w1_exps, m->ne, panels, model);
-        if (!rc) rc = mat_init(&L->up, lw->w3_exps, m->ne, panels, model);
-        if (!rc) rc = mat_init(&L->down, lw->w2_exps, m->ne, panels, model);
+        rc = mat_init(&L->router, &lw->m.wr, 1, model);
+        if (!rc) rc = mat_init(&L->gate, lw->w1_exps, m->ne, model);
+        if (!rc) rc = mat_init(&L->up, lw->w3_exps, m->ne, model);
+        if (!rc) rc = mat_init(&L->down, lw->w2_exps, m->ne, model);
         if (!rc) {
             int_in = int_in || (!L->router.p && !L->router.kind) || (!L->gate.p && !L->gate.kind) ||
                      (!L->up.p && !L->up.kind);
@@ -149,15 +209,17 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
         }
         if (!rc && m->sff) {
             L->sh_vec = lw->shexp_gate;
-            rc = mat_init(&L->sh_gate, &lw->m.w1_shexp, 1, panels, model);
-            if (!rc) rc = mat_init(&L->sh_up, &lw->m.w3_shexp, 1, panels, model);
-            if (!rc) rc = mat_init(&L->sh_down, &lw->m.w2_shexp, 1, panels, model);
+            rc = mat_init(&L->sh_gate, &lw->m.w1_shexp, 1, model);
+            if (!rc) rc = mat_init(&L->sh_up, &lw->m.w3_shexp, 1, model);
+            if (!rc) rc = mat_init(&L->sh_down, &lw->m.w2_shexp, 1, model);
             if (!rc) {
                 int_in = int_in || (!L->sh_gate.p && !L->sh_gate.kind) || (!L->sh_up.p && !L->sh_up.kind);
                 int_sh = int_sh || (!L->sh_down.p && !L->sh_down.kind);
             }
         }
     }
+    if (!rc && panels)
+        rc = make_panels(m, c->n_layers);
     if (!rc && int_sh) rc = tp_qact_init(&m->qs[0], max_tokens, m->sff);
     if (!rc && m->sff) {
         size_t sff = (size_t)m->sff;
@@ -209,6 +271,8 @@ void tp_moe_free(tp_moe *m)
             mat_free(&m->layers[l].sh_down);
         }
     free(m->layers);
+    if (m->panels) /* after the panels' own frees above */
+        munmap(m->panels, m->panels_len);
     tp_qact_free(&m->qx[0]);
     tp_qact_free(&m->qd[0]);
     tp_qact_free(&m->qs[0]);

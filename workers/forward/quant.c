@@ -1831,6 +1831,25 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     return 0;
 }
 
+uint8_t *tp_qpanel_map(size_t len, size_t *len_out)
+{
+    size_t huge = (size_t)2 << 20;
+    len = (len + huge - 1) / huge * huge;
+    void *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1)), *end = (uint8_t *)m + len + huge;
+    if (a > (uint8_t *)m)
+        munmap(m, (size_t)(a - (uint8_t *)m));
+    if (end > a + len)
+        munmap(a + len, (size_t)(end - (a + len)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, len, MADV_HUGEPAGE);
+#endif
+    *len_out = len;
+    return a;
+}
+
 void tp_qpanel_free(tp_wmat *w)
 {
     if (!w || !w->panel)

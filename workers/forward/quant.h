@@ -116,6 +116,13 @@ size_t tp_qpanel_bytes(const tp_wmat *w);
 int tp_qpanel_build(tp_wmat *w, void *mem);
 void tp_qpanel_free(tp_wmat *w);
 
+/* Zeroed anonymous memory for panels of len bytes in all: *len_out (len
+ * rounded up to 2 MB) bytes, 2 MB aligned, huge pages asked for (decode
+ * streams the panels every token; a TLB miss per 4 KB, and the hardware
+ * prefetchers' stop at each 4 KB page, saved). NULL when out of memory;
+ * the caller munmaps it (after tp_qpanel_free of the panels inside). */
+uint8_t *tp_qpanel_map(size_t len, size_t *len_out);
+
 /* True for the types the typed kernels take (all of gguf.h's but F32). */
 bool tp_quant_type_ok(uint32_t type);
 
