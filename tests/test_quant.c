@@ -196,6 +196,56 @@ static void activation_quantization_paths_agree(void **state)
     free(X);
 }
 
+/* Activations prepared in pieces (block ranges of a row, in any order)
+ * and rows gathered from another preparation give tp_qact_prepare's
+ * bytes: what the MoE FFN does for down's input (in the gate/up job) and
+ * for gate and up's (a token's row copied to its experts' rows). */
+static void activation_pieces_and_gathers_equal_one_preparation(void **state)
+{
+    (void)state;
+    enum { T = 5, C = 320, NB = C / 32 };
+    float *X = malloc(sizeof(float) * T * C);
+    fill(X, (size_t)T * C, 8, 2.0f);
+    X[33] = NAN;
+    tp_qact whole, parts, tok, g;
+    assert_int_equal(tp_qact_init(&whole, T, C), 0);
+    assert_int_equal(tp_qact_init(&parts, T, C), 0);
+    assert_int_equal(tp_qact_init(&tok, T, C), 0);
+    assert_int_equal(tp_qact_init(&g, 2 * T, C), 0);
+    tp_qact_prepare(&whole, TP_GGML_MXFP4, X, C, T, C);
+    tp_qact_layout(&parts, TP_GGML_MXFP4, X, C, T, C);
+    for (int t = T - 1; t >= 0; t--) /* pieces of 3, 1 and 6 blocks, the last first */
+        tp_qact_prepare_blocks(&parts, t, 4, NB), tp_qact_prepare_blocks(&parts, t, 3, 4),
+            tp_qact_prepare_blocks(&parts, t, 0, 3);
+    assert_int_equal(parts.n_tok, T);
+    assert_memory_equal(whole.q, parts.q, (size_t)T * C);
+    assert_memory_equal(whole.dx, parts.dx, sizeof(float) * T * NB);
+    assert_memory_equal(whole.sum, parts.sum, sizeof(float) * T * NB);
+    assert_memory_equal(whole.nsum32, parts.nsum32, sizeof(int32_t) * T * NB);
+    assert_memory_equal(whole.nsum16, parts.nsum16, sizeof(int32_t) * T * 2 * NB);
+    /* rows 4 0 0 3 1 2 ... gathered equal those rows prepared */
+    int from[2 * T];
+    float *Xg = malloc(sizeof(float) * 2 * T * C);
+    for (int i = 0; i < 2 * T; i++) {
+        from[i] = (i * 4 + i / 3) % T;
+        memcpy(Xg + (size_t)i * C, X + (size_t)from[i] * C, sizeof(float) * C);
+    }
+    tp_qact_prepare(&tok, TP_GGML_MXFP4, X, C, T, C);
+    tp_qact_gather(&g, &tok, from, 2 * T);
+    tp_qact ref;
+    assert_int_equal(tp_qact_init(&ref, 2 * T, C), 0);
+    tp_qact_prepare(&ref, TP_GGML_MXFP4, Xg, C, 2 * T, C);
+    assert_int_equal(g.n_tok, 2 * T);
+    assert_int_equal(g.cols, C);
+    assert_memory_equal(ref.q, g.q, (size_t)2 * T * C);
+    assert_memory_equal(ref.dx, g.dx, sizeof(float) * 2 * T * NB);
+    assert_memory_equal(ref.sum, g.sum, sizeof(float) * 2 * T * NB);
+    assert_memory_equal(ref.nsum32, g.nsum32, sizeof(int32_t) * 2 * T * NB);
+    assert_memory_equal(ref.nsum16, g.nsum16, sizeof(int32_t) * 2 * T * 2 * NB);
+    tp_qact_free(&whole); tp_qact_free(&parts); tp_qact_free(&tok); tp_qact_free(&g); tp_qact_free(&ref);
+    free(X); free(Xg);
+}
+
 /* ---- MXFP4 against ggml's reference (ggml-quants.c), transcribed ---- */
 
 static const int8_t GGML_KVALUES_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -543,6 +593,7 @@ int main(void)
         cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx2),
         cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx512),
         cmocka_unit_test(activation_quantization_paths_agree),
+        cmocka_unit_test(activation_pieces_and_gathers_equal_one_preparation),
         cmocka_unit_test(mxfp4_dequantizes_and_quantizes_as_ggml),
         cmocka_unit_test(mxfp4_kernels_agree_on_subnormal_and_large_scales),
         cmocka_unit_test(f16_file_from_llama_cpp_gives_the_f32_greedy_ids),

@@ -47,6 +47,9 @@ struct tp_moe {
     uint8_t *panels; /* the typed matrices' panels (tp_qpanel_map), or NULL */
     size_t panels_len;
     tp_qact qx[2];  /* the router's / gate and up's input by kind: [T * k][dim] */
+    tp_qact qt;     /* gate and up's integer input per token: [T][dim], gathered into qx[0] */
+    int *src;       /* [T * k] the token of each grouped row */
+    bool qd_in_job; /* down's integer input quantized in the gate/up job, as its SwiGLU is made */
     tp_qact qd[2];  /* down's input by kind: [T * k][ff] */
     float *logits;  /* [T][ne], then the router's probabilities */
     int *sel;       /* [T][k] experts by rank */
@@ -230,12 +233,14 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
             rc = TP_ENOMEM;
     }
     if (!rc && int_in) rc = tp_qact_init(&m->qx[0], (int)R, m->dim);
+    if (!rc && int_in) rc = tp_qact_init(&m->qt, max_tokens, m->dim);
     if (!rc && int_down) rc = tp_qact_init(&m->qd[0], (int)R, m->ff);
     if (!rc) {
         m->logits = malloc(T * ne * sizeof *m->logits);
         m->sel = malloc(R * sizeof *m->sel);
         m->wt = malloc(R * sizeof *m->wt);
         m->row = malloc(R * sizeof *m->row);
+        m->src = malloc(R * sizeof *m->src);
         m->cnt = malloc(ne * sizeof *m->cnt);
         m->off = malloc(ne * sizeof *m->off);
         m->active = malloc(ne * sizeof *m->active);
@@ -244,7 +249,7 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
         m->h = malloc(R * 2 * ff * sizeof *m->h);
         m->a = malloc(R * ff * sizeof *m->a);
         m->y = malloc(R * d * sizeof *m->y);
-        if (!m->logits || !m->sel || !m->wt || !m->row || !m->cnt || !m->off || !m->active || !m->start ||
+        if (!m->logits || !m->sel || !m->wt || !m->row || !m->src || !m->cnt || !m->off || !m->active || !m->start ||
             !m->xg || !m->h || !m->a || !m->y)
             rc = TP_ENOMEM;
     }
@@ -274,10 +279,11 @@ void tp_moe_free(tp_moe *m)
     if (m->panels) /* after the panels' own frees above */
         munmap(m->panels, m->panels_len);
     tp_qact_free(&m->qx[0]);
+    tp_qact_free(&m->qt);
     tp_qact_free(&m->qd[0]);
     tp_qact_free(&m->qs[0]);
     free(m->hs); free(m->as); free(m->ys);
-    free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->cnt); free(m->off); free(m->active);
+    free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->src); free(m->cnt); free(m->off); free(m->active);
     free(m->start); free(m->xg); free(m->h); free(m->a); free(m->y);
     free(m);
 }
@@ -317,6 +323,21 @@ static void prepare(const exp_mat *m, tp_qact *qa, const float *x, int n, int co
 {
     if (!m->p)
         tp_qact_prepare(&qa[m->kind], m->w[0].type, x, cols, n, cols);
+}
+
+/* Prepare gate's or up's input (the grouped rows xg of the T tokens x) in
+ * qa: integer types quantize each token's row once and copy it to its k
+ * grouped rows (the bits of quantizing xg: each row its token's copy). */
+static void prepare_grouped(tp_moe *m, const exp_mat *mat, const float *x, int T)
+{
+    if (mat->p)
+        return;
+    if (mat->kind) {
+        tp_qact_prepare(&m->qx[1], mat->w[0].type, m->xg, m->dim, T * m->k, m->dim);
+        return;
+    }
+    tp_qact_prepare(&m->qt, mat->w[0].type, x, m->dim, T, m->dim);
+    tp_qact_gather(&m->qx[0], &m->qt, m->src, T * m->k);
 }
 
 typedef struct router_job {
@@ -424,6 +445,7 @@ static void group(tp_moe *m, const float *x, int T)
         for (int r = 0; r < k; r++) {
             int g = next[m->sel[t * k + r]]++;
             m->row[t * k + r] = g;
+            m->src[g] = t;
             memcpy(m->xg + (size_t)g * d, x + (size_t)t * d, d * sizeof(float));
         }
 }
@@ -488,6 +510,8 @@ static void up_rows(void *arg, int r0, int r1, int worker)
                 tp_swiglu_oai(hg + lo, hg + ff + lo, ag + lo, (size_t)(hi - lo), j->r->simd);
             else
                 tp_swiglu(hg + lo, hg + ff + lo, ag + lo, (size_t)(hi - lo), j->r->simd);
+            if (m->qd_in_job) /* lo and hi are multiples of 32 then (tp_moe_ffn) */
+                tp_qact_prepare_blocks(&m->qd[0], t0 + g, lo / 32, hi / 32);
         }
     }
 }
@@ -615,16 +639,23 @@ void tp_moe_ffn(tp_moe *m, const tp_moe_run *r, int l, const float *x, int T, fl
     for (int t = 0; t < T; t++)
         route_token(m, t);
     group(m, x, T);
-    /* gate, up, SwiGLU: experts and rows split together */
+    /* gate, up, SwiGLU (and down's integer input, a block of 32 at a
+     * time: pieces aligned to 32): experts and rows split together */
     exp_job j = {m, L, r};
-    prepare(&L->gate, m->qx, m->xg, R, m->dim);
+    prepare_grouped(m, &L->gate, x, T);
     if (!L->up.p && (L->gate.p || L->up.kind != L->gate.kind))
-        prepare(&L->up, m->qx, m->xg, R, m->dim);
+        prepare_grouped(m, &L->up, x, T);
     int align = align_of(&L->gate) > align_of(&L->up) ? align_of(&L->gate) : align_of(&L->up);
+    m->qd_in_job = !L->down.p && !L->down.kind;
+    if (m->qd_in_job) {
+        tp_qact_layout(&m->qd[0], L->down.w[0].type, m->a, m->ff, R, m->ff);
+        align = align % 32 ? 32 : align; /* 16 (typed) or 64 (packed F32) */
+    }
     int rows = layout(m, m->ff, align);
     tp_pool_run(r->pool, rows, align, parts_for(r, 2.0 * ff * d * R + (double)R * ff * SWIGLU_MACS), up_rows, &j);
     /* down */
-    prepare(&L->down, m->qd, m->a, R, m->ff);
+    if (!m->qd_in_job)
+        prepare(&L->down, m->qd, m->a, R, m->ff);
     rows = layout(m, m->dim, align_of(&L->down));
     tp_pool_run(r->pool, rows, align_of(&L->down), parts_for(r, ff * d * R), down_rows, &j);
     /* the shared expert: every token, after the routed ones (qx, qs free again) */

@@ -224,30 +224,70 @@ __attribute__((target("avx2"))) static void quantize_act_row_avx2(const float *x
     }
 }
 
-void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+typedef void (*qact_row_fn)(const float *, int, int8_t *, float *, float *, int32_t *, int32_t *);
+
+static qact_row_fn qact_row(int path)
 {
-    tp_isa isa = tp_isa_active();
-    int p = isa >= TP_ISA_AVX512 ? QACT_AVX512 : isa >= TP_ISA_AVX2 ? QACT_AVX2 : QACT_SCALAR;
-    tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, p);
+    return path == QACT_AVX512 ? quantize_act_row_avx512 : path == QACT_AVX2 ? quantize_act_row_avx2 : quantize_act_row;
 }
 
-void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path)
+static int qact_path(void)
 {
-    void (*row)(const float *, int, int8_t *, float *, float *, int32_t *, int32_t *) =
-        path == QACT_AVX512 ? quantize_act_row_avx512 : path == QACT_AVX2 ? quantize_act_row_avx2 : quantize_act_row;
+    tp_isa isa = tp_isa_active();
+    return isa >= TP_ISA_AVX512 ? QACT_AVX512 : isa >= TP_ISA_AVX2 ? QACT_AVX2 : QACT_SCALAR;
+}
+
+void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+{
+    tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, qact_path());
+}
+
+void tp_qact_layout(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+{
     a->n_tok = n_tok;
     a->cols = cols;
     a->x = x;
     a->ldx = ldx;
     a->is_float = is_float_type(wtype);
+}
+
+/* Each block's quants, scale and sums depend on its 32 values alone (every
+ * path above), so a block range of a row is the row's computation cut. */
+static void prepare_blocks(tp_qact *a, int t, int b0, int b1, qact_row_fn row)
+{
+    size_t nb = (size_t)a->cols / 32, r = (size_t)t * nb;
+    row(a->x + (size_t)t * (size_t)a->ldx + 32 * (size_t)b0, 32 * (b1 - b0), a->q + 32 * (r + (size_t)b0),
+        a->dx + r + b0, a->sum + r + b0, a->nsum32 + r + b0, a->nsum16 + 2 * (r + (size_t)b0));
+}
+
+void tp_qact_prepare_blocks(tp_qact *a, int t, int b0, int b1)
+{
+    if (!a->is_float && b0 < b1)
+        prepare_blocks(a, t, b0, b1, qact_row(qact_path()));
+}
+
+void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path)
+{
+    tp_qact_layout(a, wtype, x, ldx, n_tok, cols);
     if (a->is_float)
         return;
-    size_t nb = (size_t)cols / 32;
     for (int t = 0; t < n_tok; t++)
-        row(x + (size_t)t * (size_t)ldx, cols,
-                                                              a->q + (size_t)t * (size_t)cols, a->dx + t * nb,
-                                                              a->sum + t * nb, a->nsum32 + t * nb,
-                                                              a->nsum16 + t * 2 * nb);
+        prepare_blocks(a, t, 0, cols / 32, qact_row(path));
+}
+
+void tp_qact_gather(tp_qact *dst, const tp_qact *src, const int *from, int n)
+{
+    *dst = (tp_qact){n, src->cols, src->is_float, NULL, 0, dst->q, dst->dx, dst->sum, dst->nsum32, dst->nsum16,
+                     dst->cap};
+    size_t cols = (size_t)src->cols, nb = cols / 32;
+    for (int i = 0; i < n; i++) {
+        size_t t = (size_t)from[i];
+        memcpy(dst->q + (size_t)i * cols, src->q + t * cols, cols);
+        memcpy(dst->dx + (size_t)i * nb, src->dx + t * nb, nb * sizeof *dst->dx);
+        memcpy(dst->sum + (size_t)i * nb, src->sum + t * nb, nb * sizeof *dst->sum);
+        memcpy(dst->nsum32 + (size_t)i * nb, src->nsum32 + t * nb, nb * sizeof *dst->nsum32);
+        memcpy(dst->nsum16 + (size_t)i * 2 * nb, src->nsum16 + t * 2 * nb, 2 * nb * sizeof *dst->nsum16);
+    }
 }
 
 tp_qact tp_qact_rows(const tp_qact *a, int t0, int n)

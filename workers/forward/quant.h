@@ -140,6 +140,19 @@ void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_
 enum { QACT_SCALAR, QACT_AVX2, QACT_AVX512 };
 void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path);
 
+/* Preparation in pieces: tp_qact_layout sets a up for x as
+ * tp_qact_prepare does, quantizing nothing; tp_qact_prepare_blocks then
+ * quantizes blocks [b0, b1) (of 32 columns) of token t. Pieces in any
+ * order, on any threads (disjoint ones at once), give tp_qact_prepare's
+ * bits: a block's quants, scale and sums are its own. */
+void tp_qact_layout(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols);
+void tp_qact_prepare_blocks(tp_qact *a, int t, int b0, int b1);
+
+/* dst's row i = src's prepared integer row from[i], for i < n (n within
+ * dst's init size; src's cols): what preparing those rows of x would
+ * give. For the experts' grouped rows, each a copy of its token's. */
+void tp_qact_gather(tp_qact *dst, const tp_qact *src, const int *from, int n);
+
 /* Tokens [t0, t0 + n) of prepared activations a, as activations of their
  * own (borrowing a's buffers): what preparing those rows alone gives,
  * since preparation depends on each token's row only. For the experts of
