@@ -249,8 +249,8 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
         m->h = malloc(R * 2 * ff * sizeof *m->h);
         m->a = malloc(R * ff * sizeof *m->a);
         m->y = malloc(R * d * sizeof *m->y);
-        if (!m->logits || !m->sel || !m->wt || !m->row || !m->src || !m->cnt || !m->off || !m->active || !m->start ||
-            !m->xg || !m->h || !m->a || !m->y)
+        if (!m->logits || !m->sel || !m->wt || !m->row || !m->src || !m->cnt || !m->off || !m->active ||
+            !m->start || !m->xg || !m->h || !m->a || !m->y)
             rc = TP_ENOMEM;
     }
     if (rc) {
@@ -283,8 +283,8 @@ void tp_moe_free(tp_moe *m)
     tp_qact_free(&m->qd[0]);
     tp_qact_free(&m->qs[0]);
     free(m->hs); free(m->as); free(m->ys);
-    free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->src); free(m->cnt); free(m->off); free(m->active);
-    free(m->start); free(m->xg); free(m->h); free(m->a); free(m->y);
+    free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->src); free(m->cnt); free(m->off);
+    free(m->active); free(m->start); free(m->xg); free(m->h); free(m->a); free(m->y);
     free(m);
 }
 

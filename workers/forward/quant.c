@@ -1830,8 +1830,8 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     p->data = mem;
     if (w->type == TP_GGML_MXFP4) { /* rows past the last stay zero: code 0 */
         for (int r = 0; r < w->rows; r++)
-            tp_mxfp4_panel_put_row(p->data + (size_t)(r / sh.group_rows) * p->group_bytes, p->blocks,
-                                   sh.group_rows, r % sh.group_rows, (const uint8_t *)w->data + (size_t)r * w->row_bytes);
+            tp_mxfp4_panel_put_row(p->data + (size_t)(r / sh.group_rows) * p->group_bytes, p->blocks, sh.group_rows,
+                                   r % sh.group_rows, (const uint8_t *)w->data + (size_t)r * w->row_bytes);
         w->panel = p;
         return 0;
     }

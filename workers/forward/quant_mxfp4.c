@@ -10,10 +10,12 @@
  *
  * So a block is an int8 block with a power-of-two scale: the canonical
  * order of quant.h as for Q8_0 (acc = fmaf(d * dx, P, acc) per block of
- * 32), its integer dot products exact. The AVX2 kernel decodes the codes
- * with a byte shuffle (two rows a register) and follows that order, eight
- * rows a vector, reading the file's blocks in place; the AVX-512 one
- * (VNNI's byte dot products) sixteen rows from a panel made at load. */
+ * 32), its integer dot products exact. The kernels decode the codes with
+ * a byte shuffle and follow that order: AVX2 eight rows a vector, from the
+ * file's blocks (two rows a register, a horizontal sum per block) or from
+ * a panel of eight rows made at load; AVX-512 (VNNI's byte dot products)
+ * sixteen rows from a panel of sixteen. In a panel the rows' codes lie
+ * side by side, so each row's sum comes out in its own lane. */
 #include "quant.h"
 #include "quant_avx.h"
 
