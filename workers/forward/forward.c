@@ -23,9 +23,7 @@
 
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,56 +227,13 @@ static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
     return rc;
 }
 
-/* Panels are built on every CPU the process may use: repacking is about
- * 3 ns a weight on one Zen 4 core, seconds for a 7B model. Matrices are
- * handed out one at a time, the last read (the classifier, the largest)
- * first. */
-typedef struct panel_job {
-    tp_wmat *w;
-    size_t off; /* in the panels' mapping */
-} panel_job;
-
-typedef struct panel_work {
-    const panel_job *job;
-    int n;
-    uint8_t *base;
-    atomic_int next, failed;
-} panel_work;
-
-static void *panel_worker(void *arg)
-{
-    panel_work *pw = arg;
-    for (int i; (i = atomic_fetch_add(&pw->next, 1)) < pw->n;) {
-        const panel_job *j = &pw->job[pw->n - 1 - i];
-        if (tp_qpanel_build(j->w, pw->base + j->off))
-            atomic_store(&pw->failed, 1);
-    }
-    return NULL;
-}
-
-static int build_panels(const panel_job *job, int n, uint8_t *base)
-{
-    panel_work pw = {job, n, base, 0, 0};
-    pthread_t th[TP_FORWARD_MAX_THREADS];
-    int nt = tp_forward_default_threads() - 1, started = 0;
-    if (nt > n - 1)
-        nt = n - 1;
-    for (; started < nt; started++) /* fewer threads if some cannot start */
-        if (pthread_create(&th[started], NULL, panel_worker, &pw))
-            break;
-    panel_worker(&pw);
-    for (int i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-    return atomic_load(&pw.failed) ? TP_ENOMEM : 0;
-}
-
 /* A group's integer parts as jobs, each at the next offset. */
-static void panel_jobs(typed_group *g, panel_job *job, int *n, size_t *total)
+static void panel_jobs(typed_group *g, tp_qpanel_job *job, int *n, size_t *total)
 {
     for (int k = 0; k < g->n; k++) {
         size_t b = tp_qpanel_bytes(&g->part[k].w);
         if (b) {
-            job[(*n)++] = (panel_job){&g->part[k].w, *total};
+            job[(*n)++] = (tp_qpanel_job){&g->part[k].w, *total};
             *total += b;
         }
     }
@@ -291,7 +246,7 @@ static void panel_jobs(typed_group *g, panel_job *job, int *n, size_t *total)
  * be under a huge page). */
 static int make_panels(tp_forward *f)
 {
-    panel_job *job = malloc(sizeof *job * (size_t)(3 * (5 * f->c.n_layers + 1)));
+    tp_qpanel_job *job = malloc(sizeof *job * (size_t)(3 * (5 * f->c.n_layers + 1)));
     if (!job)
         return TP_ENOMEM;
     int nj = 0;
@@ -314,7 +269,7 @@ static int make_panels(tp_forward *f)
         } else {
             f->panels = a;
             f->panels_len = len;
-            rc = build_panels(job, nj, a);
+            rc = tp_qpanel_build_jobs(job, nj, a, tp_forward_default_threads());
         }
     }
     free(job);

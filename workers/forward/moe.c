@@ -2,6 +2,7 @@
  * tokens by expert, the experts' matmuls on the pool, the weighted sum,
  * and a shared expert's gated output after it (qwen35moe). */
 #include "moe.h"
+#include "tokpipe/forward.h"
 #include "tokpipe/ggml_types.h"
 #include "kernels.h"
 #include "quant.h"
@@ -113,16 +114,14 @@ static int layer_mats(moe_layer *L, int e, exp_mat **out)
     return n;
 }
 
-/* The typed matrices' panels, all in one mapping of huge pages (decode
- * reads a few experts' panels of each layer: under 4 KB pages, most of
- * its lines were TLB misses); off: the bytes laid out so far. A first
- * pass (base NULL) only counts. */
-static int layer_panels(tp_moe *m, moe_layer *L, uint8_t *base, size_t *off)
+/* A layer's typed matrices that take a panel, as jobs at the next
+ * offsets (job NULL: only counted). */
+static void layer_jobs(tp_moe *m, moe_layer *L, tp_qpanel_job *job, int *n, size_t *off)
 {
     for (int e = -1; e < m->ne; e++) {
         exp_mat *mats[4];
-        int n = layer_mats(L, e, mats);
-        for (int i = 0; i < n; i++) {
+        int nm = layer_mats(L, e, mats);
+        for (int i = 0; i < nm; i++) {
             exp_mat *mt = mats[i];
             int k = e < 0 ? 0 : e;
             if (!mt->w || mt->p || k >= mt->n)
@@ -130,31 +129,40 @@ static int layer_panels(tp_moe *m, moe_layer *L, uint8_t *base, size_t *off)
             size_t b = tp_qpanel_bytes(&mt->w[k]);
             if (!b)
                 continue;
-            if (base) {
-                if (tp_qpanel_build(&mt->w[k], base + *off))
-                    return TP_ENOMEM;
-                tp_model_drop_pages(m->model, mt->w[k].data, mt->w[k].row_bytes * (size_t)mt->w[k].rows);
-            }
+            if (job)
+                job[*n] = (tp_qpanel_job){&mt->w[k], *off};
+            ++*n;
             *off += b;
         }
     }
-    return 0;
 }
 
+/* The typed matrices' panels, all in one mapping of huge pages (decode
+ * reads a few experts' panels of each layer: under 4 KB pages, most of
+ * its lines were TLB misses), built on every CPU the process may use;
+ * then the file's pages of those matrices may go. */
 static int make_panels(tp_moe *m, int n_layers)
 {
     size_t total = 0;
+    int n = 0;
     for (int l = 0; l < n_layers; l++)
-        layer_panels(m, &m->layers[l], NULL, &total);
-    if (!total)
+        layer_jobs(m, &m->layers[l], NULL, &n, &total);
+    if (!n)
         return 0;
-    m->panels = tp_qpanel_map(total, &m->panels_len);
-    if (!m->panels)
+    tp_qpanel_job *job = malloc(sizeof *job * (size_t)n);
+    m->panels = job ? tp_qpanel_map(total, &m->panels_len) : NULL;
+    if (!m->panels) {
+        free(job);
         return TP_ENOMEM;
+    }
     size_t off = 0;
-    int rc = 0;
-    for (int l = 0; !rc && l < n_layers; l++)
-        rc = layer_panels(m, &m->layers[l], m->panels, &off);
+    n = 0;
+    for (int l = 0; l < n_layers; l++)
+        layer_jobs(m, &m->layers[l], job, &n, &off);
+    int rc = tp_qpanel_build_jobs(job, n, m->panels, tp_forward_default_threads());
+    for (int i = 0; !rc && i < n; i++)
+        tp_model_drop_pages(m->model, job[i].w->data, job[i].w->row_bytes * (size_t)job[i].w->rows);
+    free(job);
     return rc;
 }
 

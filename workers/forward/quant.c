@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1869,6 +1870,39 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     }
     w->panel = p;
     return 0;
+}
+
+typedef struct panel_work {
+    const tp_qpanel_job *job;
+    int n;
+    uint8_t *base;
+    atomic_int next, failed;
+} panel_work;
+
+static void *panel_worker(void *arg)
+{
+    panel_work *pw = arg;
+    for (int i; (i = atomic_fetch_add(&pw->next, 1)) < pw->n;) {
+        const tp_qpanel_job *j = &pw->job[pw->n - 1 - i];
+        if (tp_qpanel_build(j->w, pw->base + j->off))
+            atomic_store(&pw->failed, 1);
+    }
+    return NULL;
+}
+
+int tp_qpanel_build_jobs(const tp_qpanel_job *job, int n, uint8_t *base, int threads)
+{
+    panel_work pw = {job, n, base, 0, 0};
+    int nt = threads - 1 < n - 1 ? threads - 1 : n - 1, started = 0;
+    pthread_t *th = nt > 0 ? malloc(sizeof *th * (size_t)nt) : NULL;
+    for (; th && started < nt; started++) /* fewer threads if some cannot start */
+        if (pthread_create(&th[started], NULL, panel_worker, &pw))
+            break;
+    panel_worker(&pw);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+    return atomic_load(&pw.failed) ? TP_ENOMEM : 0;
 }
 
 uint8_t *tp_qpanel_map(size_t len, size_t *len_out)
