@@ -1401,7 +1401,7 @@ static void prefetch_kv(const tp_forward *f, int layer, int slot, int pos)
 /* Ask for a norm's weights one pool job before rmsnorm reads them: they
  * are read once a step, so a whole step's weights have gone through the
  * caches since, and rmsnorm runs on the calling thread while the others
- * wait. */
+ * wait. The same for biases (gpt-oss's, added after their matmul). */
 static void prefetch_norm(const float *w, int n)
 {
     for (int j = 0; j < n; j += 16)
@@ -1732,6 +1732,11 @@ static void attention_block(tp_forward *f, int l, int T)
     if (T <= 4) /* decode: a prompt's chunk writes whole lines in a row */
         for (int t = 0; t < T; t++)
             prefetch_kv(f, l, s->tok_slot[t], s->tok_pos[t]);
+    if (c->attn_bias) {
+        if (lw->bq) prefetch_norm(lw->bq, (int)qd);
+        if (lw->bk) prefetch_norm(lw->bk, (int)kvd);
+        if (lw->bv) prefetch_norm(lw->bv, (int)kvd);
+    }
     const float *qkv_w[3] = {lw->wq, lw->wk, lw->wv};
     const int qkv_rows[3] = {(int)qr, c->kv_dim, c->kv_dim};
     layer_matmul(f, &f->layers[l].qkv, &f->layers[l].tqkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv,
@@ -1776,6 +1781,8 @@ static void attention_block(tp_forward *f, int l, int T)
     if (c->attn_gate) /* qwen35: the output times sigmoid(gate) */
         for (size_t i = 0; i < (size_t)T * qd; i++)
             s->xb[i] *= 1.0f / (1.0f + tp_vexp(-f->gate[i]));
+    if (lw->bo)
+        prefetch_norm(lw->bo, c->dim);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->q_dim, T, s->proj,
                  c->dim);
     if (lw->bo) /* gpt-oss: the output projection's bias */
