@@ -132,6 +132,36 @@ static void vexp_lanes_equal_the_portable_function_within_an_ulp(void **state)
     free(x);
 }
 
+/* gpt-oss's SwiGLU: the vector lanes give the portable bits, across the
+ * clamps (7 and -7 and either side), zeros, infinities and NaN, with a
+ * tail past the last eight. */
+static void swiglu_oai_lanes_equal_the_portable_function(void **state)
+{
+    (void)state;
+    if (tp_isa_cpu() < TP_ISA_AVX2)
+        skip();
+    enum { N = 4099 };
+    float *g = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N);
+    float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    fill(g, N, 21);
+    fill(u, N, 22);
+    const float edges[] = {0.0f, -0.0f, 7.0f, -7.0f, 6.9999995f, 7.0000005f, -7.0000005f, 1e-30f, -60.0f, 60.0f,
+                           INFINITY, -INFINITY, NAN, -NAN, FLT_MAX, -FLT_MAX};
+    for (int i = 0; i < N; i++) {
+        g[i] *= 12.0f, u[i] *= 12.0f;
+        if (i % 5 == 0)
+            g[i] = edges[(i / 5) % 16];
+        if (i % 7 == 0)
+            u[i] = edges[(i / 7) % 16];
+    }
+    tp_swiglu_oai(g, u, a, N, false);
+    tp_swiglu_oai(g, u, b, N, true);
+    for (int i = 0; i < N; i++)
+        if (memcmp(&a[i], &b[i], sizeof a[i]))
+            fail_msg("swiglu_oai(%a, %a): the lanes give %a, the portable function %a", g[i], u[i], b[i], a[i]);
+    free(g); free(u); free(a); free(b);
+}
+
 static void kernel_equals_sequential_fmaf_for_any_token_count(void **state)
 {
     (void)state;
@@ -1155,6 +1185,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernel_equals_sequential_fmaf_for_any_token_count),
         cmocka_unit_test(vexp_lanes_equal_the_portable_function_within_an_ulp),
+        cmocka_unit_test(swiglu_oai_lanes_equal_the_portable_function),
         cmocka_unit_test(tiny_gqa_model_matches_double_reference),
         cmocka_unit_test(avx2_path_gives_the_portable_bits),
         cmocka_unit_test(avx512_path_gives_the_portable_bits),

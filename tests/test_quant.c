@@ -196,6 +196,56 @@ static void activation_quantization_paths_agree(void **state)
     free(X);
 }
 
+/* Activations prepared in pieces (block ranges of a row, in any order)
+ * and rows gathered from another preparation give tp_qact_prepare's
+ * bytes: what the MoE FFN does for down's input (in the gate/up job) and
+ * for gate and up's (a token's row copied to its experts' rows). */
+static void activation_pieces_and_gathers_equal_one_preparation(void **state)
+{
+    (void)state;
+    enum { T = 5, C = 320, NB = C / 32 };
+    float *X = malloc(sizeof(float) * T * C);
+    fill(X, (size_t)T * C, 8, 2.0f);
+    X[33] = NAN;
+    tp_qact whole, parts, tok, g;
+    assert_int_equal(tp_qact_init(&whole, T, C), 0);
+    assert_int_equal(tp_qact_init(&parts, T, C), 0);
+    assert_int_equal(tp_qact_init(&tok, T, C), 0);
+    assert_int_equal(tp_qact_init(&g, 2 * T, C), 0);
+    tp_qact_prepare(&whole, TP_GGML_MXFP4, X, C, T, C);
+    tp_qact_layout(&parts, TP_GGML_MXFP4, X, C, T, C);
+    for (int t = T - 1; t >= 0; t--) /* pieces of 3, 1 and 6 blocks, the last first */
+        tp_qact_prepare_blocks(&parts, t, 4, NB), tp_qact_prepare_blocks(&parts, t, 3, 4),
+            tp_qact_prepare_blocks(&parts, t, 0, 3);
+    assert_int_equal(parts.n_tok, T);
+    assert_memory_equal(whole.q, parts.q, (size_t)T * C);
+    assert_memory_equal(whole.dx, parts.dx, sizeof(float) * T * NB);
+    assert_memory_equal(whole.sum, parts.sum, sizeof(float) * T * NB);
+    assert_memory_equal(whole.nsum32, parts.nsum32, sizeof(int32_t) * T * NB);
+    assert_memory_equal(whole.nsum16, parts.nsum16, sizeof(int32_t) * T * 2 * NB);
+    /* rows 4 0 0 3 1 2 ... gathered equal those rows prepared */
+    int from[2 * T];
+    float *Xg = malloc(sizeof(float) * 2 * T * C);
+    for (int i = 0; i < 2 * T; i++) {
+        from[i] = (i * 4 + i / 3) % T;
+        memcpy(Xg + (size_t)i * C, X + (size_t)from[i] * C, sizeof(float) * C);
+    }
+    tp_qact_prepare(&tok, TP_GGML_MXFP4, X, C, T, C);
+    tp_qact_gather(&g, &tok, from, 2 * T);
+    tp_qact ref;
+    assert_int_equal(tp_qact_init(&ref, 2 * T, C), 0);
+    tp_qact_prepare(&ref, TP_GGML_MXFP4, Xg, C, 2 * T, C);
+    assert_int_equal(g.n_tok, 2 * T);
+    assert_int_equal(g.cols, C);
+    assert_memory_equal(ref.q, g.q, (size_t)2 * T * C);
+    assert_memory_equal(ref.dx, g.dx, sizeof(float) * 2 * T * NB);
+    assert_memory_equal(ref.sum, g.sum, sizeof(float) * 2 * T * NB);
+    assert_memory_equal(ref.nsum32, g.nsum32, sizeof(int32_t) * 2 * T * NB);
+    assert_memory_equal(ref.nsum16, g.nsum16, sizeof(int32_t) * 2 * T * 2 * NB);
+    tp_qact_free(&whole); tp_qact_free(&parts); tp_qact_free(&tok); tp_qact_free(&g); tp_qact_free(&ref);
+    free(X); free(Xg);
+}
+
 /* ---- MXFP4 against ggml's reference (ggml-quants.c), transcribed ---- */
 
 static const int8_t GGML_KVALUES_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -301,6 +351,51 @@ static void mxfp4_dequantizes_and_quantizes_as_ggml(void **state)
     assert_memory_equal(q1, q2, 64 * 17);
     free(x); free(q1); free(q2);
     free(blocks); free(ours); free(ref);
+}
+
+/* MXFP4's vector kernels against the portable path on raw blocks: scale
+ * bytes 0 (2^-128, subnormal) to 229, random codes, and tokens whose
+ * activation scales fall from 2^-7 to 2^-103, so that d * dx is subnormal
+ * (rounded) or zero for the small scales: the AVX-512 panel computes it
+ * as dx scaled by a power of two, which must round as the product does.
+ * 37 rows (a partial group of 16), 10 blocks (a partial line of scales). */
+static void mxfp4_kernels_agree_on_subnormal_and_large_scales(void **state)
+{
+    (void)state;
+    enum { ROWS = 37, COLS = 320, T = 13, RB = COLS / 32 * 17 };
+    uint8_t *d = malloc((size_t)ROWS * RB);
+    uint32_t s = 3;
+    for (int i = 0; i < ROWS * RB; i++) {
+        s = s * 1664525u + 1013904223u;
+        int r = i / RB, b = i % RB / 17; /* a row's scales within 2^10: a small term is not lost in the sum */
+        d[i] = (uint8_t)(i % RB % 17 ? s >> 24 : (uint32_t)(r * 11 % 221 + b));
+    }
+    float *X = malloc(sizeof(float) * T * COLS), *Ys = malloc(sizeof(float) * T * ROWS);
+    float *Yv = malloc(sizeof(float) * T * ROWS);
+    fill(X, (size_t)T * COLS, 4, 1.0f);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < COLS; k++)
+            X[t * COLS + k] = ldexpf(X[t * COLS + k], -8 * t);
+    tp_qact a;
+    assert_int_equal(tp_qact_init(&a, T, COLS), 0);
+    tp_qact_prepare(&a, TP_GGML_MXFP4, X, COLS, T, COLS);
+    tp_wmat w = {TP_GGML_MXFP4, ROWS, COLS, RB, d, NULL};
+    tp_qmatmul_rows(&w, &a, Ys, ROWS, 0, ROWS, false);
+    tp_isa before = tp_isa_active();
+    for (tp_isa level = TP_ISA_AVX2; level <= TP_ISA_AVX512 && level <= tp_isa_cpu(); level++) {
+        tp_isa_cap_for_tests(level);
+        assert_int_equal(tp_qpanel_build(&w, NULL), 0);
+        memset(Yv, 0x55, sizeof(float) * T * ROWS);
+        tp_qmatmul_rows(&w, &a, Yv, ROWS, 0, ROWS, true);
+        for (int i = 0; i < T * ROWS; i++)
+            if (memcmp(&Ys[i], &Yv[i], 4))
+                fail_msg("mxfp4 %s: token %d row %d: %a, portable %a", tp_isa_name(level), i / ROWS, i % ROWS,
+                         Yv[i], Ys[i]);
+        tp_qpanel_free(&w);
+    }
+    tp_isa_cap_for_tests(before);
+    tp_qact_free(&a);
+    free(d); free(X); free(Ys); free(Yv);
 }
 
 static void check_type(uint32_t type, int rows, int cols) { check_type_tokens(type, rows, cols, 13); }
@@ -498,7 +593,9 @@ int main(void)
         cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx2),
         cmocka_unit_test(every_type_is_batch_split_and_path_invariant_with_avx512),
         cmocka_unit_test(activation_quantization_paths_agree),
+        cmocka_unit_test(activation_pieces_and_gathers_equal_one_preparation),
         cmocka_unit_test(mxfp4_dequantizes_and_quantizes_as_ggml),
+        cmocka_unit_test(mxfp4_kernels_agree_on_subnormal_and_large_scales),
         cmocka_unit_test(f16_file_from_llama_cpp_gives_the_f32_greedy_ids),
         cmocka_unit_test(q8_0_and_q4_0_files_from_llama_cpp_start_like_f32),
         cmocka_unit_test(llama_cpp_quantized_files_are_batch_invariant),

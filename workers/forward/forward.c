@@ -23,9 +23,7 @@
 
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,73 +227,16 @@ static int pack_layer(const tp_layer_weights *lw, packed_layer *pl)
     return rc;
 }
 
-/* Panels are built on every CPU the process may use: repacking is about
- * 3 ns a weight on one Zen 4 core, seconds for a 7B model. Matrices are
- * handed out one at a time, the last read (the classifier, the largest)
- * first. */
-typedef struct panel_job {
-    tp_wmat *w;
-    size_t off; /* in the panels' mapping */
-} panel_job;
-
-typedef struct panel_work {
-    const panel_job *job;
-    int n;
-    uint8_t *base;
-    atomic_int next, failed;
-} panel_work;
-
-static void *panel_worker(void *arg)
-{
-    panel_work *pw = arg;
-    for (int i; (i = atomic_fetch_add(&pw->next, 1)) < pw->n;) {
-        const panel_job *j = &pw->job[pw->n - 1 - i];
-        if (tp_qpanel_build(j->w, pw->base + j->off))
-            atomic_store(&pw->failed, 1);
-    }
-    return NULL;
-}
-
-static int build_panels(const panel_job *job, int n, uint8_t *base)
-{
-    panel_work pw = {job, n, base, 0, 0};
-    pthread_t th[TP_FORWARD_MAX_THREADS];
-    int nt = tp_forward_default_threads() - 1, started = 0;
-    if (nt > n - 1)
-        nt = n - 1;
-    for (; started < nt; started++) /* fewer threads if some cannot start */
-        if (pthread_create(&th[started], NULL, panel_worker, &pw))
-            break;
-    panel_worker(&pw);
-    for (int i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-    return atomic_load(&pw.failed) ? TP_ENOMEM : 0;
-}
-
 /* A group's integer parts as jobs, each at the next offset. */
-static void panel_jobs(typed_group *g, panel_job *job, int *n, size_t *total)
+static void panel_jobs(typed_group *g, tp_qpanel_job *job, int *n, size_t *total)
 {
     for (int k = 0; k < g->n; k++) {
         size_t b = tp_qpanel_bytes(&g->part[k].w);
         if (b) {
-            job[(*n)++] = (panel_job){&g->part[k].w, *total};
+            job[(*n)++] = (tp_qpanel_job){&g->part[k].w, *total};
             *total += b;
         }
     }
-}
-
-/* Anonymous memory of len bytes (a multiple of huge) aligned to huge. */
-static uint8_t *map_aligned(size_t len, size_t huge)
-{
-    void *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-        return NULL;
-    uint8_t *a = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1)), *end = (uint8_t *)m + len + huge;
-    if (a > (uint8_t *)m)
-        munmap(m, (size_t)(a - (uint8_t *)m));
-    if (end > a + len)
-        munmap(a + len, (size_t)(end - (a + len)));
-    return a;
 }
 
 /* Panels for the integer parts (quant.h), all in one mapping laid out in
@@ -305,7 +246,7 @@ static uint8_t *map_aligned(size_t len, size_t huge)
  * be under a huge page). */
 static int make_panels(tp_forward *f)
 {
-    panel_job *job = malloc(sizeof *job * (size_t)(3 * (5 * f->c.n_layers + 1)));
+    tp_qpanel_job *job = malloc(sizeof *job * (size_t)(3 * (5 * f->c.n_layers + 1)));
     if (!job)
         return TP_ENOMEM;
     int nj = 0;
@@ -321,17 +262,14 @@ static int make_panels(tp_forward *f)
     panel_jobs(&f->tcls, job, &nj, &total);
     int rc = 0;
     if (total) {
-        size_t huge = (size_t)2 << 20, len = (total + huge - 1) / huge * huge;
-        uint8_t *a = map_aligned(len, huge);
+        size_t len;
+        uint8_t *a = tp_qpanel_map(total, &len);
         if (!a) {
             rc = TP_ENOMEM;
         } else {
-#ifdef MADV_HUGEPAGE
-            madvise(a, len, MADV_HUGEPAGE);
-#endif
             f->panels = a;
             f->panels_len = len;
-            rc = build_panels(job, nj, a);
+            rc = tp_qpanel_build_jobs(job, nj, a, tp_forward_default_threads());
         }
     }
     free(job);
@@ -1468,7 +1406,7 @@ static void prefetch_kv(const tp_forward *f, int layer, int slot, int pos)
 /* Ask for a norm's weights one pool job before rmsnorm reads them: they
  * are read once a step, so a whole step's weights have gone through the
  * caches since, and rmsnorm runs on the calling thread while the others
- * wait. */
+ * wait. The same for biases (gpt-oss's, added after their matmul). */
 static void prefetch_norm(const float *w, int n)
 {
     for (int j = 0; j < n; j += 16)
@@ -1799,6 +1737,11 @@ static void attention_block(tp_forward *f, int l, int T)
     if (T <= 4) /* decode: a prompt's chunk writes whole lines in a row */
         for (int t = 0; t < T; t++)
             prefetch_kv(f, l, s->tok_slot[t], s->tok_pos[t]);
+    if (c->attn_bias) {
+        if (lw->bq) prefetch_norm(lw->bq, (int)qd);
+        if (lw->bk) prefetch_norm(lw->bk, (int)kvd);
+        if (lw->bv) prefetch_norm(lw->bv, (int)kvd);
+    }
     const float *qkv_w[3] = {lw->wq, lw->wk, lw->wv};
     const int qkv_rows[3] = {(int)qr, c->kv_dim, c->kv_dim};
     layer_matmul(f, &f->layers[l].qkv, &f->layers[l].tqkv, qkv_w, qkv_rows, 3, s->xb, c->dim, T, s->qkv,
@@ -1843,6 +1786,8 @@ static void attention_block(tp_forward *f, int l, int T)
     if (c->attn_gate) /* qwen35: the output times sigmoid(gate) */
         for (size_t i = 0; i < (size_t)T * qd; i++)
             s->xb[i] *= 1.0f / (1.0f + tp_vexp(-f->gate[i]));
+    if (lw->bo)
+        prefetch_norm(lw->bo, c->dim);
     layer_matmul(f, &f->layers[l].wo, &f->layers[l].two, &lw->wo, &c->dim, 1, s->xb, c->q_dim, T, s->proj,
                  c->dim);
     if (lw->bo) /* gpt-oss: the output projection's bias */

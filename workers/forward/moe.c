@@ -2,6 +2,7 @@
  * tokens by expert, the experts' matmuls on the pool, the weighted sum,
  * and a shared expert's gated output after it (qwen35moe). */
 #include "moe.h"
+#include "tokpipe/forward.h"
 #include "tokpipe/ggml_types.h"
 #include "kernels.h"
 #include "quant.h"
@@ -12,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* Typed matmuls split at multiples of this (forward.c's TYPED_ROW_ALIGN). */
 #define TYPED_ALIGN 16
@@ -43,7 +45,12 @@ struct tp_moe {
     bool topk_softmax; /* gpt-oss's gating (model.h's moe_softmax_topk) */
     bool oai;          /* swiglu_oai, not SwiGLU */
     moe_layer *layers;
+    uint8_t *panels; /* the typed matrices' panels (tp_qpanel_map), or NULL */
+    size_t panels_len;
     tp_qact qx[2];  /* the router's / gate and up's input by kind: [T * k][dim] */
+    tp_qact qt;     /* gate and up's integer input per token: [T][dim], gathered into qx[0] */
+    int *src;       /* [T * k] the token of each grouped row */
+    bool qd_in_job; /* down's integer input quantized in the gate/up job, as its SwiGLU is made */
     tp_qact qd[2];  /* down's input by kind: [T * k][ff] */
     float *logits;  /* [T][ne], then the router's probabilities */
     int *sel;       /* [T][k] experts by rank */
@@ -65,7 +72,7 @@ struct tp_moe {
 
 /* ---- setup ------------------------------------------------------------- */
 
-static int mat_init(exp_mat *m, const tp_wmat *src, int n, bool panels, const tp_model *model)
+static int mat_init(exp_mat *m, const tp_wmat *src, int n, const tp_model *model)
 {
     m->n = n;
     m->w = calloc((size_t)n, sizeof *m->w);
@@ -85,14 +92,78 @@ static int mat_init(exp_mat *m, const tp_wmat *src, int n, bool panels, const tp
         }
         return 0;
     }
-    for (int e = 0; panels && e < n; e++) {
-        if (!tp_qpanel_bytes(&m->w[e]))
-            continue;
-        if (tp_qpanel_build(&m->w[e], NULL))
-            return TP_ENOMEM;
-        tp_model_drop_pages(model, m->w[e].data, m->w[e].row_bytes * (size_t)m->w[e].rows);
-    }
     return 0;
+}
+
+/* A layer's typed matrices: e < 0 the router and the shared expert's,
+ * else expert e's gate, up and down (the kernels' prefetches stop at a
+ * matrix's end, so the order is free). */
+static int layer_mats(moe_layer *L, int e, exp_mat **out)
+{
+    int n = 0;
+    if (e < 0) {
+        out[n++] = &L->router;
+        out[n++] = &L->sh_gate;
+        out[n++] = &L->sh_up;
+        out[n++] = &L->sh_down;
+        return n;
+    }
+    out[n++] = &L->gate;
+    out[n++] = &L->up;
+    out[n++] = &L->down;
+    return n;
+}
+
+/* A layer's typed matrices that take a panel, as jobs at the next
+ * offsets (job NULL: only counted). */
+static void layer_jobs(tp_moe *m, moe_layer *L, tp_qpanel_job *job, int *n, size_t *off)
+{
+    for (int e = -1; e < m->ne; e++) {
+        exp_mat *mats[4];
+        int nm = layer_mats(L, e, mats);
+        for (int i = 0; i < nm; i++) {
+            exp_mat *mt = mats[i];
+            int k = e < 0 ? 0 : e;
+            if (!mt->w || mt->p || k >= mt->n)
+                continue;
+            size_t b = tp_qpanel_bytes(&mt->w[k]);
+            if (!b)
+                continue;
+            if (job)
+                job[*n] = (tp_qpanel_job){&mt->w[k], *off};
+            ++*n;
+            *off += b;
+        }
+    }
+}
+
+/* The typed matrices' panels, all in one mapping of huge pages (decode
+ * reads a few experts' panels of each layer: under 4 KB pages, most of
+ * its lines were TLB misses), built on every CPU the process may use;
+ * then the file's pages of those matrices may go. */
+static int make_panels(tp_moe *m, int n_layers)
+{
+    size_t total = 0;
+    int n = 0;
+    for (int l = 0; l < n_layers; l++)
+        layer_jobs(m, &m->layers[l], NULL, &n, &total);
+    if (!n)
+        return 0;
+    tp_qpanel_job *job = malloc(sizeof *job * (size_t)n);
+    m->panels = job ? tp_qpanel_map(total, &m->panels_len) : NULL;
+    if (!m->panels) {
+        free(job);
+        return TP_ENOMEM;
+    }
+    size_t off = 0;
+    n = 0;
+    for (int l = 0; l < n_layers; l++)
+        layer_jobs(m, &m->layers[l], job, &n, &off);
+    int rc = tp_qpanel_build_jobs(job, n, m->panels, tp_forward_default_threads());
+    for (int i = 0; !rc && i < n; i++)
+        tp_model_drop_pages(m->model, job[i].w->data, job[i].w->row_bytes * (size_t)job[i].w->rows);
+    free(job);
+    return rc;
 }
 
 static void mat_free(exp_mat *m)
@@ -138,10 +209,10 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
         L->b_gate = lw->b1_exps;
         L->b_up = lw->b3_exps;
         L->b_down = lw->b2_exps;
-        rc = mat_init(&L->router, &lw->m.wr, 1, panels, model);
-        if (!rc) rc = mat_init(&L->gate, lw->w1_exps, m->ne, panels, model);
-        if (!rc) rc = mat_init(&L->up, lw->w3_exps, m->ne, panels, model);
-        if (!rc) rc = mat_init(&L->down, lw->w2_exps, m->ne, panels, model);
+        rc = mat_init(&L->router, &lw->m.wr, 1, model);
+        if (!rc) rc = mat_init(&L->gate, lw->w1_exps, m->ne, model);
+        if (!rc) rc = mat_init(&L->up, lw->w3_exps, m->ne, model);
+        if (!rc) rc = mat_init(&L->down, lw->w2_exps, m->ne, model);
         if (!rc) {
             int_in = int_in || (!L->router.p && !L->router.kind) || (!L->gate.p && !L->gate.kind) ||
                      (!L->up.p && !L->up.kind);
@@ -149,15 +220,17 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
         }
         if (!rc && m->sff) {
             L->sh_vec = lw->shexp_gate;
-            rc = mat_init(&L->sh_gate, &lw->m.w1_shexp, 1, panels, model);
-            if (!rc) rc = mat_init(&L->sh_up, &lw->m.w3_shexp, 1, panels, model);
-            if (!rc) rc = mat_init(&L->sh_down, &lw->m.w2_shexp, 1, panels, model);
+            rc = mat_init(&L->sh_gate, &lw->m.w1_shexp, 1, model);
+            if (!rc) rc = mat_init(&L->sh_up, &lw->m.w3_shexp, 1, model);
+            if (!rc) rc = mat_init(&L->sh_down, &lw->m.w2_shexp, 1, model);
             if (!rc) {
                 int_in = int_in || (!L->sh_gate.p && !L->sh_gate.kind) || (!L->sh_up.p && !L->sh_up.kind);
                 int_sh = int_sh || (!L->sh_down.p && !L->sh_down.kind);
             }
         }
     }
+    if (!rc && panels)
+        rc = make_panels(m, c->n_layers);
     if (!rc && int_sh) rc = tp_qact_init(&m->qs[0], max_tokens, m->sff);
     if (!rc && m->sff) {
         size_t sff = (size_t)m->sff;
@@ -168,12 +241,14 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
             rc = TP_ENOMEM;
     }
     if (!rc && int_in) rc = tp_qact_init(&m->qx[0], (int)R, m->dim);
+    if (!rc && int_in) rc = tp_qact_init(&m->qt, max_tokens, m->dim);
     if (!rc && int_down) rc = tp_qact_init(&m->qd[0], (int)R, m->ff);
     if (!rc) {
         m->logits = malloc(T * ne * sizeof *m->logits);
         m->sel = malloc(R * sizeof *m->sel);
         m->wt = malloc(R * sizeof *m->wt);
         m->row = malloc(R * sizeof *m->row);
+        m->src = malloc(R * sizeof *m->src);
         m->cnt = malloc(ne * sizeof *m->cnt);
         m->off = malloc(ne * sizeof *m->off);
         m->active = malloc(ne * sizeof *m->active);
@@ -182,8 +257,8 @@ int tp_moe_new(const tp_model *model, int max_tokens, bool panels, tp_moe **out)
         m->h = malloc(R * 2 * ff * sizeof *m->h);
         m->a = malloc(R * ff * sizeof *m->a);
         m->y = malloc(R * d * sizeof *m->y);
-        if (!m->logits || !m->sel || !m->wt || !m->row || !m->cnt || !m->off || !m->active || !m->start ||
-            !m->xg || !m->h || !m->a || !m->y)
+        if (!m->logits || !m->sel || !m->wt || !m->row || !m->src || !m->cnt || !m->off || !m->active ||
+            !m->start || !m->xg || !m->h || !m->a || !m->y)
             rc = TP_ENOMEM;
     }
     if (rc) {
@@ -209,12 +284,15 @@ void tp_moe_free(tp_moe *m)
             mat_free(&m->layers[l].sh_down);
         }
     free(m->layers);
+    if (m->panels) /* after the panels' own frees above */
+        munmap(m->panels, m->panels_len);
     tp_qact_free(&m->qx[0]);
+    tp_qact_free(&m->qt);
     tp_qact_free(&m->qd[0]);
     tp_qact_free(&m->qs[0]);
     free(m->hs); free(m->as); free(m->ys);
-    free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->cnt); free(m->off); free(m->active);
-    free(m->start); free(m->xg); free(m->h); free(m->a); free(m->y);
+    free(m->logits); free(m->sel); free(m->wt); free(m->row); free(m->src); free(m->cnt); free(m->off);
+    free(m->active); free(m->start); free(m->xg); free(m->h); free(m->a); free(m->y);
     free(m);
 }
 
@@ -253,6 +331,21 @@ static void prepare(const exp_mat *m, tp_qact *qa, const float *x, int n, int co
 {
     if (!m->p)
         tp_qact_prepare(&qa[m->kind], m->w[0].type, x, cols, n, cols);
+}
+
+/* Prepare gate's or up's input (the grouped rows xg of the T tokens x) in
+ * qa: integer types quantize each token's row once and copy it to its k
+ * grouped rows (the bits of quantizing xg: each row its token's copy). */
+static void prepare_grouped(tp_moe *m, const exp_mat *mat, const float *x, int T)
+{
+    if (mat->p)
+        return;
+    if (mat->kind) {
+        tp_qact_prepare(&m->qx[1], mat->w[0].type, m->xg, m->dim, T * m->k, m->dim);
+        return;
+    }
+    tp_qact_prepare(&m->qt, mat->w[0].type, x, m->dim, T, m->dim);
+    tp_qact_gather(&m->qx[0], &m->qt, m->src, T * m->k);
 }
 
 typedef struct router_job {
@@ -360,6 +453,7 @@ static void group(tp_moe *m, const float *x, int T)
         for (int r = 0; r < k; r++) {
             int g = next[m->sel[t * k + r]]++;
             m->row[t * k + r] = g;
+            m->src[g] = t;
             memcpy(m->xg + (size_t)g * d, x + (size_t)t * d, d * sizeof(float));
         }
 }
@@ -383,21 +477,24 @@ typedef struct exp_job {
     const tp_moe_run *r;
 } exp_job;
 
-/* ggml's swiglu_oai (gpt-oss): the gate clamped above at 7, the up to
- * [-7, 7]; out = g / (1 + e^(-1.702 g)) * (u + 1), e^x by tp_vexp. */
-#define OAI_ALPHA 1.702f
-#define OAI_LIMIT 7.0f
-static void swiglu_oai(const float *g, const float *u, float *out, int n)
+/* y += b over n floats; eight lanes at a time where the CPU has AVX2 (the
+ * same sums: gcc -O2 left this loop scalar, a twentieth of gpt-oss's
+ * decode outside the matmuls). */
+__attribute__((target("avx2"))) static void add_bias_avx2(float *y, const float *b, int n)
 {
-    for (int i = 0; i < n; i++) {
-        float x = fminf(g[i], OAI_LIMIT), y = fminf(fmaxf(u[i], -OAI_LIMIT), OAI_LIMIT);
-        float glu = x / (1.0f + tp_vexp(OAI_ALPHA * -x));
-        out[i] = glu * (y + 1.0f);
-    }
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(b + i)));
+    for (; i < n; i++)
+        y[i] += b[i];
 }
 
-static void add_bias(float *y, const float *b, int n)
+static void add_bias(float *y, const float *b, int n, bool simd)
 {
+    if (simd) {
+        add_bias_avx2(y, b, n);
+        return;
+    }
     for (int i = 0; i < n; i++)
         y[i] += b[i];
 }
@@ -409,6 +506,15 @@ static bool piece(const tp_moe *m, int i, int rows, int r0, int r1, int *lo, int
     *lo = r0 > m->start[i] ? r0 - m->start[i] : 0;
     *hi = r1 - m->start[i] < rows ? r1 - m->start[i] : rows;
     return *lo < *hi;
+}
+
+/* Ask for n floats at p into L2 (an expert's biases: a few KB of
+ * another expert's each time, from DRAM, read after its matmuls; asked
+ * for before them, they arrive meanwhile). */
+static void prefetch_floats(const float *p, int n)
+{
+    for (int i = 0; i < n; i += 16)
+        _mm_prefetch((const char *)(p + i), _MM_HINT_T1);
 }
 
 /* Gate and up rows [lo, hi) of each expert over its tokens, then their
@@ -424,19 +530,25 @@ static void up_rows(void *arg, int r0, int r1, int worker)
             continue;
         int e = m->active[i], t0 = m->off[e], n = m->cnt[e];
         float *h = m->h + (size_t)t0 * 2 * (size_t)ff;
+        if (j->L->b_gate)
+            prefetch_floats(j->L->b_gate + (size_t)e * (size_t)ff + lo, hi - lo);
+        if (j->L->b_up)
+            prefetch_floats(j->L->b_up + (size_t)e * (size_t)ff + lo, hi - lo);
         mat_rows(&j->L->gate, e, m->xg, m->dim, m->qx, t0, n, h, 2 * ff, lo, hi, j->r);
         mat_rows(&j->L->up, e, m->xg, m->dim, m->qx, t0, n, h + ff, 2 * ff, lo, hi, j->r);
         for (int g = 0; g < n; g++) {
             float *hg = h + (size_t)g * 2 * (size_t)ff;
             float *ag = m->a + (size_t)(t0 + g) * (size_t)ff;
             if (j->L->b_gate) /* gpt-oss's biases, row by row */
-                add_bias(hg + lo, j->L->b_gate + (size_t)e * (size_t)ff + lo, hi - lo);
+                add_bias(hg + lo, j->L->b_gate + (size_t)e * (size_t)ff + lo, hi - lo, j->r->simd);
             if (j->L->b_up)
-                add_bias(hg + ff + lo, j->L->b_up + (size_t)e * (size_t)ff + lo, hi - lo);
+                add_bias(hg + ff + lo, j->L->b_up + (size_t)e * (size_t)ff + lo, hi - lo, j->r->simd);
             if (m->oai)
-                swiglu_oai(hg + lo, hg + ff + lo, ag + lo, hi - lo);
+                tp_swiglu_oai(hg + lo, hg + ff + lo, ag + lo, (size_t)(hi - lo), j->r->simd);
             else
                 tp_swiglu(hg + lo, hg + ff + lo, ag + lo, (size_t)(hi - lo), j->r->simd);
+            if (m->qd_in_job) /* lo and hi are multiples of 32 then (tp_moe_ffn) */
+                tp_qact_prepare_blocks(&m->qd[0], t0 + g, lo / 32, hi / 32);
         }
     }
 }
@@ -452,9 +564,12 @@ static void down_rows(void *arg, int r0, int r1, int worker)
             continue;
         int e = m->active[i], t0 = m->off[e];
         float *y = m->y + (size_t)t0 * (size_t)m->dim;
+        if (j->L->b_down)
+            prefetch_floats(j->L->b_down + (size_t)e * (size_t)m->dim + lo, hi - lo);
         mat_rows(&j->L->down, e, m->a, m->ff, m->qd, t0, m->cnt[e], y, m->dim, lo, hi, j->r);
         for (int g = 0; j->L->b_down && g < m->cnt[e]; g++)
-            add_bias(y + (size_t)g * (size_t)m->dim + lo, j->L->b_down + (size_t)e * (size_t)m->dim + lo, hi - lo);
+            add_bias(y + (size_t)g * (size_t)m->dim + lo, j->L->b_down + (size_t)e * (size_t)m->dim + lo, hi - lo,
+                     j->r->simd);
     }
 }
 
@@ -560,20 +675,27 @@ void tp_moe_ffn(tp_moe *m, const tp_moe_run *r, int l, const float *x, int T, fl
     prepare(&L->router, m->qx, x, T, m->dim);
     tp_pool_run(r->pool, m->ne, align_of(&L->router), parts_for(r, (double)m->ne * d * T), router_rows, &rj);
     for (int t = 0; L->br && t < T; t++) /* gpt-oss: the router's bias */
-        add_bias(m->logits + (size_t)t * (size_t)m->ne, L->br, m->ne);
+        add_bias(m->logits + (size_t)t * (size_t)m->ne, L->br, m->ne, r->simd);
     for (int t = 0; t < T; t++)
         route_token(m, t);
     group(m, x, T);
-    /* gate, up, SwiGLU: experts and rows split together */
+    /* gate, up, SwiGLU (and down's integer input, a block of 32 at a
+     * time: pieces aligned to 32): experts and rows split together */
     exp_job j = {m, L, r};
-    prepare(&L->gate, m->qx, m->xg, R, m->dim);
+    prepare_grouped(m, &L->gate, x, T);
     if (!L->up.p && (L->gate.p || L->up.kind != L->gate.kind))
-        prepare(&L->up, m->qx, m->xg, R, m->dim);
+        prepare_grouped(m, &L->up, x, T);
     int align = align_of(&L->gate) > align_of(&L->up) ? align_of(&L->gate) : align_of(&L->up);
+    m->qd_in_job = !L->down.p && !L->down.kind;
+    if (m->qd_in_job) {
+        tp_qact_layout(&m->qd[0], L->down.w[0].type, m->a, m->ff, R, m->ff);
+        align = align % 32 ? 32 : align; /* 16 (typed) or 64 (packed F32) */
+    }
     int rows = layout(m, m->ff, align);
     tp_pool_run(r->pool, rows, align, parts_for(r, 2.0 * ff * d * R + (double)R * ff * SWIGLU_MACS), up_rows, &j);
     /* down */
-    prepare(&L->down, m->qd, m->a, R, m->ff);
+    if (!m->qd_in_job)
+        prepare(&L->down, m->qd, m->a, R, m->ff);
     rows = layout(m, m->dim, align_of(&L->down));
     tp_pool_run(r->pool, rows, align_of(&L->down), parts_for(r, ff * d * R), down_rows, &j);
     /* the shared expert: every token, after the routed ones (qx, qs free again) */

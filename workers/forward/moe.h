@@ -34,7 +34,10 @@
  * expert's aligned to the kernels' row blocks): the pool splits over
  * experts and rows at once, and every row is computed as in one call, so
  * the thread count changes no bit either (the shared expert's jobs split
- * its rows alike). */
+ * its rows alike). Integer experts' inputs are quantized per block of 32,
+ * each block on its own (quant.h): gate and up's once a token, copied to
+ * its experts' rows; down's in the gate/up job, by the thread that made
+ * the block's SwiGLU (that job's pieces then aligned to 32). */
 #ifndef TOKPIPE_FORWARD_MOE_H
 #define TOKPIPE_FORWARD_MOE_H
 

@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,30 +225,70 @@ __attribute__((target("avx2"))) static void quantize_act_row_avx2(const float *x
     }
 }
 
-void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+typedef void (*qact_row_fn)(const float *, int, int8_t *, float *, float *, int32_t *, int32_t *);
+
+static qact_row_fn qact_row(int path)
 {
-    tp_isa isa = tp_isa_active();
-    int p = isa >= TP_ISA_AVX512 ? QACT_AVX512 : isa >= TP_ISA_AVX2 ? QACT_AVX2 : QACT_SCALAR;
-    tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, p);
+    return path == QACT_AVX512 ? quantize_act_row_avx512 : path == QACT_AVX2 ? quantize_act_row_avx2 : quantize_act_row;
 }
 
-void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path)
+static int qact_path(void)
 {
-    void (*row)(const float *, int, int8_t *, float *, float *, int32_t *, int32_t *) =
-        path == QACT_AVX512 ? quantize_act_row_avx512 : path == QACT_AVX2 ? quantize_act_row_avx2 : quantize_act_row;
+    tp_isa isa = tp_isa_active();
+    return isa >= TP_ISA_AVX512 ? QACT_AVX512 : isa >= TP_ISA_AVX2 ? QACT_AVX2 : QACT_SCALAR;
+}
+
+void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+{
+    tp_qact_prepare_path(a, wtype, x, ldx, n_tok, cols, qact_path());
+}
+
+void tp_qact_layout(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols)
+{
     a->n_tok = n_tok;
     a->cols = cols;
     a->x = x;
     a->ldx = ldx;
     a->is_float = is_float_type(wtype);
+}
+
+/* Each block's quants, scale and sums depend on its 32 values alone (every
+ * path above), so a block range of a row is the row's computation cut. */
+static void prepare_blocks(tp_qact *a, int t, int b0, int b1, qact_row_fn row)
+{
+    size_t nb = (size_t)a->cols / 32, r = (size_t)t * nb;
+    row(a->x + (size_t)t * (size_t)a->ldx + 32 * (size_t)b0, 32 * (b1 - b0), a->q + 32 * (r + (size_t)b0),
+        a->dx + r + b0, a->sum + r + b0, a->nsum32 + r + b0, a->nsum16 + 2 * (r + (size_t)b0));
+}
+
+void tp_qact_prepare_blocks(tp_qact *a, int t, int b0, int b1)
+{
+    if (!a->is_float && b0 < b1)
+        prepare_blocks(a, t, b0, b1, qact_row(qact_path()));
+}
+
+void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path)
+{
+    tp_qact_layout(a, wtype, x, ldx, n_tok, cols);
     if (a->is_float)
         return;
-    size_t nb = (size_t)cols / 32;
     for (int t = 0; t < n_tok; t++)
-        row(x + (size_t)t * (size_t)ldx, cols,
-                                                              a->q + (size_t)t * (size_t)cols, a->dx + t * nb,
-                                                              a->sum + t * nb, a->nsum32 + t * nb,
-                                                              a->nsum16 + t * 2 * nb);
+        prepare_blocks(a, t, 0, cols / 32, qact_row(path));
+}
+
+void tp_qact_gather(tp_qact *dst, const tp_qact *src, const int *from, int n)
+{
+    *dst = (tp_qact){n, src->cols, src->is_float, NULL, 0, dst->q, dst->dx, dst->sum, dst->nsum32, dst->nsum16,
+                     dst->cap};
+    size_t cols = (size_t)src->cols, nb = cols / 32;
+    for (int i = 0; i < n; i++) {
+        size_t t = (size_t)from[i];
+        memcpy(dst->q + (size_t)i * cols, src->q + t * cols, cols);
+        memcpy(dst->dx + (size_t)i * nb, src->dx + t * nb, nb * sizeof *dst->dx);
+        memcpy(dst->sum + (size_t)i * nb, src->sum + t * nb, nb * sizeof *dst->sum);
+        memcpy(dst->nsum32 + (size_t)i * nb, src->nsum32 + t * nb, nb * sizeof *dst->nsum32);
+        memcpy(dst->nsum16 + (size_t)i * 2 * nb, src->nsum16 + t * 2 * nb, 2 * nb * sizeof *dst->nsum16);
+    }
 }
 
 tp_qact tp_qact_rows(const tp_qact *a, int t0, int n)
@@ -1502,13 +1543,16 @@ void tp_qmatmul_rows(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int 
             return;
         }
         break;
-    case TP_GGML_MXFP4: /* the file's blocks read in place */
-        if (avx512) {
+    case TP_GGML_MXFP4: /* from its panel of the level's rows; AVX2 without one reads the file's blocks */
+        if (avx512 && w->panel && w->panel->group_rows == 16) {
             tp_qrows_mxfp4_avx512(w, a, y, ldy, r0, r1);
             return;
         }
         if (simd && have_avx2()) {
-            tp_qrows_mxfp4_avx2(w, a, y, ldy, r0, r1);
+            if (w->panel && w->panel->group_rows == 8)
+                tp_qrows_mxfp4_avx2_panel(w, a, y, ldy, r0, r1);
+            else
+                tp_qrows_mxfp4_avx2(w, a, y, ldy, r0, r1);
             return;
         }
         break;
@@ -1693,7 +1737,7 @@ static void avx2_put(uint32_t type, const uint8_t *src, size_t fb, uint8_t *blk,
  * bytes in all. */
 typedef struct panel_shape {
     int group_rows, blocks;
-    size_t file_block, block_bytes, bytes;
+    size_t file_block, block_bytes, group_bytes, bytes;
 } panel_shape;
 
 /* Bytes of a block (super-block) of eight rows in the AVX2 layout of its
@@ -1713,8 +1757,17 @@ static size_t rows8_block_bytes(uint32_t type)
 /* False for a matrix without a panel on this CPU. */
 static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
 {
-    if (w->type == TP_GGML_MXFP4) /* its kernel reads the file (quant_mxfp4.c) */
-        return false;
+    if (w->type == TP_GGML_MXFP4) { /* quant_mxfp4.c's panels: 16 rows a group, or 8 for AVX2 */
+        if (!have_avx2() || w->cols % 32)
+            return false;
+        sh->group_rows = have_avx512() ? 16 : 8;
+        sh->file_block = 0;
+        sh->blocks = w->cols / 32;
+        sh->block_bytes = 16 * (size_t)sh->group_rows;
+        sh->group_bytes = tp_mxfp4_panel_group_bytes(sh->blocks, sh->group_rows);
+        sh->bytes = sh->group_bytes * (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
+        return true;
+    }
     if (!have_avx512()) { /* AVX2: a group's rows side by side, block by block */
         const tp_ggml_type_info *ti = tp_ggml_type(w->type);
         bool half = w->type == TP_GGML_F16 || w->type == TP_GGML_BF16;
@@ -1727,7 +1780,8 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
         sh->blocks = (int)(w->row_bytes / sh->file_block);
         size_t groups = (size_t)((w->rows + sh->group_rows - 1) / sh->group_rows);
         /* whole cache lines, so the panel after it in a mapping starts on one */
-        sh->bytes = (sh->block_bytes * (size_t)sh->blocks * groups + 63) / 64 * 64;
+        sh->group_bytes = sh->block_bytes * (size_t)sh->blocks;
+        sh->bytes = (sh->group_bytes * groups + 63) / 64 * 64;
         return true;
     }
     if (!tp_qpanel_format(w->type, f))
@@ -1736,7 +1790,8 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
     sh->file_block = 0;
     sh->block_bytes = f->quant_bytes + 16 * (size_t)f->scale_bytes * (size_t)(32 / f->sub + f->has_min);
     sh->blocks = w->cols / 32;
-    sh->bytes = sh->block_bytes * (size_t)sh->blocks * (size_t)((w->rows + 15) / 16);
+    sh->group_bytes = sh->block_bytes * (size_t)sh->blocks;
+    sh->bytes = sh->group_bytes * (size_t)((w->rows + 15) / 16);
     return true;
 }
 
@@ -1763,7 +1818,7 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     p->groups = (w->rows + sh.group_rows - 1) / sh.group_rows;
     p->blocks = sh.blocks;
     p->block_bytes = sh.block_bytes;
-    p->group_bytes = sh.block_bytes * (size_t)p->blocks;
+    p->group_bytes = sh.group_bytes;
     p->bytes = sh.bytes;
     if (!mem) { /* anonymous zeroed memory, page-aligned */
         mem = mmap(NULL, sh.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1774,6 +1829,13 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
         p->owned = true;
     }
     p->data = mem;
+    if (w->type == TP_GGML_MXFP4) { /* rows past the last stay zero: code 0 */
+        for (int r = 0; r < w->rows; r++)
+            tp_mxfp4_panel_put_row(p->data + (size_t)(r / sh.group_rows) * p->group_bytes, p->blocks, sh.group_rows,
+                                   r % sh.group_rows, (const uint8_t *)w->data + (size_t)r * w->row_bytes);
+        w->panel = p;
+        return 0;
+    }
     if (sh.group_rows < 16) { /* AVX2; past the last row, the group's first row again */
         for (int g = 0; g < p->groups; g++)
             for (int k = 0; k < sh.group_rows; k++) {
@@ -1808,6 +1870,58 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
     }
     w->panel = p;
     return 0;
+}
+
+typedef struct panel_work {
+    const tp_qpanel_job *job;
+    int n;
+    uint8_t *base;
+    atomic_int next, failed;
+} panel_work;
+
+static void *panel_worker(void *arg)
+{
+    panel_work *pw = arg;
+    for (int i; (i = atomic_fetch_add(&pw->next, 1)) < pw->n;) {
+        const tp_qpanel_job *j = &pw->job[pw->n - 1 - i];
+        if (tp_qpanel_build(j->w, pw->base + j->off))
+            atomic_store(&pw->failed, 1);
+    }
+    return NULL;
+}
+
+int tp_qpanel_build_jobs(const tp_qpanel_job *job, int n, uint8_t *base, int threads)
+{
+    panel_work pw = {job, n, base, 0, 0};
+    int nt = threads - 1 < n - 1 ? threads - 1 : n - 1, started = 0;
+    pthread_t *th = nt > 0 ? malloc(sizeof *th * (size_t)nt) : NULL;
+    for (; th && started < nt; started++) /* fewer threads if some cannot start */
+        if (pthread_create(&th[started], NULL, panel_worker, &pw))
+            break;
+    panel_worker(&pw);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+    return atomic_load(&pw.failed) ? TP_ENOMEM : 0;
+}
+
+uint8_t *tp_qpanel_map(size_t len, size_t *len_out)
+{
+    size_t huge = (size_t)2 << 20;
+    len = (len + huge - 1) / huge * huge;
+    void *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1)), *end = (uint8_t *)m + len + huge;
+    if (a > (uint8_t *)m)
+        munmap(m, (size_t)(a - (uint8_t *)m));
+    if (end > a + len)
+        munmap(a + len, (size_t)(end - (a + len)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, len, MADV_HUGEPAGE);
+#endif
+    *len_out = len;
+    return a;
 }
 
 void tp_qpanel_free(tp_wmat *w)

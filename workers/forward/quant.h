@@ -14,7 +14,7 @@
  *   Q6_K 256: u8 ql[128], u8 qh[64], int8 scales[16] (per 16), f16 d
  *                                                     w = d * sc * (q - 32)
  *   MXFP4 32: u8 e (E8M0), u8 qs[16] (E2M1 codes)    w = kv[q] * 2^(e - 128)
- *             (quant_mxfp4.c; no panel: the AVX2 and AVX-512 kernels read the file)
+ *             (quant_mxfp4.c: panels of its own, 16 rows for AVX-512, 8 for AVX2)
  *
  * BATCH INVARIANCE. Every output element y[t][r] is computed from row r of
  * the weights and row t of the activations alone, by an order that depends
@@ -93,14 +93,16 @@ typedef struct tp_qact {
  * data + g * group_bytes + i * block_bytes in layouts of their own
  * (quant.c: ROWS8_Q80_BLOCK, ROWS8_Q40_BLOCK, ROWS8_Q4K_BLOCK,
  * ROWS8_Q5K_BLOCK, ROWS8_Q6K_BLOCK): scales together and split out of the
- * file's packing, and the quants interleaved four bytes a row. */
+ * file's packing, and the quants interleaved four bytes a row. MXFP4's
+ * panels, of 16 rows (AVX-512) or 8 (AVX2), are quant_mxfp4.c's own:
+ * block_bytes of codes a block, then the group's scales. */
 typedef struct tp_qpanel {
     uint32_t type;
     int groups, blocks;
     size_t block_bytes, group_bytes, bytes;
     uint8_t *data; /* 32-byte aligned; blocks too */
     bool owned;    /* data is the panel's own mapping */
-    int group_rows; /* 16: the AVX-512 layout; 4 or 8 (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): AVX2's */
+    int group_rows; /* 16: the AVX-512 layout; 4 or 8 (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4): AVX2's */
 } tp_qpanel;
 
 /* Bytes of w's panel (a multiple of 32), 0 for a type without one (F32;
@@ -113,6 +115,25 @@ size_t tp_qpanel_bytes(const tp_wmat *w);
  * its own. 0 or TP_ENOMEM. The panel takes about the file's bytes. */
 int tp_qpanel_build(tp_wmat *w, void *mem);
 void tp_qpanel_free(tp_wmat *w);
+
+/* A panel to build: w's, at off in a mapping. */
+typedef struct tp_qpanel_job {
+    tp_wmat *w;
+    size_t off;
+} tp_qpanel_job;
+
+/* Build the jobs' panels at base + off (tp_qpanel_build), handed out one
+ * at a time, the last job first (put the largest last), on the calling
+ * thread and up to threads - 1 more: repacking is about 3 ns a weight on
+ * one Zen 4 core, seconds for a 7B model. 0 or TP_ENOMEM. */
+int tp_qpanel_build_jobs(const tp_qpanel_job *job, int n, uint8_t *base, int threads);
+
+/* Zeroed anonymous memory for panels of len bytes in all: *len_out (len
+ * rounded up to 2 MB) bytes, 2 MB aligned, huge pages asked for (decode
+ * streams the panels every token; a TLB miss per 4 KB, and the hardware
+ * prefetchers' stop at each 4 KB page, saved). NULL when out of memory;
+ * the caller munmaps it (after tp_qpanel_free of the panels inside). */
+uint8_t *tp_qpanel_map(size_t len, size_t *len_out);
 
 /* True for the types the typed kernels take (all of gguf.h's but F32). */
 bool tp_quant_type_ok(uint32_t type);
@@ -130,6 +151,19 @@ void tp_qact_prepare(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_
  * QACT_AVX2 AVX2): the same bits on every path; tests compare them. */
 enum { QACT_SCALAR, QACT_AVX2, QACT_AVX512 };
 void tp_qact_prepare_path(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols, int path);
+
+/* Preparation in pieces: tp_qact_layout sets a up for x as
+ * tp_qact_prepare does, quantizing nothing; tp_qact_prepare_blocks then
+ * quantizes blocks [b0, b1) (of 32 columns) of token t. Pieces in any
+ * order, on any threads (disjoint ones at once), give tp_qact_prepare's
+ * bits: a block's quants, scale and sums are its own. */
+void tp_qact_layout(tp_qact *a, uint32_t wtype, const float *x, int ldx, int n_tok, int cols);
+void tp_qact_prepare_blocks(tp_qact *a, int t, int b0, int b1);
+
+/* dst's row i = src's prepared integer row from[i], for i < n (n within
+ * dst's init size; src's cols): what preparing those rows of x would
+ * give. For the experts' grouped rows, each a copy of its token's. */
+void tp_qact_gather(tp_qact *dst, const tp_qact *src, const int *from, int n);
 
 /* Tokens [t0, t0 + n) of prepared activations a, as activations of their
  * own (borrowing a's buffers): what preparing those rows alone gives,
@@ -187,9 +221,17 @@ void tp_qunpack_mxfp4(const uint8_t *row, int c, int n_cols, int8_t w[64], float
 
 /* MXFP4's scale byte as ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128). */
 float tp_e8m0_to_f32_half(uint8_t e);
-/* MXFP4 rows on AVX2 from the file's blocks (tp_qmatmul_rows' contract). */
+/* MXFP4 rows (tp_qmatmul_rows' contract): AVX2 from the file's blocks or
+ * from the panel of eight rows (group_rows 8), AVX-512 from the panel of
+ * sixteen (quant_mxfp4.c's layout). */
 void tp_qrows_mxfp4_avx2(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
+void tp_qrows_mxfp4_avx2_panel(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
 void tp_qrows_mxfp4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1);
+/* That panel of n (8 or 16) rows a group: a group's bytes for rows of
+ * blocks blocks of 32 columns (a multiple of 64), and row r (< n) of a
+ * group from the file's row. */
+size_t tp_mxfp4_panel_group_bytes(int blocks, int n);
+void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int n, int r, const uint8_t *row);
 
 /* AVX-512 row ranges per family (same contract as tp_qmatmul_rows; the
  * integer ones read w->panel). */

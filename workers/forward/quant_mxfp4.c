@@ -10,10 +10,12 @@
  *
  * So a block is an int8 block with a power-of-two scale: the canonical
  * order of quant.h as for Q8_0 (acc = fmaf(d * dx, P, acc) per block of
- * 32), its integer dot products exact. The AVX2 kernel decodes the codes
- * with a byte shuffle (two rows a register) and follows that order, eight
- * rows a vector; the AVX-512 one (VNNI's byte dot products) sixteen rows;
- * the file's blocks are read in place (no panel). */
+ * 32), its integer dot products exact. The kernels decode the codes with
+ * a byte shuffle and follow that order: AVX2 eight rows a vector, from the
+ * file's blocks (two rows a register, a horizontal sum per block) or from
+ * a panel of eight rows made at load; AVX-512 (VNNI's byte dot products)
+ * sixteen rows from a panel of sixteen. In a panel the rows' codes lie
+ * side by side, so each row's sum comes out in its own lane. */
 #include "quant.h"
 #include "quant_avx.h"
 
@@ -181,89 +183,245 @@ __attribute__((target("avx2,fma"))) void tp_qrows_mxfp4_avx2(const tp_wmat *w, c
     }
 }
 
-/* ---- AVX-512 (VNNI): sixteen rows a vector ------------------------------ */
+/* ---- panels: rows side by side --------------------------------------
+ *
+ * A panel (tp_qpanel) of n rows a group (16 for AVX-512, 8 for AVX2):
+ * group g (rows ng..ng+n-1; past the last row, zero bytes: weights 0) at
+ * data + g * group_bytes, block b of 32 columns at 16 n b: the n rows'
+ * codes in quant.h's 4-bit layout (quad k = columns 4k..4k+3, n rows x 4
+ * bytes, in vector k / 2's nibble k % 2; a vector is 4 n bytes), so a
+ * byte dot product of a vector and an activation quad broadcast gives n
+ * rows' sums side by side, no horizontal reduction. After the group's
+ * blocks, at 16 n blocks, each block's n scales as e - 128 (int8; row r's
+ * at n b + r), the group rounded up to a cache line: the file's bytes per
+ * weight. */
+
+size_t tp_mxfp4_panel_group_bytes(int blocks, int n)
+{
+    return 16 * (size_t)n * (size_t)blocks + ((size_t)n * (size_t)blocks + 63) / 64 * 64;
+}
+
+void tp_mxfp4_panel_put_row(uint8_t *grp, int blocks, int n, int r, const uint8_t *row)
+{
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = row + (size_t)b * MXFP4_BYTES;
+        uint8_t *codes = grp + 16 * (size_t)n * (size_t)b;
+        grp[16 * (size_t)n * (size_t)blocks + (size_t)n * (size_t)b + (size_t)r] = (uint8_t)(blk[0] - 128);
+        /* vector v, byte j of the row: columns 8v + j (low nibble) and 8v + 4 + j */
+        for (int v = 0; v < 4; v++)
+            for (int j = 0; j < 4; j++) {
+                int c0 = 8 * v + j, c1 = c0 + 4;
+                int lo = c0 < 16 ? blk[1 + c0] & 0x0f : blk[1 + c0 - 16] >> 4;
+                int hi = c1 < 16 ? blk[1 + c1] & 0x0f : blk[1 + c1 - 16] >> 4;
+                codes[4 * (size_t)n * (size_t)v + 4 * (size_t)r + (size_t)j] = (uint8_t)(lo | hi << 4);
+            }
+    }
+}
+
+/* ---- AVX2 from the panel of eight rows ---------------------------------- */
+
+/* AVX2's panel prefetch: bytes ahead of the group's read (one run, each
+ * line asked once, up to the range's end). gpt-oss decode at one thread
+ * (Zen 4, AVX2 forced): 4 KB ahead 75 tok/s, 8 to 32 KB 88. */
+#define AVX2_AHEAD 16384
+
+/* A tile: eight rows (group g) x nt tokens from t0 (a constant: 1 or
+ * TOKENS). Per block the codes are decoded once (a byte shuffle to
+ * w + 12) for the tokens; maddubs pairs are at most 2 * 24 * 127, so four
+ * quads sum in 16 bits (24384) before widening; then as block_term:
+ * acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+ptile8(const tp_qpanel *p, int g, const tp_qact *a, int t0, const int nt, const uint8_t *pf_end, float *y,
+       size_t ldy, int r0, int r1)
+{
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U));
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const int nb = p->blocks, cols = a->cols;
+    const uint8_t *base = p->data + (size_t)g * p->group_bytes, *exps = base + 128 * (size_t)nb;
+    /* the codes' lines, and the scales' spread over the blocks as read:
+     * step bytes of the run a block */
+    const char *pf = (const char *)base + AVX2_AHEAD, *stop = (const char *)pf_end;
+    const size_t step = (p->group_bytes + (size_t)nb - 1) / (size_t)nb;
+    __m256 acc[TOKENS];
+    TP_QUNROLL for (int t = 0; t < nt; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = base + 128 * (size_t)b;
+        for (const char *to = (const char *)base + AVX2_AHEAD + (size_t)(b + 1) * step; pf < to && pf < stop; pf += 64)
+            _mm_prefetch(pf, _MM_HINT_T1);
+        __m256i w[8];
+        TP_QUNROLL for (int v = 0; v < 4; v++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 32 * v));
+            w[2 * v] = _mm256_shuffle_epi8(table, _mm256_and_si256(q, m4));
+            w[2 * v + 1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        }
+        int64_t e8;
+        memcpy(&e8, exps + 8 * (size_t)b, 8);
+        __m256i e = _mm256_add_epi32(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(e8)), _mm256_set1_epi32(128));
+        __m256 d = scales8(e);
+        TP_QUNROLL for (int t = 0; t < nt; t++) {
+            size_t tt = (size_t)(t0 + t), tb = tt * (size_t)nb + (size_t)b;
+            const int8_t *xq = a->q + tt * (size_t)cols + 32 * (size_t)b;
+            __m256i s = _mm256_set1_epi32(12 * a->nsum32[tb]);
+            TP_QUNROLL for (int h = 0; h < 2; h++) {
+                __m256i s16 = _mm256_setzero_si256();
+                TP_QUNROLL for (int k = 4 * h; k < 4 * h + 4; k++) {
+                    int32_t xk;
+                    memcpy(&xk, xq + 4 * k, 4);
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(xk)));
+                }
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(s16, ones));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->dx[tb])), _mm256_cvtepi32_ps(s), acc[t]);
+        }
+    }
+    int lo = 8 * g, a0 = r0 > lo ? r0 - lo : 0, a1 = r1 - lo < 8 ? r1 - lo : 8;
+    TP_QUNROLL for (int t = 0; t < nt; t++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[t]);
+        memcpy(y + (size_t)t * ldy + (size_t)(lo + a0), out + a0, sizeof(float) * (size_t)(a1 - a0));
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void ptile8_four(const tp_qpanel *p, int g, const tp_qact *a, int t0,
+                                                           const uint8_t *pf_end, float *y, size_t ldy, int r0,
+                                                           int r1)
+{
+    ptile8(p, g, a, t0, TOKENS, pf_end, y, ldy, r0, r1);
+}
+
+__attribute__((target("avx2,fma"))) static void ptile8_one(const tp_qpanel *p, int g, const tp_qact *a, int t0,
+                                                          const uint8_t *pf_end, float *y, size_t ldy, int r0, int r1)
+{
+    ptile8(p, g, a, t0, 1, pf_end, y, ldy, r0, r1);
+}
+
+/* Rows [r0, r1) from the panel of eight rows: TOKENS tokens a pass, the
+ * last ones one a pass (the same terms). */
+void tp_qrows_mxfp4_avx2_panel(const tp_wmat *w, const tp_qact *a, float *y, int ldy, int r0, int r1)
+{
+    const tp_qpanel *p = w->panel;
+    int g1 = (r1 + 7) / 8;
+    const uint8_t *end = p->data + (size_t)g1 * p->group_bytes;
+    for (int g = r0 / 8; g < g1; g++) {
+        int t0 = 0;
+        for (; t0 + TOKENS <= a->n_tok; t0 += TOKENS)
+            ptile8_four(p, g, a, t0, end, y + (size_t)t0 * (size_t)ldy, (size_t)ldy, r0, r1);
+        for (; t0 < a->n_tok; t0++)
+            ptile8_one(p, g, a, t0, end, y + (size_t)t0 * (size_t)ldy, (size_t)ldy, r0, r1);
+    }
+}
+
+/* ---- AVX-512 (VNNI) from the panel of sixteen rows ---------------------- */
 
 #define ISA512 "avx512f,avx512bw,avx512vnni"
+#define PANEL_CODES 256
 
-/* The sixteen rows' scale bytes of the block at off, as block_scales. */
-__attribute__((target(ISA512), always_inline)) static inline __m512 block_scales16(const uint8_t *const *row,
-                                                                                  size_t off)
+/* A tile: G groups (1 or 2) x T tokens (1..TP_QTB) from t0. Per block and
+ * quad vector, the codes are decoded once (a byte shuffle to w + 12) for
+ * the T tokens, each token's activation quads broadcast once for the G
+ * groups; per block, acc = fmaf(d * dx, (float)P, acc), d * dx as
+ * vscalefps(dx, e - 128): dx times a power of two rounded once, the
+ * product tp_e8m0_to_f32_half(e) * dx of the scalar path (d is exact, a
+ * subnormal too), so the bits are the scalar path's. */
+__attribute__((target(ISA512), always_inline)) static inline void
+ptile(const tp_qpanel *p, int g0, const tp_qact *a, int t0, float *y, size_t ldy, int r0, int r1,
+      const uint8_t *pf_end, const int G, const int T)
 {
-    uint64_t lo = 0, hi = 0;
-    for (int k = 0; k < 8; k++) {
-        lo |= (uint64_t)row[k][off] << (8 * k);
-        hi |= (uint64_t)row[8 + k][off] << (8 * k);
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_U));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[2][TP_QTB];
+    TP_QUNROLL for (int g = 0; g < G; g++)
+        TP_QUNROLL for (int t = 0; t < T; t++)
+            acc[g][t] = _mm512_setzero_ps();
+    const int nb = p->blocks, cols = a->cols;
+    const size_t gb = p->group_bytes;
+    const uint8_t *base = p->data + (size_t)g0 * gb, *exps = base + (size_t)PANEL_CODES * (size_t)nb;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = base + (size_t)b * PANEL_CODES;
+        /* see TP_QPF: every line of each group's stream asked for once,
+         * TP_QPF ahead, up to the range's end (past it: another matrix's
+         * or none; that line would be read for nothing) */
+        TP_QUNROLL for (int g = 0; g < G; g++) {
+            const uint8_t *q = blk + (size_t)g * gb + TP_QPF, *e = exps + (size_t)g * gb + 16 * (size_t)b + TP_QPF;
+            if (q < pf_end)
+                for (int o = 0; o < PANEL_CODES; o += 64)
+                    _mm_prefetch((const char *)q + o, TP_QPF_HINT);
+            if (b % 4 == 0 && e < pf_end)
+                _mm_prefetch((const char *)e, TP_QPF_HINT);
+        }
+        __m512i ia[2][TP_QTB];
+        TP_QUNROLL for (int t = 0; t < T; t++) {
+            __m512i init = _mm512_set1_epi32(12 * a->nsum32[(size_t)(t0 + t) * (size_t)nb + (size_t)b]);
+            TP_QUNROLL for (int g = 0; g < G; g++)
+                ia[g][t] = init;
+        }
+        TP_QUNROLL for (int v = 0; v < 4; v++) {
+            __m512i lo[2], hi[2];
+            TP_QUNROLL for (int g = 0; g < G; g++) {
+                __m512i q = _mm512_loadu_si512((const void *)(blk + (size_t)g * gb + 64 * (size_t)v));
+                lo[g] = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m4));
+                hi[g] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+            }
+            TP_QUNROLL for (int t = 0; t < T; t++) {
+                const int8_t *xq = a->q + (size_t)(t0 + t) * (size_t)cols + 32 * (size_t)b + 8 * (size_t)v;
+                int32_t x0, x1;
+                memcpy(&x0, xq, 4);
+                memcpy(&x1, xq + 4, 4);
+                __m512i xb0 = _mm512_set1_epi32(x0), xb1 = _mm512_set1_epi32(x1);
+                TP_QUNROLL for (int g = 0; g < G; g++)
+                    ia[g][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ia[g][t], lo[g], xb0), hi[g], xb1);
+            }
+        }
+        __m512 ex[2];
+        TP_QUNROLL for (int g = 0; g < G; g++)
+            ex[g] = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(exps + (size_t)g * gb + 16 * (size_t)b))));
+        TP_QUNROLL for (int t = 0; t < T; t++) {
+            __m512 dx = _mm512_set1_ps(a->dx[(size_t)(t0 + t) * (size_t)nb + (size_t)b]);
+            TP_QUNROLL for (int g = 0; g < G; g++)
+                acc[g][t] = _mm512_fmadd_ps(_mm512_scalef_ps(dx, ex[g]), _mm512_cvtepi32_ps(ia[g][t]), acc[g][t]);
+        }
     }
-    __m512i e = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)hi, (long long)lo));
-    __m512i norm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, norm, sub));
+    TP_QUNROLL for (int g = 0; g < G; g++) {
+        int lo = 16 * (g0 + g), a0 = r0 > lo ? r0 - lo : 0, a1 = r1 - lo < 16 ? r1 - lo : 16;
+        __mmask16 m = (__mmask16)(((1u << a1) - 1) & ~((1u << a0) - 1));
+        TP_QUNROLL for (int t = 0; t < T; t++)
+            _mm512_mask_storeu_ps(y + (size_t)t * ldy + (size_t)lo, m, acc[g][t]);
+    }
 }
 
-/* Rows j, j + 4, j + 8, j + 12 (one a 128-bit lane) of block b: four
- * 32-bit sums of (w + 12) * x a row (VNNI: exact, no saturation). */
-__attribute__((target(ISA512), always_inline)) static inline __m512i dot_four(const uint8_t *const *row, int j,
-                                                                             size_t off, __m512i table, __m512i xlo,
-                                                                             __m512i xhi)
-{
-    const __m512i m = _mm512_set1_epi8(0x0f);
-    __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[j] + off)));
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 4] + off)), 1);
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 8] + off)), 2);
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(row[j + 12] + off)), 3);
-    __m512i wlo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m));
-    __m512i whi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m));
-    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, xlo), whi, xhi);
-}
-
-/* The sixteen rows' accumulators take block b of token tok: as block_term,
- * sixteen lanes (the four partial sums of a row added in a fixed tree: an
- * integer sum, the same whatever the order). */
-__attribute__((target(ISA512), always_inline)) static inline __m512
-block_term16(const uint8_t *const *row, const tp_qact *a, int nb, int b, size_t off, size_t tok, __m512 d,
-             __m512i table, __m512 acc)
-{
-    size_t blk = tok * (size_t)nb + (size_t)b;
-    const int8_t *xq = a->q + tok * (size_t)a->cols + 32 * (size_t)b;
-    __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xq));
-    __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq + 16)));
-    __m512i p0 = dot_four(row, 0, off, table, xlo, xhi), p1 = dot_four(row, 1, off, table, xlo, xhi);
-    __m512i p2 = dot_four(row, 2, off, table, xlo, xhi), p3 = dot_four(row, 3, off, table, xlo, xhi);
-    /* lane k of p_j is row j + 4k: (a0 b0 a1 b1) + (a2 b2 a3 b3), then the
-     * halves, leave lane k = rows 4k .. 4k + 3 in order */
-    __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
-    __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
-    __m512i h = _mm512_add_epi32(_mm512_unpacklo_epi64(t, u), _mm512_unpackhi_epi64(t, u));
-    h = _mm512_add_epi32(h, _mm512_set1_epi32(12 * a->nsum32[blk]));
-    __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[blk]));
-    return _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(h), acc);
-}
-
-/* Rows [r0, r1) sixteen at a time (past r1 the group's last row again,
- * not stored), a token at a time: per token the blocks in column order,
- * acc = fmaf(d * dx, (float)P, acc), the scalar path's bits. */
+/* Rows [r0, r1) from the panel: decode (one token) two groups a tile; more
+ * tokens, tiles of up to two groups x TP_QTB tokens. */
 __attribute__((target(ISA512))) void tp_qrows_mxfp4_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy,
                                                           int r0, int r1)
 {
-    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_U));
-    int nb = w->cols / 32;
-    for (int g = r0; g < r1; g += 16) {
-        const uint8_t *row[16];
-        int n = r1 - g < 16 ? r1 - g : 16;
-        for (int k = 0; k < 16; k++)
-            row[k] = (const uint8_t *)w->data + (size_t)(g + (k < n ? k : n - 1)) * w->row_bytes;
-        for (int t = 0; t < a->n_tok; t++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                size_t off = (size_t)b * MXFP4_BYTES;
-                acc = block_term16(row, a, nb, b, off + 1, (size_t)t, block_scales16(row, off), table, acc);
+    const tp_qpanel *p = w->panel;
+    size_t ld = (size_t)ldy;
+    int g1 = (r1 + 15) / 16;
+    const uint8_t *end = p->data + (size_t)g1 * p->group_bytes;
+    for (int g = r0 / 16; g < g1;) {
+        int two = g1 - g >= 2;
+        for (int t0 = 0; t0 < a->n_tok;) {
+            int tb = a->n_tok - t0 < TP_QTB ? a->n_tok - t0 : TP_QTB;
+            float *yt = y + (size_t)t0 * ld;
+            switch (tb * 2 + two) {
+            case 2: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 1); break;
+            case 3: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 1); break;
+            case 4: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 2); break;
+            case 5: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 2); break;
+            case 6: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 3); break;
+            case 7: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 3); break;
+            case 8: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 4); break;
+            case 9: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 4); break;
+            case 10: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 5); break;
+            case 11: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 5); break;
+            case 12: ptile(p, g, a, t0, yt, ld, r0, r1, end, 1, 6); break;
+            default: ptile(p, g, a, t0, yt, ld, r0, r1, end, 2, 6); break;
             }
-            float out[16];
-            _mm512_storeu_ps(out, acc);
-            for (int k = 0; k < n; k++)
-                y[(size_t)t * (size_t)ldy + (size_t)(g + k)] = out[k];
+            t0 += tb;
         }
+        g += two ? 2 : 1;
     }
 }
 

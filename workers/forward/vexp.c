@@ -55,6 +55,50 @@ __attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const fl
 }
 #endif
 
+/* ggml's swiglu_oai (gpt-oss): the gate clamped above at 7, the up to
+ * [-7, 7] (fminf / fmaxf: a NaN gives the bound, as minps / maxps with
+ * the bound second); out = g / (1 + e^(-1.702 g)) * (u + 1). */
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
+
+static void swiglu_oai_scalar(const float *g, const float *u, float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = fminf(g[i], OAI_LIMIT), y = fminf(fmaxf(u[i], -OAI_LIMIT), OAI_LIMIT);
+        float glu = x / (1.0f + tp_vexp(OAI_ALPHA * -x));
+        out[i] = glu * (y + 1.0f);
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) static void swiglu_oai_avx2(const float *g, const float *u, float *out, size_t n)
+{
+    size_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), alpha = _mm256_set1_ps(OAI_ALPHA);
+    const __m256 hi = _mm256_set1_ps(OAI_LIMIT), lo = _mm256_set1_ps(-OAI_LIMIT);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_min_ps(_mm256_loadu_ps(g + i), hi);
+        __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(u + i), lo), hi);
+        __m256 e = tp_vexp8_avx2(_mm256_mul_ps(alpha, _mm256_xor_ps(x, sign)));
+        __m256 glu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(glu, _mm256_add_ps(y, one)));
+    }
+    swiglu_oai_scalar(g + i, u + i, out + i, n - i);
+}
+#endif
+
+void tp_swiglu_oai(const float *g, const float *u, float *out, size_t n, bool lanes)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (lanes) {
+        swiglu_oai_avx2(g, u, out, n);
+        return;
+    }
+#endif
+    (void)lanes;
+    swiglu_oai_scalar(g, u, out, n);
+}
+
 void tp_swiglu(const float *g, const float *u, float *out, size_t n, bool lanes)
 {
 #if defined(__x86_64__) || defined(__i386__)

@@ -51,6 +51,9 @@ float tp_vexp(float x);
 /* SwiGLU: out[i] = silu(g[i]) * u[i] for i < n, e^x as tp_vexp; lanes:
  * eight a time in AVX2 (the caller's CPU has it), the same bits. */
 void tp_swiglu(const float *g, const float *u, float *out, size_t n, bool lanes);
+/* gpt-oss's SwiGLU (ggml's swiglu_oai, vexp.c), the same way: out[i] from
+ * g[i] and u[i], eight lanes a time where lanes, the same bits. */
+void tp_swiglu_oai(const float *g, const float *u, float *out, size_t n, bool lanes);
 
 #if defined(__x86_64__) || defined(__i386__)
 /* Four lanes of the steps above, in double. */
