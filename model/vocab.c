@@ -42,16 +42,25 @@ static int opt_array(const tp_gguf *g, const char *key, uint32_t want_type, uint
     return 0;
 }
 
-/* Optional token id: keeps *id when absent; must be in [0, n). */
-static int opt_id(const tp_gguf *g, const char *key, int n, int *id, tp_err *err)
+/* An optional integer key: *present false (and no error) when absent. */
+static int opt_int(const tp_gguf *g, const char *key, int64_t *v, bool *present, tp_err *err)
 {
-    int64_t v;
-    int rc = tp_gguf_get_int(g, key, &v, err);
+    int rc = tp_gguf_get_int(g, key, v, err);
+    *present = rc == 0;
     if (rc == TP_ENOTFOUND) {
         tp_err_clear(err);
         return 0;
     }
-    if (rc)
+    return rc;
+}
+
+/* Optional token id: keeps *id when absent; must be in [0, n). */
+static int opt_id(const tp_gguf *g, const char *key, int n, int *id, tp_err *err)
+{
+    int64_t v;
+    bool present;
+    int rc = opt_int(g, key, &v, &present, err);
+    if (rc || !present)
         return rc;
     if (v < 0 || v >= n)
         return tp_err_set(err, TP_ERANGE, "%s = %lld is outside [0, %d)", key, (long long)v, n);
@@ -63,16 +72,10 @@ static int opt_id(const tp_gguf *g, const char *key, int n, int *id, tp_err *err
 static int opt_bool(const tp_gguf *g, const char *key, int *out, tp_err *err)
 {
     int64_t v;
-    int rc = tp_gguf_get_int(g, key, &v, err);
-    *out = -1;
-    if (rc == TP_ENOTFOUND) {
-        tp_err_clear(err);
-        return 0;
-    }
-    if (rc)
-        return rc;
-    *out = v != 0;
-    return 0;
+    bool present;
+    int rc = opt_int(g, key, &v, &present, err);
+    *out = present ? v != 0 : -1;
+    return rc;
 }
 
 /* general.name naming a Phi-3 model: llama.cpp strips the spaces after its
@@ -197,8 +200,9 @@ static int read_ids(const tp_gguf *g, tp_gguf_vocab *a, tp_err *err)
     v->unk_id = spm ? 0 : -1;
     v->eot_id = v->eom_id = -1;
     int64_t given;
-    a->bos_given = tp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &given, NULL) == 0;
-    int rc = opt_id(g, "tokenizer.ggml.bos_token_id", v->n, &v->bos_id, err);
+    int rc = opt_int(g, "tokenizer.ggml.bos_token_id", &given, &a->bos_given, err);
+    if (!rc)
+        rc = opt_id(g, "tokenizer.ggml.bos_token_id", v->n, &v->bos_id, err);
     if (!rc)
         rc = opt_id(g, "tokenizer.ggml.eos_token_id", v->n, &v->eos_id, err);
     if (!rc)
