@@ -30,7 +30,6 @@
 #include <unistd.h>
 
 #include "tokpipe/draft.h"
-#include "tokpipe/load.h"
 #include "tokpipe/model.h"
 #include "tokpipe/rand.h"
 #include "tokpipe/zwire.h"
@@ -266,12 +265,10 @@ static int load_draft_ref(broker *b, tp_err *err)
  * the first worker's model is the reference then. */
 static int load_model_ref(broker *b, tp_err *err)
 {
-    tp_load_spec ls = {.model = b->cfg->model_path, .what = TP_LOAD_MODEL}; /* as every worker loads it */
-    tp_loaded ld;
+    tp_model *m = NULL;
     tp_err e;
     tp_err_clear(&e);
-    int rc = tp_load(&ls, &ld, &e);
-    tp_model *m = ld.model;
+    int rc = tp_model_load(b->cfg->model_path, &m, &e);
     if (rc == TP_EIO) {
         blog("model.path: %s: not readable here; the first worker's model is the reference", e.msg);
         return 0;
@@ -283,7 +280,7 @@ static int load_model_ref(broker *b, tp_err *err)
     b->model_vocab = (uint32_t)mc->vocab_size;
     b->model_seq_len = (uint32_t)mc->seq_len;
     b->model_hybrid = mc->full_attn_interval > 0;
-    tp_loaded_free(&ld);
+    tp_model_free(m);
     return load_draft_ref(b, err);
 }
 

@@ -52,7 +52,6 @@ struct tp_model {
     int eos[TP_MODEL_MAX_EOS];
     int n_eos;
     char identity[256];
-    /* GGUF vocabulary (NULL pieces when absent) */
     tp_gguf *gguf;
     tp_gguf_vocab vocab;   /* spec.n 0 when the file has none */
     char arch_name[16];    /* GGUF metadata prefix: "llama", "qwen2", ... */
@@ -682,12 +681,6 @@ static int llama3_factors(tp_model *m, const tp_gguf *g, float *ff, tp_err *err)
     return 0;
 }
 
-/* RoPE frequency divisors: llama.cpp stores Llama 3's as the tensor
- * rope_freqs.weight; files may instead carry {arch}.rope.scaling.type =
- * llama3 (with its factors), linear (one factor, or the older
- * {arch}.rope.scale_linear) or yarn (its keys in the config: the forward
- * blends each pair's angle and scales cos and sin, model.h). Other kinds
- * (longrope) are refused by name. */
 /* Positive finite divisors of a float tensor, copied (the file's may be
  * unaligned); *out NULL when the optional tensor is absent. */
 static int rope_divisors(tp_model *m, const tp_gguf *g, const char *name, int half, float **out, tp_err *err)
@@ -739,16 +732,22 @@ static int gguf_longrope(tp_model *m, const tp_gguf *g, tp_err *err)
     return rc;
 }
 
+/* RoPE frequency divisors: llama.cpp stores Llama 3's as the tensor
+ * rope_freqs.weight (what it uses even when the keys say llama3); files
+ * may instead carry {arch}.rope.scaling.type = llama3 (with its factors),
+ * linear (one factor, or the older {arch}.rope.scale_linear) or yarn (its
+ * keys in the config: the forward blends each pair's angle and scales cos
+ * and sin, model.h); LongRoPE's (longrope, su) are its tensors, read by
+ * gguf_longrope, for the architectures that have them. Other kinds are
+ * refused by name. */
 static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
 {
     char k[MAX_KEY];
     int half = m->cfg.rope_dim / 2; /* llama.cpp's n_rot / 2 pairs */
-    int rc0 = gguf_longrope(m, g, err);
-    if (rc0)
-        return rc0;
-    const float *tensor = NULL;
-    int rc = gguf_tensor_opt(m, g, "rope_freqs.weight", half, 0, true, &tensor, err);
-    if (rc && rc != TP_ENOTFOUND)
+    int rc = gguf_longrope(m, g, err);
+    if (!rc)
+        rc = rope_divisors(m, g, "rope_freqs.weight", half, &m->rope_freqs, err);
+    if (rc)
         return rc;
     tp_gguf_str type = {"none", 4};
     rc = tp_gguf_get_str(g, akey(m, "rope.scaling.type", k), &type, err);
@@ -773,25 +772,14 @@ static int gguf_rope_scaling(tp_model *m, const tp_gguf *g, tp_err *err)
         return tp_err_set(err, TP_EFORMAT, "gguf: %s.rope.scaling.type '%.*s' is not supported (none, linear, "
                           "llama3, yarn)", m->arch_name, (int)(type.len > 32 ? 32 : type.len), type.ptr);
     }
-    if (!tensor && !llama3 && linear == 1.0f)
+    if (!m->rope_freqs && !llama3 && linear == 1.0f)
         return 0;
-    m->rope_freqs = malloc((size_t)half * sizeof *m->rope_freqs);
-    if (!m->rope_freqs)
-        return tp_err_set(err, TP_ENOMEM, "model: out of memory");
-    if (tensor) { /* what llama.cpp uses even when the keys say llama3 */
-        for (int i = 0; i < half; i++) {
-            float v;
-            memcpy(&v, tensor + i, 4);
-            if (!(v > 0 && isfinite(v)))
-                return tp_err_set(err, TP_EFORMAT, "gguf: rope_freqs.weight[%d] = %g is not positive", i,
-                                  (double)v);
-            m->rope_freqs[i] = v;
-        }
-    } else if (llama3) {
-        if ((rc = llama3_factors(m, g, m->rope_freqs, err)))
+    if (!m->rope_freqs) {
+        if (!(m->rope_freqs = malloc((size_t)half * sizeof *m->rope_freqs)))
+            return tp_err_set(err, TP_ENOMEM, "model: out of memory");
+        if (llama3 && (rc = llama3_factors(m, g, m->rope_freqs, err)))
             return rc;
-    } else {
-        for (int i = 0; i < half; i++)
+        for (int i = 0; !llama3 && i < half; i++)
             m->rope_freqs[i] = 1.0f;
     }
     for (int i = 0; i < half; i++)
@@ -934,9 +922,7 @@ static int gguf_vocab(tp_model *m, const tp_gguf *g, tp_err *err)
         return tp_err_set(err, rc, "gguf: %s", msg);
     }
     const tp_vocab_spec *v = &m->vocab.spec;
-    if (!V)
-        m->cfg.vocab_size = v->n; /* vocab-only file: the token list decides */
-    else if (v->n != V)
+    if (v->n != V)
         return tp_err_set(err, TP_EFORMAT, "gguf: tokenizer.ggml.tokens has %d entries, the model has %d", v->n, V);
     m->n_eos = 0;
     if (m->vocab.bos_given && v->bos_id >= 0)

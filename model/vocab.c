@@ -54,12 +54,15 @@ static int opt_int(const tp_gguf *g, const char *key, int64_t *v, bool *present,
     return rc;
 }
 
-/* Optional token id: keeps *id when absent; must be in [0, n). */
-static int opt_id(const tp_gguf *g, const char *key, int n, int *id, tp_err *err)
+/* Optional token id: keeps *id when absent; must be in [0, n). *given
+ * (may be NULL): whether the file names it. */
+static int opt_id(const tp_gguf *g, const char *key, int n, int *id, bool *given, tp_err *err)
 {
     int64_t v;
     bool present;
     int rc = opt_int(g, key, &v, &present, err);
+    if (given)
+        *given = present;
     if (rc || !present)
         return rc;
     if (v < 0 || v >= n)
@@ -199,18 +202,15 @@ static int read_ids(const tp_gguf *g, tp_gguf_vocab *a, tp_err *err)
     v->eos_id = spm && v->n > 2 ? 2 : -1;
     v->unk_id = spm ? 0 : -1;
     v->eot_id = v->eom_id = -1;
-    int64_t given;
-    int rc = opt_int(g, "tokenizer.ggml.bos_token_id", &given, &a->bos_given, err);
+    int rc = opt_id(g, "tokenizer.ggml.bos_token_id", v->n, &v->bos_id, &a->bos_given, err);
     if (!rc)
-        rc = opt_id(g, "tokenizer.ggml.bos_token_id", v->n, &v->bos_id, err);
+        rc = opt_id(g, "tokenizer.ggml.eos_token_id", v->n, &v->eos_id, NULL, err);
     if (!rc)
-        rc = opt_id(g, "tokenizer.ggml.eos_token_id", v->n, &v->eos_id, err);
+        rc = opt_id(g, "tokenizer.ggml.unknown_token_id", v->n, &v->unk_id, NULL, err);
     if (!rc)
-        rc = opt_id(g, "tokenizer.ggml.unknown_token_id", v->n, &v->unk_id, err);
+        rc = opt_id(g, "tokenizer.ggml.eot_token_id", v->n, &v->eot_id, NULL, err);
     if (!rc)
-        rc = opt_id(g, "tokenizer.ggml.eot_token_id", v->n, &v->eot_id, err);
-    if (!rc)
-        rc = opt_id(g, "tokenizer.ggml.eom_token_id", v->n, &v->eom_id, err);
+        rc = opt_id(g, "tokenizer.ggml.eom_token_id", v->n, &v->eom_id, NULL, err);
     if (!rc)
         rc = opt_bool(g, "tokenizer.ggml.add_bos_token", &v->add_bos, err);
     if (!rc)
