@@ -1641,19 +1641,39 @@ bool tp_qpanel_format(uint32_t type, tp_qpanel_fmt *f)
     }
 }
 
-/* Scale number i of a panel block (after its quants). */
+/* Scale number i of a panel block (after its quants), a half: v came from
+ * one, so exact both ways. */
 static void put_scale(const tp_qpanel_fmt *f, uint8_t *blk, int i, float v)
 {
-    uint8_t *at = blk + f->quant_bytes + (size_t)f->scale_bytes * (size_t)i;
-    if (f->scale_bytes == 2) { /* v came from a half: exact both ways */
-        uint16_t h = tp_f32_to_f16(v);
-        memcpy(at, &h, 2);
-    } else {
-        memcpy(at, &v, 4);
+    uint16_t h = tp_f32_to_f16(v);
+    memcpy(blk + f->quant_bytes + 2 * (size_t)i, &h, 2);
+}
+
+/* Row r's part of a K type's super-block head (TP_QPANEL_KHEAD) from the
+ * file's super-block src. */
+static void panel_put_khead(uint32_t type, const uint8_t *src, uint8_t *head, int r)
+{
+    if (type == TP_GGML_Q6_K) { /* ql[128], qh[64], sc[16], d */
+        memcpy(head + 2 * r, src + 208, 2);
+        for (int j = 0; j < 16; j++)
+            head[32 + 16 * j + r] = src[192 + j];
+        return;
+    }
+    uint16_t dmin;
+    memcpy(head + 2 * r, src, 2);
+    memcpy(&dmin, src + 2, 2);
+    dmin ^= 0x8000;
+    memcpy(head + 32 + 2 * r, &dmin, 2);
+    uint64_t sc, m;
+    q4k_scales(src + 4, &sc, &m);
+    for (int j = 0; j < 8; j++) {
+        head[64 + 16 * j + r] = (uint8_t)(sc >> 8 * j);
+        head[192 + 16 * j + r] = (uint8_t)(m >> 8 * j);
     }
 }
 
-/* Row r (of 16 in its group) of block b into the group's panel bytes. */
+/* Row r (of 16 in its group) of block b into the group's panel bytes (a K
+ * type's scales: panel_put_khead). */
 static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int8_t *wq, const float *ws,
                           const float *wm)
 {
@@ -1671,6 +1691,8 @@ static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int
             if (f->bits == 6)
                 blk[256 + 64 * (k / 4) + byte] |= (uint8_t)((u >> 4) << (2 * (k % 4)));
         }
+    if (!f->scale_bytes)
+        return;
     int n = 32 / f->sub; /* the sub-blocks' scales, then the min */
     for (int s = 0; s < n; s++)
         put_scale(f, blk, 16 * s + r, ws[s * f->sub / 4]);
@@ -1790,9 +1812,18 @@ static bool panel_geometry(const tp_wmat *w, tp_qpanel_fmt *f, panel_shape *sh)
     sh->file_block = 0;
     sh->block_bytes = f->quant_bytes + 16 * (size_t)f->scale_bytes * (size_t)(32 / f->sub + f->has_min);
     sh->blocks = w->cols / 32;
-    sh->group_bytes = sh->block_bytes * (size_t)sh->blocks;
+    sh->group_bytes = f->scale_bytes ? sh->block_bytes * (size_t)sh->blocks
+                                     : TP_QPANEL_KSB_BYTES(f->bits) * (size_t)(w->cols / 256);
     sh->bytes = sh->group_bytes * (size_t)((w->rows + 15) / 16);
     return true;
+}
+
+/* Block b's quants in a group of a 16-row panel. */
+static uint8_t *panel_block(const tp_qpanel_fmt *f, const tp_qpanel *p, uint8_t *grp, int b)
+{
+    if (f->scale_bytes)
+        return grp + (size_t)b * p->block_bytes;
+    return grp + (size_t)(b / 8) * TP_QPANEL_KSB_BYTES(f->bits) + TP_QPANEL_KHEAD + (size_t)(b % 8) * f->quant_bytes;
 }
 
 size_t tp_qpanel_bytes(const tp_wmat *w)
@@ -1856,17 +1887,21 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
             float ws[16], wm[16];
             unpack(row, c, w->cols, wq, ws, wm);
             for (int h = 0; h < 2 && 64 * c + 32 * h < w->cols; h++)
-                panel_put_row(&f, grp + (size_t)(2 * c + h) * p->block_bytes, r % 16, wq + 32 * h, ws + 8 * h,
-                              wm + 8 * h);
+                panel_put_row(&f, panel_block(&f, p, grp, 2 * c + h), r % 16, wq + 32 * h, ws + 8 * h, wm + 8 * h);
         }
+        if (!f.scale_bytes) /* a K type's scales, as the file has them */
+            for (int i = 0; i < w->cols / 256; i++)
+                panel_put_khead(w->type, row + (size_t)i * tp_ggml_type(w->type)->block_bytes,
+                                grp + (size_t)i * TP_QPANEL_KSB_BYTES(f.bits), r % 16);
     }
-    /* rows past the last: zero quants (u = off) so they add nothing */
+    /* rows past the last: zero quants (u = off) and, for the K types, zero
+     * scales, so they add nothing */
     for (int r = w->rows; r < 16 * p->groups; r++) {
         int8_t wq[32] = {0};
         float ws[8] = {0}, wm[8] = {0};
         uint8_t *grp = p->data + (size_t)(r / 16) * p->group_bytes;
         for (int b = 0; b < p->blocks; b++)
-            panel_put_row(&f, grp + (size_t)b * p->block_bytes, r % 16, wq, ws, wm);
+            panel_put_row(&f, panel_block(&f, p, grp, b), r % 16, wq, ws, wm);
     }
     w->panel = p;
     return 0;

@@ -50,10 +50,15 @@
  * AVX-512 path reads a panel (tp_qpanel_build, made once at load): 16 rows
  * side by side, each block of 32 columns as 8 vectors of 16 rows x 4
  * columns (one vpdpbusd each: 64 multiply-adds) packed at the type's bit
- * width, then the sub-blocks' 16 scales (and mins): halves where the file
- * has halves (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), else the f32 products. The
- * panel is what decode streams, so it keeps the file's width: Q8_0 and
- * Q4_0 panels are exactly as big as their files. */
+ * width, then the sub-blocks' 16 scales (and mins) as halves, where the
+ * file has halves (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). The K types keep their
+ * scales as the file does, a super-block's at its head (TP_QPANEL_KHEAD:
+ * the 16 rows' f16 d, then Q4_K's and Q5_K's -dmin and 6-bit scales and
+ * mins a byte each, Q6_K's int8 scales), and the kernel makes the float
+ * products d * sc and (-dmin) * m the scalar path makes. The panel is what
+ * decode streams, so it keeps the file's width: Q8_0 and Q4_0 panels are
+ * exactly as big as their files, the K types' within 3 % (f32 products
+ * took a third more for Q4_K, and decode ran a third slower). */
 #ifndef TOKPIPE_FORWARD_QUANT_H
 #define TOKPIPE_FORWARD_QUANT_H
 
@@ -81,7 +86,8 @@ typedef struct tp_qact {
 
 /* A typed matrix repacked for the AVX-512 path (quant.h's layouts, group_rows 16): row
  * group g (rows 16g..16g+15; past the last row, zero weights) at
- * data + g * group_bytes, its blocks of 32 columns block_bytes apart.
+ * data + g * group_bytes, its blocks of 32 columns block_bytes apart (K
+ * types: super-blocks of TP_QPANEL_KSB_BYTES, blocks within them).
  * On a CPU with AVX2 but not AVX-512 the panel (group_rows 4) is the file's
  * blocks of 4 rows side by side: group g (rows 4g..4g+3; past the last row
  * the group's first row again), block b of row 4g + k at
@@ -243,7 +249,8 @@ void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, in
 /* Panel formats of the integer types, the one place they are written: bits
  * per quant as stored (8, 4, 5 or 6), SH (the unsigned quant is the signed
  * one plus 2^SH; 0: none), sub-block columns (32 or 16), a min (0/1), bytes
- * per scale (2: halves, as the file has them; 4: f32 products). The
+ * per scale (2: halves after each block, as the file has them; 0: a K
+ * type's, at its super-block's head, TP_QPANEL_KHEAD). The
  * AVX-512 kernels are instantiated from them (TP_QPANEL_APPLY with
  * TP_QPANEL_DEFINE) and the panel builder reads them (tp_qpanel_format). */
 #define TP_QPANEL_Q8_0 8, 7, 32, 0, 2
@@ -251,9 +258,9 @@ void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, in
 #define TP_QPANEL_Q5_0 5, 4, 32, 0, 2
 #define TP_QPANEL_Q4_1 4, 0, 32, 1, 2
 #define TP_QPANEL_Q5_1 5, 0, 32, 1, 2
-#define TP_QPANEL_Q4_K 4, 0, 32, 1, 4
-#define TP_QPANEL_Q5_K 5, 0, 32, 1, 4
-#define TP_QPANEL_Q6_K 6, 5, 16, 0, 4
+#define TP_QPANEL_Q4_K 4, 0, 32, 1, 0
+#define TP_QPANEL_Q5_K 5, 0, 32, 1, 0
+#define TP_QPANEL_Q6_K 6, 5, 16, 0, 0
 /* F(args..., the format's five values): expands a format macro first */
 #define TP_QPANEL_APPLY(F, ...) F(__VA_ARGS__)
 /* Bytes of the packed quants of 16 rows x 32 columns: 8-bit 512; 4-bit 256
@@ -261,12 +268,18 @@ void tp_qrows_k_avx512(const tp_wmat *w, const tp_qact *a, float *y, int ldy, in
  * a 64-bit mask of the fifth bits per quad; 6-bit adds two vectors of
  * 2-bit fields (quad k in vector k / 4, bits 2 (k % 4) and up). */
 #define TP_QPANEL_QUANT_BYTES(BITS) ((BITS) == 8 ? 512 : (BITS) == 4 ? 256 : (BITS) == 5 ? 320 : 384)
+/* A K type's super-block of 16 rows x 256 columns: this head, then its
+ * eight blocks' quants. Q4_K, Q5_K: f16 d[16], f16 -dmin[16] (negating is
+ * exact), u8 sc[8 sub-blocks][16 rows], u8 m[8][16]; Q6_K: f16 d[16], int8
+ * sc[16][16], 32 bytes unused (blocks on whole cache lines). */
+#define TP_QPANEL_KHEAD 320
+#define TP_QPANEL_KSB_BYTES(BITS) (TP_QPANEL_KHEAD + 8 * TP_QPANEL_QUANT_BYTES(BITS))
 
 /* Panel geometry of an integer type (the format above, the offset as a
  * number). False for other types. */
 typedef struct tp_qpanel_fmt {
     int bits, off, sub, has_min;
-    int scale_bytes;    /* 2: the file's scales are halves and stay so; 4: f32 */
+    int scale_bytes;    /* 2: the file's scales are halves and stay so; 0: a K type's head */
     size_t quant_bytes; /* per group block: the packed quants */
 } tp_qpanel_fmt;
 bool tp_qpanel_format(uint32_t type, tp_qpanel_fmt *f);

@@ -92,17 +92,34 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512i tp_pquad(const u
     return v;
 }
 
-/* The 16 scales number i after a block's quants. */
-TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_pscale(const uint8_t *sc, int i, const int SCB)
+/* The 16 scales (halves) number i after a block's quants. */
+TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_pscale(const uint8_t *sc, int i)
 {
-    if (SCB == 2)
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(sc + 32 * i)));
-    return _mm512_loadu_ps((const float *)sc + 16 * i);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(sc + 32 * i)));
+}
+
+/* A K type's scales of sub-block s of block j (0..7) of a super-block
+ * (head: TP_QPANEL_KHEAD), the products the scalar path makes: d * sc and
+ * (-dmin) * m (Q4_K, Q5_K) or d * sc (Q6_K, 16-column sub-blocks). */
+TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_kscale(const uint8_t *head, int j, int s,
+                                                                        const int HASMIN, __m512 *wm)
+{
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)head));
+    if (!HASMIN) {
+        __m128i sc = _mm_loadu_si128((const void *)(head + 32 + 16 * (2 * j + s)));
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+    }
+    __m128i sc = _mm_loadu_si128((const void *)(head + 64 + 16 * j));
+    __m128i m = _mm_loadu_si128((const void *)(head + 192 + 16 * j));
+    __m512 nmin = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(head + 32)));
+    *wm = _mm512_mul_ps(nmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
 }
 
 /* The AVX-512 form of quant.h's canonical order over a panel, per type:
  * BITS, the offset 2^SH (0: none) of the unsigned quants, SUB columns per
- * sub-block, HASMIN, SCB bytes per scale (2: halves). A tile is G row groups (16 rows each) x T tokens:
+ * sub-block, HASMIN, SCB bytes per scale (2: halves after each block; 0: a
+ * K type's super-block head). A tile is G row groups (16 rows each) x T tokens:
  * per quad one vpdpbusd per (group, token), the weights loaded once for T
  * tokens and each token's 4 activation quants broadcast once for G
  * groups; per sub-block one convert and multiply-add per (group, token). */
@@ -117,14 +134,19 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_pscale(const u
                 acc[g][t] = _mm512_setzero_ps();                                                               \
         const int nb = p->blocks, cols = a->cols;                                                              \
         const size_t bb = p->block_bytes, gb = p->group_bytes;                                                 \
-        const size_t qbytes = TP_QPANEL_QUANT_BYTES(BITS);                                                     \
+        const size_t qbytes = TP_QPANEL_QUANT_BYTES(BITS), ksb = TP_QPANEL_KSB_BYTES(BITS);                   \
         const uint8_t *base = p->data + (size_t)g0 * gb;                                                       \
         for (int b = 0; b < nb; b++) {                                                                         \
-            const uint8_t *blk = base + (size_t)b * bb;                                                        \
-            /* see TP_QPF: every byte of each group's stream is asked for once, TP_QPF ahead */                \
+            /* K types: block b % 8 of super-block b / 8, after its head */                                     \
+            const uint8_t *head = base + (size_t)(b / 8) * ksb;                                                \
+            const uint8_t *blk = (SCB) ? base + (size_t)b * bb : head + TP_QPANEL_KHEAD + (size_t)(b % 8) * qbytes; \
+            /* see TP_QPF: every byte of each group's stream is asked for once, TP_QPF ahead (a K */          \
+            /* type's super-block an eighth a block) */                                                        \
+            size_t pf0 = (SCB) ? (size_t)b * bb : (size_t)b * ksb / 8 / 64 * 64;                               \
+            size_t pf1 = (SCB) ? pf0 + bb : (size_t)(b + 1) * ksb / 8;                                         \
             TP_QUNROLL for (int g = 0; g < G; g++)                                                             \
-                for (size_t o = 0; o < bb; o += 64)                                                            \
-                    _mm_prefetch((const char *)blk + (size_t)g * gb + o + TP_QPF, TP_QPF_HINT);                \
+                for (size_t o = pf0; o < pf1; o += 64)                                                         \
+                    _mm_prefetch((const char *)base + (size_t)g * gb + o + TP_QPF, TP_QPF_HINT);               \
             TP_QUNROLL for (int s = 0; s < 32 / (SUB); s++) {                                                  \
                 __m512i ia[4][TP_QTB];                                                                         \
                 TP_QUNROLL for (int t = 0; t < T; t++) {                                                       \
@@ -153,9 +175,13 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_pscale(const u
                 }                                                                                              \
                 __m512 ws[4], wm[4];                                                                           \
                 TP_QUNROLL for (int g = 0; g < G; g++) {                                                       \
-                    ws[g] = tp_pscale(blk + (size_t)g * gb + qbytes, s, (SCB));                                \
+                    if (!(SCB)) {                                                                              \
+                        ws[g] = tp_kscale(head + (size_t)g * gb, b % 8, s, (HASMIN), &wm[g]);                  \
+                        continue;                                                                              \
+                    }                                                                                          \
+                    ws[g] = tp_pscale(blk + (size_t)g * gb + qbytes, s);                                     \
                     if (HASMIN)                                                                                \
-                        wm[g] = tp_pscale(blk + (size_t)g * gb + qbytes, 1, (SCB));                            \
+                        wm[g] = tp_pscale(blk + (size_t)g * gb + qbytes, 1);                                 \
                 }                                                                                              \
                 TP_QUNROLL for (int t = 0; t < T; t++) {                                                       \
                     size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;                                     \
