@@ -217,7 +217,6 @@ extern const int tp_n_archs;
 /* The architecture named name[0..len), or NULL. */
 const tp_arch *tp_arch_find(const char *name, size_t len);
 
-/* "llama, qwen2, ...": every name in the table, for refusals. */
-void tp_arch_names(char *buf, size_t cap);
+/* Its names for refusals and --help: tp_model_arch_names (model.h). */
 
 #endif

@@ -29,7 +29,7 @@ const tp_arch *tp_arch_find(const char *name, size_t len)
     return NULL;
 }
 
-void tp_arch_names(char *buf, size_t cap)
+void tp_model_arch_names(char *buf, size_t cap)
 {
     size_t n = 0;
     buf[0] = '\0';

@@ -380,7 +380,7 @@ static int gguf_arch(tp_model *m, const tp_gguf *g, tp_err *err)
     const tp_arch *a = tp_arch_find(arch.ptr, arch.len);
     if (!a) {
         char names[256];
-        tp_arch_names(names, sizeof names);
+        tp_model_arch_names(names, sizeof names);
         return tp_err_set(err, TP_EFORMAT, "gguf: general.architecture '%.*s' is not supported (supported: %s)",
                           (int)(arch.len > 64 ? 64 : arch.len), arch.ptr, names);
     }

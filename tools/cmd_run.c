@@ -119,8 +119,8 @@ static void usage(FILE *out)
           "Generates in this process, all prompts as one batch, and prints each\n"
           "continuation (streamed when there is one prompt) or, with --json, one JSON\n"
           "line per prompt in the order given.\n\n"
-          "  --model FILE             llama2.c checkpoint or GGUF (llama, Llama 3, qwen2; F32, F16,\n"
-          "                           BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)\n"
+          "  --model FILE             llama2.c checkpoint or GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1,\n"
+          "                           Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4; architectures below)\n"
           "  --tokenizer FILE         llama2.c tokenizer.bin or a GGUF with a vocabulary\n"
           "                           (default: the model's own, for GGUF models)\n"
           "  --threads N              compute threads, 1-256; 0 (the default) = one per CPU this\n"
@@ -139,6 +139,9 @@ static void usage(FILE *out)
           "                           the last step (and at most), per position of context\n"
           "                           (sliding layers keep only their window, DeltaNet layers none)\n",
           out);
+    char names[256];
+    tp_model_arch_names(names, sizeof names);
+    fprintf(out, "GGUF architectures: %s\n", names);
     genopts_print_help(out);
 }
 

@@ -267,6 +267,10 @@ void tp_rope_yarn(const tp_model_config *c, float theta, float *ramp, float *msc
  * validate it. On success *out is owned by the caller (tp_model_free). */
 int tp_model_load(const char *path, tp_model **out, tp_err *err);
 
+/* The GGUF architectures tp_model_load reads, ", " between them (for
+ * --help and refusals: the one table, model/archs.c). */
+void tp_model_arch_names(char *buf, size_t cap);
+
 /* Same from a caller-owned buffer (which must stay valid and unchanged while
  * the model lives and be 4-byte aligned). For fuzzing and tests. */
 int tp_model_from_memory(const void *data, size_t size, tp_model **out, tp_err *err);
