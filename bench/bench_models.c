@@ -38,7 +38,8 @@
 
 #define SAMPLES 3
 #define DEPTH 16
-#define TOKENS 16
+#define TOKENS 64      /* decode steps: at 16 (~80 ms) one neighbour's burst on a shared VM moved a sample by 30% */
+#define BATCH_STEPS 16 /* batched decode: steps of BATCH sequences */
 #define PREFILL 512
 #define BATCH 32
 #define MAX_POS (PREFILL + 16)
@@ -134,7 +135,7 @@ static double timed(tp_forward *f, int vocab, int threads, char what)
         die("threads", e.msg);
     double r = what == 'd'   ? bench_decode_rate(f, vocab, DEPTH, TOKENS, bench_now, &e)
                : what == 'p' ? bench_prefill_rate(f, vocab, PREFILL, bench_now, &e)
-                             : bench_batched_rate(f, vocab, BATCH, DEPTH, TOKENS, bench_now, &e);
+                             : bench_batched_rate(f, vocab, BATCH, DEPTH, BATCH_STEPS, bench_now, &e);
     if (r < 0)
         die("tokpipe", e.msg);
     return r;
@@ -208,9 +209,9 @@ int main(int argc, char **argv)
     cpu_name(cpu, sizeof cpu);
     printf("bench_models: %s, %d CPUs, load %.2f; tokpipe vs llama.cpp %s (%.7s, %s)\n", cpu, ncpu, loadavg(),
            have_lc ? "" : "(unavailable)", have_lc ? lc.commit : "-", have_lc ? lc.build : lc.why);
-    printf("  decode: batch 1 after %d tokens, %d steps; prefill %d tokens in one step; batched %d sequences;\n"
-           "  tok/s, median of %d paired samples\n",
-           DEPTH, TOKENS, PREFILL, BATCH, SAMPLES);
+    printf("  decode: batch 1 after %d tokens, %d steps; prefill %d tokens in one step; batched %d sequences,\n"
+           "  %d steps; tok/s, median of %d paired samples\n",
+           DEPTH, TOKENS, PREFILL, BATCH, BATCH_STEPS, SAMPLES);
     /* batch-1 decode reads every weight once per token: it cannot beat
      * the memory's stream, whoever computes it */
     double bw[2] = {bench_stream_gbps(1), ncpu > 1 ? bench_stream_gbps(ncpu) : 0};
@@ -267,7 +268,7 @@ int main(int argc, char **argv)
                             if (!c->moe)
                                 lp[ci][s] = bench_llamacpp_prefill(&lc, x->path, counts[ci], PREFILL);
                             else
-                                lb[ci][s] = bench_llamacpp_batched(&lc, x->path, counts[ci], BATCH, DEPTH, TOKENS);
+                                lb[ci][s] = bench_llamacpp_batched(&lc, x->path, counts[ci], BATCH, DEPTH, BATCH_STEPS);
                             ok = ld[ci][s] > 0 && (c->moe ? lb[ci][s] : lp[ci][s]) > 0;
                             if (!ok)
                                 fprintf(stderr, "bench_models: llama.cpp on %s: %s\n", x->path, lc.why);
