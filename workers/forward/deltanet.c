@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,8 +18,13 @@ struct tp_deltanet {
     int conv_dim, key_dim, value_dim, hd, kh, vh, kw;
     size_t conv_n, s_n; /* floats of one layer's conv state, of its S */
     size_t slot_n;      /* floats of a slot's state: every layer's conv and S */
-    float *state;       /* [slots][slot_n] */
-    float *saved;       /* [slots][slot_n] the state at the slot's last step's start */
+    /* A slot's state is in buf[cur[slot]]; its last step's start, when
+     * saved_pos >= 0, in the other: a step's first token reads the start
+     * (buf[from[slot]]) and writes the other, so keeping the start costs
+     * no copy of S (copying it took 3-4% of a Qwen 3.5 decode, on one
+     * thread while the others waited). */
+    float *buf[2];      /* [slots][slot_n] each */
+    uint8_t *cur, *from; /* [slots] */
     int *saved_pos;     /* [slots] that start, -1: none */
     float *proj;        /* [max_tokens][conv_dim + value_dim + 2 vh] */
     float *conv;        /* [max_tokens][conv_dim] q, k (normed, q scaled) and v after the conv */
@@ -62,8 +68,10 @@ int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_d
     dn->s_n = (size_t)dn->vh * (size_t)dn->hd * (size_t)dn->hd;
     dn->slot_n = (size_t)dn->n_rec * (dn->conv_n + dn->s_n);
     size_t T = (size_t)max_tokens;
-    dn->state = calloc((size_t)kv_slots * dn->slot_n + 1, sizeof(float));
-    dn->saved = calloc((size_t)kv_slots * dn->slot_n + 1, sizeof(float));
+    for (int b = 0; b < 2; b++)
+        dn->buf[b] = calloc((size_t)kv_slots * dn->slot_n + 1, sizeof(float));
+    dn->cur = calloc((size_t)kv_slots + 1, 1);
+    dn->from = calloc((size_t)kv_slots + 1, 1);
     dn->saved_pos = malloc((size_t)kv_slots * sizeof(int));
     dn->proj = malloc(T * (size_t)tp_deltanet_proj_width(dn) * sizeof(float));
     dn->conv = malloc(T * (size_t)dn->conv_dim * sizeof(float));
@@ -72,7 +80,7 @@ int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_d
     dn->run_snap = malloc((T + 1) * sizeof(int));
     dn->kept = malloc((size_t)kv_slots * dn->slot_n * sizeof(float) + 1);
     dn->kept_at = malloc((size_t)kv_slots * sizeof(int));
-    if (!dn->run_snap || !dn->kept || !dn->kept_at || !dn->state || !dn->saved || !dn->saved_pos || !dn->proj || !dn->conv || !dn->out || !dn->run_start) {
+    if (!dn->run_snap || !dn->kept || !dn->kept_at || !dn->buf[0] || !dn->buf[1] || !dn->cur || !dn->from || !dn->saved_pos || !dn->proj || !dn->conv || !dn->out || !dn->run_start) {
         tp_deltanet_free(dn);
         return TP_ENOMEM;
     }
@@ -87,8 +95,10 @@ void tp_deltanet_free(tp_deltanet *dn)
     if (!dn)
         return;
     free(dn->rec_index);
-    free(dn->state);
-    free(dn->saved);
+    free(dn->buf[0]);
+    free(dn->buf[1]);
+    free(dn->cur);
+    free(dn->from);
     free(dn->saved_pos);
     free(dn->proj);
     free(dn->conv);
@@ -108,6 +118,8 @@ static float *slot_state(const tp_deltanet *dn, float *base, int slot)
     return base + (size_t)slot * dn->slot_n;
 }
 
+static float *cur_state(const tp_deltanet *dn, int slot) { return slot_state(dn, dn->buf[dn->cur[slot]], slot); }
+
 bool tp_deltanet_can_start(const tp_deltanet *dn, int slot, int pos, int len)
 {
     return pos == len || pos == 0 || pos == dn->saved_pos[slot];
@@ -115,22 +127,29 @@ bool tp_deltanet_can_start(const tp_deltanet *dn, int slot, int pos, int len)
 
 void tp_deltanet_start(tp_deltanet *dn, int slot, int pos, int len)
 {
-    float *st = slot_state(dn, dn->state, slot), *sv = slot_state(dn, dn->saved, slot);
-    size_t bytes = dn->slot_n * sizeof(float);
-    if (pos == 0)
-        memset(st, 0, bytes);
-    else if (pos != len) /* a retried step: its start's state */
-        memcpy(st, sv, bytes);
+    int c = dn->cur[slot];
     dn->kept_at[slot] = -1;
-    if (dn->saved_pos[slot] != pos) {
-        memcpy(sv, st, bytes);
+    dn->from[slot] = (uint8_t)c; /* in place, unless: */
+    if (pos == 0) { /* zeros (a step from 0 starts from zeros again) */
+        memset(cur_state(dn, slot), 0, dn->slot_n * sizeof(float));
+        dn->saved_pos[slot] = -1;
+        return;
+    }
+    if (pos != len)              /* a retried step: from its start, kept in the other buffer */
+        dn->from[slot] = (uint8_t)(1 - c);
+    else if (dn->saved_pos[slot] != pos) { /* a new step: its start stays where it is */
+        dn->cur[slot] = (uint8_t)(1 - c);
         dn->saved_pos[slot] = pos;
     }
+    if (dn->from[slot] != dn->cur[slot]) /* the conv windows move in place: copied (S is not) */
+        for (int r = 0; r < dn->n_rec; r++)
+            memcpy(cur_state(dn, slot) + (size_t)r * dn->conv_n,
+                   slot_state(dn, dn->buf[dn->from[slot]], slot) + (size_t)r * dn->conv_n, dn->conv_n * sizeof(float));
 }
 
 void tp_deltanet_reset(tp_deltanet *dn, int slot)
 {
-    memset(slot_state(dn, dn->state, slot), 0, dn->slot_n * sizeof(float));
+    memset(cur_state(dn, slot), 0, dn->slot_n * sizeof(float));
     dn->saved_pos[slot] = -1;
 }
 
@@ -195,14 +214,15 @@ static void conv_token(const tp_deltanet *dn, const float *w, float *cs, const f
 /* Columns [c0, hd): the portable path (c0 0), and a vector path's tail.
  * Rows outer, so that S is read in order; each column's chain is still
  * rows in order. */
-static void decay_read_from(float *S, int hd, int c0, float decay, const float *k, float *kv)
+static void decay_read_from(const float *Sin, float *S, int hd, int c0, float decay, const float *k, float *kv)
 {
     for (int c = c0; c < hd; c++)
         kv[c] = 0;
     for (int r = 0; r < hd; r++) {
+        const float *in = Sin + (size_t)r * (size_t)hd;
         float *row = S + (size_t)r * (size_t)hd;
         for (int c = c0; c < hd; c++) {
-            float x = row[c] * decay;
+            float x = in[c] * decay;
             row[c] = x;
             kv[c] += x * k[r];
         }
@@ -223,7 +243,8 @@ static void write_read_from(float *S, int hd, int c0, const float *k, const floa
     }
 }
 
-__attribute__((target("avx2"))) static void decay_read_avx2(float *S, int hd, float decay, const float *k, float *kv)
+__attribute__((target("avx2"))) static void decay_read_avx2(const float *Sin, float *S, int hd, float decay,
+                                                            const float *k, float *kv)
 {
     __m256 d = _mm256_set1_ps(decay);
     int c = 0;
@@ -231,13 +252,13 @@ __attribute__((target("avx2"))) static void decay_read_avx2(float *S, int hd, fl
         __m256 acc = _mm256_setzero_ps();
         for (int r = 0; r < hd; r++) {
             float *p = S + (size_t)r * (size_t)hd + c;
-            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p), d);
+            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
             _mm256_storeu_ps(p, x);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_set1_ps(k[r])));
         }
         _mm256_storeu_ps(kv + c, acc);
     }
-    decay_read_from(S, hd, c, decay, k, kv);
+    decay_read_from(Sin, S, hd, c, decay, k, kv);
 }
 
 __attribute__((target("avx2"))) static void write_read_avx2(float *S, int hd, const float *k, const float *kv,
@@ -257,8 +278,8 @@ __attribute__((target("avx2"))) static void write_read_avx2(float *S, int hd, co
     write_read_from(S, hd, c, k, kv, q, o);
 }
 
-__attribute__((target("avx512f"))) static void decay_read_avx512(float *S, int hd, float decay, const float *k,
-                                                                 float *kv)
+__attribute__((target("avx512f"))) static void decay_read_avx512(const float *Sin, float *S, int hd, float decay,
+                                                                 const float *k, float *kv)
 {
     __m512 d = _mm512_set1_ps(decay);
     int c = 0;
@@ -266,13 +287,13 @@ __attribute__((target("avx512f"))) static void decay_read_avx512(float *S, int h
         __m512 acc = _mm512_setzero_ps();
         for (int r = 0; r < hd; r++) {
             float *p = S + (size_t)r * (size_t)hd + c;
-            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p), d);
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
             _mm512_storeu_ps(p, x);
             acc = _mm512_add_ps(acc, _mm512_mul_ps(x, _mm512_set1_ps(k[r])));
         }
         _mm512_storeu_ps(kv + c, acc);
     }
-    decay_read_from(S, hd, c, decay, k, kv);
+    decay_read_from(Sin, S, hd, c, decay, k, kv);
 }
 
 __attribute__((target("avx512f"))) static void write_read_avx512(float *S, int hd, const float *k, const float *kv,
@@ -303,14 +324,18 @@ typedef struct unit_job {
 } unit_job;
 
 /* Value head h of one sequence's run of tokens [t0, t1): the delta rule
- * token by token, then the gated output norm. */
-static void head_run(const unit_job *j, int t0, int t1, int h)
+ * token by token, then the gated output norm. first: t0 is the step's
+ * first token of the sequence, which reads the step's start state. */
+static void head_run(const unit_job *j, int t0, int t1, int h, bool first)
 {
+    if (t0 >= t1) /* a snapshot after the run's last token: tok_slot[t0] is past the step's */
+        return;
     tp_deltanet *dn = j->dn;
     const tp_layer_weights *lw = j->lw;
-    int hd = dn->hd, pw = tp_deltanet_proj_width(dn);
-    float *S = slot_state(dn, dn->state, j->tok_slot[t0]) + (size_t)dn->n_rec * dn->conv_n +
-               (size_t)j->rec * dn->s_n + (size_t)h * (size_t)hd * (size_t)hd;
+    int hd = dn->hd, pw = tp_deltanet_proj_width(dn), slot = j->tok_slot[t0];
+    size_t at = (size_t)dn->n_rec * dn->conv_n + (size_t)j->rec * dn->s_n + (size_t)h * (size_t)hd * (size_t)hd;
+    float *S = cur_state(dn, slot) + at;
+    const float *Sin = first ? slot_state(dn, dn->buf[dn->from[slot]], slot) + at : S;
     float kv[MAX_DN_HEAD], o[MAX_DN_HEAD];
     for (int t = t0; t < t1; t++) {
         const float *p = dn->proj + (size_t)t * (size_t)pw, *x = dn->conv + (size_t)t * (size_t)dn->conv_dim;
@@ -322,11 +347,12 @@ static void head_run(const unit_job *j, int t0, int t1, int h)
         float decay = tp_vexp(sp * lw->ssm_a[h]);
         float beta = 1.0f / (1.0f + tp_vexp(-b[h]));
         if (dn->isa >= TP_ISA_AVX512)
-            decay_read_avx512(S, hd, decay, k, kv);
+            decay_read_avx512(Sin, S, hd, decay, k, kv);
         else if (dn->isa >= TP_ISA_AVX2)
-            decay_read_avx2(S, hd, decay, k, kv);
+            decay_read_avx2(Sin, S, hd, decay, k, kv);
         else
-            decay_read_from(S, hd, 0, decay, k, kv);
+            decay_read_from(Sin, S, hd, 0, decay, k, kv);
+        Sin = S;
         for (int c = 0; c < hd; c++)
             kv[c] = (v[c] - kv[c]) * beta;
         if (dn->isa >= TP_ISA_AVX512)
@@ -364,14 +390,14 @@ static void units(void *arg, int u0, int u1, int worker)
         int t0 = dn->run_start[r], t1 = dn->run_start[r + 1], ts = dn->run_snap[r];
         size_t hn = (size_t)dn->hd * (size_t)dn->hd;
         if (ts < 0) {
-            head_run(j, t0, t1, h);
+            head_run(j, t0, t1, h, true);
             continue;
         }
-        head_run(j, t0, ts + 1, h);
-        const float *S = slot_state(dn, dn->state, j->tok_slot[t0]) + (size_t)dn->n_rec * dn->conv_n +
-                         (size_t)j->rec * dn->s_n + (size_t)h * hn;
+        head_run(j, t0, ts + 1, h, true);
+        const float *S = cur_state(dn, j->tok_slot[t0]) + (size_t)dn->n_rec * dn->conv_n + (size_t)j->rec * dn->s_n +
+                         (size_t)h * hn;
         memcpy(kept_part(dn, j->tok_slot[t0], j->rec, h), S, hn * sizeof(float));
-        head_run(j, ts + 1, t1, h);
+        head_run(j, ts + 1, t1, h, false);
     }
 }
 
@@ -384,7 +410,7 @@ void tp_deltanet_layer(tp_deltanet *dn, tp_pool *pool, int max_threads, const tp
             dn->run_start[n_runs] = t;
             dn->run_snap[n_runs++] = -1;
         }
-        float *cs = slot_state(dn, dn->state, tok_slot[t]) + (size_t)rec * dn->conv_n;
+        float *cs = cur_state(dn, tok_slot[t]) + (size_t)rec * dn->conv_n;
         conv_token(dn, lw->ssm_conv1d, cs, dn->proj + (size_t)t * (size_t)pw,
                    dn->conv + (size_t)t * (size_t)dn->conv_dim);
         if ((tok_pos[t] + 1) % TP_DN_PAGE == 0 && dn->snap) { /* the last boundary of the run wins */
@@ -443,6 +469,6 @@ bool tp_deltanet_has(const tp_deltanet *dn, int page)
 
 void tp_deltanet_restore(tp_deltanet *dn, int slot, int page)
 {
-    memcpy(slot_state(dn, dn->state, slot), dn->snap[page], dn->slot_n * sizeof(float));
+    memcpy(cur_state(dn, slot), dn->snap[page], dn->slot_n * sizeof(float));
     dn->saved_pos[slot] = -1;
 }
