@@ -1649,31 +1649,34 @@ static void put_scale(const tp_qpanel_fmt *f, uint8_t *blk, int i, float v)
     memcpy(blk + f->quant_bytes + 2 * (size_t)i, &h, 2);
 }
 
-/* Row r's part of a K type's super-block head (TP_QPANEL_KHEAD) from the
- * file's super-block src. */
-static void panel_put_khead(uint32_t type, const uint8_t *src, uint8_t *head, int r)
+/* Row r's scales of the file's K super-block src into a head of n rows
+ * (the AVX2 eight-row blocks, ROWS8_*, and the AVX-512 panels' heads,
+ * TP_QPANEL_KHEAD): f16 d[n], then Q4_K's and Q5_K's f16 -dmin[n] (negating
+ * is exact), u8 sc[8 sub-blocks][n] and u8 m[8][n], or Q6_K's int8
+ * sc[16][n]. */
+static void put_k_head(uint32_t type, const uint8_t *src, uint8_t *dst, int n, int r)
 {
     if (type == TP_GGML_Q6_K) { /* ql[128], qh[64], sc[16], d */
-        memcpy(head + 2 * r, src + 208, 2);
+        memcpy(dst + 2 * r, src + 208, 2);
         for (int j = 0; j < 16; j++)
-            head[32 + 16 * j + r] = src[192 + j];
+            dst[2 * n + n * j + r] = src[192 + j];
         return;
     }
     uint16_t dmin;
-    memcpy(head + 2 * r, src, 2);
+    memcpy(dst + 2 * r, src, 2);
     memcpy(&dmin, src + 2, 2);
     dmin ^= 0x8000;
-    memcpy(head + 32 + 2 * r, &dmin, 2);
+    memcpy(dst + 2 * n + 2 * r, &dmin, 2);
     uint64_t sc, m;
     q4k_scales(src + 4, &sc, &m);
     for (int j = 0; j < 8; j++) {
-        head[64 + 16 * j + r] = (uint8_t)(sc >> 8 * j);
-        head[192 + 16 * j + r] = (uint8_t)(m >> 8 * j);
+        dst[4 * n + n * j + r] = (uint8_t)(sc >> 8 * j);
+        dst[12 * n + n * j + r] = (uint8_t)(m >> 8 * j);
     }
 }
 
 /* Row r (of 16 in its group) of block b into the group's panel bytes (a K
- * type's scales: panel_put_khead). */
+ * type's scales: put_k_head). */
 static void panel_put_row(const tp_qpanel_fmt *f, uint8_t *blk, int r, const int8_t *wq, const float *ws,
                           const float *wm)
 {
@@ -1712,28 +1715,15 @@ static void put_quads(uint8_t *dst, const uint8_t *src, size_t n, int k)
  * from the file's super-block src. */
 static void rows8_put_k(uint32_t type, const uint8_t *src, uint8_t *blk, int k)
 {
+    put_k_head(type, src, blk, 8, k);
     if (type == TP_GGML_Q4_K || type == TP_GGML_Q5_K) { /* Q5_K: qh[32] between the scales and qs */
-        uint16_t dmin;
-        memcpy(blk + 2 * k, src, 2);
-        memcpy(&dmin, src + 2, 2);
-        dmin ^= 0x8000;
-        memcpy(blk + 16 + 2 * k, &dmin, 2);
-        uint64_t sc, m;
-        q4k_scales(src + 4, &sc, &m);
-        for (int j = 0; j < 8; j++) {
-            blk[32 + 8 * j + k] = (uint8_t)(sc >> 8 * j);
-            blk[96 + 8 * j + k] = (uint8_t)(m >> 8 * j);
-        }
         bool five = type == TP_GGML_Q5_K;
         put_quads(blk + 160, src + (five ? 48 : 16), 128, k);
         if (five)
             put_quads(blk + ROWS8_Q4K_BLOCK, src + 16, 32, k);
         return;
     }
-    memcpy(blk + 2 * k, src + 208, 2); /* Q6_K: ql[128], qh[64], sc[16], d */
-    for (int j = 0; j < 16; j++)
-        blk[16 + 8 * j + k] = src[192 + j];
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < 2; h++) { /* Q6_K */
         put_quads(blk + 144 + 768 * h, src + 64 * h, 64, k);
         put_quads(blk + 144 + 768 * h + 512, src + 128 + 32 * h, 32, k);
     }
@@ -1891,8 +1881,8 @@ int tp_qpanel_build(tp_wmat *w, void *mem)
         }
         if (!f.scale_bytes) /* a K type's scales, as the file has them */
             for (int i = 0; i < w->cols / 256; i++)
-                panel_put_khead(w->type, row + (size_t)i * tp_ggml_type(w->type)->block_bytes,
-                                grp + (size_t)i * TP_QPANEL_KSB_BYTES(f.bits), r % 16);
+                put_k_head(w->type, row + (size_t)i * tp_ggml_type(w->type)->block_bytes,
+                           grp + (size_t)i * TP_QPANEL_KSB_BYTES(f.bits), 16, r % 16);
     }
     /* rows past the last: zero quants (u = off) and, for the K types, zero
      * scales, so they add nothing */
