@@ -142,8 +142,8 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_kscale(const u
         /* super-block's eighth) per block, none past the range's last group. The others: each */           \
         /* group's own stream TP_QPF ahead. (Measured on Zen 4, one thread, matrices in random */           \
         /* order: the run order took K types from 18-24 GB/s, by shape, to 24-25; Q8_0 lost 3%.) */         \
-        const size_t s = gb / (size_t)nb;                                                                      \
-        const int ahead = (int)(TP_QPF_RUN / ((size_t)G * s)), gend = (r1 + 15) / 16;                          \
+        const size_t share = gb / (size_t)nb;                                                                  \
+        const int ahead = (int)(TP_QPF_RUN / ((size_t)G * share)), gend = (r1 + 15) / 16;                      \
         for (int b = 0; b < nb; b++) {                                                                         \
             /* K types: block b % 8 of super-block b / 8, after its head */                                     \
             const uint8_t *head = base + (size_t)(b / 8) * ksb;                                                \
@@ -158,7 +158,7 @@ TP_QTARGET static inline __attribute__((always_inline)) __m512 tp_kscale(const u
                     fg += G;                                                                                   \
                 TP_QUNROLL for (int g = 0; g < G; g++)                                                         \
                     if (fg + g < gend)                                                                         \
-                        for (size_t o = (size_t)fb * s / 64 * 64; o < (size_t)(fb + 1) * s; o += 64)           \
+                        for (size_t o = (size_t)fb * share / 64 * 64; o < (size_t)(fb + 1) * share; o += 64)   \
                             _mm_prefetch((const char *)p->data + (size_t)(fg + g) * gb + o, TP_QPF_HINT);      \
             }                                                                                                  \
             TP_QUNROLL for (int s = 0; s < 32 / (SUB); s++) {                                                  \
