@@ -16,7 +16,7 @@
  * tens of KB ahead into L2 (T1: L2 tracks more misses than L1; a short
  * run into L1 is no better than none). */
 #define TP_QPF 32768
-#define TP_QPF_RUN 32768
+#define TP_QPF_RUN 32768 /* the K types: ahead in the order the range is read (TP_QPANEL_DEFINE) */
 #define TP_QPF_HINT _MM_HINT_T1
 #define TP_QTB 6 /* tokens per tile: 2 rows x 6 accumulators + the unpacked chunks stay in registers */
 /* The token loops must be unrolled for the accumulators to live in
