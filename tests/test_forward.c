@@ -609,14 +609,17 @@ static void qwen35_is_batch_chunk_and_thread_invariant(void **state)
     tp_model_free(m);
 }
 
-/* The DeltaNet state's passes run 8 (AVX2) or 16 (AVX-512) columns at a
- * time and the rest one by one: heads of 36 and 40 (tails on both paths)
- * give the portable path's logits on every level the CPU has, capped. */
+/* The DeltaNet state's passes run blocks of 32 (AVX2) or 128 (AVX-512)
+ * columns, then 8 or 16 at a time, then the rest one by one, and stream
+ * S's rows past the caches where a row is whole vectors: heads of 36 and
+ * 40 (tails on both paths), 136 and 144 (a block, then the rest; 144
+ * streamed) give the portable path's logits on every level the CPU has,
+ * capped. */
 static void qwen35_state_passes_give_the_portable_bits_on_every_level(void **state)
 {
     (void)state;
-    static const int hds[] = {36, 40};
-    for (int i = 0; i < 2; i++) {
+    static const int hds[] = {36, 40, 136, 144};
+    for (int i = 0; i < 4; i++) {
         tp_model *m = synth_model_shaped((tp_synth_gguf){.arch = "qwen35", .head_dim = hds[i]}, "64x4x4x2");
         int V = tp_model_get_config(m)->vocab_size;
         size_t n = (size_t)NSEQ * (DECODE + 1) * V;

@@ -38,6 +38,16 @@ struct tp_deltanet {
     tp_isa isa;         /* the vector level of the state's two passes (same bits at each) */
 };
 
+/* n floats of zeros, 64-byte aligned (head_run streams S's rows). */
+static float *state_alloc(size_t n)
+{
+    size_t bytes = ((n + 1) * sizeof(float) + 63) / 64 * 64;
+    float *p = aligned_alloc(64, bytes);
+    if (p)
+        memset(p, 0, bytes);
+    return p;
+}
+
 int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_deltanet **out)
 {
     *out = NULL;
@@ -69,7 +79,7 @@ int tp_deltanet_new(const tp_model_config *c, int kv_slots, int max_tokens, tp_d
     dn->slot_n = (size_t)dn->n_rec * (dn->conv_n + dn->s_n);
     size_t T = (size_t)max_tokens;
     for (int b = 0; b < 2; b++)
-        dn->buf[b] = calloc((size_t)kv_slots * dn->slot_n + 1, sizeof(float));
+        dn->buf[b] = state_alloc((size_t)kv_slots * dn->slot_n);
     dn->cur = calloc((size_t)kv_slots + 1, 1);
     dn->from = calloc((size_t)kv_slots + 1, 1);
     dn->saved_pos = malloc((size_t)kv_slots * sizeof(int));
@@ -169,13 +179,35 @@ static float sum_sq(const float *x, int n)
     return s;
 }
 
+/* Channels [0, n) of the conv and SiLU below, eight at a time, the same
+ * bits (the same products and sums in the same order; e^x as tp_vexp);
+ * returns the channels done. */
+__attribute__((target("avx2"))) static int conv_avx2(const float *w, const float *cs, const float *in, float *out,
+                                                     int C, int kw)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kw));
+    int ch = 0;
+    for (; ch + 8 <= C; ch += 8) {
+        const float *wc = w + (size_t)ch * (size_t)kw;
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < kw - 1; j++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(cs + (size_t)j * (size_t)C + ch),
+                                                   _mm256_i32gather_ps(wc + j, idx, 4)));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(in + ch), _mm256_i32gather_ps(wc + kw - 1, idx, 4)));
+        __m256 e = tp_vexp8_avx2(_mm256_xor_ps(acc, sign));
+        _mm256_storeu_ps(out + ch, _mm256_mul_ps(acc, _mm256_div_ps(one, _mm256_add_ps(one, e))));
+    }
+    return ch;
+}
+
 /* The conv (and SiLU, and q/k's L2 norm) of one token of a sequence whose
  * conv state (the previous kw - 1 inputs, oldest first) is cs: out
  * [conv_dim]; cs moves on by this token's input. */
 static void conv_token(const tp_deltanet *dn, const float *w, float *cs, const float *in, float *out)
 {
     int kw = dn->kw, C = dn->conv_dim;
-    for (int ch = 0; ch < C; ch++) {
+    for (int ch = dn->isa >= TP_ISA_AVX2 ? conv_avx2(w, cs, in, out, C, kw) : 0; ch < C; ch++) {
         const float *wc = w + (size_t)ch * (size_t)kw;
         float acc = 0;
         for (int j = 0; j < kw - 1; j++)
@@ -202,115 +234,203 @@ static void conv_token(const tp_deltanet *dn, const float *w, float *cs, const f
     }
 }
 
-/* The delta rule's two passes over a head's state S [hd][hd], each one
- * read of S (the four loops of its definition fused in pairs):
+/* The delta rule over a head's state S [hd][hd] in two passes:
  *
- *   decay_read:  S *= decay;        kv = S^T k
- *   write_read:  S += k kv^T;       o  = S^T q
+ *   decay_read:  kv = (decay Sin)^T k                  (reads Sin)
+ *   write_read:  S = decay Sin + k kv^T;  o = S^T q     (reads Sin, writes S)
  *
+ * Sin is S itself after a run's first token; the first reads the step's
+ * start (another buffer). The decayed products are made in both passes
+ * (the same bits), so the first pass writes nothing: a decode token reads
+ * its start once from memory and writes S once (the state is evicted by
+ * the weights between tokens; a write pass in decay_read cost a read for
+ * ownership of S as well, a sixth of a Qwen 3.5 decode of the bench shape).
  * Every column c is its own chain: a product then a sum (never fused),
  * rows in order, so the portable loop and the AVX2 / AVX-512 lanes give
- * the same bits (the vector paths only run several columns at once). */
-/* Columns [c0, hd): the portable path (c0 0), and a vector path's tail.
- * Rows outer, so that S is read in order; each column's chain is still
- * rows in order. */
-static void decay_read_from(const float *Sin, float *S, int hd, int c0, float decay, const float *k, float *kv)
+ * the same bits (the vector paths run several columns at once, rows outer
+ * so that S is read in order). nt: S's rows are stored past the caches
+ * (the run's last token: the next read is a token later, after the
+ * weights went through them); needs S 64-byte aligned and hd % 16 == 0. */
+/* Columns [c0, hd): the portable path (c0 0), and a vector path's tail. */
+static void decay_read_from(const float *Sin, int hd, int c0, float decay, const float *k, float *kv)
 {
     for (int c = c0; c < hd; c++)
         kv[c] = 0;
     for (int r = 0; r < hd; r++) {
         const float *in = Sin + (size_t)r * (size_t)hd;
-        float *row = S + (size_t)r * (size_t)hd;
         for (int c = c0; c < hd; c++) {
             float x = in[c] * decay;
-            row[c] = x;
             kv[c] += x * k[r];
         }
     }
 }
 
-static void write_read_from(float *S, int hd, int c0, const float *k, const float *kv, const float *q, float *o)
+static void write_read_from(const float *Sin, float *S, int hd, int c0, float decay, const float *k, const float *kv,
+                            const float *q, float *o)
 {
     for (int c = c0; c < hd; c++)
         o[c] = 0;
     for (int r = 0; r < hd; r++) {
+        const float *in = Sin + (size_t)r * (size_t)hd;
         float *row = S + (size_t)r * (size_t)hd;
         for (int c = c0; c < hd; c++) {
-            float x = row[c] + k[r] * kv[c];
+            float x = in[c] * decay;
+            x = x + k[r] * kv[c];
             row[c] = x;
             o[c] += x * q[r];
         }
     }
 }
 
-__attribute__((target("avx2"))) static void decay_read_avx2(const float *Sin, float *S, int hd, float decay,
-                                                            const float *k, float *kv)
+/* AVX2: four vectors of columns at once (32), then one, then the tail. */
+#define DN_V8 4
+__attribute__((target("avx2"))) static void decay_read_avx2(const float *Sin, int hd, float decay, const float *k,
+                                                            float *kv)
 {
     __m256 d = _mm256_set1_ps(decay);
     int c = 0;
+    for (; c + 8 * DN_V8 <= hd; c += 8 * DN_V8) {
+        __m256 acc[DN_V8];
+        for (int i = 0; i < DN_V8; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int r = 0; r < hd; r++) {
+            const float *p = Sin + (size_t)r * (size_t)hd + c;
+            __m256 kr = _mm256_set1_ps(k[r]);
+            for (int i = 0; i < DN_V8; i++)
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(p + 8 * i), d), kr));
+        }
+        for (int i = 0; i < DN_V8; i++)
+            _mm256_storeu_ps(kv + c + 8 * i, acc[i]);
+    }
     for (; c + 8 <= hd; c += 8) {
         __m256 acc = _mm256_setzero_ps();
-        for (int r = 0; r < hd; r++) {
-            float *p = S + (size_t)r * (size_t)hd + c;
-            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
-            _mm256_storeu_ps(p, x);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_set1_ps(k[r])));
-        }
+        for (int r = 0; r < hd; r++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d),
+                                                   _mm256_set1_ps(k[r])));
         _mm256_storeu_ps(kv + c, acc);
     }
-    decay_read_from(Sin, S, hd, c, decay, k, kv);
+    decay_read_from(Sin, hd, c, decay, k, kv);
 }
 
-__attribute__((target("avx2"))) static void write_read_avx2(float *S, int hd, const float *k, const float *kv,
-                                                            const float *q, float *o)
+__attribute__((target("avx2"))) static void write_read_avx2(const float *Sin, float *S, int hd, float decay,
+                                                            const float *k, const float *kv, const float *q, float *o)
 {
+    __m256 d = _mm256_set1_ps(decay);
     int c = 0;
+    for (; c + 8 * DN_V8 <= hd; c += 8 * DN_V8) {
+        __m256 acc[DN_V8], v[DN_V8];
+        for (int i = 0; i < DN_V8; i++) {
+            acc[i] = _mm256_setzero_ps();
+            v[i] = _mm256_loadu_ps(kv + c + 8 * i);
+        }
+        for (int r = 0; r < hd; r++) {
+            const float *in = Sin + (size_t)r * (size_t)hd + c;
+            float *p = S + (size_t)r * (size_t)hd + c;
+            __m256 kr = _mm256_set1_ps(k[r]), qr = _mm256_set1_ps(q[r]);
+            for (int i = 0; i < DN_V8; i++) {
+                __m256 x = _mm256_mul_ps(_mm256_loadu_ps(in + 8 * i), d);
+                x = _mm256_add_ps(x, _mm256_mul_ps(kr, v[i]));
+                _mm256_storeu_ps(p + 8 * i, x);
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(x, qr));
+            }
+        }
+        for (int i = 0; i < DN_V8; i++)
+            _mm256_storeu_ps(o + c + 8 * i, acc[i]);
+    }
     for (; c + 8 <= hd; c += 8) {
         __m256 acc = _mm256_setzero_ps(), v = _mm256_loadu_ps(kv + c);
         for (int r = 0; r < hd; r++) {
             float *p = S + (size_t)r * (size_t)hd + c;
-            __m256 x = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(_mm256_set1_ps(k[r]), v));
+            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
+            x = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(k[r]), v));
             _mm256_storeu_ps(p, x);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_set1_ps(q[r])));
         }
         _mm256_storeu_ps(o + c, acc);
     }
-    write_read_from(S, hd, c, k, kv, q, o);
+    write_read_from(Sin, S, hd, c, decay, k, kv, q, o);
 }
 
-__attribute__((target("avx512f"))) static void decay_read_avx512(const float *Sin, float *S, int hd, float decay,
+/* AVX-512: eight vectors of columns at once (128: a Qwen 3.5 head), then
+ * one, then the tail. */
+#define DN_V16 8
+__attribute__((target("avx512f"))) static void decay_read_avx512(const float *Sin, int hd, float decay,
                                                                  const float *k, float *kv)
 {
     __m512 d = _mm512_set1_ps(decay);
     int c = 0;
+    for (; c + 16 * DN_V16 <= hd; c += 16 * DN_V16) {
+        __m512 acc[DN_V16];
+        for (int i = 0; i < DN_V16; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (int r = 0; r < hd; r++) {
+            const float *p = Sin + (size_t)r * (size_t)hd + c;
+            __m512 kr = _mm512_set1_ps(k[r]);
+            for (int i = 0; i < DN_V16; i++)
+                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16 * i), d), kr));
+        }
+        for (int i = 0; i < DN_V16; i++)
+            _mm512_storeu_ps(kv + c + 16 * i, acc[i]);
+    }
     for (; c + 16 <= hd; c += 16) {
         __m512 acc = _mm512_setzero_ps();
-        for (int r = 0; r < hd; r++) {
-            float *p = S + (size_t)r * (size_t)hd + c;
-            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
-            _mm512_storeu_ps(p, x);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(x, _mm512_set1_ps(k[r])));
-        }
+        for (int r = 0; r < hd; r++)
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d),
+                                                   _mm512_set1_ps(k[r])));
         _mm512_storeu_ps(kv + c, acc);
     }
-    decay_read_from(Sin, S, hd, c, decay, k, kv);
+    decay_read_from(Sin, hd, c, decay, k, kv);
 }
 
-__attribute__((target("avx512f"))) static void write_read_avx512(float *S, int hd, const float *k, const float *kv,
-                                                                 const float *q, float *o)
+/* pf: the next head's start state, asked for a row at a time meanwhile
+ * (this pass reads its own from L2), or NULL. */
+__attribute__((target("avx512f"))) static void write_read_avx512(const float *Sin, float *S, int hd, float decay,
+                                                                 const float *k, const float *kv, const float *q,
+                                                                 float *o, bool nt, const float *pf)
 {
+    __m512 d = _mm512_set1_ps(decay);
     int c = 0;
+    for (; c + 16 * DN_V16 <= hd; c += 16 * DN_V16) {
+        __m512 acc[DN_V16], v[DN_V16];
+        for (int i = 0; i < DN_V16; i++) {
+            acc[i] = _mm512_setzero_ps();
+            v[i] = _mm512_loadu_ps(kv + c + 16 * i);
+        }
+        for (int r = 0; r < hd; r++) {
+            const float *in = Sin + (size_t)r * (size_t)hd + c;
+            float *p = S + (size_t)r * (size_t)hd + c;
+            if (pf)
+                for (int i = 0; i < DN_V16; i++)
+                    _mm_prefetch((const char *)(pf + (size_t)r * (size_t)hd + c + 16 * i), _MM_HINT_T1);
+            __m512 kr = _mm512_set1_ps(k[r]), qr = _mm512_set1_ps(q[r]);
+            for (int i = 0; i < DN_V16; i++) {
+                __m512 x = _mm512_mul_ps(_mm512_loadu_ps(in + 16 * i), d);
+                x = _mm512_add_ps(x, _mm512_mul_ps(kr, v[i]));
+                if (nt)
+                    _mm512_stream_ps(p + 16 * i, x);
+                else
+                    _mm512_storeu_ps(p + 16 * i, x);
+                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(x, qr));
+            }
+        }
+        for (int i = 0; i < DN_V16; i++)
+            _mm512_storeu_ps(o + c + 16 * i, acc[i]);
+    }
     for (; c + 16 <= hd; c += 16) {
         __m512 acc = _mm512_setzero_ps(), v = _mm512_loadu_ps(kv + c);
         for (int r = 0; r < hd; r++) {
             float *p = S + (size_t)r * (size_t)hd + c;
-            __m512 x = _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(_mm512_set1_ps(k[r]), v));
-            _mm512_storeu_ps(p, x);
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
+            x = _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(k[r]), v));
+            if (nt)
+                _mm512_stream_ps(p, x);
+            else
+                _mm512_storeu_ps(p, x);
             acc = _mm512_add_ps(acc, _mm512_mul_ps(x, _mm512_set1_ps(q[r])));
         }
         _mm512_storeu_ps(o + c, acc);
     }
-    write_read_from(S, hd, c, k, kv, q, o);
+    write_read_from(Sin, S, hd, c, decay, k, kv, q, o);
 }
 
 void tp_deltanet_set_isa(tp_deltanet *dn, tp_isa isa) { dn->isa = isa; }
@@ -323,19 +443,46 @@ typedef struct unit_job {
     int n_runs;
 } unit_job;
 
+/* y[c] = norm[c] * (ss * o[c]) * silu(z[c]) for c in [0, n), eight at a
+ * time, the same bits as the loop in head_run; returns the columns done. */
+__attribute__((target("avx2"))) static int gate_avx2(const float *norm, float ss, const float *o, const float *z,
+                                                     float *y, int n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), s = _mm256_set1_ps(ss);
+    int c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 zc = _mm256_loadu_ps(z + c);
+        __m256 e = tp_vexp8_avx2(_mm256_xor_ps(zc, sign));
+        __m256 sz = _mm256_mul_ps(zc, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(norm + c), _mm256_mul_ps(s, _mm256_loadu_ps(o + c)));
+        _mm256_storeu_ps(y + c, _mm256_mul_ps(v, sz));
+    }
+    return c;
+}
+
+/* Head h's S of DeltaNet layer rec in buffer b of slot. */
+static float *head_state(const tp_deltanet *dn, int b, int slot, int rec, int h)
+{
+    return slot_state(dn, dn->buf[b], slot) + (size_t)dn->n_rec * dn->conv_n + (size_t)rec * dn->s_n +
+           (size_t)h * (size_t)dn->hd * (size_t)dn->hd;
+}
+
 /* Value head h of one sequence's run of tokens [t0, t1): the delta rule
  * token by token, then the gated output norm. first: t0 is the step's
- * first token of the sequence, which reads the step's start state. */
-static void head_run(const unit_job *j, int t0, int t1, int h, bool first)
+ * first token of the sequence, which reads the step's start state. pf:
+ * the next head's start state, to ask for meanwhile (NULL: none). nt:
+ * the last token's S may be stored past the caches (none reads it this
+ * step). */
+static void head_run(const unit_job *j, int t0, int t1, int h, bool first, bool nt, const float *pf)
 {
     if (t0 >= t1) /* a snapshot after the run's last token: tok_slot[t0] is past the step's */
         return;
     tp_deltanet *dn = j->dn;
     const tp_layer_weights *lw = j->lw;
     int hd = dn->hd, pw = tp_deltanet_proj_width(dn), slot = j->tok_slot[t0];
-    size_t at = (size_t)dn->n_rec * dn->conv_n + (size_t)j->rec * dn->s_n + (size_t)h * (size_t)hd * (size_t)hd;
-    float *S = cur_state(dn, slot) + at;
-    const float *Sin = first ? slot_state(dn, dn->buf[dn->from[slot]], slot) + at : S;
+    float *S = head_state(dn, dn->cur[slot], slot, j->rec, h);
+    const float *Sin = first ? head_state(dn, dn->from[slot], slot, j->rec, h) : S;
+    nt = nt && dn->isa >= TP_ISA_AVX512 && hd % 16 == 0 && ((uintptr_t)S & 63) == 0;
     float kv[MAX_DN_HEAD], o[MAX_DN_HEAD];
     for (int t = t0; t < t1; t++) {
         const float *p = dn->proj + (size_t)t * (size_t)pw, *x = dn->conv + (size_t)t * (size_t)dn->conv_dim;
@@ -347,25 +494,26 @@ static void head_run(const unit_job *j, int t0, int t1, int h, bool first)
         float decay = tp_vexp(sp * lw->ssm_a[h]);
         float beta = 1.0f / (1.0f + tp_vexp(-b[h]));
         if (dn->isa >= TP_ISA_AVX512)
-            decay_read_avx512(Sin, S, hd, decay, k, kv);
+            decay_read_avx512(Sin, hd, decay, k, kv);
         else if (dn->isa >= TP_ISA_AVX2)
-            decay_read_avx2(Sin, S, hd, decay, k, kv);
+            decay_read_avx2(Sin, hd, decay, k, kv);
         else
-            decay_read_from(Sin, S, hd, 0, decay, k, kv);
-        Sin = S;
+            decay_read_from(Sin, hd, 0, decay, k, kv);
         for (int c = 0; c < hd; c++)
             kv[c] = (v[c] - kv[c]) * beta;
+        bool last = t == t1 - 1;
         if (dn->isa >= TP_ISA_AVX512)
-            write_read_avx512(S, hd, k, kv, q, o);
+            write_read_avx512(Sin, S, hd, decay, k, kv, q, o, last && nt, last ? pf : NULL);
         else if (dn->isa >= TP_ISA_AVX2)
-            write_read_avx2(S, hd, k, kv, q, o);
+            write_read_avx2(Sin, S, hd, decay, k, kv, q, o);
         else
-            write_read_from(S, hd, 0, k, kv, q, o);
+            write_read_from(Sin, S, hd, 0, decay, k, kv, q, o);
+        Sin = S;
         /* RMSNorm(o, ssm_norm) * silu(z) */
         float ss = 1.0f / sqrtf(sum_sq(o, hd) / (float)hd + dn->c.norm_eps);
         float *y = dn->out + (size_t)t * (size_t)dn->value_dim + (size_t)h * (size_t)hd;
         const float *zh = z + (size_t)h * (size_t)hd;
-        for (int c = 0; c < hd; c++)
+        for (int c = dn->isa >= TP_ISA_AVX2 ? gate_avx2(lw->ssm_norm, ss, o, zh, y, hd) : 0; c < hd; c++)
             y[c] = lw->ssm_norm[c] * (ss * o[c]) * silu(zh[c]);
     }
 }
@@ -384,21 +532,25 @@ static void units(void *arg, int u0, int u1, int worker)
 {
     (void)worker;
     const unit_job *j = arg;
+    tp_deltanet *dn = j->dn;
     for (int u = u0; u < u1; u++) {
-        int r = u / j->dn->vh, h = u % j->dn->vh;
-        tp_deltanet *dn = j->dn;
-        int t0 = dn->run_start[r], t1 = dn->run_start[r + 1], ts = dn->run_snap[r];
-        size_t hn = (size_t)dn->hd * (size_t)dn->hd;
+        int r = u / dn->vh, h = u % dn->vh;
+        int t0 = dn->run_start[r], t1 = dn->run_start[r + 1], ts = dn->run_snap[r], slot = j->tok_slot[t0];
+        const float *pf = NULL;
+        if (u + 1 < u1) {
+            int rn = (u + 1) / dn->vh, sn = j->tok_slot[dn->run_start[rn]];
+            pf = head_state(dn, dn->from[sn], sn, j->rec, (u + 1) % dn->vh);
+        }
         if (ts < 0) {
-            head_run(j, t0, t1, h, true);
+            head_run(j, t0, t1, h, true, true, pf);
             continue;
         }
-        head_run(j, t0, ts + 1, h, true);
-        const float *S = cur_state(dn, j->tok_slot[t0]) + (size_t)dn->n_rec * dn->conv_n + (size_t)j->rec * dn->s_n +
-                         (size_t)h * hn;
-        memcpy(kept_part(dn, j->tok_slot[t0], j->rec, h), S, hn * sizeof(float));
-        head_run(j, ts + 1, t1, h, false);
+        head_run(j, t0, ts + 1, h, true, false, NULL);
+        memcpy(kept_part(dn, slot, j->rec, h), head_state(dn, dn->cur[slot], slot, j->rec, h),
+               (size_t)dn->hd * (size_t)dn->hd * sizeof(float));
+        head_run(j, ts + 1, t1, h, false, true, pf);
     }
+    _mm_sfence(); /* the state's streamed stores, before the pool's barrier makes it others' */
 }
 
 void tp_deltanet_layer(tp_deltanet *dn, tp_pool *pool, int max_threads, const tp_layer_weights *lw, int l,
