@@ -179,16 +179,16 @@ static float sum_sq(const float *x, int n)
     return s;
 }
 
-/* Channels [0, n) of the conv and SiLU below, eight at a time, the same
- * bits (the same products and sums in the same order; e^x as tp_vexp);
- * returns the channels done. */
+/* Channels [0, n) of conv_head's conv and SiLU, eight at a time, the
+ * same bits (the same products and sums in the same order; e^x as
+ * tp_vexp); the conv state's rows are C apart. Returns the channels done. */
 __attribute__((target("avx2"))) static int conv_avx2(const float *w, const float *cs, const float *in, float *out,
-                                                     int C, int kw)
+                                                     int n, int C, int kw)
 {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kw));
     int ch = 0;
-    for (; ch + 8 <= C; ch += 8) {
+    for (; ch + 8 <= n; ch += 8) {
         const float *wc = w + (size_t)ch * (size_t)kw;
         __m256 acc = _mm256_setzero_ps();
         for (int j = 0; j < kw - 1; j++)
@@ -201,13 +201,20 @@ __attribute__((target("avx2"))) static int conv_avx2(const float *w, const float
     return ch;
 }
 
-/* The conv (and SiLU, and q/k's L2 norm) of one token of a sequence whose
- * conv state (the previous kw - 1 inputs, oldest first) is cs: out
- * [conv_dim]; cs moves on by this token's input. */
-static void conv_token(const tp_deltanet *dn, const float *w, float *cs, const float *in, float *out)
+/* Conv head u's channels [u hd, (u + 1) hd) for one token of a sequence
+ * whose conv state (the previous kw - 1 inputs, oldest first, rows of
+ * conv_dim) is cs: the causal conv and SiLU into out [conv_dim], then,
+ * for q and k heads, the L2 norm; cs's channels move on by this token's
+ * input. Channels are independent and a norm is one head's, so heads can
+ * run on any thread in any order with the same bits. */
+static void conv_head(const tp_deltanet *dn, const float *w, float *cs, const float *in, float *out, int u)
 {
-    int kw = dn->kw, C = dn->conv_dim;
-    for (int ch = dn->isa >= TP_ISA_AVX2 ? conv_avx2(w, cs, in, out, C, kw) : 0; ch < C; ch++) {
+    int kw = dn->kw, C = dn->conv_dim, hd = dn->hd, c0 = u * hd;
+    w += (size_t)c0 * (size_t)kw;
+    cs += c0;
+    in += c0;
+    out += c0;
+    for (int ch = dn->isa >= TP_ISA_AVX2 ? conv_avx2(w, cs, in, out, hd, C, kw) : 0; ch < hd; ch++) {
         const float *wc = w + (size_t)ch * (size_t)kw;
         float acc = 0;
         for (int j = 0; j < kw - 1; j++)
@@ -215,22 +222,21 @@ static void conv_token(const tp_deltanet *dn, const float *w, float *cs, const f
         acc += in[ch] * wc[kw - 1];
         out[ch] = silu(acc);
     }
-    if (kw > 1) {
-        memmove(cs, cs + C, (size_t)(kw - 2) * (size_t)C * sizeof(float));
-        memcpy(cs + (size_t)(kw - 2) * (size_t)C, in, (size_t)C * sizeof(float));
-    }
+    for (int j = 0; j + 1 < kw; j++)
+        memcpy(cs + (size_t)j * (size_t)C, j + 2 < kw ? cs + (size_t)(j + 1) * (size_t)C : in,
+               (size_t)hd * sizeof(float));
+    if (u >= 2 * dn->kh)
+        return;
     /* q and k heads: x / max(|x|, eps) (ggml_l2_norm); q then times
      * 1 / sqrt(head_dim) (build_delta_net's scale) */
-    float qscale = 1.0f / sqrtf((float)dn->hd);
-    for (int h = 0; h < 2 * dn->kh; h++) {
-        float *x = out + (size_t)h * (size_t)dn->hd;
-        float nrm = sqrtf(sum_sq(x, dn->hd)), eps = dn->c.norm_eps;
-        float sc = 1.0f / (nrm > eps ? nrm : eps);
-        for (int i = 0; i < dn->hd; i++)
-            x[i] *= sc;
-        if (h < dn->kh)
-            for (int i = 0; i < dn->hd; i++)
-                x[i] *= qscale;
+    float nrm = sqrtf(sum_sq(out, hd)), eps = dn->c.norm_eps;
+    float sc = 1.0f / (nrm > eps ? nrm : eps);
+    for (int i = 0; i < hd; i++)
+        out[i] *= sc;
+    if (u < dn->kh) {
+        float qscale = 1.0f / sqrtf((float)hd);
+        for (int i = 0; i < hd; i++)
+            out[i] *= qscale;
     }
 }
 
@@ -553,25 +559,53 @@ static void units(void *arg, int u0, int u1, int worker)
     _mm_sfence(); /* the state's streamed stores, before the pool's barrier makes it others' */
 }
 
+typedef struct conv_job {
+    tp_deltanet *dn;
+    const float *w; /* the layer's ssm_conv1d */
+    int rec;
+    const int *tok_slot, *tok_pos;
+    int n_tok;
+} conv_job;
+
+/* Conv heads [u0, u1) of every token in order (a sequence's tokens move
+ * its conv state along); at a page boundary the heads' part of the
+ * state is kept (the run's last boundary wins). */
+static void conv_heads(void *arg, int u0, int u1, int worker)
+{
+    (void)worker;
+    const conv_job *j = arg;
+    tp_deltanet *dn = j->dn;
+    int pw = tp_deltanet_proj_width(dn), C = dn->conv_dim, hd = dn->hd;
+    for (int t = 0; t < j->n_tok; t++) {
+        float *cs = cur_state(dn, j->tok_slot[t]) + (size_t)j->rec * dn->conv_n;
+        for (int u = u0; u < u1; u++)
+            conv_head(dn, j->w, cs, dn->proj + (size_t)t * (size_t)pw, dn->conv + (size_t)t * (size_t)C, u);
+        if ((j->tok_pos[t] + 1) % TP_DN_PAGE == 0 && dn->snap) {
+            float *k = kept_part(dn, j->tok_slot[t], j->rec, -1);
+            for (int r = 0; r + 1 < dn->kw; r++)
+                memcpy(k + (size_t)r * (size_t)C + (size_t)u0 * (size_t)hd, cs + (size_t)r * (size_t)C + (size_t)u0 * (size_t)hd,
+                       (size_t)(u1 - u0) * (size_t)hd * sizeof(float));
+        }
+    }
+}
+
 void tp_deltanet_layer(tp_deltanet *dn, tp_pool *pool, int max_threads, const tp_layer_weights *lw, int l,
                        const int *tok_slot, const int *tok_pos, int n_tok)
 {
-    int rec = dn->rec_index[l], pw = tp_deltanet_proj_width(dn), n_runs = 0;
+    int rec = dn->rec_index[l], n_runs = 0;
     for (int t = 0; t < n_tok; t++) {
         if (!t || tok_slot[t] != tok_slot[t - 1]) {
             dn->run_start[n_runs] = t;
             dn->run_snap[n_runs++] = -1;
         }
-        float *cs = cur_state(dn, tok_slot[t]) + (size_t)rec * dn->conv_n;
-        conv_token(dn, lw->ssm_conv1d, cs, dn->proj + (size_t)t * (size_t)pw,
-                   dn->conv + (size_t)t * (size_t)dn->conv_dim);
         if ((tok_pos[t] + 1) % TP_DN_PAGE == 0 && dn->snap) { /* the last boundary of the run wins */
             dn->run_snap[n_runs - 1] = t;
-            memcpy(kept_part(dn, tok_slot[t], rec, -1), cs, dn->conv_n * sizeof(float));
             dn->kept_at[tok_slot[t]] = tok_pos[t] + 1;
         }
     }
     dn->run_start[n_runs] = n_tok;
+    conv_job cj = {dn, lw->ssm_conv1d, rec, tok_slot, tok_pos, n_tok};
+    tp_pool_run(pool, dn->conv_dim / dn->hd, 1, max_threads, conv_heads, &cj);
     unit_job j = {dn, lw, rec, tok_slot, n_runs};
     tp_pool_run(pool, n_runs * dn->vh, 1, max_threads, units, &j);
 }
