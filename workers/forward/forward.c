@@ -50,6 +50,7 @@
  * this: any split gives the same bits (quant.h), this keeps row blocks
  * whole and a range's output rows on whole cache lines. */
 #define TYPED_ROW_ALIGN 16
+#define ATT_HEADS 4 /* query heads of one key-value head attended together (attend): 16 chains in flight */
 #define CLS_CHUNK 16 /* rows of logits computed at once when some items skip them */
 
 /* A weight group with a typed (non-F32) matrix: each matrix on its own,
@@ -84,7 +85,7 @@ typedef struct scratch {
     float *qkv;    /* [T][dim + 2 kv_dim] */
     float *h13;    /* [T][2 hidden], or [T][dim] if wider */
     float *proj;   /* [T][max(dim, hidden)] output of wo / w2, and hidden for w2 */
-    float *att;    /* [threads][max_pos] attention scores, one row per pool worker */
+    float *att;    /* [threads][ATT_HEADS][max_pos] attention scores, rows of a pool worker */
     const void **blk; /* [threads][2 pages_per_seq] a head's key and value blocks, per pool worker */
     float *cls_in; /* [T][dim] final-normed rows that want logits */
     float *cls_out; /* [CLS_CHUNK][vocab] */
@@ -782,7 +783,7 @@ int tp_forward_set_threads(tp_forward *f, int n_threads, tp_err *err)
         return tp_err_set(err, TP_EINVAL, "forward: threads %d outside 1..%d", n_threads, TP_FORWARD_MAX_THREADS);
     if (f->pool && tp_pool_threads(f->pool) == n_threads)
         return 0;
-    float *att = malloc((size_t)n_threads * (size_t)f->max_pos * sizeof(float));
+    float *att = malloc((size_t)n_threads * ATT_HEADS * (size_t)f->max_pos * sizeof(float));
     const void **blk = malloc((size_t)n_threads * 2 * (size_t)f->pps * sizeof *blk);
     if (!att || !blk) {
         free(att);
@@ -1458,14 +1459,18 @@ static void weighted_sum_scalar(float *oh, const float *att, const float *const 
     }
 }
 
-/* Scores of positions 0..n-1 for one head, 64 at a time (4 independent
- * chains, masked at the end): each score is one chain over the head's
- * elements from 0, each product rounded and then added as scores_scalar
- * does (an FMA would round once: other bits, and a job moved to a host
- * without AVX-512 would change its stream), then divided by scale.
- * kb[t / 16] is the head's key block [hs][16] holding position t. */
-__attribute__((target("avx512f"))) static void scores(float *att, const float *qh, const float *const *kb, int hs,
-                                                      int n, float scale)
+/* Scores of positions 0..n-1 for G (1..ATT_HEADS) query heads that share
+ * their keys (grouped-query attention), 64 positions at a time: the keys
+ * are read once for the G heads, and the G x 4 chains in flight hide the
+ * adds' latency (one head alone has 4). Each score is one chain over the
+ * head's elements from 0, each product rounded and then added as
+ * scores_scalar does (an FMA would round once: other bits, and a job moved
+ * to a host without AVX-512 would change its stream), then divided by
+ * scale. Head g's query at qh + g hs, its scores at att + g lda.
+ * kb[t / 16] is the key block [hs][16] holding position t. */
+__attribute__((target("avx512f"), always_inline)) static inline void scores_g(float *att, size_t lda, const float *qh,
+                                                                              const float *const *kb, int hs, int n,
+                                                                              float scale, const int G)
 {
     __m512 sc = _mm512_set1_ps(scale);
     for (int t0 = 0; t0 < n; t0 += 64) {
@@ -1479,26 +1484,56 @@ __attribute__((target("avx512f"))) static void scores(float *att, const float *q
          * costs a fault-suppression assist of hundreds of cycles. */
         const float *const *b = kb + t0 / 16;
         const float *r0 = b[0], *r1 = m[1] ? b[1] : r0, *r2 = m[2] ? b[2] : r0, *r3 = m[3] ? b[3] : r0;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        /* the next four blocks, a row of each per row read here: the cache
+         * is mostly out of the caches by the time a decode step reads it
+         * (the weights went through them), and a block is 4 KB at most
+         * heads, where the hardware's prefetch stops */
+        int nblk = (n + 15) / 16, nx = nblk - t0 / 16 - 4;
+        const float *p0 = nx > 0 ? b[4] : NULL, *p1 = nx > 1 ? b[5] : p0, *p2 = nx > 2 ? b[6] : p0,
+                    *p3 = nx > 3 ? b[7] : p0;
+        __m512 a[ATT_HEADS][4];
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm512_setzero_ps();
         for (int i = 0; i < hs; i++, r0 += 16, r1 += 16, r2 += 16, r3 += 16) {
-            __m512 q = _mm512_set1_ps(qh[i]);
-            a0 = _mm512_add_ps(a0, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[0], r0)));
-            a1 = _mm512_add_ps(a1, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[1], r1)));
-            a2 = _mm512_add_ps(a2, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[2], r2)));
-            a3 = _mm512_add_ps(a3, _mm512_mul_ps(q, _mm512_maskz_loadu_ps(m[3], r3)));
+            if (p0) {
+                size_t o = (size_t)i * 16;
+                _mm_prefetch((const char *)(p0 + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p1 + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p2 + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p3 + o), _MM_HINT_T0);
+            }
+            __m512 k0 = _mm512_maskz_loadu_ps(m[0], r0), k1 = _mm512_maskz_loadu_ps(m[1], r1),
+                   k2 = _mm512_maskz_loadu_ps(m[2], r2), k3 = _mm512_maskz_loadu_ps(m[3], r3);
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                __m512 q = _mm512_set1_ps(qh[(size_t)g * (size_t)hs + (size_t)i]);
+                a[g][0] = _mm512_add_ps(a[g][0], _mm512_mul_ps(q, k0));
+                a[g][1] = _mm512_add_ps(a[g][1], _mm512_mul_ps(q, k1));
+                a[g][2] = _mm512_add_ps(a[g][2], _mm512_mul_ps(q, k2));
+                a[g][3] = _mm512_add_ps(a[g][3], _mm512_mul_ps(q, k3));
+            }
         }
-        _mm512_mask_storeu_ps(att + t0, m[0], _mm512_div_ps(a0, sc));
-        _mm512_mask_storeu_ps(att + t0 + 16, m[1], _mm512_div_ps(a1, sc));
-        _mm512_mask_storeu_ps(att + t0 + 32, m[2], _mm512_div_ps(a2, sc));
-        _mm512_mask_storeu_ps(att + t0 + 48, m[3], _mm512_div_ps(a3, sc));
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            float *o = att + (size_t)g * lda + t0;
+            _mm512_mask_storeu_ps(o, m[0], _mm512_div_ps(a[g][0], sc));
+            _mm512_mask_storeu_ps(o + 16, m[1], _mm512_div_ps(a[g][1], sc));
+            _mm512_mask_storeu_ps(o + 32, m[2], _mm512_div_ps(a[g][2], sc));
+            _mm512_mask_storeu_ps(o + 48, m[3], _mm512_div_ps(a[g][3], sc));
+        }
     }
 }
 
-/* oh[i] = sum over t of att[t] * v_t[i], each element one chain of
- * multiply-then-add over t from 0 (weighted_sum_scalar's bits), kept in registers
- * 64 elements at a time; v_t at vb[t / 16] + (t % 16) * hs. */
-__attribute__((target("avx512f"))) static void weighted_sum(float *oh, const float *att, const float *const *vb,
-                                                            int hs, int n)
+/* For G heads (1..ATT_HEADS) sharing their values: head g's oh[i] (at
+ * oh + g hs) = sum over t of att[g lda + t] * v_t[i], each element one
+ * chain of multiply-then-add over t from 0 (weighted_sum_scalar's bits),
+ * kept in registers 64 elements at a time, the values read once for the G
+ * heads; v_t at vb[t / 16] + (t % 16) * hs. */
+__attribute__((target("avx512f"), always_inline)) static inline void weighted_sum_g(float *oh, const float *att,
+                                                                                    size_t lda,
+                                                                                    const float *const *vb, int hs,
+                                                                                    int n, const int G)
 {
     for (int c0 = 0; c0 < hs; c0 += 64) {
         __mmask16 m[4];
@@ -1506,20 +1541,65 @@ __attribute__((target("avx512f"))) static void weighted_sum(float *oh, const flo
             int left = hs - c0 - 16 * j;
             m[j] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
-        size_t o1 = m[1] ? 16 : 0, o2 = m[2] ? 32 : 0, o3 = m[3] ? 48 : 0; /* as in scores() */
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        size_t o1 = m[1] ? 16 : 0, o2 = m[2] ? 32 : 0, o3 = m[3] ? 48 : 0; /* as in scores_g() */
+        __m512 a[ATT_HEADS][4];
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm512_setzero_ps();
         for (int t = 0; t < n; t++) {
-            __m512 a = _mm512_set1_ps(att[t]);
             const float *v = vb[t >> 4] + (size_t)(t & 15) * (size_t)hs + c0;
-            a0 = _mm512_add_ps(a0, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[0], v)));
-            a1 = _mm512_add_ps(a1, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[1], v + o1)));
-            a2 = _mm512_add_ps(a2, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[2], v + o2)));
-            a3 = _mm512_add_ps(a3, _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m[3], v + o3)));
+            if (t + 16 < n) { /* the same row of the next block (see scores_g) */
+                const char *pv = (const char *)(vb[(t >> 4) + 1] + (size_t)(t & 15) * (size_t)hs + c0);
+                _mm_prefetch(pv, _MM_HINT_T0);
+                if (m[1])
+                    _mm_prefetch(pv + 64, _MM_HINT_T0);
+                if (m[2])
+                    _mm_prefetch(pv + 128, _MM_HINT_T0);
+                if (m[3])
+                    _mm_prefetch(pv + 192, _MM_HINT_T0);
+            }
+            __m512 v0 = _mm512_maskz_loadu_ps(m[0], v), v1 = _mm512_maskz_loadu_ps(m[1], v + o1),
+                   v2 = _mm512_maskz_loadu_ps(m[2], v + o2), v3 = _mm512_maskz_loadu_ps(m[3], v + o3);
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                __m512 w = _mm512_set1_ps(att[(size_t)g * lda + (size_t)t]);
+                a[g][0] = _mm512_add_ps(a[g][0], _mm512_mul_ps(w, v0));
+                a[g][1] = _mm512_add_ps(a[g][1], _mm512_mul_ps(w, v1));
+                a[g][2] = _mm512_add_ps(a[g][2], _mm512_mul_ps(w, v2));
+                a[g][3] = _mm512_add_ps(a[g][3], _mm512_mul_ps(w, v3));
+            }
         }
-        _mm512_mask_storeu_ps(oh + c0, m[0], a0);
-        _mm512_mask_storeu_ps(oh + c0 + 16, m[1], a1);
-        _mm512_mask_storeu_ps(oh + c0 + 32, m[2], a2);
-        _mm512_mask_storeu_ps(oh + c0 + 48, m[3], a3);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            float *o = oh + (size_t)g * (size_t)hs + c0;
+            _mm512_mask_storeu_ps(o, m[0], a[g][0]);
+            _mm512_mask_storeu_ps(o + 16, m[1], a[g][1]);
+            _mm512_mask_storeu_ps(o + 32, m[2], a[g][2]);
+            _mm512_mask_storeu_ps(o + 48, m[3], a[g][3]);
+        }
+    }
+}
+
+/* The G-head kernels above for G as a run-time count. */
+__attribute__((target("avx512f"))) static void scores_heads(float *att, size_t lda, const float *qh,
+                                                            const float *const *kb, int hs, int n, float scale, int G)
+{
+    switch (G) {
+    case 4: scores_g(att, lda, qh, kb, hs, n, scale, 4); break;
+    case 3: scores_g(att, lda, qh, kb, hs, n, scale, 3); break;
+    case 2: scores_g(att, lda, qh, kb, hs, n, scale, 2); break;
+    default: scores_g(att, lda, qh, kb, hs, n, scale, 1); break;
+    }
+}
+
+__attribute__((target("avx512f"))) static void weighted_sum_heads(float *oh, const float *att, size_t lda,
+                                                                  const float *const *vb, int hs, int n, int G)
+{
+    switch (G) {
+    case 4: weighted_sum_g(oh, att, lda, vb, hs, n, 4); break;
+    case 3: weighted_sum_g(oh, att, lda, vb, hs, n, 3); break;
+    case 2: weighted_sum_g(oh, att, lda, vb, hs, n, 2); break;
+    default: weighted_sum_g(oh, att, lda, vb, hs, n, 1); break;
     }
 }
 
@@ -1572,11 +1652,14 @@ static void scores_to_weights(const tp_forward *f, float *att, int lo, int n, co
         att[t] = 0.0f;
 }
 
-/* One query head of one token over its sequence's cache, f32 or (kv16.h)
- * half keys and values: the same layout and summation order either way,
- * halves converted exactly as they are read. A sliding layer reads from
- * the page that holds its window's first position. */
-static void attend(const tp_forward *f, int layer, int slot, int pos, int h, const float *q, float *out,
+/* Query heads h .. h + G - 1 of one token (G <= ATT_HEADS, one key-value
+ * head's) over its sequence's cache, f32 or (kv16.h) half keys and values:
+ * the same layout and summation order either way, halves converted
+ * exactly as they are read. A head's bits do not depend on G (the f32
+ * AVX-512 path reads the keys and values once for the G heads; the others
+ * take them one by one). A sliding layer reads from the page that holds
+ * its window's first position. att: G rows of max_pos. */
+static void attend(const tp_forward *f, int layer, int slot, int pos, int h, int G, const float *q, float *out,
                    float *att, const void **blk)
 {
     int hs = f->c.head_size, kv_mul = f->c.n_heads / f->c.n_kv_heads;
@@ -1585,54 +1668,67 @@ static void attend(const tp_forward *f, int layer, int slot, int pos, int h, con
     int n = pos + 1 - base, lo = first > base ? first - base : 0; /* positions base .. pos, visible from lo */
     const void **kb = blk, **vb = blk + f->pps;
     head_blocks(f, layer, slot, h / kv_mul, page0, pos + 1, kb, vb);
-    const float *qh = q + (size_t)h * hs;
-    const float *sinks = tp_model_get_weights(f->model)->layers[layer].sinks, *sink = sinks ? sinks + h : NULL;
+    const float *sinks = tp_model_get_weights(f->model)->layers[layer].sinks;
     /* Gemma scales Q instead (attention_block): dividing by 1 is exact */
-    float *oh = out + (size_t)h * hs, scale = f->c.attn_scale ? 1.0f : sqrtf((float)hs);
-    if (f->kv_type == TP_KV_F16) {
-        const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
-        if (f->kv16_avx512) {
-            tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
+    float scale = f->c.attn_scale ? 1.0f : sqrtf((float)hs);
+    size_t lda = (size_t)f->max_pos;
+    if (f->kv_type == TP_KV_F32 && f->avx512) {
+        scores_heads(att, lda, q + (size_t)h * hs, (const float *const *)kb, hs, n, scale, G);
+        for (int g = 0; g < G; g++)
+            scores_to_weights(f, att + (size_t)g * lda, lo, n, sinks ? sinks + h + g : NULL);
+        weighted_sum_heads(out + (size_t)h * hs, att, lda, (const float *const *)vb, hs, n, G);
+        return;
+    }
+    for (int g = 0; g < G; g++) {
+        const float *qh = q + (size_t)(h + g) * hs, *sink = sinks ? sinks + h + g : NULL;
+        float *oh = out + (size_t)(h + g) * hs;
+        if (f->kv_type == TP_KV_F16) {
+            const uint16_t *const *k16 = (const uint16_t *const *)kb, *const *v16 = (const uint16_t *const *)vb;
+            if (f->kv16_avx512) {
+                tp_kv16_scores_avx512(att, qh, k16, hs, n, scale);
+                scores_to_weights(f, att, lo, n, sink);
+                tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
+            } else if (f->kv16_avx2) {
+                tp_attn_scores_avx2(att, qh, kb, hs, n, scale, true);
+                scores_to_weights(f, att, lo, n, sink);
+                tp_attn_weighted_avx2(oh, att, vb, hs, n, true);
+            } else {
+                tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
+                scores_to_weights(f, att, lo, n, sink);
+                tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
+            }
+        } else if (f->simd) { /* AVX2 */
+            tp_attn_scores_avx2(att, qh, kb, hs, n, scale, false);
             scores_to_weights(f, att, lo, n, sink);
-            tp_kv16_weighted_sum_avx512(oh, att, v16, hs, n);
-        } else if (f->kv16_avx2) {
-            tp_attn_scores_avx2(att, qh, kb, hs, n, scale, true);
-            scores_to_weights(f, att, lo, n, sink);
-            tp_attn_weighted_avx2(oh, att, vb, hs, n, true);
+            tp_attn_weighted_avx2(oh, att, vb, hs, n, false);
         } else {
-            tp_kv16_scores_scalar(att, qh, k16, hs, n, scale);
+            scores_scalar(att, qh, (const float *const *)kb, hs, n, scale);
             scores_to_weights(f, att, lo, n, sink);
-            tp_kv16_weighted_sum_scalar(oh, att, v16, hs, n);
+            weighted_sum_scalar(oh, att, (const float *const *)vb, hs, n);
         }
-    } else if (f->avx512) {
-        scores(att, qh, (const float *const *)kb, hs, n, scale);
-        scores_to_weights(f, att, lo, n, sink);
-        weighted_sum(oh, att, (const float *const *)vb, hs, n);
-    } else if (f->simd) { /* AVX2 */
-        tp_attn_scores_avx2(att, qh, kb, hs, n, scale, false);
-        scores_to_weights(f, att, lo, n, sink);
-        tp_attn_weighted_avx2(oh, att, vb, hs, n, false);
-    } else {
-        scores_scalar(att, qh, (const float *const *)kb, hs, n, scale);
-        scores_to_weights(f, att, lo, n, sink);
-        weighted_sum_scalar(oh, att, (const float *const *)vb, hs, n);
     }
 }
 
 /* Units [u0, u1) of a step's attention, unit u = (token u / n_heads, head
- * u % n_heads): what the pool splits. */
+ * u % n_heads): what the pool splits. Neighbouring heads of a token that
+ * share a key-value head go together (up to ATT_HEADS), within the range:
+ * the same bits however the range is cut. */
 static void attend_units(void *arg, int u0, int u1, int worker)
 {
     const att_job *j = arg;
     const tp_forward *f = j->f;
     const scratch *s = &f->s;
     size_t q = (size_t)f->c.q_dim, qs = q * (f->c.attn_gate ? 2 : 1) + 2 * (size_t)f->c.kv_dim;
-    float *att = s->att + (size_t)worker * (size_t)f->max_pos;
+    float *att = s->att + (size_t)worker * ATT_HEADS * (size_t)f->max_pos;
     const void **blk = s->blk + (size_t)worker * 2 * (size_t)f->pps;
-    for (int u = u0; u < u1; u++) {
-        int t = u / f->c.n_heads, h = u % f->c.n_heads;
-        attend(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, s->qkv + (size_t)t * qs, s->xb + (size_t)t * q, att,
-               blk);
+    int nh = f->c.n_heads, kv_mul = nh / f->c.n_kv_heads;
+    for (int u = u0; u < u1;) {
+        int t = u / nh, h = u % nh, G = 1;
+        while (G < ATT_HEADS && u + G < u1 && (h + G) % nh && (h + G) / kv_mul == h / kv_mul)
+            G++;
+        attend(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, G, s->qkv + (size_t)t * qs, s->xb + (size_t)t * q,
+               att, blk);
+        u += G;
     }
 }
 
