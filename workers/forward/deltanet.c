@@ -318,8 +318,10 @@ __attribute__((target("avx2"))) static void decay_read_avx2(const float *Sin, in
     decay_read_from(Sin, hd, c, decay, k, kv);
 }
 
+/* nt, pf: as write_read_avx512's. */
 __attribute__((target("avx2"))) static void write_read_avx2(const float *Sin, float *S, int hd, float decay,
-                                                            const float *k, const float *kv, const float *q, float *o)
+                                                            const float *k, const float *kv, const float *q, float *o,
+                                                            bool nt, const float *pf)
 {
     __m256 d = _mm256_set1_ps(decay);
     int c = 0;
@@ -332,11 +334,17 @@ __attribute__((target("avx2"))) static void write_read_avx2(const float *Sin, fl
         for (int r = 0; r < hd; r++) {
             const float *in = Sin + (size_t)r * (size_t)hd + c;
             float *p = S + (size_t)r * (size_t)hd + c;
+            if (pf)
+                for (int i = 0; i < DN_V8; i += 2)
+                    _mm_prefetch((const char *)(pf + (size_t)r * (size_t)hd + c + 8 * i), _MM_HINT_T1);
             __m256 kr = _mm256_set1_ps(k[r]), qr = _mm256_set1_ps(q[r]);
             for (int i = 0; i < DN_V8; i++) {
                 __m256 x = _mm256_mul_ps(_mm256_loadu_ps(in + 8 * i), d);
                 x = _mm256_add_ps(x, _mm256_mul_ps(kr, v[i]));
-                _mm256_storeu_ps(p + 8 * i, x);
+                if (nt)
+                    _mm256_stream_ps(p + 8 * i, x);
+                else
+                    _mm256_storeu_ps(p + 8 * i, x);
                 acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(x, qr));
             }
         }
@@ -349,7 +357,10 @@ __attribute__((target("avx2"))) static void write_read_avx2(const float *Sin, fl
             float *p = S + (size_t)r * (size_t)hd + c;
             __m256 x = _mm256_mul_ps(_mm256_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
             x = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(k[r]), v));
-            _mm256_storeu_ps(p, x);
+            if (nt)
+                _mm256_stream_ps(p, x);
+            else
+                _mm256_storeu_ps(p, x);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_set1_ps(q[r])));
         }
         _mm256_storeu_ps(o + c, acc);
@@ -488,7 +499,7 @@ static void head_run(const unit_job *j, int t0, int t1, int h, bool first, bool 
     int hd = dn->hd, pw = tp_deltanet_proj_width(dn), slot = j->tok_slot[t0];
     float *S = head_state(dn, dn->cur[slot], slot, j->rec, h);
     const float *Sin = first ? head_state(dn, dn->from[slot], slot, j->rec, h) : S;
-    nt = nt && dn->isa >= TP_ISA_AVX512 && hd % 16 == 0 && ((uintptr_t)S & 63) == 0;
+    nt = nt && dn->isa >= TP_ISA_AVX2 && hd % 16 == 0 && ((uintptr_t)S & 63) == 0;
     float kv[MAX_DN_HEAD], o[MAX_DN_HEAD];
     for (int t = t0; t < t1; t++) {
         const float *p = dn->proj + (size_t)t * (size_t)pw, *x = dn->conv + (size_t)t * (size_t)dn->conv_dim;
@@ -511,7 +522,7 @@ static void head_run(const unit_job *j, int t0, int t1, int h, bool first, bool 
         if (dn->isa >= TP_ISA_AVX512)
             write_read_avx512(Sin, S, hd, decay, k, kv, q, o, last && nt, last ? pf : NULL);
         else if (dn->isa >= TP_ISA_AVX2)
-            write_read_avx2(Sin, S, hd, decay, k, kv, q, o);
+            write_read_avx2(Sin, S, hd, decay, k, kv, q, o, last && nt, last ? pf : NULL);
         else
             write_read_from(Sin, S, hd, 0, decay, k, kv, q, o);
         Sin = S;
