@@ -65,24 +65,35 @@ __attribute__((target("avx2"))) static void vexp8_lanes(const float in[8], float
     _mm256_storeu_ps(out, tp_vexp8_avx2(_mm256_loadu_ps(in)));
 }
 
+__attribute__((target("avx512f"))) static void vexp8_lanes512(const float in[8], float out[8])
+{
+    _mm256_storeu_ps(out, tp_vexp8_avx512(_mm256_loadu_ps(in)));
+}
+
 static void vexp_check(const float *x, int n)
 {
-    float lanes[8];
+    float lanes[8], lanes512[8];
     for (int i0 = 0; i0 < n; i0 += 8) {
         int m = n - i0 < 8 ? n - i0 : 8;
         float in[8] = {0};
         memcpy(in, x + i0, sizeof(float) * (size_t)m);
         if (tp_isa_cpu() >= TP_ISA_AVX2)
             vexp8_lanes(in, lanes);
+        if (tp_isa_cpu() >= TP_ISA_AVX512)
+            vexp8_lanes512(in, lanes512);
         for (int k = 0; k < m; k++) {
             float got = tp_vexp(in[k]);
             if (isnan(in[k])) {
                 if (!isnan(got))
                     fail_msg("e^NaN is %a", got);
+                if (tp_isa_cpu() >= TP_ISA_AVX512 && !isnan(lanes512[k]))
+                    fail_msg("e^NaN in AVX-512 lanes is %a", lanes512[k]);
                 continue;
             }
             if (tp_isa_cpu() >= TP_ISA_AVX2 && memcmp(&got, &lanes[k], sizeof got))
                 fail_msg("e^%a: the vector lane gives %a, the portable function %a", in[k], lanes[k], got);
+            if (tp_isa_cpu() >= TP_ISA_AVX512 && memcmp(&got, &lanes512[k], sizeof got))
+                fail_msg("e^%a: the AVX-512 lane gives %a, the portable function %a", in[k], lanes512[k], got);
             /* within an ulp of the true value (of the smallest subnormal's
              * spacing below the normal range; past the largest float: inf) */
             double want = exp((double)in[k]);
@@ -100,7 +111,7 @@ static void vexp_check(const float *x, int n)
     }
 }
 
-/* The vector lanes give the portable function's bits, and both stay
+/* The vector lanes (AVX2, AVX-512) give the portable function's bits, and all stay
  * within an ulp of e^x: a fine sweep of every input that does not round
  * to 0 or 1 or overflow, plus the edges. */
 static void vexp_lanes_equal_the_portable_function_within_an_ulp(void **state)
@@ -132,10 +143,10 @@ static void vexp_lanes_equal_the_portable_function_within_an_ulp(void **state)
     free(x);
 }
 
-/* gpt-oss's SwiGLU: the vector lanes give the portable bits, across the
- * clamps (7 and -7 and either side), zeros, infinities and NaN, with a
- * tail past the last eight. */
-static void swiglu_oai_lanes_equal_the_portable_function(void **state)
+/* SwiGLU and gpt-oss's: the vector lanes (AVX2, AVX-512) give the
+ * portable bits, across the clamps (7 and -7 and either side), zeros,
+ * infinities and NaN, with a tail past the last eight. */
+static void swiglu_lanes_equal_the_portable_function(void **state)
 {
     (void)state;
     if (tp_isa_cpu() < TP_ISA_AVX2)
@@ -154,11 +165,19 @@ static void swiglu_oai_lanes_equal_the_portable_function(void **state)
         if (i % 7 == 0)
             u[i] = edges[(i / 7) % 16];
     }
-    tp_swiglu_oai(g, u, a, N, false);
-    tp_swiglu_oai(g, u, b, N, true);
-    for (int i = 0; i < N; i++)
-        if (memcmp(&a[i], &b[i], sizeof a[i]))
-            fail_msg("swiglu_oai(%a, %a): the lanes give %a, the portable function %a", g[i], u[i], b[i], a[i]);
+    tp_isa before = tp_isa_active();
+    for (tp_isa level = TP_ISA_AVX2; level <= TP_ISA_AVX512 && level <= tp_isa_cpu(); level++) {
+        tp_isa_cap_for_tests(level);
+        for (int oai = 0; oai < 2; oai++) {
+            (oai ? tp_swiglu_oai : tp_swiglu)(g, u, a, N, false);
+            (oai ? tp_swiglu_oai : tp_swiglu)(g, u, b, N, true);
+            for (int i = 0; i < N; i++)
+                if (memcmp(&a[i], &b[i], sizeof a[i]))
+                    fail_msg("%s(%a, %a): the %s lanes give %a, the portable function %a",
+                             oai ? "swiglu_oai" : "swiglu", g[i], u[i], tp_isa_name(level), b[i], a[i]);
+        }
+    }
+    tp_isa_cap_for_tests(before);
     free(g); free(u); free(a); free(b);
 }
 
@@ -1188,7 +1207,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kernel_equals_sequential_fmaf_for_any_token_count),
         cmocka_unit_test(vexp_lanes_equal_the_portable_function_within_an_ulp),
-        cmocka_unit_test(swiglu_oai_lanes_equal_the_portable_function),
+        cmocka_unit_test(swiglu_lanes_equal_the_portable_function),
         cmocka_unit_test(tiny_gqa_model_matches_double_reference),
         cmocka_unit_test(avx2_path_gives_the_portable_bits),
         cmocka_unit_test(avx512_path_gives_the_portable_bits),

@@ -1281,29 +1281,40 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
         o[j] = w[j] * (ss * x[j]);
 }
 
-/* x[i] = e^(x[i] - max) for i in [0, n), eight at a time. */
-__attribute__((target("avx2"))) static void exp_shifted_avx2(float *x, int n, float max)
+/* x[i] = e^(x[i] - max) for i in [0, n), eight at a time: AVX2 (vexp.h's
+ * four-double halves) or AVX-512 (one eight-double vector), the same bits. */
+#define EXP_SHIFTED(NAME, TARGET, VEXP8)                                                                   \
+    __attribute__((target(TARGET))) static void NAME(float *x, int n, float max)                           \
+    {                                                                                                      \
+        int i = 0;                                                                                         \
+        for (; i + 8 <= n; i += 8)                                                                         \
+            _mm256_storeu_ps(x + i, VEXP8(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max))));    \
+        for (; i < n; i++)                                                                                 \
+            x[i] = tp_vexp(x[i] - max);                                                                    \
+    }
+EXP_SHIFTED(exp_shifted_avx2, "avx2", tp_vexp8_avx2)
+EXP_SHIFTED(exp_shifted_avx512, "avx512f", tp_vexp8_avx512)
+
+/* x[i] = e^(x[i] - max) on f's vector path (the same bits on each). */
+static void exp_shifted(const tp_forward *f, float *x, int n, float max)
 {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, tp_vexp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max))));
-    for (; i < n; i++)
-        x[i] = tp_vexp(x[i] - max);
+    if (f->avx512)
+        exp_shifted_avx512(x, n, max);
+    else if (f->simd)
+        exp_shifted_avx2(x, n, max);
+    else
+        for (int i = 0; i < n; i++)
+            x[i] = tp_vexp(x[i] - max);
 }
 
-/* The sum by sum8. vexp8: e^x in vector lanes (the same bits). */
-static void softmax(float *x, int n, bool vexp8)
+/* The sum by sum8. */
+static void softmax(const tp_forward *f, float *x, int n)
 {
     float max = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > max)
             max = x[i];
-    if (vexp8) {
-        exp_shifted_avx2(x, n, max);
-    } else {
-        for (int i = 0; i < n; i++)
-            x[i] = tp_vexp(x[i] - max);
-    }
+    exp_shifted(f, x, n, max);
     float sum = sum8(x, n, false);
     for (int i = 0; i < n; i++)
         x[i] /= sum;
@@ -1619,18 +1630,13 @@ static void softcap(float *x, int n, float c)
 
 /* The softmax with an attention sink (gpt-oss): the sink s joins the max
  * and the denominator, e^(s - max), and weighs no value. */
-static void softmax_sink(float *x, int n, float sink, bool vexp8)
+static void softmax_sink(const tp_forward *f, float *x, int n, float sink)
 {
     float max = sink;
     for (int i = 0; i < n; i++)
         if (x[i] > max)
             max = x[i];
-    if (vexp8) {
-        exp_shifted_avx2(x, n, max);
-    } else {
-        for (int i = 0; i < n; i++)
-            x[i] = tp_vexp(x[i] - max);
-    }
+    exp_shifted(f, x, n, max);
     float sum = sum8(x, n, false) + tp_vexp(sink - max);
     for (int i = 0; i < n; i++)
         x[i] /= sum;
@@ -1645,9 +1651,9 @@ static void scores_to_weights(const tp_forward *f, float *att, int lo, int n, co
     if (f->c.attn_softcap)
         softcap(att + lo, n - lo, f->c.attn_softcap);
     if (sink)
-        softmax_sink(att + lo, n - lo, *sink, f->simd);
+        softmax_sink(f, att + lo, n - lo, *sink);
     else
-        softmax(att + lo, n - lo, f->simd);
+        softmax(f, att + lo, n - lo);
     for (int t = 0; t < lo; t++)
         att[t] = 0.0f;
 }

@@ -1,5 +1,6 @@
 /* The portable e^x of vexp.h: its steps one at a time, in its order. */
 #include "vexp.h"
+#include "tokpipe/isa.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -41,18 +42,22 @@ static void swiglu_scalar(const float *g, const float *u, float *out, size_t n)
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) static void swiglu_avx2(const float *g, const float *u, float *out, size_t n)
-{
-    size_t i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 val = _mm256_loadu_ps(g + i);
-        __m256 e = tp_vexp8_avx2(_mm256_xor_ps(val, sign));
-        val = _mm256_mul_ps(val, _mm256_div_ps(one, _mm256_add_ps(one, e)));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(val, _mm256_loadu_ps(u + i)));
+/* The lanes of both kinds: TARGET's instructions, VEXP8 its e^x. */
+#define SWIGLU_LANES(NAME, TARGET, VEXP8)                                                                   \
+    __attribute__((target(TARGET))) static void NAME(const float *g, const float *u, float *out, size_t n)  \
+    {                                                                                                      \
+        size_t i = 0;                                                                                      \
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);                            \
+        for (; i + 8 <= n; i += 8) {                                                                       \
+            __m256 val = _mm256_loadu_ps(g + i);                                                           \
+            __m256 e = VEXP8(_mm256_xor_ps(val, sign));                                                    \
+            val = _mm256_mul_ps(val, _mm256_div_ps(one, _mm256_add_ps(one, e)));                           \
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(val, _mm256_loadu_ps(u + i)));                         \
+        }                                                                                                  \
+        swiglu_scalar(g + i, u + i, out + i, n - i);                                                       \
     }
-    swiglu_scalar(g + i, u + i, out + i, n - i);
-}
+SWIGLU_LANES(swiglu_avx2, "avx2", tp_vexp8_avx2)
+SWIGLU_LANES(swiglu_avx512, "avx512f", tp_vexp8_avx512)
 #endif
 
 /* ggml's swiglu_oai (gpt-oss): the gate clamped above at 7, the up to
@@ -71,27 +76,33 @@ static void swiglu_oai_scalar(const float *g, const float *u, float *out, size_t
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) static void swiglu_oai_avx2(const float *g, const float *u, float *out, size_t n)
-{
-    size_t i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), alpha = _mm256_set1_ps(OAI_ALPHA);
-    const __m256 hi = _mm256_set1_ps(OAI_LIMIT), lo = _mm256_set1_ps(-OAI_LIMIT);
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_min_ps(_mm256_loadu_ps(g + i), hi);
-        __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(u + i), lo), hi);
-        __m256 e = tp_vexp8_avx2(_mm256_mul_ps(alpha, _mm256_xor_ps(x, sign)));
-        __m256 glu = _mm256_div_ps(x, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(glu, _mm256_add_ps(y, one)));
+#define SWIGLU_OAI_LANES(NAME, TARGET, VEXP8)                                                                   \
+    __attribute__((target(TARGET))) static void NAME(const float *g, const float *u, float *out, size_t n)      \
+    {                                                                                                          \
+        size_t i = 0;                                                                                          \
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), alpha = _mm256_set1_ps(OAI_ALPHA); \
+        const __m256 hi = _mm256_set1_ps(OAI_LIMIT), lo = _mm256_set1_ps(-OAI_LIMIT);                          \
+        for (; i + 8 <= n; i += 8) {                                                                           \
+            __m256 x = _mm256_min_ps(_mm256_loadu_ps(g + i), hi);                                              \
+            __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(u + i), lo), hi);                           \
+            __m256 e = VEXP8(_mm256_mul_ps(alpha, _mm256_xor_ps(x, sign)));                                    \
+            __m256 glu = _mm256_div_ps(x, _mm256_add_ps(one, e));                                              \
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(glu, _mm256_add_ps(y, one)));                              \
+        }                                                                                                      \
+        swiglu_oai_scalar(g + i, u + i, out + i, n - i);                                                       \
     }
-    swiglu_oai_scalar(g + i, u + i, out + i, n - i);
-}
+SWIGLU_OAI_LANES(swiglu_oai_avx2, "avx2", tp_vexp8_avx2)
+SWIGLU_OAI_LANES(swiglu_oai_avx512, "avx512f", tp_vexp8_avx512)
 #endif
 
 void tp_swiglu_oai(const float *g, const float *u, float *out, size_t n, bool lanes)
 {
 #if defined(__x86_64__) || defined(__i386__)
     if (lanes) {
-        swiglu_oai_avx2(g, u, out, n);
+        if (tp_isa_active() >= TP_ISA_AVX512)
+            swiglu_oai_avx512(g, u, out, n);
+        else
+            swiglu_oai_avx2(g, u, out, n);
         return;
     }
 #endif
@@ -103,7 +114,10 @@ void tp_swiglu(const float *g, const float *u, float *out, size_t n, bool lanes)
 {
 #if defined(__x86_64__) || defined(__i386__)
     if (lanes) {
-        swiglu_avx2(g, u, out, n);
+        if (tp_isa_active() >= TP_ISA_AVX512)
+            swiglu_avx512(g, u, out, n);
+        else
+            swiglu_avx2(g, u, out, n);
         return;
     }
 #endif

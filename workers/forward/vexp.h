@@ -49,7 +49,8 @@
 float tp_vexp(float x);
 
 /* SwiGLU: out[i] = silu(g[i]) * u[i] for i < n, e^x as tp_vexp; lanes:
- * eight a time in AVX2 (the caller's CPU has it), the same bits. */
+ * eight a time in AVX2 (the caller's CPU has it; in AVX-512 where
+ * tp_isa_active() allows), the same bits. */
 void tp_swiglu(const float *g, const float *u, float *out, size_t n, bool lanes);
 /* gpt-oss's SwiGLU (ggml's swiglu_oai, vexp.c), the same way: out[i] from
  * g[i] and u[i], eight lanes a time where lanes, the same bits. */
@@ -79,6 +80,28 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 tp_vexp8_avx
 {
     __m256 ordered = _mm256_cmp_ps(x, x, _CMP_ORD_Q), xs = _mm256_and_ps(x, ordered); /* NaN lanes: 0 */
     __m256 r = _mm256_set_m128(tp_vexp4_avx2(_mm256_extractf128_ps(xs, 1)), tp_vexp4_avx2(_mm256_castps256_ps128(xs)));
+    return _mm256_blendv_ps(_mm256_add_ps(x, x), r, ordered);
+}
+
+/* Eight lanes in one vector of eight doubles (AVX-512F): the steps of
+ * tp_vexp4_avx2, the same IEEE operations, so the same bits, in half the
+ * instructions; a NaN lane gives x + x. */
+__attribute__((target("avx512f"), always_inline)) static inline __m256 tp_vexp8_avx512(__m256 x)
+{
+    __m256 ordered = _mm256_cmp_ps(x, x, _CMP_ORD_Q), xs = _mm256_and_ps(x, ordered); /* NaN lanes: 0 */
+    __m512d y = _mm512_mul_pd(_mm512_cvtps_pd(xs), _mm512_set1_pd(TP_VEXP_LOG2E));
+    y = _mm512_max_pd(_mm512_min_pd(y, _mm512_set1_pd(TP_VEXP_LIMIT)), _mm512_set1_pd(-TP_VEXP_LIMIT));
+    __m512d k = _mm512_roundscale_pd(_mm512_add_pd(y, _mm512_set1_pd(0.5)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512d t = _mm512_mul_pd(_mm512_sub_pd(y, k), _mm512_set1_pd(TP_VEXP_LN2));
+    static const double c[] = TP_VEXP_HORNER;
+    __m512d p = _mm512_set1_pd(TP_VEXP_C9);
+    #pragma GCC unroll 9
+    for (int i = 0; i < 9; i++)
+        p = _mm512_add_pd(_mm512_mul_pd(p, t), _mm512_set1_pd(c[i]));
+    __m512i e = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(k)),
+                                                   _mm512_set1_epi64(1023)),
+                                  52);
+    __m256 r = _mm512_cvtpd_ps(_mm512_mul_pd(p, _mm512_castsi512_pd(e)));
     return _mm256_blendv_ps(_mm256_add_ps(x, x), r, ordered);
 }
 #endif
