@@ -1307,17 +1307,97 @@ static void exp_shifted(const tp_forward *f, float *x, int n, float max)
             x[i] = tp_vexp(x[i] - max);
 }
 
+/* The largest of m and x[0..n) by "x[i] > m: take it" in index order: a
+ * NaN m stays, a NaN x[i] is passed over. The lanes take the same rule
+ * (maxps(x, m) is x > m ? x : m), each over its share; only a max of
+ * zero can come out with another sign than the loop's, and e^(x - max)
+ * is the same bits for either (x - (+-0) is x, or +-0, and e^-0 is
+ * e^+0). */
+__attribute__((target("avx512f"))) static float max_from_avx512(const float *x, int n, float m)
+{
+    __m512 v = _mm512_set1_ps(m);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        v = _mm512_max_ps(_mm512_loadu_ps(x + i), v);
+    float l[16];
+    _mm512_storeu_ps(l, v);
+    for (int j = 0; j < 16; j++)
+        if (l[j] > m)
+            m = l[j];
+    for (; i < n; i++)
+        if (x[i] > m)
+            m = x[i];
+    return m;
+}
+
+__attribute__((target("avx2"))) static float max_from_avx2(const float *x, int n, float m)
+{
+    __m256 v = _mm256_set1_ps(m);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        v = _mm256_max_ps(_mm256_loadu_ps(x + i), v);
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    for (int j = 0; j < 8; j++)
+        if (l[j] > m)
+            m = l[j];
+    for (; i < n; i++)
+        if (x[i] > m)
+            m = x[i];
+    return m;
+}
+
+static float max_from(const tp_forward *f, const float *x, int n, float m)
+{
+    if (f->avx512)
+        return max_from_avx512(x, n, m);
+    if (f->simd)
+        return max_from_avx2(x, n, m);
+    for (int i = 0; i < n; i++)
+        if (x[i] > m)
+            m = x[i];
+    return m;
+}
+
+/* x[i] /= s over [0, n), sixteen or eight at a time (each an IEEE divide:
+ * the same bits). */
+__attribute__((target("avx512f"))) static void div_all_avx512(float *x, int n, float s)
+{
+    __m512 v = _mm512_set1_ps(s);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), v));
+    for (; i < n; i++)
+        x[i] /= s;
+}
+
+__attribute__((target("avx2"))) static void div_all_avx2(float *x, int n, float s)
+{
+    __m256 v = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), v));
+    for (; i < n; i++)
+        x[i] /= s;
+}
+
+static void div_all(const tp_forward *f, float *x, int n, float s)
+{
+    if (f->avx512)
+        div_all_avx512(x, n, s);
+    else if (f->simd)
+        div_all_avx2(x, n, s);
+    else
+        for (int i = 0; i < n; i++)
+            x[i] /= s;
+}
+
 /* The sum by sum8. */
 static void softmax(const tp_forward *f, float *x, int n)
 {
-    float max = x[0];
-    for (int i = 1; i < n; i++)
-        if (x[i] > max)
-            max = x[i];
+    float max = max_from(f, x, n, x[0]);
     exp_shifted(f, x, n, max);
-    float sum = sum8(x, n, false);
-    for (int i = 0; i < n; i++)
-        x[i] /= sum;
+    div_all(f, x, n, sum8(x, n, false));
 }
 
 /* Rotate the heads of vec (n = heads * head_size) for position pos in
@@ -1632,14 +1712,9 @@ static void softcap(float *x, int n, float c)
  * and the denominator, e^(s - max), and weighs no value. */
 static void softmax_sink(const tp_forward *f, float *x, int n, float sink)
 {
-    float max = sink;
-    for (int i = 0; i < n; i++)
-        if (x[i] > max)
-            max = x[i];
+    float max = max_from(f, x, n, sink);
     exp_shifted(f, x, n, max);
-    float sum = sum8(x, n, false) + tp_vexp(sink - max);
-    for (int i = 0; i < n; i++)
-        x[i] /= sum;
+    div_all(f, x, n, sum8(x, n, false) + tp_vexp(sink - max));
 }
 
 /* Between the scores and the weighted sum: soft-capping, then the softmax
