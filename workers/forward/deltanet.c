@@ -288,167 +288,90 @@ static void write_read_from(const float *Sin, float *S, int hd, int c0, float de
     }
 }
 
-/* AVX2: four vectors of columns at once (32), then one, then the tail. */
-#define DN_V8 4
-__attribute__((target("avx2"))) static void decay_read_avx2(const float *Sin, int hd, float decay, const float *k,
-                                                            float *kv)
-{
-    __m256 d = _mm256_set1_ps(decay);
-    int c = 0;
-    for (; c + 8 * DN_V8 <= hd; c += 8 * DN_V8) {
-        __m256 acc[DN_V8];
-        for (int i = 0; i < DN_V8; i++)
-            acc[i] = _mm256_setzero_ps();
-        for (int r = 0; r < hd; r++) {
-            const float *p = Sin + (size_t)r * (size_t)hd + c;
-            __m256 kr = _mm256_set1_ps(k[r]);
-            for (int i = 0; i < DN_V8; i++)
-                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(p + 8 * i), d), kr));
-        }
-        for (int i = 0; i < DN_V8; i++)
-            _mm256_storeu_ps(kv + c + 8 * i, acc[i]);
+/* The vector paths: W floats of type V a vector (P the intrinsics'
+ * prefix), NB vectors of columns at once (AVX2: 32 columns; AVX-512: 128,
+ * a Qwen 3.5 head), then one, then the portable tail. write_read's pf: the
+ * next head's start state, asked for a row at a time meanwhile (this pass
+ * reads its own from L2), or NULL; nt: S's rows stored past the caches. */
+#define DN_PASSES(SFX, TARGET, V, W, NB, P)                                                                  \
+    __attribute__((target(TARGET))) static void decay_read_##SFX(const float *Sin, int hd, float decay,      \
+                                                                 const float *k, float *kv)                  \
+    {                                                                                                        \
+        V d = P##_set1_ps(decay);                                                                            \
+        int c = 0;                                                                                           \
+        for (; c + W * NB <= hd; c += W * NB) {                                                              \
+            V acc[NB];                                                                                       \
+            for (int i = 0; i < NB; i++)                                                                     \
+                acc[i] = P##_setzero_ps();                                                                   \
+            for (int r = 0; r < hd; r++) {                                                                   \
+                const float *p = Sin + (size_t)r * (size_t)hd + c;                                           \
+                V kr = P##_set1_ps(k[r]);                                                                    \
+                for (int i = 0; i < NB; i++)                                                                 \
+                    acc[i] = P##_add_ps(acc[i], P##_mul_ps(P##_mul_ps(P##_loadu_ps(p + W * i), d), kr));     \
+            }                                                                                                \
+            for (int i = 0; i < NB; i++)                                                                     \
+                P##_storeu_ps(kv + c + W * i, acc[i]);                                                       \
+        }                                                                                                    \
+        for (; c + W <= hd; c += W) {                                                                        \
+            V acc = P##_setzero_ps();                                                                        \
+            for (int r = 0; r < hd; r++)                                                                     \
+                acc = P##_add_ps(acc, P##_mul_ps(P##_mul_ps(P##_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d), \
+                                                 P##_set1_ps(k[r])));                                        \
+            P##_storeu_ps(kv + c, acc);                                                                      \
+        }                                                                                                    \
+        decay_read_from(Sin, hd, c, decay, k, kv);                                                           \
+    }                                                                                                        \
+    __attribute__((target(TARGET))) static void write_read_##SFX(const float *Sin, float *S, int hd,         \
+                                                                 float decay, const float *k,                \
+                                                                 const float *kv, const float *q, float *o,  \
+                                                                 bool nt, const float *pf)                   \
+    {                                                                                                        \
+        V d = P##_set1_ps(decay);                                                                            \
+        int c = 0;                                                                                           \
+        for (; c + W * NB <= hd; c += W * NB) {                                                              \
+            V acc[NB], v[NB];                                                                                \
+            for (int i = 0; i < NB; i++) {                                                                   \
+                acc[i] = P##_setzero_ps();                                                                   \
+                v[i] = P##_loadu_ps(kv + c + W * i);                                                         \
+            }                                                                                                \
+            for (int r = 0; r < hd; r++) {                                                                   \
+                const float *in = Sin + (size_t)r * (size_t)hd + c;                                          \
+                float *p = S + (size_t)r * (size_t)hd + c;                                                   \
+                if (pf)                                                                                      \
+                    for (int i = 0; i < NB * W; i += 16) /* a cache line each */                             \
+                        _mm_prefetch((const char *)(pf + (size_t)r * (size_t)hd + c + i), _MM_HINT_T1);      \
+                V kr = P##_set1_ps(k[r]), qr = P##_set1_ps(q[r]);                                            \
+                for (int i = 0; i < NB; i++) {                                                               \
+                    V x = P##_mul_ps(P##_loadu_ps(in + W * i), d);                                           \
+                    x = P##_add_ps(x, P##_mul_ps(kr, v[i]));                                                 \
+                    if (nt)                                                                                  \
+                        P##_stream_ps(p + W * i, x);                                                         \
+                    else                                                                                     \
+                        P##_storeu_ps(p + W * i, x);                                                         \
+                    acc[i] = P##_add_ps(acc[i], P##_mul_ps(x, qr));                                          \
+                }                                                                                            \
+            }                                                                                                \
+            for (int i = 0; i < NB; i++)                                                                     \
+                P##_storeu_ps(o + c + W * i, acc[i]);                                                        \
+        }                                                                                                    \
+        for (; c + W <= hd; c += W) {                                                                        \
+            V acc = P##_setzero_ps(), v = P##_loadu_ps(kv + c);                                              \
+            for (int r = 0; r < hd; r++) {                                                                   \
+                float *p = S + (size_t)r * (size_t)hd + c;                                                   \
+                V x = P##_mul_ps(P##_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);                         \
+                x = P##_add_ps(x, P##_mul_ps(P##_set1_ps(k[r]), v));                                         \
+                if (nt)                                                                                      \
+                    P##_stream_ps(p, x);                                                                     \
+                else                                                                                         \
+                    P##_storeu_ps(p, x);                                                                     \
+                acc = P##_add_ps(acc, P##_mul_ps(x, P##_set1_ps(q[r])));                                     \
+            }                                                                                                \
+            P##_storeu_ps(o + c, acc);                                                                       \
+        }                                                                                                    \
+        write_read_from(Sin, S, hd, c, decay, k, kv, q, o);                                                  \
     }
-    for (; c + 8 <= hd; c += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int r = 0; r < hd; r++)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d),
-                                                   _mm256_set1_ps(k[r])));
-        _mm256_storeu_ps(kv + c, acc);
-    }
-    decay_read_from(Sin, hd, c, decay, k, kv);
-}
-
-/* nt, pf: as write_read_avx512's. */
-__attribute__((target("avx2"))) static void write_read_avx2(const float *Sin, float *S, int hd, float decay,
-                                                            const float *k, const float *kv, const float *q, float *o,
-                                                            bool nt, const float *pf)
-{
-    __m256 d = _mm256_set1_ps(decay);
-    int c = 0;
-    for (; c + 8 * DN_V8 <= hd; c += 8 * DN_V8) {
-        __m256 acc[DN_V8], v[DN_V8];
-        for (int i = 0; i < DN_V8; i++) {
-            acc[i] = _mm256_setzero_ps();
-            v[i] = _mm256_loadu_ps(kv + c + 8 * i);
-        }
-        for (int r = 0; r < hd; r++) {
-            const float *in = Sin + (size_t)r * (size_t)hd + c;
-            float *p = S + (size_t)r * (size_t)hd + c;
-            if (pf)
-                for (int i = 0; i < DN_V8; i += 2)
-                    _mm_prefetch((const char *)(pf + (size_t)r * (size_t)hd + c + 8 * i), _MM_HINT_T1);
-            __m256 kr = _mm256_set1_ps(k[r]), qr = _mm256_set1_ps(q[r]);
-            for (int i = 0; i < DN_V8; i++) {
-                __m256 x = _mm256_mul_ps(_mm256_loadu_ps(in + 8 * i), d);
-                x = _mm256_add_ps(x, _mm256_mul_ps(kr, v[i]));
-                if (nt)
-                    _mm256_stream_ps(p + 8 * i, x);
-                else
-                    _mm256_storeu_ps(p + 8 * i, x);
-                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(x, qr));
-            }
-        }
-        for (int i = 0; i < DN_V8; i++)
-            _mm256_storeu_ps(o + c + 8 * i, acc[i]);
-    }
-    for (; c + 8 <= hd; c += 8) {
-        __m256 acc = _mm256_setzero_ps(), v = _mm256_loadu_ps(kv + c);
-        for (int r = 0; r < hd; r++) {
-            float *p = S + (size_t)r * (size_t)hd + c;
-            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
-            x = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(k[r]), v));
-            if (nt)
-                _mm256_stream_ps(p, x);
-            else
-                _mm256_storeu_ps(p, x);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_set1_ps(q[r])));
-        }
-        _mm256_storeu_ps(o + c, acc);
-    }
-    write_read_from(Sin, S, hd, c, decay, k, kv, q, o);
-}
-
-/* AVX-512: eight vectors of columns at once (128: a Qwen 3.5 head), then
- * one, then the tail. */
-#define DN_V16 8
-__attribute__((target("avx512f"))) static void decay_read_avx512(const float *Sin, int hd, float decay,
-                                                                 const float *k, float *kv)
-{
-    __m512 d = _mm512_set1_ps(decay);
-    int c = 0;
-    for (; c + 16 * DN_V16 <= hd; c += 16 * DN_V16) {
-        __m512 acc[DN_V16];
-        for (int i = 0; i < DN_V16; i++)
-            acc[i] = _mm512_setzero_ps();
-        for (int r = 0; r < hd; r++) {
-            const float *p = Sin + (size_t)r * (size_t)hd + c;
-            __m512 kr = _mm512_set1_ps(k[r]);
-            for (int i = 0; i < DN_V16; i++)
-                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16 * i), d), kr));
-        }
-        for (int i = 0; i < DN_V16; i++)
-            _mm512_storeu_ps(kv + c + 16 * i, acc[i]);
-    }
-    for (; c + 16 <= hd; c += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int r = 0; r < hd; r++)
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d),
-                                                   _mm512_set1_ps(k[r])));
-        _mm512_storeu_ps(kv + c, acc);
-    }
-    decay_read_from(Sin, hd, c, decay, k, kv);
-}
-
-/* pf: the next head's start state, asked for a row at a time meanwhile
- * (this pass reads its own from L2), or NULL. */
-__attribute__((target("avx512f"))) static void write_read_avx512(const float *Sin, float *S, int hd, float decay,
-                                                                 const float *k, const float *kv, const float *q,
-                                                                 float *o, bool nt, const float *pf)
-{
-    __m512 d = _mm512_set1_ps(decay);
-    int c = 0;
-    for (; c + 16 * DN_V16 <= hd; c += 16 * DN_V16) {
-        __m512 acc[DN_V16], v[DN_V16];
-        for (int i = 0; i < DN_V16; i++) {
-            acc[i] = _mm512_setzero_ps();
-            v[i] = _mm512_loadu_ps(kv + c + 16 * i);
-        }
-        for (int r = 0; r < hd; r++) {
-            const float *in = Sin + (size_t)r * (size_t)hd + c;
-            float *p = S + (size_t)r * (size_t)hd + c;
-            if (pf)
-                for (int i = 0; i < DN_V16; i++)
-                    _mm_prefetch((const char *)(pf + (size_t)r * (size_t)hd + c + 16 * i), _MM_HINT_T1);
-            __m512 kr = _mm512_set1_ps(k[r]), qr = _mm512_set1_ps(q[r]);
-            for (int i = 0; i < DN_V16; i++) {
-                __m512 x = _mm512_mul_ps(_mm512_loadu_ps(in + 16 * i), d);
-                x = _mm512_add_ps(x, _mm512_mul_ps(kr, v[i]));
-                if (nt)
-                    _mm512_stream_ps(p + 16 * i, x);
-                else
-                    _mm512_storeu_ps(p + 16 * i, x);
-                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(x, qr));
-            }
-        }
-        for (int i = 0; i < DN_V16; i++)
-            _mm512_storeu_ps(o + c + 16 * i, acc[i]);
-    }
-    for (; c + 16 <= hd; c += 16) {
-        __m512 acc = _mm512_setzero_ps(), v = _mm512_loadu_ps(kv + c);
-        for (int r = 0; r < hd; r++) {
-            float *p = S + (size_t)r * (size_t)hd + c;
-            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(Sin + (size_t)r * (size_t)hd + c), d);
-            x = _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(k[r]), v));
-            if (nt)
-                _mm512_stream_ps(p, x);
-            else
-                _mm512_storeu_ps(p, x);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(x, _mm512_set1_ps(q[r])));
-        }
-        _mm512_storeu_ps(o + c, acc);
-    }
-    write_read_from(Sin, S, hd, c, decay, k, kv, q, o);
-}
+DN_PASSES(avx2, "avx2", __m256, 8, 4, _mm256)
+DN_PASSES(avx512, "avx512f", __m512, 16, 8, _mm512)
 
 void tp_deltanet_set_isa(tp_deltanet *dn, tp_isa isa) { dn->isa = isa; }
 

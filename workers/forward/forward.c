@@ -1307,46 +1307,43 @@ static void exp_shifted(const tp_forward *f, float *x, int n, float max)
             x[i] = tp_vexp(x[i] - max);
 }
 
+/* The two lane widths of max_from and div_all below: W floats of type V
+ * per vector, P the intrinsics' prefix. */
+#define SOFTMAX_LANES(SFX, TARGET, V, W, P)                                                                \
+    __attribute__((target(TARGET))) static float max_from_##SFX(const float *x, int n, float m)            \
+    {                                                                                                      \
+        V v = P##_set1_ps(m);                                                                              \
+        int i = 0;                                                                                         \
+        for (; i + W <= n; i += W)                                                                         \
+            v = P##_max_ps(P##_loadu_ps(x + i), v);                                                        \
+        float l[W];                                                                                        \
+        P##_storeu_ps(l, v);                                                                               \
+        for (int j = 0; j < W; j++)                                                                        \
+            if (l[j] > m)                                                                                  \
+                m = l[j];                                                                                  \
+        for (; i < n; i++)                                                                                 \
+            if (x[i] > m)                                                                                  \
+                m = x[i];                                                                                  \
+        return m;                                                                                          \
+    }                                                                                                      \
+    __attribute__((target(TARGET))) static void div_all_##SFX(float *x, int n, float s)                    \
+    {                                                                                                      \
+        V v = P##_set1_ps(s);                                                                              \
+        int i = 0;                                                                                         \
+        for (; i + W <= n; i += W)                                                                         \
+            P##_storeu_ps(x + i, P##_div_ps(P##_loadu_ps(x + i), v));                                      \
+        for (; i < n; i++)                                                                                 \
+            x[i] /= s;                                                                                     \
+    }
+SOFTMAX_LANES(avx512, "avx512f", __m512, 16, _mm512)
+SOFTMAX_LANES(avx2, "avx2", __m256, 8, _mm256)
+
 /* The largest of m and x[0..n) by "x[i] > m: take it" in index order: a
  * NaN m stays, a NaN x[i] is passed over. The lanes take the same rule
  * (maxps(x, m) is x > m ? x : m), each over its share; only a max of
  * zero can come out with another sign than the loop's, and e^(x - max)
  * is the same bits for either (x - (+-0) is x, or +-0, and e^-0 is
  * e^+0). */
-__attribute__((target("avx512f"))) static float max_from_avx512(const float *x, int n, float m)
-{
-    __m512 v = _mm512_set1_ps(m);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        v = _mm512_max_ps(_mm512_loadu_ps(x + i), v);
-    float l[16];
-    _mm512_storeu_ps(l, v);
-    for (int j = 0; j < 16; j++)
-        if (l[j] > m)
-            m = l[j];
-    for (; i < n; i++)
-        if (x[i] > m)
-            m = x[i];
-    return m;
-}
-
-__attribute__((target("avx2"))) static float max_from_avx2(const float *x, int n, float m)
-{
-    __m256 v = _mm256_set1_ps(m);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        v = _mm256_max_ps(_mm256_loadu_ps(x + i), v);
-    float l[8];
-    _mm256_storeu_ps(l, v);
-    for (int j = 0; j < 8; j++)
-        if (l[j] > m)
-            m = l[j];
-    for (; i < n; i++)
-        if (x[i] > m)
-            m = x[i];
-    return m;
-}
-
 static float max_from(const tp_forward *f, const float *x, int n, float m)
 {
     if (f->avx512)
@@ -1359,28 +1356,8 @@ static float max_from(const tp_forward *f, const float *x, int n, float m)
     return m;
 }
 
-/* x[i] /= s over [0, n), sixteen or eight at a time (each an IEEE divide:
- * the same bits). */
-__attribute__((target("avx512f"))) static void div_all_avx512(float *x, int n, float s)
-{
-    __m512 v = _mm512_set1_ps(s);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), v));
-    for (; i < n; i++)
-        x[i] /= s;
-}
-
-__attribute__((target("avx2"))) static void div_all_avx2(float *x, int n, float s)
-{
-    __m256 v = _mm256_set1_ps(s);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), v));
-    for (; i < n; i++)
-        x[i] /= s;
-}
-
+/* x[i] /= s over [0, n), in lanes where f has them (each an IEEE
+ * divide: the same bits). */
 static void div_all(const tp_forward *f, float *x, int n, float s)
 {
     if (f->avx512)
