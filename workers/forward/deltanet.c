@@ -401,11 +401,19 @@ __attribute__((target("avx2"))) static int gate_avx2(const float *norm, float ss
     return c;
 }
 
+/* Where, in a slot's state (a buffer's, the kept one's, a snapshot's),
+ * DeltaNet layer rec's conv state is (h < 0) or its head h's S. */
+static size_t part_at(const tp_deltanet *dn, int rec, int h)
+{
+    if (h < 0)
+        return (size_t)rec * dn->conv_n;
+    return (size_t)dn->n_rec * dn->conv_n + (size_t)rec * dn->s_n + (size_t)h * (size_t)dn->hd * (size_t)dn->hd;
+}
+
 /* Head h's S of DeltaNet layer rec in buffer b of slot. */
 static float *head_state(const tp_deltanet *dn, int b, int slot, int rec, int h)
 {
-    return slot_state(dn, dn->buf[b], slot) + (size_t)dn->n_rec * dn->conv_n + (size_t)rec * dn->s_n +
-           (size_t)h * (size_t)dn->hd * (size_t)dn->hd;
+    return slot_state(dn, dn->buf[b], slot) + part_at(dn, rec, h);
 }
 
 /* Value head h of one sequence's run of tokens [t0, t1): the delta rule
@@ -463,10 +471,7 @@ static void head_run(const unit_job *j, int t0, int t1, int h, bool first, bool 
  * of layer rec (h < 0: the conv state). */
 static float *kept_part(tp_deltanet *dn, int slot, int rec, int h)
 {
-    float *k = dn->kept + (size_t)slot * dn->slot_n;
-    if (h < 0)
-        return k + (size_t)rec * dn->conv_n;
-    return k + (size_t)dn->n_rec * dn->conv_n + (size_t)rec * dn->s_n + (size_t)h * (size_t)dn->hd * (size_t)dn->hd;
+    return slot_state(dn, dn->kept, slot) + part_at(dn, rec, h);
 }
 
 static void units(void *arg, int u0, int u1, int worker)
@@ -503,8 +508,8 @@ typedef struct conv_job {
 } conv_job;
 
 /* Conv heads [u0, u1) of every token in order (a sequence's tokens move
- * its conv state along); at a page boundary the heads' part of the
- * state is kept (the run's last boundary wins). */
+ * its conv state along); after the token at which the step keeps its
+ * sequence's state (kept_at, set before), the heads' part of it is kept. */
 static void conv_heads(void *arg, int u0, int u1, int worker)
 {
     (void)worker;
@@ -512,11 +517,12 @@ static void conv_heads(void *arg, int u0, int u1, int worker)
     tp_deltanet *dn = j->dn;
     int pw = tp_deltanet_proj_width(dn), C = dn->conv_dim, hd = dn->hd;
     for (int t = 0; t < j->n_tok; t++) {
-        float *cs = cur_state(dn, j->tok_slot[t]) + (size_t)j->rec * dn->conv_n;
+        int slot = j->tok_slot[t];
+        float *cs = cur_state(dn, slot) + part_at(dn, j->rec, -1);
         for (int u = u0; u < u1; u++)
             conv_head(dn, j->w, cs, dn->proj + (size_t)t * (size_t)pw, dn->conv + (size_t)t * (size_t)C, u);
-        if ((j->tok_pos[t] + 1) % TP_DN_PAGE == 0 && dn->snap) {
-            float *k = kept_part(dn, j->tok_slot[t], j->rec, -1);
+        if (dn->kept_at[slot] == j->tok_pos[t] + 1) {
+            float *k = kept_part(dn, slot, j->rec, -1);
             size_t c0 = (size_t)u0 * (size_t)hd;
             for (int r = 0; r + 1 < dn->kw; r++)
                 memcpy(k + (size_t)r * (size_t)C + c0, cs + (size_t)r * (size_t)C + c0,

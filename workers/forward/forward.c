@@ -1281,35 +1281,12 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
         o[j] = w[j] * (ss * x[j]);
 }
 
-/* x[i] = e^(x[i] - max) for i in [0, n), eight at a time: AVX2 (vexp.h's
- * four-double halves) or AVX-512 (one eight-double vector), the same bits. */
-#define EXP_SHIFTED(NAME, TARGET, VEXP8)                                                                   \
-    __attribute__((target(TARGET))) static void NAME(float *x, int n, float max)                           \
-    {                                                                                                      \
-        int i = 0;                                                                                         \
-        for (; i + 8 <= n; i += 8)                                                                         \
-            _mm256_storeu_ps(x + i, VEXP8(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max))));    \
-        for (; i < n; i++)                                                                                 \
-            x[i] = tp_vexp(x[i] - max);                                                                    \
-    }
-EXP_SHIFTED(exp_shifted_avx2, "avx2", tp_vexp8_avx2)
-EXP_SHIFTED(exp_shifted_avx512, "avx512f", tp_vexp8_avx512)
-
-/* x[i] = e^(x[i] - max) on f's vector path (the same bits on each). */
-static void exp_shifted(const tp_forward *f, float *x, int n, float max)
-{
-    if (f->avx512)
-        exp_shifted_avx512(x, n, max);
-    else if (f->simd)
-        exp_shifted_avx2(x, n, max);
-    else
-        for (int i = 0; i < n; i++)
-            x[i] = tp_vexp(x[i] - max);
-}
-
-/* The two lane widths of max_from and div_all below: W floats of type V
- * per vector, P the intrinsics' prefix. */
-#define SOFTMAX_LANES(SFX, TARGET, V, W, P)                                                                \
+/* The softmax's three passes in lanes, at two widths: W floats of type V
+ * a vector (P the intrinsics' prefix), VEXP8 the width's e^x of eight
+ * floats (vexp.h: AVX2's four-double halves, AVX-512's one eight-double
+ * vector). Each gives the portable loop's bits (see max_from, exp_shifted,
+ * div_all). */
+#define SOFTMAX_LANES(SFX, TARGET, V, W, P, VEXP8)                                                         \
     __attribute__((target(TARGET))) static float max_from_##SFX(const float *x, int n, float m)            \
     {                                                                                                      \
         V v = P##_set1_ps(m);                                                                              \
@@ -1326,6 +1303,14 @@ static void exp_shifted(const tp_forward *f, float *x, int n, float max)
                 m = x[i];                                                                                  \
         return m;                                                                                          \
     }                                                                                                      \
+    __attribute__((target(TARGET))) static void exp_shifted_##SFX(float *x, int n, float max)              \
+    {                                                                                                      \
+        int i = 0;                                                                                         \
+        for (; i + 8 <= n; i += 8)                                                                         \
+            _mm256_storeu_ps(x + i, VEXP8(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max))));    \
+        for (; i < n; i++)                                                                                 \
+            x[i] = tp_vexp(x[i] - max);                                                                    \
+    }                                                                                                      \
     __attribute__((target(TARGET))) static void div_all_##SFX(float *x, int n, float s)                    \
     {                                                                                                      \
         V v = P##_set1_ps(s);                                                                              \
@@ -1335,8 +1320,8 @@ static void exp_shifted(const tp_forward *f, float *x, int n, float max)
         for (; i < n; i++)                                                                                 \
             x[i] /= s;                                                                                     \
     }
-SOFTMAX_LANES(avx512, "avx512f", __m512, 16, _mm512)
-SOFTMAX_LANES(avx2, "avx2", __m256, 8, _mm256)
+SOFTMAX_LANES(avx512, "avx512f", __m512, 16, _mm512, tp_vexp8_avx512)
+SOFTMAX_LANES(avx2, "avx2", __m256, 8, _mm256, tp_vexp8_avx2)
 
 /* The largest of m and x[0..n) by "x[i] > m: take it" in index order: a
  * NaN m stays, a NaN x[i] is passed over. The lanes take the same rule
@@ -1356,6 +1341,18 @@ static float max_from(const tp_forward *f, const float *x, int n, float m)
     return m;
 }
 
+/* x[i] = e^(x[i] - max) for i in [0, n), as tp_vexp in every lane. */
+static void exp_shifted(const tp_forward *f, float *x, int n, float max)
+{
+    if (f->avx512)
+        exp_shifted_avx512(x, n, max);
+    else if (f->simd)
+        exp_shifted_avx2(x, n, max);
+    else
+        for (int i = 0; i < n; i++)
+            x[i] = tp_vexp(x[i] - max);
+}
+
 /* x[i] /= s over [0, n), in lanes where f has them (each an IEEE
  * divide: the same bits). */
 static void div_all(const tp_forward *f, float *x, int n, float s)
@@ -1369,12 +1366,17 @@ static void div_all(const tp_forward *f, float *x, int n, float s)
             x[i] /= s;
 }
 
-/* The sum by sum8. */
-static void softmax(const tp_forward *f, float *x, int n)
+/* The softmax of x[0..n), the sum by sum8. With an attention sink
+ * (gpt-oss; sink non-NULL) the sink's logit joins the max and the
+ * denominator, e^(sink - max), and weighs no value. */
+static void softmax(const tp_forward *f, float *x, int n, const float *sink)
 {
-    float max = max_from(f, x, n, x[0]);
+    float max = max_from(f, x, n, sink ? *sink : x[0]);
     exp_shifted(f, x, n, max);
-    div_all(f, x, n, sum8(x, n, false));
+    float sum = sum8(x, n, false);
+    if (sink)
+        sum += tp_vexp(*sink - max);
+    div_all(f, x, n, sum);
 }
 
 /* Rotate the heads of vec (n = heads * head_size) for position pos in
@@ -1685,15 +1687,6 @@ static void softcap(float *x, int n, float c)
         x[i] = c * (2.0f / (1.0f + tp_vexp(-2.0f * (x[i] / c))) - 1.0f);
 }
 
-/* The softmax with an attention sink (gpt-oss): the sink s joins the max
- * and the denominator, e^(s - max), and weighs no value. */
-static void softmax_sink(const tp_forward *f, float *x, int n, float sink)
-{
-    float max = max_from(f, x, n, sink);
-    exp_shifted(f, x, n, max);
-    div_all(f, x, n, sum8(x, n, false) + tp_vexp(sink - max));
-}
-
 /* Between the scores and the weighted sum: soft-capping, then the softmax
  * over the visible positions [lo, n) (with the head's sink where the
  * model has them: sink non-NULL); the hidden ones weigh 0 (a value times
@@ -1702,10 +1695,7 @@ static void scores_to_weights(const tp_forward *f, float *att, int lo, int n, co
 {
     if (f->c.attn_softcap)
         softcap(att + lo, n - lo, f->c.attn_softcap);
-    if (sink)
-        softmax_sink(f, att + lo, n - lo, *sink);
-    else
-        softmax(f, att + lo, n - lo);
+    softmax(f, att + lo, n - lo, sink);
     for (int t = 0; t < lo; t++)
         att[t] = 0.0f;
 }
@@ -1782,7 +1772,7 @@ static void attend_units(void *arg, int u0, int u1, int worker)
     int nh = f->c.n_heads, kv_mul = nh / f->c.n_kv_heads;
     for (int u = u0; u < u1;) {
         int t = u / nh, h = u % nh, G = 1;
-        while (G < ATT_HEADS && u + G < u1 && (h + G) % nh && (h + G) / kv_mul == h / kv_mul)
+        while (G < ATT_HEADS && u + G < u1 && (h + G) / kv_mul == h / kv_mul) /* never past the token's heads */
             G++;
         attend(f, j->layer, s->tok_slot[t], s->tok_pos[t], h, G, s->qkv + (size_t)t * qs, s->xb + (size_t)t * q,
                att, blk);
